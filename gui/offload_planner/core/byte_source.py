@@ -1,0 +1,85 @@
+"""Where GGUF bytes come from: a local file, or a URL read with HTTP Range requests.
+
+The reader asks a source for byte ranges of the header only; it never reads tensor data.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Protocol
+
+from offload_planner.core.errors import GGUFError
+
+
+class ByteSource(Protocol):
+    """Random access to the bytes of one file."""
+
+    @property
+    def name(self) -> str:
+        """Path or URL, used in messages."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Total size of the file in bytes."""
+        ...
+
+    def read(self, offset: int, n: int) -> bytes:
+        """Up to ``n`` bytes from ``offset``; fewer only at the end of the file."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FileSource:
+    """A local file; memory-mapped so that reading the header copies nothing more than needed."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = str(path)
+        try:
+            fd = os.open(self._path, os.O_RDONLY)
+        except OSError as e:
+            raise GGUFError(self._path, f"cannot open: {e.strerror or e}") from None
+        try:
+            self._size = os.fstat(fd).st_size
+            self._map: mmap.mmap | None = (
+                mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self._size else None
+            )
+        except (OSError, ValueError) as e:
+            raise GGUFError(self._path, f"cannot map: {e}") from None
+        finally:
+            os.close(fd)
+
+    @property
+    def name(self) -> str:
+        return self._path
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def read(self, offset: int, n: int) -> bytes:
+        if self._map is None or offset >= self._size:
+            return b""
+        return self._map[offset : offset + n]
+
+    def buffer(self) -> mmap.mmap | bytes:
+        """The whole file as a buffer (no copy)."""
+        return self._map if self._map is not None else b""
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+    def __enter__(self) -> FileSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_url(s: str) -> bool:
+    return s.startswith(("http://", "https://"))

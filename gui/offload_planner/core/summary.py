@@ -1,0 +1,195 @@
+"""Hyperparameters of a model, read from its metadata as llama.cpp reads them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence, Sized
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from offload_planner.core.model import Model
+
+#: Default SWA pattern per architecture when the file has no ``sliding_window_pattern``:
+#: (n_pattern, dense_first), from ``load_swa_pattern`` calls in llama.cpp's ``src/models/``.
+SWA_DEFAULT_PATTERN: dict[str, tuple[int, bool]] = {
+    "afmoe": (4, False), "cohere2": (4, False), "cohere2moe": (4, True),
+    "exaone-moe": (4, False), "exaone4": (4, False), "gemma-embedding": (6, False),
+    "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False), "laguna": (4, True),
+    "llama4": (4, False), "mellum": (4, False), "modern-bert": (3, True),
+    "muse-glimmer": (4, False), "olmo2": (4, False), "gpt-oss": (2, False),
+    "plamo3": (8, False), "smallthinker": (4, True),
+}
+
+#: llama_ftype names (``general.file_type``), from ``include/llama.h``.
+FILE_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S",
+    29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+    38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
+}
+
+PerLayer = int | list[int]
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    arch: str
+    name: str
+    n_layer: int  # block_count, NextN/MTP blocks included (llama.cpp's n_layer_all)
+    n_nextn: int
+    n_ctx_train: int
+    n_embd: int
+    n_ff: PerLayer
+    n_head: PerLayer
+    n_head_kv: PerLayer
+    head_dim_k: int
+    head_dim_v: int
+    n_expert: int
+    n_expert_used: int
+    n_expert_shared: int
+    n_ff_exp: int
+    n_layer_dense_lead: int
+    n_vocab: int
+    n_swa: int
+    swa_layers: tuple[bool, ...]  # per layer; all False when the model has no SWA
+    q_lora_rank: int
+    kv_lora_rank: int
+    key_length_mla: int
+    value_length_mla: int
+    file_type: str
+    tied_embeddings: bool
+    header_only: bool
+    total_bytes: int
+    n_tensors: int
+    role_bytes: dict[str, int] = field(default_factory=dict)
+    type_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n_layer_trunk(self) -> int:
+        return self.n_layer - self.n_nextn
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.key_length_mla > 0
+
+    @property
+    def has_swa(self) -> bool:
+        return any(self.swa_layers)
+
+    def per_layer(self, value: PerLayer, layer: int) -> int:
+        return value[layer] if isinstance(value, list) else value
+
+    def head_kv(self, layer: int) -> int:
+        return self.per_layer(self.n_head_kv, layer)
+
+
+def _int(md: Mapping[str, object], key: str, default: int = 0) -> int:
+    v = md.get(key)
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return int(v)
+    return default
+
+
+def _per_layer(md: Mapping[str, object], key: str, default: PerLayer, n: int) -> PerLayer:
+    v = md.get(key)
+    if isinstance(v, Sequence) and not isinstance(v, str):
+        vals = [int(x) for x in v if isinstance(x, int | float)]
+        if vals and all(x == vals[0] for x in vals) and len(vals) >= n:
+            return vals[0]
+        return vals
+    if isinstance(v, int | float):
+        return int(v)
+    return default
+
+
+def _first(v: PerLayer) -> int:
+    return v if isinstance(v, int) else max(v, default=0)
+
+
+def swa_layers(md: Mapping[str, object], arch: str, n_layer: int, n_trunk: int) -> tuple[bool, ...]:
+    """Which layers use sliding-window attention, as ``llama_hparams::set_swa_pattern`` decides."""
+    if _int(md, f"{arch}.attention.sliding_window") <= 0:
+        return (False,) * n_layer
+    pat = md.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pat, Sequence) and not isinstance(pat, str):
+        flags = [bool(x) for x in pat][:n_layer]
+        return tuple(flags + [False] * (n_layer - len(flags)))
+    n_pattern, dense_first = SWA_DEFAULT_PATTERN.get(arch, (0, False))
+    if isinstance(pat, int):
+        n_pattern = pat
+    out = []
+    for il in range(n_layer):
+        if il >= n_trunk:
+            out.append(False)
+        elif dense_first:
+            out.append(n_pattern == 0 or il % n_pattern != 0)
+        else:
+            out.append(n_pattern == 0 or il % n_pattern < n_pattern - 1)
+    return tuple(out)
+
+
+def summarize(model: Model) -> ModelSummary:
+    md = model.metadata
+    arch = model.arch
+    a = f"{arch}."
+    n_layer = _int(md, a + "block_count")
+    n_nextn = _int(md, a + "nextn_predict_layers")
+    n_embd = _int(md, a + "embedding_length")
+    n_head = _per_layer(md, a + "attention.head_count", 0, n_layer)
+    n_head_kv = _per_layer(md, a + "attention.head_count_kv", n_head, n_layer)
+    head0 = _first(n_head)
+    head_dim_k = _int(md, a + "attention.key_length", n_embd // head0 if head0 else 0)
+    head_dim_v = _int(md, a + "attention.value_length", n_embd // head0 if head0 else 0)
+    tokens = md.get("tokenizer.ggml.tokens")
+    n_vocab = len(tokens) if isinstance(tokens, Sized) and not isinstance(tokens, str) else 0
+    if not n_vocab:
+        n_vocab = _int(md, a + "vocab_size")
+    ftype = md.get("general.file_type")
+    file_type = FILE_TYPES.get(ftype, f"type {ftype}") if isinstance(ftype, int) else "unknown"
+    role_bytes: Counter[str] = Counter()
+    for t in model.tensors:
+        role_bytes[t.role.value] += t.nbytes
+    return ModelSummary(
+        arch=arch,
+        name=str(md.get("general.name", "")),
+        n_layer=n_layer,
+        n_nextn=n_nextn,
+        n_ctx_train=_int(md, a + "context_length"),
+        n_embd=n_embd,
+        n_ff=_per_layer(md, a + "feed_forward_length", 0, n_layer),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=head_dim_k,
+        head_dim_v=head_dim_v,
+        n_expert=_int(md, a + "expert_count"),
+        n_expert_used=_int(md, a + "expert_used_count"),
+        n_expert_shared=_int(md, a + "expert_shared_count"),
+        n_ff_exp=_int(md, a + "expert_feed_forward_length"),
+        n_layer_dense_lead=_int(md, a + "leading_dense_block_count"),
+        n_vocab=n_vocab,
+        n_swa=_int(md, a + "attention.sliding_window"),
+        swa_layers=swa_layers(md, arch, n_layer, n_layer - n_nextn),
+        q_lora_rank=_int(md, a + "attention.q_lora_rank"),
+        kv_lora_rank=_int(md, a + "attention.kv_lora_rank"),
+        key_length_mla=_int(md, a + "attention.key_length_mla"),
+        value_length_mla=_int(md, a + "attention.value_length_mla"),
+        file_type=file_type,
+        tied_embeddings=model.get("output.weight") is None,
+        header_only=model.header_only,
+        total_bytes=model.total_bytes,
+        n_tensors=len(model.tensors),
+        role_bytes=dict(role_bytes),
+        type_counts=dict(model.type_histogram()),
+    )
+
