@@ -68,7 +68,7 @@ _LABELS: dict[Role, str] = {
     Role.OTHER: "other",
 }
 
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_LAYER_RE = re.compile(r"^(?:enc\.|dec\.)?blk\.(\d+)\.")
 
 # Non-layer tensors.
 _GLOBAL_RULES: tuple[tuple[re.Pattern[str], Role], ...] = (
