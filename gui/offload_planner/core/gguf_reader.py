@@ -25,6 +25,7 @@ GGML_MAX_DIMS = 4
 #: Arrays up to this many elements are decoded at once; longer ones stay lazy.
 EAGER_ARRAY_LIMIT = 4096
 _FIRST_READ = 1 << 20
+_SKIP_CHUNK = 8192
 
 # GGUF value types
 UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY, UINT64, INT64, FLOAT64 = (
@@ -172,32 +173,44 @@ class _Cursor:
             raise self.fail(f"{what}: not valid UTF-8: {data[:40]!r}", start) from None
 
     def skip_strings(self, count: int) -> None:
-        """Walk ``count`` length-prefixed strings without decoding them."""
+        """Walk ``count`` length-prefixed strings without decoding them.
+
+        Chunks of strings are walked by a tight loop with no bounds checks (a read past the
+        buffer raises ``struct.error``); a chunk that fails is walked again carefully, growing
+        the buffer and checking every length against the file size.
+        """
         unpack = _U64.unpack_from
         done = 0
         while done < count:
+            k = min(_SKIP_CHUNK, count - done)
             buf, pos = self.buf, self.pos
             try:
-                while done < count:
-                    (n,) = unpack(buf, pos)
-                    if pos + 8 + n > len(buf):
-                        break
-                    pos += 8 + n
-                    done += 1
+                for _ in range(k):
+                    pos += 8 + unpack(buf, pos)[0]
+                ok = pos <= len(buf)
             except struct.error:
-                pass
-            self.pos = pos
-            if done < count:
-                if pos + 8 > len(buf):
-                    self.grow(pos + 8)
+                ok = False
+            if not ok:
+                if len(self.buf) < self.size:
+                    self.grow(len(self.buf) + 1)  # doubles the buffer; walk the chunk again
                     continue
-                (n,) = unpack(self.buf, pos)
-                if n > self.size - pos - 8:
-                    raise self.fail(
-                        f"string {done} of an array: length {n} runs past the end of the file",
-                        pos,
-                    )
-                self.grow(pos + 8 + n)
+                pos = self._skip_strings_checked(k, done)
+            self.pos = pos
+            done += k
+
+    def _skip_strings_checked(self, k: int, done: int) -> int:
+        unpack = _U64.unpack_from
+        pos = self.pos
+        for i in range(k):
+            self.grow(pos + 8)
+            (n,) = unpack(self.buf, pos)
+            if n > self.size - pos - 8:
+                raise self.fail(
+                    f"string {done + i} of an array: length {n} runs past the end of the file", pos
+                )
+            self.grow(pos + 8 + n)
+            pos += 8 + n
+        return pos
 
 
 def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> object:
