@@ -1,0 +1,175 @@
+"""Devices as llama.cpp names and orders them, with the buffer rules that decide allocation sizes.
+
+llama.cpp's device list (``llama_prepare_model_devices``): RPC servers first, then GPUs in backend
+order; the CPU is not in the list but always holds the input layer and anything not offloaded.
+Each kind of device allocates weights with its own alignment and padding
+(``ggml_backend_buft_get_alignment`` / ``get_alloc_size``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.units import parse_size
+
+
+class DeviceKind(StrEnum):
+    CPU = "CPU"
+    CUDA = "CUDA"
+    ROCM = "ROCm"
+    VULKAN = "Vulkan"
+    METAL = "Metal"
+    SYCL = "SYCL"
+    RPC = "RPC"
+
+
+#: (alignment, quantized-row padding in elements) of each kind's default buffer type.
+#: CUDA and ROCm pad quantized rows to MATRIX_ROW_PADDING (512); an RPC device reports the
+#: rules of the backend behind it (ggml-rpc-server's default is the CPU backend).
+BUFFER_RULES: dict[DeviceKind, tuple[int, int]] = {
+    DeviceKind.CPU: (32, 0),
+    DeviceKind.CUDA: (128, 512),
+    DeviceKind.ROCM: (128, 512),
+    DeviceKind.VULKAN: (32, 0),
+    DeviceKind.METAL: (32, 0),
+    DeviceKind.SYCL: (32, 0),
+    DeviceKind.RPC: (32, 0),
+}
+
+#: Devices whose backend offers a pinned host buffer type (``<name>_Host``) for CPU weights.
+HOST_BUFFER_NAMES: dict[DeviceKind, str] = {
+    DeviceKind.CUDA: "CUDA_Host",
+    DeviceKind.ROCM: "ROCm_Host",
+    DeviceKind.SYCL: "SYCL_Host",
+    DeviceKind.VULKAN: "Vulkan_Host",
+}
+
+_NAME_RE = re.compile(r"^(CPU|CUDA|ROCm|Vulkan|Metal|SYCL|RPC)(\d*)$", re.IGNORECASE)
+
+
+def kind_of(name: str) -> DeviceKind:
+    m = _NAME_RE.match(name)
+    if m is None:
+        raise PlannerError(f"unknown device name {name!r} (use CPU, CUDA0, ROCm0, Vulkan0, RPC0, ...)")
+    prefix = m.group(1).lower()
+    return next(k for k in DeviceKind if k.value.lower() == prefix)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One llama.cpp device. ``total``/``free`` are bytes; None when unknown."""
+
+    name: str
+    kind: DeviceKind
+    total: int | None = None
+    free: int | None = None
+    description: str = ""
+    source: str = "declared"  # declared | nvml | rpc | psutil
+    endpoint: str = ""  # host:port for RPC devices
+    bandwidth_gbs: float | None = None
+    margin: int = 0  # bytes the user keeps free on this device
+
+    @property
+    def alignment(self) -> int:
+        return BUFFER_RULES[self.kind][0]
+
+    @property
+    def row_padding(self) -> int:
+        return BUFFER_RULES[self.kind][1]
+
+    @property
+    def host_buffer_name(self) -> str | None:
+        return HOST_BUFFER_NAMES.get(self.kind)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind is not DeviceKind.CPU
+
+    @property
+    def capacity(self) -> int | None:
+        """What the plan may use: free memory when known, else total."""
+        return self.free if self.free is not None else self.total
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    """The CPU plus llama.cpp's ordered list of offload devices."""
+
+    cpu: Device
+    gpus: tuple[Device, ...] = field(default_factory=tuple)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from self.gpus
+        yield self.cpu
+
+    def by_name(self, name: str) -> Device | None:
+        for d in (*self.gpus, self.cpu):
+            if d.name.lower() == name.lower():
+                return d
+        return None
+
+    @property
+    def names(self) -> list[str]:
+        """llama.cpp's order: offload devices first, then CPU."""
+        return [d.name for d in self.gpus] + [self.cpu.name]
+
+
+def parse_device_decl(text: str) -> Device:
+    """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``RPC0=64GiB,bw=100`` (bandwidth in GB/s)."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not rest:
+        raise PlannerError(f"--device {text!r}: expected NAME=SIZE, e.g. CUDA0=24GiB")
+    kind = kind_of(name)
+    parts = [p.strip() for p in rest.split(",") if p.strip()]
+    try:
+        total = parse_size(parts[0])
+        free: int | None = None
+        bw: float | None = None
+        for p in parts[1:]:
+            key, _, val = p.partition("=")
+            if key == "free":
+                free = parse_size(val)
+            elif key in ("bw", "bandwidth"):
+                bw = float(val)
+            elif key == "margin":
+                continue
+            else:
+                raise ValueError(f"unknown field {key!r} (free=, bw=)")
+    except ValueError as e:
+        raise PlannerError(f"--device {text!r}: {e}") from None
+    margin = next((parse_size(p.split("=", 1)[1]) for p in parts[1:] if p.startswith("margin=")), 0)
+    canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
+    return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=bw, margin=margin)
+
+
+def build_device_set(
+    *,
+    cpu: Device,
+    detected: list[Device],
+    rpc_endpoints: list[str],
+    declared: list[Device],
+) -> DeviceSet:
+    """llama.cpp's device order: RPC servers (RPC0..) first, then detected GPUs; declared devices
+    set the capacity of a device of the same name or add a virtual GPU after the others."""
+    gpus: list[Device] = [
+        Device(f"RPC{i}", DeviceKind.RPC, description=f"RPC server {ep}", source="rpc", endpoint=ep)
+        for i, ep in enumerate(rpc_endpoints)
+    ]
+    gpus.extend(detected)
+    cpu_out = cpu
+    for d in declared:
+        if d.kind is DeviceKind.CPU:
+            cpu_out = replace(cpu, total=d.total, free=d.free, margin=d.margin)
+            continue
+        idx = next((i for i, g in enumerate(gpus) if g.name.lower() == d.name.lower()), None)
+        if idx is None:
+            gpus.append(d)
+        else:
+            g = gpus[idx]
+            gpus[idx] = replace(g, total=d.total, free=d.free if d.free is not None else g.free,
+                                bandwidth_gbs=d.bandwidth_gbs or g.bandwidth_gbs, margin=d.margin)
+    return DeviceSet(cpu_out, tuple(gpus))

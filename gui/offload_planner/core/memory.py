@@ -1,0 +1,223 @@
+"""Per-device, per-buffer memory as llama.cpp allocates it: weights, KV cache, output, compute.
+
+Weights: one buffer per buffer type, sized Σ pad(alloc_size(t), alignment) (``ggml_backend_buft_
+alloc_buffer_n_plan``); with mmap, CPU weights are a ``CPU_Mapped`` buffer whose reported size is
+the file span from the first to the last byte of its tensors, per shard (``get_mapping_range``).
+KV: per layer on the layer's device (CPU with -nkvo), ``[n_embd_k_gqa, cells, n_stream]`` K and
+V tensors (no V for MLA; V padded to the widest layer without flash attention); SWA layers hold
+``pad(min(cells, n_swa·(unified ? n_seq : 1) + n_ubatch), 256)`` cells unless --swa-full.
+Output: ``4·n_vocab·n_seq_max`` bytes in the output device's host buffer (``output_reserve``).
+Compute: an estimate from the graph's largest live tensors (see :mod:`compute`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.model import Model, Tensor
+from offload_planner.core.placement import CPU, CPU_MAPPED, Placement
+
+MiB = 1024 * 1024
+
+
+def pad(x: int, n: int) -> int:
+    return -(-x // n) * n
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """The context llama.cpp builds: resolved from -c, -b, -ub, -np, -kvu, -fa, -ctk/-ctv, ..."""
+
+    n_ctx: int  # as requested (0 = trained length)
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    kv_unified: bool = False
+    flash_attn: bool = True
+    type_k: str = "f16"
+    type_v: str = "f16"
+    offload_kqv: bool = True
+    swa_full: bool = False
+    n_outputs_max: int | None = None  # server: min(n_batch, n_seq_max); CLI: n_batch
+
+
+@dataclass(frozen=True)
+class ResolvedContext:
+    n_ctx: int  # after padding (total cells over all streams)
+    n_ctx_seq: int
+    n_stream: int
+    n_batch: int
+    n_ubatch: int
+    swa_cells: int
+
+
+def resolve_context(p: ContextParams, n_ctx_train: int, n_swa: int) -> ResolvedContext:
+    """``llama_context`` constructor: n_ctx padded to 256; non-unified splits it per sequence."""
+    n_ctx = p.n_ctx or n_ctx_train
+    n_batch = min(n_ctx, p.n_batch)
+    n_ubatch = min(n_batch, p.n_ubatch or n_batch)
+    n_ctx = pad(n_ctx, 256)
+    if p.kv_unified:
+        n_ctx_seq, n_stream = n_ctx, 1
+    else:
+        n_ctx_seq = pad(n_ctx // p.n_seq_max, 256)
+        n_ctx = n_ctx_seq * p.n_seq_max
+        n_stream = p.n_seq_max
+    swa = n_ctx_seq if p.swa_full else pad(
+        min(n_ctx_seq, n_swa * (p.n_seq_max if p.kv_unified else 1) + n_ubatch), 256
+    )
+    return ResolvedContext(n_ctx, n_ctx_seq, n_stream, n_batch, n_ubatch, swa)
+
+
+@dataclass
+class Buffer:
+    device: str
+    name: str  # as llama.cpp logs it: CUDA0, CPU_Mapped, CUDA_Host, RPC0, ...
+    kind: str  # model | kv | compute | output
+    bytes: int
+    why: str
+
+
+@dataclass
+class DeviceMemory:
+    device: Device
+    buffers: list[Buffer] = field(default_factory=list)
+
+    def total(self, kind: str | None = None) -> int:
+        return sum(b.bytes for b in self.buffers if kind is None or b.kind == kind)
+
+    @property
+    def weights(self) -> int:
+        return self.total("model")
+
+    @property
+    def kv(self) -> int:
+        return self.total("kv")
+
+    @property
+    def compute(self) -> int:
+        return self.total("compute")
+
+    @property
+    def output(self) -> int:
+        return self.total("output")
+
+
+@dataclass
+class Projection:
+    devices: list[DeviceMemory]  # llama.cpp device order, CPU last
+    context: ResolvedContext
+    placement: Placement
+
+    def device(self, name: str) -> DeviceMemory:
+        return next(d for d in self.devices if d.device.name == name)
+
+    def buffers(self) -> list[Buffer]:
+        return [b for d in self.devices for b in d.buffers]
+
+
+def alloc_size(t: Tensor, dev: Device) -> int:
+    """``ggml_backend_buft_get_alloc_size``: CUDA pads quantized rows to a multiple of 512."""
+    size = t.nbytes
+    if dev.row_padding and t.type.quantized and t.shape[0] % dev.row_padding:
+        size += t.type.row_bytes(dev.row_padding - t.shape[0] % dev.row_padding)
+    return size
+
+
+def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> list[Buffer]:
+    padded: dict[tuple[str, str], int] = defaultdict(int)
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    spans: dict[int, tuple[int, int]] = {}  # shard -> (first byte, last byte) of CPU_Mapped tensors
+    for p in placement.items:
+        if p.device is None or p.buft is None:
+            continue
+        if p.buft == CPU_MAPPED:
+            t = p.tensor
+            lo, hi = spans.get(t.shard, (t.offset, t.offset + t.nbytes))
+            spans[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
+            continue
+        dev = devices.by_name(p.device) or devices.cpu
+        key = (p.device, p.buft)
+        padded[key] += pad(alloc_size(p.tensor, dev), dev.alignment)
+        counts[key] += 1
+    out = []
+    for (d, b), n in padded.items():
+        align = (devices.by_name(d) or devices.cpu).alignment
+        out.append(Buffer(d, b, "model", n, f"{counts[(d, b)]} tensors, each padded to {align} B"))
+    for shard, (lo, hi) in sorted(spans.items()):
+        out.append(Buffer(CPU, CPU_MAPPED, "model", hi - lo,
+                          f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file (virtual; "
+                          "pages are read on use)"))
+    return out
+
+
+def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
+               devices: DeviceSet) -> list[Buffer]:
+    s = model.summary
+    tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
+    v_trans = not p.flash_attn
+    n_trunk = s.n_layer_trunk
+    head_k_swa = _int_md(model, "attention.key_length_swa", s.head_dim_k)
+    head_v_swa = _int_md(model, "attention.value_length_swa", s.head_dim_v)
+
+    def dims(il: int) -> tuple[int, int]:
+        hk, hv = (head_k_swa, head_v_swa) if s.swa_layers[il] else (s.head_dim_k, s.head_dim_v)
+        n_kv = s.head_kv(il)
+        return hk * n_kv, hv * n_kv
+
+    v_max = max((dims(il)[1] for il in range(s.n_layer)), default=0)
+    per_dev: dict[str, int] = defaultdict(int)
+    layers: dict[str, int] = defaultdict(int)
+    for il in range(n_trunk):
+        dev_name = placement.layer_device(il) if p.offload_kqv else CPU
+        cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
+        k_gqa, v_gqa = dims(il)
+        dev = devices.by_name(dev_name) or devices.cpu
+        k = tk.row_bytes(k_gqa) * cells * ctx.n_stream
+        per_dev[dev_name] += pad(k, dev.alignment)
+        if not s.is_mla:
+            v = tv.row_bytes(v_max if v_trans else v_gqa) * cells * ctx.n_stream
+            per_dev[dev_name] += pad(v, dev.alignment)
+        layers[dev_name] += 1
+    why = (f"{ctx.n_ctx_seq} cells x {ctx.n_stream} streams, K {p.type_k}"
+           + ("" if s.is_mla else f", V {p.type_v}") + (", MLA: K only" if s.is_mla else "")
+           + (f", SWA layers {ctx.swa_cells} cells" if s.has_swa else ""))
+    return [Buffer(d, d, "kv", n, f"{layers[d]} layers; {why}") for d, n in per_dev.items()]
+
+
+def _int_md(model: Model, key: str, default: int) -> int:
+    v = model.metadata.get(f"{model.arch}.{key}")
+    return v if isinstance(v, int) else default
+
+
+def host_buffer_name(devices: DeviceSet, device: str) -> str:
+    dev = devices.by_name(device)
+    if dev is not None and dev.host_buffer_name:
+        return dev.host_buffer_name
+    first = next((g for g in devices.gpus if g.host_buffer_name), None)
+    return first.host_buffer_name if first and device == CPU and first.host_buffer_name else CPU
+
+
+def output_buffer(model: Model, placement: Placement, p: ContextParams, devices: DeviceSet) -> Buffer:
+    n_vocab = model.summary.n_vocab
+    name = host_buffer_name(devices, placement.output_device)
+    return Buffer(CPU, name, "output", 4 * n_vocab * p.n_seq_max,
+                  f"logits for {p.n_seq_max} sequences x {n_vocab} tokens x 4 B")
+
+
+def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams) -> Projection:
+    from offload_planner.core.compute import compute_buffers
+
+    s = model.summary
+    ctx = resolve_context(p, s.n_ctx_train, s.n_swa)
+    bufs = weight_buffers(model, placement, devices)
+    bufs += kv_buffers(model, placement, ctx, p, devices)
+    bufs.append(output_buffer(model, placement, p, devices))
+    bufs += compute_buffers(model, devices, placement, ctx, p)
+    mems = {d.name: DeviceMemory(d) for d in devices}
+    for b in bufs:
+        mems[b.device if b.device in mems else CPU].buffers.append(b)
+    return Projection([mems[n] for n in devices.names], ctx, placement)

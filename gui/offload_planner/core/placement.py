@@ -1,0 +1,228 @@
+"""Which device and buffer type every tensor lands on, by llama.cpp's rules, with the rule named.
+
+Follows ``llama_model_base::load_tensors`` and ``llama_model_loader::create_tensor`` of the pinned
+llama.cpp build: the input layer on the CPU; ``-ngl`` counts units 0..L (L = block_count, NextN
+included; unit L is the output layer) from the top; units split over GPUs by cumulative
+``-ts`` fractions; ``-ot`` patterns tried in order with ECMAScript ``regex_search`` (first match
+wins); CPU-side weights take the first buffer type of the CPU list that supports their op
+(device host buffer, CPU_REPACK, CPU), and with mmap a host-buffer pick becomes ``CPU_Mapped``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.model import Model, Tensor
+from offload_planner.core.roles import Role
+
+CPU = "CPU"
+CPU_MAPPED = "CPU_Mapped"
+CPU_REPACK = "CPU_REPACK"
+
+#: ggml types the CPU backend repacks (``ggml_repack_get_optimal_repack_type``) per CPU profile;
+#: all need ne[1] % 8 == 0 on x86.
+REPACK_TYPES: dict[str, frozenset[str]] = {
+    "x86-avx2": frozenset({"q4_0", "q4_K", "iq4_nl", "mxfp4"}),
+    "x86-avx512": frozenset({"q4_0", "q4_K", "iq4_nl", "mxfp4", "q2_K"}),
+    "arm-i8mm": frozenset({"q4_0", "q4_K", "q5_K", "q6_K", "iq4_nl", "mxfp4", "q8_0"}),
+    "none": frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Override:
+    pattern: str
+    buft: str  # a device name (CPU, CUDA0, RPC0, ...)
+    source: str = "-ot"  # which flag or edit produced it
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """The inputs of placement, already resolved from the command line and the dialect."""
+
+    n_gpu_layers: int  # resolved count of units to offload (0..L+1); see resolve_ngl
+    tensor_split: tuple[float, ...] = ()  # empty: by free memory, as llama.cpp
+    split_mode: str = "layer"  # none | layer | row | tensor
+    main_gpu: int = 0
+    overrides: tuple[Override, ...] = ()
+    use_mmap: bool = True
+    no_host: bool = False
+    use_extra_bufts: bool = True  # CPU_REPACK allowed (-nr disables)
+    output_first: bool = True  # pinned mainline offloads the output layer first
+    cpu_profile: str = "x86-avx2"
+    load_mtp: bool = False
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One tensor allocation. ``device`` is None for tensors llama.cpp skips (NextN without MTP)."""
+
+    tensor: Tensor
+    device: str | None
+    buft: str | None  # buffer type name as llama.cpp logs it
+    rule: str
+    copy: bool = False  # the output-layer copy of tied token embeddings
+
+    @property
+    def name(self) -> str:
+        return self.tensor.name + (" (output copy)" if self.copy else "")
+
+
+@dataclass
+class Placement:
+    items: list[Placed]
+    unit_devices: list[str]  # device of each unit 0..L (L = output layer)
+    n_layer: int
+    warnings: list[str] = field(default_factory=list)
+    override_hits: dict[int, int] = field(default_factory=dict)  # override index -> tensors
+
+    def device_of(self, name: str) -> str | None:
+        for p in self.items:
+            if p.tensor.name == name and not p.copy:
+                return p.device
+        raise KeyError(name)
+
+    def tensor_devices(self) -> dict[str, str]:
+        return {p.name: p.device for p in self.items if p.device is not None}
+
+    @property
+    def output_device(self) -> str:
+        return self.unit_devices[self.n_layer]
+
+    def layer_device(self, il: int) -> str:
+        return self.unit_devices[il]
+
+
+def resolve_ngl(ngl: int | None, n_layer: int, *, has_gpu: bool, default_all: bool = True) -> int:
+    """-ngl as llama.cpp resolves it: negative (auto/all) or absent means all units (L+1)."""
+    if not has_gpu:
+        return 0
+    if ngl is None or ngl < 0:
+        return n_layer + 1 if default_all else 0
+    return ngl
+
+
+def unit_devices(n_layer: int, ngl: int, gpus: Sequence[Device], split: Sequence[float],
+                 *, output_first: bool) -> list[str]:
+    """Device of each unit 0..L: llama.cpp's ``get_layer_buft_list``."""
+    if not gpus:
+        return [CPU] * (n_layer + 1)
+    weights = list(split[: len(gpus)]) + [0.0] * max(0, len(gpus) - len(split))
+    if not any(weights):
+        weights = [float(g.capacity or 1) for g in gpus]
+    cum: list[float] = []
+    total = 0.0
+    for w in weights:
+        total += w
+        cum.append(total)
+    cum = [c / total for c in cum]
+    start = max(n_layer + 1 - ngl, 0) if output_first else max(n_layer - ngl, 0)
+    act = min(ngl, n_layer + 1)
+    out = []
+    for u in range(n_layer + 1):
+        if u < start or (u - start) >= act:
+            out.append(CPU)
+        else:
+            out.append(gpus[bisect.bisect_right(cum, (u - start) / act)].name)
+    return out
+
+
+_ECMA_UNSUPPORTED = re.compile(r"\(\?<[=!]|\(\?P<|\\[AZz]|\(\?[aiLmsux]")
+
+
+def compile_override(pattern: str) -> re.Pattern[str]:
+    """An -ot pattern as std::regex (ECMAScript) reads it, for regex_search."""
+    return re.compile(pattern)
+
+
+def ecmascript_warnings(pattern: str) -> list[str]:
+    if _ECMA_UNSUPPORTED.search(pattern):
+        return [f"-ot pattern {pattern!r} uses syntax std::regex (ECMAScript) does not read like Python"]
+    return []
+
+
+def _is_weight_matrix(t: Tensor) -> bool:
+    return t.name.endswith(".weight") and len(t.shape) >= 2 and not t.role.is_norm
+
+
+def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -> bool:
+    """Would CPU_REPACK take this weight (MUL_MAT on 2-D, MUL_MAT_ID on 3-D experts)?"""
+    if not opts.use_extra_bufts or t.type.name not in REPACK_TYPES.get(opts.cpu_profile, frozenset()):
+        return False
+    if t.role is Role.TOKEN_EMBD and not as_output:
+        return False  # GET_ROWS
+    if not _is_weight_matrix(t):
+        return False
+    dims = len([d for d in t.shape])
+    want = 3 if t.role.is_routed_expert else 2
+    return dims == want and t.shape[1] % 8 == 0
+
+
+def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_output: bool = False) -> str:
+    """First buffer type of llama.cpp's CPU list that takes this weight."""
+    hosts = [g.host_buffer_name for g in devices.gpus if g.host_buffer_name]
+    host = None if opts.no_host or not hosts else hosts[0]
+    if host is not None:
+        return CPU_MAPPED if opts.use_mmap else host
+    if _repackable(t, opts, as_output=as_output):
+        return CPU_REPACK
+    return CPU_MAPPED if opts.use_mmap else CPU
+
+
+def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
+    s = model.summary
+    n_layer = s.n_layer
+    gpus = list(devices.gpus)
+    if opts.split_mode == "none" and gpus:
+        gpus = [gpus[opts.main_gpu]] if 0 <= opts.main_gpu < len(gpus) else []
+    units = unit_devices(n_layer, opts.n_gpu_layers, gpus, opts.tensor_split, output_first=opts.output_first)
+    compiled = [(i, compile_override(o.pattern), o) for i, o in enumerate(opts.overrides)]
+    hits: dict[int, int] = {i: 0 for i, _, _ in compiled}
+    items: list[Placed] = []
+
+    def device_buft(dev: str, t: Tensor, *, as_output: bool = False) -> str:
+        return _cpu_buft(t, devices, opts, as_output=as_output) if dev == CPU else dev
+
+    for t in model.tensors:
+        if t.role is Role.NEXTN and not opts.load_mtp:
+            items.append(Placed(t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)"))
+            continue
+        if t.layer is None:
+            if t.role is Role.TOKEN_EMBD:
+                dev, rule = CPU, "input layer: always on the CPU"
+            elif t.role is Role.ROPE:
+                dev, rule = units[0], "rope factors follow layer 0"
+            else:
+                dev, rule = units[n_layer], f"output layer: unit {n_layer} of -ngl"
+        elif t.layer >= n_layer:
+            dev, rule = units[n_layer], "block past the layer count goes with the output"
+        else:
+            dev, rule = units[t.layer], f"layer {t.layer} by -ngl {opts.n_gpu_layers}"
+        buft = device_buft(dev, t)
+        for i, rx, o in compiled:
+            if rx.search(t.name):
+                hits[i] += 1
+                dev = CPU if o.buft.upper() == CPU else o.buft
+                buft = device_buft(dev, t)
+                rule = f"{o.source} {o.pattern}={o.buft}"
+                break
+        items.append(Placed(t, dev, buft, rule))
+
+    if model.get("output.weight") is None and (embd := model.get("token_embd.weight")) is not None:
+        out_dev = units[n_layer]
+        copy_buft = device_buft(out_dev, embd, as_output=True)
+        rule = "tied embeddings: token_embd loaded again for the output layer"
+        for _, rx, o in compiled:
+            if rx.search(embd.name):
+                out_dev = CPU if o.buft.upper() == CPU else o.buft
+                copy_buft = device_buft(out_dev, embd, as_output=True)
+                rule += f" ({o.source} {o.pattern}={o.buft})"
+                break
+        orig = next(p for p in items if p.tensor is embd)
+        if (orig.device, orig.buft) != (out_dev, copy_buft):
+            items.append(Placed(embd, out_dev, copy_buft, rule, copy=True))
+    return Placement(items, units, n_layer, override_hits=hits)
