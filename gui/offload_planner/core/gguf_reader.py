@@ -22,9 +22,14 @@ from offload_planner.core.roles import classify
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 GGML_MAX_DIMS = 4
+#: llama.cpp refuses tensor names of this many bytes or more (``GGML_MAX_NAME``).
+GGML_MAX_NAME = 64
 #: Arrays up to this many elements are decoded at once; longer ones stay lazy.
 EAGER_ARRAY_LIMIT = 4096
 _FIRST_READ = 1 << 20
+#: No real header comes near this; a length field that needs more is corrupt (and reading it would
+#: copy gigabytes of a big model into memory).
+MAX_HEADER_BYTES = 1 << 30
 _SKIP_CHUNK = 8192
 
 # GGUF value types
@@ -139,7 +144,12 @@ class _Cursor:
             return
         if needed_end > self.size:
             raise _Truncated(min(needed_end, self.size))
-        want = min(self.size, max(needed_end, have * 2))
+        if needed_end > MAX_HEADER_BYTES:
+            raise self.fail(
+                f"the header would need {needed_end} bytes (over {MAX_HEADER_BYTES >> 20} MiB): "
+                "a length field is corrupt"
+            )
+        want = min(self.size, MAX_HEADER_BYTES, max(needed_end, have * 2))
         more = self.src.read(have, want - have)
         if len(more) < needed_end - have:
             raise _Truncated(have + len(more))
@@ -188,12 +198,9 @@ class _Cursor:
                 for _ in range(k):
                     pos += 8 + unpack(buf, pos)[0]
                 ok = pos <= len(buf)
-            except struct.error:
+            except (struct.error, OverflowError):  # OverflowError: a huge length, pos >= 2**63
                 ok = False
-            if not ok:
-                if len(self.buf) < self.size:
-                    self.grow(len(self.buf) + 1)  # doubles the buffer; walk the chunk again
-                    continue
+            if not ok:  # the chunk runs past the buffer (or a length is corrupt): grow as checked
                 pos = self._skip_strings_checked(k, done)
             self.pos = pos
             done += k
@@ -298,6 +305,8 @@ def _read_header(cur: _Cursor) -> Header:
     for _ in range(n_tensors):
         at = cur.pos
         name = cur.string("tensor name")
+        if len(name.encode("utf-8")) >= GGML_MAX_NAME:
+            raise cur.fail(f"tensor name {name[:40]!r}... is too long (llama.cpp: < 64 bytes)", at)
         if name in seen:
             raise cur.fail(f"duplicate tensor name {name!r}", at)
         seen.add(name)

@@ -1,0 +1,365 @@
+"""A GGUF file on an http(s) server, read with Range requests (only the bytes the reader asks for).
+
+Hugging Face ``resolve/main/...gguf`` links redirect to a CDN: the redirect is followed with the
+Range header kept, and a token (``HF_TOKEN``) is sent only to the host the user named.  Fetched
+blocks are cached, so reading the same bytes twice costs one request.  A server that ignores Range
+(answers 200 with the whole body) is read as a stream that is closed as soon as enough is held.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import IO, cast
+from urllib.parse import urlsplit
+
+from offload_planner.core.errors import GGUFError
+
+#: Cache granularity; the reader's first read (1 MiB) is one block.
+BLOCK_SIZE = 1 << 20
+#: The most one HTTP request asks for; longer reads are split.
+MAX_REQUEST_BYTES = 64 << 20
+#: The most one source downloads in all: no real GGUF header comes near this.
+DEFAULT_MAX_BYTES = 256 << 20
+USER_AGENT = "offload-planner/0.1 (GGUF header reader; python-urllib)"
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
+_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
+_SECRET_HEADERS = frozenset({"authorization", "cookie"})
+#: HF_TOKEN goes only to these hosts (and their subdomains) and to the host of $HF_ENDPOINT.
+TOKEN_HOSTS: tuple[str, ...] = ("huggingface.co", "hf.co")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL; credentials are sent only within one origin."""
+    try:
+        parts = urlsplit(url)
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:  # malformed: an origin no other URL has
+        return "", url, None
+
+
+def _is_token_host(host: str) -> bool:
+    hosts = list(TOKEN_HOSTS)
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip()
+    if endpoint:
+        hosts.append(_origin(endpoint)[1])
+    return any(h and (host == h or host.endswith("." + h)) for h in hosts)
+
+
+class _Unsatisfiable(Exception):
+    """Internal: HTTP 416, with the server's Content-Range (``bytes */TOTAL``)."""
+
+    def __init__(self, content_range: str) -> None:
+        self.content_range = content_range
+
+
+class _RedirectKeepingRange(urllib.request.HTTPRedirectHandler):
+    """Follows redirects keeping Range; drops credentials when the target is another origin."""
+
+    def __init__(self, origin: tuple[str, str, int | None]) -> None:
+        self._origin = origin
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != self._origin:
+            for name in list(new.headers):
+                if name.lower() in _SECRET_HEADERS:
+                    del new.headers[name]
+        return new
+
+
+class HttpRangeSource:
+    """A :class:`~offload_planner.core.byte_source.ByteSource` over HTTP Range requests.
+
+    ``request_count`` and ``bytes_fetched`` count what went over the network.  ``HF_TOKEN`` is sent
+    as a bearer token when the URL is on a Hugging Face host (or ``$HF_ENDPOINT``'s), and like any
+    ``Authorization`` given in ``headers`` it is dropped when a redirect leads to another host.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 30,
+        headers: Mapping[str, str] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self._url = url
+        self._timeout = timeout
+        self._max_bytes = max_bytes
+        self._headers = self._base_headers(headers)
+        self._opener = urllib.request.build_opener(_RedirectKeepingRange(_origin(url)))
+        self._resolved: str | None = None  # where the last redirect chain ended
+        self._blocks: dict[int, bytes] = {}
+        self._ranged = True  # False once the server ignored Range: read one stream from 0
+        self._stream: http.client.HTTPResponse | None = None
+        self._stream_pos = 0
+        self.request_count = 0
+        self.bytes_fetched = 0
+        self._size = self._probe()
+
+    # ByteSource -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._url
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def final_url(self) -> str:
+        """The URL the redirects ended at (the original one if there were none)."""
+        return self._resolved or self._url
+
+    def read(self, offset: int, n: int) -> bytes:
+        if n <= 0 or offset < 0 or offset >= self._size:
+            return b""
+        end = min(self._size, offset + n)
+        first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
+        if not self._ranged:
+            self._fill_from_stream(last)
+        else:
+            self._fill_ranges(first, last)
+        chunks = [self._blocks[i] for i in range(first, last + 1)]
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        skip = offset - first * BLOCK_SIZE
+        return data[skip : skip + (end - offset)]
+
+    def close(self) -> None:
+        self._close_stream()
+        self._blocks.clear()
+
+    def __enter__(self) -> HttpRangeSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # requests ---------------------------------------------------------------------------------
+
+    def _base_headers(self, extra: Mapping[str, str] | None) -> dict[str, str]:
+        out = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        token = os.environ.get("HF_TOKEN", "").strip()
+        if token and _is_token_host(_origin(self._url)[1]):
+            out["Authorization"] = f"Bearer {token}"
+        out.update(extra or {})
+        return out
+
+    def _sends_token(self) -> bool:
+        return any(k.lower() == "authorization" for k in self._headers)
+
+    def _fail(self, message: str) -> GGUFError:
+        return GGUFError(self._url, message)
+
+    def _open(self, start: int, end: int) -> http.client.HTTPResponse:
+        """GET ``Range: bytes=start-(end-1)``, from the resolved URL first if there is one."""
+        if self._resolved is not None:
+            try:
+                return self._open_url(self._resolved, start, end)
+            except GGUFError:
+                self._resolved = None  # e.g. an expired signed CDN link: resolve again
+        return self._open_url(self._url, start, end)
+
+    def _open_url(self, url: str, start: int, end: int) -> http.client.HTTPResponse:
+        headers = dict(self._headers)
+        if _origin(url) != _origin(self._url):
+            headers = {k: v for k, v in headers.items() if k.lower() not in _SECRET_HEADERS}
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        self.request_count += 1
+        try:
+            req = urllib.request.Request(url, headers=headers, method="GET")
+            resp = cast(http.client.HTTPResponse, self._opener.open(req, timeout=self._timeout))
+        except urllib.error.HTTPError as e:
+            with e:
+                if e.code == 416:
+                    raise _Unsatisfiable(e.headers.get("Content-Range", "")) from None
+                raise self._fail(self._http_error_message(e.code, e.reason)) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+            raise self._fail(self._network_error_message(e)) from None
+        final = resp.geturl()
+        if final != url:
+            self._resolved = final
+        return resp
+
+    def _http_error_message(self, code: int, reason: object) -> str:
+        if code in (401, 403):
+            if self._sends_token():
+                return (
+                    f"access denied (HTTP {code}) although a token was sent: gated model, "
+                    "request access on its page and check HF_TOKEN"
+                )
+            if os.environ.get("HF_TOKEN", "").strip():
+                return (
+                    f"access denied (HTTP {code}); HF_TOKEN is sent only to Hugging Face hosts "
+                    "(or $HF_ENDPOINT)"
+                )
+            return f"access denied (HTTP {code}): gated model: set HF_TOKEN"
+        if code == 404:
+            return "not found (HTTP 404)"
+        return f"HTTP {code} {reason}".rstrip()
+
+    def _network_error_message(self, e: BaseException) -> str:
+        reason: object = e.reason if isinstance(e, urllib.error.URLError) else e
+        if isinstance(reason, TimeoutError):
+            return f"timed out after {self._timeout:g} s"
+        if isinstance(reason, ConnectionRefusedError):
+            return "cannot connect: connection refused"
+        if isinstance(reason, OSError) and reason.strerror:
+            return f"cannot connect: {reason.strerror}"
+        return f"cannot read: {reason or type(e).__name__}"
+
+    def _read_body(self, resp: http.client.HTTPResponse, n: int) -> bytes:
+        try:
+            data = resp.read(n)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise self._fail(self._network_error_message(e)) from None
+        self.bytes_fetched += len(data)
+        return data
+
+    # size -------------------------------------------------------------------------------------
+
+    def _probe(self) -> int:
+        """First request: the first block, and the total size from Content-Range/Length."""
+        try:
+            resp = self._open(0, BLOCK_SIZE)
+        except _Unsatisfiable as e:
+            return self._unsatisfiable_size(e.content_range)
+        if resp.status == 206:
+            with resp:
+                total = self._content_range(resp, 0)[2]
+                if total is None:
+                    raise self._fail("server does not say the file size (Content-Range */*)")
+                self._store_range(resp, 0, min(total, BLOCK_SIZE))
+            return total
+        if resp.status == 200:
+            return self._start_stream(resp)
+        resp.close()
+        raise self._fail(f"unexpected HTTP {resp.status} to a Range request")
+
+    def _unsatisfiable_size(self, content_range: str) -> int:
+        m = _UNSATISFIED_RANGE.fullmatch(content_range.strip())
+        if m is None or int(m[1]) != 0:
+            raise self._fail("server refused the Range request (HTTP 416)")
+        return 0  # an empty file: nothing to read
+
+    def _content_range(
+        self, resp: http.client.HTTPResponse, start: int
+    ) -> tuple[int, int, int | None]:
+        value = resp.headers.get("Content-Range", "").strip()
+        m = _CONTENT_RANGE.fullmatch(value)
+        if m is None:
+            raise self._fail(f"HTTP 206 with a bad Content-Range {value!r}")
+        first, last = int(m[1]), int(m[2])
+        total = None if m[3] == "*" else int(m[3])
+        if first != start or last < first or (total is not None and last >= total):
+            raise self._fail(f"asked for bytes from {start}, server sent {value!r}")
+        return first, last, total
+
+    def _start_stream(self, resp: http.client.HTTPResponse) -> int:
+        """The server ignored Range and sends the whole file: keep the stream, read as needed."""
+        length = resp.headers.get("Content-Length")
+        if length is None or not length.strip().isdigit():
+            resp.close()
+            raise self._fail(
+                "server does not support Range requests and sends no Content-Length; "
+                "cannot read only the header"
+            )
+        self._ranged = False
+        self._stream = resp
+        size = int(length)
+        self._size = size
+        if size:
+            self._fill_from_stream(0)
+        return size
+
+    # fetching ---------------------------------------------------------------------------------
+
+    def _check_budget(self, more: int) -> None:
+        if self.bytes_fetched + more > self._max_bytes:
+            raise self._fail(
+                f"reading {more} more bytes would download more than {self._max_bytes} bytes "
+                "of header; the header is corrupt or the file is not a GGUF model"
+            )
+
+    def _fill_ranges(self, first: int, last: int) -> None:
+        """Fetch the missing blocks in ``first..last``, contiguous runs in bounded requests."""
+        i = first
+        while i <= last:
+            if i in self._blocks:
+                i += 1
+                continue
+            j = i
+            per_request = MAX_REQUEST_BYTES // BLOCK_SIZE
+            while j + 1 <= last and j + 1 - i < per_request and j + 1 not in self._blocks:
+                j += 1
+            self._fetch_blocks(i, j)
+            i = j + 1
+
+    def _fetch_blocks(self, first: int, last: int) -> None:
+        start = first * BLOCK_SIZE
+        end = min(self._size, (last + 1) * BLOCK_SIZE)
+        self._check_budget(end - start)
+        try:
+            resp = self._open(start, end)
+        except _Unsatisfiable:
+            raise self._fail(f"server refused bytes {start}-{end - 1} (HTTP 416)") from None
+        if resp.status == 200:  # Range no longer honoured: read from the start as a stream
+            self._ranged, self._stream, self._stream_pos = False, resp, 0
+            self._fill_from_stream(last)
+            return
+        with resp:
+            if resp.status != 206:
+                raise self._fail(f"unexpected HTTP {resp.status} to a Range request")
+            self._content_range(resp, start)
+            self._store_range(resp, start, end)
+
+    def _store_range(self, resp: http.client.HTTPResponse, start: int, end: int) -> None:
+        data = self._read_body(resp, end - start)
+        if len(data) != end - start:
+            raise self._fail(
+                f"server sent {len(data)} bytes for bytes {start}-{end - 1} "
+                f"(expected {end - start})"
+            )
+        for pos in range(start, end, BLOCK_SIZE):
+            self._blocks[pos // BLOCK_SIZE] = data[pos - start : pos - start + BLOCK_SIZE]
+
+    def _fill_from_stream(self, last: int) -> None:
+        """Read the whole-body stream on until block ``last`` is held (then stop: no more)."""
+        end = min(self._size, (last + 1) * BLOCK_SIZE)
+        if self._stream_pos >= end:
+            return
+        if self._stream is None:
+            raise self._fail("the server closed the download before the header was read")
+        self._check_budget(end - self._stream_pos)
+        while self._stream_pos < end:
+            want = min(BLOCK_SIZE, self._size - self._stream_pos)
+            data = self._read_body(self._stream, want)
+            if len(data) != want:
+                self._close_stream()
+                raise self._fail(
+                    f"the download ended at byte {self._stream_pos + len(data)} of {self._size}"
+                )
+            self._blocks[self._stream_pos // BLOCK_SIZE] = data
+            self._stream_pos += want
+        if self._stream_pos >= self._size:
+            self._close_stream()
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
