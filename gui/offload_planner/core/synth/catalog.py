@@ -1,0 +1,394 @@
+"""The models the project ships and tests with.
+
+``SMALL_MODELS``: tiny (a few MB), complete and loadable by llama.cpp; one per architecture
+family the planner must get right.  ``BIG_MODELS``: the real shapes of well-known models, from
+their public ``config.json`` and their published GGUFs (tensor counts, vocabulary and merge
+counts), meant to be written header-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gguf import GGMLQuantizationType as Q
+
+from offload_planner.core.synth.spec import (
+    FTYPE_MXFP4_MOE,
+    FTYPE_Q4_K_M,
+    ModelSpec,
+    QuantMix,
+    RopeScaling,
+    TokenizerKind,
+    TokenizerSpec,
+)
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# --- quantization mixes ----------------------------------------------------------------------
+
+# llama-quantize Q4_K_M: q4_K everywhere, q6_K output, and q6_K attn_v / ffn_down* on the
+# "use_more_bits" layers; 1-D tensors and routers stay f32.
+Q4_K_M = QuantMix(
+    name="Q4_K_M",
+    ftype=FTYPE_Q4_K_M,
+    embd=Q.Q4_K,
+    output=Q.Q6_K,
+    attn=Q.Q4_K,
+    attn_v=Q.Q4_K,
+    ffn=Q.Q4_K,
+    ffn_down=Q.Q4_K,
+    shexp=Q.Q4_K,
+    shexp_down=Q.Q4_K,
+    exps=Q.Q4_K,
+    exps_down=Q.Q4_K,
+    nextn=Q.Q4_K,
+    more_bits=Q.Q6_K,
+)
+
+# On a 70B Llama llama-quantize bumps attn_v to q5_K (8 query heads share each KV head).
+Q4_K_M_70B = replace(Q4_K_M, attn_v=Q.Q5_K)
+
+# "Dynamic" MoE mix as community quantizers publish: attention and shared expert kept high,
+# routed experts q4_K with q6_K down projections.
+MOE_DYNAMIC = replace(
+    Q4_K_M,
+    name="Q4_K_M-dynamic",
+    embd=Q.Q6_K,
+    attn=Q.Q8_0,
+    attn_v=Q.Q8_0,
+    ffn=Q.Q6_K,
+    ffn_down=Q.Q6_K,
+    shexp=Q.Q6_K,
+    shexp_down=Q.Q8_0,
+    exps_down=Q.Q6_K,
+    nextn=Q.Q8_0,
+    more_bits=None,
+)
+
+# llama-quantize MXFP4_MOE (gpt-oss as published): experts mxfp4, other matrices q8_0.
+MXFP4_MOE = QuantMix(
+    name="MXFP4_MOE",
+    ftype=FTYPE_MXFP4_MOE,
+    embd=Q.Q8_0,
+    output=Q.Q8_0,
+    attn=Q.Q8_0,
+    attn_v=Q.Q8_0,
+    ffn=Q.Q8_0,
+    ffn_down=Q.Q8_0,
+    shexp=Q.Q8_0,
+    shexp_down=Q.Q8_0,
+    exps=Q.MXFP4,
+    exps_down=Q.MXFP4,
+    nextn=Q.Q8_0,
+)
+
+# --- tokenizers ------------------------------------------------------------------------------
+
+
+def _bpe(n_vocab: int, pre: str, n_merges: int, n_special: int = 8) -> TokenizerSpec:
+    return TokenizerSpec(
+        TokenizerKind.BPE, n_vocab, pre, n_merges, n_special, chat_template=CHATML_TEMPLATE
+    )
+
+
+# --- small, loadable models ------------------------------------------------------------------
+
+SMALL_MODELS: dict[str, ModelSpec] = {
+    # dense GQA, untied, Llama-3.1 style rope_freqs
+    "llama": ModelSpec(
+        name="synth-llama",
+        arch="llama",
+        n_layer=4,
+        n_embd=256,
+        n_head=8,
+        n_head_kv=2,
+        n_ff=512,
+        n_ctx_train=4096,
+        rope_freq_base=500000.0,
+        rope_freqs=True,
+        rms_eps=1e-5,
+        tokenizer=_bpe(1024, "llama-bpe", 900),
+        quant=Q4_K_M,
+    ),
+    # Qwen3 MoE: q/k norms, no shared expert, tied embeddings
+    "qwen3moe": ModelSpec(
+        name="synth-qwen3moe",
+        arch="qwen3moe",
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        head_dim_k=64,
+        head_dim_v=64,
+        n_ff=768,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=256,
+        n_ctx_train=4096,
+        rope_freq_base=1000000.0,
+        qk_norm=True,
+        tied_embeddings=True,
+        tokenizer=_bpe(1536, "qwen2", 1200),
+        quant=Q4_K_M,
+    ),
+    # DeepSeek-V3 style: MLA (key_length_mla -> MLA cache), split attn_k_b/attn_v_b,
+    # 1 leading dense layer, shared expert, sigmoid gating with exp_probs_b
+    "deepseek2": ModelSpec(
+        name="synth-deepseek2",
+        arch="deepseek2",
+        n_layer=4,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=1,
+        head_dim_k=256 + 32,  # kv_lora_rank + rope dims: the MLA cache row
+        head_dim_v=256,
+        n_rot=32,
+        n_ff=512,
+        n_expert=8,
+        n_expert_used=2,
+        n_expert_shared=1,
+        n_ff_exp=256,
+        n_layer_dense_lead=1,
+        q_lora_rank=256,
+        kv_lora_rank=256,
+        key_length_mla=96,
+        value_length_mla=64,
+        n_ctx_train=4096,
+        tokenizer=_bpe(1280, "deepseek-v3", 1000),
+        quant=MOE_DYNAMIC,
+        extra_kv={
+            "expert_weights_scale": 2.5,
+            "expert_weights_norm": True,
+            "expert_gating_func": 2,
+        },
+    ),
+    # GLM-4.5 style: q/k/v biases, leading dense layer, shared expert, exp_probs_b,
+    # partial rotary, one NextN/MTP block (block_count = trunk + 1)
+    "glm4moe": ModelSpec(
+        name="synth-glm4moe",
+        arch="glm4moe",
+        n_layer=5,
+        n_nextn=1,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        head_dim_k=64,
+        head_dim_v=64,
+        n_rot=32,
+        n_ff=512,
+        n_expert=8,
+        n_expert_used=2,
+        n_expert_shared=1,
+        n_ff_exp=256,
+        n_layer_dense_lead=1,
+        n_ctx_train=4096,
+        rope_freq_base=1000000.0,
+        rms_eps=1e-5,
+        attn_bias=True,
+        tokenizer=_bpe(1024, "glm4", 1500),
+        quant=Q4_K_M,
+        extra_kv={
+            "expert_weights_scale": 1.0,
+            "expert_weights_norm": True,
+            "expert_gating_func": 2,
+        },
+    ),
+    # gpt-oss: alternating sliding-window attention, attn_sinks, biases everywhere,
+    # MXFP4 routed experts
+    "gpt-oss": ModelSpec(
+        name="synth-gpt-oss",
+        arch="gpt-oss",
+        n_layer=4,
+        n_embd=256,
+        n_head=8,
+        n_head_kv=2,
+        head_dim_k=64,
+        head_dim_v=64,
+        n_rot=64,
+        n_ff=256,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=256,
+        sliding_window=128,
+        n_ctx_train=4096,
+        rope_freq_base=150000.0,
+        rms_eps=1e-5,
+        attn_bias=True,
+        tokenizer=_bpe(1024, "gpt-4o", 1100),
+        quant=MXFP4_MOE,
+        rope_scaling=RopeScaling("yarn", 32.0, 4096),
+    ),
+    # Gemma 3: SWA pattern 6 (5 local : 1 global), q/k norms, post norms, tied embeddings,
+    # SentencePiece vocabulary; head_count_kv written as a per-layer array
+    "gemma3": ModelSpec(
+        name="synth-gemma3",
+        arch="gemma3",
+        n_layer=6,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=(1, 1, 1, 1, 1, 1),
+        head_dim_k=64,
+        head_dim_v=64,
+        n_ff=512,
+        sliding_window=128,
+        sliding_window_pattern=6,
+        n_ctx_train=8192,
+        rope_freq_base=1000000.0,
+        qk_norm=True,
+        tied_embeddings=True,
+        tokenizer=TokenizerSpec(TokenizerKind.SPM, 2048, n_special=8),
+        quant=Q4_K_M,
+        extra_kv={"rope.freq_base_swa": 10000.0},
+    ),
+}
+
+# --- real shapes, header-only ----------------------------------------------------------------
+
+_DEEPSEEK_V3 = ModelSpec(
+    name="DeepSeek V3",
+    arch="deepseek2",
+    n_layer=61,
+    n_embd=7168,
+    n_head=128,
+    n_head_kv=1,
+    head_dim_k=576,
+    head_dim_v=512,
+    n_rot=64,
+    n_ff=18432,
+    n_expert=256,
+    n_expert_used=8,
+    n_expert_shared=1,
+    n_ff_exp=2048,
+    n_layer_dense_lead=3,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    key_length_mla=192,
+    value_length_mla=128,
+    n_ctx_train=163840,
+    rope_freq_base=10000.0,
+    rope_scaling=RopeScaling("yarn", 40.0, 4096, 0.1),
+    rms_eps=1e-6,
+    tokenizer=_bpe(129280, "deepseek-v3", 127741, n_special=818),
+    quant=Q4_K_M,
+    extra_kv={
+        "expert_weights_scale": 2.5,
+        "expert_weights_norm": True,
+        "expert_gating_func": 2,
+        "expert_group_count": 8,
+        "expert_group_used_count": 4,
+    },
+)
+
+
+
+def _qwen3moe(name: str, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_ff_exp: int) -> ModelSpec:
+    """Qwen3 MoE: 128 experts / 8 used, GQA with 4 KV heads of 128 dims, q/k norms, untied."""
+    return ModelSpec(
+        name=name,
+        arch="qwen3moe",
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=4,
+        head_dim_k=128,
+        head_dim_v=128,
+        n_ff=n_ff,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=n_ff_exp,
+        n_ctx_train=40960,
+        rope_freq_base=1000000.0,
+        qk_norm=True,
+        tokenizer=_bpe(151936, "qwen2", 151387, n_special=293),
+        quant=Q4_K_M,
+    )
+
+
+BIG_MODELS: dict[str, ModelSpec] = {
+    # 61 layers (3 dense), 256 experts / 8 used / 1 shared, MLA with split k_b/v_b: 1086 tensors
+    "DeepSeek-V3-Q4_K_M": _DEEPSEEK_V3,
+    "Qwen3-235B-A22B-Q4_K_M": _qwen3moe("Qwen3 235B A22B", 94, 4096, 64, 12288, 1536),
+    "Qwen3-30B-A3B-Q4_K_M": _qwen3moe("Qwen3 30B A3B", 48, 2048, 32, 6144, 768),
+    # 46 trunk layers + 1 NextN block (block_count 47), 1 dense lead layer: 803 tensors
+    "GLM-4.5-Air-Q4_K_M": ModelSpec(
+        name="GLM 4.5 Air",
+        arch="glm4moe",
+        n_layer=47,
+        n_nextn=1,
+        n_embd=4096,
+        n_head=96,
+        n_head_kv=8,
+        head_dim_k=128,
+        head_dim_v=128,
+        n_rot=64,
+        n_ff=10944,
+        n_expert=128,
+        n_expert_used=8,
+        n_expert_shared=1,
+        n_ff_exp=1408,
+        n_layer_dense_lead=1,
+        n_ctx_train=131072,
+        rope_freq_base=1000000.0,
+        rms_eps=1e-5,
+        attn_bias=True,
+        tokenizer=_bpe(151552, "glm4", 318088, n_special=223),
+        quant=Q4_K_M,
+        extra_kv={
+            "expert_weights_scale": 1.0,
+            "expert_weights_norm": True,
+            "expert_gating_func": 2,
+        },
+    ),
+    # 36 layers, 128 experts / 4 used, MXFP4 experts, q8_0 elsewhere: 687 tensors
+    "gpt-oss-120b-MXFP4": ModelSpec(
+        name="gpt-oss-120b",
+        arch="gpt-oss",
+        n_layer=36,
+        n_embd=2880,
+        n_head=64,
+        n_head_kv=8,
+        head_dim_k=64,
+        head_dim_v=64,
+        n_rot=64,
+        n_ff=2880,
+        n_expert=128,
+        n_expert_used=4,
+        n_ff_exp=2880,
+        sliding_window=128,
+        n_ctx_train=131072,
+        rope_freq_base=150000.0,
+        rope_scaling=RopeScaling("yarn", 32.0, 4096),
+        rms_eps=1e-5,
+        attn_bias=True,
+        tokenizer=_bpe(201088, "gpt-4o", 446189, n_special=1088),
+        quant=MXFP4_MOE,
+    ),
+    # 80 layers, GQA 64/8, rope_freqs: 724 tensors
+    "Llama-3.1-70B-Q4_K_M": ModelSpec(
+        name="Llama 3.1 70B",
+        arch="llama",
+        n_layer=80,
+        n_embd=8192,
+        n_head=64,
+        n_head_kv=8,
+        n_rot=128,
+        n_ff=28672,
+        n_ctx_train=131072,
+        rope_freq_base=500000.0,
+        rope_freqs=True,
+        rms_eps=1e-5,
+        tokenizer=_bpe(128256, "llama-bpe", 280147, n_special=256),
+        quant=Q4_K_M_70B,
+    ),
+}
+
+# The header-only demo models shipped in resources/.
+DEMO_MODELS: tuple[str, ...] = ("DeepSeek-V3-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M")
+
+
+def all_models() -> dict[str, ModelSpec]:
+    return {**SMALL_MODELS, **BIG_MODELS}

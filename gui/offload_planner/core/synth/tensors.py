@@ -1,0 +1,250 @@
+"""The tensor list of a :class:`ModelSpec`, arch by arch, as llama.cpp's ``load_arch_tensors`` wants it.
+
+Shapes are in ggml order (``ne0`` first).  Each tensor carries a *slot*: the
+:class:`~offload_planner.core.synth.spec.QuantMix` field that decides its type.  llama.cpp rejects a
+file whose tensor set differs from what the arch creates ("wrong number of tensors"), so these
+builders follow ``src/models/<arch>.cpp`` of the llama.cpp tree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from offload_planner.core.synth.spec import ModelSpec
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorDef:
+    name: str
+    shape: Shape  # ggml order
+    slot: str  # QuantMix field name
+    layer: int | None = None
+
+
+def _blk(il: int, base: str, shape: Shape, slot: str, suffix: str = "weight") -> TensorDef:
+    return TensorDef(f"blk.{il}.{base}.{suffix}", shape, slot, il)
+
+
+def _norm(il: int, base: str, n: int) -> TensorDef:
+    return _blk(il, base, (n,), "small")
+
+
+def _bias(il: int, base: str, shape: Shape) -> TensorDef:
+    return _blk(il, base, shape, "small", "bias")
+
+
+# --- shared pieces -------------------------------------------------------------------------
+
+
+def _attn_qkv(spec: ModelSpec, il: int, *, out_bias: bool = False) -> list[TensorDef]:
+    e = spec.n_embd
+    n_q = spec.head_count(il) * spec.key_length
+    n_k = spec.head_count_kv(il) * spec.key_length
+    n_v = spec.head_count_kv(il) * spec.value_length
+    out = [
+        _blk(il, "attn_q", (e, n_q), "attn"),
+        _blk(il, "attn_k", (e, n_k), "attn"),
+        _blk(il, "attn_v", (e, n_v), "attn_v"),
+    ]
+    if spec.attn_bias:
+        out += [_bias(il, "attn_q", (n_q,)), _bias(il, "attn_k", (n_k,)), _bias(il, "attn_v", (n_v,))]
+    out.append(_blk(il, "attn_output", (spec.head_count(il) * spec.value_length, e), "attn"))
+    if out_bias:
+        out.append(_bias(il, "attn_output", (e,)))
+    if spec.qk_norm:
+        out += [_norm(il, "attn_k_norm", spec.key_length), _norm(il, "attn_q_norm", spec.key_length)]
+    return out
+
+
+def _dense_ffn(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e, f = spec.n_embd, spec.n_ff
+    return [
+        _blk(il, "ffn_gate", (e, f), "ffn"),
+        _blk(il, "ffn_down", (f, e), "ffn_down"),
+        _blk(il, "ffn_up", (e, f), "ffn"),
+    ]
+
+
+def _routed_experts(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e, f, x = spec.n_embd, spec.n_ff_exp, spec.n_expert
+    return [
+        _blk(il, "ffn_gate_inp", (e, x), "router"),
+        _blk(il, "ffn_gate_exps", (e, f, x), "exps"),
+        _blk(il, "ffn_down_exps", (f, e, x), "exps_down"),
+        _blk(il, "ffn_up_exps", (e, f, x), "exps"),
+    ]
+
+
+def _shared_expert(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e, f = spec.n_embd, spec.n_ff_exp * spec.n_expert_shared
+    return [
+        _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
+        _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
+        _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+    ]
+
+
+def _nextn(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e, v = spec.n_embd, spec.tokenizer.n_vocab
+    out = [
+        _blk(il, "nextn.eh_proj", (2 * e, e), "nextn"),
+        _norm(il, "nextn.enorm", e),
+        _norm(il, "nextn.hnorm", e),
+    ]
+    if spec.nextn_embed_head:
+        out += [
+            _blk(il, "nextn.embed_tokens", (e, v), "nextn"),
+            _blk(il, "nextn.shared_head_head", (e, v), "nextn"),
+        ]
+    out.append(_norm(il, "nextn.shared_head_norm", e))
+    return out
+
+
+# --- architectures -------------------------------------------------------------------------
+
+
+def _llama_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e = spec.n_embd
+    return [
+        _norm(il, "attn_norm", e),
+        *_attn_qkv(spec, il),
+        _norm(il, "ffn_norm", e),
+        *(_dense_ffn(spec, il) if spec.n_expert == 0 else _routed_experts(spec, il)),
+    ]
+
+
+def _qwen3moe_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e = spec.n_embd
+    return [
+        _norm(il, "attn_norm", e),
+        *_attn_qkv(spec, il),
+        _norm(il, "ffn_norm", e),
+        *_routed_experts(spec, il),
+    ]
+
+
+def _mla_attention(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e, h = spec.n_embd, spec.head_count(il)
+    rope = spec.rope_dim
+    k_mla = spec.key_length_mla or spec.key_length
+    v_mla = spec.value_length_mla or spec.value_length
+    nope = k_mla - rope
+    q_lora, kv_lora = spec.q_lora_rank, spec.kv_lora_rank
+    out = [_norm(il, "attn_norm", e)]
+    if q_lora:
+        out.append(_norm(il, "attn_q_a_norm", q_lora))
+    out.append(_norm(il, "attn_kv_a_norm", kv_lora))
+    if q_lora:
+        out += [
+            _blk(il, "attn_q_a", (e, q_lora), "attn"),
+            _blk(il, "attn_q_b", (q_lora, h * k_mla), "attn"),
+        ]
+    else:
+        out.append(_blk(il, "attn_q", (e, h * k_mla), "attn"))
+    out.append(_blk(il, "attn_kv_a_mqa", (e, kv_lora + rope), "attn"))
+    if spec.is_mla:
+        out += [
+            _blk(il, "attn_k_b", (nope, kv_lora, h), "attn"),
+            _blk(il, "attn_v_b", (kv_lora, v_mla, h), "attn"),
+        ]
+    else:
+        out.append(_blk(il, "attn_kv_b", (kv_lora, h * (nope + v_mla)), "attn_v"))
+    out.append(_blk(il, "attn_output", (h * v_mla, e), "attn"))
+    return out
+
+
+def _deepseek2_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    out = [*_mla_attention(spec, il), _norm(il, "ffn_norm", spec.n_embd)]
+    if spec.is_moe_layer(il):
+        gate_inp, *exps = _routed_experts(spec, il)
+        out += [gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps]
+        out += _shared_expert(spec, il)
+    else:
+        out += _dense_ffn(spec, il)
+    if il >= spec.n_layer_trunk:
+        out += _nextn(spec, il)
+    return out
+
+
+def _glm4moe_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    out = [
+        _norm(il, "attn_norm", spec.n_embd),
+        *_attn_qkv(spec, il),
+        _norm(il, "post_attention_norm", spec.n_embd),
+    ]
+    if spec.is_moe_layer(il):
+        gate_inp, *exps = _routed_experts(spec, il)
+        out += [gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps]
+        if spec.n_expert_shared:
+            out += _shared_expert(spec, il)
+    else:
+        out += _dense_ffn(spec, il)
+    if il >= spec.n_layer_trunk:
+        out += _nextn(spec, il)
+    return out
+
+
+def _gpt_oss_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e, f, x = spec.n_embd, spec.n_ff_exp, spec.n_expert
+    return [
+        _norm(il, "attn_norm", e),
+        _norm(il, "post_attention_norm", e),
+        *_attn_qkv(spec, il, out_bias=True),
+        _blk(il, "attn_sinks", (spec.head_count(il),), "small"),
+        _blk(il, "ffn_gate_inp", (e, x), "router"),
+        _bias(il, "ffn_gate_inp", (x,)),
+        _blk(il, "ffn_gate_exps", (e, f, x), "exps"),
+        _bias(il, "ffn_gate_exps", (f, x)),
+        _blk(il, "ffn_down_exps", (f, e, x), "exps_down"),
+        _bias(il, "ffn_down_exps", (e, x)),
+        _blk(il, "ffn_up_exps", (e, f, x), "exps"),
+        _bias(il, "ffn_up_exps", (f, x)),
+    ]
+
+
+def _gemma3_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    e = spec.n_embd
+    return [
+        _norm(il, "attn_norm", e),
+        *_attn_qkv(spec, il),
+        _norm(il, "post_attention_norm", e),
+        _norm(il, "ffn_norm", e),
+        *_dense_ffn(spec, il),
+        _norm(il, "post_ffw_norm", e),
+    ]
+
+
+LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
+
+LAYER_BUILDERS: dict[str, LayerBuilder] = {
+    "llama": _llama_layer,
+    "qwen3moe": _qwen3moe_layer,
+    "deepseek2": _deepseek2_layer,
+    "glm4moe": _glm4moe_layer,
+    "gpt-oss": _gpt_oss_layer,
+    "gemma3": _gemma3_layer,
+}
+
+SUPPORTED_ARCHS = frozenset(LAYER_BUILDERS)
+
+
+def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
+    """All tensors of the model in file order: embeddings, blocks, output norm, output."""
+    try:
+        layer = LAYER_BUILDERS[spec.arch]
+    except KeyError:
+        raise ValueError(f"synth: unsupported architecture {spec.arch!r}") from None
+    e, v = spec.n_embd, spec.tokenizer.n_vocab
+    out: list[TensorDef] = []
+    if spec.rope_freqs:
+        out.append(TensorDef("rope_freqs.weight", (spec.rope_dim // 2,), "small"))
+    out.append(TensorDef("token_embd.weight", (e, v), "embd"))
+    for il in range(spec.n_layer):
+        out += layer(spec, il)
+    out.append(TensorDef("output_norm.weight", (e,), "small"))
+    if not spec.tied_embeddings:
+        out.append(TensorDef("output.weight", (e, v), "output"))
+    return out
