@@ -173,6 +173,12 @@ def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_outpu
     return CPU_MAPPED if opts.use_mmap else CPU
 
 
+def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions, *,
+                as_output: bool = False) -> str:
+    """Buffer type a weight gets on ``dev``: the device's own, or the CPU list's pick."""
+    return _cpu_buft(t, devices, opts, as_output=as_output) if dev == CPU else dev
+
+
 def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
     s = model.summary
     n_layer = s.n_layer
@@ -183,9 +189,6 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     compiled = [(i, compile_override(o.pattern), o) for i, o in enumerate(opts.overrides)]
     hits: dict[int, int] = {i: 0 for i, _, _ in compiled}
     items: list[Placed] = []
-
-    def device_buft(dev: str, t: Tensor, *, as_output: bool = False) -> str:
-        return _cpu_buft(t, devices, opts, as_output=as_output) if dev == CPU else dev
 
     for t in model.tensors:
         if t.role is Role.NEXTN and not opts.load_mtp:
@@ -202,24 +205,24 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
             dev, rule = units[n_layer], "block past the layer count goes with the output"
         else:
             dev, rule = units[t.layer], f"layer {t.layer} by -ngl {opts.n_gpu_layers}"
-        buft = device_buft(dev, t)
+        buft = device_buft(dev, t, devices, opts)
         for i, rx, o in compiled:
             if rx.search(t.name):
                 hits[i] += 1
                 dev = CPU if o.buft.upper() == CPU else o.buft
-                buft = device_buft(dev, t)
+                buft = device_buft(dev, t, devices, opts)
                 rule = f"{o.source} {o.pattern}={o.buft}"
                 break
         items.append(Placed(t, dev, buft, rule))
 
     if model.get("output.weight") is None and (embd := model.get("token_embd.weight")) is not None:
         out_dev = units[n_layer]
-        copy_buft = device_buft(out_dev, embd, as_output=True)
+        copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
         rule = "tied embeddings: token_embd loaded again for the output layer"
         for _, rx, o in compiled:
             if rx.search(embd.name):
                 out_dev = CPU if o.buft.upper() == CPU else o.buft
-                copy_buft = device_buft(out_dev, embd, as_output=True)
+                copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
                 rule += f" ({o.source} {o.pattern}={o.buft})"
                 break
         orig = next(p for p in items if p.tensor is embd)

@@ -1,0 +1,104 @@
+"""From a model, devices and a llama-server command line to placement and projected memory.
+
+Applies the dialect's defaults to what the command line leaves unset, exactly as the server does
+(pinned mainline: -np auto = 4 slots with a unified KV cache, -c 0 = trained length, flash
+attention auto = on where every backend supports it, -ngl auto = all), then places and projects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from offload_planner.core.devices import DeviceSet
+from offload_planner.core.memory import ContextParams, Projection, project
+from offload_planner.core.model import Model
+from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
+
+LLAMA_CPP = "llama.cpp"
+LLAMA_CPP_2025 = "llama.cpp-2025"
+IK_LLAMA_CPP = "ik_llama.cpp"
+
+_QUANT_KV = {"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
+
+
+@dataclass
+class EngineResult:
+    projection: Projection
+    placement_options: PlacementOptions
+    context: ContextParams
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _get(args: Any, name: str, default: Any = None) -> Any:
+    v = getattr(args, name, None)
+    return default if v is None else v
+
+
+def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str) -> PlacementOptions:
+    n_layer = model.summary.n_layer
+    has_gpu = bool(devices.gpus)
+    ngl = _get(args, "n_gpu_layers")
+    if dialect == IK_LLAMA_CPP and ngl is None:
+        ngl = 999 if has_gpu else 0
+    overrides = tuple(
+        Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _get(args, "overrides", [])
+    )
+    if dialect == IK_LLAMA_CPP and ngl == 0:
+        overrides = ()  # ik: -ngl 0 drops all overrides
+    load_mode = _get(args, "load_mode", "auto")
+    return PlacementOptions(
+        n_gpu_layers=resolve_ngl(ngl, n_layer, has_gpu=has_gpu),
+        tensor_split=tuple(_get(args, "tensor_split", ())),
+        split_mode=_get(args, "split_mode", "layer"),
+        main_gpu=_get(args, "main_gpu", 0),
+        overrides=overrides,
+        use_mmap=load_mode not in ("none", "mlock", "dio"),
+        no_host=bool(_get(args, "no_host", False)),
+        use_extra_bufts=not _get(args, "no_repack", False),
+        output_first=dialect == LLAMA_CPP,
+    )
+
+
+def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams, list[str]]:
+    notes: list[str] = []
+    np_ = _get(args, "n_parallel")
+    kvu = _get(args, "kv_unified")
+    if dialect == LLAMA_CPP and (np_ is None or np_ < 0):
+        np_, kvu = 4, True if kvu is None else kvu
+        notes.append("-np auto: 4 slots sharing one unified KV cache (server default)")
+    np_ = np_ if np_ and np_ > 0 else 1
+    n_ctx = _get(args, "ctx_size", 0)
+    if not n_ctx:
+        notes.append(f"-c 0 or unset: trained context {model.summary.n_ctx_train}"
+                     + (" (--fit may shrink it: pass -c to pin it)" if dialect == LLAMA_CPP else ""))
+    fa = _get(args, "flash_attn", "auto")
+    ctv = _get(args, "cache_type_v", "f16")
+    flash = fa != "off"
+    if dialect == IK_LLAMA_CPP:
+        flash = fa != "off"
+    n_batch = _get(args, "batch_size", 2048)
+    return ContextParams(
+        n_ctx=n_ctx,
+        n_batch=n_batch,
+        n_ubatch=_get(args, "ubatch_size", 512),
+        n_seq_max=np_,
+        kv_unified=bool(kvu),
+        flash_attn=flash or ctv in _QUANT_KV,
+        type_k=_get(args, "cache_type_k", "f16"),
+        type_v=ctv,
+        offload_kqv=not _get(args, "no_kv_offload", False),
+        swa_full=bool(_get(args, "swa_full", False)),
+        n_outputs_max=min(n_batch, np_),
+    ), notes
+
+
+def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA_CPP) -> EngineResult:
+    popts = placement_options(model, devices, args, dialect)
+    cparams, notes = context_params(model, args, dialect)
+    placement = place(model, devices, popts)
+    projection = project(model, devices, placement, cparams)
+    from offload_planner.core.diagnostics import plan_warnings
+
+    return EngineResult(projection, popts, cparams, plan_warnings(projection, popts.overrides), notes)

@@ -1,0 +1,162 @@
+"""A plan: model + devices + options + the user's moves, projected as llama.cpp would allocate it.
+
+Data flows one way: ``Plan`` -> :class:`Placement` -> :class:`Projection` -> views and command line.
+The base placement comes from the command-line settings (-ngl, -ts, -ot of a pasted command);
+user moves (tensor name -> device) are applied on top, as llama.cpp applies -ot overrides: the
+tensor's buffer type is chosen again on its new device, and KV stays with the layer's device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from offload_planner.core.devices import DeviceSet
+from offload_planner.core.memory import ContextParams, Projection, project
+from offload_planner.core.model import Model
+from offload_planner.core.placement import (
+    CPU,
+    Override,
+    Placed,
+    Placement,
+    PlacementOptions,
+    device_buft,
+    place,
+)
+
+
+@dataclass
+class Plan:
+    model: Model
+    devices: DeviceSet
+    placement_options: PlacementOptions
+    context: ContextParams
+    dialect: str = "llama.cpp"
+    moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
+    extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
+
+    def base_placement(self) -> Placement:
+        return place(self.model, self.devices, self.placement_options)
+
+    def placement(self) -> Placement:
+        base = self.base_placement()
+        if not self.moves:
+            return base
+        items: list[Placed] = []
+        for p in base.items:
+            dev = self.moves.get(p.tensor.name)
+            if dev is None or p.device is None or p.copy or dev == p.device:
+                items.append(p)
+                continue
+            items.append(Placed(p.tensor, dev, device_buft(dev, p.tensor, self.devices,
+                                                           self.placement_options),
+                                "moved in the planner"))
+        return dataclasses.replace(base, items=items)
+
+    def projection(self) -> Projection:
+        return project(self.model, self.devices, self.placement(), self.context)
+
+    def with_moves(self, moves: dict[str, str]) -> Plan:
+        merged = dict(self.moves)
+        merged.update(moves)
+        return replace(self, moves=merged)
+
+    def movable(self, name: str) -> tuple[bool, str]:
+        """Can the user move this tensor? llama.cpp skips NextN blocks without MTP."""
+        t = self.model.get(name)
+        if t is None:
+            return False, "no such tensor"
+        from offload_planner.core.roles import Role
+
+        if t.role is Role.NEXTN and not self.placement_options.load_mtp:
+            return False, "NextN/MTP block: llama.cpp does not load it without MTP"
+        return True, ""
+
+
+def overrides_of(plan: Plan) -> tuple[Override, ...]:
+    return plan.placement_options.overrides
+
+
+def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: str = "llama.cpp",
+                   passthrough: list[str] | None = None) -> Plan:
+    """A plan whose base is what llama-server would do with these parsed arguments."""
+    from offload_planner.core.engine import context_params, placement_options
+
+    popts = placement_options(model, devices, args, dialect)
+    cparams, _ = context_params(model, args, dialect)
+    return Plan(model, devices, popts, cparams, dialect, extra_args=list(passthrough or []))
+
+
+def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:
+    return [sum(1 for d in placement.unit_devices if d == g) for g in gpus]
+
+
+def plan_command(plan: Plan) -> list[str]:
+    """The shortest argument list that makes llama-server reproduce this plan, pinning what would
+    otherwise vary at run time (-c, -ngl, -ts, --fit)."""
+    from offload_planner.core.export import fit_overrides
+
+    m, opts, ctx = plan.model, plan.placement_options, plan.context
+    target = plan.placement().tensor_devices()
+    gpus = [g.name for g in plan.devices.gpus]
+    base_opts = replace(opts, overrides=())
+    base = place(m, plan.devices, base_opts)
+    argv: list[str] = ["-m", m.path]
+    rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
+    if rpc:
+        argv += ["--rpc", ",".join(rpc)]
+    argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
+    n_layer = m.summary.n_layer
+    ngl = opts.n_gpu_layers
+    argv += ["-ngl", "999" if ngl > n_layer else str(ngl)]
+    if len(gpus) > 1 and opts.split_mode != "none":
+        argv += ["-ts", ",".join(str(n) for n in _units_per_gpu(base, gpus))]
+    if opts.split_mode != "layer":
+        argv += ["-sm", opts.split_mode]
+        if opts.split_mode == "none":
+            argv += ["-mg", str(opts.main_gpu)]
+
+    def place_with(ovs: list[Override]) -> dict[str, str | None]:
+        got = place(m, plan.devices, replace(base_opts, overrides=tuple(ovs))).tensor_devices()
+        return dict(got)
+
+    ovs = fit_overrides(m, base.tensor_devices(), target, place_with)
+    if ovs:
+        argv += ["-ot", ",".join(f"{o.pattern}={o.buft}" for o in ovs)]
+    argv += _context_flags(ctx, plan.dialect)
+    if not opts.use_mmap:
+        argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]
+    if opts.no_host:
+        argv += ["--no-host"]
+    if not opts.use_extra_bufts:
+        argv += ["-nr"]
+    if plan.dialect == "llama.cpp":
+        argv += ["-fit", "off"]
+    return argv + plan.extra_args
+
+
+def _context_flags(ctx: ContextParams, dialect: str) -> list[str]:
+    out: list[str] = []
+    if ctx.n_batch != 2048:
+        out += ["-b", str(ctx.n_batch)]
+    if ctx.n_ubatch != 512:
+        out += ["-ub", str(ctx.n_ubatch)]
+    server_auto = dialect == "llama.cpp" and ctx.n_seq_max == 4 and ctx.kv_unified
+    if not server_auto:
+        out += ["-np", str(ctx.n_seq_max)]
+        if ctx.kv_unified:
+            out += ["-kvu"]
+    out += ["-fa", "on" if ctx.flash_attn else "off"]
+    if ctx.type_k != "f16":
+        out += ["-ctk", ctx.type_k]
+    if ctx.type_v != "f16":
+        out += ["-ctv", ctx.type_v]
+    if not ctx.offload_kqv:
+        out += ["-nkvo"]
+    if ctx.swa_full:
+        out += ["--swa-full"]
+    return out
+
+
+__all__ = ["CPU", "Plan", "overrides_of", "plan_command", "plan_from_args"]

@@ -1,0 +1,70 @@
+"""Text and JSON reports of a projection for ``offload-planner plan``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from offload_planner.core.memory import DeviceMemory, Projection
+
+GiB = 1024**3
+
+
+def _g(n: int | None) -> str:
+    return "        -" if n is None else f"{n / GiB:9.2f}"
+
+
+def device_json(dm: DeviceMemory) -> dict[str, Any]:
+    return {
+        "name": dm.device.name,
+        "weights_bytes": dm.weights,
+        "kv_bytes": dm.kv,
+        "compute_bytes": dm.compute,
+        "output_bytes": dm.output,
+        "total_bytes": dm.total(),
+        "capacity_bytes": dm.device.capacity,
+        "buffers": [
+            {"name": b.name, "kind": b.kind, "bytes": b.bytes, "why": b.why} for b in dm.buffers
+        ],
+    }
+
+
+def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],
+              command: Sequence[str], notes: Sequence[str] = ()) -> dict[str, Any]:
+    ctx = projection.context
+    return {
+        "devices": [device_json(d) for d in projection.devices],
+        "tensors": projection.placement.tensor_devices(),
+        "context": {"n_ctx": ctx.n_ctx, "n_ctx_seq": ctx.n_ctx_seq, "n_stream": ctx.n_stream,
+                    "n_batch": ctx.n_batch, "n_ubatch": ctx.n_ubatch, "swa_cells": ctx.swa_cells},
+        "warnings": list(warnings),
+        "errors": list(errors),
+        "notes": list(notes),
+        "command": list(command),
+    }
+
+
+def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],
+              command: str, notes: Sequence[str] = (), explain: bool = False) -> str:
+    lines = ["device     weights       KV  compute   output    total capacity     left   (GiB)"]
+    for dm in projection.devices:
+        cap = dm.device.capacity
+        left = None if cap is None else cap - dm.total() - dm.device.margin
+        lines.append(
+            f"{dm.device.name:7}  {_g(dm.weights)}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
+            f"{_g(dm.total())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")
+        )
+        if explain:
+            for b in dm.buffers:
+                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / 2**20:10.2f} MiB  {b.why}")
+    ctx = projection.context
+    lines.append(
+        f"context: {ctx.n_ctx} cells ({ctx.n_stream} stream(s) of {ctx.n_ctx_seq}), "
+        f"batch {ctx.n_batch}, ubatch {ctx.n_ubatch}"
+    )
+    lines += [f"note: {n}" for n in notes]
+    lines += [f"warning: {w}" for w in warnings]
+    lines += [f"error: {e}" for e in errors]
+    lines.append("")
+    lines.append(command)
+    return "\n".join(lines)
