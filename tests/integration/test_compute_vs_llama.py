@@ -20,16 +20,14 @@ printed 0.01 MiB).  The whole table prints at the end of the module with ``pytes
 from __future__ import annotations
 
 import argparse
-import contextlib
 import re
 import shlex
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.support.procs import free_port, run_to_completion, running_process
+from tests.support.rpc import rpc_servers
 
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.compute import compute_buffers, simulate
@@ -199,30 +197,10 @@ def table(request: pytest.FixtureRequest) -> Iterator[list[str]]:
             reporter.write_line(row)
 
 
-def _wait_listening(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"ggml-rpc-server on port {port} is not listening")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """Two ggml-rpc-servers for the whole module, stopped by PID.  Readiness is the open port: the
-    server's banner sits in a block-buffered stdout when that is a file."""
-    log_dir = tmp_path_factory.mktemp("rpc")
-    with contextlib.ExitStack() as stack:
-        endpoints = []
-        for i in range(2):
-            port = free_port()
-            stack.enter_context(running_process(
-                [llama_bin_dir / "ggml-rpc-server", "-H", "127.0.0.1", "-p", str(port)],
-                log_path=log_dir / f"rpc{i}.log"))
-            _wait_listening(port)
-            endpoints.append(f"127.0.0.1:{port}")
+    """Two ggml-rpc-servers for the whole module, stopped by PID."""
+    with rpc_servers(llama_bin_dir, 2, tmp_path_factory.mktemp("rpc")) as endpoints:
         yield endpoints
 
 
