@@ -91,6 +91,7 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         offload_kqv=not _get(args, "no_kv_offload", False),
         swa_full=bool(_get(args, "swa_full", False)),
         n_outputs_max=min(n_batch, np_),
+        op_offload=not _get(args, "no_op_offload", False),
     ), notes
 
 

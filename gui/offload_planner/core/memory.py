@@ -7,7 +7,7 @@ KV: per layer on the layer's device (CPU with -nkvo), ``[n_embd_k_gqa, cells, n_
 V tensors (no V for MLA; V padded to the widest layer without flash attention); SWA layers hold
 ``pad(min(cells, n_swa·(unified ? n_seq : 1) + n_ubatch), 256)`` cells unless --swa-full.
 Output: ``4·n_vocab·n_seq_max`` bytes in the output device's host buffer (``output_reserve``).
-Compute: an estimate from the graph's largest live tensors (see :mod:`compute`).
+Compute: llama.cpp's graph reservation simulated on shapes (see :mod:`compute`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class ContextParams:
     offload_kqv: bool = True
     swa_full: bool = False
     n_outputs_max: int | None = None  # server: min(n_batch, n_seq_max); CLI: n_batch
+    op_offload: bool = True  # --no-op-offload turns it off
 
 
 @dataclass(frozen=True)

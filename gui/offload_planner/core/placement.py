@@ -79,6 +79,7 @@ class Placement:
     n_layer: int
     warnings: list[str] = field(default_factory=list)
     override_hits: dict[int, int] = field(default_factory=dict)  # override index -> tensors
+    model_devices: list[str] = field(default_factory=list)  # llama.cpp's device list (-sm none: one)
 
     def device_of(self, name: str) -> str | None:
         for p in self.items:
@@ -228,4 +229,4 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         orig = next(p for p in items if p.tensor is embd)
         if (orig.device, orig.buft) != (out_dev, copy_buft):
             items.append(Placed(embd, out_dev, copy_buft, rule, copy=True))
-    return Placement(items, units, n_layer, override_hits=hits)
+    return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus])
