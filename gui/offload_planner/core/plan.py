@@ -9,6 +9,7 @@ tensor's buffer type is chosen again on its new device, and KV stays with the la
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +27,11 @@ from offload_planner.core.placement import (
 )
 
 
+@functools.lru_cache(maxsize=16)
+def _cached_place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
+    return place(model, devices, opts)
+
+
 @dataclass
 class Plan:
     model: Model
@@ -37,7 +43,8 @@ class Plan:
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
 
     def base_placement(self) -> Placement:
-        return place(self.model, self.devices, self.placement_options)
+        """What the command-line settings alone place (cached: plans differ mostly in moves)."""
+        return _cached_place(self.model, self.devices, self.placement_options)
 
     def placement(self) -> Placement:
         base = self.base_placement()
