@@ -1,0 +1,191 @@
+"""Mainline llama.cpp's argument parser (``common/arg.cpp: common_params_parse_ex``), replayed.
+
+Order of events, as in llama.cpp: every option's environment variable (in the order the options
+are defined; ``LLAMA_ARG_NO_X`` counts as ``LLAMA_ARG_X=0``), then the command line left to right.
+``--foo_bar`` is read as ``--foo-bar``.  The first refusal ends llama-server; we record them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from offload_planner.core.cmdline.cnum import CNumberError, stoi
+from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
+from offload_planner.core.cmdline.dialect import Dialect
+from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
+from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, truthy
+from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs
+from offload_planner.core.cmdline.tables import flag_table, moved_hint
+
+# Flags whose handler appends, so repeating them is fine despite llama.cpp's warning.
+ACCUMULATING = frozenset(
+    {"--override-tensor", "--n-cpu-moe", "--n-cpu-ffn", "--rpc", "--lora", "--spec-type"}
+)
+REPEAT_WARNING = (
+    "DEPRECATED: argument '{}' specified multiple times, use comma-separated values instead "
+    "(only last value will be used)"
+)
+
+
+def _env_value(spec: FlagSpec, env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(variable, value) llama.cpp reads for ``spec``; ``LLAMA_ARG_NO_X`` wins and means "0"."""
+    if spec.neg_env is not None and spec.neg_env in env:
+        return spec.neg_env, "0"
+    if spec.env is not None and spec.env in env:
+        return spec.env, env[spec.env]
+    return None
+
+
+class MainlineParser:
+    def __init__(self, dialect: Dialect, parsed: ParsedArgs) -> None:
+        self.dialect = dialect
+        self.parsed = parsed
+        self.table = flag_table(dialect)
+        self.mmap = MmapFlags()
+
+    # ------------------------------------------------------------------ environment
+    def apply_env(self, env: Mapping[str, str]) -> None:
+        for spec in self.table:
+            found = _env_value(spec, env)
+            if found is None:
+                continue
+            var, value = found
+            try:
+                self._apply_env_value(spec, var, value)
+            except (HandlerError, CNumberError) as exc:
+                what = exc.what if isinstance(exc, HandlerError) else str(exc)
+                message = f'error while handling environment variable "{spec.env}": {what}'
+                self.parsed.errors.append(ArgError(var, value, message))
+
+    def _apply_env_value(self, spec: FlagSpec, var: str, value: str) -> None:
+        positive = True
+        values: tuple[str, ...] = ()
+        if spec.kind is ValueKind.NONE:
+            if not truthy(value):
+                return
+        elif spec.kind is ValueKind.BOOL:
+            if not (truthy(value) or falsey(value)):
+                raise HandlerError("invalid boolean value")
+            positive = truthy(value)
+        elif spec.kind is ValueKind.INT:
+            stoi(value)
+            values = (value,)
+        elif spec.kind is ValueKind.STRING:
+            values = (value,)
+        else:
+            return  # two-value options have no env form
+        use = FlagUse(
+            spec.names[0] if positive else (spec.neg or spec.names)[0], spec.key, values, -1, positive, var
+        )
+        self._dispatch(spec, use)
+
+    # ------------------------------------------------------------------ command line
+    def apply_argv(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        seen: set[str] = set()
+        i = 0
+        while i < len(argv):
+            i = self._one(argv, i, seen, env)
+
+    def _one(self, argv: Sequence[str], i: int, seen: set[str], env: Mapping[str, str]) -> int:
+        raw = argv[i]
+        arg = normalize_spelling(raw)
+        found = self.table.lookup(arg)
+        if found is None:
+            return self._unknown(argv, i, arg)
+        spec = found.spec
+        if arg in seen and arg != "--spec-type":
+            note = "the handler appends: every value is used" if spec.key in ACCUMULATING else ""
+            self.parsed.warnings.append(ArgWarning(raw, None, REPEAT_WARNING.format(arg), note))
+        seen.add(arg)
+        if _env_value(spec, env) is not None:
+            msg = (
+                f"warn: {spec.env} environment variable is set, but will be overwritten by "
+                f"command line argument {arg}"
+            )
+            self.parsed.warnings.append(ArgWarning(raw, None, msg))
+        arity = spec.arity
+        if self.dialect is Dialect.LLAMA_CPP_2025 and spec.key == "--flash-attn":
+            arity = self._bare_fa_arity(argv, i)
+        values = tuple(argv[i + 1 : i + 1 + arity])
+        use = FlagUse(
+            raw,
+            spec.key,
+            values if arity else ("on",) if spec.key == "--flash-attn" else (),
+            i,
+            found.positive,
+        )
+        if len(values) < arity:
+            self._error(use, arg, "expected value for argument", "the flag is the last argument")
+            self.parsed.passthrough.extend(argv[i:])
+            return len(argv)
+        self._dispatch(spec, use, arg)
+        return i + 1 + arity
+
+    def _bare_fa_arity(self, argv: Sequence[str], i: int) -> int:
+        """2025 builds before the ``-fa on|off|auto`` change took a bare ``-fa``."""
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and (
+            truthy(nxt) or falsey(nxt) or nxt in ("auto", "-1") or not nxt.startswith("-")
+        ):
+            return 1
+        msg = "bare -fa: builds before September 2025 read it as 'on'; later 2025 builds need -fa on|off|auto"
+        self.parsed.warnings.append(ArgWarning(argv[i], None, msg))
+        return 0
+
+    def _unknown(self, argv: Sequence[str], i: int, arg: str) -> int:
+        hint = moved_hint(self.dialect, arg)
+        explanation = f"not a flag of {self.dialect.label}" + (f"; use {hint}" if hint else "")
+        self.parsed.errors.append(
+            ArgError(argv[i], None, f"error: invalid argument: {arg}", explanation=explanation)
+        )
+        take = 2 if i + 1 < len(argv) and not looks_like_flag(argv[i + 1]) else 1
+        self.parsed.passthrough.extend(argv[i : i + take])
+        return i + take
+
+    def _dispatch(self, spec: FlagSpec, use: FlagUse, arg: str | None = None) -> None:
+        self.parsed.flags.append(use)
+        handler = MAINLINE_HANDLERS.get(spec.key)
+        ctx = Ctx(self.parsed, use, self.mmap)
+        try:
+            if handler is not None:
+                handler(ctx)
+            elif spec.kind is ValueKind.INT:
+                stoi(use.values[0])
+        except (HandlerError, CNumberError) as exc:
+            if use.env is not None:
+                raise
+            what = exc.what if isinstance(exc, HandlerError) else str(exc)
+            explanation = exc.explanation if isinstance(exc, HandlerError) else ""
+            self._error(use, arg or use.spelling, what, explanation)
+        if handler is None and use.env is None:
+            self.parsed.passthrough.extend((use.spelling, *use.values))
+
+    def _error(self, use: FlagUse, arg: str, what: str, explanation: str = "") -> None:
+        message = f'error while handling argument "{arg}": {what.rstrip()}'
+        value = use.values[0] if use.values else None
+        self.parsed.errors.append(ArgError(use.spelling, value, message, explanation=explanation))
+
+    def finish(self) -> None:
+        mode = self.mmap.load_mode()
+        if mode is not None:
+            self.parsed.args.load_mode = mode
+
+
+def looks_like_flag(token: str) -> bool:
+    if not token.startswith("-") or token == "-":
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return True
+    return False
+
+
+def parse_mainline(
+    argv: Sequence[str], dialect: Dialect, env: Mapping[str, str], parsed: ParsedArgs
+) -> ParsedArgs:
+    parser = MainlineParser(dialect, parsed)
+    parser.apply_env(env)
+    parser.apply_argv(argv, env)
+    parser.finish()
+    return parsed

@@ -1,0 +1,233 @@
+"""Refusals that depend on the devices or the model, and silent adjustments worth showing.
+
+Buffer-type names for ``-ot`` (verified with the pinned binary, ``ggml-rpc-server`` and
+``llama-server --rpc``): ``CPU`` and each device's own name (``CUDA0``, ``Vulkan0``, ...), except RPC:
+a device listed as ``RPC0`` by ``--list-devices`` has the buffer type ``RPC<i>[host:port]``, where
+``<i>`` is the device's index *on that server* (``RPC0[127.0.0.1:50052]`` for a one-device server,
+whatever its global number).  ``-dev`` takes the global name (``RPC0``, ``RPC1``, ...).  Both only
+exist once ``--rpc`` has been read, so on the command line ``--rpc`` must come first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from offload_planner.core.cmdline.dialect import Dialect
+from offload_planner.core.cmdline.model import (
+    ArgError,
+    ArgWarning,
+    FlagUse,
+    ParsedArgs,
+    ServerArgs,
+    Stage,
+    TensorOverride,
+)
+
+_UNQUANTIZED = ("f32", "f16", "bf16")
+_RPC_HINT = "RPC buffer types are named RPC<i>[host:port], e.g. RPC0[127.0.0.1:50052]"
+
+
+def rpc_buffer_type_names(
+    rpc_servers: Sequence[str], devices_per_server: Sequence[int] | None = None
+) -> list[str]:
+    """``-ot`` names of the devices behind ``--rpc`` servers (one device each unless told)."""
+    counts = list(devices_per_server) if devices_per_server is not None else [1] * len(rpc_servers)
+    return [f"RPC{i}[{ep}]" for ep, n in zip(rpc_servers, counts, strict=True) for i in range(n)]
+
+
+def rpc_device_names(
+    rpc_servers: Sequence[str], devices_per_server: Sequence[int] | None = None
+) -> list[str]:
+    """``--list-devices`` / ``-dev`` names of the RPC devices: numbered across all servers."""
+    counts = list(devices_per_server) if devices_per_server is not None else [1] * len(rpc_servers)
+    return [f"RPC{i}" for i in range(sum(counts))]
+
+
+@dataclass(frozen=True)
+class _Known:
+    bufts: frozenset[str]
+    rpc_bufts: frozenset[str]
+    devices: frozenset[str]
+    rpc_devices: frozenset[str]
+    rpc_index: int  # argv index of the first --rpc (-1: from the environment or absent)
+
+
+def _known(parsed: ParsedArgs, device_names: Sequence[str]) -> _Known:
+    rpc = parsed.args.rpc_servers or []
+    rpc_bufts = set(rpc_buffer_type_names(rpc))
+    rpc_devs = set(rpc_device_names(rpc))
+    local = {d for d in device_names if not d.startswith("RPC")}
+    rpc_bufts |= {d for d in device_names if d.startswith("RPC") and "[" in d}
+    rpc_devs |= {d for d in device_names if d.startswith("RPC") and "[" not in d}
+    if parsed.dialect is Dialect.IK:  # ik's help shows RPC[host:port]; not verified against a build
+        rpc_bufts |= {f"RPC[{ep}]" for ep in rpc}
+    first_rpc = next((u.index for u in parsed.flags if u.key == "--rpc" and u.env is None), -1)
+    return _Known(
+        frozenset({"CPU", *local}), frozenset(rpc_bufts), frozenset(local), frozenset(rpc_devs), first_rpc
+    )
+
+
+def _override_error(parsed: ParsedArgs, ov: TensorOverride, explanation: str) -> ArgError:
+    flag = "LLAMA_ARG_OVERRIDE_TENSOR" if ov.index == -1 else _spelling_at(parsed, ov.index, "-ot")
+    value = f"{ov.pattern}={ov.buft}"
+    if parsed.dialect is Dialect.IK:
+        message = f"error: invalid parameter for argument: {flag}"
+    elif ov.index == -1:
+        message = f'error while handling environment variable "{flag}": unknown buffer type'
+    else:
+        message = f'error while handling argument "{flag}": unknown buffer type'
+    return ArgError(flag, value, message, Stage.PARSE, explanation)
+
+
+def _spelling_at(parsed: ParsedArgs, index: int, default: str) -> str:
+    return next((u.spelling for u in parsed.flags if u.index == index), default)
+
+
+def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
+    errors: list[ArgError] = []
+    listing = ", ".join(sorted(known.bufts | known.rpc_bufts))
+    for ov in parsed.args.overrides:
+        if ov.source != "-ot":
+            continue
+        if ov.buft in known.bufts:
+            continue
+        if ov.buft in known.rpc_bufts:
+            before_rpc = known.rpc_index >= 0 and 0 <= ov.index < known.rpc_index
+            if parsed.dialect is not Dialect.IK and before_rpc:
+                errors.append(
+                    _override_error(parsed, ov, "--rpc must come before the -ot that names its device")
+                )
+            continue
+        hint = f"; {_RPC_HINT}" if ov.buft.startswith("RPC") else ""
+        errors.append(_override_error(parsed, ov, f"available buffer types: {listing}{hint}"))
+    return errors
+
+
+def _check_devices(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
+    devices = parsed.args.devices
+    if not devices or devices == ["none"]:
+        return []
+    use = next((u for u in reversed(parsed.flags) if u.key == "--device"), None)
+    errors: list[ArgError] = []
+    for name in devices:
+        ok = name in known.devices or (name in known.rpc_devices and _after_rpc(use, known))
+        if ok:
+            continue
+        flag = use.env or use.spelling if use else "-dev"
+        if parsed.dialect is Dialect.IK:
+            message = f"invalid device: {name}"
+        elif use is not None and use.env is not None:
+            message = f'error while handling environment variable "{use.env}": invalid device: {name}'
+        else:
+            message = f'error while handling argument "{flag}": invalid device: {name}'
+        hint = "; --rpc must come first" if name in known.rpc_devices else ""
+        errors.append(
+            ArgError(flag, name, message, Stage.PARSE, f"known devices: {sorted(known.devices)}{hint}")
+        )
+    return errors
+
+
+def _after_rpc(use: FlagUse | None, known: _Known) -> bool:
+    return use is None or use.index < 0 or known.rpc_index < 0 or use.index > known.rpc_index
+
+
+def _mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+    args = parsed.args
+    errors: list[ArgError] = []
+    type_k = args.cache_type_k or "f16"
+    type_v = args.cache_type_v or "f16"
+    if args.split_mode == "tensor" and args.flash_attn == "off":
+        errors.append(
+            _load(
+                "-sm", "tensor", "llama_init_from_model: SPLIT_MODE_TENSOR requires flash_attn to be enabled"
+            )
+        )
+    if is_mla and type_k != type_v:
+        msg = (
+            f"llama_init_from_model: model does not support different K ({type_k}) "
+            f"and V ({type_v}) cache types"
+        )
+        errors.append(_load("-ctv", type_v, msg))
+    if type_v not in _UNQUANTIZED and args.flash_attn == "off":
+        errors.append(
+            _load(
+                "-ctv", type_v, "llama_init_from_model: quantized V cache requires flash_attn to be enabled"
+            )
+        )
+    cuda = [d for d in device_names if d.startswith("CUDA")]
+    if args.split_mode == "row" and cuda and parsed.dialect is Dialect.LLAMA_CPP:
+        msg = f"llama_model_load: error loading model: device {cuda[0]} does not support split buffers"
+        errors.append(_load("-sm", "row", msg))
+    gpus = [d for d in (args.devices or device_names) if d != "none"]
+    if args.split_mode == "none" and args.main_gpu is not None and gpus and args.main_gpu >= len(gpus):
+        msg = (
+            f"llama_prepare_model_devices: invalid value for main_gpu: {args.main_gpu} "
+            f"(available devices: {len(gpus)})"
+        )
+        errors.append(_load("-mg", str(args.main_gpu), msg))
+    return errors
+
+
+def _ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:
+    args = parsed.args
+    errors: list[ArgError] = []
+    gpus = [d for d in (args.devices or device_names) if d != "none"]
+    if args.split_mode == "graph" and len(gpus) < 2:
+        errors.append(
+            _load("-sm", "graph", "It is not possible to use split mode 'graph' with less than 2 devices")
+        )
+    if args.fit and (args.n_cpu_moe is not None or any(o.source == "-ot" for o in args.overrides)):
+        errors.append(_load("--fit", None, "Manual tensor overrides cannot be used with --fit"))
+    type_v = args.cache_type_v or "f16"
+    if type_v not in _UNQUANTIZED and args.flash_attn == "off":
+        errors.append(_load("-ctv", type_v, "V cache quantization requires flash_attn"))
+    return errors
+
+
+def _load(flag: str, value: str | None, message: str) -> ArgError:
+    return ArgError(flag, value, message, Stage.LOAD)
+
+
+def check_semantics(
+    parsed: ParsedArgs | ServerArgs,
+    device_names: Sequence[str],
+    *,
+    is_mla: bool = False,
+    dialect: Dialect | str | None = None,
+) -> list[ArgError]:
+    """Refusals that need the device list (``CUDA0``, ``Vulkan0``, ``RPC0``...; RPC devices from
+    ``--rpc`` are added automatically) or the model (``is_mla``: the model uses MLA attention).
+
+    Takes a :class:`ParsedArgs` (best: it knows flag spellings and argv order, needed for the
+    ``--rpc``-before-``-ot`` check) or a bare :class:`ServerArgs` with ``dialect``.
+    Covers: ``-ot`` buffer types and ``-dev`` names (refused while parsing), quantized V with
+    ``-fa off``, MLA with ``-ctk != -ctv``, ``-sm row`` on CUDA (pinned build), ``-sm tensor`` with
+    ``-fa off``, ``-mg`` out of range with ``-sm none``; ik: ``-sm graph`` on one device, ``--fit``
+    with manual overrides.  Wording is the binary's (pinned build: verified for the buffer type,
+    quantized V and ``-dev`` errors; the others are format strings from the sources).
+    """
+    if isinstance(parsed, ServerArgs):
+        parsed = ParsedArgs(dialect=Dialect(dialect or Dialect.LLAMA_CPP), args=parsed)
+    known = _known(parsed, device_names)
+    errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
+    if parsed.dialect is Dialect.IK:
+        return errors + _ik_context_errors(parsed, device_names)
+    return errors + _mainline_context_errors(parsed, is_mla, device_names)
+
+
+def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:
+    """Values llama.cpp adjusts silently (no message): shown so an exported command is not misread."""
+    args = parsed.args
+    notes: list[ArgWarning] = []
+    batch = args.batch_size if args.batch_size is not None else 2048
+    if args.ubatch_size is not None and args.ubatch_size > batch:
+        notes.append(
+            ArgWarning(
+                "-ub",
+                str(args.ubatch_size),
+                f"-ub {args.ubatch_size} is larger than -b {batch}: llama.cpp silently uses "
+                f"n_ubatch = {batch} (n_ubatch = min(n_batch, n_ubatch))",
+            )
+        )
+    return notes
