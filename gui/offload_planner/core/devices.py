@@ -85,6 +85,14 @@ class Device:
         return HOST_BUFFER_NAMES.get(self.kind)
 
     @property
+    def buffer_type(self) -> str:
+        """The name -ot takes for this device's buffer type: ``CUDA0``; an RPC device's is
+        ``RPC<i>[host:port]`` with i its index on its own server (0 for one-device servers)."""
+        if self.kind is DeviceKind.RPC and self.endpoint:
+            return f"RPC0[{self.endpoint}]"
+        return self.name
+
+    @property
     def is_gpu(self) -> bool:
         return self.kind is not DeviceKind.CPU
 
@@ -109,6 +117,18 @@ class DeviceSet:
         for d in (*self.gpus, self.cpu):
             if d.name.lower() == name.lower():
                 return d
+        return None
+
+    def resolve_buffer_type(self, buft: str) -> str | None:
+        """The device an -ot buffer type names (``CPU``, ``CUDA0``, ``RPC0[127.0.0.1:50052]``)."""
+        if buft.upper() == "CPU":
+            return self.cpu.name
+        for d in self.gpus:
+            if buft == d.buffer_type or buft == d.name:
+                return d.name
+        m = re.match(r"^RPC\d+\[(?P<ep>[^\]]+)\]$", buft)
+        if m:
+            return next((d.name for d in self.gpus if d.endpoint == m["ep"]), None)
         return None
 
     @property

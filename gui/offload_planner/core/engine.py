@@ -36,15 +36,32 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
+def _server_args(args: Any) -> Any:
+    """Accept a ParsedArgs (``.args`` holds the settings) or the settings themselves."""
+    inner = getattr(args, "args", None)
+    return inner if inner is not None and hasattr(args, "passthrough") else args
+
+
+def _override_list(model: Model, args: Any) -> list[Any]:
+    """The effective -ot list; ik_llama.cpp appends its --n-cpu-moe entries chosen from the model."""
+    if hasattr(args, "passthrough"):  # a ParsedArgs
+        from offload_planner.core.cmdline import effective_overrides
+
+        moe = sorted({t.layer for t in model.tensors if t.layer is not None and t.role.is_routed_expert})
+        return list(effective_overrides(args, moe))
+    return list(_get(args, "overrides", []))
+
+
 def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str) -> PlacementOptions:
+    overrides = tuple(
+        Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _override_list(model, args)
+    )
+    args = _server_args(args)
     n_layer = model.summary.n_layer
     has_gpu = bool(devices.gpus)
     ngl = _get(args, "n_gpu_layers")
     if dialect == IK_LLAMA_CPP and ngl is None:
         ngl = 999 if has_gpu else 0
-    overrides = tuple(
-        Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _get(args, "overrides", [])
-    )
     if dialect == IK_LLAMA_CPP and ngl == 0:
         overrides = ()  # ik: -ngl 0 drops all overrides
     load_mode = _get(args, "load_mode", "auto")
@@ -62,6 +79,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str)
 
 
 def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams, list[str]]:
+    args = _server_args(args)
     notes: list[str] = []
     np_ = _get(args, "n_parallel")
     kvu = _get(args, "kv_unified")

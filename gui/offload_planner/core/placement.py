@@ -136,8 +136,14 @@ _ECMA_UNSUPPORTED = re.compile(r"\(\?<[=!]|\(\?P<|\\[AZz]|\(\?[aiLmsux]")
 
 
 def compile_override(pattern: str) -> re.Pattern[str]:
-    """An -ot pattern as std::regex (ECMAScript) reads it, for regex_search."""
-    return re.compile(pattern)
+    """An -ot pattern as std::regex (ECMAScript, libstdc++) reads it, for regex_search; a pattern
+    llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks)."""
+    from offload_planner.core.cmdline import EcmaRegexError, compile_pattern
+
+    try:
+        return compile_pattern(pattern)
+    except (EcmaRegexError, re.error):
+        return re.compile(r"(?!)")
 
 
 def ecmascript_warnings(pattern: str) -> list[str]:
@@ -210,7 +216,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         for i, rx, o in compiled:
             if rx.search(t.name):
                 hits[i] += 1
-                dev = CPU if o.buft.upper() == CPU else o.buft
+                dev = devices.resolve_buffer_type(o.buft) or dev
                 buft = device_buft(dev, t, devices, opts)
                 rule = f"{o.source} {o.pattern}={o.buft}"
                 break
@@ -222,7 +228,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         rule = "tied embeddings: token_embd loaded again for the output layer"
         for _, rx, o in compiled:
             if rx.search(embd.name):
-                out_dev = CPU if o.buft.upper() == CPU else o.buft
+                out_dev = devices.resolve_buffer_type(o.buft) or out_dev
                 copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
                 rule += f" ({o.source} {o.pattern}={o.buft})"
                 break

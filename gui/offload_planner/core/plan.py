@@ -130,7 +130,8 @@ def plan_command(plan: Plan) -> list[str]:
 
     ovs = fit_overrides(m, base.tensor_devices(), target, place_with)
     if ovs:
-        argv += ["-ot", ",".join(f"{o.pattern}={o.buft}" for o in ovs)]
+        buft = {d.name: d.buffer_type for d in plan.devices}
+        argv += ["-ot", ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)]
     argv += _context_flags(ctx, plan.dialect)
     if not opts.use_mmap:
         argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]

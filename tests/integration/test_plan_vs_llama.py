@@ -1,0 +1,118 @@
+"""The engine's projection against the real llama-server, per device and per buffer.
+
+Two local ggml-rpc-servers give llama-server the offload devices RPC0 and RPC1. Each case runs the
+real server (-lv 4) on one of the project's small models with a command line, parses the buffer
+sizes it logs, and compares them with `run_engine` on the same argument list:
+model, KV and output buffers must equal llama.cpp's to its printed precision (0.01 MiB), compute
+buffers be within 5% or 2 MiB (the compute model is in fact exact on these cases).
+The table of projected against actual is printed so a regression shows where it is.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from tests.support.procs import free_port, running_process
+from tests.support.rpc import rpc_servers
+
+from offload_planner.backend.log_parser import parse_log
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.engine import run_engine
+from offload_planner.core.gguf_reader import open_model
+
+pytestmark = pytest.mark.integration
+
+RPC_FREE = 24 * 1024**3
+
+# (model, llama-server arguments). Each runs against RPC0 and RPC1.
+CASES: list[tuple[str, str]] = [
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096"),
+    ("qwen3moe", "-ngl 3 -ts 1,1 -c 4096"),
+    ("qwen3moe", "-ngl 2 -ts 1,3 -c 2048"),
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 -ot exps=CPU"),
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 --cpu-moe"),
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 --n-cpu-moe 2"),
+    ("qwen3moe", r"-ngl 999 -ts 3,1 -c 4096 -ot blk\.1\.=RPC1 -ot blk\.[0-9]\.ffn_up_exps=CPU"),
+    ("qwen3moe", r"-ngl 999 -ts 1,1 -c 4096 -ot blk\.[23]\.ffn_(up|down)_exps=RPC0 -ot exps=CPU"),
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 -b 256 -ub 128"),
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 -lm none -ot exps=CPU"),
+    ("deepseek2", "-ngl 999 -ts 1,1 -c 2048"),
+    ("deepseek2", "-ngl 999 -ts 1,0 -c 2048 -ctk q8_0 -ctv q8_0"),
+    ("deepseek2", "-ngl 4 -ts 1,1 -c 2048 --n-cpu-moe 3"),
+    ("glm4moe", "-ngl 999 -ts 1,1 -c 2048"),
+    ("glm4moe", "-ngl 3 -ts 1,1 -c 2048 -ot exps=CPU"),
+    ("gpt-oss", "-ngl 999 -ts 1,1 -c 4096 -ub 256"),
+    ("gpt-oss", "-ngl 999 -ts 1,1 -c 4096 --swa-full"),
+    ("gpt-oss", "-ngl 999 -ts 1,1 -c 4096 --cpu-moe -lm none"),
+    ("gemma3", "-ngl 999 -ts 1,1 -c 8192"),
+    ("gemma3", "-ngl 999 -ts 2,1 -c 8192 -np 2"),
+    ("llama", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    ("llama", "-ngl 2 -ts 1,1 -c 2048 -lm none"),
+    ("llama", "-ngl 999 -ts 1,1 -c 2048 -ctk q8_0 -ctv q8_0 -fa on"),
+    ("llama", "-ngl 999 -ts 1,1 -c 1000 -np 3"),
+    ("llama", "-ngl 999 -ts 1,1 -c 1000 -np 3 -kvu"),
+    ("llama", "-ngl 999 -sm none -mg 1 -c 2048"),
+    ("llama", "-ngl 0 -c 2048"),
+    ("llama", "-ngl 999 -ts 1,1 -c 2048 -fa off"),
+    ("llama", "-ngl 999 -ts 1,1 -c 2048 --no-host -nr"),
+    ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 -np 1"),
+]
+
+
+@pytest.fixture(scope="module")
+def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    with rpc_servers(llama_bin_dir, 2, tmp_path_factory.mktemp("rpc")) as eps:
+        yield eps
+
+
+def _devices(endpoints: list[str]) -> DeviceSet:
+    cpu = Device("CPU", DeviceKind.CPU)
+    gpus = tuple(
+        Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
+        for i, ep in enumerate(endpoints)
+    )
+    return DeviceSet(cpu, gpus)
+
+
+def _mib(n: int) -> float:
+    return round(n / 1024 / 1024, 2)
+
+
+@pytest.mark.parametrize(("model_name", "args"), CASES, ids=[f"{m}:{a}" for m, a in CASES])
+def test_projection_equals_llama_server(
+    model_name: str, args: str, small_models: dict[str, Path], llama_server: Path,
+    rpc: list[str], tmp_path: Path,
+) -> None:
+    # -ot names an RPC device's buffer type RPC0[host:port] (each server has one device)
+    argv = [re.sub(r"=RPC(\d)$", lambda m: f"=RPC0[{rpc[int(m.group(1))]}]", tok)
+            for tok in ["--rpc", ",".join(rpc), *shlex.split(args)]]
+    model = open_model(small_models[model_name])
+    parsed = parse_server_args(argv)
+    assert not parsed.errors, parsed.errors
+    result = run_engine(model, _devices(rpc), parsed)
+
+    port = free_port()
+    cmd = [str(llama_server), "-m", str(small_models[model_name]), "--host", "127.0.0.1",
+           "--port", str(port), "-lv", "4", "-fit", "off", "--no-warmup", *argv]
+    with running_process(cmd, log_path=tmp_path / "server.log", ready=r"listening on http://",
+                         timeout=120) as proc:
+        pass
+    report = parse_log(proc.output().splitlines())
+    actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
+
+    rows = []
+    mismatches = []
+    for dm in result.projection.devices:
+        for kind in ("model", "kv", "output", "compute"):
+            proj = _mib(dm.total(kind))
+            act = actual.get(dm.device.name, {}).get(kind, 0.0)
+            rows.append(f"{dm.device.name:5} {kind:8} projected {proj:9.2f}  actual {act:9.2f}")
+            tolerance = max(0.05 * act, 2.0) if kind == "compute" else 0.011
+            if abs(proj - act) > tolerance:
+                mismatches.append(rows[-1])
+    print(f"\n{model_name} {args}\n" + "\n".join(rows))
+    assert not mismatches, "\n".join(mismatches)
