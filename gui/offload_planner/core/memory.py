@@ -80,6 +80,7 @@ class Buffer:
     kind: str  # model | kv | compute | output
     bytes: int
     why: str
+    resident: int | None = None  # mmap buffers: bytes actually read (the rest of the span is gaps)
 
 
 @dataclass
@@ -132,6 +133,7 @@ def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> li
     padded: dict[tuple[str, str], int] = defaultdict(int)
     counts: dict[tuple[str, str], int] = defaultdict(int)
     spans: dict[int, tuple[int, int]] = {}  # shard -> (first byte, last byte) of CPU_Mapped tensors
+    read: dict[int, int] = defaultdict(int)  # shard -> bytes of the tensors actually used
     for p in placement.items:
         if p.device is None or p.buft is None:
             continue
@@ -139,6 +141,7 @@ def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> li
             t = p.tensor
             lo, hi = spans.get(t.shard, (t.offset, t.offset + t.nbytes))
             spans[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
+            read[t.shard] += t.nbytes
             continue
         dev = devices.by_name(p.device) or devices.cpu
         key = (p.device, p.buft)
@@ -150,8 +153,9 @@ def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> li
         out.append(Buffer(d, b, "model", n, f"{counts[(d, b)]} tensors, each padded to {align} B"))
     for shard, (lo, hi) in sorted(spans.items()):
         out.append(Buffer(CPU, CPU_MAPPED, "model", hi - lo,
-                          f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file (virtual; "
-                          "pages are read on use)"))
+                          f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp "
+                          f"reports it; {read[shard] / MiB:.2f} MiB of it are tensors read from it "
+                          "(page cache, not private RAM)", resident=read[shard]))
     return out
 
 
