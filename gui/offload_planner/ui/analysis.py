@@ -1,0 +1,87 @@
+"""Everything the window derives from a plan that takes time: projection, command, diagnostics.
+
+Qt-free, so :mod:`offload_planner.ui.projector` can compute it off the GUI thread.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+
+from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
+from offload_planner.core.memory import Projection
+from offload_planner.core.placement import CPU, Override
+from offload_planner.core.plan import Plan, plan_command
+from offload_planner.ui.device_figures import capacity_warnings
+
+
+@dataclass(frozen=True)
+class Analysis:
+    plan: Plan
+    projection: Projection | None
+    command: list[str] = field(default_factory=list)  # llama-server arguments (no program name)
+    warnings: list[str] = field(default_factory=list)
+    rules: list[RuleReport] = field(default_factory=list)
+    error: str = ""  # the projection failed: one line for the user
+    seconds: float = 0.0
+
+
+def unknown_device_warnings(plan: Plan) -> list[str]:
+    """-ot rules and moves that name a device the plan does not have."""
+    names = {n.lower() for n in plan.devices.names}
+    out = [
+        f"{o.source} {o.pattern}={o.buft} names {o.buft}, which is not among the devices "
+        f"({', '.join(plan.devices.names)})"
+        for o in plan.placement_options.overrides
+        if o.buft.lower() not in names
+    ]
+    lost = sorted({d for d in plan.moves.values() if d.lower() not in names})
+    out += [f"tensors moved to {d}, which is not among the devices" for d in lost]
+    return out
+
+
+#: A pattern no tensor name matches (names are never empty).
+_NO_MATCH = Override("^$", CPU, "planner moves")
+
+
+def projected_plan(plan: Plan) -> Plan:
+    """The plan to project: with user moves, as llama.cpp sees the exported command.
+
+    TODO(core): ``compute._pipeline`` decides pipeline parallelism from ``placement.override_hits``,
+    which ``Plan.placement()`` does not touch when it applies moves; the exported command carries
+    the moves as -ot, and llama.cpp turns pipeline parallelism off when there are tensor overrides.
+    A never-matching override marks that (it changes no tensor's device); drop this once core does.
+    """
+    if not plan.moves:
+        return plan
+    popts = plan.placement_options
+    return replace(plan, placement_options=replace(popts, overrides=(*popts.overrides, _NO_MATCH)))
+
+
+def analyse(plan: Plan) -> Analysis:
+    t0 = time.perf_counter()
+    try:
+        projection = projected_plan(plan).projection()
+        overrides = plan.placement_options.overrides
+        names = plan.devices.names
+        # TODO(core): diagnostics.plan_warnings counts the whole mmap span against RAM; the window
+        # counts what is read (device_figures) and replaces those lines with its own.
+        core = [
+            w
+            for w in plan_warnings(projection, overrides)
+            if not any(w.startswith(f"{n} is over capacity") for n in names)
+        ]
+        warnings = unknown_device_warnings(plan) + capacity_warnings(projection) + core
+        rules = rule_reports(projection, overrides)
+        command = plan_command(plan)
+    except Exception as e:  # a core bug must not take the window down: show it
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
+        return Analysis(
+            plan,
+            None,
+            error=f"projection failed: {type(e).__name__}: {e} ({where})",
+            seconds=time.perf_counter() - t0,
+        )
+    return Analysis(plan, projection, command, warnings, rules, seconds=time.perf_counter() - t0)

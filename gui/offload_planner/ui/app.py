@@ -1,0 +1,105 @@
+"""Starting the window: ``offload-planner [gui] [MODEL] [--device ...] [--screenshot FILE.png]``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+SCREENSHOT_TIMEOUT_MS = 120_000
+
+
+def has_display() -> bool:
+    """Can Qt open a window here? (Linux without X11/Wayland cannot, unless a platform is forced.)"""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def run_gui(
+    model: str | None = None,
+    *,
+    devices: Sequence[str] = (),
+    screenshot: str | None = None,
+    size: tuple[int, int] = (1280, 800),
+    settings_file: str | None = None,
+) -> int:
+    """Open the window on ``model`` (default: the bundled demo). With ``screenshot``, render offscreen
+    once the model is loaded and projected, save the PNG and exit (status 0 when saved)."""
+    if screenshot and not os.environ.get("QT_QPA_PLATFORM"):
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    if not has_display():
+        print(
+            "offload-planner: error: no display (DISPLAY/WAYLAND_DISPLAY unset); use "
+            "`offload-planner plan` or `inspect`, or `gui --screenshot FILE.png`",
+            file=sys.stderr,
+        )
+        return 2
+
+    from PySide6.QtCore import Qt, QTimer
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QApplication
+
+    from offload_planner.core.devices import parse_device_decl
+    from offload_planner.ui import qt_compat
+    from offload_planner.ui.loader import demo_model
+    from offload_planner.ui.main_window import MainWindow, SystemInfo
+    from offload_planner.ui.settings import APPLICATION, ORGANIZATION, Settings
+
+    qt_compat.apply()
+    declared = [parse_device_decl(d) for d in devices]
+    QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "offload-planner"])
+    assert isinstance(app, QApplication)
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setApplicationDisplayName(APPLICATION)
+
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    if settings_file:
+        settings = Settings.at(settings_file)
+    elif screenshot:  # reproducible pictures: no user settings
+        tmp = tempfile.TemporaryDirectory(prefix="offload-planner-")
+        settings = Settings.at(str(Path(tmp.name) / "settings.ini"))
+    else:
+        settings = Settings()
+
+    win = MainWindow(settings, SystemInfo.probe(declared))
+    status = {"code": 0}
+    if screenshot:
+        win.confirm_close = False
+        win.resize(*size)
+        shot = Path(screenshot)
+
+        def fail(msg: str) -> None:
+            print(f"offload-planner: error: {msg}", file=sys.stderr)
+            status["code"] = 1
+            win.close()
+            app.quit()
+
+        def save() -> None:
+            app.processEvents()
+            pix = win.grab()
+            if not pix.save(str(shot), "PNG"):
+                fail(f"cannot write {shot}")
+                return
+            print(f"{shot}: {pix.width()}x{pix.height()}")
+            win.close()
+            app.quit()
+
+        def on_analysis() -> None:
+            if win.doc.analysis_current:
+                win.doc.analysisChanged.disconnect(on_analysis)
+                QTimer.singleShot(50, save)
+
+        win.doc.analysisChanged.connect(on_analysis)
+        win.loader.failed.connect(lambda msg, _ctx: fail(msg))
+        QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("timed out waiting for the projection"))
+    win.show()
+    win.open_path(model or demo_model())
+    code = app.exec()
+    if tmp is not None:
+        tmp.cleanup()
+    return status["code"] or code

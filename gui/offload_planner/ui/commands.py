@@ -1,0 +1,177 @@
+"""Undo commands: one QUndoCommand class per kind of edit. Each swaps plan states on a holder (the
+document); views re-read the plan and its projection when the holder announces the change."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+from PySide6.QtGui import QUndoCommand
+
+from offload_planner.core.devices import Device
+from offload_planner.core.plan import Plan
+from offload_planner.ui import plan_edits
+
+# Merge ids (QUndoCommand.id): consecutive edits of the same option or device merge into one step.
+_ID_OPTION = 1001
+_ID_DEVICE = 1002
+
+
+class PlanHolder(Protocol):
+    @property
+    def plan(self) -> Plan: ...
+
+    def set_plan(self, plan: Plan) -> None: ...
+
+
+class MoveTensors(QUndoCommand):
+    """Move tensors to devices (None: back to where the command puts them). A drag of many tensors
+    is one MoveTensors."""
+
+    def __init__(self, holder: PlanHolder, moves: Mapping[str, str | None], text: str) -> None:
+        super().__init__(text)
+        self._holder = holder
+        self._new = dict(moves)
+        self._old = {n: holder.plan.moves.get(n) for n in moves}
+
+    @property
+    def count(self) -> int:
+        return len(self._new)
+
+    def redo(self) -> None:
+        self._holder.set_plan(plan_edits.apply_moves(self._holder.plan, self._new))
+
+    def undo(self) -> None:
+        self._holder.set_plan(plan_edits.apply_moves(self._holder.plan, self._old))
+
+
+class SetOption(QUndoCommand):
+    """Change one context or placement option (``context.n_ctx``, ``placement.use_mmap``, ...)."""
+
+    def __init__(self, holder: PlanHolder, key: str, value: Any, label: str) -> None:
+        super().__init__(f"Set {label} to {value}")
+        self._holder = holder
+        self.key = key
+        self._label = label
+        self._old = plan_edits.option_value(holder.plan, key)
+        self._new = value
+
+    def id(self) -> int:
+        return _ID_OPTION
+
+    def mergeWith(self, other: QUndoCommand) -> bool:
+        if not isinstance(other, SetOption) or other.key != self.key:
+            return False
+        self._new = other._new
+        self.setText(f"Set {self._label} to {self._new}")
+        self.setObsolete(self._new == self._old)
+        return True
+
+    def redo(self) -> None:
+        self._holder.set_plan(plan_edits.with_option(self._holder.plan, self.key, self._new))
+
+    def undo(self) -> None:
+        self._holder.set_plan(plan_edits.with_option(self._holder.plan, self.key, self._old))
+
+
+class SetDialect(QUndoCommand):
+    def __init__(self, holder: PlanHolder, dialect: str, label: str) -> None:
+        super().__init__(f"Backend: {label}")
+        self._holder = holder
+        self._new = dialect
+        self._old = holder.plan.dialect
+        self._old_output_first = holder.plan.placement_options.output_first
+
+    def redo(self) -> None:
+        self._holder.set_plan(plan_edits.with_dialect(self._holder.plan, self._new))
+
+    def undo(self) -> None:
+        p = self._holder.plan
+        popts = replace(p.placement_options, output_first=self._old_output_first)
+        self._holder.set_plan(replace(p, dialect=self._old, placement_options=popts))
+
+
+class AddDevice(QUndoCommand):
+    def __init__(self, holder: PlanHolder, device: Device) -> None:
+        super().__init__(f"Add {device.name}")
+        self._holder = holder
+        self._device = device
+
+    def redo(self) -> None:
+        self._holder.set_plan(plan_edits.with_device(self._holder.plan, self._device))
+
+    def undo(self) -> None:
+        self._holder.set_plan(plan_edits.without_device(self._holder.plan, self._device.name)[0])
+
+
+class RemoveDevice(QUndoCommand):
+    """Remove a GPU; the user's moves onto it are dropped (and restored on undo)."""
+
+    def __init__(self, holder: PlanHolder, name: str) -> None:
+        super().__init__(f"Remove {name}")
+        self._holder = holder
+        self._name = name
+        dev = holder.plan.devices.by_name(name)
+        assert dev is not None and dev.is_gpu
+        self._device: Device = dev
+        self._index = 0
+        self._dropped: dict[str, str] = {}
+
+    def redo(self) -> None:
+        plan, self._index, self._dropped = plan_edits.without_device(self._holder.plan, self._name)
+        self._holder.set_plan(plan)
+
+    def undo(self) -> None:
+        plan = plan_edits.with_device(self._holder.plan, self._device, self._index)
+        self._holder.set_plan(plan_edits.apply_moves(plan, self._dropped))
+
+
+class SetDevice(QUndoCommand):
+    """Change a device's margin or size."""
+
+    def __init__(self, holder: PlanHolder, name: str, text: str, **changes: Any) -> None:
+        super().__init__(text)
+        self._holder = holder
+        self.name = name
+        dev = holder.plan.devices.by_name(name)
+        assert dev is not None
+        self._old = {k: getattr(dev, k) for k in changes}
+        self._new = dict(changes)
+
+    def id(self) -> int:
+        return _ID_DEVICE
+
+    def mergeWith(self, other: QUndoCommand) -> bool:
+        if (
+            not isinstance(other, SetDevice)
+            or other.name != self.name
+            or other._new.keys() != self._new.keys()
+        ):
+            return False
+        self._new = dict(other._new)
+        self.setText(other.text())
+        self.setObsolete(self._new == self._old)
+        return True
+
+    def redo(self) -> None:
+        self._holder.set_plan(plan_edits.with_device_changed(self._holder.plan, self.name, **self._new))
+
+    def undo(self) -> None:
+        self._holder.set_plan(plan_edits.with_device_changed(self._holder.plan, self.name, **self._old))
+
+
+class ReplacePlan(QUndoCommand):
+    """Rebuild the plan wholesale (from a pasted command)."""
+
+    def __init__(self, holder: PlanHolder, plan: Plan, text: str) -> None:
+        super().__init__(text)
+        self._holder = holder
+        self._old = holder.plan
+        self._new = plan
+
+    def redo(self) -> None:
+        self._holder.set_plan(self._new)
+
+    def undo(self) -> None:
+        self._holder.set_plan(self._old)

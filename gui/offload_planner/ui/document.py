@@ -1,0 +1,211 @@
+"""The open plan: the one place that holds state. Views read it and call its edit methods; every
+edit is an undo command on :attr:`PlanDocument.undo_stack`.
+
+Signals: ``modelChanged`` (a new model or plan file: views rebuild their layout), ``planChanged``
+(any edit, undo or redo: placement and grid are current), ``analysisChanged`` (projection, command
+and problems for the current plan are ready; computed off the GUI thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QUndoCommand, QUndoStack
+
+from offload_planner.core.devices import Device
+from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.plan import Plan
+from offload_planner.core.units import fmt_bytes
+from offload_planner.ui import commands, plan_edits, qt_compat
+from offload_planner.ui.analysis import Analysis
+from offload_planner.ui.projector import Projector
+from offload_planner.ui.tensor_grid import Column, Row, TensorGrid, build_grid, layout
+
+qt_compat.apply()  # PySide6 6.12.0 on Python 3.11: see qt_compat
+
+
+class PlanDocument(QObject):
+    modelChanged = Signal()
+    planChanged = Signal()
+    analysisChanged = Signal()
+    notesChanged = Signal()
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.undo_stack = QUndoStack(self)
+        self.file_path: str | None = None  # the plan file, once saved or loaded
+        self.notes: list[str] = []  # about how the plan was made (loading, pasting)
+        self._plan: Plan | None = None
+        self._layout: tuple[list[Row], list[Column]] | None = None
+        self._placement: Placement | None = None
+        self._base: Placement | None = None
+        self._grid: TensorGrid | None = None
+        self._analysis: Analysis | None = None
+        self._projector = Projector(self)
+        self._projector.ready.connect(self._on_analysis)
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def has_plan(self) -> bool:
+        return self._plan is not None
+
+    @property
+    def plan(self) -> Plan:
+        if self._plan is None:
+            raise RuntimeError("no model is open")
+        return self._plan
+
+    @property
+    def placement(self) -> Placement:
+        assert self._placement is not None
+        return self._placement
+
+    @property
+    def base_placement(self) -> Placement:
+        assert self._base is not None
+        return self._base
+
+    @property
+    def grid(self) -> TensorGrid | None:
+        return self._grid
+
+    @property
+    def analysis(self) -> Analysis | None:
+        """The newest analysis; it may belong to an older plan while a projection runs."""
+        return self._analysis
+
+    @property
+    def analysis_current(self) -> bool:
+        return self._analysis is not None and self._analysis.plan is self._plan
+
+    @property
+    def busy(self) -> bool:
+        return not self._projector.idle
+
+    def reset(self, plan: Plan, *, file_path: str | None = None, notes: Sequence[str] = ()) -> None:
+        """A new document: new model or plan file; the undo history starts empty."""
+        self.undo_stack.clear()
+        self.file_path = file_path
+        self.notes = list(notes)
+        self._layout = (
+            layout(plan.model) if self._plan is None or self._plan.model is not plan.model else self._layout
+        )
+        self._analysis = None
+        self._update(plan)
+        self.undo_stack.setClean()
+        self.modelChanged.emit()
+        self.planChanged.emit()
+
+    def set_notes(self, notes: Sequence[str]) -> None:
+        """Notes about how the plan was made (loading, pasting), for the Problems tab."""
+        self.notes = list(notes)
+        self.notesChanged.emit()
+
+    def set_plan(self, plan: Plan) -> None:
+        """For undo commands: swap in a plan state."""
+        self._update(plan)
+        self.planChanged.emit()
+
+    def _update(self, plan: Plan) -> None:
+        self._plan = plan
+        self._base = plan.base_placement()  # cached by core
+        self._placement = plan.placement()
+        movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
+        self._grid = build_grid(plan.model, self._placement, self._base, movable, self._layout)
+        self._projector.request(plan)
+
+    def _on_analysis(self, analysis: Analysis) -> None:
+        self._analysis = analysis
+        self.analysisChanged.emit()
+
+    def shutdown(self) -> None:
+        self._projector.shutdown()
+
+    # --- edits (each one undo step) ---------------------------------------------------------
+
+    def push(self, command: QUndoCommand) -> None:
+        self.undo_stack.push(command)
+
+    def move(self, names: Sequence[str], device: str | None, text: str | None = None) -> bool:
+        """Move tensors to ``device`` (None: back to the command's placement) as one undo step.
+        Returns False when nothing would change."""
+        if not self.has_plan or not names:
+            return False
+        base = {p.tensor.name: p.device for p in self.base_placement.items if not p.copy}
+        current = {p.tensor.name: p.device for p in self.placement.items if not p.copy}
+        moves: dict[str, str | None] = {}
+        for n in dict.fromkeys(names):
+            if not self.plan.movable(n)[0]:
+                continue
+            target = base.get(n) if device is None else device
+            if target == current.get(n) and (device is not None or n not in self.plan.moves):
+                continue
+            moves[n] = None if target == base.get(n) else target
+        if not moves:
+            return False
+        nbytes = sum(self.plan.model.tensor(n).nbytes for n in moves)
+        where = "the command's placement" if device is None else device
+        label = (
+            text
+            or f"Move {len(moves)} tensor{'s' if len(moves) != 1 else ''} ({fmt_bytes(nbytes)}) to {where}"
+        )
+        self.push(commands.MoveTensors(self, moves, label))
+        return True
+
+    def apply_preset(self, moves: Mapping[str, str | None], text: str) -> bool:
+        if not moves:
+            return False
+        base = {p.tensor.name: p.device for p in self.base_placement.items if not p.copy}
+        norm = {n: (None if d is None or base.get(n) == d else d) for n, d in moves.items()}
+        self.push(commands.MoveTensors(self, norm, text))
+        return True
+
+    def set_option(self, key: str, value: object, label: str) -> None:
+        if self.has_plan and plan_edits.option_value(self.plan, key) != value:
+            self.push(commands.SetOption(self, key, value, label))
+
+    def set_dialect(self, dialect: str, label: str) -> None:
+        if self.has_plan and self.plan.dialect != dialect:
+            self.push(commands.SetDialect(self, dialect, label))
+
+    def add_device(self, device: Device) -> None:
+        self.push(commands.AddDevice(self, device))
+
+    def remove_device(self, name: str) -> None:
+        dev = self.plan.devices.by_name(name)
+        if dev is not None and dev.is_gpu:
+            self.push(commands.RemoveDevice(self, name))
+
+    def set_device_margin(self, name: str, margin: int) -> None:
+        dev = self.plan.devices.by_name(name)
+        if dev is not None and dev.margin != margin:
+            self.push(
+                commands.SetDevice(self, dev.name, f"{dev.name} margin {fmt_bytes(margin)}", margin=margin)
+            )
+
+    def set_device_size(self, name: str, total: int) -> None:
+        dev = self.plan.devices.by_name(name)
+        if dev is not None and (dev.total != total or dev.free is not None):
+            self.push(
+                commands.SetDevice(
+                    self, dev.name, f"{dev.name} size {fmt_bytes(total)}", total=total, free=None
+                )
+            )
+
+    def replace_plan(self, plan: Plan, text: str) -> None:
+        self.push(commands.ReplacePlan(self, plan, text))
+
+    # --- queries ---------------------------------------------------------------------------
+
+    def device_names(self) -> list[str]:
+        """llama.cpp's order: GPUs, then CPU."""
+        return self.plan.devices.names if self.has_plan else []
+
+    def gpu_name(self, n: int) -> str | None:
+        """The n-th GPU (0-based), or CPU for -1."""
+        if n < 0:
+            return CPU
+        gpus = self.plan.devices.gpus if self.has_plan else ()
+        return gpus[n].name if n < len(gpus) else None

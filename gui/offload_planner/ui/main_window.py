@@ -1,0 +1,628 @@
+"""The planner window: toolbar, model summary, DEVICES and OPTIONS on the left, the TENSOR MAP in the
+centre, MEMORY on the right, Command / Problems / Log / Telemetry tabs at the bottom."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QMimeData, Qt, SignalInstance
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QKeySequence,
+)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QGroupBox,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QPlainTextEdit,
+    QProgressBar,
+    QSplitter,
+    QTabWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from offload_planner.backend.system import Detection
+from offload_planner.core.cmdline.dialect import Dialect
+from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.model import Model
+from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.units import fmt_bytes
+from offload_planner.ui import settings as keys
+from offload_planner.ui.command_pane import CommandPane
+from offload_planner.ui.device_panel import DevicePanel
+from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.legend import LegendBar
+from offload_planner.ui.loader import ModelLoader, demo_model
+from offload_planner.ui.memory_view import MemoryView
+from offload_planner.ui.options_panel import OptionsPanel
+from offload_planner.ui.plan_edits import with_option
+from offload_planner.ui.plan_io import SUFFIX, PlanFile, PlanFileError, load_plan, save_plan
+from offload_planner.ui.presets_menu import PresetsMenu
+from offload_planner.ui.problems_pane import ProblemsPane
+from offload_planner.ui.settings import Settings
+from offload_planner.ui.tensor_map_view import TensorMapView
+
+MIN_SIZE = (1280, 800)
+
+
+@dataclass
+class SystemInfo:
+    """The machine as the window starts with it: CPU RAM, GPU detection, devices from the command line."""
+
+    cpu: Device
+    detection: Detection
+    declared: list[Device] = field(default_factory=list)
+
+    @classmethod
+    def probe(cls, declared: list[Device] | None = None) -> SystemInfo:
+        from offload_planner.backend.system import cpu_device, detect_gpus
+
+        return cls(cpu_device(), detect_gpus(), list(declared or []))
+
+
+def model_summary(model: Model) -> str:
+    s = model.summary
+    parts = [s.name or Path(model.path).name, s.arch, f"{s.n_layer} layers"]
+    if s.n_nextn:
+        parts[-1] += f" ({s.n_nextn} NextN)"
+    if s.n_expert:
+        parts.append(
+            f"{s.n_expert} experts ({s.n_expert_used} used"
+            + (f", {s.n_expert_shared} shared)" if s.n_expert_shared else ")")
+        )
+    parts += [
+        s.file_type,
+        fmt_bytes(s.total_bytes, precision=1),
+        f"{s.n_tensors:,} tensors",
+        f"trained ctx {s.n_ctx_train:,}",
+    ]
+    if s.header_only:
+        parts.append("header only")
+    return "   ·   ".join(p for p in parts if p)
+
+
+def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -> Plan:
+    """What llama-server does for this model with just ``-c``: every layer on the GPUs (if any)."""
+    n_ctx = min(default_ctx, model.summary.n_ctx_train) if default_ctx else 0
+    plan = plan_from_args(model, devices, argparse.Namespace(ctx_size=n_ctx), dialect)
+    if not devices.gpus:  # keep "-ngl all" so that adding a GPU offloads, as the server would
+        plan = with_option(plan, "placement.n_gpu_layers", model.summary.n_layer + 1)
+    return plan
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: Settings, system: SystemInfo, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.settings = settings
+        self.system = system
+        self.confirm_close = True
+        self._load_t0 = 0.0
+        self.doc = PlanDocument(self)
+        self.loader = ModelLoader(self)
+        self.setMinimumSize(*MIN_SIZE)
+        self.setAcceptDrops(True)
+        self._build_widgets()
+        self._build_actions()
+        self._build_layout()
+        self._connect()
+        self._restore_state()
+        self._update_title()
+        if system.detection.message and not system.detection.gpus:
+            why = system.detection.message.split(";", 1)[0]
+            msg = f"No GPU detected: {why}. Add a virtual GPU to plan for one."
+            self.devices_panel.show_notice(msg)
+            self.log(msg)
+
+    # --- construction ------------------------------------------------------------------------
+
+    def _build_widgets(self) -> None:
+        doc = self.doc
+        self.summary = QLabel("No model")
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary.setAccessibleName("Model summary")
+        self.devices_panel = DevicePanel(doc)
+        self.devices_panel.default_margin = int(self.settings.get(keys.DEFAULT_MARGIN))
+        self.options_panel = OptionsPanel(doc)
+        self.map_view = TensorMapView(doc)
+        self.legend = LegendBar(doc)
+        self.memory_view = MemoryView(doc)
+        self.command_pane = CommandPane(doc)
+        self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
+        self.problems = ProblemsPane(doc)
+        self.log_view = QPlainTextEdit()
+        self.log_view.setReadOnly(True)
+        self.telemetry = QLabel(
+            "Live GPU and RAM telemetry appears here once the launcher runs llama-server."
+        )
+        self.telemetry.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(self.command_pane, "Command")
+        self.tabs.addTab(self.problems, "Problems")
+        self.tabs.addTab(self.log_view, "Log")
+        self.tabs.addTab(self.telemetry, "Telemetry")
+        self.backend_box = QComboBox()
+        for d in Dialect:
+            self.backend_box.addItem(d.label, d.value)
+        self.backend_box.setToolTip("The llama-server the command is for: its defaults and flags")
+        self.progress = QProgressBar()
+        self.progress.setMaximumWidth(180)
+        self.progress.setTextVisible(False)
+        self.progress.hide()
+        self.statusBar().addPermanentWidget(self.progress)
+        self.presets_menu = PresetsMenu(doc, self)
+
+    def _build_actions(self) -> None:
+        self.act_open = QAction("Open…", self)
+        self.act_open.setShortcut(QKeySequence.StandardKey.Open)
+        self.act_open.setToolTip("Open a GGUF model (any shard) or a saved plan")
+        self.act_open.triggered.connect(self.open_dialog)
+        self.recent_menu = QMenu("Open Recent", self)
+        self.recent_menu.aboutToShow.connect(self._fill_recent)
+        self.act_save = QAction("Save Plan", self)
+        self.act_save.setShortcut(QKeySequence.StandardKey.Save)
+        self.act_save.triggered.connect(self.save)
+        self.act_save_as = QAction("Save Plan As…", self)
+        self.act_save_as.setShortcut(QKeySequence.StandardKey.SaveAs)
+        self.act_save_as.triggered.connect(self.save_as)
+        self.act_demo = QAction("Open Demo Model", self)
+        self.act_demo.triggered.connect(lambda: self.open_path(demo_model()))
+        self.act_quit = QAction("Quit", self)
+        self.act_quit.setShortcut(QKeySequence.StandardKey.Quit)
+        self.act_quit.triggered.connect(self.close)
+        self.act_undo = self.doc.undo_stack.createUndoAction(self, "Undo")
+        self.act_undo.setShortcut(QKeySequence.StandardKey.Undo)
+        self.act_redo = self.doc.undo_stack.createRedoAction(self, "Redo")
+        self.act_redo.setShortcut(QKeySequence.StandardKey.Redo)
+        self.act_paste = QAction("Paste Command…", self)
+        self.act_paste.setShortcut(QKeySequence("Ctrl+Shift+V"))
+        self.act_paste.triggered.connect(self.command_pane.paste_dialog)
+        self.act_copy_cmd = QAction("Copy Command", self)
+        self.act_copy_cmd.setShortcut(QKeySequence("Ctrl+Shift+C"))
+        self.act_copy_cmd.triggered.connect(self.command_pane.copy)
+        self.act_add_gpu = QAction("Add Virtual GPU…", self)
+        self.act_add_gpu.triggered.connect(self.devices_panel.add_virtual_gpu)
+
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        m.addActions([self.act_open])
+        m.addMenu(self.recent_menu)
+        m.addActions([self.act_demo])
+        m.addSeparator()
+        m.addActions([self.act_save, self.act_save_as])
+        m.addSeparator()
+        m.addAction(self.act_quit)
+        m = mb.addMenu("&Edit")
+        m.addActions([self.act_undo, self.act_redo])
+        m.addSeparator()
+        m.addActions([self.act_paste, self.act_copy_cmd])
+        m = mb.addMenu("&Plan")
+        m.addMenu(self.presets_menu)
+        m.addAction(self.act_add_gpu)
+        m = mb.addMenu("&Help")
+        m.addAction("Keys and mouse", self._show_help)
+
+        tb = self.addToolBar("Main")
+        tb.setObjectName("main-toolbar")
+        tb.setMovable(False)
+        tb.addAction(self.act_open)
+        recent = QToolButton()
+        recent.setText("Recent")
+        recent.setMenu(self.recent_menu)
+        recent.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        tb.addWidget(recent)
+        tb.addAction(self.act_save)
+        tb.addSeparator()
+        tb.addWidget(
+            self._history_button(
+                "Undo",
+                self.doc.undo_stack.undo,
+                self.doc.undo_stack.canUndoChanged,
+                self.doc.undo_stack.undoTextChanged,
+            )
+        )
+        tb.addWidget(
+            self._history_button(
+                "Redo",
+                self.doc.undo_stack.redo,
+                self.doc.undo_stack.canRedoChanged,
+                self.doc.undo_stack.redoTextChanged,
+            )
+        )
+        tb.addSeparator()
+        presets = QToolButton()
+        presets.setText("Presets")
+        presets.setMenu(self.presets_menu)
+        presets.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        tb.addWidget(presets)
+        tb.addAction(self.act_paste)
+        tb.addSeparator()
+        tb.addWidget(QLabel(" Backend "))
+        tb.addWidget(self.backend_box)
+
+    def _history_button(
+        self, label: str, run: Callable[[], None], can: SignalInstance, text: SignalInstance
+    ) -> QToolButton:
+        """A toolbar Undo/Redo of fixed width: what it undoes goes in the tooltip."""
+        b = QToolButton()
+        b.setText(label)
+        b.setEnabled(False)
+        b.clicked.connect(run)
+        can.connect(b.setEnabled)
+
+        def tip(what: str) -> None:
+            b.setToolTip(f"{label} {what}".strip())
+
+        text.connect(tip)
+        return b
+
+    def _build_layout(self) -> None:
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        dev_box = QGroupBox("Devices")
+        QVBoxLayout(dev_box).addWidget(self.devices_panel)
+        opt_box = QGroupBox("Options")
+        QVBoxLayout(opt_box).addWidget(self.options_panel)
+        ll.addWidget(dev_box, 1)
+        ll.addWidget(opt_box, 0)
+
+        centre = QGroupBox("Tensor map")
+        cl = QVBoxLayout(centre)
+        cl.addWidget(self.legend)
+        cl.addWidget(self.map_view, 1)
+        hint = QLabel(
+            "Drag the selection onto a device · 0 = CPU, 1-9 = GPU · Del = default · right-click: more"
+        )
+        hint.setEnabled(False)
+        hint.setWordWrap(True)
+        cl.addWidget(hint)
+
+        right = QGroupBox("Memory")
+        rl = QVBoxLayout(right)
+        rl.addWidget(self.memory_view, 1)
+
+        self.h_split = QSplitter(Qt.Orientation.Horizontal)
+        self.h_split.setObjectName("panes")
+        self.h_split.addWidget(left)
+        self.h_split.addWidget(centre)
+        self.h_split.addWidget(right)
+        self.h_split.setStretchFactor(1, 1)
+        self.h_split.setChildrenCollapsible(False)
+        self.h_split.setSizes([270, 690, 300])
+        self.v_split = QSplitter(Qt.Orientation.Vertical)
+        self.v_split.setObjectName("main")
+        self.v_split.addWidget(self.h_split)
+        self.v_split.addWidget(self.tabs)
+        self.v_split.setStretchFactor(0, 1)
+        self.v_split.setChildrenCollapsible(False)
+        self.v_split.setSizes([560, 170])
+
+        central = QWidget()
+        lay = QVBoxLayout(central)
+        lay.setContentsMargins(6, 2, 6, 2)
+        lay.addWidget(self.summary)
+        lay.addWidget(self.v_split, 1)
+        self.setCentralWidget(central)
+
+    def _connect(self) -> None:
+        doc = self.doc
+        doc.undo_stack.cleanChanged.connect(self._on_clean_changed)
+        doc.modelChanged.connect(self._on_model_changed)
+        doc.planChanged.connect(self._sync_backend)
+        self.backend_box.activated.connect(self._on_backend)
+        self.loader.started.connect(self._on_load_started)
+        self.loader.progress.connect(self._on_load_progress)
+        self.loader.loaded.connect(self._on_loaded)
+        self.loader.failed.connect(self._on_load_failed)
+        for w in (self.map_view, self.command_pane, self.presets_menu, self.devices_panel):
+            w.message.connect(self.show_message)
+        self.problems.countChanged.connect(self._on_problem_count)
+
+    # --- settings ----------------------------------------------------------------------------
+
+    def _restore_state(self) -> None:
+        s = self.settings
+        geo = s.get_bytes(keys.GEOMETRY.name)
+        if geo is not None:
+            self.restoreGeometry(geo)
+        else:
+            self.resize(*MIN_SIZE)
+        state = s.get_bytes(keys.STATE.name)
+        if state is not None:
+            self.restoreState(state)
+        for split in (self.h_split, self.v_split):
+            st = s.get_bytes(f"{keys.SPLITTERS.name}/{split.objectName()}")
+            if st is not None:
+                split.restoreState(st)
+        i = self.backend_box.findData(s.get(keys.DIALECT))
+        self.backend_box.setCurrentIndex(max(0, i))
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.set_bytes(keys.GEOMETRY.name, self.saveGeometry())
+        s.set_bytes(keys.STATE.name, self.saveState())
+        for split in (self.h_split, self.v_split):
+            s.set_bytes(f"{keys.SPLITTERS.name}/{split.objectName()}", QByteArray(split.saveState()))
+        s.set(keys.COMMAND_STYLE, self.command_pane.format_style)
+        s.set(keys.DIALECT, str(self.backend_box.currentData()))
+        if self.doc.has_plan:
+            s.store_devices(list(self.doc.plan.devices))
+        s.sync()
+
+    def initial_devices(self) -> DeviceSet:
+        s = self.settings
+        cpu = replace(self.system.cpu, margin=s.margin_of(self.system.cpu.name))
+        size = int(s.get(keys.CPU_SIZE))
+        if size:
+            cpu = replace(cpu, total=size, free=None)
+        gpus = [replace(g, margin=s.margin_of(g.name)) for g in self.system.detection.gpus]
+        for d in [*s.virtual_gpus(), *self.system.declared]:
+            if d.kind.value == "CPU":
+                cpu = replace(cpu, total=d.total, free=d.free, margin=d.margin or cpu.margin)
+                continue
+            gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
+            gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
+        return DeviceSet(cpu, tuple(gpus))
+
+    # --- opening -----------------------------------------------------------------------------
+
+    def open_dialog(self) -> None:
+        recent = self.settings.recent_files
+        start = (
+            str(Path(recent[0]).parent) if recent and not recent[0].startswith("http") else str(Path.home())
+        )
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Open a model or plan",
+            start,
+            f"GGUF models and plans (*.gguf *{SUFFIX} *.json);;GGUF models (*.gguf);;"
+            f"Plans (*{SUFFIX} *.json)",
+        )
+        if path:
+            self.open_path(path)
+
+    def open_path(self, location: str | Path) -> None:
+        """A model (.gguf, any shard, or URL) or a plan file (.json)."""
+        loc = str(location)
+        if loc.lower().endswith(".json"):
+            self.open_plan(loc)
+        else:
+            self.loader.load(loc, ("model", None))
+
+    def open_plan(self, path: str) -> None:
+        try:
+            pf = load_plan(path)
+        except PlanFileError as e:
+            self._error("Cannot open the plan", str(e))
+            return
+        self.loader.load(pf.model_path, ("plan", (pf, str(Path(path).resolve()))))
+
+    def _on_load_started(self, location: str) -> None:
+        self.progress.setRange(0, 0)
+        self.progress.show()
+        self.show_message(f"Opening {location} …")
+        self._load_t0 = time.perf_counter()
+
+    def _on_load_progress(self, done: int, total: int) -> None:
+        self.progress.setRange(0, total)
+        self.progress.setValue(done)
+
+    def _on_load_failed(self, message: str, context: object) -> None:
+        self.progress.hide()
+        self.log(f"error: {message}")
+        self._error("Cannot open the model", message)
+
+    def _on_loaded(self, model: Model, context: object) -> None:
+        self.progress.hide()
+        kind, extra = context if isinstance(context, tuple) else ("model", None)
+        self.log(
+            f"opened {model.path}: {len(model.tensors)} tensors in "
+            f"{(time.perf_counter() - self._load_t0) * 1000:.0f} ms"
+        )
+        if kind == "plan":
+            pf, path = extra
+            assert isinstance(pf, PlanFile)
+            self._open_loaded_plan(model, pf, path)
+            return
+        devices = self.doc.plan.devices if self.doc.has_plan else self.initial_devices()
+        dialect = str(self.backend_box.currentData())
+        plan = new_plan(model, devices, dialect, int(self.settings.get(keys.DEFAULT_CONTEXT)))
+        notes = []
+        if model.header_only:
+            notes.append(
+                "header-only file: the planner reads shapes and sizes; llama-server needs the full model"
+            )
+        self.doc.reset(plan, notes=notes)
+        self.settings.add_recent(model.path)
+        self.show_message(f"Opened {Path(model.path).name}")
+
+    def _open_loaded_plan(self, model: Model, pf: PlanFile, path: str) -> None:
+        plan, notes = pf.to_plan(model)
+        changes = pf.model_changes(model)
+        if changes:
+            text = (
+                f"The model changed on disk since the plan was saved ({'; '.join(changes)}). "
+                "Moves were applied by tensor name; check the map."
+            )
+            notes.insert(0, text)
+            box = QMessageBox(
+                QMessageBox.Icon.Warning, "Model changed", text, QMessageBox.StandardButton.Ok, self
+            )
+            box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+            box.open()
+        self.doc.reset(plan, file_path=path, notes=notes)
+        self.settings.add_recent(path)
+        self.show_message(f"Opened plan {Path(path).name}")
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        for loc in self.settings.recent_files:
+            self.recent_menu.addAction(loc, self._recent_opener(loc))
+        if self.recent_menu.isEmpty():
+            self.recent_menu.addAction("(none)").setEnabled(False)
+        else:
+            self.recent_menu.addSeparator()
+            self.recent_menu.addAction("Clear", lambda: self.settings.set(keys.RECENT_FILES, []))
+
+    def _recent_opener(self, location: str) -> Callable[[], None]:
+        def run() -> None:
+            self._open_recent(location)
+
+        return run
+
+    def _open_recent(self, location: str) -> None:
+        if not location.startswith(("http://", "https://")) and not Path(location).exists():
+            self.settings.remove_recent(location)
+            self._error("File not found", f"{location} is not there any more; removed from the recent list.")
+            return
+        self.open_path(location)
+
+    # --- saving ------------------------------------------------------------------------------
+
+    def save(self) -> bool:
+        if not self.doc.has_plan:
+            return False
+        if self.doc.file_path is None:
+            return self.save_as()
+        return self._save_to(self.doc.file_path)
+
+    def save_as(self) -> bool:
+        if not self.doc.has_plan:
+            return False
+        model = Path(self.doc.plan.model.path)
+        default = self.doc.file_path or str(Path.home() / (model.name.removesuffix(".gguf") + SUFFIX))
+        path, _ = QFileDialog.getSaveFileName(self, "Save plan", default, f"Plans (*{SUFFIX} *.json)")
+        if not path:
+            return False
+        if not path.endswith(".json"):
+            path += SUFFIX
+        return self._save_to(path)
+
+    def _save_to(self, path: str) -> bool:
+        backend = {"path": str(self.settings.get(keys.BACKEND_PATH)), "dialect": self.doc.plan.dialect}
+        try:
+            save_plan(path, PlanFile.of(self.doc.plan, backend))
+        except PlannerError as e:
+            self._error("Cannot save the plan", str(e))
+            return False
+        self.doc.file_path = path
+        self.doc.undo_stack.setClean()
+        self.settings.add_recent(path)
+        self._update_title()
+        self.show_message(f"Saved {path}")
+        return True
+
+    # --- reactions ---------------------------------------------------------------------------
+
+    def _on_model_changed(self) -> None:
+        if self.doc.has_plan:
+            self.summary.setText(model_summary(self.doc.plan.model))
+            self.summary.setToolTip(self.doc.plan.model.path)
+        self._sync_backend()
+        self._update_title()
+
+    def _sync_backend(self) -> None:
+        if self.doc.has_plan:
+            i = self.backend_box.findData(self.doc.plan.dialect)
+            if i >= 0 and i != self.backend_box.currentIndex():
+                self.backend_box.setCurrentIndex(i)
+
+    def _on_backend(self, _index: int) -> None:
+        if self.doc.has_plan:
+            self.doc.set_dialect(str(self.backend_box.currentData()), self.backend_box.currentText())
+
+    def _on_problem_count(self, n: int) -> None:
+        self.tabs.setTabText(1, f"Problems ({n})" if n else "Problems")
+
+    def _on_clean_changed(self, _clean: bool) -> None:
+        self._update_title()
+
+    def _update_title(self) -> None:
+        if self.doc.has_plan:
+            name = (
+                Path(self.doc.file_path).name if self.doc.file_path else Path(self.doc.plan.model.path).name
+            )
+            self.setWindowTitle(f"{name}[*] — Offload Planner")
+        else:
+            self.setWindowTitle("Offload Planner")
+        self.setWindowModified(not self.doc.undo_stack.isClean())
+
+    def show_message(self, text: str) -> None:
+        self.statusBar().showMessage(text, 6000)
+
+    def log(self, text: str) -> None:
+        self.log_view.appendPlainText(f"{time.strftime('%H:%M:%S')}  {text}")
+
+    def _error(self, title: str, text: str) -> None:
+        self.show_message(text)
+        box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+
+    def _show_help(self) -> None:
+        QMessageBox.information(
+            self,
+            "Keys and mouse",
+            "Tensor map: click, shift/ctrl-click, sweep to select; click a layer number for the whole layer, "
+            "a column header for that role in every layer.\n"
+            "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
+            "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
+            "Every edit can be undone (Ctrl+Z).",
+        )
+
+    # --- drag a .gguf or plan onto the window -------------------------------------------------
+
+    @staticmethod
+    def _dropped_path(mime: QMimeData) -> str | None:
+        for url in mime.urls():
+            p = url.toLocalFile() if url.isLocalFile() else url.toString()
+            if p.lower().endswith((".gguf", ".json")):
+                return p
+        return None
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if self._dropped_path(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        p = self._dropped_path(event.mimeData())
+        if p:
+            event.acceptProposedAction()
+            self.open_path(p)
+
+    # --- closing -----------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if self.confirm_close and self.doc.has_plan and not self.doc.undo_stack.isClean():
+            answer = QMessageBox.question(
+                self,
+                "Save the plan?",
+                "The plan has changes that are not saved.",
+                QMessageBox.StandardButton.Save
+                | QMessageBox.StandardButton.Discard
+                | QMessageBox.StandardButton.Cancel,
+            )
+            if answer == QMessageBox.StandardButton.Cancel or (
+                answer == QMessageBox.StandardButton.Save and not self.save()
+            ):
+                event.ignore()
+                return
+        self.save_settings()
+        self.loader.shutdown()
+        self.doc.shutdown()
+        event.accept()

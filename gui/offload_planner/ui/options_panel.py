@@ -1,0 +1,204 @@
+"""OPTIONS: the llama-server flags that change memory: -c, -b, -ub, -fa, -ctk/-ctv, -np/-kvu, -ngl,
+mmap, KV offload. The widgets mirror the plan; every change is one SetOption undo step (repeated
+changes of one option merge)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QSignalBlocker, Qt
+from PySide6.QtGui import QIntValidator, QValidator
+from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QLineEdit, QSpinBox, QWidget
+
+from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.plan_edits import option_value
+
+KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+BATCHES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class _NglSpinBox(QSpinBox):
+    """-ngl: 0..L+1, the maximum shown as "all"."""
+
+    def textFromValue(self, value: int) -> str:
+        return f"all ({value})" if value == self.maximum() and value > 0 else str(value)
+
+    def valueFromText(self, text: str) -> int:
+        t = text.strip().lower()
+        if t.startswith("all") or t == "auto":
+            return self.maximum()
+        try:
+            return int(t)
+        except ValueError:
+            return self.value()
+
+    def validate(self, text: str, pos: int) -> Any:
+        t = text.strip().lower()
+        if t.startswith("all"):
+            return QValidator.State.Acceptable
+        if t and "all".startswith(t):
+            return QValidator.State.Intermediate
+        return super().validate(text, pos)
+
+
+def _line_edit(c: QComboBox) -> QLineEdit:
+    edit = c.lineEdit()
+    assert edit is not None, "an editable combo box"
+    return edit
+
+
+def _int_combo(values: tuple[int, ...], *, special: str = "") -> QComboBox:
+    c = QComboBox()
+    c.setEditable(True)
+    c.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+    if special:
+        c.addItem(special, 0)
+    for v in values:
+        c.addItem(str(v), v)
+    if not special:
+        _line_edit(c).setValidator(QIntValidator(0, 1 << 24, c))
+    return c
+
+
+def _combo_value(c: QComboBox) -> int | None:
+    text = c.currentText().strip()
+    i = c.findText(text)
+    if i >= 0 and isinstance(c.itemData(i), int):
+        return int(c.itemData(i))
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+class OptionsPanel(QWidget):
+    def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._doc = doc
+        form = QFormLayout(self)
+        form.setContentsMargins(0, 0, 0, 0)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignRight)
+
+        self.ctx = _int_combo(CONTEXTS, special="trained")
+        self.batch = _int_combo(BATCHES)
+        self.ubatch = _int_combo(BATCHES)
+        self.ngl = _NglSpinBox()
+        self.ngl.setKeyboardTracking(False)
+        self.flash = QCheckBox("flash attention")
+        self.type_k = QComboBox()
+        self.type_v = QComboBox()
+        for c in (self.type_k, self.type_v):
+            c.addItems(KV_TYPES)
+        self.slots = QSpinBox()
+        self.slots.setRange(1, 256)
+        self.slots.setKeyboardTracking(False)
+        self.unified = QCheckBox("unified KV")
+        self.mmap = QCheckBox("mmap the model")
+        self.kv_offload = QCheckBox("KV cache on the layer's GPU")
+
+        self.ctx.setToolTip(
+            "-c: context size (trained = the model's trained length; pin it to stop --fit from shrinking it)"
+        )
+        self.batch.setToolTip("-b: logical batch size")
+        self.ubatch.setToolTip("-ub: physical batch size; the compute buffers grow with it")
+        self.ngl.setToolTip("-ngl: layers offloaded to the GPUs, counted from the output end")
+        self.flash.setToolTip("-fa on|off (a quantized V cache needs it)")
+        self.type_k.setToolTip("-ctk: K cache type")
+        self.type_v.setToolTip("-ctv: V cache type")
+        self.slots.setToolTip("-np: parallel slots (sequences)")
+        self.unified.setToolTip("-kvu: the slots share one KV cache")
+        self.mmap.setToolTip("off: -lm none (--no-mmap): CPU weights in a CPU buffer instead of the file map")
+        self.kv_offload.setToolTip("off: -nkvo: the KV cache stays in system RAM")
+
+        form.addRow("Context", self.ctx)
+        form.addRow("Batch -b", self.batch)
+        form.addRow("µbatch -ub", self.ubatch)
+        form.addRow("GPU layers", self.ngl)
+        form.addRow("K cache", self.type_k)
+        form.addRow("V cache", self.type_v)
+        form.addRow("Slots -np", self.slots)
+        form.addRow("", self.unified)
+        form.addRow("", self.flash)
+        form.addRow("", self.kv_offload)
+        form.addRow("", self.mmap)
+
+        self._bind_combo(self.ctx, "context.n_ctx", "context size")
+        self._bind_combo(self.batch, "context.n_batch", "-b")
+        self._bind_combo(self.ubatch, "context.n_ubatch", "-ub")
+        self.ngl.valueChanged.connect(lambda v: self._set("placement.n_gpu_layers", v, "-ngl"))
+        self.flash.toggled.connect(lambda v: self._set("context.flash_attn", v, "flash attention"))
+        self.type_k.currentTextChanged.connect(lambda v: self._set("context.type_k", v, "K cache type"))
+        self.type_v.currentTextChanged.connect(lambda v: self._set("context.type_v", v, "V cache type"))
+        self.slots.valueChanged.connect(lambda v: self._set("context.n_seq_max", v, "-np"))
+        self.unified.toggled.connect(lambda v: self._set("context.kv_unified", v, "unified KV"))
+        self.mmap.toggled.connect(lambda v: self._set("placement.use_mmap", v, "mmap"))
+        self.kv_offload.toggled.connect(lambda v: self._set("context.offload_kqv", v, "KV offload"))
+
+        doc.planChanged.connect(self.sync)
+        doc.modelChanged.connect(self.sync)
+        self.sync()
+
+    def _bind_combo(self, c: QComboBox, key: str, label: str) -> None:
+        def commit() -> None:
+            v = _combo_value(c)
+            if v is not None:
+                self._set(key, v, label)
+            else:
+                self.sync()
+
+        c.activated.connect(lambda _i: commit())
+        _line_edit(c).editingFinished.connect(commit)
+
+    def _set(self, key: str, value: object, label: str) -> None:
+        if self._doc.has_plan:
+            self._doc.set_option(key, value, label)
+
+    def sync(self) -> None:
+        """Show the plan's values (without emitting edits)."""
+        widgets: list[QWidget] = [
+            self.ctx,
+            self.batch,
+            self.ubatch,
+            self.ngl,
+            self.flash,
+            self.type_k,
+            self.type_v,
+            self.slots,
+            self.unified,
+            self.mmap,
+            self.kv_offload,
+        ]
+        has = self._doc.has_plan
+        for w in widgets:
+            w.setEnabled(has)
+        if not has:
+            return
+        plan = self._doc.plan
+        blockers = [QSignalBlocker(w) for w in widgets]
+        blockers.append(QSignalBlocker(_line_edit(self.ctx)))
+        trained = plan.model.summary.n_ctx_train
+        self.ctx.setItemText(0, f"trained ({trained})")
+        self.ctx.setItemData(0, 0)
+        self._show_int(self.ctx, int(option_value(plan, "context.n_ctx")))
+        self._show_int(self.batch, int(option_value(plan, "context.n_batch")))
+        self._show_int(self.ubatch, int(option_value(plan, "context.n_ubatch")))
+        self.ngl.setRange(0, plan.model.summary.n_layer + 1)
+        self.ngl.setValue(min(int(option_value(plan, "placement.n_gpu_layers")), self.ngl.maximum()))
+        self.flash.setChecked(bool(option_value(plan, "context.flash_attn")))
+        self.type_k.setCurrentText(str(option_value(plan, "context.type_k")))
+        self.type_v.setCurrentText(str(option_value(plan, "context.type_v")))
+        self.slots.setValue(int(option_value(plan, "context.n_seq_max")))
+        self.unified.setChecked(bool(option_value(plan, "context.kv_unified")))
+        self.mmap.setChecked(bool(option_value(plan, "placement.use_mmap")))
+        self.kv_offload.setChecked(bool(option_value(plan, "context.offload_kqv")))
+        del blockers
+
+    @staticmethod
+    def _show_int(c: QComboBox, value: int) -> None:
+        i = c.findData(value)
+        if i >= 0:
+            c.setCurrentIndex(i)
+        else:
+            c.setEditText(str(value))

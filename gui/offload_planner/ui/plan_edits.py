@@ -1,0 +1,107 @@
+"""Pure plan transformations behind the undo commands: each returns a new Plan, never mutates.
+
+Qt-free. Option keys are ``"context.<ContextParams field>"`` or ``"placement.<PlacementOptions
+field>"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields, replace
+from typing import Any
+
+from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.memory import ContextParams
+from offload_planner.core.placement import CPU, PlacementOptions
+from offload_planner.core.plan import Plan
+
+CONTEXT = "context"
+PLACEMENT = "placement"
+
+
+def apply_moves(plan: Plan, moves: Mapping[str, str | None]) -> Plan:
+    """Set (device) or clear (None) the user's move of each named tensor."""
+    merged = dict(plan.moves)
+    for name, dev in moves.items():
+        if dev is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = dev
+    return replace(plan, moves=merged)
+
+
+def normalized_moves(
+    plan: Plan, moves: Mapping[str, str], base: Mapping[str, str | None]
+) -> dict[str, str | None]:
+    """A move back to where the command's placement puts a tensor clears the move instead."""
+    return {n: (None if base.get(n) == d else d) for n, d in moves.items()}
+
+
+def _split(key: str) -> tuple[str, str]:
+    section, _, name = key.partition(".")
+    valid = {
+        CONTEXT: {f.name for f in fields(ContextParams)},
+        PLACEMENT: {f.name for f in fields(PlacementOptions)},
+    }
+    if name not in valid.get(section, set()):
+        raise KeyError(f"unknown option {key!r}")
+    return section, name
+
+
+def option_value(plan: Plan, key: str) -> Any:
+    section, name = _split(key)
+    return getattr(plan.context if section == CONTEXT else plan.placement_options, name)
+
+
+def with_option(plan: Plan, key: str, value: Any) -> Plan:
+    section, name = _split(key)
+    if section == CONTEXT:
+        ctx = replace(plan.context, **{name: value})
+        if name in ("n_batch", "n_seq_max") and ctx.n_outputs_max is not None:
+            # as core.engine.context_params derives it for llama-server
+            ctx = replace(ctx, n_outputs_max=min(ctx.n_batch, ctx.n_seq_max))
+        return replace(plan, context=ctx)
+    return replace(plan, placement_options=replace(plan.placement_options, **{name: value}))
+
+
+def with_dialect(plan: Plan, dialect: str) -> Plan:
+    """Pinned mainline offloads the output layer first; older builds and ik only with ngl > n_layer
+    (core.engine.placement_options)."""
+    popts = replace(plan.placement_options, output_first=dialect == "llama.cpp")
+    return replace(plan, dialect=dialect, placement_options=popts)
+
+
+def with_device(plan: Plan, device: Device, index: int | None = None) -> Plan:
+    """Add a GPU (at ``index`` in llama.cpp's order, default last) or replace the CPU."""
+    if not device.is_gpu:
+        return replace(plan, devices=replace(plan.devices, cpu=device))
+    gpus = list(plan.devices.gpus)
+    gpus.insert(len(gpus) if index is None else index, device)
+    return replace(plan, devices=DeviceSet(plan.devices.cpu, tuple(gpus)))
+
+
+def without_device(plan: Plan, name: str) -> tuple[Plan, int, dict[str, str]]:
+    """Remove a GPU and the user's moves onto it; returns the plan, the GPU's index and the moves
+    dropped (to restore them on undo)."""
+    gpus = list(plan.devices.gpus)
+    index = next(i for i, g in enumerate(gpus) if g.name == name)
+    del gpus[index]
+    dropped = {n: d for n, d in plan.moves.items() if d == name}
+    moves = {n: d for n, d in plan.moves.items() if d != name}
+    return replace(plan, devices=DeviceSet(plan.devices.cpu, tuple(gpus)), moves=moves), index, dropped
+
+
+def with_device_changed(plan: Plan, name: str, **changes: Any) -> Plan:
+    """Change fields (``margin``, ``total``, ``free``) of one device."""
+    if name == plan.devices.cpu.name or name == CPU:
+        return replace(plan, devices=replace(plan.devices, cpu=replace(plan.devices.cpu, **changes)))
+    gpus = tuple(replace(g, **changes) if g.name == name else g for g in plan.devices.gpus)
+    return replace(plan, devices=DeviceSet(plan.devices.cpu, gpus))
+
+
+def next_gpu_name(devices: DeviceSet, prefix: str = "CUDA") -> str:
+    used = {g.name.lower() for g in devices.gpus}
+    i = 0
+    while f"{prefix}{i}".lower() in used:
+        i += 1
+    return f"{prefix}{i}"

@@ -1,0 +1,151 @@
+"""The Presets menu: common placements as one undo step each (logic in :mod:`presets`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QMenu,
+    QSpinBox,
+    QWidget,
+)
+
+from offload_planner.core.memory import Projection
+from offload_planner.core.placement import CPU
+from offload_planner.ui import presets
+from offload_planner.ui.document import PlanDocument
+
+
+class MoveLayersDialog(QDialog):
+    def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Move layers")
+        n = doc.plan.model.summary.n_layer
+        self.first = QSpinBox()
+        self.last = QSpinBox()
+        for s in (self.first, self.last):
+            s.setRange(0, max(0, n - 1))
+        self.last.setValue(max(0, n - 1))
+        self.device = QComboBox()
+        self.device.addItems(doc.device_names())
+        self.experts_only = QCheckBox("routed experts only")
+        form = QFormLayout(self)
+        form.addRow("From layer", self.first)
+        form.addRow("To layer", self.last)
+        form.addRow("Device", self.device)
+        form.addRow("", self.experts_only)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+
+class PresetsMenu(QMenu):
+    message = Signal(str)
+
+    def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
+        super().__init__("Presets", parent)
+        self._doc = doc
+        self.aboutToShow.connect(self._build)
+        self._build()
+
+    def _build(self) -> None:
+        self.clear()
+        doc = self._doc
+        if not doc.has_plan:
+            self.addAction("(no model)").setEnabled(False)
+            return
+        self.addAction("All routed experts → CPU", lambda: self.routed_experts_to(CPU))
+        for g in doc.plan.devices.gpus:
+            self.addAction(
+                f"Fill {g.name} with routed experts from layer 0",
+                self._filler(g.name, from_first=True),
+            )
+            self.addAction(
+                f"Fill {g.name} with routed experts from the last layer",
+                self._filler(g.name, from_first=False),
+            )
+        self.addAction("Move layers…", self.move_layers_dialog)
+        self.addSeparator()
+        back = self.addAction("Back to the command's default (clear all moves)", self.clear_moves)
+        back.setEnabled(bool(doc.plan.moves))
+
+    def _filler(self, device: str, *, from_first: bool) -> Callable[[], None]:
+        def run() -> None:
+            self.fill(device, from_first=from_first)
+
+        return run
+
+    def _projection(self) -> Projection | None:
+        a = self._doc.analysis
+        if a is not None and self._doc.analysis_current:
+            return a.projection
+        try:
+            return self._doc.plan.projection()  # a preset click may wait for one projection
+        except Exception as e:
+            self.message.emit(f"Cannot project the plan: {e}")
+            return None
+
+    def routed_experts_to(self, device: str) -> bool:
+        moves = presets.routed_experts_to(self._doc.plan, self._doc.placement, device)
+        ok = self._doc.apply_preset(moves, f"All routed experts to {device}")
+        self.message.emit(
+            f"Moved {len(moves)} tensors to {device}" if ok else "Routed experts are already there"
+        )
+        return ok
+
+    def fill(self, device: str, *, from_first: bool) -> bool:
+        proj = self._projection()
+        if proj is None:
+            return False
+        moves = presets.fill_with_experts(
+            self._doc.plan, self._doc.placement, proj, device, from_first=from_first
+        )
+        where = "layer 0" if from_first else "the last layer"
+        ok = self._doc.apply_preset(moves, f"Fill {device} with routed experts from {where}")
+        if ok:
+            got = sorted(
+                {
+                    t.layer
+                    for t in self._doc.plan.model.tensors
+                    if t.role.is_routed_expert
+                    and t.layer is not None
+                    and self._doc.plan.moves.get(t.name) == device
+                }
+            )
+            self.message.emit(
+                f"{device} holds the routed experts of {len(got)} layers"
+                if got
+                else f"Moved {len(moves)} tensors off {device}: no expert layer fits"
+            )
+        else:
+            self.message.emit(f"{device} already holds as many expert layers as fit")
+        return ok
+
+    def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:
+        moves = presets.layers_to(
+            self._doc.plan, self._doc.placement, first, last, device, experts_only=experts_only
+        )
+        what = "routed experts of layers" if experts_only else "layers"
+        return self._doc.apply_preset(moves, f"Move {what} {first}-{last} to {device}")
+
+    def move_layers_dialog(self) -> None:
+        dlg = MoveLayersDialog(self._doc, self.parentWidget())
+        if dlg.exec() == QDialog.DialogCode.Accepted:
+            self.move_layers(
+                dlg.first.value(),
+                dlg.last.value(),
+                dlg.device.currentText(),
+                experts_only=dlg.experts_only.isChecked(),
+            )
+
+    def clear_moves(self) -> bool:
+        return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")

@@ -1,0 +1,52 @@
+"""The Problems tab: the plan's warnings (core.diagnostics.plan_warnings: devices over capacity,
+-ot rules that match nothing or are shadowed, placements that cost speed), projection errors and
+notes from loading or pasting."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QListWidget, QListWidgetItem, QStyle, QWidget
+
+from offload_planner.ui.document import PlanDocument
+
+
+class ProblemsPane(QListWidget):
+    countChanged = Signal(int)
+
+    def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._doc = doc
+        self.setWordWrap(True)
+        self.setAlternatingRowColors(True)
+        self.setAccessibleName("Problems")
+        doc.analysisChanged.connect(self.refresh)
+        doc.modelChanged.connect(self.refresh)
+        doc.notesChanged.connect(self.refresh)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(severity, text): severity is error, warning or note."""
+        out: list[tuple[str, str]] = []
+        a = self._doc.analysis
+        if a is not None and a.error:
+            out.append(("error", a.error))
+        if a is not None:
+            out += [("error" if " over capacity" in w else "warning", w) for w in a.warnings]
+        out += [("note", n) for n in self._doc.notes]
+        return out
+
+    def refresh(self) -> None:
+        self.clear()
+        icons = {
+            "error": self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxCritical),
+            "warning": self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxWarning),
+            "note": self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxInformation),
+        }
+        probs = self.problems()
+        for sev, text in probs:
+            item = QListWidgetItem(icons[sev], text)
+            item.setToolTip(f"{sev}: {text}")
+            if sev == "error":
+                item.setForeground(QColor("#B00000"))
+            self.addItem(item)
+        self.countChanged.emit(sum(1 for s, _ in probs if s != "note"))

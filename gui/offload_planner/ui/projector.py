@@ -1,0 +1,75 @@
+"""Projection off the GUI thread, coalesced: any number of edits in one event-loop turn cost one
+projection, and a result is only shown if it belongs to the newest plan."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+from offload_planner.core.plan import Plan
+from offload_planner.ui.analysis import Analysis, analyse
+
+
+class _Worker(QObject):
+    done = Signal(object, int)
+
+    @Slot(object, int)
+    def run(self, plan: Plan, generation: int) -> None:
+        self.done.emit(analyse(plan), generation)
+
+
+class Projector(QObject):
+    """``request(plan)`` as often as you like; ``ready(analysis)`` fires for the newest plan."""
+
+    ready = Signal(object)
+    _start = Signal(object, int)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread = QThread(self)
+        self._thread.setObjectName("offload-planner projection")
+        self._worker = _Worker()
+        self._worker.moveToThread(self._thread)
+        self._start.connect(self._worker.run)
+        self._worker.done.connect(self._on_done)
+        self._thread.finished.connect(self._worker.deleteLater)
+        self._thread.start()
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(0)
+        self._timer.timeout.connect(self._dispatch)
+        self._pending: Plan | None = None
+        self._generation = 0
+        self._busy = False
+
+    @property
+    def idle(self) -> bool:
+        return not self._busy and self._pending is None
+
+    def request(self, plan: Plan) -> None:
+        self._pending = plan
+        self._generation += 1
+        self._timer.start()
+
+    def cancel(self) -> None:
+        self._pending = None
+        self._generation += 1
+
+    def _dispatch(self) -> None:
+        if self._busy or self._pending is None:
+            return
+        plan, self._pending = self._pending, None
+        self._busy = True
+        self._start.emit(plan, self._generation)
+
+    @Slot(object, int)
+    def _on_done(self, analysis: Analysis, generation: int) -> None:
+        self._busy = False
+        if generation == self._generation:
+            self.ready.emit(analysis)
+        elif self._pending is not None:
+            self._dispatch()
+
+    def shutdown(self) -> None:
+        self._pending = None
+        self._thread.quit()
+        self._thread.wait(10_000)

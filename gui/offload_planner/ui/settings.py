@@ -1,0 +1,154 @@
+"""Every persistent setting of the window, declared in one place, stored with QSettings.
+
+Values are JSON text (the same in the registry, plist and ini backends); window geometry and state
+are QByteArray. Tests pass their own QSettings (an ini file in a temp folder).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings
+
+from offload_planner.core.devices import Device, DeviceKind, kind_of
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.units import GiB
+
+ORGANIZATION = "offload-planner"
+APPLICATION = "Offload Planner"
+MAX_RECENT = 12
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    default: Any
+    doc: str
+
+
+RECENT_FILES = Key("files/recent", [], "recently opened models and plans, newest first")
+VIRTUAL_GPUS = Key("devices/virtual", [], "virtual GPUs: [{name, total, margin}]")
+MARGINS = Key("devices/margins", {}, "per-device safety margin in bytes, by device name")
+DEFAULT_MARGIN = Key("devices/default_margin", 1 * GiB, "margin of devices without their own")
+CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: what psutil reports free)")
+BACKEND_PATH = Key("backend/path", "", "the llama-server executable (for the launcher)")
+DIALECT = Key("backend/dialect", "llama.cpp", "llama.cpp | llama.cpp-2025 | ik_llama.cpp")
+COMMAND_STYLE = Key("command/style", "bash", "format of the command pane")
+DEFAULT_CONTEXT = Key("plan/default_context", 32768, "-c of a new plan (capped at the trained length)")
+GEOMETRY = Key("window/geometry", None, "QMainWindow.saveGeometry()")
+STATE = Key("window/state", None, "QMainWindow.saveState()")
+SPLITTERS = Key("window/splitters", None, "QSplitter.saveState() per splitter name (window/splitters/NAME)")
+
+ALL_KEYS = (
+    RECENT_FILES,
+    VIRTUAL_GPUS,
+    MARGINS,
+    DEFAULT_MARGIN,
+    CPU_SIZE,
+    BACKEND_PATH,
+    DIALECT,
+    COMMAND_STYLE,
+    DEFAULT_CONTEXT,
+    GEOMETRY,
+    STATE,
+    SPLITTERS,
+)
+
+
+class Settings:
+    def __init__(self, qsettings: QSettings | None = None) -> None:
+        self.q = qsettings if qsettings is not None else QSettings(ORGANIZATION, APPLICATION)
+
+    @classmethod
+    def at(cls, path: str) -> Settings:
+        """Settings in an ini file (tests, --screenshot)."""
+        return cls(QSettings(path, QSettings.Format.IniFormat))
+
+    # --- typed access ------------------------------------------------------------------------
+
+    def get(self, key: Key) -> Any:
+        raw = self.q.value(key.name)
+        if raw is None:
+            return key.default
+        try:
+            value = json.loads(str(raw))
+        except (TypeError, ValueError):
+            return key.default
+        if key.default is not None and not isinstance(value, type(key.default)):
+            return key.default
+        return value
+
+    def set(self, key: Key, value: Any) -> None:
+        self.q.setValue(key.name, json.dumps(value))
+
+    def get_bytes(self, name: str) -> QByteArray | None:
+        raw = self.q.value(name)
+        return raw if isinstance(raw, QByteArray) and not raw.isEmpty() else None
+
+    def set_bytes(self, name: str, value: QByteArray) -> None:
+        self.q.setValue(name, value)
+
+    def sync(self) -> None:
+        self.q.sync()
+
+    # --- recent files ------------------------------------------------------------------------
+
+    @property
+    def recent_files(self) -> list[str]:
+        return [str(p) for p in self.get(RECENT_FILES)]
+
+    def add_recent(self, location: str) -> None:
+        recent = [p for p in self.recent_files if p != location]
+        self.set(RECENT_FILES, [location, *recent][:MAX_RECENT])
+
+    def remove_recent(self, location: str) -> None:
+        self.set(RECENT_FILES, [p for p in self.recent_files if p != location])
+
+    # --- devices -----------------------------------------------------------------------------
+
+    def virtual_gpus(self) -> list[Device]:
+        out: list[Device] = []
+        for d in self.get(VIRTUAL_GPUS):
+            try:
+                name = str(d["name"])
+                kind = kind_of(name)
+                total = int(d["total"])
+            except (KeyError, TypeError, ValueError, PlannerError):
+                continue
+            if kind is DeviceKind.CPU:
+                continue
+            out.append(
+                Device(
+                    name,
+                    kind,
+                    total,
+                    None,
+                    description=f"virtual {total / GiB:g} GiB",
+                    source="declared",
+                    margin=int(d.get("margin", self.get(DEFAULT_MARGIN))),
+                )
+            )
+        return out
+
+    def store_devices(self, devices: list[Device]) -> None:
+        """Remember virtual GPUs and every device's margin."""
+        self.set(
+            VIRTUAL_GPUS,
+            [
+                {"name": d.name, "total": d.total, "margin": d.margin}
+                for d in devices
+                if d.is_gpu and d.source == "declared" and d.total
+            ],
+        )
+        margins = dict(self.get(MARGINS))
+        margins.update({d.name: d.margin for d in devices})
+        self.set(MARGINS, margins)
+        cpu = next((d for d in devices if not d.is_gpu), None)
+        if cpu is not None and cpu.free is None and cpu.total:  # declared or set in the Devices list
+            self.set(CPU_SIZE, cpu.total)
+
+    def margin_of(self, name: str) -> int:
+        m = self.get(MARGINS).get(name)
+        return int(m) if isinstance(m, int) else int(self.get(DEFAULT_MARGIN))

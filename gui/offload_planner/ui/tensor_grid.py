@@ -1,0 +1,211 @@
+"""The tensor map as plain data: rows = layers (embeddings and output on their own rows), columns =
+role groups, a cell = the placed tensors of that role in that layer.
+
+Qt-free: :mod:`offload_planner.ui.tensor_map_model` is a thin adapter over a :class:`TensorGrid`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from offload_planner.core.model import Model
+from offload_planner.core.placement import Placed, Placement
+from offload_planner.core.roles import Role
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    roles: frozenset[Role]
+    description: str
+
+
+#: Every column the map can show, in display order; a model shows those it has tensors for.
+COLUMNS: tuple[Column, ...] = (
+    Column(
+        "embd",
+        "embd/out",
+        frozenset({Role.TOKEN_EMBD, Role.OUTPUT}),
+        "token embeddings (input layer) and the output projection",
+    ),
+    Column("attn", "attn", frozenset({Role.ATTENTION}), "attention projections (q, k, v, o, MLA)"),
+    Column("router", "router", frozenset({Role.ROUTER}), "expert router (ffn_gate_inp, exp_probs_b)"),
+    Column("ffn", "dense", frozenset({Role.FFN_DENSE}), "dense feed-forward (leading dense layers)"),
+    Column("shexp", "shared", frozenset({Role.SHARED_EXPERT}), "shared expert (ffn_*_shexp)"),
+    Column(
+        "exps_gate_up",
+        "exp gate+up",
+        frozenset({Role.EXPERTS_GATE_UP}),
+        "routed experts, fused gate+up (ffn_gate_up_exps)",
+    ),
+    Column("exps_up", "exp up", frozenset({Role.EXPERTS_UP}), "routed experts, up (ffn_up_exps)"),
+    Column("exps_gate", "exp gate", frozenset({Role.EXPERTS_GATE}), "routed experts, gate (ffn_gate_exps)"),
+    Column("exps_down", "exp down", frozenset({Role.EXPERTS_DOWN}), "routed experts, down (ffn_down_exps)"),
+    Column("ssm", "SSM", frozenset({Role.RECURRENT}), "recurrent / state-space tensors"),
+    Column("nextn", "NextN", frozenset({Role.NEXTN}), "NextN / MTP block (multi-token prediction)"),
+    Column(
+        "norms",
+        "norms",
+        frozenset({Role.ATTN_NORM, Role.FFN_NORM, Role.OUTPUT_NORM}),
+        "attention, FFN and output norms",
+    ),
+    Column("other", "other", frozenset({Role.OTHER, Role.ROPE}), "rope factors and unclassified tensors"),
+)
+
+_COLUMN_OF_ROLE: dict[Role, str] = {r: c.key for c in COLUMNS for r in c.roles}
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # "embd", "blk.N", "output"
+    label: str
+    layer: int | None
+
+
+@dataclass(frozen=True)
+class CellItem:
+    """One placed tensor as the map shows it."""
+
+    placed: Placed
+    moved: bool  # the user moved it away from the command's placement
+    movable: bool
+    reason: str  # why it is not movable
+
+    @property
+    def name(self) -> str:
+        return self.placed.tensor.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.placed.tensor.nbytes
+
+    @property
+    def device(self) -> str | None:
+        return self.placed.device
+
+
+@dataclass(frozen=True)
+class Cell:
+    items: tuple[CellItem, ...]
+
+    @cached_property
+    def nbytes(self) -> int:
+        return sum(i.nbytes for i in self.items)
+
+    @cached_property
+    def device_bytes(self) -> tuple[tuple[str | None, int], ...]:
+        """Bytes per device in first-seen order (None = not loaded)."""
+        out: dict[str | None, int] = {}
+        for i in self.items:
+            out[i.device] = out.get(i.device, 0) + i.nbytes
+        return tuple(out.items())
+
+    @property
+    def moved(self) -> bool:
+        return any(i.moved for i in self.items)
+
+    @property
+    def movable(self) -> bool:
+        return any(i.movable for i in self.items)
+
+    @property
+    def not_movable_reason(self) -> str:
+        return next((i.reason for i in self.items if not i.movable), "")
+
+    @property
+    def movable_names(self) -> list[str]:
+        return [i.name for i in self.items if i.movable]
+
+
+EMPTY = Cell(())
+
+
+@dataclass
+class TensorGrid:
+    rows: list[Row]
+    columns: list[Column]
+    cells: dict[tuple[int, int], Cell] = field(default_factory=dict)
+
+    def cell(self, row: int, col: int) -> Cell:
+        return self.cells.get((row, col), EMPTY)
+
+    @cached_property
+    def column_max(self) -> list[int]:
+        out = [0] * len(self.columns)
+        for (_, c), cell in self.cells.items():
+            out[c] = max(out[c], cell.nbytes)
+        return out
+
+    def column_index(self, key: str) -> int | None:
+        return next((i for i, c in enumerate(self.columns) if c.key == key), None)
+
+    def row_of_layer(self, layer: int) -> int | None:
+        return next((i for i, r in enumerate(self.rows) if r.layer == layer), None)
+
+    def names(self, positions: Iterable[tuple[int, int]], *, movable_only: bool = True) -> list[str]:
+        out: list[str] = []
+        for pos in positions:
+            cell = self.cells.get(pos)
+            if cell is not None:
+                out += cell.movable_names if movable_only else [i.name for i in cell.items]
+        return out
+
+    def position_of(self, name: str) -> tuple[int, int] | None:
+        for pos, cell in self.cells.items():
+            if any(i.name == name and not i.placed.copy for i in cell.items):
+                return pos
+        return None
+
+
+def _row_key(p: Placed, n_layer: int) -> str:
+    t = p.tensor
+    if t.layer is not None:
+        return f"blk.{t.layer}"
+    if p.copy:
+        return "output"
+    if t.role in (Role.TOKEN_EMBD, Role.ROPE):
+        return "embd"
+    return "output"
+
+
+def layout(model: Model) -> tuple[list[Row], list[Column]]:
+    """Rows and columns for a model: only the columns it has tensors for."""
+    n_layer = model.summary.n_layer
+    layers = sorted({t.layer for t in model.tensors if t.layer is not None} | set(range(n_layer)))
+    rows = [Row("embd", "embd", None)]
+    rows += [Row(f"blk.{il}", str(il), il) for il in layers]
+    rows.append(Row("output", "out", None))
+    present = {_COLUMN_OF_ROLE[t.role] for t in model.tensors}
+    return rows, [c for c in COLUMNS if c.key in present]
+
+
+def build_grid(
+    model: Model,
+    placement: Placement,
+    base: Placement,
+    movable: Sequence[tuple[str, tuple[bool, str]]] | None = None,
+    rows_columns: tuple[list[Row], list[Column]] | None = None,
+) -> TensorGrid:
+    """Group a placement into cells. ``base`` is the command's placement without the user's moves;
+    ``movable`` gives (name, (movable, reason)) per tensor (default: everything movable)."""
+    rows, columns = rows_columns or layout(model)
+    row_idx = {r.key: i for i, r in enumerate(rows)}
+    col_idx = {c.key: i for i, c in enumerate(columns)}
+    base_dev = {(p.tensor.name, p.copy): p.device for p in base.items}
+    mov = dict(movable or ())
+    buckets: dict[tuple[int, int], list[CellItem]] = {}
+    for p in placement.items:
+        r = row_idx[_row_key(p, model.summary.n_layer)]
+        c = col_idx[_COLUMN_OF_ROLE[p.tensor.role]]
+        if p.copy:
+            ok, why = False, "the output copy of tied embeddings follows the output layer"
+        elif p.device is None:
+            ok, why = False, p.rule
+        else:
+            ok, why = mov.get(p.tensor.name, (True, ""))
+        moved = p.device != base_dev.get((p.tensor.name, p.copy))
+        buckets.setdefault((r, c), []).append(CellItem(p, moved, ok, why))
+    return TensorGrid(rows, columns, {k: Cell(tuple(v)) for k, v in buckets.items()})

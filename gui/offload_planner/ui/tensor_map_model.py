@@ -1,0 +1,159 @@
+"""Qt table model over the document's :class:`TensorGrid`: rows = layers, columns = role groups."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+
+from offload_planner.core.units import fmt_bytes
+from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.tensor_grid import EMPTY, Cell, TensorGrid
+
+CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
+FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # bytes / the column's largest cell, 0..1
+
+_Index = QModelIndex | QPersistentModelIndex
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return " x ".join(str(d) for d in shape)
+
+
+def cell_summary(grid: TensorGrid, row: int, col: int) -> str:
+    cell = grid.cell(row, col)
+    r, c = grid.rows[row], grid.columns[col]
+    where = f"layer {r.layer}" if r.layer is not None else r.label
+    if not cell.items:
+        return f"{where}, {c.label}: empty"
+    devs = ", ".join(f"{d or 'not loaded'} {fmt_bytes(b)}" for d, b in cell.device_bytes)
+    return f"{where}, {c.label}: {len(cell.items)} tensors, {devs}"
+
+
+def cell_tooltip(grid: TensorGrid, row: int, col: int) -> str:
+    cell = grid.cell(row, col)
+    r, c = grid.rows[row], grid.columns[col]
+    where = (
+        f"layer {r.layer}"
+        if r.layer is not None
+        else {"embd": "input layer", "out": "output layer"}.get(r.label, r.label)
+    )
+    head = f"<b>{html.escape(where)} · {html.escape(c.label)}</b> — {fmt_bytes(cell.nbytes)}"
+    lines = [head]
+    if cell.moved:
+        lines.append("◆ moved by you")
+    if not cell.movable and cell.items:
+        lines.append(f"<i>not movable: {html.escape(cell.not_movable_reason)}</i>")
+    rows = []
+    for item in cell.items[:24]:
+        p = item.placed
+        t = p.tensor
+        dev = p.device or "not loaded"
+        buft = f" ({p.buft})" if p.buft and p.buft != p.device else ""
+        rows.append(
+            f"<tr><td>{html.escape(p.name)}</td><td>{t.type.name}</td><td>{_shape(t.shape)}</td>"
+            f"<td align=right>{fmt_bytes(t.nbytes)}</td><td><b>{html.escape(dev)}</b>{html.escape(buft)}</td>"
+            f"<td>{html.escape(p.rule)}</td></tr>"
+        )
+    if len(cell.items) > 24:
+        rows.append(f"<tr><td colspan=6>… {len(cell.items) - 24} more</td></tr>")
+    lines.append(
+        "<table cellspacing=0 cellpadding=2><tr><th align=left>tensor</th><th>type</th><th>shape</th>"
+        "<th>bytes</th><th>device</th><th align=left>placed by</th></tr>" + "".join(rows) + "</table>"
+    )
+    return "<br>".join(lines)
+
+
+class TensorMapModel(QAbstractTableModel):
+    def __init__(self, doc: PlanDocument) -> None:
+        super().__init__(doc)
+        self._doc = doc
+        self._grid: TensorGrid | None = doc.grid
+        doc.modelChanged.connect(self._reset)
+        doc.planChanged.connect(self._refresh)
+
+    @property
+    def grid(self) -> TensorGrid | None:
+        return self._grid
+
+    def _reset(self) -> None:
+        self.beginResetModel()
+        self._grid = self._doc.grid
+        self.endResetModel()
+
+    def _refresh(self) -> None:
+        grid = self._doc.grid
+        if (
+            grid is None
+            or self._grid is None
+            or len(grid.rows) != len(self._grid.rows)
+            or len(grid.columns) != len(self._grid.columns)
+        ):
+            self._reset()
+            return
+        self._grid = grid
+        if self.rowCount() and self.columnCount():
+            self.dataChanged.emit(self.index(0, 0), self.index(self.rowCount() - 1, self.columnCount() - 1))
+        self.headerDataChanged.emit(Qt.Orientation.Vertical, 0, self.rowCount() - 1)
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() or self._grid is None else len(self._grid.rows)
+
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() or self._grid is None else len(self._grid.columns)
+
+    def cell(self, index: _Index) -> Cell:
+        if self._grid is None or not index.isValid():
+            return EMPTY
+        return self._grid.cell(index.row(), index.column())
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
+        g = self._grid
+        if g is None or not index.isValid():
+            return None
+        r, c = index.row(), index.column()
+        if role == CELL_ROLE:
+            return g.cell(r, c)
+        if role == FRACTION_ROLE:
+            m = g.column_max[c]
+            return g.cell(r, c).nbytes / m if m else 0.0
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return cell_tooltip(g, r, c) if g.cell(r, c).items else None
+        if role == Qt.ItemDataRole.AccessibleTextRole:
+            return cell_summary(g, r, c)
+        return None
+
+    def headerData(
+        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> object:
+        g = self._grid
+        if g is None:
+            return None
+        if orientation == Qt.Orientation.Horizontal and 0 <= section < len(g.columns):
+            col = g.columns[section]
+            if role == Qt.ItemDataRole.DisplayRole:
+                return col.label
+            if role == Qt.ItemDataRole.ToolTipRole:
+                return f"{col.description}<br>Click: select this role in every layer"
+        if orientation == Qt.Orientation.Vertical and 0 <= section < len(g.rows):
+            row = g.rows[section]
+            if role == Qt.ItemDataRole.DisplayRole:
+                return row.label
+            if role == Qt.ItemDataRole.ToolTipRole:
+                devs = sorted(
+                    {d for c in range(len(g.columns)) for d, _ in g.cell(section, c).device_bytes}, key=str
+                )
+                name = f"layer {row.layer}" if row.layer is not None else row.label
+                return (
+                    f"{name}: {', '.join(d or 'not loaded' for d in devs)}<br>Click: select the whole layer"
+                )
+            if role == Qt.ItemDataRole.TextAlignmentRole:
+                return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return None
+
+    def flags(self, index: _Index) -> Qt.ItemFlag:
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        if not self.cell(index).items:
+            return Qt.ItemFlag.ItemIsEnabled
+        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable

@@ -1,0 +1,247 @@
+"""The tensor map: a table view with selection by click, shift/ctrl, sweep, row header (a whole layer)
+and column header (a role in every layer); moves by dragging the selection onto a device (device
+panel or memory bars), by keys (0 = CPU, 1..9 = the n-th GPU) and from the context menu.
+
+A drag of many tensors is one undo step, pushed on release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, QModelIndex, QPoint, Qt, Signal
+from PySide6.QtGui import QContextMenuEvent, QCursor, QKeyEvent, QMouseEvent
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QHeaderView,
+    QMenu,
+    QTableView,
+    QToolTip,
+    QWidget,
+)
+
+from offload_planner.core.units import fmt_bytes
+from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.drop_target import DeviceDropTarget, drop_target_at
+from offload_planner.ui.tensor_map_delegate import TensorCellDelegate
+from offload_planner.ui.tensor_map_model import TensorMapModel
+
+
+@dataclass
+class _Drag:
+    press: QPoint
+    index: QModelIndex
+    names: list[str]
+    started: bool = False
+    target: DeviceDropTarget | None = None
+    device: str | None = None
+
+
+class TensorMapView(QTableView):
+    #: Emitted with a short message for the status bar.
+    message = Signal(str)
+
+    def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._doc = doc
+        self._model = TensorMapModel(doc)
+        self.setModel(self._model)
+        self.setItemDelegate(TensorCellDelegate(doc, self))
+        self.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectItems)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setShowGrid(False)
+        self.setWordWrap(False)
+        self.setMouseTracking(True)
+        self.setCornerButtonEnabled(True)
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.setAccessibleName("Tensor map")
+        fm = self.fontMetrics()
+        vh = self.verticalHeader()
+        vh.setSectionResizeMode(QHeaderView.ResizeMode.Fixed)
+        vh.setDefaultSectionSize(fm.height() + 3)
+        vh.setMinimumSectionSize(fm.height())
+        vh.setMinimumWidth(fm.horizontalAdvance("0000"))
+        vh.setDefaultAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        hh = self.horizontalHeader()
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        hh.setMinimumSectionSize(fm.horizontalAdvance("exps gate") // 2)
+        hh.setHighlightSections(True)
+        self._drag: _Drag | None = None
+
+    @property
+    def tensor_model(self) -> TensorMapModel:
+        return self._model
+
+    # --- selection ---------------------------------------------------------------------------
+
+    def selected_positions(self) -> list[tuple[int, int]]:
+        return sorted((i.row(), i.column()) for i in self.selectionModel().selectedIndexes())
+
+    def selected_names(self) -> list[str]:
+        grid = self._model.grid
+        return grid.names(self.selected_positions()) if grid is not None else []
+
+    def select_cells(
+        self,
+        positions: list[tuple[int, int]],
+        flags: QItemSelectionModel.SelectionFlag = QItemSelectionModel.SelectionFlag.ClearAndSelect,
+    ) -> None:
+        sel = QItemSelection()
+        for r, c in positions:
+            idx = self._model.index(r, c)
+            if self._model.flags(idx) & Qt.ItemFlag.ItemIsSelectable:
+                sel.select(idx, idx)
+        self.selectionModel().select(sel, flags)
+
+    def select_same_roles(self) -> None:
+        """Select the roles (columns) of the selection in every layer."""
+        cols = {c for _, c in self.selected_positions()}
+        self.select_cells([(r, c) for c in cols for r in range(self._model.rowCount())])
+
+    def select_whole_layers(self) -> None:
+        rows = {r for r, _ in self.selected_positions()}
+        self.select_cells([(r, c) for r in rows for c in range(self._model.columnCount())])
+
+    def select_layers_below(self) -> None:
+        pos = self.selected_positions()
+        if not pos:
+            return
+        first = min(r for r, _ in pos)
+        cols = {c for _, c in pos}
+        self.select_cells([(r, c) for r in range(first, self._model.rowCount()) for c in cols])
+
+    # --- moves -------------------------------------------------------------------------------
+
+    def move_selection(self, device: str | None) -> bool:
+        names = self.selected_names()
+        if not names:
+            self.message.emit("Nothing movable is selected")
+            return False
+        moved = self._doc.move(names, device)
+        if not moved:
+            self.message.emit(f"The selection is already on {device or 'its default device'}")
+        return moved
+
+    def _mover(self, device: str | None) -> Callable[[], None]:
+        def run() -> None:
+            self.move_selection(device)
+
+        return run
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if self._drag is not None and event.key() == Qt.Key.Key_Escape:
+            self._end_drag(drop=False)
+            return
+        key = event.key()
+        mods = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
+        if (
+            Qt.Key.Key_0 <= key <= Qt.Key.Key_9
+            and mods == Qt.KeyboardModifier.NoModifier
+            and self._doc.has_plan
+        ):
+            n = key - Qt.Key.Key_0
+            device = self._doc.gpu_name(n - 1)
+            if device is None:
+                self.message.emit(f"There is no GPU {n}: add one in Devices")
+            else:
+                self.move_selection(device)
+            return
+        if key in (Qt.Key.Key_Delete, Qt.Key.Key_Backspace) and self._doc.has_plan:
+            self.move_selection(None)
+            return
+        super().keyPressEvent(event)
+
+    def contextMenuEvent(self, event: QContextMenuEvent) -> None:
+        if not self._doc.has_plan:
+            return
+        idx = self.indexAt(event.pos())
+        if idx.isValid() and not self.selectionModel().isSelected(idx):
+            self.select_cells([(idx.row(), idx.column())])
+        menu = QMenu(self)
+        names = self.selected_names()
+        move = menu.addMenu("Move to")
+        move.setEnabled(bool(names))
+        for i, dev in enumerate(self._doc.device_names()):
+            key = "0" if dev == "CPU" else str(i + 1) if i < 9 else ""
+            act = move.addAction(f"{dev}\t{key}")
+            act.triggered.connect(self._mover(dev))
+        back = menu.addAction("Back to the command's default\tDel")
+        back.setEnabled(any(n in self._doc.plan.moves for n in names))
+        back.triggered.connect(lambda: self.move_selection(None))
+        menu.addSeparator()
+        menu.addAction("Select same role in all layers", self.select_same_roles)
+        menu.addAction("Select whole layers", self.select_whole_layers)
+        menu.addAction("Select layers below", self.select_layers_below)
+        menu.exec(event.globalPos())
+
+    # --- dragging the selection onto a device ------------------------------------------------
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:
+        idx = self.indexAt(event.position().toPoint())
+        if (
+            event.button() == Qt.MouseButton.LeftButton
+            and idx.isValid()
+            and event.modifiers() == Qt.KeyboardModifier.NoModifier
+            and self.selectionModel().isSelected(idx)
+            and self.selected_names()
+        ):
+            self._drag = _Drag(event.position().toPoint(), QModelIndex(idx), self.selected_names())
+            event.accept()
+            return
+        super().mousePressEvent(event)
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:
+        d = self._drag
+        if d is None:
+            super().mouseMoveEvent(event)
+            return
+        pos = event.position().toPoint()
+        if not d.started and (pos - d.press).manhattanLength() < QApplication.startDragDistance():
+            return
+        d.started = True
+        self._update_drop(event.globalPosition().toPoint())
+
+    def mouseReleaseEvent(self, event: QMouseEvent) -> None:
+        d = self._drag
+        if d is None:
+            super().mouseReleaseEvent(event)
+            return
+        if d.started:
+            self._update_drop(event.globalPosition().toPoint())
+            self._end_drag(drop=True)
+        else:
+            self._drag = None
+            self.selectionModel().setCurrentIndex(d.index, QItemSelectionModel.SelectionFlag.ClearAndSelect)
+        event.accept()
+
+    def _update_drop(self, global_pos: QPoint) -> None:
+        d = self._drag
+        assert d is not None
+        hit = drop_target_at(self.window(), global_pos)
+        target, device = hit if hit is not None else (None, None)
+        if d.target is not None and d.target is not target:
+            d.target.set_drop_highlight(None)
+        d.target, d.device = target, device
+        nbytes = sum(self._doc.plan.model.tensor(n).nbytes for n in d.names)
+        what = f"{len(d.names)} tensors ({fmt_bytes(nbytes)})"
+        if target is not None:
+            target.set_drop_highlight(device)
+            self.viewport().setCursor(QCursor(Qt.CursorShape.DragMoveCursor))
+            QToolTip.showText(global_pos, f"Move {what} to <b>{device}</b>", self)
+        else:
+            self.viewport().setCursor(QCursor(Qt.CursorShape.ForbiddenCursor))
+            QToolTip.showText(global_pos, f"{what}: drop on a device in Devices or Memory", self)
+
+    def _end_drag(self, *, drop: bool) -> None:
+        d, self._drag = self._drag, None
+        if d is None:
+            return
+        self.viewport().unsetCursor()
+        QToolTip.hideText()
+        if d.target is not None:
+            d.target.set_drop_highlight(None)
+        if drop and d.device is not None:
+            self._doc.move(d.names, d.device)
