@@ -53,7 +53,7 @@ def plans(draw: st.DrawFn, models: dict[str, Model]) -> Plan:
 
 
 def test_round_trip_on_random_plans(models: dict[str, Model]) -> None:
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(plans(models))
     def check(plan: Plan) -> None:
         argv = plan_command(plan)

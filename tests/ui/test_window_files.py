@@ -62,7 +62,7 @@ def test_a_dropped_gguf_opens(qtbot: QtBot, window: MainWindow, qwen3moe_path: P
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(qwen3moe_path))])
     enter = QDragEnterEvent(
-        QPointF(window.rect().center()),
+        window.rect().center(),  # QDragEnterEvent takes a QPoint
         Qt.DropAction.CopyAction,
         mime,
         Qt.MouseButton.LeftButton,

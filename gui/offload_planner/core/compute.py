@@ -1426,12 +1426,16 @@ def _full_offload(placement: Placement) -> bool:
     return all(d != CPU for d in placement.unit_devices)
 
 
+def _has_overrides(placement: Placement) -> bool:
+    return bool(getattr(placement, "has_overrides", False) or placement.override_hits)
+
+
 def _pipeline(devices: DeviceSet, placement: Placement, p: ContextParams) -> bool:
     """Pipeline parallelism (4 copies of inputs): several devices, every layer and the output on
     them, layer split, KV offloaded, no tensor overrides, all devices async with events."""
     gpus = model_gpus(devices, placement)
     return (len(gpus) > 1 and _full_offload(placement) and p.offload_kqv
-            and not placement.override_hits and all(g.kind in ASYNC_EVENTS for g in gpus))
+            and not _has_overrides(placement) and all(g.kind in ASYNC_EVENTS for g in gpus))
 
 
 def _reserve_shapes(model: Model, ctx: ResolvedContext, p: ContextParams, full: bool) -> list[Shape]:

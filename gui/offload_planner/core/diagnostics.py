@@ -58,11 +58,11 @@ def plan_warnings(projection: Projection, overrides: tuple[Override, ...]) -> li
         cap = dm.device.capacity
         if cap is None:
             continue
-        used = dm.total() + dm.device.margin
+        used = dm.resident() + dm.device.margin
         if used > cap:
             out.append(
                 f"{dm.device.name} is over capacity by {fmt_bytes(used - cap)} "
-                f"({fmt_bytes(dm.total())} projected"
+                f"({fmt_bytes(dm.resident())} projected"
                 + (f" + {fmt_bytes(dm.device.margin)} margin" if dm.device.margin else "")
                 + f" > {fmt_bytes(cap)})"
             )

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 
 from offload_planner.core.model import Model, Tensor
-from offload_planner.core.placement import CPU, Override
+from offload_planner.core.placement import COPY_SUFFIX, CPU, Override
 from offload_planner.core.roles import Role
 
 #: Role groups that share one pattern, with the tensor-name part that selects them.
@@ -87,7 +87,8 @@ def candidate_overrides(model: Model, base: Mapping[str, str | None],
     singles: list[tuple[str, Tensor]] = []
     for t in model.tensors:
         want = target.get(t.name)
-        if want is None or want == base.get(t.name):
+        copy = t.name + COPY_SUFFIX  # a tied output copy moves with its tensor: -ot matches both
+        if want is None or (want == base.get(t.name) and target.get(copy) == base.get(copy)):
             continue
         g = _GROUPS.get(t.role)
         if g is None or t.layer is None:
@@ -112,7 +113,9 @@ def fit_overrides(
     ovs = candidate_overrides(model, base, target)
     for _ in range(3):
         got = place_with(ovs)
-        wrong = [t for t in model.tensors if got.get(t.name) != target.get(t.name)]
+        wrong = [t for t in model.tensors
+                 if got.get(t.name) != target.get(t.name)
+                 or got.get(t.name + COPY_SUFFIX) != target.get(t.name + COPY_SUFFIX)]
         if not wrong:
             return ovs
         fixes = [Override(_exact(t), target[t.name] or CPU, "export") for t in wrong

@@ -89,7 +89,12 @@ class DeviceMemory:
     buffers: list[Buffer] = field(default_factory=list)
 
     def total(self, kind: str | None = None) -> int:
+        """Bytes as llama.cpp reports them (an mmap buffer counts its whole file span)."""
         return sum(b.bytes for b in self.buffers if kind is None or b.kind == kind)
+
+    def resident(self) -> int:
+        """Bytes that take memory: an mmap buffer counts the tensors read from it, not the gaps."""
+        return sum(b.bytes if b.resident is None else b.resident for b in self.buffers)
 
     @property
     def weights(self) -> int:

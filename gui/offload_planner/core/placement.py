@@ -22,6 +22,7 @@ from offload_planner.core.roles import Role
 CPU = "CPU"
 CPU_MAPPED = "CPU_Mapped"
 CPU_REPACK = "CPU_REPACK"
+COPY_SUFFIX = " (output copy)"  # name of the tied-embedding output copy in tensor_devices()
 
 #: ggml types the CPU backend repacks (``ggml_repack_get_optimal_repack_type``) per CPU profile;
 #: all need ne[1] % 8 == 0 on x86.
@@ -69,7 +70,7 @@ class Placed:
 
     @property
     def name(self) -> str:
-        return self.tensor.name + (" (output copy)" if self.copy else "")
+        return self.tensor.name + (COPY_SUFFIX if self.copy else "")
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Placement:
     warnings: list[str] = field(default_factory=list)
     override_hits: dict[int, int] = field(default_factory=dict)  # override index -> tensors
     model_devices: list[str] = field(default_factory=list)  # llama.cpp's device list (-sm none: one)
+    has_overrides: bool = False  # the command carries tensor overrides (turns off pipeline parallelism)
 
     def device_of(self, name: str) -> str | None:
         for p in self.items:
@@ -99,9 +101,10 @@ class Placement:
 
 
 def resolve_ngl(ngl: int | None, n_layer: int, *, has_gpu: bool, default_all: bool = True) -> int:
-    """-ngl as llama.cpp resolves it: negative (auto/all) or absent means all units (L+1)."""
-    if not has_gpu:
-        return 0
+    """-ngl as llama.cpp resolves it: negative (auto/all) or absent means all units (L+1).
+
+    Without a GPU nothing is offloaded whatever the count (``unit_devices`` puts every unit on the
+    CPU), so the count is kept: adding a GPU to the plan later offloads what the command says."""
     if ngl is None or ngl < 0:
         return n_layer + 1 if default_all else 0
     return ngl
@@ -235,4 +238,5 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         orig = next(p for p in items if p.tensor is embd)
         if (orig.device, orig.buft) != (out_dev, copy_buft):
             items.append(Placed(embd, out_dev, copy_buft, rule, copy=True))
-    return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus])
+    return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus],
+                     has_overrides=bool(opts.overrides))

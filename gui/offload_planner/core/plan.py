@@ -27,6 +27,14 @@ from offload_planner.core.placement import (
 )
 
 
+def _dedupe_tied_copy(items: list[Placed]) -> list[Placed]:
+    """llama.cpp reuses the token embedding for the output when both land in one buffer type."""
+    orig = next((p for p in items if p.tensor.name == "token_embd.weight" and not p.copy), None)
+    if orig is None:
+        return items
+    return [p for p in items if not (p.copy and (p.device, p.buft) == (orig.device, orig.buft))]
+
+
 @functools.lru_cache(maxsize=16)
 def _cached_place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
     return place(model, devices, opts)
@@ -47,19 +55,24 @@ class Plan:
         return _cached_place(self.model, self.devices, self.placement_options)
 
     def placement(self) -> Placement:
+        """The base placement with the user's moves applied as llama.cpp applies -ot entries: the
+        buffer type is chosen again on the new device; a moved ``token_embd`` of a tied-embedding
+        model takes its output copy along (-ot matches both: they share the name)."""
         base = self.base_placement()
         if not self.moves:
             return base
         items: list[Placed] = []
+        moved = False
         for p in base.items:
             dev = self.moves.get(p.tensor.name)
-            if dev is None or p.device is None or p.copy or dev == p.device:
+            if dev is None or p.device is None or dev == p.device:
                 items.append(p)
                 continue
-            items.append(Placed(p.tensor, dev, device_buft(dev, p.tensor, self.devices,
-                                                           self.placement_options),
-                                "moved in the planner"))
-        return dataclasses.replace(base, items=items)
+            moved = True
+            buft = device_buft(dev, p.tensor, self.devices, self.placement_options, as_output=p.copy)
+            items.append(Placed(p.tensor, dev, buft, "moved in the planner", copy=p.copy))
+        items = _dedupe_tied_copy(items)
+        return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
 
     def projection(self) -> Projection:
         return project(self.model, self.devices, self.placement(), self.context)
@@ -85,14 +98,36 @@ def overrides_of(plan: Plan) -> tuple[Override, ...]:
     return plan.placement_options.overrides
 
 
+#: Flags (canonical keys) that :func:`plan_command` writes itself from the plan.
+REGENERATED_FLAGS = frozenset({
+    "--model", "--rpc", "--ctx-size", "--gpu-layers", "--tensor-split", "--split-mode", "--main-gpu",
+    "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
+    "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--swa-full",
+    "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit",
+})
+
+
+def kept_args(parsed: Any) -> list[str]:
+    """Every command-line flag the plan does not regenerate, verbatim and in order (--host,
+    --port, -a, -t, --jinja, ik's -mla/-amb, ...); flags set through the environment stay there."""
+    out: list[str] = []
+    for f in getattr(parsed, "flags", []):
+        if f.index < 0 or f.key in REGENERATED_FLAGS:
+            continue
+        out += [f.spelling, *f.values]
+    return out
+
+
 def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: str = "llama.cpp",
                    passthrough: list[str] | None = None) -> Plan:
-    """A plan whose base is what llama-server would do with these parsed arguments."""
+    """A plan whose base is what llama-server would do with these arguments (a ParsedArgs, whose
+    other flags are kept for the exported command, or bare ServerArgs)."""
     from offload_planner.core.engine import context_params, placement_options
 
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
-    return Plan(model, devices, popts, cparams, dialect, extra_args=list(passthrough or []))
+    extra = list(passthrough) if passthrough is not None else kept_args(args)
+    return Plan(model, devices, popts, cparams, dialect, extra_args=extra)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:

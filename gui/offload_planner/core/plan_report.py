@@ -49,7 +49,7 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
     lines = ["device     weights       KV  compute   output    total capacity     left   (GiB)"]
     for dm in projection.devices:
         cap = dm.device.capacity
-        left = None if cap is None else cap - dm.total() - dm.device.margin
+        left = None if cap is None else cap - dm.resident() - dm.device.margin
         lines.append(
             f"{dm.device.name:7}  {_g(dm.weights)}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
             f"{_g(dm.total())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import time
 import traceback
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.memory import Projection
-from offload_planner.core.placement import CPU, Override
 from offload_planner.core.plan import Plan, plan_command
 from offload_planner.ui.device_figures import capacity_warnings
 
@@ -41,28 +40,10 @@ def unknown_device_warnings(plan: Plan) -> list[str]:
     return out
 
 
-#: A pattern no tensor name matches (names are never empty).
-_NO_MATCH = Override("^$", CPU, "planner moves")
-
-
-def projected_plan(plan: Plan) -> Plan:
-    """The plan to project: with user moves, as llama.cpp sees the exported command.
-
-    TODO(core): ``compute._pipeline`` decides pipeline parallelism from ``placement.override_hits``,
-    which ``Plan.placement()`` does not touch when it applies moves; the exported command carries
-    the moves as -ot, and llama.cpp turns pipeline parallelism off when there are tensor overrides.
-    A never-matching override marks that (it changes no tensor's device); drop this once core does.
-    """
-    if not plan.moves:
-        return plan
-    popts = plan.placement_options
-    return replace(plan, placement_options=replace(popts, overrides=(*popts.overrides, _NO_MATCH)))
-
-
 def analyse(plan: Plan) -> Analysis:
     t0 = time.perf_counter()
     try:
-        projection = projected_plan(plan).projection()
+        projection = plan.projection()
         overrides = plan.placement_options.overrides
         names = plan.devices.names
         # TODO(core): diagnostics.plan_warnings counts the whole mmap span against RAM; the window

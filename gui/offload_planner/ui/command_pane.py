@@ -85,7 +85,7 @@ def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
         notes.append(
             f"pasted command: -m {args.model} is not the open model; the plan uses {plan.model.path}"
         )
-    new = plan_from_args(plan.model, devices, args, plan.dialect, list(parsed.passthrough))
+    new = plan_from_args(plan.model, devices, parsed, plan.dialect)
     return replace(new, moves={}), notes
 
 
