@@ -32,6 +32,42 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gui(args: argparse.Namespace) -> int:
+    from offload_planner.ui.app import run_gui
+
+    try:
+        w, h = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise PlannerError(f"--size {args.size!r}: expected WIDTHxHEIGHT, e.g. 1280x800") from None
+    return run_gui(args.model, devices=args.device, screenshot=args.screenshot, size=(w, h),
+                   settings_file=args.settings)
+
+
+def _add_gui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    g = sub.add_parser(
+        "gui",
+        help="open the planner window (the default: `offload-planner [MODEL]`)",
+        description="Open the planner window on MODEL (a .gguf, any shard, a URL or a saved plan "
+        ".json); without MODEL, the bundled demo model.",
+    )
+    g.add_argument("model", nargs="?", help="GGUF path, URL or plan file (default: bundled demo model)")
+    g.add_argument("--device", action="append", default=[], metavar="NAME=SIZE",
+                   help="declare a device for this session, e.g. CUDA0=24GiB (repeatable)")
+    g.add_argument("--screenshot", metavar="FILE.png",
+                   help="render offscreen once the model is projected, save the PNG and exit")
+    g.add_argument("--size", default="1280x800", metavar="WxH", help="window size with --screenshot")
+    g.add_argument("--settings", metavar="FILE.ini", help="use this settings file instead of the user's")
+    g.set_defaults(func=_cmd_gui)
+
+
+def _default_to_gui(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`offload-planner` alone or with a path opens the window."""
+    commands = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if not argv or (not argv[0].startswith("-") and argv[0] not in commands):
+        return ["gui", *argv]
+    return argv
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="offload-planner",
@@ -54,12 +90,32 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--compact", action="store_true", help="with --json: no indentation")
     ins.add_argument("--no-layers", action="store_true", help="omit the per-layer table")
     ins.set_defaults(func=_cmd_inspect)
+    _add_gui_parser(sub)
+
+    from offload_planner.cli_plan import add_plan_parser
+
+    add_plan_parser(sub)
+    from offload_planner.cli_launch import add_launch_parser
+    add_launch_parser(sub)
     return p
+
+
+def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Our options, and the llama-server arguments after the first ``--`` (kept verbatim)."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(_default_to_gui(parser, ours))
+    if hasattr(args, "server_args"):
+        args.server_args = server_args
+    elif server_args:
+        parser.error("arguments after -- are for `plan` and `launch` only")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

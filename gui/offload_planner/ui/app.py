@@ -39,10 +39,11 @@ def run_gui(
         return 2
 
     from PySide6.QtCore import Qt, QTimer
-    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtGui import QGuiApplication, QIcon
     from PySide6.QtWidgets import QApplication
 
     from offload_planner.core.devices import parse_device_decl
+    from offload_planner.resources import icon_path
     from offload_planner.ui import qt_compat
     from offload_planner.ui.loader import demo_model
     from offload_planner.ui.main_window import MainWindow, SystemInfo
@@ -56,6 +57,7 @@ def run_gui(
     app.setOrganizationName(ORGANIZATION)
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName(APPLICATION)
+    app.setWindowIcon(QIcon(str(icon_path())))
 
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if settings_file:

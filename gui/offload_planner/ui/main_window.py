@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMenu,
     QMessageBox,
-    QPlainTextEdit,
     QProgressBar,
+    QScrollArea,
     QSplitter,
     QTabWidget,
     QToolButton,
@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
 from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.devices import Device, DeviceSet
@@ -45,8 +46,10 @@ from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
 from offload_planner.ui.device_panel import DevicePanel
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.launcher_panel import LauncherPanel
 from offload_planner.ui.legend import LegendBar
 from offload_planner.ui.loader import ModelLoader, demo_model
+from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
@@ -54,6 +57,7 @@ from offload_planner.ui.plan_io import SUFFIX, PlanFile, PlanFileError, load_pla
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
+from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_view import TensorMapView
 
 MIN_SIZE = (1280, 800)
@@ -143,18 +147,24 @@ class MainWindow(QMainWindow):
         self.command_pane = CommandPane(doc)
         self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
         self.problems = ProblemsPane(doc)
-        self.log_view = QPlainTextEdit()
-        self.log_view.setReadOnly(True)
-        self.telemetry = QLabel(
-            "Live GPU and RAM telemetry appears here once the launcher runs llama-server."
-        )
-        self.telemetry.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.log_view = LogView()
+        self.telemetry = TelemetryView()
+        self.launcher = LauncherPanel(calibration=CalibrationStore(),
+                                      executable=str(self.settings.get(keys.BACKEND_PATH)))
+        self.launcher.attach_views(self.log_view, self.telemetry)
+        doc.analysisChanged.connect(self._plan_to_launcher)
+        self.launcher.deviceHighlighted.connect(lambda d: self.memory_view.set_drop_highlight(d or None))
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self.command_pane, "Command")
         self.tabs.addTab(self.problems, "Problems")
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.telemetry, "Telemetry")
+        launch_scroll = QScrollArea()  # the panel's own minimum height must not squeeze the map
+        launch_scroll.setWidget(self.launcher)
+        launch_scroll.setWidgetResizable(True)
+        launch_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.tabs.addTab(launch_scroll, "Launch")
         self.backend_box = QComboBox()
         for d in Dialect:
             self.backend_box.addItem(d.label, d.value)
@@ -566,7 +576,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(text, 6000)
 
     def log(self, text: str) -> None:
-        self.log_view.appendPlainText(f"{time.strftime('%H:%M:%S')}  {text}")
+        self.log_view.append_line(f"{time.strftime('%H:%M:%S')}  {text}")
 
     def _error(self, title: str, text: str) -> None:
         self.show_message(text)
@@ -623,6 +633,12 @@ class MainWindow(QMainWindow):
                 event.ignore()
                 return
         self.save_settings()
+        self.launcher.shutdown()  # never leave a server behind
         self.loader.shutdown()
         self.doc.shutdown()
         event.accept()
+
+    def _plan_to_launcher(self) -> None:
+        a = self.doc.analysis
+        if a is not None and a.projection is not None:
+            self.launcher.set_plan(a.plan, a.projection, a.command)

