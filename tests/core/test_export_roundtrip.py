@@ -75,3 +75,24 @@ def test_export_uses_compact_ranges(models: dict[str, Model]) -> None:
     ot = argv[argv.index("-ot") + 1]
     assert ot == r"blk\.([2-5][0-9]|60)\.ffn_(up|gate|down|gate_up)_exps=CPU", ot
     assert isinstance(plan.placement_options, PlacementOptions)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["-ot", "exps=CPU"], ["--cpu-moe"]),
+        (["--n-cpu-moe", "30"], ["--n-cpu-moe", "30"]),
+        ([r"-ot", r"blk\.(3|4)\.ffn_.*_exps=CUDA1", "-ot", "exps=CPU"],
+         ["-ot", r"blk\.[3-4]\.ffn_(up|gate|down|gate_up)_exps=CUDA1", "--cpu-moe"]),
+    ],
+)
+def test_export_prefers_the_moe_shorthands_when_they_say_the_same(
+    models: dict[str, Model], args: list[str], expected: list[str]
+) -> None:
+    m = models["deepseek-v3"]
+    plan = plan_from_args(m, DEVICES["cuda"], parse_server_args(["-ngl", "999", "-ts", "1,1", *args]))
+    argv = plan_command(plan)
+    i = argv.index("-ts") + 2
+    assert argv[i:i + len(expected)] == expected
+    again = plan_from_args(m, DEVICES["cuda"], parse_server_args(argv))
+    assert again.placement().tensor_devices() == plan.placement().tensor_devices()

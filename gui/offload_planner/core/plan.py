@@ -159,14 +159,21 @@ def plan_command(plan: Plan) -> list[str]:
         if opts.split_mode == "none":
             argv += ["-mg", str(opts.main_gpu)]
 
-    def place_with(ovs: list[Override]) -> dict[str, str | None]:
-        got = place(m, plan.devices, replace(base_opts, overrides=tuple(ovs))).tensor_devices()
-        return dict(got)
+    buft = {d.name: d.buffer_type for d in plan.devices}
+    best: list[str] | None = None
+    for flags, fixed in _moe_shorthands(m, target, plan.dialect):
 
-    ovs = fit_overrides(m, base.tensor_devices(), target, place_with)
-    if ovs:
-        buft = {d.name: d.buffer_type for d in plan.devices}
-        argv += ["-ot", ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)]
+        def place_with(ovs: list[Override], fixed: list[Override] = fixed) -> dict[str, str | None]:
+            placed = place(m, plan.devices, replace(base_opts, overrides=(*ovs, *fixed)))
+            return dict(placed.tensor_devices())
+
+        ovs = fit_overrides(m, place_with([]), target, place_with)
+        # -ot before the shorthand: llama.cpp appends --cpu-moe's entries at its position
+        cand = (["-ot", ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)] if ovs else [])
+        cand += flags
+        if best is None or len(" ".join(cand)) < len(" ".join(best)):
+            best = cand
+    argv += best or []
     argv += _context_flags(ctx, plan.dialect)
     if not opts.use_mmap:
         argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]
@@ -177,6 +184,34 @@ def plan_command(plan: Plan) -> list[str]:
     if plan.dialect == "llama.cpp":
         argv += ["-fit", "off"]
     return argv + plan.extra_args
+
+
+def _moe_shorthands(model: Model, target: dict[str, str], dialect: str
+                    ) -> list[tuple[list[str], list[Override]]]:
+    """Ways to start the -ot list: nothing, --cpu-moe, or --n-cpu-moe N (mainline: the experts of
+    layers 0..N-1), each with the overrides llama.cpp generates for it."""
+    out: list[tuple[list[str], list[Override]]] = [([], [])]
+    if dialect not in ("llama.cpp", "llama.cpp-2025"):
+        return out  # ik appends its generated entries after -ot and picks layers from the model
+    from offload_planner.core.cmdline import Dialect
+    from offload_planner.core.cmdline.moe import cpu_moe_overrides, n_cpu_moe_overrides
+
+    d = Dialect(dialect)
+    exps: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.role.is_routed_expert and t.layer is not None and t.name in target:
+            exps.setdefault(t.layer, []).append(t.name)
+    if not exps:
+        return out
+    on_cpu = {il for il, names in exps.items() if all(target[n] == CPU for n in names)}
+    out.append((["--cpu-moe"], [Override(o.pattern, o.buft, o.source) for o in cpu_moe_overrides(d)]))
+    n = 0
+    while n < model.summary.n_layer and (n in on_cpu or n not in exps):
+        n += 1
+    if 0 < n < model.summary.n_layer and any(il < n for il in on_cpu):
+        out.append((["--n-cpu-moe", str(n)],
+                    [Override(o.pattern, o.buft, o.source) for o in n_cpu_moe_overrides(d, n)]))
+    return out
 
 
 def _context_flags(ctx: ContextParams, dialect: str) -> list[str]:
