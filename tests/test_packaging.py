@@ -43,6 +43,16 @@ def test_wheel_contains_demo_models(wheel: Path) -> None:
     assert "offload_planner/resources/Qwen3-30B-A3B-Q4_K_M.header.gguf" in names
 
 
+def test_wheel_contains_icons_and_desktop_files(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    res = "offload_planner/resources/"
+    assert {f"{res}icons/offload-planner-{s}.png" for s in (16, 24, 32, 48, 64, 128, 256, 512)} <= names
+    assert {f"{res}icons/offload-planner.svg", f"{res}icons/offload-planner.ico"} <= names
+    assert f"{res}offload-planner.desktop" in names
+    assert f"{res}io.github.offload_planner.OffloadPlanner.metainfo.xml" in names
+    assert not any(n.startswith(f"{res}screenshots/") for n in names)  # README pictures stay out
+
+
 def test_installed_wheel_inspects_its_demo_model_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)
@@ -55,3 +65,12 @@ def test_installed_wheel_inspects_its_demo_model_outside_the_checkout(wheel: Pat
     assert r.returncode == 0, r.stderr
     assert '"arch": "deepseek2"' in r.stdout and '"n_tensors": 1086' in r.stdout
     assert str(ROOT) not in r.stdout  # the demo model came from the installed wheel
+    r = subprocess.run(
+        [py, "-c", "from offload_planner.resources import icon_path; p = icon_path(); "
+         "print(p, p.is_file(), p.read_bytes()[:8] == bytes.fromhex('89504e470d0a1a0a'))"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    path, is_file, is_png = r.stdout.split()
+    assert path.endswith("offload-planner-256.png") and is_file == is_png == "True"
+    assert not path.startswith(str(ROOT))  # the icon came from the installed wheel too
