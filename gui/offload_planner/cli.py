@@ -61,9 +61,10 @@ def _add_gui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _default_to_gui(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """`offload-planner` alone or with a path opens the window."""
+    """`offload-planner` alone, with a path, or with window options (``--device ...``) opens the
+    window; ``-h`` and ``--version`` stay the program's own."""
     commands = next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if not argv or (not argv[0].startswith("-") and argv[0] not in commands):
+    if not argv or (argv[0] not in commands and argv[0] not in ("-h", "--help", "--version")):
         return ["gui", *argv]
     return argv
 

@@ -41,7 +41,7 @@ def _launch_parser(make: Any) -> argparse.ArgumentParser:
         "output, compute). -lv 4 is added for the pinned llama.cpp build, which logs buffer sizes "
         "only at that verbosity (--no-verbose-log launches the arguments as written). With "
         "--verify the server is stopped after the table and the exit code says whether every "
-        "device is within tolerance (model/KV/output to 0.01 MiB, compute within 5%% or 2 MiB).",
+        "device is within tolerance (model/KV/output to 0.01 MiB, compute within 5% or 2 MiB).",
         epilog="example: offload-planner launch model.gguf --verify -- --rpc 127.0.0.1:50052 -ngl 999 "
         "-c 4096 -fit off",
     )
