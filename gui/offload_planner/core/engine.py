@@ -110,6 +110,7 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         swa_full=bool(_get(args, "swa_full", False)),
         n_outputs_max=min(n_batch, np_),
         op_offload=not _get(args, "no_op_offload", False),
+        dialect=dialect,
     ), notes
 
 

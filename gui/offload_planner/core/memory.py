@@ -43,6 +43,7 @@ class ContextParams:
     swa_full: bool = False
     n_outputs_max: int | None = None  # server: min(n_batch, n_seq_max); CLI: n_batch
     op_offload: bool = True  # --no-op-offload turns it off
+    dialect: str = "llama.cpp"  # ik_llama.cpp sizes its context and SWA layers differently
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,17 @@ class ResolvedContext:
 
 
 def resolve_context(p: ContextParams, n_ctx_train: int, n_swa: int) -> ResolvedContext:
-    """``llama_context`` constructor: n_ctx padded to 256; non-unified splits it per sequence."""
+    """``llama_context`` constructor: n_ctx padded to 256; non-unified splits it per sequence.
+
+    ik_llama.cpp (from its source, not measured here: no ik server binary is available): n_ctx
+    padded to 256 with flash attention, else 32; one stream of n_ctx cells shared by the slots; SWA
+    layers keep full-size caches (no --swa-compress)."""
     n_ctx = p.n_ctx or n_ctx_train
     n_batch = min(n_ctx, p.n_batch)
     n_ubatch = min(n_batch, p.n_ubatch or n_batch)
+    if p.dialect == "ik_llama.cpp":
+        n_ctx = pad(n_ctx, 256 if p.flash_attn else 32)
+        return ResolvedContext(n_ctx, n_ctx, 1, n_batch, n_ubatch, n_ctx)
     n_ctx = pad(n_ctx, 256)
     if p.kv_unified:
         n_ctx_seq, n_stream = n_ctx, 1
