@@ -232,7 +232,7 @@ def test_split_url_opens_every_shard(files: Path, server: RangeServer) -> None:
     assert _snapshot(remote) == _snapshot(local)
     assert len(remote.shards) == 3 and len(remote.tensors) == 6
     asked = {r.path for r in server.log}
-    assert asked == {f"/files/{n}" for n in SPLIT}
+    assert asked == {f"/files/{n}" for n in SPLIT}, server.log
 
 
 def test_any_shard_url_opens_the_whole_model(files: Path, server: RangeServer) -> None:

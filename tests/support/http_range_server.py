@@ -23,9 +23,12 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 _CHUNK = 64 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass
 class LoggedRequest:
-    """One request as the server saw it, and what it answered."""
+    """One request as the server saw it, and what it answered.
+
+    It is logged before the client can see the answer (so a client that has its answer always
+    finds its request in the log, in order); ``bytes_sent`` is filled in as the body goes out."""
 
     method: str
     path: str
@@ -94,19 +97,19 @@ class _Handler(BaseHTTPRequestHandler):
         port = self.server.server_address[1]
         host = self.server.config.redirect_host
         target = f"/files/{name}" if host is None else f"http://{host}:{port}/files/{name}"
+        self._log(302)
         self.send_response(302)
         self.send_header("Location", target)
         self.send_header("Content-Length", "0")
         self.end_headers()
-        self._log(302)
 
     def _status_only(self, status: int, extra: dict[str, str] | None = None) -> None:
+        self._log(status)
         self.send_response(status)
         for k, v in (extra or {}).items():
             self.send_header(k, v)
         self.send_header("Content-Length", "0")
         self.end_headers()
-        self._log(status)
 
     def _send_file(self, file: Path, *, body: bool) -> None:
         size = file.stat().st_size
@@ -128,10 +131,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.send_header("Accept-Ranges", "bytes" if self.server.config.ranges else "none")
-        self.end_headers()
         status = 206 if isinstance(asked, tuple) else 200
-        sent = self._copy(file, start, length) if body else 0
-        self._log(status, asked if isinstance(asked, tuple) else None, sent)
+        entry = self._log(status, asked if isinstance(asked, tuple) else None)
+        self.end_headers()
+        if body:
+            self._copy(file, start, length, entry)
 
     def _asked_range(self, size: int) -> tuple[int, int] | str | None:
         value = self.headers.get("Range")
@@ -144,7 +148,7 @@ class _Handler(BaseHTTPRequestHandler):
             return "unsatisfiable"
         return start, min(end, size - 1)
 
-    def _copy(self, file: Path, start: int, length: int) -> int:
+    def _copy(self, file: Path, start: int, length: int, entry: LoggedRequest) -> int:
         sent = 0
         with file.open("rb") as f:
             f.seek(start)
@@ -155,16 +159,16 @@ class _Handler(BaseHTTPRequestHandler):
                         break
                     self.wfile.write(chunk)
                     sent += len(chunk)
+                    entry.bytes_sent = sent
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client stopped reading: that is allowed
         return sent
 
-    def _log(self, status: int, rng: tuple[int, int] | None = None, sent: int = 0) -> None:
-        entry = LoggedRequest(
-            self.command, self.path, dict(self.headers.items()), status, rng, sent
-        )
+    def _log(self, status: int, rng: tuple[int, int] | None = None) -> LoggedRequest:
+        entry = LoggedRequest(self.command, self.path, dict(self.headers.items()), status, rng)
         with self.server.config.lock:
             self.server.config.log.append(entry)
+        return entry
 
 
 class _Server(ThreadingHTTPServer):
