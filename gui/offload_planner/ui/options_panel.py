@@ -8,7 +8,17 @@ from typing import Any
 
 from PySide6.QtCore import QSignalBlocker, Qt
 from PySide6.QtGui import QIntValidator, QValidator
-from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QLineEdit, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QWidget,
+)
 
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.plan_edits import option_value
@@ -116,13 +126,23 @@ class OptionsPanel(QWidget):
         form.addRow("Batch -b", self.batch)
         form.addRow("µbatch -ub", self.ubatch)
         form.addRow("GPU layers", self.ngl)
-        form.addRow("K cache", self.type_k)
-        form.addRow("V cache", self.type_v)
+        kv = QHBoxLayout()  # K and V on one row: the column must fit 1280x800 without squeezing
+        kv.addWidget(self.type_k, 1)
+        v_label = QLabel("V")
+        v_label.setBuddy(self.type_v)
+        kv.addWidget(v_label)
+        kv.addWidget(self.type_v, 1)
+        self.type_k.setAccessibleName("K cache type")
+        self.type_v.setAccessibleName("V cache type")
+        form.addRow("KV cache K", kv)
         form.addRow("Slots -np", self.slots)
-        form.addRow("", self.unified)
-        form.addRow("", self.flash)
-        form.addRow("", self.kv_offload)
-        form.addRow("", self.mmap)
+        checks = QGridLayout()
+        checks.setContentsMargins(0, 0, 0, 0)
+        checks.addWidget(self.unified, 0, 0)
+        checks.addWidget(self.flash, 0, 1)
+        checks.addWidget(self.kv_offload, 1, 0, 1, 2)
+        checks.addWidget(self.mmap, 2, 0, 1, 2)
+        form.addRow(checks)
 
         self._bind_combo(self.ctx, "context.n_ctx", "context size")
         self._bind_combo(self.batch, "context.n_batch", "-b")

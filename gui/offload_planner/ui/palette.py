@@ -18,6 +18,7 @@ GPU_COLORS: tuple[QColor, ...] = tuple(
 NOT_LOADED_COLOR = QColor("#E4E4E4")
 OVER_COLOR = QColor("#D00000")
 MOVED_MARK_COLOR = QColor("#111111")
+ACTUAL_COLOR = QColor("#5E2CA5")  # the actual total a launch logged (memory view)
 
 
 def device_color(devices: DeviceSet | None, name: str | None) -> QColor:

@@ -37,6 +37,7 @@ BACKEND_PATH = Key("backend/path", "", "the llama-server executable (for the lau
 DIALECT = Key("backend/dialect", "llama.cpp", "llama.cpp | llama.cpp-2025 | ik_llama.cpp")
 COMMAND_STYLE = Key("command/style", "bash", "format of the command pane")
 DEFAULT_CONTEXT = Key("plan/default_context", 32768, "-c of a new plan (capped at the trained length)")
+SPLIT_ATTENTION = Key("view/split_attention", False, "the tensor map shows one column per attention tensor")
 GEOMETRY = Key("window/geometry", None, "QMainWindow.saveGeometry()")
 STATE = Key("window/state", None, "QMainWindow.saveState()")
 SPLITTERS = Key("window/splitters", None, "QSplitter.saveState() per splitter name (window/splitters/NAME)")
@@ -51,6 +52,7 @@ ALL_KEYS = (
     DIALECT,
     COMMAND_STYLE,
     DEFAULT_CONTEXT,
+    SPLIT_ATTENTION,
     GEOMETRY,
     STATE,
     SPLITTERS,

@@ -6,6 +6,7 @@ Qt-free: :mod:`offload_planner.ui.tensor_map_model` is a thin adapter over a :cl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -56,6 +57,38 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 _COLUMN_OF_ROLE: dict[Role, str] = {r: c.key for c in COLUMNS for r in c.roles}
+
+#: Attention tensor kinds in display order when the attention column is split; others follow in
+#: the order the model first has them.
+ATTENTION_ORDER: tuple[str, ...] = (
+    "attn_q", "attn_q_a", "attn_q_b", "attn_k", "attn_k_b", "attn_kv_a_mqa", "attn_kv_b", "attn_v",
+    "attn_v_b", "attn_qkv", "attn_output", "attn_sinks",
+)
+_ATTENTION_LABELS = {"attn_output": "o", "attn_kv_a_mqa": "kv_a", "attn_qkv": "qkv"}
+_KIND = re.compile(r"^(?:blk\.\d+\.)?([^.]+)")
+SPLIT_PREFIX = "attn:"  # the key of a split attention column: "attn:attn_q"
+
+
+def tensor_kind(name: str) -> str:
+    """The tensor's kind from its name: ``blk.7.attn_q.weight`` → ``attn_q`` (weight and bias alike)."""
+    m = _KIND.match(name)
+    return m.group(1) if m else name
+
+
+def attention_columns(model: Model) -> list[Column]:
+    """One column per attention tensor kind the model has."""
+    seen = dict.fromkeys(tensor_kind(t.name) for t in model.tensors if t.role is Role.ATTENTION)
+    rank = {k: i for i, k in enumerate(ATTENTION_ORDER)}
+    kinds = sorted(seen, key=lambda k: rank.get(k, len(rank)))  # stable: unknown kinds keep model order
+    return [
+        Column(
+            SPLIT_PREFIX + k,
+            _ATTENTION_LABELS.get(k, k.removeprefix("attn_")),
+            frozenset({Role.ATTENTION}),
+            f"attention: {k} (blk.N.{k}.*)",
+        )
+        for k in kinds
+    ]
 
 
 @dataclass(frozen=True)
@@ -171,15 +204,28 @@ def _row_key(p: Placed, n_layer: int) -> str:
     return "output"
 
 
-def layout(model: Model) -> tuple[list[Row], list[Column]]:
-    """Rows and columns for a model: only the columns it has tensors for."""
+def layout(model: Model, *, split_attention: bool = False) -> tuple[list[Row], list[Column]]:
+    """Rows and columns for a model: only the columns it has tensors for; with ``split_attention``
+    the attention column becomes one column per attention tensor kind."""
     n_layer = model.summary.n_layer
     layers = sorted({t.layer for t in model.tensors if t.layer is not None} | set(range(n_layer)))
     rows = [Row("embd", "embd", None)]
     rows += [Row(f"blk.{il}", str(il), il) for il in layers]
     rows.append(Row("output", "out", None))
     present = {_COLUMN_OF_ROLE[t.role] for t in model.tensors}
-    return rows, [c for c in COLUMNS if c.key in present]
+    columns = [c for c in COLUMNS if c.key in present]
+    if split_attention and "attn" in present:
+        i = next(i for i, c in enumerate(columns) if c.key == "attn")
+        columns[i : i + 1] = attention_columns(model)
+    return rows, columns
+
+
+def _column_key(p: Placed, col_idx: dict[str, int]) -> str:
+    if p.tensor.role is Role.ATTENTION:
+        split = SPLIT_PREFIX + tensor_kind(p.tensor.name)
+        if split in col_idx:
+            return split
+    return _COLUMN_OF_ROLE[p.tensor.role]
 
 
 def build_grid(
@@ -199,7 +245,7 @@ def build_grid(
     buckets: dict[tuple[int, int], list[CellItem]] = {}
     for p in placement.items:
         r = row_idx[_row_key(p, model.summary.n_layer)]
-        c = col_idx[_COLUMN_OF_ROLE[p.tensor.role]]
+        c = col_idx[_column_key(p, col_idx)]
         if p.copy:
             ok, why = False, "the output copy of tied embeddings follows the output layer"
         elif p.device is None:

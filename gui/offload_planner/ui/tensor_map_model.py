@@ -6,8 +6,10 @@ import html
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
+from offload_planner.core.plan import Plan
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.move_preview import move_deltas
 from offload_planner.ui.tensor_grid import EMPTY, Cell, TensorGrid
 
 CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
@@ -64,12 +66,41 @@ def cell_tooltip(grid: TensorGrid, row: int, col: int) -> str:
     return "<br>".join(lines)
 
 
+def _signed(n: int) -> str:
+    return f"{'+' if n > 0 else '−'}{fmt_bytes(abs(n))}" if n else "no change"
+
+
+def move_preview_html(plan: Plan, cell: Cell) -> str:
+    """Per device: the change in its projected total if the cell's movable tensors moved there."""
+    names = cell.movable_names
+    if not names:
+        return ""
+    here = {d for d, _ in cell.device_bytes}
+    rows = []
+    for m in move_deltas(plan, names):
+        if m.target in here and len(here) == 1:
+            rows.append(f"<tr><td><b>{html.escape(m.target)}</b></td><td colspan=2>(here now)</td></tr>")
+            continue
+        others = ", ".join(f"{html.escape(d)} {_signed(n)}" for d, n in m.others)
+        rows.append(
+            f"<tr><td><b>{html.escape(m.target)}</b></td><td align=right>{_signed(m.delta)}</td>"
+            f"<td>{others}</td></tr>"
+        )
+    return (
+        "<b>Moving it would change</b> (projected totals; weights with their buffer padding, "
+        "<i>compute buffers not included</i>)"
+        "<table cellspacing=0 cellpadding=2><tr><th align=left>to</th><th>that device</th>"
+        "<th align=left>elsewhere</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
 class TensorMapModel(QAbstractTableModel):
     def __init__(self, doc: PlanDocument) -> None:
         super().__init__(doc)
         self._doc = doc
         self._grid: TensorGrid | None = doc.grid
         doc.modelChanged.connect(self._reset)
+        doc.layoutChanged.connect(self._reset)
         doc.planChanged.connect(self._refresh)
 
     @property
@@ -87,7 +118,7 @@ class TensorMapModel(QAbstractTableModel):
             grid is None
             or self._grid is None
             or len(grid.rows) != len(self._grid.rows)
-            or len(grid.columns) != len(self._grid.columns)
+            or grid.columns != self._grid.columns
         ):
             self._reset()
             return
@@ -118,7 +149,12 @@ class TensorMapModel(QAbstractTableModel):
             m = g.column_max[c]
             return g.cell(r, c).nbytes / m if m else 0.0
         if role == Qt.ItemDataRole.ToolTipRole:
-            return cell_tooltip(g, r, c) if g.cell(r, c).items else None
+            cell = g.cell(r, c)
+            if not cell.items:
+                return None
+            tip = cell_tooltip(g, r, c)
+            preview = move_preview_html(self._doc.plan, cell) if self._doc.has_plan else ""
+            return f"{tip}<br>{preview}" if preview else tip
         if role == Qt.ItemDataRole.AccessibleTextRole:
             return cell_summary(g, r, c)
         return None

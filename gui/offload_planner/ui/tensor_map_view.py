@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from PySide6.QtCore import QItemSelection, QItemSelectionModel, QModelIndex, QPoint, Qt, Signal
-from PySide6.QtGui import QContextMenuEvent, QCursor, QKeyEvent, QMouseEvent
+from PySide6.QtGui import QContextMenuEvent, QCursor, QKeyEvent, QMouseEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -66,10 +66,30 @@ class TensorMapView(QTableView):
         vh.setMinimumWidth(fm.horizontalAdvance("0000"))
         vh.setDefaultAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         hh = self.horizontalHeader()
-        hh.setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        hh.setMinimumSectionSize(fm.horizontalAdvance("exps gate") // 2)
+        hh.setSectionResizeMode(QHeaderView.ResizeMode.Fixed)  # see _fit_sections
         hh.setHighlightSections(True)
         self._drag: _Drag | None = None
+        self._fit_sections()
+        self._model.modelReset.connect(self._fit_sections)
+
+    def _fit_sections(self) -> None:
+        """Columns share the width, none narrower than its label: with many columns (split
+        attention) the map scrolls sideways rather than clip the header text."""
+        hh = self.horizontalHeader()
+        fm = hh.fontMetrics()
+        n = self._model.columnCount()
+        h = Qt.Orientation.Horizontal
+        pad = fm.horizontalAdvance("  ")
+        need = [fm.horizontalAdvance(str(self._model.headerData(c, h))) + pad for c in range(n)]
+        if not need:
+            return
+        spare = max(0, self.viewport().width() - sum(need))
+        for c, w in enumerate(need):
+            hh.resizeSection(c, w + spare * (c + 1) // n - spare * c // n)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_sections()
 
     @property
     def tensor_model(self) -> TensorMapModel:

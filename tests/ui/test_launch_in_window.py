@@ -1,0 +1,77 @@
+"""The Launch tab in the window: the backend path is remembered, and after a launch the memory view
+marks each device's actual total next to its projected bar."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QEvent, QPoint, Qt
+from PySide6.QtGui import QColor, QHelpEvent
+from PySide6.QtWidgets import QApplication, QFileDialog, QToolTip
+from pytestqt.qtbot import QtBot
+from tests.ui.test_launcher_panel import _buffer_lines, _fake_server
+from tests.ui.window_helpers import open_and_wait
+
+from offload_planner.core.placement import CPU
+from offload_planner.ui import settings as keys
+from offload_planner.ui.main_window import MainWindow
+from offload_planner.ui.palette import ACTUAL_COLOR
+
+MiB = 1024 * 1024
+
+
+def test_backend_path_is_stored_and_used(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exe = tmp_path / "llama-server"
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(exe), "")))
+    window.tabs.setCurrentIndex(window.tabs.count() - 1)
+    qtbot.mouseClick(window.launcher.browse_button, Qt.MouseButton.LeftButton)
+    assert window.settings.get(keys.BACKEND_PATH) == str(exe)
+    assert window.launcher.launch_config().executable == str(exe)
+    edit = window.launcher.server_edit
+    edit.setFocus()
+    edit.selectAll()
+    qtbot.keyClicks(edit, "/opt/llama/bin/llama-server")
+    qtbot.keyClick(edit, Qt.Key.Key_Return)
+    assert window.settings.get(keys.BACKEND_PATH) == "/opt/llama/bin/llama-server"
+    window.set_backend_path(str(exe))
+    assert edit.text() == str(exe) and window.settings.get(keys.BACKEND_PATH) == str(exe)
+
+
+def test_actual_totals_are_marked_in_the_memory_view(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, small_models: dict[str, Path]
+) -> None:
+    open_and_wait(qtbot, window, small_models["qwen3moe"])
+    a = window.doc.analysis
+    assert a is not None and a.projection is not None
+    exe = _fake_server(tmp_path, _buffer_lines(a.projection, compute_scale=1.5))
+    window.set_backend_path(str(exe))
+    launcher = window.launcher
+    launcher.port_spin.setValue(19000 + os.getpid() % 1000)
+    window.tabs.setCurrentIndex(window.tabs.count() - 1)
+    assert window.memory_view.actual_rect(0) is None
+    with qtbot.waitSignal(launcher.actualsReady, timeout=20_000, check_params_cb=bool):
+        qtbot.mouseClick(launcher.launch_button, Qt.MouseButton.LeftButton)
+    actuals = window.memory_view.actuals
+    assert set(actuals) == {"CUDA0", CPU}
+    gpu = a.projection.device("CUDA0")
+    assert actuals["CUDA0"] > gpu.total()  # compute logged 1.5x the projection
+    assert abs(actuals["CUDA0"] - gpu.total() - gpu.compute // 2) < 0.02 * MiB
+    # the thin bar: as long as the projected bar would be for the actual total, in its own colour
+    r = window.memory_view.actual_rect(0)
+    assert r is not None and r.height() >= 3
+    img = window.memory_view.grab().toImage()
+    dpr = img.devicePixelRatio()
+    probe = QPoint(int((r.left() + r.width() / 2) * dpr), int(r.center().y() * dpr))
+    assert QColor(img.pixel(probe)) == ACTUAL_COLOR
+    view = window.memory_view
+    pos = QPoint(int(r.center().x()), int(r.top()) - 4)
+    QApplication.sendEvent(view, QHelpEvent(QEvent.Type.ToolTip, pos, view.mapToGlobal(pos)))
+    qtbot.waitUntil(QToolTip.isVisible)
+    assert "actual at the last launch" in QToolTip.text()
+    with qtbot.waitSignal(launcher.server.finished, timeout=20_000):
+        launcher.stop()
+    assert window.memory_view.actuals == actuals  # it stays until the next launch or model
