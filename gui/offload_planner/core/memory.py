@@ -226,7 +226,10 @@ def output_buffer(model: Model, placement: Placement, p: ContextParams, devices:
                   f"logits for {p.n_seq_max} sequences x {n_vocab} tokens x 4 B")
 
 
-def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams) -> Projection:
+def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams, *,
+            compute: list[Buffer] | None = None) -> Projection:
+    """Every device's buffers. ``compute`` reuses compute buffers already simulated (an editor's
+    instant update while the ~100 ms simulation of the new plan runs); None simulates them."""
     from offload_planner.core.compute import compute_buffers
 
     s = model.summary
@@ -234,7 +237,7 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     bufs = weight_buffers(model, placement, devices)
     bufs += kv_buffers(model, placement, ctx, p, devices)
     bufs.append(output_buffer(model, placement, p, devices))
-    bufs += compute_buffers(model, devices, placement, ctx, p)
+    bufs += compute_buffers(model, devices, placement, ctx, p) if compute is None else compute
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)

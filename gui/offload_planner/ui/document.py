@@ -18,7 +18,7 @@ from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import commands, plan_edits, qt_compat
-from offload_planner.ui.analysis import Analysis
+from offload_planner.ui.analysis import Analysis, quick_analysis
 from offload_planner.ui.projector import Projector
 from offload_planner.ui.tensor_grid import Column, Row, TensorGrid, build_grid, layout
 
@@ -80,7 +80,8 @@ class PlanDocument(QObject):
 
     @property
     def analysis_current(self) -> bool:
-        return self._analysis is not None and self._analysis.plan is self._plan
+        a = self._analysis
+        return a is not None and a.plan is self._plan and not a.preliminary
 
     @property
     def busy(self) -> bool:
@@ -130,6 +131,10 @@ class PlanDocument(QObject):
         self._base = plan.base_placement()  # cached by core
         self._placement = plan.placement()
         self._build_grid(plan)
+        quick = quick_analysis(plan, self._analysis)
+        if quick is not None:  # the bars answer the edit at once; the full analysis follows
+            self._analysis = quick
+            self.analysisChanged.emit()
         self._projector.request(plan)
 
     def _build_grid(self, plan: Plan) -> None:

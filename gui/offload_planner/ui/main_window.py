@@ -660,5 +660,5 @@ class MainWindow(QMainWindow):
 
     def _plan_to_launcher(self) -> None:
         a = self.doc.analysis
-        if a is not None and a.projection is not None:
+        if a is not None and a.projection is not None and not a.preliminary:
             self.launcher.set_plan(a.plan, a.projection, a.command)
