@@ -16,11 +16,11 @@ import pytest
 from pytestqt.qtbot import QtBot
 from tests.ui.window_helpers import make_window
 
+from offload_planner.backend import qt_compat
 from offload_planner.backend.system import Detection
 from offload_planner.core.devices import Device, DeviceKind, parse_device_decl
 from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.units import GiB
-from offload_planner.ui import qt_compat
 from offload_planner.ui.loader import demo_model
 from offload_planner.ui.main_window import MainWindow, SystemInfo
 from offload_planner.ui.settings import Settings

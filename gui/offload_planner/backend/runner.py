@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
 import os
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,48 +27,15 @@ import psutil
 from PySide6.QtCore import QCoreApplication, QObject, QProcess, QProcessEnvironment, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
-from offload_planner.backend import launch
+from offload_planner.backend import launch, qt_compat
 from offload_planner.backend.launch import Explanation, LaunchCommand, PlanContext
 from offload_planner.backend.log_parser import LoadReport, LogAccumulator, count_progress_dots, dots_fraction
 from offload_planner.core.cmdline import Dialect
 
-_GUARDED = False
-
 
 def guard_pyside_emit_refcount() -> bool:
-    """Work around PySide6 6.12.0 dropping references it does not own (CPython < 3.12 only).
-
-    That build returns ``True`` from ``SignalInstance.emit`` and ``None`` from void calls
-    (``timer.start()``, ``label.setText()``) without taking a reference.  Every emit from Python
-    (ours, pyqtgraph's at each plot update) and every void call then takes one reference from
-    ``True``/``None``; on Python 3.11 a few hundred of them end in ``Fatal Python error:
-    bool_dealloc`` (or ``none_dealloc``).  When the leak is seen, the reference counts of ``None``,
-    ``True`` and ``False`` are raised by 2**40, as Python 3.12 makes them immortal.  Returns True if
-    applied.  Idempotent; runs when this module is imported, so the runner, the CLI and the widgets
-    built on it are safe without the GUI's own ``offload_planner.ui.qt_compat`` (same remedy).
-    """
-    global _GUARDED
-    if _GUARDED or sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
-        return False
-    if hasattr(sys, "gettotalrefcount"):  # a debug build has another object layout
-        return False
-
-    class _Probe(QObject):
-        sig = Signal()
-
-    probe = _Probe()
-    none0, true0 = sys.getrefcount(None), sys.getrefcount(True)
-    for _ in range(16):
-        probe.setObjectName("probe")
-        probe.sig.emit()
-    leaked = sys.getrefcount(None) <= none0 - 8 or sys.getrefcount(True) <= true0 - 8
-    del probe
-    if not leaked:
-        return False
-    for obj in (None, True, False):
-        ctypes.c_ssize_t.from_address(id(obj)).value += 1 << 40  # ob_refcnt is the first field
-    _GUARDED = True
-    return True
+    """PySide6 6.12.0 on CPython < 3.12 drops references to None/True (see backend.qt_compat)."""
+    return qt_compat.apply()
 
 
 guard_pyside_emit_refcount()

@@ -42,9 +42,9 @@ def run_gui(
     from PySide6.QtGui import QGuiApplication, QIcon
     from PySide6.QtWidgets import QApplication
 
+    from offload_planner.backend import qt_compat
     from offload_planner.core.devices import parse_device_decl
     from offload_planner.resources import icon_path
-    from offload_planner.ui import qt_compat
     from offload_planner.ui.loader import demo_model
     from offload_planner.ui.main_window import MainWindow, SystemInfo
     from offload_planner.ui.settings import APPLICATION, ORGANIZATION, Settings
