@@ -844,16 +844,21 @@ def _glm4moe(b: Builder) -> None:
             cur, inp_sa = b.out_rows(cur, inp_sa)
         ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
         cur = b.norm(ffn_inp, b.lw(il, "post_attention_norm.weight"), il)
-        if il < sh.n_dense_lead:
-            cur = b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
-                        b.req(f"blk.{il}.ffn_down.weight"))
-        else:
-            routed = b.moe(cur, il, probs_b=b.lw(il, "exp_probs_b.bias"))
-            shared = b.ffn(cur, b.req(f"blk.{il}.ffn_up_shexp.weight"), b.lw(il, "ffn_gate_shexp.weight"),
-                           b.req(f"blk.{il}.ffn_down_shexp.weight"))
-            cur = dup_op(routed, "ADD", routed, shared)
+        cur = _dense_lead_or_shared_moe(b, il, cur)
         inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
     b.head(inp)
+
+
+def _dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:
+    """The FFN of DeepSeek-V3 / GLM-4.x layers: dense for the leading layers, else the routed
+    experts (with the expert-bias router) plus the shared expert."""
+    if il < b.sh.n_dense_lead:
+        return b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
+                     b.req(f"blk.{il}.ffn_down.weight"))
+    routed = b.moe(cur, il, probs_b=b.lw(il, "exp_probs_b.bias"))
+    shared = b.ffn(cur, b.req(f"blk.{il}.ffn_up_shexp.weight"), b.lw(il, "ffn_gate_shexp.weight"),
+                   b.req(f"blk.{il}.ffn_down_shexp.weight"))
+    return dup_op(routed, "ADD", routed, shared)
 
 
 def _deepseek2(b: Builder) -> None:
@@ -893,14 +898,7 @@ def _deepseek2(b: Builder) -> None:
             cur, inp_sa = b.out_rows(cur, inp_sa)
         ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
         cur = b.norm(ffn_inp, b.lw(il, "ffn_norm.weight"), il)
-        if il < sh.n_dense_lead:
-            cur = b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
-                        b.req(f"blk.{il}.ffn_down.weight"))
-        else:
-            moe = b.moe(cur, il, probs_b=b.lw(il, "exp_probs_b.bias"))
-            shared = b.ffn(cur, b.req(f"blk.{il}.ffn_up_shexp.weight"), b.lw(il, "ffn_gate_shexp.weight"),
-                           b.req(f"blk.{il}.ffn_down_shexp.weight"))
-            cur = dup_op(moe, "ADD", moe, shared)
+        cur = _dense_lead_or_shared_moe(b, il, cur)
         inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
     b.head(inp)
 
