@@ -95,3 +95,18 @@ def test_120_layers_paint_and_move_quickly(qtbot: QtBot, tmp_path: Path, model_1
     assert move_ms < 300, f"a move blocked the GUI thread for {move_ms:.0f} ms"
     wait_projected(qtbot, win, 60_000)
     win.close()
+
+
+def test_fill_message_counts_expert_layers_already_on_the_gpu(
+    qtbot: QtBot, window: MainWindow, demo_path: Path
+) -> None:
+    open_and_wait(qtbot, window, demo_path)
+    window.presets_menu.routed_experts_to(CPU)
+    wait_projected(qtbot, window)
+    messages: list[str] = []
+    window.presets_menu.message.connect(messages.append)
+    assert window.presets_menu.fill("CUDA0", from_first=True)
+    on_gpu = {p.tensor.layer for p in window.doc.placement.items
+              if p.tensor.role.is_routed_expert and p.device == "CUDA0"}
+    assert on_gpu, "some expert layers fit"
+    assert messages[-1] == f"CUDA0 holds the routed experts of {len(on_gpu)} layers"

@@ -58,6 +58,7 @@ def run_gui(
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName(APPLICATION)
     app.setWindowIcon(QIcon(str(icon_path())))
+    QGuiApplication.setDesktopFileName("offload-planner")  # Wayland: match resources/offload-planner.desktop
 
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if settings_file:

@@ -112,13 +112,13 @@ class PresetsMenu(QMenu):
         where = "layer 0" if from_first else "the last layer"
         ok = self._doc.apply_preset(moves, f"Fill {device} with routed experts from {where}")
         if ok:
+            # layers whose experts are on the device now, whether moved there or already placed
+            # there by the command's split
             got = sorted(
                 {
-                    t.layer
-                    for t in self._doc.plan.model.tensors
-                    if t.role.is_routed_expert
-                    and t.layer is not None
-                    and self._doc.plan.moves.get(t.name) == device
+                    p.tensor.layer
+                    for p in self._doc.placement.items
+                    if p.tensor.role.is_routed_expert and p.tensor.layer is not None and p.device == device
                 }
             )
             self.message.emit(
