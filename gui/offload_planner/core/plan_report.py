@@ -57,6 +57,15 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
         if explain:
             for b in dm.buffers:
                 lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / 2**20:10.2f} MiB  {b.why}")
+    for dm in projection.devices:
+        mapped = [b for b in dm.buffers if b.resident is not None and b.resident != b.bytes]
+        if mapped:
+            span = sum(b.bytes for b in mapped)
+            read = sum(b.resident or 0 for b in mapped)
+            lines.append(
+                f"{dm.device.name} weights include an mmap file span of {span / GiB:.2f} GiB (what llama.cpp "
+                f"reports); {read / GiB:.2f} GiB of it are tensors read, which is what 'left' counts"
+            )
     ctx = projection.context
     lines.append(
         f"context: {ctx.n_ctx} cells ({ctx.n_stream} stream(s) of {ctx.n_ctx_seq}), "
