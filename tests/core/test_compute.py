@@ -300,3 +300,14 @@ def test_a_file_that_does_not_fit_the_graph_is_estimated_not_fatal(models: dict[
     bufs = C.compute_buffers(model, devices, placement, ctx, params)
     assert {b.device for b in bufs} == {"RPC0", "CPU"}
     assert all("graph not built" in b.why for b in bufs)
+
+
+def test_remembered_results_are_copies_and_follow_the_placement(models: dict[str, Model]) -> None:
+    m = models["qwen3moe"]
+    first = _compute(m, Case("qwen3moe", gpus="RPC"))
+    first["RPC0"].bytes = -1  # a caller changing its result must not change the remembered one
+    again = _compute(m, Case("qwen3moe", gpus="RPC"))
+    assert again["RPC0"].bytes > 0 and again["RPC0"] is not first["RPC0"]
+    moved = _compute(m, Case("qwen3moe", gpus="RPC", ot=(("exps", "CPU"),)))
+    # another placement is simulated afresh (here the CPU side's inputs change, not its peak)
+    assert [(b.bytes, b.why) for b in moved.values()] != [(b.bytes, b.why) for b in again.values()]

@@ -55,8 +55,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core.devices import DeviceKind
@@ -1561,10 +1562,32 @@ def _why(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     return "; ".join(parts)
 
 
+_MEMO: OrderedDict[tuple[object, ...], list[Buffer]] = OrderedDict()
+_MEMO_SIZE = 32
+
+
 def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
                     params: ContextParams) -> list[Buffer]:
     """One compute buffer per backend that llama.cpp reserves (> 1 byte), CPU side last, named by the
-    buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``)."""
+    buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``).
+
+    Remembered for the last few placements (an editor's undo/redo or A/B toggling revisits them):
+    the key is everything the simulation reads."""
+    key = (model, graph_builder(model), devices, ctx, params, tuple(placement.unit_devices),
+           placement.has_overrides,
+           tuple(placement.model_devices), tuple((p.name, p.device, p.buft) for p in placement.items))
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return [replace(b) for b in _MEMO[key]]
+    out = _compute_buffers(model, devices, placement, ctx, params)
+    _MEMO[key] = [replace(b) for b in out]
+    if len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return out
+
+
+def _compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                     params: ContextParams) -> list[Buffer]:
     from offload_planner.core.memory import Buffer
 
     reason = f"no graph model for {model.arch}"
