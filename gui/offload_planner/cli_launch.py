@@ -18,7 +18,6 @@ import argparse
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
 from types import FrameType
 from typing import Any, TextIO
 
@@ -271,9 +270,3 @@ class _Session:
 def run_launch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     session = _Session(args, out or sys.stdout, err or sys.stderr)
     return session.run(list(args.server_args))
-
-
-def main(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m
-    from offload_planner.cli import main as cli_main
-
-    return cli_main(["launch", *argv])

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from offload_planner.core.errors import PlannerError
@@ -97,9 +96,3 @@ def run_plan(args: argparse.Namespace) -> int:
                         command=format_command(["llama-server", *command], "bash"), notes=notes,
                         explain=args.explain))
     return 2 if errors else 0
-
-
-def main(argv: Sequence[str]) -> int:  # pragma: no cover - convenience for python -m
-    from offload_planner.cli import main as cli_main
-
-    return cli_main(["plan", *argv])

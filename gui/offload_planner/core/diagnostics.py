@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from offload_planner.core.cmdline import check_pattern
 from offload_planner.core.memory import Projection
-from offload_planner.core.placement import CPU, Override, compile_override, ecmascript_warnings
+from offload_planner.core.placement import CPU, Override, compile_override
 from offload_planner.core.roles import Role
 from offload_planner.core.units import fmt_bytes
 
@@ -72,8 +73,8 @@ def plan_warnings(projection: Projection, overrides: tuple[Override, ...]) -> li
             out.append(f"{src} matches no tensor")
         elif r.status == "shadowed":
             out.append(f"{src} is shadowed: the {r.shadowed} tensors it matches are placed by earlier rules")
-    for o in overrides:
-        out.extend(ecmascript_warnings(o.pattern))
+    for o in overrides:  # what std::regex reads differently from what a user may expect
+        out.extend(f"{o.source} {o.pattern}: {w}" for w in check_pattern(o.pattern).warnings)
     out.extend(_speed_warnings(projection))
     return out
 

@@ -135,9 +135,6 @@ def unit_devices(n_layer: int, ngl: int, gpus: Sequence[Device], split: Sequence
     return out
 
 
-_ECMA_UNSUPPORTED = re.compile(r"\(\?<[=!]|\(\?P<|\\[AZz]|\(\?[aiLmsux]")
-
-
 def compile_override(pattern: str) -> re.Pattern[str]:
     """An -ot pattern as std::regex (ECMAScript, libstdc++) reads it, for regex_search; a pattern
     llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks)."""
@@ -147,12 +144,6 @@ def compile_override(pattern: str) -> re.Pattern[str]:
         return compile_pattern(pattern)
     except (EcmaRegexError, re.error):
         return re.compile(r"(?!)")
-
-
-def ecmascript_warnings(pattern: str) -> list[str]:
-    if _ECMA_UNSUPPORTED.search(pattern):
-        return [f"-ot pattern {pattern!r} uses syntax std::regex (ECMAScript) does not read like Python"]
-    return []
 
 
 def _is_weight_matrix(t: Tensor) -> bool:
