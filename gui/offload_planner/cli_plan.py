@@ -78,6 +78,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
     errors += [str(e) for e in check_semantics(parsed.args, [d.name for d in devices],
                                                is_mla=model.summary.is_mla, dialect=dialect)]
+    if dialect == "ik_llama.cpp":
+        from offload_planner.core.ik import model_errors
+
+        errors += model_errors(model)
     from offload_planner.core.engine import run_engine
     from offload_planner.core.plan import plan_from_args
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.ik import mla_mode as ik_mla_mode
 from offload_planner.core.memory import ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
@@ -73,7 +74,8 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str)
         overrides=overrides,
         use_mmap=load_mode not in ("none", "mlock", "dio"),
         no_host=bool(_get(args, "no_host", False)),
-        use_extra_bufts=not _get(args, "no_repack", False),
+        # ik_llama.cpp has no CPU_REPACK buffer type (it repacks in place with -rtr)
+        use_extra_bufts=not _get(args, "no_repack", False) and dialect != IK_LLAMA_CPP,
         output_first=dialect == LLAMA_CPP,
     )
 
@@ -111,6 +113,7 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         n_outputs_max=min(n_batch, np_),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
+        mla=ik_mla_mode(model, _get(args, "mla")) if dialect == IK_LLAMA_CPP else 0,
     ), notes
 
 

@@ -13,10 +13,13 @@ Compute: llama.cpp's graph reservation simulated on shapes (see :mod:`compute`).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.ik import computed_tensors as ik_computed_tensors
+from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
+from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placement
 
@@ -44,6 +47,7 @@ class ContextParams:
     n_outputs_max: int | None = None  # server: min(n_batch, n_seq_max); CLI: n_batch
     op_offload: bool = True  # --no-op-offload turns it off
     dialect: str = "llama.cpp"  # ik_llama.cpp sizes its context and SWA layers differently
+    mla: int = 0  # ik_llama.cpp's -mla mode (deepseek2 models only; see core.ik)
 
 
 @dataclass(frozen=True)
@@ -180,11 +184,23 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     n_trunk = s.n_layer_trunk
     head_k_swa = _int_md(model, "attention.key_length_swa", s.head_dim_k)
     head_v_swa = _int_md(model, "attention.value_length_swa", s.head_dim_v)
+    ik = p.dialect == "ik_llama.cpp"
+    ik_mla = ik and ik_uses_mla(model)
 
     def dims(il: int) -> tuple[int, int]:
         hk, hv = (head_k_swa, head_v_swa) if s.swa_layers[il] else (s.head_dim_k, s.head_dim_v)
         n_kv = s.head_kv(il)
         return hk * n_kv, hv * n_kv
+
+    def row_bytes(il: int) -> tuple[int, int]:
+        """Bytes per cell of K and V; mainline pads a transposed V to the widest layer."""
+        if ik_mla:
+            k_row, v_row, _ = ik_kv_row_bytes(model, il, p.mla, p.flash_attn, tk, tv)
+            return k_row, v_row
+        k_gqa, v_gqa = dims(il)
+        if s.is_mla and not ik:
+            return tk.row_bytes(k_gqa), 0
+        return tk.row_bytes(k_gqa), tv.row_bytes(v_max if v_trans and not ik else v_gqa)
 
     v_max = max((dims(il)[1] for il in range(s.n_layer)), default=0)
     per_dev: dict[str, int] = defaultdict(int)
@@ -192,18 +208,39 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     for il in range(n_trunk):
         dev_name = placement.layer_device(il) if p.offload_kqv else CPU
         cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
-        k_gqa, v_gqa = dims(il)
         dev = devices.by_name(dev_name) or devices.cpu
-        k = tk.row_bytes(k_gqa) * cells * ctx.n_stream
-        per_dev[dev_name] += pad(k, dev.alignment)
-        if not s.is_mla:
-            v = tv.row_bytes(v_max if v_trans else v_gqa) * cells * ctx.n_stream
-            per_dev[dev_name] += pad(v, dev.alignment)
+        k_row, v_row = row_bytes(il)
+        per_dev[dev_name] += pad(k_row * cells * ctx.n_stream, dev.alignment)
+        if v_row:
+            per_dev[dev_name] += pad(v_row * cells * ctx.n_stream, dev.alignment)
         layers[dev_name] += 1
-    why = (f"{ctx.n_ctx_seq} cells x {ctx.n_stream} streams, K {p.type_k}"
-           + ("" if s.is_mla else f", V {p.type_v}") + (", MLA: K only" if s.is_mla else "")
-           + (f", SWA layers {ctx.swa_cells} cells" if s.has_swa else ""))
+    if ik_mla:
+        kinds = ik_kv_row_bytes(model, 0, p.mla, p.flash_attn, tk, tv)[2]
+        why = f"{ctx.n_ctx_seq} cells, ik_llama.cpp {kinds}, K {p.type_k}" + (
+            f", V {p.type_v}" if row_bytes(0)[1] else "")
+    else:
+        mla_k_only = s.is_mla and not ik
+        why = (f"{ctx.n_ctx_seq} cells x {ctx.n_stream} streams, K {p.type_k}"
+               + ("" if mla_k_only else f", V {p.type_v}") + (", MLA: K only" if mla_k_only else "")
+               + (f", SWA layers {ctx.swa_cells} cells" if s.has_swa else ""))
     return [Buffer(d, d, "kv", n, f"{layers[d]} layers; {why}") for d, n in per_dev.items()]
+
+
+def ik_computed_buffers(model: Model, placement: Placement, p: ContextParams) -> list[Buffer]:
+    """ik_llama.cpp's MLA tensors derived at load, one buffer each on the source tensor's device."""
+    per_dev: dict[str, int] = defaultdict(int)
+    names: dict[str, list[str]] = defaultdict(list)
+    computed = ik_computed_tensors(model, p.mla)
+    where = placement.tensor_devices() if computed else {}
+    for ct in computed:
+        dev = where.get(ct.source) or CPU
+        per_dev[dev] += ct.nbytes + (IK_CPU_BUFFER_EXTRA if dev == CPU else 0)
+        names[dev].append(ct.name.split(".")[-2])
+    return [Buffer(d, d, "model", n,
+                   f"ik_llama.cpp computes {len(names[d])} {'/'.join(sorted(set(names[d])))} tensors at load "
+                   f"for -mla {p.mla} (not in the file), each in its own buffer"
+                   + (f" (+{IK_CPU_BUFFER_EXTRA} B each on the CPU)" if d == CPU else ""))
+            for d, n in per_dev.items()]
 
 
 def _int_md(model: Model, key: str, default: int) -> int:
@@ -226,6 +263,19 @@ def output_buffer(model: Model, placement: Placement, p: ContextParams, devices:
                   f"logits for {p.n_seq_max} sequences x {n_vocab} tokens x 4 B")
 
 
+#: ik's CPU buffer type allocates ``size + TENSOR_ALIGNMENT`` (``ggml_backend_cpu_buffer_type_alloc_buffer``).
+IK_CPU_BUFFER_EXTRA = 32
+IK_COMPUTE_NOTE = ("estimate for ik_llama.cpp: mainline's graph simulated; ik builds its own (fused MoE "
+                   "and up/gate ops, its MLA paths), measured on CPU it needs less; ")
+
+
+def _ik_host_buffers(bufs: list[Buffer]) -> None:
+    """ik_llama.cpp's plain CPU buffers (KV, output, weights without mmap, computed MLA tensors)."""
+    for b in bufs:
+        if b.name == CPU and b.kind in ("model", "kv", "output"):
+            b.bytes += IK_CPU_BUFFER_EXTRA
+
+
 def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams, *,
             compute: list[Buffer] | None = None) -> Projection:
     """Every device's buffers. ``compute`` reuses compute buffers already simulated (an editor's
@@ -237,7 +287,13 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     bufs = weight_buffers(model, placement, devices)
     bufs += kv_buffers(model, placement, ctx, p, devices)
     bufs.append(output_buffer(model, placement, p, devices))
+    if p.dialect == "ik_llama.cpp":
+        _ik_host_buffers(bufs)
+        bufs += ik_computed_buffers(model, placement, p)
     bufs += compute_buffers(model, devices, placement, ctx, p) if compute is None else compute
+    if p.dialect == "ik_llama.cpp":
+        bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why)
+                if b.kind == "compute" and IK_COMPUTE_NOTE not in b.why else b for b in bufs]
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)

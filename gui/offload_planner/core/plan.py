@@ -179,7 +179,7 @@ def plan_command(plan: Plan) -> list[str]:
         argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]
     if opts.no_host:
         argv += ["--no-host"]
-    if not opts.use_extra_bufts:
+    if not opts.use_extra_bufts and plan.dialect != "ik_llama.cpp":  # ik has no CPU_REPACK (nor -nr)
         argv += ["-nr"]
     if plan.dialect == "llama.cpp":
         argv += ["-fit", "off"]

@@ -10,6 +10,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
+from offload_planner.core.ik import model_errors as ik_model_errors
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.plan import Plan, plan_command
 from offload_planner.ui.device_figures import capacity_warnings
@@ -70,7 +71,8 @@ def analyse(plan: Plan) -> Analysis:
             for w in plan_warnings(projection, overrides)
             if not any(w.startswith(f"{n} is over capacity") for n in names)
         ]
-        warnings = unknown_device_warnings(plan) + capacity_warnings(projection) + core
+        refusals = ik_model_errors(plan.model) if plan.dialect == "ik_llama.cpp" else []
+        warnings = refusals + unknown_device_warnings(plan) + capacity_warnings(projection) + core
         rules = rule_reports(projection, overrides)
         command = plan_command(plan)
     except Exception as e:  # a core bug must not take the window down: show it
