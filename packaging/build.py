@@ -3,11 +3,11 @@
     python packaging/build.py [--dist DIR] [--work DIR] [--check]
 
 Writes DIR/offload-planner/ (default DIR: dist/ at the top of the checkout): the executable,
-`_internal/` and `share/` (desktop entry, AppStream metainfo, icons). PyInstaller's build folder
-and its cache (PYINSTALLER_CONFIG_DIR) go to a temporary folder unless --work is given, so a
-build leaves nothing behind but the bundle. --check runs the built app's `--version` and a
-headless `inspect` of its demo model afterwards. Needs `pip install pyinstaller` (in the test
-extra).
+`_internal/` and `share/` (desktop entry, AppStream metainfo, the .gguf MIME type, icons).
+PyInstaller's build folder and its cache (PYINSTALLER_CONFIG_DIR) go to a temporary folder unless
+--work is given, so a build leaves nothing behind but the bundle. --check runs the built app's
+`--version` and a headless `inspect` of its demo model afterwards. Needs `pip install pyinstaller`
+(in the test extra).
 """
 
 from __future__ import annotations

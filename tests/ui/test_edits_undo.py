@@ -92,6 +92,10 @@ def test_margins_sizes_and_dialect(doc: PlanDocument) -> None:
     assert doc.plan.devices.cpu.capacity == 128 * GiB
     doc.set_dialect("ik_llama.cpp", "ik_llama.cpp")
     assert doc.plan.dialect == "ik_llama.cpp" and not doc.plan.placement_options.output_first
+    # the memory follows: ik's context rules, no CPU_REPACK; -mla only for DeepSeek-style models
+    assert doc.plan.context.dialect == "ik_llama.cpp" and doc.plan.context.mla == 0
+    assert not doc.plan.placement_options.use_extra_bufts
+    assert not any(b.name == "CPU_REPACK" for b in doc.plan.projection().buffers())
     for _ in range(3):
         doc.undo_stack.undo()
     assert doc.plan == before
@@ -113,3 +117,29 @@ def test_replace_plan_and_command_texts(doc: PlanDocument) -> None:
     assert doc.undo_stack.undoText().startswith("Move 2 tensors") and doc.undo_stack.undoText().endswith(
         "to CPU"
     )
+
+
+def test_switching_a_deepseek_plan_to_ik_adds_what_ik_allocates(tmp_path: Path) -> None:
+    """ik's default -mla 3 on a mainline-converted DeepSeek file: the attn_kv_b tensors ik computes
+    at load (Q8_0, about 1 GiB for DeepSeek-V3) join the weights, the KV cache is the MLA c^KV, and
+    the exported command says which MLA mode only when it is not ik's default."""
+    from offload_planner.cli import demo_model_path
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.plan import plan_command
+    from offload_planner.ui.plan_edits import with_dialect, with_option
+
+    model = open_model(demo_model_path())
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GiB, 500 * GiB), ())
+    plan = plan_from_args(model, devices, argparse.Namespace(ctx_size=4096, n_parallel=1))
+    ik = with_dialect(plan, "ik_llama.cpp")
+    assert ik.context.mla == 3
+    computed = sum(b.bytes for b in ik.projection().buffers() if b.kind == "model" and "computes" in b.why)
+    # 61 layers x 512 x 128*(128+128) values in Q8_0 (34 bytes per 32), +32 B per CPU buffer
+    assert computed == 61 * (512 * 32768 // 32 * 34 + 32)
+    assert "-mla" not in plan_command(ik)
+    mla1 = with_option(ik, "context.mla", 1)
+    assert not any("computes" in b.why for b in mla1.projection().buffers())
+    cmd = plan_command(mla1)
+    assert cmd[cmd.index("-mla") + 1] == "1"
+    back = with_dialect(ik, "llama.cpp")
+    assert back.context.dialect == "llama.cpp" and back.context.mla == 0

@@ -12,7 +12,7 @@ from PySide6.QtGui import QColor, QHelpEvent
 from PySide6.QtWidgets import QApplication, QFileDialog, QToolTip
 from pytestqt.qtbot import QtBot
 from tests.ui.test_launcher_panel import _buffer_lines, _fake_server
-from tests.ui.window_helpers import open_and_wait
+from tests.ui.window_helpers import open_and_wait, wait_projected
 
 from offload_planner.core.placement import CPU
 from offload_planner.ui import settings as keys
@@ -75,3 +75,29 @@ def test_actual_totals_are_marked_in_the_memory_view(
     with qtbot.waitSignal(launcher.server.finished, timeout=20_000):
         launcher.stop()
     assert window.memory_view.actuals == actuals  # it stays until the next launch or model
+
+
+def test_an_edit_after_a_launch_marks_its_figures_stale_until_the_next(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, small_models: dict[str, Path]
+) -> None:
+    open_and_wait(qtbot, window, small_models["qwen3moe"])
+    a = window.doc.analysis
+    assert a is not None and a.projection is not None
+    window.set_backend_path(str(_fake_server(tmp_path, _buffer_lines(a.projection))))
+    launcher, view = window.launcher, window.memory_view
+    launcher.port_spin.setValue(19500 + os.getpid() % 400)
+    window.tabs.setCurrentIndex(window.tabs.count() - 1)
+    with qtbot.waitSignal(launcher.actualsReady, timeout=20_000, check_params_cb=bool):
+        qtbot.mouseClick(launcher.launch_button, Qt.MouseButton.LeftButton)
+    assert view.actuals and not view.actuals_stale and not launcher.stale_note.isVisible()
+    window.doc.set_option("context.n_ctx", 2048, "context size")
+    wait_projected(qtbot, window)
+    assert view.actuals_stale and launcher.table_is_stale and launcher.stale_note.isVisible()
+    with qtbot.waitSignal(launcher.server.finished, timeout=20_000):
+        launcher.stop()
+    assert view.actuals_stale  # kept, marked, until a launch reports again
+    with qtbot.waitSignal(launcher.actualsReady, timeout=20_000, check_params_cb=bool):
+        qtbot.mouseClick(launcher.launch_button, Qt.MouseButton.LeftButton)
+    assert view.actuals and not view.actuals_stale and not launcher.stale_note.isVisible()
+    with qtbot.waitSignal(launcher.server.finished, timeout=20_000):
+        launcher.stop()

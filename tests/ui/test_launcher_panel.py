@@ -219,3 +219,30 @@ def test_telemetry_view_draws_samples_and_projected_lines(qtbot: QtBot) -> None:
     assert view.message.isVisibleTo(view)
     view.clear()
     assert view.series("mem:CUDA0")[0].size == 0
+
+
+def test_table_notes_a_plan_edited_since_the_launch(qtbot: QtBot, tmp_path: Path, qwen_path: Path) -> None:
+    plan = _plan(qwen_path, "-c 4096")
+    projection = plan.projection()
+    panel = _panel(qtbot, _fake_server(tmp_path, _buffer_lines(projection)), tmp_path)
+    panel.set_plan(plan, projection)
+    assert not panel.stale_note.isVisibleTo(panel) and not panel.table_is_stale
+    emitted: list[dict[str, int]] = []
+    panel.actualsReady.connect(emitted.append)
+    with qtbot.waitSignal(panel.server.ready, timeout=20_000):
+        assert panel.launch()
+    assert emitted[-1] and panel.actuals_plan is plan
+    launched_rows = _cells(panel)
+    edited = _plan(qwen_path, "-c 2048")  # an edit while the server runs
+    panel.set_plan(edited, edited.projection())
+    assert panel.table_is_stale and panel.stale_note.isVisibleTo(panel)
+    assert "edited since this launch" in panel.stale_note.text()
+    assert _cells(panel) == launched_rows  # the table still shows the launch
+    panel.set_plan(plan, projection)  # back to the launched plan
+    assert not panel.table_is_stale and not panel.stale_note.isVisibleTo(panel)
+    panel.set_plan(edited, edited.projection())
+    with qtbot.waitSignal(panel.server.finished, timeout=20_000):
+        panel.stop()
+    panel.set_plan(edited, edited.projection())  # stopped: the table shows the edited projection
+    assert not panel.stale_note.isVisibleTo(panel)
+    assert next(r for r in _cells(panel) if r[:2] == ["CPU", "total"])[4] == "-"

@@ -144,3 +144,34 @@ def test_options_panel_edits_are_undoable(qtbot: QtBot, window: MainWindow, qwen
     assert row is not None
     assert model.setData(model.index(row, 2), 2.5)
     assert doc.plan.devices.gpus[0].margin == int(2.5 * GiB) and doc.undo_stack.count() == 1
+
+
+def test_ik_backend_shows_the_mla_mode_and_its_memory(qtbot: QtBot, window: MainWindow,
+                                                       tmp_path: Path) -> None:
+    """On a DeepSeek-style model, choosing ik_llama.cpp shows the -mla row; changing it is one undo
+    step that changes the projected KV and weights and the command."""
+    from offload_planner.cli import demo_model_path
+
+    open_and_wait(qtbot, window, demo_model_path())
+    panel = window.options_panel
+    form = panel._form
+    assert not form.isRowVisible(panel.mla), "mainline has no -mla"
+    box = window.backend_box
+    box.setCurrentIndex(box.findData("ik_llama.cpp"))
+    box.activated.emit(box.currentIndex())
+    wait_projected(qtbot, window)
+    doc = window.doc
+    assert doc.plan.context.mla == 3 and form.isRowVisible(panel.mla)
+    assert panel.mla.currentData() == 3
+    weights3 = sum(d.weights for d in doc.plan.projection().devices)
+    panel.mla.setCurrentIndex(panel.mla.findData(1))
+    panel.mla.activated.emit(panel.mla.currentIndex())
+    assert doc.plan.context.mla == 1
+    wait_projected(qtbot, window)
+    assert "-mla 1" in window.command_pane.text.toPlainText()
+    weights1 = sum(d.weights for d in doc.plan.projection().devices)
+    assert weights3 - weights1 > GiB, "ik's computed attn_kv_b (about 1 GiB) goes with -mla 1"
+    doc.undo_stack.undo()
+    assert doc.plan.context.mla == 3 and panel.mla.currentData() == 3
+    doc.undo_stack.undo()
+    assert doc.plan.dialect == "llama.cpp" and not form.isRowVisible(panel.mla)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.ik import IK_DEFAULT_MLA
+from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.memory import ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
@@ -103,7 +105,7 @@ REGENERATED_FLAGS = frozenset({
     "--model", "--rpc", "--ctx-size", "--gpu-layers", "--tensor-split", "--split-mode", "--main-gpu",
     "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
     "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--swa-full",
-    "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit",
+    "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit", "--mla-use",
 })
 
 
@@ -175,6 +177,8 @@ def plan_command(plan: Plan) -> list[str]:
             best = cand
     argv += best or []
     argv += _context_flags(ctx, plan.dialect)
+    if plan.dialect == "ik_llama.cpp" and ik_uses_mla(m) and ctx.mla != IK_DEFAULT_MLA:
+        argv += ["-mla", str(ctx.mla)]
     if not opts.use_mmap:
         argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]
     if opts.no_host:

@@ -80,16 +80,20 @@ class SetDialect(QUndoCommand):
         super().__init__(f"Backend: {label}")
         self._holder = holder
         self._new = dialect
-        self._old = holder.plan.dialect
-        self._old_output_first = holder.plan.placement_options.output_first
+        p = holder.plan
+        self._old = p.dialect
+        self._old_popts = (p.placement_options.output_first, p.placement_options.use_extra_bufts)
+        self._old_ctx = (p.context.dialect, p.context.mla)
 
     def redo(self) -> None:
         self._holder.set_plan(plan_edits.with_dialect(self._holder.plan, self._new))
 
     def undo(self) -> None:
         p = self._holder.plan
-        popts = replace(p.placement_options, output_first=self._old_output_first)
-        self._holder.set_plan(replace(p, dialect=self._old, placement_options=popts))
+        first, extra = self._old_popts
+        popts = replace(p.placement_options, output_first=first, use_extra_bufts=extra)
+        ctx = replace(p.context, dialect=self._old_ctx[0], mla=self._old_ctx[1])
+        self._holder.set_plan(replace(p, dialect=self._old, placement_options=popts, context=ctx))
 
 
 class AddDevice(QUndoCommand):

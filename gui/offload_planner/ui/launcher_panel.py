@@ -2,9 +2,10 @@
 
 :class:`LauncherPanel` holds Launch/Stop, the server's state and load progress, its URL with "Open
 web UI", launch options (executable, host, port, -lv 4, extra arguments, environment, wrapper), the
-projected-against-actual table per device and buffer with the difference, and the explanations of a
-failed launch (the device that ran out of memory is highlighted and :attr:`deviceHighlighted` says
-which, with the smallest plan change that fits).
+projected-against-actual table per device and buffer with the difference (with a note when the plan
+has been edited since the launch it shows), and the explanations of a failed launch (the device that
+ran out of memory is highlighted and :attr:`deviceHighlighted` says which, with the smallest plan
+change that fits).
 
 It owns a :class:`~offload_planner.backend.runner.ServerProcess` and a
 :class:`~offload_planner.backend.telemetry.TelemetrySampler`; :meth:`attach_views` connects a
@@ -62,6 +63,10 @@ STATE_COLORS = {
     ServerState.STARTING: "#1565c0",
     ServerState.STOPPING: "#6d4c41",
 }
+STALE_NOTE = (
+    "⚠ The plan has been edited since this launch: the table shows the projection of the command as "
+    "it was launched."
+)
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
 
@@ -93,6 +98,9 @@ class LauncherPanel(QWidget):
         self._projection: Projection | None = None
         self._command: list[str] = []
         self._run: tuple[Plan | None, Projection | None, list[str]] | None = None  # what is running
+        self._table_plan: Plan | None = None  # the plan whose projection the table shows
+        #: The plan of the launch that emitted the last non-empty actualsReady.
+        self.actuals_plan: Plan | None = None
         self.calibrated: dict[str, int] = {}  # device -> calibrated compute bytes for the current plan
         self._telemetry_views: list[TelemetryView] = []
         self._build(executable)
@@ -153,6 +161,11 @@ class LauncherPanel(QWidget):
         self.command_edit.setAccessibleName("Launched command")
         self.notes = QLabel()
         self.notes.setWordWrap(True)
+        self.stale_note = QLabel(STALE_NOTE)
+        self.stale_note.setWordWrap(True)
+        self.stale_note.setStyleSheet("color: #8a5a00")
+        self.stale_note.setAccessibleName("Plan edited since the launch")
+        self.stale_note.hide()
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
@@ -197,6 +210,7 @@ class LauncherPanel(QWidget):
         lay.addWidget(options)
         lay.addWidget(self.notes)
         lay.addWidget(self.failures)
+        lay.addWidget(self.stale_note)
         lay.addWidget(self.table, 1)
 
     # --- the plan -----------------------------------------------------------------------------
@@ -218,8 +232,17 @@ class LauncherPanel(QWidget):
             self._command = []
         self.calibrated = self._calibrated_compute()
         if self._run is None:
-            self._fill_table(self._projection, None)
+            self._fill_table(self._projection, None, plan)
+        self._update_stale_note()
         self._update_buttons()
+
+    @property
+    def table_is_stale(self) -> bool:
+        """The table shows a launch of a plan other than the current one (edited since)."""
+        return self._table_plan is not None and self._table_plan is not self._plan
+
+    def _update_stale_note(self) -> None:
+        self.stale_note.setVisible(self.table_is_stale)
 
     def _calibrated_compute(self) -> dict[str, int]:
         """Compute bytes per device corrected by an earlier launch of the same plan (empty if none)."""
@@ -299,7 +322,7 @@ class LauncherPanel(QWidget):
             self._show_explanations([Explanation("start", f"launch options: {e}")])
             return False
         self._run = (plan, self._projection, list(self._command))
-        self._fill_table(self._projection, None)
+        self._fill_table(self._projection, None, plan)
         return self.server.start(cfg)
 
     def stop(self) -> None:
@@ -358,8 +381,8 @@ class LauncherPanel(QWidget):
         self.url_label.setText(f"<a href='{url}'>{url}</a>")
         self.open_button.setEnabled(True)
         plan, projection, _ = self._run or (None, None, [])
-        self._fill_table(projection, self.server)
-        self._emit_actuals()
+        self._fill_table(projection, self.server, plan)
+        self._emit_actuals(plan)
         if plan is not None and projection is not None and self.calibration is not None:
             try:
                 self.calibration.record_launch(
@@ -380,8 +403,8 @@ class LauncherPanel(QWidget):
         plan, projection, command = self._run or (None, None, [])
         self._run = None
         if not outcome.reached_running:
-            self._fill_table(projection, self.server)
-            self._emit_actuals()
+            self._fill_table(projection, self.server, plan)
+            self._emit_actuals(plan)
         context = None
         if plan is not None:
             context = PlanContext(plan.model, plan.devices, list(command), plan.dialect, projection)
@@ -393,9 +416,10 @@ class LauncherPanel(QWidget):
 
     # --- showing ----------------------------------------------------------------------------------
 
-    def _emit_actuals(self) -> None:
+    def _emit_actuals(self, plan: Plan | None) -> None:
         actual = self.actual_totals()
         if actual:
+            self.actuals_plan = plan
             self.actualsReady.emit(actual)
 
     def _show_explanations(self, exps: list[Explanation]) -> None:
@@ -432,8 +456,13 @@ class LauncherPanel(QWidget):
             v.clear()
             v.set_projection(totals)
 
-    def _fill_table(self, projection: Projection | None, server: ServerProcess | None) -> None:
+    def _fill_table(
+        self, projection: Projection | None, server: ServerProcess | None, plan: Plan | None
+    ) -> None:
+        """``projection`` (of ``plan``) against what ``server`` logged (None: before a launch)."""
         self.table.setRowCount(0)
+        self._table_plan = plan
+        self._update_stale_note()
         if projection is None:
             self.comparison = None
             return

@@ -156,7 +156,7 @@ class MainWindow(QMainWindow):
         doc.analysisChanged.connect(self._plan_to_launcher)
         self.launcher.deviceHighlighted.connect(lambda d: self.memory_view.set_drop_highlight(d or None))
         self.launcher.executableChanged.connect(self.set_backend_path)
-        self.launcher.actualsReady.connect(self.memory_view.set_actuals)
+        self.launcher.actualsReady.connect(self._on_actuals)
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self.command_pane, "Command")
@@ -657,6 +657,10 @@ class MainWindow(QMainWindow):
         self.settings.set(keys.BACKEND_PATH, path)
         if self.launcher.executable != path:
             self.launcher.set_executable(path)
+
+    def _on_actuals(self, actuals: dict[str, int]) -> None:
+        """The launch's actual totals, marked stale in the memory view once its plan is edited."""
+        self.memory_view.set_actuals(actuals, self.launcher.actuals_plan if actuals else None)
 
     def _plan_to_launcher(self) -> None:
         a = self.doc.analysis

@@ -1,24 +1,40 @@
 """Per device, a horizontal stacked bar of weights, KV cache, compute and output against the device's
 capacity, the margin hatched at its end and any overflow in red past it; the figures in GiB
 beside it; hover gives the per-buffer breakdown with how each was computed. After a launch, a thin
-bar under each device's bar marks the actual total llama.cpp logged. A drop target for tensors
-dragged from the map."""
+bar under each device's bar marks the actual total llama.cpp logged; once the plan is edited it
+describes another command and is drawn hollow and grey ("before your last edit") until the next
+launch reports. The breakdown line under a bar abbreviates its labels as far as its width needs
+(the tooltip keeps them whole). A drop target for tensors dragged from the map."""
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.core.memory import DeviceMemory
+from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import ACTUAL_COLOR, OVER_COLOR, device_color, hatch_brush, kind_brush
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
+STALE_ACTUAL_COLOR = QColor("#8A8A8A")  # an actual marker from before the last edit, drawn hollow
+STALE_NOTE = "before your last edit"
+
+#: The breakdown line's labels (in BUFFER_KINDS order) and the gap between its parts, from the
+#: longest form to the shortest: the view draws the first that fits.
+BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (tuple(label for _, label in BUFFER_KINDS), "  "),
+    (("weights", "KV", "compute", "output"), "  "),
+    (("W", "KV", "C", "O"), "  "),
+    (("W", "KV", "C", "O"), " "),
+)
+_FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
 
 def gib(n: float) -> str:
@@ -39,13 +55,54 @@ def figures_text(f: DeviceFigures) -> str:
     return f"{gib(f.used)} / {gib_unit(f.capacity)}"
 
 
-def device_tooltip(dm: DeviceMemory, actual: int | None = None) -> str:
+def breakdown_forms(f: DeviceFigures) -> list[str]:
+    """The breakdown line (the non-empty kinds with their GiB) in its forms, longest first."""
+    return [
+        gap.join(f"{label} {gib(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=True) if n)
+        for labels, gap in BREAKDOWN_FORMS
+    ]
+
+
+def fit_breakdown(f: DeviceFigures, fm: QFontMetrics, width: int) -> tuple[str, int]:
+    """The longest form of the breakdown line that fits ``width`` pixels and its index in
+    :data:`BREAKDOWN_FORMS`; if none fits, the shortest elided (index: the number of forms)."""
+    forms = breakdown_forms(f)
+    for i, text in enumerate(forms):
+        if fm.horizontalAdvance(text) <= width:
+            return text, i
+    return fm.elidedText(forms[-1], Qt.TextElideMode.ElideRight, width), len(forms)
+
+
+def full_breakdown(f: DeviceFigures) -> str:
+    """The breakdown with whole labels and units, for the tooltip."""
+    labels = (label for _, label in BUFFER_KINDS)
+    return ", ".join(f"{label} {gib_unit(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=True) if n)
+
+
+def actual_line(dm: DeviceMemory, actual: int, stale: bool) -> str:
+    if stale:
+        return (
+            f"<b>actual at the last launch ({STALE_NOTE}): {fmt_bytes(actual)}</b> as llama.cpp logged "
+            "it for the command as it was then; the projection above is for the edited plan"
+        )
+    diff = actual - dm.total()
+    return (
+        f"<b>actual at the last launch: {fmt_bytes(actual)}</b> as llama.cpp logged it "
+        f"({'+' if diff >= 0 else '−'}{fmt_bytes(abs(diff))} against {fmt_bytes(dm.total())} projected "
+        "the same way)"
+    )
+
+
+def device_tooltip(dm: DeviceMemory, actual: int | None = None, stale: bool = False) -> str:
+    """``stale``: ``actual`` was logged for the plan before the last edit."""
     f = DeviceFigures.of(dm)
     lines = [f"<b>{html.escape(f.name)}</b> {html.escape(f.description)}"]
     cap = "unknown" if f.capacity is None else fmt_bytes(f.capacity)
     lines.append(
         f"projected {fmt_bytes(f.used)} of {cap}" + (f", margin {fmt_bytes(f.margin)}" if f.margin else "")
     )
+    if f.used:
+        lines.append(html.escape(full_breakdown(f)))
     if f.over:
         lines.append(f"<span style='color:#D00000'><b>{fmt_bytes(f.over)} over</b></span>")
     elif f.left is not None:
@@ -53,12 +110,7 @@ def device_tooltip(dm: DeviceMemory, actual: int | None = None) -> str:
     if f.unread_span:
         lines.append(f"not counted: {fmt_bytes(f.unread_span)} of mmap span that is never read")
     if actual is not None:
-        diff = actual - dm.total()
-        lines.append(
-            f"<b>actual at the last launch: {fmt_bytes(actual)}</b> as llama.cpp logged it "
-            f"({'+' if diff >= 0 else '−'}{fmt_bytes(abs(diff))} against {fmt_bytes(dm.total())} projected "
-            "the same way)"
-        )
+        lines.append(actual_line(dm, actual, stale))
     rows = "".join(
         f"<tr><td>{html.escape(b.kind)}</td><td>{html.escape(b.name)}</td>"
         f"<td align=right>{counted(b) / 2**20:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
@@ -77,10 +129,12 @@ class MemoryView(QWidget):
         self._doc = doc
         self._highlight: str | None = None
         self._actuals: dict[str, int] = {}  # device -> actual bytes logged by the last launch
+        self._actuals_plan: Plan | None = None  # the plan that launch ran
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
         doc.analysisChanged.connect(self.update)
+        doc.planChanged.connect(self.update)  # an edit makes the actual markers stale
         doc.modelChanged.connect(lambda: self.set_actuals({}))
 
     # --- geometry ----------------------------------------------------------------------------
@@ -120,14 +174,25 @@ class MemoryView(QWidget):
             self._highlight = device
             self.update()
 
-    def set_actuals(self, actuals: dict[str, int]) -> None:
-        """Actual total bytes per device from a launch ({}: none); drawn as a thin bar under each bar."""
+    def set_actuals(self, actuals: dict[str, int], plan: Plan | None = None) -> None:
+        """Actual total bytes per device from a launch ({}: none); drawn as a thin bar under each bar.
+        ``plan``: the plan that was launched (default: the document's current plan); once the
+        document's plan is another, the markers are stale."""
         self._actuals = dict(actuals)
+        self._actuals_plan = plan if plan is not None else self._current_plan()
         self.update()
 
     @property
     def actuals(self) -> dict[str, int]:
         return dict(self._actuals)
+
+    @property
+    def actuals_stale(self) -> bool:
+        """The actual markers were logged for a plan other than the current one (an edit since)."""
+        return bool(self._actuals) and self._current_plan() is not self._actuals_plan
+
+    def _current_plan(self) -> Plan | None:
+        return self._doc.plan if self._doc.has_plan else None
 
     def _bar_rect(self, r: QRectF) -> QRectF:
         return QRectF(r.left(), r.top() + self._line() + 3, r.width(), self._bar_height())
@@ -179,11 +244,18 @@ class MemoryView(QWidget):
             self._paint_row(p, self._row_rect(i), f, device_color(devices, f.name))
             actual = self.actual_rect(i)
             if actual is not None:
-                p.fillRect(actual, ACTUAL_COLOR)
-                tick = QRectF(actual.right() - 1.5, actual.top() - 3, 1.5, actual.height() + 3)
-                p.fillRect(tick, ACTUAL_COLOR)
+                self._paint_actual(p, actual)
         y = self._top() + len(rows) * self._row_height()
         self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
+
+    def _paint_actual(self, p: QPainter, r: QRectF) -> None:
+        """The actual-total bar with a tick at its end: solid, or hollow and grey when stale."""
+        stale = self.actuals_stale
+        color = STALE_ACTUAL_COLOR if stale else ACTUAL_COLOR
+        p.fillRect(r, color)
+        if stale and r.width() > 2:
+            p.fillRect(r.adjusted(1, 1, -1, -1), self.palette().color(QPalette.ColorRole.Base))
+        p.fillRect(QRectF(r.right() - 1.5, r.top() - 3, 1.5, r.height() + 3), color)
 
     def _paint_verdict(self, p: QPainter, r: QRectF, figures: list[DeviceFigures]) -> None:
         over = [f for f in figures if f.over]
@@ -278,37 +350,66 @@ class MemoryView(QWidget):
                 QPointF(bar.left() + cap_w, bar.top() - 2), QPointF(bar.left() + cap_w, bar.bottom() + 2)
             )
         # line 3: breakdown ... left / over
-        y3 = bar.bottom() + self._actual_height() + 3
+        line3 = self._breakdown_line(r, f)
         if f.over:
-            status = f"+{gib_unit(f.over)} over"
             p.setFont(bold)
             p.setPen(OVER_COLOR)
         else:
-            status = "" if f.left is None else f"{gib_unit(f.left)} left"
             p.setPen(text)
-        status_w = p.fontMetrics().horizontalAdvance(status) + 4
-        p.drawText(QRectF(r.right() - status_w, y3, status_w, lh), right_mid, status)
+        p.drawText(line3.status_rect, right_mid, line3.status)
         p.setFont(self.font())
         p.setPen(grey)
-        parts = [
-            f"{label} {gib(n)}" for (_k, n), (_, label) in zip(f.by_kind, BUFFER_KINDS, strict=True) if n
-        ]
-        avail = int(r.width() - status_w - 8)
-        p.drawText(
-            QRectF(r.left(), y3, avail, lh),
-            left_mid,
-            fm.elidedText("  ".join(parts), Qt.TextElideMode.ElideRight, avail),
-        )
+        p.drawText(line3.text_rect, left_mid, line3.text)
+
+    # --- the breakdown line ----------------------------------------------------------------------
+
+    def _breakdown_line(self, r: QRectF, f: DeviceFigures) -> _BreakdownLine:
+        """What line 3 of a row in ``r`` shows: the status (left / over, bold when over) at the right,
+        the breakdown in the longest form that fits the rest."""
+        y3 = self._bar_rect(r).bottom() + self._actual_height() + 3
+        lh = self._line()
+        if f.over:
+            status = f"+{gib_unit(f.over)} over"
+            bold = QFont(self.font())
+            bold.setBold(True)
+            status_fm = QFontMetrics(bold)
+        else:
+            status = "" if f.left is None else f"{gib_unit(f.left)} left"
+            status_fm = self.fontMetrics()
+        status_w = status_fm.horizontalAdvance(status) + 4
+        avail = max(0, int(r.width() - status_w - 8))
+        text, form = fit_breakdown(f, self.fontMetrics(), avail)
+        status_rect = QRectF(r.right() - status_w, y3, status_w, lh)
+        return _BreakdownLine(status, status_rect, text, QRectF(r.left(), y3, avail, lh), form)
+
+    def _breakdown_lines(self) -> list[_BreakdownLine]:
+        rows = self._rows()
+        return [self._breakdown_line(self._row_rect(i), DeviceFigures.of(dm)) for i, dm in enumerate(rows)]
+
+    def breakdown(self, i: int) -> tuple[str, QRectF] | None:
+        """The breakdown text row ``i`` draws and the rect it is drawn in (None: no such row)."""
+        lines = self._breakdown_lines()
+        return (lines[i].text, lines[i].text_rect) if 0 <= i < len(lines) else None
+
+    def abbreviated(self) -> bool:
+        """Some row shows the one-letter labels (the legend then names them)."""
+        return any(line.form >= _FIRST_SHORT_FORM for line in self._breakdown_lines())
 
     def _paint_legend(self, p: QPainter, r: QRectF) -> None:
         fm = self.fontMetrics()
         lh = fm.height()
         sw = lh - 4
         base = QColor("#6F6F6F")
-        items: list[tuple[str, str]] = [(label, kind) for kind, label in BUFFER_KINDS]
+        if self.abbreviated():
+            short = BREAKDOWN_FORMS[-1][0]
+            items = [(label if label.split()[0] == s else f"{label} ({s})", kind)
+                     for (kind, label), s in zip(BUFFER_KINDS, short, strict=True)]
+        else:
+            items = [(label, kind) for kind, label in BUFFER_KINDS]
         items += [("margin", "margin"), ("over", "over")]
         if self._actuals:
-            items.append(("actual (last launch)", "actual"))
+            stale = self.actuals_stale
+            items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
         x, y = r.left(), r.top()
         p.setPen(self.palette().color(QPalette.ColorRole.Text))
         for label, kind in items:
@@ -321,7 +422,7 @@ class MemoryView(QWidget):
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
             elif kind == "actual":
-                p.fillRect(QRectF(box.left(), box.center().y() - 1.5, box.width(), 3), ACTUAL_COLOR)
+                self._paint_actual(p, QRectF(box.left(), box.center().y() - 1.5, box.width(), 3))
             else:
                 p.fillRect(box, kind_brush(base, kind))
             p.drawText(
@@ -339,9 +440,19 @@ class MemoryView(QWidget):
             for i, dm in enumerate(rows):
                 if self._row_rect(i).contains(QPointF(e.pos())):
                     actual = self._actuals.get(dm.device.name)
-                    QToolTip.showText(e.globalPos(), device_tooltip(dm, actual), self)
+                    tip = device_tooltip(dm, actual, self.actuals_stale)
+                    QToolTip.showText(e.globalPos(), tip, self)
                     return True
             QToolTip.hideText()
             e.ignore()
             return True
         return super().event(e)
+
+
+@dataclass(frozen=True)
+class _BreakdownLine:
+    status: str
+    status_rect: QRectF
+    text: str
+    text_rect: QRectF
+    form: int  # index in BREAKDOWN_FORMS; len(BREAKDOWN_FORMS): the shortest, elided

@@ -1,6 +1,6 @@
 """OPTIONS: the llama-server flags that change memory: -c, -b, -ub, -fa, -ctk/-ctv, -np/-kvu, -ngl,
-mmap, KV offload. The widgets mirror the plan; every change is one SetOption undo step (repeated
-changes of one option merge)."""
+mmap, KV offload; ik_llama.cpp's -mla for DeepSeek-style models. The widgets mirror the plan; every
+change is one SetOption undo step (repeated changes of one option merge)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.plan_edits import option_value
 
+MLA_MODES = ((0, "0: standard cache"), (1, "1: c^KV + kv^T"), (2, "2: c^KV"), (3, "3: c^KV (ik default)"))
 KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 BATCHES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -107,6 +109,13 @@ class OptionsPanel(QWidget):
         self.unified = QCheckBox("unified KV")
         self.mmap = QCheckBox("mmap the model")
         self.kv_offload = QCheckBox("KV cache on the layer's GPU")
+        self.mla = QComboBox()
+        for mode, text in MLA_MODES:
+            self.mla.addItem(text, mode)
+        self.mla.setToolTip("ik_llama.cpp -mla: how a DeepSeek-style model keeps its KV cache and which "
+                            "attention tensors ik computes at load (not 1: attn_kv_b, about 1 GiB for "
+                            "DeepSeek-V3)")
+        self.mla.setAccessibleName("MLA mode")
 
         self.ctx.setToolTip(
             "-c: context size (trained = the model's trained length; pin it to stop --fit from shrinking it)"
@@ -136,6 +145,8 @@ class OptionsPanel(QWidget):
         self.type_v.setAccessibleName("V cache type")
         form.addRow("KV cache K", kv)
         form.addRow("Slots -np", self.slots)
+        form.addRow("MLA -mla", self.mla)
+        self._form = form
         checks = QGridLayout()
         checks.setContentsMargins(0, 0, 0, 0)
         checks.addWidget(self.unified, 0, 0)
@@ -155,6 +166,7 @@ class OptionsPanel(QWidget):
         self.unified.toggled.connect(lambda v: self._set("context.kv_unified", v, "unified KV"))
         self.mmap.toggled.connect(lambda v: self._set("placement.use_mmap", v, "mmap"))
         self.kv_offload.toggled.connect(lambda v: self._set("context.offload_kqv", v, "KV offload"))
+        self.mla.activated.connect(lambda i: self._set("context.mla", int(self.mla.itemData(i)), "-mla"))
 
         doc.planChanged.connect(self.sync)
         doc.modelChanged.connect(self.sync)
@@ -189,6 +201,7 @@ class OptionsPanel(QWidget):
             self.unified,
             self.mmap,
             self.kv_offload,
+            self.mla,
         ]
         has = self._doc.has_plan
         for w in widgets:
@@ -213,6 +226,8 @@ class OptionsPanel(QWidget):
         self.unified.setChecked(bool(option_value(plan, "context.kv_unified")))
         self.mmap.setChecked(bool(option_value(plan, "placement.use_mmap")))
         self.kv_offload.setChecked(bool(option_value(plan, "context.offload_kqv")))
+        self.mla.setCurrentIndex(max(0, self.mla.findData(int(option_value(plan, "context.mla")))))
+        self._form.setRowVisible(self.mla, plan.dialect == "ik_llama.cpp" and ik_uses_mla(plan.model))
         del blockers
 
     @staticmethod
