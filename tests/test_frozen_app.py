@@ -87,6 +87,7 @@ def test_bundle_carries_icons_and_desktop_files(bundle: Path) -> None:
     share = bundle / "share"
     assert (share / "applications" / "offload-planner.desktop").is_file()
     assert (share / "metainfo" / f"{APP_ID}.metainfo.xml").is_file()
+    assert (share / "mime" / "packages" / "offload-planner.xml").is_file()
     for size in (16, 32, 48, 128, 256, 512):
         assert (share / "icons" / "hicolor" / f"{size}x{size}" / "apps" / "offload-planner.png").is_file()
     assert (share / "icons" / "hicolor" / "scalable" / "apps" / "offload-planner.svg").is_file()
