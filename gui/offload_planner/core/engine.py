@@ -12,6 +12,7 @@ from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.ik import mla_mode as ik_mla_mode
+from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
@@ -124,4 +125,7 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA
     projection = project(model, devices, placement, cparams)
     from offload_planner.core.diagnostics import plan_warnings
 
-    return EngineResult(projection, popts, cparams, plan_warnings(projection, popts.overrides), notes)
+    warnings = plan_warnings(projection, popts.overrides)
+    if dialect == IK_LLAMA_CPP:
+        warnings = ik_split_mode_warnings(model, popts.split_mode, len(devices.gpus)) + warnings
+    return EngineResult(projection, popts, cparams, warnings, notes)

@@ -129,3 +129,19 @@ def kv_row_bytes(model: Model, il: int, mla: int, flash_attn: bool, type_k: GGML
     if mla == 1 and not flash_attn:
         return k, type_v.row_bytes(s.kv_lora_rank), "MLA c^KV + kv^T (-mla 1 without flash attention)"
     return k, 0, f"MLA c^KV only (-mla {mla}{', flash attention' if flash_attn else ''})"
+
+
+#: ``is_model_split_supported`` in ik's src/llama.cpp: architectures -sm graph/attn splits.
+GRAPH_SPLIT_ARCHS = frozenset({"llama", "qwen3moe", "glm4moe", "mistral3", "cohere2", "mimo2", "qwen3",
+                               "qwen3vl", "hunyuan-moe", "gpt-oss", "ernie4_5-moe"})
+
+
+def split_mode_warnings(model: Model, split_mode: str, n_gpus: int) -> list[str]:
+    """What ik does with ``-sm graph``/``-sm attn``, which the planner projects as a layer split."""
+    if split_mode not in ("graph", "attn") or n_gpus < 2:
+        return []
+    if model.arch not in GRAPH_SPLIT_ARCHS:
+        return [f"-sm {split_mode}: ik_llama.cpp does not split {model.arch} that way and changes the "
+                "split mode to 'layer' (it says so at load); projected as a layer split, as ik runs it"]
+    return [f"-sm {split_mode}: ik_llama.cpp spreads each layer's tensors over the GPUs (tensor "
+            "parallel); not modelled here: the per-GPU figures are those of -sm layer with the same -ts"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.ik import model_errors as ik_model_errors
+from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.plan import Plan, plan_command
 from offload_planner.ui.device_figures import capacity_warnings
@@ -71,7 +72,10 @@ def analyse(plan: Plan) -> Analysis:
             for w in plan_warnings(projection, overrides)
             if not any(w.startswith(f"{n} is over capacity") for n in names)
         ]
-        refusals = ik_model_errors(plan.model) if plan.dialect == "ik_llama.cpp" else []
+        refusals = []
+        if plan.dialect == "ik_llama.cpp":
+            refusals = ik_model_errors(plan.model) + ik_split_mode_warnings(
+                plan.model, plan.placement_options.split_mode, len(plan.devices.gpus))
         warnings = refusals + unknown_device_warnings(plan) + capacity_warnings(projection) + core
         rules = rule_reports(projection, overrides)
         command = plan_command(plan)

@@ -1,0 +1,54 @@
+"""core.ik on real GGUF bytes: which ik_llama.cpp rules apply to which file (the sizes themselves are
+measured against ik's libllama in tests/integration/test_ik_memory.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from offload_planner.cli import demo_model_path
+from offload_planner.core import ik
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.synth import SMALL_MODELS, write_model
+
+
+def test_mla_mode_applies_to_deepseek_only(small_models: dict[str, Path]) -> None:
+    ds = open_model(demo_model_path())
+    assert ik.mla_mode(ds, None) == 3 and ik.mla_mode(ds, 1) == 1
+    for name in ("llama", "qwen3moe", "glm4moe", "gpt-oss", "gemma3"):
+        m = open_model(small_models[name])
+        assert not ik.uses_mla(m) and ik.mla_mode(m, 2) == 0 and ik.computed_tensors(m, 3) == []
+
+
+def test_deepseek_v3_gets_q8_0_attn_kv_b_unless_mla_1() -> None:
+    ds = open_model(demo_model_path())
+    three = ik.computed_tensors(ds, 3)
+    assert [c.name for c in three] == [f"blk.{il}.attn_kv_b.weight" for il in range(61)]
+    assert {(c.shape, c.type.name) for c in three} == {((512, 128 * (128 + 128)), "q8_0")}
+    assert three[0].source == "blk.0.attn_k_b.weight"
+    assert ik.computed_tensors(ds, 1) == []
+    assert ik.computed_tensors(ds, 0) == three  # the standard cache needs attn_kv_b too
+    assert ik.model_errors(ds) == []
+
+
+def test_older_layout_gets_k_b_and_v_b(tmp_path: Path) -> None:
+    spec = replace(SMALL_MODELS["deepseek2"], n_head_kv=None, head_dim_k=192, head_dim_v=128, n_rot=64,
+                   kv_lora_rank=512, key_length_mla=0, value_length_mla=0)
+    m = open_model(write_model(spec, tmp_path / "old.gguf")[0])
+    assert ik.computed_tensors(m, 0) == []
+    got = {(c.name.split(".")[2], c.shape) for c in ik.computed_tensors(m, 2)}
+    assert got == {("attn_k_b", (128, 512, 4)), ("attn_v_b", (512, 128, 4))}
+
+
+def test_refusal_names_the_shapes(small_models: dict[str, Path]) -> None:
+    (msg,) = ik.model_errors(open_model(small_models["deepseek2"]))
+    assert "Detected incompatible DeepSeek model" in msg and "288, 256, 32" in msg
+
+
+def test_graph_split_warnings(small_models: dict[str, Path]) -> None:
+    qwen = open_model(small_models["qwen3moe"])
+    ds = open_model(demo_model_path())
+    assert ik.split_mode_warnings(qwen, "graph", 1) == []
+    assert ik.split_mode_warnings(qwen, "layer", 2) == []
+    assert "not modelled" in ik.split_mode_warnings(qwen, "graph", 2)[0]
+    assert "changes the split mode to 'layer'" in ik.split_mode_warnings(ds, "attn", 2)[0]
