@@ -1397,8 +1397,12 @@ def _backends(devices: DeviceSet, placement: Placement) -> list[Backend]:
     return out
 
 
-def _weight_factory(model: Model, placement: Placement) -> Callable[[str], T | None]:
-    where: dict[str, tuple[tuple[int, ...], GGMLType, str]] = {}
+WeightWhere = dict[str, tuple[tuple[int, ...], GGMLType, str]]
+
+
+def _weight_where(placement: Placement) -> WeightWhere:
+    """Shape, type and device of every loaded weight by the name the graph asks for."""
+    where: WeightWhere = {}
     for p in placement.items:
         if p.device is None:
             continue
@@ -1406,6 +1410,13 @@ def _weight_factory(model: Model, placement: Placement) -> Callable[[str], T | N
         where[key] = (p.tensor.shape, p.tensor.type, p.device)
     if "output.weight" not in where and "token_embd.weight" in where:
         where["output.weight"] = where["token_embd.weight"]
+    return where
+
+
+def _weight_factory(model: Model, placement: Placement, where: WeightWhere | None = None
+                    ) -> Callable[[str], T | None]:
+    if where is None:
+        where = _weight_where(placement)
     cache: dict[str, T] = {}
 
     def get(name: str) -> T | None:
@@ -1466,12 +1477,14 @@ def graph_builder(model: Model) -> Callable[[Builder], None] | None:
 
 
 def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-             p: ContextParams, *, no_alloc: bool = False) -> Simulation | None:
+             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here.
 
     The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)
     reserves.  ``no_alloc`` gives what ``llama-fit-params`` / ``--fit`` estimate instead: the first pp
-    reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends."""
+    reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
+    ``incremental``: replay the reserves against a recorded run of the same graph
+    (:mod:`offload_planner.core.compute_incremental`; the same result, in a fraction of the time)."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None
@@ -1483,9 +1496,19 @@ def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resolv
         return placement.layer_device(il) if p.offload_kqv else CPU
 
     shapes = _reserve_shapes(model, ctx, p, _full_offload(placement))
-    reserves = [reserve(sh, arch_fn, backends, n_copies, _weight_factory(model, placement),
-                        placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
-                for sh in (shapes[:1] if no_alloc else shapes)]
+    if incremental and not no_alloc and n_copies == 1:
+        from offload_planner.core.compute_incremental import incremental_reserve
+
+        where = _weight_where(placement)
+        units = list(placement.unit_devices)
+        reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload), sh, arch_fn,
+                                        backends, op_offload, _weight_factory(model, placement, where),
+                                        placement.layer_device, kv_dev, where, units, p.offload_kqv)
+                    for sh in shapes]
+    else:
+        reserves = [reserve(sh, arch_fn, backends, n_copies, _weight_factory(model, placement),
+                            placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
+                    for sh in (shapes[:1] if no_alloc else shapes)]
     sizes = [max(r.sizes[i] for r in reserves) for i in range(len(backends))]
     return Simulation(backends, sizes, reserves, n_copies)
 
@@ -1592,7 +1615,7 @@ def _compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx
 
     reason = f"no graph model for {model.arch}"
     try:
-        sim = simulate(model, devices, placement, ctx, params)
+        sim = simulate(model, devices, placement, ctx, params, incremental=True)
     except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError) as e:
         # a file whose tensors do not fit the architecture's graph: estimate rather than fail
         sim, reason = None, f"{model.arch} graph not built: {type(e).__name__} {e}"

@@ -1,0 +1,825 @@
+"""Incremental reserve: re-simulate only the part of a graph that a placement change touches.
+
+:func:`offload_planner.core.compute.reserve` builds, schedules and allocates the whole graph (a
+DeepSeek-V3 reserve is ~6000 nodes: ~60 ms).  A planner edit (moving one layer's experts) changes
+the devices of a few tensors; everything before the change is the same computation, and after it
+the computation is the same again as soon as its state is.  So a *reference* run is recorded once
+per graph topology (shape, backends, weight set) and later placements are replayed against it:
+
+1. devices: the weights, KV caches, per-layer ``rope_freqs`` and forced ``norm`` nodes whose device
+   differs from the reference;
+2. scheduler passes 1-4 on a window of the node list bounded by nodes that pass 1 assigns the same
+   backend in both runs (every sweep of pass 2 restarts at an assigned node, so nothing outside the
+   window can change; pass 3 must be idle and pass 4 only give views their source's backend, as in
+   the reference, else the replay refuses);
+3. pass 5 (splits and input copies) replayed from the start of the split holding the first affected
+   node until its state (current backend, whether the split has inputs, the copies created since)
+   equals the reference's at the same node; the reference's splits follow;
+4. the allocator replayed from the reference checkpoint at the first replayed split's start (blocks,
+   running maxima and peak labels, live tensors with their remaining child and view counts) until,
+   in the unchanged tail, blocks and live tensors equal the reference checkpoint at the same node;
+   the tail's maximum per backend (and the first allocation reaching it) comes from the reference.
+   Child counts at the start are the reference's corrected by the difference of the two windows;
+   when that difference would change a decision before the start (a tensor used before and in the
+   window with another count), the replay refuses.
+
+A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
+topology) runs the full simulation, recorded as the new reference.  ``tests/core/test_compute_
+incremental.py`` checks replays against the full simulation on random placements.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from offload_planner.core.compute import (
+    _LAYER,
+    INPLACE_OPS,
+    OUTPUT,
+    VIEW_OPS,
+    Backend,
+    Builder,
+    DynAllocator,
+    GraphAllocator,
+    Reserve,
+    Scheduler,
+    Shape,
+    Split,
+    T,
+    WeightWhere,
+    nbytes,
+    reserve,
+    same_layout,
+    view_tensor,
+)
+
+CPU = "CPU"
+
+
+class _Refuse(Exception):
+    """The replay cannot prove itself equal to the full run: run it in full."""
+
+
+# --- the reference run ---------------------------------------------------------------------------------
+
+
+class _RecDyn(DynAllocator):
+    def __init__(self, alignment: int, events: list[tuple[int, int, str]], rec: _RecAlloc) -> None:
+        super().__init__(alignment)
+        self.events = events
+        self.rec = rec
+
+    def alloc(self, size: int) -> int:
+        off = super().alloc(size)
+        self.events.append((self.rec.pos, off + self._align(size), self.rec._where))
+        return off
+
+
+class _RecAlloc(GraphAllocator):
+    """``GraphAllocator.run`` that also keeps a checkpoint at every split start."""
+
+    def __init__(self, backends: list[Backend]) -> None:
+        super().__init__(backends)
+        self.pos = -1
+        self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
+        self.allocs = [_RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
+        self.objs: dict[int, T] = {}
+
+    def allocate(self, t: T, bid: int) -> None:
+        self.objs[id(t)] = t
+        super().allocate(t, bid)
+
+    def run_rec(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int],
+                checkpoints: set[int]) -> tuple[list[int], dict[int, _Checkpoint]]:
+        for t in nodes + leafs:
+            t.n_children = t.n_views = 0
+        for leaf, bid in zip(leafs, leaf_ids, strict=True):
+            self.allocate(leaf, bid)
+        n_own = len(self.own)
+        for n, bid in zip(nodes, node_ids, strict=True):
+            if n.view_src is not None and n.op != "NONE":
+                n.view_src.n_views += 1
+            if n.flags & 1:
+                self.allocate(n, bid)
+            for s in n.src:
+                if s is None:
+                    continue
+                s.n_children += 1
+                if s.flags & 1:
+                    self.allocate(s, bid)
+        if len(self.own) != n_own:
+            raise _Refuse("inputs allocated by the counting pass")
+        cks: dict[int, _Checkpoint] = {}
+        layer = ""
+        for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
+            if pos in checkpoints:
+                live = {}
+                for i in self.own:
+                    t = self.objs[i]
+                    if t.n_children or t.n_views:
+                        assert t.alloc is not None
+                        live[t] = (t.alloc, t.n_children, t.n_views)
+                cks[pos] = _Checkpoint([[list(b) for b in a.blocks] for a in self.allocs],
+                                       [a.max_size for a in self.allocs], list(self.peaks), layer, live)
+            self.pos = pos
+            if (m := _LAYER.search(n.name)) is not None:
+                layer = f" (layer {m.group(1)})"
+            self._where = f"{n.op if n.op != 'NONE' else 'copy of ' + (n.name or 'an input')}{layer}"
+            for s in n.src:
+                if s is not None:
+                    self.allocate(s, bid)
+            self.allocate(n, bid)
+            for p in n.src:
+                if p is None:
+                    continue
+                p.n_children -= 1
+                if p.n_children or p.n_views:
+                    continue
+                if p.view_src is not None:
+                    vs = p.view_src
+                    vs.n_views -= 1
+                    if vs.n_views == 0 and vs.n_children == 0 and id(vs) in self.own:
+                        self.free(vs)
+                elif id(p) in self.own:
+                    self.free(p)
+        return [a.max_size for a in self.allocs], cks
+
+
+@dataclass
+class _Checkpoint:
+    blocks: list[list[list[int]]]
+    max_size: list[int]
+    peaks: list[str]
+    layer: str
+    live: dict[T, tuple[tuple[int, int], int, int]]
+    suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
+
+
+class _Ref:
+    """One recorded full run of one reserve graph."""
+
+    def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
+                 op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
+                 kv_dev: Callable[[int], str], where: WeightWhere,
+                 unit_devices: list[str]) -> None:
+        self.sh, self.backends, self.op_offload = sh, backends, op_offload
+        self.unit_devices = list(unit_devices)
+        self.where = dict(where)
+        b = Builder(sh, weights, layer_dev, kv_dev)
+        arch_fn(b)
+        g = self.g = b.g
+        nodes, leafs = g.nodes, g.leafs
+        self.sched = sched = Scheduler(backends, 1, op_offload)
+        ids, cpu = sched.ids, sched.cpu
+        self.ids, self.cpu = ids, cpu
+        # devices: which tensors carry one, and where it comes from
+        self.dev_of: list[tuple[T, int, object]] = []  # (tensor, kind, key): 0 weight, 1 kv, 2 layer
+        names = {id(t): t for t in leafs}
+        for t in names.values():
+            if t.weights and t.name.startswith("rope_freqs-"):
+                self.dev_of.append((t, 2, int(t.name.rsplit("-", 1)[1])))
+            elif t.weights:
+                self.dev_of.append((t, 0, t.name))
+            elif t.dev is not None and t.name.startswith(("cache_k_l", "cache_v_l")):
+                self.dev_of.append((t, 1, int(t.name[9:])))
+            elif t.dev is not None:
+                raise _Refuse(f"unknown device-carrying tensor {t.name}")
+        self.forced: list[tuple[T, int]] = []  # (node, layer) of forced norms; -1: always CPU
+        by_id = {id(n): n for n in nodes}
+        self.forced_dev: dict[T, str] = {}
+        for i, dev in g.forced.items():
+            n = by_id.get(i)
+            if n is None:
+                continue
+            self.forced_dev[n] = dev
+            if n.name.rsplit("-", 1)[0] in ("norm", "l_last"):
+                il = int(n.name.rsplit("-", 1)[1])
+                if layer_dev(il) != dev:
+                    raise _Refuse("forced device")
+                self.forced.append((n, il))
+            elif dev != CPU:
+                raise _Refuse("forced device")
+        # scheduler passes 1-4
+        forced = g.forced
+        for t in leafs + nodes:
+            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
+        for t in leafs + nodes:
+            if t.bid == -1:
+                t.bid = sched._from_cur(t)
+        self.gidx = {n: i for i, n in enumerate(nodes)}
+        self.p1 = [n.bid for n in nodes]
+        if any(t.bid == -1 for t in leafs):
+            raise _Refuse("unassigned leaf")
+        sched._expand(nodes)
+        p2 = [n.bid for n in nodes]
+        sched._pass3(nodes)
+        if [n.bid for n in nodes] != p2:
+            raise _Refuse("pass 3 assigns")
+        self.orig_src = [tuple(n.src) for n in nodes]
+        sched._pass4(nodes)
+        for i, n in enumerate(nodes):
+            if n.op in VIEW_OPS:
+                assert n.view_src is not None
+                want = self.p1[i] if self.p1[i] != -1 else n.view_src.bid
+            else:
+                want = p2[i]
+            if n.bid != want:
+                raise _Refuse("pass 4 assigns")
+        self.real = [i for i, n in enumerate(nodes) if n.op not in VIEW_OPS]
+        self.ridx = {gi: r for r, gi in enumerate(self.real)}
+        self.consumers: dict[T, list[int]] = {}
+        self.views: dict[T, list[int]] = {}
+        for i, n in enumerate(nodes):
+            for s in self.orig_src[i]:
+                if s is not None:
+                    self.consumers.setdefault(s, []).append(i)
+            if n.view_src is not None:
+                self.views.setdefault(n.view_src, []).append(i)
+        self._pass5(nodes)
+        sched._build_copy(g)
+        # sched positions
+        self.ss: list[int] = []
+        self.sp: dict[int, int] = {}
+        pos = 0
+        for sp in self.splits:
+            self.ss.append(pos)
+            pos += 2 * len(sp.inputs)
+            for gi in range(sp.i_start, sp.i_end):
+                self.sp[gi] = pos
+                pos += 1
+        assert pos == len(sched.nodes)
+        self.sched_nodes, self.sched_ids = sched.nodes, sched.node_ids
+        self.uses: dict[T, list[int]] = {}
+        self.first: dict[T, int] = {t: -1 for t in sched.leafs}
+        for p, n in enumerate(self.sched_nodes):
+            self.first.setdefault(n, p)
+            for s in n.src:
+                if s is not None:
+                    self.uses.setdefault(s, []).append(p)
+                    self.first.setdefault(s, p)
+        self.view_nodes: dict[T, list[T]] = {}
+        for n in self.sched_nodes:
+            if n.view_src is not None and n.op != "NONE":
+                self.view_nodes.setdefault(n.view_src, []).append(n)
+        galloc = _RecAlloc(backends)
+        self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
+                                              set(self.ss))
+        self.peaks = list(galloc.peaks)
+        self.size_cache: dict[tuple[T, int], int] = {}
+        for evs in galloc.events:
+            best: tuple[int, str] = (-1, "")
+            k = len(evs)
+            for p in sorted(self.ss, reverse=True):
+                while k and evs[k - 1][0] >= p:
+                    k -= 1
+                    if evs[k][1] >= best[0]:
+                        best = (evs[k][1], evs[k][2])
+                ck = self.cks[p]
+                if ck.suffix is None:
+                    ck.suffix = []
+                ck.suffix.append(best)
+        self.copies = [0] * len(backends)
+        self.wcopies = [0] * len(backends)
+        for sp in self.splits:
+            for inp in sp.inputs:
+                self.copies[sp.backend] += nbytes(inp)
+                if inp.weights:
+                    self.wcopies[sp.backend] += nbytes(inp)
+        self.reserve = Reserve(sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies, len(nodes),
+                               len(self.splits))
+
+    def _pass5(self, nodes: list[T]) -> None:
+        """``Scheduler._pass5`` recording the state before every node and where copies were made."""
+        sched = self.sched
+        n_nodes = len(nodes)
+        self.cur_before: list[int] = [-2] * n_nodes
+        self.ne_before: list[bool] = [False] * n_nodes
+        self.split_before: list[int] = [-1] * n_nodes
+        self.created: dict[tuple[T, int], int] = {}  # copy key -> node index that made it
+        self.copy_of: dict[tuple[T, int], T] = {}
+        self.input_pos: list[list[int]] = []
+        first = next((k for k, n in enumerate(nodes) if n.op not in VIEW_OPS), len(nodes))
+        split = Split(nodes[first].bid if first < len(nodes) else sched.cpu, 0)
+        splits = self.splits = sched.splits = [split]
+        self.input_pos.append([])
+        cur = split.backend
+        for i in range(first, n_nodes):
+            n = nodes[i]
+            if n.op in VIEW_OPS:
+                continue
+            self.cur_before[i], self.ne_before[i] = cur, bool(split.inputs)
+            self.split_before[i] = len(splits) - 1
+            need_new = n.bid == cur and bool(split.inputs) and any(
+                s is not None and s.weights and s.bid != cur and not sched._supported(s, cur) for s in n.src)
+            if n.bid != cur or need_new:
+                split.i_end = i
+                split = Split(n.bid, i)
+                splits.append(split)
+                self.input_pos.append([])
+                cur = n.bid
+            for j, s in enumerate(n.src):
+                if s is None or s.bid == cur or sched._supported(s, cur):
+                    continue
+                key = (id(s), cur)
+                if key not in sched.copies:
+                    sched.copies[key] = [sched._copy(s, 0)]
+                    self.created[(s, cur)] = i
+                    self.copy_of[(s, cur)] = sched.copies[key][0]
+                    split.inputs.append(s)
+                    self.input_pos[-1].append(i)
+                n.src[j] = sched.copies[key][0]
+        split.i_end = len(nodes)
+        self.created_sorted = [(gi, key) for key, gi in self.created.items()]  # in node order
+
+
+# --- the replay ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Move:
+    dev: dict[T, str]  # device-carrying tensors whose device changed
+    forced: dict[T, str]  # forced nodes whose device changed
+
+
+def _diff(ref: _Ref, where: WeightWhere, unit_devices: list[str],
+          offload_kqv: bool) -> _Move:
+    dev: dict[T, str] = {}
+    forced: dict[T, str] = {}
+    layers_changed = unit_devices != ref.unit_devices
+    for t, kind, key in ref.dev_of:
+        if kind == 0:
+            assert isinstance(key, str)
+            w = where.get(key)
+            if w is None:
+                raise _Refuse("weight set")
+            new = w[2]
+        elif not layers_changed:
+            continue
+        else:
+            assert isinstance(key, int)
+            new = unit_devices[key] if kind == 2 or offload_kqv else CPU
+        if new != t.dev:
+            dev[t] = new
+    if layers_changed:
+        for n, il in ref.forced:
+            if unit_devices[il] != ref.unit_devices[il]:
+                forced[n] = unit_devices[il]
+    return _Move(dev, forced)
+
+
+def replay(ref: _Ref, mv: _Move) -> Reserve:
+    if not mv.dev and not mv.forced:
+        return ref.reserve
+    nodes = ref.g.nodes
+    sched, ids, cpu = ref.sched, ref.ids, ref.cpu
+    backends = ref.backends
+    newdev = mv.dev
+
+    def loc(t: T) -> str | None:
+        b = t.view_src if t.view_src is not None else t
+        return newdev.get(b, b.dev)
+
+    def from_buffer(t: T) -> int:
+        lo = loc(t)
+        return -1 if lo is None else ids.get(lo, cpu)
+
+    bid: dict[T, int] = {}  # new final backend where it differs from the reference
+
+    def B(t: T) -> int:
+        return bid.get(t, t.bid)
+
+    def supported(t: T, b: int) -> bool:
+        lo = loc(t)
+        if lo is not None:
+            return ids.get(lo, cpu) == b
+        x = B(t) if B(t) != -1 or t.view_src is None else B(t.view_src)
+        return x == b
+
+    def pass1(t: T) -> int:
+        if t in mv.forced:
+            return ids[mv.forced[t]]
+        if t in ref.forced_dev:
+            return ids[ref.forced_dev[t]]
+        x = from_buffer(t)
+        if x != -1:
+            return x
+        if t.flags & 1:
+            return cpu
+        if t.op in ("ROPE", "FLASH_ATTN_EXT"):
+            return -1
+        for s in ref.orig_src[ref.gidx[t]]:
+            if s is not None and s.weights:
+                sb = from_buffer(s)
+                if ref.op_offload and sb == cpu:
+                    for k in range(cpu):
+                        if backends[k].offloads(t):
+                            return k
+                return sb
+        return -1
+
+    # pass 1 on what the changed devices touch
+    touched: set[int] = set()
+    for t in newdev:
+        if t not in ref.gidx:
+            bid[t] = from_buffer(t)  # a leaf: weights, caches
+        touched.update(ref.consumers.get(t, ()))
+        touched.update(ref.views.get(t, ()))
+    for n in mv.forced:
+        touched.add(ref.gidx[n])
+    p1 = {gi: pass1(nodes[gi]) for gi in touched}
+    changed_r = sorted(ref.ridx[gi] for gi, b in p1.items() if b != ref.p1[gi] and gi in ref.ridx)
+    real = ref.real
+    if changed_r:
+        lo, hi = changed_r[0], changed_r[-1]
+        a = lo - 1
+        while a >= 0 and ref.p1[real[a]] == -1:
+            a -= 1
+        z = hi + 1
+        while z < len(real) and ref.p1[real[z]] == -1:
+            z += 1
+        a, z = max(a, 0), min(z, len(real) - 1)
+        win = [real[r] for r in range(a, z + 1)]
+        cur_b = {gi: p1.get(gi, ref.p1[gi]) for gi in win}
+        for order, skip_cpu in ((win, True), (win[::-1], True), (win, False), (win[::-1], False)):
+            c = -1
+            for gi in order:
+                x = cur_b[gi]
+                if x != -1:
+                    c = -1 if (skip_cpu and x == cpu) else x
+                elif c != -1:
+                    cur_b[gi] = c
+        for gi, x in cur_b.items():
+            if x == -1:
+                raise _Refuse("pass 3 would assign")
+            if x != nodes[gi].bid:
+                bid[nodes[gi]] = x
+    # views: location-pinned ones from pass 1, the others take their source's backend (pass 4)
+    vcand = {gi for gi in p1 if nodes[gi].op in VIEW_OPS}
+    for t in list(bid):
+        vcand.update(gi for gi in ref.views.get(t, ()) if nodes[gi].op in VIEW_OPS)
+    for gi in vcand:
+        v = nodes[gi]
+        x = p1.get(gi, ref.p1[gi])
+        if x == -1:
+            assert v.view_src is not None
+            x = B(v.view_src)
+        if x != v.bid:
+            bid[v] = x
+        else:
+            bid.pop(v, None)
+    # pass 5: from the split holding the first affected node until the state is the reference's
+    affected: set[int] = set()
+    for t in bid:
+        if t in ref.gidx:
+            affected.add(ref.gidx[t])
+        affected.update(ref.consumers.get(t, ()))
+    for t in newdev:
+        affected.update(ref.consumers.get(t, ()))
+        for gi in ref.views.get(t, ()):
+            affected.update(ref.consumers.get(nodes[gi], ()))
+    if not affected:
+        return _replay_alloc_same(ref, bid, newdev)
+    fa, fb = min(affected), max(affected)
+    k = ref.split_before[fa] if ref.split_before[fa] >= 0 else 0
+    made: dict[tuple[T, int], T] = {}
+    newsrc: dict[T, list[T | None]] = {}
+    created = ref.created
+    cs = ref.created_sorted
+    if k >= 1:
+        start = ref.splits[k].i_start
+        carried = ref.splits[k - 1]
+        split = Split(carried.backend, carried.i_start, 0, list(carried.inputs))
+        wa = ref.ss[k - 1]
+        kept = ref.splits[:k - 1]
+    else:  # from the first node, as the full pass does
+        start = ref.real[0] if ref.real else len(nodes)
+        split = Split(B(nodes[start]) if start < len(nodes) else cpu, 0)
+        wa = 0
+        kept = []
+    new_splits = [split]
+    cur = split.backend
+    kc = _first_at(cs, start)
+    ref_made: set[tuple[T, int]] = set()
+    x = len(nodes)
+    for i in range(start, len(nodes)):
+        n = nodes[i]
+        if n.op in VIEW_OPS:
+            continue
+        while kc < len(cs) and cs[kc][0] < i:
+            ref_made.add(cs[kc][1])
+            kc += 1
+        if i > fb and cur == ref.cur_before[i] and bool(split.inputs) == ref.ne_before[i] \
+                and all(ref.consumers[key[0]][-1] < i for key in ref_made.symmetric_difference(made)):
+            x = i  # copies made in one run only are of tensors no later node reads
+            break
+        nb = B(n)
+        src = ref.orig_src[i]
+        need_new = nb == cur and bool(split.inputs) and any(
+            s is not None and s.weights and B(s) != cur and not supported(s, cur) for s in src)
+        if nb != cur or need_new:
+            split.i_end = i
+            split = Split(nb, i)
+            new_splits.append(split)
+            cur = nb
+        out = list(src)
+        for j, s in enumerate(src):
+            if s is None or B(s) == cur or supported(s, cur):
+                continue
+            key = (s, cur)
+            cp = made.get(key)
+            if cp is None:
+                if key in created and created[key] < start:
+                    cp = ref.copy_of[key]
+                else:
+                    cp = ref.copy_of.get(key) or sched._copy(s, 0)
+                    made[key] = cp
+                    split.inputs.append(s)
+            out[j] = cp
+        newsrc[n] = out
+    # the split current at x continues into the reference's split there
+    if x < len(nodes):
+        km = ref.split_before[x]
+        rs = ref.splits[km]
+        split.inputs += [inp for inp, p in zip(rs.inputs, ref.input_pos[km], strict=True) if p >= x]
+        split.i_end = rs.i_end
+        tail_splits = ref.splits[km + 1:]
+        # x may start the reference's next split: its copies come first
+        ref_end = ref.ss[km + 1] if rs.i_end == x else ref.sp[x]
+    else:
+        split.i_end = len(nodes)
+        km = len(ref.splits) - 1
+        tail_splits = []
+        ref_end = len(ref.sched_nodes)
+    # the new sched window
+    wnodes: list[T] = []
+    wids: list[int] = []
+    for sp in new_splits:
+        for inp in sp.inputs:
+            wnodes.append(view_tensor(inp, "NONE", inp))
+            wids.append(B(inp))
+            wnodes.append(made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
+            wids.append(sp.backend)
+        for gi in range(sp.i_start, min(sp.i_end, x)):
+            wnodes.append(nodes[gi])
+            wids.append(B(nodes[gi]))
+    splits = kept + new_splits + tail_splits
+    res = _replay_alloc(ref, wa, ref_end, wnodes, wids, newsrc, newdev)
+    copies, wcopies = list(ref.copies), list(ref.wcopies)
+    for sign, group in ((-1, ref.splits[len(kept):km + 1]), (1, new_splits)):
+        for sp in group:
+            for inp in sp.inputs:
+                copies[sp.backend] += sign * nbytes(inp)
+                if inp.weights:
+                    wcopies[sp.backend] += sign * nbytes(inp)
+    sizes, peaks = res
+    return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(nodes), len(splits))
+
+
+def _first_at(cs: list[tuple[int, tuple[T, int]]], start: int) -> int:
+    lo, hi = 0, len(cs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cs[mid][0] < start:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _replay_alloc_same(ref: _Ref, bid: dict[T, int], newdev: dict[T, str]) -> Reserve:
+    """No node changed backend or source: the sched graph is the reference's (with other devices on
+    leafs that are never allocated)."""
+    for t in bid:
+        if t.location is None:
+            raise _Refuse("backend of an allocated tensor")
+    return ref.reserve
+
+
+def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
+                  newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> tuple[list[int], list[str]]:
+    backends = ref.backends
+    sizer = GraphAllocator(backends)
+    # location changes of allocatable tensors would change the leaf pass
+    for t in newdev:
+        if t.location is None:
+            raise _Refuse("location")
+    rnodes = ref.sched_nodes
+
+    def srcs(n: T) -> tuple[T | None, ...] | list[T | None]:
+        s = newsrc.get(n)
+        return n.src if s is None else s
+
+    w_ref: dict[T, int] = {}
+    for q in range(wa, ref_end):
+        for s in rnodes[q].src:
+            if s is not None:
+                w_ref[s] = w_ref.get(s, 0) + 1
+    w_new: dict[T, int] = {}
+    for n in wnodes:
+        for s in srcs(n):
+            if s is not None:
+                w_new[s] = w_new.get(s, 0) + 1
+    uses, first = ref.uses, ref.first
+
+    def r_new(t: T) -> int:
+        u = uses.get(t)
+        r = 0 if u is None else len(u) - bisect.bisect_left(u, wa)
+        return r - w_ref.get(t, 0) + w_new.get(t, 0)
+
+    def total_new(t: T) -> int:
+        u = uses.get(t)
+        return (0 if u is None else len(u)) - w_ref.get(t, 0) + w_new.get(t, 0)
+
+    def v_new(t: T) -> int:
+        return sum(1 for v in ref.view_nodes.get(t, ()) if total_new(v) == 0 or r_new(v) > 0)
+
+    # decisions before wa must not depend on the window's difference
+    for t in set(w_ref) | set(w_new):
+        if w_ref.get(t, 0) != w_new.get(t, 0):
+            if first.get(t, wa) < wa:
+                raise _Refuse("count of a tensor used before the window")
+            vs = t.view_src
+            if vs is not None and t.op != "NONE" and first.get(vs, wa) < wa:
+                raise _Refuse("view count of a tensor used before the window")
+    ck = ref.cks[wa]
+    allocs = []
+    for a, blocks, mx in zip(backends, ck.blocks, ck.max_size, strict=True):
+        d = DynAllocator(a.alignment)
+        d.blocks = [list(b) for b in blocks]
+        d.max_size = mx
+        allocs.append(d)
+    peaks = list(ck.peaks)
+    own: dict[T, tuple[int, int]] = {t: al for t, (al, _, _) in ck.live.items()}
+    nc: dict[T, int] = {}
+    nv: dict[T, int] = {}
+
+    def NC(t: T) -> int:
+        c = nc.get(t)
+        if c is None:
+            c = nc[t] = r_new(t)
+        return c
+
+    def NV(t: T) -> int:
+        c = nv.get(t)
+        if c is None:
+            c = nv[t] = v_new(t)
+        return c
+
+    for t, (_, c, v) in ck.live.items():
+        if NC(t) != c or NV(t) != v:
+            raise _Refuse("live counts")
+    cache = ref.size_cache
+    known = ref.first
+
+    def size(t: T, b: int) -> int:
+        k = (t, b)
+        v = cache.get(k)
+        if v is None:
+            v = sizer.size(t, b)
+            if t in known:
+                cache[k] = v
+        return v
+
+    where = [""]
+    cur: list[T] = []
+
+    def allocate(t: T, b: int) -> None:
+        if t in own or t.view_src is not None:
+            return
+        lo = newdev.get(t, t.dev)
+        if lo is not None:
+            return
+        if t.op in INPLACE_OPS:
+            for p in srcs(t):
+                if p is None or p not in own or p.flags & OUTPUT:
+                    continue
+                if p.view_src is not None and p.view_src.flags & OUTPUT:
+                    continue
+                if not same_layout(t, p) or NC(p) != 1 or NV(p) != 0:
+                    continue
+                if p.view_src is not None:
+                    continue
+                pal = own.pop(p)
+                own[t] = pal
+                pb, poff = pal
+                al = allocs[pb]
+                psize, nsize = al._align(size(p, pb)), al._align(size(t, b))
+                if psize > nsize:
+                    al.free(poff + nsize, psize - nsize)
+                return
+        al = allocs[b]
+        before = al.max_size
+        own[t] = (b, al.alloc(size(t, b)))
+        if al.max_size > before:
+            n = cur[0]
+            peaks[b] = f"{n.op if n.op != 'NONE' else 'copy of ' + (n.name or 'an input')}{where[0]}"
+
+    def free(t: T) -> None:
+        if t.flags & OUTPUT:
+            return
+        b, off = own.pop(t)
+        allocs[b].free(off, size(t, b))
+
+    delta = len(wnodes) - (ref_end - wa)
+    n_new = len(rnodes) + delta
+    where[0] = ck.layer
+    cur.append(wnodes[0] if wnodes else rnodes[wa])
+    cks = ref.cks
+    for q in range(wa, n_new):
+        if q >= wa + len(wnodes):
+            qr = q - delta
+            ckq = cks.get(qr)
+            if ckq is not None and _same_state(ckq, allocs, own, NC, NV):
+                assert ckq.suffix is not None
+                sizes, out_peaks = [], []
+                for b, al in enumerate(allocs):
+                    s_max, s_label = ckq.suffix[b]
+                    if al.max_size >= s_max:
+                        sizes.append(al.max_size)
+                        out_peaks.append(peaks[b])
+                    else:
+                        sizes.append(s_max)
+                        out_peaks.append(s_label)
+                return sizes, out_peaks
+            n, b = rnodes[qr], ref.sched_ids[qr]
+        else:
+            n, b = wnodes[q - wa], wids[q - wa]
+        cur[0] = n
+        if (m := _LAYER.search(n.name)) is not None:
+            where[0] = f" (layer {m.group(1)})"
+        ss = srcs(n)
+        for s in ss:
+            if s is not None:
+                allocate(s, b)
+        allocate(n, b)
+        for p in ss:
+            if p is None:
+                continue
+            c = NC(p) - 1
+            nc[p] = c
+            if c or NV(p):
+                continue
+            if p.view_src is not None:
+                vs = p.view_src
+                v = NV(vs) - 1
+                nv[vs] = v
+                if v == 0 and NC(vs) == 0 and vs in own:
+                    free(vs)
+            elif p in own:
+                free(p)
+    return [a.max_size for a in allocs], peaks
+
+
+def _same_state(ck: _Checkpoint, allocs: list[DynAllocator], own: dict[T, tuple[int, int]],
+                NC: Callable[[T], int], NV: Callable[[T], int]) -> bool:
+    for a, blocks in zip(allocs, ck.blocks, strict=True):
+        if a.blocks != blocks:
+            return False
+    n_live = 0
+    for t, al in own.items():
+        c, v = NC(t), NV(t)
+        if not c and not v:
+            continue
+        n_live += 1
+        e = ck.live.get(t)
+        if e is None or e != (al, c, v):
+            return False
+    return n_live == len(ck.live)
+
+
+# --- the cache of references -----------------------------------------------------------------------------
+
+
+_REFS: OrderedDict[tuple[object, ...], _Ref] = OrderedDict()
+_REFS_SIZE = 8
+stats = {"replays": 0, "full": 0, "refused": 0}
+
+
+def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None],
+                        backends: list[Backend], op_offload: bool, weights: Callable[[str], T | None],
+                        layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
+                        where: WeightWhere, unit_devices: list[str],
+                        offload_kqv: bool) -> Reserve:
+    """``reserve`` (server path, one copy) through a recorded reference of the same topology."""
+    ref = _REFS.get(key)
+    if ref is not None:
+        _REFS.move_to_end(key)
+        try:
+            r = replay(ref, _diff(ref, where, unit_devices, offload_kqv))
+            stats["replays"] += 1
+            return r
+        except Exception:  # _Refuse, or a case the replay does not know: run it in full
+            stats["refused"] += 1
+    try:
+        ref = _Ref(sh, arch_fn, backends, op_offload, weights, layer_dev, kv_dev, where, unit_devices)
+    except _Refuse:
+        stats["full"] += 1
+        return reserve(sh, arch_fn, backends, 1, weights, layer_dev, kv_dev, op_offload=op_offload)
+    stats["full"] += 1
+    _REFS[key] = ref
+    if len(_REFS) > _REFS_SIZE:
+        _REFS.popitem(last=False)
+    return ref.reserve

@@ -1,0 +1,134 @@
+"""The incremental reserve (``compute_incremental``) against the full simulation, on random placements.
+
+Every case asks ``simulate(..., incremental=True)`` (replayed against a recorded reference of the same
+graph) and ``simulate(...)`` (built, scheduled and allocated from scratch) and wants the same reserves:
+bytes per backend, peak labels, copied-input bytes, node and split counts.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from pathlib import Path
+
+import pytest
+
+from offload_planner.cli import demo_model_path
+from offload_planner.core import compute as C
+from offload_planner.core import compute_incremental as CI
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.memory import ContextParams, resolve_context
+from offload_planner.core.model import Model
+from offload_planner.core.placement import Override, PlacementOptions
+from offload_planner.core.plan import Plan
+
+GIB = 1 << 30
+
+
+def _devices(kind: str, n: int) -> DeviceSet:
+    gpus = tuple(Device(f"{kind}{i}", DeviceKind(kind), 24 * GIB, 24 * GIB) for i in range(n))
+    return DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB), gpus)
+
+
+def _fields(sim: C.Simulation | None) -> list[tuple[object, ...]]:
+    assert sim is not None
+    return [(r.n_tokens, r.sizes, r.peaks, r.copies_bytes, r.weight_copies_bytes, r.n_nodes, r.n_splits)
+            for r in sim.reserves]
+
+
+def _check_random_moves(model: Model, devices: DeviceSet, params: ContextParams, *, seed: int, n: int,
+                        ngls: list[int], ot: tuple[Override, ...] = (), expert_bias: float = 0.5) -> int:
+    """Random -ngl bases with random moves of layer tensors; returns how many reserves were replayed."""
+    rng = random.Random(seed)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    names = [d.name for d in (devices.cpu, *devices.gpus)]
+    n_trunk = model.summary.n_layer_trunk
+    layer_tensors = [t for t in model.tensors if t.layer is not None and t.layer < n_trunk]
+    experts = [t for t in layer_tensors if t.role.is_routed_expert]
+    before = CI.stats["replays"]
+    for _ in range(n):
+        opts = PlacementOptions(n_gpu_layers=rng.choice(ngls), overrides=ot)
+        plan = Plan(model, devices, opts, params)
+        moves: dict[str, str] = {}
+        for _ in range(rng.randint(1, 3)):
+            if experts and rng.random() < expert_bias:
+                il = rng.choice(experts).layer
+                dev = rng.choice(names)
+                moves.update({t.name: dev for t in experts if t.layer == il})
+            else:
+                moves[rng.choice(layer_tensors).name] = rng.choice(names)
+        placement = plan.with_moves(moves).placement()
+        fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+        full = C.simulate(model, devices, placement, ctx, params)
+        assert _fields(fast) == _fields(full), (opts.n_gpu_layers, moves)
+    return CI.stats["replays"] - before
+
+
+def _params(c: int = 4096, ub: int = 512, fa: bool = True, nkvo: bool = False, np_: int = 4) -> ContextParams:
+    return ContextParams(n_ctx=c, n_batch=2048, n_ubatch=ub, n_seq_max=np_, kv_unified=True, flash_attn=fa,
+                         type_k="f16", type_v="f16", offload_kqv=not nkvo, swa_full=False,
+                         n_outputs_max=min(2048, np_))
+
+
+@pytest.fixture(scope="module")
+def models(small_models: dict[str, Path]) -> dict[str, Model]:
+    return {name: open_model(path) for name, path in small_models.items()}
+
+
+SMALL_CASES = [
+    ("qwen3moe", "CUDA", 2, {}), ("qwen3moe", "RPC", 2, {"fa": False}), ("deepseek2", "CUDA", 2, {}),
+    ("deepseek2", "RPC", 1, {"ub": 16}), ("glm4moe", "CUDA", 2, {}), ("gpt-oss", "CUDA", 2, {"ub": 64}),
+    ("gemma3", "RPC", 2, {}), ("llama", "CUDA", 1, {"fa": False}), ("qwen3moe", "CUDA", 1, {"nkvo": True}),
+]
+
+
+@pytest.mark.parametrize(("name", "kind", "n_gpu", "ctx"), SMALL_CASES,
+                         ids=[f"{m}-{k}x{n}-{c}" for m, k, n, c in SMALL_CASES])
+def test_small_models_random_moves(models: dict[str, Model], name: str, kind: str, n_gpu: int,
+                                   ctx: dict[str, object]) -> None:
+    model = models[name]
+    n_units = model.summary.n_layer + 1
+    replays = _check_random_moves(model, _devices(kind, n_gpu), _params(**ctx),  # type: ignore[arg-type]
+                                  seed=zlib.crc32(name.encode()), n=25,
+                                  ngls=[n_units, n_units - 1, max(1, n_units // 2), 0])
+    assert replays > 0  # the fast path was taken, not only its fallback
+
+
+def test_small_model_with_expert_override(models: dict[str, Model]) -> None:
+    model = models["qwen3moe"]
+    n_units = model.summary.n_layer + 1
+    replays = _check_random_moves(model, _devices("CUDA", 2), _params(), seed=7, n=30, ngls=[n_units],
+                                  ot=(Override("exps", "CPU"),), expert_bias=0.8)
+    assert replays > 0
+
+
+def test_deepseek_v3_header_expert_moves() -> None:
+    """The benchmark's setting: DeepSeek-V3, experts overridden to the host, moved layer by layer."""
+    model = open_model(demo_model_path())
+    n_units = model.summary.n_layer + 1
+    params = _params(c=32768, ub=2048, np_=1)
+    ngls = [n_units, n_units - 20]
+    replays = _check_random_moves(model, _devices("CUDA", 2), params, seed=3, n=12, ngls=ngls,
+                                  ot=(Override("exps", "CPU"),), expert_bias=0.7)
+    assert replays >= 12
+
+
+def test_compute_buffers_replayed_equal_full() -> None:
+    """The buffers (sizes and explanations) of the planner's entry point, replayed and from scratch."""
+    model = open_model(demo_model_path())
+    devices = _devices("CUDA", 2)
+    params = _params(c=8192, ub=512, np_=1)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1, overrides=(Override("exps", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    exps = [t for t in model.tensors if t.role.is_routed_expert]
+    for il in (3, 17, 40, 60):
+        placement = plan.with_moves({t.name: "CUDA1" for t in exps if t.layer == il}).placement()
+        fast = C._compute_buffers(model, devices, placement, ctx, params)
+        sim = C.simulate(model, devices, placement, ctx, params)
+        assert sim is not None
+        sh = C._reserve_shapes(model, ctx, params, C._full_offload(placement))[0]
+        want = [(be.name, size, C._why(sim, i, sh, placement.output_device))
+                for i, (be, size) in enumerate(zip(sim.backends, sim.sizes, strict=True)) if size > 1]
+        assert [(b.device, b.bytes, b.why) for b in fast] == want
