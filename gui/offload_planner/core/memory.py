@@ -290,10 +290,16 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     if p.dialect == "ik_llama.cpp":
         _ik_host_buffers(bufs)
         bufs += ik_computed_buffers(model, placement, p)
+        if compute is None:  # ik's own graph where core.compute_ik has it, else mainline's (estimate)
+            from offload_planner.core.compute_ik import ik_compute_buffers
+
+            compute = ik_compute_buffers(model, devices, placement, ctx, p)
     bufs += compute_buffers(model, devices, placement, ctx, p) if compute is None else compute
     if p.dialect == "ik_llama.cpp":
-        bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why)
-                if b.kind == "compute" and IK_COMPUTE_NOTE not in b.why else b for b in bufs]
+        from offload_planner.core.compute_ik import IK_SIMULATED
+
+        bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
+                and IK_COMPUTE_NOTE not in b.why and not b.why.startswith(IK_SIMULATED) else b for b in bufs]
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)

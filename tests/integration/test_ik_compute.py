@@ -1,0 +1,157 @@
+"""The ik_llama.cpp dialect's CPU compute buffer against ik's own libllama, to the 0.01 MiB it prints.
+
+``core.compute_ik`` builds ik's graphs (its DeepSeek MLA paths, fused ops, its KQ mask) and runs ik's
+allocator over them; the planner uses it for the configurations listed here and keeps mainline's
+estimate elsewhere.  Each case is a command line for ik's server and the ``llama_context_params`` ik's
+server derives from it; ik's figures come from the ik-llama-cpp-python wheel (CPU) through
+``tests/support/ik_context.py``.  The graph node count the planner reports must equal ik's too.
+
+Models: two DeepSeek-style files with DeepSeek-V3's attention shapes at a small width (as mainline
+converts them and in the older ``attn_kv_b`` layout, see ``test_ik_memory``), and the catalogue's
+dense llama.  Every -mla mode with and without flash attention, -ub below and above the 128-token
+threshold of ik's prompt path, -c below -ub, quantized caches, several sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.test_ik_memory import DS_MAINLINE, DS_OLD
+from tests.support.ik_context import ModelReport, measure
+
+from offload_planner.core import ik
+from offload_planner.core.cmdline import check_semantics, parse_server_args
+from offload_planner.core.compute_ik import IK_SIMULATED
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.engine import IK_LLAMA_CPP, run_engine
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.memory import Projection
+from offload_planner.core.synth import write_model
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+GIB = 1024**3
+F16, Q8_0, Q4_0 = 1, 8, 2  # ggml type ids
+
+CASES: list[tuple[str, str, dict[str, Any]]] = []
+for _mla in (0, 1, 2, 3):
+    CASES += [
+        ("ds_mainline", f"-c 1100 -mla {_mla}", {"n_ctx": 1100, "mla_attn": _mla, "flash_attn": True}),
+        ("ds_mainline", f"-c 1100 -mla {_mla} -fa off",
+         {"n_ctx": 1100, "mla_attn": _mla, "flash_attn": False}),
+        ("ds_mainline", f"-c 1100 -mla {_mla} -ub 64",
+         {"n_ctx": 1100, "mla_attn": _mla, "flash_attn": True, "n_ubatch": 64}),
+        ("ds_mainline", f"-c 1100 -mla {_mla} -fa off -ub 64",
+         {"n_ctx": 1100, "mla_attn": _mla, "flash_attn": False, "n_ubatch": 64}),
+    ]
+CASES += [
+    ("ds_mainline", "-c 4096 -ub 2048", {"n_ctx": 4096, "mla_attn": 3, "flash_attn": True, "n_ubatch": 2048}),
+    ("ds_mainline", "-c 1100 -ub 128", {"n_ctx": 1100, "mla_attn": 3, "flash_attn": True, "n_ubatch": 128}),
+    ("ds_mainline", "-c 1100 -ub 100", {"n_ctx": 1100, "mla_attn": 3, "flash_attn": True, "n_ubatch": 100}),
+    ("ds_mainline", "-c 200", {"n_ctx": 200, "mla_attn": 3, "flash_attn": True}),
+    ("ds_mainline", "-c 300 -b 100", {"n_ctx": 300, "mla_attn": 3, "flash_attn": True, "n_batch": 100}),
+    ("ds_mainline", "-c 3000 -np 4", {"n_ctx": 3000, "mla_attn": 3, "flash_attn": True, "n_seq_max": 4}),
+    ("ds_mainline", "-c 1100 -ctk q8_0", {"n_ctx": 1100, "mla_attn": 3, "flash_attn": True, "type_k": Q8_0}),
+    ("ds_mainline", "-c 2100 -mla 2 -ctk q4_0", {"n_ctx": 2100, "mla_attn": 2, "flash_attn": True,
+                                                  "type_k": Q4_0}),
+    ("ds_mainline", "-c 1100 -mla 1 -fa off -ctk q8_0",
+     {"n_ctx": 1100, "mla_attn": 1, "flash_attn": False, "type_k": Q8_0}),
+    ("ds_mainline", "-c 1100 -mla 0 -ctk q8_0 -ctv q8_0",
+     {"n_ctx": 1100, "mla_attn": 0, "flash_attn": True, "type_k": Q8_0, "type_v": Q8_0}),
+    ("ds_old", "-c 1100 -mla 0 -fa off", {"n_ctx": 1100, "mla_attn": 0, "flash_attn": False}),
+    ("ds_old", "-c 1100 -mla 1 -fa off", {"n_ctx": 1100, "mla_attn": 1, "flash_attn": False}),
+    ("ds_old", "-c 1100", {"n_ctx": 1100, "mla_attn": 3, "flash_attn": True}),
+    ("ds_old", "-c 1100 -mla 3 -fa off", {"n_ctx": 1100, "mla_attn": 3, "flash_attn": False}),
+    ("ds_old", "-c 1100 -mla 2 -ctk q8_0",
+     {"n_ctx": 1100, "mla_attn": 2, "flash_attn": True, "type_k": Q8_0}),
+    ("llama", "-c 1100", {"n_ctx": 1100, "flash_attn": True}),
+    ("llama", "-c 1100 -fa off", {"n_ctx": 1100, "flash_attn": False}),
+    ("llama", "-c 1100 -np 2", {"n_ctx": 1100, "flash_attn": True, "n_seq_max": 2}),
+    ("llama", "-c 700 -ctk q8_0 -ctv q8_0",
+     {"n_ctx": 700, "flash_attn": True, "type_k": Q8_0, "type_v": Q8_0}),
+    ("llama", "-c 1100 -ub 64", {"n_ctx": 1100, "flash_attn": True, "n_ubatch": 64}),
+]
+
+NODES = re.compile(r"(\d+) nodes")
+
+
+def _ik_available() -> None:
+    from importlib.util import find_spec
+
+    if find_spec("ik_llama_cpp") is None:
+        msg = "ik-llama-cpp-python is not installed (pip install -e '.[test]')"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def model_files(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("ik_compute_models")
+    return {
+        "llama": small_models["llama"],
+        "ds_mainline": write_model(DS_MAINLINE, root / "ds_mainline.gguf")[0],
+        "ds_old": write_model(DS_OLD, root / "ds_old.gguf")[0],
+    }
+
+
+def _mla_of(settings: dict[str, Any]) -> int:
+    return int(settings.get("mla_attn", 0))
+
+
+@pytest.fixture(scope="module")
+def ik_reports(model_files: dict[str, Path]) -> dict[tuple[str, int], ModelReport]:
+    """One ik load per (model, MLA mode), with every context of that group."""
+    _ik_available()
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for name, _args, settings in CASES:
+        groups.setdefault((name, _mla_of(settings)), []).append(settings)
+    return {key: measure(model_files[key[0]], key[1], sets) for key, sets in groups.items()}
+
+
+def _plan(path: Path, args: str) -> tuple[Projection, list[str]]:
+    model = open_model(path)
+    parsed = parse_server_args(args.split(), dialect=IK_LLAMA_CPP)
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 24 * GIB, 20 * GIB), ())
+    errors = [str(e) for e in parsed.errors + check_semantics(parsed, devices.names)]
+    errors += ik.model_errors(model)
+    return run_engine(model, devices, parsed, IK_LLAMA_CPP).projection, errors
+
+
+def test_cpu_compute_buffer_equals_ik(model_files: dict[str, Path],
+                                      ik_reports: dict[tuple[str, int], ModelReport]) -> None:
+    table = [f"{'model':12} {'command':36} {'ours MiB':>9} {'ik MiB':>9} {'ours nodes':>10} {'ik nodes':>8}"]
+    bad: list[str] = []
+    for name, args, settings in CASES:
+        report = ik_reports[(name, _mla_of(settings))]
+        assert report.loaded, f"{name}: ik did not load it:\n{report.stdout[-2000:]}"
+        ctx = next(c for c in report.contexts if c.settings == settings)
+        assert ctx.created, f"{name} {args}: ik refused it: {ctx.lines[-3:]}"
+        ik_mib = ctx.compute_mib.get("CPU")
+        ik_nodes = next((int(line.split("=")[1]) for line in ctx.lines if "graph nodes" in line), None)
+        projection, errors = _plan(model_files[name], args)
+        assert not errors, (name, args, errors)
+        (buf,) = [b for b in projection.buffers() if b.kind == "compute"]
+        ours = round(buf.bytes / MiB, 2)
+        m = NODES.search(buf.why)
+        nodes = int(m.group(1)) if m else None
+        table.append(f"{name:12} {args:36} {ours:9.2f} {ik_mib:9.2f} {nodes!s:>10} {ik_nodes!s:>8}")
+        if not buf.why.startswith(IK_SIMULATED):
+            bad.append(f"{name} {args}: not simulated as ik: {buf.why}")
+        if ik_mib is None or abs(ours - ik_mib) > 0.0051 or nodes != ik_nodes:
+            bad.append(f"{name} {args}: ours {ours} MiB / {nodes} nodes, ik {ik_mib} MiB / {ik_nodes} nodes")
+    print("\n".join(table))
+    assert not bad, "\n".join(bad)
+
+
+def test_unverified_architectures_keep_the_labelled_mainline_estimate(small_models: dict[str, Path]) -> None:
+    """MoE with softmax routing (qwen3moe) and the other architectures: mainline's graph, flagged."""
+    for name in ("qwen3moe", "glm4moe", "gpt-oss", "gemma3"):
+        projection, _errors = _plan(small_models[name], "-c 1100")
+        bufs = [b for b in projection.buffers() if b.kind == "compute"]
+        assert bufs and all(b.why.startswith("estimate for ik_llama.cpp") for b in bufs), name
