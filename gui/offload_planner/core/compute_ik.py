@@ -674,7 +674,8 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         n_expert=s.n_expert, n_expert_used=s.n_expert_used, n_dense_lead=s.n_layer_dense_lead,
         gating=gating, norm_w=bool(md.get(f"{model.arch}.expert_weights_norm")),
         w_scale=float(scale) if isinstance(scale, int | float) else 0.0,
-        kv_lora_rank=s.kv_lora_rank, mla=p.mla, n_tokens=n_tokens, n_outputs=n_tokens, n_kv=ctx.n_ctx,
+        kv_lora_rank=s.kv_lora_rank, mla=p.mla, attn_max_batch=p.amb, n_tokens=n_tokens,
+        n_outputs=n_tokens, n_kv=ctx.n_ctx,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         cpu_only=cpu_only,
     )

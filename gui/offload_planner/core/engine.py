@@ -115,6 +115,7 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=ik_mla_mode(model, _get(args, "mla")) if dialect == IK_LLAMA_CPP else 0,
+        amb=int(_get(args, "amb", 0)) if dialect == IK_LLAMA_CPP else 0,
     ), notes
 
 

@@ -48,6 +48,7 @@ class ContextParams:
     op_offload: bool = True  # --no-op-offload turns it off
     dialect: str = "llama.cpp"  # ik_llama.cpp sizes its context and SWA layers differently
     mla: int = 0  # ik_llama.cpp's -mla mode (deepseek2 models only; see core.ik)
+    amb: int = 0  # ik_llama.cpp's -amb: MiB cap on the attention scratch (0: no cap)
 
 
 @dataclass(frozen=True)

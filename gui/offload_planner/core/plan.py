@@ -106,6 +106,7 @@ REGENERATED_FLAGS = frozenset({
     "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
     "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--swa-full",
     "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit", "--mla-use",
+    "--attention-max-batch",
 })
 
 
@@ -179,6 +180,8 @@ def plan_command(plan: Plan) -> list[str]:
     argv += _context_flags(ctx, plan.dialect)
     if plan.dialect == "ik_llama.cpp" and ik_uses_mla(m) and ctx.mla != IK_DEFAULT_MLA:
         argv += ["-mla", str(ctx.mla)]
+    if plan.dialect == "ik_llama.cpp" and ctx.amb:
+        argv += ["-amb", str(ctx.amb)]
     if not opts.use_mmap:
         argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]
     if opts.no_host:
