@@ -5,7 +5,10 @@ for every weighted RMS norm, ``ggml_fused_up_gate`` for dense gated FFNs, ``ggml
 ``ggml_mul_multi_add`` for the routed experts), its own KQ mask (one f16 ``[n_kv, pad(n_tokens, 16)]``
 tensor with flash attention), KV stores as ``ggml_cpy`` into cache views, and for DeepSeek-style models
 its MLA paths (``-mla 1/2/3``; with flash attention and a prompt batch of >= 128 tokens, ``-mla 2/3``
-expands the latent cache to per-head K and V through ``attn_kv_b``).  Its graph allocator is the older
+expands the latent cache to per-head K and V through ``attn_kv_b``; -amb splits that expansion, or
+the K*Q product of the paths without flash attention, when its f32 scratch exceeds the cap).  Graphs
+here: deepseek2, llama (dense and MoE), qwen3moe, glm4moe, gpt-oss (SWA mask, sinks, expert biases) and
+gemma3 (SWA mask, post norms); ik keeps full-size caches for SWA layers.  Its graph allocator is the older
 ``ggml-alloc.c`` (fewer ops may run in place) and it reserves one graph: a prompt batch of
 ``min(n_ctx, n_ubatch)`` tokens over the whole KV cache, every token an output.
 
@@ -188,12 +191,13 @@ class IkBuilder:
         self.inp_pos.flags |= INPUT
         return self.inp_pos
 
-    def build_kq_mask(self) -> T:
+    def build_kq_mask(self, name: str = "KQ_mask") -> T:
         sh = self.sh
         padded = -(-self.n_tokens // KQ_MASK_PAD) * KQ_MASK_PAD
-        m = T(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name="KQ_mask")
+        m = T(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name=name)
         m.flags |= INPUT
-        self.kq_mask = m
+        if self.kq_mask is None:
+            self.kq_mask = m
         return m
 
     def build_out_ids(self) -> T:
@@ -210,7 +214,7 @@ class IkBuilder:
         return self.cache[key]
 
     def kv_attn(self, il: int, wo: T | None, wo_b: T | None, k_cur: T, v_cur: T, q_cur: T,
-                sinks: T | None = None) -> T:
+                sinks: T | None = None, mask: T | None = None) -> T:
         """``llm_build_kv``: store K and V (transposed V without flash attention), then
         ``llm_build_kqv`` on the whole cache, then the output projection."""
         sh = self.sh
@@ -234,16 +238,31 @@ class IkBuilder:
         self.expand(cpy(v_cur, dst))
         q = permute(q_cur, 0, 2, 1, 3)
         k = view3(kl, hk, n_kv, nkv, k_row * nkv, k_row, 0)
-        mask = self.kq_mask
+        mask = self.kq_mask if mask is None else mask
         if sh.flash_attn:
             v = view3(vl, hv, n_kv, nkv, row_size(vl.type, v_gqa), row_size(vl.type, hv), 0)
             cur = reshape(flash_attn(q, k, v, mask, sinks), hv * nh, n_tok)
         else:
             es = vl.type.type_size
             v = view3(vl, n_kv, hv, nkv, es * n_kv, es * n_kv * hv, 0)
-            kq = mul_mat(k, q)
-            kq = _dup(kq, "SOFT_MAX", kq, mask, sinks)
-            kqv = mul_mat(v, kq)
+            kq_mib = n_kv * n_tok * nh * 4 // (1024 * 1024)
+            amb = sh.attn_max_batch
+            if amb <= 0 or amb >= kq_mib or nkv != nh or sinks is not None:
+                kq = mul_mat(k, q)
+                kq = _dup(kq, "SOFT_MAX", kq, mask, sinks)
+                kqv = mul_mat(v, kq)
+            else:  # -amb below the K*Q scratch and no GQA: one head at a time, concatenated
+                acc: T | None = None
+                for i in range(nh):
+                    k_i = view3(k, k.ne[0], k.ne[1], 1, k.nb[1], k.nb[2], k.nb[2] * i)
+                    q_i = view3(q, q.ne[0], q.ne[1], 1, q.nb[1], q.nb[2], q.nb[2] * i)
+                    kq_i = mul_mat(k_i, q_i)
+                    kq_i = _dup(kq_i, "SOFT_MAX", kq_i, mask)
+                    v_i = view3(v, v.ne[0], v.ne[1], 1, v.nb[1], v.nb[2], v.nb[2] * i)
+                    kqv_i = mul_mat(v_i, kq_i)
+                    acc = kqv_i if acc is None else concat(acc, kqv_i, 2)
+                assert acc is not None
+                kqv = acc
             cur = cont(permute(kqv, 0, 2, 1, 3), hv * nh, n_tok)
         self.expand(cur)
         if wo is not None:
@@ -276,6 +295,8 @@ class IkBuilder:
         n_embd, n_tok = cur.ne[0], cur.ne[1]
         n_exp, n_used = sh.n_expert, sh.n_expert_used
         logits = mul_mat(self.req(f"blk.{il}.ffn_gate_inp.weight"), cur)
+        if (gate_b := self.lw(il, "ffn_gate_inp.bias")) is not None:
+            logits = _dup(logits, "ADD", logits, gate_b)
         if sh.gating == 1:
             probs = _dup(logits, "SOFT_MAX", logits, None)
         elif sh.gating == 2:
@@ -297,9 +318,12 @@ class IkBuilder:
         cur = reshape(cur, n_embd, 1, n_tok)
         up = self.req(f"blk.{il}.ffn_up_exps.weight")
         gate = self.req(f"blk.{il}.ffn_gate_exps.weight")
+        up_b, gate_b, down_b = (self.lw(il, f"ffn_{x}_exps.bias") for x in ("up", "gate", "down"))
         if up.type is gate.type:
             ne = [up.ne[1], selected.ne[0], cur.ne[2], 1]
-            par = _new(F32, ne, "MOE_FUSED_UP_GATE", up, gate, cur, selected)
+            par = _new(F32, ne, "MOE_FUSED_UP_GATE", up, gate, cur, selected, up_b, gate_b)
+        elif up_b is not None or gate_b is not None:
+            raise ValueError("expert biases without the fused up/gate op: not simulated")
         else:
             u = mul_mat_id(up, cur, selected)
             g = mul_mat_id(gate, cur, selected)
@@ -307,6 +331,8 @@ class IkBuilder:
             self.expand(g)
             par = _new(F32, list(g.ne), "FUSED_MUL_UNARY", g, u)
         experts = mul_mat_id(self.req(f"blk.{il}.ffn_down_exps.weight"), par, selected)
+        if down_b is not None:
+            experts = _dup(experts, "ADD_ID", experts, down_b, selected)
         return _new(F32, [n_embd, n_tok], "MUL_MULTI_ADD", experts, weights)
 
     def head(self, cur: T) -> T:
@@ -343,7 +369,7 @@ class IkBuilder:
 
     def std_attention(self, il: int, inp: T, out_ids: T | None, *, add_input: bool = True,
                       factors: T | None = None, sinks: T | None = None, post_norm: T | None = None,
-                      q_scale: bool = False) -> T:
+                      q_scale: bool = False, mask: T | None = None) -> T:
         """``build_std_attention`` (one device): norm, QKV, RoPE, KV store and attention, the rows
         of the last layer's outputs, the residual."""
         cur = self.norm(inp, self.lw(il, "attn_norm.weight"))
@@ -354,7 +380,7 @@ class IkBuilder:
         if q_scale:
             q = _dup(q, "SCALE", q)
         cur = self.kv_attn(il, self.lw(il, "attn_output.weight"), self.lw(il, "attn_output.bias"), k, v, q,
-                           sinks=sinks)
+                           sinks=sinks, mask=mask)
         if out_ids is not None:
             cur = get_rows(cur, out_ids)
             if add_input:
@@ -576,7 +602,7 @@ def _deepseek2(b: IkBuilder) -> None:
 
 
 def _llama(b: IkBuilder) -> None:
-    """``build_llama`` (dense or MoE without shared experts) and ``build_qwen3``/``build_qwen3moe``."""
+    """``build_llama`` (dense or MoE without shared experts) and ``build_qwen3moe``."""
     sh = b.sh
     inp = b.inp_embd()
     b.build_inp_pos()
@@ -586,15 +612,82 @@ def _llama(b: IkBuilder) -> None:
     for il in range(sh.n_layer):
         last = out_ids if il == sh.n_layer - 1 else None
         cur = b.std_attention(il, inp, last, factors=factors)
-        dense = b.lw(il, "ffn_gate_inp.weight") is None
-        inp = b.ffn_block(il, cur) if dense else b.std_moe(il, cur)
+        if b.lw(il, "ffn_gate_inp.weight") is None:
+            inp = b.ffn_block(il, cur)
+        elif sh.arch == "llama":
+            # build_llama calls llm_build_moe_ffn with add_input: the sum takes the normed input
+            normed = b.norm(cur, b.lw(il, "ffn_norm.weight"))
+            routed = b.moe(normed, il, None)
+            inp = b.expand(_dup(routed, "ADD", routed, normed))
+        else:
+            inp = b.std_moe(il, cur)
+    b.head(inp)
+
+
+def _glm4moe(b: IkBuilder) -> None:
+    """``build_glm4_moe``: std attention with q/k/v biases, the leading dense layers' FFN and the MoE
+    layers (sigmoid routing with ``exp_probs_b``, a shared expert) after ``post_attention_norm``; the
+    NextN block is not part of the graph."""
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_kq_mask()
+    out_ids = b.build_out_ids() if b.n_tokens > 1 else None
+    for il in range(sh.n_layer):
+        last = out_ids if il == sh.n_layer - 1 else None
+        cur = b.std_attention(il, inp, last)
+        if il < sh.n_dense_lead:
+            inp = b.ffn_block(il, cur, norm="post_attention_norm.weight")
+        else:
+            inp = b.std_moe(il, cur, norm="post_attention_norm.weight")
+    b.head(inp)
+
+
+def _gpt_oss(b: IkBuilder) -> None:
+    """``build_openai_moe``: attention with biases and sinks, the SWA mask on even layers (the cache
+    is not shrunk for them), the MoE with a router bias, top-k softmax weights and expert biases."""
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    mask = b.build_kq_mask()
+    mask_swa = b.build_kq_mask(name="KQ_mask_swa")
+    out_ids = b.build_out_ids() if b.n_tokens > 1 else None
+    for il in range(sh.n_layer):
+        last = out_ids if il == sh.n_layer - 1 else None
+        cur = b.std_attention(il, inp, last, sinks=b.lw(il, "attn_sinks.weight"),
+                              mask=mask_swa if il % 2 == 0 else mask)
+        inp = b.std_moe(il, cur, norm="post_attention_norm.weight")
+    b.head(inp)
+
+
+def _gemma3(b: IkBuilder) -> None:
+    """``build_gemma3``: scaled embeddings, q/k norms, post-attention and post-FFN norms, the SWA mask
+    on five layers of six (the cache is not shrunk for them)."""
+    sh = b.sh
+    inp = b.inp_embd()
+    inp = _dup(inp, "SCALE", inp)
+    b.build_inp_pos()
+    mask = b.build_kq_mask()
+    mask_swa = b.build_kq_mask(name="KQ_mask_swa")
+    out_ids = b.build_out_ids() if b.n_tokens > 1 else None
+    for il in range(sh.n_layer):
+        post = b.lw(il, "post_attention_norm.weight")
+        layer_mask = mask_swa if il % 6 < 5 else mask
+        cur = b.std_attention(il, inp, None, add_input=False, post_norm=post, mask=layer_mask)
+        if il == sh.n_layer - 1 and out_ids is not None:
+            cur = get_rows(cur, out_ids)
+            inp = get_rows(inp, out_ids)
+        cur = _dup(cur, "ADD", cur, inp)
+        inp = b.ffn_block(il, cur, post_norm=b.lw(il, "post_ffw_norm.weight"))
     b.head(inp)
 
 
 IK_GRAPHS: dict[str, Callable[[IkBuilder], None]] = {
+    "gemma3": _gemma3,
+    "gpt-oss": _gpt_oss,
+    "glm4moe": _glm4moe,
     "deepseek2": _deepseek2,
     "llama": _llama,
-    "qwen3": _llama,
     "qwen3moe": _llama,
 }
 
@@ -636,15 +729,13 @@ class IkGraphAllocator(GraphAllocator):
 
 def supported(model: Model, p: ContextParams) -> bool:
     """Whether this module has ik's graph for the model: the configurations verified against ik's CPU
-    build.  DeepSeek-style MLA files with sigmoid routing (V3, R1, Kimi K2, ...) in every -mla mode
-    with and without flash attention; dense llama.  MoE with softmax routing (qwen3moe, Mixtral-style
-    llama, DeepSeek-V2) builds a graph of ik's that differs from this one (ik has 4 more nodes a layer
-    and a smaller buffer): left to the estimate, as are the other architectures."""
+    build (``tests/integration/test_ik_compute.py``).  DeepSeek-style MLA files with sigmoid (V3, R1,
+    Kimi K2, ...) or softmax routing (V2) in every -mla mode, with and without flash attention, -amb
+    included; dense and Mixtral-style MoE llama; qwen3moe; glm4moe; gpt-oss; gemma3.  Other
+    architectures are left to the estimate."""
     if model.arch == "deepseek2":
-        return ik.uses_mla(model) and _gating(model) == 2
-    if model.arch == "llama":
-        return model.summary.n_expert == 0
-    return False
+        return ik.uses_mla(model) and _gating(model) in (1, 2)
+    return model.arch in ("llama", "qwen3moe", "glm4moe", "gpt-oss", "gemma3")
 
 
 def _gating(model: Model) -> int:
@@ -652,6 +743,16 @@ def _gating(model: Model) -> int:
         return 3
     v = model.metadata.get(f"{model.arch}.expert_gating_func", 1)
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else 1
+
+
+def _norm_w(model: Model) -> bool:
+    """``norm_w`` of the architecture's ``llm_build_moe_ffn`` call: fixed in the graph builder for
+    llama/qwen3moe (on) and gpt-oss (off), from ``expert_weights_norm`` for the DeepSeek/GLM family."""
+    if model.arch in ("llama", "qwen3moe"):
+        return True
+    if model.arch == "gpt-oss":
+        return False
+    return bool(model.metadata.get(f"{model.arch}.expert_weights_norm"))
 
 
 def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: bool) -> IkShape:
@@ -672,7 +773,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         n_head_kv=n_head if model.arch == "deepseek2" else per_layer(s.n_head_kv),
         head_k=head_k, head_v=head_v, n_rot=ik.n_rot(model), n_vocab=s.n_vocab,
         n_expert=s.n_expert, n_expert_used=s.n_expert_used, n_dense_lead=s.n_layer_dense_lead,
-        gating=gating, norm_w=bool(md.get(f"{model.arch}.expert_weights_norm")),
+        gating=gating, norm_w=_norm_w(model),
         w_scale=float(scale) if isinstance(scale, int | float) else 0.0,
         kv_lora_rank=s.kv_lora_rank, mla=p.mla, attn_max_batch=p.amb, n_tokens=n_tokens,
         n_outputs=n_tokens, n_kv=ctx.n_ctx,
