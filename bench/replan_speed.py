@@ -1,11 +1,15 @@
 """Re-plan speed on the DeepSeek-V3 header with three devices (CUDA0, CUDA1 24 GiB, CPU).
 
 Prints the time of a full first projection (the compute buffers simulated from scratch and recorded as
-the reference the later moves replay against), then the median time of moving one layer's routed
-experts to a GPU and re-projecting, split into placement + weights/KV/output, the compute buffers
+the reference the later moves replay against, with allocator checkpoints; the weight buffers recorded
+as the reference later placements are corrected from), then the median time of moving one layer's
+routed experts to a GPU and re-projecting, split into placement + weights/KV/output (weights: the
+reference's per-buffer totals corrected for the items that differ), the compute buffers
 (``_compute_buffers``: the memo of whole results is bypassed, every move is really simulated, by
 replay against the reference where it proves equal), and the whole re-projection (``project``
-with the memo cleared).  Target: a move re-projected in under 2 ms.  For comparison, the compute
+with the memo cleared).  Runs go through the MoE layers and then again to the other GPU (116
+distinct moves on DeepSeek-V3; nothing is remembered between runs but the references of the base
+plan).  Target: a move re-projected in under 2 ms.  For comparison, the compute
 buffers simulated from scratch (``simulate`` without replay) for a few moves.
 
     python bench/replan_speed.py [--runs 200] [--full-runs 5]
@@ -61,7 +65,7 @@ def main() -> None:
 
     def moved(i: int) -> Plan:
         il = layers[i % len(layers)]
-        return plan.with_moves({n: "CUDA0" if i % 2 else "CUDA1" for n in exps[il]})
+        return plan.with_moves({n: "CUDA0" if (i // len(layers)) % 2 else "CUDA1" for n in exps[il]})
 
     ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
 

@@ -1,12 +1,15 @@
-"""The incremental reserve (``compute_incremental``) against the full simulation, on random placements.
+"""The incremental paths against computing from scratch, on random placements.
 
 Every case asks ``simulate(..., incremental=True)`` (replayed against a recorded reference of the same
 graph) and ``simulate(...)`` (built, scheduled and allocated from scratch) and wants the same reserves:
-bytes per backend, peak labels, copied-input bytes, node and split counts.
+bytes per backend, peak labels, copied-input bytes, node and split counts; and ``weight_buffers``
+(corrected from a recorded reference placement) equal to ``weight_buffers_full``, and
+``Plan.placement`` (which touches only the moved tensors' items) equal to a walk over every item.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import zlib
 from pathlib import Path
@@ -16,12 +19,13 @@ import pytest
 from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
 from offload_planner.core import compute_incremental as CI
+from offload_planner.core import memory as M
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Override, PlacementOptions
-from offload_planner.core.plan import Plan
+from offload_planner.core.placement import Override, Placed, Placement, PlacementOptions, device_buft
+from offload_planner.core.plan import Plan, _dedupe_tied_copy
 
 GIB = 1 << 30
 
@@ -37,16 +41,39 @@ def _fields(sim: C.Simulation | None) -> list[tuple[object, ...]]:
             for r in sim.reserves]
 
 
+def _placement_by_walk(plan: Plan) -> Placement:
+    """``Plan.placement`` as a walk over every item of the base (what it did before it went by moves)."""
+    base = plan.base_placement()
+    if not plan.moves:
+        return base
+    items: list[Placed] = []
+    moved = False
+    for p in base.items:
+        dev = plan.moves.get(p.tensor.name)
+        if dev is None or p.device is None or dev == p.device:
+            items.append(p)
+            continue
+        moved = True
+        buft = device_buft(dev, p.tensor, plan.devices, plan.placement_options, as_output=p.copy)
+        items.append(Placed(p.tensor, dev, buft, "moved in the planner", copy=p.copy))
+    items = _dedupe_tied_copy(items)
+    return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
+
+
 def _check_random_moves(model: Model, devices: DeviceSet, params: ContextParams, *, seed: int, n: int,
                         ngls: list[int], ot: tuple[Override, ...] = (), expert_bias: float = 0.5) -> int:
-    """Random -ngl bases with random moves of layer tensors; returns how many reserves were replayed."""
+    """Random -ngl bases with random moves of layer tensors (now and then of a tensor outside the layers:
+    token embedding, output); returns how many reserves were replayed.  Checks the placement and the
+    weight buffers too."""
     rng = random.Random(seed)
     ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
     names = [d.name for d in (devices.cpu, *devices.gpus)]
     n_trunk = model.summary.n_layer_trunk
     layer_tensors = [t for t in model.tensors if t.layer is not None and t.layer < n_trunk]
+    other_tensors = [t for t in model.tensors if t.layer is None]
     experts = [t for t in layer_tensors if t.role.is_routed_expert]
     before = CI.stats["replays"]
+    delta_before = M.weight_stats["delta"]
     for _ in range(n):
         opts = PlacementOptions(n_gpu_layers=rng.choice(ngls), overrides=ot)
         plan = Plan(model, devices, opts, params)
@@ -56,12 +83,22 @@ def _check_random_moves(model: Model, devices: DeviceSet, params: ContextParams,
                 il = rng.choice(experts).layer
                 dev = rng.choice(names)
                 moves.update({t.name: dev for t in experts if t.layer == il})
+            elif other_tensors and rng.random() < 0.15:
+                moves[rng.choice(other_tensors).name] = rng.choice(names)
             else:
                 moves[rng.choice(layer_tensors).name] = rng.choice(names)
-        placement = plan.with_moves(moves).placement()
+        moved = plan.with_moves(moves)
+        placement = moved.placement()
+        walked = _placement_by_walk(moved)
+        assert placement.items == walked.items and placement.has_overrides == walked.has_overrides
+        # weights: the base recorded (or corrected from an earlier reference), then the move corrected
+        base = plan.base_placement()
+        for pl in (base, placement):
+            assert M.weight_buffers(model, pl, devices) == M.weight_buffers_full(model, pl, devices), moves
         fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
         full = C.simulate(model, devices, placement, ctx, params)
         assert _fields(fast) == _fields(full), (opts.n_gpu_layers, moves)
+    assert M.weight_stats["delta"] > delta_before  # the corrected path was taken, not only the full one
     return CI.stats["replays"] - before
 
 
@@ -109,9 +146,13 @@ def test_deepseek_v3_header_expert_moves() -> None:
     n_units = model.summary.n_layer + 1
     params = _params(c=32768, ub=2048, np_=1)
     ngls = [n_units, n_units - 20]
+    before = dict(CI.stats)
     replays = _check_random_moves(model, _devices("CUDA", 2), params, seed=3, n=12, ngls=ngls,
                                   ot=(Override("exps", "CPU"),), expert_bias=0.7)
     assert replays >= 12
+    # the fast paths were taken: changes found by item identity, windows starting inside a split
+    for k in ("item_diffs", "late_start"):
+        assert CI.stats[k] > before[k], k
 
 
 def test_compute_buffers_replayed_equal_full() -> None:

@@ -1499,11 +1499,20 @@ def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resolv
     if incremental and not no_alloc and n_copies == 1:
         from offload_planner.core.compute_incremental import incremental_reserve
 
-        where = _weight_where(placement)
+        where_memo: list[WeightWhere] = []
+
+        def where() -> WeightWhere:  # only when a reference is recorded or the items do not line up
+            if not where_memo:
+                where_memo.append(_weight_where(placement))
+            return where_memo[0]
+
+        def weights() -> Callable[[str], T | None]:
+            return _weight_factory(model, placement, where())
+
         units = list(placement.unit_devices)
         reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload), sh, arch_fn,
-                                        backends, op_offload, _weight_factory(model, placement, where),
-                                        placement.layer_device, kv_dev, where, units, p.offload_kqv)
+                                        backends, op_offload, placement.items, where, weights,
+                                        placement.layer_device, kv_dev, units, p.offload_kqv)
                     for sh in shapes]
     else:
         reserves = [reserve(sh, arch_fn, backends, n_copies, _weight_factory(model, placement),

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress, count
+from operator import is_not
 
 from offload_planner.core.compute import (
     _LAYER,
@@ -55,8 +57,10 @@ from offload_planner.core.compute import (
     same_layout,
     view_tensor,
 )
+from offload_planner.core.placement import Placed
 
 CPU = "CPU"
+_CK_STRIDE = 8
 
 
 class _Refuse(Exception):
@@ -87,9 +91,11 @@ class _RecAlloc(GraphAllocator):
         self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
         self.allocs = [_RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
         self.objs: dict[int, T] = {}
+        self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
 
     def allocate(self, t: T, bid: int) -> None:
         self.objs[id(t)] = t
+        self.cand.add(id(t))
         super().allocate(t, bid)
 
     def run_rec(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int],
@@ -117,11 +123,16 @@ class _RecAlloc(GraphAllocator):
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
                 live = {}
-                for i in self.own:
-                    t = self.objs[i]
-                    if t.n_children or t.n_views:
+                dead = []
+                own, objs = self.own, self.objs
+                for i in self.cand:
+                    t = objs[i]
+                    if i in own and (t.n_children or t.n_views):
                         assert t.alloc is not None
                         live[t] = (t.alloc, t.n_children, t.n_views)
+                    else:
+                        dead.append(i)
+                self.cand.difference_update(dead)
                 cks[pos] = _Checkpoint([[list(b) for b in a.blocks] for a in self.allocs],
                                        [a.max_size for a in self.allocs], list(self.peaks), layer, live)
             self.pos = pos
@@ -163,11 +174,10 @@ class _Ref:
 
     def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
                  op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
-                 kv_dev: Callable[[int], str], where: WeightWhere,
-                 unit_devices: list[str]) -> None:
+                 kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str]) -> None:
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
         self.unit_devices = list(unit_devices)
-        self.where = dict(where)
+        self.items = list(items)  # kept alive: later placements are compared with them by identity
         b = Builder(sh, weights, layer_dev, kv_dev)
         arch_fn(b)
         g = self.g = b.g
@@ -187,6 +197,21 @@ class _Ref:
                 self.dev_of.append((t, 1, int(t.name[9:])))
             elif t.dev is not None:
                 raise _Refuse(f"unknown device-carrying tensor {t.name}")
+        self.layer_dev_of = [e for e in self.dev_of if e[1] != 0]
+        # the weight leafs each placement item gives its device to (as _weight_where names them)
+        item_of: dict[str, int] = {}
+        for i, it in enumerate(self.items):
+            if it.device is not None:
+                item_of["output.weight" if it.copy else it.tensor.name] = i
+        if "output.weight" not in item_of and "token_embd.weight" in item_of:
+            item_of["output.weight"] = item_of["token_embd.weight"]
+        self.leafs_of_item: dict[int, list[T]] = {}
+        for t, kind, key in self.dev_of:
+            if kind == 0:
+                assert isinstance(key, str)
+                if key not in item_of:
+                    raise _Refuse("weight without a placement item")
+                self.leafs_of_item.setdefault(item_of[key], []).append(t)
         self.forced: list[tuple[T, int]] = []  # (node, layer) of forced norms; -1: always CPU
         by_id = {id(n): n for n in nodes}
         self.forced_dev: dict[T, str] = {}
@@ -242,6 +267,7 @@ class _Ref:
         sched._build_copy(g)
         # sched positions
         self.ss: list[int] = []
+        self.split_at = {sp.i_start: k for k, sp in enumerate(self.splits)}
         self.sp: dict[int, int] = {}
         pos = 0
         for sp in self.splits:
@@ -265,14 +291,17 @@ class _Ref:
             if n.view_src is not None and n.op != "NONE":
                 self.view_nodes.setdefault(n.view_src, []).append(n)
         galloc = _RecAlloc(backends)
+        # checkpoints at every split start and every _CK_STRIDE positions: a replay starts at the last
+        # one before its first difference and stops at the first one where the state is the same again
+        self.ckpos = sorted(set(self.ss) | set(range(0, len(self.sched_nodes), _CK_STRIDE)))
         self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
-                                              set(self.ss))
+                                              set(self.ckpos))
         self.peaks = list(galloc.peaks)
         self.size_cache: dict[tuple[T, int], int] = {}
         for evs in galloc.events:
             best: tuple[int, str] = (-1, "")
             k = len(evs)
-            for p in sorted(self.ss, reverse=True):
+            for p in reversed(self.ckpos):
                 while k and evs[k - 1][0] >= p:
                     k -= 1
                     if evs[k][1] >= best[0]:
@@ -342,6 +371,42 @@ class _Ref:
 class _Move:
     dev: dict[T, str]  # device-carrying tensors whose device changed
     forced: dict[T, str]  # forced nodes whose device changed
+
+
+def _diff_items(ref: _Ref, items: Sequence[Placed], unit_devices: list[str],
+                offload_kqv: bool) -> _Move | None:
+    """The devices that changed, from the placement items that differ from the reference's by identity
+    (``Placed`` is frozen; the reference keeps its items alive); None when the items do not line up
+    (another count, or a changed item of another tensor or loaded state)."""
+    ref_items = ref.items
+    if len(items) != len(ref_items):
+        return None
+    dev: dict[T, str] = {}
+    leafs_of = ref.leafs_of_item
+    for i in compress(count(), map(is_not, items, ref_items)):
+        p, q = items[i], ref_items[i]
+        if p.tensor is not q.tensor or p.copy != q.copy or p.device is None or q.device is None:
+            return None
+        for t in leafs_of.get(i, ()):
+            if p.device != t.dev:
+                dev[t] = p.device
+    return _layer_diff(ref, dev, unit_devices, offload_kqv)
+
+
+def _layer_diff(ref: _Ref, dev: dict[T, str], unit_devices: list[str], offload_kqv: bool) -> _Move:
+    """``dev`` (the weights' changes) with the changes of the KV caches, rope factors and forced
+    norms that follow the layers' devices."""
+    forced: dict[T, str] = {}
+    if unit_devices != ref.unit_devices:
+        for t, kind, key in ref.layer_dev_of:
+            assert isinstance(key, int)
+            new = unit_devices[key] if kind == 2 or offload_kqv else CPU
+            if new != t.dev:
+                dev[t] = new
+        for n, il in ref.forced:
+            if unit_devices[il] != ref.unit_devices[il]:
+                forced[n] = unit_devices[il]
+    return _Move(dev, forced)
 
 
 def _diff(ref: _Ref, where: WeightWhere, unit_devices: list[str],
@@ -483,21 +548,25 @@ def replay(ref: _Ref, mv: _Move) -> Reserve:
     if not affected:
         return _replay_alloc_same(ref, bid, newdev)
     fa, fb = min(affected), max(affected)
-    k = ref.split_before[fa] if ref.split_before[fa] >= 0 else 0
     made: dict[tuple[T, int], T] = {}
     newsrc: dict[T, list[T | None]] = {}
     created = ref.created
     cs = ref.created_sorted
-    if k >= 1:
-        start = ref.splits[k].i_start
-        carried = ref.splits[k - 1]
-        split = Split(carried.backend, carried.i_start, 0, list(carried.inputs))
-        wa = ref.ss[k - 1]
-        kept = ref.splits[:k - 1]
+    # from the first real node at or after the first affected one, in the split current there with the
+    # inputs it had then (the nodes before it did what they did in the reference)
+    real = ref.real
+    r0 = bisect.bisect_left(real, fa)
+    start = real[r0] if r0 < len(real) else len(nodes)
+    # (the first real node makes the first split with its own backend: from there as the full pass)
+    kk = ref.split_before[start] if start < len(nodes) and r0 > 0 else -1
+    if kk >= 0:
+        rs = ref.splits[kk]
+        split = Split(rs.backend, rs.i_start, 0,
+                      [inp for inp, p in zip(rs.inputs, ref.input_pos[kk], strict=True) if p < start])
+        kept = ref.splits[:kk]
     else:  # from the first node, as the full pass does
-        start = ref.real[0] if ref.real else len(nodes)
+        start = real[0] if real else len(nodes)
         split = Split(B(nodes[start]) if start < len(nodes) else cpu, 0)
-        wa = 0
         kept = []
     new_splits = [split]
     cur = split.backend
@@ -553,16 +622,28 @@ def replay(ref: _Ref, mv: _Move) -> Reserve:
         km = len(ref.splits) - 1
         tail_splits = []
         ref_end = len(ref.sched_nodes)
-    # the new sched window
+    # the new sched window; when the first split keeps the reference's inputs, it starts at the first
+    # affected node (the copies and nodes before it are the reference's)
     wnodes: list[T] = []
     wids: list[int] = []
-    for sp in new_splits:
-        for inp in sp.inputs:
-            wnodes.append(view_tensor(inp, "NONE", inp))
-            wids.append(B(inp))
-            wnodes.append(made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
-            wids.append(sp.backend)
-        for gi in range(sp.i_start, min(sp.i_end, x)):
+    same_head = kk >= 0 and new_splits[0].inputs == ref.splits[kk].inputs
+    if same_head:  # a reference split starting at fa has its copies first
+        stats["late_start"] += 1
+        ks = ref.split_at.get(fa)
+        wa = ref.sp[fa] if ks is None else ref.ss[ks]
+    else:
+        wa = ref.ss[kk] if kk >= 0 else 0
+    for idx, sp in enumerate(new_splits):
+        lo = sp.i_start
+        if idx == 0 and same_head:
+            lo = fa
+        else:
+            for inp in sp.inputs:
+                wnodes.append(view_tensor(inp, "NONE", inp))
+                wids.append(B(inp))
+                wnodes.append(made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
+                wids.append(sp.backend)
+        for gi in range(lo, min(sp.i_end, x)):
             wnodes.append(nodes[gi])
             wids.append(B(nodes[gi]))
     splits = kept + new_splits + tail_splits
@@ -598,6 +679,13 @@ def _replay_alloc_same(ref: _Ref, bid: dict[T, int], newdev: dict[T, str]) -> Re
     return ref.reserve
 
 
+def _same_node(n: T, r: T) -> bool:
+    """Window node ``n`` does what reference node ``r`` does: the same node, or the dependency
+    node of a split input on the same input (created again by the replay)."""
+    return n is r or (n.op == "NONE" and r.op == "NONE" and n.view_src is not None
+                      and n.view_src is r.view_src and n.src == r.src)
+
+
 def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
                   newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> tuple[list[int], list[str]]:
     backends = ref.backends
@@ -606,28 +694,35 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
     for t in newdev:
         if t.location is None:
             raise _Refuse("location")
-    rnodes = ref.sched_nodes
+    rnodes, rids = ref.sched_nodes, ref.sched_ids
 
     def srcs(n: T) -> tuple[T | None, ...] | list[T | None]:
         s = newsrc.get(n)
         return n.src if s is None else s
 
-    w_ref: dict[T, int] = {}
-    for q in range(wa, ref_end):
-        for s in rnodes[q].src:
-            if s is not None:
-                w_ref[s] = w_ref.get(s, 0) + 1
-    w_new: dict[T, int] = {}
-    for n in wnodes:
-        for s in srcs(n):
-            if s is not None:
-                w_new[s] = w_new.get(s, 0) + 1
+    # the window's start equal to the reference's (same nodes, backends and sources) is not replayed:
+    # the replay starts at the last checkpoint at or before the first difference
+    f, lim = 0, min(len(wnodes), ref_end - wa)
+    while f < lim:
+        n, r = wnodes[f], rnodes[wa + f]
+        if wids[f] != rids[wa + f] or not _same_node(n, r):
+            break
+        ns = newsrc.get(n)
+        if ns is not None and ns != r.src:
+            break
+        f += 1
+    ckpos = ref.ckpos
     uses, first = ref.uses, ref.first
+    w0, win0, wid0 = wa, wnodes, wids
+    w_ref: dict[T, int] = {}
+    w_new: dict[T, int] = {}
+
+    def r_ref(t: T) -> int:
+        u = uses.get(t)
+        return 0 if u is None else len(u) - bisect.bisect_left(u, wa)
 
     def r_new(t: T) -> int:
-        u = uses.get(t)
-        r = 0 if u is None else len(u) - bisect.bisect_left(u, wa)
-        return r - w_ref.get(t, 0) + w_new.get(t, 0)
+        return r_ref(t) - w_ref.get(t, 0) + w_new.get(t, 0)
 
     def total_new(t: T) -> int:
         u = uses.get(t)
@@ -636,14 +731,51 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
     def v_new(t: T) -> int:
         return sum(1 for v in ref.view_nodes.get(t, ()) if total_new(v) == 0 or r_new(v) > 0)
 
-    # decisions before wa must not depend on the window's difference
-    for t in set(w_ref) | set(w_new):
-        if w_ref.get(t, 0) != w_new.get(t, 0):
-            if first.get(t, wa) < wa:
-                raise _Refuse("count of a tensor used before the window")
-            vs = t.view_src
-            if vs is not None and t.op != "NONE" and first.get(vs, wa) < wa:
-                raise _Refuse("view count of a tensor used before the window")
+    def fixed(t: T) -> bool:
+        """Never allocated by the graph allocator (it or its view source has a buffer)."""
+        b = t.view_src if t.view_src is not None else t
+        return newdev.get(b, b.dev) is not None
+
+    # decisions before the start must not depend on the window's difference: a tensor whose count
+    # differs and that the allocator handles must, if it appeared before the start, have uses left there
+    # in both runs (then neither run freed it or reused it in place before, and the reference's
+    # checkpoint holds it); else the start moves back to before its last use (or its creation)
+    target = wa + f
+    changed: set[T] = set()
+    while True:
+        c0 = ckpos[bisect.bisect_right(ckpos, target) - 1]
+        if c0 < w0:  # before the window: the reference's nodes up to it
+            wnodes, wids = rnodes[c0:w0] + win0, rids[c0:w0] + wid0
+        else:
+            wnodes, wids = win0[c0 - w0:], wid0[c0 - w0:]
+        wa = c0
+        w_ref = {}
+        for q in range(wa, ref_end):
+            for s in rnodes[q].src:
+                if s is not None:
+                    w_ref[s] = w_ref.get(s, 0) + 1
+        w_new = {}
+        for n in wnodes:
+            for s in srcs(n):
+                if s is not None:
+                    w_new[s] = w_new.get(s, 0) + 1
+        changed = set()
+        back = wa
+        for t in set(w_ref) | set(w_new):
+            if w_ref.get(t, 0) == w_new.get(t, 0):
+                continue
+            changed.add(t)
+            if fixed(t) or first.get(t, wa) >= wa or (r_ref(t) > 0 and r_new(t) > 0):
+                continue
+            u = uses.get(t, [])
+            k = bisect.bisect_left(u, wa)
+            back = min(back, u[k - 1] if k else first[t])
+        if back == wa:
+            break
+        if back < 0:
+            raise _Refuse("count of an input used before the window")
+        stats["moved_back"] += 1
+        target = back
     ck = ref.cks[wa]
     allocs = []
     for a, blocks, mx in zip(backends, ck.blocks, ck.max_size, strict=True):
@@ -669,7 +801,8 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
         return c
 
     for t, (_, c, v) in ck.live.items():
-        if NC(t) != c or NV(t) != v:
+        if (NC(t) != c or NV(t) != v) and t not in changed \
+                and not any(x in changed for x in ref.view_nodes.get(t, ())):
             raise _Refuse("live counts")
     cache = ref.size_cache
     known = ref.first
@@ -795,29 +928,40 @@ def _same_state(ck: _Checkpoint, allocs: list[DynAllocator], own: dict[T, tuple[
 
 _REFS: OrderedDict[tuple[object, ...], _Ref] = OrderedDict()
 _REFS_SIZE = 8
-stats = {"replays": 0, "full": 0, "refused": 0}
+#: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
+#: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
+#: moved back before a use whose count the window changes
+stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0}
 
 
 def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None],
-                        backends: list[Backend], op_offload: bool, weights: Callable[[str], T | None],
+                        backends: list[Backend], op_offload: bool, items: Sequence[Placed],
+                        where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
-                        where: WeightWhere, unit_devices: list[str],
-                        offload_kqv: bool) -> Reserve:
-    """``reserve`` (server path, one copy) through a recorded reference of the same topology."""
+                        unit_devices: list[str], offload_kqv: bool) -> Reserve:
+    """``reserve`` (server path, one copy) through a recorded reference of the same topology.
+
+    ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
+    (only asked for when the items do not line up with the reference's, or to record one)."""
     ref = _REFS.get(key)
     if ref is not None:
         _REFS.move_to_end(key)
         try:
-            r = replay(ref, _diff(ref, where, unit_devices, offload_kqv))
+            mv = _diff_items(ref, items, unit_devices, offload_kqv)
+            if mv is not None:
+                stats["item_diffs"] += 1
+            else:
+                mv = _diff(ref, where(), unit_devices, offload_kqv)
+            r = replay(ref, mv)
             stats["replays"] += 1
             return r
         except Exception:  # _Refuse, or a case the replay does not know: run it in full
             stats["refused"] += 1
     try:
-        ref = _Ref(sh, arch_fn, backends, op_offload, weights, layer_dev, kv_dev, where, unit_devices)
+        ref = _Ref(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices)
     except _Refuse:
         stats["full"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights, layer_dev, kv_dev, op_offload=op_offload)
+        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, op_offload=op_offload)
     stats["full"] += 1
     _REFS[key] = ref
     if len(_REFS) > _REFS_SIZE:

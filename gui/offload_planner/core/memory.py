@@ -12,8 +12,10 @@ Compute: llama.cpp's graph reservation simulated on shapes (see :mod:`compute`).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field, replace
+from itertools import compress, count
+from operator import is_not
 
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.ggml_types import type_by_name
@@ -21,7 +23,7 @@ from offload_planner.core.ik import computed_tensors as ik_computed_tensors
 from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
 from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.model import Model, Tensor
-from offload_planner.core.placement import CPU, CPU_MAPPED, Placement
+from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
 
 MiB = 1024 * 1024
 
@@ -148,33 +150,138 @@ def alloc_size(t: Tensor, dev: Device) -> int:
 
 
 def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> list[Buffer]:
-    padded: dict[tuple[str, str], int] = defaultdict(int)
-    counts: dict[tuple[str, str], int] = defaultdict(int)
-    spans: dict[int, tuple[int, int]] = {}  # shard -> (first byte, last byte) of CPU_Mapped tensors
-    read: dict[int, int] = defaultdict(int)  # shard -> bytes of the tensors actually used
-    for p in placement.items:
-        if p.device is None or p.buft is None:
-            continue
-        if p.buft == CPU_MAPPED:
-            t = p.tensor
-            lo, hi = spans.get(t.shard, (t.offset, t.offset + t.nbytes))
-            spans[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
-            read[t.shard] += t.nbytes
-            continue
-        dev = devices.by_name(p.device) or devices.cpu
-        key = (p.device, p.buft)
-        padded[key] += pad(alloc_size(p.tensor, dev), dev.alignment)
-        counts[key] += 1
-    out = []
-    for (d, b), n in padded.items():
-        align = (devices.by_name(d) or devices.cpu).alignment
-        out.append(Buffer(d, b, "model", n, f"{counts[(d, b)]} tensors, each padded to {align} B"))
-    for shard, (lo, hi) in sorted(spans.items()):
-        out.append(Buffer(CPU, CPU_MAPPED, "model", hi - lo,
-                          f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp "
-                          f"reports it; {read[shard] / MiB:.2f} MiB of it are tensors read from it "
-                          "(page cache, not private RAM)", resident=read[shard]))
-    return out
+    """One buffer per (device, buffer type) in order of first use, then the mmap spans per shard.
+
+    Computed from a recorded reference placement (the last one computed in full for this model and
+    device set) when few items differ from it by identity (``Placed`` is frozen, and the reference
+    keeps its items alive): the reference's per-buffer totals, corrected for the changed items.  The
+    result is the same as :func:`weight_buffers_full`'s (``tests/core/test_compute_incremental.py``)."""
+    items = placement.items
+    key = (model, devices)
+    ref = _WEIGHT_REFS.get(key)
+    if ref is not None and len(ref.items) == len(items):
+        changed = list(compress(count(), map(is_not, items, ref.items)))
+        if len(changed) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
+            _WEIGHT_REFS.move_to_end(key)
+            weight_stats["delta"] += 1
+            return ref.buffers(items, changed)
+    ref = _WeightRef(items, devices)
+    _WEIGHT_REFS[key] = ref
+    if len(_WEIGHT_REFS) > _WEIGHT_REFS_SIZE:
+        _WEIGHT_REFS.popitem(last=False)
+    weight_stats["full"] += 1
+    return ref.buffers(items, [])
+
+
+def weight_buffers_full(model: Model, placement: Placement, devices: DeviceSet) -> list[Buffer]:
+    """:func:`weight_buffers` computed from scratch (nothing recorded)."""
+    return _WeightRef(placement.items, devices).buffers(placement.items, [])
+
+
+_WEIGHT_REFS: OrderedDict[tuple[Model, DeviceSet], _WeightRef] = OrderedDict()
+_WEIGHT_REFS_SIZE = 4
+_WEIGHT_DELTA_MIN = 64  # changed items below which the reference is corrected rather than replaced
+weight_stats = {"delta": 0, "full": 0}
+
+
+class _WeightRef:
+    """The weight buffers of one placement, kept so that a placement differing in a few items is
+    computed from them: per (device, buffer type) the padded total, the count and the item indices
+    in order; per shard the ``CPU_Mapped`` items by offset and by end, and the bytes read."""
+
+    def __init__(self, items: list[Placed], devices: DeviceSet) -> None:
+        self.items = list(items)
+        self.devices = devices
+        self._dev: dict[str, Device] = {}
+        self.padded: dict[tuple[str, str], int] = {}  # insertion order: order of first use
+        self.index: dict[tuple[str, str], list[int]] = {}
+        by_shard: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # (offset, end, index)
+        self.read: dict[int, int] = defaultdict(int)
+        padded, index = self.padded, self.index
+        for i, p in enumerate(self.items):
+            if p.device is None or p.buft is None:
+                continue
+            if p.buft == CPU_MAPPED:
+                t = p.tensor
+                by_shard[t.shard].append((t.offset, t.offset + t.nbytes, i))
+                self.read[t.shard] += t.nbytes
+                continue
+            k = (p.device, p.buft)
+            padded[k] = padded.get(k, 0) + self._size(p)
+            ix = index.get(k)
+            if ix is None:
+                index[k] = [i]
+            else:
+                ix.append(i)
+        self.by_lo = {s: sorted(v) for s, v in by_shard.items()}
+        self.by_hi = {s: sorted(v, key=lambda e: e[1], reverse=True) for s, v in by_shard.items()}
+
+    def _device(self, name: str) -> Device:
+        d = self._dev.get(name)
+        if d is None:
+            d = self._dev[name] = self.devices.by_name(name) or self.devices.cpu
+        return d
+
+    def _size(self, p: Placed) -> int:
+        assert p.device is not None
+        dev = self._device(p.device)
+        return pad(alloc_size(p.tensor, dev), dev.alignment)
+
+    def buffers(self, items: list[Placed], changed: list[int]) -> list[Buffer]:
+        """The buffers of ``items``, which equal the reference's items except at ``changed``."""
+        padded = dict(self.padded)
+        counts = {k: len(ix) for k, ix in self.index.items()}
+        gone: set[int] = set()  # changed indices (their reference items no longer count)
+        new_first: dict[tuple[str, str], int] = {}
+        read = dict(self.read)
+        add_lo: dict[int, int] = {}
+        add_hi: dict[int, int] = {}
+        for i in changed:
+            gone.add(i)
+            for p, sign in ((self.items[i], -1), (items[i], 1)):
+                if p.device is None or p.buft is None:
+                    continue
+                if p.buft == CPU_MAPPED:
+                    t = p.tensor
+                    read[t.shard] = read.get(t.shard, 0) + sign * t.nbytes
+                    if sign > 0:
+                        add_lo[t.shard] = min(add_lo.get(t.shard, t.offset), t.offset)
+                        add_hi[t.shard] = max(add_hi.get(t.shard, 0), t.offset + t.nbytes)
+                    continue
+                k = (p.device, p.buft)
+                padded[k] = padded.get(k, 0) + sign * self._size(p)
+                counts[k] = counts.get(k, 0) + sign
+                if sign > 0 and i < new_first.get(k, len(items)):
+                    new_first[k] = i
+        firsts: list[tuple[int, tuple[str, str]]] = []
+        for k, n in counts.items():
+            if not n:
+                continue
+            first = new_first.get(k, len(items))
+            for i in self.index.get(k, ()):
+                if i not in gone:
+                    first = min(first, i)
+                    break
+            firsts.append((first, k))
+        firsts.sort()
+        out = []
+        for _, k in firsts:
+            d, b = k
+            align = self._device(d).alignment
+            out.append(Buffer(d, b, "model", padded[k], f"{counts[k]} tensors, each padded to {align} B"))
+        for shard in sorted(set(self.by_lo) | set(add_lo)):
+            lo = next((e[0] for e in self.by_lo.get(shard, ()) if e[2] not in gone), None)
+            hi = next((e[1] for e in self.by_hi.get(shard, ()) if e[2] not in gone), None)
+            if shard in add_lo:
+                lo = add_lo[shard] if lo is None else min(lo, add_lo[shard])
+                hi = add_hi[shard] if hi is None else max(hi, add_hi[shard])
+            if lo is None or hi is None:
+                continue
+            out.append(Buffer(CPU, CPU_MAPPED, "model", hi - lo,
+                              f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp "
+                              f"reports it; {read[shard] / MiB:.2f} MiB of it are tensors read from it "
+                              "(page cache, not private RAM)", resident=read[shard]))
+        return out
 
 
 def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
@@ -188,10 +295,13 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     ik = p.dialect == "ik_llama.cpp"
     ik_mla = ik and ik_uses_mla(model)
 
-    def dims(il: int) -> tuple[int, int]:
+    def dims_of(il: int) -> tuple[int, int]:
         hk, hv = (head_k_swa, head_v_swa) if s.swa_layers[il] else (s.head_dim_k, s.head_dim_v)
         n_kv = s.head_kv(il)
         return hk * n_kv, hv * n_kv
+
+    all_dims = [dims_of(il) for il in range(max(s.n_layer, n_trunk))]
+    dims = all_dims.__getitem__
 
     def row_bytes(il: int) -> tuple[int, int]:
         """Bytes per cell of K and V; mainline pads a transposed V to the widest layer."""
@@ -203,13 +313,16 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
             return tk.row_bytes(k_gqa), 0
         return tk.row_bytes(k_gqa), tv.row_bytes(v_max if v_trans and not ik else v_gqa)
 
-    v_max = max((dims(il)[1] for il in range(s.n_layer)), default=0)
+    v_max = max((d[1] for d in all_dims[:s.n_layer]), default=0)
     per_dev: dict[str, int] = defaultdict(int)
     layers: dict[str, int] = defaultdict(int)
+    by_name: dict[str, Device] = {}
     for il in range(n_trunk):
         dev_name = placement.layer_device(il) if p.offload_kqv else CPU
         cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
-        dev = devices.by_name(dev_name) or devices.cpu
+        dev = by_name.get(dev_name)
+        if dev is None:
+            dev = by_name[dev_name] = devices.by_name(dev_name) or devices.cpu
         k_row, v_row = row_bytes(il)
         per_dev[dev_name] += pad(k_row * cells * ctx.n_stream, dev.alignment)
         if v_row:

@@ -42,6 +42,16 @@ def _cached_place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> P
     return place(model, devices, opts)
 
 
+@functools.lru_cache(maxsize=16)
+def _item_index(model: Model, devices: DeviceSet, opts: PlacementOptions) -> dict[str, list[int]]:
+    """Positions of each tensor's items (the tensor, its output copy) in the base placement's list
+    (``place`` is deterministic: the same for every placement of these arguments)."""
+    index: dict[str, list[int]] = {}
+    for i, p in enumerate(_cached_place(model, devices, opts).items):
+        index.setdefault(p.tensor.name, []).append(i)
+    return index
+
+
 @dataclass
 class Plan:
     model: Model
@@ -63,17 +73,20 @@ class Plan:
         base = self.base_placement()
         if not self.moves:
             return base
-        items: list[Placed] = []
-        moved = False
-        for p in base.items:
-            dev = self.moves.get(p.tensor.name)
-            if dev is None or p.device is None or dev == p.device:
-                items.append(p)
-                continue
-            moved = True
-            buft = device_buft(dev, p.tensor, self.devices, self.placement_options, as_output=p.copy)
-            items.append(Placed(p.tensor, dev, buft, "moved in the planner", copy=p.copy))
-        items = _dedupe_tied_copy(items)
+        index = _item_index(self.model, self.devices, self.placement_options)
+        items = list(base.items)
+        moved = tied = False
+        for name, dev in self.moves.items():  # O(moves): only the moved tensors' items change
+            for i in index.get(name, ()):
+                p = base.items[i]
+                if p.device is None or dev == p.device:
+                    continue
+                moved = True
+                tied = tied or name == "token_embd.weight"
+                buft = device_buft(dev, p.tensor, self.devices, self.placement_options, as_output=p.copy)
+                items[i] = Placed(p.tensor, dev, buft, "moved in the planner", copy=p.copy)
+        if tied:  # the base holds no copy equal to its original (``place``): only a move makes one
+            items = _dedupe_tied_copy(items)
         return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
 
     def projection(self) -> Projection:
