@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -1596,6 +1597,7 @@ def _why(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
 
 _MEMO: OrderedDict[tuple[object, ...], list[Buffer]] = OrderedDict()
 _MEMO_SIZE = 32
+SIMULATION_LOCK = threading.RLock()
 
 
 def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
@@ -1604,18 +1606,20 @@ def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
     buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``).
 
     Remembered for the last few placements (an editor's undo/redo or A/B toggling revisits them):
-    the key is everything the simulation reads."""
+    the key is everything the simulation reads.  The memo and the incremental replay's recorded
+    references are shared: one simulation at a time (the window projects off its GUI thread)."""
     key = (model, graph_builder(model), devices, ctx, params, tuple(placement.unit_devices),
            placement.has_overrides,
            tuple(placement.model_devices), tuple((p.name, p.device, p.buft) for p in placement.items))
-    if key in _MEMO:
-        _MEMO.move_to_end(key)
-        return [replace(b) for b in _MEMO[key]]
-    out = _compute_buffers(model, devices, placement, ctx, params)
-    _MEMO[key] = [replace(b) for b in out]
-    if len(_MEMO) > _MEMO_SIZE:
-        _MEMO.popitem(last=False)
-    return out
+    with SIMULATION_LOCK:
+        if key in _MEMO:
+            _MEMO.move_to_end(key)
+            return [replace(b) for b in _MEMO[key]]
+        out = _compute_buffers(model, devices, placement, ctx, params)
+        _MEMO[key] = [replace(b) for b in out]
+        if len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+        return out
 
 
 def _compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,

@@ -12,6 +12,7 @@ Compute: llama.cpp's graph reservation simulated on shapes (see :mod:`compute`).
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field, replace
 from itertools import compress, count
@@ -158,19 +159,20 @@ def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> li
     result is the same as :func:`weight_buffers_full`'s (``tests/core/test_compute_incremental.py``)."""
     items = placement.items
     key = (model, devices)
-    ref = _WEIGHT_REFS.get(key)
-    if ref is not None and len(ref.items) == len(items):
-        changed = list(compress(count(), map(is_not, items, ref.items)))
-        if len(changed) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
-            _WEIGHT_REFS.move_to_end(key)
-            weight_stats["delta"] += 1
-            return ref.buffers(items, changed)
-    ref = _WeightRef(items, devices)
-    _WEIGHT_REFS[key] = ref
-    if len(_WEIGHT_REFS) > _WEIGHT_REFS_SIZE:
-        _WEIGHT_REFS.popitem(last=False)
-    weight_stats["full"] += 1
-    return ref.buffers(items, [])
+    with _WEIGHT_LOCK:  # the window projects on its GUI thread and a worker
+        ref = _WEIGHT_REFS.get(key)
+        if ref is not None and len(ref.items) == len(items):
+            changed = list(compress(count(), map(is_not, items, ref.items)))
+            if len(changed) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
+                _WEIGHT_REFS.move_to_end(key)
+                weight_stats["delta"] += 1
+                return ref.buffers(items, changed)
+        ref = _WeightRef(items, devices)
+        _WEIGHT_REFS[key] = ref
+        if len(_WEIGHT_REFS) > _WEIGHT_REFS_SIZE:
+            _WEIGHT_REFS.popitem(last=False)
+        weight_stats["full"] += 1
+        return ref.buffers(items, [])
 
 
 def weight_buffers_full(model: Model, placement: Placement, devices: DeviceSet) -> list[Buffer]:
@@ -180,6 +182,7 @@ def weight_buffers_full(model: Model, placement: Placement, devices: DeviceSet) 
 
 _WEIGHT_REFS: OrderedDict[tuple[Model, DeviceSet], _WeightRef] = OrderedDict()
 _WEIGHT_REFS_SIZE = 4
+_WEIGHT_LOCK = threading.Lock()
 _WEIGHT_DELTA_MIN = 64  # changed items below which the reference is corrected rather than replaced
 weight_stats = {"delta": 0, "full": 0}
 
