@@ -118,3 +118,17 @@ def test_layers_to_device_and_back_to_default(demo_path: Path) -> None:
     back = presets.back_to_default(moved)
     assert set(back) == set(moves) and set(back.values()) == {None}
     assert plan_edits.apply_moves(moved, back).moves == {}
+
+
+def test_over_capacity_warning_names_the_preset_that_fixes_it(demo_path: Path) -> None:
+    """The default command puts DeepSeek-V3 (377 GiB) on a 24 GiB GPU: the warning names the fill
+    preset, and applying it leaves no device over capacity."""
+    from offload_planner.ui.analysis import analyse
+
+    plan = _demo_plan(demo_path)
+    before = analyse(plan)
+    (warning,) = [w for w in before.warnings if w.startswith("CUDA0 is over capacity")]
+    assert "Presets ▸ Fill CUDA0 with routed experts" in warning
+    moves = presets.fill_with_experts(plan, plan.placement(), plan.projection(), "CUDA0")
+    after = analyse(plan.with_moves(moves))
+    assert not [w for w in after.warnings if "over capacity" in w], after.warnings

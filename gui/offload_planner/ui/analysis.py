@@ -76,7 +76,8 @@ def analyse(plan: Plan) -> Analysis:
         if plan.dialect == "ik_llama.cpp":
             refusals = ik_model_errors(plan.model) + ik_split_mode_warnings(
                 plan.model, plan.placement_options.split_mode, len(plan.devices.gpus))
-        warnings = refusals + unknown_device_warnings(plan) + capacity_warnings(projection) + core
+        capacity = capacity_warnings(projection, moe=plan.model.summary.is_moe)
+        warnings = refusals + unknown_device_warnings(plan) + capacity + core
         rules = rule_reports(projection, overrides)
         command = plan_command(plan)
     except Exception as e:  # a core bug must not take the window down: show it

@@ -52,15 +52,20 @@ class DeviceFigures:
         return cls(d.name, d.description, kinds, sum(n for _, n in kinds), d.capacity, d.margin, unread)
 
 
-def capacity_warnings(projection: Projection) -> list[str]:
-    """Devices whose projected memory plus margin exceeds their capacity."""
+def capacity_warnings(projection: Projection, *, moe: bool = False) -> list[str]:
+    """Devices whose projected memory plus margin exceeds their capacity; for a GPU holding a MoE
+    model's routed experts, the preset that fixes it."""
     out = []
     for dm in projection.devices:
         f = DeviceFigures.of(dm)
         if f.over and f.capacity is not None:
             margin = f" + {fmt_bytes(f.margin)} margin" if f.margin else ""
+            hint = ""
+            if moe and dm.device.is_gpu:
+                hint = (f": Presets ▸ Fill {f.name} with routed experts keeps as many expert layers "
+                        "there as fit and sends the rest to the CPU")
             out.append(
                 f"{f.name} is over capacity by {fmt_bytes(f.over)} ({fmt_bytes(f.used)} projected{margin} "
-                f"> {fmt_bytes(f.capacity)})"
+                f"> {fmt_bytes(f.capacity)}){hint}"
             )
     return out

@@ -6,10 +6,12 @@ Qt-free; the window turns each result into one undoable MoveTensors step.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from offload_planner.core.memory import Projection, alloc_size, pad
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
+from offload_planner.ui.device_figures import DeviceFigures
 
 Moves = dict[str, str | None]
 
@@ -60,7 +62,10 @@ def fill_with_experts(
     layers in order from the first (or the last); its other expert layers go to ``spill``.
 
     What stays on the device besides its routed experts (attention, KV cache, compute buffers,
-    ...) is taken from ``projection``; expert layers held by other GPUs are left where they are.
+    ...) is first taken from ``projection``; expert layers held by other GPUs are left where they
+    are. The result is then projected, and while the device is still over (its compute buffer grows
+    when experts leave it: op offload copies host expert weights through it), the last kept layer
+    goes to ``spill`` too.
     """
     dev = plan.devices.by_name(device)
     if dev is None or dev.capacity is None:
@@ -88,6 +93,7 @@ def fill_with_experts(
     room = dev.capacity - dev.margin - used_without_experts
     order = sorted(by_layer, reverse=not from_first)
     moves: Moves = {}
+    kept: list[int] = []
     full = False
     for il in order:
         if il in elsewhere and not on_dev.get(il):
@@ -95,13 +101,31 @@ def fill_with_experts(
         fits = not full and cost[il] <= room
         if fits:
             room -= cost[il]
+            kept.append(il)
         else:
             full = True
         target = device if fits else spill
         for name, current in by_layer[il]:
             if current != target:
                 moves[name] = target
+    while kept and DeviceFigures.of(with_moves(plan, moves).projection().device(device)).over:
+        for name, current in by_layer[kept.pop()]:
+            if current == spill:
+                moves.pop(name, None)
+            else:
+                moves[name] = spill
     return moves
+
+
+def with_moves(plan: Plan, moves: Moves) -> Plan:
+    """``plan`` with ``moves`` applied (None: back to the command's default)."""
+    merged = dict(plan.moves)
+    for name, dev in moves.items():
+        if dev is None:
+            merged.pop(name, None)
+        else:
+            merged[name] = dev
+    return replace(plan, moves=merged)
 
 
 def back_to_default(plan: Plan, names: list[str] | None = None) -> Moves:
