@@ -52,3 +52,26 @@ def test_graph_split_warnings(small_models: dict[str, Path]) -> None:
     assert ik.split_mode_warnings(qwen, "layer", 2) == []
     assert "not modelled" in ik.split_mode_warnings(qwen, "graph", 2)[0]
     assert "changes the split mode to 'layer'" in ik.split_mode_warnings(ds, "attn", 2)[0]
+
+
+def test_ik_offloads_moe_ops_only_for_batches_that_keep_every_expert_busy() -> None:
+    """ik's ggml_backend_cuda_offload_op: a MoE op with host weights goes to the GPU only when
+    batch * active >= 32 * experts (DeepSeek-V3: 1024 tokens), unlike mainline's 32 tokens."""
+    from offload_planner.core.compute import F32, T
+    from offload_planner.core.compute_ik import IkBackend
+    from offload_planner.core.ggml_types import type_by_name
+
+    gpu = IkBackend("CUDA0", "CUDA0", 256, True, 32, None)
+    q4k, i32 = type_by_name("q4_K"), type_by_name("i32")
+    for n_tok, expected in ((512, False), (1023, False), (1024, True), (4096, True)):
+        up = T(q4k, (7168, 2048, 256), name="up")
+        gate = T(q4k, (7168, 2048, 256), name="gate")
+        x = T(F32, (7168, 1, n_tok), name="x")
+        ids = T(i32, (8, n_tok), name="ids")
+        fused = T(F32, (2048, 8, n_tok), op="MOE_FUSED_UP_GATE", src=(up, gate, x, ids))
+        mmid = T(F32, (2048, 8, n_tok), op="MUL_MAT_ID", src=(up, x, ids))
+        assert gpu.offloads(fused) is expected and gpu.offloads(mmid) is expected, n_tok
+    w, y = T(q4k, (7168, 2048), name="w"), T(F32, (7168, 32), name="y")
+    dense = T(F32, (2048, 32), op="MUL_MAT", src=(w, y))
+    assert gpu.offloads(dense)
+    assert not IkBackend("RPC0", "RPC0", 32, False, None, None).offloads(dense)

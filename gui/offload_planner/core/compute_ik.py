@@ -807,11 +807,38 @@ class IkReserve:
     n_tokens: int
 
 
+@dataclass(frozen=True)
+class IkBackend(Backend):
+    """ik's ``ggml_backend_cuda_offload_op``: an op with a weight in host memory runs on the GPU
+    (the weight copied through its compute buffer) when ``ne[1]`` reaches the offload batch (32);
+    for the MoE ops when the batch reaches it and ``batch * active experts >= 32 * experts``
+    (DeepSeek-V3, 8 of 256: from 1024 tokens, so not at the default -ub 512)."""
+
+    def offloads(self, op: T) -> bool:
+        if self.offload_min_batch is None:
+            return False
+        if self.offload_only is not None and op.op not in self.offload_only:
+            return False
+        n = self.offload_min_batch
+        if op.op in ("MUL_MAT_ID", "MOE_FUSED_UP_GATE"):
+            ids = op.src[2] if op.op == "MUL_MAT_ID" else op.src[3]
+            w = op.src[0]
+            if ids is None or w is None or op.ne[2] < n:
+                return False
+            return op.ne[2] * ids.ne[0] >= n * w.ne[2]
+        return op.ne[1] >= n and op.op != "GET_ROWS"
+
+
+def _ik_backends(devices: DeviceSet, placement: Placement) -> list[Backend]:
+    return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only)
+            for b in _backends(devices, placement)]
+
+
 def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
                 p: ContextParams) -> IkReserve:
     """ik's one reserve: the prompt graph of ``min(n_ctx, n_batch, n_ubatch)`` tokens over the whole cache."""
     arch_fn = IK_GRAPHS[model.arch]
-    backends = _backends(devices, placement)
+    backends = _ik_backends(devices, placement)
     sh = ik_shape(model, ctx, p, cpu_only=len(backends) == 1)
 
     def kv_dev(il: int) -> str:
