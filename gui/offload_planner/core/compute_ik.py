@@ -21,8 +21,9 @@ CUDA buffer rules are not verified here.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core import ik
@@ -33,6 +34,7 @@ from offload_planner.core.compute import (
     I32,
     INPUT,
     OUTPUT,
+    SIMULATION_LOCK,
     Backend,
     Graph,
     GraphAllocator,
@@ -857,9 +859,31 @@ def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: Res
 IK_SIMULATED = "ik_llama.cpp's own graph simulated"
 
 
+_IK_MEMO: OrderedDict[tuple[object, ...], list[Buffer] | None] = OrderedDict()
+_IK_MEMO_SIZE = 32
+
+
 def ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
                        p: ContextParams) -> list[Buffer] | None:
-    """ik_llama.cpp's compute buffers, or None where this module has no graph for the model."""
+    """ik_llama.cpp's compute buffers, or None where this module has no graph for the model.
+
+    Remembered for the last few placements (undo/redo, A/B toggles), keyed by everything read."""
+    key = (model, devices, ctx, p, tuple(placement.unit_devices), tuple(placement.model_devices),
+           tuple((it.name, it.device, it.buft) for it in placement.items))
+    with SIMULATION_LOCK:
+        if key in _IK_MEMO:
+            _IK_MEMO.move_to_end(key)
+            hit = _IK_MEMO[key]
+            return None if hit is None else [replace(b) for b in hit]
+        out = _ik_compute_buffers(model, devices, placement, ctx, p)
+        _IK_MEMO[key] = None if out is None else [replace(b) for b in out]
+        if len(_IK_MEMO) > _IK_MEMO_SIZE:
+            _IK_MEMO.popitem(last=False)
+        return out
+
+
+def _ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                        p: ContextParams) -> list[Buffer] | None:
     from offload_planner.core.memory import IK_CPU_BUFFER_EXTRA, Buffer
 
     if not supported(model, p):
