@@ -73,7 +73,9 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str)
         split_mode=_get(args, "split_mode", "layer"),
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
-        use_mmap=load_mode not in ("none", "mlock", "dio"),
+        # ik's -rtr (run-time repack) turns mmap off: the repacked weights live in a plain buffer
+        use_mmap=load_mode not in ("none", "mlock", "dio")
+        and not (dialect == IK_LLAMA_CPP and _get(args, "rtr")),
         no_host=bool(_get(args, "no_host", False)),
         # ik_llama.cpp has no CPU_REPACK buffer type (it repacks in place with -rtr)
         use_extra_bufts=not _get(args, "no_repack", False) and dialect != IK_LLAMA_CPP,
