@@ -74,3 +74,26 @@ def test_plan_refuses_flags_the_pinned_build_refuses(flag: str) -> None:
     r = run("plan", str(demo_model_path()), "--json", "--no-detect", "--", flag)
     assert r.returncode == 2
     assert f"invalid argument: {flag}" in " ".join(json.loads(r.stdout)["errors"])
+
+
+def test_plan_says_what_fit_changes(small_models: dict[str, Path]) -> None:
+    """The pinned build fits by default: on a GPU with 15 MiB above llama.cpp's 1 GiB target, the
+    plan reports the command the server will really run (and nothing with -fit off); that command
+    keeps the GPU under the target (the fit itself is compared with llama-fit-params in
+    tests/integration/test_fit_vs_llama.py)."""
+    model = str(small_models["qwen3moe"])
+    base = ("plan", model, "--json", "--no-detect", "--device", "CUDA0=1039MiB", "--")
+    r = run(*base, "-c", "4096")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    fit = d["fit"]
+    assert fit["status"] == "success" and fit["changed"] and "-ngl" in fit["args"]
+    assert any(n.startswith("--fit is on") for n in d["notes"])
+    fitted = fit["command"]
+    assert fitted[fitted.index("-fit") + 1] == "off"
+    again = json.loads(run(*base, *fitted[2:]).stdout)
+    assert again["fit"] is None, "-fit off: nothing to report"
+    cuda0 = next(x for x in again["devices"] if x["name"] == "CUDA0")
+    assert cuda0["total_bytes"] <= 15 * 1024**2
+    as_written = next(x for x in d["devices"] if x["name"] == "CUDA0")
+    assert as_written["total_bytes"] > 15 * 1024**2, "the table still shows the command as written"

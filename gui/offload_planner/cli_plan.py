@@ -91,9 +91,21 @@ def run_plan(args: argparse.Namespace) -> int:
     notes = list(result.notes)
     if detection is not None and detection.message:
         notes.append(detection.message)
+    fit: dict[str, object] | None = None
+    if dialect == "llama.cpp" and not errors:
+        from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
+
+        fitted = server_fit(model, devices, parsed, result.placement_options, result.context)
+        if fitted is not None:
+            fcmd = fitted_command(fitted, model, devices, plan.placement_options, plan.context) \
+                if fitted.changed else []
+            fit = fit_summary(fitted, devices, fcmd)
+            note = fit_note(fitted, fcmd)
+            if note:
+                notes.append(note)
     if args.json:
         json.dump(plan_json(result.projection, warnings=result.warnings, errors=errors, command=command,
-                            notes=notes), sys.stdout, indent=1)
+                            notes=notes, fit=fit), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         print(plan_text(result.projection, warnings=result.warnings, errors=errors,

@@ -30,7 +30,9 @@ def device_json(dm: DeviceMemory) -> dict[str, Any]:
 
 
 def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],
-              command: Sequence[str], notes: Sequence[str] = ()) -> dict[str, Any]:
+              command: Sequence[str], notes: Sequence[str] = (),
+              fit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``fit``: what the pinned build's --fit would change (None: off, no GPU or another backend)."""
     ctx = projection.context
     return {
         "devices": [device_json(d) for d in projection.devices],
@@ -41,6 +43,7 @@ def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequen
         "errors": list(errors),
         "notes": list(notes),
         "command": list(command),
+        "fit": fit,
     }
 
 
