@@ -132,3 +132,23 @@ def test_over_capacity_warning_names_the_preset_that_fixes_it(demo_path: Path) -
     moves = presets.fill_with_experts(plan, plan.placement(), plan.projection(), "CUDA0")
     after = analyse(plan.with_moves(moves))
     assert not [w for w in after.warnings if "over capacity" in w], after.warnings
+
+
+def test_llama_fit_preset_runs_what_the_default_fit_would(demo_path: Path) -> None:
+    """DeepSeek-V3 on one 24 GiB GPU: llama.cpp's --fit keeps a 1 GiB margin, puts the attention of
+    every layer on the GPU and as many expert layers as fit (the search itself is compared with
+    llama-fit-params in tests/integration/test_fit_vs_llama.py)."""
+    plan = _demo_plan(demo_path)
+    fitted, result = presets.llama_fit(plan)
+    assert result.status == "success" and result.changed
+    proj = fitted.projection()
+    cuda0 = proj.device("CUDA0")
+    # the 1 GiB margin, give or take what the dry run counts differently from the server
+    assert cuda0.resident() <= 24 * GiB - 1024**3 + 256 * 1024**2
+    on_gpu = {p.tensor.layer for p in fitted.placement().items
+              if p.device == "CUDA0" and p.tensor.role.is_routed_expert}
+    assert 0 < len(on_gpu) < 58
+    attn = {p.device for p in fitted.placement().items if p.tensor.role is Role.ATTENTION}
+    assert attn == {"CUDA0"}
+    again, _ = presets.llama_fit(fitted)
+    assert again.placement().tensor_devices() == fitted.placement().tensor_devices(), "a fixed point"

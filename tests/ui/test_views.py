@@ -110,3 +110,23 @@ def test_fill_message_counts_expert_layers_already_on_the_gpu(
               if p.tensor.role.is_routed_expert and p.device == "CUDA0"}
     assert on_gpu, "some expert layers fit"
     assert messages[-1] == f"CUDA0 holds the routed experts of {len(on_gpu)} layers"
+
+
+def test_llama_fit_preset_is_one_undo_step(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    open_and_wait(qtbot, window, demo_path)
+    menu = window.presets_menu
+    menu.aboutToShow.emit()
+    assert "What llama.cpp's --fit would run" in [a.text() for a in menu.actions()]
+    before = window.doc.plan
+    messages: list[str] = []
+    menu.message.connect(messages.append)
+    assert menu.llama_fit()
+    assert window.doc.undo_stack.undoText() == "llama.cpp --fit"
+    assert messages[-1].startswith("As llama.cpp's --fit would run it: -c ")
+    wait_projected(qtbot, window)
+    assert "-ot" in window.command_pane.text.toPlainText()
+    window.doc.undo_stack.undo()
+    assert window.doc.plan == before
+    window.doc.set_dialect("ik_llama.cpp", "ik_llama.cpp")
+    menu.aboutToShow.emit()
+    assert "What llama.cpp's --fit would run" not in [a.text() for a in menu.actions()]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
+from offload_planner.core.fit import FitResult, fit_params
 from offload_planner.core.memory import Projection, alloc_size, pad
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
@@ -131,3 +132,15 @@ def with_moves(plan: Plan, moves: Moves) -> Plan:
 def back_to_default(plan: Plan, names: list[str] | None = None) -> Moves:
     """Undo the user's moves of ``names`` (all moves when None)."""
     return {n: None for n in (plan.moves if names is None else names) if n in plan.moves}
+
+
+def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
+    """What the pinned llama-server's ``--fit`` would run if the plan left -ngl, -ts, -ot (and an
+    unset context) to it: the fitted plan (the user's moves dropped: the fit starts from the
+    command) and llama.cpp's result. Each GPU's free memory is its known free (else total)."""
+    popts = replace(plan.placement_options, overrides=(), tensor_split=())
+    free = [g.capacity or 0 for g in plan.devices.gpus]
+    result = fit_params(plan.model, plan.devices, popts, plan.context, free_bytes=free)
+    f_popts, f_ctx = result.apply(popts, plan.context, plan.model.summary.n_layer,
+                                  has_gpu=bool(plan.devices.gpus))
+    return replace(plan, placement_options=f_popts, context=f_ctx, moves={}), result

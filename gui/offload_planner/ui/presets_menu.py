@@ -74,6 +74,10 @@ class PresetsMenu(QMenu):
                 self._filler(g.name, from_first=False),
             )
         self.addAction("Move layers…", self.move_layers_dialog)
+        if doc.plan.dialect == "llama.cpp" and doc.plan.devices.gpus:
+            fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
+            fit.setToolTip("The pinned llama-server fits by default: -c, -ngl, -ts and expert overrides "
+                           "chosen by its own search for each GPU's free memory (1 GiB margin)")
         self.addSeparator()
         back = self.addAction("Back to the command's default (clear all moves)", self.clear_moves)
         back.setEnabled(bool(doc.plan.moves))
@@ -129,6 +133,29 @@ class PresetsMenu(QMenu):
         else:
             self.message.emit(f"{device} already holds as many expert layers as fit")
         return ok
+
+    def llama_fit(self) -> bool:
+        from PySide6.QtCore import Qt
+        from PySide6.QtWidgets import QApplication
+
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        try:
+            fitted, result = presets.llama_fit(self._doc.plan)
+        except Exception as e:  # a core bug must not take the window down
+            self.message.emit(f"--fit could not be simulated: {type(e).__name__}: {e}")
+            return False
+        finally:
+            QApplication.restoreOverrideCursor()
+        if result.status != "success":
+            self.message.emit(f"llama.cpp's --fit would fail here ({result.status}): {result.message}")
+            return False
+        if fitted == self._doc.plan:
+            self.message.emit("llama.cpp's --fit would keep this plan as it is")
+            return False
+        self._doc.replace_plan(fitted, "llama.cpp --fit")
+        self.message.emit(f"As llama.cpp's --fit would run it: -c {result.n_ctx}, -ngl {result.n_gpu_layers}"
+                          + (f", {len(result.overrides)} expert overrides" if result.overrides else ""))
+        return True
 
     def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:
         moves = presets.layers_to(
