@@ -97,3 +97,11 @@ def test_plan_says_what_fit_changes(small_models: dict[str, Path]) -> None:
     assert cuda0["total_bytes"] <= 15 * 1024**2
     as_written = next(x for x in d["devices"] if x["name"] == "CUDA0")
     assert as_written["total_bytes"] > 15 * 1024**2, "the table still shows the command as written"
+
+
+def test_plan_does_not_guess_the_fit_on_gpus_of_unknown_size(small_models: dict[str, Path]) -> None:
+    r = run("plan", str(small_models["qwen3moe"]), "--json", "--no-detect", "--",
+            "--rpc", "127.0.0.1:50052", "-c", "4096")
+    d = json.loads(r.stdout)
+    assert d["fit"] is None
+    assert any("declare RPC0 with --device" in n for n in d["notes"])

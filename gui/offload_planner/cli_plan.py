@@ -96,6 +96,11 @@ def run_plan(args: argparse.Namespace) -> int:
         from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
 
         fitted = server_fit(model, devices, parsed, result.placement_options, result.context)
+        unknown = [g.name for g in devices.gpus if g.capacity is None]
+        if fitted is None and unknown and parsed.args.fit is not False:
+            notes.append(f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
+                         f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
+                         "--device NAME=SIZE to see what it will do")
         if fitted is not None:
             fcmd = fitted_command(fitted, model, devices, plan.placement_options, plan.context) \
                 if fitted.changed else []

@@ -606,8 +606,9 @@ def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOpti
                cparams: ContextParams) -> FitResult | None:
     """What the pinned llama-server's ``--fit`` (on unless ``-fit off``) does with this command on
     these devices, taking each GPU's known free memory (else its total) as what it finds free;
-    None when the fit is off or there is no GPU."""
-    if not devices.gpus:
+    None when the fit is off, there is no GPU, or a GPU's memory is unknown (an RPC server not
+    declared with ``--device``): what the fit does depends on it."""
+    if not devices.gpus or any(g.capacity is None for g in devices.gpus):
         return None
     return fit_for_args(model, devices, args, popts, cparams,
                         free_bytes=[g.capacity or 0 for g in devices.gpus])

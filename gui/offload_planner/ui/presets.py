@@ -138,6 +138,9 @@ def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
     """What the pinned llama-server's ``--fit`` would run if the plan left -ngl, -ts, -ot (and an
     unset context) to it: the fitted plan (the user's moves dropped: the fit starts from the
     command) and llama.cpp's result. Each GPU's free memory is its known free (else total)."""
+    unknown = [g.name for g in plan.devices.gpus if g.capacity is None]
+    if unknown:
+        raise ValueError(f"the memory of {', '.join(unknown)} is unknown: give it a size first")
     popts = replace(plan.placement_options, overrides=(), tensor_split=())
     free = [g.capacity or 0 for g in plan.devices.gpus]
     result = fit_params(plan.model, plan.devices, popts, plan.context, free_bytes=free)
