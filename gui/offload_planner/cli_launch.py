@@ -183,7 +183,29 @@ class _Session:
         devices = launch.devices_from_log(self.devices, self.server.report)
         self.engine = run_engine(self.model, devices, self.parsed.args, self.dialect)
         self.devices = devices
+        if self.dialect == "llama.cpp":
+            fitted = self._fitted_projection(devices)
+            if fitted is not None:
+                return fitted
         return self.engine.projection
+
+    def _fitted_projection(self, devices: Any) -> Any:
+        """The pinned server fits by default: when its fit changed the command (as the planner's
+        port of it finds for the devices' memory), compare with what the server really ran."""
+        from offload_planner.core.fit import server_fit
+        from offload_planner.core.memory import project
+        from offload_planner.core.placement import place
+
+        assert self.model is not None and self.parsed is not None
+        eng = self.engine
+        fit = server_fit(self.model, devices, self.parsed, eng.placement_options, eng.context)
+        if fit is None or not fit.changed:
+            return None
+        popts, ctx = fit.apply(eng.placement_options, eng.context, self.model.summary.n_layer,
+                               has_gpu=bool(devices.gpus))
+        self.say("--fit (on by default) changed the command: comparing with what the server runs, "
+                 + " ".join(fit.changed_args({g.name: g.buffer_type for g in devices.gpus}))[:300])
+        return project(self.model, devices, place(self.model, devices, popts), ctx)
 
     def _print_lines(self, lines: list[str]) -> None:
         self.out.write("".join(ln + "\n" for ln in lines))

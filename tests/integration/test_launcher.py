@@ -206,3 +206,18 @@ def test_host_out_of_memory_under_a_wrapper(qtbot: QtBot, small_models: dict[str
     assert oom.device == "CPU" and "KV cache of 1024.00 MiB" in oom.title
     assert oom.suggestion is not None and oom.suggestion.verified and oom.suggestion.change[0] == "-c"
     assert int(oom.suggestion.change[1]) < 1048576
+
+
+def test_cli_verify_follows_the_default_fit(small_models: dict[str, Path], llama_server: Path, rpc: list[str],
+                                            tmp_path: Path) -> None:
+    """With --fit left on and a target that leaves each RPC device 15 MiB (an RPC server reports the
+    machine's physical memory), llama-server refits the command at start; launch --verify compares
+    the buffers with the planner's port of that fit, and they match."""
+    phys_mib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+    target = phys_mib - 15
+    model = str(small_models["qwen3moe"])
+    r = _cli(model, "--server", str(llama_server), "--verify", "--", "--rpc", ",".join(rpc), "-c", "4096",
+             "-fitt", f"{target},{target}", "--no-warmup", tmp_path=tmp_path)
+    assert "--fit (on by default) changed the command" in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "every device matches the projection" in r.stderr
