@@ -1230,6 +1230,7 @@ class GraphAllocator:
         self.own: set[int] = set()
         self.peaks = [""] * len(backends)
         self._where = ""  # the node being processed, for the peaks
+        self._layer = ""  # " (layer N)" of the last node named for a layer
 
     def size(self, t: T, bid: int) -> int:
         size = nbytes(t)
@@ -1282,11 +1283,14 @@ class GraphAllocator:
         self.allocs[bid].free(off, self.size(t, bid))
         self.own.discard(id(t))
 
-    def run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
+    def count(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> int:
+        """Reset the child/view counts, allocate the leafs, then the counting pass (which allocates
+        graph inputs as it meets them); returns how many tensors the counting pass allocated."""
         for t in nodes + leafs:
             t.n_children = t.n_views = 0
         for leaf, bid in zip(leafs, leaf_ids, strict=True):
             self.allocate(leaf, bid)
+        n_own = len(self.own)
         for n, bid in zip(nodes, node_ids, strict=True):
             if n.view_src is not None and n.op != "NONE":
                 n.view_src.n_views += 1
@@ -1298,29 +1302,42 @@ class GraphAllocator:
                 s.n_children += 1
                 if s.flags & INPUT:
                     self.allocate(s, bid)
-        layer = ""
+        return len(self.own) - n_own
+
+    def step(self, n: T, bid: int) -> None:
+        """One node of the allocation walk: its sources and itself allocated, then every parent
+        whose last child or view this was freed."""
+        if (m := _LAYER.search(n.name)) is not None:
+            self._layer = f" (layer {m.group(1)})"
+        self._where = peak_label(n, self._layer)
+        for s in n.src:
+            if s is not None:
+                self.allocate(s, bid)
+        self.allocate(n, bid)
+        for p in n.src:
+            if p is None:
+                continue
+            p.n_children -= 1
+            if p.n_children or p.n_views:
+                continue
+            if p.view_src is not None:
+                vs = p.view_src
+                vs.n_views -= 1
+                if vs.n_views == 0 and vs.n_children == 0 and id(vs) in self.own:
+                    self.free(vs)
+            elif id(p) in self.own:
+                self.free(p)
+
+    def run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
+        self.count(nodes, node_ids, leafs, leaf_ids)
         for n, bid in zip(nodes, node_ids, strict=True):
-            if (m := _LAYER.search(n.name)) is not None:
-                layer = f" (layer {m.group(1)})"
-            self._where = f"{n.op if n.op != 'NONE' else 'copy of ' + (n.name or 'an input')}{layer}"
-            for s in n.src:
-                if s is not None:
-                    self.allocate(s, bid)
-            self.allocate(n, bid)
-            for p in n.src:
-                if p is None:
-                    continue
-                p.n_children -= 1
-                if p.n_children or p.n_views:
-                    continue
-                if p.view_src is not None:
-                    vs = p.view_src
-                    vs.n_views -= 1
-                    if vs.n_views == 0 and vs.n_children == 0 and id(vs) in self.own:
-                        self.free(vs)
-                elif id(p) in self.own:
-                    self.free(p)
+            self.step(n, bid)
         return [a.max_size for a in self.allocs]
+
+
+def peak_label(n: T, layer: str) -> str:
+    """What a backend's peak is reported at: the op (or the copy) and its layer."""
+    return f"{n.op if n.op != 'NONE' else 'copy of ' + (n.name or 'an input')}{layer}"
 
 
 def _cuda_fa_alloc_size(t: T) -> int:

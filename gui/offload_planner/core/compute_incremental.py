@@ -53,6 +53,7 @@ from offload_planner.core.compute import (
     T,
     WeightWhere,
     nbytes,
+    peak_label,
     reserve,
     same_layout,
     view_tensor,
@@ -100,26 +101,9 @@ class _RecAlloc(GraphAllocator):
 
     def run_rec(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int],
                 checkpoints: set[int]) -> tuple[list[int], dict[int, _Checkpoint]]:
-        for t in nodes + leafs:
-            t.n_children = t.n_views = 0
-        for leaf, bid in zip(leafs, leaf_ids, strict=True):
-            self.allocate(leaf, bid)
-        n_own = len(self.own)
-        for n, bid in zip(nodes, node_ids, strict=True):
-            if n.view_src is not None and n.op != "NONE":
-                n.view_src.n_views += 1
-            if n.flags & 1:
-                self.allocate(n, bid)
-            for s in n.src:
-                if s is None:
-                    continue
-                s.n_children += 1
-                if s.flags & 1:
-                    self.allocate(s, bid)
-        if len(self.own) != n_own:
+        if self.count(nodes, node_ids, leafs, leaf_ids):
             raise _Refuse("inputs allocated by the counting pass")
         cks: dict[int, _Checkpoint] = {}
-        layer = ""
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
                 live = {}
@@ -134,28 +118,10 @@ class _RecAlloc(GraphAllocator):
                         dead.append(i)
                 self.cand.difference_update(dead)
                 cks[pos] = _Checkpoint([[list(b) for b in a.blocks] for a in self.allocs],
-                                       [a.max_size for a in self.allocs], list(self.peaks), layer, live)
+                                       [a.max_size for a in self.allocs], list(self.peaks), self._layer,
+                                       live)
             self.pos = pos
-            if (m := _LAYER.search(n.name)) is not None:
-                layer = f" (layer {m.group(1)})"
-            self._where = f"{n.op if n.op != 'NONE' else 'copy of ' + (n.name or 'an input')}{layer}"
-            for s in n.src:
-                if s is not None:
-                    self.allocate(s, bid)
-            self.allocate(n, bid)
-            for p in n.src:
-                if p is None:
-                    continue
-                p.n_children -= 1
-                if p.n_children or p.n_views:
-                    continue
-                if p.view_src is not None:
-                    vs = p.view_src
-                    vs.n_views -= 1
-                    if vs.n_views == 0 and vs.n_children == 0 and id(vs) in self.own:
-                        self.free(vs)
-                elif id(p) in self.own:
-                    self.free(p)
+            self.step(n, bid)
         return [a.max_size for a in self.allocs], cks
 
 
@@ -847,8 +813,7 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
         before = al.max_size
         own[t] = (b, al.alloc(size(t, b)))
         if al.max_size > before:
-            n = cur[0]
-            peaks[b] = f"{n.op if n.op != 'NONE' else 'copy of ' + (n.name or 'an input')}{where[0]}"
+            peaks[b] = peak_label(cur[0], where[0])
 
     def free(t: T) -> None:
         if t.flags & OUTPUT:
