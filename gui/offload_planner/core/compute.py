@@ -414,7 +414,25 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
 # --- the llm graph context (src/llama-graph.cpp) ---------------------------------------------------
 
 
-class Builder:
+class WeightAccess:
+    """The model's weights by name for a graph builder (None: the file lacks the tensor)."""
+
+    _w: Callable[[str], T | None]
+
+    def w(self, name: str) -> T | None:
+        return self._w(name)
+
+    def lw(self, il: int, name: str) -> T | None:
+        return self._w(f"blk.{il}.{name}")
+
+    def req(self, name: str) -> T:
+        t = self._w(name)
+        if t is None:
+            raise KeyError(name)
+        return t
+
+
+class Builder(WeightAccess):
     """``llm_graph_context``: inputs, norms, attention with the KV cache, FFN and MoE blocks."""
 
     def __init__(self, sh: Shape, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
@@ -436,19 +454,7 @@ class Builder:
         self.cache_k: dict[int, T] = {}
         self.cache_v: dict[int, T] = {}
 
-    # weights and names
-
-    def w(self, name: str) -> T | None:
-        return self._w(name)
-
-    def lw(self, il: int, name: str) -> T | None:
-        return self._w(f"blk.{il}.{name}")
-
-    def req(self, name: str) -> T:
-        t = self._w(name)
-        if t is None:
-            raise KeyError(name)
-        return t
+    # names
 
     def cb(self, t: T, name: str, il: int) -> T:
         t.name = f"{name}-{il}" if il >= 0 else name

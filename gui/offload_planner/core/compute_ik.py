@@ -32,7 +32,6 @@ from offload_planner.core.compute import (
     F16,
     F32,
     I32,
-    INPUT,
     OUTPUT,
     SIMULATION_LOCK,
     Backend,
@@ -40,10 +39,12 @@ from offload_planner.core.compute import (
     GraphAllocator,
     Scheduler,
     T,
+    WeightAccess,
     _backends,
     _weight_factory,
     concat,
     get_rows,
+    input_tensor,
     mul_mat,
     mul_mat_id,
     nbytes,
@@ -151,7 +152,7 @@ class IkShape:
     attn_max_batch: int = 0
 
 
-class IkBuilder:
+class IkBuilder(WeightAccess):
     """``llm_build_context`` of ik_llama.cpp on shapes."""
 
     def __init__(self, sh: IkShape, weights: Callable[[str], T | None],
@@ -165,18 +166,6 @@ class IkBuilder:
         self.kq_mask: T | None = None
         self.cache: dict[tuple[str, int], T] = {}
 
-    def w(self, name: str) -> T | None:
-        return self._w(name)
-
-    def lw(self, il: int, name: str) -> T | None:
-        return self._w(f"blk.{il}.{name}")
-
-    def req(self, name: str) -> T:
-        t = self._w(name)
-        if t is None:
-            raise KeyError(name)
-        return t
-
     def expand(self, t: T) -> T:
         self.g.expand(t)
         return t
@@ -184,28 +173,23 @@ class IkBuilder:
     # inputs
 
     def inp_embd(self) -> T:
-        tokens = T(I32, [self.n_tokens], name="inp_tokens")
-        tokens.flags |= INPUT
+        tokens = input_tensor(I32, [self.n_tokens], "inp_tokens")
         return get_rows(self.req("token_embd.weight"), tokens)
 
     def build_inp_pos(self) -> T:
-        self.inp_pos = T(I32, [self.n_tokens], name="inp_pos")
-        self.inp_pos.flags |= INPUT
+        self.inp_pos = input_tensor(I32, [self.n_tokens], "inp_pos")
         return self.inp_pos
 
     def build_kq_mask(self, name: str = "KQ_mask") -> T:
         sh = self.sh
         padded = -(-self.n_tokens // KQ_MASK_PAD) * KQ_MASK_PAD
-        m = T(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name=name)
-        m.flags |= INPUT
+        m = input_tensor(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name)
         if self.kq_mask is None:
             self.kq_mask = m
         return m
 
     def build_out_ids(self) -> T:
-        t = T(I32, [self.sh.n_outputs], name="inp_out_ids")
-        t.flags |= INPUT
-        return t
+        return input_tensor(I32, [self.sh.n_outputs], "inp_out_ids")
 
     def kv_tensor(self, kind: str, il: int, type_: GGMLType, ne0: int) -> T:
         key = (kind, il)
