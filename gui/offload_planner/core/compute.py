@@ -369,11 +369,6 @@ def _md_float(model: Model, key: str, default: float) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
 
 
-def _md_int(model: Model, key: str, default: int) -> int:
-    v = model.metadata.get(f"{model.arch}.{key}")
-    return int(v) if isinstance(v, int | float) else default
-
-
 def _per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
     return tuple(v) if isinstance(v, list) else (v,) * n
 
@@ -382,10 +377,11 @@ def _per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
 NORM_W_ALWAYS = frozenset({"llama", "qwen3moe"})
 
 
-def _gating(model: Model) -> int:
+def gating_func(model: Model) -> int:
+    """``expert_gating_func``: 1 softmax, 2 sigmoid, 3 softmax over the selected (gpt-oss)."""
     if model.arch == "gpt-oss":
         return 3
-    return _md_int(model, "expert_gating_func", 1)
+    return model.arch_int("expert_gating_func", 1)
 
 
 def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: int, n_seqs: int,
@@ -396,10 +392,10 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         arch=model.arch, n_layer=n_trunk, n_embd=s.n_embd,
         n_head=_per_layer(s.n_head, s.n_layer), n_head_kv=_per_layer(s.n_head_kv, s.n_layer),
         head_k=s.head_dim_k, head_v=s.head_dim_v,
-        n_rot=_md_int(model, "rope.dimension_count", s.head_dim_k), n_vocab=s.n_vocab,
+        n_rot=model.arch_int("rope.dimension_count", s.head_dim_k), n_vocab=s.n_vocab,
         swa=s.swa_layers, n_expert=s.n_expert, n_expert_used=s.n_expert_used,
-        n_dense_lead=s.n_layer_dense_lead, expert_groups=_md_int(model, "expert_group_count", 0),
-        group_used=_md_int(model, "expert_group_used_count", 0), gating=_gating(model),
+        n_dense_lead=s.n_layer_dense_lead, expert_groups=model.arch_int("expert_group_count", 0),
+        group_used=model.arch_int("expert_group_used_count", 0), gating=gating_func(model),
         norm_w=model.arch in NORM_W_ALWAYS or bool(model.metadata.get(f"{model.arch}.expert_weights_norm")),
         w_scale=_md_float(model, "expert_weights_scale", 0.0),
         head_k_mla=s.key_length_mla, head_v_mla=s.value_length_mla, kv_lora_rank=s.kv_lora_rank,

@@ -43,6 +43,7 @@ from offload_planner.core.compute import (
     _backends,
     _weight_factory,
     concat,
+    gating_func,
     get_rows,
     input_tensor,
     mul_mat,
@@ -720,15 +721,8 @@ def supported(model: Model, p: ContextParams) -> bool:
     included; dense and Mixtral-style MoE llama; qwen3moe; glm4moe; gpt-oss; gemma3.  Other
     architectures are left to the estimate."""
     if model.arch == "deepseek2":
-        return ik.uses_mla(model) and _gating(model) in (1, 2)
+        return ik.uses_mla(model) and gating_func(model) in (1, 2)
     return model.arch in ("llama", "qwen3moe", "glm4moe", "gpt-oss", "gemma3")
-
-
-def _gating(model: Model) -> int:
-    if model.arch == "gpt-oss":
-        return 3
-    v = model.metadata.get(f"{model.arch}.expert_gating_func", 1)
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else 1
 
 
 def _norm_w(model: Model) -> bool:
@@ -751,7 +745,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         return tuple(v) if isinstance(v, list) else (v,) * s.n_layer
 
     md = model.metadata
-    gating = _gating(model)
+    gating = gating_func(model)
     scale = md.get(f"{model.arch}.expert_weights_scale", 0.0)
     n_head = per_layer(s.n_head)
     return IkShape(

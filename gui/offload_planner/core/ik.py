@@ -40,13 +40,8 @@ def mla_mode(model: Model, requested: int | None) -> int:
     return (IK_DEFAULT_MLA if requested is None else requested) if uses_mla(model) else 0
 
 
-def _md_int(model: Model, key: str, default: int = 0) -> int:
-    v = model.metadata.get(f"{model.arch}.{key}")
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
 def n_rot(model: Model) -> int:
-    return _md_int(model, "rope.dimension_count", model.summary.head_dim_k)
+    return model.arch_int("rope.dimension_count", model.summary.head_dim_k)
 
 
 def head_dims(model: Model) -> tuple[int, int]:

@@ -293,8 +293,8 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
     v_trans = not p.flash_attn
     n_trunk = s.n_layer_trunk
-    head_k_swa = _int_md(model, "attention.key_length_swa", s.head_dim_k)
-    head_v_swa = _int_md(model, "attention.value_length_swa", s.head_dim_v)
+    head_k_swa = model.arch_int("attention.key_length_swa", s.head_dim_k)
+    head_v_swa = model.arch_int("attention.value_length_swa", s.head_dim_v)
     ik = p.dialect == "ik_llama.cpp"
     ik_mla = ik and ik_uses_mla(model)
 
@@ -358,11 +358,6 @@ def ik_computed_buffers(model: Model, placement: Placement, p: ContextParams) ->
                    f"for -mla {p.mla} (not in the file), each in its own buffer"
                    + (f" (+{IK_CPU_BUFFER_EXTRA} B each on the CPU)" if d == CPU else ""))
             for d, n in per_dev.items()]
-
-
-def _int_md(model: Model, key: str, default: int) -> int:
-    v = model.metadata.get(f"{model.arch}.{key}")
-    return v if isinstance(v, int) else default
 
 
 def host_buffer_name(devices: DeviceSet, device: str) -> str:

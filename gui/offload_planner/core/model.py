@@ -77,6 +77,11 @@ class Model:
     def file_bytes(self) -> int:
         return sum(s.file_size for s in self.shards)
 
+    def arch_int(self, key: str, default: int) -> int:
+        """``<arch>.<key>`` as an integer (a float is truncated); ``default`` when absent or not a number."""
+        v = self.metadata.get(f"{self.arch}.{key}")
+        return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+
     def tensor(self, name: str) -> Tensor:
         return self._by_name[name]
 
