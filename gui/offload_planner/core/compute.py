@@ -1224,7 +1224,13 @@ class DynAllocator:
 
 
 class GraphAllocator:
-    """``ggml_gallocr_alloc_graph_impl`` over the scheduler's graph copy."""
+    """``ggml_gallocr_alloc_graph_impl`` over the scheduler's graph copy.
+
+    ``inplace_ops``: the ops that may take over a dying parent's memory; ``frees_tail``: a parent
+    larger than its in-place child gives the rest back (newer ggml-alloc)."""
+
+    inplace_ops: frozenset[str] = INPLACE_OPS
+    frees_tail = True
 
     def __init__(self, backends: list[Backend]) -> None:
         self.backends = backends
@@ -1250,7 +1256,7 @@ class GraphAllocator:
     def allocate(self, t: T, bid: int) -> None:
         if self._allocated(t) or t.view_src is not None:
             return
-        if t.op in INPLACE_OPS:
+        if t.op in self.inplace_ops:
             for p in t.src:
                 if p is None or id(p) not in self.own or p.flags & OUTPUT:
                     continue
@@ -1264,6 +1270,8 @@ class GraphAllocator:
                 t.alloc = p.alloc
                 self.own.discard(id(p))
                 self.own.add(id(t))
+                if not self.frees_tail:
+                    return
                 pb, poff = p.alloc
                 psize, nsize = self.size(p, pb), self.size(t, bid)
                 al = self.allocs[pb]

@@ -52,7 +52,6 @@ from offload_planner.core.compute import (
     permute,
     reshape,
     row_size,
-    same_layout,
     view,
 )
 from offload_planner.core.ggml_types import GGMLType, type_by_name
@@ -683,32 +682,17 @@ IK_GRAPHS: dict[str, Callable[[IkBuilder], None]] = {
 
 
 class IkGraphAllocator(GraphAllocator):
-    """ik's ``ggml_gallocr``: the mainline walk with ik's (older) list of ops that may run in place."""
+    """ik's ``ggml_gallocr``: the mainline walk with ik's (older) list of ops that may run in place,
+    and an in-place child keeps its whole parent (no tail given back)."""
+
+    inplace_ops = IK_INPLACE_OPS
+    frees_tail = False
 
     def size(self, t: T, bid: int) -> int:
         size = nbytes(t)
         if self.backends[bid].cuda_like and t.type.quantized and t.ne[0] % 512:
             size += row_size(t.type, 512 - t.ne[0] % 512)
         return size
-
-    def allocate(self, t: T, bid: int) -> None:
-        if self._allocated(t) or t.view_src is not None:
-            return
-        if t.op in IK_INPLACE_OPS:
-            for p in t.src:
-                if p is None or id(p) not in self.own or p.flags & OUTPUT:
-                    continue
-                if p.view_src is not None and p.view_src.flags & OUTPUT:
-                    continue
-                if not same_layout(t, p) or p.n_children != 1 or p.n_views != 0 or p.view_src is not None:
-                    continue
-                t.alloc = p.alloc
-                self.own.discard(id(p))
-                self.own.add(id(t))
-                return
-        al = self.allocs[bid]
-        t.alloc = (bid, al.alloc(self.size(t, bid)))
-        self.own.add(id(t))
 
 
 # --- from the planner's model to the simulation -----------------------------------------------------------
