@@ -59,7 +59,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.ggml_types import GGMLType, type_by_name
@@ -1622,9 +1622,45 @@ def _why(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     return "; ".join(parts)
 
 
-_MEMO: OrderedDict[tuple[object, ...], list[Buffer]] = OrderedDict()
-_MEMO_SIZE = 32
 SIMULATION_LOCK = threading.RLock()
+B = TypeVar("B", bound="list[Buffer] | None")
+
+
+class BufferMemo(Generic[B]):
+    """The buffers of the last ``size`` simulations by everything they read (an editor's undo/redo
+    or A/B toggling revisits them); handed out as copies. Simulations run one at a time: the memo
+    and the incremental replay's references are shared by the window's GUI thread and its worker."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._d: OrderedDict[tuple[object, ...], B] = OrderedDict()
+
+    @staticmethod
+    def _copy(v: B) -> B:
+        return cast(B, None if v is None else [replace(b) for b in v])
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def get(self, key: tuple[object, ...], simulate: Callable[[], B]) -> B:
+        with SIMULATION_LOCK:
+            if key in self._d:
+                self._d.move_to_end(key)
+                return self._copy(self._d[key])
+            out = simulate()
+            self._d[key] = self._copy(out)
+            if len(self._d) > self.size:
+                self._d.popitem(last=False)
+            return out
+
+
+_MEMO: BufferMemo[list[Buffer]] = BufferMemo()
+
+
+def placement_key(placement: Placement) -> tuple[object, ...]:
+    """What a compute simulation reads of a placement."""
+    return (tuple(placement.unit_devices), placement.has_overrides, tuple(placement.model_devices),
+            tuple((p.name, p.device, p.buft) for p in placement.items))
 
 
 def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
@@ -1632,21 +1668,9 @@ def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
     """One compute buffer per backend that llama.cpp reserves (> 1 byte), CPU side last, named by the
     buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``).
 
-    Remembered for the last few placements (an editor's undo/redo or A/B toggling revisits them):
-    the key is everything the simulation reads.  The memo and the incremental replay's recorded
-    references are shared: one simulation at a time (the window projects off its GUI thread)."""
-    key = (model, graph_builder(model), devices, ctx, params, tuple(placement.unit_devices),
-           placement.has_overrides,
-           tuple(placement.model_devices), tuple((p.name, p.device, p.buft) for p in placement.items))
-    with SIMULATION_LOCK:
-        if key in _MEMO:
-            _MEMO.move_to_end(key)
-            return [replace(b) for b in _MEMO[key]]
-        out = _compute_buffers(model, devices, placement, ctx, params)
-        _MEMO[key] = [replace(b) for b in out]
-        if len(_MEMO) > _MEMO_SIZE:
-            _MEMO.popitem(last=False)
-        return out
+    Remembered for the last few placements (:class:`BufferMemo`)."""
+    key = (model, graph_builder(model), devices, ctx, params, *placement_key(placement))
+    return _MEMO.get(key, lambda: _compute_buffers(model, devices, placement, ctx, params))
 
 
 def _compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,

@@ -21,9 +21,8 @@ CUDA buffer rules are not verified here.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core import ik
@@ -33,8 +32,8 @@ from offload_planner.core.compute import (
     F32,
     I32,
     OUTPUT,
-    SIMULATION_LOCK,
     Backend,
+    BufferMemo,
     Graph,
     GraphAllocator,
     Scheduler,
@@ -50,6 +49,7 @@ from offload_planner.core.compute import (
     mul_mat_id,
     nbytes,
     permute,
+    placement_key,
     reshape,
     row_size,
     view,
@@ -821,27 +821,16 @@ def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: Res
 IK_SIMULATED = "ik_llama.cpp's own graph simulated"
 
 
-_IK_MEMO: OrderedDict[tuple[object, ...], list[Buffer] | None] = OrderedDict()
-_IK_MEMO_SIZE = 32
+_IK_MEMO: BufferMemo[list[Buffer] | None] = BufferMemo()
 
 
 def ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
                        p: ContextParams) -> list[Buffer] | None:
     """ik_llama.cpp's compute buffers, or None where this module has no graph for the model.
 
-    Remembered for the last few placements (undo/redo, A/B toggles), keyed by everything read."""
-    key = (model, devices, ctx, p, tuple(placement.unit_devices), tuple(placement.model_devices),
-           tuple((it.name, it.device, it.buft) for it in placement.items))
-    with SIMULATION_LOCK:
-        if key in _IK_MEMO:
-            _IK_MEMO.move_to_end(key)
-            hit = _IK_MEMO[key]
-            return None if hit is None else [replace(b) for b in hit]
-        out = _ik_compute_buffers(model, devices, placement, ctx, p)
-        _IK_MEMO[key] = None if out is None else [replace(b) for b in out]
-        if len(_IK_MEMO) > _IK_MEMO_SIZE:
-            _IK_MEMO.popitem(last=False)
-        return out
+    Remembered for the last few placements (:class:`compute.BufferMemo`)."""
+    key = (model, devices, ctx, p, *placement_key(placement))
+    return _IK_MEMO.get(key, lambda: _ik_compute_buffers(model, devices, placement, ctx, p))
 
 
 def _ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
