@@ -749,11 +749,10 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
 def _weights(model: Model, placement: Placement, mla: int) -> Callable[[str], T | None]:
     """The model's weights, plus the attention tensors ik computes at load for the MLA mode."""
     base = _weight_factory(model, placement)
-    where = placement.tensor_devices()
     extra: dict[str, T] = {}
-    for ct in ik.computed_tensors(model, mla):
+    for ct, dev in ik.placed_computed_tensors(model, placement, mla):
         t = T(ct.type, ct.shape, name=ct.name)
-        t.dev, t.weights = where.get(ct.source) or CPU, True
+        t.dev, t.weights = dev, True
         extra[ct.name] = t
 
     def get(name: str) -> T | None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.model import Model
+from offload_planner.core.placement import CPU, Placement
 
 IK_DEFAULT_MLA = 3  # gpt_params::mla_attn
 _R8_FIRST, _R8_LAST = 202, 399  # GGML_TYPE_Q4_0_R8 .. GGML_TYPE_Q8_K_R8 in ik's enum
@@ -107,6 +108,13 @@ def computed_tensors(model: Model, mla: int) -> list[ComputedTensor]:
             out.append(ComputedTensor(f"blk.{il}.attn_kv_b.weight", k_b.name,
                                       (rank, n_head * (nope + v_head)), kv_type))
     return out
+
+
+def placed_computed_tensors(model: Model, placement: Placement, mla: int) -> list[tuple[ComputedTensor, str]]:
+    """The computed tensors with their device: the source tensor's (a buffer of its buffer type)."""
+    computed = computed_tensors(model, mla)
+    where = placement.tensor_devices() if computed else {}
+    return [(ct, where.get(ct.source) or CPU) for ct in computed]
 
 
 def kv_row_bytes(model: Model, il: int, mla: int, flash_attn: bool, type_k: GGMLType,

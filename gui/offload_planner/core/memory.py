@@ -20,8 +20,8 @@ from operator import is_not
 
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.ggml_types import type_by_name
-from offload_planner.core.ik import computed_tensors as ik_computed_tensors
 from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
+from offload_planner.core.ik import placed_computed_tensors
 from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
@@ -347,10 +347,7 @@ def ik_computed_buffers(model: Model, placement: Placement, p: ContextParams) ->
     """ik_llama.cpp's MLA tensors derived at load, one buffer each on the source tensor's device."""
     per_dev: dict[str, int] = defaultdict(int)
     names: dict[str, list[str]] = defaultdict(list)
-    computed = ik_computed_tensors(model, p.mla)
-    where = placement.tensor_devices() if computed else {}
-    for ct in computed:
-        dev = where.get(ct.source) or CPU
+    for ct, dev in placed_computed_tensors(model, placement, p.mla):
         per_dev[dev] += ct.nbytes + (IK_CPU_BUFFER_EXTRA if dev == CPU else 0)
         names[dev].append(ct.name.split(".")[-2])
     return [Buffer(d, d, "model", n,
