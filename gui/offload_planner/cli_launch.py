@@ -204,7 +204,7 @@ class _Session:
         popts, ctx = fit.apply(eng.placement_options, eng.context, self.model.summary.n_layer,
                                has_gpu=bool(devices.gpus))
         self.say("--fit (on by default) changed the command: comparing with what the server runs, "
-                 + " ".join(fit.changed_args({g.name: g.buffer_type for g in devices.gpus}))[:300])
+                 + " ".join(fit.changed_args(devices.buffer_types()))[:300])
         return project(self.model, devices, place(self.model, devices, popts), ctx)
 
     def _print_lines(self, lines: list[str]) -> None:

@@ -109,6 +109,10 @@ class DeviceSet:
     cpu: Device
     gpus: tuple[Device, ...] = field(default_factory=tuple)
 
+    def buffer_types(self) -> dict[str, str]:
+        """Device name -> the buffer type name ``-ot`` takes for it (``RPC0[host:port]`` for RPC)."""
+        return {d.name: d.buffer_type for d in self}
+
     def __iter__(self):  # type: ignore[no-untyped-def]
         yield from self.gpus
         yield self.cpu

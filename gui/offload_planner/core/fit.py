@@ -39,8 +39,8 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import Buffer, ContextParams, project, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, CPU_REPACK, Override, PlacementOptions, place, resolve_ngl
+from offload_planner.core.units import MiB
 
-MiB = 1024 * 1024
 UINT32_MAX = 0xFFFFFFFF
 DEFAULT_MARGIN = 1024 * MiB  # common_params::fit_params_target
 DEFAULT_N_CTX_MIN = 4096  # common_params::fit_params_min_ctx
@@ -617,7 +617,7 @@ def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOpti
 def fit_summary(result: FitResult, devices: DeviceSet, command: Sequence[str]) -> dict[str, Any]:
     """``plan --json``'s ``fit`` entry: llama.cpp's status, the arguments the fit changes (as
     llama-fit-params prints them) and the shortest equivalent command."""
-    names = {g.name: g.buffer_type for g in devices.gpus}
+    names = devices.buffer_types()
     return {"status": result.status, "changed": result.changed,
             "args": result.changed_args(names) if result.changed else [],
             "command": list(command) if result.changed else [], "message": result.message}

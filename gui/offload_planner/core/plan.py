@@ -175,7 +175,7 @@ def plan_command(plan: Plan) -> list[str]:
         if opts.split_mode == "none":
             argv += ["-mg", str(opts.main_gpu)]
 
-    buft = {d.name: d.buffer_type for d in plan.devices}
+    buft = plan.devices.buffer_types()
     best: list[str] | None = None
     for flags, fixed in _moe_shorthands(m, target, plan.dialect):
 
