@@ -23,30 +23,22 @@ server clamp) and the same value straight to the planner's ``ContextParams.amb``
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.test_ik_memory import DS_MAINLINE, DS_OLD
-from tests.support.ik_context import ModelReport, measure
+from tests.support.ik_cases import DS_MAINLINE, DS_OLD, Q4_0, Q8_0, ik_plan, measure_cases, mla_of
+from tests.support.ik_context import ModelReport
 
-from offload_planner.core import ik
-from offload_planner.core.cmdline import check_semantics, parse_server_args
 from offload_planner.core.compute_ik import IK_SIMULATED
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import IK_LLAMA_CPP, run_engine
-from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.synth import BIG_MODELS, SMALL_MODELS, write_model
 
 pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
-GIB = 1024**3
-F16, Q8_0, Q4_0 = 1, 8, 2  # ggml type ids
 
 CASES: list[tuple[str, str, dict[str, Any]]] = []
 for _mla in (0, 1, 2, 3):
@@ -147,16 +139,6 @@ LLAMA_MHA = replace(SMALL_MODELS["llama"], name="synth-llama-mha", n_head_kv=8)
 NODES = re.compile(r"(\d+) nodes")
 
 
-def _ik_available() -> None:
-    from importlib.util import find_spec
-
-    if find_spec("ik_llama_cpp") is None:
-        msg = "ik-llama-cpp-python is not installed (pip install -e '.[test]')"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def model_files(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ik_compute_models")
@@ -170,30 +152,14 @@ def model_files(small_models: dict[str, Path], tmp_path_factory: pytest.TempPath
     }
 
 
-def _mla_of(settings: dict[str, Any]) -> int:
-    return int(settings.get("mla_attn", 0))
-
-
 @pytest.fixture(scope="module")
 def ik_reports(model_files: dict[str, Path]) -> dict[tuple[str, int], ModelReport]:
-    """One ik load per (model, MLA mode), with every context of that group."""
-    _ik_available()
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for name, _args, settings in CASES:
-        groups.setdefault((name, _mla_of(settings)), []).append(settings)
-    return {key: measure(model_files[key[0]], key[1], sets) for key, sets in groups.items()}
+    return measure_cases(model_files, CASES)
 
 
 def _plan(path: Path, args: str, library_amb: int | None = None) -> tuple[Projection, list[str]]:
     """The planner on ik's server command line; ``library_amb`` bypasses the server's -amb floor."""
-    model = open_model(path)
-    parsed = parse_server_args(args.replace(LIBRARY_AMB, "").split(), dialect=IK_LLAMA_CPP)
-    if library_amb is not None:
-        parsed.args.amb = library_amb
-    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 24 * GIB, 20 * GIB), ())
-    errors = [str(e) for e in parsed.errors + check_semantics(parsed, devices.names)]
-    errors += ik.model_errors(model)
-    return run_engine(model, devices, parsed, IK_LLAMA_CPP).projection, errors
+    return ik_plan(path, args.replace(LIBRARY_AMB, ""), library_amb)
 
 
 def test_cpu_compute_buffer_equals_ik(model_files: dict[str, Path],
@@ -201,7 +167,7 @@ def test_cpu_compute_buffer_equals_ik(model_files: dict[str, Path],
     table = [f"{'model':12} {'command':60} {'ours MiB':>9} {'ik MiB':>9} {'ours nodes':>10} {'ik nodes':>8}"]
     bad: list[str] = []
     for name, args, settings in CASES:
-        report = ik_reports[(name, _mla_of(settings))]
+        report = ik_reports[(name, mla_of(settings))]
         assert report.loaded, f"{name}: ik did not load it:\n{report.stdout[-2000:]}"
         ctx = next(c for c in report.contexts if c.settings == settings)
         assert ctx.created, f"{name} {args}: ik refused it: {ctx.lines[-3:]}"

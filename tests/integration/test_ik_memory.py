@@ -17,36 +17,23 @@ and ik builds its own (fused MoE and up/gate ops, its MLA paths).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.ik_cases import DS_MAINLINE, DS_OLD, Q4_0, Q8_0, ik_plan, measure_cases, mla_of, require_ik
 from tests.support.ik_context import ModelReport, measure
 
 from offload_planner.core import ik
-from offload_planner.core.cmdline import check_semantics, parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import IK_LLAMA_CPP, run_engine
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import IK_CPU_BUFFER_EXTRA, Projection
-from offload_planner.core.synth import SMALL_MODELS, write_model
+from offload_planner.core.synth import write_model
 
 pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
-GIB = 1024**3
-F16, Q8_0, Q4_0 = 1, 8, 2  # ggml type ids (the same in ik and mainline)
-
-#: DeepSeek-V3's attention shapes (kv_lora_rank 512, rope 64, 192/128 per head) at width 256.
-DS_MAINLINE = replace(SMALL_MODELS["deepseek2"], name="synth-deepseek2-v3-attn", head_dim_k=576,
-                      head_dim_v=512, n_rot=64, kv_lora_rank=512, key_length_mla=192,
-                      value_length_mla=128)
-DS_OLD = replace(DS_MAINLINE, name="synth-deepseek2-v3-attn-old", n_head_kv=None, head_dim_k=192,
-                 head_dim_v=128, key_length_mla=0, value_length_mla=0)
 
 #: (model, command line, what ik's server passes to its context). ik's server defaults:
 #: -fa on, -mla 3, f16 caches, one sequence.
@@ -87,16 +74,6 @@ for _name in ("llama", "qwen3moe", "glm4moe", "gemma3", "gpt-oss"):
     ]
 
 
-def _ik_available() -> None:
-    from importlib.util import find_spec
-
-    if find_spec("ik_llama_cpp") is None:
-        msg = "ik-llama-cpp-python is not installed (pip install -e '.[test]')"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def model_files(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("ik_models")
@@ -106,31 +83,9 @@ def model_files(small_models: dict[str, Path], tmp_path_factory: pytest.TempPath
     return files
 
 
-def _mla_of(settings: dict[str, Any]) -> int:
-    return int(settings.get("mla_attn", 0))
-
-
 @pytest.fixture(scope="module")
 def ik_reports(model_files: dict[str, Path]) -> dict[tuple[str, int], ModelReport]:
-    """One ik load per (model, MLA mode), with every context of that group."""
-    _ik_available()
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for name, _args, settings in CASES:
-        groups.setdefault((name, _mla_of(settings)), []).append(settings)
-    return {key: measure(model_files[key[0]], key[1], sets) for key, sets in groups.items()}
-
-
-def _cpu_only() -> DeviceSet:
-    return DeviceSet(Device("CPU", DeviceKind.CPU, 24 * GIB, 20 * GIB), ())
-
-
-def _plan(path: Path, args: str) -> tuple[Projection, list[str]]:
-    model = open_model(path)
-    parsed = parse_server_args(args.split(), dialect=IK_LLAMA_CPP)
-    devices = _cpu_only()
-    errors = [str(e) for e in parsed.errors + check_semantics(parsed, devices.names)]
-    errors += ik.model_errors(model)
-    return run_engine(model, devices, parsed, IK_LLAMA_CPP).projection, errors
+    return measure_cases(model_files, CASES)
 
 
 def _context(report: ModelReport, settings: dict[str, Any]) -> Any:
@@ -144,8 +99,8 @@ def _mib(n: int) -> float:
 def _rows(model_files: dict[str, Path], ik_reports: dict[tuple[str, int], ModelReport]
           ) -> Iterator[tuple[str, str, Projection, list[str], ModelReport, Any]]:
     for name, args, settings in CASES:
-        report = ik_reports[(name, _mla_of(settings))]
-        projection, errors = _plan(model_files[name], args)
+        report = ik_reports[(name, mla_of(settings))]
+        projection, errors = ik_plan(model_files[name], args)
         yield name, args, projection, errors, report, _context(report, settings)
 
 
@@ -227,7 +182,7 @@ def test_computed_tensors_are_named_and_shaped_as_ik_prints_them(
 
 def test_ik_refuses_the_mainline_deepseek_file_the_planner_flags(small_models: dict[str, Path],
                                                                  model_files: dict[str, Path]) -> None:
-    _ik_available()
+    require_ik()
     bad = measure(small_models["deepseek2"], 3, [])
     assert not bad.loaded
     assert "Detected incompatible DeepSeek model without a known way to fix it" in bad.stdout
