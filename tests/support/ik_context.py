@@ -17,7 +17,6 @@ ik's server passes it, then creates one context per setting and keeps what ik lo
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -96,27 +95,15 @@ def measure(model: Path, mla: int, settings: Sequence[Mapping[str, Any]],
     )
 
 
-def _lines(raw: list[str]) -> list[str]:
-    return "".join(raw).splitlines()
+def _lines(raw: list[tuple[int, str]]) -> list[str]:
+    return "".join(text for _, text in raw).splitlines()
 
 
 def _child(out: str, path: str, mla: int, settings: list[dict[str, Any]]) -> int:
-    from ik_llama_cpp import _ctypes_api as C  # loads ik's libllama (and its libggml)
+    from ik_tools import open_ik_with_log  # run as a script: this directory is on sys.path
 
+    C, raw, _callback = open_ik_with_log()
     lib = C._lib
-    log_cb_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
-    raw: list[str] = []
-
-    def on_log(_level: int, text: bytes | None, _user: object) -> None:
-        raw.append((text or b"").decode("utf-8", "replace"))
-
-    callback = log_cb_t(on_log)
-    lib.llama_log_set.argtypes = [log_cb_t, ctypes.c_void_p]
-    lib.llama_log_set.restype = None
-    lib.llama_log_set(callback, None)
-    lib.llama_model_size.argtypes = [ctypes.c_void_p]
-    lib.llama_model_size.restype = ctypes.c_uint64
-    C.llama_backend_init()
 
     mp = C.llama_model_default_params()
     mp.n_gpu_layers = 0

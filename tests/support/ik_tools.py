@@ -482,8 +482,11 @@ def _join_log(raw: Iterable[tuple[int, str]]) -> list[tuple[int, str]]:
     return lines
 
 
-def _child_load(out: str, paths: Sequence[str]) -> int:
-    from ik_llama_cpp import _ctypes_api as C  # loads ik's libllama (and its libggml)
+def open_ik_with_log() -> tuple[Any, list[tuple[int, str]], Any]:
+    """In a child process: ik's bindings (loading ik's libllama and libggml), initialised, with
+    everything the library logs appended to a list as (level, fragment); also returns the ctypes
+    callback, which the caller must keep alive."""
+    from ik_llama_cpp import _ctypes_api as C
 
     lib = C._lib
     log_cb_t = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -496,11 +499,16 @@ def _child_load(out: str, paths: Sequence[str]) -> int:
     lib.llama_log_set.argtypes = [log_cb_t, ctypes.c_void_p]
     lib.llama_log_set.restype = None
     lib.llama_log_set(callback, None)
-    lib.llama_model_size.argtypes = [ctypes.c_void_p]
-    lib.llama_model_size.restype = ctypes.c_uint64
-    lib.llama_model_n_params.argtypes = [ctypes.c_void_p]
-    lib.llama_model_n_params.restype = ctypes.c_uint64
+    for fn in (lib.llama_model_size, lib.llama_model_n_params):
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = ctypes.c_uint64
     C.llama_backend_init()
+    return C, raw, callback
+
+
+def _child_load(out: str, paths: Sequence[str]) -> int:
+    C, raw, _callback = open_ik_with_log()
+    lib = C._lib
 
     reports: list[dict[str, Any]] = []
     for p in paths:
