@@ -98,9 +98,7 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
                      + (" (--fit may shrink it: pass -c to pin it)" if dialect == LLAMA_CPP else ""))
     fa = _get(args, "flash_attn", "auto")
     ctv = _get(args, "cache_type_v", "f16")
-    flash = fa != "off"
-    if dialect == IK_LLAMA_CPP:
-        flash = fa != "off"
+    flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
     n_batch = _get(args, "batch_size", 2048)
     return ContextParams(
         n_ctx=n_ctx,
