@@ -1,0 +1,83 @@
+"""`offload-planner plan` prints exactly what it printed before the engine was reorganised.
+
+The README's `plan` commands (and the `--backend ik_llama.cpp` and second-model variants) on the
+bundled header-only models, as text, with `--explain` and as `--json`, compared byte for byte with
+the files in ``tests/data/cli_plan/``.  Those files were written by the code as it stood before the
+compute simulation was made incremental everywhere and split into a package (commit cc633d5, with
+``python tests/test_cli_plan_golden.py --write``); a change of output is a change of behaviour and
+must be explained, not regenerated away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from offload_planner.cli import main
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "cli_plan"
+DS = "resources/DeepSeek-V3-Q4_K_M.header.gguf"
+QWEN = "resources/Qwen3-30B-A3B-Q4_K_M.header.gguf"
+ONE_GPU = ("--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB")
+TWO_GPUS = (*ONE_GPU, "--device", "CUDA1=24GiB")
+EXPS = r"blk\.([5-9]|[1-4][0-9]|5[0-8])\.ffn_(up|gate|down|gate_up)_exps=CPU"
+
+#: name -> (model, planner options, llama-server arguments): the README's commands in order, then
+#: variants
+CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "ds_all_on_gpu": (DS, ONE_GPU, ("-ngl", "999", "-c", "32768")),
+    "ds_cpu_moe": (DS, ONE_GPU, ("-ngl", "999", "-c", "32768", "--cpu-moe")),
+    "ds_layer3_on_gpu": (DS, ONE_GPU, ("-ngl", "999", "-c", "32768", "-ot",
+                                       r"blk\.3\.ffn_(up|gate|down|gate_up)_exps=CUDA0", "--cpu-moe")),
+    "ds_two_gpus": (DS, TWO_GPUS, ("-ngl", "999", "-c", "32768", "-ts", "1,1", "--cpu-moe")),
+    "ds_two_gpus_filled": (DS, TWO_GPUS, ("-c", "32768", "-ngl", "999", "-ts", "31,31", "-ot", EXPS)),
+    "ds_usage_example": (DS, TWO_GPUS, ("-ngl", "999", "-ts", "1,1", "-ot", "exps=CPU", "-c", "32768",
+                                        "-ub", "2048")),
+    "ds_ik": (DS, (*ONE_GPU, "--backend", "ik_llama.cpp"), ("-ngl", "999", "-c", "32768", "--cpu-moe")),
+    "qwen_all_on_gpu": (QWEN, ONE_GPU, ("-ngl", "999", "-c", "32768")),
+    "qwen_cpu_moe": (QWEN, TWO_GPUS, ("-ngl", "999", "-c", "32768", "-ts", "1,1", "--cpu-moe")),
+    # --fit at work (the pinned build's default): what it changes is part of the output
+    "ds_fit_four_gpus": (DS, (*TWO_GPUS, "--device", "CUDA2=24GiB", "--device", "CUDA3=24GiB"),
+                         ("-c", "32768")),
+    "qwen_fit_one_gpu": (QWEN, ("--no-detect", "--device", "CUDA0=16GiB", "--device", "CPU=512GiB"),
+                         ("-c", "65536")),
+}
+MODES: dict[str, tuple[str, ...]] = {"text": (), "explain": ("--explain",), "json": ("--json",)}
+
+
+def run_plan(case: str, mode: str) -> tuple[int, str]:
+    model, ours, server = CASES[case]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["plan", model, *ours, *MODES[mode], "--", *server])
+    return code, f"exit {code}\n{out.getvalue()}"
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_plan_output_is_byte_identical(case: str, mode: str, monkeypatch: pytest.MonkeyPatch,
+                                       tmp_path: Path) -> None:
+    monkeypatch.chdir(ROOT)  # the model paths are printed as given: relative to the checkout
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path))  # no user settings
+    _, got = run_plan(case, mode)
+    want = (DATA / f"{case}.{mode}.txt").read_text(encoding="utf-8")
+    assert got == want
+
+
+if __name__ == "__main__":  # writes the expected files (only from the code before the change)
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python tests/test_cli_plan_golden.py --write")
+    import os
+
+    os.chdir(ROOT)
+    DATA.mkdir(parents=True, exist_ok=True)
+    for c in CASES:
+        for m in MODES:
+            (DATA / f"{c}.{m}.txt").write_text(run_plan(c, m)[1], encoding="utf-8")
