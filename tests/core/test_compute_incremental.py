@@ -26,6 +26,7 @@ from offload_planner.core.memory import ContextParams, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, Placed, Placement, PlacementOptions, device_buft
 from offload_planner.core.plan import Plan, _dedupe_tied_copy
+from offload_planner.core.synth import BIG_MODELS, write_model
 
 GIB = 1 << 30
 
@@ -173,3 +174,42 @@ def test_compute_buffers_replayed_equal_full() -> None:
         want = [(be.name, size, C._why(sim, i, sh, placement.output_device))
                 for i, (be, size) in enumerate(zip(sim.backends, sim.sizes, strict=True)) if size > 1]
         assert [(b.device, b.bytes, b.why) for b in fast] == want
+
+
+@pytest.fixture(scope="module")
+def big_headers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
+    """The catalogue's shapes where moves used to be replayed up to the next device boundary."""
+    root = tmp_path_factory.mktemp("big_headers")
+    names = ("Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M")
+    return {n: open_model(write_model(BIG_MODELS[n], root / f"{n}.header.gguf", header_only=True)[0])
+            for n in names}
+
+
+@pytest.mark.parametrize("name", ["Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M"])
+def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Model], name: str) -> None:
+    """A layer's experts (MoE) or a whole layer (dense) moved on two GPUs at -ub 2048, early layers
+    included: the allocator's state after such a move differs from the reference's until the next
+    device boundary (the residual stream in the other of two blocks), so the tail is replayed from
+    the reference's per-backend events; equal to the full simulation, peak labels included."""
+    model = big_headers[name]
+    devices = _devices("CUDA", 2)
+    params = _params(c=32768, ub=2048, np_=1)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
+                            overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)  # the reference
+    n_layer = model.summary.n_layer
+    rng = random.Random(zlib.crc32(name.encode()))
+    layers = [0, 1, 2, n_layer // 2 - 1, n_layer // 2 + 1, n_layer - 1, *rng.sample(range(n_layer), 3)]
+    before = dict(CI.stats)
+    for il in layers:
+        names = [t.name for t in model.tensors if t.layer == il and (t.role.is_routed_expert or not moe)]
+        dev = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+        placement = plan.with_moves(dict.fromkeys(names, dev if moe else "CPU")).placement()
+        fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+        full = C.simulate(model, devices, placement, ctx, params)
+        assert _fields(fast) == _fields(full), il
+    assert CI.stats["replays"] - before["replays"] == 2 * len(layers)
+    assert CI.stats["tails"] > before["tails"]

@@ -1276,12 +1276,15 @@ class GraphAllocator:
                 psize, nsize = self.size(p, pb), self.size(t, bid)
                 al = self.allocs[pb]
                 psize, nsize = al._align(psize), al._align(nsize)
+                self.on_inplace(t, p, pb, psize, nsize)
                 if psize > nsize:
                     al.free(poff + nsize, psize - nsize)
                 return
         al = self.allocs[bid]
         before = al.max_size
-        t.alloc = (bid, al.alloc(self.size(t, bid)))
+        size = self.size(t, bid)
+        self.on_alloc(t, bid, size)
+        t.alloc = (bid, al.alloc(size))
         self.own.add(id(t))
         if al.max_size > before:
             self.peaks[bid] = self._where
@@ -1290,8 +1293,21 @@ class GraphAllocator:
         if t.flags & OUTPUT or t.alloc is None:
             return
         bid, off = t.alloc
-        self.allocs[bid].free(off, self.size(t, bid))
+        size = self.size(t, bid)
+        self.on_free(t, bid, size)
+        self.allocs[bid].free(off, size)
         self.own.discard(id(t))
+
+    # what a recording subclass sees of the walk (the incremental replay's events); nothing here
+
+    def on_alloc(self, t: T, bid: int, size: int) -> None:
+        """``t`` gets a new block of ``size`` bytes on backend ``bid``."""
+
+    def on_inplace(self, t: T, p: T, bid: int, psize: int, nsize: int) -> None:
+        """``t`` takes over its dying parent ``p``'s block on ``bid`` (aligned sizes)."""
+
+    def on_free(self, t: T, bid: int, size: int) -> None:
+        """``t``'s block of ``size`` bytes on ``bid`` is given back."""
 
     def count(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> int:
         """Reset the child/view counts, allocate the leafs, then the counting pass (which allocates

@@ -17,8 +17,14 @@ per graph topology (shape, backends, weight set) and later placements are replay
    equals the reference's at the same node; the reference's splits follow;
 4. the allocator replayed from the reference checkpoint at the first replayed split's start (blocks,
    running maxima and peak labels, live tensors with their remaining child and view counts) until,
-   in the unchanged tail, blocks and live tensors equal the reference checkpoint at the same node;
-   the tail's maximum per backend (and the first allocation reaching it) comes from the reference.
+   in the unchanged tail, the same tensors are live on the same backends with the same counts as at
+   the reference checkpoint at the same node.  From there every backend's allocator sees the
+   reference's events (allocations, in-place reuses, frees: recorded per backend), only at other
+   offsets: a backend whose blocks and live offsets equal the reference's takes the reference's
+   maximum of the tail (and the first allocation reaching it); another replays the reference's events
+   on its own blocks until they do (a move shifts which of two same-sized blocks holds the residual
+   stream, which the walk can carry to the next device boundary: the events replay in a fraction of
+   the time of the walk, and only on the backends that differ).
    Child counts at the start are the reference's corrected by the difference of the two windows;
    when that difference would change a decision before the start (a tensor used before and in the
    window with another count), the replay refuses.
@@ -93,11 +99,27 @@ class _RecAlloc(GraphAllocator):
         self.allocs = [_RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
         self.objs: dict[int, T] = {}
         self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
+        # per backend, every allocator event in walk order (position of the node in tail_pos):
+        # (0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize, nsize, "") | (2 free, t, t, size, 0, "")
+        self.tail: list[list[_Event]] = [[] for _ in backends]
+        self.tail_pos: list[list[int]] = [[] for _ in backends]
 
     def allocate(self, t: T, bid: int) -> None:
         self.objs[id(t)] = t
         self.cand.add(id(t))
         super().allocate(t, bid)
+
+    def on_alloc(self, t: T, bid: int, size: int) -> None:
+        self.tail_pos[bid].append(self.pos)
+        self.tail[bid].append((0, t, t, size, 0, self._where))
+
+    def on_inplace(self, t: T, p: T, bid: int, psize: int, nsize: int) -> None:
+        self.tail_pos[bid].append(self.pos)
+        self.tail[bid].append((1, t, p, psize, nsize, ""))
+
+    def on_free(self, t: T, bid: int, size: int) -> None:
+        self.tail_pos[bid].append(self.pos)
+        self.tail[bid].append((2, t, t, size, 0, ""))
 
     def run_rec(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int],
                 checkpoints: set[int]) -> tuple[list[int], dict[int, _Checkpoint]]:
@@ -125,6 +147,9 @@ class _RecAlloc(GraphAllocator):
         return [a.max_size for a in self.allocs], cks
 
 
+_Event = tuple[int, T, T, int, int, str]
+
+
 @dataclass
 class _Checkpoint:
     blocks: list[list[list[int]]]
@@ -133,6 +158,15 @@ class _Checkpoint:
     layer: str
     live: dict[T, tuple[tuple[int, int], int, int]]
     suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
+    _live_on: list[list[tuple[T, int]]] | None = None
+
+    def live_on(self, b: int, n_backends: int) -> list[tuple[T, int]]:
+        """The live tensors on backend ``b`` and their offsets."""
+        if self._live_on is None:
+            self._live_on = [[] for _ in range(n_backends)]
+            for t, ((tb, off), _, _) in self.live.items():
+                self._live_on[tb].append((t, off))
+        return self._live_on[b]
 
 
 class _Ref:
@@ -263,6 +297,7 @@ class _Ref:
         self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
                                               set(self.ckpos))
         self.peaks = list(galloc.peaks)
+        self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
         self.size_cache: dict[tuple[T, int], int] = {}
         for evs in galloc.events:
             best: tuple[int, str] = (-1, "")
@@ -830,18 +865,8 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
         if q >= wa + len(wnodes):
             qr = q - delta
             ckq = cks.get(qr)
-            if ckq is not None and _same_state(ckq, allocs, own, NC, NV):
-                assert ckq.suffix is not None
-                sizes, out_peaks = [], []
-                for b, al in enumerate(allocs):
-                    s_max, s_label = ckq.suffix[b]
-                    if al.max_size >= s_max:
-                        sizes.append(al.max_size)
-                        out_peaks.append(peaks[b])
-                    else:
-                        sizes.append(s_max)
-                        out_peaks.append(s_label)
-                return sizes, out_peaks
+            if ckq is not None and _same_live(ckq, own, NC, NV):
+                return _tails(ref, qr, allocs, own, peaks)
             n, b = rnodes[qr], ref.sched_ids[qr]
         else:
             n, b = wnodes[q - wa], wids[q - wa]
@@ -871,21 +896,85 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
     return [a.max_size for a in allocs], peaks
 
 
-def _same_state(ck: _Checkpoint, allocs: list[DynAllocator], own: dict[T, tuple[int, int]],
-                NC: Callable[[T], int], NV: Callable[[T], int]) -> bool:
-    for a, blocks in zip(allocs, ck.blocks, strict=True):
-        if a.blocks != blocks:
-            return False
+def _same_live(ck: _Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],
+               NV: Callable[[T], int]) -> bool:
+    """The same tensors live on the same backends with the same counts as at the reference's
+    checkpoint (where they are may differ): from here the allocator sees the reference's events."""
     n_live = 0
+    live = ck.live
     for t, al in own.items():
         c, v = NC(t), NV(t)
         if not c and not v:
             continue
         n_live += 1
-        e = ck.live.get(t)
-        if e is None or e != (al, c, v):
+        e = live.get(t)
+        if e is None or e[0][0] != al[0] or e[1] != c or e[2] != v:
             return False
-    return n_live == len(ck.live)
+    return n_live == len(live)
+
+
+def _tails(ref: _Ref, qr: int, allocs: list[DynAllocator], own: dict[T, tuple[int, int]],
+           peaks: list[str]) -> tuple[list[int], list[str]]:
+    """Per backend, the rest of the walk from reference position ``qr`` (whose live set is the
+    reference's): the reference's allocator events on this backend's own blocks and offsets, until
+    they equal the reference's at a checkpoint (then the reference's maximum from there on)."""
+    ck = ref.cks[qr]
+    n_b = len(allocs)
+    sizes, labels = [], []
+    for b, al in enumerate(allocs):
+        own_b = {t: off for t, (tb, off) in own.items() if tb == b}
+        size, label = al.max_size, peaks[b]
+        if _same_on(ck, b, n_b, al, own_b):
+            size, label = _with_suffix(ck, b, size, label)
+        else:
+            size, label = _tail(ref, b, qr, al, own_b, label)
+        sizes.append(size)
+        labels.append(label)
+    return sizes, labels
+
+
+def _same_on(ck: _Checkpoint, b: int, n_b: int, al: DynAllocator, own_b: dict[T, int]) -> bool:
+    return al.blocks == ck.blocks[b] and all(own_b.get(t) == off for t, off in ck.live_on(b, n_b))
+
+
+def _with_suffix(ck: _Checkpoint, b: int, size: int, label: str) -> tuple[int, str]:
+    """The maximum so far combined with the reference's from the checkpoint on (a tie keeps the
+    earlier allocation's label, as the allocator does)."""
+    assert ck.suffix is not None
+    s_max, s_label = ck.suffix[b]
+    return (size, label) if size >= s_max else (s_max, s_label)
+
+
+def _tail(ref: _Ref, b: int, qr: int, al: DynAllocator, own_b: dict[T, int], label: str) -> tuple[int, str]:
+    """Backend ``b``'s events from position ``qr`` on; checked against the reference's state at every
+    checkpoint after some event (without events neither state changes)."""
+    stats["tails"] += 1
+    evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
+    k, n = bisect.bisect_left(poss, qr), len(poss)
+    n_b, n_ck = len(ref.backends), len(ckpos)
+    while k < n:
+        c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
+        stop = ckpos[c] if c < n_ck else poss[-1] + 1
+        while k < n and poss[k] < stop:
+            kind, t, p, x, y, lab = evs[k]
+            k += 1
+            if kind == 0:
+                before = al.max_size
+                own_b[t] = al.alloc(x)
+                if al.max_size > before:
+                    label = lab
+            elif kind == 1:
+                off = own_b.pop(p)
+                own_b[t] = off
+                if x > y:
+                    al.free(off + y, x - y)
+            else:
+                al.free(own_b.pop(t), x)
+        if c < n_ck:
+            ck = ref.cks[stop]
+            if _same_on(ck, b, n_b, al, own_b):
+                return _with_suffix(ck, b, al.max_size, label)
+    return al.max_size, label
 
 
 # --- the cache of references -----------------------------------------------------------------------------
@@ -895,8 +984,10 @@ _REFS: OrderedDict[tuple[object, ...], _Ref] = OrderedDict()
 _REFS_SIZE = 8
 #: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
 #: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
-#: moved back before a use whose count the window changes
-stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0}
+#: moved back before a use whose count the window changes; tails: backends whose allocator was still
+#: in another state than the reference's after the window, replayed from the reference's event list
+stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
+         "tails": 0}
 
 
 def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None],
