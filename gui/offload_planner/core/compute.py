@@ -53,11 +53,13 @@ Calibration notes (no bench: measured against the pinned llama.cpp, ``llama-serv
 
 from __future__ import annotations
 
+import gc
 import math
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
@@ -1184,36 +1186,42 @@ class DynAllocator:
         return -(-size // self.alignment) * self.alignment
 
     def alloc(self, size: int) -> int:
-        size = self._align(size)
-        best, best_size = -1, None
-        for i, (_, bsize) in enumerate(self.blocks[:-1]):
-            if bsize >= size and (best_size is None or bsize <= best_size):
+        a = self.alignment
+        size = -(-size // a) * a
+        blocks = self.blocks
+        last = len(blocks) - 1
+        best, best_size = last, -1  # the last block always fits
+        for i in range(last):  # best fit; of equal blocks the last
+            bsize = blocks[i][1]
+            if bsize >= size and (best_size < 0 or bsize <= best_size):
                 best, best_size = i, bsize
-        if best == -1:
-            best = len(self.blocks) - 1  # the last block always fits
-        block = self.blocks[best]
+        block = blocks[best]
         offset = block[0]
         block[0] += size
         block[1] -= size
         if block[1] == 0:
-            del self.blocks[best]
-        self.max_size = max(self.max_size, offset + size)
+            del blocks[best]
+        if offset + size > self.max_size:
+            self.max_size = offset + size
         return offset
 
     def free(self, offset: int, size: int) -> None:
-        size = self._align(size)
+        a = self.alignment
+        size = -(-size // a) * a
         blocks = self.blocks
+        end = offset + size
         for i, block in enumerate(blocks):
-            if block[0] + block[1] == offset:
+            b0 = block[0]
+            if b0 + block[1] == offset:
                 block[1] += size
-                if i + 1 < len(blocks) and block[0] + block[1] == blocks[i + 1][0]:
+                if i + 1 < len(blocks) and b0 + block[1] == blocks[i + 1][0]:
                     block[1] += blocks[i + 1][1]
                     del blocks[i + 1]
                 return
-            if offset + size == block[0]:
+            if end == b0:
                 block[0] = offset
                 block[1] += size
-                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == block[0]:
+                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == offset:
                     blocks[i - 1][1] += block[1]
                     del blocks[i]
                 return
@@ -1520,8 +1528,30 @@ def graph_builder(model: Model) -> Callable[[Builder], None] | None:
     return ARCH_GRAPHS.get(model.arch)
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cycle collector off while a simulation runs: its tensors are acyclic (freed by reference
+    counting), and with the recorded references alive every full collection would walk their
+    hundreds of thousands of objects, at random points of a replay."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+    """Per-backend compute bytes, or None for an architecture without a graph here (see
+    :func:`_simulate`)."""
+    with _no_cyclic_gc():
+        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
+
+
+def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here.
 
     The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)

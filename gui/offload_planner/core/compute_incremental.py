@@ -160,11 +160,12 @@ class _Checkpoint:
     suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
     _live_on: list[list[tuple[T, int]]] | None = None
 
-    def live_on(self, b: int, n_backends: int) -> list[tuple[T, int]]:
-        """The live tensors on backend ``b`` and their offsets."""
+    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> list[tuple[T, int]]:
+        """The live tensors on backend ``b`` and their offsets, the latest created first (where two
+        states differ: long-lived inputs rarely move)."""
         if self._live_on is None:
             self._live_on = [[] for _ in range(n_backends)]
-            for t, ((tb, off), _, _) in self.live.items():
+            for t, ((tb, off), _, _) in sorted(self.live.items(), key=lambda e: -first.get(e[0], -1)):
                 self._live_on[tb].append((t, off))
         return self._live_on[b]
 
@@ -919,12 +920,11 @@ def _tails(ref: _Ref, qr: int, allocs: list[DynAllocator], own: dict[T, tuple[in
     reference's): the reference's allocator events on this backend's own blocks and offsets, until
     they equal the reference's at a checkpoint (then the reference's maximum from there on)."""
     ck = ref.cks[qr]
-    n_b = len(allocs)
     sizes, labels = [], []
     for b, al in enumerate(allocs):
         own_b = {t: off for t, (tb, off) in own.items() if tb == b}
         size, label = al.max_size, peaks[b]
-        if _same_on(ck, b, n_b, al, own_b):
+        if _same_on(ref, ck, b, al, own_b):
             size, label = _with_suffix(ck, b, size, label)
         else:
             size, label = _tail(ref, b, qr, al, own_b, label)
@@ -933,8 +933,11 @@ def _tails(ref: _Ref, qr: int, allocs: list[DynAllocator], own: dict[T, tuple[in
     return sizes, labels
 
 
-def _same_on(ck: _Checkpoint, b: int, n_b: int, al: DynAllocator, own_b: dict[T, int]) -> bool:
-    return al.blocks == ck.blocks[b] and all(own_b.get(t) == off for t, off in ck.live_on(b, n_b))
+def _same_on(ref: _Ref, ck: _Checkpoint, b: int, al: DynAllocator, own_b: dict[T, int]) -> bool:
+    if al.blocks != ck.blocks[b]:
+        return False
+    get = own_b.get
+    return all(get(t) == off for t, off in ck.live_on(b, len(ref.backends), ref.first))
 
 
 def _with_suffix(ck: _Checkpoint, b: int, size: int, label: str) -> tuple[int, str]:
@@ -951,7 +954,7 @@ def _tail(ref: _Ref, b: int, qr: int, al: DynAllocator, own_b: dict[T, int], lab
     stats["tails"] += 1
     evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
     k, n = bisect.bisect_left(poss, qr), len(poss)
-    n_b, n_ck = len(ref.backends), len(ckpos)
+    n_ck = len(ckpos)
     while k < n:
         c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
         stop = ckpos[c] if c < n_ck else poss[-1] + 1
@@ -972,7 +975,7 @@ def _tail(ref: _Ref, b: int, qr: int, al: DynAllocator, own_b: dict[T, int], lab
                 al.free(own_b.pop(t), x)
         if c < n_ck:
             ck = ref.cks[stop]
-            if _same_on(ck, b, n_b, al, own_b):
+            if _same_on(ref, ck, b, al, own_b):
                 return _with_suffix(ck, b, al.max_size, label)
     return al.max_size, label
 
