@@ -955,26 +955,25 @@ def _tail(ref: _Ref, b: int, qr: int, al: DynAllocator, own_b: dict[T, int], lab
     evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
     k, n = bisect.bisect_left(poss, qr), len(poss)
     n_ck = len(ckpos)
+    alloc, free, pop = al.alloc, al.free, own_b.pop
     while k < n:
         c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
-        stop = ckpos[c] if c < n_ck else poss[-1] + 1
-        while k < n and poss[k] < stop:
-            kind, t, p, x, y, lab = evs[k]
-            k += 1
+        hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
+        for kind, t, p, x, y, lab in evs[k:hi]:
             if kind == 0:
                 before = al.max_size
-                own_b[t] = al.alloc(x)
+                own_b[t] = alloc(x)
                 if al.max_size > before:
                     label = lab
-            elif kind == 1:
-                off = own_b.pop(p)
-                own_b[t] = off
-                if x > y:
-                    al.free(off + y, x - y)
+            elif kind == 2:
+                free(pop(t), x)
             else:
-                al.free(own_b.pop(t), x)
+                off = own_b[t] = pop(p)
+                if x > y:
+                    free(off + y, x - y)
+        k = hi
         if c < n_ck:
-            ck = ref.cks[stop]
+            ck = ref.cks[ckpos[c]]
             if _same_on(ref, ck, b, al, own_b):
                 return _with_suffix(ck, b, al.max_size, label)
     return al.max_size, label
