@@ -28,6 +28,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from offload_planner.core import compute
+from offload_planner.core.compute_incremental import record_at_first_sight
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import project, resolve_context
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--full-runs", type=int, default=3)
     args = ap.parse_args()
+    record_at_first_sight()  # as the window does: the base plan's projection records the reference
     specs = all_models()
     names = args.only or list(specs)
     print("two CUDA GPUs, -ngl 999 -ts 1,1 -c 32768 -ub 2048 (MoE: -ot exps=CPU); one move per layer: "

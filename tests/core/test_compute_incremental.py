@@ -199,7 +199,8 @@ def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Mode
     opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
                             overrides=(Override("exps" if moe else "token_embd", "CPU"),))
     plan = Plan(model, devices, opts, params)
-    C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)  # the reference
+    for _ in range(2):  # the second simulation of a topology records the reference
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
     n_layer = model.summary.n_layer
     rng = random.Random(zlib.crc32(name.encode()))
     layers = [0, 1, 2, n_layer // 2 - 1, n_layer // 2 + 1, n_layer - 1, *rng.sample(range(n_layer), 3)]
@@ -213,3 +214,31 @@ def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Mode
         assert _fields(fast) == _fields(full), il
     assert CI.stats["replays"] - before["replays"] == 2 * len(layers)
     assert CI.stats["tails"] > before["tails"]
+
+
+def test_one_shot_simulation_records_no_reference(models: dict[str, Model]) -> None:
+    """A topology simulated once (a one-shot ``plan``) runs plainly; the second time (a caller that
+    comes back) records the reference the third replays against; a window records at once."""
+    model = models["qwen3moe"]
+    devices = _devices("CUDA", 2)
+    params = _params(c=2048)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1, overrides=(Override("exps", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    CI._REFS.clear()
+    CI._SEEN.clear()
+    counts = []
+    for _ in range(3):
+        before = dict(CI.stats)
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+        counts.append(tuple(CI.stats[k] - before[k] for k in ("plain", "full", "replays")))
+        assert len(CI._REFS) == (0 if len(counts) == 1 else 2)
+    assert counts == [(2, 0, 0), (0, 2, 0), (0, 0, 2)]  # two reserved graphs each: prompt, one token
+    CI._REFS.clear()
+    CI._SEEN.clear()
+    CI.record_at_first_sight()
+    try:
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+        assert len(CI._REFS) == 2
+    finally:
+        CI.record_at_first_sight(False)

@@ -984,12 +984,35 @@ def _tail(ref: _Ref, b: int, qr: int, al: DynAllocator, own_b: dict[T, int], lab
 
 _REFS: OrderedDict[tuple[object, ...], _Ref] = OrderedDict()
 _REFS_SIZE = 8
+#: topologies simulated once without a reference: recording one costs about a simulation more, which
+#: only pays off for a caller that comes back (a window's edits, the --fit search)
+_SEEN: OrderedDict[tuple[object, ...], None] = OrderedDict()
+_SEEN_SIZE = 32
+_record_at_first_sight = False
+
+
+def record_at_first_sight(on: bool = True) -> None:
+    """Record the reference of a topology the first time it is simulated (a window, which will
+    re-project every edit) instead of the second (one-shot commands simulate once)."""
+    global _record_at_first_sight
+    _record_at_first_sight = on
+
+
+def _first_sight(key: tuple[object, ...]) -> bool:
+    """True (and remembered) if this topology has not been simulated yet and is not to be recorded."""
+    if _record_at_first_sight or key in _SEEN:
+        return False
+    _SEEN[key] = None
+    if len(_SEEN) > _SEEN_SIZE:
+        _SEEN.popitem(last=False)
+    return True
 #: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
 #: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
 #: moved back before a use whose count the window changes; tails: backends whose allocator was still
-#: in another state than the reference's after the window, replayed from the reference's event list
+#: in another state than the reference's after the window, replayed from the reference's event list;
+#: plain: first simulations of a topology, run without recording a reference
 stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
-         "tails": 0}
+         "tails": 0, "plain": 0}
 
 
 def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None],
@@ -997,7 +1020,8 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
                         unit_devices: list[str], offload_kqv: bool) -> Reserve:
-    """``reserve`` (server path, one copy) through a recorded reference of the same topology.
+    """``reserve`` (server path, one copy) through a recorded reference of the same topology, recorded
+    the second time a topology is simulated (or the first: :func:`record_at_first_sight`).
 
     ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
     (only asked for when the items do not line up with the reference's, or to record one)."""
@@ -1015,6 +1039,9 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
             return r
         except Exception:  # _Refuse, or a case the replay does not know: run it in full
             stats["refused"] += 1
+    elif _first_sight(key):
+        stats["plain"] += 1
+        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, op_offload=op_offload)
     try:
         ref = _Ref(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices)
     except _Refuse:

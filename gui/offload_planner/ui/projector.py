@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
+from offload_planner.core.compute_incremental import record_at_first_sight
 from offload_planner.core.plan import Plan
 from offload_planner.ui.analysis import Analysis, analyse
 
@@ -25,6 +26,7 @@ class Projector(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
+        record_at_first_sight()  # every edit is re-projected: replay it against the first projection
         self._thread = QThread(self)
         self._thread.setObjectName("offload-planner projection")
         self._worker = _Worker()
