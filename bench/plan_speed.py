@@ -21,11 +21,14 @@ import io
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from offload_planner.cli import main as cli_main
 from offload_planner.core import compute
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
+from offload_planner.core.plan import plan_from_args
 from offload_planner.core.synth import BIG_MODELS, SMALL_MODELS, write_model
 
 DEVICES = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=24GiB", "--device", "CPU=512GiB"]
@@ -47,20 +50,15 @@ def plan_ms(path: Path, extra: list[str]) -> float:
 
 def reference_ms(path: Path) -> float:
     """Open the file, then one plain simulation of the plan's placement."""
-    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-    from offload_planner.core.plan import plan_from_args
-
     t0 = time.process_time()
     model = open_model(path)
     t_open = time.process_time() - t0
     gib = 1 << 30
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * gib, 512 * gib),
                         tuple(Device(f"CUDA{i}", DeviceKind.CUDA, 24 * gib, 24 * gib) for i in range(2)))
-    from types import SimpleNamespace
-
     moe = any(t.role.is_routed_expert for t in model.tensors)
-    args = SimpleNamespace(ctx_size=32768, n_gpu_layers=999, tensor_split=[1, 1],
-                           overrides=[SimpleNamespace(pattern="exps", buft="CPU", source="-ot")] if moe else [])
+    ot = [SimpleNamespace(pattern="exps", buft="CPU", source="-ot")] if moe else []
+    args = SimpleNamespace(ctx_size=32768, n_gpu_layers=999, tensor_split=[1, 1], overrides=ot)
     plan = plan_from_args(model, devices, args)
     placement = plan.placement()
     ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
@@ -84,8 +82,8 @@ def main() -> None:
             ref = reference_ms(path)
             off = plan_ms(path, ["-fit", "off"])
             on = plan_ms(path, [])
-            print(_row((name, f"{ref:.0f}", f"{off:.0f}", f"{off / ref:.2f}", f"{on:.0f}", f"{on / ref:.2f}")),
-                  flush=True)
+            cells = (name, f"{ref:.0f}", f"{off:.0f}", f"{off / ref:.2f}", f"{on:.0f}", f"{on / ref:.2f}")
+            print(_row(cells), flush=True)
 
 
 def _row(cells: tuple[str, ...]) -> str:

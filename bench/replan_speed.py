@@ -3,16 +3,17 @@ simulation, worst layer.
 
 Each model (``core/synth/catalog.py``, written header-only into a temporary folder) is planned on
 two 24 GiB CUDA GPUs with ``-ngl 999 -ts 1,1 -c 32768 -ub 2048``; MoE models with their routed
-experts on the CPU (``-ot exps=CPU``), dense ones with ``-ot token_embd=CPU`` (where it is
-anyway: any override turns pipeline parallelism off, as the first move would).  A *move* is one layer's routed experts to a GPU (MoE) or one
-whole layer to the CPU (dense models), made for every layer in turn and re-projected: ``project``
-with the whole-result memo cleared, so the compute buffers are really simulated, by replay against
-the base plan's recorded reference (``compute_incremental``).  Per layer the best of ``--reps``
-runs counts (a garbage collection is not the layer's cost); per model the table prints the
-from-scratch simulation (``compute.simulate`` without replay, both reserved graphs, best of
-``--full-runs``), the median and the worst layer's re-projection, and worst / from-scratch against
-the 1/20 target.  Times are the process's CPU time (``time.process_time``), which other processes
-on a shared machine disturb less than the wall clock.
+experts on the CPU (``-ot exps=CPU``), dense ones with ``-ot token_embd=CPU`` (where it is anyway:
+any override turns pipeline parallelism off, as the first move would).  A *move* is one layer's
+routed experts to the other GPU (MoE) or one whole layer to the CPU (dense models), made for every
+layer in turn and re-projected (``Plan.projection``) with the whole-result memo cleared, so the
+compute buffers are really simulated, by replay against the base plan's reference
+(``compute_incremental``; recorded at once, as in the window).  Per layer the best of ``--reps``
+runs counts; per model the table prints the from-scratch simulation (``compute.simulate`` without
+replay, both reserved graphs, best of ``--full-runs``), the median and the worst layer's
+re-projection, and worst / from-scratch against the 1/20 target.  Models with fewer than 20 layers
+cannot meet it by construction (a move changes at least one layer of the graph).  Times are the
+process's CPU time (``time.process_time``), which other processes disturb less than the wall clock.
 
     python bench/replan_speed.py [--only NAME ...] [--reps 2] [--full-runs 3]
 """
@@ -31,7 +32,7 @@ from offload_planner.core import compute
 from offload_planner.core.compute_incremental import record_at_first_sight
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.memory import project, resolve_context
+from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.synth import all_models, write_model

@@ -1570,7 +1570,7 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
         return placement.layer_device(il) if p.offload_kqv else CPU
 
     shapes = _reserve_shapes(model, ctx, p, _full_offload(placement))
-    if incremental and not no_alloc and n_copies == 1:
+    if incremental and n_copies == 1:
         from offload_planner.core.compute_incremental import incremental_reserve
 
         where_memo: list[WeightWhere] = []
@@ -1584,10 +1584,10 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
             return _weight_factory(model, placement, where())
 
         units = list(placement.unit_devices)
-        reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload), sh, arch_fn,
-                                        backends, op_offload, placement.items, where, weights,
-                                        placement.layer_device, kv_dev, units, p.offload_kqv)
-                    for sh in shapes]
+        reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload, no_alloc), sh,
+                                        arch_fn, backends, op_offload, placement.items, where, weights,
+                                        placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc)
+                    for sh in (shapes[:1] if no_alloc else shapes)]
     else:
         reserves = [reserve(sh, arch_fn, backends, n_copies, _weight_factory(model, placement),
                             placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)

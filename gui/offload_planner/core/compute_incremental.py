@@ -100,7 +100,8 @@ class _RecAlloc(GraphAllocator):
         self.objs: dict[int, T] = {}
         self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
         # per backend, every allocator event in walk order (position of the node in tail_pos):
-        # (0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize, nsize, "") | (2 free, t, t, size, 0, "")
+        # (0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize, nsize, "")
+        # | (2 free, t, t, size, 0, "")
         self.tail: list[list[_Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
 
@@ -175,7 +176,8 @@ class _Ref:
 
     def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
                  op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
-                 kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str]) -> None:
+                 kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str],
+                 keep_forced: bool = True) -> None:
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
         self.unit_devices = list(unit_devices)
         self.items = list(items)  # kept alive: later placements are compared with them by identity
@@ -216,7 +218,9 @@ class _Ref:
         self.forced: list[tuple[T, int]] = []  # (node, layer) of forced norms; -1: always CPU
         by_id = {id(n): n for n in nodes}
         self.forced_dev: dict[T, str] = {}
-        for i, dev in g.forced.items():
+        # the dry run (``keep_forced=False``) drops the forced backends, as split_graph does
+        forced = g.forced if keep_forced else {}
+        for i, dev in forced.items():
             n = by_id.get(i)
             if n is None:
                 continue
@@ -229,7 +233,6 @@ class _Ref:
             elif dev != CPU:
                 raise _Refuse("forced device")
         # scheduler passes 1-4
-        forced = g.forced
         for t in leafs + nodes:
             t.bid = ids[forced[id(t)]] if id(t) in forced else -1
         for t in leafs + nodes:
@@ -258,10 +261,15 @@ class _Ref:
         self.ridx = {gi: r for r, gi in enumerate(self.real)}
         self.consumers: dict[T, list[int]] = {}
         self.views: dict[T, list[int]] = {}
+        # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
+        # can still be made or used (pass 5 copies sources for the real nodes' backends)
+        self.last_on: dict[tuple[T, int], int] = {}
         for i, n in enumerate(nodes):
             for s in self.orig_src[i]:
                 if s is not None:
                     self.consumers.setdefault(s, []).append(i)
+                    if n.op not in VIEW_OPS:
+                        self.last_on[(s, n.bid)] = i
             if n.view_src is not None:
                 self.views.setdefault(n.view_src, []).append(i)
         self._pass5(nodes)
@@ -574,6 +582,7 @@ def replay(ref: _Ref, mv: _Move) -> Reserve:
     cur = split.backend
     kc = _first_at(cs, start)
     ref_made: set[tuple[T, int]] = set()
+    last_on = ref.last_on
     x = len(nodes)
     for i in range(start, len(nodes)):
         n = nodes[i]
@@ -583,8 +592,8 @@ def replay(ref: _Ref, mv: _Move) -> Reserve:
             ref_made.add(cs[kc][1])
             kc += 1
         if i > fb and cur == ref.cur_before[i] and bool(split.inputs) == ref.ne_before[i] \
-                and all(ref.consumers[key[0]][-1] < i for key in ref_made.symmetric_difference(made)):
-            x = i  # copies made in one run only are of tensors no later node reads
+                and all(last_on.get(key, -1) < i for key in ref_made.symmetric_difference(made)):
+            x = i  # copies made in one run only: no later node on their backend reads their tensor
             break
         nb = B(n)
         src = ref.orig_src[i]
@@ -982,11 +991,15 @@ def _tail(ref: _Ref, b: int, qr: int, al: DynAllocator, own_b: dict[T, int], lab
 # --- the cache of references -----------------------------------------------------------------------------
 
 
-_REFS: OrderedDict[tuple[object, ...], _Ref] = OrderedDict()
+#: per topology, the recorded references (latest last): a caller that moves far from every one of
+#: them (the --fit search jumps between layer splits) gets another
+_REFS: OrderedDict[tuple[object, ...], list[_Ref]] = OrderedDict()
 _REFS_SIZE = 8
-#: topologies simulated once without a reference: recording one costs about a simulation more, which
-#: only pays off for a caller that comes back (a window's edits, the --fit search)
-_SEEN: OrderedDict[tuple[object, ...], None] = OrderedDict()
+_REFS_PER_KEY = 4
+#: per topology, the layer devices of placements simulated without a reference: recording one costs
+#: about a simulation more, which only pays off for a caller that comes back near it (a window's
+#: edits, the --fit search's next step)
+_SEEN: OrderedDict[tuple[object, ...], list[list[str]]] = OrderedDict()
 _SEEN_SIZE = 32
 _record_at_first_sight = False
 
@@ -998,14 +1011,50 @@ def record_at_first_sight(on: bool = True) -> None:
     _record_at_first_sight = on
 
 
-def _first_sight(key: tuple[object, ...]) -> bool:
-    """True (and remembered) if this topology has not been simulated yet and is not to be recorded."""
-    if _record_at_first_sight or key in _SEEN:
+def _distance(a: Sequence[str], b: Sequence[str]) -> int:
+    """Layers (units) on another device."""
+    return sum(x != y for x, y in zip(a, b, strict=True))
+
+
+def _near(units: Sequence[str]) -> int:
+    """How many units may differ for a replay to beat recording a new reference."""
+    return max(2, len(units) // 8)
+
+
+def _nearest(key: tuple[object, ...], units: list[str]) -> _Ref | None:
+    refs = _REFS.get(key)
+    if not refs:
+        return None
+    _REFS.move_to_end(key)
+    best = min(refs, key=lambda r: _distance(r.unit_devices, units))
+    return best if _distance(best.unit_devices, units) <= _near(units) else None
+
+
+def _first_sight(key: tuple[object, ...], units: list[str]) -> bool:
+    """True (and remembered) if no placement near this one has been simulated in this topology and
+    this one is not to be recorded."""
+    if _record_at_first_sight:
         return False
-    _SEEN[key] = None
+    seen = _SEEN.setdefault(key, [])
+    _SEEN.move_to_end(key)
+    if any(_distance(u, units) <= _near(units) for u in seen):
+        return False
+    seen.append(list(units))
+    del seen[:-_REFS_PER_KEY]
     if len(_SEEN) > _SEEN_SIZE:
         _SEEN.popitem(last=False)
     return True
+
+
+def _keep(key: tuple[object, ...], ref: _Ref) -> None:
+    refs = _REFS.setdefault(key, [])
+    _REFS.move_to_end(key)
+    refs.append(ref)
+    del refs[:-_REFS_PER_KEY]
+    if len(_REFS) > _REFS_SIZE:
+        _REFS.popitem(last=False)
+
+
 #: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
 #: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
 #: moved back before a use whose count the window changes; tails: backends whose allocator was still
@@ -1019,15 +1068,16 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                         backends: list[Backend], op_offload: bool, items: Sequence[Placed],
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
-                        unit_devices: list[str], offload_kqv: bool) -> Reserve:
-    """``reserve`` (server path, one copy) through a recorded reference of the same topology, recorded
-    the second time a topology is simulated (or the first: :func:`record_at_first_sight`).
+                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False) -> Reserve:
+    """``reserve`` (one copy) replayed against the recorded reference of the same topology nearest to
+    this placement; recorded the second time a placement near it is simulated (or the first:
+    :func:`record_at_first_sight`).
 
     ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
-    (only asked for when the items do not line up with the reference's, or to record one)."""
-    ref = _REFS.get(key)
+    (only asked for when the items do not line up with the reference's, or to record one).
+    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart)."""
+    ref = _nearest(key, unit_devices)
     if ref is not None:
-        _REFS.move_to_end(key)
         try:
             mv = _diff_items(ref, items, unit_devices, offload_kqv)
             if mv is not None:
@@ -1039,16 +1089,17 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
             return r
         except Exception:  # _Refuse, or a case the replay does not know: run it in full
             stats["refused"] += 1
-    elif _first_sight(key):
+    elif _first_sight(key, unit_devices):
         stats["plain"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, op_offload=op_offload)
+        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, no_alloc=no_alloc,
+                       op_offload=op_offload)
     try:
-        ref = _Ref(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices)
+        ref = _Ref(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
+                   keep_forced=not no_alloc)
     except _Refuse:
         stats["full"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, op_offload=op_offload)
+        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, no_alloc=no_alloc,
+                       op_offload=op_offload)
     stats["full"] += 1
-    _REFS[key] = ref
-    if len(_REFS) > _REFS_SIZE:
-        _REFS.popitem(last=False)
+    _keep(key, ref)
     return ref.reserve

@@ -198,7 +198,8 @@ def device_memory(model: Model, devices: DeviceSet, popts: PlacementOptions,
     ctx = resolve_context(cparams, s.n_ctx_train, s.n_swa)
     with SIMULATION_LOCK:
         try:
-            sim = simulate(model, devices, placement, ctx, cparams, no_alloc=True)
+            # replayed against an earlier dry run of the same graph (the search measures ~25)
+            sim = simulate(model, devices, placement, ctx, cparams, no_alloc=True, incremental=True)
         except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError):
             sim = None
         if sim is not None:

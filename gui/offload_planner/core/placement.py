@@ -11,6 +11,7 @@ wins); CPU-side weights take the first buffer type of the CPU list that supports
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -135,9 +136,11 @@ def unit_devices(n_layer: int, ngl: int, gpus: Sequence[Device], split: Sequence
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def compile_override(pattern: str) -> re.Pattern[str]:
     """An -ot pattern as std::regex (ECMAScript, libstdc++) reads it, for regex_search; a pattern
-    llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks)."""
+    llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks).
+    Remembered: a --fit search places dozens of times with the same rules."""
     from offload_planner.core.cmdline import EcmaRegexError, compile_pattern
 
     try:
