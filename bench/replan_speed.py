@@ -8,7 +8,7 @@ any override turns pipeline parallelism off, as the first move would).  A *move*
 routed experts to the other GPU (MoE) or one whole layer to the CPU (dense models), made for every
 layer in turn and re-projected (``Plan.projection``) with the whole-result memo cleared, so the
 compute buffers are really simulated, by replay against the base plan's reference
-(``compute_incremental``; recorded at once, as in the window).  Per layer the best of ``--reps``
+(``compute.replay``; recorded at once, as in the window).  Per layer the best of ``--reps``
 runs counts; per model the table prints the from-scratch simulation (``compute.simulate`` without
 replay, both reserved graphs, best of ``--full-runs``), the median and the worst layer's
 re-projection, and worst / from-scratch against the 1/20 target.  Models with fewer than 20 layers
@@ -29,7 +29,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from offload_planner.core import compute
-from offload_planner.core.compute_incremental import record_at_first_sight
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
@@ -93,7 +92,7 @@ def bench_model(name: str, path: Path, reps: int, full_runs: int) -> tuple[str, 
         p = plan.with_moves(mv)
 
         def run(p: Plan = p) -> None:
-            compute._MEMO.clear()  # no whole-result memo: every run simulates
+            compute.MEMO.clear()  # no whole-result memo: every run simulates
             p.projection()
 
         per_layer.append(best_ms(run, reps))
@@ -109,7 +108,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--full-runs", type=int, default=3)
     args = ap.parse_args()
-    record_at_first_sight()  # as the window does: the base plan's projection records the reference
+    compute.record_at_first_sight()  # as the window does: the base plan's projection records the reference
     specs = all_models()
     names = args.only or list(specs)
     print("two CUDA GPUs, -ngl 999 -ts 1,1 -c 32768 -ub 2048 (MoE: -ot exps=CPU); one move per layer: "

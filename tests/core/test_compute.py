@@ -16,6 +16,7 @@ import pytest
 
 from offload_planner.core import compute as C
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Buffer, ContextParams, project, resolve_context
 from offload_planner.core.model import Model
@@ -218,14 +219,14 @@ def test_op_offload_copy_memory_is_reused_between_splits(models: dict[str, Model
 
 def test_cuda_flash_attention_converts_quantized_kv_to_f16() -> None:
     q = C.T(C.F32, [64, 512, 4, 1])
-    k8 = C.T(C.type_by_name("q8_0"), [64, 4096, 2, 1])
-    v8 = C.T(C.type_by_name("q8_0"), [64, 4096, 2, 1])
+    k8 = C.T(type_by_name("q8_0"), [64, 4096, 2, 1])
+    v8 = C.T(type_by_name("q8_0"), [64, 4096, 2, 1])
     mask = C.T(C.F16, [4096, 512, 1, 1])
     fa = C.flash_attn_ext(q, k8, v8, mask, None)
-    extra = C._cuda_fa_alloc_size(fa) - C.nbytes(fa)
+    extra = C.cuda_fa_alloc_size(fa) - C.nbytes(fa)
     assert extra == 2 * (2 * 64 * 4096 * 2)  # f16 K and V, each padded to 128 B
     kf = C.T(C.F16, [64, 4096, 2, 1])
-    assert C._cuda_fa_alloc_size(C.flash_attn_ext(q, kf, kf, mask, None)) == C.nbytes(fa)
+    assert C.cuda_fa_alloc_size(C.flash_attn_ext(q, kf, kf, mask, None)) == C.nbytes(fa)
 
 
 def test_no_alloc_dry_run_drops_forced_norms(models: dict[str, Model]) -> None:

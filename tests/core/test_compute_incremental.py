@@ -18,8 +18,8 @@ import pytest
 
 from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
-from offload_planner.core import compute_incremental as CI
 from offload_planner.core import memory as M
+from offload_planner.core.compute import replay as CI
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context
@@ -167,11 +167,11 @@ def test_compute_buffers_replayed_equal_full() -> None:
     exps = [t for t in model.tensors if t.role.is_routed_expert]
     for il in (3, 17, 40, 60):
         placement = plan.with_moves({t.name: "CUDA1" for t in exps if t.layer == il}).placement()
-        fast = C._compute_buffers(model, devices, placement, ctx, params)
+        fast = C.simulate_buffers(model, devices, placement, ctx, params)
         sim = C.simulate(model, devices, placement, ctx, params)
         assert sim is not None
-        sh = C._reserve_shapes(model, ctx, params, C._full_offload(placement))[0]
-        want = [(be.name, size, C._why(sim, i, sh, placement.output_device))
+        sh = C.reserve_shapes(model, ctx, params, C.full_offload(placement))[0]
+        want = [(be.name, size, C.explain(sim, i, sh, placement.output_device))
                 for i, (be, size) in enumerate(zip(sim.backends, sim.sizes, strict=True)) if size > 1]
         assert [(b.device, b.bytes, b.why) for b in fast] == want
 

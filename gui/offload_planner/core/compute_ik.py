@@ -1,4 +1,5 @@
-"""Compute buffers as ik_llama.cpp reserves them, simulated on shapes like :mod:`compute` does for mainline.
+"""Compute buffers as ik_llama.cpp reserves them, simulated on shapes like :mod:`offload_planner.core.compute`
+does for mainline.
 
 ik_llama.cpp builds its own graphs (``src/llama-build-context.cpp``): fused ops (``ggml_fused_rms_norm``
 for every weighted RMS norm, ``ggml_fused_up_gate`` for dense gated FFNs, ``ggml_moe_up_gate`` and
@@ -26,39 +27,36 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core import ik
-from offload_planner.core.compute import (
+from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA, Buffer
+from offload_planner.core.compute.allocator import GraphAllocator
+from offload_planner.core.compute.buffers import BufferMemo, placement_key
+from offload_planner.core.compute.ggml import (
     CPU,
     F16,
     F32,
     I32,
     OUTPUT,
-    Backend,
-    BufferMemo,
     Graph,
-    GraphAllocator,
-    Scheduler,
     T,
-    WeightAccess,
-    _backends,
-    _weight_factory,
     concat,
-    gating_func,
     get_rows,
     input_tensor,
     mul_mat,
     mul_mat_id,
     nbytes,
     permute,
-    placement_key,
     reshape,
     row_size,
     view,
 )
+from offload_planner.core.compute.graph import WeightAccess, gating_func
+from offload_planner.core.compute.scheduler import Backend, Scheduler
+from offload_planner.core.compute.simulate import backends_for, weight_factory
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
-    from offload_planner.core.memory import Buffer, ContextParams, ResolvedContext
+    from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
     from offload_planner.core.placement import Placement
 
@@ -748,7 +746,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
 
 def _weights(model: Model, placement: Placement, mla: int) -> Callable[[str], T | None]:
     """The model's weights, plus the attention tensors ik computes at load for the MLA mode."""
-    base = _weight_factory(model, placement)
+    base = weight_factory(model, placement)
     extra: dict[str, T] = {}
     for ct, dev in ik.placed_computed_tensors(model, placement, mla):
         t = T(ct.type, ct.shape, name=ct.name)
@@ -794,7 +792,7 @@ class IkBackend(Backend):
 
 def _ik_backends(devices: DeviceSet, placement: Placement) -> list[Backend]:
     return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only)
-            for b in _backends(devices, placement)]
+            for b in backends_for(devices, placement)]
 
 
 def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
@@ -834,7 +832,6 @@ def ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, c
 
 def _ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
                         p: ContextParams) -> list[Buffer] | None:
-    from offload_planner.core.memory import IK_CPU_BUFFER_EXTRA, Buffer
 
     if not supported(model, p):
         return None

@@ -190,7 +190,7 @@ def device_memory(model: Model, devices: DeviceSet, popts: PlacementOptions,
                   cparams: ContextParams) -> Measured:
     """``common_get_device_memory_data`` for these parameters: the dry run's breakdown per model
     device (weights, KV, ``no_alloc`` compute reserve) and on the host (host buffer types)."""
-    from offload_planner.core.compute import SIMULATION_LOCK, _backends, simulate, term_estimate
+    from offload_planner.core.compute import SIMULATION_LOCK, backends_for, simulate, term_estimate
 
     s = model.summary
     popts = replace(popts, use_mmap=False)  # the dry run loads with LLAMA_LOAD_MODE_NONE
@@ -208,7 +208,7 @@ def device_memory(model: Model, devices: DeviceSet, popts: PlacementOptions,
         else:
             est = term_estimate(model, devices, placement, ctx, cparams)
             compute = [Buffer(be.name, be.buft, "compute", est[be.name], "estimate")
-                       for be in _backends(devices, placement) if est.get(be.name, 0) > 1]
+                       for be in backends_for(devices, placement) if est.get(be.name, 0) > 1]
     proj = project(model, devices, placement, cparams, compute=compute)
     used: list[int] = []
     weights: list[int] = []

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from itertools import compress, count
 from operator import is_not
 
+from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA, Buffer
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
@@ -87,16 +88,6 @@ def resolve_context(p: ContextParams, n_ctx_train: int, n_swa: int) -> ResolvedC
         min(n_ctx_seq, n_swa * (p.n_seq_max if p.kv_unified else 1) + n_ubatch), 256
     )
     return ResolvedContext(n_ctx, n_ctx_seq, n_stream, n_batch, n_ubatch, swa)
-
-
-@dataclass
-class Buffer:
-    device: str
-    name: str  # as llama.cpp logs it: CUDA0, CPU_Mapped, CUDA_Host, RPC0, ...
-    kind: str  # model | kv | compute | output
-    bytes: int
-    why: str
-    resident: int | None = None  # mmap buffers: bytes actually read (the rest of the span is gaps)
 
 
 @dataclass
@@ -372,8 +363,6 @@ def output_buffer(model: Model, placement: Placement, p: ContextParams, devices:
                   f"logits for {p.n_seq_max} sequences x {n_vocab} tokens x 4 B")
 
 
-#: ik's CPU buffer type allocates ``size + TENSOR_ALIGNMENT`` (``ggml_backend_cpu_buffer_type_alloc_buffer``).
-IK_CPU_BUFFER_EXTRA = 32
 IK_COMPUTE_NOTE = ("estimate for ik_llama.cpp: mainline's graph simulated; ik builds its own (fused MoE "
                    "and up/gate ops, its MLA paths), measured on CPU it needs less; ")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
-from offload_planner.core.compute_incremental import record_at_first_sight
+from offload_planner.core.compute import record_at_first_sight
 from offload_planner.core.plan import Plan
 from offload_planner.ui.analysis import Analysis, analyse
 

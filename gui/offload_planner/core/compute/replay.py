@@ -1,6 +1,6 @@
 """Incremental reserve: re-simulate only the part of a graph that a placement change touches.
 
-:func:`offload_planner.core.compute.reserve` builds, schedules and allocates the whole graph (a
+:func:`offload_planner.core.compute.reserve.reserve` builds, schedules and allocates the whole graph (a
 DeepSeek-V3 reserve is ~6000 nodes: ~60 ms).  A planner edit (moving one layer's experts) changes
 the devices of a few tensors; everything before the change is the same computation, and after it
 the computation is the same again as soon as its state is.  So a *reference* run is recorded once
@@ -43,27 +43,20 @@ from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
 
-from offload_planner.core.compute import (
-    _LAYER,
+from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, peak_label
+from offload_planner.core.compute.ggml import (
     INPLACE_OPS,
+    LAYER_SUFFIX,
     OUTPUT,
     VIEW_OPS,
-    Backend,
-    Builder,
-    DynAllocator,
-    GraphAllocator,
-    Reserve,
-    Scheduler,
-    Shape,
-    Split,
     T,
-    WeightWhere,
     nbytes,
-    peak_label,
-    reserve,
     same_layout,
     view_tensor,
 )
+from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.reserve import Reserve, reserve
+from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.placement import Placed
 
 CPU = "CPU"
@@ -201,7 +194,7 @@ class _Ref:
             elif t.dev is not None:
                 raise _Refuse(f"unknown device-carrying tensor {t.name}")
         self.layer_dev_of = [e for e in self.dev_of if e[1] != 0]
-        # the weight leafs each placement item gives its device to (as _weight_where names them)
+        # the weight leafs each placement item gives its device to (as weight_where names them)
         item_of: dict[str, int] = {}
         for i, it in enumerate(self.items):
             if it.device is not None:
@@ -881,7 +874,7 @@ def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[
         else:
             n, b = wnodes[q - wa], wids[q - wa]
         cur[0] = n
-        if (m := _LAYER.search(n.name)) is not None:
+        if (m := LAYER_SUFFIX.search(n.name)) is not None:
             where[0] = f" (layer {m.group(1)})"
         ss = srcs(n)
         for s in ss:

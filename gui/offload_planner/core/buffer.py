@@ -1,0 +1,20 @@
+"""One buffer llama.cpp allocates on a device (its name as llama.cpp logs it), with how it was
+computed: what the memory model, the compute simulation and the window's bars all speak."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Buffer:
+    device: str
+    name: str  # as llama.cpp logs it: CUDA0, CPU_Mapped, CUDA_Host, RPC0, ...
+    kind: str  # model | kv | compute | output
+    bytes: int
+    why: str
+    resident: int | None = None  # mmap buffers: bytes actually read (the rest of the span is gaps)
+
+
+#: ik's CPU buffer type allocates ``size + TENSOR_ALIGNMENT`` (``ggml_backend_cpu_buffer_type_alloc_buffer``).
+IK_CPU_BUFFER_EXTRA = 32

@@ -1,0 +1,195 @@
+"""The graph of each supported architecture (``src/models/*.cpp``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from offload_planner.core.compute.ggml import (
+    OUTPUT,
+    T,
+    concat,
+    dup_op,
+    mul_mat,
+    permute,
+    reshape,
+    row_size,
+    view,
+)
+from offload_planner.core.compute.graph import Builder
+
+# --- architectures (src/models/*.cpp) -------------------------------------------------------------
+
+
+def _llama_like(b: Builder, *, qk_norm: bool) -> None:
+    """llama, qwen2, qwen3, qwen3moe: pre-norm attention (+q/k norms), dense FFN or MoE without
+    shared experts."""
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_inp_attn()
+    b.build_out_ids()
+    head = sh.head_v
+    for il in range(sh.n_layer):
+        inp_sa = inp
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
+        q, k, v = b.qkv(il, cur, head)
+        factors = b.rope_factors(il)
+        if qk_norm:
+            q = b.rope(b.norm(q, b.lw(il, "attn_q_norm.weight"), il))
+            k = b.rope(b.norm(k, b.lw(il, "attn_k_norm.weight"), il))
+        else:
+            q, k = b.rope(q, factors), b.rope(k, factors)
+        cur = b.attn(il, b.lw(il, "attn_output.weight"), b.lw(il, "attn_output.bias"), q, k, v)
+        if il == sh.n_layer - 1:
+            cur, inp_sa = b.out_rows(cur, inp_sa)
+        ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
+        cur = b.norm(ffn_inp, b.lw(il, "ffn_norm.weight"), il)
+        if b.lw(il, "ffn_gate_inp.weight") is None:
+            cur = b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
+                        b.req(f"blk.{il}.ffn_down.weight"))
+        else:
+            cur = b.moe(cur, il)
+        inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
+    b.head(inp)
+
+
+def _glm4moe(b: Builder) -> None:
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_inp_attn()
+    b.build_out_ids()
+    for il in range(sh.n_layer):
+        inp_sa = inp
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
+        q, k, v = b.qkv(il, cur, sh.head_v)
+        if (qn := b.lw(il, "attn_q_norm.weight")) is not None:
+            q = b.norm(q, qn, il)
+        if (kn := b.lw(il, "attn_k_norm.weight")) is not None:
+            k = b.norm(k, kn, il)
+        q, k = b.rope(q), b.rope(k)
+        cur = b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v)
+        if il == sh.n_layer - 1:
+            cur, inp_sa = b.out_rows(cur, inp_sa)
+        ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
+        cur = b.norm(ffn_inp, b.lw(il, "post_attention_norm.weight"), il)
+        cur = _dense_lead_or_shared_moe(b, il, cur)
+        inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
+    b.head(inp)
+
+
+def _dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:
+    """The FFN of DeepSeek-V3 / GLM-4.x layers: dense for the leading layers, else the routed
+    experts (with the expert-bias router) plus the shared expert."""
+    if il < b.sh.n_dense_lead:
+        return b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
+                     b.req(f"blk.{il}.ffn_down.weight"))
+    routed = b.moe(cur, il, probs_b=b.lw(il, "exp_probs_b.bias"))
+    shared = b.ffn(cur, b.req(f"blk.{il}.ffn_up_shexp.weight"), b.lw(il, "ffn_gate_shexp.weight"),
+                   b.req(f"blk.{il}.ffn_down_shexp.weight"))
+    return dup_op(routed, "ADD", routed, shared)
+
+
+def _deepseek2(b: Builder) -> None:
+    sh = b.sh
+    n_tok = b.n_tokens
+    hk, rope_d = sh.head_k_mla, sh.n_rot
+    nope, kvr = hk - rope_d, sh.kv_lora_rank
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_inp_attn(k_only=True)
+    b.build_out_ids()
+    for il in range(sh.n_layer):
+        nh = sh.n_head[il]
+        inp_sa = inp
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
+        if (wq := b.lw(il, "attn_q.weight")) is not None:
+            q = mul_mat(wq, cur)
+        else:
+            q = mul_mat(b.req(f"blk.{il}.attn_q_a.weight"), cur)
+            q = b.norm(q, b.lw(il, "attn_q_a_norm.weight"), il)
+            q = mul_mat(b.req(f"blk.{il}.attn_q_b.weight"), q)
+        q = reshape(q, hk, nh, n_tok)
+        kv_pe = mul_mat(b.req(f"blk.{il}.attn_kv_a_mqa.weight"), cur)
+        rs = row_size(kv_pe.type, kvr + rope_d)
+        kv_cmpr = view(kv_pe, [kvr, n_tok], [rs], 0)
+        k_pe = b.rope(view(kv_pe, [rope_d, 1, n_tok], [rs, rs], row_size(kv_pe.type, kvr)))
+        kv_cmpr = b.norm(kv_cmpr, b.lw(il, "attn_kv_a_norm.weight"), il)
+        q_nope = view(q, [nope, nh, n_tok], [q.nb[1], q.nb[2]], 0)
+        q_pe = b.rope(view(q, [rope_d, nh, n_tok], [q.nb[1], q.nb[2]], row_size(q.type, nope)))
+        q_abs = mul_mat(b.req(f"blk.{il}.attn_k_b.weight"), permute(q_nope, 0, 2, 1, 3))
+        qcur = concat(permute(q_abs, 0, 2, 1, 3), q_pe, 0)
+        kv_cmpr = reshape(kv_cmpr, kvr, 1, n_tok)
+        kcur = concat(kv_cmpr, k_pe, 0)
+        cur = b.attn_k(il, b.req(f"blk.{il}.attn_output.weight"), qcur, kcur, kv_cmpr,
+                       b.req(f"blk.{il}.attn_v_b.weight"))
+        if il == sh.n_layer - 1:
+            cur, inp_sa = b.out_rows(cur, inp_sa)
+        ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
+        cur = b.norm(ffn_inp, b.lw(il, "ffn_norm.weight"), il)
+        cur = _dense_lead_or_shared_moe(b, il, cur)
+        inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
+    b.head(inp)
+
+
+def _gpt_oss(b: Builder) -> None:
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_inp_attn()
+    b.build_out_ids()
+    for il in range(sh.n_layer):
+        inp_sa = inp
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
+        q, k, v = b.qkv(il, cur, sh.n_rot)
+        q, k = b.rope(q), b.rope(k)
+        cur = b.attn(il, b.lw(il, "attn_output.weight"), b.lw(il, "attn_output.bias"), q, k, v,
+                     sinks=b.lw(il, "attn_sinks.weight"), iswa=True)
+        ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
+        cur = b.norm(ffn_inp, b.lw(il, "post_attention_norm.weight"), il)
+        cur = b.moe(cur, il)
+        inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
+    inp.flags |= OUTPUT  # t_h_nextn
+    (inp,) = b.out_rows(inp)
+    b.head(inp)
+
+
+def _gemma3(b: Builder) -> None:
+    sh = b.sh
+    inp = b.inp_embd(tok_scale=math.sqrt(sh.n_embd))
+    b.build_inp_pos()
+    b.build_inp_attn()
+    b.build_out_ids()
+    iswa = any(sh.swa)
+    for il in range(sh.n_layer):
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
+        q, k, v = b.qkv(il, cur, sh.head_k)
+        q = b.rope(b.norm(q, b.lw(il, "attn_q_norm.weight"), il))
+        k = b.rope(b.norm(k, b.lw(il, "attn_k_norm.weight"), il))
+        q = dup_op(q, "SCALE")
+        cur = b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v, iswa=iswa)
+        if il == sh.n_layer - 1:
+            cur, inp = b.out_rows(cur, inp)
+        cur = b.norm(cur, b.lw(il, "post_attention_norm.weight"), il)
+        sa_out = dup_op(cur, "ADD", cur, inp)
+        cur = b.norm(sa_out, b.lw(il, "ffn_norm.weight"), il)
+        cur = b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
+                    b.req(f"blk.{il}.ffn_down.weight"))
+        cur = b.norm(cur, b.lw(il, "post_ffw_norm.weight"), -1)
+        inp = b.cb(dup_op(cur, "ADD", cur, sa_out), "l_out", il)
+    b.head(inp)
+
+
+ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
+    "llama": lambda b: _llama_like(b, qk_norm=False),
+    "qwen2": lambda b: _llama_like(b, qk_norm=False),
+    "qwen3": lambda b: _llama_like(b, qk_norm=True),
+    "qwen3moe": lambda b: _llama_like(b, qk_norm=True),
+    "glm4moe": _glm4moe,
+    "deepseek2": _deepseek2,
+    "gpt-oss": _gpt_oss,
+    "gemma3": _gemma3,
+}
+
+

@@ -1,0 +1,132 @@
+"""The planner's entry point: compute buffers per backend, explained, remembered for the last few
+placements."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Generic, TypeVar, cast
+
+from offload_planner.core.buffer import Buffer
+from offload_planner.core.compute.ggml import CPU
+from offload_planner.core.compute.graph import Shape
+from offload_planner.core.compute.simulate import (
+    Simulation,
+    backends_for,
+    full_offload,
+    graph_builder,
+    reserve_shapes,
+    simulate,
+    term_estimate,
+)
+
+if TYPE_CHECKING:
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.memory import ContextParams, ResolvedContext
+    from offload_planner.core.model import Model
+    from offload_planner.core.placement import Placement
+
+
+MiB = 1024 * 1024
+
+
+# --- the planner's entry point ----------------------------------------------------------------------------
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:.2f} MiB"
+
+
+def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
+    be, pp = sim.backends[i], sim.reserves[0]
+    which = max(range(len(sim.reserves)), key=lambda k: sim.reserves[k].sizes[i])
+    r = sim.reserves[which]
+    parts = [f"peak of the {r.n_tokens}-token graph at {r.peaks[i] or 'its inputs'}"]
+    if pp.copies_bytes[i]:
+        parts.append(f"{_mib(pp.copies_bytes[i])} of inputs copied from other backends"
+                     + (f" (x{sim.n_copies}, pipeline parallelism)" if sim.n_copies > 1 else ""))
+    if pp.weight_copies_bytes[i]:
+        parts.append(f"op offload: {_mib(pp.weight_copies_bytes[i])} of host weights pass through it, "
+                     "one split at a time")
+    mask = sh.n_kv * sh.n_tokens * (2 if sh.flash_attn else 4)
+    parts.append(f"KQ mask {_mib(mask)} {'f16' if sh.flash_attn else 'f32'}"
+                 + (" + SWA mask" if any(sh.swa) else ""))
+    if not sh.flash_attn:
+        parts.append("no flash attention: KQ scores n_kv x n_tokens x n_head x 4 B per layer")
+    if be.name == CPU:
+        parts.append("host side: graph inputs, token-embedding rows, ops on CPU weights")
+    if be.name == output_device:
+        parts.append(f"logits {sh.n_outputs} x {sh.n_vocab} x 4 B ({_mib(4 * sh.n_outputs * sh.n_vocab)})")
+    return "; ".join(parts)
+
+
+SIMULATION_LOCK = threading.RLock()
+B = TypeVar("B", bound="list[Buffer] | None")
+
+
+class BufferMemo(Generic[B]):
+    """The buffers of the last ``size`` simulations by everything they read (an editor's undo/redo
+    or A/B toggling revisits them); handed out as copies. Simulations run one at a time: the memo
+    and the incremental replay's references are shared by the window's GUI thread and its worker."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._d: OrderedDict[tuple[object, ...], B] = OrderedDict()
+
+    @staticmethod
+    def _copy(v: B) -> B:
+        return cast(B, None if v is None else [replace(b) for b in v])
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def get(self, key: tuple[object, ...], simulate: Callable[[], B]) -> B:
+        with SIMULATION_LOCK:
+            if key in self._d:
+                self._d.move_to_end(key)
+                return self._copy(self._d[key])
+            out = simulate()
+            self._d[key] = self._copy(out)
+            if len(self._d) > self.size:
+                self._d.popitem(last=False)
+            return out
+
+
+MEMO: BufferMemo[list[Buffer]] = BufferMemo()
+
+
+def placement_key(placement: Placement) -> tuple[object, ...]:
+    """What a compute simulation reads of a placement."""
+    return (tuple(placement.unit_devices), placement.has_overrides, tuple(placement.model_devices),
+            tuple((p.name, p.device, p.buft) for p in placement.items))
+
+
+def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                    params: ContextParams) -> list[Buffer]:
+    """One compute buffer per backend that llama.cpp reserves (> 1 byte), CPU side last, named by the
+    buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``).
+
+    Remembered for the last few placements (:class:`BufferMemo`)."""
+    key = (model, graph_builder(model), devices, ctx, params, *placement_key(placement))
+    return MEMO.get(key, lambda: simulate_buffers(model, devices, placement, ctx, params))
+
+
+def simulate_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                     params: ContextParams) -> list[Buffer]:
+    reason = f"no graph model for {model.arch}"
+    try:
+        sim = simulate(model, devices, placement, ctx, params, incremental=True)
+    except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError) as e:
+        # a file whose tensors do not fit the architecture's graph: estimate rather than fail
+        sim, reason = None, f"{model.arch} graph not built: {type(e).__name__} {e}"
+    if sim is None:
+        est = term_estimate(model, devices, placement, ctx, params)
+        return [Buffer(be.name, be.buft, "compute", est[be.name],
+                       f"estimate ({reason}): KQ mask, largest layer's activations, logits")
+                for be in backends_for(devices, placement) if est.get(be.name, 0) > 1]
+    sh = reserve_shapes(model, ctx, params, full_offload(placement))[0]
+    out_dev = placement.output_device
+    return [Buffer(be.name, be.buft, "compute", size, explain(sim, i, sh, out_dev))
+            for i, (be, size) in enumerate(zip(sim.backends, sim.sizes, strict=True)) if size > 1]

@@ -1,0 +1,47 @@
+"""One reserved graph: built, scheduled and allocated from scratch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from offload_planner.core.compute.allocator import GraphAllocator
+from offload_planner.core.compute.ggml import T, nbytes
+from offload_planner.core.compute.graph import Builder, Shape
+from offload_planner.core.compute.scheduler import Backend, Scheduler
+
+# --- reserve ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """One reserved graph: bytes per backend and what was going on at each backend's peak."""
+
+    n_tokens: int
+    sizes: list[int]
+    peaks: list[str]  # per backend: the op (and layer) whose allocation set the maximum
+    copies_bytes: list[int]  # bytes of split-input copies per backend (all copies)
+    weight_copies_bytes: list[int]  # of which copies of host weights (op offload)
+    n_nodes: int
+    n_splits: int
+
+
+def reserve(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend], n_copies: int,
+            weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
+            kv_dev: Callable[[int], str], *, no_alloc: bool = False, op_offload: bool = True) -> Reserve:
+    b = Builder(sh, weights, layer_dev, kv_dev)
+    arch_fn(b)
+    sched = Scheduler(backends, n_copies, op_offload)
+    sched.split_graph(b.g, keep_forced=not no_alloc)
+    galloc = GraphAllocator(backends)
+    sizes = galloc.run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
+    copies = [0] * len(backends)
+    weight_copies = [0] * len(backends)
+    for sp in sched.splits:
+        for inp in sp.inputs:
+            copies[sp.backend] += nbytes(inp) * n_copies
+            if inp.weights:
+                weight_copies[sp.backend] += nbytes(inp) * n_copies
+    return Reserve(sh.n_tokens, sizes, galloc.peaks, copies, weight_copies, len(b.g.nodes), len(sched.splits))
+
+

@@ -1,0 +1,232 @@
+"""The backend scheduler (``ggml_backend_sched_split_graph``): backend assignment, splits, copies
+of split inputs, op offload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from offload_planner.core.compute.ggml import INPUT, OUTPUT, VIEW_OPS, Graph, T, view_tensor
+from offload_planner.core.devices import DeviceKind
+
+#: Minimum batch at which a backend takes an op whose weight is in host memory (``offload_op``,
+#: ``GGML_OP_OFFLOAD_MIN_BATCH`` default 32); absent: the backend never offloads (RPC has no
+#: ``offload_op``).  Batch is ``get_op_batch_size``: rows of the output, n_tokens for MUL_MAT_ID/ROPE.
+OP_OFFLOAD_MIN_BATCH: dict[DeviceKind, int] = {
+    DeviceKind.CUDA: 32, DeviceKind.ROCM: 32, DeviceKind.SYCL: 32, DeviceKind.VULKAN: 32,
+    DeviceKind.METAL: 32,
+}
+#: Backends that offload only some ops (Metal: matrix multiplications).
+OP_OFFLOAD_ONLY: dict[DeviceKind, frozenset[str]] = {
+    DeviceKind.METAL: frozenset({"MUL_MAT", "MUL_MAT_ID"}),
+}
+#: Devices whose graph allocator pads quantized rows to 512 elements (MATRIX_ROW_PADDING) and
+#: whose flash attention allocates f16 copies of quantized K/V.
+CUDA_LIKE = frozenset({DeviceKind.CUDA, DeviceKind.ROCM})
+#: Devices that support async compute and events (needed for pipeline parallelism).
+ASYNC_EVENTS = frozenset({DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.RPC, DeviceKind.SYCL,
+                          DeviceKind.VULKAN, DeviceKind.METAL})
+N_COPIES_PIPELINE = 4  # GGML_SCHED_MAX_COPIES
+
+
+# --- the scheduler (ggml_backend_sched_split_graph) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # device name (CPU last)
+    buft: str  # buffer type name as logged (CPU backend: the first GPU's host buffer, or CPU)
+    alignment: int
+    cuda_like: bool = False
+    offload_min_batch: int | None = None
+    offload_only: frozenset[str] | None = None
+
+    def offloads(self, op: T) -> bool:
+        """``ggml_backend_offload_op``: take an op whose weight sits in host memory."""
+        if self.offload_min_batch is None:
+            return False
+        if self.offload_only is not None and op.op not in self.offload_only:
+            return False
+        return _batch_size(op) >= self.offload_min_batch
+
+
+@dataclass
+class Split:
+    backend: int
+    i_start: int
+    i_end: int = 0
+    inputs: list[T] = field(default_factory=list)
+
+
+def _batch_size(t: T) -> int:
+    """``get_op_batch_size`` of the CUDA backend."""
+    if t.op == "GET_ROWS":
+        return 0
+    if t.op == "MUL_MAT":
+        return t.ne[1]
+    if t.op in ("MUL_MAT_ID", "ROPE"):
+        return t.ne[2]
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+class Scheduler:
+    def __init__(self, backends: list[Backend], n_copies: int, op_offload: bool = True) -> None:
+        self.backends = backends
+        self.ids = {b.name: i for i, b in enumerate(backends)}
+        self.cpu = len(backends) - 1
+        self.n_copies = n_copies
+        self.op_offload = op_offload
+        self.splits: list[Split] = []
+        self.copies: dict[tuple[int, int], list[T]] = {}  # (id(tensor), backend) -> copies
+        self.nodes: list[T] = []
+        self.node_ids: list[int] = []
+        self.leafs: list[T] = []
+        self.leaf_ids: list[int] = []
+
+    # buffer helpers
+
+    def _from_buffer(self, t: T) -> int:
+        loc = t.location
+        return -1 if loc is None else self.ids.get(loc, self.cpu)
+
+    def _supported(self, t: T, b: int) -> bool:
+        """``ggml_backend_sched_buffer_supported``: the tensor's data is in backend b's memory."""
+        loc = t.location
+        if loc is not None:
+            return self.ids.get(loc, self.cpu) == b
+        bid = t.bid if t.bid != -1 or t.view_src is None else t.view_src.bid
+        return bid == b
+
+    def _from_cur(self, t: T) -> int:
+        bid = self._from_buffer(t)
+        if bid != -1:
+            return bid
+        if t.flags & INPUT:
+            return self.cpu
+        if t.op in ("ROPE", "FLASH_ATTN_EXT"):
+            return -1
+        for s in t.src:
+            if s is not None and s.weights:
+                sb = self._from_buffer(s)
+                if self.op_offload and sb == self.cpu:
+                    for b in range(self.cpu):
+                        if self.backends[b].offloads(t):
+                            return b
+                return sb
+        return -1
+
+    # passes
+
+    def split_graph(self, g: Graph, *, keep_forced: bool = True) -> None:
+        """``keep_forced=False``: ``ggml_backend_sched_reserve_size`` (the no-alloc dry run of
+        llama-fit-params and --fit) resets the scheduler first, dropping set_tensor_backend calls."""
+        forced = g.forced if keep_forced else {}
+        for t in g.leafs + g.nodes:
+            t.bid = self.ids[forced[id(t)]] if id(t) in forced else -1
+        for t in g.leafs + g.nodes:
+            if t.bid == -1:
+                t.bid = self._from_cur(t)
+        self._expand(g.nodes)
+        self._pass3(g.nodes)
+        self._pass4(g.nodes)
+        self._pass5(g.nodes)
+        self._build_copy(g)
+
+    def _expand(self, nodes: list[T]) -> None:
+        real = [n for n in nodes if n.op not in VIEW_OPS]
+        for order, skip_cpu in ((real, True), (real[::-1], True), (real, False), (real[::-1], False)):
+            cur = -1
+            for n in order:
+                if n.bid != -1:
+                    cur = -1 if (skip_cpu and n.bid == self.cpu) else n.bid
+                elif cur != -1:
+                    n.bid = cur
+
+    def _pass3(self, nodes: list[T]) -> None:
+        for n in nodes:
+            if n.op in VIEW_OPS or n.bid != -1:
+                continue
+            best = -1
+            for b in range(len(self.backends)):
+                cnt = sum(1 for s in n.src if s is not None
+                          and (s.bid != -1 or (s.view_src is not None and s.view_src.bid != -1))
+                          and self._supported(s, b))
+                if cnt > best:
+                    best, n.bid = cnt, b
+
+    def _pass4(self, nodes: list[T]) -> None:
+        for n in nodes:
+            if n.view_src is not None and n.bid == -1:
+                n.bid = n.view_src.bid
+            for s in n.src:
+                if s is not None and s.bid == -1:
+                    s.bid = s.view_src.bid if s.view_src is not None else n.bid
+            if n.bid == -1:
+                n.bid = 0
+
+    def _pass5(self, nodes: list[T]) -> None:
+        first = next((k for k, n in enumerate(nodes) if n.op not in VIEW_OPS), len(nodes))
+        split = Split(nodes[first].bid if first < len(nodes) else self.cpu, 0)
+        self.splits = [split]
+        cur = split.backend
+        for i in range(first, len(nodes)):
+            n = nodes[i]
+            if n.op in VIEW_OPS:
+                continue
+            need_new = n.bid == cur and bool(split.inputs) and any(
+                s is not None and s.weights and s.bid != cur and not self._supported(s, cur) for s in n.src)
+            if n.bid != cur or need_new:
+                split.i_end = i
+                split = Split(n.bid, i)
+                self.splits.append(split)
+                cur = n.bid
+            for j, s in enumerate(n.src):
+                if s is None or s.bid == cur or self._supported(s, cur):
+                    continue
+                key = (id(s), cur)
+                if key not in self.copies:
+                    self.copies[key] = [self._copy(s, c) for c in range(self.n_copies)]
+                    split.inputs.append(s)
+                n.src[j] = self.copies[key][0]
+        split.i_end = len(nodes)
+
+    def _copy(self, s: T, c: int) -> T:
+        t = T(s.type, s.ne, name=f"{s.name}#{c}")
+        t.nb = list(s.nb)
+        if self.n_copies > 1:
+            t.flags |= INPUT | OUTPUT
+        return t
+
+    def _build_copy(self, g: Graph) -> None:
+        graph_inputs: list[T] = []
+        if self.n_copies > 1:
+            for leaf in g.leafs:
+                if leaf.flags & INPUT:
+                    leaf.flags |= OUTPUT
+                    copies = [leaf] + [self._copy(leaf, c) for c in range(1, self.n_copies)]
+                    self.copies[(id(leaf), leaf.bid)] = copies
+                    graph_inputs.append(leaf)
+        for sp in self.splits:
+            for inp in sp.inputs:
+                dep = view_tensor(inp, "NONE", inp)
+                self.nodes.append(dep)
+                self.node_ids.append(inp.bid)
+                self.nodes.append(self.copies[(id(inp), sp.backend)][0])
+                self.node_ids.append(sp.backend)
+            for n in g.nodes[sp.i_start:sp.i_end]:
+                self.nodes.append(n)
+                self.node_ids.append(n.bid)
+        if self.n_copies > 1:
+            for inp in graph_inputs:
+                for c in self.copies[(id(inp), inp.bid)]:
+                    self.leafs.append(c)
+                    self.leaf_ids.append(inp.bid)
+            for sp in self.splits:
+                for inp in sp.inputs:
+                    for c in self.copies[(id(inp), sp.backend)]:
+                        self.leafs.append(c)
+                        self.leaf_ids.append(sp.backend)
+        for leaf in g.leafs:
+            self.leafs.append(leaf)
+            self.leaf_ids.append(leaf.bid)
+
+

@@ -1,0 +1,242 @@
+"""From the planner's model and placement to the reserves llama.cpp makes (``sched_reserve``),
+from scratch or replayed (:mod:`offload_planner.core.compute.replay`); the estimate for
+architectures without a graph here."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from offload_planner.core.compute.archs import ARCH_GRAPHS
+from offload_planner.core.compute.ggml import CPU, T
+from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
+from offload_planner.core.compute.replay import incremental_reserve
+from offload_planner.core.compute.reserve import Reserve, reserve
+from offload_planner.core.compute.scheduler import (
+    ASYNC_EVENTS,
+    CUDA_LIKE,
+    N_COPIES_PIPELINE,
+    OP_OFFLOAD_MIN_BATCH,
+    OP_OFFLOAD_ONLY,
+    Backend,
+)
+
+if TYPE_CHECKING:
+    from offload_planner.core.devices import Device, DeviceSet
+    from offload_planner.core.memory import ContextParams, ResolvedContext
+    from offload_planner.core.model import Model
+    from offload_planner.core.placement import Placement
+
+
+# --- from the planner's model to the simulation ------------------------------------------------------
+
+
+def model_gpus(devices: DeviceSet, placement: Placement) -> list[Device]:
+    """llama.cpp's device list for the model: every GPU, or only the main GPU with ``-sm none``.
+
+    ``Placement`` may name them (``model_devices``); otherwise all of ``devices.gpus`` are used."""
+    names = getattr(placement, "model_devices", None)
+    if names is None:
+        return list(devices.gpus)
+    return [g for g in devices.gpus if g.name in names]
+
+
+def backends_for(devices: DeviceSet, placement: Placement) -> list[Backend]:
+    gpus = model_gpus(devices, placement)
+    out = [Backend(g.name, g.name, g.alignment, g.kind in CUDA_LIKE, OP_OFFLOAD_MIN_BATCH.get(g.kind),
+                   OP_OFFLOAD_ONLY.get(g.kind)) for g in gpus]
+    # the CPU backend allocates from the host buffer type of the model's first device
+    host = gpus[0].host_buffer_name if gpus else None
+    out.append(Backend(CPU, host or CPU, devices.cpu.alignment))
+    return out
+
+
+
+
+def weight_where(placement: Placement) -> WeightWhere:
+    """Shape, type and device of every loaded weight by the name the graph asks for."""
+    where: WeightWhere = {}
+    for p in placement.items:
+        if p.device is None:
+            continue
+        key = "output.weight" if p.copy else p.tensor.name
+        where[key] = (p.tensor.shape, p.tensor.type, p.device)
+    if "output.weight" not in where and "token_embd.weight" in where:
+        where["output.weight"] = where["token_embd.weight"]
+    return where
+
+
+def weight_factory(model: Model, placement: Placement, where: WeightWhere | None = None
+                    ) -> Callable[[str], T | None]:
+    if where is None:
+        where = weight_where(placement)
+    cache: dict[str, T] = {}
+
+    def get(name: str) -> T | None:
+        if name not in cache:
+            if name not in where:
+                return None
+            shape, type_, dev = where[name]
+            t = T(type_, shape, name=name)
+            t.dev, t.weights = dev, True
+            cache[name] = t
+        return cache[name]
+
+    return get
+
+
+def full_offload(placement: Placement) -> bool:
+    return all(d != CPU for d in placement.unit_devices)
+
+
+def has_overrides_of(placement: Placement) -> bool:
+    return bool(getattr(placement, "has_overrides", False) or placement.override_hits)
+
+
+def pipeline_parallel(devices: DeviceSet, placement: Placement, p: ContextParams) -> bool:
+    """Pipeline parallelism (4 copies of inputs): several devices, every layer and the output on
+    them, layer split, KV offloaded, no tensor overrides, all devices async with events."""
+    gpus = model_gpus(devices, placement)
+    return (len(gpus) > 1 and full_offload(placement) and p.offload_kqv
+            and not has_overrides_of(placement) and all(g.kind in ASYNC_EVENTS for g in gpus))
+
+
+def reserve_shapes(model: Model, ctx: ResolvedContext, p: ContextParams, full: bool) -> list[Shape]:
+    """The prompt graph (``min(n_ctx, n_ubatch)`` tokens, a multiple of n_seq_max) and the
+    one-token-per-sequence graph that ``sched_reserve`` reserves."""
+    n_seqs = p.n_seq_max
+    n_tokens = min(ctx.n_ctx, ctx.n_ubatch)
+    n_tokens = -(-n_tokens // n_seqs) * n_seqs
+    n_out_max = p.n_outputs_max or ctx.n_batch
+    pp = make_shape(model, ctx, p, n_tokens, n_seqs, min(n_tokens, n_out_max), full)
+    tg = make_shape(model, ctx, p, n_seqs, n_seqs, n_seqs, full)
+    return [pp, tg]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    backends: list[Backend]
+    sizes: list[int]  # bytes per backend: what llama.cpp allocates
+    reserves: list[Reserve]  # pp first
+    n_copies: int
+
+
+def graph_builder(model: Model) -> Callable[[Builder], None] | None:
+    """The graph of the model's architecture, if this module has it (legacy non-MLA DeepSeek files
+    build another attention graph and are left to the estimate)."""
+    if model.arch == "deepseek2" and not model.summary.is_mla:
+        return None
+    return ARCH_GRAPHS.get(model.arch)
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """The cycle collector off while a simulation runs: its tensors are acyclic (freed by reference
+    counting), and with the recorded references alive every full collection would walk their
+    hundreds of thousands of objects, at random points of a replay."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+    """Per-backend compute bytes, or None for an architecture without a graph here (see
+    :func:`_simulate`)."""
+    with _no_cyclic_gc():
+        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
+
+
+def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+    """Per-backend compute bytes, or None for an architecture without a graph here.
+
+    The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)
+    reserves.  ``no_alloc`` gives what ``llama-fit-params`` / ``--fit`` estimate instead: the first pp
+    reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
+    ``incremental``: replay the reserves against a recorded run of the same graph
+    (:mod:`offload_planner.core.compute.replay`; the same result, in a fraction of the time)."""
+    arch_fn = graph_builder(model)
+    if arch_fn is None:
+        return None
+    backends = backends_for(devices, placement)
+    n_copies = N_COPIES_PIPELINE if pipeline_parallel(devices, placement, p) else 1
+    op_offload = bool(getattr(p, "op_offload", True))
+
+    def kv_dev(il: int) -> str:
+        return placement.layer_device(il) if p.offload_kqv else CPU
+
+    shapes = reserve_shapes(model, ctx, p, full_offload(placement))
+    if incremental and n_copies == 1:
+        where_memo: list[WeightWhere] = []
+
+        def where() -> WeightWhere:  # only when a reference is recorded or the items do not line up
+            if not where_memo:
+                where_memo.append(weight_where(placement))
+            return where_memo[0]
+
+        def weights() -> Callable[[str], T | None]:
+            return weight_factory(model, placement, where())
+
+        units = list(placement.unit_devices)
+        reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload, no_alloc), sh,
+                                        arch_fn, backends, op_offload, placement.items, where, weights,
+                                        placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc)
+                    for sh in (shapes[:1] if no_alloc else shapes)]
+    else:
+        reserves = [reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
+                            placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
+                    for sh in (shapes[:1] if no_alloc else shapes)]
+    sizes = [max(r.sizes[i] for r in reserves) for i in range(len(backends))]
+    return Simulation(backends, sizes, reserves, n_copies)
+
+
+# --- the fallback formula -------------------------------------------------------------------------------
+
+
+def term_estimate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                  p: ContextParams) -> dict[str, int]:
+    """Per-device bytes for architectures without a graph here, from the terms the simulation shows
+    matter: KQ mask(s) wherever attention runs (f16 with flash attention, f32 plus the KQ scores
+    without), the largest layer's activations, the activation copied in at a device boundary, the
+    logits on the output device, and on the host the inputs (mask, token rows, the unused embedding
+    and mixed-batch rows); with pipeline parallelism the inputs and copies are held 4 times."""
+    s = model.summary
+    n_tok = min(ctx.n_ctx, ctx.n_ubatch)
+    n_out = min(n_tok, p.n_outputs_max or ctx.n_batch)
+    n_head = max(per_layer(s.n_head, s.n_layer) or (1,))
+    per = 2 if p.flash_attn else 4
+    masks = ctx.n_ctx_seq * n_tok * per + (ctx.swa_cells * n_tok * per if s.has_swa else 0)
+    kq = 0 if p.flash_attn else 4 * ctx.n_ctx_seq * n_tok * n_head
+    ff = max(per_layer(s.n_ff, s.n_layer) or (0,))
+    rows = 4 * s.n_embd * n_tok
+    head_v = s.kv_lora_rank if s.is_mla else s.head_dim_v  # MLA attends in the compressed space
+    attn = 4 * n_tok * n_head * (s.head_dim_k + head_v)
+    ffn = 4 * n_tok * max(2 * ff, 3 * s.n_ff_exp * max(s.n_expert_used, 1), 3 * s.n_embd)
+    act = max(attn, ffn) + 2 * rows + kq
+    copies = N_COPIES_PIPELINE if pipeline_parallel(devices, placement, p) else 1
+    layer_devs = list(dict.fromkeys(placement.unit_devices[: s.n_layer_trunk]))
+    out: dict[str, int] = {}
+    for i, dev in enumerate(layer_devs):
+        if dev == CPU:
+            out[dev] = act
+            continue
+        # a GPU receives the activation at its first layer; the first one the token rows from the host
+        boundary = (3 if i == 0 else 1) * rows * copies
+        out[dev] = act + masks * copies + boundary
+    out_dev = placement.output_device
+    out[out_dev] = out.get(out_dev, 0) + 4 * n_out * (s.n_vocab + s.n_embd)
+    out[CPU] = out.get(CPU, 0) + (masks + 4 * rows) * copies
+    host_layer_weights = any(it.device == CPU and it.tensor.layer is not None for it in placement.items)
+    if CPU not in layer_devs and host_layer_weights:
+        out[CPU] += act  # layer weights overridden to the host (-ot ...=CPU): their ops run there
+    return out
+
+
