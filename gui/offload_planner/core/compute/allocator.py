@@ -27,7 +27,7 @@ class DynAllocator:
         self.blocks: list[list[int]] = [[0, 1 << 62]]  # [offset, size], sorted by offset
         self.max_size = 0
 
-    def _align(self, size: int) -> int:
+    def align(self, size: int) -> int:
         return -(-size // self.alignment) * self.alignment
 
     def alloc(self, size: int) -> int:
@@ -90,8 +90,8 @@ class GraphAllocator:
         self.allocs = [DynAllocator(b.alignment) for b in backends]
         self.own: set[int] = set()
         self.peaks = [""] * len(backends)
-        self._where = ""  # the node being processed, for the peaks
-        self._layer = ""  # " (layer N)" of the last node named for a layer
+        self.where = ""  # the node being processed, for the peaks
+        self.layer = ""  # " (layer N)" of the last node named for a layer
 
     def size(self, t: T, bid: int) -> int:
         size = nbytes(t)
@@ -128,7 +128,7 @@ class GraphAllocator:
                 pb, poff = p.alloc
                 psize, nsize = self.size(p, pb), self.size(t, bid)
                 al = self.allocs[pb]
-                psize, nsize = al._align(psize), al._align(nsize)
+                psize, nsize = al.align(psize), al.align(nsize)
                 self.on_inplace(t, p, pb, psize, nsize)
                 if psize > nsize:
                     al.free(poff + nsize, psize - nsize)
@@ -140,7 +140,7 @@ class GraphAllocator:
         t.alloc = (bid, al.alloc(size))
         self.own.add(id(t))
         if al.max_size > before:
-            self.peaks[bid] = self._where
+            self.peaks[bid] = self.where
 
     def free(self, t: T) -> None:
         if t.flags & OUTPUT or t.alloc is None:
@@ -187,8 +187,8 @@ class GraphAllocator:
         """One node of the allocation walk: its sources and itself allocated, then every parent
         whose last child or view this was freed."""
         if (m := LAYER_SUFFIX.search(n.name)) is not None:
-            self._layer = f" (layer {m.group(1)})"
-        self._where = peak_label(n, self._layer)
+            self.layer = f" (layer {m.group(1)})"
+        self.where = peak_label(n, self.layer)
         for s in n.src:
             if s is not None:
                 self.allocate(s, bid)

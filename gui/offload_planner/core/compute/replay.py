@@ -49,6 +49,7 @@ from offload_planner.core.compute.ggml import (
     LAYER_SUFFIX,
     OUTPUT,
     VIEW_OPS,
+    Graph,
     T,
     nbytes,
     same_layout,
@@ -78,7 +79,7 @@ class _RecDyn(DynAllocator):
 
     def alloc(self, size: int) -> int:
         off = super().alloc(size)
-        self.events.append((self.rec.pos, off + self._align(size), self.rec._where))
+        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))
         return off
 
 
@@ -105,7 +106,7 @@ class _RecAlloc(GraphAllocator):
 
     def on_alloc(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)
-        self.tail[bid].append((0, t, t, size, 0, self._where))
+        self.tail[bid].append((0, t, t, size, 0, self.where))
 
     def on_inplace(self, t: T, p: T, bid: int, psize: int, nsize: int) -> None:
         self.tail_pos[bid].append(self.pos)
@@ -134,7 +135,7 @@ class _RecAlloc(GraphAllocator):
                         dead.append(i)
                 self.cand.difference_update(dead)
                 cks[pos] = _Checkpoint([[list(b) for b in a.blocks] for a in self.allocs],
-                                       [a.max_size for a in self.allocs], list(self.peaks), self._layer,
+                                       [a.max_size for a in self.allocs], list(self.peaks), self.layer,
                                        live)
             self.pos = pos
             self.step(n, bid)
@@ -177,11 +178,21 @@ class _Ref:
         b = Builder(sh, weights, layer_dev, kv_dev)
         arch_fn(b)
         g = self.g = b.g
-        nodes, leafs = g.nodes, g.leafs
-        self.sched = sched = Scheduler(backends, 1, op_offload)
-        ids, cpu = sched.ids, sched.cpu
-        self.ids, self.cpu = ids, cpu
-        # devices: which tensors carry one, and where it comes from
+        self.sched = Scheduler(backends, 1, op_offload)
+        self.ids, self.cpu = self.sched.ids, self.sched.cpu
+        # the dry run (``keep_forced=False``) drops the forced backends, as split_graph does
+        forced = g.forced if keep_forced else {}
+        self._devices(g.leafs)
+        self._forced(g.nodes, forced, layer_dev)
+        self._passes_1_4(g, forced)
+        self._uses_in_graph(g.nodes)
+        self._pass5(g.nodes)
+        self.sched.build_copy(g)
+        self._positions()
+        self._record_allocator()
+
+    def _devices(self, leafs: list[T]) -> None:
+        """Which tensors carry a device, where it comes from, and which placement item gives it."""
         self.dev_of: list[tuple[T, int, object]] = []  # (tensor, kind, key): 0 weight, 1 kv, 2 layer
         names = {id(t): t for t in leafs}
         for t in names.values():
@@ -208,11 +219,12 @@ class _Ref:
                 if key not in item_of:
                     raise _Refuse("weight without a placement item")
                 self.leafs_of_item.setdefault(item_of[key], []).append(t)
+
+    def _forced(self, nodes: list[T], forced: dict[int, str], layer_dev: Callable[[int], str]) -> None:
+        """The nodes forced onto a backend: norms onto their layer's device, the rest the CPU's."""
         self.forced: list[tuple[T, int]] = []  # (node, layer) of forced norms; -1: always CPU
         by_id = {id(n): n for n in nodes}
         self.forced_dev: dict[T, str] = {}
-        # the dry run (``keep_forced=False``) drops the forced backends, as split_graph does
-        forced = g.forced if keep_forced else {}
         for i, dev in forced.items():
             n = by_id.get(i)
             if n is None:
@@ -225,23 +237,27 @@ class _Ref:
                 self.forced.append((n, il))
             elif dev != CPU:
                 raise _Refuse("forced device")
-        # scheduler passes 1-4
+
+    def _passes_1_4(self, g: Graph, forced: dict[int, str]) -> None:
+        """Scheduler passes 1-4, keeping pass 1's assignments; refused where pass 3 assigns or pass 4
+        does more than give views their source's backend."""
+        nodes, leafs, sched, ids = g.nodes, g.leafs, self.sched, self.ids
         for t in leafs + nodes:
             t.bid = ids[forced[id(t)]] if id(t) in forced else -1
         for t in leafs + nodes:
             if t.bid == -1:
-                t.bid = sched._from_cur(t)
+                t.bid = sched.backend_of(t)
         self.gidx = {n: i for i, n in enumerate(nodes)}
         self.p1 = [n.bid for n in nodes]
         if any(t.bid == -1 for t in leafs):
             raise _Refuse("unassigned leaf")
-        sched._expand(nodes)
+        sched.expand(nodes)
         p2 = [n.bid for n in nodes]
-        sched._pass3(nodes)
+        sched.pass3(nodes)
         if [n.bid for n in nodes] != p2:
             raise _Refuse("pass 3 assigns")
         self.orig_src = [tuple(n.src) for n in nodes]
-        sched._pass4(nodes)
+        sched.pass4(nodes)
         for i, n in enumerate(nodes):
             if n.op in VIEW_OPS:
                 assert n.view_src is not None
@@ -250,6 +266,9 @@ class _Ref:
                 want = p2[i]
             if n.bid != want:
                 raise _Refuse("pass 4 assigns")
+
+    def _uses_in_graph(self, nodes: list[T]) -> None:
+        """Real nodes, consumers and views of every tensor in the graph's node order."""
         self.real = [i for i, n in enumerate(nodes) if n.op not in VIEW_OPS]
         self.ridx = {gi: r for r, gi in enumerate(self.real)}
         self.consumers: dict[T, list[int]] = {}
@@ -265,9 +284,11 @@ class _Ref:
                         self.last_on[(s, n.bid)] = i
             if n.view_src is not None:
                 self.views.setdefault(n.view_src, []).append(i)
-        self._pass5(nodes)
-        sched._build_copy(g)
-        # sched positions
+
+    def _positions(self) -> None:
+        """Positions in the scheduler's graph (split starts with their copies, nodes), and the uses of
+        every tensor there."""
+        sched = self.sched
         self.ss: list[int] = []
         self.split_at = {sp.i_start: k for k, sp in enumerate(self.splits)}
         self.sp: dict[int, int] = {}
@@ -292,6 +313,11 @@ class _Ref:
         for n in self.sched_nodes:
             if n.view_src is not None and n.op != "NONE":
                 self.view_nodes.setdefault(n.view_src, []).append(n)
+
+    def _record_allocator(self) -> None:
+        """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
+        copies and the reserve."""
+        sched, backends = self.sched, self.backends
         galloc = _RecAlloc(backends)
         # checkpoints at every split start and every _CK_STRIDE positions: a replay starts at the last
         # one before its first difference and stops at the first one where the state is the same again
@@ -320,8 +346,8 @@ class _Ref:
                 self.copies[sp.backend] += nbytes(inp)
                 if inp.weights:
                     self.wcopies[sp.backend] += nbytes(inp)
-        self.reserve = Reserve(sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies, len(nodes),
-                               len(self.splits))
+        self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
+                               len(self.g.nodes), len(self.splits))
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""
@@ -345,7 +371,7 @@ class _Ref:
             self.cur_before[i], self.ne_before[i] = cur, bool(split.inputs)
             self.split_before[i] = len(splits) - 1
             need_new = n.bid == cur and bool(split.inputs) and any(
-                s is not None and s.weights and s.bid != cur and not sched._supported(s, cur) for s in n.src)
+                s is not None and s.weights and s.bid != cur and not sched.supports(s, cur) for s in n.src)
             if n.bid != cur or need_new:
                 split.i_end = i
                 split = Split(n.bid, i)
@@ -353,11 +379,11 @@ class _Ref:
                 self.input_pos.append([])
                 cur = n.bid
             for j, s in enumerate(n.src):
-                if s is None or s.bid == cur or sched._supported(s, cur):
+                if s is None or s.bid == cur or sched.supports(s, cur):
                     continue
                 key = (id(s), cur)
                 if key not in sched.copies:
-                    sched.copies[key] = [sched._copy(s, 0)]
+                    sched.copies[key] = [sched.input_copy(s, 0)]
                     self.created[(s, cur)] = i
                     self.copy_of[(s, cur)] = sched.copies[key][0]
                     split.inputs.append(s)
@@ -439,39 +465,56 @@ def _diff(ref: _Ref, where: WeightWhere, unit_devices: list[str],
 
 
 def replay(ref: _Ref, mv: _Move) -> Reserve:
+    """The reserve of the reference's graph with the devices of ``mv``, replayed (steps 2-4)."""
     if not mv.dev and not mv.forced:
         return ref.reserve
-    nodes = ref.g.nodes
-    sched, ids, cpu = ref.sched, ref.ids, ref.cpu
-    backends = ref.backends
-    newdev = mv.dev
+    return _Replay(ref, mv).run()
 
-    def loc(t: T) -> str | None:
+
+class _Replay:
+    """One replay: the backends that change (passes 1-4), the splits that change (pass 5), the sched
+    window they make, and the allocator over it."""
+
+    def __init__(self, ref: _Ref, mv: _Move) -> None:
+        self.ref, self.mv, self.newdev = ref, mv, mv.dev
+        self.nodes = ref.g.nodes
+        self.ids, self.cpu = ref.ids, ref.cpu
+        self.bid: dict[T, int] = {}  # new final backend where it differs from the reference
+        self.made: dict[tuple[T, int], T] = {}  # copies this run makes
+        self.newsrc: dict[T, list[T | None]] = {}  # sources of the nodes pass 5 walked
+        # pass 5: the reference's split it starts in (-1: from the first node), the reference's splits
+        # before it, the new ones, the node where the state is the reference's again, the reference's
+        # split there, the splits after it and the reference position the window ends at
+        self.kk, self.kept, self.new_splits, self.x = -1, list[Split](), list[Split](), 0
+        self.km, self.tail_splits, self.ref_end = 0, list[Split](), 0
+
+    # --- where a tensor is -----------------------------------------------------------------------
+
+    def loc(self, t: T) -> str | None:
         b = t.view_src if t.view_src is not None else t
-        return newdev.get(b, b.dev)
+        return self.newdev.get(b, b.dev)
 
-    def from_buffer(t: T) -> int:
-        lo = loc(t)
-        return -1 if lo is None else ids.get(lo, cpu)
+    def from_buffer(self, t: T) -> int:
+        lo = self.loc(t)
+        return -1 if lo is None else self.ids.get(lo, self.cpu)
 
-    bid: dict[T, int] = {}  # new final backend where it differs from the reference
+    def B(self, t: T) -> int:
+        return self.bid.get(t, t.bid)
 
-    def B(t: T) -> int:
-        return bid.get(t, t.bid)
-
-    def supported(t: T, b: int) -> bool:
-        lo = loc(t)
+    def supported(self, t: T, b: int) -> bool:
+        lo = self.loc(t)
         if lo is not None:
-            return ids.get(lo, cpu) == b
-        x = B(t) if B(t) != -1 or t.view_src is None else B(t.view_src)
+            return self.ids.get(lo, self.cpu) == b
+        x = self.B(t) if self.B(t) != -1 or t.view_src is None else self.B(t.view_src)
         return x == b
 
-    def pass1(t: T) -> int:
+    def pass1(self, t: T) -> int:
+        ref, mv, ids, cpu = self.ref, self.mv, self.ids, self.cpu
         if t in mv.forced:
             return ids[mv.forced[t]]
         if t in ref.forced_dev:
             return ids[ref.forced_dev[t]]
-        x = from_buffer(t)
+        x = self.from_buffer(t)
         if x != -1:
             return x
         if t.flags & 1:
@@ -480,28 +523,37 @@ def replay(ref: _Ref, mv: _Move) -> Reserve:
             return -1
         for s in ref.orig_src[ref.gidx[t]]:
             if s is not None and s.weights:
-                sb = from_buffer(s)
+                sb = self.from_buffer(s)
                 if ref.op_offload and sb == cpu:
                     for k in range(cpu):
-                        if backends[k].offloads(t):
+                        if ref.backends[k].offloads(t):
                             return k
                 return sb
         return -1
 
-    # pass 1 on what the changed devices touch
-    touched: set[int] = set()
-    for t in newdev:
-        if t not in ref.gidx:
-            bid[t] = from_buffer(t)  # a leaf: weights, caches
-        touched.update(ref.consumers.get(t, ()))
-        touched.update(ref.views.get(t, ()))
-    for n in mv.forced:
-        touched.add(ref.gidx[n])
-    p1 = {gi: pass1(nodes[gi]) for gi in touched}
-    changed_r = sorted(ref.ridx[gi] for gi, b in p1.items() if b != ref.p1[gi] and gi in ref.ridx)
-    real = ref.real
-    if changed_r:
-        lo, hi = changed_r[0], changed_r[-1]
+    # --- passes 1-4 ------------------------------------------------------------------------------
+
+    def assign(self) -> None:
+        """Pass 1 on what the changed devices touch, passes 2-3 on the window of nodes between two
+        that pass 1 assigns as in the reference, pass 4 on the views."""
+        ref, nodes, bid = self.ref, self.nodes, self.bid
+        touched: set[int] = set()
+        for t in self.newdev:
+            if t not in ref.gidx:
+                bid[t] = self.from_buffer(t)  # a leaf: weights, caches
+            touched.update(ref.consumers.get(t, ()))
+            touched.update(ref.views.get(t, ()))
+        for n in self.mv.forced:
+            touched.add(ref.gidx[n])
+        p1 = {gi: self.pass1(nodes[gi]) for gi in touched}
+        changed_r = sorted(ref.ridx[gi] for gi, b in p1.items() if b != ref.p1[gi] and gi in ref.ridx)
+        if changed_r:
+            self._expand(p1, changed_r[0], changed_r[-1])
+        self._views(p1)
+
+    def _expand(self, p1: dict[int, int], lo: int, hi: int) -> None:
+        """Pass 2 (GPU backends expand up and down) between the nearest nodes pass 1 assigns."""
+        ref, nodes, real, cpu = self.ref, self.nodes, self.ref.real, self.cpu
         a = lo - 1
         while a >= 0 and ref.p1[real[a]] == -1:
             a -= 1
@@ -523,144 +575,176 @@ def replay(ref: _Ref, mv: _Move) -> Reserve:
             if x == -1:
                 raise _Refuse("pass 3 would assign")
             if x != nodes[gi].bid:
-                bid[nodes[gi]] = x
-    # views: location-pinned ones from pass 1, the others take their source's backend (pass 4)
-    vcand = {gi for gi in p1 if nodes[gi].op in VIEW_OPS}
-    for t in list(bid):
-        vcand.update(gi for gi in ref.views.get(t, ()) if nodes[gi].op in VIEW_OPS)
-    for gi in vcand:
-        v = nodes[gi]
-        x = p1.get(gi, ref.p1[gi])
-        if x == -1:
-            assert v.view_src is not None
-            x = B(v.view_src)
-        if x != v.bid:
-            bid[v] = x
-        else:
-            bid.pop(v, None)
-    # pass 5: from the split holding the first affected node until the state is the reference's
-    affected: set[int] = set()
-    for t in bid:
-        if t in ref.gidx:
-            affected.add(ref.gidx[t])
-        affected.update(ref.consumers.get(t, ()))
-    for t in newdev:
-        affected.update(ref.consumers.get(t, ()))
-        for gi in ref.views.get(t, ()):
-            affected.update(ref.consumers.get(nodes[gi], ()))
-    if not affected:
-        return _replay_alloc_same(ref, bid, newdev)
-    fa, fb = min(affected), max(affected)
-    made: dict[tuple[T, int], T] = {}
-    newsrc: dict[T, list[T | None]] = {}
-    created = ref.created
-    cs = ref.created_sorted
-    # from the first real node at or after the first affected one, in the split current there with the
-    # inputs it had then (the nodes before it did what they did in the reference)
-    real = ref.real
-    r0 = bisect.bisect_left(real, fa)
-    start = real[r0] if r0 < len(real) else len(nodes)
-    # (the first real node makes the first split with its own backend: from there as the full pass)
-    kk = ref.split_before[start] if start < len(nodes) and r0 > 0 else -1
-    if kk >= 0:
-        rs = ref.splits[kk]
-        split = Split(rs.backend, rs.i_start, 0,
-                      [inp for inp, p in zip(rs.inputs, ref.input_pos[kk], strict=True) if p < start])
-        kept = ref.splits[:kk]
-    else:  # from the first node, as the full pass does
-        start = real[0] if real else len(nodes)
-        split = Split(B(nodes[start]) if start < len(nodes) else cpu, 0)
-        kept = []
-    new_splits = [split]
-    cur = split.backend
-    kc = _first_at(cs, start)
-    ref_made: set[tuple[T, int]] = set()
-    last_on = ref.last_on
-    x = len(nodes)
-    for i in range(start, len(nodes)):
-        n = nodes[i]
-        if n.op in VIEW_OPS:
-            continue
-        while kc < len(cs) and cs[kc][0] < i:
-            ref_made.add(cs[kc][1])
-            kc += 1
-        if i > fb and cur == ref.cur_before[i] and bool(split.inputs) == ref.ne_before[i] \
-                and all(last_on.get(key, -1) < i for key in ref_made.symmetric_difference(made)):
-            x = i  # copies made in one run only: no later node on their backend reads their tensor
-            break
-        nb = B(n)
-        src = ref.orig_src[i]
-        need_new = nb == cur and bool(split.inputs) and any(
-            s is not None and s.weights and B(s) != cur and not supported(s, cur) for s in src)
-        if nb != cur or need_new:
-            split.i_end = i
-            split = Split(nb, i)
-            new_splits.append(split)
-            cur = nb
-        out = list(src)
-        for j, s in enumerate(src):
-            if s is None or B(s) == cur or supported(s, cur):
+                self.bid[nodes[gi]] = x
+
+    def _views(self, p1: dict[int, int]) -> None:
+        """Location-pinned views from pass 1, the others take their source's backend (pass 4)."""
+        ref, nodes, bid = self.ref, self.nodes, self.bid
+        vcand = {gi for gi in p1 if nodes[gi].op in VIEW_OPS}
+        for t in list(bid):
+            vcand.update(gi for gi in ref.views.get(t, ()) if nodes[gi].op in VIEW_OPS)
+        for gi in vcand:
+            v = nodes[gi]
+            x = p1.get(gi, ref.p1[gi])
+            if x == -1:
+                assert v.view_src is not None
+                x = self.B(v.view_src)
+            if x != v.bid:
+                bid[v] = x
+            else:
+                bid.pop(v, None)
+
+    def affected(self) -> set[int]:
+        """Nodes whose backend or sources' backends change."""
+        ref, nodes = self.ref, self.nodes
+        out: set[int] = set()
+        for t in self.bid:
+            if t in ref.gidx:
+                out.add(ref.gidx[t])
+            out.update(ref.consumers.get(t, ()))
+        for t in self.newdev:
+            out.update(ref.consumers.get(t, ()))
+            for gi in ref.views.get(t, ()):
+                out.update(ref.consumers.get(nodes[gi], ()))
+        return out
+
+    # --- pass 5 ----------------------------------------------------------------------------------
+
+    def _first_split(self, fa: int) -> tuple[int, Split]:
+        """From the first real node at or after the first affected one, in the split current there
+        with the inputs it had then (the nodes before it did what they did in the reference)."""
+        ref, nodes, real = self.ref, self.nodes, self.ref.real
+        r0 = bisect.bisect_left(real, fa)
+        start = real[r0] if r0 < len(real) else len(nodes)
+        # (the first real node makes the first split with its own backend: from there as the full pass)
+        self.kk = ref.split_before[start] if start < len(nodes) and r0 > 0 else -1
+        if self.kk >= 0:
+            rs, pos = ref.splits[self.kk], ref.input_pos[self.kk]
+            split = Split(rs.backend, rs.i_start, 0,
+                          [inp for inp, p in zip(rs.inputs, pos, strict=True) if p < start])
+            self.kept = ref.splits[:self.kk]
+        else:  # from the first node, as the full pass does
+            start = real[0] if real else len(nodes)
+            split = Split(self.B(nodes[start]) if start < len(nodes) else self.cpu, 0)
+            self.kept = []
+        return start, split
+
+    def pass5(self, fa: int, fb: int) -> None:
+        """Splits and input copies from the split holding the first affected node until the state
+        is the reference's (``self.x``: the node where it is, or the end)."""
+        ref, nodes, made, newsrc = self.ref, self.nodes, self.made, self.newsrc
+        B, supported = self.B, self.supported
+        created, cs, last_on = ref.created, ref.created_sorted, ref.last_on
+        start, split = self._first_split(fa)
+        self.new_splits = [split]
+        cur = split.backend
+        kc = _first_at(cs, start)
+        ref_made: set[tuple[T, int]] = set()
+        self.x = len(nodes)
+        for i in range(start, len(nodes)):
+            n = nodes[i]
+            if n.op in VIEW_OPS:
                 continue
-            key = (s, cur)
-            cp = made.get(key)
-            if cp is None:
-                if key in created and created[key] < start:
-                    cp = ref.copy_of[key]
-                else:
-                    cp = ref.copy_of.get(key) or sched._copy(s, 0)
-                    made[key] = cp
-                    split.inputs.append(s)
-            out[j] = cp
-        newsrc[n] = out
-    # the split current at x continues into the reference's split there
-    if x < len(nodes):
-        km = ref.split_before[x]
-        rs = ref.splits[km]
-        split.inputs += [inp for inp, p in zip(rs.inputs, ref.input_pos[km], strict=True) if p >= x]
-        split.i_end = rs.i_end
-        tail_splits = ref.splits[km + 1:]
-        # x may start the reference's next split: its copies come first
-        ref_end = ref.ss[km + 1] if rs.i_end == x else ref.sp[x]
-    else:
-        split.i_end = len(nodes)
-        km = len(ref.splits) - 1
-        tail_splits = []
-        ref_end = len(ref.sched_nodes)
-    # the new sched window; when the first split keeps the reference's inputs, it starts at the first
-    # affected node (the copies and nodes before it are the reference's)
-    wnodes: list[T] = []
-    wids: list[int] = []
-    same_head = kk >= 0 and new_splits[0].inputs == ref.splits[kk].inputs
-    if same_head:  # a reference split starting at fa has its copies first
-        stats["late_start"] += 1
-        ks = ref.split_at.get(fa)
-        wa = ref.sp[fa] if ks is None else ref.ss[ks]
-    else:
-        wa = ref.ss[kk] if kk >= 0 else 0
-    for idx, sp in enumerate(new_splits):
-        lo = sp.i_start
-        if idx == 0 and same_head:
-            lo = fa
+            while kc < len(cs) and cs[kc][0] < i:
+                ref_made.add(cs[kc][1])
+                kc += 1
+            if i > fb and cur == ref.cur_before[i] and bool(split.inputs) == ref.ne_before[i] \
+                    and all(last_on.get(key, -1) < i for key in ref_made.symmetric_difference(made)):
+                self.x = i  # copies made in one run only: no later node on their backend reads them
+                break
+            nb = B(n)
+            src = ref.orig_src[i]
+            need_new = nb == cur and bool(split.inputs) and any(
+                s is not None and s.weights and B(s) != cur and not supported(s, cur) for s in src)
+            if nb != cur or need_new:
+                split.i_end = i
+                split = Split(nb, i)
+                self.new_splits.append(split)
+                cur = nb
+            out = list(src)
+            for j, s in enumerate(src):
+                if s is None or B(s) == cur or supported(s, cur):
+                    continue
+                key = (s, cur)
+                cp = made.get(key)
+                if cp is None:
+                    if key in created and created[key] < start:
+                        cp = ref.copy_of[key]
+                    else:
+                        cp = ref.copy_of.get(key) or ref.sched.input_copy(s, 0)
+                        made[key] = cp
+                        split.inputs.append(s)
+                out[j] = cp
+            newsrc[n] = out
+        self._join(split)
+
+    def _join(self, split: Split) -> None:
+        """The split current at ``x`` continues into the reference's split there."""
+        ref, x = self.ref, self.x
+        if x < len(self.nodes):
+            self.km = ref.split_before[x]
+            rs = ref.splits[self.km]
+            split.inputs += [inp for inp, p in zip(rs.inputs, ref.input_pos[self.km], strict=True) if p >= x]
+            split.i_end = rs.i_end
+            self.tail_splits = ref.splits[self.km + 1:]
+            # x may start the reference's next split: its copies come first
+            self.ref_end = ref.ss[self.km + 1] if rs.i_end == x else ref.sp[x]
         else:
-            for inp in sp.inputs:
-                wnodes.append(view_tensor(inp, "NONE", inp))
-                wids.append(B(inp))
-                wnodes.append(made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
-                wids.append(sp.backend)
-        for gi in range(lo, min(sp.i_end, x)):
-            wnodes.append(nodes[gi])
-            wids.append(B(nodes[gi]))
-    splits = kept + new_splits + tail_splits
-    res = _replay_alloc(ref, wa, ref_end, wnodes, wids, newsrc, newdev)
-    copies, wcopies = list(ref.copies), list(ref.wcopies)
-    for sign, group in ((-1, ref.splits[len(kept):km + 1]), (1, new_splits)):
-        for sp in group:
-            for inp in sp.inputs:
-                copies[sp.backend] += sign * nbytes(inp)
-                if inp.weights:
-                    wcopies[sp.backend] += sign * nbytes(inp)
-    sizes, peaks = res
-    return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(nodes), len(splits))
+            split.i_end = len(self.nodes)
+            self.km = len(ref.splits) - 1
+            self.tail_splits = []
+            self.ref_end = len(ref.sched_nodes)
+
+    # --- the sched window and the result ---------------------------------------------------------
+
+    def window(self, fa: int) -> tuple[int, list[T], list[int]]:
+        """The new sched window and the reference position it starts at; when the first split keeps
+        the reference's inputs, it starts at the first affected node (the copies and nodes before
+        it are the reference's)."""
+        ref, kk, B = self.ref, self.kk, self.B
+        wnodes: list[T] = []
+        wids: list[int] = []
+        same_head = kk >= 0 and self.new_splits[0].inputs == ref.splits[kk].inputs
+        if same_head:  # a reference split starting at fa has its copies first
+            stats["late_start"] += 1
+            ks = ref.split_at.get(fa)
+            wa = ref.sp[fa] if ks is None else ref.ss[ks]
+        else:
+            wa = ref.ss[kk] if kk >= 0 else 0
+        for idx, sp in enumerate(self.new_splits):
+            lo = sp.i_start
+            if idx == 0 and same_head:
+                lo = fa
+            else:
+                for inp in sp.inputs:
+                    wnodes.append(view_tensor(inp, "NONE", inp))
+                    wids.append(B(inp))
+                    wnodes.append(self.made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
+                    wids.append(sp.backend)
+            for gi in range(lo, min(sp.i_end, self.x)):
+                wnodes.append(self.nodes[gi])
+                wids.append(B(self.nodes[gi]))
+        return wa, wnodes, wids
+
+    def run(self) -> Reserve:
+        ref = self.ref
+        self.assign()
+        affected = self.affected()
+        if not affected:
+            return _replay_alloc_same(ref, self.bid, self.newdev)
+        fa, fb = min(affected), max(affected)
+        self.pass5(fa, fb)
+        wa, wnodes, wids = self.window(fa)
+        sizes, peaks = _replay_alloc(ref, wa, self.ref_end, wnodes, wids, self.newsrc, self.newdev)
+        copies, wcopies = list(ref.copies), list(ref.wcopies)
+        for sign, group in ((-1, ref.splits[len(self.kept):self.km + 1]), (1, self.new_splits)):
+            for sp in group:
+                for inp in sp.inputs:
+                    copies[sp.backend] += sign * nbytes(inp)
+                    if inp.weights:
+                        wcopies[sp.backend] += sign * nbytes(inp)
+        splits = self.kept + self.new_splits + self.tail_splits
+        return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
 
 
 def _first_at(cs: list[tuple[int, tuple[T, int]]], start: int) -> int:
@@ -692,211 +776,243 @@ def _same_node(n: T, r: T) -> bool:
 
 def _replay_alloc(ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
                   newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> tuple[list[int], list[str]]:
-    backends = ref.backends
-    sizer = GraphAllocator(backends)
-    # location changes of allocatable tensors would change the leaf pass
-    for t in newdev:
-        if t.location is None:
-            raise _Refuse("location")
-    rnodes, rids = ref.sched_nodes, ref.sched_ids
+    """Sizes and peak labels per backend: the allocator over the replay's sched window ``wnodes``
+    (which stands for the reference's positions ``wa`` to ``ref_end``), then the reference's nodes."""
+    return _AllocReplay(ref, wa, ref_end, wnodes, wids, newsrc, newdev).run()
 
-    def srcs(n: T) -> tuple[T | None, ...] | list[T | None]:
-        s = newsrc.get(n)
+
+class _AllocReplay:
+    """The allocator walk of one replay: its start, state and counts (see the module's step 4)."""
+
+    def __init__(self, ref: _Ref, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
+                 newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> None:
+        # location changes of allocatable tensors would change the leaf pass
+        for t in newdev:
+            if t.location is None:
+                raise _Refuse("location")
+        self.ref, self.ref_end, self.newsrc, self.newdev = ref, ref_end, newsrc, newdev
+        self.sizer = GraphAllocator(ref.backends)
+        self.wa, self.wnodes, self.wids = wa, wnodes, wids
+        self.w_ref: dict[T, int] = {}
+        self.w_new: dict[T, int] = {}
+        self.changed: set[T] = set()
+        self._move_start(self._first_difference())
+        self._restore()
+
+    # --- counts --------------------------------------------------------------------------------
+
+    def srcs(self, n: T) -> tuple[T | None, ...] | list[T | None]:
+        s = self.newsrc.get(n)
         return n.src if s is None else s
 
-    # the window's start equal to the reference's (same nodes, backends and sources) is not replayed:
-    # the replay starts at the last checkpoint at or before the first difference
-    f, lim = 0, min(len(wnodes), ref_end - wa)
-    while f < lim:
-        n, r = wnodes[f], rnodes[wa + f]
-        if wids[f] != rids[wa + f] or not _same_node(n, r):
-            break
-        ns = newsrc.get(n)
-        if ns is not None and ns != r.src:
-            break
-        f += 1
-    ckpos = ref.ckpos
-    uses, first = ref.uses, ref.first
-    w0, win0, wid0 = wa, wnodes, wids
-    w_ref: dict[T, int] = {}
-    w_new: dict[T, int] = {}
+    def r_ref(self, t: T) -> int:
+        """Uses of ``t`` at or after the start in the reference."""
+        u = self.ref.uses.get(t)
+        return 0 if u is None else len(u) - bisect.bisect_left(u, self.wa)
 
-    def r_ref(t: T) -> int:
-        u = uses.get(t)
-        return 0 if u is None else len(u) - bisect.bisect_left(u, wa)
+    def r_new(self, t: T) -> int:
+        return self.r_ref(t) - self.w_ref.get(t, 0) + self.w_new.get(t, 0)
 
-    def r_new(t: T) -> int:
-        return r_ref(t) - w_ref.get(t, 0) + w_new.get(t, 0)
+    def total_new(self, t: T) -> int:
+        u = self.ref.uses.get(t)
+        return (0 if u is None else len(u)) - self.w_ref.get(t, 0) + self.w_new.get(t, 0)
 
-    def total_new(t: T) -> int:
-        u = uses.get(t)
-        return (0 if u is None else len(u)) - w_ref.get(t, 0) + w_new.get(t, 0)
+    def v_new(self, t: T) -> int:
+        return sum(1 for v in self.ref.view_nodes.get(t, ()) if self.total_new(v) == 0 or self.r_new(v) > 0)
 
-    def v_new(t: T) -> int:
-        return sum(1 for v in ref.view_nodes.get(t, ()) if total_new(v) == 0 or r_new(v) > 0)
-
-    def fixed(t: T) -> bool:
+    def fixed(self, t: T) -> bool:
         """Never allocated by the graph allocator (it or its view source has a buffer)."""
         b = t.view_src if t.view_src is not None else t
-        return newdev.get(b, b.dev) is not None
+        return self.newdev.get(b, b.dev) is not None
 
-    # decisions before the start must not depend on the window's difference: a tensor whose count
-    # differs and that the allocator handles must, if it appeared before the start, have uses left there
-    # in both runs (then neither run freed it or reused it in place before, and the reference's
-    # checkpoint holds it); else the start moves back to before its last use (or its creation)
-    target = wa + f
-    changed: set[T] = set()
-    while True:
-        c0 = ckpos[bisect.bisect_right(ckpos, target) - 1]
-        if c0 < w0:  # before the window: the reference's nodes up to it
-            wnodes, wids = rnodes[c0:w0] + win0, rids[c0:w0] + wid0
-        else:
-            wnodes, wids = win0[c0 - w0:], wid0[c0 - w0:]
-        wa = c0
-        w_ref = {}
-        for q in range(wa, ref_end):
+    def NC(self, t: T) -> int:
+        c = self.nc.get(t)
+        if c is None:
+            c = self.nc[t] = self.r_new(t)
+        return c
+
+    def NV(self, t: T) -> int:
+        c = self.nv.get(t)
+        if c is None:
+            c = self.nv[t] = self.v_new(t)
+        return c
+
+    # --- the start -----------------------------------------------------------------------------
+
+    def _first_difference(self) -> int:
+        """The window's start equal to the reference's (same nodes, backends and sources) is not
+        replayed: the reference position of the first difference."""
+        ref, wnodes, wids, wa = self.ref, self.wnodes, self.wids, self.wa
+        rnodes, rids = ref.sched_nodes, ref.sched_ids
+        f, lim = 0, min(len(wnodes), self.ref_end - wa)
+        while f < lim:
+            n, r = wnodes[f], rnodes[wa + f]
+            if wids[f] != rids[wa + f] or not _same_node(n, r):
+                break
+            ns = self.newsrc.get(n)
+            if ns is not None and ns != r.src:
+                break
+            f += 1
+        return wa + f
+
+    def _move_start(self, target: int) -> None:
+        """Start at the last checkpoint at or before ``target``.  Decisions before the start must not
+        depend on the window's difference: a tensor whose count differs and that the allocator
+        handles must, if it appeared before the start, have uses left there in both runs (then
+        neither run freed it or reused it in place before, and the reference's checkpoint holds it);
+        else the start moves back to before its last use (or its creation)."""
+        ref = self.ref
+        ckpos, uses, first = ref.ckpos, ref.uses, ref.first
+        rnodes, rids = ref.sched_nodes, ref.sched_ids
+        w0, win0, wid0 = self.wa, self.wnodes, self.wids
+        while True:
+            c0 = ckpos[bisect.bisect_right(ckpos, target) - 1]
+            if c0 < w0:  # before the window: the reference's nodes up to it
+                self.wnodes, self.wids = rnodes[c0:w0] + win0, rids[c0:w0] + wid0
+            else:
+                self.wnodes, self.wids = win0[c0 - w0:], wid0[c0 - w0:]
+            wa = self.wa = c0
+            self._count_window()
+            back = wa
+            for t in self.changed:
+                if self.fixed(t) or first.get(t, wa) >= wa or (self.r_ref(t) > 0 and self.r_new(t) > 0):
+                    continue
+                u = uses.get(t, [])
+                k = bisect.bisect_left(u, wa)
+                back = min(back, u[k - 1] if k else first[t])
+            if back == wa:
+                return
+            if back < 0:
+                raise _Refuse("count of an input used before the window")
+            stats["moved_back"] += 1
+            target = back
+
+    def _count_window(self) -> None:
+        """Uses inside the window in each run, and the tensors whose count differs."""
+        rnodes = self.ref.sched_nodes
+        w_ref: dict[T, int] = {}
+        for q in range(self.wa, self.ref_end):
             for s in rnodes[q].src:
                 if s is not None:
                     w_ref[s] = w_ref.get(s, 0) + 1
-        w_new = {}
-        for n in wnodes:
-            for s in srcs(n):
+        w_new: dict[T, int] = {}
+        for n in self.wnodes:
+            for s in self.srcs(n):
                 if s is not None:
                     w_new[s] = w_new.get(s, 0) + 1
-        changed = set()
-        back = wa
-        for t in set(w_ref) | set(w_new):
-            if w_ref.get(t, 0) == w_new.get(t, 0):
-                continue
-            changed.add(t)
-            if fixed(t) or first.get(t, wa) >= wa or (r_ref(t) > 0 and r_new(t) > 0):
-                continue
-            u = uses.get(t, [])
-            k = bisect.bisect_left(u, wa)
-            back = min(back, u[k - 1] if k else first[t])
-        if back == wa:
-            break
-        if back < 0:
-            raise _Refuse("count of an input used before the window")
-        stats["moved_back"] += 1
-        target = back
-    ck = ref.cks[wa]
-    allocs = []
-    for a, blocks, mx in zip(backends, ck.blocks, ck.max_size, strict=True):
-        d = DynAllocator(a.alignment)
-        d.blocks = [list(b) for b in blocks]
-        d.max_size = mx
-        allocs.append(d)
-    peaks = list(ck.peaks)
-    own: dict[T, tuple[int, int]] = {t: al for t, (al, _, _) in ck.live.items()}
-    nc: dict[T, int] = {}
-    nv: dict[T, int] = {}
+        self.w_ref, self.w_new = w_ref, w_new
+        self.changed = {t for t in set(w_ref) | set(w_new) if w_ref.get(t, 0) != w_new.get(t, 0)}
 
-    def NC(t: T) -> int:
-        c = nc.get(t)
-        if c is None:
-            c = nc[t] = r_new(t)
-        return c
+    def _restore(self) -> None:
+        """The allocator state of the reference's checkpoint at the start, with the new counts."""
+        ref = self.ref
+        ck = self.ck = ref.cks[self.wa]
+        self.allocs = []
+        for a, blocks, mx in zip(ref.backends, ck.blocks, ck.max_size, strict=True):
+            d = DynAllocator(a.alignment)
+            d.blocks = [list(b) for b in blocks]
+            d.max_size = mx
+            self.allocs.append(d)
+        self.peaks = list(ck.peaks)
+        self.own: dict[T, tuple[int, int]] = {t: al for t, (al, _, _) in ck.live.items()}
+        self.nc: dict[T, int] = {}
+        self.nv: dict[T, int] = {}
+        changed = self.changed
+        for t, (_, c, v) in ck.live.items():
+            if (self.NC(t) != c or self.NV(t) != v) and t not in changed \
+                    and not any(x in changed for x in ref.view_nodes.get(t, ())):
+                raise _Refuse("live counts")
+        self.where = ck.layer
+        self.cur = self.wnodes[0] if self.wnodes else ref.sched_nodes[self.wa]
 
-    def NV(t: T) -> int:
-        c = nv.get(t)
-        if c is None:
-            c = nv[t] = v_new(t)
-        return c
+    # --- the walk ------------------------------------------------------------------------------
 
-    for t, (_, c, v) in ck.live.items():
-        if (NC(t) != c or NV(t) != v) and t not in changed \
-                and not any(x in changed for x in ref.view_nodes.get(t, ())):
-            raise _Refuse("live counts")
-    cache = ref.size_cache
-    known = ref.first
-
-    def size(t: T, b: int) -> int:
+    def size(self, t: T, b: int) -> int:
         k = (t, b)
+        cache = self.ref.size_cache
         v = cache.get(k)
         if v is None:
-            v = sizer.size(t, b)
-            if t in known:
+            v = self.sizer.size(t, b)
+            if t in self.ref.first:
                 cache[k] = v
         return v
 
-    where = [""]
-    cur: list[T] = []
-
-    def allocate(t: T, b: int) -> None:
-        if t in own or t.view_src is not None:
-            return
-        lo = newdev.get(t, t.dev)
-        if lo is not None:
+    def allocate(self, t: T, b: int) -> None:
+        own = self.own
+        if t in own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
             return
         if t.op in INPLACE_OPS:
-            for p in srcs(t):
+            for p in self.srcs(t):
                 if p is None or p not in own or p.flags & OUTPUT:
                     continue
                 if p.view_src is not None and p.view_src.flags & OUTPUT:
                     continue
-                if not same_layout(t, p) or NC(p) != 1 or NV(p) != 0:
+                if not same_layout(t, p) or self.NC(p) != 1 or self.NV(p) != 0:
                     continue
                 if p.view_src is not None:
                     continue
                 pal = own.pop(p)
                 own[t] = pal
                 pb, poff = pal
-                al = allocs[pb]
-                psize, nsize = al._align(size(p, pb)), al._align(size(t, b))
+                al = self.allocs[pb]
+                psize, nsize = al.align(self.size(p, pb)), al.align(self.size(t, b))
                 if psize > nsize:
                     al.free(poff + nsize, psize - nsize)
                 return
-        al = allocs[b]
+        al = self.allocs[b]
         before = al.max_size
-        own[t] = (b, al.alloc(size(t, b)))
+        own[t] = (b, al.alloc(self.size(t, b)))
         if al.max_size > before:
-            peaks[b] = peak_label(cur[0], where[0])
+            self.peaks[b] = peak_label(self.cur, self.where)
 
-    def free(t: T) -> None:
+    def free(self, t: T) -> None:
         if t.flags & OUTPUT:
             return
-        b, off = own.pop(t)
-        allocs[b].free(off, size(t, b))
+        b, off = self.own.pop(t)
+        self.allocs[b].free(off, self.size(t, b))
 
-    delta = len(wnodes) - (ref_end - wa)
-    n_new = len(rnodes) + delta
-    where[0] = ck.layer
-    cur.append(wnodes[0] if wnodes else rnodes[wa])
-    cks = ref.cks
-    for q in range(wa, n_new):
-        if q >= wa + len(wnodes):
-            qr = q - delta
-            ckq = cks.get(qr)
-            if ckq is not None and _same_live(ckq, own, NC, NV):
-                return _tails(ref, qr, allocs, own, peaks)
-            n, b = rnodes[qr], ref.sched_ids[qr]
-        else:
-            n, b = wnodes[q - wa], wids[q - wa]
-        cur[0] = n
-        if (m := LAYER_SUFFIX.search(n.name)) is not None:
-            where[0] = f" (layer {m.group(1)})"
-        ss = srcs(n)
-        for s in ss:
-            if s is not None:
-                allocate(s, b)
-        allocate(n, b)
-        for p in ss:
-            if p is None:
-                continue
-            c = NC(p) - 1
-            nc[p] = c
-            if c or NV(p):
-                continue
-            if p.view_src is not None:
-                vs = p.view_src
-                v = NV(vs) - 1
-                nv[vs] = v
-                if v == 0 and NC(vs) == 0 and vs in own:
-                    free(vs)
-            elif p in own:
-                free(p)
-    return [a.max_size for a in allocs], peaks
+    def release(self, p: T) -> None:
+        """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
+        nc, nv, NC, NV = self.nc, self.nv, self.NC, self.NV
+        c = NC(p) - 1
+        nc[p] = c
+        if c or NV(p):
+            return
+        if p.view_src is not None:
+            vs = p.view_src
+            v = NV(vs) - 1
+            nv[vs] = v
+            if v == 0 and NC(vs) == 0 and vs in self.own:
+                self.free(vs)
+        elif p in self.own:
+            self.free(p)
+
+    def run(self) -> tuple[list[int], list[str]]:
+        ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
+        rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
+        allocate, release = self.allocate, self.release
+        delta = len(wnodes) - (self.ref_end - wa)
+        for q in range(wa, len(rnodes) + delta):
+            if q >= wa + len(wnodes):
+                qr = q - delta
+                ckq = cks.get(qr)
+                if ckq is not None and _same_live(ckq, self.own, self.NC, self.NV):
+                    return _tails(ref, qr, self.allocs, self.own, self.peaks)
+                n, b = rnodes[qr], rids[qr]
+            else:
+                n, b = wnodes[q - wa], wids[q - wa]
+            self.cur = n
+            if (m := LAYER_SUFFIX.search(n.name)) is not None:
+                self.where = f" (layer {m.group(1)})"
+            ss = self.srcs(n)
+            for s in ss:
+                if s is not None:
+                    allocate(s, b)
+            allocate(n, b)
+            for p in ss:
+                if p is not None:
+                    release(p)
+        return [a.max_size for a in self.allocs], self.peaks
 
 
 def _same_live(ck: _Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],

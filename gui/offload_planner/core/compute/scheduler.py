@@ -84,11 +84,11 @@ class Scheduler:
 
     # buffer helpers
 
-    def _from_buffer(self, t: T) -> int:
+    def from_buffer(self, t: T) -> int:
         loc = t.location
         return -1 if loc is None else self.ids.get(loc, self.cpu)
 
-    def _supported(self, t: T, b: int) -> bool:
+    def supports(self, t: T, b: int) -> bool:
         """``ggml_backend_sched_buffer_supported``: the tensor's data is in backend b's memory."""
         loc = t.location
         if loc is not None:
@@ -96,8 +96,8 @@ class Scheduler:
         bid = t.bid if t.bid != -1 or t.view_src is None else t.view_src.bid
         return bid == b
 
-    def _from_cur(self, t: T) -> int:
-        bid = self._from_buffer(t)
+    def backend_of(self, t: T) -> int:
+        bid = self.from_buffer(t)
         if bid != -1:
             return bid
         if t.flags & INPUT:
@@ -106,7 +106,7 @@ class Scheduler:
             return -1
         for s in t.src:
             if s is not None and s.weights:
-                sb = self._from_buffer(s)
+                sb = self.from_buffer(s)
                 if self.op_offload and sb == self.cpu:
                     for b in range(self.cpu):
                         if self.backends[b].offloads(t):
@@ -124,14 +124,14 @@ class Scheduler:
             t.bid = self.ids[forced[id(t)]] if id(t) in forced else -1
         for t in g.leafs + g.nodes:
             if t.bid == -1:
-                t.bid = self._from_cur(t)
-        self._expand(g.nodes)
-        self._pass3(g.nodes)
-        self._pass4(g.nodes)
+                t.bid = self.backend_of(t)
+        self.expand(g.nodes)
+        self.pass3(g.nodes)
+        self.pass4(g.nodes)
         self._pass5(g.nodes)
-        self._build_copy(g)
+        self.build_copy(g)
 
-    def _expand(self, nodes: list[T]) -> None:
+    def expand(self, nodes: list[T]) -> None:
         real = [n for n in nodes if n.op not in VIEW_OPS]
         for order, skip_cpu in ((real, True), (real[::-1], True), (real, False), (real[::-1], False)):
             cur = -1
@@ -141,7 +141,7 @@ class Scheduler:
                 elif cur != -1:
                     n.bid = cur
 
-    def _pass3(self, nodes: list[T]) -> None:
+    def pass3(self, nodes: list[T]) -> None:
         for n in nodes:
             if n.op in VIEW_OPS or n.bid != -1:
                 continue
@@ -149,11 +149,11 @@ class Scheduler:
             for b in range(len(self.backends)):
                 cnt = sum(1 for s in n.src if s is not None
                           and (s.bid != -1 or (s.view_src is not None and s.view_src.bid != -1))
-                          and self._supported(s, b))
+                          and self.supports(s, b))
                 if cnt > best:
                     best, n.bid = cnt, b
 
-    def _pass4(self, nodes: list[T]) -> None:
+    def pass4(self, nodes: list[T]) -> None:
         for n in nodes:
             if n.view_src is not None and n.bid == -1:
                 n.bid = n.view_src.bid
@@ -173,36 +173,36 @@ class Scheduler:
             if n.op in VIEW_OPS:
                 continue
             need_new = n.bid == cur and bool(split.inputs) and any(
-                s is not None and s.weights and s.bid != cur and not self._supported(s, cur) for s in n.src)
+                s is not None and s.weights and s.bid != cur and not self.supports(s, cur) for s in n.src)
             if n.bid != cur or need_new:
                 split.i_end = i
                 split = Split(n.bid, i)
                 self.splits.append(split)
                 cur = n.bid
             for j, s in enumerate(n.src):
-                if s is None or s.bid == cur or self._supported(s, cur):
+                if s is None or s.bid == cur or self.supports(s, cur):
                     continue
                 key = (id(s), cur)
                 if key not in self.copies:
-                    self.copies[key] = [self._copy(s, c) for c in range(self.n_copies)]
+                    self.copies[key] = [self.input_copy(s, c) for c in range(self.n_copies)]
                     split.inputs.append(s)
                 n.src[j] = self.copies[key][0]
         split.i_end = len(nodes)
 
-    def _copy(self, s: T, c: int) -> T:
+    def input_copy(self, s: T, c: int) -> T:
         t = T(s.type, s.ne, name=f"{s.name}#{c}")
         t.nb = list(s.nb)
         if self.n_copies > 1:
             t.flags |= INPUT | OUTPUT
         return t
 
-    def _build_copy(self, g: Graph) -> None:
+    def build_copy(self, g: Graph) -> None:
         graph_inputs: list[T] = []
         if self.n_copies > 1:
             for leaf in g.leafs:
                 if leaf.flags & INPUT:
                     leaf.flags |= OUTPUT
-                    copies = [leaf] + [self._copy(leaf, c) for c in range(1, self.n_copies)]
+                    copies = [leaf] + [self.input_copy(leaf, c) for c in range(1, self.n_copies)]
                     self.copies[(id(leaf), leaf.bid)] = copies
                     graph_inputs.append(leaf)
         for sp in self.splits:
