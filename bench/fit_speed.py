@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 from offload_planner.cli import demo_model_path
 from offload_planner.core import compute
-from offload_planner.core.compute import replay as ci
+from offload_planner.core.compute import incremental as ci
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.engine import context_params, placement_options
 from offload_planner.core.fit import fit_params

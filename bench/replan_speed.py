@@ -8,7 +8,7 @@ any override turns pipeline parallelism off, as the first move would).  A *move*
 routed experts to the other GPU (MoE) or one whole layer to the CPU (dense models), made for every
 layer in turn and re-projected (``Plan.projection``) with the whole-result memo cleared, so the
 compute buffers are really simulated, by replay against the base plan's reference
-(``compute.replay``; recorded at once, as in the window).  Per layer the best of ``--reps``
+(``compute.incremental``; recorded at once, as in the window).  Per layer the best of ``--reps``
 runs counts; per model the table prints the from-scratch simulation (``compute.simulate`` without
 replay, both reserved graphs, best of ``--full-runs``), the median and the worst layer's
 re-projection, and worst / from-scratch against the 1/20 target.  Models with fewer than 20 layers

@@ -19,7 +19,7 @@ import pytest
 from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
 from offload_planner.core import memory as M
-from offload_planner.core.compute import replay as CI
+from offload_planner.core.compute import incremental as CI
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context

@@ -2,10 +2,11 @@
 
 The package, by concept: :mod:`.ggml` (tensors and ops), :mod:`.graph` (the llm graph context and
 builder), :mod:`.archs` (one graph per architecture), :mod:`.scheduler` (backends, splits, copies),
-:mod:`.allocator` (the graph allocator), :mod:`.reserve` (one reserve from scratch), :mod:`.replay`
-(the same reserve replayed against a recorded one), :mod:`.simulate` (from a placement to the
-reserves, and the estimate) and :mod:`.buffers` (the planner's entry point).  This module re-exports
-what the rest of the planner uses.
+:mod:`.allocator` (the graph allocator), :mod:`.reserve` (one reserve from scratch),
+:mod:`.incremental` (the same reserve replayed against a recorded one: :mod:`.recording`,
+:mod:`.replay`, :mod:`.replay_alloc`), :mod:`.simulate` (from a placement to the reserves, and the
+estimate) and :mod:`.buffers` (the planner's entry point).  This module re-exports what the rest of
+the planner uses.
 
 llama.cpp sizes each backend's compute buffer by building the worst-case graph (``sched_reserve``:
 a prompt ubatch of ``min(n_ctx, n_ubatch)`` tokens over the full KV cache, then the one-token-per-
@@ -89,7 +90,7 @@ from offload_planner.core.compute.ggml import (
     mul_mat,
     nbytes,
 )
-from offload_planner.core.compute.replay import record_at_first_sight
+from offload_planner.core.compute.incremental import record_at_first_sight
 from offload_planner.core.compute.reserve import Reserve, reserve
 from offload_planner.core.compute.scheduler import Backend, Scheduler
 from offload_planner.core.compute.simulate import (

@@ -1,5 +1,5 @@
 """From the planner's model and placement to the reserves llama.cpp makes (``sched_reserve``),
-from scratch or replayed (:mod:`offload_planner.core.compute.replay`); the estimate for
+from scratch or replayed (:mod:`offload_planner.core.compute.incremental`); the estimate for
 architectures without a graph here."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from offload_planner.core.compute.archs import ARCH_GRAPHS
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
-from offload_planner.core.compute.replay import incremental_reserve
+from offload_planner.core.compute.incremental import incremental_reserve
 from offload_planner.core.compute.reserve import Reserve, reserve
 from offload_planner.core.compute.scheduler import (
     ASYNC_EVENTS,
@@ -162,7 +162,7 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
     reserves.  ``no_alloc`` gives what ``llama-fit-params`` / ``--fit`` estimate instead: the first pp
     reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
     ``incremental``: replay the reserves against a recorded run of the same graph
-    (:mod:`offload_planner.core.compute.replay`; the same result, in a fraction of the time)."""
+    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time)."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None

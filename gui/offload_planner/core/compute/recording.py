@@ -1,0 +1,363 @@
+"""The reference run of the incremental reserve: one full simulation of a reserve graph, recorded
+with everything a replay compares against (devices, pass 1-4 assignments, pass 5 state before every
+node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator
+from offload_planner.core.compute.ggml import (
+    CPU,
+    VIEW_OPS,
+    Graph,
+    T,
+    nbytes,
+)
+from offload_planner.core.compute.graph import Builder, Shape
+from offload_planner.core.compute.reserve import Reserve
+from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
+from offload_planner.core.placement import Placed
+
+_CK_STRIDE = 8
+
+
+#: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
+#: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
+#: moved back before a use whose count the window changes; tails: backends whose allocator was still
+#: in another state than the reference's after the window, replayed from the reference's event list;
+#: plain: first simulations of a topology, run without recording a reference
+stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
+         "tails": 0, "plain": 0}
+
+
+class Refuse(Exception):
+    """The replay cannot prove itself equal to the full run: run it in full."""
+
+
+# --- the reference run ---------------------------------------------------------------------------------
+
+
+class RecDyn(DynAllocator):
+    def __init__(self, alignment: int, events: list[tuple[int, int, str]], rec: RecAlloc) -> None:
+        super().__init__(alignment)
+        self.events = events
+        self.rec = rec
+
+    def alloc(self, size: int) -> int:
+        off = super().alloc(size)
+        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))
+        return off
+
+
+class RecAlloc(GraphAllocator):
+    """``GraphAllocator.run`` that also keeps a checkpoint at every split start."""
+
+    def __init__(self, backends: list[Backend]) -> None:
+        super().__init__(backends)
+        self.pos = -1
+        self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
+        self.allocs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
+        self.objs: dict[int, T] = {}
+        self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
+        # per backend, every allocator event in walk order (position of the node in tail_pos):
+        # (0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize, nsize, "")
+        # | (2 free, t, t, size, 0, "")
+        self.tail: list[list[Event]] = [[] for _ in backends]
+        self.tail_pos: list[list[int]] = [[] for _ in backends]
+
+    def allocate(self, t: T, bid: int) -> None:
+        self.objs[id(t)] = t
+        self.cand.add(id(t))
+        super().allocate(t, bid)
+
+    def on_alloc(self, t: T, bid: int, size: int) -> None:
+        self.tail_pos[bid].append(self.pos)
+        self.tail[bid].append((0, t, t, size, 0, self.where))
+
+    def on_inplace(self, t: T, p: T, bid: int, psize: int, nsize: int) -> None:
+        self.tail_pos[bid].append(self.pos)
+        self.tail[bid].append((1, t, p, psize, nsize, ""))
+
+    def on_free(self, t: T, bid: int, size: int) -> None:
+        self.tail_pos[bid].append(self.pos)
+        self.tail[bid].append((2, t, t, size, 0, ""))
+
+    def run_rec(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int],
+                checkpoints: set[int]) -> tuple[list[int], dict[int, Checkpoint]]:
+        if self.count(nodes, node_ids, leafs, leaf_ids):
+            raise Refuse("inputs allocated by the counting pass")
+        cks: dict[int, Checkpoint] = {}
+        for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
+            if pos in checkpoints:
+                live = {}
+                dead = []
+                own, objs = self.own, self.objs
+                for i in self.cand:
+                    t = objs[i]
+                    if i in own and (t.n_children or t.n_views):
+                        assert t.alloc is not None
+                        live[t] = (t.alloc, t.n_children, t.n_views)
+                    else:
+                        dead.append(i)
+                self.cand.difference_update(dead)
+                cks[pos] = Checkpoint([[list(b) for b in a.blocks] for a in self.allocs],
+                                       [a.max_size for a in self.allocs], list(self.peaks), self.layer,
+                                       live)
+            self.pos = pos
+            self.step(n, bid)
+        return [a.max_size for a in self.allocs], cks
+
+
+Event = tuple[int, T, T, int, int, str]
+
+
+@dataclass
+class Checkpoint:
+    blocks: list[list[list[int]]]
+    max_size: list[int]
+    peaks: list[str]
+    layer: str
+    live: dict[T, tuple[tuple[int, int], int, int]]
+    suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
+    _live_on: list[list[tuple[T, int]]] | None = None
+
+    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> list[tuple[T, int]]:
+        """The live tensors on backend ``b`` and their offsets, the latest created first (where two
+        states differ: long-lived inputs rarely move)."""
+        if self._live_on is None:
+            self._live_on = [[] for _ in range(n_backends)]
+            for t, ((tb, off), _, _) in sorted(self.live.items(), key=lambda e: -first.get(e[0], -1)):
+                self._live_on[tb].append((t, off))
+        return self._live_on[b]
+
+
+class Reference:
+    """One recorded full run of one reserve graph."""
+
+    def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
+                 op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
+                 kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str],
+                 keep_forced: bool = True) -> None:
+        self.sh, self.backends, self.op_offload = sh, backends, op_offload
+        self.unit_devices = list(unit_devices)
+        self.items = list(items)  # kept alive: later placements are compared with them by identity
+        b = Builder(sh, weights, layer_dev, kv_dev)
+        arch_fn(b)
+        g = self.g = b.g
+        self.sched = Scheduler(backends, 1, op_offload)
+        self.ids, self.cpu = self.sched.ids, self.sched.cpu
+        # the dry run (``keep_forced=False``) drops the forced backends, as split_graph does
+        forced = g.forced if keep_forced else {}
+        self._devices(g.leafs)
+        self._forced(g.nodes, forced, layer_dev)
+        self._passes_1_4(g, forced)
+        self._uses_in_graph(g.nodes)
+        self._pass5(g.nodes)
+        self.sched.build_copy(g)
+        self._positions()
+        self._record_allocator()
+
+    def _devices(self, leafs: list[T]) -> None:
+        """Which tensors carry a device, where it comes from, and which placement item gives it."""
+        self.dev_of: list[tuple[T, int, object]] = []  # (tensor, kind, key): 0 weight, 1 kv, 2 layer
+        names = {id(t): t for t in leafs}
+        for t in names.values():
+            if t.weights and t.name.startswith("rope_freqs-"):
+                self.dev_of.append((t, 2, int(t.name.rsplit("-", 1)[1])))
+            elif t.weights:
+                self.dev_of.append((t, 0, t.name))
+            elif t.dev is not None and t.name.startswith(("cache_k_l", "cache_v_l")):
+                self.dev_of.append((t, 1, int(t.name[9:])))
+            elif t.dev is not None:
+                raise Refuse(f"unknown device-carrying tensor {t.name}")
+        self.layer_dev_of = [e for e in self.dev_of if e[1] != 0]
+        # the weight leafs each placement item gives its device to (as weight_where names them)
+        item_of: dict[str, int] = {}
+        for i, it in enumerate(self.items):
+            if it.device is not None:
+                item_of["output.weight" if it.copy else it.tensor.name] = i
+        if "output.weight" not in item_of and "token_embd.weight" in item_of:
+            item_of["output.weight"] = item_of["token_embd.weight"]
+        self.leafs_of_item: dict[int, list[T]] = {}
+        for t, kind, key in self.dev_of:
+            if kind == 0:
+                assert isinstance(key, str)
+                if key not in item_of:
+                    raise Refuse("weight without a placement item")
+                self.leafs_of_item.setdefault(item_of[key], []).append(t)
+
+    def _forced(self, nodes: list[T], forced: dict[int, str], layer_dev: Callable[[int], str]) -> None:
+        """The nodes forced onto a backend: norms onto their layer's device, the rest the CPU's."""
+        self.forced: list[tuple[T, int]] = []  # (node, layer) of forced norms; -1: always CPU
+        by_id = {id(n): n for n in nodes}
+        self.forced_dev: dict[T, str] = {}
+        for i, dev in forced.items():
+            n = by_id.get(i)
+            if n is None:
+                continue
+            self.forced_dev[n] = dev
+            if n.name.rsplit("-", 1)[0] in ("norm", "l_last"):
+                il = int(n.name.rsplit("-", 1)[1])
+                if layer_dev(il) != dev:
+                    raise Refuse("forced device")
+                self.forced.append((n, il))
+            elif dev != CPU:
+                raise Refuse("forced device")
+
+    def _passes_1_4(self, g: Graph, forced: dict[int, str]) -> None:
+        """Scheduler passes 1-4, keeping pass 1's assignments; refused where pass 3 assigns or pass 4
+        does more than give views their source's backend."""
+        nodes, leafs, sched, ids = g.nodes, g.leafs, self.sched, self.ids
+        for t in leafs + nodes:
+            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
+        for t in leafs + nodes:
+            if t.bid == -1:
+                t.bid = sched.backend_of(t)
+        self.gidx = {n: i for i, n in enumerate(nodes)}
+        self.p1 = [n.bid for n in nodes]
+        if any(t.bid == -1 for t in leafs):
+            raise Refuse("unassigned leaf")
+        sched.expand(nodes)
+        p2 = [n.bid for n in nodes]
+        sched.pass3(nodes)
+        if [n.bid for n in nodes] != p2:
+            raise Refuse("pass 3 assigns")
+        self.orig_src = [tuple(n.src) for n in nodes]
+        sched.pass4(nodes)
+        for i, n in enumerate(nodes):
+            if n.op in VIEW_OPS:
+                assert n.view_src is not None
+                want = self.p1[i] if self.p1[i] != -1 else n.view_src.bid
+            else:
+                want = p2[i]
+            if n.bid != want:
+                raise Refuse("pass 4 assigns")
+
+    def _uses_in_graph(self, nodes: list[T]) -> None:
+        """Real nodes, consumers and views of every tensor in the graph's node order."""
+        self.real = [i for i, n in enumerate(nodes) if n.op not in VIEW_OPS]
+        self.ridx = {gi: r for r, gi in enumerate(self.real)}
+        self.consumers: dict[T, list[int]] = {}
+        self.views: dict[T, list[int]] = {}
+        # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
+        # can still be made or used (pass 5 copies sources for the real nodes' backends)
+        self.last_on: dict[tuple[T, int], int] = {}
+        for i, n in enumerate(nodes):
+            for s in self.orig_src[i]:
+                if s is not None:
+                    self.consumers.setdefault(s, []).append(i)
+                    if n.op not in VIEW_OPS:
+                        self.last_on[(s, n.bid)] = i
+            if n.view_src is not None:
+                self.views.setdefault(n.view_src, []).append(i)
+
+    def _positions(self) -> None:
+        """Positions in the scheduler's graph (split starts with their copies, nodes), and the uses of
+        every tensor there."""
+        sched = self.sched
+        self.ss: list[int] = []
+        self.split_at = {sp.i_start: k for k, sp in enumerate(self.splits)}
+        self.sp: dict[int, int] = {}
+        pos = 0
+        for sp in self.splits:
+            self.ss.append(pos)
+            pos += 2 * len(sp.inputs)
+            for gi in range(sp.i_start, sp.i_end):
+                self.sp[gi] = pos
+                pos += 1
+        assert pos == len(sched.nodes)
+        self.sched_nodes, self.sched_ids = sched.nodes, sched.node_ids
+        self.uses: dict[T, list[int]] = {}
+        self.first: dict[T, int] = {t: -1 for t in sched.leafs}
+        for p, n in enumerate(self.sched_nodes):
+            self.first.setdefault(n, p)
+            for s in n.src:
+                if s is not None:
+                    self.uses.setdefault(s, []).append(p)
+                    self.first.setdefault(s, p)
+        self.view_nodes: dict[T, list[T]] = {}
+        for n in self.sched_nodes:
+            if n.view_src is not None and n.op != "NONE":
+                self.view_nodes.setdefault(n.view_src, []).append(n)
+
+    def _record_allocator(self) -> None:
+        """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
+        copies and the reserve."""
+        sched, backends = self.sched, self.backends
+        galloc = RecAlloc(backends)
+        # checkpoints at every split start and every _CK_STRIDE positions: a replay starts at the last
+        # one before its first difference and stops at the first one where the state is the same again
+        self.ckpos = sorted(set(self.ss) | set(range(0, len(self.sched_nodes), _CK_STRIDE)))
+        self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
+                                              set(self.ckpos))
+        self.peaks = list(galloc.peaks)
+        self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
+        self.size_cache: dict[tuple[T, int], int] = {}
+        for evs in galloc.events:
+            best: tuple[int, str] = (-1, "")
+            k = len(evs)
+            for p in reversed(self.ckpos):
+                while k and evs[k - 1][0] >= p:
+                    k -= 1
+                    if evs[k][1] >= best[0]:
+                        best = (evs[k][1], evs[k][2])
+                ck = self.cks[p]
+                if ck.suffix is None:
+                    ck.suffix = []
+                ck.suffix.append(best)
+        self.copies = [0] * len(backends)
+        self.wcopies = [0] * len(backends)
+        for sp in self.splits:
+            for inp in sp.inputs:
+                self.copies[sp.backend] += nbytes(inp)
+                if inp.weights:
+                    self.wcopies[sp.backend] += nbytes(inp)
+        self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
+                               len(self.g.nodes), len(self.splits))
+
+    def _pass5(self, nodes: list[T]) -> None:
+        """``Scheduler._pass5`` recording the state before every node and where copies were made."""
+        sched = self.sched
+        n_nodes = len(nodes)
+        self.cur_before: list[int] = [-2] * n_nodes
+        self.ne_before: list[bool] = [False] * n_nodes
+        self.split_before: list[int] = [-1] * n_nodes
+        self.created: dict[tuple[T, int], int] = {}  # copy key -> node index that made it
+        self.copy_of: dict[tuple[T, int], T] = {}
+        self.input_pos: list[list[int]] = []
+        first = next((k for k, n in enumerate(nodes) if n.op not in VIEW_OPS), len(nodes))
+        split = Split(nodes[first].bid if first < len(nodes) else sched.cpu, 0)
+        splits = self.splits = sched.splits = [split]
+        self.input_pos.append([])
+        cur = split.backend
+        for i in range(first, n_nodes):
+            n = nodes[i]
+            if n.op in VIEW_OPS:
+                continue
+            self.cur_before[i], self.ne_before[i] = cur, bool(split.inputs)
+            self.split_before[i] = len(splits) - 1
+            need_new = n.bid == cur and bool(split.inputs) and any(
+                s is not None and s.weights and s.bid != cur and not sched.supports(s, cur) for s in n.src)
+            if n.bid != cur or need_new:
+                split.i_end = i
+                split = Split(n.bid, i)
+                splits.append(split)
+                self.input_pos.append([])
+                cur = n.bid
+            for j, s in enumerate(n.src):
+                if s is None or s.bid == cur or sched.supports(s, cur):
+                    continue
+                key = (id(s), cur)
+                if key not in sched.copies:
+                    sched.copies[key] = [sched.input_copy(s, 0)]
+                    self.created[(s, cur)] = i
+                    self.copy_of[(s, cur)] = sched.copies[key][0]
+                    split.inputs.append(s)
+                    self.input_pos[-1].append(i)
+                n.src[j] = sched.copies[key][0]
+        split.i_end = len(nodes)
+        self.created_sorted = [(gi, key) for key, gi in self.created.items()]  # in node order
+
+

@@ -1,0 +1,352 @@
+"""Step 4 of the incremental reserve (:mod:`.incremental`): the graph allocator over a replay's
+window from the reference's checkpoint, then the reference's per-backend events until each backend
+is in the reference's state again."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, peak_label
+from offload_planner.core.compute.ggml import (
+    INPLACE_OPS,
+    LAYER_SUFFIX,
+    OUTPUT,
+    T,
+    same_layout,
+)
+from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse, stats
+
+
+def replay_alloc(ref: Reference, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
+                  newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> tuple[list[int], list[str]]:
+    """Sizes and peak labels per backend: the allocator over the replay's sched window ``wnodes``
+    (which stands for the reference's positions ``wa`` to ``ref_end``), then the reference's nodes."""
+    return _AllocReplay(ref, wa, ref_end, wnodes, wids, newsrc, newdev).run()
+
+
+def same_node(n: T, r: T) -> bool:
+    """Window node ``n`` does what reference node ``r`` does: the same node, or the dependency
+    node of a split input on the same input (created again by the replay)."""
+    return n is r or (n.op == "NONE" and r.op == "NONE" and n.view_src is not None
+                      and n.view_src is r.view_src and n.src == r.src)
+
+
+
+class _AllocReplay:
+    """The allocator walk of one replay: its start, state and counts (see the module's step 4)."""
+
+    def __init__(self, ref: Reference, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
+                 newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> None:
+        # location changes of allocatable tensors would change the leaf pass
+        for t in newdev:
+            if t.location is None:
+                raise Refuse("location")
+        self.ref, self.ref_end, self.newsrc, self.newdev = ref, ref_end, newsrc, newdev
+        self.sizer = GraphAllocator(ref.backends)
+        self.wa, self.wnodes, self.wids = wa, wnodes, wids
+        self.w_ref: dict[T, int] = {}
+        self.w_new: dict[T, int] = {}
+        self.changed: set[T] = set()
+        self._move_start(self._first_difference())
+        self._restore()
+
+    # --- counts --------------------------------------------------------------------------------
+
+    def srcs(self, n: T) -> tuple[T | None, ...] | list[T | None]:
+        s = self.newsrc.get(n)
+        return n.src if s is None else s
+
+    def r_ref(self, t: T) -> int:
+        """Uses of ``t`` at or after the start in the reference."""
+        u = self.ref.uses.get(t)
+        return 0 if u is None else len(u) - bisect.bisect_left(u, self.wa)
+
+    def r_new(self, t: T) -> int:
+        return self.r_ref(t) - self.w_ref.get(t, 0) + self.w_new.get(t, 0)
+
+    def total_new(self, t: T) -> int:
+        u = self.ref.uses.get(t)
+        return (0 if u is None else len(u)) - self.w_ref.get(t, 0) + self.w_new.get(t, 0)
+
+    def v_new(self, t: T) -> int:
+        return sum(1 for v in self.ref.view_nodes.get(t, ()) if self.total_new(v) == 0 or self.r_new(v) > 0)
+
+    def fixed(self, t: T) -> bool:
+        """Never allocated by the graph allocator (it or its view source has a buffer)."""
+        b = t.view_src if t.view_src is not None else t
+        return self.newdev.get(b, b.dev) is not None
+
+    def NC(self, t: T) -> int:
+        c = self.nc.get(t)
+        if c is None:
+            c = self.nc[t] = self.r_new(t)
+        return c
+
+    def NV(self, t: T) -> int:
+        c = self.nv.get(t)
+        if c is None:
+            c = self.nv[t] = self.v_new(t)
+        return c
+
+    # --- the start -----------------------------------------------------------------------------
+
+    def _first_difference(self) -> int:
+        """The window's start equal to the reference's (same nodes, backends and sources) is not
+        replayed: the reference position of the first difference."""
+        ref, wnodes, wids, wa = self.ref, self.wnodes, self.wids, self.wa
+        rnodes, rids = ref.sched_nodes, ref.sched_ids
+        f, lim = 0, min(len(wnodes), self.ref_end - wa)
+        while f < lim:
+            n, r = wnodes[f], rnodes[wa + f]
+            if wids[f] != rids[wa + f] or not same_node(n, r):
+                break
+            ns = self.newsrc.get(n)
+            if ns is not None and ns != r.src:
+                break
+            f += 1
+        return wa + f
+
+    def _move_start(self, target: int) -> None:
+        """Start at the last checkpoint at or before ``target``.  Decisions before the start must not
+        depend on the window's difference: a tensor whose count differs and that the allocator
+        handles must, if it appeared before the start, have uses left there in both runs (then
+        neither run freed it or reused it in place before, and the reference's checkpoint holds it);
+        else the start moves back to before its last use (or its creation)."""
+        ref = self.ref
+        ckpos, uses, first = ref.ckpos, ref.uses, ref.first
+        rnodes, rids = ref.sched_nodes, ref.sched_ids
+        w0, win0, wid0 = self.wa, self.wnodes, self.wids
+        while True:
+            c0 = ckpos[bisect.bisect_right(ckpos, target) - 1]
+            if c0 < w0:  # before the window: the reference's nodes up to it
+                self.wnodes, self.wids = rnodes[c0:w0] + win0, rids[c0:w0] + wid0
+            else:
+                self.wnodes, self.wids = win0[c0 - w0:], wid0[c0 - w0:]
+            wa = self.wa = c0
+            self._count_window()
+            back = wa
+            for t in self.changed:
+                if self.fixed(t) or first.get(t, wa) >= wa or (self.r_ref(t) > 0 and self.r_new(t) > 0):
+                    continue
+                u = uses.get(t, [])
+                k = bisect.bisect_left(u, wa)
+                back = min(back, u[k - 1] if k else first[t])
+            if back == wa:
+                return
+            if back < 0:
+                raise Refuse("count of an input used before the window")
+            stats["moved_back"] += 1
+            target = back
+
+    def _count_window(self) -> None:
+        """Uses inside the window in each run, and the tensors whose count differs."""
+        rnodes = self.ref.sched_nodes
+        w_ref: dict[T, int] = {}
+        for q in range(self.wa, self.ref_end):
+            for s in rnodes[q].src:
+                if s is not None:
+                    w_ref[s] = w_ref.get(s, 0) + 1
+        w_new: dict[T, int] = {}
+        for n in self.wnodes:
+            for s in self.srcs(n):
+                if s is not None:
+                    w_new[s] = w_new.get(s, 0) + 1
+        self.w_ref, self.w_new = w_ref, w_new
+        self.changed = {t for t in set(w_ref) | set(w_new) if w_ref.get(t, 0) != w_new.get(t, 0)}
+
+    def _restore(self) -> None:
+        """The allocator state of the reference's checkpoint at the start, with the new counts."""
+        ref = self.ref
+        ck = self.ck = ref.cks[self.wa]
+        self.allocs = []
+        for a, blocks, mx in zip(ref.backends, ck.blocks, ck.max_size, strict=True):
+            d = DynAllocator(a.alignment)
+            d.blocks = [list(b) for b in blocks]
+            d.max_size = mx
+            self.allocs.append(d)
+        self.peaks = list(ck.peaks)
+        self.own: dict[T, tuple[int, int]] = {t: al for t, (al, _, _) in ck.live.items()}
+        self.nc: dict[T, int] = {}
+        self.nv: dict[T, int] = {}
+        changed = self.changed
+        for t, (_, c, v) in ck.live.items():
+            if (self.NC(t) != c or self.NV(t) != v) and t not in changed \
+                    and not any(x in changed for x in ref.view_nodes.get(t, ())):
+                raise Refuse("live counts")
+        self.where = ck.layer
+        self.cur = self.wnodes[0] if self.wnodes else ref.sched_nodes[self.wa]
+
+    # --- the walk ------------------------------------------------------------------------------
+
+    def size(self, t: T, b: int) -> int:
+        k = (t, b)
+        cache = self.ref.size_cache
+        v = cache.get(k)
+        if v is None:
+            v = self.sizer.size(t, b)
+            if t in self.ref.first:
+                cache[k] = v
+        return v
+
+    def allocate(self, t: T, b: int) -> None:
+        own = self.own
+        if t in own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
+            return
+        if t.op in INPLACE_OPS:
+            for p in self.srcs(t):
+                if p is None or p not in own or p.flags & OUTPUT:
+                    continue
+                if p.view_src is not None and p.view_src.flags & OUTPUT:
+                    continue
+                if not same_layout(t, p) or self.NC(p) != 1 or self.NV(p) != 0:
+                    continue
+                if p.view_src is not None:
+                    continue
+                pal = own.pop(p)
+                own[t] = pal
+                pb, poff = pal
+                al = self.allocs[pb]
+                psize, nsize = al.align(self.size(p, pb)), al.align(self.size(t, b))
+                if psize > nsize:
+                    al.free(poff + nsize, psize - nsize)
+                return
+        al = self.allocs[b]
+        before = al.max_size
+        own[t] = (b, al.alloc(self.size(t, b)))
+        if al.max_size > before:
+            self.peaks[b] = peak_label(self.cur, self.where)
+
+    def free(self, t: T) -> None:
+        if t.flags & OUTPUT:
+            return
+        b, off = self.own.pop(t)
+        self.allocs[b].free(off, self.size(t, b))
+
+    def release(self, p: T) -> None:
+        """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
+        nc, nv, NC, NV = self.nc, self.nv, self.NC, self.NV
+        c = NC(p) - 1
+        nc[p] = c
+        if c or NV(p):
+            return
+        if p.view_src is not None:
+            vs = p.view_src
+            v = NV(vs) - 1
+            nv[vs] = v
+            if v == 0 and NC(vs) == 0 and vs in self.own:
+                self.free(vs)
+        elif p in self.own:
+            self.free(p)
+
+    def run(self) -> tuple[list[int], list[str]]:
+        ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
+        rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
+        allocate, release = self.allocate, self.release
+        delta = len(wnodes) - (self.ref_end - wa)
+        for q in range(wa, len(rnodes) + delta):
+            if q >= wa + len(wnodes):
+                qr = q - delta
+                ckq = cks.get(qr)
+                if ckq is not None and _same_live(ckq, self.own, self.NC, self.NV):
+                    return _tails(ref, qr, self.allocs, self.own, self.peaks)
+                n, b = rnodes[qr], rids[qr]
+            else:
+                n, b = wnodes[q - wa], wids[q - wa]
+            self.cur = n
+            if (m := LAYER_SUFFIX.search(n.name)) is not None:
+                self.where = f" (layer {m.group(1)})"
+            ss = self.srcs(n)
+            for s in ss:
+                if s is not None:
+                    allocate(s, b)
+            allocate(n, b)
+            for p in ss:
+                if p is not None:
+                    release(p)
+        return [a.max_size for a in self.allocs], self.peaks
+
+
+def _same_live(ck: Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],
+               NV: Callable[[T], int]) -> bool:
+    """The same tensors live on the same backends with the same counts as at the reference's
+    checkpoint (where they are may differ): from here the allocator sees the reference's events."""
+    n_live = 0
+    live = ck.live
+    for t, al in own.items():
+        c, v = NC(t), NV(t)
+        if not c and not v:
+            continue
+        n_live += 1
+        e = live.get(t)
+        if e is None or e[0][0] != al[0] or e[1] != c or e[2] != v:
+            return False
+    return n_live == len(live)
+
+
+def _tails(ref: Reference, qr: int, allocs: list[DynAllocator], own: dict[T, tuple[int, int]],
+           peaks: list[str]) -> tuple[list[int], list[str]]:
+    """Per backend, the rest of the walk from reference position ``qr`` (whose live set is the
+    reference's): the reference's allocator events on this backend's own blocks and offsets, until
+    they equal the reference's at a checkpoint (then the reference's maximum from there on)."""
+    ck = ref.cks[qr]
+    sizes, labels = [], []
+    for b, al in enumerate(allocs):
+        own_b = {t: off for t, (tb, off) in own.items() if tb == b}
+        size, label = al.max_size, peaks[b]
+        if _same_on(ref, ck, b, al, own_b):
+            size, label = _with_suffix(ck, b, size, label)
+        else:
+            size, label = _tail(ref, b, qr, al, own_b, label)
+        sizes.append(size)
+        labels.append(label)
+    return sizes, labels
+
+
+def _same_on(ref: Reference, ck: Checkpoint, b: int, al: DynAllocator, own_b: dict[T, int]) -> bool:
+    if al.blocks != ck.blocks[b]:
+        return False
+    get = own_b.get
+    return all(get(t) == off for t, off in ck.live_on(b, len(ref.backends), ref.first))
+
+
+def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, str]:
+    """The maximum so far combined with the reference's from the checkpoint on (a tie keeps the
+    earlier allocation's label, as the allocator does)."""
+    assert ck.suffix is not None
+    s_max, s_label = ck.suffix[b]
+    return (size, label) if size >= s_max else (s_max, s_label)
+
+
+def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int],
+          label: str) -> tuple[int, str]:
+    """Backend ``b``'s events from position ``qr`` on; checked against the reference's state at every
+    checkpoint after some event (without events neither state changes)."""
+    stats["tails"] += 1
+    evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
+    k, n = bisect.bisect_left(poss, qr), len(poss)
+    n_ck = len(ckpos)
+    alloc, free, pop = al.alloc, al.free, own_b.pop
+    while k < n:
+        c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
+        hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
+        for kind, t, p, x, y, lab in evs[k:hi]:
+            if kind == 0:
+                before = al.max_size
+                own_b[t] = alloc(x)
+                if al.max_size > before:
+                    label = lab
+            elif kind == 2:
+                free(pop(t), x)
+            else:
+                off = own_b[t] = pop(p)
+                if x > y:
+                    free(off + y, x - y)
+        k = hi
+        if c < n_ck:
+            ck = ref.cks[ckpos[c]]
+            if _same_on(ref, ck, b, al, own_b):
+                return _with_suffix(ck, b, al.max_size, label)
+    return al.max_size, label
+
+
