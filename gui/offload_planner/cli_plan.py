@@ -28,15 +28,22 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="place every tensor and project each device's memory for a llama-server command line",
         description="Say which device every tensor lands on and how many bytes llama.cpp allocates "
         "on each device, per buffer (weights, KV cache, compute, output), for MODEL and the "
-        "llama-server arguments after `--`. Devices: --rpc servers from the arguments (RPC0, RPC1, "
-        "... first, as llama.cpp orders them), NVIDIA GPUs found through NVML, and --device "
-        "declarations (which also set the capacity of a device of the same name).",
-        epilog="example: offload-planner plan model.gguf --device CUDA0=24GiB -- -ngl 999 "
+        "llama-server arguments after `--` (and the LLAMA_ARG_* variables of the environment, "
+        "as llama-server reads them). Devices, in llama.cpp's order whatever order they are given "
+        "in: --rpc servers from the arguments (RPC0, RPC1, ...), then GPUs by backend and index "
+        "(CUDA0, CUDA1, ...): NVIDIA GPUs found through NVML and --device declarations (which also "
+        "set the capacity of a device of the same name). A command llama-server would refuse prints "
+        "only the error; every value it changes silently (-c 32k is read as 32) is a note.",
+        epilog="exit status: 0 the plan fits; 2 a refused command, file or option (the message "
+        "alone, on stderr); 3 a device is over capacity (a row marked OVER) and the pinned build's "
+        "--fit does not make it fit. "
+        "example: offload-planner plan model.gguf --device CUDA0=24GiB -- -ngl 999 "
         "-ot exps=CPU -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
     p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
-                   help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable)")
+                   help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable); a size needs "
+                   "its unit: 24GiB = 24G, 24GB, 8000MiB, 1TiB, 4096B")
     p.add_argument("--backend", default="llama.cpp", metavar="PATH|DIALECT",
                    help="a llama-server executable to detect the dialect from, or one of: "
                    + ", ".join(DIALECTS) + " (default: llama.cpp, the pinned build)")
