@@ -127,13 +127,17 @@ def llama_order(device: Device) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class DeviceSet:
-    """The CPU plus llama.cpp's ordered list of offload devices (sorted into llama.cpp's order)."""
+    """The CPU plus llama.cpp's ordered list of offload devices: ``gpus`` are sorted into
+    llama.cpp's order (:func:`llama_order`) unless ``reported_order`` says they are in the order a
+    running llama-server reported them (its log is the authority)."""
 
     cpu: Device
     gpus: tuple[Device, ...] = field(default_factory=tuple)
+    reported_order: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gpus", tuple(sorted(self.gpus, key=llama_order)))
+        if not self.reported_order:
+            object.__setattr__(self, "gpus", tuple(sorted(self.gpus, key=llama_order)))
 
     def buffer_types(self) -> dict[str, str]:
         """Device name -> the buffer type name ``-ot`` takes for it (``RPC0[host:port]`` for RPC)."""

@@ -192,10 +192,11 @@ def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> lis
     and picks a layer's device with ``upper_bound`` (``llama-model.cpp``): a NaN or infinite value
     makes the split points NaN, no point is above the layer's fraction, the index is one past the
     last device and ``devices.at()`` throws, so the model does not load; a negative one breaks the
-    increasing order ``upper_bound`` needs (layers go to unintended devices, or loading fails)."""
+    increasing order ``upper_bound`` needs (layers go to unintended devices, or loading fails).
+    With ``-ngl 0`` no layer looks at the split points, and nothing fails."""
     split = parsed.args.tensor_split
     gpus = [d for d in (parsed.args.devices or device_names) if d not in ("none", "CPU")]
-    if not split or not gpus:
+    if not split or not gpus or parsed.args.n_gpu_layers == 0:  # -ngl 0: no layer asks for a device
         return []
     used = split[: len(gpus)]
     use = next((u for u in reversed(parsed.flags) if u.key == "--tensor-split"), None)
@@ -203,9 +204,9 @@ def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> lis
     value = use.values[0] if use and use.values else ",".join(map(str, split))
     if any(math.isnan(v) or math.isinf(v) for v in used):
         return [ArgError(flag, value, f"{flag} {value}: a NaN or infinite proportion: llama.cpp accepts it "
-                         "and then fails to load the model (std::out_of_range)", Stage.LOAD,
-                         "the split points become NaN and no layer gets a device; give finite proportions "
-                         "such as 3,1")]
+                         "and then fails while loading the model", Stage.LOAD,
+                         "the split points become NaN, a layer's device index falls past the last device "
+                         "(std::out_of_range); give finite proportions such as 3,1")]
     if any(v < 0 for v in used):
         return [ArgError(flag, value, f"{flag} {value}: a negative proportion: llama.cpp does not check it "
                          "and places layers by split points that no longer increase", Stage.LOAD,
