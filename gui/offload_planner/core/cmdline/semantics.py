@@ -202,15 +202,21 @@ def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> lis
     use = next((u for u in reversed(parsed.flags) if u.key == "--tensor-split"), None)
     flag = (use.env or use.spelling) if use else "-ts"
     value = use.values[0] if use and use.values else ",".join(map(str, split))
+    n = len(gpus)
     if any(math.isnan(v) or math.isinf(v) for v in used):
-        return [ArgError(flag, value, f"{flag} {value}: a NaN or infinite proportion: llama.cpp accepts it "
-                         "and then fails while loading the model", Stage.LOAD,
-                         "the split points become NaN, a layer's device index falls past the last device "
-                         "(std::out_of_range); give finite proportions such as 3,1")]
+        # the pinned build's words, checked with one and two RPC devices
+        message = (f"llama_model_load: error loading model: vector::_M_range_check: __n (which is {n}) >= "
+                   f"this->size() (which is {n})")
+        if parsed.dialect is Dialect.IK:
+            message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
+        return [ArgError(flag, value, message, Stage.LOAD,
+                         f"{flag} {value}: a NaN or infinite proportion: llama.cpp accepts it, every split "
+                         "point becomes NaN and no layer finds a device; give finite proportions, e.g. 3,1")]
     if any(v < 0 for v in used):
-        return [ArgError(flag, value, f"{flag} {value}: a negative proportion: llama.cpp does not check it "
-                         "and places layers by split points that no longer increase", Stage.LOAD,
-                         "give proportions >= 0 such as 3,1 (0 gives a device no layers)")]
+        return [ArgError(flag, value, f"{flag} {value}: a negative proportion", Stage.LOAD,
+                         "llama.cpp does not check it: the split points stop increasing or are divided by a "
+                         "sum of 0, so layers skip a device (-ts -1,2 puts every layer on the second) or the "
+                         "model fails to load (-ts 1,-1); give proportions >= 0 such as 3,1")]
     return []
 
 
