@@ -47,7 +47,7 @@ OPT_STR = (str, type(None))
 MODEL_KEYS = {
     "arch": str,
     "name": str,
-    "params_b": (int, float),
+    "params_b": OPT_NUM,
     "active_params_b": OPT_NUM,
     "quant": str,
     "size_gib": OPT_NUM,
@@ -133,8 +133,8 @@ def _measured_errors(rid: str, measured: dict[str, Any], quote: str) -> list[str
     if measured["pp_tps"] is None and measured["tg_tps"] is None:
         errors.append(f"{rid}: neither pp_tps nor tg_tps measured")
     for rate, count in (("pp_tps", "pp_tokens"), ("tg_tps", "tg_tokens")):
-        if (measured[rate] is None) != (measured[count] is None):
-            errors.append(f"{rid}: {rate} and {count} must both be set or both be null")
+        if measured[rate] is None and measured[count] is not None:
+            errors.append(f"{rid}: {count} is set but {rate} is null")
         for key in (rate, count):
             value = measured[key]
             if value is not None and value <= 0:
@@ -173,9 +173,14 @@ def test_ids_are_unique_and_enough_records() -> None:
 
 
 def _is_moe(record: dict[str, Any]) -> bool:
-    model = record["model"]
-    return bool(model["n_expert"]) or (
-        model["active_params_b"] is not None and model["active_params_b"] < model["params_b"]
+    """Known expert count, fewer active than total parameters, or expert tensors named in the flags."""
+    model, settings = record["model"], record["settings"]
+    active, total = model["active_params_b"], model["params_b"]
+    return (
+        bool(model["n_expert"])
+        or (active is not None and total is not None and active < total)
+        or settings["n_cpu_moe"] is not None
+        or any("exps" in rule for rule in settings["ot"])
     )
 
 
