@@ -18,7 +18,7 @@ import pytest
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cuda_logs" / "public_cuda_logs.json"
 
-MIN_RECORDS = 4
+MIN_RECORDS = 15
 URL_RE = re.compile(
     r"^https://github\.com/(ggml-org/llama\.cpp|ikawrakow/ik_llama\.cpp|ggml-org/ci)"
     r"/((issues|pull|discussions)/\d+|blob/[0-9a-f]{40}/[\w./-]+)$"
