@@ -61,7 +61,8 @@ CONTEXT = {
 def buffers_in(log: str) -> list[dict[str, Any]]:
     """Every ``<device> [kind] buffer size = X MiB`` line of a log, in order."""
     return [
-        {"device": m["dev"], "kind": KINDS[m["kind"]], "mib": float(m["mib"])} for m in BUFFER_RE.finditer(log)
+        {"device": m["dev"], "kind": KINDS[m["kind"]], "mib": float(m["mib"])}
+        for m in BUFFER_RE.finditer(log)
     ]
 
 
