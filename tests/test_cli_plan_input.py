@@ -74,6 +74,11 @@ def test_a_size_without_a_unit_is_refused_with_the_accepted_forms(decl: str) -> 
     assert err.count("\n") == 1
 
 
+def test_the_window_refuses_a_size_without_a_unit_before_anything_else() -> None:
+    err = refused(run("gui", "--device", "CUDA0=24"))  # no display in this environment either
+    assert "--device 'CUDA0=24'" in err and "no unit" in err
+
+
 # --- 6. errors first and alone, every silent change a note ----------------------------------------
 
 

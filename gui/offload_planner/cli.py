@@ -33,6 +33,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_gui(args: argparse.Namespace) -> int:
+    from offload_planner.core.devices import parse_device_decl
+
+    for decl in args.device:  # a bad --device is reported before anything else (display, Qt)
+        parse_device_decl(decl)
     from offload_planner.ui.app import run_gui
 
     try:
