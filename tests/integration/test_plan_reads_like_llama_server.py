@@ -1,9 +1,11 @@
-"""`-ts` values llama.cpp accepts and then cannot use, checked against the real llama-server on two
-ggml-rpc-servers: a NaN proportion fails the load with the message `plan` prints, and a negative
+"""Values as the real llama-server reads them, against `plan`: `-c 32k` is read as 32 (std::stoi),
+which `plan` follows and notes; `-ts` values llama.cpp accepts and then cannot use (on two
+ggml-rpc-servers): a NaN proportion fails the load with the message `plan` prints, and a negative
 one either puts every layer on one device or fails the load; `plan` refuses both, naming -ts."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +69,21 @@ def test_a_negative_split_that_loads_leaves_a_device_empty(
     assert len(buffers) == 1 and rpc[1] in buffers[0], buffers  # every layer on the second device
     r = _plan(model, rpc, "-1,2")
     assert r.returncode == 2 and "-ts -1,2: a negative proportion" in r.stderr
+
+
+def test_c_32k_is_read_as_32_by_the_server_and_by_plan(
+    llama_server: Path, small_models: dict[str, Path], tmp_path: Path
+) -> None:
+    model = small_models["qwen3moe"]
+    args = ["-c", "32k", "-ngl", "0", "-np", "1", "-fit", "off"]
+    with running_process([str(llama_server), "-m", str(model), *args, "--host", "127.0.0.1",
+                          "--port", str(free_port())], log_path=tmp_path / "srv.log",
+                         ready=r"listening on http://", timeout=120) as proc:
+        served = proc.wait_for(r"n_ctx_slot = (\d+)", 10)
+    r = subprocess.run([sys.executable, "-m", "offload_planner", "plan", str(model), "--json", "--no-detect",
+                        "--", *args], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["context"]["n_ctx"] == int(served.group(1)) == 256  # 32 cells, padded to 256
+    assert any(n.startswith("-c 32k: llama-server reads 32 and ignores 'k'") for n in d["notes"])
