@@ -71,7 +71,7 @@ def _dialect(backend: str) -> str:
     return str(detect_dialect(run("--version"), run("--help")))
 
 
-EXIT_OK, EXIT_REFUSED, EXIT_OVER = 0, 2, 3
+EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
 
 
 def _open_model(path: str) -> Model:
