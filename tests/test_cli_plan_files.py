@@ -29,10 +29,13 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(SMALL_MODELS["qwen3moe"], tmp_path_factory.mktemp("cli_plans") / "qwen3moe.gguf")[0]
 
 
-def _plan_file(path: Path, model: Path, extra: list[str] | None = None, model_path: str | None = None) -> Path:
+def _plan_file(
+    path: Path, model: Path, extra: list[str] | None = None, model_path: str | None = None
+) -> Path:
     m = open_model(model)
-    plan = plan_from_args(m, DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30), ()),
-                          argparse.Namespace(ctx_size=2048))
+    plan = plan_from_args(
+        m, DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30), ()), argparse.Namespace(ctx_size=2048)
+    )
     data = plan_json(PlanFile.of(replace(plan, extra_args=list(extra or []))))
     data["extra_args"] = list(extra or [])
     if model_path is not None:
@@ -43,10 +46,22 @@ def _plan_file(path: Path, model: Path, extra: list[str] | None = None, model_pa
 
 def _run(args: list[str], home: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """``python -m offload_planner ARGS`` with a temporary config home, offscreen, no stdin."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "gui"), "QT_QPA_PLATFORM": "offscreen",
-           "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
-    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=home, stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "gui"),
+        "QT_QPA_PLATFORM": "offscreen",
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "offload_planner", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=home,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _gui(plan: Path, home: Path, *more: str) -> subprocess.CompletedProcess[str]:
@@ -104,9 +119,11 @@ def _fake_server(tmp_path: Path) -> tuple[Path, Path]:
     """An executable that records its arguments when run with a model (-m), then fails."""
     marker = tmp_path / "ran.json"
     exe = tmp_path / "llama-server"
-    exe.write_text(f"#!{sys.executable}\nimport json, sys\n"
-                   f"if '-m' in sys.argv:\n    open({str(marker)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
-                   "    sys.exit(1)\nprint('version: 1 (abc)')\n")
+    exe.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"if '-m' in sys.argv:\n    open({str(marker)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+        "    sys.exit(1)\nprint('version: 1 (abc)')\n"
+    )
     exe.chmod(0o755)
     return exe, marker
 
@@ -115,14 +132,19 @@ def _fake_server(tmp_path: Path) -> tuple[Path, Path]:
 def test_launch_of_a_plan_file_shows_the_command_and_needs_yes(tmp_path: Path, model_path: Path) -> None:
     exe, marker = _fake_server(tmp_path)
     log = tmp_path / "server.log"
-    plan = _plan_file(tmp_path / "p.plan.json", model_path,
-                      ["--host", "0.0.0.0", "--log-file", str(log), "--api-key", "sk-never-printed"])
+    plan = _plan_file(
+        tmp_path / "p.plan.json",
+        model_path,
+        ["--host", "0.0.0.0", "--log-file", str(log), "--api-key", "sk-never-printed"],
+    )
     r = _run(["launch", str(plan), "--server", str(exe), "--no-detect"], tmp_path)
     assert r.returncode == 2, r.stderr
     err = r.stderr
     assert "launches:" in err and str(exe) in err
     assert "--host 0.0.0.0" in err and str(model_path) in err and "-fit off" in err
-    assert "look at --host: listens on 0.0.0.0" in err and f"look at --log-file: writes its log to {log}" in err
+    assert (
+        "look at --host: listens on 0.0.0.0" in err and f"look at --log-file: writes its log to {log}" in err
+    )
     assert "sk-never-printed" not in err and "pass --yes" in err
     assert not marker.exists(), "the server was not started"
 

@@ -22,8 +22,9 @@ def plan_file_command(args: argparse.Namespace, after: list[str]) -> tuple[str, 
 
     pf = load_plan(args.model)
     if pf.model_is_url:
-        raise PlannerError(f"{args.model}: the plan's model is a URL ({pf.model_path}); llama-server "
-                           "needs a local file")
+        raise PlannerError(
+            f"{args.model}: the plan's model is a URL ({pf.model_path}); llama-server needs a local file"
+        )
     require_regular_file(pf.model_path, f"{args.model}: the plan's model")
     plan, _notes = pf.to_plan(open_model(pf.model_path))
     return pf.model_path, [*plan_command(plan), *after], plan.dialect
@@ -38,13 +39,22 @@ def plan_file_launch(args: argparse.Namespace, after: list[str], err: TextIO) ->
 
     model, server_args, dialect = plan_file_command(args, after)
     port = args.port if args.port is not None else None
-    cmd = launch.build_command(args.server or "llama-server", server_args, dialect=dialect, model=model,
-                               host=args.host, port=port, verbose_log=not args.no_verbose_log,
-                               wrapper=shlex.split(args.wrapper))
+    cmd = launch.build_command(
+        args.server or "llama-server",
+        server_args,
+        dialect=dialect,
+        model=model,
+        host=args.host,
+        port=port,
+        verbose_log=not args.no_verbose_log,
+        wrapper=shlex.split(args.wrapper),
+    )
     env = {k: v for k, v in launch.parse_env_assignments(args.env).items() if v is not None}
     concerns = review_args(cmd.server_args, dialect, env=env)
-    err.write(f"offload-planner: the plan file {args.model} launches:\n  "
-              f"{format_command(masked(cmd.argv), 'bash')}\n")
+    err.write(
+        f"offload-planner: the plan file {args.model} launches:\n  "
+        f"{format_command(masked(cmd.argv), 'bash')}\n"
+    )
     for c in concerns:
         err.write(f"offload-planner: look at {c.line()}\n")
     err.flush()

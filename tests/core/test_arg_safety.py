@@ -11,8 +11,23 @@ from offload_planner.core.arg_safety import is_loopback, masked, review_args, st
 def test_secrets_are_found_in_every_spelling_and_dialect() -> None:
     for dialect in ("llama.cpp", "llama.cpp-2025", "ik_llama.cpp"):
         kept, removed = strip_secrets(
-            ["-t", "8", "--api-key", "k1", "-hft", "h1", "--hf-token", "h2", "--hf_token", "h3",
-             "--api-key=k2", "--port", "8080"], dialect)
+            [
+                "-t",
+                "8",
+                "--api-key",
+                "k1",
+                "-hft",
+                "h1",
+                "--hf-token",
+                "h2",
+                "--hf_token",
+                "h3",
+                "--api-key=k2",
+                "--port",
+                "8080",
+            ],
+            dialect,
+        )
         assert kept == ["-t", "8", "--port", "8080"], dialect
         assert removed == ["--api-key", "-hft", "--hf-token", "--hf_token", "--api-key"]
 
@@ -23,7 +38,13 @@ def test_a_value_that_looks_like_a_secret_flag_is_a_value() -> None:
 
 
 def test_masked_hides_only_secret_values() -> None:
-    assert masked(["--api-key", "k", "--hf-token=h", "-t", "4"]) == ["--api-key", "***", "--hf-token=***", "-t", "4"]
+    assert masked(["--api-key", "k", "--hf-token=h", "-t", "4"]) == [
+        "--api-key",
+        "***",
+        "--hf-token=***",
+        "-t",
+        "4",
+    ]
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.9.9.9", "::1", "[::1]", "localhost", "LOCALHOST"])
@@ -50,23 +71,64 @@ def test_a_public_host_without_an_api_key_is_flagged() -> None:
 
 
 def test_flags_that_write_files() -> None:
-    got = _flags(["--log-file", "/etc/x", "--slot-save-path", "/tmp", "-lcd", "/c", "--log-prompts-dir", "/p",
-                  "-lcs", "/static"])
-    assert got == {"--log-file": "writes", "--slot-save-path": "writes", "-lcd": "writes",
-                   "--log-prompts-dir": "writes"}, "the static lookup cache is only read"
+    got = _flags(
+        [
+            "--log-file",
+            "/etc/x",
+            "--slot-save-path",
+            "/tmp",
+            "-lcd",
+            "/c",
+            "--log-prompts-dir",
+            "/p",
+            "-lcs",
+            "/static",
+        ]
+    )
+    assert got == {
+        "--log-file": "writes",
+        "--slot-save-path": "writes",
+        "-lcd": "writes",
+        "--log-prompts-dir": "writes",
+    }, "the static lookup cache is only read"
     assert _flags(["--log-file", "/x", "--slot-save-path", "/tmp"], "ik_llama.cpp") == {
-        "--log-file": "writes", "--slot-save-path": "writes"}
+        "--log-file": "writes",
+        "--slot-save-path": "writes",
+    }
 
 
 def test_flags_that_run_tools_or_expose_files() -> None:
-    got = _flags(["--tools", "all", "-ag", "--path", "/srv", "--media-path", "/m", "--props",
-                  "--cors-origins", "*", "--models-preset", "/p.ini"])
-    assert got == {"--tools": "runs", "-ag": "runs", "--path": "exposes", "--media-path": "exposes",
-                   "--props": "exposes", "--cors-origins": "exposes", "--models-preset": "runs"}
+    got = _flags(
+        [
+            "--tools",
+            "all",
+            "-ag",
+            "--path",
+            "/srv",
+            "--media-path",
+            "/m",
+            "--props",
+            "--cors-origins",
+            "*",
+            "--models-preset",
+            "/p.ini",
+        ]
+    )
+    assert got == {
+        "--tools": "runs",
+        "-ag": "runs",
+        "--path": "exposes",
+        "--media-path": "exposes",
+        "--props": "exposes",
+        "--cors-origins": "exposes",
+        "--models-preset": "runs",
+    }
 
 
 def test_flags_that_reach_other_machines() -> None:
-    got = review_args(["--rpc", "127.0.0.1:50052,10.1.2.3:50052", "-hf", "org/model", "-mu", "https://x/m.gguf"])
+    got = review_args(
+        ["--rpc", "127.0.0.1:50052,10.1.2.3:50052", "-hf", "org/model", "-mu", "https://x/m.gguf"]
+    )
     assert [(c.flag, c.what) for c in got] == [("--rpc", "network"), ("-hf", "network"), ("-mu", "network")]
     assert "10.1.2.3:50052" in got[0].text
 

@@ -22,7 +22,6 @@ from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_de
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.placement import Override
 from offload_planner.core.plan import Plan, plan_from_args
-from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.plan_file import (
     MAX_FILE_BYTES,
     VERSION,
@@ -34,6 +33,7 @@ from offload_planner.core.plan_file import (
     require_regular_file,
     save_plan,
 )
+from offload_planner.core.synth import SMALL_MODELS, write_model
 
 
 @pytest.fixture(scope="module")
@@ -177,14 +177,16 @@ BAD_FIELDS = [
     ("model.fingerprint.tensor_table_sha256", "zz", "$.model.fingerprint.tensor_table_sha256", "SHA-256"),
     ("devices.cpu.kind", "CUDA", "$.devices.cpu.kind", "does not match"),
     ("devices.gpus.0.name", "GPU0", "$.devices.gpus[0].name", "not a device name"),
-    ("devices.gpus.0.name", "CPU", "$.devices.gpus[0].name", "CPU cannot be a GPU"),
+    ("devices.gpus.0.name", "CPU", "$.devices.gpus[0].kind", "CUDA does not match the device name CPU"),
+    ("devices.gpus.0", {"name": "CPU", "kind": "CPU"}, "$.devices.gpus[0].name", "CPU cannot be a GPU"),
     ("devices.gpus.0.total", -5, "$.devices.gpus[0].total", "out of range"),
     ("devices.gpus.0.total", 1.5, "$.devices.gpus[0].total", "expected an integer"),
     ("devices.gpus.0.margin", None, "$.devices.gpus[0].margin", "expected an integer"),
     ("devices.gpus.0.bandwidth_gbs", "fast", "$.devices.gpus[0].bandwidth_gbs", "expected a number"),
     ("devices.gpus.1.endpoint", "127.0.0.1:99999", "$.devices.gpus[1].endpoint", "HOST:PORT"),
     ("devices.gpus.1.endpoint", "a,b:1", "$.devices.gpus[1].endpoint", "HOST:PORT"),
-    ("devices.gpus.1.name", "CUDA0", "$.devices.gpus[1].name", "does not match"),
+    ("devices.gpus.1.name", "CUDA0", "$.devices.gpus[1].kind", "RPC does not match the device name CUDA0"),
+    ("devices.gpus.1", {"name": "CUDA0", "kind": "CUDA"}, "$.devices.gpus[1].name", "CUDA0 appears twice"),
     ("placement_options.n_gpu_layers", -1, "$.placement_options.n_gpu_layers", "out of range"),
     ("placement_options.tensor_split", [1, "x"], "$.placement_options.tensor_split[1]", "expected a number"),
     ("placement_options.tensor_split", [-1.0], "$.placement_options.tensor_split[0]", "out of range"),
@@ -192,14 +194,16 @@ BAD_FIELDS = [
     ("placement_options.main_gpu", 7, "$.placement_options.main_gpu", "out of range"),
     ("placement_options.use_mmap", 1, "$.placement_options.use_mmap", "expected true or false"),
     ("placement_options.cpu_profile", "risc", "$.placement_options.cpu_profile", "not one of"),
-    ("placement_options.overrides.0.pattern", "blk\\.(", "$.placement_options.overrides[0].pattern", "-ot pattern"),
+    ("placement_options.overrides.0.pattern", "blk\\.(", "$.placement_options.overrides[0].pattern",
+     "-ot pattern"),
     ("placement_options.overrides.0.buft", "CUDA7", "$.placement_options.overrides[0].buft", "not a device"),
     ("context.n_ctx", "4096", "$.context.n_ctx", "expected an integer"),
     ("context.n_seq_max", 0, "$.context.n_seq_max", "out of range"),
     ("context.n_batch", 2**31, "$.context.n_batch", "out of range"),
     ("context.type_k", "q9_9", "$.context.type_k", "not one of"),
     ("context.mla", 9, "$.context.mla", "out of range"),
-    ("moves", {"blk.0.attn_q.weight": "CUDA3"}, '$.moves["blk.0.attn_q.weight"]', "not a device of this plan"),
+    ("moves", {"blk.0.attn_q.weight": "CUDA3"}, '$.moves["blk.0.attn_q.weight"]',
+     "not a device of this plan"),
     ("moves", [], "$.moves", "expected an object"),
     ("extra_args", ["--port", 8080], "$.extra_args[1]", "expected a string"),
     ("extra_args", "--port 8080", "$.extra_args", "expected a list"),
@@ -207,7 +211,8 @@ BAD_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize(("where", "value", "path", "why"), BAD_FIELDS, ids=[f"{b[0]}={b[1]!r}"[:60] for b in BAD_FIELDS])
+@pytest.mark.parametrize(("where", "value", "path", "why"), BAD_FIELDS,
+                         ids=[f"{b[0]}={b[1]!r}"[:60] for b in BAD_FIELDS])
 def test_a_bad_field_is_named_with_its_json_path(
     tmp_path: Path, qwen3moe_path: Path, where: str, value: object, path: str, why: str
 ) -> None:
@@ -240,8 +245,8 @@ RAW_CORRUPTIONS = [
 ]
 
 
-@pytest.mark.parametrize(("raw", "why"), RAW_CORRUPTIONS, ids=["utf8", "deep", "nested", "huge-int", "nan", "inf",
-                                                               "empty", "list"])
+@pytest.mark.parametrize(("raw", "why"), RAW_CORRUPTIONS,
+                         ids=["utf8", "deep", "nested", "huge-int", "nan", "inf", "empty", "list"])
 def test_raw_corruptions_are_plan_file_errors(tmp_path: Path, raw: bytes, why: str) -> None:
     p = tmp_path / "raw.plan.json"
     p.write_bytes(raw)

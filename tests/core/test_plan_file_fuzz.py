@@ -35,12 +35,72 @@ SEED = int(os.environ.get("PLAN_FUZZ_SEED", "1212"))
 
 #: Values a field is replaced with: every JSON type, edges of every range, huge and tiny numbers.
 POOL: list[Any] = [
-    None, True, False, 0, 1, -1, 2, 3, 4, 7, 255, 256, 257, 4096, 2**31 - 1, 2**31, 2**32, 2**53, 2**63,
-    10**30, -(10**30), 0.0, 0.5, -0.5, 1e300, -1e300, 5e-324, "", "x", "CPU", "CUDA0", "CUDA9", "RPC0", "cpu",
-    "q8_0", "q4_0", "f32", "iq4_nl", "none", "row", "graph", "tensor", "layer", "ik_llama.cpp", "llama.cpp-2025",
-    "llama.cpp", "blk\\.(", "(.)*", "exps", "blk\\.[0-9]+\\.", "127.0.0.1:1", "::1:50052", "\u0000", "é" * 3,
-    "http://127.0.0.1:1/m.gguf", "ftp://x/y", "/dev/null", [], [1], ["--port"], {}, {"a": 1},
-    {"CPU": "CPU"}, [0.0, 0.0], [1e308, 1e308], [float("1e-300")],
+    None,
+    True,
+    False,
+    0,
+    1,
+    -1,
+    2,
+    3,
+    4,
+    7,
+    255,
+    256,
+    257,
+    4096,
+    2**31 - 1,
+    2**31,
+    2**32,
+    2**53,
+    2**63,
+    10**30,
+    -(10**30),
+    0.0,
+    0.5,
+    -0.5,
+    1e300,
+    -1e300,
+    5e-324,
+    "",
+    "x",
+    "CPU",
+    "CUDA0",
+    "CUDA9",
+    "RPC0",
+    "cpu",
+    "q8_0",
+    "q4_0",
+    "f32",
+    "iq4_nl",
+    "none",
+    "row",
+    "graph",
+    "tensor",
+    "layer",
+    "ik_llama.cpp",
+    "llama.cpp-2025",
+    "llama.cpp",
+    "blk\\.(",
+    "(.)*",
+    "exps",
+    "blk\\.[0-9]+\\.",
+    "127.0.0.1:1",
+    "::1:50052",
+    "\u0000",
+    "é" * 3,
+    "http://127.0.0.1:1/m.gguf",
+    "ftp://x/y",
+    "/dev/null",
+    [],
+    [1],
+    ["--port"],
+    {},
+    {"a": 1},
+    {"CPU": "CPU"},
+    [0.0, 0.0],
+    [1e308, 1e308],
+    [float("1e-300")],
 ]
 
 
@@ -85,8 +145,22 @@ class Mutator:
     def __call__(self) -> tuple[str, bytes]:
         rng = self.rng
         doc = rng.choice(self.seeds)
-        kind = rng.choice(["value", "value", "value", "delete", "wrap", "bytes", "bytes", "huge-int",
-                           "deep", "utf8", "swap-type", "multi"])
+        kind = rng.choice(
+            [
+                "value",
+                "value",
+                "value",
+                "delete",
+                "wrap",
+                "bytes",
+                "bytes",
+                "huge-int",
+                "deep",
+                "utf8",
+                "swap-type",
+                "multi",
+            ]
+        )
         if kind == "multi":
             for _ in range(rng.randint(2, 6)):
                 doc = self._value(doc)
@@ -106,7 +180,9 @@ class Mutator:
             node = doc
             for k in path:
                 node = node[k]
-            swapped = str(node) if not isinstance(node, str) else (len(node) if rng.random() < 0.5 else [node])
+            swapped = (
+                str(node) if not isinstance(node, str) else (len(node) if rng.random() < 0.5 else [node])
+            )
             return kind, json.dumps(_replace_at(doc, path, swapped)).encode()
         text = json.dumps(doc)
         if kind == "huge-int":
@@ -151,17 +227,24 @@ def _numbers(text: str) -> list[Any]:
 
 def _seeds(model: Model) -> list[dict[str, Any]]:
     cpu = Device("CPU", DeviceKind.CPU, 64 << 30, 60 << 30, margin=2 << 30)
-    gpus = (replace(parse_device_decl("CUDA0=24GiB"), margin=1 << 30),
-            Device("RPC0", DeviceKind.RPC, 8 << 30, endpoint="127.0.0.1:50052"))
+    gpus = (
+        replace(parse_device_decl("CUDA0=24GiB"), margin=1 << 30),
+        Device("RPC0", DeviceKind.RPC, 8 << 30, endpoint="127.0.0.1:50052"),
+    )
     out = []
     for dialect in ("llama.cpp", "ik_llama.cpp", "llama.cpp-2025"):
         plan = plan_from_args(model, DeviceSet(cpu, gpus), argparse.Namespace(ctx_size=4096), dialect)
-        popts = replace(plan.placement_options, overrides=(Override(r"blk\.1\.", "CPU", "-ot"),
-                                                           Override("exps", "RPC0", "-ot")),
-                        tensor_split=(1.0, 2.0))
-        plan = replace(plan, placement_options=popts, moves={"blk.2.ffn_up_exps.weight": "CPU",
-                                                             "blk.0.attn_q.weight": "CUDA0"},
-                       extra_args=["--port", "8080", "-t", "8"])
+        popts = replace(
+            plan.placement_options,
+            overrides=(Override(r"blk\.1\.", "CPU", "-ot"), Override("exps", "RPC0", "-ot")),
+            tensor_split=(1.0, 2.0),
+        )
+        plan = replace(
+            plan,
+            placement_options=popts,
+            moves={"blk.2.ffn_up_exps.weight": "CPU", "blk.0.attn_q.weight": "CUDA0"},
+            extra_args=["--port", "8080", "-t", "8"],
+        )
         out.append(json.loads(json.dumps(plan_json(PlanFile.of(plan, {"path": "/opt/llama-server"})))))
     return out
 
@@ -200,7 +283,9 @@ def test_mutated_plan_files_fail_only_with_plan_file_errors(tmp_path: Path) -> N
             escaped.append(f"projection [{kind}] {raw[:300]!r}\n{traceback.format_exc(limit=4)}")
             continue
         outcomes["loaded and projected"] += 1
-    print(f"\nplan file fuzz: seed {SEED}, {tried} inputs in {time.monotonic() - t0:.1f} s; "
-          f"mutations {dict(kinds)}; outcomes {dict(outcomes)}; escaped {len(escaped)}")
+    print(
+        f"\nplan file fuzz: seed {SEED}, {tried} inputs in {time.monotonic() - t0:.1f} s; "
+        f"mutations {dict(kinds)}; outcomes {dict(outcomes)}; escaped {len(escaped)}"
+    )
     assert not escaped, "\n\n".join(escaped)
     assert tried > 200 and outcomes["refused (PlanFileError)"] and outcomes["loaded and projected"]

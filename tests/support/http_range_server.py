@@ -205,7 +205,8 @@ def tls_cert_file() -> Path:
         folder = Path(tempfile.mkdtemp(prefix="range-server-tls-"))
         pem = folder / "cert.pem"
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=127.0.0.1",
              "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
              "-keyout", str(folder / "key.pem"), "-out", str(pem)],
             check=True, capture_output=True, timeout=60,

@@ -19,8 +19,8 @@ from tests.support.http_range_server import RangeServer
 from tests.ui.window_helpers import open_and_wait, wait_projected
 
 from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.plan_file import PlanFile, plan_json
 from offload_planner.core.plan import plan_from_args
+from offload_planner.core.plan_file import PlanFile, plan_json
 from offload_planner.ui.confirm import FETCH_TITLE, LAUNCH_TITLE
 from offload_planner.ui.main_window import MainWindow
 
@@ -64,7 +64,9 @@ def test_a_bad_plan_file_shows_a_dialog_naming_the_file_and_field(
     bad = _write(tmp_path / "bad.plan.json", data)
     window.open_path(bad)
     box = _wait_box(qtbot, window, "Cannot open the plan")
-    assert str(bad) in box.text() and "$.context.n_seq_max" in box.text() and "expected an integer" in box.text()
+    assert (
+        str(bad) in box.text() and "$.context.n_seq_max" in box.text() and "expected an integer" in box.text()
+    )
     assert not window.doc.has_plan and not window.loader.busy
     box.close()
     raw = tmp_path / "raw.plan.json"
@@ -135,7 +137,9 @@ def test_launching_a_plan_from_a_file_shows_the_command_first(
     box = _wait_box(qtbot, panel, LAUNCH_TITLE)
     text = box.informativeText()
     assert "shared.plan.json" in box.text()
-    assert "no-such-llama-server" in text and "--host 0.0.0.0" in text and str(qwen3moe_path.resolve()) in text
+    assert (
+        "no-such-llama-server" in text and "--host 0.0.0.0" in text and str(qwen3moe_path.resolve()) in text
+    )
     assert "--host: listens on 0.0.0.0" in text and "--log-file: writes its log to" in text
     assert "sk-shown-never" not in text and "--api-key '***'" in text
     _click(box, "Cancel")

@@ -39,7 +39,10 @@ EXPOSES = {
     "--cors-origins": ("exposes", "lets web pages from {v} call the server from a browser"),
     "--props": ("exposes", "lets clients change the server's global properties (POST /props)"),
     "--tools": ("runs", "lets clients run built-in tools ({v}: shell commands, file reads and writes)"),
-    "--agent": ("runs", "lets clients run every built-in tool (shell commands, file writes) and the MCP proxy"),
+    "--agent": (
+        "runs",
+        "lets clients run every built-in tool (shell commands, file writes) and the MCP proxy",
+    ),
     "--tools-runtime": ("runs", "runs tools in {v}"),
     "--ui-mcp-proxy": ("exposes", "turns on the MCP CORS proxy (arg.cpp: not for untrusted environments)"),
     "--mcp-servers-config": ("runs", "starts the MCP servers defined in {v}"),
@@ -93,7 +96,9 @@ def _is_secret(arg: str) -> tuple[bool, bool]:
     return False, False
 
 
-def strip_secrets(args: Sequence[str], dialect: Dialect | str = Dialect.LLAMA_CPP) -> tuple[list[str], list[str]]:
+def strip_secrets(
+    args: Sequence[str], dialect: Dialect | str = Dialect.LLAMA_CPP
+) -> tuple[list[str], list[str]]:
     """``args`` without the secret flags and their values, and the spellings removed.
 
     Other flags keep their values (read with the dialect's flag table, so that a value that
@@ -142,7 +147,9 @@ def review_args(
             for h in _hosts(value):
                 if not is_loopback(h) and not h.endswith(".sock"):
                     why = f"listens on {h}: other machines can reach the server"
-                    out.append(Concern(name, "exposes", why + ("" if has_key else ", and no --api-key is set")))
+                    out.append(
+                        Concern(name, "exposes", why + ("" if has_key else ", and no --api-key is set"))
+                    )
         elif f.key == "--rpc":
             for ep in _hosts(value):
                 if not is_loopback(_rpc_host(ep)):

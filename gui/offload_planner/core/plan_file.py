@@ -233,7 +233,9 @@ def save_plan(path: str | Path, pf: PlanFile) -> list[str]:
         real, mode = _real_target(path)
         remove_stale_temps(real)
         tmp = real.parent / f".{real.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        flags = (
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        )
         fd = os.open(tmp, flags, 0o666 if mode is None else mode)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -270,8 +272,13 @@ def require_regular_file(path: str | Path, what: str) -> os.stat_result:
 
 
 def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a file"
@@ -279,7 +286,9 @@ def _file_kind(mode: int) -> str:
 
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes: opened without blocking (a FIFO opens at once and is refused)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    flags = (
+        os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    )
     try:
         fd = os.open(path, flags)
     except OSError as e:
@@ -332,7 +341,7 @@ def plan_from_json(data: Any) -> PlanFile:
     """A plan from the file's JSON object: every field checked (PlanFileError naming its path)."""
     root = At(data)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise PlanFileError("not an offload-planner plan file (no \"format\": \"offload-planner-plan\")")
+        raise PlanFileError('not an offload-planner plan file (no "format": "offload-planner-plan")')
     try:
         version = root.key("version").value
         if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
@@ -375,7 +384,9 @@ def _fingerprint(at: At) -> Fingerprint:
     sha = at.key("tensor_table_sha256").text(max_len=64)
     if not re.fullmatch(r"[0-9a-f]{64}", sha):
         raise at.key("tensor_table_sha256").fail("not a SHA-256 hex digest")
-    return Fingerprint(at.key("file_bytes").integer(0, MAX_BYTES), at.key("n_tensors").integer(0, MAX_TENSORS), sha)
+    return Fingerprint(
+        at.key("file_bytes").integer(0, MAX_BYTES), at.key("n_tensors").integer(0, MAX_TENSORS), sha
+    )
 
 
 def _devices(at: At) -> DeviceSet:
@@ -405,8 +416,11 @@ def _device(at: At, *, cpu: bool) -> Device:
     if cpu != (kind is DeviceKind.CPU):
         raise name_at.fail("the CPU entry must be CPU" if cpu else "CPU cannot be a GPU entry")
     endpoint = at.key("endpoint", "").text(max_len=260)
-    if endpoint and (kind is not DeviceKind.RPC or not _ENDPOINT.fullmatch(endpoint)
-                     or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536):
+    if endpoint and (
+        kind is not DeviceKind.RPC
+        or not _ENDPOINT.fullmatch(endpoint)
+        or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536
+    ):
         raise at.key("endpoint").fail(f"{endpoint[:80]!r} is not the HOST:PORT of an RPC server")
     return Device(
         name,

@@ -287,12 +287,13 @@ class HttpRangeSource:
         chunks: list[bytes] = []
         got = 0
         while got < n:
-            _set_timeout(resp, min(self._timeout, self._remaining()))
+            wait = min(self._timeout, self._remaining())
+            _set_timeout(resp, wait)
             started = time.monotonic()
             try:
                 chunk = resp.read1(min(_READ_CHUNK, n - got))
             except (OSError, http.client.HTTPException, ValueError) as e:
-                raise self._fail(self._network_error_message(e)) from None
+                raise self._fail(self._network_error_message(e, wait)) from None
             finally:
                 self._timed(started)
             if not chunk:

@@ -16,8 +16,9 @@ FETCH_TITLE = "Fetch the model from the network?"
 LAUNCH_TITLE = "Launch the command of a plan file?"
 
 
-def ask(parent: QWidget, title: str, text: str, informative: str, yes: str,
-        on_yes: Callable[[], None]) -> QMessageBox:
+def ask(
+    parent: QWidget, title: str, text: str, informative: str, yes: str, on_yes: Callable[[], None]
+) -> QMessageBox:
     """Show the question; ``on_yes`` runs if the user presses ``yes``. Returns the open box."""
     box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.NoButton, parent)
     box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
@@ -59,8 +60,9 @@ def launch_text(argv: Sequence[str], concerns: Sequence[Concern]) -> str:
     return text
 
 
-def ask_launch(parent: QWidget, source: str, argv: Sequence[str], concerns: Sequence[Concern],
-               on_yes: Callable[[], None]) -> QMessageBox:
+def ask_launch(
+    parent: QWidget, source: str, argv: Sequence[str], concerns: Sequence[Concern], on_yes: Callable[[], None]
+) -> QMessageBox:
     return ask(
         parent,
         LAUNCH_TITLE,

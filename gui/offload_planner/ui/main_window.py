@@ -42,6 +42,14 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.plan_file import (
+    SUFFIX,
+    PlanFile,
+    PlanFileError,
+    load_plan,
+    require_regular_file,
+    save_plan,
+)
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
@@ -54,14 +62,6 @@ from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
-from offload_planner.core.plan_file import (
-    SUFFIX,
-    PlanFile,
-    PlanFileError,
-    load_plan,
-    require_regular_file,
-    save_plan,
-)
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
