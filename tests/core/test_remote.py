@@ -511,3 +511,17 @@ def test_token_is_not_sent_to_another_port_of_the_endpoint_host(
             pass
     assert other.log and all("Authorization" not in r.headers for r in other.log)
     assert endpoint.log[0].headers.get("Authorization") == "Bearer hf_secret"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_server_that_trickles_its_headers_hits_the_deadline(
+    files: Path, monkeypatch: pytest.MonkeyPatch, tls: bool
+) -> None:
+    """Every wait for a header byte is short (0.1 s): only the overall deadline ends it."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert_file()))
+    with RangeServer(files, drip_headers=0.1, tls=tls) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(GGUFError, match=r"gave up after 1\.5 s on the network") as ei:
+            HttpRangeSource(srv.url(BIG), timeout=5, deadline=1.5)
+        took = time.monotonic() - t0
+    assert srv.url(BIG) in str(ei.value) and took < 4, f"{took:.1f} s"

@@ -5,9 +5,10 @@ Serves the files of one directory under ``/files/NAME``.  ``/resolve/main/NAME``
 ``redirect_host`` makes that redirect name another host (e.g. ``localhost`` for the same server),
 so that tests can check which headers cross hosts, and ``redirect_to`` makes it name any URL (an
 ``ftp://`` one, another server's).  ``drip`` sends bodies one byte per ``drip`` seconds after the
-headers (a server that trickles); ``tls`` serves https with a self-signed certificate for
-127.0.0.1/localhost (:func:`tls_cert_file`, for ``SSL_CERT_FILE``).  Every request's headers are
-in :attr:`RangeServer.log` (what token was sent where).  Binds 127.0.0.1 on a free port::
+headers (a server that trickles), ``drip_headers`` a header that never ends; ``tls`` serves https
+with a self-signed certificate for 127.0.0.1/localhost (:func:`tls_cert_file`, for
+``SSL_CERT_FILE``).  Every request's headers are in :attr:`RangeServer.log` (what token was sent
+where).  Binds 127.0.0.1 on a free port::
 
     with RangeServer(tmp_path) as srv:
         open_model(srv.url("model.gguf"))
@@ -56,6 +57,7 @@ class _Config:
     content_length: bool = True  # False: full-body answers end by closing the connection
     redirect_to: str | None = None  # /resolve/main/NAME answers 302 to this URL
     drip: float | None = None  # seconds between body bytes
+    drip_headers: float | None = None  # seconds between the bytes of a status line that never ends
     log: list[LoggedRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -78,6 +80,9 @@ class _Handler(BaseHTTPRequestHandler):
         if cfg.stall is not None:
             cfg.stall.wait()
             return
+        if cfg.drip_headers is not None:
+            self._drip_status_line(cfg.drip_headers)
+            return
         path = unquote(urlsplit(self.path).path)
         if path.startswith("/resolve/main/"):
             self._redirect(path.removeprefix("/resolve/main/"))
@@ -90,6 +95,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._status_only(404)
             return
         self._send_file(file, body=body)
+
+    def _drip_status_line(self, every: float) -> None:
+        """``HTTP/1.1 200 OK``, then a header line that grows a byte every ``every`` seconds."""
+        self._log(200)
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not self.server.stopping.wait(every):
+                self.wfile.write(b"a")
+                self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
 
     def _authorized(self, token: str) -> bool:
         return self.headers.get("Authorization") == f"Bearer {token}"
@@ -230,6 +247,7 @@ class RangeServer:
         content_length: bool = True,
         redirect_to: str | None = None,
         drip: float | None = None,
+        drip_headers: float | None = None,
         tls: bool = False,
     ) -> None:
         self.config = _Config(
@@ -241,6 +259,7 @@ class RangeServer:
             content_length=content_length,
             redirect_to=redirect_to,
             drip=drip,
+            drip_headers=drip_headers,
         )
         self.tls = tls
         self._stopping = threading.Event()

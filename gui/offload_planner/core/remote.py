@@ -11,10 +11,12 @@ soon as enough is held.  All the time spent on the network by one source is boun
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -71,6 +73,62 @@ def _set_timeout(resp: http.client.HTTPResponse, seconds: float) -> None:
     sock = getattr(getattr(resp.fp, "raw", None), "_sock", None)
     if isinstance(sock, socket.socket):
         sock.settimeout(seconds)
+
+
+class _Watchdog:
+    """Shuts a connection's socket down when the deadline passes while http.client is still
+    connecting or reading the status line and headers (each of its reads has only the socket
+    timeout: a server sending a header byte a second would hold it for ever)."""
+
+    def __init__(self) -> None:
+        self.until = 0.0  # time.monotonic() at which the current request gives up
+        self.fired = False
+        self._timers: list[threading.Timer] = []
+
+    def arm(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        timer = threading.Timer(max(0.0, self.until - time.monotonic()), self._fire, (sock,))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _fire(self, sock: socket.socket) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):  # already closed: nothing to cut
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def disarm(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+
+
+def _watched(base: type[http.client.HTTPConnection], watchdog: _Watchdog) -> type[http.client.HTTPConnection]:
+    class Watched(base):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            super().connect()
+            watchdog.arm(self.sock)
+
+    return Watched
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._conn = _watched(http.client.HTTPConnection, watchdog)
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._conn, req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._conn = _watched(http.client.HTTPSConnection, watchdog)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._conn, req)  # the default https context: certificates checked
 
 
 class _RefusedRedirect(Exception):
@@ -141,7 +199,10 @@ class HttpRangeSource:
         self._spent = 0.0  # seconds spent on the network so far
         self._max_bytes = max_bytes
         self._headers = self._base_headers(headers)
-        self._opener = urllib.request.build_opener(_RedirectKeepingRange(_origin(url)))
+        self._watchdog = _Watchdog()
+        self._opener = urllib.request.build_opener(
+            _RedirectKeepingRange(_origin(url)), _WatchedHTTPHandler(self._watchdog),
+            _WatchedHTTPSHandler(self._watchdog))
         self._resolved: str | None = None  # where the last redirect chain ended
         self._blocks: dict[int, bytes] = {}
         self._ranged = True  # False once the server ignored Range: read one stream from 0
@@ -233,6 +294,7 @@ class HttpRangeSource:
         self.request_count += 1
         timeout = min(self._timeout, self._remaining())
         started = time.monotonic()
+        self._watchdog.until = started + self._deadline - self._spent
         try:
             req = urllib.request.Request(url, headers=headers, method="GET")
             resp = cast(http.client.HTTPResponse, self._opener.open(req, timeout=timeout))
@@ -244,9 +306,16 @@ class HttpRangeSource:
         except _RefusedRedirect as e:
             raise self._fail(str(e)) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+            if self._watchdog.fired:
+                timeout = 0.0  # the deadline cut the connection
             raise self._fail(self._network_error_message(e, timeout)) from None
         finally:
+            self._watchdog.disarm()
+            fired, self._watchdog.fired = self._watchdog.fired, False
             self._timed(started)
+        if fired:  # the headers ended because the deadline cut the connection
+            resp.close()
+            raise self._fail(self._network_error_message(TimeoutError(), 0.0))
         final = resp.geturl()
         if final != url:
             self._resolved = final
@@ -274,8 +343,10 @@ class HttpRangeSource:
         if isinstance(reason, TimeoutError):
             waited = self._timeout if timeout is None else timeout
             if waited < self._timeout:
-                return f"gave up after {self._deadline:g} s on the network (timed out)"
+                return f"gave up after {self._deadline:g} s on the network: the server answers too slowly"
             return f"timed out after {waited:g} s"
+        if timeout == 0.0:
+            return f"gave up after {self._deadline:g} s on the network: the server answers too slowly"
         if isinstance(reason, ConnectionRefusedError):
             return "cannot connect: connection refused"
         if isinstance(reason, OSError) and reason.strerror:
