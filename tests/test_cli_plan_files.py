@@ -161,3 +161,28 @@ def test_launch_of_a_bad_plan_file_exits_2(tmp_path: Path) -> None:
     r = _run(["launch", str(plan), "--no-detect"], tmp_path)
     assert r.returncode == 2 and "$.model: expected an object" in r.stderr and str(plan) in r.stderr
     _clean(r)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal stands in for the user")
+@pytest.mark.parametrize("answer", ["n", "y"])
+def test_launch_of_a_plan_file_asks_on_a_terminal(tmp_path: Path, model_path: Path, answer: str) -> None:
+    import pty
+
+    exe, marker = _fake_server(tmp_path)
+    plan = _plan_file(tmp_path / "p.plan.json", model_path, ["--host", "0.0.0.0"])
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "gui"), "HOME": str(tmp_path),
+           "XDG_CONFIG_HOME": str(tmp_path / ".config")}
+    args = [sys.executable, "-m", "offload_planner", "launch", str(plan), "--server", str(exe), "--no-detect",
+            "--timeout", "20"]
+    with subprocess.Popen(args, stdin=follower, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                          cwd=tmp_path) as proc:
+        os.close(follower)
+        os.write(leader, f"{answer}\n".encode())
+        _out, err = proc.communicate(timeout=60)
+    os.close(leader)
+    assert b"look at --host: listens on 0.0.0.0" in err
+    if answer == "n":
+        assert proc.returncode == 2 and b"not launched" in err and not marker.exists()
+    else:
+        assert marker.exists() and proc.returncode == 3, err.decode()
