@@ -360,6 +360,7 @@ def _plan_file(root: At) -> PlanFile:
     devices = _devices(root.key("devices"))
     popts = _placement_options(root.key("placement_options"), devices, dialect)
     ctx = _context(root.key("context"))
+    _check_dialect(root, dialect, popts, ctx)
     moves = {}
     for name, dev in root.key("moves", {}).items(max_len=MAX_TENSORS):
         if not name or len(name) > 512 or "\0" in name:
@@ -371,6 +372,22 @@ def _plan_file(root: At) -> PlanFile:
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def _check_dialect(root: At, dialect: str, popts: PlacementOptions, ctx: ContextParams) -> None:
+    """Settings the dialect decides (core.engine, ui.plan_edits.with_dialect) must agree with it:
+    a file that mixes them would project what no server does."""
+    po, cx = root.key("placement_options"), root.key("context")
+    if ctx.dialect != dialect:
+        raise cx.key("dialect").fail(f"{ctx.dialect!r} differs from the plan's dialect {dialect!r}")
+    first = dialect == Dialect.LLAMA_CPP
+    if popts.output_first != first:
+        raise po.key("output_first").fail(f"must be {str(first).lower()} for {dialect}")
+    if dialect == Dialect.IK and popts.use_extra_bufts:
+        raise po.key("use_extra_bufts").fail("ik_llama.cpp has no CPU_REPACK buffers (must be false)")
+    for name in ("mla", "amb"):
+        if dialect != Dialect.IK and getattr(ctx, name):
+            raise cx.key(name).fail(f"an ik_llama.cpp setting; must be 0 for {dialect}")
 
 
 def _model_path(at: At) -> str:
