@@ -173,6 +173,8 @@ BAD_FIELDS = [
     ("model.path", 7, "$.model.path", "expected a string"),
     ("model.path", "ftp://example.com/m.gguf", "$.model.path", "only local paths and http(s) URLs"),
     ("model.path", "/models/m\u0000.gguf", "$.model.path", "NUL"),
+    ("model.path", "/models/\ud800.gguf", "$.model.path", "lone surrogate"),
+    ("moves", {"blk.\udc00": "CPU"}, '$.moves["blk.\\udc00"]', "lone surrogate"),
     ("model.fingerprint.file_bytes", -1, "$.model.fingerprint.file_bytes", "out of range"),
     ("model.fingerprint.tensor_table_sha256", "zz", "$.model.fingerprint.tensor_table_sha256", "SHA-256"),
     ("devices.cpu.kind", "CUDA", "$.devices.cpu.kind", "does not match"),

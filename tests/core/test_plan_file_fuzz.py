@@ -1,6 +1,7 @@
 """Fuzzing plan files within a time budget: mutated bytes, JSON structure, types, huge integers,
-deep nesting and invalid UTF-8. Only :class:`PlanFileError` may escape ``load_plan``, and every
-plan that loads must also project and export its command without an error.
+deep nesting, invalid UTF-8 and lone surrogates. Only :class:`PlanFileError` may escape
+``load_plan``, and every plan that loads must also project, export its command, save and load back
+the same.
 
 The budget (``PLAN_FUZZ_SECONDS``, default 20 s) and the seed (``PLAN_FUZZ_SEED``, default a fixed
 one) can be set from the environment; the test prints how many inputs it tried and the outcomes.
@@ -22,12 +23,13 @@ from typing import Any
 
 import pytest
 
+from offload_planner.core.arg_safety import strip_secrets
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override
 from offload_planner.core.plan import plan_command, plan_from_args
-from offload_planner.core.plan_file import PlanFile, PlanFileError, load_plan, plan_json
+from offload_planner.core.plan_file import PlanFile, PlanFileError, load_plan, plan_json, save_plan
 from offload_planner.core.synth import SMALL_MODELS, write_model
 
 BUDGET_S = float(os.environ.get("PLAN_FUZZ_SECONDS", "20"))
@@ -89,7 +91,7 @@ POOL: list[Any] = [
     "::1:50052",
     "\u0000",
     "é" * 3,
-    "http://127.0.0.1:1/m.gguf",
+    "http://127.0.0.1:1/m.gguf", "\ud800", {"\udfff": "CPU"},
     "ftp://x/y",
     "/dev/null",
     [],
@@ -256,6 +258,7 @@ def test_mutated_plan_files_fail_only_with_plan_file_errors(tmp_path: Path) -> N
     seeds = _seeds(model)
     mutate = Mutator(random.Random(SEED), seeds)
     target = tmp_path / "fuzz.plan.json"
+    again = tmp_path / "again.plan.json"
     outcomes: collections.Counter[str] = collections.Counter()
     kinds: collections.Counter[str] = collections.Counter()
     escaped: list[str] = []
@@ -279,7 +282,9 @@ def test_mutated_plan_files_fail_only_with_plan_file_errors(tmp_path: Path) -> N
             plan, _ = pf.to_plan(model)
             plan.projection()
             plan_command(plan)
-        except Exception:  # the projection of a plan that loaded must not fail
+            save_plan(again, pf)
+            assert load_plan(again) == replace(pf, extra_args=strip_secrets(pf.extra_args, pf.dialect)[0])
+        except Exception:  # a plan that loaded must project, export, save and load back the same
             escaped.append(f"projection [{kind}] {raw[:300]!r}\n{traceback.format_exc(limit=4)}")
             continue
         outcomes["loaded and projected"] += 1

@@ -63,6 +63,14 @@ def _check_depth(data: Any) -> None:
             stack.extend((v, depth + 1) for v in value)
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _kind(value: object) -> str:
     if value is None:
         return "null"
@@ -113,10 +121,17 @@ class At:
         return At(data[name], path)
 
     def items(self, *, max_len: int) -> list[tuple[str, At]]:
+        """The members; a key that is not valid Unicode is refused like a bad value."""
         data = self.obj()
         if len(data) > max_len:
             raise self.fail(f"{len(data):,} entries (at most {max_len:,})")
-        return [(k, At(v, f"{self.path}[{json.dumps(k)[:80]}]")) for k, v in data.items()]
+        out = []
+        for k, v in data.items():
+            at = At(v, f"{self.path}[{json.dumps(k)[:80]}]")
+            if not _encodable(k):
+                raise at.fail("the key is not valid Unicode (a lone surrogate escape)")
+            out.append((k, at))
+        return out
 
     def elements(self, *, max_len: int) -> list[At]:
         if not isinstance(self.value, list):
@@ -136,6 +151,8 @@ class At:
             raise self.fail(f"string of {len(v):,} characters (at most {max_len:,})")
         if "\0" in v:
             raise self.fail("contains a NUL character")
+        if not _encodable(v):
+            raise self.fail("not valid Unicode (a lone surrogate escape)")
         if nonempty and not v.strip():
             raise self.fail("empty")
         return v
