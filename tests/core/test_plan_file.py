@@ -358,3 +358,10 @@ def test_secrets_are_never_written(tmp_path: Path, qwen3moe_path: Path) -> None:
         "an --alias whose value looks like a flag keeps it; key files (paths) are kept"
     assert len(notes) == 4 and all("secret" in n and "s.plan.json" in n for n in notes)
     assert notes[0].startswith("--api-key:") and notes[1].startswith("-hft:")
+
+
+def test_a_path_with_a_nul_is_a_plan_file_error(tmp_path: Path, qwen3moe_path: Path) -> None:
+    with pytest.raises(PlanFileError, match="cannot read"):
+        load_plan(str(tmp_path / "a\0b.plan.json"))
+    with pytest.raises(PlanFileError, match="cannot write"):
+        save_plan(str(tmp_path / "a\0b.plan.json"), PlanFile.of(_plan(qwen3moe_path)))

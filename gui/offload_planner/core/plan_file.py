@@ -248,8 +248,8 @@ def save_plan(path: str | Path, pf: PlanFile) -> list[str]:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-    except OSError as e:
-        raise PlanFileError(f"cannot write {path}: {e.strerror or e}") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise PlanFileError(f"cannot write {path}: {getattr(e, 'strerror', None) or e}") from None
     return [
         f"{flag}: its value is a secret and was not saved in {path.name}; give it again when launching"
         for flag in removed
@@ -264,8 +264,8 @@ def require_regular_file(path: str | Path, what: str) -> os.stat_result:
     make no sense); PlanFileError otherwise. ``stat`` itself never blocks."""
     try:
         st = os.stat(path)
-    except OSError as e:
-        raise PlanFileError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise PlanFileError(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}") from None
     if not stat.S_ISREG(st.st_mode):
         raise PlanFileError(f"{what} {path} is not a regular file ({_file_kind(st.st_mode)})")
     return st
@@ -291,8 +291,8 @@ def _read_bytes(path: Path) -> bytes:
     )
     try:
         fd = os.open(path, flags)
-    except OSError as e:
-        raise PlanFileError(f"cannot read {path}: {e.strerror or e}") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise PlanFileError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
