@@ -34,11 +34,8 @@ def test_a_child_process_finds_its_config_under_the_session_root(test_root: Path
 
 
 def test_the_windows_default_settings_file_is_under_the_session_root(test_root: Path) -> None:
-    from PySide6.QtCore import QCoreApplication
+    from offload_planner.ui.settings import Settings  # QSettings needs no application object
 
-    from offload_planner.ui.settings import Settings
-
-    _app = QCoreApplication.instance() or QCoreApplication([])
     settings = Settings()  # what `offload-planner` without --settings uses
     settings.q.setValue("isolation/probe", "1")
     settings.q.sync()
