@@ -3,7 +3,7 @@
 The README's `plan` commands (and the `--backend ik_llama.cpp` and second-model variants) on the
 bundled header-only models, as text, with `--explain` and as `--json`, compared byte for byte with
 the files in ``tests/data/cli_plan/``.  Those files were written by the code as it stood before the
-compute simulation was made incremental everywhere and split into a package (commit cc633d5, with
+compute simulation was made incremental everywhere and split into a package (main at a02876b, with
 ``python tests/test_cli_plan_golden.py --write``); a change of output is a change of behaviour and
 must be explained, not regenerated away.
 """
