@@ -111,7 +111,9 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         type_v=ctv,
         offload_kqv=not _get(args, "no_kv_offload", False),
         swa_full=bool(_get(args, "swa_full", False)),
-        n_outputs_max=min(n_batch, np_),
+        # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
+        # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
+        n_outputs_max=None if dialect == LLAMA_CPP_2025 else min(n_batch, np_),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=ik_mla_mode(model, _get(args, "mla")) if dialect == IK_LLAMA_CPP else 0,
