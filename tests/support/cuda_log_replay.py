@@ -11,6 +11,7 @@ compare every logged buffer with the projected one of the same buffer type and k
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ _META_RE = re.compile(r"(?:print_info|llm_load_print_meta):\s+(\w+)\s+=\s+(\S+)"
 _KV_RE = re.compile(r"llama_model_loader: - kv\s+\d+:\s+([\w.]+)\s+\S+\s+=\s+(\S+)")
 _TYPE_RE = re.compile(r"llama_model_loader: - type\s+(\w+):\s+(\d+) tensors")
 _FREE_RE = re.compile(r"using device (CUDA\d+) \((.*?)\) - (\d+) MiB free")
+QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
 _FTYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q6_k": 18}
 
 
@@ -87,8 +89,8 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
                    attn_v=slots.get("attn_v", slots["attn"]), ffn=slots.get("ffn", slots["attn"]),
                    ffn_down=slots.get("ffn_down", slots.get("ffn", slots["attn"])),
                    shexp=slots.get("shexp", f32), shexp_down=slots.get("shexp_down", f32),
-                   exps=slots.get("exps", f32), exps_down=slots.get("exps_down", f32),
-                   nextn=slots.get("nextn", f32))
+                   exps=slots.get("exps", f32), exps_down=slots.get("exps_down", slots.get("exps", f32)),
+                   nextn=slots.get("nextn", f32), more_bits=slots.get("more_bits"))
     eps = float(h.get("f_norm_eps", "1e-5")) if arch == "gptneox" else float(h.get("f_norm_rms_eps", "1e-6"))
     return ModelSpec(
         name=record["model"]["name"], arch=arch, n_layer=_int(h, "n_layer"), n_embd=n_embd,
@@ -97,7 +99,7 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
         n_rot=_int(h, "n_rot") or None, n_expert=_int(h, "n_expert"), n_expert_used=_int(h, "n_expert_used"),
         n_ff_exp=_int(h, "n_ff_exp"), rope_freq_base=float(h.get("freq_base_train", "10000")), rms_eps=eps,
         tokenizer=TokenizerSpec(TokenizerKind.BPE, _int(h, "n_vocab"), n_merges=_int(h, "n_merges")),
-        quant=mix, extra_kv=recipe.kv,
+        quant=mix, extra_kv=recipe.kv, qk_norm=arch in QK_NORM_ARCHS,
     )
 
 
@@ -105,11 +107,35 @@ def spec_type_counts(spec: ModelSpec) -> dict[str, int]:
     return dict(Counter(pick_type(spec, td).name.lower() for td in tensor_defs(spec)))
 
 
+#: Flags of the logged tools (llama-cli, llama-perplexity) that llama-server lacks, with their value
+#: count; they do not change the buffers and are dropped before parsing.
+TOOL_FLAGS = {"-p": 1, "--prompt": 1, "-f": 1, "--file": 1, "--chunks": 1, "-n": 1, "--n-predict": 1,
+              "--ignore-eos": 0, "-no-cnv": 0, "--no-conversation": 0}
+
+
+def command_argv(command: str) -> list[str]:
+    """The logged command's arguments (shell quoting and line continuations resolved, the shell prompt,
+    environment assignments and the program removed, tool-only flags dropped)."""
+    tokens = shlex.split(command.replace("\\\n", " "))
+    start = next(i for i, t in enumerate(tokens) if "llama-" in t.rsplit("/", 1)[-1])
+    out: list[str] = []
+    it = iter(tokens[start + 1:])
+    for t in it:
+        if t in TOOL_FLAGS:
+            for _ in range(TOOL_FLAGS[t]):
+                next(it, None)
+            continue
+        out.append(t)
+    return out
+
+
 def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
-    """The logged context as llama-server flags (one sequence: the logged tools run n_seq_max 1)."""
+    """The logged command, then the logged context as flags (the tool's own defaults differ from the
+    server's: one sequence, the logged -c/-b/-ub and flash attention state)."""
     c = record["context"]
-    argv = ["-c", str(c["n_ctx"]), "-b", str(c["n_batch"]), "-ub", str(c["n_ubatch"]), "-np", "1",
-            "-fa", "on" if c["flash_attn"] else "off"]
+    argv = command_argv(record["command"]) if record["command"] else []
+    argv += ["-c", str(c["n_ctx"]), "-b", str(c["n_batch"]), "-ub", str(c["n_ubatch"]), "-np", "1",
+             "-fa", "on" if c["flash_attn"] else "off"]
     if c["n_gpu_layers"] is not None:
         argv += ["-ngl", str(c["n_gpu_layers"])]
     if c["type_k"]:
@@ -151,15 +177,17 @@ def kind_of(device: str, kind: str) -> str:
 
 
 def compare(record: dict[str, Any], projected: list[tuple[str, str, float]]) -> list[Row]:
-    """Every logged buffer against the projected buffer of the same buffer type and kind; projected
+    """Every logged buffer against the projected buffer of the same buffer type and kind (the shards'
+    mmap buffers of a split file summed: the replay writes one file, the shard cut points are unknown);
+    projected
     buffers of a kind the excerpt logs that the log does not have are rows with logged 0."""
     got: dict[tuple[str, str], float] = {}
     for buft, kind, mib in projected:
         got[(buft, kind)] = got.get((buft, kind), 0.0) + mib
-    rows = []
-    for b in record["buffers"]:
-        key = (b["device"], b["kind"])
-        rows.append(Row(kind_of(*key), key[0], b["mib"], got.pop(key, None)))
+    logged: dict[tuple[str, str], float] = {}
+    for b in record["buffers"]:  # a split file logs one CPU_Mapped buffer per shard: compare the sum
+        logged[(b["device"], b["kind"])] = logged.get((b["device"], b["kind"]), 0.0) + b["mib"]
+    rows = [Row(kind_of(*key), key[0], round(mib, 2), got.pop(key, None)) for key, mib in logged.items()]
     logged_kinds = {b["kind"] for b in record["buffers"]}  # an excerpt may leave a kind out
     rows += [Row(kind_of(*k), k[0], 0.0, v) for k, v in got.items() if v >= 0.01 and k[1] in logged_kinds]
     return rows
@@ -189,5 +217,4 @@ def project_record(record: dict[str, Any], h: dict[str, str], recipe: Recipe, tm
 
 
 def is_server(record: dict[str, Any]) -> bool:
-    cmd = record["command"] or ""
-    return "llama-server" in cmd or "llama-sweep-bench" in cmd or not cmd
+    return "llama-server" in (record["command"] or "")
