@@ -45,6 +45,7 @@ Q4_0 = {"embd": "q4_0", "output": "q6_k", "attn": "q4_0"}
 Q8_0 = {"embd": "q8_0", "output": "q8_0", "attn": "q8_0"}
 Q6_K_ALL = {"embd": "q6_k", "output": "q6_k", "attn": "q6_k", "exps": "q6_k"}
 Q8_0_ALL = {"embd": "q8_0", "output": "q8_0", "attn": "q8_0", "exps": "q8_0"}
+IK_2025_FLAGS = ("-fa", "-fmoe")
 Q235_Q8 = "ll5274-qwen3-235b-q8_0-a6000-nommap-ot-q8kv"
 
 #: Records the replay rebuilds.  llama-quantize's Q2_K gives attn_output and ffn_down q3_K
@@ -75,6 +76,13 @@ RECIPES: dict[str, Recipe] = {
     "ll5269-qwen3-235b-q6k-1x3090-ot-q8kv": Recipe(Q6_K_ALL),
     "ll5622-qwen3-30b-q4km-4090-5090-exps-cpu": Recipe(
         {"embd": "q4_k", "output": "q6_k", "attn": "q4_k", "exps": "q4_k", "more_bits": "q6_k"}),
+    # ik_llama.cpp, the same files and flags as two of the mainline runs; ik logs print no free
+    # memory: the cards' 24 GiB (RTX 3090) and 48 GiB (RTX A6000); May-2025 ik flags: a bare -fa (the
+    # logged flash attention state is appended as -fa on) and -fmoe (fused MoE, now ik's default)
+    "ik-qwen3-235b-q6k-2x3090-rtr-fmoe-ot-q8kv": Recipe(
+        Q6_K_ALL, dialect="ik_llama.cpp", gpu_mib=(24576, 24576), drop_flags=IK_2025_FLAGS),
+    "ik-qwen3-235b-q8_0-a6000-nommap-ot-q8kv": Recipe(
+        Q8_0_ALL, dialect="ik_llama.cpp", gpu_mib=(49140,), drop_flags=IK_2025_FLAGS),
 }
 
 #: Records outside what the replay can rebuild, with the reason.
@@ -108,6 +116,18 @@ _OT_CPU = ("before b6050 (PR 14990) -ot ...=CPU gave the plain CPU buffer type: 
 _BLAS = ("this build has a second host backend (BLAS: an ACCEL device whose default buffer type is CPU): "
          "it takes the host MUL_MATs, so its logits/activations sit in a 'CPU compute' buffer and are not "
          "offloaded; the planner models no BLAS backend")
+_IK_2025_OT = ("ik_llama.cpp of May 2025 gave -ot ...=CPU the plain CPU buffer type (token embedding "
+               "alone in CUDA_Host); current ik maps a host override to llama_default_buffer_type_cpu(true), "
+               "the CUDA_Host buffer (src/llama-load-tensors.cpp), as projected: the same bytes, summed")
+_IK_2025_OFFLOAD = ("ik_llama.cpp of May 2025 did not offload the host MoE ops at -ub 512 (CUDA0 144 MiB, "
+                    "the FFN activations on the host); current ik offloads MUL_MAT_ID / MOE_FUSED_UP_GATE "
+                    "when batch x active >= 32 x experts (512 x 8 = 32 x 128: the down_exps copy goes "
+                    "through CUDA0) and the planner follows the current source (ggml-cuda.cu offload_op)")
+for _rid in ("ik-qwen3-235b-q6k-2x3090-rtr-fmoe-ot-q8kv", "ik-qwen3-235b-q8_0-a6000-nommap-ot-q8kv"):
+    for _buft in ("CUDA_Host", "CPU"):
+        EXPLAINED[(_rid, "model", _buft)] = _IK_2025_OT
+    EXPLAINED[(_rid, "compute", "CUDA0")] = _IK_2025_OFFLOAD
+    EXPLAINED[(_rid, "host compute", "CUDA_Host")] = _IK_2025_OFFLOAD
 for _rid in RECIPES:
     if _rid.startswith("ci-4343"):
         EXPLAINED[(_rid, "host compute", "CUDA_Host")] = _B4343_HOST

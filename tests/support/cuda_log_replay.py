@@ -71,6 +71,8 @@ class Recipe:
     types_from: str | None = None  # sibling record whose log prints the same file's type counts
     extra_args: tuple[str, ...] = ()
     kv: dict[str, Any] = field(default_factory=dict)  # extra <arch>.* keys (e.g. use_parallel_residual)
+    gpu_mib: tuple[int, ...] = ()  # memory of the logged GPUs when the log prints no free memory
+    drop_flags: tuple[str, ...] = ()  # value-less flags of the log's build the dialect no longer has
 
 
 def _int(h: dict[str, str], key: str, default: int = 0) -> int:
@@ -133,7 +135,8 @@ def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
     """The logged command, then the logged context as flags (the tool's own defaults differ from the
     server's: one sequence, the logged -c/-b/-ub and flash attention state)."""
     c = record["context"]
-    argv = command_argv(record["command"]) if record["command"] else []
+    logged = command_argv(record["command"]) if record["command"] else []
+    argv = [a for a in logged if a not in recipe.drop_flags]
     argv += ["-c", str(c["n_ctx"]), "-b", str(c["n_batch"]), "-ub", str(c["n_ubatch"]), "-np", "1",
              "-fa", "on" if c["flash_attn"] else "off"]
     if c["n_gpu_layers"] is not None:
@@ -145,10 +148,11 @@ def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
     return argv + list(recipe.extra_args)
 
 
-def devices_of(record: dict[str, Any], sibling_log: str = "") -> DeviceSet:
+def devices_of(record: dict[str, Any], sibling_log: str = "", gpu_mib: tuple[int, ...] = ()) -> DeviceSet:
     """The logged CUDA devices with their logged free memory (from a sibling run of the same CI job
-    on the same GPU when this excerpt does not print it)."""
-    free = log_free_mib(record["log"]) or log_free_mib(sibling_log)
+    on the same GPU when this excerpt does not print it, else the cards' memory)."""
+    free = log_free_mib(record["log"]) or log_free_mib(sibling_log) or {
+        f"CUDA{i}": mib for i, mib in enumerate(gpu_mib)}
     assert len(free) == max(len(record["gpus"]), 1), (record["id"], free)
     gpus = tuple(Device(name, DeviceKind.CUDA, total=mib * MiB, free=mib * MiB) for name, mib in free.items())
     return DeviceSet(Device("CPU", DeviceKind.CPU, total=256 << 30, free=256 << 30), gpus)
@@ -201,7 +205,7 @@ def project_record(record: dict[str, Any], h: dict[str, str], recipe: Recipe, tm
     model = open_model(path)
     parsed = parse_server_args(server_argv(record, recipe), dialect=recipe.dialect)
     assert parsed.ok, parsed.errors
-    devices = devices_of(record, sibling_log)
+    devices = devices_of(record, sibling_log, recipe.gpu_mib)
     popts = placement_options(model, devices, parsed, recipe.dialect)
     cparams, _ = context_params(model, parsed, recipe.dialect)
     if not is_server(record):
