@@ -1,0 +1,138 @@
+"""child_guard: a process the planner starts dies with it however the planner ends.
+
+Each test runs a small Python "planner" as a subprocess that starts a child through
+:mod:`offload_planner.backend.child_guard` (or a test rpc-server through tests/support), prints the
+child's PID, and is then killed; the child must be gone within 2 s.  Linux only (the death signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from tests.support.procs import running, still_running
+
+from offload_planner.backend import child_guard, exec_guard
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's")
+
+ROOT = Path(__file__).resolve().parents[2]
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def _planner(body: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """Start a Python process running ``body`` (which prints child PIDs, one per line, then ``ready``)
+    and return it with the PIDs it printed."""
+    code = "import sys, time\n" + textwrap.dedent(body) + "\nprint('ready', flush=True)\ntime.sleep(120)\n"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "gui"), str(ROOT)])}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+    assert proc.stdout is not None
+    pids = []
+    for line in proc.stdout:
+        if line.strip() == "ready":
+            return proc, pids
+        pids.append(int(line))
+    proc.wait(10)
+    pytest.fail(f"the planner stand-in exited with {proc.returncode} before starting its children")
+
+
+START_CHILD = f"""
+from offload_planner.backend import child_guard
+child = child_guard.popen({SLEEPER!r})
+print(child.pid, flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGSEGV],
+                         ids=lambda s: signal.Signals(s).name)
+def test_the_child_dies_with_the_planner(sig: int, tmp_path: Path) -> None:
+    planner, (child,) = _planner(START_CHILD, tmp_path)
+    assert running(child) and psutil.Process(child).ppid() == planner.pid
+    planner.send_signal(sig)
+    planner.wait(10)
+    assert still_running([child], within=2.0) == []
+
+
+def test_test_rpc_servers_die_with_the_test_process(llama_bin_dir: Path, tmp_path: Path) -> None:
+    """tests/support starts rpc-servers and llama-servers through the same guard: a SIGKILLed pytest
+    leaves none behind."""
+    planner, (rpc,) = _planner(f"""
+        from pathlib import Path
+        from tests.support.rpc import rpc_servers
+        ctx = rpc_servers(Path({str(llama_bin_dir)!r}), 1, Path({str(tmp_path)!r}))
+        ctx.__enter__()
+        import psutil
+        print(psutil.Process().children()[0].pid, flush=True)
+    """, tmp_path)
+    assert "rpc-server" in psutil.Process(rpc).name()
+    planner.kill()
+    planner.wait(10)
+    assert still_running([rpc], within=2.0) == []
+
+
+def test_the_child_leads_its_own_group_with_the_environment_untouched(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("LC_ALL", "LC_CTYPE")}
+    env["LANG"] = "C"  # the interpreter running exec_guard coerces this locale: it must not leak
+    out = tmp_path / "env"
+    script = "import os, signal; open(os.environ['OUT'], 'w').write(repr((os.environ.get('LC_CTYPE'), " \
+             "signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL, os.getpgid(0) == os.getpid())))"
+    proc = child_guard.popen([sys.executable, "-c", script], env={**env, "OUT": str(out)})
+    assert proc.wait(20) == 0
+    assert out.read_text() == "(None, True, True)"
+
+
+def test_a_child_of_a_short_lived_thread_outlives_the_thread() -> None:
+    """The death signal follows the starting thread: it is armed only from the main thread."""
+    started: list[subprocess.Popen[bytes]] = []
+    guarded: list[child_guard.GuardedCommand] = []
+
+    def work() -> None:
+        guarded.append(child_guard.guard(SLEEPER[0], SLEEPER[1:]))
+        started.append(child_guard.popen(SLEEPER))
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    (child,) = started
+    try:
+        time.sleep(0.5)
+        assert child.poll() is None
+        assert guarded[0].own_group and not guarded[0].dies_with_parent
+        assert child_guard.guard(SLEEPER[0], SLEEPER[1:]).dies_with_parent
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_a_planner_that_died_before_the_signal_was_armed_starts_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = subprocess.run([sys.executable, "-I", "-S", exec_guard.__file__, "1", exec_guard.UNSET,
+                        "/usr/bin/touch", str(marker)], timeout=20)
+    assert r.returncode == exec_guard.EXIT_PARENT_GONE and not marker.exists()
+
+
+def test_a_missing_program_is_left_to_the_caller_to_report(tmp_path: Path) -> None:
+    cmd = child_guard.guard(str(tmp_path / "nope"), ["-x"])
+    assert (cmd.program, cmd.arguments, cmd.own_group) == (str(tmp_path / "nope"), ("-x",), False)
+    with pytest.raises(FileNotFoundError):
+        child_guard.output_of([str(tmp_path / "nope")], timeout=5)
+
+
+def test_output_of_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild"
+    script = f"import subprocess, sys, time; p = subprocess.Popen({SLEEPER!r}); " \
+             f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(120)"
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        child_guard.output_of([sys.executable, "-c", script], timeout=3)
+    assert time.monotonic() - t0 < 10
+    assert still_running([int(pidfile.read_text())], within=2.0) == []

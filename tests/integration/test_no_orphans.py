@@ -1,0 +1,128 @@
+"""A llama-server the planner started dies with the planner, however the planner ends.
+
+The real llama-server on a small synthetic model, started by ``offload-planner launch`` (and by the
+window's launcher panel, offscreen) in a subprocess; once it listens the planner is killed with
+SIGKILL, or stopped with SIGTERM, SIGHUP or Ctrl-C, and no server may be running 2 s later.  Issue 12
+found the server still answering /health 30 s after ``kill -TERM`` of the planner.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+from tests.support.procs import free_port, running, still_running
+from tests.support.rpc import rpc_servers
+
+from offload_planner.backend import child_guard
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals, Linux death signal")
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ARGS = ["-c", "512", "-ngl", "0", "--no-warmup"]
+LISTENING = "llama-server is listening on"
+WINDOW_READY = "server pid"
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+            "PYTHONPATH": str(ROOT / "gui"), "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path / "cfg"),
+            "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+
+
+def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """Start a planner process (itself guarded: it dies with this test) logging to a file."""
+    log = tmp_path / "planner.log"
+    with log.open("wb") as out:
+        proc = child_guard.popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 env=_env(tmp_path), cwd=tmp_path)
+    return proc, log
+
+
+def _wait_for_server(planner: subprocess.Popen[bytes], log: Path, ready: str, timeout: float = 120) -> int:
+    """The PID of the llama-server the planner started, once the planner says it listens."""
+    deadline = time.monotonic() + timeout
+    while ready not in log.read_text(errors="replace"):
+        if planner.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the planner did not start the server (exit {planner.poll()}):\n"
+                        + log.read_text(errors="replace")[-3000:])
+        time.sleep(0.1)
+    servers = [p.pid for p in psutil.Process(planner.pid).children() if p.name() == "llama-server"]
+    assert len(servers) == 1, log.read_text(errors="replace")[-3000:]
+    return servers[0]
+
+
+def _cli(model: Path, server: Path, extra: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "offload_planner", "launch", str(model), "--server", str(server),
+            "--no-detect", "--port", str(free_port()), "--", *SERVER_ARGS, *extra]
+
+
+def _stop_planner(planner: subprocess.Popen[bytes], sig: int) -> None:
+    planner.send_signal(sig)
+    try:
+        planner.wait(30)
+    except subprocess.TimeoutExpired:
+        planner.kill()
+        pytest.fail(f"the planner ignored {signal.Signals(sig).name} for 30 s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
+                         ids=lambda s: signal.Signals(s).name)
+def test_cli_launch_leaves_no_server(sig: int, small_models: dict[str, Path], llama_server: Path,
+                                     tmp_path: Path) -> None:
+    planner, log = _start(_cli(small_models["llama"], llama_server), tmp_path)
+    server = _wait_for_server(planner, log, LISTENING)
+    assert running(server) and os.getpgid(server) == server  # its own group, led by it
+    t0 = time.monotonic()
+    _stop_planner(planner, sig)
+    assert still_running([server], within=max(0.0, 2.0 - (time.monotonic() - t0))) == []
+    text = log.read_text(errors="replace")
+    if sig != signal.SIGKILL:  # stopped cleanly by the planner, not only by the death signal
+        assert f"{signal.Signals(sig).name}: stopping llama-server" in text, text[-3000:]
+
+
+def test_cli_launch_with_rpc_leaves_no_server(small_models: dict[str, Path], llama_bin_dir: Path,
+                                              llama_server: Path, tmp_path: Path) -> None:
+    with rpc_servers(llama_bin_dir, 1, tmp_path / "rpc") as endpoints:
+        args = _cli(small_models["llama"], llama_server, ["--rpc", endpoints[0]])
+        planner, log = _start(args, tmp_path)
+        server = _wait_for_server(planner, log, LISTENING)
+        _stop_planner(planner, signal.SIGKILL)
+        assert still_running([server], within=2.0) == []
+
+
+WINDOW = textwrap.dedent("""
+    import sys
+    from PySide6.QtWidgets import QApplication
+    from offload_planner.ui.launcher_panel import LauncherPanel
+
+    server, model, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    app = QApplication([])
+    panel = LauncherPanel(executable=server)
+    panel.set_executable(server)
+    panel.set_plan(None, command=["-m", model, *sys.argv[4:]])
+    panel.port_spin.setValue(port)
+    panel.server.ready.connect(lambda url: print("server pid", panel.server.pid, flush=True))
+    panel.server.finished.connect(lambda outcome: app.exit(3))
+    panel.launch()
+    sys.exit(app.exec())
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: signal.Signals(s).name)
+def test_window_launch_leaves_no_server(sig: int, small_models: dict[str, Path], llama_server: Path,
+                                        tmp_path: Path) -> None:
+    args = [sys.executable, "-c", WINDOW, str(llama_server), str(small_models["llama"]), str(free_port()),
+            *SERVER_ARGS]
+    window, log = _start(args, tmp_path)
+    server = _wait_for_server(window, log, WINDOW_READY)
+    _stop_planner(window, sig)
+    assert still_running([server], within=2.0) == []
