@@ -6,10 +6,11 @@ table per device and buffer once the server listens, and keeps it running until 
 Ctrl-C, SIGTERM or SIGHUP stops it (a second one kills it).  The server dies with the planner
 however the planner ends, SIGKILL and crashes included (:mod:`~offload_planner.backend.child_guard`).
 The log is printed with control characters escaped and over-long lines cut
-(:mod:`~offload_planner.backend.log_lines`).  With ``--verify`` it stops the server right after the table and exits 0 only if
-every device's model, KV, output and compute buffers are within the engine's tolerance of the
-projection.  A failed launch prints why (out of memory on a device with the smallest plan change
-that fits, a bad flag, an unknown -ot buffer type, a missing model file, a crash).
+(:mod:`~offload_planner.backend.log_lines`).  With ``--verify`` it stops the server right after the
+table and exits 0 only if every device's model, KV, output and compute buffers are within the
+engine's tolerance of the projection.  A failed launch prints why (out of memory on a device with
+the smallest plan change that fits, a bad flag, an unknown -ot buffer type, a missing model file, a
+crash).
 
 Exit codes: 0 ok (verified); 1 the projection does not match; 2 usage error; 3 the server did not
 start, failed to load or did not become ready in time; 128 + the signal's number (130 for Ctrl-C,

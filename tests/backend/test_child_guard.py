@@ -8,6 +8,7 @@ child's PID, and is then killed; the child must be gone within 2 s.  Linux only 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,15 +80,19 @@ def test_test_rpc_servers_die_with_the_test_process(llama_bin_dir: Path, tmp_pat
     assert still_running([rpc], within=2.0) == []
 
 
-def test_the_child_leads_its_own_group_with_the_environment_untouched(tmp_path: Path) -> None:
+def test_the_child_leads_its_own_group_with_the_environment_untouched() -> None:
+    """Its own process group; no LC_CTYPE from the locale coercion of the interpreter that ran
+    exec_guard; SIGPIPE and SIGXFSZ not ignored (that interpreter ignores them)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LC_ALL", "LC_CTYPE")}
-    env["LANG"] = "C"  # the interpreter running exec_guard coerces this locale: it must not leak
-    out = tmp_path / "env"
-    script = "import os, signal; open(os.environ['OUT'], 'w').write(repr((os.environ.get('LC_CTYPE'), " \
-             "signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL, os.getpgid(0) == os.getpid())))"
-    proc = child_guard.popen([sys.executable, "-c", script], env={**env, "OUT": str(out)})
-    assert proc.wait(20) == 0
-    assert out.read_text() == "(None, True, True)"
+    env["LANG"] = "C"
+    script = 'env; grep SigIgn /proc/self/status; echo "group $(cut -d" " -f5 /proc/$$/stat) pid $$"'
+    proc = child_guard.popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0
+    assert "LANG=C" in out.splitlines() and not any(ln.startswith("LC_CTYPE=") for ln in out.splitlines())
+    ignored = int(re.search(r"SigIgn:\s*([0-9a-f]+)", out)[1], 16)  # type: ignore[index]
+    assert ignored & (1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1)) == 0
+    assert f"group {proc.pid} pid {proc.pid}" in out
 
 
 def test_a_child_of_a_short_lived_thread_outlives_the_thread() -> None:

@@ -37,14 +37,15 @@ def test_32_mib_without_a_newline_is_held_in_constant_memory() -> None:
     lines, most = _feed([chunk] * (32 * MiB // len(chunk)) + [b"\nafter\n"])
     assert most <= MAX_LINE_CHARS
     assert lines == ["x" * MAX_LINE_CHARS + CUT_MARK, dropped_note(32 * MiB - MAX_LINE_CHARS), "after"]
-    assert dropped_note(32 * MiB - MAX_LINE_CHARS) == "…[33,550,336 more characters of the line above dropped]"
+    assert lines[1] == "…[33,550,336 more characters of the line above dropped]"
 
 
 def test_a_line_at_the_limit_is_whole_one_more_character_is_cut() -> None:
     at = b"a" * MAX_LINE_CHARS
     assert _feed([at + b"\n"])[0] == ["a" * MAX_LINE_CHARS]
     assert _feed([at, b"b\n"])[0] == ["a" * MAX_LINE_CHARS + CUT_MARK, dropped_note(1)]
-    assert _feed([at + b"b"])[0] == ["a" * MAX_LINE_CHARS + CUT_MARK, dropped_note(1)]  # no newline at the end
+    no_newline_at_the_end = [at + b"b"]
+    assert _feed(no_newline_at_the_end)[0] == ["a" * MAX_LINE_CHARS + CUT_MARK, dropped_note(1)]
 
 
 def test_terminal_escapes_and_invalid_utf8_are_shown_escaped() -> None:

@@ -24,7 +24,7 @@ from tests.support.rpc import rpc_servers
 
 from offload_planner.backend import child_guard
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals, Linux death signal")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's")
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ARGS = ["-c", "512", "-ngl", "0", "--no-warmup"]

@@ -54,6 +54,8 @@ def restore_environment(lc_ctype: str) -> None:
 
 
 def main(argv: Sequence[str]) -> NoReturn:
+    if sys.platform == "win32":  # Windows children are tied to the planner by a job object instead
+        raise SystemExit("exec_guard: POSIX only")
     if len(argv) < 3:
         sys.stderr.write("exec_guard: usage: PARENT_PID LC_CTYPE PROGRAM [ARGS...]\n")
         os._exit(2)

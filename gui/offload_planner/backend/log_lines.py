@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Sequence
 
 MAX_LINE_CHARS = 4096
 CUT_MARK = " …[line cut]"
@@ -28,6 +29,15 @@ _OTHER_CONTROLS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 _CONTROL_RE = re.compile(f"[\x00-\x08\x0a-\x1f{_OTHER_CONTROLS}]")
 _CONTROL_BUT_NEWLINE_RE = re.compile(f"[\x00-\x08\x0b-\x1f{_OTHER_CONTROLS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r"}
+_PLAIN_ASCII = bytes([9, *range(32, 127)])  # tab and the printable ASCII characters
+_PLAIN_ASCII_LINES = _PLAIN_ASCII + b"\n"
+
+
+def _plain(text: str, keep_newlines: bool = False) -> bool:
+    """No character :func:`printable` would escape (ASCII, the usual case, is checked in C)."""
+    if text.isascii():
+        return not text.encode("ascii").translate(None, _PLAIN_ASCII_LINES if keep_newlines else _PLAIN_ASCII)
+    return not (_CONTROL_BUT_NEWLINE_RE if keep_newlines else _CONTROL_RE).search(text)
 
 
 def _escape(m: re.Match[str]) -> str:
@@ -40,14 +50,22 @@ def _escape(m: re.Match[str]) -> str:
 
 def printable(text: str, *, keep_newlines: bool = False) -> str:
     """``text`` with every control character but tab (and newlines, if asked) written as an escape."""
-    rx = _CONTROL_BUT_NEWLINE_RE if keep_newlines else _CONTROL_RE
-    return rx.sub(_escape, text) if rx.search(text) else text
+    if _plain(text, keep_newlines):
+        return text
+    return (_CONTROL_BUT_NEWLINE_RE if keep_newlines else _CONTROL_RE).sub(_escape, text)
 
 
 def safe_line(text: str) -> str:
     """:func:`printable`, then cut to :data:`LINE_LIMIT` characters (a no-op on splitter output)."""
     text = printable(text)
     return text if len(text) <= LINE_LIMIT else text[:MAX_LINE_CHARS] + CUT_MARK
+
+
+def safe_lines(lines: Sequence[str]) -> Sequence[str]:
+    """:func:`safe_line` of each line; one scan and no copy when they are all safe already."""
+    if not lines or (max(map(len, lines)) <= LINE_LIMIT and _plain("".join(lines))):
+        return lines
+    return [safe_line(line) for line in lines]
 
 
 def dropped_note(n: int) -> str:
@@ -86,13 +104,24 @@ class LineSplitter:
 
     def _split(self, text: str) -> list[str]:
         out: list[str] = []
-        start = 0
-        while (nl := text.find("\n", start)) >= 0:
-            self._hold(text[start:nl], out)
+        pieces = text.split("\n")
+        rest = pieces.pop()  # after the last newline: the start of the next line
+        if pieces:
+            self._hold(pieces[0], out)  # completes the line held from earlier reads
             self._end_line(out)
-            start = nl + 1
-        if start < len(text):
-            self._hold(text[start:], out)
+            out += self._complete(pieces[1:], clean=_plain(text, keep_newlines=True))
+        if rest:
+            self._hold(rest, out)
+        return out
+
+    def _complete(self, lines: list[str], clean: bool) -> list[str]:
+        """Whole lines read in one piece: as they are when ``clean`` and short (the usual case)."""
+        if not lines or (clean and max(map(len, lines)) <= MAX_LINE_CHARS):
+            return lines
+        out: list[str] = []
+        for line in lines:
+            self._hold(line, out)
+            self._end_line(out)
         return out
 
     def _hold(self, piece: str, out: list[str]) -> None:
