@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -29,18 +30,39 @@ ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 
-def _planner(body: str, tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
-    """Start a Python process running ``body`` (which prints child PIDs, one per line, then ``ready``)
-    and return it with the PIDs it printed."""
+Planner = Callable[[str], tuple[subprocess.Popen[str], list[int]]]
+
+
+@pytest.fixture
+def planner(tmp_path: Path) -> Iterator[Planner]:
+    """Start a Python process running ``body`` (which prints child PIDs, one per line); returns it
+    with the PIDs it printed.  Whatever happens, it is killed at the end of the test."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(body: str) -> tuple[subprocess.Popen[str], list[int]]:
+        proc = _stand_in(body, tmp_path)
+        started.append(proc)
+        return proc, _pids(proc)
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait(10)
+
+
+def _stand_in(body: str, tmp_path: Path) -> subprocess.Popen[str]:
     code = "import sys, time\n" + textwrap.dedent(body) + "\nprint('ready', flush=True)\ntime.sleep(120)\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "gui"), str(ROOT)])}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path)
+    return child_guard.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env,
+                             cwd=tmp_path)
+
+
+def _pids(proc: subprocess.Popen[str]) -> list[int]:
     assert proc.stdout is not None
     pids = []
     for line in proc.stdout:
         if line.strip() == "ready":
-            return proc, pids
+            return pids
         pids.append(int(line))
     proc.wait(10)
     pytest.fail(f"the planner stand-in exited with {proc.returncode} before starting its children")
@@ -55,28 +77,29 @@ print(child.pid, flush=True)
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP, signal.SIGSEGV],
                          ids=lambda s: signal.Signals(s).name)
-def test_the_child_dies_with_the_planner(sig: int, tmp_path: Path) -> None:
-    planner, (child,) = _planner(START_CHILD, tmp_path)
-    assert running(child) and psutil.Process(child).ppid() == planner.pid
-    planner.send_signal(sig)
-    planner.wait(10)
+def test_the_child_dies_with_the_planner(sig: int, planner: Planner) -> None:
+    stand_in, (child,) = planner(START_CHILD)
+    assert running(child) and psutil.Process(child).ppid() == stand_in.pid
+    stand_in.send_signal(sig)
+    stand_in.wait(10)
     assert still_running([child], within=2.0) == []
 
 
-def test_test_rpc_servers_die_with_the_test_process(llama_bin_dir: Path, tmp_path: Path) -> None:
+def test_test_rpc_servers_die_with_the_test_process(llama_bin_dir: Path, tmp_path: Path,
+                                                    planner: Planner) -> None:
     """tests/support starts rpc-servers and llama-servers through the same guard: a SIGKILLed pytest
     leaves none behind."""
-    planner, (rpc,) = _planner(f"""
+    stand_in, (rpc,) = planner(f"""
         from pathlib import Path
         from tests.support.rpc import rpc_servers
         ctx = rpc_servers(Path({str(llama_bin_dir)!r}), 1, Path({str(tmp_path)!r}))
         ctx.__enter__()
         import psutil
         print(psutil.Process().children()[0].pid, flush=True)
-    """, tmp_path)
+    """)
     assert "rpc-server" in psutil.Process(rpc).name()
-    planner.kill()
-    planner.wait(10)
+    stand_in.kill()
+    stand_in.wait(10)
     assert still_running([rpc], within=2.0) == []
 
 

@@ -8,13 +8,14 @@ found the server still answering /health 30 s after ``kill -TERM`` of the planne
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -38,13 +39,23 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
 
 
-def _start(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """Start a planner process (itself guarded: it dies with this test) logging to a file."""
+@contextlib.contextmanager
+def _started(args: list[str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A planner process (itself guarded: it dies with this test) logging to a file; whatever the
+    test's outcome, it and any llama-server it started are killed by PID afterwards."""
     log = tmp_path / "planner.log"
     with log.open("wb") as out:
         proc = child_guard.popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  env=_env(tmp_path), cwd=tmp_path)
-    return proc, log
+    try:
+        yield proc, log
+    finally:
+        servers = psutil.Process(proc.pid).children() if proc.poll() is None else []
+        proc.kill()
+        proc.wait(10)
+        for p in servers:  # only reached when the test failed: do not leave them running
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
 
 def _wait_for_server(planner: subprocess.Popen[bytes], log: Path, ready: str, timeout: float = 120) -> int:
@@ -78,12 +89,12 @@ def _stop_planner(planner: subprocess.Popen[bytes], sig: int) -> None:
                          ids=lambda s: signal.Signals(s).name)
 def test_cli_launch_leaves_no_server(sig: int, small_models: dict[str, Path], llama_server: Path,
                                      tmp_path: Path) -> None:
-    planner, log = _start(_cli(small_models["llama"], llama_server), tmp_path)
-    server = _wait_for_server(planner, log, LISTENING)
-    assert running(server) and os.getpgid(server) == server  # its own group, led by it
-    t0 = time.monotonic()
-    _stop_planner(planner, sig)
-    assert still_running([server], within=max(0.0, 2.0 - (time.monotonic() - t0))) == []
+    with _started(_cli(small_models["llama"], llama_server), tmp_path) as (planner, log):
+        server = _wait_for_server(planner, log, LISTENING)
+        assert running(server) and os.getpgid(server) == server  # its own group, led by it
+        t0 = time.monotonic()
+        _stop_planner(planner, sig)
+        assert still_running([server], within=max(0.0, 2.0 - (time.monotonic() - t0))) == []
     text = log.read_text(errors="replace")
     if sig != signal.SIGKILL:  # stopped cleanly by the planner, not only by the death signal
         assert f"{signal.Signals(sig).name}: stopping llama-server" in text, text[-3000:]
@@ -93,10 +104,10 @@ def test_cli_launch_with_rpc_leaves_no_server(small_models: dict[str, Path], lla
                                               llama_server: Path, tmp_path: Path) -> None:
     with rpc_servers(llama_bin_dir, 1, tmp_path / "rpc") as endpoints:
         args = _cli(small_models["llama"], llama_server, ["--rpc", endpoints[0]])
-        planner, log = _start(args, tmp_path)
-        server = _wait_for_server(planner, log, LISTENING)
-        _stop_planner(planner, signal.SIGKILL)
-        assert still_running([server], within=2.0) == []
+        with _started(args, tmp_path) as (planner, log):
+            server = _wait_for_server(planner, log, LISTENING)
+            _stop_planner(planner, signal.SIGKILL)
+            assert still_running([server], within=2.0) == []
 
 
 WINDOW = textwrap.dedent("""
@@ -122,7 +133,7 @@ def test_window_launch_leaves_no_server(sig: int, small_models: dict[str, Path],
                                         tmp_path: Path) -> None:
     args = [sys.executable, "-c", WINDOW, str(llama_server), str(small_models["llama"]), str(free_port()),
             *SERVER_ARGS]
-    window, log = _start(args, tmp_path)
-    server = _wait_for_server(window, log, WINDOW_READY)
-    _stop_planner(window, sig)
-    assert still_running([server], within=2.0) == []
+    with _started(args, tmp_path) as (window, log):
+        server = _wait_for_server(window, log, WINDOW_READY)
+        _stop_planner(window, sig)
+        assert still_running([server], within=2.0) == []
