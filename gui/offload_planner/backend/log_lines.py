@@ -3,15 +3,17 @@ control characters.
 
 :class:`LineSplitter` takes the bytes as they arrive, decodes UTF-8 incrementally (an invalid byte
 becomes the text ``\\xff``), splits at ``\\n`` (dropping a ``\\r`` before it) and escapes control
-characters with :func:`printable`.  A line longer than :data:`MAX_LINE_CHARS` is cut: its first
+characters with :func:`printable` (the decoder keeps invalid bytes as surrogates, which is fast;
+they are written as ``\\xff`` there).  A line longer than :data:`MAX_LINE_CHARS` is cut: its first
 :data:`MAX_LINE_CHARS` characters come out at once, ending in :data:`CUT_MARK`, the rest is only
 counted, and when its newline arrives one more line says how many characters were dropped.  Between
 reads only the unfinished line is kept, never more than :data:`MAX_LINE_CHARS` of it, so a backend
 printing gigabytes without a newline costs constant memory and time linear in what it printed.
 
 :func:`printable` escapes C0 controls but tab, DEL, C1 controls (``\\x9b`` is a terminal's CSI), the
-Unicode line and paragraph separators and the bidirectional overrides; :func:`safe_line` does that
-and the cut for a line from anywhere else (the log view uses it on everything it is given).
+Unicode line and paragraph separators, the bidirectional overrides and lone surrogates;
+:func:`safe_line` does that and the cut for a line from anywhere else (the log view uses it on
+everything it is given).
 """
 
 from __future__ import annotations
@@ -25,12 +27,44 @@ CUT_MARK = " …[line cut]"
 #: The longest line :class:`LineSplitter` and :func:`safe_line` return.
 LINE_LIMIT = MAX_LINE_CHARS + len(CUT_MARK)
 
-_OTHER_CONTROLS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-_CONTROL_RE = re.compile(f"[\x00-\x08\x0a-\x1f{_OTHER_CONTROLS}]")
-_CONTROL_BUT_NEWLINE_RE = re.compile(f"[\x00-\x08\x0b-\x1f{_OTHER_CONTROLS}]")
-_NAMED = {"\n": "\\n", "\r": "\\r"}
+#: What gets escaped: C0 controls but tab, DEL and C1 controls, line and paragraph separators,
+#: bidirectional embeddings/overrides/isolates, surrogates (undecodable bytes, from surrogateescape).
+_ESCAPED_RANGES = ((0x00, 0x08), (0x0A, 0x1F), (0x7F, 0x9F), (0x2028, 0x202E), (0x2066, 0x2069),
+                   (0xD800, 0xDFFF))
+_NEWLINE = 0x0A
 _PLAIN_ASCII = bytes([9, *range(32, 127)])  # tab and the printable ASCII characters
 _PLAIN_ASCII_LINES = _PLAIN_ASCII + b"\n"
+
+
+def _escape(code: int) -> str:
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte
+        return f"\\x{code - 0xDC00:02x}"
+    return {0x0A: "\\n", 0x0D: "\\r"}.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def _ranges(keep_newlines: bool) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for lo, hi in _ESCAPED_RANGES:
+        if keep_newlines and lo <= _NEWLINE <= hi:
+            out += [r for r in ((lo, _NEWLINE - 1), (_NEWLINE + 1, hi)) if r[0] <= r[1]]
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _codes(keep_newlines: bool) -> list[int]:
+    return [c for lo, hi in _ranges(keep_newlines) for c in range(lo, hi + 1)]
+
+
+def _class(keep_newlines: bool) -> re.Pattern[str]:
+    return re.compile("[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}"
+                                     for lo, hi in _ranges(keep_newlines)) + "]")
+
+
+_CONTROL_RE = _class(False)
+_CONTROL_BUT_NEWLINE_RE = _class(True)
+_ESCAPES = {c: _escape(c) for c in _codes(False)}  # str.translate tables
+_ESCAPES_BUT_NEWLINE = {c: _escape(c) for c in _codes(True)}
 
 
 def _plain(text: str, keep_newlines: bool = False) -> bool:
@@ -40,19 +74,12 @@ def _plain(text: str, keep_newlines: bool = False) -> bool:
     return not (_CONTROL_BUT_NEWLINE_RE if keep_newlines else _CONTROL_RE).search(text)
 
 
-def _escape(m: re.Match[str]) -> str:
-    c = m.group()
-    if c in _NAMED:
-        return _NAMED[c]
-    n = ord(c)
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
-
-
 def printable(text: str, *, keep_newlines: bool = False) -> str:
-    """``text`` with every control character but tab (and newlines, if asked) written as an escape."""
+    """``text`` with every control character but tab (and newlines, if asked) written as an escape:
+    ``\\x1b``, ``\\r``, ``\\u202e``; an undecodable byte kept by ``surrogateescape`` as ``\\xff``."""
     if _plain(text, keep_newlines):
         return text
-    return (_CONTROL_BUT_NEWLINE_RE if keep_newlines else _CONTROL_RE).sub(_escape, text)
+    return text.translate(_ESCAPES_BUT_NEWLINE if keep_newlines else _ESCAPES)
 
 
 def safe_line(text: str) -> str:
@@ -76,7 +103,7 @@ class LineSplitter:
     """Bytes in, complete printable lines out (see the module)."""
 
     def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
         self._parts: list[str] = []  # the unfinished line, in pieces
         self._held = 0  # characters in _parts
         self._dropped: int | None = None  # characters dropped of an over-long line (None: not cut)
