@@ -7,6 +7,7 @@ child's PID, and is then killed; the child must be gone within 2 s.  Linux only 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -164,3 +165,12 @@ def test_output_of_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
         child_guard.output_of([sys.executable, "-c", script], timeout=3)
     assert time.monotonic() - t0 < 10
     assert still_running([int(pidfile.read_text())], within=2.0) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is in the test extra")
+def test_the_windows_job_object_path_type_checks() -> None:
+    """The kill-on-close job object cannot run here; mypy checks it as Windows would see it."""
+    files = [child_guard.__file__, exec_guard.__file__]
+    r = subprocess.run([sys.executable, "-m", "mypy", "--platform", "win32", *files], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
