@@ -137,3 +137,37 @@ def test_window_launch_leaves_no_server(sig: int, small_models: dict[str, Path],
         server = _wait_for_server(window, log, WINDOW_READY)
         _stop_planner(window, sig)
         assert still_running([server], within=2.0) == []
+
+
+def _stubborn_backend(tmp_path: Path) -> Path:
+    """A "llama-server" that loads forever and ignores SIGTERM."""
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""
+        import signal, sys, time
+        if sys.argv[1:] in (["--version"], ["--help"]):
+            print("version: 1 (fake)")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("load_tensors: loading model tensors, this can take a while...", flush=True)
+        time.sleep(120)
+    """))
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_signal_while_loading_stops_then_a_second_kills(sig: int, tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "offload_planner", "launch", str(tmp_path / "m.gguf"), "--server",
+            str(_stubborn_backend(tmp_path)), "--no-detect", "--stop-timeout", "60", "--", "-c", "512"]
+    with _started(args, tmp_path) as (planner, log):
+        server = _wait_for_server(planner, log, "loading model tensors")
+        planner.send_signal(sig)
+        time.sleep(1.0)
+        assert planner.poll() is None and running(server)  # SIGTERM sent; it ignores it for now
+        _stop_planner(planner, sig)  # the second one kills it
+        assert planner.returncode == 128 + sig
+        assert still_running([server], within=2.0) == []
+    text = log.read_text(errors="replace")
+    name = signal.Signals(sig).name
+    assert f"{name}: stopping llama-server" in text and f"{name} again: killing llama-server" in text, text
