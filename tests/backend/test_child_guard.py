@@ -174,3 +174,12 @@ def test_the_windows_job_object_path_type_checks() -> None:
     r = subprocess.run([sys.executable, "-m", "mypy", "--platform", "win32", *files], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_run_captures_both_streams_like_subprocess_run(tmp_path: Path) -> None:
+    script = ("import sys; print('out'); print('err', file=sys.stderr); sys.stdout.flush(); "
+              "sys.stdout.buffer.write(b'\\xff'); sys.exit(3)")
+    r = child_guard.run([sys.executable, "-c", script], timeout=20, cwd=str(tmp_path))
+    assert (r.returncode, r.stdout, r.stderr) == (3, "out\n\ufffd", "err\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        child_guard.run([*SLEEPER], timeout=0.5)

@@ -13,7 +13,7 @@ planner ends: Ctrl-C, SIGTERM, SIGHUP, SIGKILL or a crash.
 * macOS and other POSIX systems: own process group only (their kernels have no death signal).
 
 QProcess users call :func:`guard` for the program and arguments to start and :func:`adopt` once
-the process has a PID; :func:`popen` and :func:`output_of` do both for ``subprocess``.
+the process has a PID; :func:`popen`, :func:`run` and :func:`output_of` do both for ``subprocess``.
 """
 
 from __future__ import annotations
@@ -94,23 +94,38 @@ def popen(args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     return _start(args, **kwargs)[0]
 
 
+def run(args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """:func:`subprocess.run` with ``capture_output=True, text=True`` (undecodable bytes replaced):
+    on :class:`subprocess.TimeoutExpired` the child and its group are killed."""
+    proc, cmd = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, errors="replace", env=env, cwd=cwd)
+    out, err = _communicate(proc, cmd, timeout)
+    return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
+
+
 def output_of(args: Sequence[str], timeout: float) -> str:
     """Run ``args`` to completion and return stdout and stderr (merged, decoded with replacement).
     Raises OSError when it cannot start and :class:`subprocess.TimeoutExpired` after ``timeout``
     seconds, when the child and its group are killed."""
     if _resolve(args[0]) is None:
         raise FileNotFoundError(2, "not found or not executable", args[0])
-    proc, cmd = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc, cmd = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, errors="replace")
+    return _communicate(proc, cmd, timeout)[0]
+
+
+def _communicate(proc: subprocess.Popen[str], cmd: GuardedCommand, timeout: float) -> tuple[str, str]:
     with proc:
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(timeout=timeout)
         except BaseException:
             if cmd.own_group:
                 kill_group(proc.pid)  # not reaped yet: the group ID is still this child's
             proc.kill()
             proc.wait()
             raise
-    return bytes(out).decode("utf-8", "replace")
+    return out or "", err or ""
 
 
 if sys.platform == "win32":
