@@ -30,7 +30,8 @@ copies between backends is largest.  So this module does the same thing on shape
 * ``ggml_gallocr`` / ``ggml_dyn_tallocr`` exactly: leafs first, child and view counts, in-place reuse,
   best-fit free blocks with merging, per-buffer-type alignment.
 
-Supported architectures: llama, qwen2, qwen3, qwen3moe, deepseek2 (MLA), glm4moe, gpt-oss, gemma3.
+Supported architectures: llama, qwen2, qwen3, qwen3moe, deepseek2 (MLA), glm4moe, gpt-oss, gemma3,
+gptneox.
 Others (and files whose tensors do not fit their architecture's graph) get :func:`term_estimate`:
 a KQ mask (+ KQ scores without flash attention) and the largest layer's activations per device,
 the logits on the output device; flagged as an estimate in ``why``.

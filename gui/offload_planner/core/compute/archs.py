@@ -181,6 +181,37 @@ def _gemma3(b: Builder) -> None:
     b.head(inp)
 
 
+def _gptneox(b: Builder) -> None:
+    """gptneox (Pythia): LayerNorm with biases, fused QKV (+bias) split into Q/K/V views, partial
+    rope, biased attention output, GELU FFN, parallel residual (``use_parallel_residual``, which
+    every Pythia sets: x + attn(ln1(x)) + ffn(ln2(x)))."""
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_inp_attn()
+    b.build_out_ids()
+    head, n_tok = sh.head_k, b.n_tokens
+    for il in range(sh.n_layer):
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il, b.lw(il, "attn_norm.bias"), op="NORM")
+        qkv = b.mm(b.req(f"blk.{il}.attn_qkv.weight"), cur, b.lw(il, "attn_qkv.bias"))
+        n_q, n_k = head * sh.n_head[il], head * sh.n_head_kv[il]
+        nb = [row_size(qkv.type, head), qkv.nb[1]]
+        q = view(qkv, [head, sh.n_head[il], n_tok], nb, 0)
+        k = view(qkv, [head, sh.n_head_kv[il], n_tok], nb, row_size(qkv.type, n_q))
+        v = view(qkv, [head, sh.n_head_kv[il], n_tok], nb, row_size(qkv.type, n_q + n_k))
+        q, k = b.rope(q), b.rope(k)
+        cur = b.attn(il, b.lw(il, "attn_output.weight"), b.lw(il, "attn_output.bias"), q, k, v)
+        if il == sh.n_layer - 1:
+            cur, inp = b.out_rows(cur, inp)
+        attn_out = cur
+        cur = b.norm(inp, b.lw(il, "ffn_norm.weight"), il, b.lw(il, "ffn_norm.bias"), op="NORM")
+        cur = b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), None, b.req(f"blk.{il}.ffn_down.weight"),
+                    up_b=b.lw(il, "ffn_up.bias"), down_b=b.lw(il, "ffn_down.bias"))
+        cur = dup_op(cur, "ADD", cur, inp)
+        inp = b.cb(dup_op(cur, "ADD", cur, attn_out), "l_out", il)
+    b.head(inp)
+
+
 ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "llama": lambda b: _llama_like(b, qk_norm=False),
     "qwen2": lambda b: _llama_like(b, qk_norm=False),
@@ -190,6 +221,7 @@ ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "deepseek2": _deepseek2,
     "gpt-oss": _gpt_oss,
     "gemma3": _gemma3,
+    "gptneox": _gptneox,
 }
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.ggml import CPU
-from offload_planner.core.compute.graph import Shape
+from offload_planner.core.compute.graph import LEGACY_KQ_MASK_PAD, Shape
 from offload_planner.core.compute.simulate import (
     Simulation,
     backends_for,
@@ -50,13 +50,25 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     if pp.weight_copies_bytes[i]:
         parts.append(f"op offload: {_mib(pp.weight_copies_bytes[i])} of host weights pass through it, "
                      "one split at a time")
-    mask = sh.n_kv * sh.n_tokens * (2 if sh.flash_attn else 4)
-    parts.append(f"KQ mask {_mib(mask)} {'f16' if sh.flash_attn else 'f32'}"
-                 + (" + SWA mask" if any(sh.swa) else ""))
+    if sh.legacy_inputs:
+        mask = sh.n_kv * -(-sh.n_tokens // LEGACY_KQ_MASK_PAD) * LEGACY_KQ_MASK_PAD * 4
+        cast = ", cast to f16 where attention runs" if sh.flash_attn else ""
+        parts.append(f"KQ mask {_mib(mask)} f32{cast}" + (" + SWA mask" if any(sh.swa) else ""))
+    else:
+        mask = sh.n_kv * sh.n_tokens * (2 if sh.flash_attn else 4)
+        parts.append(f"KQ mask {_mib(mask)} {'f16' if sh.flash_attn else 'f32'}"
+                     + (" + SWA mask" if any(sh.swa) else ""))
     if not sh.flash_attn:
         parts.append("no flash attention: KQ scores n_kv x n_tokens x n_head x 4 B per layer")
     if be.name == CPU:
         parts.append("host side: graph inputs, token-embedding rows, ops on CPU weights")
+        if sh.legacy_inputs and not sh.flash_attn:
+            v_idx = sh.n_tokens * max(sh.n_head_kv) * sh.head_v * 8
+            parts.append(f"two rules fit 2025 logs: builds from July 2025 (set_rows KV store, assumed here) "
+                         f"hold the {_mib(v_idx)} V-index input; earlier builds copy K/V into cache views "
+                         "and have no index inputs")
+    if be.name == output_device and sh.legacy_inputs:
+        parts.append("2025 builds reserve the logits of every ubatch token")
     if be.name == output_device:
         parts.append(f"logits {sh.n_outputs} x {sh.n_vocab} x 4 B ({_mib(4 * sh.n_outputs * sh.n_vocab)})")
     return "; ".join(parts)

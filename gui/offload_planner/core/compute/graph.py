@@ -86,6 +86,13 @@ class Shape:
     type_v: GGMLType
     offload_kqv: bool
     full_offload: bool
+    # 2025 builds (llama.cpp-2025): token rows only (no embedding / mixed-batch inputs) and an f32 KQ
+    # mask padded to GGML_KQ_MASK_PAD rows, cast to f16 for flash attention
+    legacy_inputs: bool = False
+
+
+#: ``GGML_KQ_MASK_PAD`` of 2025 builds: the mask's token rows are padded to a multiple of it.
+LEGACY_KQ_MASK_PAD = 64
 
 
 def _md_float(model: Model, key: str, default: float) -> float:
@@ -128,6 +135,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         n_kv_swa=ctx.swa_cells, n_stream=ctx.n_stream, kv_unified=p.kv_unified,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
+        legacy_inputs=getattr(p, "dialect", "") == "llama.cpp-2025",
     )
 
 
@@ -192,17 +200,21 @@ class Builder(WeightAccess):
         sh, n = self.sh, self.n_tokens
         tok_embd = self.req("token_embd.weight")
         tokens = input_tensor(I32, [n], "inp_tokens")
-        embd = input_tensor(F32, [sh.n_embd, n], "inp_embd")
         first = get_rows(tok_embd, tokens)
+        if sh.legacy_inputs:  # 2025 builds: the ubatch's tokens only
+            return self._scaled_embd(first, tok_scale)
+        embd = input_tensor(F32, [sh.n_embd, n], "inp_embd")
         mixed_tokens = input_tensor(I32, [n], "inp_mixed_tokens")
         mixed_slots = input_tensor(I64, [n], "inp_mixed_slots")
         mixed_embd = input_tensor(F32, [sh.n_embd, n], "inp_mixed_embd")
         mixed = set_rows(dup_op(mixed_embd, "DUP"), get_rows(tok_embd, mixed_tokens), mixed_slots)
         for t in (first, embd, mixed):
             self.g.expand(t)
-        cur = first
+        return self._scaled_embd(first, tok_scale)
+
+    def _scaled_embd(self, cur: T, tok_scale: float) -> T:
         if tok_scale != 1.0:
-            cur = dup_op(cur, "MUL", cur, input_tensor(F32, [1, n], "inp_scale_rows"))
+            cur = dup_op(cur, "MUL", cur, input_tensor(F32, [1, self.n_tokens], "inp_scale_rows"))
         self.cb(cur, "embd", -1)
         self.g.expand(cur)
         return cur
@@ -218,6 +230,10 @@ class Builder(WeightAccess):
     def _mask(self, n_kv: int) -> T:
         sh = self.sh
         n_stream = 1 if sh.kv_unified else sh.n_seqs
+        if sh.legacy_inputs:
+            rows = -(-(self.n_tokens // n_stream) // LEGACY_KQ_MASK_PAD) * LEGACY_KQ_MASK_PAD
+            mask = input_tensor(F32, [n_kv, rows, 1, n_stream], "attn_inp_kq_mask")
+            return new(F16, mask.ne, "CPY", mask) if sh.flash_attn else mask  # ggml_cast
         type_ = F16 if sh.flash_attn else F32
         return input_tensor(type_, [n_kv, self.n_tokens // n_stream, 1, n_stream], "attn_inp_kq_mask")
 
