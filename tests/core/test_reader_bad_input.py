@@ -6,7 +6,10 @@ Files are either written by GGUFWriter and patched, or written byte by byte with
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -587,6 +590,42 @@ def test_tensor_name_too_long_for_ggml(tmp_path: Path) -> None:
     _expect(raw.write(tmp_path / "n.gguf"), "too long", raw.info_pos(0))
     raw.infos[0] = tinfo("x" * 63, [32, 2], F32_T, 0)
     assert open_model(raw.write(tmp_path / "ok.gguf")).tensors[0].name == "x" * 63
+
+
+def _unblock_fifo_later(path: Path) -> threading.Timer:
+    """If the reader blocks opening the FIFO, open its other end after a while so that the test
+    fails on the message instead of hanging."""
+
+    def open_writer() -> None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(5.0, open_writer)
+    timer.start()
+    return timer
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifo_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    timer = _unblock_fifo_later(fifo)
+    try:
+        t0 = time.monotonic()
+        err = _expect(fifo, "is a FIFO (named pipe), not a GGUF file")
+        assert time.monotonic() - t0 < 2 and err.offset is None
+    finally:
+        timer.cancel()
+
+
+def test_directory_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    err = _expect(tmp_path, "is a directory, not a GGUF file")
+    assert str(err) == f"{tmp_path}: is a directory, not a GGUF file"
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null")
+def test_character_device_is_refused() -> None:
+    _expect(Path("/dev/null"), "is a character device, not a GGUF file")
 
 
 # --- split models -----------------------------------------------------------------------------
