@@ -365,8 +365,7 @@ class Shape:
 
 
 def _md_float(model: Model, key: str, default: float) -> float:
-    v = model.metadata.get(f"{model.arch}.{key}")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+    return model.arch_float(key, default)
 
 
 def _per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
