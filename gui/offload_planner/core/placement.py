@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.errors import RuleError
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.roles import Role
 from offload_planner.core.rule_match import rule_set
@@ -83,6 +84,13 @@ class Placement:
     override_hits: dict[int, int] = field(default_factory=dict)  # override index -> tensors
     model_devices: list[str] = field(default_factory=list)  # llama.cpp's device list (-sm none: one)
     has_overrides: bool = False  # the command carries tensor overrides (turns off pipeline parallelism)
+    rule_errors: list[str] = field(default_factory=list)  # -ot rules the planner could not evaluate
+
+    def raise_rule_errors(self) -> None:
+        """A :class:`RuleError` for the first -ot rule the planner could not evaluate (it matched
+        nothing in this placement), if any."""
+        if self.rule_errors:
+            raise RuleError(self.rule_errors[0])
 
     def device_of(self, name: str) -> str | None:
         for p in self.items:
@@ -230,4 +238,4 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         if (orig.device, orig.buft) != (out_dev, copy_buft):
             items.append(Placed(embd, out_dev, copy_buft, rule, copy=True))
     return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus],
-                     has_overrides=bool(opts.overrides))
+                     has_overrides=bool(opts.overrides), rule_errors=rules.errors)

@@ -6,10 +6,12 @@ in the tensor's name (``llama_model_loader::create_tensor``), fast and on a budg
 - A rule is tried on a name only when the literal every match of its pattern contains is in the
   name (``exps`` for ``exps=CPU``), so 10,000 rules cost what the few candidates cost.
 - A pattern whose parse shows the risk of exponential backtracking is first run by a step counter
-  on every name (:mod:`~offload_planner.core.cmdline.ecma_backtrack`); over the budget, one
-  :class:`RuleError` names the rule instead of a hang (``std::regex`` would stall the same way).
-- A pattern nested too deep for the planner is a :class:`RuleError` too; one ``std::regex``
-  refuses matches nothing (the refusal itself is reported by the argument checks).
+  on every name (:mod:`~offload_planner.core.cmdline.ecma_backtrack`); over the budget, the rule
+  is *broken*: it matches nothing and :attr:`RuleSet.errors` says why, naming the rule, instead of
+  a hang (``std::regex`` would stall the same way).  A pattern nested too deep for the planner is
+  broken too.  Callers turn :attr:`RuleSet.errors` into a :class:`RuleError` (the CLI) or a
+  problem (the window), so placement itself never fails on a rule.
+- A pattern ``std::regex`` refuses matches nothing (the refusal is reported by the argument checks).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class _Pattern:
         self.check = check
         self.members: list[int] = []
         self.steps = 0
+        self.broken: str | None = None  # why the planner does not evaluate it
         self._regex: re.Pattern[str] | None = None
 
     @property
@@ -74,13 +77,13 @@ class RuleSet:
             self.pattern_of.append(u)
         for p in self.patterns:
             if p.check.limit is not None:
-                raise RuleError(f"{rule_label(self.rules[p.members[0]])}: {p.check.limit}; the "
-                                "planner does not evaluate patterns nested that deep")
+                p.broken = (f"{rule_label(self.rules[p.members[0]])}: {p.check.limit}; the "
+                            "planner does not evaluate patterns nested that deep")
         self._always: list[int] = []  # patterns without a required literal: tried on every name
         self._by_literal: dict[str, list[int]] = {}
         for u, p in enumerate(self.patterns):
             if p.check.python is None:
-                continue  # std::regex refuses it: matches nothing
+                continue  # std::regex refuses it, or it is broken: matches nothing
             if p.check.required:
                 self._by_literal.setdefault(p.check.required, []).append(u)
             else:
@@ -89,6 +92,17 @@ class RuleSet:
         self._risky = [u for u, p in enumerate(self.patterns) if p.check.may_backtrack]
         self._hits: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def errors(self) -> list[str]:
+        """One message per broken rule (in rule order): nested too deep, or backtracks too much
+        on the names matched so far."""
+        return [p.broken for p in self.patterns if p.broken is not None]
+
+    def raise_errors(self) -> None:
+        """:class:`RuleError` for the first broken rule, if any."""
+        if errors := self.errors:
+            raise RuleError(errors[0])
 
     def first(self, name: str) -> int | None:
         """Index of the rule that places ``name`` (the first that matches), None if none does."""
@@ -107,7 +121,8 @@ class RuleSet:
 
     def _match(self, name: str) -> tuple[int, ...]:
         for u in self._risky:
-            self._count_steps(u, name)
+            if self.patterns[u].broken is None:
+                self._count_steps(u, name)
         cands = set(self._always)
         by_literal = self._by_literal
         for n in self._lengths:
@@ -115,7 +130,8 @@ class RuleSet:
                 us = by_literal.get(name[i : i + n])
                 if us is not None:
                     cands.update(us)
-        return tuple(u for u in sorted(cands) if self.patterns[u].regex.search(name))
+        ps = self.patterns
+        return tuple(u for u in sorted(cands) if ps[u].broken is None and ps[u].regex.search(name))
 
     def _count_steps(self, u: int, name: str) -> None:
         p = self.patterns[u]
@@ -125,21 +141,23 @@ class RuleSet:
         try:
             counter.search(name)
         except OverBudget as over:
-            if over.deep:
-                raise RuleError(
-                    f"{label}: the pattern backtracks too deep on {name!r} for the planner to "
-                    f"evaluate (over {counter.state.steps:,} steps); llama.cpp's std::regex "
-                    "backtracks the same way and would stall or overflow its stack on it") from None
-            if p.steps + counter.state.steps >= RULE_STEPS:
-                raise RuleError(
-                    f"{label}: the pattern backtracks too much on tensor names (over {RULE_STEPS:,} "
-                    "steps over the model's tensors); llama.cpp's std::regex backtracks the same way "
-                    "and would stall on it") from None
-            raise RuleError(
-                f"{label}: the pattern backtracks catastrophically on tensor names (over "
-                f"{NAME_STEPS:,} steps on {name!r}); llama.cpp's std::regex backtracks the same way "
-                "and would stall or crash on it") from None
+            p.broken = _over_budget(label, name, over.deep, counter.state.steps,
+                                    p.steps + counter.state.steps >= RULE_STEPS)
         p.steps += counter.state.steps
+
+
+def _over_budget(label: str, name: str, deep: bool, steps: int, total: bool) -> str:
+    if deep:
+        return (f"{label}: the pattern backtracks too deep on {name!r} for the planner to evaluate "
+                f"(over {steps:,} steps); llama.cpp's std::regex backtracks the same way and would "
+                "stall or overflow its stack on it")
+    if total:
+        return (f"{label}: the pattern backtracks too much on tensor names (over {RULE_STEPS:,} "
+                "steps over the model's tensors); llama.cpp's std::regex backtracks the same way "
+                "and would stall on it")
+    return (f"{label}: the pattern backtracks catastrophically on tensor names (over "
+            f"{NAME_STEPS:,} steps on {name!r}); llama.cpp's std::regex backtracks the same way "
+            "and would stall or crash on it")
 
 
 @lru_cache(maxsize=8)

@@ -63,6 +63,7 @@ def unknown_device_warnings(plan: Plan) -> list[str]:
 def analyse(plan: Plan) -> Analysis:
     t0 = time.perf_counter()
     try:
+        plan.placement().raise_rule_errors()  # an -ot rule the planner cannot evaluate: a problem
         projection = plan.projection()
         overrides = plan.placement_options.overrides
         names = plan.devices.names

@@ -4,9 +4,10 @@ libstdc++'s ``std::regex`` (what llama.cpp matches ``-ot`` patterns with) and Py
 both depth-first backtrackers: on ``(.+)+Z`` they try every way to split a name among the
 iterations, 2^n for a name of n characters, and never return.  The planner cannot interrupt
 ``re``, so before matching a pattern whose parse shows that risk (a repeat inside a repeat, an
-alternation or back-reference inside a repeat, three or more repeats) it counts the steps a plain
+alternation or back-reference inside a repeat, five or more repeats) it counts the steps a plain
 ECMAScript backtracker takes on each name, up to a budget.  Patterns without that risk are at
-worst cubic in the name length, which llama.cpp bounds (``GGML_MAX_NAME``: 63 bytes).
+worst a polynomial of degree 5 in the name length, which llama.cpp bounds (``GGML_MAX_NAME``:
+63 bytes), and they are only run on names holding the literal each of their matches contains.
 
 The matcher is built from Python's own parse of the translated pattern (``re._parser``), the
 structure ``re`` executes; it counts steps and decides nothing the planner shows.
@@ -60,14 +61,26 @@ class _State:
             raise OverBudget
 
 
+def _is(c: str) -> Callable[[str], bool]:
+    return lambda ch: ch == c
+
+
+def _is_not(c: str) -> Callable[[str], bool]:
+    return lambda ch: ch != c
+
+
+def _in_range(lo: int, hi: int) -> Callable[[str], bool]:
+    return lambda ch: lo <= ord(ch) <= hi
+
+
 def _char_set(items: list[tuple[Any, Any]]) -> Callable[[str], bool]:
     negate = bool(items) and items[0][0] is _c.NEGATE
     tests: list[Callable[[str], bool]] = []
     for op, av in items[1:] if negate else items:
         if op is _c.LITERAL:
-            tests.append(lambda ch, c=chr(av): ch == c)
+            tests.append(_is(chr(av)))
         elif op is _c.RANGE:
-            tests.append(lambda ch, lo=av[0], hi=av[1]: lo <= ord(ch) <= hi)
+            tests.append(_in_range(av[0], av[1]))
         elif op is _c.CATEGORY:
             tests.append(_CATEGORY[av])
         else:  # pragma: no cover - the translation emits nothing else inside a set
@@ -101,12 +114,12 @@ class _Builder:
 
         return m
 
-    def node(self, op: Any, av: Any) -> Matcher:  # noqa: C901 - one branch per opcode
+    def node(self, op: Any, av: Any) -> Matcher:
         st = self.st
         if op is _c.LITERAL:
-            return self.char(lambda ch, c=chr(av): ch == c)
+            return self.char(_is(chr(av)))
         if op is _c.NOT_LITERAL:
-            return self.char(lambda ch, c=chr(av): ch != c)
+            return self.char(_is_not(chr(av)))
         if op is _c.ANY:
             return self.char(lambda ch: ch != "\n")
         if op is _c.IN:
@@ -118,7 +131,7 @@ class _Builder:
 
             def branch(pos: int, k: Cont) -> bool:
                 st.tick()
-                for a in alts:  # a loop, not any(): Python-to-Python calls only, no C stack
+                for a in alts:  # noqa: SIM110 - not any(): Python-to-Python calls only, no C stack
                     if a(pos, k):
                         return True
                 return False

@@ -608,6 +608,9 @@ def _bracket_python(items: list[str], negated: bool) -> str:
     return "[" + ("^" if negated else "") + "".join(items) + "]"
 
 
+#: Repeats in sequence (``.*a.*b.*c.*d.*``) that make backtracking a polynomial of this degree or
+#: more in the name length get the step budget too; fewer are cheap on names of < 64 bytes.
+_POLY_REPEATS = 5
 #: A pattern of plain characters and ``\.`` only: translated without the parser (10,000 -ot rules).
 _PLAIN = re.compile(r"(?:[A-Za-z0-9_=,:;'\"/<>@#%&~!` -]|\\\.)+")
 
@@ -644,7 +647,7 @@ def _check_cached(pattern: str) -> PatternCheck:
     result.python = py
     info = parser.info
     result.required = info.required
-    result.may_backtrack = info.risky or info.reps >= 3
+    result.may_backtrack = info.risky or info.reps >= _POLY_REPEATS
     return result
 
 
