@@ -5,6 +5,7 @@ Every run has a timeout, so a regression fails here instead of hanging the suite
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from offload_planner.cli import demo_model_path
 
 TIMEOUT = 20
 
@@ -45,3 +48,40 @@ def test_fifo_as_model_is_refused(tmp_path: Path, command: str) -> None:
 def test_directory_as_model_is_refused(tmp_path: Path) -> None:
     r, _ = run("inspect", str(tmp_path))
     assert one_clear_error(r) == f"offload-planner: error: {tmp_path}: is a directory, not a GGUF file\n"
+
+
+# --- -ot patterns that backtrack catastrophically, nest too deep, or come by the thousand -------
+
+HANGS = [r"(.+)+Z", r"([a-z0-9_.]+)*Z", r"(\w+\.?)+Z", r"(.|.)*Z", r"((.)*)*Z", r"(?:.*){1000}Z"]
+
+
+def plan(*server_args: str, json_out: bool = False) -> tuple[subprocess.CompletedProcess[str], float]:
+    ours = ["--json"] if json_out else []
+    return run("plan", str(demo_model_path()), "--no-detect", *ours, "--", *server_args)
+
+
+@pytest.mark.parametrize("pattern", HANGS)
+def test_catastrophic_ot_pattern_is_one_clear_error(pattern: str) -> None:
+    """These never returned (the planner backtracked as std::regex does)."""
+    r, _ = plan("-ot", f"{pattern}=CPU")
+    one_clear_error(r, f"-ot '{pattern}=CPU': the pattern backtracks ",
+                    "llama.cpp's std::regex backtracks the same way and would stall")
+
+
+def test_thousand_open_parentheses_is_one_clear_error() -> None:
+    """1,000 '(' were a RecursionError traceback."""
+    r, _ = plan("-ot", "(" * 1000 + "=CPU")
+    one_clear_error(r, "groups nested more than 100 deep")
+
+
+def test_ten_thousand_rules_and_huge_counts_finish() -> None:
+    """10,000 -ot rules took 9-24 s, --n-cpu-moe 99999 59 s (99,999 rules on every tensor)."""
+    rules = [a for i in range(10_000) for a in ("-ot", rf"blk\.{i}\.ffn_up_exps=CPU")]
+    for args in (rules, ["--n-cpu-moe", "99999"], ["-ngl", "99999999", "--n-cpu-moe", "99999"]):
+        r, _ = plan(*args, json_out=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        d = json.loads(r.stdout)
+        assert d["tensors"]["blk.60.ffn_up_exps.weight"] == "CPU"
+        if args[0] == "--n-cpu-moe":
+            moe = [w for w in d["warnings"] if w.startswith("--n-cpu-moe")]
+            assert moe == ["--n-cpu-moe: the rules for layers 0-2,61-511 match no tensor (454 of its 512)"]

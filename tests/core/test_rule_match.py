@@ -7,13 +7,11 @@ checks signals while it backtracks), so it fails instead.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import re
-import signal
-from collections.abc import Iterator
 
 import pytest
+from tests.support.deadline import deadline
 
 from offload_planner.cli import demo_model_path
 from offload_planner.core.cmdline import check_pattern, compile_pattern, parse_server_args
@@ -27,25 +25,6 @@ from offload_planner.core.rule_match import NAME_STEPS, RuleSet
 
 DEVICES = DeviceSet(Device("CPU", DeviceKind.CPU), (Device("CUDA0", DeviceKind.CUDA, 24 << 30, 24 << 30),))
 HANGS = [r"(.+)+Z", r"([a-z0-9_.]+)*Z", r"(\w+\.?)+Z", r"(.|.)*Z", r"((.)*)*Z", r"(?:.*){1000}Z"]
-
-
-@contextlib.contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Raise TimeoutError in this thread after ``seconds`` (where SIGALRM exists)."""
-    if not hasattr(signal, "SIGALRM"):
-        yield
-        return
-
-    def fire(signum: int, frame: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,8 @@
-"""Hostile -ot rules in the window: the error reaches the Problems pane, the window stays usable."""
+"""Hostile -ot rules in the window: the error reaches the Problems pane, the window stays usable.
+
+The GUI thread places tensors for the grid and the projection thread projects: both used to
+backtrack forever on ``(.+)+Z`` (the deadline makes such a regression fail, not hang).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pytestqt.qtbot import QtBot
+from tests.support.deadline import deadline
 from tests.ui.window_helpers import open_and_wait, wait_projected
 
 from offload_planner.ui.main_window import MainWindow
@@ -25,9 +30,10 @@ def test_hostile_rule_is_a_problem_not_a_crash(
 ) -> None:
     open_and_wait(qtbot, window, demo_path)
     doc = window.doc
-    assert window.command_pane.apply_command_text(
-        f"llama-server -m DeepSeek-V3-Q4_K_M.gguf -ngl 999 -c 4096 -ot '{pattern}=CPU'")
-    wait_projected(qtbot, window, timeout=20_000)
+    with deadline(60):
+        assert window.command_pane.apply_command_text(
+            f"llama-server -m DeepSeek-V3-Q4_K_M.gguf -ngl 999 -c 4096 -ot '{pattern}=CPU'")
+        wait_projected(qtbot, window, timeout=20_000)
     a = doc.analysis
     assert a is not None and a.projection is None
     assert a.error.startswith(f"-ot '{pattern[:57]}") and fragment in a.error, a.error
