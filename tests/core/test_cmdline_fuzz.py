@@ -1,0 +1,104 @@
+"""Hostile llama-server command lines through ``offload-planner plan``: only our own errors escape
+and no input hangs.
+
+Inputs come from a seeded grammar: ``-ot`` patterns with nested quantifiers, alternations under
+repeats, back-references, lookaheads, deep nesting and huge counted repeats; numeric flags with
+huge, negative and odd values; hundreds of repeated flags; every dialect.  Each input runs the
+CLI's ``plan`` in-process under its own deadline; the run stops after a fixed time budget and
+prints how many inputs it tried and how they ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+from pathlib import Path
+
+from offload_planner.cli import main
+from tests.support.fuzz import run_budget
+
+_ATOMS = ["blk", "ffn", "exps", "up", "down", "gate", "attn", "weight", "_", r"\.", ".", r"\d", r"\w", r"\D",
+          "[a-z0-9_.]", "[^_]", "[0-9]", "1", "2", "Z", "x", "^", "$", r"\b"]
+_QUANTS = ["*", "+", "?", "*?", "+?", "{2}", "{1,3}", "{0,}", "{1000}", "{0,99999}", "{3,2}", "{", "**"]
+_JUNK = ["(", ")", "[", "]", "{", "}", "\\", "|", "(?", "(?<=a)", "(?P<n>a)", "[[:alpha:]]", "[z-a]", "\\c",
+         "\\x4", "\\u12", "\\9", "(?i)"]
+_DEVICES = ["CPU", "CUDA0", "cuda0", "RPC0", "Vulkan9", "", "CPU=CPU"]
+_NUMBERS = ["0", "1", "-1", "-2", "3", "61", "512", "99999", "99999999", "2147483647", "2147483648",
+            "-2147483649", "9" * 30, "1e3", "0x10", "auto", "all", "", " 7", "nan", "inf"]
+
+
+def _pattern(rng: random.Random, depth: int = 0) -> str:
+    """A random -ot pattern: mostly well-formed, often nested and quantified, sometimes broken."""
+    roll = rng.random()
+    if depth > 3 or roll < 0.35:
+        text = rng.choice(_ATOMS)
+    elif roll < 0.55:
+        inner = "".join(_pattern(rng, depth + 1) for _ in range(rng.randint(1, 3)))
+        text = rng.choice(["({})", "(?:{})", "(?={})", "(?!{})"]).format(inner)
+    elif roll < 0.7:
+        alts = [_pattern(rng, depth + 1) for _ in range(rng.randint(2, 3))]
+        text = "(" + "|".join(alts) + ")"
+    elif roll < 0.8:
+        text = "(" + _pattern(rng, depth + 1) + ")" + r"\1"
+    elif roll < 0.85:
+        n = rng.choice((50, 101, 300, 1000))
+        text = "(" * n + _pattern(rng, depth + 1) + ")" * rng.choice((n, n - 1, 0))
+    elif roll < 0.9:
+        text = rng.choice(_JUNK)
+    else:
+        text = "".join(_pattern(rng, depth + 1) for _ in range(rng.randint(2, 4)))
+    if rng.random() < 0.45:
+        text += rng.choice(_QUANTS)
+    return text
+
+
+def _flag(rng: random.Random) -> list[str]:
+    kind = rng.random()
+    if kind < 0.4:
+        rules = ",".join(f"{_pattern(rng)}={rng.choice(_DEVICES)}" for _ in range(rng.randint(1, 3)))
+        return [rng.choice(["-ot", "--override-tensor"]), rules]
+    if kind < 0.75:
+        flag = rng.choice(["-ngl", "--n-cpu-moe", "--n-cpu-ffn", "-c", "-b", "-ub", "-np", "-mg", "-t",
+                           "--ctx-size", "-fitt", "-fitc"])
+        return [flag, rng.choice(_NUMBERS)]
+    return rng.choice([
+        ["--cpu-moe"], ["-sm", rng.choice(["none", "layer", "row", "tensor", "graph", "x"])],
+        ["-ts", rng.choice(["1,1", "3/1", "0,0", "1e308,1", "-1,2", "", ",,,"])],
+        ["-fa", rng.choice(["on", "off", "auto", "2"])], ["-ctk", rng.choice(["q8_0", "q4_0", "f32", "bogus"])],
+        ["-ctv", "q4_0"], ["-nkvo"], ["--no-mmap"], ["-fit", rng.choice(["on", "off", "maybe"])],
+        ["--swa-full"], ["-kvu"], ["--mlock"], ["-mla", "3"], ["-amb", "512"], ["--no-op-offload"],
+        ["--rpc", rng.choice(["127.0.0.1:1", "a:b,c", ""])], ["--unknown-flag"], ["-ngl"],
+    ])
+
+
+def _command_line(rng: random.Random) -> tuple[str, str, list[str]]:
+    """(model, dialect, server arguments): a few flags, or hundreds of repeats of one."""
+    model = rng.choice(["deepseek2", "qwen3moe", "gemma3"])
+    dialect = rng.choice(["llama.cpp", "llama.cpp", "llama.cpp-2025", "ik_llama.cpp"])
+    if rng.random() < 0.1:
+        one = _flag(rng)
+        return model, dialect, one * rng.choice((100, 500, 2000))
+    return model, dialect, [a for _ in range(rng.randint(1, 6)) for a in _flag(rng)]
+
+
+def test_hostile_command_lines_only_raise_our_errors(small_models: dict[str, Path]) -> None:
+    def check(case: tuple[str, str, list[str]]) -> str:
+        model, dialect, server_args = case
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["plan", str(small_models[model]), "--no-detect", "--backend", dialect,
+                         "--device", "CUDA0=24GiB", "--device", "CPU=64GiB", "--", *server_args])
+        assert "Traceback" not in err.getvalue()
+        if code == 0:
+            return "planned"
+        assert code == 2, code
+        message = err.getvalue()
+        if message:  # a PlannerError: one line naming what is wrong
+            assert message.startswith("offload-planner: error: ") and message.count("\n") == 1, message
+            return "error: " + ("-ot rule" if "backtracks" in message or "nested" in message else "other")
+        return "refused (argument errors listed with the plan)"
+
+    tally = run_budget("command-line fuzz", _command_line, check, seed=12, seconds=15)
+    assert tally.tried >= 20, tally.report()
+    assert tally.counts["planned"] > 0 and tally.counts["error: -ot rule"] > 0, tally.report()
