@@ -85,3 +85,10 @@ def test_ten_thousand_rules_and_huge_counts_finish() -> None:
         if args[0] == "--n-cpu-moe":
             moe = [w for w in d["warnings"] if w.startswith("--n-cpu-moe")]
             assert moe == ["--n-cpu-moe: the rules for layers 0-2,61-511 match no tensor (454 of its 512)"]
+
+
+def test_ik_cache_type_it_refuses_is_listed_not_a_crash() -> None:
+    """Found by the command-line fuzz: -ctk bogus with ik_llama.cpp was a KeyError traceback."""
+    r, _ = run("plan", str(demo_model_path()), "--no-detect", "--backend", "ik_llama.cpp", "--", "-ctk", "bogus")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "error: unsupported KV cache type: bogus" in r.stdout

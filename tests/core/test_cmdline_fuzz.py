@@ -15,8 +15,9 @@ import io
 import random
 from pathlib import Path
 
-from offload_planner.cli import main
 from tests.support.fuzz import run_budget
+
+from offload_planner.cli import main
 
 _ATOMS = ["blk", "ffn", "exps", "up", "down", "gate", "attn", "weight", "_", r"\.", ".", r"\d", r"\w", r"\D",
           "[a-z0-9_.]", "[^_]", "[0-9]", "1", "2", "Z", "x", "^", "$", r"\b"]
@@ -65,7 +66,8 @@ def _flag(rng: random.Random) -> list[str]:
     return rng.choice([
         ["--cpu-moe"], ["-sm", rng.choice(["none", "layer", "row", "tensor", "graph", "x"])],
         ["-ts", rng.choice(["1,1", "3/1", "0,0", "1e308,1", "-1,2", "", ",,,"])],
-        ["-fa", rng.choice(["on", "off", "auto", "2"])], ["-ctk", rng.choice(["q8_0", "q4_0", "f32", "bogus"])],
+        ["-fa", rng.choice(["on", "off", "auto", "2"])],
+        ["-ctk", rng.choice(["q8_0", "q4_0", "f32", "bogus"])],
         ["-ctv", "q4_0"], ["-nkvo"], ["--no-mmap"], ["-fit", rng.choice(["on", "off", "maybe"])],
         ["--swa-full"], ["-kvu"], ["--mlock"], ["-mla", "3"], ["-amb", "512"], ["--no-op-offload"],
         ["--rpc", rng.choice(["127.0.0.1:1", "a:b,c", ""])], ["--unknown-flag"], ["-ngl"],
