@@ -89,6 +89,7 @@ def test_ten_thousand_rules_and_huge_counts_finish() -> None:
 
 def test_ik_cache_type_it_refuses_is_listed_not_a_crash() -> None:
     """Found by the command-line fuzz: -ctk bogus with ik_llama.cpp was a KeyError traceback."""
-    r, _ = run("plan", str(demo_model_path()), "--no-detect", "--backend", "ik_llama.cpp", "--", "-ctk", "bogus")
+    r, _ = run("plan", str(demo_model_path()), "--no-detect", "--backend", "ik_llama.cpp", "--",
+               "-ctk", "bogus")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "error: unsupported KV cache type: bogus" in r.stdout

@@ -629,6 +629,8 @@ def test_block_count_of_512_is_accepted(tmp_path: Path) -> None:
         ("llama.attention.head_count_kv", ARR, u32(U32) + u64(600) + u32(8) * 600, "array of 600 values"),
         ("llama.feed_forward_length", ARR, u32(F32) + u64(1) + struct.pack("<f", float("nan")),
          "nan is a float"),
+        ("llama.attention.head_count_kv", ARR, u32(U32) + u64(3) + u32(8) * 3,
+         "array of 3 values where llama.cpp wants one per layer (block_count 1)"),
         ("llama.nextn_predict_layers", U32, u32(2), "2 NextN layers: more than block_count (1)"),
         ("llama.attention.sliding_window_pattern", ARR, u32(BOOL) + u64(513) + b"\1" * 513,
          "array of 513 values"),

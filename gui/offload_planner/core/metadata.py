@@ -74,8 +74,8 @@ class Meta:
         return f
 
     def per_layer(self, key: str, default: PerLayer, n_layer: int) -> PerLayer:
-        """``get_key_or_arr``: one count for every layer, or an array of counts (at most
-        ``LLAMA_MAX_LAYERS``); an array whose values are all equal collapses to that value."""
+        """``get_key_or_arr``: one count for every layer, or an array of exactly ``n_layer`` counts
+        (at most ``LLAMA_MAX_LAYERS``); an array whose values are all equal collapses to that value."""
         v = self.md.get(key, None)
         if v is None:
             return default
@@ -89,6 +89,9 @@ class Meta:
                                  f"{LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
         if not isinstance(v, list):
             raise self.fail(key, f"{_show(v)} is not an array of counts")
+        if n_layer and length != n_layer:
+            raise self.fail(key, f"array of {length} values where llama.cpp wants one per layer "
+                                 f"(block_count {n_layer})")
         vals = [self._int(key, x, UINT32_MAX, "") for x in v]
         if vals and all(x == vals[0] for x in vals) and len(vals) >= n_layer:
             return vals[0]
