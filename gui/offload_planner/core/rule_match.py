@@ -56,7 +56,10 @@ class _Pattern:
     def regex(self) -> re.Pattern[str]:
         if self._regex is None:
             py = self.check.python
-            self._regex = _NEVER if py is None else re.compile(py, re.ASCII)
+            try:
+                self._regex = _NEVER if py is None else re.compile(py, re.ASCII)
+            except (re.error, RecursionError, OverflowError):  # pragma: no cover - a translation bug
+                self._regex = _NEVER
         return self._regex
 
 

@@ -12,7 +12,7 @@ patterns; MSVC builds word their errors differently.  The NFA state limit check 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from offload_planner.core.errors import PlannerError
@@ -43,6 +43,9 @@ STATES = (
     "expression, or make _GLIBCXX_REGEX_STATE_LIMIT larger."
 )
 _STATE_LIMIT = 100_000
+#: Characters that stand for themselves, and ``\.``: a pattern of only these is translated without
+#: the parser, and runs of them are read in one step (10,000 -ot rules).
+_PLAIN = re.compile(r"(?:[A-Za-z0-9_=,:;'\"/<>@#%&~!` -]|\\\.)+")
 #: Groups (and chained quantifiers) nested deeper than this are refused by the planner: its parser
 #: and Python's ``re`` recurse on them (1,000 levels were a RecursionError).
 MAX_NESTING = 100
@@ -159,6 +162,9 @@ def _esc(ch: str) -> str:
     if ord(ch) < 0x20 or ord(ch) == 0x7F:
         return f"\\x{ord(ch):02x}"
     return "\\" + ch if ch in "\\^$.|?*+()[]{}-&~#" or ch in " \t" else ch
+
+
+_ESC_PLAIN = str.maketrans({c: _esc(c) for c in "=,:;'\"/<>@#%&~!` -."})
 
 
 @dataclass
@@ -286,7 +292,7 @@ class _Parser:
         nodes: list[_Node] = []
         states = 0
         while not self.at_end() and self.peek() not in "|)":
-            node = self.term()
+            node = self.run() or self.term()
             if node is None:
                 break
             nodes.append(node)
@@ -296,6 +302,21 @@ class _Parser:
         out = _concat(nodes)
         out.py, out.states = "".join(n.py for n in nodes), states
         return out
+
+    def run(self) -> _Node | None:
+        """Two or more plain characters (or ``\\.``) at once, the last left to :meth:`term` when
+        a quantifier follows it: what most of an -ot pattern is, read in one step."""
+        m = _PLAIN.match(self.p, self.i)
+        if m is None:
+            return None
+        src = m.group()
+        if m.end() < len(self.p) and self.p[m.end()] in "*+?{":
+            src = src[:-2] if src.endswith("\\.") else src[:-1]
+        text = src.replace("\\.", ".")
+        if len(text) < 2:
+            return None
+        self.i += len(src)
+        return _Node(text.translate(_ESC_PLAIN), len(text), exact=text, required=text)
 
     def term(self) -> _Node | None:
         assertion = self.assertion()
@@ -369,7 +390,8 @@ class _Parser:
             inner = self.disjunction()
             self.expect_close()
             self.depth -= 1
-            return replace(inner, py=f"(?:{inner.py})", states=inner.states + 2, quantified=False)
+            return _Node(f"(?:{inner.py})", inner.states + 2, False, inner.exact, inner.required,
+                         inner.reps, inner.risky, inner.branch)
         self.groups_opened += 1
         self.open_groups.append(self.groups_opened)
         self.enter()
@@ -377,7 +399,8 @@ class _Parser:
         self.expect_close()
         self.depth -= 1
         self.open_groups.pop()
-        return replace(inner, py=f"({inner.py})", states=inner.states + 3, quantified=False)
+        return _Node(f"({inner.py})", inner.states + 3, False, inner.exact, inner.required,
+                     inner.reps, inner.risky, inner.branch)
 
     def warn_python_group(self) -> None:
         rest = self.p[self.i :]
@@ -611,17 +634,15 @@ def _bracket_python(items: list[str], negated: bool) -> str:
 #: Repeats in sequence (``.*a.*b.*c.*d.*``) that make backtracking a polynomial of this degree or
 #: more in the name length get the step budget too; fewer are cheap on names of < 64 bytes.
 _POLY_REPEATS = 5
-#: A pattern of plain characters and ``\.`` only: translated without the parser (10,000 -ot rules).
-_PLAIN = re.compile(r"(?:[A-Za-z0-9_=,:;'\"/<>@#%&~!` -]|\\\.)+")
 
 
 def check_pattern(pattern: str) -> PatternCheck:
     """Validate ``pattern`` as libstdc++'s ``std::regex`` (ECMAScript) would, and translate it."""
-    check = _check_cached(pattern)
-    return replace(check, warnings=list(check.warnings))
+    c = _check_cached(pattern)
+    return PatternCheck(c.pattern, c.error, list(c.warnings), c.python, c.limit, c.required, c.may_backtrack)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=32768)
 def _check_cached(pattern: str) -> PatternCheck:
     if len(pattern) + 7 <= _STATE_LIMIT and _PLAIN.fullmatch(pattern):
         text = pattern.replace("\\.", ".")
@@ -639,12 +660,7 @@ def _check_cached(pattern: str) -> PatternCheck:
         result.warnings = parser.warnings
         return result
     result.warnings = parser.warnings
-    try:
-        re.compile(py, re.ASCII)
-    except (re.error, RecursionError, OverflowError) as exc:  # pragma: no cover - always compiles
-        result.limit = f"Python re cannot compile its translation ({exc})"
-        return result
-    result.python = py
+    result.python = py  # compiled when a name needs it (rule_match), or by compile_pattern
     info = parser.info
     result.required = info.required
     result.may_backtrack = info.risky or info.reps >= _POLY_REPEATS
