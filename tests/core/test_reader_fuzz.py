@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import random
 import struct
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -16,6 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.deadline import deadline
+from tests.support.fuzz import Tally, run_budget
 
 from offload_planner.core.errors import GGUFError
 from offload_planner.core.gguf_reader import LazyArray, open_model
@@ -177,15 +182,30 @@ def _touch(model: Model) -> None:
             v.values()
 
 
+_BYTES_TALLY = Tally("header byte-mutation fuzz")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_byte_mutations() -> Iterator[None]:
+    """Print how many byte-mutated headers the hypothesis tests tried and how they ended."""
+    _BYTES_TALLY.t0 = time.monotonic()
+    yield
+    if _BYTES_TALLY.tried:
+        sys.stdout.write(_BYTES_TALLY.report() + "\n")
+
+
 def _check(path: Path, data: bytes) -> None:
     path.write_bytes(data)
-    try:
-        model = open_model(path)
-    except GGUFError as e:
-        assert e.path == str(path)
-        assert str(e).startswith(str(path))
-        return
-    _touch(model)
+    with deadline(10):  # a hang fails the example instead of the whole run
+        try:
+            model = open_model(path)
+        except GGUFError as e:
+            assert e.path == str(path)
+            assert str(e).startswith(str(path))
+            _BYTES_TALLY.counts["GGUFError"] += 1
+            return
+        _touch(model)
+    _BYTES_TALLY.counts["model"] += 1
 
 
 _SETTINGS = settings(
@@ -402,8 +422,6 @@ def synth_headers(small_models: dict[str, Path]) -> list[bytes]:
 def test_mutated_metadata_values_only_raise_our_errors(synth_headers: list[bytes], workdir: Path) -> None:
     """Extreme ints, inf/NaN, wrong types and bad arrays where the planner reads hyperparameters:
     open_model, the inspect report and a projection give a result or our own error, each fast."""
-    from tests.support.fuzz import run_budget
-
     path = workdir / "meta.gguf"
 
     def make(rng: random.Random) -> tuple[bytes, list[str]]:
