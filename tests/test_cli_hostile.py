@@ -93,3 +93,41 @@ def test_ik_cache_type_it_refuses_is_listed_not_a_crash() -> None:
                "-ctk", "bogus")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "error: unsupported KV cache type: bogus" in r.stdout
+
+
+# --- GGUF header values the file cannot back -------------------------------------------------------
+
+
+def _gguf(path: Path, **values: tuple[str, object]) -> Path:
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, (kind, value) in values.items():
+        getattr(w, f"add_{kind}")(f"llama.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((2, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"block_count": ("uint32", 2**31 - 1)}, "'llama.block_count': 2147483647 blocks: llama.cpp loads"),
+        ({"block_count": ("uint32", 2**32 - 1)}, "key 'llama.block_count': 4294967295 blocks"),
+        ({"block_count": ("uint32", 2), "leading_dense_block_count": ("float32", float("inf"))},
+         "key 'llama.leading_dense_block_count': inf is a float where llama.cpp reads an integer"),
+        ({"block_count": ("uint32", 2), "attention.head_count_kv": ("float32", float("nan"))},
+         "key 'llama.attention.head_count_kv': nan is a float"),
+    ],
+)
+def test_header_values_the_file_cannot_back(tmp_path: Path, values: dict[str, tuple[str, object]],
+                                            fragment: str) -> None:
+    """2^31-1 blocks took 260 s and then a MemoryError; inf/NaN were OverflowError/ValueError."""
+    path = _gguf(tmp_path / "m.gguf", **values)
+    for command in (["inspect", str(path)], ["plan", str(path), "--no-detect"]):
+        r, _ = run(*command)
+        one_clear_error(r, f"{path} at byte ", fragment)
