@@ -79,7 +79,7 @@ def test_ten_thousand_rules_and_huge_counts_finish() -> None:
     rules = [a for i in range(10_000) for a in ("-ot", rf"blk\.{i}\.ffn_up_exps=CPU")]
     for args in (rules, ["--n-cpu-moe", "99999"], ["-ngl", "99999999", "--n-cpu-moe", "99999"]):
         r, _ = plan(*args, json_out=True)
-        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.returncode in (0, 3), r.stderr[-2000:]  # 3: planned, a device over capacity
         d = json.loads(r.stdout)
         assert d["tensors"]["blk.60.ffn_up_exps.weight"] == "CPU"
         if args[0] == "--n-cpu-moe":
@@ -92,7 +92,7 @@ def test_ik_cache_type_it_refuses_is_listed_not_a_crash() -> None:
     r, _ = run("plan", str(demo_model_path()), "--no-detect", "--backend", "ik_llama.cpp", "--",
                "-ctk", "bogus")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "error: unsupported KV cache type: bogus" in r.stdout
+    assert "error: unsupported KV cache type: bogus" in r.stdout + r.stderr
 
 
 # --- GGUF header values the file cannot back -------------------------------------------------------

@@ -150,3 +150,14 @@ def test_a_few_independent_repeats_are_not_budgeted(deepseek: Model) -> None:
 
 def test_message_names_the_budget() -> None:
     assert f"{NAME_STEPS:,}" == "100,000"
+
+
+def test_a_repeated_count_flag_adds_no_duplicate_rules(deepseek: Model) -> None:
+    """Found by the command-line fuzz: --n-cpu-moe 4096 given 2,000 times was a million rules
+    (each use appends its rules, as llama.cpp does; a repeat can never be the first match)."""
+    with deadline(60):
+        many = parse_server_args(["--n-cpu-moe", "4096"] * 2000 + ["--cpu-moe"] * 50).args.overrides
+    once = parse_server_args(["--n-cpu-moe", "4096", "--cpu-moe"]).args.overrides
+    assert many == once and len(once) == 513
+    user = parse_server_args(["-ot", "exps=CPU"] * 3).args.overrides
+    assert len(user) == 3  # -ot rules are the user's own: each one is reported
