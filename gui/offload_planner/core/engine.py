@@ -125,6 +125,7 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA
     popts = placement_options(model, devices, args, dialect)
     cparams, notes = context_params(model, args, dialect)
     placement = place(model, devices, popts)
+    placement.raise_rule_errors()
     projection = project(model, devices, placement, cparams)
     from offload_planner.core.diagnostics import plan_warnings
 

@@ -96,8 +96,7 @@ LEGACY_KQ_MASK_PAD = 64
 
 
 def _md_float(model: Model, key: str, default: float) -> float:
-    v = model.metadata.get(f"{model.arch}.{key}")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+    return model.arch_float(key, default)
 
 
 def per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
