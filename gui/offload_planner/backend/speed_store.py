@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies, calibrated
-from offload_planner.core.speed.hardware import Figure, Source
+from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.hardware import Figure, Source, hardware_for
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -35,11 +37,17 @@ def _path() -> Path:
 
 
 def _load() -> dict[str, Any]:
+    """The stored file; anything unreadable or of the wrong shape counts as empty."""
     try:
         data = json.loads(_path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
+        return {}
+    entry = data.get("machines", {}).get(machine_key())
+    if entry is not None and not isinstance(entry, dict):
+        del data["machines"][machine_key()]
+    return data
 
 
 def _save(data: dict[str, Any]) -> None:
@@ -120,6 +128,14 @@ def efficiencies_for(backend: str) -> Efficiencies:
         return DEFAULT
 
 
+def threads_in(argv: list[str]) -> int | None:
+    """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags)."""
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag in ("-t", "--threads"):
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
+
+
 def threads_of(parsed: Any) -> int | None:
     """``-t N`` of a parsed command line (the CPU threads llama-server computes with)."""
     for f in getattr(parsed, "flags", []):
@@ -132,11 +148,11 @@ def threads_of(parsed: Any) -> int | None:
     return None
 
 
-def plan_speed(plan: Any, parsed: Any = None, *, prompt: int = 4096, probe: bool = True) -> Any:
-    """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached; efficiencies
-    measured here with the plan's dialect, else the defaults) and the devices' declared figures."""
-    from offload_planner.core.speed.estimate import estimate
-    from offload_planner.core.speed.hardware import hardware_for
-
-    hw = hardware_for(plan.devices, threads=threads_of(parsed), probe=host_bandwidth(measure=probe))
+def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True
+               ) -> SpeedEstimate:
+    """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
+    ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
+    and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
+    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
+    hw = hardware_for(plan.devices, threads=threads, probe=host_bandwidth(measure=probe))
     return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect))
