@@ -94,3 +94,25 @@ def test_unknown_goal_is_refused(qwen: Model) -> None:
     ds = _devices("rtx3090")
     with pytest.raises(ValueError, match="--goal"):
         fastest_plan(qwen, ds, [], hardware_for(ds), goal="fast")
+
+
+def test_from_an_open_plan_keeps_its_moves_and_fits(qwen: Model) -> None:
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.speed.estimate import estimate
+    from offload_planner.core.speed.fastest import fastest_from_plan
+
+    ds = _devices("12GiB,bw=936GB/s")
+    hw = hardware_for(ds)
+    base = plan_from_args(qwen, ds, parse_server_args(["-c", "8192", "-ot", r"blk\.1\.ffn_.*_exps=CPU",
+                                                       "--cpu-moe"]))
+    pinned = [t.name for t in qwen.tensors if t.layer == 1 and t.role.is_routed_expert]
+    kept = {t.name: "CPU" for t in qwen.tensors if t.layer == 3 and t.role.is_routed_expert}
+    plan = base.with_moves(kept)
+    r = fastest_from_plan(plan, hw, goal="balanced")
+    assert r.best is not None
+    _assert_fits(r.best.plan, ds)
+    devs = r.best.plan.placement().tensor_devices()
+    assert {devs[n] for n in kept} == {"CPU"}
+    assert {devs[n] for n in pinned} == {"CPU"}
+    assert r.best.estimate.tg_tps > 1.5 * estimate(plan, hw).tg_tps

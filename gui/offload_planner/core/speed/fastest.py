@@ -103,11 +103,17 @@ class _Search:
 
     def expert_layers(self, plan: Plan) -> dict[int, list[str]]:
         """Per MoE layer, the routed-expert tensors now on the CPU that the user did not pin."""
+        return self.expert_layers_any(plan, on=CPU)
+
+    def expert_layers_any(self, plan: Plan, on: str | None = None) -> dict[int, list[str]]:
+        """Per MoE layer, the routed-expert tensors (on device ``on``, or anywhere) that neither an
+        -ot rule of the user nor a move of theirs pins."""
         out: dict[int, list[str]] = {}
         for p in plan.placement().items:
             t = p.tensor
-            if (p.device == CPU and t.role.is_routed_expert and t.layer is not None and not p.copy
-                    and not p.rule.startswith("-ot ") and t.name not in self.moves):
+            if (p.device is not None and (on is None or p.device == on) and t.role.is_routed_expert
+                    and t.layer is not None and not p.copy and not p.rule.startswith("-ot ")
+                    and t.name not in self.moves and plan.movable(t.name)[0]):
                 out.setdefault(t.layer, []).append(t.name)
         return out
 
@@ -234,3 +240,28 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     fitting = [c for c in ours + baselines if c.fits]
     best = max(fitting, key=lambda c: score(c.estimate, goal)) if fitting else None
     return FastestResult(best, ours + baselines, goal, s.projections, notes)
+
+
+def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
+                      eff: Efficiencies = DEFAULT) -> FastestResult:
+    """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
+    are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals."""
+    if goal not in GOALS:
+        raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
+    s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt, dict(plan.moves))
+    ours: list[Candidate] = []
+    notes: list[str] = []
+    ub0 = plan.context.n_ubatch
+    for ub in [ub0] + [u for u in PP_UBATCHES if u > ub0 and goal != "tg"]:
+        p = plan if ub == ub0 else replace(plan, context=replace(plan.context, n_ubatch=ub,
+                                                                 n_batch=max(ub, plan.context.n_batch)))
+        to_cpu = {n: CPU for names in s.expert_layers_any(p).values() for n in names}
+        start = s.candidate(f"experts on the CPU, -ub {ub}", p.with_moves(to_cpu))
+        if not start.fits:
+            notes.append(f"-ub {ub}: does not fit even with every routed expert on the CPU "
+                         f"({', '.join(start.over)} over)")
+            continue
+        ours.append(s.fill(start))
+    fitting = [c for c in ours if c.fits]
+    best = max(fitting, key=lambda c: score(c.estimate, goal)) if fitting else None
+    return FastestResult(best, ours, goal, s.projections, notes)
