@@ -77,7 +77,9 @@ def run_fit(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0 if best else 1
-    print(f"goal: {args.goal} ({'tokens/s generated' if args.goal == 'tg' else 'tokens/s of the prompt' if args.goal == 'pp' else f'a {args.prompt}-token prompt and a 512-token answer'})")
+    goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
+        args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
+    print(f"goal: {args.goal} ({goal})")
     print(f"{'candidate':28} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
@@ -89,8 +91,8 @@ def run_fit(args: argparse.Namespace) -> int:
         print("nothing fits these devices")
         return 1
     print()
-    print(plan_text(best.projection, warnings=[], errors=[],
-                    command=format_command(["llama-server", *command], "bash")).rstrip("\n").split("\ncontext: ")[0])
+    table = plan_text(best.projection, warnings=[], errors=[], command="")
+    print(table.split("\ncontext: ")[0])
     print("\n".join(speed_lines(best.estimate, assumptions=False)))
     print()
     print(format_command(["llama-server", *command], "bash"))

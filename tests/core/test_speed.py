@@ -5,6 +5,7 @@ declarations parse and bad ones are refused naming the flag."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def test_declared_keys_override_and_the_rest_default() -> None:
     assert (g.bandwidth.value, g.bandwidth.source) == (936, Source.DECLARED)
     assert (g.tflops.value, g.tflops.source) == (71, Source.DECLARED)
     assert g.link.value == pytest.approx(8 * 0.985, abs=0.01)
-    partial = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"), (parse_device_decl("CUDA0=24GiB,bw=1TB/s"),)))
+    partial = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"),
+                                     (parse_device_decl("CUDA0=24GiB,bw=1TB/s"),)))
     assert partial["CUDA0"].bandwidth.value == 1000
     assert partial["CUDA0"].tflops.source is Source.DEFAULT
 
@@ -170,7 +172,7 @@ def test_pp_grows_with_ubatch_under_op_offload(deepseek: Model) -> None:
     p = plan(deepseek, ds, "-ngl 999 -ot exps=CPU -c 32768")
     sweep = ubatch_sweep(p, hw, [32, 64, 128, 256, 512, 1024, 2048, 4096], prompt=8192)
     tps = [t for _, t in sweep]
-    assert all(b >= a for a, b in zip(tps, tps[1:], strict=False)), sweep
+    assert all(b >= a for a, b in itertools.pairwise(tps)), sweep
     assert tps[-1] > 4 * tps[0]
     # below the op-offload batch the experts stay on the CPU: no copies
     assert not estimate(plan(deepseek, ds, "-ngl 999 -ot exps=CPU -c 32768 -ub 16 -b 16"), hw).op_offload
@@ -191,10 +193,12 @@ def test_ik_keeps_experts_on_the_cpu_below_its_moe_threshold(deepseek: Model) ->
     """ik: MoE ops offload only from batch x 8 >= 32 x 256, i.e. 1024 tokens."""
     ds = devices("CUDA0=rtx4090")
     hw = hardware_for(ds, threads=32)
-    low = plan_from_args(deepseek, ds, parse_server_args("-ngl 999 -ot exps=CPU -c 8192 -ub 512".split(),
-                                                         dialect="ik_llama.cpp"), "ik_llama.cpp")
-    high = plan_from_args(deepseek, ds, parse_server_args("-ngl 999 -ot exps=CPU -c 8192 -ub 1024 -b 1024".split(),
-                                                          dialect="ik_llama.cpp"), "ik_llama.cpp")
+    def ik(args: str) -> Plan:
+        return plan_from_args(deepseek, ds, parse_server_args(args.split(), dialect="ik_llama.cpp"),
+                              "ik_llama.cpp")
+
+    low = ik("-ngl 999 -ot exps=CPU -c 8192 -ub 512")
+    high = ik("-ngl 999 -ot exps=CPU -c 8192 -ub 1024 -b 1024")
     e_low, e_high = estimate(low, hw), estimate(high, hw)
     assert e_low.device("CPU").pp_ms > 10 * e_high.device("CPU").pp_ms
     assert e_high.pp_transfer_ms > 0

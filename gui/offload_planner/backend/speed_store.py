@@ -8,6 +8,7 @@ the efficiencies ``launch --bench`` measures per machine and backend (:func:`rec
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -19,7 +20,7 @@ from typing import Any
 
 from offload_planner.backend.calibration import config_dir
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies, calibrated
+from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Figure, Source, hardware_for
 
@@ -119,18 +120,19 @@ def efficiencies_for(backend: str) -> Efficiencies:
     """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
     entry = _load().get("machines", {}).get(machine_key(), {})
     values = entry.get("efficiencies", {}).get(backend)
+    base = defaults_for(backend)
     if not isinstance(values, dict) or not values:
-        return DEFAULT
+        return base
     when = entry.get("efficiencies_at", {}).get(backend, "")
     try:
-        return calibrated(values, f"measured on this machine with {backend} ({when})")
+        return calibrated(values, f"measured on this machine with {backend} ({when})", base)
     except (ValueError, TypeError):
-        return DEFAULT
+        return base
 
 
 def threads_in(argv: list[str]) -> int | None:
     """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags)."""
-    for flag, value in zip(argv, argv[1:], strict=False):
+    for flag, value in itertools.pairwise(argv):
         if flag in ("-t", "--threads"):
             return int(value) if value.isdigit() and int(value) > 0 else None
     return None

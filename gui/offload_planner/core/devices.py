@@ -146,8 +146,8 @@ def parse_device_decl(text: str) -> Device:
     """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``CUDA0=rtx3090`` (a catalogue card sets the
     size), ``CUDA0=24GiB,bw=936GB/s,pcie=4x16,tflops=71``, ``CPU=512GiB,ram=12xDDR5-4800``,
     ``RPC0=64GiB,link=10Gb/s``: the speed keys are checked by :mod:`offload_planner.core.speed`."""
-    from offload_planner.core.speed.hardware import HARDWARE_KEYS, parse_hardware_keys
     from offload_planner.core.speed.catalogue import card
+    from offload_planner.core.speed.hardware import HARDWARE_KEYS, parse_hardware_keys
 
     name, sep, rest = text.partition("=")
     name = name.strip()

@@ -52,13 +52,13 @@ from offload_planner.ui.legend import LegendBar
 from offload_planner.ui.loader import ModelLoader, demo_model
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
-from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
 from offload_planner.ui.plan_io import SUFFIX, PlanFile, PlanFileError, load_plan, save_plan
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
+from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_view import TensorMapView
 

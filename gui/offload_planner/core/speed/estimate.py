@@ -20,6 +20,7 @@ computed there.  Mainline copies only the experts the batch routes to (``used_id
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -32,7 +33,7 @@ from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
-from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies
+from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 DEFAULT_PROMPT = 4096
@@ -167,7 +168,7 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
 def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
     """(from, to) of every device change along the graph: llama.cpp's graph splits of one token."""
     seq = stage_devices(model, placement)
-    return [(a, b) for a, b in zip(seq, seq[1:], strict=False) if a != b]
+    return [(a, b) for a, b in itertools.pairwise(seq) if a != b]
 
 
 # --- the estimate ------------------------------------------------------------------------------
@@ -320,8 +321,9 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
     return times, kv, split_s
 
 
-def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, offload: bool) -> list[Assumption]:
-    used = {p.device for p in placement.items if _runs(p)} | {placement.output_device}
+def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
+    used = {p.device for p in placement.items if p.device is not None and _runs(p)}
+    used.add(placement.output_device)
     out: list[Assumption] = []
     for name in plan.devices.names:
         if name not in used:
@@ -359,9 +361,11 @@ def _pp_bottleneck(pp: _PPParts, total: float) -> str:
     return f"{name} ({100 * t / total:.0f}% of the prompt time)"
 
 
-def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Efficiencies = DEFAULT,
+def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Efficiencies | None = None,
              placement: Placement | None = None) -> SpeedEstimate:
-    """The speed of ``plan`` on ``hw``: tg at depth 0 and at the full context, pp of ``prompt``."""
+    """The speed of ``plan`` on ``hw``: tg at depth 0 and at the full context, pp of ``prompt``
+    (``eff``: the backend's defaults, :func:`efficiency.defaults_for`, unless given)."""
+    eff = eff or defaults_for(plan.dialect)
     placement = placement or plan.placement()
     s = plan.model.summary
     ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
@@ -375,7 +379,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
                        1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
-    calibrated = any(a.figure.source is Source.CALIBRATED for a in _assumptions(plan, placement, hw, eff, False))
+    assumptions = _assumptions(plan, placement, hw, eff)
+    calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
         tg_tps=1.0 / total0 if total0 else math.inf,
         tg_tps_at_ctx=1.0 / total1 if total1 else math.inf,
@@ -384,12 +389,13 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         n_splits=len(split_pairs(plan.model, placement)), split_ms=1e3 * split_s,
         pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
         bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
-        calibrated=calibrated, assumptions=_assumptions(plan, placement, hw, eff, pp.offload))
+        calibrated=calibrated, assumptions=assumptions)
 
 
 def ubatch_sweep(plan: Plan, hw: Hardware, ubatches: Iterable[int], *, prompt: int = DEFAULT_PROMPT,
-                 eff: Efficiencies = DEFAULT) -> list[tuple[int, float]]:
+                 eff: Efficiencies | None = None) -> list[tuple[int, float]]:
     """pp tokens/s of the plan's placement for each ``-ub`` (``-b`` raised to match where lower)."""
+    eff = eff or defaults_for(plan.dialect)
     placement = plan.placement()
     out = []
     for ub in ubatches:

@@ -24,7 +24,7 @@ from offload_planner.core.memory import Projection, alloc_size, pad
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
-from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies
+from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Hardware
 
@@ -209,13 +209,15 @@ class _Search:
 
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
                  dialect: str = "llama.cpp", goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
-                 eff: Efficiencies = DEFAULT, moves: dict[str, str] | None = None,
+                 eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates."""
     from offload_planner.core.cmdline import parse_server_args
 
     if goal not in GOALS:
         raise ValueError(f"--goal {goal!r}: expected one of {', '.join(GOALS)}")
+
+    eff = eff or defaults_for(dialect)
 
     def parse(argv: list[str]) -> Any:
         return parse_server_args(argv, dialect=dialect)
@@ -243,12 +245,14 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
-                      eff: Efficiencies = DEFAULT) -> FastestResult:
+                      eff: Efficiencies | None = None) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
-    s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt, dict(plan.moves))
+    eff = eff or defaults_for(plan.dialect)
+    s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt,
+                dict(plan.moves))
     ours: list[Candidate] = []
     notes: list[str] = []
     ub0 = plan.context.n_ubatch

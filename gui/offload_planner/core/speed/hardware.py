@@ -215,7 +215,8 @@ def gpu_speed(dev: Device) -> DeviceSpeed:
     """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults."""
     decl = parse_hardware_keys(dev.hardware)
     c = decl.card or (card(dev.description) if dev.description else None)
-    via = f"{dev.name} declared as {c.key}" if decl.card and c else f"{dev.name} reported as {dev.description!r}"
+    via = (f"{dev.name} declared as {c.key}" if decl.card and c
+           else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
     return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw),
                        c.name if c else "", unified=c is not None and c.pcie is None)
