@@ -60,7 +60,8 @@ def run_fit(args: argparse.Namespace) -> int:
     if not devices.gpus or unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
-    hw = hardware_for(devices, threads=threads_of(parsed), probe=host_bandwidth())
+    cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
+    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
                           prompt=args.prompt, eff=efficiencies_for(args.backend))
     rows = [{"label": c.label, "fits": c.fits, "over": c.over, "tg_tps": round(c.estimate.tg_tps, 3),

@@ -71,16 +71,18 @@ def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BY
     src = [np.ones(chunk, dtype=np.uint8) for _ in range(n_threads)]
     dst = [np.empty(chunk, dtype=np.uint8) for _ in range(n_threads)]
     copied = [0] * n_threads
-    deadline = time.perf_counter() + seconds
-
-    def work(i: int) -> None:
-        while time.perf_counter() < deadline:
-            np.copyto(dst[i], src[i])
-            copied[i] += 2 * chunk
-
     for i in range(n_threads):  # warm up: fault the pages in
         np.copyto(dst[i], src[i])
     start = time.perf_counter()
+    deadline = start + seconds
+
+    def work(i: int) -> None:
+        while True:  # at least one copy per thread
+            np.copyto(dst[i], src[i])
+            copied[i] += 2 * chunk
+            if time.perf_counter() >= deadline:
+                return
+
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
@@ -95,7 +97,7 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = entry.get("ram_gbs")
     when = entry.get("ram_measured_at", "")
-    if not isinstance(bw, (int, float)):
+    if not isinstance(bw, (int, float)) or bw <= 0:
         if not measure:
             return None
         bw = round(measure_ram_bandwidth(), 1)
@@ -150,11 +152,17 @@ def threads_of(parsed: Any) -> int | None:
     return None
 
 
+def _cpu_declared(plan: Plan) -> bool:
+    keys = {k for k, _ in plan.devices.cpu.hardware}
+    return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
+
+
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True
                ) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
-    hw = hardware_for(plan.devices, threads=threads, probe=host_bandwidth(measure=probe))
+    measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
+    hw = hardware_for(plan.devices, threads=threads, probe=measured)
     return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect))

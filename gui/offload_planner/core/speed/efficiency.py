@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 from offload_planner.core.speed.hardware import Figure, Source
 
-UNCALIBRATED = "default, uncalibrated"
+UNCALIBRATED = "uncalibrated"
 
 
 def _d(value: float, unit: str = "x peak") -> Figure:

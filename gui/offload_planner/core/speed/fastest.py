@@ -4,9 +4,11 @@ users run today (``--cpu-moe``, the best ``--n-cpu-moe N``, llama.cpp's own ``--
 Start from the user's command with every routed expert on the CPU (``--cpu-moe`` appended, so the
 user's ``-ot`` rules, which come first, still win, as do the window's moves): always-active tensors
 and the KV cache stay where the command puts them (on the GPUs with ``-ngl`` all).  Then each MoE
-layer's experts go, in layer order, to the GPU that holds the layer if it has room (no extra graph
-split), else to the fastest GPU with room.  Room is the capacity minus the device's margin (1 GiB by
-default, as in the window) minus what the projection puts there; the result is projected again and
+layer's experts go to the GPU that holds the layer if it has room (no extra graph split), else to
+the fastest GPU with room; layers with more expert bytes (a quant mix gives some layers more bits)
+go first, then the others in layer order, so that as many bytes as fit leave the CPU.  Room is the
+capacity minus the device's margin (1 GiB by default, as in the window) minus what the projection
+puts there; the result is projected again and
 layers are taken back from any GPU over its limit.  For the ``pp`` and ``balanced`` goals larger
 ``-ub`` values are tried too (a larger compute buffer against faster prompt processing).  The answer
 is the candidate with the best score that fits, baselines included, so it is never slower in
@@ -128,7 +130,10 @@ class _Search:
         assigned: dict[str, list[int]] = {}
         layers = self.expert_layers(plan)
         moves: dict[str, str] = {}
-        for il in sorted(layers):
+        # the layers with the most expert bytes first (quant mixes give some layers more bits),
+        # then the rest in layer order as room allows: as many bytes off the CPU as fit
+        size = {il: sum(self.model.tensor(n).nbytes for n in names) for il, names in layers.items()}
+        for il in sorted(layers, key=lambda i: (-size[i], i)):
             for g in self.gpu_order(plan, il):
                 if g not in left:
                     continue
