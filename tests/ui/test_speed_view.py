@@ -1,0 +1,60 @@
+"""The speed estimate in the window: a line under the memory bars that follows every edit, and the
+"Fastest plan" preset as one undo step that keeps the user's moves and fits the GPU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pytestqt.qtbot import QtBot
+from tests.ui.conftest import system_info
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
+
+from offload_planner.core.placement import CPU
+from offload_planner.ui.settings import Settings
+
+LABEL = re.compile(r"est\. tg ([\d.]+) t/s · pp ([\d.]+) t/s \((.*)\)")
+RES = Path(__file__).resolve().parents[2] / "resources"
+
+
+def test_label_follows_every_edit(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
+        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+        m = LABEL.fullmatch(win.speed_label.text())
+        assert m, win.speed_label.text()
+        tg_cpu = float(m.group(1))
+        assert "CUDA0" in m.group(3) and "CPU" in m.group(3)
+        assert "assumptions" in win.speed_label.toolTip()
+        doc.undo_stack.undo()  # experts back on the 24 GiB GPU: every token reads only VRAM
+        m2 = LABEL.fullmatch(win.speed_label.text())
+        assert m2 and float(m2.group(1)) > 2 * tg_cpu
+    finally:
+        win.close()
+
+
+def test_fastest_plan_preset_is_one_undo_step(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=12GiB,bw=936GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        pinned = {t.name: CPU for t in doc.plan.model.tensors if t.layer == 2 and t.role.is_routed_expert}
+        doc.apply_preset(pinned, "pin layer 2")
+        wait_projected(qtbot, win)
+        before = doc.plan
+        steps = doc.undo_stack.count()
+        assert win.presets_menu.fastest()
+        assert doc.undo_stack.count() == steps + 1
+        after = doc.plan
+        devs = after.placement().tensor_devices()
+        assert {devs[n] for n in pinned} == {CPU}
+        gpu = after.devices.gpus[0]
+        margin = gpu.margin or 1024**3
+        assert after.projection().device("CUDA0").resident() + margin <= (gpu.capacity or 0)
+        doc.undo_stack.undo()
+        assert doc.plan == before
+    finally:
+        win.close()
