@@ -24,12 +24,14 @@ def test_label_follows_every_edit(qtbot: QtBot, settings: Settings) -> None:
         doc = win.doc
         experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
         doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+        qtbot.waitUntil(lambda: "CPU" in win.speed_label.text())
         m = LABEL.fullmatch(win.speed_label.text())
         assert m, win.speed_label.text()
         tg_cpu = float(m.group(1))
         assert "CUDA0" in m.group(3) and "CPU" in m.group(3)
         assert "assumptions" in win.speed_label.toolTip()
         doc.undo_stack.undo()  # experts back on the 24 GiB GPU: every token reads only VRAM
+        qtbot.waitUntil(lambda: "CPU" not in win.speed_label.text() or win.speed_label.text() != m.group(0))
         m2 = LABEL.fullmatch(win.speed_label.text())
         assert m2 and float(m2.group(1)) > 2 * tg_cpu
     finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
@@ -157,12 +158,12 @@ def _cpu_declared(plan: Plan) -> bool:
     return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
 
 
-def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True
-               ) -> SpeedEstimate:
+def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
+               placement: Placement | None = None) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
     hw = hardware_for(plan.devices, threads=threads, probe=measured)
-    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect))
+    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)
