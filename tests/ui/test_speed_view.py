@@ -60,3 +60,22 @@ def test_fastest_plan_preset_is_one_undo_step(qtbot: QtBot, settings: Settings) 
         assert doc.plan == before
     finally:
         win.close()
+
+
+def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> None:
+    from offload_planner.ui.device_panel import AddGpuDialog
+
+    win = make_window(qtbot, settings, system_info(cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        dlg = AddGpuDialog(win.doc, 1024**3)
+        qtbot.addWidget(dlg)
+        dlg.card.setCurrentIndex(dlg.card.findData("rtx3090"))
+        assert dlg.size_spin.value() == 24.0
+        dev = dlg.device()
+        assert dev is not None and dev.hardware == (("card", "rtx3090"),)
+        win.doc.add_device(dev)
+        qtbot.waitUntil(lambda: "CUDA0" in win.speed_label.text())
+        assert "936 GB/s (catalogue" in win.speed_label.toolTip()
+    finally:
+        win.close()
