@@ -79,3 +79,28 @@ def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> Non
         assert "936 GB/s (catalogue" in win.speed_label.toolTip()
     finally:
         win.close()
+
+
+def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: Settings) -> None:
+    from offload_planner.backend.speed_store import machine_hardware
+    from offload_planner.core.speed.estimate import tg_tps
+    from offload_planner.ui.move_preview import move_tg
+    from offload_planner.ui.tensor_map_model import move_preview_html
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        grid = doc.grid
+        assert grid is not None
+        row, col = grid.row_of_layer(7), grid.column_index("exps_down")
+        assert row is not None and col is not None
+        names = grid.cell(row, col).movable_names
+        preview = move_tg(doc.plan, names)
+        now, to_cpu = preview[CPU]
+        assert to_cpu < now and preview["CUDA0"][1] == now  # already there
+        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in move_preview_html(doc.plan, grid.cell(row, col))
+        doc.move(names, CPU)
+        assert tg_tps(doc.plan, machine_hardware(doc.plan, probe=False)) == to_cpu
+    finally:
+        win.close()

@@ -23,7 +23,7 @@ from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import Figure, Source, hardware_for
+from offload_planner.core.speed.hardware import Figure, Hardware, Source, hardware_for
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -158,12 +158,19 @@ def _cpu_declared(plan: Plan) -> bool:
     return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
 
 
+def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True) -> Hardware:
+    """The figures of the plan's devices on this machine: declared, catalogue, the cached RAM probe
+    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), threads from
+    ``-t`` of ``parsed`` or of the plan's kept flags."""
+    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
+    measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
+    return hardware_for(plan.devices, threads=threads, probe=measured)
+
+
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
                placement: Placement | None = None) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
-    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
-    measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
-    hw = hardware_for(plan.devices, threads=threads, probe=measured)
+    hw = machine_hardware(plan, parsed, probe=probe)
     return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)

@@ -410,6 +410,16 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         calibrated=calibrated, assumptions=assumptions)
 
 
+def tg_tps(plan: Plan, hw: Hardware, *, eff: Efficiencies | None = None,
+           placement: Placement | None = None) -> float:
+    """Token generation at depth 0 alone (no prompt processing): for previews of a move."""
+    eff = eff or defaults_for(plan.dialect)
+    placement = placement or plan.placement()
+    times = _tg_times(plan, placement, hw, eff, weight_bytes_per_token(plan.model, placement), {})
+    total = sum(times.values()) + _split_seconds(plan, hw, eff, split_pairs(plan.model, placement))
+    return 1.0 / total if total else math.inf
+
+
 def ubatch_sweep(plan: Plan, hw: Hardware, ubatches: Iterable[int], *, prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None) -> list[tuple[int, float]]:
     """pp tokens/s of the plan's placement for each ``-ub`` (``-b`` raised to match where lower)."""
