@@ -60,12 +60,12 @@ def main() -> None:
             for set_name in a.sets.split(","):
                 ds = devices(SETS[set_name])
                 base = plan_from_args(model, ds, parse_server_args(BASE))
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 project(model, ds, place(model, ds, base.placement_options), base.context)
-                proj_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
+                proj_s, proj_cpu = time.perf_counter() - t0, time.process_time() - c0
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = fastest_plan(model, ds, BASE, hardware_for(ds, threads=32), goal="balanced")
-                search_s = time.perf_counter() - t0
+                search_s, search_cpu = time.perf_counter() - t0, time.process_time() - c0
                 cells = {}
                 for c in r.candidates:
                     key = "fastest" if c is r.best and c.label.startswith("fastest") else c.label
@@ -77,7 +77,8 @@ def main() -> None:
                 best = r.best
                 best_cell = "nothing fits" if best is None else (
                     f"{best.estimate.tg_tps:.1f} / {best.estimate.pp_tps:.0f} ({best.label})")
-                ratio = (f"{search_s:.1f} s / {proj_s:.2f} s = {search_s / proj_s:.0f}x "
+                ratio = (f"{search_s:.1f} s / {proj_s:.2f} s = {search_s / proj_s:.0f}x; CPU time "
+                         f"{search_cpu:.1f} s / {proj_cpu:.2f} s = {search_cpu / proj_cpu:.0f}x "
                          f"({r.projections} projections)")
                 row = [name, set_name, best_cell, cells.get("--cpu-moe", "-"), cells.get("--n-cpu-moe", "-"),
                        cells.get("llama.cpp --fit", "-"), ratio]

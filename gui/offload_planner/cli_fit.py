@@ -81,10 +81,10 @@ def run_fit(args: argparse.Namespace) -> int:
     goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
-    print(f"{'candidate':28} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
+    print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
-        print(f"{mark}{r['label']:27} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        print(f"{mark}{r['label']:35} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     for n in result.notes:
         print(f"note: {n}")

@@ -124,7 +124,13 @@ class _Search:
         own = plan.placement().layer_device(il)
         return [own] * (own != CPU) + [g.name for g in gpus if g.name != own]
 
-    def fill(self, start: Candidate) -> Candidate:
+    def fill(self, start: Candidate) -> list[Candidate]:
+        """Whole expert layers onto the GPUs, then the same with single expert tensors added where
+        a whole layer no longer fits (more bytes off the CPU, at the cost of graph splits)."""
+        whole, moves = self.fill_layers(start)
+        return [whole, self.fill_tensors(whole, start.plan, moves)]
+
+    def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
         left = room(start.projection, self.devices)
         assigned: dict[str, list[int]] = {}
@@ -154,27 +160,57 @@ class _Search:
                     for n in layers[il]:
                         moves.pop(n, None)
                 else:
-                    return cand
+                    return cand, moves
             cand = self.candidate(label, plan.with_moves(moves))
         return self.top_up(cand, plan, layers, moves, label)
 
+    def fill_tensors(self, cand: Candidate, plan: Plan, moves: dict[str, str]) -> Candidate:
+        """Single expert tensors (largest first) into the room each GPU has left."""
+        left = room(cand.projection, self.devices)
+        rest = sorted((n for names in self.expert_layers(plan).values() for n in names if n not in moves),
+                      key=lambda n: -self.model.tensor(n).nbytes)
+        added: dict[str, list[str]] = {}
+        trial = dict(moves)
+        for n in rest:
+            for g in sorted(left, key=lambda d: -left[d]):
+                dev = self.devices.by_name(g)
+                assert dev is not None
+                cost = pad(alloc_size(self.model.tensor(n), dev), dev.alignment)
+                if cost <= left[g]:
+                    left[g] -= cost
+                    trial[n] = g
+                    added.setdefault(g, []).append(n)
+                    break
+        label = cand.label.removesuffix(")") + ", split layers)"
+        if not added:
+            return replace(cand, label=label)
+        c = self.candidate(label, plan.with_moves(trial))
+        for _ in range(3):
+            if not c.over:
+                return c
+            for g in c.over:
+                if added.get(g):
+                    trial.pop(added[g].pop())
+            c = self.candidate(label, plan.with_moves(trial))
+        return c
+
     def top_up(self, cand: Candidate, plan: Plan, layers: dict[int, list[str]], moves: dict[str, str],
-               label: str, tries: int = 3) -> Candidate:
+               label: str, tries: int = 2) -> tuple[Candidate, dict[str, str]]:
         """Add the next layers one at a time to the GPU with the most room left while they fit (the
         estimate of each layer's cost leaves slack for compute buffers that may not be needed)."""
         for _ in range(tries):
             rest = [il for il in sorted(layers) if layers[il][0] not in moves]
             left = room(cand.projection, self.devices)
             if not rest or not left:
-                return cand
+                return cand, moves
             g = max(left, key=lambda n: left[n])
             trial = dict(moves)
             trial.update(dict.fromkeys(layers[rest[0]], g))
             c = self.candidate(label, plan.with_moves(trial))
             if c.over:
-                return cand
+                return cand, moves
             cand, moves = c, trial
-        return cand
+        return cand, moves
 
     # --- baselines -------------------------------------------------------------------------------
 
@@ -241,7 +277,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
             notes.append(f"-ub {ub}: does not fit even with every routed expert on the CPU "
                          f"({', '.join(start.over)} over)")
             continue
-        ours.append(s.fill(start))
+        ours.extend(s.fill(start))
     baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), s.best_n_cpu_moe(),
                              s.llama_fit()) if c is not None]
     fitting = [c for c in ours + baselines if c.fits]
@@ -270,7 +306,7 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
             notes.append(f"-ub {ub}: does not fit even with every routed expert on the CPU "
                          f"({', '.join(start.over)} over)")
             continue
-        ours.append(s.fill(start))
+        ours.extend(s.fill(start))
     fitting = [c for c in ours if c.fits]
     best = max(fitting, key=lambda c: score(c.estimate, goal)) if fitting else None
     return FastestResult(best, ours, goal, s.projections, notes)
