@@ -104,3 +104,25 @@ def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: 
         assert tg_tps(doc.plan, machine_hardware(doc.plan, probe=False)) == to_cpu
     finally:
         win.close()
+
+
+def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
+        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+        plot = win.ubatch_plot
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        pts = plot.points
+        assert [p.n_ubatch for p in pts] == [64, 128, 256, 512, 1024, 2048, 4096]
+        pp = [p.pp_tps for p in pts]
+        assert pp == sorted(pp) and pp[-1] > 3 * pp[0]  # op offload: copies shared by more tokens
+        buf = [p.gpu_compute_bytes for p in pts]
+        assert buf[-1] > buf[0]  # a larger micro-batch needs a larger compute buffer
+        assert plot.pp_curve.yData is not None and len(plot.pp_curve.yData) == 7
+        assert "fastest prompt processing at -ub 4096" in plot.status.text()
+    finally:
+        win.close()

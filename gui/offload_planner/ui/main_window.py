@@ -61,6 +61,7 @@ from offload_planner.ui.settings import Settings
 from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_view import TensorMapView
+from offload_planner.ui.ubatch_plot import UbatchPlot
 
 MIN_SIZE = (1280, 800)
 
@@ -165,6 +166,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.problems, "Problems")
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.telemetry, "Telemetry")
+        self.ubatch_plot = UbatchPlot(doc)
+        self.tabs.addTab(self.ubatch_plot, "Speed")
         launch_scroll = QScrollArea()  # the panel's own minimum height must not squeeze the map
         launch_scroll.setWidget(self.launcher)
         launch_scroll.setWidgetResizable(True)
