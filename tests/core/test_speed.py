@@ -258,3 +258,22 @@ def test_calibration_recovers_the_efficiency_a_measurement_implies(qwen: Model) 
     slow = estimate(p, hw16, eff=calibrated({"cpu_thread_bandwidth": 5.0}, "truth"))
     got = fit_efficiencies(estimate(p, hw16, eff=DEFAULT), hw16, DEFAULT, tg_tps=slow.tg_tps)
     assert got == {"cpu_thread_bandwidth": pytest.approx(5.0, rel=1e-3)}
+
+
+def test_plan_files_keep_declared_speed_figures(tmp_path: Path, qwen: Model) -> None:
+    import json
+
+    from offload_planner.core.plan_file import PlanFile, PlanFileError, load_plan, plan_json, save_plan
+
+    ds = devices("CUDA0=rtx3090,pcie=4x8", cpu="CPU=64GiB,ram=2xDDR5-5600")
+    p = plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 4096")
+    target = tmp_path / "speed.plan.json"
+    save_plan(target, PlanFile.of(p))
+    again, _ = load_plan(target).to_plan(qwen)
+    assert again.devices == ds
+    assert estimate(again, hardware_for(again.devices)).tg_tps == estimate(p, hardware_for(ds)).tg_tps
+    data = plan_json(PlanFile.of(p))
+    data["devices"]["gpus"][0]["hardware"] = [["pcie", "9x16"]]
+    target.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match=r"\$\.devices\.gpus\[0\]\.hardware: .*PCIe"):
+        load_plan(target)
