@@ -50,7 +50,6 @@ DEFAULT_HOST_BW = 50.0  # GB/s: two channels of DDR4-3200 (2 x 3200 MT/s x 8 B =
 DEFAULT_CPU_TFLOPS_PER_THREAD = 0.1  # peak per core (AVX2 FMA: 2 units x 8 fp32 x 2 ops x ~3 GHz ≈ 0.1)
 DEFAULT_THREADS = 8
 DEFAULT_RPC_LINK = 10.0  # GB/s: a loopback connection (not measured)
-DEFAULT_SPLIT_LATENCY_US = {"gpu": 20.0, "rpc": 100.0}
 
 HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
 
