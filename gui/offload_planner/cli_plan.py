@@ -119,11 +119,15 @@ def run_plan(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import plan_speed
     from offload_planner.core.speed.report import speed_json, speed_lines
 
-    speed = plan_speed(plan, parsed, prompt=args.prompt)
+    try:
+        speed = plan_speed(plan, parsed, prompt=args.prompt)
+    except (KeyError, ValueError, ArithmeticError) as e:  # the memory plan stands without it
+        speed = None
+        notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
     if args.json:
         out = plan_json(result.projection, warnings=result.warnings, errors=errors, command=command,
                         notes=notes, fit=fit)
-        out["speed"] = speed_json(speed)
+        out["speed"] = speed_json(speed) if speed is not None else None
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
@@ -131,5 +135,5 @@ def run_plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        print("\n".join([table, *speed_lines(speed)]) + sep + rest)
+        print("\n".join([table, *(speed_lines(speed) if speed is not None else [])]) + sep + rest)
     return 2 if errors else 0

@@ -277,3 +277,19 @@ def test_plan_files_keep_declared_speed_figures(tmp_path: Path, qwen: Model) -> 
     target.write_text(json.dumps(data))
     with pytest.raises(PlanFileError, match=r"\$\.devices\.gpus\[0\]\.hardware: .*PCIe"):
         load_plan(target)
+
+
+def test_every_small_model_gets_a_finite_estimate(small_models: dict[str, Path]) -> None:
+    """Every architecture the project writes: finite speeds, depth never helps, more GPU never hurts."""
+    import math
+
+    for name, path in small_models.items():
+        m = open_model(path)
+        cpu_only = devices(cpu="CPU=64GiB,bw=50GB/s")
+        gpu = devices("CUDA0=rtx3090", cpu="CPU=64GiB,bw=50GB/s")
+        e_cpu = estimate(plan(m, cpu_only, "-c 2048"), hardware_for(cpu_only))
+        e_gpu = estimate(plan(m, gpu, "-ngl 999 -c 2048"), hardware_for(gpu))
+        for e in (e_cpu, e_gpu):
+            assert all(math.isfinite(x) and x > 0 for x in (e.tg_tps, e.tg_tps_at_ctx, e.pp_tps)), name
+            assert e.tg_tps_at_ctx <= e.tg_tps, name
+        assert e_gpu.device("CUDA0").bytes_per_token > 0, name
