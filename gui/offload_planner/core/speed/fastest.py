@@ -89,17 +89,24 @@ class _Search:
         self.model, self.devices, self.base_args, self.dialect = model, devices, list(base_args), dialect
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
         self.projections = 0
+        self._seen: dict[tuple[object, ...], Candidate] = {}
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
         return p.with_moves(self.moves) if self.moves else p
 
     def candidate(self, label: str, plan: Plan) -> Candidate:
+        key = (tuple(sorted(plan.moves.items())), plan.placement_options, plan.context)
+        seen = self._seen.get(key)
+        if seen is not None:  # the same plan reached another way (--cpu-moe as a start and a baseline)
+            return replace(seen, label=label)
         proj = plan.projection()
         self.projections += 1
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
-        return Candidate(label, plan, proj, estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
-                                                     placement=proj.placement), over)
+        c = Candidate(label, plan, proj, estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
+                                                  placement=proj.placement), over)
+        self._seen[key] = c
+        return c
 
     # --- our plan ------------------------------------------------------------------------------
 
