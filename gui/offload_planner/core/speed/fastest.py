@@ -245,7 +245,8 @@ class _Search:
 
         parsed = self.parse(self.base_args)
         base = self.plan([])
-        free = [max(0, (g.capacity or 0) - margin_of(g)) for g in self.devices.gpus]
+        # what llama-server finds free; its fit keeps its own 1 GiB target (the default margin here)
+        free = [g.capacity or 0 for g in self.devices.gpus]
         result = fit_for_args(self.model, self.devices, parsed, base.placement_options, base.context,
                               free_bytes=free)
         if result is None:
