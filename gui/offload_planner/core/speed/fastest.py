@@ -135,7 +135,8 @@ class _Search:
         """Whole expert layers onto the GPUs, then the same with single expert tensors added where
         a whole layer no longer fits (more bytes off the CPU, at the cost of graph splits)."""
         whole, moves = self.fill_layers(start)
-        return [whole, self.fill_tensors(whole, start.plan, moves)]
+        split = self.fill_tensors(whole, start.plan, moves)
+        return [whole] if split is None else [whole, split]
 
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
@@ -171,8 +172,9 @@ class _Search:
             cand = self.candidate(label, plan.with_moves(moves))
         return self.top_up(cand, plan, layers, moves, label)
 
-    def fill_tensors(self, cand: Candidate, plan: Plan, moves: dict[str, str]) -> Candidate:
-        """Single expert tensors (largest first) into the room each GPU has left."""
+    def fill_tensors(self, cand: Candidate, plan: Plan, moves: dict[str, str]) -> Candidate | None:
+        """Single expert tensors (largest first) into the room each GPU has left; None when none
+        fits."""
         left = room(cand.projection, self.devices)
         rest = sorted((n for names in self.expert_layers(plan).values() for n in names if n not in moves),
                       key=lambda n: -self.model.tensor(n).nbytes)
@@ -190,7 +192,7 @@ class _Search:
                     break
         label = cand.label.removesuffix(")") + ", split layers)"
         if not added:
-            return replace(cand, label=label)
+            return None
         c = self.candidate(label, plan.with_moves(trial))
         for _ in range(3):
             if not c.over:
@@ -222,21 +224,58 @@ class _Search:
     # --- baselines -------------------------------------------------------------------------------
 
     def best_n_cpu_moe(self) -> Candidate | None:
-        """The smallest ``--n-cpu-moe N`` that fits (fewer expert layers on the CPU is faster)."""
+        """The smallest ``--n-cpu-moe N`` that fits (fewer expert layers on the CPU is faster): a
+        first guess from the bytes each GPU has room for, then projections around it."""
         n_layer = self.model.summary.n_layer
-        lo, hi = 0, n_layer
-        top = self.candidate(f"--n-cpu-moe {hi}", self.plan(["--n-cpu-moe", str(hi)]))
+
+        def at(n: int) -> Candidate:
+            return self.candidate(f"--n-cpu-moe {n}", self.plan(["--n-cpu-moe", str(n)]))
+
+        top = at(n_layer)
         if not top.fits:
             return None
-        best = top
+        guess = self._n_cpu_moe_guess(top)
+        c = at(guess)
+        if c.fits:  # walk down while one layer fewer on the CPU still fits
+            while guess > 0:
+                lower = at(guess - 1)
+                if not lower.fits:
+                    break
+                c, guess = lower, guess - 1
+            return c
+        lo, hi, best = guess + 1, n_layer, top  # the guess was short: bisect above it
         while lo < hi:
             mid = (lo + hi) // 2
-            c = self.candidate(f"--n-cpu-moe {mid}", self.plan(["--n-cpu-moe", str(mid)]))
-            if c.fits:
-                best, hi = c, mid
+            m = at(mid)
+            if m.fits:
+                best, hi = m, mid
             else:
                 lo = mid + 1
         return best
+
+    def _n_cpu_moe_guess(self, top: Candidate) -> int:
+        """The smallest N whose expert layers N.. fit each layer's GPU by the bytes alone."""
+        left = room(top.projection, self.devices)
+        per_layer: dict[int, tuple[str, int]] = {}
+        placement = top.plan.placement()
+        for p in placement.items:
+            t = p.tensor
+            if p.device == CPU and t.role.is_routed_expert and t.layer is not None and not p.copy:
+                dev = placement.layer_device(t.layer)
+                d = self.devices.by_name(dev)
+                if d is None:
+                    continue
+                size = pad(alloc_size(t, d), d.alignment)
+                prev = per_layer.get(t.layer, (dev, 0))[1]
+                per_layer[t.layer] = (dev, prev + size)
+        n = self.model.summary.n_layer
+        for il in sorted(per_layer, reverse=True):  # add layers from the top while they fit
+            dev, size = per_layer[il]
+            if dev not in left or size > left[dev]:
+                break
+            left[dev] -= size
+            n = il
+        return n
 
     def llama_fit(self) -> Candidate | None:
         if self.dialect != "llama.cpp" or not self.devices.gpus:
