@@ -3,7 +3,7 @@
 The README's `plan` commands (and the `--backend ik_llama.cpp` and second-model variants) on the
 bundled header-only models, as text, with `--explain` and as `--json`, compared byte for byte with
 the files in ``tests/data/cli_plan/``.  Those files were written by the code as it stood before the
-compute simulation was made incremental everywhere and split into a package (main at a02876b, with
+compute simulation was made incremental everywhere and split into a package (main at 9afbee4, with
 ``python tests/test_cli_plan_golden.py --write``); a change of output is a change of behaviour and
 must be explained, not regenerated away.
 """
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from offload_planner.backend import speed_store
 from offload_planner.cli import main
+from offload_planner.core.speed.hardware import Figure, Source
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +54,12 @@ CASES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 MODES: dict[str, tuple[str, ...]] = {"text": (), "explain": ("--explain",), "json": ("--json",)}
 
 
+def pinned_ram(*, measure: bool = True) -> Figure:
+    """The plan's speed estimate reads this machine's RAM bandwidth (a probe, noisy and different on
+    every machine): one figure for the expected files and every run of the test."""
+    return Figure(40.0, "GB/s", Source.MEASURED, "RAM probe pinned by tests/test_cli_plan_golden.py")
+
+
 def run_plan(case: str, mode: str) -> tuple[int, str]:
     model, ours, server = CASES[case]
     out = io.StringIO()
@@ -66,6 +74,7 @@ def test_plan_output_is_byte_identical(case: str, mode: str, monkeypatch: pytest
                                        tmp_path: Path) -> None:
     monkeypatch.chdir(ROOT)  # the model paths are printed as given: relative to the checkout
     monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path))  # no user settings
+    monkeypatch.setattr(speed_store, "host_bandwidth", pinned_ram)
     _, got = run_plan(case, mode)
     want = (DATA / f"{case}.{mode}.txt").read_text(encoding="utf-8")
     assert got == want
@@ -75,9 +84,13 @@ if __name__ == "__main__":  # writes the expected files (only from the code befo
     if sys.argv[1:] != ["--write"]:
         raise SystemExit("usage: python tests/test_cli_plan_golden.py --write")
     import os
+    import tempfile
 
     os.chdir(ROOT)
+    speed_store.host_bandwidth = pinned_ram
     DATA.mkdir(parents=True, exist_ok=True)
     for c in CASES:
         for m in MODES:
-            (DATA / f"{c}.{m}.txt").write_text(run_plan(c, m)[1], encoding="utf-8")
+            with tempfile.TemporaryDirectory() as cfg:  # as the test: an empty config each time
+                os.environ["OFFLOAD_PLANNER_CONFIG_DIR"] = cfg
+                (DATA / f"{c}.{m}.txt").write_text(run_plan(c, m)[1], encoding="utf-8")

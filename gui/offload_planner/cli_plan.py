@@ -50,7 +50,15 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
+    p.add_argument("--prompt", type=_prompt_len, default=4096, metavar="N",
+                   help="prompt length of the prompt-processing estimate (default 4096)")
     p.set_defaults(func=run_plan, server_args=[])
+
+
+def _prompt_len(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--prompt {text!r}: expected a positive number of tokens")
+    return int(text)
 
 
 def _dialect(backend: str) -> str:
@@ -144,14 +152,26 @@ def run_plan(args: argparse.Namespace) -> int:
     over = [n for n in over_capacity(result.projection) if n == devices.cpu.name or not fit_fixes_gpus]
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
+    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.core.speed.report import speed_json, speed_lines
+
+    try:
+        speed = plan_speed(plan, parsed, prompt=args.prompt)
+    except (KeyError, ValueError, ArithmeticError) as e:  # the memory plan stands without it
+        speed = None
+        notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
     if args.json:
-        json.dump(plan_json(result.projection, warnings=result.warnings, errors=[], command=command,
-                            notes=notes, fit=fit), sys.stdout, indent=1)
+        out = plan_json(result.projection, warnings=result.warnings, errors=[], command=command,
+                        notes=notes, fit=fit)
+        out["speed"] = speed_json(speed) if speed is not None else None
+        json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(plan_text(result.projection, warnings=result.warnings, errors=[],
-                        command=format_command(["llama-server", *command], "bash"), notes=notes,
-                        explain=args.explain))
+        text = plan_text(result.projection, warnings=result.warnings, errors=[],
+                         command=format_command(["llama-server", *command], "bash"), notes=notes,
+                         explain=args.explain)
+        table, sep, rest = text.partition("\ncontext: ")
+        print("\n".join([table, *(speed_lines(speed) if speed is not None else [])]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK
 
 

@@ -65,8 +65,10 @@ from offload_planner.ui.plan_edits import with_option
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
+from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_view import TensorMapView
+from offload_planner.ui.ubatch_plot import UbatchPlot
 
 MIN_SIZE = (1280, 800)
 
@@ -155,6 +157,7 @@ class MainWindow(QMainWindow):
         self.map_view = TensorMapView(doc)
         self.legend = LegendBar(doc)
         self.memory_view = MemoryView(doc)
+        self.speed_label = SpeedLabel(doc)
         self.command_pane = CommandPane(doc)
         self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
         self.problems = ProblemsPane(doc)
@@ -173,6 +176,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.problems, "Problems")
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.telemetry, "Telemetry")
+        self.ubatch_plot = UbatchPlot(doc)
+        self.tabs.addTab(self.ubatch_plot, "Speed")
         launch_scroll = QScrollArea()  # the panel's own minimum height must not squeeze the map
         launch_scroll.setWidget(self.launcher)
         launch_scroll.setWidgetResizable(True)
@@ -327,6 +332,7 @@ class MainWindow(QMainWindow):
         right = QGroupBox("Memory")
         rl = QVBoxLayout(right)
         rl.addWidget(self.memory_view, 1)
+        rl.addWidget(self.speed_label)
 
         self.h_split = QSplitter(Qt.Orientation.Horizontal)
         self.h_split.setObjectName("panes")

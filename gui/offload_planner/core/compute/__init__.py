@@ -93,7 +93,7 @@ from offload_planner.core.compute.ggml import (
 )
 from offload_planner.core.compute.incremental import record_at_first_sight
 from offload_planner.core.compute.reserve import Reserve, reserve
-from offload_planner.core.compute.scheduler import Backend, Scheduler
+from offload_planner.core.compute.scheduler import OP_OFFLOAD_MIN_BATCH, Backend, Scheduler
 from offload_planner.core.compute.simulate import (
     Simulation,
     backends_for,
@@ -106,7 +106,9 @@ from offload_planner.core.compute.simulate import (
 )
 
 __all__ = [
-    "ARCH_GRAPHS", "CPU", "F16", "F32", "MEMO", "OUTPUT", "SIMULATION_LOCK", "Backend", "BufferMemo",
+    "ARCH_GRAPHS", "CPU", "F16", "F32", "MEMO", "OP_OFFLOAD_MIN_BATCH", "OUTPUT", "SIMULATION_LOCK",
+    "Backend",
+    "BufferMemo",
     "DynAllocator", "Graph", "GraphAllocator", "Reserve", "Scheduler", "Simulation", "T", "backends_for",
     "compute_buffers", "cuda_fa_alloc_size", "dup_op", "explain", "flash_attn_ext", "full_offload",
     "graph_builder", "input_tensor", "model_gpus", "mul_mat", "nbytes", "peak_label", "placement_key",
