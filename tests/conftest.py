@@ -54,3 +54,14 @@ def small_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every ``SMALL_MODELS`` entry written once per session: name -> complete .gguf file."""
     root = tmp_path_factory.mktemp("small_models")
     return {name: write_model(spec, root / f"{name}.gguf")[0] for name, spec in SMALL_MODELS.items()}
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_config_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test reads or writes the user's config: commands the tests run (``plan``'s RAM probe cache,
+    calibration) use a folder of this session; tests that need their own set it themselves."""
+    if "OFFLOAD_PLANNER_CONFIG_DIR" not in os.environ or os.environ.get("CI", "").lower() == "true":
+        os.environ["OFFLOAD_PLANNER_CONFIG_DIR"] = str(tmp_path_factory.mktemp("config"))

@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     from offload_planner.cli_launch import add_launch_parser
     add_launch_parser(sub)
+    from offload_planner.cli_fit import add_fit_parser
+
+    add_fit_parser(sub)
     return p
 
 
@@ -116,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "server_args"):
         args.server_args = server_args
     elif server_args:
-        parser.error("arguments after -- are for `plan` and `launch` only")
+        parser.error("arguments after -- are for `plan`, `fit` and `launch` only")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

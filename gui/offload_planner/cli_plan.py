@@ -35,7 +35,15 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
+    p.add_argument("--prompt", type=_prompt_len, default=4096, metavar="N",
+                   help="prompt length of the prompt-processing estimate (default 4096)")
     p.set_defaults(func=run_plan, server_args=[])
+
+
+def _prompt_len(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--prompt {text!r}: expected a positive number of tokens")
+    return int(text)
 
 
 def _dialect(backend: str) -> str:
@@ -108,12 +116,20 @@ def run_plan(args: argparse.Namespace) -> int:
             note = fit_note(fitted, fcmd)
             if note:
                 notes.append(note)
+    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.core.speed.report import speed_json, speed_lines
+
+    speed = plan_speed(plan, parsed, prompt=args.prompt)
     if args.json:
-        json.dump(plan_json(result.projection, warnings=result.warnings, errors=errors, command=command,
-                            notes=notes, fit=fit), sys.stdout, indent=1)
+        out = plan_json(result.projection, warnings=result.warnings, errors=errors, command=command,
+                        notes=notes, fit=fit)
+        out["speed"] = speed_json(speed)
+        json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(plan_text(result.projection, warnings=result.warnings, errors=errors,
-                        command=format_command(["llama-server", *command], "bash"), notes=notes,
-                        explain=args.explain))
+        text = plan_text(result.projection, warnings=result.warnings, errors=errors,
+                         command=format_command(["llama-server", *command], "bash"), notes=notes,
+                         explain=args.explain)
+        table, sep, rest = text.partition("\ncontext: ")
+        print("\n".join([table, *speed_lines(speed)]) + sep + rest)
     return 2 if errors else 0

@@ -71,6 +71,7 @@ class Device:
     endpoint: str = ""  # host:port for RPC devices
     bandwidth_gbs: float | None = None
     margin: int = 0  # bytes the user keeps free on this device
+    hardware: tuple[tuple[str, str], ...] = ()  # declared speed keys (card, bw, pcie, ...): core.speed
 
     @property
     def alignment(self) -> int:
@@ -142,32 +143,63 @@ class DeviceSet:
 
 
 def parse_device_decl(text: str) -> Device:
-    """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``RPC0=64GiB,bw=100`` (bandwidth in GB/s)."""
+    """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``CUDA0=rtx3090`` (a catalogue card sets the
+    size), ``CUDA0=24GiB,bw=936GB/s,pcie=4x16,tflops=71``, ``CPU=512GiB,ram=12xDDR5-4800``,
+    ``RPC0=64GiB,link=10Gb/s``: the speed keys are checked by :mod:`offload_planner.core.speed`."""
+    from offload_planner.core.speed.hardware import HARDWARE_KEYS, parse_hardware_keys
+    from offload_planner.core.speed.catalogue import card
+
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not rest:
         raise PlannerError(f"--device {text!r}: expected NAME=SIZE, e.g. CUDA0=24GiB")
     kind = kind_of(name)
     parts = [p.strip() for p in rest.split(",") if p.strip()]
+    hardware: list[tuple[str, str]] = []
     try:
-        total = parse_size(parts[0])
+        first = card(parts[0]) if parts else None
+        if first is not None:
+            hardware.append(("card", first.key))
+            parts = parts[1:]
+            if parts and "=" not in parts[0]:  # CUDA0=rtx3090,20GiB / Metal0=m2ultra,192GiB
+                total: int | None = parse_size(parts[0])
+                parts = parts[1:]
+            elif first.vram_gib is None:
+                raise ValueError(f"{first.name} comes in several memory sizes: give it after the name, "
+                                 f"e.g. {name}={first.key},128GiB")
+            else:
+                total = int(first.vram_gib * 1024**3)
+        else:
+            total = _size_or_card(parts[0])
+            parts = parts[1:]
         free: int | None = None
-        bw: float | None = None
-        for p in parts[1:]:
+        for p in parts:
             key, _, val = p.partition("=")
             if key == "free":
                 free = parse_size(val)
-            elif key in ("bw", "bandwidth"):
-                bw = float(val)
-            elif key == "margin":
-                continue
-            else:
-                raise ValueError(f"unknown field {key!r} (free=, bw=)")
+            elif key in HARDWARE_KEYS:
+                hardware.append((key, val))
+            elif key != "margin":
+                raise ValueError(f"unknown field {key!r} (free=, margin=, {'=, '.join(HARDWARE_KEYS)}=)")
+        decl = parse_hardware_keys(hardware)
     except ValueError as e:
         raise PlannerError(f"--device {text!r}: {e}") from None
-    margin = next((parse_size(p.split("=", 1)[1]) for p in parts[1:] if p.startswith("margin=")), 0)
+    margin = next((parse_size(p.split("=", 1)[1]) for p in parts if p.startswith("margin=")), 0)
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
-    return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=bw, margin=margin)
+    return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
+                  hardware=tuple(hardware))
+
+
+def _size_or_card(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError:
+        if not any(ch.isdigit() for ch in text[:1]):
+            from offload_planner.core.speed.catalogue import card_keys
+
+            raise ValueError(f"{text!r} is neither a size (24GiB) nor a known card "
+                             f"({', '.join(card_keys())})") from None
+        raise
 
 
 def build_device_set(
@@ -187,7 +219,8 @@ def build_device_set(
     cpu_out = cpu
     for d in declared:
         if d.kind is DeviceKind.CPU:
-            cpu_out = replace(cpu, total=d.total, free=d.free, margin=d.margin)
+            cpu_out = replace(cpu, total=d.total, free=d.free, margin=d.margin, hardware=d.hardware,
+                              bandwidth_gbs=d.bandwidth_gbs)
             continue
         idx = next((i for i, g in enumerate(gpus) if g.name.lower() == d.name.lower()), None)
         if idx is None:
@@ -195,5 +228,6 @@ def build_device_set(
         else:
             g = gpus[idx]
             gpus[idx] = replace(g, total=d.total, free=d.free if d.free is not None else g.free,
-                                bandwidth_gbs=d.bandwidth_gbs or g.bandwidth_gbs, margin=d.margin)
+                                bandwidth_gbs=d.bandwidth_gbs or g.bandwidth_gbs, margin=d.margin,
+                                hardware=d.hardware or g.hardware)
     return DeviceSet(cpu_out, tuple(gpus))

@@ -52,6 +52,7 @@ from offload_planner.ui.legend import LegendBar
 from offload_planner.ui.loader import ModelLoader, demo_model
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
+from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
 from offload_planner.ui.plan_io import SUFFIX, PlanFile, PlanFileError, load_plan, save_plan
@@ -145,6 +146,7 @@ class MainWindow(QMainWindow):
         self.map_view = TensorMapView(doc)
         self.legend = LegendBar(doc)
         self.memory_view = MemoryView(doc)
+        self.speed_label = SpeedLabel(doc)
         self.command_pane = CommandPane(doc)
         self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
         self.problems = ProblemsPane(doc)
@@ -317,6 +319,7 @@ class MainWindow(QMainWindow):
         right = QGroupBox("Memory")
         rl = QVBoxLayout(right)
         rl.addWidget(self.memory_view, 1)
+        rl.addWidget(self.speed_label)
 
         self.h_split = QSplitter(Qt.Orientation.Horizontal)
         self.h_split.setObjectName("panes")

@@ -74,6 +74,11 @@ class PresetsMenu(QMenu):
                 self._filler(g.name, from_first=False),
             )
         self.addAction("Move layers…", self.move_layers_dialog)
+        if doc.plan.model.summary.n_expert and doc.plan.devices.gpus:
+            fast = self.addAction("Fastest plan", self.fastest)
+            fast.setToolTip("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus "
+                            "its margin allows, -ub raised where prompt processing gains; keeps your "
+                            "-ot rules and moves (speed estimate: see under the memory bars)")
         if doc.plan.dialect == "llama.cpp" and doc.plan.devices.gpus:
             fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
             fit.setToolTip("The pinned llama-server fits by default: -c, -ngl, -ts and expert overrides "
@@ -155,6 +160,28 @@ class PresetsMenu(QMenu):
         self._doc.replace_plan(fitted, "llama.cpp --fit")
         self.message.emit(f"As llama.cpp's --fit would run it: -c {result.n_ctx}, -ngl {result.n_gpu_layers}"
                           + (f", {len(result.overrides)} expert overrides" if result.overrides else ""))
+        return True
+
+    def fastest(self) -> bool:
+        from PySide6.QtCore import Qt
+        from PySide6.QtWidgets import QApplication
+
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        try:
+            best = presets.fastest_plan(self._doc.plan)
+        except Exception as e:  # a core bug must not take the window down
+            self.message.emit(f"The fastest plan could not be searched: {type(e).__name__}: {e}")
+            return False
+        finally:
+            QApplication.restoreOverrideCursor()
+        if best is None:
+            self.message.emit("Nothing fits these devices, even with every routed expert on the CPU")
+            return False
+        if best == self._doc.plan:
+            self.message.emit("This plan is already the fastest the search finds")
+            return False
+        self._doc.replace_plan(best, "Fastest plan")
+        self.message.emit(f"Fastest plan: {len(best.moves)} tensors moved, -ub {best.context.n_ubatch}")
         return True
 
     def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:

@@ -1,0 +1,158 @@
+"""This machine's speed figures: the RAM bandwidth probe and measured efficiencies, cached.
+
+The probe copies a buffer a few hundred MiB large with one thread per core (numpy releases the GIL
+while copying) for about a second and counts the bytes read and written.  The result is cached in
+``speed.json`` under the config directory (:func:`calibration.config_dir`), keyed by machine, with
+the efficiencies ``launch --bench`` measures per machine and backend (:func:`record_efficiencies`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from offload_planner.backend.calibration import config_dir
+from offload_planner.core.plan import Plan
+from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies, calibrated
+from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.hardware import Figure, Source, hardware_for
+
+FILE_NAME = "speed.json"
+PROBE_BYTES = 256 * 1024 * 1024
+PROBE_SECONDS = 1.0
+
+
+def machine_key() -> str:
+    return f"{platform.node()}|{platform.machine()}|{os.cpu_count()}"
+
+
+def _path() -> Path:
+    return config_dir() / FILE_NAME
+
+
+def _load() -> dict[str, Any]:
+    """The stored file; anything unreadable or of the wrong shape counts as empty."""
+    try:
+        data = json.loads(_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
+        return {}
+    entry = data.get("machines", {}).get(machine_key())
+    if entry is not None and not isinstance(entry, dict):
+        del data["machines"][machine_key()]
+    return data
+
+
+def _save(data: dict[str, Any]) -> None:
+    path = _path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speed-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BYTES) -> float:
+    """GB/s of a multi-threaded copy (bytes read + bytes written per second)."""
+    import numpy as np
+
+    n_threads = max(1, os.cpu_count() or 1)
+    chunk = max(1 << 20, nbytes // n_threads)
+    src = [np.ones(chunk, dtype=np.uint8) for _ in range(n_threads)]
+    dst = [np.empty(chunk, dtype=np.uint8) for _ in range(n_threads)]
+    copied = [0] * n_threads
+    deadline = time.perf_counter() + seconds
+
+    def work(i: int) -> None:
+        while time.perf_counter() < deadline:
+            np.copyto(dst[i], src[i])
+            copied[i] += 2 * chunk
+
+    for i in range(n_threads):  # warm up: fault the pages in
+        np.copyto(dst[i], src[i])
+    start = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(copied) / (time.perf_counter() - start) / 1e9
+
+
+def host_bandwidth(*, measure: bool = True) -> Figure | None:
+    """This machine's RAM bandwidth: cached, else measured now (about a second) when ``measure``."""
+    data = _load()
+    entry = data.get("machines", {}).get(machine_key(), {})
+    bw = entry.get("ram_gbs")
+    when = entry.get("ram_measured_at", "")
+    if not isinstance(bw, (int, float)):
+        if not measure:
+            return None
+        bw = round(measure_ram_bandwidth(), 1)
+        when = time.strftime("%Y-%m-%d %H:%M")
+        entry = {**entry, "ram_gbs": bw, "ram_measured_at": when}
+        data.setdefault("machines", {})[machine_key()] = entry
+        _save(data)
+    return Figure(float(bw), "GB/s", Source.MEASURED, f"RAM probe on this machine ({when}, {_path()})")
+
+
+def record_efficiencies(backend: str, values: dict[str, float]) -> None:
+    """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`)."""
+    calibrated(values, "check")  # refuse unknown names before writing
+    data = _load()
+    entry = data.setdefault("machines", {}).setdefault(machine_key(), {})
+    entry.setdefault("efficiencies", {})[backend] = {k: float(v) for k, v in values.items()}
+    entry.setdefault("efficiencies_at", {})[backend] = time.strftime("%Y-%m-%d %H:%M")
+    _save(data)
+
+
+def efficiencies_for(backend: str) -> Efficiencies:
+    """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
+    entry = _load().get("machines", {}).get(machine_key(), {})
+    values = entry.get("efficiencies", {}).get(backend)
+    if not isinstance(values, dict) or not values:
+        return DEFAULT
+    when = entry.get("efficiencies_at", {}).get(backend, "")
+    try:
+        return calibrated(values, f"measured on this machine with {backend} ({when})")
+    except (ValueError, TypeError):
+        return DEFAULT
+
+
+def threads_in(argv: list[str]) -> int | None:
+    """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags)."""
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag in ("-t", "--threads"):
+            return int(value) if value.isdigit() and int(value) > 0 else None
+    return None
+
+
+def threads_of(parsed: Any) -> int | None:
+    """``-t N`` of a parsed command line (the CPU threads llama-server computes with)."""
+    for f in getattr(parsed, "flags", []):
+        if f.key == "--threads" and f.values:
+            try:
+                n = int(f.values[0])
+            except ValueError:
+                return None
+            return n if n > 0 else None
+    return None
+
+
+def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True
+               ) -> SpeedEstimate:
+    """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
+    ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
+    and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
+    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
+    hw = hardware_for(plan.devices, threads=threads, probe=host_bandwidth(measure=probe))
+    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect))

@@ -1,0 +1,97 @@
+"""``offload-planner fit MODEL --device ... [--goal tg|pp|balanced] [--prompt N] -- <base args>``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from offload_planner.core.errors import PlannerError
+
+
+def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "fit",
+        help="find the fastest placement that fits the devices, beside --cpu-moe, --n-cpu-moe and --fit",
+        description="Keep the llama-server arguments after `--` (your -ot rules, -c, ...), move routed "
+        "experts onto the GPUs layer by layer as far as each device's memory allows (minus its "
+        "margin, 1 GiB by default), try larger -ub for prompt processing, and print the command, "
+        "its memory table and its speed estimate beside the baselines.",
+        epilog="example: offload-planner fit model.gguf --device CUDA0=rtx3090 --device CPU=128GiB "
+        "--goal balanced -- -c 32768",
+    )
+    p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
+    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE|CARD[,key=value]",
+                   help="declare a device, e.g. CUDA0=rtx3090 or CUDA1=24GiB,bw=936GB/s (repeatable)")
+    p.add_argument("--goal", choices=("tg", "pp", "balanced"), default="balanced",
+                   help="what to make fast: generation, prompt processing, or a request of both "
+                   "(the prompt and a 512-token answer; default)")
+    p.add_argument("--prompt", type=int, default=4096, metavar="N", help="prompt length (default 4096)")
+    p.add_argument("--backend", default="llama.cpp", choices=("llama.cpp", "ik_llama.cpp"),
+                   help="dialect of the command (default llama.cpp)")
+    p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run_fit, server_args=[])
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_of
+    from offload_planner.backend.system import cpu_device, detect_gpus
+    from offload_planner.core.cmdline import format_command, parse_server_args
+    from offload_planner.core.devices import build_device_set, parse_device_decl
+    from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.plan import plan_command
+    from offload_planner.core.plan_report import plan_json, plan_text
+    from offload_planner.core.speed.fastest import fastest_plan, score
+    from offload_planner.core.speed.hardware import hardware_for
+    from offload_planner.core.speed.report import speed_json, speed_lines
+
+    if args.prompt < 1:
+        raise PlannerError(f"--prompt {args.prompt}: expected a positive number of tokens")
+    parsed = parse_server_args(list(args.server_args), dialect=args.backend)
+    if parsed.errors:
+        raise PlannerError("; ".join(str(e) for e in parsed.errors))
+    model = open_model(args.model)
+    declared = [parse_device_decl(d) for d in args.device]
+    detection = detect_gpus() if not args.no_detect else None
+    devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
+                               rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
+    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    if not devices.gpus or unknown:
+        raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
+                           + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
+    hw = hardware_for(devices, threads=threads_of(parsed), probe=host_bandwidth())
+    result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
+                          prompt=args.prompt, eff=efficiencies_for(args.backend))
+    rows = [{"label": c.label, "fits": c.fits, "over": c.over, "tg_tps": round(c.estimate.tg_tps, 3),
+             "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}
+            for c in result.candidates]
+    best = result.best
+    command = plan_command(best.plan) if best else []
+    if args.json:
+        out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
+                                  "best": best.label if best else None}
+        if best:
+            out["plan"] = plan_json(best.projection, warnings=[], errors=[], command=command)
+            out["speed"] = speed_json(best.estimate)
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0 if best else 1
+    print(f"goal: {args.goal} ({'tokens/s generated' if args.goal == 'tg' else 'tokens/s of the prompt' if args.goal == 'pp' else f'a {args.prompt}-token prompt and a 512-token answer'})")
+    print(f"{'candidate':28} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
+    for r in rows:
+        mark = "*" if best and r["label"] == best.label else " "
+        print(f"{mark}{r['label']:27} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+              + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
+    for n in result.notes:
+        print(f"note: {n}")
+    if best is None:
+        print("nothing fits these devices")
+        return 1
+    print()
+    print(plan_text(best.projection, warnings=[], errors=[],
+                    command=format_command(["llama-server", *command], "bash")).rstrip("\n").split("\ncontext: ")[0])
+    print("\n".join(speed_lines(best.estimate, assumptions=False)))
+    print()
+    print(format_command(["llama-server", *command], "bash"))
+    return 0

@@ -1,0 +1,400 @@
+"""Tokens per second of a plan: token generation bound by the bytes each device reads, prompt
+processing bound by compute and by the host weights op offload copies to the GPU.
+
+Token generation at a context depth ``d``: per token each device reads its always-active weights
+in full, its routed experts by ``n_expert_used / n_expert``, one row of the token embedding and
+its layers' KV cache for ``d`` cells (the engine's own KV sizing, :func:`memory.kv_buffers`);
+the time is those bytes over the device's effective bandwidth.  Devices run one after another
+along the layers, so the times add, plus every graph split (a device change along the graph:
+activations copied over PCIe or the network, and a fixed latency).
+
+Prompt processing of ``N`` tokens in ``-ub`` micro-batches: each device computes
+``2 x params x tokens`` FLOPs for its weights (routed experts by ``n_expert_used / n_expert``)
+plus attention over the cache, at its effective TFLOPS, and reads its weights once per
+micro-batch; at or above the op-offload batch (``compute.OP_OFFLOAD_MIN_BATCH``, 32 for CUDA;
+ik_llama.cpp: MoE ops only when ``batch x n_expert_used >= 32 x n_expert``) the host-resident
+weights are copied to the first GPU that offloads, once per micro-batch, over its host link, and
+computed there.  Mainline copies only the experts the batch routes to (``used_ids`` in
+``ggml_backend_sched_compute_splits``): with uniform routing a share ``1 - (1 - k/n)^batch``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
+from offload_planner.core.devices import DeviceKind
+from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
+from offload_planner.core.model import Model, Tensor
+from offload_planner.core.placement import CPU, Placed, Placement
+from offload_planner.core.plan import Plan
+from offload_planner.core.roles import Role
+from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies
+from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
+
+DEFAULT_PROMPT = 4096
+IK_DIALECT = "ik_llama.cpp"
+#: Stages of one layer in graph order (llama.cpp builds attention, then the router, the routed
+#: experts, the shared expert; dense FFN layers have no router).
+_STAGES: tuple[tuple[Role, ...], ...] = (
+    (Role.ATTN_NORM, Role.ATTENTION),
+    (Role.FFN_NORM, Role.ROUTER),
+    (Role.EXPERTS_GATE_UP, Role.EXPERTS_UP, Role.EXPERTS_GATE, Role.EXPERTS_DOWN),
+    (Role.SHARED_EXPERT,),
+    (Role.FFN_DENSE,),
+)
+_STAGE_OF = {r: i for i, roles in enumerate(_STAGES) for r in roles}
+
+
+@dataclass(frozen=True)
+class Assumption:
+    what: str
+    figure: Figure
+
+    def text(self) -> str:
+        return f"{self.what}: {self.figure.describe()}"
+
+    def as_json(self) -> dict[str, object]:
+        f = self.figure
+        return {"what": self.what, "value": f.value, "unit": f.unit, "source": str(f.source), "note": f.note}
+
+
+@dataclass
+class DeviceTime:
+    name: str
+    bytes_per_token: int  # at depth 0 (weights only)
+    kv_bytes_at_ctx: int  # KV cache read per token at the full context
+    tg_ms_per_token: float  # at depth 0
+    tg_ms_at_ctx: float
+    pp_ms: float = 0.0  # of the whole prompt: compute / reads on this device
+    share: float = 0.0  # of the time per token at depth 0
+
+
+@dataclass
+class SpeedEstimate:
+    tg_tps: float
+    tg_tps_at_ctx: float
+    pp_tps: float
+    prompt: int
+    n_ctx: int  # the depth of tg_tps_at_ctx
+    n_ubatch: int
+    devices: list[DeviceTime]
+    n_splits: int
+    split_ms: float  # per generated token
+    pp_transfer_ms: float  # op offload copies over the whole prompt
+    pp_split_ms: float
+    op_offload: bool  # the micro-batch reaches the op-offload batch
+    bottleneck: str
+    pp_bottleneck: str
+    calibrated: bool
+    assumptions: list[Assumption] = field(default_factory=list)
+
+    def device(self, name: str) -> DeviceTime:
+        return next(d for d in self.devices if d.name == name)
+
+
+# --- what one token reads --------------------------------------------------------------------------
+
+
+def expert_fraction(model: Model) -> float:
+    s = model.summary
+    return s.n_expert_used / s.n_expert if s.n_expert and s.n_expert_used else 1.0
+
+
+def _runs(p: Placed) -> bool:
+    """Tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
+    return p.device is not None and p.tensor.role is not Role.NEXTN
+
+
+def token_bytes(p: Placed, frac: float) -> int:
+    """Bytes of this weight one generated token reads: one row of the embedding, the experts the
+    router picks, everything else in full (the output copy of tied embeddings is the output)."""
+    t = p.tensor
+    if t.role is Role.TOKEN_EMBD and not p.copy:
+        rows = t.shape[1] if len(t.shape) > 1 else 1
+        return t.nbytes // max(rows, 1)
+    if t.role.is_routed_expert:
+        return int(t.nbytes * frac)
+    return t.nbytes
+
+
+def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]:
+    frac = expert_fraction(model)
+    out: dict[str, int] = defaultdict(int)
+    for p in placement.items:
+        if _runs(p):
+            assert p.device is not None
+            out[p.device] += token_bytes(p, frac)
+    return dict(out)
+
+
+def kv_bytes_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
+                plan: Plan, depth: int) -> dict[str, int]:
+    """KV bytes one token reads at ``depth`` cells, per device: the engine's KV sizing for a
+    one-sequence cache of ``depth`` cells (SWA layers hold at most their window)."""
+    if depth <= 0:
+        return {}
+    n_swa = model.summary.n_swa or depth
+    sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=min(depth, n_swa))
+    return {b.device: b.bytes for b in kv_buffers(model, placement, sub, params, plan.devices)}
+
+
+def stage_devices(model: Model, placement: Placement) -> list[str]:
+    """The device of every stage of the graph in order: the embedding lookup, each layer's attention,
+    router, experts, shared expert, dense FFN, then the output.  Norms follow their layer."""
+    first: dict[tuple[int, int], str] = {}
+    embd = CPU
+    out_dev: str | None = None
+    for p in placement.items:
+        if not _runs(p):
+            continue
+        assert p.device is not None
+        t = p.tensor
+        if t.role is Role.TOKEN_EMBD and not p.copy and t.layer is None:
+            embd = p.device
+        elif t.role is Role.OUTPUT or p.copy:
+            out_dev = p.device
+        elif t.layer is not None and t.role in _STAGE_OF and not t.role.is_norm:
+            first.setdefault((t.layer, _STAGE_OF[t.role]), p.device)
+    seq = [embd] + [first[k] for k in sorted(first)]
+    seq.append(out_dev or placement.output_device)
+    return seq
+
+
+def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
+    """(from, to) of every device change along the graph: llama.cpp's graph splits of one token."""
+    seq = stage_devices(model, placement)
+    return [(a, b) for a, b in zip(seq, seq[1:], strict=False) if a != b]
+
+
+# --- the estimate ------------------------------------------------------------------------------
+
+
+def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
+    """Effective GB/s of a device's memory, and what it rests on."""
+    if dev.kind is DeviceKind.CPU:
+        e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
+        bw = dev.bandwidth.value * e.value
+        notes = [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
+                 Assumption(f"{dev.name} bandwidth efficiency", e)]
+        if dev.threads:
+            per = eff.cpu_thread_bandwidth
+            if dev.threads * per.value < bw:
+                bw = dev.threads * per.value
+                notes.append(Assumption(f"{dev.name} limited by -t {dev.threads}", per))
+        return bw, notes
+    e = eff.gpu_bandwidth
+    return dev.bandwidth.value * e.value, [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
+                                           Assumption(f"{dev.name} bandwidth efficiency", e)]
+
+
+def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, float]:
+    """(effective GB/s, latency s) of a split between two devices: the slower side's link."""
+    gb = min(a.link.value, b.link.value) * eff.link.value
+    rpc = DeviceKind.RPC in (a.kind, b.kind)
+    lat = (eff.rpc_latency_us if rpc else eff.split_latency_us).value * 1e-6
+    return gb, lat
+
+
+def _flops_per_token(t: Tensor, frac: float) -> float:
+    if t.role is Role.TOKEN_EMBD or t.role.is_norm or len(t.shape) < 2:
+        return 0.0
+    return 2.0 * t.n_elements * (frac if t.role.is_routed_expert else 1.0)
+
+
+def _offload_gpu(plan: Plan, placement: Placement) -> tuple[str | None, int | None]:
+    """The first of the model's GPUs that takes host-weight ops, and its batch threshold."""
+    if not plan.context.op_offload:
+        return None, None
+    for g in model_gpus(plan.devices, placement):
+        n = OP_OFFLOAD_MIN_BATCH.get(g.kind)
+        if n is not None:
+            return g.name, n
+    return None, None
+
+
+def _offloaded(t: Tensor, u: int, threshold: int | None, ik: bool, model: Model) -> bool:
+    """Does a host weight's op run on the GPU for a micro-batch of ``u`` tokens?"""
+    if threshold is None or u < threshold or t.role is Role.TOKEN_EMBD or len(t.shape) < 2:
+        return False
+    if ik and t.role.is_routed_expert:
+        s = model.summary
+        return u * s.n_expert_used >= threshold * s.n_expert
+    return True
+
+
+@dataclass
+class _PPParts:
+    device_s: dict[str, float]
+    transfer_s: float
+    split_s: float
+    offload: bool
+
+
+def _microbatch(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, u: int, start: int,
+                n_pairs: list[tuple[str, str]]) -> _PPParts:
+    model = plan.model
+    s = model.summary
+    frac = expert_fraction(model)
+    ik = plan.dialect == IK_DIALECT
+    gpu, threshold = _offload_gpu(plan, placement)
+    flops: dict[str, float] = defaultdict(float)
+    reads: dict[str, float] = defaultdict(float)
+    transfer = 0.0
+    hit = 1.0 - (1.0 - frac) ** u  # share of experts at least one token of the batch routes to
+    for p in placement.items:
+        if not _runs(p):
+            continue
+        assert p.device is not None
+        t = p.tensor
+        dev = p.device
+        if dev == CPU and gpu is not None and _offloaded(t, u, threshold, ik, model):
+            # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
+            transfer += t.nbytes * (hit if t.role.is_routed_expert and not ik else 1.0)
+            dev = gpu
+        flops[dev] += _flops_per_token(t, frac) * u
+        reads[dev] += t.nbytes * (hit if t.role.is_routed_expert else 1.0) if len(t.shape) > 1 else 0.0
+    heads = max(s.n_head) if isinstance(s.n_head, tuple) else int(s.n_head)  # type: ignore[arg-type]
+    per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
+    for il in range(s.n_layer - s.n_nextn):
+        dev = placement.layer_device(il) if plan.context.offload_kqv else CPU
+        flops[dev] += per_layer
+    device_s: dict[str, float] = {}
+    for name in set(flops) | set(reads):
+        d = hw[name]
+        e = eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute
+        bw, _ = _bandwidth(d, eff)
+        device_s[name] = max(flops[name] / (d.tflops.value * e.value * 1e12), reads[name] / (bw * 1e9))
+    if gpu is not None and transfer:
+        gb = hw[gpu].link.value * eff.link.value
+        transfer_s = transfer / (gb * 1e9)
+    else:
+        transfer_s = 0.0
+    split_s = 0.0
+    for a, b in n_pairs:
+        gb, lat = _link(hw[a], hw[b], eff)
+        split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
+    return _PPParts(device_s, transfer_s, split_s, transfer > 0)
+
+
+def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
+            n_ubatch: int) -> _PPParts:
+    """Seconds to process ``prompt`` tokens in micro-batches of ``n_ubatch`` (from depth 0)."""
+    pairs = split_pairs(plan.model, placement)
+    total = _PPParts(defaultdict(float), 0.0, 0.0, False)
+    start = 0
+    cache: dict[tuple[int, int], _PPParts] = {}
+    while start < prompt:
+        u = min(n_ubatch, prompt - start)
+        # attention cost grows with depth: group micro-batches in 8 depth buckets to bound the work
+        bucket = start // max(1, prompt // 8)
+        key = (u, bucket)
+        if key not in cache:
+            cache[key] = _microbatch(plan, placement, hw, eff, u, start, pairs)
+        mb = cache[key]
+        for k, v in mb.device_s.items():
+            total.device_s[k] += v
+        total.transfer_s += mb.transfer_s
+        total.split_s += mb.split_s
+        total.offload = total.offload or mb.offload
+        start += u
+    return total
+
+
+def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, ctx: ResolvedContext,
+              depth: int) -> tuple[dict[str, float], dict[str, int], float]:
+    """Seconds per token per device at ``depth``, the KV bytes read, and the split seconds."""
+    weights = weight_bytes_per_token(plan.model, placement)
+    kv = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
+    times: dict[str, float] = {}
+    for name in set(weights) | set(kv):
+        bw, _ = _bandwidth(hw[name], eff)
+        times[name] = (weights.get(name, 0) + kv.get(name, 0)) / (bw * 1e9)
+    split_s = 0.0
+    for a, b in split_pairs(plan.model, placement):
+        gb, lat = _link(hw[a], hw[b], eff)
+        split_s += lat + 4 * plan.model.summary.n_embd / (gb * 1e9)
+    return times, kv, split_s
+
+
+def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, offload: bool) -> list[Assumption]:
+    used = {p.device for p in placement.items if _runs(p)} | {placement.output_device}
+    out: list[Assumption] = []
+    for name in plan.devices.names:
+        if name not in used:
+            continue
+        d = hw[name]
+        out += _bandwidth(d, eff)[1]
+        out.append(Assumption(f"{name} compute", d.tflops))
+        out.append(Assumption(f"{name} compute efficiency",
+                              eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute))
+        if d.kind is not DeviceKind.CPU:
+            out.append(Assumption(f"{name} host link", d.link))
+    out.append(Assumption("link efficiency", eff.link))
+    out.append(Assumption("graph split latency", eff.split_latency_us))
+    if any(hw[n].kind is DeviceKind.RPC for n in used):
+        out.append(Assumption("RPC split latency", eff.rpc_latency_us))
+    if plan.placement_options.split_mode in ("row", "tensor"):
+        out.append(Assumption(f"-sm {plan.placement_options.split_mode} estimated as -sm layer",
+                              Figure(1, "x", Source.DEFAULT, "devices summed, not run in parallel")))
+    return out
+
+
+def _bottleneck(times: dict[str, float], split_s: float, total: float) -> str:
+    parts = dict(times)
+    parts["graph splits"] = split_s
+    name, t = max(parts.items(), key=lambda kv: kv[1])
+    what = name if name == "graph splits" else f"{name} memory bandwidth"
+    return f"{what} ({100 * t / total:.0f}% of the time per token)"
+
+
+def _pp_bottleneck(pp: _PPParts, total: float) -> str:
+    parts = {f"{k} compute": v for k, v in pp.device_s.items()}
+    parts["op offload copies over the host link"] = pp.transfer_s
+    parts["graph splits"] = pp.split_s
+    name, t = max(parts.items(), key=lambda kv: kv[1])
+    return f"{name} ({100 * t / total:.0f}% of the prompt time)"
+
+
+def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Efficiencies = DEFAULT,
+             placement: Placement | None = None) -> SpeedEstimate:
+    """The speed of ``plan`` on ``hw``: tg at depth 0 and at the full context, pp of ``prompt``."""
+    placement = placement or plan.placement()
+    s = plan.model.summary
+    ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+    t0, _, split_s = _tg_times(plan, placement, hw, eff, ctx, 0)
+    t1, kv1, _ = _tg_times(plan, placement, hw, eff, ctx, ctx.n_ctx_seq)
+    weights = weight_bytes_per_token(plan.model, placement)
+    total0 = sum(t0.values()) + split_s
+    total1 = sum(t1.values()) + split_s
+    pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch)
+    pp_total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
+    devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
+                       1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
+            for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
+    calibrated = any(a.figure.source is Source.CALIBRATED for a in _assumptions(plan, placement, hw, eff, False))
+    return SpeedEstimate(
+        tg_tps=1.0 / total0 if total0 else math.inf,
+        tg_tps_at_ctx=1.0 / total1 if total1 else math.inf,
+        pp_tps=prompt / pp_total if pp_total else math.inf,
+        prompt=prompt, n_ctx=ctx.n_ctx_seq, n_ubatch=ctx.n_ubatch, devices=devs,
+        n_splits=len(split_pairs(plan.model, placement)), split_ms=1e3 * split_s,
+        pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
+        bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
+        calibrated=calibrated, assumptions=_assumptions(plan, placement, hw, eff, pp.offload))
+
+
+def ubatch_sweep(plan: Plan, hw: Hardware, ubatches: Iterable[int], *, prompt: int = DEFAULT_PROMPT,
+                 eff: Efficiencies = DEFAULT) -> list[tuple[int, float]]:
+    """pp tokens/s of the plan's placement for each ``-ub`` (``-b`` raised to match where lower)."""
+    placement = plan.placement()
+    out = []
+    for ub in ubatches:
+        p = replace(plan, context=replace(plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch)))
+        pp = pp_time(p, placement, hw, eff, prompt, min(ub, prompt))
+        total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
+        out.append((ub, prompt / total if total else math.inf))
+    return out

@@ -1,0 +1,49 @@
+"""The RAM probe measures once per machine and caches it in the config folder; measured
+efficiencies are stored per backend and make later estimates calibrated."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from offload_planner.backend import speed_store
+from offload_planner.core.speed.hardware import Source
+
+
+@pytest.fixture
+def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path / "cfg"))
+    return tmp_path / "cfg"
+
+
+def test_probe_measures_once_and_caches(cfg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert speed_store.host_bandwidth(measure=False) is None
+    first = speed_store.host_bandwidth()
+    assert first is not None and first.source is Source.MEASURED
+    assert 0.1 < first.value < 10_000  # GB/s of a real copy on any machine
+    stored = json.loads((cfg / "speed.json").read_text())
+    assert stored["machines"][speed_store.machine_key()]["ram_gbs"] == first.value
+
+    def no_measure(*a: object, **k: object) -> float:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(speed_store, "measure_ram_bandwidth", no_measure)
+    assert speed_store.host_bandwidth() == first
+
+
+def test_recorded_efficiencies_are_calibrated_per_backend(cfg: Path) -> None:
+    speed_store.record_efficiencies("llama.cpp", {"cpu_bandwidth": 0.42})
+    eff = speed_store.efficiencies_for("llama.cpp")
+    assert eff.cpu_bandwidth.value == 0.42 and eff.cpu_bandwidth.source is Source.CALIBRATED
+    assert speed_store.efficiencies_for("ik_llama.cpp").cpu_bandwidth.source is Source.DEFAULT
+    with pytest.raises(ValueError):
+        speed_store.record_efficiencies("llama.cpp", {"nonsense": 1.0})
+
+
+def test_unreadable_store_falls_back_to_defaults(cfg: Path) -> None:
+    cfg.mkdir(parents=True)
+    (cfg / "speed.json").write_text("{not json")
+    assert speed_store.efficiencies_for("llama.cpp").gpu_bandwidth.source is Source.DEFAULT
+    assert speed_store.host_bandwidth(measure=False) is None

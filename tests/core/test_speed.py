@@ -1,0 +1,231 @@
+"""The speed estimate honours physical facts on real header-only models (resources/ and core.synth):
+bytes read per token equal the sum from the tensor list, more GPU never slows generation, a deeper
+context never speeds it up, larger micro-batches speed op-offloaded prompt processing up; hardware
+declarations parse and bad ones are refused naming the flag."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.compute import simulate
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.memory import resolve_context
+from offload_planner.core.model import Model
+from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.speed.efficiency import calibrated
+from offload_planner.core.speed.estimate import estimate, split_pairs, ubatch_sweep
+from offload_planner.core.speed.hardware import Source, hardware_for
+from offload_planner.core.speed.report import speed_json, speed_label, speed_lines
+
+RES = Path(__file__).resolve().parents[2] / "resources"
+GiB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Model:
+    return open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))
+
+
+@pytest.fixture(scope="module")
+def deepseek() -> Model:
+    return open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
+
+
+def devices(*decls: str, cpu: str = "CPU=512GiB,ram=8xDDR5-4800") -> DeviceSet:
+    return DeviceSet(parse_device_decl(cpu), tuple(parse_device_decl(d) for d in decls))
+
+
+def plan(model: Model, ds: DeviceSet, args: str) -> Plan:
+    return plan_from_args(model, ds, parse_server_args(args.split()))
+
+
+# --- hardware declarations -------------------------------------------------------------------------
+
+
+def test_catalogue_name_sets_size_and_speeds() -> None:
+    d = parse_device_decl("CUDA0=rtx3090")
+    assert d.total == 24 * GiB
+    g = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"), (d,)))["CUDA0"]
+    assert (g.bandwidth.value, g.bandwidth.source) == (936, Source.CATALOGUE)
+    assert "RTX 3090" in g.bandwidth.note
+    assert g.link.value == pytest.approx(16 * 1.969, abs=0.01)  # PCIe 4.0 x16
+    assert g.link.source is Source.CATALOGUE
+
+
+def test_declared_keys_override_and_the_rest_default() -> None:
+    d = parse_device_decl("CUDA0=24GiB,bw=936GB/s,pcie=3x8,tflops=71")
+    g = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"), (d,)))["CUDA0"]
+    assert (g.bandwidth.value, g.bandwidth.source) == (936, Source.DECLARED)
+    assert (g.tflops.value, g.tflops.source) == (71, Source.DECLARED)
+    assert g.link.value == pytest.approx(8 * 0.985, abs=0.01)
+    partial = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"), (parse_device_decl("CUDA0=24GiB,bw=1TB/s"),)))
+    assert partial["CUDA0"].bandwidth.value == 1000
+    assert partial["CUDA0"].tflops.source is Source.DEFAULT
+
+
+def test_host_ram_declaration_and_threads() -> None:
+    hw = hardware_for(devices(cpu="CPU=512GiB,ram=12xDDR5-4800"), threads=16)
+    assert hw["CPU"].bandwidth.value == pytest.approx(12 * 4800 * 8 / 1000)
+    assert hw["CPU"].threads == 16
+    bw = hardware_for(devices(cpu="CPU=512GiB,bw=200GB/s"))["CPU"].bandwidth
+    assert (bw.value, bw.source) == (200, Source.DECLARED)
+    rpc = hardware_for(devices("RPC0=64GiB,bw=100GB/s,link=10Gb/s"))["RPC0"]
+    assert rpc.link.value == pytest.approx(1.25) and rpc.link.source is Source.DECLARED
+
+
+@pytest.mark.parametrize(("decl", "named"), [
+    ("CUDA0=24GiB,bw=fast", "bw"), ("CUDA0=24GiB,pcie=9x16", "PCIe"), ("CUDA0=24GiB,pcie=4x3", "PCIe"),
+    ("CPU=64GiB,ram=DDR5", "RAM"), ("CUDA0=24GiB,tflops=-3", "TFLOPS"), ("CUDA0=rtx9999", "card"),
+    ("Metal0=m2ultra", "memory sizes"), ("CUDA0=24GiB,speed=3", "unknown field"),
+    ("RPC0=8GiB,link=fast", "rate"),
+])
+def test_bad_values_are_refused_naming_the_flag(decl: str, named: str) -> None:
+    with pytest.raises(PlannerError) as e:
+        parse_device_decl(decl)
+    msg = str(e.value)
+    assert msg.startswith(f"--device {decl!r}:")
+    assert named.lower() in msg.lower()
+
+
+# --- token generation --------------------------------------------------------------------------
+
+
+def test_bytes_per_token_is_the_sum_over_the_tensor_list(qwen: Model) -> None:
+    """Counted here from the file's tensors and the rule the -ot pattern states, not from the plan."""
+    est = estimate(plan(qwen, devices("CUDA0=rtx3090"), "-ngl 999 -ot exps=CPU -c 4096"),
+                   hardware_for(devices("CUDA0=rtx3090")))
+    n_used = qwen.metadata["qwen3moe.expert_used_count"]
+    n_exp = qwen.metadata["qwen3moe.expert_count"]
+    want = {"CPU": 0, "CUDA0": 0}
+    for t in qwen.tensors:
+        if t.name.startswith("token_embd."):
+            want["CPU"] += t.nbytes // t.shape[1]  # one row per token, the input layer stays on the CPU
+        elif "_exps." in t.name:
+            want["CPU"] += int(t.nbytes * n_used / n_exp)
+        else:
+            want["CUDA0"] += t.nbytes
+    got = {d.name: d.bytes_per_token for d in est.devices}
+    assert got["CUDA0"] == want["CUDA0"]
+    assert got["CPU"] == pytest.approx(want["CPU"], abs=len(qwen.tensors))  # int() per tensor
+
+
+def test_moving_expert_layers_to_a_faster_gpu_never_lowers_tg(qwen: Model) -> None:
+    ds = devices("CUDA0=rtx4090")
+    hw = hardware_for(ds, threads=16)
+    p = plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 8192")
+    last = estimate(p, hw).tg_tps
+    for il in range(qwen.summary.n_layer):
+        names = [t.name for t in qwen.tensors if t.layer == il and t.role.is_routed_expert]
+        p = p.with_moves(dict.fromkeys(names, "CUDA0"))
+        tg = estimate(p, hw).tg_tps
+        assert tg >= last * (1 - 1e-9), f"layer {il}: {tg} < {last}"
+        last = tg
+    assert last > 2 * estimate(plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 8192"), hw).tg_tps
+
+
+def test_depth_never_speeds_generation_up(qwen: Model, deepseek: Model) -> None:
+    for m in (qwen, deepseek):
+        ds = devices("CUDA0=rtx3090", "CUDA1=rtx3090")
+        for args in ("-ngl 999 -ot exps=CPU -c 32768", "-ngl 10 -c 8192", "-ngl 999 -nkvo -c 16384"):
+            est = estimate(plan(m, ds, args), hardware_for(ds))
+            assert est.tg_tps_at_ctx < est.tg_tps, (m.arch, args)
+            kv = sum(d.kv_bytes_at_ctx for d in est.devices)
+            assert kv > 0
+
+
+def test_kv_read_at_full_context_is_the_projected_kv_cache(qwen: Model) -> None:
+    """One sequence at the full context reads the whole cache the engine projects."""
+    ds = devices("CUDA0=rtx3090")
+    p = plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 16384 -np 1")
+    est = estimate(p, hardware_for(ds))
+    proj = p.projection()
+    assert est.device("CUDA0").kv_bytes_at_ctx == proj.device("CUDA0").kv
+
+
+def test_split_count_agrees_with_the_scheduler_simulation(deepseek: Model) -> None:
+    """Device changes along the graph against the one-token graph the engine's scheduler splits."""
+    ds = devices("CUDA0=24GiB")
+    for args in ("-ngl 999 -ot exps=CPU -c 4096", "-ngl 999 -c 4096 -ot blk\\.(1[0-9])\\.ffn_.*_exps=CPU"):
+        p = plan(deepseek, ds, args)
+        pl = p.placement()
+        ctx = resolve_context(p.context, deepseek.summary.n_ctx_train, deepseek.summary.n_swa)
+        sim = simulate(deepseek, ds, pl, ctx, p.context)
+        assert sim is not None
+        tg_reserve = sim.reserves[1]
+        assert abs(len(split_pairs(deepseek, pl)) + 1 - tg_reserve.n_splits) <= 2, args
+
+
+# --- prompt processing ---------------------------------------------------------------------------
+
+
+def test_pp_grows_with_ubatch_under_op_offload(deepseek: Model) -> None:
+    ds = devices("CUDA0=rtx4090")
+    hw = hardware_for(ds, threads=32)
+    p = plan(deepseek, ds, "-ngl 999 -ot exps=CPU -c 32768")
+    sweep = ubatch_sweep(p, hw, [32, 64, 128, 256, 512, 1024, 2048, 4096], prompt=8192)
+    tps = [t for _, t in sweep]
+    assert all(b >= a for a, b in zip(tps, tps[1:], strict=False)), sweep
+    assert tps[-1] > 4 * tps[0]
+    # below the op-offload batch the experts stay on the CPU: no copies
+    assert not estimate(plan(deepseek, ds, "-ngl 999 -ot exps=CPU -c 32768 -ub 16 -b 16"), hw).op_offload
+    assert estimate(p, hw).op_offload
+
+
+def test_pp_is_compute_bound_when_everything_is_on_the_gpu(qwen: Model) -> None:
+    ds = devices("CUDA0=80GiB,bw=2000GB/s,tflops=300")
+    hw = hardware_for(ds)
+    p = plan(qwen, ds, "-ngl 999 -c 8192")
+    est = estimate(p, hw)
+    assert est.pp_bottleneck.startswith("CUDA0 compute")
+    sweep = [t for _, t in ubatch_sweep(p, hw, [1024, 2048, 4096])]
+    assert max(sweep) / min(sweep) < 1.1  # flat once compute-bound
+
+
+def test_ik_keeps_experts_on_the_cpu_below_its_moe_threshold(deepseek: Model) -> None:
+    """ik: MoE ops offload only from batch x 8 >= 32 x 256, i.e. 1024 tokens."""
+    ds = devices("CUDA0=rtx4090")
+    hw = hardware_for(ds, threads=32)
+    low = plan_from_args(deepseek, ds, parse_server_args("-ngl 999 -ot exps=CPU -c 8192 -ub 512".split(),
+                                                         dialect="ik_llama.cpp"), "ik_llama.cpp")
+    high = plan_from_args(deepseek, ds, parse_server_args("-ngl 999 -ot exps=CPU -c 8192 -ub 1024 -b 1024".split(),
+                                                          dialect="ik_llama.cpp"), "ik_llama.cpp")
+    e_low, e_high = estimate(low, hw), estimate(high, hw)
+    assert e_low.device("CPU").pp_ms > 10 * e_high.device("CPU").pp_ms
+    assert e_high.pp_transfer_ms > 0
+
+
+# --- output -------------------------------------------------------------------------------------------
+
+
+def test_json_and_text_carry_the_estimate(qwen: Model) -> None:
+    ds = devices("CUDA0=rtx3090")
+    est = estimate(plan(qwen, ds, "-ngl 999 --n-cpu-moe 24 -c 32768"), hardware_for(ds), prompt=2048)
+    j = speed_json(est)
+    for key in ("tg_tps", "tg_tps_at_ctx", "pp_tps", "devices", "bottleneck", "assumptions"):
+        assert key in j
+    assert {d["name"] for d in j["devices"]} == {"CUDA0", "CPU"}
+    assert all({"name", "bytes_per_token", "tg_ms_per_token"} <= set(d) for d in j["devices"])
+    assert j["prompt"] == 2048
+    sources = {a["source"] for a in j["assumptions"]}
+    assert {"catalogue", "declared", "default"} <= sources
+    text = "\n".join(speed_lines(est))
+    assert re.search(r"tg \d+(\.\d)? t/s at depth 0", text)
+    assert "catalogue" in text and "uncalibrated" in text
+    assert re.fullmatch(r"est\. tg [\d.]+ t/s · pp [\d.]+ t/s \(CUDA0 \d+% · CPU \d+%\)", speed_label(est))
+
+
+def test_calibrated_efficiencies_change_the_estimate_and_say_so(qwen: Model) -> None:
+    ds = devices("CUDA0=rtx3090")
+    p = plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 8192")
+    base = estimate(p, hardware_for(ds))
+    cal = estimate(p, hardware_for(ds), eff=calibrated({"cpu_bandwidth": 0.3}, "bench on this machine"))
+    assert cal.calibrated and not base.calibrated
+    assert cal.tg_tps < base.tg_tps
+    with pytest.raises(ValueError, match="unknown efficiencies"):
+        calibrated({"warp_speed": 2.0}, "x")
