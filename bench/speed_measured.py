@@ -34,6 +34,15 @@ from pathlib import Path
 
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
+from offload_planner.backend.speed_store import measure_ram_bandwidth
+from offload_planner.backend.system import cpu_device
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import build_device_set, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Figure, Source, hardware_for
 from offload_planner.core.synth import write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random
@@ -113,8 +122,24 @@ def model_file(name: str, workdir: Path) -> Path:
     return path
 
 
+def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
+                    args: argparse.Namespace) -> SpeedEstimate:
+    """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
+    machine, so each is declared with the host's measured bandwidth and the CPU's compute."""
+    parsed = parse_server_args(server_args, dialect="llama.cpp")
+    cores = os.cpu_count() or 1
+    tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD, 3)
+    declared = [parse_device_decl(f"RPC{i}=16GiB,bw={ram_gbs:.1f}GB/s,tflops={tflops},link={args.link}")
+                for i in range(len(endpoints))]
+    devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=endpoints, declared=declared)
+    plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
+    probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
+    hw = hardware_for(devices, threads=args.threads, probe=probe)
+    return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
+
+
 def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
-               n_vocab: int) -> tuple[list[str], MeasuredSpeed]:
+               n_vocab: int) -> tuple[list[str], list[str], MeasuredSpeed]:
     bin_dir = server.parent
     with contextlib.ExitStack() as stack:
         endpoints = []
@@ -136,7 +161,7 @@ def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, args.timeout)
         got = measure(url, n_vocab=n_vocab, prompt_tokens=args.prompt, gen_tokens=args.gen)
-        return server_args, got
+        return server_args, endpoints, got
 
 
 def main() -> int:
@@ -150,6 +175,7 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/offload-bench"))
     ap.add_argument("--server", default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--link", default="10GB/s", help="declared loopback link of the RPC devices")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     found = find_server_executable(args.server)
@@ -158,16 +184,24 @@ def main() -> int:
         return 2
     server = Path(found.path)
     rows = []
+    print(f"{'model':20s} {'config':16s} {'RAM GB/s':>8s} {'pp meas':>8s} {'pp est':>8s} {'ratio':>6s}"
+          f" {'tg meas':>8s} {'tg est':>8s} {'ratio':>6s}  load")
     for name in args.models.split(","):
         spec = BENCH_MODELS[name]
         model = model_file(name, args.workdir)
         for cfg in CONFIGS:
             if cfg.moe_only and not spec.n_expert:
                 continue
-            server_args, got = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
-            rows.append({"model": name, "config": cfg.name, "args": server_args, **got.as_dict()})
-            print(f"{name:20s} {cfg.name:16s} pp {got.pp_tps:8.2f} t/s  tg {got.tg_tps:7.2f} t/s",
-                  flush=True)
+            ram = measure_ram_bandwidth()  # the reference, measured next to each run
+            server_args, endpoints, got = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
+            est = estimate_config(model, server_args, endpoints, ram, args)
+            load = os.getloadavg()[0]
+            rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
+                         "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
+                         "load": round(load, 2), **got.as_dict()})
+            print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "
+                  f"{est.pp_tps / got.pp_tps:6.2f} {got.tg_tps:8.2f} {est.tg_tps:8.2f} "
+                  f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -56,7 +56,7 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (loopback server we started)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback server we started
             payload = resp.read(16 << 20)
     except (urllib.error.URLError, TimeoutError, OSError) as e:
         raise BenchError(f"{url}: no answer to the benchmark request ({e})") from None

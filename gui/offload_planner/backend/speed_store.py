@@ -70,16 +70,18 @@ def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BY
     src = [np.ones(chunk, dtype=np.uint8) for _ in range(n_threads)]
     dst = [np.empty(chunk, dtype=np.uint8) for _ in range(n_threads)]
     copied = [0] * n_threads
-    deadline = time.perf_counter() + seconds
-
-    def work(i: int) -> None:
-        while time.perf_counter() < deadline:
-            np.copyto(dst[i], src[i])
-            copied[i] += 2 * chunk
-
     for i in range(n_threads):  # warm up: fault the pages in
         np.copyto(dst[i], src[i])
     start = time.perf_counter()
+    deadline = start + seconds  # after the warm-up, which can take longer than the probe itself
+
+    def work(i: int) -> None:
+        while True:  # at least one copy per thread, so the figure is never 0
+            np.copyto(dst[i], src[i])
+            copied[i] += 2 * chunk
+            if time.perf_counter() >= deadline:
+                return
+
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
@@ -110,7 +112,10 @@ def record_efficiencies(backend: str, values: dict[str, float]) -> None:
     calibrated(values, "check")  # refuse unknown names before writing
     data = _load()
     entry = data.setdefault("machines", {}).setdefault(machine_key(), {})
-    entry.setdefault("efficiencies", {})[backend] = {k: float(v) for k, v in values.items()}
+    kept = entry.setdefault("efficiencies", {}).get(backend)
+    merged = dict(kept) if isinstance(kept, dict) else {}  # a pp-only run keeps the tg calibration
+    merged.update({k: float(v) for k, v in values.items()})
+    entry["efficiencies"][backend] = merged
     entry.setdefault("efficiencies_at", {})[backend] = time.strftime("%Y-%m-%d %H:%M")
     _save(data)
 

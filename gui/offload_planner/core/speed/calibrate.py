@@ -1,0 +1,89 @@
+"""From one measured run to the efficiencies that make the estimate match it.
+
+A measurement gives two numbers (tg and pp tokens/s) and the estimate is a sum of per-device
+times, so one run cannot fix every efficiency.  The rule is the one a person tuning by hand would
+follow: the measured time minus what the estimate gives the other parts is the time of the part
+that dominates (the bottleneck device of token generation, and of prompt processing; or the host
+link when op-offload copies dominate), and that part's efficiency is scaled to match.  The parts
+that do not dominate keep their efficiencies.  A part whose time the measurement cannot isolate
+(the others alone already take longer than measured) is left alone and said so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from offload_planner.core.devices import DeviceKind
+from offload_planner.core.speed.efficiency import Efficiencies
+from offload_planner.core.speed.estimate import SpeedEstimate
+from offload_planner.core.speed.hardware import DeviceSpeed, Hardware, Source
+
+#: Efficiencies outside this range mean the measurement is not what the model describes (a busy
+#: machine, swapping, a wrong declaration); they are not stored.
+SANE = (0.02, 5.0)
+
+
+@dataclass
+class Calibration:
+    values: dict[str, float] = field(default_factory=dict)  # Efficiencies field name -> new value
+    notes: list[str] = field(default_factory=list)
+
+
+def _bandwidth_name(dev: DeviceSpeed, eff: Efficiencies) -> str | None:
+    """The efficiency that sets ``dev``'s effective bandwidth in the estimate."""
+    if dev.kind is DeviceKind.RPC:
+        return None  # a remote device's figures are declared; its class is the GPUs'
+    if dev.kind is not DeviceKind.CPU:
+        return "gpu_bandwidth"
+    e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
+    if dev.threads and dev.threads * eff.cpu_thread_bandwidth.value < dev.bandwidth.value * e.value:
+        return "cpu_thread_bandwidth"
+    return "probe_bandwidth" if dev.bandwidth.source is Source.MEASURED else "cpu_bandwidth"
+
+
+def _compute_name(dev: DeviceSpeed) -> str | None:
+    if dev.kind is DeviceKind.RPC:
+        return None
+    return "cpu_compute" if dev.kind is DeviceKind.CPU else "gpu_compute"
+
+
+def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: float, total_est_s: float,
+             total_measured_s: float, what: str) -> None:
+    """Scale efficiency ``name`` so that the part's time makes the total match the measurement."""
+    if name is None:
+        cal.notes.append(f"{what}: a remote (RPC) device dominates; its figures are declared, not calibrated")
+        return
+    others = total_est_s - part_s
+    part_measured = total_measured_s - others
+    if part_s <= 0 or part_measured <= 0.05 * part_s:
+        cal.notes.append(f"{what}: the other parts alone take {others:.3g} s of the measured "
+                         f"{total_measured_s:.3g} s; {name} left as it is")
+        return
+    old = getattr(eff, name).value
+    new = old * part_s / part_measured
+    if not SANE[0] <= new <= SANE[1]:
+        cal.notes.append(f"{what}: {name} would become {new:.3g} (outside {SANE[0]}-{SANE[1]}); not stored")
+        return
+    cal.values[name] = round(new, 4)
+    cal.notes.append(f"{what}: {name} {old:.3g} -> {new:.3g}")
+
+
+def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None,
+              pp_tps: float | None) -> Calibration:
+    """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates."""
+    cal = Calibration()
+    if tg_tps and est.tg_tps > 0 and est.devices:
+        d = max(est.devices, key=lambda x: x.tg_ms_per_token)
+        _rescale(cal, eff, _bandwidth_name(hw[d.name], eff), d.tg_ms_per_token / 1e3, 1.0 / est.tg_tps,
+                 1.0 / tg_tps, f"tg (bottleneck {d.name})")
+    if pp_tps and est.pp_tps > 0 and est.devices:
+        d = max(est.devices, key=lambda x: x.pp_ms)
+        total_est = est.prompt / est.pp_tps
+        total_meas = est.prompt / pp_tps
+        if est.pp_transfer_ms > d.pp_ms:
+            _rescale(cal, eff, "link", est.pp_transfer_ms / 1e3, total_est, total_meas,
+                     "pp (op-offload copies)")
+        else:
+            _rescale(cal, eff, _compute_name(hw[d.name]), d.pp_ms / 1e3, total_est, total_meas,
+                     f"pp (bottleneck {d.name})")
+    return cal
