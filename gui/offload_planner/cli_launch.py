@@ -44,7 +44,10 @@ def _launch_parser(make: Any) -> argparse.ArgumentParser:
         epilog="example: offload-planner launch model.gguf --verify -- --rpc 127.0.0.1:50052 -ngl 999 "
         "-c 4096 -fit off",
     )
-    p.add_argument("model", help="the GGUF file (passed to the server as -m unless the arguments name one)")
+    p.add_argument("model", help="the GGUF file (passed to the server as -m unless the arguments name one), "
+                   "or a plan file saved by the window (its command is shown first)")
+    p.add_argument("--yes", action="store_true",
+                   help="with a plan file: launch its command without asking (it is still printed)")
     _add_options(p)
     return p
 
@@ -349,5 +352,14 @@ class _Session:
 
 
 def run_launch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    session = _Session(args, out or sys.stdout, err or sys.stderr)
-    return session.run(list(args.server_args))
+    err = err or sys.stderr
+    server_args = list(args.server_args)
+    if args.model.lower().endswith(".json"):
+        from offload_planner.cli_plan_file import plan_file_launch
+
+        approved = plan_file_launch(args, server_args, err)
+        if approved is None:
+            return EXIT_USAGE
+        args.model, server_args = approved
+    session = _Session(args, out or sys.stdout, err)
+    return session.run(server_args)

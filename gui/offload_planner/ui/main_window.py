@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QMimeData, Qt, SignalInstance
+from PySide6.QtCore import QByteArray, QMimeData, Qt, Signal, SignalInstance
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -42,6 +42,14 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.plan_file import (
+    SUFFIX,
+    PlanFile,
+    PlanFileError,
+    load_plan,
+    require_regular_file,
+    save_plan,
+)
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
@@ -55,7 +63,6 @@ from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
-from offload_planner.ui.plan_io import SUFFIX, PlanFile, PlanFileError, load_plan, save_plan
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
@@ -111,11 +118,14 @@ def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -
 
 
 class MainWindow(QMainWindow):
+    errorShown = Signal(str)  # an error dialog opened with this text
+
     def __init__(self, settings: Settings, system: SystemInfo, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
         self.system = system
         self.confirm_close = True
+        self.allow_remote_plans = False  # fetch a plan file's URL model without asking (--allow-remote)
         self._load_t0 = 0.0
         self.doc = PlanDocument(self)
         self.loader = ModelLoader(self)
@@ -432,12 +442,26 @@ class MainWindow(QMainWindow):
             self.loader.load(loc, ("model", None))
 
     def open_plan(self, path: str) -> None:
+        """Read and check the plan file (a dialog names the bad field), then load its model; a
+        model URL is fetched only once the user agrees (it came from a file)."""
         try:
             pf = load_plan(path)
+            if not pf.model_is_url:
+                require_regular_file(pf.model_path, "the plan's model")
         except PlanFileError as e:
+            self.log(f"error: {e}")
             self._error("Cannot open the plan", str(e))
             return
-        self.loader.load(pf.model_path, ("plan", (pf, str(Path(path).resolve()))))
+
+        def load() -> None:
+            self.loader.load(pf.model_path, ("plan", (pf, str(Path(path).resolve()))))
+
+        if pf.model_is_url and not self.allow_remote_plans:
+            from offload_planner.ui.confirm import ask_fetch
+
+            ask_fetch(self, path, pf.model_path, load)
+            return
+        load()
 
     def _on_load_started(self, location: str) -> None:
         self.progress.setRange(0, 0)
@@ -475,6 +499,7 @@ class MainWindow(QMainWindow):
                 "header-only file: the planner reads shapes and sizes; llama-server needs the full model"
             )
         self.doc.reset(plan, notes=notes)
+        self.launcher.review_source = None
         self.settings.add_recent(model.path)
         self.show_message(f"Opened {Path(model.path).name}")
 
@@ -493,6 +518,7 @@ class MainWindow(QMainWindow):
             box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
             box.open()
         self.doc.reset(plan, file_path=path, notes=notes)
+        self.launcher.review_source = path  # its arguments are shown before the first launch
         self.settings.add_recent(path)
         self.show_message(f"Opened plan {Path(path).name}")
 
@@ -543,15 +569,17 @@ class MainWindow(QMainWindow):
     def _save_to(self, path: str) -> bool:
         backend = {"path": str(self.settings.get(keys.BACKEND_PATH)), "dialect": self.doc.plan.dialect}
         try:
-            save_plan(path, PlanFile.of(self.doc.plan, backend))
+            notes = save_plan(path, PlanFile.of(self.doc.plan, backend))
         except PlannerError as e:
             self._error("Cannot save the plan", str(e))
             return False
+        for note in notes:
+            self.log(note)
         self.doc.file_path = path
         self.doc.undo_stack.setClean()
         self.settings.add_recent(path)
         self._update_title()
-        self.show_message(f"Saved {path}")
+        self.show_message(f"Saved {path}" + (f" ({notes[0]})" if notes else ""))
         return True
 
     # --- reactions ---------------------------------------------------------------------------
@@ -600,6 +628,7 @@ class MainWindow(QMainWindow):
         box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
+        self.errorShown.emit(text)
 
     def _show_help(self) -> None:
         QMessageBox.information(
