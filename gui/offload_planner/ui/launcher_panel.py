@@ -47,11 +47,11 @@ from offload_planner.backend import launch
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.launch import Comparison, Explanation, PlanContext
 from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
+from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
-from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
