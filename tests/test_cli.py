@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import offload_planner
 from offload_planner.cli import demo_model_path
+
+# the package under test first (a checkout's gui/ or the install), then the caller's own path
+PACKAGE_ROOT = os.pathsep.join(
+    p for p in (str(Path(offload_planner.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p
+)  # the code under test
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI with a bare environment, but this session's private config folder (conftest): `plan`
+    caches its RAM probe there, never in the user's."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()),
+           "OFFLOAD_PLANNER_CONFIG_DIR": os.environ["OFFLOAD_PLANNER_CONFIG_DIR"],
+           "PYTHONPATH": PACKAGE_ROOT}
     return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=300, env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+                          timeout=300, env=env)
 
 
 def test_inspect_json_schema_on_the_demo_model() -> None:
@@ -64,16 +76,15 @@ def test_plan_json_on_declared_gpus() -> None:
 def test_plan_reports_llama_cpp_refusals_with_exit_2() -> None:
     r = run("plan", str(demo_model_path()), "--json", "--no-detect", "--device", "CUDA0=24GiB", "--",
             "-ot", "exps=CUDA7", "-fa", "off", "-ctv", "q8_0")
-    assert r.returncode == 2
-    errors = " ".join(json.loads(r.stdout)["errors"])
-    assert "unknown buffer type" in errors and "flash" in errors
+    assert r.returncode == 2 and r.stdout == ""
+    assert "unknown buffer type" in r.stderr and "flash" in r.stderr
 
 
 @pytest.mark.parametrize("flag", ["--no-mmap", "--bogus-flag"])
 def test_plan_refuses_flags_the_pinned_build_refuses(flag: str) -> None:
     r = run("plan", str(demo_model_path()), "--json", "--no-detect", "--", flag)
-    assert r.returncode == 2
-    assert f"invalid argument: {flag}" in " ".join(json.loads(r.stdout)["errors"])
+    assert r.returncode == 2 and r.stdout == ""
+    assert f"invalid argument: {flag}" in r.stderr
 
 
 def test_plan_says_what_fit_changes(small_models: dict[str, Path]) -> None:
@@ -105,3 +116,66 @@ def test_plan_does_not_guess_the_fit_on_gpus_of_unknown_size(small_models: dict[
     d = json.loads(r.stdout)
     assert d["fit"] is None
     assert any("declare RPC0 with --device" in n for n in d["notes"])
+
+
+# --- speed estimate and fit ---------------------------------------------------------------------------
+
+QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+
+
+def test_plan_json_carries_the_speed_estimate() -> None:
+    r = run("plan", QWEN, "--json", "--no-detect", "--device", "CUDA0=rtx3090", "--device",
+            "CPU=64GiB,ram=2xDDR5-5600", "--prompt", "2048", "--", "-ngl", "999", "--n-cpu-moe", "24",
+            "-c", "16384", "-t", "8")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["speed"]
+    assert s["tg_tps"] > s["tg_tps_at_ctx"] > 0 and s["pp_tps"] > 0 and s["prompt"] == 2048
+    assert [d["name"] for d in s["devices"]] == ["CUDA0", "CPU"]
+    assert all({"name", "bytes_per_token", "tg_ms_per_token"} <= set(d) for d in s["devices"])
+    assert s["bottleneck"] and s["assumptions"]
+    cpu_bw = next(a for a in s["assumptions"] if a["what"] == "CPU memory bandwidth")
+    assert (cpu_bw["value"], cpu_bw["source"]) == (89.6, "declared")
+    threads = next(a for a in s["assumptions"] if a["what"] == "CPU compute")
+    assert "8 threads" in threads["note"]
+
+
+def test_plan_text_prints_the_estimate_under_the_table() -> None:
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=24GiB,bw=936GB/s,pcie=4x16,tflops=71",
+            "--device", "CPU=64GiB,bw=80GB/s", "--", "-ngl", "999", "-ot", "exps=CPU", "-c", "8192")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.index("CPU  ") < out.index("speed estimate") < out.index("context:")
+    assert "CUDA0 memory bandwidth: 936 GB/s (declared" in out
+    assert "CUDA0 host link: 31.5 GB/s (declared: PCIe 4.0 x16" in out
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--device", "CUDA0=24GiB,pcie=4x"], "--device 'CUDA0=24GiB,pcie=4x'"),
+    (["--device", "CPU=64GiB,ram=lots"], "--device 'CPU=64GiB,ram=lots'"),
+    (["--prompt", "-5"], "--prompt"),
+])
+def test_plan_refuses_bad_speed_values_naming_the_flag(args: list[str], named: str) -> None:
+    r = run("plan", QWEN, "--no-detect", *args, "--", "-c", "4096")
+    assert r.returncode == 2
+    assert named in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fit_prints_the_fastest_plan_beside_the_baselines() -> None:
+    r = run("fit", QWEN, "--no-detect", "--device", "CUDA0=12GiB,bw=360GB/s", "--device",
+            "CPU=64GiB,ram=2xDDR5-5600", "--goal", "tg", "--json", "--", "-c", "16384")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    labels = [c["label"] for c in d["candidates"]]
+    assert "--cpu-moe" in labels and "llama.cpp --fit" in labels
+    assert any(x.startswith("--n-cpu-moe") for x in labels)
+    best = next(c for c in d["candidates"] if c["label"] == d["best"])
+    assert best["fits"]
+    assert all(best["tg_tps"] >= c["tg_tps"] for c in d["candidates"] if c["fits"])
+    cuda0 = next(x for x in d["plan"]["devices"] if x["name"] == "CUDA0")
+    assert cuda0["total_bytes"] <= 11 * 1024**3  # 12 GiB minus the 1 GiB margin (no mmap span on a GPU)
+    assert d["plan"]["command"][:1] == ["-m"] and "16384" in d["plan"]["command"]
+
+
+def test_fit_needs_gpu_sizes() -> None:
+    r = run("fit", QWEN, "--no-detect", "--", "-c", "4096")
+    assert r.returncode == 2 and "--device" in r.stderr

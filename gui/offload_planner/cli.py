@@ -47,6 +47,10 @@ def check_plan_file(path: str, *, allow_remote: bool) -> None:
 
 
 def _cmd_gui(args: argparse.Namespace) -> int:
+    from offload_planner.core.devices import parse_device_decl
+
+    for decl in args.device:  # a bad --device is reported before anything else (display, Qt)
+        parse_device_decl(decl)
     from offload_planner.ui.app import run_gui
 
     try:
@@ -130,10 +134,25 @@ def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespace:
+    """Our options; llama-server flags given before ``--`` are refused with where they go."""
+    args, extra = parser.parse_known_args(_default_to_gui(parser, ours))
+    if not extra:
+        return args
+    listed = " ".join(extra)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = getattr(args, "command", None)
+    own: argparse.ArgumentParser = sub.choices.get(command, parser) if command else parser
+    if hasattr(args, "server_args"):
+        own.error(f"unrecognized arguments: {listed} (llama-server arguments go after `--`: "
+                  f"offload-planner {command} MODEL [options] -- {listed})")
+    own.error(f"unrecognized arguments: {listed}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(_default_to_gui(parser, ours))
+    args = _parse(parser, ours)
     if hasattr(args, "server_args"):
         args.server_args = server_args
     elif server_args:

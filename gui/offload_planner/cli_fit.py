@@ -60,7 +60,8 @@ def run_fit(args: argparse.Namespace) -> int:
     if not devices.gpus or unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
-    hw = hardware_for(devices, threads=threads_of(parsed), probe=host_bandwidth())
+    cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
+    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
                           prompt=args.prompt, eff=efficiencies_for(args.backend))
     rows = [{"label": c.label, "fits": c.fits, "over": c.over, "tg_tps": round(c.estimate.tg_tps, 3),
@@ -77,11 +78,13 @@ def run_fit(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0 if best else 1
-    print(f"goal: {args.goal} ({'tokens/s generated' if args.goal == 'tg' else 'tokens/s of the prompt' if args.goal == 'pp' else f'a {args.prompt}-token prompt and a 512-token answer'})")
-    print(f"{'candidate':28} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
+    goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
+        args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
+    print(f"goal: {args.goal} ({goal})")
+    print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
-        print(f"{mark}{r['label']:27} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        print(f"{mark}{r['label']:35} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     for n in result.notes:
         print(f"note: {n}")
@@ -89,8 +92,8 @@ def run_fit(args: argparse.Namespace) -> int:
         print("nothing fits these devices")
         return 1
     print()
-    print(plan_text(best.projection, warnings=[], errors=[],
-                    command=format_command(["llama-server", *command], "bash")).rstrip("\n").split("\ncontext: ")[0])
+    table = plan_text(best.projection, warnings=[], errors=[], command="")
+    print(table.split("\ncontext: ")[0])
     print("\n".join(speed_lines(best.estimate, assumptions=False)))
     print()
     print(format_command(["llama-server", *command], "bash"))

@@ -5,6 +5,7 @@ declarations parse and bad ones are refused naming the flag."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -64,7 +65,8 @@ def test_declared_keys_override_and_the_rest_default() -> None:
     assert (g.bandwidth.value, g.bandwidth.source) == (936, Source.DECLARED)
     assert (g.tflops.value, g.tflops.source) == (71, Source.DECLARED)
     assert g.link.value == pytest.approx(8 * 0.985, abs=0.01)
-    partial = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"), (parse_device_decl("CUDA0=24GiB,bw=1TB/s"),)))
+    partial = hardware_for(DeviceSet(parse_device_decl("CPU=64GiB"),
+                                     (parse_device_decl("CUDA0=24GiB,bw=1TB/s"),)))
     assert partial["CUDA0"].bandwidth.value == 1000
     assert partial["CUDA0"].tflops.source is Source.DEFAULT
 
@@ -170,7 +172,7 @@ def test_pp_grows_with_ubatch_under_op_offload(deepseek: Model) -> None:
     p = plan(deepseek, ds, "-ngl 999 -ot exps=CPU -c 32768")
     sweep = ubatch_sweep(p, hw, [32, 64, 128, 256, 512, 1024, 2048, 4096], prompt=8192)
     tps = [t for _, t in sweep]
-    assert all(b >= a for a, b in zip(tps, tps[1:], strict=False)), sweep
+    assert all(b >= a for a, b in itertools.pairwise(tps)), sweep
     assert tps[-1] > 4 * tps[0]
     # below the op-offload batch the experts stay on the CPU: no copies
     assert not estimate(plan(deepseek, ds, "-ngl 999 -ot exps=CPU -c 32768 -ub 16 -b 16"), hw).op_offload
@@ -191,10 +193,12 @@ def test_ik_keeps_experts_on_the_cpu_below_its_moe_threshold(deepseek: Model) ->
     """ik: MoE ops offload only from batch x 8 >= 32 x 256, i.e. 1024 tokens."""
     ds = devices("CUDA0=rtx4090")
     hw = hardware_for(ds, threads=32)
-    low = plan_from_args(deepseek, ds, parse_server_args("-ngl 999 -ot exps=CPU -c 8192 -ub 512".split(),
-                                                         dialect="ik_llama.cpp"), "ik_llama.cpp")
-    high = plan_from_args(deepseek, ds, parse_server_args("-ngl 999 -ot exps=CPU -c 8192 -ub 1024 -b 1024".split(),
-                                                          dialect="ik_llama.cpp"), "ik_llama.cpp")
+    def ik(args: str) -> Plan:
+        return plan_from_args(deepseek, ds, parse_server_args(args.split(), dialect="ik_llama.cpp"),
+                              "ik_llama.cpp")
+
+    low = ik("-ngl 999 -ot exps=CPU -c 8192 -ub 512")
+    high = ik("-ngl 999 -ot exps=CPU -c 8192 -ub 1024 -b 1024")
     e_low, e_high = estimate(low, hw), estimate(high, hw)
     assert e_low.device("CPU").pp_ms > 10 * e_high.device("CPU").pp_ms
     assert e_high.pp_transfer_ms > 0
@@ -229,3 +233,63 @@ def test_calibrated_efficiencies_change_the_estimate_and_say_so(qwen: Model) -> 
     assert cal.tg_tps < base.tg_tps
     with pytest.raises(ValueError, match="unknown efficiencies"):
         calibrated({"warp_speed": 2.0}, "x")
+
+
+def test_calibration_recovers_the_efficiency_a_measurement_implies(qwen: Model) -> None:
+    """A 'measurement' made with known efficiencies is explained by those efficiencies again."""
+    from offload_planner.core.speed.calibrate import calibrate
+    from offload_planner.core.speed.efficiency import DEFAULT
+
+    ds = devices("CUDA0=rtx3090")
+    hw = hardware_for(ds)
+    p = plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 8192 -ub 16 -b 16")  # no op offload: CPU computes
+    truth = calibrated({"cpu_bandwidth": 0.4, "cpu_compute": 0.2}, "truth")
+    measured = estimate(p, hw, eff=truth)
+    est = estimate(p, hw, eff=DEFAULT)
+    fitted = calibrate(est, hw, DEFAULT, tg_tps=measured.tg_tps, pp_tps=measured.pp_tps).values
+    assert fitted["cpu_bandwidth"] == pytest.approx(0.4, rel=1e-3)
+    assert fitted["cpu_compute"] == pytest.approx(0.2, rel=1e-3)
+    again = estimate(p, hw, eff=calibrated(fitted, "fitted"))
+    assert again.tg_tps == pytest.approx(measured.tg_tps, rel=1e-3) and again.calibrated
+    # a measurement faster than the other terms allow is not explained by this one
+    assert "gpu_bandwidth" not in calibrate(est, hw, DEFAULT, tg_tps=1e6).values
+    # with -t limiting the CPU, the per-thread bandwidth is what the measurement sets
+    hw16 = hardware_for(ds, threads=4)
+    slow = estimate(p, hw16, eff=calibrated({"cpu_thread_bandwidth": 5.0}, "truth"))
+    got = calibrate(estimate(p, hw16, eff=DEFAULT), hw16, DEFAULT, tg_tps=slow.tg_tps).values
+    assert got == {"cpu_thread_bandwidth": pytest.approx(5.0, rel=1e-3)}
+
+
+def test_plan_files_keep_declared_speed_figures(tmp_path: Path, qwen: Model) -> None:
+    import json
+
+    from offload_planner.core.plan_file import PlanFile, PlanFileError, load_plan, plan_json, save_plan
+
+    ds = devices("CUDA0=rtx3090,pcie=4x8", cpu="CPU=64GiB,ram=2xDDR5-5600")
+    p = plan(qwen, ds, "-ngl 999 -ot exps=CPU -c 4096")
+    target = tmp_path / "speed.plan.json"
+    save_plan(target, PlanFile.of(p))
+    again, _ = load_plan(target).to_plan(qwen)
+    assert again.devices == ds
+    assert estimate(again, hardware_for(again.devices)).tg_tps == estimate(p, hardware_for(ds)).tg_tps
+    data = plan_json(PlanFile.of(p))
+    data["devices"]["gpus"][0]["hardware"] = [["pcie", "9x16"]]
+    target.write_text(json.dumps(data))
+    with pytest.raises(PlanFileError, match=r"\$\.devices\.gpus\[0\]\.hardware: .*PCIe"):
+        load_plan(target)
+
+
+def test_every_small_model_gets_a_finite_estimate(small_models: dict[str, Path]) -> None:
+    """Every architecture the project writes: finite speeds, depth never helps, more GPU never hurts."""
+    import math
+
+    for name, path in small_models.items():
+        m = open_model(path)
+        cpu_only = devices(cpu="CPU=64GiB,bw=50GB/s")
+        gpu = devices("CUDA0=rtx3090", cpu="CPU=64GiB,bw=50GB/s")
+        e_cpu = estimate(plan(m, cpu_only, "-c 2048"), hardware_for(cpu_only))
+        e_gpu = estimate(plan(m, gpu, "-ngl 999 -c 2048"), hardware_for(gpu))
+        for e in (e_cpu, e_gpu):
+            assert all(math.isfinite(x) and x > 0 for x in (e.tg_tps, e.tg_tps_at_ctx, e.pp_tps)), name
+            assert e.tg_tps_at_ctx <= e.tg_tps, name
+        assert e_gpu.device("CUDA0").bytes_per_token > 0, name

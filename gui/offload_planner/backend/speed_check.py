@@ -19,15 +19,9 @@ from offload_planner.backend.server_bench import (
     MeasuredSpeed,
     measure,
 )
-from offload_planner.backend.speed_store import (
-    efficiencies_for,
-    host_bandwidth,
-    record_efficiencies,
-    threads_of,
-)
+from offload_planner.backend.speed_store import efficiencies_for, machine_hardware, record_efficiencies
 from offload_planner.core.speed.calibrate import Calibration, calibrate
 from offload_planner.core.speed.estimate import SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import hardware_for
 
 
 @dataclass
@@ -71,8 +65,7 @@ def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
     """Measure the server at ``base_url`` running ``plan`` and compare with its estimate."""
     got = measure(base_url, n_vocab=plan.model.summary.n_vocab, prompt_tokens=prompt_tokens,
                   gen_tokens=gen_tokens)
-    hw = hardware_for(plan.devices, threads=threads_of(parsed) if parsed is not None else None,
-                      probe=host_bandwidth())
+    hw = machine_hardware(plan, parsed)
     eff = efficiencies_for(plan.dialect)
     est = estimate(plan, hw, prompt=got.prompt_tokens, eff=eff)
     cal = calibrate(est, hw, eff, tg_tps=got.tg_tps, pp_tps=got.pp_tps)

@@ -8,6 +8,7 @@ the efficiencies ``launch --bench`` measures per machine and backend (:func:`rec
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies, calibrated
+from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import Figure, Source, hardware_for
+from offload_planner.core.speed.hardware import Figure, Hardware, Source, hardware_for
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -73,10 +75,10 @@ def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BY
     for i in range(n_threads):  # warm up: fault the pages in
         np.copyto(dst[i], src[i])
     start = time.perf_counter()
-    deadline = start + seconds  # after the warm-up, which can take longer than the probe itself
+    deadline = start + seconds
 
     def work(i: int) -> None:
-        while True:  # at least one copy per thread, so the figure is never 0
+        while True:  # at least one copy per thread
             np.copyto(dst[i], src[i])
             copied[i] += 2 * chunk
             if time.perf_counter() >= deadline:
@@ -96,7 +98,7 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = entry.get("ram_gbs")
     when = entry.get("ram_measured_at", "")
-    if not isinstance(bw, (int, float)):
+    if not isinstance(bw, (int, float)) or bw <= 0:
         if not measure:
             return None
         bw = round(measure_ram_bandwidth(), 1)
@@ -124,18 +126,19 @@ def efficiencies_for(backend: str) -> Efficiencies:
     """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
     entry = _load().get("machines", {}).get(machine_key(), {})
     values = entry.get("efficiencies", {}).get(backend)
+    base = defaults_for(backend)
     if not isinstance(values, dict) or not values:
-        return DEFAULT
+        return base
     when = entry.get("efficiencies_at", {}).get(backend, "")
     try:
-        return calibrated(values, f"measured on this machine with {backend} ({when})")
+        return calibrated(values, f"measured on this machine with {backend} ({when})", base)
     except (ValueError, TypeError):
-        return DEFAULT
+        return base
 
 
 def threads_in(argv: list[str]) -> int | None:
     """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags)."""
-    for flag, value in zip(argv, argv[1:], strict=False):
+    for flag, value in itertools.pairwise(argv):
         if flag in ("-t", "--threads"):
             return int(value) if value.isdigit() and int(value) > 0 else None
     return None
@@ -153,11 +156,24 @@ def threads_of(parsed: Any) -> int | None:
     return None
 
 
-def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True
-               ) -> SpeedEstimate:
+def _cpu_declared(plan: Plan) -> bool:
+    keys = {k for k, _ in plan.devices.cpu.hardware}
+    return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
+
+
+def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True) -> Hardware:
+    """The figures of the plan's devices on this machine: declared, catalogue, the cached RAM probe
+    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), threads from
+    ``-t`` of ``parsed`` or of the plan's kept flags."""
+    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
+    measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
+    return hardware_for(plan.devices, threads=threads, probe=measured)
+
+
+def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
+               placement: Placement | None = None) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
-    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
-    hw = hardware_for(plan.devices, threads=threads, probe=host_bandwidth(measure=probe))
-    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect))
+    hw = machine_hardware(plan, parsed, probe=probe)
+    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)

@@ -449,7 +449,26 @@ def _device(at: At, *, cpu: bool) -> Device:
         endpoint=endpoint,
         bandwidth_gbs=at.key("bandwidth_gbs", None).opt_number(0.0, 1e9),
         margin=at.key("margin", 0).integer(0, MAX_BYTES),
+        hardware=_hardware(at.key("hardware", [])),
     )
+
+
+def _hardware(at: At) -> tuple[tuple[str, str], ...]:
+    """Declared speed figures (``[["card", "rtx3090"], ["bw", "936GB/s"], ...]``), checked as
+    ``--device`` checks them."""
+    from offload_planner.core.speed.hardware import parse_hardware_keys
+
+    pairs: list[tuple[str, str]] = []
+    for e in at.elements(max_len=16):
+        kv = e.elements(max_len=2)
+        if len(kv) != 2:
+            raise e.fail("expected a [key, value] pair")
+        pairs.append((kv[0].text(max_len=32), kv[1].text(max_len=64)))
+    try:
+        parse_hardware_keys(pairs)
+    except ValueError as ex:
+        raise at.fail(str(ex)) from None
+    return tuple(pairs)
 
 
 def _device_name(at: At, devices: DeviceSet) -> str:

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from offload_planner.core.devices import Device, DeviceKind, kind_of
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.speed.catalogue import CARDS, card
 from offload_planner.core.units import GiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import device_color
@@ -203,6 +204,11 @@ class AddGpuDialog(QDialog):
         self.kind = QComboBox()
         for k in GPU_KINDS:
             self.kind.addItem(k.value, k.value)
+        self.card = QComboBox()  # speed figures (and size) from the catalogue of spec sheets
+        self.card.addItem("(none: default speeds)", "")
+        for c in CARDS:
+            self.card.addItem(c.name, c.key)
+        self.card.currentIndexChanged.connect(self._card_chosen)
         self.name = QLineEdit(next_gpu_name(doc.plan.devices))
         self.size_spin = QDoubleSpinBox()
         self.size_spin.setRange(0.5, 4096)
@@ -219,6 +225,7 @@ class AddGpuDialog(QDialog):
         self.error.setStyleSheet("color: #D00000")
         self.kind.currentTextChanged.connect(lambda k: self.name.setText(next_gpu_name(doc.plan.devices, k)))
         form = QFormLayout(self)
+        form.addRow("Card", self.card)
         form.addRow("Backend", self.kind)
         form.addRow("Name", self.name)
         form.addRow("Memory", self.size_spin)
@@ -230,6 +237,16 @@ class AddGpuDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
+
+    def _card_chosen(self) -> None:
+        c = card(str(self.card.currentData() or ""))
+        if c is None:
+            return
+        if c.vram_gib is not None:
+            self.size_spin.setValue(c.vram_gib)
+        kind = {"Metal": "Metal", "ROCm": "ROCm"}.get(c.kind, "CUDA")
+        if self.kind.findData(kind) >= 0:
+            self.kind.setCurrentIndex(self.kind.findData(kind))
 
     def device(self) -> Device | None:
         name = self.name.text().strip()
@@ -254,6 +271,7 @@ class AddGpuDialog(QDialog):
             description=f"virtual {size / GiB:g} GiB",
             source="declared",
             margin=int(self.margin_spin.value() * GiB),
+            hardware=(("card", key),) if (key := str(self.card.currentData() or "")) else (),
         )
 
     def accept(self) -> None:

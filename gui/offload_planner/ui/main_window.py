@@ -60,14 +60,15 @@ from offload_planner.ui.legend import LegendBar
 from offload_planner.ui.loader import ModelLoader, demo_model
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
-from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
+from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_view import TensorMapView
+from offload_planner.ui.ubatch_plot import UbatchPlot
 
 MIN_SIZE = (1280, 800)
 
@@ -176,6 +177,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.problems, "Problems")
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.telemetry, "Telemetry")
+        self.ubatch_plot = UbatchPlot(doc)
+        self.tabs.addTab(self.ubatch_plot, "Speed")
         launch_scroll = QScrollArea()  # the panel's own minimum height must not squeeze the map
         launch_scroll.setWidget(self.launcher)
         launch_scroll.setWidgetResizable(True)

@@ -36,6 +36,22 @@ def weights_per_device(plan: Plan, placement: Placement) -> dict[str, int]:
     return out
 
 
+def move_tg(plan: Plan, names: Sequence[str], current: Placement | None = None
+            ) -> dict[str, tuple[float, float]]:
+    """Per device: estimated tg (t/s, depth 0) now and if ``names`` moved there (core.speed, on this
+    machine's cached figures; never probes from here)."""
+    from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
+    from offload_planner.core.speed.estimate import tg_tps
+
+    if not names:
+        return {}
+    hw = machine_hardware(plan, probe=False)
+    eff = efficiencies_for(plan.dialect)
+    now = tg_tps(plan, hw, eff=eff, placement=current)
+    return {dev: (now, tg_tps(plan.with_moves(dict.fromkeys(names, dev)), hw, eff=eff))
+            for dev in plan.devices.names}
+
+
 def move_deltas(plan: Plan, names: Sequence[str], current: Placement | None = None) -> list[MoveDelta]:
     """For each device of the plan (llama.cpp order), what moving ``names`` there changes."""
     if not names:

@@ -6,7 +6,7 @@ probe of this machine (never measured from the GUI thread) and the efficiencies 
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QWidget
 
 from offload_planner.backend.speed_store import plan_speed
@@ -22,8 +22,13 @@ class SpeedLabel(QLabel):
         self.setAccessibleName("Speed estimate")
         self.setWordWrap(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        doc.planChanged.connect(self.refresh)
-        doc.modelChanged.connect(self.refresh)
+        # coalesced: the edit returns at once, the line follows in the same event-loop turn
+        self._timer = QTimer(self)
+        self._timer.setSingleShot(True)
+        self._timer.setInterval(0)
+        self._timer.timeout.connect(self.refresh)
+        doc.planChanged.connect(self._timer.start)
+        doc.modelChanged.connect(self._timer.start)
         self.refresh()
 
     def refresh(self) -> None:
@@ -32,7 +37,7 @@ class SpeedLabel(QLabel):
             self.setToolTip("")
             return
         try:
-            est = plan_speed(self._doc.plan, probe=False)
+            est = plan_speed(self._doc.plan, probe=False, placement=self._doc.placement)
         except (PlannerError, ValueError, KeyError, ZeroDivisionError) as e:
             self.setText(f"speed estimate unavailable: {e}")
             return

@@ -9,7 +9,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.move_preview import move_deltas
+from offload_planner.ui.move_preview import move_deltas, move_tg
 from offload_planner.ui.tensor_grid import EMPTY, Cell, TensorGrid
 
 CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
@@ -76,21 +76,29 @@ def move_preview_html(plan: Plan, cell: Cell) -> str:
     if not names:
         return ""
     here = {d for d, _ in cell.device_bytes}
+    try:
+        tg = move_tg(plan, names)
+    except Exception:  # the estimate is a hint: never let it take the tooltip down
+        tg = {}
     rows = []
     for m in move_deltas(plan, names):
         if m.target in here and len(here) == 1:
-            rows.append(f"<tr><td><b>{html.escape(m.target)}</b></td><td colspan=2>(here now)</td></tr>")
+            rows.append(f"<tr><td><b>{html.escape(m.target)}</b></td><td colspan=3>(here now)</td></tr>")
             continue
         others = ", ".join(f"{html.escape(d)} {_signed(n)}" for d, n in m.others)
+        speed = ""
+        if m.target in tg:
+            now, then = tg[m.target]
+            speed = f"{then:.1f} t/s ({then - now:+.1f})"
         rows.append(
             f"<tr><td><b>{html.escape(m.target)}</b></td><td align=right>{_signed(m.delta)}</td>"
-            f"<td>{others}</td></tr>"
+            f"<td>{others}</td><td align=right>{speed}</td></tr>"
         )
     return (
         "<b>Moving it would change</b> (projected totals; weights with their buffer padding, "
-        "<i>compute buffers not included</i>)"
+        "<i>compute buffers not included</i>; est. tg at depth 0)"
         "<table cellspacing=0 cellpadding=2><tr><th align=left>to</th><th>that device</th>"
-        "<th align=left>elsewhere</th></tr>" + "".join(rows) + "</table>"
+        "<th align=left>elsewhere</th><th>tg</th></tr>" + "".join(rows) + "</table>"
     )
 
 

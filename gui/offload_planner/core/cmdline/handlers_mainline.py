@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi, stoull
+from offload_planner.core.cmdline.cnum import stof, stoi, stoull
 from offload_planner.core.cmdline.context import Ctx, HandlerError
 from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import GPU_LAYERS_ALL, GPU_LAYERS_AUTO, TensorOverride
@@ -36,10 +36,8 @@ def autoy(v: str) -> bool:
 
 
 def int_value(text: str) -> int:
-    try:
-        return stoi(text)
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    """``std::stoi``; its :class:`CNumberError` reaches the parser, which names the flag."""
+    return stoi(text)
 
 
 def split_list(text: str) -> list[str]:
@@ -86,9 +84,17 @@ def h_override_tensor(ctx: Ctx) -> None:
         ctx.check_override_pattern(entry.pattern)
 
 
+def _extend_generated(ctx: Ctx, entries: list[TensorOverride]) -> None:
+    """Add the rules a flag stands for, except those equal (pattern and buffer type) to an earlier
+    rule: such a rule is never the first match, so it changes no placement, and ``--n-cpu-moe 512``
+    given 2,000 times would otherwise be a million rules."""
+    have = {(o.pattern, o.buft) for o in ctx.args.overrides}
+    ctx.args.overrides.extend(e for e in entries if (e.pattern, e.buft) not in have)
+
+
 def h_cpu_moe(ctx: Ctx) -> None:
     ctx.args.cpu_moe = True
-    ctx.args.overrides.extend(cpu_moe_overrides(ctx.dialect, ctx.use.index))
+    _extend_generated(ctx, cpu_moe_overrides(ctx.dialect, ctx.use.index))
 
 
 def h_n_cpu_moe(ctx: Ctx) -> None:
@@ -96,7 +102,7 @@ def h_n_cpu_moe(ctx: Ctx) -> None:
     if n < 0:
         raise HandlerError("invalid value")
     ctx.args.n_cpu_moe = n
-    ctx.args.overrides.extend(n_cpu_moe_overrides(ctx.dialect, n, ctx.use.index))
+    _extend_generated(ctx, n_cpu_moe_overrides(ctx.dialect, n, ctx.use.index))
 
 
 def h_n_cpu_ffn(ctx: Ctx) -> None:
@@ -104,17 +110,14 @@ def h_n_cpu_ffn(ctx: Ctx) -> None:
     if n < 0:
         raise HandlerError("invalid value")
     ctx.args.n_cpu_ffn = n
-    ctx.args.overrides.extend(n_cpu_ffn_overrides(n, ctx.use.index))
+    _extend_generated(ctx, n_cpu_ffn_overrides(n, ctx.use.index))
 
 
 def h_tensor_split(ctx: Ctx) -> None:
     parts = split_list(ctx.value)
     if len(parts) >= MAX_DEVICES:
         raise HandlerError(f"got {len(parts)} input configs, but system only has {MAX_DEVICES} devices")
-    try:
-        ctx.args.tensor_split = [stof(p) for p in parts]
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    ctx.args.tensor_split = [stof(p) for p in parts]
 
 
 def h_split_mode(ctx: Ctx) -> None:
@@ -233,10 +236,7 @@ def h_fit_target(ctx: Ctx) -> None:
     parts = split_list(ctx.value)
     if len(parts) >= MAX_DEVICES:
         raise HandlerError(f"got {len(parts)} input configs, but system only has {MAX_DEVICES} devices")
-    try:
-        ctx.args.fit_target = [stoull(p) for p in parts]
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    ctx.args.fit_target = [stoull(p) for p in parts]
 
 
 def h_fit_ctx(ctx: Ctx) -> None:

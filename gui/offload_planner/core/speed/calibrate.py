@@ -18,9 +18,9 @@ from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.estimate import SpeedEstimate
 from offload_planner.core.speed.hardware import DeviceSpeed, Hardware, Source
 
-#: Efficiencies outside this range mean the measurement is not what the model describes (a busy
-#: machine, swapping, a wrong declaration); they are not stored.
-SANE = (0.02, 5.0)
+#: A measurement that moves an efficiency by more than this factor either way is not what the
+#: model describes (a busy machine, swapping, a wrong declaration): it is not stored.
+MAX_FACTOR = 25.0
 
 
 @dataclass
@@ -61,15 +61,16 @@ def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: floa
         return
     old = getattr(eff, name).value
     new = old * part_s / part_measured
-    if not SANE[0] <= new <= SANE[1]:
-        cal.notes.append(f"{what}: {name} would become {new:.3g} (outside {SANE[0]}-{SANE[1]}); not stored")
+    if not 1 / MAX_FACTOR <= new / old <= MAX_FACTOR:
+        cal.notes.append(f"{what}: {name} would go from {old:.3g} to {new:.3g}, more than {MAX_FACTOR:g}x; "
+                         "not stored")
         return
     cal.values[name] = round(new, 4)
     cal.notes.append(f"{what}: {name} {old:.3g} -> {new:.3g}")
 
 
-def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None,
-              pp_tps: float | None) -> Calibration:
+def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,
+              pp_tps: float | None = None) -> Calibration:
     """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates."""
     cal = Calibration()
     if tg_tps and est.tg_tps > 0 and est.devices:

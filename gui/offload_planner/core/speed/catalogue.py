@@ -25,7 +25,8 @@ class Card:
     kind: str = "CUDA"  # device kind a catalogue name fits (CUDA, ROCm, Metal)
 
 
-def _nv(key: str, name: str, vram: float, bw: float, pcie: tuple[int, int], tf: float | None, src: str) -> Card:
+def _nv(key: str, name: str, vram: float, bw: float, pcie: tuple[int, int], tf: float | None,
+        src: str) -> Card:
     return Card(key, name, vram, bw, pcie, tf, src)
 
 
@@ -36,6 +37,8 @@ CARDS: tuple[Card, ...] = (
     _nv("titanrtx", "NVIDIA TITAN RTX", 24, 672, (3, 16), 130,
         "NVIDIA TITAN RTX specifications"),
     # GeForce RTX 30 (Ampere)
+    _nv("rtx3060", "NVIDIA GeForce RTX 3060", 12, 360, (4, 16), None,
+        "NVIDIA GeForce RTX 3060 specifications (12 GB; no tensor TFLOPS figure listed there)"),
     _nv("rtx3070", "NVIDIA GeForce RTX 3070", 8, 448, (4, 16), 81.3,
         "NVIDIA Ampere GA102 GPU architecture whitepaper (GeForce RTX 3070 appendix)"),
     _nv("rtx3080", "NVIDIA GeForce RTX 3080", 10, 760, (4, 16), 119,
@@ -47,6 +50,8 @@ CARDS: tuple[Card, ...] = (
     _nv("rtx3090ti", "NVIDIA GeForce RTX 3090 Ti", 24, 1008, (4, 16), 160,
         "NVIDIA GeForce RTX 3090 Ti specifications"),
     # GeForce RTX 40 (Ada)
+    _nv("rtx4060ti-16gb", "NVIDIA GeForce RTX 4060 Ti 16GB", 16, 288, (4, 8), None,
+        "NVIDIA GeForce RTX 4060 Ti specifications (16 GB, PCIe 4.0 x8; no tensor TFLOPS figure listed)"),
     _nv("rtx4080", "NVIDIA GeForce RTX 4080", 16, 716.8, (4, 16), 194.9,
         "NVIDIA Ada GPU architecture whitepaper (GeForce RTX 4080)"),
     _nv("rtx4090", "NVIDIA GeForce RTX 4090", 24, 1008, (4, 16), 330.3,
@@ -72,6 +77,8 @@ CARDS: tuple[Card, ...] = (
         "NVIDIA A100 Tensor Core GPU datasheet (A100 40GB PCIe)"),
     _nv("a100-80gb", "NVIDIA A100 80GB SXM", 80, 2039, (4, 16), 312,
         "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM)"),
+    _nv("a100-80gb-pcie", "NVIDIA A100 80GB PCIe", 80, 1935, (4, 16), 312,
+        "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB PCIe)"),
     _nv("h100-pcie", "NVIDIA H100 PCIe", 80, 2000, (5, 16), 756.5,
         "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe, FP16 tensor 1513 TFLOPS sparse)"),
     _nv("h100-sxm", "NVIDIA H100 SXM", 80, 3350, (5, 16), 989.5,

@@ -13,24 +13,35 @@ from dataclasses import dataclass, fields, replace
 
 from offload_planner.core.speed.hardware import Figure, Source
 
-UNCALIBRATED = "default, uncalibrated"
+UNCALIBRATED = "uncalibrated"
 
 
 def _d(value: float, unit: str = "x peak") -> Figure:
     return Figure(value, unit, Source.DEFAULT, UNCALIBRATED)
 
 
+_GPU_BW = _d(0.75)  # weights and KV streamed from VRAM during token generation
+_CPU_BW = _d(0.65)  # of the declared / default RAM bandwidth
+_PROBE_BW = _d(0.9)  # of the probe's measured copy bandwidth (already an effective figure)
+_GPU_COMPUTE = _d(0.35)  # quantized matrix multiplication against the dense FP16 peak
+_CPU_COMPUTE = _d(0.5)
+_LINK = _d(0.8)  # PCIe / network payload against the line rate
+_THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
+_SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devices
+_RPC_US = _d(150.0, "µs per RPC graph split")  # a network round trip per split
+
+
 @dataclass(frozen=True)
 class Efficiencies:
-    gpu_bandwidth: Figure = _d(0.75)  # weights and KV streamed from VRAM during token generation
-    cpu_bandwidth: Figure = _d(0.65)  # of the declared / default RAM bandwidth
-    probe_bandwidth: Figure = _d(0.9)  # of the probe's measured copy bandwidth (already effective)
-    gpu_compute: Figure = _d(0.35)  # quantized matrix multiplication against dense FP16 peak
-    cpu_compute: Figure = _d(0.5)
-    link: Figure = _d(0.8)  # PCIe / network payload against the line rate
-    cpu_thread_bandwidth: Figure = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
-    split_latency_us: Figure = _d(20.0, "µs per graph split")  # synchronise + launch across devices
-    rpc_latency_us: Figure = _d(150.0, "µs per RPC graph split")  # a network round trip per split
+    gpu_bandwidth: Figure = _GPU_BW
+    cpu_bandwidth: Figure = _CPU_BW
+    probe_bandwidth: Figure = _PROBE_BW
+    gpu_compute: Figure = _GPU_COMPUTE
+    cpu_compute: Figure = _CPU_COMPUTE
+    link: Figure = _LINK
+    cpu_thread_bandwidth: Figure = _THREAD_BW
+    split_latency_us: Figure = _SPLIT_US
+    rpc_latency_us: Figure = _RPC_US
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self)]
@@ -48,3 +59,19 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
         raise ValueError(f"unknown efficiencies {bad} (known: {sorted(known)})")
     changes = {k: Figure(float(v), getattr(base, k).unit, Source.CALIBRATED, note) for k, v in values.items()}
     return replace(base, **changes)
+
+
+#: ik_llama.cpp's CPU matrix kernels: on the same machine and model its CPU prompt processing ran
+#: 295 t/s where mainline's ran 28 (https://github.com/ikawrakow/ik_llama.cpp/pull/518); over the
+#: development set's CPU-only ik_llama.cpp records the estimate with mainline's default was short by
+#: a median 4x (https://github.com/ikawrakow/ik_llama.cpp/pull/683, /pull/518, /issues/1752,
+#: /pull/259, /pull/612): its default CPU compute efficiency is 4 x 0.5.
+IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
+                        "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
+                        "259, 612, issue 1752): 4x mainline's default")
+_BY_DIALECT = {"ik_llama.cpp": replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)}
+
+
+def defaults_for(dialect: str) -> Efficiencies:
+    """The default efficiencies of a backend (llama.cpp's unless the dialect differs)."""
+    return _BY_DIALECT.get(dialect, DEFAULT)

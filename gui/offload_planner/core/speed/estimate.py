@@ -20,6 +20,7 @@ computed there.  Mainline copies only the experts the batch routes to (``used_id
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable
@@ -28,11 +29,11 @@ from dataclasses import dataclass, field, replace
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
-from offload_planner.core.model import Model, Tensor
+from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
-from offload_planner.core.speed.efficiency import DEFAULT, Efficiencies
+from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 DEFAULT_PROMPT = 4096
@@ -167,7 +168,7 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
 def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
     """(from, to) of every device change along the graph: llama.cpp's graph splits of one token."""
     seq = stage_devices(model, placement)
-    return [(a, b) for a, b in zip(seq, seq[1:], strict=False) if a != b]
+    return [(a, b) for a, b in itertools.pairwise(seq) if a != b]
 
 
 # --- the estimate ------------------------------------------------------------------------------
@@ -199,10 +200,32 @@ def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, flo
     return gb, lat
 
 
-def _flops_per_token(t: Tensor, frac: float) -> float:
-    if t.role is Role.TOKEN_EMBD or t.role.is_norm or len(t.shape) < 2:
-        return 0.0
-    return 2.0 * t.n_elements * (frac if t.role.is_routed_expert else 1.0)
+@dataclass
+class _Work:
+    """What one device's weights cost a micro-batch, summed once per placement: elements and bytes
+    of the always-active matrices and of the routed experts."""
+
+    dense_el: float = 0.0
+    exp_el: float = 0.0
+    dense_b: float = 0.0
+    exp_b: float = 0.0
+
+
+def _work(placement: Placement) -> dict[str, _Work]:
+    out: dict[str, _Work] = defaultdict(_Work)
+    for p in placement.items:
+        t = p.tensor
+        if not _runs(p) or len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+            continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
+        assert p.device is not None
+        w = out[p.device]
+        if t.role.is_routed_expert:
+            w.exp_el += t.n_elements
+            w.exp_b += t.nbytes
+        else:
+            w.dense_el += t.n_elements
+            w.dense_b += t.nbytes
+    return out
 
 
 def _offload_gpu(plan: Plan, placement: Placement) -> tuple[str | None, int | None]:
@@ -216,16 +239,6 @@ def _offload_gpu(plan: Plan, placement: Placement) -> tuple[str | None, int | No
     return None, None
 
 
-def _offloaded(t: Tensor, u: int, threshold: int | None, ik: bool, model: Model) -> bool:
-    """Does a host weight's op run on the GPU for a micro-batch of ``u`` tokens?"""
-    if threshold is None or u < threshold or t.role is Role.TOKEN_EMBD or len(t.shape) < 2:
-        return False
-    if ik and t.role.is_routed_expert:
-        s = model.summary
-        return u * s.n_expert_used >= threshold * s.n_expert
-    return True
-
-
 @dataclass
 class _PPParts:
     device_s: dict[str, float]
@@ -234,67 +247,67 @@ class _PPParts:
     offload: bool
 
 
-def _microbatch(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, u: int, start: int,
-                n_pairs: list[tuple[str, str]]) -> _PPParts:
-    model = plan.model
-    s = model.summary
-    frac = expert_fraction(model)
-    ik = plan.dialect == IK_DIALECT
-    gpu, threshold = _offload_gpu(plan, placement)
+def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
+                attn_layers: dict[str, int], u: int, start: int, pairs: list[tuple[str, str]],
+                offload_to: tuple[str | None, int | None]) -> _PPParts:
+    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens of the prompt."""
+    s = plan.model.summary
+    frac = expert_fraction(plan.model)
+    gpu, threshold = offload_to
+    hit = 1.0 - (1.0 - frac) ** u  # share of experts at least one token of the batch routes to
     flops: dict[str, float] = defaultdict(float)
     reads: dict[str, float] = defaultdict(float)
     transfer = 0.0
-    hit = 1.0 - (1.0 - frac) ** u  # share of experts at least one token of the batch routes to
-    for p in placement.items:
-        if not _runs(p):
-            continue
-        assert p.device is not None
-        t = p.tensor
-        dev = p.device
-        if dev == CPU and gpu is not None and _offloaded(t, u, threshold, ik, model):
-            # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
-            transfer += t.nbytes * (hit if t.role.is_routed_expert and not ik else 1.0)
-            dev = gpu
-        flops[dev] += _flops_per_token(t, frac) * u
-        reads[dev] += t.nbytes * (hit if t.role.is_routed_expert else 1.0) if len(t.shape) > 1 else 0.0
-    heads = max(s.n_head) if isinstance(s.n_head, tuple) else int(s.n_head)  # type: ignore[arg-type]
+    dense_off = gpu is not None and threshold is not None and u >= threshold
+    ik = plan.dialect == IK_DIALECT
+    exp_off = dense_off and (not ik or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
+    for dev, w in work.items():
+        for el, nb, is_exp in ((w.dense_el, w.dense_b, False), (w.exp_el, w.exp_b, True)):
+            if not el:
+                continue
+            where = dev
+            if dev == CPU and (exp_off if is_exp else dense_off):
+                assert gpu is not None
+                # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
+                transfer += nb * (hit if is_exp and not ik else 1.0)
+                where = gpu
+            flops[where] += 2.0 * u * el * (frac if is_exp else 1.0)
+            reads[where] += nb * (hit if is_exp else 1.0)
+    heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
-    for il in range(s.n_layer - s.n_nextn):
-        dev = placement.layer_device(il) if plan.context.offload_kqv else CPU
-        flops[dev] += per_layer
+    for dev, n in attn_layers.items():
+        flops[dev] += per_layer * n
     device_s: dict[str, float] = {}
     for name in set(flops) | set(reads):
         d = hw[name]
         e = eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute
         bw, _ = _bandwidth(d, eff)
         device_s[name] = max(flops[name] / (d.tflops.value * e.value * 1e12), reads[name] / (bw * 1e9))
+    transfer_s = 0.0
     if gpu is not None and transfer:
-        gb = hw[gpu].link.value * eff.link.value
-        transfer_s = transfer / (gb * 1e9)
-    else:
-        transfer_s = 0.0
+        transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
     split_s = 0.0
-    for a, b in n_pairs:
+    for a, b in pairs:
         gb, lat = _link(hw[a], hw[b], eff)
         split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
     return _PPParts(device_s, transfer_s, split_s, transfer > 0)
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
-            n_ubatch: int) -> _PPParts:
+            n_ubatch: int, pairs: list[tuple[str, str]] | None = None) -> _PPParts:
     """Seconds to process ``prompt`` tokens in micro-batches of ``n_ubatch`` (from depth 0)."""
-    pairs = split_pairs(plan.model, placement)
+    pairs = split_pairs(plan.model, placement) if pairs is None else pairs
+    work = _work(placement)
+    s = plan.model.summary
+    attn_layers: dict[str, int] = defaultdict(int)
+    for il in range(s.n_layer - s.n_nextn):
+        attn_layers[placement.layer_device(il) if plan.context.offload_kqv else CPU] += 1
+    offload_to = _offload_gpu(plan, placement)
     total = _PPParts(defaultdict(float), 0.0, 0.0, False)
     start = 0
-    cache: dict[tuple[int, int], _PPParts] = {}
     while start < prompt:
         u = min(n_ubatch, prompt - start)
-        # attention cost grows with depth: group micro-batches in 8 depth buckets to bound the work
-        bucket = start // max(1, prompt // 8)
-        key = (u, bucket)
-        if key not in cache:
-            cache[key] = _microbatch(plan, placement, hw, eff, u, start, pairs)
-        mb = cache[key]
+        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         total.transfer_s += mb.transfer_s
@@ -304,24 +317,28 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     return total
 
 
-def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, ctx: ResolvedContext,
-              depth: int) -> tuple[dict[str, float], dict[str, int], float]:
-    """Seconds per token per device at ``depth``, the KV bytes read, and the split seconds."""
-    weights = weight_bytes_per_token(plan.model, placement)
-    kv = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
+def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
+              kv: dict[str, int]) -> dict[str, float]:
+    """Seconds per token per device: its weights and KV bytes over its effective bandwidth."""
     times: dict[str, float] = {}
     for name in set(weights) | set(kv):
         bw, _ = _bandwidth(hw[name], eff)
         times[name] = (weights.get(name, 0) + kv.get(name, 0)) / (bw * 1e9)
+    return times
+
+
+def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
+    """Per generated token: latency plus one token's activations over the link, per graph split."""
     split_s = 0.0
-    for a, b in split_pairs(plan.model, placement):
+    for a, b in pairs:
         gb, lat = _link(hw[a], hw[b], eff)
         split_s += lat + 4 * plan.model.summary.n_embd / (gb * 1e9)
-    return times, kv, split_s
+    return split_s
 
 
-def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, offload: bool) -> list[Assumption]:
-    used = {p.device for p in placement.items if _runs(p)} | {placement.output_device}
+def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
+    used = {p.device for p in placement.items if p.device is not None and _runs(p)}
+    used.add(placement.output_device)
     out: list[Assumption] = []
     for name in plan.devices.names:
         if name not in used:
@@ -359,37 +376,54 @@ def _pp_bottleneck(pp: _PPParts, total: float) -> str:
     return f"{name} ({100 * t / total:.0f}% of the prompt time)"
 
 
-def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Efficiencies = DEFAULT,
+def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Efficiencies | None = None,
              placement: Placement | None = None) -> SpeedEstimate:
-    """The speed of ``plan`` on ``hw``: tg at depth 0 and at the full context, pp of ``prompt``."""
+    """The speed of ``plan`` on ``hw``: tg at depth 0 and at the full context, pp of ``prompt``
+    (``eff``: the backend's defaults, :func:`efficiency.defaults_for`, unless given)."""
+    eff = eff or defaults_for(plan.dialect)
     placement = placement or plan.placement()
     s = plan.model.summary
     ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
-    t0, _, split_s = _tg_times(plan, placement, hw, eff, ctx, 0)
-    t1, kv1, _ = _tg_times(plan, placement, hw, eff, ctx, ctx.n_ctx_seq)
     weights = weight_bytes_per_token(plan.model, placement)
+    kv1 = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, ctx.n_ctx_seq)
+    t0 = _tg_times(plan, placement, hw, eff, weights, {})
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1)
+    pairs = split_pairs(plan.model, placement)
+    split_s = _split_seconds(plan, hw, eff, pairs)
     total0 = sum(t0.values()) + split_s
     total1 = sum(t1.values()) + split_s
-    pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch)
+    pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs)
     pp_total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
                        1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
-    calibrated = any(a.figure.source is Source.CALIBRATED for a in _assumptions(plan, placement, hw, eff, False))
+    assumptions = _assumptions(plan, placement, hw, eff)
+    calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
         tg_tps=1.0 / total0 if total0 else math.inf,
         tg_tps_at_ctx=1.0 / total1 if total1 else math.inf,
         pp_tps=prompt / pp_total if pp_total else math.inf,
         prompt=prompt, n_ctx=ctx.n_ctx_seq, n_ubatch=ctx.n_ubatch, devices=devs,
-        n_splits=len(split_pairs(plan.model, placement)), split_ms=1e3 * split_s,
+        n_splits=len(pairs), split_ms=1e3 * split_s,
         pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
         bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
-        calibrated=calibrated, assumptions=_assumptions(plan, placement, hw, eff, pp.offload))
+        calibrated=calibrated, assumptions=assumptions)
+
+
+def tg_tps(plan: Plan, hw: Hardware, *, eff: Efficiencies | None = None,
+           placement: Placement | None = None) -> float:
+    """Token generation at depth 0 alone (no prompt processing): for previews of a move."""
+    eff = eff or defaults_for(plan.dialect)
+    placement = placement or plan.placement()
+    times = _tg_times(plan, placement, hw, eff, weight_bytes_per_token(plan.model, placement), {})
+    total = sum(times.values()) + _split_seconds(plan, hw, eff, split_pairs(plan.model, placement))
+    return 1.0 / total if total else math.inf
 
 
 def ubatch_sweep(plan: Plan, hw: Hardware, ubatches: Iterable[int], *, prompt: int = DEFAULT_PROMPT,
-                 eff: Efficiencies = DEFAULT) -> list[tuple[int, float]]:
+                 eff: Efficiencies | None = None) -> list[tuple[int, float]]:
     """pp tokens/s of the plan's placement for each ``-ub`` (``-b`` raised to match where lower)."""
+    eff = eff or defaults_for(plan.dialect)
     placement = plan.placement()
     out = []
     for ub in ubatches:

@@ -50,7 +50,6 @@ DEFAULT_HOST_BW = 50.0  # GB/s: two channels of DDR4-3200 (2 x 3200 MT/s x 8 B =
 DEFAULT_CPU_TFLOPS_PER_THREAD = 0.1  # peak per core (AVX2 FMA: 2 units x 8 fp32 x 2 ops x ~3 GHz ≈ 0.1)
 DEFAULT_THREADS = 8
 DEFAULT_RPC_LINK = 10.0  # GB/s: a loopback connection (not measured)
-DEFAULT_SPLIT_LATENCY_US = {"gpu": 20.0, "rpc": 100.0}
 
 HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
 
@@ -215,7 +214,8 @@ def gpu_speed(dev: Device) -> DeviceSpeed:
     """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults."""
     decl = parse_hardware_keys(dev.hardware)
     c = decl.card or (card(dev.description) if dev.description else None)
-    via = f"{dev.name} declared as {c.key}" if decl.card and c else f"{dev.name} reported as {dev.description!r}"
+    via = (f"{dev.name} declared as {c.key}" if decl.card and c
+           else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
     return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw),
                        c.name if c else "", unified=c is not None and c.pcie is None)

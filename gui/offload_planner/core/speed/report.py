@@ -24,8 +24,8 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
     for d in est.devices:
         if not d.bytes_per_token and not d.kv_bytes_at_ctx:
             continue
-        lines.append(f"  {d.name:7} {fmt_bytes(d.bytes_per_token):>12} {d.tg_ms_per_token:10.2f} {100 * d.share:5.0f}%"
-                     f"   {fmt_bytes(d.kv_bytes_at_ctx)}")
+        lines.append(f"  {d.name:7} {fmt_bytes(d.bytes_per_token):>12} {d.tg_ms_per_token:10.2f} "
+                     f"{100 * d.share:5.0f}%   {fmt_bytes(d.kv_bytes_at_ctx)}")
     if est.n_splits:
         lines.append(f"  graph splits: {est.n_splits} per token, {est.split_ms:.2f} ms")
     lines.append(f"  tg bottleneck: {est.bottleneck}")

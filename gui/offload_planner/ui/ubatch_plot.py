@@ -1,0 +1,102 @@
+"""The Speed tab: estimated prompt processing (t/s) and the GPUs' compute buffers (GiB) against
+``-ub``, for the open plan (computed off the GUI thread on request; thin over core.speed.sweep)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+
+os.environ.setdefault("PYQTGRAPH_QT_LIB", "PySide6")  # before pyqtgraph picks a Qt binding
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
+from offload_planner.core.speed.sweep import UbPoint, ubatch_tradeoff
+from offload_planner.ui.document import PlanDocument
+
+GiB = 1024**3
+
+
+class UbatchPlot(QWidget):
+    done = Signal(object, object)  # points (or None), error text
+
+    def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._doc = doc
+        self.button = QPushButton("Plot the -ub trade-off")
+        self.button.setToolTip("Project the plan at -ub 64..4096: estimated prompt processing against "
+                               "the compute buffers llama.cpp reserves (a few projections)")
+        self.status = QLabel("")
+        self.graphics = pg.GraphicsLayoutWidget()
+        self.graphics.setBackground(None)
+        self.plot = self.graphics.addPlot(row=0, col=0)
+        self.plot.setLabel("bottom", "-ub (tokens per micro-batch)")
+        self.plot.setLabel("left", "pp t/s (estimate)")
+        self.plot.setLogMode(x=True, y=False)
+        self.plot.showGrid(x=True, y=True, alpha=0.2)
+        self.plot.addLegend(offset=(5, 5))
+        self.buffers = pg.ViewBox()
+        self.plot.showAxis("right")
+        self.plot.scene().addItem(self.buffers)
+        self.plot.getAxis("right").linkToView(self.buffers)
+        self.plot.getAxis("right").setLabel("GPU compute buffers (GiB)")
+        self.buffers.setXLink(self.plot)
+        self.plot.vb.sigResized.connect(lambda: self.buffers.setGeometry(self.plot.vb.sceneBoundingRect()))
+        self.pp_curve = self.plot.plot([], [], pen=pg.mkPen((40, 120, 220), width=2), symbol="o",
+                                       name="pp t/s")
+        dash = pg.mkPen((220, 120, 40), width=2, style=Qt.PenStyle.DashLine)
+        self.buf_curve = pg.PlotDataItem([], [], pen=dash, symbol="s")
+        self.buffers.addItem(self.buf_curve)
+        self.plot.legend.addItem(self.buf_curve, "GPU compute buffers")
+        self.points: list[UbPoint] = []
+        top = QHBoxLayout()
+        top.addWidget(self.button)
+        top.addWidget(self.status, 1)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(top)
+        lay.addWidget(self.graphics, 1)
+        self.button.clicked.connect(self.start)
+        self.done.connect(self._show)
+        doc.modelChanged.connect(self._clear)
+
+    def _clear(self) -> None:
+        self.points = []
+        self.pp_curve.setData([], [])
+        self.buf_curve.setData([], [])
+        self.status.setText("")
+
+    def start(self) -> None:
+        if not self._doc.has_plan:
+            return
+        plan = self._doc.plan
+        self.button.setEnabled(False)
+        self.status.setText("projecting…")
+
+        def run() -> None:
+            try:
+                hw = machine_hardware(plan, probe=False)
+                points, error = ubatch_tradeoff(plan, hw, eff=efficiencies_for(plan.dialect)), ""
+            except Exception as e:  # the plot is a view: a core error becomes a message
+                points, error = None, f"{type(e).__name__}: {e}"
+            with contextlib.suppress(RuntimeError):  # the window closed while the sweep ran
+                self.done.emit(points, error)
+
+        threading.Thread(target=run, name="offload-planner ub sweep", daemon=True).start()
+
+    def _show(self, points: list[UbPoint] | None, error: str) -> None:
+        self.button.setEnabled(True)
+        if points is None:
+            self.status.setText(f"could not plot: {error}")
+            return
+        self.points = points
+        xs = [math.log10(p.n_ubatch) for p in points]
+        self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
+        self.buf_curve.setData(xs, [p.gpu_compute_bytes / GiB for p in points])
+        best = max(points, key=lambda p: p.pp_tps)
+        self.status.setText(f"fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
+                            f"{best.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")

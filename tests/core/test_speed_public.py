@@ -1,0 +1,249 @@
+"""The estimator against public measurements (tests/data/speed/public_measurements.json).
+
+For every record whose architecture the synth catalogue can write, a header-only model of the
+record's shape is written (the catalogue's architecture, its expert count and layer count, a
+uniform quant type whose bits per weight match the record's file size or quant name), its
+settings become a llama-server command line, its hardware maps to the speed catalogue (GPU names)
+and to vendor memory configurations (CPU names, below) or to the RAM bandwidth the post states.
+The test prints each record's error (estimated / measured, tg and pp), the median and the spread.
+
+It asserts only loose sanity bounds a broken estimator would fail (factor errors of 3x on the
+median, not values tuned to pass): the median |ln(estimate / measured)| of tg below ln 3 and of pp
+below ln 5 (prompt processing depends on kernels the model does not know), and enough records.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.model import Model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.speed.catalogue import card
+from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.synth import BIG_MODELS, ModelSpec, QuantMix, write_model
+from offload_planner.core.synth.catalog import MXFP4_MOE
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "speed" / "public_measurements.json"
+TG_BOUND = math.log(3)
+PP_BOUND = math.log(5)
+MIN_RECORDS = 12
+
+#: Memory of CPU platforms by name (vendor platform specifications: channels x the highest
+#: officially supported MT/s, one socket).  Posts that state a measured bandwidth use that instead.
+CPU_MEMORY = {
+    "epyc 9654": "12xDDR5-4800",  # AMD EPYC 9004 (Genoa): 12 channels DDR5-4800
+    "epyc 9374f": "12xDDR5-4800",
+    "epyc 9355": "12xDDR5-6000",  # AMD EPYC 9005 (Turin): 12 channels DDR5-6000
+    "epyc 9965": "12xDDR5-6000",
+    "epyc 9v45": "12xDDR5-6000",
+    "7950x": "2xDDR5-5200",  # AMD Ryzen 7000: 2 channels DDR5-5200
+    "7900": "2xDDR5-5200",
+    "7700x": "2xDDR5-5200",
+    "7800x3d": "2xDDR5-5200",
+    "5975wx": "8xDDR4-3200",  # AMD Ryzen Threadripper PRO 5000WX: 8 channels DDR4-3200
+    "3995wx": "8xDDR4-3200",  # Threadripper PRO 3995WX: 8 channels DDR4-3200
+    "6980p": "12xDDR5-6400",  # Intel Xeon 6980P: 12 channels DDR5-6400
+    "8336c": "8xDDR4-3200",  # Intel Xeon 3rd gen scalable: 8 channels DDR4-3200
+    "e5-2697a": "4xDDR4-2400",  # Intel Xeon E5-2697A v4: 4 channels DDR4-2400
+}
+
+#: Uniform quant types by bits per weight (block bytes x 8 / block elements).
+TYPES = [(Q.IQ1_S, 1.5625), (Q.IQ2_XXS, 2.0625), (Q.Q2_K, 2.625), (Q.IQ3_XXS, 3.0625), (Q.Q3_K, 3.4375),
+         (Q.Q4_0, 4.5), (Q.Q4_K, 4.5), (Q.Q5_K, 5.5), (Q.Q6_K, 6.5625), (Q.Q8_0, 8.5), (Q.F16, 16.0)]
+BY_NAME = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "F16": Q.F16, "BF16": Q.F16, "Q4_K_M": Q.Q4_K, "Q6_K": Q.Q6_K}
+BY_DIGIT = {"1": Q.IQ1_S, "2": Q.Q2_K, "3": Q.Q3_K, "4": Q.Q4_K, "5": Q.Q5_K, "6": Q.Q6_K, "8": Q.Q8_0}
+
+
+def _records() -> list[dict[str, Any]]:
+    if not DATA.is_file():
+        pytest.fail(f"{DATA} is missing (the development set of issue 11)")
+    data: list[dict[str, Any]] = json.loads(DATA.read_text(encoding="utf-8"))
+    return data
+
+
+def _uniform(t: Q) -> QuantMix:
+    return QuantMix(name=f"uniform-{t.name}", ftype=7 if t == Q.Q8_0 else 15, embd=t, output=t, attn=t,
+                    attn_v=t, ffn=t, ffn_down=t, shexp=t, shexp_down=t, exps=t, exps_down=t, nextn=t)
+
+
+def _quant(m: dict[str, Any], arch: str) -> QuantMix | None:
+    if arch == "gpt-oss":
+        return MXFP4_MOE
+    name = str(m.get("quant") or "").upper()
+    size, params = m.get("size_gib"), m.get("params_b")
+    if size and params:
+        bpw = size * 2**30 * 8 / (params * 1e9)
+        return _uniform(min(TYPES, key=lambda tb: abs(tb[1] - bpw))[0])
+    if name in BY_NAME:
+        return _uniform(BY_NAME[name])
+    d = re.search(r"I?Q(\d)", name)
+    return _uniform(BY_DIGIT[d.group(1)]) if d and d.group(1) in BY_DIGIT else None
+
+
+def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
+    arch, params = m.get("arch"), m.get("params_b") or 0
+    ds3 = BIG_MODELS["DeepSeek-V3-Q4_K_M"]
+    if arch == "deepseek2" and 600 <= params <= 700:
+        spec = ds3
+    elif arch == "deepseek2" and 1000 <= params <= 1100:  # Kimi K2: 384 experts, 64 heads, 1 dense layer
+        spec = replace(ds3, name="Kimi K2", n_expert=384, n_head=64, n_layer_dense_lead=1)
+    elif arch == "qwen3moe" and 25 <= params <= 35:
+        spec = BIG_MODELS["Qwen3-30B-A3B-Q4_K_M"]
+    elif arch == "qwen3moe" and 200 <= params <= 250:
+        spec = BIG_MODELS["Qwen3-235B-A22B-Q4_K_M"]
+    elif arch == "gpt-oss" and params > 100:
+        spec = BIG_MODELS["gpt-oss-120b-MXFP4"]
+    elif arch == "gpt-oss" and 15 <= params <= 25:  # gpt-oss-20b: 24 layers, 32 experts
+        spec = replace(BIG_MODELS["gpt-oss-120b-MXFP4"], name="gpt-oss-20b", n_layer=24, n_expert=32)
+    elif arch == "llama" and 60 <= params <= 75:
+        spec = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]
+    elif arch == "llama" and 6 <= params <= 8.5:  # Llama 2 7B / Llama 3 8B shapes (GQA for 8B)
+        kv = 8 if params > 7.5 else 32
+        ff = 14336 if params > 7.5 else 11008
+        spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name=f"llama {params}B", n_layer=32, n_embd=4096,
+                       n_head=32, n_head_kv=kv, n_ff=ff)
+    else:
+        return None, f"no synth shape for {arch} {params}B"
+    if m.get("n_layer") and spec.arch != "llama" and m["n_layer"] != spec.n_layer - spec.n_nextn:
+        return None, f"layer count {m['n_layer']} differs from the catalogue's {spec.n_layer}"
+    q = _quant(m, spec.arch)
+    if q is None:
+        return None, f"quant {m.get('quant')!r} without a file size"
+    return replace(spec, quant=q), ""
+
+
+def _gpu_card(name: str) -> str | None:
+    for n in (name, re.sub(r"\s*(GPU|Max-Q|\d+GB)$", "", name), re.sub(r"\s+\d+GB$", "", name)):
+        c = card(n.strip())
+        if c is not None:
+            return c.key
+    return None
+
+
+def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
+    h = rec["hardware"]
+    ram = str(h.get("ram") or "")
+    stated = re.search(r"(\d+(?:\.\d+)?)\s*GB/s", ram) or re.search(r"(\d+(?:\.\d+)?)\s*GiB/s", ram)
+    cpu_decl = "CPU=1024GiB"
+    if stated:
+        cpu_decl += f",bw={stated.group(1)}GB/s"
+    else:
+        cpu = str(h.get("cpu") or "").lower()
+        mem = next((v for k, v in CPU_MEMORY.items() if k in cpu), None)
+        if mem:
+            cpu_decl += f",ram={mem}"
+    gpus = []
+    for i, g in enumerate(h.get("gpus") or []):
+        key = _gpu_card(g)
+        if key is None:
+            return None, f"GPU {g!r} not in the speed catalogue"
+        c = card(key)
+        assert c is not None
+        kind = "Metal" if c.kind == "Metal" else ("ROCm" if c.kind == "ROCm" else "CUDA")
+        gpus.append(parse_device_decl(f"{kind}{i}={key}" + (",192GiB" if c.vram_gib is None else "")))
+    return DeviceSet(parse_device_decl(cpu_decl), tuple(gpus)), ""
+
+
+def _argv(rec: dict[str, Any]) -> list[str]:
+    s, meas = rec["settings"], rec["measured"]
+    out = ["-np", "1"]
+    ctx = s.get("ctx") or max(4096, (meas.get("depth") or 0) + (meas.get("pp_tokens") or 0) + 256)
+    out += ["-c", str(ctx)]
+    if s.get("ngl") is not None:
+        out += ["-ngl", str(s["ngl"])]
+    for rule in s.get("ot") or []:
+        out += ["-ot", rule]
+    if s.get("n_cpu_moe") is not None:
+        out += ["--n-cpu-moe", str(s["n_cpu_moe"])]
+    ub = s.get("ubatch") or 512
+    b = max(s.get("batch") or 2048, ub)
+    out += ["-b", str(b), "-ub", str(ub)]
+    if s.get("ctk"):
+        out += ["-ctk", s["ctk"]]
+    if s.get("threads"):
+        out += ["-t", str(s["threads"])]
+    if s.get("split_mode"):
+        out += ["-sm", s["split_mode"]]
+    if s.get("tensor_split"):
+        out += ["-ts", ",".join(str(x) for x in s["tensor_split"])]
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
+    return {}
+
+
+def _model(spec: ModelSpec, cache: dict[str, Model], root: Path) -> Model:
+    key = f"{spec.name}-{spec.quant.name}-{spec.n_layer}-{spec.n_expert}"
+    if key not in cache:
+        [path] = write_model(spec, root / f"{re.sub(r'[^A-Za-z0-9.-]', '_', key)}.gguf", header_only=True)
+        cache[key] = open_model(str(path))
+    return cache[key]
+
+
+def test_estimates_against_public_measurements(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("public_models")
+    cache: dict[str, Model] = {}
+    rows: list[tuple[str, float | None, float | None, str]] = []
+    skipped: list[tuple[str, str]] = []
+    for rec in _records():
+        spec, why = _spec(rec["model"])
+        ds, why_dev = _devices(rec) if spec else (None, "")
+        if spec is None or ds is None:
+            skipped.append((rec["id"], why or why_dev))
+            continue
+        model = _model(spec, cache, root)
+        argv = _argv(rec)
+        threads = rec["settings"].get("threads")
+        dialect = rec["backend"]
+        parsed = parse_server_args(argv, dialect=dialect)
+        plan = plan_from_args(model, ds, parsed, dialect)
+        meas = rec["measured"]
+        depth = meas.get("depth") or 0
+        if depth:  # tg at the measured depth: the estimate's full-context figure at -c depth
+            plan = replace(plan, context=replace(plan.context, n_ctx=max(256, depth)))
+        est = estimate(plan, hardware_for(ds, threads=threads), prompt=meas.get("pp_tokens") or 512)
+        tg = est.tg_tps_at_ctx if depth else est.tg_tps
+        e_tg = math.log(tg / meas["tg_tps"]) if meas.get("tg_tps") else None
+        e_pp = math.log(est.pp_tps / meas["pp_tps"]) if meas.get("pp_tps") else None
+        detail = f"{tg:.1f}/{meas.get('tg_tps')} {est.pp_tps:.0f}/{meas.get('pp_tps')}"
+        rows.append((rec["id"], e_tg, e_pp, detail))
+    print(f"\n{'record':48} {'tg est/meas':>11} {'pp est/meas':>11}   estimated/measured t/s (tg, pp)")
+    def f(e: float | None) -> str:
+        return "        -" if e is None else f"{math.exp(e):9.2f}x"
+
+    for rid, et, ep, detail in rows:
+        print(f"{rid:48} {f(et):>11} {f(ep):>11}   {detail}")
+    for rid, why in skipped:
+        print(f"{rid:48} skipped: {why}")
+    tg_err = [abs(e) for _, e, _, _ in rows if e is not None]
+    pp_err = [abs(e) for _, _, e, _ in rows if e is not None]
+
+    def spread(errs: list[float]) -> str:
+        q = statistics.quantiles(errs, n=4)
+        return (f"median {math.exp(statistics.median(errs)):.2f}x off, quartiles "
+                f"{math.exp(q[0]):.2f}x..{math.exp(q[2]):.2f}x, worst {math.exp(max(errs)):.2f}x")
+
+    print(f"tg ({len(tg_err)} records): {spread(tg_err)}")
+    print(f"pp ({len(pp_err)} records): {spread(pp_err)}")
+    signed = [e for _, e, _, _ in rows if e is not None]
+    print(f"tg signed median: estimate/measured = {math.exp(statistics.median(signed)):.2f}")
+    signed_pp = [e for _, _, e, _ in rows if e is not None]
+    print(f"pp signed median: estimate/measured = {math.exp(statistics.median(signed_pp)):.2f}")
+    assert len(rows) >= MIN_RECORDS, f"only {len(rows)} records could be estimated"
+    assert statistics.median(tg_err) < TG_BOUND
+    assert statistics.median(pp_err) < PP_BOUND

@@ -1,0 +1,128 @@
+"""The speed estimate in the window: a line under the memory bars that follows every edit, and the
+"Fastest plan" preset as one undo step that keeps the user's moves and fits the GPU."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pytestqt.qtbot import QtBot
+from tests.ui.conftest import system_info
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
+
+from offload_planner.core.placement import CPU
+from offload_planner.ui.settings import Settings
+
+LABEL = re.compile(r"est\. tg ([\d.]+) t/s · pp ([\d.]+) t/s \((.*)\)")
+RES = Path(__file__).resolve().parents[2] / "resources"
+
+
+def test_label_follows_every_edit(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
+        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+        qtbot.waitUntil(lambda: "CPU" in win.speed_label.text())
+        m = LABEL.fullmatch(win.speed_label.text())
+        assert m, win.speed_label.text()
+        tg_cpu = float(m.group(1))
+        assert "CUDA0" in m.group(3) and "CPU" in m.group(3)
+        assert "assumptions" in win.speed_label.toolTip()
+        doc.undo_stack.undo()  # experts back on the 24 GiB GPU: every token reads only VRAM
+        qtbot.waitUntil(lambda: "CPU" not in win.speed_label.text() or win.speed_label.text() != m.group(0))
+        m2 = LABEL.fullmatch(win.speed_label.text())
+        assert m2 and float(m2.group(1)) > 2 * tg_cpu
+    finally:
+        win.close()
+
+
+def test_fastest_plan_preset_is_one_undo_step(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=12GiB,bw=936GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        pinned = {t.name: CPU for t in doc.plan.model.tensors if t.layer == 2 and t.role.is_routed_expert}
+        doc.apply_preset(pinned, "pin layer 2")
+        wait_projected(qtbot, win)
+        before = doc.plan
+        steps = doc.undo_stack.count()
+        assert win.presets_menu.fastest()
+        assert doc.undo_stack.count() == steps + 1
+        after = doc.plan
+        devs = after.placement().tensor_devices()
+        assert {devs[n] for n in pinned} == {CPU}
+        gpu = after.devices.gpus[0]
+        margin = gpu.margin or 1024**3
+        assert after.projection().device("CUDA0").resident() + margin <= (gpu.capacity or 0)
+        doc.undo_stack.undo()
+        assert doc.plan == before
+    finally:
+        win.close()
+
+
+def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> None:
+    from offload_planner.ui.device_panel import AddGpuDialog
+
+    win = make_window(qtbot, settings, system_info(cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        dlg = AddGpuDialog(win.doc, 1024**3)
+        qtbot.addWidget(dlg)
+        dlg.card.setCurrentIndex(dlg.card.findData("rtx3090"))
+        assert dlg.size_spin.value() == 24.0
+        dev = dlg.device()
+        assert dev is not None and dev.hardware == (("card", "rtx3090"),)
+        win.doc.add_device(dev)
+        qtbot.waitUntil(lambda: "CUDA0" in win.speed_label.text())
+        assert "936 GB/s (catalogue" in win.speed_label.toolTip()
+    finally:
+        win.close()
+
+
+def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: Settings) -> None:
+    from offload_planner.backend.speed_store import machine_hardware
+    from offload_planner.core.speed.estimate import tg_tps
+    from offload_planner.ui.move_preview import move_tg
+    from offload_planner.ui.tensor_map_model import move_preview_html
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        grid = doc.grid
+        assert grid is not None
+        row, col = grid.row_of_layer(7), grid.column_index("exps_down")
+        assert row is not None and col is not None
+        names = grid.cell(row, col).movable_names
+        preview = move_tg(doc.plan, names)
+        now, to_cpu = preview[CPU]
+        assert to_cpu < now and preview["CUDA0"][1] == now  # already there
+        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in move_preview_html(doc.plan, grid.cell(row, col))
+        doc.move(names, CPU)
+        assert tg_tps(doc.plan, machine_hardware(doc.plan, probe=False)) == to_cpu
+    finally:
+        win.close()
+
+
+def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
+        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+        plot = win.ubatch_plot
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        pts = plot.points
+        assert [p.n_ubatch for p in pts] == [64, 128, 256, 512, 1024, 2048, 4096]
+        pp = [p.pp_tps for p in pts]
+        assert pp == sorted(pp) and pp[-1] > 3 * pp[0]  # op offload: copies shared by more tokens
+        buf = [p.gpu_compute_bytes for p in pts]
+        assert buf[-1] > buf[0]  # a larger micro-batch needs a larger compute buffer
+        assert plot.pp_curve.yData is not None and len(plot.pp_curve.yData) == 7
+        assert "fastest prompt processing at -ub 4096" in plot.status.text()
+    finally:
+        win.close()
