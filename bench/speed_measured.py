@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
 from offload_planner.backend.speed_store import measure_ram_bandwidth
@@ -72,8 +73,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``argv`` (no shell) with output to ``log``; always stop it by PID."""
-    with open(log, "wb") as out:
-        p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "wb") as out:  # child_guard: it dies with this script however the script ends
+        p = child_guard.popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield p
     finally:
