@@ -84,6 +84,13 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not stream the server log")
     p.add_argument("--save-calibration", action="store_true",
                    help="remember the measured compute buffers for this model and options")
+    p.add_argument("--bench", action="store_true",
+                   help="once it listens, measure prompt and generation speed through the server's HTTP API, "
+                   "print them against the planner's estimate, store the efficiencies they imply for this "
+                   "machine and backend (later estimates say 'calibrated'), then stop the server")
+    p.add_argument("--bench-prompt", type=int, default=512, metavar="N", help="prompt tokens for --bench")
+    p.add_argument("--bench-gen", type=int, default=64, metavar="N", help="generated tokens for --bench")
+    p.add_argument("--no-store", action="store_true", help="with --bench: do not store the calibration")
 
 
 def _free_port() -> int:
@@ -277,10 +284,62 @@ class _Session:
                 if cal is not None:
                     self.say(f"calibration saved to {store.path}")
         self.code = verdict
-        if self.args.verify:
+        if self.args.bench:
+            self._start_bench(url)
+        elif self.args.verify:
             self.server.stop()
         else:
             self.say("press Ctrl-C to stop the server")
+
+    def _start_bench(self, url: str) -> None:
+        """Measure off the event loop (the server keeps logging while it works), then stop it."""
+        import threading
+
+        from PySide6.QtCore import QTimer
+
+        from offload_planner.core.plan import plan_from_args
+
+        if self.model is None or self.parsed is None:
+            self.say("--bench needs the model's header to estimate: nothing measured")
+            self.code = EXIT_FAILED
+            self.server.stop()
+            return
+        plan = plan_from_args(self.model, self.devices, self.parsed, self.dialect)
+        self.say(f"measuring speed: {self.args.bench_prompt}-token prompt, "
+                 f"{self.args.bench_gen} generated tokens")
+        result: list[Any] = []
+
+        def work() -> None:
+            from offload_planner.backend.speed_check import run_speed_check
+
+            try:
+                result.append(run_speed_check(url, plan, self.parsed, prompt_tokens=self.args.bench_prompt,
+                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store))
+            except PlannerError as e:
+                result.append(e)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        poll = QTimer()
+        self.bench_poll = poll
+
+        def check() -> None:
+            if worker.is_alive():
+                return
+            poll.stop()
+            self._bench_done(result[0] if result else PlannerError("the speed check ended without a result"))
+
+        poll.timeout.connect(check)
+        poll.start(100)
+
+    def _bench_done(self, outcome: Any) -> None:
+        if isinstance(outcome, PlannerError):
+            self.say(f"speed check failed: {outcome}")
+            self.code = EXIT_FAILED
+        else:
+            self.out.write("\n" + "\n".join(outcome.lines()) + "\n")
+            self.out.flush()
+        self.server.stop()
 
     def _on_finished(self, outcome: Any) -> None:
         from offload_planner.backend.launch import PlanContext

@@ -237,7 +237,7 @@ def test_calibrated_efficiencies_change_the_estimate_and_say_so(qwen: Model) -> 
 
 def test_calibration_recovers_the_efficiency_a_measurement_implies(qwen: Model) -> None:
     """A 'measurement' made with known efficiencies is explained by those efficiencies again."""
-    from offload_planner.core.speed.calibrate import fit_efficiencies
+    from offload_planner.core.speed.calibrate import calibrate
     from offload_planner.core.speed.efficiency import DEFAULT
 
     ds = devices("CUDA0=rtx3090")
@@ -246,17 +246,17 @@ def test_calibration_recovers_the_efficiency_a_measurement_implies(qwen: Model) 
     truth = calibrated({"cpu_bandwidth": 0.4, "cpu_compute": 0.2}, "truth")
     measured = estimate(p, hw, eff=truth)
     est = estimate(p, hw, eff=DEFAULT)
-    fitted = fit_efficiencies(est, hw, DEFAULT, tg_tps=measured.tg_tps, pp_tps=measured.pp_tps)
+    fitted = calibrate(est, hw, DEFAULT, tg_tps=measured.tg_tps, pp_tps=measured.pp_tps).values
     assert fitted["cpu_bandwidth"] == pytest.approx(0.4, rel=1e-3)
     assert fitted["cpu_compute"] == pytest.approx(0.2, rel=1e-3)
     again = estimate(p, hw, eff=calibrated(fitted, "fitted"))
     assert again.tg_tps == pytest.approx(measured.tg_tps, rel=1e-3) and again.calibrated
     # a measurement faster than the other terms allow is not explained by this one
-    assert "gpu_bandwidth" not in fit_efficiencies(est, hw, DEFAULT, tg_tps=1e6)
+    assert "gpu_bandwidth" not in calibrate(est, hw, DEFAULT, tg_tps=1e6).values
     # with -t limiting the CPU, the per-thread bandwidth is what the measurement sets
     hw16 = hardware_for(ds, threads=4)
     slow = estimate(p, hw16, eff=calibrated({"cpu_thread_bandwidth": 5.0}, "truth"))
-    got = fit_efficiencies(estimate(p, hw16, eff=DEFAULT), hw16, DEFAULT, tg_tps=slow.tg_tps)
+    got = calibrate(estimate(p, hw16, eff=DEFAULT), hw16, DEFAULT, tg_tps=slow.tg_tps).values
     assert got == {"cpu_thread_bandwidth": pytest.approx(5.0, rel=1e-3)}
 
 

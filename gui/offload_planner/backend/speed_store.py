@@ -114,7 +114,10 @@ def record_efficiencies(backend: str, values: dict[str, float]) -> None:
     calibrated(values, "check")  # refuse unknown names before writing
     data = _load()
     entry = data.setdefault("machines", {}).setdefault(machine_key(), {})
-    entry.setdefault("efficiencies", {})[backend] = {k: float(v) for k, v in values.items()}
+    kept = entry.setdefault("efficiencies", {}).get(backend)
+    merged = dict(kept) if isinstance(kept, dict) else {}  # a pp-only run keeps the tg calibration
+    merged.update({k: float(v) for k, v in values.items()})
+    entry["efficiencies"][backend] = merged
     entry.setdefault("efficiencies_at", {})[backend] = time.strftime("%Y-%m-%d %H:%M")
     _save(data)
 

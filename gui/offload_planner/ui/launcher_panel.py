@@ -47,11 +47,13 @@ from offload_planner.backend import launch
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.launch import Comparison, Explanation, PlanContext
 from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
+from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
 from offload_planner.ui.log_view import LogView
+from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
 MiB = 1024 * 1024
@@ -78,6 +80,8 @@ class LauncherPanel(QWidget):
     #: After a launch logged its buffers: actual total bytes per device as llama.cpp reports them
     #: ({} when a new launch starts).
     actualsReady = Signal(dict)
+    #: A Bench measurement finished and stored its efficiencies: estimates should be redone.
+    speedMeasured = Signal(object)
 
     def __init__(
         self,
@@ -105,6 +109,10 @@ class LauncherPanel(QWidget):
         #: The plan file the arguments came from: Launch first shows the whole command and asks.
         self.review_source: str | None = None
         self._telemetry_views: list[TelemetryView] = []
+        self._url = ""
+        self.bench = SpeedBench(self)
+        self.bench.done.connect(self._on_bench_done)
+        self.bench.failed.connect(self._on_bench_failed)
         self._build(executable)
         self.server.stateChanged.connect(self._on_state)
         self.server.progressChanged.connect(self._on_progress)
@@ -134,6 +142,17 @@ class LauncherPanel(QWidget):
         self.open_button = QPushButton("Open web UI")
         self.open_button.clicked.connect(self.open_web_ui)
         self.open_button.setEnabled(False)
+        self.bench_button = QPushButton("Bench")
+        self.bench_button.setToolTip(
+            "Send a fixed 512-token prompt and 64 generated tokens to the running server, show the "
+            "measured speed against the estimate, and calibrate later estimates on this machine"
+        )
+        self.bench_button.clicked.connect(self.run_bench)
+        self.bench_button.setEnabled(False)
+        self.speed_label = QLabel()
+        self.speed_label.setWordWrap(True)
+        self.speed_label.setAccessibleName("Measured speed")
+        self.speed_label.hide()
 
         self.server_edit = QLineEdit(executable)
         self.server_edit.setPlaceholderText(
@@ -190,6 +209,7 @@ class LauncherPanel(QWidget):
         url_row = QHBoxLayout()
         url_row.addWidget(self.url_label, 1)
         url_row.addWidget(self.open_button)
+        url_row.addWidget(self.bench_button)
         options = QGroupBox("Launch options")
         form = QFormLayout(options)
         srv_row = QHBoxLayout()
@@ -211,6 +231,7 @@ class LauncherPanel(QWidget):
         lay.addLayout(url_row)
         lay.addWidget(options)
         lay.addWidget(self.notes)
+        lay.addWidget(self.speed_label)
         lay.addWidget(self.failures)
         lay.addWidget(self.stale_note)
         lay.addWidget(self.table, 1)
@@ -354,6 +375,7 @@ class LauncherPanel(QWidget):
         """Stop the server and wait for it (for the window's closeEvent)."""
         self.sampler.stop()
         self.server.shutdown()
+        self.bench.shutdown()  # a measurement in flight fails fast once its server is gone
 
     def open_web_ui(self) -> None:
         if self.server.url:
@@ -402,6 +424,8 @@ class LauncherPanel(QWidget):
     def _on_ready(self, url: str) -> None:
         self.url_label.setText(f"<a href='{url}'>{url}</a>")
         self.open_button.setEnabled(True)
+        self._url = url
+        self.bench_button.setEnabled(self._run is not None and self._run[0] is not None)
         plan, projection, _ = self._run or (None, None, [])
         self._fill_table(projection, self.server, plan)
         self._emit_actuals(plan)
@@ -422,6 +446,8 @@ class LauncherPanel(QWidget):
     def _on_finished(self, outcome: LaunchOutcome) -> None:
         self.sampler.stop()
         self.open_button.setEnabled(False)
+        self.bench_button.setEnabled(False)
+        self._url = ""
         plan, projection, command = self._run or (None, None, [])
         self._run = None
         if not outcome.reached_running:
@@ -435,6 +461,27 @@ class LauncherPanel(QWidget):
             ended = Explanation("exit", f"llama-server ended ({outcome.state.value})")
             self._show_explanations(exps or [ended])
         self._update_buttons()
+
+    # --- speed ------------------------------------------------------------------------------------
+
+    def run_bench(self) -> bool:
+        """Measure the running server's speed (off the GUI thread) against the plan it runs."""
+        plan = self._run[0] if self._run else None
+        if not self._url or plan is None or not self.bench.start(self._url, plan):
+            return False
+        self.bench_button.setEnabled(False)
+        self.speed_label.setText("Measuring speed: 512-token prompt, 64 generated tokens…")
+        self.speed_label.show()
+        return True
+
+    def _on_bench_done(self, check: SpeedCheck) -> None:
+        self.speed_label.setText("\n".join(check.lines()))
+        self.bench_button.setEnabled(bool(self._url))
+        self.speedMeasured.emit(check)
+
+    def _on_bench_failed(self, message: str) -> None:
+        self.speed_label.setText(f"Speed check failed: {message}")
+        self.bench_button.setEnabled(bool(self._url))
 
     # --- showing ----------------------------------------------------------------------------------
 

@@ -170,6 +170,7 @@ class MainWindow(QMainWindow):
         self.launcher.deviceHighlighted.connect(lambda d: self.memory_view.set_drop_highlight(d or None))
         self.launcher.executableChanged.connect(self.set_backend_path)
         self.launcher.actualsReady.connect(self._on_actuals)
+        self.launcher.speedMeasured.connect(lambda _check: self.speed_label.refresh())  # now calibrated
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(self.command_pane, "Command")

@@ -1,57 +1,90 @@
-"""Efficiencies from a measurement: what the estimate's largest term must have been for the
-estimate to equal what a bench measured (``launch --bench`` stores the result with
-``backend.speed_store.record_efficiencies``; later estimates say "calibrated").
+"""From one measured run to the efficiencies that make the estimate match it.
 
-Token generation fits the bandwidth efficiency of the part that takes most of the time per token
-(the CPU's: ``cpu_bandwidth``, ``probe_bandwidth`` when its bandwidth was measured by the probe,
-``cpu_thread_bandwidth`` when ``-t`` limited it; the GPUs': ``gpu_bandwidth``).  Prompt
-processing fits the compute efficiency of the part that takes most of the prompt time
-(``cpu_compute`` / ``gpu_compute``), or ``link`` when op-offload copies dominate.  The other terms
-are kept as estimated.  A term that cannot explain the measurement (the rest alone already takes
-longer) is left out.
+A measurement gives two numbers (tg and pp tokens/s) and the estimate is a sum of per-device
+times, so one run cannot fix every efficiency.  The rule is the one a person tuning by hand would
+follow: the measured time minus what the estimate gives the other parts is the time of the part
+that dominates (the bottleneck device of token generation, and of prompt processing; or the host
+link when op-offload copies dominate), and that part's efficiency is scaled to match.  The parts
+that do not dominate keep their efficiencies.  A part whose time the measurement cannot isolate
+(the others alone already take longer than measured) is left alone and said so.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from offload_planner.core.devices import DeviceKind
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.estimate import SpeedEstimate
-from offload_planner.core.speed.hardware import Hardware, Source
+from offload_planner.core.speed.hardware import DeviceSpeed, Hardware, Source
+
+#: A measurement that moves an efficiency by more than this factor either way is not what the
+#: model describes (a busy machine, swapping, a wrong declaration): it is not stored.
+MAX_FACTOR = 25.0
 
 
-def _solve(old: float, part: float, total_measured: float, rest: float) -> float | None:
-    """``part / new_eff * old`` + ``rest`` = ``total_measured`` (times in one unit)."""
-    if part <= 0 or total_measured <= rest:
+@dataclass
+class Calibration:
+    values: dict[str, float] = field(default_factory=dict)  # Efficiencies field name -> new value
+    notes: list[str] = field(default_factory=list)
+
+
+def _bandwidth_name(dev: DeviceSpeed, eff: Efficiencies) -> str | None:
+    """The efficiency that sets ``dev``'s effective bandwidth in the estimate."""
+    if dev.kind is DeviceKind.RPC:
+        return None  # a remote device's figures are declared; its class is the GPUs'
+    if dev.kind is not DeviceKind.CPU:
+        return "gpu_bandwidth"
+    e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
+    if dev.threads and dev.threads * eff.cpu_thread_bandwidth.value < dev.bandwidth.value * e.value:
+        return "cpu_thread_bandwidth"
+    return "probe_bandwidth" if dev.bandwidth.source is Source.MEASURED else "cpu_bandwidth"
+
+
+def _compute_name(dev: DeviceSpeed) -> str | None:
+    if dev.kind is DeviceKind.RPC:
         return None
-    return old * part / (total_measured - rest)
+    return "cpu_compute" if dev.kind is DeviceKind.CPU else "gpu_compute"
 
 
-def fit_efficiencies(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,
-                     pp_tps: float | None = None) -> dict[str, float]:
-    """Efficiency names -> values that make ``est`` (made with ``eff`` on ``hw``) match the measured
-    ``tg_tps`` (at depth 0) and ``pp_tps`` (for ``est.prompt`` tokens at ``est.n_ubatch``)."""
-    out: dict[str, float] = {}
-    if tg_tps:
-        cpu = sum(d.tg_ms_per_token for d in est.devices if d.name == "CPU")
-        gpu = sum(d.tg_ms_per_token for d in est.devices if d.name != "CPU")
-        measured = 1e3 / tg_tps
-        if cpu >= gpu:
-            measured_cpu = hw["CPU"].bandwidth.source is Source.MEASURED
-            name = "probe_bandwidth" if measured_cpu else "cpu_bandwidth"
-            if any(a.what.startswith("CPU limited by -t") for a in est.assumptions):
-                name = "cpu_thread_bandwidth"  # -t, not the RAM, set the CPU's bandwidth
-            v = _solve(getattr(eff, name).value, cpu, measured, gpu + est.split_ms)
+def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: float, total_est_s: float,
+             total_measured_s: float, what: str) -> None:
+    """Scale efficiency ``name`` so that the part's time makes the total match the measurement."""
+    if name is None:
+        cal.notes.append(f"{what}: a remote (RPC) device dominates; its figures are declared, not calibrated")
+        return
+    others = total_est_s - part_s
+    part_measured = total_measured_s - others
+    if part_s <= 0 or part_measured <= 0.05 * part_s:
+        cal.notes.append(f"{what}: the other parts alone take {others:.3g} s of the measured "
+                         f"{total_measured_s:.3g} s; {name} left as it is")
+        return
+    old = getattr(eff, name).value
+    new = old * part_s / part_measured
+    if not 1 / MAX_FACTOR <= new / old <= MAX_FACTOR:
+        cal.notes.append(f"{what}: {name} would go from {old:.3g} to {new:.3g}, more than {MAX_FACTOR:g}x; "
+                         "not stored")
+        return
+    cal.values[name] = round(new, 4)
+    cal.notes.append(f"{what}: {name} {old:.3g} -> {new:.3g}")
+
+
+def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,
+              pp_tps: float | None = None) -> Calibration:
+    """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates."""
+    cal = Calibration()
+    if tg_tps and est.tg_tps > 0 and est.devices:
+        d = max(est.devices, key=lambda x: x.tg_ms_per_token)
+        _rescale(cal, eff, _bandwidth_name(hw[d.name], eff), d.tg_ms_per_token / 1e3, 1.0 / est.tg_tps,
+                 1.0 / tg_tps, f"tg (bottleneck {d.name})")
+    if pp_tps and est.pp_tps > 0 and est.devices:
+        d = max(est.devices, key=lambda x: x.pp_ms)
+        total_est = est.prompt / est.pp_tps
+        total_meas = est.prompt / pp_tps
+        if est.pp_transfer_ms > d.pp_ms:
+            _rescale(cal, eff, "link", est.pp_transfer_ms / 1e3, total_est, total_meas,
+                     "pp (op-offload copies)")
         else:
-            name = "gpu_bandwidth"
-            v = _solve(eff.gpu_bandwidth.value, gpu, measured, cpu + est.split_ms)
-        if v is not None:
-            out[name] = round(v, 4)
-    if pp_tps:
-        cpu = sum(d.pp_ms for d in est.devices if d.name == "CPU")
-        gpu = sum(d.pp_ms for d in est.devices if d.name != "CPU")
-        parts = {"cpu_compute": cpu, "gpu_compute": gpu, "link": est.pp_transfer_ms}
-        name = max(parts, key=lambda k: parts[k])
-        rest = sum(v for k, v in parts.items() if k != name) + est.pp_split_ms
-        v = _solve(getattr(eff, name).value, parts[name], 1e3 * est.prompt / pp_tps, rest)
-        if v is not None:
-            out[name] = round(v, 4)
-    return out
+            _rescale(cal, eff, _compute_name(hw[d.name]), d.pp_ms / 1e3, total_est, total_meas,
+                     f"pp (bottleneck {d.name})")
+    return cal

@@ -386,6 +386,47 @@ BIG_MODELS: dict[str, ModelSpec] = {
     ),
 }
 
+# Complete models for speed measurements (bench/speed_measured.py): large enough (over 2 GB) that
+# token generation on this machine's CPU is bound by memory bandwidth, small enough to write and
+# load in seconds.  Written complete and filled with random weights (core/synth/random_fill.py).
+BENCH_MODELS: dict[str, ModelSpec] = {
+    # dense, Llama-2-7B-wide layers: every token reads every weight
+    "bench-llama-2g": ModelSpec(
+        name="bench-llama-2g",
+        arch="llama",
+        n_layer=20,
+        n_embd=4096,
+        n_head=32,
+        n_head_kv=8,
+        n_ff=11008,
+        n_ctx_train=8192,
+        rope_freq_base=500000.0,
+        rms_eps=1e-5,
+        tokenizer=_bpe(32000, "llama-bpe", 30000),
+        quant=Q4_K_M,
+    ),
+    # Qwen3-style MoE, 64 experts / 8 used: a token reads attention and 1/8 of the experts
+    "bench-qwen3moe-2g": ModelSpec(
+        name="bench-qwen3moe-2g",
+        arch="qwen3moe",
+        n_layer=20,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=4,
+        head_dim_k=128,
+        head_dim_v=128,
+        n_ff=6144,
+        n_expert=64,
+        n_expert_used=8,
+        n_ff_exp=512,
+        n_ctx_train=8192,
+        rope_freq_base=1000000.0,
+        qk_norm=True,
+        tokenizer=_bpe(32000, "qwen2", 30000),
+        quant=Q4_K_M,
+    ),
+}
+
 # The header-only demo models shipped in resources/.
 DEMO_MODELS: tuple[str, ...] = ("DeepSeek-V3-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M")
 

@@ -1,0 +1,212 @@
+"""Measured against estimated speed on this machine: the real llama-server on random-weight models.
+
+For every model in ``BENCH_MODELS`` (over 2 GB each, random weights written into the file and read
+into RAM with ``-lm none`` (no mmap), so token generation is bound by memory bandwidth, as on a real box):
+
+- the host's RAM bandwidth, measured in this run by the planner's own probe (the reference);
+- one configuration after another: the CPU alone (``-ngl 0``), two ``ggml-rpc-server`` devices on
+  loopback holding every layer (``--rpc A,B -ngl 999``) and, for MoE models, the routed experts on
+  the CPU with the rest on one RPC device (``-ot exps=CPU``);
+- for each: the server's own prompt and generation rates (``/completion`` timings), the planner's
+  estimate for the same command line and devices, and the ratio estimated / measured.
+
+Nothing here is a timed test: the ratios are printed for the note and the README.
+
+    python bench/speed_measured.py [--models bench-llama-2g,...] [--prompt 256] [--gen 32]
+                                   [--workdir /tmp/offload-bench] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from offload_planner.backend import child_guard
+from offload_planner.backend.launch import find_server_executable
+from offload_planner.backend.server_bench import MeasuredSpeed, measure
+from offload_planner.backend.speed_store import measure_ram_bandwidth
+from offload_planner.backend.system import cpu_device
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import build_device_set, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Figure, Source, hardware_for
+from offload_planner.core.synth import write_model
+from offload_planner.core.synth.catalog import BENCH_MODELS
+from offload_planner.core.synth.random_fill import fill_random
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    n_rpc: int
+    args: tuple[str, ...]
+    moe_only: bool = False
+
+
+CONFIGS = (
+    Config("CPU", 0, ("-ngl", "0")),
+    Config("2xRPC", 2, ("-ngl", "999")),
+    Config("RPC+CPU experts", 1, ("-ngl", "999", "-ot", "exps=CPU"), moe_only=True),
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` (no shell) with output to ``log``; always stop it by PID."""
+    with open(log, "wb") as out:  # child_guard: it dies with this script however the script ends
+        p = child_guard.popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it listened")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=2) as r:
+            if r.status == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not become healthy in {timeout:.0f} s")
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def model_file(name: str, workdir: Path) -> Path:
+    """The bench model, written and filled with random weights once (a marker file records it)."""
+    path = workdir / f"{name}.gguf"
+    marker = workdir / f"{name}.filled"
+    if not (path.is_file() and marker.is_file()):
+        t0 = time.perf_counter()
+        write_model(BENCH_MODELS[name], path)
+        n = fill_random([path], seed=1)
+        marker.write_text(str(n))
+        print(f"# wrote {path} ({n / 1e9:.2f} GB of random weights) in {time.perf_counter() - t0:.1f} s")
+    return path
+
+
+def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
+                    args: argparse.Namespace) -> SpeedEstimate:
+    """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
+    machine, so each is declared with the host's measured bandwidth and the CPU's compute."""
+    parsed = parse_server_args(server_args, dialect="llama.cpp")
+    cores = os.cpu_count() or 1
+    tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD, 3)
+    declared = [parse_device_decl(f"RPC{i}=16GiB,bw={ram_gbs:.1f}GB/s,tflops={tflops},link={args.link}")
+                for i in range(len(endpoints))]
+    devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=endpoints, declared=declared)
+    plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
+    probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
+    hw = hardware_for(devices, threads=args.threads, probe=probe)
+    return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
+
+
+def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
+               n_vocab: int) -> tuple[list[str], list[str], MeasuredSpeed]:
+    bin_dir = server.parent
+    with contextlib.ExitStack() as stack:
+        endpoints = []
+        for i in range(cfg.n_rpc):
+            port = free_port()
+            stack.enter_context(process(
+                [str(bin_dir / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+                args.workdir / f"rpc{i}.log"))
+            wait_port(port)
+            endpoints.append(f"127.0.0.1:{port}")
+        port = free_port()
+        server_args = ["-c", str(args.ctx), "-t", str(args.threads), "-lm", "none", "-fit", "off",
+                       "-np", "1", *cfg.args]
+        if endpoints:
+            server_args += ["--rpc", ",".join(endpoints)]
+        proc = stack.enter_context(process(
+            [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *server_args],
+            args.workdir / "server.log"))
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url, proc, args.timeout)
+        got = measure(url, n_vocab=n_vocab, prompt_tokens=args.prompt, gen_tokens=args.gen)
+        return server_args, endpoints, got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(BENCH_MODELS))
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--gen", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/offload-bench"))
+    ap.add_argument("--server", default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--link", default="10GB/s", help="declared loopback link of the RPC devices")
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    found = find_server_executable(args.server)
+    if found.path is None:
+        print(found.message, file=sys.stderr)
+        return 2
+    server = Path(found.path)
+    rows = []
+    print(f"{'model':20s} {'config':16s} {'RAM GB/s':>8s} {'pp meas':>8s} {'pp est':>8s} {'ratio':>6s}"
+          f" {'tg meas':>8s} {'tg est':>8s} {'ratio':>6s}  load")
+    for name in args.models.split(","):
+        spec = BENCH_MODELS[name]
+        model = model_file(name, args.workdir)
+        for cfg in CONFIGS:
+            if cfg.moe_only and not spec.n_expert:
+                continue
+            ram = measure_ram_bandwidth()  # the reference, measured next to each run
+            server_args, endpoints, got = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
+            est = estimate_config(model, server_args, endpoints, ram, args)
+            load = os.getloadavg()[0]
+            rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
+                         "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
+                         "load": round(load, 2), **got.as_dict()})
+            print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "
+                  f"{est.pp_tps / got.pp_tps:6.2f} {got.tg_tps:8.2f} {est.tg_tps:8.2f} "
+                  f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

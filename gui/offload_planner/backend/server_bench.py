@@ -1,0 +1,107 @@
+"""Measure a running llama-server's prompt and generation speed through its HTTP API.
+
+One fixed request (:data:`DEFAULT_PROMPT_TOKENS` prompt tokens given as token ids, so no tokenizer
+or chat template is involved, then :data:`DEFAULT_GEN_TOKENS` generated tokens with ``ignore_eos``
+and the prompt cache off) is sent to ``/completion``; the server's own ``timings`` object gives
+the prompt and generation rates (``prompt_per_second``, ``predicted_per_second``), so HTTP and
+JSON overhead is not counted.  A short warm-up request first pages the weights in and builds the
+graphs.  Pure Python (urllib); no Qt.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from offload_planner.core.errors import PlannerError
+
+DEFAULT_PROMPT_TOKENS = 512
+DEFAULT_GEN_TOKENS = 64
+FIRST_TOKEN_ID = 100  # clear of the control tokens a vocabulary keeps at its start
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredSpeed:
+    """What the server reported for one request."""
+
+    prompt_tokens: int
+    prompt_ms: float
+    pp_tps: float
+    gen_tokens: int
+    gen_ms: float
+    tg_tps: float
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "prompt_tokens": self.prompt_tokens, "prompt_ms": round(self.prompt_ms, 3),
+            "pp_tps": round(self.pp_tps, 3), "gen_tokens": self.gen_tokens,
+            "gen_ms": round(self.gen_ms, 3), "tg_tps": round(self.tg_tps, 3),
+        }
+
+
+class BenchError(PlannerError):
+    """The server did not answer the benchmark request as llama-server does."""
+
+
+def prompt_ids(n: int, n_vocab: int) -> list[int]:
+    """``n`` fixed token ids, cycling through the vocabulary after its first ids."""
+    span = max(1, n_vocab - 2 * FIRST_TOKEN_ID)
+    return [FIRST_TOKEN_ID + (i * 7919) % span for i in range(n)]
+
+
+def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback server we started
+            payload = resp.read(16 << 20)
+    except (urllib.error.URLError, TimeoutError, OSError) as e:
+        raise BenchError(f"{url}: no answer to the benchmark request ({e})") from None
+    try:
+        out = json.loads(payload)
+    except ValueError:
+        raise BenchError(f"{url}: the answer is not JSON") from None
+    if not isinstance(out, dict):
+        raise BenchError(f"{url}: the answer is not a JSON object")
+    return out
+
+
+def _timings(url: str, answer: dict[str, Any]) -> MeasuredSpeed:
+    t = answer.get("timings")
+    if not isinstance(t, dict):
+        raise BenchError(f"{url}: the answer has no 'timings' object (not a llama-server?)")
+    try:
+        return MeasuredSpeed(
+            prompt_tokens=int(t["prompt_n"]), prompt_ms=float(t["prompt_ms"]),
+            pp_tps=float(t["prompt_per_second"]), gen_tokens=int(t["predicted_n"]),
+            gen_ms=float(t["predicted_ms"]), tg_tps=float(t["predicted_per_second"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise BenchError(f"{url}: 'timings' lacks {e}") from None
+
+
+def request_body(prompt: list[int], n_predict: int) -> dict[str, Any]:
+    return {
+        "prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
+        "temperature": 0.0, "stream": False,
+    }
+
+
+def measure(base_url: str, *, n_vocab: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
+            gen_tokens: int = DEFAULT_GEN_TOKENS, warmup: bool = True,
+            timeout: float = 600.0) -> MeasuredSpeed:
+    """Send the fixed benchmark request to ``base_url`` (``http://127.0.0.1:PORT``)."""
+    url = base_url.rstrip("/") + "/completion"
+    if warmup:
+        _post(url, request_body(prompt_ids(min(32, prompt_tokens), n_vocab), 4), timeout)
+    answer = _post(url, request_body(prompt_ids(prompt_tokens, n_vocab), gen_tokens), timeout)
+    got = _timings(url, answer)
+    if got.prompt_tokens < prompt_tokens - 1 or got.gen_tokens < gen_tokens:
+        raise BenchError(
+            f"{url}: the server processed {got.prompt_tokens} prompt and {got.gen_tokens} generated "
+            f"tokens, not {prompt_tokens} and {gen_tokens} (context too small?)"
+        )
+    return got

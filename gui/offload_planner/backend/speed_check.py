@@ -1,0 +1,76 @@
+"""Measured against estimated speed for a launched server, and the calibration it yields.
+
+:func:`run_speed_check` measures the running server (:mod:`offload_planner.backend.server_bench`),
+estimates the same plan with the figures the planner would use now (this machine's RAM probe and
+the efficiencies stored for the backend), and derives the efficiencies that make the estimate
+match (:mod:`offload_planner.core.speed.calibrate`).  ``store=True`` keeps them for later
+estimates of this machine and backend, which then say "calibrated".  Used by ``launch --bench``
+and the Launch tab's Bench button; pure Python (the caller runs it off its event loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from offload_planner.backend.server_bench import (
+    DEFAULT_GEN_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
+    MeasuredSpeed,
+    measure,
+)
+from offload_planner.backend.speed_store import efficiencies_for, machine_hardware, record_efficiencies
+from offload_planner.core.speed.calibrate import Calibration, calibrate
+from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+
+
+@dataclass
+class SpeedCheck:
+    measured: MeasuredSpeed
+    estimated: SpeedEstimate
+    calibration: Calibration
+    stored: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        m, e = self.measured, self.estimated
+        cal = "calibrated" if e.calibrated else "uncalibrated"
+        out = [
+            f"speed: measured against estimated ({cal}), {m.prompt_tokens}-token prompt, "
+            f"{m.gen_tokens} generated tokens",
+            f"  pp  {m.pp_tps:9.2f} t/s measured  {e.pp_tps:9.2f} t/s estimated  "
+            f"(estimate / measured {e.pp_tps / m.pp_tps:.2f})",
+            f"  tg  {m.tg_tps:9.2f} t/s measured  {e.tg_tps:9.2f} t/s estimated  "
+            f"(estimate / measured {e.tg_tps / m.tg_tps:.2f})",
+        ]
+        out += [f"  calibration: {n}" for n in self.calibration.notes]
+        if self.stored:
+            out.append("  stored: later estimates for this machine and backend use these efficiencies")
+        out += [f"  {n}" for n in self.notes]
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "measured": self.measured.as_dict(),
+            "estimated": {"pp_tps": round(self.estimated.pp_tps, 3),
+                          "tg_tps": round(self.estimated.tg_tps, 3),
+                          "calibrated": self.estimated.calibrated},
+            "calibration": dict(self.calibration.values), "stored": self.stored,
+        }
+
+
+def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
+                    prompt_tokens: int = DEFAULT_PROMPT_TOKENS, gen_tokens: int = DEFAULT_GEN_TOKENS,
+                    store: bool = True) -> SpeedCheck:
+    """Measure the server at ``base_url`` running ``plan`` and compare with its estimate."""
+    got = measure(base_url, n_vocab=plan.model.summary.n_vocab, prompt_tokens=prompt_tokens,
+                  gen_tokens=gen_tokens)
+    hw = machine_hardware(plan, parsed)
+    eff = efficiencies_for(plan.dialect)
+    est = estimate(plan, hw, prompt=got.prompt_tokens, eff=eff)
+    cal = calibrate(est, hw, eff, tg_tps=got.tg_tps, pp_tps=got.pp_tps)
+    check = SpeedCheck(got, est, cal)
+    if store and cal.values:
+        record_efficiencies(plan.dialect, cal.values)
+        check.stored = True
+    return check

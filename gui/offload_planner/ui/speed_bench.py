@@ -1,0 +1,67 @@
+"""The Launch tab's Bench: :func:`~offload_planner.backend.speed_check.run_speed_check` off the GUI
+thread; ``done(SpeedCheck)`` or ``failed(str)`` arrive on the GUI thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+
+from offload_planner.core.errors import PlannerError
+
+
+class _Signals(QObject):
+    done = Signal(object)
+    failed = Signal(str)
+
+
+class _BenchTask(QRunnable):
+    def __init__(self, url: str, plan: Any, signals: _Signals) -> None:
+        super().__init__()
+        self._url = url
+        self._plan = plan
+        self._signals = signals
+
+    def run(self) -> None:
+        from offload_planner.backend.speed_check import run_speed_check
+
+        try:
+            self._signals.done.emit(run_speed_check(self._url, self._plan))
+        except (PlannerError, OSError) as e:
+            self._signals.failed.emit(str(e))
+
+
+class SpeedBench(QObject):
+    """One measurement at a time against the running server."""
+
+    started = Signal()
+    done = Signal(object)  # SpeedCheck
+    failed = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._pool = QThreadPool(self)
+        self._pool.setMaxThreadCount(1)
+        self._signals = _Signals(self)
+        self._signals.done.connect(self._finish_ok)
+        self._signals.failed.connect(self._finish_failed)
+        self.busy = False
+
+    def start(self, url: str, plan: Any) -> bool:
+        if self.busy:
+            return False
+        self.busy = True
+        self.started.emit()
+        self._pool.start(_BenchTask(url, plan, self._signals))
+        return True
+
+    def _finish_ok(self, check: object) -> None:
+        self.busy = False
+        self.done.emit(check)
+
+    def _finish_failed(self, message: str) -> None:
+        self.busy = False
+        self.failed.emit(message)
+
+    def shutdown(self) -> None:
+        self._pool.waitForDone(60_000)

@@ -1,0 +1,103 @@
+"""Measured speed against the real llama-server (issue 11, part 4).
+
+* A model filled by ``random_fill`` is well-formed: gguf-py dequantizes every tensor to finite
+  values of a trained model's magnitude, no block is left zero, and llama-server loads it and
+  generates.
+* ``server_bench.measure`` reads the server's own timings: it asks for N prompt tokens and M
+  generated ones and the server reports exactly those counts with positive rates.
+* ``offload-planner launch --bench`` as a user runs it: prints measured against estimated tg and
+  pp, stores the efficiencies in the (temporary) config folder, and a later ``plan`` of the same
+  backend says its estimate is calibrated and uses the stored figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tests.support.procs import free_port, running_process
+
+from offload_planner.backend.server_bench import measure
+from offload_planner.core.synth import SMALL_MODELS, write_model
+from offload_planner.core.synth.random_fill import fill_random
+
+pytestmark = pytest.mark.integration
+
+GUI = Path(__file__).resolve().parents[2] / "gui"
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rand") / "llama-random.gguf"
+    write_model(SMALL_MODELS["llama"], path)
+    fill_random([path], seed=3)
+    return path
+
+
+def test_random_fill_is_well_formed(random_llama: Path) -> None:
+    reader = GGUFReader(random_llama)
+    for t in reader.tensors:
+        values = dequantize(t.data, t.tensor_type)
+        assert np.isfinite(values).all(), t.name
+        assert np.abs(values).max() < 1.0, t.name  # the magnitude of trained weights, not 1e4
+        raw = np.asarray(t.data).view(np.uint8).reshape(-1)
+        assert raw.any(), f"{t.name} was left zero"
+        assert np.unique(values).size > 10, t.name
+
+
+def _cli(*args: str, cfg: Path) -> tuple[int, str, str]:
+    import subprocess
+
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cfg),
+           "PYTHONPATH": str(GUI), "OFFLOAD_PLANNER_CONFIG_DIR": str(cfg), "QT_QPA_PLATFORM": "offscreen"}
+    r = subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                       timeout=600, env=env)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_measure_reads_the_servers_timings(random_llama: Path, llama_server: Path, tmp_path: Path) -> None:
+    port = free_port()
+    argv = [str(llama_server), "-m", str(random_llama), "--host", "127.0.0.1", "--port", str(port),
+            "-c", "512", "-ngl", "0", "-t", "1", "-np", "1", "-fit", "off"]
+    with running_process(argv, log_path=tmp_path / "srv.log", ready=r"listening on http://", timeout=120):
+        got = measure(f"http://127.0.0.1:{port}", n_vocab=SMALL_MODELS["llama"].tokenizer.n_vocab,
+                      prompt_tokens=48, gen_tokens=12)
+    assert got.prompt_tokens == 48
+    assert got.gen_tokens == 12
+    assert got.pp_tps > 0 and got.tg_tps > 0
+    assert got.prompt_ms == pytest.approx(1000 * 48 / got.pp_tps, rel=1e-3)
+    # the pinned server counts decode steps: the first generated token comes from the prompt's logits
+    assert got.gen_ms == pytest.approx(1000 * 11 / got.tg_tps, rel=1e-3)
+
+
+def test_launch_bench_calibrates_later_estimates(random_llama: Path, llama_server: Path,
+                                                 tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg"
+    server_args = ["-c", "512", "-ngl", "0", "-t", "1", "-fit", "off"]
+    before = _cli("plan", str(random_llama), "--no-detect", "--json", "--", *server_args, cfg=cfg)
+    assert before[0] == 0, before[2]
+    speed_before = json.loads(before[1])["speed"]
+    assert speed_before["calibrated"] is False
+
+    code, out, err = _cli("launch", str(random_llama), "--server", str(llama_server), "--bench",
+                          "--bench-prompt", "64", "--bench-gen", "8", "--quiet", "--", *server_args, cfg=cfg)
+    assert code == 0, err[-2000:]
+    assert "pp " in out and "measured" in out and "estimated" in out, out
+    stored = json.loads((cfg / "speed.json").read_text())
+    (machine,) = stored["machines"].values()
+    effs = machine["efficiencies"]["llama.cpp"]
+    assert effs, stored
+    assert all(v > 0 for v in effs.values())
+
+    after = _cli("plan", str(random_llama), "--no-detect", "--json", "--", *server_args, cfg=cfg)
+    speed_after = json.loads(after[1])["speed"]
+    assert speed_after["calibrated"] is True
+    calibrated = {a["what"]: a for a in speed_after["assumptions"] if a["source"] == "calibrated"}
+    assert calibrated, speed_after["assumptions"]
+    assert speed_after["tg_tps"] != speed_before["tg_tps"] or speed_after["pp_tps"] != speed_before["pp_tps"]
