@@ -63,9 +63,10 @@ def test_the_list_covers_every_x11_library_qts_plugin_links() -> None:
     files = [f for f in _qxcb_files() if f.exists()]
     assert files, "PySide6 has no xcb plugin"
     linked: set[str] = set()
+    x11 = re.compile(r"^\s*(lib(?:xcb|X11|xkbcommon)[-\w]*\.so\.\d+|libE?GL\.so\.\d+)", re.M)
     for f in files:
         out = subprocess.run(["ldd", str(f)], capture_output=True, text=True, check=False).stdout
-        linked |= set(re.findall(r"^\s*(lib(?:xcb|X11|xkbcommon)[-\w]*\.so\.\d+|libE?GL\.so\.\d+)", out, re.M))
+        linked |= set(x11.findall(out))
     assert linked and linked <= set(qt_libs.XCB_LIBRARIES), linked - set(qt_libs.XCB_LIBRARIES)
 
 

@@ -9,6 +9,7 @@ Each kind of device allocates weights with its own alignment and padding
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -139,6 +140,25 @@ class DeviceSet:
     def names(self) -> list[str]:
         """llama.cpp's order: offload devices first, then CPU."""
         return [d.name for d in self.gpus] + [self.cpu.name]
+
+
+#: Backends in the order llama.cpp lists their devices; RPC servers come first (``--rpc``).
+_KIND_ORDER: tuple[DeviceKind, ...] = (
+    DeviceKind.RPC, DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.METAL, DeviceKind.SYCL, DeviceKind.VULKAN,
+)
+
+
+def llama_order(gpus: Iterable[Device]) -> tuple[Device, ...]:
+    """Offload devices in llama.cpp's order: RPC servers first, then each backend's devices by
+    index (CUDA0, CUDA1, ..., CUDA10), whatever order they were declared or detected in."""
+
+    def key(d: Device) -> tuple[int, int]:
+        m = _NAME_RE.match(d.name)
+        index = int(m.group(2)) if m and m.group(2) else 0
+        rank = _KIND_ORDER.index(d.kind) if d.kind in _KIND_ORDER else len(_KIND_ORDER)
+        return rank, index
+
+    return tuple(sorted(gpus, key=key))
 
 
 def parse_device_decl(text: str) -> Device:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,6 +127,7 @@ class CommandPane(QWidget):
         self._doc = doc
         self.program = "llama-server"
         self._shown: list[str] = []
+        self.before_replace: Callable[[], bool] = lambda: True
         self.style_box = QComboBox()
         for key, label in command_text.STYLES:
             self.style_box.addItem(label, key)
@@ -260,7 +261,12 @@ class CommandPane(QWidget):
             return
         dlg = PasteCommandDialog(self)
         if dlg.exec() == QDialog.DialogCode.Accepted and dlg.text().strip():
-            self.apply_command_text(dlg.text())
+            self.paste_text(dlg.text())
+
+    def paste_text(self, text: str) -> bool:
+        """Replace the plan with a pasted command, once :attr:`before_replace` agrees (the window
+        asks there about unsaved changes)."""
+        return self.before_replace() and self.apply_command_text(text)
 
     def apply_command_text(self, text: str) -> bool:
         """Rebuild the plan from a command line (one undo step)."""

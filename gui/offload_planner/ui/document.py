@@ -216,7 +216,8 @@ class PlanDocument(QObject):
         if dev is not None and (dev.total != total or dev.free is not None):
             self.push(
                 commands.SetDevice(
-                    self, dev.name, f"{dev.name} size {fmt_bytes(total)}", total=total, free=None
+                    self, dev.name, f"{dev.name} size {fmt_bytes(total)}", total=total, free=None,
+                    source="declared",
                 )
             )
 

@@ -37,8 +37,9 @@ from PySide6.QtWidgets import (
 
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
+from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.devices import Device, DeviceSet, llama_order, parse_device_decl
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
@@ -62,6 +63,16 @@ from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_view import TensorMapView
 
 MIN_SIZE = (1280, 800)
+
+#: What the bundled demo opens on when no device is given with --device: hardware it fits on, and
+#: the Guide's first plan (README: routed experts in RAM, the rest on the GPU).
+DEMO_LABEL = "demo hardware (declared)"
+DEMO_HARDWARE = ("CUDA0=24GiB", "CPU=512GiB")
+DEMO_ARGS = ("-c", "32768", "-ngl", "999", "--cpu-moe")
+DEMO_NOTICE = (
+    "The demo opens on demo hardware (declared): one 24 GiB GPU and 512 GiB of RAM, with all "
+    "routed experts on the CPU (--cpu-moe). Open your model to plan for this machine."
+)
 
 
 @dataclass
@@ -100,6 +111,23 @@ def model_summary(model: Model) -> str:
     return "   ·   ".join(p for p in parts if p)
 
 
+def demo_devices(margin: int) -> DeviceSet:
+    """:data:`DEMO_HARDWARE`, each device described as demo hardware."""
+    devs = [replace(parse_device_decl(d), margin=margin) for d in DEMO_HARDWARE]
+    devs = [replace(d, description=f"{DEMO_LABEL}, {fmt_bytes(d.total or 0, precision=0)}") for d in devs]
+    cpu = next(d for d in devs if not d.is_gpu)
+    return DeviceSet(cpu, llama_order(d for d in devs if d.is_gpu))
+
+
+def is_demo(model: Model) -> bool:
+    return Path(model.path).resolve() == demo_model().resolve()
+
+
+def demo_plan(model: Model, devices: DeviceSet, dialect: str) -> Plan:
+    """The Guide's first plan: ``-c 32768 -ngl 999 --cpu-moe``."""
+    return plan_from_args(model, devices, parse_server_args(list(DEMO_ARGS), dialect=dialect), dialect)
+
+
 def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -> Plan:
     """What llama-server does for this model with just ``-c``: every layer on the GPUs (if any)."""
     n_ctx = min(default_ctx, model.summary.n_ctx_train) if default_ctx else 0
@@ -114,7 +142,9 @@ class MainWindow(QMainWindow):
         super().__init__(parent)
         self.settings = settings
         self.system = system
-        self.confirm_close = True
+        self.confirm_close = True  # ask before closing or replacing a plan with unsaved changes
+        self.on_demo_hardware = False  # the plan's devices are DEMO_HARDWARE, not this machine's
+        self._gpu_notice = ""
         self._load_t0 = 0.0
         self.doc = PlanDocument(self)
         self.loader = ModelLoader(self)
@@ -129,6 +159,7 @@ class MainWindow(QMainWindow):
         if system.detection.message and not system.detection.gpus:
             why = system.detection.message.split(";", 1)[0]
             msg = f"No GPU detected: {why}. Add a virtual GPU to plan for one."
+            self._gpu_notice = msg
             self.devices_panel.show_notice(msg)
             self.log(msg)
 
@@ -147,6 +178,7 @@ class MainWindow(QMainWindow):
         self.memory_view = MemoryView(doc)
         self.command_pane = CommandPane(doc)
         self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
+        self.command_pane.before_replace = lambda: self.confirm_replace("Pasting a command replaces it.")
         self.problems = ProblemsPane(doc)
         self.log_view = LogView()
         self.telemetry = TelemetryView()
@@ -384,9 +416,14 @@ class MainWindow(QMainWindow):
         s.set(keys.COMMAND_STYLE, self.command_pane.format_style)
         s.set(keys.DIALECT, str(self.backend_box.currentData()))
         s.set(keys.SPLIT_ATTENTION, self.act_split_attn.isChecked())
-        if self.doc.has_plan:
-            s.store_devices(list(self.doc.plan.devices))
+        if self.doc.has_plan and not self.on_demo_hardware:  # the demo's devices are not this machine's
+            s.store_devices(list(self.doc.plan.devices), self.session_devices)
         s.sync()
+
+    @property
+    def session_devices(self) -> frozenset[str]:
+        """Devices given with --device: for this session only, never written to the settings."""
+        return frozenset(d.name for d in self.system.declared)
 
     def initial_devices(self) -> DeviceSet:
         s = self.settings
@@ -401,7 +438,7 @@ class MainWindow(QMainWindow):
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
             gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
-        return DeviceSet(cpu, tuple(gpus))
+        return DeviceSet(cpu, llama_order(gpus))
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -420,9 +457,33 @@ class MainWindow(QMainWindow):
         if path:
             self.open_path(path)
 
+    def ask_unsaved(self, consequence: str) -> QMessageBox.StandardButton:
+        """Save, Discard or Cancel (a hook: tests answer it)."""
+        return QMessageBox.question(
+            self,
+            "Save the plan?",
+            f"The plan has changes that are not saved. {consequence}".strip(),
+            QMessageBox.StandardButton.Save
+            | QMessageBox.StandardButton.Discard
+            | QMessageBox.StandardButton.Cancel,
+        )
+
+    def confirm_replace(self, consequence: str) -> bool:
+        """Before the plan is closed or replaced: True to go on (nothing unsaved, saved, or the
+        user discards the changes), False to keep it."""
+        if not self.confirm_close or not self.doc.has_plan or self.doc.undo_stack.isClean():
+            return True
+        answer = self.ask_unsaved(consequence)
+        if answer == QMessageBox.StandardButton.Cancel:
+            return False
+        return answer != QMessageBox.StandardButton.Save or self.save()
+
     def open_path(self, location: str | Path) -> None:
-        """A model (.gguf, any shard, or URL) or a plan file (.json)."""
+        """A model (.gguf, any shard, or URL) or a plan file (.json); asks first if the open plan
+        has unsaved changes."""
         loc = str(location)
+        if not self.confirm_replace(f"Opening {Path(loc).name} replaces it."):
+            return
         if loc.lower().endswith(".json"):
             self.open_plan(loc)
         else:
@@ -463,9 +524,15 @@ class MainWindow(QMainWindow):
             assert isinstance(pf, PlanFile)
             self._open_loaded_plan(model, pf, path)
             return
-        devices = self.doc.plan.devices if self.doc.has_plan else self.initial_devices()
         dialect = str(self.backend_box.currentData())
-        plan = new_plan(model, devices, dialect, int(self.settings.get(keys.DEFAULT_CONTEXT)))
+        if is_demo(model) and not self.system.declared:
+            plan = demo_plan(model, demo_devices(int(self.settings.get(keys.DEFAULT_MARGIN))), dialect)
+            self._set_demo_hardware(True)
+        else:
+            keep = self.doc.has_plan and not self.on_demo_hardware
+            devices = self.doc.plan.devices if keep else self.initial_devices()
+            plan = new_plan(model, devices, dialect, int(self.settings.get(keys.DEFAULT_CONTEXT)))
+            self._set_demo_hardware(False)
         notes = []
         if model.header_only:
             notes.append(
@@ -489,9 +556,14 @@ class MainWindow(QMainWindow):
             )
             box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
             box.open()
+        self._set_demo_hardware(False)
         self.doc.reset(plan, file_path=path, notes=notes)
         self.settings.add_recent(path)
         self.show_message(f"Opened plan {Path(path).name}")
+
+    def _set_demo_hardware(self, on: bool) -> None:
+        self.on_demo_hardware = on
+        self.devices_panel.show_notice(DEMO_NOTICE if on else self._gpu_notice)
 
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
@@ -632,20 +704,9 @@ class MainWindow(QMainWindow):
     # --- closing -----------------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if self.confirm_close and self.doc.has_plan and not self.doc.undo_stack.isClean():
-            answer = QMessageBox.question(
-                self,
-                "Save the plan?",
-                "The plan has changes that are not saved.",
-                QMessageBox.StandardButton.Save
-                | QMessageBox.StandardButton.Discard
-                | QMessageBox.StandardButton.Cancel,
-            )
-            if answer == QMessageBox.StandardButton.Cancel or (
-                answer == QMessageBox.StandardButton.Save and not self.save()
-            ):
-                event.ignore()
-                return
+        if not self.confirm_replace(""):
+            event.ignore()
+            return
         self.save_settings()
         self.launcher.shutdown()  # never leave a server behind
         self.loader.shutdown()

@@ -33,6 +33,8 @@ class ProblemsPane(QListWidget):
         if a is not None:
             out += [("error" if " over capacity" in w else "warning", w) for w in a.warnings]
         out += [("note", n) for n in self._doc.notes]
+        if a is not None:
+            out += [("note", n) for n in a.notes]
         return out
 
     def refresh(self) -> None:
