@@ -1,0 +1,225 @@
+"""A newcomer's first hour in the window (issue 13): unsaved work, session devices and their order,
+the demo on declared hardware, the same figures as the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent
+from PySide6.QtWidgets import QMessageBox
+from pytestqt.qtbot import QtBot
+from tests.ui.conftest import system_info
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
+
+from offload_planner.backend.system import cpu_device
+from offload_planner.core.placement import CPU
+from offload_planner.core.synth import SMALL_MODELS, write_model
+from offload_planner.core.units import GiB
+from offload_planner.ui import settings as keys
+from offload_planner.ui.main_window import DEMO_LABEL, MainWindow
+from offload_planner.ui.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+Button = QMessageBox.StandardButton
+
+
+# --- 2. unsaved work ---------------------------------------------------------------------------
+
+
+def _drop(win: MainWindow, path: Path) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    ev = QDropEvent(QPointF(10, 10), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                    Qt.KeyboardModifier.NoModifier)
+    win.dropEvent(ev)
+
+
+WAYS: dict[str, Callable[[MainWindow, Path], None]] = {
+    "open": lambda w, p: w.open_path(p),
+    "recent": lambda w, p: w._open_recent(str(p)),
+    "drop": _drop,
+    "paste": lambda w, p: w.command_pane.paste_text(f"llama-server -m {p} -ngl 0 -c 1024"),
+}
+
+
+@pytest.fixture
+def edited(qtbot: QtBot, window: MainWindow, qwen3moe_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> tuple[MainWindow, list[str], list[Button]]:
+    """The window with one unsaved move; ``answers`` are given to the Save? question in turn."""
+    open_and_wait(qtbot, window, qwen3moe_path)
+    window.doc.move(["blk.1.ffn_up_exps.weight"], CPU)
+    window.confirm_close = True
+    asked: list[str] = []
+    answers: list[Button] = []
+
+    def ask(consequence: str) -> Button:
+        asked.append(consequence)
+        return answers.pop(0) if answers else Button.Discard  # closing at the end
+
+    monkeypatch.setattr(window, "ask_unsaved", ask)
+    return window, asked, answers
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_replacing_unsaved_work_asks_and_cancel_keeps_it(
+    qtbot: QtBot, edited: tuple[MainWindow, list[str], list[Button]], tmp_path: Path, way: str
+) -> None:
+    win, asked, answers = edited
+    other = write_model(SMALL_MODELS["qwen3moe"], tmp_path / "other.gguf")[0]
+    answers.append(Button.Cancel)
+    WAYS[way](win, other)
+    qtbot.wait(50)
+    assert len(asked) == 1
+    assert not win.loader.busy and win.doc.plan.moves == {"blk.1.ffn_up_exps.weight": CPU}
+    assert win.doc.undo_stack.canUndo() and win.isWindowModified()
+
+    answers.append(Button.Discard)
+    WAYS[way](win, other)
+    qtbot.waitUntil(lambda: not win.loader.busy)
+    wait_projected(qtbot, win)
+    assert len(asked) == 2
+    assert win.doc.plan.moves == {}
+
+
+def test_save_answer_saves_then_opens(
+    qtbot: QtBot, edited: tuple[MainWindow, list[str], list[Button]], tmp_path: Path
+) -> None:
+    win, asked, answers = edited
+    target = tmp_path / "kept.plan.json"
+    win.doc.file_path = str(target)
+    other = write_model(SMALL_MODELS["qwen3moe"], tmp_path / "other.gguf")[0]
+    answers.append(Button.Save)
+    open_and_wait(qtbot, win, other)
+    assert asked and target.is_file()
+    assert "blk.1.ffn_up_exps.weight" in target.read_text()
+    assert win.doc.plan.model.path == str(other)
+
+
+def test_a_saved_plan_is_replaced_without_asking(
+    qtbot: QtBot, edited: tuple[MainWindow, list[str], list[Button]], tmp_path: Path
+) -> None:
+    win, asked, _answers = edited
+    win.doc.undo_stack.undo()  # back to the clean state
+    open_and_wait(qtbot, win, write_model(SMALL_MODELS["qwen3moe"], tmp_path / "o.gguf")[0])
+    assert asked == []
+
+
+# --- 3. session devices, llama.cpp order ---------------------------------------------------------
+
+
+def test_devices_from_the_command_line_are_not_written_to_the_settings(
+    qtbot: QtBot, settings: Settings, qwen3moe_path: Path
+) -> None:
+    settings.set(keys.VIRTUAL_GPUS, [{"name": "CUDA2", "total": 8 * GiB, "margin": GiB}])
+    win = make_window(qtbot, settings, system_info("CUDA1=24GiB", "CUDA0=12GiB,margin=2GiB", "CPU=64GiB"))
+    open_and_wait(qtbot, win, qwen3moe_path)
+    assert win.doc.device_names() == ["CUDA0", "CUDA1", "CUDA2", "CPU"]
+    win.close()
+    assert [d.name for d in settings.virtual_gpus()] == ["CUDA2"]
+    assert "CUDA0" not in settings.get(keys.MARGINS) and "CUDA1" not in settings.get(keys.MARGINS)
+    assert settings.get(keys.CPU_SIZE) == 0
+
+
+def test_stored_devices_come_back_in_llama_order(qtbot: QtBot, settings: Settings, qwen3moe_path: Path) -> None:
+    settings.set(keys.VIRTUAL_GPUS, [{"name": "CUDA1", "total": 24 * GiB, "margin": GiB},
+                                     {"name": "CUDA0", "total": 12 * GiB, "margin": GiB}])
+    win = make_window(qtbot, settings, system_info())
+    open_and_wait(qtbot, win, qwen3moe_path)
+    assert win.doc.device_names() == ["CUDA0", "CUDA1", "CPU"]
+    win.doc.remove_device("CUDA0")
+    from offload_planner.core.devices import parse_device_decl
+
+    win.doc.add_device(parse_device_decl("CUDA0=12GiB"))  # added back: first, as llama.cpp lists it
+    assert win.doc.device_names() == ["CUDA0", "CUDA1", "CPU"]
+    win.close()
+
+
+def test_a_screenshot_run_with_devices_leaves_the_settings_file_without_them(tmp_path: Path) -> None:
+    ini = tmp_path / "s.ini"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "gui"), "QT_QPA_PLATFORM": "offscreen"}
+    r = subprocess.run(
+        [sys.executable, "-m", "offload_planner", "gui", "--device", "CUDA1=24GiB", "--device", "CUDA0=8GiB",
+         "--screenshot", str(tmp_path / "s.png"), "--settings", str(ini)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "CUDA" not in ini.read_text()
+
+
+# --- 7. the demo, RAM, the same figures as the CLI ----------------------------------------------
+
+
+def test_the_demo_opens_on_declared_demo_hardware_that_fits(
+    qtbot: QtBot, settings: Settings, demo_path: Path, qwen3moe_path: Path
+) -> None:
+    win = make_window(qtbot, settings, system_info(cpu_gib=16))  # an ordinary machine, no GPU
+    open_and_wait(qtbot, win, demo_path)
+    devs = win.doc.plan.devices
+    assert [(d.name, d.total) for d in devs] == [("CUDA0", 24 * GiB), ("CPU", 512 * GiB)]
+    assert all(DEMO_LABEL in d.description for d in devs)
+    assert "--cpu-moe" in win.command_pane.argv()
+    a = win.doc.analysis
+    assert a is not None and not [w for w in a.warnings if "over capacity" in w]
+    assert DEMO_LABEL in win.devices_panel.notice.text() and win.devices_panel.notice.isVisible()
+    # your own model plans for your machine, and the demo's devices are not remembered
+    open_and_wait(qtbot, win, qwen3moe_path)
+    assert [(d.name, d.total) for d in win.doc.plan.devices] == [("CPU", 16 * GiB)]
+    assert DEMO_LABEL not in win.devices_panel.notice.text()
+    win.close()
+    assert settings.virtual_gpus() == [] and settings.get(keys.CPU_SIZE) == 0
+
+
+def test_ram_capacity_is_the_total_and_stable() -> None:
+    first, second = cpu_device(), cpu_device()
+    assert first.capacity == second.capacity == psutil.virtual_memory().total
+
+
+def test_window_and_cli_give_the_same_cpu_figures_and_note(qtbot: QtBot, settings: Settings,
+                                                           demo_path: Path) -> None:
+    """The demo's plan in the window and in `offload-planner plan`: the same CPU weights (bytes
+    read), and the same explanation of the mmap span."""
+    win = make_window(qtbot, settings, system_info())
+    open_and_wait(qtbot, win, demo_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "gui")}
+    args = win.command_pane.argv()[1:]
+    i = args.index("-m")
+    del args[i:i + 2]
+    r = subprocess.run(
+        [sys.executable, "-m", "offload_planner", "plan", str(demo_path), "--no-detect", "--device",
+         "CUDA0=24GiB", "--device", "CPU=512GiB", "--", *args],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )
+    cpu_row = next(line for line in r.stdout.splitlines() if line.startswith("CPU "))
+    cli_weights = float(cpu_row.split()[1])
+    from offload_planner.ui.device_figures import DeviceFigures
+
+    a = win.doc.analysis
+    assert a is not None and a.projection is not None
+    f = DeviceFigures.of(a.projection.device("CPU"))
+    win_weights = dict(f.by_kind)["model"] / GiB
+    assert round(win_weights, 2) == cli_weights, (win_weights, cpu_row)
+    notes = [win.problems.item(i).text() for i in range(win.problems.count())]
+    mmap = [n for n in notes if "file span" in n]
+    assert mmap and mmap[0] in r.stdout
+    win.close()
+
+
+def test_a_plan_pins_its_ram_size(qtbot: QtBot, settings: Settings, qwen3moe_path: Path,
+                                  tmp_path: Path) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB", cpu_gib=64))
+    open_and_wait(qtbot, win, qwen3moe_path)
+    win.doc.set_device_size("CPU", 200 * GiB)
+    target = tmp_path / "ram.plan.json"
+    assert win._save_to(str(target))
+    win.close()
+    other = make_window(qtbot, Settings.at(str(tmp_path / "o.ini")), system_info(cpu_gib=16))
+    open_and_wait(qtbot, other, target)
+    assert other.doc.plan.devices.cpu.capacity == 200 * GiB
+    other.close()
