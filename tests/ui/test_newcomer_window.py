@@ -127,7 +127,8 @@ def test_devices_from_the_command_line_are_not_written_to_the_settings(
     assert settings.get(keys.CPU_SIZE) == 0
 
 
-def test_stored_devices_come_back_in_llama_order(qtbot: QtBot, settings: Settings, qwen3moe_path: Path) -> None:
+def test_stored_devices_come_back_in_llama_order(qtbot: QtBot, settings: Settings,
+                                                 qwen3moe_path: Path) -> None:
     settings.set(keys.VIRTUAL_GPUS, [{"name": "CUDA1", "total": 24 * GiB, "margin": GiB},
                                      {"name": "CUDA0", "total": 12 * GiB, "margin": GiB}])
     win = make_window(qtbot, settings, system_info())
