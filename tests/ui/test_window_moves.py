@@ -260,7 +260,9 @@ def test_dragging_a_role_header_moves_the_role_in_every_layer(
     assert doc.undo_stack.count() == 1 and set(doc.plan.moves) == set(names)
 
 
-def test_dragging_a_layer_number_moves_the_layer(qtbot: QtBot, window: MainWindow, qwen3moe_path: Path) -> None:
+def test_dragging_a_layer_number_moves_the_layer(
+    qtbot: QtBot, window: MainWindow, qwen3moe_path: Path
+) -> None:
     open_and_wait(qtbot, window, qwen3moe_path)
     view, doc, mem = window.map_view, window.doc, window.memory_view
     grid = doc.grid
