@@ -224,3 +224,68 @@ def test_a_plan_pins_its_ram_size(qtbot: QtBot, settings: Settings, qwen3moe_pat
     open_and_wait(qtbot, other, target)
     assert other.doc.plan.devices.cpu.capacity == 200 * GiB
     other.close()
+
+
+# --- 5. the Launch tab --------------------------------------------------------------------------
+
+
+def _launch_tab(win: MainWindow) -> None:
+    win.tabs.setCurrentIndex(win.tabs.count() - 1)
+
+
+def test_launch_on_the_demo_explains_where_it_can_be_seen_and_a_new_model_clears_it(
+    qtbot: QtBot, window: MainWindow, demo_path: Path, small_models: dict[str, Path]
+) -> None:
+    open_and_wait(qtbot, window, demo_path)
+    _launch_tab(window)
+    launcher = window.launcher
+    qtbot.mouseClick(launcher.launch_button, Qt.MouseButton.LeftButton)
+    assert launcher.failures.isVisible() and "header-only" in launcher.failures.item(0).text()
+    viewport = window.launch_scroll.viewport()
+    top_left = launcher.failures.mapTo(viewport, launcher.failures.rect().topLeft())
+    first_line = launcher.failures.visualItemRect(launcher.failures.item(0))
+    assert viewport.rect().contains(top_left + first_line.bottomRight()), (top_left, viewport.rect())
+    open_and_wait(qtbot, window, small_models["qwen3moe"])
+    assert not launcher.failures.isVisible() and launcher.explanations == []
+
+
+def _cpu_only_log(win: MainWindow) -> list[str]:
+    """What llama-server logs on a machine without the plan's GPU: every buffer on the CPU."""
+    from tests.ui.test_launcher_panel import _buffer_lines
+
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.memory import project
+
+    plan = win.doc.plan
+    cpu_only = DeviceSet(plan.devices.cpu, ())
+    return _buffer_lines(project(plan.model, cpu_only, plan.placement(), plan.context))
+
+
+def test_virtual_gpus_are_warned_before_and_explained_after(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, small_models: dict[str, Path]
+) -> None:
+    from tests.ui.test_launcher_panel import _fake_server
+
+    open_and_wait(qtbot, window, small_models["qwen3moe"])
+    launcher = window.launcher
+    assert launcher.virtual_devices() == ["CUDA0"]  # declared with --device, no GPU detected
+    window.set_backend_path(str(_fake_server(tmp_path, _cpu_only_log(window))))
+    launcher.port_spin.setValue(17000 + os.getpid() % 1000)
+    _launch_tab(window)
+    with qtbot.waitSignal(launcher.server.ready, timeout=20_000):
+        qtbot.mouseClick(launcher.launch_button, Qt.MouseButton.LeftButton)
+        assert "CUDA0 is declared, not on this machine" in launcher.notes.text()
+    marks = [launcher.table.item(r, 6).text() for r in range(launcher.table.rowCount())
+             if launcher.table.item(r, 0).text() == "CUDA0" and launcher.table.item(r, 1).text() == "total"]
+    assert marks == ["✗ declared, not on this machine"]
+    texts = [launcher.failures.item(i).text() for i in range(launcher.failures.count())]
+    assert any("CUDA0 is declared, not on this machine" in t for t in texts)
+
+    # 5c: after Stop the status says stopped, not "100% healthy"
+    launcher.server.healthChanged.emit(True)
+    assert launcher.stage_label.text() == "healthy"
+    with qtbot.waitSignal(launcher.server.finished, timeout=20_000):
+        launcher.stop()
+    assert launcher.stage_label.text() == "stopped" and launcher.progress.value() == 0
+    launcher.server.healthChanged.emit(True)  # a late answer
+    assert launcher.stage_label.text() == "stopped"

@@ -185,6 +185,7 @@ class MainWindow(QMainWindow):
         self.launcher = LauncherPanel(calibration=CalibrationStore(),
                                       executable=str(self.settings.get(keys.BACKEND_PATH)))
         self.launcher.attach_views(self.log_view, self.telemetry)
+        self.launcher.detected = frozenset(g.name for g in self.system.detection.gpus)
         doc.analysisChanged.connect(self._plan_to_launcher)
         self.launcher.deviceHighlighted.connect(lambda d: self.memory_view.set_drop_highlight(d or None))
         self.launcher.executableChanged.connect(self.set_backend_path)
@@ -195,7 +196,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.problems, "Problems")
         self.tabs.addTab(self.log_view, "Log")
         self.tabs.addTab(self.telemetry, "Telemetry")
-        launch_scroll = QScrollArea()  # the panel's own minimum height must not squeeze the map
+        # the panel's own minimum height must not squeeze the map
+        self.launch_scroll = launch_scroll = QScrollArea()
         launch_scroll.setWidget(self.launcher)
         launch_scroll.setWidgetResizable(True)
         launch_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
