@@ -164,15 +164,16 @@ def test_the_demo_opens_on_declared_demo_hardware_that_fits(
     open_and_wait(qtbot, win, demo_path)
     devs = win.doc.plan.devices
     assert [(d.name, d.total) for d in devs] == [("CUDA0", 24 * GiB), ("CPU", 512 * GiB)]
-    assert all(DEMO_LABEL in d.description for d in devs)
+    assert [d.description for d in devs] == ["demo GPU", "demo RAM"]
     assert "--cpu-moe" in win.command_pane.argv()
     a = win.doc.analysis
     assert a is not None and not [w for w in a.warnings if "over capacity" in w]
-    assert DEMO_LABEL in win.devices_panel.notice.text() and win.devices_panel.notice.isVisible()
+    assert "Demo hardware (declared)" in win.devices_panel.notice.text()
+    assert win.devices_panel.notice.isVisible()
     # your own model plans for your machine, and the demo's devices are not remembered
     open_and_wait(qtbot, win, qwen3moe_path)
     assert [(d.name, d.total) for d in win.doc.plan.devices] == [("CPU", 16 * GiB)]
-    assert DEMO_LABEL not in win.devices_panel.notice.text()
+    assert "Demo hardware" not in win.devices_panel.notice.text()
     win.close()
     assert settings.virtual_gpus() == [] and settings.get(keys.CPU_SIZE) == 0
 

@@ -176,6 +176,7 @@ class CommandPane(QWidget):
         self.style_box.currentIndexChanged.connect(self._restyle)
         self.multiline.toggled.connect(self._restyle)
         doc.analysisChanged.connect(self.refresh)
+        doc.planChanged.connect(self._show_currency)  # an edit whose projection has not arrived yet
         doc.modelChanged.connect(lambda: self.refresh(highlight=False))
 
     def _restyle(self) -> None:
@@ -216,7 +217,7 @@ class CommandPane(QWidget):
             if highlight and self._shown and argv != self._shown:
                 self._highlight(changed_spans(text, self._shown, argv))
         self._shown = argv
-        self.status.setText(f"projected in {a.seconds * 1000:.0f} ms")
+        self._show_currency()
         self.rules.clear()
         for r in a.rules:
             o = r.override
@@ -234,6 +235,17 @@ class CommandPane(QWidget):
                 )
             self.rules.addTopLevelItem(item)
         self.rules.setVisible(bool(a.rules))
+
+    def _show_currency(self) -> None:
+        """"projected in N ms" once the command is the current plan's; until then "updating…", the
+        text greyed and Copy off (it would copy the command before the edit)."""
+        a = self._doc.analysis
+        current = self._doc.analysis_current
+        if a is None or a.projection is None:
+            return
+        self.status.setText(f"projected in {a.seconds * 1000:.0f} ms" if current else "updating…")
+        self.text.setEnabled(current)
+        self.copy_button.setEnabled(current)
 
     def _highlight(self, spans: list[tuple[int, int]]) -> None:
         fmt = QTextCharFormat()

@@ -70,8 +70,8 @@ DEMO_LABEL = "demo hardware (declared)"
 DEMO_HARDWARE = ("CUDA0=24GiB", "CPU=512GiB")
 DEMO_ARGS = ("-c", "32768", "-ngl", "999", "--cpu-moe")
 DEMO_NOTICE = (
-    "The demo opens on demo hardware (declared): one 24 GiB GPU and 512 GiB of RAM, with all "
-    "routed experts on the CPU (--cpu-moe). Open your model to plan for this machine."
+    f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: a 24 GiB GPU, 512 GiB RAM, experts on the CPU "
+    "(--cpu-moe). Open your model to plan for this machine."
 )
 
 
@@ -114,7 +114,7 @@ def model_summary(model: Model) -> str:
 def demo_devices(margin: int) -> DeviceSet:
     """:data:`DEMO_HARDWARE`, each device described as demo hardware."""
     devs = [replace(parse_device_decl(d), margin=margin) for d in DEMO_HARDWARE]
-    devs = [replace(d, description=f"{DEMO_LABEL}, {fmt_bytes(d.total or 0, precision=0)}") for d in devs]
+    devs = [replace(d, description="demo GPU" if d.is_gpu else "demo RAM") for d in devs]
     cpu = next(d for d in devs if not d.is_gpu)
     return DeviceSet(cpu, llama_order(d for d in devs if d.is_gpu))
 
@@ -159,8 +159,9 @@ class MainWindow(QMainWindow):
         if system.detection.message and not system.detection.gpus:
             why = system.detection.message.split(";", 1)[0]
             msg = f"No GPU detected: {why}. Add a virtual GPU to plan for one."
-            self._gpu_notice = msg
-            self.devices_panel.show_notice(msg)
+            self._gpu_notice = f"No GPU detected: {why.split(' (', 1)[0]}."  # + Virtual GPU… is under it
+            self.devices_panel.notice.setToolTip(msg)
+            self.devices_panel.show_notice(self._gpu_notice)
             self.log(msg)
 
     # --- construction ------------------------------------------------------------------------
@@ -352,9 +353,18 @@ class MainWindow(QMainWindow):
         rl = QVBoxLayout(right)
         rl.addWidget(self.memory_view, 1)
 
+        # a column too short for both boxes (the ik -mla row, a notice, many devices) scrolls
+        # instead of squeezing the device list until rows are cut off
+        self.left_scroll = QScrollArea()
+        self.left_scroll.setWidget(left)
+        self.left_scroll.setWidgetResizable(True)
+        self.left_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.left_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.left_scroll.setMinimumWidth(left.minimumSizeHint().width())
+
         self.h_split = QSplitter(Qt.Orientation.Horizontal)
         self.h_split.setObjectName("panes")
-        self.h_split.addWidget(left)
+        self.h_split.addWidget(self.left_scroll)
         self.h_split.addWidget(centre)
         self.h_split.addWidget(right)
         self.h_split.setStretchFactor(1, 1)
