@@ -23,7 +23,7 @@ from offload_planner.core.placement import CPU
 from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.units import GiB
 from offload_planner.ui import settings as keys
-from offload_planner.ui.main_window import DEMO_LABEL, MainWindow
+from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -290,3 +290,64 @@ def test_virtual_gpus_are_warned_before_and_explained_after(
     assert launcher.stage_label.text() == "stopped" and launcher.progress.value() == 0
     launcher.server.healthChanged.emit(True)  # a late answer
     assert launcher.stage_label.text() == "stopped"
+
+
+# --- 9. layout -----------------------------------------------------------------------------------
+
+
+def test_the_ik_mla_row_leaves_every_device_row_in_view(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    from offload_planner.backend.system import Detection
+
+    system = system_info("CUDA0=24GiB", "CUDA1=24GiB")
+    system.detection = Detection([], "no NVIDIA driver found (NVML Shared Library Not Found); declare GPUs "
+                                     "with --device CUDA0=24GiB")  # what a machine without a driver says
+    win = make_window(qtbot, settings, system)
+    open_and_wait(qtbot, win, demo_path)
+    box = win.backend_box
+    box.setCurrentIndex(box.findData("ik_llama.cpp"))
+    box.activated.emit(box.currentIndex())
+    wait_projected(qtbot, win)
+    assert win.options_panel.isVisible()
+    qtbot.wait(50)
+    view, notice = win.devices_panel.view, win.devices_panel.notice
+    rows = win.devices_panel.model.rowCount()
+    assert rows == 3
+    for r in range(rows):
+        rect = view.visualRect(view.model().index(r, 0))
+        assert view.viewport().rect().contains(rect), (r, rect, view.viewport().rect())
+    assert notice.isVisible() and notice.geometry().top() >= view.geometry().bottom()
+    assert notice.height() >= notice.heightForWidth(notice.width())
+    # however long a notice gets, the column scrolls rather than draw it over the list
+    win.devices_panel.show_notice(" ".join(["A long notice about the devices."] * 12))
+    qtbot.wait(50)
+    assert notice.geometry().top() >= view.geometry().bottom()
+    assert notice.height() >= notice.heightForWidth(notice.width())
+    assert win.left_scroll.verticalScrollBar().maximum() > 0
+    win.close()
+
+
+def test_memory_breakdowns_are_never_elided(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    from offload_planner.ui.memory_view import BREAKDOWN_FORMS
+
+    open_and_wait(qtbot, window, demo_path)  # -ngl 999 on one declared GPU: "+355.8 GiB over"
+    window.h_split.setSizes([270, 2000, 10])  # the user drags the Memory pane as narrow as it goes
+    qtbot.wait(50)
+    lines = window.memory_view._breakdown_lines()
+    assert lines and all(line.form < len(BREAKDOWN_FORMS) for line in lines), [ln.text for ln in lines]
+
+
+def test_command_and_problems_say_updating_until_the_projection_arrives(
+    qtbot: QtBot, window: MainWindow, qwen3moe_path: Path
+) -> None:
+    open_and_wait(qtbot, window, qwen3moe_path)
+    pane, problems = window.command_pane, window.problems
+    assert pane.status.text().startswith("projected in") and pane.copy_button.isEnabled()
+    window.doc.move(["blk.1.ffn_up_exps.weight"], CPU)  # the projection runs on its thread
+    assert pane.status.text() == "updating…"
+    assert not pane.copy_button.isEnabled() and not pane.text.isEnabled()
+    assert problems.count() and problems.item(0).text().startswith("updating…")
+    wait_projected(qtbot, window)
+    assert pane.status.text().startswith("projected in") and pane.copy_button.isEnabled()
+    assert not any(problems.item(i).text().startswith("updating") for i in range(problems.count()))
