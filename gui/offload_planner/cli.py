@@ -32,15 +32,35 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_plan_file(path: str, *, allow_remote: bool) -> None:
+    """Refuse a plan file before the window opens: a bad field (named), a model that is not a
+    regular file, or a model URL the user did not allow with --allow-remote."""
+    from offload_planner.core.plan_file import load_plan, require_regular_file
+
+    pf = load_plan(path)
+    if pf.model_is_url:
+        if not allow_remote:
+            raise PlannerError(f"{path}: the plan reads its model from {pf.model_path}; pass --allow-remote "
+                               "to fetch a URL named in a file")
+    else:
+        require_regular_file(pf.model_path, f"{path}: the plan's model")
+
+
 def _cmd_gui(args: argparse.Namespace) -> int:
+    from offload_planner.core.devices import parse_device_decl
+
+    for decl in args.device:  # a bad --device is reported before anything else (display, Qt)
+        parse_device_decl(decl)
     from offload_planner.ui.app import run_gui
 
     try:
         w, h = (int(v) for v in args.size.lower().split("x"))
     except ValueError:
         raise PlannerError(f"--size {args.size!r}: expected WIDTHxHEIGHT, e.g. 1280x800") from None
+    if args.model and args.model.lower().endswith(".json"):
+        check_plan_file(args.model, allow_remote=args.allow_remote)
     return run_gui(args.model, devices=args.device, screenshot=args.screenshot, size=(w, h),
-                   settings_file=args.settings)
+                   settings_file=args.settings, allow_remote=args.allow_remote)
 
 
 def _add_gui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,6 +77,8 @@ def _add_gui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="render offscreen once the model is projected, save the PNG and exit")
     g.add_argument("--size", default="1280x800", metavar="WxH", help="window size with --screenshot")
     g.add_argument("--settings", metavar="FILE.ini", help="use this settings file instead of the user's")
+    g.add_argument("--allow-remote", action="store_true",
+                   help="open a plan file whose model is a URL (fetched without asking)")
     g.set_defaults(func=_cmd_gui)
 
 
@@ -109,10 +131,25 @@ def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespace:
+    """Our options; llama-server flags given before ``--`` are refused with where they go."""
+    args, extra = parser.parse_known_args(_default_to_gui(parser, ours))
+    if not extra:
+        return args
+    listed = " ".join(extra)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = getattr(args, "command", None)
+    own: argparse.ArgumentParser = sub.choices.get(command, parser) if command else parser
+    if hasattr(args, "server_args"):
+        own.error(f"unrecognized arguments: {listed} (llama-server arguments go after `--`: "
+                  f"offload-planner {command} MODEL [options] -- {listed})")
+    own.error(f"unrecognized arguments: {listed}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(_default_to_gui(parser, ours))
+    args = _parse(parser, ours)
     if hasattr(args, "server_args"):
         args.server_args = server_args
     elif server_args:

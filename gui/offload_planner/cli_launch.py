@@ -44,7 +44,10 @@ def _launch_parser(make: Any) -> argparse.ArgumentParser:
         epilog="example: offload-planner launch model.gguf --verify -- --rpc 127.0.0.1:50052 -ngl 999 "
         "-c 4096 -fit off",
     )
-    p.add_argument("model", help="the GGUF file (passed to the server as -m unless the arguments name one)")
+    p.add_argument("model", help="the GGUF file (passed to the server as -m unless the arguments name one), "
+                   "or a plan file saved by the window (its command is shown first)")
+    p.add_argument("--yes", action="store_true",
+                   help="with a plan file: launch its command without asking (it is still printed)")
     _add_options(p)
     return p
 
@@ -119,11 +122,12 @@ class _Session:
             return EXIT_USAGE
         dialect, _version = launch.probe_dialect(found.path)
         self.dialect = str(dialect)  # cached: the runner reports it with the version
-        self._prepare_projection(server_args, dialect)
+        env = launch.parse_env_assignments(a.env)
+        server_args = self._prepare_projection(server_args, dialect, env)
         port = a.port if a.port is not None else (_free_port() if a.verify else None)
         cfg = LaunchConfig(
             server_args=server_args, executable=found.path, model=a.model, host=a.host, port=port,
-            env=launch.parse_env_assignments(a.env), wrapper=shlex.split(a.wrapper),
+            env=env, wrapper=shlex.split(a.wrapper),
             verbose_log=not a.no_verbose_log, stop_timeout=a.stop_timeout,
         )
         server = ServerProcess()
@@ -153,14 +157,24 @@ class _Session:
             server.shutdown()
         return self.code
 
-    def _prepare_projection(self, server_args: list[str], dialect: Any) -> None:
+    def _prepare_projection(
+        self, server_args: list[str], dialect: Any, env: dict[str, str | None]
+    ) -> list[str]:
+        """Parse the arguments as the server will read them (with the environment it gets) and
+        build the devices; returns the arguments to pass on (a leading program name dropped)."""
+        import os
+
+        from offload_planner.backend.launch import child_environment
         from offload_planner.backend.system import cpu_device, detect_gpus
-        from offload_planner.core.cmdline import parse_server_args
+        from offload_planner.cli_server_args import read_server_argv
         from offload_planner.core.devices import build_device_set, parse_device_decl
         from offload_planner.core.gguf_reader import open_model
 
         a = self.args
-        self.parsed = parse_server_args(server_args, dialect=dialect)
+        read = read_server_argv(server_args, str(dialect), child_environment(os.environ, env))
+        self.parsed = read.parsed
+        for note in read.notes:
+            self.say(f"note: {note}")
         for e in self.parsed.errors:
             self.say(f"note: llama-server will probably refuse this: {e.message}")
         try:
@@ -173,6 +187,7 @@ class _Session:
         self.devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                         rpc_endpoints=list(self.parsed.args.rpc_servers or []),
                                         declared=declared)
+        return read.args
 
     def _projection(self) -> Any:
         from offload_planner.backend import launch
@@ -290,5 +305,14 @@ class _Session:
 
 
 def run_launch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    session = _Session(args, out or sys.stdout, err or sys.stderr)
-    return session.run(list(args.server_args))
+    err = err or sys.stderr
+    server_args = list(args.server_args)
+    if args.model.lower().endswith(".json"):
+        from offload_planner.cli_plan_file import plan_file_launch
+
+        approved = plan_file_launch(args, server_args, err)
+        if approved is None:
+            return EXIT_USAGE
+        args.model, server_args = approved
+    session = _Session(args, out or sys.stdout, err)
+    return session.run(server_args)

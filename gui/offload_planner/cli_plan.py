@@ -8,8 +8,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from offload_planner.core.errors import PlannerError
+
+if TYPE_CHECKING:
+    from offload_planner.core.cmdline import ArgError, ParsedArgs
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.engine import EngineResult
+    from offload_planner.core.model import Model
+    from offload_planner.core.plan import Plan
 
 DIALECTS = ("llama.cpp", "llama.cpp-2025", "ik_llama.cpp")
 
@@ -20,15 +28,22 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="place every tensor and project each device's memory for a llama-server command line",
         description="Say which device every tensor lands on and how many bytes llama.cpp allocates "
         "on each device, per buffer (weights, KV cache, compute, output), for MODEL and the "
-        "llama-server arguments after `--`. Devices: --rpc servers from the arguments (RPC0, RPC1, "
-        "... first, as llama.cpp orders them), NVIDIA GPUs found through NVML, and --device "
-        "declarations (which also set the capacity of a device of the same name).",
-        epilog="example: offload-planner plan model.gguf --device CUDA0=24GiB -- -ngl 999 "
+        "llama-server arguments after `--` (and the LLAMA_ARG_* variables of the environment, "
+        "as llama-server reads them). Devices, in llama.cpp's order whatever order they are given "
+        "in: --rpc servers from the arguments (RPC0, RPC1, ...), then GPUs by backend and index "
+        "(CUDA0, CUDA1, ...): NVIDIA GPUs found through NVML and --device declarations (which also "
+        "set the capacity of a device of the same name). A command llama-server would refuse prints "
+        "only the error; every value it changes silently (-c 32k is read as 32) is a note.",
+        epilog="exit status: 0 the plan fits; 2 a refused command, file or option (the message "
+        "alone, on stderr); 3 a device is over capacity (a row marked OVER) and the pinned build's "
+        "--fit does not make it fit. "
+        "example: offload-planner plan model.gguf --device CUDA0=24GiB -- -ngl 999 "
         "-ot exps=CPU -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
     p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
-                   help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable)")
+                   help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable); a size needs "
+                   "its unit: 24GiB = 24G, 24GB, 8000MiB, 1TiB, 4096B")
     p.add_argument("--backend", default="llama.cpp", metavar="PATH|DIALECT",
                    help="a llama-server executable to detect the dialect from, or one of: "
                    + ", ".join(DIALECTS) + " (default: llama.cpp, the pinned build)")
@@ -56,64 +71,109 @@ def _dialect(backend: str) -> str:
     return str(detect_dialect(run("--version"), run("--help")))
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    from offload_planner.backend.system import cpu_device, detect_gpus
-    from offload_planner.core.cmdline import format_command, parse_server_args
-    from offload_planner.core.devices import build_device_set, parse_device_decl
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.plan import plan_command
-    from offload_planner.core.plan_report import plan_json, plan_text
+EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
 
-    server_args = list(args.server_args)
-    dialect = _dialect(args.backend)
-    parsed = parse_server_args(server_args, dialect=dialect)
-    model = open_model(args.model)
+
+def _open_model(path: str) -> Model:
+    """The GGUF at ``path``; a plan file saved by the window is named as one, with how to open it."""
+    from offload_planner.core.gguf_reader import open_model
+
+    try:
+        return open_model(path)
+    except PlannerError:
+        if _is_json(path):
+            raise PlannerError(
+                f"{path} is a plan file (JSON), not a GGUF model: open it in the window with "
+                f"`offload-planner {path}`, or plan its model with `offload-planner plan MODEL.gguf -- ...`"
+            ) from None
+        raise
+
+
+def _is_json(path: str) -> bool:
+    p = Path(path)
+    if not p.is_file():  # never open a FIFO or a device here
+        return False
+    if path.endswith(".json"):
+        return True
+    with p.open("rb") as f:
+        return f.read(64).lstrip().startswith(b"{")
+
+
+def _devices(args: argparse.Namespace, rpc: list[str]) -> tuple[DeviceSet, str]:
+    from offload_planner.backend.system import cpu_device, detect_gpus
+    from offload_planner.core.devices import build_device_set, parse_device_decl
+
     declared = [parse_device_decl(d) for d in args.device]
     detection = detect_gpus() if not args.no_detect else None
-    rpc = list(parsed.args.rpc_servers or [])
     devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                rpc_endpoints=rpc, declared=declared)
-    errors = [str(e) for e in parsed.errors]
-    from offload_planner.core.cmdline import check_semantics
+    return devices, detection.message if detection is not None else ""
 
-    errors += [str(e) for e in check_semantics(parsed.args, [d.name for d in devices],
-                                               is_mla=model.summary.is_mla, dialect=dialect)]
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Errors first and alone (stderr, exit 2); then the plan, with every silent change as a note;
+    exit 3 when a device is over capacity and llama.cpp's --fit will not make it fit."""
+    from offload_planner.cli_server_args import print_errors, read_server_argv
+    from offload_planner.core.cmdline import check_semantics, format_command
+    from offload_planner.core.plan import plan_command
+    from offload_planner.core.plan_report import over_capacity, plan_json, plan_text
+
+    dialect = _dialect(args.backend)
+    server = read_server_argv(args.server_args, dialect)
+    parsed = server.parsed
+    model = _open_model(args.model)
+    devices, detected = _devices(args, list(parsed.args.rpc_servers or []))
+    errors: list[ArgError | str] = [*parsed.errors]
+    errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
     if dialect == "ik_llama.cpp":
         from offload_planner.core.ik import model_errors
 
         errors += model_errors(model)
+    if errors:
+        return print_errors(errors)
     from offload_planner.core.engine import run_engine
     from offload_planner.core.plan import plan_from_args
 
-    result = run_engine(model, devices, parsed.args, dialect)
+    result = run_engine(model, devices, parsed, dialect)
     plan = plan_from_args(model, devices, parsed, dialect)
     command = plan_command(plan)
-    notes = list(result.notes)
-    if detection is not None and detection.message:
-        notes.append(detection.message)
-    fit: dict[str, object] | None = None
-    if dialect == "llama.cpp" and not errors:
-        from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
-
-        fitted = server_fit(model, devices, parsed, result.placement_options, result.context)
-        unknown = [g.name for g in devices.gpus if g.capacity is None]
-        if fitted is None and unknown and parsed.args.fit is not False:
-            notes.append(f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
-                         f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
-                         "--device NAME=SIZE to see what it will do")
-        if fitted is not None:
-            fcmd = fitted_command(fitted, model, devices, plan.placement_options, plan.context) \
-                if fitted.changed else []
-            fit = fit_summary(fitted, devices, fcmd)
-            note = fit_note(fitted, fcmd)
-            if note:
-                notes.append(note)
+    notes = [*server.notes, *result.notes]
+    if detected:
+        notes.append(detected)
+    fit, fit_fixes_gpus = _fit(model, devices, parsed, result, plan, dialect, notes)
+    over = [n for n in over_capacity(result.projection) if n == devices.cpu.name or not fit_fixes_gpus]
+    if over:
+        notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
     if args.json:
-        json.dump(plan_json(result.projection, warnings=result.warnings, errors=errors, command=command,
+        json.dump(plan_json(result.projection, warnings=result.warnings, errors=[], command=command,
                             notes=notes, fit=fit), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        print(plan_text(result.projection, warnings=result.warnings, errors=errors,
+        print(plan_text(result.projection, warnings=result.warnings, errors=[],
                         command=format_command(["llama-server", *command], "bash"), notes=notes,
                         explain=args.explain))
-    return 2 if errors else 0
+    return EXIT_OVER if over else EXIT_OK
+
+
+def _fit(model: Model, devices: DeviceSet, parsed: ParsedArgs, result: EngineResult, plan: Plan,
+         dialect: str, notes: list[str]) -> tuple[dict[str, object] | None, bool]:
+    """The pinned build's --fit: its summary for --json (notes get its line), and whether it
+    makes the GPUs fit (it succeeded and changed the command)."""
+    if dialect != "llama.cpp":
+        return None, False
+    from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
+
+    fitted = server_fit(model, devices, parsed, result.placement_options, result.context)
+    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    if fitted is None and unknown and parsed.args.fit is not False:
+        notes.append(f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
+                     f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
+                     "--device NAME=SIZE to see what it will do")
+    if fitted is None:
+        return None, False
+    fcmd = (fitted_command(fitted, model, devices, plan.placement_options, plan.context)
+            if fitted.changed else [])
+    note = fit_note(fitted, fcmd)
+    if note:
+        notes.append(note)
+    return fit_summary(fitted, devices, fcmd), fitted.changed and fitted.status == "success"

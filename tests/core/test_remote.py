@@ -12,7 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from tests.support.http_range_server import RangeServer
+from tests.support.http_range_server import RangeServer, tls_cert_file
 
 from offload_planner.core.errors import GGUFError
 from offload_planner.core.gguf_reader import LazyArray, open_model, read_header
@@ -94,9 +94,12 @@ def _no_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _token_for(monkeypatch: pytest.MonkeyPatch, srv: RangeServer, token: str) -> None:
-    """HF_TOKEN, with the test server as the Hugging Face endpoint (a mirror, as HF_ENDPOINT)."""
+    """HF_TOKEN, with the test server (https, its certificate trusted) as the Hugging Face endpoint
+    (a mirror, as HF_ENDPOINT): the token goes only over https to that exact origin."""
+    assert srv.tls, "the token is sent only over https"
     monkeypatch.setenv("HF_TOKEN", token)
     monkeypatch.setenv("HF_ENDPOINT", srv.base)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert_file()))
 
 
 @pytest.fixture
@@ -278,7 +281,7 @@ def test_later_requests_go_straight_to_the_redirect_target(server: RangeServer) 
 def test_token_is_sent_to_the_original_host_only(
     files: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with RangeServer(files, redirect_host="localhost") as srv:  # same server, another host name
+    with RangeServer(files, redirect_host="localhost", tls=True) as srv:  # same server, another host name
         _token_for(monkeypatch, srv, "hf_secret")
         with HttpRangeSource(srv.resolve_url(BIG)) as src:
             src.read(0, 3 * BLOCK_SIZE)
@@ -293,7 +296,7 @@ def test_token_is_sent_to_the_original_host_only(
 def test_token_is_kept_on_a_same_host_redirect(
     files: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with RangeServer(files, require_token="hf_secret") as srv:
+    with RangeServer(files, require_token="hf_secret", tls=True) as srv:
         _token_for(monkeypatch, srv, "hf_secret")
         m = open_model(srv.resolve_url(BIG))
         log = srv.log
@@ -310,7 +313,7 @@ def test_gated_model_without_token_says_set_hf_token(files: Path) -> None:
 
 
 def test_gated_model_with_a_wrong_token(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with RangeServer(files, require_token="hf_secret") as srv, pytest.raises(GGUFError) as ei:
+    with RangeServer(files, require_token="hf_secret", tls=True) as srv, pytest.raises(GGUFError) as ei:
         _token_for(monkeypatch, srv, "hf_wrong")
         open_model(srv.url(BIG))
     msg = str(ei.value)
@@ -324,17 +327,21 @@ def test_token_is_not_sent_to_a_host_that_is_not_hugging_face(
     with RangeServer(files, require_token="hf_secret") as srv, pytest.raises(GGUFError) as ei:
         open_model(srv.url(BIG))
     assert all("Authorization" not in r.headers for r in srv.log)
-    assert "only to Hugging Face hosts" in str(ei.value) and "hf_secret" not in str(ei.value)
+    assert "only over https to Hugging Face hosts" in str(ei.value) and "hf_secret" not in str(ei.value)
 
 
-def test_token_hosts_are_hugging_face_and_its_subdomains(monkeypatch: pytest.MonkeyPatch) -> None:
-    from offload_planner.core.remote import _is_token_host
+def test_token_origins_are_https_and_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    from offload_planner.core.remote import _is_token_origin
 
-    assert _is_token_host("huggingface.co") and _is_token_host("cdn-lfs.huggingface.co")
-    assert _is_token_host("hf.co")
-    assert not _is_token_host("evilhuggingface.co") and not _is_token_host("127.0.0.1")
+    assert _is_token_origin("https://huggingface.co/org/m/resolve/main/x.gguf")
+    assert _is_token_origin("https://huggingface.co:443/x") and _is_token_origin("https://hf.co/x")
+    assert not _is_token_origin("http://huggingface.co/x"), "never over plain http"
+    assert not _is_token_origin("https://huggingface.co:8443/x"), "another port is another origin"
+    assert not _is_token_origin("https://cdn-lfs.huggingface.co/x") and not _is_token_origin("https://evilhuggingface.co/x")
     monkeypatch.setenv("HF_ENDPOINT", "https://hf-mirror.com")
-    assert _is_token_host("hf-mirror.com")
+    assert _is_token_origin("https://hf-mirror.com/x") and not _is_token_origin("https://hf-mirror.com:444/x")
+    monkeypatch.setenv("HF_ENDPOINT", "http://hf-mirror.com")
+    assert not _is_token_origin("http://hf-mirror.com/x"), "an http endpoint gets no token"
 
 
 def test_explicit_authorization_header_is_dropped_on_a_cross_host_redirect(
@@ -428,3 +435,93 @@ def test_bad_urls_are_gguf_errors() -> None:
         with pytest.raises(GGUFError) as ei:
             HttpRangeSource(url, timeout=2)
         assert ei.value.path == url
+
+
+# --- hostile servers: trickling bodies, odd redirects, where the token goes ---------------------------
+
+
+def test_a_server_that_trickles_bytes_hits_the_deadline(files: Path) -> None:
+    """Headers at once, then one byte every 0.2 s: each wait is short, the whole read is not."""
+    with RangeServer(files, drip=0.2) as srv:
+        url = srv.url(BIG)
+        t0 = time.monotonic()
+        with pytest.raises(GGUFError, match=r"gave up after 1\.5 s on the network") as ei:
+            HttpRangeSource(url, timeout=5, deadline=1.5)
+        took = time.monotonic() - t0
+    assert ei.value.path == url and url in str(ei.value)
+    assert took < 4, f"{took:.1f} s"
+
+
+def test_the_deadline_ends_inspect_on_the_command_line(files: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from offload_planner import cli
+
+    monkeypatch.setattr("offload_planner.core.remote.DEFAULT_DEADLINE", 1.0)
+    with RangeServer(files, drip=0.2) as srv:
+        t0 = time.monotonic()
+        assert cli.main(["inspect", srv.url(BIG)]) == 2
+        assert time.monotonic() - t0 < 4
+    err = capsys.readouterr().err
+    assert srv.url(BIG) in err and "gave up after 1 s" in err
+
+
+def test_a_stalled_server_is_bounded_by_the_deadline_too(files: Path) -> None:
+    with RangeServer(files, stall=True) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(GGUFError, match=r"gave up after 0\.5 s"):
+            HttpRangeSource(srv.url(BIG), timeout=30, deadline=0.5)
+        assert time.monotonic() - t0 < 3
+
+
+def test_a_redirect_to_ftp_is_not_followed(files: Path) -> None:
+    with RangeServer(files, redirect_to="ftp://127.0.0.1/model.gguf") as srv:
+        url = srv.resolve_url(BIG)
+        with pytest.raises(GGUFError, match="only http and https are followed") as ei:
+            HttpRangeSource(url)
+    assert ei.value.path == url and "ftp://127.0.0.1/model.gguf" in str(ei.value)
+
+
+def test_no_downgrade_from_https_to_http_with_a_token(files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with RangeServer(files) as plain, RangeServer(files, redirect_to=plain.url(BIG), tls=True) as srv:
+        _token_for(monkeypatch, srv, "hf_secret")
+        with pytest.raises(GGUFError, match="from https to plain http"):
+            HttpRangeSource(srv.resolve_url(BIG))
+        assert srv.log[0].headers.get("Authorization") == "Bearer hf_secret"
+    assert plain.log == [], "nothing went to the plain http server"
+
+
+def test_token_is_not_sent_over_plain_http_even_to_the_endpoint(
+    files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with RangeServer(files, require_token="hf_secret") as srv, pytest.raises(GGUFError, match="401"):
+        monkeypatch.setenv("HF_TOKEN", "hf_secret")
+        monkeypatch.setenv("HF_ENDPOINT", srv.base)  # http://: a token would travel in clear text
+        open_model(srv.url(BIG))
+    assert srv.log and all("Authorization" not in r.headers for r in srv.log)
+
+
+def test_token_is_not_sent_to_another_port_of_the_endpoint_host(
+    files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with RangeServer(files, tls=True) as endpoint, RangeServer(files, tls=True) as other:
+        _token_for(monkeypatch, endpoint, "hf_secret")
+        with HttpRangeSource(other.url(BIG)):
+            pass
+        with HttpRangeSource(endpoint.url(BIG)):
+            pass
+    assert other.log and all("Authorization" not in r.headers for r in other.log)
+    assert endpoint.log[0].headers.get("Authorization") == "Bearer hf_secret"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_a_server_that_trickles_its_headers_hits_the_deadline(
+    files: Path, monkeypatch: pytest.MonkeyPatch, tls: bool
+) -> None:
+    """Every wait for a header byte is short (0.1 s): only the overall deadline ends it."""
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert_file()))
+    with RangeServer(files, drip_headers=0.1, tls=tls) as srv:
+        t0 = time.monotonic()
+        with pytest.raises(GGUFError, match=r"gave up after 1\.5 s on the network") as ei:
+            HttpRangeSource(srv.url(BIG), timeout=5, deadline=1.5)
+        took = time.monotonic() - t0
+    assert srv.url(BIG) in str(ei.value) and took < 4, f"{took:.1f} s"

@@ -114,9 +114,9 @@ def test_server_process_matches_the_projection_and_leaves_nothing(
     assert not _alive(pid) and not any(_alive(k) for k in kids)
 
 
-def _cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()),
-           "PYTHONPATH": str(GUI), "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path / "cfg")}
+           "PYTHONPATH": str(GUI), "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path / "cfg"), **(env or {})}
     return subprocess.run([sys.executable, "-m", "offload_planner", "launch", *args], capture_output=True,
                           text=True, timeout=300, env=env)
 
@@ -150,6 +150,21 @@ def test_cli_verify(small_models: dict[str, Path], llama_server: Path, rpc: list
     assert ot.returncode == 3 and "-ot: unknown buffer type" in ot.stderr
     assert not any(p.info["name"] == "llama-server" and p.info["ppid"] == os.getpid()
                    for p in psutil.process_iter(["name", "ppid"]))
+
+
+def test_cli_verify_reads_a_pasted_command_and_the_environment_as_the_server_does(
+    small_models: dict[str, Path], llama_server: Path, rpc: list[str], tmp_path: Path
+) -> None:
+    """`-- llama-server ...` (a pasted command): the program name is not passed on as an argument;
+    LLAMA_ARG_CTX_SIZE reaches the server from the environment and the projection reads it too."""
+    model = str(small_models["qwen3moe"])
+    r = _cli(model, "--server", str(llama_server), "--verify", "--quiet", "--", "llama-server",
+             "--rpc", ",".join(rpc), "-ngl", "999", "-ts", "1,1", *FIXED, tmp_path=tmp_path,
+             env={"LLAMA_ARG_CTX_SIZE": "4096"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "'llama-server' after `--` is read as the program name" in r.stderr
+    assert "LLAMA_ARG_CTX_SIZE=4096 from the environment" in r.stderr
+    assert "every device matches the projection" in r.stderr
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="prlimit (util-linux) is not installed")

@@ -3,7 +3,12 @@
 Serves the files of one directory under ``/files/NAME``.  ``/resolve/main/NAME`` answers
 ``302 Found`` to ``/files/NAME`` (like Hugging Face's resolve links redirect to a CDN);
 ``redirect_host`` makes that redirect name another host (e.g. ``localhost`` for the same server),
-so that tests can check which headers cross hosts.  Binds 127.0.0.1 on a free port::
+so that tests can check which headers cross hosts, and ``redirect_to`` makes it name any URL (an
+``ftp://`` one, another server's).  ``drip`` sends bodies one byte per ``drip`` seconds after the
+headers (a server that trickles), ``drip_headers`` a header that never ends; ``tls`` serves https
+with a self-signed certificate for 127.0.0.1/localhost (:func:`tls_cert_file`, for
+``SSL_CERT_FILE``).  Every request's headers are in :attr:`RangeServer.log` (what token was sent
+where).  Binds 127.0.0.1 on a free port::
 
     with RangeServer(tmp_path) as srv:
         open_model(srv.url("model.gguf"))
@@ -13,7 +18,11 @@ so that tests can check which headers cross hosts.  Binds 127.0.0.1 on a free po
 from __future__ import annotations
 
 import re
+import ssl
+import subprocess
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,6 +55,9 @@ class _Config:
     stall: threading.Event | None = None  # when set, requests hang until the server stops
     require_token: str | None = None  # answer 401/403 unless this bearer token is sent
     content_length: bool = True  # False: full-body answers end by closing the connection
+    redirect_to: str | None = None  # /resolve/main/NAME answers 302 to this URL
+    drip: float | None = None  # seconds between body bytes
+    drip_headers: float | None = None  # seconds between the bytes of a status line that never ends
     log: list[LoggedRequest] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -68,6 +80,9 @@ class _Handler(BaseHTTPRequestHandler):
         if cfg.stall is not None:
             cfg.stall.wait()
             return
+        if cfg.drip_headers is not None:
+            self._drip_status_line(cfg.drip_headers)
+            return
         path = unquote(urlsplit(self.path).path)
         if path.startswith("/resolve/main/"):
             self._redirect(path.removeprefix("/resolve/main/"))
@@ -80,6 +95,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._status_only(404)
             return
         self._send_file(file, body=body)
+
+    def _drip_status_line(self, every: float) -> None:
+        """``HTTP/1.1 200 OK``, then a header line that grows a byte every ``every`` seconds."""
+        self._log(200)
+        try:
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not self.server.stopping.wait(every):
+                self.wfile.write(b"a")
+                self.wfile.flush()
+        except OSError:
+            pass
+        self.close_connection = True
 
     def _authorized(self, token: str) -> bool:
         return self.headers.get("Authorization") == f"Bearer {token}"
@@ -96,7 +123,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _redirect(self, name: str) -> None:
         port = self.server.server_address[1]
         host = self.server.config.redirect_host
-        target = f"/files/{name}" if host is None else f"http://{host}:{port}/files/{name}"
+        target = f"/files/{name}" if host is None else f"{self.server.scheme}://{host}:{port}/files/{name}"
+        target = self.server.config.redirect_to or target
         self._log(302)
         self.send_response(302)
         self.send_header("Location", target)
@@ -152,12 +180,18 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         with file.open("rb") as f:
             f.seek(start)
+            drip = self.server.config.drip
             try:
                 while sent < length:
-                    chunk = f.read(min(_CHUNK, length - sent))
+                    if drip is not None:
+                        time.sleep(drip)
+                        if self.server.stopping.is_set():
+                            break
+                    chunk = f.read(1 if drip is not None else min(_CHUNK, length - sent))
                     if not chunk:
                         break
                     self.wfile.write(chunk)
+                    self.wfile.flush()
                     sent += len(chunk)
                     entry.bytes_sent = sent
             except (BrokenPipeError, ConnectionResetError):
@@ -174,6 +208,29 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     config: _Config
+    scheme = "http"
+    stopping: threading.Event
+
+
+_CERT: list[Path] = []
+
+
+def tls_cert_file() -> Path:
+    """A self-signed certificate (and key, in the same PEM) for 127.0.0.1 and localhost, made once
+    per test process with the openssl command."""
+    if not _CERT:
+        folder = Path(tempfile.mkdtemp(prefix="range-server-tls-"))
+        pem = folder / "cert.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+             "-keyout", str(folder / "key.pem"), "-out", str(pem)],
+            check=True, capture_output=True, timeout=60,
+        )
+        (folder / "both.pem").write_bytes(pem.read_bytes() + (folder / "key.pem").read_bytes())
+        _CERT.append(pem)
+    return _CERT[0]
 
 
 class RangeServer:
@@ -188,6 +245,10 @@ class RangeServer:
         stall: bool = False,
         require_token: str | None = None,
         content_length: bool = True,
+        redirect_to: str | None = None,
+        drip: float | None = None,
+        drip_headers: float | None = None,
+        tls: bool = False,
     ) -> None:
         self.config = _Config(
             Path(root),
@@ -196,7 +257,12 @@ class RangeServer:
             stall=threading.Event() if stall else None,
             require_token=require_token,
             content_length=content_length,
+            redirect_to=redirect_to,
+            drip=drip,
+            drip_headers=drip_headers,
         )
+        self.tls = tls
+        self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -210,7 +276,7 @@ class RangeServer:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def url(self, name: str) -> str:
         """Direct link to a file: ``/files/NAME``."""
@@ -238,6 +304,12 @@ class RangeServer:
     def start(self) -> RangeServer:
         server = _Server(("127.0.0.1", 0), _Handler)
         server.config = self.config
+        server.stopping = self._stopping
+        if self.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(tls_cert_file().with_name("both.pem"))
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
+            server.scheme = "https"
         self._server = server
         self._port = int(server.server_address[1])
         self._thread = threading.Thread(
@@ -247,6 +319,7 @@ class RangeServer:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         if self.config.stall is not None:
             self.config.stall.set()
         if self._server is not None:

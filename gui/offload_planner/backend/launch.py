@@ -428,7 +428,7 @@ def devices_from_log(devices: DeviceSet, report: LoadReport) -> DeviceSet:
             gpus[idx] = replace(g, free=free, total=g.total if g.total is not None else free)
     rank = {n.lower(): i for i, n in enumerate(logged_names)}
     gpus.sort(key=lambda g: rank.get(g.name.lower(), len(rank)))
-    return DeviceSet(devices.cpu, tuple(gpus))
+    return DeviceSet(devices.cpu, tuple(gpus), reported_order=True)
 
 
 # --- failures ----------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Devices as llama.cpp names and orders them, with the buffer rules that decide allocation sizes.
 
-llama.cpp's device list (``llama_prepare_model_devices``): RPC servers first, then GPUs in backend
-order; the CPU is not in the list but always holds the input layer and anything not offloaded.
+llama.cpp's device list (``llama_prepare_model_devices``): RPC servers first (in ``--rpc`` order),
+then GPUs in backend registration order (``ggml-backend-reg.cpp``: CUDA or ROCm, Metal, SYCL,
+Vulkan), each backend's devices by index; the CPU is not in the list but always holds the input
+layer and anything not offloaded.  :class:`DeviceSet` keeps its GPUs in that order whatever order
+they were declared in, so ``-ts 3,1`` gives CUDA0 the larger share as llama.cpp does.
 Each kind of device allocates weights with its own alignment and padding
 (``ggml_backend_buft_get_alignment`` / ``get_alloc_size``).
 """
@@ -9,7 +12,6 @@ Each kind of device allocates weights with its own alignment and padding
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -48,7 +50,20 @@ HOST_BUFFER_NAMES: dict[DeviceKind, str] = {
     DeviceKind.VULKAN: "Vulkan_Host",
 }
 
-_NAME_RE = re.compile(r"^(CPU|CUDA|ROCm|Vulkan|Metal|SYCL|RPC)(\d*)$", re.IGNORECASE)
+_NAME_RE = re.compile(r"^(CPU|CUDA|ROCm|Vulkan|Metal|SYCL|RPC)([0-9]*)$", re.IGNORECASE)
+
+#: Rank of each kind in llama.cpp's device list: RPC servers first (llama.cpp moves them to the
+#: front), then backends in the order ggml_backend_registry registers them; CUDA and ROCm are
+#: one backend (a build has one of them). The CPU is never an offload device.
+_ORDER: dict[DeviceKind, int] = {
+    DeviceKind.RPC: 0,
+    DeviceKind.CUDA: 1,
+    DeviceKind.ROCM: 1,
+    DeviceKind.METAL: 2,
+    DeviceKind.SYCL: 3,
+    DeviceKind.VULKAN: 4,
+    DeviceKind.CPU: 5,
+}
 
 
 def kind_of(name: str) -> DeviceKind:
@@ -103,12 +118,26 @@ class Device:
         return self.free if self.free is not None else self.total
 
 
+def llama_order(device: Device) -> tuple[int, int]:
+    """Sort key of a device in llama.cpp's list: (backend rank, index within the backend)."""
+    m = _NAME_RE.match(device.name)
+    index = int(m.group(2)) if m and m.group(2) else 0
+    return _ORDER[device.kind], index
+
+
 @dataclass(frozen=True)
 class DeviceSet:
-    """The CPU plus llama.cpp's ordered list of offload devices."""
+    """The CPU plus llama.cpp's ordered list of offload devices: ``gpus`` are sorted into
+    llama.cpp's order (:func:`llama_order`) unless ``reported_order`` says they are in the order a
+    running llama-server reported them (its log is the authority)."""
 
     cpu: Device
     gpus: tuple[Device, ...] = field(default_factory=tuple)
+    reported_order: bool = field(default=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.reported_order:
+            object.__setattr__(self, "gpus", tuple(sorted(self.gpus, key=llama_order)))
 
     def buffer_types(self) -> dict[str, str]:
         """Device name -> the buffer type name ``-ot`` takes for it (``RPC0[host:port]`` for RPC)."""
@@ -142,25 +171,6 @@ class DeviceSet:
         return [d.name for d in self.gpus] + [self.cpu.name]
 
 
-#: Backends in the order llama.cpp lists their devices; RPC servers come first (``--rpc``).
-_KIND_ORDER: tuple[DeviceKind, ...] = (
-    DeviceKind.RPC, DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.METAL, DeviceKind.SYCL, DeviceKind.VULKAN,
-)
-
-
-def llama_order(gpus: Iterable[Device]) -> tuple[Device, ...]:
-    """Offload devices in llama.cpp's order: RPC servers first, then each backend's devices by
-    index (CUDA0, CUDA1, ..., CUDA10), whatever order they were declared or detected in."""
-
-    def key(d: Device) -> tuple[int, int]:
-        m = _NAME_RE.match(d.name)
-        index = int(m.group(2)) if m and m.group(2) else 0
-        rank = _KIND_ORDER.index(d.kind) if d.kind in _KIND_ORDER else len(_KIND_ORDER)
-        return rank, index
-
-    return tuple(sorted(gpus, key=key))
-
-
 def parse_device_decl(text: str) -> Device:
     """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``RPC0=64GiB,bw=100`` (bandwidth in GB/s)."""
     name, sep, rest = text.partition("=")
@@ -173,6 +183,7 @@ def parse_device_decl(text: str) -> Device:
         total = parse_size(parts[0])
         free: int | None = None
         bw: float | None = None
+        margin = 0
         for p in parts[1:]:
             key, _, val = p.partition("=")
             if key == "free":
@@ -180,12 +191,11 @@ def parse_device_decl(text: str) -> Device:
             elif key in ("bw", "bandwidth"):
                 bw = float(val)
             elif key == "margin":
-                continue
+                margin = parse_size(val)
             else:
-                raise ValueError(f"unknown field {key!r} (free=, bw=)")
-    except ValueError as e:
+                raise ValueError(f"unknown field {key!r} (free=, margin=, bw=)")
+    except (ValueError, IndexError) as e:
         raise PlannerError(f"--device {text!r}: {e}") from None
-    margin = next((parse_size(p.split("=", 1)[1]) for p in parts[1:] if p.startswith("margin=")), 0)
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=bw, margin=margin)
 
@@ -197,8 +207,9 @@ def build_device_set(
     rpc_endpoints: list[str],
     declared: list[Device],
 ) -> DeviceSet:
-    """llama.cpp's device order: RPC servers (RPC0..) first, then detected GPUs; declared devices
-    set the capacity of a device of the same name or add a virtual GPU after the others."""
+    """llama.cpp's device order (:func:`llama_order`): RPC servers (RPC0..) first, then GPUs by
+    backend and index; declared devices set the capacity of a device of the same name or add a
+    virtual GPU in its place in that order."""
     gpus: list[Device] = [
         Device(f"RPC{i}", DeviceKind.RPC, description=f"RPC server {ep}", source="rpc", endpoint=ep)
         for i, ep in enumerate(rpc_endpoints)

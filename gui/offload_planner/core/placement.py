@@ -11,6 +11,7 @@ wins); CPU-side weights take the first buffer type of the CPU list that supports
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -116,7 +117,10 @@ def unit_devices(n_layer: int, ngl: int, gpus: Sequence[Device], split: Sequence
     if not gpus:
         return [CPU] * (n_layer + 1)
     weights = list(split[: len(gpus)]) + [0.0] * max(0, len(gpus) - len(split))
-    if not any(weights):
+    if not any(weights) or not all(math.isfinite(w) and w >= 0 for w in weights):
+        # all zero: llama.cpp's default split by free memory. NaN, inf or negative proportions
+        # fail the load or misplace layers in llama.cpp (refused by cmdline.check_semantics);
+        # a projection that is shown anyway (the window) uses the default rather than crash.
         weights = [float(g.capacity or 1) for g in gpus]
     cum: list[float] = []
     total = 0.0

@@ -29,6 +29,18 @@ def device_json(dm: DeviceMemory) -> dict[str, Any]:
     }
 
 
+def device_left(dm: DeviceMemory) -> int | None:
+    """What the table's "left" column shows: capacity minus what the device holds and its margin
+    (None when the capacity is unknown); negative means the row is marked OVER."""
+    cap = dm.device.capacity
+    return None if cap is None else cap - dm.resident() - dm.device.margin
+
+
+def over_capacity(projection: Projection) -> list[str]:
+    """Names of the devices marked OVER in the table."""
+    return [dm.device.name for dm in projection.devices if (device_left(dm) or 0) < 0]
+
+
 def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],
               command: Sequence[str], notes: Sequence[str] = (),
               fit: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -69,7 +81,7 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
     lines = ["device     weights       KV  compute   output    total capacity     left   (GiB)"]
     for dm in projection.devices:
         cap = dm.device.capacity
-        left = None if cap is None else cap - dm.resident() - dm.device.margin
+        left = device_left(dm)
         lines.append(
             f"{dm.device.name:7}  {_g(dm.resident('model'))}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
             f"{_g(dm.resident())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")

@@ -1,16 +1,23 @@
 """A GGUF file on an http(s) server, read with Range requests (only the bytes the reader asks for).
 
 Hugging Face ``resolve/main/...gguf`` links redirect to a CDN: the redirect is followed with the
-Range header kept, and a token (``HF_TOKEN``) is sent only to the host the user named.  Fetched
-blocks are cached, so reading the same bytes twice costs one request.  A server that ignores Range
-(answers 200 with the whole body) is read as a stream that is closed as soon as enough is held.
+Range header kept (only to http/https, never from https down to http while a token is attached),
+and a token (``HF_TOKEN``) is sent only over https to the exact origin of huggingface.co, hf.co or
+``$HF_ENDPOINT``.  Fetched blocks are cached, so reading the same bytes twice costs one request.  A
+server that ignores Range (answers 200 with the whole body) is read as a stream that is closed as
+soon as enough is held.  All the time spent on the network by one source is bounded
+(:data:`DEFAULT_DEADLINE`): a server that trickles bytes cannot hold the reader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -30,25 +37,102 @@ USER_AGENT = "offload-planner/0.1 (GGUF header reader; python-urllib)"
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)", re.IGNORECASE)
 _SECRET_HEADERS = frozenset({"authorization", "cookie"})
-#: HF_TOKEN goes only to these hosts (and their subdomains) and to the host of $HF_ENDPOINT.
+#: HF_TOKEN goes only over https to these hosts (port 443) and to the origin of $HF_ENDPOINT.
 TOKEN_HOSTS: tuple[str, ...] = ("huggingface.co", "hf.co")
+#: Seconds one source may spend on the network in all (connecting, waiting, reading).
+DEFAULT_DEADLINE = 60.0
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_READ_CHUNK = 256 * 1024
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
-    """(scheme, host, port) of a URL; credentials are sent only within one origin."""
+    """(scheme, host, port) of a URL, the port made explicit; credentials stay within one origin."""
     try:
         parts = urlsplit(url)
-        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+        scheme = parts.scheme.lower()
+        return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
     except ValueError:  # malformed: an origin no other URL has
         return "", url, None
 
 
-def _is_token_host(host: str) -> bool:
-    hosts = list(TOKEN_HOSTS)
+def token_origins() -> list[tuple[str, str, int | None]]:
+    """The origins HF_TOKEN may be sent to: https only, exact host and port."""
+    out: list[tuple[str, str, int | None]] = [("https", h, 443) for h in TOKEN_HOSTS]
     endpoint = os.environ.get("HF_ENDPOINT", "").strip()
-    if endpoint:
-        hosts.append(_origin(endpoint)[1])
-    return any(h and (host == h or host.endswith("." + h)) for h in hosts)
+    if endpoint and _origin(endpoint)[0] == "https":
+        out.append(_origin(endpoint))
+    return out
+
+
+def _is_token_origin(url: str) -> bool:
+    return _origin(url) in token_origins()
+
+
+def _set_timeout(resp: http.client.HTTPResponse, seconds: float) -> None:
+    """Bound the next wait on the response's socket (best effort: http.client keeps it private)."""
+    sock = getattr(getattr(resp.fp, "raw", None), "_sock", None)
+    if isinstance(sock, socket.socket):
+        sock.settimeout(seconds)
+
+
+class _Watchdog:
+    """Shuts a connection's socket down when the deadline passes while http.client is still
+    connecting or reading the status line and headers (each of its reads has only the socket
+    timeout: a server sending a header byte a second would hold it for ever)."""
+
+    def __init__(self) -> None:
+        self.until = 0.0  # time.monotonic() at which the current request gives up
+        self.fired = False
+        self._timers: list[threading.Timer] = []
+
+    def arm(self, sock: socket.socket | None) -> None:
+        if sock is None:
+            return
+        timer = threading.Timer(max(0.0, self.until - time.monotonic()), self._fire, (sock,))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _fire(self, sock: socket.socket) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):  # already closed: nothing to cut
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def disarm(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+
+
+def _watched(base: type[http.client.HTTPConnection], watchdog: _Watchdog) -> type[http.client.HTTPConnection]:
+    class Watched(base):  # type: ignore[valid-type,misc]
+        def connect(self) -> None:
+            super().connect()
+            watchdog.arm(self.sock)
+
+    return Watched
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._conn = _watched(http.client.HTTPConnection, watchdog)
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._conn, req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog) -> None:
+        super().__init__()
+        self._conn = _watched(http.client.HTTPSConnection, watchdog)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(self._conn, req)  # the default https context: certificates checked
+
+
+class _RefusedRedirect(Exception):
+    """Internal: a redirect the reader does not follow (another scheme, a downgrade)."""
 
 
 class _Unsatisfiable(Exception):
@@ -73,6 +157,15 @@ class _RedirectKeepingRange(urllib.request.HTTPRedirectHandler):
         headers: http.client.HTTPMessage,
         newurl: str,
     ) -> urllib.request.Request | None:
+        scheme = _origin(newurl)[0]
+        if scheme not in ("http", "https"):
+            fp.close()
+            raise _RefusedRedirect(f"redirected to {newurl[:200]}: only http and https are followed")
+        has_secret = any(k.lower() in _SECRET_HEADERS for k, _ in req.header_items())
+        if has_secret and _origin(req.full_url)[0] == "https" and scheme == "http":
+            fp.close()
+            raise _RefusedRedirect(f"redirected from https to plain http ({newurl[:200]}) with a token "
+                                   "attached: not followed")
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None and _origin(newurl) != self._origin:
             for name in list(new.headers):
@@ -85,8 +178,10 @@ class HttpRangeSource:
     """A :class:`~offload_planner.core.byte_source.ByteSource` over HTTP Range requests.
 
     ``request_count`` and ``bytes_fetched`` count what went over the network.  ``HF_TOKEN`` is sent
-    as a bearer token when the URL is on a Hugging Face host (or ``$HF_ENDPOINT``'s), and like any
-    ``Authorization`` given in ``headers`` it is dropped when a redirect leads to another host.
+    as a bearer token only over https to huggingface.co, hf.co or ``$HF_ENDPOINT`` (the exact
+    origin), and like any ``Authorization`` given in ``headers`` it is dropped when a redirect leads
+    to another origin.  ``timeout`` bounds each wait on the socket, ``deadline`` all the time the
+    source spends on the network.
     """
 
     def __init__(
@@ -96,12 +191,18 @@ class HttpRangeSource:
         timeout: float = 30,
         headers: Mapping[str, str] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        deadline: float | None = None,
     ) -> None:
         self._url = url
         self._timeout = timeout
+        self._deadline = DEFAULT_DEADLINE if deadline is None else deadline
+        self._spent = 0.0  # seconds spent on the network so far
         self._max_bytes = max_bytes
         self._headers = self._base_headers(headers)
-        self._opener = urllib.request.build_opener(_RedirectKeepingRange(_origin(url)))
+        self._watchdog = _Watchdog()
+        self._opener = urllib.request.build_opener(
+            _RedirectKeepingRange(_origin(url)), _WatchedHTTPHandler(self._watchdog),
+            _WatchedHTTPSHandler(self._watchdog))
         self._resolved: str | None = None  # where the last redirect chain ended
         self._blocks: dict[int, bytes] = {}
         self._ranged = True  # False once the server ignored Range: read one stream from 0
@@ -155,7 +256,7 @@ class HttpRangeSource:
     def _base_headers(self, extra: Mapping[str, str] | None) -> dict[str, str]:
         out = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         token = os.environ.get("HF_TOKEN", "").strip()
-        if token and _is_token_host(_origin(self._url)[1]):
+        if token and _is_token_origin(self._url):
             out["Authorization"] = f"Bearer {token}"
         out.update(extra or {})
         return out
@@ -165,6 +266,16 @@ class HttpRangeSource:
 
     def _fail(self, message: str) -> GGUFError:
         return GGUFError(self._url, message)
+
+    def _remaining(self) -> float:
+        left = self._deadline - self._spent
+        if left <= 0:
+            raise self._fail(f"gave up after {self._deadline:g} s on the network: the server is too slow "
+                             "(or sends its answer a few bytes at a time)")
+        return left
+
+    def _timed(self, started: float) -> None:
+        self._spent += time.monotonic() - started
 
     def _open(self, start: int, end: int) -> http.client.HTTPResponse:
         """GET ``Range: bytes=start-(end-1)``, from the resolved URL first if there is one."""
@@ -181,16 +292,30 @@ class HttpRangeSource:
             headers = {k: v for k, v in headers.items() if k.lower() not in _SECRET_HEADERS}
         headers["Range"] = f"bytes={start}-{end - 1}"
         self.request_count += 1
+        timeout = min(self._timeout, self._remaining())
+        started = time.monotonic()
+        self._watchdog.until = started + self._deadline - self._spent
         try:
             req = urllib.request.Request(url, headers=headers, method="GET")
-            resp = cast(http.client.HTTPResponse, self._opener.open(req, timeout=self._timeout))
+            resp = cast(http.client.HTTPResponse, self._opener.open(req, timeout=timeout))
         except urllib.error.HTTPError as e:
             with e:
                 if e.code == 416:
                     raise _Unsatisfiable(e.headers.get("Content-Range", "")) from None
                 raise self._fail(self._http_error_message(e.code, e.reason)) from None
+        except _RefusedRedirect as e:
+            raise self._fail(str(e)) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
-            raise self._fail(self._network_error_message(e)) from None
+            if self._watchdog.fired:
+                timeout = 0.0  # the deadline cut the connection
+            raise self._fail(self._network_error_message(e, timeout)) from None
+        finally:
+            self._watchdog.disarm()
+            fired, self._watchdog.fired = self._watchdog.fired, False
+            self._timed(started)
+        if fired:  # the headers ended because the deadline cut the connection
+            resp.close()
+            raise self._fail(self._network_error_message(TimeoutError(), 0.0))
         final = resp.geturl()
         if final != url:
             self._resolved = final
@@ -205,18 +330,23 @@ class HttpRangeSource:
                 )
             if os.environ.get("HF_TOKEN", "").strip():
                 return (
-                    f"access denied (HTTP {code}); HF_TOKEN is sent only to Hugging Face hosts "
-                    "(or $HF_ENDPOINT)"
+                    f"access denied (HTTP {code}); HF_TOKEN is sent only over https to Hugging Face hosts "
+                    "(or the origin of $HF_ENDPOINT)"
                 )
             return f"access denied (HTTP {code}): gated model: set HF_TOKEN"
         if code == 404:
             return "not found (HTTP 404)"
         return f"HTTP {code} {reason}".rstrip()
 
-    def _network_error_message(self, e: BaseException) -> str:
+    def _network_error_message(self, e: BaseException, timeout: float | None = None) -> str:
         reason: object = e.reason if isinstance(e, urllib.error.URLError) else e
         if isinstance(reason, TimeoutError):
-            return f"timed out after {self._timeout:g} s"
+            waited = self._timeout if timeout is None else timeout
+            if waited < self._timeout:
+                return f"gave up after {self._deadline:g} s on the network: the server answers too slowly"
+            return f"timed out after {waited:g} s"
+        if timeout == 0.0:
+            return f"gave up after {self._deadline:g} s on the network: the server answers too slowly"
         if isinstance(reason, ConnectionRefusedError):
             return "cannot connect: connection refused"
         if isinstance(reason, OSError) and reason.strerror:
@@ -224,12 +354,25 @@ class HttpRangeSource:
         return f"cannot read: {reason or type(e).__name__}"
 
     def _read_body(self, resp: http.client.HTTPResponse, n: int) -> bytes:
-        try:
-            data = resp.read(n)
-        except (OSError, http.client.HTTPException, ValueError) as e:
-            raise self._fail(self._network_error_message(e)) from None
-        self.bytes_fetched += len(data)
-        return data
+        """Up to ``n`` bytes of the body, in chunks, within the deadline."""
+        chunks: list[bytes] = []
+        got = 0
+        while got < n:
+            wait = min(self._timeout, self._remaining())
+            _set_timeout(resp, wait)
+            started = time.monotonic()
+            try:
+                chunk = resp.read1(min(_READ_CHUNK, n - got))
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                raise self._fail(self._network_error_message(e, wait)) from None
+            finally:
+                self._timed(started)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        self.bytes_fetched += got
+        return b"".join(chunks)
 
     # size -------------------------------------------------------------------------------------
 

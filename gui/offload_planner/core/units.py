@@ -10,20 +10,27 @@ GiB = 1024**3
 TiB = 1024**4
 
 _UNITS = {
-    "": 1, "b": 1,
+    "b": 1,
     "k": KiB, "kb": 1000, "kib": KiB,
     "m": MiB, "mb": 1000**2, "mib": MiB,
     "g": GiB, "gb": 1000**3, "gib": GiB,
     "t": TiB, "tb": 1000**4, "tib": TiB,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
+
+
+SIZE_FORMS = "24GiB, 24G (both 24 x 1024^3 bytes), 24GB (24 x 1000^3), 8000MiB, 1TiB or 4096B"
 
 
 def parse_size(text: str) -> int:
-    """``24GiB`` -> bytes. Bare ``G``/``M`` are binary units, as in llama.cpp's messages."""
+    """``24GiB`` -> bytes. Bare ``G``/``M`` are binary units, as in llama.cpp's messages. A number
+    without a unit is refused (``24`` is too easily meant as GiB): bytes are written ``4096B``."""
     m = _SIZE_RE.match(text)
+    if m is not None and not m.group(2):
+        raise ValueError(f"size {text.strip()!r} has no unit: write e.g. {text.strip()}GiB "
+                         f"(accepted: {SIZE_FORMS})")
     if m is None or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (use e.g. 24GiB, 8000MiB, 12G)")
+        raise ValueError(f"not a size: {text!r} (accepted: {SIZE_FORMS})")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 

@@ -25,6 +25,7 @@ def run_gui(
     screenshot: str | None = None,
     size: tuple[int, int] = (1280, 800),
     settings_file: str | None = None,
+    allow_remote: bool = False,
 ) -> int:
     """Open the window on ``model`` (default: the bundled demo). With ``screenshot``, render offscreen
     once the model is loaded and projected, save the PNG and exit (status 0 when saved)."""
@@ -76,6 +77,7 @@ def run_gui(
         settings = Settings()
 
     win = MainWindow(settings, SystemInfo.probe(declared))
+    win.allow_remote_plans = allow_remote
     status = {"code": 0}
     if screenshot:
         win.confirm_close = False
@@ -105,6 +107,7 @@ def run_gui(
 
         win.doc.analysisChanged.connect(on_analysis)
         win.loader.failed.connect(lambda msg, _ctx: fail(msg))
+        win.errorShown.connect(fail)
         QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("timed out waiting for the projection"))
     win.show()
     win.open_path(model or demo_model())

@@ -105,6 +105,8 @@ class LauncherPanel(QWidget):
         #: The plan of the launch that emitted the last non-empty actualsReady.
         self.actuals_plan: Plan | None = None
         self.calibrated: dict[str, int] = {}  # device -> calibrated compute bytes for the current plan
+        #: The plan file the arguments came from: Launch first shows the whole command and asks.
+        self.review_source: str | None = None
         self._telemetry_views: list[TelemetryView] = []
         self._build(executable)
         self.server.stateChanged.connect(self._on_state)
@@ -336,6 +338,9 @@ class LauncherPanel(QWidget):
         except (PlannerError, ValueError) as e:
             self._show_explanations([Explanation("start", f"launch options: {e}")])
             return False
+        if self.review_source is not None:
+            self._ask_before_launch(cfg, plan.dialect if plan is not None else "llama.cpp")
+            return False
         self._run = (plan, self._projection, list(self._command))
         self._fill_table(self._projection, None, plan)
         virtual = self.virtual_devices(plan)
@@ -350,6 +355,23 @@ class LauncherPanel(QWidget):
 
     def stop(self) -> None:
         self.server.stop()
+
+    def _ask_before_launch(self, cfg: LaunchConfig, dialect: str) -> None:
+        """A plan read from a file: show the whole command and its risky arguments; launch on yes."""
+        from offload_planner.core.arg_safety import review_args
+        from offload_planner.ui.confirm import ask_launch
+
+        cmd = launch.build_command(cfg.executable or "llama-server", cfg.server_args, dialect=dialect,
+                                   model=cfg.model, host=cfg.host, port=cfg.port, verbose_log=cfg.verbose_log,
+                                   extra_args=cfg.extra_args, wrapper=cfg.wrapper)
+        source = self.review_source or ""
+
+        def go() -> None:
+            self.review_source = None
+            self.launch()
+
+        env = {k: v for k, v in cfg.env.items() if v is not None}
+        ask_launch(self, source, cmd.argv, review_args(cmd.server_args, dialect, env=env), go)
 
     def shutdown(self) -> None:
         """Stop the server and wait for it (for the window's closeEvent)."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QMimeData, Qt, SignalInstance
+from PySide6.QtCore import QByteArray, QMimeData, Qt, Signal, SignalInstance
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -39,10 +39,18 @@ from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceSet, llama_order, parse_device_decl
+from offload_planner.core.devices import Device, DeviceSet, parse_device_decl
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.plan_file import (
+    SUFFIX,
+    PlanFile,
+    PlanFileError,
+    load_plan,
+    require_regular_file,
+    save_plan,
+)
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
@@ -55,7 +63,6 @@ from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.plan_edits import with_option
-from offload_planner.ui.plan_io import SUFFIX, PlanFile, PlanFileError, load_plan, save_plan
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
@@ -116,7 +123,7 @@ def demo_devices(margin: int) -> DeviceSet:
     devs = [replace(parse_device_decl(d), margin=margin) for d in DEMO_HARDWARE]
     devs = [replace(d, description="demo GPU" if d.is_gpu else "demo RAM") for d in devs]
     cpu = next(d for d in devs if not d.is_gpu)
-    return DeviceSet(cpu, llama_order(d for d in devs if d.is_gpu))
+    return DeviceSet(cpu, tuple(d for d in devs if d.is_gpu))
 
 
 def is_demo(model: Model) -> bool:
@@ -138,11 +145,14 @@ def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -
 
 
 class MainWindow(QMainWindow):
+    errorShown = Signal(str)  # an error dialog opened with this text
+
     def __init__(self, settings: Settings, system: SystemInfo, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
         self.system = system
         self.confirm_close = True  # ask before closing or replacing a plan with unsaved changes
+        self.allow_remote_plans = False  # fetch a plan file's URL model without asking (--allow-remote)
         self.on_demo_hardware = False  # the plan's devices are DEMO_HARDWARE, not this machine's
         self._gpu_notice = ""
         self._load_t0 = 0.0
@@ -450,7 +460,7 @@ class MainWindow(QMainWindow):
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
             gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
-        return DeviceSet(cpu, llama_order(gpus))
+        return DeviceSet(cpu, tuple(gpus))  # DeviceSet keeps llama.cpp's order
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -502,12 +512,26 @@ class MainWindow(QMainWindow):
             self.loader.load(loc, ("model", None))
 
     def open_plan(self, path: str) -> None:
+        """Read and check the plan file (a dialog names the bad field), then load its model; a
+        model URL is fetched only once the user agrees (it came from a file)."""
         try:
             pf = load_plan(path)
+            if not pf.model_is_url:
+                require_regular_file(pf.model_path, "the plan's model")
         except PlanFileError as e:
+            self.log(f"error: {e}")
             self._error("Cannot open the plan", str(e))
             return
-        self.loader.load(pf.model_path, ("plan", (pf, str(Path(path).resolve()))))
+
+        def load() -> None:
+            self.loader.load(pf.model_path, ("plan", (pf, str(Path(path).resolve()))))
+
+        if pf.model_is_url and not self.allow_remote_plans:
+            from offload_planner.ui.confirm import ask_fetch
+
+            ask_fetch(self, path, pf.model_path, load)
+            return
+        load()
 
     def _on_load_started(self, location: str) -> None:
         self.progress.setRange(0, 0)
@@ -551,6 +575,7 @@ class MainWindow(QMainWindow):
                 "header-only file: the planner reads shapes and sizes; llama-server needs the full model"
             )
         self.doc.reset(plan, notes=notes)
+        self.launcher.review_source = None
         self.settings.add_recent(model.path)
         self.show_message(f"Opened {Path(model.path).name}")
 
@@ -570,6 +595,7 @@ class MainWindow(QMainWindow):
             box.open()
         self._set_demo_hardware(False)
         self.doc.reset(plan, file_path=path, notes=notes)
+        self.launcher.review_source = path  # its arguments are shown before the first launch
         self.settings.add_recent(path)
         self.show_message(f"Opened plan {Path(path).name}")
 
@@ -624,15 +650,17 @@ class MainWindow(QMainWindow):
     def _save_to(self, path: str) -> bool:
         backend = {"path": str(self.settings.get(keys.BACKEND_PATH)), "dialect": self.doc.plan.dialect}
         try:
-            save_plan(path, PlanFile.of(self.doc.plan, backend))
+            notes = save_plan(path, PlanFile.of(self.doc.plan, backend))
         except PlannerError as e:
             self._error("Cannot save the plan", str(e))
             return False
+        for note in notes:
+            self.log(note)
         self.doc.file_path = path
         self.doc.undo_stack.setClean()
         self.settings.add_recent(path)
         self._update_title()
-        self.show_message(f"Saved {path}")
+        self.show_message(f"Saved {path}" + (f" ({notes[0]})" if notes else ""))
         return True
 
     # --- reactions ---------------------------------------------------------------------------
@@ -681,6 +709,7 @@ class MainWindow(QMainWindow):
         box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
         box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         box.open()
+        self.errorShown.emit(text)
 
     def _show_help(self) -> None:
         QMessageBox.information(

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from offload_planner.core.devices import Device, DeviceSet, llama_order
+from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.ik import mla_mode as ik_mla_mode
 from offload_planner.core.memory import ContextParams
 from offload_planner.core.placement import CPU, PlacementOptions
@@ -76,13 +76,11 @@ def with_dialect(plan: Plan, dialect: str) -> Plan:
 
 
 def with_device(plan: Plan, device: Device, index: int | None = None) -> Plan:
-    """Add a GPU (at ``index``, default: its place in llama.cpp's order) or replace the CPU."""
+    """Add a GPU (at ``index`` in llama.cpp's order, default last) or replace the CPU."""
     if not device.is_gpu:
         return replace(plan, devices=replace(plan.devices, cpu=device))
     gpus = list(plan.devices.gpus)
-    if index is None:
-        return replace(plan, devices=DeviceSet(plan.devices.cpu, llama_order([*gpus, device])))
-    gpus.insert(index, device)
+    gpus.insert(len(gpus) if index is None else index, device)
     return replace(plan, devices=DeviceSet(plan.devices.cpu, tuple(gpus)))
 
 

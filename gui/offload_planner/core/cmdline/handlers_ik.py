@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi
+from offload_planner.core.cmdline.cnum import stof, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError
 from offload_planner.core.cmdline.handlers_mainline import (
     MAX_DEVICES,
@@ -32,10 +32,8 @@ def _invalid(stderr: str = "", explanation: str = "") -> HandlerError:
 
 
 def _int(text: str) -> int:
-    try:
-        return stoi(text)
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    """``std::stoi``; its :class:`CNumberError` reaches the parser, which names the flag."""
+    return stoi(text)
 
 
 def _pairs(text: str, second: type[int] | type[float]) -> list[tuple[int, float]]:
@@ -43,9 +41,11 @@ def _pairs(text: str, second: type[int] | type[float]) -> list[tuple[int, float]
     out: list[tuple[int, float]] = []
     items = text.split(",")
     for k in range(0, len(items) - 1, 2):
-        a = re.match(r"\s*[+-]?\d+", items[k])
+        a = re.match(r"\s*[+-]?[0-9]+", items[k], re.ASCII)
         b = re.match(
-            r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?" if second is float else r"\s*[+-]?\d+", items[k + 1]
+            r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?" if second is float else r"\s*[+-]?[0-9]+",
+            items[k + 1],
+            re.ASCII,
         )
         out.append((int(a.group(0)) if a else 0, second(b.group(0)) if b else 0))
     return out
@@ -81,10 +81,7 @@ def h_tensor_split(ctx: Ctx) -> None:
         parts.pop()
     if len(parts) >= MAX_DEVICES:
         raise _invalid()
-    try:
-        ctx.args.tensor_split = [stof(p) for p in parts]
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    ctx.args.tensor_split = [stof(p) for p in parts]
 
 
 def h_override_tensor(ctx: Ctx) -> None:
@@ -216,6 +213,13 @@ def h_verbose(ctx: Ctx) -> None:
 def h_port(ctx: Ctx) -> None:
     ctx.args.port = _int(ctx.value)
 
+
+#: Flags whose value ik reads with std::stoi (the rest of the value is ignored, as in ``-c 32k``).
+IK_INT_FLAGS = frozenset({
+    "--gpu-layers", "--n-cpu-moe", "--main-gpu", "--ctx-size", "--batch-size", "--ubatch-size",
+    "--parallel", "--fit-margin", "--mla-use", "--attention-max-batch", "--max-gpu",
+    "--worst-graph-tokens", "--verbosity", "--port",
+})
 
 IK_HANDLERS: dict[str, Handler] = {
     "--model": h_model,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi, stoull
+from offload_planner.core.cmdline.cnum import stof, stoi, stoull
 from offload_planner.core.cmdline.context import Ctx, HandlerError
 from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import GPU_LAYERS_ALL, GPU_LAYERS_AUTO, TensorOverride
@@ -36,10 +36,8 @@ def autoy(v: str) -> bool:
 
 
 def int_value(text: str) -> int:
-    try:
-        return stoi(text)
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    """``std::stoi``; its :class:`CNumberError` reaches the parser, which names the flag."""
+    return stoi(text)
 
 
 def split_list(text: str) -> list[str]:
@@ -111,10 +109,7 @@ def h_tensor_split(ctx: Ctx) -> None:
     parts = split_list(ctx.value)
     if len(parts) >= MAX_DEVICES:
         raise HandlerError(f"got {len(parts)} input configs, but system only has {MAX_DEVICES} devices")
-    try:
-        ctx.args.tensor_split = [stof(p) for p in parts]
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    ctx.args.tensor_split = [stof(p) for p in parts]
 
 
 def h_split_mode(ctx: Ctx) -> None:
@@ -233,10 +228,7 @@ def h_fit_target(ctx: Ctx) -> None:
     parts = split_list(ctx.value)
     if len(parts) >= MAX_DEVICES:
         raise HandlerError(f"got {len(parts)} input configs, but system only has {MAX_DEVICES} devices")
-    try:
-        ctx.args.fit_target = [stoull(p) for p in parts]
-    except CNumberError as exc:
-        raise HandlerError(str(exc)) from None
+    ctx.args.fit_target = [stoull(p) for p in parts]
 
 
 def h_fit_ctx(ctx: Ctx) -> None:

@@ -15,10 +15,10 @@ from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.flags_ik import IK_ENV, IK_KV_TYPES, IK_UNCHECKED_VALUE
 from offload_planner.core.cmdline.flagspec import FlagSpec, normalize_spelling
-from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS
+from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS, IK_INT_FLAGS
 from offload_planner.core.cmdline.model import ArgError, FlagUse, ParsedArgs, Stage
-from offload_planner.core.cmdline.parse_mainline import looks_like_flag
-from offload_planner.core.cmdline.tables import flag_table, moved_hint
+from offload_planner.core.cmdline.parse_mainline import looks_like_flag, number_tail_notes
+from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
 
 # Handlers that throw for legacy speculative flags (ik rejects them with its own message).
 _LEGACY_SPEC = frozenset(
@@ -65,9 +65,8 @@ class IkParser:
                 stof(value)
         except CNumberError as exc:
             message = f"terminate called after throwing an instance of 'std::invalid_argument' what(): {exc}"
-            self.parsed.errors.append(
-                ArgError(var, value, message, explanation="ik reads env before its try block")
-            )
+            explanation = f"{exc.about(var, value)}; ik reads the environment outside its try block"
+            self.parsed.errors.append(ArgError(var, value, message, explanation=explanation))
             return
         if kind == "bool":
             on = value in ("1", "true")
@@ -91,8 +90,7 @@ class IkParser:
         arg = normalize_spelling(raw)
         found = self.table.lookup(arg)
         if found is None:
-            hint = moved_hint(Dialect.IK, arg)
-            explanation = "not a flag of ik_llama.cpp" + (f"; use {hint}" if hint else "")
+            explanation = unknown_flag_hint(Dialect.IK, arg)
             self.parsed.errors.append(
                 ArgError(raw, None, f"error: unknown argument: {arg}", explanation=explanation)
             )
@@ -117,15 +115,21 @@ class IkParser:
     def _dispatch(self, spec: FlagSpec, use: FlagUse, arg: str | None = None) -> None:
         self.parsed.flags.append(use)
         handler = IK_HANDLERS.get(spec.key)
+        value = use.values[0] if use.values else None
         try:
             if handler is not None:
                 handler(Ctx(self.parsed, use, self.mmap))
+        except CNumberError as exc:  # ik prints the uncaught exception's what(): "stoi"
+            flag = use.env or use.spelling
+            explanation = exc.about(flag, value or "")
+            self.parsed.errors.append(ArgError(flag, value, str(exc), explanation=explanation))
         except HandlerError as exc:
             if exc.invalid_param:
                 self._invalid(use, arg or use.spelling, exc.stderr, exc.explanation)
             else:
-                value = use.values[0] if use.values else None
                 self.parsed.errors.append(ArgError(use.env or use.spelling, value, exc.what))
+        else:
+            number_tail_notes(self.parsed, spec, use, IK_INT_FLAGS)
         if handler is None and use.env is None:
             self.parsed.passthrough.extend((use.spelling, *use.values))
         if (

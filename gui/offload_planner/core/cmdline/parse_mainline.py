@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from offload_planner.core.cmdline.cnum import CNumberError, stoi
+from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
-from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, truthy
+from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, split_list, truthy
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs
-from offload_planner.core.cmdline.tables import flag_table, moved_hint
+from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
 
 # Flags whose handler appends, so repeating them is fine despite llama.cpp's warning.
 ACCUMULATING = frozenset(
@@ -54,8 +54,9 @@ class MainlineParser:
                 self._apply_env_value(spec, var, value)
             except (HandlerError, CNumberError) as exc:
                 what = exc.what if isinstance(exc, HandlerError) else str(exc)
+                explanation = exc.about(var, value) if isinstance(exc, CNumberError) else exc.explanation
                 message = f'error while handling environment variable "{spec.env}": {what}'
-                self.parsed.errors.append(ArgError(var, value, message))
+                self.parsed.errors.append(ArgError(var, value, message, explanation=explanation))
 
     def _apply_env_value(self, spec: FlagSpec, var: str, value: str) -> None:
         positive = True
@@ -133,8 +134,7 @@ class MainlineParser:
         return 0
 
     def _unknown(self, argv: Sequence[str], i: int, arg: str) -> int:
-        hint = moved_hint(self.dialect, arg)
-        explanation = f"not a flag of {self.dialect.label}" + (f"; use {hint}" if hint else "")
+        explanation = unknown_flag_hint(self.dialect, arg)
         self.parsed.errors.append(
             ArgError(argv[i], None, f"error: invalid argument: {arg}", explanation=explanation)
         )
@@ -155,8 +155,13 @@ class MainlineParser:
             if use.env is not None:
                 raise
             what = exc.what if isinstance(exc, HandlerError) else str(exc)
-            explanation = exc.explanation if isinstance(exc, HandlerError) else ""
+            if isinstance(exc, CNumberError):
+                explanation = exc.about(use.spelling, use.values[0] if use.values else "")
+            else:
+                explanation = exc.explanation
             self._error(use, arg or use.spelling, what, explanation)
+        else:
+            number_tail_notes(self.parsed, spec, use)
         if handler is None and use.env is None:
             self.parsed.passthrough.extend((use.spelling, *use.values))
 
@@ -169,6 +174,43 @@ class MainlineParser:
         mode = self.mmap.load_mode()
         if mode is not None:
             self.parsed.args.load_mode = mode
+
+
+#: Flags read with std::stof / std::stoull item by item (split on ``,`` and ``/``), and flags whose
+#: value is a word or a number (``-ngl auto``).
+_FLOAT_LISTS = frozenset({"--tensor-split"})
+_INT_LISTS = frozenset({"--fit-target"})
+_WORD_OR_INT = {"--gpu-layers": ("auto", "all")}
+
+
+def number_tail_notes(
+    parsed: ParsedArgs, spec: FlagSpec, use: FlagUse, int_keys: frozenset[str] = frozenset()
+) -> None:
+    """``-c 32k``: std::stoi reads 32 and ignores ``k``; llama-server says nothing, we do.
+    ``int_keys``: flags read with std::stoi beyond the table's INT kind (ik's table has none)."""
+    if not use.values:
+        return
+    value = use.values[0]
+    if spec.key in _FLOAT_LISTS or spec.key in _INT_LISTS:
+        items = split_list(value)
+        floating = spec.key in _FLOAT_LISTS
+    elif spec.kind is ValueKind.INT or spec.key in int_keys or (
+        spec.key in _WORD_OR_INT and value not in _WORD_OR_INT[spec.key]
+    ):
+        items, floating = [value], False
+    else:
+        return
+    flag = f"{use.env}=" if use.env else f"{use.spelling} "
+    for item in items:
+        tail = ignored_tail(item, floating=floating)
+        if tail:
+            read = item[: len(item) - len(tail)].strip()
+            message = (
+                f"{flag}{value}: llama-server reads {read} and ignores {tail!r} (std::"
+                f"{'stof' if floating else 'stoi'} stops at the first character that is not part of a "
+                "number; it takes no units or suffixes)"
+            )
+            parsed.warnings.append(ArgWarning(use.env or use.spelling, value, message))
 
 
 def looks_like_flag(token: str) -> bool:

@@ -10,6 +10,7 @@ exist once ``--rpc`` has been read, so on the command line ``--rpc`` must come f
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -185,6 +186,40 @@ def _ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[
     return errors
 
 
+def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:
+    """``-ts``: llama.cpp reads the proportions with std::stof, which accepts ``nan``, ``inf`` and
+    negatives, and checks nothing. It takes one per device, divides each running sum by the total
+    and picks a layer's device with ``upper_bound`` (``llama-model.cpp``): a NaN or infinite value
+    makes the split points NaN, no point is above the layer's fraction, the index is one past the
+    last device and ``devices.at()`` throws, so the model does not load; a negative one breaks the
+    increasing order ``upper_bound`` needs (layers go to unintended devices, or loading fails).
+    With ``-ngl 0`` no layer looks at the split points, and nothing fails."""
+    split = parsed.args.tensor_split
+    gpus = [d for d in (parsed.args.devices or device_names) if d not in ("none", "CPU")]
+    if not split or not gpus or parsed.args.n_gpu_layers == 0:  # -ngl 0: no layer asks for a device
+        return []
+    used = split[: len(gpus)]
+    use = next((u for u in reversed(parsed.flags) if u.key == "--tensor-split"), None)
+    flag = (use.env or use.spelling) if use else "-ts"
+    value = use.values[0] if use and use.values else ",".join(map(str, split))
+    n = len(gpus)
+    if any(math.isnan(v) or math.isinf(v) for v in used):
+        # the pinned build's words, checked with one and two RPC devices
+        message = (f"llama_model_load: error loading model: vector::_M_range_check: __n (which is {n}) >= "
+                   f"this->size() (which is {n})")
+        if parsed.dialect is Dialect.IK:
+            message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
+        return [ArgError(flag, value, message, Stage.LOAD,
+                         f"{flag} {value}: a NaN or infinite proportion: llama.cpp accepts it, every split "
+                         "point becomes NaN and no layer finds a device; give finite proportions, e.g. 3,1")]
+    if any(v < 0 for v in used):
+        return [ArgError(flag, value, f"{flag} {value}: a negative proportion", Stage.LOAD,
+                         "llama.cpp does not check it: the split points stop increasing or are divided by a "
+                         "sum of 0, so layers skip a device (-ts -1,2 puts every layer on the second) or the "
+                         "model fails to load (-ts 1,-1); give proportions >= 0 such as 3,1")]
+    return []
+
+
 def _load(flag: str, value: str | None, message: str) -> ArgError:
     return ArgError(flag, value, message, Stage.LOAD)
 
@@ -211,6 +246,7 @@ def check_semantics(
         parsed = ParsedArgs(dialect=Dialect(dialect or Dialect.LLAMA_CPP), args=parsed)
     known = _known(parsed, device_names)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
+    errors += _tensor_split_errors(parsed, device_names)
     if parsed.dialect is Dialect.IK:
         return errors + _ik_context_errors(parsed, device_names)
     return errors + _mainline_context_errors(parsed, is_mla, device_names)
@@ -228,6 +264,16 @@ def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:
                 str(args.ubatch_size),
                 f"-ub {args.ubatch_size} is larger than -b {batch}: llama.cpp silently uses "
                 f"n_ubatch = {batch} (n_ubatch = min(n_batch, n_ubatch))",
+            )
+        )
+    split = args.tensor_split
+    if split and not any(split):
+        notes.append(
+            ArgWarning(
+                "-ts",
+                ",".join(f"{v:g}" for v in split),
+                "-ts: every proportion is 0, which llama.cpp reads as no split given: layers are "
+                "split by each device's free memory (its default)",
             )
         )
     return notes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from functools import cache
 
 from offload_planner.core.cmdline.dialect import Dialect
@@ -66,3 +67,17 @@ _MOVED: dict[Dialect, dict[str, str]] = {
 def moved_hint(dialect: Dialect, spelling: str) -> str | None:
     """What to write instead of ``spelling``, when the dialect rejects a flag others accept."""
     return _MOVED[dialect].get(spelling)
+
+
+def unknown_flag_hint(dialect: Dialect, spelling: str) -> str:
+    """Why ``spelling`` is refused and what to write instead: a flag of another dialect, or the
+    closest spelling this dialect accepts (``--n-gpu-layer`` -> ``did you mean --n-gpu-layers?``)."""
+    label = dialect.label
+    moved = moved_hint(dialect, spelling)
+    if moved:
+        return f"not a flag of {label}; use {moved}"
+    if not spelling.startswith("-"):
+        return f"llama-server takes no positional arguments; not a flag of {label}"
+    spellings = [s for spec in flag_table(dialect) for s in spec.spellings]
+    close = difflib.get_close_matches(spelling, spellings, n=1, cutoff=0.75)
+    return f"not a flag of {label}" + (f"; did you mean {close[0]}?" if close else "")
