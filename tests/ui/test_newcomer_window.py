@@ -273,9 +273,11 @@ def test_virtual_gpus_are_warned_before_and_explained_after(
     window.set_backend_path(str(_fake_server(tmp_path, _cpu_only_log(window))))
     launcher.port_spin.setValue(17000 + os.getpid() % 1000)
     _launch_tab(window)
+    assert launcher.virtual_note.isVisible()  # before Launch
+    warning = launcher.virtual_note.text()
+    assert "CUDA0 is declared, not on this machine: llama-server will not see CUDA0" in warning
     with qtbot.waitSignal(launcher.server.ready, timeout=20_000):
         qtbot.mouseClick(launcher.launch_button, Qt.MouseButton.LeftButton)
-        assert "CUDA0 is declared, not on this machine" in launcher.notes.text()
     marks = [launcher.table.item(r, 6).text() for r in range(launcher.table.rowCount())
              if launcher.table.item(r, 0).text() == "CUDA0" and launcher.table.item(r, 1).text() == "total"]
     assert marks == ["✗ declared, not on this machine"]

@@ -171,6 +171,10 @@ class LauncherPanel(QWidget):
         self.stale_note.setStyleSheet("color: #8a5a00")
         self.stale_note.setAccessibleName("Plan edited since the launch")
         self.stale_note.hide()
+        self.virtual_note = QLabel()  # before a launch: declared GPUs the server will not see
+        self.virtual_note.setWordWrap(True)
+        self.virtual_note.setStyleSheet("color: #8a5a00")
+        self.virtual_note.hide()
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
@@ -213,6 +217,7 @@ class LauncherPanel(QWidget):
         lay.addLayout(top)
         lay.addLayout(url_row)
         # what went wrong first, right under Launch: the tab shows only its top at 1280x800
+        lay.addWidget(self.virtual_note)
         lay.addWidget(self.failures)
         lay.addWidget(self.notes)
         lay.addWidget(self.stale_note)
@@ -244,7 +249,18 @@ class LauncherPanel(QWidget):
         if self._run is None:
             self._fill_table(self._projection, None, plan)
         self._update_stale_note()
+        self._update_virtual_note()
         self._update_buttons()
+
+    def _update_virtual_note(self) -> None:
+        virtual = self.virtual_devices()
+        names = ", ".join(virtual)
+        self.virtual_note.setText(
+            f"⚠ {names} {'is' if len(virtual) == 1 else 'are'} declared, not on this machine: llama-server "
+            f"will not see {names}, so what the plan puts there goes elsewhere and its figures will not "
+            "match the projection" if virtual else ""
+        )
+        self.virtual_note.setVisible(bool(virtual))
 
     @property
     def table_is_stale(self) -> bool:
@@ -343,14 +359,6 @@ class LauncherPanel(QWidget):
             return False
         self._run = (plan, self._projection, list(self._command))
         self._fill_table(self._projection, None, plan)
-        virtual = self.virtual_devices(plan)
-        if virtual:
-            names = ", ".join(virtual)
-            self._on_notice(
-                f"⚠ {names} {'is' if len(virtual) == 1 else 'are'} declared, not on this machine: "
-                f"llama-server will not see {names}, so what the plan puts there goes elsewhere and "
-                "its figures will not match the projection"
-            )
         return self.server.start(cfg)
 
     def stop(self) -> None:
