@@ -3,13 +3,18 @@
 Starts the real llama-server through :class:`~offload_planner.backend.runner.ServerProcess` (a Qt
 event loop without a display), streams its log to stdout, prints the projected-against-actual
 table per device and buffer once the server listens, and keeps it running until it exits or
-Ctrl-C stops it.  With ``--verify`` it stops the server right after the table and exits 0 only if
-every device's model, KV, output and compute buffers are within the engine's tolerance of the
-projection.  A failed launch prints why (out of memory on a device with the smallest plan change
-that fits, a bad flag, an unknown -ot buffer type, a missing model file, a crash).
+Ctrl-C, SIGTERM or SIGHUP stops it (a second one kills it).  The server dies with the planner
+however the planner ends, SIGKILL and crashes included (:mod:`~offload_planner.backend.child_guard`).
+The log is printed with control characters escaped and over-long lines cut
+(:mod:`~offload_planner.backend.log_lines`).  With ``--verify`` it stops the server right after the
+table and exits 0 only if every device's model, KV, output and compute buffers are within the
+engine's tolerance of the projection.  A failed launch prints why (out of memory on a device with
+the smallest plan change that fits, a bad flag, an unknown -ot buffer type, a missing model file, a
+crash).
 
 Exit codes: 0 ok (verified); 1 the projection does not match; 2 usage error; 3 the server did not
-start, failed to load or did not become ready in time; 130 interrupted while loading.
+start, failed to load or did not become ready in time; 128 + the signal's number (130 for Ctrl-C,
+143 for SIGTERM, 129 for SIGHUP) when a signal stopped it while loading.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ import argparse
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, TextIO
 
+from offload_planner.backend.log_lines import printable
 from offload_planner.core.errors import PlannerError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -99,6 +106,8 @@ class _Session:
         self.app = QCoreApplication.instance() or QCoreApplication([])
         self.code = EXIT_FAILED
         self.interrupted = False
+        self.signal_code = EXIT_INTERRUPTED
+        self.output_open = True
         self.model: Any = None
         self.devices: Any = None
         self.parsed: Any = None
@@ -106,8 +115,17 @@ class _Session:
         self.engine: Any = None
 
     def say(self, text: str) -> None:
-        self.err.write(f"offload-planner: {text}\n")
-        self.err.flush()
+        self._write(self.err, f"offload-planner: {printable(text, keep_newlines=True)}\n")
+
+    def _write(self, stream: TextIO, text: str) -> None:
+        """Write, unless the terminal went away (SIGHUP, a closed pipe): then stay quiet."""
+        if not self.output_open:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            self.output_open = False
 
     def run(self, server_args: list[str]) -> int:
         from PySide6.QtCore import QTimer
@@ -145,13 +163,13 @@ class _Session:
         ticker = QTimer()  # lets Python run its SIGINT handler while Qt waits
         ticker.start(200)
         ticker.timeout.connect(lambda: None)
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        previous = _handle_signals(self._on_signal)
         try:
             server.start(cfg)
             if server.state.active:
                 self.app.exec()
         finally:
-            signal.signal(signal.SIGINT, previous)
+            _handle_signals(previous)
             ticker.stop()
             deadline.stop()
             server.shutdown()
@@ -223,8 +241,7 @@ class _Session:
         return project(self.model, devices, place(self.model, devices, popts), ctx)
 
     def _print_lines(self, lines: list[str]) -> None:
-        self.out.write("".join(ln + "\n" for ln in lines))
-        self.out.flush()
+        self._write(self.out, "".join(ln + "\n" for ln in lines))
 
     def _on_ready(self, url: str) -> None:
         from offload_planner.backend import launch
@@ -241,8 +258,7 @@ class _Session:
             verdict = EXIT_MISMATCH
         else:
             cmp = launch.compare(projection, self.server.report)
-            self.out.write("\nprojected against actual\n" + cmp.text() + "\n")
-            self.out.flush()
+            self._write(self.out, "\nprojected against actual\n" + cmp.text() + "\n")
             if not cmp.has_actual:
                 self.say("the server logged no buffer sizes (it needs -lv 4): nothing to compare")
                 verdict = EXIT_MISMATCH
@@ -270,7 +286,7 @@ class _Session:
         from offload_planner.backend.launch import PlanContext
 
         if not outcome.reached_running:
-            self.code = EXIT_INTERRUPTED if self.interrupted else EXIT_FAILED
+            self.code = self.signal_code if self.interrupted else EXIT_FAILED
             context = None
             if self.model is not None and self.parsed is not None:
                 try:
@@ -298,10 +314,32 @@ class _Session:
         self.code = EXIT_FAILED
         self.server.stop()
 
-    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.interrupted:
+            self.say(f"{signal.Signals(signum).name} again: killing llama-server")
+            self.server.kill()
+            return
         self.interrupted = True
-        self.say("stopping llama-server")
+        self.signal_code = 128 + signum
+        self.say(f"{signal.Signals(signum).name}: stopping llama-server")
         self.server.stop()
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _stop_signals() -> list[signal.Signals]:
+    names = ("SIGINT", "SIGTERM", "SIGHUP")
+    return [getattr(signal, n) for n in names if hasattr(signal, n)]
+
+
+def _handle_signals(handler: _Handler | dict[signal.Signals, _Handler]) -> dict[signal.Signals, _Handler]:
+    """Install ``handler`` (one for all, or the dict returned earlier) for Ctrl-C, SIGTERM and
+    SIGHUP; return the handlers it replaced."""
+    previous = {}
+    for sig in _stop_signals():
+        previous[sig] = signal.signal(sig, handler[sig] if isinstance(handler, dict) else handler)
+    return previous
 
 
 def run_launch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -59,14 +59,14 @@ def _dialect(backend: str) -> str:
     exe = shutil.which(backend) or backend
     if not Path(exe).is_file():
         raise PlannerError(f"--backend {backend!r}: not a dialect ({', '.join(DIALECTS)}) nor an executable")
+    from offload_planner.backend import child_guard
     from offload_planner.core.cmdline import detect_dialect
 
     def run(flag: str) -> str:
         try:
-            r = subprocess.run([exe, flag], capture_output=True, text=True, timeout=30)
-        except OSError as e:
+            return child_guard.output_of([exe, flag], timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
             raise PlannerError(f"--backend {backend!r}: cannot run it: {e}") from None
-        return r.stdout + r.stderr
 
     return str(detect_dialect(run("--version"), run("--help")))
 

@@ -6,7 +6,10 @@ Files are either written by GGUFWriter and patched, or written byte by byte with
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -587,6 +590,97 @@ def test_tensor_name_too_long_for_ggml(tmp_path: Path) -> None:
     _expect(raw.write(tmp_path / "n.gguf"), "too long", raw.info_pos(0))
     raw.infos[0] = tinfo("x" * 63, [32, 2], F32_T, 0)
     assert open_model(raw.write(tmp_path / "ok.gguf")).tensors[0].name == "x" * 63
+
+
+# --- metadata values the file cannot back --------------------------------------------------------
+
+
+def _with_value(key: str, vtype: int, payload: bytes) -> Raw:
+    """The default file with ``key`` set (replacing it when the builder already has it)."""
+    raw = Raw()
+    raw.kvs = [k for k in raw.kvs if not k.startswith(gstr(key))] + [kv(key, vtype, payload)]
+    return raw
+
+
+@pytest.mark.parametrize("blocks", [2**31 - 1, 2**32 - 1, 513])
+def test_block_count_beyond_llama_max_layers_fails_fast(tmp_path: Path, blocks: int) -> None:
+    """2^31-1 blocks used to take 260 s and then a MemoryError (a per-layer tuple of 2^31)."""
+    raw = _with_value("llama.block_count", U32, u32(blocks))
+    t0 = time.monotonic()
+    err = _expect(raw.write(tmp_path / "b.gguf"), f"'llama.block_count': {blocks} blocks", raw.kv_pos(1))
+    assert "at most 512 (LLAMA_MAX_LAYERS)" in str(err)
+    assert time.monotonic() - t0 < 2
+
+
+def test_block_count_of_512_is_accepted(tmp_path: Path) -> None:
+    raw = _with_value("llama.block_count", U32, u32(512))
+    assert open_model(raw.write(tmp_path / "b.gguf")).summary.n_layer == 512
+
+
+@pytest.mark.parametrize(
+    ("key", "vtype", "payload", "fragment"),
+    [
+        ("llama.leading_dense_block_count", F32, struct.pack("<f", float("inf")), "inf is a float"),
+        ("llama.attention.head_count_kv", F32, struct.pack("<f", float("nan")), "nan is a float"),
+        ("llama.attention.head_count", F64, struct.pack("<d", -float("inf")), "-inf is a float"),
+        ("llama.context_length", U64, u64(2**40), "1099511627776 is out of range"),
+        ("llama.embedding_length", I32, struct.pack("<i", -4096), "-4096 is out of range"),
+        ("llama.expert_count", STR, gstr("eight"), "'eight' is a str"),
+        ("llama.attention.head_count_kv", ARR, u32(U32) + u64(600) + u32(8) * 600, "array of 600 values"),
+        ("llama.feed_forward_length", ARR, u32(F32) + u64(1) + struct.pack("<f", float("nan")),
+         "nan is a float"),
+        ("llama.attention.head_count_kv", ARR, u32(U32) + u64(3) + u32(8) * 3,
+         "array of 3 values where llama.cpp wants one per layer (block_count 1)"),
+        ("llama.nextn_predict_layers", U32, u32(2), "2 NextN layers: more than block_count (1)"),
+        ("llama.attention.sliding_window_pattern", ARR, u32(BOOL) + u64(513) + b"\1" * 513,
+         "array of 513 values"),
+    ],
+)
+def test_metadata_values_llama_cpp_cannot_read_name_the_key(
+    tmp_path: Path, key: str, vtype: int, payload: bytes, fragment: str
+) -> None:
+    """inf/NaN where a count belongs used to escape as OverflowError/ValueError from summary.py."""
+    raw = _with_value(key, vtype, payload)
+    if key.endswith("sliding_window_pattern"):
+        raw.kvs.insert(1, kv_u32("llama.attention.sliding_window", 128))
+    at = next(i for i, k in enumerate(raw.kvs) if k.startswith(gstr(key)))
+    _expect(raw.write(tmp_path / "v.gguf"), f"key {key!r}: {fragment}", raw.kv_pos(at))
+
+
+def _unblock_fifo_later(path: Path) -> threading.Timer:
+    """If the reader blocks opening the FIFO, open its other end after a while so that the test
+    fails on the message instead of hanging."""
+
+    def open_writer() -> None:
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(5.0, open_writer)
+    timer.start()
+    return timer
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_fifo_is_refused_before_it_is_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    timer = _unblock_fifo_later(fifo)
+    try:
+        t0 = time.monotonic()
+        err = _expect(fifo, "is a FIFO (named pipe), not a GGUF file")
+        assert time.monotonic() - t0 < 2 and err.offset is None
+    finally:
+        timer.cancel()
+
+
+def test_directory_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    err = _expect(tmp_path, "is a directory, not a GGUF file")
+    assert str(err) == f"{tmp_path}: is a directory, not a GGUF file"
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="no /dev/null")
+def test_character_device_is_refused() -> None:
+    _expect(Path("/dev/null"), "is a character device, not a GGUF file")
 
 
 # --- split models -----------------------------------------------------------------------------

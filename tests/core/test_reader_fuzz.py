@@ -7,7 +7,11 @@ overwritten with huge or off-by-one values.  Each example must finish quickly (d
 
 from __future__ import annotations
 
+import random
 import struct
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -15,6 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.support.deadline import deadline
+from tests.support.fuzz import Tally, run_budget
 
 from offload_planner.core.errors import GGUFError
 from offload_planner.core.gguf_reader import LazyArray, open_model
@@ -176,15 +182,30 @@ def _touch(model: Model) -> None:
             v.values()
 
 
+_BYTES_TALLY = Tally("header byte-mutation fuzz")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_byte_mutations() -> Iterator[None]:
+    """Print how many byte-mutated headers the hypothesis tests tried and how they ended."""
+    _BYTES_TALLY.t0 = time.monotonic()
+    yield
+    if _BYTES_TALLY.tried:
+        sys.stdout.write(_BYTES_TALLY.report() + "\n")
+
+
 def _check(path: Path, data: bytes) -> None:
     path.write_bytes(data)
-    try:
-        model = open_model(path)
-    except GGUFError as e:
-        assert e.path == str(path)
-        assert str(e).startswith(str(path))
-        return
-    _touch(model)
+    with deadline(10):  # a hang fails the example instead of the whole run
+        try:
+            model = open_model(path)
+        except GGUFError as e:
+            assert e.path == str(path)
+            assert str(e).startswith(str(path))
+            _BYTES_TALLY.counts["GGUFError"] += 1
+            return
+        _touch(model)
+    _BYTES_TALLY.counts["model"] += 1
 
 
 _SETTINGS = settings(
@@ -230,3 +251,192 @@ def test_random_bytes_after_the_magic(workdir: Path) -> None:
     for n in (0, 1, 7, 24, 100, 5000):
         for _ in range(20):
             _check(workdir / "r.gguf", b"GGUF\x03\0\0\0" + rng.bytes(n))
+
+
+# --- metadata values: extreme, non-finite and mistyped values, then what `inspect` and `plan` do ---
+
+_U64 = struct.Struct("<Q")
+_PACK = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)
+_EXTREME_INTS = [0, 1, 2, 3, 7, 63, 64, 511, 512, 513, 4096, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**53 + 1,
+                 2**63 - 1, 2**63, 2**64 - 1, -1, -2, -(2**31), -(2**63)]
+_FLOATS = [float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 0.5, 3.0, 1e308, -1e308, 5e-324, 2.0**64]
+#: Keys the planner reads (``{a}`` is the architecture), plus ones that change the code path.
+_KEYS = [
+    "{a}.block_count", "{a}.embedding_length", "{a}.feed_forward_length", "{a}.attention.head_count",
+    "{a}.attention.head_count_kv", "{a}.attention.key_length", "{a}.attention.value_length",
+    "{a}.context_length", "{a}.expert_count", "{a}.expert_used_count", "{a}.expert_shared_count",
+    "{a}.expert_feed_forward_length", "{a}.leading_dense_block_count", "{a}.nextn_predict_layers",
+    "{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern", "{a}.attention.q_lora_rank",
+    "{a}.attention.kv_lora_rank", "{a}.attention.key_length_mla", "{a}.attention.value_length_mla",
+    "{a}.rope.dimension_count", "{a}.expert_gating_func", "{a}.expert_group_count",
+    "{a}.expert_group_used_count", "{a}.expert_weights_scale", "{a}.expert_weights_norm",
+    "{a}.final_logit_softcapping", "{a}.vocab_size", "{a}.attention.key_length_swa",
+    "{a}.attention.value_length_swa", "general.architecture", "general.alignment", "general.file_type",
+    "split.count", "split.no",
+]
+_ARCHS = ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3", "gemma2", "unknown-arch", ""]
+
+
+def _kv_spans(data: bytes) -> dict[str, tuple[int, int, int]]:
+    """key -> (start of the key/value pair, start of its value type, end of its value)."""
+    (n_kv,) = struct.unpack_from("<Q", data, 16)
+    pos, out = 24, {}
+
+    def value(p: int, vt: int) -> int:
+        if vt == STR:
+            return p + 8 + int(_U64.unpack_from(data, p)[0])
+        if vt == ARR:
+            et, n = struct.unpack_from("<IQ", data, p)
+            p += 12
+            if et != STR and et != ARR:
+                return p + n * _SCALAR_SIZES[et]
+            for _ in range(n):
+                p = value(p, et)
+            return p
+        return p + _SCALAR_SIZES[vt]
+
+    for _ in range(n_kv):
+        start = pos
+        (n,) = _U64.unpack_from(data, pos)
+        key = data[pos + 8 : pos + 8 + n].decode()
+        vt_pos = pos + 8 + n
+        end = value(vt_pos + 4, struct.unpack_from("<I", data, vt_pos)[0])
+        out[key] = (start, vt_pos, end)
+        pos = end
+    return out
+
+
+def _scalar(vtype: int, v: object) -> bytes:
+    fmt = _PACK[vtype]
+    if vtype in _INT_TYPES:
+        bits = struct.calcsize(fmt) * 8
+        n = int(v) % (1 << bits)  # type: ignore[call-overload]
+        if fmt[1].islower() and n >= 1 << (bits - 1):
+            n -= 1 << bits
+        return struct.pack(fmt, n)
+    if vtype == 7:
+        return struct.pack(fmt, bool(v))
+    f = float(v)  # type: ignore[arg-type]
+    if vtype == 6 and abs(f) > 3.4e38 and f == f:
+        f = f * float("inf")  # past float32: its infinity
+    return struct.pack(fmt, f)
+
+
+def _typed_value(rng: random.Random) -> bytes:
+    """A GGUF value type and payload: extreme ints in every int type, non-finite floats, bools,
+    strings, arrays (empty, long, of extreme values, of strings, nested), or a wrong count."""
+    kind = rng.choice(["int", "int", "float", "float", "bool", "str", "arr", "arr", "badcount"])
+    if kind == "int":
+        vt = rng.choice(_INT_TYPES)
+        return struct.pack("<I", vt) + _scalar(vt, rng.choice(_EXTREME_INTS))
+    if kind == "float":
+        vt = rng.choice((6, 12))
+        return struct.pack("<I", vt) + _scalar(vt, rng.choice(_FLOATS))
+    if kind == "bool":
+        return struct.pack("<I", 7) + bytes([rng.choice((0, 1, 2, 255))])
+    if kind == "str":
+        s = rng.choice(["", "llama", "deepseek2", "x" * 300, "\u00e9", "inf", "nan", "1e9"]).encode()
+        return struct.pack("<IQ", STR, len(s)) + s
+    if kind == "badcount":
+        return struct.pack("<IIQ", ARR, rng.choice((4, 6, 8)), rng.choice(_EXTREME_INTS[9:19]) % 2**64)
+    et = rng.choice((4, 5, 6, 7, 10, 12, STR, ARR))
+    n = rng.choice((0, 1, 2, 3, 4, 61, 512, 513, 600))
+    if et == STR:
+        body = b"".join(struct.pack("<Q", 1) + b"a" for _ in range(n))
+    elif et == ARR:
+        body = b"".join(struct.pack("<IQ", 4, 1) + struct.pack("<I", 7) for _ in range(min(n, 4)))
+        n = min(n, 4)
+    else:
+        pool = _FLOATS if et in (6, 12) else _EXTREME_INTS
+        body = b"".join(_scalar(et, rng.choice(pool)) for _ in range(n))
+    return struct.pack("<IIQ", ARR, et, n) + body
+
+
+def _mutate_metadata(data: bytes, rng: random.Random) -> tuple[bytes, list[str]]:
+    """Replace, add or drop 1 to 3 metadata values (keys the planner reads); returns what changed."""
+    spans = _kv_spans(data)
+    arch = str(open_arch(data, spans))
+    (n_kv,) = struct.unpack_from("<Q", data, 16)
+    out = bytearray(data)
+    what: list[str] = []
+    for _ in range(rng.randint(1, 3)):
+        key = rng.choice(_KEYS).format(a=arch)
+        action = rng.choice(["set", "set", "set", "drop"])
+        try:
+            spans = _kv_spans(bytes(out))
+        except (struct.error, OverflowError, KeyError, UnicodeDecodeError):
+            break  # an earlier mutation left an array count the file cannot hold: enough
+        if key == "general.architecture" and action == "set":
+            s = rng.choice(_ARCHS).encode()
+            payload = struct.pack("<IQ", STR, len(s)) + s
+        else:
+            payload = _typed_value(rng)
+        if key in spans:
+            start, vt_pos, end = spans[key]
+            out[start if action == "drop" else vt_pos : end] = b"" if action == "drop" else payload
+            n_kv -= action == "drop"
+        elif action == "set":
+            at = max((e for _, _, e in spans.values()), default=24)
+            out[at:at] = struct.pack("<Q", len(key)) + key.encode() + payload
+            n_kv += 1
+        struct.pack_into("<Q", out, 16, n_kv)
+        what.append(f"{action} {key}={payload[:24]!r}")
+    return bytes(out), what
+
+
+def open_arch(data: bytes, spans: dict[str, tuple[int, int, int]]) -> str:
+    _, vt_pos, end = spans["general.architecture"]
+    return data[vt_pos + 12 : end].decode()
+
+
+def _plan_outcome(model: Model) -> str:
+    """What `inspect` and `plan` do with a model: only our own errors may escape."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.engine import run_engine
+    from offload_planner.core.errors import PlannerError
+    from offload_planner.core.inspect_report import model_json, text_report
+
+    text_report(model)
+    model_json(model)
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30),
+                        (Device("CUDA0", DeviceKind.CUDA, 24 << 30, 24 << 30),))
+    try:
+        run_engine(model, devices, parse_server_args(["-c", "4096", "-ngl", "3"]).args)
+    except PlannerError as e:
+        return f"plan: {type(e).__name__}"
+    return "plan: projected"
+
+
+@pytest.fixture(scope="module")
+def synth_headers(small_models: dict[str, Path]) -> list[bytes]:
+    """The header (and a little data) of every small catalogue model, one per architecture."""
+    out = []
+    for path in small_models.values():
+        data = path.read_bytes()
+        out.append(data[: _fields(data)[1] + 64])
+    return out
+
+
+def test_mutated_metadata_values_only_raise_our_errors(synth_headers: list[bytes], workdir: Path) -> None:
+    """Extreme ints, inf/NaN, wrong types and bad arrays where the planner reads hyperparameters:
+    open_model, the inspect report and a projection give a result or our own error, each fast."""
+    path = workdir / "meta.gguf"
+
+    def make(rng: random.Random) -> tuple[bytes, list[str]]:
+        return _mutate_metadata(rng.choice(synth_headers), rng)
+
+    def check(case: tuple[bytes, list[str]]) -> str:
+        path.write_bytes(case[0])
+        try:
+            model = open_model(path)
+        except GGUFError as e:
+            assert e.path == str(path) and str(e).startswith(str(path))
+            return "GGUFError"
+        _touch(model)
+        return _plan_outcome(model)
+
+    tally = run_budget("metadata fuzz", make, check, seed=2026, seconds=12)
+    assert tally.tried >= 20 and tally.counts["GGUFError"] > 0 and tally.counts["plan: projected"] > 0, \
+        tally.report()

@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from offload_planner.backend import child_guard
 
 MiB = 1024 * 1024
 
@@ -79,11 +80,10 @@ def measure(model: Path, mla: int, settings: Sequence[Mapping[str, Any]],
     create a context for each ``settings`` dict of ``llama_context_params`` field values."""
     with tempfile.TemporaryDirectory(prefix="ik-ctx-") as tmp:
         out = Path(tmp) / "out.json"
-        r = subprocess.run(
+        r = child_guard.run(
             [sys.executable, str(Path(__file__).resolve()), str(out), str(model), str(mla),
              json.dumps(list(settings))],
-            capture_output=True, text=True, timeout=timeout,
-            env={**os.environ, "OMP_NUM_THREADS": "2"},
+            timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "2"},
         )
         if not out.exists():  # the library aborted: keep what it printed
             return ModelReport(str(model), mla, False, 0, [], [], r.stdout + r.stderr)

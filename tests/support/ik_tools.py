@@ -21,7 +21,6 @@ import json
 import os
 import re
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,8 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+
+from offload_planner.backend import child_guard
 
 #: Bump when the generated model changes, so that cached quantized files are rebuilt.
 GENERATOR_VERSION = 1
@@ -139,10 +140,10 @@ def probe_ggml_library(lib_path: Path, candidate_count: int, timeout: float = 12
     """
     with tempfile.TemporaryDirectory(prefix="ggml-probe-") as tmp:
         out = Path(tmp) / "probe.json"
-        r = subprocess.run(
+        r = child_guard.run(
             [sys.executable, str(Path(__file__).resolve()), "probe", str(lib_path), str(out),
              str(candidate_count)],
-            capture_output=True, text=True, timeout=timeout,
+            timeout=timeout,
         )
         if r.returncode != 0 or not out.exists():
             raise RuntimeError(
@@ -367,7 +368,7 @@ _HELP_LINE = re.compile(r"^\s*(\d+)\s+or\s+([A-Z0-9_]+)\s*:", re.MULTILINE)
 
 def ik_quantize_help_types(quantize_bin: Path) -> dict[str, int]:
     """ftype name -> llama_ftype number, from the "Allowed quantization types" of ``--help``."""
-    r = subprocess.run([str(quantize_bin), "--help"], capture_output=True, text=True, timeout=60)
+    r = child_guard.run([str(quantize_bin), "--help"], timeout=60)
     return {m.group(2): int(m.group(1)) for m in _HELP_LINE.finditer(r.stdout + r.stderr)}
 
 
@@ -395,7 +396,7 @@ def quantize_with_ik(
         cmd += ["--imatrix", str(imatrix)]
     cmd += [str(src), str(tmp), ftype, str(threads)]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    r = child_guard.run(cmd, timeout=timeout)
     seconds = time.perf_counter() - t0
     log = r.stdout + r.stderr
     if r.returncode != 0 or not tmp.exists():
@@ -446,10 +447,10 @@ def load_with_ik(paths: Sequence[Path], timeout: float = 600) -> list[IkLoadRepo
     """Load each file with ik's libllama (through the ik_llama_cpp bindings) in one child."""
     with tempfile.TemporaryDirectory(prefix="ik-load-") as tmp:
         out = Path(tmp) / "load.json"
-        r = subprocess.run(
+        r = child_guard.run(
             [sys.executable, str(Path(__file__).resolve()), "load", str(out),
              *(str(p) for p in paths)],
-            capture_output=True, text=True, timeout=timeout,
+            timeout=timeout,
         )
         if r.returncode != 0 or not out.exists():
             raise RuntimeError(f"loading with ik failed (exit {r.returncode}):\n{r.stderr}")

@@ -1,5 +1,7 @@
 """Run an external program for a test: argument list (never a shell), output to a file, wait for a
-line, always stop it by PID.
+line, always stop it by PID.  It is started through the planner's own
+:mod:`~offload_planner.backend.child_guard`, so it dies with the test process however that ends
+(a SIGKILLed pytest leaves no llama-server or rpc-server behind).
 
 ::
 
@@ -25,6 +27,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from offload_planner.backend import child_guard
+
 _POLL = 0.05
 
 
@@ -35,6 +41,24 @@ class ProcessFailed(RuntimeError):
         tail = "\n".join(output.splitlines()[-40:])
         super().__init__(f"{message}\n--- last lines of output ---\n{tail}")
         self.output = output
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan nobody reaped yet counts as ended)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_running(pids: Sequence[int], within: float) -> list[int]:
+    """Those of ``pids`` still running after up to ``within`` seconds (returns early when none is)."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = [p for p in pids if running(p)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(_POLL)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,7 +137,7 @@ def running_process(
     argv = [os.fspath(a) for a in args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
-        popen = subprocess.Popen(
+        popen = child_guard.popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from offload_planner.backend import child_guard
 from offload_planner.backend.log_parser import LoadReport, OomEvent, device_of_buffer
 from offload_planner.core.cmdline import Dialect, ParsedArgs, detect_dialect, parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, kind_of
@@ -184,11 +185,9 @@ def probe_dialect(path: str, timeout: float = 30.0) -> tuple[Dialect, str]:
 
     def run(flag: str) -> str:
         try:
-            r = subprocess.run([path, flag], capture_output=True, text=True, timeout=timeout,
-                               errors="replace", stdin=subprocess.DEVNULL)
+            return child_guard.output_of([path, flag], timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise PlannerError(f"cannot run {path} {flag}: {e}") from None
-        return r.stdout + r.stderr
 
     version = run("--version")
     dialect = remember_dialect(path, version, run("--help"))

@@ -2,20 +2,23 @@
 
 The executable is resolved first (:func:`launch.find_server_executable`), its flavour detected from
 ``--version``/``--help`` (asynchronously, cached per file), then the server is started from an
-argument list (never a shell), optionally behind a wrapper such as ``numactl``.  Output (stdout and
-stderr merged) is decoded incrementally, fed line by line to the log parser for load progress,
-buffer sizes and failures, and handed on in batches (:attr:`ServerProcess.linesReceived`).
+argument list (never a shell), optionally behind a wrapper such as ``numactl``, and tied to the
+planner's life (:mod:`~offload_planner.backend.child_guard`: it dies with the planner, however the
+planner ends).  Output (stdout and stderr merged) is split into printable lines of bounded length
+(:class:`~offload_planner.backend.log_lines.LineSplitter`), fed line by line to the log parser for
+load progress, buffer sizes and failures, and handed on in batches
+(:attr:`ServerProcess.linesReceived`).
 ``/health`` is polled; the server is Running once it logs that it listens (or /health answers 200).
 
 States: Idle -> Starting (resolve, probe) -> Loading -> Running -> Stopping -> Exited, or Failed.
 Stopping sends SIGTERM, then SIGKILL after ``stop_timeout``; every child process seen is killed by
-PID if it outlives the server, and :meth:`ServerProcess.shutdown` (connected to the application's
-``aboutToQuit``) never leaves a server behind.  The result of a run is a :class:`LaunchOutcome`.
+PID if it outlives the server, so is the rest of its process group, and
+:meth:`ServerProcess.shutdown` (connected to the application's ``aboutToQuit``) never leaves a
+server behind.  The result of a run is a :class:`LaunchOutcome`.
 """
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import os
 import time
@@ -27,8 +30,9 @@ import psutil
 from PySide6.QtCore import QCoreApplication, QObject, QProcess, QProcessEnvironment, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
-from offload_planner.backend import launch, qt_compat
+from offload_planner.backend import child_guard, launch, qt_compat
 from offload_planner.backend.launch import Explanation, LaunchCommand, PlanContext
+from offload_planner.backend.log_lines import LineSplitter
 from offload_planner.backend.log_parser import LoadReport, LogAccumulator, count_progress_dots, dots_fraction
 from offload_planner.core.cmdline import Dialect
 
@@ -156,8 +160,7 @@ class ServerProcess(QObject):
 
     def _reset_run(self) -> None:
         self._acc = LogAccumulator()
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._partial = ""
+        self._lines = LineSplitter()
         self._tail: deque[str] = deque(maxlen=self.config.tail_lines)
         self._children: dict[int, float] = {}  # pid -> create_time
         self._stopping = False
@@ -167,6 +170,7 @@ class ServerProcess(QObject):
         self._t0 = time.monotonic()
         self._load_seconds: float | None = None
         self._pid: int | None = None
+        self._guarded: child_guard.GuardedCommand | None = None
         self.url = None
         self.progress = 0.0
         self._healthy = None
@@ -273,7 +277,9 @@ class ServerProcess(QObject):
         p.errorOccurred.connect(lambda err, flag=flag: self._probe_error(flag, err))
         self._probe = p
         self._probe_timer.start(int(self.config.probe_timeout * 1000))
-        p.start(self.executable, [flag])
+        guarded = child_guard.guard(self.executable, [flag])
+        p.started.connect(lambda: child_guard.adopt(int(p.processId()) or None))
+        p.start(guarded.program, list(guarded.arguments))
 
     def _probe_error(self, flag: str, err: QProcess.ProcessError) -> None:
         if err == QProcess.ProcessError.FailedToStart and self._probe is not None:
@@ -349,11 +355,14 @@ class ServerProcess(QObject):
         proc.errorOccurred.connect(self._on_error)
         self._proc = proc
         self._t0 = time.monotonic()
-        proc.start(cmd.program, list(cmd.arguments))
+        self._guarded = child_guard.guard(cmd.program, cmd.arguments,
+                                          launch.child_environment(os.environ, cfg.env))
+        proc.start(self._guarded.program, list(self._guarded.arguments))
 
     def _on_started(self) -> None:
         assert self._proc is not None
         self._pid = int(self._proc.processId()) or None
+        child_guard.adopt(self._pid)
         self._set_state(ServerState.LOADING)
         self._set_progress(0.02, "starting")
         if self.config.health_check and self.command is not None and self.command.health_url:
@@ -367,16 +376,12 @@ class ServerProcess(QObject):
         proc = self._proc
         if proc is None:
             return
-        data = proc.readAllStandardOutput()
-        text = self._decoder.decode(bytes(data.data()))
-        if not text:
+        data = bytes(proc.readAllStandardOutput().data())
+        if not data:
             return
-        parts = (self._partial + text).split("\n")
-        self._partial = parts.pop()
-        lines = [p[:-1] if p.endswith("\r") else p for p in parts]
-        self._consume(lines)
-        if self._partial and self._state is ServerState.LOADING:
-            n = count_progress_dots(self._partial)
+        self._consume(self._lines.feed(data))
+        if self._lines.buffered and self._state is ServerState.LOADING:
+            n = count_progress_dots(self._lines.partial)
             if n:
                 self._set_progress(dots_fraction(n), "loading weights")
 
@@ -411,11 +416,7 @@ class ServerProcess(QObject):
         if self._proc is None:
             return
         self._on_output()
-        tail = self._decoder.decode(b"", final=True)
-        rest = self._partial + tail
-        self._partial = ""
-        if rest:
-            self._consume([rest.rstrip("\r")])
+        self._consume(self._lines.finish())
         crashed = status == QProcess.ExitStatus.CrashExit
         if self._stopping:
             final = ServerState.EXITED
@@ -431,6 +432,8 @@ class ServerProcess(QObject):
         if self._reply is not None:
             self._reply.abort()
         self._kill_children()
+        if self._guarded is not None and self._guarded.own_group:
+            child_guard.kill_group(self._pid)  # whatever the server started and left behind
         proc, self._proc = self._proc, None
         self.outcome = LaunchOutcome(
             state=final, command=self.command, exit_code=code, crashed=crashed, stopped=self._stopping,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import Protocol
 
@@ -33,17 +34,39 @@ class ByteSource(Protocol):
     def close(self) -> None: ...
 
 
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _check_regular(path: str, mode: int) -> None:
+    """Refuse what is not a regular file before reading it: a FIFO would block forever, a
+    directory cannot be mapped."""
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+    raise GGUFError(path, f"is {what}, not a GGUF file")
+
+
 class FileSource:
     """A local file; memory-mapped so that reading the header copies nothing more than needed."""
 
     def __init__(self, path: str | Path) -> None:
         self._path = str(path)
         try:
-            fd = os.open(self._path, os.O_RDONLY)
+            _check_regular(self._path, os.stat(self._path).st_mode)
+            # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of blocking.
+            fd = os.open(self._path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         except OSError as e:
             raise GGUFError(self._path, f"cannot open: {e.strerror or e}") from None
         try:
-            self._size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            _check_regular(self._path, st.st_mode)
+            self._size = st.st_size
             self._map: mmap.mmap | None = (
                 mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if self._size else None
             )

@@ -22,7 +22,8 @@ copies between backends is largest.  So this module does the same thing on shape
 * ``ggml_gallocr`` / ``ggml_dyn_tallocr`` exactly: leafs first, child and view counts, in-place reuse,
   best-fit free blocks with merging, per-buffer-type alignment.
 
-Supported architectures: llama, qwen2, qwen3, qwen3moe, deepseek2 (MLA), glm4moe, gpt-oss, gemma3.
+Supported architectures: llama, qwen2, qwen3, qwen3moe, deepseek2 (MLA), glm4moe, gpt-oss, gemma3,
+gptneox.
 Others (and files whose tensors do not fit their architecture's graph) get :func:`term_estimate`:
 a KQ mask (+ KQ scores without flash attention) and the largest layer's activations per device,
 the logits on the output device; flagged as an estimate in ``why``.
@@ -362,11 +363,17 @@ class Shape:
     type_v: GGMLType
     offload_kqv: bool
     full_offload: bool
+    # 2025 builds (llama.cpp-2025): token rows only (no embedding / mixed-batch inputs) and an f32 KQ
+    # mask padded to GGML_KQ_MASK_PAD rows, cast to f16 for flash attention
+    legacy_inputs: bool = False
+
+
+#: ``GGML_KQ_MASK_PAD`` of 2025 builds: the mask's token rows are padded to a multiple of it.
+LEGACY_KQ_MASK_PAD = 64
 
 
 def _md_float(model: Model, key: str, default: float) -> float:
-    v = model.metadata.get(f"{model.arch}.{key}")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+    return model.arch_float(key, default)
 
 
 def _per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
@@ -404,6 +411,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         n_kv_swa=ctx.swa_cells, n_stream=ctx.n_stream, kv_unified=p.kv_unified,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
+        legacy_inputs=getattr(p, "dialect", "") == "llama.cpp-2025",
     )
 
 
@@ -464,17 +472,21 @@ class Builder(WeightAccess):
         sh, n = self.sh, self.n_tokens
         tok_embd = self.req("token_embd.weight")
         tokens = input_tensor(I32, [n], "inp_tokens")
-        embd = input_tensor(F32, [sh.n_embd, n], "inp_embd")
         first = get_rows(tok_embd, tokens)
+        if sh.legacy_inputs:  # 2025 builds: the ubatch's tokens only
+            return self._scaled_embd(first, tok_scale)
+        embd = input_tensor(F32, [sh.n_embd, n], "inp_embd")
         mixed_tokens = input_tensor(I32, [n], "inp_mixed_tokens")
         mixed_slots = input_tensor(I64, [n], "inp_mixed_slots")
         mixed_embd = input_tensor(F32, [sh.n_embd, n], "inp_mixed_embd")
         mixed = set_rows(dup_op(mixed_embd, "DUP"), get_rows(tok_embd, mixed_tokens), mixed_slots)
         for t in (first, embd, mixed):
             self.g.expand(t)
-        cur = first
+        return self._scaled_embd(first, tok_scale)
+
+    def _scaled_embd(self, cur: T, tok_scale: float) -> T:
         if tok_scale != 1.0:
-            cur = dup_op(cur, "MUL", cur, input_tensor(F32, [1, n], "inp_scale_rows"))
+            cur = dup_op(cur, "MUL", cur, input_tensor(F32, [1, self.n_tokens], "inp_scale_rows"))
         self.cb(cur, "embd", -1)
         self.g.expand(cur)
         return cur
@@ -490,6 +502,10 @@ class Builder(WeightAccess):
     def _mask(self, n_kv: int) -> T:
         sh = self.sh
         n_stream = 1 if sh.kv_unified else sh.n_seqs
+        if sh.legacy_inputs:
+            rows = -(-(self.n_tokens // n_stream) // LEGACY_KQ_MASK_PAD) * LEGACY_KQ_MASK_PAD
+            mask = input_tensor(F32, [n_kv, rows, 1, n_stream], "attn_inp_kq_mask")
+            return new(F16, mask.ne, "CPY", mask) if sh.flash_attn else mask  # ggml_cast
         type_ = F16 if sh.flash_attn else F32
         return input_tensor(type_, [n_kv, self.n_tokens // n_stream, 1, n_stream], "attn_inp_kq_mask")
 
@@ -955,6 +971,37 @@ def _gemma3(b: Builder) -> None:
     b.head(inp)
 
 
+def _gptneox(b: Builder) -> None:
+    """gptneox (Pythia): LayerNorm with biases, fused QKV (+bias) split into Q/K/V views, partial
+    rope, biased attention output, GELU FFN, parallel residual (``use_parallel_residual``, which
+    every Pythia sets: x + attn(ln1(x)) + ffn(ln2(x)))."""
+    sh = b.sh
+    inp = b.inp_embd()
+    b.build_inp_pos()
+    b.build_inp_attn()
+    b.build_out_ids()
+    head, n_tok = sh.head_k, b.n_tokens
+    for il in range(sh.n_layer):
+        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il, b.lw(il, "attn_norm.bias"), op="NORM")
+        qkv = b.mm(b.req(f"blk.{il}.attn_qkv.weight"), cur, b.lw(il, "attn_qkv.bias"))
+        n_q, n_k = head * sh.n_head[il], head * sh.n_head_kv[il]
+        nb = [row_size(qkv.type, head), qkv.nb[1]]
+        q = view(qkv, [head, sh.n_head[il], n_tok], nb, 0)
+        k = view(qkv, [head, sh.n_head_kv[il], n_tok], nb, row_size(qkv.type, n_q))
+        v = view(qkv, [head, sh.n_head_kv[il], n_tok], nb, row_size(qkv.type, n_q + n_k))
+        q, k = b.rope(q), b.rope(k)
+        cur = b.attn(il, b.lw(il, "attn_output.weight"), b.lw(il, "attn_output.bias"), q, k, v)
+        if il == sh.n_layer - 1:
+            cur, inp = b.out_rows(cur, inp)
+        attn_out = cur
+        cur = b.norm(inp, b.lw(il, "ffn_norm.weight"), il, b.lw(il, "ffn_norm.bias"), op="NORM")
+        cur = b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), None, b.req(f"blk.{il}.ffn_down.weight"),
+                    up_b=b.lw(il, "ffn_up.bias"), down_b=b.lw(il, "ffn_down.bias"))
+        cur = dup_op(cur, "ADD", cur, inp)
+        inp = b.cb(dup_op(cur, "ADD", cur, attn_out), "l_out", il)
+    b.head(inp)
+
+
 ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "llama": lambda b: _llama_like(b, qk_norm=False),
     "qwen2": lambda b: _llama_like(b, qk_norm=False),
@@ -964,6 +1011,7 @@ ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "deepseek2": _deepseek2,
     "gpt-oss": _gpt_oss,
     "gemma3": _gemma3,
+    "gptneox": _gptneox,
 }
 
 
@@ -1610,13 +1658,25 @@ def _why(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     if pp.weight_copies_bytes[i]:
         parts.append(f"op offload: {_mib(pp.weight_copies_bytes[i])} of host weights pass through it, "
                      "one split at a time")
-    mask = sh.n_kv * sh.n_tokens * (2 if sh.flash_attn else 4)
-    parts.append(f"KQ mask {_mib(mask)} {'f16' if sh.flash_attn else 'f32'}"
-                 + (" + SWA mask" if any(sh.swa) else ""))
+    if sh.legacy_inputs:
+        mask = sh.n_kv * -(-sh.n_tokens // LEGACY_KQ_MASK_PAD) * LEGACY_KQ_MASK_PAD * 4
+        cast = ", cast to f16 where attention runs" if sh.flash_attn else ""
+        parts.append(f"KQ mask {_mib(mask)} f32{cast}" + (" + SWA mask" if any(sh.swa) else ""))
+    else:
+        mask = sh.n_kv * sh.n_tokens * (2 if sh.flash_attn else 4)
+        parts.append(f"KQ mask {_mib(mask)} {'f16' if sh.flash_attn else 'f32'}"
+                     + (" + SWA mask" if any(sh.swa) else ""))
     if not sh.flash_attn:
         parts.append("no flash attention: KQ scores n_kv x n_tokens x n_head x 4 B per layer")
     if be.name == CPU:
         parts.append("host side: graph inputs, token-embedding rows, ops on CPU weights")
+        if sh.legacy_inputs and not sh.flash_attn:
+            v_idx = sh.n_tokens * max(sh.n_head_kv) * sh.head_v * 8
+            parts.append(f"two rules fit 2025 logs: builds from July 2025 (set_rows KV store, assumed here) "
+                         f"hold the {_mib(v_idx)} V-index input; earlier builds copy K/V into cache views "
+                         "and have no index inputs")
+    if be.name == output_device and sh.legacy_inputs:
+        parts.append("2025 builds reserve the logits of every ubatch token")
     if be.name == output_device:
         parts.append(f"logits {sh.n_outputs} x {sh.n_vocab} x 4 B ({_mib(4 * sh.n_outputs * sh.n_vocab)})")
     return "; ".join(parts)

@@ -728,9 +728,8 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
     def per_layer(v: int | list[int]) -> tuple[int, ...]:
         return tuple(v) if isinstance(v, list) else (v,) * s.n_layer
 
-    md = model.metadata
     gating = gating_func(model)
-    scale = md.get(f"{model.arch}.expert_weights_scale", 0.0)
+    scale = model.arch_float("expert_weights_scale", 0.0)
     n_head = per_layer(s.n_head)
     return IkShape(
         arch=model.arch, n_layer=s.n_layer_trunk, n_embd=s.n_embd, n_head=n_head,
@@ -738,7 +737,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         head_k=head_k, head_v=head_v, n_rot=ik.n_rot(model), n_vocab=s.n_vocab,
         n_expert=s.n_expert, n_expert_used=s.n_expert_used, n_dense_lead=s.n_layer_dense_lead,
         gating=gating, norm_w=_norm_w(model),
-        w_scale=float(scale) if isinstance(scale, int | float) else 0.0,
+        w_scale=scale,
         kv_lora_rank=s.kv_lora_rank, mla=p.mla, attn_max_batch=p.amb, n_tokens=n_tokens,
         n_outputs=n_tokens, n_kv=ctx.n_ctx,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),

@@ -3,13 +3,15 @@ placements that cost speed."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 from offload_planner.core.cmdline import check_pattern
 from offload_planner.core.memory import Projection
-from offload_planner.core.placement import CPU, Override, compile_override
+from offload_planner.core.placement import CPU, Override
 from offload_planner.core.roles import Role
+from offload_planner.core.rule_match import rule_set
 from offload_planner.core.units import fmt_bytes
 
 
@@ -32,24 +34,24 @@ class RuleReport:
 
 
 def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> list[RuleReport]:
-    compiled = [compile_override(o.pattern) for o in overrides]
+    rules = rule_set(overrides)
     placed = [0] * len(overrides)
     placed_bytes = [0] * len(overrides)
-    shadowed = [0] * len(overrides)
+    matched = [0] * len(rules.patterns)  # per distinct pattern: tensors it matches
     for p in projection.placement.items:
         if p.device is None or p.copy:
             continue
-        first = True
-        for i, rx in enumerate(compiled):
-            if rx.search(p.tensor.name):
-                if first:
-                    placed[i] += 1
-                    placed_bytes[i] += p.tensor.nbytes
-                    first = False
-                else:
-                    shadowed[i] += 1
+        hits = rules.hits(p.tensor.name)
+        if not hits:
+            continue
+        winner = rules.patterns[hits[0]].members[0]
+        placed[winner] += 1
+        placed_bytes[winner] += p.tensor.nbytes
+        for u in hits:
+            matched[u] += 1
     return [
-        RuleReport(i, o, placed[i], placed_bytes[i], shadowed[i]) for i, o in enumerate(overrides)
+        RuleReport(i, o, placed[i], placed_bytes[i], matched[rules.pattern_of[i]] - placed[i])
+        for i, o in enumerate(overrides)
     ]
 
 
@@ -67,8 +69,12 @@ def plan_warnings(projection: Projection, overrides: tuple[Override, ...]) -> li
                 + (f" + {fmt_bytes(dm.device.margin)} margin" if dm.device.margin else "")
                 + f" > {fmt_bytes(cap)})"
             )
-    for r in rule_reports(projection, overrides):
+    reports = rule_reports(projection, overrides)
+    out.extend(_generated_unmatched(reports))
+    for r in reports:
         src = f"{r.override.source} {r.override.pattern}={r.override.buft}"
+        if r.status == "matches nothing" and r.override.source in _PER_LAYER_FLAGS:
+            continue
         if r.status == "matches nothing":
             out.append(f"{src} matches no tensor")
         elif r.status == "shadowed":
@@ -76,6 +82,24 @@ def plan_warnings(projection: Projection, overrides: tuple[Override, ...]) -> li
     for o in overrides:  # what std::regex reads differently from what a user may expect
         out.extend(f"{o.source} {o.pattern}: {w}" for w in check_pattern(o.pattern).warnings)
     out.extend(_speed_warnings(projection))
+    return out
+
+
+#: Flags that stand for one -ot rule per layer 0..N-1: their unmatched rules are one line per flag.
+_PER_LAYER_FLAGS = ("--n-cpu-moe", "--n-cpu-ffn")
+_LAYER_OF = re.compile(r"^blk\\\.(\d+)")
+
+
+def _generated_unmatched(reports: list[RuleReport]) -> list[str]:
+    """``--n-cpu-moe 99999: the rules for layers 0-2,61-511 match no tensor`` (one line, not 454)."""
+    out = []
+    for flag in _PER_LAYER_FLAGS:
+        mine = [r for r in reports if r.override.source == flag]
+        layers = sorted(int(m.group(1)) for r in mine if r.status == "matches nothing"
+                        if (m := _LAYER_OF.match(r.override.pattern)))
+        if layers:
+            out.append(f"{flag}: the rules for layers {_ranges(layers)} match no tensor "
+                       f"({len(layers)} of its {len(mine)})")
     return out
 
 

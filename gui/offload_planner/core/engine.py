@@ -111,7 +111,9 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         type_v=ctv,
         offload_kqv=not _get(args, "no_kv_offload", False),
         swa_full=bool(_get(args, "swa_full", False)),
-        n_outputs_max=min(n_batch, np_),
+        # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
+        # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
+        n_outputs_max=None if dialect == LLAMA_CPP_2025 else min(n_batch, np_),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=ik_mla_mode(model, _get(args, "mla")) if dialect == IK_LLAMA_CPP else 0,
@@ -123,9 +125,16 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA
     popts = placement_options(model, devices, args, dialect)
     cparams, notes = context_params(model, args, dialect)
     placement = place(model, devices, popts)
+    placement.raise_rule_errors()
     projection = project(model, devices, placement, cparams)
     from offload_planner.core.diagnostics import plan_warnings
 
+    if dialect == LLAMA_CPP_2025 and any(o.buft.upper() == "CPU" for o in popts.overrides) and any(
+            g.host_buffer_name for g in devices.gpus):
+        notes.append("two rules for -ot ...=CPU in 2025 builds: from b6050 (PR 14990, August 2025) the "
+                     "weights take the CPU list's first buffer type (the GPU's host buffer, "
+                     f"{'CUDA_Host' if not popts.use_mmap else 'CPU_Mapped with mmap'}), as projected; "
+                     "earlier builds use the plain CPU buffer type (logged as CPU, or CPU_Mapped with mmap)")
     warnings = plan_warnings(projection, popts.overrides)
     if dialect == IK_LLAMA_CPP:
         warnings = ik_split_mode_warnings(model, popts.split_mode, len(devices.gpus)) + warnings

@@ -18,3 +18,8 @@ class GGUFError(PlannerError):
         self.detail = message
         where = f" at byte {offset}" if offset is not None else ""
         super().__init__(f"{self.path}{where}: {message}")
+
+
+class RuleError(PlannerError):
+    """A tensor override (``-ot``, or one a flag such as ``--n-cpu-moe`` stands for) the planner
+    cannot evaluate: names the rule and why."""

@@ -122,6 +122,7 @@ class Header:
     alignment: int
     data_offset: int
     file_size: int
+    key_offsets: dict[str, int]  # metadata key -> offset of its key/value pair
 
 
 class _Cursor:
@@ -288,6 +289,7 @@ def _read_header(cur: _Cursor) -> Header:
         raise cur.fail(f"metadata count {n_kv} is impossible for a {cur.size}-byte file", 16)
 
     metadata: dict[str, object] = {}
+    key_offsets: dict[str, int] = {}
     for _ in range(n_kv):
         at = cur.pos
         key = cur.string("metadata key")
@@ -295,6 +297,7 @@ def _read_header(cur: _Cursor) -> Header:
         if key in metadata:
             raise cur.fail(f"duplicate metadata key {key!r}", at)
         metadata[key] = _value(cur, vtype, key)
+        key_offsets[key] = at
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -326,7 +329,7 @@ def _read_header(cur: _Cursor) -> Header:
         tensors.append(RawTensorInfo(name, shape or (1,), type_id, offset, at))
 
     data_offset = -(-cur.pos // alignment) * alignment
-    return Header(cur.src.name, version, metadata, tensors, alignment, data_offset, cur.size)
+    return Header(cur.src.name, version, metadata, tensors, alignment, data_offset, cur.size, key_offsets)
 
 
 def _resolve_tensors(
@@ -443,5 +446,8 @@ def open_model(
             seen[t.name] = h.path
         tensors.extend(ts)
         shards.append(_shard(h, end))
-    return Model(path=location, shards=shards, metadata=metadata, tensors=tensors, flavor=flavor)
+    model = Model(path=location, shards=shards, metadata=metadata, tensors=tensors, flavor=flavor,
+                  key_offsets=headers[0].key_offsets)
+    _ = model.summary  # hyperparameters the file cannot back fail here, as one GGUFError
+    return model
 

@@ -359,14 +359,16 @@ def ik_computed_buffers(model: Model, placement: Placement, p: ContextParams) ->
 
 
 def host_buffer_name(devices: DeviceSet, device: str) -> str:
+    """The host buffer type of ``device`` (``CUDA_Host`` for a CUDA GPU), ``CPU`` when it has none:
+    the CPU device has no host buffer type (ggml-cpu.cpp: ``get_host_buffer_type = NULL``)."""
     dev = devices.by_name(device)
-    if dev is not None and dev.host_buffer_name:
-        return dev.host_buffer_name
-    first = next((g for g in devices.gpus if g.host_buffer_name), None)
-    return first.host_buffer_name if first and device == CPU and first.host_buffer_name else CPU
+    return dev.host_buffer_name if dev is not None and dev.host_buffer_name else CPU
 
 
 def output_buffer(model: Model, placement: Placement, p: ContextParams, devices: DeviceSet) -> Buffer:
+    """Logits: in the host buffer type of the output layer's device, plain ``CPU`` when the output
+    layer is not offloaded (llama-context.cpp ``output_reserve``: ``ggml_backend_dev_host_buffer_type(
+    model.dev_output())``, NULL for the CPU device)."""
     n_vocab = model.summary.n_vocab
     name = host_buffer_name(devices, placement.output_device)
     return Buffer(CPU, name, "output", 4 * n_vocab * p.n_seq_max,

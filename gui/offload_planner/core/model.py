@@ -12,6 +12,7 @@ from offload_planner.core.ggml_types import Flavor, GGMLType
 from offload_planner.core.roles import Role
 
 if TYPE_CHECKING:
+    from offload_planner.core.metadata import Meta
     from offload_planner.core.summary import ModelSummary
 
 
@@ -55,6 +56,7 @@ class Model:
     metadata: Mapping[str, object]
     tensors: list[Tensor]
     flavor: Flavor | None  # None: type ids valid in both mainline and ik
+    key_offsets: Mapping[str, int] = field(default_factory=dict)  # metadata key -> byte offset
     _by_name: dict[str, Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -77,10 +79,20 @@ class Model:
     def file_bytes(self) -> int:
         return sum(s.file_size for s in self.shards)
 
+    @cached_property
+    def meta(self) -> Meta:
+        """Checked reads of the metadata (errors name the file, the key and its offset)."""
+        from offload_planner.core.metadata import Meta
+
+        return Meta(self.path, self.metadata, self.key_offsets)
+
     def arch_int(self, key: str, default: int) -> int:
-        """``<arch>.<key>`` as an integer (a float is truncated); ``default`` when absent or not a number."""
-        v = self.metadata.get(f"{self.arch}.{key}")
-        return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+        """``<arch>.<key>`` as llama.cpp's uint32; ``default`` when absent (GGUFError when not a count)."""
+        return self.meta.count(f"{self.arch}.{key}", default)
+
+    def arch_float(self, key: str, default: float) -> float:
+        """``<arch>.<key>`` as a finite float; ``default`` when absent (GGUFError when not a number)."""
+        return self.meta.real(f"{self.arch}.{key}", default)
 
     def tensor(self, name: str) -> Tensor:
         return self._by_name[name]

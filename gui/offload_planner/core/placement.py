@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.errors import RuleError
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.roles import Role
+from offload_planner.core.rule_match import rule_set
 
 CPU = "CPU"
 CPU_MAPPED = "CPU_Mapped"
@@ -83,6 +85,13 @@ class Placement:
     override_hits: dict[int, int] = field(default_factory=dict)  # override index -> tensors
     model_devices: list[str] = field(default_factory=list)  # llama.cpp's device list (-sm none: one)
     has_overrides: bool = False  # the command carries tensor overrides (turns off pipeline parallelism)
+    rule_errors: list[str] = field(default_factory=list)  # -ot rules the planner could not evaluate
+
+    def raise_rule_errors(self) -> None:
+        """A :class:`RuleError` for the first -ot rule the planner could not evaluate (it matched
+        nothing in this placement), if any."""
+        if self.rule_errors:
+            raise RuleError(self.rule_errors[0])
 
     def device_of(self, name: str) -> str | None:
         for p in self.items:
@@ -141,7 +150,8 @@ def unit_devices(n_layer: int, ngl: int, gpus: Sequence[Device], split: Sequence
 
 def compile_override(pattern: str) -> re.Pattern[str]:
     """An -ot pattern as std::regex (ECMAScript, libstdc++) reads it, for regex_search; a pattern
-    llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks)."""
+    llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks).
+    Matching rules against a model's tensors goes through :func:`rule_set` (cached, budgeted)."""
     from offload_planner.core.cmdline import EcmaRegexError, compile_pattern
 
     try:
@@ -191,8 +201,8 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     if opts.split_mode == "none" and gpus:
         gpus = [gpus[opts.main_gpu]] if 0 <= opts.main_gpu < len(gpus) else []
     units = unit_devices(n_layer, opts.n_gpu_layers, gpus, opts.tensor_split, output_first=opts.output_first)
-    compiled = [(i, compile_override(o.pattern), o) for i, o in enumerate(opts.overrides)]
-    hits: dict[int, int] = {i: 0 for i, _, _ in compiled}
+    rules = rule_set(opts.overrides)
+    hits: dict[int, int] = {i: 0 for i in range(len(opts.overrides))}
     items: list[Placed] = []
 
     for t in model.tensors:
@@ -211,27 +221,25 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         else:
             dev, rule = units[t.layer], f"layer {t.layer} by -ngl {opts.n_gpu_layers}"
         buft = device_buft(dev, t, devices, opts)
-        for i, rx, o in compiled:
-            if rx.search(t.name):
-                hits[i] += 1
-                dev = devices.resolve_buffer_type(o.buft) or dev
-                buft = device_buft(dev, t, devices, opts)
-                rule = f"{o.source} {o.pattern}={o.buft}"
-                break
+        if (i := rules.first(t.name)) is not None:
+            o = opts.overrides[i]
+            hits[i] += 1
+            dev = devices.resolve_buffer_type(o.buft) or dev
+            buft = device_buft(dev, t, devices, opts)
+            rule = f"{o.source} {o.pattern}={o.buft}"
         items.append(Placed(t, dev, buft, rule))
 
     if model.get("output.weight") is None and (embd := model.get("token_embd.weight")) is not None:
         out_dev = units[n_layer]
         copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
         rule = "tied embeddings: token_embd loaded again for the output layer"
-        for _, rx, o in compiled:
-            if rx.search(embd.name):
-                out_dev = devices.resolve_buffer_type(o.buft) or out_dev
-                copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
-                rule += f" ({o.source} {o.pattern}={o.buft})"
-                break
+        if (i := rules.first(embd.name)) is not None:
+            o = opts.overrides[i]
+            out_dev = devices.resolve_buffer_type(o.buft) or out_dev
+            copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
+            rule += f" ({o.source} {o.pattern}={o.buft})"
         orig = next(p for p in items if p.tensor is embd)
         if (orig.device, orig.buft) != (out_dev, copy_buft):
             items.append(Placed(embd, out_dev, copy_buft, rule, copy=True))
     return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus],
-                     has_overrides=bool(opts.overrides))
+                     has_overrides=bool(opts.overrides), rule_errors=rules.errors)

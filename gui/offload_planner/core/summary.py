@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from offload_planner.core.metadata import LLAMA_MAX_LAYERS, Meta, PerLayer
 
 if TYPE_CHECKING:
     from offload_planner.core.model import Model
@@ -30,9 +32,6 @@ FILE_TYPES: dict[int, str] = {
     29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
     38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
 }
-
-PerLayer = int | list[int]
-
 
 @dataclass(frozen=True)
 class ModelSummary:
@@ -90,44 +89,23 @@ class ModelSummary:
         return self.per_layer(self.n_head_kv, layer)
 
 
-def _int(md: Mapping[str, object], key: str, default: int = 0) -> int:
-    v = md.get(key)
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float):
-        return int(v)
-    return default
-
-
-def _per_layer(md: Mapping[str, object], key: str, default: PerLayer, n: int) -> PerLayer:
-    v = md.get(key)
-    if isinstance(v, Sequence) and not isinstance(v, str):
-        vals = [int(x) for x in v if isinstance(x, int | float)]
-        if vals and all(x == vals[0] for x in vals) and len(vals) >= n:
-            return vals[0]
-        return vals
-    if isinstance(v, int | float):
-        return int(v)
-    return default
-
-
 def _first(v: PerLayer) -> int:
     return v if isinstance(v, int) else max(v, default=0)
 
 
-def swa_layers(md: Mapping[str, object], arch: str, n_layer: int, n_trunk: int) -> tuple[bool, ...]:
+def swa_layers(meta: Meta, arch: str, n_layer: int, n_trunk: int) -> tuple[bool, ...]:
     """Which layers use sliding-window attention, as ``llama_hparams::set_swa_pattern`` decides."""
-    if _int(md, f"{arch}.attention.sliding_window") <= 0:
+    if meta.count(f"{arch}.attention.sliding_window") <= 0:
         return (False,) * n_layer
-    pat = md.get(f"{arch}.attention.sliding_window_pattern")
+    key = f"{arch}.attention.sliding_window_pattern"
+    pat = meta.md.get(key)
     if isinstance(pat, Sequence) and not isinstance(pat, str):
+        meta.per_layer(key, 0, n_layer)  # at most LLAMA_MAX_LAYERS integers (bools)
         flags = [bool(x) for x in pat][:n_layer]
         return tuple(flags + [False] * (n_layer - len(flags)))
     n_pattern, dense_first = SWA_DEFAULT_PATTERN.get(arch, (0, False))
-    if isinstance(pat, int):
-        n_pattern = pat
+    if pat is not None:
+        n_pattern = meta.count(key)
     out = []
     for il in range(n_layer):
         if il >= n_trunk:
@@ -141,20 +119,23 @@ def swa_layers(md: Mapping[str, object], arch: str, n_layer: int, n_trunk: int) 
 
 def summarize(model: Model) -> ModelSummary:
     md = model.metadata
+    m = model.meta
     arch = model.arch
     a = f"{arch}."
-    n_layer = _int(md, a + "block_count")
-    n_nextn = _int(md, a + "nextn_predict_layers")
-    n_embd = _int(md, a + "embedding_length")
-    n_head = _per_layer(md, a + "attention.head_count", 0, n_layer)
-    n_head_kv = _per_layer(md, a + "attention.head_count_kv", n_head, n_layer)
+    n_layer = m.count(a + "block_count", hi=LLAMA_MAX_LAYERS,
+                      what=f"blocks: llama.cpp loads at most {LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
+    n_nextn = m.count(a + "nextn_predict_layers", hi=n_layer,
+                      what=f"NextN layers: more than block_count ({n_layer})")
+    n_embd = m.count(a + "embedding_length")
+    n_head = m.per_layer(a + "attention.head_count", 0, n_layer)
+    n_head_kv = m.per_layer(a + "attention.head_count_kv", n_head, n_layer)
     head0 = _first(n_head)
-    head_dim_k = _int(md, a + "attention.key_length", n_embd // head0 if head0 else 0)
-    head_dim_v = _int(md, a + "attention.value_length", n_embd // head0 if head0 else 0)
+    head_dim_k = m.count(a + "attention.key_length", n_embd // head0 if head0 else 0)
+    head_dim_v = m.count(a + "attention.value_length", n_embd // head0 if head0 else 0)
     tokens = md.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens) if isinstance(tokens, Sized) and not isinstance(tokens, str) else 0
     if not n_vocab:
-        n_vocab = _int(md, a + "vocab_size")
+        n_vocab = m.count(a + "vocab_size")
     ftype = md.get("general.file_type")
     file_type = FILE_TYPES.get(ftype, f"type {ftype}") if isinstance(ftype, int) else "unknown"
     role_bytes: Counter[str] = Counter()
@@ -165,25 +146,25 @@ def summarize(model: Model) -> ModelSummary:
         name=str(md.get("general.name", "")),
         n_layer=n_layer,
         n_nextn=n_nextn,
-        n_ctx_train=_int(md, a + "context_length"),
+        n_ctx_train=m.count(a + "context_length"),
         n_embd=n_embd,
-        n_ff=_per_layer(md, a + "feed_forward_length", 0, n_layer),
+        n_ff=m.per_layer(a + "feed_forward_length", 0, n_layer),
         n_head=n_head,
         n_head_kv=n_head_kv,
         head_dim_k=head_dim_k,
         head_dim_v=head_dim_v,
-        n_expert=_int(md, a + "expert_count"),
-        n_expert_used=_int(md, a + "expert_used_count"),
-        n_expert_shared=_int(md, a + "expert_shared_count"),
-        n_ff_exp=_int(md, a + "expert_feed_forward_length"),
-        n_layer_dense_lead=_int(md, a + "leading_dense_block_count"),
+        n_expert=m.count(a + "expert_count"),
+        n_expert_used=m.count(a + "expert_used_count"),
+        n_expert_shared=m.count(a + "expert_shared_count"),
+        n_ff_exp=m.count(a + "expert_feed_forward_length"),
+        n_layer_dense_lead=m.count(a + "leading_dense_block_count"),
         n_vocab=n_vocab,
-        n_swa=_int(md, a + "attention.sliding_window"),
-        swa_layers=swa_layers(md, arch, n_layer, n_layer - n_nextn),
-        q_lora_rank=_int(md, a + "attention.q_lora_rank"),
-        kv_lora_rank=_int(md, a + "attention.kv_lora_rank"),
-        key_length_mla=_int(md, a + "attention.key_length_mla"),
-        value_length_mla=_int(md, a + "attention.value_length_mla"),
+        n_swa=m.count(a + "attention.sliding_window"),
+        swa_layers=swa_layers(m, arch, n_layer, n_layer - n_nextn),
+        q_lora_rank=m.count(a + "attention.q_lora_rank"),
+        kv_lora_rank=m.count(a + "attention.kv_lora_rank"),
+        key_length_mla=m.count(a + "attention.key_length_mla"),
+        value_length_mla=m.count(a + "attention.value_length_mla"),
         file_type=file_type,
         tied_embeddings=model.get("output.weight") is None,
         header_only=model.header_only,

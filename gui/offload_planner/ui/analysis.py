@@ -10,6 +10,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
+from offload_planner.core.errors import PlannerError
 from offload_planner.core.ik import model_errors as ik_model_errors
 from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import Projection, project
@@ -64,6 +65,7 @@ def unknown_device_warnings(plan: Plan) -> list[str]:
 def analyse(plan: Plan) -> Analysis:
     t0 = time.perf_counter()
     try:
+        plan.placement().raise_rule_errors()  # an -ot rule the planner cannot evaluate: a problem
         projection = plan.projection()
         overrides = plan.placement_options.overrides
         names = plan.devices.names
@@ -82,6 +84,8 @@ def analyse(plan: Plan) -> Analysis:
         warnings = refusals + unknown_device_warnings(plan) + capacity + core
         rules = rule_reports(projection, overrides)
         command = plan_command(plan)
+    except PlannerError as e:  # bad input the core names (an -ot rule it cannot evaluate): as is
+        return Analysis(plan, None, error=str(e), seconds=time.perf_counter() - t0)
     except Exception as e:  # a core bug must not take the window down: show it
         last = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"

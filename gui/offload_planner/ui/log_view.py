@@ -1,6 +1,9 @@
 """The server log: a bounded list model fed in batches, and a view that follows the tail.
 
-:class:`LogModel` keeps at most ``max_lines`` lines.  :meth:`LogModel.append_lines` only queues;
+:class:`LogModel` keeps at most ``max_lines`` lines, each made printable and cut to
+:data:`~offload_planner.backend.log_lines.LINE_LIMIT` characters
+(:func:`~offload_planner.backend.log_lines.safe_lines`: a backend printing escape codes or binary
+garbage shows them as ``\x1b``, ``\xff``, ...).  :meth:`LogModel.append_lines` only queues;
 a 100 ms timer moves the queue into the model in one insert (and one removal at the top when the
 cap is reached), so a server printing hundreds of thousands of lines cannot stall the event loop or
 grow memory.  Levels (``E``/``W``/``I``/``D`` from the ``M.SS.mmm.uuu L`` prefix, ik's ``INFO [``,
@@ -41,6 +44,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.backend.log_lines import safe_lines
 from offload_planner.backend.log_parser import line_level
 from offload_planner.backend.runner import ServerProcess, guard_pyside_emit_refcount
 
@@ -88,7 +92,7 @@ class LogModel(QAbstractListModel):
         if not lines:
             return
         self.received += len(lines)
-        self._pending.extend(lines)
+        self._pending.extend(safe_lines(lines))
         over = len(self._pending) - self.max_lines
         if over > 0:  # they would be evicted before anyone saw them
             del self._pending[:over]

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from offload_planner.core.errors import PlannerError
 
 PAREN = "Mismatched '(' and ')' in regular expression"
 BRACE = "Mismatched '{' and '}' in regular expression"
@@ -40,6 +43,12 @@ STATES = (
     "expression, or make _GLIBCXX_REGEX_STATE_LIMIT larger."
 )
 _STATE_LIMIT = 100_000
+#: Characters that stand for themselves, and ``\.``: a pattern of only these is translated without
+#: the parser, and runs of them are read in one step (10,000 -ot rules).
+_PLAIN = re.compile(r"(?:[A-Za-z0-9_=,:;'\"/<>@#%&~!` -]|\\\.)+")
+#: Groups (and chained quantifiers) nested deeper than this are refused by the planner: its parser
+#: and Python's ``re`` recurse on them (1,000 levels were a RecursionError).
+MAX_NESTING = 100
 
 _POSIX_CLASSES = {
     "alnum": "a-zA-Z0-9",
@@ -125,12 +134,19 @@ class EcmaRegexError(ValueError):
     """A pattern ``std::regex`` rejects; ``str()`` is libstdc++'s ``what()`` text."""
 
 
+class PatternLimitError(PlannerError):
+    """A pattern llama.cpp may accept but the planner does not evaluate (nested too deep)."""
+
+
 @dataclass
 class PatternCheck:
     pattern: str
     error: str | None = None
     warnings: list[str] = field(default_factory=list)
     python: str | None = None  # equivalent pattern for ``re.compile(python, re.ASCII)``
+    limit: str | None = None  # why the planner does not evaluate it (llama.cpp may accept it)
+    required: str = ""  # a literal every match contains (a necessary condition for a match)
+    may_backtrack: bool = False  # nested or many repeats: matching may take exponential time
 
     @property
     def ok(self) -> bool:
@@ -148,13 +164,43 @@ def _esc(ch: str) -> str:
     return "\\" + ch if ch in "\\^$.|?*+()[]{}-&~#" or ch in " \t" else ch
 
 
+_ESC_PLAIN = str.maketrans({c: _esc(c) for c in "=,:;'\"/<>@#%&~!` -."})
+
+
 @dataclass
 class _Node:
-    """A parsed term: its Python text and an estimate of libstdc++ NFA states."""
+    """A parsed term: its Python text, an estimate of libstdc++ NFA states, and what the planner
+    needs to match it fast and safely: the literal it always matches (``exact``), a literal every
+    match contains (``required``), how many repeats it holds and whether a repeat holds another
+    repeat, an alternation or a back-reference (``risky``: backtracking may be exponential)."""
 
     py: str
     states: int
     quantified: bool = False
+    exact: str | None = None
+    required: str = ""
+    reps: int = 0
+    risky: bool = False
+    branch: bool = False
+
+
+def _concat(nodes: list[_Node]) -> _Node:
+    """What a sequence of terms always matches and must contain (Python text and states aside)."""
+    best, run, exact = "", "", True
+    for n in nodes:
+        if n.exact is not None:
+            run += n.exact
+            continue
+        exact = False
+        best = max(best, run, n.required, key=len)
+        run = ""
+    return _Node("", 0, exact=run if exact else None, required=max(best, run, key=len),
+                 reps=sum(n.reps for n in nodes), risky=any(n.risky for n in nodes),
+                 branch=any(n.branch for n in nodes))
+
+
+class _Limit(Exception):
+    """Internal: the pattern is beyond what the planner evaluates."""
 
 
 class _Parser:
@@ -164,6 +210,8 @@ class _Parser:
         self.groups_opened = 0
         self.open_groups: list[int] = []
         self.warnings: list[str] = []
+        self.depth = 0
+        self.info = _Node("", 0)
 
     # -- helpers
     def peek(self, k: int = 0) -> str:
@@ -217,33 +265,58 @@ class _Parser:
 
     # -- grammar
     def parse(self) -> tuple[str, int]:
-        py, states = self.disjunction()
+        node = self.disjunction()
         if not self.at_end():
             raise EcmaRegexError(PAREN)
-        if states + 7 > _STATE_LIMIT:
+        if node.states + 7 > _STATE_LIMIT:
             raise EcmaRegexError(STATES)
-        return py, states + 7
+        self.info = node
+        return node.py, node.states + 7
 
-    def disjunction(self) -> tuple[str, int]:
+    def enter(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise _Limit(f"groups nested more than {MAX_NESTING} deep")
+
+    def disjunction(self) -> _Node:
         alts = [self.alternative()]
         while self.peek() == "|":
             self.i += 1
             alts.append(self.alternative())
-        py = "|".join(a[0] for a in alts)
-        return py, sum(a[1] for a in alts) + 3 * (len(alts) - 1)
+        if len(alts) == 1:
+            return alts[0]
+        return _Node("|".join(a.py for a in alts), sum(a.states for a in alts) + 3 * (len(alts) - 1),
+                     reps=sum(a.reps for a in alts), risky=any(a.risky for a in alts), branch=True)
 
-    def alternative(self) -> tuple[str, int]:
-        parts: list[str] = []
+    def alternative(self) -> _Node:
+        nodes: list[_Node] = []
         states = 0
         while not self.at_end() and self.peek() not in "|)":
-            node = self.term()
+            node = self.run() or self.term()
             if node is None:
                 break
-            parts.append(node.py)
+            nodes.append(node)
             states += node.states
             if states > _STATE_LIMIT:
                 raise EcmaRegexError(STATES)
-        return "".join(parts), states
+        out = _concat(nodes)
+        out.py, out.states = "".join(n.py for n in nodes), states
+        return out
+
+    def run(self) -> _Node | None:
+        """Two or more plain characters (or ``\\.``) at once, the last left to :meth:`term` when
+        a quantifier follows it: what most of an -ot pattern is, read in one step."""
+        m = _PLAIN.match(self.p, self.i)
+        if m is None:
+            return None
+        src = m.group()
+        if m.end() < len(self.p) and self.p[m.end()] in "*+?{":
+            src = src[:-2] if src.endswith("\\.") else src[:-1]
+        text = src.replace("\\.", ".")
+        if len(text) < 2:
+            return None
+        self.i += len(src)
+        return _Node(text.translate(_ESC_PLAIN), len(text), exact=text, required=text)
 
     def term(self) -> _Node | None:
         assertion = self.assertion()
@@ -252,28 +325,35 @@ class _Parser:
         node = self.atom()
         if node is None:
             return None
+        chain = 0
         while (quantified := self.quantifier(node)) is not None:
             node = quantified
+            chain += 1
+            if self.depth + chain > MAX_NESTING:
+                raise _Limit(f"quantifiers and groups nested more than {MAX_NESTING} deep")
         return node
 
     def assertion(self) -> _Node | None:
         c = self.peek()
         if c == "^":
             self.i += 1
-            return _Node("^", 1)
+            return _Node("^", 1, exact="")
         if c == "$":
             self.i += 1
-            return _Node("\\Z", 1)
+            return _Node("\\Z", 1, exact="")
         if c == "\\" and self.peek(1) in ("b", "B"):
             self.i += 2
             # Python's \B never matches an empty string; ECMAScript's does.
-            return _Node("\\b" if self.p[self.i - 1] == "b" else "(?:\\B|\\A\\Z)", 1)
+            return _Node("\\b" if self.p[self.i - 1] == "b" else "(?:\\B|\\A\\Z)", 1, exact="")
         if c == "(" and self.peek(1) == "?" and self.peek(2) in ("=", "!"):
             kind = self.peek(2)
             self.i += 3
-            inner, states = self.disjunction()
+            self.enter()
+            inner = self.disjunction()
             self.expect_close()
-            return _Node(f"(?{kind}{inner})", states + 3)
+            self.depth -= 1
+            return _Node(f"(?{kind}{inner.py})", inner.states + 3, exact="", reps=inner.reps,
+                         risky=inner.risky, branch=inner.branch)
         return None
 
     def expect_close(self) -> None:
@@ -295,7 +375,7 @@ class _Parser:
         if c == "\\":
             return self.escape()
         self.i += 1
-        return _Node(_esc(c), 1)
+        return _Node(_esc(c), 1, exact=c, required=c)
 
     def group(self) -> _Node:
         self.i += 1
@@ -306,15 +386,21 @@ class _Parser:
                 self.warn_python_group()
                 raise EcmaRegexError(ASSERTION)
             self.i += 2
-            inner, states = self.disjunction()
+            self.enter()
+            inner = self.disjunction()
             self.expect_close()
-            return _Node(f"(?:{inner})", states + 2)
+            self.depth -= 1
+            return _Node(f"(?:{inner.py})", inner.states + 2, False, inner.exact, inner.required,
+                         inner.reps, inner.risky, inner.branch)
         self.groups_opened += 1
         self.open_groups.append(self.groups_opened)
-        inner, states = self.disjunction()
+        self.enter()
+        inner = self.disjunction()
         self.expect_close()
+        self.depth -= 1
         self.open_groups.pop()
-        return _Node(f"({inner})", states + 3)
+        return _Node(f"({inner.py})", inner.states + 3, False, inner.exact, inner.required,
+                     inner.reps, inner.risky, inner.branch)
 
     def warn_python_group(self) -> None:
         rest = self.p[self.i :]
@@ -344,7 +430,8 @@ class _Parser:
             return _Node("\\" + c, 1)
         if c.isdigit():
             return self.backref(c)
-        return _Node(_esc(self.escaped_char(c)), 1)
+        ch = self.escaped_char(c)
+        return _Node(_esc(ch), 1, exact=ch, required=ch)
 
     def escaped_char(self, c: str) -> str:
         """The character an escape other than a class/assertion/backref stands for."""
@@ -376,7 +463,7 @@ class _Parser:
 
     def backref(self, first: str) -> _Node:
         if first == "0":
-            return _Node("\\x00", 1)
+            return _Node("\\x00", 1, exact="\0", required="\0")
         digits = first
         while self.peek().isdigit():
             digits += self.peek()
@@ -388,8 +475,8 @@ class _Parser:
             raise self.fail_after_token(BACKREF_COUNT, in_bracket=False)
         if index >= 100:
             self.warn(f"back-reference \\{index} cannot be previewed with Python re")
-            return _Node("(?:)", 1)
-        return _Node(f"(?:\\{index})", 1)
+            return _Node("(?:)", 1, risky=True)
+        return _Node(f"(?:\\{index})", 1, risky=True)
 
     # -- quantifiers
     def quantifier(self, node: _Node) -> _Node | None:
@@ -415,7 +502,7 @@ class _Parser:
                     "the quantified atom again"
                 )
             base = f"(?:{base})"
-        return _Node(base + quant, states, quantified=True)
+        return _quantified(node, base + quant, states, lo, hi)
 
     def brace(self) -> tuple[str, int, int | None]:
         """``{n}``, ``{n,}`` or ``{n,m}``: libstdc++ wants a count first, then ``,`` and ``}``."""
@@ -520,6 +607,17 @@ class _Parser:
         raise self.fail_after_token(COLLATE_NAME if kind == "." else EQUIVALENCE, in_bracket=True)
 
 
+def _quantified(node: _Node, py: str, states: int, lo: int, hi: int | None) -> _Node:
+    """``node`` repeated ``lo`` to ``hi`` times (None: unbounded)."""
+    exact = node.exact * lo if node.exact is not None and lo == hi and len(node.exact) * lo <= 256 \
+        else None
+    required = (exact or node.exact or node.required) if lo >= 1 else ""
+    if hi is not None and hi <= 1:
+        return _Node(py, states, True, exact, required, node.reps, node.risky, node.branch)
+    risky = node.risky or node.reps > 0 or node.branch
+    return _Node(py, states, True, exact, required, node.reps + 1, risky, node.branch)
+
+
 def _repeat_states(atom: int, lo: int, hi: int | None) -> int:
     """Rough libstdc++ NFA size of ``atom{lo,hi}`` (each copy of the atom plus a repeat state)."""
     if hi is None:
@@ -533,8 +631,22 @@ def _bracket_python(items: list[str], negated: bool) -> str:
     return "[" + ("^" if negated else "") + "".join(items) + "]"
 
 
+#: Repeats in sequence (``.*a.*b.*c.*d.*``) that make backtracking a polynomial of this degree or
+#: more in the name length get the step budget too; fewer are cheap on names of < 64 bytes.
+_POLY_REPEATS = 5
+
+
 def check_pattern(pattern: str) -> PatternCheck:
     """Validate ``pattern`` as libstdc++'s ``std::regex`` (ECMAScript) would, and translate it."""
+    c = _check_cached(pattern)
+    return PatternCheck(c.pattern, c.error, list(c.warnings), c.python, c.limit, c.required, c.may_backtrack)
+
+
+@lru_cache(maxsize=32768)
+def _check_cached(pattern: str) -> PatternCheck:
+    if len(pattern) + 7 <= _STATE_LIMIT and _PLAIN.fullmatch(pattern):
+        text = pattern.replace("\\.", ".")
+        return PatternCheck(pattern, python=re.escape(text), required=text)
     parser = _Parser(pattern)
     result = PatternCheck(pattern)
     try:
@@ -543,23 +655,28 @@ def check_pattern(pattern: str) -> PatternCheck:
         result.error = str(exc)
         result.warnings = parser.warnings
         return result
-    result.warnings = parser.warnings
-    try:
-        re.compile(py, re.ASCII)
-    except re.error as exc:  # pragma: no cover - the translation is meant to always compile
-        result.warnings.append(f"the planner cannot preview this pattern with Python re ({exc})")
+    except _Limit as exc:
+        result.limit = str(exc)
+        result.warnings = parser.warnings
         return result
-    result.python = py
+    result.warnings = parser.warnings
+    result.python = py  # compiled when a name needs it (rule_match), or by compile_pattern
+    info = parser.info
+    result.required = info.required
+    result.may_backtrack = info.risky or info.reps >= _POLY_REPEATS
     return result
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:
     """A Python pattern that ``re.search`` matches wherever ``std::regex_search`` would.
 
-    Raises :class:`EcmaRegexError` for a pattern llama.cpp would reject.
+    Raises :class:`EcmaRegexError` for a pattern llama.cpp would reject and
+    :class:`PatternLimitError` for one the planner does not evaluate.
     """
-    check = check_pattern(pattern)
+    check = _check_cached(pattern)
     if check.error is not None:
         raise EcmaRegexError(check.error)
+    if check.limit is not None:
+        raise PatternLimitError(check.limit)
     assert check.python is not None
     return re.compile(check.python, re.ASCII)

@@ -11,6 +11,7 @@ import re
 
 from offload_planner.core.cmdline.cnum import stof, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError
+from offload_planner.core.cmdline.flags_ik import IK_KV_TYPES
 from offload_planner.core.cmdline.handlers_mainline import (
     MAX_DEVICES,
     Handler,
@@ -146,7 +147,9 @@ def h_ser(ctx: Ctx) -> None:
 
 def h_cache_type(field: str) -> Handler:
     def handler(ctx: Ctx) -> None:
-        setattr(ctx.args, field, ctx.value)
+        # A type ik refuses is reported by the parser (a load error); the projection keeps f16.
+        if ctx.value in IK_KV_TYPES:
+            setattr(ctx.args, field, ctx.value)
 
     return handler
 

@@ -84,9 +84,17 @@ def h_override_tensor(ctx: Ctx) -> None:
         ctx.check_override_pattern(entry.pattern)
 
 
+def _extend_generated(ctx: Ctx, entries: list[TensorOverride]) -> None:
+    """Add the rules a flag stands for, except those equal (pattern and buffer type) to an earlier
+    rule: such a rule is never the first match, so it changes no placement, and ``--n-cpu-moe 512``
+    given 2,000 times would otherwise be a million rules."""
+    have = {(o.pattern, o.buft) for o in ctx.args.overrides}
+    ctx.args.overrides.extend(e for e in entries if (e.pattern, e.buft) not in have)
+
+
 def h_cpu_moe(ctx: Ctx) -> None:
     ctx.args.cpu_moe = True
-    ctx.args.overrides.extend(cpu_moe_overrides(ctx.dialect, ctx.use.index))
+    _extend_generated(ctx, cpu_moe_overrides(ctx.dialect, ctx.use.index))
 
 
 def h_n_cpu_moe(ctx: Ctx) -> None:
@@ -94,7 +102,7 @@ def h_n_cpu_moe(ctx: Ctx) -> None:
     if n < 0:
         raise HandlerError("invalid value")
     ctx.args.n_cpu_moe = n
-    ctx.args.overrides.extend(n_cpu_moe_overrides(ctx.dialect, n, ctx.use.index))
+    _extend_generated(ctx, n_cpu_moe_overrides(ctx.dialect, n, ctx.use.index))
 
 
 def h_n_cpu_ffn(ctx: Ctx) -> None:
@@ -102,7 +110,7 @@ def h_n_cpu_ffn(ctx: Ctx) -> None:
     if n < 0:
         raise HandlerError("invalid value")
     ctx.args.n_cpu_ffn = n
-    ctx.args.overrides.extend(n_cpu_ffn_overrides(n, ctx.use.index))
+    _extend_generated(ctx, n_cpu_ffn_overrides(n, ctx.use.index))
 
 
 def h_tensor_split(ctx: Ctx) -> None:

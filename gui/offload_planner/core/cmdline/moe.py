@@ -10,6 +10,10 @@ Mainline (``common/common.h``)::
 
 2025 mainline had ``\\.ffn_(up|down|gate)_exps`` (``(ch|)`` and ``gate_up`` came in 2026, b8301).
 
+The rules stop at ``LLAMA_MAX_LAYERS`` (512): llama.cpp loads no model with more blocks, and a file
+with a tensor of a block past its block count fails to load, so ``blk\\.600...`` matches nothing it
+can place; ``--n-cpu-moe 99999`` is 512 rules here, not 99,999 (the command keeps the count).
+
 ik_llama.cpp keeps only the count (``--cpu-moe`` = ``--n-cpu-moe 999``) and, at load, appends
 ``blk\\.<i>\\.ffn_(up|down|gate|gate_up)_exps\\.(weight|scale)=CPU`` for the *last* N layers that
 have routed experts (single GPU, or N >= n_layer), after the user's ``-ot`` entries.
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 
 from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import TensorOverride
+from offload_planner.core.metadata import LLAMA_MAX_LAYERS
 
 MAINLINE_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 MAINLINE_DENSE_REGEX = r"\.ffn_(up|down|gate)\."
@@ -45,12 +50,14 @@ def cpu_moe_overrides(dialect: Dialect, index: int = -1) -> list[TensorOverride]
 
 def n_cpu_moe_overrides(dialect: Dialect, n: int, index: int = -1) -> list[TensorOverride]:
     regex = exps_regex(dialect)
-    return [TensorOverride(block_regex(i, regex), "CPU", "--n-cpu-moe", index) for i in range(n)]
+    return [TensorOverride(block_regex(i, regex), "CPU", "--n-cpu-moe", index)
+            for i in range(min(n, LLAMA_MAX_LAYERS))]
 
 
 def n_cpu_ffn_overrides(n: int, index: int = -1) -> list[TensorOverride]:
     return [
-        TensorOverride(block_regex(i, MAINLINE_DENSE_REGEX), "CPU", "--n-cpu-ffn", index) for i in range(n)
+        TensorOverride(block_regex(i, MAINLINE_DENSE_REGEX), "CPU", "--n-cpu-ffn", index)
+        for i in range(min(n, LLAMA_MAX_LAYERS))
     ]
 
 

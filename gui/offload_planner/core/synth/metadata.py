@@ -7,6 +7,7 @@ from typing import Any
 from gguf import GGUFValueType
 
 from offload_planner.core.synth.spec import KvValue, ModelSpec, TokenizerKind
+from offload_planner.core.synth.tensors import LAYERNORM_ARCHS
 from offload_planner.core.synth.vocab import Vocab
 
 
@@ -36,7 +37,8 @@ def _hparams(spec: ModelSpec) -> dict[str, KvValue]:
     if spec.n_head_kv is not None:
         kv["attention.head_count_kv"] = spec.n_head_kv
     kv["rope.freq_base"] = spec.rope_freq_base
-    kv["attention.layer_norm_rms_epsilon"] = spec.rms_eps
+    eps_key = "layer_norm_epsilon" if spec.arch in LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
+    kv[f"attention.{eps_key}"] = spec.rms_eps
     if spec.head_dim_k:
         kv["attention.key_length"] = spec.head_dim_k
     if spec.head_dim_v:

@@ -217,6 +217,27 @@ def _gemma3_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     ]
 
 
+def _gptneox_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """GPT-NeoX (Pythia): layer norms with biases, fused QKV (typed like ``attn_v``: llama-quantize
+    gives ``attn_qkv`` the attn_v-style bumps), biased output and FFN projections, no gate."""
+    e, f = spec.n_embd, spec.n_ff
+    n_qkv = e + 2 * spec.head_count_kv(il) * spec.key_length
+    return [
+        _norm(il, "attn_norm", e),
+        _bias(il, "attn_norm", (e,)),
+        _blk(il, "attn_qkv", (e, n_qkv), "attn_v"),
+        _bias(il, "attn_qkv", (n_qkv,)),
+        _blk(il, "attn_output", (e, e), "attn"),
+        _bias(il, "attn_output", (e,)),
+        _norm(il, "ffn_norm", e),
+        _bias(il, "ffn_norm", (e,)),
+        _blk(il, "ffn_down", (f, e), "ffn_down"),
+        _bias(il, "ffn_down", (e,)),
+        _blk(il, "ffn_up", (e, f), "ffn"),
+        _bias(il, "ffn_up", (f,)),
+    ]
+
+
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
 
 LAYER_BUILDERS: dict[str, LayerBuilder] = {
@@ -226,7 +247,12 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "glm4moe": _glm4moe_layer,
     "gpt-oss": _gpt_oss_layer,
     "gemma3": _gemma3_layer,
+    "gptneox": _gptneox_layer,
 }
+
+#: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
+#: key is ``attention.layer_norm_epsilon``.
+LAYERNORM_ARCHS = frozenset({"gptneox"})
 
 SUPPORTED_ARCHS = frozenset(LAYER_BUILDERS)
 
@@ -245,6 +271,8 @@ def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
     for il in range(spec.n_layer):
         out += layer(spec, il)
     out.append(TensorDef("output_norm.weight", (e,), "small"))
+    if spec.arch in LAYERNORM_ARCHS:
+        out.append(TensorDef("output_norm.bias", (e,), "small"))
     if not spec.tied_embeddings:
         out.append(TensorDef("output.weight", (e, v), "output"))
     return out

@@ -1,0 +1,201 @@
+"""Every process the planner starts goes through here, so that it dies with the planner however the
+planner ends: Ctrl-C, SIGTERM, SIGHUP, SIGKILL or a crash.
+
+* Linux: the child first runs :mod:`~offload_planner.backend.exec_guard` (a few milliseconds of
+  Python, then ``exec``): the kernel SIGKILLs it when the thread that started it dies, and it leads
+  its own process group, which :func:`kill_group` ends after the program itself has exited.  The
+  death signal follows the starting *thread*, so it is armed only for children started from the
+  main thread (where the runner and the CLI live); children of other threads still get the group.
+* Windows: each child is assigned to one job object with ``JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE``
+  whose only handle the planner holds, so Windows ends the children when the planner's handles
+  close, however it exits.  This path is type-checked (``mypy --platform win32``) but not run by the
+  tests, which run on Linux.
+* macOS and other POSIX systems: own process group only (their kernels have no death signal).
+
+QProcess users call :func:`guard` for the program and arguments to start and :func:`adopt` once
+the process has a PID; :func:`popen`, :func:`run` and :func:`output_of` do both for ``subprocess``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from offload_planner.backend import exec_guard
+
+
+@dataclass(frozen=True)
+class GuardedCommand:
+    """What to start instead of ``program arguments``."""
+
+    program: str
+    arguments: tuple[str, ...]
+    own_group: bool  # the child leads its own process group (its PID is the group's ID)
+    dies_with_parent: bool  # the kernel kills it when the starting thread dies
+
+
+def _shim_prefix() -> list[str] | None:
+    """How to run :mod:`exec_guard`: the frozen app's own entry point, else this interpreter."""
+    if not sys.executable:
+        return None
+    if getattr(sys, "frozen", False):
+        return [sys.executable, exec_guard.FLAG]
+    return [sys.executable, "-I", "-S", os.path.abspath(exec_guard.__file__)]
+
+
+def _resolve(program: str) -> str | None:
+    """The executable ``program`` names (PATH is searched for bare names), or None."""
+    if os.sep in program:
+        return os.path.abspath(program) if os.path.isfile(program) and os.access(program, os.X_OK) else None
+    return shutil.which(program)
+
+
+def guard(program: str, arguments: Sequence[str], env: Mapping[str, str] | None = None) -> GuardedCommand:
+    """The command that starts ``program arguments`` tied to this process.  A program that cannot be
+    found is returned as is, so that the caller's own start-up error reports it."""
+    resolved = _resolve(program)
+    prefix = _shim_prefix() if sys.platform != "win32" else None
+    if prefix is None or resolved is None:
+        return GuardedCommand(program, tuple(arguments), False, sys.platform == "win32")
+    main_thread = threading.current_thread() is threading.main_thread()
+    parent = str(os.getpid()) if main_thread else exec_guard.NO_PARENT
+    environ = os.environ if env is None else env
+    lc_ctype = "=" + environ["LC_CTYPE"] if "LC_CTYPE" in environ else exec_guard.UNSET
+    linux = sys.platform.startswith("linux")
+    return GuardedCommand(prefix[0], (*prefix[1:], parent, lc_ctype, resolved, *arguments), True,
+                          linux and main_thread)
+
+
+def kill_group(pid: int | None) -> None:
+    """SIGKILL what is left of the process group a guarded child led (call after it exited)."""
+    if pid is None or sys.platform == "win32":
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _start(args: Sequence[str], **kwargs: Any) -> tuple[subprocess.Popen[Any], GuardedCommand]:
+    cmd = guard(args[0], args[1:], kwargs.get("env"))
+    proc = subprocess.Popen([cmd.program, *cmd.arguments], **kwargs)
+    adopt(proc.pid)
+    return proc, cmd
+
+
+def popen(args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """:class:`subprocess.Popen` of a guarded command (``kwargs`` as for Popen, no shell)."""
+    return _start(args, **kwargs)[0]
+
+
+def run(args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+        cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    """:func:`subprocess.run` with ``capture_output=True, text=True`` (undecodable bytes replaced):
+    on :class:`subprocess.TimeoutExpired` the child and its group are killed."""
+    proc, cmd = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, errors="replace", env=env, cwd=cwd)
+    out, err = _communicate(proc, cmd, timeout)
+    return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
+
+
+def output_of(args: Sequence[str], timeout: float) -> str:
+    """Run ``args`` to completion and return stdout and stderr (merged, decoded with replacement).
+    Raises OSError when it cannot start and :class:`subprocess.TimeoutExpired` after ``timeout``
+    seconds, when the child and its group are killed."""
+    if _resolve(args[0]) is None:
+        raise FileNotFoundError(2, "not found or not executable", args[0])
+    proc, cmd = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, errors="replace")
+    return _communicate(proc, cmd, timeout)[0]
+
+
+def _communicate(proc: subprocess.Popen[str], cmd: GuardedCommand, timeout: float) -> tuple[str, str]:
+    with proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            if cmd.own_group:
+                kill_group(proc.pid)  # not reaped yet: the group ID is still this child's
+            proc.kill()
+            proc.wait()
+            raise
+    return out or "", err or ""
+
+
+if sys.platform == "win32":
+    import ctypes
+    from ctypes import wintypes
+
+    _JOB_OBJECT_EXTENDED_LIMIT_INFORMATION_CLASS = 9
+    _JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x2000
+    _PROCESS_SET_QUOTA = 0x0100
+    _PROCESS_TERMINATE = 0x0001
+
+    class _BasicLimits(ctypes.Structure):
+        _fields_ = [
+            ("PerProcessUserTimeLimit", ctypes.c_int64),
+            ("PerJobUserTimeLimit", ctypes.c_int64),
+            ("LimitFlags", wintypes.DWORD),
+            ("MinimumWorkingSetSize", ctypes.c_size_t),
+            ("MaximumWorkingSetSize", ctypes.c_size_t),
+            ("ActiveProcessLimit", wintypes.DWORD),
+            ("Affinity", ctypes.c_size_t),
+            ("PriorityClass", wintypes.DWORD),
+            ("SchedulingClass", wintypes.DWORD),
+        ]
+
+    class _IoCounters(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint64) for name in (
+            "ReadOperationCount", "WriteOperationCount", "OtherOperationCount",
+            "ReadTransferCount", "WriteTransferCount", "OtherTransferCount")]
+
+    class _ExtendedLimits(ctypes.Structure):
+        _fields_ = [
+            ("BasicLimitInformation", _BasicLimits),
+            ("IoInfo", _IoCounters),
+            ("ProcessMemoryLimit", ctypes.c_size_t),
+            ("JobMemoryLimit", ctypes.c_size_t),
+            ("PeakProcessMemoryUsed", ctypes.c_size_t),
+            ("PeakJobMemoryUsed", ctypes.c_size_t),
+        ]
+
+    _job_handle: int | None = None
+
+    def _kill_on_close_job() -> int | None:
+        """The planner's job (created once; its handle is never closed while the planner lives)."""
+        global _job_handle
+        if _job_handle is None:
+            kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+            job = kernel32.CreateJobObjectW(None, None)
+            if not job:
+                return None
+            info = _ExtendedLimits()
+            info.BasicLimitInformation.LimitFlags = _JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+            if not kernel32.SetInformationJobObject(job, _JOB_OBJECT_EXTENDED_LIMIT_INFORMATION_CLASS,
+                                                    ctypes.byref(info), ctypes.sizeof(info)):
+                kernel32.CloseHandle(job)
+                return None
+            _job_handle = int(job)
+        return _job_handle
+
+    def adopt(pid: int | None) -> None:
+        """Put the child in the planner's kill-on-close job (children it starts later follow)."""
+        job = _kill_on_close_job() if pid else None
+        if job is None:
+            return
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        handle = kernel32.OpenProcess(_PROCESS_SET_QUOTA | _PROCESS_TERMINATE, False, pid)
+        if handle:
+            kernel32.AssignProcessToJobObject(job, handle)
+            kernel32.CloseHandle(handle)
+
+else:
+
+    def adopt(pid: int | None) -> None:
+        """Nothing to do here: the child tied itself to the planner (:mod:`exec_guard`)."""

@@ -1,0 +1,169 @@
+"""Which tensor override places a tensor: the first rule whose pattern ``std::regex_search`` finds
+in the tensor's name (``llama_model_loader::create_tensor``), fast and on a budget.
+
+- A pattern is matched once per name however many rules repeat it, and results are kept while the
+  rules stay the same (a plan places its tensors several times).
+- A rule is tried on a name only when the literal every match of its pattern contains is in the
+  name (``exps`` for ``exps=CPU``), so 10,000 rules cost what the few candidates cost.
+- A pattern whose parse shows the risk of exponential backtracking is first run by a step counter
+  on every name (:mod:`~offload_planner.core.cmdline.ecma_backtrack`); over the budget, the rule
+  is *broken*: it matches nothing and :attr:`RuleSet.errors` says why, naming the rule, instead of
+  a hang (``std::regex`` would stall the same way).  A pattern nested too deep for the planner is
+  broken too.  Callers turn :attr:`RuleSet.errors` into a :class:`RuleError` (the CLI) or a
+  problem (the window), so placement itself never fails on a rule.
+- A pattern ``std::regex`` refuses matches nothing (the refusal is reported by the argument checks).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from offload_planner.core.cmdline.ecma_backtrack import OverBudget, StepCounter
+from offload_planner.core.cmdline.ecma_regex import PatternCheck, check_pattern
+from offload_planner.core.errors import RuleError
+
+if TYPE_CHECKING:
+    from offload_planner.core.placement import Override
+
+#: Backtracking steps one name may take (std::regex needs about as many; 10^5 is milliseconds).
+NAME_STEPS = 100_000
+#: Steps one risky pattern may take over all names of a model.
+RULE_STEPS = 1_000_000
+_NEVER = re.compile(r"(?!)")
+
+
+def rule_label(o: Override) -> str:
+    """``-ot 'PATTERN=CPU'`` as messages name a rule (a long pattern shortened)."""
+    pattern = o.pattern if len(o.pattern) <= 60 else o.pattern[:57] + "..."
+    return f"{o.source} '{pattern}={o.buft}'"
+
+
+class _Pattern:
+    """One distinct pattern of a rule set and the rules that use it."""
+
+    def __init__(self, check: PatternCheck) -> None:
+        self.check = check
+        self.members: list[int] = []
+        self.steps = 0
+        self.broken: str | None = None  # why the planner does not evaluate it
+        self._regex: re.Pattern[str] | None = None
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        if self._regex is None:
+            py = self.check.python
+            try:
+                self._regex = _NEVER if py is None else re.compile(py, re.ASCII)
+            except (re.error, RecursionError, OverflowError):  # pragma: no cover - a translation bug
+                self._regex = _NEVER
+        return self._regex
+
+
+class RuleSet:
+    """Tensor overrides in command-line order, matched against tensor names."""
+
+    def __init__(self, rules: Sequence[Override]) -> None:
+        self.rules = tuple(rules)
+        self.patterns: list[_Pattern] = []
+        self.pattern_of: list[int] = []  # rule index -> index into patterns
+        seen: dict[str, int] = {}
+        for i, o in enumerate(self.rules):
+            u = seen.get(o.pattern)
+            if u is None:
+                u = seen[o.pattern] = len(self.patterns)
+                self.patterns.append(_Pattern(check_pattern(o.pattern)))
+            self.patterns[u].members.append(i)
+            self.pattern_of.append(u)
+        for p in self.patterns:
+            if p.check.limit is not None:
+                p.broken = (f"{rule_label(self.rules[p.members[0]])}: {p.check.limit}; the "
+                            "planner does not evaluate patterns nested that deep")
+        self._always: list[int] = []  # patterns without a required literal: tried on every name
+        self._by_literal: dict[str, list[int]] = {}
+        for u, p in enumerate(self.patterns):
+            if p.check.python is None:
+                continue  # std::regex refuses it, or it is broken: matches nothing
+            if p.check.required:
+                self._by_literal.setdefault(p.check.required, []).append(u)
+            else:
+                self._always.append(u)
+        self._lengths = sorted({len(k) for k in self._by_literal})
+        self._risky = [u for u, p in enumerate(self.patterns) if p.check.may_backtrack]
+        self._hits: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def errors(self) -> list[str]:
+        """One message per broken rule (in rule order): nested too deep, or backtracks too much
+        on the names matched so far."""
+        return [p.broken for p in self.patterns if p.broken is not None]
+
+    def raise_errors(self) -> None:
+        """:class:`RuleError` for the first broken rule, if any."""
+        if errors := self.errors:
+            raise RuleError(errors[0])
+
+    def first(self, name: str) -> int | None:
+        """Index of the rule that places ``name`` (the first that matches), None if none does."""
+        hits = self.hits(name)
+        return self.patterns[hits[0]].members[0] if hits else None
+
+    def hits(self, name: str) -> tuple[int, ...]:
+        """Indices (into :attr:`patterns`, ascending) of the patterns that match ``name``."""
+        got = self._hits.get(name)
+        if got is None:
+            with self._lock:
+                got = self._hits.get(name)
+                if got is None:
+                    got = self._hits[name] = self._match(name)
+        return got
+
+    def _match(self, name: str) -> tuple[int, ...]:
+        for u in self._risky:
+            if self.patterns[u].broken is None:
+                self._count_steps(u, name)
+        cands = set(self._always)
+        by_literal = self._by_literal
+        for n in self._lengths:
+            for i in range(len(name) - n + 1):
+                us = by_literal.get(name[i : i + n])
+                if us is not None:
+                    cands.update(us)
+        ps = self.patterns
+        return tuple(u for u in sorted(cands) if ps[u].broken is None and ps[u].regex.search(name))
+
+    def _count_steps(self, u: int, name: str) -> None:
+        p = self.patterns[u]
+        assert p.check.python is not None
+        counter = StepCounter(p.check.python, min(NAME_STEPS, RULE_STEPS - p.steps))
+        label = rule_label(self.rules[p.members[0]])
+        try:
+            counter.search(name)
+        except OverBudget as over:
+            p.broken = _over_budget(label, name, over.deep, counter.state.steps,
+                                    p.steps + counter.state.steps >= RULE_STEPS)
+        p.steps += counter.state.steps
+
+
+def _over_budget(label: str, name: str, deep: bool, steps: int, total: bool) -> str:
+    if deep:
+        return (f"{label}: the pattern backtracks too deep on {name!r} for the planner to evaluate "
+                f"(over {steps:,} steps); llama.cpp's std::regex backtracks the same way and would "
+                "stall or overflow its stack on it")
+    if total:
+        return (f"{label}: the pattern backtracks too much on tensor names (over {RULE_STEPS:,} "
+                "steps over the model's tensors); llama.cpp's std::regex backtracks the same way "
+                "and would stall on it")
+    return (f"{label}: the pattern backtracks catastrophically on tensor names (over "
+            f"{NAME_STEPS:,} steps on {name!r}); llama.cpp's std::regex backtracks the same way "
+            "and would stall or crash on it")
+
+
+@lru_cache(maxsize=8)
+def rule_set(rules: tuple[Override, ...]) -> RuleSet:
+    """The (cached) matcher of these rules."""
+    return RuleSet(rules)
