@@ -2,8 +2,8 @@
 
     python packaging/screenshots.py [--out resources/screenshots]
 
-- default.png: `offload-planner gui --device CUDA0=24GiB --device CUDA1=24GiB --device CPU=512GiB
-  --screenshot ...` on the bundled DeepSeek-V3 demo (the app's own --screenshot, as a user runs it).
+- default.png: `offload-planner gui --screenshot ...`: the bundled DeepSeek-V3 demo as it opens, on
+  its declared demo hardware (the app's own --screenshot, as a user runs it).
 - presets.png: the same window driven through its classes: Presets → All routed experts → CPU, then
   Fill CUDA0 with routed experts from layer 0 and Fill CUDA1 with routed experts from the last
   layer. Prints the command the window exports in every format (the README's Guide quotes it).
@@ -29,10 +29,8 @@ SIZE = (1280, 800)
 
 
 def default_view(out: Path, settings: Path) -> None:
-    cmd = [sys.executable, "-m", "offload_planner", "gui"]
-    for d in DEVICES:
-        cmd += ["--device", d]
-    cmd += ["--screenshot", str(out), "--size", f"{SIZE[0]}x{SIZE[1]}", "--settings", str(settings)]
+    cmd = [sys.executable, "-m", "offload_planner", "gui", "--screenshot", str(out),
+           "--size", f"{SIZE[0]}x{SIZE[1]}", "--settings", str(settings)]
     subprocess.run(cmd, check=True, timeout=180)
 
 
@@ -40,10 +38,11 @@ def presets_view(out: Path, settings: Path) -> None:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtWidgets import QApplication
 
+    from offload_planner.backend import qt_compat
     from offload_planner.core.cmdline import Style
     from offload_planner.core.devices import parse_device_decl
     from offload_planner.core.placement import CPU
-    from offload_planner.ui import command_text, qt_compat
+    from offload_planner.ui import command_text
     from offload_planner.ui.loader import demo_model
     from offload_planner.ui.main_window import MainWindow, SystemInfo
     from offload_planner.ui.settings import Settings

@@ -102,18 +102,19 @@ def test_devices_and_settings_persist(qtbot: QtBot, tmp_path: Path, qwen3moe_pat
     assert "No GPU detected" in win.devices_panel.notice.text() and win.devices_panel.notice.isVisibleTo(win)
     open_and_wait(qtbot, win, qwen3moe_path)
     win.doc.add_device(replace(win.doc.plan.devices.gpus[0], name="CUDA1", total=12 * GiB))
-    win.doc.set_device_margin("CUDA0", 3 * GiB)
+    win.doc.set_device_margin("CUDA1", 3 * GiB)
     win.command_pane.set_format_style("powershell")
     win.close()
 
     again = Settings.at(ini)
     assert again.recent_files == [str(qwen3moe_path.resolve())]
-    assert {d.name: d.total for d in again.virtual_gpus()} == {"CUDA0": 24 * GiB, "CUDA1": 12 * GiB}
-    assert again.margin_of("CUDA0") == 3 * GiB
+    # CUDA0 came from --device: for that session only; CUDA1 was added in the window
+    assert {d.name: d.total for d in again.virtual_gpus()} == {"CUDA1": 12 * GiB}
+    assert again.margin_of("CUDA1") == 3 * GiB
     assert again.get(keys.COMMAND_STYLE) == "powershell"
-    win2 = make_window(qtbot, again, system_info())
+    win2 = make_window(qtbot, again, system_info("CUDA0=8GiB"))
     devices = win2.initial_devices()
-    assert devices.names == ["CUDA0", "CUDA1", "CPU"] and devices.gpus[0].margin == 3 * GiB
+    assert devices.names == ["CUDA0", "CUDA1", "CPU"] and devices.gpus[1].margin == 3 * GiB
     assert win2.command_pane.format_style == "powershell"
     win2.close()
 

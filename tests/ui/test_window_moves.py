@@ -232,3 +232,76 @@ def test_paste_command_rebuilds_the_map_and_lists_rules(
     doc.undo_stack.undo()
     wait_projected(qtbot, window)
     assert doc.plan.context.n_ctx == 32768 and not doc.plan.placement_options.overrides
+
+
+def _drag(widget: QWidget, start: QPoint, target_global: QPoint) -> None:
+    QTest.qWait(50)
+    QTest.mousePress(widget, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, start)
+    QTest.mouseMove(widget, start + QPoint(12, 12))
+    QTest.mouseMove(widget, widget.mapFromGlobal(target_global))
+    QTest.mouseRelease(widget, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier,
+                       widget.mapFromGlobal(target_global))
+
+
+def test_dragging_a_role_header_moves_the_role_in_every_layer(
+    qtbot: QtBot, window: MainWindow, qwen3moe_path: Path
+) -> None:
+    open_and_wait(qtbot, window, qwen3moe_path)
+    view, doc = window.map_view, window.doc
+    grid = doc.grid
+    assert grid is not None
+    col = grid.column_index("exps_down")
+    assert col is not None
+    hh = view.horizontalHeader()
+    start = QPoint(hh.sectionViewportPosition(col) + hh.sectionSize(col) // 2, hh.height() // 2)
+    _drag(hh.viewport(), start, window.devices_panel.view.device_rect_center(CPU))
+    names = [f"blk.{i}.ffn_down_exps.weight" for i in range(4)]
+    assert all(doc.placement.device_of(n) == CPU for n in names)
+    assert doc.undo_stack.count() == 1 and set(doc.plan.moves) == set(names)
+
+
+def test_dragging_a_layer_number_moves_the_layer(
+    qtbot: QtBot, window: MainWindow, qwen3moe_path: Path
+) -> None:
+    open_and_wait(qtbot, window, qwen3moe_path)
+    view, doc, mem = window.map_view, window.doc, window.memory_view
+    grid = doc.grid
+    assert grid is not None
+    row = grid.row_of_layer(2)
+    assert row is not None
+    vh = view.verticalHeader()
+    start = QPoint(vh.width() // 2, vh.sectionViewportPosition(row) + vh.sectionSize(row) // 2)
+    _drag(vh.viewport(), start, mem.mapToGlobal(mem._row_rect(1).center().toPoint()))
+    moved = set(doc.plan.moves)
+    assert moved and all(n.startswith("blk.2.") for n in moved)
+    assert all(doc.placement.device_of(n) == CPU for n in moved)
+    assert doc.undo_stack.count() == 1
+
+
+def test_the_drag_tooltip_counts_what_moves(qtbot: QtBot, window: MainWindow, qwen3moe_path: Path) -> None:
+    open_and_wait(qtbot, window, qwen3moe_path)
+    view, doc = window.map_view, window.doc
+    grid = doc.grid
+    assert grid is not None
+    col = grid.column_index("exps_up")
+    rows = [grid.row_of_layer(i) for i in range(3)]
+    assert col is not None and None not in rows
+    doc.move(["blk.1.ffn_up_exps.weight"], CPU)  # already on the CPU: the drag will not move it
+    view.select_cells([(r, col) for r in rows if r is not None])
+    vp = view.viewport()
+    grab = view.visualRect(view.model().index(rows[0] or 0, col)).center()
+    QTest.mousePress(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, grab)
+    QTest.mouseMove(vp, grab + QPoint(12, 12))
+    QTest.mouseMove(vp, vp.mapFromGlobal(window.devices_panel.view.device_rect_center(CPU)))
+    two = sum(doc.plan.model.tensor(f"blk.{i}.ffn_up_exps.weight").nbytes for i in (0, 2))
+    from offload_planner.core.units import fmt_bytes
+
+    assert view.drag_tip == f"Move 2 tensors ({fmt_bytes(two)}) to <b>CPU</b>"
+    QTest.keyClick(view, Qt.Key.Key_Escape)
+    view.select_cells([(rows[0] or 0, col)])
+    QTest.mousePress(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, grab)
+    QTest.mouseMove(vp, grab + QPoint(12, 12))
+    QTest.mouseMove(vp, vp.mapFromGlobal(window.devices_panel.view.device_rect_center(CPU)))
+    assert view.drag_tip.startswith("Move 1 tensor (")
+    QTest.keyClick(view, Qt.Key.Key_Escape)
+    assert doc.undo_stack.count() == 1

@@ -21,9 +21,10 @@ class Detection:
 
 
 def cpu_device() -> Device:
+    """System RAM with its total as capacity: what is available changes from one second to the
+    next (page cache, other programs), so a plan checked against it would too."""
     vm = psutil.virtual_memory()
-    return Device("CPU", DeviceKind.CPU, vm.total, vm.available, description="system RAM",
-                  source="psutil")
+    return Device("CPU", DeviceKind.CPU, vm.total, None, description="system RAM", source="psutil")
 
 
 def detect_gpus() -> Detection:

@@ -99,9 +99,10 @@ class DeviceMemory:
         """Bytes as llama.cpp reports them (an mmap buffer counts its whole file span)."""
         return sum(b.bytes for b in self.buffers if kind is None or b.kind == kind)
 
-    def resident(self) -> int:
+    def resident(self, kind: str | None = None) -> int:
         """Bytes that take memory: an mmap buffer counts the tensors read from it, not the gaps."""
-        return sum(b.bytes if b.resident is None else b.resident for b in self.buffers)
+        return sum(b.bytes if b.resident is None else b.resident for b in self.buffers
+                   if kind is None or b.kind == kind)
 
     @property
     def weights(self) -> int:

@@ -59,6 +59,23 @@ def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequen
     }
 
 
+def mmap_notes(projection: Projection) -> list[str]:
+    """Per device whose weights are mmap'd with gaps: the bytes read (what the plan counts, in the
+    table and the window's bars) against the file span llama.cpp logs for the mapping."""
+    out = []
+    for dm in projection.devices:
+        mapped = [b for b in dm.buffers if b.resident is not None and b.resident != b.bytes]
+        if mapped:
+            span = sum(b.bytes for b in mapped)
+            read = sum(b.resident or 0 for b in mapped)
+            out.append(
+                f"{dm.device.name} weights count the {read / GiB:.2f} GiB of tensors read from the model "
+                f"file (mmap), not the {span / GiB:.2f} GiB file span llama.cpp logs for the mapping: the "
+                "span includes other devices' tensors, which are never read into RAM"
+            )
+    return out
+
+
 def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],
               command: str, notes: Sequence[str] = (), explain: bool = False) -> str:
     lines = ["device     weights       KV  compute   output    total capacity     left   (GiB)"]
@@ -66,21 +83,13 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
         cap = dm.device.capacity
         left = device_left(dm)
         lines.append(
-            f"{dm.device.name:7}  {_g(dm.weights)}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
-            f"{_g(dm.total())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")
+            f"{dm.device.name:7}  {_g(dm.resident('model'))}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
+            f"{_g(dm.resident())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")
         )
         if explain:
             for b in dm.buffers:
                 lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / 2**20:10.2f} MiB  {b.why}")
-    for dm in projection.devices:
-        mapped = [b for b in dm.buffers if b.resident is not None and b.resident != b.bytes]
-        if mapped:
-            span = sum(b.bytes for b in mapped)
-            read = sum(b.resident or 0 for b in mapped)
-            lines.append(
-                f"{dm.device.name} weights include an mmap file span of {span / GiB:.2f} GiB (what llama.cpp "
-                f"reports); {read / GiB:.2f} GiB of it are tensors read, which is what 'left' counts"
-            )
+    lines += mmap_notes(projection)
     ctx = projection.context
     lines.append(
         f"context: {ctx.n_ctx} cells ({ctx.n_stream} stream(s) of {ctx.n_ctx_seq}), "

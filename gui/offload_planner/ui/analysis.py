@@ -15,6 +15,7 @@ from offload_planner.core.ik import model_errors as ik_model_errors
 from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.plan import Plan, plan_command
+from offload_planner.core.plan_report import mmap_notes
 from offload_planner.ui.device_figures import capacity_warnings
 
 
@@ -28,6 +29,7 @@ class Analysis:
     error: str = ""  # the projection failed: one line for the user
     seconds: float = 0.0
     preliminary: bool = False  # weights/KV/output current; compute, command, problems from before
+    notes: list[str] = field(default_factory=list)  # how figures are counted (mmap span vs read)
 
 
 def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
@@ -43,7 +45,7 @@ def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
                for b in previous.projection.buffers() if b.kind == "compute"]
     projection = project(plan.model, plan.devices, plan.placement(), plan.context, compute=compute)
     return Analysis(plan, projection, previous.command, previous.warnings, previous.rules,
-                    seconds=time.perf_counter() - t0, preliminary=True)
+                    seconds=time.perf_counter() - t0, preliminary=True, notes=previous.notes)
 
 
 def unknown_device_warnings(plan: Plan) -> list[str]:
@@ -93,4 +95,5 @@ def analyse(plan: Plan) -> Analysis:
             error=f"projection failed: {type(e).__name__}: {e} ({where})",
             seconds=time.perf_counter() - t0,
         )
-    return Analysis(plan, projection, command, warnings, rules, seconds=time.perf_counter() - t0)
+    return Analysis(plan, projection, command, warnings, rules, seconds=time.perf_counter() - t0,
+                    notes=mmap_notes(projection))

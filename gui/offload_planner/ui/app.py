@@ -38,6 +38,12 @@ def run_gui(
             file=sys.stderr,
         )
         return 2
+    from offload_planner.backend.qt_libs import check_xcb
+
+    problem = check_xcb()
+    if problem:  # Qt would abort naming one library; say which are missing and how to install them
+        print(f"offload-planner: error: {problem}", file=sys.stderr)
+        return 2
 
     from PySide6.QtCore import Qt, QTimer
     from PySide6.QtGui import QGuiApplication, QIcon

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,6 +127,7 @@ class CommandPane(QWidget):
         self._doc = doc
         self.program = "llama-server"
         self._shown: list[str] = []
+        self.before_replace: Callable[[], bool] = lambda: True
         self.style_box = QComboBox()
         for key, label in command_text.STYLES:
             self.style_box.addItem(label, key)
@@ -175,6 +176,7 @@ class CommandPane(QWidget):
         self.style_box.currentIndexChanged.connect(self._restyle)
         self.multiline.toggled.connect(self._restyle)
         doc.analysisChanged.connect(self.refresh)
+        doc.planChanged.connect(self._show_currency)  # an edit whose projection has not arrived yet
         doc.modelChanged.connect(lambda: self.refresh(highlight=False))
 
     def _restyle(self) -> None:
@@ -215,7 +217,7 @@ class CommandPane(QWidget):
             if highlight and self._shown and argv != self._shown:
                 self._highlight(changed_spans(text, self._shown, argv))
         self._shown = argv
-        self.status.setText(f"projected in {a.seconds * 1000:.0f} ms")
+        self._show_currency()
         self.rules.clear()
         for r in a.rules:
             o = r.override
@@ -233,6 +235,17 @@ class CommandPane(QWidget):
                 )
             self.rules.addTopLevelItem(item)
         self.rules.setVisible(bool(a.rules))
+
+    def _show_currency(self) -> None:
+        """"projected in N ms" once the command is the current plan's; until then "updating…", the
+        text greyed and Copy off (it would copy the command before the edit)."""
+        a = self._doc.analysis
+        current = self._doc.analysis_current
+        if a is None or a.projection is None:
+            return
+        self.status.setText(f"projected in {a.seconds * 1000:.0f} ms" if current else "updating…")
+        self.text.setEnabled(current)
+        self.copy_button.setEnabled(current)
 
     def _highlight(self, spans: list[tuple[int, int]]) -> None:
         fmt = QTextCharFormat()
@@ -260,7 +273,12 @@ class CommandPane(QWidget):
             return
         dlg = PasteCommandDialog(self)
         if dlg.exec() == QDialog.DialogCode.Accepted and dlg.text().strip():
-            self.apply_command_text(dlg.text())
+            self.paste_text(dlg.text())
+
+    def paste_text(self, text: str) -> bool:
+        """Replace the plan with a pasted command, once :attr:`before_replace` agrees (the window
+        asks there about unsaved changes)."""
+        return self.before_replace() and self.apply_command_text(text)
 
     def apply_command_text(self, text: str) -> bool:
         """Rebuild the plan from a command line (one undo step)."""

@@ -4,7 +4,7 @@ editable, each edit one undo step); add and remove virtual GPUs; a drop target f
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
-from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -295,8 +295,9 @@ class DevicePanel(QWidget):
         policy = self.view.sizePolicy()
         policy.setVerticalPolicy(QSizePolicy.Policy.Ignored)
         self.view.setSizePolicy(policy)
-        rows = self.view.verticalHeader().defaultSectionSize()
-        self.view.setMinimumHeight(self.view.horizontalHeader().sizeHint().height() + 3 * rows + 4)
+        self._fit_rows()
+        for sig in (self.model.modelReset, self.model.rowsInserted, self.model.rowsRemoved):
+            sig.connect(self._fit_rows)
         self.notice = QLabel()
         self.notice.setWordWrap(True)
         self.notice.setTextFormat(Qt.TextFormat.RichText)
@@ -321,9 +322,29 @@ class DevicePanel(QWidget):
         self.model.modelReset.connect(self._update_buttons)
         self._update_buttons()
 
+    def _fit_rows(self) -> None:
+        """The list never shows fewer than all its devices."""
+        row = self.view.verticalHeader().defaultSectionSize()
+        n = max(2, self.model.rowCount())
+        self.view.setMinimumHeight(
+            self.view.horizontalHeader().sizeHint().height() + n * row + 2 * self.view.frameWidth() + 2
+        )
+
     def show_notice(self, text: str) -> None:
         self.notice.setText(text)
         self.notice.setVisible(bool(text))
+        self._fit_notice()
+
+    def _fit_notice(self) -> None:
+        """A wrapped label's minimum is one line; make it the wrapped height at its width, so that a
+        short column scrolls (the window's left pane) instead of drawing the notice over the list."""
+        if self.notice.isVisible() or self.notice.text():
+            w = max(self.notice.width(), 100)
+            self.notice.setMinimumHeight(self.notice.heightForWidth(w))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self._fit_notice()
 
     def _selected(self) -> Device | None:
         rows = self.view.selectionModel().selectedRows()

@@ -154,11 +154,11 @@ class PlanDocument(QObject):
     def push(self, command: QUndoCommand) -> None:
         self.undo_stack.push(command)
 
-    def move(self, names: Sequence[str], device: str | None, text: str | None = None) -> bool:
-        """Move tensors to ``device`` (None: back to the command's placement) as one undo step.
-        Returns False when nothing would change."""
+    def moves_for(self, names: Sequence[str], device: str | None) -> dict[str, str | None]:
+        """What moving ``names`` to ``device`` (None: back to the command's placement) changes:
+        tensor -> its move (None: no move left), only for the movable tensors that would change."""
         if not self.has_plan or not names:
-            return False
+            return {}
         base = {p.tensor.name: p.device for p in self.base_placement.items if not p.copy}
         current = {p.tensor.name: p.device for p in self.placement.items if not p.copy}
         moves: dict[str, str | None] = {}
@@ -169,14 +169,21 @@ class PlanDocument(QObject):
             if target == current.get(n) and (device is not None or n not in self.plan.moves):
                 continue
             moves[n] = None if target == base.get(n) else target
+        return moves
+
+    def describe_tensors(self, names: Sequence[str]) -> str:
+        """``1 tensor (1.20 GiB)``, ``58 tensors (138.55 GiB)``."""
+        nbytes = sum(self.plan.model.tensor(n).nbytes for n in names)
+        return f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({fmt_bytes(nbytes)})"
+
+    def move(self, names: Sequence[str], device: str | None, text: str | None = None) -> bool:
+        """Move tensors to ``device`` (None: back to the command's placement) as one undo step.
+        Returns False when nothing would change."""
+        moves = self.moves_for(names, device)
         if not moves:
             return False
-        nbytes = sum(self.plan.model.tensor(n).nbytes for n in moves)
         where = "the command's placement" if device is None else device
-        label = (
-            text
-            or f"Move {len(moves)} tensor{'s' if len(moves) != 1 else ''} ({fmt_bytes(nbytes)}) to {where}"
-        )
+        label = text or f"Move {self.describe_tensors(list(moves))} to {where}"
         self.push(commands.MoveTensors(self, moves, label))
         return True
 
@@ -216,7 +223,8 @@ class PlanDocument(QObject):
         if dev is not None and (dev.total != total or dev.free is not None):
             self.push(
                 commands.SetDevice(
-                    self, dev.name, f"{dev.name} size {fmt_bytes(total)}", total=total, free=None
+                    self, dev.name, f"{dev.name} size {fmt_bytes(total)}", total=total, free=None,
+                    source="declared",
                 )
             )
 

@@ -99,6 +99,9 @@ class LauncherPanel(QWidget):
         self.comparison: Comparison | None = None
         self.explanations: list[Explanation] = []
         self._plan: Plan | None = None
+        #: GPUs that exist on this machine (detected, by name); a declared GPU not among them is
+        #: virtual: the server will not see it.
+        self.detected: frozenset[str] = frozenset()
         self._projection: Projection | None = None
         self._command: list[str] = []
         self._run: tuple[Plan | None, Projection | None, list[str]] | None = None  # what is running
@@ -187,6 +190,10 @@ class LauncherPanel(QWidget):
         self.stale_note.setStyleSheet("color: #8a5a00")
         self.stale_note.setAccessibleName("Plan edited since the launch")
         self.stale_note.hide()
+        self.virtual_note = QLabel()  # before a launch: declared GPUs the server will not see
+        self.virtual_note.setWordWrap(True)
+        self.virtual_note.setStyleSheet("color: #8a5a00")
+        self.virtual_note.hide()
 
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(list(COLUMNS))
@@ -229,12 +236,14 @@ class LauncherPanel(QWidget):
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addLayout(url_row)
-        lay.addWidget(options)
-        lay.addWidget(self.notes)
+        # what went wrong first, right under Launch: the tab shows only its top at 1280x800
+        lay.addWidget(self.virtual_note)
         lay.addWidget(self.speed_label)
         lay.addWidget(self.failures)
+        lay.addWidget(self.notes)
         lay.addWidget(self.stale_note)
         lay.addWidget(self.table, 1)
+        lay.addWidget(options)
 
     # --- the plan -----------------------------------------------------------------------------
 
@@ -242,8 +251,12 @@ class LauncherPanel(QWidget):
         self, plan: Plan | None, projection: Projection | None = None, command: Sequence[str] | None = None
     ) -> None:
         """What Launch starts: the plan's llama-server arguments (no program name) and its projection.
-        A launch in progress keeps the plan it was started with."""
-        self._plan = plan
+        A launch in progress keeps the plan it was started with; explanations of an earlier launch of
+        another model are cleared."""
+        previous, self._plan = self._plan, plan
+        if self._run is None and (plan is None or previous is None or previous.model is not plan.model):
+            self._show_explanations([])
+            self.notes.clear()
         self._projection = projection if projection is not None or plan is None else plan.projection()
         if command is not None:
             self._command = list(command)
@@ -257,7 +270,18 @@ class LauncherPanel(QWidget):
         if self._run is None:
             self._fill_table(self._projection, None, plan)
         self._update_stale_note()
+        self._update_virtual_note()
         self._update_buttons()
+
+    def _update_virtual_note(self) -> None:
+        virtual = self.virtual_devices()
+        names = ", ".join(virtual)
+        self.virtual_note.setText(
+            f"⚠ {names} {'is' if len(virtual) == 1 else 'are'} declared, not on this machine: llama-server "
+            f"will not see {names}, so what the plan puts there goes elsewhere and its figures will not "
+            "match the projection" if virtual else ""
+        )
+        self.virtual_note.setVisible(bool(virtual))
 
     @property
     def table_is_stale(self) -> bool:
@@ -316,6 +340,13 @@ class LauncherPanel(QWidget):
         )
 
     # --- actions ------------------------------------------------------------------------------
+
+    def virtual_devices(self, plan: Plan | None = None) -> list[str]:
+        """GPUs of the plan that are declared but not on this machine (RPC servers are real)."""
+        plan = plan if plan is not None else self._plan
+        if plan is None:
+            return []
+        return [g.name for g in plan.devices.gpus if g.source == "declared" and g.name not in self.detected]
 
     def launch(self) -> bool:
         if self.server.state.active:
@@ -416,6 +447,8 @@ class LauncherPanel(QWidget):
         self.notes.setText(f"{current}\n{text}" if current else text)
 
     def _on_health(self, ok: bool) -> None:
+        if not self.server.state.active:  # a late answer after the server ended
+            return
         if not ok and self.server.state is ServerState.RUNNING:
             self.stage_label.setText("/health does not answer")
         elif ok:
@@ -429,6 +462,9 @@ class LauncherPanel(QWidget):
         plan, projection, _ = self._run or (None, None, [])
         self._fill_table(projection, self.server, plan)
         self._emit_actuals(plan)
+        virtual = self._virtual_explanations(plan)
+        if virtual:
+            self._show_explanations(virtual)
         if plan is not None and projection is not None and self.calibration is not None:
             try:
                 self.calibration.record_launch(
@@ -448,6 +484,14 @@ class LauncherPanel(QWidget):
         self.open_button.setEnabled(False)
         self.bench_button.setEnabled(False)
         self._url = ""
+        self.progress.setValue(0)
+        self.url_label.clear()
+        if outcome.stopped:
+            self.stage_label.setText("stopped")
+        elif outcome.exit_code is not None:
+            self.stage_label.setText(f"exit code {outcome.exit_code}")
+        else:
+            self.stage_label.setText("")
         plan, projection, command = self._run or (None, None, [])
         self._run = None
         if not outcome.reached_running:
@@ -456,7 +500,7 @@ class LauncherPanel(QWidget):
         context = None
         if plan is not None:
             context = PlanContext(plan.model, plan.devices, list(command), plan.dialect, projection)
-        exps = outcome.explain(context)
+        exps = outcome.explain(context) + self._virtual_explanations(plan)
         if outcome.state is ServerState.FAILED or exps:
             ended = Explanation("exit", f"llama-server ended ({outcome.state.value})")
             self._show_explanations(exps or [ended])
@@ -491,6 +535,23 @@ class LauncherPanel(QWidget):
             self.actuals_plan = plan
             self.actualsReady.emit(actual)
 
+    def _virtual_explanations(self, plan: Plan | None) -> list[Explanation]:
+        """After a launch: each declared device the server did not have, and why it does not match."""
+        cmp = self.comparison
+        if plan is None or cmp is None or not cmp.has_actual:
+            return []
+        out = []
+        for name in self.virtual_devices(plan):
+            if name in cmp.devices() and not cmp.device_ok(name):
+                out.append(Explanation(
+                    "virtual",
+                    f"{name} is declared, not on this machine",
+                    f"llama-server had no {name}, so the projection for {name} cannot match what it logged; "
+                    "launch on the machine that has it, or plan without it",
+                    device=None,
+                ))
+        return out
+
     def _show_explanations(self, exps: list[Explanation]) -> None:
         self.explanations = exps
         self.failures.clear()
@@ -502,6 +563,9 @@ class LauncherPanel(QWidget):
                 item.setForeground(QBrush(QColor(183, 28, 28)))
             self.failures.addItem(item)
         self.failures.setVisible(bool(exps))
+        if exps:  # as tall as its lines, so that the rows under it stay in view
+            rows = sum(self.failures.sizeHintForRow(i) for i in range(self.failures.count()))
+            self.failures.setFixedHeight(min(rows + 2 * self.failures.frameWidth() + 4, 180))
         device = next((e.device for e in exps if e.device), "")
         if device:
             self._highlight_device(device)
@@ -563,6 +627,8 @@ class LauncherPanel(QWidget):
             p, a = cmp.device_total(dev)
             ok = cmp.device_ok(dev) if server is not None and cmp.has_actual else None
             mark = "" if ok is None else ("✓" if ok else "✗ outside tolerance")
+            if ok is False and plan is not None and dev in self.virtual_devices(plan):
+                mark = "✗ declared, not on this machine"
             rows.append(
                 (
                     [

@@ -37,8 +37,9 @@ from PySide6.QtWidgets import (
 
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
+from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.devices import Device, DeviceSet, parse_device_decl
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
@@ -71,6 +72,16 @@ from offload_planner.ui.tensor_map_view import TensorMapView
 from offload_planner.ui.ubatch_plot import UbatchPlot
 
 MIN_SIZE = (1280, 800)
+
+#: What the bundled demo opens on when no device is given with --device: hardware it fits on, and
+#: the Guide's first plan (README: routed experts in RAM, the rest on the GPU).
+DEMO_LABEL = "demo hardware (declared)"
+DEMO_HARDWARE = ("CUDA0=24GiB", "CPU=512GiB")
+DEMO_ARGS = ("-c", "32768", "-ngl", "999", "--cpu-moe")
+DEMO_NOTICE = (
+    f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: a 24 GiB GPU, 512 GiB RAM, experts on the CPU "
+    "(--cpu-moe). Open your model to plan for this machine."
+)
 
 
 @dataclass
@@ -109,6 +120,23 @@ def model_summary(model: Model) -> str:
     return "   ·   ".join(p for p in parts if p)
 
 
+def demo_devices(margin: int) -> DeviceSet:
+    """:data:`DEMO_HARDWARE`, each device described as demo hardware."""
+    devs = [replace(parse_device_decl(d), margin=margin) for d in DEMO_HARDWARE]
+    devs = [replace(d, description="demo GPU" if d.is_gpu else "demo RAM") for d in devs]
+    cpu = next(d for d in devs if not d.is_gpu)
+    return DeviceSet(cpu, tuple(d for d in devs if d.is_gpu))
+
+
+def is_demo(model: Model) -> bool:
+    return Path(model.path).resolve() == demo_model().resolve()
+
+
+def demo_plan(model: Model, devices: DeviceSet, dialect: str) -> Plan:
+    """The Guide's first plan: ``-c 32768 -ngl 999 --cpu-moe``."""
+    return plan_from_args(model, devices, parse_server_args(list(DEMO_ARGS), dialect=dialect), dialect)
+
+
 def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -> Plan:
     """What llama-server does for this model with just ``-c``: every layer on the GPUs (if any)."""
     n_ctx = min(default_ctx, model.summary.n_ctx_train) if default_ctx else 0
@@ -125,8 +153,10 @@ class MainWindow(QMainWindow):
         super().__init__(parent)
         self.settings = settings
         self.system = system
-        self.confirm_close = True
+        self.confirm_close = True  # ask before closing or replacing a plan with unsaved changes
         self.allow_remote_plans = False  # fetch a plan file's URL model without asking (--allow-remote)
+        self.on_demo_hardware = False  # the plan's devices are DEMO_HARDWARE, not this machine's
+        self._gpu_notice = ""
         self._load_t0 = 0.0
         self.doc = PlanDocument(self)
         self.loader = ModelLoader(self)
@@ -141,7 +171,9 @@ class MainWindow(QMainWindow):
         if system.detection.message and not system.detection.gpus:
             why = system.detection.message.split(";", 1)[0]
             msg = f"No GPU detected: {why}. Add a virtual GPU to plan for one."
-            self.devices_panel.show_notice(msg)
+            self._gpu_notice = f"No GPU detected: {why.split(' (', 1)[0]}."  # + Virtual GPU… is under it
+            self.devices_panel.notice.setToolTip(msg)
+            self.devices_panel.show_notice(self._gpu_notice)
             self.log(msg)
 
     # --- construction ------------------------------------------------------------------------
@@ -160,12 +192,14 @@ class MainWindow(QMainWindow):
         self.speed_label = SpeedLabel(doc)
         self.command_pane = CommandPane(doc)
         self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
+        self.command_pane.before_replace = lambda: self.confirm_replace("Pasting a command replaces it.")
         self.problems = ProblemsPane(doc)
         self.log_view = LogView()
         self.telemetry = TelemetryView()
         self.launcher = LauncherPanel(calibration=CalibrationStore(),
                                       executable=str(self.settings.get(keys.BACKEND_PATH)))
         self.launcher.attach_views(self.log_view, self.telemetry)
+        self.launcher.detected = frozenset(g.name for g in self.system.detection.gpus)
         doc.analysisChanged.connect(self._plan_to_launcher)
         self.launcher.deviceHighlighted.connect(lambda d: self.memory_view.set_drop_highlight(d or None))
         self.launcher.executableChanged.connect(self.set_backend_path)
@@ -179,7 +213,8 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.telemetry, "Telemetry")
         self.ubatch_plot = UbatchPlot(doc)
         self.tabs.addTab(self.ubatch_plot, "Speed")
-        launch_scroll = QScrollArea()  # the panel's own minimum height must not squeeze the map
+        # the panel's own minimum height must not squeeze the map
+        self.launch_scroll = launch_scroll = QScrollArea()
         launch_scroll.setWidget(self.launcher)
         launch_scroll.setWidgetResizable(True)
         launch_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
@@ -335,9 +370,18 @@ class MainWindow(QMainWindow):
         rl.addWidget(self.memory_view, 1)
         rl.addWidget(self.speed_label)
 
+        # a column too short for both boxes (the ik -mla row, a notice, many devices) scrolls
+        # instead of squeezing the device list until rows are cut off
+        self.left_scroll = QScrollArea()
+        self.left_scroll.setWidget(left)
+        self.left_scroll.setWidgetResizable(True)
+        self.left_scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.left_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.left_scroll.setMinimumWidth(left.minimumSizeHint().width())
+
         self.h_split = QSplitter(Qt.Orientation.Horizontal)
         self.h_split.setObjectName("panes")
-        self.h_split.addWidget(left)
+        self.h_split.addWidget(self.left_scroll)
         self.h_split.addWidget(centre)
         self.h_split.addWidget(right)
         self.h_split.setStretchFactor(1, 1)
@@ -401,9 +445,14 @@ class MainWindow(QMainWindow):
         s.set(keys.COMMAND_STYLE, self.command_pane.format_style)
         s.set(keys.DIALECT, str(self.backend_box.currentData()))
         s.set(keys.SPLIT_ATTENTION, self.act_split_attn.isChecked())
-        if self.doc.has_plan:
-            s.store_devices(list(self.doc.plan.devices))
+        if self.doc.has_plan and not self.on_demo_hardware:  # the demo's devices are not this machine's
+            s.store_devices(list(self.doc.plan.devices), self.session_devices)
         s.sync()
+
+    @property
+    def session_devices(self) -> frozenset[str]:
+        """Devices given with --device: for this session only, never written to the settings."""
+        return frozenset(d.name for d in self.system.declared)
 
     def initial_devices(self) -> DeviceSet:
         s = self.settings
@@ -418,7 +467,7 @@ class MainWindow(QMainWindow):
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
             gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
-        return DeviceSet(cpu, tuple(gpus))
+        return DeviceSet(cpu, tuple(gpus))  # DeviceSet keeps llama.cpp's order
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -437,9 +486,33 @@ class MainWindow(QMainWindow):
         if path:
             self.open_path(path)
 
+    def ask_unsaved(self, consequence: str) -> QMessageBox.StandardButton:
+        """Save, Discard or Cancel (a hook: tests answer it)."""
+        return QMessageBox.question(
+            self,
+            "Save the plan?",
+            f"The plan has changes that are not saved. {consequence}".strip(),
+            QMessageBox.StandardButton.Save
+            | QMessageBox.StandardButton.Discard
+            | QMessageBox.StandardButton.Cancel,
+        )
+
+    def confirm_replace(self, consequence: str) -> bool:
+        """Before the plan is closed or replaced: True to go on (nothing unsaved, saved, or the
+        user discards the changes), False to keep it."""
+        if not self.confirm_close or not self.doc.has_plan or self.doc.undo_stack.isClean():
+            return True
+        answer = self.ask_unsaved(consequence)
+        if answer == QMessageBox.StandardButton.Cancel:
+            return False
+        return answer != QMessageBox.StandardButton.Save or self.save()
+
     def open_path(self, location: str | Path) -> None:
-        """A model (.gguf, any shard, or URL) or a plan file (.json)."""
+        """A model (.gguf, any shard, or URL) or a plan file (.json); asks first if the open plan
+        has unsaved changes."""
         loc = str(location)
+        if not self.confirm_replace(f"Opening {Path(loc).name} replaces it."):
+            return
         if loc.lower().endswith(".json"):
             self.open_plan(loc)
         else:
@@ -494,9 +567,15 @@ class MainWindow(QMainWindow):
             assert isinstance(pf, PlanFile)
             self._open_loaded_plan(model, pf, path)
             return
-        devices = self.doc.plan.devices if self.doc.has_plan else self.initial_devices()
         dialect = str(self.backend_box.currentData())
-        plan = new_plan(model, devices, dialect, int(self.settings.get(keys.DEFAULT_CONTEXT)))
+        if is_demo(model) and not self.system.declared:
+            plan = demo_plan(model, demo_devices(int(self.settings.get(keys.DEFAULT_MARGIN))), dialect)
+            self._set_demo_hardware(True)
+        else:
+            keep = self.doc.has_plan and not self.on_demo_hardware
+            devices = self.doc.plan.devices if keep else self.initial_devices()
+            plan = new_plan(model, devices, dialect, int(self.settings.get(keys.DEFAULT_CONTEXT)))
+            self._set_demo_hardware(False)
         notes = []
         if model.header_only:
             notes.append(
@@ -521,10 +600,15 @@ class MainWindow(QMainWindow):
             )
             box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
             box.open()
+        self._set_demo_hardware(False)
         self.doc.reset(plan, file_path=path, notes=notes)
         self.launcher.review_source = path  # its arguments are shown before the first launch
         self.settings.add_recent(path)
         self.show_message(f"Opened plan {Path(path).name}")
+
+    def _set_demo_hardware(self, on: bool) -> None:
+        self.on_demo_hardware = on
+        self.devices_panel.show_notice(DEMO_NOTICE if on else self._gpu_notice)
 
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
@@ -668,20 +752,9 @@ class MainWindow(QMainWindow):
     # --- closing -----------------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if self.confirm_close and self.doc.has_plan and not self.doc.undo_stack.isClean():
-            answer = QMessageBox.question(
-                self,
-                "Save the plan?",
-                "The plan has changes that are not saved.",
-                QMessageBox.StandardButton.Save
-                | QMessageBox.StandardButton.Discard
-                | QMessageBox.StandardButton.Cancel,
-            )
-            if answer == QMessageBox.StandardButton.Cancel or (
-                answer == QMessageBox.StandardButton.Save and not self.save()
-            ):
-                event.ignore()
-                return
+        if not self.confirm_replace(""):
+            event.ignore()
+            return
         self.save_settings()
         self.launcher.shutdown()  # never leave a server behind
         self.loader.shutdown()

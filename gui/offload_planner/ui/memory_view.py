@@ -134,6 +134,7 @@ class MemoryView(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
         doc.analysisChanged.connect(self.update)
+        doc.analysisChanged.connect(self.updateGeometry)  # the minimum width follows the figures
         doc.planChanged.connect(self.update)  # an edit makes the actual markers stale
         doc.modelChanged.connect(lambda: self.set_actuals({}))
 
@@ -217,7 +218,14 @@ class MemoryView(QWidget):
         return QSize(320, self._top() + n * self._row_height() + 3 * self._line())
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(240, self._top() + 3 * self._row_height())
+        """Wide enough for every row's shortest breakdown and its status: never elided."""
+        need = 240
+        for dm in self._rows():
+            f = DeviceFigures.of(dm)
+            status, status_fm = self._status(f)
+            text_w = self.fontMetrics().horizontalAdvance(breakdown_forms(f)[-1])
+            need = max(need, text_w + status_fm.horizontalAdvance(status) + 4 + 8 + 16 + 2)
+        return QSize(need, self._top() + 3 * self._row_height())
 
     # --- painting ----------------------------------------------------------------------------
 
@@ -368,19 +376,20 @@ class MemoryView(QWidget):
         the breakdown in the longest form that fits the rest."""
         y3 = self._bar_rect(r).bottom() + self._actual_height() + 3
         lh = self._line()
-        if f.over:
-            status = f"+{gib_unit(f.over)} over"
-            bold = QFont(self.font())
-            bold.setBold(True)
-            status_fm = QFontMetrics(bold)
-        else:
-            status = "" if f.left is None else f"{gib_unit(f.left)} left"
-            status_fm = self.fontMetrics()
+        status, status_fm = self._status(f)
         status_w = status_fm.horizontalAdvance(status) + 4
         avail = max(0, int(r.width() - status_w - 8))
         text, form = fit_breakdown(f, self.fontMetrics(), avail)
         status_rect = QRectF(r.right() - status_w, y3, status_w, lh)
         return _BreakdownLine(status, status_rect, text, QRectF(r.left(), y3, avail, lh), form)
+
+    def _status(self, f: DeviceFigures) -> tuple[str, QFontMetrics]:
+        """The end of line 3, "N left" or "+N over" (bold), and the metrics of its font."""
+        if f.over:
+            bold = QFont(self.font())
+            bold.setBold(True)
+            return f"+{gib_unit(f.over)} over", QFontMetrics(bold)
+        return ("" if f.left is None else f"{gib_unit(f.left)} left"), self.fontMetrics()
 
     def _breakdown_lines(self) -> list[_BreakdownLine]:
         rows = self._rows()

@@ -10,6 +10,8 @@ from PySide6.QtWidgets import QListWidget, QListWidgetItem, QStyle, QWidget
 
 from offload_planner.ui.document import PlanDocument
 
+UPDATING = "updating… (the problems below are from before the last edit)"
+
 
 class ProblemsPane(QListWidget):
     countChanged = Signal(int)
@@ -23,6 +25,7 @@ class ProblemsPane(QListWidget):
         doc.analysisChanged.connect(self.refresh)
         doc.modelChanged.connect(self.refresh)
         doc.notesChanged.connect(self.refresh)
+        doc.planChanged.connect(self.refresh)
 
     def problems(self) -> list[tuple[str, str]]:
         """(severity, text): severity is error, warning or note."""
@@ -33,6 +36,8 @@ class ProblemsPane(QListWidget):
         if a is not None:
             out += [("error" if " over capacity" in w else "warning", w) for w in a.warnings]
         out += [("note", n) for n in self._doc.notes]
+        if a is not None:
+            out += [("note", n) for n in a.notes]
         return out
 
     def refresh(self) -> None:
@@ -43,10 +48,15 @@ class ProblemsPane(QListWidget):
             "note": self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxInformation),
         }
         probs = self.problems()
+        current = self._doc.analysis_current or not self._doc.has_plan
+        if not current:
+            self.addItem(QListWidgetItem(UPDATING))
         for sev, text in probs:
             item = QListWidgetItem(icons[sev], text)
             item.setToolTip(f"{sev}: {text}")
-            if sev == "error":
+            if not current:
+                item.setForeground(QColor("#8A8A8A"))
+            elif sev == "error":
                 item.setForeground(QColor("#B00000"))
             self.addItem(item)
         self.countChanged.emit(sum(1 for s, _ in probs if s != "note"))

@@ -32,7 +32,7 @@ RECENT_FILES = Key("files/recent", [], "recently opened models and plans, newest
 VIRTUAL_GPUS = Key("devices/virtual", [], "virtual GPUs: [{name, total, margin}]")
 MARGINS = Key("devices/margins", {}, "per-device safety margin in bytes, by device name")
 DEFAULT_MARGIN = Key("devices/default_margin", 1 * GiB, "margin of devices without their own")
-CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: what psutil reports free)")
+CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: the machine's total RAM)")
 BACKEND_PATH = Key("backend/path", "", "the llama-server executable (for the launcher)")
 DIALECT = Key("backend/dialect", "llama.cpp", "llama.cpp | llama.cpp-2025 | ik_llama.cpp")
 COMMAND_STYLE = Key("command/style", "bash", "format of the command pane")
@@ -134,22 +134,27 @@ class Settings:
             )
         return out
 
-    def store_devices(self, devices: list[Device]) -> None:
-        """Remember virtual GPUs and every device's margin."""
-        self.set(
-            VIRTUAL_GPUS,
-            [
-                {"name": d.name, "total": d.total, "margin": d.margin}
-                for d in devices
-                if d.is_gpu and d.source == "declared" and d.total
-            ],
-        )
+    def store_devices(self, devices: list[Device], session: frozenset[str] = frozenset()) -> None:
+        """Remember virtual GPUs and every device's margin. Devices named in ``session`` (given
+        on the command line for this session, or the demo's hardware) keep what was stored."""
+        session = frozenset(n.lower() for n in session)
+        stored = {str(d.get("name", "")).lower(): d for d in self.get(VIRTUAL_GPUS) if isinstance(d, dict)}
+        virtual: list[dict[str, Any]] = []
+        for d in devices:
+            if not d.is_gpu:
+                continue
+            if d.name.lower() in session:
+                if d.name.lower() in stored:
+                    virtual.append(stored[d.name.lower()])
+            elif d.source == "declared" and d.total:
+                virtual.append({"name": d.name, "total": d.total, "margin": d.margin})
+        self.set(VIRTUAL_GPUS, virtual)
         margins = dict(self.get(MARGINS))
-        margins.update({d.name: d.margin for d in devices})
+        margins.update({d.name: d.margin for d in devices if d.name.lower() not in session})
         self.set(MARGINS, margins)
         cpu = next((d for d in devices if not d.is_gpu), None)
-        if cpu is not None and cpu.free is None and cpu.total:  # declared or set in the Devices list
-            self.set(CPU_SIZE, cpu.total)
+        if cpu is not None and cpu.name.lower() not in session and cpu.source == "declared" and cpu.total:
+            self.set(CPU_SIZE, cpu.total)  # set in the Devices list
 
     def margin_of(self, name: str) -> int:
         m = self.get(MARGINS).get(name)

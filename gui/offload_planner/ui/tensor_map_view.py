@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from PySide6.QtCore import QItemSelection, QItemSelectionModel, QModelIndex, QPoint, Qt, Signal
+from PySide6.QtCore import (
+    QEvent,
+    QItemSelection,
+    QItemSelectionModel,
+    QModelIndex,
+    QObject,
+    QPoint,
+    Qt,
+    Signal,
+)
 from PySide6.QtGui import QContextMenuEvent, QCursor, QKeyEvent, QMouseEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -22,7 +31,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.drop_target import DeviceDropTarget, drop_target_at
 from offload_planner.ui.tensor_map_delegate import TensorCellDelegate
@@ -69,6 +77,9 @@ class TensorMapView(QTableView):
         hh.setSectionResizeMode(QHeaderView.ResizeMode.Fixed)  # see _fit_sections
         hh.setHighlightSections(True)
         self._drag: _Drag | None = None
+        self.drag_tip = ""  # the tooltip of the drag in progress
+        for header in (hh, vh):  # press and drag a layer number or role header: move it all
+            header.viewport().installEventFilter(self)
         self._fit_sections()
         self._model.modelReset.connect(self._fit_sections)
 
@@ -237,6 +248,48 @@ class TensorMapView(QTableView):
             self.selectionModel().setCurrentIndex(d.index, QItemSelectionModel.SelectionFlag.ClearAndSelect)
         event.accept()
 
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """A header section (a layer number or a role) pressed and dragged moves what it selects,
+        as a drag from a selected cell does; a click still selects it."""
+        header = watched.parent() if isinstance(watched, QWidget) else None
+        if not isinstance(header, QHeaderView) or not isinstance(event, QMouseEvent):
+            return super().eventFilter(watched, event)
+        t = event.type()
+        pos = event.position().toPoint()
+        if (t == QEvent.Type.MouseButtonPress and event.button() == Qt.MouseButton.LeftButton
+                and event.modifiers() == Qt.KeyboardModifier.NoModifier and self._doc.has_plan):
+            section = header.logicalIndexAt(pos)
+            if section < 0:
+                return False
+            cells = self._section_cells(header, section)
+            if not set(cells) <= set(self.selected_positions()):
+                self.select_cells(cells)
+            names = self.selected_names()
+            if names:
+                self._drag = _Drag(pos, self._model.index(*cells[0]) if cells else QModelIndex(), names)
+            return True
+        if self._drag is None:
+            return False
+        if t == QEvent.Type.MouseMove:
+            if self._drag.started or (pos - self._drag.press).manhattanLength() >= \
+                    QApplication.startDragDistance():
+                self._drag.started = True
+                self._update_drop(event.globalPosition().toPoint())
+            return True
+        if t == QEvent.Type.MouseButtonRelease:
+            if self._drag.started:
+                self._update_drop(event.globalPosition().toPoint())
+                self._end_drag(drop=True)
+            else:
+                self._drag = None
+            return True
+        return False
+
+    def _section_cells(self, header: QHeaderView, section: int) -> list[tuple[int, int]]:
+        if header.orientation() == Qt.Orientation.Horizontal:
+            return [(r, section) for r in range(self._model.rowCount())]
+        return [(section, c) for c in range(self._model.columnCount())]
+
     def _update_drop(self, global_pos: QPoint) -> None:
         d = self._drag
         assert d is not None
@@ -245,15 +298,18 @@ class TensorMapView(QTableView):
         if d.target is not None and d.target is not target:
             d.target.set_drop_highlight(None)
         d.target, d.device = target, device
-        nbytes = sum(self._doc.plan.model.tensor(n).nbytes for n in d.names)
-        what = f"{len(d.names)} tensors ({fmt_bytes(nbytes)})"
+        doc = self._doc
         if target is not None:
             target.set_drop_highlight(device)
             self.viewport().setCursor(QCursor(Qt.CursorShape.DragMoveCursor))
-            QToolTip.showText(global_pos, f"Move {what} to <b>{device}</b>", self)
+            moving = list(doc.moves_for(d.names, device))  # what would actually change
+            self.drag_tip = (f"Move {doc.describe_tensors(moving)} to <b>{device}</b>" if moving
+                             else f"Already on <b>{device}</b>")
         else:
             self.viewport().setCursor(QCursor(Qt.CursorShape.ForbiddenCursor))
-            QToolTip.showText(global_pos, f"{what}: drop on a device in Devices or Memory", self)
+            movable = [n for n in d.names if doc.plan.movable(n)[0]]
+            self.drag_tip = f"{doc.describe_tensors(movable)}: drop on a device in Devices or Memory"
+        QToolTip.showText(global_pos, self.drag_tip, self)
 
     def _end_drag(self, *, drop: bool) -> None:
         d, self._drag = self._drag, None
