@@ -168,8 +168,8 @@ def small_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _private_config_home(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No test reads or writes the user's config: commands the tests run (``plan``'s RAM probe cache,
-    calibration) use a folder of this session; tests that need their own set it themselves."""
-    if "OFFLOAD_PLANNER_CONFIG_DIR" not in os.environ or os.environ.get("CI", "").lower() == "true":
-        os.environ["OFFLOAD_PLANNER_CONFIG_DIR"] = str(tmp_path_factory.mktemp("config"))
+def _private_config_home() -> None:
+    """Commands the tests run (``plan``'s RAM probe cache, calibration) are told the session's config
+    folder explicitly, the one ``config_dir()`` resolves to under the temporary home; tests that need
+    their own set it themselves."""
+    os.environ["OFFLOAD_PLANNER_CONFIG_DIR"] = str(Path(os.environ["XDG_CONFIG_HOME"]) / "offload-planner")

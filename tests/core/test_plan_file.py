@@ -143,6 +143,7 @@ def test_unknown_fields_from_newer_writers_are_ignored(tmp_path: Path, qwen3moe_
 
 
 def _valid(qwen3moe_path: Path) -> dict[str, Any]:
+    """A plan file with RPC0 (gpus[0], llama.cpp lists RPC servers first) and CUDA0 (gpus[1])."""
     plan = _plan(qwen3moe_path)
     data = plan_json(PlanFile.of(replace(plan, devices=DeviceSet(plan.devices.cpu, (
         *plan.devices.gpus, Device("RPC0", DeviceKind.RPC, 8 << 30, endpoint="127.0.0.1:50052"))))))
@@ -178,17 +179,17 @@ BAD_FIELDS = [
     ("model.fingerprint.file_bytes", -1, "$.model.fingerprint.file_bytes", "out of range"),
     ("model.fingerprint.tensor_table_sha256", "zz", "$.model.fingerprint.tensor_table_sha256", "SHA-256"),
     ("devices.cpu.kind", "CUDA", "$.devices.cpu.kind", "does not match"),
-    ("devices.gpus.0.name", "GPU0", "$.devices.gpus[0].name", "not a device name"),
-    ("devices.gpus.0.name", "CPU", "$.devices.gpus[0].kind", "CUDA does not match the device name CPU"),
-    ("devices.gpus.0", {"name": "CPU", "kind": "CPU"}, "$.devices.gpus[0].name", "CPU cannot be a GPU"),
-    ("devices.gpus.0.total", -5, "$.devices.gpus[0].total", "out of range"),
-    ("devices.gpus.0.total", 1.5, "$.devices.gpus[0].total", "expected an integer"),
-    ("devices.gpus.0.margin", None, "$.devices.gpus[0].margin", "expected an integer"),
-    ("devices.gpus.0.bandwidth_gbs", "fast", "$.devices.gpus[0].bandwidth_gbs", "expected a number"),
-    ("devices.gpus.1.endpoint", "127.0.0.1:99999", "$.devices.gpus[1].endpoint", "HOST:PORT"),
-    ("devices.gpus.1.endpoint", "a,b:1", "$.devices.gpus[1].endpoint", "HOST:PORT"),
-    ("devices.gpus.1.name", "CUDA0", "$.devices.gpus[1].kind", "RPC does not match the device name CUDA0"),
-    ("devices.gpus.1", {"name": "CUDA0", "kind": "CUDA"}, "$.devices.gpus[1].name", "CUDA0 appears twice"),
+    ("devices.gpus.1.name", "GPU0", "$.devices.gpus[1].name", "not a device name"),
+    ("devices.gpus.1.name", "CPU", "$.devices.gpus[1].kind", "CUDA does not match the device name CPU"),
+    ("devices.gpus.1", {"name": "CPU", "kind": "CPU"}, "$.devices.gpus[1].name", "CPU cannot be a GPU"),
+    ("devices.gpus.1.total", -5, "$.devices.gpus[1].total", "out of range"),
+    ("devices.gpus.1.total", 1.5, "$.devices.gpus[1].total", "expected an integer"),
+    ("devices.gpus.1.margin", None, "$.devices.gpus[1].margin", "expected an integer"),
+    ("devices.gpus.1.bandwidth_gbs", "fast", "$.devices.gpus[1].bandwidth_gbs", "expected a number"),
+    ("devices.gpus.0.endpoint", "127.0.0.1:99999", "$.devices.gpus[0].endpoint", "HOST:PORT"),
+    ("devices.gpus.0.endpoint", "a,b:1", "$.devices.gpus[0].endpoint", "HOST:PORT"),
+    ("devices.gpus.0.name", "CUDA0", "$.devices.gpus[0].kind", "RPC does not match the device name CUDA0"),
+    ("devices.gpus.0", {"name": "CUDA0", "kind": "CUDA"}, "$.devices.gpus[1].name", "CUDA0 appears twice"),
     ("placement_options.n_gpu_layers", -1, "$.placement_options.n_gpu_layers", "out of range"),
     ("placement_options.tensor_split", [1, "x"], "$.placement_options.tensor_split[1]", "expected a number"),
     ("placement_options.tensor_split", [-1.0], "$.placement_options.tensor_split[0]", "out of range"),
@@ -234,7 +235,8 @@ def test_the_valid_file_of_these_cases_loads(tmp_path: Path, qwen3moe_path: Path
     p = tmp_path / "good.plan.json"
     p.write_text(json.dumps(_valid(qwen3moe_path)))
     plan, _ = load_plan(p).to_plan(open_model(qwen3moe_path))
-    assert plan.projection().devices and plan.devices.gpus[1].endpoint == "127.0.0.1:50052"
+    # llama.cpp's order: RPC servers before CUDA devices
+    assert plan.projection().devices and plan.devices.gpus[0].endpoint == "127.0.0.1:50052"
 
 
 RAW_CORRUPTIONS = [

@@ -52,6 +52,7 @@ from offload_planner.core.plan_file import (
     save_plan,
 )
 from offload_planner.core.units import fmt_bytes
+from offload_planner.ui import gui_thread_gc
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
 from offload_planner.ui.device_panel import DevicePanel
@@ -151,6 +152,7 @@ class MainWindow(QMainWindow):
 
     def __init__(self, settings: Settings, system: SystemInfo, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        gui_thread_gc.install()  # Qt objects in garbage must never be destroyed by a worker thread
         self.settings = settings
         self.system = system
         self.confirm_close = True  # ask before closing or replacing a plan with unsaved changes
