@@ -44,9 +44,10 @@ def test_collection_happens_on_the_gui_thread_only(qtbot: QtBot, window: MainWin
         cycle = _Cycle()
         ref = weakref.ref(cycle.obj)
         del cycle
-        for _ in range(gc.get_threshold()[0] + 1):  # pass generation 0's threshold
-            _Cycle.__new__(_Cycle)
+        # pass generation 0's threshold with live tracked objects (freed ones lower the count again)
+        alive = [[i] for i in range(2 * gc.get_threshold()[0])]
         qtbot.waitUntil(lambda: ref() is None, timeout=5_000)
+        del alive
         assert threads and set(threads) == {threading.main_thread().ident}
     finally:
         gc.callbacks.remove(seen)
