@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.extra_context import attach
 from offload_planner.core.ik import mla_mode as ik_mla_mode
 from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
+from offload_planner.core.speculative import draft_len, extra_contexts, load_spec, uses_mtp
 
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_2025 = "llama.cpp-2025"
@@ -80,6 +82,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str)
         # ik_llama.cpp has no CPU_REPACK buffer type (it repacks in place with -rtr)
         use_extra_bufts=not _get(args, "no_repack", False) and dialect != IK_LLAMA_CPP,
         output_first=dialect == LLAMA_CPP,
+        load_mtp=uses_mtp(args),  # --spec-type draft-mtp loads the NextN layers (common.cpp load_mtp)
     )
 
 
@@ -113,7 +116,8 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         swa_full=bool(_get(args, "swa_full", False)),
         # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
         # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
-        n_outputs_max=None if dialect == LLAMA_CPP_2025 else min(n_batch, np_),
+        # (x (1 + draft length) with a draft --spec-type: server_output_limits)
+        n_outputs_max=None if dialect == LLAMA_CPP_2025 else min(n_batch, np_ * (1 + draft_len(args))),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=ik_mla_mode(model, _get(args, "mla")) if dialect == IK_LLAMA_CPP else 0,
@@ -127,6 +131,9 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA
     placement = place(model, devices, popts)
     placement.raise_rule_errors()
     projection = project(model, devices, placement, cparams)
+    spec = load_spec(devices, args, dialect)
+    extras = extra_contexts(model, devices, placement, cparams, projection.context, spec)
+    projection = attach(projection, extras)
     from offload_planner.core.diagnostics import plan_warnings
 
     if dialect == LLAMA_CPP_2025 and any(o.buft.upper() == "CPU" for o in popts.overrides) and any(

@@ -20,6 +20,7 @@ from operator import is_not
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA, Buffer
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.extra_context import ExtraContext
 from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
 from offload_planner.core.ik import placed_computed_tensors
@@ -126,6 +127,7 @@ class Projection:
     devices: list[DeviceMemory]  # llama.cpp device order, CPU last
     context: ResolvedContext
     placement: Placement
+    extras: list[ExtraContext] = field(default_factory=list)  # draft/MTP/mmproj, counted in devices
 
     def device(self, name: str) -> DeviceMemory:
         return next(d for d in self.devices if d.device.name == name)
@@ -280,7 +282,8 @@ class _WeightRef:
 
 
 def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
-               devices: DeviceSet) -> list[Buffer]:
+               devices: DeviceSet, cached: range | None = None) -> list[Buffer]:
+    """``cached``: the layers this context caches (default the trunk; an MTP context: the NextN)."""
     s = model.summary
     tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
     v_trans = not p.flash_attn
@@ -312,7 +315,7 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     per_dev: dict[str, int] = defaultdict(int)
     layers: dict[str, int] = defaultdict(int)
     by_name: dict[str, Device] = {}
-    for il in range(n_trunk):
+    for il in range(n_trunk) if cached is None else cached:
         dev_name = placement.layer_device(il) if p.offload_kqv else CPU
         cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
         dev = by_name.get(dev_name)
