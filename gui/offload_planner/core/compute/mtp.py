@@ -1,10 +1,11 @@
 """The MTP context's compute buffers: the NextN block's graph (``LLM_GRAPH_TYPE_DECODER_MTP``),
 reserved as ``sched_reserve`` reserves the main graph (:mod:`.simulate`).
 
-GLM-4.5 (``src/models/glm4-moe.cpp``, ``graph_mtp``): the token rows of ``nextn.embed_tokens`` (else
-``token_embd``) and the main model's hidden state (``mtp_h_input``), each RMS-normed, concatenated
-and projected by ``nextn.eh_proj``; one attention + MoE block over the MTP context's own KV of the
-NextN layer; ``shared_head_norm`` (kept: ``t_h_nextn``), the output rows and ``shared_head_head``.
+GLM-4.5 (``src/models/glm4-moe.cpp``) and DeepSeek-V3 (``deepseek2.cpp``, MLA), ``graph_mtp``: the
+token rows of ``nextn.embed_tokens`` (else ``token_embd``) and the main model's hidden state
+(``mtp_h_input``), each RMS-normed, concatenated and projected by ``nextn.eh_proj``; one attention +
+MoE (+ shared expert) block over the MTP context's own KV of the NextN layer; ``shared_head_norm``
+(kept: ``t_h_nextn``), the output rows and ``shared_head_head``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
-from offload_planner.core.compute.archs import _dense_lead_or_shared_moe
+from offload_planner.core.compute.archs import dense_lead_or_shared_moe, mla_attention
 from offload_planner.core.compute.ggml import (
     F32,
     I32,
     OUTPUT,
+    T,
     concat,
     dup_op,
     get_rows,
@@ -42,18 +44,45 @@ if TYPE_CHECKING:
     from offload_planner.core.placement import Placement
 
 
-def _glm4moe_mtp(b: Builder) -> None:
-    sh = b.sh
-    il, n = sh.n_layer, b.n_tokens  # the first NextN block follows the trunk
+def _mtp_input(b: Builder, il: int, *, k_only: bool = False) -> T:
+    """Token rows and the main model's hidden state, normed, concatenated and projected."""
+    n = b.n_tokens
     tokens = input_tensor(I32, [n], "inp_tokens")
     tok = get_rows(b.lw(il, "nextn.embed_tokens.weight") or b.req("token_embd.weight"), tokens)
-    h = input_tensor(F32, [sh.n_embd, n], "mtp_h_input")
+    h = input_tensor(F32, [b.sh.n_embd, n], "mtp_h_input")
     b.build_inp_pos()
     b.build_out_ids()
-    b.build_inp_attn()
+    b.build_inp_attn(k_only=k_only)
     h_norm = b.norm(h, b.lw(il, "nextn.hnorm.weight"), il)
     e_norm = b.norm(tok, b.lw(il, "nextn.enorm.weight"), il)
-    cur = mul_mat(b.req(f"blk.{il}.nextn.eh_proj.weight"), concat(e_norm, h_norm, 0))
+    return mul_mat(b.req(f"blk.{il}.nextn.eh_proj.weight"), concat(e_norm, h_norm, 0))
+
+
+def _mtp_head(b: Builder, il: int, cur: T) -> None:
+    """``shared_head_norm`` (kept as ``t_h_nextn``), the output rows, ``shared_head_head``."""
+    cur = b.norm(cur, b.lw(il, "nextn.shared_head_norm.weight") or b.w("output_norm.weight"), -1)
+    cur.flags |= OUTPUT  # t_h_nextn
+    (cur,) = b.out_rows(cur)
+    cur = mul_mat(b.lw(il, "nextn.shared_head_head.weight") or b.req("output.weight"), cur)
+    cur.flags |= OUTPUT
+    b.g.expand(cur)
+
+
+def _deepseek2_mtp(b: Builder) -> None:
+    il = b.sh.n_layer  # the first NextN block follows the trunk
+    cur = _mtp_input(b, il, k_only=True)
+    inp_sa = cur
+    cur = mla_attention(b, il, b.norm(cur, b.lw(il, "attn_norm.weight"), il))
+    ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
+    cur = b.norm(ffn_inp, b.lw(il, "ffn_norm.weight"), il)
+    cur = dense_lead_or_shared_moe(b, il, cur)
+    _mtp_head(b, il, dup_op(cur, "ADD", cur, ffn_inp))
+
+
+def _glm4moe_mtp(b: Builder) -> None:
+    sh = b.sh
+    il = sh.n_layer  # the first NextN block follows the trunk
+    cur = _mtp_input(b, il)
     inp_sa = cur
     cur = b.norm(cur, b.lw(il, "attn_norm.weight"), il)
     q, k, v = b.qkv(il, cur, sh.head_v)
@@ -65,17 +94,11 @@ def _glm4moe_mtp(b: Builder) -> None:
     cur = b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v)
     ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
     cur = b.norm(ffn_inp, b.lw(il, "post_attention_norm.weight"), il)
-    cur = _dense_lead_or_shared_moe(b, il, cur)
-    cur = dup_op(cur, "ADD", cur, ffn_inp)
-    cur = b.norm(cur, b.lw(il, "nextn.shared_head_norm.weight") or b.w("output_norm.weight"), -1)
-    cur.flags |= OUTPUT  # t_h_nextn
-    (cur,) = b.out_rows(cur)
-    cur = mul_mat(b.lw(il, "nextn.shared_head_head.weight") or b.req("output.weight"), cur)
-    cur.flags |= OUTPUT
-    b.g.expand(cur)
+    cur = dense_lead_or_shared_moe(b, il, cur)
+    _mtp_head(b, il, dup_op(cur, "ADD", cur, ffn_inp))
 
 
-MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {"glm4moe": _glm4moe_mtp}
+MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {"glm4moe": _glm4moe_mtp, "deepseek2": _deepseek2_mtp}
 
 
 def mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,

@@ -246,6 +246,12 @@ SMALL_MODELS: dict[str, ModelSpec] = {
     ),
 }
 
+# DeepSeek-V3 as published: the trunk plus one NextN/MTP block (block_count = trunk + 1), which
+# llama-server loads with --spec-type draft-mtp
+SMALL_MODELS["deepseek2-mtp"] = replace(
+    SMALL_MODELS["deepseek2"], name="synth-deepseek2-mtp", n_layer=5, n_nextn=1
+)
+
 # --- real shapes, header-only ----------------------------------------------------------------
 
 _DEEPSEEK_V3 = ModelSpec(
