@@ -251,6 +251,8 @@ SMALL_MODELS: dict[str, ModelSpec] = {
 SMALL_MODELS["deepseek2-mtp"] = replace(
     SMALL_MODELS["deepseek2"], name="synth-deepseek2-mtp", n_layer=5, n_nextn=1
 )
+# A speculative-decoding draft for "llama": the same vocabulary, fewer layers (llama-server -md)
+SMALL_MODELS["llama-draft"] = replace(SMALL_MODELS["llama"], name="synth-llama-draft", n_layer=2)
 
 # --- real shapes, header-only ----------------------------------------------------------------
 
