@@ -131,7 +131,7 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA
     placement = place(model, devices, popts)
     placement.raise_rule_errors()
     projection = project(model, devices, placement, cparams)
-    spec = load_spec(devices, args, dialect)
+    spec = load_spec(devices, args, dialect, placement_options)
     extras = extra_contexts(model, devices, placement, cparams, projection.context, spec)
     projection = attach(projection, extras)
     from offload_planner.core.diagnostics import plan_warnings

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.extra_context import attach
 from offload_planner.core.ik import IK_DEFAULT_MLA
 from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.memory import ContextParams, Projection, project
@@ -27,6 +28,7 @@ from offload_planner.core.placement import (
     device_buft,
     place,
 )
+from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
 
 
 def _dedupe_tied_copy(items: list[Placed]) -> list[Placed]:
@@ -61,6 +63,7 @@ class Plan:
     dialect: str = "llama.cpp"
     moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
+    spec: SpecSettings | None = None  # a draft model / the MTP context (core.speculative)
 
     def base_placement(self) -> Placement:
         """What the command-line settings alone place (cached: plans differ mostly in moves)."""
@@ -90,7 +93,12 @@ class Plan:
         return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
 
     def projection(self) -> Projection:
-        return project(self.model, self.devices, self.placement(), self.context)
+        placement = self.placement()
+        proj = project(self.model, self.devices, placement, self.context)
+        if self.spec is None or not self.spec.active:
+            return proj
+        return attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
+                                           proj.context, self.spec))
 
     def with_moves(self, moves: dict[str, str]) -> Plan:
         merged = dict(self.moves)
@@ -143,7 +151,8 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: str = "
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
-    return Plan(model, devices, popts, cparams, dialect, extra_args=extra)
+    spec = load_spec(devices, args, dialect, placement_options)
+    return Plan(model, devices, popts, cparams, dialect, extra_args=extra, spec=spec)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:

@@ -18,6 +18,7 @@ From the pinned build's ``common/speculative.cpp`` (``common_base_params_to_spec
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,11 +94,14 @@ def draft_devices(devices: DeviceSet, names: list[str] | None) -> DeviceSet:
     return DeviceSet(devices.cpu, gpus, reported_order=True)
 
 
-def spec_settings(devices: DeviceSet, args: Any, dialect: str,
+#: ``engine.placement_options``: the draft's placement from its own arguments (passed in: the engine
+#: imports this module)
+PlacementOf = Callable[[Model, DeviceSet, Any, str], PlacementOptions]
+
+
+def spec_settings(devices: DeviceSet, args: Any, dialect: str, placement_options: PlacementOf,
                   draft_model: Model | None = None) -> SpecSettings:
     """Resolve the speculative flags; ``draft_model`` is the opened ``-md`` file (None: no draft)."""
-    from offload_planner.core.engine import placement_options
-
     d = _draft_args(args)
     if d is None:
         return SpecSettings()
@@ -142,13 +146,27 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
     return ExtraContext(MTP, label, tagged(MTP, bufs), shares_model=True)
 
 
-def load_spec(devices: DeviceSet, args: Any, dialect: str) -> SpecSettings:
+def load_spec(devices: DeviceSet, args: Any, dialect: str, placement_options: PlacementOf) -> SpecSettings:
     """:func:`spec_settings` with the ``-md`` file opened (a :class:`GGUFError` names a bad one)."""
     from offload_planner.core.gguf_reader import open_model
 
     d = _draft_args(args)
     draft = open_model(d.model) if d is not None and d.model else None
-    return spec_settings(devices, args, dialect, draft)
+    return spec_settings(devices, args, dialect, placement_options, draft)
+
+
+def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: str,
+                   placement_options: PlacementOf) -> tuple[SpecSettings | None, list[str]]:
+    """The speculative settings of kept flags (a saved plan's), and a note when the draft model cannot
+    be read (the plan then projects the main model only)."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.errors import PlannerError
+
+    parsed = parse_server_args(argv, dialect=dialect)
+    try:
+        return load_spec(devices, parsed, dialect, placement_options), []
+    except PlannerError as e:
+        return None, [f"draft model not projected: {e}"]
 
 
 def extra_contexts(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
