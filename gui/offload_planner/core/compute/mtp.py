@@ -102,9 +102,10 @@ MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {"glm4moe": _glm4moe_mtp, "de
 
 
 def mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-                        p: ContextParams) -> list[Buffer]:
+                        p: ContextParams, *, no_alloc: bool = False) -> list[Buffer]:
     """One compute buffer per backend the MTP graph uses (the larger of its prompt and one-token
-    reserves); none for an architecture without an MTP graph here (:data:`MTP_GRAPHS`)."""
+    reserves; ``no_alloc``: the dry run's prompt reserve, as ``--fit`` measures it); none for an
+    architecture without an MTP graph here (:data:`MTP_GRAPHS`)."""
     arch_fn = MTP_GRAPHS.get(model.arch)
     if arch_fn is None:
         return []
@@ -112,9 +113,10 @@ def mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, 
     n_copies = N_COPIES_PIPELINE if pipeline_parallel(devices, placement, p) else 1
     kv_dev: Callable[[int], str] = (placement.layer_device if p.offload_kqv else (lambda il: "CPU"))
     weights = weight_factory(model, placement)
+    shapes = reserve_shapes(model, ctx, p, full_offload(placement))
     reserves = [reserve(sh, arch_fn, backends, n_copies, weights, placement.layer_device, kv_dev,
-                        op_offload=p.op_offload)
-                for sh in reserve_shapes(model, ctx, p, full_offload(placement))]
+                        no_alloc=no_alloc, op_offload=p.op_offload)
+                for sh in (shapes[:1] if no_alloc else shapes)]
     sizes = [max(r.sizes[i] for r in reserves) for i in range(len(backends))]
     return [Buffer(be.name, be.buft, "compute", size,
                    f"MTP graph (NextN block {model.summary.n_layer_trunk}): peak at "
