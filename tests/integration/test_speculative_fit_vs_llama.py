@@ -36,7 +36,7 @@ KINDS = ("model", "kv", "output", "compute")
 CASES: list[tuple[str, int, str]] = [
     ("glm4moe", 30, "--spec-type draft-mtp"),
     ("glm4moe", 34, "--spec-type draft-mtp -fa off"),
-    ("deepseek2-mtp", 40, "--spec-type draft-mtp"),
+    ("deepseek2-mtp", 30, "--spec-type draft-mtp"),
     ("llama", 20, "-md DRAFT"),
     ("llama", 26, "-md DRAFT -ctkd q8_0 -ctvd q8_0"),
 ]
