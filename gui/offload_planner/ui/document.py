@@ -15,13 +15,13 @@ from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from offload_planner.backend import qt_compat
 from offload_planner.core.devices import Device
-from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.placement import CPU, Placement, place
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import commands, plan_edits
 from offload_planner.ui.analysis import Analysis, quick_analysis
 from offload_planner.ui.projector import Projector
-from offload_planner.ui.tensor_grid import Column, Row, TensorGrid, build_grid, layout
+from offload_planner.ui.tensor_grid import Column, Row, TensorGrid, build_grid, layout, with_draft_rows
 
 qt_compat.apply()  # PySide6 6.12.0 on Python 3.11: see qt_compat
 
@@ -141,6 +141,10 @@ class PlanDocument(QObject):
     def _build_grid(self, plan: Plan) -> None:
         movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
         self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout)
+        draft = plan.spec.draft if plan.spec is not None else None
+        if draft is not None:  # a speculative-decoding draft model: its own rows below
+            self._grid = with_draft_rows(self._grid, draft.model,
+                                         place(draft.model, draft.devices, draft.placement_options))
 
     def _on_analysis(self, analysis: Analysis) -> None:
         self._analysis = analysis

@@ -255,3 +255,27 @@ def build_grid(
         moved = p.device != base_dev.get((p.tensor.name, p.copy))
         buckets.setdefault((r, c), []).append(CellItem(p, moved, ok, why))
     return TensorGrid(rows, columns, {k: Cell(tuple(v)) for k, v in buckets.items()})
+
+
+DRAFT_PREFIX = "draft:"  # row keys of a draft model's rows: "draft:embd", "draft:blk.N", "draft:output"
+DRAFT_FIXED = ("draft model: placed by its own flags (-ngld, -devd, -otd/-cmoed/-ncmoed); "
+               "edit them in the command")
+
+
+def with_draft_rows(grid: TensorGrid, model: Model, placement: Placement) -> TensorGrid:
+    """The grid with a speculative-decoding draft model's tensors as rows of their own below the main
+    model's (same columns; a role the main model lacks adds its column)."""
+    keys = {c.key for c in grid.columns}
+    present = {_COLUMN_OF_ROLE[t.role] for t in model.tensors}
+    columns = list(grid.columns) + [c for c in COLUMNS if c.key in present and c.key not in keys]
+    d_rows, _ = layout(model)
+    rows = list(grid.rows) + [Row(DRAFT_PREFIX + r.key, f"draft {r.label}", None) for r in d_rows]
+    row_idx = {r.key: i for i, r in enumerate(rows)}
+    col_idx = {c.key: i for i, c in enumerate(columns)}
+    buckets: dict[tuple[int, int], list[CellItem]] = {}
+    for p in placement.items:
+        pos = (row_idx[DRAFT_PREFIX + _row_key(p, model.summary.n_layer)], col_idx[_column_key(p, col_idx)])
+        buckets.setdefault(pos, []).append(CellItem(p, False, False, DRAFT_FIXED))
+    cells = dict(grid.cells)
+    cells.update({k: Cell(tuple(v)) for k, v in buckets.items()})
+    return TensorGrid(rows, columns, cells)
