@@ -73,6 +73,7 @@ class Recipe:
     kv: dict[str, Any] = field(default_factory=dict)  # extra <arch>.* keys (e.g. use_parallel_residual)
     gpu_mib: tuple[int, ...] = ()  # memory of the logged GPUs when the log prints no free memory
     drop_flags: tuple[str, ...] = ()  # value-less flags of the log's build the dialect no longer has
+    output_first: bool = False  # the file lists output.weight before the token embedding (HF lm_head first)
 
 
 def _int(h: dict[str, str], key: str, default: int = 0) -> int:
@@ -101,7 +102,7 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
         n_rot=_int(h, "n_rot") or None, n_expert=_int(h, "n_expert"), n_expert_used=_int(h, "n_expert_used"),
         n_ff_exp=_int(h, "n_ff_exp"), rope_freq_base=float(h.get("freq_base_train", "10000")), rms_eps=eps,
         tokenizer=TokenizerSpec(TokenizerKind.BPE, _int(h, "n_vocab"), n_merges=_int(h, "n_merges")),
-        quant=mix, extra_kv=recipe.kv, qk_norm=arch in QK_NORM_ARCHS,
+        quant=mix, extra_kv=recipe.kv, qk_norm=arch in QK_NORM_ARCHS, output_first=recipe.output_first,
     )
 
 
@@ -149,10 +150,10 @@ def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
 
 
 def devices_of(record: dict[str, Any], sibling_log: str = "", gpu_mib: tuple[int, ...] = ()) -> DeviceSet:
-    """The logged CUDA devices with their logged free memory (from a sibling run of the same CI job
-    on the same GPU when this excerpt does not print it, else the cards' memory)."""
-    free = log_free_mib(record["log"]) or log_free_mib(sibling_log) or {
-        f"CUDA{i}": mib for i, mib in enumerate(gpu_mib)}
+    """The logged CUDA devices with their logged free memory (else the cards' memory the recipe
+    states, else the free memory a sibling run of the same CI job on the same GPU printed)."""
+    free = log_free_mib(record["log"]) or {f"CUDA{i}": mib for i, mib in enumerate(gpu_mib)} or log_free_mib(
+        sibling_log)
     assert len(free) == max(len(record["gpus"]), 1), (record["id"], free)
     gpus = tuple(Device(name, DeviceKind.CUDA, total=mib * MiB, free=mib * MiB) for name, mib in free.items())
     return DeviceSet(Device("CPU", DeviceKind.CPU, total=256 << 30, free=256 << 30), gpus)
