@@ -40,7 +40,8 @@ _META_RE = re.compile(r"(?:print_info|llm_load_print_meta):\s+(\w+)\s+=\s+(\S+)"
 _KV_RE = re.compile(r"llama_model_loader: - kv\s+\d+:\s+([\w.]+)\s+\S+\s+=\s+(\S+)")
 _TYPE_RE = re.compile(r"llama_model_loader: - type\s+(\w+):\s+(\d+) tensors")
 _FREE_RE = re.compile(r"using device (CUDA\d+) \((.*?)\) - (\d+) MiB free")
-QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
+QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe", "gemma3"})
+TIED_ARCHS = frozenset({"gemma3"})  # no output.weight: the token embedding doubles as the output
 BIAS_ARCHS = frozenset({"gpt-oss"})  # q/k/v/o biases
 _FTYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q6_k": 18}
 
@@ -101,6 +102,7 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
         yarn = RopeScaling("yarn", 1 / float(h.get("freq_scale_train", "1")), _int(h, "n_ctx_orig_yarn"))
     return ModelSpec(
         name=record["model"]["name"], arch=arch, sliding_window=_int(h, "n_swa"),
+        sliding_window_pattern=_int(h, "n_swa_pattern") or None, tied_embeddings=arch in TIED_ARCHS,
         attn_bias=arch in BIAS_ARCHS, rope_scaling=yarn, n_layer=_int(h, "n_layer"), n_embd=n_embd,
         n_head=n_head, n_head_kv=_int(h, "n_head_kv", n_head), n_ctx_train=_int(h, "n_ctx_train"),
         n_ff=_int(h, "n_ff"), head_dim_k=head_k, head_dim_v=_int(h, "n_embd_head_v") or head_k,
