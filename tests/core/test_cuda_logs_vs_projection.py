@@ -200,9 +200,9 @@ for _rid in ("ik3748-qwen3-235b-q4km-2x5090-ot-q8kv-64k-ub4096",
     EXPLAINED[(_rid, "compute", "CUDA0")] = _IK_2025_OPOFF
 
 EXPLAINED[("ik-gemma3-27b-q4km-a6000-fa-32k", "host compute", "CUDA_Host")] = (
-    "ik_llama.cpp of April 2025 built its two KQ masks (global and SWA) in f32: 138.51 = 2 x 32768 x 512 x 4 B "
-    "+ 10.51; current ik builds them in f16 (74.51 = 2 x 32 MiB + 10.51, as projected); the same dated rule as "
-    "the June-2025 Qwen3 logs (1088.05 / 128.05)")
+    "ik_llama.cpp of April 2025 built its two KQ masks (global and SWA) in f32: 138.51 = 2 x 32768 x 512 "
+    "x 4 B + 10.51; current ik builds them in f16 (74.51 = 2 x 32 MiB + 10.51, as projected); the same "
+    "dated rule as the June-2025 Qwen3 logs (1088.05 / 128.05)")
 
 #: Records within tolerance per kind, as measured (the ratchet: a regression fails).
 MEASURED: dict[str, int] = {"model": 15, "kv": 26, "output": 24, "compute": 20, "host compute": 7}
