@@ -296,3 +296,15 @@ def test_explain_names_both_rules_where_2025_builds_differ(tmp_path: Path) -> No
     parsed = parse_server_args(server_argv(record, recipe), dialect=recipe.dialect)
     result = run_engine(model, devices_of(record), parsed, recipe.dialect)
     assert any("two rules for -ot ...=CPU" in n and "CUDA_Host" in n for n in result.notes)
+
+
+def test_explain_names_the_dated_ik_mask_rule(tmp_path: Path) -> None:
+    """ik's CUDA logs of April-June 2025 hold f32 KQ masks (the gemma3 log: 138.51 MiB = two 64 MiB masks +
+    10.51), current ik f16 ones: the host compute buffer's explanation gives both rules and the 64 MiB."""
+    record, h, recipe = _one("ik-gemma3-27b-q4km-a6000-fa-32k", tmp_path)
+    _, projection = project_record(record, h, recipe, tmp_path)
+    host = next(b for b in projection.buffers() if b.kind == "compute" and b.device == "CPU")
+    assert host.name == "CUDA_Host" and round(host.bytes / 2**20, 2) == 74.51
+    assert "ik of 2025 held the KQ masks in f32, 64.00 MiB more here" in host.why
+    assert round(host.bytes / 2**20 + 64, 2) == next(
+        b["mib"] for b in record["buffers"] if b["device"] == "CUDA_Host" and b["kind"] == "compute")

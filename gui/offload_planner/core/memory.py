@@ -384,6 +384,20 @@ def _ik_buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv
             b.name = host
 
 
+def _ik_dated_mask_note(bufs: list[Buffer], ctx: ResolvedContext, p: ContextParams, swa: bool) -> None:
+    """Two rules by build date for ik's host compute buffer with flash attention and standard attention: ik
+    builds of 2025 (public CUDA logs of April-June 2025) held the KQ mask(s) in f32, current ik (2026 logs)
+    in f16 as simulated."""
+    if not p.flash_attn:
+        return
+    extra = (2 if swa else 1) * ctx.n_ctx_seq * ctx.n_ubatch * 2
+    for b in bufs:
+        if b.kind == "compute" and b.device == CPU:
+            b.why += (f"; two rules by build: ik of 2025 held the KQ mask{'s' if swa else ''} in f32, "
+                      f"{extra / (1 << 20):.2f} MiB more here (its CUDA logs of April-June 2025); current ik "
+                      "builds f16 masks, as simulated")
+
+
 def _ik_host_buffers(bufs: list[Buffer]) -> None:
     """ik_llama.cpp's plain CPU buffers (KV, output, weights without mmap, computed MLA tensors)."""
     for b in bufs:
@@ -417,6 +431,8 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
 
         bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
                 and IK_COMPUTE_NOTE not in b.why and not b.why.startswith(IK_SIMULATED) else b for b in bufs]
+        if not ik_uses_mla(model):  # ik's MLA logs of May 2025 already match the f16 mask (issue 455: 176.01)
+            _ik_dated_mask_note(bufs, ctx, p, s.has_swa)
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)
