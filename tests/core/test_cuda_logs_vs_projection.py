@@ -137,7 +137,7 @@ _OT_CPU = ("before b6050 (PR 14990) -ot ...=CPU gave the plain CPU buffer type: 
 _BLAS = ("this build has a second host backend (BLAS: an ACCEL device whose default buffer type is CPU): "
          "it takes the host MUL_MATs, so its logits/activations sit in a 'CPU compute' buffer and are not "
          "offloaded; the planner models no BLAS backend")
-_IK_2025_OT = ("ik_llama.cpp of May 2025 gave -ot ...=CPU the plain CPU buffer type (token embedding "
+_IK_2025_OT = ("ik_llama.cpp of May-June 2025 gave -ot ...=CPU the plain CPU buffer type (token embedding "
                "alone in CUDA_Host); current ik maps a host override to llama_default_buffer_type_cpu(true), "
                "the CUDA_Host buffer (src/llama-load-tensors.cpp), as projected: the same bytes, summed")
 _IK_2025_OFFLOAD = ("ik_llama.cpp of May 2025 did not offload the host MoE ops at -ub 512 (CUDA0 144 MiB, "
