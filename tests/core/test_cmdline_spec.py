@@ -138,3 +138,25 @@ def test_2025_draft_max_sets_the_length() -> None:
     parsed = parse_server_args(["--draft-max", "8", "-cd", "4096"], dialect=Dialect.LLAMA_CPP_2025)
     assert not parsed.errors
     assert (parsed.args.draft.n_max, parsed.args.draft.ctx_size) == (8, 4096)
+
+
+def test_mtp_without_nextn_layers_is_refused_as_the_server_logs(small_models: dict[str, Path],
+                                                                 llama_server: Path) -> None:
+    """llama-server exits at load; the plan warns with its log line (checked against the binary)."""
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.engine import run_engine
+    from offload_planner.core.gguf_reader import open_model
+
+    model = open_model(small_models["llama"])
+    result = run_engine(model, DeviceSet(Device("CPU", DeviceKind.CPU)),
+                        parse_server_args(["--spec-type", "draft-mtp", "-c", "512"]))
+    assert result.projection.extras == []
+    (warning,) = [w for w in result.warnings if "MTP" in w]
+    out = subprocess.run([str(llama_server), "-m", str(small_models["llama"]), "--spec-type", "draft-mtp",
+                          "-c", "512", "--port", "0", "--no-warmup", "-fit", "off"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    for quoted in ("context type MTP requested but model doesn't contain MTP layers",
+                   "failed to create MTP context"):
+        assert quoted in warning and quoted in log

@@ -17,7 +17,7 @@ from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warning
 from offload_planner.core.memory import ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
-from offload_planner.core.speculative import draft_len, extra_contexts, load_spec, uses_mtp
+from offload_planner.core.speculative import draft_len, extra_contexts, load_spec, spec_refusals, uses_mtp
 
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_2025 = "llama.cpp-2025"
@@ -142,7 +142,7 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA
                      "weights take the CPU list's first buffer type (the GPU's host buffer, "
                      f"{'CUDA_Host' if not popts.use_mmap else 'CPU_Mapped with mmap'}), as projected; "
                      "earlier builds use the plain CPU buffer type (logged as CPU, or CPU_Mapped with mmap)")
-    warnings = plan_warnings(projection, popts.overrides)
+    warnings = spec_refusals(model, spec) + plan_warnings(projection, popts.overrides)
     if dialect == IK_LLAMA_CPP:
         warnings = ik_split_mode_warnings(model, popts.split_mode, len(devices.gpus)) + warnings
     return EngineResult(projection, popts, cparams, warnings, notes)

@@ -169,6 +169,15 @@ def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: str,
         return None, [f"draft model not projected: {e}"]
 
 
+def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
+    """What llama-server refuses at load about speculative decoding on this model (its log lines)."""
+    if spec is not None and spec.mtp and spec.draft is None and not model.summary.n_nextn:
+        return ["llama-server exits at load: llama_init_from_model: context type MTP requested but model "
+                "doesn't contain MTP layers; failed to create MTP context (--spec-type draft-mtp needs "
+                "NextN layers, nextn_predict_layers = 0 in this file)"]
+    return []
+
+
 def extra_contexts(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
                    ctx: ResolvedContext, spec: SpecSettings | None) -> list[ExtraContext]:
     """The contexts speculative decoding adds, in the order the server creates them."""
