@@ -44,6 +44,8 @@ CASES: list[tuple[str, int, str]] = [
     ("llama", 2, f"{DRAFT_ARGS} -ngld 1 --spec-type draft-simple --spec-draft-n-max 6 -fa off"),
     ("llama", 2, rf"{DRAFT_ARGS} -otd blk\.0\.=CPU -ts 3,1"),
     ("llama", 1, f"{DRAFT_ARGS} -devd none"),
+    # the anchored, escaped rule the window writes when a draft tensor is moved (core.draft_moves)
+    ("llama", 2, rf"{DRAFT_ARGS} -ngld 0 -otd blk\.1\.=CPU,^blk\.0\.attn_q\.weight$=RPC1"),
 ]
 
 

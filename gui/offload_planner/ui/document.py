@@ -15,7 +15,14 @@ from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from offload_planner.backend import qt_compat
 from offload_planner.core.devices import Device
-from offload_planner.core.placement import CPU, Placement, place
+from offload_planner.core.draft_moves import (
+    DRAFT_PREFIX,
+    draft_moves_for,
+    draft_placement,
+    is_draft_name,
+    with_draft_moves,
+)
+from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import commands, plan_edits
@@ -142,9 +149,9 @@ class PlanDocument(QObject):
         movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
         self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout)
         draft = plan.spec.draft if plan.spec is not None else None
-        if draft is not None:  # a speculative-decoding draft model: its own rows below
-            self._grid = with_draft_rows(self._grid, draft.model,
-                                         place(draft.model, draft.devices, draft.placement_options))
+        placed = draft_placement(plan)
+        if draft is not None and placed is not None:  # a speculative-decoding draft model: rows below
+            self._grid = with_draft_rows(self._grid, draft.model, placed)
 
     def _on_analysis(self, analysis: Analysis) -> None:
         self._analysis = analysis
@@ -165,9 +172,9 @@ class PlanDocument(QObject):
             return {}
         base = {p.tensor.name: p.device for p in self.base_placement.items if not p.copy}
         current = {p.tensor.name: p.device for p in self.placement.items if not p.copy}
-        moves: dict[str, str | None] = {}
+        moves: dict[str, str | None] = dict(draft_moves_for(self.plan, list(names), device))
         for n in dict.fromkeys(names):
-            if not self.plan.movable(n)[0]:
+            if is_draft_name(n) or not self.plan.movable(n)[0]:
                 continue
             target = base.get(n) if device is None else device
             if target == current.get(n) and (device is not None or n not in self.plan.moves):
@@ -177,7 +184,9 @@ class PlanDocument(QObject):
 
     def describe_tensors(self, names: Sequence[str]) -> str:
         """``1 tensor (1.20 GiB)``, ``58 tensors (138.55 GiB)``."""
-        nbytes = sum(self.plan.model.tensor(n).nbytes for n in names)
+        draft = self.plan.spec.draft if self.plan.spec is not None else None
+        nbytes = sum(draft.model.tensor(n[len(DRAFT_PREFIX):]).nbytes if is_draft_name(n) and draft
+                     else self.plan.model.tensor(n).nbytes for n in names)
         return f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({fmt_bytes(nbytes)})"
 
     def move(self, names: Sequence[str], device: str | None, text: str | None = None) -> bool:
@@ -188,6 +197,14 @@ class PlanDocument(QObject):
             return False
         where = "the command's placement" if device is None else device
         label = text or f"Move {self.describe_tensors(list(moves))} to {where}"
+        draft = {n: d for n, d in moves.items() if is_draft_name(n) and d is not None}
+        if draft:  # draft tensors move by -otd rules: the plan is rebuilt (one undo step)
+            main = {n: d for n, d in moves.items() if not is_draft_name(n)}
+            plan = with_draft_moves(self.plan, draft)
+            if main:
+                plan = plan.with_moves({n: d for n, d in main.items() if d is not None})
+            self.push(commands.ReplacePlan(self, plan, label))
+            return True
         self.push(commands.MoveTensors(self, moves, label))
         return True
 

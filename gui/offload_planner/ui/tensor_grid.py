@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from offload_planner.core.draft_moves import DRAFT_PREFIX
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement
 from offload_planner.core.roles import Role
@@ -257,14 +258,13 @@ def build_grid(
     return TensorGrid(rows, columns, {k: Cell(tuple(v)) for k, v in buckets.items()})
 
 
-DRAFT_PREFIX = "draft:"  # row keys of a draft model's rows: "draft:embd", "draft:blk.N", "draft:output"
-DRAFT_FIXED = ("draft model: placed by its own flags (-ngld, -devd, -otd/-cmoed/-ncmoed); "
-               "edit them in the command")
+DRAFT_FIXED = "the output copy of a draft model's tied embeddings follows its output layer"
 
 
 def with_draft_rows(grid: TensorGrid, model: Model, placement: Placement) -> TensorGrid:
     """The grid with a speculative-decoding draft model's tensors as rows of their own below the main
-    model's (same columns; a role the main model lacks adds its column)."""
+    model's (same columns; a role the main model lacks adds its column).  Their names carry
+    ``draft:`` (:mod:`core.draft_moves`): a move becomes an ``-otd`` rule."""
     keys = {c.key for c in grid.columns}
     present = {_COLUMN_OF_ROLE[t.role] for t in model.tensors}
     columns = list(grid.columns) + [c for c in COLUMNS if c.key in present and c.key not in keys]
@@ -275,7 +275,9 @@ def with_draft_rows(grid: TensorGrid, model: Model, placement: Placement) -> Ten
     buckets: dict[tuple[int, int], list[CellItem]] = {}
     for p in placement.items:
         pos = (row_idx[DRAFT_PREFIX + _row_key(p, model.summary.n_layer)], col_idx[_column_key(p, col_idx)])
-        buckets.setdefault(pos, []).append(CellItem(p, False, False, DRAFT_FIXED))
+        named = replace(p, tensor=replace(p.tensor, name=DRAFT_PREFIX + p.tensor.name))
+        moved = p.rule.startswith("-otd ^")  # a rule the planner wrote for a move (core.draft_moves)
+        buckets.setdefault(pos, []).append(CellItem(named, moved, not p.copy, DRAFT_FIXED if p.copy else ""))
     cells = dict(grid.cells)
     cells.update({k: Cell(tuple(v)) for k, v in buckets.items()})
     return TensorGrid(rows, columns, cells)
