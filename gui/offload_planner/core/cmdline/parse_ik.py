@@ -12,13 +12,13 @@ from collections.abc import Mapping, Sequence
 
 from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.flags_ik import IK_ENV, IK_KV_TYPES, IK_UNCHECKED_VALUE
 from offload_planner.core.cmdline.flagspec import FlagSpec, normalize_spelling
 from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS, IK_INT_FLAGS
 from offload_planner.core.cmdline.model import ArgError, FlagUse, ParsedArgs, Stage
 from offload_planner.core.cmdline.parse_mainline import looks_like_flag, number_tail_notes
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
+from offload_planner.core.dialects.base import Dialect
 
 # Handlers that throw for legacy speculative flags (ik rejects them with its own message).
 _LEGACY_SPEC = frozenset(

@@ -14,7 +14,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import (
     ArgError,
     ArgWarning,
@@ -24,6 +23,7 @@ from offload_planner.core.cmdline.model import (
     Stage,
     TensorOverride,
 )
+from offload_planner.core.dialects.base import Dialect
 
 _UNQUANTIZED = ("f32", "f16", "bf16")
 _RPC_HINT = "RPC buffer types are named RPC<i>[host:port], e.g. RPC0[127.0.0.1:50052]"
