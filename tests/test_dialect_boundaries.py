@@ -4,13 +4,13 @@ package (issue 10).
 Counted with ``ast`` over every module of ``offload_planner`` except ``core/dialects/`` and
 ``core/cmdline/dialect.py`` (detecting a server's dialect from its output):
 
-* conditionals: comparisons (``==``, ``!=``, ``is``, ``is not``, ``in``, ``not in``) one of whose
-  operands is a dialect name literal (``"llama.cpp"``, ``"llama.cpp-2025"``, ``"ik_llama.cpp"``), a
-  member ``Dialect.X`` / ``Flavor.X``, a name or attribute spelled ``dialect`` / ``*_dialect`` /
-  ``ik`` / ``is_ik``, or one of the old constants (``IK_LLAMA_CPP``, ``LLAMA_CPP``, ``LLAMA_CPP_2025``,
-  ``IK_DIALECT``);
+* conditionals: comparisons (``==``, ``!=``, ``is``, ``is not``, ``in``, ``not in``) with a
+  particular dialect: a name literal (``"llama.cpp"``, ``"llama.cpp-2025"``, ``"ik_llama.cpp"``), a
+  member ``Dialect.X`` / ``Flavor.X`` or one of the old constants (``IK_LLAMA_CPP``, ``LLAMA_CPP``,
+  ``LLAMA_CPP_2025``, ``IK_DIALECT``); and flags named ``ik`` / ``is_ik`` / ``ik_mla`` tested on their
+  own (``if ik:``, ``not ik``, ``a and ik``);
 * literals: string constants equal to a dialect name;
-* signatures: parameters named ``dialect`` annotated ``str``, ``Dialect`` or ``Dialect | str``.
+* signatures: parameters named ``dialect`` annotated ``str``, ``Dialect`` or a mix (``Dialect | str``).
 
 The numbers may only go down (lower ``LIMITS`` when they do).  Run this file as a script with a
 source root to print the numbers of another checkout.
@@ -35,17 +35,14 @@ LIMITS = {"conditionals": 82, "literals": 45, "str signatures": 20}
 
 
 def _is_dialecty(node: ast.expr) -> bool:
+    """A particular dialect: its name literal, ``Dialect.X`` / ``Flavor.X`` or an old constant."""
     if isinstance(node, ast.Constant):
         return node.value in NAMES
     if isinstance(node, ast.Attribute):
         if isinstance(node.value, ast.Name) and node.value.id in ("Dialect", "Flavor"):
             return True
-        name = node.attr
-    elif isinstance(node, ast.Name):
-        name = node.id
-    else:
-        return False
-    return name in CONSTANTS or name in ("ik", "is_ik", "dialect") or name.endswith("_dialect")
+        return node.attr in CONSTANTS
+    return isinstance(node, ast.Name) and node.id in CONSTANTS
 
 
 def _is_condition(node: ast.AST) -> bool:
@@ -65,8 +62,10 @@ def _is_condition(node: ast.AST) -> bool:
 def _annotation_kind(arg: ast.arg) -> str | None:
     if arg.arg != "dialect" or arg.annotation is None:
         return None
-    text = ast.unparse(arg.annotation).replace(" ", "")
-    return "str signatures" if text in ("str", "str|None") else "Dialect signatures"
+    parts = set(ast.unparse(arg.annotation).replace(" ", "").split("|")) - {"None"}
+    if parts == {"str"}:
+        return "str signatures"
+    return "Dialect signatures" if parts == {"Dialect"} else "mixed signatures"
 
 
 def count(root: Path = ROOT) -> tuple[Counter[str], Counter[str]]:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
-    from offload_planner.core.cmdline.model import ParsedArgs, TensorOverride
+    from offload_planner.core.cmdline.model import ArgError, ParsedArgs, TensorOverride
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.ggml_types import GGMLType
     from offload_planner.core.memory import ContextParams, ResolvedContext
@@ -88,6 +88,16 @@ class Dialect(str, metaclass=_DialectType):
     copies_whole_experts: bool = False
     #: CPU matrix kernels faster than mainline's (the speed estimate's default CPU efficiency)
     fast_cpu_kernels: bool = False
+    #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
+    rpc_bufts_by_endpoint: bool = False
+    #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
+    generic_arg_errors: bool = False
+    #: an -ot naming an RPC device must come after --rpc
+    rpc_before_ot: bool = True
+    #: CUDA devices refuse -sm row ("does not support split buffers")
+    refuses_cuda_row_split: bool = False
+    #: how a NaN or infinite -ts proportion fails (None: mainline's vector range check)
+    bad_split_message: str | None = None
     #: how an exported command turns mmap off
     no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
 
@@ -131,6 +141,10 @@ class Dialect(str, metaclass=_DialectType):
 
     def split_env(self, groups: list[ArgGroup]) -> EnvSplit:
         """Which grouped arguments this build reads from ``LLAMA_ARG_*`` variables."""
+        raise NotImplementedError
+
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+        """Refusals when the server builds its context (``-sm``, cache types, ``-mg`` ...)."""
         raise NotImplementedError
 
     def exps_regex(self) -> str:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
-    from offload_planner.core.cmdline.model import ParsedArgs, TensorOverride
+    from offload_planner.core.cmdline.model import ArgError, ParsedArgs, TensorOverride
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.ggml_types import GGMLType
     from offload_planner.core.memory import ContextParams, ResolvedContext
@@ -36,6 +36,10 @@ class IkLlamaCpp(Dialect):
     has_mla_settings = True
     copies_whole_experts = True
     fast_cpu_kernels = True
+    rpc_bufts_by_endpoint = True
+    generic_arg_errors = True
+    rpc_before_ot = False
+    bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
     mla_k_only_cache = False
 
@@ -82,6 +86,11 @@ class IkLlamaCpp(Dialect):
         from offload_planner.core.cmdline.envform import split_ik
 
         return split_ik(groups)
+
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+        from offload_planner.core.cmdline.semantics import ik_context_errors
+
+        return ik_context_errors(parsed, device_names)
 
     def exps_regex(self) -> str:
         from offload_planner.core.cmdline.moe import IK_EXPS_BLOCK

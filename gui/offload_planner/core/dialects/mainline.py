@@ -7,7 +7,7 @@ server ``-np`` auto (4 slots + unified KV); ``--fit on`` by default; ``-ngl auto
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from offload_planner.core.dialects.base import Dialect, register
@@ -15,7 +15,7 @@ from offload_planner.core.dialects.base import Dialect, register
 if TYPE_CHECKING:
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
-    from offload_planner.core.cmdline.model import ParsedArgs
+    from offload_planner.core.cmdline.model import ArgError, ParsedArgs
 
 
 class Mainline(Dialect):
@@ -31,6 +31,11 @@ class Mainline(Dialect):
 
         return split_mainline(groups, self)
 
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+        from offload_planner.core.cmdline.semantics import mainline_context_errors
+
+        return mainline_context_errors(parsed, is_mla, device_names)
+
     def exps_regex(self) -> str:
         from offload_planner.core.cmdline.moe import MAINLINE_EXPS_REGEX
 
@@ -41,6 +46,7 @@ class PinnedMainline(Mainline):
     output_first = True
     ngl_keywords = True
     logs_buffers_at_verbosity_4 = True
+    refuses_cuda_row_split = True
     auto_parallel = True
     fits_by_default = True
     split_modes = ("none", "layer", "row", "tensor")
