@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from offload_planner.cli import main
-from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.cmdline import detect_dialect, parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.dialects import (
+    IK,
     LLAMA_CPP,
+    LLAMA_CPP_2025,
     Dialect,
     all_dialects,
     dialect_named,
@@ -37,6 +39,9 @@ class Build9000(PinnedMainline):
 
     auto_parallel = False
     fits_by_default = False
+    detect_rank = 15  # before the 2025 builds, whose version line has the same form
+    help_markers = (r"--b9000-only-flag",)
+    version_markers = (r"(?m)^version:\s*9\d{3}\s*\(",)
 
     def moved_flags(self) -> Mapping[str, str]:
         return {**super().moved_flags(), "--flash-attn-old": "-fa on"}
@@ -66,6 +71,14 @@ def test_registered_by_name_and_listed(b9000: Dialect) -> None:
 def test_unregistered_name_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=f"'{NAME}' is not a known dialect"):
         Dialect(NAME)
+
+
+def test_recognised_from_its_output(b9000: Dialect) -> None:
+    assert detect_dialect("version: 9001 (0badc0de)", "") is b9000
+    assert detect_dialect("", "  --b9000-only-flag N   something new") is b9000
+    # the others are still told apart as before
+    assert detect_dialect("version: 6123 (abcdef0)", "") is LLAMA_CPP_2025
+    assert detect_dialect("version: 9001 (0badc0de)", "--mla-use") is IK
 
 
 def test_parser_uses_its_flag_table_and_hints(b9000: Dialect) -> None:

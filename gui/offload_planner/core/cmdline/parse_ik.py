@@ -18,7 +18,6 @@ from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS, IK_INT_FLAGS
 from offload_planner.core.cmdline.model import ArgError, FlagUse, ParsedArgs, Stage
 from offload_planner.core.cmdline.parse_mainline import looks_like_flag, number_tail_notes
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
-from offload_planner.core.dialects.base import Dialect
 
 # Handlers that throw for legacy speculative flags (ik rejects them with its own message).
 _LEGACY_SPEC = frozenset(
@@ -45,7 +44,7 @@ _BOOL_ENV_FIELDS = {"--k-cache-hadamard": "k_cache_hadamard", "--v-cache-hadamar
 class IkParser:
     def __init__(self, parsed: ParsedArgs) -> None:
         self.parsed = parsed
-        self.table = flag_table(Dialect.IK)
+        self.table = flag_table(parsed.dialect)
         self.mmap = MmapFlags()
 
     def apply_env(self, env: Mapping[str, str]) -> None:
@@ -90,7 +89,7 @@ class IkParser:
         arg = normalize_spelling(raw)
         found = self.table.lookup(arg)
         if found is None:
-            explanation = unknown_flag_hint(Dialect.IK, arg)
+            explanation = unknown_flag_hint(self.parsed.dialect, arg)
             self.parsed.errors.append(
                 ArgError(raw, None, f"error: unknown argument: {arg}", explanation=explanation)
             )

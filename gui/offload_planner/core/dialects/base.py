@@ -101,6 +101,14 @@ class Dialect(str, metaclass=_DialectType):
     #: how an exported command turns mmap off
     no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
 
+    # --- recognising a server (core.cmdline.dialect.detect_dialect) ---
+    #: checked in this order (lowest first): a dialect whose markers are more specific goes first
+    detect_rank: int = 100
+    #: regexes only this dialect's ``--help`` prints, strongest first
+    help_markers: tuple[str, ...] = ()
+    #: regexes of its ``--version`` output
+    version_markers: tuple[str, ...] = ()
+
     def __new__(cls, name: str, label: str = "") -> Dialect:
         if cls is Dialect:
             return dialect_named(name)

@@ -34,6 +34,10 @@ class IkLlamaCpp(Dialect):
     split_modes = ("none", "layer", "attn", "graph")
     single_kv_stream = True
     has_mla_settings = True
+    detect_rank = 10
+    help_markers = (r"--mla-use", r"--attention-max-batch", r"--smart-expert-reduction", r"--run-time-repack",
+                    r"--merge-up-gate-experts", r"--k-cache-hadamard", r"--graph-reduce-type", r"-no-fmoe")
+    version_markers = (r"(?i)ik_llama",)
     copies_whole_experts = True
     fast_cpu_kernels = True
     rpc_bufts_by_endpoint = True

@@ -51,6 +51,9 @@ class PinnedMainline(Mainline):
     fits_by_default = True
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
+    detect_rank = 20
+    help_markers = (r"--load-mode", r"--lazy-mode", r"-lm,\s")
+    version_markers = (r"(?m)^version:\s*\d+\.\d+\.\d+",)
 
     def flag_table(self) -> FlagTable:
         from offload_planner.core.cmdline.flagspec import FlagTable
