@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import is_not
 
+from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
