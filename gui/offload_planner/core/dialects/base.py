@@ -50,6 +50,26 @@ class Dialect(str, metaclass=_DialectType):
 
     label: str = ""
 
+    # --- reading and checking a command line ---
+    #: ``-ngl auto`` / ``-ngl all``
+    ngl_keywords: bool = False
+    #: split modes ``-sm`` accepts
+    split_modes: tuple[str, ...] = ("none", "layer", "row")
+    #: -fa takes no value in some builds of this family (a bare -fa before September 2025)
+    bare_flash_attn: bool = False
+    #: takes ik's -mla / -amb settings
+    has_mla_settings: bool = False
+    #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
+    rpc_bufts_by_endpoint: bool = False
+    #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
+    generic_arg_errors: bool = False
+    #: an -ot naming an RPC device must come after --rpc
+    rpc_before_ot: bool = True
+    #: CUDA devices refuse -sm row ("does not support split buffers")
+    refuses_cuda_row_split: bool = False
+    #: how a NaN or infinite -ts proportion fails (None: mainline's vector range check)
+    bad_split_message: str | None = None
+
     # --- placement ---
     #: the output layer is offloaded first (-ngl N puts the output on the GPU for N >= 1)
     output_first: bool = False
@@ -57,10 +77,6 @@ class Dialect(str, metaclass=_DialectType):
     has_cpu_repack: bool = True
     #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
     mainline_moe_rules: bool = True
-    #: ``-ngl auto`` / ``-ngl all``
-    ngl_keywords: bool = False
-    #: split modes ``-sm`` accepts
-    split_modes: tuple[str, ...] = ("none", "layer", "row")
 
     # --- server defaults and context ---
     #: ``-np`` unset means 4 slots sharing one unified KV cache
@@ -73,14 +89,10 @@ class Dialect(str, metaclass=_DialectType):
     legacy_graph_inputs: bool = False
     #: one KV stream shared by the slots, n_ctx padded to 256 (32 without flash attention)
     single_kv_stream: bool = False
-    #: -fa takes no value in some builds of this family (a bare -fa before September 2025)
-    bare_flash_attn: bool = False
     #: without flash attention V is stored transposed, padded to the widest layer
     pads_transposed_v: bool = True
     #: an MLA model's cache holds K only (mainline's MLA cache)
     mla_k_only_cache: bool = True
-    #: takes ik's -mla / -amb settings
-    has_mla_settings: bool = False
     #: the server logs its buffer sizes only at -lv 4 (the launcher adds it to compare them)
     logs_buffers_at_verbosity_4: bool = False
     #: offloading a CPU expert matmul copies the whole expert tensor, and only for batches that
@@ -88,16 +100,6 @@ class Dialect(str, metaclass=_DialectType):
     copies_whole_experts: bool = False
     #: CPU matrix kernels faster than mainline's (the speed estimate's default CPU efficiency)
     fast_cpu_kernels: bool = False
-    #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
-    rpc_bufts_by_endpoint: bool = False
-    #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
-    generic_arg_errors: bool = False
-    #: an -ot naming an RPC device must come after --rpc
-    rpc_before_ot: bool = True
-    #: CUDA devices refuse -sm row ("does not support split buffers")
-    refuses_cuda_row_split: bool = False
-    #: how a NaN or infinite -ts proportion fails (None: mainline's vector range check)
-    bad_split_message: str | None = None
     #: how an exported command turns mmap off
     no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
 
