@@ -365,7 +365,7 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     bufs = weight_buffers(model, placement, devices)
     bufs += kv_buffers(model, placement, ctx, p, devices)
     bufs.append(output_buffer(model, placement, p, devices))
-    bufs = p.dialect.extra_buffers(model, placement, p, bufs)
+    bufs = p.dialect.extra_buffers(model, devices, placement, p, bufs)
     if compute is None:  # the dialect's own simulator, else mainline's graph
         compute = p.dialect.compute_buffers(model, devices, placement, ctx, p)
     if compute is None:
@@ -373,7 +373,7 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
 
         compute = compute_buffers(model, devices, placement, ctx, p)
     bufs += compute
-    bufs = p.dialect.annotate_compute(bufs)
+    bufs = p.dialect.annotate_compute(model, ctx, p, bufs)
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)

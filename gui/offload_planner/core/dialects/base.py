@@ -195,7 +195,7 @@ class Dialect(str, metaclass=_DialectType):
         raise NotImplementedError
 
     # --- projection ---
-    def extra_buffers(self, model: Model, placement: Placement, p: ContextParams,
+    def extra_buffers(self, model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
                       bufs: list[Buffer]) -> list[Buffer]:
         """The weight/KV/output buffers as this build allocates them (mainline: unchanged)."""
         return bufs
@@ -206,7 +206,9 @@ class Dialect(str, metaclass=_DialectType):
         mainline's graph (:mod:`offload_planner.core.compute`, the reference simulation)."""
         return None
 
-    def annotate_compute(self, bufs: list[Buffer]) -> list[Buffer]:
+    def annotate_compute(self, model: Model, ctx: ResolvedContext, p: ContextParams,
+                         bufs: list[Buffer]) -> list[Buffer]:
+        """Every buffer, the compute buffers' explanations completed where this build's differ."""
         return bufs
 
     # --- warnings and notes ---

@@ -136,16 +136,18 @@ class IkLlamaCpp(Dialect):
         return kv_row_bytes(model, il, p.mla, p.flash_attn, tk, tv)
 
     # --- projection ---
-    def extra_buffers(self, model: Model, placement: Placement, p: ContextParams,
+    def extra_buffers(self, model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
                       bufs: list[Buffer]) -> list[Buffer]:
-        """Plain CPU buffers (KV, output, weights without mmap) carry ik's extra; the MLA tensors
-        computed at load get a buffer each."""
+        """ik's buffer types; plain CPU buffers (KV, output, weights without mmap) carry ik's extra;
+        the MLA tensors computed at load get a buffer each."""
         from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
         from offload_planner.core.placement import CPU
 
+        _buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
         for b in bufs:
             if b.name == CPU and b.kind in ("model", "kv", "output"):
                 b.bytes += IK_CPU_BUFFER_EXTRA
+        _buffer_names(bufs, devices, mapped=True)
         return bufs + computed_buffers(model, placement, p)
 
     def compute_buffers(self, model: Model, devices: DeviceSet, placement: Placement,
@@ -155,11 +157,15 @@ class IkLlamaCpp(Dialect):
 
         return ik_compute_buffers(model, devices, placement, ctx, p)
 
-    def annotate_compute(self, bufs: list[Buffer]) -> list[Buffer]:
+    def annotate_compute(self, model: Model, ctx: ResolvedContext, p: ContextParams,
+                         bufs: list[Buffer]) -> list[Buffer]:
         from offload_planner.core.compute_ik import IK_SIMULATED
 
-        return [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
+        bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
                 and IK_COMPUTE_NOTE not in b.why and not b.why.startswith(IK_SIMULATED) else b for b in bufs]
+        if not self.takes_mla(model):  # ik's MLA logs of May 2025 match the f16 mask (issue 455: 176.01)
+            _dated_mask_note(bufs, ctx, p, model.summary.has_swa)
+        return bufs
 
     # --- warnings ---
     def model_errors(self, model: Model) -> list[str]:
@@ -181,6 +187,38 @@ class IkLlamaCpp(Dialect):
 
     def kv_cache_types(self) -> tuple[str, ...]:
         return (*super().kv_cache_types(), *IK_EXTRA_KV_CACHE_TYPES)
+
+
+def _buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: bool = True) -> None:
+    """ik_llama.cpp's buffer types (src/llama.cpp): the KV of layers left on the CPU and the output
+    buffer take ``llama_default_buffer_type_cpu(true)``, the GPU host buffer (``CUDA_Host``) in a GPU
+    build even with -ngl 0 (mainline: plain CPU; ``kv`` False for -nkvo, whose cache stays CPU); with
+    ``mapped`` the mmap'd weights are renamed to ik's plain ``CPU`` buffer
+    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type)."""
+    from offload_planner.core.placement import CPU, CPU_MAPPED
+
+    host = next((g.host_buffer_name for g in devices.gpus if g.host_buffer_name), None)
+    for b in bufs:
+        if mapped and b.name == CPU_MAPPED:
+            b.name = CPU
+        elif not mapped and host and b.name == CPU and (b.kind == "output" or (kv and b.kind == "kv")):
+            b.name = host
+
+
+def _dated_mask_note(bufs: list[Buffer], ctx: ResolvedContext, p: ContextParams, swa: bool) -> None:
+    """Two rules by build date for ik's host compute buffer with flash attention and standard attention: ik
+    builds of 2025 (public CUDA logs of April-June 2025) held the KQ mask(s) in f32, current ik (2026 logs)
+    in f16 as simulated."""
+    from offload_planner.core.placement import CPU
+
+    if not p.flash_attn:
+        return
+    extra = (2 if swa else 1) * ctx.n_ctx_seq * ctx.n_ubatch * 2
+    for b in bufs:
+        if b.kind == "compute" and b.device == CPU:
+            b.why += (f"; two rules by build: ik of 2025 held the KQ mask{'s' if swa else ''} in f32, "
+                      f"{extra / (1 << 20):.2f} MiB more here (its CUDA logs of April-June 2025); current ik "
+                      "builds f16 masks, as simulated")
 
 
 def computed_buffers(model: Model, placement: Placement, p: ContextParams) -> list[Buffer]:
