@@ -4,7 +4,9 @@ files and the ``plan`` command without any other module knowing its name."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -66,6 +68,13 @@ def test_registered_by_name_and_listed(b9000: Dialect) -> None:
     assert b9000 == NAME and b9000.label == "llama.cpp (build 9000)"
     assert [d.value for d in Dialect] == ["llama.cpp", "llama.cpp-2025", "ik_llama.cpp", NAME]
     assert all_dialects()[0] is LLAMA_CPP
+
+
+def test_a_dialect_is_its_name_when_copied_pickled_or_written() -> None:
+    # plans are deep-copied (dataclasses.asdict) and written as JSON: the object must survive both
+    assert copy.deepcopy(IK) is IK and pickle.loads(pickle.dumps(LLAMA_CPP_2025)) is LLAMA_CPP_2025
+    assert json.dumps({"dialect": IK}) == '{"dialect": "ik_llama.cpp"}' and f"{LLAMA_CPP}" == "llama.cpp"
+    assert repr(IK) == "'ik_llama.cpp'" and IK.value == "ik_llama.cpp" and type(IK.value) is str
 
 
 def test_unregistered_name_is_a_clear_error() -> None:
