@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
 from offload_planner.core.memory import (
     ContextParams,
@@ -96,7 +97,7 @@ def draft_devices(devices: DeviceSet, names: list[str] | None) -> DeviceSet:
 
 #: ``engine.placement_options``: the draft's placement from its own arguments (passed in: the engine
 #: imports this module)
-PlacementOf = Callable[[Model, DeviceSet, Any, str], PlacementOptions]
+PlacementOf = Callable[[Model, DeviceSet, Any, Dialect], PlacementOptions]
 
 
 def spec_settings(devices: DeviceSet, args: Any, dialect: str, placement_options: PlacementOf,
@@ -112,7 +113,7 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: str, placement_options
         ddev = draft_devices(devices, d.devices)
         split = "layer" if d.devices and len(ddev.gpus) == 1 else inner.split_mode
         dargs = replace(inner, n_gpu_layers=d.n_gpu_layers, overrides=list(d.overrides), split_mode=split)
-        popts = placement_options(draft_model, ddev, dargs, dialect)
+        popts = placement_options(draft_model, ddev, dargs, Dialect(dialect))
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
     return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v)
 
@@ -162,7 +163,7 @@ def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: str,
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.errors import PlannerError
 
-    parsed = parse_server_args(argv, dialect=dialect)
+    parsed = parse_server_args(argv, dialect=Dialect(dialect))
     try:
         return load_spec(devices, parsed, dialect, placement_options), []
     except PlannerError as e:

@@ -9,7 +9,6 @@ draft context); the pinned build refuses ``--draft``/``--draft-min`` with ``arg_
 from __future__ import annotations
 
 from offload_planner.core.cmdline.context import Ctx, HandlerError
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.handlers_mainline import Handler, int_value, string_split
 from offload_planner.core.cmdline.handlers_mainline import _cache_type as cache_type
 from offload_planner.core.cmdline.model import GPU_LAYERS_ALL, GPU_LAYERS_AUTO, TensorOverride
@@ -23,6 +22,7 @@ SPEC_TYPES = (
 #: Types whose draft length is ``--spec-draft-n-max`` (``common_speculative_n_max``).
 DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
 DEFAULT_DRAFT_N_MAX = 3  # common_params_speculative_draft::n_max
+PINNED = "llama.cpp"  # the dialect whose arg.cpp is read here (a Dialect is its name as a str)
 
 
 def h_draft_model(ctx: Ctx) -> None:
@@ -80,7 +80,7 @@ def h_draft_type_v(ctx: Ctx) -> None:
 
 def h_draft_n_max(ctx: Ctx) -> None:
     n = int_value(ctx.value)
-    if n < 0 and ctx.dialect is Dialect.LLAMA_CPP:
+    if n < 0 and ctx.dialect == PINNED:
         raise HandlerError("invalid value")
     ctx.args.draft.n_max = n
 
@@ -97,7 +97,7 @@ def h_draft_removed(ctx: Ctx) -> None:
     """Pinned build: ``--draft``/``--draft-min`` read an int, then ``arg_removed``; 2025 builds:
     ``--draft-max`` set the draft length."""
     n = int_value(ctx.value)
-    if ctx.dialect is Dialect.LLAMA_CPP:
+    if ctx.dialect == PINNED:
         new = "--spec-draft-n-max or --spec-ngram-mod-n-max" if ctx.use.key == "--draft" else (
             "--spec-draft-n-min or --spec-ngram-mod-n-min")
         raise HandlerError(f"the argument has been removed. use {new}")
