@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import fit_speed
+import plan_speed
 from offload_planner.core import compute
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
@@ -80,6 +82,7 @@ def layer_moves(model: Model, plan: Plan, moe: bool) -> list[dict[str, str]]:
 
 def bench_model(name: str, path: Path, reps: int, full_runs: int) -> tuple[str, ...]:
     model = open_model(path)
+    compute.record_at_first_sight()  # as the window does: the base plan's projection records the reference
     plan, moe = base_plan(model)
     placement = plan.placement()
     ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
@@ -107,18 +110,45 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", metavar="NAME")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--full-runs", type=int, default=3)
+    ap.add_argument("--no-plan", action="store_true", help="leave out the one-shot plan columns")
+    ap.add_argument("--no-fit", action="store_true", help="leave out the --fit line")
     args = ap.parse_args()
-    compute.record_at_first_sight()  # as the window does: the base plan's projection records the reference
     specs = all_models()
     names = args.only or list(specs)
-    print("two CUDA GPUs, -ngl 999 -ts 1,1 -c 32768 -ub 2048 (MoE: -ot exps=CPU); one move per layer: "
+    print("moves: two CUDA GPUs, -ngl 999 -ts 1,1 -c 32768 -ub 2048 (MoE: -ot exps=CPU); one move per layer: "
           "its routed experts to a GPU (MoE) or the whole layer to the CPU (dense)")
+    print("plan: one-shot `plan -fit off` (same GPUs, -c 32768, MoE -ot exps=CPU) against opening the file "
+          "plus one plain simulation")
     head = ("model", "scratch ms", "median ms", "worst ms", "worst/scratch", f"target 1/{1 / TARGET:.0f}")
+    if not args.no_plan:
+        head += ("open+sim ms", "plan ms", "plan ratio", "target <= 1")
     print(_row(head), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_plan:  # imports and first-use costs, not the model's
+            plan_speed.plan_ms(write_model(specs["qwen3moe"], Path(tmp) / "warm.gguf")[0], ["-fit", "off"])
         for name in names:
             path = write_model(specs[name], Path(tmp) / f"{name}.header.gguf", header_only=True)[0]
-            print(_row(bench_model(name, path, args.reps, args.full_runs)), flush=True)
+            cells = bench_model(name, path, args.reps, args.full_runs)
+            if not args.no_plan:
+                cells += one_shot_plan(path, args.full_runs)
+            print(_row(cells), flush=True)
+    if not args.no_fit:
+        compute.record_at_first_sight(False)  # as the command line runs it
+        runs = [fit_speed.one_run(4) for _ in range(args.full_runs)]
+        scratch, fit = min(r[0] for r in runs), min(r[1] for r in runs)
+        _, _, n, replayed = runs[-1]
+        verdict = "met" if fit / scratch <= fit_speed.TARGET else "NOT MET"
+        print(f"--fit port, DeepSeek-V3 header on 4 x CUDA 24 GiB, -c 32768: {n} dry runs ({replayed} "
+              f"replayed), {fit:.1f} ms = {fit / scratch:.1f} from-scratch simulations ({scratch:.1f} ms) "
+              f"(target <= {fit_speed.TARGET:.0f}: {verdict})")
+
+
+def one_shot_plan(path: Path, runs: int) -> tuple[str, ...]:
+    """A one-shot ``plan`` (nothing recorded for a later edit) against open + one plain simulation."""
+    compute.record_at_first_sight(False)
+    ref = min(plan_speed.reference_ms(path) for _ in range(runs))
+    plan = min(plan_speed.plan_ms(path, ["-fit", "off"]) for _ in range(runs))
+    return (f"{ref:9.1f}", f"{plan:9.1f}", f"{plan / ref:6.2f}", "met" if plan <= ref else "NOT MET")
 
 
 def _row(cells: tuple[str, ...]) -> str:

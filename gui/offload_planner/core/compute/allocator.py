@@ -50,6 +50,37 @@ class DynAllocator:
             self.max_size = offset + size
         return offset
 
+    def apply(self, events: list[tuple[int, T, T, int, int, str]], own: dict[T, int], label: str) -> str:
+        """Recorded events (``(0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize,
+        nsize, "") | (2 free, t, t, size, 0, "")``) on this allocator, ``own`` holding the offsets;
+        returns the peak label.  ``alloc`` is inlined: this is the incremental replay's hot loop."""
+        a, blocks, mx, pop, free = self.alignment, self.blocks, self.max_size, own.pop, self.free
+        for kind, t, p, x, y, lab in events:
+            if kind == 0:
+                size = -(-x // a) * a
+                last = len(blocks) - 1
+                best, best_size = last, -1
+                for i in range(last):
+                    bsize = blocks[i][1]
+                    if bsize >= size and (best_size < 0 or bsize <= best_size):
+                        best, best_size = i, bsize
+                block = blocks[best]
+                off = own[t] = block[0]
+                block[0] += size
+                block[1] -= size
+                if block[1] == 0:
+                    del blocks[best]
+                if off + size > mx:
+                    mx, label = off + size, lab
+            elif kind == 2:
+                free(pop(t), x)
+            else:
+                off = own[t] = pop(p)
+                if x > y:
+                    free(off + y, x - y)
+        self.max_size = mx
+        return label
+
     def free(self, offset: int, size: int) -> None:
         a = self.alignment
         size = -(-size // a) * a

@@ -326,22 +326,10 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
     k, n = bisect.bisect_left(poss, qr), len(poss)
     n_ck = len(ckpos)
-    alloc, free, pop = al.alloc, al.free, own_b.pop
     while k < n:
         c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
         hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
-        for kind, t, p, x, y, lab in evs[k:hi]:
-            if kind == 0:
-                before = al.max_size
-                own_b[t] = alloc(x)
-                if al.max_size > before:
-                    label = lab
-            elif kind == 2:
-                free(pop(t), x)
-            else:
-                off = own_b[t] = pop(p)
-                if x > y:
-                    free(off + y, x - y)
+        label = al.apply(evs[k:hi], own_b, label)
         k = hi
         if c < n_ck:
             ck = ref.cks[ckpos[c]]
