@@ -19,6 +19,9 @@ from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
 _MIN_STRETCH = 32
+#: tail states are compared with earlier tails' every this many checkpoints; at most this many kept
+_MEMO_STRIDE = 4
+_MEMO_SIZE = 200_000
 
 
 def replay_alloc(ref: Reference, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
@@ -438,20 +441,44 @@ def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, st
 def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int],
           label: str) -> tuple[int, str]:
     """Backend ``b``'s events from position ``qr`` on; checked against the reference's state at every
-    checkpoint after some event (without events neither state changes)."""
+    checkpoint after some event (without events neither state changes), and every few checkpoints
+    against the states earlier tails passed there (``Reference.tail_memo``: the rest of a tail is a
+    function of its position, blocks and live offsets; a move moves the residual stream to the other
+    of two blocks, and the next move's tail meets the same state).  The maxima are kept per chunk of
+    events between checkpoints, so each state passed can be stored with its maximum from there on."""
     stats["tails"] += 1
-    evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
+    evs, poss, ckpos, memo = ref.tail[b], ref.tail_pos[b], ref.ckpos, ref.tail_memo
     k, n = bisect.bisect_left(poss, qr), len(poss)
     n_ck = len(ckpos)
-    while k < n:
+    c = bisect.bisect_left(ckpos, qr)
+    size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
+    rest: tuple[int, str] = (-1, "")
+    while True:
+        if c < n_ck and c % _MEMO_STRIDE == 0:
+            key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
+                   tuple(own_b.get(t) for t, _ in ref.cks[ckpos[c]].live_on(b, len(ref.backends), ref.first)))
+            if (hit := memo.get(key)) is not None:
+                stats["tail_hits"] += 1
+                rest = hit
+                break
+            seen.append((key, len(chunks)))
+        if k >= n:
+            break
         c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
         hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
-        label = al.apply(evs[k:hi], own_b, label)
+        al.max_size = 0  # the chunk's own maximum and the label of its first allocation reaching it
+        clabel = al.apply(evs[k:hi], own_b, "")
+        chunks.append((al.max_size, clabel))
         k = hi
-        if c < n_ck:
-            ck = ref.cks[ckpos[c]]
-            if _same_on(ref, ck, b, al, own_b):
-                return _with_suffix(ck, b, al.max_size, label)
-    return al.max_size, label
-
-
+        if c < n_ck and _same_on(ref, ck := ref.cks[ckpos[c]], b, al, own_b):
+            assert ck.suffix is not None
+            rest = ck.suffix[b]
+            break
+    suffix = [rest] * (len(chunks) + 1)
+    for i in range(len(chunks) - 1, -1, -1):  # a tie keeps the earlier allocation's label
+        suffix[i] = chunks[i] if chunks[i][0] >= suffix[i + 1][0] else suffix[i + 1]
+    if len(memo) > _MEMO_SIZE:
+        memo.clear()
+    for seen_key, i in seen:
+        memo[seen_key] = suffix[i]
+    return (size, label) if size >= suffix[0][0] else suffix[0]
