@@ -319,7 +319,8 @@ class _AllocReplay:
         a tensor whose state differs from the reference's there) applied to this run's allocators;
         returns where the walk goes on (``r0``: not skipped).  A tensor live on the same backend in
         both runs (or in neither) whose count differs does not stop the stretch when both runs still
-        use it after it: then neither frees it or reuses it in place there."""
+        use it after it (then neither frees it or reuses it in place there), else only at its last
+        use in the stretch (before it, both runs still have that use to come)."""
         ref = self.ref
         uses = ref.uses
         after = self._diff(j0 + r1 - r0, r1)
@@ -332,10 +333,12 @@ class _AllocReplay:
             if k == len(u) or u[k] >= end:
                 continue
             if not hard:
-                n_ref = len(u) - bisect.bisect_left(u, r1)
+                k1 = bisect.bisect_left(u, r1)
+                n_ref = len(u) - k1
                 if n_ref > 0 and n_ref + after.get(t, 0) > 0:
                     continue
-            end = u[k]
+                k = k1 - 1  # every use before its last one in the stretch leaves it used in both runs
+            end = min(end, u[k])
         if end - r0 < _MIN_STRETCH:
             return r0
         stats["skips"] += 1
