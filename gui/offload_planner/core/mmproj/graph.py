@@ -1,0 +1,166 @@
+"""The projector's warmup graph in the planner's mini ggml (``tools/mtmd/clip.cpp`` + ``models/siglip.cpp``).
+
+``clip_graph::build_inp`` (the patch convolution as ``im2col`` + ``mul_mat``), ``build_vit`` (learned
+position embeddings, layer-normed blocks with separate biased q/k/v, ``build_attn`` with or without
+flash attention, a GELU FFN, the post layer norm) and the Gemma 3 tail (a transpose, an average
+``pool_2d`` of ``n_merge``, an RMS norm and the input projection through a contiguous copy of the
+transposed weight), built node for node so the scheduler and graph allocator see what llama.cpp's
+do when ``reserve_compute_meta`` reserves the warmup image (``image_size`` square, one image).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from offload_planner.core.compute.ggml import (
+    F16,
+    F32,
+    Graph,
+    T,
+    cont,
+    dup_op,
+    flash_attn_ext,
+    input_tensor,
+    mul_mat,
+    new,
+    permute,
+    reshape,
+    soft_max_ext,
+    transpose,
+)
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.mmproj.projector import Projector
+
+Weight = Callable[[str], T | None]
+
+
+def _cast(a: T, type_: object) -> T:
+    """``ggml_cast``: a CPY into a new tensor whose second source is itself."""
+    t = T(type_, a.ne, op="CPY", src=(a,))  # type: ignore[arg-type]
+    t.src.append(t)
+    return t
+
+
+def _named(t: T, name: str) -> T:
+    t.name = name
+    return t
+
+
+class _Vit:
+    def __init__(self, proj: Projector, weight: Weight, flash_attn: bool) -> None:
+        self.p = proj
+        self.w = weight
+        self.fa = flash_attn
+        self.g = Graph()
+
+    def req(self, name: str) -> T:
+        t = self.w(name)
+        if t is None:
+            raise PlannerError(f"{self.p.name}: projector tensor {name!r} is missing")
+        return t
+
+    def add_opt(self, cur: T, name: str) -> T:
+        b = self.w(name)
+        return cur if b is None else dup_op(cur, "ADD", cur, b)
+
+    def norm(self, cur: T, prefix: str, il: int) -> T:
+        cur = dup_op(cur, "NORM", cur)
+        w = self.w(f"{prefix}.weight")
+        if w is not None:
+            cur = dup_op(cur, "MUL", cur, w)
+        cur = self.add_opt(cur, f"{prefix}.bias")
+        return _named(cur, f"norm-{il}") if il >= 0 else cur
+
+    def inp(self) -> T:
+        p = self.p
+        n_side = p.image_size // p.patch_size
+        raw = input_tensor(F32, [p.image_size, p.image_size, 3, 1], "inp_raw")
+        a = self.req("v.patch_embd.weight")
+        col_t = F32 if a.type.name == "bf16" else F16
+        kk = a.ne[0] * a.ne[1] * a.ne[2]
+        im2col = new(col_t, [kk, n_side, n_side, 1], "IM2COL", a, raw)
+        res = mul_mat(reshape(im2col, kk, n_side * n_side), reshape(a, kk, a.ne[3]))
+        res = reshape(res, n_side, n_side, 1, a.ne[3])
+        res = cont(permute(res, 0, 1, 3, 2))
+        cur = reshape(res, n_side * n_side, p.n_embd, 1)
+        cur = cont(transpose(cur))
+        return self.add_opt(cur, "v.patch_embd.bias")
+
+    def attn(self, q_cur: T, k_cur: T, v_cur: T, il: int) -> T:
+        for t in (q_cur, k_cur, v_cur):
+            self.g.expand(t)  # ggml_build_forward_order
+        q = permute(q_cur, 0, 2, 1, 3)
+        k = permute(k_cur, 0, 2, 1, 3)
+        if self.fa:
+            v = permute(v_cur, 0, 2, 1, 3)
+            cur = flash_attn_ext(q, _cast(k, F16), _cast(v, F16), None, None)
+            cur = reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
+        else:
+            v = cont(permute(v_cur, 1, 2, 0, 3))
+            kq = soft_max_ext(mul_mat(k, q), None, None)
+            kqv = mul_mat(v, kq)
+            cur = permute(kqv, 0, 2, 1, 3)
+            cur = cont(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
+        cur = _named(mul_mat(self.req(f"v.blk.{il}.attn_out.weight"), cur), f"attn_out-{il}")
+        return self.add_opt(cur, f"v.blk.{il}.attn_out.bias")
+
+    def qkv(self, cur: T, which: str, il: int) -> T:
+        p = self.p
+        t = mul_mat(self.req(f"v.blk.{il}.attn_{which}.weight"), cur)
+        t = self.add_opt(t, f"v.blk.{il}.attn_{which}.bias")
+        return reshape(t, p.n_embd // p.n_head, p.n_head, t.ne[1], 1)
+
+    def ffn(self, cur: T, il: int) -> T:
+        b = f"v.blk.{il}"
+        cur = self.add_opt(mul_mat(self.req(f"{b}.ffn_up.weight"), cur), f"{b}.ffn_up.bias")
+        gate = self.w(f"{b}.ffn_gate.weight")
+        if gate is not None:
+            raise PlannerError(f"{self.p.name}: gated projector FFNs are not modelled")
+        cur = _named(dup_op(cur, "UNARY", cur), f"ffn_{self.p.ffn_op}-{il}")
+        cur = mul_mat(self.req(f"{b}.ffn_down.weight"), cur)
+        return self.add_opt(cur, f"{b}.ffn_down.bias")
+
+    def vit(self, inp: T) -> T:
+        p = self.p
+        pos = self.w("v.position_embd.weight")
+        if pos is not None:
+            inp = dup_op(inp, "ADD", inp, pos)
+        inp_l = reshape(inp, p.n_embd, inp.ne[1])
+        if self.w("v.pre_ln.weight") is not None:
+            inp_l = self.norm(inp_l, "v.pre_ln", -1)
+        for il in range(p.n_layer):
+            b = f"v.blk.{il}"
+            cur = self.norm(inp_l, f"{b}.ln1", il)
+            q, k, v = (self.qkv(cur, x, il) for x in ("q", "k", "v"))
+            cur = self.attn(q, k, v, il)
+            cur = dup_op(cur, "ADD", cur, inp_l)
+            inp_l = cur
+            cur = self.norm(cur, f"{b}.ln2", il)
+            cur = self.ffn(cur, il)
+            inp_l = _named(dup_op(inp_l, "ADD", inp_l, cur), f"layer_out-{il}")
+        if self.w("v.post_ln.weight") is not None:
+            inp_l = self.norm(inp_l, "v.post_ln", -1)
+        return reshape(inp_l, p.n_embd, inp_l.ne[1], 1)
+
+    def gemma3_tail(self, cur: T) -> T:
+        p = self.p
+        side = p.image_size // p.patch_size
+        cur = cont(transpose(cur), side, side, p.n_embd, 1)
+        out = (side - p.n_merge) // p.n_merge + 1
+        cur = new(F32, [out, out, cur.ne[2], cur.ne[3]], "POOL_2D", cur)
+        cur = reshape(cur, out * out, p.n_embd, 1)
+        cur = cont(transpose(cur))
+        cur = dup_op(cur, "RMS_NORM", cur)
+        cur = dup_op(cur, "MUL", cur, self.req("mm.soft_emb_norm.weight"))
+        proj_w = cont(transpose(self.req("mm.input_projection.weight")))
+        return mul_mat(proj_w, cur)
+
+
+def build_graph(proj: Projector, weight: Weight, *, flash_attn: bool) -> Graph:
+    """The warmup graph of ``proj`` (one ``image_size`` square image)."""
+    if not proj.has_graph:
+        raise PlannerError(f"{proj.name}: no compute graph for projector type {proj.proj_type!r}")
+    b = _Vit(proj, weight, flash_attn)
+    out = b.gemma3_tail(b.vit(b.inp()))
+    b.g.expand(out)
+    return b.g

@@ -1,0 +1,110 @@
+"""A multimodal projector (mmproj) as ``clip_model_loader`` reads it from its GGUF header.
+
+Only the header is read (a header-only or remote file works): the projector type, the vision
+hyper-parameters the compute graph needs and every tensor's shape and type.  The keys are those of
+``tools/mtmd/clip-impl.h``; a value llama.cpp requires and the file lacks is one clear
+:class:`GGUFError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from offload_planner.core.errors import GGUFError
+from offload_planner.core.ggml_types import GGMLType, resolve_type
+from offload_planner.core.gguf_reader import read_file_header
+
+#: ``clip.projector_type`` values whose compute graph the planner builds exactly (``models/siglip.cpp``).
+GRAPH_TYPES = frozenset({"gemma3"})
+#: Default pooling kernel of each projector type when ``clip.vision.projector.scale_factor`` is absent.
+_DEFAULT_MERGE = {"gemma3": 4}
+
+
+@dataclass(frozen=True)
+class ProjectorTensor:
+    name: str
+    shape: tuple[int, ...]  # ggml order
+    type: GGMLType
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes(self.shape)
+
+
+@dataclass(frozen=True)
+class Projector:
+    """One vision projector file: its hyper-parameters and tensors."""
+
+    path: str
+    proj_type: str
+    n_embd: int
+    n_head: int
+    n_ff: int
+    n_layer: int
+    eps: float
+    image_size: int
+    patch_size: int
+    n_merge: int
+    ffn_op: str  # gelu | silu | gelu_quick (clip.use_gelu / clip.use_silu)
+    tensors: tuple[ProjectorTensor, ...]
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+    @property
+    def weight_bytes(self) -> int:
+        """Sum of ``ggml_nbytes``: what ``load_hparams`` logs as ``model size``."""
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def has_graph(self) -> bool:
+        return self.proj_type in GRAPH_TYPES
+
+    def tensor(self, name: str) -> ProjectorTensor | None:
+        return next((t for t in self.tensors if t.name == name), None)
+
+    @property
+    def n_embd_out(self) -> int:
+        """``clip_n_mmproj_embd``: the text model width the projector feeds (0: not known here)."""
+        t = self.tensor("mm.input_projection.weight")
+        return t.shape[0] if t is not None else 0
+
+
+def _int(md: dict[str, object], key: str, path: str, default: int | None = None) -> int:
+    v = md.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise GGUFError(path, f"mmproj: missing or non-integer key {key!r}")
+    return v
+
+
+def read_projector(location: str | Path) -> Projector:
+    """Read a projector's header; a file that is not a vision projector is a :class:`GGUFError`."""
+    header = read_file_header(location)
+    path, md = header.path, header.metadata
+    proj_type = md.get("clip.projector_type") or md.get("clip.vision.projector_type")
+    if not isinstance(proj_type, str) or not md.get("clip.has_vision_encoder"):
+        raise GGUFError(path, "not a vision projector (no clip.projector_type / clip.has_vision_encoder)")
+    tensors = []
+    for r in header.tensors:
+        t = resolve_type(r.type_id, None)
+        if t is None:
+            raise GGUFError(path, f"tensor {r.name!r} has unknown type id {r.type_id}", r.info_offset)
+        tensors.append(ProjectorTensor(r.name, r.shape, t))
+    eps = md.get("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    ffn_op = "gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"
+    return Projector(
+        path=path,
+        proj_type=proj_type,
+        n_embd=_int(md, "clip.vision.embedding_length", path),
+        n_head=_int(md, "clip.vision.attention.head_count", path),
+        n_ff=_int(md, "clip.vision.feed_forward_length", path),
+        n_layer=_int(md, "clip.vision.block_count", path),
+        eps=float(eps) if isinstance(eps, (int, float)) else 1e-6,
+        image_size=_int(md, "clip.vision.image_size", path),
+        patch_size=_int(md, "clip.vision.patch_size", path),
+        n_merge=_int(md, "clip.vision.projector.scale_factor", path, _DEFAULT_MERGE.get(proj_type, 1)),
+        ffn_op=ffn_op,
+        tensors=tuple(tensors),
+    )
