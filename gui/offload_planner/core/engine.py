@@ -121,12 +121,26 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
     ), notes
 
 
+def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: str) -> list[str]:
+    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
+    from offload_planner.core.mmproj.attach import add_to_projection, mmproj_setup, projection_buffers
+
+    setup = mmproj_setup(args)
+    if setup is None:
+        return []
+    if dialect != LLAMA_CPP:
+        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
+    add_to_projection(projection, projection_buffers(setup, devices, _get(_server_args(args), "flash_attn")))
+    return []
+
+
 def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA_CPP) -> EngineResult:
     popts = placement_options(model, devices, args, dialect)
     cparams, notes = context_params(model, args, dialect)
     placement = place(model, devices, popts)
     placement.raise_rule_errors()
     projection = project(model, devices, placement, cparams)
+    notes += _add_mmproj(projection, devices, args, dialect)
     from offload_planner.core.diagnostics import plan_warnings
 
     if dialect == LLAMA_CPP_2025 and any(o.buft.upper() == "CPU" for o in popts.overrides) and any(

@@ -70,7 +70,8 @@ def mmproj_device(devices: DeviceSet, opts: MmprojOptions) -> Device | None:
         return None if name.lower() == "none" else devices.by_name(name)
     local = [g for g in devices.gpus if g.kind is not DeviceKind.RPC]
     rpc = [g for g in devices.gpus if g.kind is DeviceKind.RPC]
-    return (local or rpc or [None])[0]
+    gpus = local or rpc
+    return gpus[0] if gpus else None
 
 
 def _backend(dev: Device) -> Backend:
