@@ -51,6 +51,8 @@ class MmprojBuffers:
     compute: dict[str, int] = field(default_factory=dict)
     flash_attn: bool = True
     why: str = ""  # set when the compute is not the exact graph
+    n_nodes: int = 0  # of the warmup graph (logged as ``graph splits = S, nodes = N``)
+    n_splits: int = 0
 
     def total(self, device: str) -> int:
         return (self.weights if device == self.device else 0) + self.compute.get(device, 0)
@@ -83,8 +85,15 @@ def weight_bytes(proj: Projector, alignment: int) -> int:
     return sum(-(-t.nbytes // alignment) * alignment for t in proj.tensors)
 
 
-def compute_bytes(proj: Projector, gpu: Device | None, cpu: Device, flash_attn: bool) -> dict[str, int]:
-    """Compute buffer per device name of the warmup graph (the device's and the CPU's)."""
+@dataclass(frozen=True)
+class Reserved:
+    sizes: dict[str, int]  # compute buffer per device name
+    n_nodes: int
+    n_splits: int
+
+
+def compute_bytes(proj: Projector, gpu: Device | None, cpu: Device, flash_attn: bool) -> Reserved:
+    """The warmup graph reserved over the device and the CPU."""
     backends = ([_backend(gpu)] if gpu is not None else []) + [Backend(CPU, CPU, cpu.alignment)]
     home = gpu.name if gpu is not None else CPU
     cache: dict[str, T] = {}
@@ -104,7 +113,8 @@ def compute_bytes(proj: Projector, gpu: Device | None, cpu: Device, flash_attn: 
     sched = Scheduler(backends, 1, op_offload=True)
     sched.split_graph(g)
     sizes = GraphAllocator(backends).run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
-    return {b.name: s for b, s in zip(backends, sizes, strict=True)}
+    return Reserved({b.name: s for b, s in zip(backends, sizes, strict=True)}, len(g.nodes),
+                    len(sched.splits))
 
 
 def project_mmproj(proj: Projector, devices: DeviceSet, opts: MmprojOptions) -> MmprojBuffers:
@@ -113,10 +123,10 @@ def project_mmproj(proj: Projector, devices: DeviceSet, opts: MmprojOptions) -> 
     home = gpu.name if gpu is not None else CPU
     align = gpu.alignment if gpu is not None else devices.cpu.alignment
     fa = True if opts.flash_attn is None else opts.flash_attn
-    compute: dict[str, int] = {}
+    res = Reserved({}, 0, 0)
     why = ""
     if opts.warmup and proj.has_graph:
-        compute = compute_bytes(proj, gpu, devices.cpu, fa)
+        res = compute_bytes(proj, gpu, devices.cpu, fa)
     elif opts.warmup:
         why = f"no compute graph for projector type {proj.proj_type!r}: compute not projected"
-    return MmprojBuffers(proj, home, weight_bytes(proj, align), compute, fa, why)
+    return MmprojBuffers(proj, home, weight_bytes(proj, align), res.sizes, fa, why, res.n_nodes, res.n_splits)

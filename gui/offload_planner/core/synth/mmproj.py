@@ -116,6 +116,10 @@ SMALL_MMPROJ: dict[str, MmprojSpec] = {
     # image 224 / patch 14 = 16x16 patches, pooled 4x4 -> 16 image tokens
     "gemma3": MmprojSpec(name="synth-gemma3-mmproj", n_embd=192, n_ff=512, n_layer=2, n_head=3,
                          image_size=224, patch_size=14, n_embd_text=256),
+    # 32x32 patches pooled 2x2 -> 256 tokens; q8_0 weights: attention scores of 1024 positions dominate
+    "gemma3-448": MmprojSpec(name="synth-gemma3-448-mmproj", n_embd=128, n_ff=256, n_layer=3, n_head=2,
+                             image_size=448, patch_size=14, n_embd_text=256, n_merge=2,
+                             weight_type=Q.Q8_0),
 }
 
 #: Real shapes, header only: Gemma 3 4B/12B/27B share one SigLIP-so400m tower (896 px, 14 px
