@@ -132,7 +132,8 @@ def test_mmproj_buffers_equal_llama_server(
     actual = parse_log(text.splitlines()).by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
     mismatches = []
     for dm in result.projection.devices:
-        mm_compute = sum(b.bytes for b in dm.buffers if b.kind == KIND and b.why.startswith("projector compute"))
+        mm_compute = sum(b.bytes for b in dm.buffers
+                         if b.kind == KIND and b.why.startswith("projector compute"))
         for kind in ("model", "kv", "output", "compute"):
             proj = _mib(dm.total(kind) + (mm_compute if kind == "compute" else 0))
             act = actual.get(dm.device.name, {}).get(kind, 0.0)
