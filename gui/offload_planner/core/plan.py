@@ -17,12 +17,7 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.ik import IK_DEFAULT_MLA
 from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.memory import ContextParams, Projection, project
-from offload_planner.core.mmproj.attach import (
-    MmprojSetup,
-    add_to_projection,
-    mmproj_setup,
-    projection_buffers,
-)
+from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
     CPU,
@@ -67,7 +62,6 @@ class Plan:
     dialect: str = "llama.cpp"
     moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
-    mmproj: MmprojSetup | None = None  # --mmproj: the projector llama-server loads beside the model
 
     def base_placement(self) -> Placement:
         """What the command-line settings alone place (cached: plans differ mostly in moves)."""
@@ -98,9 +92,10 @@ class Plan:
 
     def projection(self) -> Projection:
         projection = project(self.model, self.devices, self.placement(), self.context)
-        if self.mmproj is not None and self.dialect == "llama.cpp":
+        mmproj = argv_mmproj_setup(tuple(self.extra_args))  # --mmproj among the kept flags
+        if mmproj is not None and self.dialect == "llama.cpp":
             fa = "on" if self.context.flash_attn else "off"
-            add_to_projection(projection, projection_buffers(self.mmproj, self.devices, fa))
+            add_to_projection(projection, projection_buffers(mmproj, self.devices, fa))
         return projection
 
     def with_moves(self, moves: dict[str, str]) -> Plan:
@@ -154,7 +149,7 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: str = "
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
-    return Plan(model, devices, popts, cparams, dialect, extra_args=extra, mmproj=mmproj_setup(args))
+    return Plan(model, devices, popts, cparams, dialect, extra_args=extra)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:

@@ -67,6 +67,16 @@ def mmproj_setup(parsed: Any) -> MmprojSetup | None:
     return MmprojSetup(location, offload, device, devices, warmup)
 
 
+@functools.lru_cache(maxsize=64)
+def argv_mmproj_setup(argv: tuple[str, ...]) -> MmprojSetup | None:
+    """The projector of a plan's kept flags (``Plan.extra_args``), parsed as the pinned server does."""
+    if not any(a.startswith(("-mm", "--mmproj")) for a in argv):
+        return None
+    from offload_planner.core.cmdline import parse_server_args
+
+    return mmproj_setup(parse_server_args(list(argv)))
+
+
 def _stamp(location: str) -> float:
     try:
         return os.stat(location).st_mtime
