@@ -180,3 +180,21 @@ def test_bad_projector_is_one_clear_error(bad: str, files: dict[str, Path], tmp_
     with pytest.raises(GGUFError) as e:
         read_projector(path)
     assert str(path) in str(e.value)
+
+
+def test_cuda_pads_quantized_rows_of_the_projector(files: dict[str, Path]) -> None:
+    """ggml-cuda's get_alloc_size adds (512 - ne0 % 512) elements to a quantized tensor; the
+    buffer aligns each tensor to 128 bytes (RPC/CPU: 32, no padding)."""
+    p = read_projector(files["gemma3-448"])
+    cuda = parse_device_decl("CUDA0=24GiB")
+
+    def pad(n: int, a: int) -> int:
+        return -(-n // a) * a
+
+    q8 = [t for t in p.tensors if t.type.name == "q8_0"]
+    assert q8 and all(t.shape[0] % 512 for t in q8)
+    expected = sum(pad(t.nbytes + ((512 - t.shape[0] % 512) // 32 * 34 if t.type.name == "q8_0" else 0), 128)
+                   for t in p.tensors)
+    assert project_mmproj(p, DeviceSet(CPU, (cuda,)), MmprojOptions()).weights == expected
+    assert project_mmproj(p, DeviceSet(CPU, _rpc(1)), MmprojOptions()).weights == sum(
+        pad(t.nbytes, 32) for t in p.tensors)

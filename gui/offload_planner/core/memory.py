@@ -17,10 +17,11 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field, replace
 from itertools import compress, count
 from operator import is_not
+from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA, Buffer
 from offload_planner.core.devices import Device, DeviceSet
-from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
 from offload_planner.core.ik import placed_computed_tensors
 from offload_planner.core.ik import uses_mla as ik_uses_mla
@@ -134,7 +135,16 @@ class Projection:
         return [b for d in self.devices for b in d.buffers]
 
 
-def alloc_size(t: Tensor, dev: Device) -> int:
+class _Sized(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def type(self) -> GGMLType: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+def alloc_size(t: Tensor | _Sized, dev: Device) -> int:
     """``ggml_backend_buft_get_alloc_size``: CUDA pads quantized rows to a multiple of 512."""
     size = t.nbytes
     if dev.row_padding and t.type.quantized and t.shape[0] % dev.row_padding:

@@ -26,6 +26,7 @@ from offload_planner.core.compute.scheduler import (
     Scheduler,
 )
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.memory import alloc_size
 from offload_planner.core.mmproj.graph import build_graph
 from offload_planner.core.mmproj.projector import Projector
 
@@ -81,8 +82,10 @@ def _backend(dev: Device) -> Backend:
                    OP_OFFLOAD_MIN_BATCH.get(dev.kind), OP_OFFLOAD_ONLY.get(dev.kind))
 
 
-def weight_bytes(proj: Projector, alignment: int) -> int:
-    return sum(-(-t.nbytes // alignment) * alignment for t in proj.tensors)
+def weight_bytes(proj: Projector, dev: Device) -> int:
+    """One buffer of the device's type: each tensor's alloc size padded to the alignment."""
+    a = dev.alignment
+    return sum(-(-alloc_size(t, dev) // a) * a for t in proj.tensors)
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,6 @@ def project_mmproj(proj: Projector, devices: DeviceSet, opts: MmprojOptions) -> 
     """The projector's weights and compute buffers for the server flags ``opts``."""
     gpu = mmproj_device(devices, opts)
     home = gpu.name if gpu is not None else CPU
-    align = gpu.alignment if gpu is not None else devices.cpu.alignment
     fa = True if opts.flash_attn is None else opts.flash_attn
     res = Reserved({}, 0, 0)
     why = ""
@@ -129,4 +131,5 @@ def project_mmproj(proj: Projector, devices: DeviceSet, opts: MmprojOptions) -> 
         res = compute_bytes(proj, gpu, devices.cpu, fa)
     elif opts.warmup:
         why = f"no compute graph for projector type {proj.proj_type!r}: compute not projected"
-    return MmprojBuffers(proj, home, weight_bytes(proj, align), res.sizes, fa, why, res.n_nodes, res.n_splits)
+    return MmprojBuffers(proj, home, weight_bytes(proj, gpu or devices.cpu), res.sizes, fa, why,
+                         res.n_nodes, res.n_splits)
