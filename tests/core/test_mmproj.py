@@ -198,3 +198,15 @@ def test_cuda_pads_quantized_rows_of_the_projector(files: dict[str, Path]) -> No
     assert project_mmproj(p, DeviceSet(CPU, (cuda,)), MmprojOptions()).weights == expected
     assert project_mmproj(p, DeviceSet(CPU, _rpc(1)), MmprojOptions()).weights == sum(
         pad(t.nbytes, 32) for t in p.tensors)
+
+
+def test_other_projector_types_get_weights_and_a_note(files: dict[str, Path], tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    path = write_mmproj(replace(SMALL_MMPROJ["gemma3"], proj_type="idefics3"), tmp_path / "i3.gguf")
+    devices = DeviceSet(CPU, _rpc(1))
+    res = run_engine(open_model(files["text"]), devices,
+                     parse_server_args(["--rpc", "127.0.0.1:5000", "-mm", str(path)]))
+    mm = [b for b in res.projection.buffers() if b.kind == KIND]
+    assert [(b.device, b.why.split(":")[0]) for b in mm] == [("RPC0", "projector weights")]
+    assert any("no compute graph for projector type 'idefics3'" in n for n in res.notes)

@@ -123,15 +123,17 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
 
 def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: str) -> list[str]:
     """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
-    from offload_planner.core.mmproj.attach import add_to_projection, mmproj_setup, projection_buffers
+    from offload_planner.core.mmproj import attach
 
-    setup = mmproj_setup(args)
+    setup = attach.mmproj_setup(args)
     if setup is None:
         return []
     if dialect != LLAMA_CPP:
         return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
-    add_to_projection(projection, projection_buffers(setup, devices, _get(_server_args(args), "flash_attn")))
-    return []
+    fa = attach.fa_setting(_get(_server_args(args), "flash_attn"))
+    mb = attach.project_setup(setup, devices, fa)
+    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
+    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
 
 
 def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA_CPP) -> EngineResult:
