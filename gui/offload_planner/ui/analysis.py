@@ -42,7 +42,7 @@ def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
         return None
     t0 = time.perf_counter()
     compute = [replace(b, why=b.why + " (from before the last edit; updating)")
-               for b in previous.projection.buffers() if b.kind == "compute"]
+               for b in previous.projection.buffers() if b.kind in ("compute", "mmproj")]
     projection = project(plan.model, plan.devices, plan.placement(), plan.context, compute=compute)
     return Analysis(plan, projection, previous.command, previous.warnings, previous.rules,
                     seconds=time.perf_counter() - t0, preliminary=True, notes=previous.notes)
