@@ -26,6 +26,7 @@ from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
 
 from offload_planner.backend.clip_log import ClipLoad, parse_clip_log
+from offload_planner.backend.launch import compare
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
@@ -125,21 +126,23 @@ def test_mmproj_buffers_equal_llama_server(
     assert (clip.n_splits, clip.n_nodes) == (mb.n_splits, mb.n_nodes)
     assert clip.compute_mib == projected_compute
 
-    # the whole plan: every buffer kind per device (the server's compute includes the projector's);
+    # the whole plan per device and kind; the log parser files clip's lines as kind mmproj (its
+    # logged weights are the unpadded sum, equal to the padded buffer for these shapes)
     # not with -dev, which the engine leaves to the device set its caller builds
     if "-dev" in args:
         return
-    actual = parse_log(text.splitlines()).by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
+    report = parse_log(text.splitlines())
+    actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
     mismatches = []
     for dm in result.projection.devices:
-        mm_compute = sum(b.bytes for b in dm.buffers
-                         if b.kind == KIND and b.why.startswith("projector compute"))
-        for kind in ("model", "kv", "output", "compute"):
-            proj = _mib(dm.total(kind) + (mm_compute if kind == "compute" else 0))
+        for kind in ("model", "kv", "output", "compute", KIND):
+            proj = _mib(dm.total(kind))
             act = actual.get(dm.device.name, {}).get(kind, 0.0)
             if abs(proj - act) > 0.011:
                 mismatches.append(f"{dm.device.name} {kind}: projected {proj} actual {act}")
     assert not mismatches, "\n".join(mismatches)
+    cmp = compare(result.projection, report, {ep: f"RPC{i}" for i, ep in enumerate(rpc)})
+    assert cmp.ok and any(t.kind == KIND for t in cmp.totals)  # the launch tab's check agrees
     weights = [b for dm in result.projection.devices for b in dm.buffers
                if b.kind == KIND and b.why.startswith("projector weights")]
     assert [(b.device, b.bytes) for b in weights] == [(mb.device, mb.weights)]
