@@ -6,9 +6,10 @@ ggml-rpc-server devices, with and without flash attention, offloaded or not, on 
 From its log (``-lv 4``) the test takes what clip.cpp prints: the device it uses, the ``model size``,
 every ``reserve_compute_meta`` compute buffer, the warmup graph's splits and nodes, and whether
 flash attention is on, and compares each with the planner's projection to the printed 0.01 MiB.
-It also compares the whole plan: per device the model, KV, output and compute buffers (the
-projector's compute lines count as compute in the server log) equal what ``run_engine`` projects.
-The weights buffer itself is not logged: its padded size is projected, the unpadded sum is checked.
+It also compares the whole plan: per device the model, KV, output, compute and projector (kind
+``mmproj``: the log parser files clip's lines apart) buffers equal what ``run_engine`` projects,
+and the launch tab's comparison agrees.  The projector's weights buffer itself is not logged: its
+padded size is projected, the unpadded sum is checked (equal for these shapes).
 
 With ``--fit`` on (the default), the server adds the projector's memory to the fit's per-device
 targets (by backend-registry index); the targets it prints must equal the ones the planner's fit
