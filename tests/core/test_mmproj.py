@@ -210,3 +210,17 @@ def test_other_projector_types_get_weights_and_a_note(files: dict[str, Path], tm
     mm = [b for b in res.projection.buffers() if b.kind == KIND]
     assert [(b.device, b.why.split(":")[0]) for b in mm] == [("RPC0", "projector weights")]
     assert any("no compute graph for projector type 'idefics3'" in n for n in res.notes)
+
+
+def test_plan_file_keeps_the_projector(files: dict[str, Path], tmp_path: Path) -> None:
+    from offload_planner.core.plan_file import PlanFile, load_plan, save_plan
+
+    devices = DeviceSet(CPU, _rpc(1))
+    model = open_model(files["text"])
+    plan = plan_from_args(model, devices, parse_server_args(
+        ["--rpc", "127.0.0.1:5000", "-mm", str(files["gemma3"]), "-mmdev", "none"]))
+    save_plan(tmp_path / "p.plan.json", PlanFile.of(plan))
+    loaded, _ = load_plan(tmp_path / "p.plan.json").to_plan(model)
+    before = [(b.device, b.bytes) for b in plan.projection().buffers() if b.kind == KIND]
+    after = [(b.device, b.bytes) for b in loaded.projection().buffers() if b.kind == KIND]
+    assert before == after and {d for d, _ in after} == {"CPU"}
