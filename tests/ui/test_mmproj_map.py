@@ -100,3 +100,27 @@ def test_split_attention_columns_take_the_projector(paths: tuple[Path, Path]) ->
         assert col_of["mm.input_projection.weight"] == "other"
         n_items = sum(len(cell.items) for cell in grid.cells.values())
         assert n_items == len(plan.placement().items) + len(items)
+
+
+def test_the_windows_fit_preset_counts_the_projector(paths: tuple[Path, Path]) -> None:
+    """Presets ▸ What llama.cpp's --fit would run: the same targets as the command's fit, which
+    the integration test checks against llama-server."""
+    from offload_planner.core.fit import fit_for_args
+    from offload_planner.ui.presets import llama_fit
+
+    argv = ["--rpc", "127.0.0.1:5000", "-c", "2048", "-mm", str(paths[1]), "--no-mmproj-offload"]
+    parsed = parse_server_args(argv)
+    plan = plan_from_args(open_model(paths[0]), DEVICES, parsed)
+    _, result = llama_fit(plan)
+    ref = fit_for_args(plan.model, DEVICES, parsed, plan.placement_options, plan.context,
+                       free_bytes=[8 * GiB])
+    assert ref is not None
+
+    def targets(log: list[str]) -> list[str]:
+        return [line for line in log if "target of" in line]
+
+    assert targets(result.log) == targets(ref.log)
+    plain = llama_fit(plan_from_args(plan.model, DEVICES, parse_server_args(argv[:4])))[1]
+    # registry index 0 is the CPU: the projector's 2.8 MiB there raise RPC0's target
+    assert targets(plain.log) == ["  - RPC0: 12 used, 8179 free vs. target of 1024"]
+    assert targets(result.log) == ["  - RPC0: 12 used, 8179 free vs. target of 1026"]

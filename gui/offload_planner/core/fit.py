@@ -606,16 +606,10 @@ def fit_for_args(model: Model, devices: DeviceSet, args: Any, popts: PlacementOp
 
 def _mmproj_margins(args: Any, devices: DeviceSet, margins: list[int] | int) -> list[int] | int:
     """The server adds the --mmproj projector's memory to the fit's targets before fitting."""
-    from offload_planner.core.mmproj.attach import fa_setting, fit_targets, mmproj_setup, project_setup
+    from offload_planner.core.mmproj.attach import fa_setting, fit_margins, mmproj_setup
 
-    setup = mmproj_setup(args)
-    if setup is None:
-        return margins
-    n = max(len(devices.gpus), 1)
-    base = [margins] * n if isinstance(margins, int) else [*margins, *[DEFAULT_MARGIN] * (n - len(margins))]
     sa = getattr(args, "args", args)
-    mb = project_setup(setup, devices, fa_setting(getattr(sa, "flash_attn", None)))
-    return fit_targets(mb, devices, base)
+    return fit_margins(mmproj_setup(args), devices, fa_setting(getattr(sa, "flash_attn", None)), margins)
 
 
 def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOptions,

@@ -30,6 +30,7 @@ from offload_planner.core.mmproj.buffers import MmprojBuffers, MmprojOptions, pr
 from offload_planner.core.mmproj.projector import Projector, read_projector
 
 KIND = "mmproj"
+FIT_TARGET = 1024 * 1024 * 1024  # common_params::fit_params_target's default per device
 
 
 @dataclass(frozen=True)
@@ -160,3 +161,14 @@ def fit_targets(mb: MmprojBuffers, devices: DeviceSet, margins: list[int]) -> li
         if dev in order and order.index(dev) < len(out):
             out[order.index(dev)] += size
     return out
+
+
+def fit_margins(setup: MmprojSetup | None, devices: DeviceSet, flash_attn: bool | None,
+                margins: list[int] | int) -> list[int] | int:
+    """The fit's targets (``-fitt``: one value or one per GPU) with the projector's memory added
+    as the server adds it; unchanged without a projector."""
+    if setup is None:
+        return margins
+    n = max(len(devices.gpus), 1)
+    base = [margins] * n if isinstance(margins, int) else [*margins, *[FIT_TARGET] * (n - len(margins))]
+    return fit_targets(project_setup(setup, devices, flash_attn), devices, base)
