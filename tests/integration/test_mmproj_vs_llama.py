@@ -1,7 +1,8 @@
 """The projector (``--mmproj``) projection against the real llama-server, per device and buffer.
 
-The project writes two Gemma 3 style projectors for its small gemma3 text model
-(``core.synth.mmproj``); llama-server loads each beside the model on the CPU or on one or two
+The project writes two small Gemma 3 style projectors for its small gemma3 text model and one with
+the real shapes of gemma-3-4b-it's (``core.synth.mmproj``, complete sparse files, the latter with a
+2560-wide text model); llama-server loads each beside the model on the CPU or on one or two
 ggml-rpc-server devices, with and without flash attention, offloaded or not, on a chosen device.
 From its log (``-lv 4``) the test takes what clip.cpp prints: the device it uses, the ``model size``,
 every ``reserve_compute_meta`` compute buffer, the warmup graph's splits and nodes, and whether
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,8 +36,10 @@ from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.engine import run_engine
 from offload_planner.core.fit import fit_for_args
 from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.mmproj import read_projector
 from offload_planner.core.mmproj.attach import KIND, fa_setting, mmproj_setup, project_setup
-from offload_planner.core.synth.mmproj import SMALL_MMPROJ, write_mmproj
+from offload_planner.core.synth import SMALL_MODELS, write_model
+from offload_planner.core.synth.mmproj import BIG_MMPROJ, SMALL_MMPROJ, write_mmproj
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +65,10 @@ CASES: list[tuple[str, int, str]] = [
     ("gemma3-448", 2, "--mmproj-device none -fa off"),
     ("gemma3-448", 2, "-dev RPC1"),
     ("gemma3-448", 2, "-fa off --no-mmproj-offload --mmproj-offload"),
+    # real size: gemma-3-4b-it's SigLIP tower (801.50 MiB of f16 weights, 896 px, 27 blocks)
+    ("gemma-3-4b-mmproj-f16", 0, ""),
+    ("gemma-3-4b-mmproj-f16", 0, "-fa off"),
+    ("gemma-3-4b-mmproj-f16", 1, "-fa on"),
 ]
 
 
@@ -72,8 +80,18 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
 
 @pytest.fixture(scope="module")
 def mmprojs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The loadable projectors and the real-size 4B one (a sparse file of zeros)."""
     root = tmp_path_factory.mktemp("mmproj")
-    return {name: write_mmproj(spec, root / f"{name}.gguf") for name, spec in SMALL_MMPROJ.items()}
+    specs = {**SMALL_MMPROJ, "gemma-3-4b-mmproj-f16": BIG_MMPROJ["gemma-3-4b-mmproj-f16"]}
+    return {name: write_mmproj(spec, root / f"{name}.gguf") for name, spec in specs.items()}
+
+
+@pytest.fixture(scope="module")
+def text_models(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Text model by width: mtmd refuses a projector whose output width is not the model's."""
+    wide = replace(SMALL_MODELS["gemma3"], n_embd=2560)
+    return {256: small_models["gemma3"],
+            2560: write_model(wide, tmp_path_factory.mktemp("text") / "gemma3-2560.gguf")[0]}
 
 
 def _devices(endpoints: list[str]) -> DeviceSet:
@@ -102,20 +120,21 @@ def _argv(rpc: list[str], n_rpc: int, path: Path, args: str) -> list[str]:
 
 @pytest.mark.parametrize(("name", "n_rpc", "args"), CASES, ids=[f"{m}:{n}rpc:{a}" for m, n, a in CASES])
 def test_mmproj_buffers_equal_llama_server(
-    name: str, n_rpc: int, args: str, small_models: dict[str, Path], mmprojs: dict[str, Path],
+    name: str, n_rpc: int, args: str, text_models: dict[int, Path], mmprojs: dict[str, Path],
     llama_server: Path, rpc: list[str], tmp_path: Path,
 ) -> None:
     argv = _argv(rpc, n_rpc, mmprojs[name], args)
+    text = text_models[read_projector(mmprojs[name]).n_embd_out]
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
     devices = _devices(rpc[:n_rpc])
     setup = mmproj_setup(parsed)
     assert setup is not None
     mb = project_setup(setup, devices, fa_setting(parsed.args.flash_attn))
-    result = run_engine(open_model(small_models["gemma3"]), devices, parsed)
+    result = run_engine(open_model(text), devices, parsed)
 
-    text = _run_server(llama_server, small_models["gemma3"], argv, tmp_path / "server.log", fit=False)
-    clip: ClipLoad = parse_clip_log(text.splitlines())
+    log = _run_server(llama_server, text, argv, tmp_path / "server.log", fit=False)
+    clip: ClipLoad = parse_clip_log(log.splitlines())
     buft = {d.name: d.buffer_type for d in devices}
     projected_compute = {buft[d]: _mib(b) for d, b in mb.compute.items() if b > 1}
     print(f"\n{name} {n_rpc} RPC {args}: device {mb.device}, weights {_mib(mb.projector.weight_bytes)} "
@@ -132,7 +151,7 @@ def test_mmproj_buffers_equal_llama_server(
     # not with -dev, which the engine leaves to the device set its caller builds
     if "-dev" in args:
         return
-    report = parse_log(text.splitlines())
+    report = parse_log(log.splitlines())
     actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
     mismatches = []
     for dm in result.projection.devices:
