@@ -224,3 +224,11 @@ def test_plan_file_keeps_the_projector(files: dict[str, Path], tmp_path: Path) -
     before = [(b.device, b.bytes) for b in plan.projection().buffers() if b.kind == KIND]
     after = [(b.device, b.bytes) for b in loaded.projection().buffers() if b.kind == KIND]
     assert before == after and {d for d, _ in after} == {"CPU"}
+
+
+def test_environment_variables_are_read() -> None:
+    parsed = parse_server_args(["-c", "2048"], env={
+        "LLAMA_ARG_MMPROJ": "/p.gguf", "LLAMA_ARG_MMPROJ_OFFLOAD": "0", "MTMD_BACKEND_DEVICE": "RPC1"})
+    setup = mmproj_setup(parsed)
+    assert setup is not None
+    assert (setup.location, setup.offload, setup.device) == ("/p.gguf", False, "RPC1")
