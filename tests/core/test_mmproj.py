@@ -232,3 +232,19 @@ def test_environment_variables_are_read() -> None:
     setup = mmproj_setup(parsed)
     assert setup is not None
     assert (setup.location, setup.offload, setup.device) == ("/p.gguf", False, "RPC1")
+
+
+def test_mmproj_url_is_read_over_http_ranges(files: dict[str, Path]) -> None:
+    """``-mmu URL``: the server downloads it; the planner reads only its header over HTTP."""
+    from tests.support.http_range_server import RangeServer
+
+    with RangeServer(files["gemma3"].parent) as srv:
+        url = srv.url(files["gemma3"].name)
+        devices = DeviceSet(CPU, _rpc(1))
+        res = run_engine(open_model(files["text"]), devices,
+                         parse_server_args(["--rpc", "127.0.0.1:5000", "-mmu", url]))
+        sent = sum(r.bytes_sent for r in srv.log)
+    local = project_mmproj(read_projector(files["gemma3"]), devices, MmprojOptions())
+    mm = [(b.device, b.bytes) for b in res.projection.buffers() if b.kind == KIND]
+    assert mm == [("RPC0", local.weights), *local.compute.items()]
+    assert 0 < sent < os.path.getsize(files["gemma3"])  # the header (one 1 MiB range), not all

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from offload_planner.core.byte_source import is_url
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.mmproj.attach import argv_mmproj_setup
 from offload_planner.core.mmproj.placed import MMPROJ_RULE, NOT_MOVABLE, projector_block, projector_placed
@@ -238,8 +239,8 @@ def plan_projector_placed(plan: Plan) -> list[Placed]:
     setup = argv_mmproj_setup(tuple(plan.extra_args))
     if setup is None or plan.dialect != "llama.cpp":
         return []
-    try:
-        return projector_placed(setup, plan.devices)
+    try:  # a URL is read by the projection, off the GUI thread; the map shows it once read
+        return projector_placed(setup, plan.devices, read=not is_url(setup.location))
     except PlannerError:
         return []
 

@@ -85,10 +85,19 @@ def _stamp(location: str) -> float:
         return 0.0
 
 
+_LAST: dict[str, Projector] = {}  # the last projector read from each location
+
+
 @functools.lru_cache(maxsize=8)
 def _read(location: str, stamp: float) -> Projector:
     del stamp  # part of the cache key: a rewritten file is read again
-    return read_projector(location)
+    proj = _LAST[location] = read_projector(location)
+    return proj
+
+
+def already_read(location: str) -> Projector | None:
+    """The projector if some projection read it already (no I/O: for the GUI thread)."""
+    return _LAST.get(location)
 
 
 def load_projector(location: str) -> Projector:

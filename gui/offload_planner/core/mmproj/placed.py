@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from offload_planner.core.devices import DeviceSet
-from offload_planner.core.mmproj.attach import MmprojSetup, load_projector
+from offload_planner.core.mmproj.attach import MmprojSetup, already_read, load_projector
 from offload_planner.core.mmproj.buffers import mmproj_device
 from offload_planner.core.model import Tensor
 from offload_planner.core.placement import CPU, Placed
@@ -41,9 +41,12 @@ def projector_role(name: str) -> Role:
     return Role.OUTPUT_NORM if "norm" in name or "_ln" in name else Role.OTHER
 
 
-def projector_placed(setup: MmprojSetup, devices: DeviceSet) -> list[Placed]:
-    """Every projector tensor on the projector's device (its buffer type as llama.cpp names it)."""
-    proj = load_projector(setup.location)
+def projector_placed(setup: MmprojSetup, devices: DeviceSet, *, read: bool = True) -> list[Placed]:
+    """Every projector tensor on the projector's device (its buffer type as llama.cpp names it);
+    ``read=False``: only a projector some projection has read already (none otherwise)."""
+    proj = load_projector(setup.location) if read else already_read(setup.location)
+    if proj is None:
+        return []
     gpu = mmproj_device(devices, setup.options(None))
     dev, buft = (gpu.name, gpu.buffer_type) if gpu is not None else (CPU, CPU)
     rule = f"{MMPROJ_RULE} {proj.name}: clip loads it on {dev}"
