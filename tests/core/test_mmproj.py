@@ -54,8 +54,9 @@ def test_written_projector_reads_back(name: str, files: dict[str, Path]) -> None
         (n, s, q.name.lower()) for n, s, q in expected]
     assert p.weight_bytes == sum(tensor_nbytes(q, s) for _, s, q in expected)
     assert (p.proj_type, p.n_embd, p.n_layer, p.image_size, p.n_embd_out) == (
-        "gemma3", spec.n_embd, spec.n_layer, spec.image_size, spec.n_embd_text)
-    assert p.n_merge == (spec.n_merge or 4)  # clip.cpp's Gemma 3 default when the key is absent
+        spec.proj_type, spec.n_embd, spec.n_layer, spec.image_size, spec.n_embd_text)
+    if spec.proj_type == "gemma3":
+        assert p.n_merge == (spec.n_merge or 4)  # clip.cpp's Gemma 3 default when the key is absent
     size = os.path.getsize(files[name])
     assert (size > p.weight_bytes) == (name in SMALL_MMPROJ)  # loadable ones carry their data
 
@@ -198,6 +199,18 @@ def test_cuda_pads_quantized_rows_of_the_projector(files: dict[str, Path]) -> No
     assert project_mmproj(p, DeviceSet(CPU, (cuda,)), MmprojOptions()).weights == expected
     assert project_mmproj(p, DeviceSet(CPU, _rpc(1)), MmprojOptions()).weights == sum(
         pad(t.nbytes, 32) for t in p.tensors)
+
+
+def test_qwen25vl_shapes(files: dict[str, Path]) -> None:
+    """1280 wide, 32 blocks of 4 x 1280^2 attention + 3 x 1280 x 3420 SwiGLU, a 5120^2 + 5120 x 3584
+    merger, two 14 x 14 x 3 x 1280 patch kernels (f16), f32 norms and biases."""
+    p = read_projector(files["qwen2.5-vl-7b-mmproj-f16"])
+    f16 = 32 * (4 * 1280 * 1280 + 3 * 1280 * 3420) + 5120 * 5120 + 5120 * 3584 + 2 * 14 * 14 * 3 * 1280
+    f32 = 32 * (4 * 1280 + 3420 * 2 + 1280 + 2 * 1280) + 5120 + 3584 + 1280
+    assert p.weight_bytes == 2 * f16 + 4 * f32
+    assert not p.has_graph
+    mb = project_mmproj(p, DeviceSet(CPU, (parse_device_decl("CUDA0=24GiB"),)), MmprojOptions())
+    assert mb.device == "CUDA0" and mb.compute == {} and "no compute graph" in mb.why
 
 
 def test_other_projector_types_get_weights_and_a_note(files: dict[str, Path], tmp_path: Path) -> None:

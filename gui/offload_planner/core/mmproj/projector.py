@@ -68,7 +68,10 @@ class Projector:
     @property
     def n_embd_out(self) -> int:
         """``clip_n_mmproj_embd``: the text model width the projector feeds (0: not known here)."""
-        t = self.tensor("mm.input_projection.weight")
+        t = self.tensor("mm.input_projection.weight")  # gemma3: ne[0]
+        if t is not None:
+            return t.shape[0]
+        t = self.tensor("mm.2.bias")  # qwen2vl / qwen2.5vl mergers: mm_1_b->ne[0]
         return t.shape[0] if t is not None else 0
 
 

@@ -39,8 +39,36 @@ class MmprojSpec:
     n_merge: int | None = None  # clip.vision.projector.scale_factor (Gemma 3 default: 4)
 
 
+QWEN25VL = "qwen2.5vl_merger"
+
+
+def _qwen25vl_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
+    """Qwen2.5-VL's vision tower: two temporal patch kernels, RMS-normed SwiGLU blocks with biased
+    q/k/v/out, and the patch merger ``mm.0``/``mm.2`` over 2x2 merged patches."""
+    e, ff, p, w = spec.n_embd, spec.n_ff, spec.patch_size, spec.weight_type
+    merged = e * 4
+    out: list[tuple[str, tuple[int, ...], Q]] = [
+        ("mm.0.bias", (merged,), Q.F32), ("mm.0.weight", (merged, merged), w),
+        ("mm.2.bias", (spec.n_embd_text,), Q.F32), ("mm.2.weight", (merged, spec.n_embd_text), w),
+        ("v.patch_embd.weight", (p, p, 3, e), Q.F16), ("v.patch_embd.weight.1", (p, p, 3, e), Q.F16),
+    ]
+    for i in range(spec.n_layer):
+        b = f"v.blk.{i}"
+        for name in ("attn_k", "attn_out", "attn_q", "attn_v"):
+            out += [(f"{b}.{name}.bias", (e,), Q.F32), (f"{b}.{name}.weight", (e, e), w)]
+        out += [
+            (f"{b}.ffn_down.bias", (e,), Q.F32), (f"{b}.ffn_down.weight", (ff, e), w),
+            (f"{b}.ffn_gate.bias", (ff,), Q.F32), (f"{b}.ffn_gate.weight", (e, ff), w),
+            (f"{b}.ffn_up.bias", (ff,), Q.F32), (f"{b}.ffn_up.weight", (e, ff), w),
+            (f"{b}.ln1.weight", (e,), Q.F32), (f"{b}.ln2.weight", (e,), Q.F32),
+        ]
+    return [*out, ("v.post_ln.weight", (e,), Q.F32)]
+
+
 def mmproj_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
     """(name, ggml shape, type) of every tensor, in the converter's order."""
+    if spec.proj_type == QWEN25VL:
+        return _qwen25vl_tensors(spec)
     e, ff, p = spec.n_embd, spec.n_ff, spec.patch_size
     n_pos = (spec.image_size // p) ** 2
     w = spec.weight_type
@@ -70,7 +98,10 @@ def _metadata(writer: GGUFWriter, spec: MmprojSpec) -> None:
     writer.add_uint32("general.file_type", 1)
     writer.add_string("clip.projector_type", spec.proj_type)
     writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.use_gelu", True)
+    writer.add_bool("clip.use_silu" if spec.proj_type == QWEN25VL else "clip.use_gelu", True)
+    if spec.proj_type == QWEN25VL:  # windowed attention, full attention every 8th block
+        writer.add_uint32("clip.vision.n_wa_pattern", 8)
+        writer.add_uint32("clip.vision.spatial_merge_size", 2)
     writer.add_uint32("clip.vision.projection_dim", spec.n_embd_text)
     writer.add_uint32("clip.vision.image_size", spec.image_size)
     writer.add_uint32("clip.vision.patch_size", spec.patch_size)
@@ -129,4 +160,10 @@ BIG_MMPROJ: dict[str, MmprojSpec] = {
         name=f"gemma-3-{size}-it mmproj", n_embd=1152, n_ff=4304, n_layer=27, n_head=16,
         image_size=896, patch_size=14, n_embd_text=width)
     for size, width in (("4b", 2560), ("12b", 3840), ("27b", 5376))
+} | {
+    # Qwen2.5-VL-7B-Instruct: 32 blocks of 1280, 16 heads, SwiGLU 3420, merger to 3584 (weights
+    # only in the planner: its windowed, dynamic-resolution graph is not modelled)
+    "qwen2.5-vl-7b-mmproj-f16": MmprojSpec(
+        name="Qwen2.5-VL-7B-Instruct mmproj", n_embd=1280, n_ff=3420, n_layer=32, n_head=16,
+        image_size=560, patch_size=14, n_embd_text=3584, proj_type=QWEN25VL, eps=1e-6),
 }
