@@ -195,3 +195,19 @@ def test_fit_targets_count_the_projector_as_llama_server(
     print(f"\n{name} {args}: targets planner {ours}, server {theirs}")
     assert theirs and ours == theirs
     assert any(v != 1024 for v in theirs.values())  # the projector moved a target
+
+
+def test_qwen25vl_projector_loads_with_its_weights(tmp_path: Path, llama_server: Path) -> None:
+    """The real-shape Qwen2.5-VL-7B projector (a complete sparse file) loads beside a 3584-wide text
+    model; its logged model size is the planner's weights.  Its compute (a windowed graph over a
+    1288 px warmup image) is not modelled: the planner says so and projects none."""
+    spec = BIG_MMPROJ["qwen2.5-vl-7b-mmproj-f16"]
+    path = write_mmproj(spec, tmp_path / "qwen.gguf")
+    text = write_model(replace(SMALL_MODELS["gemma3"], n_embd=spec.n_embd_text), tmp_path / "t.gguf")[0]
+    argv = ["-c", "2048", "-mm", str(path)]
+    res = run_engine(open_model(text), _devices([]), parse_server_args(argv))
+    assert any("no compute graph for projector type 'qwen2.5vl_merger'" in n for n in res.notes)
+    log = _run_server(llama_server, text, argv, tmp_path / "server.log", fit=False)
+    clip = parse_clip_log(log.splitlines())
+    assert clip.backend == "CPU" and clip.model_mib == _mib(read_projector(path).weight_bytes) == 1291.40
+    assert clip.compute_mib  # logged, not projected
