@@ -202,15 +202,20 @@ def test_cuda_pads_quantized_rows_of_the_projector(files: dict[str, Path]) -> No
 
 
 def test_qwen25vl_shapes(files: dict[str, Path]) -> None:
-    """1280 wide, 32 blocks of 4 x 1280^2 attention + 3 x 1280 x 3420 SwiGLU, a 5120^2 + 5120 x 3584
-    merger, two 14 x 14 x 3 x 1280 patch kernels (f16), f32 norms and biases."""
+    """Qwen2.5-VL-7B: 1280 wide, 32 blocks of 4 x 1280^2 attention + 3 x 1280 x 3420 SwiGLU, a
+    5120^2 + 5120 x 3584 merger, two 14 x 14 x 3 x 1280 patch kernels (f16), f32 norms and biases."""
     p = read_projector(files["qwen2.5-vl-7b-mmproj-f16"])
     f16 = 32 * (4 * 1280 * 1280 + 3 * 1280 * 3420) + 5120 * 5120 + 5120 * 3584 + 2 * 14 * 14 * 3 * 1280
     f32 = 32 * (4 * 1280 + 3420 * 2 + 1280 + 2 * 1280) + 5120 + 3584 + 1280
     assert p.weight_bytes == 2 * f16 + 4 * f32
-    assert not p.has_graph
+    assert p.has_graph and p.warmup_size() == 46 * 14 * 2  # set_warmup_n_tokens(46*46)
+    assert p.warmup_size(image_max_tokens=1024) == 32 * 14 * 2
     mb = project_mmproj(p, DeviceSet(CPU, (parse_device_decl("CUDA0=24GiB"),)), MmprojOptions())
-    assert mb.device == "CUDA0" and mb.compute == {} and "no compute graph" in mb.why
+    # the CPU holds the graph inputs: the image, 4 positions per patch, the two window index
+    # vectors (one per merged 2x2 patch) and the f32 window mask over 92 x 92 = 8464 patches
+    inputs = [1288 * 1288 * 3 * 4, 8464 * 4 * 4, 2116 * 4, 8464 * 8464 * 4, 2116 * 4]
+    assert mb.device == "CUDA0" and not mb.why
+    assert mb.compute["CPU"] == sum(-(-n // 32) * 32 for n in inputs)
 
 
 def test_other_projector_types_get_weights_and_a_note(files: dict[str, Path], tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """The projector (``--mmproj``) projection against the real llama-server, per device and buffer.
 
-The project writes two small Gemma 3 style projectors for its small gemma3 text model and one with
-the real shapes of gemma-3-4b-it's (``core.synth.mmproj``, complete sparse files, the latter with a
-2560-wide text model); llama-server loads each beside the model on the CPU or on one or two
+The project writes two small Gemma 3 style projectors for its small gemma3 text model and two with
+real shapes, gemma-3-4b-it's and Qwen2.5-VL-7B's (``core.synth.mmproj``, complete sparse files, with
+text models of their width); llama-server loads each beside the model on the CPU or on one or two
 ggml-rpc-server devices, with and without flash attention, offloaded or not, on a chosen device.
 From its log (``-lv 4``) the test takes what clip.cpp prints: the device it uses, the ``model size``,
 every ``reserve_compute_meta`` compute buffer, the warmup graph's splits and nodes, and whether
@@ -69,6 +69,10 @@ CASES: list[tuple[str, int, str]] = [
     ("gemma-3-4b-mmproj-f16", 0, ""),
     ("gemma-3-4b-mmproj-f16", 0, "-fa off"),
     ("gemma-3-4b-mmproj-f16", 1, "-fa on"),
+    # real size: Qwen2.5-VL-7B's tower (1291.40 MiB; windowed attention, M-RoPE, 1288 px warmup)
+    ("qwen2.5-vl-7b-mmproj-f16", 0, ""),
+    ("qwen2.5-vl-7b-mmproj-f16", 0, "-fa off --image-max-tokens 1024"),
+    ("qwen2.5-vl-7b-mmproj-f16", 1, "--image-max-tokens 256"),
 ]
 
 
@@ -82,16 +86,18 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
 def mmprojs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The loadable projectors and the real-size 4B one (a sparse file of zeros)."""
     root = tmp_path_factory.mktemp("mmproj")
-    specs = {**SMALL_MMPROJ, "gemma-3-4b-mmproj-f16": BIG_MMPROJ["gemma-3-4b-mmproj-f16"]}
+    big = ("gemma-3-4b-mmproj-f16", "qwen2.5-vl-7b-mmproj-f16")
+    specs = {**SMALL_MMPROJ, **{name: BIG_MMPROJ[name] for name in big}}
     return {name: write_mmproj(spec, root / f"{name}.gguf") for name, spec in specs.items()}
 
 
 @pytest.fixture(scope="module")
 def text_models(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     """Text model by width: mtmd refuses a projector whose output width is not the model's."""
-    wide = replace(SMALL_MODELS["gemma3"], n_embd=2560)
-    return {256: small_models["gemma3"],
-            2560: write_model(wide, tmp_path_factory.mktemp("text") / "gemma3-2560.gguf")[0]}
+    root = tmp_path_factory.mktemp("text")
+    return {256: small_models["gemma3"], **{
+        n: write_model(replace(SMALL_MODELS["gemma3"], n_embd=n), root / f"gemma3-{n}.gguf")[0]
+        for n in (2560, 3584)}}
 
 
 def _devices(endpoints: list[str]) -> DeviceSet:
@@ -196,18 +202,3 @@ def test_fit_targets_count_the_projector_as_llama_server(
     assert theirs and ours == theirs
     assert any(v != 1024 for v in theirs.values())  # the projector moved a target
 
-
-def test_qwen25vl_projector_loads_with_its_weights(tmp_path: Path, llama_server: Path) -> None:
-    """The real-shape Qwen2.5-VL-7B projector (a complete sparse file) loads beside a 3584-wide text
-    model; its logged model size is the planner's weights.  Its compute (a windowed graph over a
-    1288 px warmup image) is not modelled: the planner says so and projects none."""
-    spec = BIG_MMPROJ["qwen2.5-vl-7b-mmproj-f16"]
-    path = write_mmproj(spec, tmp_path / "qwen.gguf")
-    text = write_model(replace(SMALL_MODELS["gemma3"], n_embd=spec.n_embd_text), tmp_path / "t.gguf")[0]
-    argv = ["-c", "2048", "-mm", str(path)]
-    res = run_engine(open_model(text), _devices([]), parse_server_args(argv))
-    assert any("no compute graph for projector type 'qwen2.5vl_merger'" in n for n in res.notes)
-    log = _run_server(llama_server, text, argv, tmp_path / "server.log", fit=False)
-    clip = parse_clip_log(log.splitlines())
-    assert clip.backend == "CPU" and clip.model_mib == _mib(read_projector(path).weight_bytes) == 1291.40
-    assert clip.compute_mib  # logged, not projected

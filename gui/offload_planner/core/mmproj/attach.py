@@ -40,9 +40,11 @@ class MmprojSetup:
     device: str | None = None
     devices: tuple[str, ...] = ()
     warmup: bool = True
+    image_max_tokens: int = 0
 
     def options(self, flash_attn: bool | None) -> MmprojOptions:
-        return MmprojOptions(self.offload, self.device, self.devices, flash_attn, self.warmup)
+        return MmprojOptions(self.offload, self.device, self.devices, flash_attn, self.warmup,
+                             self.image_max_tokens)
 
 
 def mmproj_setup(parsed: Any) -> MmprojSetup | None:
@@ -51,6 +53,7 @@ def mmproj_setup(parsed: Any) -> MmprojSetup | None:
     offload, warmup = True, True
     device: str | None = None
     devices: tuple[str, ...] = ()
+    max_tokens = 0
     for f in getattr(parsed, "flags", None) or ():
         value = f.values[0] if f.values else None
         if f.key in ("--mmproj", "--mmproj-url") and value:
@@ -63,9 +66,11 @@ def mmproj_setup(parsed: Any) -> MmprojSetup | None:
             warmup = f.positive
         elif f.key == "--device" and value:
             devices = tuple(d.strip() for d in value.split(",") if d.strip())
+        elif f.key == "--image-max-tokens" and value and value.strip().lstrip("-").isdigit():
+            max_tokens = max(0, int(value))
     if location is None:
         return None
-    return MmprojSetup(location, offload, device, devices, warmup)
+    return MmprojSetup(location, offload, device, devices, warmup, max_tokens)
 
 
 @functools.lru_cache(maxsize=64)

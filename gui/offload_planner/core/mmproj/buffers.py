@@ -40,6 +40,7 @@ class MmprojOptions:
     devices: tuple[str, ...] = ()  # --device list (its first entry is the default)
     flash_attn: bool | None = None  # -fa on/off; None = auto
     warmup: bool = True  # --no-warmup skips the reserve
+    image_max_tokens: int = 0  # --image-max-tokens (0: the model's)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class Reserved:
     n_splits: int
 
 
-def compute_bytes(proj: Projector, gpu: Device | None, cpu: Device, flash_attn: bool) -> Reserved:
+def compute_bytes(proj: Projector, gpu: Device | None, cpu: Device, flash_attn: bool,
+                  image_max_tokens: int = 0) -> Reserved:
     """The warmup graph reserved over the device and the CPU."""
     backends = ([_backend(gpu)] if gpu is not None else []) + [Backend(CPU, CPU, cpu.alignment)]
     home = gpu.name if gpu is not None else CPU
@@ -112,7 +114,7 @@ def compute_bytes(proj: Projector, gpu: Device | None, cpu: Device, flash_attn: 
             cache[name] = t
         return cache[name]
 
-    g = build_graph(proj, weight, flash_attn=flash_attn)
+    g = build_graph(proj, weight, flash_attn=flash_attn, image_max_tokens=image_max_tokens)
     sched = Scheduler(backends, 1, op_offload=True)
     sched.split_graph(g)
     sizes = GraphAllocator(backends).run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
@@ -128,7 +130,7 @@ def project_mmproj(proj: Projector, devices: DeviceSet, opts: MmprojOptions) -> 
     res = Reserved({}, 0, 0)
     why = ""
     if opts.warmup and proj.has_graph:
-        res = compute_bytes(proj, gpu, devices.cpu, fa)
+        res = compute_bytes(proj, gpu, devices.cpu, fa, opts.image_max_tokens)
     elif opts.warmup:
         why = f"no compute graph for projector type {proj.proj_type!r}: compute not projected"
     return MmprojBuffers(proj, home, weight_bytes(proj, gpu or devices.cpu), res.sizes, fa, why,

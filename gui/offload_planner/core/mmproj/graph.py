@@ -15,11 +15,13 @@ from collections.abc import Callable
 from offload_planner.core.compute.ggml import (
     F16,
     F32,
+    I32,
     Graph,
     T,
     cont,
     dup_op,
     flash_attn_ext,
+    get_rows,
     input_tensor,
     mul_mat,
     new,
@@ -47,10 +49,11 @@ def _named(t: T, name: str) -> T:
 
 
 class _Vit:
-    def __init__(self, proj: Projector, weight: Weight, flash_attn: bool) -> None:
+    def __init__(self, proj: Projector, weight: Weight, flash_attn: bool, size: int) -> None:
         self.p = proj
         self.w = weight
         self.fa = flash_attn
+        self.size = size  # the warmup image's side
         self.g = Graph()
 
     def req(self, name: str) -> T:
@@ -63,41 +66,48 @@ class _Vit:
         b = self.w(name)
         return cur if b is None else dup_op(cur, "ADD", cur, b)
 
-    def norm(self, cur: T, prefix: str, il: int) -> T:
-        cur = dup_op(cur, "NORM", cur)
+    def norm(self, cur: T, prefix: str, il: int, op: str = "NORM") -> T:
+        cur = dup_op(cur, op, cur)
         w = self.w(f"{prefix}.weight")
         if w is not None:
             cur = dup_op(cur, "MUL", cur, w)
         cur = self.add_opt(cur, f"{prefix}.bias")
         return _named(cur, f"norm-{il}") if il >= 0 else cur
 
-    def inp(self) -> T:
-        p = self.p
-        n_side = p.image_size // p.patch_size
-        raw = input_tensor(F32, [p.image_size, p.image_size, 3, 1], "inp_raw")
-        a = self.req("v.patch_embd.weight")
+    def raw(self) -> T:
+        return input_tensor(F32, [self.size, self.size, 3, 1], "inp_raw")
+
+    def conv2d(self, a: T, raw: T) -> T:
+        """``ggml_conv_2d`` with stride = kernel = patch size: im2col, mul_mat, permute."""
+        n_side = self.size // self.p.patch_size
         col_t = F32 if a.type.name == "bf16" else F16
         kk = a.ne[0] * a.ne[1] * a.ne[2]
         im2col = new(col_t, [kk, n_side, n_side, 1], "IM2COL", a, raw)
         res = mul_mat(reshape(im2col, kk, n_side * n_side), reshape(a, kk, a.ne[3]))
         res = reshape(res, n_side, n_side, 1, a.ne[3])
-        res = cont(permute(res, 0, 1, 3, 2))
+        return cont(permute(res, 0, 1, 3, 2))
+
+    def inp(self) -> T:
+        p = self.p
+        n_side = self.size // p.patch_size
+        res = self.conv2d(self.req("v.patch_embd.weight"), self.raw())
         cur = reshape(res, n_side * n_side, p.n_embd, 1)
         cur = cont(transpose(cur))
         return self.add_opt(cur, "v.patch_embd.bias")
 
-    def attn(self, q_cur: T, k_cur: T, v_cur: T, il: int) -> T:
+    def attn(self, q_cur: T, k_cur: T, v_cur: T, il: int, mask: T | None = None) -> T:
         for t in (q_cur, k_cur, v_cur):
             self.g.expand(t)  # ggml_build_forward_order
         q = permute(q_cur, 0, 2, 1, 3)
         k = permute(k_cur, 0, 2, 1, 3)
         if self.fa:
             v = permute(v_cur, 0, 2, 1, 3)
-            cur = flash_attn_ext(q, _cast(k, F16), _cast(v, F16), None, None)
+            k, v = _cast(k, F16), _cast(v, F16)
+            cur = flash_attn_ext(q, k, v, _cast(mask, F16) if mask is not None else None, None)
             cur = reshape(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
         else:
             v = cont(permute(v_cur, 1, 2, 0, 3))
-            kq = soft_max_ext(mul_mat(k, q), None, None)
+            kq = soft_max_ext(mul_mat(k, q), mask, None)
             kqv = mul_mat(v, kq)
             cur = permute(kqv, 0, 2, 1, 3)
             cur = cont(cur, cur.ne[0] * cur.ne[1], cur.ne[2] * cur.ne[3])
@@ -110,15 +120,19 @@ class _Vit:
         t = self.add_opt(t, f"v.blk.{il}.attn_{which}.bias")
         return reshape(t, p.n_embd // p.n_head, p.n_head, t.ne[1], 1)
 
-    def ffn(self, cur: T, il: int) -> T:
+    def ffn(self, cur: T, il: int, up: str = "", down: str = "") -> T:
+        """``build_ffn``: up (+bias), gate (+bias) and a GLU, or the activation alone; down (+bias)."""
         b = f"v.blk.{il}"
-        cur = self.add_opt(mul_mat(self.req(f"{b}.ffn_up.weight"), cur), f"{b}.ffn_up.bias")
-        gate = self.w(f"{b}.ffn_gate.weight")
+        up, down = up or f"{b}.ffn_up", down or f"{b}.ffn_down"
+        tmp = self.add_opt(mul_mat(self.req(f"{up}.weight"), cur), f"{up}.bias")
+        gate = self.w(f"{b}.ffn_gate.weight") if il >= 0 else None
         if gate is not None:
-            raise PlannerError(f"{self.p.name}: gated projector FFNs are not modelled")
-        cur = _named(dup_op(cur, "UNARY", cur), f"ffn_{self.p.ffn_op}-{il}")
-        cur = mul_mat(self.req(f"{b}.ffn_down.weight"), cur)
-        return self.add_opt(cur, f"{b}.ffn_down.bias")
+            g = self.add_opt(mul_mat(gate, cur), f"{b}.ffn_gate.bias")
+            cur = new(g.type, g.ne, "GLU", g, tmp)
+        else:
+            cur = _named(dup_op(tmp, "UNARY", tmp), f"ffn_{self.p.ffn_op}-{il}")
+        cur = mul_mat(self.req(f"{down}.weight"), cur)
+        return self.add_opt(cur, f"{down}.bias")
 
     def vit(self, inp: T) -> T:
         p = self.p
@@ -144,7 +158,7 @@ class _Vit:
 
     def gemma3_tail(self, cur: T) -> T:
         p = self.p
-        side = p.image_size // p.patch_size
+        side = self.size // p.patch_size
         cur = cont(transpose(cur), side, side, p.n_embd, 1)
         out = (side - p.n_merge) // p.n_merge + 1
         cur = new(F32, [out, out, cur.ne[2], cur.ne[3]], "POOL_2D", cur)
@@ -156,11 +170,69 @@ class _Vit:
         return mul_mat(proj_w, cur)
 
 
-def build_graph(proj: Projector, weight: Weight, *, flash_attn: bool) -> Graph:
-    """The warmup graph of ``proj`` (one ``image_size`` square image)."""
+class _Qwen2VL(_Vit):
+    """``models/qwen2vl.cpp`` (Qwen2.5-VL: RMS norms, windowed attention, M-RoPE, SwiGLU)."""
+
+    def build(self) -> T:
+        p = self.p
+        npx = self.size // p.patch_size
+        n_pos = npx * npx
+        raw = self.raw()
+        inp = dup_op(c0 := self.conv2d(self.req("v.patch_embd.weight"), raw), "ADD", c0,
+                     self.conv2d(self.req("v.patch_embd.weight.1"), raw))
+        inp = permute(inp, 1, 2, 0, 3)
+        inp = cont(inp, p.n_embd * 2, npx // 2, npx, 1)
+        inp = reshape(inp, p.n_embd * 2, npx // 2, 2, npx // 2)
+        inp = permute(inp, 0, 2, 1, 3)
+        inp_l = cont(inp, p.n_embd, n_pos, 1)
+        positions = input_tensor(I32, [n_pos * 4], "positions")
+        mask: T | None = None
+        if p.n_wa_pattern > 0:
+            inv_idx = input_tensor(I32, [n_pos // 4], "inv_window_idx")
+            mask = input_tensor(F32, [n_pos, n_pos], "window_mask")
+            if self.fa:
+                mask = _cast(mask, F16)
+            inp_l = reshape(inp_l, p.n_embd * 4, n_pos // 4)
+            inp_l = get_rows(inp_l, inv_idx)
+            inp_l = reshape(inp_l, p.n_embd, n_pos, 1)
+        d_head = p.n_embd // p.n_head
+        for il in range(p.n_layer):
+            full = p.n_wa_pattern <= 0 or (il + 1) % p.n_wa_pattern == 0
+            b = f"v.blk.{il}"
+            cur = self.norm(inp_l, f"{b}.ln1", il, "RMS_NORM")
+            q, k, v = (reshape(dup_op(t := mul_mat(self.req(f"{b}.attn_{x}.weight"), cur), "ADD", t,
+                                      self.req(f"{b}.attn_{x}.bias")), d_head, p.n_head, n_pos)
+                       for x in ("q", "k", "v"))
+            q = dup_op(q, "ROPE", q, positions, None)
+            k = dup_op(k, "ROPE", k, positions, None)
+            cur = self.attn(q, k, v, il, None if full else mask)
+            cur = dup_op(cur, "ADD", cur, inp_l)
+            inp_l = cur
+            cur = self.norm(cur, f"{b}.ln2", il, "RMS_NORM")
+            cur = self.ffn(cur, il)
+            inp_l = _named(dup_op(inp_l, "ADD", inp_l, cur), f"layer_out-{il}")
+        if self.w("v.post_ln.weight") is not None:
+            inp_l = self.norm(inp_l, "v.post_ln", p.n_layer, "RMS_NORM")
+        emb = reshape(inp_l, p.n_embd * 4, n_pos // 4, 1)
+        emb = self.ffn(emb, -1, "mm.0", "mm.2")
+        if p.n_wa_pattern > 0:
+            idx = input_tensor(I32, [n_pos // 4], "window_idx")
+            emb = reshape(emb, p.projection_dim, n_pos // 4)
+            emb = get_rows(emb, idx)
+            emb = reshape(emb, p.projection_dim, n_pos // 4, 1)
+        return emb
+
+
+def build_graph(proj: Projector, weight: Weight, *, flash_attn: bool, image_max_tokens: int = 0) -> Graph:
+    """The warmup graph of ``proj`` (one square image of ``warmup_size``)."""
     if not proj.has_graph:
         raise PlannerError(f"{proj.name}: no compute graph for projector type {proj.proj_type!r}")
-    b = _Vit(proj, weight, flash_attn)
+    size = proj.warmup_size(image_max_tokens)
+    if proj.proj_type == "qwen2.5vl_merger":
+        q = _Qwen2VL(proj, weight, flash_attn, size)
+        q.g.expand(q.build())
+        return q.g
+    b = _Vit(proj, weight, flash_attn, size)
     out = b.gemma3_tail(b.vit(b.inp()))
     b.g.expand(out)
     return b.g

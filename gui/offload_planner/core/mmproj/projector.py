@@ -16,9 +16,14 @@ from offload_planner.core.ggml_types import GGMLType, resolve_type
 from offload_planner.core.gguf_reader import read_file_header
 
 #: ``clip.projector_type`` values whose compute graph the planner builds exactly (``models/siglip.cpp``).
-GRAPH_TYPES = frozenset({"gemma3"})
-#: Default pooling kernel of each projector type when ``clip.vision.projector.scale_factor`` is absent.
-_DEFAULT_MERGE = {"gemma3": 4}
+GRAPH_TYPES = frozenset({"gemma3", "qwen2.5vl_merger"})
+#: Default merge of each projector type: Gemma 3's pooling kernel (``clip.vision.projector.scale_
+#: factor``), Qwen's spatial merge (``clip.vision.spatial_merge_size``).
+_DEFAULT_MERGE = {"gemma3": 4, "qwen2vl_merger": 2, "qwen2.5vl_merger": 2}
+_MERGE_KEY = {"qwen2vl_merger": "clip.vision.spatial_merge_size",
+              "qwen2.5vl_merger": "clip.vision.spatial_merge_size"}
+#: Projector types whose warmup image is set by a token count (``set_warmup_n_tokens``).
+WARMUP_TOKENS = {"qwen2vl_merger": 46 * 46, "qwen2.5vl_merger": 46 * 46}
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,19 @@ class Projector:
     n_merge: int
     ffn_op: str  # gelu | silu | gelu_quick (clip.use_gelu / clip.use_silu)
     tensors: tuple[ProjectorTensor, ...]
+    projection_dim: int = 0
+    n_wa_pattern: int = 0  # window attention: every n-th block attends fully (Qwen2.5-VL)
+
+    def warmup_size(self, image_max_tokens: int = 0) -> int:
+        """``hparams.warmup_image_size``: the side of the warmup image (``--image-max-tokens`` caps
+        the token count of types that warm up with a token count)."""
+        n = WARMUP_TOKENS.get(self.proj_type)
+        if n is None:
+            return self.image_size
+        side = int(n**0.5)
+        if 0 < image_max_tokens < n:
+            side = max(1, int(image_max_tokens**0.5))
+        return side * self.patch_size * self.n_merge
 
     @property
     def name(self) -> str:
@@ -107,7 +125,10 @@ def read_projector(location: str | Path) -> Projector:
         eps=float(eps) if isinstance(eps, (int, float)) else 1e-6,
         image_size=_int(md, "clip.vision.image_size", path),
         patch_size=_int(md, "clip.vision.patch_size", path),
-        n_merge=_int(md, "clip.vision.projector.scale_factor", path, _DEFAULT_MERGE.get(proj_type, 1)),
+        n_merge=_int(md, _MERGE_KEY.get(proj_type, "clip.vision.projector.scale_factor"), path,
+                     _DEFAULT_MERGE.get(proj_type, 1)),
         ffn_op=ffn_op,
         tensors=tuple(tensors),
+        projection_dim=_int(md, "clip.vision.projection_dim", path, 0),
+        n_wa_pattern=_int(md, "clip.vision.n_wa_pattern", path, 0),
     )
