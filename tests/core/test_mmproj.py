@@ -266,3 +266,31 @@ def test_mmproj_url_is_read_over_http_ranges(files: dict[str, Path]) -> None:
     mm = [(b.device, b.bytes) for b in res.projection.buffers() if b.kind == KIND]
     assert mm == [("RPC0", local.weights), *local.compute.items()]
     assert 0 < sent < os.path.getsize(files["gemma3"])  # the header (one 1 MiB range), not all
+
+
+def test_audio_projector_counts_its_weights(files: dict[str, Path], tmp_path: Path) -> None:
+    """An audio-only mmproj (e.g. Ultravox): clip.cpp loads it as an audio encoder; the planner
+    counts its weights on the projector's device and says its compute is not projected."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    path = tmp_path / "audio.gguf"
+    w = GGUFWriter(path, "clip")
+    w.add_string("clip.projector_type", "ultravox")
+    w.add_bool("clip.has_audio_encoder", True)
+    for key, v in (("embedding_length", 64), ("attention.head_count", 2), ("feed_forward_length", 128),
+                   ("block_count", 1), ("projection_dim", 256)):
+        w.add_uint32(f"clip.audio.{key}", v)
+    w.add_uint32("clip.audio.num_mel_bins", 128)
+    w.add_tensor_info("a.blk.0.attn_q.weight", (64, 64), np.dtype(np.float32), 64 * 64 * 2,
+                      raw_dtype=GGMLQuantizationType.F16)
+    w.write_header_to_file(path)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    p = read_projector(path)
+    assert (p.proj_type, p.audio, p.weight_bytes) == ("audio:ultravox", True, 64 * 64 * 2)
+    res = run_engine(open_model(files["text"]), DeviceSet(CPU, _rpc(1)),
+                     parse_server_args(["--rpc", "127.0.0.1:5000", "-mm", str(path)]))
+    assert [(b.device, b.bytes) for b in res.projection.buffers() if b.kind == KIND] == [("RPC0", 8192)]
+    assert any("no compute graph for projector type 'audio:ultravox'" in n for n in res.notes)

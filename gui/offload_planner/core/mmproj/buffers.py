@@ -133,5 +133,7 @@ def project_mmproj(proj: Projector, devices: DeviceSet, opts: MmprojOptions) -> 
         res = compute_bytes(proj, gpu, devices.cpu, fa, opts.image_max_tokens)
     elif opts.warmup:
         why = f"no compute graph for projector type {proj.proj_type!r}: compute not projected"
+    if opts.warmup and proj.audio and proj.has_graph:
+        why = "the audio encoder's compute buffers are not projected (weights are)"
     return MmprojBuffers(proj, home, weight_bytes(proj, gpu or devices.cpu), res.sizes, fa, why,
                          res.n_nodes, res.n_splits)

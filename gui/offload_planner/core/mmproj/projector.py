@@ -55,6 +55,7 @@ class Projector:
     tensors: tuple[ProjectorTensor, ...]
     projection_dim: int = 0
     n_wa_pattern: int = 0  # window attention: every n-th block attends fully (Qwen2.5-VL)
+    audio: bool = False  # has an audio encoder (its compute is not projected)
 
     def warmup_size(self, image_max_tokens: int = 0) -> int:
         """``hparams.warmup_image_size``: the side of the warmup image (``--image-max-tokens`` caps
@@ -101,34 +102,41 @@ def _int(md: dict[str, object], key: str, path: str, default: int | None = None)
 
 
 def read_projector(location: str | Path) -> Projector:
-    """Read a projector's header; a file that is not a vision projector is a :class:`GGUFError`."""
+    """Read a projector's header (vision, audio or both); a file that is neither is a
+    :class:`GGUFError`.  Audio encoders are counted by their weights only (``audio`` set)."""
     header = read_file_header(location)
     path, md = header.path, header.metadata
-    proj_type = md.get("clip.projector_type") or md.get("clip.vision.projector_type")
-    if not isinstance(proj_type, str) or not md.get("clip.has_vision_encoder"):
-        raise GGUFError(path, "not a vision projector (no clip.projector_type / clip.has_vision_encoder)")
+    vision, audio = bool(md.get("clip.has_vision_encoder")), bool(md.get("clip.has_audio_encoder"))
+    prefix = "vision" if vision else "audio"
+    proj_type = md.get("clip.projector_type") or md.get(f"clip.{prefix}.projector_type")
+    if not isinstance(proj_type, str) or not (vision or audio):
+        raise GGUFError(path, "not a multimodal projector (no clip.projector_type / clip.has_vision_encoder"
+                              " / clip.has_audio_encoder)")
+    if proj_type == "qwen2.5o" and vision:  # clip.cpp: the vision half of Qwen2.5-Omni
+        proj_type = "qwen2.5vl_merger"
     tensors = []
     for r in header.tensors:
         t = resolve_type(r.type_id, None)
         if t is None:
             raise GGUFError(path, f"tensor {r.name!r} has unknown type id {r.type_id}", r.info_offset)
         tensors.append(ProjectorTensor(r.name, r.shape, t))
-    eps = md.get("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    eps = md.get(f"clip.{prefix}.attention.layer_norm_epsilon", 1e-6)
     ffn_op = "gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"
     return Projector(
         path=path,
-        proj_type=proj_type,
-        n_embd=_int(md, "clip.vision.embedding_length", path),
-        n_head=_int(md, "clip.vision.attention.head_count", path),
-        n_ff=_int(md, "clip.vision.feed_forward_length", path),
-        n_layer=_int(md, "clip.vision.block_count", path),
+        proj_type=proj_type if vision else f"audio:{proj_type}",
+        n_embd=_int(md, f"clip.{prefix}.embedding_length", path),
+        n_head=_int(md, f"clip.{prefix}.attention.head_count", path),
+        n_ff=_int(md, f"clip.{prefix}.feed_forward_length", path),
+        n_layer=_int(md, f"clip.{prefix}.block_count", path),
         eps=float(eps) if isinstance(eps, (int, float)) else 1e-6,
-        image_size=_int(md, "clip.vision.image_size", path),
-        patch_size=_int(md, "clip.vision.patch_size", path),
+        image_size=_int(md, "clip.vision.image_size", path) if vision else 0,
+        patch_size=_int(md, "clip.vision.patch_size", path) if vision else 1,
         n_merge=_int(md, _MERGE_KEY.get(proj_type, "clip.vision.projector.scale_factor"), path,
                      _DEFAULT_MERGE.get(proj_type, 1)),
         ffn_op=ffn_op,
         tensors=tuple(tensors),
-        projection_dim=_int(md, "clip.vision.projection_dim", path, 0),
+        projection_dim=_int(md, f"clip.{prefix}.projection_dim", path, 0),
         n_wa_pattern=_int(md, "clip.vision.n_wa_pattern", path, 0),
+        audio=audio,
     )
