@@ -18,6 +18,7 @@ from offload_planner.core.compute.ggml import (
     I32,
     Graph,
     T,
+    concat,
     cont,
     dup_op,
     flash_attn_ext,
@@ -29,6 +30,7 @@ from offload_planner.core.compute.ggml import (
     reshape,
     soft_max_ext,
     transpose,
+    view,
 )
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.mmproj.projector import Projector
@@ -223,13 +225,81 @@ class _Qwen2VL(_Vit):
         return emb
 
 
+class _Qwen3VL(_Qwen2VL):
+    """``models/qwen3vl.cpp``: biased patches, interpolated learned positions, fused qkv, deepstack."""
+
+    def merge_order(self, t: T, npx: int) -> T:
+        """The spatial-merge reordering of ``[n_embd, npx, npx]`` (cont, reshape, permute, cont)."""
+        p = self.p
+        t = cont(t, p.n_embd * 2, npx // 2, npx, 1)
+        t = reshape(t, p.n_embd * 2, npx // 2, 2, npx // 2)
+        t = permute(t, 0, 2, 1, 3)
+        return cont(t, p.n_embd, npx * npx, 1)
+
+    def positions_embd(self, npx: int) -> T:
+        """``resize_position_embeddings``: bilinear interpolation of the learned grid to npx x npx."""
+        p = self.p
+        pos = self.req("v.position_embd.weight")
+        side = int(pos.ne[1] ** 0.5)
+        if side == npx:
+            return pos
+        t = reshape(pos, p.n_embd, side, side)
+        t = permute(t, 2, 0, 1, 3)
+        t = new(t.type, [npx, npx, p.n_embd, 1], "UPSCALE", t)
+        t = permute(t, 1, 2, 0, 3)
+        return cont(t, p.n_embd, npx * npx)
+
+    def build(self) -> T:
+        p = self.p
+        npx = self.size // p.patch_size
+        n_pos = npx * npx
+        raw = self.raw()
+        inp = dup_op(c0 := self.conv2d(self.req("v.patch_embd.weight"), raw), "ADD", c0,
+                     self.conv2d(self.req("v.patch_embd.weight.1"), raw))
+        inp = self.merge_order(permute(inp, 1, 2, 0, 3), npx)
+        inp = dup_op(inp, "ADD", inp, self.req("v.patch_embd.bias"))
+        inp_l = dup_op(inp, "ADD", inp, self.merge_order(self.positions_embd(npx), npx))
+        positions = input_tensor(I32, [n_pos * 4], "positions")
+        if self.w("v.pre_ln.weight") is not None:
+            inp_l = self.norm(inp_l, "v.pre_ln", -1)
+        d_head = p.n_embd // p.n_head
+        stack: T | None = None
+        for il in range(p.n_layer):
+            b = f"v.blk.{il}"
+            cur = self.norm(inp_l, f"{b}.ln1", il)
+            qkv = mul_mat(self.req(f"{b}.attn_qkv.weight"), cur)
+            qkv = dup_op(qkv, "ADD", qkv, self.req(f"{b}.attn_qkv.bias"))
+            row, width = qkv.type.type_size * d_head, qkv.type.type_size * p.n_embd
+            q, k, v = (view(qkv, [d_head, p.n_head, n_pos], [row, qkv.nb[1]], i * width) for i in range(3))
+            q = dup_op(q, "ROPE", q, positions, None)
+            k = dup_op(k, "ROPE", k, positions, None)
+            cur = self.attn(q, k, v, il)
+            cur = dup_op(cur, "ADD", cur, inp_l)
+            inp_l = cur
+            cur = self.norm(cur, f"{b}.ln2", il)
+            cur = self.ffn(cur, il)
+            cur = _named(dup_op(inp_l, "ADD", inp_l, cur), f"layer_out-{il}")
+            if self.w(f"v.deepstack.{il}.fc1.weight") is not None:
+                feat = reshape(cur, p.n_embd * 4, n_pos // 4, 1)
+                feat = self.norm(feat, f"v.deepstack.{il}.norm", il)
+                feat = self.ffn(feat, -1, f"v.deepstack.{il}.fc1", f"v.deepstack.{il}.fc2")
+                stack = feat if stack is None else concat(stack, feat, 0)
+            inp_l = cur
+        if self.w("v.post_ln.weight") is not None:
+            inp_l = self.norm(inp_l, "v.post_ln", p.n_layer)
+        emb = reshape(inp_l, p.n_embd * 4, n_pos // 4, 1)
+        emb = self.ffn(emb, -1, "mm.0", "mm.2")
+        return concat(emb, stack, 0) if stack is not None else emb
+
+
 def build_graph(proj: Projector, weight: Weight, *, flash_attn: bool, image_max_tokens: int = 0) -> Graph:
     """The warmup graph of ``proj`` (one square image of ``warmup_size``)."""
     if not proj.has_graph:
         raise PlannerError(f"{proj.name}: no compute graph for projector type {proj.proj_type!r}")
     size = proj.warmup_size(image_max_tokens)
-    if proj.proj_type == "qwen2.5vl_merger":
-        q = _Qwen2VL(proj, weight, flash_attn, size)
+    if proj.proj_type in ("qwen2.5vl_merger", "qwen3vl_merger"):
+        cls = _Qwen3VL if proj.proj_type == "qwen3vl_merger" else _Qwen2VL
+        q = cls(proj, weight, flash_attn, size)
         q.g.expand(q.build())
         return q.g
     b = _Vit(proj, weight, flash_attn, size)

@@ -16,14 +16,14 @@ from offload_planner.core.ggml_types import GGMLType, resolve_type
 from offload_planner.core.gguf_reader import read_file_header
 
 #: ``clip.projector_type`` values whose compute graph the planner builds exactly (``models/siglip.cpp``).
-GRAPH_TYPES = frozenset({"gemma3", "qwen2.5vl_merger"})
+GRAPH_TYPES = frozenset({"gemma3", "qwen2.5vl_merger", "qwen3vl_merger"})
 #: Default merge of each projector type: Gemma 3's pooling kernel (``clip.vision.projector.scale_
 #: factor``), Qwen's spatial merge (``clip.vision.spatial_merge_size``).
-_DEFAULT_MERGE = {"gemma3": 4, "qwen2vl_merger": 2, "qwen2.5vl_merger": 2}
-_MERGE_KEY = {"qwen2vl_merger": "clip.vision.spatial_merge_size",
-              "qwen2.5vl_merger": "clip.vision.spatial_merge_size"}
+_QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")
+_DEFAULT_MERGE = {"gemma3": 4, **dict.fromkeys(_QWEN, 2)}
+_MERGE_KEY = dict.fromkeys(_QWEN, "clip.vision.spatial_merge_size")
 #: Projector types whose warmup image is set by a token count (``set_warmup_n_tokens``).
-WARMUP_TOKENS = {"qwen2vl_merger": 46 * 46, "qwen2.5vl_merger": 46 * 46}
+WARMUP_TOKENS = dict.fromkeys(_QWEN, 46 * 46)
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,14 @@ class Projector:
         t = self.tensor("mm.input_projection.weight")  # gemma3: ne[0]
         if t is not None:
             return t.shape[0]
-        t = self.tensor("mm.2.bias")  # qwen2vl / qwen2.5vl mergers: mm_1_b->ne[0]
-        return t.shape[0] if t is not None else 0
+        t = self.tensor("mm.2.bias")  # qwen mergers: mm_1_b->ne[0], times 1 + deepstack mergers
+        return t.shape[0] * (1 + len(self.deepstack)) if t is not None else 0
+
+    @property
+    def deepstack(self) -> list[int]:
+        """Blocks with a deepstack merger (Qwen3-VL), in order."""
+        return sorted(int(t.name.split(".")[2]) for t in self.tensors
+                      if t.name.startswith("v.deepstack.") and t.name.endswith(".fc1.weight"))
 
 
 def _int(md: dict[str, object], key: str, path: str, default: int | None = None) -> int:

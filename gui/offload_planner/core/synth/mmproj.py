@@ -37,9 +37,44 @@ class MmprojSpec:
     weight_type: Q = Q.F16
     eps: float = 1e-6
     n_merge: int | None = None  # clip.vision.projector.scale_factor (Gemma 3 default: 4)
+    deepstack: tuple[int, ...] = ()  # Qwen3-VL: blocks whose output feeds a deepstack merger
+    n_pos_embd: int = 0  # Qwen3-VL: learned position embeddings (a square grid)
 
 
 QWEN25VL = "qwen2.5vl_merger"
+QWEN3VL = "qwen3vl_merger"
+
+
+def _qwen3vl_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
+    """Qwen3-VL's tower: biased temporal patch kernels, learned position embeddings, layer-normed
+    GELU blocks with fused qkv, deepstack mergers and the patch merger ``mm.0``/``mm.2``."""
+    e, ff, p, w = spec.n_embd, spec.n_ff, spec.patch_size, spec.weight_type
+    m = e * 4
+    out: list[tuple[str, tuple[int, ...], Q]] = [
+        ("mm.0.bias", (m,), Q.F32), ("mm.0.weight", (m, m), w),
+        ("mm.2.bias", (spec.n_embd_text,), Q.F32), ("mm.2.weight", (m, spec.n_embd_text), w),
+        ("v.patch_embd.bias", (e,), Q.F32),
+        ("v.patch_embd.weight", (p, p, 3, e), Q.F16), ("v.patch_embd.weight.1", (p, p, 3, e), Q.F16),
+        ("v.position_embd.weight", (e, spec.n_pos_embd), Q.F32),  # interpolated: ggml needs f32
+    ]
+    for i in range(spec.n_layer):
+        b = f"v.blk.{i}"
+        out += [
+            (f"{b}.attn_out.bias", (e,), Q.F32), (f"{b}.attn_out.weight", (e, e), w),
+            (f"{b}.attn_qkv.bias", (3 * e,), Q.F32), (f"{b}.attn_qkv.weight", (e, 3 * e), w),
+            (f"{b}.ffn_down.bias", (e,), Q.F32), (f"{b}.ffn_down.weight", (ff, e), w),
+            (f"{b}.ffn_up.bias", (ff,), Q.F32), (f"{b}.ffn_up.weight", (e, ff), w),
+            (f"{b}.ln1.bias", (e,), Q.F32), (f"{b}.ln1.weight", (e,), Q.F32),
+            (f"{b}.ln2.bias", (e,), Q.F32), (f"{b}.ln2.weight", (e,), Q.F32),
+        ]
+    for i in spec.deepstack:
+        d = f"v.deepstack.{i}"
+        out += [
+            (f"{d}.fc1.bias", (m,), Q.F32), (f"{d}.fc1.weight", (m, m), w),
+            (f"{d}.fc2.bias", (spec.n_embd_text,), Q.F32), (f"{d}.fc2.weight", (m, spec.n_embd_text), w),
+            (f"{d}.norm.bias", (m,), Q.F32), (f"{d}.norm.weight", (m,), Q.F32),
+        ]
+    return [*out, ("v.post_ln.bias", (e,), Q.F32), ("v.post_ln.weight", (e,), Q.F32)]
 
 
 def _qwen25vl_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
@@ -69,6 +104,8 @@ def mmproj_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
     """(name, ggml shape, type) of every tensor, in the converter's order."""
     if spec.proj_type == QWEN25VL:
         return _qwen25vl_tensors(spec)
+    if spec.proj_type == QWEN3VL:
+        return _qwen3vl_tensors(spec)
     e, ff, p = spec.n_embd, spec.n_ff, spec.patch_size
     n_pos = (spec.image_size // p) ** 2
     w = spec.weight_type
@@ -101,7 +138,11 @@ def _metadata(writer: GGUFWriter, spec: MmprojSpec) -> None:
     writer.add_bool("clip.use_silu" if spec.proj_type == QWEN25VL else "clip.use_gelu", True)
     if spec.proj_type == QWEN25VL:  # windowed attention, full attention every 8th block
         writer.add_uint32("clip.vision.n_wa_pattern", 8)
+    if spec.proj_type in (QWEN25VL, QWEN3VL):
         writer.add_uint32("clip.vision.spatial_merge_size", 2)
+    if spec.deepstack:
+        flags = [i in spec.deepstack for i in range(spec.n_layer)]
+        writer.add_array("clip.vision.is_deepstack_layers", flags)
     writer.add_uint32("clip.vision.projection_dim", spec.n_embd_text)
     writer.add_uint32("clip.vision.image_size", spec.image_size)
     writer.add_uint32("clip.vision.patch_size", spec.patch_size)
@@ -166,4 +207,10 @@ BIG_MMPROJ: dict[str, MmprojSpec] = {
     "qwen2.5-vl-7b-mmproj-f16": MmprojSpec(
         name="Qwen2.5-VL-7B-Instruct mmproj", n_embd=1280, n_ff=3420, n_layer=32, n_head=16,
         image_size=560, patch_size=14, n_embd_text=3584, proj_type=QWEN25VL, eps=1e-6),
+    # Qwen3-VL-8B-Instruct: 27 blocks of 1152, 16 heads, FFN 4304, 16 px patches, 48 x 48 learned
+    # positions, deepstack after blocks 8, 16 and 24; the text model takes 4 x 4096 inputs
+    "qwen3-vl-8b-mmproj-f16": MmprojSpec(
+        name="Qwen3-VL-8B-Instruct mmproj", n_embd=1152, n_ff=4304, n_layer=27, n_head=16,
+        image_size=768, patch_size=16, n_embd_text=4096, proj_type=QWEN3VL, eps=1e-6,
+        deepstack=(8, 16, 24), n_pos_embd=2304),
 }
