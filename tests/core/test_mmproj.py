@@ -54,7 +54,9 @@ def test_written_projector_reads_back(name: str, files: dict[str, Path]) -> None
         (n, s, q.name.lower()) for n, s, q in expected]
     assert p.weight_bytes == sum(tensor_nbytes(q, s) for _, s, q in expected)
     assert (p.proj_type, p.n_embd, p.n_layer, p.image_size, p.n_embd_out) == (
-        spec.proj_type, spec.n_embd, spec.n_layer, spec.image_size, spec.n_embd_text)
+        spec.proj_type, spec.n_embd, spec.n_layer, spec.image_size,
+        spec.n_embd_text * (1 + len(spec.deepstack)))  # Qwen3-VL: deepstack features too
+    assert p.deepstack == list(spec.deepstack)
     if spec.proj_type == "gemma3":
         assert p.n_merge == (spec.n_merge or 4)  # clip.cpp's Gemma 3 default when the key is absent
     size = os.path.getsize(files[name])
