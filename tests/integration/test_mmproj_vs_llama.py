@@ -1,7 +1,7 @@
 """The projector (``--mmproj``) projection against the real llama-server, per device and buffer.
 
-The project writes two small Gemma 3 style projectors for its small gemma3 text model and three
-with real shapes, gemma-3-4b-it's, Qwen2.5-VL-7B's and Qwen3-VL-8B's (``core.synth.mmproj``,
+The project writes two small Gemma 3 style projectors for its small gemma3 text model and four
+with real shapes, gemma-3-4b-it's, Qwen2-VL-7B's, Qwen2.5-VL-7B's and Qwen3-VL-8B's (``core.synth.mmproj``,
 complete sparse files, with text models of their width); llama-server loads each beside the model
 on the CPU or on one or two ggml-rpc-server devices, with and without flash attention, offloaded or
 not, on a chosen device.  From its log (``-lv 4``) the test takes what clip.cpp prints: the device
@@ -74,6 +74,7 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen2.5-vl-7b-mmproj-f16", 0, ""),
     ("qwen2.5-vl-7b-mmproj-f16", 0, "-fa off --image-max-tokens 1024"),
     ("qwen2.5-vl-7b-mmproj-f16", 1, "--image-max-tokens 256"),
+    ("qwen2-vl-7b-mmproj-f16", 1, "--image-max-tokens 576"),
     # real size: Qwen3-VL-8B's tower (deepstack, interpolated positions; text width 4 x 4096)
     ("qwen3-vl-8b-mmproj-f16", 0, ""),
     ("qwen3-vl-8b-mmproj-f16", 1, "-fa off --image-max-tokens 1024"),
@@ -90,7 +91,8 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
 def mmprojs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The loadable projectors and the real-size 4B one (a sparse file of zeros)."""
     root = tmp_path_factory.mktemp("mmproj")
-    big = ("gemma-3-4b-mmproj-f16", "qwen2.5-vl-7b-mmproj-f16", "qwen3-vl-8b-mmproj-f16")
+    big = ("gemma-3-4b-mmproj-f16", "qwen2-vl-7b-mmproj-f16", "qwen2.5-vl-7b-mmproj-f16",
+           "qwen3-vl-8b-mmproj-f16")
     specs = {**SMALL_MMPROJ, **{name: BIG_MMPROJ[name] for name in big}}
     return {name: write_mmproj(spec, root / f"{name}.gguf") for name, spec in specs.items()}
 

@@ -198,10 +198,11 @@ class _Qwen2VL(_Vit):
             inp_l = get_rows(inp_l, inv_idx)
             inp_l = reshape(inp_l, p.n_embd, n_pos, 1)
         d_head = p.n_embd // p.n_head
+        norm = "RMS_NORM" if p.proj_type == "qwen2.5vl_merger" else "NORM"
         for il in range(p.n_layer):
             full = p.n_wa_pattern <= 0 or (il + 1) % p.n_wa_pattern == 0
             b = f"v.blk.{il}"
-            cur = self.norm(inp_l, f"{b}.ln1", il, "RMS_NORM")
+            cur = self.norm(inp_l, f"{b}.ln1", il, norm)
             q, k, v = (reshape(dup_op(t := mul_mat(self.req(f"{b}.attn_{x}.weight"), cur), "ADD", t,
                                       self.req(f"{b}.attn_{x}.bias")), d_head, p.n_head, n_pos)
                        for x in ("q", "k", "v"))
@@ -210,11 +211,11 @@ class _Qwen2VL(_Vit):
             cur = self.attn(q, k, v, il, None if full else mask)
             cur = dup_op(cur, "ADD", cur, inp_l)
             inp_l = cur
-            cur = self.norm(cur, f"{b}.ln2", il, "RMS_NORM")
+            cur = self.norm(cur, f"{b}.ln2", il, norm)
             cur = self.ffn(cur, il)
             inp_l = _named(dup_op(inp_l, "ADD", inp_l, cur), f"layer_out-{il}")
         if self.w("v.post_ln.weight") is not None:
-            inp_l = self.norm(inp_l, "v.post_ln", p.n_layer, "RMS_NORM")
+            inp_l = self.norm(inp_l, "v.post_ln", p.n_layer, norm)
         emb = reshape(inp_l, p.n_embd * 4, n_pos // 4, 1)
         emb = self.ffn(emb, -1, "mm.0", "mm.2")
         if p.n_wa_pattern > 0:
@@ -297,7 +298,7 @@ def build_graph(proj: Projector, weight: Weight, *, flash_attn: bool, image_max_
     if not proj.has_graph:
         raise PlannerError(f"{proj.name}: no compute graph for projector type {proj.proj_type!r}")
     size = proj.warmup_size(image_max_tokens)
-    if proj.proj_type in ("qwen2.5vl_merger", "qwen3vl_merger"):
+    if proj.proj_type in ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"):
         cls = _Qwen3VL if proj.proj_type == "qwen3vl_merger" else _Qwen2VL
         q = cls(proj, weight, flash_attn, size)
         q.g.expand(q.build())

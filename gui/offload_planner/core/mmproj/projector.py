@@ -16,7 +16,7 @@ from offload_planner.core.ggml_types import GGMLType, resolve_type
 from offload_planner.core.gguf_reader import read_file_header
 
 #: ``clip.projector_type`` values whose compute graph the planner builds exactly (``models/siglip.cpp``).
-GRAPH_TYPES = frozenset({"gemma3", "qwen2.5vl_merger", "qwen3vl_merger"})
+GRAPH_TYPES = frozenset({"gemma3", "qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger"})
 #: Default merge of each projector type: Gemma 3's pooling kernel (``clip.vision.projector.scale_
 #: factor``), Qwen's spatial merge (``clip.vision.spatial_merge_size``).
 _QWEN = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger")

@@ -41,6 +41,7 @@ class MmprojSpec:
     n_pos_embd: int = 0  # Qwen3-VL: learned position embeddings (a square grid)
 
 
+QWEN2VL = "qwen2vl_merger"
 QWEN25VL = "qwen2.5vl_merger"
 QWEN3VL = "qwen3vl_merger"
 
@@ -79,8 +80,10 @@ def _qwen3vl_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
 
 def _qwen25vl_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
     """Qwen2.5-VL's vision tower: two temporal patch kernels, RMS-normed SwiGLU blocks with biased
-    q/k/v/out, and the patch merger ``mm.0``/``mm.2`` over 2x2 merged patches."""
+    q/k/v/out, and the patch merger ``mm.0``/``mm.2`` over 2x2 merged patches.  Qwen2-VL's: the
+    same with layer norms (biased) and a QuickGELU FFN without gate."""
     e, ff, p, w = spec.n_embd, spec.n_ff, spec.patch_size, spec.weight_type
+    v2 = spec.proj_type == QWEN2VL
     merged = e * 4
     out: list[tuple[str, tuple[int, ...], Q]] = [
         ("mm.0.bias", (merged,), Q.F32), ("mm.0.weight", (merged, merged), w),
@@ -91,18 +94,19 @@ def _qwen25vl_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
         b = f"v.blk.{i}"
         for name in ("attn_k", "attn_out", "attn_q", "attn_v"):
             out += [(f"{b}.{name}.bias", (e,), Q.F32), (f"{b}.{name}.weight", (e, e), w)]
-        out += [
-            (f"{b}.ffn_down.bias", (e,), Q.F32), (f"{b}.ffn_down.weight", (ff, e), w),
-            (f"{b}.ffn_gate.bias", (ff,), Q.F32), (f"{b}.ffn_gate.weight", (e, ff), w),
-            (f"{b}.ffn_up.bias", (ff,), Q.F32), (f"{b}.ffn_up.weight", (e, ff), w),
-            (f"{b}.ln1.weight", (e,), Q.F32), (f"{b}.ln2.weight", (e,), Q.F32),
-        ]
-    return [*out, ("v.post_ln.weight", (e,), Q.F32)]
+        out += [(f"{b}.ffn_down.bias", (e,), Q.F32), (f"{b}.ffn_down.weight", (ff, e), w)]
+        if not v2:
+            out += [(f"{b}.ffn_gate.bias", (ff,), Q.F32), (f"{b}.ffn_gate.weight", (e, ff), w)]
+        out += [(f"{b}.ffn_up.bias", (ff,), Q.F32), (f"{b}.ffn_up.weight", (e, ff), w)]
+        for ln in ("ln1", "ln2"):
+            out += [(f"{b}.{ln}.bias", (e,), Q.F32)] if v2 else []
+            out += [(f"{b}.{ln}.weight", (e,), Q.F32)]
+    return [*out, *([("v.post_ln.bias", (e,), Q.F32)] if v2 else []), ("v.post_ln.weight", (e,), Q.F32)]
 
 
 def mmproj_tensors(spec: MmprojSpec) -> list[tuple[str, tuple[int, ...], Q]]:
     """(name, ggml shape, type) of every tensor, in the converter's order."""
-    if spec.proj_type == QWEN25VL:
+    if spec.proj_type in (QWEN2VL, QWEN25VL):
         return _qwen25vl_tensors(spec)
     if spec.proj_type == QWEN3VL:
         return _qwen3vl_tensors(spec)
@@ -135,10 +139,11 @@ def _metadata(writer: GGUFWriter, spec: MmprojSpec) -> None:
     writer.add_uint32("general.file_type", 1)
     writer.add_string("clip.projector_type", spec.proj_type)
     writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.use_silu" if spec.proj_type == QWEN25VL else "clip.use_gelu", True)
+    if spec.proj_type != QWEN2VL:  # Qwen2-VL: QuickGELU, clip.cpp's default
+        writer.add_bool("clip.use_silu" if spec.proj_type == QWEN25VL else "clip.use_gelu", True)
     if spec.proj_type == QWEN25VL:  # windowed attention, full attention every 8th block
         writer.add_uint32("clip.vision.n_wa_pattern", 8)
-    if spec.proj_type in (QWEN25VL, QWEN3VL):
+    if spec.proj_type in (QWEN2VL, QWEN25VL, QWEN3VL):
         writer.add_uint32("clip.vision.spatial_merge_size", 2)
     if spec.deepstack:
         flags = [i in spec.deepstack for i in range(spec.n_layer)]
@@ -207,6 +212,10 @@ BIG_MMPROJ: dict[str, MmprojSpec] = {
     "qwen2.5-vl-7b-mmproj-f16": MmprojSpec(
         name="Qwen2.5-VL-7B-Instruct mmproj", n_embd=1280, n_ff=3420, n_layer=32, n_head=16,
         image_size=560, patch_size=14, n_embd_text=3584, proj_type=QWEN25VL, eps=1e-6),
+    # Qwen2-VL-7B-Instruct: 32 blocks of 1280, 16 heads, QuickGELU FFN 5120, merger to 3584
+    "qwen2-vl-7b-mmproj-f16": MmprojSpec(
+        name="Qwen2-VL-7B-Instruct mmproj", n_embd=1280, n_ff=5120, n_layer=32, n_head=16,
+        image_size=560, patch_size=14, n_embd_text=3584, proj_type=QWEN2VL, eps=1e-6),
     # Qwen3-VL-8B-Instruct: 27 blocks of 1152, 16 heads, FFN 4304, 16 px patches, 48 x 48 learned
     # positions, deepstack after blocks 8, 16 and 24; the text model takes 4 x 4096 inputs
     "qwen3-vl-8b-mmproj-f16": MmprojSpec(
