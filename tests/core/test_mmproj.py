@@ -296,3 +296,11 @@ def test_audio_projector_counts_its_weights(files: dict[str, Path], tmp_path: Pa
                      parse_server_args(["--rpc", "127.0.0.1:5000", "-mm", str(path)]))
     assert [(b.device, b.bytes) for b in res.projection.buffers() if b.kind == KIND] == [("RPC0", 8192)]
     assert any("no compute graph for projector type 'audio:ultravox'" in n for n in res.notes)
+
+
+def test_other_dialects_say_the_projector_is_not_projected(files: dict[str, Path]) -> None:
+    parsed = parse_server_args(["--mmproj", str(files["gemma3"]), "-c", "2048"], dialect="ik_llama.cpp")
+    assert not parsed.errors
+    res = run_engine(open_model(files["text"]), DeviceSet(CPU, ()), parsed, "ik_llama.cpp")
+    assert not [b for b in res.projection.buffers() if b.kind == KIND]
+    assert any(n.startswith("--mmproj: the projector's memory is projected for") for n in res.notes)
