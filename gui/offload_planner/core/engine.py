@@ -120,6 +120,21 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
     ), notes
 
 
+def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: Dialect) -> list[str]:
+    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
+    from offload_planner.core.mmproj import attach
+
+    setup = attach.mmproj_setup(args)
+    if setup is None:
+        return []
+    if not dialect.projects_mmproj:
+        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
+    fa = attach.fa_setting(_get(_server_args(args), "flash_attn"))
+    mb = attach.project_setup(setup, devices, fa)
+    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
+    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
+
+
 def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP) -> EngineResult:
     dialect = Dialect(dialect)
     popts = placement_options(model, devices, args, dialect)
@@ -130,6 +145,7 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = L
     spec = load_spec(devices, args, dialect, placement_options)
     extras = extra_contexts(model, devices, placement, cparams, projection.context, spec)
     projection = attach(projection, extras)
+    notes += _add_mmproj(projection, devices, args, dialect)
     from offload_planner.core.diagnostics import plan_warnings
 
     notes += dialect.notes(popts, devices)

@@ -622,10 +622,19 @@ def fit_for_args(model: Model, devices: DeviceSet, args: Any, popts: PlacementOp
     from offload_planner.core.engine import placement_options
     from offload_planner.core.speculative import load_spec
 
-    spec = load_spec(devices, args, "llama.cpp", placement_options)
+    spec = load_spec(devices, args, cparams.dialect, placement_options)
     extra = extra_measure(model, devices, popts, cparams, spec, device_memory)
+    inputs["margins"] = _mmproj_margins(args, devices, inputs["margins"])
     return fit_params(model, devices, popts, cparams, free_bytes=free_bytes,
                       user_overrides=popts.overrides, extra=extra, **inputs)
+
+
+def _mmproj_margins(args: Any, devices: DeviceSet, margins: list[int] | int) -> list[int] | int:
+    """The server adds the --mmproj projector's memory to the fit's targets before fitting."""
+    from offload_planner.core.mmproj.attach import fa_setting, fit_margins, mmproj_setup
+
+    sa = getattr(args, "args", args)
+    return fit_margins(mmproj_setup(args), devices, fa_setting(getattr(sa, "flash_attn", None)), margins)
 
 
 def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOptions,

@@ -17,6 +17,7 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import is_not
+from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
 from offload_planner.core.buffer import Buffer
@@ -24,7 +25,7 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
 from offload_planner.core.extra_context import ExtraContext
-from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
 
@@ -140,7 +141,16 @@ class Projection:
         return [b for d in self.devices for b in d.buffers]
 
 
-def alloc_size(t: Tensor, dev: Device) -> int:
+class _Sized(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def type(self) -> GGMLType: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+def alloc_size(t: Tensor | _Sized, dev: Device) -> int:
     """``ggml_backend_buft_get_alloc_size``: CUDA pads quantized rows to a multiple of 512."""
     size = t.nbytes
     if dev.row_padding and t.type.quantized and t.shape[0] % dev.row_padding:

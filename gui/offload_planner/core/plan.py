@@ -17,6 +17,7 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import ContextParams, Projection, project
+from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
     CPU,
@@ -105,6 +106,10 @@ class Plan:
     def projection(self) -> Projection:
         placement = self.placement()
         proj = project(self.model, self.devices, placement, self.context)
+        mmproj = argv_mmproj_setup(tuple(self.extra_args))  # --mmproj among the kept flags
+        if mmproj is not None and self.dialect.projects_mmproj:
+            fa = "on" if self.context.flash_attn else "off"
+            add_to_projection(proj, projection_buffers(mmproj, self.devices, fa))
         if self.spec is None or not self.spec.active:
             return proj
         return attach(proj, extra_contexts(self.model, self.devices, placement, self.context,

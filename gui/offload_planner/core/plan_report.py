@@ -8,6 +8,7 @@ from typing import Any
 from offload_planner.core.memory import DeviceMemory, Projection
 
 GiB = 1024**3
+MMPROJ = "mmproj"  # the projector's buffers (core.mmproj.attach.KIND)
 
 
 def _g(n: int | None) -> str:
@@ -21,6 +22,7 @@ def device_json(dm: DeviceMemory) -> dict[str, Any]:
         "kv_bytes": dm.kv,
         "compute_bytes": dm.compute,
         "output_bytes": dm.output,
+        **({"mmproj_bytes": dm.total(MMPROJ)} if dm.total(MMPROJ) else {}),
         "total_bytes": dm.total(),
         "capacity_bytes": dm.device.capacity,
         "buffers": [
@@ -108,6 +110,10 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
             f"{dm.device.name:7}  {_g(dm.resident('model'))}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
             f"{_g(dm.resident())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")
         )
+        if mm := [b for b in dm.buffers if b.kind == MMPROJ]:
+            w = sum(b.bytes for b in mm if b.why.startswith("projector weights"))
+            c = sum(b.bytes for b in mm) - w
+            lines.append(f"{'+mmproj':7}  {_g(w)}{_g(None)}{_g(c)}{_g(None)}{_g(w + c)}")
         if explain:
             for b in dm.buffers:
                 owner = f"[{b.owner}] " if b.owner else ""

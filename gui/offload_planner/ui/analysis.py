@@ -41,7 +41,7 @@ def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
         return None
     t0 = time.perf_counter()
     compute = [replace(b, why=b.why + " (from before the last edit; updating)")
-               for b in previous.projection.buffers() if b.kind == "compute" and not b.owner]
+               for b in previous.projection.buffers() if b.kind in ("compute", "mmproj") and not b.owner]
     projection = project(plan.model, plan.devices, plan.placement(), plan.context, compute=compute)
     projection = attach(projection, previous.projection.extras)  # draft/MTP: as before the edit
     return Analysis(plan, projection, previous.command, previous.warnings, previous.rules,

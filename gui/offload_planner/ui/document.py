@@ -29,7 +29,15 @@ from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import commands, plan_edits
 from offload_planner.ui.analysis import Analysis, quick_analysis
 from offload_planner.ui.projector import Projector
-from offload_planner.ui.tensor_grid import Column, Row, TensorGrid, build_grid, layout, with_draft_rows
+from offload_planner.ui.tensor_grid import (
+    Column,
+    Row,
+    TensorGrid,
+    build_grid,
+    layout,
+    plan_projector_placed,
+    with_draft_rows,
+)
 
 qt_compat.apply()  # PySide6 6.12.0 on Python 3.11: see qt_compat
 
@@ -148,7 +156,8 @@ class PlanDocument(QObject):
 
     def _build_grid(self, plan: Plan) -> None:
         movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
-        self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout)
+        self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout,
+                                projector=plan_projector_placed(plan))
         draft = plan.spec.draft if plan.spec is not None else None
         placed = draft_placement(plan)
         if draft is not None and placed is not None:  # a speculative-decoding draft model: rows below
