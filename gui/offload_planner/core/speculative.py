@@ -100,7 +100,7 @@ def draft_devices(devices: DeviceSet, names: list[str] | None) -> DeviceSet:
 PlacementOf = Callable[[Model, DeviceSet, Any, Dialect], PlacementOptions]
 
 
-def spec_settings(devices: DeviceSet, args: Any, dialect: str, placement_options: PlacementOf,
+def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_options: PlacementOf,
                   draft_model: Model | None = None) -> SpecSettings:
     """Resolve the speculative flags; ``draft_model`` is the opened ``-md`` file (None: no draft)."""
     d = _draft_args(args)
@@ -147,7 +147,7 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
     return ExtraContext(MTP, label, tagged(MTP, bufs), shares_model=True)
 
 
-def load_spec(devices: DeviceSet, args: Any, dialect: str, placement_options: PlacementOf) -> SpecSettings:
+def load_spec(devices: DeviceSet, args: Any, dialect: Dialect, placement_options: PlacementOf) -> SpecSettings:
     """:func:`spec_settings` with the ``-md`` file opened (a :class:`GGUFError` names a bad one)."""
     from offload_planner.core.gguf_reader import open_model
 
@@ -156,7 +156,7 @@ def load_spec(devices: DeviceSet, args: Any, dialect: str, placement_options: Pl
     return spec_settings(devices, args, dialect, placement_options, draft)
 
 
-def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: str,
+def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: Dialect,
                    placement_options: PlacementOf) -> tuple[SpecSettings | None, list[str]]:
     """The speculative settings of kept flags (a saved plan's), and a note when the draft model cannot
     be read (the plan then projects the main model only)."""

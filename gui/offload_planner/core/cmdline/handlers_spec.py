@@ -22,7 +22,6 @@ SPEC_TYPES = (
 #: Types whose draft length is ``--spec-draft-n-max`` (``common_speculative_n_max``).
 DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
 DEFAULT_DRAFT_N_MAX = 3  # common_params_speculative_draft::n_max
-PINNED = "llama.cpp"  # the dialect whose arg.cpp is read here (a Dialect is its name as a str)
 
 
 def h_draft_model(ctx: Ctx) -> None:
@@ -80,7 +79,7 @@ def h_draft_type_v(ctx: Ctx) -> None:
 
 def h_draft_n_max(ctx: Ctx) -> None:
     n = int_value(ctx.value)
-    if n < 0 and ctx.dialect == PINNED:
+    if n < 0 and ctx.dialect.spec_flags_2026:
         raise HandlerError("invalid value")
     ctx.args.draft.n_max = n
 
@@ -97,7 +96,7 @@ def h_draft_removed(ctx: Ctx) -> None:
     """Pinned build: ``--draft``/``--draft-min`` read an int, then ``arg_removed``; 2025 builds:
     ``--draft-max`` set the draft length."""
     n = int_value(ctx.value)
-    if ctx.dialect == PINNED:
+    if ctx.dialect.spec_flags_2026:
         new = "--spec-draft-n-max or --spec-ngram-mod-n-max" if ctx.use.key == "--draft" else (
             "--spec-draft-n-min or --spec-ngram-mod-n-min")
         raise HandlerError(f"the argument has been removed. use {new}")

@@ -50,6 +50,7 @@ class PinnedMainline(Mainline):
     auto_parallel = True
     fits_by_default = True
     projects_mmproj = True
+    spec_flags_2026 = True
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
     detect_rank = 20
