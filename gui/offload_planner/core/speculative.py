@@ -147,7 +147,8 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
     return ExtraContext(MTP, label, tagged(MTP, bufs), shares_model=True)
 
 
-def load_spec(devices: DeviceSet, args: Any, dialect: Dialect, placement_options: PlacementOf) -> SpecSettings:
+def load_spec(devices: DeviceSet, args: Any, dialect: Dialect,
+              placement_options: PlacementOf) -> SpecSettings:
     """:func:`spec_settings` with the ``-md`` file opened (a :class:`GGUFError` names a bad one)."""
     from offload_planner.core.gguf_reader import open_model
 
