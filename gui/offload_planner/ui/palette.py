@@ -48,7 +48,20 @@ def kind_brush(base: QColor, kind: str) -> QBrush:
         return QBrush(base.lighter(165))
     if kind == "mmproj":
         return QBrush(base.darker(140))
+    if kind in ("draft", "mtp"):  # an extra context: the device colour, darker, with kind_overlay
+        return QBrush(base.darker(125))
     return QBrush(base.lighter(190))
+
+
+#: What sets an extra context's segment apart from the main model's kinds: white dots on the draft
+#: model, white vertical stripes on the MTP context.
+_OVERLAYS = {"draft": Qt.BrushStyle.Dense6Pattern, "mtp": Qt.BrushStyle.VerPattern}
+
+
+def kind_overlay(kind: str) -> QBrush | None:
+    """The pattern drawn over :func:`kind_brush` for ``kind`` (None: solid)."""
+    style = _OVERLAYS.get(kind)
+    return None if style is None else QBrush(QColor(255, 255, 255, 190), style)
 
 
 def hatch_brush(color: QColor, style: Qt.BrushStyle = Qt.BrushStyle.BDiagPattern) -> QBrush:
