@@ -19,6 +19,14 @@ NOT_LOADED_COLOR = QColor("#E4E4E4")
 OVER_COLOR = QColor("#D00000")
 MOVED_MARK_COLOR = QColor("#111111")
 ACTUAL_COLOR = QColor("#5E2CA5")  # the actual total a launch logged (memory view)
+#: The tensor map's rows of a draft model and of a multimodal projector: a tint behind them and a
+#: rule above their first row set them apart from the main model's rows.
+SECTION_TINTS = {"draft": QColor("#E3EEF9"), "mmproj": QColor("#F4E6F0")}
+SECTION_RULE_COLOR = QColor("#505050")
+
+
+def section_tint(section: str) -> QColor:
+    return SECTION_TINTS.get(section, QColor("#EEEEEE"))
 
 
 def device_color(devices: DeviceSet | None, name: str | None) -> QColor:
