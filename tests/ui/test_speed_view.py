@@ -131,6 +131,8 @@ def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> Non
 def test_ubatch_axis_reads_at_the_default_window_size(qtbot: QtBot, settings: Settings) -> None:
     """The -ub axis is labelled 64 ... 4096 without overlaps (not 6·10¹ 7·10¹ ... run together),
     and neither axis title is cut off in the tab's default height."""
+    import itertools
+
     from PySide6.QtGui import QImage, QPainter
 
     win = make_window(qtbot, settings, system_info("CUDA0=24GiB", "CUDA1=24GiB"))
@@ -151,7 +153,7 @@ def test_ubatch_axis_reads_at_the_default_window_size(qtbot: QtBot, settings: Se
         shown = [(rect, text) for rect, _flags, text in texts]
         assert [t for _r, t in shown] == ["64", "128", "256", "512", "1024", "2048", "4096"]
         rects = sorted((r for r, _t in shown), key=lambda r: r.left())
-        assert all(a.right() < b.left() for a, b in zip(rects, rects[1:], strict=False))
+        assert all(a.right() < b.left() for a, b in itertools.pairwise(rects))
         view_h = plot.graphics.viewport().height()
         for side in ("left", "right"):
             label = plot.plot.getAxis(side).label
