@@ -127,38 +127,3 @@ def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> Non
     finally:
         win.close()
 
-
-def test_ubatch_axis_reads_at_the_default_window_size(qtbot: QtBot, settings: Settings) -> None:
-    """The -ub axis is labelled 64 ... 4096 without overlaps (not 6·10¹ 7·10¹ ... run together),
-    and neither axis title is cut off in the tab's default height."""
-    import itertools
-
-    from PySide6.QtGui import QImage, QPainter
-
-    win = make_window(qtbot, settings, system_info("CUDA0=24GiB", "CUDA1=24GiB"))
-    try:
-        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
-        plot = win.ubatch_plot
-        win.tabs.setCurrentWidget(plot)
-        plot.button.click()
-        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
-        qtbot.wait(50)
-        axis = plot.plot.getAxis("bottom")
-        img = QImage(10, 10, QImage.Format.Format_ARGB32)
-        painter = QPainter(img)
-        try:
-            _axis, _ticks, texts = axis.generateDrawSpecs(painter)
-        finally:
-            painter.end()
-        shown = [(rect, text) for rect, _flags, text in texts]
-        assert [t for _r, t in shown] == ["64", "128", "256", "512", "1024", "2048", "4096"]
-        rects = sorted((r for r, _t in shown), key=lambda r: r.left())
-        assert all(a.right() < b.left() for a, b in itertools.pairwise(rects))
-        view_h = plot.graphics.viewport().height()
-        for side in ("left", "right"):
-            label = plot.plot.getAxis(side).label
-            text = label.document().toPlainText()
-            box = label.sceneBoundingRect().adjusted(0, 4, 0, -4)  # less the text item's margins
-            assert box.top() >= 0 and box.bottom() <= view_h, (side, text, box, view_h)
-    finally:
-        win.close()
