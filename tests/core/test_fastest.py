@@ -116,3 +116,52 @@ def test_from_an_open_plan_keeps_its_moves_and_fits(qwen: Model) -> None:
     assert {devs[n] for n in kept} == {"CPU"}
     assert {devs[n] for n in pinned} == {"CPU"}
     assert r.best.estimate.tg_tps > 1.5 * estimate(plan, hw).tg_tps
+
+
+def test_chosen_plan_is_verified_and_best_n_cpu_moe_is_the_smallest_that_fits(qwen: Model) -> None:
+    """Candidates are ranked on predicted compute buffers; the answer is projected in full, and the
+    --n-cpu-moe baseline's N fits by a fresh projection while N-1 does not."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    r = fastest_plan(qwen, ds, ["-c", "16384"], hardware_for(ds, threads=16), goal="balanced")
+    assert r.best is not None and r.best.verified
+    assert r.projections <= 4 < r.evaluations  # most candidates never simulated
+    fresh = r.best.plan.projection()
+    assert [d.resident() for d in fresh.devices] == [d.resident() for d in r.best.projection.devices]
+    [ncm] = [c for c in r.candidates if c.label.startswith("--n-cpu-moe")]
+    n = int(ncm.label.split()[-1])
+
+    def fits(k: int) -> bool:
+        p = plan_from_args(qwen, ds, parse_server_args(["-c", "16384", "--n-cpu-moe", str(k)]))
+        return p.projection().device("CUDA0").resident() + DEFAULT_MARGIN <= 12 * GiB
+
+    assert fits(n) and not fits(n - 1)
+
+
+def test_optimistic_predictions_are_caught_by_the_full_projection(qwen: Model) -> None:
+    """Compute buffers predicted far too small make every fill look like it fits: the full
+    projection of the choice says otherwise and the search fills again with the real buffers."""
+    from offload_planner.core.buffer import Buffer
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.speed.efficiency import defaults_for
+    from offload_planner.core.speed.fastest import _Search
+
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    s = _Search(qwen, ds, ["-c", "16384"], "llama.cpp", parse_server_args, hardware_for(ds), defaults_for(
+        "llama.cpp"), 4096, {})
+    start = s.full("start", s.plan(["--cpu-moe"]))
+    real = dict(s._compute)
+    s._compute = {512: [Buffer("CUDA0", "CUDA0", "compute", 1, "too small")]}
+    s._seen.clear()
+    s.starts = {512: s.cheap("start", start.plan)}
+    ours = s.fill(s.starts[512])
+    assert all(c.fits and not c.verified for c in ours)
+    best = s.choose(ours, [], "tg")
+    assert best is not None and best.verified and best.fits
+    # simulated buffers (of the plan verified last) replaced the bogus ones
+    assert {b.device for b in s._compute[512]} == {b.device for b in real[512]}
+    assert min(b.bytes for b in s._compute[512]) > 1 << 20
+    _assert_fits(best.plan, ds)
+    assert any(c.verified and not c.fits for c in ours)  # the first choice was over after all
