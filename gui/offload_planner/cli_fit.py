@@ -64,7 +64,8 @@ def run_fit(args: argparse.Namespace) -> int:
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
                           prompt=args.prompt, eff=efficiencies_for(args.backend))
-    rows = [{"label": c.label, "fits": c.fits, "over": c.over, "tg_tps": round(c.estimate.tg_tps, 3),
+    rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,
+             "tg_tps": round(c.estimate.tg_tps, 3),
              "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}
             for c in result.candidates]
     best = result.best
@@ -84,8 +85,11 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
-        print(f"{mark}{r['label']:35} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
+        print(f"{mark}{r['label']:35} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
+    if not all(r["verified"] for r in rows):
+        print("~: memory predicted (compute buffers of the plans projected in full), not projected")
     for n in result.notes:
         print(f"note: {n}")
     if best is None:

@@ -127,7 +127,7 @@ def test_chosen_plan_is_verified_and_best_n_cpu_moe_is_the_smallest_that_fits(qw
     ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
     r = fastest_plan(qwen, ds, ["-c", "16384"], hardware_for(ds, threads=16), goal="balanced")
     assert r.best is not None and r.best.verified
-    assert r.projections <= 4 < r.evaluations  # most candidates never simulated
+    assert 2 * r.projections < r.evaluations  # most candidates are never simulated
     fresh = r.best.plan.projection()
     assert [d.resident() for d in fresh.devices] == [d.resident() for d in r.best.projection.devices]
     [ncm] = [c for c in r.candidates if c.label.startswith("--n-cpu-moe")]

@@ -47,6 +47,7 @@ DEFAULT_MARGIN = 1 * GiB  # the window's default margin on every GPU
 BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
 GOALS = ("tg", "pp", "balanced")
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
+NEAR_MISS = 512 * 1024**2  # predicted compute buffers were off by < 60 MiB on the bench's models
 MAX_VERIFY = 6  # full projections of candidates predicted to fit before the best verified one is taken
 
 
@@ -346,33 +347,45 @@ class _Search:
 
     def best_n_cpu_moe(self) -> Candidate | None:
         """The smallest ``--n-cpu-moe N`` that fits (fewer expert layers on the CPU is faster): a
-        first guess from the bytes each GPU has room for, then projections around it."""
+        first guess from the bytes each GPU has room for, the smallest N predicted to fit around
+        it, then that N projected in full (and N - 1 when its prediction missed by little)."""
         n_layer = self.model.summary.n_layer
 
-        def at(n: int) -> Candidate:
-            return self.candidate(f"--n-cpu-moe {n}", self.plan(["--n-cpu-moe", str(n)]))
+        def at(n: int, full: bool = False) -> Candidate:
+            plan = self.plan(["--n-cpu-moe", str(n)])
+            return (self.full if full else self.candidate)(f"--n-cpu-moe {n}", plan)
 
         top = at(n_layer)
         if not top.fits:
             return None
-        guess = self._n_cpu_moe_guess(top)
-        c = at(guess)
+        n = self._n_cpu_moe_guess(top)
+        c = at(n)
         if c.fits:  # walk down while one layer fewer on the CPU still fits
-            while guess > 0:
-                lower = at(guess - 1)
-                if not lower.fits:
-                    break
-                c, guess = lower, guess - 1
-            return c
-        lo, hi, best = guess + 1, n_layer, top  # the guess was short: bisect above it
-        while lo < hi:
-            mid = (lo + hi) // 2
-            m = at(mid)
-            if m.fits:
-                best, hi = m, mid
-            else:
-                lo = mid + 1
-        return best
+            while n > 0 and at(n - 1).fits:
+                n -= 1
+        else:  # the guess was short: bisect above it
+            lo, hi = n + 1, n_layer
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if at(mid).fits else (mid + 1, hi)
+            n = hi
+        c = at(n, full=True)
+        while not c.fits and n < n_layer:  # predicted to fit, over after all
+            n += 1
+            c = at(n, full=True)
+        while n > 0 and self.near_miss(at(n - 1)):
+            lower = at(n - 1, full=True)
+            if not lower.fits:
+                break
+            c, n = lower, n - 1
+        return c if c.fits else None
+
+    def near_miss(self, c: Candidate) -> bool:
+        """Predicted over, by less than a prediction of the compute buffers may be wrong."""
+        if c.verified or c.fits:
+            return False
+        left = room(c.projection, self.devices)
+        return all(-left[g] < NEAR_MISS for g in c.over)
 
     def _n_cpu_moe_guess(self, top: Candidate) -> int:
         """The smallest N whose expert layers N.. fit each layer's GPU by the bytes alone."""
