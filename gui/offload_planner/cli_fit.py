@@ -27,6 +27,9 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")
     p.add_argument("--prompt", type=int, default=4096, metavar="N", help="prompt length (default 4096)")
+    p.add_argument("--allow-kv-quant", action="store_true",
+                   help="let the search make an f16 KV cache q8_0 (-ctk/-ctv; a quantized V cache only "
+                   "with flash attention, as llama.cpp requires); without it your KV types are kept")
     p.add_argument("--backend", default="llama.cpp", choices=("llama.cpp", "ik_llama.cpp"),
                    help="dialect of the command (default llama.cpp)")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
@@ -63,7 +66,8 @@ def run_fit(args: argparse.Namespace) -> int:
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
-                          prompt=args.prompt, eff=efficiencies_for(args.backend))
+                          prompt=args.prompt, eff=efficiencies_for(args.backend),
+                          allow_kv_quant=args.allow_kv_quant)
     rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,
              "tg_tps": round(c.estimate.tg_tps, 3),
              "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}

@@ -4,6 +4,7 @@ slower in estimate than the baselines that fit (--cpu-moe, the best --n-cpu-moe,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,7 @@ def test_optimistic_predictions_are_caught_by_the_full_projection(qwen: Model) -
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.speed.efficiency import defaults_for
-    from offload_planner.core.speed.fastest import _Search
+    from offload_planner.core.speed.fastest import _Search, variant
 
     ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
     s = _Search(qwen, ds, ["-c", "16384"], "llama.cpp", parse_server_args, hardware_for(ds), defaults_for(
@@ -155,8 +156,8 @@ def test_optimistic_predictions_are_caught_by_the_full_projection(qwen: Model) -
     real = dict(s._compute)
     s._compute = {512: [Buffer("CUDA0", "CUDA0", "compute", 1, "too small")]}
     s._seen.clear()
-    s.starts = {512: s.cheap("start", start.plan)}
-    ours = s.fill(s.starts[512])
+    s.starts = {variant(start.plan): s.cheap("start", start.plan)}
+    ours = s.fill(s.starts[variant(start.plan)])
     assert all(c.fits and not c.verified for c in ours)
     best = s.choose(ours, [], "tg")
     assert best is not None and best.verified and best.fits
@@ -165,3 +166,61 @@ def test_optimistic_predictions_are_caught_by_the_full_projection(qwen: Model) -
     assert min(b.bytes for b in s._compute[512]) > 1 << 20
     _assert_fits(best.plan, ds)
     assert any(c.verified and not c.fits for c in ours)  # the first choice was over after all
+
+
+# --- KV cache types: only where the user allows it --------------------------------------------------
+
+Q8_0_PER_F16 = 34 / 64  # q8_0: 32 values in 34 bytes (2-byte scale + 32 int8); f16: 2 bytes a value
+
+
+def _kv_bytes(plan, device: str) -> int:  # type: ignore[no-untyped-def]
+    return sum(b.bytes for b in plan.projection().device(device).buffers if b.kind == "kv")
+
+
+def test_kv_types_are_kept_unless_allowed_then_q8_0_where_it_is_faster(qwen: Model) -> None:
+    from offload_planner.core.plan import plan_command
+
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    args = ["-c", "40960", "-np", "1"]
+    kept = fastest_plan(qwen, ds, args, hardware_for(ds, threads=16), goal="tg")
+    assert {(c.plan.context.type_k, c.plan.context.type_v) for c in kept.candidates} == {("f16", "f16")}
+    r = fastest_plan(qwen, ds, args, hardware_for(ds, threads=16), goal="tg", allow_kv_quant=True)
+    assert r.best is not None and kept.best is not None
+    ctx = r.best.plan.context
+    assert (ctx.type_k, ctx.type_v, ctx.flash_attn) == ("q8_0", "q8_0", True)
+    cmd = plan_command(r.best.plan)
+    assert cmd[cmd.index("-ctk") + 1] == "q8_0" and cmd[cmd.index("-ctv") + 1] == "q8_0"
+    _assert_fits(r.best.plan, ds)
+    # the halved cache leaves room for more experts on the GPU: faster generation
+    assert r.best.estimate.tg_tps > kept.best.estimate.tg_tps
+    f16 = replace(r.best.plan, context=replace(ctx, type_k="f16", type_v="f16"))
+    assert abs(_kv_bytes(r.best.plan, "CUDA0") / _kv_bytes(f16, "CUDA0") - Q8_0_PER_F16) < 1e-3
+
+
+def test_without_flash_attention_only_k_is_quantized(qwen: Model) -> None:
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    r = fastest_plan(qwen, ds, ["-c", "40960", "-np", "1", "-fa", "off"], hardware_for(ds, threads=16),
+                     goal="tg", allow_kv_quant=True)
+    types = {(c.plan.context.type_k, c.plan.context.type_v, c.plan.context.flash_attn) for c in r.candidates}
+    assert ("q8_0", "f16", False) in types  # quantized K needs no flash attention
+    assert all(v == "f16" and not fa for _, v, fa in types)  # a quantized V cache would need it
+
+
+def test_kv_choices_follow_llama_cpp_rules(qwen: Model) -> None:
+    """MLA models take one type for K and V (so nothing without flash attention); a type the user
+    gave is kept."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.speed.fastest import kv_choices
+
+    ds = _devices("rtx3090")
+    ds3 = open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
+
+    def choices(model: Model, *args: str) -> list[tuple[str, str]]:
+        return kv_choices(plan_from_args(model, ds, parse_server_args(["-c", "8192", *args])), True)
+
+    assert choices(ds3) == [("f16", "f16"), ("q8_0", "q8_0")]
+    assert choices(ds3, "-fa", "off") == [("f16", "f16")]
+    assert choices(qwen, "-ctk", "q4_0") == [("q4_0", "f16")]
+    assert choices(qwen, "-fa", "off") == [("f16", "f16"), ("q8_0", "f16")]
+    assert kv_choices(plan_from_args(qwen, ds, parse_server_args(["-c", "8192"])), False) == [("f16", "f16")]

@@ -49,6 +49,8 @@ GOALS = ("tg", "pp", "balanced")
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
 NEAR_MISS = 512 * 1024**2  # predicted compute buffers were off by < 60 MiB on the bench's models
 MAX_VERIFY = 6  # full projections of candidates predicted to fit before the best verified one is taken
+KV_QUANT = "q8_0"  # the KV cache type the search may pick where the user allows it
+QUANT_BLOCK = 32  # q8_0's block: flash attention needs head sizes that are multiples of it
 
 
 @dataclass
@@ -122,6 +124,42 @@ def interpolate(known: dict[int, list[Buffer]], ub: int) -> list[Buffer]:
     return out
 
 
+Variant = tuple[int, str, str]  # -ub, K and V cache types
+
+
+def variant(plan: Plan) -> Variant:
+    c = plan.context
+    return c.n_ubatch, c.type_k, c.type_v
+
+
+def _describe(var: Variant) -> str:
+    ub, k, v = var
+    kv = (f", -ctk {k}" if k != "f16" else "") + (f" -ctv {v}" if v != "f16" else "")
+    return f"-ub {ub}{kv}"
+
+
+def kv_choices(plan: Plan, allow: bool) -> list[tuple[str, str]]:
+    """The (K, V) cache types to try: the command's; with ``allow`` and an f16 cache in the command,
+    also q8_0 where llama.cpp accepts it (``llama_init_from_model``): a quantized V cache needs flash
+    attention, K and V of MLA models must have one type, and with flash attention each head's size
+    must be a multiple of the type's block (32)."""
+    c = plan.context
+    out = [(c.type_k, c.type_v)]
+    if not allow or (c.type_k, c.type_v) != ("f16", "f16"):
+        return out
+    s = plan.model.summary
+    dims_ok = s.head_dim_k % QUANT_BLOCK == 0 and s.head_dim_v % QUANT_BLOCK == 0
+    if c.flash_attn and dims_ok:
+        out.append((KV_QUANT, KV_QUANT))
+    elif not c.flash_attn and not s.is_mla:
+        out.append((KV_QUANT, "f16"))
+    return out
+
+
+def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
+    return replace(plan, context=replace(plan.context, type_k=kv[0], type_v=kv[1]))
+
+
 class _Search:
     """Candidates are first evaluated with their weights, KV and outputs exact and their compute
     buffers predicted (:meth:`cheap`, about a millisecond); only the plan chosen (and any candidate
@@ -136,7 +174,7 @@ class _Search:
         self.evaluations = 0
         self._seen: dict[tuple[object, ...], Candidate] = {}
         self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
-        self.starts: dict[int, Candidate] = {}  # per -ub: every routed expert the user left free on the CPU
+        self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -183,17 +221,19 @@ class _Search:
     def candidate(self, label: str, plan: Plan) -> Candidate:
         return self.cheap(label, plan) if self._compute else self.full(label, plan)
 
-    def ours(self, starts: dict[int, Plan], notes: list[str], label: str) -> list[Candidate]:
-        """Per ``-ub`` (the user's first), the fill from every free routed expert on the CPU.  The
-        starts at the user's and the largest ``-ub`` are projected in full, those between predicted."""
+    def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
+        """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
+        expert on the CPU.  The starts of the user's KV types at the user's and the largest ``-ub``
+        are projected in full, the others predicted."""
         out: list[Candidate] = []
-        ubs = list(starts)
-        for ub in ubs:
-            lab = f"{label}, -ub {ub}"
-            start = (self.full(lab, starts[ub]) if ub in (ubs[0], max(ubs)) else self.cheap(lab, starts[ub]))
-            self.starts[ub] = start
+        first = next(iter(starts))
+        exact = {first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])}
+        for var, plan in starts.items():
+            lab = f"{label}, {_describe(var)}"
+            start = self.full(lab, plan) if var in exact else self.cheap(lab, plan)
+            self.starts[var] = start
             if not start.fits:
-                notes.append(f"-ub {ub}: does not fit even with every routed expert on the CPU "
+                notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
                              f"({', '.join(start.over)} over"
                              + ("" if start.verified else ", predicted") + ")")
                 continue
@@ -204,7 +244,7 @@ class _Search:
         """The best-scoring candidate that fits by a full projection: the best predicted one is
         projected in full; if it is over after all, its ``-ub`` is filled again with the compute
         buffers just simulated."""
-        refilled: set[int] = set()
+        refilled: set[Variant] = set()
         for _ in range(MAX_VERIFY):
             fitting = [c for c in ours + baselines if c.fits]
             if not fitting:
@@ -221,10 +261,10 @@ class _Search:
             # over after all: every prediction again with the compute buffers just simulated
             for lst in (ours, baselines):
                 lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
-            ub = c.plan.context.n_ubatch
-            if is_ours and ub not in refilled and ub in self.starts:
-                refilled.add(ub)
-                st = self.starts[ub]
+            var = variant(c.plan)
+            if is_ours and var not in refilled and var in self.starts:
+                refilled.add(var)
+                st = self.starts[var]
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
                 ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
         done = [c for c in ours + baselines if c.verified and c.fits]
@@ -281,7 +321,7 @@ class _Search:
                     moves.update(dict.fromkeys(layers[il], g))
                     assigned.setdefault(g, []).append(il)
                     break
-        label = f"fastest (-ub {plan.context.n_ubatch})"
+        label = f"fastest ({_describe(variant(plan))})"
         cand = self.candidate(label, plan.with_moves(moves))
         while cand.over:  # the compute buffers moved: take layers back from the devices over
             for g in cand.over:
@@ -436,9 +476,10 @@ def _ubatches(user_ub: int, goal: str) -> list[int]:
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
                  dialect: str = "llama.cpp", goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
-                 ubatches: Sequence[int] | None = None) -> FastestResult:
+                 ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
-    memory predicted unless they were projected in full: ``Candidate.verified``)."""
+    memory predicted unless they were projected in full: ``Candidate.verified``).
+    ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept."""
     from offload_planner.core.cmdline import parse_server_args
 
     if goal not in GOALS:
@@ -451,10 +492,14 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
     s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}))
     notes: list[str] = []
-    user = s.plan([]).context
-    ubs = list(ubatches) if ubatches is not None else _ubatches(user.n_ubatch, goal)
-    starts = {ub: s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.n_batch))]
-                                          if ub != user.n_ubatch else [])) for ub in ubs}
+    user = s.plan([])
+    ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
+    starts: dict[Variant, Plan] = {}
+    for kv in kv_choices(user, allow_kv_quant):
+        for ub in ubs:
+            p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
+                                                if ub != user.context.n_ubatch else [])), kv)
+            starts[variant(p)] = p
     ours = s.ours(starts, notes, "--cpu-moe")
     t0 = time.process_time()
     fit = s.llama_fit()
@@ -466,9 +511,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
-                      eff: Efficiencies | None = None) -> FastestResult:
+                      eff: Efficiencies | None = None, allow_kv_quant: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
-    are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals."""
+    are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
+    types change only with ``allow_kv_quant``."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
@@ -476,11 +522,13 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
                 dict(plan.moves))
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
-    starts = {}
-    for ub in _ubatches(ub0, goal):
-        p = plan if ub == ub0 else replace(plan, context=replace(plan.context, n_ubatch=ub,
-                                                                 n_batch=max(ub, plan.context.n_batch)))
-        starts[ub] = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
+    starts: dict[Variant, Plan] = {}
+    for kv in kv_choices(plan, allow_kv_quant):
+        for ub in _ubatches(ub0, goal):
+            p = with_kv(plan if ub == ub0 else replace(plan, context=replace(
+                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv)
+            start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
+            starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")
     best = s.choose(ours, [], goal)
     return FastestResult(best, ours, goal, s.projections, notes, s.evaluations)
