@@ -68,6 +68,8 @@ def run_fit(args: argparse.Namespace) -> int:
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
                           prompt=args.prompt, eff=efficiencies_for(args.backend),
                           allow_kv_quant=args.allow_kv_quant)
+    if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
+        result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
     rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,
              "tg_tps": round(c.estimate.tg_tps, 3),
              "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}

@@ -1,8 +1,10 @@
 """The speed figures of each device, each with where it came from.
 
 A GPU's figures come from its ``--device`` declaration (``bw=936GB/s``, ``pcie=4x16``,
-``tflops=71``), else from the catalogue card it names (``CUDA0=rtx3090``) or the driver reports
-(NVML's device name), else from defaults.  The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
+``tflops=71``), else from what the driver reports through NVML (memory bus width and maximum memory
+clock, maximum PCIe link generation and width: :func:`nvml_bandwidth_gbs`, :func:`pcie_gbs`), else
+from the catalogue card it names (``CUDA0=rtx3090``) or NVML's device name names, else defaults.
+The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
 (channels x MT/s x 8 bytes) declared, else the RAM probe measured on this machine, else a default;
 its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``.
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
@@ -24,6 +26,7 @@ class Source(StrEnum):
     DECLARED = "declared"
     CATALOGUE = "catalogue"
     CALIBRATED = "calibrated"
+    DRIVER = "driver"  # reported by the GPU driver (NVML)
     DEFAULT = "default"
 
 
@@ -52,6 +55,22 @@ DEFAULT_THREADS = 8
 DEFAULT_RPC_LINK = 10.0  # GB/s: a loopback connection (not measured)
 
 HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
+#: Keys the GPU detection adds from NVML (``backend.system``): ``nvml_bus=384x9751`` (memory bus bits
+#: x maximum memory clock in MHz), ``nvml_pcie=4x16`` (maximum link generation x width)
+NVML_KEYS = ("nvml_bus", "nvml_pcie")
+
+
+def nvml_bandwidth_gbs(bus_width_bits: int, mem_clock_mhz: float) -> float:
+    """Peak memory bandwidth from NVML's ``nvmlDeviceGetMemoryBusWidth`` and ``nvmlDeviceGetMaxClockInfo
+    (NVML_CLOCK_MEM)``: the clock NVML reports moves data on both edges (RTX 3090: 9751 MHz for its
+    19.5 Gbps GDDR6X; CUDA's nvbench prints the RTX 4090 as "384-bit DDR @10501MHz", 1008 GB/s), so
+    bytes per transfer x clock x 2."""
+    return bus_width_bits / 8 * mem_clock_mhz * 2 / 1000
+
+
+def pcie_gbs(generation: int, width: int) -> float:
+    """One direction of a PCIe link, GB/s after line coding (:data:`PCIE_LANE_GBS` per lane)."""
+    return PCIE_LANE_GBS[generation] * width
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,15 @@ class Declared:
     ram: float | None = None  # GB/s from channels x MT/s x 8 B
     tflops: float | None = None
     threads: int | None = None
+    nvml_bus: tuple[int, int] | None = None  # bus width in bits, max memory clock in MHz (NVML)
+    nvml_pcie: tuple[int, int] | None = None  # max PCIe generation, width (NVML)
+
+
+def _parse_nvml_bus(val: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", val.strip())
+    if m is None or not int(m.group(1)) or not int(m.group(2)):
+        raise ValueError(f"nvml_bus={val!r}: expected BITSxMHZ, e.g. 384x9751")
+    return int(m.group(1)), int(m.group(2))
 
 
 def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
@@ -159,6 +187,10 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
             d[k] = parse_ram(val)
         elif k == "tflops":
             d[k] = parse_tflops(val)
+        elif k == "nvml_bus":
+            d[k] = _parse_nvml_bus(val)
+        elif k == "nvml_pcie":
+            d[k] = parse_pcie(val)
         elif k == "threads":
             if not val.strip().isdigit() or int(val) < 1:
                 raise ValueError(f"threads={val!r}: not a positive count")
@@ -173,7 +205,7 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
 
 def _pcie_figure(link: tuple[int, int], source: Source, note: str) -> Figure:
     gen, lanes = link
-    return Figure(round(PCIE_LANE_GBS[gen] * lanes, 2), "GB/s", source, f"PCIe {gen}.0 x{lanes}; {note}")
+    return Figure(round(pcie_gbs(gen, lanes), 2), "GB/s", source, f"PCIe {gen}.0 x{lanes}; {note}")
 
 
 def _gpu_bandwidth(dev: Device, decl: Declared, c: Card | None, via: str) -> Figure:
@@ -181,6 +213,10 @@ def _gpu_bandwidth(dev: Device, decl: Declared, c: Card | None, via: str) -> Fig
         return Figure(decl.bw, "GB/s", Source.DECLARED, f"{dev.name} bw=")
     if dev.bandwidth_gbs:
         return Figure(dev.bandwidth_gbs, "GB/s", Source.DECLARED, f"{dev.name} bw=")
+    if decl.nvml_bus is not None:
+        bits, mhz = decl.nvml_bus
+        return Figure(round(nvml_bandwidth_gbs(bits, mhz), 1), "GB/s", Source.DRIVER,
+                      f"NVML: {bits}-bit memory bus x {mhz} MHz x 2 (double data rate)")
     if c is not None:
         return Figure(c.bandwidth_gbs, "GB/s", Source.CATALOGUE, f"{c.source}; {via}")
     return Figure(DEFAULT_GPU_BW, "GB/s", Source.DEFAULT, f"{dev.name}: no card or bw= given")
@@ -203,6 +239,8 @@ def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure
                       f"{dev.name}: network link not declared (e.g. link=10Gb/s); loopback assumed")
     if decl.pcie is not None:
         return _pcie_figure(decl.pcie, Source.DECLARED, f"{dev.name} pcie=")
+    if decl.nvml_pcie is not None:
+        return _pcie_figure(decl.nvml_pcie, Source.DRIVER, "NVML: the link's maximum generation and width")
     if c is not None and c.pcie is None:
         return Figure(bw.value, "GB/s", bw.source, "unified memory: the GPU reads host memory directly")
     if c is not None and c.pcie is not None:
