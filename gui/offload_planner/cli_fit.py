@@ -38,7 +38,7 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_of
+    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, rpc_links, threads_of
     from offload_planner.backend.system import cpu_device, detect_gpus
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.devices import build_device_set, parse_device_decl
@@ -64,7 +64,8 @@ def run_fit(args: argparse.Namespace) -> int:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
-    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
+    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
+                      links=rpc_links(devices))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
                           prompt=args.prompt, eff=efficiencies_for(args.backend),
                           allow_kv_quant=args.allow_kv_quant)

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import Figure, Hardware, Source, hardware_for
+from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, hardware_for
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -109,6 +110,43 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     return Figure(float(bw), "GB/s", Source.MEASURED, f"RAM probe on this machine ({when}, {_path()})")
 
 
+def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
+    """The link to the rpc-server at ``endpoint`` from this machine: cached, else probed now through
+    the RPC protocol when ``measure`` (:mod:`backend.rpc_probe`; None when it cannot be reached)."""
+    from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
+
+    data = _load()
+    entry = data.get("machines", {}).get(machine_key(), {})
+    links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
+    got = links.get(endpoint)
+    if not (isinstance(got, dict) and isinstance(got.get("gbs"), (int, float))
+            and isinstance(got.get("rtt_us"), (int, float))):
+        if not measure:
+            return None
+        try:
+            p = probe_link(endpoint)
+        except RpcProbeError:
+            return None
+        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "at": time.strftime("%Y-%m-%d %H:%M"),
+               "server": p.server_version}
+        entry = {**entry, "rpc_links": {**links, endpoint: got}}
+        data.setdefault("machines", {})[machine_key()] = entry
+        _save(data)
+    return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
+                        f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})")
+
+
+def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink]:
+    """Measured links of the set's RPC devices, by endpoint (those that could be probed)."""
+    out = {}
+    for g in devices.gpus:
+        if g.endpoint and g.kind is DeviceKind.RPC:
+            link = rpc_link(g.endpoint, measure=measure)
+            if link is not None:
+                out[g.endpoint] = link
+    return out
+
+
 def record_efficiencies(backend: str, values: dict[str, float]) -> None:
     """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`)."""
     calibrated(values, "check")  # refuse unknown names before writing
@@ -167,7 +205,8 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True) -> H
     ``-t`` of ``parsed`` or of the plan's kept flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
-    return hardware_for(plan.devices, threads=threads, probe=measured)
+    return hardware_for(plan.devices, threads=threads, probe=measured,
+                        links=rpc_links(plan.devices, measure=probe))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,

@@ -6,7 +6,10 @@ clock, maximum PCIe link generation and width: :func:`nvml_bandwidth_gbs`, :func
 from the catalogue card it names (``CUDA0=rtx3090``) or NVML's device name names, else defaults.
 The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
 (channels x MT/s x 8 bytes) declared, else the RAM probe measured on this machine, else a default;
-its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``.
+its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``, else the
+link measured against its running rpc-server (:class:`MeasuredLink`: throughput and the round trip
+each graph split waits for); ``threads=`` on an RPC device whose server computes on a CPU limits
+its bandwidth as ``-t`` limits the host's (``ggml-rpc-server`` uses half the remote's cores).
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
 """
 
@@ -83,8 +86,18 @@ class DeviceSpeed:
     tflops: Figure  # dense throughput for prompt processing
     link: Figure  # GB/s to the host: PCIe, or the network for RPC; the memory itself when unified
     card: str = ""  # catalogue card name, if any
-    threads: int | None = None  # CPU only
+    threads: int | None = None  # CPU, and an RPC device computing on its server's CPU (threads=)
     unified: bool = False  # Apple: the GPU reads host memory directly
+    latency_us: Figure | None = None  # RPC: the measured round trip of one graph split
+
+
+@dataclass(frozen=True)
+class MeasuredLink:
+    """The link to an RPC device's server as a probe measured it (``backend.rpc_probe``)."""
+
+    gbs: float
+    rtt_us: float
+    note: str
 
 
 @dataclass(frozen=True)
@@ -231,10 +244,13 @@ def _gpu_tflops(dev: Device, decl: Declared, c: Card | None) -> Figure:
     return Figure(DEFAULT_GPU_TFLOPS, "TFLOPS", Source.DEFAULT, f"{dev.name}: {why}")
 
 
-def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure:
+def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure,
+              measured: MeasuredLink | None = None) -> Figure:
     if dev.kind is DeviceKind.RPC:
         if decl.link is not None:
             return Figure(decl.link, "GB/s", Source.DECLARED, f"{dev.name} link=")
+        if measured is not None:
+            return Figure(round(measured.gbs, 4), "GB/s", Source.MEASURED, measured.note)
         return Figure(DEFAULT_RPC_LINK, "GB/s", Source.DEFAULT,
                       f"{dev.name}: network link not declared (e.g. link=10Gb/s); loopback assumed")
     if decl.pcie is not None:
@@ -248,15 +264,22 @@ def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure
     return _pcie_figure(DEFAULT_PCIE, Source.DEFAULT, f"{dev.name}: no card or pcie= given")
 
 
-def gpu_speed(dev: Device) -> DeviceSpeed:
-    """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults."""
+def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
+    """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults;
+    ``link``: an RPC device's link as measured (used unless ``link=`` is declared)."""
     decl = parse_hardware_keys(dev.hardware)
     c = decl.card or (card(dev.description) if dev.description else None)
     via = (f"{dev.name} declared as {c.key}" if decl.card and c
            else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
-    return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw),
-                       c.name if c else "", unified=c is not None and c.pcie is None)
+    rpc = dev.kind is DeviceKind.RPC
+    latency = (Figure(round(link.rtt_us, 1), "µs per RPC graph split", Source.MEASURED,
+                      f"one round trip per split (the activations read back after an asynchronous graph "
+                      f"compute, ggml-rpc protocol 7); {link.note}")
+               if rpc and link is not None and decl.link is None else None)
+    return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
+                       c.name if c else "", threads=decl.threads if rpc else None,
+                       unified=c is not None and c.pcie is None, latency_us=latency)
 
 
 def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None) -> DeviceSpeed:
@@ -283,9 +306,12 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
-                 overrides: Mapping[str, DeviceSpeed] | None = None) -> Hardware:
-    """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated)."""
-    out = {g.name: gpu_speed(g) for g in devices.gpus}
+                 overrides: Mapping[str, DeviceSpeed] | None = None,
+                 links: Mapping[str, MeasuredLink] | None = None) -> Hardware:
+    """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
+    ``links``: measured links of RPC devices by endpoint)."""
+    links = links or {}
+    out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe)
     out.update(overrides or {})
     return Hardware(out)
