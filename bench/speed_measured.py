@@ -16,8 +16,8 @@ into RAM with ``-lm none`` (no mmap), so token generation is bound by memory ban
 
 Nothing here is a timed test: the ratios are printed for the note and the README.
 
-    python bench/speed_measured.py [--models bench-llama-2g,...] [--prompt 256] [--gen 32]
-                                   [--workdir /tmp/offload-bench] [--json out.json]
+    python bench/speed_measured.py [--models bench-llama-2g,...] [--configs 2xRPC,...] [--prompt 256]
+                                   [--gen 32] [--workdir /tmp/offload-bench] [--json out.json]
 """
 
 from __future__ import annotations
@@ -197,6 +197,8 @@ def main() -> int:
     ap.add_argument("--server", default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--link", default="10GB/s", help="declared loopback link of the RPC devices")
+    ap.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
+                    help="configurations to run (default: all)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     found = find_server_executable(args.server)
@@ -211,7 +213,7 @@ def main() -> int:
         spec = BENCH_MODELS[name]
         model = model_file(name, args.workdir)
         for cfg in CONFIGS:
-            if cfg.moe_only and not spec.n_expert:
+            if cfg.name not in args.configs.split(",") or (cfg.moe_only and not spec.n_expert):
                 continue
             ram = measure_ram_bandwidth()  # the reference, measured next to each run
             server_args, endpoints, got, links = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
