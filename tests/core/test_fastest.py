@@ -121,7 +121,8 @@ def test_from_an_open_plan_keeps_its_moves_and_fits(qwen: Model) -> None:
 
 def test_chosen_plan_is_verified_and_best_n_cpu_moe_is_the_smallest_that_fits(qwen: Model) -> None:
     """Candidates are ranked on predicted compute buffers; the answer is projected in full, and the
-    --n-cpu-moe baseline's N fits by a fresh projection while N-1 does not."""
+    --n-cpu-moe baseline's N (projected in full only where it could beat the answer) fits by a
+    fresh projection while N-1 does not."""
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.plan import plan_from_args
 

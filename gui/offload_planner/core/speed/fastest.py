@@ -385,36 +385,41 @@ class _Search:
 
     # --- baselines -------------------------------------------------------------------------------
 
-    def best_n_cpu_moe(self) -> Candidate | None:
-        """The smallest ``--n-cpu-moe N`` that fits (fewer expert layers on the CPU is faster): a
-        first guess from the bytes each GPU has room for, the smallest N predicted to fit around
-        it, then that N projected in full (and N - 1 when its prediction missed by little)."""
+    def _ncm(self, n: int, full: bool = False) -> Candidate:
+        plan = self.plan(["--n-cpu-moe", str(n)])
+        return (self.full if full else self.candidate)(f"--n-cpu-moe {n}", plan)
+
+    def n_cpu_moe_predicted(self) -> tuple[Candidate | None, Candidate | None]:
+        """The smallest ``--n-cpu-moe N`` predicted to fit (fewer expert layers on the CPU is
+        faster: a first guess from the bytes each GPU has room for, then the predictions around it),
+        and N - 1 when it is predicted over by less than a prediction may be wrong."""
         n_layer = self.model.summary.n_layer
-
-        def at(n: int, full: bool = False) -> Candidate:
-            plan = self.plan(["--n-cpu-moe", str(n)])
-            return (self.full if full else self.candidate)(f"--n-cpu-moe {n}", plan)
-
-        top = at(n_layer)
+        top = self._ncm(n_layer)
         if not top.fits:
-            return None
+            return None, None
         n = self._n_cpu_moe_guess(top)
-        c = at(n)
-        if c.fits:  # walk down while one layer fewer on the CPU still fits
-            while n > 0 and at(n - 1).fits:
+        if self._ncm(n).fits:  # walk down while one layer fewer on the CPU still fits
+            while n > 0 and self._ncm(n - 1).fits:
                 n -= 1
         else:  # the guess was short: bisect above it
             lo, hi = n + 1, n_layer
             while lo < hi:
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if at(mid).fits else (mid + 1, hi)
+                lo, hi = (lo, mid) if self._ncm(mid).fits else (mid + 1, hi)
             n = hi
-        c = at(n, full=True)
+        lower = self._ncm(n - 1) if n > 0 else None
+        return self._ncm(n), (lower if lower is not None and self.near_miss(lower) else None)
+
+    def best_n_cpu_moe(self, n: int) -> Candidate | None:
+        """From the predicted N: the smallest N that fits by a full projection (N - 1 projected
+        too when its prediction missed by little)."""
+        n_layer = self.model.summary.n_layer
+        c = self._ncm(n, full=True)
         while not c.fits and n < n_layer:  # predicted to fit, over after all
             n += 1
-            c = at(n, full=True)
-        while n > 0 and self.near_miss(at(n - 1)):
-            lower = at(n - 1, full=True)
+            c = self._ncm(n, full=True)
+        while n > 0 and self.near_miss(self._ncm(n - 1)):
+            lower = self._ncm(n - 1, full=True)
             if not lower.fits:
                 break
             c, n = lower, n - 1
@@ -504,9 +509,17 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     t0 = time.process_time()
     fit = s.llama_fit()
     fit_s = time.process_time() - t0
-    baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), s.best_n_cpu_moe(), fit)
-                 if c is not None]
+    ncm, near = s.n_cpu_moe_predicted()
+    baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
+    # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
+    rivals = [c for c in (ncm, near) if c is not None and not c.verified]
+    if ncm is not None and (best is None or any(score(c.estimate, goal) > score(best.estimate, goal)
+                                                for c in rivals)):
+        exact = s.best_n_cpu_moe(int(ncm.label.split()[-1]))
+        i = next(i for i, c in enumerate(baselines) if c.label.startswith("--n-cpu-moe"))
+        baselines[i:i + 1] = [] if exact is None else [exact]
+        best = s.choose(ours, baselines, goal)
     return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s)
 
 
