@@ -48,7 +48,7 @@ BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
 GOALS = ("tg", "pp", "balanced")
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
 NEAR_MISS = 512 * 1024**2  # predicted compute buffers were off by < 60 MiB on the bench's models
-MAX_VERIFY = 6  # full projections of candidates predicted to fit before the best verified one is taken
+MAX_VERIFY = 8  # full projections of candidates predicted to fit before the best verified one is taken
 KV_QUANT = "q8_0"  # the KV cache type the search may pick where the user allows it
 QUANT_BLOCK = 32  # q8_0's block: flash attention needs head sizes that are multiples of it
 
@@ -203,8 +203,14 @@ class _Search:
         else:
             proj = plan.projection()
         self.projections += 1
-        self._compute[plan.context.n_ubatch] = [b for d in proj.devices for b in d.buffers
-                                                if b.kind == "compute"]
+        # per buffer the largest of every plan of this -ub projected so far: a device's compute
+        # buffer grows once it holds experts (their activations), so the start alone is short
+        ub = plan.context.n_ubatch
+        known = {(b.device, b.name): b for b in self._compute.get(ub, [])}
+        for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute"):
+            k = (b.device, b.name)
+            known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
+        self._compute[ub] = list(known.values())
         # predictions made with the earlier compute buffers are evaluated again when asked for
         self._seen = {k: c for k, c in self._seen.items() if c.verified}
         return self._make(label, plan, proj, verified=True)
@@ -262,13 +268,37 @@ class _Search:
             for lst in (ours, baselines):
                 lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
             var = variant(c.plan)
+            again: list[Candidate] = []
             if is_ours and var not in refilled and var in self.starts:
                 refilled.add(var)
                 st = self.starts[var]
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
-                ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
+            fixed = self.take_back(v) if is_ours else None
+            again += [fixed] if fixed is not None else []
+            ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
         done = [c for c in ours + baselines if c.verified and c.fits]
         return max(done, key=lambda x: score(x.estimate, goal)) if done else None
+
+    def take_back(self, over: Candidate) -> Candidate | None:
+        """``over`` (projected in full, over on some GPUs) with routed experts the search moved to
+        each such GPU sent back to the CPU, highest layers first, until the bytes sent back cover
+        what the projection puts over the limit; None when the search moved nothing there."""
+        left = room(over.projection, self.devices)
+        moves = dict(over.plan.moves)
+        changed = False
+        for g in over.over:
+            dev = self.devices.by_name(g)
+            assert dev is not None
+            ours = sorted((n for n, d in moves.items() if d == g and n not in self.moves),
+                          key=lambda n: (-(self.model.tensor(n).layer or 0), n))
+            freed = 0
+            for n in ours:
+                if freed >= -left[g]:
+                    break
+                moves[n] = CPU
+                freed += pad(alloc_size(self.model.tensor(n), dev), dev.alignment)
+                changed = True
+        return self.cheap(over.label, replace(over.plan, moves=moves)) if changed else None
 
     # --- our plan ------------------------------------------------------------------------------
 
