@@ -206,8 +206,10 @@ def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, flo
     """(effective GB/s, latency s) of a split between two devices: the slower side's link."""
     gb = min(a.link.value, b.link.value) * eff.link.value
     rpc = DeviceKind.RPC in (a.kind, b.kind)
-    measured = [d.latency_us.value for d in (a, b) if d.latency_us is not None]
-    lat = (max(measured) if measured else (eff.rpc_latency_us if rpc else eff.split_latency_us).value) * 1e-6
+    # RPC: the server's work per split plus the round trip measured to it (none measured: the default
+    # covers a loopback round trip)
+    rtt = max((d.latency_us.value for d in (a, b) if d.latency_us is not None), default=0.0)
+    lat = ((eff.rpc_latency_us.value + rtt) if rpc else eff.split_latency_us.value) * 1e-6
     return gb, lat
 
 
@@ -363,12 +365,12 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
             out.append(Assumption(f"{name} host link", d.link))
     out.append(Assumption("link efficiency", eff.link))
     out.append(Assumption("graph split latency", eff.split_latency_us))
+    if any(hw[n].kind is DeviceKind.RPC for n in used):
+        out.append(Assumption("RPC split latency", eff.rpc_latency_us))
     for n in used:
         lat = hw[n].latency_us
         if lat is not None:
-            out.append(Assumption(f"{n} RPC split latency", lat))
-    if any(hw[n].kind is DeviceKind.RPC and hw[n].latency_us is None for n in used):
-        out.append(Assumption("RPC split latency", eff.rpc_latency_us))
+            out.append(Assumption(f"{n} RPC round trip per split", lat))
     if plan.placement_options.split_mode in ("row", "tensor"):
         out.append(Assumption(f"-sm {plan.placement_options.split_mode} estimated as -sm layer",
                               Figure(1, "x", Source.DEFAULT, "devices summed, not run in parallel")))

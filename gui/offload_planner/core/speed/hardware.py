@@ -274,8 +274,9 @@ def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
     bw = _gpu_bandwidth(dev, decl, c, via)
     rpc = dev.kind is DeviceKind.RPC
     latency = (Figure(round(link.rtt_us, 1), "µs per RPC graph split", Source.MEASURED,
-                      f"one round trip per split (the activations read back after an asynchronous graph "
-                      f"compute, ggml-rpc protocol 7); {link.note}")
+                      f"one network round trip per split (the activations read back after an "
+                      f"asynchronous graph compute, ggml-rpc protocol 7), beside the server's own work "
+                      f"per split; {link.note}")
                if rpc and link is not None and decl.link is None else None)
     return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
                        c.name if c else "", threads=decl.threads if rpc else None,
