@@ -199,20 +199,22 @@ def _cpu_declared(plan: Plan) -> bool:
     return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
 
 
-def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True) -> Hardware:
+def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
+                     probe_rpc: bool = False) -> Hardware:
     """The figures of the plan's devices on this machine: declared, catalogue, the cached RAM probe
-    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), threads from
-    ``-t`` of ``parsed`` or of the plan's kept flags."""
+    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), the cached RPC
+    links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers, which
+    serve one client at a time), threads from ``-t`` of ``parsed`` or of the plan's kept flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
     return hardware_for(plan.devices, threads=threads, probe=measured,
-                        links=rpc_links(plan.devices, measure=probe))
+                        links=rpc_links(plan.devices, measure=probe_rpc))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
-               placement: Placement | None = None) -> SpeedEstimate:
+               placement: Placement | None = None, probe_rpc: bool = False) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
-    hw = machine_hardware(plan, parsed, probe=probe)
+    hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
     return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)
