@@ -3,6 +3,7 @@ and used by the estimate (a measured link and per-split round trip instead of th
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from pathlib import Path
@@ -68,3 +69,17 @@ def test_what_is_not_an_rpc_server_is_named() -> None:
     finally:
         t.join(5)
         srv.close()
+
+
+def test_plan_probes_the_rpc_server_it_is_given(llama_bin_dir: Path, tmp_path: Path) -> None:
+    """`plan --rpc` measures the link to the running rpc-server and says so in the estimate."""
+    from tests.test_cli import QWEN, run
+
+    with rpc_servers(llama_bin_dir, 1, tmp_path) as [endpoint]:
+        r = run("plan", QWEN, "--no-detect", "--device", "RPC0=32GiB,bw=20GB/s", "--device", "CPU=64GiB",
+                "--json", "--", "--rpc", endpoint, "-c", "4096", "-ngl", "999")
+    assert r.returncode in (0, 1), r.stderr
+    got = {a["what"]: a for a in json.loads(r.stdout)["speed"]["assumptions"]}
+    rtt = got["RPC0 RPC round trip per split"]
+    assert rtt["source"] == "measured" and 0 < rtt["value"] < 50_000 and endpoint in rtt["note"]
+    assert got["RPC0 host link"]["source"] == "measured"
