@@ -249,10 +249,12 @@ class _Search:
     def choose(self, ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
         """The best-scoring candidate that fits by a full projection: the best predicted one is
         projected in full; if it is over after all, its ``-ub`` is filled again with the compute
-        buffers just simulated."""
+        buffers just simulated and its experts are taken back by what it is over."""
         refilled: set[Variant] = set()
         for _ in range(MAX_VERIFY):
-            fitting = [c for c in ours + baselines if c.fits]
+            # a baseline predicted over is projected in full too if it would win: never slower than
+            # a baseline that fits
+            fitting = [c for c in ours if c.fits] + [c for c in baselines if c.fits or not c.verified]
             if not fitting:
                 return None
             c = max(fitting, key=lambda x: score(x.estimate, goal))
