@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from offload_planner.backend.log_lines import printable
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -118,7 +119,7 @@ class _Session:
         self.model: Any = None
         self.devices: Any = None
         self.parsed: Any = None
-        self.dialect = "llama.cpp"
+        self.dialect: Dialect = Dialect.LLAMA_CPP
         self.engine: Any = None
 
     def say(self, text: str) -> None:
@@ -146,7 +147,7 @@ class _Session:
             self.say(found.message)
             return EXIT_USAGE
         dialect, _version = launch.probe_dialect(found.path)
-        self.dialect = str(dialect)  # cached: the runner reports it with the version
+        self.dialect = Dialect(dialect)  # cached: the runner reports it with the version
         env = launch.parse_env_assignments(a.env)
         server_args = self._prepare_projection(server_args, dialect, env)
         port = a.port if a.port is not None else (_free_port() if a.verify else None)
@@ -183,7 +184,7 @@ class _Session:
         return self.code
 
     def _prepare_projection(
-        self, server_args: list[str], dialect: Any, env: dict[str, str | None]
+        self, server_args: list[str], dialect: Dialect, env: dict[str, str | None]
     ) -> list[str]:
         """Parse the arguments as the server will read them (with the environment it gets) and
         build the devices; returns the arguments to pass on (a leading program name dropped)."""
@@ -196,7 +197,7 @@ class _Session:
         from offload_planner.core.gguf_reader import open_model
 
         a = self.args
-        read = read_server_argv(server_args, str(dialect), child_environment(os.environ, env))
+        read = read_server_argv(server_args, dialect, child_environment(os.environ, env))
         self.parsed = read.parsed
         for note in read.notes:
             self.say(f"note: {note}")
@@ -223,7 +224,7 @@ class _Session:
         devices = launch.devices_from_log(self.devices, self.server.report)
         self.engine = run_engine(self.model, devices, self.parsed.args, self.dialect)
         self.devices = devices
-        if self.dialect == "llama.cpp":
+        if self.dialect.fits_by_default:
             fitted = self._fitted_projection(devices)
             if fitted is not None:
                 return fitted

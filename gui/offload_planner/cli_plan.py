@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
 if TYPE_CHECKING:
@@ -19,7 +20,11 @@ if TYPE_CHECKING:
     from offload_planner.core.model import Model
     from offload_planner.core.plan import Plan
 
-DIALECTS = ("llama.cpp", "llama.cpp-2025", "ik_llama.cpp")
+
+
+def dialect_names() -> list[str]:
+    """What ``--backend`` takes besides an executable: every registered dialect's name."""
+    return [d.value for d in all_dialects()]
 
 
 def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,9 +49,9 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
                    help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable); a size needs "
                    "its unit: 24GiB = 24G, 24GB, 8000MiB, 1TiB, 4096B")
-    p.add_argument("--backend", default="llama.cpp", metavar="PATH|DIALECT",
+    p.add_argument("--backend", default=Dialect.LLAMA_CPP.value, metavar="PATH|DIALECT",
                    help="a llama-server executable to detect the dialect from, or one of: "
-                   + ", ".join(DIALECTS) + " (default: llama.cpp, the pinned build)")
+                   + ", ".join(dialect_names()) + f" (default: {Dialect.LLAMA_CPP}, the pinned build)")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
@@ -61,12 +66,13 @@ def _prompt_len(text: str) -> int:
     return int(text)
 
 
-def _dialect(backend: str) -> str:
-    if backend in DIALECTS:
-        return backend
+def _dialect(backend: str) -> Dialect:
+    if backend in dialect_names():
+        return Dialect(backend)
     exe = shutil.which(backend) or backend
     if not Path(exe).is_file():
-        raise PlannerError(f"--backend {backend!r}: not a dialect ({', '.join(DIALECTS)}) nor an executable")
+        names = ", ".join(dialect_names())
+        raise PlannerError(f"--backend {backend!r}: not a dialect ({names}) nor an executable")
     from offload_planner.backend import child_guard
     from offload_planner.core.cmdline import detect_dialect
 
@@ -76,7 +82,7 @@ def _dialect(backend: str) -> str:
         except (OSError, subprocess.TimeoutExpired) as e:
             raise PlannerError(f"--backend {backend!r}: cannot run it: {e}") from None
 
-    return str(detect_dialect(run("--version"), run("--help")))
+    return detect_dialect(run("--version"), run("--help"))
 
 
 EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
@@ -133,10 +139,7 @@ def run_plan(args: argparse.Namespace) -> int:
     devices, detected = _devices(args, list(parsed.args.rpc_servers or []))
     errors: list[ArgError | str] = [*parsed.errors]
     errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
-    if dialect == "ik_llama.cpp":
-        from offload_planner.core.ik import model_errors
-
-        errors += model_errors(model)
+    errors += dialect.model_errors(model)
     if errors:
         return print_errors(errors)
     from offload_planner.core.engine import run_engine
@@ -176,10 +179,10 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _fit(model: Model, devices: DeviceSet, parsed: ParsedArgs, result: EngineResult, plan: Plan,
-         dialect: str, notes: list[str]) -> tuple[dict[str, object] | None, bool]:
+         dialect: Dialect, notes: list[str]) -> tuple[dict[str, object] | None, bool]:
     """The pinned build's --fit: its summary for --json (notes get its line), and whether it
     makes the GPUs fit (it succeeded and changed the command)."""
-    if dialect != "llama.cpp":
+    if not dialect.fits_by_default:
         return None, False
     from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
 

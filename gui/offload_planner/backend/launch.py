@@ -225,7 +225,7 @@ def build_command(
     server: str,
     server_args: Sequence[str],
     *,
-    dialect: Dialect | str = Dialect.LLAMA_CPP,
+    dialect: Dialect = Dialect.LLAMA_CPP,
     model: str | None = None,
     host: str | None = "127.0.0.1",
     port: int | None = None,
@@ -252,7 +252,7 @@ def build_command(
     if parsed.args.port is None and port is not None:
         prefix += ["--port", str(port)]
     verbosity = parsed.args.verbosity
-    if dialect is Dialect.LLAMA_CPP:
+    if dialect.logs_buffers_at_verbosity_4:
         if verbosity is None and verbose_log:
             prefix += ["-lv", "4"]
             notes.append("added -lv 4: this llama-server logs its buffer sizes only at verbosity 4 "
@@ -472,7 +472,7 @@ class PlanContext:
     model: Model
     devices: DeviceSet
     args: list[str]  # the server arguments (as the plan has them; -lv/--host/--port may be absent)
-    dialect: str = "llama.cpp"
+    dialect: Dialect = Dialect.LLAMA_CPP
     projection: Projection | None = None
 
 
@@ -666,7 +666,7 @@ def _fits(ctx: PlanContext, target: _Target, args: list[str]) -> bool:
         return False
 
 
-def set_flag(args: Sequence[str], key: str, spelling: str, value: str | None, dialect: str) -> list[str]:
+def set_flag(args: Sequence[str], key: str, spelling: str, value: str | None, dialect: Dialect) -> list[str]:
     """``args`` without any use of flag ``key`` (canonical, e.g. ``--ctx-size``), plus ``spelling
     value`` at the end (nothing added when ``value`` is None)."""
     parsed = parse_server_args(list(args), dialect=Dialect(dialect))

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field, replace
 
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.errors import PlannerError
-from offload_planner.core.ik import model_errors as ik_model_errors
-from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.plan import Plan, plan_command
 from offload_planner.core.plan_report import mmap_notes
@@ -76,10 +74,8 @@ def analyse(plan: Plan) -> Analysis:
             for w in plan_warnings(projection, overrides)
             if not any(w.startswith(f"{n} is over capacity") for n in names)
         ]
-        refusals = []
-        if plan.dialect == "ik_llama.cpp":
-            refusals = ik_model_errors(plan.model) + ik_split_mode_warnings(
-                plan.model, plan.placement_options.split_mode, len(plan.devices.gpus))
+        refusals = plan.dialect.model_errors(plan.model) + plan.dialect.warnings(
+            plan.model, plan.placement_options, plan.devices)
         capacity = capacity_warnings(projection, moe=plan.model.summary.is_moe)
         warnings = refusals + unknown_device_warnings(plan) + capacity + core
         rules = rule_reports(projection, overrides)

@@ -133,12 +133,12 @@ def is_demo(model: Model) -> bool:
     return Path(model.path).resolve() == demo_model().resolve()
 
 
-def demo_plan(model: Model, devices: DeviceSet, dialect: str) -> Plan:
+def demo_plan(model: Model, devices: DeviceSet, dialect: Dialect) -> Plan:
     """The Guide's first plan: ``-c 32768 -ngl 999 --cpu-moe``."""
     return plan_from_args(model, devices, parse_server_args(list(DEMO_ARGS), dialect=dialect), dialect)
 
 
-def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -> Plan:
+def new_plan(model: Model, devices: DeviceSet, dialect: Dialect, default_ctx: int) -> Plan:
     """What llama-server does for this model with just ``-c``: every layer on the GPUs (if any)."""
     n_ctx = min(default_ctx, model.summary.n_ctx_train) if default_ctx else 0
     plan = plan_from_args(model, devices, argparse.Namespace(ctx_size=n_ctx), dialect)
@@ -569,7 +569,7 @@ class MainWindow(QMainWindow):
             assert isinstance(pf, PlanFile)
             self._open_loaded_plan(model, pf, path)
             return
-        dialect = str(self.backend_box.currentData())
+        dialect = Dialect(str(self.backend_box.currentData()))
         if is_demo(model) and not self.system.declared:
             plan = demo_plan(model, demo_devices(int(self.settings.get(keys.DEFAULT_MARGIN))), dialect)
             self._set_demo_hardware(True)
@@ -689,7 +689,7 @@ class MainWindow(QMainWindow):
 
     def _on_backend(self, _index: int) -> None:
         if self.doc.has_plan:
-            self.doc.set_dialect(str(self.backend_box.currentData()), self.backend_box.currentText())
+            self.doc.set_dialect(Dialect(str(self.backend_box.currentData())), self.backend_box.currentText())
 
     def _on_problem_count(self, n: int) -> None:
         self.tabs.setTabText(1, f"Problems ({n})" if n else "Problems")

@@ -87,7 +87,7 @@ class PresetsMenu(QMenu):
                           "quantized V cache only with flash attention, as llama.cpp requires. Off: your "
                           "KV cache types are kept")
             kv.toggled.connect(self._set_allow_kv_quant)
-        if doc.plan.dialect == "llama.cpp" and doc.plan.devices.gpus:
+        if doc.plan.dialect.fits_by_default and doc.plan.devices.gpus:
             fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
             fit.setToolTip("The pinned llama-server fits by default: -c, -ngl, -ts and expert overrides "
                            "chosen by its own search for each GPU's free memory (1 GiB margin)")

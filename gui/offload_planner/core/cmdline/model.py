@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from offload_planner.core.cmdline.dialect import Dialect
+from offload_planner.core.dialects.base import Dialect
 
 GPU_LAYERS_AUTO = -1  # mainline ``-ngl auto``
 GPU_LAYERS_ALL = -2  # mainline ``-ngl all``

@@ -34,6 +34,7 @@ from typing import Any
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.buffers import simulate_buffers
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, project, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
@@ -165,10 +166,11 @@ class _Search:
     buffers predicted (:meth:`cheap`, about a millisecond); only the plan chosen (and any candidate
     that would beat it) is projected in full (:meth:`full`) and chosen only if it then fits."""
 
-    def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: str,
+    def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
                  moves: dict[str, str]) -> None:
-        self.model, self.devices, self.base_args, self.dialect = model, devices, list(base_args), dialect
+        self.model, self.devices, self.base_args = model, devices, list(base_args)
+        self.dialect = Dialect(dialect)
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
         self.projections = 0
         self.evaluations = 0
@@ -194,14 +196,14 @@ class _Search:
         if seen is not None and seen.verified:  # the same plan reached another way
             return replace(seen, label=label)
         placement = plan.placement()
-        if plan.dialect == "llama.cpp":
-            s = self.model.summary
-            ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+        s = self.model.summary
+        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+        # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
+        compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
+        if compute is None:
             compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
                                        incremental=False)
-            proj = project(self.model, self.devices, placement, plan.context, compute=compute)
-        else:
-            proj = plan.projection()
+        proj = project(self.model, self.devices, placement, plan.context, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
         # buffer grows once it holds experts (their activations), so the start alone is short
@@ -489,7 +491,7 @@ class _Search:
         return n
 
     def llama_fit(self) -> Candidate | None:
-        if self.dialect != "llama.cpp" or not self.devices.gpus:
+        if not self.dialect.fits_by_default or not self.devices.gpus:
             return None
         from offload_planner.core.fit import fit_for_args
 
@@ -511,7 +513,7 @@ def _ubatches(user_ub: int, goal: str) -> list[int]:
 
 
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
-                 dialect: str = "llama.cpp", goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
+                 dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
