@@ -12,9 +12,11 @@ from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
+from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
+from offload_planner.core.speculative import draft_len, extra_contexts, load_spec, spec_refusals, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
 __all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "EngineResult", "context_params",
@@ -74,6 +76,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,
+        load_mtp=uses_mtp(args),  # --spec-type draft-mtp loads the NextN layers (common.cpp load_mtp)
     )
 
 
@@ -108,12 +111,28 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         swa_full=bool(_get(args, "swa_full", False)),
         # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
         # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
-        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_),
+        # (x (1 + draft length) with a draft --spec-type: server_output_limits)
+        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_ * (1 + draft_len(args))),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=dialect.mla(model, _get(args, "mla")),
         amb=dialect.amb(_get(args, "amb")),
     ), notes
+
+
+def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: Dialect) -> list[str]:
+    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
+    from offload_planner.core.mmproj import attach
+
+    setup = attach.mmproj_setup(args)
+    if setup is None:
+        return []
+    if not dialect.projects_mmproj:
+        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
+    fa = attach.fa_setting(_get(_server_args(args), "flash_attn"))
+    mb = attach.project_setup(setup, devices, fa)
+    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
+    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
 
 
 def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP) -> EngineResult:
@@ -123,8 +142,13 @@ def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = L
     placement = place(model, devices, popts)
     placement.raise_rule_errors()
     projection = project(model, devices, placement, cparams)
+    spec = load_spec(devices, args, dialect, placement_options)
+    extras = extra_contexts(model, devices, placement, cparams, projection.context, spec)
+    projection = attach(projection, extras)
+    notes += _add_mmproj(projection, devices, args, dialect)
     from offload_planner.core.diagnostics import plan_warnings
 
     notes += dialect.notes(popts, devices)
-    warnings = dialect.warnings(model, popts, devices) + plan_warnings(projection, popts.overrides)
+    warnings = (spec_refusals(model, spec) + dialect.warnings(model, popts, devices)
+                + plan_warnings(projection, popts.overrides))
     return EngineResult(projection, popts, cparams, warnings, notes)

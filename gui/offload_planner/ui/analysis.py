@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.plan import Plan, plan_command
 from offload_planner.core.plan_report import mmap_notes
@@ -40,8 +41,9 @@ def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
         return None
     t0 = time.perf_counter()
     compute = [replace(b, why=b.why + " (from before the last edit; updating)")
-               for b in previous.projection.buffers() if b.kind == "compute"]
+               for b in previous.projection.buffers() if b.kind in ("compute", "mmproj") and not b.owner]
     projection = project(plan.model, plan.devices, plan.placement(), plan.context, compute=compute)
+    projection = attach(projection, previous.projection.extras)  # draft/MTP: as before the edit
     return Analysis(plan, projection, previous.command, previous.warnings, previous.rules,
                     seconds=time.perf_counter() - t0, preliminary=True, notes=previous.notes)
 

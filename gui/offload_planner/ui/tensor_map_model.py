@@ -6,6 +6,7 @@ import html
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
+from offload_planner.core.draft_moves import is_draft_name
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
@@ -72,7 +73,7 @@ def _signed(n: int) -> str:
 
 def move_preview_html(plan: Plan, cell: Cell) -> str:
     """Per device: the change in its projected total if the cell's movable tensors moved there."""
-    names = cell.movable_names
+    names = [n for n in cell.movable_names if not is_draft_name(n)]  # draft moves: -otd rules, no preview
     if not names:
         return ""
     here = {d for d, _ in cell.device_bytes}
