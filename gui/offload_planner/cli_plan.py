@@ -159,7 +159,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from offload_planner.core.speed.report import speed_json, speed_lines
 
     try:
-        speed = plan_speed(plan, parsed, prompt=args.prompt)
+        speed = plan_speed(plan, parsed, prompt=args.prompt, probe_rpc=True)
     except (KeyError, ValueError, ArithmeticError) as e:  # the memory plan stands without it
         speed = None
         notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")

@@ -262,5 +262,7 @@ def build_device_set(
             g = gpus[idx]
             gpus[idx] = replace(g, total=d.total, free=d.free if d.free is not None else g.free,
                                 bandwidth_gbs=d.bandwidth_gbs or g.bandwidth_gbs, margin=d.margin,
-                                hardware=d.hardware or g.hardware)
+                                # declared keys win; the driver's figures (nvml_*) stay for the rest
+                                hardware=d.hardware + tuple(kv for kv in g.hardware
+                                                            if kv[0] not in dict(d.hardware)))
     return DeviceSet(cpu_out, tuple(gpus))

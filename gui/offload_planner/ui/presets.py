@@ -153,13 +153,15 @@ def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
     return replace(plan, placement_options=f_popts, context=f_ctx, moves={}), result
 
 
-def fastest_plan(plan: Plan, goal: str = "balanced") -> Plan | None:
+def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> Plan | None:
     """The fastest plan that fits (core.speed.fastest) from this plan, on the devices' declared
-    figures and this machine's cached RAM probe; None when nothing fits."""
+    figures and this machine's cached RAM probe; None when nothing fits.  ``allow_kv_quant``: the
+    KV cache may become q8_0."""
     from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_in
     from offload_planner.core.speed.fastest import fastest_from_plan
     from offload_planner.core.speed.hardware import hardware_for
 
     hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False))
-    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect))
+    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
+                               allow_kv_quant=allow_kv_quant)
     return result.best.plan if result.best else None

@@ -1,10 +1,15 @@
 """The speed figures of each device, each with where it came from.
 
 A GPU's figures come from its ``--device`` declaration (``bw=936GB/s``, ``pcie=4x16``,
-``tflops=71``), else from the catalogue card it names (``CUDA0=rtx3090``) or the driver reports
-(NVML's device name), else from defaults.  The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
+``tflops=71``), else from what the driver reports through NVML (memory bus width and maximum memory
+clock, maximum PCIe link generation and width: :func:`nvml_bandwidth_gbs`, :func:`pcie_gbs`), else
+from the catalogue card it names (``CUDA0=rtx3090``) or NVML's device name names, else defaults.
+The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
 (channels x MT/s x 8 bytes) declared, else the RAM probe measured on this machine, else a default;
-its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``.
+its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``, else the
+link measured against its running rpc-server (:class:`MeasuredLink`: throughput and the round trip
+each graph split waits for); ``threads=`` on an RPC device whose server computes on a CPU limits
+its bandwidth as ``-t`` limits the host's (``ggml-rpc-server`` uses half the remote's cores).
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
 """
 
@@ -24,6 +29,7 @@ class Source(StrEnum):
     DECLARED = "declared"
     CATALOGUE = "catalogue"
     CALIBRATED = "calibrated"
+    DRIVER = "driver"  # reported by the GPU driver (NVML)
     DEFAULT = "default"
 
 
@@ -52,6 +58,22 @@ DEFAULT_THREADS = 8
 DEFAULT_RPC_LINK = 10.0  # GB/s: a loopback connection (not measured)
 
 HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
+#: Keys the GPU detection adds from NVML (``backend.system``): ``nvml_bus=384x9751`` (memory bus bits
+#: x maximum memory clock in MHz), ``nvml_pcie=4x16`` (maximum link generation x width)
+NVML_KEYS = ("nvml_bus", "nvml_pcie")
+
+
+def nvml_bandwidth_gbs(bus_width_bits: int, mem_clock_mhz: float) -> float:
+    """Peak memory bandwidth from NVML's ``nvmlDeviceGetMemoryBusWidth`` and ``nvmlDeviceGetMaxClockInfo
+    (NVML_CLOCK_MEM)``: the clock NVML reports moves data on both edges (RTX 3090: 9751 MHz for its
+    19.5 Gbps GDDR6X; CUDA's nvbench prints the RTX 4090 as "384-bit DDR @10501MHz", 1008 GB/s), so
+    bytes per transfer x clock x 2."""
+    return bus_width_bits / 8 * mem_clock_mhz * 2 / 1000
+
+
+def pcie_gbs(generation: int, width: int) -> float:
+    """One direction of a PCIe link, GB/s after line coding (:data:`PCIE_LANE_GBS` per lane)."""
+    return PCIE_LANE_GBS[generation] * width
 
 
 @dataclass(frozen=True)
@@ -64,8 +86,18 @@ class DeviceSpeed:
     tflops: Figure  # dense throughput for prompt processing
     link: Figure  # GB/s to the host: PCIe, or the network for RPC; the memory itself when unified
     card: str = ""  # catalogue card name, if any
-    threads: int | None = None  # CPU only
+    threads: int | None = None  # CPU, and an RPC device computing on its server's CPU (threads=)
     unified: bool = False  # Apple: the GPU reads host memory directly
+    latency_us: Figure | None = None  # RPC: the measured round trip of one graph split
+
+
+@dataclass(frozen=True)
+class MeasuredLink:
+    """The link to an RPC device's server as a probe measured it (``backend.rpc_probe``)."""
+
+    gbs: float
+    rtt_us: float
+    note: str
 
 
 @dataclass(frozen=True)
@@ -137,6 +169,15 @@ class Declared:
     ram: float | None = None  # GB/s from channels x MT/s x 8 B
     tflops: float | None = None
     threads: int | None = None
+    nvml_bus: tuple[int, int] | None = None  # bus width in bits, max memory clock in MHz (NVML)
+    nvml_pcie: tuple[int, int] | None = None  # max PCIe generation, width (NVML)
+
+
+def _parse_nvml_bus(val: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", val.strip())
+    if m is None or not int(m.group(1)) or not int(m.group(2)):
+        raise ValueError(f"nvml_bus={val!r}: expected BITSxMHZ, e.g. 384x9751")
+    return int(m.group(1)), int(m.group(2))
 
 
 def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
@@ -159,6 +200,10 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
             d[k] = parse_ram(val)
         elif k == "tflops":
             d[k] = parse_tflops(val)
+        elif k == "nvml_bus":
+            d[k] = _parse_nvml_bus(val)
+        elif k == "nvml_pcie":
+            d[k] = parse_pcie(val)
         elif k == "threads":
             if not val.strip().isdigit() or int(val) < 1:
                 raise ValueError(f"threads={val!r}: not a positive count")
@@ -173,7 +218,7 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
 
 def _pcie_figure(link: tuple[int, int], source: Source, note: str) -> Figure:
     gen, lanes = link
-    return Figure(round(PCIE_LANE_GBS[gen] * lanes, 2), "GB/s", source, f"PCIe {gen}.0 x{lanes}; {note}")
+    return Figure(round(pcie_gbs(gen, lanes), 2), "GB/s", source, f"PCIe {gen}.0 x{lanes}; {note}")
 
 
 def _gpu_bandwidth(dev: Device, decl: Declared, c: Card | None, via: str) -> Figure:
@@ -181,6 +226,10 @@ def _gpu_bandwidth(dev: Device, decl: Declared, c: Card | None, via: str) -> Fig
         return Figure(decl.bw, "GB/s", Source.DECLARED, f"{dev.name} bw=")
     if dev.bandwidth_gbs:
         return Figure(dev.bandwidth_gbs, "GB/s", Source.DECLARED, f"{dev.name} bw=")
+    if decl.nvml_bus is not None:
+        bits, mhz = decl.nvml_bus
+        return Figure(round(nvml_bandwidth_gbs(bits, mhz), 1), "GB/s", Source.DRIVER,
+                      f"NVML: {bits}-bit memory bus x {mhz} MHz x 2 (double data rate)")
     if c is not None:
         return Figure(c.bandwidth_gbs, "GB/s", Source.CATALOGUE, f"{c.source}; {via}")
     return Figure(DEFAULT_GPU_BW, "GB/s", Source.DEFAULT, f"{dev.name}: no card or bw= given")
@@ -195,14 +244,19 @@ def _gpu_tflops(dev: Device, decl: Declared, c: Card | None) -> Figure:
     return Figure(DEFAULT_GPU_TFLOPS, "TFLOPS", Source.DEFAULT, f"{dev.name}: {why}")
 
 
-def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure:
+def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure,
+              measured: MeasuredLink | None = None) -> Figure:
     if dev.kind is DeviceKind.RPC:
         if decl.link is not None:
             return Figure(decl.link, "GB/s", Source.DECLARED, f"{dev.name} link=")
+        if measured is not None:
+            return Figure(round(measured.gbs, 4), "GB/s", Source.MEASURED, measured.note)
         return Figure(DEFAULT_RPC_LINK, "GB/s", Source.DEFAULT,
                       f"{dev.name}: network link not declared (e.g. link=10Gb/s); loopback assumed")
     if decl.pcie is not None:
         return _pcie_figure(decl.pcie, Source.DECLARED, f"{dev.name} pcie=")
+    if decl.nvml_pcie is not None:
+        return _pcie_figure(decl.nvml_pcie, Source.DRIVER, "NVML: the link's maximum generation and width")
     if c is not None and c.pcie is None:
         return Figure(bw.value, "GB/s", bw.source, "unified memory: the GPU reads host memory directly")
     if c is not None and c.pcie is not None:
@@ -210,15 +264,23 @@ def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure
     return _pcie_figure(DEFAULT_PCIE, Source.DEFAULT, f"{dev.name}: no card or pcie= given")
 
 
-def gpu_speed(dev: Device) -> DeviceSpeed:
-    """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults."""
+def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
+    """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults;
+    ``link``: an RPC device's link as measured (used unless ``link=`` is declared)."""
     decl = parse_hardware_keys(dev.hardware)
     c = decl.card or (card(dev.description) if dev.description else None)
     via = (f"{dev.name} declared as {c.key}" if decl.card and c
            else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
-    return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw),
-                       c.name if c else "", unified=c is not None and c.pcie is None)
+    rpc = dev.kind is DeviceKind.RPC
+    latency = (Figure(round(link.rtt_us, 1), "µs per RPC graph split", Source.MEASURED,
+                      f"one network round trip per split (the activations read back after an "
+                      f"asynchronous graph compute, ggml-rpc protocol 7), beside the server's own work "
+                      f"per split; {link.note}")
+               if rpc and link is not None and decl.link is None else None)
+    return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
+                       c.name if c else "", threads=decl.threads if rpc else None,
+                       unified=c is not None and c.pcie is None, latency_us=latency)
 
 
 def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None) -> DeviceSpeed:
@@ -245,9 +307,12 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
-                 overrides: Mapping[str, DeviceSpeed] | None = None) -> Hardware:
-    """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated)."""
-    out = {g.name: gpu_speed(g) for g in devices.gpus}
+                 overrides: Mapping[str, DeviceSpeed] | None = None,
+                 links: Mapping[str, MeasuredLink] | None = None) -> Hardware:
+    """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
+    ``links``: measured links of RPC devices by endpoint)."""
+    links = links or {}
+    out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe)
     out.update(overrides or {})
     return Hardware(out)
