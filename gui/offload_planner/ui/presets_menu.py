@@ -55,6 +55,7 @@ class PresetsMenu(QMenu):
         super().__init__("Presets", parent)
         self._doc = doc
         self.allow_kv_quant = False  # the Fastest plan may make an f16 KV cache q8_0
+        self.setToolTipsVisible(True)  # a QMenu hides its actions' tooltips unless told
         self.aboutToShow.connect(self._build)
         self._build()
 
@@ -80,7 +81,7 @@ class PresetsMenu(QMenu):
             fast.setToolTip("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus "
                             "its margin allows, -ub raised where prompt processing gains; keeps your "
                             "-ot rules and moves (speed estimate: see under the memory bars)")
-            kv = self.addAction("    … may quantize the KV cache (q8_0)")
+            kv = self.addAction("Fastest plan may quantize the KV cache (q8_0)")
             kv.setCheckable(True)
             kv.setChecked(self.allow_kv_quant)
             kv.setToolTip("Let Fastest plan make an f16 KV cache q8_0 (-ctk/-ctv) where that is faster; a "
