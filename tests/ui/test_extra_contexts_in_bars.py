@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QPoint
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QColor
 from pytestqt.qtbot import QtBot
 from tests.ui.window_helpers import open_and_wait, wait_projected
@@ -98,3 +98,25 @@ def test_tooltip_names_the_draft_apart_from_the_weights() -> None:
                             Buffer("CUDA0", "CUDA0", "model", 1 << 29, "draft weights", owner=DRAFT)])
     tip = device_tooltip(dm)
     assert "weights 1.0 GiB" in tip and "draft model 0.5 GiB" in tip
+
+
+def test_launch_table_says_how_much_of_a_row_is_the_draft(qtbot: QtBot, window: MainWindow,
+                                                          small_models: dict[str, Path]) -> None:
+    """llama.cpp's log and the Launch table count the draft in the rows of its kind: the note column
+    says how much of each row is the draft model's, left-aligned beside the figures."""
+    open_and_wait(qtbot, window, small_models["llama"])
+    draft = small_models["llama-draft"]
+    assert window.command_pane.apply_command_text(
+        f"llama-server -m m.gguf -c 2048 -ngl 99 -md {draft} -ngld 99")
+    wait_projected(qtbot, window)
+    proj = window.doc.analysis.projection  # type: ignore[union-attr]
+    extra = next(e for e in proj.extras if e.key == DRAFT)
+    t = window.launcher.table
+    qtbot.waitUntil(lambda: t.rowCount() > 0)
+    note_col = t.columnCount() - 1
+    rows = {(t.item(r, 0).text(), t.item(r, 2).text()): t.item(r, note_col) for r in range(t.rowCount())
+            if t.item(r, 1).text() == "CUDA0"}
+    for kind in ("model", "kv", "compute"):
+        mib = extra.by_device(kind)["CUDA0"] / 2**20
+        assert rows[("CUDA0", kind)].text() == f"incl. draft model {mib:.2f}", kind
+    assert not rows[("CUDA0", "model")].textAlignment() & Qt.AlignmentFlag.AlignRight.value
