@@ -17,8 +17,6 @@ PACKAGE = "offload_planner"
 KNOWN: list[frozenset[str]] = [
     frozenset({"offload_planner.core.devices", "offload_planner.core.speed.hardware"}),
     frozenset({"offload_planner.core.cmdline.model", "offload_planner.core.cmdline.semantics"}),
-    frozenset({"offload_planner.cli", "offload_planner.ui.app", "offload_planner.ui.loader",
-               "offload_planner.ui.main_window"}),
 ]
 
 

@@ -24,11 +24,16 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from offload_planner.backend.log_lines import printable
 from offload_planner.core.errors import PlannerError
+
+if TYPE_CHECKING:
+    from offload_planner.core.memory import Projection
+    from offload_planner.core.plan import Plan
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -119,7 +124,7 @@ class _Session:
         self.devices: Any = None
         self.parsed: Any = None
         self.dialect = "llama.cpp"
-        self.engine: Any = None
+        self.plan: Plan | None = None
 
     def say(self, text: str) -> None:
         self._write(self.err, f"offload-planner: {printable(text, keep_newlines=True)}\n")
@@ -216,36 +221,35 @@ class _Session:
 
     def _projection(self) -> Any:
         from offload_planner.backend import launch
-        from offload_planner.core.engine import run_engine
+        from offload_planner.core.analysis import projected
+        from offload_planner.core.plan import plan_from_args
 
         if self.model is None or self.parsed is None:
             return None
         devices = launch.devices_from_log(self.devices, self.server.report)
-        self.engine = run_engine(self.model, devices, self.parsed.args, self.dialect)
+        self.plan = plan_from_args(self.model, devices, self.parsed.args, self.dialect)
         self.devices = devices
         if self.dialect == "llama.cpp":
-            fitted = self._fitted_projection(devices)
+            fitted = self._fitted_projection(self.plan)
             if fitted is not None:
                 return fitted
-        return self.engine.projection
+        return projected(self.plan)
 
-    def _fitted_projection(self, devices: Any) -> Any:
+    def _fitted_projection(self, plan: Plan) -> Projection | None:
         """The pinned server fits by default: when its fit changed the command (as the planner's
         port of it finds for the devices' memory), compare with what the server really ran."""
         from offload_planner.core.fit import server_fit
-        from offload_planner.core.memory import project
-        from offload_planner.core.placement import place
 
-        assert self.model is not None and self.parsed is not None
-        eng = self.engine
-        fit = server_fit(self.model, devices, self.parsed, eng.placement_options, eng.context)
+        assert self.parsed is not None
+        devices = plan.devices
+        fit = server_fit(plan.model, devices, self.parsed, plan.placement_options, plan.context)
         if fit is None or not fit.changed:
             return None
-        popts, ctx = fit.apply(eng.placement_options, eng.context, self.model.summary.n_layer,
+        popts, ctx = fit.apply(plan.placement_options, plan.context, plan.model.summary.n_layer,
                                has_gpu=bool(devices.gpus))
         self.say("--fit (on by default) changed the command: comparing with what the server runs, "
                  + " ".join(fit.changed_args(devices.buffer_types()))[:300])
-        return project(self.model, devices, place(self.model, devices, popts), ctx)
+        return replace(plan, placement_options=popts, context=ctx).projection()
 
     def _print_lines(self, lines: list[str]) -> None:
         self._write(self.out, "".join(ln + "\n" for ln in lines))
@@ -275,11 +279,11 @@ class _Session:
                 verdict = EXIT_MISMATCH
             else:
                 self.say("every device matches the projection")
-            if self.args.save_calibration and self.engine is not None:
+            if self.args.save_calibration and self.plan is not None:
                 from offload_planner.backend.calibration import CalibrationStore
 
                 store = CalibrationStore()
-                cal = store.record_launch(self.model, self.engine.placement_options, self.engine.context,
+                cal = store.record_launch(self.model, self.plan.placement_options, self.plan.context,
                                           self.devices, self.dialect, projection, self.server.report)
                 if cal is not None:
                     self.say(f"calibration saved to {store.path}")

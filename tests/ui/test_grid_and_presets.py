@@ -6,15 +6,15 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from offload_planner.core import plan_edits, presets
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import alloc_size, pad
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.roles import Role
+from offload_planner.core.tensor_grid import build_grid, layout
 from offload_planner.core.units import GiB
-from offload_planner.ui import plan_edits, presets
-from offload_planner.ui.tensor_grid import build_grid, layout
 
 
 def _demo_plan(demo_path: Path, gpu: str = "CUDA0=24GiB") -> Plan:
@@ -123,7 +123,7 @@ def test_layers_to_device_and_back_to_default(demo_path: Path) -> None:
 def test_over_capacity_warning_names_the_preset_that_fixes_it(demo_path: Path) -> None:
     """The default command puts DeepSeek-V3 (377 GiB) on a 24 GiB GPU: the warning names the fill
     preset, and applying it leaves no device over capacity."""
-    from offload_planner.ui.analysis import analyse
+    from offload_planner.ui.projector import window_analysis as analyse
 
     plan = _demo_plan(demo_path)
     before = analyse(plan)

@@ -653,10 +653,11 @@ def suggest_fix(ctx: PlanContext, device: str, kind: str | None,
 
 
 def _reproject(ctx: PlanContext, args: list[str]) -> Projection:
-    from offload_planner.core.engine import run_engine
+    from offload_planner.core.analysis import projected
+    from offload_planner.core.plan import plan_from_args
 
     parsed = parse_server_args(args, dialect=Dialect(ctx.dialect))
-    return run_engine(ctx.model, ctx.devices, parsed.args, ctx.dialect).projection
+    return projected(plan_from_args(ctx.model, ctx.devices, parsed.args, ctx.dialect))
 
 
 def _fits(ctx: PlanContext, target: _Target, args: list[str]) -> bool:

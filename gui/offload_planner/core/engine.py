@@ -1,36 +1,26 @@
-"""From a model, devices and a llama-server command line to placement and projected memory.
+"""From a llama-server command line to the plan's settings (placement options, context parameters).
 
 Applies the dialect's defaults to what the command line leaves unset, exactly as the server does
 (pinned mainline: -np auto = 4 slots with a unified KV cache, -c 0 = trained length, flash
-attention auto = on where every backend supports it, -ngl auto = all), then places and projects.
+attention auto = on where every backend supports it, -ngl auto = all); :mod:`offload_planner.core.analysis`
+places, projects and analyses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.ik import mla_mode as ik_mla_mode
-from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
-from offload_planner.core.memory import ContextParams, Projection, project
+from offload_planner.core.memory import ContextParams
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
+from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
 
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_2025 = "llama.cpp-2025"
 IK_LLAMA_CPP = "ik_llama.cpp"
 
 _QUANT_KV = {"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
-
-
-@dataclass
-class EngineResult:
-    projection: Projection
-    placement_options: PlacementOptions
-    context: ContextParams
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -121,21 +111,15 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
     ), notes
 
 
-def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA_CPP) -> EngineResult:
-    popts = placement_options(model, devices, args, dialect)
-    cparams, notes = context_params(model, args, dialect)
-    placement = place(model, devices, popts)
-    placement.raise_rule_errors()
-    projection = project(model, devices, placement, cparams)
-    from offload_planner.core.diagnostics import plan_warnings
-
+def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: str,
+                  popts: PlacementOptions) -> list[str]:
+    """What the server's defaults decide for this command line (-np auto, -c 0), and how 2025
+    builds place weights an -ot rule sends to the CPU."""
+    _, notes = context_params(model, args, dialect)
     if dialect == LLAMA_CPP_2025 and any(o.buft.upper() == "CPU" for o in popts.overrides) and any(
             g.host_buffer_name for g in devices.gpus):
         notes.append("two rules for -ot ...=CPU in 2025 builds: from b6050 (PR 14990, August 2025) the "
                      "weights take the CPU list's first buffer type (the GPU's host buffer, "
                      f"{'CUDA_Host' if not popts.use_mmap else 'CPU_Mapped with mmap'}), as projected; "
                      "earlier builds use the plain CPU buffer type (logged as CPU, or CPU_Mapped with mmap)")
-    warnings = plan_warnings(projection, popts.overrides)
-    if dialect == IK_LLAMA_CPP:
-        warnings = ik_split_mode_warnings(model, popts.split_mode, len(devices.gpus)) + warnings
-    return EngineResult(projection, popts, cparams, warnings, notes)
+    return notes

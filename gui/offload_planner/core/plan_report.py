@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.memory import DeviceMemory, Projection
 
 GiB = 1024**3
@@ -32,13 +33,7 @@ def device_json(dm: DeviceMemory) -> dict[str, Any]:
 def device_left(dm: DeviceMemory) -> int | None:
     """What the table's "left" column shows: capacity minus what the device holds and its margin
     (None when the capacity is unknown); negative means the row is marked OVER."""
-    cap = dm.device.capacity
-    return None if cap is None else cap - dm.resident() - dm.device.margin
-
-
-def over_capacity(projection: Projection) -> list[str]:
-    """Names of the devices marked OVER in the table."""
-    return [dm.device.name for dm in projection.devices if (device_left(dm) or 0) < 0]
+    return DeviceFigures.of(dm).left
 
 
 def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],

@@ -3,7 +3,7 @@ format, with Copy; "Paste command…" rebuilds the plan from a pasted command li
 and the table lists what each -ot rule placed, and which rules match nothing or are shadowed.
 
 Formatting and parsing are core's (``format_command``, ``parse_server_args``) through
-:mod:`offload_planner.ui.command_text`.
+:mod:`offload_planner.core.command_text`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.core import command_text
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.units import fmt_bytes
-from offload_planner.ui import command_text
 from offload_planner.ui.document import PlanDocument
 
 HIGHLIGHT_MS = 1600

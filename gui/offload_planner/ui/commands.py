@@ -9,9 +9,9 @@ from typing import Any, Protocol
 
 from PySide6.QtGui import QUndoCommand
 
+from offload_planner.core import plan_edits
 from offload_planner.core.devices import Device
 from offload_planner.core.plan import Plan
-from offload_planner.ui import plan_edits
 
 # Merge ids (QUndoCommand.id): consecutive edits of the same option or device merge into one step.
 _ID_OPTION = 1001

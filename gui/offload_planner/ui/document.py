@@ -14,14 +14,15 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from offload_planner.backend import qt_compat
+from offload_planner.core import plan_edits
+from offload_planner.core.analysis import Analysis, quick_analysis
 from offload_planner.core.devices import Device
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
+from offload_planner.core.tensor_grid import Column, Row, TensorGrid, build_grid, layout
 from offload_planner.core.units import fmt_bytes
-from offload_planner.ui import commands, plan_edits
-from offload_planner.ui.analysis import Analysis, quick_analysis
+from offload_planner.ui import commands
 from offload_planner.ui.projector import Projector
-from offload_planner.ui.tensor_grid import Column, Row, TensorGrid, build_grid, layout
 
 qt_compat.apply()  # PySide6 6.12.0 on Python 3.11: see qt_compat
 

@@ -43,6 +43,7 @@ from offload_planner.core.devices import Device, DeviceSet, parse_device_decl
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.plan_edits import with_option
 from offload_planner.core.plan_file import (
     SUFFIX,
     PlanFile,
@@ -63,7 +64,6 @@ from offload_planner.ui.loader import ModelLoader, demo_model
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.options_panel import OptionsPanel
-from offload_planner.ui.plan_edits import with_option
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings

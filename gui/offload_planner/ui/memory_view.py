@@ -15,10 +15,10 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
+from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
-from offload_planner.ui.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import ACTUAL_COLOR, OVER_COLOR, device_color, hatch_brush, kind_brush
 
