@@ -374,7 +374,7 @@ def test_cuda_oom_proposes_moving_the_fewest_expert_layers_that_fit(qwen: Model)
     args = "-ngl 999 -c 4096"
     base = _one_gpu(qwen, args)
     assert base.projection is not None
-    per_layer = launch._expert_layers(base, "CUDA0")  # as allocated: CUDA pads quantized rows
+    per_layer = launch.plan_fix._expert_layers(base, "CUDA0")  # as allocated: CUDA pads quantized rows
     assert sorted(per_layer) == [0, 1, 2, 3]
     free = base.projection.device("CUDA0").total() - int(2.5 * per_layer[3])
     ctx = _one_gpu(qwen, args, free)
