@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from offload_planner.core import plan_edits, presets
+from offload_planner.core import presets
 from offload_planner.core.analysis import analyse, analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
@@ -36,7 +36,7 @@ def test_projection_with_moves_equals_the_exported_command(demo_path: Path, what
         moves = presets.layers_to(plan, placement, 10, 20, CPU, experts_only=True)
     else:
         moves = presets.layers_to(plan, placement, 5, 5, "CUDA1")
-    moved = plan_edits.apply_moves(plan, dict(moves))
+    moved = plan.with_moves(dict(moves))
     shown = analyse(moved)
     assert shown.projection is not None and not shown.error
     parsed = parse_server_args(shown.command)

@@ -12,7 +12,7 @@ from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.ik import mla_mode as ik_mla_mode
-from offload_planner.core.memory import ContextParams
+from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
 
@@ -89,11 +89,11 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
     fa = _get(args, "flash_attn", "auto")
     ctv = _get(args, "cache_type_v", "f16")
     flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
-    n_batch = _get(args, "batch_size", 2048)
+    n_batch = _get(args, "batch_size", DEFAULT_N_BATCH)
     return ContextParams(
         n_ctx=n_ctx,
         n_batch=n_batch,
-        n_ubatch=_get(args, "ubatch_size", 512),
+        n_ubatch=_get(args, "ubatch_size", DEFAULT_N_UBATCH),
         n_seq_max=np_,
         kv_unified=bool(kvu),
         flash_attn=flash or ctv in _QUANT_KV,

@@ -34,7 +34,7 @@ from offload_planner.core.cmdline.handlers_mainline import INT_MAX, KV_CACHE_TYP
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.json_at import At, JsonFieldError, parse_json
-from offload_planner.core.memory import ContextParams
+from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import REPACK_TYPES, Override, PlacementOptions
 from offload_planner.core.plan import Plan
@@ -528,8 +528,8 @@ def _context(at: At) -> ContextParams:
     dialect = at.key("dialect", "llama.cpp").choice([d.value for d in Dialect])
     return ContextParams(
         n_ctx=at.key("n_ctx").integer(0, INT_MAX),
-        n_batch=at.key("n_batch", 2048).integer(1, INT_MAX),
-        n_ubatch=at.key("n_ubatch", 512).integer(1, INT_MAX),
+        n_batch=at.key("n_batch", DEFAULT_N_BATCH).integer(1, INT_MAX),
+        n_ubatch=at.key("n_ubatch", DEFAULT_N_UBATCH).integer(1, INT_MAX),
         n_seq_max=at.key("n_seq_max", 1).integer(1, MAX_SEQ),
         kv_unified=at.key("kv_unified", False).boolean(),
         flash_attn=at.key("flash_attn", True).boolean(),

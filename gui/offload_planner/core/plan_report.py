@@ -7,8 +7,7 @@ from typing import Any
 
 from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.memory import DeviceMemory, Projection
-
-GiB = 1024**3
+from offload_planner.core.units import GiB, MiB
 
 
 def _g(n: int | None) -> str:
@@ -83,7 +82,7 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
         )
         if explain:
             for b in dm.buffers:
-                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / 2**20:10.2f} MiB  {b.why}")
+                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / MiB:10.2f} MiB  {b.why}")
     lines += mmap_notes(projection)
     ctx = projection.context
     lines.append(

@@ -109,24 +109,13 @@ def fill_with_experts(
         for name, current in by_layer[il]:
             if current != target:
                 moves[name] = target
-    while kept and DeviceFigures.of(with_moves(plan, moves).projection().device(device)).over:
+    while kept and DeviceFigures.of(plan.with_moves(moves).projection().device(device)).over:
         for name, current in by_layer[kept.pop()]:
             if current == spill:
                 moves.pop(name, None)
             else:
                 moves[name] = spill
     return moves
-
-
-def with_moves(plan: Plan, moves: Moves) -> Plan:
-    """``plan`` with ``moves`` applied (None: back to the command's default)."""
-    merged = dict(plan.moves)
-    for name, dev in moves.items():
-        if dev is None:
-            merged.pop(name, None)
-        else:
-            merged[name] = dev
-    return replace(plan, moves=merged)
 
 
 def back_to_default(plan: Plan, names: list[str] | None = None) -> Moves:

@@ -52,11 +52,11 @@ from offload_planner.backend.telemetry import TelemetrySampler
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
+from offload_planner.core.units import MiB
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
-MiB = 1024 * 1024
 COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference", "")
 STATE_COLORS = {
     ServerState.RUNNING: "#2e7d32",

@@ -113,7 +113,7 @@ def device_tooltip(dm: DeviceMemory, actual: int | None = None, stale: bool = Fa
         lines.append(actual_line(dm, actual, stale))
     rows = "".join(
         f"<tr><td>{html.escape(b.kind)}</td><td>{html.escape(b.name)}</td>"
-        f"<td align=right>{counted(b) / 2**20:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
+        f"<td align=right>{counted(b) / MiB:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
         for b in dm.buffers
     )
     lines.append(
