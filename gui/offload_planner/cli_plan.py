@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING
 from offload_planner.core.errors import PlannerError
 
 if TYPE_CHECKING:
-    from offload_planner.core.cmdline import ArgError, ParsedArgs
+    from offload_planner.core.cmdline import ArgError
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.model import Model
-    from offload_planner.core.plan import Plan
 
 DIALECTS = ("llama.cpp", "llama.cpp-2025", "ik_llama.cpp")
 
@@ -140,14 +139,11 @@ def run_plan(args: argparse.Namespace) -> int:
         return print_errors(errors)
     from offload_planner.core.analysis import analyse_command
 
-    analysis = analyse_command(model, devices, parsed, dialect, command=True)
-    projection, plan = analysis.projection, analysis.plan
-    assert projection is not None  # analyse_command raises instead
-    notes = [*server.notes, *analysis.command_notes]
-    if detected:
-        notes.append(detected)
-    fit, fit_fixes_gpus = _fit(parsed, plan, notes)
-    over = [n for n in over_capacity(projection) if n == devices.cpu.name or not fit_fixes_gpus]
+    analysis = analyse_command(model, devices, parsed, dialect, command=True, fit=True)
+    projection, plan, fit = analysis.projection, analysis.plan, analysis.fit
+    assert projection is not None and fit is not None  # analyse_command raises instead
+    notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
+    over = [n for n in over_capacity(projection) if n == devices.cpu.name or not fit.fixes_gpus]
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
     from offload_planner.backend.speed_store import plan_speed
@@ -160,7 +156,7 @@ def run_plan(args: argparse.Namespace) -> int:
         notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
     if args.json:
         out = plan_json(projection, warnings=analysis.warnings, errors=[], command=analysis.command,
-                        notes=notes, fit=fit)
+                        notes=notes, fit=fit.summary)
         out["speed"] = speed_json(speed) if speed is not None else None
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -171,27 +167,3 @@ def run_plan(args: argparse.Namespace) -> int:
         table, sep, rest = text.partition("\ncontext: ")
         print("\n".join([table, *(speed_lines(speed) if speed is not None else [])]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK
-
-
-def _fit(parsed: ParsedArgs, plan: Plan, notes: list[str]) -> tuple[dict[str, object] | None, bool]:
-    """The pinned build's --fit: its summary for --json (notes get its line), and whether it
-    makes the GPUs fit (it succeeded and changed the command)."""
-    if plan.dialect != "llama.cpp":
-        return None, False
-    from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
-
-    model, devices = plan.model, plan.devices
-    fitted = server_fit(model, devices, parsed, plan.placement_options, plan.context)
-    unknown = [g.name for g in devices.gpus if g.capacity is None]
-    if fitted is None and unknown and parsed.args.fit is not False:
-        notes.append(f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
-                     f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
-                     "--device NAME=SIZE to see what it will do")
-    if fitted is None:
-        return None, False
-    fcmd = (fitted_command(fitted, model, devices, plan.placement_options, plan.context)
-            if fitted.changed else [])
-    note = fit_note(fitted, fcmd)
-    if note:
-        notes.append(note)
-    return fit_summary(fitted, devices, fcmd), fitted.changed and fitted.status == "success"

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from offload_planner.core.cmdline import ParsedArgs
 from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
@@ -41,6 +42,41 @@ class Analysis:
     preliminary: bool = False  # weights/KV/output current; compute, command, problems from before
     notes: list[str] = field(default_factory=list)  # how figures are counted (mmap span vs read)
     command_notes: list[str] = field(default_factory=list)  # what the server's defaults decided
+    fit: FitReport | None = None  # what the pinned build's --fit does with the command (analyse_command)
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """What the pinned build's --fit would do at start: its summary (None: it is off, there is no
+    GPU or it cannot run), notes for the reader, and whether it makes the GPUs fit (it succeeded
+    and changed the command)."""
+
+    summary: dict[str, object] | None = None
+    notes: list[str] = field(default_factory=list)
+    fixes_gpus: bool = False
+
+
+def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
+    """The pinned llama-server's --fit on ``plan`` (read from ``parsed``); nothing for other builds."""
+    if plan.dialect != LLAMA_CPP:
+        return FitReport()
+    from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
+
+    model, devices = plan.model, plan.devices
+    fitted = server_fit(model, devices, parsed, plan.placement_options, plan.context)
+    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    if fitted is None:
+        if unknown and parsed.args.fit is not False:
+            return FitReport(notes=[
+                f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
+                f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
+                "--device NAME=SIZE to see what it will do"])
+        return FitReport()
+    fcmd = (fitted_command(fitted, model, devices, plan.placement_options, plan.context)
+            if fitted.changed else [])
+    note = fit_note(fitted, fcmd)
+    return FitReport(fit_summary(fitted, devices, fcmd), [note] if note else [],
+                     fitted.changed and fitted.status == "success")
 
 
 def projected(plan: Plan) -> Projection:
@@ -92,12 +128,14 @@ def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
 
 
 def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA_CPP, *,
-                    command: bool = False) -> Analysis:
+                    command: bool = False, fit: bool = False) -> Analysis:
     """The pipeline on a llama-server command line (a ParsedArgs or bare ServerArgs): the plan
-    llama-server would run, projected and analysed, with a note for every default it filled in."""
+    llama-server would run, projected and analysed, with a note for every default it filled in;
+    ``fit`` (a ParsedArgs only): also what the pinned build's --fit does with it."""
     plan = plan_from_args(model, devices, args, dialect)
-    return analysis_of(plan, notes=command_notes(model, devices, args, dialect, plan.placement_options),
-                       command=command)
+    analysis = analysis_of(plan, notes=command_notes(model, devices, args, dialect, plan.placement_options),
+                           command=command)
+    return replace(analysis, fit=fit_report(plan, args)) if fit else analysis
 
 
 def analyse(plan: Plan, capacity_hint: CapacityHint | None = None) -> Analysis:
