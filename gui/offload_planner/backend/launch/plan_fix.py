@@ -163,6 +163,18 @@ def _experts_to_cpu(ctx: PlanContext, target: _Target) -> Suggestion | None:
     return None
 
 
+def _largest_fitting(ctx: PlanContext, target: _Target, args_for: Callable[[int], list[str]],
+                     lo: int, hi: int) -> int:
+    """The largest n in lo..hi whose arguments fit, by bisection (``args_for(lo)`` fits)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(ctx, target, args_for(mid)):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _fewer_layers(ctx: PlanContext, target: _Target) -> Suggestion | None:
     assert ctx.projection is not None
     placement = ctx.projection.placement
@@ -173,15 +185,9 @@ def _fewer_layers(ctx: PlanContext, target: _Target) -> Suggestion | None:
     def args_for(n: int) -> list[str]:
         return set_flag(ctx.args, "--gpu-layers", "-ngl", str(n), ctx.dialect)
 
-    lo, hi = 0, ngl - 1  # the largest -ngl that fits
-    if not _fits(ctx, target, args_for(lo)):
+    if not _fits(ctx, target, args_for(0)):
         return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(ctx, target, args_for(mid)):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = _largest_fitting(ctx, target, args_for, 0, ngl - 1)  # the largest -ngl that fits
     return Suggestion(f"offload {ngl - lo} fewer layer{'s' if ngl - lo != 1 else ''}: -ngl {lo}",
                       ("-ngl", str(lo)), tuple(args_for(lo)), True)
 
@@ -196,17 +202,11 @@ def _fewer_ctx(ctx: PlanContext, target: _Target) -> Suggestion | None:
     def args_for(k: int) -> list[str]:
         return set_flag(ctx.args, "--ctx-size", "-c", str(k * 256), ctx.dialect)
 
-    lo, hi = 1, steps - 1
-    if hi < lo or not _fits(ctx, target, args_for(lo)):
+    if steps < 2 or not _fits(ctx, target, args_for(1)):
         new = args_for(max(1, steps // 2))
         return Suggestion(f"halve the context: -c {max(1, steps // 2) * 256}", ("-c", new[-1]), tuple(new),
                           False, "halves the KV cache; -ctk q8_0 -ctv q8_0 would halve it too")
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _fits(ctx, target, args_for(mid)):
-            lo = mid
-        else:
-            hi = mid - 1
+    lo = _largest_fitting(ctx, target, args_for, 1, steps - 1)
     return Suggestion(f"reduce the context to -c {lo * 256}", ("-c", str(lo * 256)), tuple(args_for(lo)),
                       True,
                       "or keep it and quantize the KV cache (-ctk q8_0 -ctv q8_0)")
