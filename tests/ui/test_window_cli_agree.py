@@ -46,12 +46,15 @@ def _window_over(a: Analysis) -> list[str]:
     return [dm.device.name for dm in a.projection.devices if DeviceFigures.of(dm).over]
 
 
-def _open_without_margins(qtbot: QtBot, window: MainWindow, model: Path) -> None:
+def _open_without_margins(qtbot: QtBot, window: MainWindow, model: Path) -> Analysis:
     """The demo in the window, its devices' safety margins at 0 (the CLI declares none)."""
     open_and_wait(qtbot, window, model)
     for d in window.doc.plan.devices:
         window.doc.set_device_margin(d.name, 0)
     wait_projected(qtbot, window)
+    a = window.doc.analysis
+    assert a is not None and a.projection is not None
+    return a
 
 
 def _agree(window: MainWindow, model: Path, devices: list[str]) -> dict[str, Any]:
@@ -74,9 +77,7 @@ def test_window_and_cli_agree_on_a_gpu_over_capacity(
     qtbot: QtBot, window: MainWindow, demo_path: Path
 ) -> None:
     """DeepSeek-V3 (377 GiB) on one 24 GiB GPU: CUDA0 is over; the window names the fill preset."""
-    _open_without_margins(qtbot, window, demo_path)
-    a = window.doc.analysis
-    assert a is not None
+    a = _open_without_margins(qtbot, window, demo_path)
     (gpu_line,) = [w for w in a.warnings if w.startswith("CUDA0 is over capacity")]
     assert gpu_line.endswith(HINT)
     out = _agree(window, demo_path, ["CUDA0=24GiB", "CPU=512GiB"])
