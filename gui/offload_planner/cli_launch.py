@@ -32,7 +32,10 @@ from offload_planner.backend.log_lines import printable
 from offload_planner.core.errors import PlannerError
 
 if TYPE_CHECKING:
+    from offload_planner.core.cmdline import Dialect, ParsedArgs
+    from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import Projection
+    from offload_planner.core.model import Model
     from offload_planner.core.plan import Plan
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -120,9 +123,9 @@ class _Session:
         self.interrupted = False
         self.signal_code = EXIT_INTERRUPTED
         self.output_open = True
-        self.model: Any = None
-        self.devices: Any = None
-        self.parsed: Any = None
+        self.model: Model | None = None
+        self.devices: DeviceSet | None = None
+        self.parsed: ParsedArgs | None = None
         self.dialect = "llama.cpp"
         self.plan: Plan | None = None
 
@@ -188,7 +191,7 @@ class _Session:
         return self.code
 
     def _prepare_projection(
-        self, server_args: list[str], dialect: Any, env: dict[str, str | None]
+        self, server_args: list[str], dialect: Dialect, env: dict[str, str | None]
     ) -> list[str]:
         """Parse the arguments as the server will read them (with the environment it gets) and
         build the devices; returns the arguments to pass on (a leading program name dropped)."""
@@ -219,12 +222,12 @@ class _Session:
                                         declared=declared)
         return read.args
 
-    def _projection(self) -> Any:
+    def _projection(self) -> Projection | None:
         from offload_planner.backend import launch
         from offload_planner.core.analysis import projected
         from offload_planner.core.plan import plan_from_args
 
-        if self.model is None or self.parsed is None:
+        if self.model is None or self.parsed is None or self.devices is None:
             return None
         devices = launch.devices_from_log(self.devices, self.server.report)
         self.plan = plan_from_args(self.model, devices, self.parsed.args, self.dialect)
@@ -283,8 +286,9 @@ class _Session:
                 from offload_planner.backend.calibration import CalibrationStore
 
                 store = CalibrationStore()
-                cal = store.record_launch(self.model, self.plan.placement_options, self.plan.context,
-                                          self.devices, self.dialect, projection, self.server.report)
+                plan = self.plan
+                cal = store.record_launch(plan.model, plan.placement_options, plan.context, plan.devices,
+                                          self.dialect, projection, self.server.report)
                 if cal is not None:
                     self.say(f"calibration saved to {store.path}")
         self.code = verdict
@@ -303,7 +307,7 @@ class _Session:
 
         from offload_planner.core.plan import plan_from_args
 
-        if self.model is None or self.parsed is None:
+        if self.model is None or self.parsed is None or self.devices is None:
             self.say("--bench needs the model's header to estimate: nothing measured")
             self.code = EXIT_FAILED
             self.server.stop()
@@ -351,7 +355,7 @@ class _Session:
         if not outcome.reached_running:
             self.code = self.signal_code if self.interrupted else EXIT_FAILED
             context = None
-            if self.model is not None and self.parsed is not None:
+            if self.model is not None and self.parsed is not None and self.devices is not None:
                 try:
                     projection = self._projection()
                 except PlannerError:
