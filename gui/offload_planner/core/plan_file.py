@@ -375,7 +375,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 def _check_dialect(root: At, dialect: str, popts: PlacementOptions, ctx: ContextParams) -> None:
-    """Settings the dialect decides (core.engine, ui.plan_edits.with_dialect) must agree with it:
+    """Settings the dialect decides (core.engine, core.plan_edits.with_dialect) must agree with it:
     a file that mixes them would project what no server does."""
     po, cx = root.key("placement_options"), root.key("context")
     if ctx.dialect != dialect:
