@@ -16,7 +16,6 @@ PACKAGE = "offload_planner"
 
 KNOWN: list[frozenset[str]] = [
     frozenset({"offload_planner.core.devices", "offload_planner.core.speed.hardware"}),
-    frozenset({"offload_planner.core.cmdline.model", "offload_planner.core.cmdline.semantics"}),
 ]
 
 
