@@ -45,6 +45,7 @@ TOP = {
     "has_hparams": bool,
     "log": str,
     "notes": str,
+    "reason": OPT_STR,
 }
 MODEL = {"name": str, "arch": OPT_STR, "file": OPT_STR}
 CONTEXT = {

@@ -26,7 +26,7 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.placement import place
 from offload_planner.core.synth.quant import pick_type
-from offload_planner.core.synth.spec import ModelSpec, QuantMix, TokenizerKind, TokenizerSpec
+from offload_planner.core.synth.spec import ModelSpec, QuantMix, RopeScaling, TokenizerKind, TokenizerSpec
 from offload_planner.core.synth.tensors import tensor_defs
 from offload_planner.core.synth.writer import write_model
 
@@ -40,7 +40,9 @@ _META_RE = re.compile(r"(?:print_info|llm_load_print_meta):\s+(\w+)\s+=\s+(\S+)"
 _KV_RE = re.compile(r"llama_model_loader: - kv\s+\d+:\s+([\w.]+)\s+\S+\s+=\s+(\S+)")
 _TYPE_RE = re.compile(r"llama_model_loader: - type\s+(\w+):\s+(\d+) tensors")
 _FREE_RE = re.compile(r"using device (CUDA\d+) \((.*?)\) - (\d+) MiB free")
-QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe"})
+QK_NORM_ARCHS = frozenset({"qwen3", "qwen3moe", "gemma3"})
+TIED_ARCHS = frozenset({"gemma3"})  # no output.weight: the token embedding doubles as the output
+BIAS_ARCHS = frozenset({"gpt-oss"})  # q/k/v/o biases
 _FTYPE = {"f16": 1, "q4_0": 2, "q8_0": 7, "q2_k": 10, "q6_k": 18}
 
 
@@ -73,6 +75,7 @@ class Recipe:
     kv: dict[str, Any] = field(default_factory=dict)  # extra <arch>.* keys (e.g. use_parallel_residual)
     gpu_mib: tuple[int, ...] = ()  # memory of the logged GPUs when the log prints no free memory
     drop_flags: tuple[str, ...] = ()  # value-less flags of the log's build the dialect no longer has
+    output_first: bool = False  # the file lists output.weight before the token embedding (HF lm_head first)
 
 
 def _int(h: dict[str, str], key: str, default: int = 0) -> int:
@@ -94,14 +97,19 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
                    exps=slots.get("exps", f32), exps_down=slots.get("exps_down", slots.get("exps", f32)),
                    nextn=slots.get("nextn", f32), more_bits=slots.get("more_bits"))
     eps = float(h.get("f_norm_eps", "1e-5")) if arch == "gptneox" else float(h.get("f_norm_rms_eps", "1e-6"))
+    yarn = None
+    if h.get("rope") == "yarn" or h.get("kv:" + arch + ".rope.scaling.type") == "yarn":
+        yarn = RopeScaling("yarn", 1 / float(h.get("freq_scale_train", "1")), _int(h, "n_ctx_orig_yarn"))
     return ModelSpec(
-        name=record["model"]["name"], arch=arch, n_layer=_int(h, "n_layer"), n_embd=n_embd,
+        name=record["model"]["name"], arch=arch, sliding_window=_int(h, "n_swa"),
+        sliding_window_pattern=_int(h, "n_swa_pattern") or None, tied_embeddings=arch in TIED_ARCHS,
+        attn_bias=arch in BIAS_ARCHS, rope_scaling=yarn, n_layer=_int(h, "n_layer"), n_embd=n_embd,
         n_head=n_head, n_head_kv=_int(h, "n_head_kv", n_head), n_ctx_train=_int(h, "n_ctx_train"),
         n_ff=_int(h, "n_ff"), head_dim_k=head_k, head_dim_v=_int(h, "n_embd_head_v") or head_k,
         n_rot=_int(h, "n_rot") or None, n_expert=_int(h, "n_expert"), n_expert_used=_int(h, "n_expert_used"),
         n_ff_exp=_int(h, "n_ff_exp"), rope_freq_base=float(h.get("freq_base_train", "10000")), rms_eps=eps,
         tokenizer=TokenizerSpec(TokenizerKind.BPE, _int(h, "n_vocab"), n_merges=_int(h, "n_merges")),
-        quant=mix, extra_kv=recipe.kv, qk_norm=arch in QK_NORM_ARCHS,
+        quant=mix, extra_kv=recipe.kv, qk_norm=arch in QK_NORM_ARCHS, output_first=recipe.output_first,
     )
 
 
@@ -109,9 +117,10 @@ def spec_type_counts(spec: ModelSpec) -> dict[str, int]:
     return dict(Counter(pick_type(spec, td).name.lower() for td in tensor_defs(spec)))
 
 
-#: Flags of the logged tools (llama-cli, llama-perplexity) that llama-server lacks, with their value
+#: Flags of the logged tools (llama-cli, -perplexity, -imatrix) that llama-server lacks, with their value
 #: count; they do not change the buffers and are dropped before parsing.
-TOOL_FLAGS = {"-p": 1, "--prompt": 1, "-f": 1, "--file": 1, "--chunks": 1, "-n": 1, "--n-predict": 1,
+TOOL_FLAGS = {"-o": 1, "--layer-similarity": 0, "--output-tensor-name": 1, "--verbosity": 1, "-p": 1,
+              "--prompt": 1, "-f": 1, "--file": 1, "--chunks": 1, "-n": 1, "--n-predict": 1,
               "--ignore-eos": 0, "-no-cnv": 0, "--no-conversation": 0}
 
 
@@ -149,10 +158,10 @@ def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
 
 
 def devices_of(record: dict[str, Any], sibling_log: str = "", gpu_mib: tuple[int, ...] = ()) -> DeviceSet:
-    """The logged CUDA devices with their logged free memory (from a sibling run of the same CI job
-    on the same GPU when this excerpt does not print it, else the cards' memory)."""
-    free = log_free_mib(record["log"]) or log_free_mib(sibling_log) or {
-        f"CUDA{i}": mib for i, mib in enumerate(gpu_mib)}
+    """The logged CUDA devices with their logged free memory (else the cards' memory the recipe
+    states, else the free memory a sibling run of the same CI job on the same GPU printed)."""
+    free = log_free_mib(record["log"]) or {f"CUDA{i}": mib for i, mib in enumerate(gpu_mib)} or log_free_mib(
+        sibling_log)
     assert len(free) == max(len(record["gpus"]), 1), (record["id"], free)
     gpus = tuple(Device(name, DeviceKind.CUDA, total=mib * MiB, free=mib * MiB) for name, mib in free.items())
     return DeviceSet(Device("CPU", DeviceKind.CPU, total=256 << 30, free=256 << 30), gpus)

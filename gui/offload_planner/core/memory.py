@@ -373,6 +373,34 @@ IK_COMPUTE_NOTE = ("estimate for ik_llama.cpp: mainline's graph simulated; ik bu
                    "and up/gate ops, its MLA paths), measured on CPU it needs less; ")
 
 
+def _ik_buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: bool = True) -> None:
+    """ik_llama.cpp's buffer types (src/llama.cpp): the KV of layers left on the CPU and the output
+    buffer take ``llama_default_buffer_type_cpu(true)``, the GPU host buffer (``CUDA_Host``) in a GPU
+    build even with -ngl 0 (mainline: plain CPU; ``kv`` False for -nkvo, whose cache stays CPU); with
+    ``mapped`` the mmap'd weights are renamed to ik's plain ``CPU`` buffer
+    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type)."""
+    host = next((g.host_buffer_name for g in devices.gpus if g.host_buffer_name), None)
+    for b in bufs:
+        if mapped and b.name == CPU_MAPPED:
+            b.name = CPU
+        elif not mapped and host and b.name == CPU and (b.kind == "output" or (kv and b.kind == "kv")):
+            b.name = host
+
+
+def _ik_dated_mask_note(bufs: list[Buffer], ctx: ResolvedContext, p: ContextParams, swa: bool) -> None:
+    """Two rules by build date for ik's host compute buffer with flash attention and standard attention: ik
+    builds of 2025 (public CUDA logs of April-June 2025) held the KQ mask(s) in f32, current ik (2026 logs)
+    in f16 as simulated."""
+    if not p.flash_attn:
+        return
+    extra = (2 if swa else 1) * ctx.n_ctx_seq * ctx.n_ubatch * 2
+    for b in bufs:
+        if b.kind == "compute" and b.device == CPU:
+            b.why += (f"; two rules by build: ik of 2025 held the KQ mask{'s' if swa else ''} in f32, "
+                      f"{extra / (1 << 20):.2f} MiB more here (its CUDA logs of April-June 2025); current ik "
+                      "builds f16 masks, as simulated")
+
+
 def _ik_host_buffers(bufs: list[Buffer]) -> None:
     """ik_llama.cpp's plain CPU buffers (KV, output, weights without mmap, computed MLA tensors)."""
     for b in bufs:
@@ -392,7 +420,9 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     bufs += kv_buffers(model, placement, ctx, p, devices)
     bufs.append(output_buffer(model, placement, p, devices))
     if p.dialect == "ik_llama.cpp":
+        _ik_buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
         _ik_host_buffers(bufs)
+        _ik_buffer_names(bufs, devices, mapped=True)
         bufs += ik_computed_buffers(model, placement, p)
         if compute is None:  # ik's own graph where core.compute_ik has it, else mainline's (estimate)
             from offload_planner.core.compute_ik import ik_compute_buffers
@@ -404,6 +434,8 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
 
         bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
                 and IK_COMPUTE_NOTE not in b.why and not b.why.startswith(IK_SIMULATED) else b for b in bufs]
+        if not ik_uses_mla(model):  # ik's MLA logs of May 2025 already match the f16 mask (issue 455: 176.01)
+            _ik_dated_mask_note(bufs, ctx, p, s.has_swa)
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)

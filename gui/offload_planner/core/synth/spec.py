@@ -120,6 +120,9 @@ class ModelSpec:
     attn_bias: bool = False  # q/k/v biases (GLM-4.5, gpt-oss)
     qk_norm: bool = False  # attn_q_norm/attn_k_norm (Qwen3, Gemma 3)
     extra_kv: Mapping[str, KvValue] = field(default_factory=dict)  # "<arch>." is prepended
+    # file order: output norm and output matrix before the token embedding (convert_hf_to_gguf keeps
+    # the checkpoint's order, and many checkpoints list lm_head first)
+    output_first: bool = False
 
     # --- derived values -------------------------------------------------------------------
 

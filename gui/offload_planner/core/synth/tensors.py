@@ -258,7 +258,8 @@ SUPPORTED_ARCHS = frozenset(LAYER_BUILDERS)
 
 
 def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
-    """All tensors of the model in file order: embeddings, blocks, output norm, output."""
+    """All tensors of the model in file order: embeddings, blocks, output norm, output (the last two
+    first with ``output_first``)."""
     try:
         layer = LAYER_BUILDERS[spec.arch]
     except KeyError:
@@ -267,12 +268,14 @@ def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
     out: list[TensorDef] = []
     if spec.rope_freqs:
         out.append(TensorDef("rope_freqs.weight", (spec.rope_dim // 2,), "small"))
+    head = [TensorDef("output_norm.weight", (e,), "small")]
+    if spec.arch in LAYERNORM_ARCHS:
+        head.append(TensorDef("output_norm.bias", (e,), "small"))
+    if not spec.tied_embeddings:
+        head.append(TensorDef("output.weight", (e, v), "output"))
+    if spec.output_first:
+        out += head
     out.append(TensorDef("token_embd.weight", (e, v), "embd"))
     for il in range(spec.n_layer):
         out += layer(spec, il)
-    out.append(TensorDef("output_norm.weight", (e,), "small"))
-    if spec.arch in LAYERNORM_ARCHS:
-        out.append(TensorDef("output_norm.bias", (e,), "small"))
-    if not spec.tied_embeddings:
-        out.append(TensorDef("output.weight", (e, v), "output"))
-    return out
+    return out if spec.output_first else out + head
