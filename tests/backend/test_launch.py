@@ -44,8 +44,8 @@ from offload_planner.core.errors import PlannerError
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.model import Model
+from offload_planner.core.units import MiB
 
-MiB = 1024 * 1024
 EP = ["127.0.0.1:50071", "127.0.0.1:50072"]
 KV_FAIL = ("0.00.062.917 E llama_init_from_model: failed to initialize the context: "
            "failed to allocate buffer for kv cache")
