@@ -14,9 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "gui"
 PACKAGE = "offload_planner"
 
-KNOWN: list[frozenset[str]] = [
-    frozenset({"offload_planner.core.devices", "offload_planner.core.speed.hardware"}),
-]
+KNOWN: list[frozenset[str]] = []  # issue 10 broke the last ones
 
 
 def modules() -> dict[str, Path]:

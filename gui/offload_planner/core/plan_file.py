@@ -456,7 +456,7 @@ def _device(at: At, *, cpu: bool) -> Device:
 def _hardware(at: At) -> tuple[tuple[str, str], ...]:
     """Declared speed figures (``[["card", "rtx3090"], ["bw", "936GB/s"], ...]``), checked as
     ``--device`` checks them."""
-    from offload_planner.core.speed.hardware import parse_hardware_keys
+    from offload_planner.core.speed.declared import parse_hardware_keys
 
     pairs: list[tuple[str, str]] = []
     for e in at.elements(max_len=16):
