@@ -4,8 +4,9 @@
 edits) make the Plan; :func:`projected` projects it as llama.cpp allocates it; :func:`analysis_of`
 adds what a reader needs: warnings (one list, assembled here for the window, ``plan`` and
 ``launch``), notes, the rules' reports and the command that reproduces the plan.
-:func:`analyse_command` runs the whole pipeline on a llama-server command line; :func:`analyse` is
-the window's form (it never raises: a failure is ``Analysis.error``).
+:func:`analyse_command` runs the whole pipeline on a llama-server command line (with the pinned
+build's ``--fit`` report, :func:`fit_report`, on request); :func:`analyse` is the window's form (it
+never raises: a failure is ``Analysis.error``).
 """
 
 from __future__ import annotations
