@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
 
@@ -27,8 +28,9 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")
     p.add_argument("--prompt", type=int, default=4096, metavar="N", help="prompt length (default 4096)")
-    p.add_argument("--backend", default="llama.cpp", choices=("llama.cpp", "ik_llama.cpp"),
-                   help="dialect of the command (default llama.cpp)")
+    p.add_argument("--backend", default=Dialect.LLAMA_CPP.value,
+                   choices=(Dialect.LLAMA_CPP.value, Dialect.IK.value),
+                   help=f"dialect of the command (default {Dialect.LLAMA_CPP})")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_fit, server_args=[])
@@ -48,7 +50,8 @@ def run_fit(args: argparse.Namespace) -> int:
 
     if args.prompt < 1:
         raise PlannerError(f"--prompt {args.prompt}: expected a positive number of tokens")
-    parsed = parse_server_args(list(args.server_args), dialect=args.backend)
+    dialect = Dialect(args.backend)
+    parsed = parse_server_args(list(args.server_args), dialect=dialect)
     if parsed.errors:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
     model = open_model(args.model)
@@ -62,7 +65,7 @@ def run_fit(args: argparse.Namespace) -> int:
                            + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
-    result = fastest_plan(model, devices, list(args.server_args), hw, dialect=args.backend, goal=args.goal,
+    result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=efficiencies_for(args.backend))
     rows = [{"label": c.label, "fits": c.fits, "over": c.over, "tg_tps": round(c.estimate.tg_tps, 3),
              "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}

@@ -29,10 +29,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from offload_planner.backend.log_lines import printable
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
 if TYPE_CHECKING:
-    from offload_planner.core.cmdline import Dialect, ParsedArgs
+    from offload_planner.core.cmdline import ParsedArgs
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import Projection
     from offload_planner.core.model import Model
@@ -126,7 +127,7 @@ class _Session:
         self.model: Model | None = None
         self.devices: DeviceSet | None = None
         self.parsed: ParsedArgs | None = None
-        self.dialect = "llama.cpp"
+        self.dialect: Dialect = Dialect.LLAMA_CPP
         self.plan: Plan | None = None
 
     def say(self, text: str) -> None:
@@ -154,7 +155,7 @@ class _Session:
             self.say(found.message)
             return EXIT_USAGE
         dialect, _version = launch.probe_dialect(found.path)
-        self.dialect = str(dialect)  # cached: the runner reports it with the version
+        self.dialect = Dialect(dialect)  # cached: the runner reports it with the version
         env = launch.parse_env_assignments(a.env)
         server_args = self._prepare_projection(server_args, dialect, env)
         port = a.port if a.port is not None else (_free_port() if a.verify else None)
@@ -204,7 +205,7 @@ class _Session:
         from offload_planner.core.gguf_reader import open_model
 
         a = self.args
-        read = read_server_argv(server_args, str(dialect), child_environment(os.environ, env))
+        read = read_server_argv(server_args, dialect, child_environment(os.environ, env))
         self.parsed = read.parsed
         for note in read.notes:
             self.say(f"note: {note}")
@@ -232,7 +233,7 @@ class _Session:
         devices = launch.devices_from_log(self.devices, self.server.report)
         self.plan = plan_from_args(self.model, devices, self.parsed.args, self.dialect)
         self.devices = devices
-        if self.dialect == "llama.cpp":
+        if self.dialect.fits_by_default:
             fitted = self._fitted_projection(self.plan)
             if fitted is not None:
                 return fitted

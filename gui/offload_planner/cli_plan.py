@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
 if TYPE_CHECKING:
@@ -17,7 +18,11 @@ if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.model import Model
 
-DIALECTS = ("llama.cpp", "llama.cpp-2025", "ik_llama.cpp")
+
+
+def dialect_names() -> list[str]:
+    """What ``--backend`` takes besides an executable: every registered dialect's name."""
+    return [d.value for d in all_dialects()]
 
 
 def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,9 +47,9 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
                    help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable); a size needs "
                    "its unit: 24GiB = 24G, 24GB, 8000MiB, 1TiB, 4096B")
-    p.add_argument("--backend", default="llama.cpp", metavar="PATH|DIALECT",
+    p.add_argument("--backend", default=Dialect.LLAMA_CPP.value, metavar="PATH|DIALECT",
                    help="a llama-server executable to detect the dialect from, or one of: "
-                   + ", ".join(DIALECTS) + " (default: llama.cpp, the pinned build)")
+                   + ", ".join(dialect_names()) + f" (default: {Dialect.LLAMA_CPP}, the pinned build)")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
@@ -59,12 +64,13 @@ def _prompt_len(text: str) -> int:
     return int(text)
 
 
-def _dialect(backend: str) -> str:
-    if backend in DIALECTS:
-        return backend
+def _dialect(backend: str) -> Dialect:
+    if backend in dialect_names():
+        return Dialect(backend)
     exe = shutil.which(backend) or backend
     if not Path(exe).is_file():
-        raise PlannerError(f"--backend {backend!r}: not a dialect ({', '.join(DIALECTS)}) nor an executable")
+        names = ", ".join(dialect_names())
+        raise PlannerError(f"--backend {backend!r}: not a dialect ({names}) nor an executable")
     from offload_planner.backend import child_guard
     from offload_planner.core.cmdline import detect_dialect
 
@@ -74,7 +80,7 @@ def _dialect(backend: str) -> str:
         except (OSError, subprocess.TimeoutExpired) as e:
             raise PlannerError(f"--backend {backend!r}: cannot run it: {e}") from None
 
-    return str(detect_dialect(run("--version"), run("--help")))
+    return detect_dialect(run("--version"), run("--help"))
 
 
 EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
@@ -131,10 +137,7 @@ def run_plan(args: argparse.Namespace) -> int:
     devices, detected = _devices(args, list(parsed.args.rpc_servers or []))
     errors: list[ArgError | str] = [*parsed.errors]
     errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
-    if dialect == "ik_llama.cpp":
-        from offload_planner.core.ik import model_errors
-
-        errors += model_errors(model)
+    errors += dialect.model_errors(model)
     if errors:
         return print_errors(errors)
     from offload_planner.core.analysis import analyse_command

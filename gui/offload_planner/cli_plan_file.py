@@ -9,10 +9,11 @@ import shlex
 import sys
 from typing import TextIO
 
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
 
-def plan_file_command(args: argparse.Namespace, after: list[str]) -> tuple[str, list[str], str]:
+def plan_file_command(args: argparse.Namespace, after: list[str]) -> tuple[str, list[str], Dialect]:
     """(model path, server arguments, dialect) of the plan file ``args.model``; ``after`` (the
     arguments after ``--``) are appended. PlannerError for a bad file or a model that is not a
     local regular file."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offload_planner.core.cmdline import ArgError, ParsedArgs, parse_server_args, semantic_notes
+from offload_planner.core.dialects import Dialect
 
 ENV_PREFIX = "LLAMA_ARG_"
 #: The program name given to the parser (llama-server's argv[0] is never an argument).
@@ -51,7 +52,7 @@ def looks_like_program(word: str) -> bool:
 
 
 def read_server_argv(
-    argv: Sequence[str], dialect: str, environ: Mapping[str, str] | None = None
+    argv: Sequence[str], dialect: Dialect, environ: Mapping[str, str] | None = None
 ) -> ServerArgv:
     """Parse ``argv`` (what follows ``--``) as ``dialect``'s llama-server would, with its
     ``LLAMA_ARG_*`` environment. A first word that names a program is dropped with a note; any

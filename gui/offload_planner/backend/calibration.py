@@ -31,6 +31,7 @@ from typing import Any
 
 from offload_planner.backend.log_parser import LoadReport, device_of_buffer
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams, Projection
 from offload_planner.core.model import Model
 from offload_planner.core.placement import PlacementOptions
@@ -73,7 +74,8 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-def options_key(placement: PlacementOptions, context: ContextParams, devices: DeviceSet, dialect: str) -> str:
+def options_key(placement: PlacementOptions, context: ContextParams, devices: DeviceSet,
+                dialect: Dialect) -> str:
     """What shapes the compute graph: resolved placement and context options, the device list (names
     and kinds, not their free memory) and the dialect."""
     data = {
@@ -210,7 +212,7 @@ class CalibrationStore:
                            options_key(plan.placement_options, plan.context, plan.devices, plan.dialect))
 
     def record_launch(self, model: Model, placement: PlacementOptions, context: ContextParams,
-                      devices: DeviceSet, dialect: str, projection: Projection,
+                      devices: DeviceSet, dialect: Dialect, projection: Projection,
                       report: LoadReport) -> Calibration | None:
         """Remember a launch's compute buffers; None when the log printed none (no -lv 4)."""
         measured = measured_compute(report)

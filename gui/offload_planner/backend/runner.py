@@ -73,7 +73,7 @@ class LaunchConfig:
     env: dict[str, str | None] = field(default_factory=dict)
     wrapper: list[str] = field(default_factory=list)
     verbose_log: bool = True  # add -lv 4 where the build needs it for buffer sizes
-    dialect: Dialect | str | None = None  # None: detect from --version / --help
+    dialect: Dialect | None = None  # None: detect from --version / --help
     health_check: bool = True
     stop_timeout: float = 10.0  # seconds between SIGTERM and SIGKILL
     probe_timeout: float = 30.0

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
@@ -126,7 +127,7 @@ def efficiencies_for(backend: str) -> Efficiencies:
     """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
     entry = _load().get("machines", {}).get(machine_key(), {})
     values = entry.get("efficiencies", {}).get(backend)
-    base = defaults_for(backend)
+    base = defaults_for(Dialect(backend))
     if not isinstance(values, dict) or not values:
         return base
     when = entry.get("efficiencies_at", {}).get(backend, "")

@@ -21,10 +21,9 @@ from offload_planner.core.cmdline import ParsedArgs
 from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
-from offload_planner.core.engine import IK_LLAMA_CPP, LLAMA_CPP, command_notes
+from offload_planner.core.dialects import LLAMA_CPP, Dialect
+from offload_planner.core.engine import command_notes
 from offload_planner.core.errors import PlannerError
-from offload_planner.core.ik import model_errors as ik_model_errors
-from offload_planner.core.ik import split_mode_warnings as ik_split_mode_warnings
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
@@ -59,7 +58,7 @@ class FitReport:
 
 def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
     """The pinned llama-server's --fit on ``plan`` (read from ``parsed``); nothing for other builds."""
-    if plan.dialect != LLAMA_CPP:
+    if not plan.dialect.fits_by_default:
         return FitReport()
     from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
 
@@ -106,10 +105,8 @@ def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
     """Every warning about a plan, in one order: what the backend refuses or changes, devices the
     plan names but lacks, devices over capacity, then the rules and placements
     (:func:`~offload_planner.core.diagnostics.plan_warnings`)."""
-    refusals: list[str] = []
-    if plan.dialect == IK_LLAMA_CPP:
-        refusals = ik_model_errors(plan.model) + ik_split_mode_warnings(
-            plan.model, plan.placement_options.split_mode, len(plan.devices.gpus))
+    refusals = plan.dialect.model_errors(plan.model) + plan.dialect.warnings(
+        plan.model, plan.placement_options, plan.devices)
     core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
                          capacity_hint=capacity_hint)
     return refusals + unknown_device_warnings(plan) + core
@@ -128,7 +125,7 @@ def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
                     notes=mmap_notes(projection), command_notes=list(notes))
 
 
-def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: str = LLAMA_CPP, *,
+def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP, *,
                     command: bool = False, fit: bool = False) -> Analysis:
     """The pipeline on a llama-server command line (a ParsedArgs or bare ServerArgs): the plan
     llama-server would run, projected and analysed, with a note for every default it filled in;

@@ -81,7 +81,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _dialect(dialect: Dialect | str) -> Dialect:
+def _dialect(dialect: Dialect) -> Dialect:
     try:
         return Dialect(dialect)
     except ValueError:
@@ -97,7 +97,7 @@ def _is_secret(arg: str) -> tuple[bool, bool]:
 
 
 def strip_secrets(
-    args: Sequence[str], dialect: Dialect | str = Dialect.LLAMA_CPP
+    args: Sequence[str], dialect: Dialect = Dialect.LLAMA_CPP
 ) -> tuple[list[str], list[str]]:
     """``args`` without the secret flags and their values, and the spellings removed.
 
@@ -131,7 +131,7 @@ def _rpc_host(endpoint: str) -> str:
 
 
 def review_args(
-    args: Sequence[str], dialect: Dialect | str = Dialect.LLAMA_CPP, env: Mapping[str, str] | None = None
+    args: Sequence[str], dialect: Dialect = Dialect.LLAMA_CPP, env: Mapping[str, str] | None = None
 ) -> list[Concern]:
     """The flags of a llama-server command (no program name) that expose the server, write files,
     run tools, download or send tensors to other machines, in command-line order."""

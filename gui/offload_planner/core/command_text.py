@@ -29,7 +29,7 @@ STYLES: tuple[tuple[str, str], ...] = (
 )
 
 
-def render(argv: Sequence[str], style: str, dialect: str, *, multiline: bool = False) -> str:
+def render(argv: Sequence[str], style: str, dialect: Dialect, *, multiline: bool = False) -> str:
     return format_command(list(argv), style, dialect=Dialect(dialect), multiline=multiline)
 
 
@@ -44,7 +44,7 @@ def split_command_text(text: str) -> list[str]:
         raise ValueError(f"cannot split the command: {e}") from None
 
 
-def read_command(text: str, dialect: str) -> ParsedArgs:
+def read_command(text: str, dialect: Dialect) -> ParsedArgs:
     """Parse a pasted llama-server command as ``dialect`` reads it (errors in ``.errors``; the
     refusals that depend on devices and model come from ``check_semantics``)."""
     return parse_server_args(split_command_text(text), dialect=Dialect(dialect))

@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
-from offload_planner.core.ik import mla_mode as ik_mla_mode
+from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
 
-LLAMA_CPP = "llama.cpp"
-LLAMA_CPP_2025 = "llama.cpp-2025"
-IK_LLAMA_CPP = "ik_llama.cpp"
+IK_LLAMA_CPP = IK  # the dialect objects under their old names here
+__all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "command_notes", "context_params",
+           "placement_options"]
 
 _QUANT_KV = {"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
 
@@ -44,18 +44,16 @@ def _override_list(model: Model, args: Any) -> list[Any]:
     return list(_get(args, "overrides", []))
 
 
-def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str) -> PlacementOptions:
+def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dialect) -> PlacementOptions:
+    dialect = Dialect(dialect)
     overrides = tuple(
         Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _override_list(model, args)
     )
     args = _server_args(args)
     n_layer = model.summary.n_layer
     has_gpu = bool(devices.gpus)
-    ngl = _get(args, "n_gpu_layers")
-    if dialect == IK_LLAMA_CPP and ngl is None:
-        ngl = 999 if has_gpu else 0
-    if dialect == IK_LLAMA_CPP and ngl == 0:
-        overrides = ()  # ik: -ngl 0 drops all overrides
+    ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu)
+    overrides = dialect.kept_overrides(ngl, overrides)
     load_mode = _get(args, "load_mode", "auto")
     return PlacementOptions(
         n_gpu_layers=resolve_ngl(ngl, n_layer, has_gpu=has_gpu),
@@ -63,29 +61,27 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: str)
         split_mode=_get(args, "split_mode", "layer"),
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
-        # ik's -rtr (run-time repack) turns mmap off: the repacked weights live in a plain buffer
-        use_mmap=load_mode not in ("none", "mlock", "dio")
-        and not (dialect == IK_LLAMA_CPP and _get(args, "rtr")),
+        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args),
         no_host=bool(_get(args, "no_host", False)),
-        # ik_llama.cpp has no CPU_REPACK buffer type (it repacks in place with -rtr)
-        use_extra_bufts=not _get(args, "no_repack", False) and dialect != IK_LLAMA_CPP,
-        output_first=dialect == LLAMA_CPP,
+        use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
+        output_first=dialect.output_first,
     )
 
 
-def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams, list[str]]:
+def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextParams, list[str]]:
+    dialect = Dialect(dialect)
     args = _server_args(args)
     notes: list[str] = []
     np_ = _get(args, "n_parallel")
     kvu = _get(args, "kv_unified")
-    if dialect == LLAMA_CPP and (np_ is None or np_ < 0):
+    if dialect.auto_parallel and (np_ is None or np_ < 0):
         np_, kvu = 4, True if kvu is None else kvu
         notes.append("-np auto: 4 slots sharing one unified KV cache (server default)")
     np_ = np_ if np_ and np_ > 0 else 1
     n_ctx = _get(args, "ctx_size", 0)
     if not n_ctx:
         notes.append(f"-c 0 or unset: trained context {model.summary.n_ctx_train}"
-                     + (" (--fit may shrink it: pass -c to pin it)" if dialect == LLAMA_CPP else ""))
+                     + dialect.trained_context_note())
     fa = _get(args, "flash_attn", "auto")
     ctv = _get(args, "cache_type_v", "f16")
     flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
@@ -103,23 +99,17 @@ def context_params(model: Model, args: Any, dialect: str) -> tuple[ContextParams
         swa_full=bool(_get(args, "swa_full", False)),
         # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
         # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
-        n_outputs_max=None if dialect == LLAMA_CPP_2025 else min(n_batch, np_),
+        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
-        mla=ik_mla_mode(model, _get(args, "mla")) if dialect == IK_LLAMA_CPP else 0,
-        amb=int(_get(args, "amb", 0)) if dialect == IK_LLAMA_CPP else 0,
+        mla=dialect.mla(model, _get(args, "mla")),
+        amb=dialect.amb(_get(args, "amb")),
     ), notes
 
 
-def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: str,
+def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
                   popts: PlacementOptions) -> list[str]:
-    """What the server's defaults decide for this command line (-np auto, -c 0), and how 2025
-    builds place weights an -ot rule sends to the CPU."""
+    """What the server's defaults decide for this command line (-np auto, -c 0), and the dialect's
+    notes on how it places these weights."""
     _, notes = context_params(model, args, dialect)
-    if dialect == LLAMA_CPP_2025 and any(o.buft.upper() == "CPU" for o in popts.overrides) and any(
-            g.host_buffer_name for g in devices.gpus):
-        notes.append("two rules for -ot ...=CPU in 2025 builds: from b6050 (PR 14990, August 2025) the "
-                     "weights take the CPU list's first buffer type (the GPU's host buffer, "
-                     f"{'CUDA_Host' if not popts.use_mmap else 'CPU_Mapped with mmap'}), as projected; "
-                     "earlier builds use the plain CPU buffer type (logged as CPU, or CPU_Mapped with mmap)")
-    return notes
+    return notes + Dialect(dialect).notes(popts, devices)

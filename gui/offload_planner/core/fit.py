@@ -630,7 +630,7 @@ def fitted_command(result: FitResult, model: Model, devices: DeviceSet, popts: P
     from offload_planner.core.plan import Plan, plan_command
 
     f_popts, f_ctx = result.apply(popts, cparams, model.summary.n_layer, has_gpu=bool(devices.gpus))
-    return plan_command(Plan(model, devices, f_popts, f_ctx, "llama.cpp"))
+    return plan_command(Plan(model, devices, f_popts, f_ctx))
 
 
 def fit_note(result: FitResult, command: Sequence[str]) -> str | None:

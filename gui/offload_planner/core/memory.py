@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import is_not
 
-from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA, Buffer
+from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
+from offload_planner.core.buffer import Buffer
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.dialects.base import Dialect
+from offload_planner.core.dialects.mainline import LLAMA_CPP
 from offload_planner.core.ggml_types import type_by_name
-from offload_planner.core.ik import kv_row_bytes as ik_kv_row_bytes
-from offload_planner.core.ik import placed_computed_tensors
-from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
 from offload_planner.core.units import MiB
@@ -53,9 +53,13 @@ class ContextParams:
     swa_full: bool = False
     n_outputs_max: int | None = None  # server: min(n_batch, n_seq_max); CLI: n_batch
     op_offload: bool = True  # --no-op-offload turns it off
-    dialect: str = "llama.cpp"  # ik_llama.cpp sizes its context and SWA layers differently
+    dialect: Dialect = LLAMA_CPP  # the server build: asked for its context, KV and buffer rules
     mla: int = 0  # ik_llama.cpp's -mla mode (deepseek2 models only; see core.ik)
     amb: int = 0  # ik_llama.cpp's -amb: MiB cap on the attention scratch (0: no cap)
+
+    def __post_init__(self) -> None:
+        if type(self.dialect) is str:  # a name (a caller without the object): the registered one
+            object.__setattr__(self, "dialect", Dialect(self.dialect))
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,7 @@ def resolve_context(p: ContextParams, n_ctx_train: int, n_swa: int) -> ResolvedC
     n_ctx = p.n_ctx or n_ctx_train
     n_batch = min(n_ctx, p.n_batch)
     n_ubatch = min(n_batch, p.n_ubatch or n_batch)
-    if p.dialect == "ik_llama.cpp":
+    if p.dialect.single_kv_stream:
         n_ctx = pad(n_ctx, 256 if p.flash_attn else 32)
         return ResolvedContext(n_ctx, n_ctx, 1, n_batch, n_ubatch, n_ctx)
     n_ctx = pad(n_ctx, 256)
@@ -290,8 +294,8 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     n_trunk = s.n_layer_trunk
     head_k_swa = model.arch_int("attention.key_length_swa", s.head_dim_k)
     head_v_swa = model.arch_int("attention.value_length_swa", s.head_dim_v)
-    ik = p.dialect == "ik_llama.cpp"
-    ik_mla = ik and ik_uses_mla(model)
+    d = p.dialect
+    own_rows = d.own_kv_rows(model)
 
     def dims_of(il: int) -> tuple[int, int]:
         hk, hv = (head_k_swa, head_v_swa) if s.swa_layers[il] else (s.head_dim_k, s.head_dim_v)
@@ -303,13 +307,13 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
 
     def row_bytes(il: int) -> tuple[int, int]:
         """Bytes per cell of K and V; mainline pads a transposed V to the widest layer."""
-        if ik_mla:
-            k_row, v_row, _ = ik_kv_row_bytes(model, il, p.mla, p.flash_attn, tk, tv)
+        if own_rows:
+            k_row, v_row, _ = d.kv_rows(model, il, p, tk, tv)
             return k_row, v_row
         k_gqa, v_gqa = dims(il)
-        if s.is_mla and not ik:
+        if s.is_mla and d.mla_k_only_cache:
             return tk.row_bytes(k_gqa), 0
-        return tk.row_bytes(k_gqa), tv.row_bytes(v_max if v_trans and not ik else v_gqa)
+        return tk.row_bytes(k_gqa), tv.row_bytes(v_max if v_trans and d.pads_transposed_v else v_gqa)
 
     v_max = max((d[1] for d in all_dims[:s.n_layer]), default=0)
     per_dev: dict[str, int] = defaultdict(int)
@@ -326,30 +330,16 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
         if v_row:
             per_dev[dev_name] += pad(v_row * cells * ctx.n_stream, dev.alignment)
         layers[dev_name] += 1
-    if ik_mla:
-        kinds = ik_kv_row_bytes(model, 0, p.mla, p.flash_attn, tk, tv)[2]
-        why = f"{ctx.n_ctx_seq} cells, ik_llama.cpp {kinds}, K {p.type_k}" + (
+    if own_rows:
+        kinds = d.kv_rows(model, 0, p, tk, tv)[2]
+        why = f"{ctx.n_ctx_seq} cells, {d.value} {kinds}, K {p.type_k}" + (
             f", V {p.type_v}" if row_bytes(0)[1] else "")
     else:
-        mla_k_only = s.is_mla and not ik
+        mla_k_only = s.is_mla and d.mla_k_only_cache
         why = (f"{ctx.n_ctx_seq} cells x {ctx.n_stream} streams, K {p.type_k}"
                + ("" if mla_k_only else f", V {p.type_v}") + (", MLA: K only" if mla_k_only else "")
                + (f", SWA layers {ctx.swa_cells} cells" if s.has_swa else ""))
     return [Buffer(d, d, "kv", n, f"{layers[d]} layers; {why}") for d, n in per_dev.items()]
-
-
-def ik_computed_buffers(model: Model, placement: Placement, p: ContextParams) -> list[Buffer]:
-    """ik_llama.cpp's MLA tensors derived at load, one buffer each on the source tensor's device."""
-    per_dev: dict[str, int] = defaultdict(int)
-    names: dict[str, list[str]] = defaultdict(list)
-    for ct, dev in placed_computed_tensors(model, placement, p.mla):
-        per_dev[dev] += ct.nbytes + (IK_CPU_BUFFER_EXTRA if dev == CPU else 0)
-        names[dev].append(ct.name.split(".")[-2])
-    return [Buffer(d, d, "model", n,
-                   f"ik_llama.cpp computes {len(names[d])} {'/'.join(sorted(set(names[d])))} tensors at load "
-                   f"for -mla {p.mla} (not in the file), each in its own buffer"
-                   + (f" (+{IK_CPU_BUFFER_EXTRA} B each on the CPU)" if d == CPU else ""))
-            for d, n in per_dev.items()]
 
 
 def host_buffer_name(devices: DeviceSet, device: str) -> str:
@@ -369,73 +359,24 @@ def output_buffer(model: Model, placement: Placement, p: ContextParams, devices:
                   f"logits for {p.n_seq_max} sequences x {n_vocab} tokens x 4 B")
 
 
-IK_COMPUTE_NOTE = ("estimate for ik_llama.cpp: mainline's graph simulated; ik builds its own (fused MoE "
-                   "and up/gate ops, its MLA paths), measured on CPU it needs less; ")
-
-
-def _ik_buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: bool = True) -> None:
-    """ik_llama.cpp's buffer types (src/llama.cpp): the KV of layers left on the CPU and the output
-    buffer take ``llama_default_buffer_type_cpu(true)``, the GPU host buffer (``CUDA_Host``) in a GPU
-    build even with -ngl 0 (mainline: plain CPU; ``kv`` False for -nkvo, whose cache stays CPU); with
-    ``mapped`` the mmap'd weights are renamed to ik's plain ``CPU`` buffer
-    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type)."""
-    host = next((g.host_buffer_name for g in devices.gpus if g.host_buffer_name), None)
-    for b in bufs:
-        if mapped and b.name == CPU_MAPPED:
-            b.name = CPU
-        elif not mapped and host and b.name == CPU and (b.kind == "output" or (kv and b.kind == "kv")):
-            b.name = host
-
-
-def _ik_dated_mask_note(bufs: list[Buffer], ctx: ResolvedContext, p: ContextParams, swa: bool) -> None:
-    """Two rules by build date for ik's host compute buffer with flash attention and standard attention: ik
-    builds of 2025 (public CUDA logs of April-June 2025) held the KQ mask(s) in f32, current ik (2026 logs)
-    in f16 as simulated."""
-    if not p.flash_attn:
-        return
-    extra = (2 if swa else 1) * ctx.n_ctx_seq * ctx.n_ubatch * 2
-    for b in bufs:
-        if b.kind == "compute" and b.device == CPU:
-            b.why += (f"; two rules by build: ik of 2025 held the KQ mask{'s' if swa else ''} in f32, "
-                      f"{extra / (1 << 20):.2f} MiB more here (its CUDA logs of April-June 2025); current ik "
-                      "builds f16 masks, as simulated")
-
-
-def _ik_host_buffers(bufs: list[Buffer]) -> None:
-    """ik_llama.cpp's plain CPU buffers (KV, output, weights without mmap, computed MLA tensors)."""
-    for b in bufs:
-        if b.name == CPU and b.kind in ("model", "kv", "output"):
-            b.bytes += IK_CPU_BUFFER_EXTRA
-
-
 def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams, *,
             compute: list[Buffer] | None = None) -> Projection:
     """Every device's buffers. ``compute`` reuses compute buffers already simulated (an editor's
     instant update while the ~100 ms simulation of the new plan runs); None simulates them."""
-    from offload_planner.core.compute import compute_buffers
-
     s = model.summary
     ctx = resolve_context(p, s.n_ctx_train, s.n_swa)
     bufs = weight_buffers(model, placement, devices)
     bufs += kv_buffers(model, placement, ctx, p, devices)
     bufs.append(output_buffer(model, placement, p, devices))
-    if p.dialect == "ik_llama.cpp":
-        _ik_buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
-        _ik_host_buffers(bufs)
-        _ik_buffer_names(bufs, devices, mapped=True)
-        bufs += ik_computed_buffers(model, placement, p)
-        if compute is None:  # ik's own graph where core.compute_ik has it, else mainline's (estimate)
-            from offload_planner.core.compute_ik import ik_compute_buffers
+    bufs = p.dialect.extra_buffers(model, devices, placement, p, bufs)
+    if compute is None:  # the dialect's own simulator, else mainline's graph
+        compute = p.dialect.compute_buffers(model, devices, placement, ctx, p)
+    if compute is None:
+        from offload_planner.core.compute import compute_buffers
 
-            compute = ik_compute_buffers(model, devices, placement, ctx, p)
-    bufs += compute_buffers(model, devices, placement, ctx, p) if compute is None else compute
-    if p.dialect == "ik_llama.cpp":
-        from offload_planner.core.compute_ik import IK_SIMULATED
-
-        bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
-                and IK_COMPUTE_NOTE not in b.why and not b.why.startswith(IK_SIMULATED) else b for b in bufs]
-        if not ik_uses_mla(model):  # ik's MLA logs of May 2025 already match the f16 mask (issue 455: 176.01)
-            _ik_dated_mask_note(bufs, ctx, p, s.has_swa)
+        compute = compute_buffers(model, devices, placement, ctx, p)
+    bufs += compute
+    bufs = p.dialect.annotate_compute(model, ctx, p, bufs)
     mems = {d.name: DeviceMemory(d) for d in devices}
     for b in bufs:
         mems[b.device if b.device in mems else CPU].buffers.append(b)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.plan_edits import with_option
@@ -49,12 +50,12 @@ def demo_devices(margin: int) -> DeviceSet:
     return DeviceSet(cpu, tuple(d for d in devs if d.is_gpu))
 
 
-def demo_plan(model: Model, devices: DeviceSet, dialect: str) -> Plan:
+def demo_plan(model: Model, devices: DeviceSet, dialect: Dialect) -> Plan:
     """The Guide's first plan: ``-c 32768 -ngl 999 --cpu-moe``."""
     return plan_from_args(model, devices, parse_server_args(list(DEMO_ARGS), dialect=dialect), dialect)
 
 
-def new_plan(model: Model, devices: DeviceSet, dialect: str, default_ctx: int) -> Plan:
+def new_plan(model: Model, devices: DeviceSet, dialect: Dialect, default_ctx: int) -> Plan:
     """What llama-server does for this model with just ``-c``: every layer on the GPUs (if any)."""
     n_ctx = min(default_ctx, model.summary.n_ctx_train) if default_ctx else 0
     plan = plan_from_args(model, devices, argparse.Namespace(ctx_size=n_ctx), dialect)

@@ -152,7 +152,7 @@ def compile_override(pattern: str) -> re.Pattern[str]:
     """An -ot pattern as std::regex (ECMAScript, libstdc++) reads it, for regex_search; a pattern
     llama.cpp would refuse matches nothing here (the refusal is reported by the arg checks).
     Matching rules against a model's tensors goes through :func:`rule_set` (cached, budgeted)."""
-    from offload_planner.core.cmdline import EcmaRegexError, compile_pattern
+    from offload_planner.core.cmdline.ecma_regex import EcmaRegexError, compile_pattern
 
     try:
         return compile_pattern(pattern)

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
-from offload_planner.core.ik import IK_DEFAULT_MLA
-from offload_planner.core.ik import uses_mla as ik_uses_mla
+from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams, Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
@@ -58,10 +57,21 @@ class Plan:
     model: Model
     devices: DeviceSet
     placement_options: PlacementOptions
-    context: ContextParams
-    dialect: str = "llama.cpp"
+    context: ContextParams  # its ``dialect`` is the plan's: stored there once
     moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
+
+    def __post_init__(self) -> None:
+        """What placement takes from the dialect follows it (the output layer first; no CPU_REPACK
+        buffers where the build has none)."""
+        d, po = self.dialect, self.placement_options
+        repack = po.use_extra_bufts and d.has_cpu_repack
+        if po.output_first != d.output_first or po.use_extra_bufts != repack:
+            self.placement_options = replace(po, output_first=d.output_first, use_extra_bufts=repack)
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.context.dialect
 
     def base_placement(self) -> Placement:
         """What the command-line settings alone place (cached: plans differ mostly in moves)."""
@@ -141,7 +151,7 @@ def kept_args(parsed: Any) -> list[str]:
     return out
 
 
-def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: str = "llama.cpp",
+def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP,
                    passthrough: list[str] | None = None) -> Plan:
     """A plan whose base is what llama-server would do with these arguments (a ParsedArgs, whose
     other flags are kept for the exported command, or bare ServerArgs)."""
@@ -150,7 +160,7 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: str = "
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
-    return Plan(model, devices, popts, cparams, dialect, extra_args=extra)
+    return Plan(model, devices, popts, cparams, extra_args=extra)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:
@@ -198,32 +208,28 @@ def plan_command(plan: Plan) -> list[str]:
             best = cand
     argv += best or []
     argv += _context_flags(ctx, plan.dialect)
-    if plan.dialect == "ik_llama.cpp" and ik_uses_mla(m) and ctx.mla != IK_DEFAULT_MLA:
-        argv += ["-mla", str(ctx.mla)]
-    if plan.dialect == "ik_llama.cpp" and ctx.amb:
-        argv += ["-amb", str(ctx.amb)]
+    argv += plan.dialect.mla_flags(m, ctx)
     if not opts.use_mmap:
-        argv += ["-lm", "none"] if plan.dialect == "llama.cpp" else ["--no-mmap"]
+        argv += list(plan.dialect.no_mmap_flags)
     if opts.no_host:
         argv += ["--no-host"]
-    if not opts.use_extra_bufts and plan.dialect != "ik_llama.cpp":  # ik has no CPU_REPACK (nor -nr)
+    if not opts.use_extra_bufts and plan.dialect.has_cpu_repack:  # -nr only where CPU_REPACK exists
         argv += ["-nr"]
-    if plan.dialect == "llama.cpp":
+    if plan.dialect.fits_by_default:
         argv += ["-fit", "off"]
     return argv + plan.extra_args
 
 
-def _moe_shorthands(model: Model, target: dict[str, str], dialect: str
+def _moe_shorthands(model: Model, target: dict[str, str], dialect: Dialect
                     ) -> list[tuple[list[str], list[Override]]]:
     """Ways to start the -ot list: nothing, --cpu-moe, or --n-cpu-moe N (mainline: the experts of
     layers 0..N-1), each with the overrides llama.cpp generates for it."""
     out: list[tuple[list[str], list[Override]]] = [([], [])]
-    if dialect not in ("llama.cpp", "llama.cpp-2025"):
+    if not dialect.mainline_moe_rules:
         return out  # ik appends its generated entries after -ot and picks layers from the model
-    from offload_planner.core.cmdline import Dialect
     from offload_planner.core.cmdline.moe import cpu_moe_overrides, n_cpu_moe_overrides
 
-    d = Dialect(dialect)
+    d = dialect
     exps: dict[int, list[str]] = {}
     for t in model.tensors:
         if t.role.is_routed_expert and t.layer is not None and t.name in target:
@@ -241,13 +247,13 @@ def _moe_shorthands(model: Model, target: dict[str, str], dialect: str
     return out
 
 
-def _context_flags(ctx: ContextParams, dialect: str) -> list[str]:
+def _context_flags(ctx: ContextParams, dialect: Dialect) -> list[str]:
     out: list[str] = []
     if ctx.n_batch != DEFAULT_N_BATCH:
         out += ["-b", str(ctx.n_batch)]
     if ctx.n_ubatch != DEFAULT_N_UBATCH:
         out += ["-ub", str(ctx.n_ubatch)]
-    server_auto = dialect == "llama.cpp" and ctx.n_seq_max == 4 and ctx.kv_unified
+    server_auto = dialect.auto_parallel and ctx.n_seq_max == 4 and ctx.kv_unified
     if not server_auto:
         out += ["-np", str(ctx.n_seq_max)]
         if ctx.kv_unified:

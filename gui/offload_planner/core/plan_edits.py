@@ -11,7 +11,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from offload_planner.core.devices import Device, DeviceSet
-from offload_planner.core.ik import mla_mode as ik_mla_mode
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams
 from offload_planner.core.placement import CPU, PlacementOptions
 from offload_planner.core.plan import Plan
@@ -54,14 +54,14 @@ def with_option(plan: Plan, key: str, value: Any) -> Plan:
     return replace(plan, placement_options=replace(plan.placement_options, **{name: value}))
 
 
-def with_dialect(plan: Plan, dialect: str) -> Plan:
+def with_dialect(plan: Plan, dialect: Dialect) -> Plan:
     """Pinned mainline offloads the output layer first; older builds and ik only with ngl > n_layer
     (core.engine.placement_options). The context takes the dialect's sizing rules, and ik its default
     MLA mode and no CPU_REPACK buffers."""
-    ik = dialect == "ik_llama.cpp"
-    popts = replace(plan.placement_options, output_first=dialect == "llama.cpp", use_extra_bufts=not ik)
-    ctx = replace(plan.context, dialect=dialect, mla=ik_mla_mode(plan.model, None) if ik else 0)
-    return replace(plan, dialect=dialect, placement_options=popts, context=ctx)
+    dialect = Dialect(dialect)
+    popts = replace(plan.placement_options, use_extra_bufts=dialect.has_cpu_repack)  # Plan derives the rest
+    ctx = replace(plan.context, dialect=dialect, mla=dialect.mla(plan.model, None))
+    return replace(plan, placement_options=popts, context=ctx)
 
 
 def with_device(plan: Plan, device: Device, index: int | None = None) -> Plan:

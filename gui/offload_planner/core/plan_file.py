@@ -29,8 +29,7 @@ from typing import Any
 from offload_planner import __version__
 from offload_planner.core.arg_safety import strip_secrets
 from offload_planner.core.cmdline import Dialect, check_pattern
-from offload_planner.core.cmdline.handlers_ik import IK_SPLIT_MODES
-from offload_planner.core.cmdline.handlers_mainline import INT_MAX, KV_CACHE_TYPES, MAX_DEVICES
+from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.json_at import At, JsonFieldError, parse_json
@@ -98,7 +97,7 @@ class PlanFile:
     devices: DeviceSet
     placement_options: PlacementOptions
     context: ContextParams
-    dialect: str = "llama.cpp"
+    dialect: Dialect = Dialect.LLAMA_CPP
     moves: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     backend: dict[str, str] = field(default_factory=dict)
@@ -136,7 +135,6 @@ class PlanFile:
             self.devices,
             self.placement_options,
             self.context,
-            self.dialect,
             moves,
             list(self.extra_args),
         )
@@ -353,7 +351,7 @@ def plan_from_json(data: Any) -> PlanFile:
 
 
 def _plan_file(root: At) -> PlanFile:
-    dialect = root.key("dialect", "llama.cpp").choice([d.value for d in Dialect])
+    dialect = Dialect(root.key("dialect", Dialect.LLAMA_CPP.value).choice([d.value for d in Dialect]))
     model = root.key("model")
     model_path = _model_path(model.key("path"))
     fp = _fingerprint(model.key("fingerprint"))
@@ -374,19 +372,19 @@ def _plan_file(root: At) -> PlanFile:
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
-def _check_dialect(root: At, dialect: str, popts: PlacementOptions, ctx: ContextParams) -> None:
+def _check_dialect(root: At, dialect: Dialect, popts: PlacementOptions, ctx: ContextParams) -> None:
     """Settings the dialect decides (core.engine, core.plan_edits.with_dialect) must agree with it:
     a file that mixes them would project what no server does."""
     po, cx = root.key("placement_options"), root.key("context")
     if ctx.dialect != dialect:
         raise cx.key("dialect").fail(f"{ctx.dialect!r} differs from the plan's dialect {dialect!r}")
-    first = dialect == Dialect.LLAMA_CPP
+    first = dialect.output_first
     if popts.output_first != first:
         raise po.key("output_first").fail(f"must be {str(first).lower()} for {dialect}")
-    if dialect == Dialect.IK and popts.use_extra_bufts:
-        raise po.key("use_extra_bufts").fail("ik_llama.cpp has no CPU_REPACK buffers (must be false)")
+    if not dialect.has_cpu_repack and popts.use_extra_bufts:
+        raise po.key("use_extra_bufts").fail(f"{dialect.label} has no CPU_REPACK buffers (must be false)")
     for name in ("mla", "amb"):
-        if dialect != Dialect.IK and getattr(ctx, name):
+        if not dialect.has_mla_settings and getattr(ctx, name):
             raise cx.key(name).fail(f"an ik_llama.cpp setting; must be 0 for {dialect}")
 
 
@@ -479,19 +477,13 @@ def _device_name(at: At, devices: DeviceSet) -> str:
     return d.name
 
 
-def _split_modes(dialect: str) -> tuple[str, ...]:
-    if dialect == Dialect.IK:
-        return IK_SPLIT_MODES
-    return ("none", "layer", "row", "tensor") if dialect == Dialect.LLAMA_CPP else ("none", "layer", "row")
-
-
-def _placement_options(at: At, devices: DeviceSet, dialect: str) -> PlacementOptions:
+def _placement_options(at: At, devices: DeviceSet, dialect: Dialect) -> PlacementOptions:
     overrides = tuple(_override(o, devices) for o in at.key("overrides", []).elements(max_len=MAX_OVERRIDES))
     split = tuple(x.number(0.0, 1e12) for x in at.key("tensor_split", []).elements(max_len=MAX_DEVICES))
     return PlacementOptions(
         n_gpu_layers=at.key("n_gpu_layers").integer(0, INT_MAX),
         tensor_split=split,
-        split_mode=at.key("split_mode", "layer").choice(_split_modes(dialect)),
+        split_mode=at.key("split_mode", "layer").choice(dialect.split_modes),
         main_gpu=at.key("main_gpu", 0).integer(0, max(0, len(devices.gpus) - 1)),
         overrides=overrides,
         use_mmap=at.key("use_mmap", True).boolean(),
@@ -516,16 +508,12 @@ def _override(at: At, devices: DeviceSet) -> Override:
     return Override(pattern, buft, at.key("source", "-ot").text(max_len=64))
 
 
-#: ik_llama.cpp's cache types (``kv_cache_type_from_str``): mainline's and q6_0, q8_KV.
-IK_KV_CACHE_TYPES = (*KV_CACHE_TYPES, "q6_0", "q8_KV")
-
-
-def _cache_type(at: At, dialect: str) -> str:
-    return at.choice(IK_KV_CACHE_TYPES if dialect == Dialect.IK else KV_CACHE_TYPES)
+def _cache_type(at: At, dialect: Dialect) -> str:
+    return at.choice(dialect.kv_cache_types())
 
 
 def _context(at: At) -> ContextParams:
-    dialect = at.key("dialect", "llama.cpp").choice([d.value for d in Dialect])
+    dialect = Dialect(at.key("dialect", Dialect.LLAMA_CPP.value).choice([d.value for d in Dialect]))
     return ContextParams(
         n_ctx=at.key("n_ctx").integer(0, INT_MAX),
         n_batch=at.key("n_batch", DEFAULT_N_BATCH).integer(1, INT_MAX),

@@ -4,13 +4,13 @@ document); views re-read the plan and its projection when the holder announces t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, Protocol
 
 from PySide6.QtGui import QUndoCommand
 
 from offload_planner.core import plan_edits
 from offload_planner.core.devices import Device
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.plan import Plan
 
 # Merge ids (QUndoCommand.id): consecutive edits of the same option or device merge into one step.
@@ -76,24 +76,20 @@ class SetOption(QUndoCommand):
 
 
 class SetDialect(QUndoCommand):
-    def __init__(self, holder: PlanHolder, dialect: str, label: str) -> None:
+    """Switch the backend.  The dialect also resets what it decides (ik's -mla default, CPU_REPACK):
+    undo puts the plan before the switch back (the commands after it are undone first)."""
+
+    def __init__(self, holder: PlanHolder, dialect: Dialect, label: str) -> None:
         super().__init__(f"Backend: {label}")
         self._holder = holder
         self._new = dialect
-        p = holder.plan
-        self._old = p.dialect
-        self._old_popts = (p.placement_options.output_first, p.placement_options.use_extra_bufts)
-        self._old_ctx = (p.context.dialect, p.context.mla)
+        self._before = holder.plan
 
     def redo(self) -> None:
         self._holder.set_plan(plan_edits.with_dialect(self._holder.plan, self._new))
 
     def undo(self) -> None:
-        p = self._holder.plan
-        first, extra = self._old_popts
-        popts = replace(p.placement_options, output_first=first, use_extra_bufts=extra)
-        ctx = replace(p.context, dialect=self._old_ctx[0], mla=self._old_ctx[1])
-        self._holder.set_plan(replace(p, dialect=self._old, placement_options=popts, context=ctx))
+        self._holder.set_plan(self._before)
 
 
 class AddDevice(QUndoCommand):

@@ -17,6 +17,7 @@ from offload_planner.backend import qt_compat
 from offload_planner.core import plan_edits
 from offload_planner.core.analysis import Analysis, quick_analysis
 from offload_planner.core.devices import Device
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.tensor_grid import Column, Row, TensorGrid, build_grid, layout
@@ -200,7 +201,7 @@ class PlanDocument(QObject):
         if self.has_plan and plan_edits.option_value(self.plan, key) != value:
             self.push(commands.SetOption(self, key, value, label))
 
-    def set_dialect(self, dialect: str, label: str) -> None:
+    def set_dialect(self, dialect: Dialect, label: str) -> None:
         if self.has_plan and self.plan.dialect != dialect:
             self.push(commands.SetDialect(self, dialect, label))
 

@@ -49,6 +49,7 @@ from offload_planner.backend.launch import Comparison, Explanation, PlanContext
 from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
 from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
@@ -388,7 +389,7 @@ class LauncherPanel(QWidget):
             self._show_explanations([Explanation("start", f"launch options: {e}")])
             return False
         if self.review_source is not None:
-            self._ask_before_launch(cfg, plan.dialect if plan is not None else "llama.cpp")
+            self._ask_before_launch(cfg, plan.dialect if plan is not None else Dialect.LLAMA_CPP)
             return False
         self._run = (plan, self._projection, list(self._command))
         self._fill_table(self._projection, None, plan)
@@ -397,7 +398,7 @@ class LauncherPanel(QWidget):
     def stop(self) -> None:
         self.server.stop()
 
-    def _ask_before_launch(self, cfg: LaunchConfig, dialect: str) -> None:
+    def _ask_before_launch(self, cfg: LaunchConfig, dialect: Dialect) -> None:
         """A plan read from a file: show the whole command and its risky arguments; launch on yes."""
         from offload_planner.core.arg_safety import review_args
         from offload_planner.ui.confirm import ask_launch

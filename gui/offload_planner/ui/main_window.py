@@ -519,7 +519,7 @@ class MainWindow(QMainWindow):
             assert isinstance(pf, PlanFile)
             self._open_loaded_plan(model, pf, path)
             return
-        dialect = str(self.backend_box.currentData())
+        dialect = Dialect(str(self.backend_box.currentData()))
         if is_demo(model) and not self.system.declared:
             plan = demo_plan(model, demo_devices(int(self.settings.get(keys.DEFAULT_MARGIN))), dialect)
             self._set_demo_hardware(True)
@@ -639,7 +639,7 @@ class MainWindow(QMainWindow):
 
     def _on_backend(self, _index: int) -> None:
         if self.doc.has_plan:
-            self.doc.set_dialect(str(self.backend_box.currentData()), self.backend_box.currentText())
+            self.doc.set_dialect(Dialect(str(self.backend_box.currentData())), self.backend_box.currentText())
 
     def _on_problem_count(self, n: int) -> None:
         self.tabs.setTabText(1, f"Problems ({n})" if n else "Problems")

@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from offload_planner.core.ik import uses_mla as ik_uses_mla
 from offload_planner.core.plan_edits import option_value
 from offload_planner.ui.document import PlanDocument
 
@@ -227,7 +226,7 @@ class OptionsPanel(QWidget):
         self.mmap.setChecked(bool(option_value(plan, "placement.use_mmap")))
         self.kv_offload.setChecked(bool(option_value(plan, "context.offload_kqv")))
         self.mla.setCurrentIndex(max(0, self.mla.findData(int(option_value(plan, "context.mla")))))
-        self._form.setRowVisible(self.mla, plan.dialect == "ik_llama.cpp" and ik_uses_mla(plan.model))
+        self._form.setRowVisible(self.mla, plan.dialect.takes_mla(plan.model))
         del blockers
 
     @staticmethod

@@ -80,7 +80,7 @@ class PresetsMenu(QMenu):
             fast.setToolTip("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus "
                             "its margin allows, -ub raised where prompt processing gains; keeps your "
                             "-ot rules and moves (speed estimate: see under the memory bars)")
-        if doc.plan.dialect == "llama.cpp" and doc.plan.devices.gpus:
+        if doc.plan.dialect.fits_by_default and doc.plan.devices.gpus:
             fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
             fit.setToolTip("The pinned llama-server fits by default: -c, -ngl, -ts and expert overrides "
                            "chosen by its own search for each GPU's free memory (1 GiB margin)")

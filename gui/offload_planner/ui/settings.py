@@ -13,6 +13,7 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QSettings
 
 from offload_planner.core.devices import Device, DeviceKind, kind_of
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.units import GiB
 
@@ -34,7 +35,7 @@ MARGINS = Key("devices/margins", {}, "per-device safety margin in bytes, by devi
 DEFAULT_MARGIN = Key("devices/default_margin", 1 * GiB, "margin of devices without their own")
 CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: the machine's total RAM)")
 BACKEND_PATH = Key("backend/path", "", "the llama-server executable (for the launcher)")
-DIALECT = Key("backend/dialect", "llama.cpp", "llama.cpp | llama.cpp-2025 | ik_llama.cpp")
+DIALECT = Key("backend/dialect", Dialect.LLAMA_CPP.value, " | ".join(d.value for d in Dialect))
 COMMAND_STYLE = Key("command/style", "bash", "format of the command pane")
 DEFAULT_CONTEXT = Key("plan/default_context", 32768, "-c of a new plan (capped at the trained length)")
 SPLIT_ATTENTION = Key("view/split_attention", False, "the tensor map shows one column per attention tensor")

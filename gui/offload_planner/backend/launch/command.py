@@ -50,7 +50,7 @@ def build_command(
     server: str,
     server_args: Sequence[str],
     *,
-    dialect: Dialect | str = Dialect.LLAMA_CPP,
+    dialect: Dialect = Dialect.LLAMA_CPP,
     model: str | None = None,
     host: str | None = "127.0.0.1",
     port: int | None = None,
@@ -77,7 +77,7 @@ def build_command(
     if parsed.args.port is None and port is not None:
         prefix += ["--port", str(port)]
     verbosity = parsed.args.verbosity
-    if dialect is Dialect.LLAMA_CPP:
+    if dialect.logs_buffers_at_verbosity_4:
         if verbosity is None and verbose_log:
             prefix += ["-lv", "4"]
             notes.append("added -lv 4: this llama-server logs its buffer sizes only at verbosity 4 "

@@ -36,7 +36,7 @@ class PlanContext:
     model: Model
     devices: DeviceSet
     args: list[str]  # the server arguments (as the plan has them; -lv/--host/--port may be absent)
-    dialect: str = "llama.cpp"
+    dialect: Dialect = Dialect.LLAMA_CPP
     projection: Projection | None = None
 
 
@@ -99,7 +99,7 @@ def _fits(ctx: PlanContext, target: _Target, args: list[str]) -> bool:
         return False
 
 
-def set_flag(args: Sequence[str], key: str, spelling: str, value: str | None, dialect: str) -> list[str]:
+def set_flag(args: Sequence[str], key: str, spelling: str, value: str | None, dialect: Dialect) -> list[str]:
     """``args`` without any use of flag ``key`` (canonical, e.g. ``--ctx-size``), plus ``spelling
     value`` at the end (nothing added when ``value`` is None)."""
     parsed = parse_server_args(list(args), dialect=Dialect(dialect))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.ecma_regex import check_pattern
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs, ServerArgs, Stage
+from offload_planner.core.dialects.base import Dialect
 
 
 class HandlerError(Exception):

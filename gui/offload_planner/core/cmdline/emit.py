@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import PurePath, PureWindowsPath
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.envform import ArgGroup, args_to_env, group_args
 from offload_planner.core.cmdline.parse import split_program
 from offload_planner.core.cmdline.quoting import quote_cmd, quote_posix, quote_powershell
+from offload_planner.core.dialects.base import Dialect
 
 PORT_MACRO = "${PORT}"
 

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
 from offload_planner.core.cmdline.tables import flag_table
+from offload_planner.core.dialects.base import Dialect
 
 OVERRIDE_KEYS = ("--override-tensor", "--cpu-moe", "--n-cpu-moe", "--n-cpu-ffn")
 
@@ -52,7 +52,7 @@ def group_args(args: Sequence[str], dialect: Dialect) -> list[ArgGroup]:
             i += 1
             continue
         arity = found.spec.arity
-        if dialect is Dialect.LLAMA_CPP_2025 and found.spec.key == "--flash-attn":
+        if dialect.bare_flash_attn and found.spec.key == "--flash-attn":
             nxt = args[i + 1] if i + 1 < len(args) else "-"
             arity = 0 if nxt.startswith("-") and nxt != "-1" else 1
         groups.append(ArgGroup(tuple(args[i : i + 1 + arity]), found.spec, found.positive))
@@ -90,7 +90,7 @@ def _override_order_ok(groups: list[ArgGroup], table_order: dict[str, int]) -> b
     return collapsed == sorted(collapsed, key=lambda k: table_order[k])
 
 
-def _split_mainline(groups: list[ArgGroup], dialect: Dialect) -> EnvSplit:
+def split_mainline(groups: list[ArgGroup], dialect: Dialect) -> EnvSplit:
     out = EnvSplit()
     table_order = {spec.key: n for n, spec in enumerate(flag_table(dialect))}
     counts = Counter(g.spec.key for g in groups if g.spec is not None)
@@ -158,7 +158,7 @@ _IK_ENV_FORMS: dict[str, Callable[[ArgGroup], tuple[str, str]]] = {
 }
 
 
-def _split_ik(groups: list[ArgGroup]) -> EnvSplit:
+def split_ik(groups: list[ArgGroup]) -> EnvSplit:
     out = EnvSplit()
     forms = [(_IK_ENV_FORMS.get(g.spec.key) if g.spec is not None else None) for g in groups]
     env_counts = Counter(form(g)[0] for g, form in zip(groups, forms, strict=True) if form is not None)
@@ -175,4 +175,4 @@ def _split_ik(groups: list[ArgGroup]) -> EnvSplit:
 def args_to_env(args: Sequence[str], dialect: Dialect = Dialect.LLAMA_CPP) -> EnvSplit:
     """Split arguments (no program name) into ``LLAMA_ARG_*`` variables and what stays on argv."""
     groups = group_args(args, dialect)
-    return _split_ik(groups) if dialect is Dialect.IK else _split_mainline(groups, dialect)
+    return dialect.split_env(groups)

@@ -25,8 +25,6 @@ from offload_planner.core.cmdline.handlers_mainline import (
 from offload_planner.core.cmdline.model import TensorOverride
 from offload_planner.core.cmdline.moe import IK_CPU_MOE_COUNT
 
-IK_SPLIT_MODES = ("none", "layer", "attn", "graph")
-
 
 def _invalid(stderr: str = "", explanation: str = "") -> HandlerError:
     return HandlerError("", invalid_param=True, stderr=stderr, explanation=explanation)
@@ -71,7 +69,7 @@ def h_no_flash_attn(ctx: Ctx) -> None:
 
 
 def h_split_mode(ctx: Ctx) -> None:
-    if ctx.value not in IK_SPLIT_MODES:
+    if ctx.value not in ctx.dialect.split_modes:
         raise _invalid(explanation="ik_llama.cpp split modes: none, layer, attn, graph (no row)")
     ctx.args.split_mode = ctx.value
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 from offload_planner.core.cmdline.cnum import stof, stoi, stoull
 from offload_planner.core.cmdline.context import Ctx, HandlerError
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import GPU_LAYERS_ALL, GPU_LAYERS_AUTO, TensorOverride
 from offload_planner.core.cmdline.moe import cpu_moe_overrides, n_cpu_ffn_overrides, n_cpu_moe_overrides
 
@@ -66,7 +65,7 @@ def h_alias(ctx: Ctx) -> None:
 
 def h_gpu_layers(ctx: Ctx) -> None:
     v = ctx.value
-    if ctx.dialect is Dialect.LLAMA_CPP and v in ("auto", "all"):
+    if ctx.dialect.ngl_keywords and v in ("auto", "all"):
         ctx.args.n_gpu_layers = GPU_LAYERS_AUTO if v == "auto" else GPU_LAYERS_ALL
         return
     ctx.args.n_gpu_layers = int_value(v)
@@ -121,10 +120,7 @@ def h_tensor_split(ctx: Ctx) -> None:
 
 
 def h_split_mode(ctx: Ctx) -> None:
-    allowed = (
-        ("none", "layer", "row", "tensor") if ctx.dialect is Dialect.LLAMA_CPP else ("none", "layer", "row")
-    )
-    if ctx.value not in allowed:
+    if ctx.value not in ctx.dialect.split_modes:
         raise HandlerError("invalid value")
     ctx.args.split_mode = ctx.value
 
@@ -159,7 +155,7 @@ def h_ubatch(ctx: Ctx) -> None:
 
 def h_parallel(ctx: Ctx) -> None:
     n = int_value(ctx.value)
-    if n == 0 and ctx.dialect is Dialect.LLAMA_CPP:
+    if n == 0 and ctx.dialect.auto_parallel:  # 0 is not "auto" (-1)
         raise HandlerError("error: invalid value for n_parallel")
     ctx.args.n_parallel = n
 

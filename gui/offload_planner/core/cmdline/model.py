@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from offload_planner.core.cmdline.dialect import Dialect
+from offload_planner.core.dialects.base import Dialect
 
 GPU_LAYERS_AUTO = -1  # mainline ``-ngl auto``
 GPU_LAYERS_ALL = -2  # mainline ``-ngl all``

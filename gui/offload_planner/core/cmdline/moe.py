@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import TensorOverride
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.metadata import LLAMA_MAX_LAYERS
 
 MAINLINE_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -36,7 +36,7 @@ IK_GENERATED_INDEX = -2
 
 
 def exps_regex(dialect: Dialect) -> str:
-    return MAINLINE_2025_EXPS_REGEX if dialect is Dialect.LLAMA_CPP_2025 else MAINLINE_EXPS_REGEX
+    return dialect.exps_regex()
 
 
 def block_regex(layer: int, ffn_regex: str) -> str:

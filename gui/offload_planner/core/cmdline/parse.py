@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import ParsedArgs, TensorOverride
-from offload_planner.core.cmdline.moe import ik_cpu_moe_overrides
-from offload_planner.core.cmdline.parse_ik import parse_ik
-from offload_planner.core.cmdline.parse_mainline import parse_mainline
+from offload_planner.core.dialects.base import Dialect
 
 
 def split_program(argv: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -19,7 +16,7 @@ def split_program(argv: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def parse_server_args(
-    argv: Sequence[str], *, dialect: Dialect | str = Dialect.LLAMA_CPP, env: Mapping[str, str] | None = None
+    argv: Sequence[str], *, dialect: Dialect = Dialect.LLAMA_CPP, env: Mapping[str, str] | None = None
 ) -> ParsedArgs:
     """Read ``argv`` (with or without the program name) the way that dialect's llama-server would.
 
@@ -31,9 +28,7 @@ def parse_server_args(
     program, args = split_program(argv)
     parsed = ParsedArgs(dialect=dialect, program=program)
     environment = dict(env or {})
-    if dialect is Dialect.IK:
-        return parse_ik(args, environment, parsed)
-    return parse_mainline(args, dialect, environment, parsed)
+    return dialect.parse(args, environment, parsed)
 
 
 def effective_overrides(parsed: ParsedArgs, moe_layers: Sequence[int] | None = None) -> list[TensorOverride]:
@@ -44,10 +39,4 @@ def effective_overrides(parsed: ParsedArgs, moe_layers: Sequence[int] | None = N
     layers chosen from ``moe_layers`` (trunk layers with routed experts; none are added when it is
     None); with ``-ngl 0`` ik drops them all.
     """
-    args = parsed.args
-    if parsed.dialect is not Dialect.IK:
-        return list(args.overrides)
-    if args.n_gpu_layers == 0:
-        return []
-    generated = ik_cpu_moe_overrides(args.n_cpu_moe, moe_layers) if args.n_cpu_moe and moe_layers else []
-    return [*args.overrides, *generated]
+    return parsed.dialect.effective_overrides(parsed, moe_layers)

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 
 from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.flags_ik import IK_ENV, IK_KV_TYPES, IK_UNCHECKED_VALUE
 from offload_planner.core.cmdline.flagspec import FlagSpec, normalize_spelling
 from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS, IK_INT_FLAGS
@@ -45,7 +44,7 @@ _BOOL_ENV_FIELDS = {"--k-cache-hadamard": "k_cache_hadamard", "--v-cache-hadamar
 class IkParser:
     def __init__(self, parsed: ParsedArgs) -> None:
         self.parsed = parsed
-        self.table = flag_table(Dialect.IK)
+        self.table = flag_table(parsed.dialect)
         self.mmap = MmapFlags()
 
     def apply_env(self, env: Mapping[str, str]) -> None:
@@ -90,7 +89,7 @@ class IkParser:
         arg = normalize_spelling(raw)
         found = self.table.lookup(arg)
         if found is None:
-            explanation = unknown_flag_hint(Dialect.IK, arg)
+            explanation = unknown_flag_hint(self.parsed.dialect, arg)
             self.parsed.errors.append(
                 ArgError(raw, None, f"error: unknown argument: {arg}", explanation=explanation)
             )

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 
 from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
 from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, split_list, truthy
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
+from offload_planner.core.dialects.base import Dialect
 
 # Flags whose handler appends, so repeating them is fine despite llama.cpp's warning.
 ACCUMULATING = frozenset(
@@ -105,7 +105,7 @@ class MainlineParser:
             )
             self.parsed.warnings.append(ArgWarning(raw, None, msg))
         arity = spec.arity
-        if self.dialect is Dialect.LLAMA_CPP_2025 and spec.key == "--flash-attn":
+        if self.dialect.bare_flash_attn and spec.key == "--flash-attn":
             arity = self._bare_fa_arity(argv, i)
         values = tuple(argv[i + 1 : i + 1 + arity])
         use = FlagUse(

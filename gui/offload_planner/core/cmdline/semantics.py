@@ -14,7 +14,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from offload_planner.core.cmdline.dialect import Dialect
 from offload_planner.core.cmdline.model import (
     ArgError,
     ArgWarning,
@@ -24,6 +23,7 @@ from offload_planner.core.cmdline.model import (
     Stage,
     TensorOverride,
 )
+from offload_planner.core.dialects.base import Dialect
 
 _UNQUANTIZED = ("f32", "f16", "bf16")
 _RPC_HINT = "RPC buffer types are named RPC<i>[host:port], e.g. RPC0[127.0.0.1:50052]"
@@ -61,7 +61,7 @@ def _known(parsed: ParsedArgs, device_names: Sequence[str]) -> _Known:
     local = {d for d in device_names if not d.startswith("RPC")}
     rpc_bufts |= {d for d in device_names if d.startswith("RPC") and "[" in d}
     rpc_devs |= {d for d in device_names if d.startswith("RPC") and "[" not in d}
-    if parsed.dialect is Dialect.IK:  # ik's help shows RPC[host:port]; not verified against a build
+    if parsed.dialect.rpc_bufts_by_endpoint:
         rpc_bufts |= {f"RPC[{ep}]" for ep in rpc}
     first_rpc = next((u.index for u in parsed.flags if u.key == "--rpc" and u.env is None), -1)
     return _Known(
@@ -72,7 +72,7 @@ def _known(parsed: ParsedArgs, device_names: Sequence[str]) -> _Known:
 def _override_error(parsed: ParsedArgs, ov: TensorOverride, explanation: str) -> ArgError:
     flag = "LLAMA_ARG_OVERRIDE_TENSOR" if ov.index == -1 else _spelling_at(parsed, ov.index, "-ot")
     value = f"{ov.pattern}={ov.buft}"
-    if parsed.dialect is Dialect.IK:
+    if parsed.dialect.generic_arg_errors:
         message = f"error: invalid parameter for argument: {flag}"
     elif ov.index == -1:
         message = f'error while handling environment variable "{flag}": unknown buffer type'
@@ -95,7 +95,7 @@ def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
             continue
         if ov.buft in known.rpc_bufts:
             before_rpc = known.rpc_index >= 0 and 0 <= ov.index < known.rpc_index
-            if parsed.dialect is not Dialect.IK and before_rpc:
+            if parsed.dialect.rpc_before_ot and before_rpc:
                 errors.append(
                     _override_error(parsed, ov, "--rpc must come before the -ot that names its device")
                 )
@@ -116,7 +116,7 @@ def _check_devices(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
         if ok:
             continue
         flag = use.env or use.spelling if use else "-dev"
-        if parsed.dialect is Dialect.IK:
+        if parsed.dialect.generic_arg_errors:
             message = f"invalid device: {name}"
         elif use is not None and use.env is not None:
             message = f'error while handling environment variable "{use.env}": invalid device: {name}'
@@ -133,7 +133,7 @@ def _after_rpc(use: FlagUse | None, known: _Known) -> bool:
     return use is None or use.index < 0 or known.rpc_index < 0 or use.index > known.rpc_index
 
 
-def _mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+def mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
     args = parsed.args
     errors: list[ArgError] = []
     type_k = args.cache_type_k or "f16"
@@ -157,7 +157,7 @@ def _mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Seq
             )
         )
     cuda = [d for d in device_names if d.startswith("CUDA")]
-    if args.split_mode == "row" and cuda and parsed.dialect is Dialect.LLAMA_CPP:
+    if args.split_mode == "row" and cuda and parsed.dialect.refuses_cuda_row_split:
         msg = f"llama_model_load: error loading model: device {cuda[0]} does not support split buffers"
         errors.append(_load("-sm", "row", msg))
     gpus = [d for d in (args.devices or device_names) if d != "none"]
@@ -170,7 +170,7 @@ def _mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Seq
     return errors
 
 
-def _ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:
+def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:
     args = parsed.args
     errors: list[ArgError] = []
     gpus = [d for d in (args.devices or device_names) if d != "none"]
@@ -207,8 +207,7 @@ def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> lis
         # the pinned build's words, checked with one and two RPC devices
         message = (f"llama_model_load: error loading model: vector::_M_range_check: __n (which is {n}) >= "
                    f"this->size() (which is {n})")
-        if parsed.dialect is Dialect.IK:
-            message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
+        message = parsed.dialect.bad_split_message or message
         return [ArgError(flag, value, message, Stage.LOAD,
                          f"{flag} {value}: a NaN or infinite proportion: llama.cpp accepts it, every split "
                          "point becomes NaN and no layer finds a device; give finite proportions, e.g. 3,1")]
@@ -229,7 +228,7 @@ def check_semantics(
     device_names: Sequence[str],
     *,
     is_mla: bool = False,
-    dialect: Dialect | str | None = None,
+    dialect: Dialect | None = None,
 ) -> list[ArgError]:
     """Refusals that need the device list (``CUDA0``, ``Vulkan0``, ``RPC0``...; RPC devices from
     ``--rpc`` are added automatically) or the model (``is_mla``: the model uses MLA attention).
@@ -247,9 +246,7 @@ def check_semantics(
     known = _known(parsed, device_names)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _tensor_split_errors(parsed, device_names)
-    if parsed.dialect is Dialect.IK:
-        return errors + _ik_context_errors(parsed, device_names)
-    return errors + _mainline_context_errors(parsed, is_mla, device_names)
+    return errors + parsed.dialect.context_errors(parsed, is_mla, device_names)
 
 
 def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:

@@ -1,72 +1,22 @@
-"""The flag table of each dialect, plus the flags each one no longer (or never) accepted."""
+"""Each dialect's flag table and the flags it no longer (or never) accepted, asked of the dialect."""
 
 from __future__ import annotations
 
 import difflib
 from functools import cache
 
-from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.cmdline.flags_2025 import MAINLINE_2025_FLAGS
-from offload_planner.core.cmdline.flags_ik import IK_FLAGS
 from offload_planner.core.cmdline.flagspec import FlagTable
-from offload_planner.core.cmdline.mainline_flags import MAINLINE_FLAGS
+from offload_planner.core.dialects.base import Dialect
 
 
 @cache
 def flag_table(dialect: Dialect) -> FlagTable:
-    flags = {
-        Dialect.LLAMA_CPP: MAINLINE_FLAGS,
-        Dialect.LLAMA_CPP_2025: MAINLINE_2025_FLAGS,
-        Dialect.IK: IK_FLAGS,
-    }[dialect]
-    return FlagTable(flags)
-
-
-# Spellings a dialect rejects although a neighbouring dialect takes them: what to use instead.
-_MOVED: dict[Dialect, dict[str, str]] = {
-    Dialect.LLAMA_CPP: {
-        "--no-mmap": "-lm none",
-        "--mmap": "-lm mmap",
-        "--mlock": "-lm mlock (no mmap) or -lm mmap+mlock",
-        "-dio": "-lm dio",
-        "--direct-io": "-lm dio",
-        "-ndio": "-lm auto",
-        "--no-direct-io": "-lm auto",
-        "-fmoe": "nothing (ik_llama.cpp only)",
-        "-mla": "nothing (ik_llama.cpp only)",
-        "-amb": "nothing (ik_llama.cpp only)",
-        "-rtr": "nothing (ik_llama.cpp only)",
-        "-no-fa": "-fa off",
-        "--no-flash-attn": "-fa off",
-    },
-    Dialect.LLAMA_CPP_2025: {
-        "-lm": "--no-mmap / --mlock",
-        "--load-mode": "--no-mmap / --mlock",
-        "-fit": "nothing (--fit came with 2026 builds)",
-        "--fit": "nothing (--fit came with 2026 builds)",
-        "-ncffn": "-ot 'blk\\.N\\.ffn_(up|down|gate)\\.=CPU'",
-        "--n-cpu-ffn": "-ot 'blk\\.N\\.ffn_(up|down|gate)\\.=CPU'",
-        "-no-fa": "-fa off",
-    },
-    Dialect.IK: {
-        "-lm": "--no-mmap / --mlock",
-        "--load-mode": "--no-mmap / --mlock",
-        "-fmoe": "nothing: fused MoE is on by default (-no-fmoe turns it off)",
-        "--fused-moe": "nothing: fused MoE is on by default (-no-fmoe turns it off)",
-        "-ooae": "nothing: only-active-experts offload is on by default (-no-ooae turns it off)",
-        "-lv": "--verbosity N",
-        "-kvo": "nothing (KV offload is the default; -nkvo turns it off)",
-        "-kvu": "nothing (ik always uses one KV stream)",
-        "--kv-unified": "nothing (ik always uses one KV stream)",
-        "-fitt": "--fit-margin / -gfm",
-        "--fit-target": "--fit-margin / -gfm",
-    },
-}
+    return Dialect(dialect).flag_table()
 
 
 def moved_hint(dialect: Dialect, spelling: str) -> str | None:
     """What to write instead of ``spelling``, when the dialect rejects a flag others accept."""
-    return _MOVED[dialect].get(spelling)
+    return Dialect(dialect).moved_flags().get(spelling)
 
 
 def unknown_flag_hint(dialect: Dialect, spelling: str) -> str:

@@ -134,7 +134,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         n_kv_swa=ctx.swa_cells, n_stream=ctx.n_stream, kv_unified=p.kv_unified,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
-        legacy_inputs=getattr(p, "dialect", "") == "llama.cpp-2025",
+        legacy_inputs=p.dialect.legacy_graph_inputs,
     )
 
 

