@@ -24,7 +24,6 @@ import shlex
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -225,7 +224,7 @@ class _Session:
 
     def _projection(self) -> Projection | None:
         from offload_planner.backend import launch
-        from offload_planner.core.analysis import projected
+        from offload_planner.core.analysis import command_projection
         from offload_planner.core.plan import plan_from_args
 
         if self.model is None or self.parsed is None or self.devices is None:
@@ -237,12 +236,14 @@ class _Session:
             fitted = self._fitted_projection(self.plan)
             if fitted is not None:
                 return fitted
-        return projected(self.plan)
+        return command_projection(self.plan, self.parsed.args)[0]
 
     def _fitted_projection(self, plan: Plan) -> Projection | None:
         """The pinned server fits by default: when its fit changed the command (as the planner's
         port of it finds for the devices' memory), compare with what the server really ran."""
         from offload_planner.core.fit import server_fit
+        from offload_planner.core.memory import project
+        from offload_planner.core.placement import place
 
         assert self.parsed is not None
         devices = plan.devices
@@ -253,7 +254,7 @@ class _Session:
                                has_gpu=bool(devices.gpus))
         self.say("--fit (on by default) changed the command: comparing with what the server runs, "
                  + " ".join(fit.changed_args(devices.buffer_types()))[:300])
-        return replace(plan, placement_options=popts, context=ctx).projection()
+        return project(plan.model, devices, place(plan.model, devices, popts), ctx)
 
     def _print_lines(self, lines: list[str]) -> None:
         self._write(self.out, "".join(ln + "\n" for ln in lines))

@@ -180,18 +180,16 @@ def test_compute_buffers_replayed_equal_full() -> None:
 def big_headers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     """The catalogue's shapes where moves used to be replayed up to the next device boundary."""
     root = tmp_path_factory.mktemp("big_headers")
-    names = ("Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M")
+    names = ("Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M")
     return {n: open_model(write_model(BIG_MODELS[n], root / f"{n}.header.gguf", header_only=True)[0])
             for n in names}
 
 
-@pytest.mark.parametrize("name", ["Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M"])
-def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Model], name: str) -> None:
-    """A layer's experts (MoE) or a whole layer (dense) moved on two GPUs at -ub 2048, early layers
-    included: the allocator's state after such a move differs from the reference's until the next
-    device boundary (the residual stream in the other of two blocks), so the tail is replayed from
-    the reference's per-backend events; equal to the full simulation, peak labels included."""
-    model = big_headers[name]
+def _check_layer_moves(model: Model, layers: list[int], *, to_gpu: bool = False) -> None:
+    """The bench's setting (two GPUs, -ub 2048, experts or the token embedding overridden to the
+    host): each of ``layers`` moved alone (its experts to the other GPU (MoE), the whole layer to the
+    CPU (dense) or, ``to_gpu``, to the other GPU), replayed against the base plan's reference and
+    simulated from scratch: equal reserves, peak labels included."""
     devices = _devices("CUDA", 2)
     params = _params(c=32768, ub=2048, np_=1)
     ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
@@ -201,19 +199,54 @@ def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Mode
     plan = Plan(model, devices, opts, params)
     for _ in range(2):  # the second simulation of a topology records the reference
         C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
-    n_layer = model.summary.n_layer
-    rng = random.Random(zlib.crc32(name.encode()))
-    layers = [0, 1, 2, n_layer // 2 - 1, n_layer // 2 + 1, n_layer - 1, *rng.sample(range(n_layer), 3)]
-    before = dict(CI.stats)
+    before = CI.stats["replays"]
     for il in layers:
         names = [t.name for t in model.tensors if t.layer == il and (t.role.is_routed_expert or not moe)]
-        dev = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
-        placement = plan.with_moves(dict.fromkeys(names, dev if moe else "CPU")).placement()
+        other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+        placement = plan.with_moves(dict.fromkeys(names, other if moe or to_gpu else "CPU")).placement()
         fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
         full = C.simulate(model, devices, placement, ctx, params)
         assert _fields(fast) == _fields(full), il
-    assert CI.stats["replays"] - before["replays"] == 2 * len(layers)
+    assert CI.stats["replays"] - before == 2 * len(layers)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M"])
+def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Model], name: str) -> None:
+    """Early layers included: the allocator's state after such a move differs from the reference's
+    until the next device boundary (the residual stream in the other of two blocks), so the tail is
+    replayed from the reference's per-backend events."""
+    model = big_headers[name]
+    n_layer = model.summary.n_layer
+    rng = random.Random(zlib.crc32(name.encode()))
+    before = dict(CI.stats)
+    _check_layer_moves(model, [0, 1, 2, n_layer // 2 - 1, n_layer // 2 + 1, n_layer - 1,
+                               *rng.sample(range(n_layer), 3)])
     assert CI.stats["tails"] > before["tails"]
+
+
+@pytest.mark.parametrize("name", ["Llama-3.1-70B-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M", "gpt-oss-120b-MXFP4"])
+def test_big_header_every_layer_moved(big_headers: dict[str, Model], name: str) -> None:
+    """Every layer of the bench's models moved in turn (what the bench times), replayed equal to
+    from scratch.  On the dense model a layer of the second GPU moved to the CPU takes the copy of
+    ``out_ids`` off that GPU's split, whose copies come first: the split's unchanged nodes before
+    the moved layer take the reference's allocator events (``skips``) instead of a walk.  On the MoE
+    models a move leaves the residual stream in the other of two blocks up to the next device
+    boundary; the next move's tail meets the states the previous one passed and takes their maxima
+    from the reference's memo: equal to from scratch all the same."""
+    model = big_headers[name]
+    before = dict(CI.stats)
+    _check_layer_moves(model, list(range(model.summary.n_layer)))
+    if name.startswith("Llama"):
+        assert CI.stats["skips"] > before["skips"]
+    else:  # the tails of later moves met states an earlier move's tail passed (and took its maximum)
+        assert CI.stats["tail_hits"] > before["tail_hits"]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3"])
+@pytest.mark.parametrize("to_gpu", [False, True])
+def test_small_model_every_layer_moved(models: dict[str, Model], name: str, to_gpu: bool) -> None:
+    model = models[name]
+    _check_layer_moves(model, list(range(model.summary.n_layer)), to_gpu=to_gpu)
 
 
 def test_one_shot_simulation_records_no_reference(models: dict[str, Model]) -> None:

@@ -41,6 +41,8 @@ _DEVICE_RE = re.compile(
 )
 _LEVEL_RE = re.compile(r"^\d+\.\d+\.\d+\.\d+ (?P<level>[IWEDT]) ")
 _IK_LEVEL_RE = re.compile(r"^(?P<level>INFO|WARN|ERR|VERB|DEBUG) \[")
+_CLIP_DEVICE_RE = re.compile(r"clip_ctx: CLIP using (?:(?P<name>\S+) backend|CPU backend)")
+_CLIP_MODEL_RE = re.compile(r"load_hparams: model size:\s+(?P<mib>[\d.]+) MiB")
 _BREAKDOWN_RE = re.compile(r"(?:common|llama)_memory_breakdown_print: \|\s*(?P<body>.*)\|\s*$")
 
 #: Buffer types that live in host RAM.
@@ -272,6 +274,7 @@ class LogAccumulator:
         self.report = LoadReport()
         self.line_no = 0
         self._runtime_oom: bool = False
+        self._clip_buft = "CPU"  # the projector's buffer type (clip_ctx: CLIP using ... backend)
 
     def feed(self, raw: str) -> Stage | None:
         """Parse one line; return the load stage it marks, if any."""
@@ -280,9 +283,11 @@ class LogAccumulator:
         rep = self.report
         m = _BUFFER_RE.search(line)
         if m:
-            rep.buffers.append(BufferLine(m["name"], _KIND.get(m["kind"], "model"), float(m["mib"]),
-                                          self.line_no))
+            kind = "mmproj" if m["func"] == "reserve_compute_meta" else _KIND.get(m["kind"], "model")
+            rep.buffers.append(BufferLine(m["name"], kind, float(m["mib"]), self.line_no))
             return load_stage(line)
+        if self._clip(line):
+            return None
         m = _META_RE.search(line)
         if m:
             rep.n_kv, rep.n_tensors = int(m["kv"]), int(m["tensors"])
@@ -316,6 +321,19 @@ class LogAccumulator:
             self._oom(line)
             return None
         return load_stage(line)
+
+    def _clip(self, line: str) -> bool:
+        """The multimodal projector (clip.cpp): its device, then its weights as ``model size``
+        (unpadded: the weights buffer itself is not logged); its compute lines are kind mmproj."""
+        m = _CLIP_DEVICE_RE.search(line)
+        if m:
+            self._clip_buft = m["name"] or "CPU"
+            return True
+        m = _CLIP_MODEL_RE.search(line)
+        if m:
+            self.report.buffers.append(BufferLine(self._clip_buft, "mmproj", float(m["mib"]), self.line_no))
+            return True
+        return False
 
     def _breakdown(self, line: str) -> None:
         m = _BREAKDOWN_RE.search(line)

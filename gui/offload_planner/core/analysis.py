@@ -22,12 +22,14 @@ from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
-from offload_planner.core.engine import command_notes
+from offload_planner.core.engine import command_notes, server_settings
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_report import mmap_notes
+from offload_planner.core.speculative import extra_contexts, spec_refusals
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,33 @@ def projected(plan: Plan) -> Projection:
     return plan.projection()
 
 
+def command_projection(plan: Plan, args: Any) -> tuple[Projection, list[str]]:
+    """The projection of a plan read from a command line (``args``: its ParsedArgs or ServerArgs),
+    as llama-server allocates it: the model, the draft/MTP context, then the --mmproj projector as
+    the arguments (environment included) set it; notes on the projector."""
+    placement = plan.placement()
+    placement.raise_rule_errors()
+    projection = project(plan.model, plan.devices, placement, plan.context)
+    extras = extra_contexts(plan.model, plan.devices, placement, plan.context, projection.context, plan.spec)
+    projection = attach(projection, extras)
+    return projection, _add_mmproj(projection, plan.devices, args, plan.dialect)
+
+
+def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: Dialect) -> list[str]:
+    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
+    from offload_planner.core.mmproj import attach
+
+    setup = attach.mmproj_setup(args)
+    if setup is None:
+        return []
+    if not dialect.projects_mmproj:
+        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
+    fa = attach.fa_setting(getattr(server_settings(args), "flash_attn", None))
+    mb = attach.project_setup(setup, devices, fa)
+    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
+    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
+
+
 def unknown_device_warnings(plan: Plan) -> list[str]:
     """-ot rules and moves that name a device the plan does not have."""
     names = {n.lower() for n in plan.devices.names}
@@ -105,19 +134,20 @@ def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
     """Every warning about a plan, in one order: what the backend refuses or changes, devices the
     plan names but lacks, devices over capacity, then the rules and placements
     (:func:`~offload_planner.core.diagnostics.plan_warnings`)."""
-    refusals = plan.dialect.model_errors(plan.model) + plan.dialect.warnings(
-        plan.model, plan.placement_options, plan.devices)
+    refusals = (spec_refusals(plan.model, plan.spec) + plan.dialect.model_errors(plan.model)
+                + plan.dialect.warnings(plan.model, plan.placement_options, plan.devices))
     core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
                          capacity_hint=capacity_hint)
     return refusals + unknown_device_warnings(plan) + core
 
 
 def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
-                capacity_hint: CapacityHint | None = None) -> Analysis:
-    """Project and analyse ``plan``; raises what the pipeline raises (PlannerError for bad input).
-    ``notes``: what reading the command decided; ``command``: also the reproducing command."""
+                capacity_hint: CapacityHint | None = None, projection: Projection | None = None) -> Analysis:
+    """Project (unless ``projection`` is given) and analyse ``plan``; raises what the pipeline raises
+    (PlannerError for bad input). ``notes``: what reading the command decided; ``command``: also the
+    reproducing command."""
     t0 = time.perf_counter()
-    projection = projected(plan)
+    projection = projected(plan) if projection is None else projection
     rules = rule_reports(projection, plan.placement_options.overrides)
     warnings = warnings_of(plan, projection, rules, capacity_hint)
     argv = plan_command(plan) if command else []
@@ -131,8 +161,9 @@ def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: Dialec
     llama-server would run, projected and analysed, with a note for every default it filled in;
     ``fit`` (a ParsedArgs only): also what the pinned build's --fit does with it."""
     plan = plan_from_args(model, devices, args, dialect)
-    analysis = analysis_of(plan, notes=command_notes(model, devices, args, dialect, plan.placement_options),
-                           command=command)
+    projection, projector_notes = command_projection(plan, args)
+    notes = command_notes(model, devices, args, dialect, plan.placement_options, projector_notes)
+    analysis = analysis_of(plan, notes=notes, command=command, projection=projection)
     return replace(analysis, fit=fit_report(plan, args)) if fit else analysis
 
 
@@ -164,7 +195,8 @@ def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
         return None
     t0 = time.perf_counter()
     compute = [replace(b, why=b.why + " (from before the last edit; updating)")
-               for b in previous.projection.buffers() if b.kind == "compute"]
+               for b in previous.projection.buffers() if b.kind in ("compute", "mmproj") and not b.owner]
     projection = project(plan.model, plan.devices, plan.placement(), plan.context, compute=compute)
+    projection = attach(projection, previous.projection.extras)  # draft/MTP: as before the edit
     return Analysis(plan, projection, previous.command, previous.warnings, previous.rules,
                     seconds=time.perf_counter() - t0, preliminary=True, notes=previous.notes)

@@ -14,6 +14,7 @@ class Buffer:
     bytes: int
     why: str
     resident: int | None = None  # mmap buffers: bytes actually read (the rest of the span is gaps)
+    owner: str = ""  # "" for the main model; else the key of the extra model/context (core.extra_context)
 
 
 #: ik's CPU buffer type allocates ``size + TENSOR_ALIGNMENT`` (``ggml_backend_cpu_buffer_type_alloc_buffer``).

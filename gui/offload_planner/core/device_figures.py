@@ -19,6 +19,7 @@ BUFFER_KINDS: tuple[tuple[str, str], ...] = (
     ("kv", "KV cache"),
     ("compute", "compute"),
     ("output", "output"),
+    ("mmproj", "projector"),  # --mmproj: the multimodal projector's weights and compute
 )
 
 

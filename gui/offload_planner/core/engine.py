@@ -8,6 +8,7 @@ places, projects and analyses.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
@@ -15,6 +16,7 @@ from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.speculative import draft_len, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
 __all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "command_notes", "context_params",
@@ -28,7 +30,7 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
-def _server_args(args: Any) -> Any:
+def server_settings(args: Any) -> Any:
     """Accept a ParsedArgs (``.args`` holds the settings) or the settings themselves."""
     inner = getattr(args, "args", None)
     return inner if inner is not None and hasattr(args, "passthrough") else args
@@ -49,7 +51,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
     overrides = tuple(
         Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _override_list(model, args)
     )
-    args = _server_args(args)
+    args = server_settings(args)
     n_layer = model.summary.n_layer
     has_gpu = bool(devices.gpus)
     ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu)
@@ -65,12 +67,13 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,
+        load_mtp=uses_mtp(args),  # --spec-type draft-mtp loads the NextN layers (common.cpp load_mtp)
     )
 
 
 def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextParams, list[str]]:
     dialect = Dialect(dialect)
-    args = _server_args(args)
+    args = server_settings(args)
     notes: list[str] = []
     np_ = _get(args, "n_parallel")
     kvu = _get(args, "kv_unified")
@@ -99,7 +102,8 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         swa_full=bool(_get(args, "swa_full", False)),
         # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
         # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
-        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_),
+        # (x (1 + draft length) with a draft --spec-type: server_output_limits)
+        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_ * (1 + draft_len(args))),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=dialect.mla(model, _get(args, "mla")),
@@ -108,8 +112,8 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
 
 
 def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
-                  popts: PlacementOptions) -> list[str]:
-    """What the server's defaults decide for this command line (-np auto, -c 0), and the dialect's
-    notes on how it places these weights."""
+                  popts: PlacementOptions, projector_notes: Sequence[str] = ()) -> list[str]:
+    """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
+    notes, and the dialect's notes on how it places these weights."""
     _, notes = context_params(model, args, dialect)
-    return notes + Dialect(dialect).notes(popts, devices)
+    return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices)]

@@ -24,8 +24,9 @@ free memory is an input.  Integer arithmetic follows the C++ (int64 truncating d
 wrap of the step sizes), so the result is the same as ``llama-fit-params`` prints
 (``tests/integration/test_fit_vs_llama.py``).
 
-Not modelled: the draft/MTP "extra model" the server fits alongside (``--model-draft``, MTP
-speculative decoding), ``-sm tensor`` (llama.cpp refuses to fit it; reported as a failure).
+The draft/MTP "extra model" the server fits alongside (``-md``, ``--spec-type draft-mtp``) is added
+to every measurement as llama.cpp adds it (:mod:`fit_extra`).  Not modelled: ``-sm tensor``
+(llama.cpp refuses to fit it; reported as a failure).
 Architectures without a graph in :mod:`compute` use its term estimate for the compute buffers.
 """
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.fit_extra import ExtraMeasure, ExtraMeasured, extra_measure
 from offload_planner.core.memory import Buffer, ContextParams, project, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, CPU_REPACK, Override, PlacementOptions, place, resolve_ngl
@@ -225,7 +227,7 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
                free_bytes: Sequence[int], margins: Sequence[int] | int = DEFAULT_MARGIN,
                n_gpu_layers: int = NGL_DEFAULT, user_tensor_split: Sequence[float] = (),
                user_overrides: Sequence[Override] = (), n_ctx_min: int = DEFAULT_N_CTX_MIN,
-               cpu_total: int | None = None,
+               cpu_total: int | None = None, extra: ExtraMeasure | None = None,
                measure: Callable[[PlacementOptions, ContextParams], Measured] | None = None) -> FitResult:
     """``common_fit_params`` on the planner's projection.
 
@@ -236,6 +238,8 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
     ``n_ctx_min``: ``-fitc`` (``UINT32_MAX`` when ``-c 0`` asks for the full context).
     ``cpu_total``: system memory for a CPU-only fit (default: the CPU device's total)."""
     meas = measure or (lambda po, cp: device_memory(model, devices, po, cp))
+    if extra is not None:
+        meas = _with_extra(meas, extra, place(model, devices, replace(popts, overrides=())).model_devices)
     s = model.summary
     gpu_names = [g.name for g in devices.gpus]
     free_of = dict(zip(gpu_names, free_bytes, strict=False))
@@ -295,6 +299,22 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         return result(ERROR, "division by zero in the context estimate (-ngl 0 on several devices)")
     trc("successfully fit params to free device memory")
     return result(SUCCESS)
+
+
+def _with_extra(meas: Callable[[PlacementOptions, ContextParams], Measured], extra: ExtraMeasure,
+                devs: list[str]) -> Callable[[PlacementOptions, ContextParams], Measured]:
+    """``add_extra_memory``: the extra model's dry run (again when the context changes) added to
+    each measurement, on the main model's devices (its other devices are dropped)."""
+    memo: dict[int, ExtraMeasured] = {}
+
+    def measure(po: PlacementOptions, cp: ContextParams) -> Measured:
+        m = meas(po, cp)
+        e = memo.get(cp.n_ctx) or memo.setdefault(cp.n_ctx, extra(cp.n_ctx))
+        return Measured(tuple(u + e.used.get(d, 0) for u, d in zip(m.used, devs, strict=False)),
+                        tuple(w + e.model.get(d, 0) for w, d in zip(m.model, devs, strict=False)),
+                        m.host + e.host)
+
+    return measure
 
 
 def _fit_impl(st: dict[str, Any], trc: Callable[[str], None],
@@ -599,8 +619,22 @@ def fit_for_args(model: Model, devices: DeviceSet, args: Any, popts: PlacementOp
         return None
     if free_bytes is None:
         free_bytes = [max(0, (g.capacity or 0) - g.margin) for g in devices.gpus]
+    from offload_planner.core.engine import placement_options
+    from offload_planner.core.speculative import load_spec
+
+    spec = load_spec(devices, args, cparams.dialect, placement_options)
+    extra = extra_measure(model, devices, popts, cparams, spec, device_memory)
+    inputs["margins"] = _mmproj_margins(args, devices, inputs["margins"])
     return fit_params(model, devices, popts, cparams, free_bytes=free_bytes,
-                      user_overrides=popts.overrides, **inputs)
+                      user_overrides=popts.overrides, extra=extra, **inputs)
+
+
+def _mmproj_margins(args: Any, devices: DeviceSet, margins: list[int] | int) -> list[int] | int:
+    """The server adds the --mmproj projector's memory to the fit's targets before fitting."""
+    from offload_planner.core.mmproj.attach import fa_setting, fit_margins, mmproj_setup
+
+    sa = getattr(args, "args", args)
+    return fit_margins(mmproj_setup(args), devices, fa_setting(getattr(sa, "flash_attn", None)), margins)
 
 
 def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOptions,

@@ -17,13 +17,15 @@ from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import is_not
+from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
-from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.extra_context import ExtraContext
+from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
 from offload_planner.core.units import MiB
@@ -133,6 +135,7 @@ class Projection:
     devices: list[DeviceMemory]  # llama.cpp device order, CPU last
     context: ResolvedContext
     placement: Placement
+    extras: list[ExtraContext] = field(default_factory=list)  # draft/MTP/mmproj, counted in devices
 
     def device(self, name: str) -> DeviceMemory:
         return next(d for d in self.devices if d.device.name == name)
@@ -141,7 +144,16 @@ class Projection:
         return [b for d in self.devices for b in d.buffers]
 
 
-def alloc_size(t: Tensor, dev: Device) -> int:
+class _Sized(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def type(self) -> GGMLType: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+def alloc_size(t: Tensor | _Sized, dev: Device) -> int:
     """``ggml_backend_buft_get_alloc_size``: CUDA pads quantized rows to a multiple of 512."""
     size = t.nbytes
     if dev.row_padding and t.type.quantized and t.shape[0] % dev.row_padding:
@@ -287,7 +299,8 @@ class _WeightRef:
 
 
 def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
-               devices: DeviceSet) -> list[Buffer]:
+               devices: DeviceSet, cached: range | None = None) -> list[Buffer]:
+    """``cached``: the layers this context caches (default the trunk; an MTP context: the NextN)."""
     s = model.summary
     tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
     v_trans = not p.flash_attn
@@ -319,7 +332,7 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
     per_dev: dict[str, int] = defaultdict(int)
     layers: dict[str, int] = defaultdict(int)
     by_name: dict[str, Device] = {}
-    for il in range(n_trunk):
+    for il in range(n_trunk) if cached is None else cached:
         dev_name = placement.layer_device(il) if p.offload_kqv else CPU
         cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
         dev = by_name.get(dev_name)

@@ -173,7 +173,7 @@ def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -
     if not _is_weight_matrix(t):
         return False
     dims = len([d for d in t.shape])
-    want = 3 if t.role.is_routed_expert else 2
+    want = 3 if t.role.is_routed_expert or "_exps." in t.name else 2  # NextN blocks' experts too
     return dims == want and t.shape[1] % 8 == 0
 
 

@@ -16,7 +16,9 @@ from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
+from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams, Projection, project
+from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
     CPU,
@@ -27,6 +29,7 @@ from offload_planner.core.placement import (
     device_buft,
     place,
 )
+from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
 
 
 def _dedupe_tied_copy(items: list[Placed]) -> list[Placed]:
@@ -60,6 +63,7 @@ class Plan:
     context: ContextParams  # its ``dialect`` is the plan's: stored there once
     moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
+    spec: SpecSettings | None = None  # a draft model / the MTP context (core.speculative)
 
     def __post_init__(self) -> None:
         """What placement takes from the dialect follows it (the output layer first; no CPU_REPACK
@@ -101,7 +105,16 @@ class Plan:
         return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
 
     def projection(self) -> Projection:
-        return project(self.model, self.devices, self.placement(), self.context)
+        placement = self.placement()
+        proj = project(self.model, self.devices, placement, self.context)
+        mmproj = argv_mmproj_setup(tuple(self.extra_args))  # --mmproj among the kept flags
+        if mmproj is not None and self.dialect.projects_mmproj:
+            fa = "on" if self.context.flash_attn else "off"
+            add_to_projection(proj, projection_buffers(mmproj, self.devices, fa))
+        if self.spec is None or not self.spec.active:
+            return proj
+        return attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
+                                           proj.context, self.spec))
 
     def with_moves(self, moves: Mapping[str, str | None]) -> Plan:
         """This plan with the user's move of each named tensor set (a device) or cleared (None:
@@ -160,7 +173,8 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
-    return Plan(model, devices, popts, cparams, extra_args=extra)
+    spec = load_spec(devices, args, dialect, placement_options)
+    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:

@@ -37,6 +37,7 @@ from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, Conte
 from offload_planner.core.model import Model
 from offload_planner.core.placement import REPACK_TYPES, Override, PlacementOptions
 from offload_planner.core.plan import Plan
+from offload_planner.core.speculative import spec_from_argv
 
 FORMAT = "offload-planner-plan"
 VERSION = 1
@@ -138,7 +139,11 @@ class PlanFile:
             moves,
             list(self.extra_args),
         )
-        return plan, notes
+        from offload_planner.core.engine import placement_options
+
+        plan.spec, spec_notes = spec_from_argv(self.devices, plan.extra_args, self.dialect,
+                                               placement_options)
+        return plan, notes + spec_notes
 
 
 # --- writing -----------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.units import GiB, MiB
 
+MMPROJ = "mmproj"  # the projector's buffers (core.mmproj.attach.KIND)
+
 
 def _g(n: int | None) -> str:
     return "        -" if n is None else f"{n / GiB:9.2f}"
@@ -21,12 +23,34 @@ def device_json(dm: DeviceMemory) -> dict[str, Any]:
         "kv_bytes": dm.kv,
         "compute_bytes": dm.compute,
         "output_bytes": dm.output,
+        **({"mmproj_bytes": dm.total(MMPROJ)} if dm.total(MMPROJ) else {}),
         "total_bytes": dm.total(),
         "capacity_bytes": dm.device.capacity,
         "buffers": [
-            {"name": b.name, "kind": b.kind, "bytes": b.bytes, "why": b.why} for b in dm.buffers
+            {"name": b.name, "kind": b.kind, "bytes": b.bytes, "why": b.why,
+             **({"owner": b.owner} if b.owner else {})}
+            for b in dm.buffers
         ],
     }
+
+
+def extras_json(projection: Projection) -> list[dict[str, Any]]:
+    """The extra models/contexts (draft, MTP, mmproj): bytes per device and kind."""
+    return [{"key": e.key, "label": e.label, "shares_model": e.shares_model,
+             "devices": {d: {k: sum(b.bytes for b in e.buffers if b.device == d and b.kind == k)
+                             for k in ("model", "kv", "compute", "output")}
+                         for d in dict.fromkeys(b.device for b in e.buffers)}}
+            for e in projection.extras]
+
+
+def extras_lines(projection: Projection) -> list[str]:
+    """One line per extra model/context, its GiB per device (already counted in the rows above)."""
+    out = []
+    for e in projection.extras:
+        per = e.by_device()
+        cells = ", ".join(f"{d} {n / GiB:.2f}" for d, n in per.items())
+        out.append(f"+ {e.label}: {cells} GiB (counted in the rows above)")
+    return out
 
 
 def device_left(dm: DeviceMemory) -> int | None:
@@ -50,6 +74,7 @@ def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequen
         "notes": list(notes),
         "command": list(command),
         "fit": fit,
+        **({"extras": extras_json(projection)} if projection.extras else {}),
     }
 
 
@@ -80,9 +105,15 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
             f"{dm.device.name:7}  {_g(dm.resident('model'))}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
             f"{_g(dm.resident())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")
         )
+        if mm := [b for b in dm.buffers if b.kind == MMPROJ]:
+            w = sum(b.bytes for b in mm if b.why.startswith("projector weights"))
+            c = sum(b.bytes for b in mm) - w
+            lines.append(f"{'+mmproj':7}  {_g(w)}{_g(None)}{_g(c)}{_g(None)}{_g(w + c)}")
         if explain:
             for b in dm.buffers:
-                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / MiB:10.2f} MiB  {b.why}")
+                owner = f"[{b.owner}] " if b.owner else ""
+                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / MiB:10.2f} MiB  {owner}{b.why}")
+    lines += extras_lines(projection)
     lines += mmap_notes(projection)
     ctx = projection.context
     lines.append(

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
+from offload_planner.core.byte_source import is_url
+from offload_planner.core.draft_moves import DRAFT_PREFIX
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.mmproj.attach import argv_mmproj_setup
+from offload_planner.core.mmproj.placed import MMPROJ_RULE, NOT_MOVABLE, projector_block, projector_placed
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement
+from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 
 
@@ -193,8 +199,57 @@ class TensorGrid:
         return None
 
 
+def is_projector(p: Placed) -> bool:
+    return p.rule.startswith(MMPROJ_RULE)
+
+
+def _projector_row_key(p: Placed) -> str:
+    blk = projector_block(p.tensor.name)
+    if blk is not None:
+        return f"mm.blk.{blk}"
+    return "mm.in" if p.tensor.name.startswith("v.") and "ln" not in p.tensor.name else "mm.out"
+
+
+def with_projector(rows_columns: tuple[list[Row], list[Column]], items: Sequence[Placed]
+                   ) -> tuple[list[Row], list[Column]]:
+    """The map's rows and columns plus the projector's own rows (input, one per block, output)
+    below the model's, and the columns its tensors need."""
+    if not items:
+        return rows_columns
+    rows, columns = rows_columns
+    keys = dict.fromkeys(_projector_row_key(p) for p in items)
+    blocks = sorted(int(k.rsplit(".", 1)[1]) for k in keys if k.startswith("mm.blk."))
+    extra = [Row("mm.in", "mm in", None)] if "mm.in" in keys else []
+    extra += [Row(f"mm.blk.{b}", f"mm {b}", None) for b in blocks]
+    extra += [Row("mm.out", "mm out", None)] if "mm.out" in keys else []
+    present = {c.key for c in columns}
+    need = {_COLUMN_OF_ROLE[p.tensor.role] for p in items} | {"other"}
+    if any(c.key.startswith(SPLIT_PREFIX) for c in columns):
+        need.discard("attn")  # split attention: the projector's attention goes to its kind's column
+    new_columns = [c for c in COLUMNS if c.key in present | need]
+    split = [c for c in columns if c.key.startswith(SPLIT_PREFIX)]
+    if split:
+        i = next(i for i, c in enumerate(new_columns) if c.key not in ("embd",))
+        new_columns[i:i] = split
+    return rows + extra, new_columns
+
+
+def plan_projector_placed(plan: Plan) -> list[Placed]:
+    """The tensors of the plan's --mmproj projector (none without one, or when it cannot be read:
+    the analysis reports that error)."""
+    setup = argv_mmproj_setup(tuple(plan.extra_args))
+    if setup is None or not plan.dialect.projects_mmproj:
+        return []
+    try:  # a URL is read by the projection, off the GUI thread; the map shows it once read
+        return projector_placed(setup, plan.devices, read=not is_url(setup.location))
+    except PlannerError:
+        return []
+
+
 def _row_key(p: Placed, n_layer: int) -> str:
     t = p.tensor
+    if is_projector(p):
+        return _projector_row_key(p)
     if t.layer is not None:
         return f"blk.{t.layer}"
     if p.copy:
@@ -221,11 +276,13 @@ def layout(model: Model, *, split_attention: bool = False) -> tuple[list[Row], l
 
 
 def _column_key(p: Placed, col_idx: dict[str, int]) -> str:
+    name = p.tensor.name.removeprefix("v.") if is_projector(p) else p.tensor.name
     if p.tensor.role is Role.ATTENTION:
-        split = SPLIT_PREFIX + tensor_kind(p.tensor.name)
+        split = SPLIT_PREFIX + tensor_kind(name)
         if split in col_idx:
             return split
-    return _COLUMN_OF_ROLE[p.tensor.role]
+    key = _COLUMN_OF_ROLE[p.tensor.role]
+    return key if key in col_idx or not is_projector(p) else "other"
 
 
 def build_grid(
@@ -234,24 +291,53 @@ def build_grid(
     base: Placement,
     movable: Sequence[tuple[str, tuple[bool, str]]] | None = None,
     rows_columns: tuple[list[Row], list[Column]] | None = None,
+    projector: Sequence[Placed] = (),
 ) -> TensorGrid:
     """Group a placement into cells. ``base`` is the command's placement without the user's moves;
-    ``movable`` gives (name, (movable, reason)) per tensor (default: everything movable)."""
-    rows, columns = rows_columns or layout(model)
+    ``movable`` gives (name, (movable, reason)) per tensor (default: everything movable);
+    ``projector``: the --mmproj projector's tensors, in rows of their own, not movable."""
+    rows, columns = with_projector(rows_columns or layout(model), projector)
     row_idx = {r.key: i for i, r in enumerate(rows)}
     col_idx = {c.key: i for i, c in enumerate(columns)}
     base_dev = {(p.tensor.name, p.copy): p.device for p in base.items}
     mov = dict(movable or ())
     buckets: dict[tuple[int, int], list[CellItem]] = {}
-    for p in placement.items:
+    for p in [*placement.items, *projector]:
         r = row_idx[_row_key(p, model.summary.n_layer)]
         c = col_idx[_column_key(p, col_idx)]
-        if p.copy:
+        if is_projector(p):
+            ok, why = False, NOT_MOVABLE
+        elif p.copy:
             ok, why = False, "the output copy of tied embeddings follows the output layer"
         elif p.device is None:
             ok, why = False, p.rule
         else:
             ok, why = mov.get(p.tensor.name, (True, ""))
-        moved = p.device != base_dev.get((p.tensor.name, p.copy))
+        moved = not is_projector(p) and p.device != base_dev.get((p.tensor.name, p.copy))
         buckets.setdefault((r, c), []).append(CellItem(p, moved, ok, why))
     return TensorGrid(rows, columns, {k: Cell(tuple(v)) for k, v in buckets.items()})
+
+
+DRAFT_FIXED = "the output copy of a draft model's tied embeddings follows its output layer"
+
+
+def with_draft_rows(grid: TensorGrid, model: Model, placement: Placement) -> TensorGrid:
+    """The grid with a speculative-decoding draft model's tensors as rows of their own below the main
+    model's (same columns; a role the main model lacks adds its column).  Their names carry
+    ``draft:`` (:mod:`core.draft_moves`): a move becomes an ``-otd`` rule."""
+    keys = {c.key for c in grid.columns}
+    present = {_COLUMN_OF_ROLE[t.role] for t in model.tensors}
+    columns = list(grid.columns) + [c for c in COLUMNS if c.key in present and c.key not in keys]
+    d_rows, _ = layout(model)
+    rows = list(grid.rows) + [Row(DRAFT_PREFIX + r.key, f"draft {r.label}", None) for r in d_rows]
+    row_idx = {r.key: i for i, r in enumerate(rows)}
+    col_idx = {c.key: i for i, c in enumerate(columns)}
+    buckets: dict[tuple[int, int], list[CellItem]] = {}
+    for p in placement.items:
+        pos = (row_idx[DRAFT_PREFIX + _row_key(p, model.summary.n_layer)], col_idx[_column_key(p, col_idx)])
+        named = replace(p, tensor=replace(p.tensor, name=DRAFT_PREFIX + p.tensor.name))
+        moved = p.rule.startswith("-otd ^")  # a rule the planner wrote for a move (core.draft_moves)
+        buckets.setdefault(pos, []).append(CellItem(named, moved, not p.copy, DRAFT_FIXED if p.copy else ""))
+    cells = dict(grid.cells)
+    cells.update({k: Cell(tuple(v)) for k, v in buckets.items()})
+    return TensorGrid(rows, columns, cells)

@@ -18,9 +18,24 @@ from offload_planner.core import plan_edits
 from offload_planner.core.analysis import Analysis, quick_analysis
 from offload_planner.core.devices import Device
 from offload_planner.core.dialects import Dialect
+from offload_planner.core.draft_moves import (
+    DRAFT_PREFIX,
+    draft_moves_for,
+    draft_placement,
+    is_draft_name,
+    with_draft_moves,
+)
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
-from offload_planner.core.tensor_grid import Column, Row, TensorGrid, build_grid, layout
+from offload_planner.core.tensor_grid import (
+    Column,
+    Row,
+    TensorGrid,
+    build_grid,
+    layout,
+    plan_projector_placed,
+    with_draft_rows,
+)
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import commands
 from offload_planner.ui.projector import Projector
@@ -142,7 +157,12 @@ class PlanDocument(QObject):
 
     def _build_grid(self, plan: Plan) -> None:
         movable = [(t.name, plan.movable(t.name)) for t in plan.model.tensors]
-        self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout)
+        self._grid = build_grid(plan.model, self.placement, self.base_placement, movable, self._layout,
+                                projector=plan_projector_placed(plan))
+        draft = plan.spec.draft if plan.spec is not None else None
+        placed = draft_placement(plan)
+        if draft is not None and placed is not None:  # a speculative-decoding draft model: rows below
+            self._grid = with_draft_rows(self._grid, draft.model, placed)
 
     def _on_analysis(self, analysis: Analysis) -> None:
         self._analysis = analysis
@@ -163,9 +183,9 @@ class PlanDocument(QObject):
             return {}
         base = {p.tensor.name: p.device for p in self.base_placement.items if not p.copy}
         current = {p.tensor.name: p.device for p in self.placement.items if not p.copy}
-        moves: dict[str, str | None] = {}
+        moves: dict[str, str | None] = dict(draft_moves_for(self.plan, list(names), device))
         for n in dict.fromkeys(names):
-            if not self.plan.movable(n)[0]:
+            if is_draft_name(n) or not self.plan.movable(n)[0]:
                 continue
             target = base.get(n) if device is None else device
             if target == current.get(n) and (device is not None or n not in self.plan.moves):
@@ -175,7 +195,9 @@ class PlanDocument(QObject):
 
     def describe_tensors(self, names: Sequence[str]) -> str:
         """``1 tensor (1.20 GiB)``, ``58 tensors (138.55 GiB)``."""
-        nbytes = sum(self.plan.model.tensor(n).nbytes for n in names)
+        draft = self.plan.spec.draft if self.plan.spec is not None else None
+        nbytes = sum(draft.model.tensor(n[len(DRAFT_PREFIX):]).nbytes if is_draft_name(n) and draft
+                     else self.plan.model.tensor(n).nbytes for n in names)
         return f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({fmt_bytes(nbytes)})"
 
     def move(self, names: Sequence[str], device: str | None, text: str | None = None) -> bool:
@@ -186,6 +208,14 @@ class PlanDocument(QObject):
             return False
         where = "the command's placement" if device is None else device
         label = text or f"Move {self.describe_tensors(list(moves))} to {where}"
+        draft = {n: d for n, d in moves.items() if is_draft_name(n) and d is not None}
+        if draft:  # draft tensors move by -otd rules: the plan is rebuilt (one undo step)
+            main = {n: d for n, d in moves.items() if not is_draft_name(n)}
+            plan = with_draft_moves(self.plan, draft)
+            if main:
+                plan = plan.with_moves({n: d for n, d in main.items() if d is not None})
+            self.push(commands.ReplacePlan(self, plan, label))
+            return True
         self.push(commands.MoveTensors(self, moves, label))
         return True
 

@@ -30,9 +30,9 @@ STALE_NOTE = "before your last edit"
 #: longest form to the shortest: the view draws the first that fits.
 BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
     (tuple(label for _, label in BUFFER_KINDS), "  "),
-    (("weights", "KV", "compute", "output"), "  "),
-    (("W", "KV", "C", "O"), "  "),
-    (("W", "KV", "C", "O"), " "),
+    (("weights", "KV", "compute", "output", "mmproj"), "  "),
+    (("W", "KV", "C", "O", "P"), "  "),
+    (("W", "KV", "C", "O", "P"), " "),
 )
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
@@ -58,7 +58,7 @@ def figures_text(f: DeviceFigures) -> str:
 def breakdown_forms(f: DeviceFigures) -> list[str]:
     """The breakdown line (the non-empty kinds with their GiB) in its forms, longest first."""
     return [
-        gap.join(f"{label} {gib(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=True) if n)
+        gap.join(f"{label} {gib(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=False) if n)
         for labels, gap in BREAKDOWN_FORMS
     ]
 
@@ -76,7 +76,7 @@ def fit_breakdown(f: DeviceFigures, fm: QFontMetrics, width: int) -> tuple[str, 
 def full_breakdown(f: DeviceFigures) -> str:
     """The breakdown with whole labels and units, for the tooltip."""
     labels = (label for _, label in BUFFER_KINDS)
-    return ", ".join(f"{label} {gib_unit(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=True) if n)
+    return ", ".join(f"{label} {gib_unit(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=False) if n)
 
 
 def actual_line(dm: DeviceMemory, actual: int, stale: bool) -> str:
@@ -415,6 +415,8 @@ class MemoryView(QWidget):
                      for (kind, label), s in zip(BUFFER_KINDS, short, strict=True)]
         else:
             items = [(label, kind) for kind, label in BUFFER_KINDS]
+        if not any(dict(DeviceFigures.of(dm).by_kind).get("mmproj") for dm in self._rows()):
+            items = [(label, kind) for label, kind in items if kind != "mmproj"]
         items += [("margin", "margin"), ("over", "over")]
         if self._actuals:
             stale = self.actuals_stale

@@ -46,6 +46,8 @@ def kind_brush(base: QColor, kind: str) -> QBrush:
         return QBrush(base.lighter(135))
     if kind == "compute":
         return QBrush(base.lighter(165))
+    if kind == "mmproj":
+        return QBrush(base.darker(140))
     return QBrush(base.lighter(190))
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
 from offload_planner.core import move_preview
+from offload_planner.core.draft_moves import is_draft_name
 from offload_planner.core.move_preview import move_deltas
 from offload_planner.core.plan import Plan
 from offload_planner.core.tensor_grid import EMPTY, Cell, TensorGrid
@@ -85,7 +86,7 @@ def move_tg(plan: Plan, names: Sequence[str]) -> dict[str, tuple[float, float]]:
 
 def move_preview_html(plan: Plan, cell: Cell) -> str:
     """Per device: the change in its projected total if the cell's movable tensors moved there."""
-    names = cell.movable_names
+    names = [n for n in cell.movable_names if not is_draft_name(n)]  # draft moves: -otd rules, no preview
     if not names:
         return ""
     here = {d for d, _ in cell.device_bytes}

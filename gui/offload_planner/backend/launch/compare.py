@@ -19,13 +19,13 @@ from offload_planner.core.units import MiB
 EXACT_MIB = 0.011  # llama.cpp prints 2 decimals: equal to its precision (plus rounding)
 COMPUTE_REL = 0.05
 COMPUTE_ABS_MIB = 2.0
-KINDS = ("model", "kv", "output", "compute")
+KINDS = ("model", "kv", "output", "compute", "mmproj")
 
 
 def within_tolerance(kind: str, projected_mib: float, actual_mib: float) -> bool:
     """The engine's tolerance: model/KV/output equal to 0.01 MiB, compute within 5% or 2 MiB."""
     diff = abs(projected_mib - actual_mib)
-    if kind == "compute":
+    if kind in ("compute", "mmproj"):  # mmproj: the log gives the unpadded weights, not the buffer
         return diff <= max(COMPUTE_REL * actual_mib, COMPUTE_ABS_MIB)
     return diff <= EXACT_MIB
 

@@ -85,11 +85,12 @@ def suggest_fix(ctx: PlanContext, device: str, kind: str | None,
 
 
 def _reproject(ctx: PlanContext, args: list[str]) -> Projection:
-    from offload_planner.core.analysis import projected
+    from offload_planner.core.analysis import command_projection
     from offload_planner.core.plan import plan_from_args
 
     parsed = parse_server_args(args, dialect=Dialect(ctx.dialect))
-    return projected(plan_from_args(ctx.model, ctx.devices, parsed.args, ctx.dialect))
+    plan = plan_from_args(ctx.model, ctx.devices, parsed.args, ctx.dialect)
+    return command_projection(plan, parsed.args)[0]
 
 
 def _fits(ctx: PlanContext, target: _Target, args: list[str]) -> bool:

@@ -77,6 +77,23 @@ class FlagUse:
 
 
 @dataclass
+class DraftArgs:
+    """Speculative decoding: the draft model and its own placement (``-md``, ``-ngld``, ``-devd``,
+    ``-otd``/``-cmoed``/``-ncmoed``, ``-ctkd``/``-ctvd``), the draft length and ``--spec-type``.
+    ``None`` means "not given"."""
+
+    model: str | None = None
+    n_gpu_layers: int | None = None  # -1 auto, -2 all
+    devices: list[str] | None = None  # ["none"] for -devd none
+    overrides: list[TensorOverride] = field(default_factory=list)
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    n_max: int | None = None  # --spec-draft-n-max (2025: --draft-max)
+    ctx_size: int | None = None  # 2025 builds' -cd
+    types: list[str] = field(default_factory=list)  # --spec-type, appended in order
+
+
+@dataclass
 class ServerArgs:
     """The settings a planner cares about.  ``None`` means "not given": apply the dialect's default."""
 
@@ -134,6 +151,7 @@ class ServerArgs:
     cache_type_k_last: tuple[str, int] | None = None
     cache_type_v_first: tuple[str, int] | None = None
     cache_type_v_last: tuple[str, int] | None = None
+    draft: DraftArgs = field(default_factory=DraftArgs)
 
 
 @dataclass

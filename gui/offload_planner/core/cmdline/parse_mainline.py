@@ -13,6 +13,7 @@ from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
 from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, split_list, truthy
+from offload_planner.core.cmdline.handlers_spec import SPEC_HANDLERS
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
 from offload_planner.core.dialects.base import Dialect
@@ -144,7 +145,7 @@ class MainlineParser:
 
     def _dispatch(self, spec: FlagSpec, use: FlagUse, arg: str | None = None) -> None:
         self.parsed.flags.append(use)
-        handler = MAINLINE_HANDLERS.get(spec.key)
+        handler = MAINLINE_HANDLERS.get(spec.key) or SPEC_HANDLERS.get(spec.key)
         ctx = Ctx(self.parsed, use, self.mmap)
         try:
             if handler is not None:

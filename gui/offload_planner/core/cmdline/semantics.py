@@ -70,7 +70,8 @@ def _known(parsed: ParsedArgs, device_names: Sequence[str]) -> _Known:
 
 
 def _override_error(parsed: ParsedArgs, ov: TensorOverride, explanation: str) -> ArgError:
-    flag = "LLAMA_ARG_OVERRIDE_TENSOR" if ov.index == -1 else _spelling_at(parsed, ov.index, "-ot")
+    env = "LLAMA_ARG_OVERRIDE_TENSOR" if ov.source == "-ot" else "LLAMA_ARG_SPEC_DRAFT_OVERRIDE_TENSOR"
+    flag = env if ov.index == -1 else _spelling_at(parsed, ov.index, ov.source)
     value = f"{ov.pattern}={ov.buft}"
     if parsed.dialect.generic_arg_errors:
         message = f"error: invalid parameter for argument: {flag}"
@@ -88,8 +89,8 @@ def _spelling_at(parsed: ParsedArgs, index: int, default: str) -> str:
 def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
     errors: list[ArgError] = []
     listing = ", ".join(sorted(known.bufts | known.rpc_bufts))
-    for ov in parsed.args.overrides:
-        if ov.source != "-ot":
+    for ov in [*parsed.args.overrides, *parsed.args.draft.overrides]:
+        if ov.source not in ("-ot", "-otd"):
             continue
         if ov.buft in known.bufts:
             continue
@@ -105,11 +106,12 @@ def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
     return errors
 
 
-def _check_devices(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
-    devices = parsed.args.devices
+def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> list[ArgError]:
+    """``-dev`` names (``key="--spec-draft-device"``: the draft model's ``-devd``)."""
+    devices = parsed.args.devices if key == "--device" else parsed.args.draft.devices
     if not devices or devices == ["none"]:
         return []
-    use = next((u for u in reversed(parsed.flags) if u.key == "--device"), None)
+    use = next((u for u in reversed(parsed.flags) if u.key == key), None)
     errors: list[ArgError] = []
     for name in devices:
         ok = name in known.devices or (name in known.rpc_devices and _after_rpc(use, known))
@@ -245,6 +247,7 @@ def check_semantics(
         parsed = ParsedArgs(dialect=Dialect(dialect or Dialect.LLAMA_CPP), args=parsed)
     known = _known(parsed, device_names)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
+    errors += _check_devices(parsed, known, "--spec-draft-device")
     errors += _tensor_split_errors(parsed, device_names)
     return errors + parsed.dialect.context_errors(parsed, is_mla, device_names)
 

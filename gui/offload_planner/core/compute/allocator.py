@@ -50,6 +50,60 @@ class DynAllocator:
             self.max_size = offset + size
         return offset
 
+    def apply(self, events: list[tuple[int, T, T, int, int, str]], own: dict[T, int], label: str) -> str:
+        """Recorded events (``(0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize,
+        nsize, "") | (2 free, t, t, size, 0, "")``) on this allocator, ``own`` holding the offsets;
+        returns the peak label.  ``alloc`` and ``free`` inlined: the incremental replay's hot loop."""
+        a, blocks, mx, pop = self.alignment, self.blocks, self.max_size, own.pop
+        for kind, t, p, x, y, lab in events:
+            if kind == 0:
+                size = -(-x // a) * a
+                last = len(blocks) - 1
+                best, best_size = last, -1
+                for i in range(last):
+                    bsize = blocks[i][1]
+                    if bsize >= size and (best_size < 0 or bsize <= best_size):
+                        best, best_size = i, bsize
+                block = blocks[best]
+                off = own[t] = block[0]
+                block[0] += size
+                block[1] -= size
+                if block[1] == 0:
+                    del blocks[best]
+                if off + size > mx:
+                    mx, label = off + size, lab
+                continue
+            if kind == 2:
+                off, size = pop(t), -(-x // a) * a
+            else:
+                off = own[t] = pop(p)
+                if x <= y:
+                    continue
+                off, size = off + y, -(-(x - y) // a) * a
+            end = off + size
+            for i, block in enumerate(blocks):  # free(off, size); sorted, so none after one past end
+                b0 = block[0]
+                if b0 + block[1] == off:
+                    block[1] += size
+                    if i + 1 < len(blocks) and b0 + block[1] == blocks[i + 1][0]:
+                        block[1] += blocks[i + 1][1]
+                        del blocks[i + 1]
+                    break
+                if end == b0:
+                    block[0] = off
+                    block[1] += size
+                    if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == off:
+                        blocks[i - 1][1] += block[1]
+                        del blocks[i]
+                    break
+                if b0 > end:
+                    blocks.insert(i, [off, size])
+                    break
+            else:
+                blocks.append([off, size])
+        self.max_size = mx
+        return label
+
     def free(self, offset: int, size: int) -> None:
         a = self.alignment
         size = -(-size // a) * a

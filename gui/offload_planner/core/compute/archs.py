@@ -74,12 +74,12 @@ def _glm4moe(b: Builder) -> None:
             cur, inp_sa = b.out_rows(cur, inp_sa)
         ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
         cur = b.norm(ffn_inp, b.lw(il, "post_attention_norm.weight"), il)
-        cur = _dense_lead_or_shared_moe(b, il, cur)
+        cur = dense_lead_or_shared_moe(b, il, cur)
         inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
     b.head(inp)
 
 
-def _dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:
+def dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:
     """The FFN of DeepSeek-V3 / GLM-4.x layers: dense for the leading layers, else the routed
     experts (with the expert-bias router) plus the shared expert."""
     if il < b.sh.n_dense_lead:
@@ -91,44 +91,50 @@ def _dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:
     return dup_op(routed, "ADD", routed, shared)
 
 
-def _deepseek2(b: Builder) -> None:
-    sh = b.sh
-    n_tok = b.n_tokens
+def mla_attention(b: Builder, il: int, cur: T) -> T:
+    """DeepSeek-V3's MLA attention block on the normed input (q through the q LoRA when present, the
+    compressed KV with its rope part, the absorbed k_b; only K is cached)."""
+    sh, n_tok = b.sh, b.n_tokens
     hk, rope_d = sh.head_k_mla, sh.n_rot
     nope, kvr = hk - rope_d, sh.kv_lora_rank
+    nh = sh.n_head[il]
+    if (wq := b.lw(il, "attn_q.weight")) is not None:
+        q = mul_mat(wq, cur)
+    else:
+        q = mul_mat(b.req(f"blk.{il}.attn_q_a.weight"), cur)
+        q = b.norm(q, b.lw(il, "attn_q_a_norm.weight"), il)
+        q = mul_mat(b.req(f"blk.{il}.attn_q_b.weight"), q)
+    q = reshape(q, hk, nh, n_tok)
+    kv_pe = mul_mat(b.req(f"blk.{il}.attn_kv_a_mqa.weight"), cur)
+    rs = row_size(kv_pe.type, kvr + rope_d)
+    kv_cmpr = view(kv_pe, [kvr, n_tok], [rs], 0)
+    k_pe = b.rope(view(kv_pe, [rope_d, 1, n_tok], [rs, rs], row_size(kv_pe.type, kvr)))
+    kv_cmpr = b.norm(kv_cmpr, b.lw(il, "attn_kv_a_norm.weight"), il)
+    q_nope = view(q, [nope, nh, n_tok], [q.nb[1], q.nb[2]], 0)
+    q_pe = b.rope(view(q, [rope_d, nh, n_tok], [q.nb[1], q.nb[2]], row_size(q.type, nope)))
+    q_abs = mul_mat(b.req(f"blk.{il}.attn_k_b.weight"), permute(q_nope, 0, 2, 1, 3))
+    qcur = concat(permute(q_abs, 0, 2, 1, 3), q_pe, 0)
+    kv_cmpr = reshape(kv_cmpr, kvr, 1, n_tok)
+    kcur = concat(kv_cmpr, k_pe, 0)
+    return b.attn_k(il, b.req(f"blk.{il}.attn_output.weight"), qcur, kcur, kv_cmpr,
+                    b.req(f"blk.{il}.attn_v_b.weight"))
+
+
+def _deepseek2(b: Builder) -> None:
+    sh = b.sh
     inp = b.inp_embd()
     b.build_inp_pos()
     b.build_inp_attn(k_only=True)
     b.build_out_ids()
     for il in range(sh.n_layer):
-        nh = sh.n_head[il]
         inp_sa = inp
         cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
-        if (wq := b.lw(il, "attn_q.weight")) is not None:
-            q = mul_mat(wq, cur)
-        else:
-            q = mul_mat(b.req(f"blk.{il}.attn_q_a.weight"), cur)
-            q = b.norm(q, b.lw(il, "attn_q_a_norm.weight"), il)
-            q = mul_mat(b.req(f"blk.{il}.attn_q_b.weight"), q)
-        q = reshape(q, hk, nh, n_tok)
-        kv_pe = mul_mat(b.req(f"blk.{il}.attn_kv_a_mqa.weight"), cur)
-        rs = row_size(kv_pe.type, kvr + rope_d)
-        kv_cmpr = view(kv_pe, [kvr, n_tok], [rs], 0)
-        k_pe = b.rope(view(kv_pe, [rope_d, 1, n_tok], [rs, rs], row_size(kv_pe.type, kvr)))
-        kv_cmpr = b.norm(kv_cmpr, b.lw(il, "attn_kv_a_norm.weight"), il)
-        q_nope = view(q, [nope, nh, n_tok], [q.nb[1], q.nb[2]], 0)
-        q_pe = b.rope(view(q, [rope_d, nh, n_tok], [q.nb[1], q.nb[2]], row_size(q.type, nope)))
-        q_abs = mul_mat(b.req(f"blk.{il}.attn_k_b.weight"), permute(q_nope, 0, 2, 1, 3))
-        qcur = concat(permute(q_abs, 0, 2, 1, 3), q_pe, 0)
-        kv_cmpr = reshape(kv_cmpr, kvr, 1, n_tok)
-        kcur = concat(kv_cmpr, k_pe, 0)
-        cur = b.attn_k(il, b.req(f"blk.{il}.attn_output.weight"), qcur, kcur, kv_cmpr,
-                       b.req(f"blk.{il}.attn_v_b.weight"))
+        cur = mla_attention(b, il, cur)
         if il == sh.n_layer - 1:
             cur, inp_sa = b.out_rows(cur, inp_sa)
         ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
         cur = b.norm(ffn_inp, b.lw(il, "ffn_norm.weight"), il)
-        cur = _dense_lead_or_shared_moe(b, il, cur)
+        cur = dense_lead_or_shared_moe(b, il, cur)
         inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
     b.head(inp)
 

@@ -28,6 +28,11 @@ per graph topology (shape, backends, weight set) and later placements are replay
    Child counts at the start are the reference's corrected by the difference of the two windows;
    when that difference would change a decision before the start (a tensor used before and in the
    window with another count), the replay refuses.
+   Inside the window, a run of the reference's own nodes (a split whose copies changed, up to the
+   moved layer) takes the reference's per-backend events from a checkpoint on instead of a walk,
+   up to the first use of a tensor live in one run only (or the last use of one whose count
+   differs).  A tail's states are kept on the reference with the maximum from there on: the next
+   move's tail that meets one (the residual stream in the same other block) stops there.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
 topology) runs the full simulation, recorded as the new reference.  ``tests/core/test_compute_

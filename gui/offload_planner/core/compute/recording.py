@@ -27,9 +27,11 @@ _CK_STRIDE = 8
 #: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
 #: moved back before a use whose count the window changes; tails: backends whose allocator was still
 #: in another state than the reference's after the window, replayed from the reference's event list;
-#: plain: first simulations of a topology, run without recording a reference
+#: plain: first simulations of a topology, run without recording a reference; skips: stretches of a
+#: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed
 stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
-         "tails": 0, "plain": 0}
+         "tails": 0, "plain": 0, "skips": 0,
+         "tail_hits": 0}
 
 
 class Refuse(Exception):
@@ -294,6 +296,8 @@ class Reference:
                                               set(self.ckpos))
         self.peaks = list(galloc.peaks)
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
+        # states replays' tails passed (see replay_alloc._tail): the maximum from there on and its label
+        self.tail_memo: dict[tuple[object, ...], tuple[int, str]] = {}
         self.size_cache: dict[tuple[T, int], int] = {}
         for evs in galloc.events:
             best: tuple[int, str] = (-1, "")

@@ -327,13 +327,16 @@ class _Replay:
 
     # --- the sched window and the result ---------------------------------------------------------
 
-    def window(self, fa: int) -> tuple[int, list[T], list[int]]:
-        """The new sched window and the reference position it starts at; when the first split keeps
-        the reference's inputs, it starts at the first affected node (the copies and nodes before
-        it are the reference's)."""
+    def window(self, fa: int) -> tuple[int, list[T], list[int], list[tuple[int, int, int]]]:
+        """The new sched window, the reference position it starts at, and the runs of it that are the
+        reference's nodes (window index, reference position, length: the nodes before the first
+        affected one in a split whose copies changed); when the first split keeps the reference's
+        inputs, it starts at the first affected node (the copies and nodes before it are the
+        reference's)."""
         ref, kk, B = self.ref, self.kk, self.B
         wnodes: list[T] = []
         wids: list[int] = []
+        runs: list[tuple[int, int, int]] = []
         same_head = kk >= 0 and self.new_splits[0].inputs == ref.splits[kk].inputs
         if same_head:  # a reference split starting at fa has its copies first
             stats["late_start"] += 1
@@ -351,10 +354,18 @@ class _Replay:
                     wids.append(B(inp))
                     wnodes.append(self.made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
                     wids.append(sp.backend)
-            for gi in range(lo, min(sp.i_end, self.x)):
+            hi = min(sp.i_end, self.x)
+            mid = max(lo, min(hi, fa))
+            if mid - lo > 1 and ref.sp[mid - 1] - ref.sp[lo] == mid - 1 - lo:
+                r = ref.sp[lo]
+                runs.append((len(wnodes), r, mid - lo))
+                wnodes += ref.sched_nodes[r:r + mid - lo]
+                wids += ref.sched_ids[r:r + mid - lo]
+                lo = mid
+            for gi in range(lo, hi):
                 wnodes.append(self.nodes[gi])
                 wids.append(B(self.nodes[gi]))
-        return wa, wnodes, wids
+        return wa, wnodes, wids, runs
 
     def run(self) -> Reserve:
         ref = self.ref
@@ -364,8 +375,8 @@ class _Replay:
             return replay_alloc_same(ref, self.bid, self.newdev)
         fa, fb = min(affected), max(affected)
         self.pass5(fa, fb)
-        wa, wnodes, wids = self.window(fa)
-        sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, self.newsrc, self.newdev)
+        wa, wnodes, wids, runs = self.window(fa)
+        sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, runs, self.newsrc, self.newdev)
         copies, wcopies = list(ref.copies), list(ref.wcopies)
         for sign, group in ((-1, ref.splits[len(self.kept):self.km + 1]), (1, self.new_splits)):
             for sp in group:

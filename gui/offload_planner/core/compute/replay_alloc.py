@@ -17,12 +17,21 @@ from offload_planner.core.compute.ggml import (
 )
 from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse, stats
 
+#: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
+_MIN_STRETCH = 32
+#: tail states are compared with earlier tails' every this many checkpoints; at most this many kept
+_MEMO_STRIDE = 4
+_MEMO_SIZE = 200_000
+
 
 def replay_alloc(ref: Reference, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
-                  newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> tuple[list[int], list[str]]:
+                 runs: list[tuple[int, int, int]], newsrc: dict[T, list[T | None]],
+                 newdev: dict[T, str]) -> tuple[list[int], list[str]]:
     """Sizes and peak labels per backend: the allocator over the replay's sched window ``wnodes``
-    (which stands for the reference's positions ``wa`` to ``ref_end``), then the reference's nodes."""
-    return _AllocReplay(ref, wa, ref_end, wnodes, wids, newsrc, newdev).run()
+    (which stands for the reference's positions ``wa`` to ``ref_end``; ``runs``: window index,
+    reference position and length of parts that are the reference's nodes), then the reference's
+    nodes."""
+    return _AllocReplay(ref, wa, ref_end, wnodes, wids, runs, newsrc, newdev).run()
 
 
 def same_node(n: T, r: T) -> bool:
@@ -37,16 +46,20 @@ class _AllocReplay:
     """The allocator walk of one replay: its start, state and counts (see the module's step 4)."""
 
     def __init__(self, ref: Reference, wa: int, ref_end: int, wnodes: list[T], wids: list[int],
-                 newsrc: dict[T, list[T | None]], newdev: dict[T, str]) -> None:
+                 runs: list[tuple[int, int, int]], newsrc: dict[T, list[T | None]],
+                 newdev: dict[T, str]) -> None:
         # location changes of allocatable tensors would change the leaf pass
         for t in newdev:
             if t.location is None:
                 raise Refuse("location")
         self.ref, self.ref_end, self.newsrc, self.newdev = ref, ref_end, newsrc, newdev
         self.sizer = GraphAllocator(ref.backends)
-        self.wa, self.wnodes, self.wids = wa, wnodes, wids
-        self.w_ref: dict[T, int] = {}
-        self.w_new: dict[T, int] = {}
+        self.wa, self.wnodes, self.wids, self.runs = wa, wnodes, wids, runs
+        # uses in this run's window minus the reference's: in all of it, and from ``base`` on (the
+        # remaining counts are the reference's uses at or after ``base`` corrected by it; ``base``
+        # moves on past a skipped stretch)
+        self.d_all: dict[T, int] = {}
+        self.base, self.d_base = wa, self.d_all
         self.changed: set[T] = set()
         self._move_start(self._first_difference())
         self._restore()
@@ -60,14 +73,14 @@ class _AllocReplay:
     def r_ref(self, t: T) -> int:
         """Uses of ``t`` at or after the start in the reference."""
         u = self.ref.uses.get(t)
-        return 0 if u is None else len(u) - bisect.bisect_left(u, self.wa)
+        return 0 if u is None else len(u) - bisect.bisect_left(u, self.base)
 
     def r_new(self, t: T) -> int:
-        return self.r_ref(t) - self.w_ref.get(t, 0) + self.w_new.get(t, 0)
+        return self.r_ref(t) + self.d_base.get(t, 0)
 
     def total_new(self, t: T) -> int:
         u = self.ref.uses.get(t)
-        return (0 if u is None else len(u)) - self.w_ref.get(t, 0) + self.w_new.get(t, 0)
+        return (0 if u is None else len(u)) + self.d_all.get(t, 0)
 
     def v_new(self, t: T) -> int:
         return sum(1 for v in self.ref.view_nodes.get(t, ()) if self.total_new(v) == 0 or self.r_new(v) > 0)
@@ -116,15 +129,20 @@ class _AllocReplay:
         ref = self.ref
         ckpos, uses, first = ref.ckpos, ref.uses, ref.first
         rnodes, rids = ref.sched_nodes, ref.sched_ids
-        w0, win0, wid0 = self.wa, self.wnodes, self.wids
+        w0, win0, wid0, runs0 = self.wa, self.wnodes, self.wids, self.runs
         while True:
             c0 = ckpos[bisect.bisect_right(ckpos, target) - 1]
             if c0 < w0:  # before the window: the reference's nodes up to it
                 self.wnodes, self.wids = rnodes[c0:w0] + win0, rids[c0:w0] + wid0
+                self.runs = [(0, c0, w0 - c0)] + [(j + w0 - c0, r, n) for j, r, n in runs0]
             else:
                 self.wnodes, self.wids = win0[c0 - w0:], wid0[c0 - w0:]
-            wa = self.wa = c0
-            self._count_window()
+                cut = c0 - w0
+                self.runs = [(max(j - cut, 0), r + max(cut - j, 0), n - max(cut - j, 0))
+                             for j, r, n in runs0 if j + n > cut]
+            wa = self.wa = self.base = c0
+            self.d_all = self.d_base = self._diff(0, wa)
+            self.changed = {t for t, d in self.d_all.items() if d}
             back = wa
             for t in self.changed:
                 if self.fixed(t) or first.get(t, wa) >= wa or (self.r_ref(t) > 0 and self.r_new(t) > 0):
@@ -139,21 +157,29 @@ class _AllocReplay:
             stats["moved_back"] += 1
             target = back
 
-    def _count_window(self) -> None:
-        """Uses inside the window in each run, and the tensors whose count differs."""
-        rnodes = self.ref.sched_nodes
-        w_ref: dict[T, int] = {}
-        for q in range(self.wa, self.ref_end):
-            for s in rnodes[q].src:
-                if s is not None:
-                    w_ref[s] = w_ref.get(s, 0) + 1
-        w_new: dict[T, int] = {}
-        for n in self.wnodes:
+    def _diff(self, j: int, r: int) -> dict[T, int]:
+        """Uses in the window from index ``j`` on minus the reference's from position ``r`` (where it
+        stands) on; the runs that are the reference's nodes cancel and are not counted."""
+        d: dict[T, int] = {}
+        wnodes, rnodes = self.wnodes, self.ref.sched_nodes
+        for js, rs, n in self.runs:
+            if js + n <= j:
+                continue
+            if js > j:
+                self._count(d, wnodes[j:js], rnodes[r:rs])
+            j, r = js + n, rs + n
+        self._count(d, wnodes[j:], rnodes[r:self.ref_end])
+        return d
+
+    def _count(self, d: dict[T, int], new: list[T], old: list[T]) -> None:
+        for n in new:
             for s in self.srcs(n):
                 if s is not None:
-                    w_new[s] = w_new.get(s, 0) + 1
-        self.w_ref, self.w_new = w_ref, w_new
-        self.changed = {t for t in set(w_ref) | set(w_new) if w_ref.get(t, 0) != w_new.get(t, 0)}
+                    d[s] = d.get(s, 0) + 1
+        for n in old:
+            for s in n.src:
+                if s is not None:
+                    d[s] = d.get(s, 0) - 1
 
     def _restore(self) -> None:
         """The allocator state of the reference's checkpoint at the start, with the new counts."""
@@ -244,7 +270,14 @@ class _AllocReplay:
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
         allocate, release = self.allocate, self.release
         delta = len(wnodes) - (self.ref_end - wa)
-        for q in range(wa, len(rnodes) + delta):
+        stretches = self._stretches()
+        q, end = wa, len(rnodes) + delta
+        while q < end:
+            if stretches and (st := stretches.get(q - wa)) is not None:
+                r1 = self._skip(st[0], st[1], q - wa)
+                if r1 > st[0]:
+                    q += r1 - st[0]
+                    continue
             if q >= wa + len(wnodes):
                 qr = q - delta
                 ckq = cks.get(qr)
@@ -253,6 +286,7 @@ class _AllocReplay:
                 n, b = rnodes[qr], rids[qr]
             else:
                 n, b = wnodes[q - wa], wids[q - wa]
+            q += 1
             self.cur = n
             if (m := LAYER_SUFFIX.search(n.name)) is not None:
                 self.where = f" (layer {m.group(1)})"
@@ -265,6 +299,95 @@ class _AllocReplay:
                 if p is not None:
                     release(p)
         return [a.max_size for a in self.allocs], self.peaks
+
+    # --- a stretch of the window the reference walked the same way ------------------------------
+
+    def _stretches(self) -> dict[int, tuple[int, int]]:
+        """Window index -> (reference position, end): the runs of the window that are the reference's
+        nodes, from their first checkpoint on (a split whose copies changed walks its whole body
+        otherwise)."""
+        out: dict[int, tuple[int, int]] = {}
+        ckpos = self.ref.ckpos
+        for j, r, n in self.runs:
+            k = bisect.bisect_left(ckpos, r)
+            if k < len(ckpos) and r + n - ckpos[k] >= _MIN_STRETCH:
+                out[j + ckpos[k] - r] = (ckpos[k], r + n)
+        return out
+
+    def _skip(self, r0: int, r1: int, j0: int) -> int:
+        """At checkpoint ``r0``, the reference's per-backend events up to ``r1`` (or the first use of
+        a tensor whose state differs from the reference's there) applied to this run's allocators;
+        returns where the walk goes on (``r0``: not skipped).  A tensor live on the same backend in
+        both runs (or in neither) whose count differs does not stop the stretch when both runs still
+        use it after it (then neither frees it or reuses it in place there), else only at its last
+        use in the stretch (before it, both runs still have that use to come)."""
+        ref = self.ref
+        uses = ref.uses
+        after = self._diff(j0 + r1 - r0, r1)
+        end = r1
+        for t, hard in self._differences(ref.cks[r0]).items():
+            u = uses.get(t)
+            if not u:
+                continue
+            k = bisect.bisect_left(u, r0)
+            if k == len(u) or u[k] >= end:
+                continue
+            if not hard:
+                k1 = bisect.bisect_left(u, r1)
+                n_ref = len(u) - k1
+                if n_ref > 0 and n_ref + after.get(t, 0) > 0:
+                    continue
+                k = k1 - 1  # every use before its last one in the stretch leaves it used in both runs
+            end = min(end, u[k])
+        if end - r0 < _MIN_STRETCH:
+            return r0
+        stats["skips"] += 1
+        per: list[dict[T, int]] = [{} for _ in self.allocs]
+        for t, (b, off) in self.own.items():
+            per[b][t] = off
+        for b, al in enumerate(self.allocs):
+            poss = ref.tail_pos[b]
+            k0, k1 = bisect.bisect_left(poss, r0), bisect.bisect_left(poss, end)
+            if k0 < k1:
+                self.peaks[b] = al.apply(ref.tail[b][k0:k1], per[b], self.peaks[b])
+        self.own = {t: (b, off) for b, d in enumerate(per) for t, off in d.items()}
+        self.base, self.d_base = end, after if end == r1 else self._diff(j0 + end - r0, end)
+        self.nc.clear()
+        self.nv.clear()
+        rnodes = ref.sched_nodes
+        for q in range(end - 1, r0 - 1, -1):
+            if (m := LAYER_SUFFIX.search(rnodes[q].name)) is not None:
+                self.where = f" (layer {m.group(1)})"
+                break
+        return end
+
+    def _differences(self, ck: Checkpoint) -> dict[T, bool]:
+        """Tensors whose state differs from the reference's at checkpoint ``ck``: True where it is
+        live in one run only or on another backend, False where only its remaining child or view
+        count differs or the window changes its count; with the views and view sources of each."""
+        NC, NV = self.NC, self.NV
+        new_live = {}
+        for t, (b, _) in self.own.items():
+            c, v = NC(t), NV(t)
+            if c or v:
+                new_live[t] = (b, c, v)
+        out = dict.fromkeys(self.changed, False)
+        for t, ((b, _), c, v) in ck.live.items():
+            e = new_live.pop(t, None)
+            if e is None or e[0] != b:
+                out[t] = True
+            elif e[1] != c or e[2] != v:
+                out.setdefault(t, False)
+        out.update(dict.fromkeys(new_live, True))
+        views = self.ref.view_nodes
+        for t, hard in list(out.items()):
+            vs = t.view_src
+            for x in ((vs, *views.get(vs, ())) if vs is not None else ()) + tuple(views.get(t, ())):
+                if hard:
+                    out[x] = True
+                else:
+                    out.setdefault(x, False)
+        return out
 
 
 def _same_live(ck: Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],
@@ -321,32 +444,44 @@ def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, st
 def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int],
           label: str) -> tuple[int, str]:
     """Backend ``b``'s events from position ``qr`` on; checked against the reference's state at every
-    checkpoint after some event (without events neither state changes)."""
+    checkpoint after some event (without events neither state changes), and every few checkpoints
+    against the states earlier tails passed there (``Reference.tail_memo``: the rest of a tail is a
+    function of its position, blocks and live offsets; a move moves the residual stream to the other
+    of two blocks, and the next move's tail meets the same state).  The maxima are kept per chunk of
+    events between checkpoints, so each state passed can be stored with its maximum from there on."""
     stats["tails"] += 1
-    evs, poss, ckpos = ref.tail[b], ref.tail_pos[b], ref.ckpos
+    evs, poss, ckpos, memo = ref.tail[b], ref.tail_pos[b], ref.ckpos, ref.tail_memo
     k, n = bisect.bisect_left(poss, qr), len(poss)
     n_ck = len(ckpos)
-    alloc, free, pop = al.alloc, al.free, own_b.pop
-    while k < n:
+    c = bisect.bisect_left(ckpos, qr)
+    size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
+    rest: tuple[int, str] = (-1, "")
+    while True:
+        if c < n_ck and c % _MEMO_STRIDE == 0:
+            key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
+                   tuple(own_b.get(t) for t, _ in ref.cks[ckpos[c]].live_on(b, len(ref.backends), ref.first)))
+            if (hit := memo.get(key)) is not None:
+                stats["tail_hits"] += 1
+                rest = hit
+                break
+            seen.append((key, len(chunks)))
+        if k >= n:
+            break
         c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
         hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
-        for kind, t, p, x, y, lab in evs[k:hi]:
-            if kind == 0:
-                before = al.max_size
-                own_b[t] = alloc(x)
-                if al.max_size > before:
-                    label = lab
-            elif kind == 2:
-                free(pop(t), x)
-            else:
-                off = own_b[t] = pop(p)
-                if x > y:
-                    free(off + y, x - y)
+        al.max_size = 0  # the chunk's own maximum and the label of its first allocation reaching it
+        clabel = al.apply(evs[k:hi], own_b, "")
+        chunks.append((al.max_size, clabel))
         k = hi
-        if c < n_ck:
-            ck = ref.cks[ckpos[c]]
-            if _same_on(ref, ck, b, al, own_b):
-                return _with_suffix(ck, b, al.max_size, label)
-    return al.max_size, label
-
-
+        if c < n_ck and _same_on(ref, ck := ref.cks[ckpos[c]], b, al, own_b):
+            assert ck.suffix is not None
+            rest = ck.suffix[b]
+            break
+    suffix = [rest] * (len(chunks) + 1)
+    for i in range(len(chunks) - 1, -1, -1):  # a tie keeps the earlier allocation's label
+        suffix[i] = chunks[i] if chunks[i][0] >= suffix[i + 1][0] else suffix[i + 1]
+    if len(memo) > _MEMO_SIZE:
+        memo.clear()
+    for seen_key, i in seen:
+        memo[seen_key] = suffix[i]
+    return (size, label) if size >= suffix[0][0] else suffix[0]

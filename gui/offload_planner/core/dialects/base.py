@@ -83,6 +83,10 @@ class Dialect(str, metaclass=_DialectType):
     auto_parallel: bool = False
     #: ``--fit on`` is the default (an exported command pins ``-fit off``)
     fits_by_default: bool = False
+    #: the 2026 speculative flags: ``--draft``/``--draft-min`` removed, ``--spec-draft-n-max`` checked
+    spec_flags_2026: bool = False
+    #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
+    projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)
     reserves_ubatch_outputs: bool = False
     #: the graph's inputs as 2025 builds laid them out (core.compute.graph)

@@ -49,6 +49,8 @@ class PinnedMainline(Mainline):
     refuses_cuda_row_split = True
     auto_parallel = True
     fits_by_default = True
+    projects_mmproj = True
+    spec_flags_2026 = True
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
     detect_rank = 20

@@ -246,6 +246,15 @@ SMALL_MODELS: dict[str, ModelSpec] = {
     ),
 }
 
+# DeepSeek-V3 layout: the trunk plus one NextN/MTP block (block_count = trunk + 1), which llama-server
+# loads with --spec-type draft-mtp; without the block's own embed_tokens/shared_head_head (optional in
+# llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe
+SMALL_MODELS["deepseek2-mtp"] = replace(
+    SMALL_MODELS["deepseek2"], name="synth-deepseek2-mtp", n_layer=4, n_nextn=1, nextn_embed_head=False
+)
+# A speculative-decoding draft for "llama": the same vocabulary, fewer layers (llama-server -md)
+SMALL_MODELS["llama-draft"] = replace(SMALL_MODELS["llama"], name="synth-llama-draft", n_layer=2)
+
 # --- real shapes, header-only ----------------------------------------------------------------
 
 _DEEPSEEK_V3 = ModelSpec(

@@ -1,0 +1,192 @@
+"""Speculative decoding as llama-server loads it: a draft model (``-md``) with its own placement and
+context, or an MTP context (``--spec-type draft-mtp``) on the main model's NextN layers.
+
+From the pinned build's ``common/speculative.cpp`` (``common_base_params_to_speculative``,
+``common_speculative_init_result``) and ``tools/server/server-context.cpp`` (``load_model``):
+
+* The draft model takes the main command line with its own ``-devd`` (default: the main devices),
+  ``-ngld`` (default auto = all), ``-otd``/``-cmoed``/``-ncmoed`` (the main ``-ot`` does not apply);
+  a draft pinned to one device uses ``-sm layer``.  Its context holds as many cells as the main
+  context (``llama_n_ctx(ctx_tgt)``), K/V types from ``-ctkd``/``-ctvd`` (default f16), and
+  ``n_outputs_max = n_parallel``.
+* ``draft-mtp`` loads the NextN layers with the main model (``load_mtp``) and creates a second
+  context on the main model (``LLAMA_CONTEXT_TYPE_MTP``): KV for the NextN layers only, its own
+  output buffer and compute (the MTP graph).
+* With a draft-type ``--spec-type`` the main context reserves ``min(n_batch, n_parallel *
+  (1 + n_max))`` output rows (``server_output_limits``; n_max = ``--spec-draft-n-max``, default 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from offload_planner.core.devices import DeviceSet
+from offload_planner.core.dialects import Dialect
+from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
+from offload_planner.core.memory import (
+    ContextParams,
+    ResolvedContext,
+    kv_buffers,
+    output_buffer,
+    project,
+    resolve_context,
+)
+from offload_planner.core.model import Model
+from offload_planner.core.placement import Placement, PlacementOptions, place
+
+DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
+DEFAULT_N_MAX = 3  # common_params_speculative_draft::n_max
+
+
+@dataclass(frozen=True)
+class DraftSettings:
+    """The draft model's own placement and context types, resolved from the command line."""
+
+    model: Model
+    devices: DeviceSet
+    placement_options: PlacementOptions
+    type_k: str = "f16"
+    type_v: str = "f16"
+    n_ctx: int | None = None  # 2025 builds' -cd; None: the main context's cells
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """What speculative decoding adds to a plan: a draft model and/or the MTP context."""
+
+    draft: DraftSettings | None = None
+    mtp: bool = False
+    type_k: str = "f16"  # -ctkd/-ctvd also type the MTP context's cache
+    type_v: str = "f16"
+
+    @property
+    def active(self) -> bool:
+        return self.draft is not None or self.mtp
+
+
+def _draft_args(args: Any) -> Any:
+    inner = getattr(args, "args", args)
+    return getattr(inner, "draft", None)
+
+
+def uses_mtp(args: Any) -> bool:
+    d = _draft_args(args)
+    return d is not None and "draft-mtp" in d.types
+
+
+def draft_len(args: Any) -> int:
+    """``common_speculative_n_max`` over the draft types given (0 without one)."""
+    d = _draft_args(args)
+    if d is None or not DRAFT_TYPES.intersection(d.types):
+        return 0
+    return max(0, DEFAULT_N_MAX if d.n_max is None else d.n_max)
+
+
+def draft_devices(devices: DeviceSet, names: list[str] | None) -> DeviceSet:
+    """``-devd``: the listed offload devices (``none``: the CPU only); absent: all of them."""
+    if not names:
+        return devices
+    if names == ["none"]:
+        return DeviceSet(devices.cpu, ())
+    want = [n.lower() for n in names]
+    gpus = tuple(g for n in want for g in devices.gpus if g.name.lower() == n)
+    return DeviceSet(devices.cpu, gpus, reported_order=True)
+
+
+#: ``engine.placement_options``: the draft's placement from its own arguments (passed in: the engine
+#: imports this module)
+PlacementOf = Callable[[Model, DeviceSet, Any, Dialect], PlacementOptions]
+
+
+def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_options: PlacementOf,
+                  draft_model: Model | None = None) -> SpecSettings:
+    """Resolve the speculative flags; ``draft_model`` is the opened ``-md`` file (None: no draft)."""
+    d = _draft_args(args)
+    if d is None:
+        return SpecSettings()
+    type_k, type_v = d.cache_type_k or "f16", d.cache_type_v or "f16"
+    draft = None
+    if draft_model is not None and d.model:
+        inner = getattr(args, "args", args)
+        ddev = draft_devices(devices, d.devices)
+        split = "layer" if d.devices and len(ddev.gpus) == 1 else inner.split_mode
+        dargs = replace(inner, n_gpu_layers=d.n_gpu_layers, overrides=list(d.overrides), split_mode=split)
+        popts = placement_options(draft_model, ddev, dargs, Dialect(dialect))
+        draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
+    return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v)
+
+
+def draft_context(spec: DraftSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
+    """The draft model's weights, KV, output and compute buffers, as its own projection."""
+    cparams = replace(main, n_ctx=spec.n_ctx or ctx.n_ctx, type_k=spec.type_k, type_v=spec.type_v,
+                      n_outputs_max=min(main.n_batch, main.n_seq_max))
+    placement = place(spec.model, spec.devices, spec.placement_options)
+    proj = project(spec.model, spec.devices, placement, cparams)
+    name = spec.model.path.rsplit("/", 1)[-1]
+    return ExtraContext(DRAFT, f"draft model {name}", tagged(DRAFT, proj.buffers()))
+
+
+def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
+                ctx: ResolvedContext, spec: SpecSettings) -> ExtraContext:
+    """The MTP context on the main model: KV of the NextN layers, output, and the MTP graph's compute."""
+    from offload_planner.core.compute.mtp import MTP_GRAPHS, mtp_compute_buffers
+
+    s = model.summary
+    cparams = replace(main, n_ctx=ctx.n_ctx, type_k=spec.type_k, type_v=spec.type_v,
+                      n_outputs_max=min(main.n_batch, main.n_seq_max))
+    mctx = resolve_context(cparams, s.n_ctx_train, s.n_swa)
+    nextn = range(s.n_layer_trunk, s.n_layer)
+    bufs = kv_buffers(model, placement, mctx, cparams, devices, cached=nextn)
+    bufs.append(output_buffer(model, placement, cparams, devices))
+    bufs += mtp_compute_buffers(model, devices, placement, mctx, cparams)
+    label = f"MTP context ({len(nextn)} NextN layer{'s' if len(nextn) != 1 else ''})"
+    if model.arch not in MTP_GRAPHS:
+        label += f"; compute not projected (no MTP graph for {model.arch})"
+    return ExtraContext(MTP, label, tagged(MTP, bufs), shares_model=True)
+
+
+def load_spec(devices: DeviceSet, args: Any, dialect: Dialect,
+              placement_options: PlacementOf) -> SpecSettings:
+    """:func:`spec_settings` with the ``-md`` file opened (a :class:`GGUFError` names a bad one)."""
+    from offload_planner.core.gguf_reader import open_model
+
+    d = _draft_args(args)
+    draft = open_model(d.model) if d is not None and d.model else None
+    return spec_settings(devices, args, dialect, placement_options, draft)
+
+
+def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: Dialect,
+                   placement_options: PlacementOf) -> tuple[SpecSettings | None, list[str]]:
+    """The speculative settings of kept flags (a saved plan's), and a note when the draft model cannot
+    be read (the plan then projects the main model only)."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.errors import PlannerError
+
+    parsed = parse_server_args(argv, dialect=Dialect(dialect))
+    try:
+        return load_spec(devices, parsed, dialect, placement_options), []
+    except PlannerError as e:
+        return None, [f"draft model not projected: {e}"]
+
+
+def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
+    """What llama-server refuses at load about speculative decoding on this model (its log lines)."""
+    if spec is not None and spec.mtp and spec.draft is None and not model.summary.n_nextn:
+        return ["llama-server exits at load: llama_init_from_model: context type MTP requested but model "
+                "doesn't contain MTP layers; failed to create MTP context (--spec-type draft-mtp needs "
+                "NextN layers, nextn_predict_layers = 0 in this file)"]
+    return []
+
+
+def extra_contexts(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
+                   ctx: ResolvedContext, spec: SpecSettings | None) -> list[ExtraContext]:
+    """The contexts speculative decoding adds, in the order the server creates them."""
+    if spec is None or not spec.active:
+        return []
+    if spec.draft is not None:
+        return [draft_context(spec.draft, main, ctx)]
+    if spec.mtp and model.summary.n_nextn:
+        return [mtp_context(model, devices, placement, main, ctx, spec)]
+    return []
