@@ -14,9 +14,9 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan, score
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.units import GiB
 
 RES = Path(__file__).resolve().parents[2] / "resources"
-GiB = 1024**3
 
 
 @pytest.fixture(scope="module")

@@ -23,9 +23,9 @@ from offload_planner.core.speed.efficiency import calibrated
 from offload_planner.core.speed.estimate import estimate, split_pairs, ubatch_sweep
 from offload_planner.core.speed.hardware import Source, hardware_for
 from offload_planner.core.speed.report import speed_json, speed_label, speed_lines
+from offload_planner.core.units import GiB
 
 RES = Path(__file__).resolve().parents[2] / "resources"
-GiB = 1024**3
 
 
 @pytest.fixture(scope="module")

@@ -28,9 +28,9 @@ from offload_planner.core.plan import plan_command, plan_from_args
 from offload_planner.core.speed.efficiency import calibrated
 from offload_planner.core.speed.fastest import fastest_plan
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
-MiB = 1024 * 1024
 FAST_LOOPBACK = ("link", "100GB/s"), ("bw", "500GB/s")
 
 

@@ -114,8 +114,7 @@ def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> Non
 def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: Settings) -> None:
     from offload_planner.backend.speed_store import machine_hardware
     from offload_planner.core.speed.estimate import tg_tps
-    from offload_planner.ui.move_preview import move_tg
-    from offload_planner.ui.tensor_map_model import move_preview_html
+    from offload_planner.ui.tensor_map_model import move_preview_html, move_tg
 
     win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
     try:

@@ -15,11 +15,11 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
+from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
-from offload_planner.ui.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import (
     ACTUAL_COLOR,
@@ -49,6 +49,8 @@ BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("W", "KV", "C", "O", "P", "D", "MTP"), " "),
 )
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
+#: The legend's last word on the breakdown lines' bare figures.
+UNIT_NOTE = "figures without a unit: GiB"
 
 
 def gib(n: float) -> str:
@@ -137,7 +139,7 @@ def device_tooltip(dm: DeviceMemory, actual: int | None = None, stale: bool = Fa
         lines.append(actual_line(dm, actual, stale))
     rows = "".join(
         f"<tr><td>{html.escape(b.kind)}</td><td>{html.escape(b.name)}</td>"
-        f"<td align=right>{counted(b) / 2**20:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
+        f"<td align=right>{counted(b) / MiB:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
         for b in dm.buffers
     )
     lines.append(
@@ -445,6 +447,10 @@ class MemoryView(QWidget):
         optional = {"mmproj"} | {k for k, _ in EXTRA_KINDS}
         items = [(label, kind) for label, kind in items if kind not in optional or kind in shown]
         items += [("margin", "margin"), ("over", "over")]
+        figures = [n for dm in self._rows() for _k, n in bar_figures(dm).by_kind if n]
+        bare = any(not gib(n).endswith("iB") for n in figures)
+        if bare:  # some figure under a bar is in GiB without saying so
+            items.append((UNIT_NOTE, "note"))
         if self._actuals:
             stale = self.actuals_stale
             items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
@@ -467,6 +473,13 @@ class MemoryView(QWidget):
                 p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
+            elif kind == "note":
+                p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
+                left_mid = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+                p.drawText(QRectF(x, y, w, lh), left_mid, label)
+                p.setPen(self.palette().color(QPalette.ColorRole.Text))
+                x += w
+                continue
             elif kind == "actual":
                 self._paint_actual(p, QRectF(box.left(), box.center().y() - 1.5, box.width(), 3))
             else:

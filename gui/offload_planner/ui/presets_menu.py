@@ -16,9 +16,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.core import presets
 from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU
-from offload_planner.ui import presets
+from offload_planner.core.plan import Plan
 from offload_planner.ui.document import PlanDocument
 
 
@@ -180,7 +181,7 @@ class PresetsMenu(QMenu):
 
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
-            best = presets.fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant)
+            best = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant)
         except Exception as e:  # a core bug must not take the window down
             self.message.emit(f"The fastest plan could not be searched: {type(e).__name__}: {e}")
             return False
@@ -217,3 +218,17 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> Plan | None:
+    """The fastest plan that fits (core.speed.fastest) from this plan, on the devices' declared
+    figures and this machine's cached RAM probe; None when nothing fits.  ``allow_kv_quant``: the
+    KV cache may become q8_0."""
+    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_in
+    from offload_planner.core.speed.fastest import fastest_from_plan
+    from offload_planner.core.speed.hardware import hardware_for
+
+    hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False))
+    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
+                               allow_kv_quant=allow_kv_quant)
+    return result.best.plan if result.best else None

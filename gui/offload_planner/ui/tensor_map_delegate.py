@@ -8,6 +8,7 @@ from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPointF, QRectF, 
 from PySide6.QtGui import QColor, QPainter, QPalette, QPen, QPolygonF
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem, QWidget
 
+from offload_planner.core.tensor_grid import Cell
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import (
     MOVED_MARK_COLOR,
@@ -16,7 +17,6 @@ from offload_planner.ui.palette import (
     hatch_brush,
     section_tint,
 )
-from offload_planner.ui.tensor_grid import Cell
 from offload_planner.ui.tensor_map_model import CELL_ROLE, FRACTION_ROLE, SECTION_ROLE, SECTION_START_ROLE
 
 _Index = QModelIndex | QPersistentModelIndex

@@ -16,9 +16,9 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
 from offload_planner.core.speed.sweep import UBATCHES, UbPoint, ubatch_tradeoff
+from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
 
-GiB = 1024**3
 PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
 BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
 UB_TICKS: tuple[int, ...] = tuple(UBATCHES)  # the -ub values ubatch_tradeoff projects

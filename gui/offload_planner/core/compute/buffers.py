@@ -21,6 +21,7 @@ from offload_planner.core.compute.simulate import (
     simulate,
     term_estimate,
 )
+from offload_planner.core.units import MiB
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from offload_planner.core.placement import Placement
 
 
-MiB = 1024 * 1024
 
 
 # --- the planner's entry point ----------------------------------------------------------------------------

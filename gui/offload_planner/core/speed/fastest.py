@@ -42,8 +42,8 @@ from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.units import GiB
 
-GiB = 1024**3
 DEFAULT_MARGIN = 1 * GiB  # the window's default margin on every GPU
 BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
 GOALS = ("tg", "pp", "balanced")
