@@ -12,7 +12,17 @@ import html
 from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtGui import (
+    QBrush,
+    QColor,
+    QFont,
+    QFontMetrics,
+    QHelpEvent,
+    QPainter,
+    QPaintEvent,
+    QPalette,
+    QPen,
+)
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
@@ -33,6 +43,7 @@ from offload_planner.ui.palette import (
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
 STALE_ACTUAL_COLOR = QColor("#8A8A8A")  # an actual marker from before the last edit, drawn hollow
 STALE_NOTE = "before your last edit"
+OVER_PATTERN = QBrush(QColor(255, 255, 255, 150), Qt.BrushStyle.DiagCrossPattern)
 
 #: Extra contexts whose buffers (of any kind) the bars draw as segments of their own, after the main
 #: model's kinds: a speculative draft model (-md) and the MTP context (--spec-type draft-mtp).
@@ -224,6 +235,10 @@ class MemoryView(QWidget):
     def _bar_rect(self, r: QRectF) -> QRectF:
         return QRectF(r.left(), r.top() + self._line() + 3, r.width(), self._bar_height())
 
+    def bar_rect(self, i: int) -> QRectF:
+        """The bar of row ``i``; its last :data:`_OVERFLOW_SHARE` holds the overflow past capacity."""
+        return self._bar_rect(self._row_rect(i))
+
     def actual_rect(self, i: int) -> QRectF | None:
         """The thin actual-total bar of row ``i`` (None without an actual for that device)."""
         rows = self._rows()
@@ -291,23 +306,26 @@ class MemoryView(QWidget):
             p.fillRect(r.adjusted(1, 1, -1, -1), self.palette().color(QPalette.ColorRole.Base))
         p.fillRect(QRectF(r.right() - 1.5, r.top() - 3, 1.5, r.height() + 3), color)
 
+    def verdict(self) -> str:
+        """The line above the bars as drawn at the view's width: the devices over capacity by name,
+        or by number when their names do not fit (each bar says "over" in red)."""
+        over = [dm.device.name for dm in self._rows() if bar_figures(dm).over]
+        if not over:
+            return "✔ fits on every device"
+        bold = QFont(self.font())
+        bold.setBold(True)
+        fm = QFontMetrics(bold)
+        text = f"✖ over capacity: {', '.join(over)}"
+        if fm.horizontalAdvance(text) > self.width() - 16:
+            text = f"✖ {len(over)} devices over capacity" if len(over) > 1 else "✖ over capacity"
+        return fm.elidedText(text, Qt.TextElideMode.ElideRight, self.width() - 16)
+
     def _paint_verdict(self, p: QPainter, r: QRectF, figures: list[DeviceFigures]) -> None:
-        over = [f for f in figures if f.over]
         bold = QFont(self.font())
         bold.setBold(True)
         p.setFont(bold)
-        if over:
-            p.setPen(OVER_COLOR)
-            names = ", ".join(f.name for f in over)
-            text = f"✖ over capacity: {names}"
-        else:
-            p.setPen(QColor("#007A3D"))
-            text = "✔ fits on every device"
-        p.drawText(
-            r,
-            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-            p.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, int(r.width())),
-        )
+        p.setPen(OVER_COLOR if any(f.over for f in figures) else QColor("#007A3D"))
+        p.drawText(r, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self.verdict())
         p.setFont(self.font())
         if not self._doc.analysis_current:
             p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
@@ -378,6 +396,7 @@ class MemoryView(QWidget):
             room = bar.width() - cap_w
             over = QRectF(bar.left() + cap_w, bar.top(), min((f.used - f.capacity) * px, room), bar.height())
             p.fillRect(over, OVER_COLOR)
+            p.fillRect(over, OVER_PATTERN)  # texture: a red-orange GPU's bar stays apart from its overflow
             if (f.used - f.capacity) * px > room:  # clipped: a torn end
                 p.setPen(QPen(pal.color(QPalette.ColorRole.Base), 2))
                 xr = over.right() - 5
@@ -473,6 +492,7 @@ class MemoryView(QWidget):
                 p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
+                p.fillRect(box, OVER_PATTERN)
             elif kind == "note":
                 p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
                 left_mid = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
