@@ -155,4 +155,3 @@ def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> Non
         assert "fastest prompt processing at -ub 4096" in plot.status.text()
     finally:
         win.close()
-
