@@ -29,6 +29,10 @@ def test_speed_line_names_its_shares_and_a_plan_that_does_not_fit(qtbot: QtBot, 
         qtbot.waitUntil(lambda: label.text().startswith(IF_IT_FIT))
         assert LINE.fullmatch(label.text()), label.text()
         assert "CUDA0, CUDA1 cannot hold this plan" in label.toolTip()
+        plot = win.ubatch_plot  # the Speed tab says so as well
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        assert plot.status.text().startswith(IF_IT_FIT + "fastest prompt processing at -ub ")
         experts = [t.name for t in win.doc.plan.model.tensors if t.role.is_routed_expert]
         win.doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")  # 367 GiB in 512 GiB of RAM
         wait_projected(qtbot, win)

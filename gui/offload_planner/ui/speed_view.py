@@ -70,8 +70,12 @@ class SpeedLabel(QLabel):
                         .replace("<", "&lt;") + "</pre>")
 
     def _over(self) -> list[str]:
-        """Devices over capacity in the current projection ([] while it is not current)."""
-        a = self._doc.analysis
-        if a is None or a.projection is None or not self._doc.analysis_current:
-            return []
-        return [dm.device.name for dm in a.projection.devices if bar_figures(dm).over]
+        return over_capacity(self._doc)
+
+
+def over_capacity(doc: PlanDocument) -> list[str]:
+    """Devices over capacity in the document's projection ([] while it is not current)."""
+    a = doc.analysis
+    if a is None or a.projection is None or not doc.analysis_current:
+        return []
+    return [dm.device.name for dm in a.projection.devices if bar_figures(dm).over]

@@ -18,6 +18,7 @@ from offload_planner.backend.speed_store import efficiencies_for, machine_hardwa
 from offload_planner.core.speed.sweep import UBATCHES, UbPoint, ubatch_tradeoff
 from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.speed_view import IF_IT_FIT, over_capacity
 
 PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
 BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
@@ -111,5 +112,6 @@ class UbatchPlot(QWidget):
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
         self.buf_curve.setData(xs, [p.gpu_compute_bytes / GiB for p in points])
         best = max(points, key=lambda p: p.pp_tps)
-        self.status.setText(f"fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
+        fits = "" if not over_capacity(self._doc) else IF_IT_FIT  # as the speed line says it
+        self.status.setText(f"{fits}fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
                             f"{best.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")
