@@ -62,14 +62,7 @@ def _glm4moe(b: Builder) -> None:
     b.build_out_ids()
     for il in range(sh.n_layer):
         inp_sa = inp
-        cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
-        q, k, v = b.qkv(il, cur, sh.head_v)
-        if (qn := b.lw(il, "attn_q_norm.weight")) is not None:
-            q = b.norm(q, qn, il)
-        if (kn := b.lw(il, "attn_k_norm.weight")) is not None:
-            k = b.norm(k, kn, il)
-        q, k = b.rope(q), b.rope(k)
-        cur = b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v)
+        cur = glm4moe_attention(b, il, inp)
         if il == sh.n_layer - 1:
             cur, inp_sa = b.out_rows(cur, inp_sa)
         ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
@@ -77,6 +70,19 @@ def _glm4moe(b: Builder) -> None:
         cur = dense_lead_or_shared_moe(b, il, cur)
         inp = b.cb(dup_op(cur, "ADD", cur, ffn_inp), "l_out", il)
     b.head(inp)
+
+
+def glm4moe_attention(b: Builder, il: int, inp: T) -> T:
+    """GLM-4.x self-attention of layer ``il`` (trunk and NextN): norm, QKV (optional Q/K norms),
+    rope, attention and its output projection."""
+    cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
+    q, k, v = b.qkv(il, cur, b.sh.head_v)
+    if (qn := b.lw(il, "attn_q_norm.weight")) is not None:
+        q = b.norm(q, qn, il)
+    if (kn := b.lw(il, "attn_k_norm.weight")) is not None:
+        k = b.norm(k, kn, il)
+    q, k = b.rope(q), b.rope(k)
+    return b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v)
 
 
 def dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:

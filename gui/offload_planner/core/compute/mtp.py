@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
-from offload_planner.core.compute.archs import dense_lead_or_shared_moe, mla_attention
+from offload_planner.core.compute.archs import dense_lead_or_shared_moe, glm4moe_attention, mla_attention
 from offload_planner.core.compute.ggml import (
     F32,
     I32,
@@ -84,14 +84,7 @@ def _glm4moe_mtp(b: Builder) -> None:
     il = sh.n_layer  # the first NextN block follows the trunk
     cur = _mtp_input(b, il)
     inp_sa = cur
-    cur = b.norm(cur, b.lw(il, "attn_norm.weight"), il)
-    q, k, v = b.qkv(il, cur, sh.head_v)
-    if (qn := b.lw(il, "attn_q_norm.weight")) is not None:
-        q = b.norm(q, qn, il)
-    if (kn := b.lw(il, "attn_k_norm.weight")) is not None:
-        k = b.norm(k, kn, il)
-    q, k = b.rope(q), b.rope(k)
-    cur = b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v)
+    cur = glm4moe_attention(b, il, cur)
     ffn_inp = dup_op(cur, "ADD", cur, inp_sa)
     cur = b.norm(ffn_inp, b.lw(il, "post_attention_norm.weight"), il)
     cur = dense_lead_or_shared_moe(b, il, cur)
