@@ -15,6 +15,7 @@ from offload_planner.core.compute.ggml import (
     T,
     same_layout,
 )
+from offload_planner.core.compute.periods import PeriodWalk
 from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse, stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
@@ -447,8 +448,10 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     checkpoint after some event (without events neither state changes), and every few checkpoints
     against the states earlier tails passed there (``Reference.tail_memo``: the rest of a tail is a
     function of its position, blocks and live offsets; a move moves the residual stream to the other
-    of two blocks, and the next move's tail meets the same state).  The maxima are kept per chunk of
-    events between checkpoints, so each state passed can be stored with its maximum from there on."""
+    of two blocks, and the next move's tail meets the same state).  At a layer start where the
+    reference's events repeat, whole periods of layers are jumped when the state repeats too
+    (:mod:`.periods`).  The maxima are kept per chunk of events between checkpoints, so each state
+    passed can be stored with its maximum from there on."""
     stats["tails"] += 1
     evs, poss, ckpos, memo = ref.tail[b], ref.tail_pos[b], ref.ckpos, ref.tail_memo
     k, n = bisect.bisect_left(poss, qr), len(poss)
@@ -456,6 +459,7 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     c = bisect.bisect_left(ckpos, qr)
     size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
     rest: tuple[int, str] = (-1, "")
+    walk = PeriodWalk(ref.periods, b)
     while True:
         if c < n_ck and c % _MEMO_STRIDE == 0:
             key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
@@ -473,10 +477,22 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
         clabel = al.apply(evs[k:hi], own_b, "")
         chunks.append((al.max_size, clabel))
         k = hi
+        if c < n_ck and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
+            stats["period_jumps"] += 1
+            seen = [e for e in seen if e[1] <= walk.mark]
+            c = bisect.bisect_left(ckpos, to)
+            k = bisect.bisect_left(poss, to, k)
         if c < n_ck and _same_on(ref, ck := ref.cks[ckpos[c]], b, al, own_b):
             assert ck.suffix is not None
             rest = ck.suffix[b]
             break
+    return _tail_max(memo, seen, chunks, rest, size, label)
+
+
+def _tail_max(memo: dict[tuple[object, ...], tuple[int, str]], seen: list[tuple[tuple[object, ...], int]],
+              chunks: list[tuple[int, str]], rest: tuple[int, str], size: int, label: str) -> tuple[int, str]:
+    """The tail's maximum and its label (the maximum before it, ``size``, wins a tie), and the memo of
+    the states it passed with their maxima from there on."""
     suffix = [rest] * (len(chunks) + 1)
     for i in range(len(chunks) - 1, -1, -1):  # a tie keeps the earlier allocation's label
         suffix[i] = chunks[i] if chunks[i][0] >= suffix[i + 1][0] else suffix[i + 1]
