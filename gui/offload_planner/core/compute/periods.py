@@ -23,9 +23,11 @@ dense layer between MoE ones, a split boundary) ends a run; the tail walks it as
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from offload_planner.core.compute.allocator import DynAllocator
 from offload_planner.core.compute.ggml import LAYER_SUFFIX, T
 
 #: ``(kind, tensor, parent, size, new size, label)``: see ``recording.RecAlloc``
@@ -142,9 +144,10 @@ class PeriodWalk:
     #: after a jump: how many chunks of maxima the tail keeps the suffixes of (see :meth:`at`)
     mark: int = field(default=0)
 
-    def at(self, pos: int, blocks: list[list[int]], own: dict[T, int], mark: int) -> int | None:
+    def at(self, pos: int, blocks: list[list[int]], own: dict[T, int], mark: int = 0,
+           limit: int = 1 << 62) -> int | None:
         """At position ``pos`` (a layer start, after the events before it): the position to go on
-        from (``own`` holding the allocated tensors there), or None to walk on.  ``mark``: how many
+        from (``own`` holding the allocated tensors there; at most ``limit``), or None to walk on.  ``mark``: how many
         chunks of maxima the tail has kept: after a jump, ``self.mark`` is the count at the run's
         first period's start (a state inside that period has the jumped periods' maximum to come,
         whose labels are not known, so the tail keeps no suffix for it)."""
@@ -155,9 +158,13 @@ class PeriodWalk:
         if a is not None and k < a[0] + a[1]:
             return None  # inside the run's first period
         alloc = self.per.alloc[self.b]
-        if a is not None and k == a[0] + a[1] and blocks == a[3] and [own.get(t) for t in alloc[k]] == a[4]:
+        end = a[2] if a is not None else 0
+        while end > k and self.per.bounds[end] > limit:
+            end -= a[1] if a is not None else 1
+        if a is not None and k == a[0] + a[1] and end > k and blocks == a[3] \
+                and [own.get(t) for t in alloc[k]] == a[4]:
             self.mark = a[5]
-            k = self._jump(k, a[2], own, a[4])
+            k = self._jump(k, end, own, a[4])
         self._anchor(k, blocks, own, mark)
         return None if k == k0 else self.per.bounds[k]
 
@@ -176,3 +183,28 @@ class PeriodWalk:
             if off is not None:
                 own[t] = off
         return end
+
+
+def apply_span(per: Periods, b: int, al: DynAllocator, evs: list[Event], poss: list[int], r0: int, r1: int,
+               own: dict[T, int], label: str) -> str:
+    """Backend ``b``'s events at positions ``r0`` to ``r1`` applied to ``al`` (``own``: the offsets of
+    its tensors), whole periods of layers jumped where the state repeats; returns the peak label
+    (``al.max_size`` is the running maximum: a jumped period reaches no more than the one walked, and
+    a tie keeps the earlier label)."""
+    bounds = per.bounds
+    walk = PeriodWalk(per, b)
+    k = bisect.bisect_left(poss, r0)
+    i = bisect.bisect_left(bounds, r0)
+    while True:
+        stop = bounds[i] if i < len(bounds) and bounds[i] < r1 else r1
+        hi = bisect.bisect_left(poss, stop, k)
+        if hi > k:
+            label = al.apply(evs[k:hi], own, label)
+            k = hi
+        if stop == r1:
+            return label
+        to = walk.at(stop, al.blocks, own, limit=r1)
+        if to is not None:
+            k = bisect.bisect_left(poss, to, k)
+            i = per.at[to]
+        i += 1

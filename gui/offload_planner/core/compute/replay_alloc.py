@@ -15,7 +15,7 @@ from offload_planner.core.compute.ggml import (
     T,
     same_layout,
 )
-from offload_planner.core.compute.periods import PeriodWalk
+from offload_planner.core.compute.periods import PeriodWalk, apply_span
 from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse, stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
@@ -347,10 +347,8 @@ class _AllocReplay:
         for t, (b, off) in self.own.items():
             per[b][t] = off
         for b, al in enumerate(self.allocs):
-            poss = ref.tail_pos[b]
-            k0, k1 = bisect.bisect_left(poss, r0), bisect.bisect_left(poss, end)
-            if k0 < k1:
-                self.peaks[b] = al.apply(ref.tail[b][k0:k1], per[b], self.peaks[b])
+            self.peaks[b] = apply_span(ref.periods, b, al, ref.tail[b], ref.tail_pos[b], r0, end, per[b],
+                                       self.peaks[b])
         self.own = {t: (b, off) for b, d in enumerate(per) for t, off in d.items()}
         self.base, self.d_base = end, after if end == r1 else self._diff(j0 + end - r0, end)
         self.nc.clear()
