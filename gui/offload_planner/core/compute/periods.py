@@ -148,9 +148,9 @@ class PeriodWalk:
            limit: int = 1 << 62) -> int | None:
         """At position ``pos`` (a layer start, after the events before it): the position to go on
         from (``own`` holding the allocated tensors there; at most ``limit``), or None to walk on.
-        ``mark``: how many chunks of maxima the tail has kept: after a jump, ``self.mark`` is the count at the run's
-        first period's start (a state inside that period has the jumped periods' maximum to come,
-        whose labels are not known, so the tail keeps no suffix for it)."""
+        ``mark``: how many chunks of maxima the tail has kept: after a jump, ``self.mark`` is the
+        count at the run's first period's start (a state inside that period has the jumped periods'
+        maximum to come, whose labels are not known, so the tail keeps no suffix for it)."""
         k0 = k = self.per.at.get(pos)
         if k is None:
             return None
