@@ -49,10 +49,11 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
-from offload_planner.core.compute.recording import Reference, Refuse, stats
+from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve
 from offload_planner.core.compute.scheduler import Backend
+from offload_planner.core.compute.stats import stats
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------

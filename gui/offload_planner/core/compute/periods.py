@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from offload_planner.core.compute.allocator import DynAllocator
 from offload_planner.core.compute.ggml import LAYER_SUFFIX, T
+from offload_planner.core.compute.stats import stats
 
 #: ``(kind, tensor, parent, size, new size, label)``: see ``recording.RecAlloc``
 Event = tuple[int, T, T, int, int, str]
@@ -161,10 +162,13 @@ class PeriodWalk:
         end = a[2] if a is not None else 0
         while end > k and self.per.bounds[end] > limit:
             end -= a[1] if a is not None else 1
-        if a is not None and k == a[0] + a[1] and end > k and blocks == a[3] \
-                and [own.get(t) for t in alloc[k]] == a[4]:
-            self.mark = a[5]
-            k = self._jump(k, end, own, a[4])
+        if a is not None and k == a[0] + a[1] and end > k:
+            if blocks == a[3] and [own.get(t) for t in alloc[k]] == a[4]:
+                stats["period_jumps"] += 1
+                self.mark = a[5]
+                k = self._jump(k, end, own, a[4])
+            else:
+                stats["period_misses"] += 1
         self._anchor(k, blocks, own, mark)
         return None if k == k0 else self.per.bounds[k]
 

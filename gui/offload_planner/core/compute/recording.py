@@ -24,18 +24,6 @@ from offload_planner.core.placement import Placed
 _CK_STRIDE = 8
 
 
-#: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
-#: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
-#: moved back before a use whose count the window changes; tails: backends whose allocator was still
-#: in another state than the reference's after the window, replayed from the reference's event list;
-#: plain: first simulations of a topology, run without recording a reference; skips: stretches of a
-#: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed;
-#: period_jumps: whole periods of layers a tail jumped (see .periods)
-stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
-         "tails": 0, "plain": 0, "skips": 0,
-         "tail_hits": 0, "period_jumps": 0}
-
-
 class Refuse(Exception):
     """The replay cannot prove itself equal to the full run: run it in full."""
 

@@ -16,7 +16,8 @@ from offload_planner.core.compute.ggml import (
     same_layout,
 )
 from offload_planner.core.compute.periods import PeriodWalk, apply_span
-from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse, stats
+from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse
+from offload_planner.core.compute.stats import stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
 _MIN_STRETCH = 32
@@ -476,7 +477,6 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
         chunks.append((al.max_size, clabel))
         k = hi
         if c < n_ck and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
-            stats["period_jumps"] += 1
             seen = [e for e in seen if e[1] <= walk.mark]
             c = bisect.bisect_left(ckpos, to)
             k = bisect.bisect_left(poss, to, k)
