@@ -134,50 +134,66 @@ def _runs(codes: list[int]) -> dict[int, tuple[int, int]]:
     return out
 
 
+#: how many of a run's states at layer starts a walk keeps to compare with: the state may come back
+#: after a multiple of the run's period (a residual stream alternating between two blocks)
+_KEEP = 8
+
+
 @dataclass
 class PeriodWalk:
-    """One backend's tail going through layer starts: notes its state at the start of a run and
-    jumps to the run's end when one period later the state is the same."""
+    """One backend's walk through layer starts: in a run of equal segments, notes its state at each
+    and jumps to (nearly) the run's end when the state is one it had a multiple of the period ago."""
 
     per: Periods
     b: int
-    anchor: tuple[int, int, int, list[list[int]], list[int | None], int] | None = None
+    run: tuple[int, int, int] | None = None  # (first layer start, period, end)
+    # (layer start, blocks, offsets of its allocated tensors in canonical order, chunks kept)
+    seen: list[tuple[int, list[list[int]], list[int | None], int]] = field(default_factory=list)
     #: after a jump: how many chunks of maxima the tail keeps the suffixes of (see :meth:`at`)
-    mark: int = field(default=0)
+    mark: int = 0
 
     def at(self, pos: int, blocks: list[list[int]], own: dict[T, int], mark: int = 0,
            limit: int = 1 << 62) -> int | None:
         """At position ``pos`` (a layer start, after the events before it): the position to go on
         from (``own`` holding the allocated tensors there; at most ``limit``), or None to walk on.
         ``mark``: how many chunks of maxima the tail has kept: after a jump, ``self.mark`` is the
-        count at the run's first period's start (a state inside that period has the jumped periods'
+        count where the repeated state was first seen (a state after it has the jumped periods'
         maximum to come, whose labels are not known, so the tail keeps no suffix for it)."""
-        k0 = k = self.per.at.get(pos)
+        k = self.per.at.get(pos)
         if k is None:
             return None
-        a = self.anchor
-        if a is not None and k < a[0] + a[1]:
-            return None  # inside the run's first period
-        alloc = self.per.alloc[self.b]
-        end = a[2] if a is not None else 0
-        while end > k and self.per.bounds[end] > limit:
-            end -= a[1] if a is not None else 1
-        if a is not None and k == a[0] + a[1] and end > k:
-            if blocks == a[3] and [own.get(t) for t in alloc[k]] == a[4]:
-                stats["period_jumps"] += 1
-                self.mark = a[5]
-                k = self._jump(k, end, own, a[4])
-            else:
-                stats["period_misses"] += 1
-        self._anchor(k, blocks, own, mark)
-        return None if k == k0 else self.per.bounds[k]
+        run = self.run
+        if run is None or not run[0] < k < run[2]:
+            self._start(k, blocks, own, mark)
+            return None
+        offs = [own.get(t) for t in self.per.alloc[self.b][k]]
+        for k1, blocks1, offs1, mark1 in reversed(self.seen):
+            q = k - k1
+            if q % run[1] or blocks != blocks1 or offs != offs1:
+                continue
+            end = k1 + (run[2] - k1) // q * q
+            while end > k and self.per.bounds[end] > limit:
+                end -= q
+            if end <= k:
+                break
+            stats["period_jumps"] += 1
+            self.mark = mark1
+            self._jump(k, end, own, offs)
+            self._start(end, blocks, own, mark)
+            return self.per.bounds[end]
+        stats["period_misses"] += 1
+        self.seen.append((k, [list(x) for x in blocks], offs, mark))
+        del self.seen[:-_KEEP]
+        return None
 
-    def _anchor(self, k: int, blocks: list[list[int]], own: dict[T, int], mark: int) -> None:
-        run = self.per.runs[self.b].get(k)
-        self.anchor = None if run is None else (k, run[0], run[1], [list(x) for x in blocks],
-                                                [own.get(t) for t in self.per.alloc[self.b][k]], mark)
+    def _start(self, k: int, blocks: list[list[int]], own: dict[T, int], mark: int) -> None:
+        """At layer start ``k`` outside the current run: the run from it, if any."""
+        r = self.per.runs[self.b].get(k)
+        self.run = None if r is None else (k, r[0], r[1])
+        self.seen = [] if r is None else [(k, [list(x) for x in blocks],
+                                           [own.get(t) for t in self.per.alloc[self.b][k]], mark)]
 
-    def _jump(self, k: int, end: int, own: dict[T, int], offs: list[int | None]) -> int:
+    def _jump(self, k: int, end: int, own: dict[T, int], offs: list[int | None]) -> None:
         """From layer start ``k`` to ``end``: the tensors allocated there take the offsets of their
         canonical peers at ``k``."""
         alloc = self.per.alloc[self.b]
@@ -186,7 +202,6 @@ class PeriodWalk:
         for t, off in zip(alloc[end], offs, strict=True):
             if off is not None:
                 own[t] = off
-        return end
 
 
 def apply_span(per: Periods, b: int, al: DynAllocator, evs: list[Event], poss: list[int], r0: int, r1: int,
