@@ -8,12 +8,16 @@ into RAM with ``-lm none`` (no mmap), so token generation is bound by memory ban
   loopback holding every layer (``--rpc A,B -ngl 999``) and, for MoE models, the routed experts on
   the CPU with the rest on one RPC device (``-ot exps=CPU``);
 - for each: the server's own prompt and generation rates (``/completion`` timings), the planner's
-  estimate for the same command line and devices, and the ratio estimated / measured.
+  estimate for the same command line and devices, and the ratio estimated / measured; for the RPC
+  configurations twice: "before" with the defaults (declared link, 150 µs per split, the RPC
+  device's bandwidth as declared) and "after" with the link probed through the RPC protocol
+  (``backend.rpc_probe``, before llama-server starts) and the rpc-server's threads (its default, half
+  the cores: ``tools/rpc/rpc-server.cpp``) capping the device's bandwidth.
 
 Nothing here is a timed test: the ratios are printed for the note and the README.
 
-    python bench/speed_measured.py [--models bench-llama-2g,...] [--prompt 256] [--gen 32]
-                                   [--workdir /tmp/offload-bench] [--json out.json]
+    python bench/speed_measured.py [--models bench-llama-2g,...] [--configs 2xRPC,...] [--prompt 256]
+                                   [--gen 32] [--workdir /tmp/offload-bench] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 
 from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
+from offload_planner.backend.rpc_probe import probe_link
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
 from offload_planner.backend.speed_store import measure_ram_bandwidth
 from offload_planner.backend.system import cpu_device
@@ -43,7 +48,13 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.efficiency import DEFAULT
 from offload_planner.core.speed.estimate import SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Figure, Source, hardware_for
+from offload_planner.core.speed.hardware import (
+    DEFAULT_CPU_TFLOPS_PER_THREAD,
+    Figure,
+    MeasuredLink,
+    Source,
+    hardware_for,
+)
 from offload_planner.core.synth import write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random
@@ -123,24 +134,29 @@ def model_file(name: str, workdir: Path) -> Path:
     return path
 
 
+RPC_SERVER_THREADS = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardware_concurrency()/2
+
+
 def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
-                    args: argparse.Namespace) -> SpeedEstimate:
+                    args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None) -> SpeedEstimate:
     """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
-    machine, so each is declared with the host's measured bandwidth and the CPU's compute."""
+    machine, so each is declared with the host's measured bandwidth and the CPU's compute; with
+    ``links`` (the probe's) the link is not declared and the server's threads are."""
     parsed = parse_server_args(server_args, dialect="llama.cpp")
     cores = os.cpu_count() or 1
     tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD, 3)
-    declared = [parse_device_decl(f"RPC{i}=16GiB,bw={ram_gbs:.1f}GB/s,tflops={tflops},link={args.link}")
+    extra = f",threads={RPC_SERVER_THREADS}" if links is not None else f",link={args.link}"
+    declared = [parse_device_decl(f"RPC{i}=16GiB,bw={ram_gbs:.1f}GB/s,tflops={tflops}{extra}")
                 for i in range(len(endpoints))]
     devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=endpoints, declared=declared)
     plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
     probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
-    hw = hardware_for(devices, threads=args.threads, probe=probe)
+    hw = hardware_for(devices, threads=args.threads, probe=probe, links=links)
     return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
 
 
 def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
-               n_vocab: int) -> tuple[list[str], list[str], MeasuredSpeed]:
+               n_vocab: int) -> tuple[list[str], list[str], MeasuredSpeed, dict[str, MeasuredLink]]:
     bin_dir = server.parent
     with contextlib.ExitStack() as stack:
         endpoints = []
@@ -151,6 +167,10 @@ def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
                 args.workdir / f"rpc{i}.log"))
             wait_port(port)
             endpoints.append(f"127.0.0.1:{port}")
+        links = {}
+        for e in endpoints:  # before llama-server connects: the probe has the server to itself
+            p = probe_link(e)
+            links[e] = MeasuredLink(p.gbs, p.rtt_us, f"probed {e} in this run")
         port = free_port()
         server_args = ["-c", str(args.ctx), "-t", str(args.threads), "-lm", "none", "-fit", "off",
                        "-np", "1", *cfg.args]
@@ -162,7 +182,7 @@ def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, args.timeout)
         got = measure(url, n_vocab=n_vocab, prompt_tokens=args.prompt, gen_tokens=args.gen)
-        return server_args, endpoints, got
+        return server_args, endpoints, got, links
 
 
 def main() -> int:
@@ -177,6 +197,8 @@ def main() -> int:
     ap.add_argument("--server", default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--link", default="10GB/s", help="declared loopback link of the RPC devices")
+    ap.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
+                    help="configurations to run (default: all)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     found = find_server_executable(args.server)
@@ -191,18 +213,26 @@ def main() -> int:
         spec = BENCH_MODELS[name]
         model = model_file(name, args.workdir)
         for cfg in CONFIGS:
-            if cfg.moe_only and not spec.n_expert:
+            if cfg.name not in args.configs.split(",") or (cfg.moe_only and not spec.n_expert):
                 continue
             ram = measure_ram_bandwidth()  # the reference, measured next to each run
-            server_args, endpoints, got = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
+            server_args, endpoints, got, links = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
             est = estimate_config(model, server_args, endpoints, ram, args)
+            after = estimate_config(model, server_args, endpoints, ram, args, links) if endpoints else est
             load = os.getloadavg()[0]
             rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
                          "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
+                         "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
+                         "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1)}
+                                       for e, v in links.items()},
                          "load": round(load, 2), **got.as_dict()})
+            probed = "" if not endpoints else (
+                f"  after: pp {after.pp_tps:.2f} ({after.pp_tps / got.pp_tps:.2f}) tg {after.tg_tps:.2f} "
+                f"({after.tg_tps / got.tg_tps:.2f}); RTT "
+                + ", ".join(f"{v.rtt_us:.0f} µs" for v in links.values()))
             print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "
                   f"{est.pp_tps / got.pp_tps:6.2f} {got.tg_tps:8.2f} {est.tg_tps:8.2f} "
-                  f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}", flush=True)
+                  f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}{probed}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

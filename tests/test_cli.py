@@ -176,6 +176,19 @@ def test_fit_prints_the_fastest_plan_beside_the_baselines() -> None:
     assert d["plan"]["command"][:1] == ["-m"] and "16384" in d["plan"]["command"]
 
 
+def test_fit_quantizes_the_kv_cache_only_when_allowed() -> None:
+    base = ("fit", QWEN, "--no-detect", "--device", "CUDA0=12GiB,bw=936GB/s", "--device",
+            "CPU=64GiB,ram=2xDDR5-5600", "--goal", "tg", "--json")
+    kept = json.loads(run(*base, "--", "-c", "40960", "-np", "1").stdout)
+    assert "-ctk" not in kept["plan"]["command"] and "-ctv" not in kept["plan"]["command"]
+    r = run(*base, "--allow-kv-quant", "--", "-c", "40960", "-np", "1")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    cmd = d["plan"]["command"]
+    assert cmd[cmd.index("-ctk") + 1] == "q8_0" and cmd[cmd.index("-ctv") + 1] == "q8_0"
+    assert d["speed"]["tg_tps"] > kept["speed"]["tg_tps"]
+
+
 def test_fit_needs_gpu_sizes() -> None:
     r = run("fit", QWEN, "--no-detect", "--", "-c", "4096")
     assert r.returncode == 2 and "--device" in r.stderr

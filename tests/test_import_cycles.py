@@ -14,12 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "gui"
 PACKAGE = "offload_planner"
 
-KNOWN: list[frozenset[str]] = [
-    frozenset({"offload_planner.core.devices", "offload_planner.core.speed.hardware"}),
-    frozenset({"offload_planner.core.cmdline.model", "offload_planner.core.cmdline.semantics"}),
-    frozenset({"offload_planner.cli", "offload_planner.ui.app", "offload_planner.ui.loader",
-               "offload_planner.ui.main_window"}),
-]
+KNOWN: list[frozenset[str]] = []  # issue 10 broke the last ones
 
 
 def modules() -> dict[str, Path]:

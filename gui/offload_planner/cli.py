@@ -6,17 +6,10 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from offload_planner import __version__
+from offload_planner.bundled import demo_model_path
 from offload_planner.core.errors import PlannerError
-
-
-def demo_model_path() -> Path:
-    """The bundled header-only DeepSeek-V3 Q4_K_M (from a checkout or an installed wheel)."""
-    from offload_planner.resources import resource_path
-
-    return resource_path("DeepSeek-V3-Q4_K_M.header.gguf")
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

@@ -28,6 +28,9 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")
     p.add_argument("--prompt", type=int, default=4096, metavar="N", help="prompt length (default 4096)")
+    p.add_argument("--allow-kv-quant", action="store_true",
+                   help="let the search make an f16 KV cache q8_0 (-ctk/-ctv; a quantized V cache only "
+                   "with flash attention, as llama.cpp requires); without it your KV types are kept")
     p.add_argument("--backend", default=Dialect.LLAMA_CPP.value,
                    choices=(Dialect.LLAMA_CPP.value, Dialect.IK.value),
                    help=f"dialect of the command (default {Dialect.LLAMA_CPP})")
@@ -37,7 +40,7 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_of
+    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, rpc_links, threads_of
     from offload_planner.backend.system import cpu_device, detect_gpus
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.devices import build_device_set, parse_device_decl
@@ -64,10 +67,15 @@ def run_fit(args: argparse.Namespace) -> int:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
-    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth())
+    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
+                      links=rpc_links(devices))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
-                          prompt=args.prompt, eff=efficiencies_for(args.backend))
-    rows = [{"label": c.label, "fits": c.fits, "over": c.over, "tg_tps": round(c.estimate.tg_tps, 3),
+                          prompt=args.prompt, eff=efficiencies_for(args.backend),
+                          allow_kv_quant=args.allow_kv_quant)
+    if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
+        result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+    rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,
+             "tg_tps": round(c.estimate.tg_tps, 3),
              "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}
             for c in result.candidates]
     best = result.best
@@ -87,8 +95,11 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
-        print(f"{mark}{r['label']:35} {'yes' if r['fits'] else 'no':5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
+        print(f"{mark}{r['label']:35} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
+    if not all(r["verified"] for r in rows):
+        print("~: memory predicted (compute buffers of the plans projected in full), not projected")
     for n in result.notes:
         print(f"note: {n}")
     if best is None:

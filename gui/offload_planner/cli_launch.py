@@ -25,11 +25,18 @@ import signal
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from offload_planner.backend.log_lines import printable
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+
+if TYPE_CHECKING:
+    from offload_planner.core.cmdline import ParsedArgs
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.memory import Projection
+    from offload_planner.core.model import Model
+    from offload_planner.core.plan import Plan
 
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -116,11 +123,11 @@ class _Session:
         self.interrupted = False
         self.signal_code = EXIT_INTERRUPTED
         self.output_open = True
-        self.model: Any = None
-        self.devices: Any = None
-        self.parsed: Any = None
+        self.model: Model | None = None
+        self.devices: DeviceSet | None = None
+        self.parsed: ParsedArgs | None = None
         self.dialect: Dialect = Dialect.LLAMA_CPP
-        self.engine: Any = None
+        self.plan: Plan | None = None
 
     def say(self, text: str) -> None:
         self._write(self.err, f"offload-planner: {printable(text, keep_newlines=True)}\n")
@@ -215,38 +222,39 @@ class _Session:
                                         declared=declared)
         return read.args
 
-    def _projection(self) -> Any:
+    def _projection(self) -> Projection | None:
         from offload_planner.backend import launch
-        from offload_planner.core.engine import run_engine
+        from offload_planner.core.analysis import command_projection
+        from offload_planner.core.plan import plan_from_args
 
-        if self.model is None or self.parsed is None:
+        if self.model is None or self.parsed is None or self.devices is None:
             return None
         devices = launch.devices_from_log(self.devices, self.server.report)
-        self.engine = run_engine(self.model, devices, self.parsed.args, self.dialect)
+        self.plan = plan_from_args(self.model, devices, self.parsed.args, self.dialect)
         self.devices = devices
         if self.dialect.fits_by_default:
-            fitted = self._fitted_projection(devices)
+            fitted = self._fitted_projection(self.plan)
             if fitted is not None:
                 return fitted
-        return self.engine.projection
+        return command_projection(self.plan, self.parsed.args)[0]
 
-    def _fitted_projection(self, devices: Any) -> Any:
+    def _fitted_projection(self, plan: Plan) -> Projection | None:
         """The pinned server fits by default: when its fit changed the command (as the planner's
         port of it finds for the devices' memory), compare with what the server really ran."""
         from offload_planner.core.fit import server_fit
         from offload_planner.core.memory import project
         from offload_planner.core.placement import place
 
-        assert self.model is not None and self.parsed is not None
-        eng = self.engine
-        fit = server_fit(self.model, devices, self.parsed, eng.placement_options, eng.context)
+        assert self.parsed is not None
+        devices = plan.devices
+        fit = server_fit(plan.model, devices, self.parsed, plan.placement_options, plan.context)
         if fit is None or not fit.changed:
             return None
-        popts, ctx = fit.apply(eng.placement_options, eng.context, self.model.summary.n_layer,
+        popts, ctx = fit.apply(plan.placement_options, plan.context, plan.model.summary.n_layer,
                                has_gpu=bool(devices.gpus))
         self.say("--fit (on by default) changed the command: comparing with what the server runs, "
                  + " ".join(fit.changed_args(devices.buffer_types()))[:300])
-        return project(self.model, devices, place(self.model, devices, popts), ctx)
+        return project(plan.model, devices, place(plan.model, devices, popts), ctx)
 
     def _print_lines(self, lines: list[str]) -> None:
         self._write(self.out, "".join(ln + "\n" for ln in lines))
@@ -276,12 +284,13 @@ class _Session:
                 verdict = EXIT_MISMATCH
             else:
                 self.say("every device matches the projection")
-            if self.args.save_calibration and self.engine is not None:
+            if self.args.save_calibration and self.plan is not None:
                 from offload_planner.backend.calibration import CalibrationStore
 
                 store = CalibrationStore()
-                cal = store.record_launch(self.model, self.engine.placement_options, self.engine.context,
-                                          self.devices, self.dialect, projection, self.server.report)
+                plan = self.plan
+                cal = store.record_launch(plan.model, plan.placement_options, plan.context, plan.devices,
+                                          self.dialect, projection, self.server.report)
                 if cal is not None:
                     self.say(f"calibration saved to {store.path}")
         self.code = verdict
@@ -300,7 +309,7 @@ class _Session:
 
         from offload_planner.core.plan import plan_from_args
 
-        if self.model is None or self.parsed is None:
+        if self.model is None or self.parsed is None or self.devices is None:
             self.say("--bench needs the model's header to estimate: nothing measured")
             self.code = EXIT_FAILED
             self.server.stop()
@@ -348,7 +357,7 @@ class _Session:
         if not outcome.reached_running:
             self.code = self.signal_code if self.interrupted else EXIT_FAILED
             context = None
-            if self.model is not None and self.parsed is not None:
+            if self.model is not None and self.parsed is not None and self.devices is not None:
                 try:
                     projection = self._projection()
                 except PlannerError:

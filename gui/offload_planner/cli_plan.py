@@ -14,11 +14,9 @@ from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
 if TYPE_CHECKING:
-    from offload_planner.core.cmdline import ArgError, ParsedArgs
+    from offload_planner.core.cmdline import ArgError
     from offload_planner.core.devices import DeviceSet
-    from offload_planner.core.engine import EngineResult
     from offload_planner.core.model import Model
-    from offload_planner.core.plan import Plan
 
 
 
@@ -129,8 +127,8 @@ def run_plan(args: argparse.Namespace) -> int:
     exit 3 when a device is over capacity and llama.cpp's --fit will not make it fit."""
     from offload_planner.cli_server_args import print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
-    from offload_planner.core.plan import plan_command
-    from offload_planner.core.plan_report import over_capacity, plan_json, plan_text
+    from offload_planner.core.device_figures import over_capacity
+    from offload_planner.core.plan_report import plan_json, plan_text
 
     dialect = _dialect(args.backend)
     server = read_server_argv(args.server_args, dialect)
@@ -142,61 +140,33 @@ def run_plan(args: argparse.Namespace) -> int:
     errors += dialect.model_errors(model)
     if errors:
         return print_errors(errors)
-    from offload_planner.core.engine import run_engine
-    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.analysis import analyse_command
 
-    result = run_engine(model, devices, parsed, dialect)
-    plan = plan_from_args(model, devices, parsed, dialect)
-    command = plan_command(plan)
-    notes = [*server.notes, *result.notes]
-    if detected:
-        notes.append(detected)
-    fit, fit_fixes_gpus = _fit(model, devices, parsed, result, plan, dialect, notes)
-    over = [n for n in over_capacity(result.projection) if n == devices.cpu.name or not fit_fixes_gpus]
+    analysis = analyse_command(model, devices, parsed, dialect, command=True, fit=True)
+    projection, plan, fit = analysis.projection, analysis.plan, analysis.fit
+    assert projection is not None and fit is not None  # analyse_command raises instead
+    notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
+    over = [n for n in over_capacity(projection) if n == devices.cpu.name or not fit.fixes_gpus]
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
     from offload_planner.backend.speed_store import plan_speed
     from offload_planner.core.speed.report import speed_json, speed_lines
 
     try:
-        speed = plan_speed(plan, parsed, prompt=args.prompt)
+        speed = plan_speed(plan, parsed, prompt=args.prompt, probe_rpc=True)
     except (KeyError, ValueError, ArithmeticError) as e:  # the memory plan stands without it
         speed = None
         notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
     if args.json:
-        out = plan_json(result.projection, warnings=result.warnings, errors=[], command=command,
-                        notes=notes, fit=fit)
+        out = plan_json(projection, warnings=analysis.warnings, errors=[], command=analysis.command,
+                        notes=notes, fit=fit.summary)
         out["speed"] = speed_json(speed) if speed is not None else None
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        text = plan_text(result.projection, warnings=result.warnings, errors=[],
-                         command=format_command(["llama-server", *command], "bash"), notes=notes,
+        text = plan_text(projection, warnings=analysis.warnings, errors=[],
+                         command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
         print("\n".join([table, *(speed_lines(speed) if speed is not None else [])]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK
-
-
-def _fit(model: Model, devices: DeviceSet, parsed: ParsedArgs, result: EngineResult, plan: Plan,
-         dialect: Dialect, notes: list[str]) -> tuple[dict[str, object] | None, bool]:
-    """The pinned build's --fit: its summary for --json (notes get its line), and whether it
-    makes the GPUs fit (it succeeded and changed the command)."""
-    if not dialect.fits_by_default:
-        return None, False
-    from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
-
-    fitted = server_fit(model, devices, parsed, result.placement_options, result.context)
-    unknown = [g.name for g in devices.gpus if g.capacity is None]
-    if fitted is None and unknown and parsed.args.fit is not False:
-        notes.append(f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
-                     f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
-                     "--device NAME=SIZE to see what it will do")
-    if fitted is None:
-        return None, False
-    fcmd = (fitted_command(fitted, model, devices, plan.placement_options, plan.context)
-            if fitted.changed else [])
-    note = fit_note(fitted, fcmd)
-    if note:
-        notes.append(note)
-    return fit_summary(fitted, devices, fcmd), fitted.changed and fitted.status == "success"

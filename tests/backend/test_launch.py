@@ -37,15 +37,15 @@ from offload_planner.backend.log_parser import (
     load_stage,
     parse_log,
 )
+from offload_planner.core.analysis import Analysis, analyse_command
 from offload_planner.core.cmdline import Dialect, parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
-from offload_planner.core.engine import EngineResult, run_engine
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.model import Model
+from offload_planner.core.units import MiB
 
-MiB = 1024 * 1024
 EP = ["127.0.0.1:50071", "127.0.0.1:50072"]
 KV_FAIL = ("0.00.062.917 E llama_init_from_model: failed to initialize the context: "
            "failed to allocate buffer for kv cache")
@@ -70,10 +70,10 @@ def _rpc_devices() -> DeviceSet:
     return DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30), gpus)
 
 
-def _engine(model: Model, devices: DeviceSet, args: str) -> EngineResult:
+def _engine(model: Model, devices: DeviceSet, args: str) -> Analysis:
     parsed = parse_server_args(args.split(), dialect=Dialect.LLAMA_CPP)
     assert not parsed.errors, parsed.errors
-    return run_engine(model, devices, parsed.args)
+    return analyse_command(model, devices, parsed.args)
 
 
 def _log_of(projection: Projection, *, scale: dict[str, float] | None = None) -> list[str]:
@@ -352,7 +352,7 @@ def test_bad_flag_unknown_buffer_type_missing_model_and_crash(tmp_path: Path) ->
     assert load[0].kind == "load-error" and "split buffers" in load[0].title
 
 
-def _cuda_context(model: Model, args: str, cuda1_free: int | None = None) -> tuple[PlanContext, EngineResult]:
+def _cuda_context(model: Model, args: str, cuda1_free: int | None = None) -> tuple[PlanContext, Analysis]:
     cpu = Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30)
     gpus = (parse_device_decl("CUDA0=8GiB"), parse_device_decl("CUDA1=8GiB"))
     devices = DeviceSet(cpu, gpus)
@@ -374,7 +374,7 @@ def test_cuda_oom_proposes_moving_the_fewest_expert_layers_that_fit(qwen: Model)
     args = "-ngl 999 -c 4096"
     base = _one_gpu(qwen, args)
     assert base.projection is not None
-    per_layer = launch._expert_layers(base, "CUDA0")  # as allocated: CUDA pads quantized rows
+    per_layer = launch.plan_fix._expert_layers(base, "CUDA0")  # as allocated: CUDA pads quantized rows
     assert sorted(per_layer) == [0, 1, 2, 3]
     free = base.projection.device("CUDA0").total() - int(2.5 * per_layer[3])
     ctx = _one_gpu(qwen, args, free)
@@ -464,20 +464,20 @@ def test_calibration_store_roundtrip_and_correction(qwen: Model, tmp_path: Path,
     res = _engine(qwen, devices, "-ngl 999 -ts 1,1 -c 4096")
     report = parse_log(_log_of(res.projection, scale={"RPC0:compute": 1.10}))
     assert measured_compute(report)["RPC0"] > res.projection.device("RPC0").compute
-    cal = store.record_launch(qwen, res.placement_options, res.context, devices, "llama.cpp", res.projection,
-                              report)
+    cal = store.record_launch(qwen, res.plan.placement_options, res.plan.context, devices, "llama.cpp",
+                              res.projection, report)
     assert cal is not None and store.path.is_file()
     assert [p.name for p in store.path.parent.iterdir()] == ["calibration.json"]  # no temporary file left
-    key = options_key(res.placement_options, res.context, devices, "llama.cpp")
+    key = options_key(res.plan.placement_options, res.plan.context, devices, "llama.cpp")
     again = store.lookup(model_fingerprint(qwen), key)
     assert again is not None and again.measured == cal.measured
     rows = {c.device: c for c in again.apply(res.projection)}
     assert rows["RPC0"].calibrated == rows["RPC0"].measured and rows["RPC0"].delta > 0
     assert abs(rows["RPC1"].delta) < 0.01 * MiB
     other = _engine(qwen, devices, "-ngl 999 -ts 1,1 -c 2048")
-    assert options_key(other.placement_options, other.context, devices, "llama.cpp") != key
-    assert store.record_launch(qwen, res.placement_options, res.context, devices, "llama.cpp", res.projection,
-                               parse_log([])) is None  # nothing measured
+    assert options_key(other.plan.placement_options, other.plan.context, devices, "llama.cpp") != key
+    assert store.record_launch(qwen, res.plan.placement_options, res.plan.context, devices, "llama.cpp",
+                               res.projection, parse_log([])) is None  # nothing measured
     runs = store.record(model_fingerprint(qwen), key, cal.measured, cal.projected).runs
     assert runs == 2
     store.path.write_text("{not json")

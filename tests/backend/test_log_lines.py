@@ -14,8 +14,8 @@ from offload_planner.backend.log_lines import (
     printable,
     safe_line,
 )
+from offload_planner.core.units import MiB
 
-MiB = 1024 * 1024
 #: What a terminal or a list view must never be handed: C0 controls but tab, DEL, C1 controls,
 #: line/paragraph separators, bidirectional overrides.
 UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

@@ -27,10 +27,10 @@ from tests.support.procs import free_port
 from offload_planner.backend.log_lines import CUT_MARK, LINE_LIMIT, MAX_LINE_CHARS, dropped_note
 from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess
 from offload_planner.core.cmdline import Dialect
+from offload_planner.core.units import MiB
 from offload_planner.ui.log_view import LogView
 
 ROOT = Path(__file__).resolve().parents[2]
-MiB = 1024 * 1024
 #: Bytes a terminal must not receive from us: C0 controls but tab and newline, DEL.
 RAW_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 #: The same as text, plus C1 controls, separators and bidi overrides.

@@ -26,8 +26,7 @@ from offload_planner.backend.telemetry import (
     process_rss,
     system_ram,
 )
-
-GiB = 1024**3
+from offload_planner.core.units import GiB
 
 
 def _fake_nvml(util_fails: bool = False) -> ModuleType:

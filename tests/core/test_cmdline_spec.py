@@ -143,12 +143,12 @@ def test_2025_draft_max_sets_the_length() -> None:
 def test_mtp_without_nextn_layers_is_refused_as_the_server_logs(small_models: dict[str, Path],
                                                                  llama_server: Path) -> None:
     """llama-server exits at load; the plan warns with its log line (checked against the binary)."""
+    from offload_planner.core.analysis import analyse_command
     from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-    from offload_planner.core.engine import run_engine
     from offload_planner.core.gguf_reader import open_model
 
     model = open_model(small_models["llama"])
-    result = run_engine(model, DeviceSet(Device("CPU", DeviceKind.CPU)),
+    result = analyse_command(model, DeviceSet(Device("CPU", DeviceKind.CPU)),
                         parse_server_args(["--spec-type", "draft-mtp", "-c", "512"]))
     assert result.projection.extras == []
     (warning,) = [w for w in result.warnings if "MTP" in w]

@@ -21,8 +21,7 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Buffer, ContextParams, project, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, Placement, PlacementOptions, place, resolve_ngl
-
-MiB = 1024 * 1024
+from offload_planner.core.units import MiB
 
 
 @dataclass

@@ -32,8 +32,8 @@ from tests.support.cuda_log_replay import (
     spec_type_counts,
 )
 
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.engine import run_engine
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.synth.writer import write_model
 
@@ -294,8 +294,8 @@ def test_explain_names_both_rules_where_2025_builds_differ(tmp_path: Path) -> No
     record, h, recipe = _one("ll5274-qwen3-235b-q8_0-a6000-nommap-ot-q8kv", tmp_path)
     model = open_model(write_model(model_spec(record, h, recipe), tmp_path / "m.gguf", header_only=True)[0])
     parsed = parse_server_args(server_argv(record, recipe), dialect=recipe.dialect)
-    result = run_engine(model, devices_of(record), parsed, recipe.dialect)
-    assert any("two rules for -ot ...=CPU" in n and "CUDA_Host" in n for n in result.notes)
+    result = analyse_command(model, devices_of(record), parsed, recipe.dialect)
+    assert any("two rules for -ot ...=CPU" in n and "CUDA_Host" in n for n in result.command_notes)
 
 
 def test_explain_names_the_dated_ik_mask_rule(tmp_path: Path) -> None:

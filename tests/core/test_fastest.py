@@ -4,6 +4,7 @@ slower in estimate than the baselines that fit (--cpu-moe, the best --n-cpu-moe,
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,9 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan, score
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.units import GiB
 
 RES = Path(__file__).resolve().parents[2] / "resources"
-GiB = 1024**3
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +117,136 @@ def test_from_an_open_plan_keeps_its_moves_and_fits(qwen: Model) -> None:
     assert {devs[n] for n in kept} == {"CPU"}
     assert {devs[n] for n in pinned} == {"CPU"}
     assert r.best.estimate.tg_tps > 1.5 * estimate(plan, hw).tg_tps
+
+
+def test_chosen_plan_is_verified_and_best_n_cpu_moe_is_the_smallest_that_fits(qwen: Model) -> None:
+    """Candidates are ranked on predicted compute buffers; the answer is projected in full, and the
+    --n-cpu-moe baseline's N (projected in full only where it could beat the answer) fits by a
+    fresh projection while N-1 does not."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    r = fastest_plan(qwen, ds, ["-c", "16384"], hardware_for(ds, threads=16), goal="balanced")
+    assert r.best is not None and r.best.verified
+    assert 2 * r.projections < r.evaluations  # most candidates are never simulated
+    fresh = r.best.plan.projection()
+    assert [d.resident() for d in fresh.devices] == [d.resident() for d in r.best.projection.devices]
+    [ncm] = [c for c in r.candidates if c.label.startswith("--n-cpu-moe")]
+    n = int(ncm.label.split()[-1])
+
+    def fits(k: int) -> bool:
+        p = plan_from_args(qwen, ds, parse_server_args(["-c", "16384", "--n-cpu-moe", str(k)]))
+        return p.projection().device("CUDA0").resident() + DEFAULT_MARGIN <= 12 * GiB
+
+    assert fits(n) and not fits(n - 1)
+
+
+def test_optimistic_predictions_are_caught_by_the_full_projection(qwen: Model) -> None:
+    """Compute buffers predicted far too small make every fill look like it fits: the full
+    projection of the choice says otherwise and the search fills again with the real buffers."""
+    from offload_planner.core.buffer import Buffer
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.speed.efficiency import defaults_for
+    from offload_planner.core.speed.fastest import _Search, variant
+
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    s = _Search(qwen, ds, ["-c", "16384"], "llama.cpp", parse_server_args, hardware_for(ds), defaults_for(
+        "llama.cpp"), 4096, {})
+    start = s.full("start", s.plan(["--cpu-moe"]))
+    real = dict(s._compute)
+    s._compute = {512: [Buffer("CUDA0", "CUDA0", "compute", 1, "too small")]}
+    s._seen.clear()
+    s.starts = {variant(start.plan): s.cheap("start", start.plan)}
+    ours = s.fill(s.starts[variant(start.plan)])
+    assert all(c.fits and not c.verified for c in ours)
+    best = s.choose(ours, [], "tg")
+    assert best is not None and best.verified and best.fits
+    # simulated buffers (of the plan verified last) replaced the bogus ones
+    assert {b.device for b in s._compute[512]} == {b.device for b in real[512]}
+    assert min(b.bytes for b in s._compute[512]) > 1 << 20
+    _assert_fits(best.plan, ds)
+    assert any(c.verified and not c.fits for c in ours)  # the first choice was over after all
+
+
+# --- KV cache types: only where the user allows it --------------------------------------------------
+
+Q8_0_PER_F16 = 34 / 64  # q8_0: 32 values in 34 bytes (2-byte scale + 32 int8); f16: 2 bytes a value
+
+
+def _kv_bytes(plan, device: str) -> int:  # type: ignore[no-untyped-def]
+    return sum(b.bytes for b in plan.projection().device(device).buffers if b.kind == "kv")
+
+
+def test_kv_types_are_kept_unless_allowed_then_q8_0_where_it_is_faster(qwen: Model) -> None:
+    from offload_planner.core.plan import plan_command
+
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    args = ["-c", "40960", "-np", "1"]
+    kept = fastest_plan(qwen, ds, args, hardware_for(ds, threads=16), goal="tg")
+    assert {(c.plan.context.type_k, c.plan.context.type_v) for c in kept.candidates} == {("f16", "f16")}
+    r = fastest_plan(qwen, ds, args, hardware_for(ds, threads=16), goal="tg", allow_kv_quant=True)
+    assert r.best is not None and kept.best is not None
+    ctx = r.best.plan.context
+    assert (ctx.type_k, ctx.type_v, ctx.flash_attn) == ("q8_0", "q8_0", True)
+    cmd = plan_command(r.best.plan)
+    assert cmd[cmd.index("-ctk") + 1] == "q8_0" and cmd[cmd.index("-ctv") + 1] == "q8_0"
+    _assert_fits(r.best.plan, ds)
+    # the halved cache leaves room for more experts on the GPU: faster generation
+    assert r.best.estimate.tg_tps > kept.best.estimate.tg_tps
+    f16 = replace(r.best.plan, context=replace(ctx, type_k="f16", type_v="f16"))
+    assert abs(_kv_bytes(r.best.plan, "CUDA0") / _kv_bytes(f16, "CUDA0") - Q8_0_PER_F16) < 1e-3
+
+
+def test_without_flash_attention_only_k_is_quantized(qwen: Model) -> None:
+    ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
+    r = fastest_plan(qwen, ds, ["-c", "40960", "-np", "1", "-fa", "off"], hardware_for(ds, threads=16),
+                     goal="tg", allow_kv_quant=True)
+    types = {(c.plan.context.type_k, c.plan.context.type_v, c.plan.context.flash_attn) for c in r.candidates}
+    assert ("q8_0", "f16", False) in types  # quantized K needs no flash attention
+    assert all(v == "f16" and not fa for _, v, fa in types)  # a quantized V cache would need it
+
+
+def test_kv_choices_follow_llama_cpp_rules(qwen: Model) -> None:
+    """MLA models take one type for K and V (so nothing without flash attention); a type the user
+    gave is kept."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.speed.fastest import kv_choices
+
+    ds = _devices("rtx3090")
+    ds3 = open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
+
+    def choices(model: Model, *args: str) -> list[tuple[str, str]]:
+        return kv_choices(plan_from_args(model, ds, parse_server_args(["-c", "8192", *args])), True)
+
+    assert choices(ds3) == [("f16", "f16"), ("q8_0", "q8_0")]
+    assert choices(ds3, "-fa", "off") == [("f16", "f16")]
+    assert choices(qwen, "-ctk", "q4_0") == [("q4_0", "f16")]
+    assert choices(qwen, "-fa", "off") == [("f16", "f16"), ("q8_0", "f16")]
+    assert kv_choices(plan_from_args(qwen, ds, parse_server_args(["-c", "8192"])), False) == [("f16", "f16")]
+
+
+def test_compute_buffers_between_two_ubatches_are_predicted_by_a_straight_line() -> None:
+    """The search projects the starts at the command's -ub and the largest in full and predicts the
+    -ub between them per buffer on the straight line through the two: on DeepSeek-V3 with four GPUs
+    the prediction at -ub 2048 is within 2% (and 64 MiB) of the simulated buffers."""
+    from offload_planner.core.buffer import Buffer
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.speed.fastest import interpolate
+
+    m = open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
+    ds = _devices("rtx3090", "rtx3090", "rtx3090", "rtx3090")
+
+    def compute(ub: int) -> list[Buffer]:
+        args = ["-c", "32768", "--cpu-moe", "-ub", str(ub), "-b", "4096"]
+        p = plan_from_args(m, ds, parse_server_args(args))
+        return [b for d in p.projection().devices for b in d.buffers if b.kind == "compute"]
+
+    known = {512: compute(512), 4096: compute(4096)}
+    real = {(b.device, b.name): b.bytes for b in compute(2048)}
+    got = {(b.device, b.name): b.bytes for b in interpolate(known, 2048)}
+    assert got.keys() == real.keys()
+    for k, v in real.items():
+        assert abs(got[k] - v) <= max(0.02 * v, 64 * 1024**2), (k, got[k], v)

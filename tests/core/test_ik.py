@@ -80,19 +80,21 @@ def test_ik_offloads_moe_ops_only_for_batches_that_keep_every_expert_busy() -> N
 def test_run_time_repack_turns_mmap_off(small_models: dict[str, Path]) -> None:
     """ik's -rtr sets use_mmap = false: the CPU weights are one plain CPU buffer (+32 B), not the
     file map, and the exported command keeps both flags."""
+    from offload_planner.core.analysis import analyse_command
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-    from offload_planner.core.engine import IK_LLAMA_CPP, run_engine
+    from offload_planner.core.engine import IK_LLAMA_CPP
     from offload_planner.core.plan import plan_command, plan_from_args
     from offload_planner.core.units import GiB
 
     model = open_model(small_models["qwen3moe"])
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 24 * GiB, 20 * GiB), ())
-    mapped = run_engine(model, devices, parse_server_args(["-c", "1024"], dialect=IK_LLAMA_CPP), IK_LLAMA_CPP)
+    mapped = analyse_command(model, devices, parse_server_args(["-c", "1024"], dialect=IK_LLAMA_CPP),
+                             IK_LLAMA_CPP)
     parsed = parse_server_args(["-c", "1024", "-rtr"], dialect=IK_LLAMA_CPP)
-    repacked = run_engine(model, devices, parsed, IK_LLAMA_CPP)
+    repacked = analyse_command(model, devices, parsed, IK_LLAMA_CPP)
     names = {b.name for b in repacked.projection.buffers() if b.kind == "model"}
-    assert names == {"CPU"} and not repacked.placement_options.use_mmap
+    assert names == {"CPU"} and not repacked.plan.placement_options.use_mmap
     assert repacked.projection.device("CPU").weights == model.total_bytes + 32
-    assert mapped.placement_options.use_mmap
+    assert mapped.plan.placement_options.use_mmap
     assert "-rtr" in plan_command(plan_from_args(model, devices, parsed, IK_LLAMA_CPP))

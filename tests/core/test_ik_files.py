@@ -35,10 +35,10 @@ from tests.support.ik_tools import (
 from offload_planner.core.ggml_types import Flavor
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
-MiB = 1024 * 1024
 
 #: The types the planner must handle at the very least; each must quantize with this ik build.
 REQUIRED_FTYPES = (

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
-from offload_planner.core.engine import run_engine
 from offload_planner.core.errors import GGUFError
 from offload_planner.core.fit import fit_for_args
 from offload_planner.core.gguf_reader import open_model
@@ -111,8 +111,8 @@ def test_plan_table_json_and_export_count_the_projector(files: dict[str, Path]) 
     model = open_model(files["text"])
     base = ["--rpc", "127.0.0.1:5000,127.0.0.1:5001", "-c", "2048", "-fa", "off"]
     mm = ["-mm", str(files["gemma3-448"]), "--no-mmproj-offload"]
-    without = run_engine(model, devices, parse_server_args(base))
-    with_mm = run_engine(model, devices, parse_server_args(base + mm))
+    without = analyse_command(model, devices, parse_server_args(base))
+    with_mm = analyse_command(model, devices, parse_server_args(base + mm))
     setup = mmproj_setup(parse_server_args(mm))
     assert setup is not None
     mb = project_mmproj(read_projector(setup.location), devices, setup.options(False))
@@ -147,8 +147,8 @@ def test_fit_targets_use_the_backend_registry_index(files: dict[str, Path]) -> N
         GiB + p.weight_bytes + mb.compute["CUDA0"], GiB]  # the CPU's index (2) is past the GPUs
     model = open_model(files["text"])
     parsed = parse_server_args(["--rpc", "127.0.0.1:5000,127.0.0.1:5001", "-mm", str(files["gemma3"])])
-    res = run_engine(model, rpc_only, parsed)
-    fitted = fit_for_args(model, rpc_only, parsed, res.placement_options, res.context,
+    res = analyse_command(model, rpc_only, parsed)
+    fitted = fit_for_args(model, rpc_only, parsed, res.plan.placement_options, res.plan.context,
                           free_bytes=[8 * GiB, 8 * GiB])
     assert fitted is not None
     assert any(line.endswith("target of 1026") for line in fitted.log)  # RPC1: 1024 + 2.8 MiB
@@ -225,11 +225,11 @@ def test_other_projector_types_get_weights_and_a_note(files: dict[str, Path], tm
 
     path = write_mmproj(replace(SMALL_MMPROJ["gemma3"], proj_type="idefics3"), tmp_path / "i3.gguf")
     devices = DeviceSet(CPU, _rpc(1))
-    res = run_engine(open_model(files["text"]), devices,
+    res = analyse_command(open_model(files["text"]), devices,
                      parse_server_args(["--rpc", "127.0.0.1:5000", "-mm", str(path)]))
     mm = [b for b in res.projection.buffers() if b.kind == KIND]
     assert [(b.device, b.why.split(":")[0]) for b in mm] == [("RPC0", "projector weights")]
-    assert any("no compute graph for projector type 'idefics3'" in n for n in res.notes)
+    assert any("no compute graph for projector type 'idefics3'" in n for n in res.command_notes)
 
 
 def test_plan_file_keeps_the_projector(files: dict[str, Path], tmp_path: Path) -> None:
@@ -261,7 +261,7 @@ def test_mmproj_url_is_read_over_http_ranges(files: dict[str, Path]) -> None:
     with RangeServer(files["gemma3"].parent) as srv:
         url = srv.url(files["gemma3"].name)
         devices = DeviceSet(CPU, _rpc(1))
-        res = run_engine(open_model(files["text"]), devices,
+        res = analyse_command(open_model(files["text"]), devices,
                          parse_server_args(["--rpc", "127.0.0.1:5000", "-mmu", url]))
         sent = sum(r.bytes_sent for r in srv.log)
     local = project_mmproj(read_projector(files["gemma3"]), devices, MmprojOptions())
@@ -292,15 +292,15 @@ def test_audio_projector_counts_its_weights(files: dict[str, Path], tmp_path: Pa
     w.close()
     p = read_projector(path)
     assert (p.proj_type, p.audio, p.weight_bytes) == ("audio:ultravox", True, 64 * 64 * 2)
-    res = run_engine(open_model(files["text"]), DeviceSet(CPU, _rpc(1)),
+    res = analyse_command(open_model(files["text"]), DeviceSet(CPU, _rpc(1)),
                      parse_server_args(["--rpc", "127.0.0.1:5000", "-mm", str(path)]))
     assert [(b.device, b.bytes) for b in res.projection.buffers() if b.kind == KIND] == [("RPC0", 8192)]
-    assert any("no compute graph for projector type 'audio:ultravox'" in n for n in res.notes)
+    assert any("no compute graph for projector type 'audio:ultravox'" in n for n in res.command_notes)
 
 
 def test_other_dialects_say_the_projector_is_not_projected(files: dict[str, Path]) -> None:
     parsed = parse_server_args(["--mmproj", str(files["gemma3"]), "-c", "2048"], dialect="ik_llama.cpp")
     assert not parsed.errors
-    res = run_engine(open_model(files["text"]), DeviceSet(CPU, ()), parsed, "ik_llama.cpp")
+    res = analyse_command(open_model(files["text"]), DeviceSet(CPU, ()), parsed, "ik_llama.cpp")
     assert not [b for b in res.projection.buffers() if b.kind == KIND]
-    assert any(n.startswith("--mmproj: the projector's memory is projected for") for n in res.notes)
+    assert any(n.startswith("--mmproj: the projector's memory is projected for") for n in res.command_notes)

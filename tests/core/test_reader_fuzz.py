@@ -392,9 +392,9 @@ def open_arch(data: bytes, spans: dict[str, tuple[int, int, int]]) -> str:
 
 def _plan_outcome(model: Model) -> str:
     """What `inspect` and `plan` do with a model: only our own errors may escape."""
+    from offload_planner.core.analysis import analyse_command
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-    from offload_planner.core.engine import run_engine
     from offload_planner.core.errors import PlannerError
     from offload_planner.core.inspect_report import model_json, text_report
 
@@ -403,7 +403,7 @@ def _plan_outcome(model: Model) -> str:
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30),
                         (Device("CUDA0", DeviceKind.CUDA, 24 << 30, 24 << 30),))
     try:
-        run_engine(model, devices, parse_server_args(["-c", "4096", "-ngl", "3"]).args)
+        analyse_command(model, devices, parse_server_args(["-c", "4096", "-ngl", "3"]).args)
     except PlannerError as e:
         return f"plan: {type(e).__name__}"
     return "plan: projected"

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_command, plan_from_args
 from offload_planner.core.plan_file import PlanFile, load_plan, save_plan
-from offload_planner.ui.device_figures import DeviceFigures
 
 GiB = 1024**3
 

@@ -23,9 +23,9 @@ from offload_planner.core.speed.efficiency import calibrated
 from offload_planner.core.speed.estimate import estimate, split_pairs, ubatch_sweep
 from offload_planner.core.speed.hardware import Source, hardware_for
 from offload_planner.core.speed.report import speed_json, speed_label, speed_lines
+from offload_planner.core.units import GiB
 
 RES = Path(__file__).resolve().parents[2] / "resources"
-GiB = 1024**3
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +293,21 @@ def test_every_small_model_gets_a_finite_estimate(small_models: dict[str, Path])
             assert all(math.isfinite(x) and x > 0 for x in (e.tg_tps, e.tg_tps_at_ctx, e.pp_tps)), name
             assert e.tg_tps_at_ctx <= e.tg_tps, name
         assert e_gpu.device("CUDA0").bytes_per_token > 0, name
+
+
+def test_rpc_server_threads_limit_its_bandwidth(qwen: Model) -> None:
+    """An rpc-server computing on its CPU reads memory with its -t threads (ggml-rpc-server's default
+    is half the remote's cores): ``threads=`` caps the RPC device's bandwidth at threads x the
+    per-thread share (10 GB/s by default) instead of the device's bw= x the GPU efficiency (0.75)."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.devices import build_device_set
+    from offload_planner.core.plan import plan_from_args
+
+    def rpc_ms(decl: str) -> float:
+        ds = build_device_set(cpu=parse_device_decl("CPU=64GiB"), detected=[], rpc_endpoints=["127.0.0.1:1"],
+                              declared=[parse_device_decl(decl)])
+        plan = plan_from_args(qwen, ds, parse_server_args(["-c", "4096", "-ngl", "999"]))
+        return estimate(plan, hardware_for(ds)).device("RPC0").tg_ms_per_token
+
+    free, one = rpc_ms("RPC0=32GiB,bw=20GB/s"), rpc_ms("RPC0=32GiB,bw=20GB/s,threads=1")
+    assert one / free == pytest.approx(20 * 0.75 / 10, rel=1e-6)

@@ -37,10 +37,10 @@ from offload_planner.core.memory import ContextParams, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, Placement, PlacementOptions, place, resolve_ngl
 from offload_planner.core.synth import BIG_MODELS, write_model
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
-MiB = 1024 * 1024
 RPC_FREE = 24 * 1024**3
 
 # (model, number of RPC devices, llama-server arguments)

@@ -7,7 +7,8 @@ loopback links are declared fast, so that moving experts onto the RPC devices pa
 model), and the real
 llama-server runs the command it prints: it must load the model and listen, with the buffers it
 logs on each RPC device within that device's declared size minus its margin, and with routed
-experts on both the RPC devices and the CPU.
+experts on both the RPC devices and the CPU.  Allowed to quantize the KV cache, the search picks
+q8_0 for K and V, and that command loads as well.
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ from offload_planner.core.plan import plan_command, plan_from_args
 from offload_planner.core.speed.efficiency import calibrated
 from offload_planner.core.speed.fastest import fastest_plan
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
-MiB = 1024 * 1024
 FAST_LOOPBACK = ("link", "100GB/s"), ("bw", "500GB/s")
 
 
-@pytest.mark.parametrize("goal", ["tg", "balanced"])
+@pytest.mark.parametrize(("goal", "kv_quant"), [("tg", False), ("balanced", False), ("tg", True)])
 def test_fitted_command_loads_within_the_declared_sizes(
-    goal: str, small_models: dict[str, Path], llama_server: Path, llama_bin_dir: Path, tmp_path: Path
+    goal: str, kv_quant: bool, small_models: dict[str, Path], llama_server: Path, llama_bin_dir: Path,
+    tmp_path: Path,
 ) -> None:
     path = small_models["qwen3moe"]
     model = open_model(path)
@@ -56,8 +58,11 @@ def test_fitted_command_loads_within_the_declared_sizes(
                      for g in big)
         devices = DeviceSet(cpu, gpus)
         eff = calibrated({"rpc_latency_us": 1.0}, "test: loopback")
-        r = fastest_plan(model, devices, base, hardware_for(devices), goal=goal, prompt=512, eff=eff)
+        r = fastest_plan(model, devices, base, hardware_for(devices), goal=goal, prompt=512, eff=eff,
+                         allow_kv_quant=kv_quant)
         assert r.best is not None, r.notes
+        kv = (r.best.plan.context.type_k, r.best.plan.context.type_v)
+        assert kv == (("q8_0", "q8_0") if kv_quant else ("f16", "f16"))  # the halved cache makes room
         assert r.best.label.startswith("fastest"), [(c.label, c.fits) for c in r.candidates]
         where = r.best.plan.placement().tensor_devices()
         exps = {d for n, d in where.items() if "_exps" in n}

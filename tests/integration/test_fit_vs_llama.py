@@ -47,10 +47,10 @@ from offload_planner.core.memory import ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
 from offload_planner.core.synth import BIG_MODELS, write_model
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
-MiB = 1024 * 1024
 #: what a local ggml-rpc-server reports as free (and total) memory
 RPC_FREE = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 

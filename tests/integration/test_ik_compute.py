@@ -35,10 +35,10 @@ from tests.support.ik_context import ModelReport
 from offload_planner.core.compute_ik import IK_SIMULATED
 from offload_planner.core.memory import Projection
 from offload_planner.core.synth import BIG_MODELS, SMALL_MODELS, write_model
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
-MiB = 1024 * 1024
 
 CASES: list[tuple[str, str, dict[str, Any]]] = []
 for _mla in (0, 1, 2, 3):

@@ -30,10 +30,10 @@ from offload_planner.core import ik
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import IK_CPU_BUFFER_EXTRA, Projection
 from offload_planner.core.synth import write_model
+from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
-MiB = 1024 * 1024
 
 #: (model, command line, what ik's server passes to its context). ik's server defaults:
 #: -fa on, -mla 3, f16 caches, one sequence.

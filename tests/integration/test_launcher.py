@@ -31,9 +31,9 @@ from tests.support.rpc import rpc_servers, wait_listening
 from offload_planner.backend import launch
 from offload_planner.backend.launch import PlanContext
 from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import Dialect, parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import run_engine
 from offload_planner.core.gguf_reader import open_model
 
 pytestmark = pytest.mark.integration
@@ -98,7 +98,7 @@ def test_server_process_matches_the_projection_and_leaves_nothing(
         report = sp.report
         parsed = parse_server_args(argv, dialect=Dialect.LLAMA_CPP)
         devices = launch.devices_from_log(_devices(rpc), report)
-        projection = run_engine(open_model(small_models[name]), devices, parsed.args).projection
+        projection = analyse_command(open_model(small_models[name]), devices, parsed.args).projection
         cmp = launch.compare(projection, report)
         print(f"\n{name} {args}\n{cmp.text()}")
         assert cmp.ok, cmp.text()
@@ -188,7 +188,7 @@ def test_rpc_server_out_of_memory_is_explained(qtbot: QtBot, small_models: dict[
     model = open_model(small_models["qwen3moe"])
     parsed = parse_server_args(argv, dialect=Dialect.LLAMA_CPP)
     devices = launch.devices_from_log(_devices(endpoints), outcome.report)
-    projection = run_engine(model, devices, parsed.args).projection
+    projection = analyse_command(model, devices, parsed.args).projection
     exps = outcome.explain(PlanContext(model, devices, argv, "llama.cpp", projection))
     oom = next(e for e in exps if e.kind == "oom")
     # 1M cells: RPC1's KV cache (its one layer) fits under the limit, its compute buffer does not
@@ -215,7 +215,7 @@ def test_host_out_of_memory_under_a_wrapper(qtbot: QtBot, small_models: dict[str
     model = open_model(small_models["llama"])
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30))
     parsed = parse_server_args(argv, dialect=Dialect.LLAMA_CPP)
-    projection = run_engine(model, devices, parsed.args).projection
+    projection = analyse_command(model, devices, parsed.args).projection
     exps = outcome.explain(PlanContext(model, devices, argv, "llama.cpp", projection))
     oom = next(e for e in exps if e.kind == "oom")
     assert oom.device == "CPU" and "KV cache of 1024.00 MiB" in oom.title

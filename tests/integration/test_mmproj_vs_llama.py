@@ -9,7 +9,7 @@ it uses, the ``model size``, every ``reserve_compute_meta`` compute buffer, the 
 splits and nodes, and whether flash attention is on, and compares each with the planner's
 projection to the printed 0.01 MiB.
 It also compares the whole plan: per device the model, KV, output, compute and projector (kind
-``mmproj``: the log parser files clip's lines apart) buffers equal what ``run_engine`` projects,
+``mmproj``: the log parser files clip's lines apart) buffers equal what ``analyse_command`` projects,
 and the launch tab's comparison agrees.  The projector's weights buffer itself is not logged: its
 padded size is projected, the unpadded sum is checked (equal for these shapes).
 
@@ -32,9 +32,9 @@ from tests.support.rpc import rpc_servers
 from offload_planner.backend.clip_log import ClipLoad, parse_clip_log
 from offload_planner.backend.launch import compare
 from offload_planner.backend.log_parser import parse_log
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import run_engine
 from offload_planner.core.fit import fit_for_args
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.mmproj import read_projector
@@ -143,7 +143,7 @@ def test_mmproj_buffers_equal_llama_server(
     setup = mmproj_setup(parsed)
     assert setup is not None
     mb = project_setup(setup, devices, fa_setting(parsed.args.flash_attn))
-    result = run_engine(open_model(text), devices, parsed)
+    result = analyse_command(open_model(text), devices, parsed)
 
     log = _run_server(llama_server, text, argv, tmp_path / "server.log", fit=False)
     clip: ClipLoad = parse_clip_log(log.splitlines())
@@ -195,8 +195,8 @@ def test_fit_targets_count_the_projector_as_llama_server(
     parsed = parse_server_args(argv)
     devices = _devices(rpc)
     model = open_model(small_models["gemma3"])
-    result = run_engine(model, devices, parsed)
-    fitted = fit_for_args(model, devices, parsed, result.placement_options, result.context,
+    result = analyse_command(model, devices, parsed)
+    fitted = fit_for_args(model, devices, parsed, result.plan.placement_options, result.plan.context,
                           free_bytes=[RPC_FREE, RPC_FREE])
     assert fitted is not None
     ours = {m["dev"]: int(m["mib"]) for line in fitted.log if (m := _FIT_TARGET.search(line))}

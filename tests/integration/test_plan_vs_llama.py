@@ -2,7 +2,7 @@
 
 Two local ggml-rpc-servers give llama-server the offload devices RPC0 and RPC1. Each case runs the
 real server (-lv 4) on one of the project's small models with a command line, parses the buffer
-sizes it logs, and compares them with `run_engine` on the same argument list:
+sizes it logs, and compares them with `analyse_command` on the same argument list:
 model, KV and output buffers must equal llama.cpp's to its printed precision (0.01 MiB), compute
 buffers be within 5% or 2 MiB (the compute model is in fact exact on these cases).
 The table of projected against actual is printed so a regression shows where it is.
@@ -19,9 +19,9 @@ from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
 
 from offload_planner.backend.log_parser import parse_log
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import run_engine
 from offload_planner.core.gguf_reader import open_model
 
 pytestmark = pytest.mark.integration
@@ -93,7 +93,7 @@ def test_projection_equals_llama_server(
     model = open_model(small_models[model_name])
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
-    result = run_engine(model, _devices(rpc), parsed)
+    result = analyse_command(model, _devices(rpc), parsed)
 
     port = free_port()
     cmd = [str(llama_server), "-m", str(small_models[model_name]), "--host", "127.0.0.1",

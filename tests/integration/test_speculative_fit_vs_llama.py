@@ -20,9 +20,10 @@ from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
 from tests.support.spec_log import split_log
 
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import context_params, placement_options, run_engine
+from offload_planner.core.engine import context_params, placement_options
 from offload_planner.core.fit import SUCCESS, fit_for_args
 from offload_planner.core.gguf_reader import open_model
 
@@ -89,7 +90,7 @@ def test_fit_counts_the_extra_model_as_llama_server(
               *(["-ts", ",".join(str(x) for x in ours.tensor_split)] if ours.tensor_split else []),
               *(["-ot", ",".join(f"{o.pattern}={names[o.buft]}" for o in ours.overrides)] if ours.overrides
                 else []), *spec_argv]
-    result = run_engine(open_model(small_models[name]), devices, parse_server_args(fitted))
+    result = analyse_command(open_model(small_models[name]), devices, parse_server_args(fitted))
     main, extra = split_log(lines, {ep: f"RPC{i}" for i, ep in enumerate(rpc)})
     owner = result.projection.extras[0].key
     mismatches = []

@@ -5,7 +5,7 @@ devices, with and without flash attention.
 
 Each case runs the server (-lv 4), splits its log into the main context and the draft/MTP context
 (:mod:`tests.support.spec_log`) and compares every kind of buffer per device, for each context,
-with ``run_engine`` on the same argument list (the projection's buffers carry their owner): equal to
+with ``analyse_command`` on the same argument list (the projection's buffers carry their owner): equal to
 the 0.01 MiB the server prints, compute included.
 """
 
@@ -20,9 +20,9 @@ from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
 from tests.support.spec_log import split_log
 
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import run_engine
 from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.gguf_reader import open_model
 
@@ -76,7 +76,7 @@ def test_speculative_buffers_equal_llama_server(
             for tok in ["--rpc", ",".join(eps), *shlex.split(args)]]
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
-    result = run_engine(open_model(small_models[model_name]), _devices(eps), parsed)
+    result = analyse_command(open_model(small_models[model_name]), _devices(eps), parsed)
     owner = MTP if "draft-mtp" in args else DRAFT
     assert [e.key for e in result.projection.extras] == [owner]
 

@@ -29,8 +29,7 @@ from offload_planner.core.synth.quant import pick_type
 from offload_planner.core.synth.spec import ModelSpec, QuantMix, RopeScaling, TokenizerKind, TokenizerSpec
 from offload_planner.core.synth.tensors import tensor_defs
 from offload_planner.core.synth.writer import write_model
-
-MiB = 1024 * 1024
+from offload_planner.core.units import MiB
 
 #: Tolerances of the comparison (relative), per buffer kind.
 TOLERANCE = {"model": 0.01, "kv": 0.01, "output": 0.01, "compute": 0.10, "host compute": 0.10}

@@ -14,9 +14,10 @@ import pytest
 from tests.support.ik_context import ModelReport, measure
 
 from offload_planner.core import ik
+from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import check_semantics, parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.engine import IK_LLAMA_CPP, run_engine
+from offload_planner.core.engine import IK_LLAMA_CPP
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.synth import SMALL_MODELS
@@ -73,4 +74,4 @@ def ik_plan(path: Path, args: str, amb: int | None = None) -> tuple[Projection, 
     devices = cpu_only()
     errors = [str(e) for e in parsed.errors + check_semantics(parsed, devices.names)]
     errors += ik.model_errors(model)
-    return run_engine(model, devices, parsed, IK_LLAMA_CPP).projection, errors
+    return analyse_command(model, devices, parsed, IK_LLAMA_CPP).projection, errors

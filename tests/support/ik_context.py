@@ -29,8 +29,6 @@ from typing import Any
 
 from offload_planner.backend import child_guard
 
-MiB = 1024 * 1024
-
 WEIGHTS_LINE = re.compile(r"^llm_load_tensors:\s+(\S+) buffer size =\s+([0-9.]+) MiB$")
 KV_LINE = re.compile(r"^llama_kv_cache_init:\s+(\S+) KV buffer size =\s+([0-9.]+) MiB$")
 OUTPUT_LINE = re.compile(r"^llama_init_from_model:\s+(\S+)\s+output buffer size =\s+([0-9.]+) MiB$")

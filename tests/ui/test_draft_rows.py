@@ -10,12 +10,12 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 from tests.ui.window_helpers import open_and_wait, wait_projected
 
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.extra_context import DRAFT
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.placement import CPU
-from offload_planner.ui.device_figures import DeviceFigures
+from offload_planner.core.tensor_grid import DRAFT_PREFIX
 from offload_planner.ui.main_window import MainWindow
-from offload_planner.ui.tensor_grid import DRAFT_PREFIX
 
 
 def test_draft_model_has_its_own_rows(qtbot: QtBot, window: MainWindow,
@@ -57,8 +57,8 @@ def test_draft_model_has_its_own_rows(qtbot: QtBot, window: MainWindow,
 
 def test_moving_a_draft_cell_writes_an_otd_rule(qtbot: QtBot, window: MainWindow,
                                                 small_models: dict[str, Path]) -> None:
+    from offload_planner.core.analysis import analyse_command
     from offload_planner.core.cmdline import parse_server_args
-    from offload_planner.core.engine import run_engine
     from offload_planner.core.plan import plan_command
 
     open_and_wait(qtbot, window, small_models["llama"])
@@ -87,7 +87,7 @@ def test_moving_a_draft_cell_writes_an_otd_rule(qtbot: QtBot, window: MainWindow
     otd = cmd[cmd.index("-otd") + 1]
     assert otd.endswith(",blk.1.ffn=CPU") and r"^blk\.0\.attn_q\.weight$=CUDA0" in otd
     # and it projects what the window shows
-    again = run_engine(doc.plan.model, doc.plan.devices, parse_server_args(cmd))
+    again = analyse_command(doc.plan.model, doc.plan.devices, parse_server_args(cmd))
     assert again.projection.device("CUDA0").total() == doc.analysis.projection.device("CUDA0").total()  # type: ignore[union-attr]
     doc.undo_stack.undo()
     wait_projected(qtbot, window)

@@ -126,7 +126,7 @@ def test_switching_a_deepseek_plan_to_ik_adds_what_ik_allocates(tmp_path: Path) 
     from offload_planner.cli import demo_model_path
     from offload_planner.core.devices import Device, DeviceKind, DeviceSet
     from offload_planner.core.plan import plan_command
-    from offload_planner.ui.plan_edits import with_dialect, with_option
+    from offload_planner.core.plan_edits import with_dialect, with_option
 
     model = open_model(demo_model_path())
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GiB, 500 * GiB), ())

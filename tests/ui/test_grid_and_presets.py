@@ -6,15 +6,15 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from offload_planner.core import presets
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import alloc_size, pad
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.roles import Role
+from offload_planner.core.tensor_grid import build_grid, layout
 from offload_planner.core.units import GiB
-from offload_planner.ui import plan_edits, presets
-from offload_planner.ui.tensor_grid import build_grid, layout
 
 
 def _demo_plan(demo_path: Path, gpu: str = "CUDA0=24GiB") -> Plan:
@@ -48,7 +48,7 @@ def test_layout_of_deepseek(demo_path: Path) -> None:
 
 def test_moved_and_not_movable_marks(demo_path: Path) -> None:
     plan = _demo_plan(demo_path)
-    moved = plan_edits.apply_moves(plan, {"blk.5.ffn_up_exps.weight": CPU})
+    moved = plan.with_moves({"blk.5.ffn_up_exps.weight": CPU})
     grid = build_grid(
         moved.model,
         moved.placement(),
@@ -69,13 +69,13 @@ def test_all_routed_experts_to_cpu(demo_path: Path) -> None:
     plan = _demo_plan(demo_path)
     moves = presets.routed_experts_to(plan, plan.placement(), CPU)
     assert len(moves) == 58 * 3 and set(moves.values()) == {CPU}
-    after = plan_edits.apply_moves(plan, moves)
+    after = plan.with_moves(moves)
     assert presets.routed_experts_to(after, after.placement(), CPU) == {}
 
 
 def test_fill_gpu_with_expert_layers_from_either_end(demo_path: Path) -> None:
     plan = _demo_plan(demo_path, "CUDA0=96GiB")
-    on_cpu = plan_edits.apply_moves(plan, presets.routed_experts_to(plan, plan.placement(), CPU))
+    on_cpu = plan.with_moves(presets.routed_experts_to(plan, plan.placement(), CPU))
     proj = on_cpu.projection()
     dev = on_cpu.devices.gpus[0]
     for from_first in (True, False):
@@ -114,16 +114,16 @@ def test_layers_to_device_and_back_to_default(demo_path: Path) -> None:
     assert layers == set(range(10, 21))
     experts = presets.layers_to(plan, plan.placement(), 10, 20, CPU, experts_only=True)
     assert len(experts) == 33
-    moved = plan_edits.apply_moves(plan, moves)
+    moved = plan.with_moves(moves)
     back = presets.back_to_default(moved)
     assert set(back) == set(moves) and set(back.values()) == {None}
-    assert plan_edits.apply_moves(moved, back).moves == {}
+    assert moved.with_moves(back).moves == {}
 
 
 def test_over_capacity_warning_names_the_preset_that_fixes_it(demo_path: Path) -> None:
     """The default command puts DeepSeek-V3 (377 GiB) on a 24 GiB GPU: the warning names the fill
     preset, and applying it leaves no device over capacity."""
-    from offload_planner.ui.analysis import analyse
+    from offload_planner.ui.projector import window_analysis as analyse
 
     plan = _demo_plan(demo_path)
     before = analyse(plan)

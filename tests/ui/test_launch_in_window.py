@@ -15,11 +15,10 @@ from tests.ui.test_launcher_panel import _buffer_lines, _fake_server
 from tests.ui.window_helpers import open_and_wait, wait_projected
 
 from offload_planner.core.placement import CPU
+from offload_planner.core.units import MiB
 from offload_planner.ui import settings as keys
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.palette import ACTUAL_COLOR
-
-MiB = 1024 * 1024
 
 
 def test_backend_path_is_stored_and_used(

@@ -26,11 +26,11 @@ from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_de
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.units import MiB
 from offload_planner.ui.launcher_panel import LauncherPanel
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.telemetry_view import TelemetryView
 
-MiB = 1024 * 1024
 FUNCS = {"model": "load_tensors", "kv": "llama_kv_cache", "output": "llama_context",
          "compute": "sched_reserve"}
 KINDS = {"model": "model ", "kv": "KV ", "output": " output ", "compute": "compute "}

@@ -12,13 +12,13 @@ from PySide6.QtWidgets import QApplication, QMenu, QToolTip
 from pytestqt.qtbot import QtBot
 from tests.ui.window_helpers import open_and_wait, wait_projected
 
+from offload_planner.core.device_figures import DeviceFigures
+from offload_planner.core.move_preview import move_deltas
 from offload_planner.core.placement import CPU
 from offload_planner.core.roles import Role
-from offload_planner.ui.device_figures import DeviceFigures
+from offload_planner.core.tensor_grid import tensor_kind
 from offload_planner.ui.main_window import MainWindow
-from offload_planner.ui.move_preview import move_deltas
 from offload_planner.ui.settings import SPLIT_ATTENTION
-from offload_planner.ui.tensor_grid import tensor_kind
 
 
 def _hover_tip(qtbot: QtBot, window: MainWindow, row: int, col: int) -> str:

@@ -13,8 +13,8 @@ from PySide6.QtWidgets import QApplication, QToolTip
 from pytestqt.qtbot import QtBot
 from tests.ui.window_helpers import open_and_wait, wait_projected
 
+from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures
 from offload_planner.core.placement import CPU
-from offload_planner.ui.device_figures import BUFFER_KINDS, DeviceFigures
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.memory_view import (
     BREAKDOWN_FORMS,

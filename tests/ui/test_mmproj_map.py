@@ -11,13 +11,13 @@ from pytestqt.qtbot import QtBot
 from tests.ui.window_helpers import wait_projected
 
 from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.mmproj import read_projector
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.synth.mmproj import SMALL_MMPROJ, write_mmproj
-from offload_planner.ui.device_figures import DeviceFigures
 from offload_planner.ui.main_window import MainWindow
 
 GiB = 1024**3
@@ -86,7 +86,7 @@ def test_projector_rows_follow_no_mmproj_offload(
 
 
 def test_split_attention_columns_take_the_projector(paths: tuple[Path, Path]) -> None:
-    from offload_planner.ui.tensor_grid import build_grid, layout, plan_projector_placed
+    from offload_planner.core.tensor_grid import build_grid, layout, plan_projector_placed
 
     plan = _plan(paths)
     items = plan_projector_placed(plan)
@@ -106,7 +106,7 @@ def test_the_windows_fit_preset_counts_the_projector(paths: tuple[Path, Path]) -
     """Presets ▸ What llama.cpp's --fit would run: the same targets as the command's fit, which
     the integration test checks against llama-server."""
     from offload_planner.core.fit import fit_for_args
-    from offload_planner.ui.presets import llama_fit
+    from offload_planner.core.presets import llama_fit
 
     argv = ["--rpc", "127.0.0.1:5000", "-c", "2048", "-mm", str(paths[1]), "--no-mmproj-offload"]
     parsed = parse_server_args(argv)

@@ -200,7 +200,7 @@ def test_window_and_cli_give_the_same_cpu_figures_and_note(qtbot: QtBot, setting
     )
     cpu_row = next(line for line in r.stdout.splitlines() if line.startswith("CPU "))
     cli_weights = float(cpu_row.split()[1])
-    from offload_planner.ui.device_figures import DeviceFigures
+    from offload_planner.core.device_figures import DeviceFigures
 
     a = win.doc.analysis
     assert a is not None and a.projection is not None

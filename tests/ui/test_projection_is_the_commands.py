@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from offload_planner.core import presets
+from offload_planner.core.analysis import analyse, analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
-from offload_planner.core.engine import run_engine
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.units import GiB
-from offload_planner.ui import plan_edits, presets
-from offload_planner.ui.analysis import analyse
 
 KINDS = ("model", "kv", "compute", "output")
 
@@ -37,12 +36,12 @@ def test_projection_with_moves_equals_the_exported_command(demo_path: Path, what
         moves = presets.layers_to(plan, placement, 10, 20, CPU, experts_only=True)
     else:
         moves = presets.layers_to(plan, placement, 5, 5, "CUDA1")
-    moved = plan_edits.apply_moves(plan, dict(moves))
+    moved = plan.with_moves(dict(moves))
     shown = analyse(moved)
     assert shown.projection is not None and not shown.error
     parsed = parse_server_args(shown.command)
     assert not parsed.errors, parsed.errors
-    actual = run_engine(model, devices, parsed.args).projection
+    actual = analyse_command(model, devices, parsed.args).projection
     for dm in shown.projection.devices:
         ref = actual.device(dm.device.name)
         for kind in KINDS:

@@ -62,6 +62,36 @@ def test_fastest_plan_preset_is_one_undo_step(qtbot: QtBot, settings: Settings) 
         win.close()
 
 
+def test_fastest_plan_quantizes_the_kv_cache_only_when_checked(qtbot: QtBot, settings: Settings) -> None:
+    from dataclasses import replace
+
+    win = make_window(qtbot, settings, system_info("CUDA0=12GiB,bw=936GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        ctx = replace(doc.plan.context, n_ctx=40960, n_seq_max=1, kv_unified=False)
+        doc.replace_plan(replace(doc.plan, context=ctx), "-c 40960 -np 1")
+        wait_projected(qtbot, win)
+        menu = win.presets_menu
+        menu._build()
+        [box] = [a for a in menu.actions() if "KV cache" in a.text()]
+        assert box.isCheckable() and not box.isChecked()
+        assert menu.fastest()
+        assert (doc.plan.context.type_k, doc.plan.context.type_v) == ("f16", "f16")
+        doc.undo_stack.undo()
+        messages: list[str] = []
+        menu.message.connect(messages.append)
+        box.trigger()
+        assert menu.allow_kv_quant
+        assert menu.fastest()
+        assert (doc.plan.context.type_k, doc.plan.context.type_v) == ("q8_0", "q8_0")
+        assert "KV cache q8_0/q8_0" in messages[-1]
+        menu._build()  # the menu is rebuilt when shown: the box stays checked
+        assert next(a for a in menu.actions() if "KV cache" in a.text()).isChecked()
+    finally:
+        win.close()
+
+
 def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> None:
     from offload_planner.ui.device_panel import AddGpuDialog
 
@@ -84,8 +114,7 @@ def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> Non
 def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: Settings) -> None:
     from offload_planner.backend.speed_store import machine_hardware
     from offload_planner.core.speed.estimate import tg_tps
-    from offload_planner.ui.move_preview import move_tg
-    from offload_planner.ui.tensor_map_model import move_preview_html
+    from offload_planner.ui.tensor_map_model import move_preview_html, move_tg
 
     win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
     try:

@@ -13,9 +13,9 @@ from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.placement import CPU
 from offload_planner.core.synth import BIG_MODELS, write_model
-from offload_planner.ui.device_figures import DeviceFigures
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.memory_view import device_tooltip
 from offload_planner.ui.settings import Settings

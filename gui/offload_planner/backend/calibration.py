@@ -40,7 +40,6 @@ from offload_planner.core.plan import Plan
 FILE_NAME = "calibration.json"
 VERSION = 1
 MAX_ENTRIES = 500
-MiB = 1024 * 1024
 
 
 def config_dir() -> Path:

@@ -18,6 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from offload_planner.core.units import MiB
+
 _PREFIX = r"^(?:\d+\.\d+\.\d+\.\d+ [IWEDT] )?"
 _BUFFER_RE = re.compile(
     _PREFIX + r"(?P<func>\w+):\s+(?P<name>\S+)\s+(?P<kind>model |KV |RS |compute | output |)"
@@ -61,7 +63,7 @@ class BufferLine:
 
     @property
     def bytes_approx(self) -> int:
-        return round(self.mib * 1024 * 1024)
+        return round(self.mib * MiB)
 
 
 @dataclass(frozen=True)
@@ -252,7 +254,6 @@ _OOM_PATTERNS: tuple[tuple[re.Pattern[str], str | None], ...] = (
 _CUDA_RUNTIME_OOM = re.compile(r"(CUDA|ROCm) error: out of memory")
 _CURRENT_DEVICE = re.compile(r"current device: (?P<dev>\d+)")
 _UNABLE_RE = re.compile(r"unable to allocate (?P<buf>\S+) buffer")
-MiB = 1024 * 1024
 _KIND_HINTS = (
     ("buffer for kv cache", "kv"),
     ("failed to allocate compute", "compute"),

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import Figure, Hardware, Source, hardware_for
+from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, hardware_for
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -110,6 +111,43 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     return Figure(float(bw), "GB/s", Source.MEASURED, f"RAM probe on this machine ({when}, {_path()})")
 
 
+def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
+    """The link to the rpc-server at ``endpoint`` from this machine: cached, else probed now through
+    the RPC protocol when ``measure`` (:mod:`backend.rpc_probe`; None when it cannot be reached)."""
+    from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
+
+    data = _load()
+    entry = data.get("machines", {}).get(machine_key(), {})
+    links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
+    got = links.get(endpoint)
+    if not (isinstance(got, dict) and isinstance(got.get("gbs"), (int, float))
+            and isinstance(got.get("rtt_us"), (int, float))):
+        if not measure:
+            return None
+        try:
+            p = probe_link(endpoint)
+        except RpcProbeError:
+            return None
+        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "at": time.strftime("%Y-%m-%d %H:%M"),
+               "server": p.server_version}
+        entry = {**entry, "rpc_links": {**links, endpoint: got}}
+        data.setdefault("machines", {})[machine_key()] = entry
+        _save(data)
+    return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
+                        f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})")
+
+
+def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink]:
+    """Measured links of the set's RPC devices, by endpoint (those that could be probed)."""
+    out = {}
+    for g in devices.gpus:
+        if g.endpoint and g.kind is DeviceKind.RPC:
+            link = rpc_link(g.endpoint, measure=measure)
+            if link is not None:
+                out[g.endpoint] = link
+    return out
+
+
 def record_efficiencies(backend: str, values: dict[str, float]) -> None:
     """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`)."""
     calibrated(values, "check")  # refuse unknown names before writing
@@ -162,19 +200,22 @@ def _cpu_declared(plan: Plan) -> bool:
     return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
 
 
-def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True) -> Hardware:
+def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
+                     probe_rpc: bool = False) -> Hardware:
     """The figures of the plan's devices on this machine: declared, catalogue, the cached RAM probe
-    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), threads from
-    ``-t`` of ``parsed`` or of the plan's kept flags."""
+    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), the cached RPC
+    links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers, which
+    serve one client at a time), threads from ``-t`` of ``parsed`` or of the plan's kept flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
-    return hardware_for(plan.devices, threads=threads, probe=measured)
+    return hardware_for(plan.devices, threads=threads, probe=measured,
+                        links=rpc_links(plan.devices, measure=probe_rpc))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
-               placement: Placement | None = None) -> SpeedEstimate:
+               placement: Placement | None = None, probe_rpc: bool = False) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
-    hw = machine_hardware(plan, parsed, probe=probe)
+    hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
     return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)

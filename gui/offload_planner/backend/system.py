@@ -1,17 +1,21 @@
 """The machine's devices: NVIDIA GPUs through NVML (in CUDA order) and system RAM through psutil.
 
-Without an NVIDIA driver the app works with declared devices; :func:`detect_gpus` says why none
-were found instead of failing.
+NVML also gives each GPU's memory bus width and maximum memory clock and its PCIe link's maximum
+generation and width, kept as the device's ``nvml_bus``/``nvml_pcie`` figures for the speed estimate
+(``core.speed.hardware``).  Without an NVIDIA driver the app works with declared devices and the
+speed catalogue; :func:`detect_gpus` says why none were found instead of failing.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
 from offload_planner.core.devices import Device, DeviceKind
+from offload_planner.core.speed.hardware import PCIE_LANE_GBS
 
 
 @dataclass
@@ -25,6 +29,27 @@ def cpu_device() -> Device:
     next (page cache, other programs), so a plan checked against it would too."""
     vm = psutil.virtual_memory()
     return Device("CPU", DeviceKind.CPU, vm.total, None, description="system RAM", source="psutil")
+
+
+def nvml_figures(nvml: Any, handle: Any) -> tuple[tuple[str, str], ...]:
+    """``nvml_bus`` (bus bits x maximum memory clock MHz) and ``nvml_pcie`` (maximum generation x
+    width) of one GPU, each left out where the driver does not report it (NVMLError_NotSupported)."""
+    out: list[tuple[str, str]] = []
+    try:
+        bits = int(nvml.nvmlDeviceGetMemoryBusWidth(handle))
+        mhz = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_MEM))
+        if bits > 0 and mhz > 0:
+            out.append(("nvml_bus", f"{bits}x{mhz}"))
+    except Exception:  # NVMLError_NotSupported, an older driver without the call
+        pass
+    try:  # the maximum of GPU and slot: the current link drops to gen 1 when idle
+        gen = int(nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+        width = int(nvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
+        if gen in PCIE_LANE_GBS and width in (1, 2, 4, 8, 16):
+            out.append(("nvml_pcie", f"{gen}x{width}"))
+    except Exception:
+        pass
+    return tuple(out)
 
 
 def detect_gpus() -> Detection:
@@ -49,7 +74,7 @@ def detect_gpus() -> Detection:
             bus = pynvml.nvmlDeviceGetPciInfo(h).busId
             bus = bus.decode() if isinstance(bus, bytes) else str(bus)
             found.append((bus, Device("", DeviceKind.CUDA, int(mem.total), int(mem.free),
-                                      description=name, source="nvml")))
+                                      description=name, source="nvml", hardware=nvml_figures(pynvml, h))))
     finally:
         pynvml.nvmlShutdown()
     found.sort(key=lambda bd: bd[0])

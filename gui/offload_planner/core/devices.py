@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.speed.catalogue import card, card_keys
+from offload_planner.core.speed.declared import HARDWARE_KEYS, parse_hardware_keys
 from offload_planner.core.units import parse_size
 
 
@@ -176,9 +178,6 @@ def parse_device_decl(text: str) -> Device:
     """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``CUDA0=rtx3090`` (a catalogue card sets the
     size), ``CUDA0=24GiB,bw=936GB/s,pcie=4x16,tflops=71``, ``CPU=512GiB,ram=12xDDR5-4800``,
     ``RPC0=64GiB,link=10Gb/s``: the speed keys are checked by :mod:`offload_planner.core.speed`."""
-    from offload_planner.core.speed.catalogue import card
-    from offload_planner.core.speed.hardware import HARDWARE_KEYS, parse_hardware_keys
-
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not rest:
@@ -227,8 +226,6 @@ def _size_or_card(text: str) -> int:
         return parse_size(text)
     except ValueError:
         if not any(ch.isdigit() for ch in text[:1]):
-            from offload_planner.core.speed.catalogue import card_keys
-
             raise ValueError(f"{text!r} is neither a size (24GiB) nor a known card "
                              f"({', '.join(card_keys())})") from None
         raise
@@ -262,5 +259,7 @@ def build_device_set(
             g = gpus[idx]
             gpus[idx] = replace(g, total=d.total, free=d.free if d.free is not None else g.free,
                                 bandwidth_gbs=d.bandwidth_gbs or g.bandwidth_gbs, margin=d.margin,
-                                hardware=d.hardware or g.hardware)
+                                # declared keys win; the driver's figures (nvml_*) stay for the rest
+                                hardware=d.hardware + tuple(kv for kv in g.hardware
+                                                            if kv[0] not in dict(d.hardware)))
     return DeviceSet(cpu_out, tuple(gpus))

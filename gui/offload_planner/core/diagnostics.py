@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.cmdline import check_pattern
+from offload_planner.core.device_figures import CapacityHint, capacity_warnings
 from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU, Override
 from offload_planner.core.roles import Role
 from offload_planner.core.rule_match import rule_set
-from offload_planner.core.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -55,21 +56,14 @@ def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> lis
     ]
 
 
-def plan_warnings(projection: Projection, overrides: tuple[Override, ...]) -> list[str]:
-    out: list[str] = []
-    for dm in projection.devices:
-        cap = dm.device.capacity
-        if cap is None:
-            continue
-        used = dm.resident() + dm.device.margin
-        if used > cap:
-            out.append(
-                f"{dm.device.name} is over capacity by {fmt_bytes(used - cap)} "
-                f"({fmt_bytes(dm.resident())} projected"
-                + (f" + {fmt_bytes(dm.device.margin)} margin" if dm.device.margin else "")
-                + f" > {fmt_bytes(cap)})"
-            )
-    reports = rule_reports(projection, overrides)
+def plan_warnings(projection: Projection, overrides: tuple[Override, ...], *,
+                  reports: Sequence[RuleReport] | None = None,
+                  capacity_hint: CapacityHint | None = None) -> list[str]:
+    """Devices over capacity, then the rules (``reports``: already computed for ``overrides``),
+    the patterns std::regex reads otherwise, and placements that cost speed."""
+    out = capacity_warnings(projection, capacity_hint)
+    if reports is None:
+        reports = rule_reports(projection, overrides)
     out.extend(_generated_unmatched(reports))
     for r in reports:
         src = f"{r.override.source} {r.override.pattern}={r.override.buft}"
@@ -90,7 +84,7 @@ _PER_LAYER_FLAGS = ("--n-cpu-moe", "--n-cpu-ffn")
 _LAYER_OF = re.compile(r"^blk\\\.(\d+)")
 
 
-def _generated_unmatched(reports: list[RuleReport]) -> list[str]:
+def _generated_unmatched(reports: Sequence[RuleReport]) -> list[str]:
     """``--n-cpu-moe 99999: the rules for layers 0-2,61-511 match no tensor`` (one line, not 454)."""
     out = []
     for flag in _PER_LAYER_FLAGS:

@@ -1,37 +1,28 @@
-"""From a model, devices and a llama-server command line to placement and projected memory.
+"""From a llama-server command line to the plan's settings (placement options, context parameters).
 
 Applies the dialect's defaults to what the command line leaves unset, exactly as the server does
 (pinned mainline: -np auto = 4 slots with a unified KV cache, -c 0 = trained length, flash
-attention auto = on where every backend supports it, -ngl auto = all), then places and projects.
+attention auto = on where every backend supports it, -ngl auto = all); :mod:`offload_planner.core.analysis`
+places, projects and analyses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
-from offload_planner.core.extra_context import attach
-from offload_planner.core.memory import ContextParams, Projection, project
+from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Override, PlacementOptions, place, resolve_ngl
-from offload_planner.core.speculative import draft_len, extra_contexts, load_spec, spec_refusals, uses_mtp
+from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.speculative import draft_len, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
-__all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "EngineResult", "context_params",
-           "placement_options", "run_engine"]
+__all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "command_notes", "context_params",
+           "placement_options"]
 
 _QUANT_KV = {"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
-
-
-@dataclass
-class EngineResult:
-    projection: Projection
-    placement_options: PlacementOptions
-    context: ContextParams
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
 
 def _get(args: Any, name: str, default: Any = None) -> Any:
@@ -39,7 +30,7 @@ def _get(args: Any, name: str, default: Any = None) -> Any:
     return default if v is None else v
 
 
-def _server_args(args: Any) -> Any:
+def server_settings(args: Any) -> Any:
     """Accept a ParsedArgs (``.args`` holds the settings) or the settings themselves."""
     inner = getattr(args, "args", None)
     return inner if inner is not None and hasattr(args, "passthrough") else args
@@ -60,7 +51,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
     overrides = tuple(
         Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _override_list(model, args)
     )
-    args = _server_args(args)
+    args = server_settings(args)
     n_layer = model.summary.n_layer
     has_gpu = bool(devices.gpus)
     ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu)
@@ -82,7 +73,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
 
 def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextParams, list[str]]:
     dialect = Dialect(dialect)
-    args = _server_args(args)
+    args = server_settings(args)
     notes: list[str] = []
     np_ = _get(args, "n_parallel")
     kvu = _get(args, "kv_unified")
@@ -97,11 +88,11 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
     fa = _get(args, "flash_attn", "auto")
     ctv = _get(args, "cache_type_v", "f16")
     flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
-    n_batch = _get(args, "batch_size", 2048)
+    n_batch = _get(args, "batch_size", DEFAULT_N_BATCH)
     return ContextParams(
         n_ctx=n_ctx,
         n_batch=n_batch,
-        n_ubatch=_get(args, "ubatch_size", 512),
+        n_ubatch=_get(args, "ubatch_size", DEFAULT_N_UBATCH),
         n_seq_max=np_,
         kv_unified=bool(kvu),
         flash_attn=flash or ctv in _QUANT_KV,
@@ -120,35 +111,9 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
     ), notes
 
 
-def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: Dialect) -> list[str]:
-    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
-    from offload_planner.core.mmproj import attach
-
-    setup = attach.mmproj_setup(args)
-    if setup is None:
-        return []
-    if not dialect.projects_mmproj:
-        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
-    fa = attach.fa_setting(_get(_server_args(args), "flash_attn"))
-    mb = attach.project_setup(setup, devices, fa)
-    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
-    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
-
-
-def run_engine(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP) -> EngineResult:
-    dialect = Dialect(dialect)
-    popts = placement_options(model, devices, args, dialect)
-    cparams, notes = context_params(model, args, dialect)
-    placement = place(model, devices, popts)
-    placement.raise_rule_errors()
-    projection = project(model, devices, placement, cparams)
-    spec = load_spec(devices, args, dialect, placement_options)
-    extras = extra_contexts(model, devices, placement, cparams, projection.context, spec)
-    projection = attach(projection, extras)
-    notes += _add_mmproj(projection, devices, args, dialect)
-    from offload_planner.core.diagnostics import plan_warnings
-
-    notes += dialect.notes(popts, devices)
-    warnings = (spec_refusals(model, spec) + dialect.warnings(model, popts, devices)
-                + plan_warnings(projection, popts.overrides))
-    return EngineResult(projection, popts, cparams, warnings, notes)
+def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
+                  popts: PlacementOptions, projector_notes: Sequence[str] = ()) -> list[str]:
+    """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
+    notes, and the dialect's notes on how it places these weights."""
+    _, notes = context_params(model, args, dialect)
+    return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices)]

@@ -427,152 +427,186 @@ def _fit_layers(st: dict[str, Any], trc: Callable[[str], None],
                 nd: int, devs: list[str], free: list[int], margins: list[int], hp_ngl: int,
                 hp_nex: int) -> None:
     """Steps 3 and 4: the layer distribution (``common_params_fit_impl`` after the checks)."""
+    surplus = 0
+    if hp_nex > 0:
+        surplus = _cpu_moe_surplus(trc, measure_with, nd, free, margins)
+        st["ot"] = ()  # the reset leaves an empty override list
+    lf = _LayerFit(trc, measure_with, nd, devs, free, [free[i] - margins[i] for i in range(nd)],
+                   hp_ngl, hp_nex)
+    lf.fill_dense()
+    if hp_nex > 0 and surplus > 0:
+        lf.convert_to_full()
+    st["ngl"], ts, ot = _tbo(lf.ngl, lf.bufts, nd, hp_ngl)
+    st["ts"] = ts if nd > 1 else None
+    st["ot"] = ot
 
-    def mem_for(ngl_per_device: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
-        m = measure_with(*_tbo(ngl_per_device, overflow_bufts, nd, hp_ngl))
-        trc("memory for test allocation by device: " + ", ".join(
+
+def _cpu_moe_surplus(trc: Callable[[str], None],
+                     measure_with: Callable[[int, tuple[float, ...], tuple[Override, ...]], Measured],
+                     nd: int, free: list[int], margins: list[int]) -> int:
+    """The memory left over (negative: missing) with every expert on the CPU."""
+    cpu_moe = measure_with(NGL_DEFAULT, (), (Override(PATTERN_MOE_ALL, CPU, "--fit"),))
+    surplus = sum(free[i] - (cpu_moe.used[i] + margins[i]) for i in range(nd))
+    if surplus > 0:
+        trc(f"with only dense weights in device memory there is a total surplus of {surplus // MiB} MiB")
+    else:
+        trc(f"with only dense weights in device memory there is still a total deficit of "
+            f"{-surplus // MiB} MiB")
+    return surplus
+
+
+def _copy(v: list[_Ngl]) -> list[_Ngl]:
+    return [n.copy() for n in v]
+
+
+def _step(delta: int, target: int, lo: int, hi: int) -> int:
+    """The interpolated step of llama.cpp's bisection, within [1, delta - 1]."""
+    s = _u32(_cdiv(delta * (target - lo), hi - lo))
+    return min(max(s, 1), delta - 1)
+
+
+class _LayerFit:
+    """The state of steps 3 and 4: layers per device, the overflow buffer types, the memory used."""
+
+    def __init__(self, trc: Callable[[str], None],
+                 measure_with: Callable[[int, tuple[float, ...], tuple[Override, ...]], Measured],
+                 nd: int, devs: list[str], free: list[int], targets: list[int], hp_ngl: int,
+                 hp_nex: int) -> None:
+        self.trc, self.measure_with = trc, measure_with
+        self.nd, self.devs, self.free, self.targets = nd, devs, free, targets
+        self.hp_ngl, self.hp_nex = hp_ngl, hp_nex
+        self.bufts = [CPU] * nd
+        self.ngl = [_Ngl() for _ in range(nd)]
+        self.mem = self.mem_for(self.ngl, self.bufts)
+        self.dense_start = nd
+
+    def mem_for(self, ngl_per_device: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
+        m = self.measure_with(*_tbo(ngl_per_device, overflow_bufts, self.nd, self.hp_ngl))
+        self.trc("memory for test allocation by device: " + ", ".join(
             f"id={i} n_layer={n.n_layer} n_part={n.n_part} overflow_type={n.overflow_type} "
             f"mem={m.used[i] // MiB} MiB" for i, n in enumerate(ngl_per_device)))
-        return list(m.used[:nd])
-
-    def commit(ngl_per_device: list[_Ngl], overflow_bufts: list[str]) -> None:
-        st["ngl"], ts, ot = _tbo(ngl_per_device, overflow_bufts, nd, hp_ngl)
-        st["ts"] = ts if nd > 1 else None
-        st["ot"] = ot
-
-    global_surplus_cpu_moe = 0
-    if hp_nex > 0:
-        cpu_moe = measure_with(NGL_DEFAULT, (), (Override(PATTERN_MOE_ALL, CPU, "--fit"),))
-        for i in range(nd):
-            global_surplus_cpu_moe += free[i] - (cpu_moe.used[i] + margins[i])
-        if global_surplus_cpu_moe > 0:
-            trc(f"with only dense weights in device memory there is a total surplus of "
-                f"{global_surplus_cpu_moe // MiB} MiB")
-        else:
-            trc(f"with only dense weights in device memory there is still a total deficit of "
-                f"{-global_surplus_cpu_moe // MiB} MiB")
-        st["ot"] = ()  # the reset leaves an empty override list
-
-    targets = [free[i] - margins[i] for i in range(nd)]
-    overflow_bufts = [CPU] * nd
-    ngl_per_device = [_Ngl() for _ in range(nd)]
-    mem = mem_for(ngl_per_device, overflow_bufts)
-
-    def copy(v: list[_Ngl]) -> list[_Ngl]:
-        return [n.copy() for n in v]
-
-    def step(delta: int, target: int, lo: int, hi: int) -> int:
-        s = _u32(_cdiv(delta * (target - lo), hi - lo))
-        return min(max(s, 1), delta - 1)
+        return list(m.used[:self.nd])
 
     # step 3: fill dense (MoE: dense-only) layers back to front
-    for i in range(nd - 1, -1, -1):
-        n_unassigned = hp_ngl + 1 - sum(ngl_per_device[j].n_layer for j in range(i + 1, nd))
-        high = copy(ngl_per_device)
-        high[i].n_layer = n_unassigned
-        if hp_nex > 0:
-            high[i].n_part = high[i].n_layer if i < nd - 1 else high[i].n_layer - 1
-        if high[i].n_layer > 0:
-            mem_high = mem_for(high, overflow_bufts)
-            if mem_high[i] > targets[i]:
-                delta = high[i].n_layer - ngl_per_device[i].n_layer
-                while delta > 1:
-                    step_size = step(delta, targets[i], mem[i], mem_high[i])
-                    test = copy(ngl_per_device)
-                    test[i].n_layer += step_size
-                    if hp_nex:
-                        test[i].n_part += step_size - 1 if i == nd - 1 and test[i].n_part == 0 else step_size
-                    mem_test = mem_for(test, overflow_bufts)
-                    if mem_test[i] <= targets[i]:
-                        ngl_per_device, mem = test, mem_test
-                    else:
-                        high, mem_high = test, mem_test
-                    delta = high[i].n_layer - ngl_per_device[i].n_layer
+    def fill_dense(self) -> None:
+        nd = self.nd
+        for i in range(nd - 1, -1, -1):
+            n_unassigned = self.hp_ngl + 1 - sum(self.ngl[j].n_layer for j in range(i + 1, nd))
+            high = _copy(self.ngl)
+            high[i].n_layer = n_unassigned
+            if self.hp_nex > 0:
+                high[i].n_part = high[i].n_layer if i < nd - 1 else high[i].n_layer - 1
+            if high[i].n_layer > 0:
+                mem_high = self.mem_for(high, self.bufts)
+                if mem_high[i] > self.targets[i]:
+                    self._bisect_dense(i, high, mem_high)
+                else:
+                    self.ngl, self.mem = high, mem_high
+            self.trc(f"  - {self.devs[i]}: {self.ngl[i].n_layer} layers, {self.mem[i] // MiB} MiB used, "
+                     f"{(self.free[i] - self.mem[i]) // MiB} MiB free")
+
+    def _bisect_dense(self, i: int, high: list[_Ngl], mem_high: list[int]) -> None:
+        delta = high[i].n_layer - self.ngl[i].n_layer
+        while delta > 1:
+            step_size = _step(delta, self.targets[i], self.mem[i], mem_high[i])
+            test = _copy(self.ngl)
+            test[i].n_layer += step_size
+            if self.hp_nex:
+                test[i].n_part += step_size - 1 if i == self.nd - 1 and test[i].n_part == 0 else step_size
+            mem_test = self.mem_for(test, self.bufts)
+            if mem_test[i] <= self.targets[i]:
+                self.ngl, self.mem = test, mem_test
             else:
-                ngl_per_device, mem = high, mem_high
-        trc(f"  - {devs[i]}: {ngl_per_device[i].n_layer} layers, {mem[i] // MiB} MiB used, "
-            f"{(free[i] - mem[i]) // MiB} MiB free")
-    if hp_nex == 0 or global_surplus_cpu_moe <= 0:
-        commit(ngl_per_device, overflow_bufts)
-        return
+                high, mem_high = test, mem_test
+            delta = high[i].n_layer - self.ngl[i].n_layer
 
     # step 4: MoE with room to spare: dense-only layers become full layers, front to back
-    id_dense_start = nd
-    for i in range(nd - 1, -1, -1):
-        if ngl_per_device[i].n_layer > 0:
-            id_dense_start = i
-            continue
-        break
-    i = 0
-    while i <= id_dense_start and id_dense_start < nd:
-        high = copy(ngl_per_device)
-        for j in range(id_dense_start, nd):
+    def convert_to_full(self) -> None:
+        nd = self.nd
+        self.dense_start = nd
+        for i in range(nd - 1, -1, -1):
+            if self.ngl[i].n_layer > 0:
+                self.dense_start = i
+                continue
+            break
+        i = 0
+        while i <= self.dense_start and self.dense_start < nd:
+            self._convert_on(i)
+            self._fraction_on(i)
+            self.trc(f"  - {self.devs[i]}: {self.ngl[i].n_layer} layers ({self.ngl[i].n_part} overflowing), "
+                     f"{self.mem[i] // MiB} MiB used, {(self.free[i] - self.mem[i]) // MiB} MiB free")
+            i += 1
+
+    def _convert_on(self, i: int) -> None:
+        nd = self.nd
+        high = _copy(self.ngl)
+        for j in range(self.dense_start, nd):
             n_move = high[j].n_layer if j < nd - 1 else high[j].n_layer - 1
             high[i].n_layer += n_move
             high[j].n_layer -= n_move
             high[j].n_part = 0
-        id_dense_start_high = nd - 1
-        mem_high = mem_for(high, overflow_bufts)
-        if mem_high[i] > targets[i]:
-            delta = high[i].n_full() - ngl_per_device[i].n_full()
-            while delta > 1:
-                step_size = step(delta, targets[i], mem[i], mem_high[i])
-                test = copy(ngl_per_device)
-                ids_test = id_dense_start
-                n_converted = 0
-                while ids_test < nd:
-                    n_convert = min(step_size - n_converted, test[ids_test].n_part)
-                    test[ids_test].n_layer -= n_convert
-                    test[ids_test].n_part -= n_convert
-                    test[i].n_layer += n_convert
-                    n_converted += n_convert
-                    if test[ids_test].n_part > 0:
-                        break
-                    ids_test += 1
-                mem_test = mem_for(test, overflow_bufts)
-                if mem_test[i] <= targets[i]:
-                    ngl_per_device, mem, id_dense_start = test, mem_test, ids_test
-                else:
-                    high, mem_high, id_dense_start_high = test, mem_test, ids_test
-                delta = high[i].n_full() - ngl_per_device[i].n_full()
-        else:
-            ngl_per_device, mem, id_dense_start = high, mem_high, id_dense_start_high
-
-        # try to fit at least part of one more layer
-        if id_dense_start < nd and ngl_per_device[id_dense_start].n_layer > (0 if i < nd - 1 else 1):
-            test = copy(ngl_per_device)
-            ids_test = id_dense_start
-            test[ids_test].n_layer -= 1
-            test[ids_test].n_part -= 1
-            test[i].n_layer += 1
-            test[i].n_part += 1
-            if test[ids_test].n_part == 0:
-                ids_test += 1
-            test[i].overflow_type = LAYER_FRACTION_UP
-            bufts_test = list(overflow_bufts)
-            if i < nd - 1:
-                bufts_test[i] = devs[i + 1]
-
-            def fits(m: list[int], i: int = i) -> bool:
-                return m[i] < targets[i] and (i + 1 == nd or m[i + 1] < targets[i + 1])
-
-            mem_test = mem_for(test, bufts_test)
-            if fits(mem_test):
-                ngl_per_device, overflow_bufts, mem = copy(test), bufts_test, mem_test
-                id_dense_start = ids_test
-                test[i].overflow_type = LAYER_FRACTION_GATE
-                mem_test = mem_for(test, bufts_test)
-                if fits(mem_test):
-                    ngl_per_device, overflow_bufts, mem, id_dense_start = test, bufts_test, mem_test, ids_test
+        dense_start_high = nd - 1
+        mem_high = self.mem_for(high, self.bufts)
+        if mem_high[i] <= self.targets[i]:
+            self.ngl, self.mem, self.dense_start = high, mem_high, dense_start_high
+            return
+        delta = high[i].n_full() - self.ngl[i].n_full()
+        while delta > 1:
+            step_size = _step(delta, self.targets[i], self.mem[i], mem_high[i])
+            test, ids_test = self._converted(i, step_size)
+            mem_test = self.mem_for(test, self.bufts)
+            if mem_test[i] <= self.targets[i]:
+                self.ngl, self.mem, self.dense_start = test, mem_test, ids_test
             else:
-                test[i].overflow_type = LAYER_FRACTION_ATTN
-                mem_test = mem_for(test, bufts_test)
-                if fits(mem_test):
-                    ngl_per_device, overflow_bufts, mem, id_dense_start = test, bufts_test, mem_test, ids_test
-        trc(f"  - {devs[i]}: {ngl_per_device[i].n_layer} layers ({ngl_per_device[i].n_part} overflowing), "
-            f"{mem[i] // MiB} MiB used, {(free[i] - mem[i]) // MiB} MiB free")
-        i += 1
-    commit(ngl_per_device, overflow_bufts)
+                high, mem_high = test, mem_test
+            delta = high[i].n_full() - self.ngl[i].n_full()
+
+    def _converted(self, i: int, step_size: int) -> tuple[list[_Ngl], int]:
+        """``step_size`` dense-only layers from the devices after ``i`` made full layers on ``i``."""
+        test = _copy(self.ngl)
+        ids_test = self.dense_start
+        n_converted = 0
+        while ids_test < self.nd:
+            n_convert = min(step_size - n_converted, test[ids_test].n_part)
+            test[ids_test].n_layer -= n_convert
+            test[ids_test].n_part -= n_convert
+            test[i].n_layer += n_convert
+            n_converted += n_convert
+            if test[ids_test].n_part > 0:
+                break
+            ids_test += 1
+        return test, ids_test
+
+    def _fits(self, m: list[int], i: int) -> bool:
+        return m[i] < self.targets[i] and (i + 1 == self.nd or m[i + 1] < self.targets[i + 1])
+
+    def _fraction_on(self, i: int) -> None:
+        """Try to fit at least part of one more layer on device ``i``."""
+        nd = self.nd
+        if not (self.dense_start < nd and self.ngl[self.dense_start].n_layer > (0 if i < nd - 1 else 1)):
+            return
+        test = _copy(self.ngl)
+        ids_test = self.dense_start
+        test[ids_test].n_layer -= 1
+        test[ids_test].n_part -= 1
+        test[i].n_layer += 1
+        test[i].n_part += 1
+        if test[ids_test].n_part == 0:
+            ids_test += 1
+        test[i].overflow_type = LAYER_FRACTION_UP
+        bufts_test = list(self.bufts)
+        if i < nd - 1:
+            bufts_test[i] = self.devs[i + 1]
+        mem_test = self.mem_for(test, bufts_test)
+        if self._fits(mem_test, i):
+            self.ngl, self.bufts, self.mem = _copy(test), bufts_test, mem_test
+            self.dense_start = ids_test
+            test[i].overflow_type = LAYER_FRACTION_GATE
+        else:
+            test[i].overflow_type = LAYER_FRACTION_ATTN
+        mem_test = self.mem_for(test, bufts_test)
+        if self._fits(mem_test, i):
+            self.ngl, self.bufts, self.mem, self.dense_start = test, bufts_test, mem_test, ids_test
 
 
 # --- from a command line ---------------------------------------------------------------------------

@@ -28,8 +28,11 @@ from offload_planner.core.extra_context import ExtraContext
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
+from offload_planner.core.units import MiB
 
-MiB = 1024 * 1024
+#: llama-server's -b and -ub when the command line leaves them unset (common/common.h).
+DEFAULT_N_BATCH = 2048
+DEFAULT_N_UBATCH = 512
 
 
 def pad(x: int, n: int) -> int:
@@ -41,8 +44,8 @@ class ContextParams:
     """The context llama.cpp builds: resolved from -c, -b, -ub, -np, -kvu, -fa, -ctk/-ctv, ..."""
 
     n_ctx: int  # as requested (0 = trained length)
-    n_batch: int = 2048
-    n_ubatch: int = 512
+    n_batch: int = DEFAULT_N_BATCH
+    n_ubatch: int = DEFAULT_N_UBATCH
     n_seq_max: int = 1
     kv_unified: bool = False
     flash_attn: bool = True

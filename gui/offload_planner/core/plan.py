@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
-from offload_planner.core.memory import ContextParams, Projection, project
+from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams, Projection, project
 from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
@@ -115,9 +116,15 @@ class Plan:
         return attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
                                            proj.context, self.spec))
 
-    def with_moves(self, moves: dict[str, str]) -> Plan:
+    def with_moves(self, moves: Mapping[str, str | None]) -> Plan:
+        """This plan with the user's move of each named tensor set (a device) or cleared (None:
+        back to where the command places it)."""
         merged = dict(self.moves)
-        merged.update(moves)
+        for name, dev in moves.items():
+            if dev is None:
+                merged.pop(name, None)
+            else:
+                merged[name] = dev
         return replace(self, moves=merged)
 
     def movable(self, name: str) -> tuple[bool, str]:
@@ -256,9 +263,9 @@ def _moe_shorthands(model: Model, target: dict[str, str], dialect: Dialect
 
 def _context_flags(ctx: ContextParams, dialect: Dialect) -> list[str]:
     out: list[str] = []
-    if ctx.n_batch != 2048:
+    if ctx.n_batch != DEFAULT_N_BATCH:
         out += ["-b", str(ctx.n_batch)]
-    if ctx.n_ubatch != 512:
+    if ctx.n_ubatch != DEFAULT_N_UBATCH:
         out += ["-ub", str(ctx.n_ubatch)]
     server_auto = dialect.auto_parallel and ctx.n_seq_max == 4 and ctx.kv_unified
     if not server_auto:

@@ -33,7 +33,7 @@ from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.json_at import At, JsonFieldError, parse_json
-from offload_planner.core.memory import ContextParams
+from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import REPACK_TYPES, Override, PlacementOptions
 from offload_planner.core.plan import Plan
@@ -378,7 +378,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
 
 
 def _check_dialect(root: At, dialect: Dialect, popts: PlacementOptions, ctx: ContextParams) -> None:
-    """Settings the dialect decides (core.engine, ui.plan_edits.with_dialect) must agree with it:
+    """Settings the dialect decides (core.engine, core.plan_edits.with_dialect) must agree with it:
     a file that mixes them would project what no server does."""
     po, cx = root.key("placement_options"), root.key("context")
     if ctx.dialect != dialect:
@@ -459,7 +459,7 @@ def _device(at: At, *, cpu: bool) -> Device:
 def _hardware(at: At) -> tuple[tuple[str, str], ...]:
     """Declared speed figures (``[["card", "rtx3090"], ["bw", "936GB/s"], ...]``), checked as
     ``--device`` checks them."""
-    from offload_planner.core.speed.hardware import parse_hardware_keys
+    from offload_planner.core.speed.declared import parse_hardware_keys
 
     pairs: list[tuple[str, str]] = []
     for e in at.elements(max_len=16):
@@ -521,8 +521,8 @@ def _context(at: At) -> ContextParams:
     dialect = Dialect(at.key("dialect", Dialect.LLAMA_CPP.value).choice([d.value for d in Dialect]))
     return ContextParams(
         n_ctx=at.key("n_ctx").integer(0, INT_MAX),
-        n_batch=at.key("n_batch", 2048).integer(1, INT_MAX),
-        n_ubatch=at.key("n_ubatch", 512).integer(1, INT_MAX),
+        n_batch=at.key("n_batch", DEFAULT_N_BATCH).integer(1, INT_MAX),
+        n_ubatch=at.key("n_ubatch", DEFAULT_N_UBATCH).integer(1, INT_MAX),
         n_seq_max=at.key("n_seq_max", 1).integer(1, MAX_SEQ),
         kv_unified=at.key("kv_unified", False).boolean(),
         flash_attn=at.key("flash_attn", True).boolean(),

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.memory import DeviceMemory, Projection
+from offload_planner.core.units import GiB, MiB
 
-GiB = 1024**3
 MMPROJ = "mmproj"  # the projector's buffers (core.mmproj.attach.KIND)
 
 
@@ -55,13 +56,7 @@ def extras_lines(projection: Projection) -> list[str]:
 def device_left(dm: DeviceMemory) -> int | None:
     """What the table's "left" column shows: capacity minus what the device holds and its margin
     (None when the capacity is unknown); negative means the row is marked OVER."""
-    cap = dm.device.capacity
-    return None if cap is None else cap - dm.resident() - dm.device.margin
-
-
-def over_capacity(projection: Projection) -> list[str]:
-    """Names of the devices marked OVER in the table."""
-    return [dm.device.name for dm in projection.devices if (device_left(dm) or 0) < 0]
+    return DeviceFigures.of(dm).left
 
 
 def plan_json(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],
@@ -117,7 +112,7 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
         if explain:
             for b in dm.buffers:
                 owner = f"[{b.owner}] " if b.owner else ""
-                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / 2**20:10.2f} MiB  {owner}{b.why}")
+                lines.append(f"           {b.kind:8} {b.name:24} {b.bytes / MiB:10.2f} MiB  {owner}{b.why}")
     lines += extras_lines(projection)
     lines += mmap_notes(projection)
     ctx = projection.context

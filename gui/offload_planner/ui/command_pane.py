@@ -3,7 +3,7 @@ format, with Copy; "Paste command…" rebuilds the plan from a pasted command li
 and the table lists what each -ot rule placed, and which rules match nothing or are shadowed.
 
 Formatting and parsing are core's (``format_command``, ``parse_server_args``) through
-:mod:`offload_planner.ui.command_text`.
+:mod:`offload_planner.core.command_text`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import difflib
 import shlex
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtGui import QColor, QFontDatabase, QGuiApplication, QTextCharFormat, QTextCursor
@@ -34,11 +32,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core import command_text
 from offload_planner.core.errors import PlannerError
-from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.units import fmt_bytes
-from offload_planner.ui import command_text
 from offload_planner.ui.document import PlanDocument
 
 HIGHLIGHT_MS = 1600
@@ -61,32 +57,6 @@ def changed_spans(text: str, old: Sequence[str], new: Sequence[str]) -> list[tup
                 pos = at + len(candidate)
                 break
     return spans
-
-
-def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
-    """A plan for the open model and devices built from a pasted llama-server command line, and
-    notes for the user (llama-server's refusals, warnings, a different -m)."""
-    parsed = command_text.read_command(text, plan.dialect)
-    args = parsed.args
-    devices = plan.devices
-    rpc = list(args.rpc_servers or [])
-    if rpc:  # llama.cpp lists RPC servers first
-        rpc_devs = tuple(
-            Device(f"RPC{i}", DeviceKind.RPC, description=f"RPC server {ep}", source="rpc", endpoint=ep)
-            for i, ep in enumerate(rpc)
-        )
-        devices = DeviceSet(
-            devices.cpu, rpc_devs + tuple(g for g in devices.gpus if g.kind is not DeviceKind.RPC)
-        )
-    errors = [*parsed.errors, *parsed.check_semantics(devices.names, is_mla=plan.model.summary.is_mla)]
-    notes = [f"pasted command: llama-server would refuse it: {e}" for e in errors]
-    notes += [f"pasted command: {w}" for w in parsed.warnings]
-    if args.model and Path(args.model).name != Path(plan.model.path).name:
-        notes.append(
-            f"pasted command: -m {args.model} is not the open model; the plan uses {plan.model.path}"
-        )
-    new = plan_from_args(plan.model, devices, parsed, plan.dialect)
-    return replace(new, moves={}), notes
 
 
 class PasteCommandDialog(QDialog):
@@ -283,7 +253,7 @@ class CommandPane(QWidget):
     def apply_command_text(self, text: str) -> bool:
         """Rebuild the plan from a command line (one undo step)."""
         try:
-            plan, notes = plan_from_command(self._doc.plan, text)
+            plan, notes = command_text.plan_from_command(self._doc.plan, text)
         except (ValueError, PlannerError) as e:
             self.message.emit(f"Cannot read the command: {e}")
             self._doc.set_notes([f"pasted command: {e}"])

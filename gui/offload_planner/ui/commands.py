@@ -8,10 +8,10 @@ from typing import Any, Protocol
 
 from PySide6.QtGui import QUndoCommand
 
+from offload_planner.core import plan_edits
 from offload_planner.core.devices import Device
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.plan import Plan
-from offload_planner.ui import plan_edits
 
 # Merge ids (QUndoCommand.id): consecutive edits of the same option or device merge into one step.
 _ID_OPTION = 1001
@@ -40,10 +40,10 @@ class MoveTensors(QUndoCommand):
         return len(self._new)
 
     def redo(self) -> None:
-        self._holder.set_plan(plan_edits.apply_moves(self._holder.plan, self._new))
+        self._holder.set_plan(self._holder.plan.with_moves(self._new))
 
     def undo(self) -> None:
-        self._holder.set_plan(plan_edits.apply_moves(self._holder.plan, self._old))
+        self._holder.set_plan(self._holder.plan.with_moves(self._old))
 
 
 class SetOption(QUndoCommand):
@@ -124,7 +124,7 @@ class RemoveDevice(QUndoCommand):
 
     def undo(self) -> None:
         plan = plan_edits.with_device(self._holder.plan, self._device, self._index)
-        self._holder.set_plan(plan_edits.apply_moves(plan, self._dropped))
+        self._holder.set_plan(plan.with_moves(self._dropped))
 
 
 class SetDevice(QUndoCommand):

@@ -25,11 +25,11 @@ from PySide6.QtWidgets import (
 
 from offload_planner.core.devices import Device, DeviceKind, kind_of
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.plan_edits import next_gpu_name
 from offload_planner.core.speed.catalogue import CARDS, card
 from offload_planner.core.units import GiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import device_color
-from offload_planner.ui.plan_edits import next_gpu_name
 
 _Index = QModelIndex | QPersistentModelIndex
 

@@ -14,6 +14,8 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from offload_planner.backend import qt_compat
+from offload_planner.core import plan_edits
+from offload_planner.core.analysis import Analysis, quick_analysis
 from offload_planner.core.devices import Device
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.draft_moves import (
@@ -25,11 +27,7 @@ from offload_planner.core.draft_moves import (
 )
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
-from offload_planner.core.units import fmt_bytes
-from offload_planner.ui import commands, plan_edits
-from offload_planner.ui.analysis import Analysis, quick_analysis
-from offload_planner.ui.projector import Projector
-from offload_planner.ui.tensor_grid import (
+from offload_planner.core.tensor_grid import (
     Column,
     Row,
     TensorGrid,
@@ -38,6 +36,9 @@ from offload_planner.ui.tensor_grid import (
     plan_projector_placed,
     with_draft_rows,
 )
+from offload_planner.core.units import fmt_bytes
+from offload_planner.ui import commands
+from offload_planner.ui.projector import Projector
 
 qt_compat.apply()  # PySide6 6.12.0 on Python 3.11: see qt_compat
 

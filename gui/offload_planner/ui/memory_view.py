@@ -15,10 +15,10 @@ from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
+from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
-from offload_planner.ui.device_figures import BUFFER_KINDS, DeviceFigures, counted
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import ACTUAL_COLOR, OVER_COLOR, device_color, hatch_brush, kind_brush
 
@@ -113,7 +113,7 @@ def device_tooltip(dm: DeviceMemory, actual: int | None = None, stale: bool = Fa
         lines.append(actual_line(dm, actual, stale))
     rows = "".join(
         f"<tr><td>{html.escape(b.kind)}</td><td>{html.escape(b.name)}</td>"
-        f"<td align=right>{counted(b) / 2**20:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
+        f"<td align=right>{counted(b) / MiB:,.1f} MiB</td><td>{html.escape(b.why)}</td></tr>"
         for b in dm.buffers
     )
     lines.append(

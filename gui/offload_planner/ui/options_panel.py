@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.core.plan_edits import option_value
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.plan_edits import option_value
 
 MLA_MODES = ((0, "0: standard cache"), (1, "1: c^KV + kv^T"), (2, "2: c^KV"), (3, "3: c^KV (ik default)"))
 KV_TYPES = ("f16", "bf16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")

@@ -16,9 +16,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.core import presets
 from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU
-from offload_planner.ui import presets
+from offload_planner.core.plan import Plan
 from offload_planner.ui.document import PlanDocument
 
 
@@ -54,6 +55,7 @@ class PresetsMenu(QMenu):
     def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
         super().__init__("Presets", parent)
         self._doc = doc
+        self.allow_kv_quant = False  # the Fastest plan may make an f16 KV cache q8_0
         self.aboutToShow.connect(self._build)
         self._build()
 
@@ -79,6 +81,13 @@ class PresetsMenu(QMenu):
             fast.setToolTip("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus "
                             "its margin allows, -ub raised where prompt processing gains; keeps your "
                             "-ot rules and moves (speed estimate: see under the memory bars)")
+            kv = self.addAction("    … may quantize the KV cache (q8_0)")
+            kv.setCheckable(True)
+            kv.setChecked(self.allow_kv_quant)
+            kv.setToolTip("Let Fastest plan make an f16 KV cache q8_0 (-ctk/-ctv) where that is faster; a "
+                          "quantized V cache only with flash attention, as llama.cpp requires. Off: your "
+                          "KV cache types are kept")
+            kv.toggled.connect(self._set_allow_kv_quant)
         if doc.plan.dialect.fits_by_default and doc.plan.devices.gpus:
             fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
             fit.setToolTip("The pinned llama-server fits by default: -c, -ngl, -ts and expert overrides "
@@ -162,13 +171,16 @@ class PresetsMenu(QMenu):
                           + (f", {len(result.overrides)} expert overrides" if result.overrides else ""))
         return True
 
+    def _set_allow_kv_quant(self, on: bool) -> None:
+        self.allow_kv_quant = on
+
     def fastest(self) -> bool:
         from PySide6.QtCore import Qt
         from PySide6.QtWidgets import QApplication
 
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
-            best = presets.fastest_plan(self._doc.plan)
+            best = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant)
         except Exception as e:  # a core bug must not take the window down
             self.message.emit(f"The fastest plan could not be searched: {type(e).__name__}: {e}")
             return False
@@ -180,8 +192,10 @@ class PresetsMenu(QMenu):
         if best == self._doc.plan:
             self.message.emit("This plan is already the fastest the search finds")
             return False
+        c, was = best.context, self._doc.plan.context
+        kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         self._doc.replace_plan(best, "Fastest plan")
-        self.message.emit(f"Fastest plan: {len(best.moves)} tensors moved, -ub {best.context.n_ubatch}")
+        self.message.emit(f"Fastest plan: {len(best.moves)} tensors moved, -ub {c.n_ubatch}{kv}")
         return True
 
     def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:
@@ -203,3 +217,17 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> Plan | None:
+    """The fastest plan that fits (core.speed.fastest) from this plan, on the devices' declared
+    figures and this machine's cached RAM probe; None when nothing fits.  ``allow_kv_quant``: the
+    KV cache may become q8_0."""
+    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_in
+    from offload_planner.core.speed.fastest import fastest_from_plan
+    from offload_planner.core.speed.hardware import hardware_for
+
+    hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False))
+    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
+                               allow_kv_quant=allow_kv_quant)
+    return result.best.plan if result.best else None

@@ -1,4 +1,4 @@
-"""The Problems tab: the plan's warnings (core.diagnostics.plan_warnings: devices over capacity,
+"""The Problems tab: the plan's warnings (core.analysis.warnings_of: devices over capacity,
 -ot rules that match nothing or are shadowed, placements that cost speed), projection errors and
 notes from loading or pasting."""
 

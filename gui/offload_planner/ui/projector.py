@@ -5,9 +5,28 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
+from offload_planner.core.analysis import Analysis, analyse
 from offload_planner.core.compute import record_at_first_sight
+from offload_planner.core.device_figures import CapacityHint
+from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
-from offload_planner.ui.analysis import Analysis, analyse
+
+
+def fill_preset_hint(plan: Plan) -> CapacityHint:
+    """For a GPU holding a MoE model's routed experts: the preset that fixes its over-capacity."""
+
+    def hint(dm: DeviceMemory) -> str:
+        if not (plan.model.summary.is_moe and dm.device.is_gpu):
+            return ""
+        return (f": Presets ▸ Fill {dm.device.name} with routed experts keeps as many expert layers "
+                "there as fit and sends the rest to the CPU")
+
+    return hint
+
+
+def window_analysis(plan: Plan) -> Analysis:
+    """The core's analysis of ``plan``, its over-capacity lines naming the window's preset."""
+    return analyse(plan, capacity_hint=fill_preset_hint(plan))
 
 
 class _Worker(QObject):
@@ -15,7 +34,7 @@ class _Worker(QObject):
 
     @Slot(object, int)
     def run(self, plan: Plan, generation: int) -> None:
-        self.done.emit(analyse(plan), generation)
+        self.done.emit(window_analysis(plan), generation)
 
 
 class Projector(QObject):

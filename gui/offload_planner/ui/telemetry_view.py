@@ -22,10 +22,10 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from offload_planner.backend.runner import guard_pyside_emit_refcount
 from offload_planner.backend.telemetry import Sample, TelemetrySampler
+from offload_planner.core.units import GiB
 
 guard_pyside_emit_refcount()
 
-GiB = 1024**3
 DEFAULT_KEEP = 2400  # 10 minutes at 4 Hz
 
 

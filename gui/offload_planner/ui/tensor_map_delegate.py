@@ -8,9 +8,9 @@ from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QPointF, QRectF, 
 from PySide6.QtGui import QColor, QPainter, QPalette, QPen, QPolygonF
 from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem, QWidget
 
+from offload_planner.core.tensor_grid import Cell
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import MOVED_MARK_COLOR, device_color, hatch_brush
-from offload_planner.ui.tensor_grid import Cell
 from offload_planner.ui.tensor_map_model import CELL_ROLE, FRACTION_ROLE
 
 _Index = QModelIndex | QPersistentModelIndex

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 
+from offload_planner.core import move_preview
 from offload_planner.core.draft_moves import is_draft_name
+from offload_planner.core.move_preview import move_deltas
 from offload_planner.core.plan import Plan
+from offload_planner.core.tensor_grid import EMPTY, Cell, TensorGrid
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.move_preview import move_deltas, move_tg
-from offload_planner.ui.tensor_grid import EMPTY, Cell, TensorGrid
 
 CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
 FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # bytes / the column's largest cell, 0..1
@@ -69,6 +71,17 @@ def cell_tooltip(grid: TensorGrid, row: int, col: int) -> str:
 
 def _signed(n: int) -> str:
     return f"{'+' if n > 0 else '−'}{fmt_bytes(abs(n))}" if n else "no change"
+
+
+def move_tg(plan: Plan, names: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Per device: estimated tg now and if ``names`` moved there, on this machine's cached figures
+    (never probes from here)."""
+    from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
+
+    if not names:
+        return {}
+    hw = machine_hardware(plan, probe=False)
+    return move_preview.move_tg(plan, names, hw, efficiencies_for(plan.dialect))
 
 
 def move_preview_html(plan: Plan, cell: Cell) -> str:

@@ -16,9 +16,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
 from offload_planner.core.speed.sweep import UbPoint, ubatch_tradeoff
+from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
-
-GiB = 1024**3
 
 
 class UbatchPlot(QWidget):

@@ -4,7 +4,7 @@ Public API::
 
     Dialect, detect_dialect(version_text, help_text)
     parse_server_args(argv, *, dialect, env=None) -> ParsedArgs
-    ParsedArgs(.args: ServerArgs, .passthrough, .errors, .warnings, .flags, .check_semantics())
+    ParsedArgs(.args: ServerArgs, .passthrough, .errors, .warnings, .flags)
     check_semantics(parsed, device_names, *, is_mla=False) -> list[ArgError]
     semantic_notes(parsed) -> list[ArgWarning]
     effective_overrides(parsed, moe_layers=None) -> list[TensorOverride]

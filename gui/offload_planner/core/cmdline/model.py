@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -175,9 +174,3 @@ class ParsedArgs:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-    def check_semantics(self, device_names: Sequence[str], *, is_mla: bool = False) -> list[ArgError]:
-        """Refusals that depend on the devices and the model (see :mod:`.semantics`)."""
-        from offload_planner.core.cmdline.semantics import check_semantics
-
-        return check_semantics(self, device_names, is_mla=is_mla)

@@ -21,6 +21,7 @@ from offload_planner.core.compute.simulate import (
     simulate,
     term_estimate,
 )
+from offload_planner.core.units import MiB
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from offload_planner.core.placement import Placement
 
 
-MiB = 1024 * 1024
 
 
 # --- the planner's entry point ----------------------------------------------------------------------------
@@ -126,10 +126,12 @@ def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
 
 
 def simulate_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-                     params: ContextParams) -> list[Buffer]:
+                     params: ContextParams, *, incremental: bool = True) -> list[Buffer]:
+    """``incremental=False``: a plain simulation that records no replay reference (a caller that
+    projects a placement once, far from the last ones)."""
     reason = f"no graph model for {model.arch}"
     try:
-        sim = simulate(model, devices, placement, ctx, params, incremental=True)
+        sim = simulate(model, devices, placement, ctx, params, incremental=incremental)
     except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError) as e:
         # a file whose tensors do not fit the architecture's graph: estimate rather than fail
         sim, reason = None, f"{model.arch} graph not built: {type(e).__name__} {e}"

@@ -29,7 +29,15 @@ _CPU_COMPUTE = _d(0.5)
 _LINK = _d(0.8)  # PCIe / network payload against the line rate
 _THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
 _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devices
-_RPC_US = _d(150.0, "µs per RPC graph split")  # a network round trip per split
+#: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
+#: activations back), network round trip excluded (measured per endpoint: core.speed.hardware). From
+#: this project's own measurement (README, bench/speed_measured.py, 2 cores, load 1.0-1.2):
+#: bench-qwen3moe-2g with the experts on the CPU and the rest on one loopback rpc-server ran 9.54 t/s
+#: (104.8 ms a token) with 41 splits a token, where the reads took about 61 ms (the estimate's 17.1 ms
+#: on the CPU and 28.0 ms on the rpc-server's one thread, scaled by the CPU-only (1.54x) and 2xRPC
+#: ratios of the same run): about 1.06 ms a split.  The former default, 150 µs, made RPC tg 1.9-2.5x
+#: too fast.
+_RPC_US = _d(1000.0, "µs per RPC graph split")
 
 
 @dataclass(frozen=True)

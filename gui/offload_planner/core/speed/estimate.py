@@ -175,6 +175,16 @@ def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
 
 def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
     """Effective GB/s of a device's memory, and what it rests on."""
+    if dev.kind is DeviceKind.RPC and dev.threads:  # the server computes on its CPU with -t threads
+        e = eff.cpu_bandwidth
+        bw = dev.bandwidth.value * e.value
+        per = eff.cpu_thread_bandwidth
+        notes = [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
+                 Assumption(f"{dev.name} bandwidth efficiency", e)]
+        if dev.threads * per.value < bw:
+            bw = dev.threads * per.value
+            notes.append(Assumption(f"{dev.name} limited by its server's {dev.threads} threads", per))
+        return bw, notes
     if dev.kind is DeviceKind.CPU:
         e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
         bw = dev.bandwidth.value * e.value
@@ -195,7 +205,10 @@ def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, flo
     """(effective GB/s, latency s) of a split between two devices: the slower side's link."""
     gb = min(a.link.value, b.link.value) * eff.link.value
     rpc = DeviceKind.RPC in (a.kind, b.kind)
-    lat = (eff.rpc_latency_us if rpc else eff.split_latency_us).value * 1e-6
+    # RPC: the server's work per split plus the round trip measured to it (none measured: the default
+    # covers a loopback round trip)
+    rtt = max((d.latency_us.value for d in (a, b) if d.latency_us is not None), default=0.0)
+    lat = ((eff.rpc_latency_us.value + rtt) if rpc else eff.split_latency_us.value) * 1e-6
     return gb, lat
 
 
@@ -353,6 +366,10 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
     out.append(Assumption("graph split latency", eff.split_latency_us))
     if any(hw[n].kind is DeviceKind.RPC for n in used):
         out.append(Assumption("RPC split latency", eff.rpc_latency_us))
+    for n in used:
+        lat = hw[n].latency_us
+        if lat is not None:
+            out.append(Assumption(f"{n} RPC round trip per split", lat))
     if plan.placement_options.split_mode in ("row", "tensor"):
         out.append(Assumption(f"-sm {plan.placement_options.split_mode} estimated as -sm layer",
                               Figure(1, "x", Source.DEFAULT, "devices summed, not run in parallel")))

@@ -13,29 +13,45 @@ layers are taken back from any GPU over its limit.  For the ``pp`` and ``balance
 ``-ub`` values are tried too (a larger compute buffer against faster prompt processing).  The answer
 is the candidate with the best score that fits, baselines included, so it is never slower in
 estimate than a baseline that fits.
+
+Speed: a full projection simulates the compute graph (~0.15 s on DeepSeek-V3); weights, KV cache
+and outputs are exact in about a millisecond.  So only the start at the user's ``-ub`` and at the
+largest one are projected in full; every other candidate (the fills, the ``--n-cpu-moe`` search,
+llama.cpp's ``--fit`` result) is evaluated with those compute buffers (interpolated per buffer
+between the two ``-ub`` values), which move little with the experts' devices.  The estimate needs
+no compute buffers, so every score is exact.  The best candidate predicted to fit is then projected
+in full and taken only if it fits; if not, every prediction is made again with the buffers just
+simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from offload_planner.core.buffer import Buffer
+from offload_planner.core.compute.buffers import simulate_buffers
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
-from offload_planner.core.memory import Projection, alloc_size, pad
+from offload_planner.core.memory import Projection, alloc_size, pad, project, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.units import GiB
 
-GiB = 1024**3
 DEFAULT_MARGIN = 1 * GiB  # the window's default margin on every GPU
 BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
 GOALS = ("tg", "pp", "balanced")
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
+NEAR_MISS = 512 * 1024**2  # predicted compute buffers were off by < 60 MiB on the bench's models
+MAX_VERIFY = 8  # full projections of candidates predicted to fit before the best verified one is taken
+KV_QUANT = "q8_0"  # the KV cache type the search may pick where the user allows it
+QUANT_BLOCK = 32  # q8_0's block: flash attention needs head sizes that are multiples of it
 
 
 @dataclass
@@ -45,6 +61,9 @@ class Candidate:
     projection: Projection
     estimate: SpeedEstimate
     over: list[str] = field(default_factory=list)  # devices over their limit
+    #: memory from a full projection of this plan; False: its weights, KV and output are exact and
+    #: its compute buffers predicted from plans of the same ``-ub`` that were projected in full
+    verified: bool = True
 
     @property
     def fits(self) -> bool:
@@ -53,11 +72,13 @@ class Candidate:
 
 @dataclass
 class FastestResult:
-    best: Candidate | None  # None: nothing fits
+    best: Candidate | None  # None: nothing fits; else verified by a full projection
     candidates: list[Candidate]  # ours first, then the baselines
     goal: str
-    projections: int = 0
+    projections: int = 0  # full projections (compute buffers simulated)
     notes: list[str] = field(default_factory=list)
+    evaluations: int = 0  # candidates evaluated with predicted compute buffers
+    fit_seconds: float = 0.0  # CPU time of the llama.cpp --fit baseline (its own ~25 dry runs)
 
 
 def margin_of(dev: Device) -> int:
@@ -83,7 +104,68 @@ def score(est: SpeedEstimate, goal: str) -> float:
     return 1.0 / (est.prompt / est.pp_tps + BALANCED_ANSWER / est.tg_tps)
 
 
+def _key(plan: Plan) -> tuple[object, ...]:
+    return (tuple(sorted(plan.moves.items())), plan.placement_options, plan.context)
+
+
+def interpolate(known: dict[int, list[Buffer]], ub: int) -> list[Buffer]:
+    """Compute buffers at ``-ub`` from those simulated at other ``-ub`` values of the same kind of
+    plan: per buffer, the straight line through the two nearest (activations and masks grow with
+    the micro-batch, op offload's weight copies do not); the one known set as it is."""
+    if ub in known or len(known) == 1:
+        return [replace(b) for b in known.get(ub) or next(iter(known.values()))]
+    a, b = sorted(sorted(known, key=lambda u: (abs(u - ub), u))[:2])
+    at = {(x.device, x.name): x.bytes for x in known[a]}
+    bt = {(x.device, x.name): x.bytes for x in known[b]}
+    out = []
+    for dev, name in dict.fromkeys([*at, *bt]):
+        va, vb = at.get((dev, name), 0), bt.get((dev, name), 0)
+        size = max(0, round(va + (vb - va) * (ub - a) / (b - a)))
+        out.append(Buffer(dev, name, "compute", size, f"predicted from -ub {a} and {b}"))
+    return out
+
+
+Variant = tuple[int, str, str]  # -ub, K and V cache types
+
+
+def variant(plan: Plan) -> Variant:
+    c = plan.context
+    return c.n_ubatch, c.type_k, c.type_v
+
+
+def _describe(var: Variant) -> str:
+    ub, k, v = var
+    kv = (f", -ctk {k}" if k != "f16" else "") + (f" -ctv {v}" if v != "f16" else "")
+    return f"-ub {ub}{kv}"
+
+
+def kv_choices(plan: Plan, allow: bool) -> list[tuple[str, str]]:
+    """The (K, V) cache types to try: the command's; with ``allow`` and an f16 cache in the command,
+    also q8_0 where llama.cpp accepts it (``llama_init_from_model``): a quantized V cache needs flash
+    attention, K and V of MLA models must have one type, and with flash attention each head's size
+    must be a multiple of the type's block (32)."""
+    c = plan.context
+    out = [(c.type_k, c.type_v)]
+    if not allow or (c.type_k, c.type_v) != ("f16", "f16"):
+        return out
+    s = plan.model.summary
+    dims_ok = s.head_dim_k % QUANT_BLOCK == 0 and s.head_dim_v % QUANT_BLOCK == 0
+    if c.flash_attn and dims_ok:
+        out.append((KV_QUANT, KV_QUANT))
+    elif not c.flash_attn and not s.is_mla:
+        out.append((KV_QUANT, "f16"))
+    return out
+
+
+def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
+    return replace(plan, context=replace(plan.context, type_k=kv[0], type_v=kv[1]))
+
+
 class _Search:
+    """Candidates are first evaluated with their weights, KV and outputs exact and their compute
+    buffers predicted (:meth:`cheap`, about a millisecond); only the plan chosen (and any candidate
+    that would beat it) is projected in full (:meth:`full`) and chosen only if it then fits."""
+
     def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
                  moves: dict[str, str]) -> None:
@@ -91,24 +173,136 @@ class _Search:
         self.dialect = Dialect(dialect)
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
         self.projections = 0
+        self.evaluations = 0
         self._seen: dict[tuple[object, ...], Candidate] = {}
+        self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
+        self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
         return p.with_moves(self.moves) if self.moves else p
 
-    def candidate(self, label: str, plan: Plan) -> Candidate:
-        key = (tuple(sorted(plan.moves.items())), plan.placement_options, plan.context)
-        seen = self._seen.get(key)
-        if seen is not None:  # the same plan reached another way (--cpu-moe as a start and a baseline)
-            return replace(seen, label=label)
-        proj = plan.projection()
-        self.projections += 1
+    def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
         c = Candidate(label, plan, proj, estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
-                                                  placement=proj.placement), over)
-        self._seen[key] = c
+                                                  placement=proj.placement), over, verified)
+        self._seen[_key(plan)] = c
         return c
+
+    def full(self, label: str, plan: Plan) -> Candidate:
+        """A full projection: the engine's compute simulation, not replayed against a reference (the
+        search projects few plans, far apart)."""
+        seen = self._seen.get(_key(plan))
+        if seen is not None and seen.verified:  # the same plan reached another way
+            return replace(seen, label=label)
+        placement = plan.placement()
+        s = self.model.summary
+        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+        # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
+        compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
+        if compute is None:
+            compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
+                                       incremental=False)
+        proj = project(self.model, self.devices, placement, plan.context, compute=compute)
+        self.projections += 1
+        # per buffer the largest of every plan of this -ub projected so far: a device's compute
+        # buffer grows once it holds experts (their activations), so the start alone is short
+        ub = plan.context.n_ubatch
+        known = {(b.device, b.name): b for b in self._compute.get(ub, [])}
+        for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute"):
+            k = (b.device, b.name)
+            known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
+        self._compute[ub] = list(known.values())
+        # predictions made with the earlier compute buffers are evaluated again when asked for
+        self._seen = {k: c for k, c in self._seen.items() if c.verified}
+        return self._make(label, plan, proj, verified=True)
+
+    def cheap(self, label: str, plan: Plan, fresh: bool = False) -> Candidate:
+        seen = self._seen.get(_key(plan))
+        if seen is not None and (seen.verified or not fresh):
+            return replace(seen, label=label)
+        proj = project(self.model, self.devices, plan.placement(), plan.context,
+                       compute=interpolate(self._compute, plan.context.n_ubatch))
+        self.evaluations += 1
+        return self._make(label, plan, proj, verified=False)
+
+    def candidate(self, label: str, plan: Plan) -> Candidate:
+        return self.cheap(label, plan) if self._compute else self.full(label, plan)
+
+    def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
+        """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
+        expert on the CPU.  The starts of the user's KV types at the user's and the largest ``-ub``
+        are projected in full, the others predicted."""
+        out: list[Candidate] = []
+        first = next(iter(starts))
+        exact = {first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])}
+        for var, plan in starts.items():
+            lab = f"{label}, {_describe(var)}"
+            start = self.full(lab, plan) if var in exact else self.cheap(lab, plan)
+            self.starts[var] = start
+            if not start.fits:
+                notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
+                             f"({', '.join(start.over)} over"
+                             + ("" if start.verified else ", predicted") + ")")
+                continue
+            out.extend(self.fill(start))
+        return out
+
+    def choose(self, ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
+        """The best-scoring candidate that fits by a full projection: the best predicted one is
+        projected in full; if it is over after all, its ``-ub`` is filled again with the compute
+        buffers just simulated and its experts are taken back by what it is over."""
+        refilled: set[Variant] = set()
+        for _ in range(MAX_VERIFY):
+            # a baseline predicted over is projected in full too if it would win: never slower than
+            # a baseline that fits
+            fitting = [c for c in ours if c.fits] + [c for c in baselines if c.fits or not c.verified]
+            if not fitting:
+                return None
+            c = max(fitting, key=lambda x: score(x.estimate, goal))
+            if c.verified:
+                return c
+            is_ours = any(x is c for x in ours)
+            v = self.full(c.label, c.plan)
+            for lst in (ours, baselines):
+                lst[:] = [v if x is c else x for x in lst]
+            if v.fits:
+                return v
+            # over after all: every prediction again with the compute buffers just simulated
+            for lst in (ours, baselines):
+                lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
+            var = variant(c.plan)
+            again: list[Candidate] = []
+            if is_ours and var not in refilled and var in self.starts:
+                refilled.add(var)
+                st = self.starts[var]
+                again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
+            fixed = self.take_back(v) if is_ours else None
+            again += [fixed] if fixed is not None else []
+            ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
+        done = [c for c in ours + baselines if c.verified and c.fits]
+        return max(done, key=lambda x: score(x.estimate, goal)) if done else None
+
+    def take_back(self, over: Candidate) -> Candidate | None:
+        """``over`` (projected in full, over on some GPUs) with routed experts the search moved to
+        each such GPU sent back to the CPU, highest layers first, until the bytes sent back cover
+        what the projection puts over the limit; None when the search moved nothing there."""
+        left = room(over.projection, self.devices)
+        moves = dict(over.plan.moves)
+        changed = False
+        for g in over.over:
+            dev = self.devices.by_name(g)
+            assert dev is not None
+            ours = sorted((n for n, d in moves.items() if d == g and n not in self.moves),
+                          key=lambda n: (-(self.model.tensor(n).layer or 0), n))
+            freed = 0
+            for n in ours:
+                if freed >= -left[g]:
+                    break
+                moves[n] = CPU
+                freed += pad(alloc_size(self.model.tensor(n), dev), dev.alignment)
+                changed = True
+        return self.cheap(over.label, replace(over.plan, moves=moves)) if changed else None
 
     # --- our plan ------------------------------------------------------------------------------
 
@@ -161,7 +355,7 @@ class _Search:
                     moves.update(dict.fromkeys(layers[il], g))
                     assigned.setdefault(g, []).append(il)
                     break
-        label = f"fastest (-ub {plan.context.n_ubatch})"
+        label = f"fastest ({_describe(variant(plan))})"
         cand = self.candidate(label, plan.with_moves(moves))
         while cand.over:  # the compute buffers moved: take layers back from the devices over
             for g in cand.over:
@@ -206,10 +400,10 @@ class _Search:
         return c
 
     def top_up(self, cand: Candidate, plan: Plan, layers: dict[int, list[str]], moves: dict[str, str],
-               label: str, tries: int = 2) -> tuple[Candidate, dict[str, str]]:
+               label: str) -> tuple[Candidate, dict[str, str]]:
         """Add the next layers one at a time to the GPU with the most room left while they fit (the
         estimate of each layer's cost leaves slack for compute buffers that may not be needed)."""
-        for _ in range(tries):
+        for _ in range(len(layers)):
             rest = [il for il in sorted(layers) if layers[il][0] not in moves]
             left = room(cand.projection, self.devices)
             if not rest or not left:
@@ -225,35 +419,52 @@ class _Search:
 
     # --- baselines -------------------------------------------------------------------------------
 
-    def best_n_cpu_moe(self) -> Candidate | None:
-        """The smallest ``--n-cpu-moe N`` that fits (fewer expert layers on the CPU is faster): a
-        first guess from the bytes each GPU has room for, then projections around it."""
+    def _ncm(self, n: int, full: bool = False) -> Candidate:
+        plan = self.plan(["--n-cpu-moe", str(n)])
+        return (self.full if full else self.candidate)(f"--n-cpu-moe {n}", plan)
+
+    def n_cpu_moe_predicted(self) -> tuple[Candidate | None, Candidate | None]:
+        """The smallest ``--n-cpu-moe N`` predicted to fit (fewer expert layers on the CPU is
+        faster: a first guess from the bytes each GPU has room for, then the predictions around it),
+        and N - 1 when it is predicted over by less than a prediction may be wrong."""
         n_layer = self.model.summary.n_layer
-
-        def at(n: int) -> Candidate:
-            return self.candidate(f"--n-cpu-moe {n}", self.plan(["--n-cpu-moe", str(n)]))
-
-        top = at(n_layer)
+        top = self._ncm(n_layer)
         if not top.fits:
-            return None
-        guess = self._n_cpu_moe_guess(top)
-        c = at(guess)
-        if c.fits:  # walk down while one layer fewer on the CPU still fits
-            while guess > 0:
-                lower = at(guess - 1)
-                if not lower.fits:
-                    break
-                c, guess = lower, guess - 1
-            return c
-        lo, hi, best = guess + 1, n_layer, top  # the guess was short: bisect above it
-        while lo < hi:
-            mid = (lo + hi) // 2
-            m = at(mid)
-            if m.fits:
-                best, hi = m, mid
-            else:
-                lo = mid + 1
-        return best
+            return None, None
+        n = self._n_cpu_moe_guess(top)
+        if self._ncm(n).fits:  # walk down while one layer fewer on the CPU still fits
+            while n > 0 and self._ncm(n - 1).fits:
+                n -= 1
+        else:  # the guess was short: bisect above it
+            lo, hi = n + 1, n_layer
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if self._ncm(mid).fits else (mid + 1, hi)
+            n = hi
+        lower = self._ncm(n - 1) if n > 0 else None
+        return self._ncm(n), (lower if lower is not None and self.near_miss(lower) else None)
+
+    def best_n_cpu_moe(self, n: int) -> Candidate | None:
+        """From the predicted N: the smallest N that fits by a full projection (N - 1 projected
+        too when its prediction missed by little)."""
+        n_layer = self.model.summary.n_layer
+        c = self._ncm(n, full=True)
+        while not c.fits and n < n_layer:  # predicted to fit, over after all
+            n += 1
+            c = self._ncm(n, full=True)
+        while n > 0 and self.near_miss(self._ncm(n - 1)):
+            lower = self._ncm(n - 1, full=True)
+            if not lower.fits:
+                break
+            c, n = lower, n - 1
+        return c if c.fits else None
+
+    def near_miss(self, c: Candidate) -> bool:
+        """Predicted over, by less than a prediction of the compute buffers may be wrong."""
+        if c.verified or c.fits:
+            return False
+        left = room(c.projection, self.devices)
+        return all(-left[g] < NEAR_MISS for g in c.over)
 
     def _n_cpu_moe_guess(self, top: Candidate) -> int:
         """The smallest N whose expert layers N.. fit each layer's GPU by the bytes alone."""
@@ -297,11 +508,17 @@ class _Search:
         return self.candidate("llama.cpp --fit", replace(base, placement_options=popts, context=ctx))
 
 
+def _ubatches(user_ub: int, goal: str) -> list[int]:
+    return [user_ub] + [u for u in PP_UBATCHES if u > user_ub and goal != "tg"]
+
+
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
-                 ubatches: Sequence[int] | None = None) -> FastestResult:
-    """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates."""
+                 ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False) -> FastestResult:
+    """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
+    memory predicted unless they were projected in full: ``Candidate.verified``).
+    ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept."""
     from offload_planner.core.cmdline import parse_server_args
 
     if goal not in GOALS:
@@ -314,48 +531,51 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
     s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}))
     notes: list[str] = []
-    ours: list[Candidate] = []
-    user_ub = s.plan([]).context.n_ubatch
-    ubs = list(ubatches) if ubatches is not None else (
-        [user_ub] + [u for u in PP_UBATCHES if u > user_ub and goal != "tg"])
-    for ub in ubs:
-        extra = ["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, s.plan([]).context.n_batch))]
-                                 if ub != user_ub else [])
-        start = s.candidate(f"--cpu-moe -ub {ub}", s.plan(extra))
-        if not start.fits:
-            notes.append(f"-ub {ub}: does not fit even with every routed expert on the CPU "
-                         f"({', '.join(start.over)} over)")
-            continue
-        ours.extend(s.fill(start))
-    baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), s.best_n_cpu_moe(),
-                             s.llama_fit()) if c is not None]
-    fitting = [c for c in ours + baselines if c.fits]
-    best = max(fitting, key=lambda c: score(c.estimate, goal)) if fitting else None
-    return FastestResult(best, ours + baselines, goal, s.projections, notes)
+    user = s.plan([])
+    ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
+    starts: dict[Variant, Plan] = {}
+    for kv in kv_choices(user, allow_kv_quant):
+        for ub in ubs:
+            p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
+                                                if ub != user.context.n_ubatch else [])), kv)
+            starts[variant(p)] = p
+    ours = s.ours(starts, notes, "--cpu-moe")
+    t0 = time.process_time()
+    fit = s.llama_fit()
+    fit_s = time.process_time() - t0
+    ncm, near = s.n_cpu_moe_predicted()
+    baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
+    best = s.choose(ours, baselines, goal)
+    # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
+    rivals = [c for c in (ncm, near) if c is not None and not c.verified]
+    if ncm is not None and (best is None or any(score(c.estimate, goal) > score(best.estimate, goal)
+                                                for c in rivals)):
+        exact = s.best_n_cpu_moe(int(ncm.label.split()[-1]))
+        i = next(i for i, c in enumerate(baselines) if c.label.startswith("--n-cpu-moe"))
+        baselines[i:i + 1] = [] if exact is None else [exact]
+        best = s.choose(ours, baselines, goal)
+    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s)
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
-                      eff: Efficiencies | None = None) -> FastestResult:
+                      eff: Efficiencies | None = None, allow_kv_quant: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
-    are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals."""
+    are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
+    types change only with ``allow_kv_quant``."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
     s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt,
                 dict(plan.moves))
-    ours: list[Candidate] = []
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
-    for ub in [ub0] + [u for u in PP_UBATCHES if u > ub0 and goal != "tg"]:
-        p = plan if ub == ub0 else replace(plan, context=replace(plan.context, n_ubatch=ub,
-                                                                 n_batch=max(ub, plan.context.n_batch)))
-        to_cpu = {n: CPU for names in s.expert_layers_any(p).values() for n in names}
-        start = s.candidate(f"experts on the CPU, -ub {ub}", p.with_moves(to_cpu))
-        if not start.fits:
-            notes.append(f"-ub {ub}: does not fit even with every routed expert on the CPU "
-                         f"({', '.join(start.over)} over)")
-            continue
-        ours.extend(s.fill(start))
-    fitting = [c for c in ours if c.fits]
-    best = max(fitting, key=lambda c: score(c.estimate, goal)) if fitting else None
-    return FastestResult(best, ours, goal, s.projections, notes)
+    starts: dict[Variant, Plan] = {}
+    for kv in kv_choices(plan, allow_kv_quant):
+        for ub in _ubatches(ub0, goal):
+            p = with_kv(plan if ub == ub0 else replace(plan, context=replace(
+                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv)
+            start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
+            starts[variant(start)] = start
+    ours = s.ours(starts, notes, "experts on the CPU")
+    best = s.choose(ours, [], goal)
+    return FastestResult(best, ours, goal, s.projections, notes, s.evaluations)

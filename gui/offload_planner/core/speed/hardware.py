@@ -1,22 +1,31 @@
 """The speed figures of each device, each with where it came from.
 
 A GPU's figures come from its ``--device`` declaration (``bw=936GB/s``, ``pcie=4x16``,
-``tflops=71``), else from the catalogue card it names (``CUDA0=rtx3090``) or the driver reports
-(NVML's device name), else from defaults.  The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
+``tflops=71``), else from what the driver reports through NVML (memory bus width and maximum memory
+clock, maximum PCIe link generation and width: :func:`nvml_bandwidth_gbs`, :func:`pcie_gbs`), else
+from the catalogue card it names (``CUDA0=rtx3090``) or NVML's device name names, else defaults.
+The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
 (channels x MT/s x 8 bytes) declared, else the RAM probe measured on this machine, else a default;
-its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``.
+its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``, else the
+link measured against its running rpc-server (:class:`MeasuredLink`: throughput and the round trip
+each graph split waits for); ``threads=`` on an RPC device whose server computes on a CPU limits
+its bandwidth as ``-t`` limits the host's (``ggml-rpc-server`` uses half the remote's cores).
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.speed.catalogue import Card, card, card_keys
+from offload_planner.core.speed.catalogue import Card, card
+from offload_planner.core.speed.declared import (
+    PCIE_LANE_GBS,
+    Declared,
+    parse_hardware_keys,
+)
 
 
 class Source(StrEnum):
@@ -24,6 +33,7 @@ class Source(StrEnum):
     DECLARED = "declared"
     CATALOGUE = "catalogue"
     CALIBRATED = "calibrated"
+    DRIVER = "driver"  # reported by the GPU driver (NVML)
     DEFAULT = "default"
 
 
@@ -38,10 +48,6 @@ class Figure:
         return f"{self.value:g} {self.unit} ({self.source}{': ' + self.note if self.note else ''})"
 
 
-#: Per-lane PCIe throughput per direction in GB/s after line coding (PCI-SIG: 8, 16, 32 GT/s with
-#: 128b/130b encoding for gen 3-5; 2.5 and 5 GT/s with 8b/10b for gen 1-2; gen 6 64 GT/s PAM4).
-PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
-
 #: Defaults when nothing better is known (said so in every estimate's assumptions).
 DEFAULT_GPU_BW = 500.0  # GB/s
 DEFAULT_GPU_TFLOPS = 50.0
@@ -51,7 +57,22 @@ DEFAULT_CPU_TFLOPS_PER_THREAD = 0.1  # peak per core (AVX2 FMA: 2 units x 8 fp32
 DEFAULT_THREADS = 8
 DEFAULT_RPC_LINK = 10.0  # GB/s: a loopback connection (not measured)
 
-HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
+#: Keys the GPU detection adds from NVML (``backend.system``): ``nvml_bus=384x9751`` (memory bus bits
+#: x maximum memory clock in MHz), ``nvml_pcie=4x16`` (maximum link generation x width)
+NVML_KEYS = ("nvml_bus", "nvml_pcie")
+
+
+def nvml_bandwidth_gbs(bus_width_bits: int, mem_clock_mhz: float) -> float:
+    """Peak memory bandwidth from NVML's ``nvmlDeviceGetMemoryBusWidth`` and ``nvmlDeviceGetMaxClockInfo
+    (NVML_CLOCK_MEM)``: the clock NVML reports moves data on both edges (RTX 3090: 9751 MHz for its
+    19.5 Gbps GDDR6X; CUDA's nvbench prints the RTX 4090 as "384-bit DDR @10501MHz", 1008 GB/s), so
+    bytes per transfer x clock x 2."""
+    return bus_width_bits / 8 * mem_clock_mhz * 2 / 1000
+
+
+def pcie_gbs(generation: int, width: int) -> float:
+    """One direction of a PCIe link, GB/s after line coding (:data:`PCIE_LANE_GBS` per lane)."""
+    return PCIE_LANE_GBS[generation] * width
 
 
 @dataclass(frozen=True)
@@ -64,8 +85,18 @@ class DeviceSpeed:
     tflops: Figure  # dense throughput for prompt processing
     link: Figure  # GB/s to the host: PCIe, or the network for RPC; the memory itself when unified
     card: str = ""  # catalogue card name, if any
-    threads: int | None = None  # CPU only
+    threads: int | None = None  # CPU, and an RPC device computing on its server's CPU (threads=)
     unified: bool = False  # Apple: the GPU reads host memory directly
+    latency_us: Figure | None = None  # RPC: the measured round trip of one graph split
+
+
+@dataclass(frozen=True)
+class MeasuredLink:
+    """The link to an RPC device's server as a probe measured it (``backend.rpc_probe``)."""
+
+    gbs: float
+    rtt_us: float
+    note: str
 
 
 @dataclass(frozen=True)
@@ -76,104 +107,12 @@ class Hardware:
         return self.devices[name]
 
 
-# --- parsing ------------------------------------------------------------------------------------
-
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
-_RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
-
-
-def parse_rate(text: str, *, bits: bool = False) -> float:
-    """``936GB/s``, ``3.35TB/s``, ``936`` (GB/s) -> GB/s; with ``bits`` (network links) ``10Gb/s``,
-    ``10Gbit/s``, ``10GbE`` count bits (GB/s is still accepted with a capital B)."""
-    m = _RATE_RE.match(text)
-    if m is None:
-        raise ValueError(f"not a rate: {text!r} (use e.g. 936GB/s)")
-    value, unit = float(m.group(1)), m.group(2)
-    if value <= 0:
-        raise ValueError(f"not a positive rate: {text!r}")
-    if bits and re.fullmatch(r"[GMT]b(/s|it/s|ps|E)", unit):
-        scale = {"G": 1.0, "M": 0.001, "T": 1000.0}[unit[0]]
-        return value * scale / 8
-    u = unit.lower()
-    if u not in _RATE_UNITS:
-        raise ValueError(f"unknown rate unit in {text!r} (use GB/s, TB/s" + (", Gb/s" if bits else "") + ")")
-    return value * _RATE_UNITS[u]
-
-
-def parse_pcie(text: str) -> tuple[int, int]:
-    """``4x16`` (generation 4, 16 lanes), ``gen4x8``."""
-    m = re.fullmatch(r"\s*(?:gen)?(\d)\s*x\s*(\d+)\s*", text.lower())
-    if m is None or int(m.group(1)) not in PCIE_LANE_GBS or int(m.group(2)) not in (1, 2, 4, 8, 16):
-        raise ValueError(f"not a PCIe link: {text!r} (use GENxLANES, e.g. 4x16 or 3x8)")
-    return int(m.group(1)), int(m.group(2))
-
-
-def parse_ram(text: str) -> float:
-    """``12xDDR5-4800`` -> channels x MT/s x 8 bytes in GB/s (460.8)."""
-    m = re.fullmatch(r"\s*(\d+)\s*x\s*(?:L?P?DDR\d[XA-Z]*)[-_ ]?(\d+)\s*", text, re.IGNORECASE)
-    if m is None or int(m.group(1)) == 0 or int(m.group(2)) == 0:
-        raise ValueError(f"not a RAM configuration: {text!r} (use CHANNELSxDDRn-MTs, e.g. 12xDDR5-4800)")
-    return int(m.group(1)) * int(m.group(2)) * 8 / 1000
-
-
-def parse_tflops(text: str) -> float:
-    try:
-        v = float(text.strip().lower().removesuffix("tflops"))
-    except ValueError:
-        raise ValueError(f"not a TFLOPS figure: {text!r} (use e.g. tflops=71)") from None
-    if v <= 0:
-        raise ValueError(f"not a positive TFLOPS figure: {text!r}")
-    return v
-
-
-@dataclass(frozen=True)
-class Declared:
-    """The speed keys of one ``--device`` value, checked and converted."""
-
-    card: Card | None = None
-    bw: float | None = None  # GB/s
-    link: float | None = None  # GB/s (network, RPC)
-    pcie: tuple[int, int] | None = None
-    ram: float | None = None  # GB/s from channels x MT/s x 8 B
-    tflops: float | None = None
-    threads: int | None = None
-
-
-def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
-    """Check and convert the speed keys of one ``--device`` value (ValueError names the key)."""
-    d: dict[str, object] = {}
-    for key, val in parts:
-        k = "bw" if key == "bandwidth" else key
-        if k == "card":
-            c = card(val)
-            if c is None:
-                raise ValueError(f"unknown card {val!r} (known: {', '.join(card_keys())})")
-            d[k] = c
-        elif k == "bw":
-            d[k] = parse_rate(val)
-        elif k == "link":
-            d[k] = parse_rate(val, bits=True)
-        elif k == "pcie":
-            d[k] = parse_pcie(val)
-        elif k == "ram":
-            d[k] = parse_ram(val)
-        elif k == "tflops":
-            d[k] = parse_tflops(val)
-        elif k == "threads":
-            if not val.strip().isdigit() or int(val) < 1:
-                raise ValueError(f"threads={val!r}: not a positive count")
-            d[k] = int(val)
-        else:
-            raise ValueError(f"unknown field {key!r}")
-    return Declared(**d)  # type: ignore[arg-type]
-
-
 # --- figures of each device -------------------------------------------------------------------------
 
 
 def _pcie_figure(link: tuple[int, int], source: Source, note: str) -> Figure:
     gen, lanes = link
-    return Figure(round(PCIE_LANE_GBS[gen] * lanes, 2), "GB/s", source, f"PCIe {gen}.0 x{lanes}; {note}")
+    return Figure(round(pcie_gbs(gen, lanes), 2), "GB/s", source, f"PCIe {gen}.0 x{lanes}; {note}")
 
 
 def _gpu_bandwidth(dev: Device, decl: Declared, c: Card | None, via: str) -> Figure:
@@ -181,6 +120,10 @@ def _gpu_bandwidth(dev: Device, decl: Declared, c: Card | None, via: str) -> Fig
         return Figure(decl.bw, "GB/s", Source.DECLARED, f"{dev.name} bw=")
     if dev.bandwidth_gbs:
         return Figure(dev.bandwidth_gbs, "GB/s", Source.DECLARED, f"{dev.name} bw=")
+    if decl.nvml_bus is not None:
+        bits, mhz = decl.nvml_bus
+        return Figure(round(nvml_bandwidth_gbs(bits, mhz), 1), "GB/s", Source.DRIVER,
+                      f"NVML: {bits}-bit memory bus x {mhz} MHz x 2 (double data rate)")
     if c is not None:
         return Figure(c.bandwidth_gbs, "GB/s", Source.CATALOGUE, f"{c.source}; {via}")
     return Figure(DEFAULT_GPU_BW, "GB/s", Source.DEFAULT, f"{dev.name}: no card or bw= given")
@@ -195,14 +138,19 @@ def _gpu_tflops(dev: Device, decl: Declared, c: Card | None) -> Figure:
     return Figure(DEFAULT_GPU_TFLOPS, "TFLOPS", Source.DEFAULT, f"{dev.name}: {why}")
 
 
-def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure:
+def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure,
+              measured: MeasuredLink | None = None) -> Figure:
     if dev.kind is DeviceKind.RPC:
         if decl.link is not None:
             return Figure(decl.link, "GB/s", Source.DECLARED, f"{dev.name} link=")
+        if measured is not None:
+            return Figure(round(measured.gbs, 4), "GB/s", Source.MEASURED, measured.note)
         return Figure(DEFAULT_RPC_LINK, "GB/s", Source.DEFAULT,
                       f"{dev.name}: network link not declared (e.g. link=10Gb/s); loopback assumed")
     if decl.pcie is not None:
         return _pcie_figure(decl.pcie, Source.DECLARED, f"{dev.name} pcie=")
+    if decl.nvml_pcie is not None:
+        return _pcie_figure(decl.nvml_pcie, Source.DRIVER, "NVML: the link's maximum generation and width")
     if c is not None and c.pcie is None:
         return Figure(bw.value, "GB/s", bw.source, "unified memory: the GPU reads host memory directly")
     if c is not None and c.pcie is not None:
@@ -210,15 +158,23 @@ def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure) -> Figure
     return _pcie_figure(DEFAULT_PCIE, Source.DEFAULT, f"{dev.name}: no card or pcie= given")
 
 
-def gpu_speed(dev: Device) -> DeviceSpeed:
-    """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults."""
+def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
+    """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults;
+    ``link``: an RPC device's link as measured (used unless ``link=`` is declared)."""
     decl = parse_hardware_keys(dev.hardware)
     c = decl.card or (card(dev.description) if dev.description else None)
     via = (f"{dev.name} declared as {c.key}" if decl.card and c
            else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
-    return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw),
-                       c.name if c else "", unified=c is not None and c.pcie is None)
+    rpc = dev.kind is DeviceKind.RPC
+    latency = (Figure(round(link.rtt_us, 1), "µs per RPC graph split", Source.MEASURED,
+                      f"one network round trip per split (the activations read back after an "
+                      f"asynchronous graph compute, ggml-rpc protocol 7), beside the server's own work "
+                      f"per split; {link.note}")
+               if rpc and link is not None and decl.link is None else None)
+    return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
+                       c.name if c else "", threads=decl.threads if rpc else None,
+                       unified=c is not None and c.pcie is None, latency_us=latency)
 
 
 def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None) -> DeviceSpeed:
@@ -245,9 +201,12 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
-                 overrides: Mapping[str, DeviceSpeed] | None = None) -> Hardware:
-    """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated)."""
-    out = {g.name: gpu_speed(g) for g in devices.gpus}
+                 overrides: Mapping[str, DeviceSpeed] | None = None,
+                 links: Mapping[str, MeasuredLink] | None = None) -> Hardware:
+    """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
+    ``links``: measured links of RPC devices by endpoint)."""
+    links = links or {}
+    out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe)
     out.update(overrides or {})
     return Hardware(out)

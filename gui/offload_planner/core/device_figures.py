@@ -1,4 +1,4 @@
-"""What one device's memory bar shows, from a DeviceMemory (Qt-free).
+"""What one device's memory bar shows, from a DeviceMemory, and the capacity rule.
 
 mmap'd weights count with the bytes actually read (``Buffer.resident``: page cache), not the file
 span llama.cpp reports for the mapping: the span includes the tensors of other devices lying
@@ -7,6 +7,7 @@ between the CPU's, which never occupy RAM. The span stays in the tooltip.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from offload_planner.core.memory import Buffer, DeviceMemory, Projection
@@ -53,20 +54,26 @@ class DeviceFigures:
         return cls(d.name, d.description, kinds, sum(n for _, n in kinds), d.capacity, d.margin, unread)
 
 
-def capacity_warnings(projection: Projection, *, moe: bool = False) -> list[str]:
-    """Devices whose projected memory plus margin exceeds their capacity; for a GPU holding a MoE
-    model's routed experts, the preset that fixes it."""
+#: Window text appended to a device's over-capacity warning (the preset that fixes it), or "".
+CapacityHint = Callable[[DeviceMemory], str]
+
+
+def capacity_warnings(projection: Projection, hint: CapacityHint | None = None) -> list[str]:
+    """The one capacity rule (the table's OVER rows, the window's bars and warnings): a device is
+    over when the bytes it holds (mmap'd weights by the bytes read) plus its margin exceed its
+    capacity. ``hint`` adds a window's advice to each line."""
     out = []
     for dm in projection.devices:
         f = DeviceFigures.of(dm)
         if f.over and f.capacity is not None:
             margin = f" + {fmt_bytes(f.margin)} margin" if f.margin else ""
-            hint = ""
-            if moe and dm.device.is_gpu:
-                hint = (f": Presets ▸ Fill {f.name} with routed experts keeps as many expert layers "
-                        "there as fit and sends the rest to the CPU")
             out.append(
                 f"{f.name} is over capacity by {fmt_bytes(f.over)} ({fmt_bytes(f.used)} projected{margin} "
-                f"> {fmt_bytes(f.capacity)}){hint}"
+                f"> {fmt_bytes(f.capacity)}){hint(dm) if hint is not None else ''}"
             )
     return out
+
+
+def over_capacity(projection: Projection) -> list[str]:
+    """Names of the devices over capacity (:func:`capacity_warnings`' rule)."""
+    return [dm.device.name for dm in projection.devices if DeviceFigures.of(dm).over]

@@ -20,17 +20,6 @@ CONTEXT = "context"
 PLACEMENT = "placement"
 
 
-def apply_moves(plan: Plan, moves: Mapping[str, str | None]) -> Plan:
-    """Set (device) or clear (None) the user's move of each named tensor."""
-    merged = dict(plan.moves)
-    for name, dev in moves.items():
-        if dev is None:
-            merged.pop(name, None)
-        else:
-            merged[name] = dev
-    return replace(plan, moves=merged)
-
-
 def normalized_moves(
     plan: Plan, moves: Mapping[str, str], base: Mapping[str, str | None]
 ) -> dict[str, str | None]:

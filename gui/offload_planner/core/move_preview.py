@@ -12,10 +12,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from offload_planner.core.device_figures import counted
 from offload_planner.core.memory import weight_buffers
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
-from offload_planner.ui.device_figures import counted
+from offload_planner.core.speed.efficiency import Efficiencies
+from offload_planner.core.speed.estimate import tg_tps
+from offload_planner.core.speed.hardware import Hardware
 
 
 @dataclass(frozen=True)
@@ -36,17 +39,12 @@ def weights_per_device(plan: Plan, placement: Placement) -> dict[str, int]:
     return out
 
 
-def move_tg(plan: Plan, names: Sequence[str], current: Placement | None = None
-            ) -> dict[str, tuple[float, float]]:
-    """Per device: estimated tg (t/s, depth 0) now and if ``names`` moved there (core.speed, on this
-    machine's cached figures; never probes from here)."""
-    from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
-    from offload_planner.core.speed.estimate import tg_tps
-
+def move_tg(plan: Plan, names: Sequence[str], hw: Hardware, eff: Efficiencies,
+            current: Placement | None = None) -> dict[str, tuple[float, float]]:
+    """Per device: estimated tg (t/s, depth 0) now and if ``names`` moved there (core.speed on the
+    hardware and efficiencies given)."""
     if not names:
         return {}
-    hw = machine_hardware(plan, probe=False)
-    eff = efficiencies_for(plan.dialect)
     now = tg_tps(plan, hw, eff=eff, placement=current)
     return {dev: (now, tg_tps(plan.with_moves(dict.fromkeys(names, dev)), hw, eff=eff))
             for dev in plan.devices.names}

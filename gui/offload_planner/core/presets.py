@@ -1,6 +1,6 @@
 """Preset edits of a plan, as move maps (tensor name -> device, None = back to the command's default).
 
-Qt-free; the window turns each result into one undoable MoveTensors step.
+The window turns each result into one undoable MoveTensors step.
 """
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.fit import FitResult, fit_params
 from offload_planner.core.memory import Projection, alloc_size, pad
 from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan
-from offload_planner.ui.device_figures import DeviceFigures
 
 Moves = dict[str, str | None]
 
@@ -109,24 +109,13 @@ def fill_with_experts(
         for name, current in by_layer[il]:
             if current != target:
                 moves[name] = target
-    while kept and DeviceFigures.of(with_moves(plan, moves).projection().device(device)).over:
+    while kept and DeviceFigures.of(plan.with_moves(moves).projection().device(device)).over:
         for name, current in by_layer[kept.pop()]:
             if current == spill:
                 moves.pop(name, None)
             else:
                 moves[name] = spill
     return moves
-
-
-def with_moves(plan: Plan, moves: Moves) -> Plan:
-    """``plan`` with ``moves`` applied (None: back to the command's default)."""
-    merged = dict(plan.moves)
-    for name, dev in moves.items():
-        if dev is None:
-            merged.pop(name, None)
-        else:
-            merged[name] = dev
-    return replace(plan, moves=merged)
 
 
 def back_to_default(plan: Plan, names: list[str] | None = None) -> Moves:
@@ -151,15 +140,3 @@ def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
     f_popts, f_ctx = result.apply(popts, plan.context, plan.model.summary.n_layer,
                                   has_gpu=bool(plan.devices.gpus))
     return replace(plan, placement_options=f_popts, context=f_ctx, moves={}), result
-
-
-def fastest_plan(plan: Plan, goal: str = "balanced") -> Plan | None:
-    """The fastest plan that fits (core.speed.fastest) from this plan, on the devices' declared
-    figures and this machine's cached RAM probe; None when nothing fits."""
-    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_in
-    from offload_planner.core.speed.fastest import fastest_from_plan
-    from offload_planner.core.speed.hardware import hardware_for
-
-    hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False))
-    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect))
-    return result.best.plan if result.best else None

@@ -1,0 +1,130 @@
+"""The network link to a running ``ggml-rpc-server``, measured through its own protocol.
+
+ggml-rpc (``ggml/src/ggml-rpc/ggml-rpc.cpp``, protocol 7): a request is ``| cmd (1 byte) | size
+(8 bytes) | data |``, a response ``| size (8 bytes) | data |``; every connection starts with HELLO.
+The probe times round trips of DEVICE_COUNT (a command with no work: the link's latency as
+llama.cpp's client sees it, TCP_NODELAY as it sets) and a tensor of :data:`PROBE_BYTES` written with
+SET_TENSOR and read back with GET_TENSOR in a scratch buffer it allocates on device 0 and frees
+(the throughput of the payload both ways).  About a tenth of a second on loopback.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import struct
+import time
+from dataclasses import dataclass
+
+PROTO_MAJOR = 7
+CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (transport.h): zeros ask for no transport upgrade
+CMD_ALLOC_BUFFER, CMD_BUFFER_GET_BASE, CMD_FREE_BUFFER = 0, 3, 4
+CMD_SET_TENSOR, CMD_GET_TENSOR, CMD_HELLO, CMD_DEVICE_COUNT = 6, 8, 14, 15
+GGML_TYPE_F32 = 0
+PROBE_BYTES = 4 * 1024 * 1024
+ROUNDS = 32
+TRANSFERS = 3
+
+
+class RpcProbeError(Exception):
+    """The endpoint cannot be probed: not reachable, not a ggml-rpc-server, another protocol."""
+
+
+@dataclass(frozen=True)
+class LinkProbe:
+    endpoint: str
+    rtt_us: float  # median round trip of a command with no work
+    gbs: float  # payload GB/s (10^9 bytes), a tensor written and read back
+    server_version: str
+
+
+def _rpc_tensor(buffer: int, data: int, n_floats: int) -> bytes:
+    """``rpc_tensor`` (packed, 296 bytes) of a 1-D f32 tensor at ``data`` in ``buffer``."""
+    nb = [4, 4 * n_floats, 4 * n_floats, 4 * n_floats]
+    return (struct.pack("<QIQ4I4II16iI", 1, GGML_TYPE_F32, buffer, n_floats, 1, 1, 1, *nb, 0, *([0] * 16), 0)
+            + struct.pack("<10Q", *([0] * 10)) + struct.pack("<QQQ", 0, 0, data)
+            + b"probe".ljust(64, b"\0") + struct.pack("<i", 0))
+
+
+class _Conn:
+    def __init__(self, endpoint: str, timeout: float) -> None:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not port.isdigit():
+            raise RpcProbeError(f"{endpoint}: expected HOST:PORT")
+        try:
+            self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+        except OSError as e:
+            raise RpcProbeError(f"{endpoint}: cannot connect ({e})") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.endpoint = endpoint
+
+    def send(self, cmd: int, data: bytes = b"") -> None:
+        self.sock.sendall(struct.pack("<BQ", cmd, len(data)) + data)
+
+    def _recv(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise RpcProbeError(f"{self.endpoint}: the server closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def call(self, cmd: int, data: bytes, size: int) -> bytes:
+        self.send(cmd, data)
+        (n,) = struct.unpack("<Q", self._recv(8))
+        if n != size:
+            raise RpcProbeError(f"{self.endpoint}: answer of {n} bytes to command {cmd}, expected {size}")
+        return self._recv(n)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _hello(c: _Conn) -> str:
+    major, minor, patch = struct.unpack("<BBBx", c.call(CMD_HELLO, bytes(CONN_CAPS), 4 + CONN_CAPS)[:4])
+    if major != PROTO_MAJOR:
+        raise RpcProbeError(f"{c.endpoint}: RPC protocol {major}.{minor}.{patch}, the probe speaks "
+                            f"{PROTO_MAJOR}.x")
+    return f"{major}.{minor}.{patch}"
+
+
+def _transfer_seconds(c: _Conn, nbytes: int) -> float:
+    """Best time of writing and reading back ``nbytes`` in a scratch buffer on device 0."""
+    remote, size = struct.unpack("<QQ", c.call(CMD_ALLOC_BUFFER, struct.pack("<IQ", 0, nbytes), 16))
+    if not remote or size < nbytes:
+        raise RpcProbeError(f"{c.endpoint}: the server did not allocate {nbytes} bytes")
+    try:
+        (base,) = struct.unpack("<Q", c.call(CMD_BUFFER_GET_BASE, struct.pack("<Q", remote), 8))
+        tensor = _rpc_tensor(remote, base, nbytes // 4)
+        payload = bytes(range(256)) * (nbytes // 256)
+        best = float("inf")
+        for _ in range(TRANSFERS):
+            t0 = time.perf_counter()
+            c.send(CMD_SET_TENSOR, tensor + b"\0" + struct.pack("<Q", 0) + payload)
+            back = c.call(CMD_GET_TENSOR, tensor + struct.pack("<QQ", 0, nbytes), nbytes)
+            best = min(best, time.perf_counter() - t0)
+            if back != payload:
+                raise RpcProbeError(f"{c.endpoint}: the tensor read back differs from the one written")
+        return best
+    finally:
+        c.send(CMD_FREE_BUFFER, struct.pack("<Q", remote))
+
+
+def probe_link(endpoint: str, *, rounds: int = ROUNDS, nbytes: int = PROBE_BYTES,
+               timeout: float = 2.0) -> LinkProbe:
+    """Latency and throughput of the link to the ggml-rpc-server at ``endpoint`` (HOST:PORT)."""
+    c = _Conn(endpoint, timeout)
+    try:
+        version = _hello(c)
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            c.call(CMD_DEVICE_COUNT, b"", 4)
+            times.append(time.perf_counter() - t0)
+        seconds = _transfer_seconds(c, nbytes)
+    except (OSError, struct.error) as e:
+        raise RpcProbeError(f"{endpoint}: {e}") from None
+    finally:
+        c.close()
+    return LinkProbe(endpoint, statistics.median(times) * 1e6, 2 * nbytes / seconds / 1e9, version)

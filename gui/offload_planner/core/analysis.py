@@ -1,0 +1,202 @@
+"""The one pipeline: file -> Model -> Plan -> Projection -> Analysis.
+
+``open_model`` reads the file; :func:`~offload_planner.core.plan.plan_from_args` (or the window's
+edits) make the Plan; :func:`projected` projects it as llama.cpp allocates it; :func:`analysis_of`
+adds what a reader needs: warnings (one list, assembled here for the window, ``plan`` and
+``launch``), notes, the rules' reports and the command that reproduces the plan.
+:func:`analyse_command` runs the whole pipeline on a llama-server command line (with the pinned
+build's ``--fit`` report, :func:`fit_report`, on request); :func:`analyse` is the window's form (it
+never raises: a failure is ``Analysis.error``).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from offload_planner.core.cmdline import ParsedArgs
+from offload_planner.core.device_figures import CapacityHint
+from offload_planner.core.devices import DeviceSet
+from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
+from offload_planner.core.dialects import LLAMA_CPP, Dialect
+from offload_planner.core.engine import command_notes, server_settings
+from offload_planner.core.errors import PlannerError
+from offload_planner.core.extra_context import attach
+from offload_planner.core.memory import Projection, project
+from offload_planner.core.model import Model
+from offload_planner.core.plan import Plan, plan_command, plan_from_args
+from offload_planner.core.plan_report import mmap_notes
+from offload_planner.core.speculative import extra_contexts, spec_refusals
+
+
+@dataclass(frozen=True)
+class Analysis:
+    plan: Plan
+    projection: Projection | None
+    command: list[str] = field(default_factory=list)  # llama-server arguments (no program name)
+    warnings: list[str] = field(default_factory=list)
+    rules: list[RuleReport] = field(default_factory=list)
+    error: str = ""  # the projection failed: one line for the user
+    seconds: float = 0.0
+    preliminary: bool = False  # weights/KV/output current; compute, command, problems from before
+    notes: list[str] = field(default_factory=list)  # how figures are counted (mmap span vs read)
+    command_notes: list[str] = field(default_factory=list)  # what the server's defaults decided
+    fit: FitReport | None = None  # what the pinned build's --fit does with the command (analyse_command)
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """What the pinned build's --fit would do at start: its summary (None: it is off, there is no
+    GPU or it cannot run), notes for the reader, and whether it makes the GPUs fit (it succeeded
+    and changed the command)."""
+
+    summary: dict[str, object] | None = None
+    notes: list[str] = field(default_factory=list)
+    fixes_gpus: bool = False
+
+
+def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
+    """The pinned llama-server's --fit on ``plan`` (read from ``parsed``); nothing for other builds."""
+    if not plan.dialect.fits_by_default:
+        return FitReport()
+    from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
+
+    model, devices = plan.model, plan.devices
+    fitted = server_fit(model, devices, parsed, plan.placement_options, plan.context)
+    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    if fitted is None:
+        if unknown and parsed.args.fit is not False:
+            return FitReport(notes=[
+                f"--fit is on (this build's default): at start it adapts -c, -ngl and expert "
+                f"overrides to each GPU's free memory; declare {', '.join(unknown)} with "
+                "--device NAME=SIZE to see what it will do"])
+        return FitReport()
+    fcmd = (fitted_command(fitted, model, devices, plan.placement_options, plan.context)
+            if fitted.changed else [])
+    note = fit_note(fitted, fcmd)
+    return FitReport(fit_summary(fitted, devices, fcmd), [note] if note else [],
+                     fitted.changed and fitted.status == "success")
+
+
+def projected(plan: Plan) -> Projection:
+    """The plan's projection; a :class:`~offload_planner.core.errors.PlannerError` for an -ot rule
+    the planner cannot evaluate."""
+    plan.placement().raise_rule_errors()
+    return plan.projection()
+
+
+def command_projection(plan: Plan, args: Any) -> tuple[Projection, list[str]]:
+    """The projection of a plan read from a command line (``args``: its ParsedArgs or ServerArgs),
+    as llama-server allocates it: the model, the draft/MTP context, then the --mmproj projector as
+    the arguments (environment included) set it; notes on the projector."""
+    placement = plan.placement()
+    placement.raise_rule_errors()
+    projection = project(plan.model, plan.devices, placement, plan.context)
+    extras = extra_contexts(plan.model, plan.devices, placement, plan.context, projection.context, plan.spec)
+    projection = attach(projection, extras)
+    return projection, _add_mmproj(projection, plan.devices, args, plan.dialect)
+
+
+def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: Dialect) -> list[str]:
+    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
+    from offload_planner.core.mmproj import attach
+
+    setup = attach.mmproj_setup(args)
+    if setup is None:
+        return []
+    if not dialect.projects_mmproj:
+        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
+    fa = attach.fa_setting(getattr(server_settings(args), "flash_attn", None))
+    mb = attach.project_setup(setup, devices, fa)
+    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
+    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
+
+
+def unknown_device_warnings(plan: Plan) -> list[str]:
+    """-ot rules and moves that name a device the plan does not have."""
+    names = {n.lower() for n in plan.devices.names}
+    out = [
+        f"{o.source} {o.pattern}={o.buft} names {o.buft}, which is not among the devices "
+        f"({', '.join(plan.devices.names)})"
+        for o in plan.placement_options.overrides
+        if o.buft.lower() not in names
+    ]
+    lost = sorted({d for d in plan.moves.values() if d.lower() not in names})
+    out += [f"tensors moved to {d}, which is not among the devices" for d in lost]
+    return out
+
+
+def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
+                capacity_hint: CapacityHint | None = None) -> list[str]:
+    """Every warning about a plan, in one order: what the backend refuses or changes, devices the
+    plan names but lacks, devices over capacity, then the rules and placements
+    (:func:`~offload_planner.core.diagnostics.plan_warnings`)."""
+    refusals = (spec_refusals(plan.model, plan.spec) + plan.dialect.model_errors(plan.model)
+                + plan.dialect.warnings(plan.model, plan.placement_options, plan.devices))
+    core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
+                         capacity_hint=capacity_hint)
+    return refusals + unknown_device_warnings(plan) + core
+
+
+def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
+                capacity_hint: CapacityHint | None = None, projection: Projection | None = None) -> Analysis:
+    """Project (unless ``projection`` is given) and analyse ``plan``; raises what the pipeline raises
+    (PlannerError for bad input). ``notes``: what reading the command decided; ``command``: also the
+    reproducing command."""
+    t0 = time.perf_counter()
+    projection = projected(plan) if projection is None else projection
+    rules = rule_reports(projection, plan.placement_options.overrides)
+    warnings = warnings_of(plan, projection, rules, capacity_hint)
+    argv = plan_command(plan) if command else []
+    return Analysis(plan, projection, argv, warnings, rules, seconds=time.perf_counter() - t0,
+                    notes=mmap_notes(projection), command_notes=list(notes))
+
+
+def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP, *,
+                    command: bool = False, fit: bool = False) -> Analysis:
+    """The pipeline on a llama-server command line (a ParsedArgs or bare ServerArgs): the plan
+    llama-server would run, projected and analysed, with a note for every default it filled in;
+    ``fit`` (a ParsedArgs only): also what the pinned build's --fit does with it."""
+    plan = plan_from_args(model, devices, args, dialect)
+    projection, projector_notes = command_projection(plan, args)
+    notes = command_notes(model, devices, args, dialect, plan.placement_options, projector_notes)
+    analysis = analysis_of(plan, notes=notes, command=command, projection=projection)
+    return replace(analysis, fit=fit_report(plan, args)) if fit else analysis
+
+
+def analyse(plan: Plan, capacity_hint: CapacityHint | None = None) -> Analysis:
+    """The window's analysis: never raises (bad input and core bugs become ``error``)."""
+    t0 = time.perf_counter()
+    try:
+        return analysis_of(plan, capacity_hint=capacity_hint)
+    except PlannerError as e:  # bad input the core names (an -ot rule it cannot evaluate): as is
+        return Analysis(plan, None, error=str(e), seconds=time.perf_counter() - t0)
+    except Exception as e:  # a core bug must not take the window down: show it
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
+        return Analysis(
+            plan,
+            None,
+            error=f"projection failed: {type(e).__name__}: {e} ({where})",
+            seconds=time.perf_counter() - t0,
+        )
+
+
+def quick_analysis(plan: Plan, previous: Analysis | None) -> Analysis | None:
+    """An instant update after an edit: weights, KV and output projected now (about 1 ms on
+    DeepSeek-V3), compute buffers, command and problems kept from the previous analysis until
+    the full one arrives. None when there is nothing to reuse (new model or devices)."""
+    if previous is None or previous.projection is None or previous.plan.model is not plan.model:
+        return None
+    if previous.plan.devices != plan.devices:
+        return None
+    t0 = time.perf_counter()
+    compute = [replace(b, why=b.why + " (from before the last edit; updating)")
+               for b in previous.projection.buffers() if b.kind in ("compute", "mmproj") and not b.owner]
+    projection = project(plan.model, plan.devices, plan.placement(), plan.context, compute=compute)
+    projection = attach(projection, previous.projection.extras)  # draft/MTP: as before the edit
+    return Analysis(plan, projection, previous.command, previous.warnings, previous.rules,
+                    seconds=time.perf_counter() - t0, preliminary=True, notes=previous.notes)

@@ -1,0 +1,76 @@
+"""Command lines as text: display formats (core ``format_command``) and reading a pasted command
+(shell text -> argv -> core ``parse_server_args`` and ``check_semantics``) into a plan."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from offload_planner.core.cmdline import (
+    Dialect,
+    ParsedArgs,
+    Style,
+    check_semantics,
+    format_command,
+    parse_server_args,
+)
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.plan import Plan, plan_from_args
+
+#: (style, label) of the formats the command pane offers.
+STYLES: tuple[tuple[str, str], ...] = (
+    (Style.BASH.value, "bash"),
+    (Style.POWERSHELL.value, "PowerShell"),
+    (Style.CMD.value, "cmd.exe"),
+    (Style.LLAMA_SWAP.value, "llama-swap"),
+    (Style.DOCKER_ENV.value, "docker env"),
+)
+
+
+def render(argv: Sequence[str], style: str, dialect: Dialect, *, multiline: bool = False) -> str:
+    return format_command(list(argv), style, dialect=Dialect(dialect), multiline=multiline)
+
+
+def split_command_text(text: str) -> list[str]:
+    """A pasted command as an argument list; line continuations of bash (\\), PowerShell (`) and
+    cmd (^) are joined. The program name stays (the parser recognises it)."""
+    for cont in ("\\\r\n", "\\\n", "`\r\n", "`\n", "^\r\n", "^\n"):
+        text = text.replace(cont, " ")
+    try:
+        return shlex.split(text, comments=False, posix=True)
+    except ValueError as e:
+        raise ValueError(f"cannot split the command: {e}") from None
+
+
+def read_command(text: str, dialect: Dialect) -> ParsedArgs:
+    """Parse a pasted llama-server command as ``dialect`` reads it (errors in ``.errors``; the
+    refusals that depend on devices and model come from ``check_semantics``)."""
+    return parse_server_args(split_command_text(text), dialect=Dialect(dialect))
+
+
+def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
+    """A plan for the open model and devices built from a pasted llama-server command line, and
+    notes for the user (llama-server's refusals, warnings, a different -m)."""
+    parsed = read_command(text, plan.dialect)
+    args = parsed.args
+    devices = plan.devices
+    rpc = list(args.rpc_servers or [])
+    if rpc:  # llama.cpp lists RPC servers first
+        rpc_devs = tuple(
+            Device(f"RPC{i}", DeviceKind.RPC, description=f"RPC server {ep}", source="rpc", endpoint=ep)
+            for i, ep in enumerate(rpc)
+        )
+        devices = DeviceSet(
+            devices.cpu, rpc_devs + tuple(g for g in devices.gpus if g.kind is not DeviceKind.RPC)
+        )
+    errors = [*parsed.errors, *check_semantics(parsed, devices.names, is_mla=plan.model.summary.is_mla)]
+    notes = [f"pasted command: llama-server would refuse it: {e}" for e in errors]
+    notes += [f"pasted command: {w}" for w in parsed.warnings]
+    if args.model and Path(args.model).name != Path(plan.model.path).name:
+        notes.append(
+            f"pasted command: -m {args.model} is not the open model; the plan uses {plan.model.path}"
+        )
+    new = plan_from_args(plan.model, devices, parsed, plan.dialect)
+    return replace(new, moves={}), notes

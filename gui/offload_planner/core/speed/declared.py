@@ -1,0 +1,122 @@
+"""The speed keys of a ``--device`` declaration (``bw=936GB/s``, ``pcie=4x16``, ``tflops=71``,
+``ram=12xDDR5-4800``, ``link=10Gb/s``, ``threads=16``, a catalogue card), checked and converted.
+
+Apart from :mod:`offload_planner.core.speed.hardware` (which turns them into figures) so that
+:func:`offload_planner.core.devices.parse_device_decl` can check them without an import cycle.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from offload_planner.core.speed.catalogue import Card, card, card_keys
+
+#: Per-lane PCIe throughput per direction in GB/s after line coding (PCI-SIG: 8, 16, 32 GT/s with
+#: 128b/130b encoding for gen 3-5; 2.5 and 5 GT/s with 8b/10b for gen 1-2; gen 6 64 GT/s PAM4).
+PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
+
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
+_RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
+
+
+def parse_rate(text: str, *, bits: bool = False) -> float:
+    """``936GB/s``, ``3.35TB/s``, ``936`` (GB/s) -> GB/s; with ``bits`` (network links) ``10Gb/s``,
+    ``10Gbit/s``, ``10GbE`` count bits (GB/s is still accepted with a capital B)."""
+    m = _RATE_RE.match(text)
+    if m is None:
+        raise ValueError(f"not a rate: {text!r} (use e.g. 936GB/s)")
+    value, unit = float(m.group(1)), m.group(2)
+    if value <= 0:
+        raise ValueError(f"not a positive rate: {text!r}")
+    if bits and re.fullmatch(r"[GMT]b(/s|it/s|ps|E)", unit):
+        scale = {"G": 1.0, "M": 0.001, "T": 1000.0}[unit[0]]
+        return value * scale / 8
+    u = unit.lower()
+    if u not in _RATE_UNITS:
+        raise ValueError(f"unknown rate unit in {text!r} (use GB/s, TB/s" + (", Gb/s" if bits else "") + ")")
+    return value * _RATE_UNITS[u]
+
+
+def parse_pcie(text: str) -> tuple[int, int]:
+    """``4x16`` (generation 4, 16 lanes), ``gen4x8``."""
+    m = re.fullmatch(r"\s*(?:gen)?(\d)\s*x\s*(\d+)\s*", text.lower())
+    if m is None or int(m.group(1)) not in PCIE_LANE_GBS or int(m.group(2)) not in (1, 2, 4, 8, 16):
+        raise ValueError(f"not a PCIe link: {text!r} (use GENxLANES, e.g. 4x16 or 3x8)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_ram(text: str) -> float:
+    """``12xDDR5-4800`` -> channels x MT/s x 8 bytes in GB/s (460.8)."""
+    m = re.fullmatch(r"\s*(\d+)\s*x\s*(?:L?P?DDR\d[XA-Z]*)[-_ ]?(\d+)\s*", text, re.IGNORECASE)
+    if m is None or int(m.group(1)) == 0 or int(m.group(2)) == 0:
+        raise ValueError(f"not a RAM configuration: {text!r} (use CHANNELSxDDRn-MTs, e.g. 12xDDR5-4800)")
+    return int(m.group(1)) * int(m.group(2)) * 8 / 1000
+
+
+def parse_tflops(text: str) -> float:
+    try:
+        v = float(text.strip().lower().removesuffix("tflops"))
+    except ValueError:
+        raise ValueError(f"not a TFLOPS figure: {text!r} (use e.g. tflops=71)") from None
+    if v <= 0:
+        raise ValueError(f"not a positive TFLOPS figure: {text!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The speed keys of one ``--device`` value, checked and converted."""
+
+    card: Card | None = None
+    bw: float | None = None  # GB/s
+    link: float | None = None  # GB/s (network, RPC)
+    pcie: tuple[int, int] | None = None
+    ram: float | None = None  # GB/s from channels x MT/s x 8 B
+    tflops: float | None = None
+    threads: int | None = None
+    nvml_bus: tuple[int, int] | None = None  # bus width in bits, max memory clock in MHz (NVML)
+    nvml_pcie: tuple[int, int] | None = None  # max PCIe generation, width (NVML)
+
+
+def _parse_nvml_bus(val: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", val.strip())
+    if m is None or not int(m.group(1)) or not int(m.group(2)):
+        raise ValueError(f"nvml_bus={val!r}: expected BITSxMHZ, e.g. 384x9751")
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
+    """Check and convert the speed keys of one ``--device`` value (ValueError names the key)."""
+    d: dict[str, object] = {}
+    for key, val in parts:
+        k = "bw" if key == "bandwidth" else key
+        if k == "card":
+            c = card(val)
+            if c is None:
+                raise ValueError(f"unknown card {val!r} (known: {', '.join(card_keys())})")
+            d[k] = c
+        elif k == "bw":
+            d[k] = parse_rate(val)
+        elif k == "link":
+            d[k] = parse_rate(val, bits=True)
+        elif k == "pcie":
+            d[k] = parse_pcie(val)
+        elif k == "ram":
+            d[k] = parse_ram(val)
+        elif k == "tflops":
+            d[k] = parse_tflops(val)
+        elif k == "nvml_bus":
+            d[k] = _parse_nvml_bus(val)
+        elif k == "nvml_pcie":
+            d[k] = parse_pcie(val)
+        elif k == "threads":
+            if not val.strip().isdigit() or int(val) < 1:
+                raise ValueError(f"threads={val!r}: not a positive count")
+            d[k] = int(val)
+        else:
+            raise ValueError(f"unknown field {key!r}")
+    return Declared(**d)  # type: ignore[arg-type]
