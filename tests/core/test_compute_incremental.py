@@ -21,6 +21,7 @@ from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
 from offload_planner.core import memory as M
 from offload_planner.core.compute import incremental as CI
+from offload_planner.core.compute import replay_alloc as RA
 from offload_planner.core.compute.recording import Reference
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
@@ -384,3 +385,40 @@ def test_periods_stop_where_layers_differ() -> None:
     for k, (_, end) in ref.periods.runs[b].items():
         assert end <= n_dense or k >= n_dense, (k, end)
     _check_layer_moves(model, [0, 1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B-Q4_K_M", "Llama-3.1-70B-Q4_K_M", "gpt-oss-120b-MXFP4"])
+def test_big_header_several_layers_moved_with_period_jumps(big_headers: dict[str, Model], name: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two or three layers (their experts on MoE models) moved at once to the other GPU or the host:
+    tails and stretches jump periods between and after the moved layers, and the replay equals the
+    simulation from scratch.  The memo of earlier tails' states is off (a tail meeting one stops
+    before it jumps)."""
+    monkeypatch.setattr(RA, "_MEMO_STRIDE", 1 << 30)
+    model = big_headers[name]
+    n = model.summary.n_layer
+    devices = _devices("CUDA", 2)
+    params = _params(c=32768, ub=2048, np_=1)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    opts = PlacementOptions(n_gpu_layers=n + 1, overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    for _ in range(2):  # the second simulation of a topology records the reference
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    before = dict(CI.stats)
+    groups = [(0, 5), (1, n // 4), (3, n // 2 + 2), (n // 2 + 1, n - 3), (2, 9, n // 2 + 5),
+              (n // 4, n // 4 + 1)]
+    for group in groups:
+        moves: dict[str, str] = {}
+        for k, il in enumerate(group):
+            other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+            to = other if moe or k % 2 else "CPU"
+            moves.update({t.name: to for t in model.tensors
+                          if t.layer == il and (t.role.is_routed_expert or not moe)})
+        placement = plan.with_moves(moves).placement()
+        fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+        full = C.simulate(model, devices, placement, ctx, params)
+        assert _fields(fast) == _fields(full), group
+    assert CI.stats["replays"] - before["replays"] == 2 * len(groups)
+    assert CI.stats["period_jumps"] > before["period_jumps"]
+    assert CI.stats["tail_hits"] == before["tail_hits"]
