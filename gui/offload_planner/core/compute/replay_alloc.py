@@ -459,6 +459,7 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
     rest: tuple[int, str] = (-1, "")
     walk = PeriodWalk(ref.periods, b)
+    starts, cks = ref.periods.at, ref.cks
     while True:
         if c < n_ck and c % _MEMO_STRIDE == 0:
             key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
@@ -476,11 +477,14 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
         clabel = al.apply(evs[k:hi], own_b, "")
         chunks.append((al.max_size, clabel))
         k = hi
-        if c < n_ck and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
+        if c >= n_ck:
+            continue
+        if ckpos[c] in starts and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
             seen = [e for e in seen if e[1] <= walk.mark]
             c = bisect.bisect_left(ckpos, to)
             k = bisect.bisect_left(poss, to, k)
-        if c < n_ck and _same_on(ref, ck := ref.cks[ckpos[c]], b, al, own_b):
+        # (the blocks first: a cheap test that fails on most checkpoints)
+        if al.blocks == (ck := cks[ckpos[c]]).blocks[b] and _same_on(ref, ck, b, al, own_b):
             assert ck.suffix is not None
             rest = ck.suffix[b]
             break
