@@ -42,7 +42,7 @@ def presets_view(out: Path, settings: Path) -> None:
     from offload_planner.core.cmdline import Style
     from offload_planner.core.devices import parse_device_decl
     from offload_planner.core.placement import CPU
-    from offload_planner.ui import command_text
+    from offload_planner.core import command_text
     from offload_planner.ui.loader import demo_model
     from offload_planner.ui.main_window import MainWindow, SystemInfo
     from offload_planner.ui.settings import Settings

@@ -92,6 +92,24 @@ def test_fastest_plan_quantizes_the_kv_cache_only_when_checked(qtbot: QtBot, set
         win.close()
 
 
+def test_fastest_plan_says_the_users_ot_rule_holds_the_experts(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("CUDA0=80GiB,bw=2000GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ot exps=CPU")
+        wait_projected(qtbot, win)
+        win.presets_menu.fastest()
+        n_experts = sum(t.role.is_routed_expert for t in win.doc.plan.model.tensors)
+        assert messages, "the preset says what it did"
+        assert f"{n_experts} routed-expert tensors stay on CPU by the command's -ot rules" in messages[-1]
+        devs = win.doc.plan.placement().tensor_devices()
+        assert {devs[t.name] for t in win.doc.plan.model.tensors if t.role.is_routed_expert} == {CPU}
+    finally:
+        win.close()
+
+
 def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> None:
     from offload_planner.ui.device_panel import AddGpuDialog
 

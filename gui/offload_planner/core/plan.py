@@ -17,7 +17,14 @@ from typing import Any
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
-from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams, Projection, project
+from offload_planner.core.memory import (
+    DEFAULT_N_BATCH,
+    DEFAULT_N_UBATCH,
+    Buffer,
+    ContextParams,
+    Projection,
+    project,
+)
 from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
@@ -104,9 +111,13 @@ class Plan:
             items = _dedupe_tied_copy(items)
         return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
 
-    def projection(self) -> Projection:
-        placement = self.placement()
-        proj = project(self.model, self.devices, placement, self.context)
+    def projection(self, *, placement: Placement | None = None,
+                   compute: list[Buffer] | None = None) -> Projection:
+        """Every buffer the server allocates for this plan: the model's context, the ``--mmproj``
+        projector and the draft/MTP contexts.  ``placement``: this plan's, when already computed;
+        ``compute``: the model context's compute buffers, when known (memory.project)."""
+        placement = self.placement() if placement is None else placement
+        proj = project(self.model, self.devices, placement, self.context, compute=compute)
         mmproj = argv_mmproj_setup(tuple(self.extra_args))  # --mmproj among the kept flags
         if mmproj is not None and self.dialect.projects_mmproj:
             fa = "on" if self.context.flash_attn else "off"

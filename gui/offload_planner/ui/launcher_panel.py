@@ -618,11 +618,14 @@ class LauncherPanel(QWidget):
         cmp = launch.compare(projection, report)
         self.comparison = cmp if server is not None else None
         rows: list[tuple[list[str], bool | None]] = []
+        extras = extra_shares(projection)
         for dev in cmp.devices():
             for r in (r for r in cmp.rows if r.device == dev):
-                note = ""
+                notes = []
                 if r.kind == "compute" and dev in self.calibrated and server is None:
-                    note = f"calibrated {self.calibrated[dev] / MiB:.2f}"
+                    notes.append(f"calibrated {self.calibrated[dev] / MiB:.2f}")
+                notes += [f"incl. {name} {mib:.2f}" for name, mib in extras.get((dev, r.kind, r.buffer), [])]
+                note = "; ".join(notes)
                 rows.append(
                     (
                         [
@@ -660,7 +663,7 @@ class LauncherPanel(QWidget):
         for i, (cells, ok) in enumerate(rows):
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                if c >= 3:
+                if 3 <= c < len(COLUMNS) - 1:  # the figures; the note reads from the left
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 if cells[1] == "total":
                     f = item.font()
@@ -674,6 +677,23 @@ class LauncherPanel(QWidget):
         active = self.server.state.active
         self.launch_button.setEnabled(not active and bool(self._command))
         self.stop_button.setEnabled(active and self.server.state is not ServerState.STOPPING)
+
+
+#: What the Launch table calls the extra contexts (core.extra_context keys).
+EXTRA_LABELS = {"draft": "draft model", "mtp": "MTP context", "mmproj": "projector"}
+
+
+def extra_shares(projection: Projection) -> dict[tuple[str, str, str], list[tuple[str, float]]]:
+    """Per (device, kind, buffer) row of the table: the MiB of it that a draft model, the MTP context
+    or a projector takes (the table counts them in the rows of their kind, as llama.cpp's log does)."""
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    for dm in projection.devices:
+        for b in dm.buffers:
+            if b.owner:
+                row = out.setdefault((dm.device.name, b.kind, b.name), {})
+                label = EXTRA_LABELS.get(b.owner, b.owner)
+                row[label] = row.get(label, 0.0) + b.bytes / MiB
+    return {k: list(v.items()) for k, v in out.items()}
 
 
 def _mib(x: float | None) -> str:

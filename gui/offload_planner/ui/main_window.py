@@ -41,6 +41,7 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.new_plan import demo_devices, demo_plan, model_summary, new_plan
+from offload_planner.core.plan import Plan
 from offload_planner.core.plan_file import (
     SUFFIX,
     PlanFile,
@@ -49,11 +50,13 @@ from offload_planner.core.plan_file import (
     require_regular_file,
     save_plan,
 )
+from offload_planner.core.units import fmt_bytes
 from offload_planner.ui import gui_thread_gc
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
 from offload_planner.ui.device_panel import DevicePanel
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.eliding_label import ElidingLabel
 from offload_planner.ui.launcher_panel import LauncherPanel
 from offload_planner.ui.legend import LegendBar
 from offload_planner.ui.loader import ModelLoader, demo_model
@@ -65,6 +68,7 @@ from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
 from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
+from offload_planner.ui.tensor_map_model import section_file
 from offload_planner.ui.tensor_map_view import TensorMapView
 from offload_planner.ui.ubatch_plot import UbatchPlot
 
@@ -95,6 +99,21 @@ class SystemInfo:
 
 def is_demo(model: Model) -> bool:
     return Path(model.path).resolve() == demo_model().resolve()
+
+
+def extras_summary(plan: Plan) -> list[str]:
+    """The summary line's words for what the command loads beside the model."""
+    out = []
+    draft = plan.spec.draft if plan.spec is not None else None
+    if draft is not None:
+        name = draft.model.summary.name or Path(draft.model.path).name
+        out.append(f"+ draft model {name} ({fmt_bytes(draft.model.summary.total_bytes, precision=1)})")
+    if plan.spec is not None and plan.spec.mtp:
+        out.append("+ MTP (--spec-type draft-mtp)")
+    projector = section_file(plan, "mmproj")
+    if projector:
+        out.append(f"+ projector {projector}")
+    return out
 
 
 class MainWindow(QMainWindow):
@@ -132,7 +151,7 @@ class MainWindow(QMainWindow):
 
     def _build_widgets(self) -> None:
         doc = self.doc
-        self.summary = QLabel("No model")
+        self.summary = ElidingLabel("No model")
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.summary.setAccessibleName("Model summary")
         self.devices_panel = DevicePanel(doc)
@@ -359,6 +378,7 @@ class MainWindow(QMainWindow):
         doc.undo_stack.cleanChanged.connect(self._on_clean_changed)
         doc.modelChanged.connect(self._on_model_changed)
         doc.planChanged.connect(self._sync_backend)
+        doc.planChanged.connect(self._update_summary)  # a pasted -md / --mmproj / MTP shows in it
         self.backend_box.activated.connect(self._on_backend)
         self.loader.started.connect(self._on_load_started)
         self.loader.progress.connect(self._on_load_progress)
@@ -625,11 +645,16 @@ class MainWindow(QMainWindow):
     # --- reactions ---------------------------------------------------------------------------
 
     def _on_model_changed(self) -> None:
-        if self.doc.has_plan:
-            self.summary.setText(model_summary(self.doc.plan.model))
-            self.summary.setToolTip(self.doc.plan.model.path)
+        self._update_summary()
         self._sync_backend()
         self._update_title()
+
+    def _update_summary(self) -> None:
+        """The model line, and what the command loads beside the model (draft, MTP, projector)."""
+        if self.doc.has_plan:
+            plan = self.doc.plan
+            self.summary.set_full_text("   ·   ".join([model_summary(plan.model), *extras_summary(plan)]),
+                                       plan.model.path)
 
     def _sync_backend(self) -> None:
         if self.doc.has_plan:

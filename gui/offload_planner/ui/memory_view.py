@@ -9,32 +9,59 @@ launch reports. The breakdown line under a bar abbreviates its labels as far as 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen
+from PySide6.QtGui import (
+    QBrush,
+    QColor,
+    QFont,
+    QFontMetrics,
+    QHelpEvent,
+    QPainter,
+    QPaintEvent,
+    QPalette,
+    QPen,
+)
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
+from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.palette import ACTUAL_COLOR, OVER_COLOR, device_color, hatch_brush, kind_brush
+from offload_planner.ui.palette import (
+    ACTUAL_COLOR,
+    OVER_COLOR,
+    device_color,
+    hatch_brush,
+    kind_brush,
+    kind_overlay,
+)
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
 STALE_ACTUAL_COLOR = QColor("#8A8A8A")  # an actual marker from before the last edit, drawn hollow
 STALE_NOTE = "before your last edit"
+OVER_PATTERN = QBrush(QColor(255, 255, 255, 150), Qt.BrushStyle.DiagCrossPattern)
 
-#: The breakdown line's labels (in BUFFER_KINDS order) and the gap between its parts, from the
+#: Extra contexts whose buffers (of any kind) the bars draw as segments of their own, after the main
+#: model's kinds: a speculative draft model (-md) and the MTP context (--spec-type draft-mtp).
+EXTRA_KINDS: tuple[tuple[str, str], ...] = ((DRAFT, "draft model"), (MTP, "MTP context"))
+#: Every segment of a bar in order, with its label.
+BAR_KINDS: tuple[tuple[str, str], ...] = BUFFER_KINDS + EXTRA_KINDS
+
+#: The breakdown line's labels (in BAR_KINDS order) and the gap between its parts, from the
 #: longest form to the shortest: the view draws the first that fits.
 BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (tuple(label for _, label in BUFFER_KINDS), "  "),
-    (("weights", "KV", "compute", "output", "mmproj"), "  "),
-    (("W", "KV", "C", "O", "P"), "  "),
-    (("W", "KV", "C", "O", "P"), " "),
+    (tuple(label for _, label in BAR_KINDS), "  "),
+    (("weights", "KV", "compute", "output", "mmproj", "draft", "MTP"), "  "),
+    (("W", "KV", "C", "O", "P", "D", "MTP"), "  "),
+    (("W", "KV", "C", "O", "P", "D", "MTP"), " "),
 )
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
+#: The legend's last word on the breakdown lines' bare figures.
+UNIT_NOTE = "figures without a unit: GiB"
 
 
 def gib(n: float) -> str:
@@ -47,6 +74,16 @@ def gib(n: float) -> str:
 def gib_unit(n: float) -> str:
     text = gib(n)
     return text if text.endswith("iB") else f"{text} GiB"
+
+
+def bar_figures(dm: DeviceMemory) -> DeviceFigures:
+    """What a bar shows: the device's figures with the draft model's and the MTP context's buffers
+    taken out of the main model's kinds into segments of their own (same total)."""
+    whole = DeviceFigures.of(dm)
+    keys = {k for k, _ in EXTRA_KINDS}
+    main = DeviceFigures.of(replace(dm, buffers=[b for b in dm.buffers if b.owner not in keys]))
+    extra = tuple((k, sum(counted(b) for b in dm.buffers if b.owner == k)) for k, _ in EXTRA_KINDS)
+    return replace(whole, by_kind=main.by_kind + extra)
 
 
 def figures_text(f: DeviceFigures) -> str:
@@ -75,7 +112,7 @@ def fit_breakdown(f: DeviceFigures, fm: QFontMetrics, width: int) -> tuple[str, 
 
 def full_breakdown(f: DeviceFigures) -> str:
     """The breakdown with whole labels and units, for the tooltip."""
-    labels = (label for _, label in BUFFER_KINDS)
+    labels = (label for _, label in BAR_KINDS)
     return ", ".join(f"{label} {gib_unit(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=False) if n)
 
 
@@ -95,7 +132,7 @@ def actual_line(dm: DeviceMemory, actual: int, stale: bool) -> str:
 
 def device_tooltip(dm: DeviceMemory, actual: int | None = None, stale: bool = False) -> str:
     """``stale``: ``actual`` was logged for the plan before the last edit."""
-    f = DeviceFigures.of(dm)
+    f = bar_figures(dm)
     lines = [f"<b>{html.escape(f.name)}</b> {html.escape(f.description)}"]
     cap = "unknown" if f.capacity is None else fmt_bytes(f.capacity)
     lines.append(
@@ -198,13 +235,17 @@ class MemoryView(QWidget):
     def _bar_rect(self, r: QRectF) -> QRectF:
         return QRectF(r.left(), r.top() + self._line() + 3, r.width(), self._bar_height())
 
+    def bar_rect(self, i: int) -> QRectF:
+        """The bar of row ``i``; its last :data:`_OVERFLOW_SHARE` holds the overflow past capacity."""
+        return self._bar_rect(self._row_rect(i))
+
     def actual_rect(self, i: int) -> QRectF | None:
         """The thin actual-total bar of row ``i`` (None without an actual for that device)."""
         rows = self._rows()
         if not 0 <= i < len(rows) or rows[i].device.name not in self._actuals:
             return None
         dm = rows[i]
-        f = DeviceFigures.of(dm)
+        f = bar_figures(dm)
         bar = self._bar_rect(self._row_rect(i))
         cap_w = bar.width() * (1 - _OVERFLOW_SHARE)
         px = cap_w / (f.capacity if f.capacity else max(f.used, 1))
@@ -221,7 +262,7 @@ class MemoryView(QWidget):
         """Wide enough for every row's shortest breakdown and its status: never elided."""
         need = 240
         for dm in self._rows():
-            f = DeviceFigures.of(dm)
+            f = bar_figures(dm)
             status, status_fm = self._status(f)
             text_w = self.fontMetrics().horizontalAdvance(breakdown_forms(f)[-1])
             need = max(need, text_w + status_fm.horizontalAdvance(status) + 4 + 8 + 16 + 2)
@@ -245,7 +286,7 @@ class MemoryView(QWidget):
             p.setPen(pal.color(QPalette.ColorRole.PlaceholderText))
             p.drawText(self.rect().adjusted(8, 8, -8, -8), Qt.TextFlag.TextWordWrap, msg)
             return
-        figures = [DeviceFigures.of(dm) for dm in rows]
+        figures = [bar_figures(dm) for dm in rows]
         self._paint_verdict(p, QRectF(8, 8, self.width() - 16, self._line()), figures)
         devices = self._doc.plan.devices if self._doc.has_plan else None
         for i, f in enumerate(figures):
@@ -265,23 +306,26 @@ class MemoryView(QWidget):
             p.fillRect(r.adjusted(1, 1, -1, -1), self.palette().color(QPalette.ColorRole.Base))
         p.fillRect(QRectF(r.right() - 1.5, r.top() - 3, 1.5, r.height() + 3), color)
 
+    def verdict(self) -> str:
+        """The line above the bars as drawn at the view's width: the devices over capacity by name,
+        or by number when their names do not fit (each bar says "over" in red)."""
+        over = [dm.device.name for dm in self._rows() if bar_figures(dm).over]
+        if not over:
+            return "✔ fits on every device"
+        bold = QFont(self.font())
+        bold.setBold(True)
+        fm = QFontMetrics(bold)
+        text = f"✖ over capacity: {', '.join(over)}"
+        if fm.horizontalAdvance(text) > self.width() - 16:
+            text = f"✖ {len(over)} devices over capacity" if len(over) > 1 else "✖ over capacity"
+        return fm.elidedText(text, Qt.TextElideMode.ElideRight, self.width() - 16)
+
     def _paint_verdict(self, p: QPainter, r: QRectF, figures: list[DeviceFigures]) -> None:
-        over = [f for f in figures if f.over]
         bold = QFont(self.font())
         bold.setBold(True)
         p.setFont(bold)
-        if over:
-            p.setPen(OVER_COLOR)
-            names = ", ".join(f.name for f in over)
-            text = f"✖ over capacity: {names}"
-        else:
-            p.setPen(QColor("#007A3D"))
-            text = "✔ fits on every device"
-        p.drawText(
-            r,
-            Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-            p.fontMetrics().elidedText(text, Qt.TextElideMode.ElideRight, int(r.width())),
-        )
+        p.setPen(OVER_COLOR if any(f.over for f in figures) else QColor("#007A3D"))
+        p.drawText(r, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self.verdict())
         p.setFont(self.font())
         if not self._doc.analysis_current:
             p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
@@ -339,7 +383,11 @@ class MemoryView(QWidget):
             w = nbytes * px
             if w <= 0 or x >= bar.right():
                 continue
-            p.fillRect(QRectF(x, bar.top(), min(w, bar.right() - x), bar.height()), kind_brush(color, kind))
+            seg = QRectF(x, bar.top(), min(w, bar.right() - x), bar.height())
+            p.fillRect(seg, kind_brush(color, kind))
+            overlay = kind_overlay(kind)
+            if overlay is not None:
+                p.fillRect(seg, overlay)
             x += w
         if f.capacity and f.margin:
             m = QRectF(bar.left() + cap_w - f.margin * px, bar.top(), f.margin * px, bar.height())
@@ -348,6 +396,7 @@ class MemoryView(QWidget):
             room = bar.width() - cap_w
             over = QRectF(bar.left() + cap_w, bar.top(), min((f.used - f.capacity) * px, room), bar.height())
             p.fillRect(over, OVER_COLOR)
+            p.fillRect(over, OVER_PATTERN)  # texture: a red-orange GPU's bar stays apart from its overflow
             if (f.used - f.capacity) * px > room:  # clipped: a torn end
                 p.setPen(QPen(pal.color(QPalette.ColorRole.Base), 2))
                 xr = over.right() - 5
@@ -393,7 +442,7 @@ class MemoryView(QWidget):
 
     def _breakdown_lines(self) -> list[_BreakdownLine]:
         rows = self._rows()
-        return [self._breakdown_line(self._row_rect(i), DeviceFigures.of(dm)) for i, dm in enumerate(rows)]
+        return [self._breakdown_line(self._row_rect(i), bar_figures(dm)) for i, dm in enumerate(rows)]
 
     def breakdown(self, i: int) -> tuple[str, QRectF] | None:
         """The breakdown text row ``i`` draws and the rect it is drawn in (None: no such row)."""
@@ -404,23 +453,34 @@ class MemoryView(QWidget):
         """Some row shows the one-letter labels (the legend then names them)."""
         return any(line.form >= _FIRST_SHORT_FORM for line in self._breakdown_lines())
 
+    def legend_items(self) -> list[tuple[str, str]]:
+        """The legend under the bars: (label, kind) in order."""
+        if self.abbreviated():
+            short = BREAKDOWN_FORMS[-1][0]
+            items = [(label if label.split()[0] == s else f"{label} ({s})", kind)
+                     for (kind, label), s in zip(BAR_KINDS, short, strict=True)]
+        else:
+            items = [(label, kind) for kind, label in BAR_KINDS]
+        # the projector, the draft model and the MTP context are named only when some bar has them
+        shown = {k for dm in self._rows() for k, n in bar_figures(dm).by_kind if n}
+        optional = {"mmproj"} | {k for k, _ in EXTRA_KINDS}
+        items = [(label, kind) for label, kind in items if kind not in optional or kind in shown]
+        items += [("margin", "margin"), ("over", "over")]
+        figures = [n for dm in self._rows() for _k, n in bar_figures(dm).by_kind if n]
+        bare = any(not gib(n).endswith("iB") for n in figures)
+        if bare:  # some figure under a bar is in GiB without saying so
+            items.append((UNIT_NOTE, "note"))
+        if self._actuals:
+            stale = self.actuals_stale
+            items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
+        return items
+
     def _paint_legend(self, p: QPainter, r: QRectF) -> None:
         fm = self.fontMetrics()
         lh = fm.height()
         sw = lh - 4
         base = QColor("#6F6F6F")
-        if self.abbreviated():
-            short = BREAKDOWN_FORMS[-1][0]
-            items = [(label if label.split()[0] == s else f"{label} ({s})", kind)
-                     for (kind, label), s in zip(BUFFER_KINDS, short, strict=True)]
-        else:
-            items = [(label, kind) for kind, label in BUFFER_KINDS]
-        if not any(dict(DeviceFigures.of(dm).by_kind).get("mmproj") for dm in self._rows()):
-            items = [(label, kind) for label, kind in items if kind != "mmproj"]
-        items += [("margin", "margin"), ("over", "over")]
-        if self._actuals:
-            stale = self.actuals_stale
-            items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
+        items = self.legend_items()
         x, y = r.left(), r.top()
         p.setPen(self.palette().color(QPalette.ColorRole.Text))
         for label, kind in items:
@@ -432,10 +492,21 @@ class MemoryView(QWidget):
                 p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
+                p.fillRect(box, OVER_PATTERN)
+            elif kind == "note":
+                p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
+                left_mid = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+                p.drawText(QRectF(x, y, w, lh), left_mid, label)
+                p.setPen(self.palette().color(QPalette.ColorRole.Text))
+                x += w
+                continue
             elif kind == "actual":
                 self._paint_actual(p, QRectF(box.left(), box.center().y() - 1.5, box.width(), 3))
             else:
                 p.fillRect(box, kind_brush(base, kind))
+                overlay = kind_overlay(kind)
+                if overlay is not None:
+                    p.fillRect(box, overlay)
             p.drawText(
                 QRectF(x + sw + 4, y, w, lh),
                 Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,

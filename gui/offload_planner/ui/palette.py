@@ -19,6 +19,14 @@ NOT_LOADED_COLOR = QColor("#E4E4E4")
 OVER_COLOR = QColor("#D00000")
 MOVED_MARK_COLOR = QColor("#111111")
 ACTUAL_COLOR = QColor("#5E2CA5")  # the actual total a launch logged (memory view)
+#: The tensor map's rows of a draft model and of a multimodal projector: a tint behind them and a
+#: rule above their first row set them apart from the main model's rows.
+SECTION_TINTS = {"draft": QColor("#E3EEF9"), "mmproj": QColor("#F4E6F0")}
+SECTION_RULE_COLOR = QColor("#505050")
+
+
+def section_tint(section: str) -> QColor:
+    return SECTION_TINTS.get(section, QColor("#EEEEEE"))
 
 
 def device_color(devices: DeviceSet | None, name: str | None) -> QColor:
@@ -48,7 +56,20 @@ def kind_brush(base: QColor, kind: str) -> QBrush:
         return QBrush(base.lighter(165))
     if kind == "mmproj":
         return QBrush(base.darker(140))
+    if kind in ("draft", "mtp"):  # an extra context: the device colour, darker, with kind_overlay
+        return QBrush(base.darker(125))
     return QBrush(base.lighter(190))
+
+
+#: What sets an extra context's segment apart from the main model's kinds: white dots on the draft
+#: model, white vertical stripes on the MTP context.
+_OVERLAYS = {"draft": Qt.BrushStyle.Dense6Pattern, "mtp": Qt.BrushStyle.VerPattern}
+
+
+def kind_overlay(kind: str) -> QBrush | None:
+    """The pattern drawn over :func:`kind_brush` for ``kind`` (None: solid)."""
+    style = _OVERLAYS.get(kind)
+    return None if style is None else QBrush(QColor(255, 255, 255, 190), style)
 
 
 def hatch_brush(color: QColor, style: Qt.BrushStyle = Qt.BrushStyle.BDiagPattern) -> QBrush:

@@ -56,6 +56,7 @@ class PresetsMenu(QMenu):
         super().__init__("Presets", parent)
         self._doc = doc
         self.allow_kv_quant = False  # the Fastest plan may make an f16 KV cache q8_0
+        self.setToolTipsVisible(True)  # a QMenu hides its actions' tooltips unless told
         self.aboutToShow.connect(self._build)
         self._build()
 
@@ -81,7 +82,7 @@ class PresetsMenu(QMenu):
             fast.setToolTip("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus "
                             "its margin allows, -ub raised where prompt processing gains; keeps your "
                             "-ot rules and moves (speed estimate: see under the memory bars)")
-            kv = self.addAction("    … may quantize the KV cache (q8_0)")
+            kv = self.addAction("Fastest plan may quantize the KV cache (q8_0)")
             kv.setCheckable(True)
             kv.setChecked(self.allow_kv_quant)
             kv.setToolTip("Let Fastest plan make an f16 KV cache q8_0 (-ctk/-ctv) where that is faster; a "
@@ -189,13 +190,14 @@ class PresetsMenu(QMenu):
         if best is None:
             self.message.emit("Nothing fits these devices, even with every routed expert on the CPU")
             return False
+        held = _held_by_rules(best)
         if best == self._doc.plan:
-            self.message.emit("This plan is already the fastest the search finds")
+            self.message.emit("This plan is already the fastest the search finds" + held)
             return False
         c, was = best.context, self._doc.plan.context
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         self._doc.replace_plan(best, "Fastest plan")
-        self.message.emit(f"Fastest plan: {len(best.moves)} tensors moved, -ub {c.n_ubatch}{kv}")
+        self.message.emit(f"Fastest plan: {len(best.moves)} tensors moved, -ub {c.n_ubatch}{kv}{held}")
         return True
 
     def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:
@@ -217,6 +219,18 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def _held_by_rules(plan: Plan) -> str:
+    """What the search left alone because the command's own ``-ot`` rules place it ("" if nothing):
+    the search keeps every rule of the user's, so ``-ot exps=CPU`` keeps the experts on the CPU
+    however much room the GPUs have."""
+    held = [p for p in plan.placement().items if p.tensor.role.is_routed_expert and p.rule.startswith("-ot ")]
+    if not held:
+        return ""
+    on = sorted({p.device or "CPU" for p in held})
+    return (f"; {len(held)} routed-expert tensors stay on {', '.join(on)} by the command's -ot rules "
+            "(the search keeps your rules: remove one to let it place those experts)")
 
 
 def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> Plan | None:

@@ -10,8 +10,14 @@ from PySide6.QtWidgets import QStyle, QStyledItemDelegate, QStyleOptionViewItem,
 
 from offload_planner.core.tensor_grid import Cell
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.palette import MOVED_MARK_COLOR, device_color, hatch_brush
-from offload_planner.ui.tensor_map_model import CELL_ROLE, FRACTION_ROLE
+from offload_planner.ui.palette import (
+    MOVED_MARK_COLOR,
+    SECTION_RULE_COLOR,
+    device_color,
+    hatch_brush,
+    section_tint,
+)
+from offload_planner.ui.tensor_map_model import CELL_ROLE, FRACTION_ROLE, SECTION_ROLE, SECTION_START_ROLE
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -33,7 +39,11 @@ class TensorCellDelegate(QStyledItemDelegate):
         selected = bool(state & QStyle.StateFlag.State_Selected)
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing, False)
-        if index.row() % 2:
+        section = index.data(SECTION_ROLE)
+        if section:  # a draft model's or a projector's row: its own tint
+            tint = section_tint(str(section))
+            painter.fillRect(rect, tint.darker(104) if index.row() % 2 else tint)
+        elif index.row() % 2:
             painter.fillRect(rect, pal.color(QPalette.ColorRole.AlternateBase))
         if selected:
             hl = QColor(pal.color(QPalette.ColorRole.Highlight))
@@ -41,6 +51,8 @@ class TensorCellDelegate(QStyledItemDelegate):
             painter.fillRect(rect, hl)
         if isinstance(cell, Cell) and cell.items:
             self._paint_bar(painter, rect, cell, float(index.data(FRACTION_ROLE) or 0.0))
+        if index.data(SECTION_START_ROLE):  # a rule between the main model and the section below it
+            painter.fillRect(QRectF(rect.left(), rect.top(), rect.width(), 2), SECTION_RULE_COLOR)
         if selected:
             painter.setPen(QPen(pal.color(QPalette.ColorRole.Highlight), 1.0))
             painter.setBrush(Qt.BrushStyle.NoBrush)

@@ -4,25 +4,97 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QFont
 
 from offload_planner.core import move_preview
-from offload_planner.core.draft_moves import is_draft_name
+from offload_planner.core.draft_moves import DRAFT_PREFIX, is_draft_name
+from offload_planner.core.extra_context import DRAFT, MMPROJ
+from offload_planner.core.mmproj.attach import argv_mmproj_setup
 from offload_planner.core.move_preview import move_deltas
 from offload_planner.core.plan import Plan
-from offload_planner.core.tensor_grid import EMPTY, Cell, TensorGrid
+from offload_planner.core.tensor_grid import EMPTY, Cell, Row, TensorGrid
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.palette import section_tint
 
 CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
 FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # bytes / the column's largest cell, 0..1
+SECTION_ROLE = Qt.ItemDataRole.UserRole + 3  # "" (the main model), DRAFT or MMPROJ
+SECTION_START_ROLE = Qt.ItemDataRole.UserRole + 4  # the first row of a draft / projector section
+
 
 _Index = QModelIndex | QPersistentModelIndex
 
 
 def _shape(shape: tuple[int, ...]) -> str:
     return " x ".join(str(d) for d in shape)
+
+
+def row_section(row: Row) -> str:
+    """Which model a map row belongs to: "" (the main model), DRAFT (-md) or MMPROJ (--mmproj)."""
+    if row.key.startswith(DRAFT_PREFIX):
+        return DRAFT
+    return MMPROJ if row.key.startswith("mm.") else ""
+
+
+def row_place(row: Row) -> str:
+    """What a row holds, in words: "layer 7", "input layer", "vision block 3", ..."""
+    if row.layer is not None:
+        return f"layer {row.layer}"
+    key = row.key.removeprefix(DRAFT_PREFIX)
+    if key.startswith("blk."):
+        return f"layer {key.removeprefix('blk.')}"
+    if key.startswith("mm.blk."):
+        return f"vision block {key.removeprefix('mm.blk.')}"
+    return {
+        "embd": "input layer",
+        "output": "output layer",
+        "mm.in": "patch and position embeddings",
+        "mm.out": "final norm and projection into the text model",
+    }.get(key, row.label)
+
+
+def _flag_value(argv: list[str], flags: tuple[str, ...]) -> str:
+    for i, a in enumerate(argv):
+        if a in flags and i + 1 < len(argv):
+            return argv[i + 1]
+        for f in flags:
+            if a.startswith(f + "="):
+                return a.split("=", 1)[1]
+    return ""
+
+
+def section_file(plan: Plan, section: str) -> str:
+    """The file name of the plan's draft model or projector ("" when unknown)."""
+    argv = list(plan.extra_args)
+    if section == DRAFT:
+        loc = _flag_value(argv, ("-md", "--model-draft"))
+    else:
+        setup = argv_mmproj_setup(tuple(argv))
+        loc = setup.location if setup is not None else ""
+    return Path(loc).name if loc else ""
+
+
+def row_tooltip(grid: TensorGrid, section: int, plan: Plan | None) -> str:
+    """The row header's tooltip: which model, what the row holds, on which devices, what a click does."""
+    row = grid.rows[section]
+    cells = (grid.cell(section, c) for c in range(len(grid.columns)))
+    devs = sorted({d for cell in cells for d, _ in cell.device_bytes}, key=str)
+    where = f"{html.escape(row_place(row))}: {html.escape(', '.join(d or 'not loaded' for d in devs))}"
+    kind = row_section(row)
+    if not kind:
+        return f"{where}<br>Click: select the whole layer"
+    name = section_file(plan, kind) if plan is not None else ""
+    of = f" {html.escape(name)}" if name else ""
+    if kind == DRAFT:
+        return (f"<b>Draft model</b>{of} (-md), speculative decoding: {where}<br>"
+                "Click: select the whole layer; moving it writes an -otd rule")
+    return (f"<b>Multimodal projector</b>{of} (--mmproj): {where}<br>"
+            "Not movable tensor by tensor: llama.cpp loads the whole projector on one device "
+            "(--no-mmproj-offload: the CPU)")
 
 
 def cell_summary(grid: TensorGrid, row: int, col: int) -> str:
@@ -38,12 +110,9 @@ def cell_summary(grid: TensorGrid, row: int, col: int) -> str:
 def cell_tooltip(grid: TensorGrid, row: int, col: int) -> str:
     cell = grid.cell(row, col)
     r, c = grid.rows[row], grid.columns[col]
-    where = (
-        f"layer {r.layer}"
-        if r.layer is not None
-        else {"embd": "input layer", "out": "output layer"}.get(r.label, r.label)
-    )
-    head = f"<b>{html.escape(where)} · {html.escape(c.label)}</b> — {fmt_bytes(cell.nbytes)}"
+    where = row_place(r)
+    owner = {DRAFT: "draft model, ", MMPROJ: "projector, "}.get(row_section(r), "")
+    head = f"<b>{html.escape(owner + where)} · {html.escape(c.label)}</b> — {fmt_bytes(cell.nbytes)}"
     lines = [head]
     if cell.moved:
         lines.append("◆ moved by you")
@@ -179,6 +248,11 @@ class TensorMapModel(QAbstractTableModel):
             return f"{tip}<br>{preview}" if preview else tip
         if role == Qt.ItemDataRole.AccessibleTextRole:
             return cell_summary(g, r, c)
+        if role == SECTION_ROLE:
+            return row_section(g.rows[r])
+        if role == SECTION_START_ROLE:
+            kind = row_section(g.rows[r])
+            return bool(kind) and (r == 0 or row_section(g.rows[r - 1]) != kind)
         return None
 
     def headerData(
@@ -198,13 +272,14 @@ class TensorMapModel(QAbstractTableModel):
             if role == Qt.ItemDataRole.DisplayRole:
                 return row.label
             if role == Qt.ItemDataRole.ToolTipRole:
-                devs = sorted(
-                    {d for c in range(len(g.columns)) for d, _ in g.cell(section, c).device_bytes}, key=str
-                )
-                name = f"layer {row.layer}" if row.layer is not None else row.label
-                return (
-                    f"{name}: {', '.join(d or 'not loaded' for d in devs)}<br>Click: select the whole layer"
-                )
+                return row_tooltip(g, section, self._doc.plan if self._doc.has_plan else None)
+            kind = row_section(row)
+            if kind and role == Qt.ItemDataRole.BackgroundRole:
+                return section_tint(kind)
+            if kind and role == Qt.ItemDataRole.FontRole:
+                font = QFont()
+                font.setItalic(True)
+                return font
             if role == Qt.ItemDataRole.TextAlignmentRole:
                 return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         return None

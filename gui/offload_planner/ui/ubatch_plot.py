@@ -15,9 +15,19 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
-from offload_planner.core.speed.sweep import UbPoint, ubatch_tradeoff
+from offload_planner.core.speed.sweep import UBATCHES, UbPoint, ubatch_tradeoff
 from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.speed_view import IF_IT_FIT, over_capacity
+
+PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
+BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
+UB_TICKS: tuple[int, ...] = tuple(UBATCHES)  # the -ub values ubatch_tradeoff projects
+
+
+def ub_ticks(values: tuple[int, ...]) -> list[tuple[float, str]]:
+    """Ticks of the log -ub axis: at each value, labelled with the value itself."""
+    return [(math.log10(v), str(v)) for v in values]
 
 
 class UbatchPlot(QWidget):
@@ -34,23 +44,27 @@ class UbatchPlot(QWidget):
         self.graphics.setBackground(None)
         self.plot = self.graphics.addPlot(row=0, col=0)
         self.plot.setLabel("bottom", "-ub (tokens per micro-batch)")
-        self.plot.setLabel("left", "pp t/s (estimate)")
+        # short axis titles in their curve's colour (the tab is short: long titles were cut and a
+        # legend covered the curves); the -ub axis is labelled at the swept values, 64 ... 4096
+        self.plot.setLabel("left", "pp t/s", color=PP_COLOR)
         self.plot.setLogMode(x=True, y=False)
+        self.plot.getAxis("bottom").setTicks([ub_ticks(UB_TICKS)])
         self.plot.showGrid(x=True, y=True, alpha=0.2)
-        self.plot.addLegend(offset=(5, 5))
         self.buffers = pg.ViewBox()
         self.plot.showAxis("right")
         self.plot.scene().addItem(self.buffers)
         self.plot.getAxis("right").linkToView(self.buffers)
-        self.plot.getAxis("right").setLabel("GPU compute buffers (GiB)")
+        self.plot.getAxis("right").setLabel("compute GiB", color=BUF_COLOR)
         self.buffers.setXLink(self.plot)
         self.plot.vb.sigResized.connect(lambda: self.buffers.setGeometry(self.plot.vb.sceneBoundingRect()))
-        self.pp_curve = self.plot.plot([], [], pen=pg.mkPen((40, 120, 220), width=2), symbol="o",
-                                       name="pp t/s")
-        dash = pg.mkPen((220, 120, 40), width=2, style=Qt.PenStyle.DashLine)
-        self.buf_curve = pg.PlotDataItem([], [], pen=dash, symbol="s")
+        self.pp_curve = self.plot.plot([], [], pen=pg.mkPen(PP_COLOR, width=2), symbol="o",
+                                       symbolBrush=PP_COLOR, name="pp t/s")
+        dash = pg.mkPen(BUF_COLOR, width=2, style=Qt.PenStyle.DashLine)
+        self.buf_curve = pg.PlotDataItem([], [], pen=dash, symbol="s", symbolBrush=BUF_COLOR)
         self.buffers.addItem(self.buf_curve)
-        self.plot.legend.addItem(self.buf_curve, "GPU compute buffers")
+        tip = ("Solid, left axis: estimated prompt processing (t/s). Dashed, right axis: the compute "
+               "buffers llama.cpp reserves on the GPUs (GiB). Both against -ub.")
+        self.graphics.setToolTip(tip)
         self.points: list[UbPoint] = []
         top = QHBoxLayout()
         top.addWidget(self.button)
@@ -93,9 +107,11 @@ class UbatchPlot(QWidget):
             self.status.setText(f"could not plot: {error}")
             return
         self.points = points
+        self.plot.getAxis("bottom").setTicks([ub_ticks(tuple(p.n_ubatch for p in points))])
         xs = [math.log10(p.n_ubatch) for p in points]
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
         self.buf_curve.setData(xs, [p.gpu_compute_bytes / GiB for p in points])
         best = max(points, key=lambda p: p.pp_tps)
-        self.status.setText(f"fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
+        fits = "" if not over_capacity(self._doc) else IF_IT_FIT  # as the speed line says it
+        self.status.setText(f"{fits}fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
                             f"{best.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")

@@ -35,7 +35,7 @@ from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.buffers import simulate_buffers
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
-from offload_planner.core.memory import Projection, alloc_size, pad, project, resolve_context
+from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
@@ -203,7 +203,7 @@ class _Search:
         if compute is None:
             compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
                                        incremental=False)
-        proj = project(self.model, self.devices, placement, plan.context, compute=compute)
+        proj = plan.projection(placement=placement, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
         # buffer grows once it holds experts (their activations), so the start alone is short
@@ -221,8 +221,7 @@ class _Search:
         seen = self._seen.get(_key(plan))
         if seen is not None and (seen.verified or not fresh):
             return replace(seen, label=label)
-        proj = project(self.model, self.devices, plan.placement(), plan.context,
-                       compute=interpolate(self._compute, plan.context.n_ubatch))
+        proj = plan.projection(compute=interpolate(self._compute, plan.context.n_ubatch))
         self.evaluations += 1
         return self._make(label, plan, proj, verified=False)
 

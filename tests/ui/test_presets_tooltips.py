@@ -1,0 +1,39 @@
+"""The Presets menu shows its actions' tooltips (what Fastest plan and --fit do, what the KV-cache
+option allows): a QMenu hides them unless told, so the explanations written for them never appeared."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QPoint
+from PySide6.QtGui import QHelpEvent
+from PySide6.QtWidgets import QApplication, QToolTip
+from pytestqt.qtbot import QtBot
+from tests.ui.window_helpers import open_and_wait
+
+from offload_planner.ui.main_window import MainWindow
+
+
+def _hover_tip(qtbot: QtBot, window: MainWindow, text: str) -> str:
+    menu = window.presets_menu
+    action = next(a for a in menu.actions() if a.text() == text)
+    QToolTip.hideText()
+    qtbot.waitUntil(lambda: not QToolTip.isVisible())
+    pos = menu.actionGeometry(action).center()
+    QApplication.sendEvent(menu, QHelpEvent(QEvent.Type.ToolTip, pos, menu.mapToGlobal(pos)))
+    qtbot.waitUntil(QToolTip.isVisible)
+    return QToolTip.text()
+
+
+def test_presets_menu_shows_what_each_preset_does(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    open_and_wait(qtbot, window, demo_path)
+    menu = window.presets_menu
+    menu.popup(window.mapToGlobal(QPoint(200, 100)))
+    qtbot.waitUntil(menu.isVisible)
+    try:
+        assert _hover_tip(qtbot, window, "Fastest plan").startswith("Routed experts onto the GPUs")
+        kv = _hover_tip(qtbot, window, "Fastest plan may quantize the KV cache (q8_0)")
+        assert "q8_0" in kv and "flash attention" in kv
+        assert "fits by default" in _hover_tip(qtbot, window, "What llama.cpp's --fit would run")
+    finally:
+        menu.hide()
