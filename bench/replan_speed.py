@@ -21,7 +21,9 @@ meets the same states: ``replay_alloc._tail``).  So each layer is timed twice: *
 states the earlier moves' tails left (as a window's edits go on; each rep starts from them, not from
 what the move's own first rep added), and *cold*, with every reference's memo emptied first.  The
 verdict: ``met`` when the cold worst layer meets the target, ``warm only`` when only the warm one
-does.
+does.  Both jump whole periods of equal layers where the allocator's state repeats
+(``compute.periods``, recorded with the reference), so a cold tail walks a few layers, not all of
+them up to the device boundary.
 
     python bench/replan_speed.py [--only NAME ...] [--reps 2] [--full-runs 3]
 """

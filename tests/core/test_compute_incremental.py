@@ -9,6 +9,7 @@ bytes per backend, peak labels, copied-input bytes, node and split counts; and `
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import random
 import zlib
@@ -20,6 +21,8 @@ from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
 from offload_planner.core import memory as M
 from offload_planner.core.compute import incremental as CI
+from offload_planner.core.compute import replay_alloc as RA
+from offload_planner.core.compute.recording import Reference
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context
@@ -222,6 +225,11 @@ def test_big_header_moves_in_every_part_of_the_graph(big_headers: dict[str, Mode
     _check_layer_moves(model, [0, 1, 2, n_layer // 2 - 1, n_layer // 2 + 1, n_layer - 1,
                                *rng.sample(range(n_layer), 3)])
     assert CI.stats["tails"] > before["tails"]
+    # whole periods of equal layers jumped where the state repeated after one; on the dense model some
+    # first periods left another state (walked on, and equal all the same)
+    assert CI.stats["period_jumps"] > before["period_jumps"]
+    if name.startswith("Llama"):
+        assert CI.stats["period_misses"] > before["period_misses"]
 
 
 @pytest.mark.parametrize("name", ["Llama-3.1-70B-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M", "gpt-oss-120b-MXFP4"])
@@ -240,6 +248,8 @@ def test_big_header_every_layer_moved(big_headers: dict[str, Model], name: str) 
         assert CI.stats["skips"] > before["skips"]
     else:  # the tails of later moves met states an earlier move's tail passed (and took its maximum)
         assert CI.stats["tail_hits"] > before["tail_hits"]
+    # whole periods of equal layers were jumped (in the tails, and in the dense model's stretches)
+    assert CI.stats["period_jumps"] > before["period_jumps"]
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3"])
@@ -303,3 +313,112 @@ def test_fit_dry_runs_replayed_equal_full() -> None:
     result = F.fit_params(model, devices, opts, params, free_bytes=[24 * GIB] * 4, measure=measure)
     assert result.status == F.SUCCESS and len(checked) >= 20
     assert CI.stats["replays"] - before["replays"] >= 10
+
+
+def _segments(ref: Reference, b: int) -> list[list[tuple[int, int, int]]]:
+    """Backend ``b``'s allocator events between the reference's layer starts, as (kind, size, new
+    size): what the allocator is asked, without the tensors."""
+    bounds = ref.periods.bounds
+    out: list[list[tuple[int, int, int]]] = [[] for _ in bounds]
+    for ev, pos in zip(ref.tail[b], ref.tail_pos[b], strict=True):
+        k = bisect.bisect_right(bounds, pos) - 1
+        if k >= 0:
+            out[k].append((ev[0], ev[3], ev[4]))
+    return out
+
+
+def _reference(model: Model) -> Reference:
+    """The bench's setting recorded: two GPUs, -ub 2048, experts (or the token embedding) on the host;
+    the prompt graph's reference."""
+    devices = _devices("CUDA", 2)
+    params = _params(c=32768, ub=2048, np_=1)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
+                            overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    CI._REFS.clear()
+    CI.record_at_first_sight()
+    try:
+        placement = Plan(model, devices, opts, params).placement()
+        C.simulate(model, devices, placement, ctx, params, incremental=True)
+    finally:
+        CI.record_at_first_sight(False)
+    refs = [r for rs in CI._REFS.values() for r in rs]
+    return max(refs, key=lambda r: r.sh.n_tokens)
+
+
+def test_periods_are_runs_of_equal_layers(big_headers: dict[str, Model]) -> None:
+    """The runs a tail may jump: on every backend, each layer of a run asks the allocator what the
+    layer one period later asks (the same kinds and sizes, in the same order).  Qwen3-30B-A3B's
+    Q4_K_M file gives every third layer's ``ffn_down_exps`` more bits (a bigger copy to the GPU):
+    runs of period 3 there, period 1 on the first layers, where every layer has the same types."""
+    model = big_headers["Qwen3-30B-A3B-Q4_K_M"]
+    ref = _reference(model)
+    per = ref.periods
+    assert len(per.bounds) == model.summary.n_layer
+    down = [next(t.type for t in model.tensors if t.layer == il and t.name.endswith("ffn_down_exps.weight"))
+            for il in range(model.summary.n_layer)]
+    periods_seen = set()
+    for b in range(len(ref.backends)):
+        segs = _segments(ref, b)
+        for k, (p, end) in per.runs[b].items():
+            assert end >= k + 3 * p and end < len(per.bounds)
+            for j in range(k, end - p):
+                assert segs[j] == segs[j + p], (b, k, p, j)
+            if b == 0:  # the first GPU: its events copy the host's experts in
+                periods_seen.add(p)
+                assert all(down[j] == down[j + p] for j in range(k, end - p))
+    assert {1, 3} <= periods_seen
+    assert len(set(down)) == 2
+
+
+def test_periods_stop_where_layers_differ() -> None:
+    """DeepSeek-V3's first three layers are dense, the rest MoE: on the first GPU (which runs them)
+    no run crosses from one to the other, and moves there (each tail starting in the dense layers
+    and walking into the MoE ones) replay equal to from scratch."""
+    model = open_model(demo_model_path())
+    n_dense = model.summary.n_layer_dense_lead
+    assert n_dense == 3
+    ref = _reference(model)
+    b = next(i for i, be in enumerate(ref.backends) if be.name == "CUDA0")
+    assert ref.periods.runs[b]
+    for k, (_, end) in ref.periods.runs[b].items():
+        assert end <= n_dense or k >= n_dense, (k, end)
+    _check_layer_moves(model, [0, 1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B-Q4_K_M", "Llama-3.1-70B-Q4_K_M", "gpt-oss-120b-MXFP4"])
+def test_big_header_several_layers_moved_with_period_jumps(big_headers: dict[str, Model], name: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two or three layers (their experts on MoE models) moved at once to the other GPU or the host:
+    tails and stretches jump periods between and after the moved layers, and the replay equals the
+    simulation from scratch.  The memo of earlier tails' states is off (a tail meeting one stops
+    before it jumps)."""
+    monkeypatch.setattr(RA, "_MEMO_STRIDE", 1 << 30)
+    model = big_headers[name]
+    n = model.summary.n_layer
+    devices = _devices("CUDA", 2)
+    params = _params(c=32768, ub=2048, np_=1)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    opts = PlacementOptions(n_gpu_layers=n + 1, overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    for _ in range(2):  # the second simulation of a topology records the reference
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    before = dict(CI.stats)
+    groups = [(0, 5), (1, n // 4), (3, n // 2 + 2), (n // 2 + 1, n - 3), (2, 9, n // 2 + 5),
+              (n // 4, n // 4 + 1)]
+    for group in groups:
+        moves: dict[str, str] = {}
+        for k, il in enumerate(group):
+            other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+            to = other if moe or k % 2 else "CPU"
+            moves.update({t.name: to for t in model.tensors
+                          if t.layer == il and (t.role.is_routed_expert or not moe)})
+        placement = plan.with_moves(moves).placement()
+        fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+        full = C.simulate(model, devices, placement, ctx, params)
+        assert _fields(fast) == _fields(full), group
+    assert CI.stats["replays"] - before["replays"] == 2 * len(groups)
+    assert CI.stats["period_jumps"] > before["period_jumps"]
+    assert CI.stats["tail_hits"] == before["tail_hits"]

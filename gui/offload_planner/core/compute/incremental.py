@@ -33,6 +33,10 @@ per graph topology (shape, backends, weight set) and later placements are replay
    up to the first use of a tensor live in one run only (or the last use of one whose count
    differs).  A tail's states are kept on the reference with the maximum from there on: the next
    move's tail that meets one (the residual stream in the same other block) stops there.
+   Tails and stretches jump whole periods of layers (:mod:`.periods`): where a backend's events
+   repeat layer after layer (recorded as runs of equal segments between layer starts) and the
+   state at a layer start is one it had a multiple of the period before, every further period
+   repeats it, with the same maximum; the walk goes on at the run's end.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
 topology) runs the full simulation, recorded as the new reference.  ``tests/core/test_compute_
@@ -49,10 +53,11 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
-from offload_planner.core.compute.recording import Reference, Refuse, stats
+from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve
 from offload_planner.core.compute.scheduler import Backend
+from offload_planner.core.compute.stats import stats
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------

@@ -16,22 +16,12 @@ from offload_planner.core.compute.ggml import (
     nbytes,
 )
 from offload_planner.core.compute.graph import Builder, Shape
+from offload_planner.core.compute.periods import Event, find_periods, layer_starts
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.placement import Placed
 
 _CK_STRIDE = 8
-
-
-#: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
-#: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
-#: moved back before a use whose count the window changes; tails: backends whose allocator was still
-#: in another state than the reference's after the window, replayed from the reference's event list;
-#: plain: first simulations of a topology, run without recording a reference; skips: stretches of a
-#: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed
-stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
-         "tails": 0, "plain": 0, "skips": 0,
-         "tail_hits": 0}
 
 
 class Refuse(Exception):
@@ -110,9 +100,6 @@ class RecAlloc(GraphAllocator):
             self.pos = pos
             self.step(n, bid)
         return [a.max_size for a in self.allocs], cks
-
-
-Event = tuple[int, T, T, int, int, str]
 
 
 @dataclass
@@ -289,13 +276,16 @@ class Reference:
         copies and the reserve."""
         sched, backends = self.sched, self.backends
         galloc = RecAlloc(backends)
-        # checkpoints at every split start and every _CK_STRIDE positions: a replay starts at the last
-        # one before its first difference and stops at the first one where the state is the same again
-        self.ckpos = sorted(set(self.ss) | set(range(0, len(self.sched_nodes), _CK_STRIDE)))
+        # checkpoints at every split start, layer start and every _CK_STRIDE positions: a replay starts
+        # at the last one before its first difference and stops at the first one where the state is the
+        # same again (a tail may jump whole periods of layers from a layer start: see .periods)
+        starts = layer_starts(self.sched_nodes)
+        self.ckpos = sorted(set(self.ss) | set(starts) | set(range(0, len(self.sched_nodes), _CK_STRIDE)))
         self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
                                               set(self.ckpos))
         self.peaks = list(galloc.peaks)
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
+        self.periods = find_periods(starts, self.tail, self.tail_pos)
         # states replays' tails passed (see replay_alloc._tail): the maximum from there on and its label
         self.tail_memo: dict[tuple[object, ...], tuple[int, str]] = {}
         self.size_cache: dict[tuple[T, int], int] = {}

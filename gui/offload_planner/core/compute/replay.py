@@ -17,10 +17,11 @@ from offload_planner.core.compute.ggml import (
     view_tensor,
 )
 from offload_planner.core.compute.graph import WeightWhere
-from offload_planner.core.compute.recording import Reference, Refuse, stats
+from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay_alloc import replay_alloc
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Split
+from offload_planner.core.compute.stats import stats
 from offload_planner.core.placement import Placed
 
 # --- the replay ----------------------------------------------------------------------------------------

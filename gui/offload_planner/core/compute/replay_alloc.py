@@ -15,7 +15,9 @@ from offload_planner.core.compute.ggml import (
     T,
     same_layout,
 )
-from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse, stats
+from offload_planner.core.compute.periods import PeriodWalk, apply_span
+from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse
+from offload_planner.core.compute.stats import stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
 _MIN_STRETCH = 32
@@ -346,10 +348,8 @@ class _AllocReplay:
         for t, (b, off) in self.own.items():
             per[b][t] = off
         for b, al in enumerate(self.allocs):
-            poss = ref.tail_pos[b]
-            k0, k1 = bisect.bisect_left(poss, r0), bisect.bisect_left(poss, end)
-            if k0 < k1:
-                self.peaks[b] = al.apply(ref.tail[b][k0:k1], per[b], self.peaks[b])
+            self.peaks[b] = apply_span(ref.periods, b, al, ref.tail[b], ref.tail_pos[b], r0, end, per[b],
+                                       self.peaks[b])
         self.own = {t: (b, off) for b, d in enumerate(per) for t, off in d.items()}
         self.base, self.d_base = end, after if end == r1 else self._diff(j0 + end - r0, end)
         self.nc.clear()
@@ -447,8 +447,10 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     checkpoint after some event (without events neither state changes), and every few checkpoints
     against the states earlier tails passed there (``Reference.tail_memo``: the rest of a tail is a
     function of its position, blocks and live offsets; a move moves the residual stream to the other
-    of two blocks, and the next move's tail meets the same state).  The maxima are kept per chunk of
-    events between checkpoints, so each state passed can be stored with its maximum from there on."""
+    of two blocks, and the next move's tail meets the same state).  At a layer start where the
+    reference's events repeat, whole periods of layers are jumped when the state repeats too
+    (:mod:`.periods`).  The maxima are kept per chunk of events between checkpoints, so each state
+    passed can be stored with its maximum from there on."""
     stats["tails"] += 1
     evs, poss, ckpos, memo = ref.tail[b], ref.tail_pos[b], ref.ckpos, ref.tail_memo
     k, n = bisect.bisect_left(poss, qr), len(poss)
@@ -456,6 +458,8 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     c = bisect.bisect_left(ckpos, qr)
     size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
     rest: tuple[int, str] = (-1, "")
+    walk = PeriodWalk(ref.periods, b)
+    starts, cks = ref.periods.at, ref.cks
     while True:
         if c < n_ck and c % _MEMO_STRIDE == 0:
             key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
@@ -473,10 +477,24 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
         clabel = al.apply(evs[k:hi], own_b, "")
         chunks.append((al.max_size, clabel))
         k = hi
-        if c < n_ck and _same_on(ref, ck := ref.cks[ckpos[c]], b, al, own_b):
+        if c >= n_ck:
+            continue
+        if ckpos[c] in starts and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
+            seen = [e for e in seen if e[1] <= walk.mark]
+            c = bisect.bisect_left(ckpos, to)
+            k = bisect.bisect_left(poss, to, k)
+        # (the blocks first: a cheap test that fails on most checkpoints)
+        if al.blocks == (ck := cks[ckpos[c]]).blocks[b] and _same_on(ref, ck, b, al, own_b):
             assert ck.suffix is not None
             rest = ck.suffix[b]
             break
+    return _tail_max(memo, seen, chunks, rest, size, label)
+
+
+def _tail_max(memo: dict[tuple[object, ...], tuple[int, str]], seen: list[tuple[tuple[object, ...], int]],
+              chunks: list[tuple[int, str]], rest: tuple[int, str], size: int, label: str) -> tuple[int, str]:
+    """The tail's maximum and its label (the maximum before it, ``size``, wins a tie), and the memo of
+    the states it passed with their maxima from there on."""
     suffix = [rest] * (len(chunks) + 1)
     for i in range(len(chunks) - 1, -1, -1):  # a tie keeps the earlier allocation's label
         suffix[i] = chunks[i] if chunks[i][0] >= suffix[i + 1][0] else suffix[i + 1]

@@ -1,0 +1,13 @@
+"""Counters of the incremental reserve's paths (:mod:`.incremental`), read by tests and benches."""
+
+#: replays, full runs, refusals; item_diffs: changes found by comparing placement items by identity;
+#: late_start: windows starting at the first affected node inside a split; moved_back: replay starts
+#: moved back before a use whose count the window changes; tails: backends whose allocator was still
+#: in another state than the reference's after the window, replayed from the reference's event list;
+#: plain: first simulations of a topology, run without recording a reference; skips: stretches of a
+#: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed;
+#: period_jumps: runs of equal layers a tail or a stretch jumped; period_misses: runs whose first period
+#: did not bring the state back (walked on; see .periods)
+stats = {"replays": 0, "full": 0, "refused": 0, "item_diffs": 0, "late_start": 0, "moved_back": 0,
+         "tails": 0, "plain": 0, "skips": 0,
+         "tail_hits": 0, "period_jumps": 0, "period_misses": 0}
