@@ -103,7 +103,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if changed:
         print(f"\nFAILED: the tests changed the user's settings: {', '.join(changed)}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _fail_on_replay_errors(session)
     shutil.rmtree(TEST_ROOT, ignore_errors=True)
+
+
+def _fail_on_replay_errors(session: pytest.Session) -> None:
+    """The incremental replay hides its own exceptions from users behind a full simulation (exact,
+    only slower); in the tests any such fallback fails the run."""
+    stats = sys.modules.get("offload_planner.core.compute.stats")
+    if stats is not None and stats.stats["replay_errors"]:
+        print(f"\nFAILED: {stats.stats['replay_errors']} incremental replays raised and were hidden "
+              "by a full simulation (core.compute.incremental)", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

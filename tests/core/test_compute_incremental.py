@@ -13,6 +13,7 @@ import bisect
 import dataclasses
 import random
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,17 @@ from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, Placed, Placement, PlacementOptions, device_buft
 from offload_planner.core.plan import Plan, _dedupe_tied_copy
 from offload_planner.core.synth import BIG_MODELS, write_model
+
+
+@pytest.fixture(autouse=True)
+def _no_replay_errors() -> Iterator[None]:
+    """A replay that raises anything but a refusal falls back to a full run (the user never sees it):
+    here every such fallback is a failure, not a slow pass."""
+    from offload_planner.core.compute.stats import stats
+
+    before = stats["replay_errors"]
+    yield
+    assert stats["replay_errors"] == before, "a replay raised (hidden by a full run)"
 
 GIB = 1 << 30
 
