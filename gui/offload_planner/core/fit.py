@@ -286,12 +286,15 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         return result(FAILURE, "llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort")
     user_ts = tuple(user_tensor_split)
     user_ot = tuple(user_overrides)
+    from offload_planner.core.compute.simulate import no_cyclic_gc
+
     try:
-        _fit_impl(st, trc, measure_with, nd=nd, devs=devs, free_of=free_of, margins=margin_list,
-                  hp_ngl=hp_ngl, hp_nex=hp_nex, n_ctx_auto=n_ctx_auto, n_ctx_max=n_ctx_max,
-                  n_ctx_min=n_ctx_min, n_ctx_min_total=n_ctx_min_total, n_streams=n_streams,
-                  user_ngl=n_gpu_layers, user_ts=user_ts, user_ot=user_ot, split_mode=popts.split_mode,
-                  cpu_total=cpu_total if cpu_total is not None else (devices.cpu.total or 0))
+        with no_cyclic_gc():  # ~25 placements and projections beside the recorded references
+            _fit_impl(st, trc, measure_with, nd=nd, devs=devs, free_of=free_of, margins=margin_list,
+                      hp_ngl=hp_ngl, hp_nex=hp_nex, n_ctx_auto=n_ctx_auto, n_ctx_max=n_ctx_max,
+                      n_ctx_min=n_ctx_min, n_ctx_min_total=n_ctx_min_total, n_streams=n_streams,
+                      user_ngl=n_gpu_layers, user_ts=user_ts, user_ot=user_ot, split_mode=popts.split_mode,
+                      cpu_total=cpu_total if cpu_total is not None else (devices.cpu.total or 0))
     except _FitAbort as e:
         trc(f"failed to fit params to free device memory: {e}")
         return result(FAILURE, str(e))

@@ -20,7 +20,7 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import RuleError
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.roles import Role
-from offload_planner.core.rule_match import rule_set
+from offload_planner.core.rule_match import name_index, rule_set
 
 CPU = "CPU"
 CPU_MAPPED = "CPU_Mapped"
@@ -204,8 +204,10 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     rules = rule_set(opts.overrides)
     hits: dict[int, int] = {i: 0 for i in range(len(opts.overrides))}
     items: list[Placed] = []
+    tensors = model.tensors
+    firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors])) if opts.overrides else None
 
-    for t in model.tensors:
+    for k, t in enumerate(tensors):
         if t.role is Role.NEXTN and not opts.load_mtp:
             items.append(Placed(t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)"))
             continue
@@ -221,7 +223,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         else:
             dev, rule = units[t.layer], f"layer {t.layer} by -ngl {opts.n_gpu_layers}"
         buft = device_buft(dev, t, devices, opts)
-        if (i := rules.first(t.name)) is not None:
+        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
             o = opts.overrides[i]
             hits[i] += 1
             dev = devices.resolve_buffer_type(o.buft) or dev

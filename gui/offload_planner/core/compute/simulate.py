@@ -133,7 +133,7 @@ def graph_builder(model: Model) -> Callable[[Builder], None] | None:
 
 
 @contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> Iterator[None]:
     """The cycle collector off while a simulation runs: its tensors are acyclic (freed by reference
     counting), and with the recorded references alive every full collection would walk their
     hundreds of thousands of objects, at random points of a replay."""
@@ -150,7 +150,7 @@ def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resolv
              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
 
 
