@@ -205,7 +205,9 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     hits: dict[int, int] = {i: 0 for i in range(len(opts.overrides))}
     items: list[Placed] = []
     tensors = model.tensors
-    firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors])) if opts.overrides else None
+    firsts = None
+    if opts.overrides:
+        firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
 
     for k, t in enumerate(tensors):
         if t.role is Role.NEXTN and not opts.load_mtp:
