@@ -434,3 +434,39 @@ def test_big_header_several_layers_moved_with_period_jumps(big_headers: dict[str
     assert CI.stats["replays"] - before["replays"] == 2 * len(groups)
     assert CI.stats["period_jumps"] > before["period_jumps"]
     assert CI.stats["tail_hits"] == before["tail_hits"]
+
+
+TEMPLATE_CASES = [("qwen3moe", "CUDA", 2, {}), ("deepseek2", "CUDA", 2, {"ub": 16}),
+                  ("glm4moe", "RPC", 2, {}), ("gpt-oss", "CUDA", 1, {"fa": False}),
+                  ("gemma3", "CUDA", 2, {"nkvo": True}), ("llama", "RPC", 1, {})]
+
+
+@pytest.mark.parametrize(("name", "kind", "n_gpu", "ctx"), TEMPLATE_CASES,
+                         ids=[f"{m}-{k}x{n}-{c}" for m, k, n, c in TEMPLATE_CASES])
+def test_graph_re_placed_equals_graph_built(models: dict[str, Model], name: str, kind: str, n_gpu: int,
+                                            ctx: dict[str, object]) -> None:
+    """A simulation that records no reference keeps its graph for the next one (``compute.template``:
+    the --fit search's placements far from every reference): re-placed for random -ngl/-ts/-ot
+    placements, pipeline-parallel ones (4 copies of the inputs) and dry runs between them, every
+    reserve equals one built from scratch, field by field."""
+    from offload_planner.core.placement import place
+
+    model = models[name]
+    devices = _devices(kind, n_gpu)
+    params = _params(**ctx)  # type: ignore[arg-type]
+    c = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    rng = random.Random(zlib.crc32(f"template-{name}".encode()))
+    n_units = model.summary.n_layer + 1
+    before = CI.stats["graph_reuses"]
+    for i in range(12):
+        ot = rng.choice([(), (Override("exps", "CPU"),), (Override(r"blk\.1\.", "CPU"),)])
+        ts = tuple(float(rng.randint(0, 3)) for _ in range(n_gpu)) if n_gpu > 1 and rng.random() < 0.5 else ()
+        opts = PlacementOptions(n_gpu_layers=rng.choice([n_units, n_units - 1, n_units // 2, 0]),
+                                tensor_split=ts if any(ts) else (), overrides=ot)
+        placement = place(model, devices, opts)
+        no_alloc = i % 3 == 1
+        CI._SEEN.clear()  # a first sight each time: the plain path, on the kept graph
+        fast = C.simulate(model, devices, placement, c, params, no_alloc=no_alloc, incremental=True)
+        full = C.simulate(model, devices, placement, c, params, no_alloc=no_alloc)
+        assert _fields(fast) == _fields(full), (opts, no_alloc)
+    assert CI.stats["graph_reuses"] - before >= 8

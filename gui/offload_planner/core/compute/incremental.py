@@ -55,9 +55,10 @@ from offload_planner.core.compute.ggml import (
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
 from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import diff, diff_items, replay
-from offload_planner.core.compute.reserve import Reserve, reserve
+from offload_planner.core.compute.reserve import Reserve, reserve_graph
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
+from offload_planner.core.compute.template import placed_graph
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------
@@ -133,14 +134,17 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                         backends: list[Backend], op_offload: bool, items: Sequence[Placed],
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
-                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False) -> Reserve:
+                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False,
+                        graph_key: tuple[object, ...] = ()) -> Reserve:
     """``reserve`` (one copy) replayed against the recorded reference of the same topology nearest to
     this placement; recorded the second time a placement near it is simulated (or the first:
     :func:`record_at_first_sight`).
 
     ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
     (only asked for when the items do not line up with the reference's, or to record one).
-    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart)."""
+    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart).
+    ``graph_key``: the model, builder and shape (:mod:`.template`: a graph built for a simulation that
+    records no reference is kept for the next one)."""
     ref = _nearest(key, unit_devices)
     if ref is not None:
         try:
@@ -158,15 +162,16 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
             stats["replay_errors"] += 1  # the tests require none
     elif _first_sight(key, unit_devices):
         stats["plain"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, no_alloc=no_alloc,
-                       op_offload=op_offload)
+        g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
+        return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     try:
+        g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev, own=True)
         ref = Reference(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
-                   keep_forced=not no_alloc)
+                   keep_forced=not no_alloc, graph=g)
     except Refuse:
         stats["full"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, no_alloc=no_alloc,
-                       op_offload=op_offload)
+        g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
+        return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     stats["full"] += 1
     _keep(key, ref)
     return ref.reserve
