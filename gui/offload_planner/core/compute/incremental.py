@@ -143,8 +143,8 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
     ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
     (only asked for when the items do not line up with the reference's, or to record one).
     ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart).
-    ``graph_key``: the model, builder and shape (:mod:`.template`: a graph built for a simulation that
-    records no reference is kept for the next one)."""
+    ``graph_key``: the model and builder (:mod:`.template`: a graph built for a simulation that records
+    no reference is kept for the next one)."""
     ref = _nearest(key, unit_devices)
     if ref is not None:
         try:

@@ -60,9 +60,11 @@ class RecAlloc(GraphAllocator):
         self.tail_pos: list[list[int]] = [[] for _ in backends]
 
     def allocate(self, t: T, bid: int) -> None:
-        self.objs[id(t)] = t
-        self.cand.add(id(t))
         super().allocate(t, bid)
+        i = id(t)
+        if i in self.own and i not in self.cand:  # allocated now
+            self.objs[i] = t
+            self.cand.add(i)
 
     def on_alloc(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)

@@ -190,11 +190,11 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
         reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload, no_alloc), sh,
                                         arch_fn, backends, op_offload, placement.items, where, weights,
                                         placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc,
-                                        (model, arch_fn, sh))
+                                        (model, arch_fn))
                     for sh in (shapes[:1] if no_alloc else shapes)]
     elif incremental:  # pipeline parallelism, not replayed: the graph built for an earlier placement
         where_ = weight_where(placement)
-        reserves = [reserve_graph(placed_graph((model, arch_fn, sh), sh, arch_fn, where_,
+        reserves = [reserve_graph(placed_graph((model, arch_fn), sh, arch_fn, where_,
                                                lambda: weight_factory(model, placement, where_),
                                                placement.layer_device, kv_dev),
                                   sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 
 from offload_planner.core.compute.ggml import CPU, Graph, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
@@ -50,7 +51,9 @@ class GraphTemplate:
             elif t.dev is not None:
                 raise Unsupported(f"device-carrying tensor {t.name}")
         by_id = {id(n): n for n in g.nodes}
-        self.forced: list[tuple[T, int]] = []  # norms forced onto their layer's device; -1: the CPU
+        # norms forced onto their layer's device (built with ``full_offload``, so all of them: a
+        # placement's shape decides which apply), -1: forced onto the CPU
+        self.forced: list[tuple[T, int]] = []
         for i, dev in g.forced.items():
             n = by_id.get(i)
             if n is None:
@@ -63,9 +66,10 @@ class GraphTemplate:
             else:
                 raise Unsupported(f"forced node {n.name}")
 
-    def placed(self, where: WeightWhere, layer_dev: Callable[[int], str],
+    def placed(self, sh: Shape, where: WeightWhere, layer_dev: Callable[[int], str],
                kv_dev: Callable[[int], str]) -> Graph:
-        """The graph as the builder leaves it for these devices."""
+        """The graph as the builder leaves it for this shape (which may differ from the template's in
+        ``full_offload`` only) and these devices."""
         g = self.g
         for n, src in zip(g.nodes, self.src, strict=True):
             n.src = list(src)
@@ -78,11 +82,12 @@ class GraphTemplate:
             t.dev = kv_dev(il)
         for t, il in self.per_layer:
             t.dev = layer_dev(il)
-        g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced}
+        norms = sh.n_tokens < 32 or sh.full_offload  # as Builder.cb forces them
+        g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced if il < 0 or norms}
         return g
 
 
-#: templates by (model, graph builder, shape, loaded weights); a few kept
+#: templates by (model, graph builder, shape with ``full_offload``, loaded weights); a few kept
 _TEMPLATES: OrderedDict[tuple[object, ...], GraphTemplate] = OrderedDict()
 _SIZE = 4
 
@@ -90,19 +95,22 @@ _SIZE = 4
 def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None], where: WeightWhere,
                  weights: Callable[[], Callable[[str], T | None]], layer_dev: Callable[[int], str],
                  kv_dev: Callable[[int], str], *, own: bool = False) -> Graph:
-    """The graph of ``key`` (which must tell the model, shape and builder apart) placed on these
-    devices: the kept one re-placed, else built and kept.  ``own``: the caller keeps the graph's
-    tensors (a recorded reference does): the kept one is handed over, or a new one built."""
-    full = (*key, frozenset(where))
+    """The graph of shape ``sh`` (``key``: the model and builder) placed on these devices: the kept
+    one re-placed, else built and kept.  The graph is the same whether every layer is offloaded or
+    not (only the norms forced onto the layers' devices differ), so one is kept for both.  ``own``:
+    the caller keeps the graph's tensors (a recorded reference does): the kept one is handed over,
+    or a new one built."""
+    full_sh = replace(sh, full_offload=True)
+    full = (*key, full_sh, frozenset(where))
     tpl = _TEMPLATES.pop(full, None) if own else _TEMPLATES.get(full)
     if tpl is not None:
         stats["graph_reuses"] += 1
         if not own:
             _TEMPLATES.move_to_end(full)
-        return tpl.placed(where, layer_dev, kv_dev)
+        return tpl.placed(sh, where, layer_dev, kv_dev)
     if not own:
         try:
-            tpl = GraphTemplate(sh, arch_fn, weights(), layer_dev, kv_dev)
+            tpl = GraphTemplate(full_sh, arch_fn, weights(), layer_dev, kv_dev)
         except Unsupported:
             tpl = None
     if tpl is None:
@@ -112,4 +120,4 @@ def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder]
     _TEMPLATES[full] = tpl
     if len(_TEMPLATES) > _SIZE:
         _TEMPLATES.popitem(last=False)
-    return tpl.placed(where, layer_dev, kv_dev)
+    return tpl.placed(sh, where, layer_dev, kv_dev)
