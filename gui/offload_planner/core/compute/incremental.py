@@ -39,7 +39,9 @@ per graph topology (shape, backends, weight set) and later placements are replay
    repeats it, with the same maximum; the walk goes on at the run's end.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
-topology) runs the full simulation, recorded as the new reference.  ``tests/core/test_compute_
+topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes
+span most of the graph, densely (``replay.FAR_SPAN``), runs in full without recording (a replay would walk
+nearly all of it), on the graph kept for the topology (:mod:`.template`).  ``tests/core/test_compute_
 incremental.py`` checks replays against the full simulation on random placements.
 """
 
@@ -54,7 +56,7 @@ from offload_planner.core.compute.ggml import (
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
 from offload_planner.core.compute.recording import Reference, Refuse
-from offload_planner.core.compute.replay import diff, diff_items, replay
+from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
@@ -158,6 +160,10 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
             return r
         except Refuse:  # a case the replay does not handle: run it in full
             stats["refused"] += 1
+        except Far:  # most of the graph changes: in full, on the kept graph, recording nothing
+            stats["far"] += 1
+            g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
+            return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
         except Exception:  # a replay bug: never the user's failure (run it in full), but counted
             stats["replay_errors"] += 1  # the tests require none
     elif _first_sight(key, unit_devices):
