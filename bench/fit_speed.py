@@ -53,12 +53,12 @@ def one_run(n_gpus: int, path: Path | None = None) -> tuple[float, float, int, i
     t0 = time.process_time()
     compute.simulate(model, devices, placement, ctx, cparams)
     scratch = time.process_time() - t0
-    replays, reuses = ci.stats["replays"], ci.stats["graph_reuses"]
+    replays, reuses = ci.stats["replays"], ci.stats.get("graph_reuses", 0)
     t0 = time.process_time()
     result = fit_params(model, devices, popts, cparams, free_bytes=[24 * GIB] * n_gpus)
     fit = time.process_time() - t0
     return (scratch * 1000, fit * 1000, result.measurements, ci.stats["replays"] - replays,
-            ci.stats["graph_reuses"] - reuses)
+            ci.stats.get("graph_reuses", 0) - reuses)
 
 
 def bench(name: str, path: Path | None, n_gpus: int, n_runs: int) -> float:
