@@ -297,6 +297,15 @@ def test_one_shot_simulation_records_no_reference(models: dict[str, Model]) -> N
         assert sum(map(len, CI._REFS.values())) == 2
     finally:
         CI.record_at_first_sight(False)
+    # the --fit search's bisection steps: recorded at once inside, as before after
+    CI._REFS.clear()
+    CI._SEEN.clear()
+    with CI.recording_first_sights():
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    assert sum(map(len, CI._REFS.values())) == 2
+    other = Plan(model, devices, PlacementOptions(n_gpu_layers=1), params).placement()
+    C.simulate(model, devices, other, ctx, params, incremental=True)
+    assert sum(map(len, CI._REFS.values())) == 2  # another topology, seen once: not recorded
 
 
 def test_fit_dry_runs_replayed_equal_full() -> None:

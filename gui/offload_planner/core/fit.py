@@ -483,8 +483,14 @@ class _LayerFit:
         self.mem = self.mem_for(self.ngl, self.bufts)
         self.dense_start = nd
 
-    def mem_for(self, ngl_per_device: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
-        m = self.measure_with(*_tbo(ngl_per_device, overflow_bufts, self.nd, self.hp_ngl))
+    def mem_for(self, ngl_per_device: list[_Ngl], overflow_bufts: list[str], *,
+                step: bool = False) -> list[int]:
+        """``step``: a bisection step or a partial layer, which the next dry runs stay near (the dry run
+        is recorded as a replay reference at once, not the second time its layout is seen)."""
+        from offload_planner.core.compute.incremental import recording_first_sights
+
+        with recording_first_sights(step):
+            m = self.measure_with(*_tbo(ngl_per_device, overflow_bufts, self.nd, self.hp_ngl))
         self.trc("memory for test allocation by device: " + ", ".join(
             f"id={i} n_layer={n.n_layer} n_part={n.n_part} overflow_type={n.overflow_type} "
             f"mem={m.used[i] // MiB} MiB" for i, n in enumerate(ngl_per_device)))
@@ -516,7 +522,7 @@ class _LayerFit:
             test[i].n_layer += step_size
             if self.hp_nex:
                 test[i].n_part += step_size - 1 if i == self.nd - 1 and test[i].n_part == 0 else step_size
-            mem_test = self.mem_for(test, self.bufts)
+            mem_test = self.mem_for(test, self.bufts, step=True)
             if mem_test[i] <= self.targets[i]:
                 self.ngl, self.mem = test, mem_test
             else:
@@ -557,7 +563,7 @@ class _LayerFit:
         while delta > 1:
             step_size = _step(delta, self.targets[i], self.mem[i], mem_high[i])
             test, ids_test = self._converted(i, step_size)
-            mem_test = self.mem_for(test, self.bufts)
+            mem_test = self.mem_for(test, self.bufts, step=True)
             if mem_test[i] <= self.targets[i]:
                 self.ngl, self.mem, self.dense_start = test, mem_test, ids_test
             else:
@@ -600,14 +606,14 @@ class _LayerFit:
         bufts_test = list(self.bufts)
         if i < nd - 1:
             bufts_test[i] = self.devs[i + 1]
-        mem_test = self.mem_for(test, bufts_test)
+        mem_test = self.mem_for(test, bufts_test, step=True)
         if self._fits(mem_test, i):
             self.ngl, self.bufts, self.mem = _copy(test), bufts_test, mem_test
             self.dense_start = ids_test
             test[i].overflow_type = LAYER_FRACTION_GATE
         else:
             test[i].overflow_type = LAYER_FRACTION_ATTN
-        mem_test = self.mem_for(test, bufts_test)
+        mem_test = self.mem_for(test, bufts_test, step=True)
         if self._fits(mem_test, i):
             self.ngl, self.bufts, self.mem, self.dense_start = test, bufts_test, mem_test, ids_test
 

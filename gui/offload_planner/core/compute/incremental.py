@@ -49,7 +49,8 @@ incremental.py`` checks replays against the full simulation on random placements
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from offload_planner.core.compute.ggml import (
     T,
@@ -84,6 +85,19 @@ def record_at_first_sight(on: bool = True) -> None:
     re-project every edit) instead of the second (one-shot commands simulate once)."""
     global _record_at_first_sight
     _record_at_first_sight = on
+
+
+@contextmanager
+def recording_first_sights(on: bool = True) -> Iterator[None]:
+    """:func:`record_at_first_sight` for the simulations inside (a caller that knows the next ones
+    will stay near: the --fit search's bisection steps); off: as it was."""
+    global _record_at_first_sight
+    was = _record_at_first_sight
+    _record_at_first_sight = was or on
+    try:
+        yield
+    finally:
+        _record_at_first_sight = was
 
 
 def _distance(a: Sequence[str], b: Sequence[str]) -> int:
