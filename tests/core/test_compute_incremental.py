@@ -308,14 +308,15 @@ def test_one_shot_simulation_records_no_reference(models: dict[str, Model]) -> N
     assert sum(map(len, CI._REFS.values())) == 2  # another topology, seen once: not recorded
 
 
-def test_fit_dry_runs_replayed_equal_full() -> None:
-    """The --fit search on DeepSeek-V3 over four 24 GiB GPUs (about 25 dry runs that move layers
-    between devices and experts to the host): every dry run's reserve (replayed against the nearest
-    recorded dry run, or run on the graph kept from an earlier one) equals the dry run from scratch."""
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Qwen3-235B-A22B-Q4_K_M"])
+def test_fit_dry_runs_replayed_equal_full(big_headers: dict[str, Model], name: str) -> None:
+    """The --fit search over four 24 GiB GPUs (about 25 dry runs that move layers between devices and
+    experts to the host): every dry run's reserve (replayed against the nearest recorded dry run, or
+    run on the graph kept from an earlier one) equals the dry run from scratch."""
     from offload_planner.core import fit as F
     from offload_planner.core.placement import place
 
-    model = open_model(demo_model_path())
+    model = open_model(demo_model_path()) if name == "DeepSeek-V3" else big_headers[name]
     devices = _devices("CUDA", 4)
     params = _params(c=32768, ub=512, np_=4)
     opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1)
