@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -194,6 +195,24 @@ def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions,
     return _cpu_buft(t, devices, opts, as_output=as_output) if dev == CPU else dev
 
 
+#: per model (its tensor list, held so its id stays unique): the items of its last placements by tensor
+#: index, device, buffer type and rule, so that a placement repeating an item hands out the same
+#: (frozen) object; the weight buffers and the incremental replay find what changed by identity (the
+#: --fit search places the model ~25 times, each close to the one before)
+_ITEMS: OrderedDict[int, tuple[list[Tensor], dict[tuple[int, str, str, str], Placed]]] = OrderedDict()
+_ITEMS_MAX = 50_000
+
+
+def _item_memo(tensors: list[Tensor]) -> dict[tuple[int, str, str, str], Placed]:
+    e = _ITEMS.get(id(tensors))
+    if e is None or e[0] is not tensors or len(e[1]) > _ITEMS_MAX:
+        e = _ITEMS[id(tensors)] = (tensors, {})
+        if len(_ITEMS) > 4:
+            _ITEMS.popitem(last=False)
+    _ITEMS.move_to_end(id(tensors))
+    return e[1]
+
+
 def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
     s = model.summary
     n_layer = s.n_layer
@@ -208,6 +227,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     firsts = None
     if opts.overrides:
         firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
+    memo = _item_memo(tensors)
 
     for k, t in enumerate(tensors):
         if t.role is Role.NEXTN and not opts.load_mtp:
@@ -231,7 +251,10 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
             dev = devices.resolve_buffer_type(o.buft) or dev
             buft = device_buft(dev, t, devices, opts)
             rule = f"{o.source} {o.pattern}={o.buft}"
-        items.append(Placed(t, dev, buft, rule))
+        item = memo.get((k, dev, buft, rule))
+        if item is None:
+            item = memo[(k, dev, buft, rule)] = Placed(t, dev, buft, rule)
+        items.append(item)
 
     if model.get("output.weight") is None and (embd := model.get("token_embd.weight")) is not None:
         out_dev = units[n_layer]
