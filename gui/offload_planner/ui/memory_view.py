@@ -4,7 +4,8 @@ beside it; hover gives the per-buffer breakdown with how each was computed. Afte
 bar under each device's bar marks the actual total llama.cpp logged; once the plan is edited it
 describes another command and is drawn hollow and grey ("before your last edit") until the next
 launch reports. The breakdown line under a bar abbreviates its labels as far as its width needs
-(the tooltip keeps them whole). A drop target for tensors dragged from the map."""
+(the tooltip keeps them whole); where even the shortest does not fit beside the status, the status
+goes on a line of its own. A drop target for tensors dragged from the map."""
 
 from __future__ import annotations
 
@@ -187,7 +188,23 @@ class MemoryView(QWidget):
         return max(3, self._line() // 5)
 
     def _row_height(self) -> int:
-        return self._line() * 2 + self._bar_height() + self._actual_height() + 16
+        lines = 3 if self.status_wrapped() else 2
+        return self._line() * lines + self._bar_height() + self._actual_height() + 16
+
+    def status_wrapped(self) -> bool:
+        """Some row's status ("N left", "+N over") does not fit beside even the shortest form of its
+        breakdown at the view's width: then every row draws its status on a line of its own under the
+        breakdown (a narrow pane grows taller, not wider: a draft model and a projector add segments
+        to the breakdown, and a pane as wide as their one-line breakdown squeezed the tensor map)."""
+        width = self.width() - 16
+        fm = self.fontMetrics()
+        for dm in self._rows():
+            f = bar_figures(dm)
+            status, status_fm = self._status(f)
+            room = width - status_fm.horizontalAdvance(status) - 12
+            if fm.horizontalAdvance(breakdown_forms(f)[-1]) > room:
+                return True
+        return False
 
     def _top(self) -> int:
         return 8 + self._line() + 8  # below the verdict line
@@ -259,13 +276,14 @@ class MemoryView(QWidget):
         return QSize(320, self._top() + n * self._row_height() + 3 * self._line())
 
     def minimumSizeHint(self) -> QSize:
-        """Wide enough for every row's shortest breakdown and its status: never elided."""
+        """Wide enough for every row's shortest breakdown and, on a line of its own if need be, its
+        status: never elided."""
         need = 240
         for dm in self._rows():
             f = bar_figures(dm)
             status, status_fm = self._status(f)
             text_w = self.fontMetrics().horizontalAdvance(breakdown_forms(f)[-1])
-            need = max(need, text_w + status_fm.horizontalAdvance(status) + 4 + 8 + 16 + 2)
+            need = max(need, max(text_w, status_fm.horizontalAdvance(status) + 4) + 16 + 2)
         return QSize(need, self._top() + 3 * self._row_height())
 
     # --- painting ----------------------------------------------------------------------------
@@ -427,9 +445,12 @@ class MemoryView(QWidget):
         lh = self._line()
         status, status_fm = self._status(f)
         status_w = status_fm.horizontalAdvance(status) + 4
-        avail = max(0, int(r.width() - status_w - 8))
+        if self.status_wrapped():  # the status on the next line, the breakdown across the row
+            avail, status_y = max(0, int(r.width())), y3 + lh
+        else:
+            avail, status_y = max(0, int(r.width() - status_w - 8)), y3
         text, form = fit_breakdown(f, self.fontMetrics(), avail)
-        status_rect = QRectF(r.right() - status_w, y3, status_w, lh)
+        status_rect = QRectF(r.right() - status_w, status_y, status_w, lh)
         return _BreakdownLine(status, status_rect, text, QRectF(r.left(), y3, avail, lh), form)
 
     def _status(self, f: DeviceFigures) -> tuple[str, QFontMetrics]:
