@@ -25,6 +25,15 @@ BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
 UB_TICKS: tuple[int, ...] = tuple(UBATCHES)  # the -ub values ubatch_tradeoff projects
 
 
+#: What the tab says before its first plot (instead of an empty plot with made-up axes).
+IDLE_HINT = (
+    "Which -ub (micro-batch) is fastest for this plan? Press “Plot the -ub trade-off”: it projects the "
+    "plan at -ub 64 … 4096 (a few seconds) and plots the estimated prompt processing (t/s, solid, left "
+    "axis) against the compute buffers llama.cpp reserves on the GPUs (GiB, dashed, right axis). A "
+    "larger -ub is faster on long prompts and costs GPU memory; set it under Options."
+)
+
+
 def ub_ticks(values: tuple[int, ...]) -> list[tuple[float, str]]:
     """Ticks of the log -ub axis: at each value, labelled with the value itself."""
     return [(math.log10(v), str(v)) for v in values]
@@ -66,13 +75,19 @@ class UbatchPlot(QWidget):
                "buffers llama.cpp reserves on the GPUs (GiB). Both against -ub.")
         self.graphics.setToolTip(tip)
         self.points: list[UbPoint] = []
+        self.idle = QLabel(IDLE_HINT)
+        self.idle.setWordWrap(True)
+        self.idle.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.idle.setAccessibleName("Speed: nothing plotted yet")
         top = QHBoxLayout()
         top.addWidget(self.button)
         top.addWidget(self.status, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(top)
+        lay.addWidget(self.idle, 1)
         lay.addWidget(self.graphics, 1)
+        self.graphics.hide()
         self.button.clicked.connect(self.start)
         self.done.connect(self._show)
         doc.modelChanged.connect(self._clear)
@@ -82,6 +97,8 @@ class UbatchPlot(QWidget):
         self.pp_curve.setData([], [])
         self.buf_curve.setData([], [])
         self.status.setText("")
+        self.graphics.hide()
+        self.idle.show()
 
     def start(self) -> None:
         if not self._doc.has_plan:
@@ -107,6 +124,8 @@ class UbatchPlot(QWidget):
             self.status.setText(f"could not plot: {error}")
             return
         self.points = points
+        self.idle.hide()
+        self.graphics.show()
         self.plot.getAxis("bottom").setTicks([ub_ticks(tuple(p.n_ubatch for p in points))])
         xs = [math.log10(p.n_ubatch) for p in points]
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
