@@ -22,6 +22,7 @@ from offload_planner.ui.speed_view import IF_IT_FIT, over_capacity
 
 PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
 BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
+BUF_TITLE = "GPU GiB"  # the right axis: the compute buffers llama.cpp reserves on the GPUs
 UB_TICKS: tuple[int, ...] = tuple(UBATCHES)  # the -ub values ubatch_tradeoff projects
 
 
@@ -63,7 +64,9 @@ class UbatchPlot(QWidget):
         self.plot.showAxis("right")
         self.plot.scene().addItem(self.buffers)
         self.plot.getAxis("right").linkToView(self.buffers)
-        self.plot.getAxis("right").setLabel("compute GiB", color=BUF_COLOR)
+        # "compute GiB" was longer than the right axis is tall at 1280x800 (65 px); the tooltip, the
+        # hint and the status line say these are the GPUs' compute buffers
+        self.plot.getAxis("right").setLabel(BUF_TITLE, color=BUF_COLOR)
         self.buffers.setXLink(self.plot)
         self.plot.vb.sigResized.connect(lambda: self.buffers.setGeometry(self.plot.vb.sceneBoundingRect()))
         self.pp_curve = self.plot.plot([], [], pen=pg.mkPen(PP_COLOR, width=2), symbol="o",
@@ -126,6 +129,8 @@ class UbatchPlot(QWidget):
         self.points = points
         self.idle.hide()
         self.graphics.show()
+        for side in ("left", "right"):  # laid out while hidden: place the axis titles again
+            self.plot.getAxis(side).resizeEvent()
         self.plot.getAxis("bottom").setTicks([ub_ticks(tuple(p.n_ubatch for p in points))])
         xs = [math.log10(p.n_ubatch) for p in points]
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
