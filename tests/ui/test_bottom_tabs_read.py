@@ -77,7 +77,9 @@ def test_speed_tab_explains_the_button_then_plots(qtbot: QtBot, settings: Settin
         win.close()
 
 
-def test_idle_launch_tab_has_a_hint_not_an_empty_bar(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+def test_idle_launch_tab_has_a_hint_not_an_empty_bar(
+    qtbot: QtBot, window: MainWindow, demo_path: Path
+) -> None:
     open_and_wait(qtbot, window, demo_path)
     panel = window.launcher
     window.tabs.setCurrentWidget(window.launch_scroll)
