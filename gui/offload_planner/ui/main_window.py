@@ -72,7 +72,12 @@ from offload_planner.ui.tensor_map_model import section_file
 from offload_planner.ui.tensor_map_view import TensorMapView
 from offload_planner.ui.ubatch_plot import UbatchPlot
 
-MIN_SIZE = (1280, 800)
+#: The size the window opens at (the layout's design size) when the screen has room for it.
+DEFAULT_SIZE = (1280, 800)
+#: Smaller screens still hold the window: 1920x1080 at 150 % is 1280x720 logical pixels, a 1366x768
+#: laptop leaves about 1366x700 under its panels (at 1280x800 minimum, the window was taller than
+#: either screen). Below the default the map and the memory bars give way, the left column scrolls.
+MIN_SIZE = (1024, 640)
 
 #: How the window names the demo hardware (core.new_plan.DEMO_HARDWARE) it opens the demo on.
 DEMO_LABEL = "demo hardware (declared)"
@@ -396,7 +401,7 @@ class MainWindow(QMainWindow):
         if geo is not None:
             self.restoreGeometry(geo)
         else:
-            self.resize(*MIN_SIZE)
+            self.resize(*self._opening_size())
         state = s.get_bytes(keys.STATE.name)
         if state is not None:
             self.restoreState(state)
@@ -407,6 +412,14 @@ class MainWindow(QMainWindow):
         self.act_split_attn.setChecked(bool(s.get(keys.SPLIT_ATTENTION)))
         i = self.backend_box.findData(s.get(keys.DIALECT))
         self.backend_box.setCurrentIndex(max(0, i))
+
+    def _opening_size(self) -> tuple[int, int]:
+        """:data:`DEFAULT_SIZE`, or the screen's available area if that is smaller."""
+        screen = self.screen()
+        if screen is None:
+            return DEFAULT_SIZE
+        room = screen.availableGeometry()
+        return min(DEFAULT_SIZE[0], room.width()), min(DEFAULT_SIZE[1], room.height())
 
     def save_settings(self) -> None:
         s = self.settings
