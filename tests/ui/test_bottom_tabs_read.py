@@ -94,3 +94,7 @@ def test_idle_launch_tab_has_a_hint_not_an_empty_bar(
     top = table.viewport().mapTo(port, QPoint(0, 0)).y()
     shown = min(port.height(), top + table.viewport().height()) - max(top, 0)
     assert shown >= 2 * table.rowHeight(0), (shown, table.rowHeight(0))
+    # every figure column says its unit; the last one says what its marks and notes are
+    headers = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
+    assert all(h.endswith(" MiB") for h in headers[3:6]), headers
+    assert headers[-1], headers

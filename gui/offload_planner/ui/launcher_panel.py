@@ -58,7 +58,7 @@ from offload_planner.ui.log_view import LogView
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
-COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference", "")
+COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference MiB", "Check / note")
 STATE_COLORS = {
     ServerState.RUNNING: "#2e7d32",
     ServerState.FAILED: "#c62828",
