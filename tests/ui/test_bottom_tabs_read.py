@@ -11,7 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import QPoint
 from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
-from tests.ui.window_helpers import make_window, open_and_wait
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
 from offload_planner.backend.telemetry import GpuSample, Sample
 from offload_planner.ui.main_window import MainWindow
@@ -98,3 +98,16 @@ def test_idle_launch_tab_has_a_hint_not_an_empty_bar(
     headers = [table.horizontalHeaderItem(c).text() for c in range(table.columnCount())]
     assert all(h.endswith(" MiB") for h in headers[3:6]), headers
     assert headers[-1], headers
+
+
+def test_rules_table_headers_say_what_they_count(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    open_and_wait(qtbot, window, demo_path)
+    assert window.command_pane.apply_command_text("llama-server -m m.gguf -ngl 999 --cpu-moe")
+    wait_projected(qtbot, window)
+    rules = window.command_pane.rules
+    assert rules.isVisible() and rules.topLevelItemCount() == 1  # --cpu-moe's rule
+    header = rules.headerItem()
+    tips = [header.toolTip(c) for c in range(rules.columnCount())]
+    assert all(tips), tips
+    assert "moves" in tips[0] and "override-tensor" in tips[0]
+    assert "shadowed" in tips[3] and "matches nothing" in tips[3]
