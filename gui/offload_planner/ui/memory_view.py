@@ -61,6 +61,23 @@ BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("W", "KV", "C", "O", "P", "D", "MTP"), " "),
 )
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
+
+
+def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool) -> str:
+    """Under the legend while a device is over capacity: what to do about it ("" when all fit)."""
+    parts = []
+    names = ", ".join(gpus_over)
+    if gpus_over and moe:
+        parts.append(f"Presets ▸ Fastest plan puts on {names} the routed experts that fit and the rest "
+                     "on the CPU (the Problems tab names a preset per GPU).")
+    elif gpus_over:
+        parts.append(f"Fewer GPU layers or a smaller context (Options), or Presets ▸ Move layers… to "
+                     f"the CPU, free {names}.")
+    if cpu_over:
+        parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
+                     "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
+    return "What next: " + " ".join(parts) if parts else ""
+
 #: The legend's last word on the breakdown lines' bare figures.
 UNIT_NOTE = "figures without a unit: GiB"
 
@@ -168,6 +185,7 @@ class MemoryView(QWidget):
         self._highlight: str | None = None
         self._actuals: dict[str, int] = {}  # device -> actual bytes logged by the last launch
         self._actuals_plan: Plan | None = None  # the plan that launch ran
+        self._next_step_rect: QRectF | None = None
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
@@ -313,7 +331,8 @@ class MemoryView(QWidget):
             if actual is not None:
                 self._paint_actual(p, actual)
         y = self._top() + len(rows) * self._row_height()
-        self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
+        bottom = self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
+        self._paint_next_step(p, bottom)
 
     def _paint_actual(self, p: QPainter, r: QRectF) -> None:
         """The actual-total bar with a tick at its end: solid, or hollow and grey when stale."""
@@ -496,7 +515,8 @@ class MemoryView(QWidget):
             items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
         return items
 
-    def _paint_legend(self, p: QPainter, r: QRectF) -> None:
+    def _paint_legend(self, p: QPainter, r: QRectF) -> float:
+        """Draws the legend from the top of ``r``, wrapped to its width; returns its bottom."""
         fm = self.fontMetrics()
         lh = fm.height()
         sw = lh - 4
@@ -534,6 +554,32 @@ class MemoryView(QWidget):
                 label,
             )
             x += w
+        return y + lh
+
+    # --- what next -----------------------------------------------------------------------------
+
+    def next_step(self) -> str:
+        """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
+        over = [dm.device for dm in self._rows() if bar_figures(dm).over]
+        moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
+        return next_step_text([d.name for d in over if d.is_gpu], any(not d.is_gpu for d in over), moe)
+
+    def next_step_rect(self) -> QRectF | None:
+        """Where :meth:`next_step` is drawn (None when it is not)."""
+        return self._next_step_rect
+
+    def _paint_next_step(self, p: QPainter, top: float) -> None:
+        text = self.next_step()
+        self._next_step_rect = None
+        if not text:
+            return
+        width = self.width() - 16
+        flags = Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft
+        need = self.fontMetrics().boundingRect(0, 0, width, 10_000, int(flags), text).height()
+        r = QRectF(8, top + self._line() // 2, width, need)
+        p.setPen(self.palette().color(QPalette.ColorRole.Text))
+        p.drawText(r, int(flags), text)
+        self._next_step_rect = r
 
     # --- hover -------------------------------------------------------------------------------
 
