@@ -39,3 +39,12 @@ def test_every_options_label_has_its_fields_tooltip(
     assert "requests" in labels["Slots -np"].toolTip()
     v_label = next(w for w in o.findChildren(QLabel) if w.text() == "V")
     assert v_label.toolTip() == o.type_v.toolTip() and "V cache" in v_label.toolTip()
+
+
+def test_toolbar_and_launch_buttons_say_what_they_do(qtbot: QtBot, window: MainWindow) -> None:
+    p = window.launcher
+    buttons = (window.presets_button, p.launch_button, p.stop_button, p.open_button, p.bench_button)
+    for b in buttons:
+        assert b.toolTip(), b.text()
+    assert "fastest plan" in window.presets_button.toolTip()
+    assert not p.open_button.isEnabled() and "running" in p.open_button.toolTip()  # why it is off

@@ -146,6 +146,7 @@ class LauncherPanel(QWidget):
         self.launch_button.clicked.connect(self.launch)
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop)
+        self.stop_button.setToolTip("Stop the llama-server this tab started")
         self.state_label = QLabel()
         self.state_label.setAccessibleName("Server state")
         self.progress = QProgressBar()
@@ -161,6 +162,7 @@ class LauncherPanel(QWidget):
         self.open_button = QPushButton("Open web UI")
         self.open_button.clicked.connect(self.open_web_ui)
         self.open_button.setEnabled(False)
+        self.open_button.setToolTip("Open the running llama-server's web UI in the browser")
         self.bench_button = QPushButton("Bench")
         self.bench_button.setToolTip(
             "Send a fixed 512-token prompt and 64 generated tokens to the running server, show the "

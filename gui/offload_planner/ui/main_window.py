@@ -270,6 +270,7 @@ class MainWindow(QMainWindow):
         recent.setText("Recent")
         recent.setMenu(self.recent_menu)
         recent.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        recent.setToolTip("Open a model or plan opened before")
         tb.addWidget(recent)
         tb.addAction(self.act_save)
         tb.addSeparator()
@@ -294,6 +295,9 @@ class MainWindow(QMainWindow):
         presets.setText("Presets")
         presets.setMenu(self.presets_menu)
         presets.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        presets.setToolTip("Common placements in one step: routed experts to the CPU, fill a GPU with "
+                           "experts, move layers, the fastest plan that fits, what llama.cpp's --fit runs")
+        self.presets_button = presets
         tb.addWidget(presets)
         tb.addAction(self.act_paste)
         tb.addSeparator()
