@@ -65,3 +65,28 @@ def test_next_step_for_a_dense_model_names_what_frees_the_gpu() -> None:
     assert "Fastest plan" not in text  # the preset is for MoE models only
     assert "GPU layers" in text and "Move layers" in text and text.endswith("free CUDA0, CUDA1.")
     assert next_step_text([], False, moe=True) == ""
+
+
+def test_a_short_pane_cuts_the_next_step_at_a_word_and_hover_gives_it_whole(
+    qtbot: QtBot, window: MainWindow, demo_path: Path
+) -> None:
+    from PySide6.QtCore import QEvent, QPoint
+    from PySide6.QtGui import QHelpEvent
+    from PySide6.QtWidgets import QApplication, QToolTip
+
+    window.resize(1024, 640)  # the smallest window
+    open_and_wait(qtbot, window, demo_path)
+    view = window.memory_view
+    window.h_split.setSizes([270, 2000, 10])  # the memory pane as narrow as it goes: more lines
+    qtbot.wait(50)
+    view.repaint()
+    whole = view.next_step()
+    shown = view.next_step_shown()
+    r = view.next_step_rect()
+    assert whole and r is not None and r.bottom() <= view.height() - 4, (r, view.height())
+    assert shown.endswith(" …") and whole.startswith(shown[:-2])  # cut at a word, not mid-line
+    QToolTip.hideText()
+    pos = QPoint(int(r.left()) + 4, int(r.top()) + 4)
+    QApplication.sendEvent(view, QHelpEvent(QEvent.Type.ToolTip, pos, view.mapToGlobal(pos)))
+    qtbot.waitUntil(QToolTip.isVisible)
+    assert QToolTip.text() == whole

@@ -186,6 +186,7 @@ class MemoryView(QWidget):
         self._actuals: dict[str, int] = {}  # device -> actual bytes logged by the last launch
         self._actuals_plan: Plan | None = None  # the plan that launch ran
         self._next_step_rect: QRectF | None = None
+        self._next_step_shown = ""
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
@@ -574,12 +575,33 @@ class MemoryView(QWidget):
         if not text:
             return
         width = self.width() - 16
-        flags = Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft
-        need = self.fontMetrics().boundingRect(0, 0, width, 10_000, int(flags), text).height()
-        r = QRectF(8, top + self._line() // 2, width, need)
+        y = top + self._line() // 2
+        shown = self._fit_words(text, width, self.height() - 4 - y)  # a short pane: the tooltip has it all
+        if not shown:
+            return
+        flags = int(Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft)
+        need = self.fontMetrics().boundingRect(0, 0, width, 10_000, flags, shown).height()
+        r = QRectF(8, y, width, need)
         p.setPen(self.palette().color(QPalette.ColorRole.Text))
-        p.drawText(r, int(flags), text)
+        p.drawText(r, flags, shown)
         self._next_step_rect = r
+        self._next_step_shown = shown
+
+    def _fit_words(self, text: str, width: int, height: float) -> str:
+        """``text`` wrapped to ``width``, cut after the last word that keeps it within ``height``
+        (with "…"); "" if not even one line fits."""
+        flags = int(Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft)
+        fm = self.fontMetrics()
+        words = text.split(" ")
+        for n in range(len(words), 0, -1):
+            candidate = " ".join(words[:n]) + ("" if n == len(words) else " …")
+            if fm.boundingRect(0, 0, width, 10_000, flags, candidate).height() <= height:
+                return candidate
+        return ""
+
+    def next_step_shown(self) -> str:
+        """The part of :meth:`next_step` drawn at the view's size ("" when none is)."""
+        return self._next_step_shown if self._next_step_rect is not None else ""
 
     # --- hover -------------------------------------------------------------------------------
 
@@ -592,6 +614,10 @@ class MemoryView(QWidget):
                     tip = device_tooltip(dm, actual, self.actuals_stale)
                     QToolTip.showText(e.globalPos(), tip, self)
                     return True
+            r = self._next_step_rect
+            if r is not None and r.contains(QPointF(e.pos())):
+                QToolTip.showText(e.globalPos(), self.next_step(), self)
+                return True
             QToolTip.hideText()
             e.ignore()
             return True
