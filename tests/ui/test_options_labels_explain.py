@@ -48,3 +48,14 @@ def test_toolbar_and_launch_buttons_say_what_they_do(qtbot: QtBot, window: MainW
         assert b.toolTip(), b.text()
     assert "fastest plan" in window.presets_button.toolTip()
     assert not p.open_button.isEnabled() and "running" in p.open_button.toolTip()  # why it is off
+
+
+def test_speed_line_tooltip_spells_out_its_abbreviations(
+    qtbot: QtBot, window: MainWindow, demo_path: Path
+) -> None:
+    open_and_wait(qtbot, window, demo_path)
+    label = window.speed_label
+    qtbot.waitUntil(lambda: "tg" in label.text())
+    tip = label.toolTip()
+    for words in ("token generation", "prompt processing", "tokens per second", "time per token"):
+        assert words in tip, words
