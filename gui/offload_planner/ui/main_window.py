@@ -71,13 +71,7 @@ from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_model import section_file
 from offload_planner.ui.tensor_map_view import TensorMapView
 from offload_planner.ui.ubatch_plot import UbatchPlot
-
-#: The size the window opens at (the layout's design size) when the screen has room for it.
-DEFAULT_SIZE = (1280, 800)
-#: Smaller screens still hold the window: 1920x1080 at 150 % is 1280x720 logical pixels, a 1366x768
-#: laptop leaves about 1366x700 under its panels (at 1280x800 minimum, the window was taller than
-#: either screen). Below the default the map and the memory bars give way, the left column scrolls.
-MIN_SIZE = (1024, 640)
+from offload_planner.ui.window_size import DEFAULT_SIZE, MIN_SIZE
 
 #: How the window names the demo hardware (core.new_plan.DEMO_HARDWARE) it opens the demo on.
 DEMO_LABEL = "demo hardware (declared)"
