@@ -85,8 +85,8 @@ class TelemetryView(QWidget):
         self.idle.setWordWrap(True)
         self.idle.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.idle.setAccessibleName("Telemetry: nothing to plot yet")
-        # side by side: stacked, three plots shared the bottom tab's ~150 px and the third was not seen
-        # and named by their left axis, not a title row: the tab leaves each plot about 150 px
+        # side by side and named by their left axis, not by a title row: stacked, the three plots
+        # shared the bottom tab's ~150 px and the third was not on screen
         self.gpu_plot = self.graphics.addPlot(row=0, col=0)
         self.ram_plot = self.graphics.addPlot(row=0, col=1)
         self.util_plot = self.graphics.addPlot(row=0, col=2)
