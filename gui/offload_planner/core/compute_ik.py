@@ -53,6 +53,7 @@ from offload_planner.core.compute.graph import WeightAccess, gating_func
 from offload_planner.core.compute.scheduler import Backend, Scheduler
 from offload_planner.core.compute.simulate import backends_for, weight_factory
 from offload_planner.core.ggml_types import GGMLType, type_by_name
+from offload_planner.core.ik_repack import repacked_off_gpu
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
@@ -821,10 +822,16 @@ class IkBackend(Backend):
     """ik's ``ggml_backend_cuda_offload_op``: an op with a weight in host memory runs on the GPU
     (the weight copied through its compute buffer) when ``ne[1]`` reaches the offload batch (32);
     for the MoE ops when the batch reaches it and ``batch * active experts >= 32 * experts``
-    (DeepSeek-V3, 8 of 256: from 1024 tokens, so not at the default -ub 512)."""
+    (DeepSeek-V3, 8 of 256: from 1024 tokens, so not at the default -ub 512).  Never for a weight
+    ``-rtr`` repacked into a type the GPU cannot run (``refused``, :mod:`core.ik_repack`)."""
+
+    refused: frozenset[str] = frozenset()
 
     def offloads(self, op: T) -> bool:
         if self.offload_min_batch is None:
+            return False
+        w0 = op.src[0] if op.src else None
+        if w0 is not None and w0.name in self.refused:
             return False
         if self.offload_only is not None and op.op not in self.offload_only:
             return False
@@ -838,8 +845,12 @@ class IkBackend(Backend):
         return op.ne[1] >= n and op.op != "GET_ROWS"
 
 
-def _ik_backends(devices: DeviceSet, placement: Placement) -> list[Backend]:
-    return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only)
+def _ik_backends(devices: DeviceSet, placement: Placement, repack: bool) -> list[Backend]:
+    host = [(it.tensor.name, it.tensor.shape, it.tensor.type.name) for it in placement.items
+            if it.device == CPU and not it.copy] if repack else []
+    refused = repacked_off_gpu(host)
+    return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only,
+                      refused if b.cuda_like else frozenset())
             for b in backends_for(devices, placement)]
 
 
@@ -847,7 +858,7 @@ def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: Res
                 p: ContextParams) -> IkReserve:
     """ik's one reserve: the prompt graph of ``min(n_ctx, n_batch, n_ubatch)`` tokens over the whole cache."""
     arch_fn = IK_GRAPHS[model.arch]
-    backends = _ik_backends(devices, placement)
+    backends = _ik_backends(devices, placement, p.repack)
     sh = ik_shape(model, ctx, p, cpu_only=len(backends) == 1)
 
     def kv_dev(il: int) -> str:

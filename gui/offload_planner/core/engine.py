@@ -108,6 +108,7 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         dialect=dialect,
         mla=dialect.mla(model, _get(args, "mla")),
         amb=dialect.amb(_get(args, "amb")),
+        repack=bool(_get(args, "rtr", False)),
     ), notes
 
 

@@ -388,7 +388,7 @@ def _check_dialect(root: At, dialect: Dialect, popts: PlacementOptions, ctx: Con
         raise po.key("output_first").fail(f"must be {str(first).lower()} for {dialect}")
     if not dialect.has_cpu_repack and popts.use_extra_bufts:
         raise po.key("use_extra_bufts").fail(f"{dialect.label} has no CPU_REPACK buffers (must be false)")
-    for name in ("mla", "amb"):
+    for name in ("mla", "amb", "repack"):
         if not dialect.has_mla_settings and getattr(ctx, name):
             raise cx.key(name).fail(f"an ik_llama.cpp setting; must be 0 for {dialect}")
 
@@ -535,4 +535,5 @@ def _context(at: At) -> ContextParams:
         dialect=dialect,
         mla=at.key("mla", 0).integer(0, 3),
         amb=at.key("amb", 0).integer(0, INT_MAX),
+        repack=at.key("repack", False).boolean(),
     )
