@@ -67,6 +67,7 @@ IK_INPLACE_OPS = frozenset({
     "UNARY", "ROPE", "RMS_NORM", "SOFT_MAX",
 })
 KQ_MASK_PAD = 16  # GGML_KQ_MASK_PAD in ik's ggml.h
+KQ_MASK_PAD_2025 = 32  # ... before July 2025 (PR 574 made it 64, PR 825 of October 2025 16)
 
 
 # --- ik's extra ops ----------------------------------------------------------------------------------
@@ -149,6 +150,7 @@ class IkShape:
     type_v: GGMLType
     cpu_only: bool
     attn_max_batch: int = 0
+    mask_f32: bool = False  # ik before October 2025: an f32 mask input, cast to f16 for flash attention
 
 
 class IkBuilder(WeightAccess):
@@ -181,8 +183,13 @@ class IkBuilder(WeightAccess):
 
     def build_kq_mask(self, name: str = "KQ_mask") -> T:
         sh = self.sh
-        padded = -(-self.n_tokens // KQ_MASK_PAD) * KQ_MASK_PAD
-        m = input_tensor(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name)
+        if sh.mask_f32:  # ik of early 2025: ``ggml_cast`` of an f32 input where flash attention reads it
+            padded = -(-self.n_tokens // KQ_MASK_PAD_2025) * KQ_MASK_PAD_2025
+            f32 = input_tensor(F32, [sh.n_kv, padded], name)
+            m = cast(f32, F16) if sh.flash_attn else f32
+        else:
+            padded = -(-self.n_tokens // KQ_MASK_PAD) * KQ_MASK_PAD
+            m = input_tensor(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name)
         if self.kq_mask is None:
             self.kq_mask = m
         return m
@@ -789,7 +796,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         kv_lora_rank=s.kv_lora_rank, mla=p.mla, attn_max_batch=p.amb, n_tokens=n_tokens,
         n_outputs=n_tokens, n_kv=ctx.n_ctx,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
-        cpu_only=cpu_only,
+        cpu_only=cpu_only, mask_f32=p.dialect.f32_kq_mask,
     )
 
 

@@ -67,6 +67,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,
+        plain_cpu_overrides=dialect.plain_cpu_overrides,
         load_mtp=uses_mtp(args),  # --spec-type draft-mtp loads the NextN layers (common.cpp load_mtp)
     )
 

@@ -47,6 +47,8 @@ class Dialect(str, metaclass=_DialectType):
     LLAMA_CPP: ClassVar[Dialect]
     LLAMA_CPP_2025: ClassVar[Dialect]
     IK: ClassVar[Dialect]
+    IK_2025: ClassVar[Dialect]
+    IK_AMB256: ClassVar[Dialect]
 
     label: str = ""
 
@@ -75,6 +77,12 @@ class Dialect(str, metaclass=_DialectType):
     output_first: bool = False
     #: the CPU backend has CPU_REPACK buffers (and the ``-nr`` flag turns them off)
     has_cpu_repack: bool = True
+    #: ``-ot ...=CPU`` takes the plain CPU buffer type, not the GPU's host buffer (mainline before b6050,
+    #: ik_llama.cpp before PR 1508 of March 2026): with a GPU the token embedding alone is ``CUDA_Host``
+    plain_cpu_overrides: bool = False
+    #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
+    #: of October 2025; later ik builds it in f16, padded to 16)
+    f32_kq_mask: bool = False
     #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
     mainline_moe_rules: bool = True
 
