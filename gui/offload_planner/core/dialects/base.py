@@ -48,6 +48,7 @@ class Dialect(str, metaclass=_DialectType):
     LLAMA_CPP_2025: ClassVar[Dialect]
     IK: ClassVar[Dialect]
     IK_2025: ClassVar[Dialect]
+    LLAMA_CPP_2025_EARLY: ClassVar[Dialect]
     IK_AMB256: ClassVar[Dialect]
 
     label: str = ""
@@ -83,6 +84,8 @@ class Dialect(str, metaclass=_DialectType):
     #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
     #: of October 2025; later ik builds it in f16, padded to 16)
     f32_kq_mask: bool = False
+    #: K/V stored with ``ggml_cpy`` into cache views, no index inputs (mainline before set_rows, August 2025)
+    copies_kv_into_views: bool = False
     #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
     mainline_moe_rules: bool = True
 
