@@ -134,10 +134,10 @@ _BLAS = ("this build has a second host backend (BLAS: an ACCEL device whose defa
          "offloaded; the planner models no BLAS backend")
 EXPLAINED[("ci-4343-pythia2.8b-q4_0-v100-ngl99-fa", "compute", "CUDA0")] = (
     "build 4343 with flash attention: 103.25 = the 98.25 MiB of logits + 5.00 of hidden rows at the output "
-    "matmul; the early-2025 simulation (which gives the same run without flash attention exactly, 162.00, "
-    "and the host buffer exactly, 9.01) holds 16 MiB more there (9.00 of copied inputs and 7 of the last "
-    "layer); the set_rows rule of later builds gave 112.26 (within 10% by luck: it is not this build's "
-    "rule); not resolved")
+    "matmul; the simulated tensors alive there are the same, but the allocator's free blocks left by the "
+    "early-2025 graph's node order are too small for the logits, so its high-water mark is 119.25 (the same "
+    "run without flash attention is exact: 162.00, host 9.01); the set_rows graph of later builds gave "
+    "112.26 (within 10%, but not this build's rule); not resolved")
 for _buft in ("CPU_AARCH64", "CPU_Mapped"):
     EXPLAINED[("ci-4343-pythia2.8b-q4_0-v100-ngl10", "model", _buft)] = _B4343_REPACK
 for _rid, _buft in (("ll5269-qwen3-235b-q6k-3090x2-ngl0-q8kv", "CPU"),
