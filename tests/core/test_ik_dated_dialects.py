@@ -54,6 +54,16 @@ def test_amb_256_is_the_default_from_pr_2312() -> None:
     assert cmd[cmd.index("-amb") + 1] == "256"
 
 
+def test_no_ngl_offloads_nothing_before_pr_2209() -> None:
+    """ik before PR 2209 (2026-07-30) and mainline before b6050 load every layer on the CPU without
+    -ngl; later builds offload everything (ik keeps 999, mainline resolves it to the 49 units)."""
+    from offload_planner.core.dialects import LLAMA_CPP_2025, LLAMA_CPP_2025_EARLY
+
+    for dialect, gpu_layers in ((IK_2025, 0), (IK, 999), (LLAMA_CPP_2025_EARLY, 0), (LLAMA_CPP_2025, 49)):
+        plan = _plan(QWEN, dialect, ["-c", "4096"])
+        assert plan.placement_options.n_gpu_layers == gpu_layers, dialect
+
+
 def test_recognised_from_the_help_default() -> None:
     assert detect_dialect("", "  --mla-use N\n" + HELP_AMB.format(256)) is IK_AMB256
     assert detect_dialect("", "  --mla-use N\n" + HELP_AMB.format(0)) is IK
@@ -62,7 +72,7 @@ def test_recognised_from_the_help_default() -> None:
 
 def _cli_plan(backend: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     code = main(["plan", QWEN, "--json", "--backend", backend, "--no-detect", "--device", "CUDA0=24GiB",
-                 "--device", "CPU=512GiB", "--", "-c", "4096", "-ot", "exps=CPU", "--no-mmap"])
+                 "--device", "CPU=512GiB", "--", "-c", "4096", "-ngl", "99", "-ot", "exps=CPU", "--no-mmap"])
     assert code == 0
     out: dict[str, object] = json.loads(capsys.readouterr().out)
     return out
@@ -92,7 +102,7 @@ def test_picked_by_name_in_the_plan_command(capsys: pytest.CaptureFixture[str]) 
 def test_plan_file_keeps_the_2025_rules(tmp_path: Path) -> None:
     """ik of 2025: -ot ...=CPU weights in a plain CPU buffer, the token embedding alone in CUDA_Host;
     the plan file keeps the dialect and its placement rule, and refuses a file that mixes them."""
-    args = ["-c", "4096", "-ot", "exps=CPU", "--no-mmap"]
+    args = ["-c", "4096", "-ngl", "99", "-ot", "exps=CPU", "--no-mmap"]
     dated, current = _plan(QWEN, IK_2025, args), _plan(QWEN, IK, args)
     model_bufs = {b.name for b in dated.projection().buffers() if b.kind == "model"}
     assert {"CPU", "CUDA_Host"} <= model_bufs
