@@ -118,3 +118,23 @@ def test_plan_file_keeps_the_2025_rules(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(Exception, match="plain_cpu_overrides"):
         load_plan(path)
+
+
+def test_host_overrides_turn_mmap_off_from_pr_1510() -> None:
+    """Current ik (PR 1510): a weight overridden to the host turns mmap off, so --cpu-moe's experts and
+    the token embedding land in one pinned CUDA_Host buffer; ik before it kept the mmap'd CPU span; an
+    override to the GPU alone keeps mmap."""
+    args = ["-c", "4096", "-ngl", "99", "--cpu-moe"]
+    current, dated = _plan(QWEN, IK, args), _plan(QWEN, IK_2025, args)
+    assert (current.placement_options.use_mmap, dated.placement_options.use_mmap) == (False, True)
+    host = [b for b in current.projection().buffers() if b.kind == "model" and b.device == "CPU"]
+    model = open_model(QWEN)
+    exps = [t for t in model.tensors if t.role.is_routed_expert]
+    embd = model.get("token_embd.weight")
+    assert embd is not None and [b.name for b in host] == ["CUDA_Host"]
+    assert host[0].bytes >= sum(t.nbytes for t in exps) + embd.nbytes
+    dated_host = {b.name for b in dated.projection().buffers() if b.kind == "model" and b.device == "CPU"}
+    assert dated_host == {"CPU"}  # the mmap span, as ik names it
+    gpu_only = _plan(QWEN, IK, ["-c", "4096", "-ngl", "99", "-ot", r"blk\.1\.ffn_.*_exps=CUDA0"])
+    assert gpu_only.placement_options.use_mmap
+    assert plan_command(current)[-1] == "--no-mmap"

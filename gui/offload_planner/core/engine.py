@@ -16,6 +16,7 @@ from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.rule_match import rule_set
 from offload_planner.core.speculative import draft_len, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
@@ -46,6 +47,15 @@ def _override_list(model: Model, args: Any) -> list[Any]:
     return list(_get(args, "overrides", []))
 
 
+def _places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
+    """Some weight's first matching override names the CPU (``has_buft_overrides`` in ik's loader)."""
+    if not any(o.buft.upper() == "CPU" for o in overrides):
+        return False
+    rules = rule_set(overrides)
+    return any((i := rules.first(t.name)) is not None and overrides[i].buft.upper() == "CPU"
+               for t in model.tensors)
+
+
 def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dialect) -> PlacementOptions:
     dialect = Dialect(dialect)
     overrides = tuple(
@@ -63,7 +73,8 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         split_mode=_get(args, "split_mode", "layer"),
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
-        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args),
+        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args)
+        and not (dialect.host_overrides_turn_mmap_off and _places_on_host(model, overrides)),
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,

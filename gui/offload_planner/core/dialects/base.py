@@ -86,6 +86,9 @@ class Dialect(str, metaclass=_DialectType):
     f32_kq_mask: bool = False
     #: K/V stored with ``ggml_cpy`` into cache views, no index inputs (mainline before set_rows, August 2025)
     copies_kv_into_views: bool = False
+    #: a weight placed by ``-ot ...=CPU`` / ``--cpu-moe`` turns mmap off for the whole model (ik_llama.cpp
+    #: from PR 1510, 2026-03-26: ``use_mmap_buffer &= !has_buft_overrides``, pinned host buffers instead)
+    host_overrides_turn_mmap_off: bool = False
     #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
     mainline_moe_rules: bool = True
 

@@ -47,6 +47,7 @@ class IkLlamaCpp(Dialect):
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
     mla_k_only_cache = False
+    host_overrides_turn_mmap_off = True
     #: ``-amb`` when the command has none (``gpt_params::attn_max_batch``; 256 from PR 2312, August 2026)
     default_amb: int = 0
 

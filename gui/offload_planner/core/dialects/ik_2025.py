@@ -5,7 +5,8 @@ What differs from the current source (``ikawrakow/ik_llama.cpp``, read at each d
 - ``-ot ...=CPU`` (and ``exps=CPU``) takes the plain CPU buffer type: the overridden weights are logged
   as ``CPU`` and the token embedding alone as ``CUDA_Host`` (``src/llama.cpp`` ``create_tensor`` used
   the override's buffer type as given until PR 1508, 2026-03-25, mapped host overrides to
-  ``llama_default_buffer_type_cpu(true)``);
+  ``llama_default_buffer_type_cpu(true)``), and such a weight kept mmap on (PR 1510, 2026-03-26, turned
+  it off for the whole model);
 - no ``-ngl`` means no layer offloaded (``llama_model_default_params``: 0 until PR 2209, 2026-07-30);
 - llama-server gives the context one sequence more than ``--parallel`` (``server.cpp`` ``load_model``:
   "dedicate one sequence to the system prompt", still there in October 2025): logits for np + 1
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 class Ik2025(IkLlamaCpp):
     plain_cpu_overrides = True
+    host_overrides_turn_mmap_off = False  # from PR 1510 (2026-03-26)
     f32_kq_mask = True
     detect_rank = 90  # never recognised from a server's output: picked by name
     help_markers: tuple[str, ...] = ()
