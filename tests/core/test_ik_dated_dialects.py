@@ -138,3 +138,21 @@ def test_host_overrides_turn_mmap_off_from_pr_1510() -> None:
     gpu_only = _plan(QWEN, IK, ["-c", "4096", "-ngl", "99", "-ot", r"blk\.1\.ffn_.*_exps=CUDA0"])
     assert gpu_only.placement_options.use_mmap
     assert plan_command(current)[-1] == "--no-mmap"
+
+
+def test_rtr_speed_estimate_keeps_the_host_experts_on_the_cpu() -> None:
+    """The speed estimate follows the compute simulation: with -rtr no prompt batch offloads the host
+    experts (no transfer, the CPU does their prompt work), without it a 4096-token batch does."""
+    from offload_planner.core.speed.estimate import estimate
+    from offload_planner.core.speed.hardware import hardware_for
+
+    ds = DeviceSet(parse_device_decl("CPU=512GiB,ram=8xDDR5-4800"), (parse_device_decl("CUDA0=rtx4090"),))
+    hw = hardware_for(ds, threads=32)
+
+    def ik(args: list[str]) -> Plan:
+        return plan_from_args(open_model(QWEN), ds, parse_server_args(args, dialect=IK), IK)
+
+    base = ["-c", "8192", "-ngl", "99", "--cpu-moe", "-ub", "4096", "-b", "4096", "--no-mmap"]
+    off, rtr = estimate(ik(base), hw), estimate(ik([*base, "-rtr"]), hw)
+    assert off.pp_transfer_ms > 0 and rtr.pp_transfer_ms == 0
+    assert rtr.device("CPU").pp_ms > 10 * off.device("CPU").pp_ms
