@@ -156,3 +156,17 @@ def test_rtr_speed_estimate_keeps_the_host_experts_on_the_cpu() -> None:
     off, rtr = estimate(ik(base), hw), estimate(ik([*base, "-rtr"]), hw)
     assert off.pp_transfer_ms > 0 and rtr.pp_transfer_ms == 0
     assert rtr.device("CPU").pp_ms > 10 * off.device("CPU").pp_ms
+
+
+def test_switching_dialect_takes_its_amb_default() -> None:
+    """The window's backend switch (plan_edits.with_dialect): the -amb 256 build's default comes with
+    it, and leaving ik for mainline drops ik's -amb and -rtr."""
+    from offload_planner.core.dialects import LLAMA_CPP
+    from offload_planner.core.plan_edits import with_dialect
+
+    plan = _plan(DSV3, IK, ["-c", "8192", "-ngl", "99", "-rtr"])
+    assert (plan.context.amb, plan.context.repack) == (0, True)
+    new = with_dialect(plan, IK_AMB256)
+    assert (new.context.amb, new.context.repack) == (256, True)
+    mainline = with_dialect(new, LLAMA_CPP).context
+    assert (mainline.amb, mainline.repack) == (0, False)
