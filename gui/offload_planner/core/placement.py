@@ -206,11 +206,12 @@ def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions,
 #: index, device, buffer type and rule, so that a placement repeating an item hands out the same
 #: (frozen) object; the weight buffers and the incremental replay find what changed by identity (the
 #: --fit search places the model ~25 times, each close to the one before)
-_ITEMS: OrderedDict[int, tuple[list[Tensor], dict[tuple[int, str, str, str], Placed]]] = OrderedDict()
+_ItemKey = tuple[int, str | None, str | None, str]
+_ITEMS: OrderedDict[int, tuple[list[Tensor], dict[_ItemKey, Placed]]] = OrderedDict()
 _ITEMS_MAX = 50_000
 
 
-def _item_memo(tensors: list[Tensor]) -> dict[tuple[int, str, str, str], Placed]:
+def _item_memo(tensors: list[Tensor]) -> dict[_ItemKey, Placed]:
     e = _ITEMS.get(id(tensors))
     if e is None or e[0] is not tensors or len(e[1]) > _ITEMS_MAX:
         e = _ITEMS[id(tensors)] = (tensors, {})
@@ -238,7 +239,11 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
 
     for k, t in enumerate(tensors):
         if t.role is Role.NEXTN and not opts.load_mtp:
-            items.append(Placed(t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)"))
+            item = memo.get((k, None, None, ""))
+            if item is None:
+                item = memo[(k, None, None, "")] = Placed(
+                    t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
+            items.append(item)
             continue
         if t.layer is None:
             if t.role is Role.TOKEN_EMBD:
