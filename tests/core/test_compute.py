@@ -255,6 +255,35 @@ def test_unknown_architecture_falls_back_to_the_term_estimate(models: dict[str, 
 # --- the allocator ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", sorted(NODES))
+def test_peaks_name_the_layer_of_the_tensor_name_suffix(models: dict[str, Model], name: str) -> None:
+    """The allocator labels its peaks with the layer a node's name ends in (``-N``, as llama.cpp's
+    ``cb`` names them), found without a regex on the walk: the same layer as ``LAYER_SUFFIX`` finds for
+    every node of the real graphs, and none for names that do not end in ``-digits``."""
+    from offload_planner.core.compute.allocator import layer_suffix
+    from offload_planner.core.compute.ggml import LAYER_SUFFIX
+    from offload_planner.core.compute.graph import Builder
+    from offload_planner.core.compute.simulate import weight_factory
+
+    model = models[name]
+    _, placement, params = _setup(model, Case(name))
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    sh = C.reserve_shapes(model, ctx, params, C.full_offload(placement))[0]
+    b = Builder(sh, weight_factory(model, placement), placement.layer_device, placement.layer_device)
+    arch_fn = C.graph_builder(model)
+    assert arch_fn is not None
+    arch_fn(b)
+    names = [n.name for n in b.g.nodes + b.g.leafs]
+    layers = sorted({int(il) for x in names if (il := layer_suffix(x)) is not None})
+    assert layers == list(range(model.summary.n_layer_trunk))  # every layer names some nodes
+    for x in names:
+        m = LAYER_SUFFIX.search(x)
+        assert layer_suffix(x) == (m.group(1) if m else None), x
+    for x, want in (("l_out-61", "61"), ("ffn_moe_weighted-3", "3"), ("result_norm", None), ("a-", None),
+                    ("x-1a", None), ("-0", "0"), ("kq-1-2", "2"), ("", None)):
+        assert layer_suffix(x) == want, x
+
+
 def test_dyn_allocator_best_fit_merge_and_peak() -> None:
     a = C.DynAllocator(32)
     x = a.alloc(100)  # 128

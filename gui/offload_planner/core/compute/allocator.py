@@ -6,7 +6,6 @@ from offload_planner.core.compute.ggml import (
     F16,
     INPLACE_OPS,
     INPUT,
-    LAYER_SUFFIX,
     OUTPUT,
     T,
     nbytes,
@@ -144,7 +143,8 @@ class GraphAllocator:
         self.allocs = [DynAllocator(b.alignment) for b in backends]
         self.own: set[int] = set()
         self.peaks = [""] * len(backends)
-        self.where = ""  # the node being processed, for the peaks
+        self.where = ""  # the peak label before the walk (the leafs and inputs of the counting pass)
+        self.cur: T | None = None  # the node being processed (its label: ``peak_label``)
         self.layer = ""  # " (layer N)" of the last node named for a layer
 
     def size(self, t: T, bid: int) -> int:
@@ -157,11 +157,9 @@ class GraphAllocator:
                 size += row_size(t.type, 512 - t.ne[0] % 512)
         return size
 
-    def _allocated(self, t: T) -> bool:
-        return t.location is not None or id(t) in self.own
-
     def allocate(self, t: T, bid: int) -> None:
-        if self._allocated(t) or t.view_src is not None:
+        # allocated (pre-allocated data or galloc-owned) or a view: nothing to do
+        if t.view_src is not None or t.dev is not None or id(t) in self.own:
             return
         if t.op in self.inplace_ops:
             for p in t.src:
@@ -194,7 +192,7 @@ class GraphAllocator:
         t.alloc = (bid, al.alloc(size))
         self.own.add(id(t))
         if al.max_size > before:
-            self.peaks[bid] = self.where
+            self.peaks[bid] = self.where if self.cur is None else peak_label(self.cur, self.layer)
 
     def free(self, t: T) -> None:
         if t.flags & OUTPUT or t.alloc is None:
@@ -240,32 +238,48 @@ class GraphAllocator:
     def step(self, n: T, bid: int) -> None:
         """One node of the allocation walk: its sources and itself allocated, then every parent
         whose last child or view this was freed."""
-        if (m := LAYER_SUFFIX.search(n.name)) is not None:
-            self.layer = f" (layer {m.group(1)})"
-        self.where = peak_label(n, self.layer)
-        for s in n.src:
-            if s is not None:
-                self.allocate(s, bid)
-        self.allocate(n, bid)
-        for p in n.src:
+        self.enter(n)
+        own, allocate = self.own, self.allocate
+        src = n.src
+        for s in src:  # what ``allocate`` returns at once for (allocated, a view) is not called
+            if s is not None and s.view_src is None and s.dev is None and id(s) not in own:
+                allocate(s, bid)
+        allocate(n, bid)
+        for p in src:
             if p is None:
                 continue
             p.n_children -= 1
             if p.n_children or p.n_views:
                 continue
-            if p.view_src is not None:
-                vs = p.view_src
+            vs = p.view_src
+            if vs is not None:
                 vs.n_views -= 1
-                if vs.n_views == 0 and vs.n_children == 0 and id(vs) in self.own:
+                if vs.n_views == 0 and vs.n_children == 0 and id(vs) in own:
                     self.free(vs)
-            elif id(p) in self.own:
+            elif id(p) in own:
                 self.free(p)
+
+    def enter(self, n: T) -> None:
+        """The walk reaches node ``n``: the layer it names (if any) and the node the peaks are
+        labelled with (``peak_label``, made only when a peak moves)."""
+        il = layer_suffix(n.name)
+        if il is not None:
+            self.layer = f" (layer {il})"
+        self.cur = n
 
     def run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
         self.count(nodes, node_ids, leafs, leaf_ids)
         for n, bid in zip(nodes, node_ids, strict=True):
             self.step(n, bid)
         return [a.max_size for a in self.allocs]
+
+
+def layer_suffix(name: str) -> str | None:
+    """The layer number ``LAYER_SUFFIX`` finds at the end of a tensor name (``-N``), without the regex."""
+    _, sep, tail = name.rpartition("-")
+    if sep and tail.isdecimal():
+        return tail
+    return None
 
 
 def peak_label(n: T, layer: str) -> str:

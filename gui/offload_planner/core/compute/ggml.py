@@ -80,17 +80,13 @@ def _contiguous_nb(type_: GGMLType, ne: Sequence[int]) -> list[int]:
 
 def nbytes(t: T) -> int:
     """``ggml_nbytes``."""
-    if any(n <= 0 for n in t.ne):
+    n0, n1, n2, n3 = t.ne
+    if n0 <= 0 or n1 <= 0 or n2 <= 0 or n3 <= 0:
         return 0
-    if t.type.block_size == 1:
-        size = t.type.type_size
-        for i in range(4):
-            size += (t.ne[i] - 1) * t.nb[i]
-        return size
-    size = t.ne[0] * t.nb[0] // t.type.block_size
-    for i in range(1, 4):
-        size += (t.ne[i] - 1) * t.nb[i]
-    return size
+    nb = t.nb
+    bs = t.type.block_size
+    size = t.type.type_size + (n0 - 1) * nb[0] if bs == 1 else n0 * nb[0] // bs
+    return size + (n1 - 1) * nb[1] + (n2 - 1) * nb[2] + (n3 - 1) * nb[3]
 
 
 def nelements(t: T) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator
+from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, peak_label
 from offload_planner.core.compute.ggml import (
     CPU,
     VIEW_OPS,
@@ -58,6 +58,10 @@ class RecAlloc(GraphAllocator):
         # | (2 free, t, t, size, 0, "")
         self.tail: list[list[Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
+
+    def enter(self, n: T) -> None:
+        super().enter(n)
+        self.where = peak_label(n, self.layer)  # every allocation's event carries it
 
     def allocate(self, t: T, bid: int) -> None:
         super().allocate(t, bid)

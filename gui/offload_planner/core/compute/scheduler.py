@@ -85,12 +85,14 @@ class Scheduler:
     # buffer helpers
 
     def from_buffer(self, t: T) -> int:
-        loc = t.location
+        vs = t.view_src
+        loc = t.dev if vs is None else vs.dev  # t.location
         return -1 if loc is None else self.ids.get(loc, self.cpu)
 
     def supports(self, t: T, b: int) -> bool:
         """``ggml_backend_sched_buffer_supported``: the tensor's data is in backend b's memory."""
-        loc = t.location
+        vs = t.view_src
+        loc = t.dev if vs is None else vs.dev  # t.location
         if loc is not None:
             return self.ids.get(loc, self.cpu) == b
         bid = t.bid if t.bid != -1 or t.view_src is None else t.view_src.bid
