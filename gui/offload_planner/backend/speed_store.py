@@ -26,6 +26,7 @@ from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, hardware_for
+from offload_planner.core.speed.speculation import with_speculation
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -213,9 +214,14 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
-               placement: Placement | None = None, probe_rpc: bool = False) -> SpeedEstimate:
+               placement: Placement | None = None, probe_rpc: bool = False,
+               accept: float | None = None) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
-    and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
+    and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags; tg
+    with the plan's draft model or MTP at acceptance ``accept`` (None: the default)."""
     hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
-    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)
+    eff = efficiencies_for(plan.dialect)
+    placement = placement or plan.placement()
+    est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement)
+    return with_speculation(est, plan, hw, eff, placement=placement, accept=accept)
