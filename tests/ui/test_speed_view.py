@@ -173,3 +173,24 @@ def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> Non
         assert "fastest prompt processing at -ub 4096" in plot.status.text()
     finally:
         win.close()
+
+
+def test_label_shows_mtp_speculation_beside_the_plain_figure(qtbot: QtBot, settings: Settings,
+                                                              small_models: dict[str, Path]) -> None:
+    """With --spec-type draft-mtp the line gives tg with MTP and the figure without it, as the
+    estimate computes them (core tests check those against the model's bytes)."""
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=64))
+    try:
+        open_and_wait(qtbot, win, small_models["glm4moe"])
+        qtbot.waitUntil(lambda: "CUDA0" in win.speed_label.text() or "CPU" in win.speed_label.text())
+        assert "with MTP" not in win.speed_label.text()
+        assert win.command_pane.apply_command_text("llama-server -m m.gguf -c 2048 --spec-type draft-mtp")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "with MTP" in win.speed_label.text())
+        m = re.fullmatch(r"est\. tg ([\d.]+) t/s with MTP \(([\d.]+) without\) · pp ([\d.]+) t/s \((.*)\)",
+                         win.speed_label.text())
+        assert m, win.speed_label.text()
+        assert "speculative decoding, MTP (1 NextN layer): 3 tokens drafted" in win.speed_label.toolTip()
+        assert "pull/25980" in win.speed_label.toolTip()
+    finally:
+        win.close()

@@ -215,13 +215,14 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
                placement: Placement | None = None, probe_rpc: bool = False,
-               accept: float | None = None) -> SpeedEstimate:
+               accept: float | None = None, depth: int = 0) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags; tg
-    with the plan's draft model or MTP at acceptance ``accept`` (None: the default)."""
+    with the plan's draft model or MTP at acceptance ``accept`` (None: the default); pp and tg after
+    ``depth`` tokens of context as well when given."""
     hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
     eff = efficiencies_for(plan.dialect)
     placement = placement or plan.placement()
-    est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement)
+    est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement, depth=depth)
     return with_speculation(est, plan, hw, eff, placement=placement, accept=accept)

@@ -31,6 +31,14 @@ def _spec_lines(est: SpeedEstimate) -> list[str]:
             f"{sp.verify_ms:.2f} ms; one draft pass: {sp.draft_ms:.2f} ms)"]
 
 
+def _depth_lines(est: SpeedEstimate) -> list[str]:
+    if not est.depth or est.pp_tps_at_depth is None or est.tg_tps_at_depth is None:
+        return []
+    return [f"  after {est.depth} tokens of context (--depth): pp {_tps(est.pp_tps_at_depth)} t/s for the "
+            f"{est.prompt}-token prompt (attention over the cache, its KV read per micro-batch), tg "
+            f"{_tps(est.tg_tps_at_depth)} t/s"]
+
+
 def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
     """Text lines under the memory table."""
     cal = "calibrated" if est.calibrated else "uncalibrated"
@@ -40,6 +48,7 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
         f"(-ub {est.n_ubatch}"
         + (", op offload: host weights copied to the GPU per micro-batch" if est.op_offload else "") + ")",
         *_spec_lines(est),
+        *_depth_lines(est),
         "  device   read/token   ms/token  share   KV at full context",
     ]
     for d in est.devices:
@@ -79,7 +88,16 @@ def speed_json(est: SpeedEstimate) -> dict[str, Any]:
         "calibrated": est.calibrated,
         "assumptions": [a.as_json() for a in est.assumptions],
         **_spec_json(est),
+        **_depth_json(est),
     }
+
+
+def _depth_json(est: SpeedEstimate) -> dict[str, Any]:
+    """With ``--depth D``: pp of the prompt and tg after D tokens of context."""
+    if not est.depth or est.pp_tps_at_depth is None or est.tg_tps_at_depth is None:
+        return {}
+    return {"depth": est.depth, "pp_tps_at_depth": round(est.pp_tps_at_depth, 3),
+            "tg_tps_at_depth": round(est.tg_tps_at_depth, 3)}
 
 
 def _spec_json(est: SpeedEstimate) -> dict[str, Any]:
