@@ -42,7 +42,13 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, rpc_links, threads_of
+    from offload_planner.backend.speed_store import (
+        efficiencies_for,
+        host_bandwidth,
+        rpc_links,
+        thread_use,
+        threads_of,
+    )
     from offload_planner.backend.system import cpu_device, detect_gpus
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.devices import build_device_set, parse_device_decl
@@ -73,7 +79,7 @@ def run_fit(args: argparse.Namespace) -> int:
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
-                      links=rpc_links(devices))
+                      links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff,
                           allow_kv_quant=args.allow_kv_quant)

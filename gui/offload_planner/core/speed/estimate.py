@@ -99,6 +99,7 @@ class SpeedEstimate:
     depth: int = 0  # --depth: the context before the prompt (0: pp from an empty cache)
     pp_tps_at_depth: float | None = None  # the prompt after ``depth`` tokens (depth > 0)
     tg_tps_at_depth: float | None = None  # a token after ``depth`` tokens (depth > 0)
+    warnings: list[str] = field(default_factory=list)  # e.g. more compute threads than cores
 
     def device(self, name: str) -> DeviceTime:
         return next(d for d in self.devices if d.name == name)
@@ -182,7 +183,25 @@ def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
 
 
 def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
-    """Effective GB/s of a device's memory, and what it rests on."""
+    """Effective GB/s of a device's memory, and what it rests on (a device whose threads share
+    oversubscribed cores: that share of it, :class:`hardware.Threads`)."""
+    bw, notes = _peak_bandwidth(dev, eff)
+    if dev.share < 1.0:
+        bw *= dev.share
+        notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
+                                Figure(round(dev.share, 3), "x", Source.DEFAULT,
+                                       "cores / compute threads on this machine; bandwidth and compute "
+                                       "scaled by it")))
+    return bw, notes
+
+
+def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
+    """Effective TFLOPS of a device: peak x efficiency x its share of oversubscribed cores."""
+    e = eff.cpu_compute if dev.kind is DeviceKind.CPU else eff.gpu_compute
+    return dev.tflops.value * e.value * dev.share
+
+
+def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
     if dev.kind is DeviceKind.RPC and dev.threads:  # the server computes on its CPU with -t threads
         e = eff.cpu_bandwidth
         bw = dev.bandwidth.value * e.value
@@ -303,9 +322,8 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     device_s: dict[str, float] = {}
     for name in set(flops) | set(reads):
         d = hw[name]
-        e = eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute
         bw, _ = _bandwidth(d, eff)
-        device_s[name] = max(flops[name] / (d.tflops.value * e.value * 1e12), reads[name] / (bw * 1e9))
+        device_s[name] = max(flops[name] / (compute_tflops(d, eff) * 1e12), reads[name] / (bw * 1e9))
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
@@ -390,6 +408,19 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
     return out
 
 
+def thread_warnings(hw: Hardware) -> list[str]:
+    """More compute threads than physical cores on this machine: said, with the slowdown assumed."""
+    t = hw.threads
+    if t is None or not t.oversubscribed:
+        return []
+    free = t.cores - sum(t.rpc.values())
+    fix = (f"-t {free} (the cores left beside the rpc-servers)" if t.rpc and free >= 1
+           else f"-t {t.cores}" if not t.rpc else "fewer rpc-server threads (rpc-server -t)")
+    return [f"{t.describe()}: oversubscribed; the estimate gives each thread {t.share:.2f} of a core, "
+            f"{', '.join(t.local)} {1 / t.share:.2f}x slower (llama.cpp's threads wait for each other at "
+            f"every op: a busy machine is slower still); consider {fix}"]
+
+
 def _bottleneck(times: dict[str, float], split_s: float, total: float) -> str:
     parts = dict(times)
     parts["graph splits"] = split_s
@@ -449,6 +480,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
         bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
         calibrated=calibrated, assumptions=assumptions, depth=max(depth, 0),
+        warnings=thread_warnings(hw),
         pp_tps_at_depth=pp_d, tg_tps_at_depth=tg_d)
 
 

@@ -58,6 +58,7 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
                      f"{100 * d.share:5.0f}%   {fmt_bytes(d.kv_bytes_at_ctx)}")
     if est.n_splits:
         lines.append(f"  graph splits: {est.n_splits} per token, {est.split_ms:.2f} ms")
+    lines += [f"  warning: {w}" for w in est.warnings]
     lines.append(f"  tg bottleneck: {est.bottleneck}")
     lines.append(f"  pp bottleneck: {est.pp_bottleneck}")
     if assumptions:
@@ -89,6 +90,7 @@ def speed_json(est: SpeedEstimate) -> dict[str, Any]:
         "assumptions": [a.as_json() for a in est.assumptions],
         **_spec_json(est),
         **_depth_json(est),
+        **({"warnings": list(est.warnings)} if est.warnings else {}),
     }
 
 

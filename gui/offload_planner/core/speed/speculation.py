@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from offload_planner.core.devices import DeviceKind, DeviceSet
+from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
@@ -33,6 +33,7 @@ from offload_planner.core.speed.estimate import (
     SpeedEstimate,
     _bandwidth,
     _link,
+    compute_tflops,
     expert_fraction,
     kv_bytes_at,
     split_pairs,
@@ -153,8 +154,7 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
         bw, _ = _bandwidth(d, eff)
         nbytes = r.full_b + r.exp_b * hit + r.row_b * b + kv.get(name, 0)
         flops = 2.0 * b * (r.full_el + r.exp_el * frac)
-        e = eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute
-        total += max(nbytes / (bw * 1e9), flops / (d.tflops.value * e.value * 1e12))
+        total += max(nbytes / (bw * 1e9), flops / (compute_tflops(d, eff) * 1e12))
     return total
 
 
