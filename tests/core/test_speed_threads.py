@@ -41,9 +41,11 @@ def test_thread_use_counts_local_rpc_servers_only() -> None:
     gpus = (Device("RPC0", DeviceKind.RPC, 16 * GiB, endpoint="127.0.0.1:50052", hardware=three),
             Device("RPC1", DeviceKind.RPC, 16 * GiB, endpoint="10.0.0.5:50052"))
     t = thread_use(DeviceSet(_cpu(), gpus), 2, cores=4)
+    assert t is not None
     assert dict(t.rpc) == {"127.0.0.1:50052": 3} and t.local == ("CPU", "RPC0")
     assert (t.total, t.oversubscribed, t.share) == (5, True, 0.8)
     default = thread_use(DeviceSet(_cpu(), ()), None, cores=4)  # llama-server's default -t: the cores
+    assert default is not None
     assert (default.total, default.oversubscribed, default.server_given) == (4, False, False)
 
 
@@ -74,10 +76,18 @@ def test_plan_warns_when_t_exceeds_the_cores(small_models: dict[str, Path],
                                              capsys: pytest.CaptureFixture[str]) -> None:
     from offload_planner.cli import main
 
-    common = ["plan", str(small_models["llama"]), "--no-detect", "--device", "CPU=64GiB,bw=100GB/s"]
-    assert main([*common, "--json", "--", "-c", "1024", "-t", "4096"]) == 0
+    here = ["plan", str(small_models["llama"]), "--no-detect", "--device", "CPU=64GiB"]  # this machine
+    assert main([*here, "--json", "--", "-c", "1024", "-t", "4096"]) == 0
     speed = json.loads(capsys.readouterr().out)["speed"]
     cores = physical_cores()
     assert f"4096 compute threads (4096 llama-server (-t)) on {cores} physical core" in speed["warnings"][0]
-    assert main([*common, "--", "-c", "1024", "-t", "1"]) == 0
+    assert main([*here, "--", "-c", "1024", "-t", "1"]) == 0
     assert "warning:" not in capsys.readouterr().out
+    # a CPU declared by its bandwidth is another machine: its cores are not this one's
+    other = ["plan", str(small_models["llama"]), "--no-detect", "--device", "CPU=64GiB,bw=100GB/s"]
+    assert main([*other, "--json", "--", "-c", "1024", "-t", "4096"]) == 0
+    assert "warnings" not in json.loads(capsys.readouterr().out)["speed"]
+    cores16 = ["plan", str(small_models["llama"]), "--no-detect", "--device", "CPU=64GiB,bw=100GB/s,cores=16"]
+    assert main([*cores16, "--json", "--", "-c", "1024", "-t", "32"]) == 0
+    assert "32 compute threads (32 llama-server (-t)) on 16 physical cores" in json.loads(
+        capsys.readouterr().out)["speed"]["warnings"][0]

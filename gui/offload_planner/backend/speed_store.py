@@ -23,6 +23,7 @@ from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.declared import parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, Threads, hardware_for
@@ -222,11 +223,18 @@ def is_local(endpoint: str) -> bool:
     return host in LOOPBACK or host in {platform.node().lower(), "[::]"}
 
 
-def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = None) -> Threads:
-    """The compute threads on this machine: llama-server's ``-t`` (default: the physical cores) and
-    each local rpc-server's (declared ``threads=``, else the server's default: half the logical
-    CPUs)."""
-    n_cores = cores or physical_cores()
+def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = None) -> Threads | None:
+    """The compute threads on the host llama-server runs on: its ``-t`` (else the CPU's declared
+    ``threads=``; default: the physical cores) and each local rpc-server's (declared ``threads=``,
+    else the server's default: half the logical CPUs).  The cores: ``cores``, else the CPU's declared
+    ``cores=``, else this machine's, unless the CPU's bandwidth is declared (another machine whose
+    cores are not known: None)."""
+    decl = parse_hardware_keys(devices.cpu.hardware)
+    elsewhere = bool(devices.cpu.bandwidth_gbs) or decl.bw is not None or decl.ram is not None
+    n_cores = cores or decl.cores or (None if elsewhere else physical_cores())
+    if n_cores is None:
+        return None
+    threads = threads or decl.threads
     rpc_default = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardware_concurrency() / 2
     rpc: dict[str, int] = {}
     local = [devices.cpu.name]
