@@ -1,6 +1,6 @@
 """Speculative decoding in the tg estimate: a step is one batch of ``n + 1`` tokens verified by the
-target (weights once, routed experts any of them routes to), ``n`` one-token draft passes and one
-catch-up pass of the accepted tokens; ``1 + a + ... + a^n`` tokens a step.
+target (weights once, routed experts any of them routes to), the draft's pass over that same batch
+and ``n`` one-token draft passes; ``1 + a + ... + a^n`` tokens a step.
 
 Every expected figure is computed here from the GGUF's own tensor list (names, byte counts) and the
 declared CPU bandwidth, not by the estimator: a CPU-only plan (no graph split) whose compute is
@@ -71,7 +71,7 @@ def test_mtp_step_from_the_models_bytes(small_models: dict[str, Path]) -> None:
     assert "blk.4.nextn.shared_head_head.weight" in nextn and "blk.4.nextn.embed_tokens.weight" in nextn
     plain_s = _bytes(m, trunk, 1, share) / EFF_BW
     e = _tokens_per_step(DEFAULT_ACCEPT, 3)
-    step = (_bytes(m, trunk, 4, share) + 3 * _bytes(m, nextn, 1, share) + _bytes(m, nextn, e, share)) / EFF_BW
+    step = (_bytes(m, trunk, 4, share) + 3 * _bytes(m, nextn, 1, share) + _bytes(m, nextn, 4, share)) / EFF_BW
 
     base = estimate(plan, _hw(), eff=DEFAULT)
     est = with_speculation(base, plan, _hw(), DEFAULT)
@@ -96,7 +96,7 @@ def test_draft_model_step_and_declared_acceptance(small_models: dict[str, Path])
     e = _tokens_per_step(a, 5)
     tnames = [t.name for t in m.tensors]
     dnames = [t.name for t in d.tensors]
-    step = (_bytes(m, tnames, 6, 1.0) + 5 * _bytes(d, dnames, 1, 1.0) + _bytes(d, dnames, e, 1.0)) / EFF_BW
+    step = (_bytes(m, tnames, 6, 1.0) + 5 * _bytes(d, dnames, 1, 1.0) + _bytes(d, dnames, 6, 1.0)) / EFF_BW
     est = with_speculation(estimate(plan, _hw(), eff=DEFAULT), plan, _hw(), DEFAULT, accept=a)
     assert est.spec is not None and est.spec.n_draft == 5 and est.spec.kind.startswith("draft model")
     assert est.tg_tps == pytest.approx(e / step, rel=1e-9)

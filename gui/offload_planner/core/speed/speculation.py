@@ -1,13 +1,14 @@
 """Speculative decoding in the tg estimate: a draft model (``-md``) or MTP (the main model's NextN
 layers, ``--spec-type draft-mtp``), as the pinned build's ``common/speculative.cpp`` runs them.
 
-One step of a slot: the draft catches up on the tokens the target accepted last step (one batch,
-``process``), then decodes one token at a time ``n`` times (``--spec-draft-n-max``, default 3; the
-default ``--spec-draft-p-min`` 0 never stops a draft early); the target verifies the last sampled
-token and the ``n`` drafted ones in one batch of ``n + 1``.  A batch reads each weight once (routed
-experts: those at least one of its tokens routes to, ``1 - (1 - k/n_expert)^b``) and the KV cache
-once, and computes ``2 x active params`` FLOPs per token: its time on a device is the larger of the
-reads over the effective bandwidth and the FLOPs over the effective compute, plus every graph split.
+One step of a slot: the target verifies the last sampled token and the ``n`` drafted ones in one
+batch of ``n + 1`` (``--spec-draft-n-max``, default 3; the default ``--spec-draft-p-min`` 0 never
+stops a draft early); the draft processes that same batch (``common_speculative_process``: its KV,
+and MTP's hidden states), then decodes one token at a time ``n`` times.  A batch reads each
+weight once (routed experts: those at least one of its tokens routes to, ``1 - (1 - k/n_expert)^b``)
+and the KV cache once, and computes ``2 x active params`` FLOPs per token: its time on a device is
+the larger of the reads over the effective bandwidth and the FLOPs over the effective compute, plus
+every graph split.
 
 Tokens a step: with a per-token acceptance ``a`` (a draft token is kept when it and every earlier one
 in the draft is accepted) ``1 + a + a^2 + ... + a^n``.  The default ``a`` is a public measurement
@@ -266,8 +267,8 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         verify = pass_seconds(target, hw, eff, frac, b, target_kv_, _splits(hw, eff, tpairs, n_embd, b))
         one = pass_seconds(draft.reads, hw, eff, draft.frac, 1, draft_kv,
                            _splits(hw, eff, draft.pairs, draft.n_embd, 1))
-        catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, e_tokens, draft_kv,
-                                _splits(hw, eff, draft.pairs, draft.n_embd, e_tokens))
+        catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, b, draft_kv,
+                                _splits(hw, eff, draft.pairs, draft.n_embd, b))
         return verify, one, verify + n * one + catch_up
 
     verify0, one0, step0 = step({}, {})
