@@ -134,3 +134,17 @@ def test_plan_cli_prints_and_carries_it(small_models: dict[str, Path],
     with pytest.raises(SystemExit):
         main([*common, "--spec-accept", "1.5", "--", "-c", "2048"])
     assert "--spec-accept '1.5'" in capsys.readouterr().err
+
+
+def test_fit_prints_its_answer_with_mtp_and_depth(small_models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from offload_planner.cli import main
+
+    argv = ["fit", str(small_models["glm4moe"]), "--no-detect", "--device", "CUDA0=4GiB,bw=500GB/s",
+            "--device", "CPU=64GiB,bw=50GB/s", "--json", "--depth", "512", "--spec-accept", "0.7",
+            "--", "-c", "2048", "--spec-type", "draft-mtp"]
+    assert main(argv) == 0
+    speed = json.loads(capsys.readouterr().out)["speed"]
+    assert speed["speculative"]["accept"] == 0.7 and speed["speculative"]["kind"] == "MTP (1 NextN layer)"
+    assert speed["depth"] == 512 and speed["pp_tps_at_depth"] < speed["pp_tps"]
+    assert speed["tg_tps_at_ctx"] < speed["tg_tps_at_depth"] < speed["tg_tps"]
