@@ -160,6 +160,9 @@ def run_plan(args: argparse.Namespace) -> int:
     except (KeyError, ValueError, ArithmeticError) as e:  # the memory plan stands without it
         speed = None
         notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
+    if args.spec_accept is not None and speed is not None and speed.spec is None:
+        notes.append(f"--spec-accept {args.spec_accept:g} unused: the command has no draft model (-md) "
+                     "or MTP (--spec-type draft-mtp on a model with NextN layers)")
     if speed is not None and args.depth + args.prompt > speed.n_ctx:
         notes.append(f"--depth {args.depth} + --prompt {args.prompt} tokens exceed the context of "
                      f"{speed.n_ctx} cells a sequence: llama-server would refuse such a request "

@@ -131,6 +131,8 @@ def test_plan_cli_prints_and_carries_it(small_models: dict[str, Path],
     out = capsys.readouterr().out
     assert "with MTP (1 NextN layer)" in out and "acceptance 0.806 a drafted token (default)" in out
     assert "pull/25980" in out  # the assumption names its public measurement
+    assert main([*common, "--spec-accept", "0.5", "--", "-c", "2048"]) == 0
+    assert "--spec-accept 0.5 unused: the command has no draft model" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([*common, "--spec-accept", "1.5", "--", "-c", "2048"])
     assert "--spec-accept '1.5'" in capsys.readouterr().err

@@ -8,6 +8,7 @@ the efficiencies ``launch --bench`` measures per machine and backend (:func:`rec
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -201,6 +202,7 @@ def threads_of(parsed: Any) -> int | None:
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0"})
 
 
+@functools.cache
 def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
     """The physical cores as llama.cpp counts them (``common_cpu_get_num_physical_cores``: distinct
     ``topology/thread_siblings`` of cpu0, cpu1, ... on Linux; elsewhere ``hardware_concurrency``, halved
