@@ -139,11 +139,12 @@ RPC_SERVER_THREADS = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardw
 
 def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
                     args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None, *,
-                    cores: bool = False) -> SpeedEstimate:
+                    count_cores: bool = False) -> SpeedEstimate:
     """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
     machine, so each is declared with the host's measured bandwidth and the CPU's compute; with
-    ``links`` (the probe's) the link is not declared and the server's threads are; with ``cores``
-    the threads of llama-server and the rpc-servers are counted against this machine's cores."""
+    ``links`` (the probe's) the link is not declared and the server's threads are; with
+    ``count_cores`` the threads of llama-server and the rpc-servers are counted against this
+    machine's cores."""
     parsed = parse_server_args(server_args, dialect="llama.cpp")
     cores = os.cpu_count() or 1
     tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD, 3)
@@ -154,7 +155,7 @@ def estimate_config(model: Path, server_args: list[str], endpoints: list[str], r
     plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
     probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
     hw = hardware_for(devices, threads=args.threads, probe=probe, links=links,
-                      cores=thread_use(devices, args.threads) if cores else None)
+                      cores=thread_use(devices, args.threads) if count_cores else None)
     return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
 
 
@@ -222,7 +223,7 @@ def main() -> int:
             server_args, endpoints, got, links = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
             est = estimate_config(model, server_args, endpoints, ram, args)
             after = estimate_config(model, server_args, endpoints, ram, args, links) if endpoints else est
-            cont = estimate_config(model, server_args, endpoints, ram, args, links or None, cores=True)
+            cont = estimate_config(model, server_args, endpoints, ram, args, links or None, count_cores=True)
             load = os.getloadavg()[0]
             rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
                          "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
