@@ -17,7 +17,7 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.efficiency import DEFAULT
 from offload_planner.core.speed.estimate import estimate
-from offload_planner.core.speed.hardware import Threads, hardware_for
+from offload_planner.core.speed.hardware import Figure, Source, Threads, hardware_for
 
 GiB = 1024**3
 
@@ -73,8 +73,16 @@ def test_oversubscribed_cpu_is_slower_by_the_share(small_models: dict[str, Path]
 
 
 def test_plan_warns_when_t_exceeds_the_cores(small_models: dict[str, Path],
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from offload_planner.backend import speed_store
     from offload_planner.cli import main
+
+    # this machine's CPU (no bw= declared) without running or caching the RAM probe in the session's
+    # config folder (a probe measured while the machine is busy would skew later tests)
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(speed_store, "host_bandwidth",
+                        lambda *, measure=True: Figure(40.0, "GB/s", Source.MEASURED, "pinned by the test"))
 
     here = ["plan", str(small_models["llama"]), "--no-detect", "--device", "CPU=64GiB"]  # this machine
     assert main([*here, "--json", "--", "-c", "1024", "-t", "4096"]) == 0
