@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from operator import ne
 
 from offload_planner.core.compute.ggml import (
     T,
@@ -85,7 +86,9 @@ def record_at_first_sight(on: bool = True) -> None:
 
 def _distance(a: Sequence[str], b: Sequence[str]) -> int:
     """Layers (units) on another device."""
-    return sum(x != y for x, y in zip(a, b, strict=True))
+    if len(a) != len(b):
+        raise ValueError("placements of different models")
+    return 0 if a == b else sum(map(ne, a, b))
 
 
 def _near(units: Sequence[str]) -> int:

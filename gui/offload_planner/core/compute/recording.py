@@ -22,6 +22,9 @@ from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.placement import Placed
 
 _CK_STRIDE = 8
+#: a replay's tail stops at every this many checkpoints (and at the layer starts), where it compares
+#: its state with the reference's and may keep it for later tails (``Reference.tail_memo``)
+TAIL_STRIDE = 4
 
 
 class Refuse(Exception):
@@ -110,15 +113,16 @@ class Checkpoint:
     layer: str
     live: dict[T, tuple[tuple[int, int], int, int]]
     suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
-    _live_on: list[list[tuple[T, int]]] | None = None
+    _live_on: list[tuple[tuple[T, ...], tuple[int, ...]]] | None = None
 
-    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> list[tuple[T, int]]:
+    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> tuple[tuple[T, ...], tuple[int, ...]]:
         """The live tensors on backend ``b`` and their offsets, the latest created first (where two
         states differ: long-lived inputs rarely move)."""
         if self._live_on is None:
-            self._live_on = [[] for _ in range(n_backends)]
+            on: list[list[tuple[T, int]]] = [[] for _ in range(n_backends)]
             for t, ((tb, off), _, _) in sorted(self.live.items(), key=lambda e: -first.get(e[0], -1)):
-                self._live_on[tb].append((t, off))
+                on[tb].append((t, off))
+            self._live_on = [(tuple(t for t, _ in e), tuple(off for _, off in e)) for e in on]
         return self._live_on[b]
 
 
@@ -286,6 +290,11 @@ class Reference:
         self.peaks = list(galloc.peaks)
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
         self.periods = find_periods(starts, self.tail, self.tail_pos)
+        # where a replay's tail stops: positions and their checkpoints' indices
+        at_start = set(starts)
+        stops = [(p, c) for c, p in enumerate(self.ckpos) if c % TAIL_STRIDE == 0 or p in at_start]
+        self.tail_stops = [p for p, _ in stops]
+        self.tail_stop_ck = [c for _, c in stops]
         # states replays' tails passed (see replay_alloc._tail): the maximum from there on and its label
         self.tail_memo: dict[tuple[object, ...], tuple[int, str]] = {}
         self.size_cache: dict[tuple[T, int], int] = {}

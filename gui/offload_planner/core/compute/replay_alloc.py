@@ -21,7 +21,7 @@ from offload_planner.core.compute.stats import stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
 _MIN_STRETCH = 32
-#: tail states are compared with earlier tails' every this many checkpoints; at most this many kept
+#: tail states are kept for later tails at the stops of every this many checkpoints; at most this many
 _MEMO_STRIDE = 4
 _MEMO_SIZE = 200_000
 
@@ -85,7 +85,10 @@ class _AllocReplay:
         return (0 if u is None else len(u)) + self.d_all.get(t, 0)
 
     def v_new(self, t: T) -> int:
-        return sum(1 for v in self.ref.view_nodes.get(t, ()) if self.total_new(v) == 0 or self.r_new(v) > 0)
+        views = self.ref.view_nodes.get(t)
+        if not views:
+            return 0
+        return sum(1 for v in views if self.total_new(v) == 0 or self.r_new(v) > 0)
 
     def fixed(self, t: T) -> bool:
         """Never allocated by the graph allocator (it or its view source has a buffer)."""
@@ -253,16 +256,22 @@ class _AllocReplay:
 
     def release(self, p: T) -> None:
         """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
-        nc, nv, NC, NV = self.nc, self.nv, self.NC, self.NV
-        c = NC(p) - 1
+        nc, nv = self.nc, self.nv
+        c = nc.get(p)
+        c = (self.r_new(p) if c is None else c) - 1
         nc[p] = c
-        if c or NV(p):
+        if c:
             return
-        if p.view_src is not None:
-            vs = p.view_src
-            v = NV(vs) - 1
+        v = nv.get(p)
+        if v is None:
+            v = nv[p] = self.v_new(p)
+        if v:
+            return
+        vs = p.view_src
+        if vs is not None:
+            v = self.NV(vs) - 1
             nv[vs] = v
-            if v == 0 and NC(vs) == 0 and vs in self.own:
+            if v == 0 and self.NC(vs) == 0 and vs in self.own:
                 self.free(vs)
         elif p in self.own:
             self.free(p)
@@ -429,8 +438,8 @@ def _tails(ref: Reference, qr: int, allocs: list[DynAllocator], own: dict[T, tup
 def _same_on(ref: Reference, ck: Checkpoint, b: int, al: DynAllocator, own_b: dict[T, int]) -> bool:
     if al.blocks != ck.blocks[b]:
         return False
-    get = own_b.get
-    return all(get(t) == off for t, off in ck.live_on(b, len(ref.backends), ref.first))
+    tensors, offsets = ck.live_on(b, len(ref.backends), ref.first)
+    return tuple(map(own_b.get, tensors)) == offsets
 
 
 def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, str]:
@@ -443,8 +452,10 @@ def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, st
 
 def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int],
           label: str) -> tuple[int, str]:
-    """Backend ``b``'s events from position ``qr`` on; checked against the reference's state at every
-    checkpoint after some event (without events neither state changes), and every few checkpoints
+    """Backend ``b``'s events from position ``qr`` on; checked at the tail's stops (every few
+    checkpoints, and the layer starts: ``Reference.tail_stops``) after some event (without events
+    neither state changes) against the reference's state (once equal, equal at every later stop: a
+    later stop finds it as well, with the same maximum from there), and every few checkpoints
     against the states earlier tails passed there (``Reference.tail_memo``: the rest of a tail is a
     function of its position, blocks and live offsets; a move moves the residual stream to the other
     of two blocks, and the next move's tail meets the same state).  At a layer start where the
@@ -452,18 +463,22 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     (:mod:`.periods`).  The maxima are kept per chunk of events between checkpoints, so each state
     passed can be stored with its maximum from there on."""
     stats["tails"] += 1
-    evs, poss, ckpos, memo = ref.tail[b], ref.tail_pos[b], ref.ckpos, ref.tail_memo
+    evs, poss, memo = ref.tail[b], ref.tail_pos[b], ref.tail_memo
+    stops, stop_ck = ref.tail_stops, ref.tail_stop_ck
     k, n = bisect.bisect_left(poss, qr), len(poss)
-    n_ck = len(ckpos)
-    c = bisect.bisect_left(ckpos, qr)
+    n_st = len(stops)
+    s = bisect.bisect_left(stops, qr)
+    if s < n_st and stops[s] != qr:  # (the state at the next stop is not this one)
+        s = n_st
     size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
     rest: tuple[int, str] = (-1, "")
     walk = PeriodWalk(ref.periods, b)
-    starts, cks = ref.periods.at, ref.cks
+    starts, cks, n_b = ref.periods.at, ref.cks, len(ref.backends)
     while True:
-        if c < n_ck and c % _MEMO_STRIDE == 0:
-            key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
-                   tuple(own_b.get(t) for t, _ in ref.cks[ckpos[c]].live_on(b, len(ref.backends), ref.first)))
+        if s < n_st and stop_ck[s] % _MEMO_STRIDE == 0:
+            pos = stops[s]
+            key: tuple[object, ...] = (pos, b, tuple(map(tuple, al.blocks)),
+                                       tuple(map(own_b.get, cks[pos].live_on(b, n_b, ref.first)[0])))
             if (hit := memo.get(key)) is not None:
                 stats["tail_hits"] += 1
                 rest = hit
@@ -471,20 +486,22 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
             seen.append((key, len(chunks)))
         if k >= n:
             break
-        c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
-        hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
+        s = bisect.bisect_right(stops, poss[k])  # the first stop after the next event
+        hi = bisect.bisect_left(poss, stops[s], k) if s < n_st else n
         al.max_size = 0  # the chunk's own maximum and the label of its first allocation reaching it
         clabel = al.apply(evs[k:hi], own_b, "")
         chunks.append((al.max_size, clabel))
         k = hi
-        if c >= n_ck:
+        if s >= n_st:
             continue
-        if ckpos[c] in starts and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
+        pos = stops[s]
+        if pos in starts and (to := walk.at(pos, al.blocks, own_b, len(chunks))) is not None:
             seen = [e for e in seen if e[1] <= walk.mark]
-            c = bisect.bisect_left(ckpos, to)
-            k = bisect.bisect_left(poss, to, k)
-        # (the blocks first: a cheap test that fails on most checkpoints)
-        if al.blocks == (ck := cks[ckpos[c]]).blocks[b] and _same_on(ref, ck, b, al, own_b):
+            s = bisect.bisect_left(stops, to)
+            pos = stops[s]
+            k = bisect.bisect_left(poss, pos, k)
+        # (the blocks first: a cheap test that fails on most stops)
+        if al.blocks == (ck := cks[pos]).blocks[b] and _same_on(ref, ck, b, al, own_b):
             assert ck.suffix is not None
             rest = ck.suffix[b]
             break

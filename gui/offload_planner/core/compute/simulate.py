@@ -5,6 +5,7 @@ architectures without a graph here."""
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -106,7 +107,24 @@ def pipeline_parallel(devices: DeviceSet, placement: Placement, p: ContextParams
 
 def reserve_shapes(model: Model, ctx: ResolvedContext, p: ContextParams, full: bool) -> list[Shape]:
     """The prompt graph (``min(n_ctx, n_ubatch)`` tokens, a multiple of n_seq_max) and the
-    one-token-per-sequence graph that ``sched_reserve`` reserves."""
+    one-token-per-sequence graph that ``sched_reserve`` reserves (remembered for the last few
+    settings: every projection asks twice)."""
+    key = (model, ctx, p, full)
+    with _SHAPES_LOCK:
+        shapes = _SHAPES.get(key)
+        if shapes is None:
+            shapes = _SHAPES[key] = _reserve_shapes(model, ctx, p, full)
+            while len(_SHAPES) > _SHAPES_SIZE:
+                del _SHAPES[next(iter(_SHAPES))]
+        return list(shapes)
+
+
+_SHAPES: dict[tuple[object, ...], list[Shape]] = {}
+_SHAPES_SIZE = 16
+_SHAPES_LOCK = threading.Lock()
+
+
+def _reserve_shapes(model: Model, ctx: ResolvedContext, p: ContextParams, full: bool) -> list[Shape]:
     n_seqs = p.n_seq_max
     n_tokens = min(ctx.n_ctx, ctx.n_ubatch)
     n_tokens = -(-n_tokens // n_seqs) * n_seqs
