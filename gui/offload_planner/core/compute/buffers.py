@@ -179,7 +179,7 @@ def simulate_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx
     projects a placement once, far from the last ones)."""
     reason = f"no graph model for {model.arch}"
     try:
-        sim = simulate(model, devices, placement, ctx, params, incremental=incremental)
+        sim = simulate(model, devices, placement, ctx, params, incremental=incremental, sizes_only=True)
     except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError) as e:
         # a file whose tensors do not fit the architecture's graph: estimate rather than fail
         sim, reason = None, f"{model.arch} graph not built: {type(e).__name__} {e}"

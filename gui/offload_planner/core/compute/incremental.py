@@ -136,14 +136,17 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                         backends: list[Backend], op_offload: bool, items: Sequence[Placed],
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
-                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False) -> Reserve:
+                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False,
+                        below: list[int] | None = None) -> Reserve | None:
     """``reserve`` (one copy) replayed against the recorded reference of the same topology nearest to
     this placement; recorded the second time a placement near it is simulated (or the first:
     :func:`record_at_first_sight`).
 
     ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
     (only asked for when the items do not line up with the reference's, or to record one).
-    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart)."""
+    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart).
+    ``below``: None instead of a replayed reserve whose sizes a bound puts at most there on every
+    backend (a caller that keeps the larger of two reserves per backend)."""
     ref = _nearest(key, unit_devices)
     if ref is not None:
         try:
@@ -152,8 +155,9 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                 stats["item_diffs"] += 1
             else:
                 mv = diff(ref, where(), unit_devices, offload_kqv)
-            r = replay(ref, mv)
-            stats["replays"] += 1
+            r = replay(ref, mv, below)
+            if r is not None:
+                stats["replays"] += 1
             return r
         except Refuse:  # a case the replay does not handle: run it in full
             stats["refused"] += 1

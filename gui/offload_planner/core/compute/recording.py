@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator
+from offload_planner.core.compute.bound import graph_bound
 from offload_planner.core.compute.ggml import (
     CPU,
+    LAYER_SUFFIX,
     VIEW_OPS,
     Graph,
     T,
@@ -270,6 +272,11 @@ class Reference:
                 if s is not None:
                     self.uses.setdefault(s, []).append(p)
                     self.first.setdefault(s, p)
+        # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
+        self.layer_tags: dict[T, str] = {}
+        for n in self.sched_nodes:
+            if (m := LAYER_SUFFIX.search(n.name)) is not None:
+                self.layer_tags[n] = f" (layer {m.group(1)})"
         self.view_nodes: dict[T, list[T]] = {}
         for n in self.sched_nodes:
             if n.view_src is not None and n.op != "NONE":
@@ -319,6 +326,14 @@ class Reference:
                     self.wcopies[sp.backend] += nbytes(inp)
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
+        self._bound: list[int] | None = None
+
+    def alloc_bound(self) -> list[int]:
+        """Per backend, a bound of what the allocator reaches on this graph (:mod:`.bound`)."""
+        if self._bound is None:
+            self._bound = graph_bound(GraphAllocator(self.backends), self.sched_nodes, self.sched_ids,
+                                      self.sched.leafs)
+        return self._bound
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""

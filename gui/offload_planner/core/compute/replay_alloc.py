@@ -221,9 +221,13 @@ class _AllocReplay:
         return v
 
     def allocate(self, t: T, b: int) -> None:
-        own = self.own
-        if t in own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
+        if t in self.own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
             return
+        self._place(t, b)
+
+    def _place(self, t: T, b: int) -> None:
+        """``allocate`` of a tensor that the graph allocator owns and has not allocated yet."""
+        own = self.own
         if t.op in INPLACE_OPS:
             for p in self.srcs(t):
                 if p is None or p not in own or p.flags & OUTPUT:
@@ -279,36 +283,51 @@ class _AllocReplay:
     def run(self) -> tuple[list[int], list[str]]:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
-        allocate, release = self.allocate, self.release
+        place, release, newsrc, newdev, nc = self._place, self.release, self.newsrc, self.newdev, self.nc
+        tags, first = ref.layer_tags, ref.first
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
-        q, end = wa, len(rnodes) + delta
+        q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
+        own = self.own
         while q < end:
             if stretches and (st := stretches.get(q - wa)) is not None:
                 r1 = self._skip(st[0], st[1], q - wa)
+                own = self.own
                 if r1 > st[0]:
                     q += r1 - st[0]
                     continue
-            if q >= wa + len(wnodes):
+            if q >= w_end:
                 qr = q - delta
                 ckq = cks.get(qr)
-                if ckq is not None and _same_live(ckq, self.own, self.NC, self.NV):
-                    return _tails(ref, qr, self.allocs, self.own, self.peaks)
+                if ckq is not None and _same_live(ckq, own, self.NC, self.NV):
+                    return _tails(ref, qr, self.allocs, own, self.peaks)
                 n, b = rnodes[qr], rids[qr]
             else:
                 n, b = wnodes[q - wa], wids[q - wa]
             q += 1
             self.cur = n
-            if (m := LAYER_SUFFIX.search(n.name)) is not None:
-                self.where = f" (layer {m.group(1)})"
-            ss = self.srcs(n)
-            for s in ss:
-                if s is not None:
-                    allocate(s, b)
-            allocate(n, b)
-            for p in ss:
-                if p is not None:
-                    release(p)
+            tag = tags.get(n)
+            if tag is None and n not in first:  # a copy made by this replay
+                tag = _layer_tag(n)
+            if tag:
+                self.where = tag
+            ss = newsrc.get(n)
+            if ss is None:
+                ss = n.src
+            # (allocate and release inlined where they return at once: most sources are allocated or
+            # have a buffer, most releases leave uses to come)
+            for x in ss:
+                if x is not None and x not in own and x.view_src is None and newdev.get(x, x.dev) is None:
+                    place(x, b)
+            if n not in own and n.view_src is None and newdev.get(n, n.dev) is None:
+                place(n, b)
+            for x in ss:
+                if x is not None:
+                    c = nc.get(x)
+                    if c is not None and c > 1:
+                        nc[x] = c - 1
+                    else:
+                        release(x)
         return [a.max_size for a in self.allocs], self.peaks
 
     # --- a stretch of the window the reference walked the same way ------------------------------
@@ -397,6 +416,12 @@ class _AllocReplay:
                 else:
                     out.setdefault(x, False)
         return out
+
+
+def _layer_tag(n: T) -> str:
+    """`` (layer N)`` of a node named for a layer, else ""."""
+    m = LAYER_SUFFIX.search(n.name)
+    return "" if m is None else f" (layer {m.group(1)})"
 
 
 def _same_live(ck: Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],

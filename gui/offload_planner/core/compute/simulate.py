@@ -165,22 +165,28 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
+             sizes_only: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
     with _no_cyclic_gc():
-        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
+        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental,
+                         sizes_only=sizes_only)
 
 
 def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
+              sizes_only: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here.
 
     The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)
     reserves.  ``no_alloc`` gives what ``llama-fit-params`` / ``--fit`` estimate instead: the first pp
     reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
     ``incremental``: replay the reserves against a recorded run of the same graph
-    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time)."""
+    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time).
+    ``sizes_only`` (with ``incremental``): ``reserves`` may leave out a replayed one-token reserve that
+    a bound puts at most at the prompt reserve on every backend (:mod:`.bound`): ``sizes`` and the
+    prompt reserve are the same, and the reserve left out decides no size."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None
@@ -204,10 +210,14 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
             return weight_factory(model, placement, where())
 
         units = list(placement.unit_devices)
-        reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload, no_alloc), sh,
-                                        arch_fn, backends, op_offload, placement.items, where, weights,
-                                        placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc)
-                    for sh in (shapes[:1] if no_alloc else shapes)]
+        reserves: list[Reserve] = []
+        for sh in shapes[:1] if no_alloc else shapes:
+            below = reserves[0].sizes if sizes_only and reserves else None
+            key = (model, arch_fn, sh, tuple(backends), op_offload, no_alloc)
+            r = incremental_reserve(key, sh, arch_fn, backends, op_offload, placement.items, where, weights,
+                                    placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc, below)
+            if r is not None:
+                reserves.append(r)
     else:
         reserves = [reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
                             placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)

@@ -8,8 +8,9 @@
 #: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed;
 #: period_jumps: runs of equal layers a tail or a stretch jumped; period_misses: runs whose first period
 #: did not bring the state back (walked on; see .periods); replay_errors: replays that raised
-#: something other than a refusal (a bug, hidden from the user by a full run; the tests require none)
+#: something other than a refusal (a bug, hidden from the user by a full run; the tests require none);
+#: left_out: one-token reserves a replay left out (a bound put them below the prompt reserve everywhere)
 stats = {"replays": 0, "full": 0, "refused": 0, "replay_errors": 0, "item_diffs": 0, "late_start": 0,
          "moved_back": 0,
          "tails": 0, "plain": 0, "skips": 0,
-         "tail_hits": 0, "period_jumps": 0, "period_misses": 0}
+         "tail_hits": 0, "period_jumps": 0, "period_misses": 0, "left_out": 0}
