@@ -403,12 +403,17 @@ class _Replay:
         """The allocator's bound on the new graph is at most ``below`` on every backend: the
         reference's bound plus the window's tensors outside its runs of the reference's nodes (the
         rest of the new graph is the reference's)."""
-        ref, newdev, newsrc, cache = self.ref, self.newdev, self.newsrc, self.ref.size_cache
+        ref, newdev, newsrc = self.ref, self.newdev, self.newsrc
+        cache, first = ref.size_cache, ref.first
         sizer = GraphAllocator(ref.backends)
 
         def size(t: T, b: int) -> int:
             v = cache.get((t, b))
-            return sizer.size(t, b) if v is None else v
+            if v is None:
+                v = sizer.size(t, b)
+                if t in first:  # (the reference's tensors: kept with it)
+                    cache[(t, b)] = v
+            return v
 
         def allocated(t: T) -> bool:
             return t.view_src is None and newdev.get(t, t.dev) is None
