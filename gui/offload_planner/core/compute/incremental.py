@@ -38,6 +38,11 @@ per graph topology (shape, backends, weight set) and later placements are replay
    state at a layer start is one it had a multiple of the period before, every further period
    repeats it, with the same maximum; the walk goes on at the run's end.
 
+A caller that keeps the larger of two reserves per backend (the planner's projection) may pass the
+first one's sizes: after steps 1-3 the second is left out when a bound of its sizes (:mod:`.bound`:
+the reference's, plus the window's tensors) is at most those on every backend (the one-token graph
+against the prompt graph: a few rows per tensor against thousands).
+
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
 topology) runs the full simulation, recorded as the new reference.  ``tests/core/test_compute_
 incremental.py`` checks replays against the full simulation on random placements.
