@@ -15,7 +15,7 @@ from offload_planner.core.compute.archs import ARCH_GRAPHS
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
 from offload_planner.core.compute.incremental import incremental_reserve
-from offload_planner.core.compute.reserve import Reserve, reserve
+from offload_planner.core.compute.reserve import Reserve, reserve, reserve_graph
 from offload_planner.core.compute.scheduler import (
     ASYNC_EVENTS,
     CUDA_LIKE,
@@ -24,6 +24,7 @@ from offload_planner.core.compute.scheduler import (
     OP_OFFLOAD_ONLY,
     Backend,
 )
+from offload_planner.core.compute.template import placed_graph
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import Device, DeviceSet
@@ -151,7 +152,7 @@ def graph_builder(model: Model) -> Callable[[Builder], None] | None:
 
 
 @contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> Iterator[None]:
     """The cycle collector off while a simulation runs: its tensors are acyclic (freed by reference
     counting), and with the recorded references alive every full collection would walk their
     hundreds of thousands of objects, at random points of a replay."""
@@ -169,7 +170,7 @@ def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resolv
              sizes_only: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental,
                          sizes_only=sizes_only)
 
@@ -215,9 +216,17 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
             below = reserves[0].sizes if sizes_only and reserves else None
             key = (model, arch_fn, sh, tuple(backends), op_offload, no_alloc)
             r = incremental_reserve(key, sh, arch_fn, backends, op_offload, placement.items, where, weights,
-                                    placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc, below)
+                                    placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc,
+                                    graph_key=(model, arch_fn), below=below)
             if r is not None:
                 reserves.append(r)
+    elif incremental:  # pipeline parallelism, not replayed: the graph built for an earlier placement
+        where_ = weight_where(placement)
+        reserves = [reserve_graph(placed_graph((model, arch_fn), sh, arch_fn, where_,
+                                               lambda: weight_factory(model, placement, where_),
+                                               placement.layer_device, kv_dev),
+                                  sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
+                    for sh in (shapes[:1] if no_alloc else shapes)]
     else:
         reserves = [reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
                             placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
