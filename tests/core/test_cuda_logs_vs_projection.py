@@ -35,6 +35,8 @@ from tests.support.cuda_log_replay import (
 
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.dialects import register, unregister
+from offload_planner.core.dialects.ik_2025_05 import Ik2025May
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.synth.writer import write_model
@@ -340,3 +342,54 @@ def test_early_2025_dialect_gives_cpu_overrides_the_plain_cpu_buffer(tmp_path: P
     logged = (_logged(record, "CUDA_Host", "model"), _logged(record, "CPU", "model"))
     assert logged == (630.59, 196001.25)
     assert (_mib(early, "CUDA_Host", "model"), _mib(early, "CPU", "model")) == logged
+
+
+IK450 = "ik3703-dsv3-iq4kr4-ada6000-mla3-fa-exps-cpu-32k-ub1024"
+IK437 = "ik3738-dsr1-0528-iq4ksr4-5090-mla3-fa-exps-cpu-32k-ub2048"
+
+
+def test_may_2025_ik_cuda_multiplies_no_r4_type(tmp_path: Path) -> None:
+    """Build 3703 (before PR 461) has no CUDA kernel for IQ4_K_R4 / IQ5_K_R4: the host experts' ops stay on
+    the CPU, whose compute buffer is the logged 352.01 MiB; with June's rule (ik_llama.cpp-2025) they are
+    offloaded: less on the host, more on the GPU."""
+    record, h, recipe = _one(IK450, tmp_path)
+    assert recipe.dialect == "ik_llama.cpp-2025-05"
+    _, may = project_record(record, h, recipe, tmp_path)
+    _, june = project_record(record, h, replace(recipe, dialect="ik_llama.cpp-2025"), tmp_path)
+    assert _mib(may, "CUDA_Host", "compute") == _logged(record, "CUDA_Host", "compute") == 352.01
+    assert _mib(june, "CUDA_Host", "compute") < 0.5 * 352.01
+    assert _mib(june, "CUDA0", "compute") > 1.1 * _logged(record, "CUDA0", "compute")
+
+
+class _HeadGroupsExpanded(Ik2025May):
+    mla_fa_steps_expanded = True  # the order of ik from 2026-01-31, everything else May 2025's
+
+
+def test_2025_ik_reaches_mla_head_groups_from_the_layer_end(tmp_path: Path) -> None:
+    """Before b85a2a50d (2026-01-31) ik's -mla 3 flash-attention prompt path added no head group's output to
+    the graph in its loop: every group's K and V is alive until the attention outputs are reached from the
+    layer's end. That order gives the logged 3650.00 MiB; the current order a third of it."""
+    record, h, recipe = _one(IK450, tmp_path)
+    _, dated = project_record(record, h, recipe, tmp_path)
+    logged = _logged(record, "CUDA0", "compute")
+    assert logged == 3650.0 and abs(_mib(dated, "CUDA0", "compute") - logged) <= 0.01 * logged
+    expanded = register(_HeadGroupsExpanded("ik-test-head-groups-expanded", "test"))
+    try:
+        _, current = project_record(record, h, replace(recipe, dialect=expanded.value), tmp_path)
+    finally:
+        unregister(expanded)
+    assert _mib(current, "CUDA0", "compute") < 0.5 * logged
+
+
+def test_current_ik_keeps_ops_on_interleaved_types_without_cuda_kernel_on_the_host(tmp_path: Path) -> None:
+    """The June-2025 R1 log (IQ4_KS_R4 experts on the CPU: offloaded, 4252.01 MiB on the GPU, 312.02 on the
+    host) with the experts in Q4_K_R4 instead, a type ik's CUDA backend still cannot multiply: nothing is
+    offloaded, the GPU buffer shrinks and the host one grows."""
+    record, h, recipe = _one(IK437, tmp_path)
+    _, logged_types = project_record(record, h, recipe, tmp_path)
+    q4 = replace(recipe, quant={**recipe.quant, "exps": "q4_k_r4", "exps_down": "q4_k_r4"},
+                 dialect="ik_llama.cpp")
+    _, refused = project_record(record, h, q4, tmp_path)
+    assert abs(_mib(logged_types, "CUDA0", "compute") - 4252.01) <= 0.01 * 4252.01
+    assert _mib(refused, "CUDA0", "compute") < 0.5 * 4252.01
+    assert _mib(refused, "CUDA_Host", "compute") > 1.5 * 312.02
