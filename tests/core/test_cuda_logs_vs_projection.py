@@ -132,6 +132,13 @@ RECIPES: dict[str, Recipe] = {
     "ik3738-dsr1-0528-iq4ksr4-5090-mla3-fa-exps-cpu-32k-ub2048": Recipe(
         UBERGARM_Q8 | {"exps": "iq4_ks_r4", "exps_down": "iq5_ks_r4"}, dialect=IK, gpu_mib=(32607,),
         drop_flags=IK_2025_FLAGS, kv_b_and_split=True),
+    # ik's docs/build.md (a build of 2025-11-13 .. 2026-03-09, llama-cli): Qwen3-30B-A3B's shapes, FFN of
+    # blocks 10-47 on the CPU; the IQ4_XS mix is not printed (types_unknown: weights written as iq4_xs with
+    # a q6_K output, not compared); the GPU is not named (24 GiB assumed: -ngl 99 and -ot fix the
+    # placement); the current ik dialect: PR 1508/1510 (March 2026) change only the weights' buffers
+    "ik-docs-build-qwen3-30b-a3b-iq4xs-ffn10plus-cpu-64k-ub64": Recipe(
+        {"embd": "iq4_xs", "output": "q6_k", "attn": "iq4_xs", "exps": "iq4_xs"}, dialect="ik_llama.cpp",
+        hparams_from=Q30B, gpu_mib=(24576,), types_unknown=True),
     "ll13729-qwen3-30b-a3b-b5466-ngl30": Recipe(
         Q4_K_M_30B, hparams_from=Q30B, types_from=Q30B, gpu_mib=(24576,), output_first=True),
 }
@@ -170,7 +177,7 @@ for _rid in ("ik3748-qwen3-235b-q4km-2x5090-ot-q8kv-64k-ub4096",
 
 
 #: Records within tolerance per kind, as measured (the ratchet: a regression fails).
-MEASURED: dict[str, int] = {"model": 25, "kv": 28, "output": 28, "compute": 27, "host compute": 26}
+MEASURED: dict[str, int] = {"model": 25, "kv": 29, "output": 29, "compute": 28, "host compute": 27}
 
 
 WORST = 15  # rows printed
@@ -197,10 +204,10 @@ def replay(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Row]]:
         h.update(log_hparams(record["log"]))
         spec = model_spec(record, h, recipe)
         types_log = records[recipe.types_from or rid]["log"]
-        assert spec_type_counts(spec) == log_type_counts(types_log), rid
+        assert recipe.types_unknown or spec_type_counts(spec) == log_type_counts(types_log), rid
         sibling = records[recipe.hparams_from]["log"] if recipe.hparams_from else ""
         projected, _ = project_record(record, h, recipe, tmp, sibling)
-        out[rid] = compare(record, projected)
+        out[rid] = [r for r in compare(record, projected) if not (recipe.types_unknown and r.kind == "model")]
     return out
 
 

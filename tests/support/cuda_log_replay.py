@@ -84,6 +84,7 @@ class Recipe:
     drop_flags: tuple[str, ...] = ()  # value-less flags of the log's build the dialect no longer has
     output_first: bool = False  # the file lists output.weight before the token embedding (HF lm_head first)
     kv_b_and_split: bool = False  # a 2025 ik-converted DeepSeek file: attn_kv_b and attn_k_b/attn_v_b
+    types_unknown: bool = False  # the excerpt prints no type counts: the weights are written but not compared
 
 
 def _int(h: dict[str, str], key: str, default: int = 0) -> int:
@@ -180,8 +181,12 @@ def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
     c = record["context"]
     logged = command_argv(record["command"]) if record["command"] else []
     argv = [a for a in logged if a not in recipe.drop_flags]
-    argv += ["-c", str(c["n_ctx"]), "-b", str(c["n_batch"]), "-ub", str(c["n_ubatch"]), "-np", "1",
-             "-fa", "on" if c["flash_attn"] else "off"]
+    for flag, key in (("-c", "n_ctx"), ("-b", "n_batch"), ("-ub", "n_ubatch")):
+        if c[key] is not None:  # None: the excerpt does not print it (the command's value stands)
+            argv += [flag, str(c[key])]
+    argv += ["-np", "1"]
+    if c["flash_attn"] is not None:
+        argv += ["-fa", "on" if c["flash_attn"] else "off"]
     if c["n_gpu_layers"] is not None:
         argv += ["-ngl", str(c["n_gpu_layers"])]
     if c["type_k"]:
