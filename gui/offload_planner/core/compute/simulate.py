@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute.archs import ARCH_GRAPHS
@@ -146,23 +146,43 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+#: reserves by everything they read (:func:`reserve_key`), kept by a caller that simulates one
+#: placement at several ``-ub`` values: the one-token graph does not depend on ``-ub``
+ReserveMemo = dict[tuple[object, ...], Reserve]
+
+
+def reserve_key(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend], n_copies: int,
+                placement: Placement, *, no_alloc: bool, op_offload: bool) -> tuple[object, ...]:
+    """What a from-scratch reserve reads: the graph's shape (the SWA cells only where a layer has a
+    window: they follow ``-ub``), the backends, the layer devices (KV follows them or the shape's
+    ``offload_kqv``) and every weight's device (its shape and type are the model's)."""
+    if not any(sh.swa):
+        sh = replace(sh, n_kv_swa=0)
+    return (sh, arch_fn, tuple(backends), n_copies, no_alloc, op_offload, tuple(placement.unit_devices),
+            tuple((it.name, it.device) for it in placement.items))
+
+
 def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
+             memo: ReserveMemo | None = None) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
     with _no_cyclic_gc():
-        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
+        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental,
+                         memo=memo)
 
 
 def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
+              memo: ReserveMemo | None = None) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here.
 
     The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)
     reserves.  ``no_alloc`` gives what ``llama-fit-params`` / ``--fit`` estimate instead: the first pp
     reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
     ``incremental``: replay the reserves against a recorded run of the same graph
-    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time)."""
+    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time).
+    ``memo`` (from scratch only): reserves already made of the same graph and placement are reused."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None
@@ -191,9 +211,20 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
                                         placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc)
                     for sh in (shapes[:1] if no_alloc else shapes)]
     else:
-        reserves = [reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
-                            placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
-                    for sh in (shapes[:1] if no_alloc else shapes)]
+        def one(sh: Shape) -> Reserve:
+            return reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
+                           placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
+
+        reserves = []
+        for sh in shapes[:1] if no_alloc else shapes:
+            if memo is None:
+                reserves.append(one(sh))
+                continue
+            key = reserve_key(sh, arch_fn, backends, n_copies, placement, no_alloc=no_alloc,
+                              op_offload=op_offload)
+            if key not in memo:
+                memo[key] = one(sh)
+            reserves.append(memo[key])
     sizes = [max(r.sizes[i] for r in reserves) for i in range(len(backends))]
     return Simulation(backends, sizes, reserves, n_copies)
 

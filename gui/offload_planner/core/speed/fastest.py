@@ -26,6 +26,7 @@ simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full proj
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ from typing import Any
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.buffers import simulate_buffers
+from offload_planner.core.compute.simulate import ReserveMemo
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
@@ -59,7 +61,9 @@ class Candidate:
     label: str
     plan: Plan
     projection: Projection
-    estimate: SpeedEstimate
+    #: the speed estimate, made when first asked for (:attr:`estimate`; a candidate over its limit
+    #: on the way to a fill is never scored) and shared by the candidate's copies
+    speed: Callable[[], SpeedEstimate]
     over: list[str] = field(default_factory=list)  # devices over their limit
     #: memory from a full projection of this plan; False: its weights, KV and output are exact and
     #: its compute buffers predicted from plans of the same ``-ub`` that were projected in full
@@ -68,6 +72,10 @@ class Candidate:
     @property
     def fits(self) -> bool:
         return not self.over
+
+    @property
+    def estimate(self) -> SpeedEstimate:
+        return self.speed()
 
 
 @dataclass
@@ -177,6 +185,8 @@ class _Search:
         self._seen: dict[tuple[object, ...], Candidate] = {}
         self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
+        #: reserves already simulated: the starts at several -ub share their one-token graph
+        self._reserves: ReserveMemo = {}
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -184,8 +194,9 @@ class _Search:
 
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
-        c = Candidate(label, plan, proj, estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
-                                                  placement=proj.placement), over, verified)
+        speed = functools.cache(lambda: estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
+                                                 placement=proj.placement))
+        c = Candidate(label, plan, proj, speed, over, verified)
         self._seen[_key(plan)] = c
         return c
 
@@ -202,7 +213,7 @@ class _Search:
         compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
         if compute is None:
             compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
-                                       incremental=False)
+                                       incremental=False, memo=self._reserves)
         proj = plan.projection(placement=placement, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
