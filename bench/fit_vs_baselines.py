@@ -180,8 +180,8 @@ def ratio_text(row: dict[str, Any]) -> str:
     return (f"CPU {row['command']:.2f} s = {row['command'] / p:.1f}x a projection ({p:.2f} s): search "
             f"{row['search']:.2f} s = {row['search'] / p:.1f}x, llama.cpp --fit {row['fit']:.2f} s = "
             f"{row['fit'] / p:.1f}x, rest {rest:.2f} s (open, command line, tables); "
-            f"{row['projections']} full projections, {row['evaluations']} predicted; wall {row['wall']:.2f} s, "
-            f"imports {row['imports']:.2f} s")
+            f"{row['projections']} full projections, {row['evaluations']} predicted; "
+            f"wall {row['wall']:.2f} s, imports {row['imports']:.2f} s")
 
 
 def main() -> None:

@@ -241,14 +241,21 @@ class _Search:
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
-        expert on the CPU.  The starts of the user's KV types at the user's and the largest ``-ub``
-        are projected in full, the others predicted."""
+        expert on the CPU.  First, at the user's KV types and the user's and the largest ``-ub``, the
+        start seeded with an expert layer on each GPU (:meth:`seeded`) is projected in full; every
+        start and fill is predicted from those (a start predicted over is projected in full)."""
         out: list[Candidate] = []
         first = next(iter(starts))
-        exact = {first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])}
+        exact = [first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])]
+        for var in dict.fromkeys(exact):
+            lab = f"{label}, {_describe(var)}"
+            seeded = self.seeded(starts[var])
+            self.full(lab, starts[var]) if seeded is None else self.full(f"{lab}, seeded", seeded)
         for var, plan in starts.items():
             lab = f"{label}, {_describe(var)}"
-            start = self.full(lab, plan) if var in exact else self.cheap(lab, plan)
+            start = self.cheap(lab, plan)
+            if not start.fits and not start.verified:
+                start = self.full(lab, plan)
             self.starts[var] = start
             if not start.fits:
                 notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
@@ -260,8 +267,9 @@ class _Search:
 
     def choose(self, ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
         """The best-scoring candidate that fits by a full projection: the best predicted one is
-        projected in full; if it is over after all, its ``-ub`` is filled again with the compute
-        buffers just simulated and its experts are taken back by what it is over."""
+        projected in full; if it is over after all, or fits with compute buffers interpolated
+        between two ``-ub`` values, its ``-ub`` is filled again with the compute buffers just
+        simulated (and the experts of one that is over are taken back by what it is over)."""
         refilled: set[Variant] = set()
         for _ in range(MAX_VERIFY):
             # a baseline predicted over is projected in full too if it would win: never slower than
@@ -273,21 +281,23 @@ class _Search:
             if c.verified:
                 return c
             is_ours = any(x is c for x in ours)
+            var = variant(c.plan)
+            refill = is_ours and var not in refilled and var in self.starts
+            interpolated = c.plan.context.n_ubatch not in self._compute
             v = self.full(c.label, c.plan)
             for lst in (ours, baselines):
                 lst[:] = [v if x is c else x for x in lst]
-            if v.fits:
+            if v.fits and not (refill and interpolated):
                 return v
-            # over after all: every prediction again with the compute buffers just simulated
+            # every prediction again with the compute buffers just simulated
             for lst in (ours, baselines):
                 lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
-            var = variant(c.plan)
             again: list[Candidate] = []
-            if is_ours and var not in refilled and var in self.starts:
+            if refill:
                 refilled.add(var)
                 st = self.starts[var]
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
-            fixed = self.take_back(v) if is_ours else None
+            fixed = self.take_back(v) if is_ours and not v.fits else None
             again += [fixed] if fixed is not None else []
             ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
         done = [c for c in ours + baselines if c.verified and c.fits]
@@ -315,6 +325,20 @@ class _Search:
         return self.cheap(over.label, replace(over.plan, moves=moves)) if changed else None
 
     # --- our plan ------------------------------------------------------------------------------
+
+    def seeded(self, start: Plan) -> Plan | None:
+        """The start with the free routed experts of one layer on each GPU, that GPU's first such
+        layer; None when no GPU takes any.  A GPU that runs expert ops holds their activations in its
+        compute buffer (a fill's buffers), which at the start only the GPU that op offload sends
+        them to does: the fills are predicted from this plan's buffers, not the start's."""
+        layers = self.expert_layers(start)
+        placement = start.placement()
+        moves: dict[str, str] = {}
+        for g in self.devices.gpus:
+            il = next((i for i in sorted(layers) if placement.layer_device(i) == g.name), None)
+            if il is not None:
+                moves.update(dict.fromkeys(layers[il], g.name))
+        return start.with_moves(moves) if moves else None
 
     def expert_layers(self, plan: Plan) -> dict[int, list[str]]:
         """Per MoE layer, the routed-expert tensors now on the CPU that the user did not pin."""
