@@ -252,17 +252,15 @@ def test_compute_buffers_between_two_ubatches_are_predicted_by_a_straight_line()
         assert abs(got[k] - v) <= max(0.02 * v, 64 * 1024**2), (k, got[k], v)
 
 
-def test_fills_are_predicted_from_a_start_with_experts_on_every_gpu(qwen: Model) -> None:
-    """A GPU that runs expert ops holds their activations in its compute buffer; with every expert on
-    the CPU only the GPU that op offload sends them to does.  The starts projected in full carry an
-    expert layer on each GPU, and every -ub is predicted only once they are known, so on two 8 GiB
-    GPUs no choice of ours is over on its full projection (from the bare starts, the -ub 4096 and the
-    interpolated -ub 2048 fills were both over, 5 full projections)."""
+def test_a_ubatch_between_the_starts_is_predicted_from_both(qwen: Model) -> None:
+    """The starts at the command's and the largest -ub are projected in full before anything is
+    predicted, so the -ub between them is interpolated from both (it had been predicted from the
+    command's -ub alone: on two 8 GiB GPUs its fills looked like they fit and were over on their full
+    projection, 5 full projections in all)."""
     ds = _devices("8GiB,bw=936GB/s", "8GiB,bw=936GB/s")
     r = fastest_plan(qwen, ds, ["-c", "16384"], hardware_for(ds, threads=16), goal="balanced")
     assert r.best is not None and r.best.verified
     _assert_fits(r.best.plan, ds)
-    assert [c.label for c in r.candidates if c.verified and not c.fits] == []
-    assert r.projections == 3  # the two seeded starts and the choice
-    devs = r.best.plan.placement().tensor_devices()
-    assert {d for n, d in devs.items() if "_exps" in n} == {"CPU", "CUDA0", "CUDA1"}
+    over = [c for c in r.candidates if c.verified and not c.fits]
+    assert all(c.plan.context.n_ubatch in (512, 4096) for c in over), [c.label for c in over]
+    assert r.projections <= 4

@@ -241,16 +241,14 @@ class _Search:
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
-        expert on the CPU.  First, at the user's KV types and the user's and the largest ``-ub``, the
-        start seeded with an expert layer on each GPU (:meth:`seeded`) is projected in full; every
-        start and fill is predicted from those (a start predicted over is projected in full)."""
+        expert on the CPU.  First the starts of the user's KV types at the user's and the largest
+        ``-ub`` are projected in full; every other start and every fill is predicted from those (a
+        start predicted over is projected in full)."""
         out: list[Candidate] = []
         first = next(iter(starts))
         exact = [first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])]
         for var in dict.fromkeys(exact):
-            lab = f"{label}, {_describe(var)}"
-            seeded = self.seeded(starts[var])
-            self.full(lab, starts[var]) if seeded is None else self.full(f"{lab}, seeded", seeded)
+            self.full(f"{label}, {_describe(var)}", starts[var])
         for var, plan in starts.items():
             lab = f"{label}, {_describe(var)}"
             start = self.cheap(lab, plan)
@@ -325,20 +323,6 @@ class _Search:
         return self.cheap(over.label, replace(over.plan, moves=moves)) if changed else None
 
     # --- our plan ------------------------------------------------------------------------------
-
-    def seeded(self, start: Plan) -> Plan | None:
-        """The start with the free routed experts of one layer on each GPU, that GPU's first such
-        layer; None when no GPU takes any.  A GPU that runs expert ops holds their activations in its
-        compute buffer (a fill's buffers), which at the start only the GPU that op offload sends
-        them to does: the fills are predicted from this plan's buffers, not the start's."""
-        layers = self.expert_layers(start)
-        placement = start.placement()
-        moves: dict[str, str] = {}
-        for g in self.devices.gpus:
-            il = next((i for i in sorted(layers) if placement.layer_device(i) == g.name), None)
-            if il is not None:
-                moves.update(dict.fromkeys(layers[il], g.name))
-        return start.with_moves(moves) if moves else None
 
     def expert_layers(self, plan: Plan) -> dict[int, list[str]]:
         """Per MoE layer, the routed-expert tensors now on the CPU that the user did not pin."""
