@@ -242,8 +242,7 @@ class _Search:
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
         expert on the CPU.  First the starts of the user's KV types at the user's and the largest
-        ``-ub`` are projected in full; every other start and every fill is predicted from those (a
-        start predicted over is projected in full)."""
+        ``-ub`` are projected in full; every other start and every fill is predicted from those."""
         out: list[Candidate] = []
         first = next(iter(starts))
         exact = [first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])]
@@ -251,9 +250,7 @@ class _Search:
             self.full(f"{label}, {_describe(var)}", starts[var])
         for var, plan in starts.items():
             lab = f"{label}, {_describe(var)}"
-            start = self.cheap(lab, plan)
-            if not start.fits and not start.verified:
-                start = self.full(lab, plan)
+            start = self.cheap(lab, plan)  # the exact ones: as projected
             self.starts[var] = start
             if not start.fits:
                 notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
@@ -265,9 +262,8 @@ class _Search:
 
     def choose(self, ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
         """The best-scoring candidate that fits by a full projection: the best predicted one is
-        projected in full; if it is over after all, or fits with compute buffers interpolated
-        between two ``-ub`` values, its ``-ub`` is filled again with the compute buffers just
-        simulated (and the experts of one that is over are taken back by what it is over)."""
+        projected in full; if it is over after all, its ``-ub`` is filled again with the compute
+        buffers just simulated and its experts are taken back by what it is over."""
         refilled: set[Variant] = set()
         for _ in range(MAX_VERIFY):
             # a baseline predicted over is projected in full too if it would win: never slower than
@@ -279,23 +275,21 @@ class _Search:
             if c.verified:
                 return c
             is_ours = any(x is c for x in ours)
-            var = variant(c.plan)
-            refill = is_ours and var not in refilled and var in self.starts
-            interpolated = c.plan.context.n_ubatch not in self._compute
             v = self.full(c.label, c.plan)
             for lst in (ours, baselines):
                 lst[:] = [v if x is c else x for x in lst]
-            if v.fits and not (refill and interpolated):
+            if v.fits:
                 return v
-            # every prediction again with the compute buffers just simulated
+            # over after all: every prediction again with the compute buffers just simulated
             for lst in (ours, baselines):
                 lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
+            var = variant(c.plan)
             again: list[Candidate] = []
-            if refill:
+            if is_ours and var not in refilled and var in self.starts:
                 refilled.add(var)
                 st = self.starts[var]
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
-            fixed = self.take_back(v) if is_ours and not v.fits else None
+            fixed = self.take_back(v) if is_ours else None
             again += [fixed] if fixed is not None else []
             ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
         done = [c for c in ours + baselines if c.verified and c.fits]
