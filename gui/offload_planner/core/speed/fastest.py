@@ -16,12 +16,15 @@ estimate than a baseline that fits.
 
 Speed: a full projection simulates the compute graph (~0.15 s on DeepSeek-V3); weights, KV cache
 and outputs are exact in about a millisecond.  So only the start at the user's ``-ub`` and at the
-largest one are projected in full; every other candidate (the fills, the ``--n-cpu-moe`` search,
+largest one are projected in full, first (their one-token graph, which does not read ``-ub``, is
+simulated once); every other candidate (the fills, the ``--n-cpu-moe`` search,
 llama.cpp's ``--fit`` result) is evaluated with those compute buffers (interpolated per buffer
 between the two ``-ub`` values), which move little with the experts' devices.  The estimate needs
 no compute buffers, so every score is exact.  The best candidate predicted to fit is then projected
 in full and taken only if it fits; if not, every prediction is made again with the buffers just
-simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).
+simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).  A
+candidate's speed estimate is made only when it is scored.  Replaying the answer against a reference
+recorded at its start costs more than the two plain simulations (recording is 2-3x a simulation).
 """
 
 from __future__ import annotations
