@@ -337,9 +337,10 @@ class _Search:
                 out.setdefault(t.layer, []).append(t.name)
         return out
 
-    def gpu_order(self, plan: Plan, il: int) -> list[str]:
+    def gpu_order(self, own: str) -> list[str]:
+        """The GPUs for a layer whose device is ``own``: that one (no extra graph split), then the
+        others by their memory bandwidth."""
         gpus = sorted(self.devices.gpus, key=lambda g: -self.hw[g.name].bandwidth.value)
-        own = plan.placement().layer_device(il)
         return [own] * (own != CPU) + [g.name for g in gpus if g.name != own]
 
     def fill(self, start: Candidate) -> list[Candidate]:
@@ -351,6 +352,7 @@ class _Search:
 
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
+        placement = start.projection.placement
         left = room(start.projection, self.devices)
         assigned: dict[str, list[int]] = {}
         layers = self.expert_layers(plan)
@@ -359,7 +361,7 @@ class _Search:
         # then the rest in layer order as room allows: as many bytes off the CPU as fit
         size = {il: sum(self.model.tensor(n).nbytes for n in names) for il, names in layers.items()}
         for il in sorted(layers, key=lambda i: (-size[i], i)):
-            for g in self.gpu_order(plan, il):
+            for g in self.gpu_order(placement.layer_device(il)):
                 if g not in left:
                     continue
                 dev = self.devices.by_name(g)
