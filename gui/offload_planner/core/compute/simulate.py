@@ -183,7 +183,9 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
     reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
     ``incremental``: replay the reserves against a recorded run of the same graph
     (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time).
-    ``memo`` (from scratch only): reserves already made of the same graph and placement are reused."""
+    ``memo`` (from scratch only): reserves already made of the same graph and placement are reused,
+    and the graph built for another placement is re-placed (:mod:`.template`; under
+    ``SIMULATION_LOCK``)."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None
@@ -220,9 +222,17 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
                                   sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
                     for sh in (shapes[:1] if no_alloc else shapes)]
     else:
+        where_ = weight_where(placement) if memo is not None else {}
+
         def one(sh: Shape) -> Reserve:
-            return reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
-                           placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
+            if memo is None:
+                return reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
+                               placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
+            # a caller that keeps a memo simulates one at a time (SIMULATION_LOCK): the graph built
+            # for an earlier placement (of the --fit search's dry runs too) is re-placed
+            g = placed_graph((model, arch_fn), sh, arch_fn, where_,
+                             lambda: weight_factory(model, placement, where_), placement.layer_device, kv_dev)
+            return reserve_graph(g, sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
 
         reserves = []
         for sh in shapes[:1] if no_alloc else shapes:

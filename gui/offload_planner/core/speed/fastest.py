@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.buffer import Buffer
-from offload_planner.core.compute.buffers import simulate_buffers
+from offload_planner.core.compute.buffers import SIMULATION_LOCK, simulate_buffers
 from offload_planner.core.compute.simulate import ReserveMemo
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
@@ -215,8 +215,9 @@ class _Search:
         # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
         compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
         if compute is None:
-            compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
-                                       incremental=False, memo=self._reserves)
+            with SIMULATION_LOCK:  # the graph templates are shared with the window's worker
+                compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
+                                           incremental=False, memo=self._reserves)
         proj = plan.projection(placement=placement, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
@@ -507,7 +508,9 @@ class _Search:
             n = il
         return n
 
-    def llama_fit(self) -> Candidate | None:
+    def llama_fit(self) -> Plan | None:
+        """What llama-server's own ``--fit`` makes of the command (None: it does not fit by default,
+        or there is no GPU)."""
         if not self.dialect.fits_by_default or not self.devices.gpus:
             return None
         from offload_planner.core.fit import fit_for_args
@@ -522,7 +525,7 @@ class _Search:
             return None
         popts, ctx = result.apply(base.placement_options, base.context, self.model.summary.n_layer,
                                   has_gpu=True)
-        return self.candidate("llama.cpp --fit", replace(base, placement_options=popts, context=ctx))
+        return replace(base, placement_options=popts, context=ctx)
 
 
 def _ubatches(user_ub: int, goal: str) -> list[int]:
@@ -556,10 +559,12 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
             p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
                                                 if ub != user.context.n_ubatch else [])), kv)
             starts[variant(p)] = p
-    ours = s.ours(starts, notes, "--cpu-moe")
+    # the --fit port first: the starts take over the graphs its dry runs built (compute.template)
     t0 = time.process_time()
-    fit = s.llama_fit()
+    fit_plan = s.llama_fit()
     fit_s = time.process_time() - t0
+    ours = s.ours(starts, notes, "--cpu-moe")
+    fit = None if fit_plan is None else s.candidate("llama.cpp --fit", fit_plan)
     ncm, near = s.n_cpu_moe_predicted()
     baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
