@@ -35,6 +35,7 @@ from offload_planner.core.placement import (
     PlacementOptions,
     device_buft,
     place,
+    placed_devices,
 )
 from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
 
@@ -195,13 +196,10 @@ def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:
 def plan_command(plan: Plan) -> list[str]:
     """The shortest argument list that makes llama-server reproduce this plan, pinning what would
     otherwise vary at run time (-c, -ngl, -ts, --fit)."""
-    from offload_planner.core.export import fit_overrides
-
     m, opts, ctx = plan.model, plan.placement_options, plan.context
     target = plan.placement().tensor_devices()
     gpus = [g.name for g in plan.devices.gpus]
     base_opts = replace(opts, overrides=())
-    base = place(m, plan.devices, base_opts)
     argv: list[str] = ["-m", m.path]
     rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
     if rpc:
@@ -210,28 +208,13 @@ def plan_command(plan: Plan) -> list[str]:
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers
     argv += ["-ngl", "999" if ngl > n_layer else str(ngl)]
-    if len(gpus) > 1 and opts.split_mode != "none":
-        argv += ["-ts", ",".join(str(n) for n in _units_per_gpu(base, gpus))]
+    if len(gpus) > 1 and opts.split_mode != "none":  # units do not depend on the overrides
+        argv += ["-ts", ",".join(str(n) for n in _units_per_gpu(plan.base_placement(), gpus))]
     if opts.split_mode != "layer":
         argv += ["-sm", opts.split_mode]
         if opts.split_mode == "none":
             argv += ["-mg", str(opts.main_gpu)]
-
-    buft = plan.devices.buffer_types()
-    best: list[str] | None = None
-    for flags, fixed in _moe_shorthands(m, target, plan.dialect):
-
-        def place_with(ovs: list[Override], fixed: list[Override] = fixed) -> dict[str, str | None]:
-            placed = place(m, plan.devices, replace(base_opts, overrides=(*ovs, *fixed)))
-            return dict(placed.tensor_devices())
-
-        ovs = fit_overrides(m, place_with([]), target, place_with)
-        # -ot before the shorthand: llama.cpp appends --cpu-moe's entries at its position
-        cand = (["-ot", ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)] if ovs else [])
-        cand += flags
-        if best is None or len(" ".join(cand)) < len(" ".join(best)):
-            best = cand
-    argv += best or []
+    argv += _shortest_overrides(plan, target, base_opts)
     argv += _context_flags(ctx, plan.dialect)
     argv += plan.dialect.mla_flags(m, ctx)
     if not opts.use_mmap:
@@ -243,6 +226,51 @@ def plan_command(plan: Plan) -> list[str]:
     if plan.dialect.fits_by_default:
         argv += ["-fit", "off"]
     return argv + plan.extra_args
+
+
+def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: PlacementOptions) -> list[str]:
+    """The shortest way to place every tensor on its ``target`` device from ``base_opts``: -ot
+    patterns after one of the MoE shorthands (:func:`_moe_shorthands`; the first of equal length).
+
+    A shorthand's patterns only grow when checked (:func:`~offload_planner.core.export.fit_overrides`
+    adds exact ones), so the unchecked ones bound its length from below: shorthands are checked
+    shortest bound first, and one whose bound cannot beat the best found is not checked at all."""
+    from offload_planner.core.export import candidate_overrides, fit_overrides
+
+    m = plan.model
+    buft = plan.devices.buffer_types()
+    placed: dict[tuple[Override, ...], dict[str, str]] = {}
+
+    def devices_with(ovs: tuple[Override, ...]) -> dict[str, str]:
+        if ovs not in placed:
+            placed[ovs] = placed_devices(m, plan.devices, replace(base_opts, overrides=ovs))
+        return placed[ovs]
+
+    def argv_of(ovs: list[Override], flags: list[str]) -> list[str]:
+        # -ot before the shorthand: llama.cpp appends --cpu-moe's entries at its position
+        ot = ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)
+        return (["-ot", ot] if ovs else []) + flags
+
+    def length(argv: list[str]) -> int:
+        return len(" ".join(argv))
+
+    todo = []
+    for i, (flags, fixed) in enumerate(_moe_shorthands(m, target, plan.dialect)):
+        start = devices_with(tuple(fixed))
+        cands = candidate_overrides(m, start, target)
+        todo.append((length(argv_of(cands, flags)), i, flags, fixed, start, cands))
+    best: tuple[int, int, list[str]] | None = None
+    for bound, i, flags, fixed, start, cands in sorted(todo, key=lambda c: c[:2]):
+        if best is not None and (bound, i) > best[:2]:
+            break  # neither shorter nor earlier than the best
+
+        def place_with(ovs: list[Override], fixed: list[Override] = fixed) -> Mapping[str, str | None]:
+            return devices_with((*ovs, *fixed))
+
+        cand = argv_of(fit_overrides(m, start, target, place_with, cands), flags)
+        if best is None or (length(cand), i) < best[:2]:
+            best = (length(cand), i, cand)
+    return best[2] if best is not None else []
 
 
 def _moe_shorthands(model: Model, target: dict[str, str], dialect: Dialect
