@@ -212,6 +212,13 @@ def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, flo
     return gb, lat
 
 
+def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> list[tuple[float, float]]:
+    """:func:`_link` of every split, in order (worked out once per pair of devices: a MoE model with
+    its experts on the CPU has hundreds of splits between two devices)."""
+    known = {(a, b): _link(hw[a], hw[b], eff) for a, b in set(pairs)}
+    return [known[p] for p in pairs]
+
+
 @dataclass
 class _Work:
     """What one device's weights cost a micro-batch, summed once per placement: elements and bytes
@@ -299,8 +306,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
     split_s = 0.0
-    for a, b in pairs:
-        gb, lat = _link(hw[a], hw[b], eff)
+    for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
     return _PPParts(device_s, transfer_s, split_s, transfer > 0)
 
@@ -342,8 +348,7 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
 def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
     """Per generated token: latency plus one token's activations over the link, per graph split."""
     split_s = 0.0
-    for a, b in pairs:
-        gb, lat = _link(hw[a], hw[b], eff)
+    for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * plan.model.summary.n_embd / (gb * 1e9)
     return split_s
 
