@@ -25,7 +25,13 @@ from offload_planner.core.memory import (
     Projection,
     project,
 )
-from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
+from offload_planner.core.mmproj.attach import (
+    MmprojSetup,
+    add_to_projection,
+    argv_mmproj_setup,
+    mmproj_buffers,
+    project_setup,
+)
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
     CPU,
@@ -72,6 +78,9 @@ class Plan:
     moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
     spec: SpecSettings | None = None  # a draft model / the MTP context (core.speculative)
+    #: the LLAMA_ARG_* variables that set flags the plan keeps (not exported: the environment sets
+    #: them at launch too); read with ``extra_args``, which win, as llama-server reads them
+    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """What placement takes from the dialect follows it (the output layer first; no CPU_REPACK
@@ -119,14 +128,26 @@ class Plan:
         ``compute``: the model context's compute buffers, when known (memory.project)."""
         placement = self.placement() if placement is None else placement
         proj = project(self.model, self.devices, placement, self.context, compute=compute)
-        mmproj = argv_mmproj_setup(tuple(self.extra_args))  # --mmproj among the kept flags
-        if mmproj is not None and self.dialect.projects_mmproj:
-            fa = "on" if self.context.flash_attn else "off"
-            add_to_projection(proj, projection_buffers(mmproj, self.devices, fa))
-        if self.spec is None or not self.spec.active:
-            return proj
-        return attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
-                                           proj.context, self.spec))
+        if self.spec is not None and self.spec.active:  # the server loads the draft, then the projector
+            proj = attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
+                                               proj.context, self.spec))
+        return add_to_projection(proj, self.mmproj_buffers()[0])
+
+    def mmproj(self) -> MmprojSetup | None:
+        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's."""
+        return argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+
+    def mmproj_buffers(self) -> tuple[list[Buffer], list[str]]:
+        """The projector's buffers (none without one, or where the dialect's are not projected) and
+        the notes on what is not projected."""
+        setup = self.mmproj()
+        if setup is None:
+            return [], []
+        if not self.dialect.projects_mmproj:
+            return [], [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, "
+                        f"not {self.dialect}"]
+        mb = project_setup(setup, self.devices, self.context.flash_attn)  # -fa auto: on, as clip takes it
+        return mmproj_buffers(mb, self.devices), [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
 
     def with_moves(self, moves: Mapping[str, str | None]) -> Plan:
         """This plan with the user's move of each named tensor set (a device) or cleared (None:
@@ -176,6 +197,12 @@ def kept_args(parsed: Any) -> list[str]:
     return out
 
 
+def kept_env(parsed: Any) -> dict[str, str]:
+    """The variables that set, through the environment, flags the plan does not regenerate."""
+    return {f.env: f.values[0] if f.values else "1" if f.positive else "0"
+            for f in getattr(parsed, "flags", []) if f.index < 0 and f.env and f.key not in REGENERATED_FLAGS}
+
+
 def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP,
                    passthrough: list[str] | None = None) -> Plan:
     """A plan whose base is what llama-server would do with these arguments (a ParsedArgs, whose
@@ -186,7 +213,7 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
     spec = load_spec(devices, args, dialect, placement_options)
-    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec)
+    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args))
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:

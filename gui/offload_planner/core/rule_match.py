@@ -129,9 +129,9 @@ class RuleSet:
         cands = set(self._always)
         by_literal = self._by_literal
         if len(by_literal) <= len(name):  # a few literals: a substring search each
-            for lit, us in by_literal.items():
+            for lit, lit_us in by_literal.items():
                 if lit in name:
-                    cands.update(us)
+                    cands.update(lit_us)
         else:  # many: look up every substring of a literal's length
             for n in self._lengths:
                 for i in range(len(name) - n + 1):
