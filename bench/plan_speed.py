@@ -13,8 +13,9 @@ first dry run is one more, prompt-only, simulation).
   compute simulation included), warnings, the reproducing command, the fit report, the speed
   estimate and the text.  Every cache of the planner's modules is emptied first
   (:func:`fresh_caches`: the functools caches, the compute memo, the replay references), so nothing
-  an earlier run computed applies; only the imports (and the cached RAM-bandwidth probe) stay, which
-  a new process pays once: ``python bench/plan_speed.py --imports`` prints that apart.
+  an earlier run computed applies; only the imports, the program's constant tables (a dialect's
+  flag table) and the cached RAM-bandwidth probe stay, which a new process pays once:
+  ``python bench/plan_speed.py --imports`` prints that apart.
 * *open+sim* (the reference, measured in the same run on the same caches): ``open_model`` plus
   ``compute.simulate`` of the plan's placement (both reserved graphs, from scratch, no replay).
 
@@ -54,13 +55,18 @@ def server_args(path: Path) -> list[str]:
     return ["-ngl", "999", "-ts", "1,1", "-c", "32768", *(["-ot", "exps=CPU"] if moe else [])]
 
 
+#: functools caches of program constants, kept like the imports (built once a process, on first use)
+STATIC = frozenset({"flag_table"})  # a dialect's flag table
+
+
 def fresh_caches() -> None:
-    """Empty what earlier runs left in the planner's caches: every functools cache of its modules,
-    the compute memo and the recorded replay references (a new ``plan`` process has none)."""
+    """Empty what earlier runs left in the planner's caches: every functools cache of its modules
+    but the program constants' (:data:`STATIC`), the compute memo and the recorded replay
+    references (a new ``plan`` process has none)."""
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("offload_planner"):
-            for v in list(vars(mod).values()):
-                if callable(getattr(v, "cache_clear", None)):
+            for name, v in list(vars(mod).items()):
+                if name not in STATIC and callable(getattr(v, "cache_clear", None)):
                     v.cache_clear()
     compute.MEMO.clear()
     ci._REFS.clear()
