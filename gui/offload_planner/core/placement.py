@@ -284,13 +284,14 @@ def placed_devices(model: Model, devices: DeviceSet, opts: PlacementOptions) -> 
     n_layer = model.summary.n_layer
     units = unit_devices(n_layer, opts.n_gpu_layers, _gpus(devices, opts), opts.tensor_split,
                          output_first=opts.output_first)
-    rules, overrides, resolve = rule_set(opts.overrides), opts.overrides, devices.resolve_buffer_type
+    overrides, resolve = opts.overrides, devices.resolve_buffer_type
+    first = rule_set(overrides).first if overrides else None
     out: dict[str, str] = {}
     for t in model.tensors:
         if t.role is Role.NEXTN and not opts.load_mtp:
             continue
         dev = _home(t, units, n_layer)
-        if (i := rules.first(t.name)) is not None:
+        if first is not None and (i := first(t.name)) is not None:
             dev = resolve(overrides[i].buft) or dev
         out[t.name] = dev
     if (embd := _tied_embedding(model)) is not None and embd.name in out:

@@ -104,9 +104,10 @@ def expert_fraction(model: Model) -> float:
     return s.n_expert_used / s.n_expert if s.n_expert and s.n_expert_used else 1.0
 
 
-def _runs(p: Placed) -> bool:
-    """Tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
-    return p.device is not None and p.tensor.role is not Role.NEXTN
+def _running(placement: Placement) -> list[Placed]:
+    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
+    nextn = Role.NEXTN
+    return [p for p in placement.items if p.device is not None and p.tensor.role is not nextn]
 
 
 def token_bytes(p: Placed, frac: float) -> int:
@@ -124,10 +125,9 @@ def token_bytes(p: Placed, frac: float) -> int:
 def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]:
     frac = expert_fraction(model)
     out: dict[str, int] = defaultdict(int)
-    for p in placement.items:
-        if _runs(p):
-            assert p.device is not None
-            out[p.device] += token_bytes(p, frac)
+    for p in _running(placement):
+        assert p.device is not None
+        out[p.device] += token_bytes(p, frac)
     return dict(out)
 
 
@@ -148,9 +148,7 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
-    for p in placement.items:
-        if not _runs(p):
-            continue
+    for p in _running(placement):
         assert p.device is not None
         t = p.tensor
         if t.role is Role.TOKEN_EMBD and not p.copy and t.layer is None:
@@ -232,9 +230,9 @@ class _Work:
 
 def _work(placement: Placement) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
-    for p in placement.items:
+    for p in _running(placement):
         t = p.tensor
-        if not _runs(p) or len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
@@ -354,7 +352,7 @@ def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tupl
 
 
 def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
-    used = {p.device for p in placement.items if p.device is not None and _runs(p)}
+    used = {p.device for p in _running(placement) if p.device is not None}
     used.add(placement.output_device)
     out: list[Assumption] = []
     for name in plan.devices.names:
