@@ -138,6 +138,8 @@ class RuleSet:
                     us = by_literal.get(name[i : i + n])
                     if us is not None:
                         cands.update(us)
+        if not cands:
+            return ()
         ps = self.patterns
         return tuple(u for u in sorted(cands) if ps[u].broken is None and ps[u].regex.search(name))
 
