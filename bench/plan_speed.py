@@ -3,10 +3,9 @@ model the catalogue writes.
 
 The issue's target: "a one-shot ``plan`` costs at most opening the file plus one plain simulation".
 Each catalogue model (``core/synth/catalog.py``, header-only, written into a temporary folder) is
-planned as the
-README plans DeepSeek-V3: two declared 24 GiB GPUs, ``-ngl 999 -ts 1,1 -c 32768`` (MoE models
-``-ot exps=CPU``), once with ``-fit off`` and once with the pinned build's default ``--fit`` (whose
-first dry run is one more, prompt-only, simulation).
+planned as the README plans DeepSeek-V3: two declared 24 GiB GPUs, ``-ngl 999 -ts 1,1 -c 32768``
+(MoE models ``-ot exps=CPU``), once with ``-fit off`` and once with the pinned build's default
+``--fit`` (whose first dry run is one more, prompt-only, simulation).
 
 * *plan*: the whole command, ``cli.main(["plan", FILE, --device ..., "--", ...])`` in this process
   with its output discarded: argument parsing, opening the file, the plan, its projection (the
@@ -19,8 +18,11 @@ first dry run is one more, prompt-only, simulation).
 * *open+sim* (the reference, measured in the same run on the same caches): ``open_model`` plus
   ``compute.simulate`` of the plan's placement (both reserved graphs, from scratch, no replay).
 
-Target: the ``-fit off`` plan within the reference (ratio <= 1).  Times are CPU time of this
-process (``time.process_time``), best of ``--runs``.
+Target: the ``-fit off`` plan within the reference (ratio <= 1).  What the command does besides
+(reading its arguments and the devices, placing, the reproducing command, the speed estimate, the
+text) is a few ms whatever the model: a few per cent of a big model's simulation, as much as the
+whole simulation of a small one.  Times are CPU time of this process (``time.process_time``), best
+of ``--runs``, the three measures interleaved.
 
     python bench/plan_speed.py [--only NAME ...] [--runs 3] [--imports]
 """
