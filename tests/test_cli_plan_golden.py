@@ -9,7 +9,10 @@ must be explained, not regenerated away.
 
 Explained changes since: the text table's CPU row counts mmap'd weights as the bytes read (as the
 window does) and the note under it says so (issue 13, item 7); only those two lines changed in the
-14 text and --explain files, and the JSON files not at all.
+14 text and --explain files, and the JSON files not at all.  ``ds_ik`` (issue 15): ik_llama.cpp from
+PR 1510 (2026-03-26) turns mmap off when a weight is overridden to the host (``--cpu-moe`` here), so
+the experts and the token embedding are one 376229.11 MiB CUDA_Host buffer instead of the mmap span
+(the mmap note goes, the command pins ``--no-mmap``); the three ds_ik files changed only there.
 """
 
 from __future__ import annotations

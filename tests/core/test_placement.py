@@ -124,10 +124,13 @@ def test_placed_devices_are_the_placements_devices(small_models: dict[str, Path]
     m = open_model(small_models[name])
     ovs = (Override(r"blk\.1\.", "CUDA1"), Override("exps", CPU), Override("token_embd", "CUDA0"),
            Override("output", CPU), Override("nomatch", "CUDA0"))
+    embd_cpu = (Override("token_embd", CPU),)  # the tied copy of a host-overridden embedding
     options = [PlacementOptions(n_gpu_layers=n, tensor_split=ts, overrides=o, split_mode=sm, load_mtp=mtp,
-                                no_host=nh, use_extra_bufts=nh)
-               for n in (0, 2, 99) for ts in ((), (1.0, 3.0)) for o in ((), ovs[:2], ovs[2:], ovs)
-               for sm, mtp, nh in (("layer", False, False), ("none", True, True))]
+                                no_host=nh, use_extra_bufts=nh, use_mmap=mmap, plain_cpu_overrides=plain)
+               for n in (0, 2, 99) for ts in ((), (1.0, 3.0)) for o in ((), ovs[:2], ovs[2:], ovs, embd_cpu)
+               for sm, mtp, nh, mmap in (("layer", False, False, True), ("none", True, True, True),
+                                         ("layer", False, False, False))
+               for plain in (False, True)]
     seen = set()
     for opts in options:
         want = place(m, cuda(2), opts).tensor_devices()

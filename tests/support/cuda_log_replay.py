@@ -67,7 +67,7 @@ class Recipe:
     test checks the resulting type counts against the log), the dialect of the build, extra flags."""
 
     quant: dict[str, str]  # QuantMix slot -> ggml type name
-    dialect: str = "llama.cpp-2025"
+    dialect: str = "llama.cpp-2025-early"  # mainline before b6050: every mainline record but one
     hparams_from: str | None = None  # sibling record whose log prints the same model's header
     types_from: str | None = None  # sibling record whose log prints the same file's type counts
     extra_args: tuple[str, ...] = ()

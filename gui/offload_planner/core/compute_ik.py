@@ -53,6 +53,7 @@ from offload_planner.core.compute.graph import WeightAccess, gating_func
 from offload_planner.core.compute.scheduler import Backend, Scheduler
 from offload_planner.core.compute.simulate import backends_for, weight_factory
 from offload_planner.core.ggml_types import GGMLType, type_by_name
+from offload_planner.core.ik_repack import repacked_off_gpu
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
@@ -66,6 +67,7 @@ IK_INPLACE_OPS = frozenset({
     "UNARY", "ROPE", "RMS_NORM", "SOFT_MAX",
 })
 KQ_MASK_PAD = 16  # GGML_KQ_MASK_PAD in ik's ggml.h
+KQ_MASK_PAD_2025 = 32  # ... before July 2025 (PR 574 made it 64, PR 825 of October 2025 16)
 
 
 # --- ik's extra ops ----------------------------------------------------------------------------------
@@ -148,6 +150,7 @@ class IkShape:
     type_v: GGMLType
     cpu_only: bool
     attn_max_batch: int = 0
+    mask_f32: bool = False  # ik before October 2025: an f32 mask input, cast to f16 for flash attention
 
 
 class IkBuilder(WeightAccess):
@@ -180,8 +183,13 @@ class IkBuilder(WeightAccess):
 
     def build_kq_mask(self, name: str = "KQ_mask") -> T:
         sh = self.sh
-        padded = -(-self.n_tokens // KQ_MASK_PAD) * KQ_MASK_PAD
-        m = input_tensor(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name)
+        if sh.mask_f32:  # ik of early 2025: ``ggml_cast`` of an f32 input where flash attention reads it
+            padded = -(-self.n_tokens // KQ_MASK_PAD_2025) * KQ_MASK_PAD_2025
+            f32 = input_tensor(F32, [sh.n_kv, padded], name)
+            m = cast(f32, F16) if sh.flash_attn else f32
+        else:
+            padded = -(-self.n_tokens // KQ_MASK_PAD) * KQ_MASK_PAD
+            m = input_tensor(F16 if sh.flash_attn else F32, [sh.n_kv, padded], name)
         if self.kq_mask is None:
             self.kq_mask = m
         return m
@@ -784,7 +792,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         kv_lora_rank=s.kv_lora_rank, mla=p.mla, attn_max_batch=p.amb, n_tokens=n_tokens,
         n_outputs=n_tokens, n_kv=ctx.n_ctx,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
-        cpu_only=cpu_only,
+        cpu_only=cpu_only, mask_f32=p.dialect.f32_kq_mask,
     )
 
 
@@ -817,10 +825,16 @@ class IkBackend(Backend):
     """ik's ``ggml_backend_cuda_offload_op``: an op with a weight in host memory runs on the GPU
     (the weight copied through its compute buffer) when ``ne[1]`` reaches the offload batch (32);
     for the MoE ops when the batch reaches it and ``batch * active experts >= 32 * experts``
-    (DeepSeek-V3, 8 of 256: from 1024 tokens, so not at the default -ub 512)."""
+    (DeepSeek-V3, 8 of 256: from 1024 tokens, so not at the default -ub 512).  Never for a weight
+    ``-rtr`` repacked into a type the GPU cannot run (``refused``, :mod:`core.ik_repack`)."""
+
+    refused: frozenset[str] = frozenset()
 
     def offloads(self, op: T) -> bool:
         if self.offload_min_batch is None:
+            return False
+        w0 = op.src[0] if op.src else None
+        if w0 is not None and w0.name in self.refused:
             return False
         if self.offload_only is not None and op.op not in self.offload_only:
             return False
@@ -834,8 +848,12 @@ class IkBackend(Backend):
         return op.ne[1] >= n and op.op != "GET_ROWS"
 
 
-def _ik_backends(devices: DeviceSet, placement: Placement) -> list[Backend]:
-    return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only)
+def _ik_backends(devices: DeviceSet, placement: Placement, repack: bool) -> list[Backend]:
+    host = [(it.tensor.name, it.tensor.shape, it.tensor.type.name) for it in placement.items
+            if it.device == CPU and not it.copy] if repack else []
+    refused = repacked_off_gpu(host)
+    return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only,
+                      refused if b.cuda_like else frozenset())
             for b in backends_for(devices, placement)]
 
 
@@ -843,7 +861,7 @@ def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: Res
                 p: ContextParams) -> IkReserve:
     """ik's one reserve: the prompt graph of ``min(n_ctx, n_batch, n_ubatch)`` tokens over the whole cache."""
     arch_fn = IK_GRAPHS[model.arch]
-    backends = _ik_backends(devices, placement)
+    backends = _ik_backends(devices, placement, p.repack)
     sh = ik_shape(model, ctx, p, cpu_only=len(backends) == 1)
 
     def kv_dev(il: int) -> str:

@@ -16,6 +16,7 @@ from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.rule_match import rule_set
 from offload_planner.core.speculative import draft_len, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
@@ -46,6 +47,15 @@ def _override_list(model: Model, args: Any) -> list[Any]:
     return list(_get(args, "overrides", []))
 
 
+def _places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
+    """Some weight's first matching override names the CPU (``has_buft_overrides`` in ik's loader)."""
+    if not any(o.buft.upper() == "CPU" for o in overrides):
+        return False
+    rules = rule_set(overrides)
+    return any((i := rules.first(t.name)) is not None and overrides[i].buft.upper() == "CPU"
+               for t in model.tensors)
+
+
 def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dialect) -> PlacementOptions:
     dialect = Dialect(dialect)
     overrides = tuple(
@@ -63,10 +73,12 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         split_mode=_get(args, "split_mode", "layer"),
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
-        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args),
+        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args)
+        and not (dialect.host_overrides_turn_mmap_off and _places_on_host(model, overrides)),
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,
+        plain_cpu_overrides=dialect.plain_cpu_overrides,
         load_mtp=uses_mtp(args),  # --spec-type draft-mtp loads the NextN layers (common.cpp load_mtp)
     )
 
@@ -108,6 +120,7 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         dialect=dialect,
         mla=dialect.mla(model, _get(args, "mla")),
         amb=dialect.amb(_get(args, "amb")),
+        repack=bool(_get(args, "rtr", False)),
     ), notes
 
 

@@ -58,6 +58,7 @@ class ContextParams:
     dialect: Dialect = LLAMA_CPP  # the server build: asked for its context, KV and buffer rules
     mla: int = 0  # ik_llama.cpp's -mla mode (deepseek2 models only; see core.ik)
     amb: int = 0  # ik_llama.cpp's -amb: MiB cap on the attention scratch (0: no cap)
+    repack: bool = False  # ik_llama.cpp's -rtr: host weights repacked at load (core.ik_repack)
 
     def __post_init__(self) -> None:
         if type(self.dialect) is str:  # a name (a caller without the object): the registered one

@@ -59,6 +59,7 @@ class PlacementOptions:
     output_first: bool = True  # pinned mainline offloads the output layer first
     cpu_profile: str = "x86-avx2"
     load_mtp: bool = False
+    plain_cpu_overrides: bool = False  # -ot ...=CPU takes the plain CPU buffer type (Dialect)
 
 
 @dataclass(frozen=True)
@@ -189,9 +190,15 @@ def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_outpu
 
 
 def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions, *,
-                as_output: bool = False) -> str:
-    """Buffer type a weight gets on ``dev``: the device's own, or the CPU list's pick."""
-    return _cpu_buft(t, devices, opts, as_output=as_output) if dev == CPU else dev
+                as_output: bool = False, cpu_override: bool = False) -> str:
+    """Buffer type a weight gets on ``dev``: the device's own, or the CPU list's pick; ``cpu_override``:
+    an ``-ot ...=CPU`` entry, which builds with ``plain_cpu_overrides`` give the plain CPU buffer type
+    (mapped with mmap)."""
+    if dev != CPU:
+        return dev
+    if cpu_override and opts.plain_cpu_overrides:
+        return CPU_MAPPED if opts.use_mmap else CPU
+    return _cpu_buft(t, devices, opts, as_output=as_output)
 
 
 def _gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
@@ -242,7 +249,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
             o = opts.overrides[i]
             hits[i] += 1
             dev = devices.resolve_buffer_type(o.buft) or dev
-            buft = device_buft(dev, t, devices, opts)
+            buft = device_buft(dev, t, devices, opts, cpu_override=o.buft.upper() == CPU.upper())
             rule = f"{o.source} {o.pattern}={o.buft}"
         items.append(Placed(t, dev, buft, rule))
 
@@ -271,7 +278,8 @@ def _tied_copy(embd: Tensor, orig_dev: str | None, orig_buft: str | None, out_de
     if (i := rules.first(embd.name)) is not None:
         o = opts.overrides[i]
         out_dev = devices.resolve_buffer_type(o.buft) or out_dev
-        copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
+        copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True,
+                                cpu_override=o.buft.upper() == CPU.upper())
         rule += f" ({o.source} {o.pattern}={o.buft})"
     if (orig_dev, orig_buft) == (out_dev, copy_buft):
         return None
@@ -296,7 +304,10 @@ def placed_devices(model: Model, devices: DeviceSet, opts: PlacementOptions) -> 
         out[t.name] = dev
     if (embd := _tied_embedding(model)) is not None and embd.name in out:
         dev = out[embd.name]
-        copy = _tied_copy(embd, dev, device_buft(dev, embd, devices, opts), units[n_layer], devices, opts)
+        i = first(embd.name) if first is not None else None
+        buft = device_buft(dev, embd, devices, opts, cpu_override=i is not None and
+                           overrides[i].buft.upper() == CPU.upper())
+        copy = _tied_copy(embd, dev, buft, units[n_layer], devices, opts)
         if copy is not None and copy.device is not None:
             out[copy.name] = copy.device
     return out

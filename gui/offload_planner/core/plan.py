@@ -87,8 +87,10 @@ class Plan:
         buffers where the build has none)."""
         d, po = self.dialect, self.placement_options
         repack = po.use_extra_bufts and d.has_cpu_repack
-        if po.output_first != d.output_first or po.use_extra_bufts != repack:
-            self.placement_options = replace(po, output_first=d.output_first, use_extra_bufts=repack)
+        if (po.output_first, po.use_extra_bufts, po.plain_cpu_overrides) != (
+                d.output_first, repack, d.plain_cpu_overrides):
+            self.placement_options = replace(po, output_first=d.output_first, use_extra_bufts=repack,
+                                             plain_cpu_overrides=d.plain_cpu_overrides)
 
     @property
     def dialect(self) -> Dialect:
@@ -115,7 +117,8 @@ class Plan:
                     continue
                 moved = True
                 tied = tied or name == "token_embd.weight"
-                buft = device_buft(dev, p.tensor, self.devices, self.placement_options, as_output=p.copy)
+                buft = device_buft(dev, p.tensor, self.devices, self.placement_options, as_output=p.copy,
+                                   cpu_override=True)  # exported as -ot NAME=CPU
                 items[i] = Placed(p.tensor, dev, buft, "moved in the planner", copy=p.copy)
         if tied:  # the base holds no copy equal to its original (``place``): only a move makes one
             items = _dedupe_tied_copy(items)

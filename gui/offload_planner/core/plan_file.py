@@ -386,9 +386,12 @@ def _check_dialect(root: At, dialect: Dialect, popts: PlacementOptions, ctx: Con
     first = dialect.output_first
     if popts.output_first != first:
         raise po.key("output_first").fail(f"must be {str(first).lower()} for {dialect}")
+    if popts.plain_cpu_overrides != dialect.plain_cpu_overrides:
+        raise po.key("plain_cpu_overrides").fail(
+            f"must be {str(dialect.plain_cpu_overrides).lower()} for {dialect}")
     if not dialect.has_cpu_repack and popts.use_extra_bufts:
         raise po.key("use_extra_bufts").fail(f"{dialect.label} has no CPU_REPACK buffers (must be false)")
-    for name in ("mla", "amb"):
+    for name in ("mla", "amb", "repack"):
         if not dialect.has_mla_settings and getattr(ctx, name):
             raise cx.key(name).fail(f"an ik_llama.cpp setting; must be 0 for {dialect}")
 
@@ -497,6 +500,7 @@ def _placement_options(at: At, devices: DeviceSet, dialect: Dialect) -> Placemen
         output_first=at.key("output_first", True).boolean(),
         cpu_profile=at.key("cpu_profile", "x86-avx2").choice(sorted(REPACK_TYPES)),
         load_mtp=at.key("load_mtp", False).boolean(),
+        plain_cpu_overrides=at.key("plain_cpu_overrides", dialect.plain_cpu_overrides).boolean(),
     )
 
 
@@ -535,4 +539,5 @@ def _context(at: At) -> ContextParams:
         dialect=dialect,
         mla=at.key("mla", 0).integer(0, 3),
         amb=at.key("amb", 0).integer(0, INT_MAX),
+        repack=at.key("repack", False).boolean(),
     )

@@ -9,6 +9,7 @@ from offload_planner.core.compute.ggml import (
     OUTPUT,
     T,
     concat,
+    cont,
     dup_op,
     mul_mat,
     permute,
@@ -211,6 +212,8 @@ def _gptneox(b: Builder) -> None:
         q = view(qkv, [head, sh.n_head[il], n_tok], nb, 0)
         k = view(qkv, [head, sh.n_head_kv[il], n_tok], nb, row_size(qkv.type, n_q))
         v = view(qkv, [head, sh.n_head_kv[il], n_tok], nb, row_size(qkv.type, n_q + n_k))
+        if sh.kv_cpy_views:  # builds before b6050 (llama.cpp-2025-early): ggml_cont of each 2-D view
+            q, k, v = (reshape(cont(t, t.ne[0] * t.ne[1], n_tok), t.ne[0], t.ne[1], n_tok) for t in (q, k, v))
         q, k = b.rope(q), b.rope(k)
         cur = b.attn(il, b.lw(il, "attn_output.weight"), b.lw(il, "attn_output.bias"), q, k, v)
         if il == sh.n_layer - 1:

@@ -62,7 +62,7 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
         parts.append("no flash attention: KQ scores n_kv x n_tokens x n_head x 4 B per layer")
     if be.name == CPU:
         parts.append("host side: graph inputs, token-embedding rows, ops on CPU weights")
-        if sh.legacy_inputs and not sh.flash_attn:
+        if sh.legacy_inputs and not sh.flash_attn and not sh.kv_cpy_views:
             v_idx = sh.n_tokens * max(sh.n_head_kv) * sh.head_v * 8
             parts.append(f"two rules fit 2025 logs: builds from July 2025 (set_rows KV store, assumed here) "
                          f"hold the {_mib(v_idx)} V-index input; earlier builds copy K/V into cache views "

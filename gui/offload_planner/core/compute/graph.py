@@ -36,6 +36,7 @@ from offload_planner.core.compute.ggml import (
     sum_rows,
     transpose,
     view,
+    view_tensor,
 )
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 
@@ -89,6 +90,14 @@ class Shape:
     # 2025 builds (llama.cpp-2025): token rows only (no embedding / mixed-batch inputs) and an f32 KQ
     # mask padded to GGML_KQ_MASK_PAD rows, cast to f16 for flash attention
     legacy_inputs: bool = False
+    # builds before set_rows (llama.cpp-2025-early): K/V copied with ggml_cpy into views of the cache, no
+    # K/V index inputs
+    kv_cpy_views: bool = False
+
+
+def _cpy(src: T, dst: T) -> T:
+    """``ggml_cpy(src, dst)``: a view of ``dst``."""
+    return view_tensor(dst, "CPY", src, dst)
 
 
 #: ``GGML_KQ_MASK_PAD`` of 2025 builds: the mask's token rows are padded to a multiple of it.
@@ -134,7 +143,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         n_kv_swa=ctx.swa_cells, n_stream=ctx.n_stream, kv_unified=p.kv_unified,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
-        legacy_inputs=p.dialect.legacy_graph_inputs,
+        legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
     )
 
 
@@ -176,7 +185,7 @@ class Builder(WeightAccess):
         self.n_tokens = sh.n_tokens
         self.kq_mask: T | None = None
         self.kq_mask_swa: T | None = None
-        self.k_idxs: dict[bool, T] = {}
+        self.k_idxs: dict[bool, T] = {}  # empty for builds that copy K/V into cache views
         self.v_idxs: dict[bool, T] = {}
         self.k_rot: dict[bool, T | None] = {}
         self.v_rot: dict[bool, T | None] = {}
@@ -254,8 +263,8 @@ class Builder(WeightAccess):
         self.kq_mask = self._mask(sh.n_kv)
         v_max = max(self._n_embd_v(il) for il in range(sh.n_layer))
         for swa in sorted({sh.swa[il] for il in range(sh.n_layer)}):
-            k, v = self._idxs(not sh.flash_attn, v_max)
-            self.k_idxs[swa], self.v_idxs[swa] = k, v
+            if not sh.kv_cpy_views:
+                self.k_idxs[swa], self.v_idxs[swa] = self._idxs(not sh.flash_attn, v_max)
             if swa:
                 self.kq_mask_swa = self._mask(sh.n_kv_swa)
             if k_only:
@@ -304,14 +313,18 @@ class Builder(WeightAccess):
         nb = [row_size(v.type, n_kv * hv), row_size(v.type, n_kv), row_size(v.type, n_kv * v.ne[0])]
         return view(v, [n_kv, nh, hv, sh.n_stream], nb, 0)  # transposed V (no flash attention)
 
-    def cpy_k(self, k: T, k_cur: T, idxs: T) -> T:
+    def cpy_k(self, k: T, k_cur: T, idxs: T | None) -> T:
         n_gqa = k_cur.ne[0] * k_cur.ne[1]
+        if idxs is None:  # ggml_cpy into a view of the cache (its result is that view: no allocation)
+            return _cpy(k_cur, view(k, [n_gqa * k_cur.ne[2]], [], 0))
         kc = view(k_cur, [n_gqa, k_cur.ne[2]], [k_cur.nb[2]], 0)
         dst = reshape(k, n_gqa, k.ne[1] * k.ne[2]) if k.ne[2] > 1 else k
         return set_rows(dst, kc, idxs)
 
-    def cpy_v(self, v: T, v_cur: T, idxs: T) -> T:
+    def cpy_v(self, v: T, v_cur: T, idxs: T | None) -> T:
         n_gqa = v_cur.ne[0] * v_cur.ne[1]
+        if idxs is None:
+            return self._cpy_v_view(v, v_cur, n_gqa)
         if self.sh.flash_attn:
             vc = view(v_cur, [n_gqa, v_cur.ne[2]], [v_cur.nb[2]], 0)
             dst = reshape(v, n_gqa, v.ne[1] * v.ne[2]) if v.ne[2] > 1 else v
@@ -323,6 +336,15 @@ class Builder(WeightAccess):
         if n_gqa < v.ne[0]:
             vc = new(vc.type, [v.ne[0], vc.ne[1]], "PAD", vc)
         return set_rows(reshape(v, 1, nelements(v)), reshape(vc, 1, nelements(vc)), idxs)
+
+    def _cpy_v_view(self, v: T, v_cur: T, n_gqa: int) -> T:
+        """Builds before set_rows: V copied into a view of the cache, transposed without flash attention."""
+        n_tok = v_cur.ne[2]
+        vc = reshape(v_cur, n_gqa, n_tok) if is_contiguous(v_cur) else cont(v_cur, n_gqa, n_tok)
+        if self.sh.flash_attn:
+            return _cpy(vc, view(v, [n_gqa * n_tok], [], 0))
+        dst = view(v, [n_tok, n_gqa], [row_size(v.type, v.ne[1])], 0)
+        return _cpy(transpose(vc), dst)
 
     # blocks
 
@@ -410,8 +432,8 @@ class Builder(WeightAccess):
             self.g.expand(t)
         ck, cv = self.cache(il, k_only=False)
         assert cv is not None
-        self.g.expand(self.cpy_k(ck, k, self.k_idxs[swa]))
-        self.g.expand(self.cpy_v(cv, v, self.v_idxs[swa]))
+        self.g.expand(self.cpy_k(ck, k, self.k_idxs.get(swa)))
+        self.g.expand(self.cpy_v(cv, v, self.v_idxs.get(swa)))
         mask = self.kq_mask_swa if swa else self.kq_mask
         assert mask is not None
         cur = self.attn_mha(q, self.get_k(il, ck), self.get_v(il, cv), mask, sinks, None)
@@ -429,7 +451,7 @@ class Builder(WeightAccess):
         for t in (q, v, k):
             self.g.expand(t)
         ck, _ = self.cache(il, k_only=True)
-        self.g.expand(self.cpy_k(ck, k, self.k_idxs[False]))
+        self.g.expand(self.cpy_k(ck, k, self.k_idxs.get(False)))
         kk = self.get_k(il, ck)
         vv = view(kk, [v.ne[0], kk.ne[1], kk.ne[2], kk.ne[3]], kk.nb[1:4], 0)
         assert self.kq_mask is not None

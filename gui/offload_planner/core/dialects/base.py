@@ -47,6 +47,9 @@ class Dialect(str, metaclass=_DialectType):
     LLAMA_CPP: ClassVar[Dialect]
     LLAMA_CPP_2025: ClassVar[Dialect]
     IK: ClassVar[Dialect]
+    IK_2025: ClassVar[Dialect]
+    LLAMA_CPP_2025_EARLY: ClassVar[Dialect]
+    IK_AMB256: ClassVar[Dialect]
 
     label: str = ""
 
@@ -75,6 +78,17 @@ class Dialect(str, metaclass=_DialectType):
     output_first: bool = False
     #: the CPU backend has CPU_REPACK buffers (and the ``-nr`` flag turns them off)
     has_cpu_repack: bool = True
+    #: ``-ot ...=CPU`` takes the plain CPU buffer type, not the GPU's host buffer (mainline before b6050,
+    #: ik_llama.cpp before PR 1508 of March 2026): with a GPU the token embedding alone is ``CUDA_Host``
+    plain_cpu_overrides: bool = False
+    #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
+    #: of October 2025; later ik builds it in f16, padded to 16)
+    f32_kq_mask: bool = False
+    #: K/V stored with ``ggml_cpy`` into cache views, no index inputs (mainline before set_rows, August 2025)
+    copies_kv_into_views: bool = False
+    #: a weight placed by ``-ot ...=CPU`` / ``--cpu-moe`` turns mmap off for the whole model (ik_llama.cpp
+    #: from PR 1510, 2026-03-26: ``use_mmap_buffer &= !has_buft_overrides``, pinned host buffers instead)
+    host_overrides_turn_mmap_off: bool = False
     #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
     mainline_moe_rules: bool = True
 

@@ -35,9 +35,10 @@ class IkLlamaCpp(Dialect):
     single_kv_stream = True
     has_mla_settings = True
     detect_rank = 10
-    help_markers = (r"--mla-use", r"--attention-max-batch", r"--smart-expert-reduction", r"--run-time-repack",
-                    r"--merge-up-gate-experts", r"--k-cache-hadamard", r"--graph-reduce-type", r"-no-fmoe")
-    version_markers = (r"(?i)ik_llama",)
+    help_markers: tuple[str, ...] = (
+        r"--mla-use", r"--attention-max-batch", r"--smart-expert-reduction", r"--run-time-repack",
+        r"--merge-up-gate-experts", r"--k-cache-hadamard", r"--graph-reduce-type", r"-no-fmoe")
+    version_markers: tuple[str, ...] = (r"(?i)ik_llama",)
     copies_whole_experts = True
     fast_cpu_kernels = True
     rpc_bufts_by_endpoint = True
@@ -46,6 +47,9 @@ class IkLlamaCpp(Dialect):
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
     mla_k_only_cache = False
+    host_overrides_turn_mmap_off = True
+    #: ``-amb`` when the command has none (``gpt_params::attn_max_batch``; 256 from PR 2312, August 2026)
+    default_amb: int = 0
 
     # --- flags ---
     def flag_table(self) -> FlagTable:
@@ -119,7 +123,7 @@ class IkLlamaCpp(Dialect):
         return mla_mode(model, requested)
 
     def amb(self, requested: int | None) -> int:
-        return int(requested or 0)
+        return self.default_amb if requested is None else int(requested)
 
     def takes_mla(self, model: Model) -> bool:
         from offload_planner.core.ik import uses_mla
@@ -163,7 +167,8 @@ class IkLlamaCpp(Dialect):
 
         bufs = [replace(b, why=IK_COMPUTE_NOTE + b.why) if b.kind == "compute"
                 and IK_COMPUTE_NOTE not in b.why and not b.why.startswith(IK_SIMULATED) else b for b in bufs]
-        if not self.takes_mla(model):  # ik's MLA logs of May 2025 match the f16 mask (issue 455: 176.01)
+        # ik's MLA logs of May 2025 match the f16 mask (issue 455: 176.01); the 2025 dialect simulates f32
+        if not (self.takes_mla(model) or self.f32_kq_mask):
             _dated_mask_note(bufs, ctx, p, model.summary.has_swa)
         return bufs
 
@@ -183,7 +188,7 @@ class IkLlamaCpp(Dialect):
         from offload_planner.core.ik import IK_DEFAULT_MLA
 
         out = ["-mla", str(p.mla)] if self.takes_mla(model) and p.mla != IK_DEFAULT_MLA else []
-        return out + (["-amb", str(p.amb)] if p.amb else [])
+        return out + (["-amb", str(p.amb)] if p.amb != self.default_amb else [])
 
     def kv_cache_types(self) -> tuple[str, ...]:
         return (*super().kv_cache_types(), *IK_EXTRA_KV_CACHE_TYPES)

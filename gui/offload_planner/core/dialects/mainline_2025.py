@@ -26,10 +26,11 @@ class Mainline2025(Mainline):
     bare_flash_attn = True
     detect_rank = 30
     # a common_arg style help (2025 mainline), or --no-mmap / --mlock without the pinned -lm
-    help_markers = (r"----- common params -----", r"\(env: LLAMA_ARG_", r"--no-mmap", r"--mlock")
+    help_markers: tuple[str, ...] = (
+        r"----- common params -----", r"\(env: LLAMA_ARG_", r"--no-mmap", r"--mlock")
     # "version: 6123 (abcdef0)": a 2025 mainline build or ik_llama.cpp (the numbers overlap; ik's
     # help tells them apart)
-    version_markers = (r"(?m)^version:\s*(\d+)\s*\(",)
+    version_markers: tuple[str, ...] = (r"(?m)^version:\s*(\d+)\s*\(",)
 
     def flag_table(self) -> FlagTable:
         from offload_planner.core.cmdline.flags_2025 import MAINLINE_2025_FLAGS

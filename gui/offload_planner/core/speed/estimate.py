@@ -246,8 +246,9 @@ def _work(placement: Placement) -> dict[str, _Work]:
 
 
 def _offload_gpu(plan: Plan, placement: Placement) -> tuple[str | None, int | None]:
-    """The first of the model's GPUs that takes host-weight ops, and its batch threshold."""
-    if not plan.context.op_offload:
+    """The first of the model's GPUs that takes host-weight ops, and its batch threshold (none with ik's
+    -rtr: the host weights are repacked into types the GPU cannot run, core.ik_repack)."""
+    if not plan.context.op_offload or plan.context.repack:
         return None, None
     for g in model_gpus(plan.devices, placement):
         n = OP_OFFLOAD_MIN_BATCH.get(g.kind)

@@ -1,0 +1,62 @@
+"""ik_llama.cpp as built before July 2025: the public CUDA logs of April-June 2025.
+
+What differs from the current source (``ikawrakow/ik_llama.cpp``, read at each date):
+
+- ``-ot ...=CPU`` (and ``exps=CPU``) takes the plain CPU buffer type: the overridden weights are logged
+  as ``CPU`` and the token embedding alone as ``CUDA_Host`` (``src/llama.cpp`` ``create_tensor`` used
+  the override's buffer type as given until PR 1508, 2026-03-25, mapped host overrides to
+  ``llama_default_buffer_type_cpu(true)``), and such a weight kept mmap on (PR 1510, 2026-03-26, turned
+  it off for the whole model);
+- no ``-ngl`` means no layer offloaded (``llama_model_default_params``: 0 until PR 2209, 2026-07-30);
+- llama-server gives the context one sequence more than ``--parallel`` (``server.cpp`` ``load_model``:
+  "dedicate one sequence to the system prompt", still there in October 2025): logits for np + 1
+  sequences (the tools, ``llama-sweep-bench`` or ``llama-imatrix``, have no extra one);
+- the KQ mask is an f32 input, cast to f16 where flash attention reads it, its rows padded to 32
+  (``build_inp_KQ_mask`` until PR 825, 2025-10-13; ``GGML_KQ_MASK_PAD`` 32 until PR 574, 2025-07-03).
+
+Everything else (the parser, MLA, the op-offload rule of PR 520) is the current ik dialect's; builds
+before PR 520 (2025-06-12) offloaded MoE ops from 32 tokens whatever the expert count (with ``-rtr``, as
+in the May-2025 logs replayed here, nothing is offloaded either way: :mod:`core.ik_repack`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from offload_planner.core.dialects.base import register
+from offload_planner.core.dialects.ik import IkLlamaCpp
+
+if TYPE_CHECKING:
+    from offload_planner.core.buffer import Buffer
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.memory import ContextParams
+    from offload_planner.core.model import Model
+    from offload_planner.core.placement import Placement
+
+
+class Ik2025(IkLlamaCpp):
+    plain_cpu_overrides = True
+    host_overrides_turn_mmap_off = False  # from PR 1510 (2026-03-26)
+    f32_kq_mask = True
+    detect_rank = 90  # never recognised from a server's output: picked by name
+    help_markers: tuple[str, ...] = ()
+    version_markers: tuple[str, ...] = ()
+
+    def default_ngl(self, ngl: Any, has_gpu: bool) -> Any:
+        return 0 if ngl is None else ngl
+
+    def extra_buffers(self, model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
+                      bufs: list[Buffer]) -> list[Buffer]:
+        """The server's logits for one sequence more (a server context: ``n_outputs_max`` set)."""
+        if p.n_outputs_max is not None:
+            row = 4 * model.summary.n_vocab
+            for b in bufs:
+                if b.kind == "output":
+                    b.bytes += row
+                    b.why += (f"; + {row / (1 << 20):.2f} MiB: the 2025 ik server gives the context one "
+                              "sequence more than -np (server.cpp: 'dedicate one sequence to the system "
+                              "prompt')")
+        return super().extra_buffers(model, devices, placement, p, bufs)
+
+
+IK_2025 = register(Ik2025("ik_llama.cpp-2025", "ik_llama.cpp (builds before July 2025)"), "IK_2025")
