@@ -50,6 +50,10 @@ def _cmd_gui(args: argparse.Namespace) -> int:
         w, h = (int(v) for v in args.size.lower().split("x"))
     except ValueError:
         raise PlannerError(f"--size {args.size!r}: expected WIDTHxHEIGHT, e.g. 1280x800") from None
+    from offload_planner.ui.window_size import size_problem
+
+    if size_problem(w, h):  # the window would be drawn larger than asked
+        raise PlannerError(f"--size {args.size!r}: {size_problem(w, h)}")
     if args.model and args.model.lower().endswith(".json"):
         check_plan_file(args.model, allow_remote=args.allow_remote)
     return run_gui(args.model, devices=args.device, screenshot=args.screenshot, size=(w, h),

@@ -86,6 +86,8 @@ def test_bad_size_and_no_display_are_one_line_errors(
 ) -> None:
     assert cli.main(["gui", "--size", "big", "--screenshot", "x.png"]) == 2
     assert "--size 'big'" in capsys.readouterr().err
+    assert cli.main(["gui", "--size", "800x600", "--screenshot", "x.png"]) == 2  # drawn 1024x640 otherwise
+    assert "--size '800x600': smaller than the window's minimum 1024x640" in capsys.readouterr().err
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
     env["PYTHONPATH"] = str(ROOT / "gui")
     r = subprocess.run(

@@ -113,6 +113,7 @@ def test_launch_compare_calibrate_and_stop(qtbot: QtBot, tmp_path: Path, qwen_pa
         assert panel.launch()
     assert panel.server.state is ServerState.RUNNING and "Running" in panel.state_label.text()
     assert panel.progress.value() == 1000 and panel.open_button.isEnabled()
+    assert panel.progress.isVisibleTo(panel) and not panel.idle_hint.isVisibleTo(panel)  # launched: no hint
     assert panel.stop_button.isEnabled() and not panel.launch_button.isEnabled()
     url = panel.server.url
     assert url is not None and url in panel.url_label.text()

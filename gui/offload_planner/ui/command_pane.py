@@ -38,6 +38,17 @@ from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
 
 HIGHLIGHT_MS = 1600
+#: What the rules table's columns say (it lists the command's own -ot rules, from --cpu-moe and the
+#: like too; the rules the window writes for the map's moves are in the command, not in it).
+RULE_HEADER_TIPS = (
+    "The command's own -ot rules (override-tensor: tensor-name pattern = device), in the order "
+    "llama.cpp tries them; the rules written for your moves on the map are in the command text",
+    "Tensors this rule is the first of the command's rules to match (a tensor you moved on the map "
+    "counts here too: the rule written for your move comes before it in the command)",
+    "Bytes of those tensors",
+    "ok, or: matches nothing (a pattern no tensor name matches), shadowed (an earlier rule takes "
+    "every tensor it matches)",
+)
 
 
 def changed_spans(text: str, old: Sequence[str], new: Sequence[str]) -> list[tuple[int, int]]:
@@ -113,6 +124,8 @@ class CommandPane(QWidget):
         self.text.setAccessibleName("Command line")
         self.rules = QTreeWidget()
         self.rules.setHeaderLabels(["-ot rule", "tensors", "bytes", "status"])
+        for col, tip in enumerate(RULE_HEADER_TIPS):
+            self.rules.headerItem().setToolTip(col, tip)
         self.rules.setRootIsDecorated(False)
         self.rules.setAccessibleName("Override rules")
         self.rules.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)

@@ -58,7 +58,7 @@ from offload_planner.ui.log_view import LogView
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
-COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference", "")
+COLUMNS = ("Device", "Buffer", "Kind", "Projected MiB", "Actual MiB", "Difference MiB", "Check / note")
 STATE_COLORS = {
     ServerState.RUNNING: "#2e7d32",
     ServerState.FAILED: "#c62828",
@@ -69,6 +69,11 @@ STATE_COLORS = {
 STALE_NOTE = (
     "⚠ The plan has been edited since this launch: the table shows the projection of the command as "
     "it was launched."
+)
+#: Beside the state before the first launch (where the load progress bar goes once one starts).
+IDLE_HINT = (
+    "Launch starts llama-server with the Command tab's command, then compares what it allocates "
+    "with the projection in the table below"
 )
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
@@ -141,18 +146,23 @@ class LauncherPanel(QWidget):
         self.launch_button.clicked.connect(self.launch)
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop)
+        self.stop_button.setToolTip("Stop the llama-server this tab started")
         self.state_label = QLabel()
         self.state_label.setAccessibleName("Server state")
         self.progress = QProgressBar()
         self.progress.setRange(0, 1000)
         self.progress.setTextVisible(True)
         self.stage_label = QLabel()
+        self.idle_hint = QLabel(IDLE_HINT)
+        self.idle_hint.setEnabled(False)  # greyed, as the tensor map's hint
+        self.idle_hint.setWordWrap(True)
         self.url_label = QLabel()
         self.url_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.url_label.setOpenExternalLinks(True)
         self.open_button = QPushButton("Open web UI")
         self.open_button.clicked.connect(self.open_web_ui)
         self.open_button.setEnabled(False)
+        self.open_button.setToolTip("Open the running llama-server's web UI in the browser")
         self.bench_button = QPushButton("Bench")
         self.bench_button.setToolTip(
             "Send a fixed 512-token prompt and 64 generated tokens to the running server, show the "
@@ -197,6 +207,7 @@ class LauncherPanel(QWidget):
         self.command_edit.setAccessibleName("Launched command")
         self.notes = QLabel()
         self.notes.setWordWrap(True)
+        self.notes.hide()  # shown with the first notice: empty, it still took a line of the tab
         self.stale_note = QLabel(STALE_NOTE)
         self.stale_note.setWordWrap(True)
         self.stale_note.setStyleSheet("color: #8a5a00")
@@ -225,11 +236,13 @@ class LauncherPanel(QWidget):
         for w in (self.launch_button, self.stop_button, self.state_label):
             top.addWidget(w)
         top.addWidget(self.progress, 1)
+        top.addWidget(self.idle_hint, 1)
         top.addWidget(self.stage_label)
-        url_row = QHBoxLayout()
-        url_row.addWidget(self.url_label, 1)
-        url_row.addWidget(self.open_button)
-        url_row.addWidget(self.bench_button)
+        # the URL and its buttons on the same row: a row of their own cost the table its rows in
+        # the bottom tab's ~150 px at 1280x800
+        top.addWidget(self.url_label)
+        top.addWidget(self.open_button)
+        top.addWidget(self.bench_button)
         options = QGroupBox("Launch options")
         form = QFormLayout(options)
         srv_row = QHBoxLayout()
@@ -248,7 +261,6 @@ class LauncherPanel(QWidget):
         form.addRow("Command", self.command_edit)
         lay = QVBoxLayout(self)
         lay.addLayout(top)
-        lay.addLayout(url_row)
         # what went wrong first, right under Launch: the tab shows only its top at 1280x800
         lay.addWidget(self.virtual_note)
         lay.addWidget(self.speed_label)
@@ -270,6 +282,7 @@ class LauncherPanel(QWidget):
         if self._run is None and (plan is None or previous is None or previous.model is not plan.model):
             self._show_explanations([])
             self.notes.clear()
+            self.notes.hide()
         self._projection = projection if projection is not None or plan is None else plan.projection()
         if command is not None:
             self._command = list(command)
@@ -369,6 +382,7 @@ class LauncherPanel(QWidget):
         self.explanations = []
         self.comparison = None
         self.notes.clear()
+        self.notes.hide()
         self.deviceHighlighted.emit("")
         self.actualsReady.emit({})
         plan = self._plan
@@ -437,6 +451,10 @@ class LauncherPanel(QWidget):
         state = ServerState(value)
         color = STATE_COLORS.get(state)
         self.state_label.setText(f"<b style='color:{color}'>{value}</b>" if color else f"<b>{value}</b>")
+        # no empty progress bar (it read as a text field) when nothing loads: the hint before a first
+        # launch, the outcome ("stopped", "exit code 1") after one
+        self.progress.setVisible(state.active)
+        self.idle_hint.setVisible(state is ServerState.IDLE)
         if state is ServerState.STARTING:
             self.progress.setValue(0)
             self.stage_label.setText("")
@@ -458,6 +476,7 @@ class LauncherPanel(QWidget):
     def _on_notice(self, text: str) -> None:
         current = self.notes.text()
         self.notes.setText(f"{current}\n{text}" if current else text)
+        self.notes.show()
 
     def _on_health(self, ok: bool) -> None:
         if not self.server.state.active:  # a late answer after the server ended

@@ -71,8 +71,7 @@ from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_model import section_file
 from offload_planner.ui.tensor_map_view import TensorMapView
 from offload_planner.ui.ubatch_plot import UbatchPlot
-
-MIN_SIZE = (1280, 800)
+from offload_planner.ui.window_size import DEFAULT_SIZE, MIN_SIZE
 
 #: How the window names the demo hardware (core.new_plan.DEMO_HARDWARE) it opens the demo on.
 DEMO_LABEL = "demo hardware (declared)"
@@ -265,6 +264,7 @@ class MainWindow(QMainWindow):
         recent.setText("Recent")
         recent.setMenu(self.recent_menu)
         recent.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        recent.setToolTip("Open a model or plan opened before")
         tb.addWidget(recent)
         tb.addAction(self.act_save)
         tb.addSeparator()
@@ -289,6 +289,9 @@ class MainWindow(QMainWindow):
         presets.setText("Presets")
         presets.setMenu(self.presets_menu)
         presets.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        presets.setToolTip("Common placements in one step: routed experts to the CPU, fill a GPU with "
+                           "experts, move layers, the fastest plan that fits, what llama.cpp's --fit runs")
+        self.presets_button = presets
         tb.addWidget(presets)
         tb.addAction(self.act_paste)
         tb.addSeparator()
@@ -396,7 +399,7 @@ class MainWindow(QMainWindow):
         if geo is not None:
             self.restoreGeometry(geo)
         else:
-            self.resize(*MIN_SIZE)
+            self.resize(*self._opening_size())
         state = s.get_bytes(keys.STATE.name)
         if state is not None:
             self.restoreState(state)
@@ -407,6 +410,14 @@ class MainWindow(QMainWindow):
         self.act_split_attn.setChecked(bool(s.get(keys.SPLIT_ATTENTION)))
         i = self.backend_box.findData(s.get(keys.DIALECT))
         self.backend_box.setCurrentIndex(max(0, i))
+
+    def _opening_size(self) -> tuple[int, int]:
+        """:data:`DEFAULT_SIZE`, or the screen's available area if that is smaller."""
+        screen = self.screen()
+        if screen is None:
+            return DEFAULT_SIZE
+        room = screen.availableGeometry()
+        return min(DEFAULT_SIZE[0], room.width()), min(DEFAULT_SIZE[1], room.height())
 
     def save_settings(self) -> None:
         s = self.settings

@@ -4,7 +4,8 @@ beside it; hover gives the per-buffer breakdown with how each was computed. Afte
 bar under each device's bar marks the actual total llama.cpp logged; once the plan is edited it
 describes another command and is drawn hollow and grey ("before your last edit") until the next
 launch reports. The breakdown line under a bar abbreviates its labels as far as its width needs
-(the tooltip keeps them whole). A drop target for tensors dragged from the map."""
+(the tooltip keeps them whole); where even the shortest does not fit beside the status, the status
+goes on a line of its own. A drop target for tensors dragged from the map."""
 
 from __future__ import annotations
 
@@ -60,6 +61,23 @@ BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("W", "KV", "C", "O", "P", "D", "MTP"), " "),
 )
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
+
+
+def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool) -> str:
+    """Under the legend while a device is over capacity: what to do about it ("" when all fit)."""
+    parts = []
+    names = ", ".join(gpus_over)
+    if gpus_over and moe:
+        parts.append(f"Presets ▸ Fastest plan puts on {names} the routed experts that fit and the rest "
+                     "on the CPU (the Problems tab names a preset per GPU).")
+    elif gpus_over:
+        parts.append(f"Fewer GPU layers or a smaller context (Options), or Presets ▸ Move layers… to "
+                     f"the CPU, free {names}.")
+    if cpu_over:
+        parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
+                     "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
+    return "What next: " + " ".join(parts) if parts else ""
+
 #: The legend's last word on the breakdown lines' bare figures.
 UNIT_NOTE = "figures without a unit: GiB"
 
@@ -167,6 +185,8 @@ class MemoryView(QWidget):
         self._highlight: str | None = None
         self._actuals: dict[str, int] = {}  # device -> actual bytes logged by the last launch
         self._actuals_plan: Plan | None = None  # the plan that launch ran
+        self._next_step_rect: QRectF | None = None
+        self._next_step_shown = ""
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
@@ -187,7 +207,23 @@ class MemoryView(QWidget):
         return max(3, self._line() // 5)
 
     def _row_height(self) -> int:
-        return self._line() * 2 + self._bar_height() + self._actual_height() + 16
+        lines = 3 if self.status_wrapped() else 2
+        return self._line() * lines + self._bar_height() + self._actual_height() + 16
+
+    def status_wrapped(self) -> bool:
+        """Some row's status ("N left", "+N over") does not fit beside even the shortest form of its
+        breakdown at the view's width: then every row draws its status on a line of its own under the
+        breakdown (a narrow pane grows taller, not wider: a draft model and a projector add segments
+        to the breakdown, and a pane as wide as their one-line breakdown squeezed the tensor map)."""
+        width = self.width() - 16
+        fm = self.fontMetrics()
+        for dm in self._rows():
+            f = bar_figures(dm)
+            status, status_fm = self._status(f)
+            room = width - status_fm.horizontalAdvance(status) - 12
+            if fm.horizontalAdvance(breakdown_forms(f)[-1]) > room:
+                return True
+        return False
 
     def _top(self) -> int:
         return 8 + self._line() + 8  # below the verdict line
@@ -259,13 +295,14 @@ class MemoryView(QWidget):
         return QSize(320, self._top() + n * self._row_height() + 3 * self._line())
 
     def minimumSizeHint(self) -> QSize:
-        """Wide enough for every row's shortest breakdown and its status: never elided."""
+        """Wide enough for every row's shortest breakdown and, on a line of its own if need be, its
+        status: never elided."""
         need = 240
         for dm in self._rows():
             f = bar_figures(dm)
             status, status_fm = self._status(f)
             text_w = self.fontMetrics().horizontalAdvance(breakdown_forms(f)[-1])
-            need = max(need, text_w + status_fm.horizontalAdvance(status) + 4 + 8 + 16 + 2)
+            need = max(need, max(text_w, status_fm.horizontalAdvance(status) + 4) + 16 + 2)
         return QSize(need, self._top() + 3 * self._row_height())
 
     # --- painting ----------------------------------------------------------------------------
@@ -295,7 +332,8 @@ class MemoryView(QWidget):
             if actual is not None:
                 self._paint_actual(p, actual)
         y = self._top() + len(rows) * self._row_height()
-        self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
+        bottom = self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
+        self._paint_next_step(p, bottom)
 
     def _paint_actual(self, p: QPainter, r: QRectF) -> None:
         """The actual-total bar with a tick at its end: solid, or hollow and grey when stale."""
@@ -427,9 +465,12 @@ class MemoryView(QWidget):
         lh = self._line()
         status, status_fm = self._status(f)
         status_w = status_fm.horizontalAdvance(status) + 4
-        avail = max(0, int(r.width() - status_w - 8))
+        if self.status_wrapped():  # the status on the next line, the breakdown across the row
+            avail, status_y = max(0, int(r.width())), y3 + lh
+        else:
+            avail, status_y = max(0, int(r.width() - status_w - 8)), y3
         text, form = fit_breakdown(f, self.fontMetrics(), avail)
-        status_rect = QRectF(r.right() - status_w, y3, status_w, lh)
+        status_rect = QRectF(r.right() - status_w, status_y, status_w, lh)
         return _BreakdownLine(status, status_rect, text, QRectF(r.left(), y3, avail, lh), form)
 
     def _status(self, f: DeviceFigures) -> tuple[str, QFontMetrics]:
@@ -475,7 +516,8 @@ class MemoryView(QWidget):
             items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
         return items
 
-    def _paint_legend(self, p: QPainter, r: QRectF) -> None:
+    def _paint_legend(self, p: QPainter, r: QRectF) -> float:
+        """Draws the legend from the top of ``r``, wrapped to its width; returns its bottom."""
         fm = self.fontMetrics()
         lh = fm.height()
         sw = lh - 4
@@ -513,6 +555,53 @@ class MemoryView(QWidget):
                 label,
             )
             x += w
+        return y + lh
+
+    # --- what next -----------------------------------------------------------------------------
+
+    def next_step(self) -> str:
+        """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
+        over = [dm.device for dm in self._rows() if bar_figures(dm).over]
+        moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
+        return next_step_text([d.name for d in over if d.is_gpu], any(not d.is_gpu for d in over), moe)
+
+    def next_step_rect(self) -> QRectF | None:
+        """Where :meth:`next_step` is drawn (None when it is not)."""
+        return self._next_step_rect
+
+    def _paint_next_step(self, p: QPainter, top: float) -> None:
+        text = self.next_step()
+        self._next_step_rect = None
+        if not text:
+            return
+        width = self.width() - 16
+        y = top + self._line() // 2
+        shown = self._fit_words(text, width, self.height() - 4 - y)  # a short pane: the tooltip has it all
+        if not shown:
+            return
+        flags = int(Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft)
+        need = self.fontMetrics().boundingRect(0, 0, width, 10_000, flags, shown).height()
+        r = QRectF(8, y, width, need)
+        p.setPen(self.palette().color(QPalette.ColorRole.Text))
+        p.drawText(r, flags, shown)
+        self._next_step_rect = r
+        self._next_step_shown = shown
+
+    def _fit_words(self, text: str, width: int, height: float) -> str:
+        """``text`` wrapped to ``width``, cut after the last word that keeps it within ``height``
+        (with "…"); "" if not even one line fits."""
+        flags = int(Qt.TextFlag.TextWordWrap | Qt.AlignmentFlag.AlignLeft)
+        fm = self.fontMetrics()
+        words = text.split(" ")
+        for n in range(len(words), 0, -1):
+            candidate = " ".join(words[:n]) + ("" if n == len(words) else " …")
+            if fm.boundingRect(0, 0, width, 10_000, flags, candidate).height() <= height:
+                return candidate
+        return ""
+
+    def next_step_shown(self) -> str:
+        """The part of :meth:`next_step` drawn at the view's size ("" when none is)."""
+        return self._next_step_shown if self._next_step_rect is not None else ""
 
     # --- hover -------------------------------------------------------------------------------
 
@@ -525,6 +614,10 @@ class MemoryView(QWidget):
                     tip = device_tooltip(dm, actual, self.actuals_stale)
                     QToolTip.showText(e.globalPos(), tip, self)
                     return True
+            r = self._next_step_rect
+            if r is not None and r.contains(QPointF(e.pos())):
+                QToolTip.showText(e.globalPos(), self.next_step(), self)
+                return True
             QToolTip.hideText()
             e.ignore()
             return True

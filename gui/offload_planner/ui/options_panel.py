@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QGridLayout,
     QHBoxLayout,
     QLabel,
+    QLayout,
     QLineEdit,
     QSpinBox,
     QWidget,
@@ -119,13 +120,20 @@ class OptionsPanel(QWidget):
         self.ctx.setToolTip(
             "-c: context size (trained = the model's trained length; pin it to stop --fit from shrinking it)"
         )
-        self.batch.setToolTip("-b: logical batch size")
-        self.ubatch.setToolTip("-ub: physical batch size; the compute buffers grow with it")
-        self.ngl.setToolTip("-ngl: layers offloaded to the GPUs, counted from the output end")
-        self.flash.setToolTip("-fa on|off (a quantized V cache needs it)")
-        self.type_k.setToolTip("-ctk: K cache type")
-        self.type_v.setToolTip("-ctv: V cache type")
-        self.slots.setToolTip("-np: parallel slots (sequences)")
+        self.batch.setToolTip("-b: logical batch size: the most prompt tokens llama-server takes in one "
+                              "step, computed -ub tokens at a time")
+        self.ubatch.setToolTip("-ub: physical batch size (micro-batch): the prompt tokens computed at once. "
+                               "Larger is faster on long prompts and grows the compute buffers (GPU "
+                               "memory); the Speed tab plots the trade-off")
+        self.ngl.setToolTip("-ngl: layers offloaded to the GPUs, counted from the output end (all: every "
+                            "layer; the routed experts can still go to the CPU, see Presets)")
+        self.flash.setToolTip("-fa on|off: flash attention (a quantized V cache needs it)")
+        self.type_k.setToolTip("-ctk: K cache type: what the K half of the KV cache is stored as (f16; "
+                               "q8_0 takes about half the memory)")
+        self.type_v.setToolTip("-ctv: V cache type: what the V half of the KV cache is stored as (f16; "
+                               "q8_0 takes about half the memory, with flash attention on)")
+        self.slots.setToolTip("-np: parallel slots: how many requests llama-server serves at once; they "
+                              "share the context (-c) between them")
         self.unified.setToolTip("-kvu: the slots share one KV cache")
         self.mmap.setToolTip("off: -lm none (--no-mmap): CPU weights in a CPU buffer instead of the file map")
         self.kv_offload.setToolTip("off: -nkvo: the KV cache stays in system RAM")
@@ -146,6 +154,10 @@ class OptionsPanel(QWidget):
         form.addRow("Slots -np", self.slots)
         form.addRow("MLA -mla", self.mla)
         self._form = form
+        self._label_tips(((self.ctx, self.ctx), (self.batch, self.batch), (self.ubatch, self.ubatch),
+                          (self.ngl, self.ngl), (kv, self.type_k), (self.slots, self.slots),
+                          (self.mla, self.mla)))
+        v_label.setToolTip(self.type_v.toolTip())
         checks = QGridLayout()
         checks.setContentsMargins(0, 0, 0, 0)
         checks.addWidget(self.unified, 0, 0)
@@ -170,6 +182,14 @@ class OptionsPanel(QWidget):
         doc.planChanged.connect(self.sync)
         doc.modelChanged.connect(self.sync)
         self.sync()
+
+    def _label_tips(self, rows: tuple[tuple[QWidget | QLayout, QWidget], ...]) -> None:
+        """Each row's label says what its field's tooltip says: hovering "µbatch -ub" or "Slots -np"
+        explains them, not only hovering the field."""
+        for field, tipped in rows:
+            label = self._form.labelForField(field)
+            if label is not None:
+                label.setToolTip(tipped.toolTip())
 
     def _bind_combo(self, c: QComboBox, key: str, label: str) -> None:
         def commit() -> None:

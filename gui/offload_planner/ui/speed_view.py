@@ -19,6 +19,10 @@ from offload_planner.ui.memory_view import bar_figures
 
 #: Before the estimate of a plan some device cannot hold: llama-server would not load it.
 IF_IT_FIT = "if it fit: "
+#: The tooltip's first line: the line's abbreviations in words.
+TERMS = ("<b>tg</b>: token generation, how fast the answer is written; <b>pp</b>: prompt processing, "
+         "how fast a prompt is read; <b>t/s</b>: tokens per second; <b>time per token</b>: each "
+         "device's share of the time one generated token takes.")
 
 
 def _rate(x: float) -> str:
@@ -66,7 +70,7 @@ class SpeedLabel(QLabel):
         self.setText(window_line(est, over))
         note = (f"<b>{', '.join(over)} cannot hold this plan</b>: llama-server would not load it; the "
                 "estimate is for the placement as drawn.<br>") if over else ""
-        self.setToolTip(note + "<pre>" + "\n".join(speed_lines(est)).replace("&", "&amp;")
+        self.setToolTip(note + TERMS + "<pre>" + "\n".join(speed_lines(est)).replace("&", "&amp;")
                         .replace("<", "&lt;") + "</pre>")
 
     def _over(self) -> list[str]:

@@ -23,16 +23,28 @@ from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 from offload_planner.backend.runner import guard_pyside_emit_refcount
 from offload_planner.backend.telemetry import Sample, TelemetrySampler
 from offload_planner.core.units import GiB
+from offload_planner.ui.palette import CPU_COLOR, GPU_COLORS
 
 guard_pyside_emit_refcount()
 
 DEFAULT_KEEP = 2400  # 10 minutes at 4 Hz
 
 
-def device_color(name: str, index: int) -> tuple[int, int, int]:
-    if name == "CPU":
-        return (90, 90, 90)
-    c = pg.intColor(index, hues=8, values=1, maxValue=220)
+#: The plots' left axis titles (with their units), left to right.
+AXIS_TITLES = ("GPU memory GiB", "RAM GiB", "GPU busy %")
+TIP = (
+    "Left: the memory in use on each GPU (GiB), its projected total dashed. Middle: the RAM of the "
+    "llama-server process and of the whole system (dotted), the CPU's projected total dashed. Right: "
+    "each GPU's utilisation (%). All against the seconds since the launch."
+)
+PROJECTED = "projected (dashed)"  # the legend's entry for the projected totals, in each device's colour
+SYSTEM_COLOR = (160, 160, 160)  # the whole machine's RAM in use: thin and dotted beside the server's
+
+
+def device_color(name: str, gpu_index: int) -> tuple[int, int, int]:
+    """The window's colours (the map, the bars, the device list): CPU grey, the n-th GPU the n-th of
+    the Okabe-Ito GPU colours."""
+    c = CPU_COLOR if name == "CPU" else GPU_COLORS[gpu_index % len(GPU_COLORS)]
     return (c.red(), c.green(), c.blue())
 
 
@@ -49,8 +61,17 @@ class _Series:
         return np.fromiter(self.t, float, len(self.t)), np.fromiter(self.v, float, len(self.v))
 
 
+#: What the tab says before a launch sends its first sample (instead of three empty plots).
+IDLE_HINT = (
+    "Nothing to plot yet: press Launch (Launch tab) to start llama-server with this plan. While it "
+    "loads and runs, this tab plots each GPU's memory and the server's RAM (GiB) against the "
+    "projection (dashed), and GPU utilisation (%), over time (s)."
+)
+
+
 class TelemetryView(QWidget):
-    """Three stacked plots: GPU memory (GiB), RAM (GiB) and GPU utilisation (%)."""
+    """Three plots side by side (the tab is wide and short): GPU memory (GiB), RAM (GiB) and GPU
+    utilisation (%); before the first sample, a line saying how to get one."""
 
     def __init__(self, parent: QWidget | None = None, *, keep: int = DEFAULT_KEEP) -> None:
         super().__init__(parent)
@@ -60,21 +81,30 @@ class TelemetryView(QWidget):
         self.message.hide()
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setBackground(None)
-        self.gpu_plot = self.graphics.addPlot(row=0, col=0, title="GPU memory")
-        self.ram_plot = self.graphics.addPlot(row=1, col=0, title="RAM")
-        self.util_plot = self.graphics.addPlot(row=2, col=0, title="GPU utilisation")
-        for p, unit in ((self.gpu_plot, "GiB"), (self.ram_plot, "GiB"), (self.util_plot, "%")):
-            p.setLabel("left", unit)
-            p.setLabel("bottom", "s")
+        self.idle = QLabel(IDLE_HINT)
+        self.idle.setWordWrap(True)
+        self.idle.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.idle.setAccessibleName("Telemetry: nothing to plot yet")
+        # side by side and named by their left axis, not by a title row: stacked, the three plots
+        # shared the bottom tab's ~150 px and the third was not on screen
+        self.gpu_plot = self.graphics.addPlot(row=0, col=0)
+        self.ram_plot = self.graphics.addPlot(row=0, col=1)
+        self.util_plot = self.graphics.addPlot(row=0, col=2)
+        self.graphics.setToolTip(TIP)
+        for p, title in zip((self.gpu_plot, self.ram_plot, self.util_plot), AXIS_TITLES, strict=True):
+            p.setLabel("left", title)
+            p.setLabel("bottom", "time (s)")
             p.showGrid(x=True, y=True, alpha=0.2)
-            p.addLegend(offset=(5, 5))
+            p.addLegend(offset=(-5, -5), colCount=2)  # bottom right: the curves climb from bottom left
         self.util_plot.setYRange(0, 100)
         self.ram_plot.setXLink(self.gpu_plot)
         self.util_plot.setXLink(self.gpu_plot)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(self.message)
+        lay.addWidget(self.idle, 1)
         lay.addWidget(self.graphics, 1)
+        self.graphics.hide()
         self._series: dict[str, _Series] = {}
         self._curves: dict[str, pg.PlotDataItem] = {}
         self._projected: dict[str, int] = {}
@@ -102,11 +132,17 @@ class TelemetryView(QWidget):
         for name, value in totals.items():
             plot = self.ram_plot if name == "CPU" else self.gpu_plot
             pen = pg.mkPen(self._color(name), width=1, style=Qt.PenStyle.DashLine)
-            line = pg.InfiniteLine(pos=value / GiB, angle=0, pen=pen, movable=False,
-                                   label=f"{name} projected",
-                                   labelOpts={"position": 0.05, "color": pen.color()})
+            # named in the legend, not by a label on the line: in the tab's ~100 px of plot height
+            # the labels were cut by the axes and covered each other
+            line = pg.InfiniteLine(pos=value / GiB, angle=0, pen=pen, movable=False)
             plot.addItem(line, ignoreBounds=False)
             self._lines[name] = line
+        for plot in (self.gpu_plot, self.ram_plot):
+            legend = plot.legend
+            legend.removeItem(PROJECTED)
+            if any((n == "CPU") == (plot is self.ram_plot) for n in totals):
+                dashed = pg.mkPen(SYSTEM_COLOR, width=1, style=Qt.PenStyle.DashLine)
+                legend.addItem(pg.PlotDataItem(pen=dashed), PROJECTED)
 
     def projected(self) -> dict[str, int]:
         return dict(self._projected)
@@ -117,8 +153,15 @@ class TelemetryView(QWidget):
         self._curves.clear()
         self._series.clear()
         self.samples_seen = 0
+        self._show_plots(False)
+
+    def _show_plots(self, on: bool) -> None:
+        self.idle.setVisible(not on)
+        self.graphics.setVisible(on)
 
     def add_sample(self, sample: Sample) -> None:
+        if not self.samples_seen:
+            self._show_plots(True)
         self.samples_seen += 1
         for g in sample.gpus:
             self._add(f"mem:{g.name}", g.name, sample.t, g.used / GiB)
@@ -137,8 +180,8 @@ class TelemetryView(QWidget):
 
     def _color(self, name: str) -> tuple[int, int, int]:
         if name not in self._colors:
-            grey = (160, 160, 160)
-            self._colors[name] = grey if name == "system" else device_color(name, len(self._colors))
+            gpus = sum(1 for n in self._colors if n not in ("CPU", "system"))  # in the plan's order
+            self._colors[name] = SYSTEM_COLOR if name == "system" else device_color(name, gpus)
         return self._colors[name]
 
     def _plot_for(self, key: str) -> pg.PlotItem:
@@ -152,7 +195,9 @@ class TelemetryView(QWidget):
         s = self._series.get(key)
         if s is None:
             s = self._series[key] = _Series(self.keep)
-            pen = pg.mkPen(self._color(device), width=2 if device != "system" else 1)
+            system = device == "system"
+            pen = pg.mkPen(self._color(device), width=1 if system else 2,
+                           style=Qt.PenStyle.DotLine if system else Qt.PenStyle.SolidLine)
             self._curves[key] = self._plot_for(key).plot(name=label or device, pen=pen)
         s.add(t, v)
         x, y = s.arrays()

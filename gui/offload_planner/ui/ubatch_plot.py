@@ -22,7 +22,17 @@ from offload_planner.ui.speed_view import IF_IT_FIT, over_capacity
 
 PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
 BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
+BUF_TITLE = "GPU GiB"  # the right axis: the compute buffers llama.cpp reserves on the GPUs
 UB_TICKS: tuple[int, ...] = tuple(UBATCHES)  # the -ub values ubatch_tradeoff projects
+
+
+#: What the tab says before its first plot (instead of an empty plot with made-up axes).
+IDLE_HINT = (
+    "Which -ub (micro-batch) is fastest for this plan? Press “Plot the -ub trade-off”: it projects the "
+    "plan at -ub 64 … 4096 (a few seconds) and plots the estimated prompt processing (t/s, solid, left "
+    "axis) against the compute buffers llama.cpp reserves on the GPUs (GiB, dashed, right axis). A "
+    "larger -ub is faster on long prompts and costs GPU memory; set it under Options."
+)
 
 
 def ub_ticks(values: tuple[int, ...]) -> list[tuple[float, str]]:
@@ -54,7 +64,9 @@ class UbatchPlot(QWidget):
         self.plot.showAxis("right")
         self.plot.scene().addItem(self.buffers)
         self.plot.getAxis("right").linkToView(self.buffers)
-        self.plot.getAxis("right").setLabel("compute GiB", color=BUF_COLOR)
+        # "compute GiB" was longer than the right axis is tall at 1280x800 (65 px); the tooltip, the
+        # hint and the status line say these are the GPUs' compute buffers
+        self.plot.getAxis("right").setLabel(BUF_TITLE, color=BUF_COLOR)
         self.buffers.setXLink(self.plot)
         self.plot.vb.sigResized.connect(lambda: self.buffers.setGeometry(self.plot.vb.sceneBoundingRect()))
         self.pp_curve = self.plot.plot([], [], pen=pg.mkPen(PP_COLOR, width=2), symbol="o",
@@ -66,13 +78,19 @@ class UbatchPlot(QWidget):
                "buffers llama.cpp reserves on the GPUs (GiB). Both against -ub.")
         self.graphics.setToolTip(tip)
         self.points: list[UbPoint] = []
+        self.idle = QLabel(IDLE_HINT)
+        self.idle.setWordWrap(True)
+        self.idle.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.idle.setAccessibleName("Speed: nothing plotted yet")
         top = QHBoxLayout()
         top.addWidget(self.button)
         top.addWidget(self.status, 1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(top)
+        lay.addWidget(self.idle, 1)
         lay.addWidget(self.graphics, 1)
+        self.graphics.hide()
         self.button.clicked.connect(self.start)
         self.done.connect(self._show)
         doc.modelChanged.connect(self._clear)
@@ -82,6 +100,8 @@ class UbatchPlot(QWidget):
         self.pp_curve.setData([], [])
         self.buf_curve.setData([], [])
         self.status.setText("")
+        self.graphics.hide()
+        self.idle.show()
 
     def start(self) -> None:
         if not self._doc.has_plan:
@@ -107,6 +127,10 @@ class UbatchPlot(QWidget):
             self.status.setText(f"could not plot: {error}")
             return
         self.points = points
+        self.idle.hide()
+        self.graphics.show()
+        for side in ("left", "right"):  # laid out while hidden: place the axis titles again
+            self.plot.getAxis(side).resizeEvent()
         self.plot.getAxis("bottom").setTicks([ub_ticks(tuple(p.n_ubatch for p in points))])
         xs = [math.log10(p.n_ubatch) for p in points]
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
