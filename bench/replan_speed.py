@@ -185,7 +185,7 @@ def main() -> None:
         compute.record_at_first_sight(False)  # as the command line runs it
         runs = [fit_speed.one_run(4) for _ in range(args.full_runs)]
         scratch, fit = min(r[0] for r in runs), min(r[1] for r in runs)
-        _, _, n, replayed = runs[-1]
+        _, _, n, replayed, _ = runs[-1]
         verdict = "met" if fit / scratch <= fit_speed.TARGET else "NOT MET"
         print(f"--fit port, DeepSeek-V3 header on 4 x CUDA 24 GiB, -c 32768: {n} dry runs ({replayed} "
               f"replayed), {fit:.1f} ms = {fit / scratch:.1f} from-scratch simulations ({scratch:.1f} ms) "

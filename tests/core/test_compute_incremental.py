@@ -297,16 +297,26 @@ def test_one_shot_simulation_records_no_reference(models: dict[str, Model]) -> N
         assert sum(map(len, CI._REFS.values())) == 2
     finally:
         CI.record_at_first_sight(False)
+    # the --fit search's bisection steps: recorded at once inside, as before after
+    CI._REFS.clear()
+    CI._SEEN.clear()
+    with CI.recording_first_sights():
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    assert sum(map(len, CI._REFS.values())) == 2
+    other = Plan(model, devices, PlacementOptions(n_gpu_layers=1), params).placement()
+    C.simulate(model, devices, other, ctx, params, incremental=True)
+    assert sum(map(len, CI._REFS.values())) == 2  # another topology, seen once: not recorded
 
 
-def test_fit_dry_runs_replayed_equal_full() -> None:
-    """The --fit search on DeepSeek-V3 over four 24 GiB GPUs (about 25 dry runs that move layers
-    between devices and experts to the host): every dry run's reserve replayed against the nearest
-    recorded dry run equals the dry run from scratch."""
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "Qwen3-235B-A22B-Q4_K_M"])
+def test_fit_dry_runs_replayed_equal_full(big_headers: dict[str, Model], name: str) -> None:
+    """The --fit search over four 24 GiB GPUs (about 25 dry runs that move layers between devices and
+    experts to the host): every dry run's reserve (replayed against the nearest recorded dry run, or
+    run on the graph kept from an earlier one) equals the dry run from scratch."""
     from offload_planner.core import fit as F
     from offload_planner.core.placement import place
 
-    model = open_model(demo_model_path())
+    model = open_model(demo_model_path()) if name == "DeepSeek-V3" else big_headers[name]
     devices = _devices("CUDA", 4)
     params = _params(c=32768, ub=512, np_=4)
     opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1)
@@ -325,6 +335,10 @@ def test_fit_dry_runs_replayed_equal_full() -> None:
     result = F.fit_params(model, devices, opts, params, free_bytes=[24 * GIB] * 4, measure=measure)
     assert result.status == F.SUCCESS and len(checked) >= 20
     assert CI.stats["replays"] - before["replays"] >= 10
+    # the dry runs far from every reference ran on the graph kept from an earlier one, and the step that
+    # gives the last GPU all its layers with their experts (most of the graph) ran in full, not replayed
+    assert CI.stats["graph_reuses"] - before["graph_reuses"] >= 5
+    assert CI.stats["far"] - before["far"] >= 1
 
 
 def _segments(ref: Reference, b: int) -> list[list[tuple[int, int, int]]]:
@@ -434,3 +448,39 @@ def test_big_header_several_layers_moved_with_period_jumps(big_headers: dict[str
     assert CI.stats["replays"] - before["replays"] == 2 * len(groups)
     assert CI.stats["period_jumps"] > before["period_jumps"]
     assert CI.stats["tail_hits"] == before["tail_hits"]
+
+
+TEMPLATE_CASES = [("qwen3moe", "CUDA", 2, {}), ("deepseek2", "CUDA", 2, {"ub": 16}),
+                  ("glm4moe", "RPC", 2, {}), ("gpt-oss", "CUDA", 1, {"fa": False}),
+                  ("gemma3", "CUDA", 2, {"nkvo": True}), ("llama", "RPC", 1, {})]
+
+
+@pytest.mark.parametrize(("name", "kind", "n_gpu", "ctx"), TEMPLATE_CASES,
+                         ids=[f"{m}-{k}x{n}-{c}" for m, k, n, c in TEMPLATE_CASES])
+def test_graph_re_placed_equals_graph_built(models: dict[str, Model], name: str, kind: str, n_gpu: int,
+                                            ctx: dict[str, object]) -> None:
+    """A simulation that records no reference keeps its graph for the next one (``compute.template``:
+    the --fit search's placements far from every reference): re-placed for random -ngl/-ts/-ot
+    placements, pipeline-parallel ones (4 copies of the inputs) and dry runs between them, every
+    reserve equals one built from scratch, field by field."""
+    from offload_planner.core.placement import place
+
+    model = models[name]
+    devices = _devices(kind, n_gpu)
+    params = _params(**ctx)  # type: ignore[arg-type]
+    c = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    rng = random.Random(zlib.crc32(f"template-{name}".encode()))
+    n_units = model.summary.n_layer + 1
+    before = CI.stats["graph_reuses"]
+    for i in range(12):
+        ot = rng.choice([(), (Override("exps", "CPU"),), (Override(r"blk\.1\.", "CPU"),)])
+        ts = tuple(float(rng.randint(0, 3)) for _ in range(n_gpu)) if n_gpu > 1 and rng.random() < 0.5 else ()
+        opts = PlacementOptions(n_gpu_layers=rng.choice([n_units, n_units - 1, n_units // 2, 0]),
+                                tensor_split=ts if any(ts) else (), overrides=ot)
+        placement = place(model, devices, opts)
+        no_alloc = i % 3 == 1
+        CI._SEEN.clear()  # a first sight each time: the plain path, on the kept graph
+        fast = C.simulate(model, devices, placement, c, params, no_alloc=no_alloc, incremental=True)
+        full = C.simulate(model, devices, placement, c, params, no_alloc=no_alloc)
+        assert _fields(fast) == _fields(full), (opts, no_alloc)
+    assert CI.stats["graph_reuses"] - before >= 8

@@ -21,7 +21,7 @@ from offload_planner.core.errors import PlannerError, RuleError
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place
-from offload_planner.core.rule_match import NAME_STEPS, RuleSet
+from offload_planner.core.rule_match import NAME_STEPS, NameIndex, RuleSet
 
 DEVICES = DeviceSet(Device("CPU", DeviceKind.CPU), (Device("CUDA0", DeviceKind.CUDA, 24 << 30, 24 << 30),))
 HANGS = [r"(.+)+Z", r"([a-z0-9_.]+)*Z", r"(\w+\.?)+Z", r"(.|.)*Z", r"((.)*)*Z", r"(?:.*){1000}Z"]
@@ -111,6 +111,26 @@ def test_first_match_equals_trying_every_rule_in_order(deepseek: Model) -> None:
     rs = RuleSet(rules)
     for t in deepseek.tensors:
         assert rs.first(t.name) == _naive_first(rules, t.name), t.name
+
+
+def test_all_names_at_once_equal_trying_every_rule_in_order(deepseek: Model) -> None:
+    """``first_of_all`` (place's path: each pattern's matches kept in the model's name index and
+    shared by later rule sets) gives every name the rule the per-name path gives it."""
+    rng = random.Random(13)
+    names = [t.name for t in deepseek.tensors]
+    index = NameIndex(tuple(names))
+    for _ in range(4):
+        rules = [Override("".join(rng.choice(_PIECES) for _ in range(rng.randint(1, 6))), "CPU")
+                 for _ in range(120)]
+        rules = [o for o in rules if not check_pattern(o.pattern).may_backtrack]
+        rules += rules[:10]
+        rs = RuleSet(rules)
+        got = rs.first_of_all(index)
+        assert got is not None
+        assert got == [_naive_first(rules, n) for n in names]
+        assert got == [RuleSet(rules).first(n) for n in names]
+    risky = RuleSet([Override(r"(\w+\.)+weight", "CPU")])
+    assert risky.first_of_all(index) is None  # budgeted: name by name
 
 
 def test_ten_thousand_rules_compile_only_the_candidates(deepseek: Model) -> None:

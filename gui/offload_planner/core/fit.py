@@ -286,12 +286,15 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         return result(FAILURE, "llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort")
     user_ts = tuple(user_tensor_split)
     user_ot = tuple(user_overrides)
+    from offload_planner.core.compute.simulate import no_cyclic_gc
+
     try:
-        _fit_impl(st, trc, measure_with, nd=nd, devs=devs, free_of=free_of, margins=margin_list,
-                  hp_ngl=hp_ngl, hp_nex=hp_nex, n_ctx_auto=n_ctx_auto, n_ctx_max=n_ctx_max,
-                  n_ctx_min=n_ctx_min, n_ctx_min_total=n_ctx_min_total, n_streams=n_streams,
-                  user_ngl=n_gpu_layers, user_ts=user_ts, user_ot=user_ot, split_mode=popts.split_mode,
-                  cpu_total=cpu_total if cpu_total is not None else (devices.cpu.total or 0))
+        with no_cyclic_gc():  # ~25 placements and projections beside the recorded references
+            _fit_impl(st, trc, measure_with, nd=nd, devs=devs, free_of=free_of, margins=margin_list,
+                      hp_ngl=hp_ngl, hp_nex=hp_nex, n_ctx_auto=n_ctx_auto, n_ctx_max=n_ctx_max,
+                      n_ctx_min=n_ctx_min, n_ctx_min_total=n_ctx_min_total, n_streams=n_streams,
+                      user_ngl=n_gpu_layers, user_ts=user_ts, user_ot=user_ot, split_mode=popts.split_mode,
+                      cpu_total=cpu_total if cpu_total is not None else (devices.cpu.total or 0))
     except _FitAbort as e:
         trc(f"failed to fit params to free device memory: {e}")
         return result(FAILURE, str(e))
@@ -480,8 +483,14 @@ class _LayerFit:
         self.mem = self.mem_for(self.ngl, self.bufts)
         self.dense_start = nd
 
-    def mem_for(self, ngl_per_device: list[_Ngl], overflow_bufts: list[str]) -> list[int]:
-        m = self.measure_with(*_tbo(ngl_per_device, overflow_bufts, self.nd, self.hp_ngl))
+    def mem_for(self, ngl_per_device: list[_Ngl], overflow_bufts: list[str], *,
+                step: bool = False) -> list[int]:
+        """``step``: a bisection step or a partial layer, which the next dry runs stay near (the dry run
+        is recorded as a replay reference at once, not the second time its layout is seen)."""
+        from offload_planner.core.compute.incremental import recording_first_sights
+
+        with recording_first_sights(step):
+            m = self.measure_with(*_tbo(ngl_per_device, overflow_bufts, self.nd, self.hp_ngl))
         self.trc("memory for test allocation by device: " + ", ".join(
             f"id={i} n_layer={n.n_layer} n_part={n.n_part} overflow_type={n.overflow_type} "
             f"mem={m.used[i] // MiB} MiB" for i, n in enumerate(ngl_per_device)))
@@ -513,7 +522,7 @@ class _LayerFit:
             test[i].n_layer += step_size
             if self.hp_nex:
                 test[i].n_part += step_size - 1 if i == self.nd - 1 and test[i].n_part == 0 else step_size
-            mem_test = self.mem_for(test, self.bufts)
+            mem_test = self.mem_for(test, self.bufts, step=True)
             if mem_test[i] <= self.targets[i]:
                 self.ngl, self.mem = test, mem_test
             else:
@@ -554,7 +563,7 @@ class _LayerFit:
         while delta > 1:
             step_size = _step(delta, self.targets[i], self.mem[i], mem_high[i])
             test, ids_test = self._converted(i, step_size)
-            mem_test = self.mem_for(test, self.bufts)
+            mem_test = self.mem_for(test, self.bufts, step=True)
             if mem_test[i] <= self.targets[i]:
                 self.ngl, self.mem, self.dense_start = test, mem_test, ids_test
             else:
@@ -597,14 +606,14 @@ class _LayerFit:
         bufts_test = list(self.bufts)
         if i < nd - 1:
             bufts_test[i] = self.devs[i + 1]
-        mem_test = self.mem_for(test, bufts_test)
+        mem_test = self.mem_for(test, bufts_test, step=True)
         if self._fits(mem_test, i):
             self.ngl, self.bufts, self.mem = _copy(test), bufts_test, mem_test
             self.dense_start = ids_test
             test[i].overflow_type = LAYER_FRACTION_GATE
         else:
             test[i].overflow_type = LAYER_FRACTION_ATTN
-        mem_test = self.mem_for(test, bufts_test)
+        mem_test = self.mem_for(test, bufts_test, step=True)
         if self._fits(mem_test, i):
             self.ngl, self.bufts, self.mem, self.dense_start = test, bufts_test, mem_test, ids_test
 

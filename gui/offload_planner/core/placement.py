@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import RuleError
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.roles import Role
-from offload_planner.core.rule_match import rule_set
+from offload_planner.core.rule_match import name_index, rule_set
 
 CPU = "CPU"
 CPU_MAPPED = "CPU_Mapped"
@@ -201,6 +202,25 @@ def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions,
     return _cpu_buft(t, devices, opts, as_output=as_output)
 
 
+#: per model (its tensor list, held so its id stays unique): the items of its last placements by tensor
+#: index, device, buffer type and rule, so that a placement repeating an item hands out the same
+#: (frozen) object; the weight buffers and the incremental replay find what changed by identity (the
+#: --fit search places the model ~25 times, each close to the one before)
+_ItemKey = tuple[int, str | None, str | None, str]
+_ITEMS: OrderedDict[int, tuple[list[Tensor], dict[_ItemKey, Placed]]] = OrderedDict()
+_ITEMS_MAX = 50_000
+
+
+def _item_memo(tensors: list[Tensor]) -> dict[_ItemKey, Placed]:
+    e = _ITEMS.get(id(tensors))
+    if e is None or e[0] is not tensors or len(e[1]) > _ITEMS_MAX:
+        e = _ITEMS[id(tensors)] = (tensors, {})
+        if len(_ITEMS) > 4:
+            _ITEMS.popitem(last=False)
+    _ITEMS.move_to_end(id(tensors))
+    return e[1]
+
+
 def _gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
     """The GPUs that take layers (-sm none: the main GPU only)."""
     gpus = list(devices.gpus)
@@ -238,20 +258,32 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     rules = rule_set(opts.overrides)
     hits: dict[int, int] = {i: 0 for i in range(len(opts.overrides))}
     items: list[Placed] = []
+    tensors = model.tensors
+    firsts = None
+    if opts.overrides:
+        firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
+    memo = _item_memo(tensors)
 
-    for t in model.tensors:
+    for k, t in enumerate(tensors):
         if t.role is Role.NEXTN and not opts.load_mtp:
-            items.append(Placed(t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)"))
+            item = memo.get((k, None, None, ""))
+            if item is None:
+                item = memo[(k, None, None, "")] = Placed(
+                    t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
+            items.append(item)
             continue
         dev, rule = _home(t, units, n_layer), _home_rule(t, n_layer, opts.n_gpu_layers)
         buft = device_buft(dev, t, devices, opts)
-        if (i := rules.first(t.name)) is not None:
+        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
             o = opts.overrides[i]
             hits[i] += 1
             dev = devices.resolve_buffer_type(o.buft) or dev
             buft = device_buft(dev, t, devices, opts, cpu_override=o.buft.upper() == CPU.upper())
             rule = f"{o.source} {o.pattern}={o.buft}"
-        items.append(Placed(t, dev, buft, rule))
+        item = memo.get((k, dev, buft, rule))
+        if item is None:
+            item = memo[(k, dev, buft, rule)] = Placed(t, dev, buft, rule)
+        items.append(item)
 
     if (embd := _tied_embedding(model)) is not None:
         orig = next(p for p in items if p.tensor is embd)
@@ -292,19 +324,22 @@ def placed_devices(model: Model, devices: DeviceSet, opts: PlacementOptions) -> 
     n_layer = model.summary.n_layer
     units = unit_devices(n_layer, opts.n_gpu_layers, _gpus(devices, opts), opts.tensor_split,
                          output_first=opts.output_first)
-    overrides, resolve = opts.overrides, devices.resolve_buffer_type
-    first = rule_set(overrides).first if overrides else None
+    overrides, resolve, tensors = opts.overrides, devices.resolve_buffer_type, model.tensors
+    rules = rule_set(overrides)
+    firsts: list[int | None] | None = [None] * len(tensors)
+    if overrides:
+        firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
     out: dict[str, str] = {}
-    for t in model.tensors:
+    for k, t in enumerate(tensors):
         if t.role is Role.NEXTN and not opts.load_mtp:
             continue
         dev = _home(t, units, n_layer)
-        if first is not None and (i := first(t.name)) is not None:
+        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
             dev = resolve(overrides[i].buft) or dev
         out[t.name] = dev
     if (embd := _tied_embedding(model)) is not None and embd.name in out:
         dev = out[embd.name]
-        i = first(embd.name) if first is not None else None
+        i = rules.first(embd.name)
         buft = device_buft(dev, embd, devices, opts, cpu_override=i is not None and
                            overrides[i].buft.upper() == CPU.upper())
         copy = _tied_copy(embd, dev, buft, units[n_layer], devices, opts)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence, Sized
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -107,6 +108,23 @@ class RuleSet:
         if errors := self.errors:
             raise RuleError(errors[0])
 
+    def first_of_all(self, index: NameIndex) -> list[int | None] | None:
+        """:meth:`first` of every name of ``index`` at once, or None where the per-name path must run
+        (a pattern to budget, or too many patterns to scan the names for each).  Each pattern's matches
+        come from ``index``, which keeps them for the next rule set that repeats the pattern (the
+        ``--fit`` search places the model ~25 times with mostly the same per-layer rules)."""
+        if self._risky or len(self.patterns) > BULK_PATTERNS:
+            return None
+        out: list[int | None] = [None] * len(index.names)
+        for p in self.patterns:  # in order of first use: an earlier rule wins
+            if p.broken is not None or p.check.python is None:
+                continue
+            rule = p.members[0]
+            for i in index.matching(p):
+                if out[i] is None:
+                    out[i] = rule
+        return out
+
     def first(self, name: str) -> int | None:
         """Index of the rule that places ``name`` (the first that matches), None if none does."""
         hits = self.hits(name)
@@ -168,6 +186,56 @@ def _over_budget(label: str, name: str, deep: bool, steps: int, total: bool) -> 
     return (f"{label}: the pattern backtracks catastrophically on tensor names (over "
             f"{NAME_STEPS:,} steps on {name!r}); llama.cpp's std::regex backtracks the same way "
             "and would stall or crash on it")
+
+
+#: the most patterns :meth:`RuleSet.first_of_all` scans the names for, one pattern at a time
+BULK_PATTERNS = 512
+
+
+class NameIndex:
+    """One model's tensor names and, per required literal and per pattern, the names holding or
+    matching it (indices into :attr:`names`), kept across rule sets."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self._with: dict[str, tuple[int, ...]] = {}
+        self._matches: dict[str, tuple[int, ...]] = {}
+        self._lock = threading.Lock()
+
+    def matching(self, p: _Pattern) -> tuple[int, ...]:
+        py = p.check.python
+        assert py is not None
+        got = self._matches.get(py)
+        if got is None:
+            with self._lock:
+                names, lit = self.names, p.check.required
+                cands = self._containing(lit) if lit else range(len(names))
+                search = p.regex.search
+                got = self._matches[py] = tuple(i for i in cands if search(names[i]))
+        return got
+
+    def _containing(self, lit: str) -> tuple[int, ...]:
+        got = self._with.get(lit)
+        if got is None:
+            got = self._with[lit] = tuple(i for i, n in enumerate(self.names) if lit in n)
+        return got
+
+
+_INDEXES: OrderedDict[int, tuple[Sized, NameIndex]] = OrderedDict()
+_INDEX_LOCK = threading.Lock()
+
+
+def name_index(key: Sized, names: Callable[[], Sequence[str]]) -> NameIndex:
+    """The (cached) :class:`NameIndex` of ``names()``, kept while ``key`` (a model's tensor list, held
+    here so its id stays unique) is among the last few asked for."""
+    with _INDEX_LOCK:
+        e = _INDEXES.get(id(key))
+        if e is None or e[0] is not key or len(e[1].names) != len(key):
+            e = _INDEXES[id(key)] = (key, NameIndex(tuple(names())))
+            if len(_INDEXES) > 4:
+                _INDEXES.popitem(last=False)
+        _INDEXES.move_to_end(id(key))
+        return e[1]
 
 
 @lru_cache(maxsize=8)

@@ -39,7 +39,9 @@ per graph topology (shape, backends, weight set) and later placements are replay
    repeats it, with the same maximum; the walk goes on at the run's end.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
-topology) runs the full simulation, recorded as the new reference.  ``tests/core/test_compute_
+topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes
+span most of the graph, densely (``replay.FAR_SPAN``), runs in full without recording (a replay would walk
+nearly all of it), on the graph kept for the topology (:mod:`.template`).  ``tests/core/test_compute_
 incremental.py`` checks replays against the full simulation on random placements.
 """
 
@@ -47,17 +49,19 @@ incremental.py`` checks replays against the full simulation on random placements
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
 from offload_planner.core.compute.recording import Reference, Refuse
-from offload_planner.core.compute.replay import diff, diff_items, replay
-from offload_planner.core.compute.reserve import Reserve, reserve
+from offload_planner.core.compute.replay import Far, diff, diff_items, replay
+from offload_planner.core.compute.reserve import Reserve, reserve_graph
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
+from offload_planner.core.compute.template import placed_graph
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------
@@ -81,6 +85,19 @@ def record_at_first_sight(on: bool = True) -> None:
     re-project every edit) instead of the second (one-shot commands simulate once)."""
     global _record_at_first_sight
     _record_at_first_sight = on
+
+
+@contextmanager
+def recording_first_sights(on: bool = True) -> Iterator[None]:
+    """:func:`record_at_first_sight` for the simulations inside (a caller that knows the next ones
+    will stay near: the --fit search's bisection steps); off: as it was."""
+    global _record_at_first_sight
+    was = _record_at_first_sight
+    _record_at_first_sight = was or on
+    try:
+        yield
+    finally:
+        _record_at_first_sight = was
 
 
 def _distance(a: Sequence[str], b: Sequence[str]) -> int:
@@ -133,14 +150,17 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                         backends: list[Backend], op_offload: bool, items: Sequence[Placed],
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
-                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False) -> Reserve:
+                        unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False,
+                        graph_key: tuple[object, ...] = ()) -> Reserve:
     """``reserve`` (one copy) replayed against the recorded reference of the same topology nearest to
     this placement; recorded the second time a placement near it is simulated (or the first:
     :func:`record_at_first_sight`).
 
     ``items`` are the placement's; ``where`` and ``weights`` make its weight table and weight factory
     (only asked for when the items do not line up with the reference's, or to record one).
-    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart)."""
+    ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart).
+    ``graph_key``: the model and builder (:mod:`.template`: a graph built for a simulation that records
+    no reference is kept for the next one)."""
     ref = _nearest(key, unit_devices)
     if ref is not None:
         try:
@@ -154,19 +174,24 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
             return r
         except Refuse:  # a case the replay does not handle: run it in full
             stats["refused"] += 1
+        except Far:  # most of the graph changes: in full, on the kept graph, recording nothing
+            stats["far"] += 1
+            g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
+            return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
         except Exception:  # a replay bug: never the user's failure (run it in full), but counted
             stats["replay_errors"] += 1  # the tests require none
     elif _first_sight(key, unit_devices):
         stats["plain"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, no_alloc=no_alloc,
-                       op_offload=op_offload)
+        g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
+        return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     try:
+        g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev, own=True)
         ref = Reference(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
-                   keep_forced=not no_alloc)
+                   keep_forced=not no_alloc, graph=g)
     except Refuse:
         stats["full"] += 1
-        return reserve(sh, arch_fn, backends, 1, weights(), layer_dev, kv_dev, no_alloc=no_alloc,
-                       op_offload=op_offload)
+        g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
+        return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     stats["full"] += 1
     _keep(key, ref)
     return ref.reserve

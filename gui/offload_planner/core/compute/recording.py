@@ -60,9 +60,11 @@ class RecAlloc(GraphAllocator):
         self.tail_pos: list[list[int]] = [[] for _ in backends]
 
     def allocate(self, t: T, bid: int) -> None:
-        self.objs[id(t)] = t
-        self.cand.add(id(t))
         super().allocate(t, bid)
+        i = id(t)
+        if i in self.own and i not in self.cand:  # allocated now
+            self.objs[i] = t
+            self.cand.add(i)
 
     def on_alloc(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)
@@ -128,13 +130,16 @@ class Reference:
     def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
                  op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
                  kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str],
-                 keep_forced: bool = True) -> None:
+                 keep_forced: bool = True, graph: Graph | None = None) -> None:
+        """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over)."""
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
         self.unit_devices = list(unit_devices)
         self.items = list(items)  # kept alive: later placements are compared with them by identity
-        b = Builder(sh, weights, layer_dev, kv_dev)
-        arch_fn(b)
-        g = self.g = b.g
+        if graph is None:
+            b = Builder(sh, weights, layer_dev, kv_dev)
+            arch_fn(b)
+            graph = b.g
+        g = self.g = graph
         self.sched = Scheduler(backends, 1, op_offload)
         self.ids, self.cpu = self.sched.ids, self.sched.cpu
         # the dry run (``keep_forced=False``) drops the forced backends, as split_graph does

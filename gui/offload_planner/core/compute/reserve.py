@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import GraphAllocator
-from offload_planner.core.compute.ggml import T, nbytes
+from offload_planner.core.compute.ggml import Graph, T, nbytes
 from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.scheduler import Backend, Scheduler
 
@@ -31,8 +31,14 @@ def reserve(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backen
             kv_dev: Callable[[int], str], *, no_alloc: bool = False, op_offload: bool = True) -> Reserve:
     b = Builder(sh, weights, layer_dev, kv_dev)
     arch_fn(b)
+    return reserve_graph(b.g, sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
+
+
+def reserve_graph(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, *, no_alloc: bool = False,
+                  op_offload: bool = True) -> Reserve:
+    """The reserve of a built graph (scheduled and allocated)."""
     sched = Scheduler(backends, n_copies, op_offload)
-    sched.split_graph(b.g, keep_forced=not no_alloc)
+    sched.split_graph(g, keep_forced=not no_alloc)
     galloc = GraphAllocator(backends)
     sizes = galloc.run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
     copies = [0] * len(backends)
@@ -42,6 +48,6 @@ def reserve(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backen
             copies[sp.backend] += nbytes(inp) * n_copies
             if inp.weights:
                 weight_copies[sp.backend] += nbytes(inp) * n_copies
-    return Reserve(sh.n_tokens, sizes, galloc.peaks, copies, weight_copies, len(b.g.nodes), len(sched.splits))
+    return Reserve(sh.n_tokens, sizes, galloc.peaks, copies, weight_copies, len(g.nodes), len(sched.splits))
 
 

@@ -14,7 +14,7 @@ from offload_planner.core.compute.archs import ARCH_GRAPHS
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
 from offload_planner.core.compute.incremental import incremental_reserve
-from offload_planner.core.compute.reserve import Reserve, reserve
+from offload_planner.core.compute.reserve import Reserve, reserve, reserve_graph
 from offload_planner.core.compute.scheduler import (
     ASYNC_EVENTS,
     CUDA_LIKE,
@@ -23,6 +23,7 @@ from offload_planner.core.compute.scheduler import (
     OP_OFFLOAD_ONLY,
     Backend,
 )
+from offload_planner.core.compute.template import placed_graph
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import Device, DeviceSet
@@ -133,7 +134,7 @@ def graph_builder(model: Model) -> Callable[[Builder], None] | None:
 
 
 @contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
+def no_cyclic_gc() -> Iterator[None]:
     """The cycle collector off while a simulation runs: its tensors are acyclic (freed by reference
     counting), and with the recorded references alive every full collection would walk their
     hundreds of thousands of objects, at random points of a replay."""
@@ -150,7 +151,7 @@ def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resolv
              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
 
 
@@ -188,7 +189,15 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
         units = list(placement.unit_devices)
         reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload, no_alloc), sh,
                                         arch_fn, backends, op_offload, placement.items, where, weights,
-                                        placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc)
+                                        placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc,
+                                        (model, arch_fn))
+                    for sh in (shapes[:1] if no_alloc else shapes)]
+    elif incremental:  # pipeline parallelism, not replayed: the graph built for an earlier placement
+        where_ = weight_where(placement)
+        reserves = [reserve_graph(placed_graph((model, arch_fn), sh, arch_fn, where_,
+                                               lambda: weight_factory(model, placement, where_),
+                                               placement.layer_device, kv_dev),
+                                  sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
                     for sh in (shapes[:1] if no_alloc else shapes)]
     else:
         reserves = [reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),

@@ -7,9 +7,12 @@
 #: plain: first simulations of a topology, run without recording a reference; skips: stretches of a
 #: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed;
 #: period_jumps: runs of equal layers a tail or a stretch jumped; period_misses: runs whose first period
-#: did not bring the state back (walked on; see .periods); replay_errors: replays that raised
+#: did not bring the state back (walked on; see .periods); graph_reuses: graphs re-placed instead of
+#: built (.template); far: changes densely spanning most of the graph, simulated in full (replay.FAR_SPAN);
+#: replay_errors: replays that raised
 #: something other than a refusal (a bug, hidden from the user by a full run; the tests require none)
 stats = {"replays": 0, "full": 0, "refused": 0, "replay_errors": 0, "item_diffs": 0, "late_start": 0,
          "moved_back": 0,
          "tails": 0, "plain": 0, "skips": 0,
-         "tail_hits": 0, "period_jumps": 0, "period_misses": 0}
+         "tail_hits": 0, "period_jumps": 0, "period_misses": 0, "graph_reuses": 0,
+         "far": 0}

@@ -1,0 +1,123 @@
+"""A built reserve graph kept for the next simulation of the same graph on other devices.
+
+Building a DeepSeek-V3 reserve graph (~5,600 nodes, ~7,500 tensors) is about a third of a from-scratch
+reserve, and the graph does not depend on the placement: only the devices of the weights, KV caches
+and per-layer ``rope_freqs``, and the backends forced onto the layers' norms, do (the same tensors
+:class:`.recording.Reference` tracks).  A caller that simulates many placements of one graph (the
+``--fit`` search: ~25 dry runs, about a third of them far from any recorded reference) keeps the
+graph here and gets it back with those devices set and everything the scheduler and the allocator
+change (sources rewired to split-input copies, flags of pipeline-parallel inputs, backend ids, counts,
+allocations) restored to what the builder left.
+
+Only the incremental path uses it (its callers simulate one at a time: ``SIMULATION_LOCK``).  A graph
+recorded as a reference is handed over (``own``): the reference keeps its state in the tensors.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+
+from offload_planner.core.compute.ggml import CPU, Graph, T
+from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.stats import stats
+
+
+class Unsupported(Exception):
+    """A graph with a device-carrying tensor or forced node this module does not know how to re-place."""
+
+
+class GraphTemplate:
+    """One built graph and what re-placing it needs."""
+
+    def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], weights: Callable[[str], T | None],
+                 layer_dev: Callable[[int], str], kv_dev: Callable[[int], str]) -> None:
+        b = Builder(sh, weights, layer_dev, kv_dev)
+        arch_fn(b)
+        g = self.g = b.g
+        self.src = [tuple(n.src) for n in g.nodes]
+        self.flags = [t.flags for t in g.leafs] + [n.flags for n in g.nodes]
+        self.weights: list[T] = []  # by their name in the weight table
+        self.kv: list[tuple[T, int]] = []  # caches by layer (kv_dev)
+        self.per_layer: list[tuple[T, int]] = []  # rope factors by layer (layer_dev)
+        for t in g.leafs:
+            if t.weights and t.name.startswith("rope_freqs-"):
+                self.per_layer.append((t, int(t.name.rsplit("-", 1)[1])))
+            elif t.weights:
+                self.weights.append(t)
+            elif t.dev is not None and t.name.startswith(("cache_k_l", "cache_v_l")):
+                self.kv.append((t, int(t.name[9:])))
+            elif t.dev is not None:
+                raise Unsupported(f"device-carrying tensor {t.name}")
+        by_id = {id(n): n for n in g.nodes}
+        # norms forced onto their layer's device (built with ``full_offload``, so all of them: a
+        # placement's shape decides which apply), -1: forced onto the CPU
+        self.forced: list[tuple[T, int]] = []
+        for i, dev in g.forced.items():
+            n = by_id.get(i)
+            if n is None:
+                raise Unsupported("forced leaf")
+            kind, _, il = n.name.rpartition("-")
+            if kind in ("norm", "l_last"):
+                self.forced.append((n, int(il)))
+            elif dev == CPU:
+                self.forced.append((n, -1))
+            else:
+                raise Unsupported(f"forced node {n.name}")
+
+    def placed(self, sh: Shape, where: WeightWhere, layer_dev: Callable[[int], str],
+               kv_dev: Callable[[int], str]) -> Graph:
+        """The graph as the builder leaves it for this shape (which may differ from the template's in
+        ``full_offload`` only) and these devices."""
+        g = self.g
+        for n, src in zip(g.nodes, self.src, strict=True):
+            n.src = list(src)
+        for t, f in zip(g.leafs + g.nodes, self.flags, strict=True):
+            t.flags = f
+            t.bid, t.alloc, t.n_children, t.n_views = -1, None, 0, 0
+        for t in self.weights:
+            t.dev = where[t.name][2]
+        for t, il in self.kv:
+            t.dev = kv_dev(il)
+        for t, il in self.per_layer:
+            t.dev = layer_dev(il)
+        norms = sh.n_tokens < 32 or sh.full_offload  # as Builder.cb forces them
+        g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced if il < 0 or norms}
+        return g
+
+
+#: templates by (model, graph builder, shape with ``full_offload``, loaded weights); a few kept
+_TEMPLATES: OrderedDict[tuple[object, ...], GraphTemplate] = OrderedDict()
+_SIZE = 4
+
+
+def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None], where: WeightWhere,
+                 weights: Callable[[], Callable[[str], T | None]], layer_dev: Callable[[int], str],
+                 kv_dev: Callable[[int], str], *, own: bool = False) -> Graph:
+    """The graph of shape ``sh`` (``key``: the model and builder) placed on these devices: the kept
+    one re-placed, else built and kept.  The graph is the same whether every layer is offloaded or
+    not (only the norms forced onto the layers' devices differ), so one is kept for both.  ``own``:
+    the caller keeps the graph's tensors (a recorded reference does): the kept one is handed over,
+    or a new one built."""
+    full_sh = replace(sh, full_offload=True)
+    full = (*key, full_sh, frozenset(where))
+    tpl = _TEMPLATES.pop(full, None) if own else _TEMPLATES.get(full)
+    if tpl is not None:
+        stats["graph_reuses"] += 1
+        if not own:
+            _TEMPLATES.move_to_end(full)
+        return tpl.placed(sh, where, layer_dev, kv_dev)
+    if not own:
+        try:
+            tpl = GraphTemplate(full_sh, arch_fn, weights(), layer_dev, kv_dev)
+        except Unsupported:
+            tpl = None
+    if tpl is None:
+        b = Builder(sh, weights(), layer_dev, kv_dev)
+        arch_fn(b)
+        return b.g
+    _TEMPLATES[full] = tpl
+    if len(_TEMPLATES) > _SIZE:
+        _TEMPLATES.popitem(last=False)
+    return tpl.placed(sh, where, layer_dev, kv_dev)
