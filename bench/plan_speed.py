@@ -42,7 +42,6 @@ from types import SimpleNamespace
 from offload_planner.cli import main as cli_main
 from offload_planner.cli_plan import EXIT_OK, EXIT_OVER
 from offload_planner.core import compute
-from offload_planner.core.compute import incremental as ci
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
@@ -61,18 +60,29 @@ def server_args(path: Path) -> list[str]:
 STATIC = frozenset({"flag_table"})  # a dialect's flag table
 
 
+#: the planner's module-level caches by model (``cache_clear`` finds the functools ones)
+MODEL_CACHES = (("offload_planner.core.compute.incremental", "_REFS"),
+                ("offload_planner.core.compute.incremental", "_SEEN"),
+                ("offload_planner.core.compute.template", "_TEMPLATES"),
+                ("offload_planner.core.placement", "_ITEMS"),
+                ("offload_planner.core.rule_match", "_INDEXES"))
+
+
 def fresh_caches() -> None:
     """Empty what earlier runs left in the planner's caches: every functools cache of its modules
-    but the program constants' (:data:`STATIC`), the compute memo and the recorded replay
-    references (a new ``plan`` process has none)."""
+    but the program constants' (:data:`STATIC`), the compute memo, the recorded replay references,
+    the kept graphs and the per-model placement and rule caches (a new ``plan`` process has none, and
+    what they hold would slow the garbage collector down)."""
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("offload_planner"):
             for name, v in list(vars(mod).items()):
                 if name not in STATIC and callable(getattr(v, "cache_clear", None)):
                     v.cache_clear()
     compute.MEMO.clear()
-    ci._REFS.clear()
-    ci._SEEN.clear()
+    for mod_name, attr in MODEL_CACHES:
+        cache = getattr(sys.modules.get(mod_name), attr, None)
+        if cache is not None:  # an older tree may lack it
+            cache.clear()
 
 
 def plan_ms(path: Path, extra: list[str]) -> float:
