@@ -40,7 +40,7 @@ from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.rpc_probe import probe_link
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
-from offload_planner.backend.speed_store import measure_ram_bandwidth
+from offload_planner.backend.speed_store import measure_ram_bandwidth, thread_use
 from offload_planner.backend.system import cpu_device
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import build_device_set, parse_device_decl
@@ -138,10 +138,13 @@ RPC_SERVER_THREADS = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardw
 
 
 def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
-                    args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None) -> SpeedEstimate:
+                    args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None, *,
+                    count_cores: bool = False) -> SpeedEstimate:
     """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
     machine, so each is declared with the host's measured bandwidth and the CPU's compute; with
-    ``links`` (the probe's) the link is not declared and the server's threads are."""
+    ``links`` (the probe's) the link is not declared and the server's threads are; with
+    ``count_cores`` the threads of llama-server and the rpc-servers are counted against this
+    machine's cores."""
     parsed = parse_server_args(server_args, dialect="llama.cpp")
     cores = os.cpu_count() or 1
     tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD, 3)
@@ -151,7 +154,8 @@ def estimate_config(model: Path, server_args: list[str], endpoints: list[str], r
     devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=endpoints, declared=declared)
     plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
     probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
-    hw = hardware_for(devices, threads=args.threads, probe=probe, links=links)
+    hw = hardware_for(devices, threads=args.threads, probe=probe, links=links,
+                      cores=thread_use(devices, args.threads) if count_cores else None)
     return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
 
 
@@ -219,10 +223,12 @@ def main() -> int:
             server_args, endpoints, got, links = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
             est = estimate_config(model, server_args, endpoints, ram, args)
             after = estimate_config(model, server_args, endpoints, ram, args, links) if endpoints else est
+            cont = estimate_config(model, server_args, endpoints, ram, args, links or None, count_cores=True)
             load = os.getloadavg()[0]
             rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
                          "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
                          "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
+                         "pp_est_threads": round(cont.pp_tps, 3), "tg_est_threads": round(cont.tg_tps, 3),
                          "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1)}
                                        for e, v in links.items()},
                          "load": round(load, 2), **got.as_dict()})
@@ -230,6 +236,8 @@ def main() -> int:
                 f"  after: pp {after.pp_tps:.2f} ({after.pp_tps / got.pp_tps:.2f}) tg {after.tg_tps:.2f} "
                 f"({after.tg_tps / got.tg_tps:.2f}); RTT "
                 + ", ".join(f"{v.rtt_us:.0f} µs" for v in links.values()))
+            probed += (f"  threads vs cores: pp {cont.pp_tps:.2f} ({cont.pp_tps / got.pp_tps:.2f}) tg "
+                       f"{cont.tg_tps:.2f} ({cont.tg_tps / got.tg_tps:.2f})")
             print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "
                   f"{est.pp_tps / got.pp_tps:6.2f} {got.tg_tps:8.2f} {est.tg_tps:8.2f} "
                   f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}{probed}", flush=True)

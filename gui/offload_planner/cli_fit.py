@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from offload_planner.cli_estimate_options import add_estimate_options
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -36,20 +37,29 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                    help=f"dialect of the command (default {Dialect.LLAMA_CPP})")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_estimate_options(p)
     p.set_defaults(func=run_fit, server_args=[])
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, rpc_links, threads_of
+    from offload_planner.backend.speed_store import (
+        efficiencies_for,
+        host_bandwidth,
+        rpc_links,
+        thread_use,
+        threads_of,
+    )
     from offload_planner.backend.system import cpu_device, detect_gpus
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.devices import build_device_set, parse_device_decl
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
+    from offload_planner.core.speed.estimate import estimate
     from offload_planner.core.speed.fastest import fastest_plan, score
     from offload_planner.core.speed.hardware import hardware_for
     from offload_planner.core.speed.report import speed_json, speed_lines
+    from offload_planner.core.speed.speculation import with_speculation
 
     if args.prompt < 1:
         raise PlannerError(f"--prompt {args.prompt}: expected a positive number of tokens")
@@ -67,10 +77,11 @@ def run_fit(args: argparse.Namespace) -> int:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
+    eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
-                      links=rpc_links(devices))
+                      links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
-                          prompt=args.prompt, eff=efficiencies_for(args.backend),
+                          prompt=args.prompt, eff=eff,
                           allow_kv_quant=args.allow_kv_quant)
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
@@ -80,12 +91,18 @@ def run_fit(args: argparse.Namespace) -> int:
             for c in result.candidates]
     best = result.best
     command = plan_command(best.plan) if best else []
+    best_est = None
+    if best is not None:  # the chosen plan's estimate, with --depth and speculative decoding
+        best_est = estimate(best.plan, hw, prompt=args.prompt, eff=eff, placement=best.projection.placement,
+                            depth=args.depth)
+        best_est = with_speculation(best_est, best.plan, hw, eff, placement=best.projection.placement,
+                                    accept=args.spec_accept)
     if args.json:
         out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
                                   "best": best.label if best else None}
         if best:
             out["plan"] = plan_json(best.projection, warnings=[], errors=[], command=command)
-            out["speed"] = speed_json(best.estimate)
+            out["speed"] = speed_json(best_est or best.estimate)
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0 if best else 1
@@ -108,7 +125,7 @@ def run_fit(args: argparse.Namespace) -> int:
     print()
     table = plan_text(best.projection, warnings=[], errors=[], command="")
     print(table.split("\ncontext: ")[0])
-    print("\n".join(speed_lines(best.estimate, assumptions=False)))
+    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
     print()
     print(format_command(["llama-server", *command], "bash"))
     return 0

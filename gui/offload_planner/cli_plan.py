@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from offload_planner.cli_estimate_options import add_estimate_options
 from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
@@ -54,6 +55,7 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
     p.add_argument("--prompt", type=_prompt_len, default=4096, metavar="N",
                    help="prompt length of the prompt-processing estimate (default 4096)")
+    add_estimate_options(p)
     p.set_defaults(func=run_plan, server_args=[])
 
 
@@ -154,10 +156,18 @@ def run_plan(args: argparse.Namespace) -> int:
     from offload_planner.core.speed.report import speed_json, speed_lines
 
     try:
-        speed = plan_speed(plan, parsed, prompt=args.prompt, probe_rpc=True)
+        speed = plan_speed(plan, parsed, prompt=args.prompt, probe_rpc=True, accept=args.spec_accept,
+                           depth=args.depth)
     except (KeyError, ValueError, ArithmeticError) as e:  # the memory plan stands without it
         speed = None
         notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
+    if args.spec_accept is not None and speed is not None and speed.spec is None:
+        notes.append(f"--spec-accept {args.spec_accept:g} unused: the command has no draft model (-md) "
+                     "or MTP (--spec-type draft-mtp on a model with NextN layers)")
+    if speed is not None and args.depth + args.prompt > speed.n_ctx:
+        notes.append(f"--depth {args.depth} + --prompt {args.prompt} tokens exceed the context of "
+                     f"{speed.n_ctx} cells a sequence: llama-server would refuse such a request "
+                     "(the estimate is computed anyway)")
     if args.json:
         out = plan_json(projection, warnings=analysis.warnings, errors=[], command=analysis.command,
                         notes=notes, fit=fit.summary)

@@ -484,3 +484,75 @@ def test_graph_re_placed_equals_graph_built(models: dict[str, Model], name: str,
         full = C.simulate(model, devices, placement, c, params, no_alloc=no_alloc)
         assert _fields(fast) == _fields(full), (opts, no_alloc)
     assert CI.stats["graph_reuses"] - before >= 8
+
+
+def _check_sizes_only(model: Model, devices: DeviceSet, params: ContextParams,
+                      placements: list[Placement]) -> tuple[int, int]:
+    """``simulate(..., sizes_only=True)`` (the planner's entry point) against the full simulation on
+    each placement: the same sizes and prompt reserve; where the one-token reserve was left out, the
+    full one is at most the prompt reserve on every backend, else it is there and equal.  Returns how
+    many were left out and how many replayed."""
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    left_out = replayed = 0
+    for placement in placements:
+        before = dict(CI.stats)
+        fast = C.simulate(model, devices, placement, ctx, params, incremental=True, sizes_only=True)
+        full = C.simulate(model, devices, placement, ctx, params)
+        assert fast is not None and full is not None
+        assert fast.sizes == full.sizes and _fields(fast)[0] == _fields(full)[0]
+        if CI.stats["left_out"] > before["left_out"]:
+            left_out += 1
+            assert len(fast.reserves) == 1
+            assert all(t <= p for t, p in zip(full.reserves[1].sizes, full.reserves[0].sizes, strict=True))
+        else:
+            assert _fields(fast) == _fields(full)
+            replayed += CI.stats["replays"] - before["replays"] == 2
+    return left_out, replayed
+
+
+@pytest.mark.parametrize("name", ["Llama-3.1-70B-Q4_K_M", "gpt-oss-120b-MXFP4"])
+def test_one_token_reserve_left_out_where_it_decides_nothing(big_headers: dict[str, Model],
+                                                             name: str) -> None:
+    """The bench's moves through the planner's entry point: the one-token graph's tensors are a few
+    rows each, so its bound stays under the prompt reserve on every backend and its replay is left
+    out; sizes, peaks and copies are the full simulation's."""
+    model = big_headers[name]
+    devices = _devices("CUDA", 2)
+    params = _params(c=32768, ub=2048, np_=1)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
+                            overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    placements = [plan.placement()] * 2  # the second simulation records the reference
+    for il in (0, 7, model.summary.n_layer // 2 + 3, model.summary.n_layer - 1):
+        names = [t.name for t in model.tensors if t.layer == il and (t.role.is_routed_expert or not moe)]
+        other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+        placements.append(plan.with_moves(dict.fromkeys(names, other if moe else "CPU")).placement())
+    left_out, _ = _check_sizes_only(model, devices, params, placements)
+    assert left_out == 4
+
+
+def test_one_token_reserve_replayed_where_the_bound_does_not_prove_it(models: dict[str, Model]) -> None:
+    """With one-token ubatches the prompt graph is the one-token graph: no bound can put one under the
+    other, so both are replayed (and equal the full simulation); random moves over -ngl, with the
+    default ubatch, leave it out where the bound holds."""
+    model = models["qwen3moe"]
+    devices = _devices("CUDA", 2)
+    n_units = model.summary.n_layer + 1
+    rng = random.Random(11)
+    names = [d.name for d in (devices.cpu, *devices.gpus)]
+    layer_tensors = [t.name for t in model.tensors if t.layer is not None]
+    for ub in (1, 512):
+        params = _params(ub=ub, np_=1)
+        plans = [Plan(model, devices, PlacementOptions(n_gpu_layers=ngl), params)
+                 for ngl in (n_units, n_units // 2)]
+        placements = []
+        for plan in plans:
+            placements += [plan.placement()] * 2
+            placements += [plan.with_moves({rng.choice(layer_tensors): rng.choice(names)}).placement()
+                           for _ in range(6)]
+        left_out, replayed = _check_sizes_only(model, devices, params, placements)
+        if ub == 1:
+            assert left_out == 0 and replayed > 0
+        else:
+            assert left_out > 0

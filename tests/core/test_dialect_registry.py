@@ -67,7 +67,8 @@ def test_registered_by_name_and_listed(b9000: Dialect) -> None:
     assert Dialect(NAME) is b9000 and dialect_named(NAME) is b9000
     assert b9000 == NAME and b9000.label == "llama.cpp (build 9000)"
     assert [d.value for d in Dialect] == ["llama.cpp", "llama.cpp-2025", "llama.cpp-2025-early",
-                                         "ik_llama.cpp", "ik_llama.cpp-2026-08", "ik_llama.cpp-2025", NAME]
+                                         "ik_llama.cpp", "ik_llama.cpp-2026-08", "ik_llama.cpp-2025",
+                                         "ik_llama.cpp-2025-05", NAME]
     assert all_dialects()[0] is LLAMA_CPP
 
 

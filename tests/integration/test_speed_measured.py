@@ -101,3 +101,32 @@ def test_launch_bench_calibrates_later_estimates(random_llama: Path, llama_serve
     calibrated = {a["what"]: a for a in speed_after["assumptions"] if a["source"] == "calibrated"}
     assert calibrated, speed_after["assumptions"]
     assert speed_after["tg_tps"] != speed_before["tg_tps"] or speed_after["pp_tps"] != speed_before["pp_tps"]
+
+
+def test_speed_check_with_mtp_calibrates_pp_only(llama_server: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real llama-server with ``--spec-type draft-mtp`` on the GLM-4.5-style model: the check shows
+    tg with MTP beside the measurement, and calibrates nothing from tg (its rate depends on the drafted
+    tokens this answer accepted, which the estimate only assumes)."""
+    from offload_planner.backend.speed_check import run_speed_check
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.plan import plan_from_args
+
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path / "cfg"))
+    path = tmp_path / "glm4moe-random.gguf"
+    write_model(SMALL_MODELS["glm4moe"], path)
+    fill_random([path], seed=5)
+    args = ["-c", "512", "-ngl", "0", "-t", "1", "-np", "1", "-fit", "off", "--spec-type", "draft-mtp"]
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30, hardware=(("bw", "20"),)), ())
+    parsed = parse_server_args(args)
+    plan = plan_from_args(open_model(path), devices, parsed)
+    port = free_port()
+    argv = [str(llama_server), "-m", str(path), "--host", "127.0.0.1", "--port", str(port), *args]
+    with running_process(argv, log_path=tmp_path / "srv.log", ready=r"listening on http://", timeout=120):
+        check = run_speed_check(f"http://127.0.0.1:{port}", plan, parsed, prompt_tokens=32, gen_tokens=8)
+    assert check.estimated.spec is not None and check.estimated.spec.kind == "MTP (1 NextN layer)"
+    assert check.measured.tg_tps > 0
+    assert not any("bandwidth" in k for k in check.calibration.values), check.calibration.values
+    assert any("tg not calibrated" in n for n in check.notes)

@@ -25,8 +25,16 @@ from offload_planner.core.engine import context_params, placement_options
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.placement import place
+from offload_planner.core.synth.ik_types import IkQ
 from offload_planner.core.synth.quant import pick_type
-from offload_planner.core.synth.spec import ModelSpec, QuantMix, RopeScaling, TokenizerKind, TokenizerSpec
+from offload_planner.core.synth.spec import (
+    ModelSpec,
+    QType,
+    QuantMix,
+    RopeScaling,
+    TokenizerKind,
+    TokenizerSpec,
+)
 from offload_planner.core.synth.tensors import tensor_defs
 from offload_planner.core.synth.writer import write_model
 from offload_planner.core.units import MiB
@@ -75,6 +83,8 @@ class Recipe:
     gpu_mib: tuple[int, ...] = ()  # memory of the logged GPUs when the log prints no free memory
     drop_flags: tuple[str, ...] = ()  # value-less flags of the log's build the dialect no longer has
     output_first: bool = False  # the file lists output.weight before the token embedding (HF lm_head first)
+    kv_b_and_split: bool = False  # a 2025 ik-converted DeepSeek file: attn_kv_b and attn_k_b/attn_v_b
+    types_unknown: bool = False  # the excerpt prints no type counts: the weights are written but not compared
 
 
 def _int(h: dict[str, str], key: str, default: int = 0) -> int:
@@ -82,11 +92,33 @@ def _int(h: dict[str, str], key: str, default: int = 0) -> int:
     return int(v) if v is not None and re.fullmatch(r"-?\d+", v) else default
 
 
+def _qtype(name: str) -> QType:
+    return IkQ[name.upper()] if name.upper() in IkQ.__members__ else Q[name.upper()]
+
+
+#: deepseek2 values ``llm_load_print_meta`` prints after the common block, and the keys they come from
+_DEEPSEEK2_KV = {"expert_weights_scale": float, "expert_weights_norm": lambda v: v in ("1", "true")}
+_GATING = {"softmax": 1, "sigmoid": 2}
+
+
+def _deepseek2(h: dict[str, str]) -> dict[str, Any]:
+    """The MLA / shared-expert fields of a deepseek2 header (empty for other architectures)."""
+    if h.get("arch") != "deepseek2":
+        return {}
+    kv: dict[str, Any] = {k: f(h[k]) for k, f in _DEEPSEEK2_KV.items() if k in h}
+    if h.get("expert_gating_func") in _GATING:
+        kv["expert_gating_func"] = _GATING[h["expert_gating_func"]]
+    return {"q_lora_rank": _int(h, "n_lora_q"), "kv_lora_rank": _int(h, "n_lora_kv"),
+            "n_expert_shared": _int(h, "n_expert_shared"),
+            "n_layer_dense_lead": _int(h, "n_layer_dense_lead"),
+            "extra_kv": kv}
+
+
 def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> ModelSpec:
     arch = h["arch"]
     n_embd, n_head = _int(h, "n_embd"), _int(h, "n_head")
     head_k = _int(h, "n_embd_head_k") or n_embd // n_head
-    slots = {k: Q[v.upper()] for k, v in recipe.quant.items()}
+    slots = {k: _qtype(v) for k, v in recipe.quant.items()}
     f32 = Q.F32
     mix = QuantMix(name=record["id"], ftype=_FTYPE.get(recipe.quant.get("attn", "f16"), 1),
                    embd=slots["embd"], output=slots["output"], attn=slots["attn"],
@@ -98,7 +130,10 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
     eps = float(h.get("f_norm_eps", "1e-5")) if arch == "gptneox" else float(h.get("f_norm_rms_eps", "1e-6"))
     yarn = None
     if h.get("rope") == "yarn" or h.get("kv:" + arch + ".rope.scaling.type") == "yarn":
-        yarn = RopeScaling("yarn", 1 / float(h.get("freq_scale_train", "1")), _int(h, "n_ctx_orig_yarn"))
+        log_mul = float(h["rope_yarn_log_mul"]) if "rope_yarn_log_mul" in h else None
+        yarn = RopeScaling("yarn", 1 / float(h.get("freq_scale_train", "1")), _int(h, "n_ctx_orig_yarn"),
+                           log_mul)
+    ds = _deepseek2(h)
     return ModelSpec(
         name=record["model"]["name"], arch=arch, sliding_window=_int(h, "n_swa"),
         sliding_window_pattern=_int(h, "n_swa_pattern") or None, tied_embeddings=arch in TIED_ARCHS,
@@ -108,7 +143,8 @@ def model_spec(record: dict[str, Any], h: dict[str, str], recipe: Recipe) -> Mod
         n_rot=_int(h, "n_rot") or None, n_expert=_int(h, "n_expert"), n_expert_used=_int(h, "n_expert_used"),
         n_ff_exp=_int(h, "n_ff_exp"), rope_freq_base=float(h.get("freq_base_train", "10000")), rms_eps=eps,
         tokenizer=TokenizerSpec(TokenizerKind.BPE, _int(h, "n_vocab"), n_merges=_int(h, "n_merges")),
-        quant=mix, extra_kv=recipe.kv, qk_norm=arch in QK_NORM_ARCHS, output_first=recipe.output_first,
+        quant=mix, extra_kv={**ds.pop("extra_kv", {}), **recipe.kv}, qk_norm=arch in QK_NORM_ARCHS,
+        output_first=recipe.output_first, kv_b_and_split=recipe.kv_b_and_split, **ds,
     )
 
 
@@ -145,8 +181,12 @@ def server_argv(record: dict[str, Any], recipe: Recipe) -> list[str]:
     c = record["context"]
     logged = command_argv(record["command"]) if record["command"] else []
     argv = [a for a in logged if a not in recipe.drop_flags]
-    argv += ["-c", str(c["n_ctx"]), "-b", str(c["n_batch"]), "-ub", str(c["n_ubatch"]), "-np", "1",
-             "-fa", "on" if c["flash_attn"] else "off"]
+    for flag, key in (("-c", "n_ctx"), ("-b", "n_batch"), ("-ub", "n_ubatch")):
+        if c[key] is not None:  # None: the excerpt does not print it (the command's value stands)
+            argv += [flag, str(c[key])]
+    argv += ["-np", "1"]
+    if c["flash_attn"] is not None:
+        argv += ["-fa", "on" if c["flash_attn"] else "off"]
     if c["n_gpu_layers"] is not None:
         argv += ["-ngl", str(c["n_gpu_layers"])]
     if c["type_k"]:

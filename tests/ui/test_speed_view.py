@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
@@ -170,6 +171,54 @@ def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> Non
         buf = [p.gpu_compute_bytes for p in pts]
         assert buf[-1] > buf[0]  # a larger micro-batch needs a larger compute buffer
         assert plot.pp_curve.yData is not None and len(plot.pp_curve.yData) == 7
-        assert "fastest prompt processing at -ub 4096" in plot.status.text()
+        assert "fastest prompt processing that fits at -ub 4096" in plot.status.text()
+        assert all(p.fits for p in pts) and "does not fit" not in plot.status.text()
+    finally:
+        win.close()
+
+
+def test_label_shows_mtp_speculation_beside_the_plain_figure(qtbot: QtBot, settings: Settings,
+                                                              small_models: dict[str, Path]) -> None:
+    """With --spec-type draft-mtp the line gives tg with MTP and the figure without it, as the
+    estimate computes them (core tests check those against the model's bytes)."""
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=64))
+    try:
+        open_and_wait(qtbot, win, small_models["glm4moe"])
+        qtbot.waitUntil(lambda: "CUDA0" in win.speed_label.text() or "CPU" in win.speed_label.text())
+        assert "with MTP" not in win.speed_label.text()
+        assert win.command_pane.apply_command_text("llama-server -m m.gguf -c 2048 --spec-type draft-mtp")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "with MTP" in win.speed_label.text())
+        m = re.fullmatch(r"est\. tg ([\d.]+) t/s with MTP \(([\d.]+) without\) · pp ([\d.]+) t/s \((.*)\)",
+                         win.speed_label.text())
+        assert m, win.speed_label.text()
+        assert "speculative decoding, MTP (1 NextN layer): 3 tokens drafted" in win.speed_label.toolTip()
+        assert "pull/25980" in win.speed_label.toolTip()
+    finally:
+        win.close()
+
+
+def test_ubatch_plot_names_the_fastest_ub_that_fits(qtbot: QtBot, settings: Settings) -> None:
+    """A GPU that holds the plan at -ub 2048 but not the larger compute buffer of -ub 4096: the tab
+    names -ub 2048 and says 4096 would be faster but does not fit.  The window's plan (-c 32768,
+    experts on the CPU) puts 4.28 GiB on CUDA0 at -ub 2048 and 4.7 at 4096; with the 1 GiB margin
+    5.5 GiB holds the first only."""
+    win = make_window(qtbot, settings, system_info("CUDA0=5.5GiB", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
+        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+        plot = win.ubatch_plot
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        by_ub = {p.n_ubatch: p for p in plot.points}
+        assert by_ub[2048].fits and by_ub[4096].over == ("CUDA0",)
+        assert by_ub[4096].pp_tps > by_ub[2048].pp_tps
+        text = plot.status.text()
+        assert text.startswith("fastest prompt processing that fits at -ub 2048: "), text
+        assert "-ub 4096 would give" in text and "does not fit: CUDA0 cannot hold" in text
+        brushes = plot.pp_curve.opts["symbolBrush"]  # the point that does not fit is drawn hollow
+        assert brushes[-1].style() == Qt.BrushStyle.NoBrush and brushes[-2].style() != Qt.BrushStyle.NoBrush
     finally:
         win.close()

@@ -22,6 +22,7 @@ from offload_planner.backend.server_bench import (
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware, record_efficiencies
 from offload_planner.core.speed.calibrate import Calibration, calibrate
 from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.speculation import with_speculation
 
 
 @dataclass
@@ -68,8 +69,15 @@ def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
     hw = machine_hardware(plan, parsed)
     eff = efficiencies_for(plan.dialect)
     est = estimate(plan, hw, prompt=got.prompt_tokens, eff=eff)
-    cal = calibrate(est, hw, eff, tg_tps=got.tg_tps, pp_tps=got.pp_tps)
-    check = SpeedCheck(got, est, cal)
+    # with a draft model or MTP the measured tg depends on how many drafted tokens this prompt's
+    # answer accepted, unknown here: it calibrates nothing (pp does)
+    spec = getattr(plan, "spec", None)
+    speculative = spec is not None and spec.active
+    cal = calibrate(est, hw, eff, tg_tps=None if speculative else got.tg_tps, pp_tps=got.pp_tps)
+    check = SpeedCheck(got, with_speculation(est, plan, hw, eff), cal)
+    if speculative:
+        check.notes.append("tg not calibrated: with speculative decoding the measured rate depends on the "
+                           "drafted tokens accepted, which the estimate assumes (--spec-accept)")
     if store and cal.values:
         record_efficiencies(plan.dialect, cal.values)
         check.stored = True

@@ -8,6 +8,7 @@ the efficiencies ``launch --bench`` measures per machine and backend (:func:`rec
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -23,9 +24,11 @@ from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.declared import parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, hardware_for
+from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, Threads, hardware_for
+from offload_planner.core.speed.speculation import with_speculation
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -195,6 +198,56 @@ def threads_of(parsed: Any) -> int | None:
     return None
 
 
+#: Hosts of an rpc-server on this machine.
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0"})
+
+
+@functools.cache
+def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
+    """The physical cores as llama.cpp counts them (``common_cpu_get_num_physical_cores``: distinct
+    ``topology/thread_siblings`` of cpu0, cpu1, ... on Linux; elsewhere ``hardware_concurrency``, halved
+    above 4)."""
+    siblings = set()
+    for i in itertools.count():
+        try:
+            siblings.add((sys_cpu / f"cpu{i}" / "topology" / "thread_siblings").read_text().strip())
+        except OSError:
+            break
+    if siblings:
+        return len(siblings)
+    n = os.cpu_count() or 0
+    return n if 0 < n <= 4 else n // 2 if n else 4
+
+
+def is_local(endpoint: str) -> bool:
+    """An rpc-server on this machine: a loopback address or this machine's name."""
+    host = endpoint.rsplit(":", 1)[0].lower()
+    return host in LOOPBACK or host in {platform.node().lower(), "[::]"}
+
+
+def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = None) -> Threads | None:
+    """The compute threads on the host llama-server runs on: its ``-t`` (else the CPU's declared
+    ``threads=``; default: the physical cores) and each local rpc-server's (declared ``threads=``,
+    else the server's default: half the logical CPUs).  The cores: ``cores``, else the CPU's declared
+    ``cores=``, else this machine's, unless the CPU's bandwidth is declared (another machine whose
+    cores are not known: None)."""
+    decl = parse_hardware_keys(devices.cpu.hardware)
+    elsewhere = bool(devices.cpu.bandwidth_gbs) or decl.bw is not None or decl.ram is not None
+    n_cores = cores or decl.cores or (None if elsewhere else physical_cores())
+    if n_cores is None:
+        return None
+    threads = threads or decl.threads
+    rpc_default = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardware_concurrency() / 2
+    rpc: dict[str, int] = {}
+    local = [devices.cpu.name]
+    for g in devices.gpus:
+        if g.kind is DeviceKind.RPC and g.endpoint and is_local(g.endpoint):
+            local.append(g.name)
+            declared = dict(g.hardware).get("threads", "")
+            rpc[g.endpoint] = int(declared) if declared.isdigit() and int(declared) > 0 else rpc_default
+    return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local))
+
+
 def _cpu_declared(plan: Plan) -> bool:
     keys = {k for k, _ in plan.devices.cpu.hardware}
     return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
@@ -209,13 +262,20 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
     return hardware_for(plan.devices, threads=threads, probe=measured,
-                        links=rpc_links(plan.devices, measure=probe_rpc))
+                        links=rpc_links(plan.devices, measure=probe_rpc),
+                        cores=thread_use(plan.devices, threads))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
-               placement: Placement | None = None, probe_rpc: bool = False) -> SpeedEstimate:
+               placement: Placement | None = None, probe_rpc: bool = False,
+               accept: float | None = None, depth: int = 0) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
-    and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags."""
+    and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags; tg
+    with the plan's draft model or MTP at acceptance ``accept`` (None: the default); pp and tg after
+    ``depth`` tokens of context as well when given."""
     hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
-    return estimate(plan, hw, prompt=prompt, eff=efficiencies_for(plan.dialect), placement=placement)
+    eff = efficiencies_for(plan.dialect)
+    placement = placement or plan.placement()
+    est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement, depth=depth)
+    return with_speculation(est, plan, hw, eff, placement=placement, accept=accept)

@@ -53,7 +53,7 @@ from offload_planner.core.compute.graph import WeightAccess, gating_func
 from offload_planner.core.compute.scheduler import Backend, Scheduler
 from offload_planner.core.compute.simulate import backends_for, weight_factory
 from offload_planner.core.ggml_types import GGMLType, type_by_name
-from offload_planner.core.ik_repack import repacked_off_gpu
+from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
@@ -151,6 +151,7 @@ class IkShape:
     cpu_only: bool
     attn_max_batch: int = 0
     mask_f32: bool = False  # ik before October 2025: an f32 mask input, cast to f16 for flash attention
+    mla_fa_steps_expanded: bool = True  # ik from 2026-01-31: each -mla 2/3 FA head group's output expanded
 
 
 class IkBuilder(WeightAccess):
@@ -530,7 +531,8 @@ def _deepseek2_fa_heads(b: IkBuilder, il: int, kl: T, q_nope: T, q_rope: T) -> T
         kqv = flash_attn(q_it, k, v, mask)
         r = reshape(kqv, sh.head_v * n_max_head, n_tok)
         out = r if out is None else concat(out, r, 0)
-        b.expand(out)
+        if sh.mla_fa_steps_expanded:
+            b.expand(out)
     assert out is not None
     return out
 
@@ -793,6 +795,7 @@ def ik_shape(model: Model, ctx: ResolvedContext, p: ContextParams, cpu_only: boo
         n_outputs=n_tokens, n_kv=ctx.n_ctx,
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         cpu_only=cpu_only, mask_f32=p.dialect.f32_kq_mask,
+        mla_fa_steps_expanded=p.dialect.mla_fa_steps_expanded,
     )
 
 
@@ -848,10 +851,13 @@ class IkBackend(Backend):
         return op.ne[1] >= n and op.op != "GET_ROWS"
 
 
-def _ik_backends(devices: DeviceSet, placement: Placement, repack: bool) -> list[Backend]:
+def _ik_backends(devices: DeviceSet, placement: Placement, repack: bool,
+                 cuda_r4: bool = True) -> list[Backend]:
+    """The backends, the GPUs refusing ops on host weights they cannot multiply (-rtr repacked, or a file's
+    row-interleaved type the build's CUDA backend lacks)."""
     host = [(it.tensor.name, it.tensor.shape, it.tensor.type.name) for it in placement.items
-            if it.device == CPU and not it.copy] if repack else []
-    refused = repacked_off_gpu(host)
+            if it.device == CPU and not it.copy]
+    refused = interleaved_off_gpu(host, cuda_r4) | (repacked_off_gpu(host) if repack else frozenset())
     return [IkBackend(b.name, b.buft, b.alignment, b.cuda_like, b.offload_min_batch, b.offload_only,
                       refused if b.cuda_like else frozenset())
             for b in backends_for(devices, placement)]
@@ -861,7 +867,7 @@ def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: Res
                 p: ContextParams) -> IkReserve:
     """ik's one reserve: the prompt graph of ``min(n_ctx, n_batch, n_ubatch)`` tokens over the whole cache."""
     arch_fn = IK_GRAPHS[model.arch]
-    backends = _ik_backends(devices, placement, p.repack)
+    backends = _ik_backends(devices, placement, p.repack, p.dialect.cuda_multiplies_r4)
     sh = ik_shape(model, ctx, p, cpu_only=len(backends) == 1)
 
     def kv_dev(il: int) -> str:

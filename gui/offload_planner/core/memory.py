@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress, count
 from operator import is_not
 from typing import Protocol
@@ -301,7 +301,29 @@ class _WeightRef:
 
 def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
                devices: DeviceSet, cached: range | None = None) -> list[Buffer]:
-    """``cached``: the layers this context caches (default the trunk; an MTP context: the NextN)."""
+    """``cached``: the layers this context caches (default the trunk; an MTP context: the NextN).
+
+    Remembered for the last few layer splits (a move of experts leaves them as they are); handed out
+    as copies."""
+    key = (model, ctx, p, devices, cached, tuple(placement.unit_devices))
+    with _KV_LOCK:
+        bufs = _KV_MEMO.get(key)
+        if bufs is None:
+            bufs = _KV_MEMO[key] = _kv_buffers(model, placement, ctx, p, devices, cached)
+            if len(_KV_MEMO) > _KV_MEMO_SIZE:
+                _KV_MEMO.popitem(last=False)
+        else:
+            _KV_MEMO.move_to_end(key)
+        return [replace(b) for b in bufs]
+
+
+_KV_MEMO: OrderedDict[tuple[object, ...], list[Buffer]] = OrderedDict()
+_KV_MEMO_SIZE = 16
+_KV_LOCK = threading.Lock()
+
+
+def _kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
+                devices: DeviceSet, cached: range | None) -> list[Buffer]:
     s = model.summary
     tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
     v_trans = not p.flash_attn

@@ -60,6 +60,7 @@ class SpecSettings:
     mtp: bool = False
     type_k: str = "f16"  # -ctkd/-ctvd also type the MTP context's cache
     type_v: str = "f16"
+    n_max: int = DEFAULT_N_MAX  # --spec-draft-n-max: tokens drafted a step
 
     @property
     def active(self) -> bool:
@@ -115,7 +116,8 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
         dargs = replace(inner, n_gpu_layers=d.n_gpu_layers, overrides=list(d.overrides), split_mode=split)
         popts = placement_options(draft_model, ddev, dargs, Dialect(dialect))
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
-    return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v)
+    n_max = DEFAULT_N_MAX if d.n_max is None else max(0, d.n_max)
+    return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v, n_max)
 
 
 def draft_context(spec: DraftSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:

@@ -33,7 +33,10 @@ def window_line(est: SpeedEstimate, over: list[str]) -> str:
     """``est. tg 9.8 t/s · pp 210 t/s (time per token: CPU 61% · CUDA0 39%)``: the devices by their
     share of a token's time, largest first; ``over``: devices over capacity (then "if it fit: ")."""
     shares = sorted((d for d in est.devices if d.share >= 0.005), key=lambda d: -d.share)
-    text = f"est. tg {_rate(est.tg_tps)} t/s · pp {_rate(est.pp_tps)} t/s"
+    text = f"est. tg {_rate(est.tg_tps)} t/s"
+    if est.spec is not None:
+        text += f" with {est.spec.kind.split(' (')[0]} ({_rate(est.spec.tg_tps_plain)} without)"
+    text += f" · pp {_rate(est.pp_tps)} t/s"
     if shares:
         text += " (time per token: " + " · ".join(f"{d.name} {100 * d.share:.0f}%" for d in shares) + ")"
     return IF_IT_FIT + text if over else text

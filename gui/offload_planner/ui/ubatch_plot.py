@@ -15,10 +15,10 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
-from offload_planner.core.speed.sweep import UBATCHES, UbPoint, ubatch_tradeoff
+from offload_planner.core.speed.sweep import UBATCHES, UbPoint, fastest_fitting, ubatch_tradeoff
 from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.speed_view import IF_IT_FIT, over_capacity
+from offload_planner.ui.speed_view import IF_IT_FIT
 
 PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
 BUF_COLOR = "#DC7828"  # GPU compute buffers: dashed, right axis
@@ -133,9 +133,26 @@ class UbatchPlot(QWidget):
             self.plot.getAxis(side).resizeEvent()
         self.plot.getAxis("bottom").setTicks([ub_ticks(tuple(p.n_ubatch for p in points))])
         xs = [math.log10(p.n_ubatch) for p in points]
-        self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points])
+        # points whose plan does not fit at that -ub are drawn hollow
+        self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points],
+                              symbolBrush=[pg.mkBrush(PP_COLOR if p.fits else None) for p in points])
         self.buf_curve.setData(xs, [p.gpu_compute_bytes / GiB for p in points])
+        self.status.setText(ub_status(points))
+
+
+def ub_status(points: list[UbPoint]) -> str:
+    """The Speed tab's line: the fastest ``-ub`` that fits every device, and a faster one that would
+    not fit (its compute buffer); "if it fit:" before the fastest of all when none fits."""
+    best_fit, faster = fastest_fitting(points)
+    if best_fit is None:
         best = max(points, key=lambda p: p.pp_tps)
-        fits = "" if not over_capacity(self._doc) else IF_IT_FIT  # as the speed line says it
-        self.status.setText(f"{fits}fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
-                            f"{best.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")
+        return (f"{IF_IT_FIT}fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
+                f"{best.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers (no -ub fits: "
+                f"{', '.join(best.over)} over capacity)")
+    text = (f"fastest prompt processing that fits at -ub {best_fit.n_ubatch}: {best_fit.pp_tps:.0f} t/s, "
+            f"{best_fit.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")
+    if faster is not None:
+        text += (f"; -ub {faster.n_ubatch} would give {faster.pp_tps:.0f} t/s but does not fit: "
+                 f"{', '.join(faster.over)} cannot hold its {faster.gpu_compute_bytes / GiB:.2f} GiB of "
+                 "compute buffers")
+    return text

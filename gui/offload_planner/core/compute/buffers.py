@@ -7,6 +7,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import compress, count
+from operator import is_not
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from offload_planner.core.buffer import Buffer
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
-    from offload_planner.core.placement import Placement
+    from offload_planner.core.placement import Placed, Placement
 
 
 
@@ -110,9 +112,55 @@ MEMO: BufferMemo[list[Buffer]] = BufferMemo()
 
 
 def placement_key(placement: Placement) -> tuple[object, ...]:
-    """What a compute simulation reads of a placement."""
+    """What a compute simulation reads of a placement (the items as one :class:`ItemsKey`)."""
     return (tuple(placement.unit_devices), placement.has_overrides, tuple(placement.model_devices),
-            tuple((p.name, p.device, p.buft) for p in placement.items))
+            items_key(placement.items))
+
+
+class ItemsKey:
+    """Every item's name, device and buffer type, with its hash kept (a memo key is hashed at every
+    look-up, and a big model has ~700 items)."""
+
+    __slots__ = ("_hash", "entries")
+
+    def __init__(self, entries: tuple[tuple[str, str | None, str | None], ...]) -> None:
+        self.entries = entries
+        self._hash = hash(entries)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ItemsKey) and (self is other or (
+            self._hash == other._hash and self.entries == other.entries))
+
+
+#: the last few item lists keyed in full: a placement that differs from one of them in a few items
+#: (an edit's moves, ``Plan.placement``) takes its entries and recomputes only the changed ones
+_KEY_REFS: list[tuple[list[Placed], tuple[tuple[str, str | None, str | None], ...]]] = []
+_KEY_REFS_SIZE = 4
+_KEY_LOCK = threading.Lock()
+
+
+def items_key(items: list[Placed]) -> ItemsKey:
+    """:class:`ItemsKey` of ``items``, corrected from a recent list of the same length when few
+    items differ from it by identity (``Placed`` is frozen; the lists are kept alive here)."""
+    with _KEY_LOCK:
+        for ref_items, ref_entries in reversed(_KEY_REFS):
+            if len(ref_items) != len(items):
+                continue
+            changed = list(compress(count(), map(is_not, items, ref_items)))
+            if len(changed) > max(64, len(items) // 8):
+                continue
+            entries = list(ref_entries)
+            for i in changed:
+                p = items[i]
+                entries[i] = (p.name, p.device, p.buft)
+            return ItemsKey(tuple(entries))
+        full = tuple((p.name, p.device, p.buft) for p in items)
+        _KEY_REFS.append((list(items), full))
+        del _KEY_REFS[:-_KEY_REFS_SIZE]
+        return ItemsKey(full)
 
 
 def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
@@ -131,7 +179,7 @@ def simulate_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx
     projects a placement once, far from the last ones)."""
     reason = f"no graph model for {model.arch}"
     try:
-        sim = simulate(model, devices, placement, ctx, params, incremental=incremental)
+        sim = simulate(model, devices, placement, ctx, params, incremental=incremental, sizes_only=True)
     except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError) as e:
         # a file whose tensors do not fit the architecture's graph: estimate rather than fail
         sim, reason = None, f"{model.arch} graph not built: {type(e).__name__} {e}"

@@ -38,6 +38,11 @@ per graph topology (shape, backends, weight set) and later placements are replay
    state at a layer start is one it had a multiple of the period before, every further period
    repeats it, with the same maximum; the walk goes on at the run's end.
 
+A caller that keeps the larger of two reserves per backend (the planner's projection) may pass the
+first one's sizes: after steps 1-3 the second is left out when a bound of its sizes (:mod:`.bound`:
+the reference's, plus the window's tensors) is at most those on every backend (the one-token graph
+against the prompt graph: a few rows per tensor against thousands).
+
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
 topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes
 span most of the graph, densely (``replay.FAR_SPAN``), runs in full without recording (a replay would walk
@@ -51,6 +56,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from operator import ne
 
 from offload_planner.core.compute.ggml import (
     T,
@@ -102,7 +108,9 @@ def recording_first_sights(on: bool = True) -> Iterator[None]:
 
 def _distance(a: Sequence[str], b: Sequence[str]) -> int:
     """Layers (units) on another device."""
-    return sum(x != y for x, y in zip(a, b, strict=True))
+    if len(a) != len(b):
+        raise ValueError("placements of different models")
+    return 0 if a == b else sum(map(ne, a, b))
 
 
 def _near(units: Sequence[str]) -> int:
@@ -151,7 +159,7 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
                         layer_dev: Callable[[int], str], kv_dev: Callable[[int], str],
                         unit_devices: list[str], offload_kqv: bool, no_alloc: bool = False,
-                        graph_key: tuple[object, ...] = ()) -> Reserve:
+                        graph_key: tuple[object, ...] = (), below: list[int] | None = None) -> Reserve | None:
     """``reserve`` (one copy) replayed against the recorded reference of the same topology nearest to
     this placement; recorded the second time a placement near it is simulated (or the first:
     :func:`record_at_first_sight`).
@@ -160,7 +168,9 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
     (only asked for when the items do not line up with the reference's, or to record one).
     ``no_alloc``: the dry run's reserve (forced backends dropped; ``key`` must tell it apart).
     ``graph_key``: the model and builder (:mod:`.template`: a graph built for a simulation that records
-    no reference is kept for the next one)."""
+    no reference is kept for the next one).
+    ``below``: None instead of a replayed reserve whose sizes a bound puts at most there on every
+    backend (a caller that keeps the larger of two reserves per backend)."""
     ref = _nearest(key, unit_devices)
     if ref is not None:
         try:
@@ -169,8 +179,9 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                 stats["item_diffs"] += 1
             else:
                 mv = diff(ref, where(), unit_devices, offload_kqv)
-            r = replay(ref, mv)
-            stats["replays"] += 1
+            r = replay(ref, mv, below)
+            if r is not None:
+                stats["replays"] += 1
             return r
         except Refuse:  # a case the replay does not handle: run it in full
             stats["refused"] += 1

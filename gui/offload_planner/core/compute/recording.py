@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator
+from offload_planner.core.compute.bound import graph_bound
 from offload_planner.core.compute.ggml import (
     CPU,
+    LAYER_SUFFIX,
     VIEW_OPS,
     Graph,
     T,
@@ -22,6 +24,9 @@ from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.placement import Placed
 
 _CK_STRIDE = 8
+#: a replay's tail stops at every this many checkpoints (and at the layer starts), where it compares
+#: its state with the reference's and may keep it for later tails (``Reference.tail_memo``)
+TAIL_STRIDE = 4
 
 
 class Refuse(Exception):
@@ -112,15 +117,16 @@ class Checkpoint:
     layer: str
     live: dict[T, tuple[tuple[int, int], int, int]]
     suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
-    _live_on: list[list[tuple[T, int]]] | None = None
+    _live_on: list[tuple[tuple[T, ...], tuple[int, ...]]] | None = None
 
-    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> list[tuple[T, int]]:
+    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> tuple[tuple[T, ...], tuple[int, ...]]:
         """The live tensors on backend ``b`` and their offsets, the latest created first (where two
         states differ: long-lived inputs rarely move)."""
         if self._live_on is None:
-            self._live_on = [[] for _ in range(n_backends)]
+            on: list[list[tuple[T, int]]] = [[] for _ in range(n_backends)]
             for t, ((tb, off), _, _) in sorted(self.live.items(), key=lambda e: -first.get(e[0], -1)):
-                self._live_on[tb].append((t, off))
+                on[tb].append((t, off))
+            self._live_on = [(tuple(t for t, _ in e), tuple(off for _, off in e)) for e in on]
         return self._live_on[b]
 
 
@@ -271,6 +277,11 @@ class Reference:
                 if s is not None:
                     self.uses.setdefault(s, []).append(p)
                     self.first.setdefault(s, p)
+        # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
+        self.layer_tags: dict[T, str] = {}
+        for n in self.sched_nodes:
+            if (m := LAYER_SUFFIX.search(n.name)) is not None:
+                self.layer_tags[n] = f" (layer {m.group(1)})"
         self.view_nodes: dict[T, list[T]] = {}
         for n in self.sched_nodes:
             if n.view_src is not None and n.op != "NONE":
@@ -291,6 +302,11 @@ class Reference:
         self.peaks = list(galloc.peaks)
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
         self.periods = find_periods(starts, self.tail, self.tail_pos)
+        # where a replay's tail stops: positions and their checkpoints' indices
+        at_start = set(starts)
+        stops = [(p, c) for c, p in enumerate(self.ckpos) if c % TAIL_STRIDE == 0 or p in at_start]
+        self.tail_stops = [p for p, _ in stops]
+        self.tail_stop_ck = [c for _, c in stops]
         # states replays' tails passed (see replay_alloc._tail): the maximum from there on and its label
         self.tail_memo: dict[tuple[object, ...], tuple[int, str]] = {}
         self.size_cache: dict[tuple[T, int], int] = {}
@@ -315,6 +331,14 @@ class Reference:
                     self.wcopies[sp.backend] += nbytes(inp)
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
+        self._bound: list[int] | None = None
+
+    def alloc_bound(self) -> list[int]:
+        """Per backend, a bound of what the allocator reaches on this graph (:mod:`.bound`)."""
+        if self._bound is None:
+            self._bound = graph_bound(GraphAllocator(self.backends), self.sched_nodes, self.sched_ids,
+                                      self.sched.leafs)
+        return self._bound
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""

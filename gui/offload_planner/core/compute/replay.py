@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
 
+from offload_planner.core.compute.allocator import GraphAllocator
+from offload_planner.core.compute.bound import Bound
 from offload_planner.core.compute.ggml import (
     CPU,
     VIEW_OPS,
@@ -107,11 +109,13 @@ def diff(ref: Reference, where: WeightWhere, unit_devices: list[str],
     return Move(dev, forced)
 
 
-def replay(ref: Reference, mv: Move) -> Reserve:
-    """The reserve of the reference's graph with the devices of ``mv``, replayed (steps 2-4)."""
+def replay(ref: Reference, mv: Move, below: list[int] | None = None) -> Reserve | None:
+    """The reserve of the reference's graph with the devices of ``mv``, replayed (steps 2-4); None
+    when ``below`` is given and a bound of its sizes (:mod:`.bound`) is at most ``below`` on every
+    backend (the caller keeps the larger reserve per backend: this one cannot be it)."""
     if not mv.dev and not mv.forced:
         return ref.reserve
-    return _Replay(ref, mv).run()
+    return _Replay(ref, mv).run(below)
 
 
 class _Replay:
@@ -276,8 +280,9 @@ class _Replay:
         """Splits and input copies from the split holding the first affected node until the state
         is the reference's (``self.x``: the node where it is, or the end)."""
         ref, nodes, made, newsrc = self.ref, self.nodes, self.made, self.newsrc
-        B, supported = self.B, self.supported
+        bid, supported = self.bid, self.supported
         created, cs, last_on = ref.created, ref.created_sorted, ref.last_on
+        cur_before, ne_before, orig_src = ref.cur_before, ref.ne_before, ref.orig_src
         start, split = self._first_split(fa)
         self.new_splits = [split]
         cur = split.backend
@@ -285,20 +290,21 @@ class _Replay:
         ref_made: set[tuple[T, int]] = set()
         self.x = len(nodes)
         for i in range(start, len(nodes)):
-            n = nodes[i]
-            if n.op in VIEW_OPS:
+            if cur_before[i] == -2:  # a view (pass 5 skips them)
                 continue
+            n = nodes[i]
             while kc < len(cs) and cs[kc][0] < i:
                 ref_made.add(cs[kc][1])
                 kc += 1
-            if i > fb and cur == ref.cur_before[i] and bool(split.inputs) == ref.ne_before[i] \
+            if i > fb and cur == cur_before[i] and bool(split.inputs) == ne_before[i] \
                     and all(last_on.get(key, -1) < i for key in ref_made.symmetric_difference(made)):
                 self.x = i  # copies made in one run only: no later node on their backend reads them
                 break
-            nb = B(n)
-            src = ref.orig_src[i]
+            nb = bid.get(n, n.bid)
+            src = orig_src[i]
             need_new = nb == cur and bool(split.inputs) and any(
-                s is not None and s.weights and B(s) != cur and not supported(s, cur) for s in src)
+                s is not None and s.weights and bid.get(s, s.bid) != cur and not supported(s, cur)
+                for s in src)
             if nb != cur or need_new:
                 split.i_end = i
                 split = Split(nb, i)
@@ -306,7 +312,7 @@ class _Replay:
                 cur = nb
             out = list(src)
             for j, s in enumerate(src):
-                if s is None or B(s) == cur or supported(s, cur):
+                if s is None or bid.get(s, s.bid) == cur or supported(s, cur):
                     continue
                 key = (s, cur)
                 cp = made.get(key)
@@ -380,7 +386,7 @@ class _Replay:
                 wids.append(B(self.nodes[gi]))
         return wa, wnodes, wids, runs
 
-    def run(self) -> Reserve:
+    def run(self, below: list[int] | None = None) -> Reserve | None:
         ref = self.ref
         self.assign()
         affected = self.affected()
@@ -391,6 +397,9 @@ class _Replay:
             raise Far
         self.pass5(fa, fb)
         wa, wnodes, wids, runs = self.window(fa)
+        if below is not None and self._below(below, wnodes, wids, runs):
+            stats["left_out"] += 1
+            return None
         sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, runs, self.newsrc, self.newdev)
         copies, wcopies = list(ref.copies), list(ref.wcopies)
         for sign, group in ((-1, ref.splits[len(self.kept):self.km + 1]), (1, self.new_splits)):
@@ -401,6 +410,37 @@ class _Replay:
                         wcopies[sp.backend] += sign * nbytes(inp)
         splits = self.kept + self.new_splits + self.tail_splits
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
+
+    def _below(self, below: list[int], wnodes: list[T], wids: list[int],
+               runs: list[tuple[int, int, int]]) -> bool:
+        """The allocator's bound on the new graph is at most ``below`` on every backend: the
+        reference's bound plus the window's tensors outside its runs of the reference's nodes (the
+        rest of the new graph is the reference's)."""
+        ref, newdev, newsrc = self.ref, self.newdev, self.newsrc
+        cache, first = ref.size_cache, ref.first
+        sizer = GraphAllocator(ref.backends)
+
+        def size(t: T, b: int) -> int:
+            v = cache.get((t, b))
+            if v is None:
+                v = sizer.size(t, b)
+                if t in first:  # (the reference's tensors: kept with it)
+                    cache[(t, b)] = v
+            return v
+
+        def allocated(t: T) -> bool:
+            return t.view_src is None and newdev.get(t, t.dev) is None
+
+        def srcs(n: T) -> list[T | None]:
+            s = newsrc.get(n)
+            return n.src if s is None else s
+
+        bound = Bound(sizer, size)
+        j = 0
+        for js, _, n in [*runs, (len(wnodes), 0, 0)]:
+            bound.add_nodes(wnodes[j:js], wids[j:js], srcs, allocated)
+            j = js + n
+        return all(r + w <= x for r, w, x in zip(ref.alloc_bound(), bound.sizes, below, strict=True))
 
 
 def _first_at(cs: list[tuple[int, tuple[T, int]]], start: int) -> int:

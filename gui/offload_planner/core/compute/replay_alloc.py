@@ -21,7 +21,7 @@ from offload_planner.core.compute.stats import stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
 _MIN_STRETCH = 32
-#: tail states are compared with earlier tails' every this many checkpoints; at most this many kept
+#: tail states are kept for later tails at the stops of every this many checkpoints; at most this many
 _MEMO_STRIDE = 4
 _MEMO_SIZE = 200_000
 
@@ -85,7 +85,10 @@ class _AllocReplay:
         return (0 if u is None else len(u)) + self.d_all.get(t, 0)
 
     def v_new(self, t: T) -> int:
-        return sum(1 for v in self.ref.view_nodes.get(t, ()) if self.total_new(v) == 0 or self.r_new(v) > 0)
+        views = self.ref.view_nodes.get(t)
+        if not views:
+            return 0
+        return sum(1 for v in views if self.total_new(v) == 0 or self.r_new(v) > 0)
 
     def fixed(self, t: T) -> bool:
         """Never allocated by the graph allocator (it or its view source has a buffer)."""
@@ -218,9 +221,13 @@ class _AllocReplay:
         return v
 
     def allocate(self, t: T, b: int) -> None:
-        own = self.own
-        if t in own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
+        if t in self.own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
             return
+        self._place(t, b)
+
+    def _place(self, t: T, b: int) -> None:
+        """``allocate`` of a tensor that the graph allocator owns and has not allocated yet."""
+        own = self.own
         if t.op in INPLACE_OPS:
             for p in self.srcs(t):
                 if p is None or p not in own or p.flags & OUTPUT:
@@ -253,16 +260,22 @@ class _AllocReplay:
 
     def release(self, p: T) -> None:
         """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
-        nc, nv, NC, NV = self.nc, self.nv, self.NC, self.NV
-        c = NC(p) - 1
+        nc, nv = self.nc, self.nv
+        c = nc.get(p)
+        c = (self.r_new(p) if c is None else c) - 1
         nc[p] = c
-        if c or NV(p):
+        if c:
             return
-        if p.view_src is not None:
-            vs = p.view_src
-            v = NV(vs) - 1
+        v = nv.get(p)
+        if v is None:
+            v = nv[p] = self.v_new(p)
+        if v:
+            return
+        vs = p.view_src
+        if vs is not None:
+            v = self.NV(vs) - 1
             nv[vs] = v
-            if v == 0 and NC(vs) == 0 and vs in self.own:
+            if v == 0 and self.NC(vs) == 0 and vs in self.own:
                 self.free(vs)
         elif p in self.own:
             self.free(p)
@@ -270,36 +283,51 @@ class _AllocReplay:
     def run(self) -> tuple[list[int], list[str]]:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
-        allocate, release = self.allocate, self.release
+        place, release, newsrc, newdev, nc = self._place, self.release, self.newsrc, self.newdev, self.nc
+        tags, first = ref.layer_tags, ref.first
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
-        q, end = wa, len(rnodes) + delta
+        q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
+        own = self.own
         while q < end:
             if stretches and (st := stretches.get(q - wa)) is not None:
                 r1 = self._skip(st[0], st[1], q - wa)
+                own = self.own
                 if r1 > st[0]:
                     q += r1 - st[0]
                     continue
-            if q >= wa + len(wnodes):
+            if q >= w_end:
                 qr = q - delta
                 ckq = cks.get(qr)
-                if ckq is not None and _same_live(ckq, self.own, self.NC, self.NV):
-                    return _tails(ref, qr, self.allocs, self.own, self.peaks)
+                if ckq is not None and _same_live(ckq, own, self.NC, self.NV):
+                    return _tails(ref, qr, self.allocs, own, self.peaks)
                 n, b = rnodes[qr], rids[qr]
             else:
                 n, b = wnodes[q - wa], wids[q - wa]
             q += 1
             self.cur = n
-            if (m := LAYER_SUFFIX.search(n.name)) is not None:
-                self.where = f" (layer {m.group(1)})"
-            ss = self.srcs(n)
-            for s in ss:
-                if s is not None:
-                    allocate(s, b)
-            allocate(n, b)
-            for p in ss:
-                if p is not None:
-                    release(p)
+            tag = tags.get(n)
+            if tag is None and n not in first:  # a copy made by this replay
+                tag = _layer_tag(n)
+            if tag:
+                self.where = tag
+            ss = newsrc.get(n)
+            if ss is None:
+                ss = n.src
+            # (allocate and release inlined where they return at once: most sources are allocated or
+            # have a buffer, most releases leave uses to come)
+            for x in ss:
+                if x is not None and x not in own and x.view_src is None and newdev.get(x, x.dev) is None:
+                    place(x, b)
+            if n not in own and n.view_src is None and newdev.get(n, n.dev) is None:
+                place(n, b)
+            for x in ss:
+                if x is not None:
+                    c = nc.get(x)
+                    if c is not None and c > 1:
+                        nc[x] = c - 1
+                    else:
+                        release(x)
         return [a.max_size for a in self.allocs], self.peaks
 
     # --- a stretch of the window the reference walked the same way ------------------------------
@@ -390,6 +418,12 @@ class _AllocReplay:
         return out
 
 
+def _layer_tag(n: T) -> str:
+    """`` (layer N)`` of a node named for a layer, else ""."""
+    m = LAYER_SUFFIX.search(n.name)
+    return "" if m is None else f" (layer {m.group(1)})"
+
+
 def _same_live(ck: Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],
                NV: Callable[[T], int]) -> bool:
     """The same tensors live on the same backends with the same counts as at the reference's
@@ -429,8 +463,8 @@ def _tails(ref: Reference, qr: int, allocs: list[DynAllocator], own: dict[T, tup
 def _same_on(ref: Reference, ck: Checkpoint, b: int, al: DynAllocator, own_b: dict[T, int]) -> bool:
     if al.blocks != ck.blocks[b]:
         return False
-    get = own_b.get
-    return all(get(t) == off for t, off in ck.live_on(b, len(ref.backends), ref.first))
+    tensors, offsets = ck.live_on(b, len(ref.backends), ref.first)
+    return tuple(map(own_b.get, tensors)) == offsets
 
 
 def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, str]:
@@ -443,8 +477,10 @@ def _with_suffix(ck: Checkpoint, b: int, size: int, label: str) -> tuple[int, st
 
 def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int],
           label: str) -> tuple[int, str]:
-    """Backend ``b``'s events from position ``qr`` on; checked against the reference's state at every
-    checkpoint after some event (without events neither state changes), and every few checkpoints
+    """Backend ``b``'s events from position ``qr`` on; checked at the tail's stops (every few
+    checkpoints, and the layer starts: ``Reference.tail_stops``) after some event (without events
+    neither state changes) against the reference's state (once equal, equal at every later stop: a
+    later stop finds it as well, with the same maximum from there), and every few checkpoints
     against the states earlier tails passed there (``Reference.tail_memo``: the rest of a tail is a
     function of its position, blocks and live offsets; a move moves the residual stream to the other
     of two blocks, and the next move's tail meets the same state).  At a layer start where the
@@ -452,18 +488,22 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
     (:mod:`.periods`).  The maxima are kept per chunk of events between checkpoints, so each state
     passed can be stored with its maximum from there on."""
     stats["tails"] += 1
-    evs, poss, ckpos, memo = ref.tail[b], ref.tail_pos[b], ref.ckpos, ref.tail_memo
+    evs, poss, memo = ref.tail[b], ref.tail_pos[b], ref.tail_memo
+    stops, stop_ck = ref.tail_stops, ref.tail_stop_ck
     k, n = bisect.bisect_left(poss, qr), len(poss)
-    n_ck = len(ckpos)
-    c = bisect.bisect_left(ckpos, qr)
+    n_st = len(stops)
+    s = bisect.bisect_left(stops, qr)
+    if s < n_st and stops[s] != qr:  # (the state at the next stop is not this one)
+        s = n_st
     size, chunks, seen = al.max_size, list[tuple[int, str]](), list[tuple[tuple[object, ...], int]]()
     rest: tuple[int, str] = (-1, "")
     walk = PeriodWalk(ref.periods, b)
-    starts, cks = ref.periods.at, ref.cks
+    starts, cks, n_b = ref.periods.at, ref.cks, len(ref.backends)
     while True:
-        if c < n_ck and c % _MEMO_STRIDE == 0:
-            key: tuple[object, ...] = (ckpos[c], b, tuple(map(tuple, al.blocks)),
-                   tuple(own_b.get(t) for t, _ in ref.cks[ckpos[c]].live_on(b, len(ref.backends), ref.first)))
+        if s < n_st and stop_ck[s] % _MEMO_STRIDE == 0:
+            pos = stops[s]
+            key: tuple[object, ...] = (pos, b, tuple(map(tuple, al.blocks)),
+                                       tuple(map(own_b.get, cks[pos].live_on(b, n_b, ref.first)[0])))
             if (hit := memo.get(key)) is not None:
                 stats["tail_hits"] += 1
                 rest = hit
@@ -471,20 +511,22 @@ def _tail(ref: Reference, b: int, qr: int, al: DynAllocator, own_b: dict[T, int]
             seen.append((key, len(chunks)))
         if k >= n:
             break
-        c = bisect.bisect_right(ckpos, poss[k])  # the first checkpoint after the next event
-        hi = bisect.bisect_left(poss, ckpos[c], k) if c < n_ck else n
+        s = bisect.bisect_right(stops, poss[k])  # the first stop after the next event
+        hi = bisect.bisect_left(poss, stops[s], k) if s < n_st else n
         al.max_size = 0  # the chunk's own maximum and the label of its first allocation reaching it
         clabel = al.apply(evs[k:hi], own_b, "")
         chunks.append((al.max_size, clabel))
         k = hi
-        if c >= n_ck:
+        if s >= n_st:
             continue
-        if ckpos[c] in starts and (to := walk.at(ckpos[c], al.blocks, own_b, len(chunks))) is not None:
+        pos = stops[s]
+        if pos in starts and (to := walk.at(pos, al.blocks, own_b, len(chunks))) is not None:
             seen = [e for e in seen if e[1] <= walk.mark]
-            c = bisect.bisect_left(ckpos, to)
-            k = bisect.bisect_left(poss, to, k)
-        # (the blocks first: a cheap test that fails on most checkpoints)
-        if al.blocks == (ck := cks[ckpos[c]]).blocks[b] and _same_on(ref, ck, b, al, own_b):
+            s = bisect.bisect_left(stops, to)
+            pos = stops[s]
+            k = bisect.bisect_left(poss, pos, k)
+        # (the blocks first: a cheap test that fails on most stops)
+        if al.blocks == (ck := cks[pos]).blocks[b] and _same_on(ref, ck, b, al, own_b):
             assert ck.suffix is not None
             rest = ck.suffix[b]
             break

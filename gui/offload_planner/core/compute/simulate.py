@@ -5,6 +5,7 @@ architectures without a graph here."""
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -107,7 +108,24 @@ def pipeline_parallel(devices: DeviceSet, placement: Placement, p: ContextParams
 
 def reserve_shapes(model: Model, ctx: ResolvedContext, p: ContextParams, full: bool) -> list[Shape]:
     """The prompt graph (``min(n_ctx, n_ubatch)`` tokens, a multiple of n_seq_max) and the
-    one-token-per-sequence graph that ``sched_reserve`` reserves."""
+    one-token-per-sequence graph that ``sched_reserve`` reserves (remembered for the last few
+    settings: every projection asks twice)."""
+    key = (model, ctx, p, full)
+    with _SHAPES_LOCK:
+        shapes = _SHAPES.get(key)
+        if shapes is None:
+            shapes = _SHAPES[key] = _reserve_shapes(model, ctx, p, full)
+            while len(_SHAPES) > _SHAPES_SIZE:
+                del _SHAPES[next(iter(_SHAPES))]
+        return list(shapes)
+
+
+_SHAPES: dict[tuple[object, ...], list[Shape]] = {}
+_SHAPES_SIZE = 16
+_SHAPES_LOCK = threading.Lock()
+
+
+def _reserve_shapes(model: Model, ctx: ResolvedContext, p: ContextParams, full: bool) -> list[Shape]:
     n_seqs = p.n_seq_max
     n_tokens = min(ctx.n_ctx, ctx.n_ubatch)
     n_tokens = -(-n_tokens // n_seqs) * n_seqs
@@ -148,22 +166,28 @@ def no_cyclic_gc() -> Iterator[None]:
 
 
 def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+             p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
+             sizes_only: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
     with no_cyclic_gc():
-        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental)
+        return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental,
+                         sizes_only=sizes_only)
 
 
 def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False) -> Simulation | None:
+              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
+              sizes_only: bool = False) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here.
 
     The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)
     reserves.  ``no_alloc`` gives what ``llama-fit-params`` / ``--fit`` estimate instead: the first pp
     reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
     ``incremental``: replay the reserves against a recorded run of the same graph
-    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time)."""
+    (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time).
+    ``sizes_only`` (with ``incremental``): ``reserves`` may leave out a replayed one-token reserve that
+    a bound puts at most at the prompt reserve on every backend (:mod:`.bound`): ``sizes`` and the
+    prompt reserve are the same, and the reserve left out decides no size."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None
@@ -187,11 +211,15 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
             return weight_factory(model, placement, where())
 
         units = list(placement.unit_devices)
-        reserves = [incremental_reserve((model, arch_fn, sh, tuple(backends), op_offload, no_alloc), sh,
-                                        arch_fn, backends, op_offload, placement.items, where, weights,
-                                        placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc,
-                                        (model, arch_fn))
-                    for sh in (shapes[:1] if no_alloc else shapes)]
+        reserves: list[Reserve] = []
+        for sh in shapes[:1] if no_alloc else shapes:
+            below = reserves[0].sizes if sizes_only and reserves else None
+            key = (model, arch_fn, sh, tuple(backends), op_offload, no_alloc)
+            r = incremental_reserve(key, sh, arch_fn, backends, op_offload, placement.items, where, weights,
+                                    placement.layer_device, kv_dev, units, p.offload_kqv, no_alloc,
+                                    graph_key=(model, arch_fn), below=below)
+            if r is not None:
+                reserves.append(r)
     elif incremental:  # pipeline parallelism, not replayed: the graph built for an earlier placement
         where_ = weight_where(placement)
         reserves = [reserve_graph(placed_graph((model, arch_fn), sh, arch_fn, where_,

@@ -16,7 +16,8 @@ from offload_planner.core.dialects.mainline_2025_early import LLAMA_CPP_2025_EAR
 from offload_planner.core.dialects.ik import IK
 from offload_planner.core.dialects.ik_amb256 import IK_AMB256
 from offload_planner.core.dialects.ik_2025 import IK_2025
+from offload_planner.core.dialects.ik_2025_05 import IK_2025_05
 # isort: on
 
-__all__ = ["IK", "IK_2025", "IK_AMB256", "LLAMA_CPP", "LLAMA_CPP_2025", "LLAMA_CPP_2025_EARLY", "Dialect",
-           "all_dialects", "dialect_named", "register", "unregister"]
+__all__ = ["IK", "IK_2025", "IK_2025_05", "IK_AMB256", "LLAMA_CPP", "LLAMA_CPP_2025", "LLAMA_CPP_2025_EARLY",
+           "Dialect", "all_dialects", "dialect_named", "register", "unregister"]

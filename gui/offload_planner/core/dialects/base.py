@@ -50,6 +50,7 @@ class Dialect(str, metaclass=_DialectType):
     IK_2025: ClassVar[Dialect]
     LLAMA_CPP_2025_EARLY: ClassVar[Dialect]
     IK_AMB256: ClassVar[Dialect]
+    IK_2025_05: ClassVar[Dialect]
 
     label: str = ""
 
@@ -84,6 +85,13 @@ class Dialect(str, metaclass=_DialectType):
     #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
     #: of October 2025; later ik builds it in f16, padded to 16)
     f32_kq_mask: bool = False
+    #: ik's -mla 2/3 flash-attention prompt path adds each head group's output to the graph as it is made
+    #: (``ggml_build_forward_expand(gf, cur)`` in the loop, commit b85a2a50d of 2026-01-31 "Reduce compute
+    #: buffer size for mla=3"); before, the outputs and their concatenation came at the layer's end
+    mla_fa_steps_expanded: bool = True
+    #: ik's CUDA backend multiplies the ``IQ*_K_R4`` family (``core.ik_repack.CUDA_R4_TYPES``; PRs 461/462 of
+    #: 2025-05-26/27 and later); before, no row-interleaved type: such host weights' ops stay on the CPU
+    cuda_multiplies_r4: bool = True
     #: K/V stored with ``ggml_cpy`` into cache views, no index inputs (mainline before set_rows, August 2025)
     copies_kv_into_views: bool = False
     #: a weight placed by ``-ot ...=CPU`` / ``--cpu-moe`` turns mmap off for the whole model (ik_llama.cpp

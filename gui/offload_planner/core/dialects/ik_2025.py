@@ -14,6 +14,12 @@ What differs from the current source (``ikawrakow/ik_llama.cpp``, read at each d
 - the KQ mask is an f32 input, cast to f16 where flash attention reads it, its rows padded to 32
   (``build_inp_KQ_mask`` until PR 825, 2025-10-13; ``GGML_KQ_MASK_PAD`` 32 until PR 574, 2025-07-03).
 
+- the ``-mla 2/3`` flash-attention prompt path expands no head group's output inside its loop
+  (``build_deepseek2``; ``ggml_build_forward_expand(gf, cur)`` came with b85a2a50d, 2026-01-31): the
+  groups' attention outputs and their concatenation are reached from the layer's end, after every group's
+  K and V (the May-2025 DeepSeek-V3 log of issue 450: 3650.00 MiB logged, 3648.25 this way, 4252.00 with
+  the current order).
+
 Everything else (the parser, MLA, the op-offload rule of PR 520) is the current ik dialect's; builds
 before PR 520 (2025-06-12) offloaded MoE ops from 32 tokens whatever the expert count (with ``-rtr``, as
 in the May-2025 logs replayed here, nothing is offloaded either way: :mod:`core.ik_repack`).
@@ -38,6 +44,7 @@ class Ik2025(IkLlamaCpp):
     plain_cpu_overrides = True
     host_overrides_turn_mmap_off = False  # from PR 1510 (2026-03-26)
     f32_kq_mask = True
+    mla_fa_steps_expanded = False  # from b85a2a50d (2026-01-31)
     detect_rank = 90  # never recognised from a server's output: picked by name
     help_markers: tuple[str, ...] = ()
     version_markers: tuple[str, ...] = ()

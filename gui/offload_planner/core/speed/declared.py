@@ -17,7 +17,7 @@ from offload_planner.core.speed.catalogue import Card, card, card_keys
 #: 128b/130b encoding for gen 3-5; 2.5 and 5 GT/s with 8b/10b for gen 1-2; gen 6 64 GT/s PAM4).
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
-HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads")
+HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads", "cores")
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
 _RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
@@ -78,6 +78,7 @@ class Declared:
     ram: float | None = None  # GB/s from channels x MT/s x 8 B
     tflops: float | None = None
     threads: int | None = None
+    cores: int | None = None  # the host's physical cores (a machine other than this one)
     nvml_bus: tuple[int, int] | None = None  # bus width in bits, max memory clock in MHz (NVML)
     nvml_pcie: tuple[int, int] | None = None  # max PCIe generation, width (NVML)
 
@@ -113,9 +114,9 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
             d[k] = _parse_nvml_bus(val)
         elif k == "nvml_pcie":
             d[k] = parse_pcie(val)
-        elif k == "threads":
+        elif k in ("threads", "cores"):
             if not val.strip().isdigit() or int(val) < 1:
-                raise ValueError(f"threads={val!r}: not a positive count")
+                raise ValueError(f"{k}={val!r}: not a positive count")
             d[k] = int(val)
         else:
             raise ValueError(f"unknown field {key!r}")

@@ -25,6 +25,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
 from offload_planner.core.devices import DeviceKind
@@ -35,6 +36,9 @@ from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
+
+if TYPE_CHECKING:
+    from offload_planner.core.speed.speculation import SpecEstimate
 
 DEFAULT_PROMPT = 4096
 #: Stages of one layer in graph order (llama.cpp builds attention, then the router, the routed
@@ -91,6 +95,11 @@ class SpeedEstimate:
     pp_bottleneck: str
     calibrated: bool
     assumptions: list[Assumption] = field(default_factory=list)
+    spec: SpecEstimate | None = None  # tg_tps/tg_tps_at_ctx are with it (core.speed.speculation)
+    depth: int = 0  # --depth: the context before the prompt (0: pp from an empty cache)
+    pp_tps_at_depth: float | None = None  # the prompt after ``depth`` tokens (depth > 0)
+    tg_tps_at_depth: float | None = None  # a token after ``depth`` tokens (depth > 0)
+    warnings: list[str] = field(default_factory=list)  # e.g. more compute threads than cores
 
     def device(self, name: str) -> DeviceTime:
         return next(d for d in self.devices if d.name == name)
@@ -172,7 +181,25 @@ def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
 
 
 def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
-    """Effective GB/s of a device's memory, and what it rests on."""
+    """Effective GB/s of a device's memory, and what it rests on (a device whose threads share
+    oversubscribed cores: that share of it, :class:`hardware.Threads`)."""
+    bw, notes = _peak_bandwidth(dev, eff)
+    if dev.share < 1.0:
+        bw *= dev.share
+        notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
+                                Figure(round(dev.share, 3), "x", Source.DEFAULT,
+                                       "cores / compute threads on this machine; bandwidth and compute "
+                                       "scaled by it")))
+    return bw, notes
+
+
+def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
+    """Effective TFLOPS of a device: peak x efficiency x its share of oversubscribed cores."""
+    e = eff.cpu_compute if dev.kind is DeviceKind.CPU else eff.gpu_compute
+    return dev.tflops.value * e.value * dev.share
+
+
+def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
     if dev.kind is DeviceKind.RPC and dev.threads:  # the server computes on its CPU with -t threads
         e = eff.cpu_bandwidth
         bw = dev.bandwidth.value * e.value
@@ -267,8 +294,9 @@ class _PPParts:
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
                 attn_layers: dict[str, int], u: int, start: int, pairs: list[tuple[str, str]],
-                offload_to: tuple[str | None, int | None]) -> _PPParts:
-    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens of the prompt."""
+                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float]) -> _PPParts:
+    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
+    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells)."""
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -295,12 +323,13 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
     for dev, n in attn_layers.items():
         flops[dev] += per_layer * n
+    for dev, per_cell in kv_cell.items():
+        reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
     for name in set(flops) | set(reads):
         d = hw[name]
-        e = eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute
         bw, _ = _bandwidth(d, eff)
-        device_s[name] = max(flops[name] / (d.tflops.value * e.value * 1e12), reads[name] / (bw * 1e9))
+        device_s[name] = max(flops[name] / (compute_tflops(d, eff) * 1e12), reads[name] / (bw * 1e9))
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
@@ -311,8 +340,11 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
-            n_ubatch: int, pairs: list[tuple[str, str]] | None = None) -> _PPParts:
-    """Seconds to process ``prompt`` tokens in micro-batches of ``n_ubatch`` (from depth 0)."""
+            n_ubatch: int, pairs: list[tuple[str, str]] | None = None, *, depth: int = 0,
+            kv_cell: dict[str, float] | None = None) -> _PPParts:
+    """Seconds to process ``prompt`` tokens in micro-batches of ``n_ubatch`` after ``depth`` tokens
+    already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
+    each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
     work = _work(placement)
     s = plan.model.summary
@@ -321,10 +353,10 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
         attn_layers[placement.layer_device(il) if plan.context.offload_kqv else CPU] += 1
     offload_to = _offload_gpu(plan, placement)
     total = _PPParts(defaultdict(float), 0.0, 0.0, False)
-    start = 0
-    while start < prompt:
-        u = min(n_ubatch, prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to)
+    start = depth
+    while start < depth + prompt:
+        u = min(n_ubatch, depth + prompt - start)
+        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {})
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         total.transfer_s += mb.transfer_s
@@ -380,6 +412,19 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
     return out
 
 
+def thread_warnings(hw: Hardware) -> list[str]:
+    """More compute threads than physical cores on this machine: said, with the slowdown assumed."""
+    t = hw.threads
+    if t is None or not t.oversubscribed:
+        return []
+    free = t.cores - sum(t.rpc.values())
+    fix = (f"-t {free} (the cores left beside the rpc-servers)" if t.rpc and free >= 1
+           else f"-t {t.cores}" if not t.rpc else "fewer rpc-server threads (rpc-server -t)")
+    return [f"{t.describe()}: oversubscribed; the estimate gives each thread {t.share:.2f} of a core, "
+            f"{', '.join(t.local)} {1 / t.share:.2f}x slower (llama.cpp's threads wait for each other at "
+            f"every op: a busy machine is slower still); consider {fix}"]
+
+
 def _bottleneck(times: dict[str, float], split_s: float, total: float) -> str:
     parts = dict(times)
     parts["graph splits"] = split_s
@@ -397,9 +442,10 @@ def _pp_bottleneck(pp: _PPParts, total: float) -> str:
 
 
 def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Efficiencies | None = None,
-             placement: Placement | None = None) -> SpeedEstimate:
+             placement: Placement | None = None, depth: int = 0) -> SpeedEstimate:
     """The speed of ``plan`` on ``hw``: tg at depth 0 and at the full context, pp of ``prompt``
-    (``eff``: the backend's defaults, :func:`efficiency.defaults_for`, unless given)."""
+    from an empty cache and, with ``depth``, pp and tg after ``depth`` tokens of context (``eff``:
+    the backend's defaults, :func:`efficiency.defaults_for`, unless given)."""
     eff = eff or defaults_for(plan.dialect)
     placement = placement or plan.placement()
     s = plan.model.summary
@@ -412,8 +458,18 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     split_s = _split_seconds(plan, hw, eff, pairs)
     total0 = sum(t0.values()) + split_s
     total1 = sum(t1.values()) + split_s
-    pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs)
+    kv_cell = {k: v / ctx.n_ctx_seq for k, v in kv1.items()} if ctx.n_ctx_seq else {}
+    pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, kv_cell=kv_cell)
     pp_total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
+    pp_d: float | None = None
+    tg_d: float | None = None
+    if depth > 0:
+        ppd = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, depth=depth, kv_cell=kv_cell)
+        ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
+        kvd = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
+        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd).values()) + split_s
+        pp_d = prompt / ppd_total if ppd_total else math.inf
+        tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
                        1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
@@ -427,7 +483,9 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         n_splits=len(pairs), split_ms=1e3 * split_s,
         pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
         bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
-        calibrated=calibrated, assumptions=assumptions)
+        calibrated=calibrated, assumptions=assumptions, depth=max(depth, 0),
+        warnings=thread_warnings(hw),
+        pp_tps_at_depth=pp_d, tg_tps_at_depth=tg_d)
 
 
 def tg_tps(plan: Plan, hw: Hardware, *, eff: Efficiencies | None = None,

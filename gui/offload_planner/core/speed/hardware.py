@@ -16,7 +16,7 @@ Every figure says whether it is measured, declared, catalogue, calibrated or def
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
@@ -88,6 +88,40 @@ class DeviceSpeed:
     threads: int | None = None  # CPU, and an RPC device computing on its server's CPU (threads=)
     unified: bool = False  # Apple: the GPU reads host memory directly
     latency_us: Figure | None = None  # RPC: the measured round trip of one graph split
+    share: float = 1.0  # of a core each of its threads gets: cores / threads when oversubscribed
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The compute threads on the machine llama-server runs on, against its physical cores:
+    llama-server's ``-t`` (default: the physical cores, ``common_cpu_get_num_math``) and the threads
+    of every rpc-server on it (``-t``, default ``hardware_concurrency() / 2``: rpc-server.cpp).
+    ``local``: the devices whose work runs on these cores (the CPU, RPC devices served from here)."""
+
+    cores: int
+    server: int
+    server_given: bool
+    rpc: Mapping[str, int] = field(default_factory=dict)  # endpoint -> threads
+    local: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.server + sum(self.rpc.values())
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.total > self.cores
+
+    @property
+    def share(self) -> float:
+        """Of a core each thread gets, all of them busy: ``cores / threads`` (1 when they fit)."""
+        return min(1.0, self.cores / self.total) if self.total else 1.0
+
+    def describe(self) -> str:
+        parts = [f"{self.server} llama-server (-t{'' if self.server_given else ', default: the cores'})"]
+        parts += [f"{n} rpc-server {ep}" for ep, n in self.rpc.items()]
+        return (f"{self.total} compute threads ({' + '.join(parts)}) on {self.cores} physical "
+                f"core{'s' if self.cores != 1 else ''}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +136,7 @@ class MeasuredLink:
 @dataclass(frozen=True)
 class Hardware:
     devices: dict[str, DeviceSpeed] = field(default_factory=dict)
+    threads: Threads | None = None  # on the machine llama-server runs on (None: not known)
 
     def __getitem__(self, name: str) -> DeviceSpeed:
         return self.devices[name]
@@ -202,11 +237,14 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
                  overrides: Mapping[str, DeviceSpeed] | None = None,
-                 links: Mapping[str, MeasuredLink] | None = None) -> Hardware:
+                 links: Mapping[str, MeasuredLink] | None = None, cores: Threads | None = None) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
-    ``links``: measured links of RPC devices by endpoint)."""
+    ``links``: measured links of RPC devices by endpoint; ``cores``: the threads on this machine,
+    which slow its devices down by ``cores / threads`` when more threads than cores compute)."""
     links = links or {}
     out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe)
     out.update(overrides or {})
-    return Hardware(out)
+    if cores is not None and cores.oversubscribed:
+        out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}
+    return Hardware(out, cores)

@@ -12,13 +12,43 @@ def _tps(x: float) -> str:
     return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
+def _with_spec(est: SpeedEstimate) -> str:
+    sp = est.spec
+    if sp is None:
+        return ""
+    return (f" with {sp.kind} ({_tps(sp.tg_tps_plain)} and {_tps(sp.tg_tps_at_ctx_plain)} t/s without "
+            "speculative decoding)")
+
+
+def _spec_lines(est: SpeedEstimate) -> list[str]:
+    sp = est.spec
+    if sp is None:
+        return []
+    a = sp.accept
+    return [f"  speculative decoding, {sp.kind}: {sp.n_draft} tokens drafted a step, acceptance "
+            f"{a.value:g} a drafted token ({a.source}), {sp.tokens_per_step:.2f} tokens a step of "
+            f"{sp.step_ms:.2f} ms (the target verifies {sp.n_draft + 1} tokens in one batch: "
+            f"{sp.verify_ms:.2f} ms; one draft pass: {sp.draft_ms:.2f} ms)"]
+
+
+def _depth_lines(est: SpeedEstimate) -> list[str]:
+    if not est.depth or est.pp_tps_at_depth is None or est.tg_tps_at_depth is None:
+        return []
+    return [f"  after {est.depth} tokens of context (--depth): pp {_tps(est.pp_tps_at_depth)} t/s for the "
+            f"{est.prompt}-token prompt (attention over the cache, its KV read per micro-batch), tg "
+            f"{_tps(est.tg_tps_at_depth)} t/s"]
+
+
 def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
     """Text lines under the memory table."""
     cal = "calibrated" if est.calibrated else "uncalibrated"
     lines = [
         f"speed estimate ({cal}): tg {_tps(est.tg_tps)} t/s at depth 0, {_tps(est.tg_tps_at_ctx)} t/s at "
-        f"{est.n_ctx} tokens; pp {_tps(est.pp_tps)} t/s for a {est.prompt}-token prompt (-ub {est.n_ubatch}"
+        f"{est.n_ctx} tokens{_with_spec(est)}; pp {_tps(est.pp_tps)} t/s for a {est.prompt}-token prompt "
+        f"(-ub {est.n_ubatch}"
         + (", op offload: host weights copied to the GPU per micro-batch" if est.op_offload else "") + ")",
+        *_spec_lines(est),
+        *_depth_lines(est),
         "  device   read/token   ms/token  share   KV at full context",
     ]
     for d in est.devices:
@@ -28,6 +58,7 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
                      f"{100 * d.share:5.0f}%   {fmt_bytes(d.kv_bytes_at_ctx)}")
     if est.n_splits:
         lines.append(f"  graph splits: {est.n_splits} per token, {est.split_ms:.2f} ms")
+    lines += [f"  warning: {w}" for w in est.warnings]
     lines.append(f"  tg bottleneck: {est.bottleneck}")
     lines.append(f"  pp bottleneck: {est.pp_bottleneck}")
     if assumptions:
@@ -57,6 +88,33 @@ def speed_json(est: SpeedEstimate) -> dict[str, Any]:
         "pp_bottleneck": est.pp_bottleneck,
         "calibrated": est.calibrated,
         "assumptions": [a.as_json() for a in est.assumptions],
+        **_spec_json(est),
+        **_depth_json(est),
+        **({"warnings": list(est.warnings)} if est.warnings else {}),
+    }
+
+
+def _depth_json(est: SpeedEstimate) -> dict[str, Any]:
+    """With ``--depth D``: pp of the prompt and tg after D tokens of context."""
+    if not est.depth or est.pp_tps_at_depth is None or est.tg_tps_at_depth is None:
+        return {}
+    return {"depth": est.depth, "pp_tps_at_depth": round(est.pp_tps_at_depth, 3),
+            "tg_tps_at_depth": round(est.tg_tps_at_depth, 3)}
+
+
+def _spec_json(est: SpeedEstimate) -> dict[str, Any]:
+    """With a draft model or MTP: tg_tps/tg_tps_at_ctx are with speculative decoding; these say how,
+    and the figures without it."""
+    sp = est.spec
+    if sp is None:
+        return {}
+    return {
+        "tg_tps_plain": round(sp.tg_tps_plain, 3),
+        "tg_tps_at_ctx_plain": round(sp.tg_tps_at_ctx_plain, 3),
+        "speculative": {"kind": sp.kind, "n_draft": sp.n_draft, "accept": sp.accept.value,
+                        "accept_source": str(sp.accept.source), "accept_note": sp.accept.note,
+                        "tokens_per_step": round(sp.tokens_per_step, 4), "step_ms": round(sp.step_ms, 4),
+                        "verify_ms": round(sp.verify_ms, 4), "draft_ms": round(sp.draft_ms, 4)},
     }
 
 

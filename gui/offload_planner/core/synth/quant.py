@@ -5,7 +5,8 @@ from __future__ import annotations
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from offload_planner.core.synth.spec import ModelSpec, QuantMix
+from offload_planner.core.synth.ik_types import IkQ, ik_type
+from offload_planner.core.synth.spec import ModelSpec, QType, QuantMix
 from offload_planner.core.synth.tensors import TensorDef
 
 # tensor_type_fallback: a type whose block does not divide ne0 is demoted like this.
@@ -33,11 +34,13 @@ def use_more_bits(i_layer: int, n_layers: int) -> bool:
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
-def block_size(t: Q) -> int:
-    return int(GGML_QUANT_SIZES[t][0])
+def block_size(t: QType) -> int:
+    return ik_type(t).block_size if isinstance(t, IkQ) else int(GGML_QUANT_SIZES[t][0])
 
 
-def tensor_nbytes(t: Q, shape: tuple[int, ...]) -> int:
+def tensor_nbytes(t: QType, shape: tuple[int, ...]) -> int:
+    if isinstance(t, IkQ):  # ik's sizes, with its per-row metadata
+        return ik_type(t).nbytes(shape)
     blck, size = GGML_QUANT_SIZES[t]
     rows = 1
     for d in shape[1:]:
@@ -45,21 +48,23 @@ def tensor_nbytes(t: Q, shape: tuple[int, ...]) -> int:
     return rows * (shape[0] // blck) * size
 
 
-def fallback(t: Q, ne0: int) -> Q:
+def fallback(t: QType, ne0: int) -> QType:
     if ne0 % block_size(t) == 0:
         return t
+    if isinstance(t, IkQ):
+        return Q.F16  # the ik types are written for shapes they divide; no ik fallback is modelled
     demoted = _FALLBACK.get(t, t)
     if ne0 % block_size(demoted) == 0:
         return demoted
     return Q.F16
 
 
-def pick_type(spec: ModelSpec, td: TensorDef) -> Q:
+def pick_type(spec: ModelSpec, td: TensorDef) -> QType:
     mix: QuantMix = spec.quant
     slot = td.slot
     if slot == "embd" and spec.tied_embeddings:
         slot = "output"  # a tied embedding is quantized like the output it doubles as
-    t: Q = getattr(mix, slot)
+    t: QType = getattr(mix, slot)
     if (
         mix.more_bits is not None
         and slot in _MORE_BITS_SLOTS

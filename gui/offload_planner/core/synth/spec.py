@@ -13,10 +13,14 @@ from enum import StrEnum
 
 from gguf import GGMLQuantizationType as Q
 
+from offload_planner.core.synth.ik_types import IkQ
+
 # llama.cpp's ``llama_ftype`` values written as ``general.file_type``.
 FTYPE_Q4_K_M = 15
 FTYPE_Q8_0 = 7
 FTYPE_MXFP4_MOE = 38
+
+QType = Q | IkQ  # a mainline type (written through gguf-py) or an ik-only one
 
 KvValue = int | float | bool | str | tuple[int, ...] | tuple[float, ...] | tuple[bool, ...]
 
@@ -57,20 +61,20 @@ class QuantMix:
 
     name: str
     ftype: int
-    embd: Q
-    output: Q
-    attn: Q  # q/k/o projections, MLA q_a/q_b/kv_a_mqa/k_b/v_b
-    attn_v: Q  # attn_v, attn_kv_b
-    ffn: Q  # dense gate/up
-    ffn_down: Q
-    shexp: Q  # shared-expert gate/up
-    shexp_down: Q
-    exps: Q  # routed-expert gate/up
-    exps_down: Q
-    nextn: Q  # NextN/MTP projections (eh_proj, embed_tokens, shared_head_head)
-    more_bits: Q | None = None
-    router: Q = Q.F32  # ffn_gate_inp is never quantized
-    small: Q = Q.F32  # 1-D tensors: norms, biases, sinks, exp_probs_b, rope_freqs
+    embd: QType
+    output: QType
+    attn: QType  # q/k/o projections, MLA q_a/q_b/kv_a_mqa/k_b/v_b
+    attn_v: QType  # attn_v, attn_kv_b
+    ffn: QType  # dense gate/up
+    ffn_down: QType
+    shexp: QType  # shared-expert gate/up
+    shexp_down: QType
+    exps: QType  # routed-expert gate/up
+    exps_down: QType
+    nextn: QType  # NextN/MTP projections (eh_proj, embed_tokens, shared_head_head)
+    more_bits: QType | None = None
+    router: QType = Q.F32  # ffn_gate_inp is never quantized
+    small: QType = Q.F32  # 1-D tensors: norms, biases, sinks, exp_probs_b, rope_freqs
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,9 @@ class ModelSpec:
     kv_lora_rank: int = 0
     key_length_mla: int = 0
     value_length_mla: int = 0
+    # ik_llama.cpp's convert of 2025 (ubergarm's DeepSeek files): attn_kv_b and its split attn_k_b /
+    # attn_v_b side by side, with the standard per-head key/value lengths (n_head_kv = n_head)
+    kv_b_and_split: bool = False
     # sliding-window attention
     sliding_window: int = 0
     sliding_window_pattern: int | tuple[bool, ...] | None = None

@@ -145,13 +145,13 @@ def _mla_attention(spec: ModelSpec, il: int) -> list[TensorDef]:
     else:
         out.append(_blk(il, "attn_q", (e, h * k_mla), "attn"))
     out.append(_blk(il, "attn_kv_a_mqa", (e, kv_lora + rope), "attn"))
-    if spec.is_mla:
+    if not spec.is_mla:
+        out.append(_blk(il, "attn_kv_b", (kv_lora, h * (nope + v_mla)), "attn_v"))
+    if spec.is_mla or spec.kv_b_and_split:
         out += [
             _blk(il, "attn_k_b", (nope, kv_lora, h), "attn"),
             _blk(il, "attn_v_b", (kv_lora, v_mla, h), "attn"),
         ]
-    else:
-        out.append(_blk(il, "attn_kv_b", (kv_lora, h * (nope + v_mla)), "attn_v"))
     out.append(_blk(il, "attn_output", (h * v_mla, e), "attn"))
     return out
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
-from gguf import GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from offload_planner.core.synth.metadata import write_metadata
 from offload_planner.core.synth.quant import pick_type, tensor_nbytes
@@ -80,7 +80,7 @@ def _new_writer(spec: ModelSpec, path: Path, split_max_tensors: int | None) -> _
             tuple(reversed(td.shape)),  # GGUFWriter takes numpy order and reverses it
             _PLACEHOLDER_DTYPE,
             tensor_nbytes(qtype, td.shape),
-            raw_dtype=qtype,
+            raw_dtype=cast(GGMLQuantizationType, qtype),  # an ik type (IkQ): its id, as gguf packs any
         )
     return writer
 

@@ -1,0 +1,33 @@
+"""``--depth`` and ``--spec-accept``: options of the speed estimate shared by ``plan`` and ``fit``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_estimate_options(p: argparse.ArgumentParser) -> None:
+    """``--depth`` and ``--spec-accept``, shared by ``plan`` and ``fit``."""
+    p.add_argument("--depth", type=_depth, default=0, metavar="D",
+                   help="also estimate pp of the prompt and tg after D tokens already in the context "
+                   "(attention over them, their KV read per micro-batch); default 0: only from an empty "
+                   "cache")
+    p.add_argument("--spec-accept", type=_accept, default=None, metavar="P",
+                   help="with a draft model (-md) or MTP (--spec-type draft-mtp): the share of drafted "
+                   "tokens the model accepts, each given all earlier ones were (default 0.806, from a "
+                   "public measurement of GLM MTP in llama.cpp; the estimate's assumptions name it)")
+
+
+def _depth(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--depth {text!r}: expected a number of tokens (0 or more)")
+    return int(text)
+
+
+def _accept(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"--spec-accept {text!r}: expected a share from 0 to 1, e.g. 0.7")
+    return v

@@ -1,0 +1,280 @@
+"""Speculative decoding in the tg estimate: a draft model (``-md``) or MTP (the main model's NextN
+layers, ``--spec-type draft-mtp``), as the pinned build's ``common/speculative.cpp`` runs them.
+
+One step of a slot: the target verifies the last sampled token and the ``n`` drafted ones in one
+batch of ``n + 1`` (``--spec-draft-n-max``, default 3; the default ``--spec-draft-p-min`` 0 never
+stops a draft early); the draft processes that same batch (``common_speculative_process``: its KV,
+and MTP's hidden states), then decodes one token at a time ``n`` times.  A batch reads each
+weight once (routed experts: those at least one of its tokens routes to, ``1 - (1 - k/n_expert)^b``)
+and the KV cache once, and computes ``2 x active params`` FLOPs per token: its time on a device is
+the larger of the reads over the effective bandwidth and the FLOPs over the effective compute, plus
+every graph split.
+
+Tokens a step: with a per-token acceptance ``a`` (a draft token is kept when it and every earlier one
+in the draft is accepted) ``1 + a + a^2 + ... + a^n``.  The default ``a`` is a public measurement
+(:data:`DEFAULT_ACCEPT`), said so in the estimate's assumptions; ``plan --spec-accept`` declares one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+
+from offload_planner.core.devices import DeviceSet
+from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
+from offload_planner.core.model import Model
+from offload_planner.core.placement import Placed, Placement, place
+from offload_planner.core.plan import Plan
+from offload_planner.core.roles import Role
+from offload_planner.core.speed.efficiency import Efficiencies
+from offload_planner.core.speed.estimate import (
+    Assumption,
+    SpeedEstimate,
+    _bandwidth,
+    _link,
+    compute_tflops,
+    expert_fraction,
+    kv_bytes_at,
+    split_pairs,
+)
+from offload_planner.core.speed.hardware import Figure, Hardware, Source
+
+#: Per drafted token.  ggml-org/llama.cpp PR 25980 (GLM-5.2 MTP, ``draft-mtp`` at the default
+#: ``--spec-draft-n-max 3``), https://github.com/ggml-org/llama.cpp/pull/25980 : "Acceptance is healthy
+#: at all three draft positions greedy and ungated (0.834 / 0.653 / 0.494, mean length 2.98)".
+#: 0.806 per token gives the same mean length: 1 + 0.806 + 0.806^2 + 0.806^3 = 2.98.
+DEFAULT_ACCEPT = 0.806
+ACCEPT_SOURCE = ("GLM-5.2 MTP in llama.cpp, greedy, --spec-draft-n-max 3: \"0.834 / 0.653 / 0.494, mean "
+                 "length 2.98\" (https://github.com/ggml-org/llama.cpp/pull/25980), the per-token rate "
+                 "of that mean length; used for draft models too (declare yours: --spec-accept)")
+
+
+def accept_figure(value: float | None) -> Figure:
+    if value is None:
+        return Figure(DEFAULT_ACCEPT, "per drafted token", Source.DEFAULT, ACCEPT_SOURCE)
+    return Figure(value, "per drafted token", Source.DECLARED, "--spec-accept")
+
+
+def tokens_per_step(accept: float, n_draft: int) -> float:
+    """Expected tokens a step: the target's own token and each drafted one kept while all before it
+    were accepted."""
+    return sum(accept ** i for i in range(n_draft + 1))
+
+
+@dataclass(frozen=True)
+class SpecEstimate:
+    kind: str  # "MTP (1 NextN layer)" | "draft model NAME"
+    n_draft: int
+    accept: Figure
+    tokens_per_step: float
+    verify_ms: float  # the target's batch of n_draft + 1 tokens, at depth 0
+    draft_ms: float  # one draft pass, at depth 0
+    step_ms: float
+    tg_tps: float
+    tg_tps_at_ctx: float
+    tg_tps_plain: float
+    tg_tps_at_ctx_plain: float
+
+
+@dataclass
+class _Reads:
+    """What one pass reads and computes on one device: weights read in full, routed experts, one row
+    per token (embedding lookups), and the matrix elements of each kind."""
+
+    full_b: float = 0.0
+    exp_b: float = 0.0
+    row_b: float = 0.0
+    full_el: float = 0.0
+    exp_el: float = 0.0
+
+
+def _add(reads: dict[str, _Reads], device: str, p: Placed, *, row: bool, expert: bool,
+         scale: float = 1.0) -> None:
+    t = p.tensor
+    r = reads[device]
+    if row:
+        rows = t.shape[1] if len(t.shape) > 1 else 1
+        r.row_b += scale * t.nbytes / max(rows, 1)
+    elif expert:
+        r.exp_b += scale * t.nbytes
+        r.exp_el += scale * t.n_elements
+    else:
+        r.full_b += scale * t.nbytes
+        if len(t.shape) >= 2:
+            r.full_el += scale * t.n_elements
+
+
+def model_reads(model: Model, placement: Placement) -> dict[str, _Reads]:
+    """A forward pass of the model's trunk (NextN blocks excluded), per device."""
+    reads: dict[str, _Reads] = defaultdict(_Reads)
+    for p in placement.items:
+        t = p.tensor
+        if p.device is None or t.role is Role.NEXTN:
+            continue
+        _add(reads, p.device, p, row=t.role is Role.TOKEN_EMBD and not p.copy, expert=t.role.is_routed_expert)
+    return dict(reads)
+
+
+def mtp_reads(model: Model, placement: Placement) -> dict[str, _Reads]:
+    """One MTP head's pass (``graph_mtp``): its NextN block (one of ``n_nextn`` when they chain), the
+    embedding row (``nextn.embed_tokens``, else ``token_embd``) and the head (``shared_head_head``,
+    else the output)."""
+    n = max(model.summary.n_nextn, 1)
+    reads: dict[str, _Reads] = defaultdict(_Reads)
+    names = set()
+    for p in placement.items:
+        t = p.tensor
+        if t.role is not Role.NEXTN:
+            continue
+        dev = p.device or placement.layer_device(t.layer or 0)
+        names.add(t.name.split(".", 2)[-1].rsplit(".", 1)[0])
+        _add(reads, dev, p, row="embed_tokens" in t.name, expert="_exps" in t.name, scale=1.0 / n)
+    for p in placement.items:
+        t = p.tensor
+        if p.device is None:
+            continue
+        if t.role is Role.TOKEN_EMBD and not p.copy and "nextn.embed_tokens" not in names:
+            _add(reads, p.device, p, row=True, expert=False)
+        elif (t.role is Role.OUTPUT or p.copy) and "nextn.shared_head_head" not in names:
+            _add(reads, p.device, p, row=False, expert=False)
+    return dict(reads)
+
+
+def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac: float, b: float,
+                 kv: dict[str, int], split_s: float) -> float:
+    """One pass of ``b`` tokens (a batch: weights once, experts any token routes to, KV once): per
+    device the larger of its reads over its effective bandwidth and its FLOPs over its effective
+    compute, summed (devices run one after another), plus the graph splits' ``split_s``."""
+    hit = 1.0 - (1.0 - frac) ** b if frac < 1.0 else 1.0
+    total = split_s
+    for name in set(reads) | set(kv):
+        r = reads.get(name, _Reads())
+        d = hw[name]
+        bw, _ = _bandwidth(d, eff)
+        nbytes = r.full_b + r.exp_b * hit + r.row_b * b + kv.get(name, 0)
+        flops = 2.0 * b * (r.full_el + r.exp_el * frac)
+        total += max(nbytes / (bw * 1e9), flops / (compute_tflops(d, eff) * 1e12))
+    return total
+
+
+def _splits(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_embd: int, b: float) -> float:
+    out = 0.0
+    for a, c in pairs:
+        gb, lat = _link(hw[a], hw[c], eff)
+        out += lat + 4 * n_embd * b / (gb * 1e9)
+    return out
+
+
+def _kv_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
+           devices: DeviceSet, depth: int, cached: range | None = None) -> dict[str, int]:
+    if depth <= 0:
+        return {}
+    n_swa = model.summary.n_swa or depth
+    sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=min(depth, n_swa))
+    out: dict[str, int] = defaultdict(int)
+    for b in kv_buffers(model, placement, sub, params, devices, cached=cached):
+        out[b.device] += b.bytes
+    return dict(out)
+
+
+@dataclass
+class _Draft:
+    """The draft side of a step: what one pass reads, its splits, and its KV at a depth."""
+
+    label: str
+    reads: dict[str, _Reads]
+    frac: float
+    pairs: list[tuple[str, str]]
+    n_embd: int
+    kv_depth: dict[str, int]  # at the full context
+    n_max: int
+
+
+def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
+    spec = plan.spec
+    if spec is None or not spec.active:
+        return None
+    s = plan.model.summary
+    if spec.draft is not None:
+        dm = spec.draft
+        dp = place(dm.model, dm.devices, dm.placement_options)
+        params = replace(plan.context, type_k=dm.type_k, type_v=dm.type_v)
+        dctx = resolve_context(params, dm.model.summary.n_ctx_train, dm.model.summary.n_swa)
+        kv = _kv_at(dm.model, dp, params, dctx, dm.devices, depth)
+        name = dm.model.path.rsplit("/", 1)[-1]
+        return _Draft(f"draft model {name}", model_reads(dm.model, dp), expert_fraction(dm.model),
+                      split_pairs(dm.model, dp), dm.model.summary.n_embd, kv, spec.n_max)
+    if not (spec.mtp and s.n_nextn):
+        return None
+    params = replace(plan.context, type_k=spec.type_k, type_v=spec.type_v)
+    mctx = resolve_context(params, s.n_ctx_train, s.n_swa)
+    nextn = range(s.n_layer_trunk, s.n_layer)
+    kv = _kv_at(plan.model, placement, params, mctx, plan.devices, depth, cached=nextn)
+    reads = mtp_reads(plan.model, placement)
+    # the trunk's hidden state (on the output device) into the NextN block, then the head
+    seq = [placement.output_device, placement.layer_device(nextn.start), placement.output_device]
+    pairs = [(a, b) for a, b in itertools.pairwise(seq) if a != b]
+    # chained heads (n_nextn > 1, not sharing the target's KV) cap the draft at one token per head
+    n_max = min(spec.n_max, s.n_nextn) if s.n_nextn > 1 else spec.n_max
+    label = f"MTP ({s.n_nextn} NextN layer{'s' if s.n_nextn != 1 else ''})"
+    return _Draft(label, reads, expert_fraction(plan.model), pairs, s.n_embd, kv, n_max)
+
+
+def with_speculation(est: SpeedEstimate, plan: Plan, hw: Hardware, eff: Efficiencies, *,
+                     placement: Placement | None = None, accept: float | None = None) -> SpeedEstimate:
+    """``est`` with tg as the plan's draft model or MTP makes it (``est.spec`` says how, and keeps
+    the figures without it); unchanged when the plan has neither."""
+    placement = placement or plan.placement()
+    target_kv = {d.name: d.kv_bytes_at_ctx for d in est.devices if d.kv_bytes_at_ctx}
+    spec = speculation(plan, placement, hw, eff, depth=est.n_ctx, target_kv=target_kv,
+                       plain=(est.tg_tps, est.tg_tps_at_ctx), accept=accept)
+    if spec is None:
+        return est
+    at_depth = est.tg_tps_at_depth
+    if est.depth > 0:
+        s = plan.model.summary
+        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+        kv = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, est.depth)
+        deep = speculation(plan, placement, hw, eff, depth=est.depth, target_kv=kv,
+                           plain=(est.tg_tps, est.tg_tps_at_ctx), accept=accept)
+        at_depth = deep.tg_tps_at_ctx if deep is not None else at_depth
+    notes = [Assumption(f"{spec.kind}: acceptance", spec.accept)]
+    return replace(est, tg_tps=spec.tg_tps, tg_tps_at_ctx=spec.tg_tps_at_ctx, tg_tps_at_depth=at_depth,
+                   spec=spec, assumptions=[*est.assumptions, *notes])
+
+
+def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, *, depth: int,
+                target_kv: dict[str, int], plain: tuple[float, float],
+                accept: float | None = None) -> SpecEstimate | None:
+    """tg with the plan's draft model or MTP (None without one) at depth 0 and at ``depth`` tokens
+    (``target_kv``: the target's KV read per token there); ``plain``: tg without speculation at
+    depth 0 and at the full context."""
+    draft = _draft_side(plan, placement, depth)
+    if draft is None or draft.n_max < 1:
+        return None
+    acc = accept_figure(accept)
+    n = draft.n_max
+    b = n + 1
+    e_tokens = tokens_per_step(acc.value, n)
+    target = model_reads(plan.model, placement)
+    frac = expert_fraction(plan.model)
+    tpairs = split_pairs(plan.model, placement)
+    n_embd = plan.model.summary.n_embd
+
+    def step(target_kv_: dict[str, int], draft_kv: dict[str, int]) -> tuple[float, float, float]:
+        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, _splits(hw, eff, tpairs, n_embd, b))
+        one = pass_seconds(draft.reads, hw, eff, draft.frac, 1, draft_kv,
+                           _splits(hw, eff, draft.pairs, draft.n_embd, 1))
+        catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, b, draft_kv,
+                                _splits(hw, eff, draft.pairs, draft.n_embd, b))
+        return verify, one, verify + n * one + catch_up
+
+    verify0, one0, step0 = step({}, {})
+    _, _, step1 = step(target_kv, draft.kv_depth)
+    return SpecEstimate(
+        kind=draft.label, n_draft=n, accept=acc, tokens_per_step=e_tokens, verify_ms=1e3 * verify0,
+        draft_ms=1e3 * one0, step_ms=1e3 * step0,
+        tg_tps=e_tokens / step0 if step0 else math.inf, tg_tps_at_ctx=e_tokens / step1 if step1 else math.inf,
+        tg_tps_plain=plain[0], tg_tps_at_ctx_plain=plain[1])

@@ -1,0 +1,152 @@
+"""Speculative decoding in the tg estimate: a step is one batch of ``n + 1`` tokens verified by the
+target (weights once, routed experts any of them routes to), the draft's pass over that same batch
+and ``n`` one-token draft passes; ``1 + a + ... + a^n`` tokens a step.
+
+Every expected figure is computed here from the GGUF's own tensor list (names, byte counts) and the
+declared CPU bandwidth, not by the estimator: a CPU-only plan (no graph split) whose compute is
+declared far beyond its bandwidth, so each pass costs its bytes over the effective bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.model import Model
+from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
+from offload_planner.core.speed.report import speed_json, speed_lines
+from offload_planner.core.speed.speculation import DEFAULT_ACCEPT, with_speculation
+
+GiB = 1024**3
+BW = 100.0  # GB/s declared
+EFF_BW = BW * DEFAULT.cpu_bandwidth.value * 1e9  # bytes/s the estimate reads at
+
+
+def _hw() -> Hardware:
+    d = Figure(BW, "GB/s", Source.DECLARED, "test")
+    compute = Figure(1e6, "TFLOPS", Source.DECLARED, "test")
+    return Hardware({"CPU": DeviceSpeed("CPU", DeviceKind.CPU, d, compute, d)})
+
+
+def _plan(model: Path, argv: list[str]) -> Plan:
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+    return plan_from_args(open_model(model), devices, parse_server_args(argv))
+
+
+def _bytes(model: Model, names: list[str], tokens: float, share: float) -> float:
+    """Bytes one pass of ``tokens`` tokens reads of these tensors: an embedding row per token, the
+    routed experts at least one token routes to, everything else once."""
+    hit = 1 - (1 - share) ** tokens
+    total = 0.0
+    for name in names:
+        t = model.tensor(name)
+        if "embed_tokens" in name or name == "token_embd.weight":
+            total += tokens * t.nbytes / t.shape[1]
+        elif "_exps" in name:
+            total += t.nbytes * hit
+        else:
+            total += t.nbytes
+    return total
+
+
+def _tokens_per_step(a: float, n: int) -> float:
+    return 1 + sum(a**i for i in range(1, n + 1))
+
+
+def test_mtp_step_from_the_models_bytes(small_models: dict[str, Path]) -> None:
+    plan = _plan(small_models["glm4moe"], ["-c", "2048", "--spec-type", "draft-mtp"])
+    m = plan.model
+    share = 2 / 8  # this file's expert_used_count / expert_count
+    assert (m.summary.n_expert_used, m.summary.n_expert) == (2, 8)
+    trunk = [t.name for t in m.tensors if not t.name.startswith("blk.4.")]
+    nextn = [t.name for t in m.tensors if t.name.startswith("blk.4.")]  # the NextN block: the MTP head
+    assert "blk.4.nextn.shared_head_head.weight" in nextn and "blk.4.nextn.embed_tokens.weight" in nextn
+    plain_s = _bytes(m, trunk, 1, share) / EFF_BW
+    e = _tokens_per_step(DEFAULT_ACCEPT, 3)
+    step = (_bytes(m, trunk, 4, share) + 3 * _bytes(m, nextn, 1, share) + _bytes(m, nextn, 4, share)) / EFF_BW
+
+    base = estimate(plan, _hw(), eff=DEFAULT)
+    est = with_speculation(base, plan, _hw(), DEFAULT)
+    assert base.tg_tps == pytest.approx(1 / plain_s, rel=1e-9)
+    assert est.spec is not None and est.spec.n_draft == 3
+    assert est.spec.tokens_per_step == pytest.approx(2.98, abs=0.005)  # the public mean length it stands for
+    assert est.tg_tps == pytest.approx(e / step, rel=1e-9)
+    assert est.spec.tg_tps_plain == pytest.approx(1 / plain_s, rel=1e-9)
+    assert est.tg_tps_at_ctx < est.tg_tps  # the KV of 2048 cells read by every pass
+    # the acceptance is a declared assumption with its public source
+    acc = [a for a in est.assumptions if "acceptance" in a.what]
+    assert acc and "https://github.com/ggml-org/llama.cpp/pull/25980" in acc[0].figure.note
+    assert acc[0].figure.source is Source.DEFAULT
+
+
+def test_draft_model_step_and_declared_acceptance(small_models: dict[str, Path]) -> None:
+    draft = small_models["llama-draft"]
+    plan = _plan(small_models["llama"], ["-c", "1024", "-md", str(draft), "--spec-type", "draft-simple",
+                                         "--spec-draft-n-max", "5"])
+    m, d = plan.model, open_model(draft)
+    a = 0.6
+    e = _tokens_per_step(a, 5)
+    tnames = [t.name for t in m.tensors]
+    dnames = [t.name for t in d.tensors]
+    step = (_bytes(m, tnames, 6, 1.0) + 5 * _bytes(d, dnames, 1, 1.0) + _bytes(d, dnames, 6, 1.0)) / EFF_BW
+    est = with_speculation(estimate(plan, _hw(), eff=DEFAULT), plan, _hw(), DEFAULT, accept=a)
+    assert est.spec is not None and est.spec.n_draft == 5 and est.spec.kind.startswith("draft model")
+    assert est.tg_tps == pytest.approx(e / step, rel=1e-9)
+    assert est.spec.accept.source is Source.DECLARED
+    j = speed_json(est)
+    assert j["speculative"]["accept"] == a and j["tg_tps_plain"] == round(est.spec.tg_tps_plain, 3)
+    assert j["tg_tps"] == round(e / step, 3)
+    text = "\n".join(speed_lines(est))
+    assert "5 tokens drafted a step, acceptance 0.6" in text and "without speculative decoding" in text
+
+
+def test_no_speculation_leaves_the_estimate_alone(small_models: dict[str, Path]) -> None:
+    plan = _plan(small_models["glm4moe"], ["-c", "2048"])
+    base = estimate(plan, _hw(), eff=DEFAULT)
+    assert with_speculation(base, plan, _hw(), DEFAULT) is base
+    assert "speculative" not in speed_json(base) and "tg_tps_plain" not in speed_json(base)
+
+
+def test_plan_cli_prints_and_carries_it(small_models: dict[str, Path],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from offload_planner.cli import main
+
+    model = str(small_models["glm4moe"])
+    common = ["plan", model, "--no-detect", "--device", "CPU=64GiB,bw=100GB/s"]
+    mtp = ["-c", "2048", "--spec-type", "draft-mtp"]
+    assert main([*common, "--json", "--spec-accept", "0.5", "--", *mtp]) == 0
+    speed = json.loads(capsys.readouterr().out)["speed"]
+    assert speed["speculative"]["accept"] == 0.5 and speed["speculative"]["n_draft"] == 3
+    assert speed["speculative"]["tokens_per_step"] == pytest.approx(1.875)  # 1 + .5 + .25 + .125
+    assert speed["tg_tps"] != speed["tg_tps_plain"]
+    assert main([*common, "--", "-c", "2048", "--spec-type", "draft-mtp"]) == 0
+    out = capsys.readouterr().out
+    assert "with MTP (1 NextN layer)" in out and "acceptance 0.806 a drafted token (default)" in out
+    assert "pull/25980" in out  # the assumption names its public measurement
+    assert main([*common, "--spec-accept", "0.5", "--", "-c", "2048"]) == 0
+    assert "--spec-accept 0.5 unused: the command has no draft model" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([*common, "--spec-accept", "1.5", "--", "-c", "2048"])
+    assert "--spec-accept '1.5'" in capsys.readouterr().err
+
+
+def test_fit_prints_its_answer_with_mtp_and_depth(small_models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from offload_planner.cli import main
+
+    argv = ["fit", str(small_models["glm4moe"]), "--no-detect", "--device", "CUDA0=4GiB,bw=500GB/s",
+            "--device", "CPU=64GiB,bw=50GB/s", "--json", "--depth", "512", "--spec-accept", "0.7",
+            "--", "-c", "2048", "--spec-type", "draft-mtp"]
+    assert main(argv) == 0
+    speed = json.loads(capsys.readouterr().out)["speed"]
+    assert speed["speculative"]["accept"] == 0.7 and speed["speculative"]["kind"] == "MTP (1 NextN layer)"
+    assert speed["depth"] == 512 and speed["pp_tps_at_depth"] < speed["pp_tps"]
+    assert speed["tg_tps_at_ctx"] < speed["tg_tps_at_depth"] < speed["tg_tps"]
