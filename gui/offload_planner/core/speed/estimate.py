@@ -114,9 +114,10 @@ def expert_fraction(model: Model) -> float:
     return s.n_expert_used / s.n_expert if s.n_expert and s.n_expert_used else 1.0
 
 
-def _runs(p: Placed) -> bool:
-    """Tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
-    return p.device is not None and p.tensor.role is not Role.NEXTN
+def _running(placement: Placement) -> list[Placed]:
+    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
+    nextn = Role.NEXTN
+    return [p for p in placement.items if p.device is not None and p.tensor.role is not nextn]
 
 
 def token_bytes(p: Placed, frac: float) -> int:
@@ -134,10 +135,9 @@ def token_bytes(p: Placed, frac: float) -> int:
 def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]:
     frac = expert_fraction(model)
     out: dict[str, int] = defaultdict(int)
-    for p in placement.items:
-        if _runs(p):
-            assert p.device is not None
-            out[p.device] += token_bytes(p, frac)
+    for p in _running(placement):
+        assert p.device is not None
+        out[p.device] += token_bytes(p, frac)
     return dict(out)
 
 
@@ -158,9 +158,7 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
-    for p in placement.items:
-        if not _runs(p):
-            continue
+    for p in _running(placement):
         assert p.device is not None
         t = p.tensor
         if t.role is Role.TOKEN_EMBD and not p.copy and t.layer is None:
@@ -240,6 +238,13 @@ def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, flo
     return gb, lat
 
 
+def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> list[tuple[float, float]]:
+    """:func:`_link` of every split, in order (worked out once per pair of devices: a MoE model with
+    its experts on the CPU has hundreds of splits between two devices)."""
+    known = {(a, b): _link(hw[a], hw[b], eff) for a, b in set(pairs)}
+    return [known[p] for p in pairs]
+
+
 @dataclass
 class _Work:
     """What one device's weights cost a micro-batch, summed once per placement: elements and bytes
@@ -273,9 +278,9 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
 
 def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
-    for p in placement.items:
+    for p in _running(placement):
         t = p.tensor
-        if not _runs(p) or len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
@@ -358,8 +363,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
     split_s = 0.0
-    for a, b in pairs:
-        gb, lat = _link(hw[a], hw[b], eff)
+    for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
     return _PPParts(device_s, transfer_s, split_s, transfer > 0)
 
@@ -404,14 +408,13 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
 def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
     """Per generated token: latency plus one token's activations over the link, per graph split."""
     split_s = 0.0
-    for a, b in pairs:
-        gb, lat = _link(hw[a], hw[b], eff)
+    for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * plan.model.summary.n_embd / (gb * 1e9)
     return split_s
 
 
 def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
-    used = {p.device for p in placement.items if p.device is not None and _runs(p)}
+    used = {p.device for p in _running(placement) if p.device is not None}
     used.add(placement.output_device)
     out: list[Assumption] = []
     for name in plan.devices.names:
