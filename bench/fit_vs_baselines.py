@@ -1,33 +1,39 @@
-"""The fastest plan that fits against the baselines users run today, and the time the search takes.
+"""The fastest plan that fits against the baselines users run today, and the time the ``fit`` command
+takes.
 
-For every big model the synth catalogue writes (header-only) and each device set, prints the
-estimated tg and pp (t/s, a 4096-token prompt, goal balanced) of: the fastest plan
-(``core.speed.fastest``), ``--cpu-moe``, the best ``--n-cpu-moe N`` and llama.cpp's ``--fit``, and
-the search time (CPU time of this process; the machine is shared) as a ratio to one full projection
-of the model measured in the same run, with and without the llama.cpp --fit baseline (its port's
-own dry runs), the full projections and the predicted evaluations (the issue's target: the search
-under one second for DeepSeek-V3 with four GPUs).  Host: 8 channels of
-DDR5-4800, 32 threads; GPUs: RTX 3090 / 4090 / A100 80GB figures from the speed catalogue.
+For every big model the synth catalogue writes (header-only) and each device set, runs
+``offload-planner fit MODEL --device ... -- -c 32768 -t 32`` (goal balanced, a 4096-token prompt) in
+a fresh process and prints the estimated tg and pp (t/s) of the fastest plan (``core.speed.fastest``),
+``--cpu-moe``, the best ``--n-cpu-moe N`` and llama.cpp's ``--fit``, and the command's CPU time (the
+machine is shared) as a ratio to one full projection of the model (placement, weights, KV and the
+compute graphs simulated from scratch, no memo or replay reference), measured afterwards in the same
+process (the best of three).  The command's time is everything ``offload-planner fit`` does once its
+modules are imported (opening the file, the search, the baselines, the command and the tables it
+prints), split into the search alone, llama.cpp's ``--fit`` (its port's own dry runs) and the rest;
+imports are printed apart (this environment may not write bytecode, so they are compiled every time).
+The issue's target: under one second for DeepSeek-V3 with four GPUs.  Host: 8 channels of DDR5-4800,
+32 threads; GPUs: RTX 3090 / 4090 / 3060 / A100 80GB figures from the speed catalogue.
 
     python bench/fit_vs_baselines.py [--models DeepSeek-V3-Q4_K_M,...] [--sets 1x24,...] [--markdown]
+                                     [--repeat N]
+
+``--repeat N`` runs every row N times (each in a fresh process) and keeps the fastest.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
-from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.memory import project
-from offload_planner.core.placement import place
-from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.fastest import fastest_plan
-from offload_planner.core.speed.hardware import hardware_for
 from offload_planner.core.synth import BIG_MODELS, write_model
 from offload_planner.core.synth.spec import ModelSpec
 
@@ -55,6 +61,7 @@ SETS = {
 }
 CPU = "CPU=768GiB,ram=8xDDR5-4800"
 BASE = ["-c", "32768", "-t", "32"]
+TARGET_S = 1.0  # the issue's: DeepSeek-V3 on four GPUs
 
 
 def devices(cards: list[str]) -> DeviceSet:
@@ -62,49 +69,156 @@ def devices(cards: list[str]) -> DeviceSet:
     return DeviceSet(parse_device_decl(CPU), gpus)
 
 
+def fit_argv(path: Path, set_name: str) -> list[str]:
+    decls = [CPU] + [f"CUDA{i}={c}" for i, c in enumerate(SETS[set_name])]
+    return ["fit", str(path), "--no-detect", *(a for d in decls for a in ("--device", d)), "--", *BASE]
+
+
+# --- one row, in a fresh process ------------------------------------------------------------------------
+
+
+def _import_command() -> float:
+    """Import what ``offload-planner fit`` imports (lazily, as it runs): CPU seconds."""
+    c0 = time.process_time()
+    import offload_planner.backend.speed_store
+    import offload_planner.backend.system
+    import offload_planner.cli
+    import offload_planner.cli_fit
+    import offload_planner.core.export
+    import offload_planner.core.fit
+    import offload_planner.core.plan_report
+    import offload_planner.core.speed.fastest
+    import offload_planner.core.speed.report  # noqa: F401
+    return time.process_time() - c0
+
+
+def _projection_seconds(path: Path, set_name: str) -> float:
+    """One full projection of the command as written, from scratch: the best of three."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.compute import simulate_buffers
+    from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.memory import project, resolve_context
+    from offload_planner.core.placement import place
+    from offload_planner.core.plan import plan_from_args
+
+    model = open_model(str(path))
+    ds = devices(SETS[set_name])
+    base = plan_from_args(model, ds, parse_server_args(BASE))
+    s = model.summary
+    best = float("inf")
+    for _ in range(3):
+        c0 = time.process_time()
+        placement = place(model, ds, base.placement_options)
+        ctx = resolve_context(base.context, s.n_ctx_train, s.n_swa)
+        compute = simulate_buffers(model, ds, placement, ctx, base.context, incremental=False)
+        project(model, ds, placement, base.context, compute=compute)
+        best = min(best, time.process_time() - c0)
+    return best
+
+
+def _cell(c: Any) -> str:
+    fit = "" if c.fits else (" (does not fit)" if c.verified else " (predicted not to fit)")
+    return f"{c.estimate.tg_tps:.1f} / {c.estimate.pp_tps:.0f}{fit}"
+
+
+def child(path: Path, set_name: str) -> dict[str, Any]:
+    """Run the fit command once and measure a projection after it: the row as JSON."""
+    import contextlib
+    import io
+
+    imports = _import_command()
+    from offload_planner import cli
+    from offload_planner.core.speed import fastest
+
+    runs: list[tuple[Any, float]] = []
+    real = fastest.fastest_plan
+
+    def timed(*a: Any, **k: Any) -> Any:
+        c0 = time.process_time()
+        r = real(*a, **k)
+        runs.append((r, time.process_time() - c0))
+        return r
+
+    fastest.fastest_plan = timed  # type: ignore[assignment]  # the command looks it up as it runs
+    out = io.StringIO()
+    c0, t0 = time.process_time(), time.perf_counter()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(fit_argv(path, set_name))
+    cmd_cpu, cmd_wall = time.process_time() - c0, time.perf_counter() - t0
+    fastest.fastest_plan = real  # type: ignore[assignment]
+    [(r, fastest_cpu)] = runs
+    cells: dict[str, str] = {}
+    for c in r.candidates:
+        key = "fastest" if c is r.best and c.label.startswith("fastest") else c.label
+        if key.startswith("--n-cpu-moe"):
+            key = "--n-cpu-moe"
+        cells.setdefault(key, _cell(c) + (f" ({c.label})" if key == "--n-cpu-moe" else ""))
+    best = r.best
+    return {
+        "code": code, "imports": imports, "command": cmd_cpu, "wall": cmd_wall, "fit": r.fit_seconds,
+        "search": fastest_cpu - r.fit_seconds, "projection": _projection_seconds(path, set_name),
+        "projections": r.projections, "evaluations": r.evaluations, "cells": cells,
+        "best": "nothing fits" if best is None else (
+            f"{best.estimate.tg_tps:.1f} / {best.estimate.pp_tps:.0f} ({best.label})"),
+    }
+
+
+# --- the table ------------------------------------------------------------------------------------------
+
+
+def run_row(path: Path, set_name: str, config: str) -> dict[str, Any]:
+    env = {**os.environ, "OFFLOAD_PLANNER_CONFIG_DIR": config}  # no stored calibration applies
+    out = subprocess.run([sys.executable, __file__, "--child", str(path), set_name], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return row
+
+
+def ratio_text(row: dict[str, Any]) -> str:
+    p = row["projection"]
+    rest = row["command"] - row["search"] - row["fit"]
+    return (f"CPU {row['command']:.2f} s = {row['command'] / p:.1f}x a projection ({p:.2f} s): search "
+            f"{row['search']:.2f} s = {row['search'] / p:.1f}x, llama.cpp --fit {row['fit']:.2f} s = "
+            f"{row['fit'] / p:.1f}x, rest {rest:.2f} s (open, command line, tables); "
+            f"{row['projections']} full projections, {row['evaluations']} predicted; "
+            f"wall {row['wall']:.2f} s, imports {row['imports']:.2f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--child", nargs=2, metavar=("PATH", "SET"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        print(json.dumps(child(Path(a.child[0]), a.child[1])))
+        return
+    print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    worst: tuple[float, str] = (0.0, "")
     with tempfile.TemporaryDirectory() as tmp:
         if a.markdown:
             print("| model | devices | fastest tg / pp | --cpu-moe | best --n-cpu-moe | llama.cpp --fit "
-                  "| search / projection |")
+                  "| fit command / projection |")
             print("|---|---|---|---|---|---|---|")
         for name in a.models.split(","):
             [path] = write_model(MODELS[name], Path(tmp) / f"{name}.gguf", header_only=True)
-            model = open_model(str(path))
             for set_name in a.sets.split(","):
-                ds = devices(SETS[set_name])
-                base = plan_from_args(model, ds, parse_server_args(BASE))
-                c0 = time.process_time()
-                project(model, ds, place(model, ds, base.placement_options), base.context)
-                proj_cpu = time.process_time() - c0
-                t0, c0 = time.perf_counter(), time.process_time()
-                r = fastest_plan(model, ds, BASE, hardware_for(ds, threads=32), goal="balanced")
-                search_s, search_cpu = time.perf_counter() - t0, time.process_time() - c0
-                cells = {}
-                for c in r.candidates:
-                    key = "fastest" if c is r.best and c.label.startswith("fastest") else c.label
-                    if key.startswith("--n-cpu-moe"):
-                        key = "--n-cpu-moe"
-                    fit = "" if c.fits else (" (does not fit)" if c.verified else " (predicted not to fit)")
-                    cells.setdefault(key, f"{c.estimate.tg_tps:.1f} / {c.estimate.pp_tps:.0f}{fit}"
-                                     + (f" ({c.label})" if key == "--n-cpu-moe" else ""))
-                best = r.best
-                best_cell = "nothing fits" if best is None else (
-                    f"{best.estimate.tg_tps:.1f} / {best.estimate.pp_tps:.0f} ({best.label})")
-                fit_cpu = r.fit_seconds
-                ratio = (f"CPU {search_cpu:.2f} s = {search_cpu / proj_cpu:.1f}x a projection "
-                         f"({proj_cpu:.2f} s), of which llama.cpp --fit {fit_cpu:.2f} s: search alone "
-                         f"{search_cpu - fit_cpu:.2f} s = {(search_cpu - fit_cpu) / proj_cpu:.1f}x; "
-                         f"wall {search_s:.2f} s; {r.projections} full projections, "
-                         f"{r.evaluations} predicted")
-                row = [name, set_name, best_cell, cells.get("--cpu-moe", "-"), cells.get("--n-cpu-moe", "-"),
-                       cells.get("llama.cpp --fit", "-"), ratio]
-                print("| " + " | ".join(row) + " |" if a.markdown else "  ".join(row), flush=True)
+                rows = [run_row(path, set_name, tmp) for _ in range(max(1, a.repeat))]
+                row = min(rows, key=lambda r: r["command"] / r["projection"])
+                c = row["cells"]
+                cells = [name, set_name, row["best"], c.get("--cpu-moe", "-"), c.get("--n-cpu-moe", "-"),
+                         c.get("llama.cpp --fit", "-"), ratio_text(row)]
+                print("| " + " | ".join(cells) + " |" if a.markdown else "  ".join(cells), flush=True)
+                x = row["command"] / row["projection"]
+                worst = max(worst, (x, f"{name} {set_name}"))
+                if name == "DeepSeek-V3-Q4_K_M" and set_name == "4x24":
+                    met = "met" if row["command"] < TARGET_S else "NOT MET"
+                    print(f"DeepSeek-V3 4x24: fit command {row['command']:.2f} s CPU = {x:.1f}x a projection "
+                          f"(target under {TARGET_S:.0f} s: {met})", flush=True)
+    print(f"worst: {worst[1]}, {worst[0]:.1f}x a projection; load average at the end: "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ does.  Both jump whole periods of equal layers where the allocator's state repea
 (``compute.periods``, recorded with the reference), so a cold tail walks a few layers, not all of
 them up to the device boundary.
 
+The *plan* columns (``--no-plan`` leaves them out) are ``bench/plan_speed.py``'s measure: the whole
+one-shot ``plan -fit off`` command in this process, from empty planner caches, against opening the
+file plus one plain simulation (target <= 1; see that script for what counts).
+
     python bench/replan_speed.py [--only NAME ...] [--reps 2] [--full-runs 3]
 """
 

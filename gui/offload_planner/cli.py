@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from offload_planner import __version__
 from offload_planner.bundled import demo_model_path
@@ -88,15 +88,7 @@ def _default_to_gui(parser: argparse.ArgumentParser, argv: list[str]) -> list[st
     return argv
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="offload-planner",
-        description="Plan how llama.cpp / ik_llama.cpp place a GGUF model's tensors across CPU "
-        "RAM and GPUs, project every device's memory, and export the command line.",
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_inspect_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ins = sub.add_parser(
         "inspect",
         help="summarise a GGUF model (file, any shard of a split model, header-only file or URL)",
@@ -110,16 +102,46 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--compact", action="store_true", help="with --json: no indentation")
     ins.add_argument("--no-layers", action="store_true", help="omit the per-layer table")
     ins.set_defaults(func=_cmd_inspect)
-    _add_gui_parser(sub)
 
+
+def _add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from offload_planner.cli_plan import add_plan_parser
 
     add_plan_parser(sub)
+
+
+def _add_launch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from offload_planner.cli_launch import add_launch_parser
+
     add_launch_parser(sub)
+
+
+def _add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from offload_planner.cli_fit import add_fit_parser
 
     add_fit_parser(sub)
+
+
+#: Every command, in the order the help lists them, with what adds its parser.
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = {
+    "inspect": _add_inspect_parser, "gui": _add_gui_parser, "plan": _add_plan_parser,
+    "launch": _add_launch_parser, "fit": _add_fit_parser,
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The program's parser; ``command``: with that command's parser only (all it takes to parse
+    ``offload-planner COMMAND ...``: argparse builds slowly, a few ms a command)."""
+    p = argparse.ArgumentParser(
+        prog="offload-planner",
+        description="Plan how llama.cpp / ik_llama.cpp place a GGUF model's tensors across CPU "
+        "RAM and GPUs, project every device's memory, and export the command line.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, add in COMMANDS.items():
+        if command is None or name == command:
+            add(sub)
     return p
 
 
@@ -147,8 +169,8 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None)
     args = _parse(parser, ours)
     if hasattr(args, "server_args"):
         args.server_args = server_args

@@ -236,7 +236,7 @@ class _Session:
             fitted = self._fitted_projection(self.plan)
             if fitted is not None:
                 return fitted
-        return command_projection(self.plan, self.parsed.args)[0]
+        return command_projection(self.plan)[0]
 
     def _fitted_projection(self, plan: Plan) -> Projection | None:
         """The pinned server fits by default: when its fit changed the command (as the planner's

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,6 +72,8 @@ def _dialect(backend: str) -> Dialect:
     if not Path(exe).is_file():
         names = ", ".join(dialect_names())
         raise PlannerError(f"--backend {backend!r}: not a dialect ({names}) nor an executable")
+    import subprocess
+
     from offload_planner.backend import child_guard
     from offload_planner.core.cmdline import detect_dialect
 

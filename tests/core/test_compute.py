@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from offload_planner.core import compute as C
+from offload_planner.core.compute.simulate import ReserveMemo
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.gguf_reader import open_model
@@ -340,3 +341,21 @@ def test_remembered_results_are_copies_and_follow_the_placement(models: dict[str
     moved = _compute(m, Case("qwen3moe", gpus="RPC", ot=(("exps", "CPU"),)))
     # another placement is simulated afresh (here the CPU side's inputs change, not its peak)
     assert [(b.bytes, b.why) for b in moved.values()] != [(b.bytes, b.why) for b in again.values()]
+
+
+@pytest.mark.parametrize(("name", "n_reserves"), [("qwen3moe", 3), ("deepseek2", 3), ("gpt-oss", 4)])
+def test_a_reserve_memo_shares_the_one_token_graph_across_ubatches(models: dict[str, Model], name: str,
+                                                                    n_reserves: int) -> None:
+    """A caller that simulates one placement at several -ub (the fastest-plan search) keeps a memo of
+    reserves: the one-token graph does not read -ub, so it is simulated once, except on a model with
+    sliding-window layers (its SWA cells grow with -ub); every buffer equals a fresh simulation's."""
+    m = models[name]
+    memo: ReserveMemo = {}
+    for ub in (256, 1024):
+        case = Case(name, gpus="RPC,RPC", ot=(("exps", "CPU"),), ub=ub, b=1024)
+        devices, placement, params = _setup(m, case)
+        ctx = resolve_context(params, m.summary.n_ctx_train, m.summary.n_swa)
+        got = C.simulate_buffers(m, devices, placement, ctx, params, incremental=False, memo=memo)
+        fresh = C.simulate_buffers(m, devices, placement, ctx, params, incremental=False)
+        assert [(b.device, b.bytes, b.why) for b in got] == [(b.device, b.bytes, b.why) for b in fresh]
+    assert len(memo) == n_reserves  # two prompt graphs, one (or two) one-token graphs

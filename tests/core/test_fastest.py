@@ -250,3 +250,17 @@ def test_compute_buffers_between_two_ubatches_are_predicted_by_a_straight_line()
     assert got.keys() == real.keys()
     for k, v in real.items():
         assert abs(got[k] - v) <= max(0.02 * v, 64 * 1024**2), (k, got[k], v)
+
+
+def test_a_ubatch_between_the_starts_is_predicted_from_both(qwen: Model) -> None:
+    """The starts at the command's and the largest -ub are projected in full before anything is
+    predicted, so the -ub between them is interpolated from both (it had been predicted from the
+    command's -ub alone: on two 8 GiB GPUs its fills looked like they fit and were over on their full
+    projection, 5 full projections in all)."""
+    ds = _devices("8GiB,bw=936GB/s", "8GiB,bw=936GB/s")
+    r = fastest_plan(qwen, ds, ["-c", "16384"], hardware_for(ds, threads=16), goal="balanced")
+    assert r.best is not None and r.best.verified
+    _assert_fits(r.best.plan, ds)
+    over = [c for c in r.candidates if c.verified and not c.fits]
+    assert all(c.plan.context.n_ubatch in (512, 4096) for c in over), [c.label for c in over]
+    assert r.projections <= 4

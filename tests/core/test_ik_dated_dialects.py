@@ -13,7 +13,7 @@ from offload_planner.cli import main
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
 from offload_planner.core.cmdline import detect_dialect, parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
-from offload_planner.core.dialects import IK, IK_2025, IK_AMB256, Dialect
+from offload_planner.core.dialects import IK, IK_2025, IK_2025_05, IK_AMB256, Dialect
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_file import PlanFile, load_plan, save_plan
@@ -170,3 +170,31 @@ def test_switching_dialect_takes_its_amb_default() -> None:
     assert (new.context.amb, new.context.repack) == (256, True)
     mainline = with_dialect(new, LLAMA_CPP).context
     assert (mainline.amb, mainline.repack) == (0, False)
+
+
+@pytest.mark.parametrize(("exps", "dialect", "offloads"), [
+    ("Q4_K_R4", IK, False),  # ik's CUDA backend has no Q4_K_R4 kernel: the experts' ops stay on the CPU
+    ("IQ4_K_R4", IK, True),  # IQ*_K_R4 it multiplies (PRs 461/462 of May 2025) ...
+    ("IQ4_K_R4", IK_2025_05, False),  # ... but not before them
+])
+def test_speed_estimate_keeps_interleaved_host_experts_on_the_cpu(tmp_path: Path, exps: str, dialect: Dialect,
+                                                                 offloads: bool) -> None:
+    """A file's own row-interleaved expert type decides, as in compute_ik, whether a 4096-token batch copies
+    the host experts to the GPU."""
+    from dataclasses import replace
+
+    from offload_planner.core.speed.estimate import estimate
+    from offload_planner.core.speed.hardware import hardware_for
+    from offload_planner.core.synth import all_models, write_model
+    from offload_planner.core.synth.ik_types import IkQ
+
+    spec = all_models()["Qwen3-30B-A3B-Q4_K_M"]
+    spec = replace(spec, quant=replace(spec.quant, exps=IkQ[exps], exps_down=IkQ[exps], more_bits=IkQ[exps]))
+    path = tmp_path / "m.gguf"
+    write_model(spec, path, header_only=True)
+    ds = DeviceSet(parse_device_decl("CPU=512GiB,ram=8xDDR5-4800"), (parse_device_decl("CUDA0=rtx4090"),))
+    args = ["-c", "8192", "-ngl", "99", "--cpu-moe", "-ub", "4096", "-b", "4096", "--no-mmap"]
+    plan = plan_from_args(open_model(str(path)), ds, parse_server_args(args, dialect=dialect), dialect)
+    est = estimate(plan, hardware_for(ds, threads=32))
+    assert (est.pp_transfer_ms > 0) is offloads  # --cpu-moe: the experts are all the CPU's matrices
+    assert (est.device("CPU").pp_ms > 10 * est.device("CUDA0").pp_ms) is not offloads

@@ -132,6 +132,35 @@ def test_plan_table_json_and_export_count_the_projector(files: dict[str, Path]) 
     assert cmd[cmd.index("-mm") + 1] == str(files["gemma3-448"]) and "--no-mmproj-offload" in cmd
 
 
+def test_a_projector_set_only_in_the_environment_is_one_projection_everywhere(files: dict[str, Path]) -> None:
+    """``LLAMA_ARG_MMPROJ`` (with its offload setting in ``LLAMA_ARG_MMPROJ_OFFLOAD``, ``-fa auto``):
+    the plan the window keeps and the ``plan`` command project the same projector as the same
+    command given on the command line, and the exported command leaves it to the environment."""
+    from offload_planner.core.analysis import command_projection
+
+    devices = DeviceSet(CPU, (parse_device_decl("CUDA0=24GiB"),))
+    model = open_model(files["text"])
+    base = ["-ngl", "99", "-c", "2048", "-fa", "auto"]
+    env = {"LLAMA_ARG_MMPROJ": str(files["gemma3-448"]), "LLAMA_ARG_MMPROJ_OFFLOAD": "0"}
+    on_argv = parse_server_args([*base, "-mm", str(files["gemma3-448"]), "--no-mmproj-offload"])
+    in_env = parse_server_args(base, env=env)
+    assert mmproj_setup(in_env) == mmproj_setup(on_argv) is not None
+    mb = project_mmproj(read_projector(files["gemma3-448"]), devices, MmprojOptions(offload=False))
+    assert mb.device == "CPU" and mb.total("CPU") > 0  # not offloaded: weights and compute on the CPU
+
+    def rows(projection: object) -> list[tuple[str, int, str]]:
+        return [(b.device, b.bytes, b.why) for b in projection.buffers() if b.kind == KIND]  # type: ignore[attr-defined]
+
+    want = rows(command_projection(plan_from_args(model, devices, on_argv))[0])
+    assert sum(b for _, b, _ in want) == mb.total("CPU")
+    plan = plan_from_args(model, devices, in_env)
+    assert rows(plan.projection()) == want  # the window's path (Plan -> Projection)
+    assert rows(command_projection(plan)[0]) == want  # the command's path
+    assert rows(analyse_command(model, devices, in_env).projection) == want
+    cmd = plan_command(plan)
+    assert "-mm" not in cmd and "--mmproj" not in cmd  # the environment keeps it
+
+
 def test_fit_targets_use_the_backend_registry_index(files: dict[str, Path]) -> None:
     """The server adds the projector to fit_params_target[registry index]: registry = local GPUs,
     CPU, RPC servers; the fit reads it by model device index (RPC first)."""

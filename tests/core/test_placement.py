@@ -21,6 +21,7 @@ from offload_planner.core.placement import (
     Override,
     PlacementOptions,
     place,
+    placed_devices,
     unit_devices,
 )
 
@@ -114,3 +115,25 @@ def test_tied_embeddings_get_an_output_copy_on_the_output_device(small_models: d
     assert len(copies) == 1 and copies[0].device == "RPC0"
     p = place(m, rpc(1), PlacementOptions(n_gpu_layers=0))
     assert not [x for x in p.items if x.copy]  # same CPU buffer: llama.cpp reuses the tensor
+
+
+@pytest.mark.parametrize("name", ["gemma3", "glm4moe", "qwen3moe", "llama"])
+def test_placed_devices_are_the_placements_devices(small_models: dict[str, Path], name: str) -> None:
+    """The export's quick check (devices only) agrees with the full placement: -ngl, -ts, -sm none,
+    overrides of layers, experts and the tied embedding (its output copy), MTP, no host buffer."""
+    m = open_model(small_models[name])
+    ovs = (Override(r"blk\.1\.", "CUDA1"), Override("exps", CPU), Override("token_embd", "CUDA0"),
+           Override("output", CPU), Override("nomatch", "CUDA0"))
+    embd_cpu = (Override("token_embd", CPU),)  # the tied copy of a host-overridden embedding
+    options = [PlacementOptions(n_gpu_layers=n, tensor_split=ts, overrides=o, split_mode=sm, load_mtp=mtp,
+                                no_host=nh, use_extra_bufts=nh, use_mmap=mmap, plain_cpu_overrides=plain)
+               for n in (0, 2, 99) for ts in ((), (1.0, 3.0)) for o in ((), ovs[:2], ovs[2:], ovs, embd_cpu)
+               for sm, mtp, nh, mmap in (("layer", False, False, True), ("none", True, True, True),
+                                         ("layer", False, False, False))
+               for plain in (False, True)]
+    seen = set()
+    for opts in options:
+        want = place(m, cuda(2), opts).tensor_devices()
+        assert placed_devices(m, cuda(2), opts) == want, opts
+        seen.add(tuple(sorted(set(want.values()))))
+    assert len(seen) > 3  # the options really move tensors around

@@ -27,15 +27,17 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from offload_planner.backend.log_parser import LoadReport, device_of_buffer
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams, Projection
 from offload_planner.core.model import Model
 from offload_planner.core.placement import PlacementOptions
 from offload_planner.core.plan import Plan
+
+if TYPE_CHECKING:
+    from offload_planner.backend.log_parser import LoadReport
 
 FILE_NAME = "calibration.json"
 VERSION = 1
@@ -89,6 +91,8 @@ def options_key(placement: PlacementOptions, context: ContextParams, devices: De
 
 def measured_compute(report: LoadReport, resolve: Mapping[str, str] | None = None) -> dict[str, int]:
     """Compute buffer bytes per device as the log printed them (MiB with 2 decimals)."""
+    from offload_planner.backend.log_parser import device_of_buffer
+
     resolve = dict(resolve) if resolve is not None else report.rpc_endpoints()
     out: dict[str, int] = defaultdict(int)
     for b in report.buffers:

@@ -22,14 +22,14 @@ from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
-from offload_planner.core.engine import command_notes, server_settings
+from offload_planner.core.engine import command_notes
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_report import mmap_notes
-from offload_planner.core.speculative import extra_contexts, spec_refusals
+from offload_planner.core.speculative import spec_refusals
 
 
 @dataclass(frozen=True)
@@ -88,31 +88,13 @@ def projected(plan: Plan) -> Projection:
     return plan.projection()
 
 
-def command_projection(plan: Plan, args: Any) -> tuple[Projection, list[str]]:
-    """The projection of a plan read from a command line (``args``: its ParsedArgs or ServerArgs),
-    as llama-server allocates it: the model, the draft/MTP context, then the --mmproj projector as
-    the arguments (environment included) set it; notes on the projector."""
+def command_projection(plan: Plan) -> tuple[Projection, list[str]]:
+    """The projection of a plan read from a command line as llama-server allocates it
+    (:meth:`Plan.projection`: the model, the draft/MTP context, then the --mmproj projector as the
+    arguments and the environment set it), and notes on the projector."""
     placement = plan.placement()
     placement.raise_rule_errors()
-    projection = project(plan.model, plan.devices, placement, plan.context)
-    extras = extra_contexts(plan.model, plan.devices, placement, plan.context, projection.context, plan.spec)
-    projection = attach(projection, extras)
-    return projection, _add_mmproj(projection, plan.devices, args, plan.dialect)
-
-
-def _add_mmproj(projection: Projection, devices: DeviceSet, args: Any, dialect: Dialect) -> list[str]:
-    """Files the --mmproj projector's buffers under their devices; notes where it is not projected."""
-    from offload_planner.core.mmproj import attach
-
-    setup = attach.mmproj_setup(args)
-    if setup is None:
-        return []
-    if not dialect.projects_mmproj:
-        return [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, not {dialect}"]
-    fa = attach.fa_setting(getattr(server_settings(args), "flash_attn", None))
-    mb = attach.project_setup(setup, devices, fa)
-    attach.add_to_projection(projection, attach.mmproj_buffers(mb, devices))
-    return [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
+    return plan.projection(placement=placement), plan.mmproj_buffers()[1]
 
 
 def unknown_device_warnings(plan: Plan) -> list[str]:
@@ -161,7 +143,7 @@ def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: Dialec
     llama-server would run, projected and analysed, with a note for every default it filled in;
     ``fit`` (a ParsedArgs only): also what the pinned build's --fit does with it."""
     plan = plan_from_args(model, devices, args, dialect)
-    projection, projector_notes = command_projection(plan, args)
+    projection, projector_notes = command_projection(plan)
     notes = command_notes(model, devices, args, dialect, plan.placement_options, projector_notes)
     analysis = analysis_of(plan, notes=notes, command=command, projection=projection)
     return replace(analysis, fit=fit_report(plan, args)) if fit else analysis

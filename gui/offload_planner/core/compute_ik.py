@@ -492,16 +492,17 @@ def _deepseek2_heads_per_step(b: IkBuilder, wkv_b: T, nh: int) -> int:
     return 1
 
 
+def _mla_dims(b: IkBuilder, il: int) -> tuple[int, int, int, int, T]:
+    """Layer ``il``'s heads, rope and no-rope dimensions of a K head, the KV LoRA rank, and the KQ mask."""
+    sh, mask = b.sh, b.kq_mask
+    assert mask is not None
+    return sh.n_head[il], sh.n_rot, sh.head_k - sh.n_rot, sh.kv_lora_rank, mask
+
+
 def _deepseek2_fa_heads(b: IkBuilder, il: int, kl: T, q_nope: T, q_rope: T) -> T:
     """-mla 2/3 with flash attention on a prompt batch: K and V expanded from the cache per head group."""
-    sh = b.sh
-    n_tok = b.n_tokens
-    nh = sh.n_head[il]
-    rope_d = sh.n_rot
-    nope = sh.head_k - rope_d
-    kvr = sh.kv_lora_rank
-    mask = b.kq_mask
-    assert mask is not None
+    sh, n_tok = b.sh, b.n_tokens
+    nh, rope_d, nope, kvr, mask = _mla_dims(b, il)
     kv_nope = view2(kl, kvr, sh.n_kv, kl.nb[1], row_size(kl.type, rope_d))
     wkv_b = b.req(f"blk.{il}.attn_kv_b.weight")
     n_max_head = _deepseek2_heads_per_step(b, wkv_b, nh)
@@ -539,12 +540,7 @@ def _deepseek2_fa_heads(b: IkBuilder, il: int, kl: T, q_nope: T, q_rope: T) -> T
 def _deepseek2_absorbed(b: IkBuilder, il: int, kl: T, kv_trans: T | None, q_nope: T, q_rope: T) -> T:
     """The absorbed-weights path: attention over the compressed cache, then attn_v_b."""
     sh = b.sh
-    nh = sh.n_head[il]
-    rope_d = sh.n_rot
-    nope = sh.head_k - rope_d
-    kvr = sh.kv_lora_rank
-    mask = b.kq_mask
-    assert mask is not None
+    nh, rope_d, nope, kvr, mask = _mla_dims(b, il)
     rs_c = row_size(kl.type, kvr + rope_d)
     kv_cache = view2(kl, kvr + rope_d, sh.n_kv, rs_c, 0)
     wk_b = b.req(f"blk.{il}.attn_k_b.weight")

@@ -108,9 +108,12 @@ def fit_overrides(
     base: Mapping[str, str | None],
     target: Mapping[str, str | None],
     place_with: Callable[[list[Override]], Mapping[str, str | None]],
+    candidates: list[Override] | None = None,
 ) -> list[Override]:
-    """Overrides that reproduce ``target``; ``place_with(overrides)`` runs placement with them."""
-    ovs = candidate_overrides(model, base, target)
+    """Overrides that reproduce ``target``; ``place_with(overrides)`` runs placement with them.
+    ``candidates``: ``candidate_overrides(model, base, target)``, when already made.  The result
+    starts with them: they are what it adds exact patterns to (never shorter)."""
+    ovs = candidate_overrides(model, base, target) if candidates is None else candidates
     for _ in range(3):
         got = place_with(ovs)
         wrong = [t for t in model.tensors

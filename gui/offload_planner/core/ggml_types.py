@@ -16,7 +16,10 @@ from enum import StrEnum
 
 
 class Flavor(StrEnum):
-    """Which ggml tree a file's type ids belong to."""
+    """Which ggml type-id tree a file's tensor types belong to, named after the project whose ggml
+    defines it (what ``inspect`` prints).  A property of the file, not a server dialect: every
+    dialect's server reads the ids its ggml defines, and the planner never branches on the flavor,
+    it only picks the table (:func:`resolve_type`)."""
 
     MAINLINE = "llama.cpp"
     IK = "ik_llama.cpp"
@@ -168,6 +171,9 @@ _BY_NAME: dict[str, GGMLType] = {
     t.name.lower(): t for t in (*_SHARED, *_MAINLINE_ONLY, *_IK_ONLY)
 }
 
+#: each tree's types by id
+TYPES_OF: dict[Flavor, dict[int, GGMLType]] = {Flavor.MAINLINE: MAINLINE_TYPES, Flavor.IK: IK_TYPES}
+
 MAINLINE_ONLY_IDS = frozenset(t.id for t in _MAINLINE_ONLY)
 IK_ONLY_IDS = frozenset(t.id for t in _IK_ONLY)
 
@@ -187,10 +193,8 @@ def detect_flavor(type_ids: Iterable[int]) -> Flavor | None:
 
 def resolve_type(type_id: int, flavor: Flavor | None) -> GGMLType | None:
     """The type for an id in the given tree (``None`` flavor: either tree, mainline first)."""
-    if flavor is Flavor.IK:
-        return IK_TYPES.get(type_id)
-    if flavor is Flavor.MAINLINE:
-        return MAINLINE_TYPES.get(type_id)
+    if flavor is not None:
+        return TYPES_OF[flavor].get(type_id)
     return MAINLINE_TYPES.get(type_id) or IK_TYPES.get(type_id)
 
 

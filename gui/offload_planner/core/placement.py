@@ -221,12 +221,39 @@ def _item_memo(tensors: list[Tensor]) -> dict[_ItemKey, Placed]:
     return e[1]
 
 
-def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
-    s = model.summary
-    n_layer = s.n_layer
+def _gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
+    """The GPUs that take layers (-sm none: the main GPU only)."""
     gpus = list(devices.gpus)
     if opts.split_mode == "none" and gpus:
         gpus = [gpus[opts.main_gpu]] if 0 <= opts.main_gpu < len(gpus) else []
+    return gpus
+
+
+def _home(t: Tensor, units: Sequence[str], n_layer: int) -> str:
+    """The device -ngl and -ts give a tensor: the input layer on the CPU, rope factors with layer 0,
+    a block past the layer count and the output layer with unit L."""
+    if t.layer is None:
+        return CPU if t.role is Role.TOKEN_EMBD else units[0] if t.role is Role.ROPE else units[n_layer]
+    return units[min(t.layer, n_layer)]
+
+
+def _home_rule(t: Tensor, n_layer: int, ngl: int) -> str:
+    """Why :func:`_home` puts the tensor there."""
+    if t.layer is None:
+        if t.role is Role.TOKEN_EMBD:
+            return "input layer: always on the CPU"
+        if t.role is Role.ROPE:
+            return "rope factors follow layer 0"
+        return f"output layer: unit {n_layer} of -ngl"
+    if t.layer >= n_layer:
+        return "block past the layer count goes with the output"
+    return f"layer {t.layer} by -ngl {ngl}"
+
+
+def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
+    s = model.summary
+    n_layer = s.n_layer
+    gpus = _gpus(devices, opts)
     units = unit_devices(n_layer, opts.n_gpu_layers, gpus, opts.tensor_split, output_first=opts.output_first)
     rules = rule_set(opts.overrides)
     hits: dict[int, int] = {i: 0 for i in range(len(opts.overrides))}
@@ -245,17 +272,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
                     t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
             items.append(item)
             continue
-        if t.layer is None:
-            if t.role is Role.TOKEN_EMBD:
-                dev, rule = CPU, "input layer: always on the CPU"
-            elif t.role is Role.ROPE:
-                dev, rule = units[0], "rope factors follow layer 0"
-            else:
-                dev, rule = units[n_layer], f"output layer: unit {n_layer} of -ngl"
-        elif t.layer >= n_layer:
-            dev, rule = units[n_layer], "block past the layer count goes with the output"
-        else:
-            dev, rule = units[t.layer], f"layer {t.layer} by -ngl {opts.n_gpu_layers}"
+        dev, rule = _home(t, units, n_layer), _home_rule(t, n_layer, opts.n_gpu_layers)
         buft = device_buft(dev, t, devices, opts)
         if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
             o = opts.overrides[i]
@@ -268,18 +285,64 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
             item = memo[(k, dev, buft, rule)] = Placed(t, dev, buft, rule)
         items.append(item)
 
-    if model.get("output.weight") is None and (embd := model.get("token_embd.weight")) is not None:
-        out_dev = units[n_layer]
-        copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
-        rule = "tied embeddings: token_embd loaded again for the output layer"
-        if (i := rules.first(embd.name)) is not None:
-            o = opts.overrides[i]
-            out_dev = devices.resolve_buffer_type(o.buft) or out_dev
-            copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True,
-                                    cpu_override=o.buft.upper() == CPU.upper())
-            rule += f" ({o.source} {o.pattern}={o.buft})"
+    if (embd := _tied_embedding(model)) is not None:
         orig = next(p for p in items if p.tensor is embd)
-        if (orig.device, orig.buft) != (out_dev, copy_buft):
-            items.append(Placed(embd, out_dev, copy_buft, rule, copy=True))
+        copy = _tied_copy(embd, orig.device, orig.buft, units[n_layer], devices, opts)
+        if copy is not None:
+            items.append(copy)
     return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus],
                      has_overrides=bool(opts.overrides), rule_errors=rules.errors)
+
+
+def _tied_embedding(model: Model) -> Tensor | None:
+    """The token embedding of a model without an output matrix (llama.cpp loads it again for the
+    output layer)."""
+    return model.get("token_embd.weight") if model.get("output.weight") is None else None
+
+
+def _tied_copy(embd: Tensor, orig_dev: str | None, orig_buft: str | None, out_dev: str, devices: DeviceSet,
+               opts: PlacementOptions) -> Placed | None:
+    """The output copy of a tied embedding, None where it shares the original's buffer (llama.cpp
+    reuses it)."""
+    rules = rule_set(opts.overrides)
+    copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True)
+    rule = "tied embeddings: token_embd loaded again for the output layer"
+    if (i := rules.first(embd.name)) is not None:
+        o = opts.overrides[i]
+        out_dev = devices.resolve_buffer_type(o.buft) or out_dev
+        copy_buft = device_buft(out_dev, embd, devices, opts, as_output=True,
+                                cpu_override=o.buft.upper() == CPU.upper())
+        rule += f" ({o.source} {o.pattern}={o.buft})"
+    if (orig_dev, orig_buft) == (out_dev, copy_buft):
+        return None
+    return Placed(embd, out_dev, copy_buft, rule, copy=True)
+
+
+def placed_devices(model: Model, devices: DeviceSet, opts: PlacementOptions) -> dict[str, str]:
+    """``place(model, devices, opts).tensor_devices()`` without building the placement (no rule
+    texts, a buffer type only for a tied embedding): what the export's checks compare."""
+    n_layer = model.summary.n_layer
+    units = unit_devices(n_layer, opts.n_gpu_layers, _gpus(devices, opts), opts.tensor_split,
+                         output_first=opts.output_first)
+    overrides, resolve, tensors = opts.overrides, devices.resolve_buffer_type, model.tensors
+    rules = rule_set(overrides)
+    firsts: list[int | None] | None = [None] * len(tensors)
+    if overrides:
+        firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
+    out: dict[str, str] = {}
+    for k, t in enumerate(tensors):
+        if t.role is Role.NEXTN and not opts.load_mtp:
+            continue
+        dev = _home(t, units, n_layer)
+        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
+            dev = resolve(overrides[i].buft) or dev
+        out[t.name] = dev
+    if (embd := _tied_embedding(model)) is not None and embd.name in out:
+        dev = out[embd.name]
+        i = rules.first(embd.name)
+        buft = device_buft(dev, embd, devices, opts, cpu_override=i is not None and
+                           overrides[i].buft.upper() == CPU.upper())
+        copy = _tied_copy(embd, dev, buft, units[n_layer], devices, opts)
+        if copy is not None and copy.device is not None:
+            out[copy.name] = copy.device
+    return out

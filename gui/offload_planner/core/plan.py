@@ -25,7 +25,13 @@ from offload_planner.core.memory import (
     Projection,
     project,
 )
-from offload_planner.core.mmproj.attach import add_to_projection, argv_mmproj_setup, projection_buffers
+from offload_planner.core.mmproj.attach import (
+    MmprojSetup,
+    add_to_projection,
+    argv_mmproj_setup,
+    mmproj_buffers,
+    project_setup,
+)
 from offload_planner.core.model import Model
 from offload_planner.core.placement import (
     CPU,
@@ -35,6 +41,7 @@ from offload_planner.core.placement import (
     PlacementOptions,
     device_buft,
     place,
+    placed_devices,
 )
 from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
 
@@ -71,6 +78,9 @@ class Plan:
     moves: dict[str, str] = field(default_factory=dict)  # tensor name -> device name
     extra_args: list[str] = field(default_factory=list)  # passthrough flags, kept verbatim
     spec: SpecSettings | None = None  # a draft model / the MTP context (core.speculative)
+    #: the LLAMA_ARG_* variables that set flags the plan keeps (not exported: the environment sets
+    #: them at launch too); read with ``extra_args``, which win, as llama-server reads them
+    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """What placement takes from the dialect follows it (the output layer first; no CPU_REPACK
@@ -121,14 +131,26 @@ class Plan:
         ``compute``: the model context's compute buffers, when known (memory.project)."""
         placement = self.placement() if placement is None else placement
         proj = project(self.model, self.devices, placement, self.context, compute=compute)
-        mmproj = argv_mmproj_setup(tuple(self.extra_args))  # --mmproj among the kept flags
-        if mmproj is not None and self.dialect.projects_mmproj:
-            fa = "on" if self.context.flash_attn else "off"
-            add_to_projection(proj, projection_buffers(mmproj, self.devices, fa))
-        if self.spec is None or not self.spec.active:
-            return proj
-        return attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
-                                           proj.context, self.spec))
+        if self.spec is not None and self.spec.active:  # the server loads the draft, then the projector
+            proj = attach(proj, extra_contexts(self.model, self.devices, placement, self.context,
+                                               proj.context, self.spec))
+        return add_to_projection(proj, self.mmproj_buffers()[0])
+
+    def mmproj(self) -> MmprojSetup | None:
+        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's."""
+        return argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+
+    def mmproj_buffers(self) -> tuple[list[Buffer], list[str]]:
+        """The projector's buffers (none without one, or where the dialect's are not projected) and
+        the notes on what is not projected."""
+        setup = self.mmproj()
+        if setup is None:
+            return [], []
+        if not self.dialect.projects_mmproj:
+            return [], [f"--mmproj: the projector's memory is projected for the pinned llama.cpp only, "
+                        f"not {self.dialect}"]
+        mb = project_setup(setup, self.devices, self.context.flash_attn)  # -fa auto: on, as clip takes it
+        return mmproj_buffers(mb, self.devices), [f"--mmproj {mb.projector.name}: {mb.why}"] if mb.why else []
 
     def with_moves(self, moves: Mapping[str, str | None]) -> Plan:
         """This plan with the user's move of each named tensor set (a device) or cleared (None:
@@ -178,6 +200,12 @@ def kept_args(parsed: Any) -> list[str]:
     return out
 
 
+def kept_env(parsed: Any) -> dict[str, str]:
+    """The variables that set, through the environment, flags the plan does not regenerate."""
+    return {f.env: f.values[0] if f.values else "1" if f.positive else "0"
+            for f in getattr(parsed, "flags", []) if f.index < 0 and f.env and f.key not in REGENERATED_FLAGS}
+
+
 def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP,
                    passthrough: list[str] | None = None) -> Plan:
     """A plan whose base is what llama-server would do with these arguments (a ParsedArgs, whose
@@ -188,7 +216,7 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
     spec = load_spec(devices, args, dialect, placement_options)
-    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec)
+    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args))
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:
@@ -198,13 +226,10 @@ def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:
 def plan_command(plan: Plan) -> list[str]:
     """The shortest argument list that makes llama-server reproduce this plan, pinning what would
     otherwise vary at run time (-c, -ngl, -ts, --fit)."""
-    from offload_planner.core.export import fit_overrides
-
     m, opts, ctx = plan.model, plan.placement_options, plan.context
     target = plan.placement().tensor_devices()
     gpus = [g.name for g in plan.devices.gpus]
     base_opts = replace(opts, overrides=())
-    base = place(m, plan.devices, base_opts)
     argv: list[str] = ["-m", m.path]
     rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
     if rpc:
@@ -213,28 +238,13 @@ def plan_command(plan: Plan) -> list[str]:
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers
     argv += ["-ngl", "999" if ngl > n_layer else str(ngl)]
-    if len(gpus) > 1 and opts.split_mode != "none":
-        argv += ["-ts", ",".join(str(n) for n in _units_per_gpu(base, gpus))]
+    if len(gpus) > 1 and opts.split_mode != "none":  # units do not depend on the overrides
+        argv += ["-ts", ",".join(str(n) for n in _units_per_gpu(plan.base_placement(), gpus))]
     if opts.split_mode != "layer":
         argv += ["-sm", opts.split_mode]
         if opts.split_mode == "none":
             argv += ["-mg", str(opts.main_gpu)]
-
-    buft = plan.devices.buffer_types()
-    best: list[str] | None = None
-    for flags, fixed in _moe_shorthands(m, target, plan.dialect):
-
-        def place_with(ovs: list[Override], fixed: list[Override] = fixed) -> dict[str, str | None]:
-            placed = place(m, plan.devices, replace(base_opts, overrides=(*ovs, *fixed)))
-            return dict(placed.tensor_devices())
-
-        ovs = fit_overrides(m, place_with([]), target, place_with)
-        # -ot before the shorthand: llama.cpp appends --cpu-moe's entries at its position
-        cand = (["-ot", ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)] if ovs else [])
-        cand += flags
-        if best is None or len(" ".join(cand)) < len(" ".join(best)):
-            best = cand
-    argv += best or []
+    argv += _shortest_overrides(plan, target, base_opts)
     argv += _context_flags(ctx, plan.dialect)
     argv += plan.dialect.mla_flags(m, ctx)
     if not opts.use_mmap:
@@ -246,6 +256,51 @@ def plan_command(plan: Plan) -> list[str]:
     if plan.dialect.fits_by_default:
         argv += ["-fit", "off"]
     return argv + plan.extra_args
+
+
+def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: PlacementOptions) -> list[str]:
+    """The shortest way to place every tensor on its ``target`` device from ``base_opts``: -ot
+    patterns after one of the MoE shorthands (:func:`_moe_shorthands`; the first of equal length).
+
+    A shorthand's patterns only grow when checked (:func:`~offload_planner.core.export.fit_overrides`
+    adds exact ones), so the unchecked ones bound its length from below: shorthands are checked
+    shortest bound first, and one whose bound cannot beat the best found is not checked at all."""
+    from offload_planner.core.export import candidate_overrides, fit_overrides
+
+    m = plan.model
+    buft = plan.devices.buffer_types()
+    placed: dict[tuple[Override, ...], dict[str, str]] = {}
+
+    def devices_with(ovs: tuple[Override, ...]) -> dict[str, str]:
+        if ovs not in placed:
+            placed[ovs] = placed_devices(m, plan.devices, replace(base_opts, overrides=ovs))
+        return placed[ovs]
+
+    def argv_of(ovs: list[Override], flags: list[str]) -> list[str]:
+        # -ot before the shorthand: llama.cpp appends --cpu-moe's entries at its position
+        ot = ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)
+        return (["-ot", ot] if ovs else []) + flags
+
+    def length(argv: list[str]) -> int:
+        return len(" ".join(argv))
+
+    todo = []
+    for i, (flags, fixed) in enumerate(_moe_shorthands(m, target, plan.dialect)):
+        start = devices_with(tuple(fixed))
+        cands = candidate_overrides(m, start, target)
+        todo.append((length(argv_of(cands, flags)), i, flags, fixed, start, cands))
+    best: tuple[int, int, list[str]] | None = None
+    for bound, i, flags, fixed, start, cands in sorted(todo, key=lambda c: c[:2]):
+        if best is not None and (bound, i) > best[:2]:
+            break  # neither shorter nor earlier than the best
+
+        def place_with(ovs: list[Override], fixed: list[Override] = fixed) -> Mapping[str, str | None]:
+            return devices_with((*ovs, *fixed))
+
+        cand = argv_of(fit_overrides(m, start, target, place_with, cands), flags)
+        if best is None or (length(cand), i) < best[:2]:
+            best = (length(cand), i, cand)
+    return best[2] if best is not None else []
 
 
 def _moe_shorthands(model: Model, target: dict[str, str], dialect: Dialect

@@ -132,9 +132,9 @@ def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
         raise ValueError(f"the memory of {', '.join(unknown)} is unknown: give it a size first")
     popts = replace(plan.placement_options, overrides=(), tensor_split=())
     free = [g.capacity or 0 for g in plan.devices.gpus]
-    from offload_planner.core.mmproj.attach import FIT_TARGET, argv_mmproj_setup, fit_margins
+    from offload_planner.core.mmproj.attach import FIT_TARGET, fit_margins
 
-    margins = fit_margins(argv_mmproj_setup(tuple(plan.extra_args)), plan.devices, plan.context.flash_attn,
+    margins = fit_margins(plan.mmproj(), plan.devices, plan.context.flash_attn,
                           FIT_TARGET)  # the server adds a --mmproj projector to the targets
     result = fit_params(plan.model, plan.devices, popts, plan.context, free_bytes=free, margins=margins)
     f_popts, f_ctx = result.apply(popts, plan.context, plan.model.summary.n_layer,

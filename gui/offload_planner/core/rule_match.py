@@ -146,11 +146,18 @@ class RuleSet:
                 self._count_steps(u, name)
         cands = set(self._always)
         by_literal = self._by_literal
-        for n in self._lengths:
-            for i in range(len(name) - n + 1):
-                us = by_literal.get(name[i : i + n])
-                if us is not None:
-                    cands.update(us)
+        if len(by_literal) <= len(name):  # a few literals: a substring search each
+            for lit, lit_us in by_literal.items():
+                if lit in name:
+                    cands.update(lit_us)
+        else:  # many: look up every substring of a literal's length
+            for n in self._lengths:
+                for i in range(len(name) - n + 1):
+                    us = by_literal.get(name[i : i + n])
+                    if us is not None:
+                        cands.update(us)
+        if not cands:
+            return ()
         ps = self.patterns
         return tuple(u for u in sorted(cands) if ps[u].broken is None and ps[u].regex.search(name))
 

@@ -14,7 +14,6 @@ from functools import cached_property
 from offload_planner.core.byte_source import is_url
 from offload_planner.core.draft_moves import DRAFT_PREFIX
 from offload_planner.core.errors import PlannerError
-from offload_planner.core.mmproj.attach import argv_mmproj_setup
 from offload_planner.core.mmproj.placed import MMPROJ_RULE, NOT_MOVABLE, projector_block, projector_placed
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement
@@ -237,7 +236,7 @@ def with_projector(rows_columns: tuple[list[Row], list[Column]], items: Sequence
 def plan_projector_placed(plan: Plan) -> list[Placed]:
     """The tensors of the plan's --mmproj projector (none without one, or when it cannot be read:
     the analysis reports that error)."""
-    setup = argv_mmproj_setup(tuple(plan.extra_args))
+    setup = plan.mmproj()
     if setup is None or not plan.dialect.projects_mmproj:
         return []
     try:  # a URL is read by the projection, off the GUI thread; the map shows it once read

@@ -12,7 +12,6 @@ from PySide6.QtGui import QFont
 from offload_planner.core import move_preview
 from offload_planner.core.draft_moves import DRAFT_PREFIX, is_draft_name
 from offload_planner.core.extra_context import DRAFT, MMPROJ
-from offload_planner.core.mmproj.attach import argv_mmproj_setup
 from offload_planner.core.move_preview import move_deltas
 from offload_planner.core.plan import Plan
 from offload_planner.core.tensor_grid import EMPTY, Cell, Row, TensorGrid
@@ -73,7 +72,7 @@ def section_file(plan: Plan, section: str) -> str:
     if section == DRAFT:
         loc = _flag_value(argv, ("-md", "--model-draft"))
     else:
-        setup = argv_mmproj_setup(tuple(argv))
+        setup = plan.mmproj()
         loc = setup.location if setup is not None else ""
     return Path(loc).name if loc else ""
 

@@ -90,7 +90,7 @@ def _reproject(ctx: PlanContext, args: list[str]) -> Projection:
 
     parsed = parse_server_args(args, dialect=Dialect(ctx.dialect))
     plan = plan_from_args(ctx.model, ctx.devices, parsed.args, ctx.dialect)
-    return command_projection(plan, parsed.args)[0]
+    return command_projection(plan)[0]
 
 
 def _fits(ctx: PlanContext, target: _Target, args: list[str]) -> bool:

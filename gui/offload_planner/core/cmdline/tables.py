@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from functools import cache
 
 from offload_planner.core.cmdline.flagspec import FlagTable
@@ -28,6 +27,8 @@ def unknown_flag_hint(dialect: Dialect, spelling: str) -> str:
         return f"not a flag of {label}; use {moved}"
     if not spelling.startswith("-"):
         return f"llama-server takes no positional arguments; not a flag of {label}"
+    import difflib  # only for a refused flag
+
     spellings = [s for spec in flag_table(dialect) for s in spec.spellings]
     close = difflib.get_close_matches(spelling, spellings, n=1, cutoff=0.75)
     return f"not a flag of {label}" + (f"; did you mean {close[0]}?" if close else "")

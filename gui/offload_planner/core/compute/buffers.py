@@ -15,6 +15,7 @@ from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.ggml import CPU
 from offload_planner.core.compute.graph import LEGACY_KQ_MASK_PAD, Shape
 from offload_planner.core.compute.simulate import (
+    ReserveMemo,
     Simulation,
     backends_for,
     full_offload,
@@ -174,12 +175,15 @@ def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
 
 
 def simulate_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-                     params: ContextParams, *, incremental: bool = True) -> list[Buffer]:
+                     params: ContextParams, *, incremental: bool = True,
+                     memo: ReserveMemo | None = None) -> list[Buffer]:
     """``incremental=False``: a plain simulation that records no replay reference (a caller that
-    projects a placement once, far from the last ones)."""
+    projects a placement once, far from the last ones); ``memo``: its reserves by what they read
+    (:func:`~offload_planner.core.compute.simulate.simulate`)."""
     reason = f"no graph model for {model.arch}"
     try:
-        sim = simulate(model, devices, placement, ctx, params, incremental=incremental, sizes_only=True)
+        sim = simulate(model, devices, placement, ctx, params, incremental=incremental, sizes_only=True,
+                       memo=memo)
     except (KeyError, IndexError, ValueError, ZeroDivisionError, AssertionError) as e:
         # a file whose tensors do not fit the architecture's graph: estimate rather than fail
         sim, reason = None, f"{model.arch} graph not built: {type(e).__name__} {e}"

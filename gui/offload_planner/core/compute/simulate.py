@@ -8,7 +8,7 @@ import gc
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute.archs import ARCH_GRAPHS
@@ -165,19 +165,37 @@ def no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
+#: reserves by everything they read (:func:`reserve_key`), kept by a caller that simulates one
+#: placement at several ``-ub`` values: the one-token graph does not depend on ``-ub``
+ReserveMemo = dict[tuple[object, ...], Reserve]
+
+
+def reserve_key(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend], n_copies: int,
+                placement: Placement, *, no_alloc: bool, op_offload: bool) -> tuple[object, ...]:
+    """What a from-scratch reserve reads: the graph's shape (the SWA cells only where a layer has a
+    window: they follow ``-ub``), the backends, the layer devices (KV follows them or the shape's
+    ``offload_kqv``) and every weight's device (its shape and type are the model's)."""
+    if not any(sh.swa):
+        sh = replace(sh, n_kv_swa=0)
+    return (sh, arch_fn, tuple(backends), n_copies, no_alloc, op_offload, tuple(placement.unit_devices),
+            tuple((it.name, it.device) for it in placement.items))
+
+
 def simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
              p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
-             sizes_only: bool = False) -> Simulation | None:
+             sizes_only: bool = False,
+             memo: ReserveMemo | None = None) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here (see
     :func:`_simulate`)."""
     with no_cyclic_gc():
         return _simulate(model, devices, placement, ctx, p, no_alloc=no_alloc, incremental=incremental,
-                         sizes_only=sizes_only)
+                         sizes_only=sizes_only, memo=memo)
 
 
 def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
               p: ContextParams, *, no_alloc: bool = False, incremental: bool = False,
-              sizes_only: bool = False) -> Simulation | None:
+              sizes_only: bool = False,
+              memo: ReserveMemo | None = None) -> Simulation | None:
     """Per-backend compute bytes, or None for an architecture without a graph here.
 
     The server (``ggml_backend_sched_reserve``) keeps the larger of the prompt (pp) and one-token (tg)
@@ -187,7 +205,10 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
     (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time).
     ``sizes_only`` (with ``incremental``): ``reserves`` may leave out a replayed one-token reserve that
     a bound puts at most at the prompt reserve on every backend (:mod:`.bound`): ``sizes`` and the
-    prompt reserve are the same, and the reserve left out decides no size."""
+    prompt reserve are the same, and the reserve left out decides no size.
+    ``memo`` (from scratch only): reserves already made of the same graph and placement are reused,
+    and the graph built for another placement is re-placed (:mod:`.template`; under
+    ``SIMULATION_LOCK``)."""
     arch_fn = graph_builder(model)
     if arch_fn is None:
         return None
@@ -228,9 +249,28 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
                                   sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
                     for sh in (shapes[:1] if no_alloc else shapes)]
     else:
-        reserves = [reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
-                            placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
-                    for sh in (shapes[:1] if no_alloc else shapes)]
+        where_ = weight_where(placement) if memo is not None else {}
+
+        def one(sh: Shape) -> Reserve:
+            if memo is None:
+                return reserve(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
+                               placement.layer_device, kv_dev, no_alloc=no_alloc, op_offload=op_offload)
+            # a caller that keeps a memo simulates one at a time (SIMULATION_LOCK): the graph built
+            # for an earlier placement (of the --fit search's dry runs too) is re-placed
+            g = placed_graph((model, arch_fn), sh, arch_fn, where_,
+                             lambda: weight_factory(model, placement, where_), placement.layer_device, kv_dev)
+            return reserve_graph(g, sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
+
+        reserves = []
+        for sh in shapes[:1] if no_alloc else shapes:
+            if memo is None:
+                reserves.append(one(sh))
+                continue
+            rkey = reserve_key(sh, arch_fn, backends, n_copies, placement, no_alloc=no_alloc,
+                               op_offload=op_offload)
+            if rkey not in memo:
+                memo[rkey] = one(sh)
+            reserves.append(memo[rkey])
     sizes = [max(r.sizes[i] for r in reserves) for i in range(len(backends))]
     return Simulation(backends, sizes, reserves, n_copies)
 

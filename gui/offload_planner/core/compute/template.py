@@ -82,9 +82,18 @@ class GraphTemplate:
             t.dev = kv_dev(il)
         for t, il in self.per_layer:
             t.dev = layer_dev(il)
+        return self._force(sh, layer_dev)
+
+    def _force(self, sh: Shape, layer_dev: Callable[[int], str]) -> Graph:
+        g = self.g
         norms = sh.n_tokens < 32 or sh.full_offload  # as Builder.cb forces them
         g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced if il < 0 or norms}
         return g
+
+    def built(self, sh: Shape, layer_dev: Callable[[int], str]) -> Graph:
+        """The graph just built, for ``sh``: only the forced norms to set (its tensors are as the
+        builder left them, on these devices: :meth:`placed` would change nothing else)."""
+        return self._force(sh, layer_dev)
 
 
 #: templates by (model, graph builder, shape with ``full_offload``, loaded weights); a few kept
@@ -120,4 +129,4 @@ def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder]
     _TEMPLATES[full] = tpl
     if len(_TEMPLATES) > _SIZE:
         _TEMPLATES.popitem(last=False)
-    return tpl.placed(sh, where, layer_dev, kv_dev)
+    return tpl.built(sh, layer_dev)

@@ -74,13 +74,15 @@ def mmproj_setup(parsed: Any) -> MmprojSetup | None:
 
 
 @functools.lru_cache(maxsize=64)
-def argv_mmproj_setup(argv: tuple[str, ...]) -> MmprojSetup | None:
-    """The projector of a plan's kept flags (``Plan.extra_args``), parsed as the pinned server does."""
-    if not any(a.startswith(("-mm", "--mmproj")) for a in argv):
+def argv_mmproj_setup(argv: tuple[str, ...], env: tuple[tuple[str, str], ...] = ()) -> MmprojSetup | None:
+    """The projector of a plan's kept flags (``Plan.extra_args``) and ``LLAMA_ARG_*`` variables
+    (``Plan.env``), parsed as the pinned server does."""
+    if not any(a.startswith(("-mm", "--mmproj")) for a in argv) and not any(
+            k.startswith("LLAMA_ARG_MMPROJ") for k, _ in env):
         return None
     from offload_planner.core.cmdline import parse_server_args
 
-    return mmproj_setup(parse_server_args(list(argv)))
+    return mmproj_setup(parse_server_args(list(argv), env=dict(env)))
 
 
 def _stamp(location: str) -> float:
@@ -121,13 +123,6 @@ def _project(setup: MmprojSetup, devices: DeviceSet, flash_attn: bool | None, st
 def fa_setting(value: object) -> bool | None:
     """``-fa`` as clip takes it: on, off, or auto (None: tried, kept where supported)."""
     return True if value == "on" else False if value == "off" else None
-
-
-def projection_buffers(setup: MmprojSetup | None, devices: DeviceSet, flash_attn: object) -> list[Buffer]:
-    """The buffers of ``setup`` (none without a projector) for the ``-fa`` value ``flash_attn``."""
-    if setup is None:
-        return []
-    return mmproj_buffers(project_setup(setup, devices, fa_setting(flash_attn)), devices)
 
 
 def _buft(devices: DeviceSet, name: str) -> str:

@@ -115,18 +115,17 @@ def _norm(text: str) -> str:
 
 
 _BY_NORM = {_norm(c.key): c for c in CARDS}
+_BY_NAME: dict[str, Card] = {}  # each card's name with and without its vendor, the first card's
+for _c in CARDS:
+    for _n in (_c.name, _c.name.removeprefix("NVIDIA ").removeprefix("AMD ")):
+        _BY_NAME.setdefault(_norm(_n), _c)
 
 
 def card(text: str) -> Card | None:
     """The card a --device value or a driver's device name names: ``rtx3090``, ``RTX-3090``,
     ``NVIDIA GeForce RTX 3090`` (exact after dropping case and punctuation; no fuzzy guess)."""
     n = _norm(text)
-    if n in _BY_NORM:
-        return _BY_NORM[n]
-    for c in CARDS:
-        if _norm(c.name) == n or _norm(c.name.removeprefix("NVIDIA ").removeprefix("AMD ")) == n:
-            return c
-    return None
+    return _BY_NORM.get(n) or _BY_NAME.get(n)
 
 
 def card_keys() -> list[str]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
 from offload_planner.core.devices import DeviceKind
+from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
@@ -113,9 +114,10 @@ def expert_fraction(model: Model) -> float:
     return s.n_expert_used / s.n_expert if s.n_expert and s.n_expert_used else 1.0
 
 
-def _runs(p: Placed) -> bool:
-    """Tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
-    return p.device is not None and p.tensor.role is not Role.NEXTN
+def _running(placement: Placement) -> list[Placed]:
+    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
+    nextn = Role.NEXTN
+    return [p for p in placement.items if p.device is not None and p.tensor.role is not nextn]
 
 
 def token_bytes(p: Placed, frac: float) -> int:
@@ -133,10 +135,9 @@ def token_bytes(p: Placed, frac: float) -> int:
 def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]:
     frac = expert_fraction(model)
     out: dict[str, int] = defaultdict(int)
-    for p in placement.items:
-        if _runs(p):
-            assert p.device is not None
-            out[p.device] += token_bytes(p, frac)
+    for p in _running(placement):
+        assert p.device is not None
+        out[p.device] += token_bytes(p, frac)
     return dict(out)
 
 
@@ -157,9 +158,7 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
-    for p in placement.items:
-        if not _runs(p):
-            continue
+    for p in _running(placement):
         assert p.device is not None
         t = p.tensor
         if t.role is Role.TOKEN_EMBD and not p.copy and t.layer is None:
@@ -239,28 +238,63 @@ def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, flo
     return gb, lat
 
 
+def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> list[tuple[float, float]]:
+    """:func:`_link` of every split, in order (worked out once per pair of devices: a MoE model with
+    its experts on the CPU has hundreds of splits between two devices)."""
+    known = {(a, b): _link(hw[a], hw[b], eff) for a, b in set(pairs)}
+    return [known[p] for p in pairs]
+
+
 @dataclass
 class _Work:
     """What one device's weights cost a micro-batch, summed once per placement: elements and bytes
-    of the always-active matrices and of the routed experts."""
+    of the always-active matrices and of the routed experts, and of those (host weights only) whose ops
+    the GPU refuses and so never offloads (``*_stay``: ik's row-interleaved types, core.ik_repack)."""
 
     dense_el: float = 0.0
     exp_el: float = 0.0
     dense_b: float = 0.0
     exp_b: float = 0.0
+    dense_stay_el: float = 0.0
+    exp_stay_el: float = 0.0
+    dense_stay_b: float = 0.0
+    exp_stay_b: float = 0.0
+
+    def parts(self) -> tuple[tuple[float, float, bool, bool], ...]:
+        """(elements, bytes, routed expert, may be offloaded) of each part."""
+        return ((self.dense_el, self.dense_b, False, True), (self.exp_el, self.exp_b, True, True),
+                (self.dense_stay_el, self.dense_stay_b, False, False),
+                (self.exp_stay_el, self.exp_stay_b, True, False))
 
 
-def _work(placement: Placement) -> dict[str, _Work]:
+def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
+    """Host weights whose ops no GPU takes (ik: a file's row-interleaved type the build's CUDA backend
+    cannot multiply, and with -rtr every weight repacked into such a type), as ``compute_ik`` rules."""
+    host = [(it.tensor.name, it.tensor.shape, it.tensor.type.name) for it in placement.items
+            if it.device == CPU and not it.copy]
+    refused = interleaved_off_gpu(host, plan.dialect.cuda_multiplies_r4)
+    return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
+
+
+def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
-    for p in placement.items:
+    for p in _running(placement):
         t = p.tensor
-        if not _runs(p) or len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
+        stay = t.name in refused
         if t.role.is_routed_expert:
-            w.exp_el += t.n_elements
-            w.exp_b += t.nbytes
+            if stay:
+                w.exp_stay_el += t.n_elements
+                w.exp_stay_b += t.nbytes
+            else:
+                w.exp_el += t.n_elements
+                w.exp_b += t.nbytes
+        elif stay:
+            w.dense_stay_el += t.n_elements
+            w.dense_stay_b += t.nbytes
         else:
             w.dense_el += t.n_elements
             w.dense_b += t.nbytes
@@ -268,9 +302,9 @@ def _work(placement: Placement) -> dict[str, _Work]:
 
 
 def _offload_gpu(plan: Plan, placement: Placement) -> tuple[str | None, int | None]:
-    """The first of the model's GPUs that takes host-weight ops, and its batch threshold (none with ik's
-    -rtr: the host weights are repacked into types the GPU cannot run, core.ik_repack)."""
-    if not plan.context.op_offload or plan.context.repack:
+    """The first of the model's GPUs that takes host-weight ops, and its batch threshold (the weights it
+    refuses are told apart by ``refused_by_gpu``)."""
+    if not plan.context.op_offload:
         return None, None
     for g in model_gpus(plan.devices, placement):
         n = OP_OFFLOAD_MIN_BATCH.get(g.kind)
@@ -303,11 +337,11 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     whole = plan.dialect.copies_whole_experts
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
-        for el, nb, is_exp in ((w.dense_el, w.dense_b, False), (w.exp_el, w.exp_b, True)):
+        for el, nb, is_exp, may in w.parts():
             if not el:
                 continue
             where = dev
-            if dev == CPU and (exp_off if is_exp else dense_off):
+            if dev == CPU and may and (exp_off if is_exp else dense_off):
                 assert gpu is not None
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
                 transfer += nb * (hit if is_exp and not whole else 1.0)
@@ -329,8 +363,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
     split_s = 0.0
-    for a, b in pairs:
-        gb, lat = _link(hw[a], hw[b], eff)
+    for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
     return _PPParts(device_s, transfer_s, split_s, transfer > 0)
 
@@ -342,7 +375,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
-    work = _work(placement)
+    work = _work(placement, refused_by_gpu(plan, placement))
     s = plan.model.summary
     attn_layers: dict[str, int] = defaultdict(int)
     for il in range(s.n_layer - s.n_nextn):
@@ -375,14 +408,13 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
 def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
     """Per generated token: latency plus one token's activations over the link, per graph split."""
     split_s = 0.0
-    for a, b in pairs:
-        gb, lat = _link(hw[a], hw[b], eff)
+    for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * plan.model.summary.n_embd / (gb * 1e9)
     return split_s
 
 
 def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
-    used = {p.device for p in placement.items if p.device is not None and _runs(p)}
+    used = {p.device for p in _running(placement) if p.device is not None}
     used.add(placement.output_device)
     out: list[Assumption] = []
     for name in plan.devices.names:

@@ -16,23 +16,28 @@ estimate than a baseline that fits.
 
 Speed: a full projection simulates the compute graph (~0.15 s on DeepSeek-V3); weights, KV cache
 and outputs are exact in about a millisecond.  So only the start at the user's ``-ub`` and at the
-largest one are projected in full; every other candidate (the fills, the ``--n-cpu-moe`` search,
+largest one are projected in full, first (their one-token graph, which does not read ``-ub``, is
+simulated once); every other candidate (the fills, the ``--n-cpu-moe`` search,
 llama.cpp's ``--fit`` result) is evaluated with those compute buffers (interpolated per buffer
 between the two ``-ub`` values), which move little with the experts' devices.  The estimate needs
 no compute buffers, so every score is exact.  The best candidate predicted to fit is then projected
 in full and taken only if it fits; if not, every prediction is made again with the buffers just
-simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).
+simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).  A
+candidate's speed estimate is made only when it is scored.  Replaying the answer against a reference
+recorded at its start costs more than the two plain simulations (recording is 2-3x a simulation).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from offload_planner.core.buffer import Buffer
-from offload_planner.core.compute.buffers import simulate_buffers
+from offload_planner.core.compute.buffers import SIMULATION_LOCK, simulate_buffers
+from offload_planner.core.compute.simulate import ReserveMemo
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
@@ -59,7 +64,9 @@ class Candidate:
     label: str
     plan: Plan
     projection: Projection
-    estimate: SpeedEstimate
+    #: the speed estimate, made when first asked for (:attr:`estimate`; a candidate over its limit
+    #: on the way to a fill is never scored) and shared by the candidate's copies
+    speed: Callable[[], SpeedEstimate]
     over: list[str] = field(default_factory=list)  # devices over their limit
     #: memory from a full projection of this plan; False: its weights, KV and output are exact and
     #: its compute buffers predicted from plans of the same ``-ub`` that were projected in full
@@ -68,6 +75,10 @@ class Candidate:
     @property
     def fits(self) -> bool:
         return not self.over
+
+    @property
+    def estimate(self) -> SpeedEstimate:
+        return self.speed()
 
 
 @dataclass
@@ -177,6 +188,8 @@ class _Search:
         self._seen: dict[tuple[object, ...], Candidate] = {}
         self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
+        #: reserves already simulated: the starts at several -ub share their one-token graph
+        self._reserves: ReserveMemo = {}
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -184,8 +197,9 @@ class _Search:
 
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
-        c = Candidate(label, plan, proj, estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
-                                                  placement=proj.placement), over, verified)
+        speed = functools.cache(lambda: estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
+                                                 placement=proj.placement))
+        c = Candidate(label, plan, proj, speed, over, verified)
         self._seen[_key(plan)] = c
         return c
 
@@ -201,8 +215,9 @@ class _Search:
         # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
         compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
         if compute is None:
-            compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
-                                       incremental=False)
+            with SIMULATION_LOCK:  # the graph templates are shared with the window's worker
+                compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
+                                           incremental=False, memo=self._reserves)
         proj = plan.projection(placement=placement, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
@@ -230,14 +245,16 @@ class _Search:
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
-        expert on the CPU.  The starts of the user's KV types at the user's and the largest ``-ub``
-        are projected in full, the others predicted."""
+        expert on the CPU.  First the starts of the user's KV types at the user's and the largest
+        ``-ub`` are projected in full; every other start and every fill is predicted from those."""
         out: list[Candidate] = []
         first = next(iter(starts))
-        exact = {first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])}
+        exact = [first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])]
+        for var in dict.fromkeys(exact):
+            self.full(f"{label}, {_describe(var)}", starts[var])
         for var, plan in starts.items():
             lab = f"{label}, {_describe(var)}"
-            start = self.full(lab, plan) if var in exact else self.cheap(lab, plan)
+            start = self.cheap(lab, plan)  # the exact ones: as projected
             self.starts[var] = start
             if not start.fits:
                 notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
@@ -321,9 +338,10 @@ class _Search:
                 out.setdefault(t.layer, []).append(t.name)
         return out
 
-    def gpu_order(self, plan: Plan, il: int) -> list[str]:
+    def gpu_order(self, own: str) -> list[str]:
+        """The GPUs for a layer whose device is ``own``: that one (no extra graph split), then the
+        others by their memory bandwidth."""
         gpus = sorted(self.devices.gpus, key=lambda g: -self.hw[g.name].bandwidth.value)
-        own = plan.placement().layer_device(il)
         return [own] * (own != CPU) + [g.name for g in gpus if g.name != own]
 
     def fill(self, start: Candidate) -> list[Candidate]:
@@ -335,6 +353,7 @@ class _Search:
 
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
+        placement = start.projection.placement
         left = room(start.projection, self.devices)
         assigned: dict[str, list[int]] = {}
         layers = self.expert_layers(plan)
@@ -343,7 +362,7 @@ class _Search:
         # then the rest in layer order as room allows: as many bytes off the CPU as fit
         size = {il: sum(self.model.tensor(n).nbytes for n in names) for il, names in layers.items()}
         for il in sorted(layers, key=lambda i: (-size[i], i)):
-            for g in self.gpu_order(plan, il):
+            for g in self.gpu_order(placement.layer_device(il)):
                 if g not in left:
                     continue
                 dev = self.devices.by_name(g)
@@ -489,7 +508,9 @@ class _Search:
             n = il
         return n
 
-    def llama_fit(self) -> Candidate | None:
+    def llama_fit(self) -> Plan | None:
+        """What llama-server's own ``--fit`` makes of the command (None: it does not fit by default,
+        or there is no GPU)."""
         if not self.dialect.fits_by_default or not self.devices.gpus:
             return None
         from offload_planner.core.fit import fit_for_args
@@ -504,7 +525,7 @@ class _Search:
             return None
         popts, ctx = result.apply(base.placement_options, base.context, self.model.summary.n_layer,
                                   has_gpu=True)
-        return self.candidate("llama.cpp --fit", replace(base, placement_options=popts, context=ctx))
+        return replace(base, placement_options=popts, context=ctx)
 
 
 def _ubatches(user_ub: int, goal: str) -> list[int]:
@@ -538,10 +559,12 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
             p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
                                                 if ub != user.context.n_ubatch else [])), kv)
             starts[variant(p)] = p
-    ours = s.ours(starts, notes, "--cpu-moe")
+    # the --fit port first: the starts take over the graphs its dry runs built (compute.template)
     t0 = time.process_time()
-    fit = s.llama_fit()
+    fit_plan = s.llama_fit()
     fit_s = time.process_time() - t0
+    ours = s.ours(starts, notes, "--cpu-moe")
+    fit = None if fit_plan is None else s.candidate("llama.cpp --fit", fit_plan)
     ncm, near = s.n_cpu_moe_predicted()
     baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
