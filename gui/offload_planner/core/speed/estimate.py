@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -247,24 +247,22 @@ def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> lis
 
 @dataclass
 class _Work:
-    """What one device's weights cost a micro-batch, summed once per placement: elements and bytes
-    of the always-active matrices and of the routed experts, and of those (host weights only) whose ops
-    the GPU refuses and so never offloads (``*_stay``: ik's row-interleaved types, core.ik_repack)."""
+    """What one device's weights cost a micro-batch, summed once per placement: elements and bytes of
+    four parts, by :func:`_part` (always-active matrices or routed experts; ops the GPU may take, or
+    host weights whose ops it refuses and so never offloads: ik's row-interleaved types,
+    core.ik_repack)."""
 
-    dense_el: float = 0.0
-    exp_el: float = 0.0
-    dense_b: float = 0.0
-    exp_b: float = 0.0
-    dense_stay_el: float = 0.0
-    exp_stay_el: float = 0.0
-    dense_stay_b: float = 0.0
-    exp_stay_b: float = 0.0
+    el: list[float] = field(default_factory=lambda: [0.0] * 4)
+    nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
 
-    def parts(self) -> tuple[tuple[float, float, bool, bool], ...]:
+    def parts(self) -> Iterator[tuple[float, float, bool, bool]]:
         """(elements, bytes, routed expert, may be offloaded) of each part."""
-        return ((self.dense_el, self.dense_b, False, True), (self.exp_el, self.exp_b, True, True),
-                (self.dense_stay_el, self.dense_stay_b, False, False),
-                (self.exp_stay_el, self.exp_stay_b, True, False))
+        for i in range(4):
+            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2
+
+
+def _part(is_expert: bool, refused: bool) -> int:
+    return int(is_expert) | (2 if refused else 0)
 
 
 def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
@@ -284,20 +282,9 @@ def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[s
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        stay = t.name in refused
-        if t.role.is_routed_expert:
-            if stay:
-                w.exp_stay_el += t.n_elements
-                w.exp_stay_b += t.nbytes
-            else:
-                w.exp_el += t.n_elements
-                w.exp_b += t.nbytes
-        elif stay:
-            w.dense_stay_el += t.n_elements
-            w.dense_stay_b += t.nbytes
-        else:
-            w.dense_el += t.n_elements
-            w.dense_b += t.nbytes
+        i = _part(t.role.is_routed_expert, t.name in refused)
+        w.el[i] += t.n_elements
+        w.nbytes[i] += t.nbytes
     return out
 
 
