@@ -143,9 +143,11 @@ def run_plan(args: argparse.Namespace) -> int:
     errors += dialect.model_errors(model)
     if errors:
         return print_errors(errors)
-    from offload_planner.core.analysis import analyse_command
+    from offload_planner.core.analysis import analyse_command, fit_simulates
+    from offload_planner.core.compute import one_shot
 
-    analysis = analyse_command(model, devices, parsed, dialect, command=True, fit=True)
+    with one_shot(not fit_simulates(dialect, devices, parsed)):  # else the fit re-places its graphs
+        analysis = analyse_command(model, devices, parsed, dialect, command=True, fit=True)
     projection, plan, fit = analysis.projection, analysis.plan, analysis.fit
     assert projection is not None and fit is not None  # analyse_command raises instead
     notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]

@@ -81,6 +81,15 @@ def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
                      fitted.changed and fitted.status == "success")
 
 
+def fit_simulates(dialect: Dialect, devices: DeviceSet, parsed: ParsedArgs) -> bool:
+    """:func:`fit_report` runs the fit's dry runs (simulations of the command's graphs): the build fits
+    by default, -fit is not off, and every GPU's memory is known (:func:`~offload_planner.core.fit.
+    server_fit`)."""
+    gpus = devices.gpus
+    return (dialect.fits_by_default and parsed.args.fit is not False and bool(gpus)
+            and all(g.capacity is not None for g in gpus))
+
+
 def projected(plan: Plan) -> Projection:
     """The plan's projection; a :class:`~offload_planner.core.errors.PlannerError` for an -ot rule
     the planner cannot evaluate."""

@@ -75,6 +75,7 @@ from offload_planner.core.compute.buffers import (
     BufferMemo,
     compute_buffers,
     explain,
+    one_shot,
     placement_key,
     simulate_buffers,
 )
@@ -111,6 +112,7 @@ __all__ = [
     "BufferMemo",
     "DynAllocator", "Graph", "GraphAllocator", "Reserve", "Scheduler", "Simulation", "T", "backends_for",
     "compute_buffers", "cuda_fa_alloc_size", "dup_op", "explain", "flash_attn_ext", "full_offload",
-    "graph_builder", "input_tensor", "model_gpus", "mul_mat", "nbytes", "peak_label", "placement_key",
+    "graph_builder", "input_tensor", "model_gpus", "mul_mat", "nbytes", "one_shot", "peak_label",
+    "placement_key",
     "record_at_first_sight", "reserve", "reserve_shapes", "simulate", "simulate_buffers", "term_estimate",
 ]

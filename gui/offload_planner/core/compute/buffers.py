@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from itertools import compress, count
 from operator import is_not
@@ -169,9 +171,28 @@ def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
     """One compute buffer per backend that llama.cpp reserves (> 1 byte), CPU side last, named by the
     buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``).
 
-    Remembered for the last few placements (:class:`BufferMemo`)."""
+    Remembered for the last few placements (:class:`BufferMemo`); plain inside :func:`one_shot`."""
     key = (model, graph_builder(model), devices, ctx, params, *placement_key(placement))
-    return MEMO.get(key, lambda: simulate_buffers(model, devices, placement, ctx, params))
+    incremental = not _ONE_SHOT.get()
+    return MEMO.get(key, lambda: simulate_buffers(model, devices, placement, ctx, params,
+                                                  incremental=incremental))
+
+
+_ONE_SHOT: ContextVar[bool] = ContextVar("one_shot", default=False)
+
+
+@contextmanager
+def one_shot(on: bool = True) -> Iterator[None]:
+    """:func:`compute_buffers` inside (this thread or task only) simulates from scratch, plainly: no
+    graph kept for re-placing and no replay reference looked up or recorded (:mod:`.incremental`,
+    :mod:`.template`).  For a command that projects its plan once (``plan``); the window, which
+    re-projects every edit, and the ``--fit`` port, whose dry runs re-place the graphs a projection
+    keeps, keep them.  ``on=False``: as outside."""
+    token = _ONE_SHOT.set(on)
+    try:
+        yield
+    finally:
+        _ONE_SHOT.reset(token)
 
 
 def simulate_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,

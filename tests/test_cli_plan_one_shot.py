@@ -1,0 +1,112 @@
+"""A one-shot ``plan`` projects plainly (issue 10: it costs opening the file plus one plain simulation):
+it keeps no graph for re-placing and records no replay reference, unless the pinned build's --fit
+runs its dry runs, which re-place the graph the projection keeps.  The window's path is unchanged.
+
+Real GGUF files from the synth writer; the buffers are compared with those of the incremental path
+(itself checked against llama.cpp in tests/integration), the bytes of ``plan``'s output in
+tests/test_cli_plan_golden.py."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+from pathlib import Path
+
+import pytest
+
+from offload_planner.cli import main
+from offload_planner.core import compute as C
+from offload_planner.core.compute import incremental as CI
+from offload_planner.core.compute import template as CT
+from offload_planner.core.compute.stats import stats
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.memory import ContextParams, resolve_context
+from offload_planner.core.placement import Override, PlacementOptions
+from offload_planner.core.plan import Plan
+
+GIB = 1 << 30
+PATHS = ("plain", "full", "replays", "graph_reuses")
+
+
+def _forget() -> None:
+    C.MEMO.clear()
+    CT._TEMPLATES.clear()
+    CI._REFS.clear()
+    CI._SEEN.clear()
+
+
+def _kept() -> int:
+    """Graphs kept for re-placing, recorded references and placements remembered as seen."""
+    return len(CT._TEMPLATES) + sum(map(len, CI._REFS.values())) + len(CI._SEEN)
+
+
+def _plan(path: Path, *server: str) -> int:
+    argv = ["plan", str(path), "--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=24GiB",
+            "--", "-ngl", "999", "-ot", "exps=CPU", "-c", "4096", *server]
+    with contextlib.redirect_stdout(io.StringIO()):
+        return main(argv)
+
+
+@pytest.fixture(autouse=True)
+def _config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "deepseek2"])
+def test_plan_fit_off_keeps_nothing(small_models: dict[str, Path], name: str) -> None:
+    _forget()
+    before = {k: stats[k] for k in PATHS}
+    assert _plan(small_models[name], "-fit", "off") == 0
+    assert _kept() == 0
+    assert {k: stats[k] for k in PATHS} == before  # the from-scratch reserve: no incremental path
+
+
+def test_plan_with_fit_keeps_the_graph_its_dry_runs_re_place(small_models: dict[str, Path]) -> None:
+    _forget()
+    before = stats["graph_reuses"]
+    assert _plan(small_models["qwen3moe"]) == 0
+    assert stats["graph_reuses"] > before
+    assert _kept() > 0
+
+
+def _setup(path: Path) -> tuple[Plan, DeviceSet, ContextParams]:
+    model = open_model(path)
+    gpus = tuple(Device(f"CUDA{i}", DeviceKind.CUDA, 24 * GIB, 24 * GIB) for i in range(2))
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB), gpus)
+    params = ContextParams(n_ctx=4096, n_batch=2048, n_ubatch=512, n_seq_max=4, kv_unified=True,
+                           flash_attn=True, type_k="f16", type_v="f16", offload_kqv=True, swa_full=False,
+                           n_outputs_max=4)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1, overrides=(Override("exps", "CPU"),))
+    return Plan(model, devices, opts, params), devices, params
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "deepseek2", "gpt-oss", "gemma3", "llama"])
+def test_one_shot_buffers_equal_the_incremental_path(small_models: dict[str, Path], name: str) -> None:
+    plan, devices, params = _setup(small_models[name])
+    s = plan.model.summary
+    ctx = resolve_context(params, s.n_ctx_train, s.n_swa)
+    _forget()
+    with C.one_shot():
+        plain = C.compute_buffers(plan.model, devices, plan.placement(), ctx, params)
+    assert _kept() == 0
+    C.MEMO.clear()
+    kept = C.compute_buffers(plan.model, devices, plan.placement(), ctx, params)
+    assert _kept() > 0  # outside the context: the window's path, which keeps the graph
+    assert plain == kept
+    assert sum(b.bytes for b in plain) > 0
+
+
+def test_one_shot_is_this_thread_only(small_models: dict[str, Path]) -> None:
+    """A window's worker thread projecting while a one-shot context is open elsewhere keeps its graph."""
+    plan, devices, params = _setup(small_models["qwen3moe"])
+    s = plan.model.summary
+    ctx = resolve_context(params, s.n_ctx_train, s.n_swa)
+    _forget()
+    with C.one_shot():
+        worker = threading.Thread(target=C.compute_buffers,
+                                  args=(plan.model, devices, plan.placement(), ctx, params))
+        worker.start()
+        worker.join()
+    assert _kept() > 0
