@@ -177,13 +177,15 @@ class _AllocReplay:
         return d
 
     def _count(self, d: dict[T, int], new: list[T], old: list[T]) -> None:
+        """Uses by ``new`` minus uses by ``old``, of the tensors the allocator handles (one in a
+        buffer, or a view of one, is never allocated or freed: its count decides nothing)."""
         for n in new:
             for s in self.srcs(n):
-                if s is not None:
+                if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
                     d[s] = d.get(s, 0) + 1
         for n in old:
             for s in n.src:
-                if s is not None:
+                if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
                     d[s] = d.get(s, 0) - 1
 
     def _restore(self) -> None:
