@@ -46,7 +46,8 @@ class Periods:
     at: dict[int, int]  # position -> index of the layer start there
     alloc: list[list[tuple[T, ...]]]  # per backend, per layer start: allocated tensors, canonical order
     # per backend: layer start -> (period, end): the segments from it repeat with that period up to the
-    # layer start ``end`` (at least three periods on)
+    # layer start ``end`` (at least two periods on: a walk notes the first, compares after it and jumps
+    # the rest)
     runs: list[dict[int, tuple[int, int]]]
 
 
@@ -118,7 +119,7 @@ def _step(alive: dict[T, None], ev: Event) -> None:
 
 
 def _runs(codes: list[int]) -> dict[int, tuple[int, int]]:
-    """Segment index -> (period, end) for the segments from which at least three periods repeat
+    """Segment index -> (period, end) for the segments from which at least two periods repeat
     (the longest run; the shorter period where two are as long)."""
     out: dict[int, tuple[int, int]] = {}
     n = len(codes)
@@ -129,7 +130,7 @@ def _runs(codes: list[int]) -> dict[int, tuple[int, int]]:
             end = k + (same + p) // p * p
             if end >= n:  # the last segment runs to the graph's end: not a layer start
                 end -= p
-            if end >= k + 3 * p and end > out.get(k, (0, -1))[1]:
+            if end >= k + 2 * p and end > out.get(k, (0, -1))[1]:
                 out[k] = (p, end)
     return out
 

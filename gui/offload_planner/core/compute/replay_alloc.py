@@ -177,13 +177,15 @@ class _AllocReplay:
         return d
 
     def _count(self, d: dict[T, int], new: list[T], old: list[T]) -> None:
+        """Uses by ``new`` minus uses by ``old``, of the tensors the allocator handles (one in a
+        buffer, or a view of one, is never allocated or freed: its count decides nothing)."""
         for n in new:
             for s in self.srcs(n):
-                if s is not None:
+                if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
                     d[s] = d.get(s, 0) + 1
         for n in old:
             for s in n.src:
-                if s is not None:
+                if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
                     d[s] = d.get(s, 0) - 1
 
     def _restore(self) -> None:
@@ -315,7 +317,8 @@ class _AllocReplay:
             if ss is None:
                 ss = n.src
             # (allocate and release inlined where they return at once: most sources are allocated or
-            # have a buffer, most releases leave uses to come)
+            # have a buffer, most releases leave uses to come; a tensor in a buffer, or a view of one,
+            # is never freed and its counts are never asked for: no release, no count)
             for x in ss:
                 if x is not None and x not in own and x.view_src is None and newdev.get(x, x.dev) is None:
                     place(x, b)
@@ -326,7 +329,7 @@ class _AllocReplay:
                     c = nc.get(x)
                     if c is not None and c > 1:
                         nc[x] = c - 1
-                    else:
+                    elif (x.dev if x.view_src is None else x.view_src.dev) is None:
                         release(x)
         return [a.max_size for a in self.allocs], self.peaks
 
