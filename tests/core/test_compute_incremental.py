@@ -26,7 +26,7 @@ from offload_planner.core.compute import replay_alloc as RA
 from offload_planner.core.compute.recording import Reference
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.memory import ContextParams, resolve_context
+from offload_planner.core.memory import ContextParams, ResolvedContext, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, Placed, Placement, PlacementOptions, device_buft
 from offload_planner.core.plan import Plan, _dedupe_tied_copy
@@ -200,17 +200,25 @@ def big_headers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
             for n in names}
 
 
-def _check_layer_moves(model: Model, layers: list[int], *, to_gpu: bool = False) -> None:
-    """The bench's setting (two GPUs, -ub 2048, experts or the token embedding overridden to the
-    host): each of ``layers`` moved alone (its experts to the other GPU (MoE), the whole layer to the
-    CPU (dense) or, ``to_gpu``, to the other GPU), replayed against the base plan's reference and
-    simulated from scratch: equal reserves, peak labels included."""
+def _bench_setting(model: Model) -> tuple[DeviceSet, ContextParams, ResolvedContext, PlacementOptions]:
+    """bench/replan_speed.py's base plan: two GPUs, -c 32768 -ub 2048, the routed experts (MoE) or
+    the token embedding (dense) overridden to the host."""
     devices = _devices("CUDA", 2)
     params = _params(c=32768, ub=2048, np_=1)
     ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
     moe = any(t.role.is_routed_expert for t in model.tensors)
     opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
                             overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    return devices, params, ctx, opts
+
+
+def _check_layer_moves(model: Model, layers: list[int], *, to_gpu: bool = False) -> None:
+    """The bench's setting (two GPUs, -ub 2048, experts or the token embedding overridden to the
+    host): each of ``layers`` moved alone (its experts to the other GPU (MoE), the whole layer to the
+    CPU (dense) or, ``to_gpu``, to the other GPU), replayed against the base plan's reference and
+    simulated from scratch: equal reserves, peak labels included."""
+    devices, params, ctx, opts = _bench_setting(model)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
     plan = Plan(model, devices, opts, params)
     for _ in range(2):  # the second simulation of a topology records the reference
         C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
@@ -356,12 +364,7 @@ def _segments(ref: Reference, b: int) -> list[list[tuple[int, int, int]]]:
 def _reference(model: Model) -> Reference:
     """The bench's setting recorded: two GPUs, -ub 2048, experts (or the token embedding) on the host;
     the prompt graph's reference."""
-    devices = _devices("CUDA", 2)
-    params = _params(c=32768, ub=2048, np_=1)
-    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
-    moe = any(t.role.is_routed_expert for t in model.tensors)
-    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
-                            overrides=(Override("exps" if moe else "token_embd", "CPU"),))
+    devices, params, ctx, opts = _bench_setting(model)
     CI._REFS.clear()
     CI.record_at_first_sight()
     try:

@@ -12,7 +12,9 @@ from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
 from offload_planner.core.placement import CPU
+from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
+from offload_planner.ui.ubatch_plot import UbatchPlot
 
 LABEL = re.compile(r"est\. tg ([\d.]+) t/s · pp ([\d.]+) t/s \((.*)\)")
 RES = Path(__file__).resolve().parents[2] / "resources"
@@ -154,16 +156,21 @@ def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: 
         win.close()
 
 
+def _ubatch_sweep_with_experts_on_cpu(qtbot: QtBot, win: MainWindow) -> UbatchPlot:
+    """Qwen3-30B with its routed experts on the CPU, the Speed tab's -ub sweep run to its points."""
+    open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    experts = [t.name for t in win.doc.plan.model.tensors if t.role.is_routed_expert]
+    win.doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
+    plot = win.ubatch_plot
+    plot.button.click()
+    qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+    return plot
+
+
 def test_ubatch_plot_shows_the_tradeoff(qtbot: QtBot, settings: Settings) -> None:
     win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", cpu_gib=256))
     try:
-        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
-        doc = win.doc
-        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
-        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
-        plot = win.ubatch_plot
-        plot.button.click()
-        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        plot = _ubatch_sweep_with_experts_on_cpu(qtbot, win)
         pts = plot.points
         assert [p.n_ubatch for p in pts] == [64, 128, 256, 512, 1024, 2048, 4096]
         pp = [p.pp_tps for p in pts]
@@ -205,13 +212,7 @@ def test_ubatch_plot_names_the_fastest_ub_that_fits(qtbot: QtBot, settings: Sett
     5.5 GiB holds the first only."""
     win = make_window(qtbot, settings, system_info("CUDA0=5.5GiB", cpu_gib=256))
     try:
-        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
-        doc = win.doc
-        experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
-        doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
-        plot = win.ubatch_plot
-        plot.button.click()
-        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        plot = _ubatch_sweep_with_experts_on_cpu(qtbot, win)
         by_ub = {p.n_ubatch: p for p in plot.points}
         assert by_ub[2048].fits and by_ub[4096].over == ("CUDA0",)
         assert by_ub[4096].pp_tps > by_ub[2048].pp_tps

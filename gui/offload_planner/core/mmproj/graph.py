@@ -89,6 +89,13 @@ class _Vit:
         res = reshape(res, n_side, n_side, 1, a.ne[3])
         return cont(permute(res, 0, 1, 3, 2))
 
+    def dual_patch_embd(self) -> T:
+        """Qwen2/3-VL: the image through the two patch-embedding kernels (the two frames of a
+        temporal patch), added."""
+        raw = self.raw()
+        c0 = self.conv2d(self.req("v.patch_embd.weight"), raw)
+        return dup_op(c0, "ADD", c0, self.conv2d(self.req("v.patch_embd.weight.1"), raw))
+
     def inp(self) -> T:
         p = self.p
         n_side = self.size // p.patch_size
@@ -179,9 +186,7 @@ class _Qwen2VL(_Vit):
         p = self.p
         npx = self.size // p.patch_size
         n_pos = npx * npx
-        raw = self.raw()
-        inp = dup_op(c0 := self.conv2d(self.req("v.patch_embd.weight"), raw), "ADD", c0,
-                     self.conv2d(self.req("v.patch_embd.weight.1"), raw))
+        inp = self.dual_patch_embd()
         inp = permute(inp, 1, 2, 0, 3)
         inp = cont(inp, p.n_embd * 2, npx // 2, npx, 1)
         inp = reshape(inp, p.n_embd * 2, npx // 2, 2, npx // 2)
@@ -254,9 +259,7 @@ class _Qwen3VL(_Qwen2VL):
         p = self.p
         npx = self.size // p.patch_size
         n_pos = npx * npx
-        raw = self.raw()
-        inp = dup_op(c0 := self.conv2d(self.req("v.patch_embd.weight"), raw), "ADD", c0,
-                     self.conv2d(self.req("v.patch_embd.weight.1"), raw))
+        inp = self.dual_patch_embd()
         inp = self.merge_order(permute(inp, 1, 2, 0, 3), npx)
         inp = dup_op(inp, "ADD", inp, self.req("v.patch_embd.bias"))
         inp_l = dup_op(inp, "ADD", inp, self.merge_order(self.positions_embd(npx), npx))
