@@ -82,7 +82,7 @@ def run_fit(args: argparse.Namespace) -> int:
                       links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff,
-                          allow_kv_quant=args.allow_kv_quant)
+                          allow_kv_quant=args.allow_kv_quant, accept=args.spec_accept)
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
     rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,

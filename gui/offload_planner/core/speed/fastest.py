@@ -42,11 +42,13 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU
+from offload_planner.core.placement import CPU, Placed
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
 
 DEFAULT_MARGIN = 1 * GiB  # the window's default margin on every GPU
@@ -179,8 +181,9 @@ class _Search:
 
     def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
-                 moves: dict[str, str]) -> None:
+                 moves: dict[str, str], accept: float | None = None) -> None:
         self.model, self.devices, self.base_args = model, devices, list(base_args)
+        self.accept = accept  # speculative decoding's acceptance (None: the default)
         self.dialect = Dialect(dialect)
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
         self.projections = 0
@@ -197,11 +200,16 @@ class _Search:
 
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
-        speed = functools.cache(lambda: estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
-                                                 placement=proj.placement))
+        speed = functools.cache(lambda: self.speed(plan, proj))
         c = Candidate(label, plan, proj, speed, over, verified)
         self._seen[_key(plan)] = c
         return c
+
+    def speed(self, plan: Plan, proj: Projection) -> SpeedEstimate:
+        """The estimate ``plan`` prints: tg with its draft model or MTP where the command has one
+        (speculation.with_speculation), so candidates rank by what will run."""
+        est = estimate(plan, self.hw, prompt=self.prompt, eff=self.eff, placement=proj.placement)
+        return with_speculation(est, plan, self.hw, self.eff, placement=proj.placement, accept=self.accept)
 
     def full(self, label: str, plan: Plan) -> Candidate:
         """A full projection: the engine's compute simulation, not replayed against a reference (the
@@ -224,7 +232,8 @@ class _Search:
         # buffer grows once it holds experts (their activations), so the start alone is short
         ub = plan.context.n_ubatch
         known = {(b.device, b.name): b for b in self._compute.get(ub, [])}
-        for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute"):
+        # the model context's own (a draft's or MTP's compute is projected again with every plan)
+        for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute" and not b.owner):
             k = (b.device, b.name)
             known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
         self._compute[ub] = list(known.values())
@@ -328,11 +337,11 @@ class _Search:
 
     def expert_layers_any(self, plan: Plan, on: str | None = None) -> dict[int, list[str]]:
         """Per MoE layer, the routed-expert tensors (on device ``on``, or anywhere) that neither an
-        -ot rule of the user nor a move of theirs pins."""
+        -ot rule of the user nor a move of theirs pins; with MTP, the NextN block's experts too."""
         out: dict[int, list[str]] = {}
         for p in plan.placement().items:
             t = p.tensor
-            if (p.device is not None and (on is None or p.device == on) and t.role.is_routed_expert
+            if (p.device is not None and (on is None or p.device == on) and _routed(p)
                     and t.layer is not None and not p.copy and not p.rule.startswith("-ot ")
                     and t.name not in self.moves and plan.movable(t.name)[0]):
                 out.setdefault(t.layer, []).append(t.name)
@@ -358,10 +367,12 @@ class _Search:
         assigned: dict[str, list[int]] = {}
         layers = self.expert_layers(plan)
         moves: dict[str, str] = {}
-        # the layers with the most expert bytes first (quant mixes give some layers more bits),
+        # an MTP head's experts first (every draft pass reads them: n one-token passes and a batch a
+        # step), then the layers with the most expert bytes (quant mixes give some layers more bits),
         # then the rest in layer order as room allows: as many bytes off the CPU as fit
         size = {il: sum(self.model.tensor(n).nbytes for n in names) for il, names in layers.items()}
-        for il in sorted(layers, key=lambda i: (-size[i], i)):
+        trunk = self.model.summary.n_layer_trunk
+        for il in sorted(layers, key=lambda i: (i < trunk, -size[i], i)):
             for g in self.gpu_order(placement.layer_device(il)):
                 if g not in left:
                     continue
@@ -528,6 +539,13 @@ class _Search:
         return replace(base, placement_options=popts, context=ctx)
 
 
+def _routed(p: Placed) -> bool:
+    """A routed expert that runs: the trunk's, or an MTP head's (NextN blocks are placed only when
+    MTP loads them)."""
+    t = p.tensor
+    return t.role.is_routed_expert or (t.role is Role.NEXTN and "_exps" in t.name)
+
+
 def _ubatches(user_ub: int, goal: str) -> list[int]:
     return [user_ub] + [u for u in PP_UBATCHES if u > user_ub and goal != "tg"]
 
@@ -535,10 +553,13 @@ def _ubatches(user_ub: int, goal: str) -> list[int]:
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
-                 ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False) -> FastestResult:
+                 ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
+                 accept: float | None = None) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
-    ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept."""
+    ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept.
+    Candidates rank by the estimate ``plan`` prints: with the command's draft model or MTP at
+    acceptance ``accept`` (None: the default)."""
     from offload_planner.core.cmdline import parse_server_args
 
     if goal not in GOALS:
@@ -549,7 +570,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     def parse(argv: list[str]) -> Any:
         return parse_server_args(argv, dialect=dialect)
 
-    s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}))
+    s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}), accept)
     notes: list[str] = []
     user = s.plan([])
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
@@ -580,7 +601,8 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
-                      eff: Efficiencies | None = None, allow_kv_quant: bool = False) -> FastestResult:
+                      eff: Efficiencies | None = None, allow_kv_quant: bool = False,
+                      accept: float | None = None) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
     types change only with ``allow_kv_quant``."""
@@ -588,7 +610,7 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
     s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt,
-                dict(plan.moves))
+                dict(plan.moves), accept)
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
