@@ -69,14 +69,18 @@ class Candidate:
     #: the speed estimate, made when first asked for (:attr:`estimate`; a candidate over its limit
     #: on the way to a fill is never scored) and shared by the candidate's copies
     speed: Callable[[], SpeedEstimate]
-    over: list[str] = field(default_factory=list)  # devices over their limit
+    over: list[str] = field(default_factory=list)  # GPUs over their limit
     #: memory from a full projection of this plan; False: its weights, KV and output are exact and
     #: its compute buffers predicted from plans of the same ``-ub`` that were projected in full
     verified: bool = True
+    #: bytes over the host's (the CPU's RAM) capacity minus its margin; 0: within it or unknown.
+    #: Moving experts to the GPUs only lowers it, so the search fills as if it were not there and
+    #: a plan over it is never chosen
+    host_over: int = 0
 
     @property
     def fits(self) -> bool:
-        return not self.over
+        return not self.over and not self.host_over
 
     @property
     def estimate(self) -> SpeedEstimate:
@@ -92,6 +96,7 @@ class FastestResult:
     notes: list[str] = field(default_factory=list)
     evaluations: int = 0  # candidates evaluated with predicted compute buffers
     fit_seconds: float = 0.0  # CPU time of the llama.cpp --fit baseline (its own ~25 dry runs)
+    why: str = ""  # when nothing fits: which device is over, by how much, in the closest candidate
 
 
 def margin_of(dev: Device) -> int:
@@ -105,6 +110,44 @@ def room(projection: Projection, devices: DeviceSet) -> dict[str, int]:
         if g.capacity is not None:
             out[g.name] = g.capacity - margin_of(g) - projection.device(g.name).resident()
     return out
+
+
+def host_left(projection: Projection, devices: DeviceSet) -> int | None:
+    """Bytes the host (the CPU's RAM: declared, else this machine's) can still take after its margin
+    (None: capacity unknown); mmap'd weights count the bytes read, as on the memory bars."""
+    cpu = devices.cpu
+    if cpu.capacity is None:
+        return None
+    return cpu.capacity - margin_of(cpu) - projection.device(cpu.name).resident()
+
+
+def over_by(c: Candidate, devices: DeviceSet) -> list[tuple[str, int]]:
+    """(device, bytes) each device of ``c`` is over its capacity minus its margin."""
+    left = room(c.projection, devices)
+    out = [(g, -left[g]) for g in c.over]
+    return out + ([(devices.cpu.name, c.host_over)] if c.host_over else [])
+
+
+def why_nothing_fits(candidates: Sequence[Candidate], devices: DeviceSet) -> str:
+    """One sentence: the candidate over by the fewest bytes, each device it is over and by how much."""
+    from offload_planner.core.units import fmt_bytes
+
+    over = [(c, over_by(c, devices)) for c in candidates if not c.fits]
+    if not over:
+        return ""
+    c, by = min(over, key=lambda x: (sum(b for _, b in x[1]), not x[0].verified))
+    parts = []
+    for name, b in by:
+        dev = devices.by_name(name)
+        assert dev is not None
+        margin = margin_of(dev)
+        used = c.projection.device(name).resident()
+        parts.append(f"{name}{' (RAM)' if not dev.is_gpu else ''} over by {fmt_bytes(b, precision=1)} "
+                     f"({fmt_bytes(used, precision=1)} projected"
+                     + (f" + {fmt_bytes(margin, precision=1)} margin" if margin else "")
+                     + f" > {fmt_bytes(dev.capacity or 0, precision=1)})")
+    return (f"{'; '.join(parts)} in the closest plan, {c.label}"
+            + ("" if c.verified else " (compute buffers predicted)"))
 
 
 def score(est: SpeedEstimate, goal: str) -> float:
@@ -201,7 +244,8 @@ class _Search:
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
         speed = functools.cache(lambda: self.speed(plan, proj))
-        c = Candidate(label, plan, proj, speed, over, verified)
+        host = host_left(proj, self.devices)
+        c = Candidate(label, plan, proj, speed, over, verified, max(0, -host) if host is not None else 0)
         self._seen[_key(plan)] = c
         return c
 
@@ -265,7 +309,7 @@ class _Search:
             lab = f"{label}, {_describe(var)}"
             start = self.cheap(lab, plan)  # the exact ones: as projected
             self.starts[var] = start
-            if not start.fits:
+            if start.over:  # the GPUs (the host gains room as experts leave it)
                 notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
                              f"({', '.join(start.over)} over"
                              + ("" if start.verified else ", predicted") + ")")
@@ -281,7 +325,8 @@ class _Search:
         for _ in range(MAX_VERIFY):
             # a baseline predicted over is projected in full too if it would win: never slower than
             # a baseline that fits
-            fitting = [c for c in ours if c.fits] + [c for c in baselines if c.fits or not c.verified]
+            fitting = [c for c in ours if c.fits] + [c for c in baselines
+                                                     if c.fits or not (c.verified or c.host_over)]
             if not fitting:
                 return None
             c = max(fitting, key=lambda x: score(x.estimate, goal))
@@ -458,17 +503,18 @@ class _Search:
         and N - 1 when it is predicted over by less than a prediction may be wrong."""
         n_layer = self.model.summary.n_layer
         top = self._ncm(n_layer)
-        if not top.fits:
+        if top.over:
             return None, None
         n = self._n_cpu_moe_guess(top)
-        if self._ncm(n).fits:  # walk down while one layer fewer on the CPU still fits
-            while n > 0 and self._ncm(n - 1).fits:
+        # by the GPUs alone (monotonic in N; fewer layers on the CPU only lower the host's bytes)
+        if not self._ncm(n).over:  # walk down while one layer fewer on the CPU still fits
+            while n > 0 and not self._ncm(n - 1).over:
                 n -= 1
         else:  # the guess was short: bisect above it
             lo, hi = n + 1, n_layer
             while lo < hi:
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if self._ncm(mid).fits else (mid + 1, hi)
+                lo, hi = (lo, mid) if not self._ncm(mid).over else (mid + 1, hi)
             n = hi
         lower = self._ncm(n - 1) if n > 0 else None
         return self._ncm(n), (lower if lower is not None and self.near_miss(lower) else None)
@@ -478,19 +524,19 @@ class _Search:
         too when its prediction missed by little)."""
         n_layer = self.model.summary.n_layer
         c = self._ncm(n, full=True)
-        while not c.fits and n < n_layer:  # predicted to fit, over after all
+        while c.over and n < n_layer:  # predicted to fit, over after all
             n += 1
             c = self._ncm(n, full=True)
         while n > 0 and self.near_miss(self._ncm(n - 1)):
             lower = self._ncm(n - 1, full=True)
-            if not lower.fits:
+            if lower.over:
                 break
             c, n = lower, n - 1
         return c if c.fits else None
 
     def near_miss(self, c: Candidate) -> bool:
         """Predicted over, by less than a prediction of the compute buffers may be wrong."""
-        if c.verified or c.fits:
+        if c.verified or not c.over:
             return False
         left = room(c.projection, self.devices)
         return all(-left[g] < NEAR_MISS for g in c.over)
@@ -597,7 +643,8 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         i = next(i for i, c in enumerate(baselines) if c.label.startswith("--n-cpu-moe"))
         baselines[i:i + 1] = [] if exact is None else [exact]
         best = s.choose(ours, baselines, goal)
-    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s)
+    why = "" if best is not None else why_nothing_fits(ours + baselines, devices)
+    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s, why)
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
@@ -622,4 +669,5 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")
     best = s.choose(ours, [], goal)
-    return FastestResult(best, ours, goal, s.projections, notes, s.evaluations)
+    why = "" if best is not None else why_nothing_fits(ours or list(s.starts.values()), plan.devices)
+    return FastestResult(best, ours, goal, s.projections, notes, s.evaluations, why=why)
