@@ -205,6 +205,38 @@ def test_label_shows_mtp_speculation_beside_the_plain_figure(qtbot: QtBot, setti
         win.close()
 
 
+def test_hover_preview_with_mtp_gives_the_speed_lines_tg(qtbot: QtBot, settings: Settings,
+                                                         small_models: dict[str, Path]) -> None:
+    """With MTP the hover preview's tg is the speed line's (with MTP, depth 0): now, and after the
+    move it previews (it had given the plain tg, without speculation)."""
+    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.ui.tensor_map_model import move_preview_html, move_tg
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=64))
+    try:
+        open_and_wait(qtbot, win, small_models["glm4moe"])
+        assert win.command_pane.apply_command_text("llama-server -m m.gguf -c 2048 --spec-type draft-mtp")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "with MTP" in win.speed_label.text())
+        doc = win.doc
+        grid = doc.grid
+        assert grid is not None
+        row, col = grid.row_of_layer(2), grid.column_index("exps_down")
+        assert row is not None and col is not None
+        names = grid.cell(row, col).movable_names
+        now, to_cpu = move_tg(doc.plan, names)[CPU]
+        shown = plan_speed(doc.plan, probe=False, placement=doc.placement)
+        assert shown.spec is not None and now == shown.tg_tps != shown.spec.tg_tps_plain
+        m = re.match(r"est\. tg ([\d.]+) t/s with MTP", win.speed_label.text())
+        assert m and abs(float(m.group(1)) - now) <= (0.5 if now >= 100 else 0.05)  # as the line rounds
+        html = move_preview_html(doc.plan, grid.cell(row, col))
+        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in html and "est. tg at depth 0, with MTP" in html
+        doc.move(names, CPU)
+        assert plan_speed(doc.plan, probe=False).tg_tps == to_cpu
+    finally:
+        win.close()
+
+
 def test_ubatch_plot_names_the_fastest_ub_that_fits(qtbot: QtBot, settings: Settings) -> None:
     """A GPU that holds the plan at -ub 2048 but not the larger compute buffer of -ub 4096: the tab
     names -ub 2048 and says 4096 would be faster but does not fit.  The window's plan (-c 32768,

@@ -38,6 +38,7 @@ from offload_planner.core.speed.estimate import (
     expert_fraction,
     kv_bytes_at,
     split_pairs,
+    tg_tps,
 )
 from offload_planner.core.speed.hardware import Figure, Hardware, Source
 
@@ -278,3 +279,14 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         draft_ms=1e3 * one0, step_ms=1e3 * step0,
         tg_tps=e_tokens / step0 if step0 else math.inf, tg_tps_at_ctx=e_tokens / step1 if step1 else math.inf,
         tg_tps_plain=plain[0], tg_tps_at_ctx_plain=plain[1])
+
+
+def tg_tps_as_shown(plan: Plan, hw: Hardware, eff: Efficiencies, *, placement: Placement | None = None,
+                    accept: float | None = None) -> float:
+    """tg at depth 0 as the estimate shows it (:func:`with_speculation` over ``estimate``: with the
+    plan's draft model or MTP), without the rest of the estimate (no prompt processing): for
+    previews of a move."""
+    placement = placement or plan.placement()
+    plain = tg_tps(plan, hw, eff=eff, placement=placement)
+    spec = speculation(plan, placement, hw, eff, depth=0, target_kv={}, plain=(plain, plain), accept=accept)
+    return plain if spec is None else spec.tg_tps
