@@ -644,7 +644,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         baselines[i:i + 1] = [] if exact is None else [exact]
         best = s.choose(ours, baselines, goal)
     why = "" if best is not None else why_nothing_fits(ours + baselines, devices)
-    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s, why)
+    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s, why=why)
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
