@@ -2,8 +2,8 @@
 layers then a full one; gpt-oss: SWA and full alternating; window 128), as the pinned llama.cpp
 sizes and reads the SWA cache: a ring of ``n_swa x sequences + -ub`` cells padded to 256 whose
 masked cells are overwritten only when reused, so once it wraps one token's attention spans the whole
-ring; ggml-cpu's flash attention skips masked cells, so on the CPU with ``-fa`` only the window is
-read.  Expected bytes from the GGUF's own K/V projection widths (f16 cache: 2 bytes a value)."""
+ring; ggml-cpu's and Metal's flash attention skip masked cells, so there with ``-fa`` only the
+window is read.  Expected bytes from the GGUF's own K/V projection widths (f16 cache: 2 bytes a value)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,11 @@ def test_a_full_size_swa_cache_is_read_to_the_depth(small_models: dict[str, Path
     plan = _plan(small_models["gemma3"], ONE_GPU, "-fa", "on", "--swa-full")
     assert _read(plan, 4096) == {"CUDA0": _expected(plan, 4096, 4096)}
     assert _read(plan, 1000) == {"CUDA0": _expected(plan, 1000, 1000)}
+
+
+def test_metal_skips_masked_cells_and_vulkan_does_not(small_models: dict[str, Path]) -> None:
+    for gpu, swa_cells in (("Metal0=m3max,128GiB", WINDOW), ("Vulkan0=24GiB", RING)):
+        devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), (parse_device_decl(gpu),))
+        plan = _plan(small_models["gpt-oss"], devices, "-fa", "on")
+        name = devices.gpus[0].name
+        assert _read(plan, 4096) == {name: _expected(plan, 4096, swa_cells)}, gpu

@@ -147,15 +147,21 @@ def kv_bytes_at(model: Model, placement: Placement, params: ContextParams, ctx: 
     return kv_read_at(model, placement, params, ctx, plan.devices, depth)
 
 
+#: Backends whose one-token flash attention skips masked K/V cells: ggml-cpu (``mv == -INFINITY``,
+#: ``ops.cpp``), Metal (``skip -INF mask`` per block, ``fa_vec_common.metal``) and RPC (ggml-rpc-server's
+#: default backend is the CPU).  CUDA/ROCm (no mask scan below 1024 queries, ``fattn-common.cuh``),
+#: Vulkan (``use_mask_opt`` from 32 query rows) and SYCL read every cell up to ``n_kv``.
+SKIPS_MASKED_CELLS = frozenset({DeviceKind.CPU, DeviceKind.METAL, DeviceKind.RPC})
+
+
 def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
                devices: DeviceSet, depth: int, cached: range | None = None) -> dict[str, int]:
     """KV bytes one token of one sequence reads at ``depth`` cells, per device: the engine's KV
     sizing (:func:`memory.kv_buffers`) of ``depth`` cells, where a sliding-window layer reads
     ``min(depth, its cache's cells)``: its cache (``ctx.swa_cells``, ``n_swa x sequences + -ub``
     padded to 256; ``--swa-full``: the context) is a ring whose masked cells are overwritten only
-    when reused, so once it wraps the attention spans all of it (``llama_kv_cache::get_n_kv``; CUDA's
-    one-token flash attention scans no mask, ``fattn-common.cuh``); ggml-cpu's flash attention
-    skips masked cells (``mv == -INFINITY``: ``ops.cpp``), so a layer on the CPU with ``-fa`` reads
+    when reused, so once it wraps the attention spans all of it (``llama_kv_cache::get_n_kv``);
+    with flash attention on a backend that skips masked cells (:data:`SKIPS_MASKED_CELLS`) it reads
     ``min(depth, n_swa)``."""
     if depth <= 0:
         return {}
@@ -172,7 +178,8 @@ def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: R
     if not (s.has_swa and s.n_swa and params.flash_attn and ctx.swa_cells > s.n_swa):
         return ring
     window = read(min(depth, s.n_swa))
-    return {name: window[name] if name == devices.cpu.name else n for name, n in ring.items()}
+    skips = {d.name for d in devices if d.kind in SKIPS_MASKED_CELLS}
+    return {name: window[name] if name in skips else n for name, n in ring.items()}
 
 
 def stage_devices(model: Model, placement: Placement) -> list[str]:
