@@ -135,21 +135,20 @@ class ExtraShortfall:
 def extra_shortfalls(result: FitResult, projection: Projection, free: dict[str, int]) -> list[ExtraShortfall]:
     """Per offload device of ``projection`` (the fitted plan, with its draft/MTP context): where it
     uses more than ``free`` minus the fit's margin and the draft/MTP context takes more than the fit
-    counted for it (a device the main model does not use: nothing counted, the default margin).  A
-    --mmproj projector is left out: the server adds it to the margins instead."""
-    from offload_planner.core.fit import DEFAULT_MARGIN
-
+    counted for it.  Only the devices the fit fitted (the main model's: a draft's other devices are
+    dropped by ``add_extra_memory`` and the fit keeps no margin there).  A --mmproj projector is left
+    out: the server adds it to the margins instead."""
     what = next((e.label for e in projection.extras if e.key in (DRAFT, MTP)), "draft/MTP context")
     out: list[ExtraShortfall] = []
     for dm in projection.devices:
         name = dm.device.name
-        if name not in free:
+        if name not in free or name not in result.margins:
             continue
         allocated = sum(b.bytes for b in dm.buffers if b.owner in (DRAFT, MTP))
         counted = result.extra_counted.get(name, 0)
         if allocated <= counted:
             continue
-        margin = result.margins.get(name, DEFAULT_MARGIN)
+        margin = result.margins[name]
         used = dm.resident() - sum(b.bytes for b in dm.buffers if b.owner == MMPROJ)
         over = used - (free[name] - margin)
         if over > 0:
