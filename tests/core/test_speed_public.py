@@ -93,6 +93,15 @@ def _quant(m: dict[str, Any], arch: str) -> QuantMix | None:
     return _uniform(BY_DIGIT[d.group(1)]) if d and d.group(1) in BY_DIGIT else None
 
 
+def _llama(name: str, n_layer: int, n_embd: int, n_head: int, n_kv: int, n_ff: int,
+           n_vocab: int) -> ModelSpec:
+    """A dense Llama-architecture shape of a published config (untied output, ``n_vocab`` tokens)."""
+    base = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]
+    tok = replace(base.tokenizer, n_vocab=n_vocab, n_merges=min(base.tokenizer.n_merges, n_vocab))
+    return replace(base, name=name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_kv, n_ff=n_ff,
+                   tokenizer=tok, rope_freqs=False)
+
+
 def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
     arch, params = m.get("arch"), m.get("params_b") or 0
     ds3 = BIG_MODELS["DeepSeek-V3-Q4_K_M"]
@@ -110,11 +119,14 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = replace(BIG_MODELS["gpt-oss-120b-MXFP4"], name="gpt-oss-20b", n_layer=24, n_expert=32)
     elif arch == "llama" and 60 <= params <= 75:
         spec = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]
-    elif arch == "llama" and 6 <= params <= 8.5:  # Llama 2 7B / Llama 3 8B shapes (GQA for 8B)
-        kv = 8 if params > 7.5 else 32
-        ff = 14336 if params > 7.5 else 11008
-        spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name=f"llama {params}B", n_layer=32, n_embd=4096,
-                       n_head=32, n_head_kv=kv, n_ff=ff)
+    elif arch == "llama" and 6 <= params <= 8.5:  # Llama 2 7B / Mistral 7B / Llama 3 8B (their configs)
+        kv, ff, vocab = (32, 11008, 32000) if params < 7 else (8, 14336, 32000 if params < 7.5 else 128256)
+        spec = _llama(f"llama {params}B", 32, 4096, 32, kv, ff, vocab)
+    elif arch == "qwen2" and 7 <= params <= 8:  # Qwen2.5-7B config (qkv biases left out: 0.01% of bytes)
+        spec = _llama(f"qwen2 {params}B", 28, 3584, 28, 4, 18944, 152064)
+    elif arch == "llama" and 23 <= params <= 24.5:  # Mistral-Small-24B config: head_dim 128
+        spec = replace(_llama(f"llama {params}B", 40, 5120, 32, 8, 32768, 131072),
+                       head_dim_k=128, head_dim_v=128)
     else:
         return None, f"no synth shape for {arch} {params}B"
     if m.get("n_layer") and spec.arch != "llama" and m["n_layer"] != spec.n_layer - spec.n_nextn:
@@ -126,7 +138,8 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
 
 
 def _gpu_card(name: str) -> str | None:
-    for n in (name, re.sub(r"\s*(GPU|Max-Q|\d+GB)$", "", name), re.sub(r"\s+\d+GB$", "", name)):
+    for n in (name, re.sub(r"\s*(GPU|Max-Q|\d+GB)$", "", name), re.sub(r"\s+\d+GB$", "", name),
+              re.sub(r"\s*\([^)]*\)$", "", name)):  # "NVIDIA GB10 (DGX Spark)"
         c = card(n.strip())
         if c is not None:
             return c.key
