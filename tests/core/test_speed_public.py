@@ -60,10 +60,24 @@ CPU_MEMORY = {
     "e5-2697a": "4xDDR4-2400",  # Intel Xeon E5-2697A v4: 4 channels DDR4-2400
 }
 
+#: Physical cores of CPU platforms by name (vendor specifications): llama.cpp's default -t when a
+#: post gives none (common_cpu_get_num_math: the physical cores).
+CPU_CORES = {
+    "epyc 9654": 96, "epyc 9374f": 32, "epyc 9355": 32, "epyc 9965": 192, "7950x": 16, "7900": 12,
+    "7700x": 8, "7800x3d": 8, "5975wx": 32, "3995wx": 64, "6980p": 128, "8336c": 28, "e5-2697a": 16,
+}
+
 #: Uniform quant types by bits per weight (block bytes x 8 / block elements).
 TYPES = [(Q.IQ1_S, 1.5625), (Q.IQ2_XXS, 2.0625), (Q.Q2_K, 2.625), (Q.IQ3_XXS, 3.0625), (Q.Q3_K, 3.4375),
          (Q.Q4_0, 4.5), (Q.Q4_K, 4.5), (Q.Q5_K, 5.5), (Q.Q6_K, 6.5625), (Q.Q8_0, 8.5), (Q.F16, 16.0)]
-BY_NAME = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "F16": Q.F16, "BF16": Q.F16, "Q4_K_M": Q.Q4_K, "Q6_K": Q.Q6_K}
+BY_NAME = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "F16": Q.F16, "BF16": Q.F16, "Q2_K": Q.Q2_K, "Q3_K": Q.Q3_K,
+           "Q4_K": Q.Q4_K, "Q5_K": Q.Q5_K, "Q6_K": Q.Q6_K, "IQ1_S": Q.IQ1_S, "IQ1_M": Q.IQ1_M,
+           "IQ2_XXS": Q.IQ2_XXS, "IQ2_XS": Q.IQ2_XS, "IQ2_S": Q.IQ2_S, "IQ3_XXS": Q.IQ3_XXS, "IQ3_S": Q.IQ3_S,
+           "IQ4_XS": Q.IQ4_XS}
+#: Bits per weight of the named types (block bytes x 8 / block elements).
+BPW = {Q.Q4_0: 4.5, Q.Q8_0: 8.5, Q.F16: 16.0, Q.Q2_K: 2.625, Q.Q3_K: 3.4375, Q.Q4_K: 4.5, Q.Q5_K: 5.5,
+       Q.Q6_K: 6.5625, Q.IQ1_S: 1.5625, Q.IQ1_M: 1.75, Q.IQ2_XXS: 2.0625, Q.IQ2_XS: 2.3125, Q.IQ2_S: 2.5625,
+       Q.IQ3_XXS: 3.0625, Q.IQ3_S: 3.4375, Q.IQ4_XS: 4.25}
 BY_DIGIT = {"1": Q.IQ1_S, "2": Q.Q2_K, "3": Q.Q3_K, "4": Q.Q4_K, "5": Q.Q5_K, "6": Q.Q6_K, "8": Q.Q8_0}
 
 
@@ -84,11 +98,15 @@ def _quant(m: dict[str, Any], arch: str) -> QuantMix | None:
         return MXFP4_MOE
     name = str(m.get("quant") or "").upper()
     size, params = m.get("size_gib"), m.get("params_b")
+    named = re.search(r"IQ\d_[A-Z]+|Q\d_K|Q\d_0|BF16|F16", name)  # UD-IQ1_S, Q4_K_M, UD-Q4_K_XL
+    t = BY_NAME.get(named.group(0)) if named else None
     if size and params:
         bpw = size * 2**30 * 8 / (params * 1e9)
+        if t is not None and abs(BPW[t] - bpw) <= 0.75:  # the named type, where the size agrees
+            return _uniform(t)
         return _uniform(min(TYPES, key=lambda tb: abs(tb[1] - bpw))[0])
-    if name in BY_NAME:
-        return _uniform(BY_NAME[name])
+    if t is not None:
+        return _uniform(t)
     d = re.search(r"I?Q(\d)", name)
     return _uniform(BY_DIGIT[d.group(1)]) if d and d.group(1) in BY_DIGIT else None
 
@@ -151,13 +169,16 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
     ram = str(h.get("ram") or "")
     stated = re.search(r"(\d+(?:\.\d+)?)\s*GB/s", ram) or re.search(r"(\d+(?:\.\d+)?)\s*GiB/s", ram)
     cpu_decl = "CPU=1024GiB"
+    cpu = str(h.get("cpu") or "").lower()
     if stated:
         cpu_decl += f",bw={stated.group(1)}GB/s"
     else:
-        cpu = str(h.get("cpu") or "").lower()
         mem = next((v for k, v in CPU_MEMORY.items() if k in cpu), None)
         if mem:
             cpu_decl += f",ram={mem}"
+    cores = next((v for k, v in CPU_CORES.items() if k in cpu), None)
+    if cores:
+        cpu_decl += f",cores={cores}"
     gpus = []
     for i, g in enumerate(h.get("gpus") or []):
         key = _gpu_card(g)

@@ -81,6 +81,29 @@ IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 
 
+#: Mainline llama.cpp's CPU matrix multiplication of the lattice i-quants (IQ1_S ... IQ3_S): no
+#: repacked or tinyBLAS GEMM for them (ggml-cpu repack.cpp: ``ggml_repack_get_optimal_repack_type``
+#: repacks Q4_0, Q4_K, IQ4_NL, MXFP4 on x86, Q2_K with AVX512; llamafile sgemm takes F32/F16/BF16, Q8_0,
+#: Q4_0, Q5_0, IQ4_NL), so each row goes through the type's vec_dot with its grid look-ups.  Measured on
+#: a Ryzen-7950X with LLaMA-3.1-8B (https://github.com/ikawrakow/ik_llama.cpp/pull/518, mainline
+#: build 5635: IQ3_S "pp512" 28.04 t/s, 16 cores): 28.04 x 2 x 7.5e9 matrix weights = 0.42 TFLOPS of
+#: 16 x 0.1 peak, 0.26 x peak, where the same CPU ran mainline's fastest type, Q4_0, at 170 t/s
+#: (https://github.com/ikawrakow/ik_llama.cpp/pull/533, build 5688).  ik_llama.cpp's own kernels
+#: cover these types (``IK_CPU_COMPUTE``).
+IQUANT_CPU_COMPUTE = Figure(0.26, "x peak", Source.DEFAULT,
+                            "mainline CPU kernels of IQ1_S..IQ3_S (vec_dot, no GEMM): IQ3_S pp512 28.04 t/s "
+                            "on a Ryzen-7950X (ik_llama.cpp PR 518)")
+SLOW_CPU_TYPES = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"})  # ggml names
+
+
+def cpu_cost(type_name: str, dialect: Dialect) -> float:
+    """Compute cost of one weight of ``type_name`` on the CPU against the default's (1: the default
+    efficiency applies): mainline's lattice i-quants cost ``cpu_compute / IQUANT_CPU_COMPUTE``."""
+    if type_name in SLOW_CPU_TYPES and not Dialect(dialect).fast_cpu_kernels:
+        return _CPU_COMPUTE.value / IQUANT_CPU_COMPUTE.value
+    return 1.0
+
+
 def defaults_for(dialect: Dialect) -> Efficiencies:
     """The default efficiencies of a backend (llama.cpp's unless the dialect's CPU kernels differ)."""
     return _FAST_CPU if Dialect(dialect).fast_cpu_kernels else DEFAULT

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
 from offload_planner.core.devices import DeviceKind
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
-from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
+from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 if TYPE_CHECKING:
@@ -254,11 +255,12 @@ class _Work:
 
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
+    cpu_el: list[float] = field(default_factory=lambda: [0.0] * 4)  # el x the type's CPU cost (cpu_cost)
 
-    def parts(self) -> Iterator[tuple[float, float, bool, bool]]:
-        """(elements, bytes, routed expert, may be offloaded) of each part."""
+    def parts(self) -> Iterator[tuple[float, float, bool, bool, float]]:
+        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost)."""
         for i in range(4):
-            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2
+            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i]
 
 
 def _part(is_expert: bool, refused: bool) -> int:
@@ -274,7 +276,8 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
     return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
 
 
-def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
+def _work(placement: Placement, refused: frozenset[str] = frozenset(),
+          dialect: Dialect = Dialect.LLAMA_CPP) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
     for p in _running(placement):
         t = p.tensor
@@ -285,6 +288,7 @@ def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[s
         i = _part(t.role.is_routed_expert, t.name in refused)
         w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
+        w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
     return out
 
 
@@ -324,7 +328,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     whole = plan.dialect.copies_whole_experts
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
-        for el, nb, is_exp, may in w.parts():
+        for el, nb, is_exp, may, cpu_el in w.parts():
             if not el:
                 continue
             where = dev
@@ -333,7 +337,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
                 transfer += nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
-            flops[where] += 2.0 * u * el * (frac if is_exp else 1.0)
+            flops[where] += 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
             reads[where] += nb * (hit if is_exp else 1.0)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
@@ -362,7 +366,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
-    work = _work(placement, refused_by_gpu(plan, placement))
+    work = _work(placement, refused_by_gpu(plan, placement), plan.dialect)
     s = plan.model.summary
     attn_layers: dict[str, int] = defaultdict(int)
     for il in range(s.n_layer - s.n_nextn):

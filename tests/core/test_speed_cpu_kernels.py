@@ -1,0 +1,64 @@
+"""CPU figures that follow llama.cpp's own code: the default thread count (the physical cores,
+``common_cpu_get_num_math``) and mainline's slow CPU matrix path for the lattice i-quants (no repacked
+or tinyBLAS GEMM for IQ1_S..IQ3_S), on real GGUF headers written by the project's synth."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.speed.efficiency import IQUANT_CPU_COMPUTE, defaults_for
+from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Threads, hardware_for
+from offload_planner.core.synth import SMALL_MODELS, QuantMix, write_model
+
+
+def _cpu_only(decl: str = "CPU=64GiB,bw=100GB/s") -> DeviceSet:
+    return DeviceSet(parse_device_decl(decl), ())
+
+
+def test_cpu_compute_defaults_to_the_physical_cores() -> None:
+    """Without -t llama.cpp computes with the physical cores: the declared ``cores=``, else this
+    machine's (``Threads``); -t wins over both."""
+    per = DEFAULT_CPU_TFLOPS_PER_THREAD
+    declared = hardware_for(_cpu_only("CPU=64GiB,bw=100GB/s,cores=16"))
+    assert declared["CPU"].tflops.value == pytest.approx(16 * per)
+    assert "16 physical cores" in declared["CPU"].tflops.note
+    assert hardware_for(_cpu_only("CPU=64GiB,bw=100GB/s,cores=16"), threads=4)["CPU"].tflops.value == \
+        pytest.approx(4 * per)
+    here = hardware_for(_cpu_only("CPU=64GiB"), cores=Threads(6, 6, False, {}, ("CPU",)))
+    assert here["CPU"].tflops.value == pytest.approx(6 * per)
+
+
+def _uniform(t: Q) -> QuantMix:
+    return QuantMix(name=f"uniform-{t.name}", ftype=15, embd=t, output=t, attn=t, attn_v=t, ffn=t,
+                    ffn_down=t, shexp=t, shexp_down=t, exps=t, exps_down=t, nextn=t)
+
+
+@pytest.mark.parametrize("dialect", ["llama.cpp", "ik_llama.cpp"])
+def test_lattice_iquants_cost_mainline_more_cpu_compute(tmp_path: Path, dialect: str) -> None:
+    """IQ3_S and Q3_K have the same bits per weight (same bytes read), but mainline multiplies IQ3_S
+    on the CPU through its vec_dot (0.26 x peak, ik_llama.cpp PR 518's measurement) where the default
+    applies to Q3_K; ik_llama.cpp's kernels cover both alike."""
+    devices = _cpu_only("CPU=64GiB,bw=100GB/s,cores=8")
+    est = {}
+    for t in (Q.IQ3_S, Q.Q3_K):
+        spec = replace(SMALL_MODELS["llama"], quant=_uniform(t))
+        [path] = write_model(spec, tmp_path / f"{t.name}.gguf", header_only=True)
+        parsed = parse_server_args(["-c", "1024"], dialect=dialect)
+        plan = plan_from_args(open_model(str(path)), devices, parsed, dialect)
+        est[t] = estimate(plan, hardware_for(devices), prompt=512)
+    assert est[Q.IQ3_S].tg_tps == pytest.approx(est[Q.Q3_K].tg_tps)  # same bytes
+    ratio = est[Q.Q3_K].pp_tps / est[Q.IQ3_S].pp_tps
+    if dialect == "llama.cpp":
+        slower = defaults_for(plan.dialect).cpu_compute.value / IQUANT_CPU_COMPUTE.value
+        assert 1.3 < ratio <= slower + 1e-9  # attention (same for both) dilutes the weights' share
+    else:
+        assert ratio == pytest.approx(1.0)
