@@ -1,6 +1,7 @@
-"""CPU figures that follow llama.cpp's own code: the default thread count (the physical cores,
-``common_cpu_get_num_math``) and mainline's slow CPU matrix path for the lattice i-quants (no repacked
-or tinyBLAS GEMM for IQ1_S..IQ3_S), on real GGUF headers written by the project's synth."""
+"""Compute figures that depend on the kernels: the default thread count (llama.cpp's physical cores,
+``common_cpu_get_num_math``), mainline's slow CPU matrix path for the lattice i-quants (no repacked
+or tinyBLAS GEMM for IQ1_S..IQ3_S), a GPU's efficiency by the rows a matrix multiplies; on real GGUF
+headers written by the project's synth."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.efficiency import IQUANT_CPU_COMPUTE, defaults_for
-from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.efficiency import IQUANT_CPU_COMPUTE, defaults_for, gpu_rows_factor
+from offload_planner.core.speed.estimate import estimate, ubatch_sweep
 from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Threads, hardware_for
 from offload_planner.core.synth import SMALL_MODELS, QuantMix, write_model
 
@@ -62,3 +63,25 @@ def test_lattice_iquants_cost_mainline_more_cpu_compute(tmp_path: Path, dialect:
         assert 1.3 < ratio <= slower + 1e-9  # attention (same for both) dilutes the weights' share
     else:
         assert ratio == pytest.approx(1.0)
+
+
+def test_gpu_rows_factor_bounds() -> None:
+    assert gpu_rows_factor(512) == pytest.approx(1.0)
+    assert gpu_rows_factor(128) == pytest.approx(0.5)  # sqrt(128 / 512)
+    assert gpu_rows_factor(1) == gpu_rows_factor(16)  # below 16 rows the reads bound the time
+    assert gpu_rows_factor(4096) == gpu_rows_factor(2048) == pytest.approx(2.0)
+
+
+def test_dense_gpu_prompt_gains_with_ubatch_until_the_cap(tmp_path: Path) -> None:
+    """A dense model on one GPU, compute-bound: -ub 512 -> 2048 gains up to sqrt(4) = 2x in the
+    weights' compute; from 2048 rows on the efficiency is capped, so 2048 -> 4096 stays flat."""
+    devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"),
+                        (parse_device_decl("CUDA0=80GiB,bw=2000GB/s,tflops=1"),))
+    spec = replace(SMALL_MODELS["llama"], quant=_uniform(Q.Q4_K), n_embd=2048, n_head=16, n_head_kv=4,
+                   n_ff=8192)  # wide enough that the weights, not attention, take the compute
+    [path] = write_model(spec, tmp_path / "dense.gguf", header_only=True)
+    plan = plan_from_args(open_model(str(path)), devices, parse_server_args(["-ngl", "99", "-c", "8192"]))
+    (_, at512), (_, at2048), (_, at4096) = ubatch_sweep(plan, hardware_for(devices), [512, 2048, 4096],
+                                                        prompt=4096)
+    assert 1.3 < at2048 / at512 <= 2.0 + 1e-9
+    assert at4096 / at2048 == pytest.approx(1.0, abs=0.1)

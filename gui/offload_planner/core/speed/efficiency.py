@@ -104,6 +104,31 @@ def cpu_cost(type_name: str, dialect: Dialect) -> float:
     return 1.0
 
 
+#: A GPU's matrix multiplication gets more of its peak the more rows (tokens) each weight matrix
+#: multiplies: the default GPU compute efficiency holds at 512 rows (a dense model at -ub 512) and is
+#: scaled by sqrt(rows / 512), between 16 rows (below them the reads bound the time) and twice the
+#: default.  A routed expert multiplies the tokens routed to it, ``ubatch x n_expert_used / n_expert``
+#: on average over the experts hit, so MoE prompt processing at a small -ub is far below the dense rate.
+#: Public measurements: DeepSeek-R1 on 16 RTX 3090 ran pp512 at 216.01 t/s with -ub 512 (16 tokens an
+#: expert) and pp4096 at 323.48 t/s with -ub 4096 (128 an expert), 1.5x faster despite 8x the attention
+#: per token (https://github.com/ikawrakow/ik_llama.cpp/issues/263); Llama-2-70B on 4 RTX 3090 at
+#: -ub 2048 ran 0.61 x the FP16 peak (https://github.com/ikawrakow/ik_llama.cpp/issues/1051) where
+#: 7B models ran pp512 at 0.31-0.37 of it (https://github.com/ggml-org/llama.cpp/pull/4766, /pull/4812,
+#: /pull/6017).
+#: The exponent 0.5 was chosen on half of the development set (tests/core/test_speed_public.py, odd
+#: records: pp median error 1.40x -> 1.14x) and checked on the other half (1.74x -> 1.56x).
+GPU_ROWS_REF = 512
+GPU_ROWS_EXPONENT = 0.5
+GPU_ROWS_MIN = 16
+GPU_ROWS_MAX_GAIN = 2.0
+
+
+def gpu_rows_factor(rows: float) -> float:
+    """The GPU compute efficiency of a matrix multiplied by ``rows`` tokens against the default's."""
+    r = max(float(GPU_ROWS_MIN), rows)
+    return float(min(GPU_ROWS_MAX_GAIN, (r / GPU_ROWS_REF) ** GPU_ROWS_EXPONENT))
+
+
 def defaults_for(dialect: Dialect) -> Efficiencies:
     """The default efficiencies of a backend (llama.cpp's unless the dialect's CPU kernels differ)."""
     return _FAST_CPU if Dialect(dialect).fast_cpu_kernels else DEFAULT

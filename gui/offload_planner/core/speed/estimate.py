@@ -36,7 +36,7 @@ from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
-from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for
+from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 if TYPE_CHECKING:
@@ -195,6 +195,12 @@ def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumpt
     return bw, notes
 
 
+def _is_gpu(dev: DeviceSpeed) -> bool:
+    """A local GPU (not the CPU; not an RPC device, whose server's backend is not known: ggml-rpc-server
+    computes on its CPU by default)."""
+    return dev.kind not in (DeviceKind.CPU, DeviceKind.RPC)
+
+
 def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
     """Effective TFLOPS of a device: peak x efficiency x its share of oversubscribed cores."""
     e = eff.cpu_compute if dev.kind is DeviceKind.CPU else eff.gpu_compute
@@ -326,6 +332,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     transfer = 0.0
     dense_off = gpu is not None and threshold is not None and u >= threshold
     whole = plan.dialect.copies_whole_experts
+    gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
         for el, nb, is_exp, may, cpu_el in w.parts():
@@ -337,7 +344,10 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
                 transfer += nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
-            flops[where] += 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
+            work_flops = 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
+            if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
+                work_flops /= gpu_rows_factor(u * frac / hit if is_exp else u)
+            flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
