@@ -15,7 +15,13 @@ from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.efficiency import IQUANT_CPU_COMPUTE, defaults_for, gpu_rows_factor
+from offload_planner.core.speed.efficiency import (
+    GPU_ROWS_EXPONENT,
+    GPU_ROWS_MAX_GAIN,
+    IQUANT_CPU_COMPUTE,
+    defaults_for,
+    gpu_rows_factor,
+)
 from offload_planner.core.speed.estimate import estimate, ubatch_sweep
 from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Threads, hardware_for
 from offload_planner.core.synth import SMALL_MODELS, QuantMix, write_model
@@ -67,21 +73,38 @@ def test_lattice_iquants_cost_mainline_more_cpu_compute(tmp_path: Path, dialect:
 
 def test_gpu_rows_factor_bounds() -> None:
     assert gpu_rows_factor(512) == pytest.approx(1.0)
-    assert gpu_rows_factor(128) == pytest.approx(0.5)  # sqrt(128 / 512)
-    assert gpu_rows_factor(1) == gpu_rows_factor(16)  # below 16 rows the reads bound the time
-    assert gpu_rows_factor(4096) == gpu_rows_factor(2048) == pytest.approx(2.0)
+    assert gpu_rows_factor(128) == pytest.approx(0.25**GPU_ROWS_EXPONENT)
+    assert gpu_rows_factor(1) == gpu_rows_factor(16) < gpu_rows_factor(64)  # below 16 rows the reads bound
+    assert gpu_rows_factor(10**6) == GPU_ROWS_MAX_GAIN
 
 
 def test_dense_gpu_prompt_gains_with_ubatch_until_the_cap(tmp_path: Path) -> None:
-    """A dense model on one GPU, compute-bound: -ub 512 -> 2048 gains up to sqrt(4) = 2x in the
-    weights' compute; from 2048 rows on the efficiency is capped, so 2048 -> 4096 stays flat."""
+    """A dense model on one GPU, compute-bound: -ub 512 -> 2048 gains up to 4 ** exponent in the
+    weights' compute; past the capped efficiency (4096 rows and more) a larger -ub gains nothing."""
     devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"),
                         (parse_device_decl("CUDA0=80GiB,bw=2000GB/s,tflops=1"),))
     spec = replace(SMALL_MODELS["llama"], quant=_uniform(Q.Q4_K), n_embd=2048, n_head=16, n_head_kv=4,
                    n_ff=8192)  # wide enough that the weights, not attention, take the compute
     [path] = write_model(spec, tmp_path / "dense.gguf", header_only=True)
-    plan = plan_from_args(open_model(str(path)), devices, parse_server_args(["-ngl", "99", "-c", "8192"]))
-    (_, at512), (_, at2048), (_, at4096) = ubatch_sweep(plan, hardware_for(devices), [512, 2048, 4096],
-                                                        prompt=4096)
-    assert 1.3 < at2048 / at512 <= 2.0 + 1e-9
-    assert at4096 / at2048 == pytest.approx(1.0, abs=0.1)
+    plan = plan_from_args(open_model(str(path)), devices, parse_server_args(["-ngl", "99", "-c", "16384"]))
+    sweep = dict(ubatch_sweep(plan, hardware_for(devices), [512, 2048, 4096, 8192], prompt=8192))
+    assert 1.2 < sweep[2048] / sweep[512] <= 4**GPU_ROWS_EXPONENT + 1e-9
+    assert sweep[8192] / sweep[4096] == pytest.approx(1.0, abs=0.05)
+
+
+def test_sliding_window_layers_attend_their_window_at_depth(tmp_path: Path) -> None:
+    """Prompt processing after a deep context: a sliding-window layer's queries attend at most its
+    cache's cells, so gemma3 (5 of 6 layers sliding) slows down far less with depth than the same
+    shape without the window."""
+    devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"),
+                        (parse_device_decl("CUDA0=80GiB,bw=2000GB/s,tflops=1"),))
+    slow = {}
+    full = replace(SMALL_MODELS["gemma3"], sliding_window=0, sliding_window_pattern=None)
+    for name, spec in (("swa", SMALL_MODELS["gemma3"]), ("full", full)):
+        [path] = write_model(spec, tmp_path / f"{name}.gguf", header_only=True)
+        plan = plan_from_args(open_model(str(path)), devices,
+                              parse_server_args(["-ngl", "99", "-c", "40000", "-fa", "on"]))
+        est = estimate(plan, hardware_for(devices), prompt=512, depth=32768)
+        assert est.pp_tps_at_depth is not None
+        slow[name] = est.pp_tps / est.pp_tps_at_depth
+    assert 1.0 < slow["swa"] < slow["full"] / 2

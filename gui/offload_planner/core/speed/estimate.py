@@ -319,10 +319,13 @@ class _PPParts:
 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
-                attn_layers: dict[str, int], u: int, start: int, pairs: list[tuple[str, str]],
-                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float]) -> _PPParts:
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, pairs: list[tuple[str, str]],
+                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float],
+                swa_cells: float = math.inf) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
-    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells)."""
+    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
+    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
+    ``swa_cells`` of their cache)."""
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -350,9 +353,9 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
             flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
-    per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
-    for dev, n in attn_layers.items():
-        flops[dev] += per_layer * n
+    per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
+    for (dev, swa), n in attn_layers.items():  # a query attends the mean of start + u / 2 cells
+        flops[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
     for dev, per_cell in kv_cell.items():
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
@@ -378,15 +381,18 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
     work = _work(placement, refused_by_gpu(plan, placement), plan.dialect)
     s = plan.model.summary
-    attn_layers: dict[str, int] = defaultdict(int)
+    attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     for il in range(s.n_layer - s.n_nextn):
-        attn_layers[placement.layer_device(il) if plan.context.offload_kqv else CPU] += 1
+        attn_layers[(placement.layer_device(il) if plan.context.offload_kqv else CPU, s.swa_layers[il])] += 1
     offload_to = _offload_gpu(plan, placement)
+    # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
+    swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
     total = _PPParts(defaultdict(float), 0.0, 0.0, False)
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {})
+        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {},
+                         swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         total.transfer_s += mb.transfer_s
