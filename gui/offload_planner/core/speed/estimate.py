@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
 from offload_planner.core.devices import DeviceKind
-from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
 from offload_planner.core.model import Model
@@ -40,6 +39,7 @@ from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaul
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 if TYPE_CHECKING:
+    from offload_planner.core.dialects.base import Dialect
     from offload_planner.core.speed.speculation import SpecEstimate
 
 DEFAULT_PROMPT = 4096
@@ -282,8 +282,7 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
     return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
 
 
-def _work(placement: Placement, refused: frozenset[str] = frozenset(),
-          dialect: Dialect = Dialect.LLAMA_CPP) -> dict[str, _Work]:
+def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
     for p in _running(placement):
         t = p.tensor
@@ -379,7 +378,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
-    work = _work(placement, refused_by_gpu(plan, placement), plan.dialect)
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement))
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     for il in range(s.n_layer - s.n_nextn):
