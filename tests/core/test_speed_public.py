@@ -164,6 +164,14 @@ def _gpu_card(name: str) -> str | None:
     return None
 
 
+def _lanes(notes: str) -> dict[int, int]:
+    """PCIe lanes per GPU index a post states: 'PCIe X8/X4/X4' (in GPU order) or 'CUDA1 PCIe 4x'."""
+    listed = re.search(r"PCIe\s+(X\d+(?:/X\d+)+)", notes)
+    if listed:
+        return {i: int(x[1:]) for i, x in enumerate(listed.group(1).split("/"))}
+    return {int(i): int(n) for i, n in re.findall(r"CUDA(\d+) PCIe (\d+)x", notes)}
+
+
 def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
     h = rec["hardware"]
     ram = str(h.get("ram") or "")
@@ -180,6 +188,7 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
     if cores:
         cpu_decl += f",cores={cores}"
     gpus = []
+    lanes = _lanes(str(h.get("notes") or ""))
     for i, g in enumerate(h.get("gpus") or []):
         key = _gpu_card(g)
         if key is None:
@@ -187,7 +196,10 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
         c = card(key)
         assert c is not None
         kind = "Metal" if c.kind == "Metal" else ("ROCm" if c.kind == "ROCm" else "CUDA")
-        gpus.append(parse_device_decl(f"{kind}{i}={key}" + (",192GiB" if c.vram_gib is None else "")))
+        decl = f"{kind}{i}={key}" + (",192GiB" if c.vram_gib is None else "")
+        if i in lanes and c.pcie:  # the stated lanes at the card's own PCIe generation
+            decl += f",pcie={c.pcie[0]}x{lanes[i]}"
+        gpus.append(parse_device_decl(decl))
     return DeviceSet(parse_device_decl(cpu_decl), tuple(gpus)), ""
 
 
