@@ -42,6 +42,9 @@ def test_cpu_compute_defaults_to_the_physical_cores() -> None:
         pytest.approx(4 * per)
     here = hardware_for(_cpu_only("CPU=64GiB"), cores=Threads(6, 6, False, {}, ("CPU",)))
     assert here["CPU"].tflops.value == pytest.approx(6 * per)
+    # -t 56 on 28 declared cores: the sibling threads add no compute (common_cpu_get_num_math)
+    smt = hardware_for(_cpu_only("CPU=64GiB,bw=100GB/s,cores=28"), threads=56)["CPU"]
+    assert smt.tflops.value == pytest.approx(28 * per) and smt.threads == 56
 
 
 def _uniform(t: Q) -> QuantMix:

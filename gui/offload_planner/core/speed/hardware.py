@@ -213,10 +213,12 @@ def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
 
 
 def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None,
-               default_threads: int | None = None) -> DeviceSpeed:
+               default_threads: int | None = None, smt_capped: bool = True) -> DeviceSpeed:
     """The host's figures: declared bw=/ram=, else the probe's measurement, else a default.  Threads:
     ``-t`` (``threads``) or the declared ``threads=``, else llama.cpp's default, the physical cores
-    (``common_cpu_get_num_math``): the declared ``cores=``, else ``default_threads`` (this machine's)."""
+    (``common_cpu_get_num_math``): the declared ``cores=``, else ``default_threads`` (this machine's).
+    More compute threads than declared cores add no compute ("hyperthreading isn't useful for linear
+    algebra", the same function) unless ``smt_capped`` is off (``Threads`` shares the cores instead)."""
     decl = parse_hardware_keys(dev.hardware)
     if decl.bw is not None or dev.bandwidth_gbs:
         bw = Figure(decl.bw or dev.bandwidth_gbs or 0.0, "GB/s", Source.DECLARED, "CPU bw=")
@@ -234,6 +236,8 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
         tn = n or cores or DEFAULT_THREADS
         why = ("" if n else f" (-t not given: llama.cpp's default, the {cores} physical cores)" if cores
                else " (threads not given: -t)")
+        if n and decl.cores and n > decl.cores and smt_capped:
+            tn, why = decl.cores, f" (-t {n} on {decl.cores} physical cores: the rest add no compute)"
         tf = Figure(round(tn * DEFAULT_CPU_TFLOPS_PER_THREAD, 3), "TFLOPS", Source.DEFAULT,
                     f"{tn} threads x {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS{why}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
@@ -249,7 +253,8 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     links = links or {}
     out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe,
-                                       default_threads=cores.server if cores is not None else None)
+                                       default_threads=cores.server if cores is not None else None,
+                                       smt_capped=cores is None)
     out.update(overrides or {})
     if cores is not None and cores.oversubscribed:
         out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}
