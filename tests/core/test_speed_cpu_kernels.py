@@ -111,3 +111,23 @@ def test_sliding_window_layers_attend_their_window_at_depth(tmp_path: Path) -> N
         assert est.pp_tps_at_depth is not None
         slow[name] = est.pp_tps / est.pp_tps_at_depth
     assert 1.0 < slow["swa"] < slow["full"] / 2
+
+
+def test_mla_attention_at_depth_is_compute_bound_on_the_cpu() -> None:
+    """DeepSeek-V3's 128 heads share one 576-wide MLA cell: at 16k cells a token's attention is
+    2 x 128 x (576 + 512) x 16384 FLOPs a layer, far more time on 32 CPU threads than reading the
+    cells; the estimate adds that time (at ``cpu_attention`` x peak), not the bytes' time."""
+    res = Path(__file__).resolve().parents[2] / "resources"
+    model = open_model(str(res / "DeepSeek-V3-Q4_K_M.header.gguf"))
+    devices = _cpu_only("CPU=1024GiB,bw=200GB/s")
+    plan = plan_from_args(model, devices, parse_server_args(["-c", "32768", "-t", "32"]))
+    hw = hardware_for(devices, threads=32)
+    eff = defaults_for(plan.dialect)
+    depth = 16384
+    est = estimate(plan, hw, prompt=512, depth=depth)
+    s = model.summary
+    assert (s.n_head, s.head_dim_k, s.head_dim_v) == (128, 576, 512)
+    flops = 2.0 * 128 * (576 + 512) * depth * (s.n_layer - s.n_nextn)
+    attn_s = flops / (hw["CPU"].tflops.value * eff.cpu_attention.value * 1e12)
+    assert est.tg_tps_at_depth is not None
+    assert 1.0 / est.tg_tps_at_depth == pytest.approx(1.0 / est.tg_tps + attn_s, rel=1e-6)

@@ -27,6 +27,14 @@ _PROBE_BW = _d(0.9)  # of the probe's measured copy bandwidth (already an effect
 _GPU_COMPUTE = _d(0.35)  # quantized matrix multiplication against the dense FP16 peak
 _CPU_COMPUTE = _d(0.5)
 _LINK = _d(0.8)  # PCIe / network payload against the line rate
+#: One generated token's attention on the CPU at a depth: Kimi-K2 (MLA, 64 heads, 576 + 512 dims a
+#: cell) on 128 threads of an EPYC 9965 with ik_llama.cpp (-mla 3 -fa, KV q8_0) went from 13.39 t/s
+#: at N_KV 0 to 11.90 at N_KV 9216 (-ub 512) and from 13.03 to 12.07 at 8192 (-ub 4096)
+#: (https://github.com/ikawrakow/ik_llama.cpp/pull/612, llama-sweep-bench): 9.35 ms for 78 GFLOPs
+#: and 6.1 ms for 69 GFLOPs a token, 0.65 and 0.88 x 128 x 0.1 TFLOPS; the lower one, since it also
+#: covers the KV reads.
+_CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
+                   "one token's attention on the CPU: ik_llama.cpp PR 612 (Kimi-K2, EPYC 9965, 128 threads)")
 _THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
 _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devices
 #: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
@@ -51,6 +59,7 @@ class Efficiencies:
     cpu_thread_bandwidth: Figure = _THREAD_BW
     split_latency_us: Figure = _SPLIT_US
     rpc_latency_us: Figure = _RPC_US
+    cpu_attention: Figure = _CPU_ATTN
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self)]

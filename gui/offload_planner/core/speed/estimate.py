@@ -432,13 +432,40 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
 
 
 def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
-              kv: dict[str, int]) -> dict[str, float]:
-    """Seconds per token per device: its weights and KV bytes over its effective bandwidth."""
+              kv: dict[str, int], attn: dict[str, float] | None = None) -> dict[str, float]:
+    """Seconds per token per device: its weights over its effective bandwidth, plus its attention:
+    the KV bytes over the bandwidth or, where slower, the attention FLOPs (``attn``,
+    :func:`attention_flops_at`) over its attention compute (an MLA model's 128 heads share one
+    576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
+    attn = attn or {}
     for name in set(weights) | set(kv):
-        bw, _ = _bandwidth(hw[name], eff)
-        times[name] = (weights.get(name, 0) + kv.get(name, 0)) / (bw * 1e9)
+        d = hw[name]
+        bw, _ = _bandwidth(d, eff)
+        kv_s = kv.get(name, 0) / (bw * 1e9)
+        flops = attn.get(name, 0.0)
+        if flops:
+            tf = (d.tflops.value * eff.cpu_attention.value * d.share if not _is_gpu(d)
+                  else compute_tflops(d, eff))
+            kv_s = max(kv_s, flops / (tf * 1e12))
+        times[name] = weights.get(name, 0) / (bw * 1e9) + kv_s
     return times
+
+
+def attention_flops_at(plan: Plan, placement: Placement, ctx: ResolvedContext,
+                       depth: int) -> dict[str, float]:
+    """FLOPs of one generated token's attention over ``depth`` cells, per device: 2 x heads x (K + V
+    dims) a cell a layer (MLA: its absorbed 576 + 512 dims), a sliding-window layer over at most its
+    cache's cells; on the device holding each layer's KV (the CPU with -nkvo)."""
+    if depth <= 0:
+        return {}
+    s = plan.model.summary
+    out: dict[str, float] = defaultdict(float)
+    for il in range(s.n_layer - s.n_nextn):
+        dev = placement.layer_device(il) if plan.context.offload_kqv else CPU
+        cells = min(depth, ctx.swa_cells) if s.swa_layers[il] else depth
+        out[dev] += 2.0 * s.per_layer(s.n_head, il) * (s.head_dim_k + s.head_dim_v) * cells
+    return dict(out)
 
 
 def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
@@ -518,7 +545,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     kv1 = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, ctx.n_ctx_seq)
     t0 = _tg_times(plan, placement, hw, eff, weights, {})
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1)
+    attn1 = attention_flops_at(plan, placement, ctx, ctx.n_ctx_seq)
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     total0 = sum(t0.values()) + split_s
@@ -532,7 +560,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, depth=depth, kv_cell=kv_cell)
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
-        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd).values()) + split_s
+        attn_d = attention_flops_at(plan, placement, ctx, depth)
+        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd, attn_d).values()) + split_s
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
