@@ -395,6 +395,10 @@ class _Replay:
         fa, fb = min(affected), max(affected)
         if fb - fa > FAR_SPAN * len(self.nodes) and len(affected) > FAR_DENSITY * (fb - fa):
             raise Far
+        if below is not None and self._below_any(below, affected):
+            stats["left_out"] += 1
+            stats["left_out_early"] += 1
+            return None
         self.pass5(fa, fb)
         wa, wnodes, wids, runs = self.window(fa)
         if below is not None and self._below(below, wnodes, wids, runs):
@@ -410,6 +414,38 @@ class _Replay:
                         wcopies[sp.backend] += sign * nbytes(inp)
         splits = self.kept + self.new_splits + self.tail_splits
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
+
+    def _below_any(self, below: list[int], affected: set[int]) -> bool:
+        """Before pass 5: the reference's bound of every placement (:meth:`Reference.placement_bound`)
+        plus the copies of :meth:`new_copies` is at most ``below`` on every backend."""
+        ref = self.ref
+        bound = list(ref.placement_bound())
+        if any(x > y for x, y in zip(bound, below, strict=True)):
+            return False
+        sizer = GraphAllocator(ref.backends)
+        for s, b in self.new_copies(affected):
+            a = ref.backends[b].alignment
+            bound[b] += -(-sizer.size(ref.sched.input_copy(s, 0), b) // a) * a
+            if bound[b] > below[b]:
+                return False
+        return True
+
+    def new_copies(self, affected: set[int]) -> set[tuple[T, int]]:
+        """The split-input copies (source, backend) that pass 5 may make in this run and the reference
+        did not: a real node on ``b`` reading ``s`` from elsewhere (pass 5's test, on this run's
+        backends) needs one; a node outside ``affected`` has the reference's backend and sources'
+        backends and locations, so its copies are the reference's."""
+        ref, nodes, B, supported = self.ref, self.nodes, self.B, self.supported
+        copy_of, cur_before, orig_src = ref.copy_of, ref.cur_before, ref.orig_src
+        out: set[tuple[T, int]] = set()
+        for gi in affected:
+            if cur_before[gi] == -2:  # a view: pass 5 copies nothing for it
+                continue
+            b = B(nodes[gi])
+            for s in orig_src[gi]:
+                if s is not None and B(s) != b and not supported(s, b) and (s, b) not in copy_of:
+                    out.add((s, b))
+        return out
 
     def _below(self, below: list[int], wnodes: list[T], wids: list[int],
                runs: list[tuple[int, int, int]]) -> bool:
