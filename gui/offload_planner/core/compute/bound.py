@@ -9,14 +9,12 @@ once per backend, bounds what the reserve reaches there.
 
 The incremental replay (:mod:`.replay`) uses it to leave out the one-token reserve where the prompt
 reserve is larger on every backend anyway: llama.cpp keeps the larger of the two per backend, and a
-one-token graph's tensors are a few rows each.  :func:`placement_bound` holds for every placement of a
-graph at once (each tensor counted on every backend), but for the split-input copies, which a
-replay adds where its nodes make others than the reference's.
+one-token graph's tensors are a few rows each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.ggml import T
@@ -65,21 +63,4 @@ def graph_bound(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int],
         if owned(leaf):
             for b in range(len(bound.sizes)):
                 bound.add(leaf, b)
-    return bound.sizes
-
-
-def placement_bound(sizer: GraphAllocator, tensors: Iterable[T],
-                    copies: Iterable[tuple[T, int]]) -> list[int]:
-    """A bound of the graph's reserve on every placement whose split-input copies are among
-    ``copies`` (copy tensor, backend): each tensor of the graph the allocator owns (nodes, their
-    sources, leafs) counted on every backend (wherever it lands, it is asked for at most once
-    there), each copy on its backend (only nodes there read it)."""
-    bound = Bound(sizer)
-    n_backends = len(bound.sizes)
-    for t in tensors:
-        if owned(t):
-            for b in range(n_backends):
-                bound.add(t, b)
-    for cp, b in copies:
-        bound.add(cp, b)
     return bound.sizes

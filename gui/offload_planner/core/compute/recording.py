@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, peak_label
-from offload_planner.core.compute.bound import graph_bound, placement_bound
+from offload_planner.core.compute.bound import graph_bound
 from offload_planner.core.compute.ggml import (
     CPU,
     LAYER_SUFFIX,
@@ -336,7 +336,6 @@ class Reference:
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
         self._bound: list[int] | None = None
-        self._placement_bound: list[int] | None = None
 
     def alloc_bound(self) -> list[int]:
         """Per backend, a bound of what the allocator reaches on this graph (:mod:`.bound`)."""
@@ -344,18 +343,6 @@ class Reference:
             self._bound = graph_bound(GraphAllocator(self.backends), self.sched_nodes, self.sched_ids,
                                       self.sched.leafs)
         return self._bound
-
-    def placement_bound(self) -> list[int]:
-        """Per backend, a bound of what the allocator reaches on this graph under any placement, with
-        the reference's split-input copies (:func:`.bound.placement_bound`; a replay adds the
-        copies its nodes make that the reference did not)."""
-        if self._placement_bound is None:
-            g = self.g
-            tensors = {id(t): t for t in g.leafs + g.nodes}
-            tensors.update((id(s), s) for src in self.orig_src for s in src if s is not None)
-            self._placement_bound = placement_bound(GraphAllocator(self.backends), tensors.values(),
-                                                    ((cp, b) for (_, b), cp in self.copy_of.items()))
-        return self._placement_bound
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""

@@ -416,19 +416,37 @@ class _Replay:
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
 
     def _below_any(self, below: list[int], affected: set[int]) -> bool:
-        """Before pass 5: the reference's bound of every placement (:meth:`Reference.placement_bound`)
-        plus the copies of :meth:`new_copies` is at most ``below`` on every backend."""
-        ref = self.ref
-        bound = list(ref.placement_bound())
-        if any(x > y for x, y in zip(bound, below, strict=True)):
+        """Before pass 5: :meth:`early_bound` is at most ``below`` on every backend."""
+        if any(x > y for x, y in zip(self.ref.alloc_bound(), below, strict=True)):
             return False
+        return all(x <= y for x, y in zip(self.early_bound(affected), below, strict=True))
+
+    def early_bound(self, affected: set[int]) -> list[int]:
+        """A bound of this run's reserve (:mod:`.bound`) after passes 1-4: the reference's, plus each
+        affected node and its sources on its backend in this run, plus the copies of
+        :meth:`new_copies` on theirs.  A node outside ``affected`` keeps its backend, its sources'
+        backends and locations, and so its copies: it asks what it asked in the reference."""
+        ref, nodes, newdev, B = self.ref, self.nodes, self.newdev, self.B
+        cache, first = ref.size_cache, ref.first
         sizer = GraphAllocator(ref.backends)
+
+        def size(t: T, b: int) -> int:
+            v = cache.get((t, b))
+            if v is None:
+                v = sizer.size(t, b)
+                if t in first:  # (the reference's tensors: kept with it)
+                    cache[(t, b)] = v
+            return v
+
+        bound = Bound(sizer, size)
+        for gi in affected:
+            n, b = nodes[gi], B(nodes[gi])
+            for t in (n, *ref.orig_src[gi]):
+                if t is not None and t.view_src is None and newdev.get(t, t.dev) is None:
+                    bound.add(t, b)
         for s, b in self.new_copies(affected):
-            a = ref.backends[b].alignment
-            bound[b] += -(-sizer.size(ref.sched.input_copy(s, 0), b) // a) * a
-            if bound[b] > below[b]:
-                return False
-        return True
+            bound.add(ref.sched.input_copy(s, 0), b)
+        return [r + w for r, w in zip(ref.alloc_bound(), bound.sizes, strict=True)]
 
     def new_copies(self, affected: set[int]) -> set[tuple[T, int]]:
         """The split-input copies (source, backend) that pass 5 may make in this run and the reference
