@@ -24,7 +24,7 @@ from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.fit import DEFAULT_MARGIN, SUCCESS, FitResult, device_memory, fit_for_args
-from offload_planner.core.fit_extra import extra_shortfalls
+from offload_planner.core.fit_extra import extra_shortfalls, may_fall_short
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.model import Model
@@ -74,6 +74,7 @@ def test_fit_counts_the_mtp_context_as_the_command_places_it(glm_air: Model) -> 
     ds = _devices("24GiB")
     plan, result, fitted = _fit(glm_air, ds, MTP_ARGS)
     assert result.status == SUCCESS and result.layers_changed
+    assert may_fall_short(result, plan.spec)
     as_written = plan.projection()
     counted = result.extra_counted["CUDA0"]
     assert counted == _owned(as_written, "CUDA0", "mtp")
@@ -128,8 +129,9 @@ def test_a_draft_model_allocates_what_the_fit_counted(tmp_path: Path) -> None:
     spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name="draft", n_layer=4)
     [draft] = write_model(spec, tmp_path / "draft.header.gguf", header_only=True)
     ds = _devices("12GiB")
-    _, result, fitted = _fit(qwen, ds, ["-c", "8192", "-md", str(draft)])
+    plan, result, fitted = _fit(qwen, ds, ["-c", "8192", "-md", str(draft)])
     assert result.status == SUCCESS and result.layers_changed
+    assert not may_fall_short(result, plan.spec)
     proj = fitted.projection()
     drafted = _owned(proj, "CUDA0", "draft", ("model", "kv", "compute", "output"))
     assert drafted > 2 * GiB

@@ -90,10 +90,11 @@ def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
 def _fit_extra_shortfalls(plan: Plan, fitted: FitResult) -> list[ExtraShortfall]:
     """With a draft model or MTP, the devices the fitted command leaves short of llama.cpp's margin
     because its fit counted the draft/MTP context with the command's own parameters (one more
-    projection, of the fitted command; nothing to check when the fit changes nothing)."""
-    if plan.spec is None or not plan.spec.active or not fitted.changed:
+    projection, of the fitted command, where that can happen: fit_extra.may_fall_short)."""
+    from offload_planner.core.fit_extra import extra_shortfalls, may_fall_short
+
+    if not may_fall_short(fitted, plan.spec):
         return []
-    from offload_planner.core.fit_extra import extra_shortfalls
 
     popts, ctx = fitted.apply(plan.placement_options, plan.context, plan.model.summary.n_layer,
                               has_gpu=bool(plan.devices.gpus))

@@ -132,6 +132,13 @@ class ExtraShortfall:
         return line
 
 
+def may_fall_short(result: FitResult, spec: SpecSettings | None) -> bool:
+    """Whether the fitted server's draft/MTP context can take more than the fit counted: only an MTP
+    context (a draft model keeps its own parameters, common/speculative.cpp:2623) and only when the
+    fit changed the placement (``-ngl``/``-ts``/``-ot``), which the dry runs measured it without."""
+    return spec is not None and spec.mtp and spec.draft is None and result.layers_changed
+
+
 def extra_shortfalls(result: FitResult, projection: Projection, free: dict[str, int]) -> list[ExtraShortfall]:
     """Per offload device of ``projection`` (the fitted plan, with its draft/MTP context): where it
     uses more than ``free`` minus the fit's margin and the draft/MTP context takes more than the fit

@@ -590,15 +590,16 @@ class _Search:
         return replace(base, placement_options=popts, context=ctx)
 
     def llama_fit_candidate(self, plan: Plan) -> tuple[Candidate, list[str]]:
-        """The ``--fit`` baseline.  With a draft model or MTP it is projected in full (its memory
-        exact, not predicted) and, where llama.cpp's own fit leaves a device short of its margin
-        because its dry runs counted the draft/MTP context with the command's own parameters
-        (:func:`~offload_planner.core.fit_extra.extra_shortfalls`), a note names the device and the
-        MiB; the row is then over, never a fitting baseline."""
+        """The ``--fit`` baseline.  Where the fitted server's MTP context can take more than the fit
+        counted (:func:`~offload_planner.core.fit_extra.may_fall_short`) it is projected in full (its
+        memory exact, not predicted) and, where llama.cpp's own fit then leaves a device short of its
+        margin (:func:`~offload_planner.core.fit_extra.extra_shortfalls`), a note names the device
+        and the MiB; the row is then over, never a fitting baseline."""
+        from offload_planner.core.fit_extra import extra_shortfalls, may_fall_short
+
         result = self.fit_result
-        if plan.spec is None or not plan.spec.active or result is None:
+        if result is None or not may_fall_short(result, plan.spec):
             return self.candidate("llama.cpp --fit", plan), []
-        from offload_planner.core.fit_extra import extra_shortfalls
 
         proj = plan.projection()  # kept out of the predictions' compute buffers (self._compute)
         self.projections += 1
