@@ -102,6 +102,9 @@ class SpeedEstimate:
     pp_tps_at_depth: float | None = None  # the prompt after ``depth`` tokens (depth > 0)
     tg_tps_at_depth: float | None = None  # a token after ``depth`` tokens (depth > 0)
     warnings: list[str] = field(default_factory=list)  # e.g. more compute threads than cores
+    host_kv_layers: int = 0  # -nkvo: GPU layers whose KV cache and attention ops are on the CPU
+    host_kv_ms: float = 0.0  # their round trips a token (in n_splits, not in split_ms)
+    bottleneck_at_ctx: str = ""  # of tg_tps_at_ctx
 
     def device(self, name: str) -> DeviceTime:
         return next(d for d in self.devices if d.name == name)
@@ -207,6 +210,63 @@ def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
     """(from, to) of every device change along the graph: llama.cpp's graph splits of one token."""
     seq = stage_devices(model, placement)
     return [(a, b) for a, b in itertools.pairwise(seq) if a != b]
+
+
+# --- -nkvo: the KV cache and the attention ops on the CPU ------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostKV:
+    """A layer whose attention weights are on ``device`` (not the CPU) while -nkvo keeps its KV cache
+    on the CPU: llama.cpp pins the attention output to the CPU backend (llama-graph.cpp
+    ``build_attn_mha``, ``!cparams.offload_kqv``) and the scheduler runs every node from the KV store
+    to it there (``ggml_backend_sched_split_graph``: the K/V stores are views of the host cache, pass
+    1 ``1.vsrc``; "expand rest" gives the CPU the attention ops between them).  So two graph splits a
+    layer: Q and the new K and V rows (f32) down to the host, the attention output back."""
+
+    device: str
+    down: int  # bytes a token: Q, K and V rows to the host
+    up: int  # bytes a token: the attention output back
+
+
+def host_kv_layers(plan: Plan, placement: Placement) -> list[HostKV]:
+    """The layers -nkvo sends to the CPU for their attention (none without -nkvo, nor for a layer
+    whose attention weights are on the CPU already: its attention runs there anyway)."""
+    if plan.context.offload_kqv:
+        return []
+    s = plan.model.summary
+    trunk = s.n_layer - s.n_nextn
+    attn: dict[int, str] = {}
+    for p in _running(placement):
+        t = p.tensor
+        if t.layer is not None and t.layer < trunk and t.role is Role.ATTENTION and not p.copy:
+            assert p.device is not None
+            attn.setdefault(t.layer, p.device)
+    out = []
+    for il, dev in sorted(attn.items()):
+        if dev == CPU:
+            continue
+        nh, nkv = s.per_layer(s.n_head, il), s.per_layer(s.n_head_kv, il)
+        out.append(HostKV(dev, 4 * (nh * s.head_dim_k + nkv * (s.head_dim_k + s.head_dim_v)),
+                          4 * nh * s.head_dim_v))
+    return out
+
+
+def host_kv_seconds(layers: list[HostKV], hw: Hardware, eff: Efficiencies, tokens: float = 1.0) -> float:
+    """The round trips of ``layers`` for a batch of ``tokens``: two graph splits each (their latency
+    and activations over the device's link to the host) plus the CPU's side of it
+    (``host_attention_us``: a synchronous copy down, the CPU's threads woken for the attention graph,
+    the copy up).  The attention's own work (the KV read at depth, its FLOPs) is the CPU's device
+    time (:func:`kv_read_at`, :func:`attention_flops_at`)."""
+    out = 0.0
+    known: dict[str, tuple[float, float]] = {}
+    rt = eff.host_attention_us.value * 1e-6
+    for h in layers:
+        if h.device not in known:
+            known[h.device] = _link(hw[h.device], hw[CPU], eff)
+        gb, lat = known[h.device]
+        out += 2 * lat + rt + (h.down + h.up) * tokens / (gb * 1e9)
+    return out
 
 
 # --- the estimate ------------------------------------------------------------------------------
@@ -345,6 +405,7 @@ class _PPParts:
     transfer_s: float
     split_s: float
     offload: bool
+    attn_s: dict[str, float] = field(default_factory=dict)  # of device_s: attention FLOPs over compute
 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
@@ -383,22 +444,28 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
             reads[where] += nb * (hit if is_exp else 1.0)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
+    attn: dict[str, float] = defaultdict(float)
     for (dev, swa), n in attn_layers.items():  # a query attends the mean of start + u / 2 cells
-        flops[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
+        attn[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
+    for dev, f in attn.items():
+        flops[dev] += f
     for dev, per_cell in kv_cell.items():
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
+    attn_s: dict[str, float] = {}
     for name in set(flops) | set(reads):
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
-        device_s[name] = max(flops[name] / (compute_tflops(d, eff) * 1e12), reads[name] / (bw * 1e9))
+        tf = compute_tflops(d, eff) * 1e12
+        device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
+        attn_s[name] = attn.get(name, 0.0) / tf
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
     split_s = 0.0
     for gb, lat in _links(pairs, hw, eff):
         split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
-    return _PPParts(device_s, transfer_s, split_s, transfer > 0)
+    return _PPParts(device_s, transfer_s, split_s, transfer > 0, attn_s)
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
@@ -416,7 +483,8 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     offload_to = _offload_gpu(plan, placement)
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
-    total = _PPParts(defaultdict(float), 0.0, 0.0, False)
+    host_kv = host_kv_layers(plan, placement)
+    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float))
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
@@ -424,8 +492,10 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
                          swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
+        for k, v in mb.attn_s.items():
+            total.attn_s[k] += v
         total.transfer_s += mb.transfer_s
-        total.split_s += mb.split_s
+        total.split_s += mb.split_s + host_kv_seconds(host_kv, hw, eff, u)
         total.offload = total.offload or mb.offload
         start += u
     return total
@@ -517,16 +587,31 @@ def thread_warnings(hw: Hardware) -> list[str]:
             f"every op: a busy machine is slower still); consider {fix}"]
 
 
-def _bottleneck(times: dict[str, float], split_s: float, total: float) -> str:
+#: How the bottleneck names -nkvo's part of a token.
+HOST_KV_PART = "attention on the CPU over the host KV cache (-nkvo)"
+
+
+def _bottleneck(times: dict[str, float], split_s: float, total: float, host_kv_s: float = 0.0,
+                host_kv_cpu_s: float = 0.0) -> str:
+    """The largest part of a token's time (``host_kv_s``: -nkvo's round trips; ``host_kv_cpu_s``:
+    of the CPU's time, its KV reads and attention for them)."""
     parts = dict(times)
     parts["graph splits"] = split_s
+    if host_kv_s:
+        parts[HOST_KV_PART] = host_kv_s + host_kv_cpu_s
+        if CPU in parts:
+            parts[CPU] -= host_kv_cpu_s
     name, t = max(parts.items(), key=lambda kv: kv[1])
-    what = name if name == "graph splits" else f"{name} memory bandwidth"
+    what = name if name in ("graph splits", HOST_KV_PART) else f"{name} memory bandwidth"
     return f"{what} ({100 * t / total:.0f}% of the time per token)"
 
 
-def _pp_bottleneck(pp: _PPParts, total: float) -> str:
+def _pp_bottleneck(pp: _PPParts, total: float, host_kv: bool = False) -> str:
     parts = {f"{k} compute": v for k, v in pp.device_s.items()}
+    cpu_attn = pp.attn_s.get(CPU, 0.0) if host_kv else 0.0
+    if cpu_attn:  # -nkvo: the CPU's attention over the host cache, apart from its weights
+        parts[HOST_KV_PART] = cpu_attn
+        parts[f"{CPU} compute"] = max(0.0, parts[f"{CPU} compute"] - cpu_attn)
     parts["op offload copies over the host link"] = pp.transfer_s
     parts["graph splits"] = pp.split_s
     name, t = max(parts.items(), key=lambda kv: kv[1])
@@ -549,8 +634,10 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
-    total0 = sum(t0.values()) + split_s
-    total1 = sum(t1.values()) + split_s
+    host_kv = host_kv_layers(plan, placement)
+    host_kv_s = host_kv_seconds(host_kv, hw, eff)
+    total0 = sum(t0.values()) + split_s + host_kv_s
+    total1 = sum(t1.values()) + split_s + host_kv_s
     kv_cell = {k: v / ctx.n_ctx_seq for k, v in kv1.items()} if ctx.n_ctx_seq else {}
     pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, kv_cell=kv_cell)
     pp_total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
@@ -561,22 +648,30 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
         attn_d = attention_flops_at(plan, placement, ctx, depth)
-        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd, attn_d).values()) + split_s
+        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d)
+        tgd_total = sum(tgd.values()) + split_s + host_kv_s
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
                        1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
     assumptions = _assumptions(plan, placement, hw, eff)
+    if host_kv:
+        assumptions.append(Assumption("-nkvo: the CPU's attention round trip of a GPU layer",
+                                      eff.host_attention_us))
     calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
         tg_tps=1.0 / total0 if total0 else math.inf,
         tg_tps_at_ctx=1.0 / total1 if total1 else math.inf,
         pp_tps=prompt / pp_total if pp_total else math.inf,
         prompt=prompt, n_ctx=ctx.n_ctx_seq, n_ubatch=ctx.n_ubatch, devices=devs,
-        n_splits=len(pairs), split_ms=1e3 * split_s,
+        n_splits=len(pairs) + 2 * len(host_kv), split_ms=1e3 * split_s,
         pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
-        bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
+        bottleneck=_bottleneck(t0, split_s, total0, host_kv_s),
+        pp_bottleneck=_pp_bottleneck(pp, pp_total, bool(host_kv)),
+        host_kv_layers=len(host_kv), host_kv_ms=1e3 * host_kv_s,
+        bottleneck_at_ctx=_bottleneck(t1, split_s, total1, host_kv_s,
+                                      t1.get(CPU, 0.0) - t0.get(CPU, 0.0) if host_kv else 0.0),
         calibrated=calibrated, assumptions=assumptions, depth=max(depth, 0),
         warnings=thread_warnings(hw),
         pp_tps_at_depth=pp_d, tg_tps_at_depth=tg_d)
@@ -588,7 +683,8 @@ def tg_tps(plan: Plan, hw: Hardware, *, eff: Efficiencies | None = None,
     eff = eff or defaults_for(plan.dialect)
     placement = placement or plan.placement()
     times = _tg_times(plan, placement, hw, eff, weight_bytes_per_token(plan.model, placement), {})
-    total = sum(times.values()) + _split_seconds(plan, hw, eff, split_pairs(plan.model, placement))
+    total = (sum(times.values()) + _split_seconds(plan, hw, eff, split_pairs(plan.model, placement))
+             + host_kv_seconds(host_kv_layers(plan, placement), hw, eff))
     return 1.0 / total if total else math.inf
 
 
