@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from offload_planner.core.compute.ggml import CPU, Graph, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.jumps import LayerCodes, cached_codes
 from offload_planner.core.compute.stats import stats
 
 
@@ -36,6 +37,8 @@ class GraphTemplate:
         b = Builder(sh, weights, layer_dev, kv_dev)
         arch_fn(b)
         g = self.g = b.g
+        self.key: tuple[object, ...] = ()  # set by placed_graph: the codes of its layers are kept by it
+        self.index: dict[int, int] = {}
         self.src = [tuple(n.src) for n in g.nodes]
         self.flags = [t.flags for t in g.leafs] + [n.flags for n in g.nodes]
         self.weights: list[T] = []  # by their name in the weight table
@@ -90,6 +93,14 @@ class GraphTemplate:
         g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced if il < 0 or norms}
         return g
 
+    def codes(self) -> tuple[LayerCodes, dict[int, int]]:
+        """The graph's layers as the builder left them (:mod:`.jumps`, kept for its topology) and the
+        position of each node by id."""
+        g = self.g
+        if not self.index:
+            self.index = {id(n): u for u, n in enumerate(g.nodes)}
+        return cached_codes(self.key, g.nodes, self.src, self.flags[len(g.leafs):], g.leafs), self.index
+
     def built(self, sh: Shape, layer_dev: Callable[[int], str]) -> Graph:
         """The graph just built, for ``sh``: only the forced norms to set (its tensors are as the
         builder left them, on these devices: :meth:`placed` would change nothing else)."""
@@ -126,7 +137,17 @@ def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder]
         b = Builder(sh, weights(), layer_dev, kv_dev)
         arch_fn(b)
         return b.g
+    tpl.key = full
     _TEMPLATES[full] = tpl
     if len(_TEMPLATES) > _SIZE:
         _TEMPLATES.popitem(last=False)
     return tpl.built(sh, layer_dev)
+
+
+def kept_codes(g: Graph) -> tuple[LayerCodes, dict[int, int]] | None:
+    """The layer codes and node positions of a kept graph (None: a graph built for one simulation, or
+    a recorded one)."""
+    for tpl in _TEMPLATES.values():
+        if tpl.g is g:
+            return tpl.codes()
+    return None
