@@ -91,3 +91,39 @@ def test_jumping_walk_equals_walk_from_scratch(big: dict[str, Model], name: str)
         assert _fields(kept) == _fields(full), (opts, no_alloc)
     assert stats["walk_restarts"] == restarts  # no jump came out inexact
     assert stats["walk_jumps"] - jumps >= 10
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "gpt-oss-120b-MXFP4"])
+def test_graph_copied_from_a_recorded_one_equals_built(big: dict[str, Model], name: str) -> None:
+    """A reference recorded on the kept graph takes it; the next simulation far from it runs on a copy
+    of that graph (``compute.template``), then the copy is kept: each equals the simulation from scratch,
+    and the reference still replays a move near it exactly."""
+    model = big[name]
+    gpus = tuple(Device(f"CUDA{k}", DeviceKind.CUDA, 24 * GIB, 24 * GIB) for k in range(4))
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB), gpus)
+    params = _params(c=32768, ub=512)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    n = model.summary.n_layer
+    near = [PlacementOptions(n_gpu_layers=n + 1, tensor_split=(2.0, 0.0, 0.0, float(n - 1)),
+                             overrides=(Override(PATTERN_MOE_ALL, "CPU"),)),
+            PlacementOptions(n_gpu_layers=n + 1, tensor_split=(3.0, 0.0, 0.0, float(n - 2)),
+                             overrides=(Override(PATTERN_MOE_ALL, "CPU"),))]
+    far = [PlacementOptions(n_gpu_layers=n + 1, tensor_split=(2.0, float(n - 2), 0.0, 1.0)),
+           PlacementOptions(n_gpu_layers=n + 1, tensor_split=(2.0, 1.0, float(n - 3), 1.0))]
+    CI._SEEN.clear()
+    copies, replays = stats["graph_copies"], stats["replays"]
+
+    def check(opts: PlacementOptions) -> None:
+        placement = place(model, devices, opts)
+        kept = C.simulate(model, devices, placement, ctx, params, no_alloc=True, incremental=True)
+        full = C.simulate(model, devices, placement, ctx, params, no_alloc=True)
+        assert _fields(kept) == _fields(full), opts
+
+    check(near[0])  # first sight: on a graph kept for the next ones
+    check(near[0])  # second: recorded as a reference, which takes the kept graph
+    check(far[0])  # far from it: on a copy of the graph the reference took
+    check(near[1])  # replayed against the reference
+    CI._SEEN.clear()
+    check(far[1])  # on the copy kept
+    assert stats["graph_copies"] - copies == 1
+    assert stats["replays"] - replays >= 1
