@@ -7,8 +7,9 @@ recorded near it) and from scratch (``simulate(...)``, a graph built for it and 
 and wants the same reserves: bytes per backend, peak labels, copied-input bytes, node and split counts.
 The placements cover layer splits over 2-4 GPUs, -ngl below the layer count, routed experts of a range
 of layers on the host (the --fit search's overflow patterns), pipeline parallelism, the dry run and the
-server's reserves; the models a Q4_K_M file whose layers repeat every third one (DeepSeek-V3, Qwen3-235B),
-one alternating sliding-window and full attention (gpt-oss) and a dense one.
+server's reserves (a graph's first walk codes no layers and jumps nothing; the later ones do); the
+models a Q4_K_M file whose layers repeat every third one (DeepSeek-V3, Qwen3-235B), one alternating
+sliding-window and full attention (gpt-oss) and a dense one.
 """
 
 from __future__ import annotations
@@ -76,12 +77,13 @@ def test_jumping_walk_equals_walk_from_scratch(big: dict[str, Model], name: str)
     model = big[name]
     rng = random.Random(zlib.crc32(f"jumps-{name}".encode()))
     jumps, restarts = stats["walk_jumps"], stats["walk_restarts"]
-    for i in range(10):
+    # one context per model: its graphs are built once (a first walk codes no layers) and kept
+    params = _params(c=rng.choice([4096, 32768]), ub=rng.choice([512, 2048]))
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    for i in range(12):
         n_gpu = rng.choice([2, 3, 4])
         gpus = tuple(Device(f"CUDA{k}", DeviceKind.CUDA, 24 * GIB, 24 * GIB) for k in range(n_gpu))
         devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB), gpus)
-        params = _params(c=rng.choice([4096, 32768]), ub=rng.choice([512, 2048]))
-        ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
         opts = _random_opts(rng, model, n_gpu)
         placement = place(model, devices, opts)
         no_alloc = i % 2 == 0

@@ -101,6 +101,10 @@ class _Other:
 _CODES: OrderedDict[tuple[object, ...], LayerCodes] = OrderedDict()
 
 
+def has_codes(key: tuple[object, ...]) -> bool:
+    return key in _CODES
+
+
 def cached_codes(key: tuple[object, ...], nodes: Sequence[T], srcs: Sequence[Sequence[T | None]],
                  flags: Sequence[int], leafs: Sequence[T]) -> LayerCodes:
     c = _CODES.get(key)

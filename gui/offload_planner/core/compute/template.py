@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from offload_planner.core.compute.ggml import CPU, Graph, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
-from offload_planner.core.compute.jumps import LayerCodes, cached_codes
+from offload_planner.core.compute.jumps import LayerCodes, cached_codes, has_codes
 from offload_planner.core.compute.stats import stats
 
 
@@ -39,6 +39,7 @@ class GraphTemplate:
         g = self.g = b.g
         self.key: tuple[object, ...] = ()  # set by placed_graph: the codes of its layers are kept by it
         self.index: dict[int, int] = {}
+        self.reused = False  # walked again (re-placed) since it was built: its layers are worth coding
         self.src = [tuple(n.src) for n in g.nodes]
         self.flags = [t.flags for t in g.leafs] + [n.flags for n in g.nodes]
         self.weights: list[T] = []  # by their name in the weight table
@@ -73,6 +74,7 @@ class GraphTemplate:
                kv_dev: Callable[[int], str]) -> Graph:
         """The graph as the builder leaves it for this shape (which may differ from the template's in
         ``full_offload`` only) and these devices."""
+        self.reused = True
         g = self.g
         for n, src in zip(g.nodes, self.src, strict=True):
             n.src = list(src)
@@ -93,10 +95,13 @@ class GraphTemplate:
         g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced if il < 0 or norms}
         return g
 
-    def codes(self) -> tuple[LayerCodes, dict[int, int]]:
+    def codes(self) -> tuple[LayerCodes, dict[int, int]] | None:
         """The graph's layers as the builder left them (:mod:`.jumps`, kept for its topology) and the
-        position of each node by id."""
+        position of each node by id; None for the first walk of a topology (coding its layers costs
+        more than the jumps save in one walk: a command that simulates once)."""
         g = self.g
+        if not self.reused and not has_codes(self.key):
+            return None
         if not self.index:
             self.index = {id(n): u for u, n in enumerate(g.nodes)}
         return cached_codes(self.key, g.nodes, self.src, self.flags[len(g.leafs):], g.leafs), self.index
@@ -119,7 +124,7 @@ class GraphTemplate:
         new.kv = [(m[id(t)], il) for t, il in self.kv]
         new.per_layer = [(m[id(t)], il) for t, il in self.per_layer]
         new.forced = [(m[id(n)], il) for n, il in self.forced]
-        new.key, new.index = self.key, {}
+        new.key, new.index, new.reused = self.key, {}, self.reused
         return new
 
     def built(self, sh: Shape, layer_dev: Callable[[int], str]) -> Graph:
