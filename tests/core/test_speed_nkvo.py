@@ -142,3 +142,24 @@ def test_nkvo_bottleneck_and_report_name_the_host_kv_attention(llama: Model, qwe
     plain = estimate(plan(llama, ds, "-ngl 999 -c 8192"), hw)
     assert "-nkvo" not in "\n".join(speed_lines(plain))
     assert math.isfinite(est.tg_tps)
+
+
+def test_nkvo_round_trips_are_in_the_speculative_verify_step(tmp_path: Path) -> None:
+    """With a draft model the target's verify pass of n + 1 tokens makes -nkvo's round trips too."""
+    from offload_planner.core.speed.speculation import speculation
+
+    spec = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]
+    [path] = write_model(spec, tmp_path / "target.gguf", header_only=True)
+    target = open_model(str(path))
+    ds = devices("CUDA0=h100-pcie")
+    hw = hardware_for(ds)
+    draft = str(path)  # the model as its own draft: only the target's context differs below
+    steps = []
+    for extra in ("", " -nkvo"):
+        p = plan(target, ds, f"-ngl 999 -c 4096 -md {draft} -ngld 999{extra}")
+        sp = speculation(p, p.placement(), hw, DEFAULT, depth=0, target_kv={}, plain=(1.0, 1.0))
+        assert sp is not None
+        steps.append(sp.verify_ms)
+    n = target.summary.n_layer
+    rt_ms = n * (2 * DEFAULT.split_latency_us.value + DEFAULT.host_attention_us.value) * 1e-3
+    assert steps[1] - steps[0] == pytest.approx(rt_ms, rel=0.05)
