@@ -163,3 +163,38 @@ def test_nkvo_round_trips_are_in_the_speculative_verify_step(tmp_path: Path) -> 
     n = target.summary.n_layer
     rt_ms = n * (2 * DEFAULT.split_latency_us.value + DEFAULT.host_attention_us.value) * 1e-3
     assert steps[1] - steps[0] == pytest.approx(rt_ms, rel=0.05)
+
+
+def _ik(model: Model, ds: DeviceSet, args: str) -> Plan:
+    return plan_from_args(model, ds, parse_server_args(args.split(), dialect="ik_llama.cpp"), "ik_llama.cpp")
+
+
+def test_ik_flash_attention_keeps_the_attention_on_the_gpu_and_copies_the_cache(llama: Model) -> None:
+    """ik_llama.cpp pins only its non-flash attention output to the CPU: with -fa on the attention
+    runs on the layer's GPU and the host cache's K/V views cross the link every token (the KV bytes
+    at depth over the host link, nothing on the CPU); with -fa off it runs on the CPU as mainline's."""
+    ds = devices("CUDA0=h100-pcie")
+    hw = hardware_for(ds)
+    fa = _ik(llama, ds, "-ngl 999 -nkvo -fa on -c 32768")
+    nofa = _ik(llama, ds, "-ngl 999 -nkvo -fa off -c 32768")
+    main_fa = plan(llama, ds, "-ngl 999 -nkvo -fa on -c 32768")
+    e_fa, e_nofa, e_main = estimate(fa, hw), estimate(nofa, hw), estimate(main_fa, hw)
+    n = llama.summary.n_layer
+    assert e_fa.n_splits == e_nofa.n_splits == e_main.n_splits  # two a GPU layer either way
+    assert e_fa.host_kv_layers == n
+    # ik -fa on: the cache is read on the GPU after crossing the link; the CPU reads none of it
+    assert e_fa.device("CUDA0").kv_bytes_at_ctx > 0
+    assert all(d.kv_bytes_at_ctx == 0 for d in e_fa.devices if d.name == "CPU")
+    kv = e_fa.device("CUDA0").kv_bytes_at_ctx
+    link = hw["CUDA0"].link.value * DEFAULT.link.value * 1e9
+    extra = 1 / e_fa.tg_tps_at_ctx - 1 / e_fa.tg_tps
+    assert extra >= kv / link
+    assert e_fa.bottleneck_at_ctx.startswith(HOST_KV_PART)
+    # ik -fa off and mainline: the CPU reads the cache
+    for e in (e_nofa, e_main):
+        assert e.device("CPU").kv_bytes_at_ctx > 0
+        assert all(d.kv_bytes_at_ctx == 0 for d in e.devices if d.name != "CPU")
+    # pp: ik -fa on computes the attention on the GPU (none on the CPU), the others on the CPU
+    long_fa, long_main = estimate(fa, hw, prompt=16384), estimate(main_fa, hw, prompt=16384)
+    assert long_fa.devices and all(d.pp_ms == 0 for d in long_fa.devices if d.name == "CPU")
+    assert long_main.device("CPU").pp_ms > 0

@@ -211,6 +211,12 @@ class Dialect(str, metaclass=_DialectType):
         """The -mla setting applies to this model."""
         return False
 
+    def nkvo_attention_on_gpu(self, flash_attn: bool) -> bool:
+        """With -nkvo, whether a GPU layer's attention op runs on that GPU (the host cache's K/V views
+        copied to it every token and micro-batch) instead of on the CPU.  Mainline: never; its graph
+        pins every layer's attention output to the CPU (llama-graph.cpp ``build_attn_mha``)."""
+        return False
+
     def own_kv_rows(self, model: Model) -> bool:
         """The KV cache of this model follows :meth:`kv_rows` instead of mainline's layout."""
         return False

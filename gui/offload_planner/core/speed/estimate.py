@@ -229,11 +229,34 @@ class HostKV:
     up: int  # bytes a token: the attention output back
 
 
+def nkvo_attention_on_gpu(plan: Plan) -> bool:
+    """-nkvo whose attention op still runs on each layer's GPU, the host cache's K/V views copied to
+    it (the dialect's rule, :meth:`Dialect.nkvo_attention_on_gpu`: ik_llama.cpp with flash attention)."""
+    return not plan.context.offload_kqv and plan.dialect.nkvo_attention_on_gpu(plan.context.flash_attn)
+
+
+def attention_plan(plan: Plan) -> Plan:
+    """The plan as its attention sees the KV cache: where the attention op runs on the layer's GPU
+    (:func:`nkvo_attention_on_gpu`), its KV is read there (after the copy) as without -nkvo."""
+    if not nkvo_attention_on_gpu(plan):
+        return plan
+    return replace(plan, context=replace(plan.context, offload_kqv=True))
+
+
+def kv_copy_seconds(kv: dict[str, int], hw: Hardware, eff: Efficiencies) -> float:
+    """The host cache's K/V views copied to the GPUs whose attention reads them (``kv``: bytes per
+    device, :func:`nkvo_attention_on_gpu`), over each one's link."""
+    return sum(n / (hw[d].link.value * eff.link.value * 1e9) for d, n in kv.items() if d != CPU)
+
+
 def host_kv_layers(plan: Plan, placement: Placement) -> list[HostKV]:
-    """The layers -nkvo sends to the CPU for their attention (none without -nkvo, nor for a layer
-    whose attention weights are on the CPU already: its attention runs there anyway)."""
+    """The layers -nkvo sends to the CPU for their KV store (and attention, unless
+    :func:`nkvo_attention_on_gpu`: then only the K and V rows go down; the cache's views come back,
+    :func:`kv_copy_seconds`).  None without -nkvo, nor for a layer whose attention weights are on the
+    CPU already: it runs there anyway."""
     if plan.context.offload_kqv:
         return []
+    gpu_attn = nkvo_attention_on_gpu(plan)
     s = plan.model.summary
     trunk = s.n_layer - s.n_nextn
     attn: dict[int, str] = {}
@@ -247,8 +270,9 @@ def host_kv_layers(plan: Plan, placement: Placement) -> list[HostKV]:
         if dev == CPU:
             continue
         nh, nkv = s.per_layer(s.n_head, il), s.per_layer(s.n_head_kv, il)
-        out.append(HostKV(dev, 4 * (nh * s.head_dim_k + nkv * (s.head_dim_k + s.head_dim_v)),
-                          4 * nh * s.head_dim_v))
+        q = 0 if gpu_attn else nh * s.head_dim_k
+        out.append(HostKV(dev, 4 * (q + nkv * (s.head_dim_k + s.head_dim_v)),
+                          0 if gpu_attn else 4 * nh * s.head_dim_v))
     return out
 
 
@@ -478,8 +502,10 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     work = _work(placement, plan.dialect, refused_by_gpu(plan, placement))
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
+    on_gpu = nkvo_attention_on_gpu(plan)
     for il in range(s.n_layer - s.n_nextn):
-        attn_layers[(placement.layer_device(il) if plan.context.offload_kqv else CPU, s.swa_layers[il])] += 1
+        kv_dev = placement.layer_device(il) if plan.context.offload_kqv or on_gpu else CPU
+        attn_layers[(kv_dev, s.swa_layers[il])] += 1
     offload_to = _offload_gpu(plan, placement)
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
@@ -496,6 +522,8 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
             total.attn_s[k] += v
         total.transfer_s += mb.transfer_s
         total.split_s += mb.split_s + host_kv_seconds(host_kv, hw, eff, u)
+        if on_gpu and kv_cell:  # the cache's views of start + u cells copied to each GPU
+            total.split_s += kv_copy_seconds({d: int(c * (start + u)) for d, c in kv_cell.items()}, hw, eff)
         total.offload = total.offload or mb.offload
         start += u
     return total
@@ -588,7 +616,7 @@ def thread_warnings(hw: Hardware) -> list[str]:
 
 
 #: How the bottleneck names -nkvo's part of a token.
-HOST_KV_PART = "attention on the CPU over the host KV cache (-nkvo)"
+HOST_KV_PART = "attention over the host KV cache (-nkvo)"
 
 
 def _bottleneck(times: dict[str, float], split_s: float, total: float, host_kv_s: float = 0.0,
@@ -628,16 +656,18 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     s = plan.model.summary
     ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
     weights = weight_bytes_per_token(plan.model, placement)
-    kv1 = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, ctx.n_ctx_seq)
+    ap = attention_plan(plan)  # ik -nkvo with flash attention: the KV read on the GPU after its copy
+    kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
     t0 = _tg_times(plan, placement, hw, eff, weights, {})
-    attn1 = attention_flops_at(plan, placement, ctx, ctx.n_ctx_seq)
+    attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
     t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     host_kv = host_kv_layers(plan, placement)
     host_kv_s = host_kv_seconds(host_kv, hw, eff)
+    copy1 = kv_copy_seconds(kv1, hw, eff) if ap is not plan else 0.0
     total0 = sum(t0.values()) + split_s + host_kv_s
-    total1 = sum(t1.values()) + split_s + host_kv_s
+    total1 = sum(t1.values()) + split_s + host_kv_s + copy1
     kv_cell = {k: v / ctx.n_ctx_seq for k, v in kv1.items()} if ctx.n_ctx_seq else {}
     pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, kv_cell=kv_cell)
     pp_total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
@@ -646,10 +676,11 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     if depth > 0:
         ppd = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, depth=depth, kv_cell=kv_cell)
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
-        kvd = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
-        attn_d = attention_flops_at(plan, placement, ctx, depth)
+        kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
+        attn_d = attention_flops_at(ap, placement, ctx, depth)
         tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d)
-        tgd_total = sum(tgd.values()) + split_s + host_kv_s
+        tgd_total = (sum(tgd.values()) + split_s + host_kv_s
+                     + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
@@ -670,8 +701,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         bottleneck=_bottleneck(t0, split_s, total0, host_kv_s),
         pp_bottleneck=_pp_bottleneck(pp, pp_total, bool(host_kv)),
         host_kv_layers=len(host_kv), host_kv_ms=1e3 * host_kv_s,
-        bottleneck_at_ctx=_bottleneck(t1, split_s, total1, host_kv_s,
-                                      t1.get(CPU, 0.0) - t0.get(CPU, 0.0) if host_kv else 0.0),
+        bottleneck_at_ctx=_bottleneck(t1, split_s, total1, host_kv_s + copy1,
+                                      t1.get(CPU, 0.0) - t0.get(CPU, 0.0) if host_kv and ap is plan else 0.0),
         calibrated=calibrated, assumptions=assumptions, depth=max(depth, 0),
         warnings=thread_warnings(hw),
         pp_tps_at_depth=pp_d, tg_tps_at_depth=tg_d)
