@@ -26,7 +26,9 @@ def test_window_names_the_host_kv_attention(qtbot: QtBot, settings: Settings) ->
         wait_projected(qtbot, win)
         qtbot.waitUntil(lambda: win.speed_label.text().startswith("est."))
         assert HOST_KV_PART not in win.speed_label.text()
-        doc.replace_plan(replace(doc.plan, context=replace(doc.plan.context, offload_kqv=False)), "-nkvo")
+        # -nkvo without flash attention: the attention of every layer on the CPU
+        host = replace(doc.plan.context, offload_kqv=False, flash_attn=False)
+        doc.replace_plan(replace(doc.plan, context=host), "-nkvo -fa off")
         qtbot.waitUntil(lambda: HOST_KV_PART in win.speed_label.text(), timeout=20_000)
         assert "-nkvo: 48 GPU layers" in win.speed_label.toolTip()
         plot = win.ubatch_plot

@@ -52,16 +52,6 @@ class IkLlamaCpp(Dialect):
     default_amb: int = 0
 
     # --- flags ---
-    def nkvo_attention_on_gpu(self, flash_attn: bool) -> bool:
-        """ik_llama.cpp pins only the output named ``kqv_merged_cont`` to the CPU with -nkvo
-        (src/llama-build-context.cpp, the graph callback): the standard attention without flash
-        attention.  The flash-attention path (``llm_build_kqv``: "fa", then a reshape) and the
-        deepseek2 graph never name it, so the scheduler's "expand gpu up" from the output projection
-        gives the attention op the layer's GPU and copies the host cache's K/V views to it.  Without
-        flash attention on an MLA model (its own graph, not pinned either) the op's placement is not
-        read here: the CPU is assumed, as mainline."""
-        return flash_attn
-
     def flag_table(self) -> FlagTable:
         from offload_planner.core.cmdline.flags_ik import IK_FLAGS
         from offload_planner.core.cmdline.flagspec import FlagTable

@@ -231,7 +231,7 @@ class HostKV:
 
 def nkvo_attention_on_gpu(plan: Plan) -> bool:
     """-nkvo whose attention op still runs on each layer's GPU, the host cache's K/V views copied to
-    it (the dialect's rule, :meth:`Dialect.nkvo_attention_on_gpu`: ik_llama.cpp with flash attention)."""
+    it (the dialect's rule, :meth:`Dialect.nkvo_attention_on_gpu`: with flash attention)."""
     return not plan.context.offload_kqv and plan.dialect.nkvo_attention_on_gpu(plan.context.flash_attn)
 
 
@@ -430,6 +430,7 @@ class _PPParts:
     split_s: float
     offload: bool
     attn_s: dict[str, float] = field(default_factory=dict)  # of device_s: attention FLOPs over compute
+    host_kv_s: float = 0.0  # of split_s: -nkvo's round trips and cache copies
 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
@@ -521,9 +522,11 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
         for k, v in mb.attn_s.items():
             total.attn_s[k] += v
         total.transfer_s += mb.transfer_s
-        total.split_s += mb.split_s + host_kv_seconds(host_kv, hw, eff, u)
+        host_s = host_kv_seconds(host_kv, hw, eff, u)
         if on_gpu and kv_cell:  # the cache's views of start + u cells copied to each GPU
-            total.split_s += kv_copy_seconds({d: int(c * (start + u)) for d, c in kv_cell.items()}, hw, eff)
+            host_s += kv_copy_seconds({d: int(c * (start + u)) for d, c in kv_cell.items()}, hw, eff)
+        total.split_s += mb.split_s + host_s
+        total.host_kv_s += host_s
         total.offload = total.offload or mb.offload
         start += u
     return total
@@ -637,11 +640,12 @@ def _bottleneck(times: dict[str, float], split_s: float, total: float, host_kv_s
 def _pp_bottleneck(pp: _PPParts, total: float, host_kv: bool = False) -> str:
     parts = {f"{k} compute": v for k, v in pp.device_s.items()}
     cpu_attn = pp.attn_s.get(CPU, 0.0) if host_kv else 0.0
-    if cpu_attn:  # -nkvo: the CPU's attention over the host cache, apart from its weights
-        parts[HOST_KV_PART] = cpu_attn
-        parts[f"{CPU} compute"] = max(0.0, parts[f"{CPU} compute"] - cpu_attn)
+    if host_kv:  # -nkvo: the CPU's attention over the host cache, its round trips and copies
+        parts[HOST_KV_PART] = cpu_attn + pp.host_kv_s
+        if f"{CPU} compute" in parts:
+            parts[f"{CPU} compute"] = max(0.0, parts[f"{CPU} compute"] - cpu_attn)
     parts["op offload copies over the host link"] = pp.transfer_s
-    parts["graph splits"] = pp.split_s
+    parts["graph splits"] = pp.split_s - pp.host_kv_s
     name, t = max(parts.items(), key=lambda kv: kv[1])
     return f"{name} ({100 * t / total:.0f}% of the prompt time)"
 
@@ -688,7 +692,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
     assumptions = _assumptions(plan, placement, hw, eff)
     if host_kv:
-        assumptions.append(Assumption("-nkvo: the CPU's attention round trip of a GPU layer",
+        assumptions.append(Assumption("-nkvo: the CPU's round trip of a GPU layer",
                                       eff.host_attention_us))
     calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
