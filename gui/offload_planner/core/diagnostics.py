@@ -12,8 +12,8 @@ from offload_planner.core.cmdline import check_pattern
 from offload_planner.core.device_figures import CapacityHint, capacity_warnings
 from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU, Override
-from offload_planner.core.roles import Role
-from offload_planner.core.rule_match import rule_set
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
+from offload_planner.core.rule_match import NameIndex, rule_set
 
 
 @dataclass(frozen=True)
@@ -39,9 +39,21 @@ def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> lis
     placed = [0] * len(overrides)
     placed_bytes = [0] * len(overrides)
     matched = [0] * len(rules.patterns)  # per distinct pattern: tensors it matches
-    for p in projection.placement.items:
-        if p.device is None or p.copy:
-            continue
+    kept = [p for p in projection.placement.items if p.device is not None and not p.copy]
+    by_pattern = rules.matches_of_all(NameIndex(tuple(p.tensor.name for p in kept))) if overrides else []
+    if by_pattern is not None:  # per pattern at once: the first that matches a tensor places it
+        first: list[int | None] = [None] * len(kept)
+        for u, matching in enumerate(by_pattern):
+            matched[u] = len(matching)
+            for i in matching:
+                if first[i] is None:
+                    first[i] = u
+        for p, u in zip(kept, first, strict=True):
+            if u is not None:
+                winner = rules.patterns[u].members[0]
+                placed[winner] += 1
+                placed_bytes[winner] += p.tensor.nbytes
+    for p in kept if by_pattern is None else ():
         hits = rules.hits(p.tensor.name)
         if not hits:
             continue
@@ -100,12 +112,14 @@ def _generated_unmatched(reports: Sequence[RuleReport]) -> list[str]:
 def _speed_warnings(projection: Projection) -> list[str]:
     attn: dict[int, set[str]] = defaultdict(set)
     exps: dict[int, set[str]] = defaultdict(set)
+    attention, experts = Role.ATTENTION, ROUTED_EXPERT_ROLES
     for p in projection.placement.items:
         if p.device is None or p.tensor.layer is None:
             continue
-        if p.tensor.role is Role.ATTENTION:
+        role = p.tensor.role
+        if role is attention:
             attn[p.tensor.layer].add(p.device)
-        elif p.tensor.role.is_routed_expert:
+        elif role in experts:
             exps[p.tensor.layer].add(p.device)
     odd = sorted(
         il for il in exps if attn.get(il) == {CPU} and any(d != CPU for d in exps[il])

@@ -102,19 +102,18 @@ def candidate_overrides(model: Model, base: Mapping[str, str | None],
 def _differing(model: Model, base: Mapping[str, str | None],
                target: Mapping[str, str | None]) -> list[tuple[str, Tensor]]:
     """(wanted device, tensor) of every tensor, in the model's order, whose target device differs from
-    the base or whose tied output copy's does (a copy moves with its tensor: -ot matches both); the
-    names that differ come from the two mappings' item views (compared in C), then are checked."""
-    n = len(COPY_SUFFIX)
-    differ = {k for k, _ in target.items() - base.items()} | {k for k, _ in base.items() - target.items()}
-    names = {k[:-n] if k.endswith(COPY_SUFFIX) else k for k in differ}
+    the base or whose tied output copy's does (a copy moves with its tensor: -ot matches both)."""
     out = []
+    tget, bget = target.get, base.get
     for t in model.tensors:
-        if t.name not in names:
+        name = t.name
+        want = tget(name)
+        if want is None:
             continue
-        want = target.get(t.name)
-        copy = t.name + COPY_SUFFIX
-        if want is None or (want == base.get(t.name) and target.get(copy) == base.get(copy)):
-            continue
+        if want == bget(name):
+            copy = name + COPY_SUFFIX
+            if tget(copy) == bget(copy):
+                continue
         out.append((want, t))
     return out
 
