@@ -36,36 +36,38 @@ class RuleReport:
 
 def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> list[RuleReport]:
     rules = rule_set(overrides)
+    kept = [p for p in projection.placement.items if p.device is not None and not p.copy]
+    bulk = rules.matches_of_all(NameIndex(tuple(p.tensor.name for p in kept))) if overrides else []
+    by_pattern: list[Sequence[int]] = [] if bulk is None else list(bulk)
+    if bulk is None:  # the per-name path: rules to budget, or too many patterns
+        per: list[list[int]] = [[] for _ in rules.patterns]
+        for i, p in enumerate(kept):
+            for u in rules.hits(p.tensor.name):
+                per[u].append(i)
+        by_pattern = list(per)
     placed = [0] * len(overrides)
     placed_bytes = [0] * len(overrides)
-    matched = [0] * len(rules.patterns)  # per distinct pattern: tensors it matches
-    kept = [p for p in projection.placement.items if p.device is not None and not p.copy]
-    by_pattern = rules.matches_of_all(NameIndex(tuple(p.tensor.name for p in kept))) if overrides else []
-    if by_pattern is not None:  # per pattern at once: the first that matches a tensor places it
-        first: list[int | None] = [None] * len(kept)
-        for u, matching in enumerate(by_pattern):
-            matched[u] = len(matching)
-            for i in matching:
-                if first[i] is None:
-                    first[i] = u
-        for p, u in zip(kept, first, strict=True):
-            if u is not None:
-                winner = rules.patterns[u].members[0]
-                placed[winner] += 1
-                placed_bytes[winner] += p.tensor.nbytes
-    for p in kept if by_pattern is None else ():
-        hits = rules.hits(p.tensor.name)
-        if not hits:
-            continue
-        winner = rules.patterns[hits[0]].members[0]
-        placed[winner] += 1
-        placed_bytes[winner] += p.tensor.nbytes
-        for u in hits:
-            matched[u] += 1
+    for p, first in zip(kept, _first_matching(by_pattern, len(kept)), strict=True):
+        if first is not None:
+            winner = rules.patterns[first].members[0]
+            placed[winner] += 1
+            placed_bytes[winner] += p.tensor.nbytes
+    matched = [len(m) for m in by_pattern]  # per distinct pattern: tensors it matches
     return [
         RuleReport(i, o, placed[i], placed_bytes[i], matched[rules.pattern_of[i]] - placed[i])
         for i, o in enumerate(overrides)
     ]
+
+
+def _first_matching(by_pattern: Sequence[Sequence[int]], n: int) -> list[int | None]:
+    """Per name, the first pattern that matches it (the rule that places it), from each pattern's
+    matches (indices of names)."""
+    first: list[int | None] = [None] * n
+    for u, matching in enumerate(by_pattern):
+        for i in matching:
+            if first[i] is None:
+                first[i] = u
+    return first
 
 
 def plan_warnings(projection: Projection, overrides: tuple[Override, ...], *,
