@@ -274,7 +274,7 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     hits: dict[int, int] = {i: 0 for i in range(len(overrides))}
     items: list[Placed] = []
     tensors = model.tensors
-    firsts = None
+    firsts: list[int | None] | None = [None] * len(tensors)  # no rule: none places a tensor
     if overrides:
         firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
     memo = _item_memo(tensors)
