@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import RuleError
 from offload_planner.core.model import Model, Tensor
-from offload_planner.core.roles import Role
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.rule_match import name_index, rule_set
 
 CPU = "CPU"
@@ -176,8 +176,11 @@ def compile_override(pattern: str) -> re.Pattern[str]:
         return re.compile(r"(?!)")
 
 
+_NORMS = frozenset(r for r in Role if r.is_norm)  # Role.is_norm as a set (a property call a tensor)
+
+
 def _is_weight_matrix(t: Tensor) -> bool:
-    return t.name.endswith(".weight") and len(t.shape) >= 2 and not t.role.is_norm
+    return t.name.endswith(".weight") and len(t.shape) >= 2 and t.role not in _NORMS
 
 
 def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -> bool:
@@ -189,7 +192,7 @@ def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -
     if not _is_weight_matrix(t):
         return False
     dims = len([d for d in t.shape])
-    want = 3 if t.role.is_routed_expert or "_exps." in t.name else 2  # NextN blocks' experts too
+    want = 3 if t.role in ROUTED_EXPERT_ROLES or "_exps." in t.name else 2  # NextN blocks' experts too
     return dims == want and t.shape[1] % 8 == 0
 
 
