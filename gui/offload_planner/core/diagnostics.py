@@ -7,13 +7,15 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import is_
 
 from offload_planner.core.cmdline import check_pattern
 from offload_planner.core.device_figures import CapacityHint, capacity_warnings
 from offload_planner.core.memory import Projection
-from offload_planner.core.placement import CPU, Override
+from offload_planner.core.model import Tensor
+from offload_planner.core.placement import CPU, Override, Placed
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
-from offload_planner.core.rule_match import NameIndex, rule_set
+from offload_planner.core.rule_match import NameIndex, name_index, rule_set
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,14 @@ class RuleReport:
         return "shadowed" if self.shadowed else "matches nothing"
 
 
-def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> list[RuleReport]:
+def rule_reports(projection: Projection, overrides: tuple[Override, ...], *,
+                 tensors: list[Tensor] | None = None) -> list[RuleReport]:
+    """What each rule did in the projection's placement. ``tensors``: the model's, whose names placement
+    matched the rules against (:func:`~offload_planner.core.rule_match.name_index`): their matches are
+    reused where the placed tensors are those, in order."""
     rules = rule_set(overrides)
     kept = [p for p in projection.placement.items if p.device is not None and not p.copy]
-    bulk = rules.matches_of_all(NameIndex(tuple(p.tensor.name for p in kept))) if overrides else []
+    bulk = rules.matches_of_all(_names(kept, tensors)) if overrides else []
     by_pattern: list[Sequence[int]] = [] if bulk is None else list(bulk)
     if bulk is None:  # the per-name path: rules to budget, or too many patterns
         per: list[list[int]] = [[] for _ in rules.patterns]
@@ -57,6 +63,13 @@ def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> lis
         RuleReport(i, o, placed[i], placed_bytes[i], matched[rules.pattern_of[i]] - placed[i])
         for i, o in enumerate(overrides)
     ]
+
+
+def _names(kept: list[Placed], tensors: list[Tensor] | None) -> NameIndex:
+    """The names of the kept items' tensors: the model's cached index where they are its tensors."""
+    if tensors is not None and len(kept) == len(tensors) and all(map(is_, (p.tensor for p in kept), tensors)):
+        return name_index(tensors, lambda: [t.name for t in tensors])
+    return NameIndex(tuple(p.tensor.name for p in kept))
 
 
 def _first_matching(by_pattern: Sequence[Sequence[int]], n: int) -> list[int | None]:
