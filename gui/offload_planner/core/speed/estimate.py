@@ -272,6 +272,10 @@ class _Work:
             yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2
 
 
+def _part(is_expert: bool, refused: bool) -> int:
+    return int(is_expert) | (2 if refused else 0)
+
+
 def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
     """Host weights whose ops no GPU takes (ik: a file's row-interleaved type the build's CUDA backend
     cannot multiply, and with -rtr every weight repacked into such a type), as ``compute_ik`` rules."""
@@ -283,19 +287,14 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
 
 def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
-    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES
     for p in _running(placement):
         t = p.tensor
-        shape = t.shape
-        if len(shape) < 2 or (t.role is embd and not p.copy):
+        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
-        n = 1
-        for d in shape:  # Tensor.n_elements
-            n *= d
-        w.el[i] += n
+        i = _part(t.role.is_routed_expert, t.name in refused)
+        w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
     return out
 
