@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
-from offload_planner.core.devices import DeviceKind
+from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
 from offload_planner.core.model import Model
@@ -152,13 +152,43 @@ def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]
 
 def kv_bytes_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
                 plan: Plan, depth: int) -> dict[str, int]:
-    """KV bytes one token reads at ``depth`` cells, per device: the engine's KV sizing for a
-    one-sequence cache of ``depth`` cells (SWA layers hold at most their window)."""
+    """KV bytes one token reads at ``depth`` cells, per device (:func:`kv_read_at`)."""
+    return kv_read_at(model, placement, params, ctx, plan.devices, depth)
+
+
+#: Backends whose one-token flash attention skips masked K/V cells: ggml-cpu (``mv == -INFINITY``,
+#: ``ops.cpp``), Metal (``skip -INF mask`` per block, ``fa_vec_common.metal``) and RPC (ggml-rpc-server's
+#: default backend is the CPU).  CUDA/ROCm (no mask scan below 1024 queries, ``fattn-common.cuh``),
+#: Vulkan (``use_mask_opt`` from 32 query rows) and SYCL read every cell up to ``n_kv``.
+SKIPS_MASKED_CELLS = frozenset({DeviceKind.CPU, DeviceKind.METAL, DeviceKind.RPC})
+
+
+def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
+               devices: DeviceSet, depth: int, cached: range | None = None) -> dict[str, int]:
+    """KV bytes one token of one sequence reads at ``depth`` cells, per device: the engine's KV
+    sizing (:func:`memory.kv_buffers`) of ``depth`` cells, where a sliding-window layer reads
+    ``min(depth, its cache's cells)``: its cache (``ctx.swa_cells``, ``n_swa x sequences + -ub``
+    padded to 256; ``--swa-full``: the context) is a ring whose masked cells are overwritten only
+    when reused, so once it wraps the attention spans all of it (``llama_kv_cache::get_n_kv``);
+    with flash attention on a backend that skips masked cells (:data:`SKIPS_MASKED_CELLS`) it reads
+    ``min(depth, n_swa)``."""
     if depth <= 0:
         return {}
-    n_swa = model.summary.n_swa or depth
-    sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=min(depth, n_swa))
-    return {b.device: b.bytes for b in kv_buffers(model, placement, sub, params, plan.devices)}
+    s = model.summary
+
+    def read(swa_cells: int) -> dict[str, int]:
+        sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=swa_cells)
+        out: dict[str, int] = defaultdict(int)
+        for b in kv_buffers(model, placement, sub, params, devices, cached=cached):
+            out[b.device] += b.bytes
+        return dict(out)
+
+    ring = read(min(depth, ctx.swa_cells))
+    if not (s.has_swa and s.n_swa and params.flash_attn and ctx.swa_cells > s.n_swa):
+        return ring
+    window = read(min(depth, s.n_swa))
+    skips = {d.name for d in devices if d.kind in SKIPS_MASKED_CELLS}
+    return {name: window[name] if name in skips else n for name, n in ring.items()}
 
 
 def stage_devices(model: Model, placement: Placement) -> list[str]:
