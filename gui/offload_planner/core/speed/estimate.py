@@ -317,13 +317,14 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
 
 def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
+    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
         t = p.tensor
-        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+        if len(t.shape) < 2 or (t.role is embd and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = _part(t.role.is_routed_expert, t.name in refused)
+        i = _part(t.role in experts, t.name in refused)
         w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
     return out
