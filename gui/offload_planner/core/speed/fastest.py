@@ -33,7 +33,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.buffers import SIMULATION_LOCK, simulate_buffers
@@ -50,6 +50,9 @@ from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, e
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
+
+if TYPE_CHECKING:
+    from offload_planner.core.fit import FitResult
 
 DEFAULT_MARGIN = 1 * GiB  # the window's default margin on every GPU
 BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
@@ -236,6 +239,7 @@ class _Search:
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
         #: reserves already simulated: the starts at several -ub share their one-token graph
         self._reserves: ReserveMemo = {}
+        self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (llama_fit)
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -582,7 +586,26 @@ class _Search:
             return None
         popts, ctx = result.apply(base.placement_options, base.context, self.model.summary.n_layer,
                                   has_gpu=True)
+        self.fit_result = result
         return replace(base, placement_options=popts, context=ctx)
+
+    def llama_fit_candidate(self, plan: Plan) -> tuple[Candidate, list[str]]:
+        """The ``--fit`` baseline.  Where the fitted server's MTP context can take more than the fit
+        counted (:func:`~offload_planner.core.fit_extra.may_fall_short`) it is projected in full (its
+        memory exact, not predicted) and, where llama.cpp's own fit then leaves a device short of its
+        margin (:func:`~offload_planner.core.fit_extra.extra_shortfalls`), a note names the device
+        and the MiB; the row is then over, never a fitting baseline."""
+        from offload_planner.core.fit_extra import extra_shortfalls, may_fall_short
+
+        result = self.fit_result
+        if result is None or not may_fall_short(result, plan.spec):
+            return self.candidate("llama.cpp --fit", plan), []
+
+        proj = plan.projection()  # kept out of the predictions' compute buffers (self._compute)
+        self.projections += 1
+        c = self._make("llama.cpp --fit", plan, proj, verified=True)
+        free = {g.name: g.capacity or 0 for g in self.devices.gpus}
+        return c, [sf.message() for sf in extra_shortfalls(result, proj, free)]
 
 
 def _routed(p: Placed) -> bool:
@@ -631,7 +654,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     fit_plan = s.llama_fit()
     fit_s = time.process_time() - t0
     ours = s.ours(starts, notes, "--cpu-moe")
-    fit = None if fit_plan is None else s.candidate("llama.cpp --fit", fit_plan)
+    fit = None
+    if fit_plan is not None:
+        fit, fit_notes = s.llama_fit_candidate(fit_plan)
+        notes += fit_notes
     ncm, near = s.n_cpu_moe_predicted()
     baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
