@@ -81,8 +81,8 @@ def run_fit(args: argparse.Namespace) -> int:
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
                       links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
-                          prompt=args.prompt, eff=eff,
-                          allow_kv_quant=args.allow_kv_quant)
+                          prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
+                          concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
     rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,

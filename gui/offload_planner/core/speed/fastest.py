@@ -30,10 +30,9 @@ recorded at its start costs more than the two plain simulations (recording is 2-
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.buffers import SIMULATION_LOCK, simulate_buffers
@@ -46,8 +45,12 @@ from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.forked import Forked
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.units import GiB
+
+if TYPE_CHECKING:
+    from offload_planner.core.fit import FitResult
 
 DEFAULT_MARGIN = 1 * GiB  # the window's default margin on every GPU
 BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
@@ -90,6 +93,7 @@ class FastestResult:
     notes: list[str] = field(default_factory=list)
     evaluations: int = 0  # candidates evaluated with predicted compute buffers
     fit_seconds: float = 0.0  # CPU time of the llama.cpp --fit baseline (its own ~25 dry runs)
+    fit_forked: bool = False  # the --fit baseline ran in a child process beside the search
 
 
 def margin_of(dev: Device) -> int:
@@ -511,7 +515,16 @@ class _Search:
     def llama_fit(self) -> Plan | None:
         """What llama-server's own ``--fit`` makes of the command (None: it does not fit by default,
         or there is no GPU)."""
-        if not self.dialect.fits_by_default or not self.devices.gpus:
+        return self.fit_plan(self.llama_fit_result())
+
+    @property
+    def fits_by_default(self) -> bool:
+        """llama-server runs its ``--fit`` on this command (the dialect's default, a GPU to fit)."""
+        return self.dialect.fits_by_default and bool(self.devices.gpus)
+
+    def llama_fit_result(self) -> FitResult | None:
+        """The port's search (its dry runs): what :meth:`fit_plan` applies to the command."""
+        if not self.fits_by_default:
             return None
         from offload_planner.core.fit import fit_for_args
 
@@ -519,10 +532,13 @@ class _Search:
         base = self.plan([])
         # what llama-server finds free; its fit keeps its own 1 GiB target (the default margin here)
         free = [g.capacity or 0 for g in self.devices.gpus]
-        result = fit_for_args(self.model, self.devices, parsed, base.placement_options, base.context,
-                              free_bytes=free)
+        return fit_for_args(self.model, self.devices, parsed, base.placement_options, base.context,
+                            free_bytes=free)
+
+    def fit_plan(self, result: FitResult | None) -> Plan | None:
         if result is None:
             return None
+        base = self.plan([])
         popts, ctx = result.apply(base.placement_options, base.context, self.model.summary.n_layer,
                                   has_gpu=True)
         return replace(base, placement_options=popts, context=ctx)
@@ -535,10 +551,14 @@ def _ubatches(user_ub: int, goal: str) -> list[int]:
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
-                 ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False) -> FastestResult:
+                 ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
+                 concurrent: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
-    ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept."""
+    ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept.
+    ``concurrent``: llama.cpp's ``--fit`` runs in a forked child beside the search where that is
+    safe and a second core can take it (:mod:`forked`; the command line's choice, not a library
+    caller's, which may hold threads or locks); the result is the same."""
     from offload_planner.core.cmdline import parse_server_args
 
     if goal not in GOALS:
@@ -559,14 +579,19 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
             p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
                                                 if ub != user.context.n_ubatch else [])), kv)
             starts[variant(p)] = p
-    # the --fit port first: the starts take over the graphs its dry runs built (compute.template)
-    t0 = time.process_time()
-    fit_plan = s.llama_fit()
-    fit_s = time.process_time() - t0
-    ours = s.ours(starts, notes, "--cpu-moe")
+    # llama.cpp's --fit beside the search, in a forked child where a second core can take it (its
+    # dry runs and the search share nothing); else first, and the starts take over the graphs its
+    # dry runs built (compute.template)
+    with Forked(s.llama_fit_result, fork=concurrent and s.fits_by_default) as job:
+        if not job.forked:
+            job.result()
+        ours = s.ours(starts, notes, "--cpu-moe")
+        # predictions only (they change no compute buffer the fit's candidate is predicted from)
+        ncm, near = s.n_cpu_moe_predicted()
+        cpu_moe = s.candidate("--cpu-moe", s.plan(["--cpu-moe"]))
+        fit_plan = s.fit_plan(job.result())
     fit = None if fit_plan is None else s.candidate("llama.cpp --fit", fit_plan)
-    ncm, near = s.n_cpu_moe_predicted()
-    baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
+    baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
     # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
     rivals = [c for c in (ncm, near) if c is not None and not c.verified]
@@ -576,7 +601,8 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         i = next(i for i, c in enumerate(baselines) if c.label.startswith("--n-cpu-moe"))
         baselines[i:i + 1] = [] if exact is None else [exact]
         best = s.choose(ours, baselines, goal)
-    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s)
+    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations,
+                         job.cpu_seconds, job.in_child)
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
