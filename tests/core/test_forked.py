@@ -76,6 +76,29 @@ def test_a_child_that_crashes_leaves_the_work_to_the_caller() -> None:
     assert not job.in_child
 
 
+def test_pending_while_the_child_works() -> None:
+    go = Path(f"/tmp/forked-test-{os.getpid()}")
+
+    def work() -> str:
+        while not go.exists():
+            time.sleep(0.01)
+        return "done"
+
+    try:
+        with Forked(work) as job:
+            assert job.pending() and job.pending()
+            go.touch()
+            end = time.monotonic() + 10
+            while job.pending() and time.monotonic() < end:
+                time.sleep(0.01)
+            assert not job.pending(), "the child wrote its result"
+            assert job.result() == "done" and job.in_child
+            assert not job.pending()
+    finally:
+        go.unlink(missing_ok=True)
+    assert not Forked(os.getpid, fork=False).pending()
+
+
 def test_a_result_not_asked_for_ends_its_child() -> None:
     job = Forked(lambda: time.sleep(60))
     pid = job._pid

@@ -41,7 +41,7 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU
+from offload_planner.core.placement import CPU, Placement
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
@@ -176,6 +176,14 @@ def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
     return replace(plan, context=replace(plan.context, type_k=kv[0], type_v=kv[1]))
 
 
+def pick(ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
+    """The best-scoring of our candidates that fit and the baselines that fit or are predicted
+    (a baseline predicted over is projected in full too if it would win: never slower than a
+    baseline that fits); the first of equals."""
+    fitting = [c for c in ours if c.fits] + [c for c in baselines if c.fits or not c.verified]
+    return max(fitting, key=lambda x: score(x.estimate, goal)) if fitting else None
+
+
 class _Search:
     """Candidates are first evaluated with their weights, KV and outputs exact and their compute
     buffers predicted (:meth:`cheap`, about a millisecond); only the plan chosen (and any candidate
@@ -194,6 +202,8 @@ class _Search:
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
         #: reserves already simulated: the starts at several -ub share their one-token graph
         self._reserves: ReserveMemo = {}
+        #: compute simulations made ahead of their full projection (:meth:`simulate_ahead`)
+        self._simulated: dict[tuple[object, ...], tuple[Placement, list[Buffer]]] = {}
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -213,15 +223,8 @@ class _Search:
         seen = self._seen.get(_key(plan))
         if seen is not None and seen.verified:  # the same plan reached another way
             return replace(seen, label=label)
-        placement = plan.placement()
-        s = self.model.summary
-        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
-        # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
-        compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
-        if compute is None:
-            with SIMULATION_LOCK:  # the graph templates are shared with the window's worker
-                compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
-                                           incremental=False, memo=self._reserves)
+        ahead = self._simulated.pop(_key(plan), None)
+        placement, compute = ahead if ahead is not None else self._simulate(plan)
         proj = plan.projection(placement=placement, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
@@ -235,6 +238,25 @@ class _Search:
         # predictions made with the earlier compute buffers are evaluated again when asked for
         self._seen = {k: c for k, c in self._seen.items() if c.verified}
         return self._make(label, plan, proj, verified=True)
+
+    def _simulate(self, plan: Plan) -> tuple[Placement, list[Buffer]]:
+        placement = plan.placement()
+        s = self.model.summary
+        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+        # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
+        compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
+        if compute is None:
+            with SIMULATION_LOCK:  # the graph templates are shared with the window's worker
+                compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
+                                           incremental=False, memo=self._reserves)
+        return placement, compute
+
+    def simulate_ahead(self, c: Candidate | None) -> None:
+        """The compute simulation of a predicted candidate :meth:`full` is likely to be asked for,
+        made while the search waits for llama.cpp's ``--fit``; :meth:`full` takes it then, at the
+        same point of the search as before (the simulation reads nothing the search changes)."""
+        if c is not None and not c.verified and _key(c.plan) not in self._simulated:
+            self._simulated[_key(c.plan)] = self._simulate(c.plan)
 
     def cheap(self, label: str, plan: Plan, fresh: bool = False) -> Candidate:
         seen = self._seen.get(_key(plan))
@@ -274,12 +296,9 @@ class _Search:
         buffers just simulated and its experts are taken back by what it is over."""
         refilled: set[Variant] = set()
         for _ in range(MAX_VERIFY):
-            # a baseline predicted over is projected in full too if it would win: never slower than
-            # a baseline that fits
-            fitting = [c for c in ours if c.fits] + [c for c in baselines if c.fits or not c.verified]
-            if not fitting:
+            c = pick(ours, baselines, goal)
+            if c is None:
                 return None
-            c = max(fitting, key=lambda x: score(x.estimate, goal))
             if c.verified:
                 return c
             is_ours = any(x is c for x in ours)
@@ -589,6 +608,8 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         # predictions only (they change no compute buffer the fit's candidate is predicted from)
         ncm, near = s.n_cpu_moe_predicted()
         cpu_moe = s.candidate("--cpu-moe", s.plan(["--cpu-moe"]))
+        if job.pending():  # the answer unless --fit's candidate beats it: simulated while waiting
+            s.simulate_ahead(pick(ours, [c for c in (cpu_moe, ncm) if c is not None], goal))
         fit_plan = s.fit_plan(job.result())
     fit = None if fit_plan is None else s.candidate("llama.cpp --fit", fit_plan)
     baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
@@ -111,6 +112,12 @@ class Forked(Generic[T]):
         if self._done is None:
             self._done = (self._result(),)
         return self._done[0]
+
+    def pending(self) -> bool:
+        """A child is still at work (its result not yet written)."""
+        if not self._pid or self._r < 0:
+            return False
+        return not select.select([self._r], [], [], 0)[0]
 
     def _result(self) -> T:
         if self._pid:
