@@ -25,6 +25,12 @@ in full and taken only if it fits; if not, every prediction is made again with t
 simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).  A
 candidate's speed estimate is made only when it is scored.  Replaying the answer against a reference
 recorded at its start costs more than the two plain simulations (recording is 2-3x a simulation).
+
+llama.cpp's ``--fit`` (its port's ~25 dry runs, longer than the search) shares nothing with the
+search: the ``fit`` command (``concurrent=True``) runs it in a forked child on a second core
+(:mod:`forked`), and while it waits simulates the compute buffers of the candidate it will project
+first unless ``--fit``'s beats it (:meth:`_Search.simulate_ahead`).  The result is the same either
+way.
 """
 
 from __future__ import annotations
