@@ -19,6 +19,8 @@ from the first node that reads a moved tensor to the layer's end, and on a 4-lay
 about an eighth of the nodes a from-scratch simulation schedules (prompt and one-token graphs).  The
 ``a move's nodes`` column gives, for the move with the most, that share of the reference's nodes; where
 it is above 1/20 the verdict is ``out of reach`` and a line under the table gives the numbers.
+``bench/replan_parts.py`` breaks each model's worst move into its parts (the projection outside the
+simulation, the one-token graph, passes 1-4 and 5, the allocator's start and walk).
 
 A move's replay keeps, on the reference, the allocator states its tail passed (a move leaves the
 residual stream in the other of two blocks up to the next device boundary, and the next move's tail

@@ -66,7 +66,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
     from offload_planner.core.speed.estimate import estimate
-    from offload_planner.core.speed.fastest import fastest_plan, score
+    from offload_planner.core.speed.fastest import fastest_plan, over_by, score
     from offload_planner.core.speed.hardware import hardware_for
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
@@ -92,10 +92,12 @@ def _run_fit(args: argparse.Namespace) -> int:
                       links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
+                          accept=args.spec_accept,
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
-    rows = [{"label": c.label, "fits": c.fits, "verified": c.verified, "over": c.over,
+    rows = [{"label": c.label, "fits": c.fits, "verified": c.verified,
+             "over": [n for n, _ in over_by(c, devices)],
              "tg_tps": round(c.estimate.tg_tps, 3),
              "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}
             for c in result.candidates]
@@ -110,6 +112,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     if args.json:
         out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
                                   "best": best.label if best else None}
+        if best is None:
+            out["why"] = result.why
         if best:
             out["plan"] = plan_json(best.projection, warnings=[], errors=[], command=command)
             out["speed"] = speed_json(best_est or best.estimate)
@@ -130,7 +134,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     for n in result.notes:
         print(f"note: {n}")
     if best is None:
-        print("nothing fits these devices")
+        print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
         return 1
     print()
     table = plan_text(best.projection, warnings=[], errors=[], command="")

@@ -559,3 +559,84 @@ def test_one_token_reserve_replayed_where_the_bound_does_not_prove_it(models: di
             assert left_out == 0 and replayed > 0
         else:
             assert left_out > 0
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3"])
+def test_one_token_reserve_left_out_before_pass_5(models: dict[str, Model], name: str) -> None:
+    """The bench's moves on the small models through the planner's entry point: the one-token
+    reserve is left out by a bound after passes 1-4 (``_Replay.early_bound``), and sizes, peaks and
+    copies are the full simulation's."""
+    model = models[name]
+    devices, params, _, opts = _bench_setting(model)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    plan = Plan(model, devices, opts, params)
+    placements = [plan.placement()] * 2  # the second simulation records the reference
+    for il in range(model.summary.n_layer):
+        names = [t.name for t in model.tensors if t.layer == il and (t.role.is_routed_expert or not moe)]
+        other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+        if names:  # (a leading dense layer of a MoE model has no experts)
+            placements.append(plan.with_moves(dict.fromkeys(names, other if moe else "CPU")).placement())
+    before = CI.stats["left_out_early"]
+    left_out, _ = _check_sizes_only(model, devices, params, placements)
+    assert left_out == len(placements) - 2 >= 2
+    assert CI.stats["left_out_early"] - before == left_out
+
+
+def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]) -> None:
+    """After passes 1-4, on random moves of a few tensors between the CPU and two GPUs (prompt and
+    one-token graphs): ``_Replay.new_copies`` holds every split-input copy that pass 5 then adds and
+    the reference did not, and ``_Replay.early_bound`` is at least the bound (:mod:`.bound`) of the
+    graph scheduled from scratch for the new placement on every backend; some moves add copies."""
+    from offload_planner.core.compute.allocator import GraphAllocator
+    from offload_planner.core.compute.bound import graph_bound
+    from offload_planner.core.compute.graph import Builder
+    from offload_planner.core.compute.replay import _Replay, diff_items
+    from offload_planner.core.compute.scheduler import Scheduler
+    from offload_planner.core.compute.simulate import backends_for, graph_builder, weight_factory
+
+    model = models["qwen3moe"]
+    devices = _devices("CUDA", 2)
+    params = _params(ub=512, np_=1)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    # (an override: no pipeline parallelism, which is not replayed)
+    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
+                            overrides=(Override("token_embd", "CPU"),))
+    plan = Plan(model, devices, opts, params)
+    CI._REFS.clear()
+    with CI.recording_first_sights():
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    refs = [r for rs in CI._REFS.values() for r in rs]
+    assert len(refs) == 2
+    arch = graph_builder(model)
+    assert arch is not None
+    rng = random.Random(5)
+    layer_tensors = [t.name for t in model.tensors if t.layer is not None]
+    names = [d.name for d in (devices.cpu, *devices.gpus)]
+    with_new = 0
+    for _ in range(40):
+        placement = plan.with_moves({rng.choice(layer_tensors): rng.choice(names)
+                                     for _ in range(rng.randint(1, 3))}).placement()
+        backends = backends_for(devices, placement)
+        for ref in refs:
+            mv = diff_items(ref, placement.items, list(placement.unit_devices), params.offload_kqv)
+            assert mv is not None
+            if not mv.dev and not mv.forced:
+                continue
+            rp = _Replay(ref, mv)
+            rp.assign()
+            affected = rp.affected()
+            if not affected:
+                continue
+            expected, early = rp.new_copies(affected), rp.early_bound(affected)
+            rp.pass5(min(affected), max(affected))
+            made = {key for key in rp.made if key not in ref.copy_of}
+            assert made <= expected
+            with_new += bool(made)
+            b = Builder(ref.sh, weight_factory(model, placement), placement.layer_device,
+                        placement.layer_device)
+            arch(b)
+            sched = Scheduler(backends, 1, True)
+            sched.split_graph(b.g, keep_forced=True)
+            full = graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
+            assert all(e >= f for e, f in zip(early, full, strict=True)), (early, full)
+    assert with_new > 5

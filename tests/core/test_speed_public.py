@@ -60,10 +60,24 @@ CPU_MEMORY = {
     "e5-2697a": "4xDDR4-2400",  # Intel Xeon E5-2697A v4: 4 channels DDR4-2400
 }
 
+#: Physical cores of CPU platforms by name (vendor specifications): llama.cpp's default -t when a
+#: post gives none (common_cpu_get_num_math: the physical cores).
+CPU_CORES = {
+    "epyc 9654": 96, "epyc 9374f": 32, "epyc 9355": 32, "epyc 9965": 192, "7950x": 16, "7900": 12,
+    "7700x": 8, "7800x3d": 8, "5975wx": 32, "3995wx": 64, "6980p": 128, "8336c": 28, "e5-2697a": 16,
+}
+
 #: Uniform quant types by bits per weight (block bytes x 8 / block elements).
 TYPES = [(Q.IQ1_S, 1.5625), (Q.IQ2_XXS, 2.0625), (Q.Q2_K, 2.625), (Q.IQ3_XXS, 3.0625), (Q.Q3_K, 3.4375),
          (Q.Q4_0, 4.5), (Q.Q4_K, 4.5), (Q.Q5_K, 5.5), (Q.Q6_K, 6.5625), (Q.Q8_0, 8.5), (Q.F16, 16.0)]
-BY_NAME = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "F16": Q.F16, "BF16": Q.F16, "Q4_K_M": Q.Q4_K, "Q6_K": Q.Q6_K}
+BY_NAME = {"Q4_0": Q.Q4_0, "Q8_0": Q.Q8_0, "F16": Q.F16, "BF16": Q.F16, "Q2_K": Q.Q2_K, "Q3_K": Q.Q3_K,
+           "Q4_K": Q.Q4_K, "Q5_K": Q.Q5_K, "Q6_K": Q.Q6_K, "IQ1_S": Q.IQ1_S, "IQ1_M": Q.IQ1_M,
+           "IQ2_XXS": Q.IQ2_XXS, "IQ2_XS": Q.IQ2_XS, "IQ2_S": Q.IQ2_S, "IQ3_XXS": Q.IQ3_XXS, "IQ3_S": Q.IQ3_S,
+           "IQ4_XS": Q.IQ4_XS}
+#: Bits per weight of the named types (block bytes x 8 / block elements).
+BPW = {Q.Q4_0: 4.5, Q.Q8_0: 8.5, Q.F16: 16.0, Q.Q2_K: 2.625, Q.Q3_K: 3.4375, Q.Q4_K: 4.5, Q.Q5_K: 5.5,
+       Q.Q6_K: 6.5625, Q.IQ1_S: 1.5625, Q.IQ1_M: 1.75, Q.IQ2_XXS: 2.0625, Q.IQ2_XS: 2.3125, Q.IQ2_S: 2.5625,
+       Q.IQ3_XXS: 3.0625, Q.IQ3_S: 3.4375, Q.IQ4_XS: 4.25}
 BY_DIGIT = {"1": Q.IQ1_S, "2": Q.Q2_K, "3": Q.Q3_K, "4": Q.Q4_K, "5": Q.Q5_K, "6": Q.Q6_K, "8": Q.Q8_0}
 
 
@@ -84,13 +98,26 @@ def _quant(m: dict[str, Any], arch: str) -> QuantMix | None:
         return MXFP4_MOE
     name = str(m.get("quant") or "").upper()
     size, params = m.get("size_gib"), m.get("params_b")
+    named = re.search(r"IQ\d_[A-Z]+|Q\d_K|Q\d_0|BF16|F16", name)  # UD-IQ1_S, Q4_K_M, UD-Q4_K_XL
+    t = BY_NAME.get(named.group(0)) if named else None
     if size and params:
         bpw = size * 2**30 * 8 / (params * 1e9)
+        if t is not None and abs(BPW[t] - bpw) <= 0.75:  # the named type, where the size agrees
+            return _uniform(t)
         return _uniform(min(TYPES, key=lambda tb: abs(tb[1] - bpw))[0])
-    if name in BY_NAME:
-        return _uniform(BY_NAME[name])
+    if t is not None:
+        return _uniform(t)
     d = re.search(r"I?Q(\d)", name)
     return _uniform(BY_DIGIT[d.group(1)]) if d and d.group(1) in BY_DIGIT else None
+
+
+def _llama(name: str, n_layer: int, n_embd: int, n_head: int, n_kv: int, n_ff: int,
+           n_vocab: int) -> ModelSpec:
+    """A dense Llama-architecture shape of a published config (untied output, ``n_vocab`` tokens)."""
+    base = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]
+    tok = replace(base.tokenizer, n_vocab=n_vocab, n_merges=min(base.tokenizer.n_merges, n_vocab))
+    return replace(base, name=name, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_kv, n_ff=n_ff,
+                   tokenizer=tok, rope_freqs=False)
 
 
 def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
@@ -110,11 +137,14 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = replace(BIG_MODELS["gpt-oss-120b-MXFP4"], name="gpt-oss-20b", n_layer=24, n_expert=32)
     elif arch == "llama" and 60 <= params <= 75:
         spec = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]
-    elif arch == "llama" and 6 <= params <= 8.5:  # Llama 2 7B / Llama 3 8B shapes (GQA for 8B)
-        kv = 8 if params > 7.5 else 32
-        ff = 14336 if params > 7.5 else 11008
-        spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name=f"llama {params}B", n_layer=32, n_embd=4096,
-                       n_head=32, n_head_kv=kv, n_ff=ff)
+    elif arch == "llama" and 6 <= params <= 8.5:  # Llama 2 7B / Mistral 7B / Llama 3 8B (their configs)
+        kv, ff, vocab = (32, 11008, 32000) if params < 7 else (8, 14336, 32000 if params < 7.5 else 128256)
+        spec = _llama(f"llama {params}B", 32, 4096, 32, kv, ff, vocab)
+    elif arch == "qwen2" and 7 <= params <= 8:  # Qwen2.5-7B config (qkv biases left out: 0.01% of bytes)
+        spec = _llama(f"qwen2 {params}B", 28, 3584, 28, 4, 18944, 152064)
+    elif arch == "llama" and 23 <= params <= 24.5:  # Mistral-Small-24B config: head_dim 128
+        spec = replace(_llama(f"llama {params}B", 40, 5120, 32, 8, 32768, 131072),
+                       head_dim_k=128, head_dim_v=128)
     else:
         return None, f"no synth shape for {arch} {params}B"
     if m.get("n_layer") and spec.arch != "llama" and m["n_layer"] != spec.n_layer - spec.n_nextn:
@@ -126,11 +156,20 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
 
 
 def _gpu_card(name: str) -> str | None:
-    for n in (name, re.sub(r"\s*(GPU|Max-Q|\d+GB)$", "", name), re.sub(r"\s+\d+GB$", "", name)):
+    for n in (name, re.sub(r"\s*(GPU|Max-Q|\d+GB)$", "", name), re.sub(r"\s+\d+GB$", "", name),
+              re.sub(r"\s*\([^)]*\)$", "", name)):  # "NVIDIA GB10 (DGX Spark)"
         c = card(n.strip())
         if c is not None:
             return c.key
     return None
+
+
+def _lanes(notes: str) -> dict[int, int]:
+    """PCIe lanes per GPU index a post states: 'PCIe X8/X4/X4' (in GPU order) or 'CUDA1 PCIe 4x'."""
+    listed = re.search(r"PCIe\s+(X\d+(?:/X\d+)+)", notes)
+    if listed:
+        return {i: int(x[1:]) for i, x in enumerate(listed.group(1).split("/"))}
+    return {int(i): int(n) for i, n in re.findall(r"CUDA(\d+) PCIe (\d+)x", notes)}
 
 
 def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
@@ -138,14 +177,18 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
     ram = str(h.get("ram") or "")
     stated = re.search(r"(\d+(?:\.\d+)?)\s*GB/s", ram) or re.search(r"(\d+(?:\.\d+)?)\s*GiB/s", ram)
     cpu_decl = "CPU=1024GiB"
+    cpu = str(h.get("cpu") or "").lower()
     if stated:
         cpu_decl += f",bw={stated.group(1)}GB/s"
     else:
-        cpu = str(h.get("cpu") or "").lower()
         mem = next((v for k, v in CPU_MEMORY.items() if k in cpu), None)
         if mem:
             cpu_decl += f",ram={mem}"
+    cores = next((v for k, v in CPU_CORES.items() if k in cpu), None)
+    if cores:
+        cpu_decl += f",cores={cores}"
     gpus = []
+    lanes = _lanes(str(h.get("notes") or ""))
     for i, g in enumerate(h.get("gpus") or []):
         key = _gpu_card(g)
         if key is None:
@@ -153,7 +196,10 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
         c = card(key)
         assert c is not None
         kind = "Metal" if c.kind == "Metal" else ("ROCm" if c.kind == "ROCm" else "CUDA")
-        gpus.append(parse_device_decl(f"{kind}{i}={key}" + (",192GiB" if c.vram_gib is None else "")))
+        decl = f"{kind}{i}={key}" + (",192GiB" if c.vram_gib is None else "")
+        if i in lanes and c.pcie:  # the stated lanes at the card's own PCIe generation
+            decl += f",pcie={c.pcie[0]}x{lanes[i]}"
+        gpus.append(parse_device_decl(decl))
     return DeviceSet(parse_device_decl(cpu_decl), tuple(gpus)), ""
 
 
@@ -216,11 +262,15 @@ def test_estimates_against_public_measurements(tmp_path_factory: pytest.TempPath
         depth = meas.get("depth") or 0
         if depth:  # tg at the measured depth: the estimate's full-context figure at -c depth
             plan = replace(plan, context=replace(plan.context, n_ctx=max(256, depth)))
-        est = estimate(plan, hardware_for(ds, threads=threads), prompt=meas.get("pp_tokens") or 512)
+        prompt = meas.get("pp_tokens") or 512
+        # llama-bench's "pp2048 @ d32768": the prompt after that many tokens of context
+        pp_depth = depth if depth and f"pp{prompt} @ d{depth}" in rec["quote"] else 0
+        est = estimate(plan, hardware_for(ds, threads=threads), prompt=prompt, depth=pp_depth)
+        pp = est.pp_tps_at_depth if pp_depth and est.pp_tps_at_depth else est.pp_tps
         tg = est.tg_tps_at_ctx if depth else est.tg_tps
         e_tg = math.log(tg / meas["tg_tps"]) if meas.get("tg_tps") else None
-        e_pp = math.log(est.pp_tps / meas["pp_tps"]) if meas.get("pp_tps") else None
-        detail = f"{tg:.1f}/{meas.get('tg_tps')} {est.pp_tps:.0f}/{meas.get('pp_tps')}"
+        e_pp = math.log(pp / meas["pp_tps"]) if meas.get("pp_tps") else None
+        detail = f"{tg:.1f}/{meas.get('tg_tps')} {pp:.0f}/{meas.get('pp_tps')}"
         rows.append((rec["id"], e_tg, e_pp, detail))
     print(f"\n{'record':48} {'tg est/meas':>11} {'pp est/meas':>11}   estimated/measured t/s (tg, pp)")
     def f(e: float | None) -> str:

@@ -12,6 +12,7 @@ from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
 from offload_planner.core.placement import CPU
+from offload_planner.core.tensor_grid import Cell
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
 from offload_planner.ui.ubatch_plot import UbatchPlot
@@ -132,6 +133,15 @@ def test_virtual_gpu_from_the_catalogue(qtbot: QtBot, settings: Settings) -> Non
         win.close()
 
 
+def _exps_down(win: MainWindow, layer: int) -> Cell:
+    """The tensor map's cell of a layer's routed ``ffn_down_exps``."""
+    grid = win.doc.grid
+    assert grid is not None
+    row, col = grid.row_of_layer(layer), grid.column_index("exps_down")
+    assert row is not None and col is not None
+    return grid.cell(row, col)
+
+
 def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: Settings) -> None:
     from offload_planner.backend.speed_store import machine_hardware
     from offload_planner.core.speed.estimate import tg_tps
@@ -141,15 +151,12 @@ def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: 
     try:
         open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
         doc = win.doc
-        grid = doc.grid
-        assert grid is not None
-        row, col = grid.row_of_layer(7), grid.column_index("exps_down")
-        assert row is not None and col is not None
-        names = grid.cell(row, col).movable_names
+        cell = _exps_down(win, 7)
+        names = cell.movable_names
         preview = move_tg(doc.plan, names)
         now, to_cpu = preview[CPU]
         assert to_cpu < now and preview["CUDA0"][1] == now  # already there
-        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in move_preview_html(doc.plan, grid.cell(row, col))
+        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in move_preview_html(doc.plan, cell)
         doc.move(names, CPU)
         assert tg_tps(doc.plan, machine_hardware(doc.plan, probe=False)) == to_cpu
     finally:
@@ -201,6 +208,35 @@ def test_label_shows_mtp_speculation_beside_the_plain_figure(qtbot: QtBot, setti
         assert m, win.speed_label.text()
         assert "speculative decoding, MTP (1 NextN layer): 3 tokens drafted" in win.speed_label.toolTip()
         assert "pull/25980" in win.speed_label.toolTip()
+    finally:
+        win.close()
+
+
+def test_hover_preview_with_mtp_gives_the_speed_lines_tg(qtbot: QtBot, settings: Settings,
+                                                         small_models: dict[str, Path]) -> None:
+    """With MTP the hover preview's tg is the speed line's (with MTP, depth 0): now, and after the
+    move it previews (it had given the plain tg, without speculation)."""
+    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.ui.tensor_map_model import move_preview_html, move_tg
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=64))
+    try:
+        open_and_wait(qtbot, win, small_models["glm4moe"])
+        assert win.command_pane.apply_command_text("llama-server -m m.gguf -c 2048 --spec-type draft-mtp")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "with MTP" in win.speed_label.text())
+        doc = win.doc
+        cell = _exps_down(win, 2)
+        names = cell.movable_names
+        now, to_cpu = move_tg(doc.plan, names)[CPU]
+        shown = plan_speed(doc.plan, probe=False, placement=doc.placement)
+        assert shown.spec is not None and now == shown.tg_tps != shown.spec.tg_tps_plain
+        m = re.match(r"est\. tg ([\d.]+) t/s with MTP", win.speed_label.text())
+        assert m and abs(float(m.group(1)) - now) <= (0.5 if now >= 100 else 0.05)  # as the line rounds
+        html = move_preview_html(doc.plan, cell)
+        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in html and "est. tg at depth 0, with MTP" in html
+        doc.move(names, CPU)
+        assert plan_speed(doc.plan, probe=False).tg_tps == to_cpu
     finally:
         win.close()
 

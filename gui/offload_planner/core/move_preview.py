@@ -17,8 +17,8 @@ from offload_planner.core.memory import weight_buffers
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies
-from offload_planner.core.speed.estimate import tg_tps
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.speculation import tg_tps_as_shown
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,12 @@ def weights_per_device(plan: Plan, placement: Placement) -> dict[str, int]:
 
 def move_tg(plan: Plan, names: Sequence[str], hw: Hardware, eff: Efficiencies,
             current: Placement | None = None) -> dict[str, tuple[float, float]]:
-    """Per device: estimated tg (t/s, depth 0) now and if ``names`` moved there (core.speed on the
-    hardware and efficiencies given)."""
+    """Per device: estimated tg (t/s, depth 0, with the plan's draft model or MTP: the window's speed
+    line) now and if ``names`` moved there (core.speed on the hardware and efficiencies given)."""
     if not names:
         return {}
-    now = tg_tps(plan, hw, eff=eff, placement=current)
-    return {dev: (now, tg_tps(plan.with_moves(dict.fromkeys(names, dev)), hw, eff=eff))
+    now = tg_tps_as_shown(plan, hw, eff, placement=current)
+    return {dev: (now, tg_tps_as_shown(plan.with_moves(dict.fromkeys(names, dev)), hw, eff))
             for dev in plan.devices.names}
 
 

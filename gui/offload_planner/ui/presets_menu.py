@@ -18,15 +18,13 @@ from PySide6.QtWidgets import (
 )
 
 from offload_planner.core import presets
-from offload_planner.core.device_figures import DeviceFigures, over_capacity
 from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan
-from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
 
 if TYPE_CHECKING:  # the search is imported when first used
-    from offload_planner.core.speed.fastest import Candidate
+    from offload_planner.core.speed.fastest import FastestResult
 
 
 class MoveLayersDialog(QDialog):
@@ -187,14 +185,15 @@ class PresetsMenu(QMenu):
 
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
-            found = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant)
+            result = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant)
         except Exception as e:  # a core bug must not take the window down
             self.message.emit(f"The fastest plan could not be searched: {type(e).__name__}: {e}")
             return False
         finally:
             QApplication.restoreOverrideCursor()
+        found = result.best
         if found is None:
-            self.message.emit("Nothing fits these devices, even with every routed expert on the CPU")
+            self.message.emit("Nothing fits these devices" + (f": {result.why}" if result.why else ""))
             return False
         best = found.plan
         held = _held_by_rules(best)
@@ -205,7 +204,7 @@ class PresetsMenu(QMenu):
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         self._doc.replace_plan(best, "Fastest plan")
         self.message.emit(f"Fastest plan: {_moved_count(best)} tensors moved (marked on the map), "
-                          f"-ub {c.n_ubatch}{kv}{held}{_still_over(found.projection)}")
+                          f"-ub {c.n_ubatch}{kv}{held}")
         return True
 
     def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:
@@ -248,19 +247,10 @@ def _moved_count(plan: Plan) -> int:
     return sum(1 for p in plan.placement().items if not p.copy and p.device != base.get(p.tensor.name))
 
 
-def _still_over(projection: Projection) -> str:
-    """What the search leaves over capacity ("" if nothing): it fits the GPUs, and what they cannot
-    take stays in RAM, however much RAM there is."""
-    over = [(n, DeviceFigures.of(projection.device(n)).over) for n in over_capacity(projection)]
-    if not over:
-        return ""
-    what = ", ".join(f"{n} {fmt_bytes(b, precision=1)}" for n, b in over)
-    return f"; still over capacity: {what} (the search fills the GPUs; the rest stays in RAM)"
-
-
-def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> Candidate | None:
-    """The fastest plan that fits (core.speed.fastest) from this plan, on the devices' declared
-    figures and this machine's cached RAM probe, with its full projection; None when nothing fits.
+def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> FastestResult:
+    """The fastest plan that fits every device, RAM included (core.speed.fastest), from this plan, on
+    the devices' declared figures and this machine's cached RAM probe: its ``best`` with its full
+    projection, None when nothing fits (``why`` says which device, by how much).
     ``allow_kv_quant``: the KV cache may become q8_0."""
     from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, threads_in
     from offload_planner.core.speed.fastest import fastest_from_plan
@@ -269,4 +259,4 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
     hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False))
     result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
                                allow_kv_quant=allow_kv_quant)
-    return result.best
+    return result

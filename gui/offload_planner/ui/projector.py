@@ -24,6 +24,18 @@ def fill_preset_hint(plan: Plan) -> CapacityHint:
     return hint
 
 
+#: Projectors alive (windows open): while any is, a topology's reference is recorded at its first
+#: simulation (every edit is re-projected and replayed against it); the last one to shut down turns
+#: that off again, so no window leaves the process's simulations recording.
+_LIVE = 0
+
+
+def _hold(on: bool) -> None:
+    global _LIVE
+    _LIVE += 1 if on else -1
+    record_at_first_sight(_LIVE > 0)
+
+
 def window_analysis(plan: Plan) -> Analysis:
     """The core's analysis of ``plan``, its over-capacity lines naming the window's preset."""
     return analyse(plan, capacity_hint=fill_preset_hint(plan))
@@ -45,7 +57,8 @@ class Projector(QObject):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        record_at_first_sight()  # every edit is re-projected: replay it against the first projection
+        _hold(True)  # every edit is re-projected: replay it against the first projection
+        self._held = True
         self._thread = QThread(self)
         self._thread.setObjectName("offload-planner projection")
         self._worker = _Worker()
@@ -91,6 +104,9 @@ class Projector(QObject):
             self._dispatch()
 
     def shutdown(self) -> None:
+        if self._held:
+            self._held = False
+            _hold(False)
         self._pending = None
         self._thread.quit()
         self._thread.wait(10_000)

@@ -152,6 +152,16 @@ def move_tg(plan: Plan, names: Sequence[str]) -> dict[str, tuple[float, float]]:
     return move_preview.move_tg(plan, names, hw, efficiencies_for(plan.dialect))
 
 
+def _spec_note(plan: Plan) -> str:
+    """", with MTP" / ", with the draft model": what the tg of a preview includes, as the speed line."""
+    spec = plan.spec
+    if spec is None or not spec.active or spec.n_max < 1:
+        return ""
+    if spec.draft is not None:
+        return ", with the draft model"
+    return ", with MTP" if plan.model.summary.n_nextn else ""
+
+
 def move_preview_html(plan: Plan, cell: Cell) -> str:
     """Per device: the change in its projected total if the cell's movable tensors moved there."""
     names = [n for n in cell.movable_names if not is_draft_name(n)]  # draft moves: -otd rules, no preview
@@ -178,7 +188,7 @@ def move_preview_html(plan: Plan, cell: Cell) -> str:
         )
     return (
         "<b>Moving it would change</b> (projected totals; weights with their buffer padding, "
-        "<i>compute buffers not included</i>; est. tg at depth 0)"
+        "<i>compute buffers not included</i>; est. tg at depth 0" + _spec_note(plan) + ", as the speed line)"
         "<table cellspacing=0 cellpadding=2><tr><th align=left>to</th><th>that device</th>"
         "<th align=left>elsewhere</th><th>tg</th></tr>" + "".join(rows) + "</table>"
     )

@@ -39,9 +39,10 @@ per graph topology (shape, backends, weight set) and later placements are replay
    repeats it, with the same maximum; the walk goes on at the run's end.
 
 A caller that keeps the larger of two reserves per backend (the planner's projection) may pass the
-first one's sizes: after steps 1-3 the second is left out when a bound of its sizes (:mod:`.bound`:
-the reference's, plus the window's tensors) is at most those on every backend (the one-token graph
-against the prompt graph: a few rows per tensor against thousands).
+first one's sizes: the second is left out when a bound of its sizes (:mod:`.bound`) is at most those
+on every backend (the one-token graph against the prompt graph: a few rows per tensor against
+thousands): after step 2 the reference's bound plus the affected nodes with their sources and the
+copies they may add, else after step 3 the reference's plus the window's tensors.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
 topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes

@@ -395,6 +395,10 @@ class _Replay:
         fa, fb = min(affected), max(affected)
         if fb - fa > FAR_SPAN * len(self.nodes) and len(affected) > FAR_DENSITY * (fb - fa):
             raise Far
+        if below is not None and self._below_any(below, affected):
+            stats["left_out"] += 1
+            stats["left_out_early"] += 1
+            return None
         self.pass5(fa, fb)
         wa, wnodes, wids, runs = self.window(fa)
         if below is not None and self._below(below, wnodes, wids, runs):
@@ -410,6 +414,56 @@ class _Replay:
                         wcopies[sp.backend] += sign * nbytes(inp)
         splits = self.kept + self.new_splits + self.tail_splits
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
+
+    def _below_any(self, below: list[int], affected: set[int]) -> bool:
+        """Before pass 5: :meth:`early_bound` is at most ``below`` on every backend."""
+        if any(x > y for x, y in zip(self.ref.alloc_bound(), below, strict=True)):
+            return False
+        return all(x <= y for x, y in zip(self.early_bound(affected), below, strict=True))
+
+    def early_bound(self, affected: set[int]) -> list[int]:
+        """A bound of this run's reserve (:mod:`.bound`) after passes 1-4: the reference's, plus each
+        affected node and its sources on its backend in this run, plus the copies of
+        :meth:`new_copies` on theirs.  A node outside ``affected`` keeps its backend, its sources'
+        backends and locations, and so its copies: it asks what it asked in the reference."""
+        ref, nodes, newdev, B = self.ref, self.nodes, self.newdev, self.B
+        cache, first = ref.size_cache, ref.first
+        sizer = GraphAllocator(ref.backends)
+
+        def size(t: T, b: int) -> int:
+            v = cache.get((t, b))
+            if v is None:
+                v = sizer.size(t, b)
+                if t in first:  # (the reference's tensors: kept with it)
+                    cache[(t, b)] = v
+            return v
+
+        bound = Bound(sizer, size)
+        for gi in affected:
+            n, b = nodes[gi], B(nodes[gi])
+            for t in (n, *ref.orig_src[gi]):
+                if t is not None and t.view_src is None and newdev.get(t, t.dev) is None:
+                    bound.add(t, b)
+        for s, b in self.new_copies(affected):
+            bound.add(ref.sched.input_copy(s, 0), b)
+        return [r + w for r, w in zip(ref.alloc_bound(), bound.sizes, strict=True)]
+
+    def new_copies(self, affected: set[int]) -> set[tuple[T, int]]:
+        """The split-input copies (source, backend) that pass 5 may make in this run and the reference
+        did not: a real node on ``b`` reading ``s`` from elsewhere (pass 5's test, on this run's
+        backends) needs one; a node outside ``affected`` has the reference's backend and sources'
+        backends and locations, so its copies are the reference's."""
+        ref, nodes, B, supported = self.ref, self.nodes, self.B, self.supported
+        copy_of, cur_before, orig_src = ref.copy_of, ref.cur_before, ref.orig_src
+        out: set[tuple[T, int]] = set()
+        for gi in affected:
+            if cur_before[gi] == -2:  # a view: pass 5 copies nothing for it
+                continue
+            b = B(nodes[gi])
+            for s in orig_src[gi]:
+                if s is not None and B(s) != b and not supported(s, b) and (s, b) not in copy_of:
+                    out.add((s, b))
+        return out
 
     def _below(self, below: list[int], wnodes: list[T], wids: list[int],
                runs: list[tuple[int, int, int]]) -> bool:

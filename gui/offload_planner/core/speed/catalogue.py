@@ -85,6 +85,11 @@ CARDS: tuple[Card, ...] = (
         "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM, FP16 tensor 1979 TFLOPS sparse)"),
     _nv("h200", "NVIDIA H200 SXM", 141, 4800, (5, 16), 989.5,
         "NVIDIA H200 Tensor Core GPU datasheet (FP16 tensor 1979 TFLOPS sparse)"),
+    # NVIDIA GB10 (DGX Spark): CPU and GPU share 128 GB of LPDDR5x (no PCIe copy to the GPU)
+    Card("gb10", "NVIDIA GB10", 119.2, 273, None, None,
+         "NVIDIA DGX Spark: 128 GB LPDDR5x unified memory, 273 GB/s (NVIDIA DGX Spark product page and "
+         "hardware guide, as quoted at https://ai-infrastructure.net/dgx-spark/); no FP16 tensor figure "
+         "listed (1 PFLOP FP4 with sparsity)"),
     # AMD
     Card("rx7900xtx", "AMD Radeon RX 7900 XTX", 24, 960, (4, 16), 122.8,
          "AMD Radeon RX 7900 XTX specifications (peak half precision 122.8 TFLOPS)", "ROCm"),
@@ -103,6 +108,8 @@ CARDS: tuple[Card, ...] = (
          "bandwidth (Apple MacBook Pro technical specifications)", "Metal"),
     Card("m3ultra", "Apple M3 Ultra", None, 819, None, None, "Apple M3 Ultra: 819GB/s memory bandwidth "
          "(Apple Mac Studio technical specifications)", "Metal"),
+    Card("m5", "Apple M5", None, 153, None, None, "Apple M5: 153GB/s unified memory bandwidth "
+         "(Apple newsroom, Apple unveils M5, October 2025)", "Metal"),
     Card("m4max", "Apple M4 Max (40-core GPU)", None, 546, None, None, "Apple M4 Max: 546GB/s memory "
          "bandwidth (Apple MacBook Pro technical specifications)", "Metal"),
 )

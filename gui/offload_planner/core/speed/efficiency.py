@@ -27,6 +27,14 @@ _PROBE_BW = _d(0.9)  # of the probe's measured copy bandwidth (already an effect
 _GPU_COMPUTE = _d(0.35)  # quantized matrix multiplication against the dense FP16 peak
 _CPU_COMPUTE = _d(0.5)
 _LINK = _d(0.8)  # PCIe / network payload against the line rate
+#: One generated token's attention on the CPU at a depth: Kimi-K2 (MLA, 64 heads, 576 + 512 dims a
+#: cell) on 128 threads of an EPYC 9965 with ik_llama.cpp (-mla 3 -fa, KV q8_0) went from 13.39 t/s
+#: at N_KV 0 to 11.90 at N_KV 9216 (-ub 512) and from 13.03 to 12.07 at 8192 (-ub 4096)
+#: (https://github.com/ikawrakow/ik_llama.cpp/pull/612, llama-sweep-bench): 9.35 ms for 78 GFLOPs
+#: and 6.1 ms for 69 GFLOPs a token, 0.65 and 0.88 x 128 x 0.1 TFLOPS; the lower one, since it also
+#: covers the KV reads.
+_CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
+                   "one token's attention on the CPU: ik_llama.cpp PR 612 (Kimi-K2, EPYC 9965, 128 threads)")
 _THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
 _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devices
 #: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
@@ -51,6 +59,7 @@ class Efficiencies:
     cpu_thread_bandwidth: Figure = _THREAD_BW
     split_latency_us: Figure = _SPLIT_US
     rpc_latency_us: Figure = _RPC_US
+    cpu_attention: Figure = _CPU_ATTN
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self)]
@@ -79,6 +88,56 @@ IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
                         "259, 612, issue 1752): 4x mainline's default")
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
+
+
+#: Mainline llama.cpp's CPU matrix multiplication of the lattice i-quants (IQ1_S ... IQ3_S): no
+#: repacked or tinyBLAS GEMM for them (ggml-cpu repack.cpp: ``ggml_repack_get_optimal_repack_type``
+#: repacks Q4_0, Q4_K, IQ4_NL, MXFP4 on x86, Q2_K with AVX512; llamafile sgemm takes F32/F16/BF16, Q8_0,
+#: Q4_0, Q5_0, IQ4_NL), so each row goes through the type's vec_dot with its grid look-ups.  Measured on
+#: a Ryzen-7950X with LLaMA-3.1-8B (https://github.com/ikawrakow/ik_llama.cpp/pull/518, mainline
+#: build 5635: IQ3_S "pp512" 28.04 t/s, 16 cores): 28.04 x 2 x 7.5e9 matrix weights = 0.42 TFLOPS of
+#: 16 x 0.1 peak, 0.26 x peak, where the same CPU ran mainline's fastest type, Q4_0, at 170 t/s
+#: (https://github.com/ikawrakow/ik_llama.cpp/pull/533, build 5688).  ik_llama.cpp's own kernels
+#: cover these types (``IK_CPU_COMPUTE``).
+IQUANT_CPU_COMPUTE = Figure(0.26, "x peak", Source.DEFAULT,
+                            "mainline CPU kernels of IQ1_S..IQ3_S (vec_dot, no GEMM): IQ3_S pp512 28.04 t/s "
+                            "on a Ryzen-7950X (ik_llama.cpp PR 518)")
+SLOW_CPU_TYPES = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"})  # ggml names
+
+
+def cpu_cost(type_name: str, dialect: Dialect) -> float:
+    """Compute cost of one weight of ``type_name`` on the CPU against the default's (1: the default
+    efficiency applies): mainline's lattice i-quants cost ``cpu_compute / IQUANT_CPU_COMPUTE``."""
+    if type_name in SLOW_CPU_TYPES and not Dialect(dialect).fast_cpu_kernels:
+        return _CPU_COMPUTE.value / IQUANT_CPU_COMPUTE.value
+    return 1.0
+
+
+#: A GPU's matrix multiplication gets more of its peak the more rows (tokens) each weight matrix
+#: multiplies: the default GPU compute efficiency holds at 512 rows (a dense model at -ub 512) and is
+#: scaled by sqrt(rows / 512), between 16 rows (below them the reads bound the time) and twice the
+#: default.  A routed expert multiplies the tokens routed to it, ``ubatch x n_expert_used / n_expert``
+#: on average over the experts hit, so MoE prompt processing at a small -ub is far below the dense rate.
+#: Public measurements: DeepSeek-R1 on 16 RTX 3090 ran pp512 at 216.01 t/s with -ub 512 (16 tokens an
+#: expert) and pp4096 at 323.48 t/s with -ub 4096 (128 an expert), 1.5x faster despite 8x the attention
+#: per token (https://github.com/ikawrakow/ik_llama.cpp/issues/263); Llama-2-70B on 4 RTX 3090 at
+#: -ub 2048 ran 0.61 x the FP16 peak (https://github.com/ikawrakow/ik_llama.cpp/issues/1051) where
+#: 7B models ran pp512 at 0.31-0.37 of it (https://github.com/ggml-org/llama.cpp/pull/4766, /pull/4812,
+#: /pull/6017).
+#: The exponent 0.35 makes the estimate's own ratio of those two DeepSeek-R1 runs (the attention of
+#: the longer prompt included) the measured 1.50x.  On the public development set
+#: (tests/core/test_speed_public.py) the pp median error went from 1.40x to 1.24x on the odd records
+#: and from 1.74x to 1.49x on the even ones (0.5, the odd records' best, gave 1.14x and 1.56x).
+GPU_ROWS_REF = 512
+GPU_ROWS_EXPONENT = 0.35
+GPU_ROWS_MIN = 16
+GPU_ROWS_MAX_GAIN = 2.0
+
+
+def gpu_rows_factor(rows: float) -> float:
+    """The GPU compute efficiency of a matrix multiplied by ``rows`` tokens against the default's."""
+    r = max(float(GPU_ROWS_MIN), rows)
+    return float(min(GPU_ROWS_MAX_GAIN, (r / GPU_ROWS_REF) ** GPU_ROWS_EXPONENT))
 
 
 def defaults_for(dialect: Dialect) -> Efficiencies:

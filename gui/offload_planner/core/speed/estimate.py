@@ -28,17 +28,18 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
-from offload_planner.core.devices import DeviceKind
+from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
-from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
+from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
 if TYPE_CHECKING:
+    from offload_planner.core.dialects.base import Dialect
     from offload_planner.core.speed.speculation import SpecEstimate
 
 DEFAULT_PROMPT = 4096
@@ -143,13 +144,43 @@ def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]
 
 def kv_bytes_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
                 plan: Plan, depth: int) -> dict[str, int]:
-    """KV bytes one token reads at ``depth`` cells, per device: the engine's KV sizing for a
-    one-sequence cache of ``depth`` cells (SWA layers hold at most their window)."""
+    """KV bytes one token reads at ``depth`` cells, per device (:func:`kv_read_at`)."""
+    return kv_read_at(model, placement, params, ctx, plan.devices, depth)
+
+
+#: Backends whose one-token flash attention skips masked K/V cells: ggml-cpu (``mv == -INFINITY``,
+#: ``ops.cpp``), Metal (``skip -INF mask`` per block, ``fa_vec_common.metal``) and RPC (ggml-rpc-server's
+#: default backend is the CPU).  CUDA/ROCm (no mask scan below 1024 queries, ``fattn-common.cuh``),
+#: Vulkan (``use_mask_opt`` from 32 query rows) and SYCL read every cell up to ``n_kv``.
+SKIPS_MASKED_CELLS = frozenset({DeviceKind.CPU, DeviceKind.METAL, DeviceKind.RPC})
+
+
+def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
+               devices: DeviceSet, depth: int, cached: range | None = None) -> dict[str, int]:
+    """KV bytes one token of one sequence reads at ``depth`` cells, per device: the engine's KV
+    sizing (:func:`memory.kv_buffers`) of ``depth`` cells, where a sliding-window layer reads
+    ``min(depth, its cache's cells)``: its cache (``ctx.swa_cells``, ``n_swa x sequences + -ub``
+    padded to 256; ``--swa-full``: the context) is a ring whose masked cells are overwritten only
+    when reused, so once it wraps the attention spans all of it (``llama_kv_cache::get_n_kv``);
+    with flash attention on a backend that skips masked cells (:data:`SKIPS_MASKED_CELLS`) it reads
+    ``min(depth, n_swa)``."""
     if depth <= 0:
         return {}
-    n_swa = model.summary.n_swa or depth
-    sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=min(depth, n_swa))
-    return {b.device: b.bytes for b in kv_buffers(model, placement, sub, params, plan.devices)}
+    s = model.summary
+
+    def read(swa_cells: int) -> dict[str, int]:
+        sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=swa_cells)
+        out: dict[str, int] = defaultdict(int)
+        for b in kv_buffers(model, placement, sub, params, devices, cached=cached):
+            out[b.device] += b.bytes
+        return dict(out)
+
+    ring = read(min(depth, ctx.swa_cells))
+    if not (s.has_swa and s.n_swa and params.flash_attn and ctx.swa_cells > s.n_swa):
+        return ring
+    window = read(min(depth, s.n_swa))
+    skips = {d.name for d in devices if d.kind in SKIPS_MASKED_CELLS}
+    return {name: window[name] if name in skips else n for name, n in ring.items()}
 
 
 def stage_devices(model: Model, placement: Placement) -> list[str]:
@@ -192,6 +223,12 @@ def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumpt
                                        "cores / compute threads on this machine; bandwidth and compute "
                                        "scaled by it")))
     return bw, notes
+
+
+def _is_gpu(dev: DeviceSpeed) -> bool:
+    """A local GPU (not the CPU; not an RPC device, whose server's backend is not known: ggml-rpc-server
+    computes on its CPU by default)."""
+    return dev.kind not in (DeviceKind.CPU, DeviceKind.RPC)
 
 
 def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
@@ -254,11 +291,12 @@ class _Work:
 
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
+    cpu_el: list[float] = field(default_factory=lambda: [0.0] * 4)  # el x the type's CPU cost (cpu_cost)
 
-    def parts(self) -> Iterator[tuple[float, float, bool, bool]]:
-        """(elements, bytes, routed expert, may be offloaded) of each part."""
+    def parts(self) -> Iterator[tuple[float, float, bool, bool, float]]:
+        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost)."""
         for i in range(4):
-            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2
+            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i]
 
 
 def _part(is_expert: bool, refused: bool) -> int:
@@ -274,7 +312,7 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
     return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
 
 
-def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
+def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
     for p in _running(placement):
         t = p.tensor
@@ -285,6 +323,7 @@ def _work(placement: Placement, refused: frozenset[str] = frozenset()) -> dict[s
         i = _part(t.role.is_routed_expert, t.name in refused)
         w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
+        w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
     return out
 
 
@@ -309,10 +348,13 @@ class _PPParts:
 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
-                attn_layers: dict[str, int], u: int, start: int, pairs: list[tuple[str, str]],
-                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float]) -> _PPParts:
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, pairs: list[tuple[str, str]],
+                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float],
+                swa_cells: float = math.inf) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
-    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells)."""
+    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
+    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
+    ``swa_cells`` of their cache)."""
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -322,9 +364,10 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     transfer = 0.0
     dense_off = gpu is not None and threshold is not None and u >= threshold
     whole = plan.dialect.copies_whole_experts
+    gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
-        for el, nb, is_exp, may in w.parts():
+        for el, nb, is_exp, may, cpu_el in w.parts():
             if not el:
                 continue
             where = dev
@@ -333,12 +376,15 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
                 transfer += nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
-            flops[where] += 2.0 * u * el * (frac if is_exp else 1.0)
+            work_flops = 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
+            if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
+                work_flops /= gpu_rows_factor(u * frac / hit if is_exp else u)
+            flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
-    per_layer = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u * (start + u / 2)
-    for dev, n in attn_layers.items():
-        flops[dev] += per_layer * n
+    per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
+    for (dev, swa), n in attn_layers.items():  # a query attends the mean of start + u / 2 cells
+        flops[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
     for dev, per_cell in kv_cell.items():
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
@@ -362,17 +408,20 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
-    work = _work(placement, refused_by_gpu(plan, placement))
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement))
     s = plan.model.summary
-    attn_layers: dict[str, int] = defaultdict(int)
+    attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     for il in range(s.n_layer - s.n_nextn):
-        attn_layers[placement.layer_device(il) if plan.context.offload_kqv else CPU] += 1
+        attn_layers[(placement.layer_device(il) if plan.context.offload_kqv else CPU, s.swa_layers[il])] += 1
     offload_to = _offload_gpu(plan, placement)
+    # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
+    swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
     total = _PPParts(defaultdict(float), 0.0, 0.0, False)
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {})
+        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {},
+                         swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         total.transfer_s += mb.transfer_s
@@ -383,13 +432,40 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
 
 
 def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
-              kv: dict[str, int]) -> dict[str, float]:
-    """Seconds per token per device: its weights and KV bytes over its effective bandwidth."""
+              kv: dict[str, int], attn: dict[str, float] | None = None) -> dict[str, float]:
+    """Seconds per token per device: its weights over its effective bandwidth, plus its attention:
+    the KV bytes over the bandwidth or, where slower, the attention FLOPs (``attn``,
+    :func:`attention_flops_at`) over its attention compute (an MLA model's 128 heads share one
+    576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
+    attn = attn or {}
     for name in set(weights) | set(kv):
-        bw, _ = _bandwidth(hw[name], eff)
-        times[name] = (weights.get(name, 0) + kv.get(name, 0)) / (bw * 1e9)
+        d = hw[name]
+        bw, _ = _bandwidth(d, eff)
+        kv_s = kv.get(name, 0) / (bw * 1e9)
+        flops = attn.get(name, 0.0)
+        if flops:
+            tf = (d.tflops.value * eff.cpu_attention.value * d.share if not _is_gpu(d)
+                  else compute_tflops(d, eff))
+            kv_s = max(kv_s, flops / (tf * 1e12))
+        times[name] = weights.get(name, 0) / (bw * 1e9) + kv_s
     return times
+
+
+def attention_flops_at(plan: Plan, placement: Placement, ctx: ResolvedContext,
+                       depth: int) -> dict[str, float]:
+    """FLOPs of one generated token's attention over ``depth`` cells, per device: 2 x heads x (K + V
+    dims) a cell a layer (MLA: its absorbed 576 + 512 dims), a sliding-window layer over at most its
+    cache's cells; on the device holding each layer's KV (the CPU with -nkvo)."""
+    if depth <= 0:
+        return {}
+    s = plan.model.summary
+    out: dict[str, float] = defaultdict(float)
+    for il in range(s.n_layer - s.n_nextn):
+        dev = placement.layer_device(il) if plan.context.offload_kqv else CPU
+        cells = min(depth, ctx.swa_cells) if s.swa_layers[il] else depth
+        out[dev] += 2.0 * s.per_layer(s.n_head, il) * (s.head_dim_k + s.head_dim_v) * cells
+    return dict(out)
 
 
 def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
@@ -469,7 +545,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     kv1 = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, ctx.n_ctx_seq)
     t0 = _tg_times(plan, placement, hw, eff, weights, {})
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1)
+    attn1 = attention_flops_at(plan, placement, ctx, ctx.n_ctx_seq)
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     total0 = sum(t0.values()) + split_s
@@ -483,7 +560,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, depth=depth, kv_cell=kv_cell)
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
-        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd).values()) + split_s
+        attn_d = attention_flops_at(plan, placement, ctx, depth)
+        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd, attn_d).values()) + split_s
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),

@@ -47,12 +47,14 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.forked import Forked
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
 
 if TYPE_CHECKING:
@@ -76,14 +78,18 @@ class Candidate:
     #: the speed estimate, made when first asked for (:attr:`estimate`; a candidate over its limit
     #: on the way to a fill is never scored) and shared by the candidate's copies
     speed: Callable[[], SpeedEstimate]
-    over: list[str] = field(default_factory=list)  # devices over their limit
+    over: list[str] = field(default_factory=list)  # GPUs over their limit
     #: memory from a full projection of this plan; False: its weights, KV and output are exact and
     #: its compute buffers predicted from plans of the same ``-ub`` that were projected in full
     verified: bool = True
+    #: bytes over the host's (the CPU's RAM) capacity minus its margin; 0: within it or unknown.
+    #: Moving experts to the GPUs only lowers it, so the search fills as if it were not there and
+    #: a plan over it is never chosen
+    host_over: int = 0
 
     @property
     def fits(self) -> bool:
-        return not self.over
+        return not self.over and not self.host_over
 
     @property
     def estimate(self) -> SpeedEstimate:
@@ -99,6 +105,7 @@ class FastestResult:
     notes: list[str] = field(default_factory=list)
     evaluations: int = 0  # candidates evaluated with predicted compute buffers
     fit_seconds: float = 0.0  # CPU time of the llama.cpp --fit baseline (its own ~25 dry runs)
+    why: str = ""  # when nothing fits: which device is over, by how much, in the closest candidate
     fit_forked: bool = False  # the --fit baseline ran in a child process beside the search
 
 
@@ -113,6 +120,44 @@ def room(projection: Projection, devices: DeviceSet) -> dict[str, int]:
         if g.capacity is not None:
             out[g.name] = g.capacity - margin_of(g) - projection.device(g.name).resident()
     return out
+
+
+def host_left(projection: Projection, devices: DeviceSet) -> int | None:
+    """Bytes the host (the CPU's RAM: declared, else this machine's) can still take after its margin
+    (None: capacity unknown); mmap'd weights count the bytes read, as on the memory bars."""
+    cpu = devices.cpu
+    if cpu.capacity is None:
+        return None
+    return cpu.capacity - margin_of(cpu) - projection.device(cpu.name).resident()
+
+
+def over_by(c: Candidate, devices: DeviceSet) -> list[tuple[str, int]]:
+    """(device, bytes) each device of ``c`` is over its capacity minus its margin."""
+    left = room(c.projection, devices)
+    out = [(g, -left[g]) for g in c.over]
+    return out + ([(devices.cpu.name, c.host_over)] if c.host_over else [])
+
+
+def why_nothing_fits(candidates: Sequence[Candidate], devices: DeviceSet) -> str:
+    """One sentence: the candidate over by the fewest bytes, each device it is over and by how much."""
+    from offload_planner.core.units import fmt_bytes
+
+    over = [(c, over_by(c, devices)) for c in candidates if not c.fits]
+    if not over:
+        return ""
+    c, by = min(over, key=lambda x: (sum(b for _, b in x[1]), not x[0].verified))
+    parts = []
+    for name, b in by:
+        dev = devices.by_name(name)
+        assert dev is not None
+        margin = margin_of(dev)
+        used = c.projection.device(name).resident()
+        parts.append(f"{name}{' (RAM)' if not dev.is_gpu else ''} over by {fmt_bytes(b, precision=1)} "
+                     f"({fmt_bytes(used, precision=1)} projected"
+                     + (f" + {fmt_bytes(margin, precision=1)} margin" if margin else "")
+                     + f" > {fmt_bytes(dev.capacity or 0, precision=1)})")
+    return (f"{'; '.join(parts)} in the closest plan, {c.label}"
+            + ("" if c.verified else " (compute buffers predicted)"))
 
 
 def score(est: SpeedEstimate, goal: str) -> float:
@@ -183,10 +228,11 @@ def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
 
 
 def pick(ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
-    """The best-scoring of our candidates that fit and the baselines that fit or are predicted
-    (a baseline predicted over is projected in full too if it would win: never slower than a
-    baseline that fits); the first of equals."""
-    fitting = [c for c in ours if c.fits] + [c for c in baselines if c.fits or not c.verified]
+    """The best-scoring of our candidates that fit and the baselines that fit or are predicted over
+    a GPU only (a baseline predicted over is projected in full too if it would win: never slower
+    than a baseline that fits; RAM is exact without it); the first of equals."""
+    fitting = [c for c in ours if c.fits] + [c for c in baselines
+                                             if c.fits or not (c.verified or c.host_over)]
     return max(fitting, key=lambda x: score(x.estimate, goal)) if fitting else None
 
 
@@ -197,8 +243,9 @@ class _Search:
 
     def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
-                 moves: dict[str, str]) -> None:
+                 moves: dict[str, str], accept: float | None = None) -> None:
         self.model, self.devices, self.base_args = model, devices, list(base_args)
+        self.accept = accept  # speculative decoding's acceptance (None: the default)
         self.dialect = Dialect(dialect)
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
         self.projections = 0
@@ -217,11 +264,17 @@ class _Search:
 
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.devices).items() if left < 0]
-        speed = functools.cache(lambda: estimate(plan, self.hw, prompt=self.prompt, eff=self.eff,
-                                                 placement=proj.placement))
-        c = Candidate(label, plan, proj, speed, over, verified)
+        speed = functools.cache(lambda: self.speed(plan, proj))
+        host = host_left(proj, self.devices)
+        c = Candidate(label, plan, proj, speed, over, verified, max(0, -host) if host is not None else 0)
         self._seen[_key(plan)] = c
         return c
+
+    def speed(self, plan: Plan, proj: Projection) -> SpeedEstimate:
+        """The estimate ``plan`` prints: tg with its draft model or MTP where the command has one
+        (speculation.with_speculation), so candidates rank by what will run."""
+        est = estimate(plan, self.hw, prompt=self.prompt, eff=self.eff, placement=proj.placement)
+        return with_speculation(est, plan, self.hw, self.eff, placement=proj.placement, accept=self.accept)
 
     def full(self, label: str, plan: Plan) -> Candidate:
         """A full projection: the engine's compute simulation, not replayed against a reference (the
@@ -237,7 +290,8 @@ class _Search:
         # buffer grows once it holds experts (their activations), so the start alone is short
         ub = plan.context.n_ubatch
         known = {(b.device, b.name): b for b in self._compute.get(ub, [])}
-        for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute"):
+        # the model context's own (a draft's or MTP's compute is projected again with every plan)
+        for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute" and not b.owner):
             k = (b.device, b.name)
             known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
         self._compute[ub] = list(known.values())
@@ -288,7 +342,7 @@ class _Search:
             lab = f"{label}, {_describe(var)}"
             start = self.cheap(lab, plan)  # the exact ones: as projected
             self.starts[var] = start
-            if not start.fits:
+            if start.over:  # the GPUs (the host gains room as experts leave it)
                 notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
                              f"({', '.join(start.over)} over"
                              + ("" if start.verified else ", predicted") + ")")
@@ -357,11 +411,11 @@ class _Search:
 
     def expert_layers_any(self, plan: Plan, on: str | None = None) -> dict[int, list[str]]:
         """Per MoE layer, the routed-expert tensors (on device ``on``, or anywhere) that neither an
-        -ot rule of the user nor a move of theirs pins."""
+        -ot rule of the user nor a move of theirs pins; with MTP, the NextN block's experts too."""
         out: dict[int, list[str]] = {}
         for p in plan.placement().items:
             t = p.tensor
-            if (p.device is not None and (on is None or p.device == on) and t.role.is_routed_expert
+            if (p.device is not None and (on is None or p.device == on) and _routed(p)
                     and t.layer is not None and not p.copy and not p.rule.startswith("-ot ")
                     and t.name not in self.moves and plan.movable(t.name)[0]):
                 out.setdefault(t.layer, []).append(t.name)
@@ -387,10 +441,12 @@ class _Search:
         assigned: dict[str, list[int]] = {}
         layers = self.expert_layers(plan)
         moves: dict[str, str] = {}
-        # the layers with the most expert bytes first (quant mixes give some layers more bits),
+        # an MTP head's experts first (every draft pass reads them: n one-token passes and a batch a
+        # step), then the layers with the most expert bytes (quant mixes give some layers more bits),
         # then the rest in layer order as room allows: as many bytes off the CPU as fit
         size = {il: sum(self.model.tensor(n).nbytes for n in names) for il, names in layers.items()}
-        for il in sorted(layers, key=lambda i: (-size[i], i)):
+        trunk = self.model.summary.n_layer_trunk
+        for il in sorted(layers, key=lambda i: (i < trunk, -size[i], i)):
             for g in self.gpu_order(placement.layer_device(il)):
                 if g not in left:
                     continue
@@ -476,17 +532,18 @@ class _Search:
         and N - 1 when it is predicted over by less than a prediction may be wrong."""
         n_layer = self.model.summary.n_layer
         top = self._ncm(n_layer)
-        if not top.fits:
+        if top.over:
             return None, None
         n = self._n_cpu_moe_guess(top)
-        if self._ncm(n).fits:  # walk down while one layer fewer on the CPU still fits
-            while n > 0 and self._ncm(n - 1).fits:
+        # by the GPUs alone (monotonic in N; fewer layers on the CPU only lower the host's bytes)
+        if not self._ncm(n).over:  # walk down while one layer fewer on the CPU still fits
+            while n > 0 and not self._ncm(n - 1).over:
                 n -= 1
         else:  # the guess was short: bisect above it
             lo, hi = n + 1, n_layer
             while lo < hi:
                 mid = (lo + hi) // 2
-                lo, hi = (lo, mid) if self._ncm(mid).fits else (mid + 1, hi)
+                lo, hi = (lo, mid) if not self._ncm(mid).over else (mid + 1, hi)
             n = hi
         lower = self._ncm(n - 1) if n > 0 else None
         return self._ncm(n), (lower if lower is not None and self.near_miss(lower) else None)
@@ -496,19 +553,19 @@ class _Search:
         too when its prediction missed by little)."""
         n_layer = self.model.summary.n_layer
         c = self._ncm(n, full=True)
-        while not c.fits and n < n_layer:  # predicted to fit, over after all
+        while c.over and n < n_layer:  # predicted to fit, over after all
             n += 1
             c = self._ncm(n, full=True)
         while n > 0 and self.near_miss(self._ncm(n - 1)):
             lower = self._ncm(n - 1, full=True)
-            if not lower.fits:
+            if lower.over:
                 break
             c, n = lower, n - 1
         return c if c.fits else None
 
     def near_miss(self, c: Candidate) -> bool:
         """Predicted over, by less than a prediction of the compute buffers may be wrong."""
-        if c.verified or c.fits:
+        if c.verified or not c.over:
             return False
         left = room(c.projection, self.devices)
         return all(-left[g] < NEAR_MISS for g in c.over)
@@ -569,6 +626,13 @@ class _Search:
         return replace(base, placement_options=popts, context=ctx)
 
 
+def _routed(p: Placed) -> bool:
+    """A routed expert that runs: the trunk's, or an MTP head's (NextN blocks are placed only when
+    MTP loads them)."""
+    t = p.tensor
+    return t.role.is_routed_expert or (t.role is Role.NEXTN and "_exps" in t.name)
+
+
 def _ubatches(user_ub: int, goal: str) -> list[int]:
     return [user_ub] + [u for u in PP_UBATCHES if u > user_ub and goal != "tg"]
 
@@ -577,10 +641,12 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
-                 concurrent: bool = False) -> FastestResult:
+                 accept: float | None = None, concurrent: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
     ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept.
+    Candidates rank by the estimate ``plan`` prints: with the command's draft model or MTP at
+    acceptance ``accept`` (None: the default).
     ``concurrent``: llama.cpp's ``--fit`` runs in a forked child beside the search where that is
     safe and a second core can take it (:mod:`forked`; the command line's choice, not a library
     caller's, which may hold threads or locks); the result is the same."""
@@ -594,7 +660,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     def parse(argv: list[str]) -> Any:
         return parse_server_args(argv, dialect=dialect)
 
-    s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}))
+    s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}), accept)
     notes: list[str] = []
     user = s.plan([])
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
@@ -628,12 +694,14 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         i = next(i for i, c in enumerate(baselines) if c.label.startswith("--n-cpu-moe"))
         baselines[i:i + 1] = [] if exact is None else [exact]
         best = s.choose(ours, baselines, goal)
+    why = "" if best is not None else why_nothing_fits(ours + baselines, devices)
     return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations,
-                         job.cpu_seconds, job.in_child)
+                         job.cpu_seconds, why=why, fit_forked=job.in_child)
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
-                      eff: Efficiencies | None = None, allow_kv_quant: bool = False) -> FastestResult:
+                      eff: Efficiencies | None = None, allow_kv_quant: bool = False,
+                      accept: float | None = None) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
     types change only with ``allow_kv_quant``."""
@@ -641,7 +709,7 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
     s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt,
-                dict(plan.moves))
+                dict(plan.moves), accept)
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
@@ -653,4 +721,5 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")
     best = s.choose(ours, [], goal)
-    return FastestResult(best, ours, goal, s.projections, notes, s.evaluations)
+    why = "" if best is not None else why_nothing_fits(ours or list(s.starts.values()), plan.devices)
+    return FastestResult(best, ours, goal, s.projections, notes, s.evaluations, why=why)

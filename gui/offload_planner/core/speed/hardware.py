@@ -212,8 +212,13 @@ def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
                        unified=c is not None and c.pcie is None, latency_us=latency)
 
 
-def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None) -> DeviceSpeed:
-    """The host's figures: declared bw=/ram=, else the probe's measurement, else a default."""
+def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None,
+               default_threads: int | None = None, smt_capped: bool = True) -> DeviceSpeed:
+    """The host's figures: declared bw=/ram=, else the probe's measurement, else a default.  Threads:
+    ``-t`` (``threads``) or the declared ``threads=``, else llama.cpp's default, the physical cores
+    (``common_cpu_get_num_math``): the declared ``cores=``, else ``default_threads`` (this machine's).
+    More compute threads than declared cores add no compute ("hyperthreading isn't useful for linear
+    algebra", the same function) unless ``smt_capped`` is off (``Threads`` shares the cores instead)."""
     decl = parse_hardware_keys(dev.hardware)
     if decl.bw is not None or dev.bandwidth_gbs:
         bw = Figure(decl.bw or dev.bandwidth_gbs or 0.0, "GB/s", Source.DECLARED, "CPU bw=")
@@ -227,10 +232,14 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
     if decl.tflops is not None:
         tf = Figure(decl.tflops, "TFLOPS", Source.DECLARED, "CPU tflops=")
     else:
-        tn = n or DEFAULT_THREADS
+        cores = decl.cores or default_threads
+        tn = n or cores or DEFAULT_THREADS
+        why = ("" if n else f" (-t not given: llama.cpp's default, the {cores} physical cores)" if cores
+               else " (threads not given: -t)")
+        if n and decl.cores and n > decl.cores and smt_capped:
+            tn, why = decl.cores, f" (-t {n} on {decl.cores} physical cores: the rest add no compute)"
         tf = Figure(round(tn * DEFAULT_CPU_TFLOPS_PER_THREAD, 3), "TFLOPS", Source.DEFAULT,
-                    f"{tn} threads x {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS"
-                    + ("" if n else " (threads not given: -t)"))
+                    f"{tn} threads x {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS{why}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
     return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n)
 
@@ -243,7 +252,9 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     which slow its devices down by ``cores / threads`` when more threads than cores compute)."""
     links = links or {}
     out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
-    out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe)
+    out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe,
+                                       default_threads=cores.server if cores is not None else None,
+                                       smt_capped=cores is None)
     out.update(overrides or {})
     if cores is not None and cores.oversubscribed:
         out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}

@@ -22,8 +22,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from offload_planner.core.devices import DeviceSet
-from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers, resolve_context
+from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
 from offload_planner.core.plan import Plan
@@ -37,7 +36,9 @@ from offload_planner.core.speed.estimate import (
     compute_tflops,
     expert_fraction,
     kv_bytes_at,
+    kv_read_at,
     split_pairs,
+    tg_tps,
 )
 from offload_planner.core.speed.hardware import Figure, Hardware, Source
 
@@ -167,18 +168,6 @@ def _splits(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_emb
     return out
 
 
-def _kv_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
-           devices: DeviceSet, depth: int, cached: range | None = None) -> dict[str, int]:
-    if depth <= 0:
-        return {}
-    n_swa = model.summary.n_swa or depth
-    sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=min(depth, n_swa))
-    out: dict[str, int] = defaultdict(int)
-    for b in kv_buffers(model, placement, sub, params, devices, cached=cached):
-        out[b.device] += b.bytes
-    return dict(out)
-
-
 @dataclass
 class _Draft:
     """The draft side of a step: what one pass reads, its splits, and its KV at a depth."""
@@ -202,7 +191,7 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
         dp = place(dm.model, dm.devices, dm.placement_options)
         params = replace(plan.context, type_k=dm.type_k, type_v=dm.type_v)
         dctx = resolve_context(params, dm.model.summary.n_ctx_train, dm.model.summary.n_swa)
-        kv = _kv_at(dm.model, dp, params, dctx, dm.devices, depth)
+        kv = kv_read_at(dm.model, dp, params, dctx, dm.devices, depth)
         name = dm.model.path.rsplit("/", 1)[-1]
         return _Draft(f"draft model {name}", model_reads(dm.model, dp), expert_fraction(dm.model),
                       split_pairs(dm.model, dp), dm.model.summary.n_embd, kv, spec.n_max)
@@ -211,7 +200,7 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
     params = replace(plan.context, type_k=spec.type_k, type_v=spec.type_v)
     mctx = resolve_context(params, s.n_ctx_train, s.n_swa)
     nextn = range(s.n_layer_trunk, s.n_layer)
-    kv = _kv_at(plan.model, placement, params, mctx, plan.devices, depth, cached=nextn)
+    kv = kv_read_at(plan.model, placement, params, mctx, plan.devices, depth, cached=nextn)
     reads = mtp_reads(plan.model, placement)
     # the trunk's hidden state (on the output device) into the NextN block, then the head
     seq = [placement.output_device, placement.layer_device(nextn.start), placement.output_device]
@@ -278,3 +267,14 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         draft_ms=1e3 * one0, step_ms=1e3 * step0,
         tg_tps=e_tokens / step0 if step0 else math.inf, tg_tps_at_ctx=e_tokens / step1 if step1 else math.inf,
         tg_tps_plain=plain[0], tg_tps_at_ctx_plain=plain[1])
+
+
+def tg_tps_as_shown(plan: Plan, hw: Hardware, eff: Efficiencies, *, placement: Placement | None = None,
+                    accept: float | None = None) -> float:
+    """tg at depth 0 as the estimate shows it (:func:`with_speculation` over ``estimate``: with the
+    plan's draft model or MTP), without the rest of the estimate (no prompt processing): for
+    previews of a move."""
+    placement = placement or plan.placement()
+    plain = tg_tps(plan, hw, eff=eff, placement=placement)
+    spec = speculation(plan, placement, hw, eff, depth=0, target_kv={}, plain=(plain, plain), accept=accept)
+    return plain if spec is None else spec.tg_tps

@@ -1,0 +1,114 @@
+"""The fastest plan with speculative decoding in the command (``--spec-type draft-mtp``, ``-md``):
+candidates rank by the estimate ``plan`` prints (tg with the draft or MTP), the MTP head's experts are
+placed like the trunk's, and the draft's or MTP's own weights, KV and compute take their room on the
+GPU.  Real header-only models written by the project's synth, scores recomputed here from each
+candidate's plan, fits checked on fresh projections."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.model import Model
+from offload_planner.core.plan import Plan
+from offload_planner.core.speed.efficiency import defaults_for
+from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan
+from offload_planner.core.speed.hardware import Hardware, hardware_for
+from offload_planner.core.speed.speculation import with_speculation
+from offload_planner.core.synth import write_model
+from offload_planner.core.synth.catalog import BIG_MODELS
+
+RES = Path(__file__).resolve().parents[2] / "resources"
+EFF = defaults_for("llama.cpp")
+
+
+@pytest.fixture(scope="module")
+def glm_air(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    root = tmp_path_factory.mktemp("glm_air")
+    [path] = write_model(BIG_MODELS["GLM-4.5-Air-Q4_K_M"], root / "glm-air.header.gguf", header_only=True)
+    return open_model(str(path))
+
+
+def _devices(*gpus: str) -> DeviceSet:
+    return DeviceSet(parse_device_decl("CPU=256GiB,ram=4xDDR5-5600"),
+                     tuple(parse_device_decl(f"CUDA{i}={g}") for i, g in enumerate(gpus)))
+
+
+def _printed(plan: Plan, hw: Hardware, accept: float | None = None) -> float:
+    """tg as ``plan`` prints it (estimate plus speculation), from a fresh placement."""
+    est = estimate(plan, hw, eff=EFF)
+    return with_speculation(est, plan, hw, EFF, accept=accept).tg_tps
+
+
+def _fits(plan: Plan, devices: DeviceSet) -> bool:
+    proj = plan.projection()  # fresh, with the draft's / MTP's buffers
+    return all(proj.device(g.name).resident() + (g.margin or DEFAULT_MARGIN) <= (g.capacity or 0)
+               for g in devices.gpus)
+
+
+def test_mtp_candidates_rank_by_the_printed_estimate(glm_air: Model) -> None:
+    """GLM-4.5-Air with MTP on one 24 GiB GPU: the plain ranking chose a fill that is slower with
+    MTP than ``--n-cpu-moe 38`` (its NextN experts stayed on the CPU, read by every draft pass)."""
+    ds = _devices("24GiB,bw=936GB/s")
+    hw = hardware_for(ds, threads=16)
+    r = fastest_plan(glm_air, ds, ["-c", "16384", "--spec-type", "draft-mtp"], hw, goal="tg", eff=EFF)
+    assert r.best is not None and r.best.verified
+    assert r.best.estimate.spec is not None and r.best.estimate.spec.kind == "MTP (1 NextN layer)"
+    assert _fits(r.best.plan, ds)
+    best = _printed(r.best.plan, hw)
+    assert r.best.estimate.tg_tps == pytest.approx(best, rel=1e-9)
+    for c in r.candidates:
+        if c.fits:
+            assert best >= _printed(c.plan, hw), c.label
+    # the MTP head's routed experts (blk.46) go to the GPU with the trunk's
+    devs = r.best.plan.placement().tensor_devices()
+    assert {devs[f"blk.46.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")} == {"CUDA0"}
+    # the MTP context's KV and compute are on the GPU the search filled
+    owned = {b.kind for b in r.best.projection.device("CUDA0").buffers if b.owner == "mtp"}
+    assert owned == {"kv", "compute"}
+
+
+def test_declared_acceptance_changes_the_ranking_scores(glm_air: Model) -> None:
+    ds = _devices("24GiB,bw=936GB/s")
+    hw = hardware_for(ds, threads=16)
+    args = ["-c", "16384", "--spec-type", "draft-mtp"]
+    low = fastest_plan(glm_air, ds, args, hw, goal="tg", eff=EFF, accept=0.2)
+    high = fastest_plan(glm_air, ds, args, hw, goal="tg", eff=EFF, accept=0.95)
+    assert low.best is not None and high.best is not None
+    assert low.best.estimate.tg_tps == pytest.approx(_printed(low.best.plan, hw, 0.2), rel=1e-9)
+    assert high.best.estimate.tg_tps > 2 * low.best.estimate.tg_tps
+
+
+def test_a_draft_models_memory_takes_its_room_on_the_gpu(tmp_path: Path) -> None:
+    """Qwen3-30B with a 4-layer draft of Llama-3.1-70B's width (about 3 GiB, on the GPU by default):
+    the draft's weights, KV and compute are in every candidate's projection, so the search leaves
+    room for them (fewer expert bytes on the GPU than without the draft) and the answer fits."""
+    qwen = open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))
+    spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name="draft", n_layer=4)
+    [draft] = write_model(spec, tmp_path / "draft.header.gguf", header_only=True)
+    ds = _devices("12GiB,bw=936GB/s")
+    hw = hardware_for(ds, threads=16)
+    plain = fastest_plan(qwen, ds, ["-c", "8192"], hw, goal="tg", eff=EFF)
+    r = fastest_plan(qwen, ds, ["-c", "8192", "-md", str(draft)], hw, goal="tg", eff=EFF)
+    assert r.best is not None and plain.best is not None
+    assert r.best.estimate.spec is not None and r.best.estimate.spec.kind == "draft model draft.header.gguf"
+    assert _fits(r.best.plan, ds)
+    gpu = r.best.projection.device("CUDA0")
+    drafted = {b.kind for b in gpu.buffers if b.owner == "draft"}
+    assert {"model", "kv", "compute"} <= drafted
+    draft_bytes = sum(b.bytes for b in gpu.buffers if b.owner == "draft")
+    assert draft_bytes > 2 * 1024**3
+
+    def experts_on_gpu(plan: Plan) -> int:
+        return sum(p.tensor.nbytes for p in plan.placement().items
+                   if p.device == "CUDA0" and p.tensor.role.is_routed_expert)
+
+    assert experts_on_gpu(plain.best.plan) - experts_on_gpu(r.best.plan) > 0.8 * draft_bytes
+    for c in r.candidates:
+        if c.fits:
+            assert r.best.estimate.tg_tps >= _printed(c.plan, hw), c.label

@@ -1,0 +1,133 @@
+"""Compute figures that depend on the kernels: the default thread count (llama.cpp's physical cores,
+``common_cpu_get_num_math``), mainline's slow CPU matrix path for the lattice i-quants (no repacked
+or tinyBLAS GEMM for IQ1_S..IQ3_S), a GPU's efficiency by the rows a matrix multiplies; on real GGUF
+headers written by the project's synth."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.speed.efficiency import (
+    GPU_ROWS_EXPONENT,
+    GPU_ROWS_MAX_GAIN,
+    IQUANT_CPU_COMPUTE,
+    defaults_for,
+    gpu_rows_factor,
+)
+from offload_planner.core.speed.estimate import estimate, ubatch_sweep
+from offload_planner.core.speed.hardware import DEFAULT_CPU_TFLOPS_PER_THREAD, Threads, hardware_for
+from offload_planner.core.synth import SMALL_MODELS, QuantMix, write_model
+
+
+def _cpu_only(decl: str = "CPU=64GiB,bw=100GB/s") -> DeviceSet:
+    return DeviceSet(parse_device_decl(decl), ())
+
+
+def test_cpu_compute_defaults_to_the_physical_cores() -> None:
+    """Without -t llama.cpp computes with the physical cores: the declared ``cores=``, else this
+    machine's (``Threads``); -t wins over both."""
+    per = DEFAULT_CPU_TFLOPS_PER_THREAD
+    declared = hardware_for(_cpu_only("CPU=64GiB,bw=100GB/s,cores=16"))
+    assert declared["CPU"].tflops.value == pytest.approx(16 * per)
+    assert "16 physical cores" in declared["CPU"].tflops.note
+    assert hardware_for(_cpu_only("CPU=64GiB,bw=100GB/s,cores=16"), threads=4)["CPU"].tflops.value == \
+        pytest.approx(4 * per)
+    here = hardware_for(_cpu_only("CPU=64GiB"), cores=Threads(6, 6, False, {}, ("CPU",)))
+    assert here["CPU"].tflops.value == pytest.approx(6 * per)
+    # -t 56 on 28 declared cores: the sibling threads add no compute (common_cpu_get_num_math)
+    smt = hardware_for(_cpu_only("CPU=64GiB,bw=100GB/s,cores=28"), threads=56)["CPU"]
+    assert smt.tflops.value == pytest.approx(28 * per) and smt.threads == 56
+
+
+def _uniform(t: Q) -> QuantMix:
+    return QuantMix(name=f"uniform-{t.name}", ftype=15, embd=t, output=t, attn=t, attn_v=t, ffn=t,
+                    ffn_down=t, shexp=t, shexp_down=t, exps=t, exps_down=t, nextn=t)
+
+
+@pytest.mark.parametrize("dialect", ["llama.cpp", "ik_llama.cpp"])
+def test_lattice_iquants_cost_mainline_more_cpu_compute(tmp_path: Path, dialect: str) -> None:
+    """IQ3_S and Q3_K have the same bits per weight (same bytes read), but mainline multiplies IQ3_S
+    on the CPU through its vec_dot (0.26 x peak, ik_llama.cpp PR 518's measurement) where the default
+    applies to Q3_K; ik_llama.cpp's kernels cover both alike."""
+    devices = _cpu_only("CPU=64GiB,bw=100GB/s,cores=8")
+    est = {}
+    for t in (Q.IQ3_S, Q.Q3_K):
+        spec = replace(SMALL_MODELS["llama"], quant=_uniform(t))
+        [path] = write_model(spec, tmp_path / f"{t.name}.gguf", header_only=True)
+        parsed = parse_server_args(["-c", "1024"], dialect=dialect)
+        plan = plan_from_args(open_model(str(path)), devices, parsed, dialect)
+        est[t] = estimate(plan, hardware_for(devices), prompt=512)
+    assert est[Q.IQ3_S].tg_tps == pytest.approx(est[Q.Q3_K].tg_tps)  # same bytes
+    ratio = est[Q.Q3_K].pp_tps / est[Q.IQ3_S].pp_tps
+    if dialect == "llama.cpp":
+        slower = defaults_for(plan.dialect).cpu_compute.value / IQUANT_CPU_COMPUTE.value
+        assert 1.3 < ratio <= slower + 1e-9  # attention (same for both) dilutes the weights' share
+    else:
+        assert ratio == pytest.approx(1.0)
+
+
+def test_gpu_rows_factor_bounds() -> None:
+    assert gpu_rows_factor(512) == pytest.approx(1.0)
+    assert gpu_rows_factor(128) == pytest.approx(0.25**GPU_ROWS_EXPONENT)
+    assert gpu_rows_factor(1) == gpu_rows_factor(16) < gpu_rows_factor(64)  # below 16 rows the reads bound
+    assert gpu_rows_factor(10**6) == GPU_ROWS_MAX_GAIN
+
+
+def test_dense_gpu_prompt_gains_with_ubatch_until_the_cap(tmp_path: Path) -> None:
+    """A dense model on one GPU, compute-bound: -ub 512 -> 2048 gains up to 4 ** exponent in the
+    weights' compute; past the capped efficiency (4096 rows and more) a larger -ub gains nothing."""
+    devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"),
+                        (parse_device_decl("CUDA0=80GiB,bw=2000GB/s,tflops=1"),))
+    spec = replace(SMALL_MODELS["llama"], quant=_uniform(Q.Q4_K), n_embd=2048, n_head=16, n_head_kv=4,
+                   n_ff=8192)  # wide enough that the weights, not attention, take the compute
+    [path] = write_model(spec, tmp_path / "dense.gguf", header_only=True)
+    plan = plan_from_args(open_model(str(path)), devices, parse_server_args(["-ngl", "99", "-c", "16384"]))
+    sweep = dict(ubatch_sweep(plan, hardware_for(devices), [512, 2048, 4096, 8192], prompt=8192))
+    assert 1.2 < sweep[2048] / sweep[512] <= 4**GPU_ROWS_EXPONENT + 1e-9
+    assert sweep[8192] / sweep[4096] == pytest.approx(1.0, abs=0.05)
+
+
+def test_sliding_window_layers_attend_their_window_at_depth(tmp_path: Path) -> None:
+    """Prompt processing after a deep context: a sliding-window layer's queries attend at most its
+    cache's cells, so gemma3 (5 of 6 layers sliding) slows down far less with depth than the same
+    shape without the window."""
+    devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"),
+                        (parse_device_decl("CUDA0=80GiB,bw=2000GB/s,tflops=1"),))
+    slow = {}
+    full = replace(SMALL_MODELS["gemma3"], sliding_window=0, sliding_window_pattern=None)
+    for name, spec in (("swa", SMALL_MODELS["gemma3"]), ("full", full)):
+        [path] = write_model(spec, tmp_path / f"{name}.gguf", header_only=True)
+        plan = plan_from_args(open_model(str(path)), devices,
+                              parse_server_args(["-ngl", "99", "-c", "40000", "-fa", "on"]))
+        est = estimate(plan, hardware_for(devices), prompt=512, depth=32768)
+        assert est.pp_tps_at_depth is not None
+        slow[name] = est.pp_tps / est.pp_tps_at_depth
+    assert 1.0 < slow["swa"] < slow["full"] / 2
+
+
+def test_mla_attention_at_depth_is_compute_bound_on_the_cpu() -> None:
+    """DeepSeek-V3's 128 heads share one 576-wide MLA cell: at 16k cells a token's attention is
+    2 x 128 x (576 + 512) x 16384 FLOPs a layer, far more time on 32 CPU threads than reading the
+    cells; the estimate adds that time (at ``cpu_attention`` x peak), not the bytes' time."""
+    res = Path(__file__).resolve().parents[2] / "resources"
+    model = open_model(str(res / "DeepSeek-V3-Q4_K_M.header.gguf"))
+    devices = _cpu_only("CPU=1024GiB,bw=200GB/s")
+    plan = plan_from_args(model, devices, parse_server_args(["-c", "32768", "-t", "32"]))
+    hw = hardware_for(devices, threads=32)
+    eff = defaults_for(plan.dialect)
+    depth = 16384
+    est = estimate(plan, hw, prompt=512, depth=depth)
+    s = model.summary
+    assert (s.n_head, s.head_dim_k, s.head_dim_v) == (128, 576, 512)
+    flops = 2.0 * 128 * (576 + 512) * depth * (s.n_layer - s.n_nextn)
+    attn_s = flops / (hw["CPU"].tflops.value * eff.cpu_attention.value * 1e12)
+    assert est.tg_tps_at_depth is not None
+    assert 1.0 / est.tg_tps_at_depth == pytest.approx(1.0 / est.tg_tps + attn_s, rel=1e-6)
