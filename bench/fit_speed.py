@@ -11,15 +11,22 @@ replayed against a recorded one and how many re-used a kept graph (``compute.tem
 from-scratch; the last line is the worst model.  Target: at most 5 on DeepSeek-V3.  Times are CPU
 time of this process (``time.process_time``).
 
-    python bench/fit_speed.py [--runs 3] [--gpus 4] [--only NAME ...]
+``--dry-runs``: then, per model, one more run with a line per dry run (its -ngl/-ts/-ot, how its reserve
+was made: ``plain`` on the kept graph, ``pipeline`` (4 copies, never replayed), ``record``, ``replay``,
+``far``; its time in from-scratch simulations), the time the fit spends outside its dry runs and, of
+it, in the cyclic garbage collector (which runs when ``fit_params`` turns it back on).
+
+    python bench/fit_speed.py [--runs 3] [--gpus 4] [--only NAME ...] [--dry-runs]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,10 +35,11 @@ from offload_planner.core import compute
 from offload_planner.core.compute import incremental as ci
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.engine import context_params, placement_options
-from offload_planner.core.fit import fit_params
+from offload_planner.core.fit import Measured, device_memory, fit_params
 from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.memory import resolve_context
-from offload_planner.core.placement import place
+from offload_planner.core.memory import ContextParams, resolve_context
+from offload_planner.core.model import Model
+from offload_planner.core.placement import PlacementOptions, place
 from offload_planner.core.synth import BIG_MODELS, write_model
 
 GIB = 1 << 30
@@ -39,9 +47,11 @@ TARGET = 5.0
 DEEPSEEK = "DeepSeek-V3 (bundled header)"
 
 
-def one_run(n_gpus: int, path: Path | None = None) -> tuple[float, float, int, int, int]:
+def one_run(n_gpus: int, path: Path | None = None, *, dry_runs: list[tuple[float, str, str]] | None = None,
+            gc_ms: list[float] | None = None) -> tuple[float, float, int, int, int]:
     """From-scratch ms, fit ms, dry runs, reserves replayed, graphs re-used (bundled DeepSeek-V3 header
-    unless ``path``)."""
+    unless ``path``).  ``dry_runs``: filled with (ms, path, parameters) per dry run; ``gc_ms``: with the
+    time the fit spends in the cyclic garbage collector."""
     model = open_model(path or demo_model_path())
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 512 * GIB),
                         tuple(Device(f"CUDA{i}", DeviceKind.CUDA, 24 * GIB, 24 * GIB) for i in range(n_gpus)))
@@ -54,14 +64,73 @@ def one_run(n_gpus: int, path: Path | None = None) -> tuple[float, float, int, i
     compute.simulate(model, devices, placement, ctx, cparams)
     scratch = time.process_time() - t0
     replays, reuses = ci.stats["replays"], ci.stats.get("graph_reuses", 0)
+    measure = None if dry_runs is None else _timed_measure(model, devices, dry_runs)
+    on_gc = None if gc_ms is None else _gc_timer(gc_ms)
+    if on_gc is not None:
+        gc.callbacks.append(on_gc)
     t0 = time.process_time()
-    result = fit_params(model, devices, popts, cparams, free_bytes=[24 * GIB] * n_gpus)
-    fit = time.process_time() - t0
+    try:
+        result = fit_params(model, devices, popts, cparams, free_bytes=[24 * GIB] * n_gpus, measure=measure)
+        fit = time.process_time() - t0
+    finally:
+        if on_gc is not None:
+            gc.callbacks.remove(on_gc)
     return (scratch * 1000, fit * 1000, result.measurements, ci.stats["replays"] - replays,
             ci.stats.get("graph_reuses", 0) - reuses)
 
 
-def bench(name: str, path: Path | None, n_gpus: int, n_runs: int) -> float:
+def _timed_measure(model: Model, devices: DeviceSet, out: list[tuple[float, str, str]]
+                   ) -> Callable[[PlacementOptions, ContextParams], Measured]:
+    """``device_memory`` timed, with the way its reserve was made (from the replay's counters)."""
+
+    def measure(po: PlacementOptions, cp: ContextParams) -> Measured:
+        before = dict(ci.stats)
+        t0 = time.process_time()
+        m = device_memory(model, devices, po, cp)
+        ms = (time.process_time() - t0) * 1000
+        d = {k: v - before[k] for k, v in ci.stats.items() if v != before[k]}
+        how = ("replay" if d.get("replays") else "far" if d.get("far") else "record" if d.get("full")
+               else "plain" if d.get("plain") else "pipeline")
+        ts = ",".join(f"{x:g}" for x in po.tensor_split) or "-"
+        out.append((ms, how, f"-ngl {po.n_gpu_layers} -ts {ts} -ot x{len(po.overrides)} -c {cp.n_ctx}"))
+        return m
+
+    return measure
+
+
+def _gc_timer(total: list[float]) -> Callable[[str, dict[str, int]], None]:
+    """A ``gc.callbacks`` entry adding the milliseconds of each collection to ``total[0]``."""
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.process_time()
+        else:
+            total[0] += (time.process_time() - started[0]) * 1000
+
+    return on_gc
+
+
+def dry_run_table(name: str, path: Path | None, n_gpus: int, scratch: float) -> None:
+    """One more run of the model with a line per dry run, in from-scratch simulations of ``scratch`` ms
+    (the best of the timed runs: this run's own may have met a collection)."""
+    runs: list[tuple[float, str, str]] = []
+    gc_ms = [0.0]
+    _, fit, *_ = one_run(n_gpus, path, dry_runs=runs, gc_ms=gc_ms)
+    print(f"{name}: dry runs (from scratch {scratch:.1f} ms, fit {fit:.1f} ms = {fit / scratch:.2f})")
+    totals: dict[str, tuple[int, float]] = {}
+    for i, (ms, how, params) in enumerate(runs):
+        print(f"  {i:>2} {how:<8} {ms:>7.1f} ms {ms / scratch:>5.2f}  {params}")
+        n, t = totals.get(how, (0, 0.0))
+        totals[how] = (n + 1, t + ms)
+    for how, (n, t) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {how:<8} x{n:<3} {t / scratch:>5.2f} from-scratch simulations")
+    outside = fit - sum(r[0] for r in runs)
+    print(f"  outside the dry runs {outside / scratch:.2f} (of it the cyclic garbage collector "
+          f"{gc_ms[0] / scratch:.2f})")
+
+
+def bench(name: str, path: Path | None, n_gpus: int, n_runs: int) -> tuple[float, float]:
     runs = [one_run(n_gpus, path) for _ in range(n_runs)]
     scratch = min(r[0] for r in runs)
     fit = min(r[1] for r in runs)
@@ -69,7 +138,7 @@ def bench(name: str, path: Path | None, n_gpus: int, n_runs: int) -> float:
     ratio = fit / scratch
     print(f"{name:<28} {n:>8} {replayed:>8} {reused:>7} {scratch:>10.1f} {fit:>9.1f} {ratio:>8.1f}",
           flush=True)
-    return ratio
+    return ratio, scratch
 
 
 def main() -> None:
@@ -77,6 +146,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--only", nargs="+", metavar="NAME", help=f"{DEEPSEEK!r} and/or catalogue names")
+    ap.add_argument("--dry-runs", action="store_true", help="then a line per dry run of each model")
     args = ap.parse_args()
     names = args.only or [DEEPSEEK, *BIG_MODELS]
     print(f"{args.gpus} x CUDA 24 GiB, -c 32768, --fit on (load {os.getloadavg()[0]:.2f})")
@@ -87,7 +157,9 @@ def main() -> None:
         for name in names:
             path = None if name == DEEPSEEK else write_model(BIG_MODELS[name], Path(tmp) / f"{name}.gguf",
                                                              header_only=True)[0]
-            ratios[name] = bench(name, path, args.gpus, args.runs)
+            ratios[name], scratch = bench(name, path, args.gpus, args.runs)
+            if args.dry_runs:
+                dry_run_table(name, path, args.gpus, scratch)
     if DEEPSEEK in ratios:
         r = ratios[DEEPSEEK]
         print(f"DeepSeek-V3: fit = {r:.1f} from-scratch simulations (target <= {TARGET:.0f}: "

@@ -13,6 +13,12 @@ window does) and the note under it says so (issue 13, item 7); only those two li
 PR 1510 (2026-03-26) turns mmap off when a weight is overridden to the host (``--cpu-moe`` here), so
 the experts and the token embedding are one 376229.11 MiB CUDA_Host buffer instead of the mmap span
 (the mmap note goes, the command pins ``--no-mmap``); the three ds_ik files changed only there.
+Session 6 (issue 11, the speed estimate only; every memory line unchanged): without ``-t`` the CPU's
+threads are llama.cpp's default, the physical cores (pinned here to 8, as the RAM probe is pinned),
+and the note says so; a GPU matrix's efficiency follows the rows (tokens) it multiplies, so a routed
+expert's share of a micro-batch lowers fully offloaded MoE pp (DeepSeek-V3 162 -> 85.5 t/s, Qwen3-30B
+2273 -> 1283); a generated token's attention at depth costs the larger of its KV reads and its FLOPs
+(MLA tg at 32768 tokens lower); the pp bottleneck shares move with them.
 """
 
 from __future__ import annotations
@@ -67,6 +73,12 @@ def pinned_ram(*, measure: bool = True) -> Figure:
     return Figure(40.0, "GB/s", Source.MEASURED, "RAM probe pinned by tests/test_cli_plan_golden.py")
 
 
+def pinned_cores() -> int:
+    """llama.cpp's default ``-t`` is this machine's physical cores: one count for the expected files
+    on every machine."""
+    return 8
+
+
 def run_plan(case: str, mode: str) -> tuple[int, str]:
     model, ours, server = CASES[case]
     out = io.StringIO()
@@ -82,6 +94,7 @@ def test_plan_output_is_byte_identical(case: str, mode: str, monkeypatch: pytest
     monkeypatch.chdir(ROOT)  # the model paths are printed as given: relative to the checkout
     monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path))  # no user settings
     monkeypatch.setattr(speed_store, "host_bandwidth", pinned_ram)
+    monkeypatch.setattr(speed_store, "physical_cores", pinned_cores)
     _, got = run_plan(case, mode)
     want = (DATA / f"{case}.{mode}.txt").read_text(encoding="utf-8")
     assert got == want
@@ -95,6 +108,7 @@ if __name__ == "__main__":  # writes the expected files (only from the code befo
 
     os.chdir(ROOT)
     speed_store.host_bandwidth = pinned_ram
+    speed_store.physical_cores = pinned_cores  # type: ignore[assignment]
     DATA.mkdir(parents=True, exist_ok=True)
     for c in CASES:
         for m in MODES:

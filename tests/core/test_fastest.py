@@ -311,20 +311,27 @@ def test_on_big_models_the_answer_fits_and_no_baseline_is_faster(tmp_path: Path,
     assert r.best.estimate.tg_tps > cpu_moe.estimate.tg_tps
 
 
-def test_the_fit_baseline_beside_the_search_changes_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "gpus", "args"), [
+    ("DeepSeek-V3-Q4_K_M", ("rtx3090",) * 4, ["-c", "32768", "-t", "32"]),
+    # MTP: the --fit row is projected in full after the child's result, with a note
+    ("GLM-4.5-Air-Q4_K_M", ("24GiB,bw=936GB/s",), ["-c", "32768", "--spec-type", "draft-mtp"]),
+])
+def test_the_fit_baseline_beside_the_search_changes_nothing(tmp_path: Path, name: str, gpus: tuple[str, ...],
+                                                            args: list[str]) -> None:
     """llama.cpp's --fit run in a forked child (the fit command's way) or in the process before the
-    search: the same candidates, memory, estimates, answer and command."""
+    search: the same candidates, memory, estimates, notes, answer and command."""
     from offload_planner.core.speed.forked import fork_useful
     from offload_planner.core.synth import BIG_MODELS, write_model
 
     if not fork_useful():
         pytest.skip("no fork here: both ways run in the process")
-    [path] = write_model(BIG_MODELS["DeepSeek-V3-Q4_K_M"], tmp_path / "ds.gguf", header_only=True)
-    ds = _big_devices(*("rtx3090",) * 4)
+    [path] = write_model(BIG_MODELS[name], tmp_path / f"{name}.gguf", header_only=True)
+    ds = _big_devices(*gpus)
     hw = hardware_for(ds, threads=32)
-    args = ["-c", "32768", "-t", "32"]
-    beside = fastest_plan(open_model(str(path)), ds, args, hw, concurrent=True)
-    before = fastest_plan(open_model(str(path)), ds, args, hw, concurrent=False)
+    beside = fastest_plan(open_model(str(path)), ds, args, hw, goal="tg", concurrent=True)
+    before = fastest_plan(open_model(str(path)), ds, args, hw, goal="tg", concurrent=False)
     assert beside.fit_forked and not before.fit_forked
     assert _outcome(beside) == _outcome(before)
     assert beside.fit_seconds > 0 and before.fit_seconds > 0
+    if "--spec-type" in args:
+        assert any(n.startswith("llama.cpp's own --fit leaves CUDA0") for n in beside.notes)

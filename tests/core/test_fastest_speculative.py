@@ -112,3 +112,40 @@ def test_a_draft_models_memory_takes_its_room_on_the_gpu(tmp_path: Path) -> None
     for c in r.candidates:
         if c.fits:
             assert r.best.estimate.tg_tps >= _printed(c.plan, hw), c.label
+
+
+def test_the_draft_is_opened_and_projected_once_per_setting(tmp_path: Path) -> None:
+    """The fit command parses its command line once per candidate: the ``-md`` file is opened once
+    (the same Model while the file is unchanged) and the draft's projection, which depends on its own
+    placement and context only, is reused across the candidates of one ``-ub``; every candidate's
+    draft buffers equal a fresh projection of that draft (placed and simulated again, no memo)."""
+    from offload_planner.core import speculative
+    from offload_planner.core.extra_context import DRAFT
+    from offload_planner.core.memory import project
+    from offload_planner.core.placement import place
+
+    qwen = open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))
+    spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name="draft", n_layer=4)
+    [draft] = write_model(spec, tmp_path / "draft.header.gguf", header_only=True)
+    ds = _devices("12GiB,bw=936GB/s")
+    hw = hardware_for(ds, threads=16)
+    speculative.draft_buffers.cache_clear()
+    speculative._open_draft.cache_clear()
+    r = fastest_plan(qwen, ds, ["-c", "8192", "-md", str(draft)], hw, goal="balanced", eff=EFF)
+    assert speculative._open_draft.cache_info().misses == 1
+    ubs = {c.plan.context.n_ubatch for c in r.candidates}
+    assert len(ubs) == 3
+    assert speculative.draft_buffers.cache_info().misses == len(ubs)
+    models = {id(c.plan.spec.draft.model) for c in r.candidates if c.plan.spec and c.plan.spec.draft}
+    assert len(models) == 1
+    fresh_model = open_model(str(draft))
+    for c in r.candidates:
+        d = c.plan.spec.draft if c.plan.spec else None
+        assert d is not None
+        [ctx] = [e for e in c.projection.extras if e.key == DRAFT]
+        cp = replace(c.plan.context, n_ctx=c.projection.context.n_ctx, type_k=d.type_k, type_v=d.type_v,
+                     n_outputs_max=min(c.plan.context.n_batch, c.plan.context.n_seq_max))
+        fresh = project(fresh_model, d.devices, place(fresh_model, d.devices, d.placement_options), cp)
+        assert [(b.device, b.name, b.kind, b.bytes) for b in ctx.buffers] == \
+            [(b.device, b.name, b.kind, b.bytes) for b in fresh.buffers()], c.label
+        assert {b.owner for b in ctx.buffers} == {DRAFT}

@@ -15,7 +15,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.cmdline import ParsedArgs
 from offload_planner.core.device_figures import CapacityHint
@@ -30,6 +30,10 @@ from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_report import mmap_notes
 from offload_planner.core.speculative import spec_refusals
+
+if TYPE_CHECKING:
+    from offload_planner.core.fit import FitResult
+    from offload_planner.core.fit_extra import ExtraShortfall
 
 
 @dataclass(frozen=True)
@@ -77,8 +81,25 @@ def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
     fcmd = (fitted_command(fitted, model, devices, plan.placement_options, plan.context)
             if fitted.changed else [])
     note = fit_note(fitted, fcmd)
-    return FitReport(fit_summary(fitted, devices, fcmd), [note] if note else [],
-                     fitted.changed and fitted.status == "success")
+    short = _fit_extra_shortfalls(plan, fitted)
+    notes = ([note] if note else []) + [sf.message() for sf in short]
+    fixes = fitted.changed and fitted.status == "success" and all(sf.over <= sf.margin for sf in short)
+    return FitReport(fit_summary(fitted, devices, fcmd), notes, fixes)
+
+
+def _fit_extra_shortfalls(plan: Plan, fitted: FitResult) -> list[ExtraShortfall]:
+    """With a draft model or MTP, the devices the fitted command leaves short of llama.cpp's margin
+    because its fit counted the draft/MTP context with the command's own parameters (one more
+    projection, of the fitted command, where that can happen: fit_extra.may_fall_short)."""
+    from offload_planner.core.fit_extra import extra_shortfalls, may_fall_short
+
+    if not may_fall_short(fitted, plan.spec):
+        return []
+
+    popts, ctx = fitted.apply(plan.placement_options, plan.context, plan.model.summary.n_layer,
+                              has_gpu=bool(plan.devices.gpus))
+    proj = replace(plan, placement_options=popts, context=ctx, moves={}).projection()
+    return extra_shortfalls(fitted, proj, {g.name: g.capacity or 0 for g in plan.devices.gpus})
 
 
 def fit_simulates(dialect: Dialect, devices: DeviceSet, parsed: ParsedArgs) -> bool:

@@ -134,6 +134,12 @@ class FitResult:
     measurements: int = 0
     n_ctx_default: int = 0  # the context without the fit (unset: the trained length x streams)
     n_gpu_layers_in: int = NGL_DEFAULT  # -ngl as given
+    #: the draft model's / MTP context's bytes per fitted device that the fit's dry runs added at the
+    #: final context (``add_extra_memory``), measured with its own parameters as the command gives
+    #: them (for MTP: the main model's placement before the fit changes it); empty without one
+    extra_counted: dict[str, int] = field(default_factory=dict)
+    #: the margin the fit keeps free on each fitted device (``-fitt``, plus a --mmproj projector's size)
+    margins: dict[str, int] = field(default_factory=dict)
 
     @property
     def ctx_changed(self) -> bool:
@@ -238,8 +244,10 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
     ``n_ctx_min``: ``-fitc`` (``UINT32_MAX`` when ``-c 0`` asks for the full context).
     ``cpu_total``: system memory for a CPU-only fit (default: the CPU device's total)."""
     meas = measure or (lambda po, cp: device_memory(model, devices, po, cp))
+    extra_memo: dict[int, ExtraMeasured] = {}
     if extra is not None:
-        meas = _with_extra(meas, extra, place(model, devices, replace(popts, overrides=())).model_devices)
+        meas = _with_extra(meas, extra, place(model, devices, replace(popts, overrides=())).model_devices,
+                           extra_memo)
     s = model.summary
     gpu_names = [g.name for g in devices.gpus]
     free_of = dict(zip(gpu_names, free_bytes, strict=False))
@@ -279,8 +287,11 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         return meas(po, replace(cparams, n_ctx=st["n_ctx"]))
 
     def result(status: str, message: str = "") -> FitResult:
+        e = extra_memo.get(st["n_ctx"])
+        counted = {d: e.used.get(d, 0) for d in devs} if e is not None else {}
         return FitResult(status, st["n_ctx"], st["ngl"], st["ts"], st["ot"], cparams.n_ctx, tuple(devs),
-                         message, log, st["count"], n_ctx_max if n_ctx_auto else cparams.n_ctx, n_gpu_layers)
+                         message, log, st["count"], n_ctx_max if n_ctx_auto else cparams.n_ctx, n_gpu_layers,
+                         counted, dict(zip(devs, margin_list, strict=False)))
 
     if popts.split_mode == "tensor":
         return result(FAILURE, "llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort")
@@ -305,10 +316,11 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
 
 
 def _with_extra(meas: Callable[[PlacementOptions, ContextParams], Measured], extra: ExtraMeasure,
-                devs: list[str]) -> Callable[[PlacementOptions, ContextParams], Measured]:
-    """``add_extra_memory``: the extra model's dry run (again when the context changes) added to
-    each measurement, on the main model's devices (its other devices are dropped)."""
-    memo: dict[int, ExtraMeasured] = {}
+                devs: list[str], memo: dict[int, ExtraMeasured]
+                ) -> Callable[[PlacementOptions, ContextParams], Measured]:
+    """``add_extra_memory``: the extra model's dry run (again when the context changes, kept in
+    ``memo`` by context) added to each measurement, on the main model's devices (its other devices
+    are dropped)."""
 
     def measure(po: PlacementOptions, cp: ContextParams) -> Measured:
         m = meas(po, cp)

@@ -5,19 +5,37 @@ llama.cpp measures the extra model's dry run (its own parameters, which the fit 
 context the main model is being measured at, maps its devices onto the main model's, zeroes its
 weights when it runs on the main model's (MTP: ``shares_model``) and adds it to every measurement of
 the main model; it is measured again whenever that context changes.
+
+What llama.cpp measures is the extra model with its parameters as the command gives them, before the
+fit changes the main model's: ``common_init_result`` (common/common.cpp:1240-1266) builds
+``params_dft`` / ``mparams_dft`` from ``params`` before ``common_fit_params`` writes ``-ngl`` and the
+``-ot`` overrides, and the fit never touches the extra's (common/fit.cpp:203-259,
+``add_extra_memory``).  The server then loads the fitted target (tools/server/server-context.cpp:1208)
+and only afterwards the draft model / MTP context (server-context.cpp:1242-1248;
+common/speculative.cpp:2611 ``n_ctx = llama_n_ctx(ctx_tgt)``, 2623 the draft with its own
+``mparams``, 2643 the MTP context on the *fitted* target model).  A draft model allocates what was
+measured; an MTP context runs on the fitted placement, and when the fit moved the NextN block's
+experts to the CPU its compute buffer takes their copies (op offload), which the dry runs never saw:
+:func:`extra_shortfalls` finds the devices llama.cpp's own ``--fit`` then leaves short of its margin.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.extra_context import DRAFT, MMPROJ, MTP
 from offload_planner.core.memory import ContextParams, kv_buffers, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, CPU_REPACK, PlacementOptions, place
 from offload_planner.core.speculative import SpecSettings
+from offload_planner.core.units import MiB
+
+if TYPE_CHECKING:
+    from offload_planner.core.fit import FitResult
+    from offload_planner.core.memory import Projection
 
 
 @dataclass(frozen=True)
@@ -85,3 +103,61 @@ def extra_measure(model: Model, devices: DeviceSet, popts: PlacementOptions, cpa
     if spec.mtp and model.summary.n_nextn:
         return _mtp_measure(model, devices, popts, spec, cparams)
     return None
+
+
+@dataclass(frozen=True)
+class ExtraShortfall:
+    """A device the fitted plan leaves short of the fit's margin because the draft model / MTP
+    context allocates more there than the fit's dry runs counted for it."""
+
+    device: str
+    over: int  # bytes used beyond (free - margin)
+    margin: int  # the margin the fit keeps (-fitt)
+    counted: int  # the extra's bytes on the device in the fit's dry runs
+    allocated: int  # the extra's bytes on the device as the fitted server allocates them
+    free: int  # the free memory the fit was given
+    what: str  # the extra's label ("MTP context (1 NextN layer)", "draft model NAME")
+
+    def message(self) -> str:
+        """One line naming the device and the MiB."""
+        what = f"the {self.what}"
+        line = (f"llama.cpp's own --fit leaves {self.device} {self.over / MiB:.0f} MiB short of the "
+                f"{self.margin / MiB:.0f} MiB it keeps free: its dry runs count {what} at "
+                f"{self.counted / MiB:.0f} MiB there, measured with the command's own parameters before "
+                f"the fit changes them (common/common.cpp:1244-1266), but the fitted server allocates "
+                f"{self.allocated / MiB:.0f} MiB for it")
+        if self.over > self.margin:
+            line += (f"; {self.device} is over its {self.free / MiB:.0f} MiB by "
+                     f"{(self.over - self.margin) / MiB:.0f} MiB")
+        return line
+
+
+def may_fall_short(result: FitResult, spec: SpecSettings | None) -> bool:
+    """Whether the fitted server's draft/MTP context can take more than the fit counted: only an MTP
+    context (a draft model keeps its own parameters, common/speculative.cpp:2623) and only when the
+    fit changed the placement (``-ngl``/``-ts``/``-ot``), which the dry runs measured it without."""
+    return spec is not None and spec.mtp and spec.draft is None and result.layers_changed
+
+
+def extra_shortfalls(result: FitResult, projection: Projection, free: dict[str, int]) -> list[ExtraShortfall]:
+    """Per offload device of ``projection`` (the fitted plan, with its draft/MTP context): where it
+    uses more than ``free`` minus the fit's margin and the draft/MTP context takes more than the fit
+    counted for it.  Only the devices the fit fitted (the main model's: a draft's other devices are
+    dropped by ``add_extra_memory`` and the fit keeps no margin there).  A --mmproj projector is left
+    out: the server adds it to the margins instead."""
+    what = next((e.label for e in projection.extras if e.key in (DRAFT, MTP)), "draft/MTP context")
+    out: list[ExtraShortfall] = []
+    for dm in projection.devices:
+        name = dm.device.name
+        if name not in free or name not in result.margins:
+            continue
+        allocated = sum(b.bytes for b in dm.buffers if b.owner in (DRAFT, MTP))
+        counted = result.extra_counted.get(name, 0)
+        if allocated <= counted:
+            continue
+        margin = result.margins[name]
+        used = dm.resident() - sum(b.bytes for b in dm.buffers if b.owner == MMPROJ)
+        over = used - (free[name] - margin)
+        if over > 0:
+            out.append(ExtraShortfall(name, over, margin, counted, allocated, free[name], what))
+    return out

@@ -18,10 +18,13 @@ From the pinned build's ``common/speculative.cpp`` (``common_base_params_to_spec
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from offload_planner.core.buffer import Buffer
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
@@ -124,10 +127,20 @@ def draft_context(spec: DraftSettings, main: ContextParams, ctx: ResolvedContext
     """The draft model's weights, KV, output and compute buffers, as its own projection."""
     cparams = replace(main, n_ctx=spec.n_ctx or ctx.n_ctx, type_k=spec.type_k, type_v=spec.type_v,
                       n_outputs_max=min(main.n_batch, main.n_seq_max))
-    placement = place(spec.model, spec.devices, spec.placement_options)
-    proj = project(spec.model, spec.devices, placement, cparams)
     name = spec.model.path.rsplit("/", 1)[-1]
-    return ExtraContext(DRAFT, f"draft model {name}", tagged(DRAFT, proj.buffers()))
+    return ExtraContext(DRAFT, f"draft model {name}",
+                        draft_buffers(spec.model, spec.devices, spec.placement_options, cparams))
+
+
+@functools.lru_cache(maxsize=8)
+def draft_buffers(model: Model, devices: DeviceSet, popts: PlacementOptions,
+                  cparams: ContextParams) -> tuple[Buffer, ...]:
+    """The draft model's own projection, tagged: a function of its own placement (``-devd``, ``-ngld``,
+    ``-otd``) and context only, never of the main model's placement, so the plans of a search (the
+    ``fit`` command's candidates differ in the main model's experts) share one (``Model`` hashes by
+    identity; :func:`load_spec` opens a draft file once while it is unchanged)."""
+    proj = project(model, devices, place(model, devices, popts), cparams)
+    return tagged(DRAFT, proj.buffers())
 
 
 def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
@@ -152,11 +165,29 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
 def load_spec(devices: DeviceSet, args: Any, dialect: Dialect,
               placement_options: PlacementOf) -> SpecSettings:
     """:func:`spec_settings` with the ``-md`` file opened (a :class:`GGUFError` names a bad one)."""
+    d = _draft_args(args)
+    draft = open_draft(d.model) if d is not None and d.model else None
+    return spec_settings(devices, args, dialect, placement_options, draft)
+
+
+def open_draft(location: str) -> Model:
+    """The ``-md`` file opened, the same :class:`Model` again while the file's modification time and
+    size are unchanged (a search parses its command line once per candidate; opening reads the
+    vocabulary's strings); URLs and unreadable paths are opened every time (errors name them)."""
     from offload_planner.core.gguf_reader import open_model
 
-    d = _draft_args(args)
-    draft = open_model(d.model) if d is not None and d.model else None
-    return spec_settings(devices, args, dialect, placement_options, draft)
+    try:
+        st = os.stat(location)
+    except (OSError, ValueError):
+        return open_model(location)
+    return _open_draft(location, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=2)
+def _open_draft(location: str, mtime_ns: int, size: int) -> Model:
+    from offload_planner.core.gguf_reader import open_model
+
+    return open_model(location)
 
 
 def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: Dialect,

@@ -63,6 +63,7 @@ from offload_planner.ui.loader import ModelLoader, demo_model
 from offload_planner.ui.log_view import LogView
 from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.options_panel import OptionsPanel
+from offload_planner.ui.pane_splitter import PaneSplitter
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
 from offload_planner.ui.settings import Settings
@@ -71,7 +72,7 @@ from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_model import section_file
 from offload_planner.ui.tensor_map_view import TensorMapView
 from offload_planner.ui.ubatch_plot import UbatchPlot
-from offload_planner.ui.window_size import DEFAULT_SIZE, MIN_SIZE
+from offload_planner.ui.window_size import DEFAULT_SIZE, MIN_SIZE, PANE_DESIGN
 
 #: How the window names the demo hardware (core.new_plan.DEMO_HARDWARE) it opens the demo on.
 DEMO_LABEL = "demo hardware (declared)"
@@ -353,14 +354,15 @@ class MainWindow(QMainWindow):
         self.left_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.left_scroll.setMinimumWidth(left.minimumSizeHint().width())
 
-        self.h_split = QSplitter(Qt.Orientation.Horizontal)
+        self.h_split = PaneSplitter(lambda: self._map_pane_need(centre))
         self.h_split.setObjectName("panes")
         self.h_split.addWidget(self.left_scroll)
         self.h_split.addWidget(centre)
         self.h_split.addWidget(right)
         self.h_split.setStretchFactor(1, 1)
         self.h_split.setChildrenCollapsible(False)
-        self.h_split.setSizes([270, 690, 300])
+        self.h_split.setSizes(list(PANE_DESIGN))
+        self.map_view.tensor_model.modelReset.connect(self.h_split.refit)
         self.v_split = QSplitter(Qt.Orientation.Vertical)
         self.v_split.setObjectName("main")
         self.v_split.addWidget(self.h_split)
@@ -375,6 +377,12 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.summary)
         lay.addWidget(self.v_split, 1)
         self.setCentralWidget(central)
+
+    def _map_pane_need(self, centre: QWidget) -> int:
+        """The tensor map pane's width with every column at its whole label."""
+        lay = centre.layout()
+        m = lay.contentsMargins().left() + lay.contentsMargins().right() if lay is not None else 0
+        return self.map_view.full_width() + centre.width() - centre.contentsRect().width() + m
 
     def _connect(self) -> None:
         doc = self.doc
@@ -424,7 +432,8 @@ class MainWindow(QMainWindow):
         s.set_bytes(keys.GEOMETRY.name, self.saveGeometry())
         s.set_bytes(keys.STATE.name, self.saveState())
         for split in (self.h_split, self.v_split):
-            s.set_bytes(f"{keys.SPLITTERS.name}/{split.objectName()}", QByteArray(split.saveState()))
+            state = split.user_state() if isinstance(split, PaneSplitter) else QByteArray(split.saveState())
+            s.set_bytes(f"{keys.SPLITTERS.name}/{split.objectName()}", state)
         s.set(keys.COMMAND_STYLE, self.command_pane.format_style)
         s.set(keys.DIALECT, str(self.backend_box.currentData()))
         s.set(keys.SPLIT_ATTENTION, self.act_split_attn.isChecked())

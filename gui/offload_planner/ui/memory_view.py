@@ -297,7 +297,7 @@ class MemoryView(QWidget):
     def minimumSizeHint(self) -> QSize:
         """Wide enough for every row's shortest breakdown and, on a line of its own if need be, its
         status: never elided."""
-        need = 240
+        need = 200
         for dm in self._rows():
             f = bar_figures(dm)
             status, status_fm = self._status(f)

@@ -275,7 +275,8 @@ class TensorMapModel(QAbstractTableModel):
             if role == Qt.ItemDataRole.DisplayRole:
                 return col.label
             if role == Qt.ItemDataRole.ToolTipRole:
-                return f"{col.description}<br>Click: select this role in every layer"
+                # the header may show a short form of the label (role_header): the tooltip names it whole
+                return f"<b>{col.label}</b>: {col.description}<br>Click: select this role in every layer"
         if orientation == Qt.Orientation.Vertical and 0 <= section < len(g.rows):
             row = g.rows[section]
             if role == Qt.ItemDataRole.DisplayRole:

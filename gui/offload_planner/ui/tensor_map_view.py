@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.drop_target import DeviceDropTarget, drop_target_at
+from offload_planner.ui.role_header import RoleHeader, shortest_form
 from offload_planner.ui.tensor_map_delegate import TensorCellDelegate
 from offload_planner.ui.tensor_map_model import TensorMapModel
 
@@ -45,6 +46,34 @@ class _Drag:
     started: bool = False
     target: DeviceDropTarget | None = None
     device: str | None = None
+
+
+def squeezed_widths(need: list[int], least: list[int], room: int) -> list[int]:
+    """Column widths filling ``room``: with room to spare every column gets its ``need`` and a
+    share of the rest; short of room the widest columns shrink first (all above a common cap are cut
+    to it), none below its ``least`` (the sum then exceeds ``room``)."""
+    n = len(need)
+    spare = room - sum(need)
+    if spare >= 0:
+        return [w + spare * (c + 1) // n - spare * c // n for c, w in enumerate(need)]
+    if sum(least) >= room:
+        return list(least)
+    lo, hi = 0, max(need)  # the largest cap whose widths still fit
+    while lo < hi:
+        cap = (lo + hi + 1) // 2
+        if sum(max(lo_c, min(w, cap)) for w, lo_c in zip(need, least, strict=True)) <= room:
+            lo = cap
+        else:
+            hi = cap - 1
+    widths = [max(lo_c, min(w, lo)) for w, lo_c in zip(need, least, strict=True)]
+    left = room - sum(widths)  # < one pixel per capped column: hand it out
+    for c in range(n):
+        if left <= 0:
+            break
+        if widths[c] < need[c]:
+            widths[c] += 1
+            left -= 1
+    return widths
 
 
 class TensorMapView(QTableView):
@@ -73,8 +102,10 @@ class TensorMapView(QTableView):
         vh.setMinimumSectionSize(fm.height())
         vh.setMinimumWidth(fm.horizontalAdvance("0000"))
         vh.setDefaultAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-        hh = self.horizontalHeader()
+        hh = RoleHeader(self)
+        self.setHorizontalHeader(hh)
         hh.setSectionResizeMode(QHeaderView.ResizeMode.Fixed)  # see _fit_sections
+        hh.setMinimumSectionSize(1)  # _fit_sections keeps each column at least column_floor() wide
         hh.setHighlightSections(True)
         self._drag: _Drag | None = None
         self.drag_tip = ""  # the tooltip of the drag in progress
@@ -83,20 +114,42 @@ class TensorMapView(QTableView):
         self._fit_sections()
         self._model.modelReset.connect(self._fit_sections)
 
-    def _fit_sections(self) -> None:
-        """Columns share the width, none narrower than its label: with many columns (split
-        attention) the map scrolls sideways rather than clip the header text."""
+    def _column_needs(self) -> tuple[list[int], list[int]]:
+        """Per column: the width for its whole label, and the width it may shrink to (its shortest
+        label form, not below :meth:`column_floor`)."""
         hh = self.horizontalHeader()
         fm = hh.fontMetrics()
-        n = self._model.columnCount()
         h = Qt.Orientation.Horizontal
         pad = fm.horizontalAdvance("  ")
-        need = [fm.horizontalAdvance(str(self._model.headerData(c, h))) + pad for c in range(n)]
+        labels = [str(self._model.headerData(c, h)) for c in range(self._model.columnCount())]
+        floor = self.column_floor()
+        need = [fm.horizontalAdvance(t) + pad for t in labels]
+        least = [min(n, max(floor, fm.horizontalAdvance(shortest_form(t)) + pad))
+                 for t, n in zip(labels, need, strict=True)]
+        return need, least
+
+    def column_floor(self) -> int:
+        """The narrowest a role column gets when the map is squeezed (below it, it scrolls)."""
+        return self.horizontalHeader().fontMetrics().horizontalAdvance("0000")
+
+    def full_width(self) -> int:
+        """The view's width with every column at its whole label (the map's comfortable width)."""
+        need, _ = self._column_needs()
+        return (sum(need) + self.verticalHeader().sizeHint().width()
+                + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth())
+
+    def _fit_sections(self) -> None:
+        """Columns share the width, none narrower than its label; in a narrow map (a small window)
+        the widest columns give way first, down to their short labels (:mod:`role_header`) and no
+        narrower than :meth:`column_floor`: only then (many columns, split attention) does the map
+        scroll sideways."""
+        need, least = self._column_needs()
         if not need:
             return
-        spare = max(0, self.viewport().width() - sum(need))
-        for c, w in enumerate(need):
-            hh.resizeSection(c, w + spare * (c + 1) // n - spare * c // n)
+        widths = squeezed_widths(need, least, self.viewport().width())
+        hh = self.horizontalHeader()
+        for c, w in enumerate(widths):
+            hh.resizeSection(c, w)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)

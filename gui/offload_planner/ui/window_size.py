@@ -15,3 +15,22 @@ def size_problem(width: int, height: int) -> str:
     if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
         return f"smaller than the window's minimum {MIN_SIZE[0]}x{MIN_SIZE[1]}"
     return ""
+
+
+#: The panes' widths (Devices/Options, tensor map, Memory) at the design size.
+PANE_DESIGN = (270, 690, 300)
+
+
+def pane_widths(total: int, centre_need: int, side_mins: tuple[int, int]) -> tuple[int, int, int]:
+    """The three panes' widths sharing ``total`` pixels: the side panes keep their design width
+    while the tensor map has its ``centre_need`` (every column at its whole label); a narrower
+    window takes the map's shortfall from the side panes, in proportion to what each can give
+    above its minimum, before the map gives way (its columns then shrink to their short labels)."""
+    left, _, right = PANE_DESIGN
+    short = centre_need - (total - left - right)
+    give_l, give_r = max(0, left - side_mins[0]), max(0, right - side_mins[1])
+    if short > 0 and give_l + give_r > 0:
+        take = min(short, give_l + give_r)
+        dl = take * give_l // (give_l + give_r)
+        left, right = left - dl, right - (take - dl)
+    return left, total - left - right, right

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.ggml import Graph, T, nbytes
 from offload_planner.core.compute.graph import Builder, Shape
+from offload_planner.core.compute.jumps import JumpingAllocator
 from offload_planner.core.compute.scheduler import Backend, Scheduler
+from offload_planner.core.compute.template import kept_codes
 
 # --- reserve ------------------------------------------------------------------------------------------
 
@@ -36,10 +38,13 @@ def reserve(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backen
 
 def reserve_graph(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, *, no_alloc: bool = False,
                   op_offload: bool = True) -> Reserve:
-    """The reserve of a built graph (scheduled and allocated)."""
+    """The reserve of a built graph (scheduled and allocated); a kept graph's walk jumps whole periods
+    of equal layers (:mod:`.jumps`)."""
     sched = Scheduler(backends, n_copies, op_offload)
     sched.split_graph(g, keep_forced=not no_alloc)
-    galloc = GraphAllocator(backends)
+    kept = kept_codes(g)
+    galloc = (GraphAllocator(backends) if kept is None
+              else JumpingAllocator(backends, kept[0], g.nodes, kept[1], sched.splits))
     sizes = galloc.run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
     copies = [0] * len(backends)
     weight_copies = [0] * len(backends)

@@ -16,11 +16,12 @@ recorded as a reference is handed over (``own``): the reference keeps its state 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from offload_planner.core.compute.ggml import CPU, Graph, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.jumps import LayerCodes, cached_codes, has_codes
 from offload_planner.core.compute.stats import stats
 
 
@@ -36,6 +37,9 @@ class GraphTemplate:
         b = Builder(sh, weights, layer_dev, kv_dev)
         arch_fn(b)
         g = self.g = b.g
+        self.key: tuple[object, ...] = ()  # set by placed_graph: the codes of its layers are kept by it
+        self.index: dict[int, int] = {}
+        self.reused = False  # walked again (re-placed) since it was built: its layers are worth coding
         self.src = [tuple(n.src) for n in g.nodes]
         self.flags = [t.flags for t in g.leafs] + [n.flags for n in g.nodes]
         self.weights: list[T] = []  # by their name in the weight table
@@ -70,6 +74,7 @@ class GraphTemplate:
                kv_dev: Callable[[int], str]) -> Graph:
         """The graph as the builder leaves it for this shape (which may differ from the template's in
         ``full_offload`` only) and these devices."""
+        self.reused = True
         g = self.g
         for n, src in zip(g.nodes, self.src, strict=True):
             n.src = list(src)
@@ -90,15 +95,64 @@ class GraphTemplate:
         g.forced = {id(n): (layer_dev(il) if il >= 0 else CPU) for n, il in self.forced if il < 0 or norms}
         return g
 
+    def codes(self) -> tuple[LayerCodes, dict[int, int]] | None:
+        """The graph's layers as the builder left them (:mod:`.jumps`, kept for its topology) and the
+        position of each node by id; None for the first walk of a topology (coding its layers costs
+        more than the jumps save in one walk: a command that simulates once)."""
+        g = self.g
+        if not self.reused and not has_codes(self.key):
+            return None
+        if not self.index:
+            self.index = {id(n): u for u, n in enumerate(g.nodes)}
+        return cached_codes(self.key, g.nodes, self.src, self.flags[len(g.leafs):], g.leafs), self.index
+
+    def copy(self) -> GraphTemplate:
+        """Another template of the same graph, as the builder left it: made from this one's tensors
+        (their shapes, ops, names and view sources stay what the builder gave them while a recorded
+        reference owns them) with its sources and flags, in about half the time of a build."""
+        g = self.g
+        m: dict[int, T] = {}
+        n_leafs = len(g.leafs)
+        leafs = [_copied(t, t.src, f, m) for t, f in zip(g.leafs, self.flags[:n_leafs], strict=True)]
+        nodes = [_copied(t, src, f, m)
+                 for t, src, f in zip(g.nodes, self.src, self.flags[n_leafs:], strict=True)]
+        new = GraphTemplate.__new__(GraphTemplate)
+        new.g = Graph(nodes, leafs)
+        new.src = [tuple(n.src) for n in nodes]
+        new.flags = self.flags
+        new.weights = [m[id(t)] for t in self.weights]
+        new.kv = [(m[id(t)], il) for t, il in self.kv]
+        new.per_layer = [(m[id(t)], il) for t, il in self.per_layer]
+        new.forced = [(m[id(n)], il) for n, il in self.forced]
+        new.key, new.index, new.reused = self.key, {}, self.reused
+        return new
+
     def built(self, sh: Shape, layer_dev: Callable[[int], str]) -> Graph:
         """The graph just built, for ``sh``: only the forced norms to set (its tensors are as the
         builder left them, on these devices: :meth:`placed` would change nothing else)."""
         return self._force(sh, layer_dev)
 
 
+def _copied(t: T, src: Sequence[T | None], flags: int, m: dict[int, T]) -> T:
+    """A tensor as the builder left ``t`` (sources ``src``, flags ``flags``), its sources and view
+    source the copies in ``m`` (shapes shared: nothing changes them after the build)."""
+    c = T.__new__(T)
+    c.type, c.ne, c.nb, c.op, c.name = t.type, t.ne, t.nb, t.op, t.name
+    c.src = [None if s is None else m[id(s)] for s in src]
+    vs = t.view_src
+    c.view_src = None if vs is None else m[id(vs)]
+    c.view_offs, c.flags, c.dev, c.weights = t.view_offs, flags, t.dev, t.weights
+    c.bid, c.alloc, c.n_children, c.n_views = -1, None, 0, 0
+    m[id(t)] = c
+    return c
+
+
 #: templates by (model, graph builder, shape with ``full_offload``, loaded weights); a few kept
 _TEMPLATES: OrderedDict[tuple[object, ...], GraphTemplate] = OrderedDict()
 _SIZE = 4
+#: templates handed to a recorded reference, by the same key: the next kept graph of the topology is
+#: copied from one (the --fit search's dry run far from the reference just recorded)
+_HANDED: OrderedDict[tuple[object, ...], GraphTemplate] = OrderedDict()
 
 
 def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None], where: WeightWhere,
@@ -114,8 +168,16 @@ def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder]
     tpl = _TEMPLATES.pop(full, None) if own else _TEMPLATES.get(full)
     if tpl is not None:
         stats["graph_reuses"] += 1
-        if not own:
+        if own:
+            _keep(_HANDED, full, tpl, 2)
+        else:
             _TEMPLATES.move_to_end(full)
+        return tpl.placed(sh, where, layer_dev, kv_dev)
+    handed = None if own else _HANDED.pop(full, None)
+    if handed is not None:
+        stats["graph_copies"] += 1
+        tpl = handed.copy()
+        _keep(_TEMPLATES, full, tpl, _SIZE)
         return tpl.placed(sh, where, layer_dev, kv_dev)
     if not own:
         try:
@@ -126,7 +188,23 @@ def placed_graph(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder]
         b = Builder(sh, weights(), layer_dev, kv_dev)
         arch_fn(b)
         return b.g
-    _TEMPLATES[full] = tpl
-    if len(_TEMPLATES) > _SIZE:
-        _TEMPLATES.popitem(last=False)
+    tpl.key = full
+    _keep(_TEMPLATES, full, tpl, _SIZE)
     return tpl.built(sh, layer_dev)
+
+
+def _keep(kept: OrderedDict[tuple[object, ...], GraphTemplate], key: tuple[object, ...], tpl: GraphTemplate,
+          size: int) -> None:
+    kept[key] = tpl
+    kept.move_to_end(key)
+    if len(kept) > size:
+        kept.popitem(last=False)
+
+
+def kept_codes(g: Graph) -> tuple[LayerCodes, dict[int, int]] | None:
+    """The layer codes and node positions of a kept graph (None: a graph built for one simulation, or
+    a recorded one)."""
+    for tpl in _TEMPLATES.values():
+        if tpl.g is g:
+            return tpl.codes()
+    return None

@@ -257,6 +257,7 @@ class _Search:
         self._reserves: ReserveMemo = {}
         #: compute simulations made ahead of their full projection (:meth:`simulate_ahead`)
         self._simulated: dict[tuple[object, ...], tuple[Placement, list[Buffer]]] = {}
+        self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (fit_plan)
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -594,18 +595,14 @@ class _Search:
             n = il
         return n
 
-    def llama_fit(self) -> Plan | None:
-        """What llama-server's own ``--fit`` makes of the command (None: it does not fit by default,
-        or there is no GPU)."""
-        return self.fit_plan(self.llama_fit_result())
-
     @property
     def fits_by_default(self) -> bool:
         """llama-server runs its ``--fit`` on this command (the dialect's default, a GPU to fit)."""
         return self.dialect.fits_by_default and bool(self.devices.gpus)
 
     def llama_fit_result(self) -> FitResult | None:
-        """The port's search (its dry runs): what :meth:`fit_plan` applies to the command."""
+        """What llama-server's own ``--fit`` makes of the command, its port's search (its dry runs),
+        applied by :meth:`fit_plan` (None: it does not fit by default, or there is no GPU)."""
         if not self.fits_by_default:
             return None
         from offload_planner.core.fit import fit_for_args
@@ -623,7 +620,26 @@ class _Search:
         base = self.plan([])
         popts, ctx = result.apply(base.placement_options, base.context, self.model.summary.n_layer,
                                   has_gpu=True)
+        self.fit_result = result
         return replace(base, placement_options=popts, context=ctx)
+
+    def llama_fit_candidate(self, plan: Plan) -> tuple[Candidate, list[str]]:
+        """The ``--fit`` baseline.  Where the fitted server's MTP context can take more than the fit
+        counted (:func:`~offload_planner.core.fit_extra.may_fall_short`) it is projected in full (its
+        memory exact, not predicted) and, where llama.cpp's own fit then leaves a device short of its
+        margin (:func:`~offload_planner.core.fit_extra.extra_shortfalls`), a note names the device
+        and the MiB; the row is then over, never a fitting baseline."""
+        from offload_planner.core.fit_extra import extra_shortfalls, may_fall_short
+
+        result = self.fit_result
+        if result is None or not may_fall_short(result, plan.spec):
+            return self.candidate("llama.cpp --fit", plan), []
+
+        proj = plan.projection()  # kept out of the predictions' compute buffers (self._compute)
+        self.projections += 1
+        c = self._make("llama.cpp --fit", plan, proj, verified=True)
+        free = {g.name: g.capacity or 0 for g in self.devices.gpus}
+        return c, [sf.message() for sf in extra_shortfalls(result, proj, free)]
 
 
 def _routed(p: Placed) -> bool:
@@ -683,7 +699,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         if job.pending():  # the answer unless --fit's candidate beats it: simulated while waiting
             s.simulate_ahead(pick(ours, [c for c in (cpu_moe, ncm) if c is not None], goal))
         fit_plan = s.fit_plan(job.result())
-    fit = None if fit_plan is None else s.candidate("llama.cpp --fit", fit_plan)
+    fit = None
+    if fit_plan is not None:
+        fit, fit_notes = s.llama_fit_candidate(fit_plan)
+        notes += fit_notes
     baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
     # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
