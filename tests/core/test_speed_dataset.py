@@ -64,6 +64,7 @@ SETTINGS_KEYS = {
     "ubatch": OPT_INT,
     "fa": (bool, type(None)),
     "ctk": OPT_STR,
+    "nkvo": (bool, type(None)),  # -nkvo / --no-kv-offload (llama-bench's nkvo column); null: not stated
     "threads": OPT_INT,
     "split_mode": OPT_STR,
     "tensor_split": (list, type(None)),
@@ -125,6 +126,9 @@ def record_errors(record: Any) -> list[str]:
     if not all(isinstance(gpu, str) and gpu for gpu in record["hardware"]["gpus"]):
         errors.append(f"{rid}: hardware.gpus must be a list of names")
     errors += _measured_errors(rid, record["measured"], record["quote"])
+    said = f"{record['quote']} {record['command'] or ''}"
+    if record["settings"]["nkvo"] is not None and not re.search(r"nkvo|no-kv-offload", said):
+        errors.append(f"{rid}: settings.nkvo is set but neither the quote nor the command names -nkvo")
     return errors
 
 
@@ -219,6 +223,7 @@ def _a_valid_record() -> dict[str, Any]:
         (("url",), "https://example.com/post/1"),  # unknown host
         (("backend",), "vllm"),
         (("settings", "fa"), 1),  # int where a bool is meant
+        (("settings", "nkvo"), 1),  # int where a bool is meant
         (("model", "params_b"), True),  # bool where a number is meant
         (("hardware", "gpus"), "RTX 4090"),  # not a list
     ],
@@ -230,6 +235,13 @@ def test_the_validator_rejects_a_broken_record(path: tuple[str, ...], value: Any
         target = target[key]
     target[path[-1]] = value
     assert record_errors(record), f"a record with {'.'.join(path)} = {value!r} passed the schema check"
+
+
+def test_the_validator_rejects_an_nkvo_the_post_does_not_state() -> None:
+    record = _a_valid_record()
+    record["settings"]["nkvo"] = True
+    record["quote"] = record["quote"].replace("nkvo", "")
+    assert record_errors(record)
 
 
 def test_the_validator_rejects_a_missing_key() -> None:

@@ -219,6 +219,10 @@ def _argv(rec: dict[str, Any]) -> list[str]:
     out += ["-b", str(b), "-ub", str(ub)]
     if s.get("ctk"):
         out += ["-ctk", s["ctk"]]
+    if s.get("fa") is not None:
+        out += ["-fa", "on" if s["fa"] else "off"]
+    if s.get("nkvo"):  # the KV cache in host memory
+        out += ["-nkvo"]
     if s.get("threads"):
         out += ["-t", str(s["threads"])]
     if s.get("split_mode"):

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QLabel, QWidget
 
 from offload_planner.backend.speed_store import plan_speed
 from offload_planner.core.errors import PlannerError
-from offload_planner.core.speed.estimate import SpeedEstimate
+from offload_planner.core.speed.estimate import HOST_KV_PART, SpeedEstimate
 from offload_planner.core.speed.report import speed_lines
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.memory_view import bar_figures
@@ -39,6 +39,11 @@ def window_line(est: SpeedEstimate, over: list[str]) -> str:
     text += f" · pp {_rate(est.pp_tps)} t/s"
     if shares:
         text += " (time per token: " + " · ".join(f"{d.name} {100 * d.share:.0f}%" for d in shares) + ")"
+    if est.host_kv_layers:  # -nkvo: the host-KV attention where it is the bottleneck, at depth 0 or at -c
+        slow = next((b for b in (est.bottleneck, est.bottleneck_at_ctx) if b.startswith(HOST_KV_PART)), "")
+        if slow:
+            at = "" if slow == est.bottleneck else f" at {est.n_ctx} tokens"
+            text += f" · bottleneck{at}: {slow}"
     return IF_IT_FIT + text if over else text
 
 

@@ -15,6 +15,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
+from offload_planner.core.speed.estimate import HOST_KV_PART
 from offload_planner.core.speed.sweep import UBATCHES, UbPoint, fastest_fitting, ubatch_tradeoff
 from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
@@ -151,6 +152,8 @@ def ub_status(points: list[UbPoint]) -> str:
                 f"{', '.join(best.over)} over capacity)")
     text = (f"fastest prompt processing that fits at -ub {best_fit.n_ubatch}: {best_fit.pp_tps:.0f} t/s, "
             f"{best_fit.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")
+    if best_fit.pp_bottleneck.startswith(HOST_KV_PART):  # -nkvo: say what holds it back
+        text += f" (bottleneck: {best_fit.pp_bottleneck})"
     if faster is not None:
         text += (f"; -ub {faster.n_ubatch} would give {faster.pp_tps:.0f} t/s but does not fit: "
                  f"{', '.join(faster.over)} cannot hold its {faster.gpu_compute_bytes / GiB:.2f} GiB of "

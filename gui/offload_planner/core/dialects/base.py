@@ -211,6 +211,19 @@ class Dialect(str, metaclass=_DialectType):
         """The -mla setting applies to this model."""
         return False
 
+    def nkvo_attention_on_gpu(self, flash_attn: bool) -> bool:
+        """With -nkvo, whether a GPU layer's attention op runs on that GPU (the host cache's K/V views
+        copied to it every token and micro-batch) instead of on the CPU.  Mainline pins the attention
+        output to the CPU only on the path without flash attention (llama-graph.cpp
+        ``build_attn_mha``, the ``else`` branch: ``ggml_backend_sched_set_tensor_backend(..., backend_cpu)``);
+        the flash-attention op is left unassigned by the scheduler's pass 1 (``FLASH_ATTN_EXT`` skips
+        the weights rule), and "expand gpu up" from the output projection gives it the layer's GPU
+        (ggml-backend.cpp); the K/V views of the host buffer become split inputs, copied.  The
+        auto flash-attention probe checks the op's device against ``model.dev_layer`` and so keeps it
+        on ("still wrong for cases like --no-kv-offload", llama-context.cpp).  ik_llama.cpp: the same
+        (it pins only ``kqv_merged_cont``, the non-flash path's output)."""
+        return flash_attn
+
     def own_kv_rows(self, model: Model) -> bool:
         """The KV cache of this model follows :meth:`kv_rows` instead of mainline's layout."""
         return False

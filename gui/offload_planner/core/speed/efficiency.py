@@ -46,6 +46,18 @@ _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devic
 #: ratios of the same run): about 1.06 ms a split.  The former default, 150 µs, made RPC tg 1.9-2.5x
 #: too fast.
 _RPC_US = _d(1000.0, "µs per RPC graph split")
+#: -nkvo: every GPU layer stops the GPU twice a token: the new K/V rows copied down, the CPU's
+#: threads woken for the set_rows into the host cache (and, without flash attention, the attention
+#: ops: llama-graph.cpp ``build_attn_mha`` pins their output to ``backend_cpu``), then back.
+#: Beyond the two splits' own latency (``split_latency_us``), from the one public pair of
+#: measurements (same build, model and card; https://github.com/ggml-org/llama.cpp/pull/4812, build
+#: 1786 (no flash attention yet), RTX 3090 Ti, LLaMA-7B Q4_0, llama-bench tg128 127.43 t/s with the
+#: KV cache on the GPU and 59.99 t/s with -nkvo):
+#: (1/59.99 - 1/127.43) s / 32 layers = 276 µs a layer, less two 20 µs splits and the 0.1 MB of
+#: activations: about 230 µs.  Fitted to that record, so its error is no independent evidence.
+_HOST_ATTN_US = Figure(230.0, "µs per -nkvo layer", Source.DEFAULT,
+                       "the CPU's round trip of a GPU layer with -nkvo, from llama.cpp PR 4812 "
+                       "(LLaMA-7B, RTX 3090 Ti, tg128 127.43 vs 59.99 t/s)")
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,7 @@ class Efficiencies:
     split_latency_us: Figure = _SPLIT_US
     rpc_latency_us: Figure = _RPC_US
     cpu_attention: Figure = _CPU_ATTN
+    host_attention_us: Figure = _HOST_ATTN_US
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self)]

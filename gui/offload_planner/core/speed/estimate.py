@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +34,7 @@ from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffe
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
-from offload_planner.core.roles import Role
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
@@ -53,6 +53,7 @@ _STAGES: tuple[tuple[Role, ...], ...] = (
     (Role.FFN_DENSE,),
 )
 _STAGE_OF = {r: i for i, roles in enumerate(_STAGES) for r in roles}
+_STAGE_NOT_NORM = {r: i for r, i in _STAGE_OF.items() if not r.is_norm}
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ class SpeedEstimate:
     pp_tps_at_depth: float | None = None  # the prompt after ``depth`` tokens (depth > 0)
     tg_tps_at_depth: float | None = None  # a token after ``depth`` tokens (depth > 0)
     warnings: list[str] = field(default_factory=list)  # e.g. more compute threads than cores
+    host_kv_layers: int = 0  # -nkvo: GPU layers whose KV cache and attention ops are on the CPU
+    host_kv_ms: float = 0.0  # their round trips a token (in n_splits, not in split_ms)
+    bottleneck_at_ctx: str = ""  # of tg_tps_at_ctx
 
     def device(self, name: str) -> DeviceTime:
         return next(d for d in self.devices if d.name == name)
@@ -136,9 +140,17 @@ def token_bytes(p: Placed, frac: float) -> int:
 def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]:
     frac = expert_fraction(model)
     out: dict[str, int] = defaultdict(int)
+    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES
     for p in _running(placement):
         assert p.device is not None
-        out[p.device] += token_bytes(p, frac)
+        role = p.tensor.role
+        # token_bytes inlined for its common cases (a big model has ~1,000 weights)
+        if role is embd and not p.copy:
+            out[p.device] += token_bytes(p, frac)
+        elif role in experts:
+            out[p.device] += int(p.tensor.nbytes * frac)
+        else:
+            out[p.device] += p.tensor.nbytes
     return dict(out)
 
 
@@ -189,15 +201,17 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
+    token_embd, output, stage_of = Role.TOKEN_EMBD, Role.OUTPUT, _STAGE_NOT_NORM
     for p in _running(placement):
         assert p.device is not None
         t = p.tensor
-        if t.role is Role.TOKEN_EMBD and not p.copy and t.layer is None:
+        role = t.role
+        if role is token_embd and not p.copy and t.layer is None:
             embd = p.device
-        elif t.role is Role.OUTPUT or p.copy:
+        elif role is output or p.copy:
             out_dev = p.device
-        elif t.layer is not None and t.role in _STAGE_OF and not t.role.is_norm:
-            first.setdefault((t.layer, _STAGE_OF[t.role]), p.device)
+        elif t.layer is not None and (st := stage_of.get(role)) is not None:
+            first.setdefault((t.layer, st), p.device)
     seq = [embd] + [first[k] for k in sorted(first)]
     seq.append(out_dev or placement.output_device)
     return seq
@@ -207,6 +221,87 @@ def split_pairs(model: Model, placement: Placement) -> list[tuple[str, str]]:
     """(from, to) of every device change along the graph: llama.cpp's graph splits of one token."""
     seq = stage_devices(model, placement)
     return [(a, b) for a, b in itertools.pairwise(seq) if a != b]
+
+
+# --- -nkvo: the KV cache and the attention ops on the CPU ------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostKV:
+    """A layer whose attention weights are on ``device`` (not the CPU) while -nkvo keeps its KV cache
+    on the CPU: llama.cpp pins the attention output to the CPU backend (llama-graph.cpp
+    ``build_attn_mha``, ``!cparams.offload_kqv``) and the scheduler runs every node from the KV store
+    to it there (``ggml_backend_sched_split_graph``: the K/V stores are views of the host cache, pass
+    1 ``1.vsrc``; "expand rest" gives the CPU the attention ops between them).  So two graph splits a
+    layer: Q and the new K and V rows (f32) down to the host, the attention output back."""
+
+    device: str
+    down: int  # bytes a token: Q, K and V rows to the host
+    up: int  # bytes a token: the attention output back
+
+
+def nkvo_attention_on_gpu(plan: Plan) -> bool:
+    """-nkvo whose attention op still runs on each layer's GPU, the host cache's K/V views copied to
+    it (the dialect's rule, :meth:`Dialect.nkvo_attention_on_gpu`: with flash attention)."""
+    return not plan.context.offload_kqv and plan.dialect.nkvo_attention_on_gpu(plan.context.flash_attn)
+
+
+def attention_plan(plan: Plan) -> Plan:
+    """The plan as its attention sees the KV cache: where the attention op runs on the layer's GPU
+    (:func:`nkvo_attention_on_gpu`), its KV is read there (after the copy) as without -nkvo."""
+    if not nkvo_attention_on_gpu(plan):
+        return plan
+    return replace(plan, context=replace(plan.context, offload_kqv=True))
+
+
+def kv_copy_seconds(kv: dict[str, int], hw: Hardware, eff: Efficiencies) -> float:
+    """The host cache's K/V views copied to the GPUs whose attention reads them (``kv``: bytes per
+    device, :func:`nkvo_attention_on_gpu`), over each one's link."""
+    return sum(n / (hw[d].link.value * eff.link.value * 1e9) for d, n in kv.items() if d != CPU)
+
+
+def host_kv_layers(plan: Plan, placement: Placement) -> list[HostKV]:
+    """The layers -nkvo sends to the CPU for their KV store (and attention, unless
+    :func:`nkvo_attention_on_gpu`: then only the K and V rows go down; the cache's views come back,
+    :func:`kv_copy_seconds`).  None without -nkvo, nor for a layer whose attention weights are on the
+    CPU already: it runs there anyway."""
+    if plan.context.offload_kqv:
+        return []
+    gpu_attn = nkvo_attention_on_gpu(plan)
+    s = plan.model.summary
+    trunk = s.n_layer - s.n_nextn
+    attn: dict[int, str] = {}
+    for p in _running(placement):
+        t = p.tensor
+        if t.layer is not None and t.layer < trunk and t.role is Role.ATTENTION and not p.copy:
+            assert p.device is not None
+            attn.setdefault(t.layer, p.device)
+    out = []
+    for il, dev in sorted(attn.items()):
+        if dev == CPU:
+            continue
+        nh, nkv = s.per_layer(s.n_head, il), s.per_layer(s.n_head_kv, il)
+        q = 0 if gpu_attn else nh * s.head_dim_k
+        out.append(HostKV(dev, 4 * (q + nkv * (s.head_dim_k + s.head_dim_v)),
+                          0 if gpu_attn else 4 * nh * s.head_dim_v))
+    return out
+
+
+def host_kv_seconds(layers: list[HostKV], hw: Hardware, eff: Efficiencies, tokens: float = 1.0) -> float:
+    """The round trips of ``layers`` for a batch of ``tokens``: two graph splits each (their latency
+    and activations over the device's link to the host) plus the CPU's side of it
+    (``host_attention_us``: a synchronous copy down, the CPU's threads woken for the attention graph,
+    the copy up).  The attention's own work (the KV read at depth, its FLOPs) is the CPU's device
+    time (:func:`kv_read_at`, :func:`attention_flops_at`)."""
+    out = 0.0
+    known: dict[str, tuple[float, float]] = {}
+    rt = eff.host_attention_us.value * 1e-6
+    for h in layers:
+        if h.device not in known:
+            known[h.device] = _link(hw[h.device], hw[CPU], eff)
+        gb, lat = known[h.device]
+        out += 2 * lat + rt + (h.down + h.up) * tokens / (gb * 1e9)
+    return out
 
 
 # --- the estimate ------------------------------------------------------------------------------
@@ -314,13 +409,14 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
 
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
+    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
         t = p.tensor
-        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+        if len(t.shape) < 2 or (t.role is embd and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = _part(t.role.is_routed_expert, t.name in refused)
+        i = _part(t.role in experts, t.name in refused)
         w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
         w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
@@ -345,16 +441,38 @@ class _PPParts:
     transfer_s: float
     split_s: float
     offload: bool
+    attn_s: dict[str, float] = field(default_factory=dict)  # of device_s: attention FLOPs over compute
+    host_kv_s: float = 0.0  # of split_s: -nkvo's round trips and cache copies
+
+
+def _pp_splits(plan: Plan, hw: Hardware, eff: Efficiencies,
+               pairs: list[tuple[str, str]]) -> Callable[[int], float]:
+    """Seconds of the graph splits of a micro-batch of ``u`` tokens: per split its latency plus the
+    batch's activations over the link (worked out once per ``u``: a prompt's micro-batches share it)."""
+    links = _links(pairs, hw, eff)
+    n_embd = plan.model.summary.n_embd
+    memo: dict[int, float] = {}
+
+    def of(u: int) -> float:
+        got = memo.get(u)
+        if got is None:
+            split_s = 0.0
+            for gb, lat in links:
+                split_s += lat + 4 * n_embd * u / (gb * 1e9)
+            got = memo[u] = split_s
+        return got
+
+    return of
 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
-                attn_layers: dict[tuple[str, bool], int], u: int, start: int, pairs: list[tuple[str, str]],
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
                 offload_to: tuple[str | None, int | None], kv_cell: dict[str, float],
                 swa_cells: float = math.inf) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
     KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
     ``attn_layers``: layers by device and sliding window, whose queries attend at most the
-    ``swa_cells`` of their cache)."""
+    ``swa_cells`` of their cache; ``splits``: :func:`_pp_splits`)."""
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -383,22 +501,25 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
             reads[where] += nb * (hit if is_exp else 1.0)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
+    attn: dict[str, float] = defaultdict(float)
     for (dev, swa), n in attn_layers.items():  # a query attends the mean of start + u / 2 cells
-        flops[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
+        attn[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
+    for dev, f in attn.items():
+        flops[dev] += f
     for dev, per_cell in kv_cell.items():
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
+    attn_s: dict[str, float] = {}
     for name in set(flops) | set(reads):
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
-        device_s[name] = max(flops[name] / (compute_tflops(d, eff) * 1e12), reads[name] / (bw * 1e9))
+        tf = compute_tflops(d, eff) * 1e12
+        device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
+        attn_s[name] = attn.get(name, 0.0) / tf
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
-    split_s = 0.0
-    for gb, lat in _links(pairs, hw, eff):
-        split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
-    return _PPParts(device_s, transfer_s, split_s, transfer > 0)
+    return _PPParts(device_s, transfer_s, splits(u), transfer > 0, attn_s)
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
@@ -411,21 +532,31 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     work = _work(placement, plan.dialect, refused_by_gpu(plan, placement))
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
+    on_gpu = nkvo_attention_on_gpu(plan)
     for il in range(s.n_layer - s.n_nextn):
-        attn_layers[(placement.layer_device(il) if plan.context.offload_kqv else CPU, s.swa_layers[il])] += 1
+        kv_dev = placement.layer_device(il) if plan.context.offload_kqv or on_gpu else CPU
+        attn_layers[(kv_dev, s.swa_layers[il])] += 1
     offload_to = _offload_gpu(plan, placement)
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
-    total = _PPParts(defaultdict(float), 0.0, 0.0, False)
+    host_kv = host_kv_layers(plan, placement)
+    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float))
+    splits = _pp_splits(plan, hw, eff, pairs)
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {},
+        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, splits, offload_to, kv_cell or {},
                          swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
+        for k, v in mb.attn_s.items():
+            total.attn_s[k] += v
         total.transfer_s += mb.transfer_s
-        total.split_s += mb.split_s
+        host_s = host_kv_seconds(host_kv, hw, eff, u)
+        if on_gpu and kv_cell:  # the cache's views of start + u cells copied to each GPU
+            host_s += kv_copy_seconds({d: int(c * (start + u)) for d, c in kv_cell.items()}, hw, eff)
+        total.split_s += mb.split_s + host_s
+        total.host_kv_s += host_s
         total.offload = total.offload or mb.offload
         start += u
     return total
@@ -517,18 +648,34 @@ def thread_warnings(hw: Hardware) -> list[str]:
             f"every op: a busy machine is slower still); consider {fix}"]
 
 
-def _bottleneck(times: dict[str, float], split_s: float, total: float) -> str:
+#: How the bottleneck names -nkvo's part of a token.
+HOST_KV_PART = "attention over the host KV cache (-nkvo)"
+
+
+def _bottleneck(times: dict[str, float], split_s: float, total: float, host_kv_s: float = 0.0,
+                host_kv_cpu_s: float = 0.0) -> str:
+    """The largest part of a token's time (``host_kv_s``: -nkvo's round trips; ``host_kv_cpu_s``:
+    of the CPU's time, its KV reads and attention for them)."""
     parts = dict(times)
     parts["graph splits"] = split_s
+    if host_kv_s:
+        parts[HOST_KV_PART] = host_kv_s + host_kv_cpu_s
+        if CPU in parts:
+            parts[CPU] -= host_kv_cpu_s
     name, t = max(parts.items(), key=lambda kv: kv[1])
-    what = name if name == "graph splits" else f"{name} memory bandwidth"
+    what = name if name in ("graph splits", HOST_KV_PART) else f"{name} memory bandwidth"
     return f"{what} ({100 * t / total:.0f}% of the time per token)"
 
 
-def _pp_bottleneck(pp: _PPParts, total: float) -> str:
+def _pp_bottleneck(pp: _PPParts, total: float, host_kv: bool = False) -> str:
     parts = {f"{k} compute": v for k, v in pp.device_s.items()}
+    cpu_attn = pp.attn_s.get(CPU, 0.0) if host_kv else 0.0
+    if host_kv:  # -nkvo: the CPU's attention over the host cache, its round trips and copies
+        parts[HOST_KV_PART] = cpu_attn + pp.host_kv_s
+        if f"{CPU} compute" in parts:
+            parts[f"{CPU} compute"] = max(0.0, parts[f"{CPU} compute"] - cpu_attn)
     parts["op offload copies over the host link"] = pp.transfer_s
-    parts["graph splits"] = pp.split_s
+    parts["graph splits"] = pp.split_s - pp.host_kv_s
     name, t = max(parts.items(), key=lambda kv: kv[1])
     return f"{name} ({100 * t / total:.0f}% of the prompt time)"
 
@@ -543,14 +690,18 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     s = plan.model.summary
     ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
     weights = weight_bytes_per_token(plan.model, placement)
-    kv1 = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, ctx.n_ctx_seq)
+    ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
+    kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
     t0 = _tg_times(plan, placement, hw, eff, weights, {})
-    attn1 = attention_flops_at(plan, placement, ctx, ctx.n_ctx_seq)
+    attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
     t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
-    total0 = sum(t0.values()) + split_s
-    total1 = sum(t1.values()) + split_s
+    host_kv = host_kv_layers(plan, placement)
+    host_kv_s = host_kv_seconds(host_kv, hw, eff)
+    copy1 = kv_copy_seconds(kv1, hw, eff) if ap is not plan else 0.0
+    total0 = sum(t0.values()) + split_s + host_kv_s
+    total1 = sum(t1.values()) + split_s + host_kv_s + copy1
     kv_cell = {k: v / ctx.n_ctx_seq for k, v in kv1.items()} if ctx.n_ctx_seq else {}
     pp = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, kv_cell=kv_cell)
     pp_total = sum(pp.device_s.values()) + pp.transfer_s + pp.split_s
@@ -559,24 +710,33 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     if depth > 0:
         ppd = pp_time(plan, placement, hw, eff, prompt, ctx.n_ubatch, pairs, depth=depth, kv_cell=kv_cell)
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
-        kvd = kv_bytes_at(plan.model, placement, plan.context, ctx, plan, depth)
-        attn_d = attention_flops_at(plan, placement, ctx, depth)
-        tgd_total = sum(_tg_times(plan, placement, hw, eff, weights, kvd, attn_d).values()) + split_s
+        kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
+        attn_d = attention_flops_at(ap, placement, ctx, depth)
+        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d)
+        tgd_total = (sum(tgd.values()) + split_s + host_kv_s
+                     + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
                        1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
     assumptions = _assumptions(plan, placement, hw, eff)
+    if host_kv:
+        assumptions.append(Assumption("-nkvo: the CPU's round trip of a GPU layer",
+                                      eff.host_attention_us))
     calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
         tg_tps=1.0 / total0 if total0 else math.inf,
         tg_tps_at_ctx=1.0 / total1 if total1 else math.inf,
         pp_tps=prompt / pp_total if pp_total else math.inf,
         prompt=prompt, n_ctx=ctx.n_ctx_seq, n_ubatch=ctx.n_ubatch, devices=devs,
-        n_splits=len(pairs), split_ms=1e3 * split_s,
+        n_splits=len(pairs) + 2 * len(host_kv), split_ms=1e3 * split_s,
         pp_transfer_ms=1e3 * pp.transfer_s, pp_split_ms=1e3 * pp.split_s, op_offload=pp.offload,
-        bottleneck=_bottleneck(t0, split_s, total0), pp_bottleneck=_pp_bottleneck(pp, pp_total),
+        bottleneck=_bottleneck(t0, split_s, total0, host_kv_s),
+        pp_bottleneck=_pp_bottleneck(pp, pp_total, bool(host_kv)),
+        host_kv_layers=len(host_kv), host_kv_ms=1e3 * host_kv_s,
+        bottleneck_at_ctx=_bottleneck(t1, split_s, total1, host_kv_s + copy1,
+                                      t1.get(CPU, 0.0) - t0.get(CPU, 0.0) if host_kv and ap is plan else 0.0),
         calibrated=calibrated, assumptions=assumptions, depth=max(depth, 0),
         warnings=thread_warnings(hw),
         pp_tps_at_depth=pp_d, tg_tps_at_depth=tg_d)
@@ -588,7 +748,8 @@ def tg_tps(plan: Plan, hw: Hardware, *, eff: Efficiencies | None = None,
     eff = eff or defaults_for(plan.dialect)
     placement = placement or plan.placement()
     times = _tg_times(plan, placement, hw, eff, weight_bytes_per_token(plan.model, placement), {})
-    total = sum(times.values()) + _split_seconds(plan, hw, eff, split_pairs(plan.model, placement))
+    total = (sum(times.values()) + _split_seconds(plan, hw, eff, split_pairs(plan.model, placement))
+             + host_kv_seconds(host_kv_layers(plan, placement), hw, eff))
     return 1.0 / total if total else math.inf
 
 

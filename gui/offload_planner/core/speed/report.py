@@ -57,9 +57,16 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
         lines.append(f"  {d.name:7} {fmt_bytes(d.bytes_per_token):>12} {d.tg_ms_per_token:10.2f} "
                      f"{100 * d.share:5.0f}%   {fmt_bytes(d.kv_bytes_at_ctx)}")
     if est.n_splits:
-        lines.append(f"  graph splits: {est.n_splits} per token, {est.split_ms:.2f} ms")
+        host = f", {2 * est.host_kv_layers} of them -nkvo's" if est.host_kv_layers else ""
+        lines.append(f"  graph splits: {est.n_splits} per token{host}, {est.split_ms:.2f} ms")
+    if est.host_kv_layers:
+        lines.append(f"  -nkvo: {est.host_kv_layers} GPU layers run their attention on the CPU over the host "
+                     f"KV cache: {est.host_kv_ms:.2f} ms a token in round trips, the KV read from RAM at "
+                     "depth")
     lines += [f"  warning: {w}" for w in est.warnings]
     lines.append(f"  tg bottleneck: {est.bottleneck}")
+    if est.host_kv_layers:
+        lines.append(f"  tg bottleneck at {est.n_ctx} tokens: {est.bottleneck_at_ctx}")
     lines.append(f"  pp bottleneck: {est.pp_bottleneck}")
     if assumptions:
         lines.append("  assumptions:")
@@ -91,6 +98,8 @@ def speed_json(est: SpeedEstimate) -> dict[str, Any]:
         **_spec_json(est),
         **_depth_json(est),
         **({"warnings": list(est.warnings)} if est.warnings else {}),
+        **({"host_kv_layers": est.host_kv_layers, "host_kv_ms": round(est.host_kv_ms, 4),
+            "bottleneck_at_ctx": est.bottleneck_at_ctx} if est.host_kv_layers else {}),
     }
 
 

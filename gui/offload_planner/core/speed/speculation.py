@@ -35,8 +35,12 @@ from offload_planner.core.speed.estimate import (
     _link,
     compute_tflops,
     expert_fraction,
+    host_kv_layers,
+    host_kv_seconds,
     kv_bytes_at,
+    kv_copy_seconds,
     kv_read_at,
+    nkvo_attention_on_gpu,
     split_pairs,
     tg_tps,
 )
@@ -251,9 +255,15 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
     frac = expert_fraction(plan.model)
     tpairs = split_pairs(plan.model, placement)
     n_embd = plan.model.summary.n_embd
+    host_kv = host_kv_layers(plan, placement)  # -nkvo: the target's layers round-trip to the CPU
+    copies = nkvo_attention_on_gpu(plan)  # ... and with flash attention copy the cache's views back
 
     def step(target_kv_: dict[str, int], draft_kv: dict[str, int]) -> tuple[float, float, float]:
-        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, _splits(hw, eff, tpairs, n_embd, b))
+        host_s = host_kv_seconds(host_kv, hw, eff, b)
+        if copies:
+            host_s += kv_copy_seconds(target_kv_, hw, eff)
+        splits = _splits(hw, eff, tpairs, n_embd, b) + host_s
+        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits)
         one = pass_seconds(draft.reads, hw, eff, draft.frac, 1, draft_kv,
                            _splits(hw, eff, draft.pairs, draft.n_embd, 1))
         catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, b, draft_kv,

@@ -22,6 +22,7 @@ class UbPoint:
     tg_tps: float
     compute_bytes: dict[str, int]  # per device (llama.cpp order), as the projection reserves
     over: tuple[str, ...] = ()  # devices over capacity at this -ub (the compute buffer grows with it)
+    pp_bottleneck: str = ""  # the estimate's, at this -ub
 
     @property
     def fits(self) -> bool:
@@ -41,7 +42,7 @@ def ubatch_tradeoff(plan: Plan, hw: Hardware, ubatches: Sequence[int] = UBATCHES
         proj = p.projection()
         est = estimate(p, hw, prompt=prompt, eff=eff, placement=proj.placement)
         out.append(UbPoint(ub, est.pp_tps, est.tg_tps, {d.device.name: d.compute for d in proj.devices},
-                           tuple(over_capacity(proj))))
+                           tuple(over_capacity(proj)), est.pp_bottleneck))
     return out
 
 
