@@ -264,3 +264,74 @@ def test_a_ubatch_between_the_starts_is_predicted_from_both(qwen: Model) -> None
     over = [c for c in r.candidates if c.verified and not c.fits]
     assert all(c.plan.context.n_ubatch in (512, 4096) for c in over), [c.label for c in over]
     assert r.projections <= 4
+
+
+def _big_devices(*gpus: str) -> DeviceSet:
+    """The bench's host for the big models (their experts need more RAM than _devices' 256 GiB)."""
+    return DeviceSet(parse_device_decl("CPU=768GiB,ram=8xDDR5-4800"),
+                     tuple(parse_device_decl(f"CUDA{i}={g}") for i, g in enumerate(gpus)))
+
+
+def _outcome(r) -> list[object]:  # type: ignore[no-untyped-def]
+    from offload_planner.core.plan import plan_command
+
+    return [r.best.label, plan_command(r.best.plan), r.projections, r.evaluations, r.notes,
+            [(c.label, c.fits, c.verified, c.over, c.estimate.tg_tps, c.estimate.pp_tps,
+              [d.resident() for d in c.projection.devices]) for c in r.candidates]]
+
+
+@pytest.mark.parametrize(("name", "gpus"), [
+    ("DeepSeek-V3-Q4_K_M", ("rtx3090",) * 4),  # the issue's case for the command's time
+    ("Qwen3-235B-A22B-Q4_K_M", ("rtx4090", "rtx3060")),
+    ("gpt-oss-120b-MXFP4", ("rtx3090",)),
+])
+def test_on_big_models_the_answer_fits_and_no_baseline_is_faster(tmp_path: Path, name: str,
+                                                                 gpus: tuple[str, ...]) -> None:
+    """The fit command's search on the big header-only models the project writes (as
+    bench/fit_vs_baselines.py runs it, llama.cpp's --fit in a forked child beside the search where
+    it can): the answer fits every GPU with its margin by a fresh projection, no baseline that fits
+    scores higher, and each of --cpu-moe, the best --n-cpu-moe and --fit is there."""
+    from offload_planner.core.speed.forked import fork_useful
+    from offload_planner.core.synth import BIG_MODELS, write_model
+
+    [path] = write_model(BIG_MODELS[name], tmp_path / f"{name}.gguf", header_only=True)
+    m = open_model(str(path))
+    ds = _big_devices(*gpus)
+    r = fastest_plan(m, ds, ["-c", "32768", "-t", "32"], hardware_for(ds, threads=32), concurrent=True)
+    assert r.fit_forked == fork_useful()
+    assert r.best is not None and r.best.verified
+    _assert_fits(r.best.plan, ds)
+    labels = [c.label for c in r.candidates]
+    assert "--cpu-moe" in labels and "llama.cpp --fit" in labels
+    assert any(x.startswith("--n-cpu-moe") for x in labels)
+    for c in r.candidates:
+        if c.fits:
+            assert score(r.best.estimate, "balanced") >= score(c.estimate, "balanced"), c.label
+    cpu_moe = next(c for c in r.candidates if c.label == "--cpu-moe")
+    assert r.best.estimate.tg_tps > cpu_moe.estimate.tg_tps
+
+
+@pytest.mark.parametrize(("name", "gpus", "args"), [
+    ("DeepSeek-V3-Q4_K_M", ("rtx3090",) * 4, ["-c", "32768", "-t", "32"]),
+    # MTP: the --fit row is projected in full after the child's result, with a note
+    ("GLM-4.5-Air-Q4_K_M", ("24GiB,bw=936GB/s",), ["-c", "32768", "--spec-type", "draft-mtp"]),
+])
+def test_the_fit_baseline_beside_the_search_changes_nothing(tmp_path: Path, name: str, gpus: tuple[str, ...],
+                                                            args: list[str]) -> None:
+    """llama.cpp's --fit run in a forked child (the fit command's way) or in the process before the
+    search: the same candidates, memory, estimates, notes, answer and command."""
+    from offload_planner.core.speed.forked import fork_useful
+    from offload_planner.core.synth import BIG_MODELS, write_model
+
+    if not fork_useful():
+        pytest.skip("no fork here: both ways run in the process")
+    [path] = write_model(BIG_MODELS[name], tmp_path / f"{name}.gguf", header_only=True)
+    ds = _big_devices(*gpus)
+    hw = hardware_for(ds, threads=32)
+    beside = fastest_plan(open_model(str(path)), ds, args, hw, goal="tg", concurrent=True)
+    before = fastest_plan(open_model(str(path)), ds, args, hw, goal="tg", concurrent=False)
+    assert beside.fit_forked and not before.fit_forked
+    assert _outcome(beside) == _outcome(before)
+    assert beside.fit_seconds > 0 and before.fit_seconds > 0
+    if "--spec-type" in args:
+        assert any(n.startswith("llama.cpp's own --fit leaves CUDA0") for n in beside.notes)

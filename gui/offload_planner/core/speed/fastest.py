@@ -25,12 +25,17 @@ in full and taken only if it fits; if not, every prediction is made again with t
 simulated and that ``-ub`` is filled again (at most :data:`MAX_VERIFY` full projections).  A
 candidate's speed estimate is made only when it is scored.  Replaying the answer against a reference
 recorded at its start costs more than the two plain simulations (recording is 2-3x a simulation).
+
+llama.cpp's ``--fit`` (its port's ~25 dry runs, longer than the search) shares nothing with the
+search: the ``fit`` command (``concurrent=True``) runs it in a forked child on a second core
+(:mod:`forked`), and while it waits simulates the compute buffers of the candidate it will project
+first unless ``--fit``'s beats it (:meth:`_Search.simulate_ahead`).  The result is the same either
+way.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -42,11 +47,12 @@ from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, alloc_size, pad, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU, Placed
+from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.forked import Forked
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
@@ -100,6 +106,7 @@ class FastestResult:
     evaluations: int = 0  # candidates evaluated with predicted compute buffers
     fit_seconds: float = 0.0  # CPU time of the llama.cpp --fit baseline (its own ~25 dry runs)
     why: str = ""  # when nothing fits: which device is over, by how much, in the closest candidate
+    fit_forked: bool = False  # the --fit baseline ran in a child process beside the search
 
 
 def margin_of(dev: Device) -> int:
@@ -220,6 +227,15 @@ def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
     return replace(plan, context=replace(plan.context, type_k=kv[0], type_v=kv[1]))
 
 
+def pick(ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
+    """The best-scoring of our candidates that fit and the baselines that fit or are predicted over
+    a GPU only (a baseline predicted over is projected in full too if it would win: never slower
+    than a baseline that fits; RAM is exact without it); the first of equals."""
+    fitting = [c for c in ours if c.fits] + [c for c in baselines
+                                             if c.fits or not (c.verified or c.host_over)]
+    return max(fitting, key=lambda x: score(x.estimate, goal)) if fitting else None
+
+
 class _Search:
     """Candidates are first evaluated with their weights, KV and outputs exact and their compute
     buffers predicted (:meth:`cheap`, about a millisecond); only the plan chosen (and any candidate
@@ -239,7 +255,9 @@ class _Search:
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
         #: reserves already simulated: the starts at several -ub share their one-token graph
         self._reserves: ReserveMemo = {}
-        self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (llama_fit)
+        #: compute simulations made ahead of their full projection (:meth:`simulate_ahead`)
+        self._simulated: dict[tuple[object, ...], tuple[Placement, list[Buffer]]] = {}
+        self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (fit_plan)
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -265,15 +283,8 @@ class _Search:
         seen = self._seen.get(_key(plan))
         if seen is not None and seen.verified:  # the same plan reached another way
             return replace(seen, label=label)
-        placement = plan.placement()
-        s = self.model.summary
-        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
-        # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
-        compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
-        if compute is None:
-            with SIMULATION_LOCK:  # the graph templates are shared with the window's worker
-                compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
-                                           incremental=False, memo=self._reserves)
+        ahead = self._simulated.pop(_key(plan), None)
+        placement, compute = ahead if ahead is not None else self._simulate(plan)
         proj = plan.projection(placement=placement, compute=compute)
         self.projections += 1
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
@@ -288,6 +299,25 @@ class _Search:
         # predictions made with the earlier compute buffers are evaluated again when asked for
         self._seen = {k: c for k, c in self._seen.items() if c.verified}
         return self._make(label, plan, proj, verified=True)
+
+    def _simulate(self, plan: Plan) -> tuple[Placement, list[Buffer]]:
+        placement = plan.placement()
+        s = self.model.summary
+        ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
+        # the dialect's own simulator (ik's), else mainline's graph, as memory.project runs them
+        compute = plan.context.dialect.compute_buffers(self.model, self.devices, placement, ctx, plan.context)
+        if compute is None:
+            with SIMULATION_LOCK:  # the graph templates are shared with the window's worker
+                compute = simulate_buffers(self.model, self.devices, placement, ctx, plan.context,
+                                           incremental=False, memo=self._reserves)
+        return placement, compute
+
+    def simulate_ahead(self, c: Candidate | None) -> None:
+        """The compute simulation of a predicted candidate :meth:`full` is likely to be asked for,
+        made while the search waits for llama.cpp's ``--fit``; :meth:`full` takes it then, at the
+        same point of the search as before (the simulation reads nothing the search changes)."""
+        if c is not None and not c.verified and _key(c.plan) not in self._simulated:
+            self._simulated[_key(c.plan)] = self._simulate(c.plan)
 
     def cheap(self, label: str, plan: Plan, fresh: bool = False) -> Candidate:
         seen = self._seen.get(_key(plan))
@@ -327,13 +357,9 @@ class _Search:
         buffers just simulated and its experts are taken back by what it is over."""
         refilled: set[Variant] = set()
         for _ in range(MAX_VERIFY):
-            # a baseline predicted over is projected in full too if it would win: never slower than
-            # a baseline that fits
-            fitting = [c for c in ours if c.fits] + [c for c in baselines
-                                                     if c.fits or not (c.verified or c.host_over)]
-            if not fitting:
+            c = pick(ours, baselines, goal)
+            if c is None:
                 return None
-            c = max(fitting, key=lambda x: score(x.estimate, goal))
             if c.verified:
                 return c
             is_ours = any(x is c for x in ours)
@@ -569,10 +595,15 @@ class _Search:
             n = il
         return n
 
-    def llama_fit(self) -> Plan | None:
-        """What llama-server's own ``--fit`` makes of the command (None: it does not fit by default,
-        or there is no GPU)."""
-        if not self.dialect.fits_by_default or not self.devices.gpus:
+    @property
+    def fits_by_default(self) -> bool:
+        """llama-server runs its ``--fit`` on this command (the dialect's default, a GPU to fit)."""
+        return self.dialect.fits_by_default and bool(self.devices.gpus)
+
+    def llama_fit_result(self) -> FitResult | None:
+        """What llama-server's own ``--fit`` makes of the command, its port's search (its dry runs),
+        applied by :meth:`fit_plan` (None: it does not fit by default, or there is no GPU)."""
+        if not self.fits_by_default:
             return None
         from offload_planner.core.fit import fit_for_args
 
@@ -580,10 +611,13 @@ class _Search:
         base = self.plan([])
         # what llama-server finds free; its fit keeps its own 1 GiB target (the default margin here)
         free = [g.capacity or 0 for g in self.devices.gpus]
-        result = fit_for_args(self.model, self.devices, parsed, base.placement_options, base.context,
-                              free_bytes=free)
+        return fit_for_args(self.model, self.devices, parsed, base.placement_options, base.context,
+                            free_bytes=free)
+
+    def fit_plan(self, result: FitResult | None) -> Plan | None:
         if result is None:
             return None
+        base = self.plan([])
         popts, ctx = result.apply(base.placement_options, base.context, self.model.summary.n_layer,
                                   has_gpu=True)
         self.fit_result = result
@@ -623,12 +657,15 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
-                 accept: float | None = None) -> FastestResult:
+                 accept: float | None = None, concurrent: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
     ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept.
     Candidates rank by the estimate ``plan`` prints: with the command's draft model or MTP at
-    acceptance ``accept`` (None: the default)."""
+    acceptance ``accept`` (None: the default).
+    ``concurrent``: llama.cpp's ``--fit`` runs in a forked child beside the search where that is
+    safe and a second core can take it (:mod:`forked`; the command line's choice, not a library
+    caller's, which may hold threads or locks); the result is the same."""
     from offload_planner.core.cmdline import parse_server_args
 
     if goal not in GOALS:
@@ -649,17 +686,24 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
             p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
                                                 if ub != user.context.n_ubatch else [])), kv)
             starts[variant(p)] = p
-    # the --fit port first: the starts take over the graphs its dry runs built (compute.template)
-    t0 = time.process_time()
-    fit_plan = s.llama_fit()
-    fit_s = time.process_time() - t0
-    ours = s.ours(starts, notes, "--cpu-moe")
+    # llama.cpp's --fit beside the search, in a forked child where a second core can take it (its
+    # dry runs and the search share nothing); else first, and the starts take over the graphs its
+    # dry runs built (compute.template)
+    with Forked(s.llama_fit_result, fork=concurrent and s.fits_by_default) as job:
+        if not job.forked:
+            job.result()
+        ours = s.ours(starts, notes, "--cpu-moe")
+        # predictions only (they change no compute buffer the fit's candidate is predicted from)
+        ncm, near = s.n_cpu_moe_predicted()
+        cpu_moe = s.candidate("--cpu-moe", s.plan(["--cpu-moe"]))
+        if job.pending():  # the answer unless --fit's candidate beats it: simulated while waiting
+            s.simulate_ahead(pick(ours, [c for c in (cpu_moe, ncm) if c is not None], goal))
+        fit_plan = s.fit_plan(job.result())
     fit = None
     if fit_plan is not None:
         fit, fit_notes = s.llama_fit_candidate(fit_plan)
         notes += fit_notes
-    ncm, near = s.n_cpu_moe_predicted()
-    baselines = [c for c in (s.candidate("--cpu-moe", s.plan(["--cpu-moe"])), ncm, fit) if c is not None]
+    baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]
     best = s.choose(ours, baselines, goal)
     # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
     rivals = [c for c in (ncm, near) if c is not None and not c.verified]
@@ -670,7 +714,8 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         baselines[i:i + 1] = [] if exact is None else [exact]
         best = s.choose(ours, baselines, goal)
     why = "" if best is not None else why_nothing_fits(ours + baselines, devices)
-    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations, fit_s, why=why)
+    return FastestResult(best, ours + baselines, goal, s.projections, notes, s.evaluations,
+                         job.cpu_seconds, why=why, fit_forked=job.in_child)
 
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
