@@ -510,7 +510,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
     attn_s: dict[str, float] = {}
-    for name in set(flops) | set(reads):
+    for name in dict.fromkeys([*flops, *reads]):  # first-seen order: ties name the same device every run
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
         tf = compute_tflops(d, eff) * 1e12
@@ -570,7 +570,7 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
     attn = attn or {}
-    for name in set(weights) | set(kv):
+    for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
         kv_s = kv.get(name, 0) / (bw * 1e9)

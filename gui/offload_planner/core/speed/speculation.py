@@ -154,7 +154,7 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
     compute, summed (devices run one after another), plus the graph splits' ``split_s``."""
     hit = 1.0 - (1.0 - frac) ** b if frac < 1.0 else 1.0
     total = split_s
-    for name in set(reads) | set(kv):
+    for name in dict.fromkeys([*reads, *kv]):  # first-seen order, whatever the hash seed
         r = reads.get(name, _Reads())
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
