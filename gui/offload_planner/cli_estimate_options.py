@@ -17,6 +17,19 @@ def add_estimate_options(p: argparse.ArgumentParser) -> None:
                    "public measurement of GLM MTP in llama.cpp; the estimate's assumptions name it)")
 
 
+#: The longest --prompt taken: 16M tokens, beyond any model's context; the estimate walks the prompt
+#: micro-batch by micro-batch, so 10^12 tokens ran for hours.
+MAX_PROMPT = 1 << 24
+
+
+def prompt_len(text: str) -> int:
+    """``--prompt N`` of ``plan`` and ``fit``: 1 to :data:`MAX_PROMPT` tokens."""
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_PROMPT:
+        raise argparse.ArgumentTypeError(f"--prompt {text!r}: expected a number of tokens from 1 to "
+                                         f"{MAX_PROMPT}")
+    return int(text)
+
+
 def _depth(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"--depth {text!r}: expected a number of tokens (0 or more)")

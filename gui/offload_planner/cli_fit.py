@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from offload_planner.cli_estimate_options import add_estimate_options
+from offload_planner.cli_estimate_options import add_estimate_options, prompt_len
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -28,7 +28,8 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--goal", choices=("tg", "pp", "balanced"), default="balanced",
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")
-    p.add_argument("--prompt", type=int, default=4096, metavar="N", help="prompt length (default 4096)")
+    p.add_argument("--prompt", type=prompt_len, default=4096, metavar="N",
+                   help="prompt length (default 4096)")
     p.add_argument("--allow-kv-quant", action="store_true",
                    help="let the search make an f16 KV cache q8_0 (-ctk/-ctv; a quantized V cache only "
                    "with flash attention, as llama.cpp requires); without it your KV types are kept")
@@ -71,8 +72,6 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
 
-    if args.prompt < 1:
-        raise PlannerError(f"--prompt {args.prompt}: expected a positive number of tokens")
     dialect = Dialect(args.backend)
     parsed = parse_server_args(list(args.server_args), dialect=dialect)
     if parsed.errors:

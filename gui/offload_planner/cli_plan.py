@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from offload_planner.cli_estimate_options import add_estimate_options
+from offload_planner.cli_estimate_options import add_estimate_options, prompt_len
 from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
@@ -53,16 +53,10 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
-    p.add_argument("--prompt", type=_prompt_len, default=4096, metavar="N",
+    p.add_argument("--prompt", type=prompt_len, default=4096, metavar="N",
                    help="prompt length of the prompt-processing estimate (default 4096)")
     add_estimate_options(p)
     p.set_defaults(func=run_plan, server_args=[])
-
-
-def _prompt_len(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--prompt {text!r}: expected a positive number of tokens")
-    return int(text)
 
 
 def _dialect(backend: str) -> Dialect:

@@ -19,6 +19,9 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
+#: The largest size taken (1 EiB), beyond any device; also keeps the size an int64.
+MAX_SIZE = 1 << 60
+
 SIZE_FORMS = "24GiB, 24G (both 24 x 1024^3 bytes), 24GB (24 x 1000^3), 8000MiB, 1TiB or 4096B"
 
 
@@ -31,7 +34,10 @@ def parse_size(text: str) -> int:
                          f"(accepted: {SIZE_FORMS})")
     if m is None or m.group(2).lower() not in _UNITS:
         raise ValueError(f"not a size: {text!r} (accepted: {SIZE_FORMS})")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not size < MAX_SIZE:  # also infinity: a 400-digit number
+        raise ValueError(f"size {text.strip()!r} is too large (at most 1 EiB)")
+    return int(size)
 
 
 def fmt_bytes(n: float, *, precision: int = 2) -> str:

@@ -19,6 +19,12 @@ PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
 HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads", "cores")
 
+#: The largest figure a speed key takes (1 PB/s, 10^6 TFLOPS, 65536 threads): far beyond any device,
+#: small enough that the estimate's arithmetic stays finite (a 400-digit bw= was infinity).
+MAX_RATE_GBS = 1e6
+MAX_TFLOPS = 1e6
+MAX_THREADS = 1 << 16
+
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
 _RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
 
@@ -33,12 +39,14 @@ def parse_rate(text: str, *, bits: bool = False) -> float:
     if value <= 0:
         raise ValueError(f"not a positive rate: {text!r}")
     if bits and re.fullmatch(r"[GMT]b(/s|it/s|ps|E)", unit):
-        scale = {"G": 1.0, "M": 0.001, "T": 1000.0}[unit[0]]
-        return value * scale / 8
-    u = unit.lower()
-    if u not in _RATE_UNITS:
+        gbs = value * {"G": 1.0, "M": 0.001, "T": 1000.0}[unit[0]] / 8
+    elif unit.lower() in _RATE_UNITS:
+        gbs = value * _RATE_UNITS[unit.lower()]
+    else:
         raise ValueError(f"unknown rate unit in {text!r} (use GB/s, TB/s" + (", Gb/s" if bits else "") + ")")
-    return value * _RATE_UNITS[u]
+    if not gbs <= MAX_RATE_GBS:  # also infinity (a 400-digit number)
+        raise ValueError(f"rate {text!r} is too large (at most {MAX_RATE_GBS:g} GB/s)")
+    return gbs
 
 
 def parse_pcie(text: str) -> tuple[int, int]:
@@ -54,7 +62,10 @@ def parse_ram(text: str) -> float:
     m = re.fullmatch(r"\s*(\d+)\s*x\s*(?:L?P?DDR\d[XA-Z]*)[-_ ]?(\d+)\s*", text, re.IGNORECASE)
     if m is None or int(m.group(1)) == 0 or int(m.group(2)) == 0:
         raise ValueError(f"not a RAM configuration: {text!r} (use CHANNELSxDDRn-MTs, e.g. 12xDDR5-4800)")
-    return int(m.group(1)) * int(m.group(2)) * 8 / 1000
+    gbs = int(m.group(1)) * int(m.group(2)) * 8 / 1000
+    if gbs > MAX_RATE_GBS:
+        raise ValueError(f"RAM configuration {text!r} is too fast (at most {MAX_RATE_GBS:g} GB/s)")
+    return gbs
 
 
 def parse_tflops(text: str) -> float:
@@ -62,8 +73,8 @@ def parse_tflops(text: str) -> float:
         v = float(text.strip().lower().removesuffix("tflops"))
     except ValueError:
         raise ValueError(f"not a TFLOPS figure: {text!r} (use e.g. tflops=71)") from None
-    if v <= 0:
-        raise ValueError(f"not a positive TFLOPS figure: {text!r}")
+    if not 0 < v <= MAX_TFLOPS:  # also refuses nan and inf, which float() takes
+        raise ValueError(f"not a TFLOPS figure from 0 to {MAX_TFLOPS:g}: {text!r}")
     return v
 
 
@@ -115,8 +126,8 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
         elif k == "nvml_pcie":
             d[k] = parse_pcie(val)
         elif k in ("threads", "cores"):
-            if not val.strip().isdigit() or int(val) < 1:
-                raise ValueError(f"{k}={val!r}: not a positive count")
+            if not val.strip().isdigit() or not 1 <= int(val) <= MAX_THREADS:
+                raise ValueError(f"{k}={val!r}: not a count from 1 to {MAX_THREADS}")
             d[k] = int(val)
         else:
             raise ValueError(f"unknown field {key!r}")

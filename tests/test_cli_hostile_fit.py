@@ -1,0 +1,67 @@
+"""Hostile values of `plan`'s and `fit`'s newer flags (--prompt, the --device speed keys): refused
+at the flag with a message naming it, fast, never a hang or a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import offload_planner
+
+QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
+NINES = "9" * 400  # float() makes it infinity
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child with a short timeout: a hang fails the test instead of the suite."""
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
+    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                          timeout=15, env=env)
+
+
+def refused(r: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-1000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("offload-planner"), r.stderr
+    assert "error: " in last
+    for f in fragments:
+        assert f in last, last
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+@pytest.mark.parametrize("prompt", ["1000000000000", "2147483647", "0", "-5", "1e12"])
+def test_prompt_out_of_range_is_refused_not_walked(command: str, prompt: str) -> None:
+    """10^12 tokens were walked micro-batch by micro-batch (hours); now refused at the flag."""
+    r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--prompt", prompt)
+    refused(r, f"--prompt {prompt!r}", "from 1 to 16777216")
+
+
+@pytest.mark.parametrize(("key", "named"), [
+    ("tflops=inf", "'inf'"), ("tflops=nan", "'nan'"), ("tflops=1e308", "'1e308'"),
+    (f"bw={NINES}", "too large"), (f"link={NINES}Gb/s", "too large"),
+])
+def test_gpu_speed_keys_must_be_finite(key: str, named: str) -> None:
+    for command in ("plan", "fit"):
+        r = run(command, QWEN, "--no-detect", "--device", f"CUDA0=24GiB,{key}")
+        refused(r, "--device 'CUDA0=24GiB,", named)
+
+
+@pytest.mark.parametrize("decl", [f"CPU=64GiB,threads={NINES}", "CPU=64GiB,ram=99999999999xDDR5-9999999999",
+                                  f"CUDA0={NINES}B", f"CUDA0=24GiB,free={NINES}GiB"])
+def test_huge_device_figures_are_refused(decl: str) -> None:
+    """A 400-digit size or thread count was an OverflowError traceback."""
+    r = run("fit", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", decl)
+    refused(r, "--device ")
+
+
+def test_real_fast_devices_are_still_taken() -> None:
+    """The bounds sit far above real hardware: HBM at TB/s, a 2000 GB/s bare figure, 400 Gb links."""
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=80GiB,bw=3.35TB/s,tflops=989",
+            "--device", "CUDA1=24GiB,bw=2000", "--device", "CPU=1TiB,ram=24xDDR5-6400,threads=256")
+    assert r.returncode == 0, r.stderr
