@@ -65,3 +65,27 @@ def test_real_fast_devices_are_still_taken() -> None:
     r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=80GiB,bw=3.35TB/s,tflops=989",
             "--device", "CUDA1=24GiB,bw=2000", "--device", "CPU=1TiB,ram=24xDDR5-6400,threads=256")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this platform")
+@pytest.mark.parametrize("args", [["inspect", QWEN, "--json"], ["plan", QWEN, "--no-detect"],
+                                  ["fit", QWEN, "--no-detect", "--device", "CUDA0=24GiB"]])
+def test_a_full_disk_under_stdout_is_one_clear_line(args: list[str]) -> None:
+    """Output redirected to a full disk was an OSError traceback from the print that met it."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "offload_planner", *args], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=15,
+                           env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr == ("offload-planner: error: cannot write the output (standard output): "
+                        "No space left on device\n")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX shell closes the descriptor")
+def test_closed_stdout_is_named_not_silently_lost() -> None:
+    """`plan >&-` printed nothing and exited as if it had: the plan was lost without a word."""
+    r = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", sys.executable, "-m", "offload_planner", "plan",
+                        QWEN, "--no-detect"], capture_output=True, text=True, timeout=15,
+                       env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("offload-planner: error: standard output is closed: `plan`"), r.stderr

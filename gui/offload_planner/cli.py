@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from offload_planner import __version__
 from offload_planner.bundled import demo_model_path
@@ -168,6 +169,50 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     own.error(f"unrecognized arguments: {listed}")
 
 
+class _GuardedStdout:
+    """Standard output whose write errors other than a closed pipe (a full disk, a quota, EIO)
+    become one clear :class:`PlannerError` instead of a traceback from the ``print`` that met them."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise PlannerError(f"cannot write the output (standard output): {e.strerror or e}") from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise PlannerError(f"cannot write the output (standard output): {e.strerror or e}") from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, its output flushed (a write error is met here, not at exit)."""
+    real = sys.stdout
+    if real is None:  # started with stdout closed (the window and launch need none)
+        if args.command in ("inspect", "plan", "fit"):  # commands whose product is their output
+            raise PlannerError(f"standard output is closed: `{args.command}` has nothing to print to "
+                               "(redirect it, e.g. > out.txt)")
+        return int(args.func(args))
+    sys.stdout = _GuardedStdout(real)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+        return code
+    finally:
+        sys.stdout = real
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None)
@@ -180,8 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        code: int = args.func(args)
-        return code
+        return _run(args)
     except PlannerError as e:
         print(f"offload-planner: error: {e}", file=sys.stderr)
         return 2
