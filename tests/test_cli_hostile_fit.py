@@ -3,6 +3,7 @@ at the flag with a message naming it, fast, never a hang or a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -89,3 +90,44 @@ def test_closed_stdout_is_named_not_silently_lost() -> None:
                        env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("offload-planner: error: standard output is closed: `plan`"), r.stderr
+
+
+def _plan_json_with_store(tmp_path: Path, entry: str) -> subprocess.CompletedProcess[str]:
+    """`plan --json` with a config folder whose speed store (speed.json) holds ``entry`` for this machine."""
+    from offload_planner.backend.speed_store import machine_key
+
+    (tmp_path / "speed.json").write_text(f'{{"machines": {{{json.dumps(machine_key())}: {entry}}}}}')
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT, "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "offload_planner", "plan", QWEN, "--no-detect", "--json"],
+                          capture_output=True, text=True, timeout=30, env=env)
+
+
+def _strict_json(text: str) -> dict[str, object]:
+    def refuse(token: str) -> object:
+        raise ValueError(f"{token} is not JSON")
+
+    out: dict[str, object] = json.loads(text, parse_constant=refuse)
+    return out
+
+
+@pytest.mark.parametrize("ram", ["NaN", "Infinity", "1e308", "true", "1e-300"])
+def test_a_damaged_ram_probe_cache_is_measured_again(tmp_path: Path, ram: str) -> None:
+    """The cached RAM bandwidth was taken as it was: NaN made `plan --json` print NaN (not JSON),
+    true made the RAM 1 GB/s. A figure that is not a plausible positive number is probed again."""
+    r = _plan_json_with_store(tmp_path, f'{{"ram_gbs": {ram}, "ram_measured_at": 5}}')
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    _strict_json(r.stdout)
+    stored = json.loads((tmp_path / "speed.json").read_text())
+    (bw,) = (m["ram_gbs"] for m in stored["machines"].values())
+    assert isinstance(bw, float) and 0.01 < bw < 1e5  # measured again and kept
+
+
+@pytest.mark.parametrize("eff", ['[1]', '{"llama.cpp": {"cpu_compute": NaN}}',
+                                 '{"llama.cpp": {"cpu_compute": "x"}}'])
+def test_damaged_stored_efficiencies_fall_back_to_the_defaults(tmp_path: Path, eff: str) -> None:
+    """A list where the efficiencies' table belongs was an AttributeError traceback; NaN went into
+    the estimate. Both now leave the defaults, as an unreadable file does."""
+    r = _plan_json_with_store(tmp_path, f'{{"ram_gbs": 40.0, "efficiencies": {eff}, "efficiencies_at": 3}}')
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    clean = _plan_json_with_store(tmp_path, '{"ram_gbs": 40.0}')
+    assert _strict_json(r.stdout) == _strict_json(clean.stdout)

@@ -24,7 +24,7 @@ from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.declared import parse_hardware_keys
+from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, Threads, hardware_for
@@ -55,6 +55,18 @@ def _load() -> dict[str, Any]:
     if entry is not None and not isinstance(entry, dict):
         del data["machines"][machine_key()]
     return data
+
+
+def _number(value: object, low: float, high: float) -> float | None:
+    """A stored figure when it is a real number from ``low`` to ``high`` (not a bool, NaN or
+    infinity, which the JSON module reads from a damaged or hand-edited file), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if low <= value <= high else None
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _save(data: dict[str, Any]) -> None:
@@ -101,9 +113,9 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     """This machine's RAM bandwidth: cached, else measured now (about a second) when ``measure``."""
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
-    bw = entry.get("ram_gbs")
+    bw = _number(entry.get("ram_gbs"), 0.01, MAX_RATE_GBS)  # a damaged figure is measured again
     when = entry.get("ram_measured_at", "")
-    if not isinstance(bw, (int, float)) or bw <= 0:
+    if bw is None:
         if not measure:
             return None
         bw = round(measure_ram_bandwidth(), 1)
@@ -123,8 +135,8 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
     entry = data.get("machines", {}).get(machine_key(), {})
     links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
     got = links.get(endpoint)
-    if not (isinstance(got, dict) and isinstance(got.get("gbs"), (int, float))
-            and isinstance(got.get("rtt_us"), (int, float))):
+    if not (isinstance(got, dict) and _number(got.get("gbs"), 1e-6, MAX_RATE_GBS) is not None
+            and _number(got.get("rtt_us"), 0.0, 1e9) is not None):
         if not measure:
             return None
         try:
@@ -167,11 +179,13 @@ def record_efficiencies(backend: str, values: dict[str, float]) -> None:
 def efficiencies_for(backend: str) -> Efficiencies:
     """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
     entry = _load().get("machines", {}).get(machine_key(), {})
-    values = entry.get("efficiencies", {}).get(backend)
+    values = _mapping(entry.get("efficiencies")).get(backend)
     base = defaults_for(Dialect(backend))
     if not isinstance(values, dict) or not values:
         return base
-    when = entry.get("efficiencies_at", {}).get(backend, "")
+    if any(_number(v, 1e-6, 1e6) is None for v in values.values()):  # NaN, a string, a bool: damaged
+        return base
+    when = _mapping(entry.get("efficiencies_at")).get(backend, "")
     try:
         return calibrated(values, f"measured on this machine with {backend} ({when})", base)
     except (ValueError, TypeError):
