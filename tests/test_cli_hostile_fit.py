@@ -131,3 +131,24 @@ def test_damaged_stored_efficiencies_fall_back_to_the_defaults(tmp_path: Path, e
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     clean = _plan_json_with_store(tmp_path, '{"ram_gbs": 40.0}')
     assert _strict_json(r.stdout) == _strict_json(clean.stdout)
+
+
+@pytest.mark.parametrize("where", ["file", "store_is_folder"])
+def test_an_unwritable_config_folder_keeps_the_plan(tmp_path: Path, where: str) -> None:
+    """A config folder that is a file (or a speed.json that is a folder) was a traceback from the RAM
+    probe's save, losing the plan; now the plan is printed and the probe's note says it was not kept."""
+    config = tmp_path / "cfg"
+    if where == "file":
+        config.write_text("not a folder")
+    else:
+        (config / "speed.json").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT, "OFFLOAD_PLANNER_CONFIG_DIR": str(config)}
+    for command in (["plan", QWEN, "--no-detect", "--json"],
+                    ["fit", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--json"]):
+        r = subprocess.run([sys.executable, "-m", "offload_planner", *command], capture_output=True,
+                           text=True, timeout=30, env=env)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert f"not kept: {config / 'speed.json'}: cannot write the speed store" in r.stdout
+        _strict_json(r.stdout)
+    left = sorted(p.name for p in tmp_path.rglob("*"))  # no temporary file behind
+    assert left == (["cfg"] if where == "file" else ["cfg", "speed.json"])

@@ -20,6 +20,7 @@ from offload_planner.backend.server_bench import (
     measure,
 )
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware, record_efficiencies
+from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.calibrate import Calibration, calibrate
 from offload_planner.core.speed.estimate import SpeedEstimate, estimate
 from offload_planner.core.speed.speculation import with_speculation
@@ -79,6 +80,9 @@ def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
         check.notes.append("tg not calibrated: with speculative decoding the measured rate depends on the "
                            "drafted tokens accepted, which the estimate assumes (--spec-accept)")
     if store and cal.values:
-        record_efficiencies(plan.dialect, cal.values)
-        check.stored = True
+        try:
+            record_efficiencies(plan.dialect, cal.values)
+            check.stored = True
+        except PlannerError as e:  # the measurement is still reported, only not kept
+            check.notes.append(f"calibration not kept: {e}")
     return check

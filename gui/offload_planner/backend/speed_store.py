@@ -8,6 +8,7 @@ the efficiencies ``launch --bench`` measures per machine and backend (:func:`rec
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -22,6 +23,7 @@ from typing import Any
 from offload_planner.backend.calibration import config_dir
 from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
+from offload_planner.core.errors import PlannerError
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
@@ -70,14 +72,32 @@ def _mapping(value: object) -> dict[str, Any]:
 
 
 def _save(data: dict[str, Any]) -> None:
+    """Write the store atomically; a folder that cannot take it (not a folder, read-only, full) is
+    a :class:`PlannerError` naming the file, and leaves no temporary file behind."""
     path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speed-", suffix=".json")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = ""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speed-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise PlannerError(f"{path}: cannot write the speed store: {e.strerror or e}") from None
+
+
+def _keep(data: dict[str, Any]) -> str:
+    """Save a measurement to reuse next time: '' when kept, else why not (the figure is still used)."""
+    try:
+        _save(data)
+    except PlannerError as e:
+        return f"; not kept: {e}"
+    return ""
 
 
 def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BYTES) -> float:
@@ -122,7 +142,7 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
         when = time.strftime("%Y-%m-%d %H:%M")
         entry = {**entry, "ram_gbs": bw, "ram_measured_at": when}
         data.setdefault("machines", {})[machine_key()] = entry
-        _save(data)
+        when += _keep(data)
     return Figure(float(bw), "GB/s", Source.MEASURED, f"RAM probe on this machine ({when}, {_path()})")
 
 
@@ -147,7 +167,7 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
                "server": p.server_version}
         entry = {**entry, "rpc_links": {**links, endpoint: got}}
         data.setdefault("machines", {})[machine_key()] = entry
-        _save(data)
+        got["at"] += _keep(data)
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
                         f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})")
 
