@@ -152,3 +152,51 @@ def test_an_unwritable_config_folder_keeps_the_plan(tmp_path: Path, where: str) 
         _strict_json(r.stdout)
     left = sorted(p.name for p in tmp_path.rglob("*"))  # no temporary file behind
     assert left == (["cfg"] if where == "file" else ["cfg", "speed.json"])
+
+
+DEEPSEEK = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) children of ``pid``, from /proc."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; the fork is Linux-only")
+def test_ctrl_c_during_fit_is_one_line_and_leaves_no_child() -> None:
+    """Ctrl-C while fit's forked --fit child ran was a KeyboardInterrupt traceback (exit by SIGINT);
+    now one line, exit 130, and the child is gone."""
+    import signal
+    import time
+
+    devices = [a for i in range(4) for a in ("--device", f"CUDA{i}=24GiB")]
+    p = subprocess.Popen([sys.executable, "-m", "offload_planner", "fit", DEEPSEEK, "--no-detect",
+                          "--device", "CPU=512GiB", *devices], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": PACKAGE_ROOT}, start_new_session=True)
+    deadline = time.monotonic() + 10
+    kids: list[int] = []
+    while not kids and p.poll() is None and time.monotonic() < deadline:  # the search has begun
+        kids = _children(p.pid)
+        time.sleep(0.01)
+    os.killpg(p.pid, signal.SIGINT)  # what the terminal does on Ctrl-C: the whole group
+    _, err = p.communicate(timeout=10)
+    if p.returncode == 0:
+        pytest.skip("fit finished before the signal arrived")
+    assert (p.returncode, err) == (130, "offload-planner: interrupted\n")
+    time.sleep(0.1)
+    assert not [k for k in kids if _alive(k)]  # the child went with its parent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

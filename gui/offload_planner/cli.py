@@ -231,6 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT (a forked child is reaped)
+        print("offload-planner: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
