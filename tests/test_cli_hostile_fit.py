@@ -200,3 +200,13 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "gui"])
+def test_a_device_declared_twice_is_refused(command: str, tmp_path: Path) -> None:
+    """`--device CUDA0=24GiB --device cuda0=12GiB`: the last silently won; which was meant is not ours
+    to guess. The window refuses it before it opens."""
+    extra = ["--screenshot", str(tmp_path / "shot.png")] if command == "gui" else ["--no-detect"]
+    r = run(command, QWEN, *extra, "--device", "CUDA0=24GiB", "--device", "cuda0=12GiB")
+    refused(r, "--device 'cuda0=12GiB': CUDA0 is already declared by --device 'CUDA0=24GiB'")
+    assert r.stderr.count("\n") == 1

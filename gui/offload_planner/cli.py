@@ -41,10 +41,9 @@ def check_plan_file(path: str, *, allow_remote: bool) -> None:
 
 
 def _cmd_gui(args: argparse.Namespace) -> int:
-    from offload_planner.core.devices import parse_device_decl
+    from offload_planner.core.devices import parse_device_decls
 
-    for decl in args.device:  # a bad --device is reported before anything else (display, Qt)
-        parse_device_decl(decl)
+    parse_device_decls(args.device)  # a bad --device is reported before anything else (display, Qt)
     from offload_planner.ui.app import run_gui
 
     try:

@@ -62,7 +62,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     )
     from offload_planner.backend.system import cpu_device, detect_gpus
     from offload_planner.core.cmdline import format_command, parse_server_args
-    from offload_planner.core.devices import build_device_set, parse_device_decl
+    from offload_planner.core.devices import build_device_set, parse_device_decls
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
@@ -77,7 +77,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     if parsed.errors:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
     model = open_model(args.model)
-    declared = [parse_device_decl(d) for d in args.device]
+    declared = parse_device_decls(args.device)
     detection = detect_gpus() if not args.no_detect else None
     devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)

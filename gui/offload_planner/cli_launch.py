@@ -200,7 +200,7 @@ class _Session:
         from offload_planner.backend.launch import child_environment
         from offload_planner.backend.system import cpu_device, detect_gpus
         from offload_planner.cli_server_args import read_server_argv
-        from offload_planner.core.devices import build_device_set, parse_device_decl
+        from offload_planner.core.devices import build_device_set, parse_device_decls
         from offload_planner.core.gguf_reader import open_model
 
         a = self.args
@@ -215,7 +215,7 @@ class _Session:
         except (PlannerError, OSError) as e:
             self.say(f"cannot read {a.model} ({e}); launching anyway, without a projection")
             self.model = None
-        declared = [parse_device_decl(d) for d in a.device]
+        declared = parse_device_decls(a.device)
         detection = detect_gpus() if not a.no_detect else None
         self.devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                         rpc_endpoints=list(self.parsed.args.rpc_servers or []),

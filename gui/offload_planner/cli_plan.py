@@ -110,9 +110,9 @@ def _is_json(path: str) -> bool:
 
 def _devices(args: argparse.Namespace, rpc: list[str]) -> tuple[DeviceSet, str]:
     from offload_planner.backend.system import cpu_device, detect_gpus
-    from offload_planner.core.devices import build_device_set, parse_device_decl
+    from offload_planner.core.devices import build_device_set, parse_device_decls
 
-    declared = [parse_device_decl(d) for d in args.device]
+    declared = parse_device_decls(args.device)
     detection = detect_gpus() if not args.no_detect else None
     devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                rpc_endpoints=rpc, declared=declared)

@@ -12,6 +12,7 @@ Each kind of device allocates weights with its own alignment and padding
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -219,6 +220,21 @@ def parse_device_decl(text: str) -> Device:
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
                   hardware=tuple(hardware))
+
+
+def parse_device_decls(texts: Sequence[str]) -> list[Device]:
+    """Every ``--device`` value (:func:`parse_device_decl`), refusing a device declared twice: which
+    size was meant is not ours to guess (the last one silently won)."""
+    out: list[Device] = []
+    seen: dict[str, str] = {}
+    for text in texts:
+        d = parse_device_decl(text)
+        if d.name.lower() in seen:
+            raise PlannerError(f"--device {text!r}: {d.name} is already declared by --device "
+                               f"{seen[d.name.lower()]!r} (declare each device once)")
+        seen[d.name.lower()] = text
+        out.append(d)
+    return out
 
 
 def _size_or_card(text: str) -> int:

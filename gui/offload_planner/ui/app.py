@@ -50,14 +50,14 @@ def run_gui(
     from PySide6.QtWidgets import QApplication
 
     from offload_planner.backend import qt_compat
-    from offload_planner.core.devices import parse_device_decl
+    from offload_planner.core.devices import parse_device_decls
     from offload_planner.resources import icon_path
     from offload_planner.ui.loader import demo_model
     from offload_planner.ui.main_window import MainWindow, SystemInfo
     from offload_planner.ui.settings import APPLICATION, ORGANIZATION, Settings
 
     qt_compat.apply()
-    declared = [parse_device_decl(d) for d in devices]
+    declared = parse_device_decls(devices)
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "offload-planner"])
     assert isinstance(app, QApplication)
