@@ -210,3 +210,14 @@ def test_a_device_declared_twice_is_refused(command: str, tmp_path: Path) -> Non
     r = run(command, QWEN, *extra, "--device", "CUDA0=24GiB", "--device", "cuda0=12GiB")
     refused(r, "--device 'cuda0=12GiB': CUDA0 is already declared by --device 'CUDA0=24GiB'")
     assert r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_more_gpus_than_llama_cpp_takes_are_refused(command: str) -> None:
+    """40 declared GPUs made a command with -ts of 40 values, which llama-server (and our own parser
+    of its arguments) refuses: llama_max_devices() is 16."""
+    devices = [a for i in range(17) for a in ("--device", f"CUDA{i}=24GiB")]
+    r = run(command, QWEN, "--no-detect", *devices)
+    refused(r, "--device: 17 GPUs declared (CUDA0 ... CUDA16)", "at most 16")
+    ok = run("plan", QWEN, "--no-detect", *devices[:32])  # 16 are taken
+    assert ok.returncode == 0, ok.stderr

@@ -222,6 +222,10 @@ def parse_device_decl(text: str) -> Device:
                   hardware=tuple(hardware))
 
 
+#: llama.cpp's llama_max_devices() (src/llama.cpp): the length of its tensor-split array.
+MAX_DEVICES = 16
+
+
 def parse_device_decls(texts: Sequence[str]) -> list[Device]:
     """Every ``--device`` value (:func:`parse_device_decl`), refusing a device declared twice: which
     size was meant is not ours to guess (the last one silently won)."""
@@ -234,6 +238,10 @@ def parse_device_decls(texts: Sequence[str]) -> list[Device]:
                                f"{seen[d.name.lower()]!r} (declare each device once)")
         seen[d.name.lower()] = text
         out.append(d)
+    offload = [d.name for d in out if d.kind is not DeviceKind.CPU]
+    if len(offload) > MAX_DEVICES:
+        raise PlannerError(f"--device: {len(offload)} GPUs declared ({offload[0]} ... {offload[-1]}); "
+                           f"llama.cpp places layers on at most {MAX_DEVICES} (llama_max_devices)")
     return out
 
 
