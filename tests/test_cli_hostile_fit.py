@@ -221,3 +221,16 @@ def test_more_gpus_than_llama_cpp_takes_are_refused(command: str) -> None:
     refused(r, "--device: 17 GPUs declared (CUDA0 ... CUDA16)", "at most 16")
     ok = run("plan", QWEN, "--no-detect", *devices[:32])  # 16 are taken
     assert ok.returncode == 0, ok.stderr
+
+
+def test_fit_refuses_mtp_on_a_model_without_mtp_layers(small_models: dict[str, Path]) -> None:
+    """`fit ... -- --spec-type draft-mtp` on a model without NextN layers printed a 'fastest' command
+    llama-server exits on at load (plan warned; fit showed no warning). A model with them still fits."""
+    r = run("fit", str(small_models["qwen3moe"]), "--no-detect", "--device", "CUDA0=24GiB", "--",
+            "--spec-type", "draft-mtp")
+    refused(r, f"--spec-type draft-mtp on {small_models['qwen3moe']}: llama-server exits at load",
+            "nextn_predict_layers = 0")
+    assert r.stderr.count("\n") == 1 and not r.stdout
+    ok = run("fit", str(small_models["deepseek2-mtp"]), "--no-detect", "--device", "CUDA0=24GiB", "--",
+             "--spec-type", "draft-mtp")
+    assert ok.returncode == 0 and "--spec-type draft-mtp" in ok.stdout, ok.stderr

@@ -66,6 +66,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
+    from offload_planner.core.speculative import spec_refusals
     from offload_planner.core.speed.estimate import estimate
     from offload_planner.core.speed.fastest import fastest_plan, over_by, score
     from offload_planner.core.speed.hardware import hardware_for
@@ -95,6 +96,9 @@ def _run_fit(args: argparse.Namespace) -> int:
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+    refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
+    if refused:  # every candidate keeps the user's --spec-type: none would start
+        raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
     rows = [{"label": c.label, "fits": c.fits, "verified": c.verified,
              "over": [n for n, _ in over_by(c, devices)],
              "tg_tps": round(c.estimate.tg_tps, 3),
