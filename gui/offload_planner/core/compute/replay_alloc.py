@@ -321,7 +321,7 @@ class _AllocReplay:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
         place, release, newsrc, newdev, nc = self._place, self.release, self.newsrc, self.newdev, self.nc
-        tags, first = ref.layer_tags, ref.first
+        tags, first, uses = ref.layer_tags, ref.first, ref.uses
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
         q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
@@ -362,7 +362,13 @@ class _AllocReplay:
             for x in ss:
                 if x is not None:
                     c = nc.get(x)
-                    if c is not None and c > 1:
+                    if c is None:  # (its first release since the start or a stretch: ``r_new``)
+                        if (x.dev if x.view_src is None else x.view_src.dev) is not None:
+                            continue
+                        u = uses.get(x)
+                        c = nc[x] = ((0 if u is None else len(u) - bisect.bisect_left(u, self.base))
+                                     + self.d_base.get(x, 0))
+                    if c > 1:
                         nc[x] = c - 1
                     elif (x.dev if x.view_src is None else x.view_src.dev) is None:
                         release(x)
@@ -464,10 +470,20 @@ def _minus(a: dict[T, int], b: dict[T, int]) -> dict[T, int]:
     return out
 
 
+_TAGS: dict[str, str] = {}
+
+
 def _layer_tag(n: T) -> str:
-    """`` (layer N)`` of a node named for a layer, else ""."""
-    m = LAYER_SUFFIX.search(n.name)
-    return "" if m is None else f" (layer {m.group(1)})"
+    """`` (layer N)`` of a node named for a layer, else "" (by name: a replay's copies are new nodes
+    with the names of earlier replays' copies)."""
+    tag = _TAGS.get(n.name)
+    if tag is None:
+        m = LAYER_SUFFIX.search(n.name)
+        tag = "" if m is None else f" (layer {m.group(1)})"
+        if len(_TAGS) > 100_000:
+            _TAGS.clear()
+        _TAGS[n.name] = tag
+    return tag
 
 
 def _same_live(ck: Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],
