@@ -38,8 +38,9 @@ def _forget() -> None:
 
 
 def _kept() -> int:
-    """Graphs kept for re-placing, recorded references and placements remembered as seen."""
-    return len(CT._TEMPLATES) + sum(map(len, CI._REFS.values())) + len(CI._SEEN)
+    """Graphs kept for re-placing, recorded references, placements remembered as seen and compute
+    buffers remembered by placement."""
+    return len(CT._TEMPLATES) + sum(map(len, CI._REFS.values())) + len(CI._SEEN) + len(C.MEMO._d)
 
 
 def _plan(path: Path, *server: str) -> int:

@@ -137,3 +137,18 @@ def test_placed_devices_are_the_placements_devices(small_models: dict[str, Path]
         assert placed_devices(m, cuda(2), opts) == want, opts
         seen.add(tuple(sorted(set(want.values()))))
     assert len(seen) > 3  # the options really move tensors around
+
+
+def test_placed_make_is_the_dataclass_constructor(qwen: Model) -> None:
+    """``Placed.make`` (placement's fast path) builds what ``Placed(...)`` builds, every field included:
+    equal, same hash and fields (a field added to Placed and not to make fails here)."""
+    from dataclasses import fields
+
+    from offload_planner.core.placement import Placed
+
+    t = qwen.tensors[3]
+    for args in ((t, "CUDA0", "CUDA0", "layer 0 by -ngl 99"), (t, None, None, "NextN"),
+                 (t, CPU, CPU_MAPPED, "-ot exps=CPU", True)):
+        fast, plain = Placed.make(*args), Placed(*args)
+        assert fast == plain and hash(fast) == hash(plain) and vars(fast) == vars(plain)
+        assert set(vars(fast)) == {f.name for f in fields(Placed)}

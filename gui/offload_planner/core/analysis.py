@@ -160,7 +160,7 @@ def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
     reproducing command."""
     t0 = time.perf_counter()
     projection = projected(plan) if projection is None else projection
-    rules = rule_reports(projection, plan.placement_options.overrides)
+    rules = rule_reports(projection, plan.placement_options.overrides, tensors=plan.model.tensors)
     warnings = warnings_of(plan, projection, rules, capacity_hint)
     argv = plan_command(plan) if command else []
     return Analysis(plan, projection, argv, warnings, rules, seconds=time.perf_counter() - t0,

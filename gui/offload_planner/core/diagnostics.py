@@ -7,13 +7,15 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import is_
 
 from offload_planner.core.cmdline import check_pattern
 from offload_planner.core.device_figures import CapacityHint, capacity_warnings
 from offload_planner.core.memory import Projection
-from offload_planner.core.placement import CPU, Override
-from offload_planner.core.roles import Role
-from offload_planner.core.rule_match import rule_set
+from offload_planner.core.model import Tensor
+from offload_planner.core.placement import CPU, Override, Placed
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
+from offload_planner.core.rule_match import NameIndex, name_index, rule_set
 
 
 @dataclass(frozen=True)
@@ -34,26 +36,51 @@ class RuleReport:
         return "shadowed" if self.shadowed else "matches nothing"
 
 
-def rule_reports(projection: Projection, overrides: tuple[Override, ...]) -> list[RuleReport]:
+def rule_reports(projection: Projection, overrides: tuple[Override, ...], *,
+                 tensors: list[Tensor] | None = None) -> list[RuleReport]:
+    """What each rule did in the projection's placement. ``tensors``: the model's, whose names placement
+    matched the rules against (:func:`~offload_planner.core.rule_match.name_index`): their matches are
+    reused where the placed tensors are those, in order."""
     rules = rule_set(overrides)
+    kept = [p for p in projection.placement.items if p.device is not None and not p.copy]
+    bulk = rules.matches_of_all(_names(kept, tensors)) if overrides else []
+    by_pattern: list[Sequence[int]] = [] if bulk is None else list(bulk)
+    if bulk is None:  # the per-name path: rules to budget, or too many patterns
+        per: list[list[int]] = [[] for _ in rules.patterns]
+        for i, p in enumerate(kept):
+            for u in rules.hits(p.tensor.name):
+                per[u].append(i)
+        by_pattern = list(per)
     placed = [0] * len(overrides)
     placed_bytes = [0] * len(overrides)
-    matched = [0] * len(rules.patterns)  # per distinct pattern: tensors it matches
-    for p in projection.placement.items:
-        if p.device is None or p.copy:
-            continue
-        hits = rules.hits(p.tensor.name)
-        if not hits:
-            continue
-        winner = rules.patterns[hits[0]].members[0]
-        placed[winner] += 1
-        placed_bytes[winner] += p.tensor.nbytes
-        for u in hits:
-            matched[u] += 1
+    for p, first in zip(kept, _first_matching(by_pattern, len(kept)), strict=True):
+        if first is not None:
+            winner = rules.patterns[first].members[0]
+            placed[winner] += 1
+            placed_bytes[winner] += p.tensor.nbytes
+    matched = [len(m) for m in by_pattern]  # per distinct pattern: tensors it matches
     return [
         RuleReport(i, o, placed[i], placed_bytes[i], matched[rules.pattern_of[i]] - placed[i])
         for i, o in enumerate(overrides)
     ]
+
+
+def _names(kept: list[Placed], tensors: list[Tensor] | None) -> NameIndex:
+    """The names of the kept items' tensors: the model's cached index where they are its tensors."""
+    if tensors is not None and len(kept) == len(tensors) and all(map(is_, (p.tensor for p in kept), tensors)):
+        return name_index(tensors, lambda: [t.name for t in tensors])
+    return NameIndex(tuple(p.tensor.name for p in kept))
+
+
+def _first_matching(by_pattern: Sequence[Sequence[int]], n: int) -> list[int | None]:
+    """Per name, the first pattern that matches it (the rule that places it), from each pattern's
+    matches (indices of names)."""
+    first: list[int | None] = [None] * n
+    for u, matching in enumerate(by_pattern):
+        for i in matching:
+            if first[i] is None:
+                first[i] = u
+    return first
 
 
 def plan_warnings(projection: Projection, overrides: tuple[Override, ...], *,
@@ -100,12 +127,14 @@ def _generated_unmatched(reports: Sequence[RuleReport]) -> list[str]:
 def _speed_warnings(projection: Projection) -> list[str]:
     attn: dict[int, set[str]] = defaultdict(set)
     exps: dict[int, set[str]] = defaultdict(set)
+    attention, experts = Role.ATTENTION, ROUTED_EXPERT_ROLES
     for p in projection.placement.items:
         if p.device is None or p.tensor.layer is None:
             continue
-        if p.tensor.role is Role.ATTENTION:
+        role = p.tensor.role
+        if role is attention:
             attn[p.tensor.layer].add(p.device)
-        elif p.tensor.role.is_routed_expert:
+        elif role in experts:
             exps[p.tensor.layer].add(p.device)
     odd = sorted(
         il for il in exps if attn.get(il) == {CPU} and any(d != CPU for d in exps[il])

@@ -16,6 +16,7 @@ from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.rule_match import rule_set
 from offload_planner.core.speculative import draft_len, uses_mtp
 
@@ -42,7 +43,8 @@ def _override_list(model: Model, args: Any) -> list[Any]:
     if hasattr(args, "passthrough"):  # a ParsedArgs
         from offload_planner.core.cmdline import effective_overrides
 
-        moe = sorted({t.layer for t in model.tensors if t.layer is not None and t.role.is_routed_expert})
+        experts = ROUTED_EXPERT_ROLES
+        moe = sorted({t.layer for t in model.tensors if t.layer is not None and t.role in experts})
         return list(effective_overrides(args, moe))
     return list(_get(args, "overrides", []))
 

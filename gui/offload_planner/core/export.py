@@ -85,11 +85,7 @@ def candidate_overrides(model: Model, base: Mapping[str, str | None],
     """Group the tensors whose device differs from the base into compressed patterns."""
     groups: dict[tuple[str, str, str], set[int]] = defaultdict(set)
     singles: list[tuple[str, Tensor]] = []
-    for t in model.tensors:
-        want = target.get(t.name)
-        copy = t.name + COPY_SUFFIX  # a tied output copy moves with its tensor: -ot matches both
-        if want is None or (want == base.get(t.name) and target.get(copy) == base.get(copy)):
-            continue
+    for want, t in _differing(model, base, target):
         g = _GROUPS.get(t.role)
         if g is None or t.layer is None:
             singles.append((want, t))
@@ -100,6 +96,25 @@ def candidate_overrides(model: Model, base: Mapping[str, str | None],
     for (dev, _, part), layers in sorted(groups.items(), key=lambda kv: (kv[0][0] == CPU, kv[0])):
         out.append(Override(rf"blk\.{layers_regex(layers)}\.{part}", dev, "export"))
     out += [Override(_exact(t), dev, "export") for dev, t in singles]
+    return out
+
+
+def _differing(model: Model, base: Mapping[str, str | None],
+               target: Mapping[str, str | None]) -> list[tuple[str, Tensor]]:
+    """(wanted device, tensor) of every tensor, in the model's order, whose target device differs from
+    the base or whose tied output copy's does (a copy moves with its tensor: -ot matches both)."""
+    out = []
+    tget, bget = target.get, base.get
+    for t in model.tensors:
+        name = t.name
+        want = tget(name)
+        if want is None:
+            continue
+        if want == bget(name):
+            copy = name + COPY_SUFFIX
+            if tget(copy) == bget(copy):
+                continue
+        out.append((want, t))
     return out
 
 
@@ -116,6 +131,8 @@ def fit_overrides(
     ovs = candidate_overrides(model, base, target) if candidates is None else candidates
     for _ in range(3):
         got = place_with(ovs)
+        if got == target:  # every tensor (and tied copy) where wanted: what the check below finds
+            return ovs
         wrong = [t for t in model.tensors
                  if got.get(t.name) != target.get(t.name)
                  or got.get(t.name + COPY_SUFFIX) != target.get(t.name + COPY_SUFFIX)]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.errors import RuleError
 from offload_planner.core.model import Model, Tensor
-from offload_planner.core.roles import Role
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.rule_match import name_index, rule_set
 
 CPU = "CPU"
@@ -77,6 +77,19 @@ class Placed:
     def name(self) -> str:
         return self.tensor.name + (COPY_SUFFIX if self.copy else "")
 
+    @classmethod
+    def make(cls, tensor: Tensor, device: str | None, buft: str | None, rule: str,
+             copy: bool = False) -> Placed:
+        """``Placed(...)`` at a third of the cost (a frozen dataclass's ``__init__`` sets each field
+        through ``object.__setattr__``; a big model places ~1,000 tensors a plan)."""
+        p = _new(cls)
+        d = p.__dict__
+        d["tensor"], d["device"], d["buft"], d["rule"], d["copy"] = tensor, device, buft, rule, copy
+        return p
+
+
+_new = object.__new__
+
 
 @dataclass
 class Placement:
@@ -102,7 +115,8 @@ class Placement:
         raise KeyError(name)
 
     def tensor_devices(self) -> dict[str, str]:
-        return {p.name: p.device for p in self.items if p.device is not None}
+        return {p.tensor.name + COPY_SUFFIX if p.copy else p.tensor.name: p.device
+                for p in self.items if p.device is not None}
 
     @property
     def output_device(self) -> str:
@@ -162,8 +176,11 @@ def compile_override(pattern: str) -> re.Pattern[str]:
         return re.compile(r"(?!)")
 
 
+_NORMS = frozenset(r for r in Role if r.is_norm)  # Role.is_norm as a set (a property call a tensor)
+
+
 def _is_weight_matrix(t: Tensor) -> bool:
-    return t.name.endswith(".weight") and len(t.shape) >= 2 and not t.role.is_norm
+    return t.name.endswith(".weight") and len(t.shape) >= 2 and t.role not in _NORMS
 
 
 def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -> bool:
@@ -175,7 +192,7 @@ def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -
     if not _is_weight_matrix(t):
         return False
     dims = len([d for d in t.shape])
-    want = 3 if t.role.is_routed_expert or "_exps." in t.name else 2  # NextN blocks' experts too
+    want = 3 if t.role in ROUTED_EXPERT_ROLES or "_exps." in t.name else 2  # NextN blocks' experts too
     return dims == want and t.shape[1] % 8 == 0
 
 
@@ -255,34 +272,49 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     n_layer = s.n_layer
     gpus = _gpus(devices, opts)
     units = unit_devices(n_layer, opts.n_gpu_layers, gpus, opts.tensor_split, output_first=opts.output_first)
-    rules = rule_set(opts.overrides)
-    hits: dict[int, int] = {i: 0 for i in range(len(opts.overrides))}
+    overrides = opts.overrides
+    rules = rule_set(overrides)
+    hits: dict[int, int] = {i: 0 for i in range(len(overrides))}
     items: list[Placed] = []
     tensors = model.tensors
-    firsts = None
-    if opts.overrides:
+    firsts: list[int | None] | None = [None] * len(tensors)  # no rule: none places a tensor
+    if overrides:
         firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
     memo = _item_memo(tensors)
-
+    home = _HomeOf(units, n_layer, opts.n_gpu_layers)
+    cpu_buft = _CpuBuft(devices, opts)
+    by_rule: dict[int, tuple[str | None, bool, str]] = {}  # override -> (device, names the CPU, rule)
+    skip_nextn = not opts.load_mtp
     for k, t in enumerate(tensors):
-        if t.role is Role.NEXTN and not opts.load_mtp:
-            item = memo.get((k, None, None, ""))
+        if t.role is Role.NEXTN and skip_nextn:
+            key: _ItemKey = (k, None, None, "")
+            item = memo.get(key)
             if item is None:
-                item = memo[(k, None, None, "")] = Placed(
+                item = memo[key] = Placed.make(
                     t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
             items.append(item)
             continue
-        dev, rule = _home(t, units, n_layer), _home_rule(t, n_layer, opts.n_gpu_layers)
-        buft = device_buft(dev, t, devices, opts)
-        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
-            o = opts.overrides[i]
+        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is None:
+            dev, rule = home(t)
+            buft = dev if dev != CPU else cpu_buft(t)
+        else:
             hits[i] += 1
-            dev = devices.resolve_buffer_type(o.buft) or dev
-            buft = device_buft(dev, t, devices, opts, cpu_override=o.buft.upper() == CPU.upper())
-            rule = f"{o.source} {o.pattern}={o.buft}"
-        item = memo.get((k, dev, buft, rule))
+            to = by_rule.get(i)
+            if to is None:
+                o = overrides[i]
+                to = by_rule[i] = (devices.resolve_buffer_type(o.buft), o.buft.upper() == CPU.upper(),
+                                   f"{o.source} {o.pattern}={o.buft}")
+            dev, rule = to[0] or home(t)[0], to[2]
+            if dev != CPU:
+                buft = dev
+            elif to[1] and opts.plain_cpu_overrides:  # device_buft(..., cpu_override=True)
+                buft = CPU_MAPPED if opts.use_mmap else CPU
+            else:
+                buft = cpu_buft(t)
+        key = (k, dev, buft, rule)
+        item = memo.get(key)
         if item is None:
-            item = memo[(k, dev, buft, rule)] = Placed(t, dev, buft, rule)
+            item = memo[key] = Placed.make(t, dev, buft, rule)
         items.append(item)
 
     if (embd := _tied_embedding(model)) is not None:
@@ -291,7 +323,40 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         if copy is not None:
             items.append(copy)
     return Placement(items, units, n_layer, override_hits=hits, model_devices=[g.name for g in gpus],
-                     has_overrides=bool(opts.overrides), rule_errors=rules.errors)
+                     has_overrides=bool(overrides), rule_errors=rules.errors)
+
+
+class _HomeOf:
+    """:func:`_home` and :func:`_home_rule` of a tensor, worked out once per layer (a layer's tensors
+    share both)."""
+
+    def __init__(self, units: Sequence[str], n_layer: int, ngl: int) -> None:
+        self.units, self.n_layer, self.ngl = units, n_layer, ngl
+        self.by_layer: dict[int, tuple[str, str]] = {}
+
+    def __call__(self, t: Tensor) -> tuple[str, str]:
+        il = t.layer
+        if il is None:
+            return _home(t, self.units, self.n_layer), _home_rule(t, self.n_layer, self.ngl)
+        got = self.by_layer.get(il)
+        if got is None:
+            got = self.by_layer[il] = (_home(t, self.units, self.n_layer),
+                                       _home_rule(t, self.n_layer, self.ngl))
+        return got
+
+
+class _CpuBuft:
+    """:func:`_cpu_buft` with the device set's host buffer worked out once."""
+
+    def __init__(self, devices: DeviceSet, opts: PlacementOptions) -> None:
+        hosts = [g.host_buffer_name for g in devices.gpus if g.host_buffer_name]
+        self.host = None if opts.no_host or not hosts else hosts[0]
+        self.devices, self.opts = devices, opts
+
+    def __call__(self, t: Tensor) -> str:
+        if self.host is not None:
+            return CPU_MAPPED if self.opts.use_mmap else self.host
+        return _cpu_buft(t, self.devices, self.opts)
 
 
 def _tied_embedding(model: Model) -> Tensor | None:
@@ -330,12 +395,17 @@ def placed_devices(model: Model, devices: DeviceSet, opts: PlacementOptions) -> 
     if overrides:
         firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
     out: dict[str, str] = {}
+    to: dict[int, str | None] = {}  # override -> the device it names
+    skip_nextn, nextn = not opts.load_mtp, Role.NEXTN
     for k, t in enumerate(tensors):
-        if t.role is Role.NEXTN and not opts.load_mtp:
+        if t.role is nextn and skip_nextn:
             continue
-        dev = _home(t, units, n_layer)
+        il = t.layer
+        dev = units[il] if il is not None and il <= n_layer else _home(t, units, n_layer)
         if (i := firsts[k] if firsts is not None else rules.first(t.name)) is not None:
-            dev = resolve(overrides[i].buft) or dev
+            if i not in to:
+                to[i] = resolve(overrides[i].buft)
+            dev = to[i] or dev
         out[t.name] = dev
     if (embd := _tied_embedding(model)) is not None and embd.name in out:
         dev = out[embd.name]

@@ -43,6 +43,7 @@ from offload_planner.core.placement import (
     place,
     placed_devices,
 )
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
 
 
@@ -314,8 +315,9 @@ def _moe_shorthands(model: Model, target: dict[str, str], dialect: Dialect
 
     d = dialect
     exps: dict[int, list[str]] = {}
+    experts = ROUTED_EXPERT_ROLES
     for t in model.tensors:
-        if t.role.is_routed_expert and t.layer is not None and t.name in target:
+        if t.role in experts and t.layer is not None and t.name in target:
             exps.setdefault(t.layer, []).append(t.name)
     if not exps:
         return out

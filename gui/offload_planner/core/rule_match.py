@@ -125,6 +125,15 @@ class RuleSet:
                     out[i] = rule
         return out
 
+    def matches_of_all(self, index: NameIndex) -> list[tuple[int, ...]] | None:
+        """Per pattern (in :attr:`patterns`' order) the names of ``index`` it matches, () for one that
+        matches nothing (refused or broken); None where the per-name path (:meth:`hits`) must run, as
+        for :meth:`first_of_all`."""
+        if self._risky or len(self.patterns) > BULK_PATTERNS:
+            return None
+        return [() if p.broken is not None or p.check.python is None else index.matching(p)
+                for p in self.patterns]
+
     def first(self, name: str) -> int | None:
         """Index of the rule that places ``name`` (the first that matches), None if none does."""
         hits = self.hits(name)

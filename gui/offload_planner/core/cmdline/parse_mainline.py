@@ -228,6 +228,7 @@ def parse_mainline(
     argv: Sequence[str], dialect: Dialect, env: Mapping[str, str], parsed: ParsedArgs
 ) -> ParsedArgs:
     parser = MainlineParser(dialect, parsed)
+    env = dict(env)  # os.environ decodes at every look-up; the flag table looks up ~300 variables
     parser.apply_env(env)
     parser.apply_argv(argv, env)
     parser.finish()

@@ -171,11 +171,12 @@ def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
     """One compute buffer per backend that llama.cpp reserves (> 1 byte), CPU side last, named by the
     buffer type it logs (the CPU side uses the first device's host buffer, e.g. ``CUDA_Host``).
 
-    Remembered for the last few placements (:class:`BufferMemo`); plain inside :func:`one_shot`."""
+    Remembered for the last few placements (:class:`BufferMemo`); plain and not remembered inside
+    :func:`one_shot` (a projection made once: its key, ~1,000 items, would only cost)."""
+    if _ONE_SHOT.get():
+        return simulate_buffers(model, devices, placement, ctx, params, incremental=False)
     key = (model, graph_builder(model), devices, ctx, params, *placement_key(placement))
-    incremental = not _ONE_SHOT.get()
-    return MEMO.get(key, lambda: simulate_buffers(model, devices, placement, ctx, params,
-                                                  incremental=incremental))
+    return MEMO.get(key, lambda: simulate_buffers(model, devices, placement, ctx, params))
 
 
 _ONE_SHOT: ContextVar[bool] = ContextVar("one_shot", default=False)

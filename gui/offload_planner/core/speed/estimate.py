@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -34,7 +34,7 @@ from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffe
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
-from offload_planner.core.roles import Role
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 
@@ -53,6 +53,7 @@ _STAGES: tuple[tuple[Role, ...], ...] = (
     (Role.FFN_DENSE,),
 )
 _STAGE_OF = {r: i for i, roles in enumerate(_STAGES) for r in roles}
+_STAGE_NOT_NORM = {r: i for r, i in _STAGE_OF.items() if not r.is_norm}
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,17 @@ def token_bytes(p: Placed, frac: float) -> int:
 def weight_bytes_per_token(model: Model, placement: Placement) -> dict[str, int]:
     frac = expert_fraction(model)
     out: dict[str, int] = defaultdict(int)
+    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES
     for p in _running(placement):
         assert p.device is not None
-        out[p.device] += token_bytes(p, frac)
+        role = p.tensor.role
+        # token_bytes inlined for its common cases (a big model has ~1,000 weights)
+        if role is embd and not p.copy:
+            out[p.device] += token_bytes(p, frac)
+        elif role in experts:
+            out[p.device] += int(p.tensor.nbytes * frac)
+        else:
+            out[p.device] += p.tensor.nbytes
     return dict(out)
 
 
@@ -189,15 +198,17 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
+    token_embd, output, stage_of = Role.TOKEN_EMBD, Role.OUTPUT, _STAGE_NOT_NORM
     for p in _running(placement):
         assert p.device is not None
         t = p.tensor
-        if t.role is Role.TOKEN_EMBD and not p.copy and t.layer is None:
+        role = t.role
+        if role is token_embd and not p.copy and t.layer is None:
             embd = p.device
-        elif t.role is Role.OUTPUT or p.copy:
+        elif role is output or p.copy:
             out_dev = p.device
-        elif t.layer is not None and t.role in _STAGE_OF and not t.role.is_norm:
-            first.setdefault((t.layer, _STAGE_OF[t.role]), p.device)
+        elif t.layer is not None and (st := stage_of.get(role)) is not None:
+            first.setdefault((t.layer, st), p.device)
     seq = [embd] + [first[k] for k in sorted(first)]
     seq.append(out_dev or placement.output_device)
     return seq
@@ -314,13 +325,14 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
 
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
+    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
         t = p.tensor
-        if len(t.shape) < 2 or (t.role is Role.TOKEN_EMBD and not p.copy):
+        if len(t.shape) < 2 or (t.role is embd and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = _part(t.role.is_routed_expert, t.name in refused)
+        i = _part(t.role in experts, t.name in refused)
         w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
         w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
@@ -347,14 +359,34 @@ class _PPParts:
     offload: bool
 
 
+def _pp_splits(plan: Plan, hw: Hardware, eff: Efficiencies,
+               pairs: list[tuple[str, str]]) -> Callable[[int], float]:
+    """Seconds of the graph splits of a micro-batch of ``u`` tokens: per split its latency plus the
+    batch's activations over the link (worked out once per ``u``: a prompt's micro-batches share it)."""
+    links = _links(pairs, hw, eff)
+    n_embd = plan.model.summary.n_embd
+    memo: dict[int, float] = {}
+
+    def of(u: int) -> float:
+        got = memo.get(u)
+        if got is None:
+            split_s = 0.0
+            for gb, lat in links:
+                split_s += lat + 4 * n_embd * u / (gb * 1e9)
+            got = memo[u] = split_s
+        return got
+
+    return of
+
+
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
-                attn_layers: dict[tuple[str, bool], int], u: int, start: int, pairs: list[tuple[str, str]],
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
                 offload_to: tuple[str | None, int | None], kv_cell: dict[str, float],
                 swa_cells: float = math.inf) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
     KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
     ``attn_layers``: layers by device and sliding window, whose queries attend at most the
-    ``swa_cells`` of their cache)."""
+    ``swa_cells`` of their cache; ``splits``: :func:`_pp_splits`)."""
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -395,10 +427,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
-    split_s = 0.0
-    for gb, lat in _links(pairs, hw, eff):
-        split_s += lat + 4 * s.n_embd * u / (gb * 1e9)
-    return _PPParts(device_s, transfer_s, split_s, transfer > 0)
+    return _PPParts(device_s, transfer_s, splits(u), transfer > 0)
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
@@ -417,10 +446,11 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
     total = _PPParts(defaultdict(float), 0.0, 0.0, False)
+    splits = _pp_splits(plan, hw, eff, pairs)
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, pairs, offload_to, kv_cell or {},
+        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, splits, offload_to, kv_cell or {},
                          swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
