@@ -168,11 +168,15 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     own.error(f"unrecognized arguments: {listed}")
 
 
+#: the commands whose simulations leave what they keep frozen for the cycle collector when the process
+#: runs one and ends: no Qt event loop (the window and ``launch`` run one, with Qt objects to collect)
+FREEZING = frozenset({"plan", "fit", "inspect"})
+
+
 def _run(args: argparse.Namespace, *, freeze: bool) -> int:
-    """The command; ``freeze``: this process ends with it (the console script running a command other
-    than the window, not a caller of :func:`main`), so what its simulations leave is frozen for the
-    cycle collector
-    (:func:`~offload_planner.core.compute.simulate.freezing_after_simulations`)."""
+    """The command; ``freeze``: this process ends with it (the console script running one of
+    :data:`FREEZING`, not a caller of :func:`main`), so what its simulations leave is frozen for the
+    cycle collector (:func:`~offload_planner.core.compute.simulate.freezing_after_simulations`)."""
     if not freeze:
         code: int = args.func(args)
         return code
@@ -195,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        code: int = _run(args, freeze=argv is None and args.func is not _cmd_gui)
+        code: int = _run(args, freeze=argv is None and args.command in FREEZING)
         return code
     except PlannerError as e:
         print(f"offload-planner: error: {e}", file=sys.stderr)

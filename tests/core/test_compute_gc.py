@@ -3,7 +3,6 @@ simulations leave is frozen (``gc.freeze``) only where a CLI command asks for it
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import io
@@ -97,19 +96,21 @@ def test_freezing_after_simulations_only_inside(collector_on: None) -> None:
     assert gc.get_freeze_count() == frozen  # off again after
 
 
-def _plan_args() -> argparse.Namespace:
-    return cli.build_parser("plan").parse_args(["plan", str(demo_model_path()), "--no-detect", "--device",
-                                                "CUDA0=24GiB", "--device", "CPU=512GiB", "--json"])
+PLAN = ["plan", str(demo_model_path()), "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB",
+        "--json"]
 
 
-def test_cli_command_freezes_as_a_process_not_as_a_caller(collector_on: None) -> None:
-    """``main()`` of the console script freezes what a command's simulations leave; a caller of
+def test_cli_command_freezes_as_a_process_not_as_a_caller(collector_on: None,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``main()`` of the console script freezes what a ``plan``'s simulations leave; a caller of
     ``main(argv)`` (a test, a script) keeps its collector as it was."""
     frozen = gc.get_freeze_count()
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert cli._run(_plan_args(), freeze=False) == 0
+        assert cli.main(PLAN) == 0
     assert gc.get_freeze_count() == frozen
+    monkeypatch.setattr("sys.argv", ["offload-planner", *PLAN])
     with contextlib.redirect_stdout(out):
-        assert cli._run(_plan_args(), freeze=True) == 0
+        assert cli.main() == 0
     assert gc.get_freeze_count() > frozen
+    assert "launch" not in cli.FREEZING and "gui" not in cli.FREEZING  # Qt event loops
