@@ -168,6 +168,25 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     own.error(f"unrecognized arguments: {listed}")
 
 
+#: the commands whose simulations leave what they keep frozen for the cycle collector when the process
+#: runs one and ends: no Qt event loop (the window and ``launch`` run one, with Qt objects to collect)
+FREEZING = frozenset({"plan", "fit", "inspect"})
+
+
+def _run(args: argparse.Namespace, *, freeze: bool) -> int:
+    """The command; ``freeze``: this process ends with it (the console script running one of
+    :data:`FREEZING`, not a caller of :func:`main`), so what its simulations leave is frozen for the
+    cycle collector (:func:`~offload_planner.core.compute.simulate.freezing_after_simulations`)."""
+    if not freeze:
+        code: int = args.func(args)
+        return code
+    from offload_planner.core.compute.simulate import freezing_after_simulations
+
+    with freezing_after_simulations():
+        code = args.func(args)
+        return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None)
@@ -180,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        code: int = args.func(args)
+        code: int = _run(args, freeze=argv is None and args.command in FREEZING)
         return code
     except PlannerError as e:
         print(f"offload-planner: error: {e}", file=sys.stderr)
