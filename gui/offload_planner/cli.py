@@ -168,6 +168,25 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     own.error(f"unrecognized arguments: {listed}")
 
 
+#: the commands whose simulations leave what they keep frozen for the cycle collector when the process
+#: runs one and ends: no Qt event loop (the window and ``launch`` run one, with Qt objects to collect)
+FREEZING = frozenset({"plan", "fit", "inspect"})
+
+
+def _run(args: argparse.Namespace, *, freeze: bool) -> int:
+    """The command; ``freeze``: this process ends with it (the console script running one of
+    :data:`FREEZING`, not a caller of :func:`main`), so what its simulations leave is frozen for the
+    cycle collector (:func:`~offload_planner.core.compute.simulate.freezing_after_simulations`)."""
+    if not freeze:
+        code: int = args.func(args)
+        return code
+    from offload_planner.core.compute.simulate import freezing_after_simulations
+
+    with freezing_after_simulations():
+        code = args.func(args)
+        return code
+
+
 class _GuardedStdout:
     """Standard output whose write errors other than a closed pipe (a full disk, a quota, EIO)
     become one clear :class:`PlannerError` instead of a traceback from the ``print`` that met them."""
@@ -195,17 +214,17 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
-def _run(args: argparse.Namespace) -> int:
-    """The command, its output flushed (a write error is met here, not at exit)."""
+def _run_printing(args: argparse.Namespace, *, freeze: bool) -> int:
+    """:func:`_run` with its output guarded and flushed (a write error is met here, not at exit)."""
     real = sys.stdout
     if real is None:  # started with stdout closed (the window and launch need none)
         if args.command in ("inspect", "plan", "fit"):  # commands whose product is their output
             raise PlannerError(f"standard output is closed: `{args.command}` has nothing to print to "
                                "(redirect it, e.g. > out.txt)")
-        return int(args.func(args))
+        return _run(args, freeze=freeze)
     sys.stdout = _GuardedStdout(real)
     try:
-        code: int = args.func(args)
+        code = _run(args, freeze=freeze)
         sys.stdout.flush()
         return code
     finally:
@@ -224,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return _run(args)
+        return _run_printing(args, freeze=argv is None and args.command in FREEZING)
     except PlannerError as e:
         print(f"offload-planner: error: {e}", file=sys.stderr)
         return 2

@@ -272,6 +272,29 @@ def test_big_header_every_layer_moved(big_headers: dict[str, Model], name: str) 
     assert CI.stats["period_jumps"] > before["period_jumps"]
 
 
+def test_window_counts_from_the_shorter_side(big_headers: dict[str, Model],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator replay's remaining counts after a skipped stretch (and after a start moved back
+    or cut) come from the whole window's counts less the part before: on the dense model's second-GPU
+    moves (a short part before the stretch, a long one after it) every such count equals the window
+    counted again from that point on, and the replays equal from scratch."""
+    model = big_headers["Llama-3.1-70B-Q4_K_M"]
+    diff_from = RA._AllocReplay._diff_from
+
+    def checked(self: RA._AllocReplay, j: int, r: int) -> dict[object, int]:
+        got = diff_from(self, j, r)
+        want = self._diff(j, r)
+        assert {t: v for t, v in got.items() if v} == {t: v for t, v in want.items() if v}
+        return got
+
+    monkeypatch.setattr(RA._AllocReplay, "_diff_from", checked)
+    before = dict(CI.stats)
+    n_layer = model.summary.n_layer
+    _check_layer_moves(model, [n_layer // 2 + 1, n_layer - 7, n_layer - 1])
+    assert CI.stats["diff_shortcuts"] > before["diff_shortcuts"]
+    assert CI.stats["moved_back"] > before["moved_back"]
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3"])
 @pytest.mark.parametrize("to_gpu", [False, True])
 def test_small_model_every_layer_moved(models: dict[str, Model], name: str, to_gpu: bool) -> None:

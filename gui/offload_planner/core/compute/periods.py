@@ -211,9 +211,11 @@ def apply_span(per: Periods, b: int, al: DynAllocator, evs: list[Event], poss: l
     its tensors), whole periods of layers jumped where the state repeats; returns the peak label
     (``al.max_size`` is the running maximum: a jumped period reaches no more than the one walked, and
     a tie keeps the earlier label)."""
+    k = bisect.bisect_left(poss, r0)
+    if k == len(poss) or poss[k] >= r1:  # no event: the state stays (and so do a walk's layer starts)
+        return label
     bounds = per.bounds
     walk = PeriodWalk(per, b)
-    k = bisect.bisect_left(poss, r0)
     i = bisect.bisect_left(bounds, r0)
     while True:
         stop = bounds[i] if i < len(bounds) and bounds[i] < r1 else r1

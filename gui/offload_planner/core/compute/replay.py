@@ -4,7 +4,7 @@ they change (passes 1-4) and the splits (pass 5), and the sched window they make
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, count
 from operator import is_not
@@ -421,14 +421,11 @@ class _Replay:
             return False
         return all(x <= y for x, y in zip(self.early_bound(affected), below, strict=True))
 
-    def early_bound(self, affected: set[int]) -> list[int]:
-        """A bound of this run's reserve (:mod:`.bound`) after passes 1-4: the reference's, plus each
-        affected node and its sources on its backend in this run, plus the copies of
-        :meth:`new_copies` on theirs.  A node outside ``affected`` keeps its backend, its sources'
-        backends and locations, and so its copies: it asks what it asked in the reference."""
-        ref, nodes, newdev, B = self.ref, self.nodes, self.newdev, self.B
-        cache, first = ref.size_cache, ref.first
-        sizer = GraphAllocator(ref.backends)
+    def _sizes(self) -> tuple[GraphAllocator, Callable[[T, int], int]]:
+        """An allocator to size tensors with and its sizer, which keeps the reference's tensors'
+        sizes with the reference (``size_cache``)."""
+        cache, first = self.ref.size_cache, self.ref.first
+        sizer = GraphAllocator(self.ref.backends)
 
         def size(t: T, b: int) -> int:
             v = cache.get((t, b))
@@ -438,6 +435,15 @@ class _Replay:
                     cache[(t, b)] = v
             return v
 
+        return sizer, size
+
+    def early_bound(self, affected: set[int]) -> list[int]:
+        """A bound of this run's reserve (:mod:`.bound`) after passes 1-4: the reference's, plus each
+        affected node and its sources on its backend in this run, plus the copies of
+        :meth:`new_copies` on theirs.  A node outside ``affected`` keeps its backend, its sources'
+        backends and locations, and so its copies: it asks what it asked in the reference."""
+        ref, nodes, newdev, B = self.ref, self.nodes, self.newdev, self.B
+        sizer, size = self._sizes()
         bound = Bound(sizer, size)
         for gi in affected:
             n, b = nodes[gi], B(nodes[gi])
@@ -471,16 +477,7 @@ class _Replay:
         reference's bound plus the window's tensors outside its runs of the reference's nodes (the
         rest of the new graph is the reference's)."""
         ref, newdev, newsrc = self.ref, self.newdev, self.newsrc
-        cache, first = ref.size_cache, ref.first
-        sizer = GraphAllocator(ref.backends)
-
-        def size(t: T, b: int) -> int:
-            v = cache.get((t, b))
-            if v is None:
-                v = sizer.size(t, b)
-                if t in first:  # (the reference's tensors: kept with it)
-                    cache[(t, b)] = v
-            return v
+        sizer, size = self._sizes()
 
         def allocated(t: T) -> bool:
             return t.view_src is None and newdev.get(t, t.dev) is None

@@ -135,6 +135,7 @@ class _AllocReplay:
         ckpos, uses, first = ref.ckpos, ref.uses, ref.first
         rnodes, rids = ref.sched_nodes, ref.sched_ids
         w0, win0, wid0, runs0 = self.wa, self.wnodes, self.wids, self.runs
+        d_w = self._diff(0, w0)  # (a start before the window adds the reference's nodes: the same)
         while True:
             c0 = ckpos[bisect.bisect_right(ckpos, target) - 1]
             if c0 < w0:  # before the window: the reference's nodes up to it
@@ -146,7 +147,9 @@ class _AllocReplay:
                 self.runs = [(max(j - cut, 0), r + max(cut - j, 0), n - max(cut - j, 0))
                              for j, r, n in runs0 if j + n > cut]
             wa = self.wa = self.base = c0
-            self.d_all = self.d_base = self._diff(0, wa)
+            # the window's counts less those of its cut start (cheaper than counting the rest again)
+            d = d_w if c0 <= w0 else _minus(d_w, self._before(win0, runs0, w0, c0 - w0, c0))
+            self.d_all = self.d_base = d
             self.changed = {t for t, d in self.d_all.items() if d}
             back = wa
             for t in self.changed:
@@ -176,11 +179,40 @@ class _AllocReplay:
         self._count(d, wnodes[j:], rnodes[r:self.ref_end])
         return d
 
+    def _before(self, wnodes: list[T], runs: list[tuple[int, int, int]], wa: int, j: int,
+                r: int) -> dict[T, int]:
+        """``_diff(0, wa)`` less ``_diff(j, r)`` of the window ``wnodes`` (with ``runs``) that starts at
+        reference position ``wa``: the uses by its nodes before index ``j`` minus the reference's
+        before position ``r`` (the runs cancel)."""
+        d: dict[T, int] = {}
+        rnodes = self.ref.sched_nodes
+        wj, rr = 0, wa
+        for js, rs, n in runs:
+            if js >= j:
+                break
+            self._count(d, wnodes[wj:js], rnodes[rr:rs])
+            wj, rr = js + n, rs + n
+        if wj < j:
+            self._count(d, wnodes[wj:j], rnodes[rr:r])
+        return d
+
+    def _diff_from(self, j: int, r: int) -> dict[T, int]:
+        """``_diff(j, r)``; before a stretch was skipped, from the whole window's counts less those
+        before ``j`` where fewer of the window's nodes outside its runs come before ``j`` than after."""
+        covered = sum(min(js + n, j) - js for js, _, n in self.runs if js < j)
+        total = sum(n for _, _, n in self.runs)
+        if self.base == self.wa and j - covered < len(self.wnodes) - j - (total - covered):
+            stats["diff_shortcuts"] += 1
+            return _minus(self.d_all, self._before(self.wnodes, self.runs, self.wa, j, r))
+        return self._diff(j, r)
+
     def _count(self, d: dict[T, int], new: list[T], old: list[T]) -> None:
         """Uses by ``new`` minus uses by ``old``, of the tensors the allocator handles (one in a
         buffer, or a view of one, is never allocated or freed: its count decides nothing)."""
+        newsrc = self.newsrc
         for n in new:
-            for s in self.srcs(n):
+            ss = newsrc.get(n)
+            for s in n.src if ss is None else ss:
                 if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
                     d[s] = d.get(s, 0) + 1
         for n in old:
@@ -264,13 +296,16 @@ class _AllocReplay:
         """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
         nc, nv = self.nc, self.nv
         c = nc.get(p)
-        c = (self.r_new(p) if c is None else c) - 1
+        if c is None:  # (``r_new`` inlined: most releases are a tensor's first after the start)
+            u = self.ref.uses.get(p)
+            c = (0 if u is None else len(u) - bisect.bisect_left(u, self.base)) + self.d_base.get(p, 0)
+        c -= 1
         nc[p] = c
         if c:
             return
         v = nv.get(p)
         if v is None:
-            v = nv[p] = self.v_new(p)
+            v = nv[p] = self.v_new(p) if p in self.ref.view_nodes else 0
         if v:
             return
         vs = p.view_src
@@ -286,7 +321,7 @@ class _AllocReplay:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
         place, release, newsrc, newdev, nc = self._place, self.release, self.newsrc, self.newdev, self.nc
-        tags, first = ref.layer_tags, ref.first
+        tags, first, uses = ref.layer_tags, ref.first, ref.uses
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
         q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
@@ -327,7 +362,13 @@ class _AllocReplay:
             for x in ss:
                 if x is not None:
                     c = nc.get(x)
-                    if c is not None and c > 1:
+                    if c is None:  # (its first release since the start or a stretch: ``r_new``)
+                        if (x.dev if x.view_src is None else x.view_src.dev) is not None:
+                            continue
+                        u = uses.get(x)
+                        c = nc[x] = ((0 if u is None else len(u) - bisect.bisect_left(u, self.base))
+                                     + self.d_base.get(x, 0))
+                    if c > 1:
                         nc[x] = c - 1
                     elif (x.dev if x.view_src is None else x.view_src.dev) is None:
                         release(x)
@@ -356,7 +397,7 @@ class _AllocReplay:
         use in the stretch (before it, both runs still have that use to come)."""
         ref = self.ref
         uses = ref.uses
-        after = self._diff(j0 + r1 - r0, r1)
+        after = self._diff_from(j0 + r1 - r0, r1)
         end = r1
         for t, hard in self._differences(ref.cks[r0]).items():
             u = uses.get(t)
@@ -382,7 +423,7 @@ class _AllocReplay:
             self.peaks[b] = apply_span(ref.periods, b, al, ref.tail[b], ref.tail_pos[b], r0, end, per[b],
                                        self.peaks[b])
         self.own = {t: (b, off) for b, d in enumerate(per) for t, off in d.items()}
-        self.base, self.d_base = end, after if end == r1 else self._diff(j0 + end - r0, end)
+        self.base, self.d_base = end, after if end == r1 else self._diff_from(j0 + end - r0, end)
         self.nc.clear()
         self.nv.clear()
         rnodes = ref.sched_nodes
@@ -421,10 +462,28 @@ class _AllocReplay:
         return out
 
 
+def _minus(a: dict[T, int], b: dict[T, int]) -> dict[T, int]:
+    """``a - b`` per tensor."""
+    out = dict(a)
+    for t, v in b.items():
+        out[t] = out.get(t, 0) - v
+    return out
+
+
+_TAGS: dict[str, str] = {}
+
+
 def _layer_tag(n: T) -> str:
-    """`` (layer N)`` of a node named for a layer, else ""."""
-    m = LAYER_SUFFIX.search(n.name)
-    return "" if m is None else f" (layer {m.group(1)})"
+    """`` (layer N)`` of a node named for a layer, else "" (by name: a replay's copies are new nodes
+    with the names of earlier replays' copies)."""
+    tag = _TAGS.get(n.name)
+    if tag is None:
+        m = LAYER_SUFFIX.search(n.name)
+        tag = "" if m is None else f" (layer {m.group(1)})"
+        if len(_TAGS) > 100_000:
+            _TAGS.clear()
+        _TAGS[n.name] = tag
+    return tag
 
 
 def _same_live(ck: Checkpoint, own: dict[T, tuple[int, int]], NC: Callable[[T], int],

@@ -5,7 +5,8 @@
 #: moved back before a use whose count the window changes; tails: backends whose allocator was still
 #: in another state than the reference's after the window, replayed from the reference's event list;
 #: plain: first simulations of a topology, run without recording a reference; skips: stretches of a
-#: window taken from the reference's events; tail_hits: tails that met a state an earlier tail passed;
+#: window taken from the reference's events; diff_shortcuts: remaining window counts taken as the whole
+#: window's less the shorter part before; tail_hits: tails that met a state an earlier tail passed;
 #: period_jumps: runs of equal layers a tail or a stretch jumped; period_misses: runs whose first period
 #: did not bring the state back (walked on; see .periods); graph_reuses: graphs re-placed instead of
 #: built (.template); far: changes densely spanning most of the graph, simulated in full (replay.FAR_SPAN);
@@ -18,7 +19,7 @@
 #: walk_restarts: such walks that found a jump inexact and walked again without jumps (the tests require none)
 stats = {"replays": 0, "full": 0, "refused": 0, "replay_errors": 0, "item_diffs": 0, "late_start": 0,
          "moved_back": 0,
-         "tails": 0, "plain": 0, "skips": 0,
+         "tails": 0, "plain": 0, "skips": 0, "diff_shortcuts": 0,
          "tail_hits": 0, "period_jumps": 0, "period_misses": 0, "graph_reuses": 0,
          "far": 0, "left_out": 0, "left_out_early": 0, "walk_jumps": 0, "walk_restarts": 0,
          "graph_copies": 0}
