@@ -234,3 +234,16 @@ def test_fit_refuses_mtp_on_a_model_without_mtp_layers(small_models: dict[str, P
     ok = run("fit", str(small_models["deepseek2-mtp"]), "--no-detect", "--device", "CUDA0=24GiB", "--",
              "--spec-type", "draft-mtp")
     assert ok.returncode == 0 and "--spec-type draft-mtp" in ok.stdout, ok.stderr
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_prompt_of_too_many_micro_batches_is_refused(command: str) -> None:
+    """`--prompt 1000000 -- -ub 1`: a million steps of the estimate's micro-batch loop (10 s here;
+    16M tokens took minutes). Refused naming --prompt and -ub; -b caps -ub as in llama.cpp."""
+    r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--prompt", "1000000", "--", "-ub", "1")
+    refused(r, "--prompt 1000000 in micro-batches of -ub 1 is 1000000 micro-batches, more than the 32768")
+    r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--prompt", "40000", "--", "-b", "1")
+    refused(r, "--prompt 40000 in micro-batches of -ub 1 is 40000")
+    ok = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--prompt", "32768", "--", "-ub", "1",
+             "-b", "1")
+    assert ok.returncode == 0, ok.stderr

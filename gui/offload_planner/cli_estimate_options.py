@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+from offload_planner.core.errors import PlannerError
+
+DEFAULT_UB, DEFAULT_B = 512, 2048  # llama.cpp's -ub and -b defaults
 
 
 def add_estimate_options(p: argparse.ArgumentParser) -> None:
@@ -28,6 +33,22 @@ def prompt_len(text: str) -> int:
         raise argparse.ArgumentTypeError(f"--prompt {text!r}: expected a number of tokens from 1 to "
                                          f"{MAX_PROMPT}")
     return int(text)
+
+
+#: The most micro-batches the estimate walks for --prompt (32768: 16M tokens at the default -ub 512);
+#: each is a step of its loop, so `--prompt 1000000 -- -ub 1` took 10 s and 16M tokens minutes.
+MAX_MICROBATCHES = 1 << 15
+
+
+def check_microbatches(prompt: int, args: Any) -> None:
+    """Refuse a --prompt that needs more than :data:`MAX_MICROBATCHES` micro-batches of the
+    command's -ub (llama.cpp's n_ubatch = min(n_batch, n_ubatch); ``args``: the parsed server args)."""
+    ub = min(args.ubatch_size if args.ubatch_size is not None else DEFAULT_UB,
+             args.batch_size if args.batch_size is not None else DEFAULT_B)
+    batches = -(-prompt // max(1, ub))
+    if batches > MAX_MICROBATCHES:
+        raise PlannerError(f"--prompt {prompt} in micro-batches of -ub {ub} is {batches} micro-batches, more "
+                           f"than the {MAX_MICROBATCHES} the estimate walks: raise -ub or shorten --prompt")
 
 
 def _depth(text: str) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from offload_planner.cli_estimate_options import add_estimate_options, prompt_len
+from offload_planner.cli_estimate_options import add_estimate_options, check_microbatches, prompt_len
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -77,6 +77,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     parsed = parse_server_args(list(args.server_args), dialect=dialect)
     if parsed.errors:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
+    check_microbatches(args.prompt, parsed.args)
     model = open_model(args.model)
     declared = parse_device_decls(args.device)
     detection = detect_gpus() if not args.no_detect else None

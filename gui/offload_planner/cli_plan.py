@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from offload_planner.cli_estimate_options import add_estimate_options, prompt_len
+from offload_planner.cli_estimate_options import add_estimate_options, check_microbatches, prompt_len
 from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
@@ -137,6 +137,7 @@ def run_plan(args: argparse.Namespace) -> int:
     errors += dialect.model_errors(model)
     if errors:
         return print_errors(errors)
+    check_microbatches(args.prompt, parsed.args)
     from offload_planner.core.analysis import analyse_command, fit_simulates
     from offload_planner.core.compute import one_shot
 
