@@ -247,3 +247,17 @@ def test_a_prompt_of_too_many_micro_batches_is_refused(command: str) -> None:
     ok = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--prompt", "32768", "--", "-ub", "1",
              "-b", "1")
     assert ok.returncode == 0, ok.stderr
+
+
+@pytest.mark.parametrize("size", ["99999x99999", "8193x800", "1280x8193"])
+def test_a_screenshot_too_large_to_draw_is_refused(size: str, tmp_path: Path) -> None:
+    """`gui --screenshot x.png --size 99999x99999` died of a segmentation fault (exit 139) painting a
+    40 GB image; now refused before Qt starts, naming --size."""
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT, "QT_QPA_PLATFORM": "offscreen"}
+    r = subprocess.run([sys.executable, "-m", "offload_planner", "gui", QWEN, "--screenshot",
+                        str(tmp_path / "x.png"), "--size", size], capture_output=True, text=True, timeout=60,
+                       env=env)
+    expected = (f"offload-planner: error: --size {size!r}: larger than the largest screenshot drawn, "
+                "8192x8192\n")
+    assert (r.returncode, r.stderr) == (2, expected)
+    assert not (tmp_path / "x.png").exists()

@@ -8,12 +8,17 @@ DEFAULT_SIZE = (1280, 800)
 #: laptop leaves about 1366x700 under its panels (at 1280x800 minimum, the window was taller than
 #: either screen). Below the default the map and the memory bars give way, the left column scrolls.
 MIN_SIZE = (1024, 640)
+#: The largest --size drawn (an 8K screen and then some): 99999x99999 was a 40 GB image Qt could not
+#: allocate, and the process died of a segmentation fault painting into it.
+MAX_SIZE = (8192, 8192)
 
 
 def size_problem(width: int, height: int) -> str:
     """Why the window cannot be ``width`` x ``height`` ("" if it can)."""
     if width < MIN_SIZE[0] or height < MIN_SIZE[1]:
         return f"smaller than the window's minimum {MIN_SIZE[0]}x{MIN_SIZE[1]}"
+    if width > MAX_SIZE[0] or height > MAX_SIZE[1]:
+        return f"larger than the largest screenshot drawn, {MAX_SIZE[0]}x{MAX_SIZE[1]}"
     return ""
 
 
