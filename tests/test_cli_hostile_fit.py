@@ -261,3 +261,14 @@ def test_a_screenshot_too_large_to_draw_is_refused(size: str, tmp_path: Path) ->
                 "8192x8192\n")
     assert (r.returncode, r.stderr) == (2, expected)
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+@pytest.mark.parametrize("flag", ["-nkvo", "--no-kv-offload"])
+def test_ik_no_kv_offload_is_written_once(command: str, flag: str) -> None:
+    """ik_llama.cpp's -nkvo (its own canonical key, --no-kv-offload) was kept verbatim beside the one
+    the plan writes: `... -fa on -nkvo -nkvo`."""
+    r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--backend", "ik_llama.cpp", "--", flag)
+    assert r.returncode == 0, r.stderr
+    cmd = r.stdout.strip().splitlines()[-1].split()
+    assert cmd[0] == "llama-server" and cmd.count("-nkvo") + cmd.count("--no-kv-offload") == 1, cmd

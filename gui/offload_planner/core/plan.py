@@ -184,9 +184,9 @@ def overrides_of(plan: Plan) -> tuple[Override, ...]:
 REGENERATED_FLAGS = frozenset({
     "--model", "--rpc", "--ctx-size", "--gpu-layers", "--tensor-split", "--split-mode", "--main-gpu",
     "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
-    "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--swa-full",
-    "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit", "--mla-use",
-    "--attention-max-batch",
+    "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--no-kv-offload",
+    "--swa-full", "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit",
+    "--mla-use", "--attention-max-batch",
 })
 
 
