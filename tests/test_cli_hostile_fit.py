@@ -215,12 +215,17 @@ def test_a_device_declared_twice_is_refused(command: str, tmp_path: Path) -> Non
 @pytest.mark.parametrize("command", ["plan", "fit"])
 def test_more_gpus_than_llama_cpp_takes_are_refused(command: str) -> None:
     """40 declared GPUs made a command with -ts of 40 values, which llama-server (and our own parser
-    of its arguments) refuses: llama_max_devices() is 16."""
+    of its arguments) refuses: llama_max_devices() is 16, and common/arg.cpp refuses a -ts of 16
+    values or more, so 16 GPUs (-ts of 16 values) were refused by llama-server too."""
     devices = [a for i in range(17) for a in ("--device", f"CUDA{i}=24GiB")]
     r = run(command, QWEN, "--no-detect", *devices)
-    refused(r, "--device: 17 GPUs declared (CUDA0 ... CUDA16)", "at most 16")
-    ok = run("plan", QWEN, "--no-detect", *devices[:32])  # 16 are taken
+    refused(r, "--device: 17 GPUs declared (CUDA0 ... CUDA16)", "at most 15")
+    r = run(command, QWEN, "--no-detect", *devices[:32])
+    refused(r, "--device: 16 GPUs declared (CUDA0 ... CUDA15)", "at most 15")
+    ok = run("plan", QWEN, "--no-detect", *devices[:30])  # 15 are taken
     assert ok.returncode == 0, ok.stderr
+    ts = next(a for a in ok.stdout.split("\n") if a.startswith("llama-server")).split(" -ts ")[1].split()[0]
+    assert len(ts.split(",")) == 15  # a -ts llama-server takes
 
 
 def test_fit_refuses_mtp_on_a_model_without_mtp_layers(small_models: dict[str, Path]) -> None:

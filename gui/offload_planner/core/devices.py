@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from offload_planner.core.cmdline.handlers_mainline import MAX_DEVICES
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.catalogue import card, card_keys
 from offload_planner.core.speed.declared import HARDWARE_KEYS, parse_hardware_keys
@@ -222,8 +223,10 @@ def parse_device_decl(text: str) -> Device:
                   hardware=tuple(hardware))
 
 
-#: llama.cpp's llama_max_devices() (src/llama.cpp): the length of its tensor-split array.
-MAX_DEVICES = 16
+#: GPUs a plan can split layers over: its command pins the split with ``-ts``, one value a GPU, and
+#: llama.cpp refuses a ``-ts`` of ``llama_max_devices()`` values or more (common/arg.cpp, ``--tensor-split``:
+#: ``split_arg.size() >= llama_max_devices()``), so 16 GPUs made a command llama-server exits on.
+MAX_GPUS = MAX_DEVICES - 1
 
 
 def parse_device_decls(texts: Sequence[str]) -> list[Device]:
@@ -239,9 +242,10 @@ def parse_device_decls(texts: Sequence[str]) -> list[Device]:
         seen[d.name.lower()] = text
         out.append(d)
     offload = [d.name for d in out if d.kind is not DeviceKind.CPU]
-    if len(offload) > MAX_DEVICES:
+    if len(offload) > MAX_GPUS:
         raise PlannerError(f"--device: {len(offload)} GPUs declared ({offload[0]} ... {offload[-1]}); "
-                           f"llama.cpp places layers on at most {MAX_DEVICES} (llama_max_devices)")
+                           f"at most {MAX_GPUS}: llama.cpp's -ts takes fewer values than its "
+                           f"{MAX_DEVICES} devices (llama_max_devices)")
     return out
 
 
