@@ -277,3 +277,17 @@ def test_ik_no_kv_offload_is_written_once(command: str, flag: str) -> None:
     assert r.returncode == 0, r.stderr
     cmd = r.stdout.strip().splitlines()[-1].split()
     assert cmd[0] == "llama-server" and cmd.count("-nkvo") + cmd.count("--no-kv-offload") == 1, cmd
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+@pytest.mark.parametrize(("flag", "value", "named"), [
+    ("-c", "-1", "-c/--ctx-size -1"), ("-c", "-5", "-c/--ctx-size -5"),
+    ("-b", "-1", "-b/--batch-size -1"), ("-ub", "-1", "-ub/--ubatch-size -1"),
+])
+def test_a_negative_context_size_is_refused_not_walked(command: str, flag: str, value: str,
+                                                       named: str) -> None:
+    """llama-server's parser takes any int for -c, -b and -ub, and the library reads a negative one as
+    uint32_t (-1: 4294967295); the speed estimate walked the prompt in micro-batches of -1 tokens and
+    never ended (the command-line fuzz test found `-c -1`)."""
+    r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--", flag, value)
+    refused(r, named, "4294967")

@@ -13,6 +13,7 @@ from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import IK, LLAMA_CPP, LLAMA_CPP_2025, Dialect
+from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
@@ -30,6 +31,26 @@ _QUANT_KV = {"q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"}
 def _get(args: Any, name: str, default: Any = None) -> Any:
     v = getattr(args, name, None)
     return default if v is None else v
+
+
+#: llama.cpp's unsigned context sizes (``llama_context_params``: uint32_t n_ctx, n_batch, n_ubatch):
+#: the flag that sets each, for the message that refuses a negative one
+UNSIGNED_SIZES = {"ctx_size": "-c/--ctx-size", "batch_size": "-b/--batch-size",
+                  "ubatch_size": "-ub/--ubatch-size"}
+
+#: what 0 means where llama.cpp gives it a meaning (llama-context.cpp: n_ctx 0 is the trained context,
+#: n_ubatch 0 is n_batch)
+_ZERO_MEANS = {"ctx_size": "; 0 is the trained context", "ubatch_size": "; 0 is -b's value"}
+
+
+def _size(args: Any, name: str, default: int) -> int:
+    """A context size as given, refusing a negative one: llama-server's parser takes any int, and
+    the library reads it as uint32_t (-1: 4294967295 cells or tokens), which no plan can project."""
+    v = int(_get(args, name, default))
+    if v < 0:
+        raise PlannerError(f"{UNSIGNED_SIZES[name]} {v}: a negative size, which llama.cpp reads as "
+                           f"{v & 0xFFFFFFFF} (unsigned)" + _ZERO_MEANS.get(name, ""))
+    return v
 
 
 def server_settings(args: Any) -> Any:
@@ -95,18 +116,18 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         np_, kvu = 4, True if kvu is None else kvu
         notes.append("-np auto: 4 slots sharing one unified KV cache (server default)")
     np_ = np_ if np_ and np_ > 0 else 1
-    n_ctx = _get(args, "ctx_size", 0)
+    n_ctx = _size(args, "ctx_size", 0)
     if not n_ctx:
         notes.append(f"-c 0 or unset: trained context {model.summary.n_ctx_train}"
                      + dialect.trained_context_note())
     fa = _get(args, "flash_attn", "auto")
     ctv = _get(args, "cache_type_v", "f16")
     flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
-    n_batch = _get(args, "batch_size", DEFAULT_N_BATCH)
+    n_batch = _size(args, "batch_size", DEFAULT_N_BATCH)
     return ContextParams(
         n_ctx=n_ctx,
         n_batch=n_batch,
-        n_ubatch=_get(args, "ubatch_size", DEFAULT_N_UBATCH),
+        n_ubatch=_size(args, "ubatch_size", DEFAULT_N_UBATCH),
         n_seq_max=np_,
         kv_unified=bool(kvu),
         flash_attn=flash or ctv in _QUANT_KV,
