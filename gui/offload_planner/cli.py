@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from offload_planner import __version__
 from offload_planner.bundled import demo_model_path
@@ -187,6 +187,9 @@ def _run(args: argparse.Namespace, *, freeze: bool) -> int:
         return code
 
 
+_R = TypeVar("_R")
+
+
 class _GuardedStdout:
     """Standard output whose write errors other than a closed pipe (a full disk, a quota, EIO)
     become one clear :class:`PlannerError` instead of a traceback from the ``print`` that met them."""
@@ -195,16 +198,15 @@ class _GuardedStdout:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        try:
-            return self._stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as e:
-            raise PlannerError(f"cannot write the output (standard output): {e.strerror or e}") from None
+        return self._guarded(self._stream.write, text)
 
     def flush(self) -> None:
+        self._guarded(self._stream.flush)
+
+    @staticmethod
+    def _guarded(call: Callable[..., _R], *args: object) -> _R:
         try:
-            self._stream.flush()
+            return call(*args)
         except BrokenPipeError:
             raise
         except OSError as e:
