@@ -600,11 +600,9 @@ def attention_flops_at(plan: Plan, placement: Placement, ctx: ResolvedContext,
 
 
 def _split_seconds(plan: Plan, hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]]) -> float:
-    """Per generated token: latency plus one token's activations over the link, per graph split."""
-    split_s = 0.0
-    for gb, lat in _links(pairs, hw, eff):
-        split_s += lat + 4 * plan.model.summary.n_embd / (gb * 1e9)
-    return split_s
+    """Per generated token: latency plus one token's activations over the link, per graph split (a
+    micro-batch of one, :func:`_pp_splits`)."""
+    return _pp_splits(plan, hw, eff, pairs)(1)
 
 
 def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
