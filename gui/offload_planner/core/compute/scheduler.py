@@ -4,6 +4,7 @@ of split inputs, op offload."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from offload_planner.core.compute.ggml import INPUT, OUTPUT, VIEW_OPS, Graph, T, view_tensor
 from offload_planner.core.devices import DeviceKind
@@ -26,6 +27,7 @@ CUDA_LIKE = frozenset({DeviceKind.CUDA, DeviceKind.ROCM})
 ASYNC_EVENTS = frozenset({DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.RPC, DeviceKind.SYCL,
                           DeviceKind.VULKAN, DeviceKind.METAL})
 N_COPIES_PIPELINE = 4  # GGML_SCHED_MAX_COPIES
+_bid = attrgetter("bid")
 
 
 # --- the scheduler (ggml_backend_sched_split_graph) -------------------------------------------------
@@ -214,9 +216,9 @@ class Scheduler:
                 self.node_ids.append(inp.bid)
                 self.nodes.append(self.copies[(id(inp), sp.backend)][0])
                 self.node_ids.append(sp.backend)
-            for n in g.nodes[sp.i_start:sp.i_end]:
-                self.nodes.append(n)
-                self.node_ids.append(n.bid)
+            seg = g.nodes[sp.i_start:sp.i_end]
+            self.nodes.extend(seg)
+            self.node_ids.extend(map(_bid, seg))
         if self.n_copies > 1:
             for inp in graph_inputs:
                 for c in self.copies[(id(inp), inp.bid)]:
