@@ -18,7 +18,9 @@ for node; each pass is, per layer, a function of a few inputs it reads, made exp
 
 A layer whose inputs to a pass equal those of an earlier layer of the same code (in this call) takes
 the earlier result: the backends as a list slice, pass 5's effects (new splits, copies made, sources
-rewired to copies) replayed on the layer's own tensors.  Passes 3 and 4 run as they are.  The key
+rewired to copies) replayed on the layer's own tensors.  Pass 4 (views take their source's backend,
+unassigned sources their consumer's) is taken the same way, by the backends of the layer's nodes and
+outside tensors; pass 3 runs on the layers where pass 2 left a real node unassigned.  The key
 holds everything the pass reads, so the result is the pass's own, exactly; ``stats["sched_layers"]``
 counts the layers taken.
 """
@@ -102,6 +104,11 @@ _bid = attrgetter("bid")
 _dev = attrgetter("dev")
 
 
+def _changed(ts: Sequence[T], before: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(position, backend) of the tensors whose backend is not the one ``before`` gives."""
+    return [(r, x) for r, (x, y) in enumerate(zip(map(_bid, ts), before, strict=True)) if x != y]
+
+
 class LayerScheduler(Scheduler):
     """``Scheduler.split_graph`` over a kept graph whose layers are known (see the module)."""
 
@@ -123,11 +130,13 @@ class LayerScheduler(Scheduler):
                 t.bid = self.backend_of(t)
         bids = self._pass1(nodes, forced)
         for k, (forward, skip_cpu) in enumerate(((True, True), (False, True), (True, False), (False, False))):
-            self._sweep(bids, k, forward, skip_cpu)
+            unassigned = self._sweep(bids, k, forward, skip_cpu)
         for n, b in zip(nodes, bids, strict=True):
             n.bid = b
-        self.pass3(nodes)
-        self.pass4(nodes)
+        for s in unassigned:  # pass 3 assigns only real nodes pass 2 left unassigned
+            a, b = self.refs.bounds[s]
+            self.pass3(nodes[a:b])
+        self._pass4_layers(nodes)
         self._pass5_layers(nodes)
         self.build_copy(g)
 
@@ -159,27 +168,55 @@ class LayerScheduler(Scheduler):
             bids.extend(got)
         return bids
 
-    def _sweep(self, bids: list[int], k: int, forward: bool, skip_cpu: bool) -> None:
-        """One sweep of pass 2 (``Scheduler.expand``) over the real nodes, segment by segment."""
+    def _sweep(self, bids: list[int], k: int, forward: bool, skip_cpu: bool) -> list[int]:
+        """One sweep of pass 2 (``Scheduler.expand``) over the real nodes, segment by segment; returns the
+        segments with a real node left unassigned, in order."""
         refs, cpu = self.refs, self.cpu
-        memo: dict[tuple[object, ...], tuple[list[int], int]] = {}
+        memo: dict[tuple[object, ...], tuple[list[int], int, bool]] = {}
         cur = -1
         segs = range(len(refs.bounds)) if forward else range(len(refs.bounds) - 1, -1, -1)
+        unassigned: list[int] = []
         for s in segs:
             a, b = refs.bounds[s]
             key = (refs.codes[s], tuple(bids[a:b]), cur)
             got = memo.get(key)
             if got is not None:
-                bids[a:b], cur = got
+                bids[a:b], cur, left = got
                 stats["sched_layers"] += 1
+            else:
+                left = False
+                for r in (refs.real[s] if forward else reversed(refs.real[s])):
+                    x = bids[a + r]
+                    if x != -1:
+                        cur = -1 if (skip_cpu and x == cpu) else x
+                    elif cur != -1:
+                        bids[a + r] = cur
+                    else:
+                        left = True
+                memo[key] = (bids[a:b], cur, left)
+            if left:
+                unassigned.append(s)
+        return unassigned if forward else unassigned[::-1]
+
+    def _pass4_layers(self, nodes: list[T]) -> None:
+        """``Scheduler.pass4`` a segment at a time: the backends it gives the segment's nodes and the
+        outside tensors it reads, by the backends they have before it."""
+        refs = self.refs
+        memo: dict[tuple[object, ...], tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+        for s, (a, b) in enumerate(refs.bounds):
+            seg, ext = nodes[a:b], refs.ext[s]
+            before, ext_before = tuple(map(_bid, seg)), tuple(map(_bid, ext))
+            key = (refs.codes[s], before, ext_before, tuple(map(_bid, refs.ext_vs[s])))
+            got = memo.get(key)
+            if got is None:
+                self.pass4(seg)
+                memo[key] = (_changed(seg, before), _changed(ext, ext_before))
                 continue
-            for r in (refs.real[s] if forward else reversed(refs.real[s])):
-                x = bids[a + r]
-                if x != -1:
-                    cur = -1 if (skip_cpu and x == cpu) else x
-                elif cur != -1:
-                    bids[a + r] = cur
-            memo[key] = (bids[a:b], cur)
+            stats["sched_layers"] += 1
+            for r, x in got[0]:
+                seg[r].bid = x
+            for k, x in got[1]:
+                ext[k].bid = x
 
     # --- pass 5
 
