@@ -149,7 +149,7 @@ def _check(model: Model, devices: DeviceSet, opts: PlacementOptions, params: Con
                             kv_dev)
         g = tpl.g
         codes = layer_codes(g.nodes, tpl.src, tpl.flags[len(g.leafs):], g.leafs)
-        kept[key] = (tpl, layer_refs(g.nodes, codes))
+        kept[key] = (tpl, layer_refs(g, codes))
     tpl, refs = kept[key]
     backends = backends_for(devices, placement)
     n_copies = N_COPIES_PIPELINE if pipeline_parallel(devices, placement, params) else 1

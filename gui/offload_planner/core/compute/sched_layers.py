@@ -60,29 +60,68 @@ class LayerRefs:
     ext_ids: list[tuple[int, ...]]
 
 
-def layer_refs(nodes: Sequence[T], codes: LayerCodes) -> LayerRefs:
-    """The segments of ``nodes`` (as the builder left them: sources not rewired)."""
+def layer_refs(g: Graph, codes: LayerCodes) -> LayerRefs:
+    """The segments of ``g`` (its nodes as the builder left them: sources not rewired)."""
+    pos = _ref_positions(g, codes)
+    every = [*g.leafs, *g.nodes]
+    ext = [tuple(map(every.__getitem__, e)) for e in pos.ext]
+    ext_ids = [tuple(map(id, e)) for e in ext]
+    return LayerRefs(pos.bounds, pos.codes, ext, [dict(zip(e, range(len(e)), strict=True)) for e in ext_ids],
+                     pos.real, [tuple(map(every.__getitem__, v)) for v in pos.ext_vs], ext_ids)
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """:class:`LayerRefs` of a topology, the tensors by position among the graph's leafs then nodes (the
+    same in every graph the template copies)."""
+
+    bounds: list[tuple[int, int]]
+    codes: list[int]
+    ext: list[tuple[int, ...]]
+    ext_vs: list[tuple[int, ...]]
+    real: list[list[int]]
+
+
+def _positions(g: Graph, codes: LayerCodes) -> _Positions:
+    nodes = g.nodes
     starts = codes.starts
     cuts = [0, *starts] if not starts or starts[0] > 0 else list(starts)
     seg_codes = ([-1] if len(cuts) > len(starts) else []) + list(codes.codes)
     bounds = [(a, cuts[k + 1] if k + 1 < len(cuts) else len(nodes)) for k, a in enumerate(cuts)]
-    ext: list[tuple[T, ...]] = []
-    ext_index: list[dict[int, int]] = []
+    n_leafs = len(g.leafs)
+    where = {id(t): k for k, t in enumerate(g.leafs)}
+    where.update((id(n), n_leafs + u) for u, n in enumerate(nodes))
+    ext: list[tuple[int, ...]] = []
+    ext_vs: list[tuple[int, ...]] = []
     real: list[list[int]] = []
     for a, b in bounds:
-        inside = {id(n) for n in nodes[a:b]}
-        order: dict[int, int] = {}
-        out: list[T] = []
+        lo, hi = n_leafs + a, n_leafs + b
+        order: dict[int, None] = {}
         for n in nodes[a:b]:
             for x in (n.view_src, *n.src):
-                if x is not None and id(x) not in inside and id(x) not in order:
-                    order[id(x)] = len(out)
-                    out.append(x)
-        ext.append(tuple(out))
-        ext_index.append(order)
+                if x is not None:
+                    k = where[id(x)]
+                    if not lo <= k < hi:
+                        order.setdefault(k)
+        ext.append(tuple(order))
+        every_vs = (nodes[k - n_leafs] if k >= n_leafs else g.leafs[k] for k in order)
+        ext_vs.append(tuple(where[id(t.view_src)] for t in every_vs if t.view_src is not None))
         real.append([u - a for u in range(a, b) if nodes[u].op not in VIEW_OPS])
-    ext_vs = [tuple(x.view_src for x in e if x.view_src is not None) for e in ext]
-    return LayerRefs(bounds, seg_codes, ext, ext_index, real, ext_vs, [tuple(map(id, e)) for e in ext])
+    return _Positions(bounds, seg_codes, ext, ext_vs, real)
+
+
+#: positions by layer codes (a topology's, shared by the copies of its graph), a few
+_POSITIONS: OrderedDict[int, tuple[LayerCodes, _Positions]] = OrderedDict()
+
+
+def _ref_positions(g: Graph, codes: LayerCodes) -> _Positions:
+    got = _POSITIONS.get(id(codes))
+    if got is None or got[0] is not codes:
+        got = _POSITIONS[id(codes)] = (codes, _positions(g, codes))
+        if len(_POSITIONS) > 4:
+            _POSITIONS.popitem(last=False)
+    _POSITIONS.move_to_end(id(codes))
+    return got[1]
 
 
 #: segments by kept graph (the graph itself kept to tell a reused id apart), a few
@@ -93,7 +132,7 @@ def cached_refs(g: Graph, codes: LayerCodes) -> LayerRefs:
     """:func:`layer_refs` of a kept graph, worked out at its first walk with these codes."""
     got = _REFS.get(id(g))
     if got is None or got[0] is not g or got[1] is not codes:
-        got = _REFS[id(g)] = (g, codes, layer_refs(g.nodes, codes))
+        got = _REFS[id(g)] = (g, codes, layer_refs(g, codes))
         if len(_REFS) > 4:
             _REFS.popitem(last=False)
     _REFS.move_to_end(id(g))
