@@ -331,18 +331,19 @@ class Reference:
         # states replays' tails passed (see replay_alloc._tail): the maximum from there on and its label
         self.tail_memo: dict[tuple[object, ...], tuple[int, str]] = {}
         self.size_cache: dict[tuple[T, int], int] = {}
+        last_first: list[tuple[int, list[tuple[int, str]]]] = []
+        for p in reversed(self.ckpos):
+            suffix = self.cks[p].suffix = []
+            last_first.append((p, suffix))
         for evs in galloc.events:
             best: tuple[int, str] = (-1, "")
             k = len(evs)
-            for p in reversed(self.ckpos):
+            for p, suffix in last_first:
                 while k and evs[k - 1][0] >= p:
                     k -= 1
                     if evs[k][1] >= best[0]:
                         best = (evs[k][1], evs[k][2])
-                ck = self.cks[p]
-                if ck.suffix is None:
-                    ck.suffix = []
-                ck.suffix.append(best)
+                suffix.append(best)
         self.copies = [0] * len(backends)
         self.wcopies = [0] * len(backends)
         for sp in self.splits:
