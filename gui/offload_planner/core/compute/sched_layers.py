@@ -161,12 +161,7 @@ class LayerScheduler(Scheduler):
     def split_graph(self, g: Graph, *, keep_forced: bool = True) -> None:
         forced = g.forced if keep_forced else {}
         nodes = g.nodes
-        ids = self.ids
-        for t in g.leafs:
-            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
-        for t in g.leafs:
-            if t.bid == -1:
-                t.bid = self.backend_of(t)
+        self._leafs_pass1(g.leafs, forced)
         bids = self._pass1(nodes, forced)
         for k, (forward, skip_cpu) in enumerate(((True, True), (False, True), (True, False), (False, False))):
             unassigned = self._sweep(bids, k, forward, skip_cpu)
@@ -180,6 +175,19 @@ class LayerScheduler(Scheduler):
         self.build_copy(g)
 
     # --- pass 1 and pass 2, on a list of the nodes' backends
+
+    def _leafs_pass1(self, leafs: list[T], forced: dict[int, str]) -> None:
+        """Pass 1 on the leafs: a forced backend, else the one of the buffer a leaf's data is in (a
+        weight or cache: ``from_buffer``, inlined), else ``backend_of``."""
+        ids, cpu = self.ids, self.cpu
+        get = ids.get
+        for t in leafs:
+            if id(t) in forced:
+                t.bid = ids[forced[id(t)]]
+            elif t.view_src is None and t.dev is not None:
+                t.bid = get(t.dev, cpu)
+            else:
+                t.bid = self.backend_of(t)
 
     def _pass1(self, nodes: list[T], forced: dict[int, str]) -> list[int]:
         refs, ids = self.refs, self.ids
