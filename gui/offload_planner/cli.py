@@ -68,8 +68,9 @@ def _add_gui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ".json); without MODEL, the bundled demo model.",
     )
     g.add_argument("model", nargs="?", help="GGUF path, URL or plan file (default: bundled demo model)")
-    g.add_argument("--device", action="append", default=[], metavar="NAME=SIZE",
-                   help="declare a device for this session, e.g. CUDA0=24GiB (repeatable)")
+    from offload_planner.cli_estimate_options import add_device_option
+
+    add_device_option(g, "declare a device for this session only")
     g.add_argument("--screenshot", metavar="FILE.png",
                    help="render offscreen once the model is projected, save the PNG and exit")
     g.add_argument("--size", default="1280x800", metavar="WxH", help="window size with --screenshot")
@@ -162,10 +163,34 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = getattr(args, "command", None)
     own: argparse.ArgumentParser = sub.choices.get(command, parser) if command else parser
-    if hasattr(args, "server_args"):
-        own.error(f"unrecognized arguments: {listed} (llama-server arguments go after `--`: "
-                  f"offload-planner {command} MODEL [options] -- {listed})")
-    own.error(f"unrecognized arguments: {listed}")
+    meant, rest = _meant_options(own, extra)
+    hints = [f"did you mean {meant}? `{own.prog} --help` lists the options"] if meant else []
+    if rest and hasattr(args, "server_args"):
+        hints.append(f"llama-server arguments go after `--`: offload-planner {command} MODEL [options] -- "
+                     + " ".join(rest))
+    if hints:
+        own.error(f"unrecognized arguments: {listed} ({'; '.join(hints)})")
+    own.error(f"unrecognized arguments: {listed} (`{own.prog} --help` lists the options)")
+
+
+def _meant_options(own: argparse.ArgumentParser, extra: list[str]) -> tuple[str, list[str]]:
+    """Our options that unknown ones in ``extra`` look like typos of (``"--device for --devce"``, ""
+    when none does), and the rest of ``extra`` (llama-server flags given before ``--``, their values)."""
+    import difflib
+
+    ours = [o for a in own._actions for o in a.option_strings if o.startswith("--")]
+    meant: list[str] = []
+    rest: list[str] = []
+    typo = False  # the value after a typo'd option goes with it
+    for token in extra:
+        flag = token.split("=", 1)[0]
+        near = difflib.get_close_matches(flag, ours, n=1, cutoff=0.75) if flag.startswith("--") else []
+        if near:
+            meant.append(f"{near[0]} for {flag}")
+        elif not (typo and not token.startswith("-")):
+            rest.append(token)
+        typo = bool(near) or (typo and not token.startswith("-"))
+    return ", ".join(meant), rest
 
 
 #: the commands whose simulations leave what they keep frozen for the cycle collector when the process

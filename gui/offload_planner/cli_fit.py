@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
-from offload_planner.cli_estimate_options import add_estimate_options, check_microbatches, prompt_len
+from offload_planner.cli_estimate_options import (
+    add_device_option,
+    add_estimate_options,
+    check_microbatches,
+    prompt_len,
+)
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -23,8 +28,7 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--goal balanced -- -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
-    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE|CARD[,key=value]",
-                   help="declare a device, e.g. CUDA0=rtx3090 or CUDA1=24GiB,bw=936GB/s (repeatable)")
+    add_device_option(p)
     p.add_argument("--goal", choices=("tg", "pp", "balanced"), default="balanced",
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")

