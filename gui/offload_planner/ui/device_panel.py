@@ -3,6 +3,8 @@ editable, each edit one undo step); add and remove virtual GPUs; a drop target f
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
@@ -26,10 +28,11 @@ from PySide6.QtWidgets import (
 from offload_planner.core.devices import Device, DeviceKind, kind_of
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.plan_edits import next_gpu_name
-from offload_planner.core.speed.catalogue import CARDS, card
+from offload_planner.core.speed.catalogue import CARDS, Card, card
 from offload_planner.core.units import GiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import device_color
+from offload_planner.ui.settings import card_label, virtual_description
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -114,6 +117,9 @@ class DeviceListModel(QAbstractTableModel):
             if d.free is not None:
                 parts.append(f"free {fmt_bytes(d.free)}")
             parts.append(f"margin {fmt_bytes(d.margin)}")
+            c = card(dict(d.hardware).get("card", ""))
+            if c is not None:  # what the speed estimate takes for this GPU
+                parts.append(f"speeds of the {html.escape(card_label(c.key))} (catalogue): {card_figures(c)}")
             parts.append("Drop tensors here to move them to this device")
             return "<br>".join(parts)
         return None
@@ -191,6 +197,20 @@ class DeviceListView(QTableView):
         p.drawRect(r.adjusted(1, 1, -1, -1))
 
 
+def card_figures(c: Card) -> str:
+    """A catalogue card's figures as the speed estimate takes them."""
+    out = [f"{c.bandwidth_gbs:g} GB/s memory"]
+    out.append(f"PCIe {c.pcie[0]}.0 x{c.pcie[1]}" if c.pcie is not None else "unified memory (no host copy)")
+    if c.tflops is not None:
+        out.append(f"{c.tflops:g} TFLOPS")
+    return ", ".join(out)
+
+
+#: The dialog's line under "Card" when none is picked.
+NO_CARD = ("Default speeds (the estimate's assumptions name them). Pick a card for its memory bandwidth, "
+           "PCIe link and compute, and its memory size.")
+
+
 GPU_KINDS = (DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.VULKAN, DeviceKind.METAL, DeviceKind.SYCL)
 
 
@@ -209,6 +229,11 @@ class AddGpuDialog(QDialog):
         for c in CARDS:
             self.card.addItem(c.name, c.key)
         self.card.currentIndexChanged.connect(self._card_chosen)
+        self.card.setToolTip("A card of the catalogue sets the GPU's memory and the speeds of the tg/pp "
+                             "estimate; (none): default speeds")
+        self.card_info = QLabel(NO_CARD)  # what picking the card sets
+        self.card_info.setWordWrap(True)
+        self.card_info.setEnabled(False)  # greyed, a hint
         self.name = QLineEdit(next_gpu_name(doc.plan.devices))
         self.size_spin = QDoubleSpinBox()
         self.size_spin.setRange(0.5, 4096)
@@ -226,6 +251,7 @@ class AddGpuDialog(QDialog):
         self.kind.currentTextChanged.connect(lambda k: self.name.setText(next_gpu_name(doc.plan.devices, k)))
         form = QFormLayout(self)
         form.addRow("Card", self.card)
+        form.addRow("", self.card_info)
         form.addRow("Backend", self.kind)
         form.addRow("Name", self.name)
         form.addRow("Memory", self.size_spin)
@@ -241,7 +267,10 @@ class AddGpuDialog(QDialog):
     def _card_chosen(self) -> None:
         c = card(str(self.card.currentData() or ""))
         if c is None:
+            self.card_info.setText(NO_CARD)
             return
+        self.card_info.setText(card_figures(c) + ("" if c.vram_gib is not None else
+                                                  "; comes in several memory sizes: set Memory"))
         if c.vram_gib is not None:
             self.size_spin.setValue(c.vram_gib)
         kind = {"Metal": "Metal", "ROCm": "ROCm"}.get(c.kind, "CUDA")
@@ -263,15 +292,16 @@ class AddGpuDialog(QDialog):
             return None
         canonical = kind.value + name[len(kind.value) :]
         size = int(self.size_spin.value() * GiB)
+        hardware = (("card", key),) if (key := str(self.card.currentData() or "")) else ()
         return Device(
             canonical,
             kind,
             size,
             None,
-            description=f"virtual {size / GiB:g} GiB",
+            description=virtual_description(size, hardware),
             source="declared",
             margin=int(self.margin_spin.value() * GiB),
-            hardware=(("card", key),) if (key := str(self.card.currentData() or "")) else (),
+            hardware=hardware,
         )
 
     def accept(self) -> None:

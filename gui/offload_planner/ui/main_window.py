@@ -387,6 +387,8 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         doc = self.doc
         doc.undo_stack.cleanChanged.connect(self._on_clean_changed)
+        self._history_index = 0
+        doc.undo_stack.indexChanged.connect(self._on_history)
         doc.modelChanged.connect(self._on_model_changed)
         doc.planChanged.connect(self._sync_backend)
         doc.planChanged.connect(self._update_summary)  # a pasted -md / --mmproj / MTP shows in it
@@ -701,6 +703,18 @@ class MainWindow(QMainWindow):
         else:
             self.setWindowTitle("Offload Planner")
         self.setWindowModified(not self.doc.undo_stack.isClean())
+
+    def _on_history(self, index: int) -> None:
+        """A status message is about the last edit: an undo says what it undid instead of leaving
+        "Fastest plan: 11 tensors moved" under the plan it undid; any other step clears it (an edit
+        that reports itself does so after its push)."""
+        stack = self.doc.undo_stack
+        undone = index < self._history_index <= stack.count()
+        self._history_index = index
+        if undone:
+            self.show_message(f"Undone: {stack.text(index)}")
+        else:
+            self.statusBar().clearMessage()
 
     def show_message(self, text: str) -> None:
         self.statusBar().showMessage(text, 6000)

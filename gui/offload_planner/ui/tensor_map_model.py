@@ -18,6 +18,7 @@ from offload_planner.core.tensor_grid import EMPTY, Cell, Row, TensorGrid
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import section_tint
+from offload_planner.ui.rates import change_text, rate_text
 
 CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
 FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # bytes / the column's largest cell, 0..1
@@ -85,7 +86,12 @@ def row_tooltip(grid: TensorGrid, section: int, plan: Plan | None) -> str:
     where = f"{html.escape(row_place(row))}: {html.escape(', '.join(d or 'not loaded' for d in devs))}"
     kind = row_section(row)
     if not kind:
-        return f"{where}<br>Click: select the whole layer"
+        tip = f"{where}<br>Click: select the whole layer"
+        if plan is None:
+            return tip
+        movable = [n for c in range(len(grid.columns)) for n in grid.cell(section, c).movable_names]
+        preview = names_preview_html(plan, movable, set(devs))  # the whole layer, as a click selects it
+        return f"{tip}<br>{preview.replace('Moving it', 'Moving the layer', 1)}" if preview else tip
     name = section_file(plan, kind) if plan is not None else ""
     of = f" {html.escape(name)}" if name else ""
     if kind == DRAFT:
@@ -164,10 +170,15 @@ def _spec_note(plan: Plan) -> str:
 
 def move_preview_html(plan: Plan, cell: Cell) -> str:
     """Per device: the change in its projected total if the cell's movable tensors moved there."""
-    names = [n for n in cell.movable_names if not is_draft_name(n)]  # draft moves: -otd rules, no preview
+    return names_preview_html(plan, cell.movable_names, {d for d, _ in cell.device_bytes})
+
+
+def names_preview_html(plan: Plan, movable: Sequence[str], here: set[str | None]) -> str:
+    """Per device: the change in its projected total and in tg if ``movable`` moved there; ``here``:
+    the devices holding them now (one: that device's row says "here now")."""
+    names = [n for n in movable if not is_draft_name(n)]  # draft moves: -otd rules, no preview
     if not names:
         return ""
-    here = {d for d, _ in cell.device_bytes}
     try:
         tg = move_tg(plan, names)
     except Exception:  # the estimate is a hint: never let it take the tooltip down
@@ -181,7 +192,7 @@ def move_preview_html(plan: Plan, cell: Cell) -> str:
         speed = ""
         if m.target in tg:
             now, then = tg[m.target]
-            speed = f"{then:.1f} t/s ({then - now:+.1f})"
+            speed = f"{rate_text(then)} t/s ({change_text(now, then)})"
         rows.append(
             f"<tr><td><b>{html.escape(m.target)}</b></td><td align=right>{_signed(m.delta)}</td>"
             f"<td>{others}</td><td align=right>{speed}</td></tr>"

@@ -1,0 +1,199 @@
+"""The speed features of issue 11 as a newcomer meets them in the window: a GPU picked from the
+catalogue stays that card (named, and with its speeds, in this session and the next), the speed line
+names every device a token takes time on, hovering a layer (not only a tensor) previews the move in
+bytes and tokens/s, a small speed change is not shown as +0.0, Fastest plan says what it gained and
+an Undo says what it undid, and the -ub plot says when its curves are of another plan."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+from tests.ui.conftest import system_info
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
+
+from offload_planner.backend.speed_store import plan_speed
+from offload_planner.core.devices import Device
+from offload_planner.core.placement import CPU
+from offload_planner.ui.device_panel import AddGpuDialog
+from offload_planner.ui.main_window import MainWindow
+from offload_planner.ui.settings import Settings
+
+RES = Path(__file__).resolve().parents[2] / "resources"
+QWEN = RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"  # 48 layers, 128 experts
+
+
+def _add_card(qtbot: QtBot, win: MainWindow, key: str) -> Device:
+    dlg = AddGpuDialog(win.doc, 1024**3)
+    qtbot.addWidget(dlg)
+    dlg.card.setCurrentIndex(dlg.card.findData(key))
+    dev = dlg.device()
+    assert dev is not None
+    info = dlg.card_info.text()
+    win.doc.add_device(dev)
+    wait_projected(qtbot, win)
+    assert "936 GB/s memory, PCIe 4.0 x16, 142 TFLOPS" in info  # the dialog says what the card sets
+    return dev
+
+
+def test_a_gpu_from_the_catalogue_is_named_and_comes_back_as_that_card(
+    qtbot: QtBot, settings: Settings
+) -> None:
+    """Picking an RTX 3090 made a GPU shown as "virtual 24 GiB" (the memory pane and the device
+    list said nothing of the card), and the next session restored it without its card: at default
+    speeds, so the same plan's estimate changed between sessions without a word."""
+    win = make_window(qtbot, settings, system_info(cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        dev = _add_card(qtbot, win, "rtx3090")
+        assert dev.description == "RTX 3090, virtual"
+        model = win.devices_panel.model
+        row = model.row_of(dev.name)
+        assert row is not None
+        tip = str(model.data(model.index(row, 0), Qt.ItemDataRole.ToolTipRole))
+        assert "speeds of the RTX 3090 (catalogue): 936 GB/s memory" in tip
+        tg_now = plan_speed(win.doc.plan, probe=False).tg_tps
+        win.save_settings()
+    finally:
+        win.close()
+    again = make_window(qtbot, settings, system_info(cpu_gib=256))
+    try:
+        open_and_wait(qtbot, again, QWEN)
+        back = again.doc.plan.devices.by_name(dev.name)
+        assert back is not None and back.hardware == (("card", "rtx3090"),)
+        assert back.description == "RTX 3090, virtual"
+        qtbot.waitUntil(lambda: "936 GB/s (catalogue" in again.speed_label.toolTip())
+        assert plan_speed(again.doc.plan, probe=False).tg_tps == tg_now
+    finally:
+        again.close()
+
+
+def test_the_speed_line_names_every_device_a_token_takes_time_on(qtbot: QtBot, settings: Settings) -> None:
+    """Qwen3-30B whole on an RTX 4090: the CPU still reads a row of the token embeddings per token,
+    under 0.5% of the time. The line said "CUDA0 99%" alone (a device below 0.5% was dropped: a GPU
+    with a few layers beside experts in RAM vanished from it the same way)."""
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx4090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        est = plan_speed(win.doc.plan, probe=False, placement=win.doc.placement)
+        small = [d for d in est.devices if 0 < d.share < 0.005]
+        assert [d.name for d in small] == [CPU]
+        qtbot.waitUntil(lambda: "time per token" in win.speed_label.text())
+        assert re.search(r"\(time per token: CUDA0 \d+% · CPU <1%\)$", win.speed_label.text())
+    finally:
+        win.close()
+
+
+def _demo_with_experts_on_cpu(qtbot: QtBot, win: MainWindow, demo_path: Path) -> None:
+    open_and_wait(qtbot, win, demo_path)  # the demo hardware: one 24 GiB GPU, --cpu-moe
+    assert win.on_demo_hardware
+
+
+def test_hovering_a_layer_previews_moving_it_in_bytes_and_tokens_per_second(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """The layer's row header said only where the layer is; the preview was on single cells."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        _demo_with_experts_on_cpu(qtbot, win, demo_path)
+        grid = win.doc.grid
+        assert grid is not None
+        row = grid.row_of_layer(4)
+        assert row is not None
+        tip = str(win.map_view.model().headerData(row, Qt.Orientation.Vertical, Qt.ItemDataRole.ToolTipRole))
+        assert "Moving the layer would change" in tip
+        # to CUDA0: the layer's 6.81 GiB of routed experts leave the CPU, and a token reads less RAM
+        m = re.search(r"<b>CUDA0</b></td><td align=right>\+([\d.]+) GiB</td><td>CPU −([\d.]+) GiB</td>"
+                      r"<td align=right>([\d.]+) t/s \(\+([\d.]+)%\)", tip)
+        assert m, tip
+        assert float(m.group(1)) == float(m.group(2)) > 6
+        layer = [n for c in range(len(grid.columns)) for n in grid.cell(row, c).movable_names]
+        now = plan_speed(win.doc.plan, probe=False).tg_tps
+        win.doc.move(layer, "CUDA0")
+        then = plan_speed(win.doc.plan, probe=False).tg_tps
+        assert m.group(3) == f"{then:.2f}" and float(m.group(4)) == round(100 * (then - now) / now, 1)
+    finally:
+        win.close()
+
+
+def test_a_small_speed_change_is_not_shown_as_none(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
+    """Moving one routed-expert tensor (1.97 GiB) of DeepSeek-V3 from RAM to the GPU was previewed as
+    "0.5 t/s (+0.0)": no change, though the estimate rises by about half a percent."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        _demo_with_experts_on_cpu(qtbot, win, demo_path)
+        grid = win.doc.grid
+        assert grid is not None
+        row, col = grid.row_of_layer(4), grid.column_index("exps_up")
+        assert row is not None and col is not None
+        model = win.map_view.model()
+        tip = str(model.data(model.index(row, col), Qt.ItemDataRole.ToolTipRole))
+        assert "(+0.0)" not in tip
+        m = re.search(r"<b>CUDA0</b>.*?([\d.]+) t/s \(\+([\d.]+)%\)", tip)
+        assert m, tip
+        assert float(m.group(2)) > 0
+    finally:
+        win.close()
+
+
+def test_fastest_plan_says_what_it_gained_and_undo_what_it_undid(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """After Undo the status bar went on saying "Fastest plan: 11 tensors moved" under the plan
+    it had undone."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        _demo_with_experts_on_cpu(qtbot, win, demo_path)
+        before = plan_speed(win.doc.plan, probe=False)
+        assert win.presets_menu.fastest()
+        wait_projected(qtbot, win, 120_000)
+        after = plan_speed(win.doc.plan, probe=False)
+        said = win.statusBar().currentMessage()
+        gain = 100 * (after.tg_tps - before.tg_tps) / before.tg_tps
+        assert said.startswith(f"Fastest plan: est. tg {before.tg_tps:.3g} → {after.tg_tps:.3g} t/s "
+                               f"(+{gain:.1f}%), pp {before.pp_tps:.3g} → ")
+        win.act_undo.trigger()
+        assert win.statusBar().currentMessage() == "Undone: Fastest plan"
+        win.act_redo.trigger()  # a redo (like any other step) leaves no message of an earlier state
+        assert win.statusBar().currentMessage() == ""
+    finally:
+        win.close()
+
+
+def test_the_ub_plot_says_when_its_curves_are_of_another_plan(
+    qtbot: QtBot, settings: Settings
+) -> None:
+    """Curves plotted for one placement stayed on screen, unmarked, after any edit; the dotted line
+    shows the plan's -ub, and a change of -ub alone (which the sweep sets itself) is not an edit of
+    the curves."""
+    from offload_planner.ui.ubatch_plot import STALE
+
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB"))
+    try:
+        win.resize(1024, 640)
+        open_and_wait(qtbot, win, QWEN)
+        plot = win.ubatch_plot
+        win.tabs.setCurrentWidget(plot)
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        fresh = plot.status.text()
+        assert not fresh.startswith(STALE)
+        assert plot.now_line.value() == math.log10(512)
+        win.doc.set_option("context.n_ubatch", 2048, "-ub")
+        wait_projected(qtbot, win)
+        assert plot.now_line.value() == math.log10(2048) and plot.status.text() == fresh
+        experts = [t.name for t in win.doc.plan.model.tensors if t.role.is_routed_expert and t.layer == 3]
+        win.doc.move(experts, CPU)
+        assert plot.status.text() == STALE + fresh
+        win.doc.undo_stack.undo()
+        assert plot.status.text() == fresh
+        # at 1024 px the line is elided within the tab, whole in its tooltip (it ran off the window)
+        qtbot.wait(20)
+        assert plot.status.geometry().right() <= plot.width()
+        if plot.status.fontMetrics().horizontalAdvance(fresh) > plot.status.width():
+            assert fresh in plot.status.toolTip()
+    finally:
+        win.close()
