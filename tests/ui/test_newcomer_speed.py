@@ -6,10 +6,15 @@ an Undo says what it undid, and the -ub plot says when its curves are of another
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
@@ -21,6 +26,7 @@ from offload_planner.core.placement import CPU
 from offload_planner.ui.device_panel import AddGpuDialog
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
+from offload_planner.ui.speed_bench import SpeedBench
 
 RES = Path(__file__).resolve().parents[2] / "resources"
 QWEN = RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"  # 48 layers, 128 experts
@@ -195,5 +201,59 @@ def test_the_ub_plot_says_when_its_curves_are_of_another_plan(
         assert plot.status.geometry().right() <= plot.width()
         if plot.status.fontMetrics().horizontalAdvance(fresh) > plot.status.width():
             assert fresh in plot.status.toolTip()
+    finally:
+        win.close()
+
+
+# --- the Launch tab's Bench: a failed measurement always comes back ------------------------------
+
+
+@pytest.fixture
+def zero_timings_server() -> Iterator[str]:
+    """A real HTTP server answering /completion as llama-server does, with timings of 0 (what a
+    cached prompt or a proxy gives)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            timings = {"prompt_n": len(body["prompt"]), "prompt_ms": 0, "prompt_per_second": 0,
+                       "predicted_n": body["n_predict"], "predicted_ms": 0, "predicted_per_second": 0}
+            data = json.dumps({"timings": timings}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_bench_against_timings_of_zero_fails_with_a_message(
+    qtbot: QtBot, settings: Settings, zero_timings_server: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timings of 0 divided the calibration by zero in the worker: no signal came back, so the
+    Launch tab kept "Measuring speed…" and its Bench button off for good."""
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path / "cfg"))
+    win = make_window(qtbot, settings, system_info(cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        button = win.launcher.bench_button  # off until a server listens, and its tooltip says so
+        assert not button.isEnabled() and "(after Launch, once the server listens)" in button.toolTip()
+        bench = SpeedBench()
+        with qtbot.waitSignal(bench.failed, timeout=60_000) as got:
+            assert bench.start(zero_timings_server, win.doc.plan)
+        assert "'timings' gives prompt_ms = 0, not a measured time or rate" in got.args[0]
+        assert not bench.busy
+        with qtbot.waitSignal(bench.failed, timeout=60_000) as got:  # any failure: here no plan at all
+            assert bench.start(zero_timings_server, None)
+        assert got.args[0].startswith("AttributeError: ") and not bench.busy
+        bench.shutdown()
     finally:
         win.close()
