@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QAbstractItemView, QDoubleSpinBox
 from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
@@ -120,7 +121,8 @@ def test_hovering_a_layer_previews_moving_it_in_bytes_and_tokens_per_second(
         now = plan_speed(win.doc.plan, probe=False).tg_tps
         win.doc.move(layer, "CUDA0")
         then = plan_speed(win.doc.plan, probe=False).tg_tps
-        assert m.group(3) == f"{then:.2f}" and float(m.group(4)) == round(100 * (then - now) / now, 1)
+        assert float(m.group(3)) == float(f"{then:.3g}")  # three significant figures
+        assert abs(float(m.group(4)) - 100 * (then - now) / now) <= 0.05
     finally:
         win.close()
 
@@ -255,5 +257,65 @@ def test_bench_against_timings_of_zero_fails_with_a_message(
             assert bench.start(zero_timings_server, None)
         assert got.args[0].startswith("AttributeError: ") and not bench.busy
         bench.shutdown()
+    finally:
+        win.close()
+
+
+# --- the device list: edits that would lie ---------------------------------------------------------
+
+
+def _type_into(qtbot: QtBot, win: MainWindow, row: int, col: int, text: str) -> None:
+    """Double-click-edit a cell of the device list as a user does: its editor, the text, Return."""
+    view, model = win.devices_panel.view, win.devices_panel.model
+    idx = model.index(row, col)
+    view.setCurrentIndex(idx)
+    view.edit(idx)
+    editor = view.focusWidget()
+    assert isinstance(editor, QDoubleSpinBox)
+    editor.selectAll()
+    qtbot.keyClicks(editor, text)
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: view.state() != QAbstractItemView.State.EditingState)
+    qtbot.wait(20)  # the commit and its projection request
+
+
+def test_a_margin_that_leaves_nothing_is_refused_in_the_device_list(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """A 30 GiB margin on a 24 GiB GPU was taken (the bars then said 20.5 GiB over); the command
+    line refuses it (--device CUDA0=24GiB,margin=30GiB), the window now does too, and says why."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        _demo_with_experts_on_cpu(qtbot, win, demo_path)
+        steps = win.doc.undo_stack.count()
+        _type_into(qtbot, win, 0, 2, "30")  # CUDA0's margin
+        assert win.doc.plan.devices.gpus[0].margin == 1024**3 and win.doc.undo_stack.count() == steps
+        assert win.statusBar().currentMessage() == (
+            "CUDA0: a margin of 30.00 GiB leaves nothing of its 24.00 GiB; the margin is what the plan keeps "
+            "free, make it smaller than the size")
+        _type_into(qtbot, win, 0, 1, "0.5")  # CUDA0's size, under its 1 GiB margin
+        assert win.doc.plan.devices.gpus[0].capacity == 24 * 1024**3
+        assert "lower the margin first" in win.statusBar().currentMessage()
+        _type_into(qtbot, win, 0, 2, "2")  # a margin below the size is taken
+        assert win.doc.plan.devices.gpus[0].margin == 2 * 1024**3
+    finally:
+        win.close()
+
+
+def test_the_demo_notice_follows_the_devices(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
+    """The notice went on saying "a 24 GiB GPU, 512 GiB RAM" after RAM was set to 256 GiB and a
+    second GPU added."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        _demo_with_experts_on_cpu(qtbot, win, demo_path)
+        notice = win.devices_panel.notice
+        assert "a 24 GiB GPU, 512 GiB RAM" in notice.text()
+        _type_into(qtbot, win, 1, 1, "256")  # the CPU's size
+        assert "a 24 GiB GPU, 256 GiB RAM" in notice.text()
+        _add_card(qtbot, win, "rtx3090")
+        assert "GPUs of 24 GiB and 24 GiB, 256 GiB RAM" in notice.text() and notice.isVisible()
+        win.doc.undo_stack.undo()
+        win.doc.undo_stack.undo()
+        assert "a 24 GiB GPU, 512 GiB RAM, experts on the CPU (--cpu-moe)" in notice.text()
     finally:
         win.close()

@@ -48,6 +48,8 @@ _TIPS = (
 class DeviceListModel(QAbstractTableModel):
     """Thin adapter over the plan's DeviceSet, in llama.cpp order (GPUs, then CPU)."""
 
+    refused = Signal(str)  # an edit not taken, and why
+
     def __init__(self, doc: PlanDocument) -> None:
         super().__init__(doc)
         self._doc = doc
@@ -136,9 +138,19 @@ class DeviceListModel(QAbstractTableModel):
             return False
         nbytes = round(float(value) * GiB)
         if index.column() == COL_MARGIN:
+            room = d.capacity
+            if room is not None and nbytes >= room > 0:  # as --device CUDA0=24GiB,margin=30GiB is refused
+                self.refused.emit(f"{d.name}: a margin of {fmt_bytes(nbytes)} leaves nothing of its "
+                                  f"{fmt_bytes(room)}; the margin is what the plan keeps free, make it "
+                                  "smaller than the size")
+                return False
             self._doc.set_device_margin(d.name, max(0, nbytes))
             return True
         if index.column() == COL_SIZE and nbytes > 0:
+            if nbytes <= d.margin:
+                self.refused.emit(f"{d.name}: a size of {fmt_bytes(nbytes)} leaves nothing after its margin "
+                                  f"of {fmt_bytes(d.margin)}; lower the margin first")
+                return False
             self._doc.set_device_size(d.name, nbytes)
             return True
         return False
@@ -319,6 +331,7 @@ class DevicePanel(QWidget):
         self._doc = doc
         self.default_margin = 1 * GiB
         self.model = DeviceListModel(doc)
+        self.model.refused.connect(self.message)
         self.view = DeviceListView(self.model)
         # the list grows into the room there is; its own size hint (ten rows) must not push the
         # panel's height-for-width minimum past the column (the notice wraps), squeezing the options

@@ -50,7 +50,7 @@ from offload_planner.core.plan_file import (
     require_regular_file,
     save_plan,
 )
-from offload_planner.core.units import fmt_bytes
+from offload_planner.core.units import GiB, fmt_bytes
 from offload_planner.ui import gui_thread_gc
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
@@ -80,6 +80,22 @@ DEMO_NOTICE = (
     f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: a 24 GiB GPU, 512 GiB RAM, experts on the CPU "
     "(--cpu-moe). Open your model to plan for this machine."
 )
+
+
+def demo_notice(devices: DeviceSet) -> str:
+    """:data:`DEMO_NOTICE` for the devices as they are now: a GPU added or a size edited in the list
+    changed the plan while the notice went on saying "a 24 GiB GPU, 512 GiB RAM"."""
+    def size(d: Device) -> str:
+        return "?" if d.capacity is None else f"{d.capacity / GiB:g} GiB"
+
+    gpus = [size(g) for g in devices.gpus]
+    ram = size(devices.cpu)
+    if gpus == ["24 GiB"] and ram == "512 GiB":
+        return DEMO_NOTICE
+    what = ("no GPU" if not gpus else f"a {gpus[0]} GPU" if len(gpus) == 1
+            else f"GPUs of {', '.join(gpus[:-1])} and {gpus[-1]}")
+    return (f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: {what}, {ram} RAM; the demo opened with "
+            "the experts on the CPU (--cpu-moe). Open your model to plan for this machine.")
 
 
 @dataclass
@@ -392,6 +408,7 @@ class MainWindow(QMainWindow):
         doc.modelChanged.connect(self._on_model_changed)
         doc.planChanged.connect(self._sync_backend)
         doc.planChanged.connect(self._update_summary)  # a pasted -md / --mmproj / MTP shows in it
+        doc.planChanged.connect(self._update_demo_notice)
         self.backend_box.activated.connect(self._on_backend)
         self.loader.started.connect(self._on_load_started)
         self.loader.progress.connect(self._on_load_progress)
@@ -603,6 +620,12 @@ class MainWindow(QMainWindow):
     def _set_demo_hardware(self, on: bool) -> None:
         self.on_demo_hardware = on
         self.devices_panel.show_notice(DEMO_NOTICE if on else self._gpu_notice)
+
+    def _update_demo_notice(self) -> None:
+        if self.on_demo_hardware and self.doc.has_plan:
+            text = demo_notice(self.doc.plan.devices)
+            if text != self.devices_panel.notice.text():
+                self.devices_panel.show_notice(text)
 
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
