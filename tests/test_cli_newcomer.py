@@ -115,3 +115,22 @@ def test_every_device_help_names_cards_keys_and_free(command: str) -> None:
     assert "NAME=SIZE|CARD[,key=value]" in text
     for word in ("CUDA0=rtx3090", "free=SIZE", "at most the size", "margin=SIZE", "bw=936GB/s", "pcie=4x16"):
         assert word in text, (command, word)
+
+
+# --- commands that cannot start -------------------------------------------------------------------
+
+
+def test_fit_without_any_gpu_says_to_declare_one() -> None:
+    """"fit needs every GPU's size" read oddly on a machine with no GPU and no --device."""
+    err = refused(run("fit", QWEN, "--no-detect", "--", "-c", "4096"))
+    assert "fit places tensors on GPUs and there is none: declare one with --device" in err
+    assert "--device CUDA0=rtx3090" in err and err.count("\n") == 1
+
+
+def test_launch_with_a_wrong_server_path_names_the_option(tmp_path: Path) -> None:
+    """`--server /nonexistent` printed "offload-planner: llama-server not found; looked in:
+    /nonexistent": no "error:", no option named, nothing said of what to give."""
+    missing = tmp_path / "nowhere"
+    err = refused(run("launch", QWEN, "--no-detect", "--server", str(missing), "--", "-c", "512"))
+    assert err.startswith(f"offload-planner: error: --server '{missing}': no llama-server executable there")
+    assert "give the executable or the folder holding it" in err and err.count("\n") == 1

@@ -88,9 +88,13 @@ def _run_fit(args: argparse.Namespace) -> int:
     devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
     unknown = [g.name for g in devices.gpus if g.capacity is None]
-    if not devices.gpus or unknown:
+    if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all
+        raise PlannerError("fit places tensors on GPUs and there is none: declare one with --device, e.g. "
+                           "--device CUDA0=rtx3090 or --device CUDA0=24GiB"
+                           + ("" if detection is None else f" ({detection.message.split(';')[0]})"))
+    if unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
-                           + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
+                           f" ({', '.join(unknown)} unknown)")
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),

@@ -151,8 +151,14 @@ class _Session:
 
         a = self.args
         found = launch.find_server_executable(a.server)
-        if not found.path:
-            self.say(found.message)
+        if not found.path:  # an error as every refused option is, with what to give instead
+            if a.server:
+                self.say(f"error: --server {a.server!r}: no llama-server executable there (looked for "
+                         f"{', '.join(found.tried)}); give the executable or the folder holding it, e.g. "
+                         "--server ~/llama.cpp/build/bin")
+            else:
+                self.say(f"error: {found.message}; give --server PATH (the llama-server executable or the "
+                         "folder holding it)")
             return EXIT_USAGE
         dialect, _version = launch.probe_dialect(found.path)
         self.dialect = Dialect(dialect)  # cached: the runner reports it with the version
