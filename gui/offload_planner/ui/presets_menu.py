@@ -53,6 +53,11 @@ class MoveLayersDialog(QDialog):
         form.addRow(buttons)
 
 
+FASTEST_TIP = ("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus its margin "
+               "allows, -ub raised where prompt processing gains; keeps your -ot rules and moves (speed "
+               "estimate: see under the memory bars). One undo step")
+
+
 class PresetsMenu(QMenu):
     message = Signal(str)
 
@@ -81,11 +86,20 @@ class PresetsMenu(QMenu):
                 self._filler(g.name, from_first=False),
             )
         self.addAction("Move layers…", self.move_layers_dialog)
-        if doc.plan.model.summary.n_expert and doc.plan.devices.gpus:
-            fast = self.addAction("Fastest plan", self.fastest)
-            fast.setToolTip("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus "
-                            "its margin allows, -ub raised where prompt processing gains; keeps your "
-                            "-ot rules and moves (speed estimate: see under the memory bars)")
+        # shown whatever the model and devices (off, saying why): an entry that was not there at all
+        # left its user looking for it
+        fast = self.addAction("Fastest plan", self.fastest)
+        fast.setToolTip(FASTEST_TIP)
+        if not doc.plan.devices.gpus:
+            fast.setEnabled(False)
+            fast.setToolTip("Fastest plan places routed experts on the GPUs: add one first (+ Virtual GPU… "
+                            "in Devices)")
+        elif not doc.plan.model.summary.n_expert:
+            fast.setEnabled(False)
+            fast.setToolTip("Fastest plan places the routed experts of a Mixture-of-Experts model; this "
+                            "model is dense: set GPU layers (-ngl) under Options and watch the memory bars "
+                            "and the speed line")
+        else:
             kv = self.addAction("Fastest plan may quantize the KV cache (q8_0)")
             kv.setCheckable(True)
             kv.setChecked(self.allow_kv_quant)
