@@ -26,6 +26,7 @@ from offload_planner.core.devices import Device
 from offload_planner.core.placement import CPU
 from offload_planner.ui.device_panel import AddGpuDialog
 from offload_planner.ui.main_window import MainWindow
+from offload_planner.ui.memory_view import device_tooltip
 from offload_planner.ui.settings import Settings
 from offload_planner.ui.speed_bench import SpeedBench
 
@@ -317,5 +318,20 @@ def test_the_demo_notice_follows_the_devices(qtbot: QtBot, settings: Settings, d
         win.doc.undo_stack.undo()
         win.doc.undo_stack.undo()
         assert "a 24 GiB GPU, 512 GiB RAM, experts on the CPU (--cpu-moe)" in notice.text()
+    finally:
+        win.close()
+
+
+def test_a_card_declared_on_the_command_line_is_named_in_the_window(qtbot: QtBot, settings: Settings) -> None:
+    """`offload-planner gui --device CUDA0=rtx3090`: the memory pane showed CUDA0 with no word of
+    the card (a blank where "demo GPU" or "system RAM" stand)."""
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        gpu = win.doc.plan.devices.gpus[0]
+        assert gpu.description == "RTX 3090, virtual" and gpu.hardware == (("card", "rtx3090"),)
+        a = win.doc.analysis
+        assert a is not None and a.projection is not None
+        assert "<b>CUDA0</b> RTX 3090, virtual" in device_tooltip(a.projection.device("CUDA0"))
     finally:
         win.close()

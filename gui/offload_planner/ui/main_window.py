@@ -66,7 +66,7 @@ from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.pane_splitter import PaneSplitter
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
-from offload_planner.ui.settings import Settings
+from offload_planner.ui.settings import Settings, virtual_description
 from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_model import section_file
@@ -477,6 +477,8 @@ class MainWindow(QMainWindow):
                 cpu = replace(cpu, total=d.total, free=d.free, margin=d.margin or cpu.margin)
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
+            if not d.description:  # --device CUDA0=rtx3090: name the card where the window shows devices
+                d = replace(d, description=virtual_description(d.total or 0, d.hardware))
             gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
         return DeviceSet(cpu, tuple(gpus))  # DeviceSet keeps llama.cpp's order
 
