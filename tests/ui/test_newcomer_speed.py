@@ -22,6 +22,7 @@ from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
 from offload_planner.backend.speed_store import plan_speed
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.devices import Device
 from offload_planner.core.placement import CPU
 from offload_planner.ui.device_panel import AddGpuDialog
@@ -333,5 +334,33 @@ def test_a_card_declared_on_the_command_line_is_named_in_the_window(qtbot: QtBot
         a = win.doc.analysis
         assert a is not None and a.projection is not None
         assert "<b>CUDA0</b> RTX 3090, virtual" in device_tooltip(a.projection.device("CUDA0"))
+    finally:
+        win.close()
+
+
+def test_a_move_preview_says_when_the_move_would_not_fit(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """The preview gave "+6.81 GiB" for a GPU with 4.5 GiB left and no word that it would not fit."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        _demo_with_experts_on_cpu(qtbot, win, demo_path)
+        win.doc.set_device_size("CUDA0", 20 * 1024**3)
+        wait_projected(qtbot, win)
+        a = win.doc.analysis
+        assert a is not None and a.projection is not None
+        left = DeviceFigures.of(a.projection.device("CUDA0")).left
+        assert left is not None and 0 < left < 6.81 * 1024**3
+        grid = win.doc.grid
+        assert grid is not None
+        row = grid.row_of_layer(4)
+        assert row is not None
+        tip = str(win.map_view.model().headerData(row, Qt.Orientation.Vertical, Qt.ItemDataRole.ToolTipRole))
+        m = re.search(r"<b>CUDA0</b></td><td align=right>\+([\d.]+) GiB<br><span style='color:#D00000'>"
+                      r"over by ([\d.]+) GiB</span>", tip)
+        assert m, tip
+        assert abs(float(m.group(2)) - (float(m.group(1)) - left / 1024**3)) < 0.011
+        cpu_row = tip[tip.index("<b>CPU</b>"):]
+        assert "over by" not in cpu_row  # the CPU has room for the layer's attention
     finally:
         win.close()
