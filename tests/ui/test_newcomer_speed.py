@@ -364,3 +364,25 @@ def test_a_move_preview_says_when_the_move_would_not_fit(
         assert "over by" not in cpu_row  # the CPU has room for the layer's attention
     finally:
         win.close()
+
+
+def test_batch_zero_is_refused_when_typed_and_named_when_pasted(qtbot: QtBot, settings: Settings) -> None:
+    """Typing 0 in Batch -b was taken (llama.cpp then makes batch and micro-batch 0 tokens) and the
+    speed line read "speed estimate unavailable: float division by zero"."""
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        edit = win.options_panel.batch.lineEdit()
+        assert edit is not None
+        edit.selectAll()
+        qtbot.keyClicks(edit, "0")
+        qtbot.keyClick(edit, Qt.Key.Key_Return)
+        assert win.doc.plan.context.n_batch == 2048 and win.options_panel.batch.currentText() == "2048"
+        assert win.statusBar().currentMessage().startswith("-b 0 is not taken: llama.cpp would make")
+        assert win.command_pane.apply_command_text("llama-server -m m.gguf -c 4096 -b 0")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "-b 0" in win.speed_label.text())
+        assert win.speed_label.text().startswith("no speed estimate: -b 0 leaves llama.cpp batches of 0")
+        assert "division" not in win.speed_label.text()
+    finally:
+        win.close()

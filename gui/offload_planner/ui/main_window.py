@@ -414,7 +414,8 @@ class MainWindow(QMainWindow):
         self.loader.progress.connect(self._on_load_progress)
         self.loader.loaded.connect(self._on_loaded)
         self.loader.failed.connect(self._on_load_failed)
-        for w in (self.map_view, self.command_pane, self.presets_menu, self.devices_panel):
+        panes = (self.map_view, self.command_pane, self.presets_menu, self.devices_panel, self.options_panel)
+        for w in panes:
             w.message.connect(self.show_message)
         self.problems.countChanged.connect(self._on_problem_count)
 

@@ -71,10 +71,16 @@ class SpeedLabel(QLabel):
             self.setText("")
             self.setToolTip("")
             return
+        if self._doc.plan.context.n_batch == 0:  # a pasted -b 0 ("float division by zero" before)
+            self.setText("no speed estimate: -b 0 leaves llama.cpp batches of 0 tokens, no prompt is "
+                         "processed (set Batch -b)")
+            self.setToolTip("")
+            return
         try:
             est = plan_speed(self._doc.plan, probe=False, placement=self._doc.placement)
         except (PlannerError, ValueError, KeyError, ZeroDivisionError) as e:
             self.setText(f"speed estimate unavailable: {e}")
+            self.setToolTip("")  # not the last plan's assumptions under this plan's line
             return
         over = self._over()
         self.setText(window_line(est, over))
