@@ -134,3 +134,14 @@ def test_launch_with_a_wrong_server_path_names_the_option(tmp_path: Path) -> Non
     err = refused(run("launch", QWEN, "--no-detect", "--server", str(missing), "--", "-c", "512"))
     assert err.startswith(f"offload-planner: error: --server '{missing}': no llama-server executable there")
     assert "give the executable or the folder holding it" in err and err.count("\n") == 1
+
+
+def test_the_programs_help_gives_first_steps() -> None:
+    """`offload-planner --help` listed five commands and no way to start: it now says what running
+    it bare does and gives a first `plan` and `fit` line."""
+    r = run("--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "Without a command, the window opens" in text
+    assert "offload-planner plan MODEL.gguf --device CUDA0=24GiB -- -ngl 999 --cpu-moe" in text
+    assert "offload-planner fit MODEL.gguf --device CUDA0=rtx3090" in text

@@ -137,6 +137,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="offload-planner",
         description="Plan how llama.cpp / ik_llama.cpp place a GGUF model's tensors across CPU "
         "RAM and GPUs, project every device's memory, and export the command line.",
+        epilog="Without a command, the window opens (on MODEL, or on the bundled demo). First steps: "
+        "`offload-planner plan MODEL.gguf --device CUDA0=24GiB -- -ngl 999 --cpu-moe` (where every "
+        "tensor goes, memory per device, speed estimate); `offload-planner fit MODEL.gguf --device "
+        "CUDA0=rtx3090` (the fastest command that fits). `offload-planner COMMAND --help` for each.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
