@@ -91,7 +91,7 @@ def test_the_speed_line_names_every_device_a_token_takes_time_on(qtbot: QtBot, s
         small = [d for d in est.devices if 0 < d.share < 0.005]
         assert [d.name for d in small] == [CPU]
         qtbot.waitUntil(lambda: "time per token" in win.speed_label.text())
-        assert re.search(r"\(time per token: CUDA0 \d+% · CPU <1%\)$", win.speed_label.text())
+        assert re.search(r"\(time per token: CUDA0\u00a0\d+% · CPU\u00a0<1%\)$", win.speed_label.text())
     finally:
         win.close()
 

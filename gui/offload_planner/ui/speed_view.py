@@ -36,7 +36,8 @@ def window_line(est: SpeedEstimate, over: list[str]) -> str:
         text += f" with {est.spec.kind.split(' (')[0]} ({_rate(est.spec.tg_tps_plain)} without)"
     text += f" · pp {_rate(est.pp_tps)} t/s"
     if shares:
-        text += " (time per token: " + " · ".join(f"{d.name} {_share(d.share)}" for d in shares) + ")"
+        # a no-break space: the wrapped line broke "CUDA1 / <1%" apart at 1024 px
+        text += " (time per token: " + " · ".join(f"{d.name}\u00a0{_share(d.share)}" for d in shares) + ")"
     if est.host_kv_layers:  # -nkvo: the host-KV attention where it is the bottleneck, at depth 0 or at -c
         slow = next((b for b in (est.bottleneck, est.bottleneck_at_ctx) if b.startswith(HOST_KV_PART)), "")
         if slow:
