@@ -386,3 +386,22 @@ def test_batch_zero_is_refused_when_typed_and_named_when_pasted(qtbot: QtBot, se
         assert "division" not in win.speed_label.text()
     finally:
         win.close()
+
+
+def test_the_virtual_gpu_dialog_refuses_a_margin_as_large_as_the_memory(
+    qtbot: QtBot, settings: Settings
+) -> None:
+    win = make_window(qtbot, settings, system_info(cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        dlg = AddGpuDialog(win.doc, 1024**3)
+        qtbot.addWidget(dlg)
+        dlg.size_spin.setValue(8)
+        dlg.margin_spin.setValue(8)
+        assert dlg.device() is None
+        assert dlg.error.text() == "the margin leaves nothing of the memory: make it smaller than the memory"
+        dlg.margin_spin.setValue(7.75)
+        dev = dlg.device()
+        assert dev is not None and dev.margin == int(7.75 * 1024**3)
+    finally:
+        win.close()

@@ -304,6 +304,9 @@ class AddGpuDialog(QDialog):
             return None
         canonical = kind.value + name[len(kind.value) :]
         size = int(self.size_spin.value() * GiB)
+        if int(self.margin_spin.value() * GiB) >= size:  # as --device ...,margin= and the list refuse it
+            self.error.setText("the margin leaves nothing of the memory: make it smaller than the memory")
+            return None
         hardware = (("card", key),) if (key := str(self.card.currentData() or "")) else ()
         return Device(
             canonical,
