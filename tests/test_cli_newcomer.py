@@ -145,3 +145,16 @@ def test_the_programs_help_gives_first_steps() -> None:
     assert "Without a command, the window opens" in text
     assert "offload-planner plan MODEL.gguf --device CUDA0=24GiB -- -ngl 999 --cpu-moe" in text
     assert "offload-planner fit MODEL.gguf --device CUDA0=rtx3090" in text
+
+
+@pytest.mark.parametrize(("decl", "said"), [
+    ("CUDA0=24GiB,free=20GiB,free=22GiB", "free= is given twice: give each field once"),
+    ("CUDA0=24GiB,bw=900GB/s,bandwidth=100GB/s", "bandwidth= is given twice (bandwidth= is bw=)"),
+    ("CUDA0=24GiB,22GiB", "'22GiB' is a second size: the size comes first, the free memory as free=22GiB"),
+    ("CUDA0=-24GiB", "not a size: '-24GiB' (accepted: 24GiB"),
+])
+def test_a_device_field_twice_or_a_second_size_is_refused_with_what_to_write(decl: str, said: str) -> None:
+    """The last of two free= (or bw=) silently won; a second bare size was "unknown field '22GiB'"; a
+    negative size listed the 35 catalogue cards as if it were a card name."""
+    err = refused(run("plan", QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
+    assert f"--device {decl!r}: {said}" in err and "rtx3090" not in err

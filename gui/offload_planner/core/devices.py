@@ -208,6 +208,7 @@ def parse_device_decl(text: str) -> Device:
             parts = parts[1:]
         free: int | None = None
         margin = 0
+        _check_fields(parts)
         for p in parts:
             key, _, val = p.partition("=")
             if key == "free":
@@ -225,6 +226,25 @@ def parse_device_decl(text: str) -> Device:
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
                   hardware=tuple(hardware))
+
+
+def _check_fields(parts: Sequence[str]) -> None:
+    """A field given twice (which one was meant? the last silently won) or a second bare size
+    (``CUDA0=24GiB,22GiB``: most likely the free memory) is refused with what to write."""
+    seen: set[str] = set()
+    for p in parts:
+        key, sep, _ = p.partition("=")
+        if not sep:
+            try:
+                parse_size(p)
+            except ValueError:
+                continue  # the unknown field's own message follows
+            raise ValueError(f"{p!r} is a second size: the size comes first, the free memory as free={p}")
+        canonical = "bw" if key == "bandwidth" else key
+        if canonical in seen:
+            same = " (bandwidth= is bw=)" if canonical == "bw" and key == "bandwidth" else ""
+            raise ValueError(f"{key}= is given twice{same}: give each field once")
+        seen.add(canonical)
 
 
 def _check_room(total: int | None, free: int | None, margin: int) -> None:
@@ -271,7 +291,7 @@ def _size_or_card(text: str) -> int:
     try:
         return parse_size(text)
     except ValueError:
-        if not any(ch.isdigit() for ch in text[:1]):
+        if not any(ch.isdigit() for ch in text.lstrip("+-")[:1]):  # -24GiB: a size, not a card
             raise ValueError(f"{text!r} is neither a size (24GiB) nor a known card "
                              f"({', '.join(card_keys())})") from None
         raise
