@@ -158,3 +158,17 @@ def test_a_device_field_twice_or_a_second_size_is_refused_with_what_to_write(dec
     negative size listed the 35 catalogue cards as if it were a card name."""
     err = refused(run("plan", QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
     assert f"--device {decl!r}: {said}" in err and "rtx3090" not in err
+
+
+def test_a_screenshot_run_prints_one_clean_line(tmp_path: Path) -> None:
+    """`offload-planner README.md --screenshot x.png` printed its error twice (the loader's failure
+    and the window's error dialog) after Qt's offscreen "This plugin does not support
+    propagateSizeHints()", which every good screenshot run printed too."""
+    readme = Path(QWEN).parents[1] / "README.md"
+    bad = run(str(readme), "--screenshot", str(tmp_path / "bad.png"))
+    assert bad.returncode == 1
+    assert bad.stderr.splitlines() == [
+        f"offload-planner: error: {readme} at byte 0: not a GGUF file (magic b'# Of', expected b'GGUF')"]
+    good = run("gui", QWEN, "--screenshot", str(tmp_path / "good.png"), "--size", "1024x640")
+    assert good.returncode == 0 and good.stdout == f"{tmp_path / 'good.png'}: 1024x640\n"
+    assert good.stderr == ""
