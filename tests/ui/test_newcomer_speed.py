@@ -405,3 +405,18 @@ def test_the_virtual_gpu_dialog_refuses_a_margin_as_large_as_the_memory(
         assert dev is not None and dev.margin == int(7.75 * 1024**3)
     finally:
         win.close()
+
+
+def test_help_names_the_hover_preview_and_the_speed_features(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Help → Keys and mouse said nothing of hovering (the only way to see a move's effect before
+    making it), of Fastest plan or of the Speed tab."""
+    shown: list[str] = []
+    monkeypatch.setattr("offload_planner.ui.main_window.QMessageBox.information",
+                        lambda _parent, _title, text: shown.append(text))
+    help_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&Help")
+    next(a for a in help_menu.actions() if a.text() == "Keys and mouse").trigger()
+    assert len(shown) == 1
+    assert "Hover a tensor or a layer number" in shown[0] and "tokens/s" in shown[0]
+    assert "Fastest plan" in shown[0] and "Speed tab" in shown[0]

@@ -82,6 +82,19 @@ DEMO_NOTICE = (
 )
 
 
+#: Help → Keys and mouse.
+HELP_TEXT = (
+    "Tensor map: click, shift/ctrl-click, sweep to select; click a layer number for the whole layer, "
+    "a column header for that role in every layer.\n"
+    "Hover a tensor or a layer number: what moving it to each device would change, in memory and in "
+    "tokens/s (the speed line under Memory follows every edit).\n"
+    "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
+    "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
+    "Presets → Fastest plan: the fastest placement that fits; the Speed tab: -ub against memory.\n"
+    "Every edit can be undone (Ctrl+Z)."
+)
+
+
 def demo_notice(devices: DeviceSet) -> str:
     """:data:`DEMO_NOTICE` for the devices as they are now: a GPU added or a size edited in the list
     changed the plan while the notice went on saying "a 24 GiB GPU, 512 GiB RAM"."""
@@ -756,15 +769,7 @@ class MainWindow(QMainWindow):
         self.errorShown.emit(text)
 
     def _show_help(self) -> None:
-        QMessageBox.information(
-            self,
-            "Keys and mouse",
-            "Tensor map: click, shift/ctrl-click, sweep to select; click a layer number for the whole layer, "
-            "a column header for that role in every layer.\n"
-            "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
-            "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
-            "Every edit can be undone (Ctrl+Z).",
-        )
+        QMessageBox.information(self, "Keys and mouse", HELP_TEXT)
 
     # --- drag a .gguf or plan onto the window -------------------------------------------------
 
