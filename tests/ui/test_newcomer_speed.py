@@ -315,7 +315,9 @@ def test_the_demo_notice_follows_the_devices(qtbot: QtBot, settings: Settings, d
         _type_into(qtbot, win, 1, 1, "256")  # the CPU's size
         assert "a 24 GiB GPU, 256 GiB RAM" in notice.text()
         _add_card(qtbot, win, "rtx3090")
-        assert "GPUs of 24 GiB and 24 GiB, 256 GiB RAM" in notice.text() and notice.isVisible()
+        assert "GPUs of 24 GiB + 24 GiB, 256 GiB RAM" in notice.text() and notice.isVisible()
+        qtbot.wait(50)  # laid out: as short as the notice it replaced, the left column does not scroll
+        assert not win.left_scroll.verticalScrollBar().isVisible()
         win.doc.undo_stack.undo()
         win.doc.undo_stack.undo()
         assert "a 24 GiB GPU, 512 GiB RAM, experts on the CPU (--cpu-moe)" in notice.text()
