@@ -172,3 +172,18 @@ def test_a_screenshot_run_prints_one_clean_line(tmp_path: Path) -> None:
     good = run("gui", QWEN, "--screenshot", str(tmp_path / "good.png"), "--size", "1024x640")
     assert good.returncode == 0 and good.stdout == f"{tmp_path / 'good.png'}: 1024x640\n"
     assert good.stderr == ""
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("plna", "plan"), ("inpsect", "inspect"), ("fitt", "fit")])
+def test_a_mistyped_command_is_named(typed: str, meant: str) -> None:
+    """`offload-planner plna MODEL` went to the window with 'plna' as the model: "unrecognized
+    arguments: MODEL" (or, without a display, "no display")."""
+    err = refused(run(typed, QWEN, "--", "-c", "4096"))
+    assert err == (f"offload-planner: error: unknown command {typed!r}: did you mean {meant}? (commands: "
+                   "inspect, gui, plan, launch, fit; `offload-planner MODEL` opens the window)\n")
+
+
+def test_a_model_path_still_opens_the_window(tmp_path: Path) -> None:
+    shot = tmp_path / "w.png"
+    r = run(QWEN, "--screenshot", str(shot), "--size", "1024x640")
+    assert r.returncode == 0 and shot.is_file(), r.stderr

@@ -262,8 +262,26 @@ def _run_printing(args: argparse.Namespace, *, freeze: bool) -> int:
         sys.stdout = real
 
 
+def _mistyped_command(first: str) -> str:
+    """The command ``first`` looks like a typo of ("plna" -> "plan"), "" when it may be a model to
+    open in the window (a path, a URL, a file that exists, or nothing like a command)."""
+    import difflib
+    import os
+
+    looks_like_a_path = any(c in first for c in "/\\.:") or os.path.exists(first)
+    if first in COMMANDS or first.startswith("-") or looks_like_a_path:
+        return ""
+    near = difflib.get_close_matches(first, list(COMMANDS), n=1, cutoff=0.6)
+    return near[0] if near else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
+    meant = _mistyped_command(ours[0]) if ours else ""
+    if meant:  # it went to the window as a model name: "unrecognized arguments: model.gguf"
+        print(f"offload-planner: error: unknown command {ours[0]!r}: did you mean {meant}? (commands: "
+              f"{', '.join(COMMANDS)}; `offload-planner MODEL` opens the window)", file=sys.stderr)
+        return 2
     parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None)
     args = _parse(parser, ours)
     if hasattr(args, "server_args"):
