@@ -265,11 +265,12 @@ def _run_printing(args: argparse.Namespace, *, freeze: bool) -> int:
 def _mistyped_command(first: str) -> str:
     """The command ``first`` looks like a typo of ("plna" -> "plan"), "" when it may be a model to
     open in the window (a path, a URL, a file that exists, or nothing like a command)."""
+    if first in COMMANDS or first.startswith("-") or any(c in first for c in "/\\.:"):
+        return ""  # before any import: `plan` and `fit` pay nothing for this
     import difflib
     import os
 
-    looks_like_a_path = any(c in first for c in "/\\.:") or os.path.exists(first)
-    if first in COMMANDS or first.startswith("-") or looks_like_a_path:
+    if os.path.exists(first):
         return ""
     near = difflib.get_close_matches(first, list(COMMANDS), n=1, cutoff=0.6)
     return near[0] if near else ""
