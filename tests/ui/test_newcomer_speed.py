@@ -195,6 +195,9 @@ def test_the_ub_plot_says_when_its_curves_are_of_another_plan(
         win.doc.set_option("context.n_ubatch", 2048, "-ub")
         wait_projected(qtbot, win)
         assert plot.now_line.value() == math.log10(2048) and plot.status.text() == fresh
+        win.doc.set_option("context.n_ubatch", 0, "-ub")  # llama.cpp: -ub 0 is -b (2048 here)
+        assert plot.now_line.value() == math.log10(2048)
+        win.doc.undo_stack.undo()
         experts = [t.name for t in win.doc.plan.model.tensors if t.role.is_routed_expert and t.layer == 3]
         win.doc.move(experts, CPU)
         assert plot.status.text() == STALE + fresh

@@ -101,7 +101,7 @@ class UbatchPlot(QWidget):
                                         pen=pg.mkPen("#808080", width=1, style=Qt.PenStyle.DotLine))
         self.plot.addItem(self.now_line)
         self.points: list[UbPoint] = []
-        self._plotted: object = None  # the plan the curves are of
+        self._plotted: Plan | None = None  # the plan the curves are of (its -ub aside)
         self._status = ""  # the plot's own line, without the stale note
         self.idle = QLabel(IDLE_HINT)
         self.idle.setWordWrap(True)
@@ -127,7 +127,8 @@ class UbatchPlot(QWidget):
         if not self._doc.has_plan:
             return
         c = self._doc.plan.context
-        self.now_line.setValue(math.log10(max(1, min(c.n_ubatch, c.n_batch))))
+        ub = c.n_ubatch or c.n_batch  # llama.cpp: -ub 0 is -b, and -ub is at most -b
+        self.now_line.setValue(math.log10(max(1, min(ub, c.n_batch) if c.n_batch else ub)))
         if not self.points:
             return
         if _sweep_key(self._doc.plan) == self._plotted:  # -ub alone: the same curves
