@@ -396,9 +396,9 @@ def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> lis
 @dataclass
 class _Work:
     """What one device's weights cost a micro-batch, summed once per placement: elements and bytes of
-    four parts, by :func:`_part` (always-active matrices or routed experts; ops the GPU may take, or
-    host weights whose ops it refuses and so never offloads: ik's row-interleaved types,
-    core.ik_repack)."""
+    four parts, by index ``routed expert | 2 x refused`` (always-active matrices or routed experts; ops
+    the GPU may take, or host weights whose ops it refuses and so never offloads: ik's row-interleaved
+    types, core.ik_repack)."""
 
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
@@ -408,10 +408,6 @@ class _Work:
         """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost)."""
         for i in range(4):
             yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i]
-
-
-def _part(is_expert: bool, refused: bool) -> int:
-    return int(is_expert) | (2 if refused else 0)
 
 
 def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
@@ -433,7 +429,7 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # _part, inlined
+        i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
         n = t.n_elements
         w.el[i] += n
         w.nbytes[i] += t.nbytes
