@@ -12,6 +12,7 @@ import random
 import pytest
 
 from offload_planner import cli
+from offload_planner.cli_fastparse import Recorder, fast_parse
 
 
 def argparse_reads(argv: list[str]) -> argparse.Namespace | None:
@@ -97,3 +98,29 @@ def test_random_command_lines_agree(command: str) -> None:
         argv = [command, *rng.choices(WORDS[command], k=rng.randint(0, 7))]
         quick += same(argv) is not None
     assert quick >= 20
+
+
+@pytest.mark.parametrize("parser_kwargs, argument_kwargs", [
+    ({"prefix_chars": "+"}, {}),
+    ({"argument_default": "x"}, {}),
+    ({"allow_abbrev": False}, {}),
+    ({}, {"default": argparse.SUPPRESS}),
+    ({}, {"nargs": "?"}),
+    ({}, {"dest": "other"}),
+    ({}, {"action": "count"}),
+    ({}, {"type": int, "default": "1"}),
+])
+def test_parsers_the_quick_reader_does_not_read(parser_kwargs: dict[str, object],
+                                                argument_kwargs: dict[str, object]) -> None:
+    """A parser or option that reads arguments in a way the quick reader does not is left to argparse."""
+    rec = Recorder()
+    p = rec.add_parser("x", help="h", **parser_kwargs)
+    p.add_argument("model")
+    p.add_argument("--opt", **argument_kwargs)
+    assert fast_parse(rec.parsers[0], ["m.gguf"], "x") is None
+    plain = Recorder()
+    q = plain.add_parser("x", help="h")
+    q.add_argument("model")
+    q.add_argument("--opt")
+    want = argparse.Namespace(command="x", model="m.gguf", opt=None)
+    assert fast_parse(plain.parsers[0], ["m.gguf"], "x") == want

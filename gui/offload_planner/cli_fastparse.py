@@ -19,6 +19,9 @@ from typing import Any
 _KEYWORDS = frozenset({"action", "default", "type", "choices", "help", "metavar"})
 #: actions the fast path performs (None: store)
 _ACTIONS = frozenset({None, "store", "store_true", "append"})
+#: the ``add_parser`` keywords that leave parsing as the fast path does it (any other, e.g.
+#: ``prefix_chars``, ``argument_default``, ``allow_abbrev``: the real parser decides)
+_PARSER_KEYWORDS = frozenset({"help", "description", "epilog", "formatter_class", "usage"})
 
 
 class RecordedParser:
@@ -67,10 +70,15 @@ def _dest(names: tuple[str, ...]) -> str:
 
 def fast_options(rec: RecordedParser) -> list[tuple[tuple[str, ...], _Option]] | None:
     """The recorded arguments as the fast path reads them; None when one is beyond it (an action,
-    ``nargs``, a string default with a type, a positional with a default...)."""
+    ``nargs``, a string default with a type, a positional with a default, a parser option that
+    changes how arguments are read...)."""
+    if set(rec.kwargs) - _PARSER_KEYWORDS:
+        return None
     out = []
     for names, kwargs in rec.arguments:
         if set(kwargs) - _KEYWORDS or kwargs.get("action") not in _ACTIONS or "-h" in names:
+            return None
+        if kwargs.get("default") is argparse.SUPPRESS:
             return None
         opt = _Option(names, kwargs)
         if (opt.positional and (len(names) > 1 or "default" in kwargs)) or opt.dest in rec.defaults:
