@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 
 
 class ValueKind(StrEnum):
@@ -18,7 +19,10 @@ class ValueKind(StrEnum):
 
     @property
     def arity(self) -> int:
-        return {ValueKind.NONE: 0, ValueKind.BOOL: 0, ValueKind.PAIR: 2}.get(self, 1)
+        return _ARITY.get(self, 1)
+
+
+_ARITY = {ValueKind.NONE: 0, ValueKind.BOOL: 0, ValueKind.PAIR: 2}  # else 1
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,7 @@ class FlagSpec:
     env: str | None = None
     help: str = ""
 
-    @property
+    @cached_property  # asked several times per flag a parse; a spec never changes
     def key(self) -> str:
         """Canonical name: the first ``--`` spelling (llama.cpp's long name), else the first one."""
         for name in self.names:
