@@ -19,6 +19,12 @@ and the note says so; a GPU matrix's efficiency follows the rows (tokens) it mul
 expert's share of a micro-batch lowers fully offloaded MoE pp (DeepSeek-V3 162 -> 85.5 t/s, Qwen3-30B
 2273 -> 1283); a generated token's attention at depth costs the larger of its KV reads and its FLOPs
 (MLA tg at 32768 tokens lower); the pp bottleneck shares move with them.
+Session 7 (issue 11, the speed estimate only; every memory line unchanged): op offload copies host
+weights that sit in the mmap'd ``CPU_Mapped`` buffer (pageable; llama-model-loader.cpp keeps CPU
+weights out of the pinned host buffer when mmap is on) at half the pinned rate (llama.cpp PR 28223:
+166 vs 330 t/s on one rig), so the mainline cases with experts on the CPU have half the pp copy rate
+(DeepSeek-V3 --cpu-moe 23.6 -> 13.7 t/s, the copies' share 72% -> 84%) and name the assumption;
+``ds_ik`` (pinned: ik turns mmap off) and the all-on-GPU cases did not change.
 """
 
 from __future__ import annotations

@@ -65,8 +65,11 @@ def test_lattice_iquants_cost_mainline_more_cpu_compute(tmp_path: Path, dialect:
         parsed = parse_server_args(["-c", "1024"], dialect=dialect)
         plan = plan_from_args(open_model(str(path)), devices, parsed, dialect)
         est[t] = estimate(plan, hardware_for(devices), prompt=512)
-    assert est[Q.IQ3_S].tg_tps == pytest.approx(est[Q.Q3_K].tg_tps)  # same bytes
     ratio = est[Q.Q3_K].pp_tps / est[Q.IQ3_S].pp_tps
+    if dialect == "llama.cpp":  # 8 cores x 0.1 x 0.26 TFLOPS: a token of IQ3_S computes longer than it reads
+        assert est[Q.IQ3_S].tg_tps < 0.9 * est[Q.Q3_K].tg_tps
+    else:
+        assert est[Q.IQ3_S].tg_tps == pytest.approx(est[Q.Q3_K].tg_tps)  # same bytes
     if dialect == "llama.cpp":
         slower = defaults_for(plan.dialect).cpu_compute.value / IQUANT_CPU_COMPUTE.value
         assert 1.3 < ratio <= slower + 1e-9  # attention (same for both) dilutes the weights' share

@@ -227,6 +227,8 @@ def _argv(rec: dict[str, Any]) -> list[str]:
         out += ["-t", str(s["threads"])]
     if s.get("split_mode"):
         out += ["-sm", s["split_mode"]]
+    if re.search(r"--no-mmap\b", rec.get("command") or ""):  # weights read into (pinned) buffers
+        out += ["--no-mmap"] if rec["backend"] == "ik_llama.cpp" else ["--load-mode", "none"]
     if s.get("tensor_split"):
         out += ["-ts", ",".join(str(x) for x in s["tensor_split"])]
     return out

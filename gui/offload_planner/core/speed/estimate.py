@@ -387,11 +387,15 @@ class _Work:
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
     cpu_el: list[float] = field(default_factory=lambda: [0.0] * 4)  # el x the type's CPU cost (cpu_cost)
+    #: bytes as op offload's copy costs them: a host weight outside a pinned buffer counts
+    #: 1 / ``Efficiencies.pageable_copy`` (:func:`copy_weight`)
+    copy_nb: list[float] = field(default_factory=lambda: [0.0] * 4)
 
-    def parts(self) -> Iterator[tuple[float, float, bool, bool, float]]:
-        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost)."""
+    def parts(self) -> Iterator[tuple[float, float, bool, bool, float, float]]:
+        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost, bytes
+        weighted by their copy cost)."""
         for i in range(4):
-            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i]
+            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i], self.copy_nb[i]
 
 
 def _part(is_expert: bool, refused: bool) -> int:
@@ -407,8 +411,19 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
     return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
 
 
-def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
+def copy_weight(buft: str | None, eff: Efficiencies) -> float:
+    """Cost of a host weight's byte in op offload's copy to the GPU against a pinned one (1): a
+    ``<GPU>_Host`` buffer is pinned; a plain CPU buffer (``CPU``, mmap'd ``CPU_Mapped``, repacked
+    ``CPU_REPACK``) is pageable, copied through the driver's staging buffer at ``pageable_copy`` of the
+    rate (llama-model-loader.cpp: with mmap, CPU weights never take the host buffer type)."""
+    return 1.0 if buft is not None and buft.endswith("_Host") else 1.0 / eff.pageable_copy.value
+
+
+def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
+          eff: Efficiencies | None = None) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
+    costs: dict[str | None, float] = {}
+    eff = eff or defaults_for(dialect)
     embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
         t = p.tensor
@@ -420,6 +435,10 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         w.el[i] += t.n_elements
         w.nbytes[i] += t.nbytes
         w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
+        cost = costs.get(p.buft)
+        if cost is None:
+            cost = costs[p.buft] = copy_weight(p.buft, eff)
+        w.copy_nb[i] += t.nbytes * cost
     return out
 
 
@@ -485,14 +504,14 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
-        for el, nb, is_exp, may, cpu_el in w.parts():
+        for el, nb, is_exp, may, cpu_el, copy_nb in w.parts():
             if not el:
                 continue
             where = dev
             if dev == CPU and may and (exp_off if is_exp else dense_off):
                 assert gpu is not None
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
-                transfer += nb * (hit if is_exp and not whole else 1.0)
+                transfer += copy_nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
             work_flops = 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
             if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
@@ -529,7 +548,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
-    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement))
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff)
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)
@@ -562,9 +581,34 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     return total
 
 
+def cpu_weight_flops(plan: Plan, placement: Placement) -> float:
+    """FLOPs of one generated token's CPU weight matrices of the types whose CPU kernels cost more
+    than the default (:func:`efficiency.cpu_cost` > 1: mainline multiplies the lattice i-quants row by
+    row through their ``vec_dot`` with its grid look-ups, the same kernel for one token as for a
+    batch), 2 a weight, routed experts by ``n_expert_used / n_expert``, weighted by that cost: a token
+    of them can take longer to compute than to read.  Other types' token is bound by its reads (every
+    CPU record of the public development set)."""
+    frac = expert_fraction(plan.model)
+    embd, experts, dialect = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES, plan.dialect
+    costs: dict[str, float] = {}
+    out = 0.0
+    for p in _running(placement):
+        t = p.tensor
+        if p.device != CPU or len(t.shape) < 2 or (t.role is embd and not p.copy):
+            continue
+        cost = costs.get(t.type.name)
+        if cost is None:
+            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect)
+        if cost > 1.0:
+            out += 2.0 * t.n_elements * cost * (frac if t.role in experts else 1.0)
+    return out
+
+
 def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
-              kv: dict[str, int], attn: dict[str, float] | None = None) -> dict[str, float]:
-    """Seconds per token per device: its weights over its effective bandwidth, plus its attention:
+              kv: dict[str, int], attn: dict[str, float] | None = None,
+              cpu_flops: float | None = None) -> dict[str, float]:
+    """Seconds per token per device: its weights over its effective bandwidth (the CPU's: or, where
+    slower, their FLOPs over its compute, ``cpu_flops``: :func:`cpu_weight_flops`), plus its attention:
     the KV bytes over the bandwidth or, where slower, the attention FLOPs (``attn``,
     :func:`attention_flops_at`) over its attention compute (an MLA model's 128 heads share one
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
@@ -579,7 +623,12 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
             tf = (d.tflops.value * eff.cpu_attention.value * d.share if not _is_gpu(d)
                   else compute_tflops(d, eff))
             kv_s = max(kv_s, flops / (tf * 1e12))
-        times[name] = weights.get(name, 0) / (bw * 1e9) + kv_s
+        w_s = weights.get(name, 0) / (bw * 1e9)
+        if name == CPU and d.kind is DeviceKind.CPU and w_s:
+            if cpu_flops is None:
+                cpu_flops = cpu_weight_flops(plan, placement)
+            w_s = max(w_s, cpu_flops / (compute_tflops(d, eff) * 1e12))
+        times[name] = w_s + kv_s
     return times
 
 
@@ -690,9 +739,10 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
-    t0 = _tg_times(plan, placement, hw, eff, weights, {})
+    cpu_flops = cpu_weight_flops(plan, placement) if CPU in weights else 0.0
+    t0 = _tg_times(plan, placement, hw, eff, weights, {}, cpu_flops=cpu_flops)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, cpu_flops)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     host_kv = host_kv_layers(plan, placement)
@@ -710,7 +760,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
         attn_d = attention_flops_at(ap, placement, ctx, depth)
-        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d)
+        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, cpu_flops)
         tgd_total = (sum(tgd.values()) + split_s + host_kv_s
                      + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
@@ -722,6 +772,10 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     if host_kv:
         assumptions.append(Assumption("-nkvo: the CPU's round trip of a GPU layer",
                                       eff.host_attention_us))
+    pageable = any(p.device == CPU and copy_weight(p.buft, eff) != 1.0 for p in _running(placement))
+    if pp.transfer_s and pageable:
+        assumptions.append(Assumption("op offload copies from pageable host weights (mmap; --load-mode none "
+                                      "pins them)", eff.pageable_copy))
     calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
         tg_tps=1.0 / total0 if total0 else math.inf,
