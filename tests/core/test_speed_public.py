@@ -67,6 +67,15 @@ CPU_CORES = {
     "7700x": 8, "7800x3d": 8, "5975wx": 32, "3995wx": 64, "6980p": 128, "8336c": 28, "e5-2697a": 16,
 }
 
+#: Base clocks of CPU platforms by name, GHz (vendor specifications: AMD EPYC 9004/9005, Ryzen 7000 and
+#: Threadripper PRO product pages, Intel ARK; the 8336C's is printed in its name in the record).  A
+#: core's compute follows its clock (core.speed.hardware.DEFAULT_CPU_GHZ); the EPYC 9V45 (an Azure
+#: part) publishes none and keeps the default.
+CPU_GHZ = {
+    "epyc 9654": 2.4, "epyc 9374f": 3.85, "epyc 9355": 3.55, "epyc 9965": 2.25, "7950x": 4.5, "7900": 3.7,
+    "7700x": 4.5, "7800x3d": 4.2, "5975wx": 3.6, "3995wx": 2.7, "6980p": 2.0, "8336c": 2.3, "e5-2697a": 2.6,
+}
+
 #: Uniform quant types by bits per weight (block bytes x 8 / block elements).
 TYPES = [(Q.IQ1_S, 1.5625), (Q.IQ2_XXS, 2.0625), (Q.Q2_K, 2.625), (Q.IQ3_XXS, 3.0625), (Q.Q3_K, 3.4375),
          (Q.Q4_0, 4.5), (Q.Q4_K, 4.5), (Q.Q5_K, 5.5), (Q.Q6_K, 6.5625), (Q.Q8_0, 8.5), (Q.F16, 16.0)]
@@ -187,6 +196,9 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
     cores = next((v for k, v in CPU_CORES.items() if k in cpu), None)
     if cores:
         cpu_decl += f",cores={cores}"
+    ghz = next((v for k, v in CPU_GHZ.items() if k in cpu), None)
+    if ghz:
+        cpu_decl += f",ghz={ghz}"
     gpus = []
     lanes = _lanes(str(h.get("notes") or ""))
     for i, g in enumerate(h.get("gpus") or []):

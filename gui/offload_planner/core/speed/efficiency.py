@@ -107,10 +107,12 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 #: 295 t/s where mainline's ran 28 (https://github.com/ikawrakow/ik_llama.cpp/pull/518); over the
 #: development set's CPU-only ik_llama.cpp records the estimate with mainline's default was short by
 #: a median 4x (https://github.com/ikawrakow/ik_llama.cpp/pull/683, /pull/518, /issues/1752,
-#: /pull/259, /pull/612): its default CPU compute efficiency is 4 x 0.5.
-IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
+#: /pull/259, /pull/612): its default CPU compute efficiency was 4 x 0.5.  With each record's CPU at
+#: its vendor base clock (``ghz=``, core.speed.hardware.DEFAULT_CPU_GHZ) the same five records (all
+#: at odd positions of the set) put the estimate a median 1.13x too fast: 2.0 / 1.13 = 1.77.
+IK_CPU_COMPUTE = Figure(1.77, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
-                        "259, 612, issue 1752): 4x mainline's default")
+                        "259, 612, issue 1752; their CPUs at base clock)")
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 
 
@@ -120,12 +122,13 @@ _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 #: Q4_0, Q5_0, IQ4_NL), so each row goes through the type's vec_dot with its grid look-ups.  Measured on
 #: a Ryzen-7950X with LLaMA-3.1-8B (https://github.com/ikawrakow/ik_llama.cpp/pull/518, mainline
 #: build 5635: IQ3_S "pp512" 28.04 t/s, 16 cores): 28.04 x 2 x 7.5e9 matrix weights = 0.42 TFLOPS of
-#: 16 x 0.1 peak, 0.26 x peak, where the same CPU ran mainline's fastest type, Q4_0, at 170 t/s
-#: (https://github.com/ikawrakow/ik_llama.cpp/pull/533, build 5688).  ik_llama.cpp's own kernels
-#: cover these types (``IK_CPU_COMPUTE``).
-IQUANT_CPU_COMPUTE = Figure(0.26, "x peak", Source.DEFAULT,
+#: the 16 cores' peak at the 7950X's 4.5 GHz base clock (16 x 0.144 TFLOPS,
+#: core.speed.hardware.DEFAULT_CPU_GHZ), 0.18 x peak, where the same CPU ran mainline's fastest type,
+#: Q4_0, at 170 t/s (https://github.com/ikawrakow/ik_llama.cpp/pull/533, build 5688).  ik_llama.cpp's
+#: own kernels cover these types (``IK_CPU_COMPUTE``).
+IQUANT_CPU_COMPUTE = Figure(0.18, "x peak", Source.DEFAULT,
                             "mainline CPU kernels of IQ1_S..IQ3_S (vec_dot, no GEMM): IQ3_S pp512 28.04 t/s "
-                            "on a Ryzen-7950X (ik_llama.cpp PR 518)")
+                            "on a Ryzen-7950X at 4.5 GHz (ik_llama.cpp PR 518)")
 SLOW_CPU_TYPES = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"})  # ggml names
 
 
