@@ -27,6 +27,9 @@ weights out of the pinned host buffer when mmap is on) at half the pinned rate (
 ``ds_ik`` (pinned: ik turns mmap off) and the all-on-GPU cases did not change.  Then ik_llama.cpp's
 CPU compute efficiency 2.0 -> 1.77 x peak (re-derived from the same five public CPU-only records with
 their CPUs' base clocks declared): ``ds_ik`` pp 33.9 -> 30.5 t/s, its note names the new figure.
+Then a GPU's fixed time per layer a token (``gpu_layer_us``, 40 µs): every case with layers on a GPU
+has a slower tg (its GPU rows' ms/token and shares, the tg figures, an assumption line); pp and every
+memory line unchanged.
 """
 
 from __future__ import annotations

@@ -333,3 +333,18 @@ def test_op_offload_from_mmapped_weights_copies_at_the_pageable_rate(qwen: Model
     assert a.pp_tps < b.pp_tps and a.tg_tps == pytest.approx(b.tg_tps)
     assert any("pageable" in x.what for x in a.assumptions)
     assert not any("pageable" in x.what for x in b.assumptions)
+
+
+def test_a_gpu_layer_costs_its_fixed_time_a_token(qwen: Model) -> None:
+    """Each layer with weights on a GPU adds ``gpu_layer_us`` to that GPU's time a token, beyond its
+    bytes (its kernels' floors); the CPU's layers do not; and the estimate names the figure."""
+    ds = devices("CUDA0=rtx3090")
+    hw = hardware_for(ds)
+    p = plan(qwen, ds, "-ngl 999 -c 8192 -ot blk\\.(4[0-7])\\.ffn_.*_exps=CPU")
+    with_floor = estimate(p, hw)
+    without = estimate(p, hw, eff=calibrated({"gpu_layer_us": 0.0}, "none"))
+    n = qwen.summary.n_layer
+    gpu_extra = with_floor.device("CUDA0").tg_ms_per_token - without.device("CUDA0").tg_ms_per_token
+    assert gpu_extra == pytest.approx(n * DEFAULT.gpu_layer_us.value / 1e3)
+    assert with_floor.device("CPU").tg_ms_per_token == pytest.approx(without.device("CPU").tg_ms_per_token)
+    assert any("GPU layer" in a.what for a in with_floor.assumptions)

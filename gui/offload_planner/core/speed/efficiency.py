@@ -47,6 +47,19 @@ _THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
 _PAGEABLE_COPY = Figure(0.5, "x pinned rate", Source.DEFAULT,
                         "op offload from pageable (mmap'd) host weights: llama.cpp PR 28223 (166 vs 330 t/s)")
 _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devices
+#: A GPU's fixed time per layer a generated token, beyond the layer's bytes: a layer is some 15-20
+#: kernels (norms, seven matrix-vector products, RoPE, the KV store, attention, adds; ggml-cuda runs
+#: one kernel per graph node, CUDA graphs or not), each with a floor of a few µs however few bytes
+#: it reads.  It is what makes small models' tokens slower than their bytes on fast GPUs (LLaMA-7B
+#: Q4_0 on an RTX 3090 Ti: 127.43 t/s, 0.48 of its bandwidth,
+#: https://github.com/ggml-org/llama.cpp/pull/4812; Llama-3-8B Q4_K_M on an RX 7900 XTX 105.81 t/s,
+#: https://github.com/ggml-org/llama.cpp/pull/26284).
+#: 40 µs: the best of 0-80 µs on the odd half of the public development set
+#: (tests/core/test_speed_public.py; tg median 1.22x -> 1.12x), checked on the even half (1.28x ->
+#: 1.14x).  Fitted, not read from a source.
+_GPU_LAYER_US = Figure(40.0, "µs per GPU layer a token", Source.DEFAULT,
+                       "a GPU layer's kernels' fixed time a token (fitted on half of the public "
+                       "measurements)")
 #: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
 #: activations back), network round trip excluded (measured per endpoint: core.speed.hardware). From
 #: this project's own measurement (README, bench/speed_measured.py, 2 cores, load 1.0-1.2):
@@ -84,6 +97,7 @@ class Efficiencies:
     cpu_attention: Figure = _CPU_ATTN
     host_attention_us: Figure = _HOST_ATTN_US
     pageable_copy: Figure = _PAGEABLE_COPY
+    gpu_layer_us: Figure = _GPU_LAYER_US
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self)]

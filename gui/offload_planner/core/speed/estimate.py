@@ -604,16 +604,29 @@ def cpu_weight_flops(plan: Plan, placement: Placement) -> float:
     return out
 
 
+def layers_by_device(placement: Placement) -> dict[str, int]:
+    """How many of the model's layers have a running weight on each device."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    for p in _running(placement):
+        if p.tensor.layer is not None and p.device is not None:
+            seen[p.device].add(p.tensor.layer)
+    return {k: len(v) for k, v in seen.items()}
+
+
 def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
               kv: dict[str, int], attn: dict[str, float] | None = None,
-              cpu_flops: float | None = None) -> dict[str, float]:
+              cpu_flops: float | None = None, layers: dict[str, int] | None = None) -> dict[str, float]:
     """Seconds per token per device: its weights over its effective bandwidth (the CPU's: or, where
-    slower, their FLOPs over its compute, ``cpu_flops``: :func:`cpu_weight_flops`), plus its attention:
+    slower, their FLOPs over its compute, ``cpu_flops``: :func:`cpu_weight_flops`; a GPU's: plus
+    ``gpu_layer_us`` for each of its layers, ``layers``: :func:`layers_by_device`), plus its attention:
     the KV bytes over the bandwidth or, where slower, the attention FLOPs (``attn``,
     :func:`attention_flops_at`) over its attention compute (an MLA model's 128 heads share one
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
     attn = attn or {}
+    if layers is None:
+        layers = layers_by_device(placement)
+    per_layer = eff.gpu_layer_us.value * 1e-6
     for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
@@ -624,6 +637,8 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
                   else compute_tflops(d, eff))
             kv_s = max(kv_s, flops / (tf * 1e12))
         w_s = weights.get(name, 0) / (bw * 1e9)
+        if _is_gpu(d):
+            w_s += layers.get(name, 0) * per_layer
         if name == CPU and d.kind is DeviceKind.CPU and w_s:
             if cpu_flops is None:
                 cpu_flops = cpu_weight_flops(plan, placement)
@@ -668,6 +683,8 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
                               eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute))
         if d.kind is not DeviceKind.CPU:
             out.append(Assumption(f"{name} host link", d.link))
+    if any(_is_gpu(hw[n]) for n in used):
+        out.append(Assumption("a GPU layer's fixed time a token", eff.gpu_layer_us))
     out.append(Assumption("link efficiency", eff.link))
     out.append(Assumption("graph split latency", eff.split_latency_us))
     if any(hw[n].kind is DeviceKind.RPC for n in used):
@@ -740,9 +757,10 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
     cpu_flops = cpu_weight_flops(plan, placement) if CPU in weights else 0.0
-    t0 = _tg_times(plan, placement, hw, eff, weights, {}, cpu_flops=cpu_flops)
+    layers = layers_by_device(placement)
+    t0 = _tg_times(plan, placement, hw, eff, weights, {}, cpu_flops=cpu_flops, layers=layers)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, cpu_flops)
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, cpu_flops, layers)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     host_kv = host_kv_layers(plan, placement)
@@ -760,7 +778,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
         attn_d = attention_flops_at(ap, placement, ctx, depth)
-        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, cpu_flops)
+        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, cpu_flops, layers)
         tgd_total = (sum(tgd.values()) + split_s + host_kv_s
                      + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
