@@ -422,7 +422,7 @@ def copy_weight(buft: str | None, eff: Efficiencies) -> float:
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
           eff: Efficiencies | None = None) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
-    costs: dict[str | None, float] = {}
+    costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
     eff = eff or defaults_for(dialect)
     embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
@@ -432,13 +432,15 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         assert p.device is not None
         w = out[p.device]
         i = _part(t.role in experts, t.name in refused)
-        w.el[i] += t.n_elements
-        w.nbytes[i] += t.nbytes
-        w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
-        cost = costs.get(p.buft)
+        n, nb = t.n_elements, t.nbytes
+        key = (t.type.name, p.buft)
+        cost = costs.get(key)
         if cost is None:
-            cost = costs[p.buft] = copy_weight(p.buft, eff)
-        w.copy_nb[i] += t.nbytes * cost
+            cost = costs[key] = (cpu_cost(key[0], dialect), copy_weight(p.buft, eff))
+        w.el[i] += n
+        w.nbytes[i] += nb
+        w.cpu_el[i] += n * cost[0]
+        w.copy_nb[i] += nb * cost[1]
     return out
 
 
@@ -581,51 +583,59 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     return total
 
 
-def cpu_weight_flops(plan: Plan, placement: Placement) -> float:
-    """FLOPs of one generated token's CPU weight matrices of the types whose CPU kernels cost more
-    than the default (:func:`efficiency.cpu_cost` > 1: mainline multiplies the lattice i-quants row by
-    row through their ``vec_dot`` with its grid look-ups, the same kernel for one token as for a
-    batch), 2 a weight, routed experts by ``n_expert_used / n_expert``, weighted by that cost: a token
-    of them can take longer to compute than to read.  Other types' token is bound by its reads (every
-    CPU record of the public development set)."""
+@dataclass(frozen=True)
+class TokenExtras:
+    """What a generated token costs beyond its bytes, from one pass over the placement."""
+
+    cpu_flops: float  # FLOPs of the CPU weights whose kernels cost more than the default
+    layers: dict[str, int]  # layers with a running weight, by device
+    pageable_cpu: bool  # a CPU weight outside a pinned ``<GPU>_Host`` buffer
+
+
+def token_extras(plan: Plan, placement: Placement) -> TokenExtras:
+    """``cpu_flops``: one generated token's CPU weight matrices of the types whose CPU kernels cost
+    more than the default (:func:`efficiency.cpu_cost` > 1: mainline multiplies the lattice i-quants
+    row by row through their ``vec_dot`` with its grid look-ups, the same kernel for one token as for
+    a batch), 2 FLOPs a weight, routed experts by ``n_expert_used / n_expert``, weighted by that cost:
+    a token of them can take longer to compute than to read (other types' token is bound by its reads,
+    every CPU record of the public development set).  ``layers``: how many of the model's layers
+    have a running weight on each device.  ``pageable_cpu``: whether a CPU weight is pageable."""
     frac = expert_fraction(plan.model)
     embd, experts, dialect = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES, plan.dialect
     costs: dict[str, float] = {}
-    out = 0.0
+    flops = 0.0
+    seen: dict[str, set[int]] = defaultdict(set)
+    pageable = False
     for p in _running(placement):
         t = p.tensor
-        if p.device != CPU or len(t.shape) < 2 or (t.role is embd and not p.copy):
+        assert p.device is not None
+        if t.layer is not None:
+            seen[p.device].add(t.layer)
+        if p.device != CPU:
+            continue
+        pageable = pageable or not (p.buft or "").endswith("_Host")
+        if len(t.shape) < 2 or (t.role is embd and not p.copy):
             continue
         cost = costs.get(t.type.name)
         if cost is None:
             cost = costs[t.type.name] = cpu_cost(t.type.name, dialect)
         if cost > 1.0:
-            out += 2.0 * t.n_elements * cost * (frac if t.role in experts else 1.0)
-    return out
-
-
-def layers_by_device(placement: Placement) -> dict[str, int]:
-    """How many of the model's layers have a running weight on each device."""
-    seen: dict[str, set[int]] = defaultdict(set)
-    for p in _running(placement):
-        if p.tensor.layer is not None and p.device is not None:
-            seen[p.device].add(p.tensor.layer)
-    return {k: len(v) for k, v in seen.items()}
+            flops += 2.0 * t.n_elements * cost * (frac if t.role in experts else 1.0)
+    return TokenExtras(flops, {k: len(v) for k, v in seen.items()}, pageable)
 
 
 def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
               kv: dict[str, int], attn: dict[str, float] | None = None,
-              cpu_flops: float | None = None, layers: dict[str, int] | None = None) -> dict[str, float]:
+              extras: TokenExtras | None = None) -> dict[str, float]:
     """Seconds per token per device: its weights over its effective bandwidth (the CPU's: or, where
-    slower, their FLOPs over its compute, ``cpu_flops``: :func:`cpu_weight_flops`; a GPU's: plus
-    ``gpu_layer_us`` for each of its layers, ``layers``: :func:`layers_by_device`), plus its attention:
+    slower, their FLOPs over its compute, :attr:`TokenExtras.cpu_flops`; a GPU's: plus
+    ``gpu_layer_us`` for each of its layers, :attr:`TokenExtras.layers`), plus its attention:
     the KV bytes over the bandwidth or, where slower, the attention FLOPs (``attn``,
     :func:`attention_flops_at`) over its attention compute (an MLA model's 128 heads share one
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
     attn = attn or {}
-    if layers is None:
-        layers = layers_by_device(placement)
+    extras = extras or token_extras(plan, placement)
     per_layer = eff.gpu_layer_us.value * 1e-6
     for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
@@ -638,11 +648,9 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
             kv_s = max(kv_s, flops / (tf * 1e12))
         w_s = weights.get(name, 0) / (bw * 1e9)
         if _is_gpu(d):
-            w_s += layers.get(name, 0) * per_layer
-        if name == CPU and d.kind is DeviceKind.CPU and w_s:
-            if cpu_flops is None:
-                cpu_flops = cpu_weight_flops(plan, placement)
-            w_s = max(w_s, cpu_flops / (compute_tflops(d, eff) * 1e12))
+            w_s += extras.layers.get(name, 0) * per_layer
+        if name == CPU and d.kind is DeviceKind.CPU and w_s and extras.cpu_flops:
+            w_s = max(w_s, extras.cpu_flops / (compute_tflops(d, eff) * 1e12))
         times[name] = w_s + kv_s
     return times
 
@@ -756,11 +764,10 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
-    cpu_flops = cpu_weight_flops(plan, placement) if CPU in weights else 0.0
-    layers = layers_by_device(placement)
-    t0 = _tg_times(plan, placement, hw, eff, weights, {}, cpu_flops=cpu_flops, layers=layers)
+    extras = token_extras(plan, placement)
+    t0 = _tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, cpu_flops, layers)
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, extras)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     host_kv = host_kv_layers(plan, placement)
@@ -778,7 +785,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
         attn_d = attention_flops_at(ap, placement, ctx, depth)
-        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, cpu_flops, layers)
+        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, extras)
         tgd_total = (sum(tgd.values()) + split_s + host_kv_s
                      + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
@@ -790,8 +797,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     if host_kv:
         assumptions.append(Assumption("-nkvo: the CPU's round trip of a GPU layer",
                                       eff.host_attention_us))
-    pageable = any(p.device == CPU and copy_weight(p.buft, eff) != 1.0 for p in _running(placement))
-    if pp.transfer_s and pageable:
+    if pp.transfer_s and extras.pageable_cpu:
         assumptions.append(Assumption("op offload copies from pageable host weights (mmap; --load-mode none "
                                       "pins them)", eff.pageable_copy))
     calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
