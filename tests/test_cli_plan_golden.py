@@ -30,6 +30,9 @@ their CPUs' base clocks declared): ``ds_ik`` pp 33.9 -> 30.5 t/s, its note names
 Then a GPU's fixed time per layer a token (``gpu_layer_us``, 40 µs): every case with layers on a GPU
 has a slower tg (its GPU rows' ms/token and shares, the tg figures, an assumption line); pp and every
 memory line unchanged.
+Then a CPU micro-batch's reads add to its compute instead of overlapping it, and ik_llama.cpp's CPU
+efficiency is 2.0 again (the same five records' median under that model): ``ds_ik`` (its experts
+computed on the CPU at -ub 512) pp 30.5 -> 19.6 t/s; no other case computes weights on the CPU.
 """
 
 from __future__ import annotations

@@ -121,10 +121,12 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 #: 295 t/s where mainline's ran 28 (https://github.com/ikawrakow/ik_llama.cpp/pull/518); over the
 #: development set's CPU-only ik_llama.cpp records the estimate with mainline's default was short by
 #: a median 4x (https://github.com/ikawrakow/ik_llama.cpp/pull/683, /pull/518, /issues/1752,
-#: /pull/259, /pull/612): its default CPU compute efficiency was 4 x 0.5.  With each record's CPU at
-#: its vendor base clock (``ghz=``, core.speed.hardware.DEFAULT_CPU_GHZ) the same five records (all
-#: at odd positions of the set) put the estimate a median 1.13x too fast: 2.0 / 1.13 = 1.77.
-IK_CPU_COMPUTE = Figure(1.77, "x peak", Source.DEFAULT,
+#: /pull/259, /pull/612): its default CPU compute efficiency is 4 x 0.5.  Re-checked with each
+#: record's CPU at its vendor base clock (``ghz=``, core.speed.hardware.DEFAULT_CPU_GHZ) and a CPU
+#: micro-batch's compute and reads added (estimate._microbatch): the same five records (all at odd
+#: positions of the set) then put the estimate a median 0.99x of the measured at 2.0 (at 1.77 with
+#: the clocks alone, the reads overlapped).
+IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
                         "259, 612, issue 1752; their CPUs at base clock)")
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)

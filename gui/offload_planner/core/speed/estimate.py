@@ -78,6 +78,7 @@ class DeviceTime:
     tg_ms_at_ctx: float
     pp_ms: float = 0.0  # of the whole prompt: compute / reads on this device
     share: float = 0.0  # of the time per token at depth 0
+    pp_reads_ms: float = 0.0  # of pp_ms: a CPU's weight and KV reads, added to its compute
 
 
 @dataclass
@@ -464,6 +465,7 @@ class _PPParts:
     offload: bool
     attn_s: dict[str, float] = field(default_factory=dict)  # of device_s: attention FLOPs over compute
     host_kv_s: float = 0.0  # of split_s: -nkvo's round trips and cache copies
+    reads_s: dict[str, float] = field(default_factory=dict)  # of device_s: a CPU's reads (added to compute)
 
 
 def _pp_splits(plan: Plan, hw: Hardware, eff: Efficiencies,
@@ -531,16 +533,23 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
     attn_s: dict[str, float] = {}
+    reads_s: dict[str, float] = {}
     for name in dict.fromkeys([*flops, *reads]):  # first-seen order: ties name the same device every run
         d = hw[name]
         bw, _ = _bandwidth(d, eff)
         tf = compute_tflops(d, eff) * 1e12
-        device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
+        # a GPU overlaps its reads with its compute (warps in flight); a CPU's threads both stream the
+        # weights and multiply them (ggml-cpu has no copy engine): their times add
+        if d.kind is DeviceKind.CPU:
+            reads_s[name] = reads[name] / (bw * 1e9)
+            device_s[name] = flops[name] / tf + reads_s[name]
+        else:
+            device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
         attn_s[name] = attn.get(name, 0.0) / tf
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
-    return _PPParts(device_s, transfer_s, splits(u), transfer > 0, attn_s)
+    return _PPParts(device_s, transfer_s, splits(u), transfer > 0, attn_s, reads_s=reads_s)
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
@@ -561,7 +570,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
     host_kv = host_kv_layers(plan, placement)
-    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float))
+    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float), reads_s=defaultdict(float))
     splits = _pp_splits(plan, hw, eff, pairs)
     start = depth
     while start < depth + prompt:
@@ -572,6 +581,8 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
             total.device_s[k] += v
         for k, v in mb.attn_s.items():
             total.attn_s[k] += v
+        for k, v in mb.reads_s.items():
+            total.reads_s[k] += v
         total.transfer_s += mb.transfer_s
         host_s = host_kv_seconds(host_kv, hw, eff, u)
         if on_gpu and kv_cell:  # the cache's views of start + u cells copied to each GPU
@@ -791,7 +802,8 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
-                       1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
+                       1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0,
+                       1e3 * pp.reads_s.get(n, 0.0))
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
     assumptions = _assumptions(plan, placement, hw, eff)
     if host_kv:
