@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO, TypeVar
+from typing import TextIO, TypeVar, cast
 
 from offload_planner import __version__
 from offload_planner.bundled import demo_model_path
@@ -233,15 +233,29 @@ def _run_printing(args: argparse.Namespace, *, freeze: bool) -> int:
         sys.stdout = real
 
 
+def _quick_parse(ours: list[str]) -> argparse.Namespace | None:
+    """``offload-planner COMMAND ...`` read from the command's recorded options without building its
+    parser, where argparse would read them alike and succeed (:mod:`offload_planner.cli_fastparse`);
+    None: the parser decides."""
+    if not ours or ours[0] not in COMMANDS:
+        return None
+    from offload_planner.cli_fastparse import Recorder, fast_parse
+
+    rec = Recorder()
+    COMMANDS[ours[0]](cast("argparse._SubParsersAction[argparse.ArgumentParser]", rec))
+    return fast_parse(rec.parsers[0], ours[1:], ours[0]) if len(rec.parsers) == 1 else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
-    parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None)
-    args = _parse(parser, ours)
+    quick = _quick_parse(ours)  # plan, fit and launch: their arguments (with `func` and `server_args`)
+    parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None) if quick is None else None
+    args = quick or _parse(cast(argparse.ArgumentParser, parser), ours)
     if hasattr(args, "server_args"):
         args.server_args = server_args
-    elif server_args:
+    elif server_args and parser is not None:
         parser.error("arguments after -- are for `plan`, `fit` and `launch` only")
-    if not getattr(args, "func", None):
+    if not getattr(args, "func", None) and parser is not None:
         parser.print_help()
         return 0
     try:
