@@ -3,9 +3,12 @@
 For every record whose architecture the synth catalogue can write, a header-only model of the
 record's shape is written (the catalogue's architecture, its expert count and layer count, a
 uniform quant type whose bits per weight match the record's file size or quant name), its
-settings become a llama-server command line, its hardware maps to the speed catalogue (GPU names)
-and to vendor memory configurations (CPU names, below) or to the RAM bandwidth the post states.
-The test prints each record's error (estimated / measured, tg and pp), the median and the spread.
+settings become a llama-server command line (with ``--no-mmap`` where the posted command has it),
+its hardware maps to the speed catalogue (GPU names) and to vendor memory configurations, core counts
+and base clocks (CPU names, below) or to the RAM bandwidth the post states.
+The test prints each record's error (estimated / measured, tg and pp), the median and the spread,
+over all records and over the odd and even ones (1-based file position: a change to the estimator is
+decided on the odd half and checked on the even one).
 
 It asserts only loose sanity bounds a broken estimator would fail (factor errors of 3x on the
 median, not values tuned to pass): the median |ln(estimate / measured)| of tg below ln 3 and of pp
