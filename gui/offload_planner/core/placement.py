@@ -267,6 +267,9 @@ def _home_rule(t: Tensor, n_layer: int, ngl: int) -> str:
     return f"layer {t.layer} by -ngl {ngl}"
 
 
+_NEXTN_RULE = "NextN/MTP block: not loaded without MTP (unused tensor)"
+
+
 def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
     s = model.summary
     n_layer = s.n_layer
@@ -322,11 +325,10 @@ class _PlaceOne:
             key: _ItemKey = (k, None, None, "")
             item = self.memo.get(key)
             if item is None:
-                item = self.memo[key] = Placed.make(
-                    t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
+                item = self.memo[key] = Placed.make(t, None, None, _NEXTN_RULE)
             return item
         if i is None:
-            dev, rule = self.home(t)
+            dev, rule = self.home.by_layer.get(t.layer) or self.home(t)  # its layer's answer looked up here
             buft = dev if dev != CPU else self.cpu_buft(t)
         else:
             to = self.rule_of(i)
@@ -417,7 +419,7 @@ class _HomeOf:
 
     def __init__(self, units: Sequence[str], n_layer: int, ngl: int) -> None:
         self.units, self.n_layer, self.ngl = units, n_layer, ngl
-        self.by_layer: dict[int, tuple[str, str]] = {}
+        self.by_layer: dict[int | None, tuple[str, str]] = {}  # None: never (not one layer)
 
     def __call__(self, t: Tensor) -> tuple[str, str]:
         il = t.layer
