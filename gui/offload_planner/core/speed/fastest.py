@@ -54,6 +54,15 @@ from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.forked import Forked
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.layout import (
+    LayerCost,
+    Speeds,
+    best_layout,
+    budgets,
+    layer_costs,
+    may_split,
+    speeds,
+)
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
 
@@ -430,10 +439,49 @@ class _Search:
 
     def fill(self, start: Candidate) -> list[Candidate]:
         """Whole expert layers onto the GPUs, then the same with single expert tensors added where
-        a whole layer no longer fits (more bytes off the CPU, at the cost of graph splits)."""
+        a whole layer no longer fits (more bytes off the CPU, at the cost of graph splits); where the
+        search may choose the layer split, the same in blocks of whole layers (:meth:`fill_blocks`)."""
         whole, moves = self.fill_layers(start)
         split = self.fill_tensors(whole, start.plan, moves)
-        return [whole] if split is None else [whole, split]
+        return [whole] + ([] if split is None else [split]) + self.fill_blocks(start)
+
+    def fill_blocks(self, start: Candidate) -> list[Candidate]:
+        """The layer split chosen with the experts (:mod:`layout`), then topped up with single expert
+        tensors."""
+        plan = start.plan
+        free = self.expert_layers(plan)
+        if not free or not may_split(plan):
+            return []
+        layers = layer_costs(plan, start.projection, free)
+        margins = {g.name: margin_of(g) for g in self.devices.gpus}
+        budget = budgets(plan, start.projection, layers, self.devices, margins)
+        got = self._blocks(plan, layers, budget, speeds(plan, self.hw, self.eff))
+        if got is None:
+            return []
+        c, p, moves = got
+        split = self.fill_tensors(c, p, moves)
+        return [c] + ([] if split is None else [split])
+
+    def _blocks(self, plan: Plan, layers: list[LayerCost], budget: list[int],
+                sp: Speeds) -> tuple[Candidate, Plan, dict[str, str]] | None:
+        """The block layout of ``layers`` in ``budget``, projected; a GPU over its limit loses what it
+        is over from its budget and the layout is made again (three tries)."""
+        gpus = [g.name for g in self.devices.gpus]
+        label = f"fastest ({_describe(variant(plan))}, layer split)"
+        for _ in range(3):
+            lay = best_layout(layers, budget, sp)
+            if lay is None:
+                return None
+            ts = tuple(float(n) for n in lay.units) if len(gpus) > 1 else ()
+            p = replace(plan, placement_options=replace(plan.placement_options, tensor_split=ts))
+            moves = lay.moves(layers, gpus)
+            c = self.candidate(label, p.with_moves(moves))
+            if not c.over:
+                return c, p, moves
+            left = room(c.projection, self.devices)
+            for g in c.over:
+                budget[gpus.index(g)] += left[g]
+        return None
 
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
