@@ -267,6 +267,7 @@ class _Search:
         #: compute simulations made ahead of their full projection (:meth:`simulate_ahead`)
         self._simulated: dict[tuple[object, ...], tuple[Placement, list[Buffer]]] = {}
         self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (fit_plan)
+        self._layers: dict[tuple[object, ...], list[LayerCost]] = {}  # layout.layer_costs per variant
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -452,7 +453,11 @@ class _Search:
         free = self.expert_layers(plan)
         if not free or not may_split(plan):
             return []
-        layers = layer_costs(plan, start.projection, free)
+        # the same for every -ub (the KV cache's types, and sliding-window caches' cells, aside)
+        key = (variant(plan)[1:], plan.context.n_ubatch if plan.model.summary.has_swa else 0)
+        layers = self._layers.get(key)
+        if layers is None:
+            layers = self._layers[key] = layer_costs(plan, start.projection, free)
         margins = {g.name: margin_of(g) for g in self.devices.gpus}
         budget = budgets(plan, start.projection, layers, self.devices, margins)
         got = self._blocks(plan, layers, budget, speeds(plan, self.hw, self.eff))

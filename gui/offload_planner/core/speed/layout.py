@@ -142,24 +142,42 @@ def _classes(layers: Sequence[LayerCost]) -> list[tuple[int, int]]:
     return sorted({(lc.experts, lc.experts_tok) for lc in layers if lc.experts})
 
 
+_NEVER = 1 << 62  # the size of a kind no block makes whole (it would not save time there)
+
+
 class _Blocks:
-    """Prefix sums over the layers for the cost of a block of them on one GPU."""
+    """Per layer and GPU the cost of a block of layers on that GPU, worked out once.  Per GPU the
+    kinds of layers (by their experts) are ranked by the time a whole one saves there per byte, the
+    first first: ``kind_at[g][layer]`` is the layer's rank (-1: no free experts)."""
 
     def __init__(self, layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) -> None:
         self.layers, self.room, self.sp = layers, room, sp
-        self.kinds = _classes(layers)
-        kind = {k: i for i, k in enumerate(self.kinds)}
-        self.kind_of = [kind.get((lc.experts, lc.experts_tok), -1) if lc.experts else -1 for lc in layers]
-        #: per GPU and kind: seconds a token one whole layer of the kind saves there
-        self.gain = [[tok * (sp.cpu - sp.gpu[g]) + sp.detour[g] for _, tok in self.kinds]
-                     for g in range(len(room))]
+        kinds = _classes(layers)
+        self.n_kinds = len(kinds)
+        kind = {k: i for i, k in enumerate(kinds)}
+        kind_of = [kind.get((lc.experts, lc.experts_tok), -1) if lc.experts else -1 for lc in layers]
+        self.bases = [lc.base for lc in layers]
+        self.kind_at: list[list[int]] = []
+        self.sizes: list[list[int]] = []  # per GPU, by rank: bytes (_NEVER: whole saves nothing there)
+        self.gain: list[list[float]] = []  # per GPU, by rank: seconds a token one whole layer saves
+        for spg, detour in zip(sp.gpu, sp.detour, strict=True):
+            gains = [tok * (sp.cpu - spg) + detour for _, tok in kinds]
+            order = sorted(range(len(kinds)), key=lambda i: (-gains[i] / kinds[i][0], i))
+            rank = {i: r for r, i in enumerate(order)}
+            self.kind_at.append([rank[i] if i >= 0 else -1 for i in kind_of])
+            self.sizes.append([kinds[i][0] if gains[i] > 0 else _NEVER for i in order])
+            self.gain.append([gains[i] for i in order])
+        #: per GPU and layer: its seconds a token there with its experts on the CPU
+        self.step = [[lc.base_tok * spg + (lc.experts_tok * sp.cpu + detour if lc.experts else 0.0)
+                      for lc in layers] for spg, detour in zip(sp.gpu, sp.detour, strict=True)]
 
     def whole_counts(self, g: int, left: int, counts: Sequence[int]) -> list[int]:
-        """How many layers of each kind are whole in a block with ``left`` bytes beside its layers'
-        base: the smallest kinds first (each layer on the CPU costs two splits whatever its size)."""
+        """How many layers of each rank are whole in a block on GPU ``g`` with ``left`` bytes beside
+        its layers' base: the kinds that save the most per byte first (small layers, as each layer
+        on the CPU costs two splits whatever its size)."""
         out = []
-        for i, (size, _) in enumerate(self.kinds):
-            t = min(counts[i], left // size) if self.gain[g][i] > 0 and counts[i] else 0
+        for size, n in zip(self.sizes[g], counts, strict=True):
+            t = min(n, left // size)
             left -= t * size
             out.append(t)
         return out
@@ -171,7 +189,8 @@ def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) ->
     are those its room allows beyond the layers' base, smallest first.  None: the layers do not fit
     even with every free expert on the CPU."""
     bl = _Blocks(layers, room, sp)
-    n, k, nk = len(layers), len(room), len(bl.kinds)
+    n, k = len(layers), len(room)
+    extend = _extend2 if bl.n_kinds <= 2 else _extend
     inf = float("inf")
     best = [0.0] + [inf] * n  # best[e]: layers 0..e-1 on the GPUs so far
     parent: list[list[int]] = []
@@ -179,10 +198,12 @@ def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) ->
         nxt, par = list(best), list(range(n + 1))  # an empty block: as before
         if g == k - 1 and k > 1:  # but the output layer is on the last GPU: one split to it
             nxt[n] += sp.boundary
-        for s0 in range(n):
-            if best[s0] == inf:
-                continue
-            _extend(bl, g, s0, best[s0] + (sp.boundary if s0 else 0.0), nxt, par, nk)
+        if g == k - 1:  # only the blocks that end with the last layer count
+            _last_block(bl, g, best, nxt, par)
+        else:
+            for s0 in range(n):
+                if best[s0] != inf:
+                    extend(bl, g, s0, best[s0] + (sp.boundary if s0 else 0.0), nxt, par)
         best = nxt
         parent.append(par)
     if best[n] == inf:
@@ -190,33 +211,78 @@ def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) ->
     return _rebuild(bl, parent, n)
 
 
-def _extend(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int], nk: int) -> None:
+def _extend(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int]) -> None:
     """Every block from layer ``s0`` on GPU ``g`` that fits: ``nxt[e]`` improved where it is faster."""
-    sp, room = bl.sp, bl.room[g]
-    spg, spc, detour = sp.gpu[g], sp.cpu, sp.detour[g]
-    gain, kinds = bl.gain[g], bl.kinds
-    base = 0
-    t = t0
-    counts = [0] * nk
-    for e in range(s0, len(bl.layers)):
-        lc = bl.layers[e]
-        base += lc.base
+    room, bases, step, kind_of = bl.room[g], bl.bases, bl.step[g], bl.kind_at[g]
+    sizes, gain = bl.sizes[g], bl.gain[g]
+    base, t = 0, t0
+    counts = [0] * len(sizes)
+    for e in range(s0, len(bases)):
+        base += bases[e]
         if base > room:
             return
-        t += lc.base_tok * spg
-        i = bl.kind_of[e]
-        if i >= 0:
-            counts[i] += 1
-            t += lc.experts_tok * spc + detour
-        left, saved = room - base, 0.0
-        for j in range(nk):
-            c = counts[j]
-            if c and gain[j] > 0:
-                w = min(c, left // kinds[j][0])
-                left -= w * kinds[j][0]
-                saved += w * gain[j]
-        if t - saved < nxt[e + 1]:
-            nxt[e + 1], par[e + 1] = t - saved, s0
+        t += step[e]
+        if kind_of[e] >= 0:
+            counts[kind_of[e]] += 1
+        left, v = room - base, t
+        for size, c, gj in zip(sizes, counts, gain, strict=True):
+            w = min(c, left // size)
+            left -= w * size
+            v -= w * gj
+        if v < nxt[e + 1]:
+            nxt[e + 1], par[e + 1] = v, s0
+
+
+def _last_block(bl: _Blocks, g: int, best: list[float], nxt: list[float], par: list[int]) -> None:
+    """The blocks of the last GPU: every start, to the last layer (grown from the end)."""
+    n = len(bl.bases)
+    room, bases, step, kind_of = bl.room[g], bl.bases, bl.step[g], bl.kind_at[g]
+    gain = bl.gain[g]
+    base, t = 0, 0.0
+    counts = [0] * bl.n_kinds
+    for s0 in range(n - 1, -1, -1):
+        base += bases[s0]
+        if base > room:
+            return
+        t += step[s0]
+        if kind_of[s0] >= 0:
+            counts[kind_of[s0]] += 1
+        if best[s0] == float("inf"):
+            continue
+        v = best[s0] + (bl.sp.boundary if s0 else 0.0) + t
+        v -= sum(w * gj for w, gj in zip(bl.whole_counts(g, room - base, counts), gain, strict=True))
+        if v < nxt[n]:
+            nxt[n], par[n] = v, s0
+
+
+def _extend2(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int]) -> None:
+    """:func:`_extend` for at most two kinds of layers (most models), written out: the search runs it
+    for every block of every GPU."""
+    room, bases, step, kind_of = bl.room[g], bl.bases, bl.step[g], bl.kind_at[g]
+    sz = [*bl.sizes[g], _NEVER, _NEVER]
+    gn = [*bl.gain[g], 0.0, 0.0]
+    sa, sb, ga, gb = sz[0], sz[1], gn[0], gn[1]
+    base, t, ca, cb = 0, t0, 0, 0
+    for e in range(s0, len(bases)):
+        base += bases[e]
+        if base > room:
+            return
+        t += step[e]
+        i = kind_of[e]
+        if i == 0:
+            ca += 1
+        elif i == 1:
+            cb += 1
+        left = room - base
+        wa = left // sa
+        if wa > ca:
+            wa = ca
+        wb = (left - wa * sa) // sb
+        if wb > cb:
+            wb = cb
+        v = t - wa * ga - wb * gb
+        if v < nxt[e + 1]:
+            nxt[e + 1], par[e + 1] = v, s0
 
 
 def _rebuild(bl: _Blocks, parent: list[list[int]], n: int) -> Layout:
@@ -229,11 +295,11 @@ def _rebuild(bl: _Blocks, parent: list[list[int]], n: int) -> Layout:
         s0 = parent[g][e]
         units.append(e - s0)
         block = bl.layers[s0:e]
-        counts = [sum(1 for x in range(s0, e) if bl.kind_of[x] == i) for i in range(len(bl.kinds))]
+        counts = [sum(1 for x in range(s0, e) if bl.kind_at[g][x] == i) for i in range(bl.n_kinds)]
         left = bl.room[g] - sum(lc.base for lc in block)
         todo = bl.whole_counts(g, left, counts)
         for x, lc in zip(range(s0, e), block, strict=True):
-            i = bl.kind_of[x]
+            i = bl.kind_at[g][x]
             if i >= 0 and todo[i]:
                 todo[i] -= 1
                 whole.add(lc.index)
