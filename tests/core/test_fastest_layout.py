@@ -147,8 +147,10 @@ def _time(layers: list[LayerCost], units: tuple[int, ...], whole: set[int], sp: 
     for g, n in enumerate(units):
         for lc in layers[il:il + n]:
             t += lc.base_tok * sp.gpu[g]
-            if lc.experts:
-                t += lc.experts_tok * sp.gpu[g] if lc.index in whole else lc.experts_tok * sp.cpu + sp.detour[g]
+            if lc.experts and lc.index in whole:
+                t += lc.experts_tok * sp.gpu[g]
+            elif lc.experts:
+                t += lc.experts_tok * sp.cpu + sp.detour[g]
         if n and used:
             t += sp.boundary
         used += n
@@ -180,16 +182,26 @@ def _brute(layers: list[LayerCost], room: list[int], sp: Speeds) -> float:
     return best
 
 
-@pytest.mark.parametrize(("room", "gpu"), [
-    ([8, 8], (1.0, 1.0)),
-    ([6, 6], (1.0, 1.0)),
-    ([9, 4], (1.0, 6.0)),  # a fast card and a slow one: the slow one gets as little as it can
-    ([4, 9, 5], (1.0, 3.0, 1.0)),
+ONE_KIND = [LayerCost(0, 2, 0, (), 5, 0)] + [LayerCost(i, 1, 3, (f"e{i}",), 5, 4) for i in range(1, 5)]
+# two kinds: 2 bytes read 1 a token, 3 bytes read 6 (the larger saves more per byte)
+TWO_KINDS = [LayerCost(0, 2, 0, (), 5, 0)] + [LayerCost(i, 1, 2 + i % 2, (f"e{i}",), 5, 1 + 5 * (i % 2))
+                                              for i in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize(("layers", "room", "gpu"), [
+    (ONE_KIND, [8, 8], (1.0, 1.0)),
+    (ONE_KIND, [6, 6], (1.0, 1.0)),
+    (ONE_KIND, [9, 4], (1.0, 6.0)),  # a fast card and a slow one: the slow one gets as little as it can
+    (ONE_KIND, [4, 9, 5], (1.0, 3.0, 1.0)),
+    (ONE_KIND, [20, 20], (1.0, 1.01)),  # all on the last card: no split to the output layer
+    (TWO_KINDS, [6, 6], (1.0, 1.0)),
+    (TWO_KINDS, [5, 7], (1.0, 1.0)),
+    (TWO_KINDS, [8, 3], (1.0, 2.0)),
 ])
-def test_the_layout_is_the_fastest_of_every_layout_that_fits(room: list[int], gpu: tuple[float, ...]) -> None:
-    # bases differ (a dense lead layer of 2), experts of one kind: 3 bytes, 4 read a token
-    layers = [LayerCost(i, 2 if i == 0 else 1, 0 if i == 0 else 3, (f"e{i}",) if i else (), 5, 0 if i == 0 else 4)
-              for i in range(5)]
+def test_the_layout_is_the_fastest_of_every_layout_that_fits(layers: list[LayerCost], room: list[int],
+                                                             gpu: tuple[float, ...]) -> None:
+    """A dense lead layer (2 bytes), then layers whose experts take 3 bytes and 4 a token (or the
+    two kinds); the CPU reads 10x slower than the first card, two splits cost 3, one 0.5."""
     sp = Speeds(gpu, 10.0, tuple(3.0 for _ in gpu), 0.5)
     lay = best_layout(layers, room, sp)
     assert lay is not None
