@@ -127,11 +127,12 @@ def _run_fit(args: argparse.Namespace) -> int:
     goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
-    print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
+    width = max([35] + [len(str(r["label"])) for r in rows])  # "fastest (-ub 4096, own -ts, split layers)"
+    print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
-        print(f"{mark}{r['label']:35} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        print(f"{mark}{r['label']:{width}} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")

@@ -89,7 +89,7 @@ def test_on_four_gpus_fewer_layers_leave_their_experts_than_with_the_split_by_me
     with them keeps more layers whole than that and than llama.cpp's --fit."""
     ds = _big_devices(*("rtx3090",) * 4)
     r = fastest_plan(big["Qwen3-235B-A22B-Q4_K_M"], ds, BASE, hardware_for(ds, threads=32), goal="tg")
-    assert r.best is not None and "layer split" in r.best.label
+    assert r.best is not None and "own -ts" in r.best.label
     by_memory = next(c for c in r.candidates if c.label == "fastest (-ub 512)")
     fit = next(c for c in r.candidates if c.label == "llama.cpp --fit")
     ts = r.best.plan.placement_options.tensor_split
@@ -112,13 +112,13 @@ def test_the_users_split_is_kept(qwen: Model, pin: list[str]) -> None:
     args = ["-c", "16384", *pin]
     r = fastest_plan(qwen, ds, args, hardware_for(ds, threads=16), goal="tg")
     ours = [c for c in r.candidates if c.label.startswith("fastest")]
-    assert ours and not any("layer split" in c.label for c in ours)
+    assert ours and not any("own -ts" in c.label for c in ours)
     split = ours[0].plan.base_placement().unit_devices
     assert all(c.plan.base_placement().unit_devices == split for c in ours)
     if pin[0] == "-ts":
         assert all(c.plan.placement_options.tensor_split == (1.0, 1.0) for c in ours)
     free = fastest_plan(qwen, ds, ["-c", "16384"], hardware_for(ds, threads=16), goal="tg")
-    assert any("layer split" in c.label for c in free.candidates)  # without the pin it may
+    assert any("own -ts" in c.label for c in free.candidates)  # without the pin it may
 
 
 def test_an_ot_rule_of_the_user_is_kept_with_a_chosen_split(qwen: Model) -> None:
@@ -126,7 +126,7 @@ def test_an_ot_rule_of_the_user_is_kept_with_a_chosen_split(qwen: Model) -> None
                    (parse_device_decl("CUDA0=8GiB,bw=936GB/s"), parse_device_decl("CUDA1=8GiB,bw=936GB/s")))
     r = fastest_plan(qwen, ds, ["-c", "16384", "-ot", r"blk\.(2|3)\.ffn_.*_exps=CPU"],
                      hardware_for(ds, threads=16), goal="tg")
-    blocks = [c for c in r.candidates if "layer split" in c.label]
+    blocks = [c for c in r.candidates if "own -ts" in c.label]
     assert blocks
     for c in blocks:
         devs = c.plan.placement().tensor_devices()

@@ -472,7 +472,7 @@ class _Search:
         """The block layout of ``layers`` in ``budget``, projected; a GPU over its limit loses what it
         is over from its budget and the layout is made again (three tries)."""
         gpus = [g.name for g in self.devices.gpus]
-        label = f"fastest ({_describe(variant(plan))}, layer split)"
+        label = f"fastest ({_describe(variant(plan))}, own -ts)"
         for _ in range(3):
             lay = best_layout(layers, budget, sp)
             if lay is None:
