@@ -214,3 +214,29 @@ def test_the_layout_is_the_fastest_of_every_layout_that_fits(layers: list[LayerC
 def test_no_layout_when_the_layers_alone_do_not_fit() -> None:
     layers = [LayerCost(i, 4, 3, (f"e{i}",), 1, 1) for i in range(3)]
     assert best_layout(layers, [5, 5], Speeds((1.0, 1.0), 10.0, (1.0, 1.0), 0.1)) is None
+
+
+# --- -nkvo: only where the user allows it -----------------------------------------------------------
+
+
+def test_the_kv_cache_goes_to_the_cpu_only_when_allowed(qwen: Model) -> None:
+    """Qwen3-30B with a 131072-token f16 cache on one 8 GiB card: with every expert on the CPU the
+    cache alone leaves the card over; with --allow-nkvo the search tries the cache on the CPU, whose
+    plans fit the card by a fresh projection and carry -nkvo in their command."""
+    from offload_planner.core.plan import plan_command
+
+    ds = DeviceSet(parse_device_decl("CPU=256GiB,ram=4xDDR5-5600"),
+                   (parse_device_decl("CUDA0=8GiB,bw=936GB/s"),))
+    hw = hardware_for(ds, threads=16)
+    kept = fastest_plan(qwen, ds, ["-c", "131072"], hw, goal="tg")
+    ours = [c for c in kept.candidates if c.label.startswith("fastest")]
+    assert all(c.plan.context.offload_kqv for c in ours) and not any(c.fits for c in ours)
+    assert any("does not fit even with every routed expert on the CPU" in n for n in kept.notes)
+    allowed = fastest_plan(qwen, ds, ["-c", "131072"], hw, goal="tg", allow_nkvo=True)
+    nkvo = [c for c in allowed.candidates if c.label.startswith("fastest") and "-nkvo" in c.label]
+    assert nkvo and all(not c.plan.context.offload_kqv for c in nkvo)
+    c = next(c for c in nkvo if c.fits)
+    fresh = c.plan.projection()
+    assert fresh.device("CUDA0").resident() + DEFAULT_MARGIN <= 8 << 30
+    assert not any(b.kind == "kv" for b in fresh.device("CUDA0").buffers)
+    assert "-nkvo" in plan_command(c.plan)

@@ -36,6 +36,7 @@ way.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -200,18 +201,26 @@ def interpolate(known: dict[int, list[Buffer]], ub: int) -> list[Buffer]:
     return out
 
 
-Variant = tuple[int, str, str]  # -ub, K and V cache types
+Variant = tuple[int, str, str, bool]  # -ub, K and V cache types, the KV cache on the layers' devices
 
 
 def variant(plan: Plan) -> Variant:
     c = plan.context
-    return c.n_ubatch, c.type_k, c.type_v
+    return c.n_ubatch, c.type_k, c.type_v, c.offload_kqv
 
 
 def _describe(var: Variant) -> str:
-    ub, k, v = var
+    ub, k, v, on = var
     kv = (f", -ctk {k}" if k != "f16" else "") + (f" -ctv {v}" if v != "f16" else "")
-    return f"-ub {ub}{kv}"
+    return f"-ub {ub}{kv}" + ("" if on else ", -nkvo")
+
+
+def kvo_choices(plan: Plan, allow: bool) -> list[bool]:
+    """Where the KV cache goes: the command's; with ``allow`` and the cache on the GPUs, also the
+    CPU (``-nkvo``: its memory left to experts, at the cost of the attention's round trips to the
+    host, which the estimate counts)."""
+    on = plan.context.offload_kqv
+    return [on] + ([False] if allow and on and plan.devices.gpus else [])
 
 
 def kv_choices(plan: Plan, allow: bool) -> list[tuple[str, str]]:
@@ -232,8 +241,10 @@ def kv_choices(plan: Plan, allow: bool) -> list[tuple[str, str]]:
     return out
 
 
-def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
-    return replace(plan, context=replace(plan.context, type_k=kv[0], type_v=kv[1]))
+def with_kv(plan: Plan, kv: tuple[str, str], offload: bool | None = None) -> Plan:
+    """``plan`` with the KV cache types ``kv`` and, unless None, ``offload`` (False: ``-nkvo``)."""
+    ctx = replace(plan.context, type_k=kv[0], type_v=kv[1])
+    return replace(plan, context=ctx if offload is None else replace(ctx, offload_kqv=offload))
 
 
 def pick(ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
@@ -261,6 +272,7 @@ class _Search:
         self.evaluations = 0
         self._seen: dict[tuple[object, ...], Candidate] = {}
         self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
+        self._compute_nkvo: dict[int, list[Buffer]] = {}  # the same of plans with -nkvo
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
         #: reserves already simulated: the starts at several -ub share their one-token graph
         self._reserves: ReserveMemo = {}
@@ -300,12 +312,13 @@ class _Search:
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
         # buffer grows once it holds experts (their activations), so the start alone is short
         ub = plan.context.n_ubatch
-        known = {(b.device, b.name): b for b in self._compute.get(ub, [])}
+        computes = self.computes(plan)
+        known = {(b.device, b.name): b for b in computes.get(ub, [])}
         # the model context's own (a draft's or MTP's compute is projected again with every plan)
         for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute" and not b.owner):
             k = (b.device, b.name)
             known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
-        self._compute[ub] = list(known.values())
+        computes[ub] = list(known.values())
         # predictions made with the earlier compute buffers are evaluated again when asked for
         self._seen = {k: c for k, c in self._seen.items() if c.verified}
         return self._make(label, plan, proj, verified=True)
@@ -333,12 +346,17 @@ class _Search:
         seen = self._seen.get(_key(plan))
         if seen is not None and (seen.verified or not fresh):
             return replace(seen, label=label)
-        proj = plan.projection(compute=interpolate(self._compute, plan.context.n_ubatch))
+        proj = plan.projection(compute=interpolate(self.computes(plan), plan.context.n_ubatch))
         self.evaluations += 1
         return self._make(label, plan, proj, verified=False)
 
     def candidate(self, label: str, plan: Plan) -> Candidate:
-        return self.cheap(label, plan) if self._compute else self.full(label, plan)
+        return self.cheap(label, plan) if self.computes(plan) else self.full(label, plan)
+
+    def computes(self, plan: Plan) -> dict[int, list[Buffer]]:
+        """The compute buffers ``plan``'s are predicted from: of plans with the KV cache where it is
+        (-nkvo moves the attention's buffers to the host)."""
+        return self._compute if plan.context.offload_kqv else self._compute_nkvo
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
@@ -346,7 +364,10 @@ class _Search:
         ``-ub`` are projected in full; every other start and every fill is predicted from those."""
         out: list[Candidate] = []
         first = next(iter(starts))
-        exact = [first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])]
+        exact = []
+        for on in dict.fromkeys(v[3] for v in starts):  # the KV cache where it is, and with -nkvo
+            f = next(v for v in starts if v[3] == on and v[1:3] == first[1:3])
+            exact += [f, max((v for v in starts if v[1:] == f[1:]), key=lambda v: v[0])]
         for var in dict.fromkeys(exact):
             self.full(f"{label}, {_describe(var)}", starts[var])
         for var, plan in starts.items():
@@ -472,7 +493,8 @@ class _Search:
         """The block layout of ``layers`` in ``budget``, projected; a GPU over its limit loses what it
         is over from its budget and the layout is made again (three tries)."""
         gpus = [g.name for g in self.devices.gpus]
-        label = f"fastest ({_describe(variant(plan))}, own -ts)"
+        how = "own -ts" if len(gpus) > 1 else "small layers first"
+        label = f"fastest ({_describe(variant(plan))}, {how})"
         for _ in range(3):
             lay = best_layout(layers, budget, sp)
             if lay is None:
@@ -710,10 +732,12 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
-                 accept: float | None = None, concurrent: bool = False) -> FastestResult:
+                 accept: float | None = None, concurrent: bool = False,
+                 allow_nkvo: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
     ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept.
+    ``allow_nkvo``: the KV cache may go to the CPU (:func:`kvo_choices`); else it stays where it is.
     Candidates rank by the estimate ``plan`` prints: with the command's draft model or MTP at
     acceptance ``accept`` (None: the default).
     ``concurrent``: llama.cpp's ``--fit`` runs in a forked child beside the search where that is
@@ -734,10 +758,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     user = s.plan([])
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
     starts: dict[Variant, Plan] = {}
-    for kv in kv_choices(user, allow_kv_quant):
+    for kv, on in itertools.product(kv_choices(user, allow_kv_quant), kvo_choices(user, allow_nkvo)):
         for ub in ubs:
             p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
-                                                if ub != user.context.n_ubatch else [])), kv)
+                                                if ub != user.context.n_ubatch else [])), kv, on)
             starts[variant(p)] = p
     # llama.cpp's --fit beside the search, in a forked child where a second core can take it (its
     # dry runs and the search share nothing); else first, and the starts take over the graphs its
@@ -773,10 +797,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                       eff: Efficiencies | None = None, allow_kv_quant: bool = False,
-                      accept: float | None = None) -> FastestResult:
+                      accept: float | None = None, allow_nkvo: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
-    types change only with ``allow_kv_quant``."""
+    types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
@@ -785,10 +809,10 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
-    for kv in kv_choices(plan, allow_kv_quant):
+    for kv, on in itertools.product(kv_choices(plan, allow_kv_quant), kvo_choices(plan, allow_nkvo)):
         for ub in _ubatches(ub0, goal):
             p = with_kv(plan if ub == ub0 else replace(plan, context=replace(
-                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv)
+                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv, on)
             start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")
