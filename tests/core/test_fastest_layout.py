@@ -240,3 +240,21 @@ def test_the_kv_cache_goes_to_the_cpu_only_when_allowed(qwen: Model) -> None:
     assert fresh.device("CUDA0").resident() + DEFAULT_MARGIN <= 8 << 30
     assert not any(b.kind == "kv" for b in fresh.device("CUDA0").buffers)
     assert "-nkvo" in plan_command(c.plan)
+
+
+def test_the_fastest_baseline_is_topped_up_with_single_experts(big: dict[str, Model]) -> None:
+    """gpt-oss-120b on two 24 GiB cards: llama.cpp's --fit leaves room for single expert tensors;
+    the search's copy of it keeps its split and every placement of its, moves only experts the fit
+    left on the CPU onto a GPU, and fits each GPU by the engine's projection."""
+    ds = _big_devices("rtx3090", "rtx3090")
+    r = fastest_plan(big["gpt-oss-120b-MXFP4"], ds, BASE, hardware_for(ds, threads=32), goal="tg")
+    fit = next(c for c in r.candidates if c.label == "llama.cpp --fit")
+    seeded = next(c for c in r.candidates if c.label == "fastest (from llama.cpp --fit, split layers)")
+    assert seeded.plan.placement_options == fit.plan.placement_options  # its -ts, -ngl and -ot rules
+    before, after = fit.plan.placement().tensor_devices(), seeded.plan.placement().tensor_devices()
+    changed = {n for n in before if before[n] != after[n]}
+    assert changed and all(before[n] == CPU and after[n] != CPU and "_exps" in n for n in changed)
+    fresh = seeded.plan.projection()
+    for g in ds.gpus:
+        assert fresh.device(g.name).resident() + DEFAULT_MARGIN <= (g.capacity or 0), g.name
+    assert seeded.estimate.tg_tps > fit.estimate.tg_tps

@@ -596,6 +596,17 @@ class _Search:
             cand, moves = c, trial
         return cand, moves
 
+    def seeded(self, baselines: list[Candidate], goal: str) -> list[Candidate]:
+        """The fastest baseline that fits and moved experts (not ``--cpu-moe``) with single expert
+        tensors added into the room it leaves on the GPUs (:meth:`fill_tensors`; its own rules stay,
+        the experts they put on the CPU are free): where one fits, faster than that baseline."""
+        pool = [c for c in baselines if c.fits and c.label != "--cpu-moe"]
+        if not pool:
+            return []
+        b = max(pool, key=lambda c: score(c.estimate, goal))
+        c = self.fill_tensors(replace(b, label=f"fastest (from {b.label})"), b.plan, {})
+        return [] if c is None else [c]
+
     # --- baselines -------------------------------------------------------------------------------
 
     def _ncm(self, n: int, full: bool = False) -> Candidate:
@@ -781,6 +792,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         fit, fit_notes = s.llama_fit_candidate(fit_plan)
         notes += fit_notes
     baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]
+    ours += s.seeded(baselines, goal)
     best = s.choose(ours, baselines, goal)
     # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
     rivals = [c for c in (ncm, near) if c is not None and not c.verified]
