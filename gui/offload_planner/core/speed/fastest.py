@@ -9,8 +9,12 @@ the fastest GPU with room; layers with more expert bytes (a quant mix gives some
 go first, then the others in layer order, so that as many bytes as fit leave the CPU.  Room is the
 capacity minus the device's margin (1 GiB by default, as in the window) minus what the projection
 puts there; the result is projected again and
-layers are taken back from any GPU over its limit.  For the ``pp`` and ``balanced`` goals larger
-``-ub`` values are tried too (a larger compute buffer against faster prompt processing).  The answer
+layers are taken back from any GPU over its limit.  Where the user gave no ``-ts`` (``-sm layer``,
+every layer on a GPU) the search also chooses the layer split with the experts (:mod:`layout`: blocks
+of layers per GPU, as many whole as fit, for the shortest token), and it tops up the fastest
+baseline that fits with single expert tensors in the room that baseline leaves (:meth:`_Search.seeded`).
+For the ``pp`` and ``balanced`` goals larger ``-ub`` values are tried too (a larger compute buffer
+against faster prompt processing); with the user's permission a q8_0 KV cache and ``-nkvo``.  The answer
 is the candidate with the best score that fits, baselines included, so it is never slower in
 estimate than a baseline that fits.
 

@@ -1,20 +1,24 @@
 """Layers in blocks over the GPUs, each layer's routed experts on its own GPU or on the CPU: the
-fastest plan's layer split (llama.cpp's ``-ts``, as its ``--fit`` chooses one), chosen by bytes.
+fastest plan's layer split (llama.cpp's ``-ts``, which its ``--fit`` chooses too), chosen with the
+experts.
 
 With the command's split (by free memory) every GPU holds about as many layers as the others, more
 than its memory leaves room for with their experts, so the experts the fill moves land on another
 GPU than their layer (two graph splits a token each, as on the CPU) and fewer layers are whole.  Here
 each GPU takes a block of layers in llama.cpp's order (a layer costs its GPU what follows it there:
-its weights but the free routed experts, and its KV cache; a whole layer its experts too), as many
-layers as its budget allows, and the layers whose experts stay on the CPU are the fewest the
-budgets force: the layers with the most expert bytes first (every layer on the CPU costs two graph
-splits a token whatever its size, so small layers on the GPU save more per byte), the highest first
-among equals, as llama.cpp's ``--fit`` leaves the last layers' experts on the CPU.
+its weights but the free routed experts, and its KV cache; a whole layer its experts too) and, in
+its block, makes whole the layers its budget allows beyond their base, those that save the most per
+byte first (:class:`_Blocks`: every layer left on the CPU costs two graph splits a token whatever
+its size, so smaller ones save more per byte).  The blocks are chosen by a dynamic programme over
+the GPUs and the first layer of each block (:func:`best_layout`), for the shortest token by the
+estimate's own figures as a straight line (:class:`Speeds`: the bytes each device reads over its
+effective bandwidth, the splits): so a fast card takes more layers than a slow one, a card may be
+left empty where that saves a split, and the output layer stays on the last GPU.
 
 Budgets come from the plan with every free routed expert on the CPU: a GPU's capacity minus its
 margin minus what the projection puts there that does not follow a layer (the output layer, compute
 buffers).  The compute buffers grow once a GPU holds experts, so the search projects the result and
-lowers the budget of a GPU over its limit by what it is over (:func:`pack_layers` again).
+lowers the budget of a GPU over its limit by what it is over (:func:`best_layout` again).
 """
 
 from __future__ import annotations
@@ -138,7 +142,7 @@ class Speeds:
 
 
 def _classes(layers: Sequence[LayerCost]) -> list[tuple[int, int]]:
-    """(expert bytes, expert bytes a token reads) of the layers' kinds, smallest first."""
+    """(expert bytes, expert bytes a token reads) of the layers' kinds (layers with free experts)."""
     return sorted({(lc.experts, lc.experts_tok) for lc in layers if lc.experts})
 
 
