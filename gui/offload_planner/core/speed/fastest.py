@@ -79,6 +79,11 @@ BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
 GOALS = ("tg", "pp", "balanced")
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
 NEAR_MISS = 512 * 1024**2  # predicted compute buffers were off by < 60 MiB on the bench's models
+#: a compute buffer of another layer split larger than the starts' split's by more than this grew with
+#: what every split has (the experts' activations at this -ub), not with the split: the starts' split
+#: is predicted with it too (on the test's tiny RPC devices splits differ by ~2 MiB; Qwen3-30B on two
+#: 8 GiB cards at -ub 4096 grew by ~540 MiB once a GPU held experts)
+SPLIT_SHIFT = 64 * 1024**2
 MAX_VERIFY = 8  # full projections of candidates predicted to fit before the best verified one is taken
 KV_QUANT = "q8_0"  # the KV cache type the search may pick where the user allows it
 QUANT_BLOCK = 32  # q8_0's block: flash attention needs head sizes that are multiples of it
@@ -277,6 +282,10 @@ class _Search:
         self._seen: dict[tuple[object, ...], Candidate] = {}
         self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
         self._compute_nkvo: dict[int, list[Buffer]] = {}  # the same of plans with -nkvo
+        #: the same of plans with other layer splits (layout's -ts) than the starts' (``_home``), the
+        #: largest of them and of the starts' per buffer
+        self._compute_split: dict[bool, dict[int, list[Buffer]]] = {}
+        self._home: tuple[float, ...] | None = None
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
         #: reserves already simulated: the starts at several -ub share their one-token graph
         self._reserves: ReserveMemo = {}
@@ -316,13 +325,22 @@ class _Search:
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
         # buffer grows once it holds experts (their activations), so the start alone is short
         ub = plan.context.n_ubatch
-        computes = self.computes(plan)
-        known = {(b.device, b.name): b for b in computes.get(ub, [])}
+        computes = self.computes(plan, own=True)
+        home = self.computes(replace(plan, placement_options=replace(
+            plan.placement_options, tensor_split=self._home or ())))
+        # another split's start from the starts' (never below them: its GPUs hold other layers)
+        known = {(b.device, b.name): b for b in computes.get(ub) or home.get(ub, [])}
         # the model context's own (a draft's or MTP's compute is projected again with every plan)
         for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute" and not b.owner):
             k = (b.device, b.name)
             known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
         computes[ub] = list(known.values())
+        if computes is not home and ub in home:  # another split's growth beyond a split's own shifts
+            grown = {(x.device, x.name): x for x in home[ub]}
+            for k, x in known.items():
+                if k in grown and x.bytes > grown[k].bytes + SPLIT_SHIFT:
+                    grown[k] = x
+            home[ub] = list(grown.values())
         # predictions made with the earlier compute buffers are evaluated again when asked for
         self._seen = {k: c for k, c in self._seen.items() if c.verified}
         return self._make(label, plan, proj, verified=True)
@@ -357,10 +375,23 @@ class _Search:
     def candidate(self, label: str, plan: Plan) -> Candidate:
         return self.cheap(label, plan) if self.computes(plan) else self.full(label, plan)
 
-    def computes(self, plan: Plan) -> dict[int, list[Buffer]]:
+    def computes(self, plan: Plan, own: bool = False) -> dict[int, list[Buffer]]:
         """The compute buffers ``plan``'s are predicted from: of plans with the KV cache where it is
-        (-nkvo moves the attention's buffers to the host)."""
-        return self._compute if plan.context.offload_kqv else self._compute_nkvo
+        (-nkvo moves the attention's buffers to the host) and of the starts' layer split, or for
+        another split (:mod:`layout`'s) the largest of those and of the other splits projected in
+        full at its ``-ub``, where there are some (another split changes every GPU's buffers: on a
+        tiny model by more than the experts it moves; pooled with the starts' they made every
+        prediction of the starts' split too large).  ``own``: the dict a full projection adds to."""
+        on, split = plan.context.offload_kqv, plan.placement_options.tensor_split
+        if self._home is None:
+            self._home = split  # the starts', projected first
+        home = self._compute if on else self._compute_nkvo
+        if split == self._home:
+            return home
+        if own:
+            return self._compute_split.setdefault(on, {})
+        other = self._compute_split.get(on, {})
+        return other if plan.context.n_ubatch in other else home
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
@@ -389,8 +420,9 @@ class _Search:
     def choose(self, ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
         """The best-scoring candidate that fits by a full projection: the best predicted one is
         projected in full; if it is over after all, its ``-ub`` is filled again with the compute
-        buffers just simulated and its experts are taken back by what it is over."""
-        refilled: set[Variant] = set()
+        buffers just simulated (once per variant and layer split) and its experts are taken back by
+        what it is over."""
+        refilled: set[tuple[Variant, tuple[float, ...]]] = set()  # per layer split: its own buffers
         for _ in range(MAX_VERIFY):
             c = pick(ours, baselines, goal)
             if c is None:
@@ -407,9 +439,10 @@ class _Search:
             for lst in (ours, baselines):
                 lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
             var = variant(c.plan)
+            split = (var, c.plan.placement_options.tensor_split)
             again: list[Candidate] = []
-            if is_ours and var not in refilled and var in self.starts:
-                refilled.add(var)
+            if is_ours and split not in refilled and var in self.starts:
+                refilled.add(split)
                 st = self.starts[var]
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
             fixed = self.take_back(v) if is_ours else None
