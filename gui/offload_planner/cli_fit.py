@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
-from offload_planner.cli_estimate_options import add_estimate_options, check_microbatches, prompt_len
+from offload_planner.cli_estimate_options import (
+    add_device_option,
+    add_estimate_options,
+    check_microbatches,
+    prompt_len,
+)
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -23,8 +28,7 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--goal balanced -- -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
-    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE|CARD[,key=value]",
-                   help="declare a device, e.g. CUDA0=rtx3090 or CUDA1=24GiB,bw=936GB/s (repeatable)")
+    add_device_option(p)
     p.add_argument("--goal", choices=("tg", "pp", "balanced"), default="balanced",
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")
@@ -88,9 +92,13 @@ def _run_fit(args: argparse.Namespace) -> int:
     devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
     unknown = [g.name for g in devices.gpus if g.capacity is None]
-    if not devices.gpus or unknown:
+    if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all
+        raise PlannerError("fit places tensors on GPUs and there is none: declare one with --device, e.g. "
+                           "--device CUDA0=rtx3090 or --device CUDA0=24GiB"
+                           + ("" if detection is None else f" ({detection.message.split(';')[0]})"))
+    if unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
-                           + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
+                           f" ({', '.join(unknown)} unknown)")
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),

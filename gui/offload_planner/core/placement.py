@@ -267,6 +267,9 @@ def _home_rule(t: Tensor, n_layer: int, ngl: int) -> str:
     return f"layer {t.layer} by -ngl {ngl}"
 
 
+_NEXTN_RULE = "NextN/MTP block: not loaded without MTP (unused tensor)"
+
+
 def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
     s = model.summary
     n_layer = s.n_layer
@@ -285,17 +288,17 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     cpu_buft = _CpuBuft(devices, opts)
     by_rule: dict[int, tuple[str | None, bool, str]] = {}  # override -> (device, names the CPU, rule)
     skip_nextn = not opts.load_mtp
+    nextn, by_layer, make, append = Role.NEXTN, home.by_layer, Placed.make, items.append  # ~1,000 tensors
     for k, t in enumerate(tensors):
-        if t.role is Role.NEXTN and skip_nextn:
+        if t.role is nextn and skip_nextn:
             key: _ItemKey = (k, None, None, "")
             item = memo.get(key)
             if item is None:
-                item = memo[key] = Placed.make(
-                    t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
-            items.append(item)
+                item = memo[key] = make(t, None, None, _NEXTN_RULE)
+            append(item)
             continue
         if (i := firsts[k] if firsts is not None else rules.first(t.name)) is None:
-            dev, rule = home(t)
+            dev, rule = by_layer.get(t.layer) or home(t)  # home(t), its layer's answer looked up here
             buft = dev if dev != CPU else cpu_buft(t)
         else:
             hits[i] += 1
@@ -314,8 +317,8 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
         key = (k, dev, buft, rule)
         item = memo.get(key)
         if item is None:
-            item = memo[key] = Placed.make(t, dev, buft, rule)
-        items.append(item)
+            item = memo[key] = make(t, dev, buft, rule)
+        append(item)
 
     if (embd := _tied_embedding(model)) is not None:
         orig = next(p for p in items if p.tensor is embd)
@@ -332,7 +335,7 @@ class _HomeOf:
 
     def __init__(self, units: Sequence[str], n_layer: int, ngl: int) -> None:
         self.units, self.n_layer, self.ngl = units, n_layer, ngl
-        self.by_layer: dict[int, tuple[str, str]] = {}
+        self.by_layer: dict[int | None, tuple[str, str]] = {}  # None: never (not one layer)
 
     def __call__(self, t: Tensor) -> tuple[str, str]:
         il = t.layer

@@ -119,10 +119,21 @@ def expert_fraction(model: Model) -> float:
     return s.n_expert_used / s.n_expert if s.n_expert and s.n_expert_used else 1.0
 
 
-def _running(placement: Placement) -> list[Placed]:
-    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
+def _running(placement: Placement) -> tuple[Placed, ...]:
+    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not); the last
+    placement's answer is kept (an estimate asks four times; a placement's items are never changed)."""
+    items = placement.items
+    last = _RUNNING[0]
+    if last[0] is items:
+        return last[1]
     nextn = Role.NEXTN
-    return [p for p in placement.items if p.device is not None and p.tensor.role is not nextn]
+    got = tuple(p for p in items if p.device is not None and p.tensor.role is not nextn)
+    _RUNNING[0] = (items, got)
+    return got
+
+
+#: :func:`_running`'s last placement items and answer
+_RUNNING: list[tuple[object, tuple[Placed, ...]]] = [(None, ())]
 
 
 def token_bytes(p: Placed, frac: float) -> int:
@@ -310,14 +321,23 @@ def host_kv_seconds(layers: list[HostKV], hw: Hardware, eff: Efficiencies, token
 def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
     """Effective GB/s of a device's memory, and what it rests on (a device whose threads share
     oversubscribed cores: that share of it, :class:`hardware.Threads`)."""
-    bw, notes = _peak_bandwidth(dev, eff)
+    notes: list[Assumption] = []
+    return _effective_bandwidth(dev, eff, notes), notes
+
+
+def _effective_bandwidth(dev: DeviceSpeed, eff: Efficiencies,
+                         notes: list[Assumption] | None = None) -> float:
+    """:func:`_bandwidth`'s GB/s, its assumptions added to ``notes`` when given (the estimate's loops
+    ask for the figure alone, per micro-batch and device)."""
+    bw = _peak_bandwidth(dev, eff, notes)
     if dev.share < 1.0:
         bw *= dev.share
-        notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
-                                Figure(round(dev.share, 3), "x", Source.DEFAULT,
-                                       "cores / compute threads on this machine; bandwidth and compute "
-                                       "scaled by it")))
-    return bw, notes
+        if notes is not None:
+            notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
+                                    Figure(round(dev.share, 3), "x", Source.DEFAULT,
+                                           "cores / compute threads on this machine; bandwidth and compute "
+                                           "scaled by it")))
+    return bw
 
 
 def _is_gpu(dev: DeviceSpeed) -> bool:
@@ -332,31 +352,27 @@ def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
     return dev.tflops.value * e.value * dev.share
 
 
-def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
-    if dev.kind is DeviceKind.RPC and dev.threads:  # the server computes on its CPU with -t threads
+def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies, notes: list[Assumption] | None) -> float:
+    """GB/s of a device's memory at its efficiency, limited by its threads (an RPC server's, the
+    CPU's ``-t``), before any share of oversubscribed cores; what it rests on added to ``notes``."""
+    rpc = dev.kind is DeviceKind.RPC and bool(dev.threads)  # the server computes on its CPU with -t threads
+    if rpc:
         e = eff.cpu_bandwidth
-        bw = dev.bandwidth.value * e.value
-        per = eff.cpu_thread_bandwidth
-        notes = [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
-                 Assumption(f"{dev.name} bandwidth efficiency", e)]
-        if dev.threads * per.value < bw:
-            bw = dev.threads * per.value
-            notes.append(Assumption(f"{dev.name} limited by its server's {dev.threads} threads", per))
-        return bw, notes
-    if dev.kind is DeviceKind.CPU:
+    elif dev.kind is DeviceKind.CPU:
         e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
-        bw = dev.bandwidth.value * e.value
-        notes = [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
-                 Assumption(f"{dev.name} bandwidth efficiency", e)]
-        if dev.threads:
-            per = eff.cpu_thread_bandwidth
-            if dev.threads * per.value < bw:
-                bw = dev.threads * per.value
-                notes.append(Assumption(f"{dev.name} limited by -t {dev.threads}", per))
-        return bw, notes
-    e = eff.gpu_bandwidth
-    return dev.bandwidth.value * e.value, [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
-                                           Assumption(f"{dev.name} bandwidth efficiency", e)]
+    else:
+        e = eff.gpu_bandwidth
+    bw = dev.bandwidth.value * e.value
+    if notes is not None:
+        notes += [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
+                  Assumption(f"{dev.name} bandwidth efficiency", e)]
+    per = eff.cpu_thread_bandwidth
+    if (rpc or dev.kind is DeviceKind.CPU) and dev.threads and dev.threads * per.value < bw:
+        bw = dev.threads * per.value
+        if notes is not None:
+            by = f"its server's {dev.threads} threads" if rpc else f"-t {dev.threads}"
+            notes.append(Assumption(f"{dev.name} limited by {by}", per))
+    return bw
 
 
 def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, float]:
@@ -380,9 +396,9 @@ def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> lis
 @dataclass
 class _Work:
     """What one device's weights cost a micro-batch, summed once per placement: elements and bytes of
-    four parts, by :func:`_part` (always-active matrices or routed experts; ops the GPU may take, or
-    host weights whose ops it refuses and so never offloads: ik's row-interleaved types,
-    core.ik_repack)."""
+    four parts, by index ``routed expert | 2 x refused`` (always-active matrices or routed experts; ops
+    the GPU may take, or host weights whose ops it refuses and so never offloads: ik's row-interleaved
+    types, core.ik_repack)."""
 
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
@@ -392,10 +408,6 @@ class _Work:
         """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost)."""
         for i in range(4):
             yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i]
-
-
-def _part(is_expert: bool, refused: bool) -> int:
-    return int(is_expert) | (2 if refused else 0)
 
 
 def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
@@ -410,16 +422,21 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
     embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
+    costs: dict[str, float] = {}  # cpu_cost by type name
     for p in _running(placement):
         t = p.tensor
         if len(t.shape) < 2 or (t.role is embd and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = _part(t.role in experts, t.name in refused)
-        w.el[i] += t.n_elements
+        i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
+        n = t.n_elements
+        w.el[i] += n
         w.nbytes[i] += t.nbytes
-        w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
+        cost = costs.get(t.type.name)
+        if cost is None:
+            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect)
+        w.cpu_el[i] += n * cost
     return out
 
 
@@ -465,14 +482,27 @@ def _pp_splits(plan: Plan, hw: Hardware, eff: Efficiencies,
     return of
 
 
-def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
-                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
-                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float],
-                swa_cells: float = math.inf) -> _PPParts:
-    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
-    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
-    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
-    ``swa_cells`` of their cache; ``splits``: :func:`_pp_splits`)."""
+#: a micro-batch's weights: FLOPs and bytes read per device, bytes copied to the op-offload GPU
+_Weighed = tuple[dict[str, float], dict[str, float], float]
+
+
+def _weighed(plan: Plan, hw: Hardware, work: dict[str, _Work],
+             offload_to: tuple[str | None, int | None]) -> Callable[[int], _Weighed]:
+    """What the weights cost a micro-batch of ``u`` tokens (worked out once per ``u``: a prompt's
+    micro-batches share it; their attention and KV reads differ)."""
+    memo: dict[int, _Weighed] = {}
+
+    def of(u: int) -> _Weighed:
+        got = memo.get(u)
+        if got is None:
+            got = memo[u] = _weights_work(plan, hw, work, offload_to, u)
+        return got
+
+    return of
+
+
+def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: tuple[str | None, int | None],
+                  u: int) -> _Weighed:
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -499,6 +529,21 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
                 work_flops /= gpu_rows_factor(u * frac / hit if is_exp else u)
             flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
+    return flops, reads, transfer
+
+
+def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
+                gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf) -> _PPParts:
+    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
+    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
+    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
+    ``swa_cells`` of their cache; ``weighed``: :func:`_weighed`; ``splits``: :func:`_pp_splits`;
+    ``gpu``: the op-offload GPU)."""
+    s = plan.model.summary
+    weights_flops, weights_reads, transfer = weighed(u)
+    flops: dict[str, float] = defaultdict(float, weights_flops)
+    reads: dict[str, float] = defaultdict(float, weights_reads)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
     attn: dict[str, float] = defaultdict(float)
@@ -512,7 +557,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     attn_s: dict[str, float] = {}
     for name in dict.fromkeys([*flops, *reads]):  # first-seen order: ties name the same device every run
         d = hw[name]
-        bw, _ = _bandwidth(d, eff)
+        bw = _effective_bandwidth(d, eff)
         tf = compute_tflops(d, eff) * 1e12
         device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
         attn_s[name] = attn.get(name, 0.0) / tf
@@ -542,10 +587,11 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     host_kv = host_kv_layers(plan, placement)
     total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float))
     splits = _pp_splits(plan, hw, eff, pairs)
+    weighed = _weighed(plan, hw, work, offload_to)
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, splits, offload_to, kv_cell or {},
+        mb = _microbatch(plan, hw, eff, weighed, attn_layers, u, start, splits, offload_to[0], kv_cell or {},
                          swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
@@ -572,7 +618,7 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
     attn = attn or {}
     for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
-        bw, _ = _bandwidth(d, eff)
+        bw = _effective_bandwidth(d, eff)
         kv_s = kv.get(name, 0) / (bw * 1e9)
         flops = attn.get(name, 0.0)
         if flops:
