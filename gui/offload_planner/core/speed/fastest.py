@@ -585,15 +585,17 @@ class _Search:
         return self.top_up(cand, plan, layers, moves, label)
 
     def fill_tensors(self, cand: Candidate, plan: Plan, moves: dict[str, str]) -> Candidate | None:
-        """Single expert tensors (largest first) into the room each GPU has left; None when none
-        fits."""
+        """Single expert tensors (largest first) into the room each GPU has left, on their layer's
+        own GPU where it has room (no extra graph split); None when none fits."""
         left = room(cand.projection, self.devices)
-        rest = sorted((n for names in self.expert_layers(plan).values() for n in names if n not in moves),
-                      key=lambda n: -self.model.tensor(n).nbytes)
+        placement = cand.plan.placement()
+        rest = sorted(((n, il) for il, names in self.expert_layers(plan).items() for n in names
+                       if n not in moves), key=lambda p: -self.model.tensor(p[0]).nbytes)
         added: dict[str, list[str]] = {}
         trial = dict(moves)
-        for n in rest:
-            for g in sorted(left, key=lambda d: -left[d]):
+        for n, il in rest:  # the layer's own GPU first (no extra graph split), then by room left
+            own = placement.layer_device(il)
+            for g in sorted(left, key=lambda d: (d != own, -left[d])):
                 dev = self.devices.by_name(g)
                 assert dev is not None
                 cost = pad(alloc_size(self.model.tensor(n), dev), dev.alignment)
