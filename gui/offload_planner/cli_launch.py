@@ -20,7 +20,7 @@ start, failed to load or did not become ready in time; 128 + the signal's number
 from __future__ import annotations
 
 import argparse
-import shlex
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -78,7 +78,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true",
                    help="stop once loaded; exit 0 only if every device matches the projection")
     p.add_argument("--host", default="127.0.0.1", help="--host for the server unless the arguments set it")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=_port, default=None,
                    help="--port for the server unless the arguments set it (default: 8080; a free port "
                    "with --verify)")
     p.add_argument("--no-verbose-log", action="store_true", help="do not add -lv 4")
@@ -88,8 +88,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wrapper", default="", metavar="COMMAND",
                    help="program and arguments to run the server under, e.g. 'numactl --interleave=all' "
                    "(split like a shell would, but no shell runs)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server to listen")
-    p.add_argument("--stop-timeout", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the server to listen")
+    p.add_argument("--stop-timeout", type=_stop_seconds, default=10.0,
+                   help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--quiet", action="store_true", help="do not stream the server log")
     p.add_argument("--save-calibration", action="store_true",
                    help="remember the measured compute buffers for this model and options")
@@ -97,9 +98,53 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="once it listens, measure prompt and generation speed through the server's HTTP API, "
                    "print them against the planner's estimate, store the efficiencies they imply for this "
                    "machine and backend (later estimates say 'calibrated'), then stop the server")
-    p.add_argument("--bench-prompt", type=int, default=512, metavar="N", help="prompt tokens for --bench")
-    p.add_argument("--bench-gen", type=int, default=64, metavar="N", help="generated tokens for --bench")
+    p.add_argument("--bench-prompt", type=_tokens, default=512, metavar="N", help="prompt tokens for --bench")
+    p.add_argument("--bench-gen", type=_tokens, default=64, metavar="N", help="generated tokens for --bench")
     p.add_argument("--no-store", action="store_true", help="with --bench: do not store the calibration")
+
+
+#: The longest wait taken (seconds): Qt's timers count milliseconds in a C int (about 24.8 days); nan,
+#: infinity or 10^12 s were a traceback from the timer after the command was checked
+MAX_SECONDS = (2**31 - 1) // 1000
+#: The most tokens --bench asks for: its prompt goes out as a JSON list of token ids, and 10^8 of them
+#: kept the check building the request for minutes
+MAX_BENCH_TOKENS = 1 << 20
+
+
+def _seconds(text: str) -> float:
+    """``--timeout`` and ``--stop-timeout``: a number of seconds above 0, at most :data:`MAX_SECONDS`."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0 < v <= MAX_SECONDS:  # also nan and infinity
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds above 0, at most {MAX_SECONDS}")
+    return v
+
+
+def _stop_seconds(text: str) -> float:
+    """``--stop-timeout``: as :func:`_seconds`, and 0 (SIGKILL at once)."""
+    try:
+        zero = float(text) == 0
+    except ValueError:
+        zero = False
+    return 0.0 if zero else _seconds(text)
+
+
+def _port(text: str) -> int:
+    """``--port``: a TCP port, 1 to 65535 (70000 or -1 reached the server, which only said it exited)."""
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a TCP port from 1 to 65535")
+    return int(text)
+
+
+def _tokens(text: str) -> int:
+    """``--bench-prompt`` and ``--bench-gen``: 1 to :data:`MAX_BENCH_TOKENS` tokens (0 or a negative
+    count was sent to the server and its answer compared with an estimate of 512)."""
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_BENCH_TOKENS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of tokens from 1 to "
+                                         f"{MAX_BENCH_TOKENS}")
+    return int(text)
 
 
 def _free_port() -> int:
@@ -148,6 +193,7 @@ class _Session:
 
         from offload_planner.backend import launch
         from offload_planner.backend.runner import LaunchConfig, ServerProcess
+        from offload_planner.cli_plan_file import wrapper_words
 
         a = self.args
         found = launch.find_server_executable(a.server)
@@ -167,7 +213,7 @@ class _Session:
         port = a.port if a.port is not None else (_free_port() if a.verify else None)
         cfg = LaunchConfig(
             server_args=server_args, executable=found.path, model=a.model, host=a.host, port=port,
-            env=env, wrapper=shlex.split(a.wrapper),
+            env=env, wrapper=wrapper_words(a.wrapper),
             verbose_log=not a.no_verbose_log, stop_timeout=a.stop_timeout,
         )
         server = ServerProcess()
@@ -420,6 +466,9 @@ def _handle_signals(handler: _Handler | dict[signal.Signals, _Handler]) -> dict[
 
 def run_launch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     err = err or sys.stderr
+    from offload_planner.cli_plan_file import wrapper_words
+
+    wrapper_words(args.wrapper)  # a bad --wrapper is refused before anything is shown or started
     server_args = list(args.server_args)
     if args.model.lower().endswith(".json"):
         from offload_planner.cli_plan_file import plan_file_launch

@@ -13,6 +13,14 @@ from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
 
+def wrapper_words(text: str) -> list[str]:
+    """``--wrapper`` split as a shell would (PlannerError naming the option where it cannot be)."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:  # No closing quotation / No escaped character
+        raise PlannerError(f"--wrapper {text!r}: {e}") from None
+
+
 def plan_file_command(args: argparse.Namespace, after: list[str]) -> tuple[str, list[str], Dialect]:
     """(model path, server arguments, dialect) of the plan file ``args.model``; ``after`` (the
     arguments after ``--``) are appended. PlannerError for a bad file or a model that is not a
@@ -48,7 +56,7 @@ def plan_file_launch(args: argparse.Namespace, after: list[str], err: TextIO) ->
         host=args.host,
         port=port,
         verbose_log=not args.no_verbose_log,
-        wrapper=shlex.split(args.wrapper),
+        wrapper=wrapper_words(args.wrapper),
     )
     env = {k: v for k, v in launch.parse_env_assignments(args.env).items() if v is not None}
     concerns = review_args(cmd.server_args, dialect, env=env)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ class MeasuredSpeed:
         }
 
 
+#: the fastest rate taken as measured (tokens/s): far above any server's prompt processing
+MAX_RATE = 1e7
+
+
 class BenchError(PlannerError):
     """The server did not answer the benchmark request as llama-server does."""
 
@@ -53,17 +58,42 @@ def prompt_ids(n: int, n_vocab: int) -> list[int]:
     return [FIRST_TOKEN_ID + (i * 7919) % span for i in range(n)]
 
 
+#: The most bytes read of an answer (a llama-server's is a few kB): a larger one is not JSON we read
+MAX_ANSWER_BYTES = 16 << 20
+
+
+def _read_all(resp: Any, url: str, deadline: float) -> bytes:
+    """The answer's body by pieces, at most :data:`MAX_ANSWER_BYTES`, by ``deadline`` (or one socket
+    timeout after it): the socket's timeout is per read, so a server sending a byte a second kept the
+    check waiting for days."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= MAX_ANSWER_BYTES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BenchError(f"{url}: the answer did not arrive in time (still coming after {size:,} bytes)")
+        piece = resp.read1(1 << 16)
+        if not piece:
+            break
+        chunks.append(piece)
+        size += len(piece)
+    if size > MAX_ANSWER_BYTES:
+        raise BenchError(f"{url}: the answer is more than {MAX_ANSWER_BYTES:,} bytes (not llama-server's)")
+    return b"".join(chunks)
+
+
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback server we started
-            payload = resp.read(16 << 20)
+            payload = _read_all(resp, url, deadline)
     except (urllib.error.URLError, TimeoutError, OSError) as e:
         raise BenchError(f"{url}: no answer to the benchmark request ({e})") from None
     try:
         out = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         raise BenchError(f"{url}: the answer is not JSON") from None
     if not isinstance(out, dict):
         raise BenchError(f"{url}: the answer is not a JSON object")
@@ -82,12 +112,21 @@ def _timings(url: str, answer: dict[str, Any]) -> MeasuredSpeed:
         )
     except (KeyError, TypeError, ValueError) as e:
         raise BenchError(f"{url}: 'timings' lacks {e}") from None
+    except OverflowError:  # Infinity as a count of tokens
+        raise BenchError(f"{url}: 'timings' gives an infinite count of tokens") from None
     # a rate of 0 (a cached prompt, a proxy) divided the calibration by zero; nan/inf/negative ones
     # were printed as measurements and compared with the estimate
     for key, v in (("prompt_ms", got.prompt_ms), ("prompt_per_second", got.pp_tps),
                    ("predicted_ms", got.gen_ms), ("predicted_per_second", got.tg_tps)):
         if not 0 < v < math.inf:
             raise BenchError(f"{url}: 'timings' gives {key} = {t[key]!r}, not a measured time or rate")
+    # llama-server reports each rate as its tokens over its time: one that is not (1e300 t/s in 1e-300 ms
+    # was printed as a 300-digit measurement) is not a measurement
+    for key, n, ms, rate in (("prompt_per_second", got.prompt_tokens, got.prompt_ms, got.pp_tps),
+                             ("predicted_per_second", got.gen_tokens, got.gen_ms, got.tg_tps)):
+        if not (rate <= MAX_RATE and math.isclose(rate, n * 1000.0 / ms, rel_tol=0.01)):
+            raise BenchError(f"{url}: 'timings' gives {key} = {t[key]!r} for {n} tokens in {ms:g} ms, "
+                             "not a measured rate")
     return got
 
 
@@ -107,6 +146,11 @@ def measure(base_url: str, *, n_vocab: int, prompt_tokens: int = DEFAULT_PROMPT_
         _post(url, request_body(prompt_ids(min(32, prompt_tokens), n_vocab), 4), timeout)
     answer = _post(url, request_body(prompt_ids(prompt_tokens, n_vocab), gen_tokens), timeout)
     got = _timings(url, answer)
+    if got.prompt_tokens > 2 * prompt_tokens + 16 or got.gen_tokens > 2 * gen_tokens + 16:
+        # the estimate walks the reported prompt micro-batch by micro-batch: 10^15 tokens hung it
+        raise BenchError(f"{url}: the server reports {got.prompt_tokens} prompt and {got.gen_tokens} "
+                         f"generated tokens for a request of {prompt_tokens} and {gen_tokens} (not "
+                         "llama-server's answer)")
     if got.prompt_tokens < prompt_tokens - 1 or got.gen_tokens < gen_tokens:
         raise BenchError(
             f"{url}: the server processed {got.prompt_tokens} prompt and {got.gen_tokens} generated "

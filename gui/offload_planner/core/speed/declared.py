@@ -144,7 +144,7 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
         elif k == "nvml_pcie":
             d[k] = parse_pcie(val)
         elif k in ("threads", "cores"):
-            if not val.strip().isdigit() or not 1 <= int(val) <= MAX_THREADS:
+            if not val.strip().isascii() or not val.strip().isdigit() or not 1 <= int(val) <= MAX_THREADS:
                 raise ValueError(f"{k}={val!r}: not a count from 1 to {MAX_THREADS}")
             d[k] = int(val)
         else:

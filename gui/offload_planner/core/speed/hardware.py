@@ -228,7 +228,9 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
     if decl.bw is not None or dev.bandwidth_gbs:
         bw = Figure(decl.bw or dev.bandwidth_gbs or 0.0, "GB/s", Source.DECLARED, "CPU bw=")
     elif decl.ram is not None:
-        bw = Figure(round(decl.ram, 1), "GB/s", Source.DECLARED, "CPU ram= (channels x MT/s x 8 B)")
+        # not rounded to 0 (ram=1xDDR5-1 is 0.008 GB/s): the estimate divides by it
+        bw = Figure(round(decl.ram, 1) or decl.ram, "GB/s", Source.DECLARED,
+                    "CPU ram= (channels x MT/s x 8 B)")
     elif probe is not None:
         bw = probe
     else:
@@ -248,7 +250,8 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
             per, src = DEFAULT_CPU_TFLOPS_PER_THREAD * decl.ghz / DEFAULT_CPU_GHZ, Source.DECLARED
             clock = (f" (ghz={decl.ghz:g}: {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS a core at "
                      f"{DEFAULT_CPU_GHZ} GHz)")
-        tf = Figure(round(tn * per, 3), "TFLOPS", src, f"{tn} threads x {per:.4g} TFLOPS{clock}{why}")
+        tf = Figure(round(tn * per, 3) or tn * per, "TFLOPS", src,  # not 0: ghz=0.0001 divided by it
+                    f"{tn} threads x {per:.4g} TFLOPS{clock}{why}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
     return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n)
 
