@@ -58,6 +58,9 @@ LEFT_TO_ARGPARSE = [
     ["plan", "m.gguf", "-ngl", "99"],
     ["plan", "-", "--json"],
     ["plan", "m.gguf", "--version"],
+    ["plan", "m.gguf", "--backend=--"],  # argparse drops the -- and stores [] (refused by cli._parse)
+    ["plan", "m.gguf", "--device=--"],
+    ["launch", "m.gguf", "--env=--"],
     ["fit", "m.gguf", "--goal", "fastest"],
     ["launch", "m.gguf", "--port", "x"],
     ["inspect", "m.gguf"],
@@ -80,11 +83,16 @@ def test_left_to_argparse(argv: list[str]) -> None:
 WORDS = {
     "plan": ["m.gguf", "x", "--device", "CUDA0=24GiB", "--device=CPU=1TiB", "--backend", "ik_llama.cpp",
              "--no-detect", "--json", "--explain", "--prompt", "4096", "--prompt=0", "--depth", "7",
-             "--spec-accept", "0.7", "--spec-accept=2", "--dev", "--no", "-h", "-", "", "--json=", "-1"],
+             "--spec-accept", "0.7", "--spec-accept=2", "--dev", "--no", "-h", "-", "", "--json=", "-1",
+             "--backend=--", "--device=--", "--device=", "--backend=-h", "--prompt=٣", "--depth=²", "-a b",
+             "--=x", "-x=1", "--Device", "é", "nan", "--spec-accept=nan", "--prompt=" + "9" * 5000],
     "fit": ["m.gguf", "--goal", "pp", "balanced", "nope", "--allow-kv-quant", "--prompt", "12", "--json",
-            "--device", "CUDA0=8GiB", "--go=tg", "-x"],
+            "--device", "CUDA0=8GiB", "--go=tg", "-x", "--allow-nkvo", "--allow-nkvo=1", "--allow",
+            "--goal=--", "--goal=", "--backend=ik_llama.cpp"],
     "launch": ["m.gguf", "--port", "99", "--timeout", "1e3", "--env", "K=V", "--wrapper", "nice",
-               "--bench", "--bench-gen", "4", "--yes", "--host", "::1", "--port=x", "--quiet"],
+               "--bench", "--bench-gen", "4", "--yes", "--host", "::1", "--port=x", "--quiet",
+               "--port=٣", "--port=0", "--timeout=nan", "--stop-timeout=0", "--env=", "--env=--",
+               "--wrapper=--", "--wrapper=-n 5", "--bench-prompt=0", "--host=-h", "--bench-p=4", "-0"],
 }
 
 
@@ -94,7 +102,7 @@ def test_random_command_lines_agree(command: str) -> None:
     the same; most well-formed ones are read quickly."""
     rng = random.Random(10)
     quick = 0
-    for _ in range(400):
+    for _ in range(600):
         argv = [command, *rng.choices(WORDS[command], k=rng.randint(0, 7))]
         quick += same(argv) is not None
     assert quick >= 20
@@ -124,3 +132,10 @@ def test_parsers_the_quick_reader_does_not_read(parser_kwargs: dict[str, object]
     q.add_argument("--opt")
     want = argparse.Namespace(command="x", model="m.gguf", opt=None)
     assert fast_parse(plain.parsers[0], ["m.gguf"], "x") == want
+
+
+def test_a_long_command_line_is_read_as_argparse_reads() -> None:
+    """20,000 repeated --env (argparse takes seconds for them): the same list, read quickly."""
+    argv = ["launch", "m.gguf", *["--env", "K=V"] * 20000, "--device=CPU=1TiB"]
+    quick = cli._quick_parse(argv)
+    assert quick is not None and quick.env == ["K=V"] * 20000 and quick.device == ["CPU=1TiB"]

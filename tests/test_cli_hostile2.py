@@ -181,3 +181,13 @@ def test_a_non_ascii_thread_count_names_the_key() -> None:
     r = run("plan", QWEN, "--no-detect", "--device", "CPU=64GiB,threads=²")
     line = clean_exit(r, 2, "--device 'CPU=64GiB,threads=²'", "threads='²': not a count")
     assert "invalid literal" not in line
+
+
+@pytest.mark.parametrize("args", [["plan", QWEN, "--device=--"], ["plan", QWEN, "--prompt=--", "--no-d"],
+                                  ["plan", QWEN, "--backend=--", "--no-d"], ["--device=--"]])
+def test_an_option_given_dashes_names_the_option(args: list[str]) -> None:
+    """argparse drops the -- of --opt=-- and stores [] unconverted: a traceback later ('list' object has
+    no attribute 'partition'); the quick reader took '--' as the value. Both paths now refuse it."""
+    flag = next(a for a in args if a.endswith("=--")).partition("=")[0]
+    r = run(*args, timeout=20, QT_QPA_PLATFORM="offscreen")
+    clean_exit(r, 2, f"argument {flag}: '--' is not a value")

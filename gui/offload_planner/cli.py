@@ -161,12 +161,16 @@ def split_server_args(argv: list[str]) -> tuple[list[str], list[str]]:
 def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespace:
     """Our options; llama-server flags given before ``--`` are refused with where they go."""
     args, extra = parser.parse_known_args(_default_to_gui(parser, ours))
-    if not extra:
-        return args
-    listed = " ".join(extra)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = getattr(args, "command", None)
     own: argparse.ArgumentParser = sub.choices.get(command, parser) if command else parser
+    dashes = next((w for w in ours if w.startswith("--") and w.partition("=")[2] == "--"), None)
+    if dashes:  # argparse drops the -- of --opt=-- and stores [] (--device=--: a traceback later)
+        own.error(f"argument {dashes.partition('=')[0]}: '--' is not a value (a lone -- starts the "
+                  "llama-server arguments)")
+    if not extra:
+        return args
+    listed = " ".join(extra)
     meant, rest = _meant_options(own, extra)
     hints = [f"did you mean {meant}? `{own.prog} --help` lists the options"] if meant else []
     if rest and hasattr(args, "server_args"):
