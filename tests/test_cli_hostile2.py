@@ -191,3 +191,14 @@ def test_an_option_given_dashes_names_the_option(args: list[str]) -> None:
     flag = next(a for a in args if a.endswith("=--")).partition("=")[0]
     r = run(*args, timeout=20, QT_QPA_PLATFORM="offscreen")
     clean_exit(r, 2, f"argument {flag}: '--' is not a value")
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["plan", QWEN, "--no-detect", "--depth=²"], "--depth"),  # '²' is a digit to isdigit, not to int()
+    (["plan", QWEN, "--no-detect", "--depth", "9" * 5000], "--depth"),  # int() refuses 5,000 digits
+    (["plan", QWEN, "--no-detect", "--prompt", "9" * 5000], "--prompt"),
+])
+def test_a_count_int_refuses_is_refused_in_words(args: list[str], flag: str) -> None:
+    """argparse said 'invalid _depth value' / 'invalid prompt_len value': the function's name."""
+    line = clean_exit(run(*args, timeout=20), 2, f"argument {flag}: {flag} ", "expected a number of tokens")
+    assert "invalid" not in line

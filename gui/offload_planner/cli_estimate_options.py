@@ -45,7 +45,7 @@ MAX_PROMPT = 1 << 24
 
 def prompt_len(text: str) -> int:
     """``--prompt N`` of ``plan`` and ``fit``: 1 to :data:`MAX_PROMPT` tokens."""
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_PROMPT:
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or not 1 <= int(text) <= MAX_PROMPT:
         raise argparse.ArgumentTypeError(f"--prompt {text!r}: expected a number of tokens from 1 to "
                                          f"{MAX_PROMPT}")
     return int(text)
@@ -68,9 +68,13 @@ def check_microbatches(prompt: int, args: Any) -> None:
 
 
 def _depth(text: str) -> int:
-    if not text.isdigit():
+    try:  # int() refuses '²' (a digit to isdigit) and 5,000 digits: it was 'invalid _depth value'
+        value = int(text) if text.isdigit() else -1
+    except ValueError:
+        value = -1
+    if value < 0:
         raise argparse.ArgumentTypeError(f"--depth {text!r}: expected a number of tokens (0 or more)")
-    return int(text)
+    return value
 
 
 def _accept(text: str) -> float:

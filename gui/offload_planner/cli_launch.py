@@ -133,7 +133,7 @@ def _stop_seconds(text: str) -> float:
 
 def _port(text: str) -> int:
     """``--port``: a TCP port, 1 to 65535 (70000 or -1 reached the server, which only said it exited)."""
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a TCP port from 1 to 65535")
     return int(text)
 
@@ -141,7 +141,7 @@ def _port(text: str) -> int:
 def _tokens(text: str) -> int:
     """``--bench-prompt`` and ``--bench-gen``: 1 to :data:`MAX_BENCH_TOKENS` tokens (0 or a negative
     count was sent to the server and its answer compared with an estimate of 512)."""
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_BENCH_TOKENS:
+    if not text.isascii() or not text.isdigit() or len(text) > 12 or not 1 <= int(text) <= MAX_BENCH_TOKENS:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of tokens from 1 to "
                                          f"{MAX_BENCH_TOKENS}")
     return int(text)
