@@ -37,6 +37,10 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--allow-kv-quant", action="store_true",
                    help="let the search make an f16 KV cache q8_0 (-ctk/-ctv; a quantized V cache only "
                    "with flash attention, as llama.cpp requires); without it your KV types are kept")
+    p.add_argument("--allow-nkvo", action="store_true",
+                   help="let the search keep the KV cache on the CPU (-nkvo: its GPU memory left to "
+                   "experts, the attention's round trips to the host counted in the estimate); "
+                   "without it the KV cache stays where your command puts it")
     p.add_argument("--backend", default=Dialect.LLAMA_CPP.value,
                    choices=(Dialect.LLAMA_CPP.value, Dialect.IK.value),
                    help=f"dialect of the command (default {Dialect.LLAMA_CPP})")
@@ -101,7 +105,7 @@ def _run_fit(args: argparse.Namespace) -> int:
                       links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
-                          accept=args.spec_accept,
+                          accept=args.spec_accept, allow_nkvo=args.allow_nkvo,
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
@@ -135,11 +139,12 @@ def _run_fit(args: argparse.Namespace) -> int:
     goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
-    print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
+    width = max([35] + [len(str(r["label"])) for r in rows])  # "fastest (-ub 4096, own -ts, split layers)"
+    print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
-        print(f"{mark}{r['label']:35} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        print(f"{mark}{r['label']:{width}} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")
