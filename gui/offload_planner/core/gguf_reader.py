@@ -196,9 +196,8 @@ class _Cursor:
         self.pos = end
 
     def keep(self, start: int) -> tuple[bytes, int]:
-        """Bytes from ``start`` to the cursor that outlive the source, and their file offset."""
-        if isinstance(self.buf, bytes):
-            return self.buf, 0
+        """A copy of the bytes from ``start`` to the cursor (it outlives the source and its
+        memory map; the same for every kind of source), and their file offset."""
         return self.buf[start : self.pos], start
 
     def string(self, what: str) -> str:
