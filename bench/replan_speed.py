@@ -9,9 +9,12 @@ routed experts to the other GPU (MoE) or one whole layer to the CPU (dense model
 layer in turn and re-projected (``Plan.projection``) with the whole-result memo cleared, so the
 compute buffers are really simulated, by replay against the base plan's reference
 (``compute.incremental``; recorded at once, as in the window).  Per layer the best of ``--reps``
-runs counts; per model the table prints the from-scratch simulation (``compute.simulate`` without
-replay, both reserved graphs, best of ``--full-runs``), the median and the worst layer's
-re-projection, and worst / from-scratch against the 1/20 target.  Times are the process's CPU time
+runs counts, and the 8 slowest layers' cold moves are timed again with three times as many runs (the
+best of all kept: the worst of 80 layers is otherwise decided by one load spike that met all of one
+layer's few runs; a layer that is really slow stays slow however often it runs); per model the
+table prints the from-scratch simulation (``compute.simulate`` without replay, both reserved
+graphs, best of ``--full-runs``), the median and the worst layer's re-projection, and worst /
+from-scratch against the 1/20 target.  Times are the process's CPU time
 (``time.process_time``), which other processes disturb less than the wall clock.
 
 Models with few layers cannot meet it by construction: a move re-schedules and re-allocates its layer
@@ -65,6 +68,7 @@ GIB = 1024**3
 TARGET = 1 / 20
 LAYERS = False  # --layers: print every layer's times
 OUT_OF_REACH: list[str] = []  # the models a move cannot meet the target on, with the numbers
+RETIME, RETIME_FACTOR = 8, 3  # the slowest cold layers timed again, with this many times --reps runs
 DEVICES = DeviceSet(
     Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB),
     tuple(Device(f"CUDA{i}", DeviceKind.CUDA, 24 * GIB, 23 * GIB) for i in range(2)),
@@ -151,7 +155,7 @@ def bench_model(name: str, path: Path, reps: int, full_runs: int) -> tuple[str, 
         return (name, "no graph", "", "", "", "", "", "", "")
     scratch = best_ms(lambda: compute.simulate(model, DEVICES, placement, ctx, plan.context), full_runs)
     plan.projection()  # records the replay reference of the base plan
-    warm, cold = [], []
+    warm, cold, runs = [], [], []
     most = (0, 1)  # the move with the most nodes to re-simulate (nodes, of the simulation's)
     for mv in layer_moves(model, plan, moe):
         most = max(most, move_nodes(model, set(mv)), key=lambda e: e[0] / e[1])
@@ -164,8 +168,10 @@ def bench_model(name: str, path: Path, reps: int, full_runs: int) -> tuple[str, 
         memos = tail_memos()  # what the earlier moves' tails left, not what this move's first run adds
         warm.append(best_ms(run, reps, lambda memos=memos: restore(memos)))  # type: ignore[misc]
         cold.append(best_ms(run, reps, lambda: tail_memos(clear=True)))
+        runs.append(run)
         restore(memos)
         run()  # the tails this move passes, for the next move (as a window's edits go on)
+    retime_slowest(cold, runs, reps)
     worst, worst_cold = max(warm), max(cold)
     if LAYERS:
         print(name, "warm", " ".join(f"{x:.1f}" for x in warm))
@@ -182,6 +188,14 @@ def bench_model(name: str, path: Path, reps: int, full_runs: int) -> tuple[str, 
     return (name, f"{scratch:9.1f}", f"{statistics.median(warm):8.2f}", f"{worst:8.2f}",
             f"1/{scratch / worst:5.0f}", f"{worst_cold:8.2f}", f"1/{scratch / worst_cold:5.0f}",
             f"1/{1 / share:5.1f}", verdict)
+
+
+def retime_slowest(cold: list[float], runs: list[Callable[[], None]], reps: int) -> None:
+    """The ``RETIME`` slowest layers' cold moves timed again, ``RETIME_FACTOR * reps`` more runs each,
+    keeping the best of all: the worst layer is a real slow one, not one whose few runs all met a load
+    spike of the machine (a slow layer stays slow however often it is timed)."""
+    for i in sorted(range(len(cold)), key=cold.__getitem__)[-RETIME:]:
+        cold[i] = min(cold[i], best_ms(runs[i], RETIME_FACTOR * reps, lambda: tail_memos(clear=True)))
 
 
 def main() -> None:
@@ -205,6 +219,10 @@ def main() -> None:
             "a move's nodes", f"target 1/{1 / TARGET:.0f}")
     if not args.no_plan:
         head += ("open+sim ms", "plan ms", "plan ratio", "target <= 1")
+    print(f"each layer: the best of --reps {args.reps} runs (process CPU time); the {RETIME} slowest cold "
+          f"layers timed again with {RETIME_FACTOR * args.reps} more runs, the best of all kept (a load "
+          f"spike does not decide the worst layer; a slow layer stays slow); worst = over all layers; "
+          f"scratch = the best of --full-runs {args.full_runs}")
     print(_row(head), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_plan:  # imports and first-use costs, not the model's
