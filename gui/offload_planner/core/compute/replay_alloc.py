@@ -62,6 +62,7 @@ class _AllocReplay:
         self.d_all: dict[T, int] = {}
         self.base, self.d_base = wa, self.d_all
         self.changed: set[T] = set()
+        self.stop = 0  # where the last stretch stopped (``_skip``)
         self._move_start(self._first_difference())
         self._restore()
 
@@ -316,6 +317,8 @@ class _AllocReplay:
             if stretches and (st := stretches.get(q - wa)) is not None:
                 r1 = self._skip(st[0], st[1], q - wa)
                 own = self.own
+                if self.stop < st[1]:  # at a use of a tensor whose state differs: again after it
+                    self._again(stretches, q - wa, st)
                 if r1 > st[0]:
                     q += r1 - st[0]
                     continue
@@ -372,6 +375,17 @@ class _AllocReplay:
                 out[j + ckpos[k] - r] = (ckpos[k], r + n)
         return out
 
+    def _again(self, stretches: dict[int, tuple[int, int]], j0: int, st: tuple[int, int]) -> None:
+        """The stretch ``st`` (from window index ``j0``) stopped at ``self.stop``, a use of a tensor whose
+        state differs from the reference's: tried again from the first checkpoint after that use (the
+        walk has passed it; a count that differed there may now be one the stretch can carry: the
+        dense model's ``inp_pos`` copy on the first GPU, which the reference frees at its last layer
+        there and a layer moved to the CPU reads again much later)."""
+        ckpos = self.ref.ckpos
+        k = bisect.bisect_right(ckpos, self.stop)
+        if k < len(ckpos) and st[1] - ckpos[k] >= _MIN_STRETCH:
+            stretches[j0 + ckpos[k] - st[0]] = (ckpos[k], st[1])
+
     def _skip(self, r0: int, r1: int, j0: int) -> int:
         """At checkpoint ``r0``, the reference's per-backend events up to ``r1`` (or the first use of
         a tensor whose state differs from the reference's there) applied to this run's allocators;
@@ -397,6 +411,7 @@ class _AllocReplay:
                     continue
                 k = k1 - 1  # every use before its last one in the stretch leaves it used in both runs
             end = min(end, u[k])
+        self.stop = end
         if end - r0 < _MIN_STRETCH:
             return r0
         stats["skips"] += 1
