@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import compress, count
 from operator import is_not
 from typing import Protocol
@@ -322,7 +322,7 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
                 _KV_MEMO.popitem(last=False)
         else:
             _KV_MEMO.move_to_end(key)
-        return [replace(b) for b in bufs]
+        return [b.copy() for b in bufs]
 
 
 _KV_MEMO: OrderedDict[tuple[object, ...], list[Buffer]] = OrderedDict()

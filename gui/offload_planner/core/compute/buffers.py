@@ -8,7 +8,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import replace
 from itertools import compress, count
 from operator import is_not
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
@@ -94,7 +93,7 @@ class BufferMemo(Generic[B]):
 
     @staticmethod
     def _copy(v: B) -> B:
-        return cast(B, None if v is None else [replace(b) for b in v])
+        return cast(B, None if v is None else [b.copy() for b in v])
 
     def clear(self) -> None:
         self._d.clear()
