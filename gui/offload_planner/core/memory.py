@@ -15,8 +15,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
-from itertools import compress, count
-from operator import is_not
 from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
@@ -26,6 +24,7 @@ from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
 from offload_planner.core.extra_context import ExtraContext
 from offload_planner.core.ggml_types import GGMLType, type_by_name
+from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
 from offload_planner.core.units import MiB
@@ -174,7 +173,7 @@ def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> li
     with _WEIGHT_LOCK:  # the window projects on its GUI thread and a worker
         ref = _WEIGHT_REFS.get(key)
         if ref is not None and len(ref.items) == len(items):
-            changed = list(compress(count(), map(is_not, items, ref.items)))
+            changed = changed_items(items, ref.items)
             if len(changed) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
                 _WEIGHT_REFS.move_to_end(key)
                 weight_stats["delta"] += 1
@@ -205,7 +204,7 @@ class _WeightRef:
     in order; per shard the ``CPU_Mapped`` items by offset and by end, and the bytes read."""
 
     def __init__(self, items: list[Placed], devices: DeviceSet) -> None:
-        self.items = list(items)
+        self.items = kept_copy(items)
         self.devices = devices
         self._dev: dict[str, Device] = {}
         self.padded: dict[tuple[str, str], int] = {}  # insertion order: order of first use

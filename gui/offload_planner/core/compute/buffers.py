@@ -8,8 +8,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from itertools import compress, count
-from operator import is_not
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from offload_planner.core.buffer import Buffer
@@ -25,6 +23,7 @@ from offload_planner.core.compute.simulate import (
     simulate,
     term_estimate,
 )
+from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.units import MiB
 
 if TYPE_CHECKING:
@@ -151,7 +150,7 @@ def items_key(items: list[Placed]) -> ItemsKey:
         for ref_items, ref_entries in reversed(_KEY_REFS):
             if len(ref_items) != len(items):
                 continue
-            changed = list(compress(count(), map(is_not, items, ref_items)))
+            changed = changed_items(items, ref_items)
             if len(changed) > max(64, len(items) // 8):
                 continue
             entries = list(ref_entries)
@@ -160,7 +159,7 @@ def items_key(items: list[Placed]) -> ItemsKey:
                 entries[i] = (p.name, p.device, p.buft)
             return ItemsKey(tuple(entries))
         full = tuple((p.name, p.device, p.buft) for p in items)
-        _KEY_REFS.append((list(items), full))
+        _KEY_REFS.append((kept_copy(items), full))
         del _KEY_REFS[:-_KEY_REFS_SIZE]
         return ItemsKey(full)
 

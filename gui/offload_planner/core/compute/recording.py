@@ -22,6 +22,7 @@ from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.periods import Event, find_periods, layer_starts
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
+from offload_planner.core.item_changes import kept_copy
 from offload_planner.core.placement import Placed
 
 _CK_STRIDE = 8
@@ -158,7 +159,7 @@ class Reference:
         """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over)."""
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
         self.unit_devices = list(unit_devices)
-        self.items = list(items)  # kept alive: later placements are compared with them by identity
+        self.items = kept_copy(items)  # kept alive: later placements are compared with them by identity
         if graph is None:
             b = Builder(sh, weights, layer_dev, kv_dev)
             arch_fn(b)

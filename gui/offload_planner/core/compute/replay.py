@@ -6,8 +6,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not
 
 from offload_planner.core.compute.bound import Bound, owned
 from offload_planner.core.compute.ggml import (
@@ -22,6 +20,7 @@ from offload_planner.core.compute.replay_alloc import replay_alloc
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Split
 from offload_planner.core.compute.stats import stats
+from offload_planner.core.item_changes import changed_items
 from offload_planner.core.placement import Placed
 
 # --- the replay ----------------------------------------------------------------------------------------
@@ -55,7 +54,7 @@ def diff_items(ref: Reference, items: Sequence[Placed], unit_devices: list[str],
         return None
     dev: dict[T, str] = {}
     leafs_of = ref.leafs_of_item
-    for i in compress(count(), map(is_not, items, ref_items)):
+    for i in changed_items(items, ref_items):
         p, q = items[i], ref_items[i]
         if p.tensor is not q.tensor or p.copy != q.copy or p.device is None or q.device is None:
             return None
