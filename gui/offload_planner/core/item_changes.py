@@ -7,7 +7,8 @@ frozen).  On a big model (~700 items) each such scan costs about 30 us, and a mo
 four of them against copies of the same list.  Here a recorded list is kept as one copy per list
 it was taken from (:func:`kept_copy`: the parts recorded from the same placement share it), and the
 changed indices of a list against a kept copy are remembered for the last few pairs
-(:func:`changed_items`): the first part of a projection scans, the others look it up.
+(:func:`changed_items`): the first part of a projection scans, the others look it up; a placement
+whose maker knows its changes notes them (:func:`note_changed`) and none scans.
 """
 
 from __future__ import annotations
@@ -55,3 +56,16 @@ def changed_items(items: Sequence[Any], kept: Sequence[Any]) -> list[int]:
         if len(_CHANGED) > _SIZE:
             _CHANGED.popitem(last=False)
     return changed
+
+
+def note_changed(items: Sequence[Any], source: Sequence[Any], changed: list[int]) -> None:
+    """``items`` holds another object than the list ``source`` exactly at ``changed`` (ascending):
+    its maker knows (``Plan.placement`` replaces the moved tensors' items of the base placement's
+    list), so no part of the projection scans for them where ``source`` is the list it recorded."""
+    with _LOCK:
+        got = _COPIES.get(id(source))
+        if got is None or got[0] is not source or len(items) != len(source):
+            return
+        _CHANGED[(id(items), id(got[1]))] = (items, got[1], changed)
+        if len(_CHANGED) > _SIZE:
+            _CHANGED.popitem(last=False)
