@@ -426,10 +426,11 @@ class _Replay:
         backends and locations, and so its copies: it asks what it asked in the reference.  Each
         node's part is kept with the reference (``node_bound``); a tensor two affected nodes share is
         counted for each (a looser bound: the one-token graph's tensors are a few rows each)."""
-        ref, nodes, B = self.ref, self.nodes, self.B
+        ref, nodes, bid = self.ref, self.nodes, self.bid
         per, extra = ref.node_bound, [0] * len(ref.backends)
         for gi in affected:
-            b = B(nodes[gi])
+            n = nodes[gi]
+            b = bid.get(n, n.bid)  # (``B`` inlined)
             v = per.get((gi, b))
             if v is None:
                 v = per[(gi, b)] = self._node_bound(gi, b)
@@ -452,15 +453,16 @@ class _Replay:
         did not: a real node on ``b`` reading ``s`` from elsewhere (pass 5's test, on this run's
         backends) needs one; a node outside ``affected`` has the reference's backend and sources'
         backends and locations, so its copies are the reference's."""
-        ref, nodes, B, supported = self.ref, self.nodes, self.B, self.supported
+        ref, nodes, bid, supported = self.ref, self.nodes, self.bid, self.supported
         copy_of, cur_before, orig_src = ref.copy_of, ref.cur_before, ref.orig_src
         out: set[tuple[T, int]] = set()
         for gi in affected:
             if cur_before[gi] == -2:  # a view: pass 5 copies nothing for it
                 continue
-            b = B(nodes[gi])
+            n = nodes[gi]
+            b = bid.get(n, n.bid)  # (``B`` inlined)
             for s in orig_src[gi]:
-                if s is not None and B(s) != b and not supported(s, b) and (s, b) not in copy_of:
+                if s is not None and bid.get(s, s.bid) != b and not supported(s, b) and (s, b) not in copy_of:
                     out.add((s, b))
         return out
 
