@@ -22,7 +22,7 @@ The issue's target: under one second for DeepSeek-V3 with four GPUs.  Host: 8 ch
 32 threads; GPUs: RTX 3090 / 4090 / 3060 / A100 80GB figures from the speed catalogue.
 
     python bench/fit_vs_baselines.py [--models DeepSeek-V3-Q4_K_M,...] [--sets 1x24,...] [--markdown]
-                                     [--repeat N] [--sequential | --compare]
+                                     [--repeat N] [--sequential | --compare] [--goal tg|pp|balanced]
 
 ``--repeat N`` runs every row N times (each in a fresh process) and keeps the fastest (by CPU).
 """
@@ -76,9 +76,10 @@ def devices(cards: list[str]) -> DeviceSet:
     return DeviceSet(parse_device_decl(CPU), gpus)
 
 
-def fit_argv(path: Path, set_name: str) -> list[str]:
+def fit_argv(path: Path, set_name: str, goal: str = "balanced") -> list[str]:
     decls = [CPU] + [f"CUDA{i}={c}" for i, c in enumerate(SETS[set_name])]
-    return ["fit", str(path), "--no-detect", *(a for d in decls for a in ("--device", d)), "--", *BASE]
+    return ["fit", str(path), "--no-detect", *(a for d in decls for a in ("--device", d)), "--goal", goal,
+            "--", *BASE]
 
 
 # --- one row, in a fresh process ------------------------------------------------------------------------
@@ -134,7 +135,7 @@ def _cell(c: Any) -> str:
     return f"{c.estimate.tg_tps:.1f} / {c.estimate.pp_tps:.0f}{fit}"
 
 
-def child(path: Path, set_name: str, sequential: bool) -> dict[str, Any]:
+def child(path: Path, set_name: str, sequential: bool, goal: str = "balanced") -> dict[str, Any]:
     """Run the fit command once and measure a projection after it: the row as JSON."""
     import contextlib
     import io
@@ -158,7 +159,7 @@ def child(path: Path, set_name: str, sequential: bool) -> dict[str, Any]:
     out = io.StringIO()
     c0, t0 = _cpu_with_children(), time.perf_counter()
     with contextlib.redirect_stdout(out):
-        code = cli.main(fit_argv(path, set_name))
+        code = cli.main(fit_argv(path, set_name, goal))
     cmd_cpu, cmd_wall = _cpu_with_children() - c0, time.perf_counter() - t0
     fastest.fastest_plan = real  # type: ignore[assignment]
     [(r, fastest_cpu)] = runs
@@ -184,9 +185,11 @@ def child(path: Path, set_name: str, sequential: bool) -> dict[str, Any]:
 # --- the table ------------------------------------------------------------------------------------------
 
 
-def run_row(path: Path, set_name: str, config: str, sequential: bool) -> dict[str, Any]:
+def run_row(path: Path, set_name: str, config: str, sequential: bool,
+            goal: str = "balanced") -> dict[str, Any]:
     env = {**os.environ, "OFFLOAD_PLANNER_CONFIG_DIR": config}  # no stored calibration applies
-    argv = [sys.executable, __file__, "--child", str(path), set_name] + ["--sequential"] * sequential
+    argv = ([sys.executable, __file__, "--child", str(path), set_name, "--goal", goal]
+            + ["--sequential"] * sequential)
     out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
     row: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return row
@@ -218,13 +221,14 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--goal", choices=("tg", "pp", "balanced"), default="balanced")
     how = ap.add_mutually_exclusive_group()
     how.add_argument("--sequential", action="store_true", help="the --fit baseline in the process")
     how.add_argument("--compare", action="store_true", help="each row concurrent and sequential")
     ap.add_argument("--child", nargs=2, metavar=("PATH", "SET"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
-        print(json.dumps(child(Path(a.child[0]), a.child[1], a.sequential)))
+        print(json.dumps(child(Path(a.child[0]), a.child[1], a.sequential, a.goal)))
         return
     modes = [("concurrent", False), ("sequential", True)] if a.compare else (
         [("sequential", True)] if a.sequential else [("concurrent", False)])
@@ -241,7 +245,7 @@ def main() -> None:
                 runs: dict[str, list[dict[str, Any]]] = {m: [] for m, _ in modes}
                 for _ in range(max(1, a.repeat)):  # alternating: both ways see the same load
                     for mode, seq in modes:
-                        runs[mode].append(run_row(path, set_name, tmp, seq))
+                        runs[mode].append(run_row(path, set_name, tmp, seq, a.goal))
                 for mode, _ in modes:
                     row = min(runs[mode], key=lambda r: r["command"] / r["projection"])
                     c = row["cells"]

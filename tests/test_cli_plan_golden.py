@@ -19,6 +19,20 @@ and the note says so; a GPU matrix's efficiency follows the rows (tokens) it mul
 expert's share of a micro-batch lowers fully offloaded MoE pp (DeepSeek-V3 162 -> 85.5 t/s, Qwen3-30B
 2273 -> 1283); a generated token's attention at depth costs the larger of its KV reads and its FLOPs
 (MLA tg at 32768 tokens lower); the pp bottleneck shares move with them.
+Session 7 (issue 11, the speed estimate only; every memory line unchanged): op offload copies host
+weights that sit in the mmap'd ``CPU_Mapped`` buffer (pageable; llama-model-loader.cpp keeps CPU
+weights out of the pinned host buffer when mmap is on) at half the pinned rate (llama.cpp PR 28223:
+166 vs 330 t/s on one rig), so the mainline cases with experts on the CPU have half the pp copy rate
+(DeepSeek-V3 --cpu-moe 23.6 -> 13.7 t/s, the copies' share 72% -> 84%) and name the assumption;
+``ds_ik`` (pinned: ik turns mmap off) and the all-on-GPU cases did not change.  Then ik_llama.cpp's
+CPU compute efficiency 2.0 -> 1.77 x peak (re-derived from the same five public CPU-only records with
+their CPUs' base clocks declared): ``ds_ik`` pp 33.9 -> 30.5 t/s, its note names the new figure.
+Then a GPU's fixed time per layer a token (``gpu_layer_us``, 40 µs): every case with layers on a GPU
+has a slower tg (its GPU rows' ms/token and shares, the tg figures, an assumption line); pp and every
+memory line unchanged.
+Then a CPU micro-batch's reads add to its compute instead of overlapping it, and ik_llama.cpp's CPU
+efficiency is 2.0 again (the same five records' median under that model): ``ds_ik`` (its experts
+computed on the CPU at -ub 512) pp 30.5 -> 19.6 t/s; no other case computes weights on the CPU.
 """
 
 from __future__ import annotations

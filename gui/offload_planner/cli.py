@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TextIO, TypeVar
+from typing import TextIO, TypeVar, cast
 
 from offload_planner import __version__
 from offload_planner.bundled import demo_model_path
@@ -68,8 +68,9 @@ def _add_gui_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ".json); without MODEL, the bundled demo model.",
     )
     g.add_argument("model", nargs="?", help="GGUF path, URL or plan file (default: bundled demo model)")
-    g.add_argument("--device", action="append", default=[], metavar="NAME=SIZE",
-                   help="declare a device for this session, e.g. CUDA0=24GiB (repeatable)")
+    from offload_planner.cli_estimate_options import add_device_option
+
+    add_device_option(g, "declare a device for this session only")
     g.add_argument("--screenshot", metavar="FILE.png",
                    help="render offscreen once the model is projected, save the PNG and exit")
     g.add_argument("--size", default="1280x800", metavar="WxH", help="window size with --screenshot")
@@ -136,6 +137,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="offload-planner",
         description="Plan how llama.cpp / ik_llama.cpp place a GGUF model's tensors across CPU "
         "RAM and GPUs, project every device's memory, and export the command line.",
+        epilog="Without a command, the window opens (on MODEL, or on the bundled demo). First steps: "
+        "`offload-planner plan MODEL.gguf --device CUDA0=24GiB -- -ngl 999 --cpu-moe` (where every "
+        "tensor goes, memory per device, speed estimate); `offload-planner fit MODEL.gguf --device "
+        "CUDA0=rtx3090` (the fastest command that fits). `offload-planner COMMAND --help` for each.",
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -162,10 +167,34 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = getattr(args, "command", None)
     own: argparse.ArgumentParser = sub.choices.get(command, parser) if command else parser
-    if hasattr(args, "server_args"):
-        own.error(f"unrecognized arguments: {listed} (llama-server arguments go after `--`: "
-                  f"offload-planner {command} MODEL [options] -- {listed})")
-    own.error(f"unrecognized arguments: {listed}")
+    meant, rest = _meant_options(own, extra)
+    hints = [f"did you mean {meant}? `{own.prog} --help` lists the options"] if meant else []
+    if rest and hasattr(args, "server_args"):
+        hints.append(f"llama-server arguments go after `--`: offload-planner {command} MODEL [options] -- "
+                     + " ".join(rest))
+    if hints:
+        own.error(f"unrecognized arguments: {listed} ({'; '.join(hints)})")
+    own.error(f"unrecognized arguments: {listed} (`{own.prog} --help` lists the options)")
+
+
+def _meant_options(own: argparse.ArgumentParser, extra: list[str]) -> tuple[str, list[str]]:
+    """Our options that unknown ones in ``extra`` look like typos of (``"--device for --devce"``, ""
+    when none does), and the rest of ``extra`` (llama-server flags given before ``--``, their values)."""
+    import difflib
+
+    ours = [o for a in own._actions for o in a.option_strings if o.startswith("--")]
+    meant: list[str] = []
+    rest: list[str] = []
+    typo = False  # the value after a typo'd option goes with it
+    for token in extra:
+        flag = token.split("=", 1)[0]
+        near = difflib.get_close_matches(flag, ours, n=1, cutoff=0.75) if flag.startswith("--") else []
+        if near:
+            meant.append(f"{near[0]} for {flag}")
+        elif not (typo and not token.startswith("-")):
+            rest.append(token)
+        typo = bool(near) or (typo and not token.startswith("-"))
+    return ", ".join(meant), rest
 
 
 #: the commands whose simulations leave what they keep frozen for the cycle collector when the process
@@ -233,15 +262,48 @@ def _run_printing(args: argparse.Namespace, *, freeze: bool) -> int:
         sys.stdout = real
 
 
+def _mistyped_command(first: str) -> str:
+    """The command ``first`` looks like a typo of ("plna" -> "plan"), "" when it may be a model to
+    open in the window (a path, a URL, a file that exists, or nothing like a command)."""
+    if first in COMMANDS or first.startswith("-") or any(c in first for c in "/\\.:"):
+        return ""  # before any import: `plan` and `fit` pay nothing for this
+    import difflib
+    import os
+
+    if os.path.exists(first):
+        return ""
+    near = difflib.get_close_matches(first, list(COMMANDS), n=1, cutoff=0.6)
+    return near[0] if near else ""
+
+
+def _quick_parse(ours: list[str]) -> argparse.Namespace | None:
+    """``offload-planner COMMAND ...`` read from the command's recorded options without building its
+    parser, where argparse would read them alike and succeed (:mod:`offload_planner.cli_fastparse`);
+    None: the parser decides."""
+    if not ours or ours[0] not in COMMANDS:
+        return None
+    from offload_planner.cli_fastparse import Recorder, fast_parse
+
+    rec = Recorder()
+    COMMANDS[ours[0]](cast("argparse._SubParsersAction[argparse.ArgumentParser]", rec))
+    return fast_parse(rec.parsers[0], ours[1:], ours[0]) if len(rec.parsers) == 1 else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
-    parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None)
-    args = _parse(parser, ours)
+    meant = _mistyped_command(ours[0]) if ours else ""
+    if meant:  # it went to the window as a model name: "unrecognized arguments: model.gguf"
+        print(f"offload-planner: error: unknown command {ours[0]!r}: did you mean {meant}? (commands: "
+              f"{', '.join(COMMANDS)}; `offload-planner MODEL` opens the window)", file=sys.stderr)
+        return 2
+    quick = _quick_parse(ours)  # plan, fit and launch: their arguments (with `func` and `server_args`)
+    parser = build_parser(ours[0] if ours and ours[0] in COMMANDS else None) if quick is None else None
+    args = quick or _parse(cast(argparse.ArgumentParser, parser), ours)
     if hasattr(args, "server_args"):
         args.server_args = server_args
-    elif server_args:
+    elif server_args and parser is not None:
         parser.error("arguments after -- are for `plan`, `fit` and `launch` only")
-    if not getattr(args, "func", None):
+    if not getattr(args, "func", None) and parser is not None:
         parser.print_help()
         return 0
     try:

@@ -1,4 +1,5 @@
-"""``--depth`` and ``--spec-accept``: options of the speed estimate shared by ``plan`` and ``fit``."""
+"""``--device``, ``--depth`` and ``--spec-accept``: options shared by ``plan``, ``fit`` (and, for
+``--device``, ``launch`` and ``gui``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,21 @@ from typing import Any
 from offload_planner.core.errors import PlannerError
 
 DEFAULT_UB, DEFAULT_B = 512, 2048  # llama.cpp's -ub and -b defaults
+
+
+DEVICE_METAVAR = "NAME=SIZE|CARD[,key=value]"
+
+
+def add_device_option(p: argparse.ArgumentParser, what: str = "declare a device") -> None:
+    """``--device``, the same words in every command that takes it."""
+    p.add_argument("--device", action="append", default=[], metavar=DEVICE_METAVAR,
+                   help=f"{what} (repeatable), e.g. CUDA0=24GiB, CUDA0=rtx3090 or CPU=256GiB. NAME: "
+                   "CPU, CUDA0, ROCm0, Vulkan0, Metal0, RPC0, ... SIZE needs its unit: 24GiB = 24G, "
+                   "24GB, 8000MiB, 1TiB, 4096B. CARD: a GPU of the catalogue (rtx3090, rtx4090, "
+                   "a100-80gb, ...; a wrong name lists them all), which sets the size and speeds. "
+                   "Keys: free=SIZE (unused now, at most the size), margin=SIZE (kept free), "
+                   "bw=936GB/s, pcie=4x16, tflops=71; CPU: ram=12xDDR5-4800, threads=N; RPC: "
+                   "link=10Gb/s")
 
 
 def add_estimate_options(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
-from offload_planner.cli_estimate_options import add_estimate_options, check_microbatches, prompt_len
+from offload_planner.cli_estimate_options import (
+    add_device_option,
+    add_estimate_options,
+    check_microbatches,
+    prompt_len,
+)
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -23,8 +28,7 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "--goal balanced -- -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
-    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE|CARD[,key=value]",
-                   help="declare a device, e.g. CUDA0=rtx3090 or CUDA1=24GiB,bw=936GB/s (repeatable)")
+    add_device_option(p)
     p.add_argument("--goal", choices=("tg", "pp", "balanced"), default="balanced",
                    help="what to make fast: generation, prompt processing, or a request of both "
                    "(the prompt and a 512-token answer; default)")
@@ -33,6 +37,10 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--allow-kv-quant", action="store_true",
                    help="let the search make an f16 KV cache q8_0 (-ctk/-ctv; a quantized V cache only "
                    "with flash attention, as llama.cpp requires); without it your KV types are kept")
+    p.add_argument("--allow-nkvo", action="store_true",
+                   help="let the search keep the KV cache on the CPU (-nkvo: its GPU memory left to "
+                   "experts, the attention's round trips to the host counted in the estimate); "
+                   "without it the KV cache stays where your command puts it")
     p.add_argument("--backend", default=Dialect.LLAMA_CPP.value,
                    choices=(Dialect.LLAMA_CPP.value, Dialect.IK.value),
                    help=f"dialect of the command (default {Dialect.LLAMA_CPP})")
@@ -84,16 +92,20 @@ def _run_fit(args: argparse.Namespace) -> int:
     devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
     unknown = [g.name for g in devices.gpus if g.capacity is None]
-    if not devices.gpus or unknown:
+    if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all
+        raise PlannerError("fit places tensors on GPUs and there is none: declare one with --device, e.g. "
+                           "--device CUDA0=rtx3090 or --device CUDA0=24GiB"
+                           + ("" if detection is None else f" ({detection.message.split(';')[0]})"))
+    if unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
-                           + (f" ({', '.join(unknown)} unknown)" if unknown else ""))
+                           f" ({', '.join(unknown)} unknown)")
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
                       links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
-                          accept=args.spec_accept,
+                          accept=args.spec_accept, allow_nkvo=args.allow_nkvo,
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
@@ -127,11 +139,12 @@ def _run_fit(args: argparse.Namespace) -> int:
     goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
-    print(f"{'candidate':36} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
+    width = max([35] + [len(str(r["label"])) for r in rows])  # "fastest (-ub 4096, own -ts, split layers)"
+    print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
     for r in rows:
         mark = "*" if best and r["label"] == best.label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
-        print(f"{mark}{r['label']:35} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        print(f"{mark}{r['label']:{width}} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")

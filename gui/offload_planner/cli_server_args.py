@@ -36,7 +36,7 @@ class ServerArgv:
 def server_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The ``LLAMA_ARG_*`` variables llama-server would read from this environment."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    return {k: env[k] for k in env if k.startswith(ENV_PREFIX)}  # os.environ decodes what it hands out
 
 
 def looks_like_program(word: str) -> bool:

@@ -47,3 +47,36 @@ def test_unreadable_store_falls_back_to_defaults(cfg: Path) -> None:
     (cfg / "speed.json").write_text("{not json")
     assert speed_store.efficiencies_for("llama.cpp").gpu_bandwidth.source is Source.DEFAULT
     assert speed_store.host_bandwidth(measure=False) is None
+
+
+def test_a_plans_estimate_reads_the_store_once(cfg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RAM figure and the efficiencies of one estimate come from one reading of the file, with what
+    was calibrated in it; a look-up outside an estimate reads it again."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.devices import DeviceSet, parse_device_decl
+    from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.plan import plan_from_args
+
+    speed_store.record_efficiencies("llama.cpp", {"probe_bandwidth": 0.42})
+    data = json.loads((cfg / "speed.json").read_text())
+    data["machines"][speed_store.machine_key()]["ram_gbs"] = 50.0
+    (cfg / "speed.json").write_text(json.dumps(data))
+    reads: list[Path] = []
+    real = speed_store._read
+
+    def counted() -> dict[str, object]:
+        reads.append(speed_store._path())
+        return real()
+
+    monkeypatch.setattr(speed_store, "_read", counted)
+    model = open_model(Path(__file__).resolve().parents[2] / "resources/Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    devices = DeviceSet(parse_device_decl("CPU=512GiB"), (parse_device_decl("CUDA0=24GiB"),))
+    est = speed_store.plan_speed(plan_from_args(model, devices, parse_server_args(["-ngl", "20"])))
+    assert reads == [cfg / "speed.json"]
+    from offload_planner.core.speed.report import speed_json
+
+    figures = {a["what"]: (a["value"], a["source"]) for a in speed_json(est)["assumptions"]}
+    assert figures["CPU memory bandwidth"] == (50.0, "measured")
+    assert figures["CPU bandwidth efficiency"] == (0.42, "calibrated")
+    speed_store.efficiencies_for("llama.cpp")
+    assert len(reads) == 2

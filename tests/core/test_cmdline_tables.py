@@ -129,3 +129,22 @@ def test_every_spelling_is_unique_per_dialect(dialect: Dialect) -> None:
     for spec in flag_table(dialect):
         for s in spec.spellings:
             assert seen.setdefault(s, spec.key) == spec.key, s
+
+
+def test_flags_set_by_an_environment_are_the_full_scans() -> None:
+    """``FlagTable.set_by`` (the parser's look-up of the LLAMA_ARG_* variables set) finds the flags a
+    scan of the whole table finds, in the table's order, for every dialect and any set of variables
+    (each flag's own and its LLAMA_ARG_NO_* alias, with unrelated ones)."""
+    import random
+
+    from offload_planner.core.dialects import all_dialects
+
+    rng = random.Random(11)
+    for dialect in all_dialects():
+        table = flag_table(dialect)
+        names = [v for spec in table for v in (spec.env, spec.neg_env) if v is not None]
+        assert names
+        for _ in range(200):
+            env = dict.fromkeys([*rng.sample(names, rng.randint(0, 12)), "LLAMA_ARG_NOT_A_FLAG", "PATH"], "1")
+            want = [spec for spec in table if {spec.env, spec.neg_env} & set(env)]
+            assert table.set_by(env) == want

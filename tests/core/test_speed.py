@@ -19,7 +19,7 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
-from offload_planner.core.speed.efficiency import calibrated, gpu_rows_factor
+from offload_planner.core.speed.efficiency import DEFAULT, calibrated, gpu_rows_factor
 from offload_planner.core.speed.estimate import estimate, split_pairs, ubatch_sweep
 from offload_planner.core.speed.hardware import Source, hardware_for
 from offload_planner.core.speed.report import speed_json, speed_label, speed_lines
@@ -316,3 +316,35 @@ def test_rpc_server_threads_limit_its_bandwidth(qwen: Model) -> None:
 
     free, one = rpc_ms("RPC0=32GiB,bw=20GB/s"), rpc_ms("RPC0=32GiB,bw=20GB/s,threads=1")
     assert one / free == pytest.approx(20 * 0.75 / 10, rel=1e-6)
+
+
+def test_op_offload_from_mmapped_weights_copies_at_the_pageable_rate(qwen: Model) -> None:
+    """With mmap (the default) the experts -ot keeps on the CPU stay in the mapping (pageable:
+    ``CPU_Mapped``), so op offload's copies run at ``pageable_copy`` of the pinned rate; with
+    --load-mode none they are a pinned ``CUDA_Host`` buffer.  Token generation copies nothing."""
+    ds = devices("CUDA0=rtx3090")
+    hw = hardware_for(ds)
+    args = "-ngl 999 -ot exps=CPU -c 8192 -ub 2048 -b 2048"
+    mapped, pinned = plan(qwen, ds, args), plan(qwen, ds, args + " --load-mode none")
+    assert {p.buft for p in mapped.placement().items if p.device == "CPU"} == {"CPU_Mapped"}
+    assert {p.buft for p in pinned.placement().items if p.device == "CPU"} == {"CUDA_Host"}
+    a, b = estimate(mapped, hw), estimate(pinned, hw)
+    assert a.pp_transfer_ms == pytest.approx(b.pp_transfer_ms / DEFAULT.pageable_copy.value)
+    assert a.pp_tps < b.pp_tps and a.tg_tps == pytest.approx(b.tg_tps)
+    assert any("pageable" in x.what for x in a.assumptions)
+    assert not any("pageable" in x.what for x in b.assumptions)
+
+
+def test_a_gpu_layer_costs_its_fixed_time_a_token(qwen: Model) -> None:
+    """Each layer with weights on a GPU adds ``gpu_layer_us`` to that GPU's time a token, beyond its
+    bytes (its kernels' floors); the CPU's layers do not; and the estimate names the figure."""
+    ds = devices("CUDA0=rtx3090")
+    hw = hardware_for(ds)
+    p = plan(qwen, ds, "-ngl 999 -c 8192 -ot blk\\.(4[0-7])\\.ffn_.*_exps=CPU")
+    with_floor = estimate(p, hw)
+    without = estimate(p, hw, eff=calibrated({"gpu_layer_us": 0.0}, "none"))
+    n = qwen.summary.n_layer
+    gpu_extra = with_floor.device("CUDA0").tg_ms_per_token - without.device("CUDA0").tg_ms_per_token
+    assert gpu_extra == pytest.approx(n * DEFAULT.gpu_layer_us.value / 1e3)
+    assert with_floor.device("CPU").tg_ms_per_token == pytest.approx(without.device("CPU").tg_ms_per_token)
+    assert any("GPU layer" in a.what for a in with_floor.assumptions)

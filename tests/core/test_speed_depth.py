@@ -49,36 +49,49 @@ def _matrices(m: Model) -> tuple[int, int, int, int]:
     return db, de, eb, ee
 
 
+def _attn(start: int) -> float:
+    """FLOPs of the micro-batch's attention over the cells before it (4 layers x 4 heads x (64 + 64)
+    x 2 FLOPs a cell, each token over ``start + PROMPT / 2`` cells on average)."""
+    return 4 * 2.0 * 4 * (64 + 64) * PROMPT * (start + PROMPT / 2)
+
+
 def test_pp_after_depth_reads_the_cache(small_models: dict[str, Path]) -> None:
     """Bandwidth-bound: one micro-batch reads the weights (every expert some token routes to) and
-    the KV of ``depth + prompt`` cells."""
+    the KV of ``depth + prompt`` cells (on a CPU its compute, here all but free, adds to the reads)."""
     plan = _plan(small_models["glm4moe"])
     m = plan.model
-    db, _de, eb, _ee = _matrices(m)
+    db, de, eb, ee = _matrices(m)
     kv_cell = 4 * 2 * (2 * 64 * 2)  # 4 trunk layers x (K + V) x 2 KV heads x 64 x f16
     hit = 1 - (1 - 2 / 8) ** PROMPT
     bw = 10.0 * DEFAULT.cpu_bandwidth.value * 1e9
+    flops = 1e6 * DEFAULT.cpu_compute.value * 1e12
+    weights = 2.0 * PROMPT * (de + ee * 2 / 8)
     est = estimate(plan, _hw(10.0, 1e6), eff=DEFAULT, prompt=PROMPT, depth=DEPTH)
-    assert est.pp_tps == pytest.approx(PROMPT / ((db + eb * hit + kv_cell * PROMPT) / bw), rel=1e-9)
-    assert est.pp_tps_at_depth == pytest.approx(PROMPT / ((db + eb * hit + kv_cell * (DEPTH + PROMPT)) / bw),
-                                                rel=1e-9)
+    assert est.pp_tps == pytest.approx(
+        PROMPT / ((db + eb * hit + kv_cell * PROMPT) / bw + (weights + _attn(0)) / flops), rel=1e-9)
+    at_depth = (db + eb * hit + kv_cell * (DEPTH + PROMPT)) / bw + (weights + _attn(DEPTH)) / flops
+    assert est.pp_tps_at_depth == pytest.approx(PROMPT / at_depth, rel=1e-9)
 
 
 def test_pp_after_depth_computes_attention_over_it(small_models: dict[str, Path]) -> None:
     """Compute-bound: 2 x active params per token, plus attention of each token over the cells
-    before it (4 layers x 4 heads x (64 + 64) x 2 FLOPs a cell)."""
+    before it (4 layers x 4 heads x (64 + 64) x 2 FLOPs a cell); the reads, here all but free, add."""
     plan = _plan(small_models["glm4moe"])
-    _db, de, _eb, ee = _matrices(m := plan.model)
+    db, de, eb, ee = _matrices(m := plan.model)
     assert m.summary.n_head == 4
     flops = DEFAULT.cpu_compute.value * 1e12
     weights = 2.0 * PROMPT * (de + ee * 2 / 8)
+    kv_cell = 4 * 2 * (2 * 64 * 2)
+    hit = 1 - (1 - 2 / 8) ** PROMPT
+    bw = 1e6 * DEFAULT.cpu_bandwidth.value * 1e9
 
-    def attn(start: int) -> float:
-        return 4 * 2.0 * 4 * (64 + 64) * PROMPT * (start + PROMPT / 2)
+    def reads(start: int) -> float:
+        return (db + eb * hit + kv_cell * (start + PROMPT)) / bw
 
     est = estimate(plan, _hw(1e6, 1.0), eff=DEFAULT, prompt=PROMPT, depth=DEPTH)
-    assert est.pp_tps == pytest.approx(PROMPT / ((weights + attn(0)) / flops), rel=1e-9)
-    assert est.pp_tps_at_depth == pytest.approx(PROMPT / ((weights + attn(DEPTH)) / flops), rel=1e-9)
+    assert est.pp_tps == pytest.approx(PROMPT / ((weights + _attn(0)) / flops + reads(0)), rel=1e-9)
+    assert est.pp_tps_at_depth == pytest.approx(PROMPT / ((weights + _attn(DEPTH)) / flops + reads(DEPTH)),
+                                                rel=1e-9)
     assert est.pp_tps_at_depth < est.pp_tps
     assert estimate(plan, _hw(1e6, 1.0), eff=DEFAULT, prompt=PROMPT).pp_tps_at_depth is None
 
@@ -98,3 +111,17 @@ def test_plan_depth_flag(small_models: dict[str, Path], capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         main([*common, "--depth", "-5", "--", *ARGS])
     assert "--depth '-5'" in capsys.readouterr().err
+
+
+def test_a_cpu_micro_batch_adds_its_reads_to_its_compute(small_models: dict[str, Path]) -> None:
+    """A CPU's threads both stream the weights and multiply them: a micro-batch's time is its
+    compute plus its reads (a GPU's is the larger of the two), so the prompt's time with both finite
+    is the sum of the times with either one out of the way."""
+    plan = _plan(small_models["glm4moe"])
+
+    def seconds(bw: float, tflops: float) -> float:
+        return PROMPT / estimate(plan, _hw(bw, tflops), eff=DEFAULT, prompt=PROMPT).pp_tps
+
+    both, reads, compute = seconds(10.0, 10.0), seconds(10.0, 1e9), seconds(1e9, 10.0)
+    assert min(reads, compute) > 0.2 * max(reads, compute)  # neither negligible
+    assert both == pytest.approx(reads + compute, rel=1e-6)

@@ -17,7 +17,9 @@ from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
 
-MESSAGE = re.compile(r"Fastest plan: (\d+) tensors moved \(marked on the map\), -ub \d+(.*)")
+MESSAGE = re.compile(r"Fastest plan: est\. tg [\d.]+ → [\d.]+ t/s \([^)]+\), "
+                     r"pp [\d.]+ → [\d.]+ t/s \([^)]+\); (\d+) tensors moved "
+                     r"\(marked on the map\), (?:-b \d+ )?-ub \d+(.*)")
 
 
 def _marked(win: MainWindow) -> int:

@@ -37,3 +37,24 @@ def test_presets_menu_shows_what_each_preset_does(qtbot: QtBot, window: MainWind
         assert "fits by default" in _hover_tip(qtbot, window, "What llama.cpp's --fit would run")
     finally:
         menu.hide()
+
+
+def test_fastest_plan_on_a_dense_model_is_there_off_and_says_why(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """On a dense model (Llama) the menu had no Fastest plan at all: a newcomer who read of it looked
+    for it in vain. It is there, off, and its tooltip says what to use instead."""
+    from offload_planner.core.synth import SMALL_MODELS, write_model
+
+    model = write_model(SMALL_MODELS["llama"], tmp_path / "llama.gguf")[0]
+    open_and_wait(qtbot, window, model)
+    menu = window.presets_menu
+    menu.popup(window.mapToGlobal(QPoint(200, 100)))
+    qtbot.waitUntil(menu.isVisible)
+    try:
+        action = next(a for a in menu.actions() if a.text() == "Fastest plan")
+        assert not action.isEnabled()
+        tip = _hover_tip(qtbot, window, "Fastest plan")
+        assert "this model is dense" in tip and "GPU layers (-ngl)" in tip
+    finally:
+        menu.hide()

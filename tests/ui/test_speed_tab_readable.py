@@ -40,7 +40,7 @@ def test_speed_line_names_its_shares_and_a_plan_that_does_not_fit(qtbot: QtBot, 
         m = LINE.fullmatch(label.text())
         assert m and not m.group(1), label.text()
         assert "cannot hold" not in label.toolTip()
-        shares = [(n, int(p)) for n, p in re.findall(r"(\w+) (\d+)%", m.group(2))]
+        shares = [(n, int(p)) for n, p in re.findall(r"(\w+)\s(\d+)%", m.group(2))]
         assert shares[0][0] == CPU  # the routed experts' reads dominate a token's time
         assert [p for _n, p in shares] == sorted((p for _n, p in shares), reverse=True)  # largest first
     finally:

@@ -14,6 +14,7 @@ from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 from offload_planner.core.placement import CPU
 from offload_planner.core.tensor_grid import Cell
 from offload_planner.ui.main_window import MainWindow
+from offload_planner.ui.rates import change_text, rate_text
 from offload_planner.ui.settings import Settings
 from offload_planner.ui.ubatch_plot import UbatchPlot
 
@@ -27,8 +28,9 @@ def test_label_follows_every_edit(qtbot: QtBot, settings: Settings) -> None:
         open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
         doc = win.doc
         experts = [t.name for t in doc.plan.model.tensors if t.role.is_routed_expert]
+        first = win.speed_label.text()  # "CPU <1%" already: the CPU holds the embeddings
         doc.apply_preset(dict.fromkeys(experts, CPU), "experts to CPU")
-        qtbot.waitUntil(lambda: "CPU" in win.speed_label.text())
+        qtbot.waitUntil(lambda: "CPU" in win.speed_label.text() and win.speed_label.text() != first)
         m = LABEL.fullmatch(win.speed_label.text())
         assert m, win.speed_label.text()
         tg_cpu = float(m.group(1))
@@ -156,7 +158,7 @@ def test_hover_preview_gives_the_tg_the_move_would_give(qtbot: QtBot, settings: 
         preview = move_tg(doc.plan, names)
         now, to_cpu = preview[CPU]
         assert to_cpu < now and preview["CUDA0"][1] == now  # already there
-        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in move_preview_html(doc.plan, cell)
+        assert f"{rate_text(to_cpu)} t/s ({change_text(now, to_cpu)})" in move_preview_html(doc.plan, cell)
         doc.move(names, CPU)
         assert tg_tps(doc.plan, machine_hardware(doc.plan, probe=False)) == to_cpu
     finally:
@@ -234,7 +236,8 @@ def test_hover_preview_with_mtp_gives_the_speed_lines_tg(qtbot: QtBot, settings:
         m = re.match(r"est\. tg ([\d.]+) t/s with MTP", win.speed_label.text())
         assert m and abs(float(m.group(1)) - now) <= (0.5 if now >= 100 else 0.05)  # as the line rounds
         html = move_preview_html(doc.plan, cell)
-        assert f"{to_cpu:.1f} t/s ({to_cpu - now:+.1f})" in html and "est. tg at depth 0, with MTP" in html
+        assert f"{rate_text(to_cpu)} t/s ({change_text(now, to_cpu)})" in html
+        assert "est. tg at depth 0, with MTP" in html
         doc.move(names, CPU)
         assert plan_speed(doc.plan, probe=False).tg_tps == to_cpu
     finally:

@@ -11,6 +11,7 @@ graphs.  Pure Python (urllib); no Qt.
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -74,13 +75,20 @@ def _timings(url: str, answer: dict[str, Any]) -> MeasuredSpeed:
     if not isinstance(t, dict):
         raise BenchError(f"{url}: the answer has no 'timings' object (not a llama-server?)")
     try:
-        return MeasuredSpeed(
+        got = MeasuredSpeed(
             prompt_tokens=int(t["prompt_n"]), prompt_ms=float(t["prompt_ms"]),
             pp_tps=float(t["prompt_per_second"]), gen_tokens=int(t["predicted_n"]),
             gen_ms=float(t["predicted_ms"]), tg_tps=float(t["predicted_per_second"]),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise BenchError(f"{url}: 'timings' lacks {e}") from None
+    # a rate of 0 (a cached prompt, a proxy) divided the calibration by zero; nan/inf/negative ones
+    # were printed as measurements and compared with the estimate
+    for key, v in (("prompt_ms", got.prompt_ms), ("prompt_per_second", got.pp_tps),
+                   ("predicted_ms", got.gen_ms), ("predicted_per_second", got.tg_tps)):
+        if not 0 < v < math.inf:
+            raise BenchError(f"{url}: 'timings' gives {key} = {t[key]!r}, not a measured time or rate")
+    return got
 
 
 def request_body(prompt: list[int], n_predict: int) -> dict[str, Any]:

@@ -17,8 +17,10 @@ import platform
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from offload_planner.backend.calibration import config_dir
 from offload_planner.core.devices import DeviceKind, DeviceSet
@@ -37,16 +39,47 @@ PROBE_BYTES = 256 * 1024 * 1024
 PROBE_SECONDS = 1.0
 
 
+#: inside :func:`one_reading`: the store's path, this machine's key and the file's contents, each worked
+#: out at most once (a plan's estimate asks for the RAM figure and the efficiencies: one reading)
+_READING: ContextVar[dict[str, Any] | None] = ContextVar("speed_store_reading", default=None)
+_T = TypeVar("_T")
+
+
+@contextlib.contextmanager
+def one_reading() -> Iterator[None]:
+    """The store read once inside (this thread or task only): what the first look-up read (and what a
+    measurement kept since) answers the next ones."""
+    token = _READING.set({})
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
+def _once(name: str, make: Callable[[], _T]) -> _T:
+    reading = _READING.get()
+    if reading is None:
+        return make()
+    if name not in reading:
+        reading[name] = make()
+    got: _T = reading[name]
+    return got
+
+
 def machine_key() -> str:
-    return f"{platform.node()}|{platform.machine()}|{os.cpu_count()}"
+    return _once("key", lambda: f"{platform.node()}|{platform.machine()}|{os.cpu_count()}")
 
 
 def _path() -> Path:
-    return config_dir() / FILE_NAME
+    return _once("path", lambda: config_dir() / FILE_NAME)
 
 
 def _load() -> dict[str, Any]:
     """The stored file; anything unreadable or of the wrong shape counts as empty."""
+    return _once("data", _read)
+
+
+def _read() -> dict[str, Any]:
     try:
         data = json.loads(_path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -244,7 +277,8 @@ def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
     siblings = set()
     for i in itertools.count():
         try:
-            siblings.add((sys_cpu / f"cpu{i}" / "topology" / "thread_siblings").read_text().strip())
+            with open(os.path.join(sys_cpu, f"cpu{i}", "topology", "thread_siblings"), "rb") as f:
+                siblings.add(f.read().strip())
         except OSError:
             break
     if siblings:
@@ -271,14 +305,14 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
     if n_cores is None:
         return None
     threads = threads or decl.threads
-    rpc_default = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardware_concurrency() / 2
     rpc: dict[str, int] = {}
     local = [devices.cpu.name]
     for g in devices.gpus:
         if g.kind is DeviceKind.RPC and g.endpoint and is_local(g.endpoint):
             local.append(g.name)
             declared = dict(g.hardware).get("threads", "")
-            rpc[g.endpoint] = int(declared) if declared.isdigit() and int(declared) > 0 else rpc_default
+            rpc[g.endpoint] = (int(declared) if declared.isdigit() and int(declared) > 0  # else the server's:
+                               else max(1, (os.cpu_count() or 2) // 2))  # hardware_concurrency() / 2
     return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local))
 
 
@@ -308,8 +342,9 @@ def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, 
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags; tg
     with the plan's draft model or MTP at acceptance ``accept`` (None: the default); pp and tg after
     ``depth`` tokens of context as well when given."""
-    hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
-    eff = efficiencies_for(plan.dialect)
+    with one_reading():
+        hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
+        eff = efficiencies_for(plan.dialect)
     placement = placement or plan.placement()
     est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement, depth=depth)
     return with_speculation(est, plan, hw, eff, placement=placement, accept=accept)

@@ -1,4 +1,4 @@
-"""The machine's devices: NVIDIA GPUs through NVML (in CUDA order) and system RAM through psutil.
+"""The machine's devices: NVIDIA GPUs through NVML (in CUDA order) and system RAM (psutil's figure).
 
 NVML also gives each GPU's memory bus width and maximum memory clock and its PCIe link's maximum
 generation and width, kept as the device's ``nvml_bus``/``nvml_pcie`` figures for the speed estimate
@@ -9,10 +9,9 @@ speed catalogue; :func:`detect_gpus` says why none were found instead of failing
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
-
-import psutil
 
 from offload_planner.core.devices import Device, DeviceKind
 from offload_planner.core.speed.hardware import PCIE_LANE_GBS
@@ -27,8 +26,27 @@ class Detection:
 def cpu_device() -> Device:
     """System RAM with its total as capacity: what is available changes from one second to the
     next (page cache, other programs), so a plan checked against it would too."""
-    vm = psutil.virtual_memory()
-    return Device("CPU", DeviceKind.CPU, vm.total, None, description="system RAM", source="psutil")
+    total = _mem_total()
+    if total is None:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    return Device("CPU", DeviceKind.CPU, total, None, description="system RAM", source="psutil")
+
+
+def _mem_total(meminfo: str = "/proc/meminfo") -> int | None:
+    """Linux: ``MemTotal`` of ``/proc/meminfo`` in bytes, the figure psutil's ``virtual_memory().total``
+    is (read without parsing the other ~50 lines and psutil's import); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open(meminfo, "rb") as f:
+            for line in f:
+                if line.startswith(b"MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def nvml_figures(nvml: Any, handle: Any) -> tuple[tuple[str, str], ...]:

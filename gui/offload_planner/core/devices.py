@@ -20,7 +20,7 @@ from offload_planner.core.cmdline.handlers_mainline import MAX_DEVICES
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.catalogue import card, card_keys
 from offload_planner.core.speed.declared import HARDWARE_KEYS, parse_hardware_keys
-from offload_planner.core.units import parse_size
+from offload_planner.core.units import fmt_bytes, parse_size
 
 
 class DeviceKind(StrEnum):
@@ -184,7 +184,10 @@ def parse_device_decl(text: str) -> Device:
     name = name.strip()
     if not sep or not rest:
         raise PlannerError(f"--device {text!r}: expected NAME=SIZE, e.g. CUDA0=24GiB")
-    kind = kind_of(name)
+    try:
+        kind = kind_of(name)
+    except PlannerError as e:
+        raise PlannerError(f"--device {text!r}: {e}") from None
     parts = [p.strip() for p in rest.split(",") if p.strip()]
     hardware: list[tuple[str, str]] = []
     try:
@@ -205,6 +208,7 @@ def parse_device_decl(text: str) -> Device:
             parts = parts[1:]
         free: int | None = None
         margin = 0
+        _check_fields(parts)
         for p in parts:
             key, _, val = p.partition("=")
             if key == "free":
@@ -216,11 +220,45 @@ def parse_device_decl(text: str) -> Device:
             else:
                 raise ValueError(f"unknown field {key!r} (free=, margin=, {'=, '.join(HARDWARE_KEYS)}=)")
         decl = parse_hardware_keys(hardware)
+        _check_room(total, free, margin)
     except (ValueError, IndexError) as e:
         raise PlannerError(f"--device {text!r}: {e}") from None
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
                   hardware=tuple(hardware))
+
+
+def _check_fields(parts: Sequence[str]) -> None:
+    """A field given twice (which one was meant? the last silently won) or a second bare size
+    (``CUDA0=24GiB,22GiB``: most likely the free memory) is refused with what to write."""
+    seen: set[str] = set()
+    for p in parts:
+        key, sep, _ = p.partition("=")
+        if not sep:
+            try:
+                parse_size(p)
+            except ValueError:
+                continue  # the unknown field's own message follows
+            raise ValueError(f"{p!r} is a second size: the size comes first, the free memory as free={p}")
+        canonical = "bw" if key == "bandwidth" else key
+        if canonical in seen:
+            same = " (bandwidth= is bw=)" if canonical == "bw" and key == "bandwidth" else ""
+            raise ValueError(f"{key}= is given twice{same}: give each field once")
+        seen.add(canonical)
+
+
+def _check_room(total: int | None, free: int | None, margin: int) -> None:
+    """``free=`` is part of the size (a device cannot have more free than it has), and ``margin=``
+    must leave room: llama.cpp would be planned against memory the device does not have, or none."""
+    if total is not None and free is not None and free > total:
+        raise ValueError(f"free={fmt_bytes(free)} is more than the device's size {fmt_bytes(total)}: free "
+                         "is the part of the size unused now; lower free= or raise the size")
+    room = free if free is not None else total
+    if margin and room is not None and margin >= room:
+        what = "free memory" if free is not None else "size"
+        raise ValueError(f"margin={fmt_bytes(margin)} leaves nothing of the device's {what} "
+                         f"{fmt_bytes(room)}: the margin is what the plan keeps free; make it smaller "
+                         f"than the {what}")
 
 
 #: GPUs a plan can split layers over: its command pins the split with ``-ts``, one value a GPU, and
@@ -253,7 +291,7 @@ def _size_or_card(text: str) -> int:
     try:
         return parse_size(text)
     except ValueError:
-        if not any(ch.isdigit() for ch in text[:1]):
+        if not any(ch.isdigit() for ch in text.lstrip("+-")[:1]):  # -24GiB: a size, not a card
             raise ValueError(f"{text!r} is neither a size (24GiB) nor a known card "
                              f"({', '.join(card_keys())})") from None
         raise

@@ -298,9 +298,10 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
     user_ts = tuple(user_tensor_split)
     user_ot = tuple(user_overrides)
     from offload_planner.core.compute.simulate import no_cyclic_gc
+    from offload_planner.core.compute.template import coding_first_walks
 
-    try:
-        with no_cyclic_gc():  # ~25 placements and projections beside the recorded references
+    try:  # ~25 placements and projections beside the recorded references, on one kept graph
+        with no_cyclic_gc(), coding_first_walks():
             _fit_impl(st, trc, measure_with, nd=nd, devs=devs, free_of=free_of, margins=margin_list,
                       hp_ngl=hp_ngl, hp_nex=hp_nex, n_ctx_auto=n_ctx_auto, n_ctx_max=n_ctx_max,
                       n_ctx_min=n_ctx_min, n_ctx_min_total=n_ctx_min_total, n_streams=n_streams,

@@ -164,22 +164,30 @@ def alloc_size(t: Tensor | _Sized, dev: Device) -> int:
 def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> list[Buffer]:
     """One buffer per (device, buffer type) in order of first use, then the mmap spans per shard.
 
-    Computed from a recorded reference placement (the last one computed in full for this model and
-    device set) when few items differ from it by identity (``Placed`` is frozen, and the reference
-    keeps its items alive): the reference's per-buffer totals, corrected for the changed items.  The
-    result is the same as :func:`weight_buffers_full`'s (``tests/core/test_compute_incremental.py``)."""
+    Computed from a recorded reference placement (the nearest of the last few computed in full for
+    this model and device set: the --fit search alternates between placements far apart) when few
+    items differ from it by identity (``Placed`` is frozen, and the reference keeps its items alive):
+    the reference's per-buffer totals, corrected for the changed items.  The result is the same as
+    :func:`weight_buffers_full`'s (``tests/core/test_compute_incremental.py``)."""
     items = placement.items
     key = (model, devices)
     with _WEIGHT_LOCK:  # the window projects on its GUI thread and a worker
-        ref = _WEIGHT_REFS.get(key)
-        if ref is not None and len(ref.items) == len(items):
-            changed = changed_items(items, ref.items)
-            if len(changed) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
-                _WEIGHT_REFS.move_to_end(key)
-                weight_stats["delta"] += 1
-                return ref.buffers(items, changed)
+        refs = _WEIGHT_REFS.get(key)
+        best: tuple[list[int], _WeightRef] | None = None
+        for ref in refs or ():
+            if len(ref.items) == len(items):
+                changed = changed_items(items, ref.items)
+                if best is None or len(changed) < len(best[0]):
+                    best = changed, ref
+        if refs is not None and best is not None and len(best[0]) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
+            _WEIGHT_REFS.move_to_end(key)
+            weight_stats["delta"] += 1
+            return best[1].buffers(items, best[0])
         ref = _WeightRef(items, devices)
-        _WEIGHT_REFS[key] = ref
+        refs = _WEIGHT_REFS.setdefault(key, [])
+        _WEIGHT_REFS.move_to_end(key)
+        refs.append(ref)
+        del refs[:-_WEIGHT_REFS_PER_KEY]
         if len(_WEIGHT_REFS) > _WEIGHT_REFS_SIZE:
             _WEIGHT_REFS.popitem(last=False)
         weight_stats["full"] += 1
@@ -191,8 +199,9 @@ def weight_buffers_full(model: Model, placement: Placement, devices: DeviceSet) 
     return _WeightRef(placement.items, devices).buffers(placement.items, [])
 
 
-_WEIGHT_REFS: OrderedDict[tuple[Model, DeviceSet], _WeightRef] = OrderedDict()
+_WEIGHT_REFS: OrderedDict[tuple[Model, DeviceSet], list[_WeightRef]] = OrderedDict()
 _WEIGHT_REFS_SIZE = 4
+_WEIGHT_REFS_PER_KEY = 3  # the latest placements computed in full (a --fit search's far ones and near ones)
 _WEIGHT_LOCK = threading.Lock()
 _WEIGHT_DELTA_MIN = 64  # changed items below which the reference is corrected rather than replaced
 weight_stats = {"delta": 0, "full": 0}

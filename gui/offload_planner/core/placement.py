@@ -267,6 +267,9 @@ def _home_rule(t: Tensor, n_layer: int, ngl: int) -> str:
     return f"layer {t.layer} by -ngl {ngl}"
 
 
+_NEXTN_RULE = "NextN/MTP block: not loaded without MTP (unused tensor)"
+
+
 def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement:
     s = model.summary
     n_layer = s.n_layer
@@ -275,48 +278,20 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
     overrides = opts.overrides
     rules = rule_set(overrides)
     hits: dict[int, int] = {i: 0 for i in range(len(overrides))}
-    items: list[Placed] = []
     tensors = model.tensors
     firsts: list[int | None] | None = [None] * len(tensors)  # no rule: none places a tensor
     if overrides:
         firsts = rules.first_of_all(name_index(tensors, lambda: [t.name for t in tensors]))
-    memo = _item_memo(tensors)
-    home = _HomeOf(units, n_layer, opts.n_gpu_layers)
-    cpu_buft = _CpuBuft(devices, opts)
-    by_rule: dict[int, tuple[str | None, bool, str]] = {}  # override -> (device, names the CPU, rule)
-    skip_nextn = not opts.load_mtp
-    for k, t in enumerate(tensors):
-        if t.role is Role.NEXTN and skip_nextn:
-            key: _ItemKey = (k, None, None, "")
-            item = memo.get(key)
-            if item is None:
-                item = memo[key] = Placed.make(
-                    t, None, None, "NextN/MTP block: not loaded without MTP (unused tensor)")
-            items.append(item)
-            continue
-        if (i := firsts[k] if firsts is not None else rules.first(t.name)) is None:
-            dev, rule = home(t)
-            buft = dev if dev != CPU else cpu_buft(t)
-        else:
-            hits[i] += 1
-            to = by_rule.get(i)
-            if to is None:
-                o = overrides[i]
-                to = by_rule[i] = (devices.resolve_buffer_type(o.buft), o.buft.upper() == CPU.upper(),
-                                   f"{o.source} {o.pattern}={o.buft}")
-            dev, rule = to[0] or home(t)[0], to[2]
-            if dev != CPU:
-                buft = dev
-            elif to[1] and opts.plain_cpu_overrides:  # device_buft(..., cpu_override=True)
-                buft = CPU_MAPPED if opts.use_mmap else CPU
-            else:
-                buft = cpu_buft(t)
-        key = (k, dev, buft, rule)
-        item = memo.get(key)
-        if item is None:
-            item = memo[key] = Placed.make(t, dev, buft, rule)
-        items.append(item)
-
+    one = _PlaceOne(devices, opts, memo=_item_memo(tensors), home=_HomeOf(units, n_layer, opts.n_gpu_layers))
+    if firsts is not None and one.cpu_buft.host is not None:
+        items = one.by_layer(tensors, firsts, hits)
+    else:
+        items = []
+        for k, t in enumerate(tensors):
+            i = firsts[k] if firsts is not None else rules.first(t.name)
+            if i is not None:
+                hits[i] += 1
+            items.append(one(k, t, i))
     if (embd := _tied_embedding(model)) is not None:
         orig = next(p for p in items if p.tensor is embd)
         copy = _tied_copy(embd, orig.device, orig.buft, units[n_layer], devices, opts)
@@ -326,13 +301,125 @@ def place(model: Model, devices: DeviceSet, opts: PlacementOptions) -> Placement
                      has_overrides=bool(overrides), rule_errors=rules.errors)
 
 
+class _PlaceOne:
+    """The item of one tensor (index ``k``, first matching override ``i``), and of a layer's tensors at
+    once (:meth:`by_layer`)."""
+
+    def __init__(self, devices: DeviceSet, opts: PlacementOptions, *, memo: dict[_ItemKey, Placed],
+                 home: _HomeOf) -> None:
+        self.devices, self.opts, self.memo, self.home = devices, opts, memo, home
+        self.cpu_buft = _CpuBuft(devices, opts)
+        self.by_rule: dict[int, tuple[str | None, bool, str]] = {}  # override -> (device, names CPU, rule)
+        self.skip_nextn = not opts.load_mtp
+
+    def rule_of(self, i: int) -> tuple[str | None, bool, str]:
+        to = self.by_rule.get(i)
+        if to is None:
+            o = self.opts.overrides[i]
+            to = self.by_rule[i] = (self.devices.resolve_buffer_type(o.buft), o.buft.upper() == CPU.upper(),
+                                    f"{o.source} {o.pattern}={o.buft}")
+        return to
+
+    def __call__(self, k: int, t: Tensor, i: int | None) -> Placed:
+        if t.role is Role.NEXTN and self.skip_nextn:
+            key: _ItemKey = (k, None, None, "")
+            item = self.memo.get(key)
+            if item is None:
+                item = self.memo[key] = Placed.make(t, None, None, _NEXTN_RULE)
+            return item
+        if i is None:
+            dev, rule = self.home.by_layer.get(t.layer) or self.home(t)  # its layer's answer looked up here
+            buft = dev if dev != CPU else self.cpu_buft(t)
+        else:
+            to = self.rule_of(i)
+            dev, rule = to[0] or self.home(t)[0], to[2]
+            if dev != CPU:
+                buft = dev
+            elif to[1] and self.opts.plain_cpu_overrides:  # device_buft(..., cpu_override=True)
+                buft = CPU_MAPPED if self.opts.use_mmap else CPU
+            else:
+                buft = self.cpu_buft(t)
+        key = (k, dev, buft, rule)
+        item = self.memo.get(key)
+        if item is None:
+            item = self.memo[key] = Placed.make(t, dev, buft, rule)
+        return item
+
+    def by_layer(self, tensors: list[Tensor], firsts: list[int | None], hits: dict[int, int]) -> list[Placed]:
+        """Every tensor's item, a layer's run of tensors at once where the same run had the same home
+        and the same overrides (by what they resolve to) in an earlier placement of the model (the CPU
+        buffer type the same for every tensor: a GPU's host buffer)."""
+        items: list[Placed] = []
+        runs_memo = _runs_memo(self.memo)
+        ctx = (self.cpu_buft.host, self.opts.use_mmap, self.opts.plain_cpu_overrides, self.skip_nextn)
+        for k0, k1 in _layer_runs(tensors):
+            fs = firsts[k0:k1]
+            if k1 - k0 == 1:
+                i = fs[0]
+                if i is not None:
+                    hits[i] += 1
+                items.append(self(k0, tensors[k0], i))
+                continue
+            to_of: dict[int | None, object] = {}
+            for i in set(fs):
+                if i is not None:
+                    to_of[i] = self.rule_of(i)
+                    hits[i] += fs.count(i)
+            key = (k0, ctx, self.home(tensors[k0]), tuple(map(to_of.get, fs)))
+            got = runs_memo.get(key)
+            if got is None:
+                got = runs_memo[key] = [self(k, tensors[k], i)
+                                        for k, i in zip(range(k0, k1), fs, strict=True)]
+            items.extend(got)
+        return items
+
+
+#: per item memo (:func:`_item_memo`, held so its id stays unique): the items of its model's runs of a
+#: layer's tensors by run, context, home and resolved overrides (:meth:`_PlaceOne.by_layer`)
+_RUN_ITEMS: dict[int, tuple[dict[_ItemKey, Placed], dict[tuple[object, ...], list[Placed]]]] = {}
+_RUN_ITEMS_MAX = 20_000
+
+
+def _runs_memo(memo: dict[_ItemKey, Placed]) -> dict[tuple[object, ...], list[Placed]]:
+    e = _RUN_ITEMS.get(id(memo))
+    if e is None or e[0] is not memo or len(e[1]) > _RUN_ITEMS_MAX:
+        e = _RUN_ITEMS[id(memo)] = (memo, {})
+        if len(_RUN_ITEMS) > 4:
+            _RUN_ITEMS.pop(next(iter(_RUN_ITEMS)))
+    return e[1]
+
+
+def _layer_runs(tensors: list[Tensor]) -> list[tuple[int, int]]:
+    """The tensors in runs: consecutive ones of one layer (not NextN), the others one by one."""
+    got = _RUNS_OF.get(id(tensors))
+    if got is not None and got[0] is tensors:
+        return got[1]
+    runs: list[tuple[int, int]] = []
+    k = 0
+    while k < len(tensors):
+        il = tensors[k].layer
+        e = k + 1
+        if il is not None and tensors[k].role is not Role.NEXTN:
+            while e < len(tensors) and tensors[e].layer == il and tensors[e].role is not Role.NEXTN:
+                e += 1
+        runs.append((k, e))
+        k = e
+    _RUNS_OF[id(tensors)] = (tensors, runs)
+    if len(_RUNS_OF) > 4:
+        _RUNS_OF.pop(next(iter(_RUNS_OF)))
+    return runs
+
+
+_RUNS_OF: dict[int, tuple[list[Tensor], list[tuple[int, int]]]] = {}
+
+
 class _HomeOf:
     """:func:`_home` and :func:`_home_rule` of a tensor, worked out once per layer (a layer's tensors
     share both)."""
 
     def __init__(self, units: Sequence[str], n_layer: int, ngl: int) -> None:
         self.units, self.n_layer, self.ngl = units, n_layer, ngl
-        self.by_layer: dict[int, tuple[str, str]] = {}
+        self.by_layer: dict[int | None, tuple[str, str]] = {}  # None: never (not one layer)
 
     def __call__(self, t: Tensor) -> tuple[str, str]:
         il = t.layer

@@ -445,11 +445,15 @@ def _device(at: At, *, cpu: bool) -> Device:
         or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536
     ):
         raise at.key("endpoint").fail(f"{endpoint[:80]!r} is not the HOST:PORT of an RPC server")
+    total = at.key("total", None).opt_integer(0, MAX_BYTES)
+    free = at.key("free", None).opt_integer(0, MAX_BYTES)
+    if total is not None and free is not None and free > total:
+        raise at.key("free").fail(f"{free} bytes free is more than the device's total {total} bytes")
     return Device(
         name,
         kind,
-        at.key("total", None).opt_integer(0, MAX_BYTES),
-        at.key("free", None).opt_integer(0, MAX_BYTES),
+        total,
+        free,
         description=at.key("description", "").text(max_len=1024),
         source=at.key("source", "declared").text(max_len=64),
         endpoint=endpoint,

@@ -18,6 +18,22 @@ def has_display() -> bool:
     return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
+#: What Qt's offscreen platform says on every window it shows: noise under a --screenshot run.
+OFFSCREEN_NOISE = frozenset({"This plugin does not support propagateSizeHints()"})
+
+
+def _quiet_offscreen_warnings() -> None:
+    """Qt's messages go to stderr as before, less :data:`OFFSCREEN_NOISE` (a newcomer's first
+    --screenshot printed it as if something had gone wrong)."""
+    from PySide6.QtCore import QMessageLogContext, QtMsgType, qInstallMessageHandler
+
+    def handler(_mode: QtMsgType, _context: QMessageLogContext, message: str) -> None:
+        if message not in OFFSCREEN_NOISE:
+            print(message, file=sys.stderr)
+
+    qInstallMessageHandler(handler)
+
+
 def run_gui(
     model: str | None = None,
     *,
@@ -57,6 +73,8 @@ def run_gui(
     from offload_planner.ui.settings import APPLICATION, ORGANIZATION, Settings
 
     qt_compat.apply()
+    if screenshot:
+        _quiet_offscreen_warnings()
     declared = parse_device_decls(devices)
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "offload-planner"])
@@ -85,6 +103,8 @@ def run_gui(
         shot = Path(screenshot)
 
         def fail(msg: str) -> None:
+            if status["code"]:  # the loader's failure and the window's error dialog: one message
+                return
             print(f"offload-planner: error: {msg}", file=sys.stderr)
             status["code"] = 1
             win.close()

@@ -3,6 +3,8 @@ editable, each edit one undo step); add and remove virtual GPUs; a drop target f
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, QPoint, Qt, Signal
 from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette, QPen, QResizeEvent
 from PySide6.QtWidgets import (
@@ -26,10 +28,11 @@ from PySide6.QtWidgets import (
 from offload_planner.core.devices import Device, DeviceKind, kind_of
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.plan_edits import next_gpu_name
-from offload_planner.core.speed.catalogue import CARDS, card
+from offload_planner.core.speed.catalogue import CARDS, Card, card
 from offload_planner.core.units import GiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import device_color
+from offload_planner.ui.settings import card_label, virtual_description
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -44,6 +47,8 @@ _TIPS = (
 
 class DeviceListModel(QAbstractTableModel):
     """Thin adapter over the plan's DeviceSet, in llama.cpp order (GPUs, then CPU)."""
+
+    refused = Signal(str)  # an edit not taken, and why
 
     def __init__(self, doc: PlanDocument) -> None:
         super().__init__(doc)
@@ -114,6 +119,9 @@ class DeviceListModel(QAbstractTableModel):
             if d.free is not None:
                 parts.append(f"free {fmt_bytes(d.free)}")
             parts.append(f"margin {fmt_bytes(d.margin)}")
+            c = card(dict(d.hardware).get("card", ""))
+            if c is not None:  # what the speed estimate takes for this GPU
+                parts.append(f"speeds of the {html.escape(card_label(c.key))} (catalogue): {card_figures(c)}")
             parts.append("Drop tensors here to move them to this device")
             return "<br>".join(parts)
         return None
@@ -130,9 +138,19 @@ class DeviceListModel(QAbstractTableModel):
             return False
         nbytes = round(float(value) * GiB)
         if index.column() == COL_MARGIN:
+            room = d.capacity
+            if room is not None and nbytes >= room > 0:  # as --device CUDA0=24GiB,margin=30GiB is refused
+                self.refused.emit(f"{d.name}: a margin of {fmt_bytes(nbytes)} leaves nothing of its "
+                                  f"{fmt_bytes(room)}; the margin is what the plan keeps free, make it "
+                                  "smaller than the size")
+                return False
             self._doc.set_device_margin(d.name, max(0, nbytes))
             return True
         if index.column() == COL_SIZE and nbytes > 0:
+            if nbytes <= d.margin:
+                self.refused.emit(f"{d.name}: a size of {fmt_bytes(nbytes)} leaves nothing after its margin "
+                                  f"of {fmt_bytes(d.margin)}; lower the margin first")
+                return False
             self._doc.set_device_size(d.name, nbytes)
             return True
         return False
@@ -191,6 +209,20 @@ class DeviceListView(QTableView):
         p.drawRect(r.adjusted(1, 1, -1, -1))
 
 
+def card_figures(c: Card) -> str:
+    """A catalogue card's figures as the speed estimate takes them."""
+    out = [f"{c.bandwidth_gbs:g} GB/s memory"]
+    out.append(f"PCIe {c.pcie[0]}.0 x{c.pcie[1]}" if c.pcie is not None else "unified memory (no host copy)")
+    if c.tflops is not None:
+        out.append(f"{c.tflops:g} TFLOPS")
+    return ", ".join(out)
+
+
+#: The dialog's line under "Card" when none is picked.
+NO_CARD = ("Default speeds (the estimate's assumptions name them). Pick a card for its memory bandwidth, "
+           "PCIe link and compute, and its memory size.")
+
+
 GPU_KINDS = (DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.VULKAN, DeviceKind.METAL, DeviceKind.SYCL)
 
 
@@ -209,6 +241,11 @@ class AddGpuDialog(QDialog):
         for c in CARDS:
             self.card.addItem(c.name, c.key)
         self.card.currentIndexChanged.connect(self._card_chosen)
+        self.card.setToolTip("A card of the catalogue sets the GPU's memory and the speeds of the tg/pp "
+                             "estimate; (none): default speeds")
+        self.card_info = QLabel(NO_CARD)  # what picking the card sets
+        self.card_info.setWordWrap(True)
+        self.card_info.setEnabled(False)  # greyed, a hint
         self.name = QLineEdit(next_gpu_name(doc.plan.devices))
         self.size_spin = QDoubleSpinBox()
         self.size_spin.setRange(0.5, 4096)
@@ -226,6 +263,7 @@ class AddGpuDialog(QDialog):
         self.kind.currentTextChanged.connect(lambda k: self.name.setText(next_gpu_name(doc.plan.devices, k)))
         form = QFormLayout(self)
         form.addRow("Card", self.card)
+        form.addRow("", self.card_info)
         form.addRow("Backend", self.kind)
         form.addRow("Name", self.name)
         form.addRow("Memory", self.size_spin)
@@ -241,7 +279,10 @@ class AddGpuDialog(QDialog):
     def _card_chosen(self) -> None:
         c = card(str(self.card.currentData() or ""))
         if c is None:
+            self.card_info.setText(NO_CARD)
             return
+        self.card_info.setText(card_figures(c) + ("" if c.vram_gib is not None else
+                                                  "; comes in several memory sizes: set Memory"))
         if c.vram_gib is not None:
             self.size_spin.setValue(c.vram_gib)
         kind = {"Metal": "Metal", "ROCm": "ROCm"}.get(c.kind, "CUDA")
@@ -263,15 +304,19 @@ class AddGpuDialog(QDialog):
             return None
         canonical = kind.value + name[len(kind.value) :]
         size = int(self.size_spin.value() * GiB)
+        if int(self.margin_spin.value() * GiB) >= size:  # as --device ...,margin= and the list refuse it
+            self.error.setText("the margin leaves nothing of the memory: make it smaller than the memory")
+            return None
+        hardware = (("card", key),) if (key := str(self.card.currentData() or "")) else ()
         return Device(
             canonical,
             kind,
             size,
             None,
-            description=f"virtual {size / GiB:g} GiB",
+            description=virtual_description(size, hardware),
             source="declared",
             margin=int(self.margin_spin.value() * GiB),
-            hardware=(("card", key),) if (key := str(self.card.currentData() or "")) else (),
+            hardware=hardware,
         )
 
     def accept(self) -> None:
@@ -289,6 +334,7 @@ class DevicePanel(QWidget):
         self._doc = doc
         self.default_margin = 1 * GiB
         self.model = DeviceListModel(doc)
+        self.model.refused.connect(self.message)
         self.view = DeviceListView(self.model)
         # the list grows into the room there is; its own size hint (ten rows) must not push the
         # panel's height-for-width minimum past the column (the notice wraps), squeezing the options

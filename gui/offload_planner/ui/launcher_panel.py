@@ -166,7 +166,8 @@ class LauncherPanel(QWidget):
         self.bench_button = QPushButton("Bench")
         self.bench_button.setToolTip(
             "Send a fixed 512-token prompt and 64 generated tokens to the running server, show the "
-            "measured speed against the estimate, and calibrate later estimates on this machine"
+            "measured speed against the estimate, and calibrate later estimates on this machine "
+            "(after Launch, once the server listens)"
         )
         self.bench_button.clicked.connect(self.run_bench)
         self.bench_button.setEnabled(False)

@@ -50,7 +50,7 @@ from offload_planner.core.plan_file import (
     require_regular_file,
     save_plan,
 )
-from offload_planner.core.units import fmt_bytes
+from offload_planner.core.units import GiB, fmt_bytes
 from offload_planner.ui import gui_thread_gc
 from offload_planner.ui import settings as keys
 from offload_planner.ui.command_pane import CommandPane
@@ -66,7 +66,7 @@ from offload_planner.ui.options_panel import OptionsPanel
 from offload_planner.ui.pane_splitter import PaneSplitter
 from offload_planner.ui.presets_menu import PresetsMenu
 from offload_planner.ui.problems_pane import ProblemsPane
-from offload_planner.ui.settings import Settings
+from offload_planner.ui.settings import Settings, virtual_description
 from offload_planner.ui.speed_view import SpeedLabel
 from offload_planner.ui.telemetry_view import TelemetryView
 from offload_planner.ui.tensor_map_model import section_file
@@ -80,6 +80,35 @@ DEMO_NOTICE = (
     f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: a 24 GiB GPU, 512 GiB RAM, experts on the CPU "
     "(--cpu-moe). Open your model to plan for this machine."
 )
+
+
+#: Help → Keys and mouse.
+HELP_TEXT = (
+    "Tensor map: click, shift/ctrl-click, sweep to select; click a layer number for the whole layer, "
+    "a column header for that role in every layer.\n"
+    "Hover a tensor or a layer number: what moving it to each device would change, in memory and in "
+    "tokens/s (the speed line under Memory follows every edit).\n"
+    "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
+    "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
+    "Presets → Fastest plan: the fastest placement that fits; the Speed tab: -ub against memory.\n"
+    "Every edit can be undone (Ctrl+Z)."
+)
+
+
+def demo_notice(devices: DeviceSet) -> str:
+    """:data:`DEMO_NOTICE` for the devices as they are now: a GPU added or a size edited in the list
+    changed the plan while the notice went on saying "a 24 GiB GPU, 512 GiB RAM"."""
+    def size(d: Device) -> str:
+        return "?" if d.capacity is None else f"{d.capacity / GiB:g} GiB"
+
+    gpus = [size(g) for g in devices.gpus]
+    ram = size(devices.cpu)
+    if gpus == ["24 GiB"] and ram == "512 GiB":
+        return DEMO_NOTICE
+    what = "no GPU" if not gpus else f"a {gpus[0]} GPU" if len(gpus) == 1 else f"GPUs of {' + '.join(gpus)}"
+    # no longer than the notice it replaces: a longer one made the left column scroll at 1280x800
+    return (f"<b>{DEMO_LABEL[0].upper()}{DEMO_LABEL[1:]}</b>: {what}, {ram} RAM. Open your model to plan "
+            "for this machine.")
 
 
 @dataclass
@@ -387,15 +416,19 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         doc = self.doc
         doc.undo_stack.cleanChanged.connect(self._on_clean_changed)
+        self._history_index = 0
+        doc.undo_stack.indexChanged.connect(self._on_history)
         doc.modelChanged.connect(self._on_model_changed)
         doc.planChanged.connect(self._sync_backend)
         doc.planChanged.connect(self._update_summary)  # a pasted -md / --mmproj / MTP shows in it
+        doc.planChanged.connect(self._update_demo_notice)
         self.backend_box.activated.connect(self._on_backend)
         self.loader.started.connect(self._on_load_started)
         self.loader.progress.connect(self._on_load_progress)
         self.loader.loaded.connect(self._on_loaded)
         self.loader.failed.connect(self._on_load_failed)
-        for w in (self.map_view, self.command_pane, self.presets_menu, self.devices_panel):
+        panes = (self.map_view, self.command_pane, self.presets_menu, self.devices_panel, self.options_panel)
+        for w in panes:
             w.message.connect(self.show_message)
         self.problems.countChanged.connect(self._on_problem_count)
 
@@ -458,6 +491,8 @@ class MainWindow(QMainWindow):
                 cpu = replace(cpu, total=d.total, free=d.free, margin=d.margin or cpu.margin)
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
+            if not d.description:  # --device CUDA0=rtx3090: name the card where the window shows devices
+                d = replace(d, description=virtual_description(d.total or 0, d.hardware))
             gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
         return DeviceSet(cpu, tuple(gpus))  # DeviceSet keeps llama.cpp's order
 
@@ -602,6 +637,12 @@ class MainWindow(QMainWindow):
         self.on_demo_hardware = on
         self.devices_panel.show_notice(DEMO_NOTICE if on else self._gpu_notice)
 
+    def _update_demo_notice(self) -> None:
+        if self.on_demo_hardware and self.doc.has_plan:
+            text = demo_notice(self.doc.plan.devices)
+            if text != self.devices_panel.notice.text():
+                self.devices_panel.show_notice(text)
+
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
         for loc in self.settings.recent_files:
@@ -702,6 +743,18 @@ class MainWindow(QMainWindow):
             self.setWindowTitle("Offload Planner")
         self.setWindowModified(not self.doc.undo_stack.isClean())
 
+    def _on_history(self, index: int) -> None:
+        """A status message is about the last edit: an undo says what it undid instead of leaving
+        "Fastest plan: 11 tensors moved" under the plan it undid; any other step clears it (an edit
+        that reports itself does so after its push)."""
+        stack = self.doc.undo_stack
+        undone = index < self._history_index <= stack.count()
+        self._history_index = index
+        if undone:
+            self.show_message(f"Undone: {stack.text(index)}")
+        else:
+            self.statusBar().clearMessage()
+
     def show_message(self, text: str) -> None:
         self.statusBar().showMessage(text, 6000)
 
@@ -716,15 +769,7 @@ class MainWindow(QMainWindow):
         self.errorShown.emit(text)
 
     def _show_help(self) -> None:
-        QMessageBox.information(
-            self,
-            "Keys and mouse",
-            "Tensor map: click, shift/ctrl-click, sweep to select; click a layer number for the whole layer, "
-            "a column header for that role in every layer.\n"
-            "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
-            "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
-            "Every edit can be undone (Ctrl+Z).",
-        )
+        QMessageBox.information(self, "Keys and mouse", HELP_TEXT)
 
     # --- drag a .gguf or plan onto the window -------------------------------------------------
 

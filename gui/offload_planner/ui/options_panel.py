@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSignalBlocker, Qt
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QIntValidator, QValidator
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -84,7 +84,14 @@ def _combo_value(c: QComboBox) -> int | None:
         return None
 
 
+#: Why the window takes no -b 0 (llama.cpp makes it n_batch = n_ubatch = 0: no prompt can be processed).
+NO_BATCH = ("-b 0 is not taken: llama.cpp would make its batch and micro-batch 0 tokens and process no "
+            "prompt; Batch -b takes 1 or more")
+
+
 class OptionsPanel(QWidget):
+    message = Signal(str)  # an edit not taken, and why
+
     def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._doc = doc
@@ -194,6 +201,9 @@ class OptionsPanel(QWidget):
     def _bind_combo(self, c: QComboBox, key: str, label: str) -> None:
         def commit() -> None:
             v = _combo_value(c)
+            if v == 0 and key == "context.n_batch":  # -c 0 (trained) and -ub 0 (= -b) mean something
+                self.message.emit(NO_BATCH)
+                v = None
             if v is not None:
                 self._set(key, v, label)
             else:

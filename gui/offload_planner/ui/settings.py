@@ -15,6 +15,8 @@ from PySide6.QtCore import QByteArray, QSettings
 from offload_planner.core.devices import Device, DeviceKind, kind_of
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.speed.catalogue import card
+from offload_planner.core.speed.declared import parse_hardware_keys
 from offload_planner.core.units import GiB
 
 ORGANIZATION = "offload-planner"
@@ -30,7 +32,7 @@ class Key:
 
 
 RECENT_FILES = Key("files/recent", [], "recently opened models and plans, newest first")
-VIRTUAL_GPUS = Key("devices/virtual", [], "virtual GPUs: [{name, total, margin}]")
+VIRTUAL_GPUS = Key("devices/virtual", [], "virtual GPUs: [{name, total, margin, hardware}]")
 MARGINS = Key("devices/margins", {}, "per-device safety margin in bytes, by device name")
 DEFAULT_MARGIN = Key("devices/default_margin", 1 * GiB, "margin of devices without their own")
 CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: the machine's total RAM)")
@@ -118,6 +120,8 @@ class Settings:
                 name = str(d["name"])
                 kind = kind_of(name)
                 total = int(d["total"])
+                hardware = tuple((str(k), str(v)) for k, v in d.get("hardware", []))
+                parse_hardware_keys(hardware)  # a card or figure this version does not know: dropped
             except (KeyError, TypeError, ValueError, PlannerError):
                 continue
             if kind is DeviceKind.CPU:
@@ -128,9 +132,10 @@ class Settings:
                     kind,
                     total,
                     None,
-                    description=f"virtual {total / GiB:g} GiB",
+                    description=virtual_description(total, hardware),
                     source="declared",
                     margin=int(d.get("margin", self.get(DEFAULT_MARGIN))),
+                    hardware=hardware,
                 )
             )
         return out
@@ -148,7 +153,9 @@ class Settings:
                 if d.name.lower() in stored:
                     virtual.append(stored[d.name.lower()])
             elif d.source == "declared" and d.total:
-                virtual.append({"name": d.name, "total": d.total, "margin": d.margin})
+                # the card (speeds) too: without it the GPU came back at default speeds next time
+                virtual.append({"name": d.name, "total": d.total, "margin": d.margin,
+                                "hardware": [list(kv) for kv in d.hardware]})
         self.set(VIRTUAL_GPUS, virtual)
         margins = dict(self.get(MARGINS))
         margins.update({d.name: d.margin for d in devices if d.name.lower() not in session})
@@ -160,3 +167,18 @@ class Settings:
     def margin_of(self, name: str) -> int:
         m = self.get(MARGINS).get(name)
         return int(m) if isinstance(m, int) else int(self.get(DEFAULT_MARGIN))
+
+
+def card_label(key: str) -> str:
+    """A catalogue card's name without its vendor's words: "RTX 3090", "A100 80GB", "Apple M2 Ultra"."""
+    c = card(key)
+    if c is None:
+        return key
+    name = c.name.removeprefix("NVIDIA ").removeprefix("GeForce ")
+    return name.removeprefix("AMD ").removeprefix("Radeon ")
+
+
+def virtual_description(total: int, hardware: tuple[tuple[str, str], ...] = ()) -> str:
+    """What the window writes beside a virtual GPU: its card when one was picked, and its size."""
+    key = dict(hardware).get("card")
+    return f"{card_label(key)}, virtual" if key else f"virtual {total / GiB:g} GiB"

@@ -29,6 +29,8 @@ class _BenchTask(QRunnable):
             self._signals.done.emit(run_speed_check(self._url, self._plan))
         except (PlannerError, OSError) as e:
             self._signals.failed.emit(str(e))
+        except Exception as e:  # any failure must come back: else Bench stayed off, "Measuring…" for good
+            self._signals.failed.emit(f"{type(e).__name__}: {e}")
 
 
 class SpeedBench(QObject):

@@ -16,6 +16,7 @@ from offload_planner.core.speed.estimate import HOST_KV_PART, SpeedEstimate
 from offload_planner.core.speed.report import speed_lines
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.memory_view import bar_figures
+from offload_planner.ui.rates import rate_text as _rate
 
 #: Before the estimate of a plan some device cannot hold: llama-server would not load it.
 IF_IT_FIT = "if it fit: "
@@ -25,26 +26,28 @@ TERMS = ("<b>tg</b>: token generation, how fast the answer is written; <b>pp</b>
          "device's share of the time one generated token takes.")
 
 
-def _rate(x: float) -> str:
-    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
-
-
 def window_line(est: SpeedEstimate, over: list[str]) -> str:
-    """``est. tg 9.8 t/s · pp 210 t/s (time per token: CPU 61% · CUDA0 39%)``: the devices by their
-    share of a token's time, largest first; ``over``: devices over capacity (then "if it fit: ")."""
-    shares = sorted((d for d in est.devices if d.share >= 0.005), key=lambda d: -d.share)
+    """``est. tg 9.8 t/s · pp 210 t/s (time per token: CPU 61% · CUDA0 39%)``: every device a token
+    takes time on, by its share, largest first ("<1%": a GPU with a few layers was left out, as if it
+    held nothing); ``over``: devices over capacity (then "if it fit: ")."""
+    shares = sorted((d for d in est.devices if d.share > 0), key=lambda d: -d.share)
     text = f"est. tg {_rate(est.tg_tps)} t/s"
     if est.spec is not None:
         text += f" with {est.spec.kind.split(' (')[0]} ({_rate(est.spec.tg_tps_plain)} without)"
     text += f" · pp {_rate(est.pp_tps)} t/s"
     if shares:
-        text += " (time per token: " + " · ".join(f"{d.name} {100 * d.share:.0f}%" for d in shares) + ")"
+        # a no-break space: the wrapped line broke "CUDA1 / <1%" apart at 1024 px
+        text += " (time per token: " + " · ".join(f"{d.name}\u00a0{_share(d.share)}" for d in shares) + ")"
     if est.host_kv_layers:  # -nkvo: the host-KV attention where it is the bottleneck, at depth 0 or at -c
         slow = next((b for b in (est.bottleneck, est.bottleneck_at_ctx) if b.startswith(HOST_KV_PART)), "")
         if slow:
             at = "" if slow == est.bottleneck else f" at {est.n_ctx} tokens"
             text += f" · bottleneck{at}: {slow}"
     return IF_IT_FIT + text if over else text
+
+
+def _share(share: float) -> str:
+    return "<1%" if share < 0.005 else f"{100 * share:.0f}%"
 
 
 class SpeedLabel(QLabel):
@@ -69,10 +72,16 @@ class SpeedLabel(QLabel):
             self.setText("")
             self.setToolTip("")
             return
+        if self._doc.plan.context.n_batch == 0:  # a pasted -b 0 ("float division by zero" before)
+            self.setText("no speed estimate: -b 0 leaves llama.cpp batches of 0 tokens, no prompt is "
+                         "processed (set Batch -b)")
+            self.setToolTip("")
+            return
         try:
             est = plan_speed(self._doc.plan, probe=False, placement=self._doc.placement)
         except (PlannerError, ValueError, KeyError, ZeroDivisionError) as e:
             self.setText(f"speed estimate unavailable: {e}")
+            self.setToolTip("")  # not the last plan's assumptions under this plan's line
             return
         over = self._over()
         self.setText(window_line(est, over))

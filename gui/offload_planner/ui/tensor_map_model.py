@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QFont
 
 from offload_planner.core import move_preview
+from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.draft_moves import DRAFT_PREFIX, is_draft_name
 from offload_planner.core.extra_context import DRAFT, MMPROJ
 from offload_planner.core.move_preview import move_deltas
@@ -18,6 +19,7 @@ from offload_planner.core.tensor_grid import EMPTY, Cell, Row, TensorGrid
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import section_tint
+from offload_planner.ui.rates import change_text, rate_text
 
 CELL_ROLE = Qt.ItemDataRole.UserRole + 1  # the Cell
 FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # bytes / the column's largest cell, 0..1
@@ -77,15 +79,23 @@ def section_file(plan: Plan, section: str) -> str:
     return Path(loc).name if loc else ""
 
 
-def row_tooltip(grid: TensorGrid, section: int, plan: Plan | None) -> str:
-    """The row header's tooltip: which model, what the row holds, on which devices, what a click does."""
+def row_tooltip(grid: TensorGrid, section: int, plan: Plan | None,
+                left: Mapping[str, int] | None = None) -> str:
+    """The row header's tooltip: which model, what the row holds, on which devices, what a click does,
+    and (a layer of the main model) what moving it would change; ``left``: as in
+    :func:`names_preview_html`."""
     row = grid.rows[section]
     cells = (grid.cell(section, c) for c in range(len(grid.columns)))
     devs = sorted({d for cell in cells for d, _ in cell.device_bytes}, key=str)
     where = f"{html.escape(row_place(row))}: {html.escape(', '.join(d or 'not loaded' for d in devs))}"
     kind = row_section(row)
     if not kind:
-        return f"{where}<br>Click: select the whole layer"
+        tip = f"{where}<br>Click: select the whole layer"
+        if plan is None:
+            return tip
+        movable = [n for c in range(len(grid.columns)) for n in grid.cell(section, c).movable_names]
+        preview = names_preview_html(plan, movable, set(devs), left)  # the whole layer, as a click selects
+        return f"{tip}<br>{preview.replace('Moving it', 'Moving the layer', 1)}" if preview else tip
     name = section_file(plan, kind) if plan is not None else ""
     of = f" {html.escape(name)}" if name else ""
     if kind == DRAFT:
@@ -162,12 +172,26 @@ def _spec_note(plan: Plan) -> str:
     return ", with MTP" if plan.model.summary.n_nextn else ""
 
 
-def move_preview_html(plan: Plan, cell: Cell) -> str:
+def move_preview_html(plan: Plan, cell: Cell, left: Mapping[str, int] | None = None) -> str:
     """Per device: the change in its projected total if the cell's movable tensors moved there."""
-    names = [n for n in cell.movable_names if not is_draft_name(n)]  # draft moves: -otd rules, no preview
+    return names_preview_html(plan, cell.movable_names, {d for d, _ in cell.device_bytes}, left)
+
+
+def _over(delta: int, room: int | None) -> str:
+    """" over by 2.3 GiB" in red when ``delta`` bytes more do not fit in ``room`` ("" when they do)."""
+    if room is None or delta <= 0 or delta <= room:
+        return ""
+    return f"<br><span style='color:#D00000'>over by {fmt_bytes(delta - max(room, 0))}</span>"
+
+
+def names_preview_html(plan: Plan, movable: Sequence[str], here: set[str | None],
+                       left: Mapping[str, int] | None = None) -> str:
+    """Per device: the change in its projected total and in tg if ``movable`` moved there; ``here``:
+    the devices holding them now (one: that device's row says "here now"); ``left``: bytes each
+    device has left now (capacity less margin and projection): a move beyond them says "over by"."""
+    names = [n for n in movable if not is_draft_name(n)]  # draft moves: -otd rules, no preview
     if not names:
         return ""
-    here = {d for d, _ in cell.device_bytes}
     try:
         tg = move_tg(plan, names)
     except Exception:  # the estimate is a hint: never let it take the tooltip down
@@ -181,9 +205,10 @@ def move_preview_html(plan: Plan, cell: Cell) -> str:
         speed = ""
         if m.target in tg:
             now, then = tg[m.target]
-            speed = f"{then:.1f} t/s ({then - now:+.1f})"
+            speed = f"{rate_text(then)} t/s ({change_text(now, then)})"
         rows.append(
-            f"<tr><td><b>{html.escape(m.target)}</b></td><td align=right>{_signed(m.delta)}</td>"
+            f"<tr><td><b>{html.escape(m.target)}</b></td><td align=right>{_signed(m.delta)}"
+            f"{_over(m.delta, (left or {}).get(m.target))}</td>"
             f"<td>{others}</td><td align=right>{speed}</td></tr>"
         )
     return (
@@ -233,6 +258,14 @@ class TensorMapModel(QAbstractTableModel):
     def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() or self._grid is None else len(self._grid.columns)
 
+    def _left(self) -> dict[str, int]:
+        """Bytes each device has left in the projection on screen (none while it is not current)."""
+        a = self._doc.analysis
+        if a is None or a.projection is None or not self._doc.analysis_current:
+            return {}
+        figures = (DeviceFigures.of(dm) for dm in a.projection.devices)
+        return {f.name: f.left for f in figures if f.left is not None}
+
     def cell(self, index: _Index) -> Cell:
         if self._grid is None or not index.isValid():
             return EMPTY
@@ -253,7 +286,7 @@ class TensorMapModel(QAbstractTableModel):
             if not cell.items:
                 return None
             tip = cell_tooltip(g, r, c)
-            preview = move_preview_html(self._doc.plan, cell) if self._doc.has_plan else ""
+            preview = move_preview_html(self._doc.plan, cell, self._left()) if self._doc.has_plan else ""
             return f"{tip}<br>{preview}" if preview else tip
         if role == Qt.ItemDataRole.AccessibleTextRole:
             return cell_summary(g, r, c)
@@ -282,7 +315,7 @@ class TensorMapModel(QAbstractTableModel):
             if role == Qt.ItemDataRole.DisplayRole:
                 return row.label
             if role == Qt.ItemDataRole.ToolTipRole:
-                return row_tooltip(g, section, self._doc.plan if self._doc.has_plan else None)
+                return row_tooltip(g, section, self._doc.plan if self._doc.has_plan else None, self._left())
             kind = row_section(row)
             if kind and role == Qt.ItemDataRole.BackgroundRole:
                 return section_tint(kind)

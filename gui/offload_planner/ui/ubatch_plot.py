@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import threading
+from dataclasses import replace
 
 os.environ.setdefault("PYQTGRAPH_QT_LIB", "PySide6")  # before pyqtgraph picks a Qt binding
 
@@ -15,10 +16,12 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
+from offload_planner.core.plan import Plan
 from offload_planner.core.speed.estimate import HOST_KV_PART
 from offload_planner.core.speed.sweep import UBATCHES, UbPoint, fastest_fitting, ubatch_tradeoff
 from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.eliding_label import ElidingLabel
 from offload_planner.ui.speed_view import IF_IT_FIT
 
 PP_COLOR = "#2878DC"  # prompt processing: solid, left axis
@@ -36,6 +39,21 @@ IDLE_HINT = (
 )
 
 
+#: Before the status line while the curves are of another plan than the one on screen.
+STALE = "Plot of the plan before your last edit (press the button again): "
+
+
+class StatusLine(ElidingLabel):
+    """The tab's one line, elided at its width (it ran off the window at 1024 px), whole in its
+    tooltip; ``text()`` is the whole line."""
+
+    def setText(self, text: str) -> None:
+        self.set_full_text(text)
+
+    def text(self) -> str:
+        return self.full_text
+
+
 def ub_ticks(values: tuple[int, ...]) -> list[tuple[float, str]]:
     """Ticks of the log -ub axis: at each value, labelled with the value itself."""
     return [(math.log10(v), str(v)) for v in values]
@@ -50,7 +68,7 @@ class UbatchPlot(QWidget):
         self.button = QPushButton("Plot the -ub trade-off")
         self.button.setToolTip("Project the plan at -ub 64..4096: estimated prompt processing against "
                                "the compute buffers llama.cpp reserves (a few projections)")
-        self.status = QLabel("")
+        self.status = StatusLine()
         self.graphics = pg.GraphicsLayoutWidget()
         self.graphics.setBackground(None)
         self.plot = self.graphics.addPlot(row=0, col=0)
@@ -77,8 +95,14 @@ class UbatchPlot(QWidget):
         self.buffers.addItem(self.buf_curve)
         tip = ("Solid, left axis: estimated prompt processing (t/s). Dashed, right axis: the compute "
                "buffers llama.cpp reserves on the GPUs (GiB). Both against -ub.")
-        self.graphics.setToolTip(tip)
+        self.graphics.setToolTip(tip + " The dotted line: the plan's -ub now.")
+        # where the plan is now (moves with every -ub edit, the curves only with a new plot)
+        self.now_line = pg.InfiniteLine(angle=90, movable=False,
+                                        pen=pg.mkPen("#808080", width=1, style=Qt.PenStyle.DotLine))
+        self.plot.addItem(self.now_line)
         self.points: list[UbPoint] = []
+        self._plotted: Plan | None = None  # the plan the curves are of (its -ub aside)
+        self._status = ""  # the plot's own line, without the stale note
         self.idle = QLabel(IDLE_HINT)
         self.idle.setWordWrap(True)
         self.idle.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
@@ -95,9 +119,26 @@ class UbatchPlot(QWidget):
         self.button.clicked.connect(self.start)
         self.done.connect(self._show)
         doc.modelChanged.connect(self._clear)
+        doc.planChanged.connect(self._plan_changed)
+
+    def _plan_changed(self) -> None:
+        """The dotted line follows the plan's -ub; curves of another plan say so (they were shown
+        as if current after any edit)."""
+        if not self._doc.has_plan:
+            return
+        c = self._doc.plan.context
+        ub = c.n_ubatch or c.n_batch  # llama.cpp: -ub 0 is -b, and -ub is at most -b
+        self.now_line.setValue(math.log10(max(1, min(ub, c.n_batch) if c.n_batch else ub)))
+        if not self.points:
+            return
+        if _sweep_key(self._doc.plan) == self._plotted:  # -ub alone: the same curves
+            self.status.setText(self._status)
+        else:
+            self.status.setText(STALE + self._status)
 
     def _clear(self) -> None:
         self.points = []
+        self._plotted = None
         self.pp_curve.setData([], [])
         self.buf_curve.setData([], [])
         self.status.setText("")
@@ -108,6 +149,7 @@ class UbatchPlot(QWidget):
         if not self._doc.has_plan:
             return
         plan = self._doc.plan
+        self._plotted = _sweep_key(plan)
         self.button.setEnabled(False)
         self.status.setText("projecting…")
 
@@ -138,7 +180,14 @@ class UbatchPlot(QWidget):
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points],
                               symbolBrush=[pg.mkBrush(PP_COLOR if p.fits else None) for p in points])
         self.buf_curve.setData(xs, [p.gpu_compute_bytes / GiB for p in points])
-        self.status.setText(ub_status(points))
+        self._status = ub_status(points)
+        self.status.setText(self._status)
+        self._plan_changed()  # an edit while the sweep ran: these curves are of the plan before it
+
+
+def _sweep_key(plan: Plan) -> Plan:
+    """What the curves depend on: the plan but its -ub, which the sweep sets itself."""
+    return replace(plan, context=replace(plan.context, n_ubatch=0))
 
 
 def ub_status(points: list[UbPoint]) -> str:

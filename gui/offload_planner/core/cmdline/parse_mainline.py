@@ -46,7 +46,7 @@ class MainlineParser:
 
     # ------------------------------------------------------------------ environment
     def apply_env(self, env: Mapping[str, str]) -> None:
-        for spec in self.table:
+        for spec in self.table.set_by(env):
             found = _env_value(spec, env)
             if found is None:
                 continue

@@ -27,8 +27,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from offload_planner.core.compute.allocator import DynAllocator
-from offload_planner.core.compute.ggml import LAYER_SUFFIX, T
+from offload_planner.core.compute.allocator import DynAllocator, layer_suffix
+from offload_planner.core.compute.ggml import T
 from offload_planner.core.compute.stats import stats
 
 #: ``(kind, tensor, parent, size, new size, label)``: see ``recording.RecAlloc``
@@ -56,8 +56,8 @@ def layer_starts(nodes: Sequence[T]) -> list[int]:
     out: list[int] = []
     last = -1
     for p, n in enumerate(nodes):
-        m = LAYER_SUFFIX.search(n.name)
-        if m is not None and (il := int(m.group(1))) > last:
+        tag = layer_suffix(n.name)  # LAYER_SUFFIX's match, without the regex
+        if tag is not None and (il := int(tag)) > last:
             last = il
             out.append(p)
     return out

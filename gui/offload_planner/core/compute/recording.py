@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, peak_label
+from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, layer_suffix, peak_label
 from offload_planner.core.compute.bound import graph_bound
 from offload_planner.core.compute.ggml import (
     CPU,
-    LAYER_SUFFIX,
     VIEW_OPS,
     Graph,
     T,
@@ -70,20 +69,24 @@ class RecAlloc(GraphAllocator):
         super().enter(n)
         self.where = peak_label(n, self.layer)  # every allocation's event carries it
 
-    def allocate(self, t: T, bid: int) -> None:
-        super().allocate(t, bid)
-        i = id(t)
-        if i in self.own and i not in self.cand:  # allocated now
-            self.objs[i] = t
-            self.cand.add(i)
+    # a tensor the walk allocates (a new block or its parent's, ``frees_tail`` on) becomes a candidate
+    # for the checkpoints' live tensors here, where ``allocate`` makes it owned
 
     def on_alloc(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)
         self.tail[bid].append((0, t, t, size, 0, self.where))
+        i = id(t)
+        if i not in self.cand:
+            self.objs[i] = t
+            self.cand.add(i)
 
     def on_inplace(self, t: T, p: T, bid: int, psize: int, nsize: int) -> None:
         self.tail_pos[bid].append(self.pos)
         self.tail[bid].append((1, t, p, psize, nsize, ""))
+        i = id(t)
+        if i not in self.cand:
+            self.objs[i] = t
+            self.cand.add(i)
 
     def on_free(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)
@@ -283,9 +286,9 @@ class Reference:
         for sp in self.splits:
             self.ss.append(pos)
             pos += 2 * len(sp.inputs)
-            for gi in range(sp.i_start, sp.i_end):
-                self.sp[gi] = pos
-                pos += 1
+            width = sp.i_end - sp.i_start
+            self.sp.update(zip(range(sp.i_start, sp.i_end), range(pos, pos + width), strict=True))
+            pos += width
         assert pos == len(sched.nodes)
         self.sched_nodes, self.sched_ids = sched.nodes, sched.node_ids
         self.uses: dict[T, list[int]] = {}
@@ -299,8 +302,8 @@ class Reference:
         # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
         self.layer_tags: dict[T, str] = {}
         for n in self.sched_nodes:
-            if (m := LAYER_SUFFIX.search(n.name)) is not None:
-                self.layer_tags[n] = f" (layer {m.group(1)})"
+            if (il := layer_suffix(n.name)) is not None:  # LAYER_SUFFIX's match, without the regex
+                self.layer_tags[n] = f" (layer {il})"
         self.view_nodes: dict[T, list[T]] = {}
         for n in self.sched_nodes:
             if n.view_src is not None and n.op != "NONE":
@@ -341,18 +344,19 @@ class Reference:
         # allocator owns, each once (``_Replay.early_bound``)
         self.node_bound: dict[tuple[int, int], int] = {}
         self.walk_facts: dict[T, tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}  # replay_alloc
+        last_first: list[tuple[int, list[tuple[int, str]]]] = []
+        for p in reversed(self.ckpos):
+            suffix = self.cks[p].suffix = []
+            last_first.append((p, suffix))
         for evs in galloc.events:
             best: tuple[int, str] = (-1, "")
             k = len(evs)
-            for p in reversed(self.ckpos):
+            for p, suffix in last_first:
                 while k and evs[k - 1][0] >= p:
                     k -= 1
                     if evs[k][1] >= best[0]:
                         best = (evs[k][1], evs[k][2])
-                ck = self.cks[p]
-                if ck.suffix is None:
-                    ck.suffix = []
-                ck.suffix.append(best)
+                suffix.append(best)
         self.copies = [0] * len(backends)
         self.wcopies = [0] * len(backends)
         for sp in self.splits:

@@ -9,6 +9,7 @@ from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.ggml import Graph, T, nbytes
 from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.jumps import JumpingAllocator
+from offload_planner.core.compute.sched_layers import LayerScheduler, cached_refs
 from offload_planner.core.compute.scheduler import Backend, Scheduler
 from offload_planner.core.compute.template import kept_codes
 
@@ -38,11 +39,13 @@ def reserve(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backen
 
 def reserve_graph(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, *, no_alloc: bool = False,
                   op_offload: bool = True) -> Reserve:
-    """The reserve of a built graph (scheduled and allocated); a kept graph's walk jumps whole periods
-    of equal layers (:mod:`.jumps`)."""
-    sched = Scheduler(backends, n_copies, op_offload)
-    sched.split_graph(g, keep_forced=not no_alloc)
+    """The reserve of a built graph (scheduled and allocated); a kept graph's scheduler passes take
+    equal layers' results from the first (:mod:`.sched_layers`) and its walk jumps whole periods of
+    equal layers (:mod:`.jumps`)."""
     kept = kept_codes(g)
+    sched = (Scheduler(backends, n_copies, op_offload) if kept is None
+             else LayerScheduler(backends, n_copies, op_offload, cached_refs(g, kept[0])))
+    sched.split_graph(g, keep_forced=not no_alloc)
     galloc = (GraphAllocator(backends) if kept is None
               else JumpingAllocator(backends, kept[0], g.nodes, kept[1], sched.splits))
     sizes = galloc.run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)

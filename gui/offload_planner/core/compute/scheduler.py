@@ -4,8 +4,9 @@ of split inputs, op offload."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
-from offload_planner.core.compute.ggml import INPUT, OUTPUT, VIEW_OPS, Graph, T, view_tensor
+from offload_planner.core.compute.ggml import INPUT, OUTPUT, VIEW_OPS, Graph, T
 from offload_planner.core.devices import DeviceKind
 
 #: Minimum batch at which a backend takes an op whose weight is in host memory (``offload_op``,
@@ -26,6 +27,7 @@ CUDA_LIKE = frozenset({DeviceKind.CUDA, DeviceKind.ROCM})
 ASYNC_EVENTS = frozenset({DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.RPC, DeviceKind.SYCL,
                           DeviceKind.VULKAN, DeviceKind.METAL})
 N_COPIES_PIPELINE = 4  # GGML_SCHED_MAX_COPIES
+_bid = attrgetter("bid")
 
 
 # --- the scheduler (ggml_backend_sched_split_graph) -------------------------------------------------
@@ -55,6 +57,16 @@ class Split:
     i_start: int
     i_end: int = 0
     inputs: list[T] = field(default_factory=list)
+
+
+def _bare(like: T, op: str, name: str, flags: int, view_src: T | None, view_offs: int, src: list[T | None]
+          ) -> T:
+    """A new tensor of ``like``'s type, shape and strides, as ``T(...)`` makes it, without its checks."""
+    t = T.__new__(T)
+    t.type, t.ne, t.nb, t.op, t.name, t.flags = like.type, list(like.ne), list(like.nb), op, name, flags
+    t.src, t.view_src, t.view_offs = src, view_src, view_offs
+    t.dev, t.weights, t.bid, t.n_children, t.n_views, t.alloc = None, False, -1, 0, 0, None
+    return t
 
 
 def _batch_size(t: T) -> int:
@@ -192,11 +204,9 @@ class Scheduler:
         split.i_end = len(nodes)
 
     def input_copy(self, s: T, c: int) -> T:
-        t = T(s.type, s.ne, name=f"{s.name}#{c}")
-        t.nb = list(s.nb)
-        if self.n_copies > 1:
-            t.flags |= INPUT | OUTPUT
-        return t
+        """A split input's copy: ``T(s.type, s.ne, name=...)`` with ``s``'s strides, made field by field
+        (a kept graph's dry run with the experts on the host makes hundreds)."""
+        return _bare(s, "NONE", f"{s.name}#{c}", INPUT | OUTPUT if self.n_copies > 1 else 0, None, 0, [])
 
     def build_copy(self, g: Graph) -> None:
         graph_inputs: list[T] = []
@@ -209,14 +219,16 @@ class Scheduler:
                     graph_inputs.append(leaf)
         for sp in self.splits:
             for inp in sp.inputs:
-                dep = view_tensor(inp, "NONE", inp)
+                # view_tensor(inp, "NONE", inp), field by field
+                vs, offs = (inp, 0) if inp.view_src is None else (inp.view_src, inp.view_offs)
+                dep = _bare(inp, "NONE", "", 0, vs, offs, [inp])
                 self.nodes.append(dep)
                 self.node_ids.append(inp.bid)
                 self.nodes.append(self.copies[(id(inp), sp.backend)][0])
                 self.node_ids.append(sp.backend)
-            for n in g.nodes[sp.i_start:sp.i_end]:
-                self.nodes.append(n)
-                self.node_ids.append(n.bid)
+            seg = g.nodes[sp.i_start:sp.i_end]
+            self.nodes.extend(seg)
+            self.node_ids.extend(map(_bid, seg))
         if self.n_copies > 1:
             for inp in graph_inputs:
                 for c in self.copies[(id(inp), inp.bid)]:

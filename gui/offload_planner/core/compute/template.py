@@ -16,7 +16,8 @@ recorded as a reference is handed over (``own``): the reference keeps its state 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 from offload_planner.core.compute.ggml import CPU, Graph, T
@@ -98,9 +99,10 @@ class GraphTemplate:
     def codes(self) -> tuple[LayerCodes, dict[int, int]] | None:
         """The graph's layers as the builder left them (:mod:`.jumps`, kept for its topology) and the
         position of each node by id; None for the first walk of a topology (coding its layers costs
-        more than the jumps save in one walk: a command that simulates once)."""
+        more than the jumps save in one walk: a command that simulates once) unless
+        :func:`coding_first_walks` says more walks follow."""
         g = self.g
-        if not self.reused and not has_codes(self.key):
+        if not self.reused and not _code_first_walks and not has_codes(self.key):
             return None
         if not self.index:
             self.index = {id(n): u for u, n in enumerate(g.nodes)}
@@ -145,6 +147,24 @@ def _copied(t: T, src: Sequence[T | None], flags: int, m: dict[int, T]) -> T:
     c.bid, c.alloc, c.n_children, c.n_views = -1, None, 0, 0
     m[id(t)] = c
     return c
+
+
+#: see :func:`coding_first_walks`
+_code_first_walks = False
+
+
+@contextmanager
+def coding_first_walks() -> Iterator[None]:
+    """A graph's first walk codes its layers (:meth:`GraphTemplate.codes`) for the simulations inside: a
+    caller that knows it will walk the graph again (the --fit search's ~25 dry runs) has the first one
+    take equal layers from each other too."""
+    global _code_first_walks
+    was = _code_first_walks
+    _code_first_walks = True
+    try:
+        yield
+    finally:
+        _code_first_walks = was
 
 
 #: templates by (model, graph builder, shape with ``full_offload``, loaded weights); a few kept

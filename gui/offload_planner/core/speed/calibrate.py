@@ -85,6 +85,12 @@ def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: fl
             _rescale(cal, eff, "link", est.pp_transfer_ms / 1e3, total_est, total_meas,
                      "pp (op-offload copies)")
         else:
-            _rescale(cal, eff, _compute_name(hw[d.name]), d.pp_ms / 1e3, total_est, total_meas,
-                     f"pp (bottleneck {d.name})")
+            # a CPU's reads add to its compute (estimate._microbatch): only the compute scales, and
+            # the reads take the bandwidth the tg measurement just calibrated
+            reads = d.pp_reads_ms / 1e3
+            bw_name = _bandwidth_name(hw[d.name], eff)
+            if bw_name is not None and bw_name in cal.values:
+                reads *= getattr(eff, bw_name).value / cal.values[bw_name]
+            _rescale(cal, eff, _compute_name(hw[d.name]), (d.pp_ms - d.pp_reads_ms) / 1e3,
+                     total_est - d.pp_reads_ms / 1e3 + reads, total_meas, f"pp (bottleneck {d.name})")
     return cal

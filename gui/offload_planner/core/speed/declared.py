@@ -1,5 +1,6 @@
 """The speed keys of a ``--device`` declaration (``bw=936GB/s``, ``pcie=4x16``, ``tflops=71``,
-``ram=12xDDR5-4800``, ``link=10Gb/s``, ``threads=16``, a catalogue card), checked and converted.
+``ram=12xDDR5-4800``, ``link=10Gb/s``, ``threads=16``, ``cores=32``, ``ghz=2.4``, a catalogue card),
+checked and converted.
 
 Apart from :mod:`offload_planner.core.speed.hardware` (which turns them into figures) so that
 :func:`offload_planner.core.devices.parse_device_decl` can check them without an import cycle.
@@ -17,13 +18,14 @@ from offload_planner.core.speed.catalogue import Card, card, card_keys
 #: 128b/130b encoding for gen 3-5; 2.5 and 5 GT/s with 8b/10b for gen 1-2; gen 6 64 GT/s PAM4).
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
-HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads", "cores")
+HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads", "cores", "ghz")
 
 #: The largest figure a speed key takes (1 PB/s, 10^6 TFLOPS, 65536 threads): far beyond any device,
 #: small enough that the estimate's arithmetic stays finite (a 400-digit bw= was infinity).
 MAX_RATE_GBS = 1e6
 MAX_TFLOPS = 1e6
 MAX_THREADS = 1 << 16
+MAX_GHZ = 10.0
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
 _RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
@@ -78,6 +80,19 @@ def parse_tflops(text: str) -> float:
     return v
 
 
+def parse_ghz(text: str) -> float:
+    """A CPU core's clock in GHz (``ghz=2.25``, ``ghz=2250MHz``)."""
+    t = text.strip().lower()
+    scale = 0.001 if t.endswith("mhz") else 1.0
+    try:
+        v = float(t.removesuffix("mhz").removesuffix("ghz")) * scale
+    except ValueError:
+        raise ValueError(f"not a clock: {text!r} (use e.g. ghz=2.4)") from None
+    if not 0 < v <= MAX_GHZ:  # also refuses nan and inf
+        raise ValueError(f"not a clock from 0 to {MAX_GHZ:g} GHz: {text!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class Declared:
     """The speed keys of one ``--device`` value, checked and converted."""
@@ -90,6 +105,7 @@ class Declared:
     tflops: float | None = None
     threads: int | None = None
     cores: int | None = None  # the host's physical cores (a machine other than this one)
+    ghz: float | None = None  # the host's core clock (vendor base clock)
     nvml_bus: tuple[int, int] | None = None  # bus width in bits, max memory clock in MHz (NVML)
     nvml_pcie: tuple[int, int] | None = None  # max PCIe generation, width (NVML)
 
@@ -121,6 +137,8 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
             d[k] = parse_ram(val)
         elif k == "tflops":
             d[k] = parse_tflops(val)
+        elif k == "ghz":
+            d[k] = parse_ghz(val)
         elif k == "nvml_bus":
             d[k] = _parse_nvml_bus(val)
         elif k == "nvml_pcie":

@@ -36,7 +36,30 @@ _LINK = _d(0.8)  # PCIe / network payload against the line rate
 _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
                    "one token's attention on the CPU: ik_llama.cpp PR 612 (Kimi-K2, EPYC 9965, 128 threads)")
 _THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
+#: Op offload's copy of a host weight that is not in a pinned (``<GPU>_Host``) buffer, against the
+#: pinned rate: with mmap (the default) llama.cpp keeps CPU weights in the mapping, pageable
+#: (llama-model-loader.cpp "avoid using a host buffer when using mmap", and its warning "tensor
+#: overrides to CPU are used with mmap enabled - consider using --load-mode none for better
+#: performance"), so cudaMemcpyAsync stages them through the driver's bounce buffer.  Measured on one
+#: rig (2x RTX 3090, 40 expert layers on the host, 26k-token prompt): 166 t/s with the experts
+#: mmap'd, 330 t/s with them in a pinned buffer (https://github.com/ggml-org/llama.cpp/pull/28223):
+#: the copy at no more than half the pinned rate.
+_PAGEABLE_COPY = Figure(0.5, "x pinned rate", Source.DEFAULT,
+                        "op offload from pageable (mmap'd) host weights: llama.cpp PR 28223 (166 vs 330 t/s)")
 _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devices
+#: A GPU's fixed time per layer a generated token, beyond the layer's bytes: a layer is some 15-20
+#: kernels (norms, seven matrix-vector products, RoPE, the KV store, attention, adds; ggml-cuda runs
+#: one kernel per graph node, CUDA graphs or not), each with a floor of a few µs however few bytes
+#: it reads.  It is what makes small models' tokens slower than their bytes on fast GPUs (LLaMA-7B
+#: Q4_0 on an RTX 3090 Ti: 127.43 t/s, 0.48 of its bandwidth,
+#: https://github.com/ggml-org/llama.cpp/pull/4812; Llama-3-8B Q4_K_M on an RX 7900 XTX 105.81 t/s,
+#: https://github.com/ggml-org/llama.cpp/pull/26284).
+#: 40 µs: the best of 0-80 µs on the odd half of the public development set
+#: (tests/core/test_speed_public.py; tg median 1.22x -> 1.12x), checked on the even half (1.28x ->
+#: 1.14x).  Fitted, not read from a source.
+_GPU_LAYER_US = Figure(40.0, "µs per GPU layer a token", Source.DEFAULT,
+                       "a GPU layer's kernels' fixed time a token (fitted on half of the public "
+                       "measurements)")
 #: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
 #: activations back), network round trip excluded (measured per endpoint: core.speed.hardware). From
 #: this project's own measurement (README, bench/speed_measured.py, 2 cores, load 1.0-1.2):
@@ -73,6 +96,8 @@ class Efficiencies:
     rpc_latency_us: Figure = _RPC_US
     cpu_attention: Figure = _CPU_ATTN
     host_attention_us: Figure = _HOST_ATTN_US
+    pageable_copy: Figure = _PAGEABLE_COPY
+    gpu_layer_us: Figure = _GPU_LAYER_US
 
     def names(self) -> list[str]:
         return [f.name for f in fields(self)]
@@ -96,10 +121,14 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 #: 295 t/s where mainline's ran 28 (https://github.com/ikawrakow/ik_llama.cpp/pull/518); over the
 #: development set's CPU-only ik_llama.cpp records the estimate with mainline's default was short by
 #: a median 4x (https://github.com/ikawrakow/ik_llama.cpp/pull/683, /pull/518, /issues/1752,
-#: /pull/259, /pull/612): its default CPU compute efficiency is 4 x 0.5.
+#: /pull/259, /pull/612): its default CPU compute efficiency is 4 x 0.5.  Re-checked with each
+#: record's CPU at its vendor base clock (``ghz=``, core.speed.hardware.DEFAULT_CPU_GHZ) and a CPU
+#: micro-batch's compute and reads added (estimate._microbatch): the same five records (all at odd
+#: positions of the set) then put the estimate a median 0.99x of the measured at 2.0 (at 1.77 with
+#: the clocks alone, the reads overlapped).
 IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
-                        "259, 612, issue 1752): 4x mainline's default")
+                        "259, 612, issue 1752; their CPUs at base clock)")
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 
 
@@ -109,12 +138,13 @@ _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 #: Q4_0, Q5_0, IQ4_NL), so each row goes through the type's vec_dot with its grid look-ups.  Measured on
 #: a Ryzen-7950X with LLaMA-3.1-8B (https://github.com/ikawrakow/ik_llama.cpp/pull/518, mainline
 #: build 5635: IQ3_S "pp512" 28.04 t/s, 16 cores): 28.04 x 2 x 7.5e9 matrix weights = 0.42 TFLOPS of
-#: 16 x 0.1 peak, 0.26 x peak, where the same CPU ran mainline's fastest type, Q4_0, at 170 t/s
-#: (https://github.com/ikawrakow/ik_llama.cpp/pull/533, build 5688).  ik_llama.cpp's own kernels
-#: cover these types (``IK_CPU_COMPUTE``).
-IQUANT_CPU_COMPUTE = Figure(0.26, "x peak", Source.DEFAULT,
+#: the 16 cores' peak at the 7950X's 4.5 GHz base clock (16 x 0.144 TFLOPS,
+#: core.speed.hardware.DEFAULT_CPU_GHZ), 0.18 x peak, where the same CPU ran mainline's fastest type,
+#: Q4_0, at 170 t/s (https://github.com/ikawrakow/ik_llama.cpp/pull/533, build 5688).  ik_llama.cpp's
+#: own kernels cover these types (``IK_CPU_COMPUTE``).
+IQUANT_CPU_COMPUTE = Figure(0.18, "x peak", Source.DEFAULT,
                             "mainline CPU kernels of IQ1_S..IQ3_S (vec_dot, no GEMM): IQ3_S pp512 28.04 t/s "
-                            "on a Ryzen-7950X (ik_llama.cpp PR 518)")
+                            "on a Ryzen-7950X at 4.5 GHz (ik_llama.cpp PR 518)")
 SLOW_CPU_TYPES = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"})  # ggml names
 
 

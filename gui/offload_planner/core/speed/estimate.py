@@ -78,6 +78,7 @@ class DeviceTime:
     tg_ms_at_ctx: float
     pp_ms: float = 0.0  # of the whole prompt: compute / reads on this device
     share: float = 0.0  # of the time per token at depth 0
+    pp_reads_ms: float = 0.0  # of pp_ms: a CPU's weight and KV reads, added to its compute
 
 
 @dataclass
@@ -119,10 +120,21 @@ def expert_fraction(model: Model) -> float:
     return s.n_expert_used / s.n_expert if s.n_expert and s.n_expert_used else 1.0
 
 
-def _running(placement: Placement) -> list[Placed]:
-    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not)."""
+def _running(placement: Placement) -> tuple[Placed, ...]:
+    """The placed tensors that take part in a normal forward pass (NextN/MTP blocks do not); the last
+    placement's answer is kept (an estimate asks four times; a placement's items are never changed)."""
+    items = placement.items
+    last = _RUNNING[0]
+    if last[0] is items:
+        return last[1]
     nextn = Role.NEXTN
-    return [p for p in placement.items if p.device is not None and p.tensor.role is not nextn]
+    got = tuple(p for p in items if p.device is not None and p.tensor.role is not nextn)
+    _RUNNING[0] = (items, got)
+    return got
+
+
+#: :func:`_running`'s last placement items and answer
+_RUNNING: list[tuple[object, tuple[Placed, ...]]] = [(None, ())]
 
 
 def token_bytes(p: Placed, frac: float) -> int:
@@ -310,14 +322,23 @@ def host_kv_seconds(layers: list[HostKV], hw: Hardware, eff: Efficiencies, token
 def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
     """Effective GB/s of a device's memory, and what it rests on (a device whose threads share
     oversubscribed cores: that share of it, :class:`hardware.Threads`)."""
-    bw, notes = _peak_bandwidth(dev, eff)
+    notes: list[Assumption] = []
+    return _effective_bandwidth(dev, eff, notes), notes
+
+
+def _effective_bandwidth(dev: DeviceSpeed, eff: Efficiencies,
+                         notes: list[Assumption] | None = None) -> float:
+    """:func:`_bandwidth`'s GB/s, its assumptions added to ``notes`` when given (the estimate's loops
+    ask for the figure alone, per micro-batch and device)."""
+    bw = _peak_bandwidth(dev, eff, notes)
     if dev.share < 1.0:
         bw *= dev.share
-        notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
-                                Figure(round(dev.share, 3), "x", Source.DEFAULT,
-                                       "cores / compute threads on this machine; bandwidth and compute "
-                                       "scaled by it")))
-    return bw, notes
+        if notes is not None:
+            notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
+                                    Figure(round(dev.share, 3), "x", Source.DEFAULT,
+                                           "cores / compute threads on this machine; bandwidth and compute "
+                                           "scaled by it")))
+    return bw
 
 
 def _is_gpu(dev: DeviceSpeed) -> bool:
@@ -332,31 +353,27 @@ def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
     return dev.tflops.value * e.value * dev.share
 
 
-def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
-    if dev.kind is DeviceKind.RPC and dev.threads:  # the server computes on its CPU with -t threads
+def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies, notes: list[Assumption] | None) -> float:
+    """GB/s of a device's memory at its efficiency, limited by its threads (an RPC server's, the
+    CPU's ``-t``), before any share of oversubscribed cores; what it rests on added to ``notes``."""
+    rpc = dev.kind is DeviceKind.RPC and bool(dev.threads)  # the server computes on its CPU with -t threads
+    if rpc:
         e = eff.cpu_bandwidth
-        bw = dev.bandwidth.value * e.value
-        per = eff.cpu_thread_bandwidth
-        notes = [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
-                 Assumption(f"{dev.name} bandwidth efficiency", e)]
-        if dev.threads * per.value < bw:
-            bw = dev.threads * per.value
-            notes.append(Assumption(f"{dev.name} limited by its server's {dev.threads} threads", per))
-        return bw, notes
-    if dev.kind is DeviceKind.CPU:
+    elif dev.kind is DeviceKind.CPU:
         e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
-        bw = dev.bandwidth.value * e.value
-        notes = [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
-                 Assumption(f"{dev.name} bandwidth efficiency", e)]
-        if dev.threads:
-            per = eff.cpu_thread_bandwidth
-            if dev.threads * per.value < bw:
-                bw = dev.threads * per.value
-                notes.append(Assumption(f"{dev.name} limited by -t {dev.threads}", per))
-        return bw, notes
-    e = eff.gpu_bandwidth
-    return dev.bandwidth.value * e.value, [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
-                                           Assumption(f"{dev.name} bandwidth efficiency", e)]
+    else:
+        e = eff.gpu_bandwidth
+    bw = dev.bandwidth.value * e.value
+    if notes is not None:
+        notes += [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
+                  Assumption(f"{dev.name} bandwidth efficiency", e)]
+    per = eff.cpu_thread_bandwidth
+    if (rpc or dev.kind is DeviceKind.CPU) and dev.threads and dev.threads * per.value < bw:
+        bw = dev.threads * per.value
+        if notes is not None:
+            by = f"its server's {dev.threads} threads" if rpc else f"-t {dev.threads}"
+            notes.append(Assumption(f"{dev.name} limited by {by}", per))
+    return bw
 
 
 def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, float]:
@@ -380,22 +397,22 @@ def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> lis
 @dataclass
 class _Work:
     """What one device's weights cost a micro-batch, summed once per placement: elements and bytes of
-    four parts, by :func:`_part` (always-active matrices or routed experts; ops the GPU may take, or
-    host weights whose ops it refuses and so never offloads: ik's row-interleaved types,
-    core.ik_repack)."""
+    four parts, by index ``routed expert | 2 x refused`` (always-active matrices or routed experts; ops
+    the GPU may take, or host weights whose ops it refuses and so never offloads: ik's row-interleaved
+    types, core.ik_repack)."""
 
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
     cpu_el: list[float] = field(default_factory=lambda: [0.0] * 4)  # el x the type's CPU cost (cpu_cost)
+    #: bytes as op offload's copy costs them: a host weight outside a pinned buffer counts
+    #: 1 / ``Efficiencies.pageable_copy`` (:func:`copy_weight`)
+    copy_nb: list[float] = field(default_factory=lambda: [0.0] * 4)
 
-    def parts(self) -> Iterator[tuple[float, float, bool, bool, float]]:
-        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost)."""
+    def parts(self) -> Iterator[tuple[float, float, bool, bool, float, float]]:
+        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost, bytes
+        weighted by their copy cost)."""
         for i in range(4):
-            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i]
-
-
-def _part(is_expert: bool, refused: bool) -> int:
-    return int(is_expert) | (2 if refused else 0)
+            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i], self.copy_nb[i]
 
 
 def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
@@ -407,8 +424,19 @@ def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
     return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
 
 
-def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset()) -> dict[str, _Work]:
+def copy_weight(buft: str | None, eff: Efficiencies) -> float:
+    """Cost of a host weight's byte in op offload's copy to the GPU against a pinned one (1): a
+    ``<GPU>_Host`` buffer is pinned; a plain CPU buffer (``CPU``, mmap'd ``CPU_Mapped``, repacked
+    ``CPU_REPACK``) is pageable, copied through the driver's staging buffer at ``pageable_copy`` of the
+    rate (llama-model-loader.cpp: with mmap, CPU weights never take the host buffer type)."""
+    return 1.0 if buft is not None and buft.endswith("_Host") else 1.0 / eff.pageable_copy.value
+
+
+def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
+          eff: Efficiencies | None = None) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
+    costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
+    eff = eff or defaults_for(dialect)
     embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
         t = p.tensor
@@ -416,10 +444,16 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
         assert p.device is not None
         w = out[p.device]
-        i = _part(t.role in experts, t.name in refused)
-        w.el[i] += t.n_elements
-        w.nbytes[i] += t.nbytes
-        w.cpu_el[i] += t.n_elements * cpu_cost(t.type.name, dialect)
+        i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
+        n, nb = t.n_elements, t.nbytes
+        key = (t.type.name, p.buft)
+        cost = costs.get(key)
+        if cost is None:
+            cost = costs[key] = (cpu_cost(key[0], dialect), copy_weight(p.buft, eff))
+        w.el[i] += n
+        w.nbytes[i] += nb
+        w.cpu_el[i] += n * cost[0]
+        w.copy_nb[i] += nb * cost[1]
     return out
 
 
@@ -443,6 +477,7 @@ class _PPParts:
     offload: bool
     attn_s: dict[str, float] = field(default_factory=dict)  # of device_s: attention FLOPs over compute
     host_kv_s: float = 0.0  # of split_s: -nkvo's round trips and cache copies
+    reads_s: dict[str, float] = field(default_factory=dict)  # of device_s: a CPU's reads (added to compute)
 
 
 def _pp_splits(plan: Plan, hw: Hardware, eff: Efficiencies,
@@ -465,14 +500,27 @@ def _pp_splits(plan: Plan, hw: Hardware, eff: Efficiencies,
     return of
 
 
-def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Work],
-                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
-                offload_to: tuple[str | None, int | None], kv_cell: dict[str, float],
-                swa_cells: float = math.inf) -> _PPParts:
-    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
-    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
-    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
-    ``swa_cells`` of their cache; ``splits``: :func:`_pp_splits`)."""
+#: a micro-batch's weights: FLOPs and bytes read per device, bytes copied to the op-offload GPU
+_Weighed = tuple[dict[str, float], dict[str, float], float]
+
+
+def _weighed(plan: Plan, hw: Hardware, work: dict[str, _Work],
+             offload_to: tuple[str | None, int | None]) -> Callable[[int], _Weighed]:
+    """What the weights cost a micro-batch of ``u`` tokens (worked out once per ``u``: a prompt's
+    micro-batches share it; their attention and KV reads differ)."""
+    memo: dict[int, _Weighed] = {}
+
+    def of(u: int) -> _Weighed:
+        got = memo.get(u)
+        if got is None:
+            got = memo[u] = _weights_work(plan, hw, work, offload_to, u)
+        return got
+
+    return of
+
+
+def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: tuple[str | None, int | None],
+                  u: int) -> _Weighed:
     s = plan.model.summary
     frac = expert_fraction(plan.model)
     gpu, threshold = offload_to
@@ -485,20 +533,35 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
     gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
-        for el, nb, is_exp, may, cpu_el in w.parts():
+        for el, nb, is_exp, may, cpu_el, copy_nb in w.parts():
             if not el:
                 continue
             where = dev
             if dev == CPU and may and (exp_off if is_exp else dense_off):
                 assert gpu is not None
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
-                transfer += nb * (hit if is_exp and not whole else 1.0)
+                transfer += copy_nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
             work_flops = 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
             if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
                 work_flops /= gpu_rows_factor(u * frac / hit if is_exp else u)
             flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
+    return flops, reads, transfer
+
+
+def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
+                gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf) -> _PPParts:
+    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
+    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
+    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
+    ``swa_cells`` of their cache; ``weighed``: :func:`_weighed`; ``splits``: :func:`_pp_splits`;
+    ``gpu``: the op-offload GPU)."""
+    s = plan.model.summary
+    weights_flops, weights_reads, transfer = weighed(u)
+    flops: dict[str, float] = defaultdict(float, weights_flops)
+    reads: dict[str, float] = defaultdict(float, weights_reads)
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
     attn: dict[str, float] = defaultdict(float)
@@ -510,16 +573,23 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, work: dict[str, _Wo
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
     attn_s: dict[str, float] = {}
+    reads_s: dict[str, float] = {}
     for name in dict.fromkeys([*flops, *reads]):  # first-seen order: ties name the same device every run
         d = hw[name]
-        bw, _ = _bandwidth(d, eff)
+        bw = _effective_bandwidth(d, eff)
         tf = compute_tflops(d, eff) * 1e12
-        device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
+        # a GPU overlaps its reads with its compute (warps in flight); a CPU's threads both stream the
+        # weights and multiply them (ggml-cpu has no copy engine): their times add
+        if d.kind is DeviceKind.CPU:
+            reads_s[name] = reads[name] / (bw * 1e9)
+            device_s[name] = flops[name] / tf + reads_s[name]
+        else:
+            device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
         attn_s[name] = attn.get(name, 0.0) / tf
     transfer_s = 0.0
     if gpu is not None and transfer:
         transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
-    return _PPParts(device_s, transfer_s, splits(u), transfer > 0, attn_s)
+    return _PPParts(device_s, transfer_s, splits(u), transfer > 0, attn_s, reads_s=reads_s)
 
 
 def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
@@ -529,7 +599,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = split_pairs(plan.model, placement) if pairs is None else pairs
-    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement))
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff)
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)
@@ -540,17 +610,20 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
     host_kv = host_kv_layers(plan, placement)
-    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float))
+    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float), reads_s=defaultdict(float))
     splits = _pp_splits(plan, hw, eff, pairs)
+    weighed = _weighed(plan, hw, work, offload_to)
     start = depth
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, work, attn_layers, u, start, splits, offload_to, kv_cell or {},
+        mb = _microbatch(plan, hw, eff, weighed, attn_layers, u, start, splits, offload_to[0], kv_cell or {},
                          swa_cells)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         for k, v in mb.attn_s.items():
             total.attn_s[k] += v
+        for k, v in mb.reads_s.items():
+            total.reads_s[k] += v
         total.transfer_s += mb.transfer_s
         host_s = host_kv_seconds(host_kv, hw, eff, u)
         if on_gpu and kv_cell:  # the cache's views of start + u cells copied to each GPU
@@ -562,24 +635,75 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     return total
 
 
+@dataclass(frozen=True)
+class TokenExtras:
+    """What a generated token costs beyond its bytes, from one pass over the placement."""
+
+    cpu_flops: float  # FLOPs of the CPU weights whose kernels cost more than the default
+    layers: dict[str, int]  # layers with a running weight, by device
+    pageable_cpu: bool  # a CPU weight outside a pinned ``<GPU>_Host`` buffer
+
+
+def token_extras(plan: Plan, placement: Placement) -> TokenExtras:
+    """``cpu_flops``: one generated token's CPU weight matrices of the types whose CPU kernels cost
+    more than the default (:func:`efficiency.cpu_cost` > 1: mainline multiplies the lattice i-quants
+    row by row through their ``vec_dot`` with its grid look-ups, the same kernel for one token as for
+    a batch), 2 FLOPs a weight, routed experts by ``n_expert_used / n_expert``, weighted by that cost:
+    a token of them can take longer to compute than to read (other types' token is bound by its reads,
+    every CPU record of the public development set).  ``layers``: how many of the model's layers
+    have a running weight on each device.  ``pageable_cpu``: whether a CPU weight is pageable."""
+    frac = expert_fraction(plan.model)
+    embd, experts, dialect = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES, plan.dialect
+    costs: dict[str, float] = {}
+    flops = 0.0
+    seen: dict[str, set[int]] = defaultdict(set)
+    pageable = False
+    for p in _running(placement):
+        t = p.tensor
+        assert p.device is not None
+        if t.layer is not None:
+            seen[p.device].add(t.layer)
+        if p.device != CPU:
+            continue
+        pageable = pageable or not (p.buft or "").endswith("_Host")
+        if len(t.shape) < 2 or (t.role is embd and not p.copy):
+            continue
+        cost = costs.get(t.type.name)
+        if cost is None:
+            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect)
+        if cost > 1.0:
+            flops += 2.0 * t.n_elements * cost * (frac if t.role in experts else 1.0)
+    return TokenExtras(flops, {k: len(v) for k, v in seen.items()}, pageable)
+
+
 def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
-              kv: dict[str, int], attn: dict[str, float] | None = None) -> dict[str, float]:
-    """Seconds per token per device: its weights over its effective bandwidth, plus its attention:
+              kv: dict[str, int], attn: dict[str, float] | None = None,
+              extras: TokenExtras | None = None) -> dict[str, float]:
+    """Seconds per token per device: its weights over its effective bandwidth (the CPU's: or, where
+    slower, their FLOPs over its compute, :attr:`TokenExtras.cpu_flops`; a GPU's: plus
+    ``gpu_layer_us`` for each of its layers, :attr:`TokenExtras.layers`), plus its attention:
     the KV bytes over the bandwidth or, where slower, the attention FLOPs (``attn``,
     :func:`attention_flops_at`) over its attention compute (an MLA model's 128 heads share one
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
     attn = attn or {}
+    extras = extras or token_extras(plan, placement)
+    per_layer = eff.gpu_layer_us.value * 1e-6
     for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
-        bw, _ = _bandwidth(d, eff)
+        bw = _effective_bandwidth(d, eff)
         kv_s = kv.get(name, 0) / (bw * 1e9)
         flops = attn.get(name, 0.0)
         if flops:
             tf = (d.tflops.value * eff.cpu_attention.value * d.share if not _is_gpu(d)
                   else compute_tflops(d, eff))
             kv_s = max(kv_s, flops / (tf * 1e12))
-        times[name] = weights.get(name, 0) / (bw * 1e9) + kv_s
+        w_s = weights.get(name, 0) / (bw * 1e9)
+        if _is_gpu(d):
+            w_s += extras.layers.get(name, 0) * per_layer
+        if name == CPU and d.kind is DeviceKind.CPU and w_s and extras.cpu_flops:
+            w_s = max(w_s, extras.cpu_flops / (compute_tflops(d, eff) * 1e12))
+        times[name] = w_s + kv_s
     return times
 
 
@@ -619,6 +743,8 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
                               eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute))
         if d.kind is not DeviceKind.CPU:
             out.append(Assumption(f"{name} host link", d.link))
+    if any(_is_gpu(hw[n]) for n in used):
+        out.append(Assumption("a GPU layer's fixed time a token", eff.gpu_layer_us))
     out.append(Assumption("link efficiency", eff.link))
     out.append(Assumption("graph split latency", eff.split_latency_us))
     if any(hw[n].kind is DeviceKind.RPC for n in used):
@@ -690,9 +816,10 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
-    t0 = _tg_times(plan, placement, hw, eff, weights, {})
+    extras = token_extras(plan, placement)
+    t0 = _tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1)
+    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, extras)
     pairs = split_pairs(plan.model, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     host_kv = host_kv_layers(plan, placement)
@@ -710,18 +837,22 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
         attn_d = attention_flops_at(ap, placement, ctx, depth)
-        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d)
+        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, extras)
         tgd_total = (sum(tgd.values()) + split_s + host_kv_s
                      + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
         tg_d = 1.0 / tgd_total if tgd_total else math.inf
     devs = [DeviceTime(n, weights.get(n, 0), kv1.get(n, 0), 1e3 * t0.get(n, 0.0), 1e3 * t1.get(n, 0.0),
-                       1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0)
+                       1e3 * pp.device_s.get(n, 0.0), t0.get(n, 0.0) / total0 if total0 else 0.0,
+                       1e3 * pp.reads_s.get(n, 0.0))
             for n in plan.devices.names if n in t0 or n in t1 or n in pp.device_s]
     assumptions = _assumptions(plan, placement, hw, eff)
     if host_kv:
         assumptions.append(Assumption("-nkvo: the CPU's round trip of a GPU layer",
                                       eff.host_attention_us))
+    if pp.transfer_s and extras.pageable_cpu:
+        assumptions.append(Assumption("op offload copies from pageable host weights (mmap; --load-mode none "
+                                      "pins them)", eff.pageable_copy))
     calibrated = any(a.figure.source is Source.CALIBRATED for a in assumptions)
     return SpeedEstimate(
         tg_tps=1.0 / total0 if total0 else math.inf,

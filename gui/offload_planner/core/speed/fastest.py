@@ -9,8 +9,12 @@ the fastest GPU with room; layers with more expert bytes (a quant mix gives some
 go first, then the others in layer order, so that as many bytes as fit leave the CPU.  Room is the
 capacity minus the device's margin (1 GiB by default, as in the window) minus what the projection
 puts there; the result is projected again and
-layers are taken back from any GPU over its limit.  For the ``pp`` and ``balanced`` goals larger
-``-ub`` values are tried too (a larger compute buffer against faster prompt processing).  The answer
+layers are taken back from any GPU over its limit.  Where the user gave no ``-ts`` (``-sm layer``,
+every layer on a GPU) the search also chooses the layer split with the experts (:mod:`layout`: blocks
+of layers per GPU, as many whole as fit, for the shortest token), and it tops up the fastest
+baseline that fits with single expert tensors in the room that baseline leaves (:meth:`_Search.seeded`).
+For the ``pp`` and ``balanced`` goals larger ``-ub`` values are tried too (a larger compute buffer
+against faster prompt processing); with the user's permission a q8_0 KV cache and ``-nkvo``.  The answer
 is the candidate with the best score that fits, baselines included, so it is never slower in
 estimate than a baseline that fits.
 
@@ -36,6 +40,7 @@ way.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -54,6 +59,15 @@ from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
 from offload_planner.core.speed.forked import Forked
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.layout import (
+    LayerCost,
+    Speeds,
+    best_layout,
+    budgets,
+    layer_costs,
+    may_split,
+    speeds,
+)
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
 
@@ -65,6 +79,11 @@ BALANCED_ANSWER = 512  # tokens generated per request in the balanced score
 GOALS = ("tg", "pp", "balanced")
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
 NEAR_MISS = 512 * 1024**2  # predicted compute buffers were off by < 60 MiB on the bench's models
+#: a compute buffer of another layer split larger than the starts' split's by more than this grew with
+#: what every split has (the experts' activations at this -ub), not with the split: the starts' split
+#: is predicted with it too (on the test's tiny RPC devices splits differ by ~2 MiB; Qwen3-30B on two
+#: 8 GiB cards at -ub 4096 grew by ~540 MiB once a GPU held experts)
+SPLIT_SHIFT = 64 * 1024**2
 MAX_VERIFY = 8  # full projections of candidates predicted to fit before the best verified one is taken
 KV_QUANT = "q8_0"  # the KV cache type the search may pick where the user allows it
 QUANT_BLOCK = 32  # q8_0's block: flash attention needs head sizes that are multiples of it
@@ -191,18 +210,26 @@ def interpolate(known: dict[int, list[Buffer]], ub: int) -> list[Buffer]:
     return out
 
 
-Variant = tuple[int, str, str]  # -ub, K and V cache types
+Variant = tuple[int, str, str, bool]  # -ub, K and V cache types, the KV cache on the layers' devices
 
 
 def variant(plan: Plan) -> Variant:
     c = plan.context
-    return c.n_ubatch, c.type_k, c.type_v
+    return c.n_ubatch, c.type_k, c.type_v, c.offload_kqv
 
 
 def _describe(var: Variant) -> str:
-    ub, k, v = var
+    ub, k, v, on = var
     kv = (f", -ctk {k}" if k != "f16" else "") + (f" -ctv {v}" if v != "f16" else "")
-    return f"-ub {ub}{kv}"
+    return f"-ub {ub}{kv}" + ("" if on else ", -nkvo")
+
+
+def kvo_choices(plan: Plan, allow: bool) -> list[bool]:
+    """Where the KV cache goes: the command's; with ``allow`` and the cache on the GPUs, also the
+    CPU (``-nkvo``: its memory left to experts, at the cost of the attention's round trips to the
+    host, which the estimate counts)."""
+    on = plan.context.offload_kqv
+    return [on] + ([False] if allow and on and plan.devices.gpus else [])
 
 
 def kv_choices(plan: Plan, allow: bool) -> list[tuple[str, str]]:
@@ -223,8 +250,10 @@ def kv_choices(plan: Plan, allow: bool) -> list[tuple[str, str]]:
     return out
 
 
-def with_kv(plan: Plan, kv: tuple[str, str]) -> Plan:
-    return replace(plan, context=replace(plan.context, type_k=kv[0], type_v=kv[1]))
+def with_kv(plan: Plan, kv: tuple[str, str], offload: bool | None = None) -> Plan:
+    """``plan`` with the KV cache types ``kv`` and, unless None, ``offload`` (False: ``-nkvo``)."""
+    ctx = replace(plan.context, type_k=kv[0], type_v=kv[1])
+    return replace(plan, context=ctx if offload is None else replace(ctx, offload_kqv=offload))
 
 
 def pick(ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
@@ -252,12 +281,18 @@ class _Search:
         self.evaluations = 0
         self._seen: dict[tuple[object, ...], Candidate] = {}
         self._compute: dict[int, list[Buffer]] = {}  # per -ub: compute buffers of a full projection
+        self._compute_nkvo: dict[int, list[Buffer]] = {}  # the same of plans with -nkvo
+        #: the same of plans with other layer splits (layout's -ts) than the starts' (``_home``), the
+        #: largest of them and of the starts' per buffer
+        self._compute_split: dict[bool, dict[int, list[Buffer]]] = {}
+        self._home: tuple[float, ...] | None = None
         self.starts: dict[Variant, Candidate] = {}  # every routed expert the user left free on the CPU
         #: reserves already simulated: the starts at several -ub share their one-token graph
         self._reserves: ReserveMemo = {}
         #: compute simulations made ahead of their full projection (:meth:`simulate_ahead`)
         self._simulated: dict[tuple[object, ...], tuple[Placement, list[Buffer]]] = {}
         self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (fit_plan)
+        self._layers: dict[tuple[object, ...], list[LayerCost]] = {}  # layout.layer_costs per variant
 
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
@@ -290,12 +325,22 @@ class _Search:
         # per buffer the largest of every plan of this -ub projected so far: a device's compute
         # buffer grows once it holds experts (their activations), so the start alone is short
         ub = plan.context.n_ubatch
-        known = {(b.device, b.name): b for b in self._compute.get(ub, [])}
+        computes = self.computes(plan, own=True)
+        home = self.computes(replace(plan, placement_options=replace(
+            plan.placement_options, tensor_split=self._home or ())))
+        # another split's start from the starts' (never below them: its GPUs hold other layers)
+        known = {(b.device, b.name): b for b in computes.get(ub) or home.get(ub, [])}
         # the model context's own (a draft's or MTP's compute is projected again with every plan)
         for b in (b for d in proj.devices for b in d.buffers if b.kind == "compute" and not b.owner):
             k = (b.device, b.name)
             known[k] = b if k not in known or b.bytes > known[k].bytes else known[k]
-        self._compute[ub] = list(known.values())
+        computes[ub] = list(known.values())
+        if computes is not home and ub in home:  # another split's growth beyond a split's own shifts
+            grown = {(x.device, x.name): x for x in home[ub]}
+            for k, x in known.items():
+                if k in grown and x.bytes > grown[k].bytes + SPLIT_SHIFT:
+                    grown[k] = x
+            home[ub] = list(grown.values())
         # predictions made with the earlier compute buffers are evaluated again when asked for
         self._seen = {k: c for k, c in self._seen.items() if c.verified}
         return self._make(label, plan, proj, verified=True)
@@ -323,12 +368,30 @@ class _Search:
         seen = self._seen.get(_key(plan))
         if seen is not None and (seen.verified or not fresh):
             return replace(seen, label=label)
-        proj = plan.projection(compute=interpolate(self._compute, plan.context.n_ubatch))
+        proj = plan.projection(compute=interpolate(self.computes(plan), plan.context.n_ubatch))
         self.evaluations += 1
         return self._make(label, plan, proj, verified=False)
 
     def candidate(self, label: str, plan: Plan) -> Candidate:
-        return self.cheap(label, plan) if self._compute else self.full(label, plan)
+        return self.cheap(label, plan) if self.computes(plan) else self.full(label, plan)
+
+    def computes(self, plan: Plan, own: bool = False) -> dict[int, list[Buffer]]:
+        """The compute buffers ``plan``'s are predicted from: of plans with the KV cache where it is
+        (-nkvo moves the attention's buffers to the host) and of the starts' layer split, or for
+        another split (:mod:`layout`'s) the largest of those and of the other splits projected in
+        full at its ``-ub``, where there are some (another split changes every GPU's buffers: on a
+        tiny model by more than the experts it moves; pooled with the starts' they made every
+        prediction of the starts' split too large).  ``own``: the dict a full projection adds to."""
+        on, split = plan.context.offload_kqv, plan.placement_options.tensor_split
+        if self._home is None:
+            self._home = split  # the starts', projected first
+        home = self._compute if on else self._compute_nkvo
+        if split == self._home:
+            return home
+        if own:
+            return self._compute_split.setdefault(on, {})
+        other = self._compute_split.get(on, {})
+        return other if plan.context.n_ubatch in other else home
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
@@ -336,7 +399,10 @@ class _Search:
         ``-ub`` are projected in full; every other start and every fill is predicted from those."""
         out: list[Candidate] = []
         first = next(iter(starts))
-        exact = [first, max((v for v in starts if v[1:] == first[1:]), key=lambda v: v[0])]
+        exact = []
+        for on in dict.fromkeys(v[3] for v in starts):  # the KV cache where it is, and with -nkvo
+            f = next(v for v in starts if v[3] == on and v[1:3] == first[1:3])
+            exact += [f, max((v for v in starts if v[1:] == f[1:]), key=lambda v: v[0])]
         for var in dict.fromkeys(exact):
             self.full(f"{label}, {_describe(var)}", starts[var])
         for var, plan in starts.items():
@@ -354,8 +420,9 @@ class _Search:
     def choose(self, ours: list[Candidate], baselines: list[Candidate], goal: str) -> Candidate | None:
         """The best-scoring candidate that fits by a full projection: the best predicted one is
         projected in full; if it is over after all, its ``-ub`` is filled again with the compute
-        buffers just simulated and its experts are taken back by what it is over."""
-        refilled: set[Variant] = set()
+        buffers just simulated (once per variant and layer split) and its experts are taken back by
+        what it is over."""
+        refilled: set[tuple[Variant, tuple[float, ...]]] = set()  # per layer split: its own buffers
         for _ in range(MAX_VERIFY):
             c = pick(ours, baselines, goal)
             if c is None:
@@ -372,9 +439,10 @@ class _Search:
             for lst in (ours, baselines):
                 lst[:] = [x if x.verified else self.cheap(x.label, x.plan, fresh=True) for x in lst]
             var = variant(c.plan)
+            split = (var, c.plan.placement_options.tensor_split)
             again: list[Candidate] = []
-            if is_ours and var not in refilled and var in self.starts:
-                refilled.add(var)
+            if is_ours and split not in refilled and var in self.starts:
+                refilled.add(split)
                 st = self.starts[var]
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
             fixed = self.take_back(v) if is_ours else None
@@ -430,10 +498,54 @@ class _Search:
 
     def fill(self, start: Candidate) -> list[Candidate]:
         """Whole expert layers onto the GPUs, then the same with single expert tensors added where
-        a whole layer no longer fits (more bytes off the CPU, at the cost of graph splits)."""
+        a whole layer no longer fits (more bytes off the CPU, at the cost of graph splits); where the
+        search may choose the layer split, the same in blocks of whole layers (:meth:`fill_blocks`)."""
         whole, moves = self.fill_layers(start)
         split = self.fill_tensors(whole, start.plan, moves)
-        return [whole] if split is None else [whole, split]
+        return [whole] + ([] if split is None else [split]) + self.fill_blocks(start)
+
+    def fill_blocks(self, start: Candidate) -> list[Candidate]:
+        """The layer split chosen with the experts (:mod:`layout`), then topped up with single expert
+        tensors."""
+        plan = start.plan
+        free = self.expert_layers(plan)
+        if not free or not may_split(plan):
+            return []
+        # the same for every -ub (the KV cache's types, and sliding-window caches' cells, aside)
+        key = (variant(plan)[1:], plan.context.n_ubatch if plan.model.summary.has_swa else 0)
+        layers = self._layers.get(key)
+        if layers is None:
+            layers = self._layers[key] = layer_costs(plan, start.projection, free)
+        margins = {g.name: margin_of(g) for g in self.devices.gpus}
+        budget = budgets(plan, start.projection, layers, self.devices, margins)
+        got = self._blocks(plan, layers, budget, speeds(plan, self.hw, self.eff))
+        if got is None:
+            return []
+        c, p, moves = got
+        split = self.fill_tensors(c, p, moves)
+        return [c] + ([] if split is None else [split])
+
+    def _blocks(self, plan: Plan, layers: list[LayerCost], budget: list[int],
+                sp: Speeds) -> tuple[Candidate, Plan, dict[str, str]] | None:
+        """The block layout of ``layers`` in ``budget``, projected; a GPU over its limit loses what it
+        is over from its budget and the layout is made again (three tries)."""
+        gpus = [g.name for g in self.devices.gpus]
+        how = "own -ts" if len(gpus) > 1 else "small layers first"
+        label = f"fastest ({_describe(variant(plan))}, {how})"
+        for _ in range(3):
+            lay = best_layout(layers, budget, sp)
+            if lay is None:
+                return None
+            ts = tuple(float(n) for n in lay.units) if len(gpus) > 1 else ()
+            p = replace(plan, placement_options=replace(plan.placement_options, tensor_split=ts))
+            moves = lay.moves(layers, gpus)
+            c = self.candidate(label, p.with_moves(moves))
+            if not c.over:
+                return c, p, moves
+            left = room(c.projection, self.devices)
+            for g in c.over:
+                budget[gpus.index(g)] += left[g]
+        return None
 
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
@@ -473,15 +585,17 @@ class _Search:
         return self.top_up(cand, plan, layers, moves, label)
 
     def fill_tensors(self, cand: Candidate, plan: Plan, moves: dict[str, str]) -> Candidate | None:
-        """Single expert tensors (largest first) into the room each GPU has left; None when none
-        fits."""
+        """Single expert tensors (largest first) into the room each GPU has left, on their layer's
+        own GPU where it has room (no extra graph split); None when none fits."""
         left = room(cand.projection, self.devices)
-        rest = sorted((n for names in self.expert_layers(plan).values() for n in names if n not in moves),
-                      key=lambda n: -self.model.tensor(n).nbytes)
+        placement = cand.plan.placement()
+        rest = sorted(((n, il) for il, names in self.expert_layers(plan).items() for n in names
+                       if n not in moves), key=lambda p: -self.model.tensor(p[0]).nbytes)
         added: dict[str, list[str]] = {}
         trial = dict(moves)
-        for n in rest:
-            for g in sorted(left, key=lambda d: -left[d]):
+        for n, il in rest:  # the layer's own GPU first (no extra graph split), then by room left
+            own = placement.layer_device(il)
+            for g in sorted(left, key=lambda d: (d != own, -left[d])):
                 dev = self.devices.by_name(g)
                 assert dev is not None
                 cost = pad(alloc_size(self.model.tensor(n), dev), dev.alignment)
@@ -520,6 +634,17 @@ class _Search:
                 return cand, moves
             cand, moves = c, trial
         return cand, moves
+
+    def seeded(self, baselines: list[Candidate], goal: str) -> list[Candidate]:
+        """The fastest baseline that fits and moved experts (not ``--cpu-moe``) with single expert
+        tensors added into the room it leaves on the GPUs (:meth:`fill_tensors`; its own rules stay,
+        the experts they put on the CPU are free): where one fits, faster than that baseline."""
+        pool = [c for c in baselines if c.fits and c.label != "--cpu-moe"]
+        if not pool:
+            return []
+        b = max(pool, key=lambda c: score(c.estimate, goal))
+        c = self.fill_tensors(replace(b, label=f"fastest (from {b.label})"), b.plan, {})
+        return [] if c is None else [c]
 
     # --- baselines -------------------------------------------------------------------------------
 
@@ -657,10 +782,12 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
-                 accept: float | None = None, concurrent: bool = False) -> FastestResult:
+                 accept: float | None = None, concurrent: bool = False,
+                 allow_nkvo: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
     ``allow_kv_quant``: the KV cache may become q8_0 (:func:`kv_choices`); else its types are kept.
+    ``allow_nkvo``: the KV cache may go to the CPU (:func:`kvo_choices`); else it stays where it is.
     Candidates rank by the estimate ``plan`` prints: with the command's draft model or MTP at
     acceptance ``accept`` (None: the default).
     ``concurrent``: llama.cpp's ``--fit`` runs in a forked child beside the search where that is
@@ -681,10 +808,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     user = s.plan([])
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
     starts: dict[Variant, Plan] = {}
-    for kv in kv_choices(user, allow_kv_quant):
+    for kv, on in itertools.product(kv_choices(user, allow_kv_quant), kvo_choices(user, allow_nkvo)):
         for ub in ubs:
             p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
-                                                if ub != user.context.n_ubatch else [])), kv)
+                                                if ub != user.context.n_ubatch else [])), kv, on)
             starts[variant(p)] = p
     # llama.cpp's --fit beside the search, in a forked child where a second core can take it (its
     # dry runs and the search share nothing); else first, and the starts take over the graphs its
@@ -704,6 +831,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
         fit, fit_notes = s.llama_fit_candidate(fit_plan)
         notes += fit_notes
     baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]
+    ours += s.seeded(baselines, goal)
     best = s.choose(ours, baselines, goal)
     # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
     rivals = [c for c in (ncm, near) if c is not None and not c.verified]
@@ -720,10 +848,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                       eff: Efficiencies | None = None, allow_kv_quant: bool = False,
-                      accept: float | None = None) -> FastestResult:
+                      accept: float | None = None, allow_nkvo: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
-    types change only with ``allow_kv_quant``."""
+    types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
@@ -732,10 +860,10 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
-    for kv in kv_choices(plan, allow_kv_quant):
+    for kv, on in itertools.product(kv_choices(plan, allow_kv_quant), kvo_choices(plan, allow_nkvo)):
         for ub in _ubatches(ub0, goal):
             p = with_kv(plan if ub == ub0 else replace(plan, context=replace(
-                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv)
+                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv, on)
             start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")

@@ -54,6 +54,11 @@ DEFAULT_GPU_TFLOPS = 50.0
 DEFAULT_PCIE = (4, 16)
 DEFAULT_HOST_BW = 50.0  # GB/s: two channels of DDR4-3200 (2 x 3200 MT/s x 8 B = 51.2)
 DEFAULT_CPU_TFLOPS_PER_THREAD = 0.1  # peak per core (AVX2 FMA: 2 units x 8 fp32 x 2 ops x ~3 GHz ≈ 0.1)
+#: The clock ``DEFAULT_CPU_TFLOPS_PER_THREAD`` stands for (32 FLOPs a cycle): a CPU declared with
+#: ``ghz=`` (its vendor base clock) computes ``ghz / DEFAULT_CPU_GHZ`` of it a core.  Many-core server
+#: parts run at about half a desktop part's clock (AMD EPYC 9965 2.25 GHz, Intel Xeon 6980P 2.0 GHz,
+#: Ryzen 9 7950X 4.5 GHz base), and a core's FMA throughput follows its clock.
+DEFAULT_CPU_GHZ = 3.125
 DEFAULT_THREADS = 8
 DEFAULT_RPC_LINK = 10.0  # GB/s: a loopback connection (not measured)
 
@@ -238,8 +243,12 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
                else " (threads not given: -t)")
         if n and decl.cores and n > decl.cores and smt_capped:
             tn, why = decl.cores, f" (-t {n} on {decl.cores} physical cores: the rest add no compute)"
-        tf = Figure(round(tn * DEFAULT_CPU_TFLOPS_PER_THREAD, 3), "TFLOPS", Source.DEFAULT,
-                    f"{tn} threads x {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS{why}")
+        per, src, clock = DEFAULT_CPU_TFLOPS_PER_THREAD, Source.DEFAULT, ""
+        if decl.ghz is not None:
+            per, src = DEFAULT_CPU_TFLOPS_PER_THREAD * decl.ghz / DEFAULT_CPU_GHZ, Source.DECLARED
+            clock = (f" (ghz={decl.ghz:g}: {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS a core at "
+                     f"{DEFAULT_CPU_GHZ} GHz)")
+        tf = Figure(round(tn * per, 3), "TFLOPS", src, f"{tn} threads x {per:.4g} TFLOPS{clock}{why}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
     return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n)
 

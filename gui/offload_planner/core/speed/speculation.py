@@ -31,7 +31,7 @@ from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.estimate import (
     Assumption,
     SpeedEstimate,
-    _bandwidth,
+    _effective_bandwidth,
     _link,
     compute_tflops,
     expert_fraction,
@@ -157,7 +157,7 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
     for name in dict.fromkeys([*reads, *kv]):  # first-seen order, whatever the hash seed
         r = reads.get(name, _Reads())
         d = hw[name]
-        bw, _ = _bandwidth(d, eff)
+        bw = _effective_bandwidth(d, eff)
         nbytes = r.full_b + r.exp_b * hit + r.row_b * b + kv.get(name, 0)
         flops = 2.0 * b * (r.full_el + r.exp_el * frac)
         total += max(nbytes / (bw * 1e9), flops / (compute_tflops(d, eff) * 1e12))

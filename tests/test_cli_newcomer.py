@@ -1,0 +1,189 @@
+"""The command line as an LM Studio or llama.cpp user first types it: a typo in one of our own flags,
+a device declared with more free memory than it has, a margin that leaves nothing, a device name that
+is not one. Each is refused alone (exit 2, nothing on stdout) with a message that names the flag and
+says what to do."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from tests.test_cli_plan_input import QWEN, refused, run
+
+from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.plan_file import PlanFile, plan_json
+
+# --- free= and margin= against the size -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "launch"])
+@pytest.mark.parametrize(("decl", "said"), [
+    ("CUDA0=24GiB,free=30GiB", "free=30.00 GiB is more than the device's size 24.00 GiB"),
+    ("CUDA0=rtx3090,free=30GiB", "free=30.00 GiB is more than the device's size 24.00 GiB"),
+    ("CPU=64GiB,free=100GiB", "free=100.00 GiB is more than the device's size 64.00 GiB"),
+])
+def test_free_beyond_the_size_is_refused(command: str, decl: str, said: str) -> None:
+    """`free` is part of the size: 30 GiB free on a 24 GiB card was taken, and the plan was made
+    against 30 GiB (the table's capacity column said 30.00)."""
+    err = refused(run(command, QWEN, "--no-detect", "--device", decl, "--device", "CUDA1=24GiB",
+                      "--", "-c", "4096"))
+    assert f"--device {decl!r}" in err and said in err and "lower free= or raise the size" in err
+    assert err.count("\n") == 1
+
+
+def test_the_window_refuses_free_beyond_the_size_before_anything_else() -> None:
+    err = refused(run("gui", "--device", "CUDA0=24GiB,free=30GiB"))
+    assert "--device 'CUDA0=24GiB,free=30GiB'" in err and "more than the device's size" in err
+
+
+@pytest.mark.parametrize(("decl", "said"), [
+    ("CUDA0=24GiB,margin=24GiB", "margin=24.00 GiB leaves nothing of the device's size 24.00 GiB"),
+    ("CUDA0=24GiB,free=10GiB,margin=12GiB", "leaves nothing of the device's free memory 10.00 GiB"),
+])
+def test_a_margin_that_leaves_nothing_is_refused(decl: str, said: str) -> None:
+    err = refused(run("plan", QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
+    assert f"--device {decl!r}" in err and said in err
+
+
+@pytest.mark.parametrize("decl", ["CUDA0=24GiB,free=24GiB", "CUDA0=24GiB,free=0GiB",
+                                  "CUDA0=24GiB,margin=2GiB", "CUDA0=24GiB,free=10GiB,margin=9GiB"])
+def test_free_up_to_the_size_and_a_margin_below_it_are_taken(decl: str) -> None:
+    d = parse_device_decl(decl)
+    assert d.total == 24 * 1024**3
+
+
+def test_a_plan_file_with_free_beyond_total_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A hand-edited plan file's GPU with 30 GiB free of 24 GiB: `launch FILE.plan.json` names the
+    file and the field (it was taken, and the plan made against 30 GiB)."""
+    plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
+                                                      (parse_device_decl("CUDA0=24GiB"),)),
+                          argparse.Namespace(ctx_size=4096))
+    data = plan_json(PlanFile.of(plan))
+    data["devices"]["gpus"][0]["free"] = 30 * 1024**3
+    path = tmp_path / "edited.plan.json"
+    path.write_text(json.dumps(data))
+    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    assert str(path) in err and "$.devices.gpus[0].free" in err and "more than the device's total" in err
+
+
+# --- a device name that is not one ----------------------------------------------------------------
+
+
+def test_an_unknown_device_name_names_the_flag() -> None:
+    err = refused(run("plan", QWEN, "--no-detect", "--device", "GPU0=24GiB", "--", "-c", "4096"))
+    assert "--device 'GPU0=24GiB': unknown device name 'GPU0'" in err and "CUDA0" in err
+
+
+# --- typos of our own options ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "meant"), [
+    (("plan", QWEN, "--devce", "CUDA0=24GiB"), "did you mean --device for --devce?"),
+    (("plan", QWEN, "--promt", "512"), "did you mean --prompt for --promt?"),
+    (("fit", QWEN, "--goall", "tg"), "did you mean --goal for --goall?"),
+    (("inspect", QWEN, "--jsn"), "did you mean --json for --jsn?"),
+])
+def test_a_typo_of_our_own_option_names_the_option_it_meant(args: tuple[str, ...], meant: str) -> None:
+    """`--devce CUDA0=24GiB` was told to go after `--` as a llama-server argument (which llama-server
+    would refuse in turn)."""
+    err = refused(run(*args))
+    assert meant in err and f"offload-planner {args[0]} --help" in err
+    if args[0] == "plan":
+        assert "llama-server arguments go after" not in err
+
+
+def test_a_typo_beside_a_server_flag_gets_both_hints() -> None:
+    err = refused(run("plan", QWEN, "--no-detct", "--cpu-moe"))
+    assert "did you mean --no-detect for --no-detct?" in err
+    assert "llama-server arguments go after `--`: offload-planner plan MODEL [options] -- --cpu-moe" in err
+
+
+# --- help -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "launch", "gui"])
+def test_every_device_help_names_cards_keys_and_free(command: str) -> None:
+    """`plan --help` said NAME=SIZE[,free=SIZE] while plan takes catalogue cards and speed keys as
+    fit does; the four commands now say the same."""
+    r = run(command, "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "NAME=SIZE|CARD[,key=value]" in text
+    for word in ("CUDA0=rtx3090", "free=SIZE", "at most the size", "margin=SIZE", "bw=936GB/s", "pcie=4x16"):
+        assert word in text, (command, word)
+
+
+# --- commands that cannot start -------------------------------------------------------------------
+
+
+def test_fit_without_any_gpu_says_to_declare_one() -> None:
+    """"fit needs every GPU's size" read oddly on a machine with no GPU and no --device."""
+    err = refused(run("fit", QWEN, "--no-detect", "--", "-c", "4096"))
+    assert "fit places tensors on GPUs and there is none: declare one with --device" in err
+    assert "--device CUDA0=rtx3090" in err and err.count("\n") == 1
+
+
+def test_launch_with_a_wrong_server_path_names_the_option(tmp_path: Path) -> None:
+    """`--server /nonexistent` printed "offload-planner: llama-server not found; looked in:
+    /nonexistent": no "error:", no option named, nothing said of what to give."""
+    missing = tmp_path / "nowhere"
+    err = refused(run("launch", QWEN, "--no-detect", "--server", str(missing), "--", "-c", "512"))
+    assert err.startswith(f"offload-planner: error: --server '{missing}': no llama-server executable there")
+    assert "give the executable or the folder holding it" in err and err.count("\n") == 1
+
+
+def test_the_programs_help_gives_first_steps() -> None:
+    """`offload-planner --help` listed five commands and no way to start: it now says what running
+    it bare does and gives a first `plan` and `fit` line."""
+    r = run("--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "Without a command, the window opens" in text
+    assert "offload-planner plan MODEL.gguf --device CUDA0=24GiB -- -ngl 999 --cpu-moe" in text
+    assert "offload-planner fit MODEL.gguf --device CUDA0=rtx3090" in text
+
+
+@pytest.mark.parametrize(("decl", "said"), [
+    ("CUDA0=24GiB,free=20GiB,free=22GiB", "free= is given twice: give each field once"),
+    ("CUDA0=24GiB,bw=900GB/s,bandwidth=100GB/s", "bandwidth= is given twice (bandwidth= is bw=)"),
+    ("CUDA0=24GiB,22GiB", "'22GiB' is a second size: the size comes first, the free memory as free=22GiB"),
+    ("CUDA0=-24GiB", "not a size: '-24GiB' (accepted: 24GiB"),
+])
+def test_a_device_field_twice_or_a_second_size_is_refused_with_what_to_write(decl: str, said: str) -> None:
+    """The last of two free= (or bw=) silently won; a second bare size was "unknown field '22GiB'"; a
+    negative size listed the 35 catalogue cards as if it were a card name."""
+    err = refused(run("plan", QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
+    assert f"--device {decl!r}: {said}" in err and "rtx3090" not in err
+
+
+def test_a_screenshot_run_prints_one_clean_line(tmp_path: Path) -> None:
+    """`offload-planner README.md --screenshot x.png` printed its error twice (the loader's failure
+    and the window's error dialog) after Qt's offscreen "This plugin does not support
+    propagateSizeHints()", which every good screenshot run printed too."""
+    readme = Path(QWEN).parents[1] / "README.md"
+    bad = run(str(readme), "--screenshot", str(tmp_path / "bad.png"))
+    assert bad.returncode == 1
+    assert bad.stderr.splitlines() == [
+        f"offload-planner: error: {readme} at byte 0: not a GGUF file (magic b'# Of', expected b'GGUF')"]
+    good = run("gui", QWEN, "--screenshot", str(tmp_path / "good.png"), "--size", "1024x640")
+    assert good.returncode == 0 and good.stdout == f"{tmp_path / 'good.png'}: 1024x640\n"
+    assert good.stderr == ""
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("plna", "plan"), ("inpsect", "inspect"), ("fitt", "fit")])
+def test_a_mistyped_command_is_named(typed: str, meant: str) -> None:
+    """`offload-planner plna MODEL` went to the window with 'plna' as the model: "unrecognized
+    arguments: MODEL" (or, without a display, "no display")."""
+    err = refused(run(typed, QWEN, "--", "-c", "4096"))
+    assert err == (f"offload-planner: error: unknown command {typed!r}: did you mean {meant}? (commands: "
+                   "inspect, gui, plan, launch, fit; `offload-planner MODEL` opens the window)\n")
+
+
+def test_a_model_path_still_opens_the_window(tmp_path: Path) -> None:
+    shot = tmp_path / "w.png"
+    r = run(QWEN, "--screenshot", str(shot), "--size", "1024x640")
+    assert r.returncode == 0 and shot.is_file(), r.stderr
