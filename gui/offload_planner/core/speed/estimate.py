@@ -54,6 +54,15 @@ _STAGES: tuple[tuple[Role, ...], ...] = (
 )
 _STAGE_OF = {r: i for i, roles in enumerate(_STAGES) for r in roles}
 _STAGE_NOT_NORM = {r: i for r, i in _STAGE_OF.items() if not r.is_norm}
+#: Steps of a stage in graph order: ``build_moe_ffn`` multiplies by the fused gate+up experts, or by
+#: the gate and up experts, then the down experts; ``build_ffn`` (the shared expert, a dense FFN) by
+#: its gate, up, then down matrix.  ggml adds a node after its sources, left to right, and the GLU
+#: takes the gate first (``ggml_swiglu_split(ctx, gate, up)``): the gate's matmul is the earlier node
+#: although ``up`` is built first.  Each step's ops run where its weight is, so a layer whose matrices
+#: sit on two devices changes device at every step that moves (``ggml_backend_sched_split_graph``).
+_STEP_OF_ROLE = {Role.EXPERTS_GATE_UP: 0, Role.EXPERTS_GATE: 1, Role.EXPERTS_UP: 2, Role.EXPERTS_DOWN: 3}
+_STEPPED_BY_NAME = frozenset({Role.SHARED_EXPERT, Role.FFN_DENSE})
+_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -207,13 +216,35 @@ def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: R
     return {name: window[name] if name in skips else n for name, n in ring.items()}
 
 
+def _ffn_step(name: str) -> int:
+    """A shared expert's or dense FFN's matrix in graph order (:data:`_STEP_OF_ROLE`: gate+up, gate,
+    up, down; Qwen2-MoE's shared expert gate ``ffn_gate_inp_shexp`` multiplies the shared expert's
+    output, after it); remembered by name."""
+    step = _FFN_STEP.get(name)
+    if step is None:
+        base = name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 3 else name
+        step = (0 if base.startswith("ffn_gate_up") else 4 if base.startswith("ffn_gate_inp")
+                else 1 if base.startswith("ffn_gate") else 2 if base.startswith("ffn_up")
+                else 3 if base.startswith("ffn_down") else 0)
+        if len(_FFN_STEP) > 100_000:
+            _FFN_STEP.clear()
+        _FFN_STEP[name] = step
+    return step
+
+
+#: :func:`_ffn_step` by tensor name
+_FFN_STEP: dict[str, int] = {}
+
+
 def stage_devices(model: Model, placement: Placement) -> list[str]:
-    """The device of every stage of the graph in order: the embedding lookup, each layer's attention,
-    router, experts, shared expert, dense FFN, then the output.  Norms follow their layer."""
+    """The device of every step of the graph in order: the embedding lookup, each layer's attention,
+    router, routed experts (gate+up or gate, up, down: :data:`_STEP_OF_ROLE`), shared expert and dense
+    FFN (the same order, :func:`_ffn_step`), then the output.  Norms follow their layer."""
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
     token_embd, output, stage_of = Role.TOKEN_EMBD, Role.OUTPUT, _STAGE_NOT_NORM
+    step_of, by_name = _STEP_OF_ROLE, _STEPPED_BY_NAME
     for p in _running(placement):
         assert p.device is not None
         t = p.tensor
@@ -223,7 +254,8 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
         elif role is output or p.copy:
             out_dev = p.device
         elif t.layer is not None and (st := stage_of.get(role)) is not None:
-            first.setdefault((t.layer, st), p.device)
+            step = step_of.get(role, 0) if role not in by_name else _ffn_step(t.name)
+            first.setdefault((t.layer, st * _STEPS + step), p.device)
     seq = [embd] + [first[k] for k in sorted(first)]
     seq.append(out_dev or placement.output_device)
     return seq
