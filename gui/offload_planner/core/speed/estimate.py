@@ -222,7 +222,7 @@ def _ffn_step(name: str) -> int:
     output, after it); remembered by name."""
     step = _FFN_STEP.get(name)
     if step is None:
-        base = name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 3 else name
+        base = _base(name)
         step = (0 if base.startswith("ffn_gate_up") else 4 if base.startswith("ffn_gate_inp")
                 else 1 if base.startswith("ffn_gate") else 2 if base.startswith("ffn_up")
                 else 3 if base.startswith("ffn_down") else 0)
@@ -232,6 +232,30 @@ def _ffn_step(name: str) -> int:
     return step
 
 
+def _base(name: str) -> str:
+    """``ffn_up`` of ``blk.3.ffn_up.weight``."""
+    return name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 3 else name
+
+
+def _post_norm_key(name: str) -> int | None:
+    """Where a norm weight that multiplies a stage's output sits in a layer's steps: the attention's
+    post-norm (Gemma's ``post_attention_norm``; GLM-4.5's and gpt-oss's FFN pre-norm of that name)
+    after the attention's matrices, the FFN's (``post_ffw_norm``) after the FFN.  Its ``MUL`` runs
+    where the weight is, so a layer whose last matrix is on another device changes device for it.
+    Other norms follow their layer (None); remembered by name."""
+    key = _POST_NORM.get(name, -1)
+    if key == -1:
+        base = _base(name)
+        key = (_STEPS - 1 if base.startswith("post_attention_norm")
+               else len(_STAGES) * _STEPS if base.startswith("post_ffw_norm") else None)
+        if len(_POST_NORM) > 100_000:
+            _POST_NORM.clear()
+        _POST_NORM[name] = key
+    return key
+
+
+#: :func:`_post_norm_key` by tensor name
+_POST_NORM: dict[str, int | None] = {}
 #: :func:`_ffn_step` by tensor name
 _FFN_STEP: dict[str, int] = {}
 
@@ -239,7 +263,8 @@ _FFN_STEP: dict[str, int] = {}
 def stage_devices(model: Model, placement: Placement) -> list[str]:
     """The device of every step of the graph in order: the embedding lookup, each layer's attention,
     router, routed experts (gate+up or gate, up, down: :data:`_STEP_OF_ROLE`), shared expert and dense
-    FFN (the same order, :func:`_ffn_step`), then the output.  Norms follow their layer."""
+    FFN (the same order, :func:`_ffn_step`), then the output.  Norms follow their layer, but for
+    those that multiply a stage's output (:func:`_post_norm_key`)."""
     first: dict[tuple[int, int], str] = {}
     embd = CPU
     out_dev: str | None = None
@@ -253,9 +278,13 @@ def stage_devices(model: Model, placement: Placement) -> list[str]:
             embd = p.device
         elif role is output or p.copy:
             out_dev = p.device
-        elif t.layer is not None and (st := stage_of.get(role)) is not None:
+        elif t.layer is None:
+            continue
+        elif (st := stage_of.get(role)) is not None:
             step = step_of.get(role, 0) if role not in by_name else _ffn_step(t.name)
             first.setdefault((t.layer, st * _STEPS + step), p.device)
+        elif role.is_norm and (post := _post_norm_key(t.name)) is not None:
+            first.setdefault((t.layer, post), p.device)
     seq = [embd] + [first[k] for k in sorted(first)]
     seq.append(out_dev or placement.output_device)
     return seq
