@@ -260,31 +260,56 @@ _POST_NORM: dict[str, int | None] = {}
 _FFN_STEP: dict[str, int] = {}
 
 
+def _graph_keys(model: Model) -> dict[str, int]:
+    """Each layer tensor's place among the layers' steps in graph order (``layer x stride + step``;
+    -1: not a step of its own, e.g. a pre-norm, which follows its layer), remembered for the last few
+    models: an estimate in a search asks for every candidate."""
+    for m, keys in _KEYS:
+        if m is model:
+            return keys
+    stride = (len(_STAGES) + 1) * _STEPS
+    keys = {}
+    stage_of, step_of, by_name = _STAGE_NOT_NORM, _STEP_OF_ROLE, _STEPPED_BY_NAME
+    for t in model.tensors:
+        key = -1
+        role = t.role
+        if t.layer is not None and role is not Role.OUTPUT:
+            if (st := stage_of.get(role)) is not None:
+                key = st * _STEPS + (step_of.get(role, 0) if role not in by_name else _ffn_step(t.name))
+            elif role.is_norm and (post := _post_norm_key(t.name)) is not None:
+                key = post
+            if key >= 0:
+                key += t.layer * stride
+        keys[t.name] = key
+    _KEYS.insert(0, (model, keys))
+    del _KEYS[4:]
+    return keys
+
+
+#: :func:`_graph_keys` of the last models
+_KEYS: list[tuple[Model, dict[str, int]]] = []
+
+
 def stage_devices(model: Model, placement: Placement) -> list[str]:
     """The device of every step of the graph in order: the embedding lookup, each layer's attention,
     router, routed experts (gate+up or gate, up, down: :data:`_STEP_OF_ROLE`), shared expert and dense
     FFN (the same order, :func:`_ffn_step`), then the output.  Norms follow their layer, but for
     those that multiply a stage's output (:func:`_post_norm_key`)."""
-    first: dict[tuple[int, int], str] = {}
+    first: dict[int, str] = {}
     embd = CPU
     out_dev: str | None = None
-    token_embd, output, stage_of = Role.TOKEN_EMBD, Role.OUTPUT, _STAGE_NOT_NORM
-    step_of, by_name = _STEP_OF_ROLE, _STEPPED_BY_NAME
+    token_embd, output = Role.TOKEN_EMBD, Role.OUTPUT
+    keys = _graph_keys(model)
     for p in _running(placement):
         assert p.device is not None
         t = p.tensor
-        role = t.role
-        if role is token_embd and not p.copy and t.layer is None:
+        if not p.copy and (k := keys.get(t.name, -1)) >= 0:
+            if k not in first:
+                first[k] = p.device
+        elif t.role is token_embd and not p.copy and t.layer is None:
             embd = p.device
-        elif role is output or p.copy:
+        elif t.role is output or p.copy:
             out_dev = p.device
-        elif t.layer is None:
-            continue
-        elif (st := stage_of.get(role)) is not None:
-            step = step_of.get(role, 0) if role not in by_name else _ffn_step(t.name)
-            first.setdefault((t.layer, st * _STEPS + step), p.device)
-        elif role.is_norm and (post := _post_norm_key(t.name)) is not None:
-            first.setdefault((t.layer, post), p.device)
     seq = [embd] + [first[k] for k in sorted(first)]
     seq.append(out_dev or placement.output_device)
     return seq
