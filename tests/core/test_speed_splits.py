@@ -4,7 +4,9 @@ graph, :mod:`offload_planner.core.compute`): the same count and the same (from, 
 on the small complete models core.synth writes and the bundled DeepSeek-V3 header, over whole layers on
 GPUs, experts on the CPU (``-ot exps=CPU``, ``--n-cpu-moe``), ``-ngl`` partial, attention on one GPU
 and the experts on another, and single expert, shared expert and dense FFN matrices moved to another
-device (a layer's matrices on two devices: every step of the FFN that moves is a split)."""
+device (a layer's matrices on two devices: every step of the FFN that moves is a split); on Qwen3-30B's
+header with ``-ngl`` partial, each CPU layer's one-token ``MUL`` by its 32-head Q norm goes to the GPU
+by op offload and back (two splits a layer; none with ``--no-op-offload``)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
-from offload_planner.core.speed.estimate import split_pairs
+from offload_planner.core.speed.estimate import token_split_pairs
 
 RES = Path(__file__).resolve().parents[2] / "resources"
 TWO_GPUS = (parse_device_decl("CUDA0=80GiB"), parse_device_decl("CUDA1=80GiB"))
@@ -48,7 +50,8 @@ SHARED = [r"-ngl 99 -ot blk\.[0-9]\.ffn_up_shexp=CPU", r"-ngl 99 -ot blk\.[0-9]\
 CASES = ([("llama", a) for a in WHOLE + DENSE] + [("gemma3", a) for a in WHOLE + DENSE]
          + [("qwen3moe", a) for a in WHOLE + MOE] + [("gpt-oss", a) for a in WHOLE + MOE]
          + [(m, a) for m in ("deepseek2", "glm4moe") for a in WHOLE + MOE + SHARED + DENSE[:2]]
-         + [("DeepSeek-V3", a) for a in WHOLE + MOE + SHARED])
+         + [("DeepSeek-V3", a) for a in WHOLE + MOE + SHARED]
+         + [("Qwen3-30B", a) for a in [*WHOLE, "-ngl 20", "-ngl 20 --no-op-offload", *MOE[:3]]])
 
 
 def scheduled_pairs(plan: Plan) -> list[tuple[str, str]]:
@@ -74,6 +77,7 @@ def scheduled_pairs(plan: Plan) -> list[tuple[str, str]]:
 def models(small_models: dict[str, Path]) -> dict[str, Model]:
     out = {name: open_model(str(path)) for name, path in small_models.items()}
     out["DeepSeek-V3"] = open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
+    out["Qwen3-30B"] = open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))
     return out
 
 
@@ -82,7 +86,7 @@ def test_estimated_splits_are_the_schedulers(models: dict[str, Model], name: str
     model = models[name]
     plan = plan_from_args(model, DeviceSet(parse_device_decl("CPU=1024GiB"), TWO_GPUS),
                           parse_server_args([*args.split(), "-c", "4096", "-np", "1"]))
-    assert split_pairs(model, plan.placement()) == scheduled_pairs(plan)
+    assert token_split_pairs(plan, plan.placement()) == scheduled_pairs(plan)
 
 
 def test_a_layer_with_its_experts_on_two_devices_costs_a_split_per_step(models: dict[str, Model]) -> None:
@@ -93,6 +97,21 @@ def test_a_layer_with_its_experts_on_two_devices_costs_a_split_per_step(models: 
     args = ["-ngl", "99", "-c", "4096", "-np", "1", "-ot", r"blk\.1[0-9]\.ffn_down_exps=CPU"]
     ds = DeviceSet(parse_device_decl("CPU=1024GiB"), TWO_GPUS)
     plan = plan_from_args(model, ds, parse_server_args(args))
-    pairs = split_pairs(model, plan.placement())
+    pairs = token_split_pairs(plan, plan.placement())
     assert len(pairs) == 2 + 2 * 10
     assert pairs.count(("CUDA0", "CPU")) == pairs.count(("CPU", "CUDA0")) - 1 == 10
+
+
+def test_a_cpu_layers_query_norm_goes_to_the_gpu_by_op_offload(models: dict[str, Model]) -> None:
+    """Qwen3-30B, -ngl 20 on one GPU (19 of 48 layers and the output): the 29 CPU layers' one-token
+    Q-norm ``MUL`` (32 rows of a host weight) is offloaded to the GPU and back: 2 x 29 splits beside
+    the layer boundary's."""
+    model = models["Qwen3-30B"]
+    ds = DeviceSet(parse_device_decl("CPU=1024GiB"), TWO_GPUS[:1])
+    on = plan_from_args(model, ds, parse_server_args(["-ngl", "20", "-c", "4096", "-np", "1"]))
+    off = plan_from_args(model, ds, parse_server_args(["-ngl", "20", "-c", "4096", "-np", "1",
+                                                      "--no-op-offload"]))
+    assert len(token_split_pairs(off, off.placement())) == 1
+    placement = on.placement()
+    assert sum(placement.layer_device(il) == CPU for il in range(48)) == 29
+    assert len(token_split_pairs(on, placement)) == 1 + 2 * 29 == len(scheduled_pairs(on))
