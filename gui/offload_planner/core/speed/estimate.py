@@ -6,7 +6,11 @@ in full, its routed experts by ``n_expert_used / n_expert``, one row of the toke
 its layers' KV cache for ``d`` cells (the engine's own KV sizing, :func:`memory.kv_buffers`);
 the time is those bytes over the device's effective bandwidth.  Devices run one after another
 along the layers, so the times add, plus every graph split (a device change along the graph:
-activations copied over PCIe or the network, and a fixed latency).
+activations copied over PCIe or the network, and a fixed latency).  The splits are the scheduler's
+of the one-token graph (``ggml_backend_sched_split_graph``; tests/core/test_speed_splits.py holds them
+equal to the simulated scheduler's): each layer's steps in graph order, the device of each step's
+weight (routed experts gate, up, down; a layer whose matrices sit on two devices changes device at
+every step that moves), and a CPU layer's per-head Q norm taken by the GPU's op offload.
 
 Prompt processing of ``N`` tokens in ``-ub`` micro-batches: each device computes
 ``2 x params x tokens`` FLOPs for its weights (routed experts by ``n_expert_used / n_expert``)
