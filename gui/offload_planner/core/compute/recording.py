@@ -40,11 +40,17 @@ class RecDyn(DynAllocator):
         super().__init__(alignment)
         self.events = events
         self.rec = rec
+        self.shared: list[list[int]] | None = None  # the checkpoints' copy of ``blocks`` while unchanged
 
     def alloc(self, size: int) -> int:
+        self.shared = None
         off = super().alloc(size)
-        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))
+        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))  # where: on_alloc's
         return off
+
+    def free(self, offset: int, size: int) -> None:
+        self.shared = None
+        super().free(offset, size)
 
 
 class RecAlloc(GraphAllocator):
@@ -54,7 +60,8 @@ class RecAlloc(GraphAllocator):
         super().__init__(backends)
         self.pos = -1
         self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
-        self.allocs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
+        self.recs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
+        self.allocs = list(self.recs)
         self.objs: dict[int, T] = {}
         self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
         # per backend, every allocator event in walk order (position of the node in tail_pos):
@@ -63,16 +70,15 @@ class RecAlloc(GraphAllocator):
         self.tail: list[list[Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
 
-    def enter(self, n: T) -> None:
-        super().enter(n)
-        self.where = peak_label(n, self.layer)  # every allocation's event carries it
-
     # a tensor the walk allocates (a new block or its parent's, ``frees_tail`` on) becomes a candidate
     # for the checkpoints' live tensors here, where ``allocate`` makes it owned
 
     def on_alloc(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)
-        self.tail[bid].append((0, t, t, size, 0, self.where))
+        # the peak label the walk gives this allocation (the counting pass's: none), also its event's
+        cur = self.cur
+        where = self.where = "" if cur is None else peak_label(cur, self.layer)
+        self.tail[bid].append((0, t, t, size, 0, where))
         i = id(t)
         if i not in self.cand:
             self.objs[i] = t
@@ -98,6 +104,7 @@ class RecAlloc(GraphAllocator):
         # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
         # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
         states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
+        allocs = self.recs
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
                 live = {}
@@ -111,8 +118,11 @@ class RecAlloc(GraphAllocator):
                     else:
                         dead.append(i)
                 self.cand.difference_update(dead)
-                cks[pos] = Checkpoint([_shared(states, a.blocks) for a in self.allocs],
-                                       [a.max_size for a in self.allocs], list(self.peaks), self.layer,
+                for a in allocs:
+                    if a.shared is None:
+                        a.shared = _shared(states, a.blocks)
+                cks[pos] = Checkpoint([a.shared for a in allocs if a.shared is not None],
+                                       [a.max_size for a in allocs], list(self.peaks), self.layer,
                                        live)
             self.pos = pos
             self.step(n, bid)
@@ -289,23 +299,29 @@ class Reference:
             pos += width
         assert pos == len(sched.nodes)
         self.sched_nodes, self.sched_ids = sched.nodes, sched.node_ids
-        self.uses: dict[T, list[int]] = {}
-        self.first: dict[T, int] = {t: -1 for t in sched.leafs}
-        for p, n in enumerate(self.sched_nodes):
-            self.first.setdefault(n, p)
+        uses: dict[T, list[int]] = {}
+        first: dict[T, int] = {t: -1 for t in sched.leafs}
+        # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
+        layer_tags: dict[T, str] = {}
+        view_nodes: dict[T, list[T]] = {}
+        set_first = first.setdefault
+        for p, n in enumerate(self.sched_nodes):  # one pass, each map filled in node order
+            set_first(n, p)
             for s in n.src:
                 if s is not None:
-                    self.uses.setdefault(s, []).append(p)
-                    self.first.setdefault(s, p)
-        # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
-        self.layer_tags: dict[T, str] = {}
-        for n in self.sched_nodes:
+                    if (u := uses.get(s)) is None:
+                        uses[s] = [p]
+                    else:
+                        u.append(p)
+                    set_first(s, p)
             if (il := layer_suffix(n.name)) is not None:  # LAYER_SUFFIX's match, without the regex
-                self.layer_tags[n] = f" (layer {il})"
-        self.view_nodes: dict[T, list[T]] = {}
-        for n in self.sched_nodes:
+                layer_tags[n] = f" (layer {il})"
             if n.view_src is not None and n.op != "NONE":
-                self.view_nodes.setdefault(n.view_src, []).append(n)
+                if (v := view_nodes.get(n.view_src)) is None:
+                    view_nodes[n.view_src] = [n]
+                else:
+                    v.append(n)
+        self.uses, self.first, self.layer_tags, self.view_nodes = uses, first, layer_tags, view_nodes
 
     def _record_allocator(self) -> None:
         """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
@@ -321,7 +337,8 @@ class Reference:
                                               set(self.ckpos))
         self.peaks = list(galloc.peaks)
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
-        galloc.allocs.clear()  # they point back at it: a cycle, left to the cycle collector otherwise
+        galloc.allocs.clear()
+        galloc.recs.clear()  # they point back at it: a cycle, left to the cycle collector otherwise
         self.periods = find_periods(starts, self.tail, self.tail_pos)
         # where a replay's tail stops: positions and their checkpoints' indices
         at_start = set(starts)
