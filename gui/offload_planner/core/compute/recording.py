@@ -44,7 +44,10 @@ class RecDyn(DynAllocator):
 
     def alloc(self, size: int) -> int:
         self.shared = None
+        before = self.max_size
         off = super().alloc(size)
+        if self.max_size != before:
+            self.rec.grown = True  # (only then may the peaks move)
         self.events.append((self.rec.pos, off + self.align(size), self.rec.where))  # where: on_alloc's
         return off
 
@@ -59,6 +62,7 @@ class RecAlloc(GraphAllocator):
     def __init__(self, backends: list[Backend]) -> None:
         super().__init__(backends)
         self.pos = -1
+        self.grown = True  # a maximum moved since the last checkpoint: its max_size and peaks are new
         self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
         self.recs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
         self.allocs = list(self.recs)
@@ -105,25 +109,30 @@ class RecAlloc(GraphAllocator):
         # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
         states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
         allocs = self.recs
+        own, objs, cand = self.own, self.objs, self.cand
+        max_size: list[int] = []
+        peaks: list[str] = []
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
                 live = {}
                 dead = []
-                own, objs = self.own, self.objs
-                for i in self.cand:
+                for i in cand:
                     t = objs[i]
                     if i in own and (t.n_children or t.n_views):
                         assert t.alloc is not None
                         live[t] = (t.alloc, t.n_children, t.n_views)
                     else:
                         dead.append(i)
-                self.cand.difference_update(dead)
+                if dead:
+                    cand.difference_update(dead)
                 for a in allocs:
                     if a.shared is None:
                         a.shared = _shared(states, a.blocks)
-                cks[pos] = Checkpoint([a.shared for a in allocs if a.shared is not None],
-                                       [a.max_size for a in allocs], list(self.peaks), self.layer,
-                                       live)
+                if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
+                    self.grown = False
+                    max_size, peaks = [a.max_size for a in allocs], list(self.peaks)
+                cks[pos] = Checkpoint([a.shared for a in allocs if a.shared is not None], max_size, peaks,
+                                      self.layer, live)
             self.pos = pos
             self.step(n, bid)
         return [a.max_size for a in self.allocs], cks
