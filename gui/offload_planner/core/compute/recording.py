@@ -17,7 +17,7 @@ from offload_planner.core.compute.ggml import (
     nbytes,
 )
 from offload_planner.core.compute.graph import Builder, Shape
-from offload_planner.core.compute.periods import Event, find_periods, layer_starts
+from offload_planner.core.compute.periods import Event, find_periods
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.placement import Placed
@@ -278,19 +278,27 @@ class Reference:
         """Real nodes, consumers and views of every tensor in the graph's node order."""
         self.real = [i for i, n in enumerate(nodes) if n.op not in VIEW_OPS]
         self.ridx = {gi: r for r, gi in enumerate(self.real)}
-        self.consumers: dict[T, list[int]] = {}
-        self.views: dict[T, list[int]] = {}
+        consumers: dict[T, list[int]] = {}
+        views: dict[T, list[int]] = {}
         # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
         # can still be made or used (pass 5 copies sources for the real nodes' backends)
-        self.last_on: dict[tuple[T, int], int] = {}
-        for i, n in enumerate(nodes):
-            for s in self.orig_src[i]:
+        last_on: dict[tuple[T, int], int] = {}
+        for i, (n, srcs) in enumerate(zip(nodes, self.orig_src, strict=True)):
+            real = n.op not in VIEW_OPS
+            for s in srcs:
                 if s is not None:
-                    self.consumers.setdefault(s, []).append(i)
-                    if n.op not in VIEW_OPS:
-                        self.last_on[(s, n.bid)] = i
-            if n.view_src is not None:
-                self.views.setdefault(n.view_src, []).append(i)
+                    if (c := consumers.get(s)) is None:
+                        consumers[s] = [i]
+                    else:
+                        c.append(i)
+                    if real:
+                        last_on[(s, n.bid)] = i
+            if (vs := n.view_src) is not None:
+                if (v := views.get(vs)) is None:
+                    views[vs] = [i]
+                else:
+                    v.append(i)
+        self.consumers, self.views, self.last_on = consumers, views, last_on
 
     def _positions(self) -> None:
         """Positions in the scheduler's graph (split starts with their copies, nodes), and the uses of
@@ -313,6 +321,8 @@ class Reference:
         # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
         layer_tags: dict[T, str] = {}
         view_nodes: dict[T, list[T]] = {}
+        starts: list[int] = []  # periods.layer_starts of the sched nodes
+        last = -1
         set_first = first.setdefault
         for p, n in enumerate(self.sched_nodes):  # one pass, each map filled in node order
             set_first(n, p)
@@ -325,12 +335,16 @@ class Reference:
                     set_first(s, p)
             if (il := layer_suffix(n.name)) is not None:  # LAYER_SUFFIX's match, without the regex
                 layer_tags[n] = f" (layer {il})"
+                if (k := int(il)) > last:
+                    last = k
+                    starts.append(p)
             if n.view_src is not None and n.op != "NONE":
                 if (v := view_nodes.get(n.view_src)) is None:
                     view_nodes[n.view_src] = [n]
                 else:
                     v.append(n)
         self.uses, self.first, self.layer_tags, self.view_nodes = uses, first, layer_tags, view_nodes
+        self.layer_starts = starts
 
     def _record_allocator(self) -> None:
         """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
@@ -340,7 +354,7 @@ class Reference:
         # checkpoints at every split start, layer start and every _CK_STRIDE positions: a replay starts
         # at the last one before its first difference and stops at the first one where the state is the
         # same again (a tail may jump whole periods of layers from a layer start: see .periods)
-        starts = layer_starts(self.sched_nodes)
+        starts = self.layer_starts
         self.ckpos = sorted(set(self.ss) | set(starts) | set(range(0, len(self.sched_nodes), _CK_STRIDE)))
         self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
                                               set(self.ckpos))
