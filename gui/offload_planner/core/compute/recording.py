@@ -15,11 +15,13 @@ from offload_planner.core.compute.ggml import (
     Graph,
     T,
     nbytes,
+    view_tensor,
 )
 from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.periods import Event, find_periods
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
+from offload_planner.core.item_changes import kept_copy
 from offload_planner.core.placement import Placed
 
 _CK_STRIDE = 8
@@ -179,7 +181,7 @@ class Reference:
         """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over)."""
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
         self.unit_devices = list(unit_devices)
-        self.items = list(items)  # kept alive: later placements are compared with them by identity
+        self.items = kept_copy(items)  # kept alive: later placements are compared with them by identity
         if graph is None:
             b = Builder(sh, weights, layer_dev, kv_dev)
             arch_fn(b)
@@ -371,6 +373,17 @@ class Reference:
         # states replays' tails passed (see replay_alloc._tail): the maximum from there on and its label
         self.tail_memo: dict[tuple[object, ...], tuple[int, str]] = {}
         self.size_cache: dict[tuple[T, int], int] = {}
+        self.sizer = GraphAllocator(backends)  # (only its ``size``: it is never walked)
+        self.aligns = [b.alignment for b in backends]
+        # split-input copies and their dependency nodes that replays made and the reference has not:
+        # made once and kept with the reference (a move and the next meet the same ones), sizes cached
+        self.extra_copies: dict[tuple[T, int], T] = {}
+        self.extra_deps: dict[T, T] = {}
+        self._kept: set[T] = set()
+        # per (node index, backend): the aligned sizes of the node and its sources that the graph
+        # allocator owns, each once (``_Replay.early_bound``)
+        self.node_bound: dict[tuple[int, int], int] = {}
+        self.walk_facts: dict[T, tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}  # replay_alloc
         last_first: list[tuple[int, list[tuple[int, str]]]] = []
         for p in reversed(self.ckpos):
             suffix = self.cks[p].suffix = []
@@ -394,6 +407,32 @@ class Reference:
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
         self._bound: list[int] | None = None
+
+    def size(self, t: T, b: int) -> int:
+        """``GraphAllocator.size``, cached for the reference's tensors and the copies kept with it."""
+        k = (t, b)
+        v = self.size_cache.get(k)
+        if v is None:
+            v = self.sizer.size(t, b)
+            if t in self.first or t in self._kept:
+                self.size_cache[k] = v
+        return v
+
+    def copy(self, s: T, b: int) -> T:
+        """The split-input copy of ``s`` on backend ``b``: the reference's, or one kept for replays."""
+        key = (s, b)
+        cp = self.copy_of.get(key) or self.extra_copies.get(key)
+        if cp is None:
+            cp = self.extra_copies[key] = self.sched.input_copy(s, 0)
+            self._kept.add(cp)
+        return cp
+
+    def dep(self, inp: T) -> T:
+        """A split input's dependency node (``build_copy``'s ``view_tensor(inp, "NONE", inp)``), kept."""
+        d = self.extra_deps.get(inp)
+        if d is None:
+            d = self.extra_deps[inp] = view_tensor(inp, "NONE", inp)
+        return d
 
     def alloc_bound(self) -> list[int]:
         """Per backend, a bound of what the allocator reaches on this graph (:mod:`.bound`)."""
