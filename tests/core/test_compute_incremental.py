@@ -23,6 +23,7 @@ from offload_planner.core import compute as C
 from offload_planner.core import memory as M
 from offload_planner.core.compute import incremental as CI
 from offload_planner.core.compute import replay_alloc as RA
+from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.recording import Reference
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
@@ -663,3 +664,85 @@ def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]
             full = graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
             assert all(e >= f for e, f in zip(early, full, strict=True)), (early, full)
     assert with_new > 5
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "gpt-oss-120b-MXFP4"])
+def test_checkpoints_hold_the_state_a_plain_walk_has_there(big_headers: dict[str, Model], name: str) -> None:
+    """Every checkpoint of a recorded reference (the recording keeps the free blocks, maxima and peak
+    lists of the checkpoint before while its allocator has not changed) holds what a plain allocator
+    walk over the same scheduled graph has at that position: free blocks, maxima, peak labels, layer,
+    and the live tensors with their offsets and counts."""
+    model = open_model(demo_model_path()) if name == "DeepSeek-V3" else big_headers[name]
+    ref = _reference(model)
+    nodes, ids = ref.sched_nodes, ref.sched_ids
+    walk = GraphAllocator(ref.backends)
+    walk.count(nodes, ids, ref.sched.leafs, ref.sched.leaf_ids)
+    tensors = [*ref.sched.leafs, *nodes]
+    checked = 0
+    for pos, (n, bid) in enumerate(zip(nodes, ids, strict=True)):
+        ck = ref.cks.get(pos)
+        if ck is not None:
+            assert ck.blocks == [a.blocks for a in walk.allocs], pos
+            assert ck.max_size == [a.max_size for a in walk.allocs], pos
+            assert (ck.peaks, ck.layer) == (walk.peaks, walk.layer), pos
+            live = {t: (t.alloc, t.n_children, t.n_views) for t in tensors
+                    if id(t) in walk.own and (t.n_children or t.n_views)}
+            assert ck.live == live, pos
+            checked += 1
+        walk.step(n, bid)
+    assert checked == len(ref.ckpos) > 100
+    assert [a.max_size for a in walk.allocs] == ref.sizes and walk.peaks == ref.peaks
+
+
+@pytest.fixture(scope="module")
+def catalogue(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
+    """Every model the catalogue writes (``core.synth.all_models``: the small ones and the big ones),
+    header only: the shapes the bench (``bench/replan_speed.py``) moves layers of."""
+    from offload_planner.core.synth import all_models
+
+    root = tmp_path_factory.mktemp("catalogue")
+    return {n: open_model(write_model(spec, root / f"{n}.header.gguf", header_only=True)[0])
+            for n, spec in all_models().items()}
+
+
+def _catalogue_names() -> list[str]:
+    from offload_planner.core.synth import all_models
+
+    return list(all_models())
+
+
+@pytest.mark.parametrize("name", _catalogue_names())
+def test_catalogue_random_moves_replayed_equal_full(catalogue: dict[str, Model], name: str) -> None:
+    """Every catalogue model in the bench's setting (two GPUs, -c 32768 -ub 2048, experts or the
+    token embedding on the host), its base plan recorded as a window records it, then random moves
+    replayed against it: one layer's experts, whole layer, or a single tensor of one or two layers
+    to a random device (the CPU or either GPU), one move after another as a window's edits go on
+    (each from the base plan: the tails the earlier ones left stay on the reference).  Each replayed
+    reserve equals the from-scratch simulation's: bytes, peak labels, copies, nodes and splits."""
+    model = catalogue[name]
+    devices, params, ctx, opts = _bench_setting(model)
+    plan = Plan(model, devices, opts, params)
+    C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)  # records the reference
+    C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    rng = random.Random(zlib.crc32(name.encode()))
+    n_layer = model.summary.n_layer
+    by_layer: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.layer is not None and t.layer < n_layer:
+            by_layer.setdefault(t.layer, []).append(t.name)
+    experts = {t.name for t in model.tensors if t.role.is_routed_expert}
+    before = CI.stats["replays"]
+    n_moves = 12 if n_layer <= 8 else 6
+    for _ in range(n_moves):
+        moves: dict[str, str] = {}
+        for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
+            names = by_layer[il]
+            kind = rng.random()
+            picked = ([n for n in names if n in experts] if kind < 0.4 and experts & set(names)
+                      else names if kind < 0.7 else [rng.choice(names)])
+            moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+        placement = plan.with_moves(moves).placement()
+        fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+        full = C.simulate(model, devices, placement, ctx, params)
+        assert _fields(fast) == _fields(full), moves
+    assert CI.stats["replays"] - before >= n_moves  # replayed, not simulated again in full

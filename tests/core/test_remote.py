@@ -164,6 +164,17 @@ def test_url_opens_the_same_model_as_the_path(files: Path, server: RangeServer) 
     assert isinstance(tokens, LazyArray) and len(tokens) == N_TOKENS
 
 
+def test_lazy_arrays_are_equal_from_a_url_and_a_path(
+    files: Path, server: RangeServer
+) -> None:
+    """A lazy array keeps its own bytes whichever source it came from (a local file is walked in
+    its memory map, a URL in a growing buffer): equal arrays, still decodable after closing."""
+    local = open_model(files / BIG).metadata["tokenizer.ggml.tokens"]
+    remote = open_model(server.url(BIG)).metadata["tokenizer.ggml.tokens"]
+    assert isinstance(local, LazyArray) and remote == local
+    assert remote.values() == local.values() and len(local.values()) == N_TOKENS
+
+
 def test_only_the_header_is_downloaded(files: Path, server: RangeServer) -> None:
     size = (files / BIG).stat().st_size
     with HttpRangeSource(server.url(BIG)) as src:

@@ -8,6 +8,7 @@ allocated, so a hostile header fails fast with a :class:`GGUFError` naming the f
 
 from __future__ import annotations
 
+import mmap
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -72,7 +73,8 @@ class LazyArray:
     elem_type: int
     count: int
     offset: int  # offset of the first element in the file
-    _buf: bytes
+    _buf: bytes | mmap.mmap  # bytes once the array outlives the reading of its file
+    _base: int = 0  # file offset of ``_buf[0]``
 
     @property
     def type_name(self) -> str:
@@ -86,7 +88,7 @@ class LazyArray:
         return list(self.iter())
 
     def iter(self) -> Iterator[object]:
-        buf, pos = self._buf, self.offset
+        buf, pos = self._buf, self.offset - self._base
         if self.elem_type == STRING:
             for _ in range(self.count):
                 (n,) = _U64.unpack_from(buf, pos)
@@ -126,13 +128,25 @@ class Header:
 
 
 class _Cursor:
-    """Reads little-endian values from a byte source, fetching more of it as the header grows."""
+    """Reads little-endian values from a byte source, fetching more of it as the header grows.
+
+    A local file is read in place through its memory map (nothing is copied while walking the
+    header); any other source is read into a ``bytes`` buffer that doubles as the header grows.
+    Either way only the first ``have`` bytes count as read: ``grow`` raises exactly where a
+    buffer read of the file would (past its end, or past :data:`MAX_HEADER_BYTES`).
+    """
 
     def __init__(self, src: ByteSource) -> None:
         self.src = src
         self.size = src.size
-        first = src.read(0, min(self.size, _FIRST_READ))
-        self.buf: bytes = first
+        self.buf: bytes | mmap.mmap
+        whole = src.buffer() if isinstance(src, FileSource) else None
+        if isinstance(whole, mmap.mmap):
+            self.buf = whole
+            self.have = min(self.size, MAX_HEADER_BYTES)
+        else:
+            self.buf = src.read(0, min(self.size, _FIRST_READ))
+            self.have = len(self.buf)
         self.pos = 0
 
     def fail(self, message: str, offset: int | None = None) -> GGUFError:
@@ -140,7 +154,7 @@ class _Cursor:
 
     def grow(self, needed_end: int) -> None:
         """Make ``buf`` hold at least ``needed_end`` bytes, or raise truncation."""
-        have = len(self.buf)
+        have = self.have
         if needed_end <= have:
             return
         if needed_end > self.size:
@@ -154,11 +168,13 @@ class _Cursor:
         more = self.src.read(have, want - have)
         if len(more) < needed_end - have:
             raise _Truncated(have + len(more))
+        assert isinstance(self.buf, bytes)  # a memory map already holds all it may
         self.buf += more
+        self.have = len(self.buf)
 
     def take(self, st: struct.Struct) -> int:
         end = self.pos + st.size
-        if end > len(self.buf):
+        if end > self.have:
             self.grow(end)
         (v,) = st.unpack_from(self.buf, self.pos)
         self.pos = end
@@ -166,11 +182,23 @@ class _Cursor:
 
     def raw(self, n: int) -> bytes:
         end = self.pos + n
-        if end > len(self.buf):
+        if end > self.have:
             self.grow(end)
         b = self.buf[self.pos : end]
         self.pos = end
         return b
+
+    def skip(self, n: int) -> None:
+        """Step over ``n`` bytes (checked like :meth:`raw`, without copying them)."""
+        end = self.pos + n
+        if end > self.have:
+            self.grow(end)
+        self.pos = end
+
+    def keep(self, start: int) -> tuple[bytes, int]:
+        """A copy of the bytes from ``start`` to the cursor (it outlives the source and its
+        memory map; the same for every kind of source), and their file offset."""
+        return self.buf[start : self.pos], start
 
     def string(self, what: str) -> str:
         start = self.pos
@@ -186,30 +214,28 @@ class _Cursor:
     def skip_strings(self, count: int) -> None:
         """Walk ``count`` length-prefixed strings without decoding them.
 
-        Chunks of strings are walked by a tight loop with no bounds checks (a read past the
-        buffer raises ``struct.error``); a chunk that fails is walked again carefully, growing
-        the buffer and checking every length against the file size.
+        Chunks of strings are walked by :func:`_walk_strings`, a tight loop with no bounds
+        checks; a chunk that fails (it runs past the bytes read so far, or a length is corrupt)
+        is walked again carefully, growing the buffer and checking every length against the
+        file size, so that errors name the same string and offset whatever the chunking.
         """
-        unpack = _U64.unpack_from
         done = 0
         while done < count:
             k = min(_SKIP_CHUNK, count - done)
-            buf, pos = self.buf, self.pos
-            try:
-                for _ in range(k):
-                    pos += 8 + unpack(buf, pos)[0]
-                ok = pos <= len(buf)
-            except (struct.error, OverflowError):  # OverflowError: a huge length, pos >= 2**63
-                ok = False
-            if not ok:  # the chunk runs past the buffer (or a length is corrupt): grow as checked
+            pos = _walk_strings(self.buf, self.pos, k, self.have)
+            if pos < 0:
                 pos = self._skip_strings_checked(k, done)
             self.pos = pos
             done += k
 
     def _skip_strings_checked(self, k: int, done: int) -> int:
+        """Walk ``k`` strings one by one from ``self.pos``; after each growth of the buffer the
+        rest of the chunk is tried with the fast walk again (it reads nothing, so the reads and
+        errors are those of the careful walk alone)."""
         unpack = _U64.unpack_from
         pos = self.pos
         for i in range(k):
+            have = self.have
             self.grow(pos + 8)
             (n,) = unpack(self.buf, pos)
             if n > self.size - pos - 8:
@@ -218,7 +244,29 @@ class _Cursor:
                 )
             self.grow(pos + 8 + n)
             pos += 8 + n
+            if self.have != have:
+                end = _walk_strings(self.buf, pos, k - i - 1, self.have)
+                if end >= 0:
+                    return end
         return pos
+
+
+def _walk_strings(buf: bytes | mmap.mmap, pos: int, k: int, have: int) -> int:
+    """The offset after ``k`` length-prefixed strings from ``pos``, or -1 if they do not all lie
+    within the first ``have`` bytes of ``buf`` (no check inside the loop: a read past ``buf``
+    raises ``struct.error``, a huge length ``OverflowError``). Unrolled by 4 for speed."""
+    unpack = _U64.unpack_from
+    try:
+        for _ in range(k >> 2):
+            pos += 8 + unpack(buf, pos)[0]
+            pos += 8 + unpack(buf, pos)[0]
+            pos += 8 + unpack(buf, pos)[0]
+            pos += 8 + unpack(buf, pos)[0]
+        for _ in range(k & 3):
+            pos += 8 + unpack(buf, pos)[0]
+    except (struct.error, OverflowError):  # OverflowError: a huge length, pos >= 2**63
+        return -1
+    return pos if pos <= have else -1
 
 
 def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> object:
@@ -244,7 +292,7 @@ def _array(cur: _Cursor, key: str, depth: int) -> object:
         cur.skip_strings(count)
         if count <= EAGER_ARRAY_LIMIT:
             return LazyArray(STRING, count, first, cur.buf).values()
-        return LazyArray(STRING, count, first, cur.buf)
+        return LazyArray(STRING, count, first, *cur.keep(first))
     if etype == ARRAY:
         if depth > 2 or count > remaining // 12:
             raise cur.fail(f"key {key!r}: nested array of {count} arrays is not valid", start)
@@ -255,9 +303,10 @@ def _array(cur: _Cursor, key: str, depth: int) -> object:
     if count > remaining // st.size:
         raise cur.fail(f"key {key!r}: array of {count} {_TYPE_NAMES[etype]} cannot fit", start)
     first = cur.pos
-    cur.raw(count * st.size)
-    arr = LazyArray(etype, count, first, cur.buf)
-    return arr.values() if count <= EAGER_ARRAY_LIMIT else arr
+    cur.skip(count * st.size)
+    if count <= EAGER_ARRAY_LIMIT:
+        return LazyArray(etype, count, first, cur.buf).values()
+    return LazyArray(etype, count, first, *cur.keep(first))
 
 
 def read_header(src: ByteSource) -> Header:

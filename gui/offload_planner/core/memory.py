@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field, replace
-from itertools import compress, count
-from operator import is_not
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
@@ -26,6 +24,7 @@ from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
 from offload_planner.core.extra_context import ExtraContext
 from offload_planner.core.ggml_types import GGMLType, type_by_name
+from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
 from offload_planner.core.units import MiB
@@ -177,7 +176,7 @@ def weight_buffers(model: Model, placement: Placement, devices: DeviceSet) -> li
         best: tuple[list[int], _WeightRef] | None = None
         for ref in refs or ():
             if len(ref.items) == len(items):
-                changed = list(compress(count(), map(is_not, items, ref.items)))
+                changed = changed_items(items, ref.items)
                 if best is None or len(changed) < len(best[0]):
                     best = changed, ref
         if refs is not None and best is not None and len(best[0]) <= max(_WEIGHT_DELTA_MIN, len(items) // 8):
@@ -214,7 +213,7 @@ class _WeightRef:
     in order; per shard the ``CPU_Mapped`` items by offset and by end, and the bytes read."""
 
     def __init__(self, items: list[Placed], devices: DeviceSet) -> None:
-        self.items = list(items)
+        self.items = kept_copy(items)
         self.devices = devices
         self._dev: dict[str, Device] = {}
         self.padded: dict[tuple[str, str], int] = {}  # insertion order: order of first use
@@ -331,7 +330,7 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
                 _KV_MEMO.popitem(last=False)
         else:
             _KV_MEMO.move_to_end(key)
-        return [replace(b) for b in bufs]
+        return [b.copy() for b in bufs]
 
 
 _KV_MEMO: OrderedDict[tuple[object, ...], list[Buffer]] = OrderedDict()

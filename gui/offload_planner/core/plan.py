@@ -17,6 +17,7 @@ from typing import Any
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
+from offload_planner.core.item_changes import note_changed
 from offload_planner.core.memory import (
     DEFAULT_N_BATCH,
     DEFAULT_N_UBATCH,
@@ -111,18 +112,22 @@ class Plan:
         index = _item_index(self.model, self.devices, self.placement_options)
         items = list(base.items)
         moved = tied = False
+        changed: list[int] = []
         for name, dev in self.moves.items():  # O(moves): only the moved tensors' items change
             for i in index.get(name, ()):
                 p = base.items[i]
                 if p.device is None or dev == p.device:
                     continue
                 moved = True
+                changed.append(i)
                 tied = tied or name == "token_embd.weight"
                 buft = device_buft(dev, p.tensor, self.devices, self.placement_options, as_output=p.copy,
                                    cpu_override=True)  # exported as -ot NAME=CPU
                 items[i] = Placed(p.tensor, dev, buft, "moved in the planner", copy=p.copy)
         if tied:  # the base holds no copy equal to its original (``place``): only a move makes one
             items = _dedupe_tied_copy(items)
+        else:  # (the parts of a projection that compare items with the base's need not scan for them)
+            note_changed(items, base.items, sorted(changed))
         return dataclasses.replace(base, items=items, has_overrides=base.has_overrides or moved)
 
     def projection(self, *, placement: Placement | None = None,

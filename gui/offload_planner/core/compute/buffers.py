@@ -8,9 +8,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import replace
-from itertools import compress, count
-from operator import is_not
 from typing import TYPE_CHECKING, Generic, TypeVar, cast
 
 from offload_planner.core.buffer import Buffer
@@ -26,6 +23,7 @@ from offload_planner.core.compute.simulate import (
     simulate,
     term_estimate,
 )
+from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.units import MiB
 
 if TYPE_CHECKING:
@@ -94,7 +92,7 @@ class BufferMemo(Generic[B]):
 
     @staticmethod
     def _copy(v: B) -> B:
-        return cast(B, None if v is None else [replace(b) for b in v])
+        return cast(B, None if v is None else [b.copy() for b in v])
 
     def clear(self) -> None:
         self._d.clear()
@@ -120,15 +118,24 @@ def placement_key(placement: Placement) -> tuple[object, ...]:
             items_key(placement.items))
 
 
+Entry = tuple[str, str | None, str | None]
+_MOD = (1 << 61) - 1
+
+
+def _entry_hash(i: int, e: Entry) -> int:
+    return hash((i, e))
+
+
 class ItemsKey:
     """Every item's name, device and buffer type, with its hash kept (a memo key is hashed at every
-    look-up, and a big model has ~700 items)."""
+    look-up, and a big model has ~700 items).  The hash is the sum of the entries' hashes with their
+    positions: a key corrected from a recorded one in a few entries corrects its hash by them."""
 
     __slots__ = ("_hash", "entries")
 
-    def __init__(self, entries: tuple[tuple[str, str | None, str | None], ...]) -> None:
+    def __init__(self, entries: tuple[Entry, ...], h: int | None = None) -> None:
         self.entries = entries
-        self._hash = hash(entries)
+        self._hash = sum(map(_entry_hash, range(len(entries)), entries)) % _MOD if h is None else h
 
     def __hash__(self) -> int:
         return self._hash
@@ -140,7 +147,7 @@ class ItemsKey:
 
 #: the last few item lists keyed in full: a placement that differs from one of them in a few items
 #: (an edit's moves, ``Plan.placement``) takes its entries and recomputes only the changed ones
-_KEY_REFS: list[tuple[list[Placed], tuple[tuple[str, str | None, str | None], ...]]] = []
+_KEY_REFS: list[tuple[list[Placed], ItemsKey]] = []
 _KEY_REFS_SIZE = 4
 _KEY_LOCK = threading.Lock()
 
@@ -149,21 +156,24 @@ def items_key(items: list[Placed]) -> ItemsKey:
     """:class:`ItemsKey` of ``items``, corrected from a recent list of the same length when few
     items differ from it by identity (``Placed`` is frozen; the lists are kept alive here)."""
     with _KEY_LOCK:
-        for ref_items, ref_entries in reversed(_KEY_REFS):
+        for ref_items, ref_key in reversed(_KEY_REFS):
             if len(ref_items) != len(items):
                 continue
-            changed = list(compress(count(), map(is_not, items, ref_items)))
+            changed = changed_items(items, ref_items)
             if len(changed) > max(64, len(items) // 8):
                 continue
-            entries = list(ref_entries)
+            entries = list(ref_key.entries)
+            h = ref_key._hash
             for i in changed:
                 p = items[i]
-                entries[i] = (p.name, p.device, p.buft)
-            return ItemsKey(tuple(entries))
-        full = tuple((p.name, p.device, p.buft) for p in items)
-        _KEY_REFS.append((list(items), full))
+                e: Entry = (p.name, p.device, p.buft)
+                h += _entry_hash(i, e) - _entry_hash(i, entries[i])
+                entries[i] = e
+            return ItemsKey(tuple(entries), h % _MOD)
+        key = ItemsKey(tuple((p.name, p.device, p.buft) for p in items))
+        _KEY_REFS.append((kept_copy(items), key))
         del _KEY_REFS[:-_KEY_REFS_SIZE]
-        return ItemsKey(full)
+        return key
 
 
 def compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,

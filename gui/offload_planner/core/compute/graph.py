@@ -4,7 +4,7 @@ architecture's graph is written with."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute.ggml import (
@@ -93,6 +93,19 @@ class Shape:
     # builds before set_rows (llama.cpp-2025-early): K/V copied with ggml_cpy into views of the cache, no
     # K/V index inputs
     kv_cpy_views: bool = False
+
+    def __hash__(self) -> int:
+        """The dataclass's hash of every field, kept with the shape (~35 fields: every projection
+        looks its reserves' shapes up several times, as parts of memo and reference keys)."""
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without the kept hash (another process hashes strings with another seed)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 def _cpy(src: T, dst: T) -> T:

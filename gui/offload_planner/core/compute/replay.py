@@ -4,19 +4,15 @@ they change (passes 1-4) and the splits (pass 5), and the sched window they make
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress, count
-from operator import is_not
 
-from offload_planner.core.compute.allocator import GraphAllocator
-from offload_planner.core.compute.bound import Bound
+from offload_planner.core.compute.bound import Bound, owned
 from offload_planner.core.compute.ggml import (
     CPU,
     VIEW_OPS,
     T,
     nbytes,
-    view_tensor,
 )
 from offload_planner.core.compute.graph import WeightWhere
 from offload_planner.core.compute.recording import Reference, Refuse
@@ -24,6 +20,7 @@ from offload_planner.core.compute.replay_alloc import replay_alloc
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Split
 from offload_planner.core.compute.stats import stats
+from offload_planner.core.item_changes import changed_items
 from offload_planner.core.placement import Placed
 
 # --- the replay ----------------------------------------------------------------------------------------
@@ -57,7 +54,7 @@ def diff_items(ref: Reference, items: Sequence[Placed], unit_devices: list[str],
         return None
     dev: dict[T, str] = {}
     leafs_of = ref.leafs_of_item
-    for i in compress(count(), map(is_not, items, ref_items)):
+    for i in changed_items(items, ref_items):
         p, q = items[i], ref_items[i]
         if p.tensor is not q.tensor or p.copy != q.copy or p.device is None or q.device is None:
             return None
@@ -320,11 +317,12 @@ class _Replay:
                     if key in created and created[key] < start:
                         cp = ref.copy_of[key]
                     else:
-                        cp = ref.copy_of.get(key) or ref.sched.input_copy(s, 0)
+                        cp = ref.copy(s, cur)
                         made[key] = cp
                         split.inputs.append(s)
                 out[j] = cp
-            newsrc[n] = out
+            if out != n.src:  # (the reference's own copies are the same objects)
+                newsrc[n] = out
         self._join(split)
 
     def _join(self, split: Split) -> None:
@@ -369,9 +367,9 @@ class _Replay:
                 lo = fa
             else:
                 for inp in sp.inputs:
-                    wnodes.append(view_tensor(inp, "NONE", inp))
+                    wnodes.append(ref.dep(inp))
                     wids.append(B(inp))
-                    wnodes.append(self.made.get((inp, sp.backend)) or ref.copy_of[(inp, sp.backend)])
+                    wnodes.append(ref.copy(inp, sp.backend))
                     wids.append(sp.backend)
             hi = min(sp.i_end, self.x)
             mid = max(lo, min(hi, fa))
@@ -421,53 +419,50 @@ class _Replay:
             return False
         return all(x <= y for x, y in zip(self.early_bound(affected), below, strict=True))
 
-    def _sizes(self) -> tuple[GraphAllocator, Callable[[T, int], int]]:
-        """An allocator to size tensors with and its sizer, which keeps the reference's tensors'
-        sizes with the reference (``size_cache``)."""
-        cache, first = self.ref.size_cache, self.ref.first
-        sizer = GraphAllocator(self.ref.backends)
-
-        def size(t: T, b: int) -> int:
-            v = cache.get((t, b))
-            if v is None:
-                v = sizer.size(t, b)
-                if t in first:  # (the reference's tensors: kept with it)
-                    cache[(t, b)] = v
-            return v
-
-        return sizer, size
-
     def early_bound(self, affected: set[int]) -> list[int]:
         """A bound of this run's reserve (:mod:`.bound`) after passes 1-4: the reference's, plus each
         affected node and its sources on its backend in this run, plus the copies of
         :meth:`new_copies` on theirs.  A node outside ``affected`` keeps its backend, its sources'
-        backends and locations, and so its copies: it asks what it asked in the reference."""
-        ref, nodes, newdev, B = self.ref, self.nodes, self.newdev, self.B
-        sizer, size = self._sizes()
-        bound = Bound(sizer, size)
+        backends and locations, and so its copies: it asks what it asked in the reference.  Each
+        node's part is kept with the reference (``node_bound``); a tensor two affected nodes share is
+        counted for each (a looser bound: the one-token graph's tensors are a few rows each)."""
+        ref, nodes, bid = self.ref, self.nodes, self.bid
+        per, extra = ref.node_bound, [0] * len(ref.backends)
         for gi in affected:
-            n, b = nodes[gi], B(nodes[gi])
-            for t in (n, *ref.orig_src[gi]):
-                if t is not None and t.view_src is None and newdev.get(t, t.dev) is None:
-                    bound.add(t, b)
+            n = nodes[gi]
+            b = bid.get(n, n.bid)  # (``B`` inlined)
+            v = per.get((gi, b))
+            if v is None:
+                v = per[(gi, b)] = self._node_bound(gi, b)
+            extra[b] += v
+        aligns = ref.aligns
         for s, b in self.new_copies(affected):
-            bound.add(ref.sched.input_copy(s, 0), b)
-        return [r + w for r, w in zip(ref.alloc_bound(), bound.sizes, strict=True)]
+            a = aligns[b]
+            extra[b] += -(-ref.size(ref.copy(s, b), b) // a) * a
+        return [r + w for r, w in zip(ref.alloc_bound(), extra, strict=True)]
+
+    def _node_bound(self, gi: int, b: int) -> int:
+        """The aligned sizes on ``b`` of node ``gi`` and its sources that the graph allocator owns,
+        each once (in a buffer or a view: not; a move changes the device of tensors that have one)."""
+        ref, a = self.ref, self.ref.aligns[b]
+        ts = {t for t in (self.nodes[gi], *ref.orig_src[gi]) if t is not None and owned(t)}
+        return sum(-(-ref.size(t, b) // a) * a for t in ts)
 
     def new_copies(self, affected: set[int]) -> set[tuple[T, int]]:
         """The split-input copies (source, backend) that pass 5 may make in this run and the reference
         did not: a real node on ``b`` reading ``s`` from elsewhere (pass 5's test, on this run's
         backends) needs one; a node outside ``affected`` has the reference's backend and sources'
         backends and locations, so its copies are the reference's."""
-        ref, nodes, B, supported = self.ref, self.nodes, self.B, self.supported
+        ref, nodes, bid, supported = self.ref, self.nodes, self.bid, self.supported
         copy_of, cur_before, orig_src = ref.copy_of, ref.cur_before, ref.orig_src
         out: set[tuple[T, int]] = set()
         for gi in affected:
             if cur_before[gi] == -2:  # a view: pass 5 copies nothing for it
                 continue
-            b = B(nodes[gi])
+            n = nodes[gi]
+            b = bid.get(n, n.bid)  # (``B`` inlined)
             for s in orig_src[gi]:
-                if s is not None and B(s) != b and not supported(s, b) and (s, b) not in copy_of:
+                if s is not None and bid.get(s, s.bid) != b and not supported(s, b) and (s, b) not in copy_of:
                     out.add((s, b))
         return out
 
@@ -477,7 +472,6 @@ class _Replay:
         reference's bound plus the window's tensors outside its runs of the reference's nodes (the
         rest of the new graph is the reference's)."""
         ref, newdev, newsrc = self.ref, self.newdev, self.newsrc
-        sizer, size = self._sizes()
 
         def allocated(t: T) -> bool:
             return t.view_src is None and newdev.get(t, t.dev) is None
@@ -486,7 +480,7 @@ class _Replay:
             s = newsrc.get(n)
             return n.src if s is None else s
 
-        bound = Bound(sizer, size)
+        bound = Bound(ref.sizer, ref.size)
         j = 0
         for js, _, n in [*runs, (len(wnodes), 0, 0)]:
             bound.add_nodes(wnodes[j:js], wids[j:js], srcs, allocated)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, peak_label
+from offload_planner.core.compute.allocator import DynAllocator, peak_label
 from offload_planner.core.compute.ggml import (
     INPLACE_OPS,
     LAYER_SUFFIX,
@@ -55,7 +55,6 @@ class _AllocReplay:
             if t.location is None:
                 raise Refuse("location")
         self.ref, self.ref_end, self.newsrc, self.newdev = ref, ref_end, newsrc, newdev
-        self.sizer = GraphAllocator(ref.backends)
         self.wa, self.wnodes, self.wids, self.runs = wa, wnodes, wids, runs
         # uses in this run's window minus the reference's: in all of it, and from ``base`` on (the
         # remaining counts are the reference's uses at or after ``base`` corrected by it; ``base``
@@ -63,6 +62,7 @@ class _AllocReplay:
         self.d_all: dict[T, int] = {}
         self.base, self.d_base = wa, self.d_all
         self.changed: set[T] = set()
+        self.stop = 0  # where the last stretch stopped (``_skip``)
         self._move_start(self._first_difference())
         self._restore()
 
@@ -232,27 +232,14 @@ class _AllocReplay:
             self.allocs.append(d)
         self.peaks = list(ck.peaks)
         self.own: dict[T, tuple[int, int]] = {t: al for t, (al, _, _) in ck.live.items()}
+        # (a live tensor whose count and views' counts the window leaves has the checkpoint's counts:
+        # they are the reference's uses from the start on)
         self.nc: dict[T, int] = {}
         self.nv: dict[T, int] = {}
-        changed = self.changed
-        for t, (_, c, v) in ck.live.items():
-            if (self.NC(t) != c or self.NV(t) != v) and t not in changed \
-                    and not any(x in changed for x in ref.view_nodes.get(t, ())):
-                raise Refuse("live counts")
         self.where = ck.layer
         self.cur = self.wnodes[0] if self.wnodes else ref.sched_nodes[self.wa]
 
     # --- the walk ------------------------------------------------------------------------------
-
-    def size(self, t: T, b: int) -> int:
-        k = (t, b)
-        cache = self.ref.size_cache
-        v = cache.get(k)
-        if v is None:
-            v = self.sizer.size(t, b)
-            if t in self.ref.first:
-                cache[k] = v
-        return v
 
     def allocate(self, t: T, b: int) -> None:
         if t in self.own or t.view_src is not None or self.newdev.get(t, t.dev) is not None:
@@ -276,13 +263,13 @@ class _AllocReplay:
                 own[t] = pal
                 pb, poff = pal
                 al = self.allocs[pb]
-                psize, nsize = al.align(self.size(p, pb)), al.align(self.size(t, b))
+                psize, nsize = al.align(self.ref.size(p, pb)), al.align(self.ref.size(t, b))
                 if psize > nsize:
                     al.free(poff + nsize, psize - nsize)
                 return
         al = self.allocs[b]
         before = al.max_size
-        own[t] = (b, al.alloc(self.size(t, b)))
+        own[t] = (b, al.alloc(self.ref.size(t, b)))
         if al.max_size > before:
             self.peaks[b] = peak_label(self.cur, self.where)
 
@@ -290,7 +277,7 @@ class _AllocReplay:
         if t.flags & OUTPUT:
             return
         b, off = self.own.pop(t)
-        self.allocs[b].free(off, self.size(t, b))
+        self.allocs[b].free(off, self.ref.size(t, b))
 
     def release(self, p: T) -> None:
         """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
@@ -320,8 +307,8 @@ class _AllocReplay:
     def run(self) -> tuple[list[int], list[str]]:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
-        place, release, newsrc, newdev, nc = self._place, self.release, self.newsrc, self.newdev, self.nc
-        tags, first, uses = ref.layer_tags, ref.first, ref.uses
+        place, release, newsrc, nc = self._place, self.release, self.newsrc, self.nc
+        facts, uses = ref.walk_facts, ref.uses
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
         q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
@@ -330,6 +317,8 @@ class _AllocReplay:
             if stretches and (st := stretches.get(q - wa)) is not None:
                 r1 = self._skip(st[0], st[1], q - wa)
                 own = self.own
+                if self.stop < st[1]:  # at a use of a tensor whose state differs: again after it
+                    self._again(stretches, q - wa, st)
                 if r1 > st[0]:
                     q += r1 - st[0]
                     continue
@@ -343,35 +332,33 @@ class _AllocReplay:
                 n, b = wnodes[q - wa], wids[q - wa]
             q += 1
             self.cur = n
-            tag = tags.get(n)
-            if tag is None and n not in first:  # a copy made by this replay
-                tag = _layer_tag(n)
-            if tag:
-                self.where = tag
             ss = newsrc.get(n)
             if ss is None:
-                ss = n.src
+                f = facts.get(n)
+                if f is None:
+                    f = facts[n] = _walk_facts(ref, n, n.src)
+            else:
+                f = _walk_facts(ref, n, ss)
+            tag, cands, mine, rels = f
+            if tag:
+                self.where = tag
             # (allocate and release inlined where they return at once: most sources are allocated or
-            # have a buffer, most releases leave uses to come; a tensor in a buffer, or a view of one,
-            # is never freed and its counts are never asked for: no release, no count)
-            for x in ss:
-                if x is not None and x not in own and x.view_src is None and newdev.get(x, x.dev) is None:
+            # have a buffer, most releases leave uses to come)
+            for x in cands:
+                if x not in own:
                     place(x, b)
-            if n not in own and n.view_src is None and newdev.get(n, n.dev) is None:
+            if mine and n not in own:
                 place(n, b)
-            for x in ss:
-                if x is not None:
-                    c = nc.get(x)
-                    if c is None:  # (its first release since the start or a stretch: ``r_new``)
-                        if (x.dev if x.view_src is None else x.view_src.dev) is not None:
-                            continue
-                        u = uses.get(x)
-                        c = nc[x] = ((0 if u is None else len(u) - bisect.bisect_left(u, self.base))
-                                     + self.d_base.get(x, 0))
-                    if c > 1:
-                        nc[x] = c - 1
-                    elif (x.dev if x.view_src is None else x.view_src.dev) is None:
-                        release(x)
+            for x in rels:
+                c = nc.get(x)
+                if c is None:  # (its first release since the start or a stretch: ``r_new``)
+                    u = uses.get(x)
+                    c = nc[x] = ((0 if u is None else len(u) - bisect.bisect_left(u, self.base))
+                                 + self.d_base.get(x, 0))
+                if c > 1:
+                    nc[x] = c - 1
+                else:
+                    release(x)
         return [a.max_size for a in self.allocs], self.peaks
 
     # --- a stretch of the window the reference walked the same way ------------------------------
@@ -387,6 +374,17 @@ class _AllocReplay:
             if k < len(ckpos) and r + n - ckpos[k] >= _MIN_STRETCH:
                 out[j + ckpos[k] - r] = (ckpos[k], r + n)
         return out
+
+    def _again(self, stretches: dict[int, tuple[int, int]], j0: int, st: tuple[int, int]) -> None:
+        """The stretch ``st`` (from window index ``j0``) stopped at ``self.stop``, a use of a tensor whose
+        state differs from the reference's: tried again from the first checkpoint after that use (the
+        walk has passed it; a count that differed there may now be one the stretch can carry: the
+        dense model's ``inp_pos`` copy on the first GPU, which the reference frees at its last layer
+        there and a layer moved to the CPU reads again much later)."""
+        ckpos = self.ref.ckpos
+        k = bisect.bisect_right(ckpos, self.stop)
+        if k < len(ckpos) and st[1] - ckpos[k] >= _MIN_STRETCH:
+            stretches[j0 + ckpos[k] - st[0]] = (ckpos[k], st[1])
 
     def _skip(self, r0: int, r1: int, j0: int) -> int:
         """At checkpoint ``r0``, the reference's per-backend events up to ``r1`` (or the first use of
@@ -413,6 +411,7 @@ class _AllocReplay:
                     continue
                 k = k1 - 1  # every use before its last one in the stretch leaves it used in both runs
             end = min(end, u[k])
+        self.stop = end
         if end - r0 < _MIN_STRETCH:
             return r0
         stats["skips"] += 1
@@ -460,6 +459,24 @@ class _AllocReplay:
                 else:
                     out.setdefault(x, False)
         return out
+
+
+WalkFacts = tuple[str, tuple[T, ...], bool, tuple[T, ...]]
+
+
+def _walk_facts(ref: Reference, n: T, ss: list[T | None]) -> WalkFacts:
+    """What the walk asks of node ``n`` with sources ``ss``, which do not depend on the move (kept with
+    the reference per node, for the nodes with their reference sources): its peak label's layer tag
+    ("" for none), the sources the graph allocator may have to allocate (no view, no buffer: a move
+    changes the device of tensors that have one), whether it may allocate the node itself, and the
+    sources whose uses it releases (a tensor in a buffer, or a view of one, is never freed and its
+    counts are never asked for)."""
+    tag = ref.layer_tags.get(n)
+    if tag is None:
+        tag = "" if n in ref.first else _layer_tag(n)  # a copy made by a replay: by its name
+    cands = tuple(x for x in ss if x is not None and x.view_src is None and x.dev is None)
+    rels = tuple(x for x in ss if x is not None and (x.dev if x.view_src is None else x.view_src.dev) is None)
+    return tag, cands, n.view_src is None and n.dev is None, rels
 
 
 def _minus(a: dict[T, int], b: dict[T, int]) -> dict[T, int]:

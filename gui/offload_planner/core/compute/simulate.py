@@ -91,7 +91,7 @@ def weight_factory(model: Model, placement: Placement, where: WeightWhere | None
 
 
 def full_offload(placement: Placement) -> bool:
-    return all(d != CPU for d in placement.unit_devices)
+    return CPU not in placement.unit_devices
 
 
 def has_overrides_of(placement: Placement) -> bool:

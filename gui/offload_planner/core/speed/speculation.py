@@ -41,8 +41,10 @@ from offload_planner.core.speed.estimate import (
     kv_copy_seconds,
     kv_read_at,
     nkvo_attention_on_gpu,
+    one_token_offload,
     split_pairs,
     tg_tps,
+    token_split_pairs,
 )
 from offload_planner.core.speed.hardware import Figure, Hardware, Source
 
@@ -198,7 +200,8 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
         kv = kv_read_at(dm.model, dp, params, dctx, dm.devices, depth)
         name = dm.model.path.rsplit("/", 1)[-1]
         return _Draft(f"draft model {name}", model_reads(dm.model, dp), expert_fraction(dm.model),
-                      split_pairs(dm.model, dp), dm.model.summary.n_embd, kv, spec.n_max)
+                      split_pairs(dm.model, dp, one_token_offload(dm.devices, dp, plan.context.op_offload)),
+                      dm.model.summary.n_embd, kv, spec.n_max)
     if not (spec.mtp and s.n_nextn):
         return None
     params = replace(plan.context, type_k=spec.type_k, type_v=spec.type_v)
@@ -253,7 +256,7 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
     e_tokens = tokens_per_step(acc.value, n)
     target = model_reads(plan.model, placement)
     frac = expert_fraction(plan.model)
-    tpairs = split_pairs(plan.model, placement)
+    tpairs = token_split_pairs(plan, placement)
     n_embd = plan.model.summary.n_embd
     host_kv = host_kv_layers(plan, placement)  # -nkvo: the target's layers round-trip to the CPU
     copies = nkvo_attention_on_gpu(plan)  # ... and with flash attention copy the cache's views back
