@@ -120,11 +120,12 @@ def _timings(url: str, answer: dict[str, Any]) -> MeasuredSpeed:
                    ("predicted_ms", got.gen_ms), ("predicted_per_second", got.tg_tps)):
         if not 0 < v < math.inf:
             raise BenchError(f"{url}: 'timings' gives {key} = {t[key]!r}, not a measured time or rate")
-    # llama-server reports each rate as its tokens over its time: one that is not (1e300 t/s in 1e-300 ms
-    # was printed as a 300-digit measurement) is not a measurement
+    # llama-server reports each rate as about its tokens over its time (tg: one token fewer, the first
+    # is the prompt's): one far from it (1e300 t/s in 1e-300 ms, printed as a 300-digit measurement)
+    # is not a measurement
     for key, n, ms, rate in (("prompt_per_second", got.prompt_tokens, got.prompt_ms, got.pp_tps),
                              ("predicted_per_second", got.gen_tokens, got.gen_ms, got.tg_tps)):
-        if not (rate <= MAX_RATE and math.isclose(rate, n * 1000.0 / ms, rel_tol=0.01)):
+        if not (rate <= MAX_RATE and n * 400.0 / ms <= rate <= n * 2500.0 / ms):
             raise BenchError(f"{url}: 'timings' gives {key} = {t[key]!r} for {n} tokens in {ms:g} ms, "
                              "not a measured rate")
     return got
