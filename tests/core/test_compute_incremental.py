@@ -23,6 +23,7 @@ from offload_planner.core import compute as C
 from offload_planner.core import memory as M
 from offload_planner.core.compute import incremental as CI
 from offload_planner.core.compute import replay_alloc as RA
+from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.recording import Reference
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
@@ -663,6 +664,34 @@ def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]
             full = graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
             assert all(e >= f for e, f in zip(early, full, strict=True)), (early, full)
     assert with_new > 5
+
+
+@pytest.mark.parametrize("name", ["DeepSeek-V3", "gpt-oss-120b-MXFP4"])
+def test_checkpoints_hold_the_state_a_plain_walk_has_there(big_headers: dict[str, Model], name: str) -> None:
+    """Every checkpoint of a recorded reference (the recording keeps the free blocks, maxima and peak
+    lists of the checkpoint before while its allocator has not changed) holds what a plain allocator
+    walk over the same scheduled graph has at that position: free blocks, maxima, peak labels, layer,
+    and the live tensors with their offsets and counts."""
+    model = open_model(demo_model_path()) if name == "DeepSeek-V3" else big_headers[name]
+    ref = _reference(model)
+    nodes, ids = ref.sched_nodes, ref.sched_ids
+    walk = GraphAllocator(ref.backends)
+    walk.count(nodes, ids, ref.sched.leafs, ref.sched.leaf_ids)
+    tensors = [*ref.sched.leafs, *nodes]
+    checked = 0
+    for pos, (n, bid) in enumerate(zip(nodes, ids, strict=True)):
+        ck = ref.cks.get(pos)
+        if ck is not None:
+            assert ck.blocks == [a.blocks for a in walk.allocs], pos
+            assert ck.max_size == [a.max_size for a in walk.allocs], pos
+            assert (ck.peaks, ck.layer) == (walk.peaks, walk.layer), pos
+            live = {t: (t.alloc, t.n_children, t.n_views) for t in tensors
+                    if id(t) in walk.own and (t.n_children or t.n_views)}
+            assert ck.live == live, pos
+            checked += 1
+        walk.step(n, bid)
+    assert checked == len(ref.ckpos) > 100
+    assert [a.max_size for a in walk.allocs] == ref.sizes and walk.peaks == ref.peaks
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from offload_planner.core.compute.ggml import (
     view_tensor,
 )
 from offload_planner.core.compute.graph import Builder, Shape
-from offload_planner.core.compute.periods import Event, find_periods, layer_starts
+from offload_planner.core.compute.periods import Event, find_periods
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.item_changes import kept_copy
@@ -42,11 +42,20 @@ class RecDyn(DynAllocator):
         super().__init__(alignment)
         self.events = events
         self.rec = rec
+        self.shared: list[list[int]] | None = None  # the checkpoints' copy of ``blocks`` while unchanged
 
     def alloc(self, size: int) -> int:
+        self.shared = None
+        before = self.max_size
         off = super().alloc(size)
-        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))
+        if self.max_size != before:
+            self.rec.grown = True  # (only then may the peaks move)
+        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))  # where: on_alloc's
         return off
+
+    def free(self, offset: int, size: int) -> None:
+        self.shared = None
+        super().free(offset, size)
 
 
 class RecAlloc(GraphAllocator):
@@ -55,8 +64,10 @@ class RecAlloc(GraphAllocator):
     def __init__(self, backends: list[Backend]) -> None:
         super().__init__(backends)
         self.pos = -1
+        self.grown = True  # a maximum moved since the last checkpoint: its max_size and peaks are new
         self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
-        self.allocs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
+        self.recs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
+        self.allocs = list(self.recs)
         self.objs: dict[int, T] = {}
         self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
         # per backend, every allocator event in walk order (position of the node in tail_pos):
@@ -65,16 +76,15 @@ class RecAlloc(GraphAllocator):
         self.tail: list[list[Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
 
-    def enter(self, n: T) -> None:
-        super().enter(n)
-        self.where = peak_label(n, self.layer)  # every allocation's event carries it
-
     # a tensor the walk allocates (a new block or its parent's, ``frees_tail`` on) becomes a candidate
     # for the checkpoints' live tensors here, where ``allocate`` makes it owned
 
     def on_alloc(self, t: T, bid: int, size: int) -> None:
         self.tail_pos[bid].append(self.pos)
-        self.tail[bid].append((0, t, t, size, 0, self.where))
+        # the peak label the walk gives this allocation (the counting pass's: none), also its event's
+        cur = self.cur
+        where = self.where = "" if cur is None else peak_label(cur, self.layer)
+        self.tail[bid].append((0, t, t, size, 0, where))
         i = id(t)
         if i not in self.cand:
             self.objs[i] = t
@@ -100,22 +110,31 @@ class RecAlloc(GraphAllocator):
         # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
         # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
         states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
+        allocs = self.recs
+        own, objs, cand = self.own, self.objs, self.cand
+        max_size: list[int] = []
+        peaks: list[str] = []
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
                 live = {}
                 dead = []
-                own, objs = self.own, self.objs
-                for i in self.cand:
+                for i in cand:
                     t = objs[i]
                     if i in own and (t.n_children or t.n_views):
                         assert t.alloc is not None
                         live[t] = (t.alloc, t.n_children, t.n_views)
                     else:
                         dead.append(i)
-                self.cand.difference_update(dead)
-                cks[pos] = Checkpoint([_shared(states, a.blocks) for a in self.allocs],
-                                       [a.max_size for a in self.allocs], list(self.peaks), self.layer,
-                                       live)
+                if dead:
+                    cand.difference_update(dead)
+                for a in allocs:
+                    if a.shared is None:
+                        a.shared = _shared(states, a.blocks)
+                if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
+                    self.grown = False
+                    max_size, peaks = [a.max_size for a in allocs], list(self.peaks)
+                cks[pos] = Checkpoint([a.shared for a in allocs if a.shared is not None], max_size, peaks,
+                                      self.layer, live)
             self.pos = pos
             self.step(n, bid)
         return [a.max_size for a in self.allocs], cks
@@ -261,19 +280,27 @@ class Reference:
         """Real nodes, consumers and views of every tensor in the graph's node order."""
         self.real = [i for i, n in enumerate(nodes) if n.op not in VIEW_OPS]
         self.ridx = {gi: r for r, gi in enumerate(self.real)}
-        self.consumers: dict[T, list[int]] = {}
-        self.views: dict[T, list[int]] = {}
+        consumers: dict[T, list[int]] = {}
+        views: dict[T, list[int]] = {}
         # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
         # can still be made or used (pass 5 copies sources for the real nodes' backends)
-        self.last_on: dict[tuple[T, int], int] = {}
-        for i, n in enumerate(nodes):
-            for s in self.orig_src[i]:
+        last_on: dict[tuple[T, int], int] = {}
+        for i, (n, srcs) in enumerate(zip(nodes, self.orig_src, strict=True)):
+            real = n.op not in VIEW_OPS
+            for s in srcs:
                 if s is not None:
-                    self.consumers.setdefault(s, []).append(i)
-                    if n.op not in VIEW_OPS:
-                        self.last_on[(s, n.bid)] = i
-            if n.view_src is not None:
-                self.views.setdefault(n.view_src, []).append(i)
+                    if (c := consumers.get(s)) is None:
+                        consumers[s] = [i]
+                    else:
+                        c.append(i)
+                    if real:
+                        last_on[(s, n.bid)] = i
+            if (vs := n.view_src) is not None:
+                if (v := views.get(vs)) is None:
+                    views[vs] = [i]
+                else:
+                    v.append(i)
+        self.consumers, self.views, self.last_on = consumers, views, last_on
 
     def _positions(self) -> None:
         """Positions in the scheduler's graph (split starts with their copies, nodes), and the uses of
@@ -291,23 +318,35 @@ class Reference:
             pos += width
         assert pos == len(sched.nodes)
         self.sched_nodes, self.sched_ids = sched.nodes, sched.node_ids
-        self.uses: dict[T, list[int]] = {}
-        self.first: dict[T, int] = {t: -1 for t in sched.leafs}
-        for p, n in enumerate(self.sched_nodes):
-            self.first.setdefault(n, p)
+        uses: dict[T, list[int]] = {}
+        first: dict[T, int] = {t: -1 for t in sched.leafs}
+        # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
+        layer_tags: dict[T, str] = {}
+        view_nodes: dict[T, list[T]] = {}
+        starts: list[int] = []  # periods.layer_starts of the sched nodes
+        last = -1
+        set_first = first.setdefault
+        for p, n in enumerate(self.sched_nodes):  # one pass, each map filled in node order
+            set_first(n, p)
             for s in n.src:
                 if s is not None:
-                    self.uses.setdefault(s, []).append(p)
-                    self.first.setdefault(s, p)
-        # `` (layer N)`` of the nodes named for a layer (what the allocator's peak labels say)
-        self.layer_tags: dict[T, str] = {}
-        for n in self.sched_nodes:
+                    if (u := uses.get(s)) is None:
+                        uses[s] = [p]
+                    else:
+                        u.append(p)
+                    set_first(s, p)
             if (il := layer_suffix(n.name)) is not None:  # LAYER_SUFFIX's match, without the regex
-                self.layer_tags[n] = f" (layer {il})"
-        self.view_nodes: dict[T, list[T]] = {}
-        for n in self.sched_nodes:
+                layer_tags[n] = f" (layer {il})"
+                if (k := int(il)) > last:
+                    last = k
+                    starts.append(p)
             if n.view_src is not None and n.op != "NONE":
-                self.view_nodes.setdefault(n.view_src, []).append(n)
+                if (v := view_nodes.get(n.view_src)) is None:
+                    view_nodes[n.view_src] = [n]
+                else:
+                    v.append(n)
+        self.uses, self.first, self.layer_tags, self.view_nodes = uses, first, layer_tags, view_nodes
+        self.layer_starts = starts
 
     def _record_allocator(self) -> None:
         """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
@@ -317,13 +356,14 @@ class Reference:
         # checkpoints at every split start, layer start and every _CK_STRIDE positions: a replay starts
         # at the last one before its first difference and stops at the first one where the state is the
         # same again (a tail may jump whole periods of layers from a layer start: see .periods)
-        starts = layer_starts(self.sched_nodes)
+        starts = self.layer_starts
         self.ckpos = sorted(set(self.ss) | set(starts) | set(range(0, len(self.sched_nodes), _CK_STRIDE)))
         self.sizes, self.cks = galloc.run_rec(self.sched_nodes, self.sched_ids, sched.leafs, sched.leaf_ids,
                                               set(self.ckpos))
         self.peaks = list(galloc.peaks)
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
-        galloc.allocs.clear()  # they point back at it: a cycle, left to the cycle collector otherwise
+        galloc.allocs.clear()
+        galloc.recs.clear()  # they point back at it: a cycle, left to the cycle collector otherwise
         self.periods = find_periods(starts, self.tail, self.tail_pos)
         # where a replay's tail stops: positions and their checkpoints' indices
         at_start = set(starts)
