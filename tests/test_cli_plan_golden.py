@@ -33,6 +33,10 @@ memory line unchanged.
 Then a CPU micro-batch's reads add to its compute instead of overlapping it, and ik_llama.cpp's CPU
 efficiency is 2.0 again (the same five records' median under that model): ``ds_ik`` (its experts
 computed on the CPU at -ub 512) pp 30.5 -> 19.6 t/s; no other case computes weights on the CPU.
+Then the speed line writes rates below 100 t/s with three significant figures, as the window does
+(``ui.rates.rate_text``), instead of one decimal: ``tg 2.7 t/s at depth 0, 2.5 t/s at 32768 tokens``
+-> ``tg 2.68 t/s ..., 2.47 t/s ...``; only that line changed, in the 12 DeepSeek text and --explain
+files (rates of 10 t/s and more read the same; the JSON files carry unrounded figures).
 """
 
 from __future__ import annotations

@@ -216,6 +216,7 @@ def parse_device_decl(text: str) -> Device:
             elif key == "margin":
                 margin = parse_size(val)
             elif key in HARDWARE_KEYS:
+                _check_host_key(kind, key, val)
                 hardware.append((key, val))
             else:
                 raise ValueError(f"unknown field {key!r} (free=, margin=, {'=, '.join(HARDWARE_KEYS)}=)")
@@ -226,6 +227,20 @@ def parse_device_decl(text: str) -> Device:
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
                   hardware=tuple(hardware))
+
+
+#: keys only the host's figures read (its RAM, compute threads, cores, clock); an RPC device's
+#: ``threads=`` is its rpc-server's (``gpu_speed`` caps the device's bandwidth by them)
+HOST_KEYS = ("ram", "threads", "cores", "ghz")
+
+
+def _check_host_key(kind: DeviceKind, key: str, val: str) -> None:
+    """A host-only key on a GPU was accepted and ignored: refused, saying where it belongs."""
+    if kind is DeviceKind.CPU or key not in HOST_KEYS or (kind is DeviceKind.RPC and key == "threads"):
+        return
+    rpc = " (an RPC device takes threads= only: its rpc-server's)" if kind is DeviceKind.RPC else ""
+    raise ValueError(f"{key}= describes the host's CPU, not a {kind.value} device, and would be ignored "
+                     f"here: give it on the CPU, e.g. --device CPU=64GiB,{key}={val}{rpc}")
 
 
 def _check_fields(parts: Sequence[str]) -> None:

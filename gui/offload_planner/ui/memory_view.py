@@ -178,6 +178,10 @@ def device_tooltip(dm: DeviceMemory, actual: int | None = None, stale: bool = Fa
     return "<br>".join(lines)
 
 
+#: The space below each device's row where the pane has room (:meth:`MemoryView._row_gap`).
+ROW_GAP = 16
+
+
 class MemoryView(QWidget):
     def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -187,6 +191,8 @@ class MemoryView(QWidget):
         self._actuals_plan: Plan | None = None  # the plan that launch ran
         self._next_step_rect: QRectF | None = None
         self._next_step_shown = ""
+        self._legend_hidden: list[str] = []  # the legend's labels a short pane left out
+        self._legend_drawn: list[QRectF] = []
         self.setMouseTracking(True)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.setAccessibleName("Memory per device")
@@ -206,9 +212,20 @@ class MemoryView(QWidget):
     def _actual_height(self) -> int:
         return max(3, self._line() // 5)
 
-    def _row_height(self) -> int:
+    def _row_height(self, gap: int | None = None) -> int:
+        """A row's lines, bar and actual bar, and ``gap`` (default: :meth:`_row_gap`)."""
         lines = 3 if self.status_wrapped() else 2
-        return self._line() * lines + self._bar_height() + self._actual_height() + 16
+        return self._line() * lines + self._bar_height() + self._actual_height() + (
+            self._row_gap() if gap is None else gap)
+
+    def _row_gap(self) -> int:
+        """The space below each row: 16 px, less (down to 6) where the pane is too short for every
+        row and a line of the legend under them (1024x640 with three devices cut the legend off)."""
+        n = len(self._rows())
+        need = self._top() + n * self._row_height(ROW_GAP) + self._line() + 4
+        if not n or self.height() >= need:
+            return ROW_GAP
+        return max(6, ROW_GAP - -(-(need - self.height()) // n))
 
     def status_wrapped(self) -> bool:
         """Some row's status ("N left", "+N over") does not fit beside even the shortest form of its
@@ -234,7 +251,7 @@ class MemoryView(QWidget):
 
     def _row_rect(self, i: int) -> QRectF:
         h = self._row_height()
-        return QRectF(8, self._top() + i * h, self.width() - 16, h - 8)
+        return QRectF(8, self._top() + i * h, self.width() - 16, h - self._row_gap() // 2)
 
     def device_at(self, global_pos: QPoint) -> str | None:
         p = self.mapFromGlobal(global_pos)
@@ -292,7 +309,7 @@ class MemoryView(QWidget):
 
     def sizeHint(self) -> QSize:
         n = max(3, len(self._rows()))
-        return QSize(320, self._top() + n * self._row_height() + 3 * self._line())
+        return QSize(320, self._top() + n * self._row_height(ROW_GAP) + 3 * self._line())
 
     def minimumSizeHint(self) -> QSize:
         """Wide enough for every row's shortest breakdown and, on a line of its own if need be, its
@@ -303,7 +320,7 @@ class MemoryView(QWidget):
             status, status_fm = self._status(f)
             text_w = self.fontMetrics().horizontalAdvance(breakdown_forms(f)[-1])
             need = max(need, max(text_w, status_fm.horizontalAdvance(status) + 4) + 16 + 2)
-        return QSize(need, self._top() + 3 * self._row_height())
+        return QSize(need, self._top() + 3 * self._row_height(ROW_GAP))
 
     # --- painting ----------------------------------------------------------------------------
 
@@ -332,7 +349,7 @@ class MemoryView(QWidget):
             if actual is not None:
                 self._paint_actual(p, actual)
         y = self._top() + len(rows) * self._row_height()
-        bottom = self._paint_legend(p, QRectF(8, y, self.width() - 16, self._line() * 2.5))
+        bottom = self._paint_legend(p, QRectF(8, y, self.width() - 16, max(self.height() - 2 - y, 0)))
         self._paint_next_step(p, bottom)
 
     def _paint_actual(self, p: QPainter, r: QRectF) -> None:
@@ -516,19 +533,54 @@ class MemoryView(QWidget):
             items.append((f"actual ({STALE_NOTE})" if stale else "actual (last launch)", "actual"))
         return items
 
+    def legend_layout(self, r: QRectF) -> tuple[list[tuple[str, str, QRectF]], list[str]]:
+        """Each legend item (label, kind, rect) wrapped to ``r``'s width, on as many lines as ``r``'s
+        height holds (at least one), and the labels left out: a short pane (1024x640 with three
+        devices) cut the second line off; the last line shown then ends with "… N more" and the
+        legend's tooltip names them all."""
+        fm = self.fontMetrics()
+        lh = fm.height()
+        sw = lh - 4
+        placed: list[tuple[str, str, QRectF]] = []
+        x, y = r.left(), r.top()
+        for label, kind in self.legend_items():
+            w = sw + 4 + fm.horizontalAdvance(label) + 12
+            if x + w > r.right() and x > r.left():
+                x, y = r.left(), y + lh + 2
+            placed.append((label, kind, QRectF(x, y, w, lh)))
+            x += w
+        last_top = r.top() + max(0, int((r.height() + 2) // (lh + 2)) - 1) * (lh + 2)
+        if placed[-1][2].top() <= last_top:
+            return placed, []
+        kept = [item for item in placed if item[2].top() <= last_top]
+        more_w = fm.horizontalAdvance(f"… {len(placed)} more")
+        while len(kept) > 1 and kept[-1][2].top() == last_top and kept[-1][2].right() + more_w > r.right():
+            kept.pop()
+        return kept, [label for label, _k, _r in placed[len(kept):]]
+
+    def legend_hidden(self) -> list[str]:
+        """The legend's labels left out at the view's size as last drawn ([] when all are shown)."""
+        return list(self._legend_hidden)
+
+    def legend_drawn(self) -> list[QRectF]:
+        """The rects of the legend's items (and its "… N more") as last drawn."""
+        return list(self._legend_drawn)
+
     def _paint_legend(self, p: QPainter, r: QRectF) -> float:
-        """Draws the legend from the top of ``r``, wrapped to its width; returns its bottom."""
+        """Draws the legend from the top of ``r``, wrapped to its width and cut to its height (see
+        :meth:`legend_layout`); returns its bottom."""
         fm = self.fontMetrics()
         lh = fm.height()
         sw = lh - 4
         base = QColor("#6F6F6F")
-        items = self.legend_items()
-        x, y = r.left(), r.top()
-        p.setPen(self.palette().color(QPalette.ColorRole.Text))
-        for label, kind in items:
-            w = sw + 4 + fm.horizontalAdvance(label) + 12
-            if x + w > r.right():
-                x, y = r.left(), y + lh + 2
+        placed, hidden = self.legend_layout(r)
+        self._legend_hidden, self._legend_drawn = hidden, [rect for _l, _k, rect in placed]
+        text = self.palette().color(QPalette.ColorRole.Text)
+        grey = self.palette().color(QPalette.ColorRole.PlaceholderText)
+        left_mid = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+        p.setPen(text)
+        for label, kind, rect in placed:
+            x, y, w = rect.left(), rect.top(), rect.width()
             box = QRectF(x, y + 2, sw, sw)
             if kind == "margin":
                 p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
@@ -536,11 +588,9 @@ class MemoryView(QWidget):
                 p.fillRect(box, OVER_COLOR)
                 p.fillRect(box, OVER_PATTERN)
             elif kind == "note":
-                p.setPen(self.palette().color(QPalette.ColorRole.PlaceholderText))
-                left_mid = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+                p.setPen(grey)
                 p.drawText(QRectF(x, y, w, lh), left_mid, label)
-                p.setPen(self.palette().color(QPalette.ColorRole.Text))
-                x += w
+                p.setPen(text)
                 continue
             elif kind == "actual":
                 self._paint_actual(p, QRectF(box.left(), box.center().y() - 1.5, box.width(), 3))
@@ -549,13 +599,19 @@ class MemoryView(QWidget):
                 overlay = kind_overlay(kind)
                 if overlay is not None:
                     p.fillRect(box, overlay)
-            p.drawText(
-                QRectF(x + sw + 4, y, w, lh),
-                Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                label,
-            )
-            x += w
-        return y + lh
+            p.drawText(QRectF(x + sw + 4, y, w, lh), left_mid, label)
+        bottom = placed[-1][2].top() + lh
+        if hidden:
+            more = f"… {len(hidden)} more"
+            last = placed[-1][2]
+            at = QRectF(last.right(), last.top(), fm.horizontalAdvance(more) + 2, lh)
+            if at.right() > r.right() + 1:  # one item alone on its line: under it, if at all
+                at = QRectF(r.left(), last.top(), at.width(), lh)
+            p.setPen(grey)
+            p.drawText(at, left_mid, more)
+            p.setPen(text)
+            self._legend_drawn.append(at)
+        return bottom
 
     # --- what next -----------------------------------------------------------------------------
 
@@ -617,6 +673,10 @@ class MemoryView(QWidget):
             r = self._next_step_rect
             if r is not None and r.contains(QPointF(e.pos())):
                 QToolTip.showText(e.globalPos(), self.next_step(), self)
+                return True
+            if self._legend_hidden and any(x.contains(QPointF(e.pos())) for x in self._legend_drawn):
+                every = ", ".join(lab for lab, _k in self.legend_items())
+                QToolTip.showText(e.globalPos(), f"Legend: {every}", self)
                 return True
             QToolTip.hideText()
             e.ignore()

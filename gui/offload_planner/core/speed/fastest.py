@@ -410,7 +410,9 @@ class _Search:
             start = self.cheap(lab, plan)  # the exact ones: as projected
             self.starts[var] = start
             if start.over:  # the GPUs (the host gains room as experts leave it)
-                notes.append(f"{_describe(var)}: does not fit even with every routed expert on the CPU "
+                how = ("even with every routed expert on the CPU" if self.model.summary.n_expert
+                       else "with the command's layers on the GPUs")
+                notes.append(f"{_describe(var)}: does not fit {how} "
                              f"({', '.join(start.over)} over"
                              + ("" if start.verified else ", predicted") + ")")
                 continue
@@ -806,12 +808,19 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     s = _Search(model, devices, base_args, dialect, parse, hw, eff, prompt, dict(moves or {}), accept)
     notes: list[str] = []
     user = s.plan([])
+    # a dense model (no routed experts): no --cpu-moe / --n-cpu-moe; the search keeps the command's
+    # layers and tries -ub (and the KV cache's choices) beside llama.cpp's --fit, which picks -ngl
+    moe = model.summary.n_expert > 0
+    if not moe:
+        notes.append("dense model (no routed experts): the command's layers stay where -ngl/-ts put "
+                     "them, larger -ub are tried; llama.cpp --fit chooses -ngl and the layer split")
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
     starts: dict[Variant, Plan] = {}
     for kv, on in itertools.product(kv_choices(user, allow_kv_quant), kvo_choices(user, allow_nkvo)):
         for ub in ubs:
-            p = with_kv(s.plan(["--cpu-moe"] + (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
-                                                if ub != user.context.n_ubatch else [])), kv, on)
+            ub_args = (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
+                       if ub != user.context.n_ubatch else [])
+            p = with_kv(s.plan(["--cpu-moe"] * moe + ub_args), kv, on)
             starts[variant(p)] = p
     # llama.cpp's --fit beside the search, in a forked child where a second core can take it (its
     # dry runs and the search share nothing); else first, and the starts take over the graphs its
@@ -819,10 +828,10 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     with Forked(s.llama_fit_result, fork=concurrent and s.fits_by_default) as job:
         if not job.forked:
             job.result()
-        ours = s.ours(starts, notes, "--cpu-moe")
+        ours = s.ours(starts, notes, "--cpu-moe" if moe else "the command")
         # predictions only (they change no compute buffer the fit's candidate is predicted from)
-        ncm, near = s.n_cpu_moe_predicted()
-        cpu_moe = s.candidate("--cpu-moe", s.plan(["--cpu-moe"]))
+        ncm, near = s.n_cpu_moe_predicted() if moe else (None, None)
+        cpu_moe = s.candidate("--cpu-moe", s.plan(["--cpu-moe"])) if moe else None
         if job.pending():  # the answer unless --fit's candidate beats it: simulated while waiting
             s.simulate_ahead(pick(ours, [c for c in (cpu_moe, ncm) if c is not None], goal))
         fit_plan = s.fit_plan(job.result())

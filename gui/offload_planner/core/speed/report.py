@@ -9,7 +9,9 @@ from offload_planner.core.units import fmt_bytes
 
 
 def _tps(x: float) -> str:
-    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+    """Three significant figures below 100 t/s, whole numbers above: as the window writes them
+    (``ui.rates.rate_text``); one decimal wrote 0.532 t/s as "0.5"."""
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
 
 def _with_spec(est: SpeedEstimate) -> str:
@@ -128,6 +130,6 @@ def _spec_json(est: SpeedEstimate) -> dict[str, Any]:
 
 
 def speed_label(est: SpeedEstimate) -> str:
-    """One line for the window: ``est. tg 9.8 t/s · pp 210 t/s (CUDA0 61% · CPU 39%)``."""
+    """One line for the window: ``est. tg 9.83 t/s · pp 210 t/s (CUDA0 61% · CPU 39%)``."""
     shares = " · ".join(f"{d.name} {100 * d.share:.0f}%" for d in est.devices if d.share >= 0.005)
     return f"est. tg {_tps(est.tg_tps)} t/s · pp {_tps(est.pp_tps)} t/s" + (f" ({shares})" if shares else "")
