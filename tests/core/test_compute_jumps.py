@@ -18,13 +18,14 @@ import random
 import zlib
 
 import pytest
+from tests.support.fit_placements import random_fit_opts
 
 from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
 from offload_planner.core.compute import incremental as CI
 from offload_planner.core.compute.stats import stats
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.fit import PATTERN_MOE_ALL, overflow_pattern
+from offload_planner.core.fit import PATTERN_MOE_ALL
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context
 from offload_planner.core.model import Model
@@ -55,23 +56,6 @@ def _fields(sim: C.Simulation | None) -> list[tuple[object, ...]]:
             for r in sim.reserves]
 
 
-def _random_opts(rng: random.Random, model: Model, n_gpu: int) -> PlacementOptions:
-    """-ngl, -ts and overrides as the --fit search writes them (or none: pipeline parallelism)."""
-    n_layer = model.summary.n_layer
-    moe = any(t.role.is_routed_expert for t in model.tensors)
-    ngl = rng.choice([n_layer + 1, n_layer + 1, n_layer - rng.randint(1, n_layer // 2)])
-    ts = tuple(float(rng.randint(0, 20)) for _ in range(n_gpu))
-    ot: tuple[Override, ...] = ()
-    kind = rng.random()
-    if moe and kind < 0.3:
-        ot = (Override(PATTERN_MOE_ALL, "CPU"),)
-    elif moe and kind < 0.8:
-        lo = rng.randint(0, n_layer - 2)
-        ot = tuple(Override(overflow_pattern(il, rng.choice([1, 2, 3, 4]) if il == lo else 4), "CPU")
-                   for il in range(lo, rng.randint(lo + 1, n_layer)))
-    return PlacementOptions(n_gpu_layers=ngl, tensor_split=ts if any(ts) else (), overrides=ot)
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_jumping_walk_equals_walk_from_scratch(big: dict[str, Model], name: str) -> None:
     model = big[name]
@@ -84,7 +68,7 @@ def test_jumping_walk_equals_walk_from_scratch(big: dict[str, Model], name: str)
         n_gpu = rng.choice([2, 3, 4])
         gpus = tuple(Device(f"CUDA{k}", DeviceKind.CUDA, 24 * GIB, 24 * GIB) for k in range(n_gpu))
         devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB), gpus)
-        opts = _random_opts(rng, model, n_gpu)
+        opts = random_fit_opts(rng, model, n_gpu)
         placement = place(model, devices, opts)
         no_alloc = i % 2 == 0
         CI._SEEN.clear()  # a first sight each time: the plain path, on the kept graph

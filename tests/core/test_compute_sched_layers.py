@@ -21,6 +21,7 @@ import zlib
 from dataclasses import replace
 
 import pytest
+from tests.support.fit_placements import random_fit_opts
 
 from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
@@ -42,7 +43,7 @@ from offload_planner.core.compute.simulate import (
 from offload_planner.core.compute.stats import stats
 from offload_planner.core.compute.template import GraphTemplate
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-from offload_planner.core.fit import PATTERN_MOE_ALL, overflow_pattern
+from offload_planner.core.fit import PATTERN_MOE_ALL
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context
 from offload_planner.core.model import Model
@@ -65,23 +66,6 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
 def _params(c: int, ub: int, offload_kqv: bool = True) -> ContextParams:
     return ContextParams(n_ctx=c, n_batch=2048, n_ubatch=ub, n_seq_max=1, kv_unified=True, flash_attn=True,
                          type_k="f16", type_v="f16", offload_kqv=offload_kqv, swa_full=False, n_outputs_max=1)
-
-
-def _random_opts(rng: random.Random, model: Model, n_gpu: int) -> PlacementOptions:
-    """-ngl, -ts and overrides as the --fit search writes them (or none: pipeline parallelism)."""
-    n_layer = model.summary.n_layer
-    moe = any(t.role.is_routed_expert for t in model.tensors)
-    ngl = rng.choice([n_layer + 1, n_layer + 1, n_layer - rng.randint(1, n_layer // 2)])
-    ts = tuple(float(rng.randint(0, 20)) for _ in range(n_gpu))
-    ot: tuple[Override, ...] = ()
-    kind = rng.random()
-    if moe and kind < 0.3:
-        ot = (Override(PATTERN_MOE_ALL, "CPU"),)
-    elif moe and kind < 0.8:
-        lo = rng.randint(0, n_layer - 2)
-        ot = tuple(Override(overflow_pattern(il, rng.choice([1, 2, 3, 4]) if il == lo else 4), "CPU")
-                   for il in range(lo, rng.randint(lo + 1, n_layer)))
-    return PlacementOptions(n_gpu_layers=ngl, tensor_split=ts if any(ts) else (), overrides=ot)
 
 
 def _breakers(model: Model, n_gpu: int) -> list[PlacementOptions]:
@@ -175,9 +159,9 @@ def test_layer_by_layer_schedule_equals_node_by_node(big: dict[str, Model], name
     cases: list[tuple[int, PlacementOptions, ContextParams]] = []
     for _ in range(8):
         n_gpu = rng.choice([2, 3, 4])
-        cases.append((n_gpu, _random_opts(rng, model, n_gpu), params))
+        cases.append((n_gpu, random_fit_opts(rng, model, n_gpu), params))
     cases += [(4, o, params) for o in _breakers(model, 4)]
-    cases.append((3, _random_opts(rng, model, 3), replace(params, offload_kqv=False)))
+    cases.append((3, random_fit_opts(rng, model, 3), replace(params, offload_kqv=False)))
     # a layer whose every tensor is on the first GPU, its cache on the host: only the norms the server
     # forces onto its layer's device (the last GPU's) tell it from the first GPU's layers
     cases.append((4, PlacementOptions(n_gpu_layers=n_layer + 1, overrides=(
