@@ -70,6 +70,20 @@ def test_a_plan_file_with_free_beyond_total_is_refused_naming_the_field(tmp_path
     assert str(path) in err and "$.devices.gpus[0].free" in err and "more than the device's total" in err
 
 
+def test_a_plan_file_with_a_margin_as_large_as_the_gpu_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A hand-edited plan file's 24 GiB GPU with a 24 GiB margin (`--device` refuses it; the file
+    took it and planned a GPU with no room): `launch FILE.plan.json` names the file and the field."""
+    plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
+                                                      (parse_device_decl("CUDA0=24GiB"),)),
+                          argparse.Namespace(ctx_size=4096))
+    data = plan_json(PlanFile.of(plan))
+    data["devices"]["gpus"][0]["margin"] = 24 * 1024**3
+    path = tmp_path / "edited.plan.json"
+    path.write_text(json.dumps(data))
+    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    assert str(path) in err and "$.devices.gpus[0].margin" in err and "leaves nothing" in err
+
+
 # --- a device name that is not one ----------------------------------------------------------------
 
 

@@ -449,6 +449,10 @@ def _device(at: At, *, cpu: bool) -> Device:
     free = at.key("free", None).opt_integer(0, MAX_BYTES)
     if total is not None and free is not None and free > total:
         raise at.key("free").fail(f"{free} bytes free is more than the device's total {total} bytes")
+    margin = at.key("margin", 0).integer(0, MAX_BYTES)
+    if total is not None and not cpu and margin >= total:
+        raise at.key("margin").fail(f"a margin of {margin} bytes leaves nothing of the device's total "
+                                    f"{total} bytes")
     return Device(
         name,
         kind,
@@ -458,7 +462,7 @@ def _device(at: At, *, cpu: bool) -> Device:
         source=at.key("source", "declared").text(max_len=64),
         endpoint=endpoint,
         bandwidth_gbs=at.key("bandwidth_gbs", None).opt_number(0.0, 1e9),
-        margin=at.key("margin", 0).integer(0, MAX_BYTES),
+        margin=margin,
         hardware=_hardware(at.key("hardware", [])),
     )
 
