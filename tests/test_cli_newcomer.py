@@ -84,6 +84,20 @@ def test_a_plan_file_with_a_margin_as_large_as_the_gpu_is_refused_naming_the_fie
     assert str(path) in err and "$.devices.gpus[0].margin" in err and "leaves nothing" in err
 
 
+def test_a_plan_file_with_a_field_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    """A hand-edited plan file with "free" written twice in a GPU (json keeps the last one silently;
+    `--device` refuses a field given twice): `launch FILE.plan.json` names the file and the key."""
+    plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
+                                                      (parse_device_decl("CUDA0=24GiB"),)),
+                          argparse.Namespace(ctx_size=4096))
+    text = json.dumps(plan_json(PlanFile.of(plan)))
+    text = text.replace('"free": ', '"free": 1024, "free": ', 1)
+    path = tmp_path / "edited.plan.json"
+    path.write_text(text)
+    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    assert str(path) in err and "'free' is given twice" in err
+
+
 # --- a device name that is not one ----------------------------------------------------------------
 
 

@@ -42,13 +42,25 @@ def _no_constant(name: str) -> Any:
 
 
 def parse_json(text: str) -> Any:
-    """``json.loads`` that refuses NaN, Infinity and numbers that overflow to infinity.
+    """``json.loads`` that refuses NaN, Infinity, numbers that overflow to infinity and a key given
+    twice in one object.
 
     Raises ValueError (malformed text, an integer of thousands of digits) or RecursionError (deep
     nesting); callers turn both into their own error naming the file."""
-    data = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    data = json.loads(text, parse_float=_finite, parse_constant=_no_constant, object_pairs_hook=_unique)
     _check_depth(data)
     return data
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once (``json`` keeps the last of a repeated key silently: a
+    hand-edited ``"free"`` written twice would plan against whichever came last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key[:40]!r} is given twice in one object")
+        out[key] = value
+    return out
 
 
 def _check_depth(data: Any) -> None:
