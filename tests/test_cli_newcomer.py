@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.test_cli_plan_input import QWEN, refused, run
@@ -56,45 +58,39 @@ def test_free_up_to_the_size_and_a_margin_below_it_are_taken(decl: str) -> None:
     assert d.total == 24 * 1024**3
 
 
-def test_a_plan_file_with_free_beyond_total_is_refused_naming_the_field(tmp_path: Path) -> None:
-    """A hand-edited plan file's GPU with 30 GiB free of 24 GiB: `launch FILE.plan.json` names the
-    file and the field (it was taken, and the plan made against 30 GiB)."""
+def _launch_edited_plan(tmp_path: Path, edit: Callable[[dict[str, Any]], object] = lambda d: None,
+                        text: Callable[[str], str] = lambda t: t) -> tuple[Path, str]:
+    """A plan of QWEN on a 24 GiB GPU saved, edited by hand (``edit`` on its JSON data, then ``text``
+    on its text), and given to `launch` in a child: the file's path and the error it printed."""
     plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
                                                       (parse_device_decl("CUDA0=24GiB"),)),
                           argparse.Namespace(ctx_size=4096))
     data = plan_json(PlanFile.of(plan))
-    data["devices"]["gpus"][0]["free"] = 30 * 1024**3
+    edit(data)
     path = tmp_path / "edited.plan.json"
-    path.write_text(json.dumps(data))
-    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    path.write_text(text(json.dumps(data)))
+    return path, refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+
+
+def test_a_plan_file_with_free_beyond_total_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A hand-edited plan file's GPU with 30 GiB free of 24 GiB: `launch FILE.plan.json` names the
+    file and the field (it was taken, and the plan made against 30 GiB)."""
+    path, err = _launch_edited_plan(tmp_path, lambda d: d["devices"]["gpus"][0].update(free=30 * 1024**3))
     assert str(path) in err and "$.devices.gpus[0].free" in err and "more than the device's total" in err
 
 
 def test_a_plan_file_with_a_margin_as_large_as_the_gpu_is_refused_naming_the_field(tmp_path: Path) -> None:
     """A hand-edited plan file's 24 GiB GPU with a 24 GiB margin (`--device` refuses it; the file
     took it and planned a GPU with no room): `launch FILE.plan.json` names the file and the field."""
-    plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
-                                                      (parse_device_decl("CUDA0=24GiB"),)),
-                          argparse.Namespace(ctx_size=4096))
-    data = plan_json(PlanFile.of(plan))
-    data["devices"]["gpus"][0]["margin"] = 24 * 1024**3
-    path = tmp_path / "edited.plan.json"
-    path.write_text(json.dumps(data))
-    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    path, err = _launch_edited_plan(tmp_path, lambda d: d["devices"]["gpus"][0].update(margin=24 * 1024**3))
     assert str(path) in err and "$.devices.gpus[0].margin" in err and "leaves nothing" in err
 
 
 def test_a_plan_file_with_a_field_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
     """A hand-edited plan file with "free" written twice in a GPU (json keeps the last one silently;
     `--device` refuses a field given twice): `launch FILE.plan.json` names the file and the key."""
-    plan = plan_from_args(open_model(QWEN), DeviceSet(parse_device_decl("CPU=64GiB"),
-                                                      (parse_device_decl("CUDA0=24GiB"),)),
-                          argparse.Namespace(ctx_size=4096))
-    text = json.dumps(plan_json(PlanFile.of(plan)))
-    text = text.replace('"free": ', '"free": 1024, "free": ', 1)
-    path = tmp_path / "edited.plan.json"
-    path.write_text(text)
-    err = refused(run("launch", str(path), "--no-detect", "--server", "/bin/false"))
+    twice = '"free": 1024, "free": '
+    path, err = _launch_edited_plan(tmp_path, text=lambda t: t.replace('"free": ', twice, 1))
     assert str(path) in err and "'free' is given twice" in err
 
 

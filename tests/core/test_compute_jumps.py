@@ -18,31 +18,24 @@ import random
 import zlib
 
 import pytest
-from tests.support.fit_placements import random_fit_opts
+from tests.support.fit_placements import BIG_NAMES, big_models, random_fit_opts
 
-from offload_planner.cli import demo_model_path
 from offload_planner.core import compute as C
 from offload_planner.core.compute import incremental as CI
 from offload_planner.core.compute.stats import stats
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.fit import PATTERN_MOE_ALL
-from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, place
-from offload_planner.core.synth import BIG_MODELS, write_model
 
 GIB = 1 << 30
-NAMES = ["DeepSeek-V3", "Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M"]
+NAMES = BIG_NAMES
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
-    root = tmp_path_factory.mktemp("jump_headers")
-    out = {n: open_model(write_model(BIG_MODELS[n], root / f"{n}.header.gguf", header_only=True)[0])
-           for n in NAMES[1:]}
-    out["DeepSeek-V3"] = open_model(demo_model_path())
-    return out
+    return big_models(tmp_path_factory.mktemp("jump_headers"))
 
 
 def _params(c: int, ub: int) -> ContextParams:

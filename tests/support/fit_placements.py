@@ -4,10 +4,25 @@ shortcut (period jumps, layer-by-layer scheduling) with the plain walk."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+from offload_planner.cli import demo_model_path
 from offload_planner.core.fit import PATTERN_MOE_ALL, overflow_pattern
+from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions
+from offload_planner.core.synth import BIG_MODELS, write_model
+
+#: the big models these tests walk: the bundled DeepSeek-V3 header and three the synth writes
+BIG_NAMES = ["DeepSeek-V3", "Qwen3-235B-A22B-Q4_K_M", "gpt-oss-120b-MXFP4", "Llama-3.1-70B-Q4_K_M"]
+
+
+def big_models(root: Path) -> dict[str, Model]:
+    """:data:`BIG_NAMES` opened: the synth's headers written under ``root``, DeepSeek-V3 bundled."""
+    out = {n: open_model(write_model(BIG_MODELS[n], root / f"{n}.header.gguf", header_only=True)[0])
+           for n in BIG_NAMES[1:]}
+    out["DeepSeek-V3"] = open_model(demo_model_path())
+    return out
 
 
 def random_fit_opts(rng: random.Random, model: Model, n_gpu: int) -> PlacementOptions:

@@ -6,6 +6,8 @@ longer than the room left ends its last line with "… N more", its tooltip nami
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from PySide6.QtCore import QEvent
@@ -15,21 +17,31 @@ from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait
 
+from offload_planner.ui.memory_view import MemoryView
 from offload_planner.ui.settings import Settings
 
 
-def test_two_gpus_and_cpu_legend_inside_the_pane_at_1024x640(
-    qtbot: QtBot, settings: Settings, demo_path: Path
-) -> None:
+@contextmanager
+def _memory_pane(qtbot: QtBot, settings: Settings, demo_path: Path, w: int, h: int) -> Iterator[MemoryView]:
+    """The Memory pane of a w x h window with two 24 GiB GPUs on the demo model, painted."""
     win = make_window(qtbot, settings, system_info("CUDA0=24GiB", "CUDA1=24GiB"))
     try:
-        win.resize(1024, 640)
+        win.resize(w, h)
         open_and_wait(qtbot, win, demo_path)
         qtbot.wait(50)
         view = win.memory_view
         if os.environ.get("LEGEND_PNG"):  # to look at: LEGEND_PNG=/tmp/legend.png
             view.grab().save(os.environ["LEGEND_PNG"])
         view.repaint()
+        yield view
+    finally:
+        win.close()
+
+
+def test_two_gpus_and_cpu_legend_inside_the_pane_at_1024x640(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    with _memory_pane(qtbot, settings, demo_path, 1024, 640) as view:
         drawn = view.legend_drawn()
         assert len(view._rows()) == 3 and drawn
         assert all(r.bottom() <= view.height() for r in drawn), ([r.bottom() for r in drawn], view.height())
@@ -46,22 +58,12 @@ def test_two_gpus_and_cpu_legend_inside_the_pane_at_1024x640(
         QApplication.sendEvent(view, QHelpEvent(QEvent.Type.ToolTip, at, view.mapToGlobal(at)))
         tip = QToolTip.text()
         assert tip.startswith("Legend: ") and all(label in tip for label in labels), tip
-    finally:
-        win.close()
 
 
 def test_a_tall_pane_keeps_the_whole_legend_and_its_gaps(
     qtbot: QtBot, settings: Settings, demo_path: Path
 ) -> None:
-    win = make_window(qtbot, settings, system_info("CUDA0=24GiB", "CUDA1=24GiB"))
-    try:
-        win.resize(1600, 1000)
-        open_and_wait(qtbot, win, demo_path)
-        qtbot.wait(50)
-        view = win.memory_view
-        view.repaint()
+    with _memory_pane(qtbot, settings, demo_path, 1600, 1000) as view:
         assert view.legend_hidden() == [] and len(view.legend_drawn()) == len(view.legend_items())
         assert view._row_gap() == 16
         assert all(r.bottom() <= view.height() for r in view.legend_drawn())
-    finally:
-        win.close()
