@@ -64,3 +64,34 @@ def graph_bound(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int],
             for b in range(len(bound.sizes)):
                 bound.add(leaf, b)
     return bound.sizes
+
+
+def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], leafs: Sequence[T],
+                leaf_ids: Sequence[int], below: Sequence[int]) -> bool:
+    """A bound of a scheduled graph's reserve is at most ``below`` on every backend: its nodes and their
+    sources as :func:`graph_bound` counts them, each leaf the allocator owns on its own backend (the
+    allocator gives a leaf memory there, before the walk).  Gives up at the first backend past
+    ``below``, and at each tenth of the nodes when a backend's sum over the nodes so far, scaled to all
+    of them, is past it (the sums grow about evenly over the layers: the bound would not hold; a quick
+    give-up, never a wrong yes)."""
+    bound = Bound(sizer)
+    sizes, add = bound.sizes, bound.add
+    for leaf, b in zip(leafs, leaf_ids, strict=True):
+        if owned(leaf):
+            add(leaf, b)
+    if any(x > y for x, y in zip(sizes, below, strict=True)):
+        return False
+    base, n_nodes = list(sizes), len(nodes)
+    step = max(n_nodes // 10, 1)
+    for k, (n, b) in enumerate(zip(nodes, ids, strict=True), 1):
+        if owned(n):
+            add(n, b)
+        for s in n.src:
+            if s is not None and owned(s):
+                add(s, b)
+        if sizes[b] > below[b]:
+            return False
+        if k % step == 0 and any(z + (x - z) * n_nodes // k > y
+                                 for x, y, z in zip(sizes, below, base, strict=True)):
+            return False
+    return True
