@@ -56,7 +56,7 @@ from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
-from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import DEFAULT_PROMPT, estimate
 from offload_planner.core.speed.forked import Forked
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.layout import (
@@ -68,6 +68,7 @@ from offload_planner.core.speed.layout import (
     may_split,
     speeds,
 )
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.units import GiB
 
