@@ -14,6 +14,7 @@ one-token graph's tensors are a few rows each.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from offload_planner.core.compute.allocator import GraphAllocator
@@ -70,10 +71,15 @@ def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], l
                 leaf_ids: Sequence[int], below: Sequence[int]) -> bool:
     """A bound of a scheduled graph's reserve is at most ``below`` on every backend: its nodes and their
     sources as :func:`graph_bound` counts them, each leaf the allocator owns on its own backend (the
-    allocator gives a leaf memory there, before the walk).  Gives up at the first backend past
-    ``below``, and at each tenth of the nodes when a backend's sum over the nodes so far, scaled to all
-    of them, is past it (the sums grow about evenly over the layers: the bound would not hold; a quick
-    give-up, never a wrong yes)."""
+    allocator gives a leaf memory there, before the walk).
+
+    A quick give-up (never a wrong yes): at once where a backend running some of the nodes has nothing
+    in ``below``; at the first backend past ``below``; and at each tenth of the nodes, where a
+    backend's sum over its nodes so far, scaled to all of its nodes, is past it (a backend's nodes
+    repeat layer after layer: the bound would not hold)."""
+    per = Counter(ids)
+    if any(not below[b] for b in per):  # a backend with nodes here and an empty prompt reserve
+        return False
     bound = Bound(sizer)
     sizes, add = bound.sizes, bound.add
     for leaf, b in zip(leafs, leaf_ids, strict=True):
@@ -81,9 +87,10 @@ def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], l
             add(leaf, b)
     if any(x > y for x, y in zip(sizes, below, strict=True)):
         return False
-    base, n_nodes = list(sizes), len(nodes)
-    step = max(n_nodes // 10, 1)
+    base, seen = list(sizes), [0] * len(sizes)
+    step = max(len(nodes) // 10, 1)
     for k, (n, b) in enumerate(zip(nodes, ids, strict=True), 1):
+        seen[b] += 1
         if owned(n):
             add(n, b)
         for s in n.src:
@@ -91,7 +98,7 @@ def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], l
                 add(s, b)
         if sizes[b] > below[b]:
             return False
-        if k % step == 0 and any(z + (x - z) * n_nodes // k > y
-                                 for x, y, z in zip(sizes, below, base, strict=True)):
+        if k % step == 0 and any(c and z + (x - z) * per[i] // c > y for i, (x, y, z, c)
+                                 in enumerate(zip(sizes, below, base, seen, strict=True))):
             return False
     return True
