@@ -76,7 +76,9 @@ def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], l
     A quick give-up (never a wrong yes): at once where a backend running some of the nodes has nothing
     in ``below``; at the first backend past ``below``; and at each tenth of the nodes, where a
     backend's sum over its nodes so far, scaled to all of its nodes, is past it (a backend's nodes
-    repeat layer after layer: the bound would not hold)."""
+    repeat layer after layer: the bound would not hold).  The nodes are summed from the last: a
+    backend holding the output layer alone (the one-token graph's logits and norms against a prompt
+    reserve of a few rows) fails there, at once."""
     per = Counter(ids)
     if any(not below[b] for b in per):  # a backend with nodes here and an empty prompt reserve
         return False
@@ -89,7 +91,7 @@ def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], l
         return False
     base, seen = list(sizes), [0] * len(sizes)
     step = max(len(nodes) // 10, 1)
-    for k, (n, b) in enumerate(zip(nodes, ids, strict=True), 1):
+    for k, (n, b) in enumerate(zip(reversed(nodes), reversed(ids), strict=True), 1):  # the output first
         seen[b] += 1
         if owned(n):
             add(n, b)
