@@ -301,3 +301,32 @@ def test_ubatch_plot_names_the_fastest_ub_that_fits(qtbot: QtBot, settings: Sett
         assert brushes[-1].style() == Qt.BrushStyle.NoBrush and brushes[-2].style() != Qt.BrushStyle.NoBrush
     finally:
         win.close()
+
+
+def test_a_slow_declared_gpu_reads_as_the_command_line_writes_it(qtbot: QtBot, settings: Settings) -> None:
+    """A GPU declared at 1 MB/s (`bw=0.001GB/s`): the speed line gives the same figures as `plan`
+    prints for the same command (0.000391 t/s, not 3.91e-07 or 0.0), and the Speed tab's -ub sweep
+    names its fastest pp in significant figures (it wrote "0 t/s")."""
+    from tests.test_cli_plan_input import run
+
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB,bw=0.001GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -ngl 99 -c 4096")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "CUDA0\u00a0100%" in win.speed_label.text())
+        m = LABEL.fullmatch(win.speed_label.text())
+        assert m, win.speed_label.text()
+        cli = run("plan", str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"), "--no-detect", "--device",
+                  "CUDA0=24GiB,bw=0.001GB/s", "--device", "CPU=256GiB", "--", "-ngl", "99", "-c", "4096")
+        line = re.search(r"tg (\S+) t/s at depth 0, \S+ t/s at 4096 tokens; pp (\S+) t/s", cli.stdout)
+        assert line, cli.stdout + cli.stderr
+        assert (m.group(1), m.group(2)) == line.groups()
+        assert float(m.group(1)) < 0.001 and "e-" not in m.group(0)
+        plot = win.ubatch_plot
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        best = max(p.pp_tps for p in plot.points if p.fits)
+        assert best < 1 and f": {rate_text(best)} t/s," in plot.status.text(), plot.status.text()
+    finally:
+        win.close()
