@@ -75,9 +75,11 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
     from offload_planner.core.speculative import spec_refusals
+    from offload_planner.core.speed.candidate import over_by
     from offload_planner.core.speed.estimate import estimate
-    from offload_planner.core.speed.fastest import fastest_plan, over_by, score
+    from offload_planner.core.speed.fastest import fastest_plan
     from offload_planner.core.speed.hardware import hardware_for
+    from offload_planner.core.speed.ranking import score
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
     from offload_planner.core.speed.tps import tps_fixed, tps_json

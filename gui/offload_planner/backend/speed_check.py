@@ -22,7 +22,8 @@ from offload_planner.backend.server_bench import (
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware, record_efficiencies
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.calibrate import Calibration, calibrate
-from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.speed.tps import tps_fixed, tps_json
 

@@ -24,7 +24,7 @@ from offload_planner.core.plan import Plan
 from offload_planner.ui.document import PlanDocument
 
 if TYPE_CHECKING:  # the search is imported when first used
-    from offload_planner.core.speed.fastest import FastestResult
+    from offload_planner.core.speed.candidate import FastestResult
 
 
 class MoveLayersDialog(QDialog):

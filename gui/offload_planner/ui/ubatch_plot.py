@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.estimate import HOST_KV_PART
+from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.sweep import UBATCHES, UbPoint, fastest_fitting, ubatch_tradeoff
 from offload_planner.core.speed.tps import tps_fixed
 from offload_planner.core.units import GiB

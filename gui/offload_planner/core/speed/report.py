@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from offload_planner.core.speed.estimate import SpeedEstimate
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.tps import tps_json
 from offload_planner.core.speed.tps import tps_text as _tps
 from offload_planner.core.units import fmt_bytes
