@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from offload_planner.core.compute.allocator import GraphAllocator
-from offload_planner.core.compute.ggml import T
+from offload_planner.core.compute.ggml import INPLACE_OPS, INPUT, OUTPUT, T
 
 
 def owned(t: T) -> bool:
@@ -67,28 +67,28 @@ def graph_bound(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int],
     return bound.sizes
 
 
-def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], leafs: Sequence[T],
-                leaf_ids: Sequence[int], below: Sequence[int]) -> bool:
-    """A bound of a scheduled graph's reserve is at most ``below`` on every backend: its nodes and their
-    sources as :func:`graph_bound` counts them, each leaf the allocator owns on its own backend (the
-    allocator gives a leaf memory there, before the walk).
+def unproven(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], leafs: Sequence[T],
+             leaf_ids: Sequence[int], below: Sequence[int]) -> int | None:
+    """None where a bound of a scheduled graph's reserve is at most ``below`` on every backend, else
+    the backend it gave up on.  The bound: its nodes and their sources as :func:`graph_bound` counts
+    them, each leaf the allocator owns on its own backend (the allocator gives a leaf memory there,
+    before the walk).
 
-    A quick give-up (never a wrong yes): at once where a backend running some of the nodes has nothing
+    A quick give-up (never a wrong None): at once where a backend running some of the nodes has nothing
     in ``below``; at the first backend past ``below``; and at each tenth of the nodes, where a
     backend's sum over its nodes so far, scaled to all of its nodes, is past it (a backend's nodes
     repeat layer after layer: the bound would not hold).  The nodes are summed from the last: a
     backend holding the output layer alone (the one-token graph's logits and norms against a prompt
     reserve of a few rows) fails there, at once."""
     per = Counter(ids)
-    if any(not below[b] for b in per):  # a backend with nodes here and an empty prompt reserve
-        return False
+    for b in per:
+        if not below[b]:  # a backend with nodes here and an empty prompt reserve
+            return b
     bound = Bound(sizer)
     sizes, add = bound.sizes, bound.add
     for leaf, b in zip(leafs, leaf_ids, strict=True):
         if owned(leaf):
             add(leaf, b)
-    if any(x > y for x, y in zip(sizes, below, strict=True)):
-        return False
     base, seen = list(sizes), [0] * len(sizes)
     step = max(len(nodes) // 10, 1)
     for k, (n, b) in enumerate(zip(reversed(nodes), reversed(ids), strict=True), 1):  # the output first
@@ -99,8 +99,106 @@ def bound_below(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], l
             if s is not None and owned(s):
                 add(s, b)
         if sizes[b] > below[b]:
-            return False
-        if k % step == 0 and any(c and z + (x - z) * per[i] // c > y for i, (x, y, z, c)
-                                 in enumerate(zip(sizes, below, base, seen, strict=True))):
-            return False
-    return True
+            return b
+        if k % step == 0:
+            for i, (x, y, z, c) in enumerate(zip(sizes, below, base, seen, strict=True)):
+                if c and z + (x - z) * per[i] // c > y:
+                    return i
+    return next((i for i, (x, y) in enumerate(zip(sizes, below, strict=True)) if x > y), None)
+
+
+def lifetime_bound(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int], leafs: Sequence[T],
+                   leaf_ids: Sequence[int]) -> list[int]:
+    """A bound of a scheduled graph's reserve per backend that follows the tensors' lifetimes.
+
+    The counting pass allocates the leafs and the graph inputs first, from offset 0: they end below the
+    sum of their sizes.  After that, the allocator's top (its free tail's start: the highest end of a
+    live block, freed blocks being merged) rises by at most a block's size at each allocation.  So
+    wherever every tensor the walk allocated on a backend is freed again (a reset: each layer's
+    tensors on the host die before the next layer's expert split there), the top is back under the
+    inputs, and the reserve is at most the inputs plus the largest sum of blocks allocated between two
+    resets.  A tensor's death is taken at its last reader (or its views' last reader), never where the
+    allocator would keep it (an output; no reader; a view without one): such a tensor stays, under
+    the top it was allocated at, and every later reset starts from there.  A node that may take over
+    a source's block in place (``INPLACE_OPS``) keeps that block alive as long as itself."""
+    n_b = len(sizer.allocs)
+    aligns = [a.alignment for a in sizer.allocs]
+    size = sizer.size
+
+    def block(t: T, b: int) -> int:
+        return -(-size(t, b) // aligns[b]) * aligns[b]
+
+    inputs = [0] * n_b
+    initial: set[T] = set()
+    for leaf, b in zip(leafs, leaf_ids, strict=True):
+        if owned(leaf) and leaf not in initial:
+            initial.add(leaf)
+            inputs[b] += block(leaf, b)
+    born: dict[T, tuple[int, int]] = {}  # allocated by the walk: (position, backend)
+    last: dict[T, int] = {}  # position of the last reader
+    read_views: set[T] = set()
+    views: list[tuple[T, T]] = []  # (view, its source) of the views the allocator counts
+    for i, (n, b) in enumerate(zip(nodes, ids, strict=True)):
+        if n.flags & INPUT and owned(n) and n not in initial:
+            initial.add(n)
+            inputs[b] += block(n, b)
+        for s in n.src:
+            if s is None:
+                continue
+            if owned(s):
+                if s.flags & INPUT and s not in initial:
+                    initial.add(s)
+                    inputs[b] += block(s, b)
+                last[s] = i
+                if s not in born and s not in initial:
+                    born[s] = (i, b)
+            elif s.view_src is not None:
+                read_views.add(s)
+                last[s.view_src] = i
+        if owned(n):
+            if n not in born and n not in initial:
+                born[n] = (i, b)
+        elif n.view_src is not None and n.op != "NONE":
+            views.append((n, n.view_src))
+    never = len(nodes)
+    for v, root in views:
+        if v not in read_views:
+            last[root] = never  # its count of views never comes back to 0
+    for t in born:
+        if t.flags & OUTPUT or t not in last:
+            last[t] = never
+    for n in reversed(nodes):  # a block taken over in place lives as long as its new owner
+        if n.op in INPLACE_OPS and n in born:
+            end = last[n]
+            for p in n.src:
+                if p is not None and p in last and last[p] < end:
+                    last[p] = end
+    return _walk_lifetimes(born, last, never, inputs, block)
+
+
+def _walk_lifetimes(born: dict[T, tuple[int, int]], last: dict[T, int], never: int, inputs: list[int],
+                    block: Callable[[T, int], int]) -> list[int]:
+    """:func:`lifetime_bound`'s sweep over the allocations (``born``: in walk order) and the deaths in
+    walk order (a death at a position comes after that position's allocations)."""
+    n_b = len(inputs)
+    deaths = sorted((end, b) for t, (_, b) in born.items() if (end := last[t]) < never)
+    deaths.append((never, -1))
+    floor, peak, kept = list(inputs), list(inputs), list(inputs)
+    live, run = [0] * n_b, [0] * n_b
+    d = 0
+    for t, (i, b) in born.items():
+        while deaths[d][0] < i:  # the deaths of earlier positions
+            db = deaths[d][1]
+            live[db] -= 1
+            if not live[db]:
+                floor[db], run[db] = kept[db], 0
+            d += 1
+        run[b] += block(t, b)
+        top = floor[b] + run[b]
+        if top > peak[b]:
+            peak[b] = top
+        if last[t] >= never:
+            kept[b] = max(kept[b], top)
+        else:
+            live[b] += 1
+    return peak

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import GraphAllocator
-from offload_planner.core.compute.bound import bound_below
+from offload_planner.core.compute.bound import lifetime_bound, unproven
 from offload_planner.core.compute.ggml import Graph, T, nbytes
 from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.jumps import JumpingAllocator
@@ -42,15 +42,24 @@ def reserve_below(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[
                   weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
                   kv_dev: Callable[[int], str], below: list[int], *, no_alloc: bool = False,
                   op_offload: bool = True) -> Reserve | None:
-    """:func:`reserve`, or None when a bound of its sizes (:mod:`.bound`, from the scheduled graph:
-    the allocator's walk is left out) is at most ``below`` on every backend: llama.cpp keeps the
-    larger of two reserves per backend, so this one would decide no size."""
+    """:func:`reserve`, or None when a bound of its sizes (from the scheduled graph: the allocator's walk
+    is left out) is at most ``below`` on every backend: llama.cpp keeps the larger of two reserves per
+    backend, so this one would decide no size.  The bound: the sum of what the allocator may be asked
+    for (:func:`.bound.unproven`); where that fails on the host, the lifetimes' (:func:`.bound.
+    lifetime_bound`, dearer): the host runs the layers' split-off parts (experts overridden to it) and
+    frees each before the next, where a GPU holds whole layers and the residual stream across them."""
     b = Builder(sh, weights, layer_dev, kv_dev)
     arch_fn(b)
     sched = Scheduler(backends, n_copies, op_offload)
     sched.split_graph(b.g, keep_forced=not no_alloc)
-    if bound_below(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids, below):
+    sizer = GraphAllocator(backends)
+    failed = unproven(sizer, sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids, below)
+    if failed is None:
         return None
+    if failed == sched.cpu:
+        bound = lifetime_bound(sizer, sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
+        if all(x <= y for x, y in zip(bound, below, strict=True)):
+            return None
     return _allocated(b.g, sh, backends, n_copies, sched, None)
 
 
