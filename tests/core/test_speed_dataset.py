@@ -68,6 +68,7 @@ SETTINGS_KEYS = {
     "ubatch": OPT_INT,
     "fa": (bool, type(None)),
     "ctk": OPT_STR,
+    "ctv": OPT_STR,  # -ctv / --cache-type-v (llama-bench's type_v column)
     "nkvo": (bool, type(None)),  # -nkvo / --no-kv-offload (llama-bench's nkvo column); null: not stated
     "threads": OPT_INT,
     "split_mode": OPT_STR,

@@ -237,6 +237,8 @@ def _argv(rec: dict[str, Any]) -> list[str]:
     out += ["-b", str(b), "-ub", str(ub)]
     if s.get("ctk"):
         out += ["-ctk", s["ctk"]]
+    if s.get("ctv"):
+        out += ["-ctv", s["ctv"]]
     if s.get("fa") is not None:
         out += ["-fa", "on" if s["fa"] else "off"]
     if s.get("nkvo"):  # the KV cache in host memory
