@@ -65,8 +65,10 @@ _ATTN_ISWA = ("attn_norm", "attn_qkv", "attn_q", "attn_q_norm", _ROPE_Q, "attn_k
               "attn_v", _KV, "attn_output", "post_attention_norm")
 _ATTN_MLA = ("attn_norm", "attn_q", "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_k_b", "attn_kv_a_mqa",
              "attn_kv_a_norm", "attn_kv_b", _KV, "attn_v_b", "attn_output", "post_attention_norm")
-#: Attention weights that are no step of their own: the sinks (an operand of the attention op, which
-#: the scheduler places by its neighbours, ``ggml_backend_sched_backend_id_from_cur``).
+#: Attention weights placed apart (:attr:`_GraphKeys.sinks`): the sinks, an operand of the attention op
+#: after the KV store, which with flash attention the scheduler places by its neighbours
+#: (``ggml_backend_sched_backend_id_from_cur`` skips ``FLASH_ATTN_EXT``) and without runs the
+#: ``SOFT_MAX`` where the sinks are.
 _NOT_STEPS = frozenset({"attn_sinks"})
 #: Where the FFN's pre-norm, its stages (:data:`_STAGES` from the router on) and post-norm sit.
 _FFN_NORM = _ATTN_STEPS
