@@ -24,7 +24,7 @@ lowers the budget of a GPU over its limit by what it is over (:func:`best_layout
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import Projection, alloc_size, kv_buffers, pad
@@ -35,6 +35,7 @@ from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.rates import _bandwidth
 from offload_planner.core.speed.reads import expert_fraction, token_bytes
+from offload_planner.core.speed.speculation import StepReads
 from offload_planner.core.speed.splits import _split_seconds
 
 
@@ -57,6 +58,17 @@ class Layout:
     units: tuple[int, ...]  # units (layers, the output last) per GPU: the -ts
     whole: frozenset[int]  # layers whose free routed experts are on their GPU
     parts: frozenset[str] = frozenset()  # single expert tensors of other layers on their layer's GPU
+
+    def used(self, layers: Sequence[LayerCost]) -> list[int]:
+        """Bytes each GPU's block takes by the layers' costs: their base, whole layers' experts, parts."""
+        out, il0 = [], 0
+        for n in self.units:
+            block = layers[il0:il0 + n]
+            out.append(sum(lc.base + (lc.experts if lc.index in self.whole else sum(
+                size for x, (size, _) in zip(lc.names, lc.parts, strict=False) if x in self.parts))
+                for lc in block))
+            il0 += n
+        return out
 
     def moves(self, layers: Sequence[LayerCost], gpus: Sequence[str]) -> dict[str, str]:
         """Each whole layer's free experts, and each part, onto its layer's GPU."""
@@ -112,6 +124,18 @@ def layer_costs(plan: Plan, proj: Projection, free: dict[int, list[str]]) -> lis
                       for t in (model.tensor(x) for x in names))
         out.append(LayerCost(il, base[il], sum(p[0] for p in parts), names, tok[il],
                              sum(p[1] for p in parts), parts))
+    return out
+
+
+def weighted(layers: Sequence[LayerCost], reads: StepReads) -> list[LayerCost]:
+    """``layers`` with the bytes a token reads of their free experts weighted per step of speculative
+    decoding (:class:`StepReads`: the trunk's by the verify batch, NextN blocks' by the draft passes)."""
+    out = []
+    for lc in layers:
+        w = reads.nextn if lc.index >= reads.n_trunk else reads.trunk
+        parts = tuple((size, round(tok * w)) for size, tok in lc.parts)
+        out.append(replace(lc, experts_tok=sum(t for _, t in parts) if parts else round(lc.experts_tok * w),
+                           parts=parts))
     return out
 
 
