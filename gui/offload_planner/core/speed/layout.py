@@ -15,6 +15,13 @@ estimate's own figures as a straight line (:class:`Speeds`: the bytes each devic
 effective bandwidth, the splits): so a fast card takes more layers than a slow one, a card may be
 left empty where that saves a split, and the output layer stays on the last GPU.
 
+Packed (:meth:`_Blocks.fill`), a block also tries one or two fewer of its first-ranked whole layers
+for larger ones that fill its room better (Kimi-K2: two 10.2 GiB layers in 20.8 GiB where a 8.9
+and a 10.2 leave 1.7 unused), then fills the room left with parts: single expert tensors of its
+other layers, on their own GPU (such a layer keeps its two splits and reads fewer bytes on the
+CPU).  With speculative decoding the layers' expert reads are weighed per step (:func:`weighted`,
+:class:`~offload_planner.core.speed.speculation.StepReads`).
+
 Budgets come from the plan with every free routed expert on the CPU: a GPU's capacity minus its
 margin minus what the projection puts there that does not follow a layer (the output layer, compute
 buffers).  The compute buffers grow once a GPU holds experts, so the search projects the result and
