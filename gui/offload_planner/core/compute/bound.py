@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from offload_planner.core.compute.allocator import GraphAllocator
-from offload_planner.core.compute.ggml import T
+from offload_planner.core.compute.ggml import VIEW_OPS, T, nbytes, row_size
 
 
 def owned(t: T) -> bool:
@@ -64,3 +64,43 @@ def graph_bound(sizer: GraphAllocator, nodes: Sequence[T], ids: Sequence[int],
             for b in range(len(bound.sizes)):
                 bound.add(leaf, b)
     return bound.sizes
+
+
+def any_placement_bound(sizer: GraphAllocator, nodes: Sequence[T], srcs: Sequence[Sequence[T | None]],
+                        leafs: Sequence[T], pinned: Callable[[int], T | None]) -> list[int]:
+    """A bound of the graph's reserve (nodes with their sources before pass 5, leafs) under every
+    placement that builds this graph: each tensor the allocator owns counted on every backend, plus
+    on every backend a split-input copy of each source pass 5 may copy there.  Pass 5 copies a
+    source to the backend of a real node reading it from elsewhere (each source once per backend;
+    the copy has its shape); a source in a buffer (a weight, a KV cache view) is left out where its
+    reader can only run where it is: ``pinned(i)`` is node ``i``'s first weight source when pass 1
+    always gives the node that weight's backend (not forced, no input, no op offload), and a node
+    in a buffer is pinned to it, so a source in the same buffer is never copied for it.  Without it
+    (a move may put a node elsewhere) every source counts."""
+    bound = Bound(sizer)
+    n_b = len(bound.sizes)
+    for t in (*leafs, *nodes, *(s for ss in srcs for s in ss)):
+        if t is not None and owned(t):
+            for b in range(n_b):
+                bound.add(t, b)
+    copied: dict[T, None] = {}
+    for i, (n, ss) in enumerate(zip(nodes, srcs, strict=True)):
+        if n.op in VIEW_OPS:
+            continue
+        first = pinned(i)
+        home = n.view_src if n.view_src is not None else n
+        for s in ss:
+            if s is None or s is first:
+                continue
+            if n.location is not None and s.location is not None and (s.view_src or s) is home:
+                continue
+            copied[s] = None
+    extra = [0] * n_b
+    for b in range(n_b):
+        a, be = bound.aligns[b], sizer.backends[b]
+        for s in copied:
+            size = nbytes(s)
+            if be.cuda_like and s.type.quantized and s.ne[0] % 512:  # GraphAllocator.size of a copy
+                size += row_size(s.type, 512 - s.ne[0] % 512)
+            extra[b] += -(-size // a) * a
+    return [x + y for x, y in zip(bound.sizes, extra, strict=True)]

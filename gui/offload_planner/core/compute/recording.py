@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, layer_suffix, peak_label
-from offload_planner.core.compute.bound import graph_bound
+from offload_planner.core.compute.bound import any_placement_bound, graph_bound
 from offload_planner.core.compute.ggml import (
     CPU,
+    INPUT,
     VIEW_OPS,
     Graph,
     T,
@@ -407,6 +408,7 @@ class Reference:
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
         self._bound: list[int] | None = None
+        self._any_bound: list[int] | None = None
 
     def size(self, t: T, b: int) -> int:
         """``GraphAllocator.size``, cached for the reference's tensors and the copies kept with it."""
@@ -440,6 +442,29 @@ class Reference:
             self._bound = graph_bound(GraphAllocator(self.backends), self.sched_nodes, self.sched_ids,
                                       self.sched.leafs)
         return self._bound
+
+    def any_bound(self) -> list[int]:
+        """Per backend, a bound of the reserve of this graph under any placement that builds it
+        (:func:`.bound.any_placement_bound`): a caller that keeps the larger of two reserves may leave
+        this one out before looking at what a move changes."""
+        if self._any_bound is None:
+            self._any_bound = any_placement_bound(GraphAllocator(self.backends), self.g.nodes, self.orig_src,
+                                                  self.sched.leafs, self._pinned_by)
+        return self._any_bound
+
+    def _pinned_by(self, i: int) -> T | None:
+        """Node ``i``'s first weight source where pass 1 gives the node that weight's backend whatever
+        the placement (``Scheduler.backend_of``: not forced, in no buffer, no input, no op that pass 1
+        leaves open, no op offload), else None."""
+        n = self.g.nodes[i]
+        if n in self.forced_dev or n.location is not None or n.flags & INPUT:
+            return None
+        if n.op in ("ROPE", "FLASH_ATTN_EXT"):
+            return None
+        first = next((s for s in self.orig_src[i] if s is not None and s.weights), None)
+        if first is None or (self.op_offload and any(b.offloads(n) for b in self.backends)):
+            return None
+        return first
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""
