@@ -751,10 +751,10 @@ def test_catalogue_random_moves_replayed_equal_full(catalogue: dict[str, Model],
 @pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss", "gemma3", "deepseek2"])
 def test_any_placement_bound_holds_every_placement(models: dict[str, Model], name: str) -> None:
     """``Reference.any_bound`` (the one-token graph's bound under any placement that builds the graph,
-    which leaves its replay out before passes 1-4) is at least the bound (:mod:`.bound`) of the graph
-    scheduled from scratch for random placements: whole layers, experts, single tensors (norms, KV
-    readers' layers) moved between the CPU and two GPUs, over -ngl and -nkvo.  Some placements copy
-    a tensor in a buffer (a weight or a KV cache view) that the bound counts only for readers pass 1
+    with which ``below_any_placement`` leaves its replay out before passes 1-4) is at least the bound
+    (:mod:`.bound`) of the graph scheduled from scratch for random placements: whole layers, experts,
+    single tensors (norms, KV readers' layers) moved between the CPU and two GPUs, with and without
+    -nkvo.  Some placements copy a KV cache view, which the bound counts only for readers pass 1
     does not pin, so leaving those out of it would fail here."""
     from offload_planner.core.compute.bound import graph_bound
     from offload_planner.core.compute.graph import Builder
@@ -806,8 +806,8 @@ def test_any_placement_bound_holds_every_placement(models: dict[str, Model], nam
 @pytest.mark.parametrize("name", ["llama", "qwen3moe", "glm4moe", "gpt-oss", "gemma3"])
 def test_one_token_reserve_left_out_whatever_the_move(models: dict[str, Model], name: str) -> None:
     """The bench's moves on the small models: the one-token reserve is left out by the bound of any
-    placement (``Reference.any_bound``), before passes 1-4, on every move; sizes, peaks and copies are
-    the full simulation's (the one-token reserve at most the prompt reserve everywhere)."""
+    placement (``Reference.below_any_placement``), before passes 1-4, on every move; sizes, peaks and
+    copies are the full simulation's (the one-token reserve at most the prompt reserve everywhere)."""
     model = models[name]
     devices, params, _, opts = _bench_setting(model)
     moe = any(t.role.is_routed_expert for t in model.tensors)

@@ -42,7 +42,7 @@ A caller that keeps the larger of two reserves per backend (the planner's projec
 first one's sizes: the second is left out when a bound of its sizes (:mod:`.bound`) is at most those
 on every backend (the one-token graph against the prompt graph: a few rows per tensor against
 thousands): before step 2 the reference's bound under any placement that builds its graph
-(``Reference.any_bound``: every tensor and every copy pass 5 may make, on every backend), after
+(``Reference.below_any_placement``: every tensor and every copy pass 5 may make, on every backend), after
 step 2 the reference's bound plus the affected nodes with their sources and the copies they may add,
 else after step 3 the reference's plus the window's tensors.
 
@@ -159,9 +159,9 @@ def _keep(key: tuple[object, ...], ref: Reference) -> None:
 
 def _below_whatever_moves(ref: Reference, below: list[int]) -> bool:
     """The reference's graph reserves at most ``below`` on every backend under any placement that
-    builds it (``Reference.any_bound``): a caller keeping the larger reserve per backend may leave
+    builds it (``Reference.below_any_placement``): a caller keeping the larger reserve per backend may leave
     it out before passes 1-4 (counted as left out early)."""
-    if any(x > y for x, y in zip(ref.any_bound(), below, strict=True)):
+    if not ref.below_any_placement(below):
         return False
     stats["left_out"] += 1
     stats["left_out_early"] += 1

@@ -14,7 +14,8 @@
 #: something other than a refusal (a bug, hidden from the user by a full run; the tests require none);
 #: left_out: one-token reserves a replay left out (a bound put them below the prompt reserve everywhere);
 #: left_out_early: of which those a bound put there after passes 1-4 (``_Replay.early_bound``) or
-#: before them; left_out_any: of which those the bound of any placement put there (``Reference.any_bound``);
+#: before them; left_out_any: of which those the bound of any placement put there
+#: (``Reference.below_any_placement``);
 #: graph_copies: kept graphs copied from one a recorded reference took (.template), not built;
 #: walk_jumps: periods of equal layers a from-scratch walk over a kept graph jumped (.jumps);
 #: walk_restarts: such walks that found a jump inexact and walked again without jumps (the tests require
