@@ -385,6 +385,8 @@ class Reference:
         # allocator owns, each once (``_Replay.early_bound``)
         self.node_bound: dict[tuple[int, int], int] = {}
         self.walk_facts: dict[T, tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}  # replay_alloc
+        # the same for a node with other sources than here (copies pass 5 made in a replay), by both
+        self.walk_facts_new: dict[tuple[T | None, ...], tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}
         last_first: list[tuple[int, list[tuple[int, str]]]] = []
         for p in reversed(self.ckpos):
             suffix = self.cks[p].suffix = []

@@ -386,7 +386,7 @@ class _AllocReplay:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
         place, release, newsrc, nc = self._place, self.release, self.newsrc, self.nc
-        facts, uses = ref.walk_facts, ref.uses
+        facts, facts_new, uses = ref.walk_facts, ref.walk_facts_new, ref.uses
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
         q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
@@ -415,8 +415,13 @@ class _AllocReplay:
                 f = facts.get(n)
                 if f is None:
                     f = facts[n] = _walk_facts(ref, n, n.src)
-            else:
-                f = _walk_facts(ref, n, ss)
+            else:  # (a node with copies among its sources: kept by both, the copies are the reference's)
+                key = (n, *ss)
+                f = facts_new.get(key)
+                if f is None:
+                    if len(facts_new) > _MEMO_SIZE:
+                        facts_new.clear()
+                    f = facts_new[key] = _walk_facts(ref, n, ss)
             tag, cands, mine, rels = f
             if tag:
                 self.where = tag
