@@ -53,6 +53,23 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     if pp.weight_copies_bytes[i]:
         parts.append(f"op offload: {_mib(pp.weight_copies_bytes[i])} of host weights pass through it, "
                      "one split at a time")
+    key = (sh, be.name == CPU, be.name == output_device)
+    rest = _EXPLAINED.get(key)
+    if rest is None:
+        if len(_EXPLAINED) > 64:
+            _EXPLAINED.clear()
+        rest = _EXPLAINED[key] = _explain_shape(sh, be.name == CPU, be.name == output_device)
+    return "; ".join(parts) + rest
+
+
+#: the part of an explanation that follows from the graph's shape and the backend's role alone
+_EXPLAINED: dict[tuple[Shape, bool, bool], str] = {}
+
+
+def _explain_shape(sh: Shape, cpu: bool, output: bool) -> str:
+    """``explain``'s parts after the peak and the copies: the KQ mask, attention, the host side and
+    the logits (each after "; ")."""
+    parts = [""]
     if sh.legacy_inputs:
         mask = sh.n_kv * -(-sh.n_tokens // LEGACY_KQ_MASK_PAD) * LEGACY_KQ_MASK_PAD * 4
         cast = ", cast to f16 where attention runs" if sh.flash_attn else ""
@@ -63,16 +80,16 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
                      + (" + SWA mask" if any(sh.swa) else ""))
     if not sh.flash_attn:
         parts.append("no flash attention: KQ scores n_kv x n_tokens x n_head x 4 B per layer")
-    if be.name == CPU:
+    if cpu:
         parts.append("host side: graph inputs, token-embedding rows, ops on CPU weights")
         if sh.legacy_inputs and not sh.flash_attn and not sh.kv_cpy_views:
             v_idx = sh.n_tokens * max(sh.n_head_kv) * sh.head_v * 8
             parts.append(f"two rules fit 2025 logs: builds from July 2025 (set_rows KV store, assumed here) "
                          f"hold the {_mib(v_idx)} V-index input; earlier builds copy K/V into cache views "
                          "and have no index inputs")
-    if be.name == output_device and sh.legacy_inputs:
+    if output and sh.legacy_inputs:
         parts.append("2025 builds reserve the logits of every ubatch token")
-    if be.name == output_device:
+    if output:
         parts.append(f"logits {sh.n_outputs} x {sh.n_vocab} x 4 B ({_mib(4 * sh.n_outputs * sh.n_vocab)})")
     return "; ".join(parts)
 
