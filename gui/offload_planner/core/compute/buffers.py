@@ -44,8 +44,10 @@ def _mib(n: int) -> str:
 
 def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     be, pp = sim.backends[i], sim.reserves[0]
-    which = max(range(len(sim.reserves)), key=lambda k: sim.reserves[k].sizes[i])
-    r = sim.reserves[which]
+    r = pp  # the reserve with the most bytes here (the first of equal ones)
+    for q in sim.reserves[1:]:
+        if q.sizes[i] > r.sizes[i]:
+            r = q
     parts = [f"peak of the {r.n_tokens}-token graph at {r.peaks[i] or 'its inputs'}"]
     if pp.copies_bytes[i]:
         parts.append(f"{_mib(pp.copies_bytes[i])} of inputs copied from other backends"

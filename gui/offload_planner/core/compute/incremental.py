@@ -126,7 +126,7 @@ def _nearest(key: tuple[object, ...], units: list[str]) -> Reference | None:
     if not refs:
         return None
     _REFS.move_to_end(key)
-    best = min(refs, key=lambda r: _distance(r.unit_devices, units))
+    best = refs[0] if len(refs) == 1 else min(refs, key=lambda r: _distance(r.unit_devices, units))
     return best if _distance(best.unit_devices, units) <= _near(units) else None
 
 
