@@ -863,6 +863,47 @@ def test_start_kept_where_one_backend_is_patched(catalogue: dict[str, Model], na
             assert state == _state(_walk_to(model, placement, rp.ref.sh, rp.wa), rp.patches), il
 
 
+@pytest.mark.parametrize("name", ["gpt-oss", "llama-draft"])
+def test_patched_starts_on_random_moves(catalogue: dict[str, Model], name: str) -> None:
+    """Random moves in the bench's setting (whole layers or single tensors to any device, one or two
+    layers): every replay start whose backends were patched holds what a plain walk of the moved graph
+    holds there, and the reserves equal from scratch."""
+    model = catalogue[name]
+    devices, params, ctx, opts = _bench_setting(model)
+    plan = Plan(model, devices, opts, params)
+    for _ in range(2):
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    by_layer: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.layer is not None:
+            by_layer.setdefault(t.layer, []).append(t.name)
+    rng = random.Random(zlib.crc32(name.encode()) + 1)
+    init = RA._AllocReplay.__init__
+    starts: list[tuple[RA._AllocReplay, tuple[object, ...]]] = []
+
+    def kept(self: RA._AllocReplay, *args: Any) -> None:
+        init(self, *args)
+        if self.patches:
+            starts.append((self, _state(self, self.patches)))
+
+    checked = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RA._AllocReplay, "__init__", kept)
+        for _ in range(24):
+            moves: dict[str, str] = {}
+            for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
+                picked = by_layer[il] if rng.random() < 0.6 else [rng.choice(by_layer[il])]
+                moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+            placement = plan.with_moves(moves).placement()
+            starts.clear()
+            fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+            assert _fields(fast) == _fields(C.simulate(model, devices, placement, ctx, params)), moves
+            for rp, state in starts:
+                assert state == _state(_walk_to(model, placement, rp.ref.sh, rp.wa), rp.patches), moves
+                checked += 1
+    assert checked >= 3
+
+
 def _state(a: RA._AllocReplay | GraphAllocator, backends: Iterable[int]) -> tuple[object, ...]:
     """Free blocks, maximum, peak label and live tensors (name, offset) of an allocator replay or walk on
     ``backends``."""
