@@ -58,14 +58,15 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     key = (sh, be.name == CPU, be.name == output_device)
     rest = _EXPLAINED.get(key)
     if rest is None:
-        if len(_EXPLAINED) > 64:
-            _EXPLAINED.clear()
-        rest = _EXPLAINED[key] = _explain_shape(sh, be.name == CPU, be.name == output_device)
+        rest = _explain_shape(sh, be.name == CPU, be.name == output_device)
+        if len(_EXPLAINED) < _EXPLAINED_SIZE:  # (never evicted: nothing a caller froze is freed here)
+            _EXPLAINED[key] = rest
     return "; ".join(parts) + rest
 
 
 #: the part of an explanation that follows from the graph's shape and the backend's role alone
 _EXPLAINED: dict[tuple[Shape, bool, bool], str] = {}
+_EXPLAINED_SIZE = 256
 
 
 def _explain_shape(sh: Shape, cpu: bool, output: bool) -> str:
