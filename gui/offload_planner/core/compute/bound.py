@@ -9,7 +9,9 @@ once per backend, bounds what the reserve reaches there.
 
 The incremental replay (:mod:`.replay`) uses it to leave out the one-token reserve where the prompt
 reserve is larger on every backend anyway: llama.cpp keeps the larger of the two per backend, and a
-one-token graph's tensors are a few rows each.
+one-token graph's tensors are a few rows each; so does a plain one-shot simulation
+(:func:`.reserve.reserve_below`: :func:`unproven`, then on the host :func:`lifetime_bound`, which
+follows the tensors' lifetimes where the sum over 60 layers is too loose).
 """
 
 from __future__ import annotations
