@@ -69,7 +69,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         threads_of,
     )
     from offload_planner.backend.system import cpu_device, detect_gpus
-    from offload_planner.core.cmdline import format_command, parse_server_args
+    from offload_planner.core.cmdline import check_semantics, format_command, parse_server_args
     from offload_planner.core.devices import build_device_set, parse_device_decls
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
@@ -102,6 +102,9 @@ def _run_fit(args: argparse.Namespace) -> int:
     if unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            f" ({', '.join(unknown)} unknown)")
+    refusals = check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
+    if refusals:  # as plan refuses them: the candidates keep these flags (-ts nan,1 broke the -nkvo search)
+        raise PlannerError("; ".join(str(e) for e in refusals))
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),

@@ -1,0 +1,48 @@
+"""Hostile input against this session's new surface: fit's user -ts (the -nkvo search and the packed
+layouts keep it), the speed text of absurd declared figures, the empty --device field: one clear line
+naming the flag, an exit code, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import offload_planner
+
+QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
+TWO_GPUS = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=12GiB"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
+    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+
+
+def refused(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    """The exit code, no traceback, one error line with every fragment; that line."""
+    assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, r.stderr
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(("ts", "named"), [("nan,1", "a NaN or infinite proportion"),
+                                           ("inf,1", "a NaN or infinite proportion"),
+                                           ("-1,1", "a negative proportion")])
+@pytest.mark.parametrize("nkvo", [[], ["--allow-nkvo"]])
+def test_fit_refuses_the_split_plan_refuses(ts: str, named: str, nkvo: list[str]) -> None:
+    """fit kept a -ts that llama.cpp cannot load with: exit 0 and a plan of the fit's own split (its
+    baselines keep the user's), and with --allow-nkvo -ts nan,1 a ValueError traceback (NaN is not
+    equal to itself, so the -nkvo plans found no compute buffers of their split)."""
+    r = run("fit", QWEN, *TWO_GPUS, *nkvo, "--", "-ts", ts)
+    refused(r, 2, f"-ts {ts}", named)
+    assert r.stdout == ""
