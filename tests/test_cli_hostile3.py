@@ -4,6 +4,7 @@ naming the flag, an exit code, never a traceback or a hang."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -46,3 +47,32 @@ def test_fit_refuses_the_split_plan_refuses(ts: str, named: str, nkvo: list[str]
     r = run("fit", QWEN, *TWO_GPUS, *nkvo, "--", "-ts", ts)
     refused(r, 2, f"-ts {ts}", named)
     assert r.stdout == ""
+
+
+ZEROS_318 = "0." + "0" * 318 + "1"  # a positive float: 1e-319, subnormal
+
+
+@pytest.mark.parametrize(("decl", "named"), [
+    ("CUDA1=24GiB,tflops=4e-324", "not a TFLOPS figure from 1e-12"),
+    (f"CUDA1=24GiB,bw={ZEROS_318}GB/s", "is too small (at least 1e-09 GB/s"),
+    ("CPU=64GiB,ghz=1e-300", "not a clock from 1e-06"),
+])
+def test_figures_too_small_for_the_arithmetic_are_refused(decl: str, named: str) -> None:
+    """A subnormal figure passed the 'above 0' checks: tflops=4e-324 times the efficiency is 0.0 and fit
+    died dividing by it (ZeroDivisionError traceback; plan said 'speed estimate unavailable:
+    ZeroDivisionError'), a 318-zero bw= made a token's time infinite."""
+    r = run("fit", QWEN, "--no-detect", "--device", "CUDA0=8GiB", "--device", decl)
+    refused(r, 2, f"--device '{decl}'", named)
+
+
+def test_the_smallest_figures_give_finite_speeds() -> None:
+    """At the floors (1 byte/s, 1 FLOP/s, 1 kHz) every speed stays a positive finite number: the text
+    says '< 0.000001 t/s', the JSON has no NaN or Infinity token."""
+    devs = ["--device", "CUDA0=12GiB,bw=0.000000001GB/s,tflops=1e-12",
+            "--device", "CUDA1=12GiB,bw=0.000000001GB/s,tflops=1e-12,pcie=1x1",
+            "--device", "CPU=64GiB,ram=1xDDR4-1,ghz=0.000001,threads=1"]
+    r = run("fit", QWEN, "--no-detect", *devs, "--depth", "100000", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in fit --json"))
+    for row in out["candidates"]:
+        assert 0 < row["tg_tps"] < 1e-6 and 0 < row["pp_tps"] < 1e-6, row

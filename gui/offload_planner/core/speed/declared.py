@@ -26,6 +26,12 @@ MAX_RATE_GBS = 1e6
 MAX_TFLOPS = 1e6
 MAX_THREADS = 1 << 16
 MAX_GHZ = 10.0
+#: The smallest (1 byte/s, 1 FLOP/s, 1 kHz): far below any device, large enough that the estimate's
+#: arithmetic stays finite and non-zero (tflops=4e-324, a subnormal, times the efficiency was 0.0 and
+#: fit died dividing by it; a 318-zero bw= made a token's time infinite).
+MIN_RATE_GBS = 1e-9
+MIN_TFLOPS = 1e-12
+MIN_GHZ = 1e-6
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
 _RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
@@ -48,6 +54,8 @@ def parse_rate(text: str, *, bits: bool = False) -> float:
         raise ValueError(f"unknown rate unit in {text!r} (use GB/s, TB/s" + (", Gb/s" if bits else "") + ")")
     if not gbs <= MAX_RATE_GBS:  # also infinity (a 400-digit number)
         raise ValueError(f"rate {text!r} is too large (at most {MAX_RATE_GBS:g} GB/s)")
+    if gbs < MIN_RATE_GBS:
+        raise ValueError(f"rate {text!r} is too small (at least {MIN_RATE_GBS:g} GB/s, one byte per second)")
     return gbs
 
 
@@ -75,8 +83,8 @@ def parse_tflops(text: str) -> float:
         v = float(text.strip().lower().removesuffix("tflops"))
     except ValueError:
         raise ValueError(f"not a TFLOPS figure: {text!r} (use e.g. tflops=71)") from None
-    if not 0 < v <= MAX_TFLOPS:  # also refuses nan and inf, which float() takes
-        raise ValueError(f"not a TFLOPS figure from 0 to {MAX_TFLOPS:g}: {text!r}")
+    if not MIN_TFLOPS <= v <= MAX_TFLOPS:  # also refuses nan and inf, which float() takes
+        raise ValueError(f"not a TFLOPS figure from {MIN_TFLOPS:g} to {MAX_TFLOPS:g}: {text!r}")
     return v
 
 
@@ -88,8 +96,8 @@ def parse_ghz(text: str) -> float:
         v = float(t.removesuffix("mhz").removesuffix("ghz")) * scale
     except ValueError:
         raise ValueError(f"not a clock: {text!r} (use e.g. ghz=2.4)") from None
-    if not 0 < v <= MAX_GHZ:  # also refuses nan and inf
-        raise ValueError(f"not a clock from 0 to {MAX_GHZ:g} GHz: {text!r}")
+    if not MIN_GHZ <= v <= MAX_GHZ:  # also refuses nan and inf
+        raise ValueError(f"not a clock from {MIN_GHZ:g} to {MAX_GHZ:g} GHz: {text!r}")
     return v
 
 
