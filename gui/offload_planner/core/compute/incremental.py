@@ -63,12 +63,13 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.rec_jumps import jumping_walker
 from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
-from offload_planner.core.compute.template import placed_graph
+from offload_planner.core.compute.template import handed_codes, placed_graph
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------
@@ -198,8 +199,10 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
         return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     try:
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev, own=True)
+        codes = handed_codes(g)
+        walker = None if codes is None else jumping_walker(codes)
         ref = Reference(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
-                   keep_forced=not no_alloc, graph=g)
+                        keep_forced=not no_alloc, graph=g, walker=walker)
     except Refuse:
         stats["full"] += 1
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)

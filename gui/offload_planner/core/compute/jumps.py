@@ -36,7 +36,7 @@ from offload_planner.core.compute.periods import layer_starts
 from offload_planner.core.compute.scheduler import Backend, Split
 from offload_planner.core.compute.stats import stats
 
-_QS = (1, 2, 3, 4)
+QS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def cached_codes(key: tuple[object, ...], nodes: Sequence[T], srcs: Sequence[Seq
     return c
 
 
-class _Restart(Exception):
+class Restart(Exception):
     """The jump did not come out as the shift says: walk again without jumps."""
 
 
@@ -136,7 +136,7 @@ class JumpingAllocator(GraphAllocator):
     def run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
         try:
             return self._run(nodes, node_ids, leafs, leaf_ids)
-        except _Restart:
+        except Restart:
             stats["walk_restarts"] += 1
             plain = GraphAllocator(self.backends)
             sizes = plain.run(nodes, node_ids, leafs, leaf_ids)
@@ -145,7 +145,7 @@ class JumpingAllocator(GraphAllocator):
 
     # --- the per-walk layout of the layers
 
-    def _layout(self) -> tuple[list[int], list[tuple[object, ...]], list[int]]:
+    def layout(self) -> tuple[list[int], list[tuple[object, ...]], list[int]]:
         """Sched positions of the layer starts, per layer the copies inserted into it, and the backend
         of every graph node."""
         c = self.codes
@@ -188,7 +188,7 @@ class JumpingAllocator(GraphAllocator):
                 out.append(("x", id(x), x.bid))
         return tuple(out)
 
-    def _same(self, j: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
+    def same(self, j: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
         """Layer ``j`` walks as layer ``j + q`` (the layer after ``j + q`` existing)."""
         c = self.codes
         s = c.starts
@@ -202,7 +202,7 @@ class JumpingAllocator(GraphAllocator):
 
     def _run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
         self.count(nodes, node_ids, leafs, leaf_ids)
-        pos, ins, bids = self._layout()
+        pos, ins, bids = self.layout()
         self.outputs = {id(t) for t in (*nodes, *leafs) if t.flags & OUTPUT}
         seen: dict[int, tuple[object, ...]] = {}
         i, n, li = 0, len(nodes), 0
@@ -218,11 +218,11 @@ class JumpingAllocator(GraphAllocator):
                 i, li = pos[to], to
             li += 1
 
-    def _periodic(self, a: int, b: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
+    def periodic(self, a: int, b: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
         """Layers ``a`` to ``b`` (included) each walk as the one ``q`` on."""
-        return all(self._same(j, q, ins, bids) for j in range(a, b + 1))
+        return all(self.same(j, q, ins, bids) for j in range(a, b + 1))
 
-    def _state(self, li: int, nodes: list[T], pos: list[int]) -> tuple[object, ...]:
+    def state(self, li: int, nodes: list[T], pos: list[int]) -> tuple[object, ...]:
         """The allocator's state at the start of layer ``li`` (see the module)."""
         own, outputs = self.own, self.outputs
         window = nodes[pos[li - 1]:pos[li]]
@@ -240,27 +240,27 @@ class JumpingAllocator(GraphAllocator):
         if li < 1:
             return None
         state: tuple[object, ...] | None = None
-        for q in _QS:
+        for q in QS:
             before = seen.get(li - q)
-            if before is None or not self._periodic(li - q - 1, li, q, ins, bids):
+            if before is None or not self.periodic(li - q - 1, li, q, ins, bids):
                 continue
             if state is None:
-                state = self._state(li, nodes, pos)
+                state = self.state(li, nodes, pos)
             if before != state:
                 continue
             end = li + q
-            while end + q < len(pos) and self._periodic(end - q + 1, end, q, ins, bids):
+            while end + q < len(pos) and self.periodic(end - q + 1, end, q, ins, bids):
                 end += q
-            to = self._jump(li, end, q, nodes, pos)
+            to = self.jump(li, end, q, nodes, pos)
             if to == li:
                 break
             stats["walk_jumps"] += 1
             return to
-        if any(self._same(li - 1, q, ins, bids) for q in _QS):
-            seen[li] = state if state is not None else self._state(li, nodes, pos)
+        if any(self.same(li - 1, q, ins, bids) for q in QS):
+            seen[li] = state if state is not None else self.state(li, nodes, pos)
         return None
 
-    def _jump(self, li: int, end: int, q: int, nodes: list[T], pos: list[int]) -> int:
+    def jump(self, li: int, end: int, q: int, nodes: list[T], pos: list[int]) -> int:
         """From the start of layer ``li`` towards that of ``end``, stopping before a period that uses a
         shared tensor for the last time: the counts brought down as the walk would, the last jumped
         layer's tensors allocated where their peers of layer ``li - 1`` are.  Returns the layer start
@@ -278,7 +278,7 @@ class JumpingAllocator(GraphAllocator):
         _count_down(nodes[pos[li]:pos[cur]], others)
         w1 = nodes[pos[cur - 1]:pos[cur]]
         if len(w1) != len(w0) or [(t.n_children, t.n_views) for t in w1] != counts:
-            raise _Restart
+            raise Restart
         for t0, t1, lv in zip(w0, w1, live, strict=True):
             if lv:
                 own.discard(id(t0))
@@ -326,8 +326,8 @@ def _count_down(span: list[T], others: set[int]) -> None:
             vs = p.view_src
             if vs is None:
                 if id(p) in others:
-                    raise _Restart
+                    raise Restart
                 continue
             vs.n_views -= 1
             if vs.n_views == 0 and vs.n_children == 0 and id(vs) in others:
-                raise _Restart
+                raise Restart

@@ -75,6 +75,12 @@ class RecAlloc(GraphAllocator):
         # | (2 free, t, t, size, 0, "")
         self.tail: list[list[Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
+        self.cks: dict[int, Checkpoint] = {}
+        # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
+        # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
+        self.states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
+        self.max_sizes: list[int] = []  # the maxima and peak labels of the last checkpoint
+        self.peak_list: list[str] = []
 
     # a tensor the walk allocates (a new block or its parent's, ``frees_tail`` on) becomes a candidate
     # for the checkpoints' live tensors here, where ``allocate`` makes it owned
@@ -106,38 +112,37 @@ class RecAlloc(GraphAllocator):
                 checkpoints: set[int]) -> tuple[list[int], dict[int, Checkpoint]]:
         if self.count(nodes, node_ids, leafs, leaf_ids):
             raise Refuse("inputs allocated by the counting pass")
-        cks: dict[int, Checkpoint] = {}
-        # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
-        # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
-        states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
-        allocs = self.recs
-        own, objs, cand = self.own, self.objs, self.cand
-        max_size: list[int] = []
-        peaks: list[str] = []
+        cks = self.cks
+        snap = self.snap
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
-                live = {}
-                dead = []
-                for i in cand:
-                    t = objs[i]
-                    if i in own and (t.n_children or t.n_views):
-                        assert t.alloc is not None
-                        live[t] = (t.alloc, t.n_children, t.n_views)
-                    else:
-                        dead.append(i)
-                if dead:
-                    cand.difference_update(dead)
-                for a in allocs:
-                    if a.shared is None:
-                        a.shared = _shared(states, a.blocks)
-                if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
-                    self.grown = False
-                    max_size, peaks = [a.max_size for a in allocs], list(self.peaks)
-                cks[pos] = Checkpoint([a.shared for a in allocs if a.shared is not None], max_size, peaks,
-                                      self.layer, live)
+                cks[pos] = snap()
             self.pos = pos
             self.step(n, bid)
         return [a.max_size for a in self.allocs], cks
+
+    def snap(self) -> Checkpoint:
+        """The checkpoint of the walk's state here (before the next node)."""
+        own, objs, cand = self.own, self.objs, self.cand
+        live = {}
+        dead = []
+        for i in cand:
+            t = objs[i]
+            if i in own and (t.n_children or t.n_views):
+                assert t.alloc is not None
+                live[t] = (t.alloc, t.n_children, t.n_views)
+            else:
+                dead.append(i)
+        if dead:
+            cand.difference_update(dead)
+        for a in self.recs:
+            if a.shared is None:
+                a.shared = _shared(self.states, a.blocks)
+        if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
+            self.grown = False
+            self.max_sizes, self.peak_list = [a.max_size for a in self.recs], list(self.peaks)
+        blocks = [a.shared for a in self.recs if a.shared is not None]
+        return Checkpoint(blocks, self.max_sizes, self.peak_list, self.layer, live)
 
 
 def _shared(states: dict[tuple[tuple[int, ...], ...], list[list[int]]], blocks: list[list[int]]
@@ -150,15 +155,33 @@ def _shared(states: dict[tuple[tuple[int, ...], ...], list[list[int]]], blocks: 
     return got
 
 
+#: the live tensors of a checkpoint: (backend, offset), child and view counts to come
+Live = dict[T, tuple[tuple[int, int], int, int]]
+#: makes a reference's recording walk from its backends, graph nodes, splits and layer tags
+Walker = Callable[[list[Backend], list[T], list[Split], dict[T, str]], RecAlloc]
+
+
 @dataclass
 class Checkpoint:
     blocks: list[list[list[int]]]
     max_size: list[int]
     peaks: list[str]
     layer: str
-    live: dict[T, tuple[tuple[int, int], int, int]]
+    _live: Live | None  # the live tensors (None: not made yet, see ``_make``)
+    #: makes them the first time they are asked for (a checkpoint written from another, :mod:`.rec_jumps`:
+    #: a replay asks for a few dozen of a reference's thousand)
+    _make: Callable[[], Live] | None = None
     suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
     _live_on: list[tuple[tuple[T, ...], tuple[int, ...]]] | None = None
+
+    @property
+    def live(self) -> Live:
+        """The tensors the graph allocator owns here with a child or view to come: their (backend,
+        offset), remaining child and view counts."""
+        if self._live is None:
+            assert self._make is not None
+            self._live, self._make = self._make(), None
+        return self._live
 
     def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> tuple[tuple[T, ...], tuple[int, ...]]:
         """The live tensors on backend ``b`` and their offsets, the latest created first (where two
@@ -177,9 +200,12 @@ class Reference:
     def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
                  op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
                  kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str],
-                 keep_forced: bool = True, graph: Graph | None = None) -> None:
-        """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over)."""
+                 keep_forced: bool = True, graph: Graph | None = None, walker: Walker | None = None) -> None:
+        """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over);
+        ``walker``: makes the recording walk (:mod:`.rec_jumps`: one that jumps periods of equal layers),
+        a plain one without."""
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
+        self.walker = walker
         self.unit_devices = list(unit_devices)
         self.items = kept_copy(items)  # kept alive: later placements are compared with them by identity
         if graph is None:
@@ -352,7 +378,8 @@ class Reference:
         """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
         copies and the reserve."""
         sched, backends = self.sched, self.backends
-        galloc = RecAlloc(backends)
+        galloc = (RecAlloc(backends) if self.walker is None
+                  else self.walker(backends, self.g.nodes, self.splits, self.layer_tags))
         # checkpoints at every split start, layer start and every _CK_STRIDE positions: a replay starts
         # at the last one before its first difference and stops at the first one where the state is the
         # same again (a tail may jump whole periods of layers from a layer start: see .periods)
