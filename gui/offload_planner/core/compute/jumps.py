@@ -275,7 +275,7 @@ class JumpingAllocator(GraphAllocator):
         if m == 0:
             return li
         cur = li + m * q
-        _count_down(nodes[pos[li]:pos[cur]], others)
+        _count_down_periods(nodes, pos, li, cur, q, others)
         w1 = nodes[pos[cur - 1]:pos[cur]]
         if len(w1) != len(w0) or [(t.n_children, t.n_views) for t in w1] != counts:
             raise Restart
@@ -311,6 +311,52 @@ class JumpingAllocator(GraphAllocator):
             if il is not None:
                 self.layer = f" (layer {il})"
                 return
+
+
+def _count_down_periods(nodes: list[T], pos: list[int], li: int, cur: int, q: int, others: set[int]) -> None:
+    """``_count_down`` over the periods from layer ``li`` to ``cur``: the first and the last walked, each
+    one between them taken as the first did to the counts that outlive the jump (the tensors the
+    periods share (``others``) and the views of them from before the jump; a tensor of a jumped layer
+    other than the last is never read again, nor are the counts of one the allocator does not own).
+    Where a shared count would come down to zero (a view's last use, or a restart) every period is
+    walked."""
+    m = (cur - li) // q
+    if m <= 2:
+        _count_down(nodes[pos[li]:pos[cur]], others)
+        return
+    first = nodes[pos[li]:pos[li + q]]
+    shared = _shared_counts(first, {id(t) for t in nodes[pos[li - 1]:pos[li + q]]}, others)
+    before = [(t.n_children, t.n_views) for t in shared]
+    _count_down(first, others)
+    k = m - 2
+    per = [(c0 - t.n_children, v0 - t.n_views) for t, (c0, v0) in zip(shared, before, strict=True)]
+    if any(t.n_children - (k + 1) * dc <= 0 < dc or t.n_views - (k + 1) * dv < 0
+           for t, (dc, dv) in zip(shared, per, strict=True)):
+        _count_down(nodes[pos[li + q]:pos[cur]], others)
+        return
+    for t, (dc, dv) in zip(shared, per, strict=True):
+        t.n_children -= k * dc
+        t.n_views -= k * dv
+    _count_down(nodes[pos[cur - q]:pos[cur]], others)
+
+
+def _shared_counts(period: list[T], inside: set[int], others: set[int]) -> list[T]:
+    """The tensors whose counts a period's walk brings down and a later one reads: the shared tensors
+    (``others``) its nodes read or whose views it ends, and the views of them from outside it
+    (``inside``: the ids of the period's nodes and the layer's before)."""
+    out: dict[int, T] = {}
+    for nd in period:
+        for p in nd.src:
+            if p is None:
+                continue
+            vs = p.view_src
+            if vs is not None and id(vs) in others:
+                out[id(vs)] = vs
+                if id(p) not in inside:
+                    out[id(p)] = p
+            elif id(p) in others:
+                out[id(p)] = p
+    return list(out.values())
 
 
 def _count_down(span: list[T], others: set[int]) -> None:
