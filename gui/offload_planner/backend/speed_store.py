@@ -30,8 +30,9 @@ from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
-from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import DEFAULT_PROMPT, estimate
 from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, Threads, hardware_for
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.speculation import with_speculation
 
 FILE_NAME = "speed.json"
