@@ -26,6 +26,7 @@ from offload_planner.core import compute as C
 from offload_planner.core import fit as F
 from offload_planner.core.compute import incremental as CI
 from offload_planner.core.compute import template as TPL
+from offload_planner.core.compute.ggml import T
 from offload_planner.core.compute.recording import Reference
 from offload_planner.core.compute.stats import stats
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
@@ -102,6 +103,61 @@ def test_jumping_recording_equals_recording_walked_node_by_node(big: dict[str, M
             n_refs += 1
     assert n_refs >= 4
     assert stats["rec_jumps"] - jumps >= n_refs  # every recording jumped at least once
+
+
+def _canonical(ref: Reference) -> tuple[object, ...]:
+    """What a reference recorded, every tensor written as its position (among the graph's leafs, the
+    scheduler's leafs and its nodes) or its name: the same for two graphs built alike."""
+    where: dict[int, object] = {}
+    for kind, ts in (("g", ref.g.leafs), ("l", ref.sched.leafs), ("n", ref.sched_nodes)):
+        where.update((id(t), (kind, k)) for k, t in enumerate(ts))
+
+    def c(x: object) -> object:
+        if isinstance(x, T):
+            return where.get(id(x), x.name)
+        if isinstance(x, dict):
+            return sorted((repr(c(k)), c(v)) for k, v in x.items())
+        if isinstance(x, list | tuple):
+            return [c(e) for e in x]
+        return x
+
+    splits = [(sp.backend, sp.i_start, sp.i_end, c(sp.inputs)) for sp in ref.splits]
+    cks = {p: (ck.blocks, ck.max_size, ck.peaks, ck.layer, c(ck.live), ck.suffix)
+           for p, ck in ref.cks.items()}
+    return (ref.p1, [n.bid for n in ref.g.nodes], c(ref.orig_src), splits, ref.cur_before, ref.ne_before,
+            ref.split_before, c(ref.created), c(ref.copy_of), ref.input_pos, ref.sched_ids,
+            ref.sched.leaf_ids, c(ref.sched_nodes), ref.sizes, ref.peaks, ref.reserve, c(ref.tail),
+            ref.tail_pos, cks, c(ref.periods.alloc), ref.periods.runs, ref.tail_stops)
+
+
+@pytest.mark.parametrize("name", BIG_NAMES)
+def test_reference_on_kept_layers_equals_reference_walked_node_by_node(
+        big: dict[str, Model], name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reference recorded on a kept graph whose layers are coded (the scheduler's passes 1-4 a layer at
+    a time, the walk jumping periods) equals one recorded on a copy of that graph without the codes
+    (every pass and the walk node by node): the scheduler's assignments, splits and copies, pass 5's
+    state before every node, the allocator's events and checkpoints, tensor for tensor by position."""
+    model = big[name]
+    rng = random.Random(zlib.crc32(f"rec-layers-{name}".encode()))
+    params = _params(c=rng.choice([4096, 32768]), ub=rng.choice([512, 2048]))
+    compared = 0
+    n_layer = model.summary.n_layer
+    for i in range(8):
+        n_gpu = rng.choice([2, 3, 4])
+        opts = random_fit_opts(rng, model, n_gpu)
+        if not opts.overrides:  # every layer offloaded without overrides: pipeline parallelism, not recorded
+            opts = dataclasses.replace(opts, n_gpu_layers=min(opts.n_gpu_layers, n_layer - rng.randint(1, 8)))
+        on_layers = _replace_and_record(model, _devices(n_gpu), opts, params, no_alloc=i % 2 == 0)
+        with monkeypatch.context() as m:
+            m.setattr(CI, "handed_codes", lambda g: None)
+            walked = _replace_and_record(model, _devices(n_gpu), opts, params, no_alloc=i % 2 == 0)
+        assert [r.layers is None for r in walked] == [True] * len(walked)
+        for a, b in zip(on_layers, walked, strict=True):
+            assert a.g is not b.g
+            if a.layers is not None:
+                assert _canonical(a) == _canonical(b), opts
+                compared += 1
+    assert compared >= 2
 
 
 def _fit(model: Model, n_gpu: int, params: ContextParams, free: int) -> tuple[F.FitResult, list[object]]:

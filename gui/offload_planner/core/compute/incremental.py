@@ -67,6 +67,7 @@ from offload_planner.core.compute.rec_jumps import jumping_walker
 from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
+from offload_planner.core.compute.sched_layers import cached_refs
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
 from offload_planner.core.compute.template import handed_codes, placed_graph
@@ -201,8 +202,9 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev, own=True)
         codes = handed_codes(g)
         walker = None if codes is None else jumping_walker(codes)
+        layers = None if codes is None else cached_refs(g, codes[0])
         ref = Reference(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
-                        keep_forced=not no_alloc, graph=g, walker=walker)
+                        keep_forced=not no_alloc, graph=g, walker=walker, layers=layers)
     except Refuse:
         stats["full"] += 1
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)

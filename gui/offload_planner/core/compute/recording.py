@@ -20,6 +20,7 @@ from offload_planner.core.compute.ggml import (
 from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.periods import Event, find_periods
 from offload_planner.core.compute.reserve import Reserve
+from offload_planner.core.compute.sched_layers import LayerRefs, LayerScheduler
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.item_changes import kept_copy
 from offload_planner.core.placement import Placed
@@ -200,12 +201,14 @@ class Reference:
     def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
                  op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
                  kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str],
-                 keep_forced: bool = True, graph: Graph | None = None, walker: Walker | None = None) -> None:
+                 keep_forced: bool = True, graph: Graph | None = None, walker: Walker | None = None,
+                 layers: LayerRefs | None = None) -> None:
         """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over);
         ``walker``: makes the recording walk (:mod:`.rec_jumps`: one that jumps periods of equal layers),
-        a plain one without."""
+        a plain one without; ``layers``: the graph's layers (:mod:`.sched_layers`: the scheduler's passes
+        1-4 take equal layers' results from the first)."""
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
-        self.walker = walker
+        self.walker, self.layers = walker, layers
         self.unit_devices = list(unit_devices)
         self.items = kept_copy(items)  # kept alive: later placements are compared with them by identity
         if graph is None:
@@ -276,23 +279,14 @@ class Reference:
     def _passes_1_4(self, g: Graph, forced: dict[int, str]) -> None:
         """Scheduler passes 1-4, keeping pass 1's assignments; refused where pass 3 assigns or pass 4
         does more than give views their source's backend."""
-        nodes, leafs, sched, ids = g.nodes, g.leafs, self.sched, self.ids
-        for t in leafs + nodes:
-            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
-        for t in leafs + nodes:
-            if t.bid == -1:
-                t.bid = sched.backend_of(t)
+        nodes, layers = g.nodes, self.layers
+        p2 = self._passes_1_2(g, forced) if layers is None else self._layer_passes_1_2(g, forced, layers)
         self.gidx = {n: i for i, n in enumerate(nodes)}
-        self.p1 = [n.bid for n in nodes]
-        if any(t.bid == -1 for t in leafs):
-            raise Refuse("unassigned leaf")
-        sched.expand(nodes)
-        p2 = [n.bid for n in nodes]
-        sched.pass3(nodes)
-        if [n.bid for n in nodes] != p2:
-            raise Refuse("pass 3 assigns")
         self.orig_src = [tuple(n.src) for n in nodes]
-        sched.pass4(nodes)
+        if layers is None:
+            self.sched.pass4(nodes)
+        else:
+            LayerScheduler(self.backends, 1, self.op_offload, layers).pass4_layers(nodes)
         for i, n in enumerate(nodes):
             if n.op in VIEW_OPS:
                 assert n.view_src is not None
@@ -301,6 +295,38 @@ class Reference:
                 want = p2[i]
             if n.bid != want:
                 raise Refuse("pass 4 assigns")
+
+    def _passes_1_2(self, g: Graph, forced: dict[int, str]) -> list[int]:
+        """Passes 1-3 (``self.p1``: pass 1's backends of the nodes); the nodes' backends after pass 2,
+        which are theirs (refused where pass 3 assigns one)."""
+        nodes, leafs, sched, ids = g.nodes, g.leafs, self.sched, self.ids
+        for t in leafs + nodes:
+            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
+        for t in leafs + nodes:
+            if t.bid == -1:
+                t.bid = sched.backend_of(t)
+        self.p1 = [n.bid for n in nodes]
+        if any(t.bid == -1 for t in leafs):
+            raise Refuse("unassigned leaf")
+        sched.expand(nodes)
+        p2 = [n.bid for n in nodes]
+        sched.pass3(nodes)
+        if [n.bid for n in nodes] != p2:
+            raise Refuse("pass 3 assigns")
+        return p2
+
+    def _layer_passes_1_2(self, g: Graph, forced: dict[int, str], layers: LayerRefs) -> list[int]:
+        """:meth:`_passes_1_2` a layer at a time (:mod:`.sched_layers`: equal layers' results taken from
+        the first)."""
+        p1, p2, unassigned = LayerScheduler(self.backends, 1, self.op_offload, layers).passes_1_2(g, forced)
+        self.p1 = p1
+        if any(t.bid == -1 for t in g.leafs):
+            raise Refuse("unassigned leaf")
+        if unassigned:  # pass 3 gives every real node pass 2 left unassigned a backend
+            raise Refuse("pass 3 assigns")
+        for n, b in zip(g.nodes, p2, strict=True):
+            n.bid = b
+        return p2
 
     def _uses_in_graph(self, nodes: list[T]) -> None:
         """Real nodes, consumers and views of every tensor in the graph's node order."""
