@@ -4,6 +4,7 @@ node, sched positions, allocator checkpoints and per-backend events).  See :mod:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -172,8 +173,18 @@ class Checkpoint:
     #: makes them the first time they are asked for (a checkpoint written from another, :mod:`.rec_jumps`:
     #: a replay asks for a few dozen of a reference's thousand)
     _make: Callable[[], Live] | None = None
-    suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
+    #: the reference's maxima from each allocation on, and this checkpoint's position (see ``suffix``)
+    rest: tuple[Rest, int] | None = None
+    _suffix: list[tuple[int, str]] | None = None
     _live_on: list[tuple[tuple[T, ...], tuple[int, ...]]] | None = None
+
+    @property
+    def suffix(self) -> list[tuple[int, str]] | None:
+        """Per backend, the largest end of an allocation at or after this checkpoint and the label of the
+        first allocation reaching it ((-1, "") for none); made when first asked for."""
+        if self._suffix is None and self.rest is not None:
+            self._suffix = self.rest[0].at(self.rest[1])
+        return self._suffix
 
     @property
     def live(self) -> Live:
@@ -193,6 +204,44 @@ class Checkpoint:
                 on[tb].append((t, off))
             self._live_on = [(tuple(t for t, _ in e), tuple(off for _, off in e)) for e in on]
         return self._live_on[b]
+
+
+#: `` (layer N)`` and N of a node name with a layer suffix (None: without), by name: the references of a
+#: graph, and of the graphs copied from it, name their nodes alike
+_NAME_TAGS: dict[str, tuple[str, int] | None] = {}
+_UNSEEN = ("", -1)
+
+
+def _name_tag(name: str) -> tuple[str, int] | None:
+    """``layer_suffix``'s tag and layer of ``name``, remembered (a few graphs' names at most)."""
+    il = layer_suffix(name)
+    tk = None if il is None else (f" (layer {il})", int(il))
+    if len(_NAME_TAGS) > 200_000:
+        _NAME_TAGS.clear()
+    _NAME_TAGS[name] = tk
+    return tk
+
+
+class Rest:
+    """Per backend, from each of a walk's allocations (``RecAlloc.events``: position, end, label) on, the
+    largest end and the label of the first allocation reaching it."""
+
+    def __init__(self, events: list[list[tuple[int, int, str]]]) -> None:
+        self.pos = [[e[0] for e in evs] for evs in events]
+        self.best: list[list[tuple[int, str]]] = []
+        for evs in events:
+            best: tuple[int, str] = (-1, "")
+            out = [best] * (len(evs) + 1)
+            for k in range(len(evs) - 1, -1, -1):
+                e = evs[k]
+                if e[1] >= best[0]:
+                    best = (e[1], e[2])
+                out[k] = best
+            self.best.append(out)
+
+    def at(self, p: int) -> list[tuple[int, str]]:
+        """Per backend, the largest end at or after position ``p`` and its first label."""
+        return [best[bisect.bisect_left(pos, p)] for pos, best in zip(self.pos, self.best, strict=True)]
 
 
 class Reference:
@@ -377,7 +426,7 @@ class Reference:
         view_nodes: dict[T, list[T]] = {}
         starts: list[int] = []  # periods.layer_starts of the sched nodes
         last = -1
-        set_first = first.setdefault
+        set_first, name_tag = first.setdefault, _NAME_TAGS.get
         for p, n in enumerate(self.sched_nodes):  # one pass, each map filled in node order
             set_first(n, p)
             for s in n.src:
@@ -387,10 +436,12 @@ class Reference:
                     else:
                         u.append(p)
                     set_first(s, p)
-            if (il := layer_suffix(n.name)) is not None:  # LAYER_SUFFIX's match, without the regex
-                layer_tags[n] = f" (layer {il})"
-                if (k := int(il)) > last:
-                    last = k
+            if (tk := name_tag(n.name, _UNSEEN)) is _UNSEEN:
+                tk = _name_tag(n.name)
+            if tk is not None:
+                layer_tags[n] = tk[0]
+                if tk[1] > last:
+                    last = tk[1]
                     starts.append(p)
             if n.view_src is not None and n.op != "NONE":
                 if (v := view_nodes.get(n.view_src)) is None:
@@ -437,19 +488,9 @@ class Reference:
         # allocator owns, each once (``_Replay.early_bound``)
         self.node_bound: dict[tuple[int, int], int] = {}
         self.walk_facts: dict[T, tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}  # replay_alloc
-        last_first: list[tuple[int, list[tuple[int, str]]]] = []
-        for p in reversed(self.ckpos):
-            suffix = self.cks[p].suffix = []
-            last_first.append((p, suffix))
-        for evs in galloc.events:
-            best: tuple[int, str] = (-1, "")
-            k = len(evs)
-            for p, suffix in last_first:
-                while k and evs[k - 1][0] >= p:
-                    k -= 1
-                    if evs[k][1] >= best[0]:
-                        best = (evs[k][1], evs[k][2])
-                suffix.append(best)
+        rest = Rest(galloc.events)
+        for p, ck in self.cks.items():
+            ck.rest = (rest, p)
         self.copies = [0] * len(backends)
         self.wcopies = [0] * len(backends)
         for sp in self.splits:
