@@ -45,10 +45,12 @@ thousands): after step 2 the reference's bound plus the affected nodes with thei
 copies they may add, else after step 3 the reference's plus the window's tensors.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
-topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes
-span most of the graph, densely (``replay.FAR_SPAN``), runs in full without recording (a replay would walk
-nearly all of it), on the graph kept for the topology (:mod:`.template`).  ``tests/core/test_compute_
-incremental.py`` checks replays against the full simulation on random placements.
+topology) runs the full simulation, recorded as the new reference (on the graph kept for the topology
+when there is one: its layers scheduled and walked a period at a time, :mod:`.recording`).  A change
+whose affected nodes span most of the graph, densely (``replay.FAR_SPAN``), runs in full without
+recording (a replay would walk nearly all of it), on the graph kept for the topology (:mod:`.template`).
+``tests/core/test_compute_incremental.py`` checks replays against the full simulation on random
+placements.
 """
 
 

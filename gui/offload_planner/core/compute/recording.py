@@ -1,6 +1,11 @@
 """The reference run of the incremental reserve: one full simulation of a reserve graph, recorded
 with everything a replay compares against (devices, pass 1-4 assignments, pass 5 state before every
-node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`."""
+node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`.
+
+On a kept graph whose layers are coded (:mod:`.template`), passes 1-4 take equal layers' results from
+the first (:mod:`.sched_layers`) and the allocator's walk jumps whole periods of equal layers, writing
+what it records of them from the period before (:mod:`.rec_jumps`); a checkpoint's live tensors so
+written, and every checkpoint's maxima to come, are made when a replay first asks for them."""
 
 from __future__ import annotations
 
