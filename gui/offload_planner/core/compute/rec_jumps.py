@@ -33,6 +33,7 @@ from collections.abc import Callable
 from offload_planner.core.compute.allocator import peak_label
 from offload_planner.core.compute.ggml import OUTPUT, T
 from offload_planner.core.compute.jumps import QS, JumpingAllocator, LayerCodes, Restart
+from offload_planner.core.compute.periods import Jumped
 from offload_planner.core.compute.recording import Checkpoint, Live, RecAlloc, Refuse, Walker
 from offload_planner.core.compute.scheduler import Backend, Split
 from offload_planner.core.compute.stats import stats
@@ -81,6 +82,7 @@ class JumpingRecAlloc(RecAlloc):
         j.outputs = {id(t) for t in (*nodes, *leafs) if t.flags & OUTPUT}
         pos, ins, bids = j.layout()
         self.nodes, self.index = nodes, dict(zip(map(id, nodes), range(len(nodes)), strict=True))
+        self.jumped = Jumped([], self.index, nodes)
         self.ckpos = sorted(checkpoints)
         cks, snap = self.cks, self.snap
         seen: dict[int, tuple[object, ...]] = {}
@@ -177,6 +179,8 @@ class JumpingRecAlloc(RecAlloc):
         tags = self._tags(p1, p2, layer)
         self._events(p0, p1, p2, lo, tags)
         self._checkpoints(p0, p1, p2, lo, deltas, tags)
+        assert self.jumped is not None
+        self.jumped.spans.append((p0, p1, p2, lo))
         self.layer = tags[-1]
         own, cand, objs = self.own, self.cand, self.objs
         for t in nodes[pos[to - 1]:p2]:

@@ -24,7 +24,7 @@ from offload_planner.core.compute.ggml import (
     view_tensor,
 )
 from offload_planner.core.compute.graph import Builder, Shape
-from offload_planner.core.compute.periods import Event, find_periods
+from offload_planner.core.compute.periods import Event, Jumped, find_periods
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.sched_layers import LayerRefs, LayerScheduler
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
@@ -83,6 +83,7 @@ class RecAlloc(GraphAllocator):
         self.tail: list[list[Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
         self.cks: dict[int, Checkpoint] = {}
+        self.jumped: Jumped | None = None  # the stretches a jumping walk wrote from an earlier period
         # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
         # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
         self.states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
@@ -473,7 +474,7 @@ class Reference:
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
         galloc.allocs.clear()
         galloc.recs.clear()  # they point back at it: a cycle, left to the cycle collector otherwise
-        self.periods = find_periods(starts, self.tail, self.tail_pos)
+        self.periods = find_periods(starts, self.tail, self.tail_pos, galloc.jumped)
         # where a replay's tail stops: positions and their checkpoints' indices
         at_start = set(starts)
         stops = [(p, c) for c, p in enumerate(self.ckpos) if c % TAIL_STRIDE == 0 or p in at_start]
