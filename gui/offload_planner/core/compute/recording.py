@@ -229,6 +229,24 @@ def _name_tag(name: str) -> tuple[str, int] | None:
     return tk
 
 
+class LastOn:
+    """(tensor, backend) -> the last real (non-view) node on that backend reading the tensor, as
+    ``dict.get`` (a replay asks for a few): from the tensor's consumers and the nodes' backends."""
+
+    def __init__(self, consumers: dict[T, list[int]], real_bids: list[int | None]) -> None:
+        """``real_bids``: per node its backend, None for a view."""
+        self.consumers, self.real_bids = consumers, real_bids
+        self.memo: dict[tuple[T, int], int] = {}
+
+    def get(self, key: tuple[T, int], default: int) -> int:
+        got = self.memo.get(key)
+        if got is None:
+            t, b = key
+            bids = self.real_bids
+            got = self.memo[key] = next((i for i in reversed(self.consumers.get(t, ())) if bids[i] == b), -1)
+        return default if got == -1 else got
+
+
 class Rest:
     """Per backend, from each of a walk's allocations (``RecAlloc.events``: position, end, label) on, the
     largest end and the label of the first allocation reaching it."""
@@ -390,25 +408,22 @@ class Reference:
         self.ridx = {gi: r for r, gi in enumerate(self.real)}
         consumers: dict[T, list[int]] = {}
         views: dict[T, list[int]] = {}
-        # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
-        # can still be made or used (pass 5 copies sources for the real nodes' backends)
-        last_on: dict[tuple[T, int], int] = {}
         for i, (n, srcs) in enumerate(zip(nodes, self.orig_src, strict=True)):
-            real = n.op not in VIEW_OPS
             for s in srcs:
                 if s is not None:
                     if (c := consumers.get(s)) is None:
                         consumers[s] = [i]
                     else:
                         c.append(i)
-                    if real:
-                        last_on[(s, n.bid)] = i
             if (vs := n.view_src) is not None:
                 if (v := views.get(vs)) is None:
                     views[vs] = [i]
                 else:
                     v.append(i)
-        self.consumers, self.views, self.last_on = consumers, views, last_on
+        # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
+        # can still be made or used (pass 5 copies sources for the real nodes' backends)
+        real_bids = [None if n.op in VIEW_OPS else n.bid for n in nodes]
+        self.consumers, self.views, self.last_on = consumers, views, LastOn(consumers, real_bids)
 
     def _positions(self) -> None:
         """Positions in the scheduler's graph (split starts with their copies, nodes), and the uses of
