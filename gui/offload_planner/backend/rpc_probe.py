@@ -24,6 +24,8 @@ GGML_TYPE_F32 = 0
 PROBE_BYTES = 4 * 1024 * 1024
 ROUNDS = 32
 TRANSFERS = 3
+#: The whole probe's time limit in seconds (each socket operation also waits at most ``timeout``)
+PROBE_DEADLINE = 10.0
 
 
 class RpcProbeError(Exception):
@@ -57,14 +59,41 @@ class _Conn:
             raise RpcProbeError(f"{endpoint}: cannot connect ({e})") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.endpoint = endpoint
+        self.timeout = timeout
+        self.deadline = time.monotonic() + PROBE_DEADLINE
+
+    def _wait(self) -> None:
+        """Each socket operation waits at most ``timeout`` and all of them together
+        :data:`PROBE_DEADLINE`: a server that answers a byte at a time just within the timeout held
+        the probe (and ``plan``) for minutes."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RpcProbeError(f"{self.endpoint}: no complete answer within {PROBE_DEADLINE:g} s "
+                                "(the probe takes about a tenth of a second on a working link)")
+        self.sock.settimeout(min(self.timeout, left))
+
+    def _late(self) -> None:
+        """After a socket timeout: the deadline's message when it was the deadline that ran out."""
+        if time.monotonic() >= self.deadline:
+            self._wait()
 
     def send(self, cmd: int, data: bytes = b"") -> None:
-        self.sock.sendall(struct.pack("<BQ", cmd, len(data)) + data)
+        self._wait()
+        try:
+            self.sock.sendall(struct.pack("<BQ", cmd, len(data)) + data)
+        except TimeoutError:
+            self._late()
+            raise
 
     def _recv(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:
-            chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            self._wait()
+            try:
+                chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            except TimeoutError:
+                self._late()
+                raise
             if not chunk:
                 raise RpcProbeError(f"{self.endpoint}: the server closed the connection")
             buf += chunk
