@@ -4,6 +4,7 @@ naming the flag, an exit code, never a traceback or a hang."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -13,6 +14,11 @@ from pathlib import Path
 import pytest
 
 import offload_planner
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.plan_file import PlanFile, plan_json
+from offload_planner.core.synth import SMALL_MODELS, write_model
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
 PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
@@ -76,3 +82,28 @@ def test_the_smallest_figures_give_finite_speeds() -> None:
     out = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"{c} in fit --json"))
     for row in out["candidates"]:
         assert 0 < row["tg_tps"] < 1e-6 and 0 < row["pp_tps"] < 1e-6, row
+
+
+@pytest.mark.parametrize(("where", "bw", "named"), [
+    (("gpus", 0), 5e-324, "5e-324 GB/s is below 1e-09 GB/s"),
+    (("cpu",), 5e-324, "5e-324 GB/s is below 1e-09 GB/s"),
+    (("gpus", 1), 1e9, "out of range (0..1e+06)"),
+])
+def test_a_plan_file_bandwidth_outside_what_bw_takes_is_refused(tmp_path: Path, where: tuple[str | int, ...],
+                                                                bw: float, named: str) -> None:
+    """A hand-edited bandwidth_gbs of 5e-324 (a subnormal, above the old 0 floor) made every speed of
+    the plan 0.0 and its estimate's JSON carry NaN and Infinity; 1e9 was above what bw= takes."""
+    model = write_model(SMALL_MODELS["qwen3moe"], tmp_path / "qwen3moe.gguf")[0]
+    gpus = (Device("CUDA0", DeviceKind.CUDA, 8 << 30), Device("CUDA1", DeviceKind.CUDA, 8 << 30))
+    plan = plan_from_args(open_model(model), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30), gpus),
+                          argparse.Namespace(ctx_size=2048))
+    data = plan_json(PlanFile.of(plan))
+    entry = data["devices"]
+    for key in where:
+        entry = entry[key]
+    entry["bandwidth_gbs"] = bw
+    path = tmp_path / "edited.plan.json"
+    path.write_text(json.dumps(data))
+    field = "$.devices." + ("cpu" if where == ("cpu",) else f"gpus[{where[1]}]") + ".bandwidth_gbs"
+    line = refused(run("launch", str(path), "--no-detect"), 2, str(path), field, named)
+    assert line.startswith("offload-planner: ")

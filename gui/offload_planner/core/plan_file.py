@@ -461,10 +461,21 @@ def _device(at: At, *, cpu: bool) -> Device:
         description=at.key("description", "").text(max_len=1024),
         source=at.key("source", "declared").text(max_len=64),
         endpoint=endpoint,
-        bandwidth_gbs=at.key("bandwidth_gbs", None).opt_number(0.0, 1e9),
+        bandwidth_gbs=_bandwidth(at.key("bandwidth_gbs", None)),
         margin=margin,
         hardware=_hardware(at.key("hardware", [])),
     )
+
+
+def _bandwidth(at: At) -> float | None:
+    """A declared memory bandwidth in GB/s, in the range ``--device bw=`` takes (0: none declared):
+    5e-324 made every speed 0.0 and the estimate's JSON carry NaN and Infinity."""
+    from offload_planner.core.speed.declared import MAX_RATE_GBS, MIN_RATE_GBS
+
+    bw = at.opt_number(0.0, MAX_RATE_GBS)
+    if bw and bw < MIN_RATE_GBS:
+        raise at.fail(f"{bw!r} GB/s is below {MIN_RATE_GBS:g} GB/s (one byte per second)")
+    return bw
 
 
 def _hardware(at: At) -> tuple[tuple[str, str], ...]:
