@@ -21,6 +21,7 @@ from offload_planner.core.plan_file import PlanFile, plan_json
 from offload_planner.core.synth import SMALL_MODELS, write_model
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+DEEPSEEK = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
 PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
 TWO_GPUS = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=12GiB"]
 
@@ -107,3 +108,14 @@ def test_a_plan_file_bandwidth_outside_what_bw_takes_is_refused(tmp_path: Path, 
     field = "$.devices." + ("cpu" if where == ("cpu",) else f"gpus[{where[1]}]") + ".bandwidth_gbs"
     line = refused(run("launch", str(path), "--no-detect"), 2, str(path), field, named)
     assert line.startswith("offload-planner: ")
+
+
+def test_fit_with_a_gpu_whose_margin_leaves_less_than_its_buffers() -> None:
+    """A 1 GiB card (1 GiB margin by default: a budget below 0) beside a large one, the CPU's RAM slow:
+    the packed layout's empty block on the small card was asked for -1 whole layers, no fill was
+    chosen, and fit died with 'ValueError: zip() argument 2 is shorter than argument 1'."""
+    r = run("fit", DEEPSEEK, "--no-detect", "--device", "CUDA0=200GiB", "--device", "CUDA1=1GiB",
+            "--device", "CPU=1TiB,ram=1xDDR4-1", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["best"] and out["plan"]["command"][0] == "-m", out["best"]

@@ -272,7 +272,9 @@ class _Blocks:
         layers, as each layer on the CPU costs two splits whatever its size)."""
         out = []
         for size, n in zip(self.sizes[g][first:], counts[first:], strict=True):
-            t = min(n, left // size)
+            # none on a GPU without room: an empty block on a GPU whose budget is already below 0
+            # (a 1 GiB card beside its margin) was asked for -1 layers, and no fill was ever chosen
+            t = min(n, max(0, left // size))
             left -= t * size
             out.append(t)
         return out
