@@ -119,3 +119,12 @@ def test_fit_with_a_gpu_whose_margin_leaves_less_than_its_buffers() -> None:
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["best"] and out["plan"]["command"][0] == "-m", out["best"]
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_100_kb_device_value_is_refused_in_one_short_line(command: str) -> None:
+    """A 100 KB --device value was quoted whole in its error line, twice for an unknown field (200 KB
+    on stderr)."""
+    r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB," + "x" * 100_000)
+    line = refused(r, 2, "--device 'CUDA0=24GiB,x", "(100012 characters)", "at most 1024 characters")
+    assert len(line) < 300, len(line)

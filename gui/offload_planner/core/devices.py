@@ -176,10 +176,17 @@ class DeviceSet:
         return [d.name for d in self.gpus] + [self.cpu.name]
 
 
+#: The longest --device value taken: a card, a size and every speed key fit in a tenth of it
+MAX_DECL_CHARS = 1024
+
+
 def parse_device_decl(text: str) -> Device:
     """``CUDA0=24GiB``, ``CUDA1=24GiB,free=22GiB``, ``CUDA0=rtx3090`` (a catalogue card sets the
     size), ``CUDA0=24GiB,bw=936GB/s,pcie=4x16,tflops=71``, ``CPU=512GiB,ram=12xDDR5-4800``,
     ``RPC0=64GiB,link=10Gb/s``: the speed keys are checked by :mod:`offload_planner.core.speed`."""
+    if len(text) > MAX_DECL_CHARS:  # its error lines quoted it whole, twice (a 100 KB value: 200 KB)
+        raise PlannerError(f"--device {text[:60]!r}... ({len(text)} characters): longer than any device "
+                           f"declaration (at most {MAX_DECL_CHARS} characters)")
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not rest:
