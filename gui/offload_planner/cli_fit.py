@@ -154,6 +154,8 @@ def _run_fit(args: argparse.Namespace) -> int:
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")
+    for line in label_legend([str(r["label"]) for r in rows]):
+        print(line)
     for n in result.notes:
         print(f"note: {n}")
     if best is None:
@@ -166,3 +168,27 @@ def _run_fit(args: argparse.Namespace) -> int:
     print()
     print(format_command(["llama-server", *command], "bash"))
     return 0
+
+
+#: What the words of the search's candidate labels (core.speed.fills) mean, in the order they appear
+#: in a label: "fastest (-ub 4096, own -ts, parts, speculative)" explained nothing of itself.
+LABEL_TERMS = (
+    ("own -ts", "the layer split chosen with the experts: each GPU a block of layers, as many whole "
+                "(with their experts) as fit; the command carries that -ts"),
+    ("small layers first", "one GPU: its room filled with whole expert layers, the smallest first"),
+    ("parts", "the block packed: a small layer swapped for a larger one where it fills the room "
+              "better, then single expert tensors of other layers in the room left"),
+    ("speculative", "the split chosen for a step of speculative decoding (experts weighed by what "
+                    "the verify batch and the draft read), not for one token"),
+    ("split layers", "single expert tensors added from layers whose other experts stay on the CPU, "
+                     "in the room each GPU has left (two more graph splits for each such layer)"),
+)
+
+
+def label_legend(labels: list[str]) -> list[str]:
+    """One line per term of :data:`LABEL_TERMS` used in ``labels`` (whole words between the label's
+    commas and parentheses), as the table's ``~`` is explained under it."""
+    used = {w.strip() for label in labels for w in label.partition("(")[2].rstrip(")").split(",")}
+    starts = sorted(w for w in used if w.startswith("from "))  # "fastest (from llama.cpp --fit, ...)"
+    return ([f"{w}: started from the placement of the {w.removeprefix('from ')!r} row below" for w in starts]
+            + [f"{term}: {meaning}" for term, meaning in LABEL_TERMS if term in used])

@@ -1,0 +1,66 @@
+"""`fit`'s table names its candidates by how the search made them ("fastest (-ub 4096, own -ts,
+parts)", "..., speculative", "from llama.cpp --fit, split layers"); those words explained nothing
+where the table is read.  Under the table each word used is explained in one line, as its ``~`` is,
+and no word that is not used."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tests.test_cli_plan_input import ROOT, run
+
+from offload_planner.core.synth import write_model
+from offload_planner.core.synth.catalog import BIG_MODELS
+
+DEMO = str(ROOT / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
+HOST = ("--no-detect", "--device", "CPU=512GiB,ram=8xDDR5-4800")
+TERMS = ("own -ts", "small layers first", "parts", "speculative", "split layers")
+
+
+@pytest.fixture(scope="module")
+def glm_air(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("glm") / "glm-air.header.gguf"
+    [path] = write_model(BIG_MODELS["GLM-4.5-Air-Q4_K_M"], out, header_only=True)
+    return str(path)
+
+
+def _table_and_legend(out: str) -> tuple[list[str], dict[str, str]]:
+    lines = out.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("candidate")))
+    rows = []
+    for x in lines[start + 1:]:
+        if not re.match(r"[ *]\S", x):
+            break
+        rows.append(x)
+    after = lines[start + 1 + len(rows):lines.index("")]
+    legend = dict(x.split(": ", 1) for x in after if not x.startswith(("~:", "note:")))
+    return rows, legend
+
+
+def _words(rows: list[str]) -> set[str]:
+    return {w.strip() for r in rows for m in re.findall(r"^.fastest \(([^)]*)\)", r) for w in m.split(",")}
+
+
+@pytest.mark.parametrize("case", ["two 3090", "one A100", "GLM MTP on three 3060"])
+def test_every_word_of_a_candidate_label_is_explained_under_the_table(case: str, glm_air: str) -> None:
+    args = {
+        "two 3090": (DEMO, "--device", "CUDA0=rtx3090", "--device", "CUDA1=rtx3090", "--", "-c", "32768"),
+        "one A100": (DEMO, "--device", "CUDA0=a100-80gb", "--goal", "tg", "--", "-c", "32768"),
+        "GLM MTP on three 3060": (glm_air, "--device", "CUDA0=rtx3060", "--device", "CUDA1=rtx3060",
+                                  "--device", "CUDA2=rtx3060", "--goal", "tg", "--",
+                                  "-c", "16384", "--spec-type", "draft-mtp"),
+    }[case]
+    r = run("fit", *HOST, *args)
+    assert r.returncode == 0, r.stderr
+    rows, legend = _table_and_legend(r.stdout)
+    words = _words(rows) - {w for w in _words(rows) if w.startswith("-ub ")}
+    assert words & set(TERMS), rows  # the case shows some of them
+    assert set(legend) == words, (legend, words)  # each used word once, nothing else
+    for w in words:
+        if w.startswith("from "):  # a start from a baseline: its row is in the table
+            assert any(row[1:].startswith(w.removeprefix("from ") + " ") for row in rows), (w, rows)
+    expect = {"two 3090": {"own -ts", "parts", "split layers"},
+              "one A100": {"small layers first", "parts", "split layers"},
+              "GLM MTP on three 3060": {"own -ts", "parts", "speculative", "split layers"}}[case]
+    assert expect <= words
