@@ -39,7 +39,9 @@ def _table_and_legend(out: str) -> tuple[list[str], dict[str, str]]:
 
 
 def _words(rows: list[str]) -> set[str]:
-    return {w.strip() for r in rows for m in re.findall(r"^.fastest \(([^)]*)\)", r) for w in m.split(",")}
+    """The words between a label's parentheses, and "again" after them."""
+    words = {w.strip() for r in rows for m in re.findall(r"^.fastest \(([^)]*)\)", r) for w in m.split(",")}
+    return words | ({"again"} if any(re.match(r".fastest \([^)]*\) again\b", r) for r in rows) else set())
 
 
 @pytest.mark.parametrize("case", ["two 3090", "one A100", "GLM MTP on three 3060"])
@@ -64,3 +66,28 @@ def test_every_word_of_a_candidate_label_is_explained_under_the_table(case: str,
               "one A100": {"small layers first", "parts", "split layers"},
               "GLM MTP on three 3060": {"own -ts", "parts", "speculative", "split layers"}}[case]
     assert expect <= words
+
+
+def test_a_layout_made_again_is_told_apart_from_the_first(glm_air: str) -> None:
+    """GLM-4.5-Air with MTP on three RTX 3060: the search's second round (after a full projection
+    found its first answer over) kept the first round's labels, so the table listed "fastest (-ub 512)"
+    twice (over, then fitting) and one label three times with other figures, and the JSON's ``best``
+    named a label several candidates carried.  Later rows of a label say "again" (explained under the
+    table); ``best`` names one candidate."""
+    import json
+
+    args = (*HOST, glm_air, "--device", "CUDA0=rtx3060", "--device", "CUDA1=rtx3060",
+            "--device", "CUDA2=rtx3060", "--goal", "tg")
+    server = ("--", "-c", "16384", "--spec-type", "draft-mtp")
+    text = run("fit", *args, *server)
+    assert text.returncode == 0, text.stderr
+    rows, legend = _table_and_legend(text.stdout)
+    labels = [re.split(r"\s{1,}(?:~?yes|~?no)\s", r[1:])[0].rstrip() for r in rows]
+    assert len(set(labels)) == len(labels), labels
+    assert any(lb.endswith(" again") for lb in labels) and "again" in legend
+    out = json.loads(run("fit", *args, "--json", *server).stdout)
+    cands = out["candidates"]
+    assert [c["label"] for c in cands] == labels
+    [best] = [c for c in cands if c["label"] == out["best"]]
+    [starred] = [r for r in rows if r.startswith("*")]
+    assert starred[1:].startswith(out["best"] + " ") and f"{best['tg_tps']:.2f}" in starred

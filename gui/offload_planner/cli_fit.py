@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from offload_planner.cli_estimate_options import (
@@ -115,12 +116,16 @@ def _run_fit(args: argparse.Namespace) -> int:
     refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
     if refused:  # every candidate keeps the user's --spec-type: none would start
         raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
-    rows = [{"label": c.label, "fits": c.fits, "verified": c.verified,
+    best = result.best
+    # a layout made again after a full projection found it over keeps its label: rows told apart
+    labels = distinct_labels([c.label for c in result.candidates])
+    best_label = next((lb for lb, c in zip(labels, result.candidates, strict=True) if c is best),
+                      best.label if best else None)
+    rows = [{"label": lb, "fits": c.fits, "verified": c.verified,
              "over": [n for n, _ in over_by(c, devices)],
              "tg_tps": tps_json(c.estimate.tg_tps),
              "pp_tps": tps_json(c.estimate.pp_tps), "score": score(c.estimate, args.goal)}
-            for c in result.candidates]
-    best = result.best
+            for lb, c in zip(labels, result.candidates, strict=True)]
     command = plan_command(best.plan) if best else []
     best_est = None
     if best is not None:  # the chosen plan's estimate, with --depth and speculative decoding
@@ -130,7 +135,7 @@ def _run_fit(args: argparse.Namespace) -> int:
                                     accept=args.spec_accept)
     if args.json:
         out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
-                                  "best": best.label if best else None}
+                                  "best": best_label}
         if best is None:
             out["why"] = result.why
         if best:
@@ -148,7 +153,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     w = max([8] + [len(t) for cell in cells for t in cell])  # "< 0.000001": wider than 8
     print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>{w}} {'pp t/s':>{w}}")
     for r, (tg, pp) in zip(rows, cells, strict=True):
-        mark = "*" if best and r["label"] == best.label else " "
+        mark = "*" if best and r["label"] == best_label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
         print(f"{mark}{r['label']:{width}} {fits:5} {tg:>{w}} {pp:>{w}}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
@@ -190,5 +195,25 @@ def label_legend(labels: list[str]) -> list[str]:
     commas and parentheses), as the table's ``~`` is explained under it."""
     used = {w.strip() for label in labels for w in label.partition("(")[2].rstrip(")").split(",")}
     starts = sorted(w for w in used if w.startswith("from "))  # "fastest (from llama.cpp --fit, ...)"
+    again = ([f"{AGAIN}: the same kind of layout made again after a candidate was projected in full and "
+              "found over (its predictions redone with the compute buffers just simulated, or the "
+              "experts it put over a GPU taken back to the CPU)"]
+             if any(re.search(rf"\) {AGAIN}( \d+)?$", label) for label in labels) else [])
     return ([f"{w}: started from the placement of the {w.removeprefix('from ')!r} row below" for w in starts]
-            + [f"{term}: {meaning}" for term, meaning in LABEL_TERMS if term in used])
+            + [f"{term}: {meaning}" for term, meaning in LABEL_TERMS if term in used] + again)
+
+
+#: After the second and later rows of one label: "fastest (-ub 512) again", "... again 3".
+AGAIN = "again"
+
+
+def distinct_labels(labels: list[str]) -> list[str]:
+    """``labels`` with the second and later rows of a label told apart ("fastest (-ub 512) again",
+    "fastest (-ub 512) again 3"): a row of the search's second round kept its first round's label,
+    so the table showed two "fastest (-ub 512)" with different figures and one over."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        n = seen[label] = seen.get(label, 0) + 1
+        out.append(label if n == 1 else f"{label} {AGAIN}" + (f" {n}" if n > 2 else ""))
+    return out
