@@ -104,3 +104,28 @@ def test_fastest_from_a_plan_that_did_not_fit_gives_no_loss_and_names_its_split(
         assert "-ts " + ",".join(f"{t:g}" for t in ts) in win.command_pane.text.toPlainText()
     finally:
         win.close()
+
+
+def test_a_message_the_window_cuts_is_whole_in_the_log_and_the_tooltip(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """At 1024x640 the status bar cut Fastest plan's message after "-ts 25,37 (it" and cleared it after
+    6 s: what it did to -b, -ub and the KV cache could not be read anywhere.  The whole message is the
+    status bar's tooltip while shown and stays in the Log tab."""
+    from PySide6.QtGui import QFontMetrics
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", "CUDA1=rtx3090"))
+    try:
+        win.resize(1024, 640)
+        open_and_wait(qtbot, win, demo_path)
+        win.presets_menu.allow_kv_quant = True
+        said = _fastest(qtbot, win)
+        bar = win.statusBar()
+        assert QFontMetrics(bar.font()).horizontalAdvance(said) > bar.width()  # cut on screen
+        assert bar.currentMessage() == said and bar.toolTip() == said
+        win.log_view.model.flush()
+        assert any(line.endswith(said) for line in win.log_view.model.lines())
+        bar.clearMessage()
+        assert bar.toolTip() == ""  # no tooltip of a message no longer shown
+    finally:
+        win.close()
