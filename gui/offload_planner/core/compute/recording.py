@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, layer_suffix, peak_label
-from offload_planner.core.compute.bound import graph_bound
+from offload_planner.core.compute.bound import any_placement_bound, copy_sizes, graph_bound, located_copies
 from offload_planner.core.compute.ggml import (
     CPU,
+    INPUT,
     VIEW_OPS,
     Graph,
     T,
@@ -384,6 +385,8 @@ class Reference:
         # allocator owns, each once (``_Replay.early_bound``)
         self.node_bound: dict[tuple[int, int], int] = {}
         self.walk_facts: dict[T, tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}  # replay_alloc
+        # the same for a node with other sources than here (copies pass 5 made in a replay), by both
+        self.walk_facts_new: dict[tuple[T | None, ...], tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}
         last_first: list[tuple[int, list[tuple[int, str]]]] = []
         for p in reversed(self.ckpos):
             suffix = self.cks[p].suffix = []
@@ -407,6 +410,8 @@ class Reference:
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
         self._bound: list[int] | None = None
+        self._any_bound: list[int] | None = None
+        self._located: dict[bool, list[int]] = {}
 
     def size(self, t: T, b: int) -> int:
         """``GraphAllocator.size``, cached for the reference's tensors and the copies kept with it."""
@@ -440,6 +445,54 @@ class Reference:
             self._bound = graph_bound(GraphAllocator(self.backends), self.sched_nodes, self.sched_ids,
                                       self.sched.leafs)
         return self._bound
+
+    def below_any_placement(self, below: list[int]) -> bool:
+        """This graph's reserve is at most ``below`` on every backend under any placement that builds
+        the graph (:func:`.bound.any_placement_bound` plus :func:`.bound.located_copies`): a caller that
+        keeps the larger of two reserves may leave this one out before looking at what a move
+        changes.  The copies of KV views come first, then of weights, then the rest (a pass over the
+        whole graph): a big model's KV views alone are above any prompt reserve, so the rest is never
+        made for it (a first look costs it about a replay)."""
+        for part in (self._located_bound(True), self._located_bound(False)):
+            if any(x > y for x, y in zip(part, below, strict=True)):
+                return False
+        return all(x <= y for x, y in zip(self.any_bound(), below, strict=True))
+
+    def any_bound(self) -> list[int]:
+        """Per backend, the bound of :meth:`below_any_placement`."""
+        if self._any_bound is None:
+            rest = any_placement_bound(self.sizer, self.g.nodes, self.orig_src, self.sched.leafs)
+            self._any_bound = [x + y for x, y in zip(self._located_bound(False), rest, strict=True)]
+        return self._any_bound
+
+    def _located_bound(self, kv_only: bool) -> list[int]:
+        """Per backend, the copies of KV views (``kv_only``) or of all tensors in a buffer (weights and
+        KV views) that pass 5 may make under some placement."""
+        got = self._located.get(kv_only)
+        if got is None:
+            nodes, out = self.g.nodes, []
+            for t, kind, _ in self.dev_of:
+                if kind == 1 or not kv_only:
+                    out.append(t)
+                    out += (nodes[i] for i in self.views.get(t, ()))
+            readers = [(s, self.consumers.get(s, [])) for s in out]
+            copied = located_copies(nodes, readers, self._pinned_by)
+            got = self._located[kv_only] = copy_sizes(self.sizer, copied)
+        return got
+
+    def _pinned_by(self, i: int) -> T | None:
+        """Node ``i``'s first weight source where pass 1 gives the node that weight's backend whatever
+        the placement (``Scheduler.backend_of``: not forced, in no buffer, no input, no op that pass 1
+        leaves open, no op offload), else None."""
+        n = self.g.nodes[i]
+        if n in self.forced_dev or n.location is not None or n.flags & INPUT:
+            return None
+        if n.op in ("ROPE", "FLASH_ATTN_EXT"):
+            return None
+        first = next((s for s in self.orig_src[i] if s is not None and s.weights), None)
+        if first is None or (self.op_offload and any(b.offloads(n) for b in self.backends)):
+            return None
+        return first
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""

@@ -47,6 +47,23 @@ def model_gpus(devices: DeviceSet, placement: Placement) -> list[Device]:
 
 
 def backends_for(devices: DeviceSet, placement: Placement) -> list[Backend]:
+    """The scheduler's backends: the model's GPUs, then the CPU; the same objects for the same devices
+    (every projection asks; their hashes are kept: the references are looked up by them)."""
+    names = getattr(placement, "model_devices", None)
+    key = (devices, None if names is None else tuple(names))
+    got = _BACKENDS.get(key)
+    if got is None:
+        got = tuple(_backends_for(devices, placement))
+        if len(_BACKENDS) < _BACKENDS_SIZE:  # (never evicted: a window meets a few device sets)
+            _BACKENDS[key] = got
+    return list(got)
+
+
+_BACKENDS: dict[tuple[DeviceSet, tuple[str, ...] | None], tuple[Backend, ...]] = {}
+_BACKENDS_SIZE = 256
+
+
+def _backends_for(devices: DeviceSet, placement: Placement) -> list[Backend]:
     gpus = model_gpus(devices, placement)
     out = [Backend(g.name, g.name, g.alignment, g.kind in CUDA_LIKE, OP_OFFLOAD_MIN_BATCH.get(g.kind),
                    OP_OFFLOAD_ONLY.get(g.kind)) for g in gpus]
