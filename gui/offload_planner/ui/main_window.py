@@ -229,7 +229,7 @@ class MainWindow(QMainWindow):
         self.progress.hide()
         self.statusBar().addPermanentWidget(self.progress)
         # the whole of a message the window's width cuts, while it is shown
-        self.statusBar().messageChanged.connect(self.statusBar().setToolTip)
+        self.statusBar().messageChanged.connect(self._status_tooltip)
         self.presets_menu = PresetsMenu(doc, self)
 
     def _build_actions(self) -> None:
@@ -759,6 +759,9 @@ class MainWindow(QMainWindow):
 
     def show_message(self, text: str) -> None:
         self.statusBar().showMessage(text, 6000)
+
+    def _status_tooltip(self, text: str) -> None:
+        self.statusBar().setToolTip(text)  # (QStatusBar.setToolTip is no slot PySide can connect)
 
     def report(self, text: str) -> None:
         """What a pane's action did ("Fastest plan: est. tg ... ; 162 tensors moved ..., -ub 4096,
