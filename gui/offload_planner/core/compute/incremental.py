@@ -47,10 +47,12 @@ step 2 the reference's bound plus the affected nodes with their sources and the 
 else after step 3 the reference's plus the window's tensors.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
-topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes
-span most of the graph, densely (``replay.FAR_SPAN``), runs in full without recording (a replay would walk
-nearly all of it), on the graph kept for the topology (:mod:`.template`).  ``tests/core/test_compute_
-incremental.py`` checks replays against the full simulation on random placements.
+topology) runs the full simulation, recorded as the new reference (on the graph kept for the topology
+when there is one: its layers scheduled and walked a period at a time, :mod:`.recording`).  A change
+whose affected nodes span most of the graph, densely (``replay.FAR_SPAN``), runs in full without
+recording (a replay would walk nearly all of it), on the graph kept for the topology (:mod:`.template`).
+``tests/core/test_compute_incremental.py`` checks replays against the full simulation on random
+placements.
 """
 
 
@@ -65,12 +67,14 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.rec_jumps import jumping_walker
 from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
+from offload_planner.core.compute.sched_layers import cached_refs
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
-from offload_planner.core.compute.template import placed_graph
+from offload_planner.core.compute.template import handed_codes, placed_graph
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------
@@ -214,8 +218,11 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
         return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     try:
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev, own=True)
+        codes = handed_codes(g)
+        walker = None if codes is None else jumping_walker(codes)
+        layers = None if codes is None else cached_refs(g, codes[0])
         ref = Reference(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
-                   keep_forced=not no_alloc, graph=g)
+                        keep_forced=not no_alloc, graph=g, walker=walker, layers=layers)
     except Refuse:
         stats["full"] += 1
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)
