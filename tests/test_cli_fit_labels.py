@@ -91,3 +91,24 @@ def test_a_layout_made_again_is_told_apart_from_the_first(glm_air: str) -> None:
     [best] = [c for c in cands if c["label"] == out["best"]]
     [starred] = [r for r in rows if r.startswith("*")]
     assert starred[1:].startswith(out["best"] + " ") and f"{best['tg_tps']:.2f}" in starred
+
+
+def test_nothing_fits_this_machines_ram_says_how_to_plan_for_another() -> None:
+    """DeepSeek-V3 and one RTX 3090 on a machine with less RAM than its experts: "nothing fits these
+    devices: CPU (RAM) over by 335.3 GiB (358.9 GiB projected > 23.5 GiB)", and no word that the RAM
+    was this machine's and can be declared.  With the RAM declared, no such note."""
+    import psutil
+
+    ram = psutil.virtual_memory().total
+    if ram > 380 * 1024**3:
+        pytest.skip("this machine's RAM holds the experts")
+    r = run("fit", "--no-detect", DEMO, "--device", "CUDA0=rtx3090", "--", "-c", "32768")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith("nothing fits these devices: CPU (RAM) over by"))
+    assert lines[i + 1] == (f"note: the RAM is this machine's ({ram / 1024**3:.1f} GiB); to plan for another "
+                            "machine declare its RAM, e.g. --device CPU=512GiB")
+    declared = run("fit", "--no-detect", DEMO, "--device", "CUDA0=rtx3090", "--device", "CPU=64GiB",
+                   "--", "-c", "32768")
+    assert declared.returncode == 1 and "nothing fits these devices: CPU (RAM)" in declared.stdout
+    assert "the RAM is this machine's" not in declared.stdout

@@ -83,7 +83,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.speed.ranking import score
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
-    from offload_planner.core.speed.tps import tps_fixed, tps_json
+    from offload_planner.core.speed.tps import tps_json
 
     dialect = Dialect(args.backend)
     parsed = parse_server_args(list(args.server_args), dialect=dialect)
@@ -144,6 +144,34 @@ def _run_fit(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0 if best else 1
+    print_candidates(args, rows, best_label, result.notes)
+    if best is None:
+        print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
+        if result.why.startswith("CPU (RAM)") and not any(d.partition("=")[0] == "CPU" for d in args.device):
+            print(ram_hint(devices.cpu.capacity))
+        return 1
+    print()
+    table = plan_text(best.projection, warnings=[], errors=[], command="")
+    print(table.split("\ncontext: ")[0])
+    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
+    print()
+    print(format_command(["llama-server", *command], "bash"))
+    return 0
+
+
+def ram_hint(capacity: int | None) -> str:
+    """Where nothing fits the RAM of this machine: a newcomer planning a server from a laptop was told
+    "CPU (RAM) over by 335.3 GiB (... > 23.5 GiB)" and not that the RAM can be declared."""
+    size = "" if capacity is None else f" ({capacity / 1024**3:.1f} GiB)"
+    return (f"note: the RAM is this machine's{size}; to plan for another machine declare its RAM, "
+            "e.g. --device CPU=512GiB")
+
+
+def print_candidates(args: argparse.Namespace, rows: list[dict[str, object]], best_label: str | None,
+                     notes: list[str]) -> None:
+    """The goal, the candidate table (the answer starred), what its marks and words mean, the notes."""
+    from offload_planner.core.speed.tps import tps_fixed
+
     goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
@@ -153,7 +181,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     w = max([8] + [len(t) for cell in cells for t in cell])  # "< 0.000001": wider than 8
     print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>{w}} {'pp t/s':>{w}}")
     for r, (tg, pp) in zip(rows, cells, strict=True):
-        mark = "*" if best and r["label"] == best_label else " "
+        mark = "*" if best_label is not None and r["label"] == best_label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
         print(f"{mark}{r['label']:{width}} {fits:5} {tg:>{w}} {pp:>{w}}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
@@ -161,18 +189,8 @@ def _run_fit(args: argparse.Namespace) -> int:
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")
     for line in label_legend([str(r["label"]) for r in rows]):
         print(line)
-    for n in result.notes:
+    for n in notes:
         print(f"note: {n}")
-    if best is None:
-        print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
-        return 1
-    print()
-    table = plan_text(best.projection, warnings=[], errors=[], command="")
-    print(table.split("\ncontext: ")[0])
-    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
-    print()
-    print(format_command(["llama-server", *command], "bash"))
-    return 0
 
 
 #: What the words of the search's candidate labels (core.speed.fills) mean, in the order they appear
