@@ -128,3 +128,32 @@ def test_a_100_kb_device_value_is_refused_in_one_short_line(command: str) -> Non
     r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB," + "x" * 100_000)
     line = refused(r, 2, "--device 'CUDA0=24GiB,x", "(100012 characters)", "at most 1024 characters")
     assert len(line) < 300, len(line)
+
+
+def _tg(stdout: str) -> str:
+    line = next(x for x in stdout.splitlines() if x.startswith("speed estimate"))
+    return line.split("tg ")[1].split(" t/s")[0]
+
+
+def test_a_draft_model_of_another_vocabulary_is_named_and_not_counted(tmp_path: Path) -> None:
+    """llama.cpp's common_speculative_are_compatible refuses a draft whose vocabulary is 512 tokens
+    larger: llama-server logs 'failed to initialize speculative decoding context' and generates
+    without it. plan and fit counted its speed-up (tg 22966 t/s against 5425 without a draft) and
+    said nothing; now a warning names the -md file and tg is the plain one; a draft of the same
+    vocabulary still speeds tg up."""
+    target = write_model(SMALL_MODELS["llama"], tmp_path / "llama.gguf")[0]
+    other = write_model(SMALL_MODELS["qwen3moe"], tmp_path / "qwen3moe.gguf")[0]
+    same = write_model(SMALL_MODELS["llama-draft"], tmp_path / "llama-draft.gguf")[0]
+    base = ["--no-detect", "--device", "CUDA0=24GiB"]
+    plain = run("plan", str(target), *base)
+    mismatched = run("plan", str(target), *base, "--", "-md", str(other))
+    matched = run("plan", str(target), *base, "--", "-md", str(same))
+    assert plain.returncode == mismatched.returncode == matched.returncode == 0, mismatched.stderr[-2000:]
+    assert _tg(mismatched.stdout) == _tg(plain.stdout) != _tg(matched.stdout)
+    warning = f"-md {other}: llama-server does not use this draft model"
+    assert warning in mismatched.stdout and "differ by 512 tokens" in mismatched.stdout
+    assert warning not in matched.stdout
+    fit = run("fit", str(target), *base, "--json", "--", "-md", str(other))
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    out = json.loads(fit.stdout)
+    assert any(n.startswith(warning) for n in out["notes"]), out["notes"]

@@ -75,7 +75,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
-    from offload_planner.core.speculative import spec_refusals
+    from offload_planner.core.speculative import draft_warning, spec_refusals
     from offload_planner.core.speed.candidate import over_by
     from offload_planner.core.speed.estimate import estimate
     from offload_planner.core.speed.fastest import fastest_plan
@@ -119,6 +119,9 @@ def _run_fit(args: argparse.Namespace) -> int:
     refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
     if refused:  # every candidate keeps the user's --spec-type: none would start
         raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
+    unused = draft_warning(model, result.candidates[0].plan.spec) if result.candidates else None
+    if unused:  # every candidate keeps the user's -md: none uses it, all load it
+        result.notes.append(unused)
     best = result.best
     # a layout made again after a full projection found it over keeps its label: rows told apart
     labels = distinct_labels([c.label for c in result.candidates])

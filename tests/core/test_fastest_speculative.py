@@ -88,9 +88,11 @@ def test_declared_acceptance_changes_the_ranking_scores(glm_air: Model) -> None:
 def test_a_draft_models_memory_takes_its_room_on_the_gpu(tmp_path: Path) -> None:
     """Qwen3-30B with a 4-layer draft of Llama-3.1-70B's width (about 3 GiB, on the GPU by default):
     the draft's weights, KV and compute are in every candidate's projection, so the search leaves
-    room for them (fewer expert bytes on the GPU than without the draft) and the answer fits."""
+    room for them (fewer expert bytes on the GPU than without the draft) and the answer fits. The draft
+    has Qwen3's vocabulary: llama.cpp uses no draft of another (common_speculative_are_compatible)."""
     qwen = open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))
-    spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name="draft", n_layer=4)
+    spec = replace(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], name="draft", n_layer=4,
+                   tokenizer=BIG_MODELS["Qwen3-30B-A3B-Q4_K_M"].tokenizer)
     [draft] = write_model(spec, tmp_path / "draft.header.gguf", header_only=True)
     ds = _devices("12GiB,bw=936GB/s")
     hw = hardware_for(ds, threads=16)

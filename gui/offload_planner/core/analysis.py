@@ -29,7 +29,7 @@ from offload_planner.core.memory import Projection, project
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_report import mmap_notes
-from offload_planner.core.speculative import spec_refusals
+from offload_planner.core.speculative import draft_warning, spec_refusals
 
 if TYPE_CHECKING:
     from offload_planner.core.fit import FitResult
@@ -146,7 +146,9 @@ def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
     """Every warning about a plan, in one order: what the backend refuses or changes, devices the
     plan names but lacks, devices over capacity, then the rules and placements
     (:func:`~offload_planner.core.diagnostics.plan_warnings`)."""
-    refusals = (spec_refusals(plan.model, plan.spec) + plan.dialect.model_errors(plan.model)
+    unused = draft_warning(plan.model, plan.spec)
+    refusals = (spec_refusals(plan.model, plan.spec) + ([unused] if unused else [])
+                + plan.dialect.model_errors(plan.model)
                 + plan.dialect.warnings(plan.model, plan.placement_options, plan.devices))
     core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
                          capacity_hint=capacity_hint)

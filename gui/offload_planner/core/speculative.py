@@ -204,6 +204,48 @@ def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: Dialect,
         return None, [f"draft model not projected: {e}"]
 
 
+#: common/speculative.cpp: a draft whose vocabulary is more tokens larger or smaller is not used
+SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
+
+
+def draft_mismatch(model: Model, spec: SpecSettings | None) -> str | None:
+    """Why llama-server does not use the ``-md`` draft with this model (None: it may), the checks of
+    ``common_speculative_are_compatible`` that the files' metadata decide: the tokenizer's kind, the
+    vocabulary's size within 128 tokens, BOS and EOS (whether added, and their ids where added). Its
+    comparison of every token's text is not made (the reader skips the token strings). The server
+    logs "failed to initialize speculative decoding context" and generates without the draft, which
+    it still loads."""
+    draft = spec.draft.model if spec is not None and spec.draft is not None else None
+    if draft is None:
+        return None
+    a, b = model.metadata, draft.metadata
+    kind_a, kind_b = a.get("tokenizer.ggml.model"), b.get("tokenizer.ggml.model")
+    if kind_a is not None and kind_b is not None and kind_a != kind_b:
+        return f"the tokenizers differ ({kind_a} in the model, {kind_b} in the draft)"
+    na, nb = model.summary.n_vocab, draft.summary.n_vocab
+    if na and nb and abs(na - nb) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+        return (f"the vocabularies differ by {abs(na - nb)} tokens ({na} and {nb}; at most "
+                f"{SPEC_VOCAB_MAX_SIZE_DIFFERENCE})")
+    for tok in ("bos", "eos"):
+        add_a, add_b = a.get(f"tokenizer.ggml.add_{tok}_token"), b.get(f"tokenizer.ggml.add_{tok}_token")
+        id_a, id_b = a.get(f"tokenizer.ggml.{tok}_token_id"), b.get(f"tokenizer.ggml.{tok}_token_id")
+        if add_a is not None and add_b is not None and add_a != add_b:
+            return f"one adds a {tok.upper()} token and the other does not"
+        if add_a and add_b and id_a is not None and id_b is not None and id_a != id_b:
+            return f"their {tok.upper()} tokens differ (ids {id_a} and {id_b})"
+    return None
+
+
+def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
+    """The line that says so (:func:`draft_mismatch`), naming the draft file."""
+    why = draft_mismatch(model, spec)
+    if why is None or spec is None or spec.draft is None:
+        return None
+    return (f"-md {spec.draft.model.path}: llama-server does not use this draft model: failed to initialize "
+            f"speculative decoding context: draft model vocab type must match target model to use "
+            f"speculation ({why}); it still loads it; the speed estimate is without speculative decoding")
+
+
 def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
     """What llama-server refuses at load about speculative decoding on this model (its log lines)."""
     if spec is not None and spec.mtp and spec.draft is None and not model.summary.n_nextn:

@@ -186,6 +186,10 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
         return None
     s = plan.model.summary
     if spec.draft is not None:
+        from offload_planner.core.speculative import draft_mismatch
+
+        if draft_mismatch(plan.model, spec) is not None:  # llama-server generates without it
+            return None
         dm = spec.draft
         dp = place(dm.model, dm.devices, dm.placement_options)
         params = replace(plan.context, type_k=dm.type_k, type_v=dm.type_v)
