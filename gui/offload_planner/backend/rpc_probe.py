@@ -24,8 +24,6 @@ GGML_TYPE_F32 = 0
 PROBE_BYTES = 4 * 1024 * 1024
 ROUNDS = 32
 TRANSFERS = 3
-#: The whole probe's time limit in seconds (each socket operation also waits at most ``timeout``)
-PROBE_DEADLINE = 10.0
 
 
 class RpcProbeError(Exception):
@@ -46,6 +44,10 @@ def _rpc_tensor(buffer: int, data: int, n_floats: int) -> bytes:
     return (struct.pack("<QIQ4I4II16iI", 1, GGML_TYPE_F32, buffer, n_floats, 1, 1, 1, *nb, 0, *([0] * 16), 0)
             + struct.pack("<10Q", *([0] * 10)) + struct.pack("<QQQ", 0, 0, data)
             + b"probe".ljust(64, b"\0") + struct.pack("<i", 0))
+
+
+#: The whole probe's time limit in seconds (each socket operation also waits at most ``timeout``)
+PROBE_DEADLINE = 10.0
 
 
 class _Conn:
