@@ -80,3 +80,22 @@ def test_a_plans_estimate_reads_the_store_once(cfg: Path, monkeypatch: pytest.Mo
     assert figures["CPU bandwidth efficiency"] == (0.42, "calibrated")
     speed_store.efficiencies_for("llama.cpp")
     assert len(reads) == 2
+
+
+def test_calibrated_cpu_compute_keeps_its_measured_rate(cfg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU compute efficiency is a fraction of the CPU's compute figure as it was when measured: one
+    kept before the instruction set was read (of the AVX2 figure) reads 1/1.95 of it on an AVX-512
+    VNNI machine now, so the calibrated rate is the measured one; one kept with the gain reads as kept."""
+    from offload_planner.core.speed.cpu_isa import GAINS, CpuInfo, Isa
+
+    monkeypatch.setattr(speed_store, "this_cpu", lambda: CpuInfo("AMD EPYC", Isa.AVX512_VNNI, None, "test"))
+    gain = GAINS[Isa.AVX512_VNNI].value
+    speed_store.record_efficiencies("llama.cpp", {"cpu_compute": 1.3})
+    data = json.loads((cfg / "speed.json").read_text())
+    del data["machines"][speed_store.machine_key()]["cpu_compute_gain"]  # as the store was written before
+    (cfg / "speed.json").write_text(json.dumps(data))
+    eff = speed_store.efficiencies_for("llama.cpp")
+    assert eff.cpu_compute.value == pytest.approx(1.3 / gain) and eff.cpu_compute.source is Source.CALIBRATED
+    speed_store.record_efficiencies("llama.cpp", {"cpu_compute": 0.9}, cpu_gain=gain)
+    assert speed_store.efficiencies_for("llama.cpp").cpu_compute.value == pytest.approx(0.9)
+    assert speed_store.efficiencies_for("llama.cpp").cpu_bandwidth.source is Source.DEFAULT

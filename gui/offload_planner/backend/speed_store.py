@@ -4,6 +4,8 @@ The probe copies a buffer a few hundred MiB large with one thread per core (nump
 while copying) for about a second and counts the bytes read and written.  The result is cached in
 ``speed.json`` under the config directory (:func:`calibration.config_dir`), keyed by machine, with
 the efficiencies ``launch --bench`` measures per machine and backend (:func:`record_efficiencies`).
+The CPU's instruction set and model name (:func:`this_cpu`) are read from the operating system once
+a process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import itertools
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,6 +32,7 @@ from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.cpu_isa import CpuInfo, parse_proc_cpuinfo, parse_sysctl
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
@@ -216,8 +221,10 @@ def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, Measured
     return out
 
 
-def record_efficiencies(backend: str, values: dict[str, float]) -> None:
-    """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`)."""
+def record_efficiencies(backend: str, values: dict[str, float], *, cpu_gain: float = 1.0) -> None:
+    """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`);
+    ``cpu_gain``: the instruction-set gain the CPU's compute carried in the estimate the measurement
+    calibrated (``DeviceSpeed.isa_gain``), kept beside a ``cpu_compute`` (:func:`efficiencies_for`)."""
     calibrated(values, "check")  # refuse unknown names before writing
     data = _load()
     entry = data.setdefault("machines", {}).setdefault(machine_key(), {})
@@ -226,7 +233,20 @@ def record_efficiencies(backend: str, values: dict[str, float]) -> None:
     merged.update({k: float(v) for k, v in values.items()})
     entry["efficiencies"][backend] = merged
     entry.setdefault("efficiencies_at", {})[backend] = time.strftime("%Y-%m-%d %H:%M")
+    if "cpu_compute" in values:
+        entry.setdefault("cpu_compute_gain", {})[backend] = float(cpu_gain)
     _save(data)
+
+
+def _cpu_basis(entry: dict[str, Any], backend: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A calibrated ``cpu_compute`` is a fraction of the CPU's compute figure as it was when measured:
+    of the AVX2 figure before the instruction set was read (no ``cpu_compute_gain`` kept), else of
+    that figure times the gain kept; rescaled to this machine's figure now (:func:`this_cpu`), so the
+    calibrated rate stays the measured one."""
+    if "cpu_compute" not in values:
+        return values
+    kept = _number(_mapping(entry.get("cpu_compute_gain")).get(backend, 1.0), 1e-3, 1e3) or 1.0
+    return {**values, "cpu_compute": values["cpu_compute"] * kept / this_cpu().gain}
 
 
 def efficiencies_for(backend: str) -> Efficiencies:
@@ -240,7 +260,8 @@ def efficiencies_for(backend: str) -> Efficiencies:
         return base
     when = _mapping(entry.get("efficiencies_at")).get(backend, "")
     try:
-        return calibrated(values, f"measured on this machine with {backend} ({when})", base)
+        note = f"measured on this machine with {backend} ({when})"
+        return calibrated(_cpu_basis(entry, backend, values), note, base)
     except (ValueError, TypeError):
         return base
 
@@ -317,8 +338,50 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
 
 
 def _cpu_declared(plan: Plan) -> bool:
-    keys = {k for k, _ in plan.devices.cpu.hardware}
-    return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
+    return cpu_elsewhere(plan.devices)
+
+
+def cpu_elsewhere(devices: DeviceSet) -> bool:
+    """The CPU is declared by its memory's speed (``bw=``/``ram=``): another machine than this one, so
+    neither this machine's RAM probe nor its instruction set describes it."""
+    keys = {k for k, _ in devices.cpu.hardware}
+    return bool(devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
+
+
+def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> str:
+    """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line): '' when it
+    cannot be read."""
+    try:
+        with open(proc, encoding="utf-8", errors="replace") as f:
+            text = f.read(limit)
+    except OSError:
+        return ""
+    return text.split("\n\n", 1)[0]
+
+
+@functools.cache
+def this_cpu() -> CpuInfo:
+    """This machine's CPU (model name, instruction-set tier, a clock its name states): Linux from
+    ``/proc/cpuinfo``, macOS from ``sysctl machdep.cpu``; elsewhere (Windows) or when neither answers
+    the tier is not known and the estimate keeps the AVX2 figure, saying so."""
+    if sys.platform.startswith("linux"):
+        text = read_cpuinfo()
+        if text:
+            return parse_proc_cpuinfo(text)
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "machdep.cpu"], capture_output=True, text=True, timeout=5,
+                                 check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        if out:
+            return parse_sysctl(out)
+    return CpuInfo(platform.processor(), None, None, f"not read on {platform.system() or sys.platform}")
+
+
+def machine_cpu(devices: DeviceSet) -> CpuInfo | None:
+    """:func:`this_cpu`, unless the set's CPU is another machine (:func:`cpu_elsewhere`)."""
+    return None if cpu_elsewhere(devices) else this_cpu()
 
 
 def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
@@ -331,7 +394,7 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
     return hardware_for(plan.devices, threads=threads, probe=measured,
                         links=rpc_links(plan.devices, measure=probe_rpc),
-                        cores=thread_use(plan.devices, threads))
+                        cores=thread_use(plan.devices, threads), cpu=machine_cpu(plan.devices))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from offload_planner.core.dialects.base import Dialect
+from offload_planner.core.speed.cpu_isa import GAINS, Isa
 from offload_planner.core.speed.hardware import Figure, Source
 
 UNCALIBRATED = "uncalibrated"
@@ -126,9 +127,17 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 #: micro-batch's compute and reads added (estimate._microbatch): the same five records (all at odd
 #: positions of the set) then put the estimate a median 0.99x of the measured at 2.0 (at 1.77 with
 #: the clocks alone, the reads overlapped).
-IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
+#: Those five records' CPUs are all AVX-512 with VNNI (Ryzen-7950X and EPYC 9004/9005: Zen 4/5; Xeon
+#: 6980P: AMX, which ik_llama.cpp does not use), and the 2.0 was fitted against the AVX2 figure; a CPU's
+#: compute now carries its instruction set's gain (core.speed.cpu_isa.GAINS, 1.95 for AVX-512 VNNI), so
+#: the same fit reads 2.0 / 1.95 of the ISA-scaled peak: unchanged on those CPUs, and on an AVX2 CPU
+#: (or one whose instruction set is not known) 2.05 x mainline's default instead of 4 x (ik_llama.cpp
+#: PR 54 measured ik on a Ryzen-5975WX, AVX2, at 1.53 and 1.34 x mainline for Q4_0 and Q8_0 pp512).
+IK_FIT_GAIN = GAINS[Isa.AVX512_VNNI].value
+IK_CPU_COMPUTE = Figure(2.0 / IK_FIT_GAIN, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
-                        "259, 612, issue 1752; their CPUs at base clock)")
+                        "259, 612, issue 1752; their CPUs at base clock, AVX-512 VNNI: 2.0 x the AVX2 "
+                        f"figure / {IK_FIT_GAIN:g})")
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 
 
@@ -148,11 +157,14 @@ IQUANT_CPU_COMPUTE = Figure(0.18, "x peak", Source.DEFAULT,
 SLOW_CPU_TYPES = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"})  # ggml names
 
 
-def cpu_cost(type_name: str, dialect: Dialect) -> float:
+def cpu_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0) -> float:
     """Compute cost of one weight of ``type_name`` on the CPU against the default's (1: the default
-    efficiency applies): mainline's lattice i-quants cost ``cpu_compute / IQUANT_CPU_COMPUTE``."""
+    efficiency applies): mainline's lattice i-quants cost ``cpu_compute / IQUANT_CPU_COMPUTE``, times
+    the CPU's instruction-set gain (``DeviceSpeed.isa_gain``): their ``vec_dot`` is AVX2 code on every
+    x86 CPU (core.speed.cpu_isa), so a faster instruction set does not speed them up (the 0.18 was
+    measured against the AVX2 figure)."""
     if type_name in SLOW_CPU_TYPES and not Dialect(dialect).fast_cpu_kernels:
-        return _CPU_COMPUTE.value / IQUANT_CPU_COMPUTE.value
+        return _CPU_COMPUTE.value / IQUANT_CPU_COMPUTE.value * isa_gain
     return 1.0
 
 

@@ -554,7 +554,7 @@ def copy_weight(buft: str | None, eff: Efficiencies) -> float:
 
 
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
-          eff: Efficiencies | None = None) -> dict[str, _Work]:
+          eff: Efficiencies | None = None, isa_gain: float = 1.0) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
     costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
     eff = eff or defaults_for(dialect)
@@ -570,7 +570,7 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         key = (t.type.name, p.buft)
         cost = costs.get(key)
         if cost is None:
-            cost = costs[key] = (cpu_cost(key[0], dialect), copy_weight(p.buft, eff))
+            cost = costs[key] = (cpu_cost(key[0], dialect, isa_gain), copy_weight(p.buft, eff))
         w.el[i] += n
         w.nbytes[i] += nb
         w.cpu_el[i] += n * cost[0]
@@ -720,7 +720,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = token_split_pairs(plan, placement) if pairs is None else pairs
-    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff)
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, _isa_gain(hw))
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)
@@ -765,7 +765,12 @@ class TokenExtras:
     pageable_cpu: bool  # a CPU weight outside a pinned ``<GPU>_Host`` buffer
 
 
-def token_extras(plan: Plan, placement: Placement) -> TokenExtras:
+def _isa_gain(hw: Hardware) -> float:
+    """The host CPU's instruction-set gain (``DeviceSpeed.isa_gain``; 1 without a CPU figure)."""
+    return hw.devices[CPU].isa_gain if CPU in hw.devices else 1.0
+
+
+def token_extras(plan: Plan, placement: Placement, isa_gain: float = 1.0) -> TokenExtras:
     """``cpu_flops``: one generated token's CPU weight matrices of the types whose CPU kernels cost
     more than the default (:func:`efficiency.cpu_cost` > 1: mainline multiplies the lattice i-quants
     row by row through their ``vec_dot`` with its grid look-ups, the same kernel for one token as for
@@ -791,7 +796,7 @@ def token_extras(plan: Plan, placement: Placement) -> TokenExtras:
             continue
         cost = costs.get(t.type.name)
         if cost is None:
-            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect)
+            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect, isa_gain)
         if cost > 1.0:
             flops += 2.0 * t.n_elements * cost * (frac if t.role in experts else 1.0)
     return TokenExtras(flops, {k: len(v) for k, v in seen.items()}, pageable)
@@ -808,7 +813,7 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
     attn = attn or {}
-    extras = extras or token_extras(plan, placement)
+    extras = extras or token_extras(plan, placement, _isa_gain(hw))
     per_layer = eff.gpu_layer_us.value * 1e-6
     for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
@@ -937,7 +942,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
-    extras = token_extras(plan, placement)
+    extras = token_extras(plan, placement, _isa_gain(hw))
     t0 = _tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
     t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, extras)
