@@ -42,13 +42,13 @@ from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.rpc_probe import probe_link
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
-from offload_planner.backend.speed_store import measure_ram_bandwidth, this_cpu, thread_use
+from offload_planner.backend.speed_store import core_speed, measure_ram_bandwidth, this_cpu, thread_use
 from offload_planner.backend.system import cpu_device
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import build_device_set, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.efficiency import DEFAULT, for_host
 from offload_planner.core.speed.estimate import SpeedEstimate, estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_TFLOPS_PER_THREAD,
@@ -159,7 +159,8 @@ def estimate_config(model: Path, server_args: list[str], endpoints: list[str], r
     probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
     hw = hardware_for(devices, threads=args.threads, probe=probe, links=links,
                       cores=thread_use(devices, args.threads) if count_cores else None, cpu=cpu)
-    return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
+    eff = for_host(DEFAULT, *core_speed(cpu)) if cpu is not None else DEFAULT
+    return estimate(plan, hw, prompt=args.prompt, eff=eff)
 
 
 def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
@@ -177,7 +178,7 @@ def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
         links = {}
         for e in endpoints:  # before llama-server connects: the probe has the server to itself
             p = probe_link(e)
-            links[e] = MeasuredLink(p.gbs, p.rtt_us, f"probed {e} in this run")
+            links[e] = MeasuredLink(p.gbs, p.rtt_us, f"probed {e} in this run", p.graph_us)
         port = free_port()
         server_args = ["-c", str(args.ctx), "-t", str(args.threads), "-lm", "none", "-fit", "off",
                        "-np", "1", *cfg.args]
@@ -234,13 +235,14 @@ def main() -> int:
                          "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
                          "pp_est_threads": round(cont.pp_tps, 3), "tg_est_threads": round(cont.tg_tps, 3),
                          "pp_est_avx2": round(avx2.pp_tps, 3), "tg_est_avx2": round(avx2.tg_tps, 3),
-                         "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1)}
+                         "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1),
+                                           "graph_us": round(v.graph_us, 1)}
                                        for e, v in links.items()},
                          "load": round(load, 2), **got.as_dict()})
             probed = "" if not endpoints else (
                 f"  after: pp {after.pp_tps:.2f} ({after.pp_tps / got.pp_tps:.2f}) tg {after.tg_tps:.2f} "
                 f"({after.tg_tps / got.tg_tps:.2f}); RTT "
-                + ", ".join(f"{v.rtt_us:.0f} µs" for v in links.values()))
+                + ", ".join(f"{v.rtt_us:.0f}+{v.graph_us:.0f} µs" for v in links.values()))
             probed += (f"  threads vs cores: pp {cont.pp_tps:.2f} ({cont.pp_tps / got.pp_tps:.2f}) tg "
                        f"{cont.tg_tps:.2f} ({cont.tg_tps / got.tg_tps:.2f})")
             probed += (f"  AVX2 figure: pp {avx2.pp_tps:.2f} ({avx2.pp_tps / got.pp_tps:.2f}) tg "

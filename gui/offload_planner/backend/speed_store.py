@@ -34,9 +34,17 @@ from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.cpu_isa import CpuInfo, parse_proc_cpuinfo, parse_sysctl
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
-from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
+from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for, for_host
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
-from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, Threads, hardware_for
+from offload_planner.core.speed.hardware import (
+    DEFAULT_CPU_GHZ,
+    Figure,
+    Hardware,
+    MeasuredLink,
+    Source,
+    Threads,
+    hardware_for,
+)
 from offload_planner.core.speed.speculation import with_speculation
 
 FILE_NAME = "speed.json"
@@ -201,13 +209,14 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
             p = probe_link(endpoint)
         except RpcProbeError:
             return None
-        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "at": time.strftime("%Y-%m-%d %H:%M"),
-               "server": p.server_version}
+        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "graph_us": round(p.graph_us, 1),
+               "at": time.strftime("%Y-%m-%d %H:%M"), "server": p.server_version}
         entry = {**entry, "rpc_links": {**links, endpoint: got}}
         data.setdefault("machines", {})[machine_key()] = entry
         got["at"] += _keep(data)
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
-                        f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})")
+                        f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
+                        _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
 
 
 def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink]:
@@ -249,11 +258,20 @@ def _cpu_basis(entry: dict[str, Any], backend: str, values: dict[str, Any]) -> d
     return {**values, "cpu_compute": values["cpu_compute"] * kept / this_cpu().gain}
 
 
+def core_speed(cpu: CpuInfo) -> tuple[float, str]:
+    """A core of ``cpu`` against the AVX2 figure at its clock (its instruction set's gain, the clock
+    its model name states against DEFAULT_CPU_GHZ), and what it is."""
+    clock = cpu.ghz / DEFAULT_CPU_GHZ if cpu.ghz else 1.0
+    at = f" at {cpu.ghz:g} GHz" if cpu.ghz else ""
+    return cpu.gain * clock, f"{cpu.isa.value if cpu.isa else 'the AVX2 figure'}{at}, {cpu.source}"
+
+
 def efficiencies_for(backend: str) -> Efficiencies:
-    """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
+    """The defaults (the host's work per RPC split scaled to this machine's cores, :func:`core_speed`),
+    with what was measured on this machine with ``backend`` marked calibrated."""
     entry = _load().get("machines", {}).get(machine_key(), {})
     values = _mapping(entry.get("efficiencies")).get(backend)
-    base = defaults_for(Dialect(backend))
+    base = for_host(defaults_for(Dialect(backend)), *core_speed(this_cpu()))
     if not isinstance(values, dict) or not values:
         return base
     if any(_number(v, 1e-6, 1e6) is None for v in values.values()):  # NaN, a string, a bool: damaged

@@ -61,15 +61,19 @@ _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devic
 _GPU_LAYER_US = Figure(40.0, "µs per GPU layer a token", Source.DEFAULT,
                        "a GPU layer's kernels' fixed time a token (fitted on half of the public "
                        "measurements)")
-#: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
-#: activations back), network round trip excluded (measured per endpoint: core.speed.hardware). From
-#: this project's own measurement (README, bench/speed_measured.py, 2 cores, load 1.0-1.2):
-#: bench-qwen3moe-2g with the experts on the CPU and the rest on one loopback rpc-server ran 9.54 t/s
-#: (104.8 ms a token) with 41 splits a token, where the reads took about 61 ms (the estimate's 17.1 ms
-#: on the CPU and 28.0 ms on the rpc-server's one thread, scaled by the CPU-only (1.54x) and 2xRPC
-#: ratios of the same run): about 1.06 ms a split.  The former default, 150 µs, made RPC tg 1.9-2.5x
-#: too fast.
-_RPC_US = _d(1000.0, "µs per RPC graph split")
+#: What an RPC graph split costs beyond the network round trip and the server's own work on the graph
+#: (both measured by the probe against the running server, backend.rpc_probe: 25 µs and 22 µs on
+#: loopback on a 2-vCPU AVX-512 EPYC): the host's hand-over (llama-server's scheduler copying the
+#: split's inputs, its CPU threads going idle and woken, the rpc-server's thread scheduled on the same
+#: cores).  From this project's own measurement on a 2-core AVX2 machine (README, bench/speed_measured.py,
+#: load 1.0-1.2): bench-qwen3moe-2g with the experts on the CPU and the rest on one loopback rpc-server
+#: ran 9.54 t/s (104.8 ms a token) with 41 splits a token, where the reads took about 61 ms: about
+#: 1.06 ms a split, of which this 1000 µs.  It is CPU work, so a faster core does it sooner: the figure
+#: is divided by the host core's compute against the AVX2 figure (:func:`for_host`: its instruction set
+#: and clock); on the AVX-512 EPYC the same bench then puts RPC tg within 0.8-1.0x (it read 0.72x
+#: with 1000 µs).  An assumption checked on one machine, not a measurement of this one.
+RPC_HOST_US = 1000.0
+_RPC_US = _d(RPC_HOST_US, "µs per RPC graph split")
 #: -nkvo: every GPU layer stops the GPU twice a token: the new K/V rows copied down, the CPU's
 #: threads woken for the set_rows into the host cache (and, without flash attention, the attention
 #: ops: llama-graph.cpp ``build_attn_mha`` pins their output to ``backend_cpu``), then back.
@@ -193,6 +197,17 @@ def gpu_rows_factor(rows: float) -> float:
     """The GPU compute efficiency of a matrix multiplied by ``rows`` tokens against the default's."""
     r = max(float(GPU_ROWS_MIN), rows)
     return float(min(GPU_ROWS_MAX_GAIN, (r / GPU_ROWS_REF) ** GPU_ROWS_EXPONENT))
+
+
+def for_host(eff: Efficiencies, core_speed: float, what: str) -> Efficiencies:
+    """``eff`` with the host's work per RPC split scaled to its cores (``core_speed``: a core's compute
+    against the AVX2 figure at its clock, ``what`` says why), unless measured or calibrated."""
+    if eff.rpc_latency_us.source is not Source.DEFAULT or core_speed == 1.0 or not core_speed > 0:
+        return eff
+    us = round(RPC_HOST_US / core_speed, 1)
+    return replace(eff, rpc_latency_us=Figure(us, eff.rpc_latency_us.unit, Source.DEFAULT,
+                                              f"the host's work per split: {RPC_HOST_US:g} µs on an AVX2 "
+                                              f"core (this project's bench) / {core_speed:.3g} ({what})"))
 
 
 def defaults_for(dialect: Dialect) -> Efficiencies:

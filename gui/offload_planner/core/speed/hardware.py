@@ -145,6 +145,7 @@ class MeasuredLink:
     gbs: float
     rtt_us: float
     note: str
+    graph_us: float = 0.0  # the server's own work on one small graph split (0: not measured)
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,15 @@ def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure,
     return _pcie_figure(DEFAULT_PCIE, Source.DEFAULT, f"{dev.name}: no card or pcie= given")
 
 
+def _rpc_latency(link: MeasuredLink) -> Figure:
+    """What the probe measured of one RPC graph split: the network round trip (the activations read
+    back after an asynchronous graph compute, ggml-rpc protocol 7) and the server's work on a graph."""
+    server = f" and the server's work on a graph, {link.graph_us:.0f} µs" if link.graph_us else ""
+    return Figure(round(link.rtt_us + link.graph_us, 1), "µs per RPC graph split", Source.MEASURED,
+                  f"one network round trip per split, {link.rtt_us:.0f} µs,{server} beside the host's work "
+                  f"per split; {link.note}")
+
+
 def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
     """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults;
     ``link``: an RPC device's link as measured (used unless ``link=`` is declared)."""
@@ -216,11 +226,7 @@ def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
            else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
     rpc = dev.kind is DeviceKind.RPC
-    latency = (Figure(round(link.rtt_us, 1), "µs per RPC graph split", Source.MEASURED,
-                      f"one network round trip per split (the activations read back after an "
-                      f"asynchronous graph compute, ggml-rpc protocol 7), beside the server's own work "
-                      f"per split; {link.note}")
-               if rpc and link is not None and decl.link is None else None)
+    latency = _rpc_latency(link) if rpc and link is not None and decl.link is None else None
     return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
                        c.name if c else "", threads=decl.threads if rpc else None,
                        unified=c is not None and c.pcie is None, latency_us=latency)
