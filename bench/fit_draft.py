@@ -23,8 +23,9 @@ from typing import Any
 from offload_planner.core import speculative
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.speed.candidate import FastestResult
 from offload_planner.core.speed.efficiency import defaults_for
-from offload_planner.core.speed.fastest import FastestResult, fastest_plan
+from offload_planner.core.speed.fastest import fastest_plan
 from offload_planner.core.speed.hardware import hardware_for
 from offload_planner.core.synth import write_model
 from offload_planner.core.synth.catalog import BIG_MODELS

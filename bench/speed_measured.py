@@ -49,7 +49,7 @@ from offload_planner.core.devices import build_device_set, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.efficiency import DEFAULT, for_host
-from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_TFLOPS_PER_THREAD,
     Figure,
@@ -57,6 +57,7 @@ from offload_planner.core.speed.hardware import (
     Source,
     hardware_for,
 )
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.synth import write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random

@@ -76,11 +76,14 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
     from offload_planner.core.speculative import spec_refusals
+    from offload_planner.core.speed.candidate import over_by
     from offload_planner.core.speed.estimate import estimate
-    from offload_planner.core.speed.fastest import fastest_plan, over_by, score
+    from offload_planner.core.speed.fastest import fastest_plan
     from offload_planner.core.speed.hardware import hardware_for
+    from offload_planner.core.speed.ranking import score
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
+    from offload_planner.core.speed.tps import tps_fixed, tps_json
 
     dialect = Dialect(args.backend)
     parsed = parse_server_args(list(args.server_args), dialect=dialect)
@@ -116,8 +119,8 @@ def _run_fit(args: argparse.Namespace) -> int:
         raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
     rows = [{"label": c.label, "fits": c.fits, "verified": c.verified,
              "over": [n for n, _ in over_by(c, devices)],
-             "tg_tps": round(c.estimate.tg_tps, 3),
-             "pp_tps": round(c.estimate.pp_tps, 3), "score": score(c.estimate, args.goal)}
+             "tg_tps": tps_json(c.estimate.tg_tps),
+             "pp_tps": tps_json(c.estimate.pp_tps), "score": score(c.estimate, args.goal)}
             for c in result.candidates]
     best = result.best
     command = plan_command(best.plan) if best else []
@@ -142,11 +145,14 @@ def _run_fit(args: argparse.Namespace) -> int:
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
     width = max([35] + [len(str(r["label"])) for r in rows])  # "fastest (-ub 4096, own -ts, split layers)"
-    print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>8} {'pp t/s':>8}")
-    for r in rows:
+    # the JSON's figures (three decimals from 0.1 t/s, three significant figures below), as before
+    cells = [(tps_fixed(float(r["tg_tps"]), 2), tps_fixed(float(r["pp_tps"]), 1)) for r in rows]  # type: ignore[arg-type]
+    w = max([8] + [len(t) for cell in cells for t in cell])  # "< 0.000001": wider than 8
+    print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>{w}} {'pp t/s':>{w}}")
+    for r, (tg, pp) in zip(rows, cells, strict=True):
         mark = "*" if best and r["label"] == best.label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
-        print(f"{mark}{r['label']:{width}} {fits:5} {r['tg_tps']:8.2f} {r['pp_tps']:8.1f}"
+        print(f"{mark}{r['label']:{width}} {fits:5} {tg:>{w}} {pp:>{w}}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")

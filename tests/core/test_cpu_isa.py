@@ -18,13 +18,14 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.cpu_isa import GAINS, CpuInfo, Isa, parse_proc_cpuinfo, parse_sysctl
-from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_TFLOPS_PER_THREAD,
     Source,
     hardware_for,
     host_speed,
 )
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.synth import BIG_MODELS, QuantMix, write_model
 
 # An AVX2 desktop (Comet Lake: no AVX-512), as /proc/cpuinfo prints its first processor

@@ -12,8 +12,10 @@ import pytest
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
-from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan, score
+from offload_planner.core.speed.candidate import DEFAULT_MARGIN
+from offload_planner.core.speed.fastest import fastest_plan
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.speed.ranking import score
 from offload_planner.core.units import GiB
 
 RES = Path(__file__).resolve().parents[2] / "resources"
@@ -148,7 +150,8 @@ def test_optimistic_predictions_are_caught_by_the_full_projection(qwen: Model) -
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.speed.efficiency import defaults_for
-    from offload_planner.core.speed.fastest import _Search, variant
+    from offload_planner.core.speed.fastest import _Search
+    from offload_planner.core.speed.variants import variant
 
     ds = _devices("12GiB,bw=936GB/s,pcie=4x16,tflops=142")
     s = _Search(qwen, ds, ["-c", "16384"], "llama.cpp", parse_server_args, hardware_for(ds), defaults_for(
@@ -212,7 +215,7 @@ def test_kv_choices_follow_llama_cpp_rules(qwen: Model) -> None:
     gave is kept."""
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.plan import plan_from_args
-    from offload_planner.core.speed.fastest import kv_choices
+    from offload_planner.core.speed.variants import kv_choices
 
     ds = _devices("rtx3090")
     ds3 = open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
@@ -234,7 +237,7 @@ def test_compute_buffers_between_two_ubatches_are_predicted_by_a_straight_line()
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.plan import plan_from_args
-    from offload_planner.core.speed.fastest import interpolate
+    from offload_planner.core.speed.evaluator import interpolate
 
     m = open_model(str(RES / "DeepSeek-V3-Q4_K_M.header.gguf"))
     ds = _devices("rtx3090", "rtx3090", "rtx3090", "rtx3090")

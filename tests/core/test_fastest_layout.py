@@ -17,9 +17,11 @@ from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
-from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan, score
+from offload_planner.core.speed.candidate import DEFAULT_MARGIN
+from offload_planner.core.speed.fastest import fastest_plan
 from offload_planner.core.speed.hardware import hardware_for
 from offload_planner.core.speed.layout import LayerCost, Speeds, best_layout
+from offload_planner.core.speed.ranking import score
 
 RES = Path(__file__).resolve().parents[2] / "resources"
 BASE = ["-c", "32768", "-t", "32"]  # the bench's command

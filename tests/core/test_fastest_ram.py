@@ -14,7 +14,8 @@ from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan
+from offload_planner.core.speed.candidate import DEFAULT_MARGIN
+from offload_planner.core.speed.fastest import fastest_plan
 from offload_planner.core.speed.hardware import hardware_for
 from offload_planner.core.units import GiB
 

@@ -184,7 +184,8 @@ def test_fit_targets_use_the_backend_registry_index(files: dict[str, Path]) -> N
 
 
 def test_fastest_plan_leaves_room_for_the_projector(files: dict[str, Path]) -> None:
-    from offload_planner.core.speed.fastest import DEFAULT_MARGIN, fastest_plan
+    from offload_planner.core.speed.candidate import DEFAULT_MARGIN
+    from offload_planner.core.speed.fastest import fastest_plan
     from offload_planner.core.speed.hardware import hardware_for
 
     qwen = open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))

@@ -20,9 +20,10 @@ from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.efficiency import DEFAULT, calibrated, gpu_rows_factor
-from offload_planner.core.speed.estimate import estimate, split_pairs, ubatch_sweep
+from offload_planner.core.speed.estimate import estimate, ubatch_sweep
 from offload_planner.core.speed.hardware import Source, hardware_for
 from offload_planner.core.speed.report import speed_json, speed_label, speed_lines
+from offload_planner.core.speed.splits import split_pairs
 from offload_planner.core.units import GiB
 
 RES = Path(__file__).resolve().parents[2] / "resources"

@@ -23,16 +23,13 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.efficiency import DEFAULT
-from offload_planner.core.speed.estimate import (
-    HOST_KV_PART,
-    _bandwidth,
-    estimate,
-    host_kv_layers,
-    kv_bytes_at,
-    tg_tps,
-)
+from offload_planner.core.speed.estimate import estimate, tg_tps
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.speed.nkvo import host_kv_layers
+from offload_planner.core.speed.rates import _bandwidth
+from offload_planner.core.speed.reads import kv_bytes_at
 from offload_planner.core.speed.report import speed_lines
 from offload_planner.core.synth import BIG_MODELS, write_model
 

@@ -31,7 +31,7 @@ from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
-from offload_planner.core.speed.estimate import token_split_pairs
+from offload_planner.core.speed.splits import token_split_pairs
 
 RES = Path(__file__).resolve().parents[2] / "resources"
 TWO_GPUS = (parse_device_decl("CUDA0=80GiB"), parse_device_decl("CUDA1=80GiB"))

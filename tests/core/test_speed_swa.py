@@ -16,8 +16,9 @@ from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_de
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.plan import Plan, plan_from_args
-from offload_planner.core.speed.estimate import estimate, kv_bytes_at
+from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.speed.reads import kv_bytes_at
 
 GiB = 1024**3
 CPU_ONLY = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())

@@ -10,7 +10,7 @@ from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
-from offload_planner.core.speed.estimate import HOST_KV_PART
+from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.ui.settings import Settings
 
 RES = Path(__file__).resolve().parents[2] / "resources"

@@ -98,6 +98,45 @@ def test_fastest_plan_quantizes_the_kv_cache_only_when_checked(qtbot: QtBot, set
         win.close()
 
 
+def test_fastest_plan_keeps_the_kv_cache_in_ram_only_when_checked(qtbot: QtBot, settings: Settings) -> None:
+    """`fit --allow-nkvo` had no counterpart in the window: Qwen3-30B with a 131072-token f16 cache
+    on one 8 GiB card does not fit even with every routed expert on the CPU, and Fastest plan said
+    "Nothing fits". With the box checked it puts the cache in RAM (-nkvo), one undo step, and the
+    card fits by the plan's own projection; the box stays checked when the menu is rebuilt."""
+    win = make_window(qtbot, settings, system_info("CUDA0=8GiB,bw=936GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        doc = win.doc
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 131072")
+        wait_projected(qtbot, win)
+        menu = win.presets_menu
+        menu._build()
+        [box] = [a for a in menu.actions() if "-nkvo" in a.text()]
+        assert box.isCheckable() and not box.isChecked()
+        messages: list[str] = []
+        menu.message.connect(messages.append)
+        before, steps = doc.plan, doc.undo_stack.count()
+        assert not menu.fastest()
+        assert doc.plan == before and messages[-1].startswith("Nothing fits these devices")
+        box.trigger()
+        assert menu.allow_nkvo
+        assert menu.fastest()
+        assert doc.undo_stack.count() == steps + 1
+        assert before.context.offload_kqv and not doc.plan.context.offload_kqv
+        assert "K/V cache in RAM (-nkvo)" in messages[-1]
+        gpu = doc.plan.devices.gpus[0]
+        fresh = doc.plan.projection().device("CUDA0")
+        assert fresh.resident() + (gpu.margin or 1024**3) <= (gpu.capacity or 0)
+        assert not any(b.kind == "kv" for b in fresh.buffers)
+        qtbot.waitUntil(lambda: "-nkvo" in win.command_pane.text.toPlainText())
+        doc.undo_stack.undo()
+        assert doc.plan == before
+        menu._build()  # the menu is rebuilt when shown: the box stays checked
+        assert next(a for a in menu.actions() if "-nkvo" in a.text()).isChecked()
+    finally:
+        win.close()
+
+
 def test_fastest_plan_says_the_users_ot_rule_holds_the_experts(qtbot: QtBot, settings: Settings) -> None:
     win = make_window(qtbot, settings, system_info("CUDA0=80GiB,bw=2000GB/s", cpu_gib=256))
     try:
@@ -260,5 +299,34 @@ def test_ubatch_plot_names_the_fastest_ub_that_fits(qtbot: QtBot, settings: Sett
         assert "-ub 4096 would give" in text and "does not fit: CUDA0 cannot hold" in text
         brushes = plot.pp_curve.opts["symbolBrush"]  # the point that does not fit is drawn hollow
         assert brushes[-1].style() == Qt.BrushStyle.NoBrush and brushes[-2].style() != Qt.BrushStyle.NoBrush
+    finally:
+        win.close()
+
+
+def test_a_slow_declared_gpu_reads_as_the_command_line_writes_it(qtbot: QtBot, settings: Settings) -> None:
+    """A GPU declared at 1 MB/s (`bw=0.001GB/s`): the speed line gives the same figures as `plan`
+    prints for the same command (0.000391 t/s, not 3.91e-07 or 0.0), and the Speed tab's -ub sweep
+    names its fastest pp in significant figures (it wrote "0 t/s")."""
+    from tests.test_cli_plan_input import run
+
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB,bw=0.001GB/s", cpu_gib=256))
+    try:
+        open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -ngl 99 -c 4096")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: "CUDA0\u00a0100%" in win.speed_label.text())
+        m = LABEL.fullmatch(win.speed_label.text())
+        assert m, win.speed_label.text()
+        cli = run("plan", str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"), "--no-detect", "--device",
+                  "CUDA0=24GiB,bw=0.001GB/s", "--device", "CPU=256GiB", "--", "-ngl", "99", "-c", "4096")
+        line = re.search(r"tg (\S+) t/s at depth 0, \S+ t/s at 4096 tokens; pp (\S+) t/s", cli.stdout)
+        assert line, cli.stdout + cli.stderr
+        assert (m.group(1), m.group(2)) == line.groups()
+        assert float(m.group(1)) < 0.001 and "e-" not in m.group(0)
+        plot = win.ubatch_plot
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        best = max(p.pp_tps for p in plot.points if p.fits)
+        assert best < 1 and f": {rate_text(best)} t/s," in plot.status.text(), plot.status.text()
     finally:
         win.close()

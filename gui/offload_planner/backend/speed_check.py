@@ -22,8 +22,10 @@ from offload_planner.backend.server_bench import (
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware, record_efficiencies
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.calibrate import Calibration, calibrate
-from offload_planner.core.speed.estimate import SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import estimate
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.speculation import with_speculation
+from offload_planner.core.speed.tps import tps_fixed, tps_json
 
 
 @dataclass
@@ -40,9 +42,9 @@ class SpeedCheck:
         out = [
             f"speed: measured against estimated ({cal}), {m.prompt_tokens}-token prompt, "
             f"{m.gen_tokens} generated tokens",
-            f"  pp  {m.pp_tps:9.2f} t/s measured  {e.pp_tps:9.2f} t/s estimated  "
+            f"  pp  {m.pp_tps:9.2f} t/s measured  {tps_fixed(e.pp_tps, 2):>9} t/s estimated  "
             f"(estimate / measured {e.pp_tps / m.pp_tps:.2f})",
-            f"  tg  {m.tg_tps:9.2f} t/s measured  {e.tg_tps:9.2f} t/s estimated  "
+            f"  tg  {m.tg_tps:9.2f} t/s measured  {tps_fixed(e.tg_tps, 2):>9} t/s estimated  "
             f"(estimate / measured {e.tg_tps / m.tg_tps:.2f})",
         ]
         out += [f"  calibration: {n}" for n in self.calibration.notes]
@@ -54,8 +56,8 @@ class SpeedCheck:
     def as_json(self) -> dict[str, Any]:
         return {
             "measured": self.measured.as_dict(),
-            "estimated": {"pp_tps": round(self.estimated.pp_tps, 3),
-                          "tg_tps": round(self.estimated.tg_tps, 3),
+            "estimated": {"pp_tps": tps_json(self.estimated.pp_tps),
+                          "tg_tps": tps_json(self.estimated.tg_tps),
                           "calibrated": self.estimated.calibrated},
             "calibration": dict(self.calibration.values), "stored": self.stored,
         }

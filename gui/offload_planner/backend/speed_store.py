@@ -35,7 +35,7 @@ from offload_planner.core.plan import Plan
 from offload_planner.core.speed.cpu_isa import CpuInfo, parse_proc_cpuinfo, parse_sysctl
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for, for_host
-from offload_planner.core.speed.estimate import DEFAULT_PROMPT, SpeedEstimate, estimate
+from offload_planner.core.speed.estimate import DEFAULT_PROMPT, estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_GHZ,
     Figure,
@@ -45,6 +45,7 @@ from offload_planner.core.speed.hardware import (
     Threads,
     hardware_for,
 )
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.speculation import with_speculation
 
 FILE_NAME = "speed.json"

@@ -188,9 +188,9 @@ def parse_device_decl(text: str) -> Device:
         kind = kind_of(name)
     except PlannerError as e:
         raise PlannerError(f"--device {text!r}: {e}") from None
-    parts = [p.strip() for p in rest.split(",") if p.strip()]
     hardware: list[tuple[str, str]] = []
     try:
+        parts = _fields(text, text.index("=") + 1)
         first = card(parts[0]) if parts else None
         if first is not None:
             hardware.append(("card", first.key))
@@ -227,6 +227,23 @@ def parse_device_decl(text: str) -> Device:
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
                   hardware=tuple(hardware))
+
+
+def _fields(text: str, start: int) -> list[str]:
+    """The comma-separated fields after ``NAME=`` (``start``: where they begin in ``text``), stripped.
+    An empty one (``24GiB,,bw=900GB/s``, a comma at the end) is refused naming its place: it was
+    dropped silently, so a field lost in an edit went unnoticed."""
+    parts = text[start:].split(",")
+    at = start
+    for i, p in enumerate(parts):
+        if not p.strip():
+            if len(parts) == 1:
+                raise ValueError("nothing after '=': expected a size or a card, e.g. 24GiB or rtx3090")
+            where = ("a comma at the end" if i == len(parts) - 1 and i else
+                     "a comma right after '='" if i == 0 else f"nothing between the commas at character {at}")
+            raise ValueError(f"field {i + 1} is empty ({where}): remove the extra comma")
+        at += len(p) + 1
+    return [p.strip() for p in parts]
 
 
 #: keys only the host's figures read (its RAM, compute threads, cores, clock, instruction set); an RPC

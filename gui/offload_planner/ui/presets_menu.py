@@ -24,7 +24,7 @@ from offload_planner.core.plan import Plan
 from offload_planner.ui.document import PlanDocument
 
 if TYPE_CHECKING:  # the search is imported when first used
-    from offload_planner.core.speed.fastest import FastestResult
+    from offload_planner.core.speed.candidate import FastestResult
 
 
 class MoveLayersDialog(QDialog):
@@ -65,6 +65,7 @@ class PresetsMenu(QMenu):
         super().__init__("Presets", parent)
         self._doc = doc
         self.allow_kv_quant = False  # the Fastest plan may make an f16 KV cache q8_0
+        self.allow_nkvo = False  # the Fastest plan may keep the KV cache in RAM (-nkvo)
         self.setToolTipsVisible(True)  # a QMenu hides its actions' tooltips unless told
         self.aboutToShow.connect(self._build)
         self._build()
@@ -107,6 +108,14 @@ class PresetsMenu(QMenu):
                           "quantized V cache only with flash attention, as llama.cpp requires. Off: your "
                           "KV cache types are kept")
             kv.toggled.connect(self._set_allow_kv_quant)
+            nkvo = self.addAction("Fastest plan may keep the K/V cache in RAM (-nkvo)")
+            nkvo.setCheckable(True)
+            nkvo.setChecked(self.allow_nkvo)
+            nkvo.setToolTip("Let Fastest plan try the K/V cache in system RAM (-nkvo): its GPU memory "
+                            "left to routed experts, the attention's round trips to the host counted in "
+                            "the estimate; it wins mostly where the cache alone would not fit the GPUs. "
+                            "Off: the cache stays where your command puts it")
+            nkvo.toggled.connect(self._set_allow_nkvo)
         if doc.plan.dialect.fits_by_default and doc.plan.devices.gpus:
             fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
             fit.setToolTip("The pinned llama-server fits by default: -c, -ngl, -ts and expert overrides "
@@ -193,13 +202,17 @@ class PresetsMenu(QMenu):
     def _set_allow_kv_quant(self, on: bool) -> None:
         self.allow_kv_quant = on
 
+    def _set_allow_nkvo(self, on: bool) -> None:
+        self.allow_nkvo = on
+
     def fastest(self) -> bool:
         from PySide6.QtCore import Qt
         from PySide6.QtWidgets import QApplication
 
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
-            result = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant)
+            result = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant,
+                                  allow_nkvo=self.allow_nkvo)
         except Exception as e:  # a core bug must not take the window down
             self.message.emit(f"The fastest plan could not be searched: {type(e).__name__}: {e}")
             return False
@@ -216,6 +229,8 @@ class PresetsMenu(QMenu):
             return False
         c, was = best.context, self._doc.plan.context
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
+        if was.offload_kqv and not c.offload_kqv:
+            kv += ", K/V cache in RAM (-nkvo)"
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
         gain = _speed_change(self._doc.plan, best)
         self._doc.replace_plan(best, "Fastest plan")
@@ -277,11 +292,12 @@ def _moved_count(plan: Plan) -> int:
     return sum(1 for p in plan.placement().items if not p.copy and p.device != base.get(p.tensor.name))
 
 
-def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False) -> FastestResult:
+def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = False,
+                 allow_nkvo: bool = False) -> FastestResult:
     """The fastest plan that fits every device, RAM included (core.speed.fastest), from this plan, on
     the devices' declared figures and this machine's cached RAM probe: its ``best`` with its full
     projection, None when nothing fits (``why`` says which device, by how much).
-    ``allow_kv_quant``: the KV cache may become q8_0."""
+    ``allow_kv_quant``: the KV cache may become q8_0; ``allow_nkvo``: it may go to RAM (-nkvo)."""
     from offload_planner.backend.speed_store import efficiencies_for, host_bandwidth, machine_cpu, threads_in
     from offload_planner.core.speed.fastest import fastest_from_plan
     from offload_planner.core.speed.hardware import hardware_for
@@ -289,5 +305,5 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
     hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False),
                       cpu=machine_cpu(plan.devices))
     result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
-                               allow_kv_quant=allow_kv_quant)
+                               allow_kv_quant=allow_kv_quant, allow_nkvo=allow_nkvo)
     return result

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from offload_planner.core.speed.tps import tps_text
+
 
 def rate_text(x: float) -> str:
     """Three significant figures below 100 t/s (0.532, 2.45, 23.6: "0.5" and "2.5" hid changes of a
-    few percent on a big model in RAM, "2.5 → 2.5"), whole numbers above."""
-    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+    few percent on a big model in RAM, "2.5 → 2.5"), whole numbers above, plain decimals for a slow
+    plan (0.0000391): :func:`offload_planner.core.speed.tps.tps_text`, as the commands write them."""
+    return tps_text(x)
 
 
 def change_text(now: float, then: float) -> str:

@@ -12,8 +12,9 @@ from PySide6.QtWidgets import QLabel, QWidget
 
 from offload_planner.backend.speed_store import plan_speed
 from offload_planner.core.errors import PlannerError
-from offload_planner.core.speed.estimate import HOST_KV_PART, SpeedEstimate
+from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.report import speed_lines
+from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.memory_view import bar_figures
 from offload_planner.ui.rates import rate_text as _rate

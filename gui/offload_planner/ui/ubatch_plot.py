@@ -17,8 +17,9 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWi
 
 from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.estimate import HOST_KV_PART
+from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.sweep import UBATCHES, UbPoint, fastest_fitting, ubatch_tradeoff
+from offload_planner.core.speed.tps import tps_fixed
 from offload_planner.core.units import GiB
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.eliding_label import ElidingLabel
@@ -196,15 +197,17 @@ def ub_status(points: list[UbPoint]) -> str:
     best_fit, faster = fastest_fitting(points)
     if best_fit is None:
         best = max(points, key=lambda p: p.pp_tps)
-        return (f"{IF_IT_FIT}fastest prompt processing at -ub {best.n_ubatch}: {best.pp_tps:.0f} t/s, "
+        return (f"{IF_IT_FIT}fastest prompt processing at -ub {best.n_ubatch}: "
+                f"{tps_fixed(best.pp_tps, 0)} t/s, "
                 f"{best.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers (no -ub fits: "
                 f"{', '.join(best.over)} over capacity)")
-    text = (f"fastest prompt processing that fits at -ub {best_fit.n_ubatch}: {best_fit.pp_tps:.0f} t/s, "
+    text = (f"fastest prompt processing that fits at -ub {best_fit.n_ubatch}: "
+            f"{tps_fixed(best_fit.pp_tps, 0)} t/s, "
             f"{best_fit.gpu_compute_bytes / GiB:.2f} GiB of GPU compute buffers")
     if best_fit.pp_bottleneck.startswith(HOST_KV_PART):  # -nkvo: say what holds it back
         text += f" (bottleneck: {best_fit.pp_bottleneck})"
     if faster is not None:
-        text += (f"; -ub {faster.n_ubatch} would give {faster.pp_tps:.0f} t/s but does not fit: "
+        text += (f"; -ub {faster.n_ubatch} would give {tps_fixed(faster.pp_tps, 0)} t/s but does not fit: "
                  f"{', '.join(faster.over)} cannot hold its {faster.gpu_compute_bytes / GiB:.2f} GiB of "
                  "compute buffers")
     return text

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.speed.efficiency import Efficiencies
-from offload_planner.core.speed.estimate import SpeedEstimate
 from offload_planner.core.speed.hardware import DeviceSpeed, Hardware, Source
+from offload_planner.core.speed.result import SpeedEstimate
 
 #: A measurement that moves an efficiency by more than this factor either way is not what the
 #: model describes (a busy machine, swapping, a wrong declaration): it is not stored.
@@ -85,7 +85,7 @@ def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: fl
             _rescale(cal, eff, "link", est.pp_transfer_ms / 1e3, total_est, total_meas,
                      "pp (op-offload copies)")
         else:
-            # a CPU's reads add to its compute (estimate._microbatch): only the compute scales, and
+            # a CPU's reads add to its compute (pp._microbatch): only the compute scales, and
             # the reads take the bandwidth the tg measurement just calibrated
             reads = d.pp_reads_ms / 1e3
             bw_name = _bandwidth_name(hw[d.name], eff)

@@ -128,7 +128,7 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 #: a median 4x (https://github.com/ikawrakow/ik_llama.cpp/pull/683, /pull/518, /issues/1752,
 #: /pull/259, /pull/612): its default CPU compute efficiency is 4 x 0.5.  Re-checked with each
 #: record's CPU at its vendor base clock (``ghz=``, core.speed.hardware.DEFAULT_CPU_GHZ) and a CPU
-#: micro-batch's compute and reads added (estimate._microbatch): the same five records (all at odd
+#: micro-batch's compute and reads added (pp._microbatch): the same five records (all at odd
 #: positions of the set) then put the estimate a median 0.99x of the measured at 2.0 (at 1.77 with
 #: the clocks alone, the reads overlapped).
 #: Those five records' CPUs are all AVX-512 with VNNI (Ryzen-7950X and EPYC 9004/9005: Zen 4/5; Xeon

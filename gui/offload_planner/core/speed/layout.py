@@ -32,8 +32,10 @@ from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies
-from offload_planner.core.speed.estimate import _bandwidth, _split_seconds, expert_fraction, token_bytes
 from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.rates import _bandwidth
+from offload_planner.core.speed.reads import expert_fraction, token_bytes
+from offload_planner.core.speed.splits import _split_seconds
 
 
 @dataclass(frozen=True)

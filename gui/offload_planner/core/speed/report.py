@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from offload_planner.core.speed.estimate import SpeedEstimate
+from offload_planner.core.speed.result import SpeedEstimate
+from offload_planner.core.speed.tps import tps_json
+from offload_planner.core.speed.tps import tps_text as _tps
 from offload_planner.core.units import fmt_bytes
-
-
-def _tps(x: float) -> str:
-    """Three significant figures below 100 t/s, whole numbers above: as the window writes them
-    (``ui.rates.rate_text``); one decimal wrote 0.532 t/s as "0.5"."""
-    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
 
 
 def _with_spec(est: SpeedEstimate) -> str:
@@ -78,10 +74,10 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
 
 def speed_json(est: SpeedEstimate) -> dict[str, Any]:
     return {
-        "tg_tps": round(est.tg_tps, 3),
-        "tg_tps_at_ctx": round(est.tg_tps_at_ctx, 3),
+        "tg_tps": tps_json(est.tg_tps),
+        "tg_tps_at_ctx": tps_json(est.tg_tps_at_ctx),
         "ctx": est.n_ctx,
-        "pp_tps": round(est.pp_tps, 3),
+        "pp_tps": tps_json(est.pp_tps),
         "prompt": est.prompt,
         "n_ubatch": est.n_ubatch,
         "op_offload": est.op_offload,
@@ -109,8 +105,8 @@ def _depth_json(est: SpeedEstimate) -> dict[str, Any]:
     """With ``--depth D``: pp of the prompt and tg after D tokens of context."""
     if not est.depth or est.pp_tps_at_depth is None or est.tg_tps_at_depth is None:
         return {}
-    return {"depth": est.depth, "pp_tps_at_depth": round(est.pp_tps_at_depth, 3),
-            "tg_tps_at_depth": round(est.tg_tps_at_depth, 3)}
+    return {"depth": est.depth, "pp_tps_at_depth": tps_json(est.pp_tps_at_depth),
+            "tg_tps_at_depth": tps_json(est.tg_tps_at_depth)}
 
 
 def _spec_json(est: SpeedEstimate) -> dict[str, Any]:
@@ -120,8 +116,8 @@ def _spec_json(est: SpeedEstimate) -> dict[str, Any]:
     if sp is None:
         return {}
     return {
-        "tg_tps_plain": round(sp.tg_tps_plain, 3),
-        "tg_tps_at_ctx_plain": round(sp.tg_tps_at_ctx_plain, 3),
+        "tg_tps_plain": tps_json(sp.tg_tps_plain),
+        "tg_tps_at_ctx_plain": tps_json(sp.tg_tps_at_ctx_plain),
         "speculative": {"kind": sp.kind, "n_draft": sp.n_draft, "accept": sp.accept.value,
                         "accept_source": str(sp.accept.source), "accept_note": sp.accept.note,
                         "tokens_per_step": round(sp.tokens_per_step, 4), "step_ms": round(sp.step_ms, 4),

@@ -28,25 +28,18 @@ from offload_planner.core.placement import Placed, Placement, place
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies
-from offload_planner.core.speed.estimate import (
-    Assumption,
-    SpeedEstimate,
-    _effective_bandwidth,
-    _link,
-    compute_tflops,
-    expert_fraction,
+from offload_planner.core.speed.estimate import tg_tps
+from offload_planner.core.speed.hardware import Figure, Hardware, Source
+from offload_planner.core.speed.nkvo import (
     host_kv_layers,
     host_kv_seconds,
-    kv_bytes_at,
     kv_copy_seconds,
-    kv_read_at,
     nkvo_attention_on_gpu,
-    one_token_offload,
-    split_pairs,
-    tg_tps,
-    token_split_pairs,
 )
-from offload_planner.core.speed.hardware import Figure, Hardware, Source
+from offload_planner.core.speed.rates import _effective_bandwidth, _link, compute_tflops
+from offload_planner.core.speed.reads import expert_fraction, kv_bytes_at, kv_read_at
+from offload_planner.core.speed.result import Assumption, SpeedEstimate
+from offload_planner.core.speed.splits import one_token_offload, split_pairs, token_split_pairs
 
 #: Per drafted token.  ggml-org/llama.cpp PR 25980 (GLM-5.2 MTP, ``draft-mtp`` at the default
 #: ``--spec-draft-n-max 3``), https://github.com/ggml-org/llama.cpp/pull/25980 : "Acceptance is healthy

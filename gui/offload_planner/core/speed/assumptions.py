@@ -1,0 +1,56 @@
+"""What an estimate rests on: each figure it used and where it came from, and the warning when this
+machine's compute threads outnumber its cores."""
+
+from __future__ import annotations
+
+from offload_planner.core.devices import DeviceKind
+from offload_planner.core.placement import Placement
+from offload_planner.core.plan import Plan
+from offload_planner.core.speed.efficiency import Efficiencies
+from offload_planner.core.speed.hardware import Figure, Hardware, Source
+from offload_planner.core.speed.rates import _bandwidth, _is_gpu
+from offload_planner.core.speed.reads import _running
+from offload_planner.core.speed.result import Assumption
+
+
+def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
+    used = {p.device for p in _running(placement) if p.device is not None}
+    used.add(placement.output_device)
+    out: list[Assumption] = []
+    for name in plan.devices.names:
+        if name not in used:
+            continue
+        d = hw[name]
+        out += _bandwidth(d, eff)[1]
+        out.append(Assumption(f"{name} compute", d.tflops))
+        out.append(Assumption(f"{name} compute efficiency",
+                              eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute))
+        if d.kind is not DeviceKind.CPU:
+            out.append(Assumption(f"{name} host link", d.link))
+    if any(_is_gpu(hw[n]) for n in used):
+        out.append(Assumption("a GPU layer's fixed time a token", eff.gpu_layer_us))
+    out.append(Assumption("link efficiency", eff.link))
+    out.append(Assumption("graph split latency", eff.split_latency_us))
+    if any(hw[n].kind is DeviceKind.RPC for n in used):
+        out.append(Assumption("RPC split latency", eff.rpc_latency_us))
+    for n in used:
+        lat = hw[n].latency_us
+        if lat is not None:
+            out.append(Assumption(f"{n} RPC round trip per split", lat))
+    if plan.placement_options.split_mode in ("row", "tensor"):
+        out.append(Assumption(f"-sm {plan.placement_options.split_mode} estimated as -sm layer",
+                              Figure(1, "x", Source.DEFAULT, "devices summed, not run in parallel")))
+    return out
+
+
+def thread_warnings(hw: Hardware) -> list[str]:
+    """More compute threads than physical cores on this machine: said, with the slowdown assumed."""
+    t = hw.threads
+    if t is None or not t.oversubscribed:
+        return []
+    free = t.cores - sum(t.rpc.values())
+    fix = (f"-t {free} (the cores left beside the rpc-servers)" if t.rpc and free >= 1
+           else f"-t {t.cores}" if not t.rpc else "fewer rpc-server threads (rpc-server -t)")
+    return [f"{t.describe()}: oversubscribed; the estimate gives each thread {t.share:.2f} of a core, "
+            f"{', '.join(t.local)} {1 / t.share:.2f}x slower (llama.cpp's threads wait for each other at "
+            f"every op: a busy machine is slower still); consider {fix}"]

@@ -1,0 +1,260 @@
+"""Prompt processing of ``N`` tokens in ``-ub`` micro-batches: each device computes
+``2 x params x tokens`` FLOPs for its weights (routed experts by ``n_expert_used / n_expert``)
+plus attention over the cache, at its effective TFLOPS, and reads its weights once per
+micro-batch; at or above the op-offload batch (``compute.OP_OFFLOAD_MIN_BATCH``, 32 for CUDA;
+ik_llama.cpp: MoE ops only when ``batch x n_expert_used >= 32 x n_expert``) the host-resident
+weights are copied to the first GPU that offloads, once per micro-batch, over its host link, and
+computed there.  Mainline copies only the experts the batch routes to (``used_ids`` in
+``ggml_backend_sched_compute_splits``): with uniform routing a share ``1 - (1 - k/n)^batch``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
+from offload_planner.core.devices import DeviceKind
+from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
+from offload_planner.core.memory import resolve_context
+from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.plan import Plan
+from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
+from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
+from offload_planner.core.speed.hardware import Hardware
+from offload_planner.core.speed.nkvo import (
+    host_kv_layers,
+    host_kv_seconds,
+    kv_copy_seconds,
+    nkvo_attention_on_gpu,
+)
+from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops, cpu_isa_gain
+from offload_planner.core.speed.reads import _running, expert_fraction
+from offload_planner.core.speed.splits import _pp_splits, token_split_pairs
+
+if TYPE_CHECKING:
+    from offload_planner.core.dialects.base import Dialect
+
+
+@dataclass
+class _Work:
+    """What one device's weights cost a micro-batch, summed once per placement: elements and bytes of
+    four parts, by index ``routed expert | 2 x refused`` (always-active matrices or routed experts; ops
+    the GPU may take, or host weights whose ops it refuses and so never offloads: ik's row-interleaved
+    types, core.ik_repack)."""
+
+    el: list[float] = field(default_factory=lambda: [0.0] * 4)
+    nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
+    cpu_el: list[float] = field(default_factory=lambda: [0.0] * 4)  # el x the type's CPU cost (cpu_cost)
+    #: bytes as op offload's copy costs them: a host weight outside a pinned buffer counts
+    #: 1 / ``Efficiencies.pageable_copy`` (:func:`copy_weight`)
+    copy_nb: list[float] = field(default_factory=lambda: [0.0] * 4)
+
+    def parts(self) -> Iterator[tuple[float, float, bool, bool, float, float]]:
+        """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost, bytes
+        weighted by their copy cost)."""
+        for i in range(4):
+            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i], self.copy_nb[i]
+
+
+def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
+    """Host weights whose ops no GPU takes (ik: a file's row-interleaved type the build's CUDA backend
+    cannot multiply, and with -rtr every weight repacked into such a type), as ``compute_ik`` rules."""
+    host = [(it.tensor.name, it.tensor.shape, it.tensor.type.name) for it in placement.items
+            if it.device == CPU and not it.copy]
+    refused = interleaved_off_gpu(host, plan.dialect.cuda_multiplies_r4)
+    return (refused | repacked_off_gpu(host)) if plan.context.repack else refused
+
+
+def copy_weight(buft: str | None, eff: Efficiencies) -> float:
+    """Cost of a host weight's byte in op offload's copy to the GPU against a pinned one (1): a
+    ``<GPU>_Host`` buffer is pinned; a plain CPU buffer (``CPU``, mmap'd ``CPU_Mapped``, repacked
+    ``CPU_REPACK``) is pageable, copied through the driver's staging buffer at ``pageable_copy`` of the
+    rate (llama-model-loader.cpp: with mmap, CPU weights never take the host buffer type)."""
+    return 1.0 if buft is not None and buft.endswith("_Host") else 1.0 / eff.pageable_copy.value
+
+
+def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
+          eff: Efficiencies | None = None, isa_gain: float = 1.0) -> dict[str, _Work]:
+    out: dict[str, _Work] = defaultdict(_Work)
+    costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
+    eff = eff or defaults_for(dialect)
+    embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
+    for p in _running(placement):
+        t = p.tensor
+        if len(t.shape) < 2 or (t.role is embd and not p.copy):
+            continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
+        assert p.device is not None
+        w = out[p.device]
+        i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
+        n, nb = t.n_elements, t.nbytes
+        key = (t.type.name, p.buft)
+        cost = costs.get(key)
+        if cost is None:
+            cost = costs[key] = (cpu_cost(key[0], dialect, isa_gain), copy_weight(p.buft, eff))
+        w.el[i] += n
+        w.nbytes[i] += nb
+        w.cpu_el[i] += n * cost[0]
+        w.copy_nb[i] += nb * cost[1]
+    return out
+
+
+def _offload_gpu(plan: Plan, placement: Placement) -> tuple[str | None, int | None]:
+    """The first of the model's GPUs that takes host-weight ops, and its batch threshold (the weights it
+    refuses are told apart by ``refused_by_gpu``)."""
+    if not plan.context.op_offload:
+        return None, None
+    for g in model_gpus(plan.devices, placement):
+        n = OP_OFFLOAD_MIN_BATCH.get(g.kind)
+        if n is not None:
+            return g.name, n
+    return None, None
+
+
+@dataclass
+class _PPParts:
+    device_s: dict[str, float]
+    transfer_s: float
+    split_s: float
+    offload: bool
+    attn_s: dict[str, float] = field(default_factory=dict)  # of device_s: attention FLOPs over compute
+    host_kv_s: float = 0.0  # of split_s: -nkvo's round trips and cache copies
+    reads_s: dict[str, float] = field(default_factory=dict)  # of device_s: a CPU's reads (added to compute)
+
+
+#: a micro-batch's weights: FLOPs and bytes read per device, bytes copied to the op-offload GPU
+_Weighed = tuple[dict[str, float], dict[str, float], float]
+
+
+def _weighed(plan: Plan, hw: Hardware, work: dict[str, _Work],
+             offload_to: tuple[str | None, int | None]) -> Callable[[int], _Weighed]:
+    """What the weights cost a micro-batch of ``u`` tokens (worked out once per ``u``: a prompt's
+    micro-batches share it; their attention and KV reads differ)."""
+    memo: dict[int, _Weighed] = {}
+
+    def of(u: int) -> _Weighed:
+        got = memo.get(u)
+        if got is None:
+            got = memo[u] = _weights_work(plan, hw, work, offload_to, u)
+        return got
+
+    return of
+
+
+def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: tuple[str | None, int | None],
+                  u: int) -> _Weighed:
+    s = plan.model.summary
+    frac = expert_fraction(plan.model)
+    gpu, threshold = offload_to
+    hit = 1.0 - (1.0 - frac) ** u  # share of experts at least one token of the batch routes to
+    flops: dict[str, float] = defaultdict(float)
+    reads: dict[str, float] = defaultdict(float)
+    transfer = 0.0
+    dense_off = gpu is not None and threshold is not None and u >= threshold
+    whole = plan.dialect.copies_whole_experts
+    gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
+    exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
+    for dev, w in work.items():
+        for el, nb, is_exp, may, cpu_el, copy_nb in w.parts():
+            if not el:
+                continue
+            where = dev
+            if dev == CPU and may and (exp_off if is_exp else dense_off):
+                assert gpu is not None
+                # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
+                transfer += copy_nb * (hit if is_exp and not whole else 1.0)
+                where = gpu
+            work_flops = 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
+            if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
+                work_flops /= gpu_rows_factor(u * frac / hit if is_exp else u)
+            flops[where] += work_flops
+            reads[where] += nb * (hit if is_exp else 1.0)
+    return flops, reads, transfer
+
+
+def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
+                attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
+                gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf) -> _PPParts:
+    """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
+    KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
+    ``attn_layers``: layers by device and sliding window, whose queries attend at most the
+    ``swa_cells`` of their cache; ``weighed``: :func:`_weighed`; ``splits``: :func:`_pp_splits`;
+    ``gpu``: the op-offload GPU)."""
+    s = plan.model.summary
+    weights_flops, weights_reads, transfer = weighed(u)
+    flops: dict[str, float] = defaultdict(float, weights_flops)
+    reads: dict[str, float] = defaultdict(float, weights_reads)
+    heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
+    per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
+    attn: dict[str, float] = defaultdict(float)
+    for (dev, swa), n in attn_layers.items():  # a query attends the mean of start + u / 2 cells
+        attn[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
+    for dev, f in attn.items():
+        flops[dev] += f
+    for dev, per_cell in kv_cell.items():
+        reads[dev] += per_cell * (start + u)
+    device_s: dict[str, float] = {}
+    attn_s: dict[str, float] = {}
+    reads_s: dict[str, float] = {}
+    for name in dict.fromkeys([*flops, *reads]):  # first-seen order: ties name the same device every run
+        d = hw[name]
+        bw = _effective_bandwidth(d, eff)
+        tf = compute_tflops(d, eff) * 1e12
+        # a GPU overlaps its reads with its compute (warps in flight); a CPU's threads both stream the
+        # weights and multiply them (ggml-cpu has no copy engine): their times add
+        if d.kind is DeviceKind.CPU:
+            reads_s[name] = reads[name] / (bw * 1e9)
+            device_s[name] = flops[name] / tf + reads_s[name]
+        else:
+            device_s[name] = max(flops[name] / tf, reads[name] / (bw * 1e9))
+        attn_s[name] = attn.get(name, 0.0) / tf
+    transfer_s = 0.0
+    if gpu is not None and transfer:
+        transfer_s = transfer / (hw[gpu].link.value * eff.link.value * 1e9)
+    return _PPParts(device_s, transfer_s, splits(u), transfer > 0, attn_s, reads_s=reads_s)
+
+
+def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, prompt: int,
+            n_ubatch: int, pairs: list[tuple[str, str]] | None = None, *, depth: int = 0,
+            kv_cell: dict[str, float] | None = None) -> _PPParts:
+    """Seconds to process ``prompt`` tokens in micro-batches of ``n_ubatch`` after ``depth`` tokens
+    already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
+    each micro-batch's attention, None: not counted)."""
+    pairs = token_split_pairs(plan, placement) if pairs is None else pairs
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw))
+    s = plan.model.summary
+    attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
+    on_gpu = nkvo_attention_on_gpu(plan)
+    for il in range(s.n_layer - s.n_nextn):
+        kv_dev = placement.layer_device(il) if plan.context.offload_kqv or on_gpu else CPU
+        attn_layers[(kv_dev, s.swa_layers[il])] += 1
+    offload_to = _offload_gpu(plan, placement)
+    # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
+    swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
+    host_kv = host_kv_layers(plan, placement)
+    total = _PPParts(defaultdict(float), 0.0, 0.0, False, defaultdict(float), reads_s=defaultdict(float))
+    splits = _pp_splits(plan, hw, eff, pairs)
+    weighed = _weighed(plan, hw, work, offload_to)
+    start = depth
+    while start < depth + prompt:
+        u = min(n_ubatch, depth + prompt - start)
+        mb = _microbatch(plan, hw, eff, weighed, attn_layers, u, start, splits, offload_to[0], kv_cell or {},
+                         swa_cells)
+        for k, v in mb.device_s.items():
+            total.device_s[k] += v
+        for k, v in mb.attn_s.items():
+            total.attn_s[k] += v
+        for k, v in mb.reads_s.items():
+            total.reads_s[k] += v
+        total.transfer_s += mb.transfer_s
+        host_s = host_kv_seconds(host_kv, hw, eff, u)
+        if on_gpu and kv_cell:  # the cache's views of start + u cells copied to each GPU
+            host_s += kv_copy_seconds({d: int(c * (start + u)) for d, c in kv_cell.items()}, hw, eff)
+        total.split_s += mb.split_s + host_s
+        total.host_kv_s += host_s
+        total.offload = total.offload or mb.offload
+        start += u
+    return total

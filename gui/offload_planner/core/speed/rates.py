@@ -1,0 +1,90 @@
+"""What a device does in a second: its effective memory bandwidth and compute (its efficiency, its
+threads, its share of oversubscribed cores), and a graph split's link between two devices."""
+
+from __future__ import annotations
+
+from offload_planner.core.devices import DeviceKind
+from offload_planner.core.placement import CPU
+from offload_planner.core.speed.efficiency import Efficiencies
+from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
+from offload_planner.core.speed.result import Assumption
+
+
+def _bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> tuple[float, list[Assumption]]:
+    """Effective GB/s of a device's memory, and what it rests on (a device whose threads share
+    oversubscribed cores: that share of it, :class:`hardware.Threads`)."""
+    notes: list[Assumption] = []
+    return _effective_bandwidth(dev, eff, notes), notes
+
+
+def _effective_bandwidth(dev: DeviceSpeed, eff: Efficiencies,
+                         notes: list[Assumption] | None = None) -> float:
+    """:func:`_bandwidth`'s GB/s, its assumptions added to ``notes`` when given (the estimate's loops
+    ask for the figure alone, per micro-batch and device)."""
+    bw = _peak_bandwidth(dev, eff, notes)
+    if dev.share < 1.0:
+        bw *= dev.share
+        if notes is not None:
+            notes.append(Assumption(f"{dev.name} oversubscribed: its threads get this share of a core",
+                                    Figure(round(dev.share, 3), "x", Source.DEFAULT,
+                                           "cores / compute threads on this machine; bandwidth and compute "
+                                           "scaled by it")))
+    return bw
+
+
+def _is_gpu(dev: DeviceSpeed) -> bool:
+    """A local GPU (not the CPU; not an RPC device, whose server's backend is not known: ggml-rpc-server
+    computes on its CPU by default)."""
+    return dev.kind not in (DeviceKind.CPU, DeviceKind.RPC)
+
+
+def cpu_isa_gain(hw: Hardware) -> float:
+    """The host CPU's instruction-set gain (``DeviceSpeed.isa_gain``; 1 without a CPU figure)."""
+    return hw.devices[CPU].isa_gain if CPU in hw.devices else 1.0
+
+
+def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
+    """Effective TFLOPS of a device: peak x efficiency x its share of oversubscribed cores."""
+    e = eff.cpu_compute if dev.kind is DeviceKind.CPU else eff.gpu_compute
+    return dev.tflops.value * e.value * dev.share
+
+
+def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies, notes: list[Assumption] | None) -> float:
+    """GB/s of a device's memory at its efficiency, limited by its threads (an RPC server's, the
+    CPU's ``-t``), before any share of oversubscribed cores; what it rests on added to ``notes``."""
+    rpc = dev.kind is DeviceKind.RPC and bool(dev.threads)  # the server computes on its CPU with -t threads
+    if rpc:
+        e = eff.cpu_bandwidth
+    elif dev.kind is DeviceKind.CPU:
+        e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
+    else:
+        e = eff.gpu_bandwidth
+    bw = dev.bandwidth.value * e.value
+    if notes is not None:
+        notes += [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
+                  Assumption(f"{dev.name} bandwidth efficiency", e)]
+    per = eff.cpu_thread_bandwidth
+    if (rpc or dev.kind is DeviceKind.CPU) and dev.threads and dev.threads * per.value < bw:
+        bw = dev.threads * per.value
+        if notes is not None:
+            by = f"its server's {dev.threads} threads" if rpc else f"-t {dev.threads}"
+            notes.append(Assumption(f"{dev.name} limited by {by}", per))
+    return bw
+
+
+def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, float]:
+    """(effective GB/s, latency s) of a split between two devices: the slower side's link."""
+    gb = min(a.link.value, b.link.value) * eff.link.value
+    rpc = DeviceKind.RPC in (a.kind, b.kind)
+    # RPC: the server's work per split plus the round trip measured to it (none measured: the default
+    # covers a loopback round trip)
+    rtt = max((d.latency_us.value for d in (a, b) if d.latency_us is not None), default=0.0)
+    lat = ((eff.rpc_latency_us.value + rtt) if rpc else eff.split_latency_us.value) * 1e-6
+    return gb, lat
+
+
+def _links(pairs: list[tuple[str, str]], hw: Hardware, eff: Efficiencies) -> list[tuple[float, float]]:
+    """:func:`_link` of every split, in order (worked out once per pair of devices: a MoE model with
+    its experts on the CPU has hundreds of splits between two devices)."""
+    known = {(a, b): _link(hw[a], hw[b], eff) for a, b in set(pairs)}
+    return [known[p] for p in pairs]
