@@ -128,8 +128,10 @@ class CpuInfo:
         return GAINS[self.isa].value if self.isa is not None else 1.0
 
     def describe(self) -> str:
-        name = self.model or "the CPU"
-        return f"{name}: {self.isa.value if self.isa else 'no AVX2'} from {self.source}"
+        if self.source.startswith("not read"):
+            return f"the CPU's instruction set {self.source}"
+        tier = self.isa.value if self.isa else "no AVX2 (or not x86)"
+        return f"{self.model or 'the CPU'}: {tier} per {self.source}"
 
 
 _CLOCK_RE = re.compile(r"@\s*(\d+(?:\.\d+)?)\s*GHz", re.IGNORECASE)
