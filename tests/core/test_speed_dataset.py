@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gguf import GGMLQuantizationType
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed" / "public_measurements.json"
 
@@ -54,6 +55,9 @@ MODEL_KEYS = {
     "n_layer": OPT_INT,
     "n_expert": OPT_INT,
     "n_expert_used": OPT_INT,
+    # a mixed quant the post spells out: QuantMix role -> ggml type name (embd, output, attn, attn_v,
+    # ffn, ffn_down, shexp, shexp_down, exps, exps_down); null: one type, by `quant` and `size_gib`
+    "quant_mix": (dict, type(None)),
 }
 SETTINGS_KEYS = {
     "ngl": OPT_INT,
@@ -64,11 +68,14 @@ SETTINGS_KEYS = {
     "ubatch": OPT_INT,
     "fa": (bool, type(None)),
     "ctk": OPT_STR,
+    "ctv": OPT_STR,  # -ctv / --cache-type-v (llama-bench's type_v column)
     "nkvo": (bool, type(None)),  # -nkvo / --no-kv-offload (llama-bench's nkvo column); null: not stated
     "threads": OPT_INT,
     "split_mode": OPT_STR,
     "tensor_split": (list, type(None)),
 }
+MIX_ROLES = {"embd", "output", "attn", "attn_v", "ffn", "ffn_down", "shexp", "shexp_down", "exps",
+             "exps_down"}
 HARDWARE_KEYS = {"cpu": OPT_STR, "ram": OPT_STR, "gpus": list, "notes": OPT_STR}
 MEASURED_KEYS = {
     "pp_tps": OPT_NUM,
@@ -126,6 +133,9 @@ def record_errors(record: Any) -> list[str]:
     if not all(isinstance(gpu, str) and gpu for gpu in record["hardware"]["gpus"]):
         errors.append(f"{rid}: hardware.gpus must be a list of names")
     errors += _measured_errors(rid, record["measured"], record["quote"])
+    mix = record["model"]["quant_mix"] or {}
+    if set(mix) - MIX_ROLES or not all(v in GGMLQuantizationType.__members__ for v in mix.values()):
+        errors.append(f"{rid}: model.quant_mix must map roles of {sorted(MIX_ROLES)} to ggml type names")
     said = f"{record['quote']} {record['command'] or ''}"
     if record["settings"]["nkvo"] is not None and not re.search(r"nkvo|no-kv-offload", said):
         errors.append(f"{rid}: settings.nkvo is set but neither the quote nor the command names -nkvo")
@@ -226,6 +236,9 @@ def _a_valid_record() -> dict[str, Any]:
         (("settings", "nkvo"), 1),  # int where a bool is meant
         (("model", "params_b"), True),  # bool where a number is meant
         (("hardware", "gpus"), "RTX 4090"),  # not a list
+        (("model", "quant_mix"), "Q8_0"),  # not an object
+        (("model", "quant_mix"), {"attn": "Q9_0"}),  # no such ggml type
+        (("model", "quant_mix"), {"experts": "Q8_0"}),  # no such role
     ],
 )
 def test_the_validator_rejects_a_broken_record(path: tuple[str, ...], value: Any) -> None:

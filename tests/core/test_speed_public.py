@@ -2,7 +2,8 @@
 
 For every record whose architecture the synth catalogue can write, a header-only model of the
 record's shape is written (the catalogue's architecture, its expert count and layer count, a
-uniform quant type whose bits per weight match the record's file size or quant name), its
+uniform quant type whose bits per weight match the record's file size or quant name, or the mix of
+types per tensor role the post lists, ``model.quant_mix``), its
 settings become a llama-server command line (with ``--no-mmap`` where the posted command has it),
 its hardware maps to the speed catalogue (GPU names) and to vendor memory configurations, core counts,
 base clocks and instruction sets (CPU names, below) or to the RAM bandwidth the post states.
@@ -116,6 +117,8 @@ def _uniform(t: Q) -> QuantMix:
 
 
 def _quant(m: dict[str, Any], arch: str) -> QuantMix | None:
+    if m.get("quant_mix"):  # the roles' types as the post lists them (the rest Q8_0)
+        return replace(_uniform(Q.Q8_0), name="posted mix", **{k: Q[v] for k, v in m["quant_mix"].items()})
     if arch == "gpt-oss":
         return MXFP4_MOE
     name = str(m.get("quant") or "").upper()
@@ -247,6 +250,8 @@ def _argv(rec: dict[str, Any]) -> list[str]:
     out += ["-b", str(b), "-ub", str(ub)]
     if s.get("ctk"):
         out += ["-ctk", s["ctk"]]
+    if s.get("ctv"):
+        out += ["-ctv", s["ctv"]]
     if s.get("fa") is not None:
         out += ["-fa", "on" if s["fa"] else "off"]
     if s.get("nkvo"):  # the KV cache in host memory

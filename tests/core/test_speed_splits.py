@@ -4,7 +4,9 @@ graph, :mod:`offload_planner.core.compute`): the same count and the same (from, 
 on the small complete models core.synth writes and the bundled DeepSeek-V3 header, over whole layers on
 GPUs, experts on the CPU (``-ot exps=CPU``, ``--n-cpu-moe``), ``-ngl`` partial, attention on one GPU
 and the experts on another, and single expert, shared expert and dense FFN matrices moved to another
-device (a layer's matrices on two devices: every step of the FFN that moves is a split); on Qwen3-30B's
+device (a layer's matrices on two devices: every step of the FFN that moves is a split), attention
+matrices moved one at a time (Q, K, V, output; MLA's q_a, q_b, kv_a_mqa, k_b, v_b; norms and sinks: each
+architecture's ``build_attn`` order, the KV store and pinned norms on the layer's device); on Qwen3-30B's
 header with ``-ngl`` partial, each CPU layer's one-token ``MUL`` by its 32-head Q norm goes to the GPU
 by op offload and back (two splits a layer; none with ``--no-op-offload``)."""
 
@@ -47,11 +49,31 @@ DENSE = [r"-ngl 99 -ot blk\.[0-9]\.ffn_up\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.ffn_
          r"-ngl 99 -ot blk\.[0-9]\.ffn_gate\.=CPU"]
 SHARED = [r"-ngl 99 -ot blk\.[0-9]\.ffn_up_shexp=CPU", r"-ngl 99 -ot blk\.[0-9]\.ffn_down_shexp=CUDA1",
           "-ngl 99 -ot shexp=CPU"]
+#: Attention matrices moved one at a time (each layer's graph runs its Q, K, V in the order its
+#: ``build_attn`` expands them: Q, V, K; Q, K, V with the sliding-window cache; the attention op where
+#: the layer's KV cache is): Q alone to the CPU, K and V to the CPU, K alone, V alone to the other GPU,
+#: the output alone, Q, K and V to the CPU (the KV cache and the attention op stay on the GPU).
+ATTN = [r"-ngl 99 -ot blk\.[0-9]\.attn_q\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.attn_[kv]\.=CPU",
+        r"-ngl 99 -ot blk\.[0-9]\.attn_k\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.attn_v\.=CUDA1",
+        r"-ngl 99 -ot blk\.[0-9]\.attn_output\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.attn_[qkv]\.=CPU",
+        r"-ngl 2 -ot blk\.[0-9]\.attn_q\.=CUDA0", r"-ngl 99 -ot blk\.[0-9]\.attn_norm=CPU",
+        r"-ngl 1 -ot blk\.[0-9]\.attn_[qkvo].*=CUDA0"]
+#: DeepSeek's MLA (Q through its LoRA, the absorbed K and V): q_a, q_b, kv_a_mqa, k_b, v_b singly.
+MLA = [r"-ngl 99 -ot blk\.[0-9]\.attn_q_a\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.attn_q_b\.=CPU",
+       r"-ngl 99 -ot blk\.[0-9]\.attn_kv_a_mqa\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.attn_k_b\.=CPU",
+       r"-ngl 99 -ot blk\.[0-9]\.attn_v_b\.=CUDA1", r"-ngl 99 -ot blk\.[0-9]\.attn_q_b\.=CPU "
+       r"-ot blk\.[0-9]\.attn_v_b\.=CPU", r"-ngl 99 -ot blk\.[0-9]\.attn_output\.=CPU"]
+SINGLE = ([(m, a) for m in ("llama", "qwen3moe", "gemma3", "gpt-oss", "glm4moe") for a in ATTN]
+          + [(m, a) for m in ("deepseek2", "DeepSeek-V3") for a in MLA]
+          + [("gpt-oss", "-ngl 99 -ot attn_sinks=CPU"), ("gpt-oss", "-ngl 99 -fa off -ot attn_sinks=CPU"),
+             ("Qwen3-30B", r"-ngl 99 -ot blk\.[0-9]\.attn_q_norm=CPU"),
+             ("Qwen3-30B", r"-ngl 20 -ot blk\.[0-9]\.attn_k\.=CUDA0")])
 CASES = ([("llama", a) for a in WHOLE + DENSE] + [("gemma3", a) for a in WHOLE + DENSE]
          + [("qwen3moe", a) for a in WHOLE + MOE] + [("gpt-oss", a) for a in WHOLE + MOE]
          + [(m, a) for m in ("deepseek2", "glm4moe") for a in WHOLE + MOE + SHARED + DENSE[:2]]
          + [("DeepSeek-V3", a) for a in WHOLE + MOE + SHARED]
-         + [("Qwen3-30B", a) for a in [*WHOLE, "-ngl 20", "-ngl 20 --no-op-offload", *MOE[:3]]])
+         + [("Qwen3-30B", a) for a in [*WHOLE, "-ngl 20", "-ngl 20 --no-op-offload", *MOE[:3]]]
+         + SINGLE)
 
 
 def scheduled_pairs(plan: Plan) -> list[tuple[str, str]]:

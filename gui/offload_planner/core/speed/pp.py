@@ -177,11 +177,16 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
                 attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
-                gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf) -> _PPParts:
+                gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf,
+                flash_attn: bool = True) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
     KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
     ``attn_layers``: layers by device and sliding window, whose queries attend at most the
     ``swa_cells`` of their cache; ``weighed``: :func:`_weighed`; ``splits``: :func:`_pp_splits`;
+    ``flash_attn``: a query's product runs over the cells it sees, half the batch's own on average (the
+    flash-attention kernels skip the causal mask's masked cells and tiles); without it, ``KQ =
+    mul_mat(k, q)`` and ``KQV`` run over every cell of the cache's view, the mask applied after them
+    (llama-graph.cpp ``build_attn_mha``: ``ggml_soft_max_ext(kq, kq_mask, ...)``);
     ``gpu``: the op-offload GPU)."""
     s = plan.model.summary
     weights_flops, weights_reads, transfer = weighed(u)
@@ -190,8 +195,9 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
     heads = max(s.n_head) if isinstance(s.n_head, list) else s.n_head
     per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
     attn: dict[str, float] = defaultdict(float)
-    for (dev, swa), n in attn_layers.items():  # a query attends the mean of start + u / 2 cells
-        attn[dev] += per_cell * (min(start + u / 2, swa_cells) if swa else start + u / 2) * n
+    seen = start + (u / 2 if flash_attn else u)  # a query attends the mean of start + u / 2 cells
+    for (dev, swa), n in attn_layers.items():
+        attn[dev] += per_cell * (min(seen, swa_cells) if swa else seen) * n
     for dev, f in attn.items():
         flops[dev] += f
     for dev, per_cell in kv_cell.items():
@@ -242,7 +248,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
         mb = _microbatch(plan, hw, eff, weighed, attn_layers, u, start, splits, offload_to[0], kv_cell or {},
-                         swa_cells)
+                         swa_cells, plan.context.flash_attn)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         for k, v in mb.attn_s.items():
