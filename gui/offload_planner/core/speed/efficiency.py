@@ -36,7 +36,12 @@ _LINK = _d(0.8)  # PCIe / network payload against the line rate
 #: covers the KV reads.
 _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
                    "one token's attention on the CPU: ik_llama.cpp PR 612 (Kimi-K2, EPYC 9965, 128 threads)")
-_THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
+#: One thread's share of the RAM bandwidth when -t limits it: a round figure that matched the earlier
+#: 2-core AVX2 machine.  On the 2-vCPU AVX-512 EPYC it caps bench-llama-2g's tg on the CPU and on two
+#: loopback rpc-servers (1 thread each) at 0.55-0.59x of the measured; a single-thread copy there reads
+#: 21-26 GB/s (numpy, loaded machine), but at 15-22.5 GB/s a thread the MoE model's CPU tg goes from
+#: 0.97x to 1.46-1.48x (its tokens are not bound by their bytes alone): left as it is, not derived.
+_THREAD_BW = _d(10.0, "GB/s per thread")
 #: Op offload's copy of a host weight that is not in a pinned (``<GPU>_Host``) buffer, against the
 #: pinned rate: with mmap (the default) llama.cpp keeps CPU weights in the mapping, pageable
 #: (llama-model-loader.cpp "avoid using a host buffer when using mmap", and its warning "tensor
