@@ -18,6 +18,13 @@ planned as the README plans DeepSeek-V3: two declared 24 GiB GPUs, ``-ngl 999 -t
 * *open+sim* (the reference, measured in the same run on the same caches): ``open_model`` plus
   ``compute.simulate`` of the plan's placement (both reserved graphs, from scratch, no replay).
 
+What the two do differently, besides the plan's own work: the plan's simulation is the engine's
+one-shot path (``compute.one_shot``, sizes only), which leaves out the one-token reserve's allocator
+walk where a bound of it from the scheduled graph proves it decides no size
+(``core/compute/bound.py``: all but deepseek2-mtp and Qwen3-235B here), and ``plan`` keeps the cycle
+collector off from its arguments to its text; the reference walks both reserves (``compute.simulate``
+as the engine runs it plainly) and opens the file with the collector on (the simulation turns it off).
+
 Target: the ``-fit off`` plan within the reference (ratio <= 1).  What the command does besides
 (reading its arguments and the devices, placing, the reproducing command, the speed estimate, the
 text) is a few ms whatever the model: a few per cent of a big model's simulation, as much as the

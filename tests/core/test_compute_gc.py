@@ -114,3 +114,23 @@ def test_cli_command_freezes_as_a_process_not_as_a_caller(collector_on: None,
         assert cli.main() == 0
     assert gc.get_freeze_count() > frozen
     assert "launch" not in cli.FREEZING and "gui" not in cli.FREEZING  # Qt event loops
+
+
+def test_plan_runs_with_the_collector_off_and_gives_it_back(collector_on: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``plan``'s objects are acyclic: the collector stays off from reading the arguments to the text
+    (not only during its simulations), and is on again after, for a caller of ``main(argv)``."""
+    from offload_planner.core import plan_report
+
+    seen: list[bool] = []
+    text = plan_report.plan_text
+
+    def spy(*args: object, **kwargs: object) -> str:
+        seen.append(gc.isenabled())
+        return text(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan_report, "plan_text", spy)
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(PLAN[:-1]) == 0  # the text, not --json
+    assert seen == [False]
+    assert gc.isenabled()

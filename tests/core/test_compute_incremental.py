@@ -13,8 +13,9 @@ import bisect
 import dataclasses
 import random
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,7 @@ from offload_planner.core import memory as M
 from offload_planner.core.compute import incremental as CI
 from offload_planner.core.compute import replay_alloc as RA
 from offload_planner.core.compute.allocator import GraphAllocator
+from offload_planner.core.compute.graph import Shape
 from offload_planner.core.compute.recording import Reference
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
@@ -289,6 +291,8 @@ def test_window_counts_from_the_shorter_side(big_headers: dict[str, Model],
         return got
 
     monkeypatch.setattr(RA._AllocReplay, "_diff_from", checked)
+    # the start moved back (where no backend's state is patched instead: ``_patches_for``'s fallback)
+    monkeypatch.setattr(RA._AllocReplay, "_patches_for", lambda self, late: False)
     before = dict(CI.stats)
     n_layer = model.summary.n_layer
     _check_layer_moves(model, [n_layer // 2 + 1, n_layer - 7, n_layer - 1])
@@ -746,3 +750,192 @@ def test_catalogue_random_moves_replayed_equal_full(catalogue: dict[str, Model],
         full = C.simulate(model, devices, placement, ctx, params)
         assert _fields(fast) == _fields(full), moves
     assert CI.stats["replays"] - before >= n_moves  # replayed, not simulated again in full
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss", "gemma3", "deepseek2"])
+def test_any_placement_bound_holds_every_placement(models: dict[str, Model], name: str) -> None:
+    """``Reference.any_bound`` (the one-token graph's bound under any placement that builds the graph,
+    with which ``below_any_placement`` leaves its replay out before passes 1-4) is at least the bound
+    (:mod:`.bound`) of the graph scheduled from scratch for random placements: whole layers, experts,
+    single tensors (norms, KV readers' layers) moved between the CPU and two GPUs, with and without
+    -nkvo.  Some placements copy a KV cache view, which the bound counts only for readers pass 1
+    does not pin, so leaving those out of it would fail here."""
+    from offload_planner.core.compute.bound import graph_bound
+    from offload_planner.core.compute.graph import Builder
+    from offload_planner.core.compute.scheduler import Scheduler
+    from offload_planner.core.compute.simulate import backends_for, graph_builder, weight_factory
+
+    model = models[name]
+    devices = _devices("CUDA", 2)
+    arch = graph_builder(model)
+    assert arch is not None
+    rng = random.Random(zlib.crc32(name.encode()))
+    names = [d.name for d in (devices.cpu, *devices.gpus)]
+    by_layer: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.layer is not None:
+            by_layer.setdefault(t.layer, []).append(t.name)
+    n_units = model.summary.n_layer + 1
+    located_copies = 0
+    for nkvo in (False, True):
+        params = _params(ub=512, np_=1, nkvo=nkvo)
+        ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+        opts = PlacementOptions(n_gpu_layers=n_units, overrides=(Override("token_embd", "CPU"),))
+        plan = Plan(model, devices, opts, params)
+        CI._REFS.clear()
+        with CI.recording_first_sights():
+            C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+        refs = [r for rs in CI._REFS.values() for r in rs]
+        assert len(refs) == 2
+        for _ in range(25):
+            moves: dict[str, str] = {}
+            for il in rng.sample(sorted(by_layer), rng.choice((1, 2))):
+                picked = by_layer[il] if rng.random() < 0.5 else [rng.choice(by_layer[il])]
+                moves.update(dict.fromkeys(picked, rng.choice(names)))
+            placement = plan.with_moves(moves).placement()
+            backends = backends_for(devices, placement)
+            for ref in refs:
+                b = Builder(ref.sh, weight_factory(model, placement), placement.layer_device,
+                            placement.layer_device if not nkvo else (lambda il: "CPU"))
+                arch(b)
+                sched = Scheduler(backends, 1, True)
+                sched.split_graph(b.g, keep_forced=True)
+                located_copies += sum(1 for sp in sched.splits for inp in sp.inputs
+                                      if inp.location is not None and not inp.weights)
+                full = graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
+                assert all(a >= f for a, f in zip(ref.any_bound(), full, strict=True)), (moves, nkvo)
+    assert located_copies > 0  # some placements copy a KV cache view: the bound must hold them
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3moe", "glm4moe", "gpt-oss", "gemma3"])
+def test_one_token_reserve_left_out_whatever_the_move(models: dict[str, Model], name: str) -> None:
+    """The bench's moves on the small models: the one-token reserve is left out by the bound of any
+    placement (``Reference.below_any_placement``), before passes 1-4, on every move; sizes, peaks and
+    copies are the full simulation's (the one-token reserve at most the prompt reserve everywhere)."""
+    model = models[name]
+    devices, params, _, opts = _bench_setting(model)
+    moe = any(t.role.is_routed_expert for t in model.tensors)
+    plan = Plan(model, devices, opts, params)
+    placements = [plan.placement()] * 2  # the second simulation records the reference
+    for il in range(model.summary.n_layer):
+        names = [t.name for t in model.tensors if t.layer == il and (t.role.is_routed_expert or not moe)]
+        other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
+        if names:
+            placements.append(plan.with_moves(dict.fromkeys(names, other if moe else "CPU")).placement())
+    before = CI.stats["left_out_any"]
+    left_out, _ = _check_sizes_only(model, devices, params, placements)
+    assert left_out == len(placements) - 2 >= 2
+    assert CI.stats["left_out_any"] - before == left_out
+
+
+@pytest.mark.parametrize(("name", "layers"), [("llama", [3]), ("gemma3", [4, 5]), ("llama-draft", [1])])
+def test_start_kept_where_one_backend_is_patched(catalogue: dict[str, Model], name: str,
+                                                 layers: list[int]) -> None:
+    """The bench's dense moves of a second-GPU layer to the CPU: its ROPEs, offloaded to the first GPU,
+    read that GPU's copy of ``inp_pos`` again after the reference freed it, and the host's ``inp_pos``
+    is no longer copied at the second GPU's split (this run frees it early).  The replay's start is not
+    moved back before those uses (to the first layers): the one backend each lives on is patched from
+    the reference's events (``_AllocReplay._patches_for``).  Each patched backend holds at the start
+    what a plain allocator walk of the moved placement's graph holds there (free blocks, maximum, peak
+    label, live tensors' offsets), and the reserves equal from scratch."""
+    model = catalogue[name]
+    devices, params, _, opts = _bench_setting(model)
+    plan = Plan(model, devices, opts, params)
+    init = RA._AllocReplay.__init__
+    for il in layers:
+        starts: list[tuple[RA._AllocReplay, tuple[object, ...]]] = []
+
+        def kept(self: RA._AllocReplay, *args: Any, starts: list[Any] = starts) -> None:
+            init(self, *args)
+            if self.patches:  # the state at the start (the walk changes it)
+                starts.append((self, _state(self, self.patches)))
+
+        before = dict(CI.stats)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(RA._AllocReplay, "__init__", kept)
+            _check_layer_moves(model, [il])
+        # (the prompt graph's replay; the one-token graph's too)
+        assert CI.stats["patched_back"] - before["patched_back"] == len(starts) >= 1
+        assert CI.stats["moved_back"] == before["moved_back"]
+        names = [t.name for t in model.tensors if t.layer == il]
+        placement = plan.with_moves(dict.fromkeys(names, "CPU")).placement()
+        for rp, state in starts:
+            assert state == _state(_walk_to(model, placement, rp.ref.sh, rp.wa), rp.patches), il
+
+
+@pytest.mark.parametrize("name", ["gpt-oss", "llama-draft"])
+def test_patched_starts_on_random_moves(catalogue: dict[str, Model], name: str) -> None:
+    """Random moves in the bench's setting (whole layers or single tensors to any device, one or two
+    layers): every replay start whose backends were patched holds what a plain walk of the moved graph
+    holds there, and the reserves equal from scratch."""
+    model = catalogue[name]
+    devices, params, ctx, opts = _bench_setting(model)
+    plan = Plan(model, devices, opts, params)
+    for _ in range(2):
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    by_layer: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.layer is not None:
+            by_layer.setdefault(t.layer, []).append(t.name)
+    rng = random.Random(zlib.crc32(name.encode()) + 1)
+    init = RA._AllocReplay.__init__
+    starts: list[tuple[RA._AllocReplay, tuple[object, ...]]] = []
+
+    def kept(self: RA._AllocReplay, *args: Any) -> None:
+        init(self, *args)
+        if self.patches:
+            starts.append((self, _state(self, self.patches)))
+
+    checked = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RA._AllocReplay, "__init__", kept)
+        for _ in range(24):
+            moves: dict[str, str] = {}
+            for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
+                picked = by_layer[il] if rng.random() < 0.6 else [rng.choice(by_layer[il])]
+                moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+            placement = plan.with_moves(moves).placement()
+            starts.clear()
+            fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+            assert _fields(fast) == _fields(C.simulate(model, devices, placement, ctx, params)), moves
+            for rp, state in starts:
+                assert state == _state(_walk_to(model, placement, rp.ref.sh, rp.wa), rp.patches), moves
+                checked += 1
+    assert checked >= 3
+
+
+def _state(a: RA._AllocReplay | GraphAllocator, backends: Iterable[int]) -> tuple[object, ...]:
+    """Free blocks, maximum, peak label and live tensors (name, offset) of an allocator replay or walk on
+    ``backends``."""
+    out: list[object] = []
+    for b in backends:
+        if isinstance(a, RA._AllocReplay):
+            live = sorted((t.name, off) for t, (tb, off) in a.own.items() if tb == b and (a.NC(t) or a.NV(t)))
+        else:
+            live = sorted((t.name, t.alloc[1]) for t in a.live  # type: ignore[attr-defined]
+                          if t.alloc is not None and t.alloc[0] == b)
+        out.append(([list(x) for x in a.allocs[b].blocks], a.allocs[b].max_size, a.peaks[b], live))
+    return tuple(out)
+
+
+def _walk_to(model: Model, placement: Placement, sh: Shape, pos: int) -> GraphAllocator:
+    """A plain allocator walk of ``placement``'s scheduled graph of shape ``sh`` up to position ``pos``
+    in the bench's setting (its live tensors kept on it as ``live``)."""
+    from offload_planner.core.compute.graph import Builder
+    from offload_planner.core.compute.scheduler import Scheduler
+    from offload_planner.core.compute.simulate import backends_for, graph_builder, weight_factory
+
+    arch = graph_builder(model)
+    assert arch is not None
+    b = Builder(sh, weight_factory(model, placement), placement.layer_device, placement.layer_device)
+    arch(b)
+    backends = backends_for(_bench_setting(model)[0], placement)
+    sched = Scheduler(backends, 1, True)
+    sched.split_graph(b.g, keep_forced=True)
+    walk = GraphAllocator(backends)
+    walk.count(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
+    for n, bid in zip(sched.nodes[:pos], sched.node_ids[:pos], strict=True):
+        walk.step(n, bid)
+    walk.live = [t for t in [*sched.leafs, *sched.nodes]  # type: ignore[attr-defined]
+                 if id(t) in walk.own and (t.n_children or t.n_views)]
+    return walk

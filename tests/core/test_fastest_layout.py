@@ -260,3 +260,70 @@ def test_the_fastest_baseline_is_topped_up_with_single_experts(big: dict[str, Mo
     for g in ds.gpus:
         assert fresh.device(g.name).resident() + DEFAULT_MARGIN <= (g.capacity or 0), g.name
     assert seeded.estimate.tg_tps > fit.estimate.tg_tps
+
+
+# --- layers larger than a GPU's room after whole ones: parts of a layer's experts on its GPU -----------
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory: pytest.TempPathFactory) -> Model:
+    """Kimi K2 as bench/fit_vs_baselines.py writes it (header only): DeepSeek-V3's shape with 384
+    experts, 64 heads, one dense lead layer; its layers' routed experts take 8.9 or 10.2 GiB."""
+    from dataclasses import replace
+
+    from offload_planner.core.synth import BIG_MODELS, write_model
+
+    ds3 = BIG_MODELS["DeepSeek-V3-Q4_K_M"]
+    spec = replace(ds3, name="Kimi K2", n_head=64, n_expert=384, n_layer_dense_lead=1, n_ctx_train=131072,
+                   rope_freq_base=50000.0, rope_scaling=replace(ds3.rope_scaling, factor=64.0),
+                   tokenizer=replace(ds3.tokenizer, n_vocab=163840, pre="kimi-k2"),
+                   extra_kv={**ds3.extra_kv, "expert_group_count": 1, "expert_group_used_count": 1})
+    [path] = write_model(spec, tmp_path_factory.mktemp("kimi") / "Kimi-K2.gguf", header_only=True)
+    return open_model(str(path))
+
+
+def test_kimi_k2_on_four_cards_takes_parts_of_layers_into_the_room_whole_layers_leave(kimi: Model) -> None:
+    """Kimi-K2 on four 24 GiB cards: a card holds two whole layers and ~2 GiB besides, less than one
+    expert tensor (2.95 GiB), so the blocks of whole layers left room unused and the best plan was
+    13.69 t/s.  The layout packed with parts (single expert tensors of a block's other layers on
+    that block's GPU, or one larger layer for a smaller one) is the answer: faster than every other
+    candidate that fits, its parts on their own layer's GPU with the rest of that layer's experts on
+    the CPU, and it fits every GPU with its margin by a fresh projection of the engine."""
+    ds = _big_devices(*("rtx3090",) * 4)
+    r = fastest_plan(kimi, ds, BASE, hardware_for(ds, threads=32), goal="tg")
+    assert r.best is not None and r.best.verified
+    assert "own -ts, parts" in r.best.label, r.best.label
+    assert r.best.estimate.tg_tps > 13.75  # 13.69 with whole layers only (and the older fills' 13.66)
+    for c in r.candidates:
+        if c.fits and c is not r.best:
+            assert score(r.best.estimate, "tg") >= score(c.estimate, "tg"), c.label
+    fresh = r.best.plan.projection()
+    for g in ds.gpus:
+        assert fresh.device(g.name).resident() + DEFAULT_MARGIN <= (g.capacity or 0), g.name
+    p = fresh.placement
+    devs: dict[int, set[str]] = {}
+    for it in p.items:
+        if it.tensor.role.is_routed_expert and it.device is not None:
+            # no expert off its layer
+            assert it.device in (CPU, p.layer_device(it.tensor.layer)), it.tensor.name
+            devs.setdefault(it.tensor.layer or 0, set()).add(it.device)
+    assert any(len(d) == 2 for d in devs.values())  # a layer with part of its experts on its GPU
+
+
+def test_parts_fill_the_room_of_a_block() -> None:
+    """One GPU, three layers whose experts are three tensors of 3 bytes each (9 a layer), room 16
+    beside their bases: one whole layer (9) and two tensors of another (6) where whole layers alone
+    leave 7 bytes unused; the parts saved time is what they read on the CPU, and they sit in the
+    block's own layers.  The packed layout is never slower than the whole layers' by the same
+    figures."""
+    parts = ((3, 2), (3, 2), (3, 2))
+    layers = [LayerCost(i, 1, 9, (f"g{i}", f"u{i}", f"d{i}"), 5, 6, parts) for i in range(3)]
+    sp = Speeds((1.0,), 10.0, (3.0,), 0.5)
+    whole = best_layout(layers, [19], sp)
+    packed = best_layout(layers, [19], sp, 0)
+    assert whole is not None and packed is not None
+    assert len(whole.whole) == 1 and not whole.parts
+    assert len(packed.whole) == 1 and len(packed.parts) == 2
+    assert all(x[1:] not in {str(i) for i in packed.whole} for x in packed.parts)
+    moves = packed.moves(layers, ["CUDA0"])
+    assert len(moves) == 3 + 2 and set(moves.values()) == {"CUDA0"}

@@ -150,3 +150,46 @@ def test_the_draft_is_opened_and_projected_once_per_setting(tmp_path: Path) -> N
         assert [(b.device, b.name, b.kind, b.bytes) for b in ctx.buffers] == \
             [(b.device, b.name, b.kind, b.bytes) for b in fresh.buffers()], c.label
         assert {b.owner for b in ctx.buffers} == {DRAFT}
+
+
+def test_step_reads_weigh_the_verify_batch_and_the_mtp_passes(glm_air: Model) -> None:
+    """GLM-4.5-Air (8 of 128 experts) with MTP at the default 3 drafted tokens: the verify batch of 4
+    reads 1 - (15/16)^4 of a trunk layer's experts, 3.65 tokens' worth; the NextN block's three
+    one-token passes and its batch 3 + 3.65."""
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.speed.speculation import step_reads
+
+    ds = _devices("24GiB,bw=936GB/s")
+    plain = plan_from_args(glm_air, ds, parse_server_args(["-c", "16384"]))
+    mtp = plan_from_args(glm_air, ds, parse_server_args(["-c", "16384", "--spec-type", "draft-mtp"]))
+    assert step_reads(plain) is None
+    got = step_reads(mtp)
+    assert got is not None and got.n_trunk == 46
+    hit = 1 - (15 / 16) ** 4
+    assert got.trunk == pytest.approx(hit * 16) and got.nextn == pytest.approx(3 + hit * 16)
+
+
+def test_a_layout_for_the_speculative_step_is_the_answer_with_mtp(glm_air: Model) -> None:
+    """GLM-4.5-Air with MTP on three RTX 3060 (12 GiB): the layer split chosen by a token's reads put
+    the NextN block's experts on the CPU (every draft pass reads them) and lost to the fill; the
+    split chosen by a step's reads (:func:`step_reads`: the verify batch, the draft passes) is the
+    answer, faster by the printed estimate than every other candidate that fits, its NextN experts on
+    the GPU, and it fits every GPU by a fresh projection."""
+    ds = _devices("rtx3060", "rtx3060", "rtx3060")
+    hw = hardware_for(ds, threads=16)
+    r = fastest_plan(glm_air, ds, ["-c", "16384", "--spec-type", "draft-mtp"], hw, goal="tg", eff=EFF)
+    assert r.best is not None and r.best.verified
+    assert "speculative" in r.best.label, r.best.label
+    assert _fits(r.best.plan, ds)
+    best = _printed(r.best.plan, hw)
+    assert r.best.estimate.tg_tps == pytest.approx(best, rel=1e-9)
+    for c in r.candidates:
+        if c.fits and c is not r.best:
+            assert best > _printed(c.plan, hw), c.label
+    devs = r.best.plan.placement().tensor_devices()
+    nextn = {devs[f"blk.46.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")}
+    assert nextn <= {"CUDA0", "CUDA1", "CUDA2"}
+    plain = [c for c in r.candidates
+             if c.label.startswith("fastest (-ub 512, own -ts") and "speculative" not in c.label]
+    assert plain and all(_printed(c.plan, hw) < best for c in plain)

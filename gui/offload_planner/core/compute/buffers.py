@@ -44,8 +44,10 @@ def _mib(n: int) -> str:
 
 def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     be, pp = sim.backends[i], sim.reserves[0]
-    which = max(range(len(sim.reserves)), key=lambda k: sim.reserves[k].sizes[i])
-    r = sim.reserves[which]
+    r = pp  # the reserve with the most bytes here (the first of equal ones)
+    for q in sim.reserves[1:]:
+        if q.sizes[i] > r.sizes[i]:
+            r = q
     parts = [f"peak of the {r.n_tokens}-token graph at {r.peaks[i] or 'its inputs'}"]
     if pp.copies_bytes[i]:
         parts.append(f"{_mib(pp.copies_bytes[i])} of inputs copied from other backends"
@@ -53,6 +55,24 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
     if pp.weight_copies_bytes[i]:
         parts.append(f"op offload: {_mib(pp.weight_copies_bytes[i])} of host weights pass through it, "
                      "one split at a time")
+    key = (sh, be.name == CPU, be.name == output_device)
+    rest = _EXPLAINED.get(key)
+    if rest is None:
+        rest = _explain_shape(sh, be.name == CPU, be.name == output_device)
+        if len(_EXPLAINED) < _EXPLAINED_SIZE:  # (never evicted: nothing a caller froze is freed here)
+            _EXPLAINED[key] = rest
+    return "; ".join(parts) + rest
+
+
+#: the part of an explanation that follows from the graph's shape and the backend's role alone
+_EXPLAINED: dict[tuple[Shape, bool, bool], str] = {}
+_EXPLAINED_SIZE = 256
+
+
+def _explain_shape(sh: Shape, cpu: bool, output: bool) -> str:
+    """``explain``'s parts after the peak and the copies: the KQ mask, attention, the host side and
+    the logits (each after "; ")."""
+    parts = [""]
     if sh.legacy_inputs:
         mask = sh.n_kv * -(-sh.n_tokens // LEGACY_KQ_MASK_PAD) * LEGACY_KQ_MASK_PAD * 4
         cast = ", cast to f16 where attention runs" if sh.flash_attn else ""
@@ -63,16 +83,16 @@ def explain(sim: Simulation, i: int, sh: Shape, output_device: str) -> str:
                      + (" + SWA mask" if any(sh.swa) else ""))
     if not sh.flash_attn:
         parts.append("no flash attention: KQ scores n_kv x n_tokens x n_head x 4 B per layer")
-    if be.name == CPU:
+    if cpu:
         parts.append("host side: graph inputs, token-embedding rows, ops on CPU weights")
         if sh.legacy_inputs and not sh.flash_attn and not sh.kv_cpy_views:
             v_idx = sh.n_tokens * max(sh.n_head_kv) * sh.head_v * 8
             parts.append(f"two rules fit 2025 logs: builds from July 2025 (set_rows KV store, assumed here) "
                          f"hold the {_mib(v_idx)} V-index input; earlier builds copy K/V into cache views "
                          "and have no index inputs")
-    if be.name == output_device and sh.legacy_inputs:
+    if output and sh.legacy_inputs:
         parts.append("2025 builds reserve the logits of every ubatch token")
-    if be.name == output_device:
+    if output:
         parts.append(f"logits {sh.n_outputs} x {sh.n_vocab} x 4 B ({_mib(4 * sh.n_outputs * sh.n_vocab)})")
     return "; ".join(parts)
 

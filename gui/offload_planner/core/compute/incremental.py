@@ -41,14 +41,18 @@ per graph topology (shape, backends, weight set) and later placements are replay
 A caller that keeps the larger of two reserves per backend (the planner's projection) may pass the
 first one's sizes: the second is left out when a bound of its sizes (:mod:`.bound`) is at most those
 on every backend (the one-token graph against the prompt graph: a few rows per tensor against
-thousands): after step 2 the reference's bound plus the affected nodes with their sources and the
-copies they may add, else after step 3 the reference's plus the window's tensors.
+thousands): before step 2 the reference's bound under any placement that builds its graph
+(``Reference.below_any_placement``: every tensor and every copy pass 5 may make, on every backend), after
+step 2 the reference's bound plus the affected nodes with their sources and the copies they may add,
+else after step 3 the reference's plus the window's tensors.
 
 A refusal (or an unsupported case: pipeline parallelism, the dry run, pass 3 at work, a different
-topology) runs the full simulation, recorded as the new reference.  A change whose affected nodes
-span most of the graph, densely (``replay.FAR_SPAN``), runs in full without recording (a replay would walk
-nearly all of it), on the graph kept for the topology (:mod:`.template`).  ``tests/core/test_compute_
-incremental.py`` checks replays against the full simulation on random placements.
+topology) runs the full simulation, recorded as the new reference (on the graph kept for the topology
+when there is one: its layers scheduled and walked a period at a time, :mod:`.recording`).  A change
+whose affected nodes span most of the graph, densely (``replay.FAR_SPAN``), runs in full without
+recording (a replay would walk nearly all of it), on the graph kept for the topology (:mod:`.template`).
+``tests/core/test_compute_incremental.py`` checks replays against the full simulation on random
+placements.
 """
 
 
@@ -63,12 +67,14 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.rec_jumps import jumping_walker
 from offload_planner.core.compute.recording import Reference, Refuse
 from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
+from offload_planner.core.compute.sched_layers import cached_refs
 from offload_planner.core.compute.scheduler import Backend
 from offload_planner.core.compute.stats import stats
-from offload_planner.core.compute.template import placed_graph
+from offload_planner.core.compute.template import handed_codes, placed_graph
 from offload_planner.core.placement import Placed
 
 # --- the cache of references -----------------------------------------------------------------------------
@@ -124,7 +130,7 @@ def _nearest(key: tuple[object, ...], units: list[str]) -> Reference | None:
     if not refs:
         return None
     _REFS.move_to_end(key)
-    best = min(refs, key=lambda r: _distance(r.unit_devices, units))
+    best = refs[0] if len(refs) == 1 else min(refs, key=lambda r: _distance(r.unit_devices, units))
     return best if _distance(best.unit_devices, units) <= _near(units) else None
 
 
@@ -155,6 +161,18 @@ def _keep(key: tuple[object, ...], ref: Reference) -> None:
 
 
 
+def _below_whatever_moves(ref: Reference, below: list[int]) -> bool:
+    """The reference's graph reserves at most ``below`` on every backend under any placement that
+    builds it (``Reference.below_any_placement``): a caller keeping the larger reserve per backend may leave
+    it out before passes 1-4 (counted as left out early)."""
+    if not ref.below_any_placement(below):
+        return False
+    stats["left_out"] += 1
+    stats["left_out_early"] += 1
+    stats["left_out_any"] += 1
+    return True
+
+
 def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[Builder], None],
                         backends: list[Backend], op_offload: bool, items: Sequence[Placed],
                         where: Callable[[], WeightWhere], weights: Callable[[], Callable[[str], T | None]],
@@ -180,6 +198,8 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                 stats["item_diffs"] += 1
             else:
                 mv = diff(ref, where(), unit_devices, offload_kqv)
+            if below is not None and (mv.dev or mv.forced) and _below_whatever_moves(ref, below):
+                return None
             r = replay(ref, mv, below)
             if r is not None:
                 stats["replays"] += 1
@@ -198,8 +218,11 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
         return reserve_graph(g, sh, backends, 1, no_alloc=no_alloc, op_offload=op_offload)
     try:
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev, own=True)
+        codes = handed_codes(g)
+        walker = None if codes is None else jumping_walker(codes)
+        layers = None if codes is None else cached_refs(g, codes[0])
         ref = Reference(sh, arch_fn, backends, op_offload, weights(), layer_dev, kv_dev, items, unit_devices,
-                   keep_forced=not no_alloc, graph=g)
+                        keep_forced=not no_alloc, graph=g, walker=walker, layers=layers)
     except Refuse:
         stats["full"] += 1
         g = placed_graph(graph_key, sh, arch_fn, where(), weights, layer_dev, kv_dev)

@@ -36,7 +36,7 @@ from offload_planner.core.compute.periods import layer_starts
 from offload_planner.core.compute.scheduler import Backend, Split
 from offload_planner.core.compute.stats import stats
 
-_QS = (1, 2, 3, 4)
+QS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def cached_codes(key: tuple[object, ...], nodes: Sequence[T], srcs: Sequence[Seq
     return c
 
 
-class _Restart(Exception):
+class Restart(Exception):
     """The jump did not come out as the shift says: walk again without jumps."""
 
 
@@ -136,7 +136,7 @@ class JumpingAllocator(GraphAllocator):
     def run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
         try:
             return self._run(nodes, node_ids, leafs, leaf_ids)
-        except _Restart:
+        except Restart:
             stats["walk_restarts"] += 1
             plain = GraphAllocator(self.backends)
             sizes = plain.run(nodes, node_ids, leafs, leaf_ids)
@@ -145,7 +145,7 @@ class JumpingAllocator(GraphAllocator):
 
     # --- the per-walk layout of the layers
 
-    def _layout(self) -> tuple[list[int], list[tuple[object, ...]], list[int]]:
+    def layout(self) -> tuple[list[int], list[tuple[object, ...]], list[int]]:
         """Sched positions of the layer starts, per layer the copies inserted into it, and the backend
         of every graph node."""
         c = self.codes
@@ -188,7 +188,7 @@ class JumpingAllocator(GraphAllocator):
                 out.append(("x", id(x), x.bid))
         return tuple(out)
 
-    def _same(self, j: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
+    def same(self, j: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
         """Layer ``j`` walks as layer ``j + q`` (the layer after ``j + q`` existing)."""
         c = self.codes
         s = c.starts
@@ -202,7 +202,7 @@ class JumpingAllocator(GraphAllocator):
 
     def _run(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int]) -> list[int]:
         self.count(nodes, node_ids, leafs, leaf_ids)
-        pos, ins, bids = self._layout()
+        pos, ins, bids = self.layout()
         self.outputs = {id(t) for t in (*nodes, *leafs) if t.flags & OUTPUT}
         seen: dict[int, tuple[object, ...]] = {}
         i, n, li = 0, len(nodes), 0
@@ -218,11 +218,11 @@ class JumpingAllocator(GraphAllocator):
                 i, li = pos[to], to
             li += 1
 
-    def _periodic(self, a: int, b: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
+    def periodic(self, a: int, b: int, q: int, ins: list[tuple[object, ...]], bids: list[int]) -> bool:
         """Layers ``a`` to ``b`` (included) each walk as the one ``q`` on."""
-        return all(self._same(j, q, ins, bids) for j in range(a, b + 1))
+        return all(self.same(j, q, ins, bids) for j in range(a, b + 1))
 
-    def _state(self, li: int, nodes: list[T], pos: list[int]) -> tuple[object, ...]:
+    def state(self, li: int, nodes: list[T], pos: list[int]) -> tuple[object, ...]:
         """The allocator's state at the start of layer ``li`` (see the module)."""
         own, outputs = self.own, self.outputs
         window = nodes[pos[li - 1]:pos[li]]
@@ -240,27 +240,27 @@ class JumpingAllocator(GraphAllocator):
         if li < 1:
             return None
         state: tuple[object, ...] | None = None
-        for q in _QS:
+        for q in QS:
             before = seen.get(li - q)
-            if before is None or not self._periodic(li - q - 1, li, q, ins, bids):
+            if before is None or not self.periodic(li - q - 1, li, q, ins, bids):
                 continue
             if state is None:
-                state = self._state(li, nodes, pos)
+                state = self.state(li, nodes, pos)
             if before != state:
                 continue
             end = li + q
-            while end + q < len(pos) and self._periodic(end - q + 1, end, q, ins, bids):
+            while end + q < len(pos) and self.periodic(end - q + 1, end, q, ins, bids):
                 end += q
-            to = self._jump(li, end, q, nodes, pos)
+            to = self.jump(li, end, q, nodes, pos)
             if to == li:
                 break
             stats["walk_jumps"] += 1
             return to
-        if any(self._same(li - 1, q, ins, bids) for q in _QS):
-            seen[li] = state if state is not None else self._state(li, nodes, pos)
+        if any(self.same(li - 1, q, ins, bids) for q in QS):
+            seen[li] = state if state is not None else self.state(li, nodes, pos)
         return None
 
-    def _jump(self, li: int, end: int, q: int, nodes: list[T], pos: list[int]) -> int:
+    def jump(self, li: int, end: int, q: int, nodes: list[T], pos: list[int]) -> int:
         """From the start of layer ``li`` towards that of ``end``, stopping before a period that uses a
         shared tensor for the last time: the counts brought down as the walk would, the last jumped
         layer's tensors allocated where their peers of layer ``li - 1`` are.  Returns the layer start
@@ -275,10 +275,10 @@ class JumpingAllocator(GraphAllocator):
         if m == 0:
             return li
         cur = li + m * q
-        _count_down(nodes[pos[li]:pos[cur]], others)
+        _count_down_periods(nodes, pos, li, cur, q, others)
         w1 = nodes[pos[cur - 1]:pos[cur]]
         if len(w1) != len(w0) or [(t.n_children, t.n_views) for t in w1] != counts:
-            raise _Restart
+            raise Restart
         for t0, t1, lv in zip(w0, w1, live, strict=True):
             if lv:
                 own.discard(id(t0))
@@ -313,6 +313,52 @@ class JumpingAllocator(GraphAllocator):
                 return
 
 
+def _count_down_periods(nodes: list[T], pos: list[int], li: int, cur: int, q: int, others: set[int]) -> None:
+    """``_count_down`` over the periods from layer ``li`` to ``cur``: the first and the last walked, each
+    one between them taken as the first did to the counts that outlive the jump (the tensors the
+    periods share (``others``) and the views of them from before the jump; a tensor of a jumped layer
+    other than the last is never read again, nor are the counts of one the allocator does not own).
+    Where a shared count would come down to zero (a view's last use, or a restart) every period is
+    walked."""
+    m = (cur - li) // q
+    if m <= 2:
+        _count_down(nodes[pos[li]:pos[cur]], others)
+        return
+    first = nodes[pos[li]:pos[li + q]]
+    shared = _shared_counts(first, {id(t) for t in nodes[pos[li - 1]:pos[li + q]]}, others)
+    before = [(t.n_children, t.n_views) for t in shared]
+    _count_down(first, others)
+    k = m - 2
+    per = [(c0 - t.n_children, v0 - t.n_views) for t, (c0, v0) in zip(shared, before, strict=True)]
+    if any(t.n_children - (k + 1) * dc <= 0 < dc or t.n_views - (k + 1) * dv < 0
+           for t, (dc, dv) in zip(shared, per, strict=True)):
+        _count_down(nodes[pos[li + q]:pos[cur]], others)
+        return
+    for t, (dc, dv) in zip(shared, per, strict=True):
+        t.n_children -= k * dc
+        t.n_views -= k * dv
+    _count_down(nodes[pos[cur - q]:pos[cur]], others)
+
+
+def _shared_counts(period: list[T], inside: set[int], others: set[int]) -> list[T]:
+    """The tensors whose counts a period's walk brings down and a later one reads: the shared tensors
+    (``others``) its nodes read or whose views it ends, and the views of them from outside it
+    (``inside``: the ids of the period's nodes and the layer's before)."""
+    out: dict[int, T] = {}
+    for nd in period:
+        for p in nd.src:
+            if p is None:
+                continue
+            vs = p.view_src
+            if vs is not None and id(vs) in others:
+                out[id(vs)] = vs
+                if id(p) not in inside:
+                    out[id(p)] = p
+            elif id(p) in others:
+                out[id(p)] = p
+    return list(out.values())
+
+
 def _count_down(span: list[T], others: set[int]) -> None:
     """The child and view counts the walk's steps over ``span`` bring down (no allocation, no free: a
     shared tensor (``others``) whose count would reach zero restarts the walk)."""
@@ -326,8 +372,8 @@ def _count_down(span: list[T], others: set[int]) -> None:
             vs = p.view_src
             if vs is None:
                 if id(p) in others:
-                    raise _Restart
+                    raise Restart
                 continue
             vs.n_views -= 1
             if vs.n_views == 0 and vs.n_children == 0 and id(vs) in others:
-                raise _Restart
+                raise Restart

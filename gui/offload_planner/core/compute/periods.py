@@ -63,19 +63,44 @@ def layer_starts(nodes: Sequence[T]) -> list[int]:
     return out
 
 
-def find_periods(bounds: list[int], tail: list[list[Event]], tail_pos: list[list[int]]) -> Periods:
+#: ``(p0, p1, p2, lo)``: see :class:`Jumped`
+Span = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Jumped:
+    """Stretches of a recording whose events were written from an earlier period (:mod:`.rec_jumps`):
+    per stretch ``(p0, p1, p2, lo)``, the source period from ``p0`` to ``p1`` repeated up to ``p2``
+    (positions), a tensor at or after ``lo`` among ``nodes`` being, ``k`` positions on (a whole number
+    of periods), the node there, any other the same one."""
+
+    spans: list[Span]
+    index: dict[int, int]  # id -> position among nodes
+    nodes: list[T]
+
+    def shifted(self, ts: tuple[T, ...], k: int, lo: int) -> tuple[T, ...]:
+        index, nodes = self.index, self.nodes
+        return tuple(nodes[px + k] if (px := index.get(id(t), -1)) >= lo else t for t in ts)
+
+
+def find_periods(bounds: list[int], tail: list[list[Event]], tail_pos: list[list[int]],
+                 jumped: Jumped | None = None) -> Periods:
     """The segments of every backend's events between the layer starts ``bounds``, encoded, and their
-    runs."""
+    runs.  ``jumped``: the segments of its stretches are their source's, shifted (the same events, on
+    the tensors there), not encoded again."""
+    at = {p: k for k, p in enumerate(bounds)}
+    spans = [] if jumped is None else [sp for sp in jumped.spans if all(p in at for p in sp[:3])]
     alloc: list[list[tuple[T, ...]]] = []
     runs: list[dict[int, tuple[int, int]]] = []
     for evs, poss in zip(tail, tail_pos, strict=True):
-        codes, orders = _encode(evs, poss, bounds)
+        codes, orders = _encode(evs, poss, bounds, at, spans, jumped)
         alloc.append(orders)
         runs.append(_runs(codes))
-    return Periods(bounds, {p: k for k, p in enumerate(bounds)}, alloc, runs)
+    return Periods(bounds, at, alloc, runs)
 
 
-def _encode(evs: list[Event], poss: list[int], bounds: list[int]) -> tuple[list[int], list[tuple[T, ...]]]:
+def _encode(evs: list[Event], poss: list[int], bounds: list[int], at: dict[int, int], spans: list[Span],
+            jumped: Jumped | None) -> tuple[list[int], list[tuple[T, ...]]]:
     """Per segment (from each layer start to the next, the last to the end) an id of its events
     written relative to the tensors allocated at its start; and those tensors at each start."""
     alive: dict[T, None] = {}
@@ -84,6 +109,17 @@ def _encode(evs: list[Event], poss: list[int], bounds: list[int]) -> tuple[list[
     orders: list[tuple[T, ...]] = []
     k, n = 0, len(evs)
     for s, start in enumerate(bounds):
+        span = next((sp for sp in spans if sp[1] <= start < sp[2]), None)
+        if span is not None and jumped is not None:
+            p0, p1, p2, lo = span
+            shift = (start - p0) // (p1 - p0) * (p1 - p0)
+            peer = at[start - shift]
+            codes.append(codes[peer])
+            orders.append(jumped.shifted(orders[peer], shift, lo))
+            if s + 1 < len(bounds) and bounds[s + 1] == p2:  # the stretch's end: its state, the events after
+                alive = dict.fromkeys(jumped.shifted(orders[at[p0]], p2 - p0, lo))
+                k = bisect.bisect_left(poss, p2, k)
+            continue
         while k < n and poss[k] < start:
             _step(alive, evs[k])
             k += 1

@@ -1,16 +1,23 @@
 """The reference run of the incremental reserve: one full simulation of a reserve graph, recorded
 with everything a replay compares against (devices, pass 1-4 assignments, pass 5 state before every
-node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`."""
+node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`.
+
+On a kept graph whose layers are coded (:mod:`.template`), passes 1-4 take equal layers' results from
+the first (:mod:`.sched_layers`) and the allocator's walk jumps whole periods of equal layers, writing
+what it records of them from the period before (:mod:`.rec_jumps`); a checkpoint's live tensors so
+written, and every checkpoint's maxima to come, are made when a replay first asks for them."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, layer_suffix, peak_label
-from offload_planner.core.compute.bound import graph_bound
+from offload_planner.core.compute.bound import any_placement_bound, copy_sizes, graph_bound, located_copies
 from offload_planner.core.compute.ggml import (
     CPU,
+    INPUT,
     VIEW_OPS,
     Graph,
     T,
@@ -18,8 +25,9 @@ from offload_planner.core.compute.ggml import (
     view_tensor,
 )
 from offload_planner.core.compute.graph import Builder, Shape
-from offload_planner.core.compute.periods import Event, find_periods
+from offload_planner.core.compute.periods import Event, Jumped, find_periods
 from offload_planner.core.compute.reserve import Reserve
+from offload_planner.core.compute.sched_layers import LayerRefs, LayerScheduler
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
 from offload_planner.core.item_changes import kept_copy
 from offload_planner.core.placement import Placed
@@ -75,6 +83,13 @@ class RecAlloc(GraphAllocator):
         # | (2 free, t, t, size, 0, "")
         self.tail: list[list[Event]] = [[] for _ in backends]
         self.tail_pos: list[list[int]] = [[] for _ in backends]
+        self.cks: dict[int, Checkpoint] = {}
+        self.jumped: Jumped | None = None  # the stretches a jumping walk wrote from an earlier period
+        # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
+        # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
+        self.states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
+        self.max_sizes: list[int] = []  # the maxima and peak labels of the last checkpoint
+        self.peak_list: list[str] = []
 
     # a tensor the walk allocates (a new block or its parent's, ``frees_tail`` on) becomes a candidate
     # for the checkpoints' live tensors here, where ``allocate`` makes it owned
@@ -106,38 +121,37 @@ class RecAlloc(GraphAllocator):
                 checkpoints: set[int]) -> tuple[list[int], dict[int, Checkpoint]]:
         if self.count(nodes, node_ids, leafs, leaf_ids):
             raise Refuse("inputs allocated by the counting pass")
-        cks: dict[int, Checkpoint] = {}
-        # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
-        # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
-        states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
-        allocs = self.recs
-        own, objs, cand = self.own, self.objs, self.cand
-        max_size: list[int] = []
-        peaks: list[str] = []
+        cks = self.cks
+        snap = self.snap
         for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
             if pos in checkpoints:
-                live = {}
-                dead = []
-                for i in cand:
-                    t = objs[i]
-                    if i in own and (t.n_children or t.n_views):
-                        assert t.alloc is not None
-                        live[t] = (t.alloc, t.n_children, t.n_views)
-                    else:
-                        dead.append(i)
-                if dead:
-                    cand.difference_update(dead)
-                for a in allocs:
-                    if a.shared is None:
-                        a.shared = _shared(states, a.blocks)
-                if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
-                    self.grown = False
-                    max_size, peaks = [a.max_size for a in allocs], list(self.peaks)
-                cks[pos] = Checkpoint([a.shared for a in allocs if a.shared is not None], max_size, peaks,
-                                      self.layer, live)
+                cks[pos] = snap()
             self.pos = pos
             self.step(n, bid)
         return [a.max_size for a in self.allocs], cks
+
+    def snap(self) -> Checkpoint:
+        """The checkpoint of the walk's state here (before the next node)."""
+        own, objs, cand = self.own, self.objs, self.cand
+        live = {}
+        dead = []
+        for i in cand:
+            t = objs[i]
+            if i in own and (t.n_children or t.n_views):
+                assert t.alloc is not None
+                live[t] = (t.alloc, t.n_children, t.n_views)
+            else:
+                dead.append(i)
+        if dead:
+            cand.difference_update(dead)
+        for a in self.recs:
+            if a.shared is None:
+                a.shared = _shared(self.states, a.blocks)
+        if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
+            self.grown = False
+            self.max_sizes, self.peak_list = [a.max_size for a in self.recs], list(self.peaks)
+        blocks = [a.shared for a in self.recs if a.shared is not None]
+        return Checkpoint(blocks, self.max_sizes, self.peak_list, self.layer, live)
 
 
 def _shared(states: dict[tuple[tuple[int, ...], ...], list[list[int]]], blocks: list[list[int]]
@@ -150,15 +164,43 @@ def _shared(states: dict[tuple[tuple[int, ...], ...], list[list[int]]], blocks: 
     return got
 
 
+#: the live tensors of a checkpoint: (backend, offset), child and view counts to come
+Live = dict[T, tuple[tuple[int, int], int, int]]
+#: makes a reference's recording walk from its backends, graph nodes, splits and layer tags
+Walker = Callable[[list[Backend], list[T], list[Split], dict[T, str]], RecAlloc]
+
+
 @dataclass
 class Checkpoint:
     blocks: list[list[list[int]]]
     max_size: list[int]
     peaks: list[str]
     layer: str
-    live: dict[T, tuple[tuple[int, int], int, int]]
-    suffix: list[tuple[int, str]] | None = None  # per backend: max end at or after, first label
+    _live: Live | None  # the live tensors (None: not made yet, see ``_make``)
+    #: makes them the first time they are asked for (a checkpoint written from another, :mod:`.rec_jumps`:
+    #: a replay asks for a few dozen of a reference's thousand)
+    _make: Callable[[], Live] | None = None
+    #: the reference's maxima from each allocation on, and this checkpoint's position (see ``suffix``)
+    rest: tuple[Rest, int] | None = None
+    _suffix: list[tuple[int, str]] | None = None
     _live_on: list[tuple[tuple[T, ...], tuple[int, ...]]] | None = None
+
+    @property
+    def suffix(self) -> list[tuple[int, str]] | None:
+        """Per backend, the largest end of an allocation at or after this checkpoint and the label of the
+        first allocation reaching it ((-1, "") for none); made when first asked for."""
+        if self._suffix is None and self.rest is not None:
+            self._suffix = self.rest[0].at(self.rest[1])
+        return self._suffix
+
+    @property
+    def live(self) -> Live:
+        """The tensors the graph allocator owns here with a child or view to come: their (backend,
+        offset), remaining child and view counts."""
+        if self._live is None:
+            assert self._make is not None
+            self._live, self._make = self._make(), None
+        return self._live
 
     def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> tuple[tuple[T, ...], tuple[int, ...]]:
         """The live tensors on backend ``b`` and their offsets, the latest created first (where two
@@ -171,15 +213,76 @@ class Checkpoint:
         return self._live_on[b]
 
 
+#: `` (layer N)`` and N of a node name with a layer suffix (None: without), by name: the references of a
+#: graph, and of the graphs copied from it, name their nodes alike
+_NAME_TAGS: dict[str, tuple[str, int] | None] = {}
+_UNSEEN = ("", -1)
+
+
+def _name_tag(name: str) -> tuple[str, int] | None:
+    """``layer_suffix``'s tag and layer of ``name``, remembered (a few graphs' names at most)."""
+    il = layer_suffix(name)
+    tk = None if il is None else (f" (layer {il})", int(il))
+    if len(_NAME_TAGS) > 200_000:
+        _NAME_TAGS.clear()
+    _NAME_TAGS[name] = tk
+    return tk
+
+
+class LastOn:
+    """(tensor, backend) -> the last real (non-view) node on that backend reading the tensor, as
+    ``dict.get`` (a replay asks for a few): from the tensor's consumers and the nodes' backends."""
+
+    def __init__(self, consumers: dict[T, list[int]], real_bids: list[int | None]) -> None:
+        """``real_bids``: per node its backend, None for a view."""
+        self.consumers, self.real_bids = consumers, real_bids
+        self.memo: dict[tuple[T, int], int] = {}
+
+    def get(self, key: tuple[T, int], default: int) -> int:
+        got = self.memo.get(key)
+        if got is None:
+            t, b = key
+            bids = self.real_bids
+            got = self.memo[key] = next((i for i in reversed(self.consumers.get(t, ())) if bids[i] == b), -1)
+        return default if got == -1 else got
+
+
+class Rest:
+    """Per backend, from each of a walk's allocations (``RecAlloc.events``: position, end, label) on, the
+    largest end and the label of the first allocation reaching it."""
+
+    def __init__(self, events: list[list[tuple[int, int, str]]]) -> None:
+        self.pos = [[e[0] for e in evs] for evs in events]
+        self.best: list[list[tuple[int, str]]] = []
+        for evs in events:
+            best: tuple[int, str] = (-1, "")
+            out = [best] * (len(evs) + 1)
+            for k in range(len(evs) - 1, -1, -1):
+                e = evs[k]
+                if e[1] >= best[0]:
+                    best = (e[1], e[2])
+                out[k] = best
+            self.best.append(out)
+
+    def at(self, p: int) -> list[tuple[int, str]]:
+        """Per backend, the largest end at or after position ``p`` and its first label."""
+        return [best[bisect.bisect_left(pos, p)] for pos, best in zip(self.pos, self.best, strict=True)]
+
+
 class Reference:
     """One recorded full run of one reserve graph."""
 
     def __init__(self, sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend],
                  op_offload: bool, weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
                  kv_dev: Callable[[int], str], items: Sequence[Placed], unit_devices: list[str],
-                 keep_forced: bool = True, graph: Graph | None = None) -> None:
-        """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over)."""
+                 keep_forced: bool = True, graph: Graph | None = None, walker: Walker | None = None,
+                 layers: LayerRefs | None = None) -> None:
+        """``graph``: the graph already built for these devices (:mod:`.template`; this takes it over);
+        ``walker``: makes the recording walk (:mod:`.rec_jumps`: one that jumps periods of equal layers),
+        a plain one without; ``layers``: the graph's layers (:mod:`.sched_layers`: the scheduler's passes
+        1-4 take equal layers' results from the first)."""
         self.sh, self.backends, self.op_offload = sh, backends, op_offload
+        self.walker, self.layers = walker, layers
         self.unit_devices = list(unit_devices)
         self.items = kept_copy(items)  # kept alive: later placements are compared with them by identity
         if graph is None:
@@ -250,23 +353,14 @@ class Reference:
     def _passes_1_4(self, g: Graph, forced: dict[int, str]) -> None:
         """Scheduler passes 1-4, keeping pass 1's assignments; refused where pass 3 assigns or pass 4
         does more than give views their source's backend."""
-        nodes, leafs, sched, ids = g.nodes, g.leafs, self.sched, self.ids
-        for t in leafs + nodes:
-            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
-        for t in leafs + nodes:
-            if t.bid == -1:
-                t.bid = sched.backend_of(t)
+        nodes, layers = g.nodes, self.layers
+        p2 = self._passes_1_2(g, forced) if layers is None else self._layer_passes_1_2(g, forced, layers)
         self.gidx = {n: i for i, n in enumerate(nodes)}
-        self.p1 = [n.bid for n in nodes]
-        if any(t.bid == -1 for t in leafs):
-            raise Refuse("unassigned leaf")
-        sched.expand(nodes)
-        p2 = [n.bid for n in nodes]
-        sched.pass3(nodes)
-        if [n.bid for n in nodes] != p2:
-            raise Refuse("pass 3 assigns")
         self.orig_src = [tuple(n.src) for n in nodes]
-        sched.pass4(nodes)
+        if layers is None:
+            self.sched.pass4(nodes)
+        else:
+            LayerScheduler(self.backends, 1, self.op_offload, layers).pass4_layers(nodes)
         for i, n in enumerate(nodes):
             if n.op in VIEW_OPS:
                 assert n.view_src is not None
@@ -276,31 +370,60 @@ class Reference:
             if n.bid != want:
                 raise Refuse("pass 4 assigns")
 
+    def _passes_1_2(self, g: Graph, forced: dict[int, str]) -> list[int]:
+        """Passes 1-3 (``self.p1``: pass 1's backends of the nodes); the nodes' backends after pass 2,
+        which are theirs (refused where pass 3 assigns one)."""
+        nodes, leafs, sched, ids = g.nodes, g.leafs, self.sched, self.ids
+        for t in leafs + nodes:
+            t.bid = ids[forced[id(t)]] if id(t) in forced else -1
+        for t in leafs + nodes:
+            if t.bid == -1:
+                t.bid = sched.backend_of(t)
+        self.p1 = [n.bid for n in nodes]
+        if any(t.bid == -1 for t in leafs):
+            raise Refuse("unassigned leaf")
+        sched.expand(nodes)
+        p2 = [n.bid for n in nodes]
+        sched.pass3(nodes)
+        if [n.bid for n in nodes] != p2:
+            raise Refuse("pass 3 assigns")
+        return p2
+
+    def _layer_passes_1_2(self, g: Graph, forced: dict[int, str], layers: LayerRefs) -> list[int]:
+        """:meth:`_passes_1_2` a layer at a time (:mod:`.sched_layers`: equal layers' results taken from
+        the first)."""
+        p1, p2, unassigned = LayerScheduler(self.backends, 1, self.op_offload, layers).passes_1_2(g, forced)
+        self.p1 = p1
+        if any(t.bid == -1 for t in g.leafs):
+            raise Refuse("unassigned leaf")
+        if unassigned:  # pass 3 gives every real node pass 2 left unassigned a backend
+            raise Refuse("pass 3 assigns")
+        for n, b in zip(g.nodes, p2, strict=True):
+            n.bid = b
+        return p2
+
     def _uses_in_graph(self, nodes: list[T]) -> None:
         """Real nodes, consumers and views of every tensor in the graph's node order."""
         self.real = [i for i, n in enumerate(nodes) if n.op not in VIEW_OPS]
         self.ridx = {gi: r for r, gi in enumerate(self.real)}
         consumers: dict[T, list[int]] = {}
         views: dict[T, list[int]] = {}
-        # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
-        # can still be made or used (pass 5 copies sources for the real nodes' backends)
-        last_on: dict[tuple[T, int], int] = {}
         for i, (n, srcs) in enumerate(zip(nodes, self.orig_src, strict=True)):
-            real = n.op not in VIEW_OPS
             for s in srcs:
                 if s is not None:
                     if (c := consumers.get(s)) is None:
                         consumers[s] = [i]
                     else:
                         c.append(i)
-                    if real:
-                        last_on[(s, n.bid)] = i
             if (vs := n.view_src) is not None:
                 if (v := views.get(vs)) is None:
                     views[vs] = [i]
                 else:
                     v.append(i)
-        self.consumers, self.views, self.last_on = consumers, views, last_on
+        # (tensor, backend) -> the last node on that backend reading it: where a copy of it there
+        # can still be made or used (pass 5 copies sources for the real nodes' backends)
+        real_bids = [None if n.op in VIEW_OPS else n.bid for n in nodes]
+        self.consumers, self.views, self.last_on = consumers, views, LastOn(consumers, real_bids)
 
     def _positions(self) -> None:
         """Positions in the scheduler's graph (split starts with their copies, nodes), and the uses of
@@ -325,7 +448,7 @@ class Reference:
         view_nodes: dict[T, list[T]] = {}
         starts: list[int] = []  # periods.layer_starts of the sched nodes
         last = -1
-        set_first = first.setdefault
+        set_first, name_tag = first.setdefault, _NAME_TAGS.get
         for p, n in enumerate(self.sched_nodes):  # one pass, each map filled in node order
             set_first(n, p)
             for s in n.src:
@@ -335,10 +458,12 @@ class Reference:
                     else:
                         u.append(p)
                     set_first(s, p)
-            if (il := layer_suffix(n.name)) is not None:  # LAYER_SUFFIX's match, without the regex
-                layer_tags[n] = f" (layer {il})"
-                if (k := int(il)) > last:
-                    last = k
+            if (tk := name_tag(n.name, _UNSEEN)) is _UNSEEN:
+                tk = _name_tag(n.name)
+            if tk is not None:
+                layer_tags[n] = tk[0]
+                if tk[1] > last:
+                    last = tk[1]
                     starts.append(p)
             if n.view_src is not None and n.op != "NONE":
                 if (v := view_nodes.get(n.view_src)) is None:
@@ -352,7 +477,8 @@ class Reference:
         """The allocator run with checkpoints and events, each checkpoint's maximum of the rest, the
         copies and the reserve."""
         sched, backends = self.sched, self.backends
-        galloc = RecAlloc(backends)
+        galloc = (RecAlloc(backends) if self.walker is None
+                  else self.walker(backends, self.g.nodes, self.splits, self.layer_tags))
         # checkpoints at every split start, layer start and every _CK_STRIDE positions: a replay starts
         # at the last one before its first difference and stops at the first one where the state is the
         # same again (a tail may jump whole periods of layers from a layer start: see .periods)
@@ -364,7 +490,7 @@ class Reference:
         self.tail, self.tail_pos = galloc.tail, galloc.tail_pos
         galloc.allocs.clear()
         galloc.recs.clear()  # they point back at it: a cycle, left to the cycle collector otherwise
-        self.periods = find_periods(starts, self.tail, self.tail_pos)
+        self.periods = find_periods(starts, self.tail, self.tail_pos, galloc.jumped)
         # where a replay's tail stops: positions and their checkpoints' indices
         at_start = set(starts)
         stops = [(p, c) for c, p in enumerate(self.ckpos) if c % TAIL_STRIDE == 0 or p in at_start]
@@ -384,19 +510,11 @@ class Reference:
         # allocator owns, each once (``_Replay.early_bound``)
         self.node_bound: dict[tuple[int, int], int] = {}
         self.walk_facts: dict[T, tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}  # replay_alloc
-        last_first: list[tuple[int, list[tuple[int, str]]]] = []
-        for p in reversed(self.ckpos):
-            suffix = self.cks[p].suffix = []
-            last_first.append((p, suffix))
-        for evs in galloc.events:
-            best: tuple[int, str] = (-1, "")
-            k = len(evs)
-            for p, suffix in last_first:
-                while k and evs[k - 1][0] >= p:
-                    k -= 1
-                    if evs[k][1] >= best[0]:
-                        best = (evs[k][1], evs[k][2])
-                suffix.append(best)
+        # the same for a node with other sources than here (copies pass 5 made in a replay), by both
+        self.walk_facts_new: dict[tuple[T | None, ...], tuple[str, tuple[T, ...], bool, tuple[T, ...]]] = {}
+        rest = Rest(galloc.events)
+        for p, ck in self.cks.items():
+            ck.rest = (rest, p)
         self.copies = [0] * len(backends)
         self.wcopies = [0] * len(backends)
         for sp in self.splits:
@@ -407,6 +525,8 @@ class Reference:
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
         self._bound: list[int] | None = None
+        self._any_bound: list[int] | None = None
+        self._located: dict[bool, list[int]] = {}
 
     def size(self, t: T, b: int) -> int:
         """``GraphAllocator.size``, cached for the reference's tensors and the copies kept with it."""
@@ -440,6 +560,54 @@ class Reference:
             self._bound = graph_bound(GraphAllocator(self.backends), self.sched_nodes, self.sched_ids,
                                       self.sched.leafs)
         return self._bound
+
+    def below_any_placement(self, below: list[int]) -> bool:
+        """This graph's reserve is at most ``below`` on every backend under any placement that builds
+        the graph (:func:`.bound.any_placement_bound` plus :func:`.bound.located_copies`): a caller that
+        keeps the larger of two reserves may leave this one out before looking at what a move
+        changes.  The copies of KV views come first, then of weights, then the rest (a pass over the
+        whole graph): a big model's KV views alone are above any prompt reserve, so the rest is never
+        made for it (a first look costs it about a replay)."""
+        for part in (self._located_bound(True), self._located_bound(False)):
+            if any(x > y for x, y in zip(part, below, strict=True)):
+                return False
+        return all(x <= y for x, y in zip(self.any_bound(), below, strict=True))
+
+    def any_bound(self) -> list[int]:
+        """Per backend, the bound of :meth:`below_any_placement`."""
+        if self._any_bound is None:
+            rest = any_placement_bound(self.sizer, self.g.nodes, self.orig_src, self.sched.leafs)
+            self._any_bound = [x + y for x, y in zip(self._located_bound(False), rest, strict=True)]
+        return self._any_bound
+
+    def _located_bound(self, kv_only: bool) -> list[int]:
+        """Per backend, the copies of KV views (``kv_only``) or of all tensors in a buffer (weights and
+        KV views) that pass 5 may make under some placement."""
+        got = self._located.get(kv_only)
+        if got is None:
+            nodes, out = self.g.nodes, []
+            for t, kind, _ in self.dev_of:
+                if kind == 1 or not kv_only:
+                    out.append(t)
+                    out += (nodes[i] for i in self.views.get(t, ()))
+            readers = [(s, self.consumers.get(s, [])) for s in out]
+            copied = located_copies(nodes, readers, self._pinned_by)
+            got = self._located[kv_only] = copy_sizes(self.sizer, copied)
+        return got
+
+    def _pinned_by(self, i: int) -> T | None:
+        """Node ``i``'s first weight source where pass 1 gives the node that weight's backend whatever
+        the placement (``Scheduler.backend_of``: not forced, in no buffer, no input, no op that pass 1
+        leaves open, no op offload), else None."""
+        n = self.g.nodes[i]
+        if n in self.forced_dev or n.location is not None or n.flags & INPUT:
+            return None
+        if n.op in ("ROPE", "FLASH_ATTN_EXT"):
+            return None
+        first = next((s for s in self.orig_src[i] if s is not None and s.weights), None)
+        if first is None or (self.op_offload and any(b.offloads(n) for b in self.backends)):
+            return None
+        return first
 
     def _pass5(self, nodes: list[T]) -> None:
         """``Scheduler._pass5`` recording the state before every node and where copies were made."""

@@ -15,7 +15,7 @@ from offload_planner.core.compute.ggml import (
     T,
     same_layout,
 )
-from offload_planner.core.compute.periods import PeriodWalk, apply_span
+from offload_planner.core.compute.periods import Event, PeriodWalk, apply_span
 from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse
 from offload_planner.core.compute.stats import stats
 
@@ -62,6 +62,9 @@ class _AllocReplay:
         self.d_all: dict[T, int] = {}
         self.base, self.d_base = wa, self.d_all
         self.changed: set[T] = set()
+        # per backend whose state at the start is patched (``_patches_for``): checkpoint, frees left out,
+        # frees added by position
+        self.patches: dict[int, tuple[int, set[T], dict[int, list[T]]]] = {}
         self.stop = 0  # where the last stretch stopped (``_skip``)
         self._move_start(self._first_difference())
         self._restore()
@@ -152,18 +155,91 @@ class _AllocReplay:
             self.d_all = self.d_base = d
             self.changed = {t for t, d in self.d_all.items() if d}
             back = wa
+            late: list[tuple[T, int, bool]] = []  # (tensor, its last use before the start, kept in this run)
             for t in self.changed:
                 if self.fixed(t) or first.get(t, wa) >= wa or (self.r_ref(t) > 0 and self.r_new(t) > 0):
                     continue
                 u = uses.get(t, [])
                 k = bisect.bisect_left(u, wa)
                 back = min(back, u[k - 1] if k else first[t])
+                late.append((t, u[k - 1] if k else -1, self.r_new(t) > 0))
             if back == wa:
+                return
+            if self._patches_for(late):
+                stats["patched_back"] += 1
                 return
             if back < 0:
                 raise Refuse("count of an input used before the window")
             stats["moved_back"] += 1
             target = back
+
+    def _patches_for(self, late: list[tuple[T, int, bool]]) -> bool:
+        """Instead of moving the start back before the last use of each ``late`` tensor: that tensor
+        lives on one backend, whose allocator alone differs at the start (the other backends' states
+        are the checkpoint's).  A tensor this run keeps (the reference frees it at its last use before
+        the start) and one it frees there (the reference keeps it) are patched into that backend's
+        reference events from a checkpoint before the use (``self.patches``, applied by
+        :meth:`_restore`).  False (nothing kept) where a case is not this simple: a view or a tensor
+        with views, never used before the start, or one whose last use may take it over in place
+        (:meth:`_place`), or not allocated at the checkpoint."""
+        ref, wa = self.ref, self.wa
+        ck_wa = ref.cks[wa]
+        patches: dict[int, tuple[int, set[T], dict[int, list[T]]]] = {}
+        for t, pos, kept in late:
+            if t.flags & OUTPUT:  # never freed nor taken over in place: the same in both runs
+                continue
+            if pos < 0 or t.view_src is not None or ref.view_nodes.get(t):
+                return False
+            c = ref.ckpos[bisect.bisect_right(ref.ckpos, pos) - 1]
+            got = ref.cks[c].live.get(t)
+            if got is None:
+                return False
+            b = got[0][0]
+            if kept and not _frees_at(ref, b, pos, t):
+                return False  # the reference's last use took it over in place
+            if not kept:
+                n = ref.sched_nodes[pos]
+                if t not in ck_wa.live or (n.op in INPLACE_OPS and same_layout(n, t)):
+                    return False
+            c0, drop, add = patches.get(b, (c, set(), {}))
+            if kept:
+                drop.add(t)
+            else:
+                add.setdefault(pos, []).append(t)
+            patches[b] = (min(c0, c), drop, add)
+        self.patches = patches
+        return True
+
+    def _patch(self, b: int, c: int, drop: set[T], add: dict[int, list[T]]) -> None:
+        """Backend ``b``'s allocator at the start from checkpoint ``c`` and the reference's events from
+        there, without the frees of ``drop`` and with frees of ``add`` after the events of their
+        positions; the backend's tensors live at the start (and those of ``drop``) with their offsets."""
+        ref, wa = self.ref, self.wa
+        ck = ref.cks[c]
+        al = self.allocs[b] = DynAllocator(ref.backends[b].alignment)
+        al.blocks = [list(x) for x in ck.blocks[b]]
+        al.max_size = ck.max_size[b]
+        own_b = {t: off for t, ((tb, off), _, _) in ck.live.items() if tb == b}
+        evs, poss = ref.tail[b], ref.tail_pos[b]
+        adds = sorted(add.items(), key=lambda e: e[0])
+        events: list[Event] = []
+        i = 0
+        for k in range(bisect.bisect_left(poss, c), bisect.bisect_left(poss, wa)):
+            while i < len(adds) and adds[i][0] < poss[k]:  # after every event of its position
+                events += ((2, t, t, ref.size(t, b), 0, "") for t in adds[i][1])
+                i += 1
+            e = evs[k]
+            if not (e[0] == 2 and e[1] in drop):
+                events.append(e)
+        for _, ts in adds[i:]:
+            events += ((2, t, t, ref.size(t, b), 0, "") for t in ts)
+        self.peaks[b] = al.apply(events, own_b, ck.peaks[b])
+        live_wa = ref.cks[wa].live
+        for t in [t for t, (tb, _) in self.own.items() if tb == b]:
+            del self.own[t]
+        for t, off in own_b.items():
+            if t in live_wa or t in drop:
+                self.own[t] = (b, off)
 
     def _diff(self, j: int, r: int) -> dict[T, int]:
         """Uses in the window from index ``j`` on minus the reference's from position ``r`` (where it
@@ -238,6 +314,8 @@ class _AllocReplay:
         self.nv: dict[T, int] = {}
         self.where = ck.layer
         self.cur = self.wnodes[0] if self.wnodes else ref.sched_nodes[self.wa]
+        for b, (c, drop, add) in self.patches.items():
+            self._patch(b, c, drop, add)
 
     # --- the walk ------------------------------------------------------------------------------
 
@@ -308,7 +386,7 @@ class _AllocReplay:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
         place, release, newsrc, nc = self._place, self.release, self.newsrc, self.nc
-        facts, uses = ref.walk_facts, ref.uses
+        facts, facts_new, uses = ref.walk_facts, ref.walk_facts_new, ref.uses
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
         q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
@@ -337,8 +415,13 @@ class _AllocReplay:
                 f = facts.get(n)
                 if f is None:
                     f = facts[n] = _walk_facts(ref, n, n.src)
-            else:
-                f = _walk_facts(ref, n, ss)
+            else:  # (a node with copies among its sources: kept by both, the copies are the reference's)
+                key = (n, *ss)
+                f = facts_new.get(key)
+                if f is None:
+                    if len(facts_new) > _MEMO_SIZE:
+                        facts_new.clear()
+                    f = facts_new[key] = _walk_facts(ref, n, ss)
             tag, cands, mine, rels = f
             if tag:
                 self.where = tag
@@ -477,6 +560,17 @@ def _walk_facts(ref: Reference, n: T, ss: list[T | None]) -> WalkFacts:
     cands = tuple(x for x in ss if x is not None and x.view_src is None and x.dev is None)
     rels = tuple(x for x in ss if x is not None and (x.dev if x.view_src is None else x.view_src.dev) is None)
     return tag, cands, n.view_src is None and n.dev is None, rels
+
+
+def _frees_at(ref: Reference, b: int, pos: int, t: T) -> bool:
+    """The reference frees ``t`` on backend ``b`` at position ``pos`` (not taken over in place)."""
+    poss, evs = ref.tail_pos[b], ref.tail[b]
+    k = bisect.bisect_left(poss, pos)
+    while k < len(poss) and poss[k] == pos:
+        if evs[k][0] == 2 and evs[k][1] is t:
+            return True
+        k += 1
+    return False
 
 
 def _minus(a: dict[T, int], b: dict[T, int]) -> dict[T, int]:

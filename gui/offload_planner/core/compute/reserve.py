@@ -6,12 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from offload_planner.core.compute.allocator import GraphAllocator
+from offload_planner.core.compute.bound import lifetime_bound, unproven
 from offload_planner.core.compute.ggml import Graph, T, nbytes
 from offload_planner.core.compute.graph import Builder, Shape
 from offload_planner.core.compute.jumps import JumpingAllocator
 from offload_planner.core.compute.sched_layers import LayerScheduler, cached_refs
 from offload_planner.core.compute.scheduler import Backend, Scheduler
-from offload_planner.core.compute.template import kept_codes
+from offload_planner.core.compute.template import LayerCodes, kept_codes
 
 # --- reserve ------------------------------------------------------------------------------------------
 
@@ -37,6 +38,31 @@ def reserve(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backen
     return reserve_graph(b.g, sh, backends, n_copies, no_alloc=no_alloc, op_offload=op_offload)
 
 
+def reserve_below(sh: Shape, arch_fn: Callable[[Builder], None], backends: list[Backend], n_copies: int,
+                  weights: Callable[[str], T | None], layer_dev: Callable[[int], str],
+                  kv_dev: Callable[[int], str], below: list[int], *, no_alloc: bool = False,
+                  op_offload: bool = True) -> Reserve | None:
+    """:func:`reserve`, or None when a bound of its sizes (from the scheduled graph: the allocator's walk
+    is left out) is at most ``below`` on every backend: llama.cpp keeps the larger of two reserves per
+    backend, so this one would decide no size.  The bound: the sum of what the allocator may be asked
+    for (:func:`.bound.unproven`); where that fails on the host, the lifetimes' (:func:`.bound.
+    lifetime_bound`, dearer): the host runs the layers' split-off parts (experts overridden to it) and
+    frees each before the next, where a GPU holds whole layers and the residual stream across them."""
+    b = Builder(sh, weights, layer_dev, kv_dev)
+    arch_fn(b)
+    sched = Scheduler(backends, n_copies, op_offload)
+    sched.split_graph(b.g, keep_forced=not no_alloc)
+    sizer = GraphAllocator(backends)
+    failed = unproven(sizer, sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids, below)
+    if failed is None:
+        return None
+    if failed == sched.cpu:
+        bound = lifetime_bound(sizer, sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
+        if all(x <= y for x, y in zip(bound, below, strict=True)):
+            return None
+    return _allocated(b.g, sh, backends, n_copies, sched, None)
+
+
 def reserve_graph(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, *, no_alloc: bool = False,
                   op_offload: bool = True) -> Reserve:
     """The reserve of a built graph (scheduled and allocated); a kept graph's scheduler passes take
@@ -46,6 +72,12 @@ def reserve_graph(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, *
     sched = (Scheduler(backends, n_copies, op_offload) if kept is None
              else LayerScheduler(backends, n_copies, op_offload, cached_refs(g, kept[0])))
     sched.split_graph(g, keep_forced=not no_alloc)
+    return _allocated(g, sh, backends, n_copies, sched, kept)
+
+
+def _allocated(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, sched: Scheduler,
+               kept: tuple[LayerCodes, dict[int, int]] | None) -> Reserve:
+    """The scheduled graph allocated: its reserve."""
     galloc = (GraphAllocator(backends) if kept is None
               else JumpingAllocator(backends, kept[0], g.nodes, kept[1], sched.splits))
     sizes = galloc.run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)

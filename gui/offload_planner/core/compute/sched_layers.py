@@ -161,20 +161,29 @@ class LayerScheduler(Scheduler):
     def split_graph(self, g: Graph, *, keep_forced: bool = True) -> None:
         forced = g.forced if keep_forced else {}
         nodes = g.nodes
-        self._leafs_pass1(g.leafs, forced)
-        bids = self._pass1(nodes, forced)
-        for k, (forward, skip_cpu) in enumerate(((True, True), (False, True), (True, False), (False, False))):
-            unassigned = self._sweep(bids, k, forward, skip_cpu)
+        _, bids, unassigned = self.passes_1_2(g, forced)
         for n, b in zip(nodes, bids, strict=True):
             n.bid = b
         for s in unassigned:  # pass 3 assigns only real nodes pass 2 left unassigned
             a, b = self.refs.bounds[s]
             self.pass3(nodes[a:b])
-        self._pass4_layers(nodes)
+        self.pass4_layers(nodes)
         self._pass5_layers(nodes)
         self.build_copy(g)
 
     # --- pass 1 and pass 2, on a list of the nodes' backends
+
+    def passes_1_2(self, g: Graph, forced: dict[int, str]) -> tuple[list[int], list[int], list[int]]:
+        """Pass 1 (the leafs' backends set, the nodes' returned) and pass 2 (the nodes' backends after
+        it, and the segments where it left a real node unassigned, for pass 3); the nodes' ``bid``
+        untouched."""
+        self._leafs_pass1(g.leafs, forced)
+        p1 = self._pass1(g.nodes, forced)
+        bids = list(p1)
+        unassigned: list[int] = []
+        for k, (forward, skip_cpu) in enumerate(((True, True), (False, True), (True, False), (False, False))):
+            unassigned = self._sweep(bids, k, forward, skip_cpu)
+        return p1, bids, unassigned
 
     def _leafs_pass1(self, leafs: list[T], forced: dict[int, str]) -> None:
         """Pass 1 on the leafs: a forced backend, else the one of the buffer a leaf's data is in (a
@@ -245,7 +254,7 @@ class LayerScheduler(Scheduler):
                 unassigned.append(s)
         return unassigned if forward else unassigned[::-1]
 
-    def _pass4_layers(self, nodes: list[T]) -> None:
+    def pass4_layers(self, nodes: list[T]) -> None:
         """``Scheduler.pass4`` a segment at a time: the backends it gives the segment's nodes and the
         outside tensors it reads, by the backends they have before it."""
         refs = self.refs

@@ -42,6 +42,20 @@ class Backend:
     offload_min_batch: int | None = None
     offload_only: frozenset[str] | None = None
 
+    def __hash__(self) -> int:
+        """The dataclass's hash of every field, kept (each projection looks its references up by keys
+        holding the backends, twice per reserve)."""
+        h: int | None = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.name, self.buft, self.alignment, self.cuda_like, self.offload_min_batch,
+                      self.offload_only))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without the kept hash (another process hashes strings with another seed)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def offloads(self, op: T) -> bool:
         """``ggml_backend_offload_op``: take an op whose weight sits in host memory."""
         if self.offload_min_batch is None:

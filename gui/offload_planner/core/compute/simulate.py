@@ -15,7 +15,7 @@ from offload_planner.core.compute.archs import ARCH_GRAPHS
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
 from offload_planner.core.compute.incremental import incremental_reserve
-from offload_planner.core.compute.reserve import Reserve, reserve, reserve_graph
+from offload_planner.core.compute.reserve import Reserve, reserve, reserve_below, reserve_graph
 from offload_planner.core.compute.scheduler import (
     ASYNC_EVENTS,
     CUDA_LIKE,
@@ -47,6 +47,23 @@ def model_gpus(devices: DeviceSet, placement: Placement) -> list[Device]:
 
 
 def backends_for(devices: DeviceSet, placement: Placement) -> list[Backend]:
+    """The scheduler's backends: the model's GPUs, then the CPU; the same objects for the same devices
+    (every projection asks; their hashes are kept: the references are looked up by them)."""
+    names = getattr(placement, "model_devices", None)
+    key = (devices, None if names is None else tuple(names))
+    got = _BACKENDS.get(key)
+    if got is None:
+        got = tuple(_backends_for(devices, placement))
+        if len(_BACKENDS) < _BACKENDS_SIZE:  # (never evicted: a window meets a few device sets)
+            _BACKENDS[key] = got
+    return list(got)
+
+
+_BACKENDS: dict[tuple[DeviceSet, tuple[str, ...] | None], tuple[Backend, ...]] = {}
+_BACKENDS_SIZE = 256
+
+
+def _backends_for(devices: DeviceSet, placement: Placement) -> list[Backend]:
     gpus = model_gpus(devices, placement)
     out = [Backend(g.name, g.name, g.alignment, g.kind in CUDA_LIKE, OP_OFFLOAD_MIN_BATCH.get(g.kind),
                    OP_OFFLOAD_ONLY.get(g.kind)) for g in gpus]
@@ -230,8 +247,9 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
     reserve only, through ``ggml_backend_sched_reserve_size``, which drops user-forced backends.
     ``incremental``: replay the reserves against a recorded run of the same graph
     (:mod:`offload_planner.core.compute.incremental`; the same result, in a fraction of the time).
-    ``sizes_only`` (with ``incremental``): ``reserves`` may leave out a replayed one-token reserve that
-    a bound puts at most at the prompt reserve on every backend (:mod:`.bound`): ``sizes`` and the
+    ``sizes_only`` (with ``incremental``, or plain without ``memo``): ``reserves`` may leave out the
+    one-token reserve (replayed, or scheduled from scratch and not walked by the allocator) where a
+    bound puts it at most at the prompt reserve on every backend (:mod:`.bound`): ``sizes`` and the
     prompt reserve are the same, and the reserve left out decides no size.
     ``memo`` (from scratch only): reserves already made of the same graph and placement are reused,
     and the graph built for another placement is re-placed (:mod:`.template`; under
@@ -290,6 +308,12 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
 
         reserves = []
         for sh in shapes[:1] if no_alloc else shapes:
+            if memo is None and sizes_only and reserves:  # the one-token reserve, unless a bound is below
+                r = reserve_below(sh, arch_fn, backends, n_copies, weight_factory(model, placement),
+                                  placement.layer_device, kv_dev, reserves[0].sizes, no_alloc=no_alloc,
+                                  op_offload=op_offload)
+                reserves.extend([r] if r is not None else [])
+                continue
             if memo is None:
                 reserves.append(one(sh))
                 continue

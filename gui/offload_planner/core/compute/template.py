@@ -228,3 +228,12 @@ def kept_codes(g: Graph) -> tuple[LayerCodes, dict[int, int]] | None:
         if tpl.g is g:
             return tpl.codes()
     return None
+
+
+def handed_codes(g: Graph) -> tuple[LayerCodes, dict[int, int]] | None:
+    """The layer codes and node positions of a graph handed to a recorded reference (``own``), as
+    :func:`kept_codes` (None: a graph built for it)."""
+    for tpl in _HANDED.values():
+        if tpl.g is g:
+            return tpl.codes()
+    return None

@@ -10,7 +10,7 @@ from offload_planner.core.placement import CPU, Placed
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.candidate import Candidate, margin_of, room
-from offload_planner.core.speed.evaluator import Evaluator
+from offload_planner.core.speed.evaluator import Evaluator, _key
 from offload_planner.core.speed.layout import (
     LayerCost,
     Speeds,
@@ -19,9 +19,17 @@ from offload_planner.core.speed.layout import (
     layer_costs,
     may_split,
     speeds,
+    weighted,
 )
 from offload_planner.core.speed.ranking import score
+from offload_planner.core.speed.speculation import step_reads
 from offload_planner.core.speed.variants import _describe, variant
+
+#: bytes a GPU that takes the layout's single expert tensors keeps free by the prediction, per token
+#: of -ub (at least 128 MiB): its compute buffers are predicted from another layer split's (Kimi-K2
+#: on four 24 GiB cards at -ub 4096: a card's compute buffer predicted 1872 MiB, projected 2272 MiB)
+PART_SLACK_PER_UB = 128 * 1024
+PART_SLACK_MIN = 128 * 1024**2
 
 
 class Fills(Evaluator):
@@ -71,33 +79,50 @@ class Fills(Evaluator):
             layers = self._layers[key] = layer_costs(plan, start.projection, free)
         margins = {g.name: margin_of(g) for g in self.devices.gpus}
         budget = budgets(plan, start.projection, layers, self.devices, margins)
-        got = self._blocks(plan, layers, budget, speeds(plan, self.hw, self.eff))
-        if got is None:
-            return []
-        c, p, moves = got
-        split = self.fill_tensors(c, p, moves)
-        return [c] + ([] if split is None else [split])
+        sp = speeds(plan, self.hw, self.eff)
+        out: list[Candidate] = []
+        slack = max(PART_SLACK_MIN, PART_SLACK_PER_UB * plan.context.n_ubatch)
+        runs: list[tuple[list[LayerCost], int | None, str]] = [(layers, None, ""), (layers, slack, "")]
+        reads = step_reads(plan)
+        if reads is not None:  # the layout of a speculative step: its reads of the experts weighed
+            runs.append((weighted(layers, reads), slack, ", speculative"))
+        for costs, packed, tag in runs:  # whole layers, then packed with parts
+            got = self._blocks(plan, costs, list(budget), sp, packed, tag)
+            if got is None or any(_key(got[0].plan) == _key(c.plan) for c in out):
+                continue
+            c, p, moves = got
+            split = self.fill_tensors(c, p, moves)
+            out += [c] + ([] if split is None else [split])
+        return out
 
-    def _blocks(self, plan: Plan, layers: list[LayerCost], budget: list[int],
-                sp: Speeds) -> tuple[Candidate, Plan, dict[str, str]] | None:
+    def _blocks(self, plan: Plan, layers: list[LayerCost], budget: list[int], sp: Speeds,
+                slack: int | None, tag: str = "") -> tuple[Candidate, Plan, dict[str, str]] | None:
         """The block layout of ``layers`` in ``budget``, projected; a GPU over its limit loses what it
-        is over from its budget and the layout is made again (three tries)."""
+        is over from its budget and the layout is made again (three tries).  ``slack``: packed with
+        parts (:func:`best_layout`), and a GPU that takes parts must keep ``slack`` bytes free by the
+        prediction (its compute buffers are another split's: the prediction may be short)."""
         gpus = [g.name for g in self.devices.gpus]
         how = "own -ts" if len(gpus) > 1 else "small layers first"
+        how += (", parts" if slack is not None else "") + tag
         label = f"fastest ({_describe(variant(plan))}, {how})"
         for _ in range(3):
-            lay = best_layout(layers, budget, sp)
+            lay = best_layout(layers, budget, sp, slack)
             if lay is None:
                 return None
             ts = tuple(float(n) for n in lay.units) if len(gpus) > 1 else ()
             p = replace(plan, placement_options=replace(plan.placement_options, tensor_split=ts))
             moves = lay.moves(layers, gpus)
             c = self.candidate(label, p.with_moves(moves))
-            if not c.over:
-                return c, p, moves
             left = room(c.projection, self.devices)
-            for g in c.over:
-                budget[gpus.index(g)] += left[g]
+            keep = {g: (slack or 0) if any(moves[x] == g for x in lay.parts) else 0 for g in gpus}
+            short = [g for g in gpus if g in left and left[g] < keep[g]]
+            if not short:
+                return c, p, moves
+            used = lay.used(layers) if slack is not None else None
+            for g in short:
+                i = gpus.index(g)
+                # packed: below what the layout used there (its room may be what it misjudged)
+                budget[i] = (budget[i] if used is None else min(budget[i], used[i])) + left[g] - keep[g]
         return None
 
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:

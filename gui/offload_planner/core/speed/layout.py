@@ -15,6 +15,13 @@ estimate's own figures as a straight line (:class:`Speeds`: the bytes each devic
 effective bandwidth, the splits): so a fast card takes more layers than a slow one, a card may be
 left empty where that saves a split, and the output layer stays on the last GPU.
 
+Packed (:meth:`_Blocks.fill`), a block also tries one or two fewer of its first-ranked whole layers
+for larger ones that fill its room better (Kimi-K2: two 10.2 GiB layers in 20.8 GiB where a 8.9
+and a 10.2 leave 1.7 unused), then fills the room left with parts: single expert tensors of its
+other layers, on their own GPU (such a layer keeps its two splits and reads fewer bytes on the
+CPU).  With speculative decoding the layers' expert reads are weighed per step (:func:`weighted`,
+:class:`~offload_planner.core.speed.speculation.StepReads`).
+
 Budgets come from the plan with every free routed expert on the CPU: a GPU's capacity minus its
 margin minus what the projection puts there that does not follow a layer (the output layer, compute
 buffers).  The compute buffers grow once a GPU holds experts, so the search projects the result and
@@ -24,7 +31,7 @@ lowers the budget of a GPU over its limit by what it is over (:func:`best_layout
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import Projection, alloc_size, kv_buffers, pad
@@ -35,6 +42,7 @@ from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.rates import _bandwidth
 from offload_planner.core.speed.reads import expert_fraction, token_bytes
+from offload_planner.core.speed.speculation import StepReads
 from offload_planner.core.speed.splits import _split_seconds
 
 
@@ -46,21 +54,39 @@ class LayerCost:
     names: tuple[str, ...]  # those experts
     base_tok: int = 0  # bytes a token reads of what follows it (its weights; no KV at depth 0)
     experts_tok: int = 0  # bytes a token reads of its free experts (n_expert_used / n_expert)
+    #: per name of ``names``: its bytes on the layer's GPU and the bytes a token reads of it (a part
+    #: of the layer's experts on its GPU, the rest on the CPU: the same two splits, fewer bytes read
+    #: on the CPU); empty: the experts move only together
+    parts: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class Layout:
     units: tuple[int, ...]  # units (layers, the output last) per GPU: the -ts
     whole: frozenset[int]  # layers whose free routed experts are on their GPU
+    parts: frozenset[str] = frozenset()  # single expert tensors of other layers on their layer's GPU
+
+    def used(self, layers: Sequence[LayerCost]) -> list[int]:
+        """Bytes each GPU's block takes by the layers' costs: their base, whole layers' experts, parts."""
+        out, il0 = [], 0
+        for n in self.units:
+            block = layers[il0:il0 + n]
+            out.append(sum(lc.base + (lc.experts if lc.index in self.whole else sum(
+                size for x, (size, _) in zip(lc.names, lc.parts, strict=False) if x in self.parts))
+                for lc in block))
+            il0 += n
+        return out
 
     def moves(self, layers: Sequence[LayerCost], gpus: Sequence[str]) -> dict[str, str]:
-        """Each whole layer's free experts onto its GPU."""
+        """Each whole layer's free experts, and each part, onto its layer's GPU."""
         out: dict[str, str] = {}
         il0 = 0
         for g, n in zip(gpus, self.units, strict=True):
             for lc in layers[il0:il0 + n]:
                 if lc.index in self.whole:
                     out.update(dict.fromkeys(lc.names, g))
+                else:
+                    out.update(dict.fromkeys((x for x in lc.names if x in self.parts), g))
             il0 += n
         return out
 
@@ -101,9 +127,22 @@ def layer_costs(plan: Plan, proj: Projection, free: dict[int, list[str]]) -> lis
         names = tuple(free.get(il, ()))
         dev = devices.by_name(placement.layer_device(il))
         assert dev is not None
-        size = sum(pad(alloc_size(model.tensor(x), dev), dev.alignment) for x in names)
-        etok = sum(int(model.tensor(x).nbytes * frac) for x in names)
-        out.append(LayerCost(il, base[il], size, names, tok[il], etok))
+        parts = tuple((pad(alloc_size(t, dev), dev.alignment), int(t.nbytes * frac))
+                      for t in (model.tensor(x) for x in names))
+        out.append(LayerCost(il, base[il], sum(p[0] for p in parts), names, tok[il],
+                             sum(p[1] for p in parts), parts))
+    return out
+
+
+def weighted(layers: Sequence[LayerCost], reads: StepReads) -> list[LayerCost]:
+    """``layers`` with the bytes a token reads of their free experts weighted per step of speculative
+    decoding (:class:`StepReads`: the trunk's by the verify batch, NextN blocks' by the draft passes)."""
+    out = []
+    for lc in layers:
+        w = reads.nextn if lc.index >= reads.n_trunk else reads.trunk
+        parts = tuple((size, round(tok * w)) for size, tok in lc.parts)
+        out.append(replace(lc, experts_tok=sum(t for _, t in parts) if parts else round(lc.experts_tok * w),
+                           parts=parts))
     return out
 
 
@@ -143,12 +182,41 @@ class Speeds:
     boundary: float
 
 
-def _classes(layers: Sequence[LayerCost]) -> list[tuple[int, int]]:
-    """(expert bytes, expert bytes a token reads) of the layers' kinds (layers with free experts)."""
-    return sorted({(lc.experts, lc.experts_tok) for lc in layers if lc.experts})
+Kind = tuple[int, int, tuple[tuple[int, int], ...]]  # a layer's expert bytes, bytes read, parts
+
+
+def _classes(layers: Sequence[LayerCost]) -> list[Kind]:
+    """(expert bytes, expert bytes a token reads, parts) of the layers' kinds (layers with free
+    experts)."""
+    return sorted({(lc.experts, lc.experts_tok, tuple(sorted(lc.parts))) for lc in layers if lc.experts})
 
 
 _NEVER = 1 << 62  # the size of a kind no block makes whole (it would not save time there)
+#: whole layers of a block's first kind given up, each, for the later kinds (larger layers a block's
+#: room takes better: Kimi-K2's 10.2 and 8.9 GiB layers, two of the larger in 20.8 GiB)
+_FEWER = (1, 2)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Expert tensors of one size of a kind of layers, on a GPU: each saves what a token reads of it
+    on the CPU against that GPU (its layer still costs the two splits)."""
+
+    size: int
+    gain: float
+    rank: int  # its kind's rank on that GPU
+    mult: int  # such tensors in one layer of the kind
+    part: tuple[int, int]  # (bytes, bytes read): LayerCost.parts of those tensors
+
+
+@dataclass(frozen=True)
+class _Fill:
+    """What a block makes of its room beside its layers' base: whole layers per rank, then parts of
+    the others (:class:`_Piece`, per piece of the GPU), and the seconds a token they save."""
+
+    saved: float
+    whole: tuple[int, ...]
+    pieces: tuple[int, ...]
 
 
 class _Blocks:
@@ -156,45 +224,117 @@ class _Blocks:
     kinds of layers (by their experts) are ranked by the time a whole one saves there per byte, the
     first first: ``kind_at[g][layer]`` is the layer's rank (-1: no free experts)."""
 
-    def __init__(self, layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) -> None:
+    def __init__(self, layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds,
+                 slack: int | None = None) -> None:
         self.layers, self.room, self.sp = layers, room, sp
+        self.packed = slack is not None
+        self.slack = slack or 0
         kinds = _classes(layers)
         self.n_kinds = len(kinds)
         kind = {k: i for i, k in enumerate(kinds)}
-        kind_of = [kind.get((lc.experts, lc.experts_tok), -1) if lc.experts else -1 for lc in layers]
+        kind_of = [kind.get((lc.experts, lc.experts_tok, tuple(sorted(lc.parts))), -1) if lc.experts else -1
+                   for lc in layers]
         self.bases = [lc.base for lc in layers]
         self.kind_at: list[list[int]] = []
         self.sizes: list[list[int]] = []  # per GPU, by rank: bytes (_NEVER: whole saves nothing there)
         self.gain: list[list[float]] = []  # per GPU, by rank: seconds a token one whole layer saves
+        self.pieces: list[list[_Piece]] = []  # per GPU: the parts of layers, largest first
+        self.min_piece: list[int] = []  # per GPU: the smallest piece (_NEVER: none)
+        #: per GPU: the most seconds a byte of the first rank's whole layers, and of anything else, saves
+        self.rates: list[tuple[float, float]] = []
+        self._memo: dict[tuple[int, ...], _Fill] = {}
         for spg, detour in zip(sp.gpu, sp.detour, strict=True):
-            gains = [tok * (sp.cpu - spg) + detour for _, tok in kinds]
+            gains = [tok * (sp.cpu - spg) + detour for _, tok, _ in kinds]
             order = sorted(range(len(kinds)), key=lambda i: (-gains[i] / kinds[i][0], i))
             rank = {i: r for r, i in enumerate(order)}
             self.kind_at.append([rank[i] if i >= 0 else -1 for i in kind_of])
             self.sizes.append([kinds[i][0] if gains[i] > 0 else _NEVER for i in order])
             self.gain.append([gains[i] for i in order])
+            pieces = [_Piece(size, tok * (sp.cpu - spg), rank[i], kinds[i][2].count((size, tok)), (size, tok))
+                      for i in order for size, tok in dict.fromkeys(kinds[i][2]) if tok * (sp.cpu - spg) > 0]
+            pieces.sort(key=lambda x: (-x.size, -x.gain, x.rank))
+            self.pieces.append(pieces)
+            self.min_piece.append(min((x.size for x in pieces), default=_NEVER))
+            # seconds a byte saves at most: whole layers of the first rank, then anything else (an
+            # upper bound of any fill, as the fractional knapsack's)
+            per_byte = [g / size if size < _NEVER else 0.0
+                        for g, size in zip(self.gain[-1], self.sizes[-1], strict=True)]
+            later = max(per_byte[1:] + [x.gain / x.size for x in pieces], default=0.0)
+            first = per_byte[0] if per_byte else 0.0
+            self.rates.append((max(first, later) * (1 + 1e-9), later * (1 + 1e-9)))
         #: per GPU and layer: its seconds a token there with its experts on the CPU
         self.step = [[lc.base_tok * spg + (lc.experts_tok * sp.cpu + detour if lc.experts else 0.0)
                       for lc in layers] for spg, detour in zip(sp.gpu, sp.detour, strict=True)]
 
-    def whole_counts(self, g: int, left: int, counts: Sequence[int]) -> list[int]:
-        """How many layers of each rank are whole in a block on GPU ``g`` with ``left`` bytes beside
-        its layers' base: the kinds that save the most per byte first (small layers, as each layer
-        on the CPU costs two splits whatever its size)."""
+    def whole_counts(self, g: int, left: int, counts: Sequence[int], first: int = 0) -> list[int]:
+        """How many layers of each rank from ``first`` are whole in a block on GPU ``g`` with
+        ``left`` bytes beside its layers' base: the kinds that save the most per byte first (small
+        layers, as each layer on the CPU costs two splits whatever its size)."""
         out = []
-        for size, n in zip(self.sizes[g], counts, strict=True):
+        for size, n in zip(self.sizes[g][first:], counts[first:], strict=True):
             t = min(n, left // size)
             left -= t * size
             out.append(t)
         return out
 
+    def fill(self, g: int, left: int, counts: Sequence[int]) -> _Fill:
+        """The most a block on GPU ``g`` with ``left`` bytes beside its layers' base saves: whole
+        layers (:meth:`whole_counts`, or one or two fewer of the first kind for more of the later
+        ones, which may fill the room better), then in the room left parts of the block's other
+        layers, largest first (each on its layer's GPU: no split more)."""
+        key = (g, left, *counts)  # blocks of as many layers of each kind, on as much room, repeat
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self._fill(g, left, counts)
+        return got
 
-def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) -> Layout | None:
+    def _fill(self, g: int, left: int, counts: Sequence[int]) -> _Fill:
+        sizes, gains = self.sizes[g], self.gain[g]
+        greedy = self.whole_counts(g, left, counts)
+        if not self.packed:
+            return _Fill(sum(w * gains[r] for r, w in enumerate(greedy) if w), tuple(greedy),
+                         (0,) * len(self.pieces[g]))
+        options = [greedy]
+        r0 = next((r for r, w in enumerate(greedy) if w), None)
+        if r0 is not None and any(w < c for w, c in zip(greedy[r0 + 1:], counts[r0 + 1:], strict=True)):
+            used = sum(w * sizes[r] for r, w in enumerate(greedy[:r0]))
+            for d in _FEWER:
+                if greedy[r0] < d:
+                    break
+                w0 = greedy[r0] - d
+                rest = self.whole_counts(g, left - used - w0 * sizes[r0], counts, r0 + 1)
+                options.append([*greedy[:r0], w0, *rest])
+        best = _Fill(-1.0, (), ())
+        for whole in options:
+            room, saved = left - self.slack, 0.0
+            for w, size, gain in zip(whole, sizes, gains, strict=True):
+                if w:
+                    room -= w * size
+                    saved += w * gain
+            pieces = []
+            for pc in self.pieces[g]:
+                t = (counts[pc.rank] - whole[pc.rank]) * pc.mult
+                if room < pc.size or not t:
+                    pieces.append(0)
+                    continue
+                t = min(t, room // pc.size)
+                room -= t * pc.size
+                saved += t * pc.gain
+                pieces.append(t)
+            if saved > best.saved:
+                best = _Fill(saved, tuple(whole), tuple(pieces))
+        return best
+
+
+def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds,
+                slack: int | None = None) -> Layout | None:
     """The block split with the shortest token (:class:`Speeds`, a straight line in the bytes each
     device reads): each GPU in llama.cpp's order takes the next layers; in each block the whole layers
-    are those its room allows beyond the layers' base, smallest first.  None: the layers do not fit
-    even with every free expert on the CPU."""
-    bl = _Blocks(layers, room, sp)
+    are those its room allows beyond the layers' base, smallest first.  With ``slack`` (packed), also
+    one or two fewer of them for larger ones, and parts of the others fill the room left but
+    ``slack`` bytes (:meth:`_Blocks.fill`: the compute buffers of another split are predicted, not
+    known).  None: the layers do not fit even with every free expert on the CPU."""
+    bl = _Blocks(layers, room, sp, slack)
     n, k = len(layers), len(room)
     extend = _extend2 if bl.n_kinds <= 2 else _extend
     inf = float("inf")
@@ -206,10 +346,11 @@ def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) ->
             nxt[n] += sp.boundary
         if g == k - 1:  # only the blocks that end with the last layer count
             _last_block(bl, g, best, nxt, par)
-        else:
-            for s0 in range(n):
-                if best[s0] != inf:
-                    extend(bl, g, s0, best[s0] + (sp.boundary if s0 else 0.0), nxt, par)
+        else:  # packed: the whole layers' blocks first, then only what may beat them is filled
+            for packed in (False, True)[:1 + bl.packed]:
+                for s0 in range(n):
+                    if best[s0] != inf:
+                        extend(bl, g, s0, best[s0] + (sp.boundary if s0 else 0.0), nxt, par, packed)
         best = nxt
         parent.append(par)
     if best[n] == inf:
@@ -217,12 +358,12 @@ def best_layout(layers: Sequence[LayerCost], room: Sequence[int], sp: Speeds) ->
     return _rebuild(bl, parent, n)
 
 
-def _extend(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int]) -> None:
+def _extend(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int],
+            packed: bool = False) -> None:
     """Every block from layer ``s0`` on GPU ``g`` that fits: ``nxt[e]`` improved where it is faster."""
     room, bases, step, kind_of = bl.room[g], bl.bases, bl.step[g], bl.kind_at[g]
-    sizes, gain = bl.sizes[g], bl.gain[g]
     base, t = 0, t0
-    counts = [0] * len(sizes)
+    counts = [0] * bl.n_kinds
     for e in range(s0, len(bases)):
         base += bases[e]
         if base > room:
@@ -231,10 +372,13 @@ def _extend(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list
         if kind_of[e] >= 0:
             counts[kind_of[e]] += 1
         left, v = room - base, t
-        for size, c, gj in zip(sizes, counts, gain, strict=True):
-            w = min(c, left // size)
-            left -= w * size
-            v -= w * gj
+        if packed:
+            v -= bl.fill(g, left, counts).saved
+        else:
+            for size, c, gj in zip(bl.sizes[g], counts, bl.gain[g], strict=True):
+                w = min(c, left // size)
+                left -= w * size
+                v -= w * gj
         if v < nxt[e + 1]:
             nxt[e + 1], par[e + 1] = v, s0
 
@@ -243,7 +387,6 @@ def _last_block(bl: _Blocks, g: int, best: list[float], nxt: list[float], par: l
     """The blocks of the last GPU: every start, to the last layer (grown from the end)."""
     n = len(bl.bases)
     room, bases, step, kind_of = bl.room[g], bl.bases, bl.step[g], bl.kind_at[g]
-    gain = bl.gain[g]
     base, t = 0, 0.0
     counts = [0] * bl.n_kinds
     for s0 in range(n - 1, -1, -1):
@@ -255,19 +398,22 @@ def _last_block(bl: _Blocks, g: int, best: list[float], nxt: list[float], par: l
             counts[kind_of[s0]] += 1
         if best[s0] == float("inf"):
             continue
-        v = best[s0] + (bl.sp.boundary if s0 else 0.0) + t
-        v -= sum(w * gj for w, gj in zip(bl.whole_counts(g, room - base, counts), gain, strict=True))
+        v = best[s0] + (bl.sp.boundary if s0 else 0.0) + t - bl.fill(g, room - base, counts).saved
         if v < nxt[n]:
             nxt[n], par[n] = v, s0
 
 
-def _extend2(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int]) -> None:
+def _extend2(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: list[int],
+             packed: bool = False) -> None:
     """:func:`_extend` for at most two kinds of layers (most models), written out: the search runs it
-    for every block of every GPU."""
+    for every block of every GPU.  The whole layers smallest first as :meth:`_Blocks.whole_counts`;
+    ``packed``: :meth:`_Blocks.fill` instead, only where it may find more (room for a part, or for
+    a larger layer instead of a smaller one) and its bound beats the best block so far."""
     room, bases, step, kind_of = bl.room[g], bl.bases, bl.step[g], bl.kind_at[g]
     sz = [*bl.sizes[g], _NEVER, _NEVER]
     gn = [*bl.gain[g], 0.0, 0.0]
     sa, sb, ga, gb = sz[0], sz[1], gn[0], gn[1]
+    minp, ra, rb = bl.min_piece[g] + bl.slack, bl.rates[g][0], bl.rates[g][1]
     base, t, ca, cb = 0, t0, 0, 0
     for e in range(s0, len(bases)):
         base += bases[e]
@@ -283,33 +429,51 @@ def _extend2(bl: _Blocks, g: int, s0: int, t0: float, nxt: list[float], par: lis
         wa = left // sa
         if wa > ca:
             wa = ca
-        wb = (left - wa * sa) // sb
+        rest = left - wa * sa
+        wb = rest // sb
         if wb > cb:
             wb = cb
+        rest -= wb * sb
         v = t - wa * ga - wb * gb
+        if packed and ((rest >= minp and wa + wb < ca + cb) or (wa and wb < cb and rest + sa >= sb)):
+            # at most the first kind's bytes at its rate, the rest at the best rate after it
+            x = ca * sa if ca * sa < left else left
+            if t - (x * ra + (left - x) * rb) < nxt[e + 1]:
+                v = t - bl.fill(g, left, [ca, cb][:bl.n_kinds]).saved
         if v < nxt[e + 1]:
             nxt[e + 1], par[e + 1] = v, s0
 
 
 def _rebuild(bl: _Blocks, parent: list[list[int]], n: int) -> Layout:
-    """The blocks and their whole layers from the choices made (the first layers of each kind in a
-    block are whole)."""
+    """The blocks, their whole layers and parts from the choices made (the first layers of each kind
+    in a block are whole, the next ones' tensors the parts, layer by layer)."""
     units: list[int] = []
     whole: set[int] = set()
+    parts: set[str] = set()
     e = n
     for g in range(len(parent) - 1, -1, -1):
         s0 = parent[g][e]
         units.append(e - s0)
         block = bl.layers[s0:e]
         counts = [sum(1 for x in range(s0, e) if bl.kind_at[g][x] == i) for i in range(bl.n_kinds)]
-        left = bl.room[g] - sum(lc.base for lc in block)
-        todo = bl.whole_counts(g, left, counts)
+        got = bl.fill(g, bl.room[g] - sum(lc.base for lc in block), counts)
+        todo = list(got.whole)
+        rest: list[tuple[int, LayerCost]] = []
         for x, lc in zip(range(s0, e), block, strict=True):
             i = bl.kind_at[g][x]
             if i >= 0 and todo[i]:
                 todo[i] -= 1
                 whole.add(lc.index)
+            elif i >= 0:
+                rest.append((i, lc))
+        for pc, t in zip(bl.pieces[g], got.pieces, strict=True):
+            for i, lc in rest:
+                if t and i == pc.rank:
+                    take = [x for x, part in zip(lc.names, lc.parts, strict=True)
+                            if part == pc.part and x not in parts][:t]
+                    parts.update(take)
+                    t -= len(take)
         e = s0
     units.reverse()
     units[-1] += 1  # the output layer stays on the last GPU
-    return Layout(tuple(units), frozenset(whole))
+    return Layout(tuple(units), frozenset(whole), frozenset(parts))

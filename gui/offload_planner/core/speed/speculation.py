@@ -211,6 +211,37 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
     return _Draft(label, reads, expert_fraction(plan.model), pairs, s.n_embd, kv, n_max)
 
 
+@dataclass(frozen=True)
+class StepReads:
+    """What one step of speculative decoding reads of a layer's routed experts, over what one plain
+    token reads (``n_expert_used / n_expert`` of them): the target's trunk in the verify batch of
+    ``n + 1`` tokens (the experts any of them routes to), and an MTP head's NextN block in its ``n``
+    one-token draft passes and its batch (:func:`speculation`).  A layout for the step (the fastest
+    plan's :mod:`layout`) weighs the experts' bytes with them: with MTP the NextN block's experts
+    are worth ~4x a trunk layer's on the GPU, and every expert byte more against a graph split."""
+
+    trunk: float
+    nextn: float
+    n_trunk: int  # layers from here are NextN blocks
+
+
+def step_reads(plan: Plan) -> StepReads | None:
+    """:class:`StepReads` of the plan's draft model or MTP (None without one, or with no draft)."""
+    spec = plan.spec
+    if spec is None or not spec.active:
+        return None
+    s = plan.model.summary
+    mtp = spec.draft is None and spec.mtp and s.n_nextn > 0
+    if spec.draft is None and not mtp:
+        return None
+    n = min(spec.n_max, s.n_nextn) if mtp and s.n_nextn > 1 else spec.n_max
+    frac = expert_fraction(plan.model)
+    if n < 1 or not 0.0 < frac < 1.0:
+        return None
+    hit = 1.0 - (1.0 - frac) ** (n + 1)
+    return StepReads(hit / frac, (n * frac + hit) / frac if mtp else hit / frac, s.n_layer_trunk)
+
+
 def with_speculation(est: SpeedEstimate, plan: Plan, hw: Hardware, eff: Efficiencies, *,
                      placement: Placement | None = None, accept: float | None = None) -> SpeedEstimate:
     """``est`` with tg as the plan's draft model or MTP makes it (``est.spec`` says how, and keeps
