@@ -37,6 +37,10 @@ Then the speed line writes rates below 100 t/s with three significant figures, a
 (``ui.rates.rate_text``), instead of one decimal: ``tg 2.7 t/s at depth 0, 2.5 t/s at 32768 tokens``
 -> ``tg 2.68 t/s ..., 2.47 t/s ...``; only that line changed, in the 12 DeepSeek text and --explain
 files (rates of 10 t/s and more read the same; the JSON files carry unrounded figures).
+Then those three significant figures keep their trailing zeros (``core.speed.tps.tps_text``): a rate
+of 2.4995 t/s was written ``2.5`` beside ``2.72`` (and 7.999 as ``8``), as if it were rounder than
+its neighbours; ``ds_layer3_on_gpu`` text and --explain: ``2.5 t/s at 32768 tokens`` -> ``2.50``,
+the only line changed.
 Then (issue 11, the speed estimate only; every memory line unchanged) a CPU core's compute follows its
 instruction set (core.speed.cpu_isa: read from ``/proc/cpuinfo``, pinned here to none, so the CPU keeps
 the AVX2 figure and every CPU compute line reads as before), and ik_llama.cpp's CPU efficiency, fitted

@@ -61,3 +61,18 @@ def test_fit_table_and_json_keep_a_slow_estimate() -> None:
         assert tg not in ("0.00", "0.0") and pp not in ("0.00", "0.0")
     speed = SPEED.search(text)
     assert speed and speed.group(1) == tps_text(out["speed"]["tg_tps"])
+
+
+def test_three_significant_figures_keep_their_zeros() -> None:
+    """DeepSeek-V3 on a 24 GiB GPU and 8 channels of DDR5-4800, experts in RAM: tg at 32768 tokens is
+    7.999 t/s and was written "8 t/s" beside "10.7 t/s" (one figure where the line promises three)."""
+    demo = QWEN.replace("Qwen3-30B-A3B-Q4_K_M", "DeepSeek-V3-Q4_K_M")
+    args = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB,ram=8xDDR5-4800", "--"]
+    r = run("plan", demo, "--json", *args, "-ngl", "999", "--cpu-moe", "-c", "32768")
+    at_ctx = json.loads(r.stdout)["speed"]["tg_tps_at_ctx"]
+    assert round(at_ctx, 2) == 8.0 and at_ctx != 8.0  # the case: three figures of it are 8.00
+    text = run("plan", demo, *args, "-ngl", "999", "--cpu-moe", "-c", "32768").stdout
+    m = re.search(r"tg (\S+) t/s at depth 0, (\S+) t/s at 32768 tokens; pp (\S+) t/s", text)
+    assert m, text
+    assert m.group(2) == "8.00" == tps_text(at_ctx)
+    assert all(len(g.replace(".", "").lstrip("0")) == 3 for g in m.groups()), m.groups()

@@ -22,8 +22,9 @@ def add_device_option(p: argparse.ArgumentParser, what: str = "declare a device"
                    "24GB, 8000MiB, 1TiB, 4096B. CARD: a GPU of the catalogue (rtx3090, rtx4090, "
                    "a100-80gb, ...; a wrong name lists them all), which sets the size and speeds. "
                    "Keys: free=SIZE (unused now, at most the size), margin=SIZE (kept free), "
-                   "bw=936GB/s, pcie=4x16, tflops=71; CPU: ram=12xDDR5-4800, threads=N; RPC: "
-                   "link=10Gb/s")
+                   "bw=936GB/s, pcie=4x16, tflops=71; CPU: ram=12xDDR5-4800, threads=N, cores=N "
+                   "(physical cores), ghz=3.0 (base clock); RPC: link=10Gb/s, threads=N (its "
+                   "rpc-server's)")
 
 
 def add_estimate_options(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from offload_planner.cli_estimate_options import (
@@ -83,7 +84,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.speed.ranking import score
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
-    from offload_planner.core.speed.tps import tps_fixed, tps_json
+    from offload_planner.core.speed.tps import tps_json
 
     dialect = Dialect(args.backend)
     parsed = parse_server_args(list(args.server_args), dialect=dialect)
@@ -117,12 +118,16 @@ def _run_fit(args: argparse.Namespace) -> int:
     refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
     if refused:  # every candidate keeps the user's --spec-type: none would start
         raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
-    rows = [{"label": c.label, "fits": c.fits, "verified": c.verified,
+    best = result.best
+    # a layout made again after a full projection found it over keeps its label: rows told apart
+    labels = distinct_labels([c.label for c in result.candidates])
+    best_label = next((lb for lb, c in zip(labels, result.candidates, strict=True) if c is best),
+                      best.label if best else None)
+    rows = [{"label": lb, "fits": c.fits, "verified": c.verified,
              "over": [n for n, _ in over_by(c, devices)],
              "tg_tps": tps_json(c.estimate.tg_tps),
              "pp_tps": tps_json(c.estimate.pp_tps), "score": score(c.estimate, args.goal)}
-            for c in result.candidates]
-    best = result.best
+            for lb, c in zip(labels, result.candidates, strict=True)]
     command = plan_command(best.plan) if best else []
     best_est = None
     if best is not None:  # the chosen plan's estimate, with --depth and speculative decoding
@@ -132,7 +137,7 @@ def _run_fit(args: argparse.Namespace) -> int:
                                     accept=args.spec_accept)
     if args.json:
         out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
-                                  "best": best.label if best else None}
+                                  "best": best_label}
         if best is None:
             out["why"] = result.why
         if best:
@@ -141,6 +146,34 @@ def _run_fit(args: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0 if best else 1
+    print_candidates(args, rows, best_label, result.notes)
+    if best is None:
+        print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
+        if result.why.startswith("CPU (RAM)") and not any(d.partition("=")[0] == "CPU" for d in args.device):
+            print(ram_hint(devices.cpu.capacity))
+        return 1
+    print()
+    table = plan_text(best.projection, warnings=[], errors=[], command="")
+    print(table.split("\ncontext: ")[0])
+    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
+    print()
+    print(format_command(["llama-server", *command], "bash"))
+    return 0
+
+
+def ram_hint(capacity: int | None) -> str:
+    """Where nothing fits the RAM of this machine: a newcomer planning a server from a laptop was told
+    "CPU (RAM) over by 335.3 GiB (... > 23.5 GiB)" and not that the RAM can be declared."""
+    size = "" if capacity is None else f" ({capacity / 1024**3:.1f} GiB)"
+    return (f"note: the RAM is this machine's{size}; to plan for another machine declare its RAM, "
+            "e.g. --device CPU=512GiB")
+
+
+def print_candidates(args: argparse.Namespace, rows: list[dict[str, object]], best_label: str | None,
+                     notes: list[str]) -> None:
+    """The goal, the candidate table (the answer starred), what its marks and words mean, the notes."""
+    from offload_planner.core.speed.tps import tps_fixed
+
     goal = {"tg": "tokens/s generated", "pp": "tokens/s of the prompt"}.get(
         args.goal, f"a {args.prompt}-token prompt and a 512-token answer")
     print(f"goal: {args.goal} ({goal})")
@@ -150,21 +183,57 @@ def _run_fit(args: argparse.Namespace) -> int:
     w = max([8] + [len(t) for cell in cells for t in cell])  # "< 0.000001": wider than 8
     print(f"{'candidate':{width + 1}} {'fits':5} {'tg t/s':>{w}} {'pp t/s':>{w}}")
     for r, (tg, pp) in zip(rows, cells, strict=True):
-        mark = "*" if best and r["label"] == best.label else " "
+        mark = "*" if best_label is not None and r["label"] == best_label else " "
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
         print(f"{mark}{r['label']:{width}} {fits:5} {tg:>{w}} {pp:>{w}}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")
-    for n in result.notes:
+    for line in label_legend([str(r["label"]) for r in rows]):
+        print(line)
+    for n in notes:
         print(f"note: {n}")
-    if best is None:
-        print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
-        return 1
-    print()
-    table = plan_text(best.projection, warnings=[], errors=[], command="")
-    print(table.split("\ncontext: ")[0])
-    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
-    print()
-    print(format_command(["llama-server", *command], "bash"))
-    return 0
+
+
+#: What the words of the search's candidate labels (core.speed.fills) mean, in the order they appear
+#: in a label: "fastest (-ub 4096, own -ts, parts, speculative)" explained nothing of itself.
+LABEL_TERMS = (
+    ("own -ts", "the layer split chosen with the experts: each GPU a block of layers, as many whole "
+                "(with their experts) as fit; the command carries that -ts"),
+    ("small layers first", "one GPU: its room filled with whole expert layers, the smallest first"),
+    ("parts", "the block packed: a small layer swapped for a larger one where it fills the room "
+              "better, then single expert tensors of other layers in the room left"),
+    ("speculative", "the split chosen for a step of speculative decoding (experts weighed by what "
+                    "the verify batch and the draft read), not for one token"),
+    ("split layers", "single expert tensors added from layers whose other experts stay on the CPU, "
+                     "in the room each GPU has left (two more graph splits for each such layer)"),
+)
+
+
+def label_legend(labels: list[str]) -> list[str]:
+    """One line per term of :data:`LABEL_TERMS` used in ``labels`` (whole words between the label's
+    commas and parentheses), as the table's ``~`` is explained under it."""
+    used = {w.strip() for label in labels for w in label.partition("(")[2].rstrip(")").split(",")}
+    starts = sorted(w for w in used if w.startswith("from "))  # "fastest (from llama.cpp --fit, ...)"
+    again = ([f"{AGAIN}: the same kind of layout made again after a candidate was projected in full and "
+              "found over (its predictions redone with the compute buffers just simulated, or the "
+              "experts it put over a GPU taken back to the CPU)"]
+             if any(re.search(rf"\) {AGAIN}( \d+)?$", label) for label in labels) else [])
+    return ([f"{w}: started from the placement of the {w.removeprefix('from ')!r} row below" for w in starts]
+            + [f"{term}: {meaning}" for term, meaning in LABEL_TERMS if term in used] + again)
+
+
+#: After the second and later rows of one label: "fastest (-ub 512) again", "... again 3".
+AGAIN = "again"
+
+
+def distinct_labels(labels: list[str]) -> list[str]:
+    """``labels`` with the second and later rows of a label told apart ("fastest (-ub 512) again",
+    "fastest (-ub 512) again 3"): a row of the search's second round kept its first round's label,
+    so the table showed two "fastest (-ub 512)" with different figures and one over."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        n = seen[label] = seen.get(label, 0) + 1
+        out.append(label if n == 1 else f"{label} {AGAIN}" + (f" {n}" if n > 2 else ""))
+    return out

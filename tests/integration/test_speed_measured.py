@@ -130,3 +130,24 @@ def test_speed_check_with_mtp_calibrates_pp_only(llama_server: Path, tmp_path: P
     assert check.measured.tg_tps > 0
     assert not any("bandwidth" in k for k in check.calibration.values), check.calibration.values
     assert any("tg not calibrated" in n for n in check.notes)
+
+
+def test_launch_bench_no_store_says_so_and_gives_units(random_llama: Path, llama_server: Path,
+                                                       tmp_path: Path) -> None:
+    """`launch --bench --no-store` printed "calibration: tg (bottleneck CPU): cpu_thread_bandwidth
+    10 -> 6.75": no unit, and nothing said it was not kept, which read as done.  Each change names its
+    unit, and a line says it was not stored; the config folder holds no efficiencies."""
+    import re
+
+    cfg = tmp_path / "cfg"
+    code, out, err = _cli("launch", str(random_llama), "--server", str(llama_server), "--bench", "--no-store",
+                          "--bench-prompt", "64", "--bench-gen", "8", "--quiet", "--",
+                          "-c", "512", "-ngl", "0", "-t", "1", "-fit", "off", cfg=cfg)
+    assert code == 0, err[-2000:]
+    changes = re.findall(r"^  calibration: .*?: (\w+) \S+ -> \S+(.*)$", out, re.M)
+    assert changes, out
+    assert all(unit.strip() in ("x peak", "GB/s per thread") for _, unit in changes), changes
+    assert "  not stored (--no-store): later estimates keep their figures" in out.splitlines()
+    assert "stored: later estimates" not in out.replace("not stored", "")
+    stored = json.loads((cfg / "speed.json").read_text()) if (cfg / "speed.json").exists() else {}
+    assert not any(m.get("efficiencies") for m in stored.get("machines", {}).values()), stored

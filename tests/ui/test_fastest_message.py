@@ -17,9 +17,11 @@ from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
 
-MESSAGE = re.compile(r"Fastest plan: est\. tg [\d.]+ → [\d.]+ t/s \([^)]+\), "
-                     r"pp [\d.]+ → [\d.]+ t/s \([^)]+\); (\d+) tensors moved "
-                     r"\(marked on the map\), (?:-b \d+ )?-ub \d+(.*)")
+#: The plan before held more than the GPUs (the demo's -ngl 999 on two declared 24 GiB cards): no
+#: "before → after" against a plan llama-server would not load.
+FROM_OVER = re.compile(r"Fastest plan: est\. tg ([\d.]+) t/s, pp ([\d.]+) t/s \(the plan before did not "
+                       r"fit (.+?): no speed to compare with\); (\d+) tensors moved \(marked on the map\), "
+                       r"-ts (\d+),(\d+) \(its own layer split\), (?:-b \d+ )?-ub \d+(.*)")
 
 
 def _marked(win: MainWindow) -> int:
@@ -65,13 +67,65 @@ def test_fastest_says_nothing_of_overflow_when_all_fits(
     win = make_window(qtbot, settings, system_info("CUDA0=24GiB", "CUDA1=24GiB", cpu_gib=512))
     try:
         open_and_wait(qtbot, win, demo_path)
-        m = MESSAGE.fullmatch(_fastest(qtbot, win))
-        assert m and "over" not in m.group(2)
+        m = FROM_OVER.fullmatch(_fastest(qtbot, win))
+        assert m and "over" not in m.group(7)
         marked = _marked(win)
         assert 0 < marked < len(win.doc.plan.moves)  # the moves name tensors --cpu-moe places anyway
-        assert int(m.group(1)) == marked
+        assert int(m.group(4)) == marked
         a = win.doc.analysis
         assert a is not None and a.projection is not None
         assert all(DeviceFigures.of(a.projection.device(d)).over == 0 for d in ("CUDA0", "CUDA1", "CPU"))
+    finally:
+        win.close()
+
+
+def test_fastest_from_a_plan_that_did_not_fit_gives_no_loss_and_names_its_split(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """The demo on two declared RTX 3090 opens on -ngl 999 (all 376 GiB on the GPUs, over): Fastest
+    plan said "est. tg 29.2 → 0.577 t/s (−98%)", a loss against a plan llama-server would not load,
+    and did not say it had changed -ts (its own layer split), which moves whole layers between the
+    GPUs on the map."""
+    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.ui.rates import rate_text
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", "CUDA1=rtx3090"))
+    try:
+        open_and_wait(qtbot, win, demo_path)
+        said = _fastest(qtbot, win)
+        m = FROM_OVER.fullmatch(said)
+        assert m, said
+        assert "→" not in said and "%" not in said
+        assert m.group(3) == "CUDA0, CUDA1"
+        est = plan_speed(win.doc.plan, probe=False)
+        assert (m.group(1), m.group(2)) == (rate_text(est.tg_tps), rate_text(est.pp_tps))
+        ts = win.doc.plan.placement_options.tensor_split
+        assert (float(m.group(5)), float(m.group(6))) == ts
+        assert "-ts " + ",".join(f"{t:g}" for t in ts) in win.command_pane.text.toPlainText()
+    finally:
+        win.close()
+
+
+def test_a_message_the_window_cuts_is_whole_in_the_log_and_the_tooltip(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """At 1024x640 the status bar cut Fastest plan's message after "-ts 25,37 (it" and cleared it after
+    6 s: what it did to -b, -ub and the KV cache could not be read anywhere.  The whole message is the
+    status bar's tooltip while shown and stays in the Log tab."""
+    from PySide6.QtGui import QFontMetrics
+
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", "CUDA1=rtx3090"))
+    try:
+        win.resize(1024, 640)
+        open_and_wait(qtbot, win, demo_path)
+        win.presets_menu.allow_kv_quant = True
+        said = _fastest(qtbot, win)
+        bar = win.statusBar()
+        assert QFontMetrics(bar.font()).horizontalAdvance(said) > bar.width()  # cut on screen
+        assert bar.currentMessage() == said and bar.toolTip() == said
+        win.log_view.model.flush()
+        assert any(line.endswith(said) for line in win.log_view.model.lines())
+        bar.clearMessage()
+        assert bar.toolTip() == ""  # no tooltip of a message no longer shown
     finally:
         win.close()

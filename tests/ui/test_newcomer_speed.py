@@ -425,3 +425,27 @@ def test_help_names_the_hover_preview_and_the_speed_features(
     assert len(shown) == 1
     assert "Hover a tensor or a layer number" in shown[0] and "tokens/s" in shown[0]
     assert "Fastest plan" in shown[0] and "Speed tab" in shown[0]
+
+
+def test_the_card_list_names_each_card_as_the_command_line_does(qtbot: QtBot, settings: Settings) -> None:
+    """The window listed "NVIDIA GeForce RTX 3090" where the README and `--device` say rtx3090: a
+    newcomer who picked a card in the window could not write the same on the command line."""
+    from offload_planner.core.devices import parse_device_decl
+    from offload_planner.core.speed.catalogue import card
+
+    win = make_window(qtbot, settings, system_info())
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        dlg = AddGpuDialog(win.doc, 1024**3, win)
+        keys = [str(dlg.card.itemData(i)) for i in range(1, dlg.card.count())]
+        assert "rtx3090" in keys
+        for i, key in enumerate(keys, start=1):
+            assert dlg.card.itemText(i).endswith(f" ({key})")
+            c = card(key)
+            assert c is not None  # what the brackets say is what --device takes
+            kind = {"Metal": "Metal", "ROCm": "ROCm"}.get(c.kind, "CUDA")
+            parse_device_decl(f"{kind}0={key}" + ("" if c.vram_gib is not None else ",64GiB"))
+        dlg.card.setCurrentIndex(dlg.card.findData("rtx3090"))
+        assert dlg.size_spin.value() == 24.0
+    finally:
+        win.close()

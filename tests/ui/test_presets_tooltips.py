@@ -58,3 +58,20 @@ def test_fastest_plan_on_a_dense_model_is_there_off_and_says_why(
         assert "this model is dense" in tip and "GPU layers (-ngl)" in tip
     finally:
         menu.hide()
+
+
+def test_the_nkvo_option_names_its_options_checkbox(
+    qtbot: QtBot, window: MainWindow, demo_path: Path
+) -> None:
+    """The -nkvo option's tooltip did not say which Options checkbox -nkvo is ("KV cache on the
+    layer's GPU", unchecked), so a newcomer could not find the setting Fastest plan changes."""
+    open_and_wait(qtbot, window, demo_path)
+    menu = window.presets_menu
+    menu.popup(window.mapToGlobal(QPoint(200, 100)))
+    qtbot.waitUntil(menu.isVisible)
+    try:
+        tip = _hover_tip(qtbot, window, "Fastest plan may keep the K/V cache in RAM (-nkvo)")
+        box = window.options_panel.kv_offload.text()
+        assert f'"{box}" off' in tip, tip
+    finally:
+        menu.hide()

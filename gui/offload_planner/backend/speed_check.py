@@ -34,6 +34,7 @@ class SpeedCheck:
     estimated: SpeedEstimate
     calibration: Calibration
     stored: bool = False
+    declined: bool = False  # --no-store: the calibration was only shown
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -50,6 +51,8 @@ class SpeedCheck:
         out += [f"  calibration: {n}" for n in self.calibration.notes]
         if self.stored:
             out.append("  stored: later estimates for this machine and backend use these efficiencies")
+        elif self.declined and self.calibration.values:  # "calibration: ... -> ..." read as done
+            out.append("  not stored (--no-store): later estimates keep their figures")
         out += [f"  {n}" for n in self.notes]
         return out
 
@@ -81,6 +84,7 @@ def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
     if speculative:
         check.notes.append("tg not calibrated: with speculative decoding the measured rate depends on the "
                            "drafted tokens accepted, which the estimate assumes (--spec-accept)")
+    check.declined = not store
     if store and cal.values:
         try:
             cpu = hw.devices.get(plan.devices.cpu.name)

@@ -16,8 +16,11 @@ from offload_planner.core.plan_edits import with_option
 from offload_planner.core.units import fmt_bytes
 
 #: What the bundled demo opens on when no device is given with --device: hardware it fits on, and
-#: the Guide's first plan (README: routed experts in RAM, the rest on the GPU).
-DEMO_HARDWARE = ("CUDA0=24GiB", "CPU=512GiB")
+#: the Guide's first plan (README: routed experts in RAM, the rest on the GPU).  The RAM's speed is
+#: declared with it, as the README's commands do (8 channels of DDR5-4800): with this machine's RAM
+#: probe the demo's 512 GiB of RAM read at a laptop's or a busy VM's rate (7.4 GB/s here: "est. tg
+#: 0.532 t/s" for a machine that is not this one).
+DEMO_HARDWARE = ("CUDA0=24GiB", "CPU=512GiB,ram=8xDDR5-4800")
 DEMO_ARGS = ("-c", "32768", "-ngl", "999", "--cpu-moe")
 
 

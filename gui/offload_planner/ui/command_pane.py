@@ -71,8 +71,14 @@ def changed_spans(text: str, old: Sequence[str], new: Sequence[str]) -> list[tup
 
 
 class PasteCommandDialog(QDialog):
-    def __init__(self, parent: QWidget | None = None) -> None:
+    """``check``: the reason a command cannot be read (None: it can); OK keeps the dialog open with
+    the reason under the text instead of closing on a command the plan then refused, which lost a
+    long command edited in the dialog to a status-bar message."""
+
+    def __init__(self, parent: QWidget | None = None,
+                 check: Callable[[str], str | None] | None = None) -> None:
         super().__init__(parent)
+        self._check = check
         self.setWindowTitle("Paste a llama-server command")
         self.edit = QPlainTextEdit()
         self.edit.setPlaceholderText('llama-server -m model.gguf -ngl 999 -ot "exps=CPU" -c 32768 …')
@@ -85,12 +91,17 @@ class PasteCommandDialog(QDialog):
             )
         )
         lay.addWidget(self.edit)
-        buttons = QDialogButtonBox(
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("color: #D00000")
+        self.error.hide()
+        lay.addWidget(self.error)
+        self.buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
         )
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        lay.addWidget(buttons)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        lay.addWidget(self.buttons)
         self.resize(720, 240)
         clip = QGuiApplication.clipboard().text()
         if "-" in clip and len(clip) < 20000:
@@ -98,6 +109,14 @@ class PasteCommandDialog(QDialog):
 
     def text(self) -> str:
         return self.edit.toPlainText()
+
+    def accept(self) -> None:
+        why = self._check(self.text()) if self._check is not None and self.text().strip() else None
+        if why:
+            self.error.setText(f"Cannot read the command: {why}")
+            self.error.show()
+            return
+        super().accept()
 
 
 class CommandPane(QWidget):
@@ -254,9 +273,16 @@ class CommandPane(QWidget):
     def paste_dialog(self) -> None:
         if not self._doc.has_plan:
             return
-        dlg = PasteCommandDialog(self)
+        dlg = PasteCommandDialog(self, check=self._why_unreadable)
         if dlg.exec() == QDialog.DialogCode.Accepted and dlg.text().strip():
             self.paste_text(dlg.text())
+
+    def _why_unreadable(self, text: str) -> str | None:
+        try:
+            command_text.plan_from_command(self._doc.plan, text)
+        except (ValueError, PlannerError) as e:
+            return str(e)
+        return None
 
     def paste_text(self, text: str) -> bool:
         """Replace the plan with a pasted command, once :attr:`before_replace` agrees (the window

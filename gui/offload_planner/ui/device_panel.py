@@ -238,11 +238,12 @@ class AddGpuDialog(QDialog):
             self.kind.addItem(k.value, k.value)
         self.card = QComboBox()  # speed figures (and size) from the catalogue of spec sheets
         self.card.addItem("(none: default speeds)", "")
-        for c in CARDS:
-            self.card.addItem(c.name, c.key)
+        for c in CARDS:  # with the word --device takes for it, as the command line writes it
+            self.card.addItem(f"{c.name} ({c.key})", c.key)
         self.card.currentIndexChanged.connect(self._card_chosen)
         self.card.setToolTip("A card of the catalogue sets the GPU's memory and the speeds of the tg/pp "
-                             "estimate; (none): default speeds")
+                             "estimate; (none): default speeds. In brackets: its name on the command "
+                             "line, e.g. --device CUDA1=rtx3090")
         self.card_info = QLabel(NO_CARD)  # what picking the card sets
         self.card_info.setWordWrap(True)
         self.card_info.setEnabled(False)  # greyed, a hint

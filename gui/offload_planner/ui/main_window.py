@@ -228,6 +228,8 @@ class MainWindow(QMainWindow):
         self.progress.setTextVisible(False)
         self.progress.hide()
         self.statusBar().addPermanentWidget(self.progress)
+        # the whole of a message the window's width cuts, while it is shown
+        self.statusBar().messageChanged.connect(self._status_tooltip)
         self.presets_menu = PresetsMenu(doc, self)
 
     def _build_actions(self) -> None:
@@ -429,7 +431,7 @@ class MainWindow(QMainWindow):
         self.loader.failed.connect(self._on_load_failed)
         panes = (self.map_view, self.command_pane, self.presets_menu, self.devices_panel, self.options_panel)
         for w in panes:
-            w.message.connect(self.show_message)
+            w.message.connect(self.report)
         self.problems.countChanged.connect(self._on_problem_count)
 
     # --- settings ----------------------------------------------------------------------------
@@ -757,6 +759,17 @@ class MainWindow(QMainWindow):
 
     def show_message(self, text: str) -> None:
         self.statusBar().showMessage(text, 6000)
+
+    def _status_tooltip(self, text: str) -> None:
+        self.statusBar().setToolTip(text)  # (QStatusBar.setToolTip is no slot PySide can connect)
+
+    def report(self, text: str) -> None:
+        """What a pane's action did ("Fastest plan: est. tg ... ; 162 tensors moved ..., -ub 4096,
+        KV cache q8_0/q8_0"): in the status bar, which cuts it at the window's width (at 1024 px
+        after "-ts 25,37 (it") and clears it after 6 s, and whole in the Log tab, to read later."""
+        self.show_message(text)
+        if text:
+            self.log(text)
 
     def log(self, text: str) -> None:
         self.log_view.append_line(f"{time.strftime('%H:%M:%S')}  {text}")

@@ -22,6 +22,7 @@ from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.speed_view import over_capacity
 
 if TYPE_CHECKING:  # the search is imported when first used
     from offload_planner.core.speed.candidate import FastestResult
@@ -111,10 +112,11 @@ class PresetsMenu(QMenu):
             nkvo = self.addAction("Fastest plan may keep the K/V cache in RAM (-nkvo)")
             nkvo.setCheckable(True)
             nkvo.setChecked(self.allow_nkvo)
-            nkvo.setToolTip("Let Fastest plan try the K/V cache in system RAM (-nkvo): its GPU memory "
-                            "left to routed experts, the attention's round trips to the host counted in "
-                            "the estimate; it wins mostly where the cache alone would not fit the GPUs. "
-                            "Off: the cache stays where your command puts it")
+            nkvo.setToolTip("Let Fastest plan try the K/V cache in system RAM (-nkvo; in Options: \"KV cache "
+                            "on the layer's GPU\" off): its GPU memory left to routed experts, the "
+                            "attention's round trips to the host counted in the estimate; it wins mostly "
+                            "where the cache alone would not fit the GPUs. Off: the cache stays where your "
+                            "command puts it")
             nkvo.toggled.connect(self._set_allow_nkvo)
         if doc.plan.dialect.fits_by_default and doc.plan.devices.gpus:
             fit = self.addAction("What llama.cpp's --fit would run", self.llama_fit)
@@ -232,10 +234,14 @@ class PresetsMenu(QMenu):
         if was.offload_kqv and not c.offload_kqv:
             kv += ", K/V cache in RAM (-nkvo)"
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
-        gain = _speed_change(self._doc.plan, best)
+        ts = best.placement_options.tensor_split
+        split = ""  # a layer split of its own (fit's "own -ts"): the map's layers change GPU with it
+        if ts and ts != self._doc.plan.placement_options.tensor_split:
+            split = "-ts " + ",".join(f"{t:g}" for t in ts) + " (its own layer split), "
+        gain = _speed_change(self._doc.plan, best, over_capacity(self._doc))
         self._doc.replace_plan(best, "Fastest plan")
         self.message.emit(f"Fastest plan: {gain}{_moved_count(best)} tensors moved (marked on the map), "
-                          f"{batch}-ub {c.n_ubatch}{kv}{held}")
+                          f"{split}{batch}-ub {c.n_ubatch}{kv}{held}")
         return True
 
     def move_layers(self, first: int, last: int, device: str, *, experts_only: bool = False) -> bool:
@@ -271,9 +277,11 @@ def _held_by_rules(plan: Plan) -> str:
             "(the search keeps your rules: remove one to let it place those experts)")
 
 
-def _speed_change(before: Plan, after: Plan) -> str:
+def _speed_change(before: Plan, after: Plan, over: list[str] | None = None) -> str:
     """"est. tg 0.532 → 0.573 t/s (+7.7%), pp 24 → 102 t/s (+325%); ": the speed line's figures
-    before and after ("" when the estimate fails: the message goes without it)."""
+    before and after ("" when the estimate fails: the message goes without it).  ``over``: devices
+    the plan before could not hold; then only the new figures, since a change against a plan
+    llama-server would not load ("29.2 → 0.577 t/s (−98%)" on the demo's -ngl 999) reads as a loss."""
     from offload_planner.backend.speed_store import plan_speed
     from offload_planner.ui.rates import change_text, rate_text
 
@@ -281,6 +289,9 @@ def _speed_change(before: Plan, after: Plan) -> str:
         a, b = plan_speed(before, probe=False), plan_speed(after, probe=False)
     except Exception:  # the estimate is a hint here: the preset's message goes without it
         return ""
+    if over:
+        return (f"est. tg {rate_text(b.tg_tps)} t/s, pp {rate_text(b.pp_tps)} t/s (the plan before did "
+                f"not fit {', '.join(over)}: no speed to compare with); ")
     return (f"est. tg {rate_text(a.tg_tps)} → {rate_text(b.tg_tps)} t/s ({change_text(a.tg_tps, b.tg_tps)}), "
             f"pp {rate_text(a.pp_tps)} → {rate_text(b.pp_tps)} t/s ({change_text(a.pp_tps, b.pp_tps)}); ")
 

@@ -59,14 +59,14 @@ def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: floa
         cal.notes.append(f"{what}: the other parts alone take {others:.3g} s of the measured "
                          f"{total_measured_s:.3g} s; {name} left as it is")
         return
-    old = getattr(eff, name).value
+    old, unit = getattr(eff, name).value, getattr(eff, name).unit  # "x peak", "GB/s per thread"
     new = old * part_s / part_measured
     if not 1 / MAX_FACTOR <= new / old <= MAX_FACTOR:
-        cal.notes.append(f"{what}: {name} would go from {old:.3g} to {new:.3g}, more than {MAX_FACTOR:g}x; "
-                         "not stored")
+        cal.notes.append(f"{what}: {name} would go from {old:.3g} to {new:.3g} {unit}, more than "
+                         f"{MAX_FACTOR:g}x; not stored")
         return
     cal.values[name] = round(new, 4)
-    cal.notes.append(f"{what}: {name} {old:.3g} -> {new:.3g}")
+    cal.notes.append(f"{what}: {name} {old:.3g} -> {new:.3g} {unit}")
 
 
 def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,

@@ -19,12 +19,14 @@ def tps_text(x: float) -> str:
     decimals down to :data:`TPS_FLOOR` (0.0000391, not 3.91e-05), "< 0.000001" below it."""
     if x >= 100:
         return f"{x:.0f}"
-    if x >= 1e-4 or x <= 0 or math.isnan(x):
+    if x <= 0 or math.isnan(x):
         return f"{x:.3g}"
+    if x >= 1e-4:  # "#": the zeros kept ("8.00", not "8": 7.999 t/s read as a round figure)
+        return f"{x:#.3g}".removesuffix(".")  # 99.95 rounds to "100."
     if x < TPS_FLOOR:
         return BELOW_FLOOR
     digits = 2 - math.floor(math.log10(x))  # three significant figures in plain decimals
-    return f"{x:.{digits}f}".rstrip("0").rstrip(".")
+    return f"{x:.{digits}f}"
 
 
 def tps_fixed(x: float, decimals: int) -> str:
