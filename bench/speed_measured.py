@@ -8,7 +8,9 @@ into RAM with ``-lm none`` (no mmap), so token generation is bound by memory ban
   loopback holding every layer (``--rpc A,B -ngl 999``) and, for MoE models, the routed experts on
   the CPU with the rest on one RPC device (``-ot exps=CPU``);
 - for each: the server's own prompt and generation rates (``/completion`` timings), the planner's
-  estimate for the same command line and devices, and the ratio estimated / measured; for the RPC
+  estimate for the same command line and devices (the CPU's compute per core from its instruction
+  set in ``/proc/cpuinfo``; beside it the estimate with the AVX2 figure, as before the instruction set
+  was read), and the ratio estimated / measured; for the RPC
   configurations twice: "before" with the defaults (declared link, 150 µs per split, the RPC
   device's bandwidth as declared) and "after" with the link probed through the RPC protocol
   (``backend.rpc_probe``, before llama-server starts) and the rpc-server's threads (its default, half
@@ -40,13 +42,13 @@ from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.rpc_probe import probe_link
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
-from offload_planner.backend.speed_store import measure_ram_bandwidth, thread_use
+from offload_planner.backend.speed_store import core_speed, measure_ram_bandwidth, this_cpu, thread_use
 from offload_planner.backend.system import cpu_device
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import build_device_set, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.efficiency import DEFAULT, for_host
 from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_TFLOPS_PER_THREAD,
@@ -140,15 +142,16 @@ RPC_SERVER_THREADS = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardw
 
 def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
                     args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None, *,
-                    count_cores: bool = False) -> SpeedEstimate:
+                    count_cores: bool = False, isa: bool = True) -> SpeedEstimate:
     """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
     machine, so each is declared with the host's measured bandwidth and the CPU's compute; with
     ``links`` (the probe's) the link is not declared and the server's threads are; with
     ``count_cores`` the threads of llama-server and the rpc-servers are counted against this
-    machine's cores."""
+    machine's cores; without ``isa`` every core has the AVX2 figure (this CPU's instruction set not read)."""
     parsed = parse_server_args(server_args, dialect="llama.cpp")
     cores = os.cpu_count() or 1
-    tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD, 3)
+    cpu = this_cpu() if isa else None  # the rpc-servers compute on this CPU as well
+    tflops = round(cores * DEFAULT_CPU_TFLOPS_PER_THREAD * (cpu.gain if cpu else 1.0), 3)
     extra = f",threads={RPC_SERVER_THREADS}" if links is not None else f",link={args.link}"
     declared = [parse_device_decl(f"RPC{i}=16GiB,bw={ram_gbs:.1f}GB/s,tflops={tflops}{extra}")
                 for i in range(len(endpoints))]
@@ -156,8 +159,9 @@ def estimate_config(model: Path, server_args: list[str], endpoints: list[str], r
     plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
     probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
     hw = hardware_for(devices, threads=args.threads, probe=probe, links=links,
-                      cores=thread_use(devices, args.threads) if count_cores else None)
-    return estimate(plan, hw, prompt=args.prompt, eff=DEFAULT)
+                      cores=thread_use(devices, args.threads) if count_cores else None, cpu=cpu)
+    eff = for_host(DEFAULT, *core_speed(cpu)) if cpu is not None else DEFAULT
+    return estimate(plan, hw, prompt=args.prompt, eff=eff)
 
 
 def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
@@ -175,7 +179,7 @@ def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
         links = {}
         for e in endpoints:  # before llama-server connects: the probe has the server to itself
             p = probe_link(e)
-            links[e] = MeasuredLink(p.gbs, p.rtt_us, f"probed {e} in this run")
+            links[e] = MeasuredLink(p.gbs, p.rtt_us, f"probed {e} in this run", p.graph_us)
         port = free_port()
         server_args = ["-c", str(args.ctx), "-t", str(args.threads), "-lm", "none", "-fit", "off",
                        "-np", "1", *cfg.args]
@@ -225,20 +229,25 @@ def main() -> int:
             est = estimate_config(model, server_args, endpoints, ram, args)
             after = estimate_config(model, server_args, endpoints, ram, args, links) if endpoints else est
             cont = estimate_config(model, server_args, endpoints, ram, args, links or None, count_cores=True)
+            avx2 = estimate_config(model, server_args, endpoints, ram, args, links or None, isa=False)
             load = os.getloadavg()[0]
             rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
                          "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
                          "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
                          "pp_est_threads": round(cont.pp_tps, 3), "tg_est_threads": round(cont.tg_tps, 3),
-                         "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1)}
+                         "pp_est_avx2": round(avx2.pp_tps, 3), "tg_est_avx2": round(avx2.tg_tps, 3),
+                         "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1),
+                                           "graph_us": round(v.graph_us, 1)}
                                        for e, v in links.items()},
                          "load": round(load, 2), **got.as_dict()})
             probed = "" if not endpoints else (
                 f"  after: pp {after.pp_tps:.2f} ({after.pp_tps / got.pp_tps:.2f}) tg {after.tg_tps:.2f} "
                 f"({after.tg_tps / got.tg_tps:.2f}); RTT "
-                + ", ".join(f"{v.rtt_us:.0f} µs" for v in links.values()))
+                + ", ".join(f"{v.rtt_us:.0f}+{v.graph_us:.0f} µs" for v in links.values()))
             probed += (f"  threads vs cores: pp {cont.pp_tps:.2f} ({cont.pp_tps / got.pp_tps:.2f}) tg "
                        f"{cont.tg_tps:.2f} ({cont.tg_tps / got.tg_tps:.2f})")
+            probed += (f"  AVX2 figure: pp {avx2.pp_tps:.2f} ({avx2.pp_tps / got.pp_tps:.2f}) tg "
+                       f"{avx2.tg_tps:.2f} ({avx2.tg_tps / got.tg_tps:.2f})")
             print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "
                   f"{est.pp_tps / got.pp_tps:6.2f} {got.tg_tps:8.2f} {est.tg_tps:8.2f} "
                   f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}{probed}", flush=True)

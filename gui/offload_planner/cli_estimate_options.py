@@ -23,7 +23,8 @@ def add_device_option(p: argparse.ArgumentParser, what: str = "declare a device"
                    "a100-80gb, ...; a wrong name lists them all), which sets the size and speeds. "
                    "Keys: free=SIZE (unused now, at most the size), margin=SIZE (kept free), "
                    "bw=936GB/s, pcie=4x16, tflops=71; CPU: ram=12xDDR5-4800, threads=N, cores=N "
-                   "(physical cores), ghz=3.0 (base clock); RPC: link=10Gb/s, threads=N (its "
+                   "(physical cores), ghz=3.0 (base clock), isa=avx512_vnni (instruction set: avx2, "
+                   "avx512, avx512_vnni, amx; default: this machine's); RPC: link=10Gb/s, threads=N (its "
                    "rpc-server's)")
 
 

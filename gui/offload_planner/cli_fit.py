@@ -65,6 +65,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import (
         efficiencies_for,
         host_bandwidth,
+        machine_cpu,
         rpc_links,
         thread_use,
         threads_of,
@@ -109,7 +110,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
-                      links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)))
+                      links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)),
+                      cpu=machine_cpu(devices))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
                           accept=args.spec_accept, allow_nkvo=args.allow_nkvo,

@@ -23,6 +23,7 @@ def test_probe_measures_a_running_rpc_server_and_caches_it(llama_bin_dir: Path, 
         assert p.server_version.startswith("7.")
         assert 1 < p.rtt_us < 50_000  # a loopback round trip: tens of microseconds when the machine is idle
         assert p.gbs > 0.001
+        assert 0 < p.graph_us < 50_000  # the server's own work on a 30-node graph: tens of µs when idle
         first = rpc_link(endpoint)
     assert first is not None and endpoint in first.note
     # the server is gone: the cached figures are used, nothing is probed
@@ -40,7 +41,10 @@ def test_the_estimate_uses_the_measured_link(llama_bin_dir: Path, tmp_path: Path
     assert isinstance(ds, DeviceSet)
     rpc = hardware_for(ds, links={endpoint: link})["RPC0"]
     assert rpc.link.source is Source.MEASURED and rpc.link.value == pytest.approx(link.gbs, rel=1e-3)
-    assert rpc.latency_us is not None and rpc.latency_us.value == pytest.approx(link.rtt_us, abs=0.1)
+    assert rpc.latency_us is not None
+    assert rpc.latency_us.value == pytest.approx(link.rtt_us + link.graph_us, abs=0.1)
+    note = rpc.latency_us.note
+    assert "round trip per split" in note and "the server's work on a graph" in note
     declared = build_device_set(cpu=parse_device_decl("CPU=64GiB"), detected=[], rpc_endpoints=[endpoint],
                                 declared=[parse_device_decl("RPC0=16GiB,link=1Gb/s")])
     kept = hardware_for(declared, links={endpoint: link})["RPC0"]

@@ -80,3 +80,46 @@ def test_a_plans_estimate_reads_the_store_once(cfg: Path, monkeypatch: pytest.Mo
     assert figures["CPU bandwidth efficiency"] == (0.42, "calibrated")
     speed_store.efficiencies_for("llama.cpp")
     assert len(reads) == 2
+
+
+def test_calibrated_cpu_compute_keeps_its_measured_rate(cfg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU compute efficiency is a fraction of the CPU's compute figure as it was when measured: one
+    kept before the instruction set was read (of the AVX2 figure) reads 1/1.95 of it on an AVX-512
+    VNNI machine now, so the calibrated rate is the measured one; one kept with the gain reads as kept."""
+    from offload_planner.core.speed.cpu_isa import GAINS, CpuInfo, Isa
+
+    monkeypatch.setattr(speed_store, "this_cpu", lambda: CpuInfo("AMD EPYC", Isa.AVX512_VNNI, None, "test"))
+    gain = GAINS[Isa.AVX512_VNNI].value
+    speed_store.record_efficiencies("llama.cpp", {"cpu_compute": 1.3})
+    data = json.loads((cfg / "speed.json").read_text())
+    del data["machines"][speed_store.machine_key()]["cpu_compute_gain"]  # as the store was written before
+    (cfg / "speed.json").write_text(json.dumps(data))
+    eff = speed_store.efficiencies_for("llama.cpp")
+    assert eff.cpu_compute.value == pytest.approx(1.3 / gain) and eff.cpu_compute.source is Source.CALIBRATED
+    speed_store.record_efficiencies("llama.cpp", {"cpu_compute": 0.9}, cpu_gain=gain)
+    assert speed_store.efficiencies_for("llama.cpp").cpu_compute.value == pytest.approx(0.9)
+    assert speed_store.efficiencies_for("llama.cpp").cpu_bandwidth.source is Source.DEFAULT
+
+
+def test_host_work_per_rpc_split_follows_this_cpu(cfg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's work per RPC split (1000 µs on an AVX2 core) scales with this machine's cores: an
+    AVX-512 VNNI core does it in 1/1.95 of the time, a 2.5 GHz AVX2 core in 3.125/2.5; a calibrated
+    figure is kept as measured."""
+    from offload_planner.core.speed.cpu_isa import GAINS, CpuInfo, Isa
+    from offload_planner.core.speed.efficiency import RPC_HOST_US
+
+    def cpu(isa: Isa | None, ghz: float | None = None) -> None:
+        monkeypatch.setattr(speed_store, "this_cpu", lambda: CpuInfo("x", isa, ghz, "test"))
+
+    cpu(Isa.AVX512_VNNI)
+    got = speed_store.efficiencies_for("llama.cpp").rpc_latency_us
+    assert got.value == pytest.approx(RPC_HOST_US / GAINS[Isa.AVX512_VNNI].value, abs=0.1)
+    assert got.source is Source.DEFAULT and "avx512_vnni" in got.note and "AVX2 core" in got.note
+    cpu(Isa.AVX2, 2.5)
+    assert speed_store.efficiencies_for("llama.cpp").rpc_latency_us.value == pytest.approx(1250.0)
+    cpu(None)
+    assert speed_store.efficiencies_for("ik_llama.cpp").rpc_latency_us.value == RPC_HOST_US
+    speed_store.record_efficiencies("llama.cpp", {"rpc_latency_us": 300.0})
+    cpu(Isa.AVX512_VNNI)
+    kept = speed_store.efficiencies_for("llama.cpp").rpc_latency_us
+    assert (kept.value, kept.source) == (300.0, Source.CALIBRATED)

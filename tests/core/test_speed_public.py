@@ -5,8 +5,8 @@ record's shape is written (the catalogue's architecture, its expert count and la
 uniform quant type whose bits per weight match the record's file size or quant name, or the mix of
 types per tensor role the post lists, ``model.quant_mix``), its
 settings become a llama-server command line (with ``--no-mmap`` where the posted command has it),
-its hardware maps to the speed catalogue (GPU names) and to vendor memory configurations, core counts
-and base clocks (CPU names, below) or to the RAM bandwidth the post states.
+its hardware maps to the speed catalogue (GPU names) and to vendor memory configurations, core counts,
+base clocks and instruction sets (CPU names, below) or to the RAM bandwidth the post states.
 The test prints each record's error (estimated / measured, tg and pp), the median and the spread,
 over all records and over the odd and even ones (1-based file position: a change to the estimator is
 decided on the odd half and checked on the even one).
@@ -78,6 +78,16 @@ CPU_CORES = {
 CPU_GHZ = {
     "epyc 9654": 2.4, "epyc 9374f": 3.85, "epyc 9355": 3.55, "epyc 9965": 2.25, "7950x": 4.5, "7900": 3.7,
     "7700x": 4.5, "7800x3d": 4.2, "5975wx": 3.6, "3995wx": 2.7, "6980p": 2.0, "8336c": 2.3, "e5-2697a": 2.6,
+}
+#: Instruction sets of CPU platforms by name (vendor specifications: AMD Zen 4 (EPYC 9004, Ryzen 7000)
+#: and Zen 5 (EPYC 9005) have AVX-512 with VNNI, Zen 2/3 Threadripper PRO AVX2; Intel Xeon 6980P
+#: (Granite Rapids) AMX, Xeon 8336C (Ice Lake-SP) AVX-512 VNNI, E5-2697A v4 (Broadwell) AVX2): the CPU's
+#: compute per core (core.speed.cpu_isa), declared as ``isa=``.
+CPU_ISA = {
+    "epyc 9654": "avx512_vnni", "epyc 9374f": "avx512_vnni", "epyc 9355": "avx512_vnni",
+    "epyc 9965": "avx512_vnni", "epyc 9v45": "avx512_vnni", "7950x": "avx512_vnni", "7900": "avx512_vnni",
+    "7700x": "avx512_vnni", "7800x3d": "avx512_vnni", "5975wx": "avx2", "3995wx": "avx2", "6980p": "amx",
+    "8336c": "avx512_vnni", "e5-2697a": "avx2",
 }
 
 #: Uniform quant types by bits per weight (block bytes x 8 / block elements).
@@ -205,6 +215,9 @@ def _devices(rec: dict[str, Any]) -> tuple[DeviceSet | None, str]:
     ghz = next((v for k, v in CPU_GHZ.items() if k in cpu), None)
     if ghz:
         cpu_decl += f",ghz={ghz}"
+    isa = next((v for k, v in CPU_ISA.items() if k in cpu), None)
+    if isa:
+        cpu_decl += f",isa={isa}"
     gpus = []
     lanes = _lanes(str(h.get("notes") or ""))
     for i, g in enumerate(h.get("gpus") or []):

@@ -5,7 +5,11 @@ ggml-rpc (``ggml/src/ggml-rpc/ggml-rpc.cpp``, protocol 7): a request is ``| cmd 
 The probe times round trips of DEVICE_COUNT (a command with no work: the link's latency as
 llama.cpp's client sees it, TCP_NODELAY as it sets) and a tensor of :data:`PROBE_BYTES` written with
 SET_TENSOR and read back with GET_TENSOR in a scratch buffer it allocates on device 0 and frees
-(the throughput of the payload both ways).  About a tenth of a second on loopback.
+(the throughput of the payload both ways).  Then the server's own work per graph split: a
+GRAPH_COMPUTE of :data:`GRAPH_NODES` small additions chained on device 0 (what a split asks of it:
+deserialize the graph's tensors, build it, run ``ggml_backend_graph_compute``, a fresh threadpool each
+time on a CPU server; ``rpc_server::graph_compute``) followed by a GET_TENSOR of its result, less a
+GET_TENSOR alone (the round trip).  About a tenth of a second on loopback.
 """
 
 from __future__ import annotations
@@ -14,16 +18,22 @@ import socket
 import statistics
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 PROTO_MAJOR = 7
 CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (transport.h): zeros ask for no transport upgrade
 CMD_ALLOC_BUFFER, CMD_BUFFER_GET_BASE, CMD_FREE_BUFFER = 0, 3, 4
-CMD_SET_TENSOR, CMD_GET_TENSOR, CMD_HELLO, CMD_DEVICE_COUNT = 6, 8, 14, 15
+CMD_SET_TENSOR, CMD_GET_TENSOR, CMD_GRAPH_COMPUTE, CMD_HELLO, CMD_DEVICE_COUNT = 6, 8, 10, 14, 15
 GGML_TYPE_F32 = 0
+GGML_OP_ADD = 2  # ggml.h: GGML_OP_NONE, GGML_OP_DUP, GGML_OP_ADD
 PROBE_BYTES = 4 * 1024 * 1024
 ROUNDS = 32
 TRANSFERS = 3
+#: The probe graph: a chain of additions of 4096 floats, about a layer's node count of a split
+#: (a transformer layer is some 20-30 graph nodes)
+GRAPH_NODES = 30
+GRAPH_FLOATS = 4096
 
 
 class RpcProbeError(Exception):
@@ -36,14 +46,19 @@ class LinkProbe:
     rtt_us: float  # median round trip of a command with no work
     gbs: float  # payload GB/s (10^9 bytes), a tensor written and read back
     server_version: str
+    graph_us: float = 0.0  # median of the server's own work on one small graph split (0: not measured)
 
 
-def _rpc_tensor(buffer: int, data: int, n_floats: int) -> bytes:
-    """``rpc_tensor`` (packed, 296 bytes) of a 1-D f32 tensor at ``data`` in ``buffer``."""
+def _rpc_tensor(buffer: int, data: int, n_floats: int, *, tensor_id: int = 1, op: int = 0,
+                srcs: tuple[int, ...] = (), use_count: int = 0) -> bytes:
+    """``rpc_tensor`` (packed, 296 bytes) of a 1-D f32 tensor at ``data`` in ``buffer``: the result of
+    ``op`` on the tensors ``srcs`` (ids), or a leaf."""
     nb = [4, 4 * n_floats, 4 * n_floats, 4 * n_floats]
-    return (struct.pack("<QIQ4I4II16iI", 1, GGML_TYPE_F32, buffer, n_floats, 1, 1, 1, *nb, 0, *([0] * 16), 0)
-            + struct.pack("<10Q", *([0] * 10)) + struct.pack("<QQQ", 0, 0, data)
-            + b"probe".ljust(64, b"\0") + struct.pack("<i", 0))
+    src = [*srcs, *([0] * (10 - len(srcs)))]
+    return (struct.pack("<QIQ4I4II16iI", tensor_id, GGML_TYPE_F32, buffer, n_floats, 1, 1, 1, *nb, op,
+                        *([0] * 16), 0)
+            + struct.pack("<10Q", *src) + struct.pack("<QQQ", 0, 0, data)
+            + b"probe".ljust(64, b"\0") + struct.pack("<i", use_count))
 
 
 #: The whole probe's time limit in seconds (each socket operation also waits at most ``timeout``)
@@ -142,20 +157,59 @@ def _transfer_seconds(c: _Conn, nbytes: int) -> float:
         c.send(CMD_FREE_BUFFER, struct.pack("<Q", remote))
 
 
+def _median_us(f: Callable[[], object], rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _graph_us(c: _Conn, rounds: int, nodes: int = GRAPH_NODES, n: int = GRAPH_FLOATS) -> float:
+    """The server's work on a graph of ``nodes`` chained additions (GRAPH_COMPUTE, which answers
+    nothing, then a GET_TENSOR of the last node) less a GET_TENSOR alone, median of ``rounds``."""
+    nbytes = 4 * n * (nodes + 2)
+    remote, size = struct.unpack("<QQ", c.call(CMD_ALLOC_BUFFER, struct.pack("<IQ", 0, nbytes), 16))
+    if not remote or size < nbytes:
+        raise RpcProbeError(f"{c.endpoint}: the server did not allocate {nbytes} bytes")
+    try:
+        (base,) = struct.unpack("<Q", c.call(CMD_BUFFER_GET_BASE, struct.pack("<Q", remote), 8))
+        tensors = [_rpc_tensor(remote, base, n, tensor_id=1, use_count=1),
+                   _rpc_tensor(remote, base + 4 * n, n, tensor_id=2, use_count=nodes)]
+        for k in range(nodes):  # node k adds the previous result and tensor 2
+            tensors.append(_rpc_tensor(remote, base + 4 * n * (2 + k), n, tensor_id=3 + k, op=GGML_OP_ADD,
+                                       srcs=(2 + k if k else 1, 2), use_count=1))
+        ids = list(range(3, 3 + nodes))
+        graph = (struct.pack("<II", 0, nodes) + struct.pack(f"<{nodes}Q", *ids)
+                 + struct.pack("<I", len(tensors)) + b"".join(tensors))
+        last = tensors[-1] + struct.pack("<QQ", 0, 64)
+
+        def get() -> None:
+            c.call(CMD_GET_TENSOR, last, 64)
+
+        def compute() -> None:
+            c.send(CMD_GRAPH_COMPUTE, graph)
+            get()
+
+        compute()  # the server's first graph allocates its buffers
+        return max(0.0, _median_us(compute, rounds) - _median_us(get, rounds))
+    finally:
+        c.send(CMD_FREE_BUFFER, struct.pack("<Q", remote))
+
+
 def probe_link(endpoint: str, *, rounds: int = ROUNDS, nbytes: int = PROBE_BYTES,
                timeout: float = 2.0) -> LinkProbe:
-    """Latency and throughput of the link to the ggml-rpc-server at ``endpoint`` (HOST:PORT)."""
+    """Latency and throughput of the link to the ggml-rpc-server at ``endpoint`` (HOST:PORT), and the
+    server's own work on one graph split."""
     c = _Conn(endpoint, timeout)
     try:
         version = _hello(c)
-        times = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            c.call(CMD_DEVICE_COUNT, b"", 4)
-            times.append(time.perf_counter() - t0)
+        rtt = _median_us(lambda: c.call(CMD_DEVICE_COUNT, b"", 4), rounds)
         seconds = _transfer_seconds(c, nbytes)
+        graph = _graph_us(c, rounds)
     except (OSError, struct.error) as e:
         raise RpcProbeError(f"{endpoint}: {e}") from None
     finally:
         c.close()
-    return LinkProbe(endpoint, statistics.median(times) * 1e6, 2 * nbytes / seconds / 1e9, version)
+    return LinkProbe(endpoint, rtt, 2 * nbytes / seconds / 1e9, version, graph)

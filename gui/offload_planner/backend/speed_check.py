@@ -87,7 +87,8 @@ def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
     check.declined = not store
     if store and cal.values:
         try:
-            record_efficiencies(plan.dialect, cal.values)
+            cpu = hw.devices.get(plan.devices.cpu.name)
+            record_efficiencies(plan.dialect, cal.values, cpu_gain=cpu.isa_gain if cpu else 1.0)
             check.stored = True
         except PlannerError as e:  # the measurement is still reported, only not kept
             check.notes.append(f"calibration not kept: {e}")

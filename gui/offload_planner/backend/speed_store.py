@@ -4,6 +4,8 @@ The probe copies a buffer a few hundred MiB large with one thread per core (nump
 while copying) for about a second and counts the bytes read and written.  The result is cached in
 ``speed.json`` under the config directory (:func:`calibration.config_dir`), keyed by machine, with
 the efficiencies ``launch --bench`` measures per machine and backend (:func:`record_efficiencies`).
+The CPU's instruction set and model name (:func:`this_cpu`) are read from the operating system once
+a process.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import itertools
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,10 +32,19 @@ from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.cpu_isa import CpuInfo, parse_proc_cpuinfo, parse_sysctl
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
-from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for
+from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for, for_host
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, estimate
-from offload_planner.core.speed.hardware import Figure, Hardware, MeasuredLink, Source, Threads, hardware_for
+from offload_planner.core.speed.hardware import (
+    DEFAULT_CPU_GHZ,
+    Figure,
+    Hardware,
+    MeasuredLink,
+    Source,
+    Threads,
+    hardware_for,
+)
 from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.speculation import with_speculation
 
@@ -197,13 +210,14 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
             p = probe_link(endpoint)
         except RpcProbeError:
             return None
-        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "at": time.strftime("%Y-%m-%d %H:%M"),
-               "server": p.server_version}
+        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "graph_us": round(p.graph_us, 1),
+               "at": time.strftime("%Y-%m-%d %H:%M"), "server": p.server_version}
         entry = {**entry, "rpc_links": {**links, endpoint: got}}
         data.setdefault("machines", {})[machine_key()] = entry
         got["at"] += _keep(data)
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
-                        f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})")
+                        f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
+                        _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
 
 
 def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink]:
@@ -217,8 +231,10 @@ def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, Measured
     return out
 
 
-def record_efficiencies(backend: str, values: dict[str, float]) -> None:
-    """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`)."""
+def record_efficiencies(backend: str, values: dict[str, float], *, cpu_gain: float = 1.0) -> None:
+    """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`);
+    ``cpu_gain``: the instruction-set gain the CPU's compute carried in the estimate the measurement
+    calibrated (``DeviceSpeed.isa_gain``), kept beside a ``cpu_compute`` (:func:`efficiencies_for`)."""
     calibrated(values, "check")  # refuse unknown names before writing
     data = _load()
     entry = data.setdefault("machines", {}).setdefault(machine_key(), {})
@@ -227,21 +243,44 @@ def record_efficiencies(backend: str, values: dict[str, float]) -> None:
     merged.update({k: float(v) for k, v in values.items()})
     entry["efficiencies"][backend] = merged
     entry.setdefault("efficiencies_at", {})[backend] = time.strftime("%Y-%m-%d %H:%M")
+    if "cpu_compute" in values:
+        entry.setdefault("cpu_compute_gain", {})[backend] = float(cpu_gain)
     _save(data)
 
 
+def _cpu_basis(entry: dict[str, Any], backend: str, values: dict[str, Any]) -> dict[str, Any]:
+    """A calibrated ``cpu_compute`` is a fraction of the CPU's compute figure as it was when measured:
+    of the AVX2 figure before the instruction set was read (no ``cpu_compute_gain`` kept), else of
+    that figure times the gain kept; rescaled to this machine's figure now (:func:`this_cpu`), so the
+    calibrated rate stays the measured one."""
+    if "cpu_compute" not in values:
+        return values
+    kept = _number(_mapping(entry.get("cpu_compute_gain")).get(backend, 1.0), 1e-3, 1e3) or 1.0
+    return {**values, "cpu_compute": values["cpu_compute"] * kept / this_cpu().gain}
+
+
+def core_speed(cpu: CpuInfo) -> tuple[float, str]:
+    """A core of ``cpu`` against the AVX2 figure at its clock (its instruction set's gain, the clock
+    its model name states against DEFAULT_CPU_GHZ), and what it is."""
+    clock = cpu.ghz / DEFAULT_CPU_GHZ if cpu.ghz else 1.0
+    at = f" at {cpu.ghz:g} GHz" if cpu.ghz else ""
+    return cpu.gain * clock, f"{cpu.isa.value if cpu.isa else 'the AVX2 figure'}{at}, {cpu.source}"
+
+
 def efficiencies_for(backend: str) -> Efficiencies:
-    """The defaults, with what was measured on this machine with ``backend`` marked calibrated."""
+    """The defaults (the host's work per RPC split scaled to this machine's cores, :func:`core_speed`),
+    with what was measured on this machine with ``backend`` marked calibrated."""
     entry = _load().get("machines", {}).get(machine_key(), {})
     values = _mapping(entry.get("efficiencies")).get(backend)
-    base = defaults_for(Dialect(backend))
+    base = for_host(defaults_for(Dialect(backend)), *core_speed(this_cpu()))
     if not isinstance(values, dict) or not values:
         return base
     if any(_number(v, 1e-6, 1e6) is None for v in values.values()):  # NaN, a string, a bool: damaged
         return base
     when = _mapping(entry.get("efficiencies_at")).get(backend, "")
     try:
-        return calibrated(values, f"measured on this machine with {backend} ({when})", base)
+        note = f"measured on this machine with {backend} ({when})"
+        return calibrated(_cpu_basis(entry, backend, values), note, base)
     except (ValueError, TypeError):
         return base
 
@@ -318,8 +357,50 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
 
 
 def _cpu_declared(plan: Plan) -> bool:
-    keys = {k for k, _ in plan.devices.cpu.hardware}
-    return bool(plan.devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
+    return cpu_elsewhere(plan.devices)
+
+
+def cpu_elsewhere(devices: DeviceSet) -> bool:
+    """The CPU is declared by its memory's speed (``bw=``/``ram=``): another machine than this one, so
+    neither this machine's RAM probe nor its instruction set describes it."""
+    keys = {k for k, _ in devices.cpu.hardware}
+    return bool(devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
+
+
+def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> str:
+    """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line): '' when it
+    cannot be read."""
+    try:
+        with open(proc, encoding="utf-8", errors="replace") as f:
+            text = f.read(limit)
+    except OSError:
+        return ""
+    return text.split("\n\n", 1)[0]
+
+
+@functools.cache
+def this_cpu() -> CpuInfo:
+    """This machine's CPU (model name, instruction-set tier, a clock its name states): Linux from
+    ``/proc/cpuinfo``, macOS from ``sysctl machdep.cpu``; elsewhere (Windows) or when neither answers
+    the tier is not known and the estimate keeps the AVX2 figure, saying so."""
+    if sys.platform.startswith("linux"):
+        text = read_cpuinfo()
+        if text:
+            return parse_proc_cpuinfo(text)
+    elif sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "machdep.cpu"], capture_output=True, text=True, timeout=5,
+                                 check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        if out:
+            return parse_sysctl(out)
+    return CpuInfo(platform.processor(), None, None, f"not read on {platform.system() or sys.platform}")
+
+
+def machine_cpu(devices: DeviceSet) -> CpuInfo | None:
+    """:func:`this_cpu`, unless the set's CPU is another machine (:func:`cpu_elsewhere`)."""
+    return None if cpu_elsewhere(devices) else this_cpu()
 
 
 def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
@@ -332,7 +413,7 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
     measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
     return hardware_for(plan.devices, threads=threads, probe=measured,
                         links=rpc_links(plan.devices, measure=probe_rpc),
-                        cores=thread_use(plan.devices, threads))
+                        cores=thread_use(plan.devices, threads), cpu=machine_cpu(plan.devices))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,

@@ -253,9 +253,9 @@ def _fields(text: str, start: int) -> list[str]:
     return [p.strip() for p in parts]
 
 
-#: keys only the host's figures read (its RAM, compute threads, cores, clock); an RPC device's
-#: ``threads=`` is its rpc-server's (``gpu_speed`` caps the device's bandwidth by them)
-HOST_KEYS = ("ram", "threads", "cores", "ghz")
+#: keys only the host's figures read (its RAM, compute threads, cores, clock, instruction set); an RPC
+#: device's ``threads=`` is its rpc-server's (``gpu_speed`` caps the device's bandwidth by them)
+HOST_KEYS = ("ram", "threads", "cores", "ghz", "isa")
 
 
 def _check_host_key(kind: DeviceKind, key: str, val: str) -> None:

@@ -1,5 +1,6 @@
 """The speed keys of a ``--device`` declaration (``bw=936GB/s``, ``pcie=4x16``, ``tflops=71``,
-``ram=12xDDR5-4800``, ``link=10Gb/s``, ``threads=16``, ``cores=32``, ``ghz=2.4``, a catalogue card),
+``ram=12xDDR5-4800``, ``link=10Gb/s``, ``threads=16``, ``cores=32``, ``ghz=2.4``, ``isa=avx512_vnni``,
+a catalogue card),
 checked and converted.
 
 Apart from :mod:`offload_planner.core.speed.hardware` (which turns them into figures) so that
@@ -13,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.speed.catalogue import Card, card, card_keys
+from offload_planner.core.speed.cpu_isa import Isa, parse_isa
 
 #: Per-lane PCIe throughput per direction in GB/s after line coding (PCI-SIG: 8, 16, 32 GT/s with
 #: 128b/130b encoding for gen 3-5; 2.5 and 5 GT/s with 8b/10b for gen 1-2; gen 6 64 GT/s PAM4).
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
 
-HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads", "cores", "ghz")
+HARDWARE_KEYS = ("bw", "bandwidth", "pcie", "tflops", "ram", "link", "threads", "cores", "ghz", "isa")
 
 #: The largest figure a speed key takes (1 PB/s, 10^6 TFLOPS, 65536 threads): far beyond any device,
 #: small enough that the estimate's arithmetic stays finite (a 400-digit bw= was infinity).
@@ -114,6 +116,7 @@ class Declared:
     threads: int | None = None
     cores: int | None = None  # the host's physical cores (a machine other than this one)
     ghz: float | None = None  # the host's core clock (vendor base clock)
+    isa: Isa | None = None  # the host's instruction-set tier (core.speed.cpu_isa)
     nvml_bus: tuple[int, int] | None = None  # bus width in bits, max memory clock in MHz (NVML)
     nvml_pcie: tuple[int, int] | None = None  # max PCIe generation, width (NVML)
 
@@ -147,6 +150,8 @@ def parse_hardware_keys(parts: Sequence[tuple[str, str]]) -> Declared:
             d[k] = parse_tflops(val)
         elif k == "ghz":
             d[k] = parse_ghz(val)
+        elif k == "isa":
+            d[k] = parse_isa(val)
         elif k == "nvml_bus":
             d[k] = _parse_nvml_bus(val)
         elif k == "nvml_pcie":

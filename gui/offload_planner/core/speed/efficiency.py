@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 from offload_planner.core.dialects.base import Dialect
+from offload_planner.core.speed.cpu_isa import GAINS, Isa
 from offload_planner.core.speed.hardware import Figure, Source
 
 UNCALIBRATED = "uncalibrated"
@@ -35,7 +36,12 @@ _LINK = _d(0.8)  # PCIe / network payload against the line rate
 #: covers the KV reads.
 _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
                    "one token's attention on the CPU: ik_llama.cpp PR 612 (Kimi-K2, EPYC 9965, 128 threads)")
-_THREAD_BW = _d(10.0, "GB/s per thread")  # one thread's share when -t limits it
+#: One thread's share of the RAM bandwidth when -t limits it: a round figure that matched the earlier
+#: 2-core AVX2 machine.  On the 2-vCPU AVX-512 EPYC it caps bench-llama-2g's tg on the CPU and on two
+#: loopback rpc-servers (1 thread each) at 0.55-0.59x of the measured; a single-thread copy there reads
+#: 21-26 GB/s (numpy, loaded machine), but at 15-22.5 GB/s a thread the MoE model's CPU tg goes from
+#: 0.97x to 1.46-1.48x (its tokens are not bound by their bytes alone): left as it is, not derived.
+_THREAD_BW = _d(10.0, "GB/s per thread")
 #: Op offload's copy of a host weight that is not in a pinned (``<GPU>_Host``) buffer, against the
 #: pinned rate: with mmap (the default) llama.cpp keeps CPU weights in the mapping, pageable
 #: (llama-model-loader.cpp "avoid using a host buffer when using mmap", and its warning "tensor
@@ -60,15 +66,19 @@ _SPLIT_US = _d(20.0, "µs per graph split")  # synchronise + launch across devic
 _GPU_LAYER_US = Figure(40.0, "µs per GPU layer a token", Source.DEFAULT,
                        "a GPU layer's kernels' fixed time a token (fitted on half of the public "
                        "measurements)")
-#: The RPC server's work per graph split (receive the graph or its recompute, wake its threads, the
-#: activations back), network round trip excluded (measured per endpoint: core.speed.hardware). From
-#: this project's own measurement (README, bench/speed_measured.py, 2 cores, load 1.0-1.2):
-#: bench-qwen3moe-2g with the experts on the CPU and the rest on one loopback rpc-server ran 9.54 t/s
-#: (104.8 ms a token) with 41 splits a token, where the reads took about 61 ms (the estimate's 17.1 ms
-#: on the CPU and 28.0 ms on the rpc-server's one thread, scaled by the CPU-only (1.54x) and 2xRPC
-#: ratios of the same run): about 1.06 ms a split.  The former default, 150 µs, made RPC tg 1.9-2.5x
-#: too fast.
-_RPC_US = _d(1000.0, "µs per RPC graph split")
+#: What an RPC graph split costs beyond the network round trip and the server's own work on the graph
+#: (both measured by the probe against the running server, backend.rpc_probe: 25 µs and 22 µs on
+#: loopback on a 2-vCPU AVX-512 EPYC): the host's hand-over (llama-server's scheduler copying the
+#: split's inputs, its CPU threads going idle and woken, the rpc-server's thread scheduled on the same
+#: cores).  From this project's own measurement on a 2-core AVX2 machine (README, bench/speed_measured.py,
+#: load 1.0-1.2): bench-qwen3moe-2g with the experts on the CPU and the rest on one loopback rpc-server
+#: ran 9.54 t/s (104.8 ms a token) with 41 splits a token, where the reads took about 61 ms: about
+#: 1.06 ms a split, of which this 1000 µs.  It is CPU work, so a faster core does it sooner: the figure
+#: is divided by the host core's compute against the AVX2 figure (:func:`for_host`: its instruction set
+#: and clock); on the AVX-512 EPYC the same bench then puts RPC tg within 0.8-1.0x (it read 0.72x
+#: with 1000 µs).  An assumption checked on one machine, not a measurement of this one.
+RPC_HOST_US = 1000.0
+_RPC_US = _d(RPC_HOST_US, "µs per RPC graph split")
 #: -nkvo: every GPU layer stops the GPU twice a token: the new K/V rows copied down, the CPU's
 #: threads woken for the set_rows into the host cache (and, without flash attention, the attention
 #: ops: llama-graph.cpp ``build_attn_mha`` pins their output to ``backend_cpu``), then back.
@@ -126,9 +136,17 @@ def calibrated(values: Mapping[str, float], note: str, base: Efficiencies = DEFA
 #: micro-batch's compute and reads added (pp._microbatch): the same five records (all at odd
 #: positions of the set) then put the estimate a median 0.99x of the measured at 2.0 (at 1.77 with
 #: the clocks alone, the reads overlapped).
-IK_CPU_COMPUTE = Figure(2.0, "x peak", Source.DEFAULT,
+#: Those five records' CPUs are all AVX-512 with VNNI (Ryzen-7950X and EPYC 9004/9005: Zen 4/5; Xeon
+#: 6980P: AMX, which ik_llama.cpp does not use), and the 2.0 was fitted against the AVX2 figure; a CPU's
+#: compute now carries its instruction set's gain (core.speed.cpu_isa.GAINS, 1.95 for AVX-512 VNNI), so
+#: the same fit reads 2.0 / 1.95 of the ISA-scaled peak: unchanged on those CPUs, and on an AVX2 CPU
+#: (or one whose instruction set is not known) 2.05 x mainline's default instead of 4 x (ik_llama.cpp
+#: PR 54 measured ik on a Ryzen-5975WX, AVX2, at 1.53 and 1.34 x mainline for Q4_0 and Q8_0 pp512).
+IK_FIT_GAIN = GAINS[Isa.AVX512_VNNI].value
+IK_CPU_COMPUTE = Figure(2.0 / IK_FIT_GAIN, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
-                        "259, 612, issue 1752; their CPUs at base clock)")
+                        "259, 612, issue 1752; their CPUs at base clock, AVX-512 VNNI: 2.0 x the AVX2 "
+                        f"figure / {IK_FIT_GAIN:g})")
 _FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
 
 
@@ -148,11 +166,14 @@ IQUANT_CPU_COMPUTE = Figure(0.18, "x peak", Source.DEFAULT,
 SLOW_CPU_TYPES = frozenset({"iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"})  # ggml names
 
 
-def cpu_cost(type_name: str, dialect: Dialect) -> float:
+def cpu_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0) -> float:
     """Compute cost of one weight of ``type_name`` on the CPU against the default's (1: the default
-    efficiency applies): mainline's lattice i-quants cost ``cpu_compute / IQUANT_CPU_COMPUTE``."""
+    efficiency applies): mainline's lattice i-quants cost ``cpu_compute / IQUANT_CPU_COMPUTE``, times
+    the CPU's instruction-set gain (``DeviceSpeed.isa_gain``): their ``vec_dot`` is AVX2 code on every
+    x86 CPU (core.speed.cpu_isa), so a faster instruction set does not speed them up (the 0.18 was
+    measured against the AVX2 figure)."""
     if type_name in SLOW_CPU_TYPES and not Dialect(dialect).fast_cpu_kernels:
-        return _CPU_COMPUTE.value / IQUANT_CPU_COMPUTE.value
+        return _CPU_COMPUTE.value / IQUANT_CPU_COMPUTE.value * isa_gain
     return 1.0
 
 
@@ -181,6 +202,17 @@ def gpu_rows_factor(rows: float) -> float:
     """The GPU compute efficiency of a matrix multiplied by ``rows`` tokens against the default's."""
     r = max(float(GPU_ROWS_MIN), rows)
     return float(min(GPU_ROWS_MAX_GAIN, (r / GPU_ROWS_REF) ** GPU_ROWS_EXPONENT))
+
+
+def for_host(eff: Efficiencies, core_speed: float, what: str) -> Efficiencies:
+    """``eff`` with the host's work per RPC split scaled to its cores (``core_speed``: a core's compute
+    against the AVX2 figure at its clock, ``what`` says why), unless measured or calibrated."""
+    if eff.rpc_latency_us.source is not Source.DEFAULT or core_speed == 1.0 or not core_speed > 0:
+        return eff
+    us = round(RPC_HOST_US / core_speed, 1)
+    return replace(eff, rpc_latency_us=Figure(us, eff.rpc_latency_us.unit, Source.DEFAULT,
+                                              f"the host's work per split: {RPC_HOST_US:g} µs on an AVX2 "
+                                              f"core (this project's bench) / {core_speed:.3g} ({what})"))
 
 
 def defaults_for(dialect: Dialect) -> Efficiencies:

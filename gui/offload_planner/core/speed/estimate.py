@@ -19,6 +19,7 @@ from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
 from offload_planner.core.speed.hardware import Hardware, Source
 from offload_planner.core.speed.nkvo import attention_plan, host_kv_layers, host_kv_seconds, kv_copy_seconds
 from offload_planner.core.speed.pp import pp_time
+from offload_planner.core.speed.rates import cpu_isa_gain
 from offload_planner.core.speed.reads import kv_bytes_at, weight_bytes_per_token
 from offload_planner.core.speed.result import Assumption, DeviceTime, SpeedEstimate
 from offload_planner.core.speed.splits import _split_seconds, token_split_pairs
@@ -39,7 +40,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     weights = weight_bytes_per_token(plan.model, placement)
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
-    extras = token_extras(plan, placement)
+    extras = token_extras(plan, placement, cpu_isa_gain(hw))
     t0 = _tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
     t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, extras)

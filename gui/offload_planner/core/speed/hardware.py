@@ -6,10 +6,12 @@ clock, maximum PCIe link generation and width: :func:`nvml_bandwidth_gbs`, :func
 from the catalogue card it names (``CUDA0=rtx3090``) or NVML's device name names, else defaults.
 The host (CPU): ``bw=200GB/s`` or ``ram=12xDDR5-4800``
 (channels x MT/s x 8 bytes) declared, else the RAM probe measured on this machine, else a default;
-its threads from ``-t``.  An RPC device: the remote device's figures plus ``link=10Gb/s``, else the
-link measured against its running rpc-server (:class:`MeasuredLink`: throughput and the round trip
-each graph split waits for); ``threads=`` on an RPC device whose server computes on a CPU limits
-its bandwidth as ``-t`` limits the host's (``ggml-rpc-server`` uses half the remote's cores).
+its threads from ``-t``; its compute per core from its instruction set (``isa=``, else this
+machine's ``/proc/cpuinfo``: core.speed.cpu_isa) and clock (``ghz=``).  An RPC device: the remote
+device's figures plus ``link=10Gb/s``, else the link measured against its running rpc-server
+(:class:`MeasuredLink`: throughput and the round trip each graph split waits for); ``threads=`` on
+an RPC device whose server computes on a CPU limits its bandwidth as ``-t`` limits the host's
+(``ggml-rpc-server`` uses half the remote's cores).
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
 """
 
@@ -21,6 +23,7 @@ from enum import StrEnum
 
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.speed.catalogue import Card, card
+from offload_planner.core.speed.cpu_isa import GAINS, CpuInfo, Isa
 from offload_planner.core.speed.declared import (
     PCIE_LANE_GBS,
     Declared,
@@ -54,6 +57,9 @@ DEFAULT_GPU_TFLOPS = 50.0
 DEFAULT_PCIE = (4, 16)
 DEFAULT_HOST_BW = 50.0  # GB/s: two channels of DDR4-3200 (2 x 3200 MT/s x 8 B = 51.2)
 DEFAULT_CPU_TFLOPS_PER_THREAD = 0.1  # peak per core (AVX2 FMA: 2 units x 8 fp32 x 2 ops x ~3 GHz ≈ 0.1)
+#: A core of another instruction-set tier computes ``cpu_isa.GAINS[tier]`` of it (AVX-512 with VNNI:
+#: 1.95, from public llama-bench measurements; core.speed.cpu_isa), read from this machine's
+#: ``/proc/cpuinfo`` or declared (``isa=``); unknown: the AVX2 figure, said so.
 #: The clock ``DEFAULT_CPU_TFLOPS_PER_THREAD`` stands for (32 FLOPs a cycle): a CPU declared with
 #: ``ghz=`` (its vendor base clock) computes ``ghz / DEFAULT_CPU_GHZ`` of it a core.  Many-core server
 #: parts run at about half a desktop part's clock (AMD EPYC 9965 2.25 GHz, Intel Xeon 6980P 2.0 GHz,
@@ -94,6 +100,9 @@ class DeviceSpeed:
     unified: bool = False  # Apple: the GPU reads host memory directly
     latency_us: Figure | None = None  # RPC: the measured round trip of one graph split
     share: float = 1.0  # of a core each of its threads gets: cores / threads when oversubscribed
+    #: CPU: its compute against an AVX2 core's (core.speed.cpu_isa.GAINS), 1 when not known or
+    #: ``tflops=`` is declared; the kernels with no path beyond AVX2 do not get it (efficiency.cpu_cost)
+    isa_gain: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,7 @@ class MeasuredLink:
     gbs: float
     rtt_us: float
     note: str
+    graph_us: float = 0.0  # the server's own work on one small graph split (0: not measured)
 
 
 @dataclass(frozen=True)
@@ -198,6 +208,15 @@ def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure,
     return _pcie_figure(DEFAULT_PCIE, Source.DEFAULT, f"{dev.name}: no card or pcie= given")
 
 
+def _rpc_latency(link: MeasuredLink) -> Figure:
+    """What the probe measured of one RPC graph split: the network round trip (the activations read
+    back after an asynchronous graph compute, ggml-rpc protocol 7) and the server's work on a graph."""
+    server = f" and the server's work on a graph, {link.graph_us:.0f} µs" if link.graph_us else ""
+    return Figure(round(link.rtt_us + link.graph_us, 1), "µs per RPC graph split", Source.MEASURED,
+                  f"one network round trip per split, {link.rtt_us:.0f} µs,{server} beside the host's work "
+                  f"per split; {link.note}")
+
+
 def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
     """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults;
     ``link``: an RPC device's link as measured (used unless ``link=`` is declared)."""
@@ -207,23 +226,40 @@ def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
            else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
     rpc = dev.kind is DeviceKind.RPC
-    latency = (Figure(round(link.rtt_us, 1), "µs per RPC graph split", Source.MEASURED,
-                      f"one network round trip per split (the activations read back after an "
-                      f"asynchronous graph compute, ggml-rpc protocol 7), beside the server's own work "
-                      f"per split; {link.note}")
-               if rpc and link is not None and decl.link is None else None)
+    latency = _rpc_latency(link) if rpc and link is not None and decl.link is None else None
     return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
                        c.name if c else "", threads=decl.threads if rpc else None,
                        unified=c is not None and c.pcie is None, latency_us=latency)
 
 
+def _isa(decl: Declared, cpu: CpuInfo | None) -> tuple[float, str]:
+    """(gain over an AVX2 core, what the compute note says of it): the declared ``isa=``, else the one
+    ``cpu`` (this machine's, read by backend.speed_store.this_cpu) says, else none (the AVX2 figure)."""
+    if decl.isa is not None:
+        return GAINS[decl.isa].value, _isa_note(decl.isa, "isa=")
+    if cpu is None:
+        return 1.0, ""
+    if cpu.isa is None:
+        return 1.0, f"; {cpu.describe()}: the AVX2 figure"
+    return GAINS[cpu.isa].value, _isa_note(cpu.isa, f"{cpu.model or 'the CPU'} per {cpu.source}")
+
+
+def _isa_note(isa: Isa, where: str) -> str:
+    g = GAINS[isa]
+    return f"; {isa.value} ({where}): {g.value:g} x the AVX2 figure ({g.why})"
+
+
 def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None,
-               default_threads: int | None = None, smt_capped: bool = True) -> DeviceSpeed:
+               default_threads: int | None = None, smt_capped: bool = True,
+               cpu: CpuInfo | None = None) -> DeviceSpeed:
     """The host's figures: declared bw=/ram=, else the probe's measurement, else a default.  Threads:
     ``-t`` (``threads``) or the declared ``threads=``, else llama.cpp's default, the physical cores
     (``common_cpu_get_num_math``): the declared ``cores=``, else ``default_threads`` (this machine's).
     More compute threads than declared cores add no compute ("hyperthreading isn't useful for linear
-    algebra", the same function) unless ``smt_capped`` is off (``Threads`` shares the cores instead)."""
+    algebra", the same function) unless ``smt_capped`` is off (``Threads`` shares the cores instead).
+    A core's compute: the AVX2 figure times its instruction set's gain (declared ``isa=``, else
+    ``cpu``'s), at the declared ``ghz=``, else the clock ``cpu``'s model name states; ``tflops=``
+    declared replaces all of it."""
     decl = parse_hardware_keys(dev.hardware)
     if decl.bw is not None or dev.bandwidth_gbs:
         bw = Figure(decl.bw or dev.bandwidth_gbs or 0.0, "GB/s", Source.DECLARED, "CPU bw=")
@@ -245,28 +281,34 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
                else " (threads not given: -t)")
         if n and decl.cores and n > decl.cores and smt_capped:
             tn, why = decl.cores, f" (-t {n} on {decl.cores} physical cores: the rest add no compute)"
-        per, src, clock = DEFAULT_CPU_TFLOPS_PER_THREAD, Source.DEFAULT, ""
-        if decl.ghz is not None:
-            per, src = DEFAULT_CPU_TFLOPS_PER_THREAD * decl.ghz / DEFAULT_CPU_GHZ, Source.DECLARED
-            clock = (f" (ghz={decl.ghz:g}: {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS a core at "
-                     f"{DEFAULT_CPU_GHZ} GHz)")
+        gain, isa_note = _isa(decl, cpu)
+        per, src, clock = DEFAULT_CPU_TFLOPS_PER_THREAD * gain, Source.DEFAULT, ""
+        ghz = decl.ghz if decl.ghz is not None else cpu.ghz if cpu is not None else None
+        if ghz is not None:
+            per = per * ghz / DEFAULT_CPU_GHZ
+            src = Source.DECLARED if decl.ghz is not None else src
+            said = f"ghz={ghz:g}" if decl.ghz is not None else f"{ghz:g} GHz in its model name"
+            clock = f" ({said}: {DEFAULT_CPU_TFLOPS_PER_THREAD} TFLOPS a core at {DEFAULT_CPU_GHZ} GHz)"
         tf = Figure(round(tn * per, 3) or tn * per, "TFLOPS", src,  # not 0: ghz=0.0001 divided by it
-                    f"{tn} threads x {per:.4g} TFLOPS{clock}{why}")
+                    f"{tn} threads x {per:.4g} TFLOPS{clock}{why}{isa_note}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
-    return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n)
+    return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n,
+                       isa_gain=1.0 if decl.tflops is not None else gain)
 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
                  overrides: Mapping[str, DeviceSpeed] | None = None,
-                 links: Mapping[str, MeasuredLink] | None = None, cores: Threads | None = None) -> Hardware:
+                 links: Mapping[str, MeasuredLink] | None = None, cores: Threads | None = None,
+                 cpu: CpuInfo | None = None) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
     ``links``: measured links of RPC devices by endpoint; ``cores``: the threads on this machine,
-    which slow its devices down by ``cores / threads`` when more threads than cores compute)."""
+    which slow its devices down by ``cores / threads`` when more threads than cores compute;
+    ``cpu``: this machine's CPU as the operating system describes it, its instruction set and clock)."""
     links = links or {}
     out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe,
                                        default_threads=cores.server if cores is not None else None,
-                                       smt_capped=cores is None)
+                                       smt_capped=cores is None, cpu=cpu)
     out.update(overrides or {})
     if cores is not None and cores.oversubscribed:
         out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}

@@ -31,7 +31,7 @@ from offload_planner.core.speed.nkvo import (
     kv_copy_seconds,
     nkvo_attention_on_gpu,
 )
-from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops
+from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops, cpu_isa_gain
 from offload_planner.core.speed.reads import _running, expert_fraction
 from offload_planner.core.speed.splits import _pp_splits, token_split_pairs
 
@@ -78,7 +78,7 @@ def copy_weight(buft: str | None, eff: Efficiencies) -> float:
 
 
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
-          eff: Efficiencies | None = None) -> dict[str, _Work]:
+          eff: Efficiencies | None = None, isa_gain: float = 1.0) -> dict[str, _Work]:
     out: dict[str, _Work] = defaultdict(_Work)
     costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
     eff = eff or defaults_for(dialect)
@@ -94,7 +94,7 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         key = (t.type.name, p.buft)
         cost = costs.get(key)
         if cost is None:
-            cost = costs[key] = (cpu_cost(key[0], dialect), copy_weight(p.buft, eff))
+            cost = costs[key] = (cpu_cost(key[0], dialect, isa_gain), copy_weight(p.buft, eff))
         w.el[i] += n
         w.nbytes[i] += nb
         w.cpu_el[i] += n * cost[0]
@@ -230,7 +230,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = token_split_pairs(plan, placement) if pairs is None else pairs
-    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff)
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw))
     s = plan.model.summary
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)

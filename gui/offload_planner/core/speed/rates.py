@@ -4,6 +4,7 @@ threads, its share of oversubscribed cores), and a graph split's link between tw
 from __future__ import annotations
 
 from offload_planner.core.devices import DeviceKind
+from offload_planner.core.placement import CPU
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 from offload_planner.core.speed.result import Assumption
@@ -35,6 +36,11 @@ def _is_gpu(dev: DeviceSpeed) -> bool:
     """A local GPU (not the CPU; not an RPC device, whose server's backend is not known: ggml-rpc-server
     computes on its CPU by default)."""
     return dev.kind not in (DeviceKind.CPU, DeviceKind.RPC)
+
+
+def cpu_isa_gain(hw: Hardware) -> float:
+    """The host CPU's instruction-set gain (``DeviceSpeed.isa_gain``; 1 without a CPU figure)."""
+    return hw.devices[CPU].isa_gain if CPU in hw.devices else 1.0
 
 
 def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:

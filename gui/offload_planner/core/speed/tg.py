@@ -17,7 +17,7 @@ from offload_planner.core.plan import Plan
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost
 from offload_planner.core.speed.hardware import Hardware
-from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops
+from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops, cpu_isa_gain
 from offload_planner.core.speed.reads import _running, expert_fraction
 
 
@@ -30,7 +30,7 @@ class TokenExtras:
     pageable_cpu: bool  # a CPU weight outside a pinned ``<GPU>_Host`` buffer
 
 
-def token_extras(plan: Plan, placement: Placement) -> TokenExtras:
+def token_extras(plan: Plan, placement: Placement, isa_gain: float = 1.0) -> TokenExtras:
     """``cpu_flops``: one generated token's CPU weight matrices of the types whose CPU kernels cost
     more than the default (:func:`efficiency.cpu_cost` > 1: mainline multiplies the lattice i-quants
     row by row through their ``vec_dot`` with its grid look-ups, the same kernel for one token as for
@@ -56,7 +56,7 @@ def token_extras(plan: Plan, placement: Placement) -> TokenExtras:
             continue
         cost = costs.get(t.type.name)
         if cost is None:
-            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect)
+            cost = costs[t.type.name] = cpu_cost(t.type.name, dialect, isa_gain)
         if cost > 1.0:
             flops += 2.0 * t.n_elements * cost * (frac if t.role in experts else 1.0)
     return TokenExtras(flops, {k: len(v) for k, v in seen.items()}, pageable)
@@ -73,7 +73,7 @@ def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
     576-wide cell: about 240 FLOPs a byte, compute-bound on a CPU and on most GPUs)."""
     times: dict[str, float] = {}
     attn = attn or {}
-    extras = extras or token_extras(plan, placement)
+    extras = extras or token_extras(plan, placement, cpu_isa_gain(hw))
     per_layer = eff.gpu_layer_us.value * 1e-6
     for name in dict.fromkeys([*weights, *kv]):  # first-seen order, whatever the hash seed
         d = hw[name]
