@@ -146,14 +146,14 @@ def test_a_draft_model_of_another_vocabulary_is_named_and_not_counted(tmp_path: 
     same = write_model(SMALL_MODELS["llama-draft"], tmp_path / "llama-draft.gguf")[0]
     base = ["--no-detect", "--device", "CUDA0=24GiB"]
     plain = run("plan", str(target), *base)
-    mismatched = run("plan", str(target), *base, "--", "-md", str(other))
-    matched = run("plan", str(target), *base, "--", "-md", str(same))
+    mismatched = run("plan", str(target), *base, "--", "-md", str(other), "--spec-type", "draft-simple")
+    matched = run("plan", str(target), *base, "--", "-md", str(same), "--spec-type", "draft-simple")
     assert plain.returncode == mismatched.returncode == matched.returncode == 0, mismatched.stderr[-2000:]
     assert _tg(mismatched.stdout) == _tg(plain.stdout) != _tg(matched.stdout)
     warning = f"-md {other}: llama-server does not use this draft model"
     assert warning in mismatched.stdout and "differ by 512 tokens" in mismatched.stdout
     assert warning not in matched.stdout
-    fit = run("fit", str(target), *base, "--json", "--", "-md", str(other))
+    fit = run("fit", str(target), *base, "--json", "--", "-md", str(other), "--spec-type", "draft-simple")
     assert fit.returncode == 0, fit.stderr[-2000:]
     out = json.loads(fit.stdout)
     assert any(n.startswith(warning) for n in out["notes"]), out["notes"]

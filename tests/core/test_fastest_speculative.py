@@ -97,7 +97,8 @@ def test_a_draft_models_memory_takes_its_room_on_the_gpu(tmp_path: Path) -> None
     ds = _devices("12GiB,bw=936GB/s")
     hw = hardware_for(ds, threads=16)
     plain = fastest_plan(qwen, ds, ["-c", "8192"], hw, goal="tg", eff=EFF)
-    r = fastest_plan(qwen, ds, ["-c", "8192", "-md", str(draft)], hw, goal="tg", eff=EFF)
+    spec = ["-md", str(draft), "--spec-type", "draft-simple"]
+    r = fastest_plan(qwen, ds, ["-c", "8192", *spec], hw, goal="tg", eff=EFF)
     assert r.best is not None and plain.best is not None
     assert r.best.estimate.spec is not None and r.best.estimate.spec.kind == "draft model draft.header.gguf"
     assert _fits(r.best.plan, ds)
@@ -134,7 +135,8 @@ def test_the_draft_is_opened_and_projected_once_per_setting(tmp_path: Path) -> N
     hw = hardware_for(ds, threads=16)
     speculative.draft_buffers.cache_clear()
     speculative._open_draft.cache_clear()
-    r = fastest_plan(qwen, ds, ["-c", "8192", "-md", str(draft)], hw, goal="balanced", eff=EFF)
+    spec = ["-md", str(draft), "--spec-type", "draft-simple"]
+    r = fastest_plan(qwen, ds, ["-c", "8192", *spec], hw, goal="balanced", eff=EFF)
     assert speculative._open_draft.cache_info().misses == 1
     ubs = {c.plan.context.n_ubatch for c in r.candidates}
     assert len(ubs) == 3

@@ -155,7 +155,7 @@ def test_nkvo_round_trips_are_in_the_speculative_verify_step(tmp_path: Path) -> 
     draft = str(path)  # the model as its own draft: only the target's context differs below
     steps = []
     for extra in ("", " -nkvo"):
-        p = plan(target, ds, f"-ngl 999 -c 4096 -md {draft} -ngld 999{extra}")
+        p = plan(target, ds, f"-ngl 999 -c 4096 -md {draft} --spec-type draft-simple -ngld 999{extra}")
         sp = speculation(p, p.placement(), hw, DEFAULT, depth=0, target_kv={}, plain=(1.0, 1.0))
         assert sp is not None
         steps.append(sp.verify_ms)

@@ -150,3 +150,41 @@ def test_fit_prints_its_answer_with_mtp_and_depth(small_models: dict[str, Path],
     assert speed["speculative"]["accept"] == 0.7 and speed["speculative"]["kind"] == "MTP (1 NextN layer)"
     assert speed["depth"] == 512 and speed["pp_tps_at_depth"] < speed["pp_tps"]
     assert speed["tg_tps_at_ctx"] < speed["tg_tps_at_depth"] < speed["tg_tps"]
+
+
+def test_draft_model_without_a_draft_type_is_loaded_but_not_drafted_with(
+        small_models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """The pinned build's speculative types default to none (common/common.h): ``-md`` alone loads the
+    draft (its memory stays projected) but the server generates without it ("no implementations
+    specified for speculative decoding", checked on the real llama-server); ``--spec-type draft-simple``
+    drafts.  A 2025 build drafts whenever ``-md`` is given."""
+    from offload_planner.cli import main
+    from offload_planner.core.dialects import LLAMA_CPP_2025
+
+    draft = str(small_models["llama-draft"])
+    common = ["plan", str(small_models["llama"]), "--no-detect", "--device", "CPU=64GiB,bw=100GB/s", "--json"]
+
+    def run(*argv: str) -> dict[str, object]:
+        assert main([*common, *argv]) == 0
+        out: dict[str, object] = json.loads(capsys.readouterr().out)
+        return out
+
+    plain = run("--", "-c", "1024")
+    alone = run("--", "-c", "1024", "-md", draft)
+    typed = run("--", "-c", "1024", "-md", draft, "--spec-type", "draft-simple")
+    older = run("--backend", LLAMA_CPP_2025.value, "--", "-c", "1024", "-md", draft)
+    runs = {"plain": plain, "alone": alone, "typed": typed, "older": older}
+    speed = {k: v["speed"] for k, v in runs.items()}
+    assert "speculative" not in speed["alone"] and speed["alone"]["tg_tps"] == speed["plain"]["tg_tps"]
+    # drafting changes tg (this tiny pair: the draft is a third of the target, slower than plain)
+    assert "speculative" in speed["typed"] and speed["typed"]["tg_tps"] != speed["plain"]["tg_tps"]
+    assert speed["typed"]["tg_tps_plain"] == speed["plain"]["tg_tps"]
+    assert "speculative" in speed["older"]
+    warnings = " ".join(map(str, alone.get("warnings", [])))
+    assert f"-md {draft}: llama-server loads this draft model but does not draft with it" in warnings
+    assert "--spec-type draft-simple" in warnings
+    assert "does not draft" not in " ".join(map(str, typed.get("warnings", [])))
+    # the draft's own memory is still there without a type
+    def total(j: dict[str, object]) -> int:
+        return sum(int(d["total_bytes"]) for d in j["devices"])  # type: ignore[index, union-attr]
+    assert total(alone) > total(plain)

@@ -64,6 +64,8 @@ class SpecSettings:
     type_k: str = "f16"  # -ctkd/-ctvd also type the MTP context's cache
     type_v: str = "f16"
     n_max: int = DEFAULT_N_MAX  # --spec-draft-n-max: tokens drafted a step
+    #: the draft model drafts (the dialect's rule: :attr:`Dialect.draft_needs_spec_type`); False: loaded only
+    draft_speculates: bool = True
 
     @property
     def active(self) -> bool:
@@ -120,7 +122,18 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
         popts = placement_options(draft_model, ddev, dargs, Dialect(dialect))
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
     n_max = DEFAULT_N_MAX if d.n_max is None else max(0, d.n_max)
-    return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v, n_max)
+    drafts = draft is None or _draft_drafts(draft.model, d.types, Dialect(dialect))
+    return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v, n_max, drafts)
+
+
+def _draft_drafts(draft: Model, types: list[str], dialect: Dialect) -> bool:
+    """Whether llama-server drafts with the ``-md`` model: always in builds before the speculative
+    types; in the pinned build only with a draft type that uses a draft model, or a type it infers
+    from the file (an MTP head in its last block: ``common_speculative_types_from_gguf``)."""
+    if not dialect.draft_needs_spec_type:
+        return True
+    return bool(DRAFT_TYPES.difference({"draft-mtp"}).intersection(types)) or (
+        not types and draft.summary.n_nextn > 0)
 
 
 def draft_context(spec: DraftSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
@@ -237,7 +250,12 @@ def draft_mismatch(model: Model, spec: SpecSettings | None) -> str | None:
 
 
 def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
-    """The line that says so (:func:`draft_mismatch`), naming the draft file."""
+    """The line that says so (:func:`draft_mismatch`, or no draft type given), naming the draft file."""
+    if spec is not None and spec.draft is not None and not spec.draft_speculates:
+        return (f"-md {spec.draft.model.path}: llama-server loads this draft model but does not draft "
+                f"with it: no --spec-type names a draft type (this build's speculative types default "
+                f"to none: \"no implementations specified for speculative decoding\"); add --spec-type "
+                f"draft-simple; the speed estimate is without speculative decoding")
     why = draft_mismatch(model, spec)
     if why is None or spec is None or spec.draft is None:
         return None

@@ -107,6 +107,10 @@ class Dialect(str, metaclass=_DialectType):
     fits_by_default: bool = False
     #: the 2026 speculative flags: ``--draft``/``--draft-min`` removed, ``--spec-draft-n-max`` checked
     spec_flags_2026: bool = False
+    #: a draft model (``-md``) speculates only with a ``--spec-type`` that names a draft type: without
+    #: one the server loads the draft but generates without it (the pinned build's speculative types
+    #: default to none); earlier builds speculate whenever ``-md`` is given
+    draft_needs_spec_type: bool = False
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
     projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)

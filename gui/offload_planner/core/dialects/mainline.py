@@ -51,6 +51,12 @@ class PinnedMainline(Mainline):
     fits_by_default = True
     projects_mmproj = True
     spec_flags_2026 = True
+    #: ``common_params_speculative::types = { COMMON_SPECULATIVE_TYPE_NONE }`` (common/common.h);
+    #: arg.cpp infers a type from the ``-md`` file only for an MTP head (``blk.N.nextn.eh_proj``)
+    #: or a DFlash/DSpark sidecar (``common_speculative_types_from_gguf``); otherwise speculative.cpp
+    #: logs "no implementations specified for speculative decoding" and the server generates
+    #: without the draft it loaded
+    draft_needs_spec_type = True
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
     detect_rank = 20
