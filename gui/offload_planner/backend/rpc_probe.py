@@ -208,6 +208,8 @@ def probe_link(endpoint: str, *, rounds: int = ROUNDS, nbytes: int = PROBE_BYTES
         rtt = _median_us(lambda: c.call(CMD_DEVICE_COUNT, b"", 4), rounds)
         seconds = _transfer_seconds(c, nbytes)
         graph = _graph_us(c, rounds)
+    except TimeoutError:  # the deadline's own message is an RpcProbeError: this is one operation's wait
+        raise RpcProbeError(f"{endpoint}: no answer within {timeout:g} s") from None
     except (OSError, struct.error) as e:
         raise RpcProbeError(f"{endpoint}: {e}") from None
     finally:

@@ -193,9 +193,10 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     return Figure(float(bw), "GB/s", Source.MEASURED, f"RAM probe on this machine ({when}, {_path()})")
 
 
-def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
+def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | None:
     """The link to the rpc-server at ``endpoint`` from this machine: cached, else probed now through
-    the RPC protocol when ``measure`` (:mod:`backend.rpc_probe`; None when it cannot be reached)."""
+    the RPC protocol when ``measure`` (:mod:`backend.rpc_probe`); when the probe failed, why (naming
+    HOST:PORT); None when not cached and not probed."""
     from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
 
     data = _load()
@@ -208,8 +209,8 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
             return None
         try:
             p = probe_link(endpoint)
-        except RpcProbeError:
-            return None
+        except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
+            return str(e)
         got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "graph_us": round(p.graph_us, 1),
                "at": time.strftime("%Y-%m-%d %H:%M"), "server": p.server_version}
         entry = {**entry, "rpc_links": {**links, endpoint: got}}
@@ -220,8 +221,9 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | None:
                         _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
 
 
-def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink]:
-    """Measured links of the set's RPC devices, by endpoint (those that could be probed)."""
+def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink | str]:
+    """Measured links of the set's RPC devices, by endpoint (those cached or probed), or why the
+    probe failed."""
     out = {}
     for g in devices.gpus:
         if g.endpoint and g.kind is DeviceKind.RPC:

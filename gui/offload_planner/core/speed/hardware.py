@@ -189,10 +189,14 @@ def _gpu_tflops(dev: Device, decl: Declared, c: Card | None) -> Figure:
 
 
 def _gpu_link(dev: Device, decl: Declared, c: Card | None, bw: Figure,
-              measured: MeasuredLink | None = None) -> Figure:
+              measured: MeasuredLink | str | None = None) -> Figure:
     if dev.kind is DeviceKind.RPC:
         if decl.link is not None:
             return Figure(decl.link, "GB/s", Source.DECLARED, f"{dev.name} link=")
+        if isinstance(measured, str):  # the probe failed: why, naming HOST:PORT
+            return Figure(DEFAULT_RPC_LINK, "GB/s", Source.DEFAULT,
+                          f"{dev.name} {measured}; link assumed {DEFAULT_RPC_LINK:g} GB/s loopback "
+                          "(declare it, e.g. link=10Gb/s)")
         if measured is not None:
             return Figure(round(measured.gbs, 4), "GB/s", Source.MEASURED, measured.note)
         return Figure(DEFAULT_RPC_LINK, "GB/s", Source.DEFAULT,
@@ -217,16 +221,17 @@ def _rpc_latency(link: MeasuredLink) -> Figure:
                   f"per split; {link.note}")
 
 
-def gpu_speed(dev: Device, link: MeasuredLink | None = None) -> DeviceSpeed:
+def gpu_speed(dev: Device, link: MeasuredLink | str | None = None) -> DeviceSpeed:
     """A GPU's (or an RPC device's) figures: declared keys first, then its card, then defaults;
-    ``link``: an RPC device's link as measured (used unless ``link=`` is declared)."""
+    ``link``: an RPC device's link as measured (used unless ``link=`` is declared), or why its probe
+    failed."""
     decl = parse_hardware_keys(dev.hardware)
     c = decl.card or (card(dev.description) if dev.description else None)
     via = (f"{dev.name} declared as {c.key}" if decl.card and c
            else f"{dev.name} reported as {dev.description!r}")
     bw = _gpu_bandwidth(dev, decl, c, via)
     rpc = dev.kind is DeviceKind.RPC
-    latency = _rpc_latency(link) if rpc and link is not None and decl.link is None else None
+    latency = _rpc_latency(link) if rpc and isinstance(link, MeasuredLink) and decl.link is None else None
     return DeviceSpeed(dev.name, dev.kind, bw, _gpu_tflops(dev, decl, c), _gpu_link(dev, decl, c, bw, link),
                        c.name if c else "", threads=decl.threads if rpc else None,
                        unified=c is not None and c.pcie is None, latency_us=latency)
@@ -298,11 +303,12 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
                  overrides: Mapping[str, DeviceSpeed] | None = None,
-                 links: Mapping[str, MeasuredLink] | None = None, cores: Threads | None = None,
+                 links: Mapping[str, MeasuredLink | str] | None = None, cores: Threads | None = None,
                  cpu: CpuInfo | None = None) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
-    ``links``: measured links of RPC devices by endpoint; ``cores``: the threads on this machine,
-    which slow its devices down by ``cores / threads`` when more threads than cores compute;
+    ``links``: measured links of RPC devices by endpoint (or why the probe failed); ``cores``: the
+    threads on this machine, which slow its devices down by ``cores / threads`` when more threads than
+    cores compute;
     ``cpu``: this machine's CPU as the operating system describes it, its instruction set and clock)."""
     links = links or {}
     out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
