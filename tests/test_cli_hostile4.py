@@ -5,13 +5,20 @@ or a BOM. One clear line naming the endpoint, flag, file or key; never a traceba
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import offload_planner
+from offload_planner.core.devices import Device, DeviceKind
+from offload_planner.core.json_at import At
+from offload_planner.core.plan_file import _device_json, _devices
+from offload_planner.core.speed.candidate import margin_of
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
 PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
@@ -43,3 +50,39 @@ def test_a_failed_rpc_probe_is_said_with_its_endpoint_and_reason(tmp_path: Path)
     line = next(x for x in r.stdout.splitlines() if "RPC0 host link" in x)
     assert f"RPC0 {endpoint}: no answer within 2 s; link assumed 10 GB/s loopback" in line, line
     assert "not declared" not in line
+
+
+def _fit(*device: str) -> dict[str, Any]:
+    r = run("fit", QWEN, "--no-detect", *device, "--device", "CPU=64GiB,bw=50GB/s", "--json",
+            "--", "-c", "4096")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def test_margin_0b_is_no_margin_and_the_default_stays_1_gib() -> None:
+    """``--device CUDA0=18GiB,margin=0B`` was read as 'margin not set' (Device.margin == 0) and fit kept
+    the default 1 GiB free: the same command as with no margin= at all. Now 0B keeps nothing free (the
+    fit puts more experts on the card); without margin= the default stays 1 GiB (= margin=1GiB)."""
+    unset, zero, one = (_fit("--device", f"CUDA0=18GiB{m}") for m in ("", ",margin=0B", ",margin=1GiB"))
+    assert unset["plan"]["command"] == one["plan"]["command"]
+    assert zero["plan"]["command"] != unset["plan"]["command"]
+
+    def cuda0(out: dict[str, Any]) -> int:
+        return int(next(d for d in out["plan"]["devices"] if d["name"] == "CUDA0")["total_bytes"])
+
+    assert 17 << 30 < cuda0(zero) <= 18 << 30, cuda0(zero)
+    assert cuda0(unset) <= 17 << 30, cuda0(unset)
+
+
+def test_margin_0b_survives_a_plan_file() -> None:
+    """A plan file keeps a margin given as 0B (written only then: other files stay as they were)."""
+    given = Device("CUDA0", DeviceKind.CUDA, 8 << 30, margin_given=True)
+    plain = Device("CUDA1", DeviceKind.CUDA, 8 << 30)
+    assert not plain.margin_given and Device("CUDA2", DeviceKind.CUDA, 8 << 30, margin=1).margin_given
+    entries = [_device_json(d) for d in (given, plain, replace(plain, name="CUDA3", margin=1 << 30))]
+    assert [e.get("margin_given") for e in entries] == [True, None, None]
+    cpu = _device_json(Device("CPU", DeviceKind.CPU, 64 << 30))
+    loaded = _devices(At(json.loads(json.dumps({"cpu": cpu, "gpus": entries})), "$.devices"))
+    assert [d.margin_given for d in loaded.gpus] == [True, False, True]
+    assert [margin_of(d) for d in loaded.gpus] == [0, 1 << 30, 1 << 30]

@@ -91,7 +91,15 @@ class Device:
     endpoint: str = ""  # host:port for RPC devices
     bandwidth_gbs: float | None = None
     margin: int = 0  # bytes the user keeps free on this device
+    #: the margin was given (margin=0B included; always with a margin above 0): with it False a margin
+    #: of 0 means "not set" and the planner's default margin applies where it has one
+    #: (core.speed.candidate.margin_of, the window's settings)
+    margin_given: bool = False
     hardware: tuple[tuple[str, str], ...] = ()  # declared speed keys (card, bw, pcie, ...): core.speed
+
+    def __post_init__(self) -> None:
+        if self.margin and not self.margin_given:  # a margin above 0 is one given
+            object.__setattr__(self, "margin_given", True)
 
     @property
     def alignment(self) -> int:
@@ -214,7 +222,7 @@ def parse_device_decl(text: str) -> Device:
             total = _size_or_card(parts[0])
             parts = parts[1:]
         free: int | None = None
-        margin = 0
+        margin: int | None = None
         _check_fields(parts)
         for p in parts:
             key, _, val = p.partition("=")
@@ -228,12 +236,12 @@ def parse_device_decl(text: str) -> Device:
             else:
                 raise ValueError(f"unknown field {key!r} (free=, margin=, {'=, '.join(HARDWARE_KEYS)}=)")
         decl = parse_hardware_keys(hardware)
-        _check_room(total, free, margin)
+        _check_room(total, free, margin or 0)
     except (ValueError, IndexError) as e:
         raise PlannerError(f"--device {text!r}: {e}") from None
     canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
-    return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw, margin=margin,
-                  hardware=tuple(hardware))
+    return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw,
+                  margin=margin or 0, margin_given=margin is not None, hardware=tuple(hardware))
 
 
 def _fields(text: str, start: int) -> list[str]:
@@ -355,7 +363,7 @@ def build_device_set(
     for d in declared:
         if d.kind is DeviceKind.CPU:
             cpu_out = replace(cpu, total=d.total, free=d.free, margin=d.margin, hardware=d.hardware,
-                              bandwidth_gbs=d.bandwidth_gbs)
+                              bandwidth_gbs=d.bandwidth_gbs, margin_given=d.margin_given)
             continue
         idx = next((i for i, g in enumerate(gpus) if g.name.lower() == d.name.lower()), None)
         if idx is None:
@@ -364,6 +372,7 @@ def build_device_set(
             g = gpus[idx]
             gpus[idx] = replace(g, total=d.total, free=d.free if d.free is not None else g.free,
                                 bandwidth_gbs=d.bandwidth_gbs or g.bandwidth_gbs, margin=d.margin,
+                                margin_given=d.margin_given,
                                 # declared keys win; the driver's figures (nvml_*) stay for the rest
                                 hardware=d.hardware + tuple(kv for kv in g.hardware
                                                             if kv[0] not in dict(d.hardware)))

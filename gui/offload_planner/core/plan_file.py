@@ -152,6 +152,8 @@ class PlanFile:
 def _device_json(d: Device) -> dict[str, Any]:
     out = dataclasses.asdict(d)
     out["kind"] = d.kind.value
+    if d.margin or not d.margin_given:  # written only for margin=0B given: files stay as they were
+        del out["margin_given"]
     return out
 
 
@@ -463,6 +465,7 @@ def _device(at: At, *, cpu: bool) -> Device:
         endpoint=endpoint,
         bandwidth_gbs=_bandwidth(at.key("bandwidth_gbs", None)),
         margin=margin,
+        margin_given=at.key("margin_given", False).boolean(),
         hardware=_hardware(at.key("hardware", [])),
     )
 

@@ -317,6 +317,7 @@ class AddGpuDialog(QDialog):
             description=virtual_description(size, hardware),
             source="declared",
             margin=int(self.margin_spin.value() * GiB),
+            margin_given=True,  # the dialog's margin, 0 included
             hardware=hardware,
         )
 

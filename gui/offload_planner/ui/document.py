@@ -247,7 +247,9 @@ class PlanDocument(QObject):
         dev = self.plan.devices.by_name(name)
         if dev is not None and dev.margin != margin:
             self.push(
-                commands.SetDevice(self, dev.name, f"{dev.name} margin {fmt_bytes(margin)}", margin=margin)
+                # the window's margin is set: 0 there keeps nothing free (core.speed.candidate.margin_of)
+                commands.SetDevice(self, dev.name, f"{dev.name} margin {fmt_bytes(margin)}", margin=margin,
+                                   margin_given=True)
             )
 
     def set_device_size(self, name: str, total: int) -> None:

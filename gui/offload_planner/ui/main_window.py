@@ -487,15 +487,18 @@ class MainWindow(QMainWindow):
         size = int(s.get(keys.CPU_SIZE))
         if size:
             cpu = replace(cpu, total=size, free=None)
-        gpus = [replace(g, margin=s.margin_of(g.name)) for g in self.system.detection.gpus]
+        # the window's margins are set (its settings' default included): 0 there is no margin
+        gpus = [replace(g, margin=s.margin_of(g.name), margin_given=True)
+                for g in self.system.detection.gpus]
         for d in [*s.virtual_gpus(), *self.system.declared]:
             if d.kind.value == "CPU":
-                cpu = replace(cpu, total=d.total, free=d.free, margin=d.margin or cpu.margin)
+                cpu = replace(cpu, total=d.total, free=d.free,
+                              margin=d.margin if d.margin_given else cpu.margin)
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
             if not d.description:  # --device CUDA0=rtx3090: name the card where the window shows devices
                 d = replace(d, description=virtual_description(d.total or 0, d.hardware))
-            gpus.append(d if d.margin else replace(d, margin=s.margin_of(d.name)))
+            gpus.append(d if d.margin_given else replace(d, margin=s.margin_of(d.name), margin_given=True))
         return DeviceSet(cpu, tuple(gpus))  # DeviceSet keeps llama.cpp's order
 
     # --- opening -----------------------------------------------------------------------------

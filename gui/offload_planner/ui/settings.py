@@ -135,6 +135,7 @@ class Settings:
                     description=virtual_description(total, hardware),
                     source="declared",
                     margin=int(d.get("margin", self.get(DEFAULT_MARGIN))),
+                    margin_given=True,  # the window's margin (its default included): 0 keeps nothing free
                     hardware=hardware,
                 )
             )

@@ -55,7 +55,9 @@ class FastestResult:
 
 
 def margin_of(dev: Device) -> int:
-    return dev.margin if dev.margin else (DEFAULT_MARGIN if dev.is_gpu else 0)
+    """The bytes kept free on ``dev``: its margin, else (not given) the default on a GPU; margin=0B
+    given is no margin."""
+    return dev.margin if dev.margin_given else (DEFAULT_MARGIN if dev.is_gpu else 0)
 
 
 def room(projection: Projection, devices: DeviceSet) -> dict[str, int]:
