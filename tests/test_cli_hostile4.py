@@ -5,6 +5,7 @@ or a BOM. One clear line naming the endpoint, flag, file or key; never a traceba
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -14,11 +15,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import offload_planner
-from offload_planner.core.devices import Device, DeviceKind
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.json_at import At
-from offload_planner.core.plan_file import _device_json, _devices
+from offload_planner.core.plan import plan_from_args
+from offload_planner.core.plan_file import PlanFile, _device_json, _devices, load_plan, plan_json
 from offload_planner.core.speed.candidate import margin_of
+from offload_planner.core.synth import SMALL_MODELS, write_model
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
 PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
@@ -86,3 +92,47 @@ def test_margin_0b_survives_a_plan_file() -> None:
     loaded = _devices(At(json.loads(json.dumps({"cpu": cpu, "gpus": entries})), "$.devices"))
     assert [d.margin_given for d in loaded.gpus] == [True, False, True]
     assert [margin_of(d) for d in loaded.gpus] == [0, 1 << 30, 1 << 30]
+
+
+def refused(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    """The exit code, no traceback, one error line with every fragment; that line."""
+    assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, r.stderr
+    assert all(f in lines[0] for f in fragments), lines[0]
+    return lines[0]
+
+
+def _plan_file(tmp_path: Path, extra: list[str]) -> Path:
+    model = write_model(SMALL_MODELS["qwen3moe"], tmp_path / "qwen3moe.gguf")[0]
+    gpus = (Device("CUDA0", DeviceKind.CUDA, 8 << 30), Device("CUDA1", DeviceKind.CUDA, 8 << 30))
+    plan = plan_from_args(open_model(model), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30), gpus),
+                          argparse.Namespace(ctx_size=2048))
+    data = plan_json(PlanFile.of(plan))
+    data["extra_args"] = extra
+    path = tmp_path / "edited.plan.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(("extra", "index", "named"), [
+    (["-t", "4", "-ts", "nan,1"], 2, "a NaN or infinite proportion"),
+    (["--jinja", "--frobnicate"], 1, "invalid argument: --frobnicate"),
+    (["-t", "abc"], 0, "expected an integer"),
+    (["-ot", "exps=CUDA7"], 0, "unknown buffer type"),
+    (["-t", "4", "-c", "99999"], 2, "-c is set by the plan itself"),
+    (["llama-server", "-t", "4"], 0, "'llama-server' is not a flag"),
+])
+def test_a_plan_files_extra_args_are_checked_as_plan_checks_a_command(
+        tmp_path: Path, extra: list[str], index: int, named: str) -> None:
+    """A hand-edited plan file's extra_args went into the command unchecked: '-ts nan,1' (which
+    llama.cpp cannot load with) or an unknown flag, while the estimate assumed the plan's own split.
+    Now loading the file refuses it naming the file and the JSON path of the entry."""
+    path = _plan_file(tmp_path, extra)
+    refused(run("launch", str(path), "--no-detect"), 2, str(path), f"$.extra_args[{index}]", named)
+
+
+def test_a_plan_files_usual_extra_args_still_load(tmp_path: Path) -> None:
+    extra = ["-t", "4", "--jinja", "--host", "127.0.0.1", "--port", "8081", "--temp", "0.7"]
+    assert load_plan(_plan_file(tmp_path, extra)).extra_args == extra

@@ -28,7 +28,7 @@ from typing import Any
 
 from offload_planner import __version__
 from offload_planner.core.arg_safety import strip_secrets
-from offload_planner.core.cmdline import Dialect, check_pattern
+from offload_planner.core.cmdline import Dialect, check_pattern, check_semantics, parse_server_args
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
@@ -36,7 +36,7 @@ from offload_planner.core.json_at import At, JsonFieldError, parse_json
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import REPACK_TYPES, Override, PlacementOptions
-from offload_planner.core.plan import Plan
+from offload_planner.core.plan import REGENERATED_FLAGS, Plan
 from offload_planner.core.speculative import spec_from_argv
 
 FORMAT = "offload-planner-plan"
@@ -371,9 +371,36 @@ def _plan_file(root: At) -> PlanFile:
         if not name or len(name) > 512 or "\0" in name:
             raise dev.fail("not a tensor name")
         moves[name] = _device_name(dev, devices)
-    extra = [a.text(max_len=65536) for a in root.key("extra_args", []).elements(max_len=MAX_ARGS)]
+    extra = _extra_args(root.key("extra_args", []), dialect, devices)
     backend = {k: v.text() for k, v in root.key("backend", {}).items(max_len=64)}
     return PlanFile(model_path, fp, devices, popts, ctx, dialect, moves, extra, backend)
+
+
+def _extra_args(at: At, dialect: Dialect, devices: DeviceSet) -> list[str]:
+    """The flags the plan keeps verbatim, checked as ``plan`` checks its command line (llama-server's
+    refusals that need no model: an unknown flag, ``-t abc``, ``-ot`` naming no device of the plan):
+    a hand-edited entry went into the command unchecked. A flag the plan sets itself (``-ts``, ``-c``,
+    ``-ot``, ...: core.plan.REGENERATED_FLAGS) is refused too: it would override the plan's own
+    while the estimate assumed the plan's."""
+    entries = at.elements(max_len=MAX_ARGS)
+    extra = [a.text(max_len=65536) for a in entries]
+    if extra and not extra[0].startswith("-"):
+        raise entries[0].fail(f"{_short(extra[0])} is not a flag (llama-server takes no positional argument)")
+    parsed = parse_server_args(extra, dialect=dialect, env={})
+    errors = [*parsed.errors, *check_semantics(parsed, devices.names, dialect=dialect)]
+    if errors:
+        e = errors[0]
+        i = next((i for i, a in enumerate(extra) if a == e.flag or a.startswith(f"{e.flag}=")), None)
+        raise (at if i is None else entries[i]).fail(f"llama-server would refuse it: {e}")
+    for f in parsed.flags:
+        if f.index >= 0 and f.key in REGENERATED_FLAGS:
+            raise entries[f.index].fail(f"{f.spelling} is set by the plan itself (its devices, placement or "
+                                        "context): extra_args keep only the flags the plan does not set")
+    return extra
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 80 else text[:80] + "...")
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
