@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 
 import offload_planner
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.backend import speed_store
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.json_at import At
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.plan_file import PlanFile, _device_json, _devices, load_plan, plan_json
 from offload_planner.core.speed.candidate import margin_of
+from offload_planner.core.speed.cpu_isa import Isa, parse_proc_cpuinfo
+from offload_planner.core.speed.hardware import host_speed
 from offload_planner.core.synth import SMALL_MODELS, write_model
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
@@ -136,3 +139,24 @@ def test_a_plan_files_extra_args_are_checked_as_plan_checks_a_command(
 def test_a_plan_files_usual_extra_args_still_load(tmp_path: Path) -> None:
     extra = ["-t", "4", "--jinja", "--host", "127.0.0.1", "--port", "8081", "--temp", "0.7"]
     assert load_plan(_plan_file(tmp_path, extra)).extra_args == extra
+
+
+HOSTILE_CPUINFO = ("\ufeffprocessor\t: 0\n"
+                   "\ufeffmodel name\t: Intel(R) Xeon(R) \x1b[2J\x1b[31mGold\x07 6148 CPU @ 2.40GHz\x00\n"
+                   "\ufeffflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n\nprocessor\t: 1\n")
+
+
+def test_cpuinfo_control_characters_are_escaped_and_a_bom_does_not_hide_a_key(tmp_path: Path) -> None:
+    """A model name with an escape sequence (clear the screen, red) and a bell was printed raw in the
+    estimate's assumptions; a byte-order mark before 'model name' or 'flags' hid the key (the CPU read
+    as having no model name and no AVX2). Now the characters are escaped and the keys read."""
+    f = tmp_path / "cpuinfo"
+    f.write_text(HOSTILE_CPUINFO, encoding="utf-8")
+    for cpu in (parse_proc_cpuinfo(HOSTILE_CPUINFO),
+                parse_proc_cpuinfo(speed_store.read_cpuinfo(f))):
+        assert cpu.model == r"Intel(R) Xeon(R) \x1b[2J\x1b[31mGold\x07 6148 CPU @ 2.40GHz\x00", cpu.model
+        assert (cpu.isa, cpu.ghz) == (Isa.AVX512, 2.4)
+        note = host_speed(parse_device_decl("CPU=64GiB"), threads=2, cpu=cpu).tflops.note
+        assert r"Xeon(R) \x1b[2J" in note and all(ch.isprintable() for ch in note), note
+    long = parse_proc_cpuinfo("model name : " + "A" * 100_000 + "\n")
+    assert len(long.model) < 300

@@ -370,10 +370,10 @@ def cpu_elsewhere(devices: DeviceSet) -> bool:
 
 
 def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> str:
-    """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line): '' when it
-    cannot be read."""
+    """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line; a byte-order mark
+    before it dropped): '' when it cannot be read."""
     try:
-        with open(proc, encoding="utf-8", errors="replace") as f:
+        with open(proc, encoding="utf-8-sig", errors="replace") as f:
             text = f.read(limit)
     except OSError:
         return ""

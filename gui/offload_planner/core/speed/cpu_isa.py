@@ -146,18 +146,32 @@ def clock_in_name(model: str) -> float | None:
 
 
 def _first(lines: list[str], key: str) -> str | None:
+    """The value of ``key``; a byte-order mark before it (U+FEFF, not whitespace to ``str.strip``)
+    hid the key."""
     for line in lines:
         k, sep, v = line.partition(":")
-        if sep and k.strip().lower() == key:
+        if sep and k.replace("\ufeff", "").strip().lower() == key:
             return v.strip()
     return None
+
+
+#: A model name is a line of text; at most this many characters of it are kept
+MAX_MODEL_CHARS = 200
+
+
+def clean_model(text: str) -> str:
+    """A CPU model name as it can be printed: control and other unprintable characters escaped
+    (``\x1b``: an escape sequence in /proc/cpuinfo or a VM's brand string was printed raw to the
+    terminal), at most :data:`MAX_MODEL_CHARS` characters."""
+    out = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text[:MAX_MODEL_CHARS])
+    return out.strip() + ("..." if len(text) > MAX_MODEL_CHARS else "")
 
 
 def parse_proc_cpuinfo(text: str) -> CpuInfo:
     """Linux ``/proc/cpuinfo``: the first processor's ``model name`` and ``flags`` (x86; ARM lists
     ``Features`` and no tier applies)."""
     lines = text.splitlines()
-    model = _first(lines, "model name") or ""
+    model = clean_model(_first(lines, "model name") or "")
     flags = (_first(lines, "flags") or "").split()
     return CpuInfo(model, isa_of(flags), clock_in_name(model), "/proc/cpuinfo")
 
@@ -168,7 +182,7 @@ def parse_sysctl(text: str) -> CpuInfo:
     spells them (``AVX512F`` -> ``avx512f``, ``AVX512VNNI`` -> ``avx512_vnni``, ``AVX2``, ``FMA``);
     Apple silicon lists none of them (no tier)."""
     lines = text.splitlines()
-    model = _first(lines, "machdep.cpu.brand_string") or ""
+    model = clean_model(_first(lines, "machdep.cpu.brand_string") or "")
     raw = " ".join(v for k in ("machdep.cpu.features", "machdep.cpu.leaf7_features")
                    if (v := _first(lines, k)))
     spelled = {"AVX512VNNI": "avx512_vnni", "AVX512BW": "avx512bw", "AVX512F": "avx512f",
