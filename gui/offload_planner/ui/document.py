@@ -245,7 +245,7 @@ class PlanDocument(QObject):
 
     def set_device_margin(self, name: str, margin: int) -> None:
         dev = self.plan.devices.by_name(name)
-        if dev is not None and dev.margin != margin:
+        if dev is not None and (dev.margin != margin or not dev.margin_given):  # 0 given is no margin
             self.push(
                 # the window's margin is set: 0 there keeps nothing free (core.speed.candidate.margin_of)
                 commands.SetDevice(self, dev.name, f"{dev.name} margin {fmt_bytes(margin)}", margin=margin,
