@@ -234,6 +234,11 @@ def save_plan(path: str | Path, pf: PlanFile) -> list[str]:
     path = Path(path)
     _kept, removed = strip_secrets(pf.extra_args, pf.dialect)
     text = json.dumps(plan_json(pf), indent=1) + "\n"
+    try:  # a file the planner writes must load again: a pasted command llama-server would refuse
+        plan_from_json(json.loads(text))  # (-t abc) is kept in the window with a note; load refuses it
+    except PlannerError as e:
+        raise PlanFileError(f"cannot save {path}: the file would not load again: {e}; fix the command "
+                            "(the Command tab's Problems name it) and save again") from None
     try:
         real, mode = _real_target(path)
         remove_stale_temps(real)
