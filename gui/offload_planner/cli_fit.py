@@ -6,6 +6,7 @@ import argparse
 import json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from offload_planner.cli_estimate_options import (
     add_device_option,
@@ -15,6 +16,12 @@ from offload_planner.cli_estimate_options import (
 )
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+
+if TYPE_CHECKING:
+    from offload_planner.backend.system import Detection
+    from offload_planner.core.cmdline.model import ParsedArgs
+    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.model import Model
 
 
 def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,6 +68,32 @@ def run_fit(args: argparse.Namespace) -> int:
         return _run_fit(args)
 
 
+def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
+                 dialect: Dialect) -> tuple[DeviceSet, Detection | None]:
+    """The devices ``fit`` places on (declared, detected, RPC), refused without a GPU or with a GPU of
+    unknown size, and the command's flags checked against them as ``plan`` checks them."""
+    from offload_planner.backend.system import cpu_device, detect_gpus
+    from offload_planner.core.cmdline import check_semantics
+    from offload_planner.core.devices import build_device_set, parse_device_decls
+
+    declared = parse_device_decls(args.device)
+    detection = detect_gpus() if not args.no_detect else None
+    devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
+                               rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
+    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all
+        raise PlannerError("fit places tensors on GPUs and there is none: declare one with --device, e.g. "
+                           "--device CUDA0=rtx3090 or --device CUDA0=24GiB"
+                           + ("" if detection is None else f" ({detection.message.split(';')[0]})"))
+    if unknown:
+        raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
+                           f" ({', '.join(unknown)} unknown)")
+    refusals = check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
+    if refusals:  # as plan refuses them: the candidates keep these flags (-ts nan,1 broke the -nkvo search)
+        raise PlannerError("; ".join(str(e) for e in refusals))
+    return devices, detection
+
+
 def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import (
         efficiencies_for,
@@ -70,9 +103,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         thread_use,
         threads_of,
     )
-    from offload_planner.backend.system import cpu_device, detect_gpus
-    from offload_planner.core.cmdline import check_semantics, format_command, parse_server_args
-    from offload_planner.core.devices import build_device_set, parse_device_decls
+    from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
@@ -92,21 +123,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
     check_microbatches(args.prompt, parsed.args)
     model = open_model(args.model)
-    declared = parse_device_decls(args.device)
-    detection = detect_gpus() if not args.no_detect else None
-    devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
-                               rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
-    unknown = [g.name for g in devices.gpus if g.capacity is None]
-    if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all
-        raise PlannerError("fit places tensors on GPUs and there is none: declare one with --device, e.g. "
-                           "--device CUDA0=rtx3090 or --device CUDA0=24GiB"
-                           + ("" if detection is None else f" ({detection.message.split(';')[0]})"))
-    if unknown:
-        raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
-                           f" ({', '.join(unknown)} unknown)")
-    refusals = check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
-    if refusals:  # as plan refuses them: the candidates keep these flags (-ts nan,1 broke the -nkvo search)
-        raise PlannerError("; ".join(str(e) for e in refusals))
+    devices, detection = _fit_devices(args, parsed, model, dialect)
     cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
     hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),

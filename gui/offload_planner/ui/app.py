@@ -7,6 +7,10 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from offload_planner.ui.settings import Settings
 
 SCREENSHOT_TIMEOUT_MS = 120_000
 
@@ -32,6 +36,20 @@ def _quiet_offscreen_warnings() -> None:
             print(message, file=sys.stderr)
 
     qInstallMessageHandler(handler)
+
+
+def _settings_for(settings_file: str | None, screenshot: str | None
+                  ) -> tuple[Settings, tempfile.TemporaryDirectory[str] | None]:
+    """The window's settings: the given file, a temporary one for a screenshot (reproducible
+    pictures: no user settings; the directory to clean up), else the user's."""
+    from offload_planner.ui.settings import Settings
+
+    if settings_file:
+        return Settings.at(settings_file), None
+    if screenshot:
+        tmp = tempfile.TemporaryDirectory(prefix="offload-planner-")
+        return Settings.at(str(Path(tmp.name) / "settings.ini")), tmp
+    return Settings(), None
 
 
 def run_gui(
@@ -70,7 +88,7 @@ def run_gui(
     from offload_planner.resources import icon_path
     from offload_planner.ui.loader import demo_model
     from offload_planner.ui.main_window import MainWindow, SystemInfo
-    from offload_planner.ui.settings import APPLICATION, ORGANIZATION, Settings
+    from offload_planner.ui.settings import APPLICATION, ORGANIZATION
 
     qt_compat.apply()
     if screenshot:
@@ -85,15 +103,7 @@ def run_gui(
     app.setWindowIcon(QIcon(str(icon_path())))
     QGuiApplication.setDesktopFileName("offload-planner")  # Wayland: match resources/offload-planner.desktop
 
-    tmp: tempfile.TemporaryDirectory[str] | None = None
-    if settings_file:
-        settings = Settings.at(settings_file)
-    elif screenshot:  # reproducible pictures: no user settings
-        tmp = tempfile.TemporaryDirectory(prefix="offload-planner-")
-        settings = Settings.at(str(Path(tmp.name) / "settings.ini"))
-    else:
-        settings = Settings()
-
+    settings, tmp = _settings_for(settings_file, screenshot)
     win = MainWindow(settings, SystemInfo.probe(declared))
     win.allow_remote_plans = allow_remote
     status = {"code": 0}
