@@ -589,12 +589,20 @@ def test_one_token_reserve_replayed_where_the_bound_does_not_prove_it(models: di
             assert left_out > 0
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3"])
-def test_one_token_reserve_left_out_before_pass_5(models: dict[str, Model], name: str) -> None:
-    """The bench's moves on the small models through the planner's entry point: the one-token
-    reserve is left out by a bound after passes 1-4 (``_Replay.early_bound``), and sizes, peaks and
-    copies are the full simulation's."""
-    model = models[name]
+def _first_sight_refs(model: Model, devices: DeviceSet, plan: Plan, ctx: ResolvedContext,
+                      params: ContextParams) -> list[Reference]:
+    """The references one incremental simulation of ``plan``'s placement records on first sight (the
+    recorded ones cleared before)."""
+    CI._REFS.clear()
+    with CI.recording_first_sights():
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    return [r for rs in CI._REFS.values() for r in rs]
+
+
+def _layer_moves(model: Model) -> tuple[DeviceSet, ContextParams, list[Placement]]:
+    """The bench's setting (``_bench_setting``) and its moves on a small model: the starting placement
+    twice (the second simulation records the reference), then per layer its routed experts to the other
+    GPU (a MoE model) or its tensors to the CPU (a dense one)."""
     devices, params, _, opts = _bench_setting(model)
     moe = any(t.role.is_routed_expert for t in model.tensors)
     plan = Plan(model, devices, opts, params)
@@ -604,6 +612,15 @@ def test_one_token_reserve_left_out_before_pass_5(models: dict[str, Model], name
         other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
         if names:  # (a leading dense layer of a MoE model has no experts)
             placements.append(plan.with_moves(dict.fromkeys(names, other if moe else "CPU")).placement())
+    return devices, params, placements
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3moe", "deepseek2", "glm4moe", "gpt-oss", "gemma3"])
+def test_one_token_reserve_left_out_before_pass_5(models: dict[str, Model], name: str) -> None:
+    """The bench's moves on the small models through the planner's entry point: the one-token
+    reserve is left out by a bound after passes 1-4 (``_Replay.early_bound``), and sizes, peaks and
+    copies are the full simulation's."""
+    devices, params, placements = _layer_moves(model := models[name])
     before = CI.stats["left_out_early"]
     left_out, _ = _check_sizes_only(model, devices, params, placements)
     assert left_out == len(placements) - 2 >= 2
@@ -630,10 +647,7 @@ def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]
     opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
                             overrides=(Override("token_embd", "CPU"),))
     plan = Plan(model, devices, opts, params)
-    CI._REFS.clear()
-    with CI.recording_first_sights():
-        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
-    refs = [r for rs in CI._REFS.values() for r in rs]
+    refs = _first_sight_refs(model, devices, plan, ctx, params)
     assert len(refs) == 2
     arch = graph_builder(model)
     assert arch is not None
@@ -782,10 +796,7 @@ def test_any_placement_bound_holds_every_placement(models: dict[str, Model], nam
         ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
         opts = PlacementOptions(n_gpu_layers=n_units, overrides=(Override("token_embd", "CPU"),))
         plan = Plan(model, devices, opts, params)
-        CI._REFS.clear()
-        with CI.recording_first_sights():
-            C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
-        refs = [r for rs in CI._REFS.values() for r in rs]
+        refs = _first_sight_refs(model, devices, plan, ctx, params)
         assert len(refs) == 2
         for _ in range(25):
             moves: dict[str, str] = {}
@@ -812,16 +823,7 @@ def test_one_token_reserve_left_out_whatever_the_move(models: dict[str, Model], 
     """The bench's moves on the small models: the one-token reserve is left out by the bound of any
     placement (``Reference.below_any_placement``), before passes 1-4, on every move; sizes, peaks and
     copies are the full simulation's (the one-token reserve at most the prompt reserve everywhere)."""
-    model = models[name]
-    devices, params, _, opts = _bench_setting(model)
-    moe = any(t.role.is_routed_expert for t in model.tensors)
-    plan = Plan(model, devices, opts, params)
-    placements = [plan.placement()] * 2  # the second simulation records the reference
-    for il in range(model.summary.n_layer):
-        names = [t.name for t in model.tensors if t.layer == il and (t.role.is_routed_expert or not moe)]
-        other = "CUDA1" if plan.placement().layer_device(il) == "CUDA0" else "CUDA0"
-        if names:
-            placements.append(plan.with_moves(dict.fromkeys(names, other if moe else "CPU")).placement())
+    devices, params, placements = _layer_moves(model := models[name])
     before = CI.stats["left_out_any"]
     left_out, _ = _check_sizes_only(model, devices, params, placements)
     assert left_out == len(placements) - 2 >= 2

@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import server_output
 
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.cmdline import parse_server_args
@@ -67,14 +67,9 @@ def test_fitted_command_loads_within_the_declared_sizes(
         where = r.best.plan.placement().tensor_devices()
         exps = {d for n, d in where.items() if "_exps" in n}
         assert {"CPU", "RPC0", "RPC1"} <= exps, exps
-        port = free_port()
-        argv = [str(llama_server), *plan_command(r.best.plan), "--host", "127.0.0.1", "--port", str(port),
-                "-lv", "4", "--no-warmup"]
-        with running_process(argv, log_path=tmp_path / "server.log", ready=r"listening on http://",
-                             timeout=180) as proc:
-            pass
-    report = parse_log(proc.output().splitlines())
-    assert report.listening_url, proc.output()[-2000:]
+        output = server_output(llama_server, plan_command(r.best.plan), tmp_path / "server.log", timeout=180)
+    report = parse_log(output.splitlines())
+    assert report.listening_url, output[-2000:]
     actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(eps)})
     for g in gpus:
         used = sum(actual.get(g.name, {}).values()) * MiB

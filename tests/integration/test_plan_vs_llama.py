@@ -15,18 +15,15 @@ import shlex
 from pathlib import Path
 
 import pytest
-from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import buffer_rows, rpc_devices, server_output
 
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 
 pytestmark = pytest.mark.integration
-
-RPC_FREE = 24 * 1024**3
 
 # (model, llama-server arguments). Each runs against RPC0 and RPC1.
 CASES: list[tuple[str, str]] = [
@@ -69,19 +66,6 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
         yield eps
 
 
-def _devices(endpoints: list[str]) -> DeviceSet:
-    cpu = Device("CPU", DeviceKind.CPU)
-    gpus = tuple(
-        Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
-        for i, ep in enumerate(endpoints)
-    )
-    return DeviceSet(cpu, gpus)
-
-
-def _mib(n: int) -> float:
-    return round(n / 1024 / 1024, 2)
-
-
 @pytest.mark.parametrize(("model_name", "args"), CASES, ids=[f"{m}:{a}" for m, a in CASES])
 def test_projection_equals_llama_server(
     model_name: str, args: str, small_models: dict[str, Path], llama_server: Path,
@@ -93,26 +77,13 @@ def test_projection_equals_llama_server(
     model = open_model(small_models[model_name])
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
-    result = analyse_command(model, _devices(rpc), parsed)
+    result = analyse_command(model, rpc_devices(rpc), parsed)
 
-    port = free_port()
-    cmd = [str(llama_server), "-m", str(small_models[model_name]), "--host", "127.0.0.1",
-           "--port", str(port), "-lv", "4", "-fit", "off", "--no-warmup", *argv]
-    with running_process(cmd, log_path=tmp_path / "server.log", ready=r"listening on http://",
-                         timeout=120) as proc:
-        pass
-    report = parse_log(proc.output().splitlines())
+    output = server_output(llama_server, ["-m", str(small_models[model_name]), "-fit", "off", *argv],
+                           tmp_path / "server.log", timeout=120)
+    report = parse_log(output.splitlines())
     actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
 
-    rows = []
-    mismatches = []
-    for dm in result.projection.devices:
-        for kind in ("model", "kv", "output", "compute"):
-            proj = _mib(dm.total(kind))
-            act = actual.get(dm.device.name, {}).get(kind, 0.0)
-            rows.append(f"{dm.device.name:5} {kind:8} projected {proj:9.2f}  actual {act:9.2f}")
-            tolerance = max(0.05 * act, 2.0) if kind == "compute" else 0.011
-            if abs(proj - act) > tolerance:
-                mismatches.append(rows[-1])
+    rows, mismatches = buffer_rows(result.projection, actual)
     print(f"\n{model_name} {args}\n" + "\n".join(rows))
     assert not mismatches, "\n".join(mismatches)

@@ -16,20 +16,17 @@ import shlex
 from pathlib import Path
 
 import pytest
-from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import KINDS, mib, rpc_devices, server_output
 from tests.support.spec_log import split_log
 
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.gguf_reader import open_model
 
 pytestmark = pytest.mark.integration
 
-RPC_FREE = 24 * 1024**3
-KINDS = ("model", "kv", "output", "compute")
 MTP_ARGS = "-ngl 999 -c 2048 --spec-type draft-mtp"
 DRAFT_ARGS = "-ngl 999 -c 2048 -md DRAFT"
 
@@ -55,16 +52,6 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
         yield eps
 
 
-def _devices(endpoints: list[str]) -> DeviceSet:
-    gpus = tuple(Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
-                 for i, ep in enumerate(endpoints))
-    return DeviceSet(Device("CPU", DeviceKind.CPU), gpus)
-
-
-def _mib(n: int) -> float:
-    return round(n / 1024 / 1024, 2)
-
-
 @pytest.mark.parametrize(("model_name", "n_rpc", "args"), CASES, ids=[f"{m}:{n}rpc:{a}" for m, n, a in CASES])
 def test_speculative_buffers_equal_llama_server(
     model_name: str, n_rpc: int, args: str, small_models: dict[str, Path], llama_server: Path,
@@ -76,16 +63,13 @@ def test_speculative_buffers_equal_llama_server(
             for tok in ["--rpc", ",".join(eps), *shlex.split(args)]]
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
-    result = analyse_command(open_model(small_models[model_name]), _devices(eps), parsed)
+    result = analyse_command(open_model(small_models[model_name]), rpc_devices(eps), parsed)
     owner = MTP if "draft-mtp" in args else DRAFT
     assert [e.key for e in result.projection.extras] == [owner]
 
-    cmd = [str(llama_server), "-m", str(small_models[model_name]), "--host", "127.0.0.1",
-           "--port", str(free_port()), "-lv", "4", "-fit", "off", "--no-warmup", *argv]
-    with running_process(cmd, log_path=tmp_path / "server.log", ready=r"listening on http://",
-                         timeout=120) as proc:
-        pass
-    main, extra = split_log(proc.output().splitlines(), {ep: f"RPC{i}" for i, ep in enumerate(eps)})
+    output = server_output(llama_server, ["-m", str(small_models[model_name]), "-fit", "off", *argv],
+                           tmp_path / "server.log", timeout=120)
+    main, extra = split_log(output.splitlines(), {ep: f"RPC{i}" for i, ep in enumerate(eps)})
     assert extra, "the server created no draft/MTP context"
 
     rows, mismatches = [], []
@@ -95,7 +79,7 @@ def test_speculative_buffers_equal_llama_server(
             for label, want, actual in (
                 ("main", "", main), (owner, owner, extra),
             ):
-                proj = _mib(sum(b.bytes for b in dm.buffers if b.kind == kind and b.owner == want))
+                proj = mib(sum(b.bytes for b in dm.buffers if b.kind == kind and b.owner == want))
                 act = round(actual.get(name, {}).get(kind, 0.0), 2)
                 rows.append(f"{name:5} {label:5} {kind:8} projected {proj:9.2f}  actual {act:9.2f}")
                 if abs(proj - act) > 0.011:

@@ -16,19 +16,17 @@ import shlex
 from pathlib import Path
 
 import pytest
-from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import buffer_rows, rpc_devices, server_output
 
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_command, plan_from_args
 
 pytestmark = pytest.mark.integration
 
-RPC_FREE = 24 * 1024**3
 N_RPC = 4
 
 # (model, llama-server arguments, the devices the split leaves empty)
@@ -47,16 +45,6 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
         yield eps
 
 
-def _devices(endpoints: list[str]) -> DeviceSet:
-    gpus = tuple(Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
-                 for i, ep in enumerate(endpoints))
-    return DeviceSet(Device("CPU", DeviceKind.CPU), gpus)
-
-
-def _mib(n: int) -> float:
-    return round(n / 1024 / 1024, 2)
-
-
 def _split(argv: list[str]) -> list[str]:
     return argv[argv.index("-ts") + 1].split(",")
 
@@ -67,7 +55,7 @@ def test_a_zero_split_entry_loads_as_projected(
     llama_server: Path, rpc: list[str], tmp_path: Path,
 ) -> None:
     model = open_model(small_models[model_name])
-    devices = _devices(rpc)
+    devices = rpc_devices(rpc)
     parsed = parse_server_args(["--rpc", ",".join(rpc), *shlex.split(args)])
     assert not parsed.errors, parsed.errors
     plan = plan_from_args(model, devices, parsed)
@@ -81,25 +69,12 @@ def test_a_zero_split_entry_loads_as_projected(
         plan.placement().tensor_devices()
     projection = analyse_command(model, devices, planned).projection
 
-    port = free_port()
-    argv = [str(llama_server), *command, "--host", "127.0.0.1", "--port", str(port), "-lv", "4",
-            "--no-warmup"]
-    with running_process(argv, log_path=tmp_path / "server.log", ready=r"listening on http://",
-                         timeout=180) as proc:
-        pass
-    report = parse_log(proc.output().splitlines())
-    assert report.listening_url, proc.output()[-3000:]
+    output = server_output(llama_server, command, tmp_path / "server.log", timeout=180)
+    report = parse_log(output.splitlines())
+    assert report.listening_url, output[-3000:]
     actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
 
-    rows, mismatches = [], []
-    for dm in projection.devices:
-        for kind in ("model", "kv", "output", "compute"):
-            proj = _mib(dm.total(kind))
-            act = actual.get(dm.device.name, {}).get(kind, 0.0)
-            rows.append(f"{dm.device.name:5} {kind:8} projected {proj:9.2f}  actual {act:9.2f}")
-            tolerance = max(0.05 * act, 2.0) if kind == "compute" else 0.011
-            if abs(proj - act) > tolerance:
-                mismatches.append(rows[-1])
+    rows, mismatches = buffer_rows(projection, actual)
     print(f"\n{model_name} {shlex.join(command[2:])}\n" + "\n".join(rows))
     assert not mismatches, "\n".join(mismatches)
     for name in empty:  # nothing of the model on the device the split leaves empty

@@ -239,6 +239,22 @@ class JumpingAllocator(GraphAllocator):
         or None (the state noted when a later layer may compare with it)."""
         if li < 1:
             return None
+        run, state = self.run_from(li, 1, nodes, pos, ins, bids, seen)
+        if run is not None:
+            to = self.jump(li, run[1], run[0], nodes, pos)
+            if to != li:
+                stats["walk_jumps"] += 1
+                return to
+        self.note(li, state, nodes, pos, ins, bids, seen)
+        return None
+
+    def run_from(self, li: int, periods: int, nodes: list[T], pos: list[int], ins: list[tuple[object, ...]],
+                 bids: list[int], seen: dict[int, tuple[object, ...]]
+                 ) -> tuple[tuple[int, int, tuple[object, ...]] | None, tuple[object, ...] | None]:
+        """At the start of layer ``li`` (``li >= 1``): the first period ``q`` (of ``QS``) whose state
+        ``seen`` ``q`` layers before is the state now, the layers on repeat with it, and that runs for at
+        least ``periods`` periods: ``(q, the last layer start the run reaches, the state)``, or None; and
+        the state if it was computed (None: no period's layers were on repeat)."""
         state: tuple[object, ...] | None = None
         for q in QS:
             before = seen.get(li - q)
@@ -251,14 +267,16 @@ class JumpingAllocator(GraphAllocator):
             end = li + q
             while end + q < len(pos) and self.periodic(end - q + 1, end, q, ins, bids):
                 end += q
-            to = self.jump(li, end, q, nodes, pos)
-            if to == li:
-                break
-            stats["walk_jumps"] += 1
-            return to
+            if end - li >= periods * q:
+                return (q, end, state), state
+        return None, state
+
+    def note(self, li: int, state: tuple[object, ...] | None, nodes: list[T], pos: list[int],
+             ins: list[tuple[object, ...]], bids: list[int], seen: dict[int, tuple[object, ...]]) -> None:
+        """Note the state at the start of layer ``li`` (``state``, or computed when None) where a later
+        layer may compare with it (the layer before walks as one a period on)."""
         if any(self.same(li - 1, q, ins, bids) for q in QS):
             seen[li] = state if state is not None else self.state(li, nodes, pos)
-        return None
 
     def jump(self, li: int, end: int, q: int, nodes: list[T], pos: list[int]) -> int:
         """From the start of layer ``li`` towards that of ``end``, stopping before a period that uses a

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from offload_planner.core.compute.allocator import peak_label
 from offload_planner.core.compute.ggml import OUTPUT, T
-from offload_planner.core.compute.jumps import QS, JumpingAllocator, LayerCodes, Restart
+from offload_planner.core.compute.jumps import JumpingAllocator, LayerCodes, Restart
 from offload_planner.core.compute.periods import Jumped
 from offload_planner.core.compute.recording import Checkpoint, Live, RecAlloc, Refuse, Walker
 from offload_planner.core.compute.scheduler import Backend, Split
@@ -125,25 +125,9 @@ class JumpingRecAlloc(RecAlloc):
         j, nodes = self.jumper, self.nodes
         if li < 1:
             return None
-        state: tuple[object, ...] | None = None
-        found: _Plan | None = None
-        for q in QS:
-            before = seen.get(li - q)
-            if before is None or not j.periodic(li - q - 1, li, q, ins, bids):
-                continue
-            if state is None:
-                state = j.state(li, nodes, pos)
-            if before != state:
-                continue
-            end = li + q
-            while end + q < len(pos) and j.periodic(end - q + 1, end, q, ins, bids):
-                end += q
-            if end - li >= 2 * q:
-                found = (li, q, end, state)
-                break
-        if any(j.same(li - 1, q, ins, bids) for q in QS):
-            seen[li] = state if state is not None else j.state(li, nodes, pos)
-        return found
+        run, state = j.run_from(li, 2, nodes, pos, ins, bids, seen)
+        j.note(li, state, nodes, pos, ins, bids, seen)
+        return None if run is None else (li, *run)
 
     def _sources(self, p0: int, p1: int, p_end: int) -> set[int]:
         """The source period's positions (``p0`` to ``p1``) whose states the checkpoints up to ``p_end``
