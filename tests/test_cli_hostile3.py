@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.refusals import refused
 
 import offload_planner
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
@@ -31,16 +32,6 @@ def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL,
                           env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
-
-
-def refused(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    """The exit code, no traceback, one error line with every fragment; that line."""
-    assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, r.stderr
-    assert all(f in lines[0] for f in fragments), lines[0]
-    return lines[0]
 
 
 @pytest.mark.parametrize(("ts", "named"), [("nan,1", "a NaN or infinite proportion"),

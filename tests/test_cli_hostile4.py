@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.refusals import refused
 
 import offload_planner
 from offload_planner.backend import speed_store
@@ -95,16 +96,6 @@ def test_margin_0b_survives_a_plan_file() -> None:
     loaded = _devices(At(json.loads(json.dumps({"cpu": cpu, "gpus": entries})), "$.devices"))
     assert [d.margin_given for d in loaded.gpus] == [True, False, True]
     assert [margin_of(d) for d in loaded.gpus] == [0, 1 << 30, 1 << 30]
-
-
-def refused(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
-    """The exit code, no traceback, one error line with every fragment; that line."""
-    assert r.returncode == code, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1, r.stderr
-    assert all(f in lines[0] for f in fragments), lines[0]
-    return lines[0]
 
 
 def _plan_file(tmp_path: Path, extra: list[str]) -> Path:
