@@ -95,14 +95,7 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    from offload_planner.backend.speed_store import (
-        efficiencies_for,
-        host_bandwidth,
-        machine_cpu,
-        rpc_links,
-        thread_use,
-        threads_of,
-    )
+    from offload_planner.backend.speed_store import devices_hardware, efficiencies_for, threads_of
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.plan import plan_command
@@ -111,7 +104,6 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.speed.candidate import over_by
     from offload_planner.core.speed.estimate import estimate
     from offload_planner.core.speed.fastest import fastest_plan
-    from offload_planner.core.speed.hardware import hardware_for
     from offload_planner.core.speed.ranking import score
     from offload_planner.core.speed.report import speed_json, speed_lines
     from offload_planner.core.speed.speculation import with_speculation
@@ -124,11 +116,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     check_microbatches(args.prompt, parsed.args)
     model = open_model(args.model)
     devices, detection = _fit_devices(args, parsed, model, dialect)
-    cpu_declared = devices.cpu.bandwidth_gbs or any(k in ("bw", "ram") for k, _ in devices.cpu.hardware)
     eff = efficiencies_for(args.backend)
-    hw = hardware_for(devices, threads=threads_of(parsed), probe=None if cpu_declared else host_bandwidth(),
-                      links=rpc_links(devices), cores=thread_use(devices, threads_of(parsed)),
-                      cpu=machine_cpu(devices))
+    hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True)
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
                           accept=args.spec_accept, allow_nkvo=args.allow_nkvo,

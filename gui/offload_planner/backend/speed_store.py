@@ -384,10 +384,6 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
     return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local))
 
 
-def _cpu_declared(plan: Plan) -> bool:
-    return cpu_elsewhere(plan.devices)
-
-
 def cpu_elsewhere(devices: DeviceSet) -> bool:
     """The CPU is declared by its memory's speed (``bw=``/``ram=``): another machine than this one, so
     neither this machine's RAM probe nor its instruction set describes it."""
@@ -433,15 +429,21 @@ def machine_cpu(devices: DeviceSet) -> CpuInfo | None:
 
 def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
                      probe_rpc: bool = False) -> Hardware:
-    """The figures of the plan's devices on this machine: declared, catalogue, the cached RAM probe
-    (run now when ``probe`` and not cached, unless the CPU's bandwidth is declared), the cached RPC
-    links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers, which
-    serve one client at a time), threads from ``-t`` of ``parsed`` or of the plan's kept flags."""
+    """The figures of the plan's devices on this machine (:func:`devices_hardware`), threads from
+    ``-t`` of ``parsed`` or of the plan's kept flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
-    measured = None if _cpu_declared(plan) else host_bandwidth(measure=probe)
-    return hardware_for(plan.devices, threads=threads, probe=measured,
-                        links=rpc_links(plan.devices, measure=probe_rpc),
-                        cores=thread_use(plan.devices, threads), cpu=machine_cpu(plan.devices))
+    return devices_hardware(plan.devices, threads, probe=probe, probe_rpc=probe_rpc)
+
+
+def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = True,
+                     probe_rpc: bool = False) -> Hardware:
+    """The figures of these devices on this machine: declared, catalogue, the cached RAM probe (run
+    now when ``probe`` and not cached, unless the CPU is another machine: :func:`cpu_elsewhere`), the
+    cached RPC links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers,
+    which serve one client at a time), this CPU's instruction set."""
+    measured = None if cpu_elsewhere(devices) else host_bandwidth(measure=probe)
+    return hardware_for(devices, threads=threads, probe=measured, links=rpc_links(devices, measure=probe_rpc),
+                        cores=thread_use(devices, threads), cpu=machine_cpu(devices))
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
