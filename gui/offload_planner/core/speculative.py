@@ -71,6 +71,11 @@ class SpecSettings:
     def active(self) -> bool:
         return self.draft is not None or self.mtp
 
+    @property
+    def drafting(self) -> bool:
+        """A draft model that the server drafts with (not only loads)."""
+        return self.draft is not None and self.draft_speculates
+
 
 def _draft_args(args: Any) -> Any:
     inner = getattr(args, "args", args)
@@ -251,7 +256,7 @@ def draft_mismatch(model: Model, spec: SpecSettings | None) -> str | None:
 
 def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
     """The line that says so (:func:`draft_mismatch`, or no draft type given), naming the draft file."""
-    if spec is not None and spec.draft is not None and not spec.draft_speculates:
+    if spec is not None and spec.draft is not None and not spec.drafting:
         return (f"-md {spec.draft.model.path}: llama-server loads this draft model but does not draft "
                 f"with it: no --spec-type names a draft type (this build's speculative types default "
                 f"to none: \"no implementations specified for speculative decoding\"); add --spec-type "

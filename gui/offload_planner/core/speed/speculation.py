@@ -185,7 +185,7 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
     if spec is None or not spec.active:
         return None
     s = plan.model.summary
-    if spec.draft is not None and spec.draft_speculates:  # else loaded, never drafted with
+    if spec.draft is not None and spec.drafting:  # else none, or loaded and never drafted with
         from offload_planner.core.speculative import draft_mismatch
 
         if draft_mismatch(plan.model, spec) is not None:  # llama-server generates without it
@@ -235,9 +235,8 @@ def step_reads(plan: Plan) -> StepReads | None:
     if spec is None or not spec.active:
         return None
     s = plan.model.summary
-    drafting = spec.draft is not None and spec.draft_speculates
-    mtp = not drafting and spec.mtp and s.n_nextn > 0
-    if not drafting and not mtp:
+    mtp = not spec.drafting and spec.mtp and s.n_nextn > 0
+    if not spec.drafting and not mtp:
         return None
     n = min(spec.n_max, s.n_nextn) if mtp and s.n_nextn > 1 else spec.n_max
     frac = expert_fraction(plan.model)
