@@ -48,6 +48,11 @@ at 2.0 x the AVX2 figure on five public records whose CPUs all have AVX-512 VNNI
 the instruction set's figure: unchanged on such CPUs, 1.03 x on an AVX2 one (or one not known, as here):
 ``ds_ik`` pp 19.6 -> 13.3 t/s, its CPU share 92% -> 95%, its efficiency line names the new figure;
 only the three ``ds_ik`` files changed.
+Then (issue 11, the speed estimate only; every memory line and every tg figure unchanged) a prompt's
+micro-batches leave out the output matrix and the last layer's FFN, which llama.cpp's model graphs run
+for the output rows alone (``inp_out_ids``: one token a prompt; core.speed.pp.output_rows_only): pp
+figures 1-4% higher (DeepSeek-V3 all on GPU 85.5 -> 87.3 t/s, --cpu-moe 13.7 -> 14.0 t/s), with
+their pp_ms / pp_transfer_ms and one pp bottleneck share (77% -> 78%); 33 files.
 """
 
 from __future__ import annotations

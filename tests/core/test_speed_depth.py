@@ -37,10 +37,12 @@ def _plan(model: Path) -> Plan:
 
 def _matrices(m: Model) -> tuple[int, int, int, int]:
     """(bytes, elements) of the trunk's matrices that are not routed experts, then of the experts
-    (the embedding is a row lookup; the NextN block does not run without MTP)."""
+    (the embedding is a row lookup; the NextN block does not run without MTP; the output matrix and
+    the last trunk layer's FFN multiply a prompt's output rows alone: core.speed.pp.output_rows_only)."""
     db = de = eb = ee = 0
     for t in m.tensors:
-        if len(t.shape) < 2 or t.name == "token_embd.weight" or t.name.startswith("blk.4."):
+        if len(t.shape) < 2 or t.name in ("token_embd.weight", "output.weight") or t.name.startswith(
+                ("blk.4.", "blk.3.ffn_")):
             continue
         if "_exps" in t.name:
             eb, ee = eb + t.nbytes, ee + t.n_elements

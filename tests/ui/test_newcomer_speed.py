@@ -25,6 +25,7 @@ from offload_planner.backend.speed_store import plan_speed
 from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.devices import Device
 from offload_planner.core.placement import CPU
+from offload_planner.core.speed.tps import tps_text
 from offload_planner.ui.device_panel import AddGpuDialog
 from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.memory_view import device_tooltip
@@ -163,8 +164,9 @@ def test_fastest_plan_says_what_it_gained_and_undo_what_it_undid(
         after = plan_speed(win.doc.plan, probe=False)
         said = win.statusBar().currentMessage()
         gain = 100 * (after.tg_tps - before.tg_tps) / before.tg_tps
-        assert said.startswith(f"Fastest plan: est. tg {before.tg_tps:.3g} → {after.tg_tps:.3g} t/s "
-                               f"(+{gain:.1f}%), pp {before.pp_tps:.3g} → ")
+        # written as every rate is (core.speed.tps.tps_text: "14.0", not "14")
+        tg, pp = f"{tps_text(before.tg_tps)} → {tps_text(after.tg_tps)}", tps_text(before.pp_tps)
+        assert said.startswith(f"Fastest plan: est. tg {tg} t/s (+{gain:.1f}%), pp {pp} → ")
         win.act_undo.trigger()
         assert win.statusBar().currentMessage() == "Undone: Fastest plan"
         win.act_redo.trigger()  # a redo (like any other step) leaves no message of an earlier state

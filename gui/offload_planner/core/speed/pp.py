@@ -20,7 +20,7 @@ from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import resolve_context
-from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
@@ -77,8 +77,31 @@ def copy_weight(buft: str | None, eff: Efficiencies) -> float:
     return 1.0 if buft is not None and buft.endswith("_Host") else 1.0 / eff.pageable_copy.value
 
 
+#: The roles of the last layer that run after its rows are cut to the outputs: the model graphs select
+#: ``inp_out_ids`` once the last layer's attention is done (src/models/llama.cpp, qwen3moe.cpp, ...:
+#: ``if (il == n_layer - 1 && inp_out_ids) { cur = ggml_get_rows(ctx0, cur, inp_out_ids); ...}``), so
+#: that layer's FFN and the output matrix multiply only the tokens whose logits are asked for: a
+#: prompt's last one (llama-batch.cpp: "if no logits array is given, default to only the last token
+#: being an output"; llama-server asks for the last prompt token's alone).
+OUTPUT_ROWS_ROLES = frozenset({Role.ROUTER, Role.FFN_DENSE, Role.SHARED_EXPERT, *ROUTED_EXPERT_ROLES})
+
+
+def output_rows_only(p: Placed, last_layer: int) -> bool:
+    """Whether a prompt's micro-batch multiplies this weight for its output rows alone (one token a
+    prompt, none in the micro-batches before its last): the output matrix (or the tied embedding's
+    output copy) and the last layer's FFN (:data:`OUTPUT_ROWS_ROLES`)."""
+    t = p.tensor
+    if t.role is Role.OUTPUT or (t.role is Role.TOKEN_EMBD and p.copy):
+        return True
+    return t.layer == last_layer and t.role in OUTPUT_ROWS_ROLES
+
+
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
-          eff: Efficiencies | None = None, isa_gain: float = 1.0) -> dict[str, _Work]:
+          eff: Efficiencies | None = None, isa_gain: float = 1.0, last_layer: int = -1) -> dict[str, _Work]:
+    """What each device's weights cost a prompt's micro-batch (``last_layer``: the index of the model's
+    last layer in a forward pass, whose FFN a prompt runs for its output token alone, as the output
+    matrix: :func:`output_rows_only`; that one token's reads and FLOPs are left out, a generated
+    token's worth of a few weights a prompt)."""
     out: dict[str, _Work] = defaultdict(_Work)
     costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
     eff = eff or defaults_for(dialect)
@@ -87,6 +110,8 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         t = p.tensor
         if len(t.shape) < 2 or (t.role is embd and not p.copy):
             continue  # 1-D tensors (norms, biases) cost nothing here; the embedding is a row lookup
+        if output_rows_only(p, last_layer):
+            continue
         assert p.device is not None
         w = out[p.device]
         i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
@@ -230,8 +255,9 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
     each micro-batch's attention, None: not counted)."""
     pairs = token_split_pairs(plan, placement) if pairs is None else pairs
-    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw))
     s = plan.model.summary
+    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw),
+                 s.n_layer - s.n_nextn - 1)
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)
     for il in range(s.n_layer - s.n_nextn):
