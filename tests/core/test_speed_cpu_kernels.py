@@ -14,9 +14,12 @@ from gguf import GGMLQuantizationType as Q
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
+from offload_planner.core.speed.cpu_isa import GAINS, Isa
 from offload_planner.core.speed.efficiency import (
+    CPU_GEMM_TYPES,
     GPU_ROWS_EXPONENT,
     GPU_ROWS_MAX_GAIN,
     IQUANT_CPU_COMPUTE,
@@ -156,3 +159,36 @@ def test_declared_clock_scales_a_cores_compute() -> None:
     for bad in ("0", "-1", "fast", "nan", "11"):
         with pytest.raises(PlannerError, match="clock"):
             parse_device_decl(f"CPU=64GiB,ghz={bad}")
+
+
+def _pp_gain(tmp_path: Path, arch: str, t: Q, dialect: str = "llama.cpp") -> float:
+    """Prompt processing on an AVX-512 VNNI CPU against an AVX2 one of the same cores and clock, the
+    reads all but free (a declared 100 TB/s)."""
+    spec = replace(SMALL_MODELS[arch], quant=_uniform(t))
+    [path] = write_model(spec, tmp_path / f"{arch}-{t.name}.gguf", header_only=True)
+    parsed = parse_server_args(["-c", "1024"], dialect=dialect)
+    pp = {}
+    for isa in ("avx2", "avx512_vnni"):
+        devices = _cpu_only(f"CPU=64GiB,bw=100000GB/s,cores=8,isa={isa}")
+        plan = plan_from_args(open_model(str(path)), devices, parsed, dialect)
+        pp[isa] = estimate(plan, hardware_for(devices), prompt=512).pp_tps
+    return pp["avx512_vnni"] / pp["avx2"]
+
+
+def test_the_instruction_set_speeds_up_mainlines_gemms_only(tmp_path: Path) -> None:
+    """Mainline's CPU backend multiplies a dense Q4_K matrix through its repacked GEMM (AVX-512 path:
+    the instruction set's gain), a Q6_K one row by row through its AVX2 vec_dot, and routed experts of
+    any type through mul_mat_id (one AVX2 GEMV per routed token, never the GEMM): a uniform Q4_K MoE
+    gains less than the dense model, a Q6_K one little (its attention alone); ik_llama.cpp's kernels
+    keep the gain."""
+    gain = GAINS[Isa.AVX512_VNNI].value
+    assert _pp_gain(tmp_path, "llama", Q.Q4_K) == pytest.approx(gain, rel=1e-3)
+    assert _pp_gain(tmp_path, "llama", Q.Q6_K) < 1.2  # the attention's share (it keeps the gain)
+    moe = _pp_gain(tmp_path, "qwen3moe", Q.Q4_K)
+    assert 1.05 < moe < 0.9 * gain
+    assert _pp_gain(tmp_path, "qwen3moe", Q.Q4_K, "ik_llama.cpp") == pytest.approx(gain, rel=1e-3)
+
+
+def test_the_gemm_types_are_ggml_names() -> None:
+    """:data:`CPU_GEMM_TYPES` spells the types as the GGUF reader names them (``q4_K``, not ``q4_k``)."""
+    assert {type_by_name(n).name for n in CPU_GEMM_TYPES} == CPU_GEMM_TYPES

@@ -22,6 +22,10 @@ x86, and which of these instruction sets it uses:
   repack; each row through the type's ``ggml_vec_dot_*`` (``arch/x86/quants.c``), 256-bit AVX2 code
   whatever the CPU.  The i-quants' cost (:data:`efficiency.SLOW_CPU_TYPES`) therefore does not
   scale with the instruction set (``efficiency.cpu_cost``).
+- Routed experts (``GGML_OP_MUL_MAT_ID``), whatever their type: never a GEMM; one GEMV per routed
+  token for a repacked type (``repack.cpp`` ``forward_mul_mat_id``), ``ggml_vec_dot_*`` per row
+  otherwise (``ggml-cpu.c`` ``ggml_compute_forward_mul_mat_id_one_chunk``): AVX2 code, so a prompt's
+  experts do not scale with the instruction set either (``efficiency.cpu_pp_cost``).
 - AMX (``amx/amx.cpp``, only in a build with ``GGML_AMX_INT8``: the ``sapphirerapids`` variant of
   ``GGML_CPU_ALL_VARIANTS``, or a native build on such a CPU): ``Q4_0``, ``Q4_1``, ``Q8_0``, ``Q4_K``,
   ``Q5_K``, ``Q6_K``, ``IQ4_XS`` (``qtype_has_amx_kernels``).

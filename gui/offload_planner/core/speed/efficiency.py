@@ -177,6 +177,33 @@ def cpu_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0) -> float:
     return 1.0
 
 
+#: The weight types mainline llama.cpp's CPU backend multiplies a batch of tokens with through a GEMM on
+#: x86, whose throughput the instruction set's gain (core.speed.cpu_isa.GAINS, measured on these GEMMs)
+#: describes: the repacked GEMMs (ggml-cpu/repack.cpp ``ggml_repack_get_optimal_repack_type``: Q4_0,
+#: Q4_K, IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512) and llamafile's tinyBLAS (llamafile/sgemm.cpp
+#: ``llamafile_sgemm``: F32, BF16, F16, Q8_0, Q4_0, Q5_0, IQ4_NL).  Every other type is multiplied row
+#: by row through its ``ggml_vec_dot_*`` (ggml-cpu.c ``ggml_compute_forward_mul_mat_one_chunk``), whose
+#: x86 code (arch/x86/quants.c) is 256-bit AVX2 whatever the CPU.
+CPU_GEMM_TYPES = frozenset({"q4_0", "q4_K", "iq4_nl", "mxfp4", "q2_K", "f32", "bf16", "f16", "q8_0", "q5_0"})
+
+
+def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed: bool = False) -> float:
+    """Compute cost of one weight of ``type_name`` in a prompt's micro-batch on the CPU against the
+    default's (1: the default efficiency at the CPU's instruction-set figure applies).  Mainline
+    llama.cpp takes the instruction set's gain only where a GEMM multiplies (:data:`CPU_GEMM_TYPES`);
+    a type without one (vec_dot row by row, AVX2 code) and every routed expert cost ``isa_gain``,
+    i.e. the AVX2 figure: ``mul_mat_id`` never takes the GEMM, it runs one GEMV per routed token for a
+    repacked type (repack.cpp ``forward_mul_mat_id``: ``gemv<...>(..., 1, ...)`` in its loop over the
+    expert's rows; the x86 GEMVs, arch/x86/repack.cpp ``ggml_gemv_q4_K_8x8_q8_K`` and the others, are
+    AVX2 code) and ``vec_dot`` per row pair otherwise (ggml-cpu.c
+    ``ggml_compute_forward_mul_mat_id_one_chunk``).  The lattice i-quants keep :func:`cpu_cost`;
+    ik_llama.cpp's kernels (``fast_cpu_kernels``) have their own figure."""
+    d = Dialect(dialect)
+    if d.fast_cpu_kernels or type_name in SLOW_CPU_TYPES:
+        return cpu_cost(type_name, d, isa_gain)
+    return isa_gain if routed or type_name not in CPU_GEMM_TYPES else 1.0
+
+
 #: A GPU's matrix multiplication gets more of its peak the more rows (tokens) each weight matrix
 #: multiplies: the default GPU compute efficiency holds at 512 rows (a dense model at -ub 512) and is
 #: scaled by sqrt(rows / 512), between 16 rows (below them the reads bound the time) and twice the

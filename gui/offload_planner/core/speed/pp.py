@@ -23,7 +23,7 @@ from offload_planner.core.memory import resolve_context
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
-from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost, defaults_for, gpu_rows_factor
+from offload_planner.core.speed.efficiency import Efficiencies, cpu_pp_cost, defaults_for, gpu_rows_factor
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.nkvo import (
     host_kv_layers,
@@ -103,7 +103,7 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
     matrix: :func:`output_rows_only`; that one token's reads and FLOPs are left out, a generated
     token's worth of a few weights a prompt)."""
     out: dict[str, _Work] = defaultdict(_Work)
-    costs: dict[tuple[str, str | None], tuple[float, float]] = {}  # (type, buft) -> CPU cost, copy cost
+    costs: dict[tuple[str, str | None, bool], tuple[float, float]] = {}  # (type, buft, routed) -> costs
     eff = eff or defaults_for(dialect)
     embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
@@ -116,10 +116,10 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         w = out[p.device]
         i = (t.role in experts) | (2 if refused and t.name in refused else 0)  # the part (_Work)
         n, nb = t.n_elements, t.nbytes
-        key = (t.type.name, p.buft)
+        key = (t.type.name, p.buft, bool(i & 1))
         cost = costs.get(key)
         if cost is None:
-            cost = costs[key] = (cpu_cost(key[0], dialect, isa_gain), copy_weight(p.buft, eff))
+            cost = costs[key] = (cpu_pp_cost(key[0], dialect, isa_gain, key[2]), copy_weight(p.buft, eff))
         w.el[i] += n
         w.nbytes[i] += nb
         w.cpu_el[i] += n * cost[0]
