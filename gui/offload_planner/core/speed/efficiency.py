@@ -41,6 +41,17 @@ _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
 #: loopback rpc-servers (1 thread each) at 0.55-0.59x of the measured; a single-thread copy there reads
 #: 21-26 GB/s (numpy, loaded machine), but at 15-22.5 GB/s a thread the MoE model's CPU tg goes from
 #: 0.97x to 1.46-1.48x (its tokens are not bound by their bytes alone): left as it is, not derived.
+#: Public thread sweeps (a generated token's GB/s = model size x t/s, over the threads) put one x86
+#: thread at 11-13 GB/s on AVX2 cores and far more on some AVX-512 ones, but through different kernels:
+#: ik_llama.cpp, LLaMA-3.1-8B Q6_K (6.14 GiB) TG-128 (https://github.com/ikawrakow/ik_llama.cpp/pull/132):
+#: Ryzen-7950X "| Zen4            | 1 |  5.12 ± 0.00   |", "|                      | 2 |  9.31 ± 0.00 |"
+#: (33.7 and 30.7 GB/s a thread, ik's AVX-512 code), Ryzen-5975WX "| AVX2           | 2 | 4.04 ± 0.00    |",
+#: "|                     | 4 | 7.57 ± 0.00    |" (13.3 and 12.5 GB/s a thread); mainline on an i3-1315U
+#: "| llama 3B Q4_K - Medium         |   1.87 GiB |     3.21 B | CPU        |       2 |           tg128 |
+#: 11.05 ± 0.08 |" (https://github.com/geerlingguy/sbc-reviews/issues/107: 11.1 GB/s a thread).
+#: Mainline's GEMVs and vec_dots are AVX2 code on every x86 CPU (arch/x86/repack.cpp
+#: ``ggml_gemv_q4_K_8x8_q8_K``, arch/x86/quants.c), so ik's AVX-512 figure does not carry over, and no
+#: public mainline sweep of an AVX-512 CPU at a few threads was found: the figure stays.
 _THREAD_BW = _d(10.0, "GB/s per thread")
 #: Op offload's copy of a host weight that is not in a pinned (``<GPU>_Host``) buffer, against the
 #: pinned rate: with mmap (the default) llama.cpp keeps CPU weights in the mapping, pageable
