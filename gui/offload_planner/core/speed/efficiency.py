@@ -49,6 +49,14 @@ _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
 #: "|                     | 4 | 7.57 ± 0.00    |" (13.3 and 12.5 GB/s a thread); mainline on an i3-1315U
 #: "| llama 3B Q4_K - Medium         |   1.87 GiB |     3.21 B | CPU        |       2 |           tg128 |
 #: 11.05 ± 0.08 |" (https://github.com/geerlingguy/sbc-reviews/issues/107: 11.1 GB/s a thread).
+#: Checked on two mainline 2-thread AVX2 laptops (Llama-3.2-3B Q4_K_M, 1.87 GiB, written by the synth
+#: with Llama-3.2-3B's config): the i3-1315U above, tg 11.06 estimated (the two threads' 20 GB/s) for
+#: 11.05 measured; an i5-4278U with 2 x DDR3L-1600 (https://github.com/geerlingguy/ai-benchmarks/issues/53,
+#: build 936918514 (10334)) "| llama 3B Q4_K - Medium         |   1.87 GiB |     3.21 B | CPU        |
+#: 2 |           tg128 |          7.68 ± 0.03 |": 9.20 estimated (RAM-bound there), 1.20x.  Their pp512
+#: ("28.67 ± 0.18", "17.70 ± 0.08") is estimated 0.24x and 0.84x: the i3-1315U's 1.2 GHz base clock (its
+#: P-cores boost to 4.5 GHz) is far below what a mobile part runs at; core.speed.hardware reads base
+#: clocks.  These two posts are not in tests/data (its schema takes llama.cpp / ik_llama.cpp threads).
 #: Mainline's GEMVs and vec_dots are AVX2 code on every x86 CPU (arch/x86/repack.cpp
 #: ``ggml_gemv_q4_K_8x8_q8_K``, arch/x86/quants.c), so ik's AVX-512 figure does not carry over, and no
 #: public mainline sweep of an AVX-512 CPU at a few threads was found: the figure stays.
