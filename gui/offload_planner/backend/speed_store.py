@@ -219,12 +219,59 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     return Figure(float(bw), "GB/s", Source.MEASURED, note)
 
 
+#: A probe that failed after waiting (an rpc-server that does not answer, a host that drops the
+#: connection attempt: up to the 2 s socket timeout) is remembered per HOST:PORT this long, so that
+#: every ``plan`` does not wait again; a failure learnt faster (a refused connection) costs nothing
+#: to learn again and is not kept, so a server started since is measured at the next run.
+RPC_FAILURE_KEEP_S = 600
+RPC_FAILURE_SLOW_S = 0.5
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    """A stored message as printed: no control characters (a hand-edited file), at most ``limit``."""
+    return "".join(c for c in text if c.isprintable())[:limit]
+
+
+def _remembered_failure(got: object) -> str | None:
+    """Why the last probe failed, when it failed within :data:`RPC_FAILURE_KEEP_S` (said so, with when
+    and when it is probed again); None when there is no such failure or it has expired."""
+    if not isinstance(got, dict) or not isinstance(got.get("failed"), str):
+        return None
+    at = str(got.get("at", ""))
+    if _older_than(at, RPC_FAILURE_KEEP_S) or not _older_than(at, -60):  # expired, or a future time
+        return None
+    return (f"{_printable(got['failed'])} (a failed probe remembered from {at}, {_path()}; probed again "
+            f"{RPC_FAILURE_KEEP_S // 60} minutes after it)")
+
+
+def _probe_rpc(endpoint: str, data: dict[str, Any], entry: dict[str, Any],
+               links: dict[str, Any]) -> dict[str, Any] | str:
+    """Probe now and keep the figures, or why it failed (kept when the failure took a while)."""
+    from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
+
+    def store(got: dict[str, Any]) -> str:
+        data.setdefault("machines", {})[machine_key()] = {**entry, "rpc_links": {**links, endpoint: got}}
+        return _keep(data)
+
+    start = time.monotonic()
+    try:
+        p = probe_link(endpoint)
+    except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
+        if time.monotonic() - start >= RPC_FAILURE_SLOW_S:
+            store({"failed": str(e), "at": time.strftime("%Y-%m-%d %H:%M")})
+        return str(e)
+    at = time.strftime("%Y-%m-%d %H:%M")
+    got: dict[str, Any] = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1),
+                           "graph_us": round(p.graph_us, 1), "at": at, "server": p.server_version}
+    got["at"] = at + store(got)  # said in the note, not stored
+    return got
+
+
 def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | None:
     """The link to the rpc-server at ``endpoint`` from this machine: cached, else probed now through
     the RPC protocol when ``measure`` (:mod:`backend.rpc_probe`); when the probe failed, why (naming
-    HOST:PORT); None when not cached and not probed."""
-    from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
-
+    HOST:PORT; a failure remembered from a recent run is said so, :data:`RPC_FAILURE_KEEP_S`); None
+    when not cached and not probed."""
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
@@ -233,15 +280,12 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
             and _number(got.get("rtt_us"), 0.0, 1e9) is not None):
         if not measure:
             return None
-        try:
-            p = probe_link(endpoint)
-        except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
-            return str(e)
-        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "graph_us": round(p.graph_us, 1),
-               "at": time.strftime("%Y-%m-%d %H:%M"), "server": p.server_version}
-        entry = {**entry, "rpc_links": {**links, endpoint: got}}
-        data.setdefault("machines", {})[machine_key()] = entry
-        got["at"] += _keep(data)
+        remembered = _remembered_failure(got)
+        if remembered is not None:
+            return remembered
+        got = _probe_rpc(endpoint, data, entry, links)
+        if isinstance(got, str):
+            return got
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
                         f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
                         _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
