@@ -178,7 +178,9 @@ def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BY
 
 #: A RAM probe taken while every core was busy on average (1-minute load average at least the logical
 #: CPUs) reads low: a 2-core machine read 7.4 GB/s under load and 32-45 GB/s quiet, and the cached
-#: figure stayed.  Such a figure is measured again, at most once an hour, keeping the larger.
+#: figure stayed.  Such a figure is measured again, at most once an hour, keeping the larger.  So is
+#: one cached before the mark was recorded (no ``ram_busy``: busy or not, unknown), once: the
+#: measurement records the mark.
 BUSY_REPROBE_S = 3600
 
 
@@ -197,15 +199,23 @@ def _older_than(when: object, seconds: float) -> bool:
         return True
 
 
+def _stale(when: object, seconds: float) -> bool:
+    """A time stored as ``%Y-%m-%d %H:%M`` more than ``seconds`` ago, unreadable, or in the future (a
+    clock set back, a hand-edited file: else never stale until then)."""
+    return _older_than(when, seconds) or not _older_than(when, -60)
+
+
 def host_bandwidth(*, measure: bool = True) -> Figure | None:
     """This machine's RAM bandwidth: cached, else measured now (about a second) when ``measure``; a
-    figure measured while the machine was busy is measured again an hour later (the larger kept)."""
+    figure measured while the machine was busy, or kept without saying (:data:`BUSY_REPROBE_S`), is
+    measured again an hour later (the larger kept)."""
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = _number(entry.get("ram_gbs"), 0.01, MAX_RATE_GBS)  # a damaged figure is measured again
     when = entry.get("ram_measured_at", "")
     busy = entry.get("ram_busy") is True
-    if measure and (bw is None or (busy and _older_than(when, BUSY_REPROBE_S))):
+    quiet = entry.get("ram_busy") is False  # neither: kept before the mark existed, measured again once
+    if measure and (bw is None or (not quiet and _stale(when, BUSY_REPROBE_S))):
         new = round(measure_ram_bandwidth(), 1)
         busy = machine_busy()
         bw = max(new, bw or 0.0)
@@ -238,7 +248,7 @@ def _remembered_failure(got: object) -> str | None:
     if not isinstance(got, dict) or not isinstance(got.get("failed"), str):
         return None
     at = str(got.get("at", ""))
-    if _older_than(at, RPC_FAILURE_KEEP_S) or not _older_than(at, -60):  # expired, or a future time
+    if _stale(at, RPC_FAILURE_KEEP_S):
         return None
     return (f"{_printable(got['failed'])} (a failed probe remembered from {at}, {_path()}; probed again "
             f"{RPC_FAILURE_KEEP_S // 60} minutes after it)")
