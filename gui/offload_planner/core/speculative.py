@@ -128,6 +128,8 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
     n_max = DEFAULT_N_MAX if d.n_max is None else max(0, d.n_max)
     drafts = draft is None or _draft_drafts(draft.model, d.types, Dialect(dialect))
+    if not drafts and not Dialect(dialect).loads_idle_draft:  # dropped before it is loaded
+        draft, drafts = None, True
     return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v, n_max, drafts)
 
 
