@@ -41,6 +41,8 @@ CASES: list[tuple[str, int, str]] = [
     ("deepseek2-mtp", 30, "--spec-type draft-mtp"),
     ("llama", 20, "-md DRAFT"),
     ("llama", 26, "-md DRAFT -ctkd q8_0 -ctvd q8_0"),
+    # no --spec-type: the server infers draft-mtp from the file's MTP head (MTPHEAD: deepseek2-mtp)
+    ("deepseek2", 30, "-md MTPHEAD"),
 ]
 
 
@@ -66,6 +68,7 @@ def test_fit_counts_the_extra_model_as_llama_server(
 ) -> None:
     devices = rpc_devices(rpc, RPC_FREE)
     base = ["--rpc", ",".join(rpc), "-fitt", str(RPC_FREE // MiB - usable), "-fitc", "512"]
+    spec = spec.replace("MTPHEAD", str(small_models["deepseek2-mtp"]))
     spec_argv = shlex.split(spec.replace("DRAFT", str(small_models["llama-draft"])))
     ours = _fit(small_models[name], devices, [*base, *spec_argv])
     alone = _fit(small_models[name], devices, [*base, *(a for a in spec_argv if a.startswith("-fa") or

@@ -114,6 +114,9 @@ class Dialect(str, metaclass=_DialectType):
     #: with :attr:`draft_needs_spec_type`, a ``-md`` that no type drafts with is still loaded (its
     #: memory projected); False: the server drops it before loading
     loads_idle_draft: bool = True
+    #: no ``--spec-type`` and a ``-md`` file with an MTP head: the speculative type is ``draft-mtp``
+    #: (:func:`core.speculative.spec_types`)
+    infers_draft_mtp: bool = False
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
     projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)
