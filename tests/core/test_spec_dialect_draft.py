@@ -32,3 +32,22 @@ def test_md_alone_per_dialect(small_models: dict[str, Path]) -> None:
     for ik in (IK, IK_AMB256, IK_2025):  # not loaded at all (and ik builds before PR 645 had no drafting)
         got = _spec(small_models, ik)
         assert ik.draft_needs_spec_type and got.draft is None and not got.active, ik
+
+
+def test_draft_mtp_with_a_draft_without_nextn_layers_is_refused(small_models: dict[str, Path],
+                                                               llama_server: Path, tmp_path: Path) -> None:
+    """``-md`` of a file without NextN layers and ``--spec-type draft-mtp``: the server creates the MTP
+    context on the draft model, which llama_init_from_model refuses, and exits; the planner says so
+    (it counted the draft as loaded and not drafted with)."""
+    from tests.support.procs import free_port, run_to_completion
+
+    from offload_planner.core.analysis import analyse_command
+
+    argv = ["-c", "1024", "-md", str(small_models["llama-draft"]), "--spec-type", "draft-mtp", "-fit", "off"]
+    code, out = run_to_completion([llama_server, "-m", small_models["llama"], *argv, "--host", "127.0.0.1",
+                                   "--port", str(free_port()), "--no-warmup"], log_path=tmp_path / "srv.log")
+    assert code != 0 and "failed to create MTP context" in out, out[-2000:]
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+    result = analyse_command(open_model(small_models["llama"]), devices, parse_server_args(argv))
+    assert any("llama-server exits at load" in w and "failed to create MTP context" in w
+               and "the draft model has no NextN layers" in w for w in result.warnings), result.warnings
