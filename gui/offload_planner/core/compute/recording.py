@@ -524,9 +524,27 @@ class Reference:
                     self.wcopies[sp.backend] += nbytes(inp)
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
+        self._split_sums: list[tuple[list[int], list[int]]] | None = None
+        self.input_bytes: dict[T, int] = {}  # ``nbytes`` of split inputs a replay's splits copy
         self._bound: list[int] | None = None
         self._any_bound: list[int] | None = None
         self._located: dict[bool, list[int]] = {}
+
+    def copies_before(self, k: int) -> tuple[list[int], list[int]]:
+        """Per backend, the bytes the splits before split ``k`` copy (all, and weights only): prefix
+        sums made when a replay first asks (a replay takes the reference's splits it re-splits off)."""
+        if self._split_sums is None:
+            n = len(self.backends)
+            c, w = [0] * n, [0] * n
+            sums = [(list(c), list(w))]
+            for sp in self.splits:
+                for inp in sp.inputs:
+                    c[sp.backend] += nbytes(inp)
+                    if inp.weights:
+                        w[sp.backend] += nbytes(inp)
+                sums.append((list(c), list(w)))
+            self._split_sums = sums
+        return self._split_sums[k]
 
     def size(self, t: T, b: int) -> int:
         """``GraphAllocator.size``, cached for the reference's tensors and the copies kept with it."""

@@ -403,15 +403,28 @@ class _Replay:
             stats["left_out"] += 1
             return None
         sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, runs, self.newsrc, self.newdev)
-        copies, wcopies = list(ref.copies), list(ref.wcopies)
-        for sign, group in ((-1, ref.splits[len(self.kept):self.km + 1]), (1, self.new_splits)):
-            for sp in group:
-                for inp in sp.inputs:
-                    copies[sp.backend] += sign * nbytes(inp)
-                    if inp.weights:
-                        wcopies[sp.backend] += sign * nbytes(inp)
+        copies, wcopies = self._copies()
         splits = self.kept + self.new_splits + self.tail_splits
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
+
+    def _copies(self) -> tuple[list[int], list[int]]:
+        """Per backend, the bytes the new graph's splits copy (all, and weights only): the reference's
+        with its splits ``kept`` to ``km`` replaced by the new ones."""
+        ref = self.ref
+        c0, w0 = ref.copies_before(len(self.kept))
+        c1, w1 = ref.copies_before(self.km + 1)
+        copies = [a - b + x for a, b, x in zip(ref.copies, c1, c0, strict=True)]
+        wcopies = [a - b + x for a, b, x in zip(ref.wcopies, w1, w0, strict=True)]
+        known = ref.input_bytes
+        for sp in self.new_splits:
+            for inp in sp.inputs:
+                nb = known.get(inp)
+                if nb is None:
+                    nb = known[inp] = nbytes(inp)
+                copies[sp.backend] += nb
+                if inp.weights:
+                    wcopies[sp.backend] += nb
+        return copies, wcopies
 
     def _below_any(self, below: list[int], affected: set[int]) -> bool:
         """Before pass 5: :meth:`early_bound` is at most ``below`` on every backend."""
