@@ -4,7 +4,7 @@ they change (passes 1-4) and the splits (pass 5), and the sched window they make
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.bound import Bound, owned
@@ -299,10 +299,7 @@ class _Replay:
                 break
             nb = bid.get(n, n.bid)
             src = orig_src[i]
-            need_new = nb == cur and bool(split.inputs) and any(
-                s is not None and s.weights and bid.get(s, s.bid) != cur and not supported(s, cur)
-                for s in src)
-            if nb != cur or need_new:
+            if nb != cur or (split.inputs and _weight_elsewhere(src, cur, bid, supported)):
                 split.i_end = i
                 split = Split(nb, i)
                 self.new_splits.append(split)
@@ -350,7 +347,7 @@ class _Replay:
         affected one in a split whose copies changed); when the first split keeps the reference's
         inputs, it starts at the first affected node (the copies and nodes before it are the
         reference's)."""
-        ref, kk, B = self.ref, self.kk, self.B
+        ref, kk, bid, made = self.ref, self.kk, self.bid, self.made
         wnodes: list[T] = []
         wids: list[int] = []
         runs: list[tuple[int, int, int]] = []
@@ -368,8 +365,9 @@ class _Replay:
             else:
                 for inp in sp.inputs:
                     wnodes.append(ref.dep(inp))
-                    wids.append(B(inp))
-                    wnodes.append(ref.copy(inp, sp.backend))
+                    wids.append(bid.get(inp, inp.bid))  # (``B`` inlined)
+                    cp = made.get((inp, sp.backend))
+                    wnodes.append(ref.copy(inp, sp.backend) if cp is None else cp)
                     wids.append(sp.backend)
             hi = min(sp.i_end, self.x)
             mid = max(lo, min(hi, fa))
@@ -379,9 +377,9 @@ class _Replay:
                 wnodes += ref.sched_nodes[r:r + mid - lo]
                 wids += ref.sched_ids[r:r + mid - lo]
                 lo = mid
-            for gi in range(lo, hi):
-                wnodes.append(self.nodes[gi])
-                wids.append(B(self.nodes[gi]))
+            for n in self.nodes[lo:hi]:
+                wnodes.append(n)
+                wids.append(bid.get(n, n.bid))  # (``B`` inlined)
         return wa, wnodes, wids, runs
 
     def run(self, below: list[int] | None = None) -> Reserve | None:
@@ -499,6 +497,16 @@ class _Replay:
             bound.add_nodes(wnodes[j:js], wids[j:js], srcs, allocated)
             j = js + n
         return all(r + w <= x for r, w, x in zip(ref.alloc_bound(), bound.sizes, below, strict=True))
+
+
+def _weight_elsewhere(src: Sequence[T | None], cur: int, bid: dict[T, int],
+                      supported: Callable[[T, int], bool]) -> bool:
+    """A weight among ``src`` that is neither on backend ``cur`` nor usable from there (pass 5 starts a
+    new split for its node)."""
+    for s in src:
+        if s is not None and s.weights and bid.get(s, s.bid) != cur and not supported(s, cur):
+            return True
+    return False
 
 
 def _first_at(cs: list[tuple[int, tuple[T, int]]], start: int) -> int:
