@@ -15,7 +15,8 @@ from offload_planner.core.compute.ggml import (
     nbytes,
 )
 from offload_planner.core.compute.graph import WeightWhere
-from offload_planner.core.compute.recording import Reference, Refuse
+from offload_planner.core.compute.rec_alloc import Refuse
+from offload_planner.core.compute.recording import Reference
 from offload_planner.core.compute.replay_alloc import replay_alloc
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Split

@@ -16,7 +16,8 @@ from offload_planner.core.compute.ggml import (
     same_layout,
 )
 from offload_planner.core.compute.periods import Event, PeriodWalk, apply_span
-from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse
+from offload_planner.core.compute.rec_alloc import Checkpoint, Refuse
+from offload_planner.core.compute.recording import Reference
 from offload_planner.core.compute.stats import stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
