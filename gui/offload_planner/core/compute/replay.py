@@ -482,8 +482,11 @@ class _Replay:
                runs: list[tuple[int, int, int]]) -> bool:
         """The allocator's bound on the new graph is at most ``below`` on every backend: the
         reference's bound plus the window's tensors outside its runs of the reference's nodes (the
-        rest of the new graph is the reference's)."""
+        rest of the new graph is the reference's).  Not where the reference's bound alone is above
+        ``below`` on some backend (the window adds sizes, never takes any off): no window is summed."""
         ref, newdev, newsrc = self.ref, self.newdev, self.newsrc
+        if any(r > x for r, x in zip(ref.alloc_bound(), below, strict=True)):
+            return False
 
         def allocated(t: T) -> bool:
             return t.view_src is None and newdev.get(t, t.dev) is None
