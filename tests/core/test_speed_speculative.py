@@ -188,3 +188,35 @@ def test_draft_model_without_a_draft_type_is_loaded_but_not_drafted_with(
     def total(j: dict[str, object]) -> int:
         return sum(int(d["total_bytes"]) for d in j["devices"])  # type: ignore[index, union-attr]
     assert total(alone) > total(plain)
+
+
+def test_a_draft_file_with_an_mtp_head_drafts_with_that_head(small_models: dict[str, Path]) -> None:
+    """``-md`` of a file with an MTP head and no ``--spec-type``: the pinned server infers draft-mtp
+    (common/arg.cpp, ``common_speculative_types_from_gguf``) and creates an MTP context on the draft
+    model (speculative.cpp: ``ctx_type = LLAMA_CONTEXT_TYPE_MTP``), which drafts with the draft's
+    NextN block and head on the target's hidden state; the planner ran the draft's whole trunk per
+    drafted token.  A step: the target's trunk over 4 tokens, the draft's MTP head 3 times over one
+    token and once over 4; ``--spec-type draft-mtp`` with ``-md`` is the same."""
+    draft = small_models["deepseek2-mtp"]
+    plan = _plan(small_models["deepseek2"], ["-c", "1024", "-md", str(draft)])
+    m, d = plan.model, open_model(draft)
+    assert plan.spec is not None and plan.spec.mtp and plan.spec.drafting
+    assert plan.placement_options.load_mtp and plan.spec.draft is not None
+    assert plan.spec.draft.placement_options.load_mtp  # the draft loads its NextN block too
+    assert plan.context.n_outputs_max == 16  # 4 slots x (1 + 3 drafted), as the server logs it
+    share = m.summary.n_expert_used / m.summary.n_expert
+    dshare = d.summary.n_expert_used / d.summary.n_expert
+    head = [t.name for t in d.tensors if t.name.startswith("blk.3.")]  # the draft's NextN block
+    assert "blk.3.nextn.eh_proj.weight" in head
+    head += ["token_embd.weight", "output.weight"]  # no nextn.embed_tokens / shared_head_head here
+
+    def mtp(tokens: int) -> float:
+        return _bytes(d, head, tokens, dshare)
+
+    step = (_bytes(m, [t.name for t in m.tensors], 4, share) + 3 * mtp(1) + mtp(4)) / EFF_BW
+    est = with_speculation(estimate(plan, _hw(), eff=DEFAULT), plan, _hw(), DEFAULT)
+    assert est.spec is not None and est.spec.kind == "draft model deepseek2-mtp.gguf, MTP (1 NextN layer)"
+    assert est.tg_tps == pytest.approx(_tokens_per_step(DEFAULT_ACCEPT, 3) / step, rel=1e-9)
+    typed = _plan(small_models["deepseek2"], ["-c", "1024", "-md", str(draft), "--spec-type", "draft-mtp"])
+    again = with_speculation(estimate(typed, _hw(), eff=DEFAULT), typed, _hw(), DEFAULT)
+    assert again.tg_tps == est.tg_tps

@@ -22,6 +22,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
@@ -192,27 +193,40 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
             return None
         dm = spec.draft
         dp = place(dm.model, dm.devices, dm.placement_options)
+        name = dm.model.path.rsplit("/", 1)[-1]
+        if spec.mtp:  # draft-mtp on the draft model: its MTP head on the target's hidden state
+            return _mtp_side(plan, dm.model, dp, dm.devices, placement.output_device, depth,
+                             f"draft model {name}, ")
         params = replace(plan.context, type_k=dm.type_k, type_v=dm.type_v)
         dctx = resolve_context(params, dm.model.summary.n_ctx_train, dm.model.summary.n_swa)
         kv = kv_read_at(dm.model, dp, params, dctx, dm.devices, depth)
-        name = dm.model.path.rsplit("/", 1)[-1]
         return _Draft(f"draft model {name}", model_reads(dm.model, dp), expert_fraction(dm.model),
                       split_pairs(dm.model, dp, one_token_offload(dm.devices, dp, plan.context.op_offload)),
                       dm.model.summary.n_embd, kv, spec.n_max)
     if not (spec.mtp and s.n_nextn):
         return None
+    return _mtp_side(plan, plan.model, placement, plan.devices, placement.output_device, depth)
+
+
+def _mtp_side(plan: Plan, model: Model, placement: Placement, devices: DeviceSet, hidden_on: str,
+              depth: int, label: str = "") -> _Draft:
+    """An MTP head's draft side: ``model``'s NextN block and head as ``placement`` puts them (the main
+    model's, or a ``-md`` draft's), fed the target's hidden state from ``hidden_on``."""
+    spec = plan.spec
+    assert spec is not None
+    s = model.summary
     params = replace(plan.context, type_k=spec.type_k, type_v=spec.type_v)
     mctx = resolve_context(params, s.n_ctx_train, s.n_swa)
     nextn = range(s.n_layer_trunk, s.n_layer)
-    kv = kv_read_at(plan.model, placement, params, mctx, plan.devices, depth, cached=nextn)
-    reads = mtp_reads(plan.model, placement)
+    kv = kv_read_at(model, placement, params, mctx, devices, depth, cached=nextn)
+    reads = mtp_reads(model, placement)
     # the trunk's hidden state (on the output device) into the NextN block, then the head
-    seq = [placement.output_device, placement.layer_device(nextn.start), placement.output_device]
+    seq = [hidden_on, placement.layer_device(nextn.start), placement.output_device]
     pairs = [(a, b) for a, b in itertools.pairwise(seq) if a != b]
     # chained heads (n_nextn > 1, not sharing the target's KV) cap the draft at one token per head
     n_max = min(spec.n_max, s.n_nextn) if s.n_nextn > 1 else spec.n_max
-    label = f"MTP ({s.n_nextn} NextN layer{'s' if s.n_nextn != 1 else ''})"
-    return _Draft(label, reads, expert_fraction(plan.model), pairs, s.n_embd, kv, n_max)
+    label += f"MTP ({s.n_nextn} NextN layer{'s' if s.n_nextn != 1 else ''})"
+    return _Draft(label, reads, expert_fraction(model), pairs, s.n_embd, kv, n_max)
 
 
 @dataclass(frozen=True)
