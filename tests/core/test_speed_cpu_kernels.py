@@ -161,12 +161,13 @@ def test_declared_clock_scales_a_cores_compute() -> None:
             parse_device_decl(f"CPU=64GiB,ghz={bad}")
 
 
-def _pp_gain(tmp_path: Path, arch: str, t: Q, dialect: str = "llama.cpp") -> float:
+def _pp_gain(tmp_path: Path, arch: str, t: Q, dialect: str = "llama.cpp",
+             args: tuple[str, ...] = ()) -> float:
     """Prompt processing on an AVX-512 VNNI CPU against an AVX2 one of the same cores and clock, the
     reads all but free (a declared 100 TB/s)."""
     spec = replace(SMALL_MODELS[arch], quant=_uniform(t))
     [path] = write_model(spec, tmp_path / f"{arch}-{t.name}.gguf", header_only=True)
-    parsed = parse_server_args(["-c", "1024"], dialect=dialect)
+    parsed = parse_server_args(["-c", "1024", *args], dialect=dialect)
     pp = {}
     for isa in ("avx2", "avx512_vnni"):
         devices = _cpu_only(f"CPU=64GiB,bw=100000GB/s,cores=8,isa={isa}")
@@ -179,10 +180,14 @@ def test_the_instruction_set_speeds_up_mainlines_gemms_only(tmp_path: Path) -> N
     """Mainline's CPU backend multiplies a dense Q4_K matrix through its repacked GEMM (AVX-512 path:
     the instruction set's gain), a Q6_K one row by row through its AVX2 vec_dot, and routed experts of
     any type through mul_mat_id (one AVX2 GEMV per routed token, never the GEMM): a uniform Q4_K MoE
-    gains less than the dense model, a Q6_K one little (its attention alone); ik_llama.cpp's kernels
-    keep the gain."""
+    gains less than the dense model, a Q6_K one little (its attention alone), nor Q4_K with
+    ``--no-repack`` (no CPU_REPACK buffer: vec_dot; Q8_0 keeps tinyBLAS); ik_llama.cpp's kernels keep
+    the gain."""
     gain = GAINS[Isa.AVX512_VNNI].value
     assert _pp_gain(tmp_path, "llama", Q.Q4_K) == pytest.approx(gain, rel=1e-3)
+    # --no-repack: no CPU_REPACK buffer, Q4_K has no tinyBLAS path: vec_dot; Q8_0 keeps tinyBLAS
+    assert _pp_gain(tmp_path, "llama", Q.Q4_K, args=("--no-repack",)) < 1.2
+    assert _pp_gain(tmp_path, "llama", Q.Q8_0, args=("--no-repack",)) == pytest.approx(gain, rel=1e-3)
     assert _pp_gain(tmp_path, "llama", Q.Q6_K) < 1.2  # the attention's share (it keeps the gain)
     moe = _pp_gain(tmp_path, "qwen3moe", Q.Q4_K)
     assert 1.05 < moe < 0.9 * gain

@@ -198,19 +198,25 @@ def cpu_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0) -> float:
 
 #: The weight types mainline llama.cpp's CPU backend multiplies a batch of tokens with through a GEMM on
 #: x86, whose throughput the instruction set's gain (core.speed.cpu_isa.GAINS, measured on these GEMMs)
-#: describes: the repacked GEMMs (ggml-cpu/repack.cpp ``ggml_repack_get_optimal_repack_type``: Q4_0,
-#: Q4_K, IQ4_NL, MXFP4 with AVX2, Q2_K with AVX-512) and llamafile's tinyBLAS (llamafile/sgemm.cpp
-#: ``llamafile_sgemm``: F32, BF16, F16, Q8_0, Q4_0, Q5_0, IQ4_NL).  Every other type is multiplied row
-#: by row through its ``ggml_vec_dot_*`` (ggml-cpu.c ``ggml_compute_forward_mul_mat_one_chunk``), whose
-#: x86 code (arch/x86/quants.c) is 256-bit AVX2 whatever the CPU.
-CPU_GEMM_TYPES = frozenset({"q4_0", "q4_K", "iq4_nl", "mxfp4", "q2_K", "f32", "bf16", "f16", "q8_0", "q5_0"})
+#: describes: llamafile's tinyBLAS (llamafile/sgemm.cpp ``llamafile_sgemm``: F32, BF16, F16, Q8_0, Q4_0,
+#: Q5_0, IQ4_NL) and, for a weight in a ``CPU_REPACK`` buffer (not with ``--no-repack``), the repacked
+#: GEMMs (ggml-cpu/repack.cpp ``ggml_repack_get_optimal_repack_type``: Q4_0, Q4_K, IQ4_NL, MXFP4 with
+#: AVX2, Q2_K with AVX-512).  Every other weight is multiplied row by row through its type's
+#: ``ggml_vec_dot_*`` (ggml-cpu.c ``ggml_compute_forward_mul_mat_one_chunk``), whose x86 code
+#: (arch/x86/quants.c) is 256-bit AVX2 whatever the CPU.  ggml names.
+CPU_TINYBLAS_TYPES = frozenset({"f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "iq4_nl"})
+CPU_REPACK_GEMM_TYPES = frozenset({"q4_0", "q4_K", "iq4_nl", "mxfp4", "q2_K"})
+CPU_GEMM_TYPES = CPU_TINYBLAS_TYPES | CPU_REPACK_GEMM_TYPES
+REPACK_BUFT = "CPU_REPACK"
 
 
-def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed: bool = False) -> float:
+def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed: bool = False,
+                repacked: bool = True) -> float:
     """Compute cost of one weight of ``type_name`` in a prompt's micro-batch on the CPU against the
     default's (1: the default efficiency at the CPU's instruction-set figure applies).  Mainline
-    llama.cpp takes the instruction set's gain only where a GEMM multiplies (:data:`CPU_GEMM_TYPES`);
-    a type without one (vec_dot row by row, AVX2 code) and every routed expert cost ``isa_gain``,
+    llama.cpp takes the instruction set's gain only where a GEMM multiplies (:data:`CPU_TINYBLAS_TYPES`,
+    and :data:`CPU_REPACK_GEMM_TYPES` when ``repacked``: in a ``CPU_REPACK`` buffer); a weight without
+    one (vec_dot row by row, AVX2 code) and every routed expert cost ``isa_gain``,
     i.e. the AVX2 figure: ``mul_mat_id`` never takes the GEMM, it runs one GEMV per routed token for a
     repacked type (repack.cpp ``forward_mul_mat_id``: ``gemv<...>(..., 1, ...)`` in its loop over the
     expert's rows; the x86 GEMVs, arch/x86/repack.cpp ``ggml_gemv_q4_K_8x8_q8_K`` and the others, are
@@ -220,7 +226,8 @@ def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed:
     d = Dialect(dialect)
     if d.fast_cpu_kernels or type_name in SLOW_CPU_TYPES:
         return cpu_cost(type_name, d, isa_gain)
-    return isa_gain if routed or type_name not in CPU_GEMM_TYPES else 1.0
+    gemm = type_name in CPU_TINYBLAS_TYPES or (repacked and type_name in CPU_REPACK_GEMM_TYPES)
+    return isa_gain if routed or not gemm else 1.0
 
 
 #: A GPU's matrix multiplication gets more of its peak the more rows (tokens) each weight matrix

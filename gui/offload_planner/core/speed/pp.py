@@ -23,7 +23,13 @@ from offload_planner.core.memory import resolve_context
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
-from offload_planner.core.speed.efficiency import Efficiencies, cpu_pp_cost, defaults_for, gpu_rows_factor
+from offload_planner.core.speed.efficiency import (
+    REPACK_BUFT,
+    Efficiencies,
+    cpu_pp_cost,
+    defaults_for,
+    gpu_rows_factor,
+)
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.nkvo import (
     host_kv_layers,
@@ -119,7 +125,8 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         key = (t.type.name, p.buft, bool(i & 1))
         cost = costs.get(key)
         if cost is None:
-            cost = costs[key] = (cpu_pp_cost(key[0], dialect, isa_gain, key[2]), copy_weight(p.buft, eff))
+            cost = costs[key] = (cpu_pp_cost(key[0], dialect, isa_gain, key[2], p.buft == REPACK_BUFT),
+                                 copy_weight(p.buft, eff))
         w.el[i] += n
         w.nbytes[i] += nb
         w.cpu_el[i] += n * cost[0]
