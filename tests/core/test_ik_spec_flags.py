@@ -1,0 +1,119 @@
+"""ik_llama.cpp's speculative flags as its parser reads them (``gpt_params_find_arg`` and
+``common_speculative_validate_chain``, common/common.cpp at ikawrakow/ik_llama.cpp 8337e4cd) and the
+draft model the ik dialect projects from them (``common_speculative_load_draft_model``,
+common/speculative.cpp 1939-1999).  The draft context's buffers are checked against ik's own library
+in tests/integration/test_ik_draft.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offload_planner.core.analysis import analyse_command
+from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.cmdline.model import DraftArgs
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.dialects import IK, IK_2025, LLAMA_CPP, Dialect
+from offload_planner.core.engine import placement_options
+from offload_planner.core.extra_context import DRAFT
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.speculative import SpecSettings, spec_settings
+
+GiB = 1024**3
+
+
+def _errors(line: str) -> list[str]:
+    return [e.message for e in parse_server_args(["-m", "x.gguf", *line.split()], dialect=IK).errors]
+
+
+def _draft(line: str) -> DraftArgs:
+    return parse_server_args(line.split(" "), dialect=IK).args.draft
+
+
+def test_draft_flags_are_read() -> None:
+    d = _draft("-md d.gguf -ngld 1 -devd CUDA1 -cd 512 -ctkd q8_0 -ctvd q4_0 "
+               "--spec-type draft:n_max=5,p_min=0.5")
+    assert (d.model, d.n_gpu_layers, d.devices, d.ctx_size, d.cache_type_k, d.cache_type_v) == (
+        "d.gguf", 1, ["CUDA1"], 512, "q8_0", "q4_0")
+    assert d.types == ["draft"] and d.stages == [("draft", 5, -1)]
+    assert IK.draft_n_max(d) == 5
+    long = _draft("--model-draft d --n-gpu-layers-draft 2 --device-draft CUDA0 --spec-type ngram-mod "
+                  "--spec-type draft")
+    assert (long.model, long.n_gpu_layers, long.devices) == ("d", 2, ["CUDA0"])
+    assert long.types == ["ngram_mod", "draft"]
+    assert IK.draft_n_max(long) == 16  # common_params_speculative::n_max
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("-md d --spec-type draft-simple", "unknown speculative stage type: draft-simple"),  # mainline's name
+    ("--spec-type draft", "error: invalid speculative stage configuration: draft speculative stage requires "
+                          "a draft model or draft params"),
+    ("-md d --spec-type draft:n_min=20", "error: invalid speculative stage configuration: speculative stage "
+                                         "has n_min greater than n_max"),
+    ("-md d --spec-type draft --spec-type draft", "error: invalid speculative stage configuration: duplicate "
+                                                  "speculative stage type in chain: draft"),
+    ("-md d --spec-type draft --spec-type ngram-mod", "error: invalid speculative stage configuration: "
+                                                      "two-stage speculative mode currently requires a "
+                                                      "self-spec stage first"),
+    ("-md d --spec-type draft:width=3", "unknown speculative stage parameter: width"),
+    ("-md d --spec-type draft:n_max=-1", "speculative stage n_max must be >= 0"),
+    ("-md d --spec-type draft -devd CUDA-1", "no devices specified"),
+    ("-md d --spec-type draft -np 2", "Speculative decoding is currently limited to a single server slot "
+                                      "(-np 1)."),
+])
+def test_ik_refuses_as_its_parser_and_server_do(line: str, message: str) -> None:
+    assert message in _errors(line)
+
+
+def test_ik_accepts_a_draft_chain_and_drops_mtp_with_slots() -> None:
+    assert _errors("-md d --spec-type ngram-mod --spec-type draft:n_max=4") == []
+    parsed = parse_server_args(["-m", "x", "--spec-type", "mtp", "-np", "2"], dialect=IK)
+    assert parsed.errors == [] and any("removing the MTP stage" in w.message for w in parsed.warnings)
+
+
+def _gpu() -> DeviceSet:
+    return DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB),
+                     (Device("CUDA0", DeviceKind.CUDA, 24 * GiB, 24 * GiB),
+                      Device("CUDA1", DeviceKind.CUDA, 24 * GiB, 24 * GiB)))
+
+
+def _spec(small_models: dict[str, Path], line: str, dialect: Dialect = IK) -> SpecSettings:
+    draft = str(small_models["llama-draft"])
+    parsed = parse_server_args(line.replace("DRAFT", draft).split(), dialect=dialect)
+    return spec_settings(_gpu(), parsed, dialect, placement_options, open_model(draft))
+
+
+def test_ik_draft_takes_the_main_command_line(small_models: dict[str, Path]) -> None:
+    """``params_dft = params_base``: the main -ot and cache types reach the draft; -ngld, -devd, -ctkd
+    override; the context is the main -c as given (-cd only without it), one sequence."""
+    spec = _spec(small_models, r"-c 1000 -cd 300 -ctk q8_0 -ot blk\.0\.=CPU -md DRAFT --spec-type draft")
+    d = spec.draft
+    assert d is not None and spec.drafting and not spec.mtp and spec.n_max == 16
+    assert (d.type_k, d.type_v, d.n_ctx) == ("q8_0", "f16", 1000)
+    assert [o.pattern for o in d.placement_options.overrides] == [r"blk\.0\."]
+    assert d.placement_options.n_gpu_layers > d.model.summary.n_layer  # -ngld unset: every layer
+    pinned = _spec(small_models, r"-c 1000 -ot blk\.0\.=CPU -md DRAFT --spec-draft-n-max 2", LLAMA_CPP)
+    assert pinned.draft is not None and pinned.draft.placement_options.overrides == ()  # -otd only
+    own = _spec(small_models, "-md DRAFT --spec-type draft -cd 300 -ngld 1 -devd CUDA1 -ctkd q4_0")
+    assert own.draft is not None and (own.draft.n_ctx, own.draft.type_k) == (300, "q4_0")
+    assert [g.name for g in own.draft.devices.gpus] == ["CUDA1"]
+    assert own.draft.placement_options.n_gpu_layers == 1
+    assert _spec(small_models, "-md DRAFT --spec-type draft").draft.n_ctx == 0  # type: ignore[union-attr]
+
+
+def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:
+    """The draft's weights, KV (its own cells), one sequence's logits and its compute, as draft buffers;
+    before ik's build of August 2025 (the 2025 dialect) the server had no drafting: nothing."""
+    model = open_model(small_models["llama"])
+    cpu = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+    line = f"-c 1100 -md {small_models['llama-draft']} --spec-type draft"
+    projection = analyse_command(model, cpu, parse_server_args(line.split(), dialect=IK), IK).projection
+    kinds = {b.kind: b.bytes for b in projection.buffers() if b.owner == DRAFT}
+    assert set(kinds) == {"model", "kv", "output", "compute"}
+    # one sequence's logits (n_seq_max 1, whatever -np), in a plain CPU buffer with ik's extra
+    n_vocab = open_model(small_models["llama-draft"]).summary.n_vocab
+    assert kinds["output"] == 4 * n_vocab + IK_CPU_BUFFER_EXTRA
+    older = analyse_command(model, cpu, parse_server_args(line.split(), dialect=IK_2025), IK_2025).projection
+    assert not [b for b in older.buffers() if b.owner == DRAFT]
