@@ -12,7 +12,7 @@ import pytest
 
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
-from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.cmdline import check_semantics, parse_server_args
 from offload_planner.core.cmdline.model import DraftArgs
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.dialects import IK, IK_2025, LLAMA_CPP, Dialect
@@ -28,8 +28,12 @@ def _errors(line: str) -> list[str]:
     return [e.message for e in parse_server_args(["-m", "x.gguf", *line.split()], dialect=IK).errors]
 
 
+def _words(line: str) -> list[str]:
+    return line.split(" ")
+
+
 def _draft(line: str) -> DraftArgs:
-    return parse_server_args(line.split(" "), dialect=IK).args.draft
+    return parse_server_args(_words(line), dialect=IK).args.draft
 
 
 def test_draft_flags_are_read() -> None:
@@ -65,6 +69,14 @@ def test_draft_flags_are_read() -> None:
 ])
 def test_ik_refuses_as_its_parser_and_server_do(line: str, message: str) -> None:
     assert message in _errors(line)
+
+
+def test_ik_refuses_a_quantized_draft_v_cache_without_flash_attention() -> None:
+    parsed = parse_server_args(_words("-m x -fa off -md d --spec-type draft -ctvd q8_0"), dialect=IK)
+    errors = [e.message for e in check_semantics(parsed, ["CPU"])]
+    assert "Quantized V cache cannot be used without flash attention" in errors
+    idle = parse_server_args(_words("-m x -fa off -md d -ctvd q8_0"), dialect=IK)  # never loaded
+    assert check_semantics(idle, ["CPU"]) == []
 
 
 def test_ik_accepts_a_draft_chain_and_drops_mtp_with_slots() -> None:
@@ -117,3 +129,22 @@ def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:
     assert kinds["output"] == 4 * n_vocab + IK_CPU_BUFFER_EXTRA
     older = analyse_command(model, cpu, parse_server_args(line.split(), dialect=IK_2025), IK_2025).projection
     assert not [b for b in older.buffers() if b.owner == DRAFT]
+
+
+def test_ik_draft_inherits_n_cpu_moe_and_mtp_is_noted(small_models: dict[str, Path]) -> None:
+    """The main --n-cpu-moe reaches ik's draft (``params_dft.ncmoe``), expanded over the draft's own
+    expert layers; mainline's draft takes only -cmoed/-ncmoed.  ik's mtp stage is not projected and
+    says so; with -np 2 ik drops it (and so does the parser)."""
+    moe = str(small_models["qwen3moe"])
+    line = ["-c", "1000", "--n-cpu-moe", "1", "-md", moe, "--spec-type", "draft"]
+    parsed = parse_server_args(line, dialect=IK)
+    spec = spec_settings(_gpu(), parsed, IK, placement_options, open_model(moe))
+    assert spec.draft is not None
+    assert [o.source for o in spec.draft.placement_options.overrides] == ["--n-cpu-moe"]
+    mtp = parse_server_args(["-c", "1000", "--spec-type", "mtp"], dialect=IK)
+    noted = spec_settings(_gpu(), mtp, IK, placement_options)
+    assert not noted.active and any("MTP context" in n and "not projected" in n for n in noted.notes)
+    warned = analyse_command(open_model(small_models["glm4moe"]), _gpu(), mtp, IK).warnings
+    assert any("ik_llama.cpp's MTP context" in w for w in warned), warned
+    slots = parse_server_args(["-c", "1000", "--spec-type", "mtp", "-np", "2"], dialect=IK)
+    assert spec_settings(_gpu(), slots, IK, placement_options).notes == ()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from offload_planner.core.buffer import Buffer
+from offload_planner.core.cmdline.model import ParsedArgs
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
@@ -75,6 +76,8 @@ class SpecSettings:
     n_max: int = DEFAULT_N_MAX  # --spec-draft-n-max: tokens drafted a step
     #: the draft model drafts (the dialect's rule: :attr:`Dialect.draft_needs_spec_type`); False: loaded only
     draft_speculates: bool = True
+    #: what the projection leaves out or approximates of the speculative stages (:meth:`Dialect.spec_notes`)
+    notes: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -169,7 +172,8 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     type_k, type_v = dialect.draft_cache_types(dargs, d)
     draft = None
     if draft_model is not None and d.model:
-        popts = placement_options(draft_model, ddev, dargs, dialect)
+        # as parsed arguments: the dialect's effective -ot list (ik's --n-cpu-moe, from the draft's layers)
+        popts = placement_options(draft_model, ddev, ParsedArgs(dialect, args=dargs), dialect)
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, dialect.draft_n_ctx(dargs, d),
                               dargs if d.params else None)
     types = spec_types(args, dialect)
@@ -178,7 +182,8 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     if not drafts and not dialect.loads_idle_draft:  # dropped before it is loaded
         draft, drafts = None, True
     mtp = dialect.mtp_spec_type is not None and dialect.mtp_spec_type in types
-    return SpecSettings(draft, mtp, type_k, type_v, dialect.draft_n_max(d), drafts)
+    return SpecSettings(draft, mtp, type_k, type_v, dialect.draft_n_max(d), drafts,
+                        tuple(dialect.spec_notes(types, d.model)))
 
 
 def draft_mtp_context(spec: SpecSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
@@ -323,7 +328,10 @@ def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
 
 
 def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
-    """What llama-server refuses at load about speculative decoding on this model (its log lines)."""
+    """What llama-server refuses at load about speculative decoding on this model (its log lines), and
+    what the projection leaves out of it (:attr:`SpecSettings.notes`)."""
+    if spec is not None and spec.notes:
+        return [*spec.notes, *spec_refusals(model, replace(spec, notes=()))]
     if spec is not None and spec.mtp and spec.draft is None and not model.summary.n_nextn:
         return ["llama-server exits at load: llama_init_from_model: context type MTP requested but model "
                 "doesn't contain MTP layers; failed to create MTP context (--spec-type draft-mtp needs "

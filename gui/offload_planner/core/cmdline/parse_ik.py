@@ -180,6 +180,8 @@ class IkParser:
             self.parsed.warnings.append(ArgWarning(
                 "--spec-type", "mtp", "MTP is not supported with parallel slots yet, removing the MTP stage "
                 f"to avoid cross-slot corruption. n_parallel={n_parallel}"))
+            args.draft.types = [t for t in args.draft.types if t != "mtp"]
+            args.draft.stages = [s for s in args.draft.stages if s[0] != "mtp"]
         if any(t != "mtp" for t in args.draft.types):
             self.parsed.errors.append(ArgError(
                 "--parallel", str(n_parallel),

@@ -291,6 +291,10 @@ class Dialect(str, metaclass=_DialectType):
         return KV_CACHE_TYPES
 
     # --- speculative decoding (core.speculative) ---
+    def spec_notes(self, types: Sequence[str], draft_model: str | None) -> list[str]:
+        """What the projection leaves out of these speculative stages (none: every type is modelled)."""
+        return []
+
     def draft_n_max(self, draft: DraftArgs) -> int:
         """Tokens drafted a step (``--spec-draft-n-max``, default 3: ``common_params_speculative_draft``)."""
         return 3 if draft.n_max is None else max(0, draft.n_max)

@@ -212,6 +212,20 @@ class IkLlamaCpp(Dialect):
         return (*super().kv_cache_types(), *IK_EXTRA_KV_CACHE_TYPES)
 
     # --- speculative decoding: common_speculative_load_draft_model (common/speculative.cpp 1939-1999) ---
+    def spec_notes(self, types: Sequence[str], draft_model: str | None) -> list[str]:
+        out = []
+        if "mtp" in types:
+            on = f"the -md companion {draft_model}" if draft_model else "the main model's NextN layers"
+            out.append(f"--spec-type mtp: ik_llama.cpp's MTP context (on {on}) is not projected: its KV, "
+                       "output and compute buffers are missing from these figures"
+                       + (", and so is the companion's weights" if draft_model else ""))
+        for kind in ("dflash", "dspark"):
+            if kind in types and draft_model:
+                out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
+                           "it to cross_ctx + the draft's block size and shares the target's token embedding "
+                           "and output (not modelled)")
+        return out
+
     def draft_n_max(self, draft: DraftArgs) -> int:
         """The ``draft`` stage's ``n_max`` (``--spec-type draft:n_max=N``), else 16 (common.h 219)."""
         from offload_planner.core.cmdline.handlers_ik_spec import stage_n_max
