@@ -13,12 +13,14 @@ import pytest
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
 from offload_planner.core.cmdline import check_semantics, parse_server_args
-from offload_planner.core.cmdline.model import DraftArgs
+from offload_planner.core.cmdline.model import DraftArgs, ParsedArgs
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.dialects import IK, IK_2025, LLAMA_CPP, Dialect
 from offload_planner.core.engine import placement_options
 from offload_planner.core.extra_context import DRAFT
 from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.model import Model
+from offload_planner.core.placement import Placement, place
 from offload_planner.core.speculative import SpecSettings, spec_settings
 
 GiB = 1024**3
@@ -103,7 +105,7 @@ def test_ik_draft_takes_the_main_command_line(small_models: dict[str, Path]) -> 
     spec = _spec(small_models, r"-c 1000 -cd 300 -ctk q8_0 -ot blk\.0\.=CPU -md DRAFT --spec-type draft")
     d = spec.draft
     assert d is not None and spec.drafting and not spec.mtp and spec.n_max == 16
-    assert (d.type_k, d.type_v, d.n_ctx) == ("q8_0", "f16", 1000)
+    assert (d.type_k, d.type_v, d.n_ctx) == ("q8_0", "f16", None)  # None: the main -c as requested
     assert [o.pattern for o in d.placement_options.overrides] == [r"blk\.0\."]
     assert d.placement_options.n_gpu_layers > d.model.summary.n_layer  # -ngld unset: every layer
     pinned = _spec(small_models, r"-c 1000 -ot blk\.0\.=CPU -md DRAFT --spec-draft-n-max 2", LLAMA_CPP)
@@ -122,12 +124,14 @@ def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:
     cpu = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
     line = f"-c 1100 -md {small_models['llama-draft']} --spec-type draft"
     projection = analyse_command(model, cpu, parse_server_args(line.split(), dialect=IK), IK).projection
+    assert projection is not None
     kinds = {b.kind: b.bytes for b in projection.buffers() if b.owner == DRAFT}
     assert set(kinds) == {"model", "kv", "output", "compute"}
     # one sequence's logits (n_seq_max 1, whatever -np), in a plain CPU buffer with ik's extra
     n_vocab = open_model(small_models["llama-draft"]).summary.n_vocab
     assert kinds["output"] == 4 * n_vocab + IK_CPU_BUFFER_EXTRA
     older = analyse_command(model, cpu, parse_server_args(line.split(), dialect=IK_2025), IK_2025).projection
+    assert older is not None
     assert not [b for b in older.buffers() if b.owner == DRAFT]
 
 
@@ -148,3 +152,36 @@ def test_ik_draft_inherits_n_cpu_moe_and_mtp_is_noted(small_models: dict[str, Pa
     assert any("ik_llama.cpp's MTP context" in w for w in warned), warned
     slots = parse_server_args(["-c", "1000", "--spec-type", "mtp", "-np", "2"], dialect=IK)
     assert spec_settings(_gpu(), slots, IK, placement_options).notes == ()
+
+
+def test_ik_draft_follows_the_plans_context(small_models: dict[str, Path]) -> None:
+    """With a main -c the draft's context is that -c as requested (not the padded cells): a plan whose
+    context is edited takes its draft along; -cd without -c stays the draft's own."""
+    from dataclasses import replace
+
+    from offload_planner.core.engine import context_params
+    from offload_planner.core.memory import resolve_context
+    from offload_planner.core.speculative import extra_contexts
+
+    model = open_model(small_models["llama"])
+    cpu = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+    draft = str(small_models["llama-draft"])
+
+    def draft_kv(line: str, n_ctx: int | None = None) -> int:
+        parsed = parse_server_args(line.split(" "), dialect=IK)
+        spec = spec_settings(cpu, parsed, IK, placement_options, open_model(draft))
+        main, _ = context_params(model, parsed, IK)
+        main = main if n_ctx is None else replace(main, n_ctx=n_ctx)
+        ctx = resolve_context(main, model.summary.n_ctx_train, model.summary.n_swa)
+        placement = plan_placement(model, cpu, parsed)
+        (extra,) = extra_contexts(model, cpu, placement, main, ctx, spec)
+        return extra.total("kv")
+
+    line = f"-c 1100 -md {draft} --spec-type draft"
+    assert draft_kv(line, 2200) > draft_kv(line) == draft_kv(f"-c 2200 -md {draft} --spec-type draft", 1100)
+    own = f"-cd 700 -md {draft} --spec-type draft"
+    assert draft_kv(own, 2200) == draft_kv(own) < draft_kv(line)
+
+
+def plan_placement(model: Model, devices: DeviceSet, parsed: ParsedArgs) -> Placement:
+    return place(model, devices, placement_options(model, devices, parsed, IK))

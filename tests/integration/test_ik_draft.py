@@ -61,6 +61,7 @@ def _draft_buffers(small_models: dict[str, Path], args: str) -> tuple[dict[str, 
     devices = cpu_only()
     errors = [str(e) for e in parsed.errors + check_semantics(parsed, devices.names)]
     projection = analyse_command(open_model(small_models["llama"]), devices, parsed, IK).projection
+    assert projection is not None
     out: dict[str, float] = {}
     for b in projection.buffers():
         if b.owner == DRAFT:

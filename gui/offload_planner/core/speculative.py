@@ -168,13 +168,14 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
         return SpecSettings()
     dialect = Dialect(dialect)
     ddev = draft_devices(devices, d.devices)
-    dargs = dialect.draft_server_args(getattr(args, "args", args), d, bool(d.devices) and len(ddev.gpus) == 1)
+    inner = getattr(args, "args", args)
+    dargs = dialect.draft_server_args(inner, d, bool(d.devices) and len(ddev.gpus) == 1)
     type_k, type_v = dialect.draft_cache_types(dargs, d)
     draft = None
     if draft_model is not None and d.model:
         # as parsed arguments: the dialect's effective -ot list (ik's --n-cpu-moe, from the draft's layers)
         popts = placement_options(draft_model, ddev, ParsedArgs(dialect, args=dargs), dialect)
-        draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, dialect.draft_n_ctx(dargs, d),
+        draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, dialect.draft_n_ctx(inner, dargs, d),
                               dargs if d.params else None)
     types = spec_types(args, dialect)
     drafts = (draft is None or not dialect.draft_needs_spec_type

@@ -313,7 +313,7 @@ class Dialect(str, metaclass=_DialectType):
         """The draft cache's K and V types: ``-ctkd``/``-ctvd``, default f16 (also the MTP context's)."""
         return draft.cache_type_k or "f16", draft.cache_type_v or "f16"
 
-    def draft_n_ctx(self, args: ServerArgs, draft: DraftArgs) -> int | None:
+    def draft_n_ctx(self, args: ServerArgs, draft_args: ServerArgs, draft: DraftArgs) -> int | None:
         """The draft context's requested size: None for the main context's cells
         (``llama_n_ctx(ctx_tgt)``), else ``-cd`` as 2025 builds read it (0: the draft's trained length)."""
         return draft.ctx_size or None

@@ -253,11 +253,14 @@ class IkLlamaCpp(Dialect):
         """``-ctkd``/``-ctvd``, else the main ``-ctk``/``-ctv`` (1952-1953; ``args``: the draft's)."""
         return args.cache_type_k or "f16", args.cache_type_v or "f16"
 
-    def draft_n_ctx(self, args: ServerArgs, draft: DraftArgs) -> int | None:
-        """The main ``-c`` as given (or ``-draft "-c N"``) when it is not 0, else ``-cd``, else 0: the
+    def draft_n_ctx(self, args: ServerArgs, draft_args: ServerArgs, draft: DraftArgs) -> int | None:
+        """None (the main ``-c`` as given: :meth:`draft_context_params` follows the plan's) when the main
+        ``-c`` is not 0 and no ``-draft "-c N"`` changed it, else that ``-c``, else ``-cd``, else 0: the
         draft's trained length (1978-1986: ``params_dft`` starts as a copy of the main parameters, so
         ``-cd`` counts only without ``-c``; the main context's padded cells are never used)."""
-        return (args.ctx_size or 0) or (draft.ctx_size or 0)
+        if draft_args.ctx_size and draft_args.ctx_size == args.ctx_size:
+            return None
+        return (draft_args.ctx_size or 0) or (draft.ctx_size or 0)
 
     def draft_context_params(self, main: ContextParams, main_cells: int,
                              draft: DraftSettings) -> ContextParams:
@@ -265,7 +268,7 @@ class IkLlamaCpp(Dialect):
         size, cache types and one sequence."""
         from dataclasses import replace
 
-        n_ctx = main_cells if draft.n_ctx is None else draft.n_ctx
+        n_ctx = main.n_ctx if draft.n_ctx is None else draft.n_ctx  # the main -c as requested, not padded
         p = replace(main, n_ctx=n_ctx, type_k=draft.type_k, type_v=draft.type_v, n_seq_max=1,
                     n_outputs_max=None if main.n_outputs_max is None else 1)
         own = draft.settings  # -draft "ARGS": its -b/-ub/-fa
