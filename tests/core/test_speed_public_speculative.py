@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.core import test_speed_public as pub
+from tests.core.test_speed_dataset import record_errors
 
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet
-from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.efficiency import defaults_for
@@ -44,8 +45,6 @@ from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import hardware_for
 from offload_planner.core.speed.speculation import with_speculation
 from offload_planner.core.synth import BIG_MODELS, ModelSpec, write_model
-from tests.core import test_speed_public as pub
-from tests.core.test_speed_dataset import record_errors
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed" / "public_speculative.json"
 MIN_GRADED = 6
@@ -128,11 +127,25 @@ def _llama_1b(name: str) -> ModelSpec:
     return replace(pub._llama(name, 16, 2048, 32, 8, 8192, 128256), tied_embeddings=True)
 
 
+def _glm47_flash() -> ModelSpec:
+    """GLM-4.7-Flash (glm4_moe_lite, converted as deepseek2): 47 layers + 1 NextN block, 2048 wide,
+    20 heads of MLA (q_lora 768, kv_lora 512, 256-dim keys and values), 64 routed experts of 1536
+    (4 used) + 1 shared, one leading dense layer (10240), 154880 tokens: the published config."""
+    ds3 = BIG_MODELS["DeepSeek-V3-Q4_K_M"]
+    tok = replace(ds3.tokenizer, n_vocab=154880)
+    kv = {k: v for k, v in ds3.extra_kv.items() if not k.startswith("expert_group")}
+    return replace(ds3, name="GLM-4.7-Flash", n_layer=48, n_nextn=1, n_embd=2048, n_head=20, n_ff=10240,
+                   n_expert=64, n_expert_used=4, n_ff_exp=1536, n_layer_dense_lead=1, q_lora_rank=768,
+                   key_length_mla=256, value_length_mla=256, n_ctx_train=202752, tokenizer=tok, extra_kv=kv)
+
+
 def _shape(m: dict[str, Any]) -> ModelSpec | None:
     """The shapes the public harness lacks (published configs), else its own."""
     arch, p = m.get("arch"), m.get("params_b") or 0
     if arch == "glm4moe" and 100 <= p <= 110:
         return BIG_MODELS["GLM-4.5-Air-Q4_K_M"]
+    if arch == "deepseek2" and 29 <= p <= 32:
+        return _glm47_flash()
     if arch == "qwen2":
         for lo, hi, spec in ((0.4, 0.6, lambda: _qwen2("qwen2 0.5B", 24, 896, 14, 2, 4864, tied=True)),
                              (1.4, 1.7, lambda: _qwen2("qwen2 1.5B", 28, 1536, 12, 2, 8960, tied=True)),
@@ -237,10 +250,12 @@ def evaluate(records: list[dict[str, Any]], root: Path) -> tuple[list[Row], list
 
 
 def summary(rows: list[Row]) -> list[str]:
+    """Median, quartiles, worst and signed median of each graded quantity's error."""
     out = []
-    for label, i in (("speed-up", 1), ("speculative tg", 2), ("plain tg", 3)):
-        errs = [abs(r[i]) for r in rows if r[i] is not None]  # type: ignore[arg-type]
-        signed = [r[i] for r in rows if r[i] is not None]
+    for label, pick in (("speed-up", lambda r: r[1]), ("speculative tg", lambda r: r[2]),
+                        ("plain tg", lambda r: r[3])):
+        signed = [e for e in map(pick, rows) if e is not None]
+        errs = [abs(e) for e in signed]
         tail = f"; signed median {math.exp(statistics.median(signed)):.2f}" if signed else ""
         out.append(f"{label} ({len(errs)} records): {pub.spread(errs)}{tail}")
     return out
