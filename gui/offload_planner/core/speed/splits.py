@@ -147,21 +147,28 @@ def _graph_keys(model: Model) -> _GraphKeys:
     sinks: dict[str, int] = {}
     pinned: list[tuple[int, int]] = []
     layers: set[int] = set()
+    kinds: dict[tuple[str, Role], tuple[int, int]] = {}  # (base, role) -> (_kind_of's kind, offset)
+    output = Role.OUTPUT
     for t in model.tensors:
         role, il = t.role, t.layer
-        if il is None or role is Role.OUTPUT:
+        if il is None or role is output:
             continue
-        base = _base(t.name)
-        if role is Role.ATTENTION and base in _NOT_STEPS:
-            sinks[t.name] = il * stride + 2 * order[_KV] + 2  # after the store
-        elif (k := _layer_key(base, role, order)) is not None:
-            keys[t.name] = il * stride + 2 * k + 1
-            if role is Role.ATTENTION:
+        name = t.name
+        base = name.split(".")[2] if name.startswith("blk.") and name.count(".") >= 3 else name  # _base
+        kind = kinds.get((base, role))
+        if kind is None:
+            kind = kinds[(base, role)] = _kind_of(base, role, order)
+        what, k = kind
+        if what == _SINK:
+            sinks[name] = il * stride + k  # after the store
+        elif what != _NONE:
+            keys[name] = il * stride + 2 * k + 1
+            if what == _ATTN:
                 layers.add(il)
-            elif role.is_norm and k != _POST_FFW:  # gemma's post_ffw_norm is built with il = -1
+            elif what == _PINNED:  # gemma's post_ffw_norm is built with il = -1: not pinned
                 pinned.append((il, il * stride + 2 * k))
             if base in ("attn_q_norm", "attn_k_norm") and il < s.n_layer:
-                rows[t.name] = s.per_layer(s.n_head if base == "attn_q_norm" else s.n_head_kv, il)
+                rows[name] = s.per_layer(s.n_head if base == "attn_q_norm" else s.n_head_kv, il)
     rope = any(t.name == "rope_freqs.weight" for t in model.tensors)
     ropes = tuple((il, il * stride + 2 * order[r] + 1) for il in sorted(layers) if rope
                   for r in (_ROPE_Q, _ROPE_K) if r in order)
@@ -175,6 +182,24 @@ def _graph_keys(model: Model) -> _GraphKeys:
     _KEYS.insert(0, (model, known))
     del _KEYS[4:]
     return known
+
+
+_NONE, _SINK, _ATTN, _PINNED, _KEY = range(5)
+
+
+def _kind_of(base: str, role: Role, order: dict[str, int]) -> tuple[int, int]:
+    """What :func:`_graph_keys` does with a layer tensor of this base name and role (the same in every
+    layer: worked out once a model): ``(_SINK, offset after the KV store)``, ``(_NONE, 0)`` (not a
+    step of its own), or ``(kind, step)`` (:func:`_layer_key`) of an attention matrix (``_ATTN``), a
+    norm whose ``RMS_NORM`` is pinned to its layer (``_PINNED``) or another step (``_KEY``)."""
+    if role is Role.ATTENTION and base in _NOT_STEPS:
+        return _SINK, 2 * order[_KV] + 2
+    k = _layer_key(base, role, order)
+    if k is None:
+        return _NONE, 0
+    if role is Role.ATTENTION:
+        return _ATTN, k
+    return (_PINNED if role.is_norm and k != _POST_FFW else _KEY), k
 
 
 #: :func:`_graph_keys` of the last models
