@@ -419,12 +419,13 @@ def _layer_runs(tensors: list[Tensor]) -> list[tuple[int, int]]:
     if got is not None and got[0] is tensors:
         return got[1]
     runs: list[tuple[int, int]] = []
-    k = 0
-    while k < len(tensors):
-        il = tensors[k].layer
+    k, n, nextn = 0, len(tensors), Role.NEXTN  # looked up once, not per tensor
+    while k < n:
+        t = tensors[k]
+        il = t.layer
         e = k + 1
-        if il is not None and tensors[k].role is not Role.NEXTN:
-            while e < len(tensors) and tensors[e].layer == il and tensors[e].role is not Role.NEXTN:
+        if il is not None and t.role is not nextn:
+            while e < n and (u := tensors[e]).layer == il and u.role is not nextn:
                 e += 1
         runs.append((k, e))
         k = e
