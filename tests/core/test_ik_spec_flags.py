@@ -83,6 +83,7 @@ def test_ik_refuses_a_quantized_draft_v_cache_without_flash_attention() -> None:
 
 def test_ik_accepts_a_draft_chain_and_drops_mtp_with_slots() -> None:
     assert _errors("-md d --spec-type ngram-mod --spec-type draft:n_max=4") == []
+    assert _errors("--spec-ckpt-mode per-step") == []  # common.cpp 1587 (--recurrent-ckpt-mode's new name)
     parsed = parse_server_args(["-m", "x", "--spec-type", "mtp", "-np", "2"], dialect=IK)
     assert parsed.errors == [] and any("removing the MTP stage" in w.message for w in parsed.warnings)
 

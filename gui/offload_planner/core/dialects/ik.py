@@ -218,7 +218,8 @@ class IkLlamaCpp(Dialect):
             on = f"the -md companion {draft_model}" if draft_model else "the main model's NextN layers"
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP context (on {on}) is not projected: its KV, "
                        "output and compute buffers are missing from these figures"
-                       + (", and so is the companion's weights" if draft_model else ""))
+                       + (", and so are the companion's weights" if draft_model else
+                          ", and ik gives the main context's cache the NextN layers too"))
         for kind in ("dflash", "dspark"):
             if kind in types and draft_model:
                 out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
