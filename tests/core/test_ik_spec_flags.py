@@ -186,3 +186,30 @@ def test_ik_draft_follows_the_plans_context(small_models: dict[str, Path]) -> No
 
 def plan_placement(model: Model, devices: DeviceSet, parsed: ParsedArgs) -> Placement:
     return place(model, devices, placement_options(model, devices, parsed, IK))
+
+
+def test_ik_draft_survives_export_and_a_saved_plan(small_models: dict[str, Path], tmp_path: Path) -> None:
+    """The exported command pins the main -c, which ik's draft would take instead of -cd: the plan
+    keeps the draft's own context as -draft "-c N"; a saved plan's draft is read again from its whole
+    command (ik's draft inherits the main -ot and -ctk), so it comes back as projected."""
+    from offload_planner.core.plan import plan_command, plan_from_args
+    from offload_planner.core.plan_file import PlanFile, load_plan, save_plan
+
+    model = open_model(small_models["llama"])
+    draft = str(small_models["llama-draft"])
+    line = rf"-cd 700 -ctk q8_0 -ot blk\.0\.=CPU -md {draft} --spec-type draft"
+    plan = plan_from_args(model, _gpu(), parse_server_args(line.split(" "), dialect=IK), IK)
+    assert plan.spec is not None and plan.spec.draft is not None and plan.spec.draft.n_ctx == 700
+    exported = plan_command(plan)
+    assert exported[exported.index("-draft") + 1] == "-c 700"
+    again = plan_from_args(model, _gpu(), parse_server_args(exported, dialect=IK), IK)
+    assert again.spec is not None and again.spec.draft is not None and again.spec.draft.n_ctx == 700
+    save_plan(tmp_path / "p.json", PlanFile.of(plan))
+    loaded, _ = load_plan(tmp_path / "p.json").to_plan(model)
+    d = loaded.spec.draft if loaded.spec is not None else None
+    assert d is not None and (d.n_ctx, d.type_k) == (700, "q8_0")
+    # the exported -ot is the main model's shortest set, which ik applies to the draft too: same places
+    first = plan.spec.draft
+    assert place(d.model, d.devices, d.placement_options).tensor_devices() == place(
+        first.model, first.devices, first.placement_options).tensor_devices()
+    assert "CPU" in place(d.model, d.devices, d.placement_options).tensor_devices().values()

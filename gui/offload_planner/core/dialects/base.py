@@ -123,6 +123,9 @@ class Dialect(str, metaclass=_DialectType):
         {"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
     #: the ``--spec-type`` name of the MTP context the planner projects (None: not modelled)
     mtp_spec_type: str | None = "draft-mtp"
+    #: the draft model is loaded with a copy of the main command line (ik_llama.cpp): a saved plan's
+    #: draft is read again from its whole command, not from its kept arguments alone
+    draft_inherits_main_args: bool = False
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
     projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)
@@ -294,6 +297,11 @@ class Dialect(str, metaclass=_DialectType):
     def spec_notes(self, types: Sequence[str], draft_model: str | None) -> list[str]:
         """What the projection leaves out of these speculative stages (none: every type is modelled)."""
         return []
+
+    def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
+        """The kept arguments (``Plan.extra_args``) such that the exported command, which pins ``-c``,
+        gives the draft the context it was projected with (mainline: as given)."""
+        return kept
 
     def draft_n_max(self, draft: DraftArgs) -> int:
         """Tokens drafted a step (``--spec-draft-n-max``, default 3: ``common_params_speculative_draft``)."""

@@ -65,6 +65,7 @@ class IkLlamaCpp(Dialect):
     #: ``needs_dft_model`` (common.cpp 242-246): ``draft``, ``dflash``, ``dspark`` (and ``mtp`` with ``-md``:
     #: an MTP companion file, whose context is not modelled, see :attr:`mtp_spec_type`)
     draft_model_types = frozenset({"draft", "dflash", "dspark"})
+    draft_inherits_main_args = True
     #: ik's ``mtp`` stage (an MTP context on the main model, or on a ``-md`` companion) is not projected:
     #: ik builds it its own way (``cparams.mtp``, src/llama.cpp), not checked against ik's library here
     mtp_spec_type = None
@@ -225,6 +226,21 @@ class IkLlamaCpp(Dialect):
                 out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
                            "it to cross_ctx + the draft's block size and shares the target's token embedding "
                            "and output (not modelled)")
+        return out
+
+    def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
+        """A draft with its own context (``-cd``, or its trained length, both only without a main ``-c``)
+        gets it as ``-draft "-c N"``: the exported command pins the main ``-c``, which the draft would
+        take instead (common/speculative.cpp 1978-1986); appended to a ``-draft`` already given (its
+        last ``-c`` wins)."""
+        if draft is None or draft.n_ctx is None:
+            return kept
+        text = f"-c {draft.n_ctx or draft.model.summary.n_ctx_train}"
+        out = list(kept)
+        at = next((i for i in range(len(out) - 1, -1, -1) if out[i] in ("-draft", "--draft-params")), None)
+        if at is None or at + 1 >= len(out):
+            return [*out, "-draft", text]
+        out[at + 1] = f"{out[at + 1]} {text}"
         return out
 
     def draft_n_max(self, draft: DraftArgs) -> int:
