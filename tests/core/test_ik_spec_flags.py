@@ -213,3 +213,18 @@ def test_ik_draft_survives_export_and_a_saved_plan(small_models: dict[str, Path]
     assert place(d.model, d.devices, d.placement_options).tensor_devices() == place(
         first.model, first.devices, first.placement_options).tensor_devices()
     assert "CPU" in place(d.model, d.devices, d.placement_options).tensor_devices().values()
+
+
+def test_ik_offers_no_draft_tensor_moves(small_models: dict[str, Path]) -> None:
+    """ik has no -otd (the window's draft moves write one): its draft takes the main -ot list."""
+    from offload_planner.core.draft_moves import DRAFT_PREFIX, draft_moves_for
+    from offload_planner.core.plan import plan_from_args
+
+    model = open_model(small_models["llama"])
+    draft = str(small_models["llama-draft"])
+    name = [DRAFT_PREFIX + "blk.0.attn_q.weight"]
+    for dialect, spec_type, moves in ((LLAMA_CPP, "draft-simple", 1), (IK, "draft", 0)):
+        line = ["-c", "1000", "-md", draft, "--spec-type", spec_type]
+        plan = plan_from_args(model, _gpu(), parse_server_args(line, dialect=dialect), dialect)
+        assert plan.spec is not None and plan.spec.draft is not None, dialect
+        assert len(draft_moves_for(plan, name, "CPU")) == moves, dialect

@@ -126,6 +126,8 @@ class Dialect(str, metaclass=_DialectType):
     #: the draft model is loaded with a copy of the main command line (ik_llama.cpp): a saved plan's
     #: draft is read again from its whole command, not from its kept arguments alone
     draft_inherits_main_args: bool = False
+    #: a draft tensor can be moved on its own (an ``-otd`` rule: :mod:`core.draft_moves`)
+    moves_draft_tensors: bool = True
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
     projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)

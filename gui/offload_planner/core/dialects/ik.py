@@ -66,6 +66,9 @@ class IkLlamaCpp(Dialect):
     #: an MTP companion file, whose context is not modelled, see :attr:`mtp_spec_type`)
     draft_model_types = frozenset({"draft", "dflash", "dspark"})
     draft_inherits_main_args = True
+    #: no ``-otd``: the draft takes the main ``-ot`` list, and ``-draft "-ot ..."`` entries land after its
+    #: terminator (common.cpp 775-777), which the loader never reads past
+    moves_draft_tensors = False
     #: ik's ``mtp`` stage (an MTP context on the main model, or on a ``-md`` companion) is not projected:
     #: ik builds it its own way (``cparams.mtp``, src/llama.cpp), not checked against ik's library here
     mtp_spec_type = None
