@@ -35,7 +35,7 @@ IK_SPEC_TYPES = ("none", "draft", "dflash", "dspark", "mtp", "eagle3", "ngram_si
 #: stages that need the ``-md`` model (``needs_dft_model``, common.cpp 242-246; ``mtp`` only with ``-md``)
 IK_DRAFT_MODEL_TYPES = frozenset({"draft", "dflash", "dspark"})
 _SELF_SPEC = frozenset({"ngram_simple", "ngram_map_k", "ngram_map_k4v", "ngram_mod", "ngram_cache", "suffix"})
-#: ``common_params_speculative::n_max`` / ``n_min`` (common/common.h 219-220)
+#: ``common_params_speculative::n_max`` / ``n_min`` (common/common.h 223-224)
 IK_DEFAULT_N_MAX, IK_DEFAULT_N_MIN = 16, 0
 
 _INT_KEYS = {"n_max": 0, "n_min": 0, "mtp_heads": 0, "heads": 0, "cross_ctx": 1, "dflash_cross_ctx": 1,

@@ -67,7 +67,7 @@ class IkLlamaCpp(Dialect):
     draft_model_types = frozenset({"draft", "dflash", "dspark"})
     draft_inherits_main_args = True
     #: no ``-otd``: the draft takes the main ``-ot`` list, and ``-draft "-ot ..."`` entries land after its
-    #: terminator (common.cpp 775-777), which the loader never reads past
+    #: terminator (common.cpp 771-773), which the loader never reads past
     moves_draft_tensors = False
     #: ik's ``mtp`` stage (an MTP context on the main model, or on a ``-md`` companion) is not projected:
     #: ik builds it its own way (``cparams.mtp``, src/llama.cpp), not checked against ik's library here
@@ -234,7 +234,7 @@ class IkLlamaCpp(Dialect):
     def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
         """A draft with its own context (``-cd``, or its trained length, both only without a main ``-c``)
         gets it as ``-draft "-c N"``: the exported command pins the main ``-c``, which the draft would
-        take instead (common/speculative.cpp 1978-1986); appended to a ``-draft`` already given (its
+        take instead (common/speculative.cpp 1978-1985); appended to a ``-draft`` already given (its
         last ``-c`` wins)."""
         if draft is None or draft.n_ctx is None:
             return kept
@@ -247,7 +247,7 @@ class IkLlamaCpp(Dialect):
         return out
 
     def draft_n_max(self, draft: DraftArgs) -> int:
-        """The ``draft`` stage's ``n_max`` (``--spec-type draft:n_max=N``), else 16 (common.h 219)."""
+        """The ``draft`` stage's ``n_max`` (``--spec-type draft:n_max=N``), else 16 (common.h 223)."""
         from offload_planner.core.cmdline.handlers_ik_spec import stage_n_max
 
         kind = next((t for t in draft.types if t in self.draft_model_types), "draft")
@@ -256,7 +256,7 @@ class IkLlamaCpp(Dialect):
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """``params_dft = params_base`` (1946): the main command line, ``-ot`` and ``--n-cpu-moe`` and
         ``-sm`` included, with ``-devd`` (the devices, :func:`speculative.draft_devices`), ``-ngld`` (-1
-        or absent: the library default, every layer with a GPU), one sequence (1987), then the
+        or absent: the library default, every layer with a GPU), one sequence (1985), then the
         ``-draft "ARGS"`` command line parsed onto it (1955-1963)."""
         import copy
 
@@ -276,7 +276,7 @@ class IkLlamaCpp(Dialect):
     def draft_n_ctx(self, args: ServerArgs, draft_args: ServerArgs, draft: DraftArgs) -> int | None:
         """None (the main ``-c`` as given: :meth:`draft_context_params` follows the plan's) when the main
         ``-c`` is not 0 and no ``-draft "-c N"`` changed it, else that ``-c``, else ``-cd``, else 0: the
-        draft's trained length (1978-1986: ``params_dft`` starts as a copy of the main parameters, so
+        draft's trained length (1978-1985: ``params_dft`` starts as a copy of the main parameters, so
         ``-cd`` counts only without ``-c``; the main context's padded cells are never used)."""
         if draft_args.ctx_size and draft_args.ctx_size == args.ctx_size:
             return None
@@ -312,7 +312,7 @@ def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
         argv = text.split()
     kept = len(args.overrides)
     out = parse_ik(argv, {}, ParsedArgs(dialect, args=args)).args
-    if kept:  # appended after the main list's terminator (common.cpp 775-777): the loader never reads them
+    if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
         out.overrides = out.overrides[:kept]
     return out
 
