@@ -88,7 +88,11 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
     if unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            f" ({', '.join(unknown)} unknown)")
-    refusals = check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
+    from offload_planner.core.loadable import context_error
+
+    refusals: list[object] = [*check_semantics(parsed, devices.names, is_mla=model.summary.is_mla,
+                                               dialect=dialect), *dialect.model_errors(model)]
+    refusals += [e for e in [context_error(model, parsed.args.ctx_size)] if e]
     if refusals:  # as plan refuses them: the candidates keep these flags (-ts nan,1 broke the -nkvo search)
         raise PlannerError("; ".join(str(e) for e in refusals))
     return devices, detection
@@ -98,6 +102,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import devices_hardware, efficiencies_for, threads_of
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.loadable import require_loadable
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
     from offload_planner.core.speculative import draft_warning, spec_refusals
@@ -114,7 +119,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     if parsed.errors:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
     check_microbatches(args.prompt, parsed.args)
-    model = open_model(args.model)
+    model = require_loadable(open_model(args.model))
     devices, detection = _fit_devices(args, parsed, model, dialect)
     eff = efficiencies_for(args.backend)
     hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True)

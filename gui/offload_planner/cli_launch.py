@@ -255,6 +255,7 @@ class _Session:
         from offload_planner.cli_server_args import read_server_argv
         from offload_planner.core.devices import build_device_set, parse_device_decls
         from offload_planner.core.gguf_reader import open_model
+        from offload_planner.core.loadable import require_loadable
 
         a = self.args
         read = read_server_argv(server_args, dialect, child_environment(os.environ, env))
@@ -264,7 +265,7 @@ class _Session:
         for e in self.parsed.errors:
             self.say(f"note: llama-server will probably refuse this: {e.message}")
         try:
-            self.model = open_model(a.model)
+            self.model = require_loadable(open_model(a.model))
         except (PlannerError, OSError) as e:
             self.say(f"cannot read {a.model} ({e}); launching anyway, without a projection")
             self.model = None

@@ -89,9 +89,10 @@ EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
 def _open_model(path: str) -> Model:
     """The GGUF at ``path``; a plan file saved by the window is named as one, with how to open it."""
     from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.loadable import require_loadable
 
     try:
-        return open_model(path)
+        model = open_model(path)
     except PlannerError:
         if _is_json(path):
             raise PlannerError(
@@ -99,6 +100,7 @@ def _open_model(path: str) -> Model:
                 f"`offload-planner {path}`, or plan its model with `offload-planner plan MODEL.gguf -- ...`"
             ) from None
         raise
+    return require_loadable(model)  # a model llama.cpp refuses is refused here, by name
 
 
 def _is_json(path: str) -> bool:
@@ -150,6 +152,9 @@ def _plan(args: argparse.Namespace) -> int:
     errors: list[ArgError | str] = [*parsed.errors]
     errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
     errors += dialect.model_errors(model)
+    from offload_planner.core.loadable import context_error
+
+    errors += [e for e in [context_error(model, parsed.args.ctx_size)] if e]
     if errors:
         return print_errors(errors)
     check_microbatches(args.prompt, parsed.args)

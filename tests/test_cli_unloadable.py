@@ -1,0 +1,151 @@
+"""Models llama.cpp refuses to load (newcomer4): a GGUF without ``context_length``,
+``embedding_length`` or ``block_count``, with 0 blocks, more experts used than it has or none used,
+or a tensor of a block past ``block_count``. The pinned llama-server refuses each at load ("key not
+found in model: qwen3moe.context_length", GGML_ASSERT n_expert_used_max <= n_expert, ...). Before,
+the planner planned them: ``plan`` on a file without ``context_length`` never returned (micro-batches
+of 0 tokens), ``fit`` died with a ZeroDivisionError, a file without ``block_count`` with an
+IndexError in both, and the rest printed a command llama-server cannot run. Each is now one line
+naming the file and the key or tensor, exit 2, at once; the window refuses to open them as it
+refuses a damaged file. A file whose ``context_length`` is 0 loads in llama.cpp with ``-c N`` only:
+plan and fit refuse it without -c and plan it with -c; the window says so in Problems, its speed
+line and Fastest plan instead of 'float division by zero'.
+
+Files are the project's synthetic Qwen3-MoE (complete, real tensor bytes) rewritten by gguf-py with
+one key dropped or changed, or one tensor renamed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gguf
+import pytest
+from pytestqt.qtbot import QtBot
+from tests.support.refusals import refused
+from tests.ui.window_helpers import make_window, open_and_wait
+
+import offload_planner
+from offload_planner.ui.main_window import SystemInfo
+from offload_planner.ui.settings import Settings
+
+PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
+    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+
+
+def rewrite(src: Path, dst: Path, *, drop: str = "", u32: tuple[str, int] | None = None,
+            rename: tuple[str, str] | None = None) -> Path:
+    """``src`` written again by gguf-py's GGUFWriter, without the key ``drop``, with the uint32 key
+    ``u32`` set (appended after the others), or a tensor renamed; tensor data copied as is."""
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", drop) or (u32 and name == u32[0]):
+            continue
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_array(name, f.contents())
+        else:
+            w.add_key_value(name, f.contents(), f.types[0])
+    if u32 is not None:
+        w.add_uint32(*u32)
+    names = dict([rename]) if rename else {}
+    for t in r.tensors:
+        w.add_tensor(names.get(t.name, t.name), t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+CASES = {
+    "no-context": (dict(drop="qwen3moe.context_length"), "key not found in model: qwen3moe.context_length"),
+    "no-embedding": (dict(drop="qwen3moe.embedding_length"),
+                     "key not found in model: qwen3moe.embedding_length"),
+    "no-blocks": (dict(drop="qwen3moe.block_count"), "key not found in model: qwen3moe.block_count"),
+    "0-blocks": (dict(u32=("qwen3moe.block_count", 0)), "'qwen3moe.block_count': 0 blocks"),
+    "9-of-8-experts": (dict(u32=("qwen3moe.expert_used_count", 9)), "9 experts used of 8"),
+    "0-experts-used": (dict(u32=("qwen3moe.expert_used_count", 0)), "no expert used of 8"),
+    "block-400": (dict(rename=("blk.3.ffn_up_exps.weight", "blk.400.ffn_up_exps.weight")),
+                  "tensor 'blk.400.ffn_up_exps.weight' is in block 400, but qwen3moe.block_count is 4"),
+}
+
+
+@pytest.fixture(scope="module")
+def unloadable(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("unloadable")
+    src = small_models["qwen3moe"]
+    out = {name: rewrite(src, root / f"{name}.gguf", **kw) for name, (kw, _) in CASES.items()}  # type: ignore[arg-type]
+    out["context-0"] = rewrite(src, root / "context-0.gguf", u32=("qwen3moe.context_length", 0))
+    return out
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_model_llama_cpp_refuses_is_one_line(unloadable: dict[str, Path], case: str, command: str) -> None:
+    path = unloadable[case]
+    r = run(command, str(path), "--device", "CUDA0=24GiB", "--no-detect", timeout=30)
+    line = refused(r, 2, str(path), CASES[case][1])
+    assert "llama.cpp" in line, line
+
+
+def test_inspect_still_shows_such_a_model(unloadable: dict[str, Path]) -> None:
+    """The reader reads what is there (context 0): only planning needs a model llama.cpp loads."""
+    r = run("inspect", str(unloadable["no-context"]), "--no-layers")
+    assert r.returncode == 0, r.stderr
+    assert "context 0" in r.stdout
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_trained_context_of_0_needs_c(unloadable: dict[str, Path], command: str) -> None:
+    path = str(unloadable["context-0"])
+    for after in ([], ["--", "-c", "0"]):
+        r = run(command, path, "--device", "CUDA0=24GiB", "--no-detect", *after, timeout=30)
+        refused(r, 2, "qwen3moe.context_length", path, "is 0", "-c 4096")
+    r = run(command, path, "--device", "CUDA0=24GiB", "--no-detect", "--", "-c", "2048", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "-c 2048" in r.stdout
+
+
+def test_a_draft_model_llama_cpp_refuses_is_named(small_models: dict[str, Path],
+                                                 unloadable: dict[str, Path]) -> None:
+    draft = str(unloadable["no-context"])
+    r = run("plan", str(small_models["qwen3moe"]), "--no-detect", "--", "-md", draft,
+            "--spec-type", "draft-simple", timeout=30)
+    assert r.returncode == 2, (r.stdout[-500:], r.stderr)
+    assert "Traceback" not in r.stderr
+    assert draft in r.stderr and "key not found in model: qwen3moe.context_length" in r.stderr, r.stderr
+
+
+def test_the_window_refuses_to_open_it(qtbot: QtBot, tmp_path: Path, unloadable: dict[str, Path]) -> None:
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")), SystemInfo.probe([]))
+    shown: list[str] = []
+    win.errorShown.connect(shown.append)
+    win.open_path(unloadable["no-blocks"])
+    qtbot.waitUntil(lambda: bool(shown), timeout=30_000)
+    assert "key not found in model: qwen3moe.block_count" in shown[0], shown
+    assert str(unloadable["no-blocks"]) in shown[0], shown
+
+
+def test_the_window_says_a_context_of_0_needs_setting(qtbot: QtBot, tmp_path: Path,
+                                                      unloadable: dict[str, Path]) -> None:
+    from offload_planner.core.devices import parse_device_decl
+
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl("CUDA0=24GiB")]))
+    open_and_wait(qtbot, win, unloadable["context-0"])
+    problems = win.doc.analysis.warnings if win.doc.analysis else []
+    assert any("qwen3moe.context_length" in p and "-c 4096" in p for p in problems), problems
+    line = win.speed_label.text()
+    assert line.startswith("no speed estimate: the model's trained context is 0"), line
+    said: list[str] = []
+    win.presets_menu.message.connect(said.append)
+    assert win.presets_menu.fastest() is False
+    assert said and "trained context is 0" in said[0] and "set Context" in said[0], said
