@@ -227,3 +227,29 @@ def test_a_model_path_still_opens_the_window(tmp_path: Path) -> None:
     shot = tmp_path / "w.png"
     r = run(QWEN, "--screenshot", str(shot), "--size", "1024x640")
     assert r.returncode == 0 and shot.is_file(), r.stderr
+
+
+# --- a card without its device, a card's number without its name (newcomer4) ----------------------
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+@pytest.mark.parametrize(("decl", "said"), [
+    ("rtx3090", "a card is declared on a device name: --device CUDA0=rtx3090"),
+    ("RTX-4090", "a card is declared on a device name: --device CUDA0=rtx4090"),
+    ("rx7900xtx", "--device ROCm0=rx7900xtx"),
+    ("CUDA0=3090", "size '3090' has no unit: write e.g. 3090GiB"),
+    ("CUDA1=6000", "for the card: CUDA1=rtxa6000 or CUDA1=rtxpro6000"),
+])
+def test_a_card_written_as_a_newcomer_writes_it_is_named(command: str, decl: str, said: str) -> None:
+    """`--device rtx3090` (the help's CARD without the NAME= before it) was only "expected NAME=SIZE,
+    e.g. CUDA0=24GiB", and `CUDA0=3090` only suggested 3090GiB: each now names the declaration meant."""
+    err = refused(run(command, QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
+    assert f"--device {decl!r}" in err and said in err, err
+    if decl == "CUDA0=3090":
+        assert err.rstrip().endswith("for the card: CUDA0=rtx3090"), err
+
+
+def test_a_bare_size_matching_no_card_keeps_its_message() -> None:
+    err = refused(run("plan", QWEN, "--no-detect", "--device", "CUDA0=24", "--", "-c", "4096"))
+    assert err.rstrip().endswith("size '24' has no unit: write e.g. 24GiB (accepted: 24GiB, 24G (both 24 x "
+                                 "1024^3 bytes), 24GB (24 x 1000^3), 8000MiB, 1TiB or 4096B)"), err

@@ -198,6 +198,11 @@ def parse_device_decl(text: str) -> Device:
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not rest:
+        named = card(text) if not sep else None
+        if named is not None:  # --device rtx3090: the card without the device it is
+            raise PlannerError(f"--device {text!r}: a card is declared on a device name: --device "
+                               f"{named.kind}0={named.key} (NAME=SIZE or NAME=CARD; {named.kind}1=... for a "
+                               "second GPU)")
         raise PlannerError(f"--device {text!r}: expected NAME=SIZE, e.g. CUDA0=24GiB")
     try:
         kind = kind_of(name)
@@ -219,7 +224,7 @@ def parse_device_decl(text: str) -> Device:
             else:
                 total = int(first.vram_gib * 1024**3)
         else:
-            total = _size_or_card(parts[0])
+            total = _size_or_card(parts[0], name)
             parts = parts[1:]
         free: int | None = None
         margin: int | None = None
@@ -334,14 +339,26 @@ def parse_device_decls(texts: Sequence[str]) -> list[Device]:
     return out
 
 
-def _size_or_card(text: str) -> int:
+def _size_or_card(text: str, name: str) -> int:
     try:
         return parse_size(text)
-    except ValueError:
+    except ValueError as e:
         if not any(ch.isdigit() for ch in text.lstrip("+-")[:1]):  # -24GiB: a size, not a card
             raise ValueError(f"{text!r} is neither a size (24GiB) nor a known card "
                              f"({', '.join(card_keys())})") from None
+        cards = _cards_numbered(text)
+        if cards:  # CUDA0=3090 meant the RTX 3090, not 3090 GiB
+            raise ValueError(f"{e}; for the card: {' or '.join(f'{name}={c}' for c in cards)}") from None
         raise
+
+
+def _cards_numbered(text: str) -> list[str]:
+    """Catalogue cards a bare model number stands for (``3090``: ``rtx3090``; ``6000``: ``rtxa6000``,
+    ``rtxpro6000``): letters, then exactly that number."""
+    num = text.strip()
+    if not num.isdigit():
+        return []
+    return [k for k in card_keys() if re.fullmatch(r"[a-z]+" + num, k)]
 
 
 def build_device_set(
