@@ -253,3 +253,20 @@ def test_a_bare_size_matching_no_card_keeps_its_message() -> None:
     err = refused(run("plan", QWEN, "--no-detect", "--device", "CUDA0=24", "--", "-c", "4096"))
     assert err.rstrip().endswith("size '24' has no unit: write e.g. 24GiB (accepted: 24GiB, 24G (both 24 x "
                                  "1024^3 bytes), 24GB (24 x 1000^3), 8000MiB, 1TiB or 4096B)"), err
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["plan", QWEN, "--goal", "tg"], "(--goal is an option of `offload-planner fit`, not of plan)"),
+    (["plan", QWEN, "--allow-kv-quant", "-ngl", "99"],
+     "(--allow-kv-quant is an option of `offload-planner fit`, not of plan; llama-server arguments go after "
+     "`--`: offload-planner plan MODEL [options] -- -ngl 99)"),
+    (["inspect", QWEN, "--device", "CUDA0=24GiB"],
+     "(--device is an option of `offload-planner gui, plan, launch and fit`, not of inspect)"),
+    (["fit", QWEN, "--screenshot=x.png"], "(--screenshot is an option of `offload-planner gui`, not of fit)"),
+])
+def test_another_commands_option_is_named_as_its(args: list[str], said: str) -> None:
+    """`plan MODEL --goal tg` (fit's option) was told "llama-server arguments go after `--`: ... --
+    --goal tg", which llama-server refuses in turn; inspect's --device had no hint at all (newcomer4)."""
+    err = refused(run(*args))
+    assert err.rstrip().endswith(said), err
+    assert [x for x in err.splitlines() if "error:" in x] == [err.splitlines()[-1]], err  # one error line

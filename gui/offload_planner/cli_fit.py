@@ -166,7 +166,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     print_candidates(args, rows, best_label, result.notes)
     if best is None:
         print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
-        if result.why.startswith("CPU (RAM)") and not any(d.partition("=")[0] == "CPU" for d in args.device):
+        # the RAM over beside a GPU ("CUDA0 over by 15.1 MiB (...); CPU (RAM) over by 87.4 GiB") too
+        if "CPU (RAM) over" in result.why and not any(d.partition("=")[0] == "CPU" for d in args.device):
             print(ram_hint(devices.cpu.capacity))
         return 1
     print()
