@@ -4,6 +4,7 @@ efficiencies are stored per backend and make later estimates calibrated."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -147,7 +148,7 @@ def test_a_probe_taken_while_busy_is_measured_again_an_hour_later(cfg: Path,
     real = speed_store.measure_ram_bandwidth
     monkeypatch.setattr(speed_store, "measure_ram_bandwidth", no_measure)
     assert speed_store.host_bandwidth() == first  # within the hour: kept
-    store({"ram_gbs": 0.05, "ram_measured_at": "2026-01-01 00:00"})  # quiet (no mark): kept
+    store({"ram_gbs": 0.05, "ram_measured_at": "2026-01-01 00:00", "ram_busy": False})  # quiet: kept
     assert speed_store.host_bandwidth() is not None
     assert speed_store.host_bandwidth().value == 0.05  # type: ignore[union-attr]
 
@@ -158,3 +159,44 @@ def test_a_probe_taken_while_busy_is_measured_again_an_hour_later(cfg: Path,
     assert again is not None and again.value > 0.05 and "while it was busy" not in again.note
     stored = json.loads((cfg / "speed.json").read_text())["machines"][key]
     assert stored["ram_busy"] is False and stored["ram_gbs"] == again.value
+
+
+def test_a_figure_kept_before_the_busy_mark_is_measured_again_once(cfg: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A figure cached before ``ram_busy`` was recorded may have been measured under load (this
+    machine's 7.4 GB/s was), and was kept for good. Now it counts as maybe busy: kept within the hour
+    of its measurement, measured again after it with the larger figure kept and the mark recorded,
+    then kept as any quiet figure."""
+    cfg.mkdir(parents=True)
+    key = speed_store.machine_key()
+
+    def store(entry: dict[str, object]) -> None:
+        (cfg / "speed.json").write_text(json.dumps({"machines": {key: entry}}))
+
+    measured: list[float] = []
+
+    def fake_probe(value: float) -> None:
+        def probe(*a: object, **k: object) -> float:
+            measured.append(value)
+            return value
+        monkeypatch.setattr(speed_store, "measure_ram_bandwidth", probe)
+
+    monkeypatch.setattr(speed_store.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    fake_probe(40.0)
+    store({"ram_gbs": 7.4, "ram_measured_at": time.strftime("%Y-%m-%d %H:%M")})  # within the hour
+    assert speed_store.host_bandwidth().value == 7.4 and measured == []  # type: ignore[union-attr]
+    store({"ram_gbs": 7.4, "ram_measured_at": "2026-01-01 00:00"})
+    again = speed_store.host_bandwidth()
+    assert again is not None and again.value == 40.0 and measured == [40.0]
+    stored = json.loads((cfg / "speed.json").read_text())["machines"][key]
+    assert stored["ram_busy"] is False and stored["ram_gbs"] == 40.0
+    data = json.loads((cfg / "speed.json").read_text())
+    data["machines"][key]["ram_measured_at"] = "2026-01-01 00:00"
+    (cfg / "speed.json").write_text(json.dumps(data))
+    assert speed_store.host_bandwidth().value == 40.0 and measured == [40.0]  # type: ignore[union-attr]
+
+    # the larger is kept: an old figure above the new measurement stays, now marked
+    fake_probe(30.0)
+    store({"ram_gbs": 45.0, "ram_measured_at": "2026-01-01 00:00", "ram_busy": "?"})  # damaged mark
+    assert speed_store.host_bandwidth().value == 45.0 and measured == [40.0, 30.0]  # type: ignore[union-attr]
+    assert json.loads((cfg / "speed.json").read_text())["machines"][key]["ram_busy"] is False

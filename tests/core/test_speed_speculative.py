@@ -188,3 +188,61 @@ def test_draft_model_without_a_draft_type_is_loaded_but_not_drafted_with(
     def total(j: dict[str, object]) -> int:
         return sum(int(d["total_bytes"]) for d in j["devices"])  # type: ignore[index, union-attr]
     assert total(alone) > total(plain)
+
+
+def test_a_draft_file_with_an_mtp_head_drafts_with_that_head(small_models: dict[str, Path]) -> None:
+    """``-md`` of a file with an MTP head and no ``--spec-type``: the pinned server infers draft-mtp
+    (common/arg.cpp, ``common_speculative_types_from_gguf``) and creates an MTP context on the draft
+    model (speculative.cpp: ``ctx_type = LLAMA_CONTEXT_TYPE_MTP``), which drafts with the draft's
+    NextN block and head on the target's hidden state; the planner ran the draft's whole trunk per
+    drafted token.  A step: the target's trunk over 4 tokens, the draft's MTP head 3 times over one
+    token and once over 4; ``--spec-type draft-mtp`` with ``-md`` is the same."""
+    draft = small_models["deepseek2-mtp"]
+    plan = _plan(small_models["deepseek2"], ["-c", "1024", "-md", str(draft)])
+    m, d = plan.model, open_model(draft)
+    assert plan.spec is not None and plan.spec.mtp and plan.spec.drafting
+    assert plan.placement_options.load_mtp and plan.spec.draft is not None
+    assert plan.spec.draft.placement_options.load_mtp  # the draft loads its NextN block too
+    assert plan.context.n_outputs_max == 16  # 4 slots x (1 + 3 drafted), as the server logs it
+    share = m.summary.n_expert_used / m.summary.n_expert
+    dshare = d.summary.n_expert_used / d.summary.n_expert
+    head = [t.name for t in d.tensors if t.name.startswith("blk.3.")]  # the draft's NextN block
+    assert "blk.3.nextn.eh_proj.weight" in head
+    head += ["token_embd.weight", "output.weight"]  # no nextn.embed_tokens / shared_head_head here
+
+    def mtp(tokens: int) -> float:
+        return _bytes(d, head, tokens, dshare)
+
+    step = (_bytes(m, [t.name for t in m.tensors], 4, share) + 3 * mtp(1) + mtp(4)) / EFF_BW
+    est = with_speculation(estimate(plan, _hw(), eff=DEFAULT), plan, _hw(), DEFAULT)
+    assert est.spec is not None and est.spec.kind == "draft model deepseek2-mtp.gguf, MTP (1 NextN layer)"
+    assert est.tg_tps == pytest.approx(_tokens_per_step(DEFAULT_ACCEPT, 3) / step, rel=1e-9)
+    typed = _plan(small_models["deepseek2"], ["-c", "1024", "-md", str(draft), "--spec-type", "draft-mtp"])
+    again = with_speculation(estimate(typed, _hw(), eff=DEFAULT), typed, _hw(), DEFAULT)
+    assert again.tg_tps == est.tg_tps
+
+
+@pytest.mark.parametrize("name", ["glm4moe", "deepseek2-mtp"])
+def test_passes_on_a_gpu_pay_its_layers_as_a_plain_token_does(small_models: dict[str, Path], name: str) -> None:
+    """On a GPU a pass costs ``gpu_layer_us`` a layer whatever its batch, as plain tg counts it: the
+    verify batch of n + 1 tokens is never faster than one plain token, a draft pass of the one NextN
+    layer costs at least that layer, and a step of n + 1 tokens at most gives n + 1 plain tokens'
+    speed.  Before, the passes left the layers out: 99,434 t/s with MTP against 5,465 plain (18x,
+    with at most 4 tokens a step) on glm4moe."""
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB),
+                        (Device("CUDA0", DeviceKind.CUDA, 24 * GiB, 24 * GiB),))
+    plan = plan_from_args(open_model(small_models[name]), devices,
+                          parse_server_args(["-c", "2048", "-ngl", "999", "--spec-type", "draft-mtp"]))
+
+    def fig(v: float, unit: str) -> Figure:
+        return Figure(v, unit, Source.DECLARED, "test")
+
+    hw = Hardware({"CPU": DeviceSpeed("CPU", DeviceKind.CPU, fig(100, "GB/s"), fig(1, "TFLOPS"), fig(100, "GB/s")),
+                   "CUDA0": DeviceSpeed("CUDA0", DeviceKind.CUDA, fig(900, "GB/s"), fig(70, "TFLOPS"),
+                                        fig(25, "GB/s"))})
+    base = estimate(plan, hw, eff=DEFAULT)
+    est = with_speculation(base, plan, hw, DEFAULT)
+    assert est.spec is not None and est.spec.n_draft == 3
+    assert est.spec.verify_ms >= 1e3 / base.tg_tps
+    assert est.spec.draft_ms >= DEFAULT.gpu_layer_us.value * 1e-3
+    assert base.tg_tps < est.tg_tps <= 4 * base.tg_tps

@@ -31,8 +31,9 @@ from pathlib import Path
 import pytest
 from tests.support.procs import run_to_completion
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import rpc_devices
 
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import DeviceSet
 from offload_planner.core.fit import (
     DEFAULT_N_CTX_MIN,
     FAILURE,
@@ -87,12 +88,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-ngl", type=int, default=None)
     p.add_argument("-ts", default="")
     return p
-
-
-def _devices(endpoints: list[str], n_rpc: int) -> DeviceSet:
-    gpus = tuple(Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=endpoints[i])
-                 for i in range(n_rpc))
-    return DeviceSet(Device("CPU", DeviceKind.CPU), gpus)
 
 
 def _ours(model: Model, devices: DeviceSet, usable: tuple[int, ...], args: str) -> FitResult:
@@ -175,7 +170,7 @@ def test_fit_matches_llama_fit_params(name: str, n_rpc: int, usable: tuple[int, 
                                       model_files: dict[str, Path], llama_bin_dir: Path, rpc: list[str],
                                       tmp_path: Path, table: list[str]) -> None:
     model = open_model(model_files[name])
-    devices = _devices(rpc, n_rpc)
+    devices = rpc_devices(rpc[:n_rpc], RPC_FREE)
     t0 = time.perf_counter()
     ours = _ours(model, devices, usable, args)
     t_ours = time.perf_counter() - t0

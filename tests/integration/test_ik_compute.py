@@ -31,11 +31,11 @@ from typing import Any
 import pytest
 from tests.support.ik_cases import DS_MAINLINE, DS_OLD, Q4_0, Q8_0, ik_plan, measure_cases, mla_of
 from tests.support.ik_context import ModelReport
+from tests.support.server_buffers import mib
 
 from offload_planner.core.compute_ik import IK_SIMULATED
 from offload_planner.core.memory import Projection
 from offload_planner.core.synth import BIG_MODELS, SMALL_MODELS, write_model
-from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
@@ -177,7 +177,7 @@ def test_cpu_compute_buffer_equals_ik(model_files: dict[str, Path],
         projection, errors = _plan(model_files[name], args, library_amb)
         assert not errors, (name, args, errors)
         (buf,) = [b for b in projection.buffers() if b.kind == "compute"]
-        ours = round(buf.bytes / MiB, 2)
+        ours = mib(buf.bytes)
         m = NODES.search(buf.why)
         nodes = int(m.group(1)) if m else None
         table.append(f"{name:12} {args:60} {ours:9.2f} {ik_mib:9.2f} {nodes!s:>10} {ik_nodes!s:>8}")

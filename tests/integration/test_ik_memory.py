@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from tests.support.ik_cases import DS_MAINLINE, DS_OLD, Q4_0, Q8_0, ik_plan, measure_cases, mla_of, require_ik
 from tests.support.ik_context import ModelReport, measure
+from tests.support.server_buffers import mib
 
 from offload_planner.core import ik
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import IK_CPU_BUFFER_EXTRA, Projection
 from offload_planner.core.synth import write_model
-from offload_planner.core.units import MiB
 
 pytestmark = pytest.mark.integration
 
@@ -92,10 +92,6 @@ def _context(report: ModelReport, settings: dict[str, Any]) -> Any:
     return next(c for c in report.contexts if c.settings == settings)
 
 
-def _mib(n: int) -> float:
-    return round(n / MiB, 2)
-
-
 def _rows(model_files: dict[str, Path], ik_reports: dict[tuple[str, int], ModelReport]
           ) -> Iterator[tuple[str, str, Projection, list[str], ModelReport, Any]]:
     for name, args, settings in CASES:
@@ -120,7 +116,7 @@ def test_kv_output_and_refusals_equal_ik(model_files: dict[str, Path],
         if errors:
             bad.append(f"{name} {args}: ik accepts it, the planner refuses: {errors}")
         cpu = projection.device("CPU")
-        kv, out, comp = _mib(cpu.kv), _mib(cpu.output), _mib(cpu.compute)
+        kv, out, comp = mib(cpu.kv), mib(cpu.output), mib(cpu.compute)
         ik_kv, ik_out = ctx.kv_mib.get("CPU"), ctx.output_mib.get("CPU")
         ik_comp = ctx.compute_mib.get("CPU", float("nan"))
         table.append(f"{name:12} {args:42} {kv:9.2f} {ik_kv:9.2f} {out:8.2f} {ik_out:6.2f} "
@@ -154,12 +150,12 @@ def test_weights_and_computed_mla_tensors_equal_ik(model_files: dict[str, Path],
         mapped = sum(b.bytes for b in projection.buffers()  # ik names its mmap buffer plain CPU
                      if b.kind == "model" and b.name == "CPU" and "computes" not in b.why)
         lines.append(f"{name:12} -mla {report.mla}: computed ours {extra} B, ik {ik_extra} B; "
-                     f"weights buffer ours {_mib(mapped)} MiB, ik {report.weights_mib}")
+                     f"weights buffer ours {mib(mapped)} MiB, ik {report.weights_mib}")
         if name.startswith("ds_"):
             assert extra == ik_extra, lines[-1]
         else:  # ik's count also has duplicated tensors (tied output, rope_freqs per layer) and no NextN
             assert tensors == [], lines[-1]
-        assert abs(_mib(mapped) - report.weights_mib["CPU"]) < 0.0051, lines[-1]
+        assert abs(mib(mapped) - report.weights_mib["CPU"]) < 0.0051, lines[-1]
     print("\n".join(lines))
     computed = {k for k in seen if k[0].startswith("ds_")}
     assert computed, "no DeepSeek case ran"

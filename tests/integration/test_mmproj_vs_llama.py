@@ -28,13 +28,13 @@ from pathlib import Path
 import pytest
 from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import mib, rpc_devices
 
 from offload_planner.backend.clip_log import ClipLoad, parse_clip_log
 from offload_planner.backend.launch import compare
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.fit import fit_for_args
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.mmproj import read_projector
@@ -106,16 +106,6 @@ def text_models(small_models: dict[str, Path], tmp_path_factory: pytest.TempPath
         for n in (2560, 3584, 16384)}}
 
 
-def _devices(endpoints: list[str]) -> DeviceSet:
-    return DeviceSet(Device("CPU", DeviceKind.CPU), tuple(
-        Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
-        for i, ep in enumerate(endpoints)))
-
-
-def _mib(n: int) -> float:
-    return round(n / MiB, 2)
-
-
 def _run_server(llama_server: Path, model: Path, argv: list[str], log: Path, *, fit: bool) -> str:
     cmd = [str(llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(free_port()),
            "-lv", "4", *([] if fit else ["-fit", "off"]), *argv]
@@ -139,7 +129,7 @@ def test_mmproj_buffers_equal_llama_server(
     text = text_models[read_projector(mmprojs[name]).n_embd_out]
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
-    devices = _devices(rpc[:n_rpc])
+    devices = rpc_devices(rpc[:n_rpc], RPC_FREE)
     setup = mmproj_setup(parsed)
     assert setup is not None
     mb = project_setup(setup, devices, fa_setting(parsed.args.flash_attn))
@@ -148,12 +138,12 @@ def test_mmproj_buffers_equal_llama_server(
     log = _run_server(llama_server, text, argv, tmp_path / "server.log", fit=False)
     clip: ClipLoad = parse_clip_log(log.splitlines())
     buft = {d.name: d.buffer_type for d in devices}
-    projected_compute = {buft[d]: _mib(b) for d, b in mb.compute.items() if b > 1}
-    print(f"\n{name} {n_rpc} RPC {args}: device {mb.device}, weights {_mib(mb.projector.weight_bytes)} "
-          f"(padded {_mib(mb.weights)}), compute {projected_compute}, nodes {mb.n_nodes}; "
+    projected_compute = {buft[d]: mib(b) for d, b in mb.compute.items() if b > 1}
+    print(f"\n{name} {n_rpc} RPC {args}: device {mb.device}, weights {mib(mb.projector.weight_bytes)} "
+          f"(padded {mib(mb.weights)}), compute {projected_compute}, nodes {mb.n_nodes}; "
           f"server: {clip}")
     assert clip.backend == buft[mb.device]
-    assert clip.model_mib == _mib(mb.projector.weight_bytes)
+    assert clip.model_mib == mib(mb.projector.weight_bytes)
     assert clip.flash_attn == mb.flash_attn
     assert (clip.n_splits, clip.n_nodes) == (mb.n_splits, mb.n_nodes)
     assert clip.compute_mib == projected_compute
@@ -168,7 +158,7 @@ def test_mmproj_buffers_equal_llama_server(
     mismatches = []
     for dm in result.projection.devices:
         for kind in ("model", "kv", "output", "compute", KIND):
-            proj = _mib(dm.total(kind))
+            proj = mib(dm.total(kind))
             act = actual.get(dm.device.name, {}).get(kind, 0.0)
             if abs(proj - act) > 0.011:
                 mismatches.append(f"{dm.device.name} {kind}: projected {proj} actual {act}")
@@ -193,7 +183,7 @@ def test_fit_targets_count_the_projector_as_llama_server(
 ) -> None:
     argv = _argv(rpc, 2, mmprojs[name], args)
     parsed = parse_server_args(argv)
-    devices = _devices(rpc)
+    devices = rpc_devices(rpc, RPC_FREE)
     model = open_model(small_models["gemma3"])
     result = analyse_command(model, devices, parsed)
     fitted = fit_for_args(model, devices, parsed, result.plan.placement_options, result.plan.context,

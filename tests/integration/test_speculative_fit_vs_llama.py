@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 from tests.support.procs import free_port, running_process
 from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import mib, rpc_devices
 from tests.support.spec_log import split_log
 
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import DeviceSet
 from offload_planner.core.engine import context_params, placement_options
 from offload_planner.core.fit import SUCCESS, fit_for_args
 from offload_planner.core.gguf_reader import open_model
@@ -40,6 +41,8 @@ CASES: list[tuple[str, int, str]] = [
     ("deepseek2-mtp", 30, "--spec-type draft-mtp"),
     ("llama", 20, "-md DRAFT"),
     ("llama", 26, "-md DRAFT -ctkd q8_0 -ctvd q8_0"),
+    # no --spec-type: the server infers draft-mtp from the file's MTP head (MTPHEAD: deepseek2-mtp)
+    ("deepseek2", 30, "-md MTPHEAD"),
 ]
 
 
@@ -63,10 +66,9 @@ def test_fit_counts_the_extra_model_as_llama_server(
     name: str, usable: int, spec: str, small_models: dict[str, Path], llama_server: Path,
     rpc: list[str], tmp_path: Path,
 ) -> None:
-    devices = DeviceSet(Device("CPU", DeviceKind.CPU), tuple(
-        Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
-        for i, ep in enumerate(rpc)))
+    devices = rpc_devices(rpc, RPC_FREE)
     base = ["--rpc", ",".join(rpc), "-fitt", str(RPC_FREE // MiB - usable), "-fitc", "512"]
+    spec = spec.replace("MTPHEAD", str(small_models["deepseek2-mtp"]))
     spec_argv = shlex.split(spec.replace("DRAFT", str(small_models["llama-draft"])))
     ours = _fit(small_models[name], devices, [*base, *spec_argv])
     alone = _fit(small_models[name], devices, [*base, *(a for a in spec_argv if a.startswith("-fa") or
@@ -97,7 +99,7 @@ def test_fit_counts_the_extra_model_as_llama_server(
     for dm in result.projection.devices:
         for kind in KINDS:
             for want, actual in (("", main), (owner, extra)):
-                proj = round(sum(b.bytes for b in dm.buffers if b.kind == kind and b.owner == want) / MiB, 2)
+                proj = mib(sum(b.bytes for b in dm.buffers if b.kind == kind and b.owner == want))
                 act = round(actual.get(dm.device.name, {}).get(kind, 0.0), 2)
                 if abs(proj - act) > 0.011:
                     mismatches.append(f"{dm.device.name} {want or 'main'} {kind}: {proj} vs {act}")

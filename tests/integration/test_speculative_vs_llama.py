@@ -43,6 +43,10 @@ CASES: list[tuple[str, int, str]] = [
     ("llama", 1, f"{DRAFT_ARGS} -devd none"),
     # the anchored, escaped rule the window writes when a draft tensor is moved (core.draft_moves)
     ("llama", 2, rf"{DRAFT_ARGS} -ngld 0 -otd blk\.1\.=CPU,^blk\.0\.attn_q\.weight$=RPC1"),
+    # a -md file with an MTP head and no --spec-type: the server infers draft-mtp (common/arg.cpp) and
+    # runs an MTP context on the draft model (MTPHEAD is deepseek2-mtp's path)
+    *(("deepseek2", n, f"-ngl 999 -c 2048 -md MTPHEAD -fa {fa}") for n, fa in ((1, "on"), (2, "off"))),
+    ("deepseek2-mtp", 2, "-ngl 999 -c 2048 -md MTPHEAD --spec-type draft-mtp -devd RPC1 -np 2"),
 ]
 
 
@@ -59,12 +63,13 @@ def test_speculative_buffers_equal_llama_server(
 ) -> None:
     eps = rpc[:n_rpc]
     args = args.replace("DRAFT", str(small_models["llama-draft"]))
+    args = args.replace("MTPHEAD", str(small_models["deepseek2-mtp"]))
     argv = [re.sub(r"=RPC(\d)$", lambda m: f"=RPC0[{eps[int(m.group(1))]}]", tok)
             for tok in ["--rpc", ",".join(eps), *shlex.split(args)]]
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
     result = analyse_command(open_model(small_models[model_name]), rpc_devices(eps), parsed)
-    owner = MTP if "draft-mtp" in args else DRAFT
+    owner = DRAFT if "-md" in args else MTP
     assert [e.key for e in result.projection.extras] == [owner]
 
     output = server_output(llama_server, ["-m", str(small_models[model_name]), "-fit", "off", *argv],

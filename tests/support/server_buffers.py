@@ -15,9 +15,10 @@ RPC_FREE = 24 * 1024**3
 KINDS = ("model", "kv", "output", "compute")
 
 
-def rpc_devices(endpoints: list[str]) -> DeviceSet:
-    """The CPU and one ``RPC{i}`` device of ``RPC_FREE`` bytes per ggml-rpc-server endpoint."""
-    gpus = tuple(Device(f"RPC{i}", DeviceKind.RPC, RPC_FREE, RPC_FREE, source="rpc", endpoint=ep)
+def rpc_devices(endpoints: Sequence[str], free: int = RPC_FREE) -> DeviceSet:
+    """The CPU and one ``RPC{i}`` device of ``free`` bytes (size and free) per ggml-rpc-server
+    endpoint."""
+    gpus = tuple(Device(f"RPC{i}", DeviceKind.RPC, free, free, source="rpc", endpoint=ep)
                  for i, ep in enumerate(endpoints))
     return DeviceSet(Device("CPU", DeviceKind.CPU), gpus)
 

@@ -70,8 +70,20 @@ def test_the_nkvo_option_names_its_options_checkbox(
     menu.popup(window.mapToGlobal(QPoint(200, 100)))
     qtbot.waitUntil(menu.isVisible)
     try:
-        tip = _hover_tip(qtbot, window, "Fastest plan may keep the K/V cache in RAM (-nkvo)")
+        tip = _hover_tip(qtbot, window, "Fastest plan may keep the KV cache in RAM (-nkvo)")
         box = window.options_panel.kv_offload.text()
         assert f'"{box}" off' in tip, tip
     finally:
         menu.hide()
+
+
+def test_the_kv_cache_is_spelled_one_way(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    """The two Fastest-plan options said "KV cache" in one and "K/V cache" in the other (and in the
+    -nkvo tooltip): one cache, llama.cpp's spelling "KV cache", in every text and tooltip of the menu."""
+    open_and_wait(qtbot, window, demo_path)
+    menu = window.presets_menu
+    menu._build()
+    texts = [t for a in menu.actions() for t in (a.text(), a.toolTip())]
+    options = [a.text() for a in menu.actions() if a.isCheckable()]
+    assert len(options) == 2 and all("the KV cache" in t for t in options), options
+    assert not [t for t in texts if "K/V" in t]

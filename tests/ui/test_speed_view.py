@@ -80,7 +80,7 @@ def test_fastest_plan_quantizes_the_kv_cache_only_when_checked(qtbot: QtBot, set
         wait_projected(qtbot, win)
         menu = win.presets_menu
         menu._build()
-        [box] = [a for a in menu.actions() if "KV cache" in a.text()]
+        [box] = [a for a in menu.actions() if "(q8_0)" in a.text()]  # the -nkvo option names the KV cache too
         assert box.isCheckable() and not box.isChecked()
         assert menu.fastest()
         assert (doc.plan.context.type_k, doc.plan.context.type_v) == ("f16", "f16")
@@ -93,7 +93,7 @@ def test_fastest_plan_quantizes_the_kv_cache_only_when_checked(qtbot: QtBot, set
         assert (doc.plan.context.type_k, doc.plan.context.type_v) == ("q8_0", "q8_0")
         assert "KV cache q8_0/q8_0" in messages[-1]
         menu._build()  # the menu is rebuilt when shown: the box stays checked
-        assert next(a for a in menu.actions() if "KV cache" in a.text()).isChecked()
+        assert next(a for a in menu.actions() if "(q8_0)" in a.text()).isChecked()
     finally:
         win.close()
 
@@ -123,7 +123,7 @@ def test_fastest_plan_keeps_the_kv_cache_in_ram_only_when_checked(qtbot: QtBot, 
         assert menu.fastest()
         assert doc.undo_stack.count() == steps + 1
         assert before.context.offload_kqv and not doc.plan.context.offload_kqv
-        assert "K/V cache in RAM (-nkvo)" in messages[-1]
+        assert "KV cache in RAM (-nkvo)" in messages[-1]
         gpu = doc.plan.devices.gpus[0]
         fresh = doc.plan.projection().device("CUDA0")
         assert fresh.resident() + (gpu.margin or 1024**3) <= (gpu.capacity or 0)

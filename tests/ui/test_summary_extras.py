@@ -45,3 +45,16 @@ def test_a_long_summary_is_elided_not_cut(qtbot: QtBot, window: MainWindow, demo
     assert label.full_text.endswith("+ projector mmproj-g3.gguf")
     assert label.text().endswith("…") and label.fontMetrics().horizontalAdvance(label.text()) <= label.width()
     assert label.full_text in label.toolTip() and str(demo_path.name) in label.toolTip()
+
+
+def test_summary_says_a_draft_drafts_with_its_mtp_head(qtbot: QtBot, window: MainWindow,
+                                                      small_models: dict[str, Path]) -> None:
+    """A ``-md`` file with an MTP head and no --spec-type: the server drafts with that head (draft-mtp,
+    inferred from the file), not with an MTP context of the main model."""
+    open_and_wait(qtbot, window, small_models["deepseek2"])
+    draft = small_models["deepseek2-mtp"]
+    assert window.command_pane.apply_command_text(f"llama-server -m m.gguf -c 2048 -md {draft}")
+    wait_projected(qtbot, window)
+    text = window.summary.full_text
+    assert "+ draft model synth-deepseek2-mtp (" in text and "), drafting with its MTP head" in text
+    assert "+ MTP" not in text

@@ -178,7 +178,9 @@ def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BY
 
 #: A RAM probe taken while every core was busy on average (1-minute load average at least the logical
 #: CPUs) reads low: a 2-core machine read 7.4 GB/s under load and 32-45 GB/s quiet, and the cached
-#: figure stayed.  Such a figure is measured again, at most once an hour, keeping the larger.
+#: figure stayed.  Such a figure is measured again, at most once an hour, keeping the larger.  So is
+#: one cached before the mark was recorded (no ``ram_busy``: busy or not, unknown), once: the
+#: measurement records the mark.
 BUSY_REPROBE_S = 3600
 
 
@@ -197,15 +199,23 @@ def _older_than(when: object, seconds: float) -> bool:
         return True
 
 
+def _stale(when: object, seconds: float) -> bool:
+    """A time stored as ``%Y-%m-%d %H:%M`` more than ``seconds`` ago, unreadable, or in the future (a
+    clock set back, a hand-edited file: else never stale until then)."""
+    return _older_than(when, seconds) or not _older_than(when, -60)
+
+
 def host_bandwidth(*, measure: bool = True) -> Figure | None:
     """This machine's RAM bandwidth: cached, else measured now (about a second) when ``measure``; a
-    figure measured while the machine was busy is measured again an hour later (the larger kept)."""
+    figure measured while the machine was busy, or kept without saying (:data:`BUSY_REPROBE_S`), is
+    measured again an hour later (the larger kept)."""
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = _number(entry.get("ram_gbs"), 0.01, MAX_RATE_GBS)  # a damaged figure is measured again
     when = entry.get("ram_measured_at", "")
     busy = entry.get("ram_busy") is True
-    if measure and (bw is None or (busy and _older_than(when, BUSY_REPROBE_S))):
+    quiet = entry.get("ram_busy") is False  # neither: kept before the mark existed, measured again once
+    if measure and (bw is None or (not quiet and _stale(when, BUSY_REPROBE_S))):
         new = round(measure_ram_bandwidth(), 1)
         busy = machine_busy()
         bw = max(new, bw or 0.0)
@@ -219,12 +229,59 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     return Figure(float(bw), "GB/s", Source.MEASURED, note)
 
 
+#: A probe that failed after waiting (an rpc-server that does not answer, a host that drops the
+#: connection attempt: up to the 2 s socket timeout) is remembered per HOST:PORT this long, so that
+#: every ``plan`` does not wait again; a failure learnt faster (a refused connection) costs nothing
+#: to learn again and is not kept, so a server started since is measured at the next run.
+RPC_FAILURE_KEEP_S = 600
+RPC_FAILURE_SLOW_S = 0.5
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    """A stored message as printed: no control characters (a hand-edited file), at most ``limit``."""
+    return "".join(c for c in text if c.isprintable())[:limit]
+
+
+def _remembered_failure(got: object) -> str | None:
+    """Why the last probe failed, when it failed within :data:`RPC_FAILURE_KEEP_S` (said so, with when
+    and when it is probed again); None when there is no such failure or it has expired."""
+    if not isinstance(got, dict) or not isinstance(got.get("failed"), str):
+        return None
+    at = str(got.get("at", ""))
+    if _stale(at, RPC_FAILURE_KEEP_S):
+        return None
+    return (f"{_printable(got['failed'])} (a failed probe remembered from {at}, {_path()}; probed again "
+            f"{RPC_FAILURE_KEEP_S // 60} minutes after it)")
+
+
+def _probe_rpc(endpoint: str, data: dict[str, Any], entry: dict[str, Any],
+               links: dict[str, Any]) -> dict[str, Any] | str:
+    """Probe now and keep the figures, or why it failed (kept when the failure took a while)."""
+    from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
+
+    def store(got: dict[str, Any]) -> str:
+        data.setdefault("machines", {})[machine_key()] = {**entry, "rpc_links": {**links, endpoint: got}}
+        return _keep(data)
+
+    start = time.monotonic()
+    try:
+        p = probe_link(endpoint)
+    except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
+        if time.monotonic() - start >= RPC_FAILURE_SLOW_S:
+            store({"failed": str(e), "at": time.strftime("%Y-%m-%d %H:%M")})
+        return str(e)
+    at = time.strftime("%Y-%m-%d %H:%M")
+    got: dict[str, Any] = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1),
+                           "graph_us": round(p.graph_us, 1), "at": at, "server": p.server_version}
+    got["at"] = at + store(got)  # said in the note, not stored
+    return got
+
+
 def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | None:
     """The link to the rpc-server at ``endpoint`` from this machine: cached, else probed now through
     the RPC protocol when ``measure`` (:mod:`backend.rpc_probe`); when the probe failed, why (naming
-    HOST:PORT); None when not cached and not probed."""
-    from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
-
+    HOST:PORT; a failure remembered from a recent run is said so, :data:`RPC_FAILURE_KEEP_S`); None
+    when not cached and not probed."""
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
@@ -233,15 +290,12 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
             and _number(got.get("rtt_us"), 0.0, 1e9) is not None):
         if not measure:
             return None
-        try:
-            p = probe_link(endpoint)
-        except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
-            return str(e)
-        got = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1), "graph_us": round(p.graph_us, 1),
-               "at": time.strftime("%Y-%m-%d %H:%M"), "server": p.server_version}
-        entry = {**entry, "rpc_links": {**links, endpoint: got}}
-        data.setdefault("machines", {})[machine_key()] = entry
-        got["at"] += _keep(data)
+        remembered = _remembered_failure(got)
+        if remembered is not None:
+            return remembered
+        got = _probe_rpc(endpoint, data, entry, links)
+        if isinstance(got, str):
+            return got
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
                         f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
                         _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0

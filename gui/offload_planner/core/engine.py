@@ -102,7 +102,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,
         plain_cpu_overrides=dialect.plain_cpu_overrides,
-        load_mtp=uses_mtp(args),  # --spec-type draft-mtp loads the NextN layers (common.cpp load_mtp)
+        load_mtp=uses_mtp(args, dialect),  # draft-mtp (given, or from -md) loads the NextN layers (load_mtp)
     )
 
 
@@ -124,6 +124,7 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
     ctv = _get(args, "cache_type_v", "f16")
     flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
     n_batch = _size(args, "batch_size", DEFAULT_N_BATCH)
+    n_draft = draft_len(args, dialect)
     return ContextParams(
         n_ctx=n_ctx,
         n_batch=n_batch,
@@ -138,7 +139,7 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         # the pinned server reserves min(n_batch, n_seq_max) output rows (llama-context.cpp
         # n_outputs_max); 2025 builds reserved the logits of every token of the ubatch
         # (x (1 + draft length) with a draft --spec-type: server_output_limits)
-        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_ * (1 + draft_len(args))),
+        n_outputs_max=None if dialect.reserves_ubatch_outputs else min(n_batch, np_ * (1 + n_draft)),
         op_offload=not _get(args, "no_op_offload", False),
         dialect=dialect,
         mla=dialect.mla(model, _get(args, "mla")),

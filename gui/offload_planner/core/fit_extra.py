@@ -93,13 +93,43 @@ def _mtp_measure(model: Model, devices: DeviceSet, popts: PlacementOptions, spec
     return measure
 
 
+def _draft_mtp_measure(spec: SpecSettings, cparams: ContextParams) -> ExtraMeasure:
+    """``-md`` with ``draft-mtp`` (given, or inferred from the file's MTP head): the draft model
+    loaded with its own parameters and an MTP context on it (``cparams_dft.ctx_type`` MTP,
+    ``shares_model`` false: common/common.cpp 1240-1258): its weights, KV of its NextN layers, and
+    the MTP graph's ``no_alloc`` reserve."""
+    from offload_planner.core.compute.mtp import mtp_compute_buffers
+    from offload_planner.core.memory import weight_buffers
+
+    d = spec.draft
+    assert d is not None
+    placement = place(d.model, d.devices, replace(d.placement_options, use_mmap=False))
+    s = d.model.summary
+    weights = weight_buffers(d.model, placement, d.devices)
+
+    def measure(n_ctx: int) -> ExtraMeasured:
+        cp = replace(cparams, n_ctx=n_ctx, type_k=spec.type_k, type_v=spec.type_v,
+                     n_outputs_max=min(cparams.n_batch, cparams.n_seq_max))
+        ctx = resolve_context(cp, s.n_ctx_train, s.n_swa)
+        bufs = [*weights, *kv_buffers(d.model, placement, ctx, cp, d.devices,
+                                      cached=range(s.n_layer_trunk, s.n_layer))]
+        bufs += mtp_compute_buffers(d.model, d.devices, placement, ctx, cp, no_alloc=True)
+        names = placement.model_devices
+        used = {n: sum(b.bytes for b in bufs if b.device == n) for n in names}
+        held = {n: sum(b.bytes for b in weights if b.device == n) for n in names}
+        host = sum(b.bytes for b in bufs if b.device == CPU and b.name != CPU_REPACK)
+        return ExtraMeasured(used, held, host)
+
+    return measure
+
+
 def extra_measure(model: Model, devices: DeviceSet, popts: PlacementOptions, cparams: ContextParams,
                   spec: SpecSettings | None, device_memory: DryRun) -> ExtraMeasure | None:
     """The extra model's dry run by context size, None without one (draft first, as the server)."""
     if spec is None or not spec.active:
         return None
     if spec.draft is not None:
-        return _draft_measure(spec, cparams, device_memory)
+        return _draft_mtp_measure(spec, cparams) if spec.mtp else _draft_measure(spec, cparams, device_memory)
     if spec.mtp and model.summary.n_nextn:
         return _mtp_measure(model, devices, popts, spec, cparams)
     return None

@@ -14,6 +14,13 @@ From the pinned build's ``common/speculative.cpp`` (``common_base_params_to_spec
   output buffer and compute (the MTP graph).
 * With a draft-type ``--spec-type`` the main context reserves ``min(n_batch, n_parallel *
   (1 + n_max))`` output rows (``server_output_limits``; n_max = ``--spec-draft-n-max``, default 3).
+* Without ``--spec-type``, a ``-md`` file with an MTP head (``blk.{block_count-1}.nextn.eh_proj``)
+  makes the type ``draft-mtp`` (common/arg.cpp 566-573, ``common_speculative_types_from_gguf``):
+  both models load their NextN layers (common.cpp 1683 ``load_mtp``), the output rows are reserved,
+  and the draft's context is an MTP context on the draft model (speculative.cpp 2606-2637: the draft
+  loaded with ``ctx_type = LLAMA_CONTEXT_TYPE_MTP``): the draft's weights, KV of its NextN layers
+  only, and the MTP graph's compute; it drafts with its MTP head on the target's hidden state.
+  ``--spec-type draft-mtp`` with ``-md`` does the same.
 """
 
 from __future__ import annotations
@@ -82,15 +89,51 @@ def _draft_args(args: Any) -> Any:
     return getattr(inner, "draft", None)
 
 
-def uses_mtp(args: Any) -> bool:
-    d = _draft_args(args)
-    return d is not None and "draft-mtp" in d.types
+def has_mtp_head(model: Model) -> bool:
+    """What ``common_speculative_types_from_gguf`` looks for: ``blk.{block_count-1}.nextn.eh_proj``."""
+    return model.get(f"blk.{model.summary.n_layer - 1}.nextn.eh_proj.weight") is not None
 
 
-def draft_len(args: Any) -> int:
-    """``common_speculative_n_max`` over the draft types given (0 without one)."""
+def spec_types(args: Any, dialect: Dialect | None = None) -> list[str]:
+    """The speculative types the server runs with: the ``--spec-type`` list given, else (a dialect
+    that infers it, :attr:`Dialect.infers_draft_mtp`) ``draft-mtp`` when the ``-md`` file has an MTP
+    head; a draft file that cannot be read infers nothing (opening it reports why)."""
     d = _draft_args(args)
-    if d is None or not DRAFT_TYPES.intersection(d.types):
+    if d is None:
+        return []
+    if d.types or not d.model or dialect is None or not Dialect(dialect).infers_draft_mtp:
+        return list(d.types)
+    return ["draft-mtp"] if _file_has_mtp_head(d.model) else []
+
+
+def _file_has_mtp_head(location: str) -> bool:
+    try:
+        st = os.stat(location)
+        key = (st.st_mtime_ns, st.st_size)
+    except (OSError, ValueError):
+        key = (0, 0)  # a URL: read once a process
+    return _mtp_head_at(location, *key)
+
+
+@functools.lru_cache(maxsize=8)
+def _mtp_head_at(location: str, mtime_ns: int, size: int) -> bool:
+    from offload_planner.core.errors import PlannerError
+
+    try:
+        return has_mtp_head(open_draft(location))
+    except (PlannerError, OSError, ValueError):
+        return False
+
+
+def uses_mtp(args: Any, dialect: Dialect | None = None) -> bool:
+    """``draft-mtp`` among the types (:func:`spec_types`): the models load their NextN layers."""
+    return "draft-mtp" in spec_types(args, dialect)
+
+
+def draft_len(args: Any, dialect: Dialect | None = None) -> int:
+    """``common_speculative_n_max`` over the draft types (:func:`spec_types`; 0 without one)."""
+    d = _draft_args(args)
+    if d is None or not DRAFT_TYPES.intersection(spec_types(args, dialect)):
         return 0
     return max(0, DEFAULT_N_MAX if d.n_max is None else d.n_max)
 
@@ -127,18 +170,26 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
         popts = placement_options(draft_model, ddev, dargs, Dialect(dialect))
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
     n_max = DEFAULT_N_MAX if d.n_max is None else max(0, d.n_max)
-    drafts = draft is None or _draft_drafts(draft.model, d.types, Dialect(dialect))
-    return SpecSettings(draft, "draft-mtp" in d.types, type_k, type_v, n_max, drafts)
+    types = spec_types(args, dialect)
+    drafts = (draft is None or not Dialect(dialect).draft_needs_spec_type
+              or bool(DRAFT_TYPES.intersection(types)))  # draft-mtp: the draft's MTP head drafts
+    if not drafts and not Dialect(dialect).loads_idle_draft:  # dropped before it is loaded
+        draft, drafts = None, True
+    return SpecSettings(draft, "draft-mtp" in types, type_k, type_v, n_max, drafts)
 
 
-def _draft_drafts(draft: Model, types: list[str], dialect: Dialect) -> bool:
-    """Whether llama-server drafts with the ``-md`` model: always in builds before the speculative
-    types; in the pinned build only with a draft type that uses a draft model, or a type it infers
-    from the file (an MTP head in its last block: ``common_speculative_types_from_gguf``)."""
-    if not dialect.draft_needs_spec_type:
-        return True
-    return bool(DRAFT_TYPES.difference({"draft-mtp"}).intersection(types)) or (
-        not types and draft.summary.n_nextn > 0)
+def draft_mtp_context(spec: SpecSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
+    """``-md`` with ``draft-mtp`` (given or inferred): the draft model's weights (its NextN layers
+    loaded) and an MTP context on it, its KV of the NextN layers, output and MTP graph."""
+    from offload_planner.core.memory import weight_buffers
+
+    d = spec.draft
+    assert d is not None
+    placement = place(d.model, d.devices, d.placement_options)
+    mtp = mtp_context(d.model, d.devices, placement, main, ctx, spec)
+    name = d.model.path.rsplit("/", 1)[-1]
+    return ExtraContext(DRAFT, f"draft model {name}, its {mtp.label}",
+                        tagged(DRAFT, [*weight_buffers(d.model, placement, d.devices), *mtp.buffers]))
 
 
 def draft_context(spec: DraftSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
@@ -277,6 +328,10 @@ def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
         return ["llama-server exits at load: llama_init_from_model: context type MTP requested but model "
                 "doesn't contain MTP layers; failed to create MTP context (--spec-type draft-mtp needs "
                 "NextN layers, nextn_predict_layers = 0 in this file)"]
+    if spec is not None and spec.mtp and spec.draft is not None and not spec.draft.model.summary.n_nextn:
+        return [f"llama-server exits at load: -md {spec.draft.model.path} with --spec-type draft-mtp: "
+                "llama_init_from_model: context type MTP requested but model doesn't contain MTP layers; "
+                "failed to create MTP context (the draft model has no NextN layers)"]
     return []
 
 
@@ -286,7 +341,7 @@ def extra_contexts(model: Model, devices: DeviceSet, placement: Placement, main:
     if spec is None or not spec.active:
         return []
     if spec.draft is not None:
-        return [draft_context(spec.draft, main, ctx)]
+        return [draft_mtp_context(spec, main, ctx) if spec.mtp else draft_context(spec.draft, main, ctx)]
     if spec.mtp and model.summary.n_nextn:
         return [mtp_context(model, devices, placement, main, ctx, spec)]
     return []

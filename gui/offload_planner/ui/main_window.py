@@ -136,8 +136,9 @@ def extras_summary(plan: Plan) -> list[str]:
     draft = plan.spec.draft if plan.spec is not None else None
     if draft is not None:
         name = draft.model.summary.name or Path(draft.model.path).name
-        out.append(f"+ draft model {name} ({fmt_bytes(draft.model.summary.total_bytes, precision=1)})")
-    if plan.spec is not None and plan.spec.mtp:
+        head = ", drafting with its MTP head" if plan.spec is not None and plan.spec.mtp else ""
+        out.append(f"+ draft model {name} ({fmt_bytes(draft.model.summary.total_bytes, precision=1)}){head}")
+    elif plan.spec is not None and plan.spec.mtp:
         out.append("+ MTP (--spec-type draft-mtp)")
     projector = section_file(plan, "mmproj")
     if projector:

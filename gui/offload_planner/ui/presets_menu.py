@@ -109,10 +109,10 @@ class PresetsMenu(QMenu):
                           "quantized V cache only with flash attention, as llama.cpp requires. Off: your "
                           "KV cache types are kept")
             kv.toggled.connect(self._set_allow_kv_quant)
-            nkvo = self.addAction("Fastest plan may keep the K/V cache in RAM (-nkvo)")
+            nkvo = self.addAction("Fastest plan may keep the KV cache in RAM (-nkvo)")
             nkvo.setCheckable(True)
             nkvo.setChecked(self.allow_nkvo)
-            nkvo.setToolTip("Let Fastest plan try the K/V cache in system RAM (-nkvo; in Options: \"KV cache "
+            nkvo.setToolTip("Let Fastest plan try the KV cache in system RAM (-nkvo; in Options: \"KV cache "
                             "on the layer's GPU\" off): its GPU memory left to routed experts, the "
                             "attention's round trips to the host counted in the estimate; it wins mostly "
                             "where the cache alone would not fit the GPUs. Off: the cache stays where your "
@@ -239,7 +239,7 @@ class PresetsMenu(QMenu):
         c, was = best.context, self._doc.plan.context
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         if was.offload_kqv and not c.offload_kqv:
-            kv += ", K/V cache in RAM (-nkvo)"
+            kv += ", KV cache in RAM (-nkvo)"
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
         ts = best.placement_options.tensor_split
         split = ""  # a layer split of its own (fit's "own -ts"): the map's layers change GPU with it

@@ -108,9 +108,15 @@ class Dialect(str, metaclass=_DialectType):
     #: the 2026 speculative flags: ``--draft``/``--draft-min`` removed, ``--spec-draft-n-max`` checked
     spec_flags_2026: bool = False
     #: a draft model (``-md``) speculates only with a ``--spec-type`` that names a draft type: without
-    #: one the server loads the draft but generates without it (the pinned build's speculative types
-    #: default to none); earlier builds speculate whenever ``-md`` is given
+    #: one the server generates without it (the pinned build's speculative types default to none);
+    #: earlier builds speculate whenever ``-md`` is given
     draft_needs_spec_type: bool = False
+    #: with :attr:`draft_needs_spec_type`, a ``-md`` that no type drafts with is still loaded (its
+    #: memory projected); False: the server drops it before loading
+    loads_idle_draft: bool = True
+    #: no ``--spec-type`` and a ``-md`` file with an MTP head: the speculative type is ``draft-mtp``
+    #: (:func:`core.speculative.spec_types`)
+    infers_draft_mtp: bool = False
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
     projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)

@@ -50,6 +50,18 @@ class IkLlamaCpp(Dialect):
     host_overrides_turn_mmap_off = True
     #: ``-amb`` when the command has none (``gpt_params::attn_max_batch``; 256 from PR 2312, August 2026)
     default_amb: int = 0
+    #: ``-md`` alone neither drafts nor loads (ikawrakow/ik_llama.cpp 8337e4cd, 2026-08-15): ``-md``
+    #: only sets ``speculative.model`` (common/common.cpp 1636-1640); a stage comes only from
+    #: ``--spec-type`` or ``-mtp`` (``common_speculative_finalize_stages``, 697-719; the type defaults
+    #: to NONE, common/common.h 213); with no stage ``needs_dft_model()`` (common.cpp 242-246) is false
+    #: and ``common_speculative_prepare_startup`` clears the draft (common/speculative.cpp 2089-2091,
+    #: called by the server, examples/server/server-context.cpp 218), which drafts only with a stage
+    #: chain (289, 349).  So since PR 1949 (8a3802517, 2026-06-12); from PR 1908 (007d6400, 2026-06-04)
+    #: it was loaded and not drafted with; from PR 645 (2025-08-16) to then ``-md`` alone drafted;
+    #: before PR 645 (the 2025 ik dialects) llama-server had no speculative decoding.  (ik's parser
+    #: here does not read ``-md``/``--spec-type``: no draft is projected for ik at all.)
+    draft_needs_spec_type = True
+    loads_idle_draft = False
 
     # --- flags ---
     def flag_table(self) -> FlagTable:

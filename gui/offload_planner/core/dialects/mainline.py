@@ -57,6 +57,7 @@ class PinnedMainline(Mainline):
     #: logs "no implementations specified for speculative decoding" and the server generates
     #: without the draft it loaded
     draft_needs_spec_type = True
+    infers_draft_mtp = True
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
     detect_rank = 20

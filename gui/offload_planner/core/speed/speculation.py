@@ -22,6 +22,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
@@ -36,7 +37,7 @@ from offload_planner.core.speed.nkvo import (
     kv_copy_seconds,
     nkvo_attention_on_gpu,
 )
-from offload_planner.core.speed.rates import _effective_bandwidth, _link, compute_tflops
+from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, _link, compute_tflops
 from offload_planner.core.speed.reads import expert_fraction, kv_bytes_at, kv_read_at
 from offload_planner.core.speed.result import Assumption, SpeedEstimate
 from offload_planner.core.speed.splits import one_token_offload, split_pairs, token_split_pairs
@@ -143,12 +144,16 @@ def mtp_reads(model: Model, placement: Placement) -> dict[str, _Reads]:
 
 
 def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac: float, b: float,
-                 kv: dict[str, int], split_s: float) -> float:
+                 kv: dict[str, int], split_s: float, layers: dict[str, float] | None = None) -> float:
     """One pass of ``b`` tokens (a batch: weights once, experts any token routes to, KV once): per
     device the larger of its reads over its effective bandwidth and its FLOPs over its effective
-    compute, summed (devices run one after another), plus the graph splits' ``split_s``."""
+    compute, summed (devices run one after another), plus the graph splits' ``split_s``, plus on a
+    GPU ``gpu_layer_us`` for each of the pass's ``layers`` there, whatever ``b`` (as plain tg counts
+    them: a pass launches a layer's kernels once)."""
     hit = 1.0 - (1.0 - frac) ** b if frac < 1.0 else 1.0
     total = split_s
+    layers = layers or {}
+    per_layer = eff.gpu_layer_us.value * 1e-6
     for name in dict.fromkeys([*reads, *kv]):  # first-seen order, whatever the hash seed
         r = reads.get(name, _Reads())
         d = hw[name]
@@ -156,7 +161,25 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
         nbytes = r.full_b + r.exp_b * hit + r.row_b * b + kv.get(name, 0)
         flops = 2.0 * b * (r.full_el + r.exp_el * frac)
         total += max(nbytes / (bw * 1e9), flops / (compute_tflops(d, eff) * 1e12))
+        if _is_gpu(d):
+            total += layers.get(name, 0.0) * per_layer
     return total
+
+
+def pass_layers(placement: Placement, *, nextn: bool = False, share: float = 1.0) -> dict[str, float]:
+    """How many layers one pass runs on each device, times ``share``: the layers with a placed weight
+    outside the NextN blocks (a normal forward pass), or with ``nextn`` those blocks' (an MTP head's
+    pass; ``share`` 1/n when n heads chain and a pass runs one).  NextN tensors the placement leaves
+    without a device count on their layer's device, as :func:`mtp_reads` reads them."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    for p in placement.items:
+        t = p.tensor
+        if t.layer is None or (t.role is Role.NEXTN) is not nextn:
+            continue
+        dev = p.device if p.device is not None or not nextn else placement.layer_device(t.layer)
+        if dev is not None:
+            seen[dev].add(t.layer)
+    return {k: len(v) * share for k, v in seen.items()}
 
 
 def _splits(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_embd: int, b: float) -> float:
@@ -178,6 +201,7 @@ class _Draft:
     n_embd: int
     kv_depth: dict[str, int]  # at the full context
     n_max: int
+    layers: dict[str, float]  # layers one pass runs, by device (:func:`pass_layers`)
 
 
 def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
@@ -192,27 +216,41 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
             return None
         dm = spec.draft
         dp = place(dm.model, dm.devices, dm.placement_options)
+        name = dm.model.path.rsplit("/", 1)[-1]
+        if spec.mtp:  # draft-mtp on the draft model: its MTP head on the target's hidden state
+            return _mtp_side(plan, dm.model, dp, dm.devices, placement.output_device, depth,
+                             f"draft model {name}, ")
         params = replace(plan.context, type_k=dm.type_k, type_v=dm.type_v)
         dctx = resolve_context(params, dm.model.summary.n_ctx_train, dm.model.summary.n_swa)
         kv = kv_read_at(dm.model, dp, params, dctx, dm.devices, depth)
-        name = dm.model.path.rsplit("/", 1)[-1]
         return _Draft(f"draft model {name}", model_reads(dm.model, dp), expert_fraction(dm.model),
                       split_pairs(dm.model, dp, one_token_offload(dm.devices, dp, plan.context.op_offload)),
-                      dm.model.summary.n_embd, kv, spec.n_max)
+                      dm.model.summary.n_embd, kv, spec.n_max, pass_layers(dp))
     if not (spec.mtp and s.n_nextn):
         return None
+    return _mtp_side(plan, plan.model, placement, plan.devices, placement.output_device, depth)
+
+
+def _mtp_side(plan: Plan, model: Model, placement: Placement, devices: DeviceSet, hidden_on: str,
+              depth: int, label: str = "") -> _Draft:
+    """An MTP head's draft side: ``model``'s NextN block and head as ``placement`` puts them (the main
+    model's, or a ``-md`` draft's), fed the target's hidden state from ``hidden_on``."""
+    spec = plan.spec
+    assert spec is not None
+    s = model.summary
     params = replace(plan.context, type_k=spec.type_k, type_v=spec.type_v)
     mctx = resolve_context(params, s.n_ctx_train, s.n_swa)
     nextn = range(s.n_layer_trunk, s.n_layer)
-    kv = kv_read_at(plan.model, placement, params, mctx, plan.devices, depth, cached=nextn)
-    reads = mtp_reads(plan.model, placement)
+    kv = kv_read_at(model, placement, params, mctx, devices, depth, cached=nextn)
+    reads = mtp_reads(model, placement)
     # the trunk's hidden state (on the output device) into the NextN block, then the head
-    seq = [placement.output_device, placement.layer_device(nextn.start), placement.output_device]
+    seq = [hidden_on, placement.layer_device(nextn.start), placement.output_device]
     pairs = [(a, b) for a, b in itertools.pairwise(seq) if a != b]
     # chained heads (n_nextn > 1, not sharing the target's KV) cap the draft at one token per head
     n_max = min(spec.n_max, s.n_nextn) if s.n_nextn > 1 else spec.n_max
-    label = f"MTP ({s.n_nextn} NextN layer{'s' if s.n_nextn != 1 else ''})"
-    return _Draft(label, reads, expert_fraction(plan.model), pairs, s.n_embd, kv, n_max)
+    label += f"MTP ({s.n_nextn} NextN layer{'s' if s.n_nextn != 1 else ''})"
+    layers = pass_layers(placement, nextn=True, share=1.0 / max(s.n_nextn, 1))
+    return _Draft(label, reads, expert_fraction(model), pairs, s.n_embd, kv, n_max, layers)
 
 
 @dataclass(frozen=True)
@@ -286,6 +324,7 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
     frac = expert_fraction(plan.model)
     tpairs = token_split_pairs(plan, placement)
     n_embd = plan.model.summary.n_embd
+    target_layers = pass_layers(placement)
     host_kv = host_kv_layers(plan, placement)  # -nkvo: the target's layers round-trip to the CPU
     copies = nkvo_attention_on_gpu(plan)  # ... and with flash attention copy the cache's views back
 
@@ -294,11 +333,11 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         if copies:
             host_s += kv_copy_seconds(target_kv_, hw, eff)
         splits = _splits(hw, eff, tpairs, n_embd, b) + host_s
-        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits)
+        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers)
         one = pass_seconds(draft.reads, hw, eff, draft.frac, 1, draft_kv,
-                           _splits(hw, eff, draft.pairs, draft.n_embd, 1))
+                           _splits(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers)
         catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, b, draft_kv,
-                                _splits(hw, eff, draft.pairs, draft.n_embd, b))
+                                _splits(hw, eff, draft.pairs, draft.n_embd, b), draft.layers)
         return verify, one, verify + n * one + catch_up
 
     verify0, one0, step0 = step({}, {})
