@@ -270,3 +270,19 @@ def test_another_commands_option_is_named_as_its(args: list[str], said: str) -> 
     err = refused(run(*args))
     assert err.rstrip().endswith(said), err
     assert [x for x in err.splitlines() if "error:" in x] == [err.splitlines()[-1]], err  # one error line
+
+
+@pytest.mark.parametrize("command", ["inspect", "plan", "fit"])
+def test_a_download_folder_named_instead_of_its_file_names_the_file(command: str, tmp_path: Path) -> None:
+    """A newcomer passes the folder a model was downloaded into: "is a directory, not a GGUF file"
+    alone; now the message names the file to give, a split model's first part before its others and
+    before a projector (newcomer4)."""
+    folder = tmp_path / "DeepSeek-V3-Q4_K_M"
+    folder.mkdir()
+    for name in ("mmproj-F16.gguf", "DeepSeek-V3-Q4_K_M-00002-of-00002.gguf",
+                 "DeepSeek-V3-Q4_K_M-00001-of-00002.gguf", "README.md"):
+        (folder / name).write_bytes(b"")
+    err = refused(run(command, str(folder), *([] if command == "inspect" else ["--no-detect"])))
+    first = folder / "DeepSeek-V3-Q4_K_M-00001-of-00002.gguf"
+    assert err == (f"offload-planner: error: {folder}: is a directory, not a GGUF file: name one of its "
+                   f".gguf files, e.g. {first} (3 .gguf files)\n"), err
