@@ -286,3 +286,19 @@ def test_a_download_folder_named_instead_of_its_file_names_the_file(command: str
     first = folder / "DeepSeek-V3-Q4_K_M-00001-of-00002.gguf"
     assert err == (f"offload-planner: error: {folder}: is a directory, not a GGUF file: name one of its "
                    f".gguf files, e.g. {first} (3 .gguf files)\n"), err
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_model_flag_naming_another_file_is_said(command: str, tmp_path: Path) -> None:
+    """`plan A.gguf -- -m B.gguf -ngl 99` (a command pasted for another model) planned A and dropped
+    the -m without a word; now a note names both. -m naming MODEL itself, by another spelling of its
+    path, gives none (newcomer4)."""
+    devices = ["--device", "CUDA0=24GiB"]
+    r = run(command, QWEN, "--no-detect", *devices, "--", "-m", str(tmp_path / "B.gguf"), "-c", "4096")
+    assert r.returncode == 0, r.stderr
+    other = tmp_path / "B.gguf"
+    assert (f"note: -m {other} is not the model planned: the plan and its command are of {QWEN} (the MODEL "
+            "argument); to plan the other, give it as MODEL") in r.stdout.splitlines()
+    same = str(Path(QWEN).parent / ".." / Path(QWEN).parent.name / Path(QWEN).name)
+    r = run(command, QWEN, "--no-detect", *devices, "--", "-m", same, "-c", "4096")
+    assert r.returncode == 0 and "is not the model planned" not in r.stdout, r.stdout

@@ -129,6 +129,11 @@ def _run_fit(args: argparse.Namespace) -> int:
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+    from offload_planner.cli_server_args import model_flag_note
+
+    other_model = model_flag_note(parsed, model)
+    if other_model:
+        result.notes.insert(0, other_model)
     refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
     if refused:  # every candidate keeps the user's --spec-type: none would start
         raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")

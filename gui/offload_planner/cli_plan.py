@@ -139,7 +139,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from offload_planner.cli_server_args import print_errors, read_server_argv
+    from offload_planner.cli_server_args import model_flag_note, print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
     from offload_planner.core.device_figures import over_capacity
     from offload_planner.core.plan_report import plan_json, plan_text
@@ -166,6 +166,9 @@ def _plan(args: argparse.Namespace) -> int:
     projection, plan, fit = analysis.projection, analysis.plan, analysis.fit
     assert projection is not None and fit is not None  # analyse_command raises instead
     notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
+    other_model = model_flag_note(parsed, model)
+    if other_model:
+        notes.insert(0, other_model)
     over = [n for n in over_capacity(projection) if n == devices.cpu.name or not fit.fixes_gpus]
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
