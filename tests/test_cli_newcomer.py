@@ -176,6 +176,20 @@ def test_launch_with_a_wrong_server_path_names_the_option(tmp_path: Path) -> Non
     assert "give the executable or the folder holding it" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_server_that_is_not_executable_says_so(tmp_path: Path, folder: bool) -> None:
+    """A llama-server copied without its x bit (unzipped, or built on a mounted drive) was "no
+    llama-server executable there (looked for PATH)": the file is there, so the path looked wrong
+    (newcomer4)."""
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o644)
+    given = tmp_path if folder else exe
+    err = refused(run("launch", QWEN, "--no-detect", "--server", str(given), "--", "-c", "512"))
+    assert err == (f"offload-planner: error: --server '{given}': {exe} is a file but not executable: make it "
+                   f"one (chmod +x {exe}) or give the llama-server executable\n"), err
+
+
 def test_the_programs_help_gives_first_steps() -> None:
     """`offload-planner --help` listed five commands and no way to start: it now says what running
     it bare does and gives a first `plan` and `fit` line."""
