@@ -316,3 +316,33 @@ def test_a_model_flag_naming_another_file_is_said(command: str, tmp_path: Path) 
     same = str(Path(QWEN).parent / ".." / Path(QWEN).parent.name / Path(QWEN).name)
     r = run(command, QWEN, "--no-detect", *devices, "--", "-m", same, "-c", "4096")
     assert r.returncode == 0 and "is not the model planned" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "gui"])
+@pytest.mark.parametrize(("name", "said"), [
+    ("CUDA01", "'CUDA01': llama.cpp names it CUDA1 (no leading zero)"),
+    ("CUDA", "'CUDA' needs its index, as llama.cpp names devices: CUDA0, CUDA1, ..."),
+    ("CUDA16", "'CUDA16': llama.cpp numbers at most 16 devices (llama_max_devices): CUDA0 ... CUDA15"),
+    ("Vulkan" + "9" * 30, "llama.cpp numbers at most 16 devices"),
+])
+def test_a_gpu_name_llama_cpp_never_has_is_refused(command: str, name: str, said: str) -> None:
+    """`--device CUDA01=24GiB` planned a GPU named CUDA01 (its -ot rules named a buffer type llama-server
+    refuses), `CUDA=24GiB` one named CUDA, `CUDA16` a 17th device (newcomer4)."""
+    head = [command] + ([] if command == "gui" else [QWEN, "--no-detect"])
+    err = refused(run(*head, "--device", f"{name}=24GiB"))
+    assert err.startswith(f"offload-planner: error: --device '{name}=24GiB': ") and said in err, err
+    assert err.count("\n") == 1
+
+
+def test_a_plan_file_gpu_named_cuda01_is_refused(tmp_path: Path) -> None:
+    model = open_model(QWEN)
+    gpus = (parse_device_decl("CUDA0=24GiB"),)
+    plan = plan_from_args(model, DeviceSet(parse_device_decl("CPU=64GiB"), gpus),
+                          argparse.Namespace(ctx_size=4096))
+    data: dict[str, Any] = plan_json(PlanFile.of(plan))
+    data["devices"]["gpus"][0]["name"] = "CUDA01"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    err = refused(run("launch", str(path), "--no-detect"))
+    assert err == (f"offload-planner: error: {path}: bad field $.devices.gpus[0].name: 'CUDA01': llama.cpp "
+                   "names it CUDA1 (no leading zero)\n"), err

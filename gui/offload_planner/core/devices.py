@@ -78,6 +78,27 @@ def kind_of(name: str) -> DeviceKind:
     return next(k for k in DeviceKind if k.value.lower() == prefix)
 
 
+def declared_name_problem(name: str) -> str:
+    """Why llama.cpp has no device of this (well-formed) name, "" when it may: a GPU is named with its
+    index as llama.cpp writes it (``CUDA%d``: ``CUDA1``, never ``CUDA01`` nor ``CUDA``), below its
+    ``llama_max_devices()`` (16). A declared CUDA01 planned, and its -ot rules named a buffer type
+    llama-server refuses."""
+    m = _NAME_RE.match(name.strip())
+    if m is None or m.group(1).upper() == "CPU":
+        return ""
+    prefix, digits = m.group(1), m.group(2)
+    kind = next(k for k in DeviceKind if k.value.lower() == prefix.lower())
+    if not digits:
+        return (f"{name.strip()!r} needs its index, as llama.cpp names devices: {kind.value}0, "
+                f"{kind.value}1, ...")
+    if len(digits) > 1 and digits.startswith("0"):
+        return f"{name.strip()!r}: llama.cpp names it {kind.value}{int(digits)} (no leading zero)"
+    if int(digits) >= MAX_DEVICES:
+        return (f"{name.strip()!r}: llama.cpp numbers at most {MAX_DEVICES} devices (llama_max_devices): "
+                f"{kind.value}0 ... {kind.value}{MAX_DEVICES - 1}")
+    return ""
+
+
 @dataclass(frozen=True)
 class Device:
     """One llama.cpp device. ``total``/``free`` are bytes; None when unknown."""
@@ -336,6 +357,10 @@ def parse_device_decls(texts: Sequence[str]) -> list[Device]:
         raise PlannerError(f"--device: {len(offload)} GPUs declared ({offload[0]} ... {offload[-1]}); "
                            f"at most {MAX_GPUS}: llama.cpp's -ts takes fewer values than its "
                            f"{MAX_DEVICES} devices (llama_max_devices)")
+    for d, text in zip(out, texts, strict=True):  # after the count: 17 GPUs are refused as such
+        problem = declared_name_problem(d.name)
+        if problem:
+            raise PlannerError(f"--device {text!r}: {problem}")
     return out
 
 
