@@ -346,3 +346,52 @@ def test_a_plan_file_gpu_named_cuda01_is_refused(tmp_path: Path) -> None:
     err = refused(run("launch", str(path), "--no-detect"))
     assert err == (f"offload-planner: error: {path}: bad field $.devices.gpus[0].name: 'CUDA01': llama.cpp "
                    "names it CUDA1 (no leading zero)\n"), err
+
+
+# --- a web page or an error saved as the model (newcomer4) -----------------------------------------
+
+
+def test_a_web_page_saved_as_the_model_says_so(tmp_path: Path) -> None:
+    """`curl -o model.gguf` of a gated repository saves its login page: "not a GGUF file (magic
+    b'<!DO', expected b'GGUF')" alone; now the message quotes the start of the text. A binary
+    file of another format keeps its message byte for byte."""
+    page = tmp_path / "model.gguf"
+    page.write_text("<!DOCTYPE html>\n<html><body>Access to model org/m is restricted.</body></html>")
+    err = refused(run("plan", str(page), "--no-detect"))
+    assert err == (f"offload-planner: error: {page} at byte 0: not a GGUF file (magic b'<!DO', expected "
+                   "b'GGUF'); it starts with text ('<!DOCTYPE html> <html><body>Access to model org/m is "
+                   "restric'...): a web page or an error message, not a model\n"), err
+    ggml = tmp_path / "old.bin"
+    ggml.write_bytes(b"GGML" + bytes(60))
+    err = refused(run("inspect", str(ggml)))
+    assert err == (f"offload-planner: error: {ggml} at byte 0: not a GGUF file (magic b'GGML', expected "
+                   "b'GGUF')\n")
+
+
+def test_a_hugging_face_blob_link_names_the_download_link(tmp_path: Path) -> None:
+    """The browser's address of a file on Hugging Face (.../blob/main/x.gguf) is its web page; the
+    link that downloads it is .../resolve/main/x.gguf. A local server stands in for the hub
+    ($HF_ENDPOINT), serving a page at the blob address."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    blob = tmp_path / "org" / "m-GGUF" / "blob" / "main"
+    blob.mkdir(parents=True)
+    (blob / "m-Q4_K_M.gguf").write_text("<!DOCTYPE html><html><head><title>m-Q4_K_M.gguf</title></head>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        url = f"{base}/org/m-GGUF/blob/main/m-Q4_K_M.gguf"
+        err = refused(run("inspect", url, env={"HF_ENDPOINT": base}))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert err.rstrip().endswith("; a Hugging Face /blob/ link is the file's web page: give the download "
+                                 f"link, {base}/org/m-GGUF/resolve/main/m-Q4_K_M.gguf"), err
