@@ -941,3 +941,71 @@ def _walk_to(model: Model, placement: Placement, sh: Shape, pos: int) -> GraphAl
     walk.live = [t for t in [*sched.leafs, *sched.nodes]  # type: ignore[attr-defined]
                  if id(t) in walk.own and (t.n_children or t.n_views)]
     return walk
+
+
+def _small_catalogue_names() -> list[str]:
+    return [n for n in _catalogue_names() if n not in BIG_MODELS]
+
+
+@pytest.mark.parametrize("name", _small_catalogue_names())
+def test_replay_starts_hold_the_plain_walks_state(catalogue: dict[str, Model], name: str) -> None:
+    """Every small catalogue model in the bench's setting, random moves (one layer's experts, the whole
+    layer or one tensor, of one or two layers, to the CPU or either GPU): at every replay's start (the
+    reference's checkpoint with the counts the window changes, patched backends patched) each backend
+    holds what a plain allocator walk of the moved graph holds there: free blocks, maximum, peak label,
+    and every live tensor with its offset and its uses and views to come.  A count wrong at the start
+    can heal before the end (the reserves stay right), so the reserves' equality alone would not show it."""
+    model = catalogue[name]
+    devices, params, ctx, opts = _bench_setting(model)
+    plan = Plan(model, devices, opts, params)
+    for _ in range(2):
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    experts = {t.name for t in model.tensors if t.role.is_routed_expert}
+    by_layer: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.layer is not None and t.layer < model.summary.n_layer:
+            by_layer.setdefault(t.layer, []).append(t.name)
+    rng = random.Random(zlib.crc32(name.encode()) + 2)
+    init = RA._AllocReplay.__init__
+    starts: list[tuple[RA._AllocReplay, tuple[object, ...]]] = []
+
+    def kept(self: RA._AllocReplay, *args: Any) -> None:
+        init(self, *args)
+        starts.append((self, _counted_state(self, range(len(self.allocs)))))
+
+    checked = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RA._AllocReplay, "__init__", kept)
+        for _ in range(10):
+            moves: dict[str, str] = {}
+            for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
+                names = by_layer[il]
+                kind = rng.random()
+                picked = ([n for n in names if n in experts] if kind < 0.4 and experts & set(names)
+                          else names if kind < 0.75 else [rng.choice(names)])
+                moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+            placement = plan.with_moves(moves).placement()
+            starts.clear()
+            fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+            assert _fields(fast) == _fields(C.simulate(model, devices, placement, ctx, params)), moves
+            for rp, state in starts:
+                walk = _walk_to(model, placement, rp.ref.sh, rp.wa)
+                want = _counted_state(walk, range(len(walk.allocs)))
+                assert state == want, (moves, rp.ref.sh.n_tokens, rp.wa)
+                checked += 1
+    assert checked >= 5
+
+
+def _counted_state(a: RA._AllocReplay | GraphAllocator, backends: Iterable[int]) -> tuple[object, ...]:
+    """``_state`` with each live tensor's uses and views to come (an allocator replay's from the
+    reference's uses corrected by the window, a plain walk's from its own counts)."""
+    out: list[object] = []
+    for b in backends:
+        if isinstance(a, RA._AllocReplay):
+            live = sorted((t.name, off, a.r_new(t), a.v_new(t)) for t, (tb, off) in a.own.items()
+                          if tb == b and (a.r_new(t) or a.v_new(t)))
+        else:
+            live = sorted((t.name, t.alloc[1], t.n_children, t.n_views) for t in a.live  # type: ignore[attr-defined]
+                          if t.alloc is not None and t.alloc[0] == b)
+        out.append(([list(x) for x in a.allocs[b].blocks], a.allocs[b].max_size, a.peaks[b], live))
+    return tuple(out)

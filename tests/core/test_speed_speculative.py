@@ -223,7 +223,8 @@ def test_a_draft_file_with_an_mtp_head_drafts_with_that_head(small_models: dict[
 
 
 @pytest.mark.parametrize("name", ["glm4moe", "deepseek2-mtp"])
-def test_passes_on_a_gpu_pay_its_layers_as_a_plain_token_does(small_models: dict[str, Path], name: str) -> None:
+def test_passes_on_a_gpu_pay_its_layers_as_a_plain_token_does(small_models: dict[str, Path],
+                                                              name: str) -> None:
     """On a GPU a pass costs ``gpu_layer_us`` a layer whatever its batch, as plain tg counts it: the
     verify batch of n + 1 tokens is never faster than one plain token, a draft pass of the one NextN
     layer costs at least that layer, and a step of n + 1 tokens at most gives n + 1 plain tokens'
@@ -237,7 +238,8 @@ def test_passes_on_a_gpu_pay_its_layers_as_a_plain_token_does(small_models: dict
     def fig(v: float, unit: str) -> Figure:
         return Figure(v, unit, Source.DECLARED, "test")
 
-    hw = Hardware({"CPU": DeviceSpeed("CPU", DeviceKind.CPU, fig(100, "GB/s"), fig(1, "TFLOPS"), fig(100, "GB/s")),
+    cpu = DeviceSpeed("CPU", DeviceKind.CPU, fig(100, "GB/s"), fig(1, "TFLOPS"), fig(100, "GB/s"))
+    hw = Hardware({"CPU": cpu,
                    "CUDA0": DeviceSpeed("CUDA0", DeviceKind.CUDA, fig(900, "GB/s"), fig(70, "TFLOPS"),
                                         fig(25, "GB/s"))})
     base = estimate(plan, hw, eff=DEFAULT)

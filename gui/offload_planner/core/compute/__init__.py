@@ -3,11 +3,11 @@
 The package, by concept: :mod:`.ggml` (tensors and ops), :mod:`.graph` (the llm graph context and
 builder), :mod:`.archs` (one graph per architecture), :mod:`.scheduler` (backends, splits, copies),
 :mod:`.allocator` (the graph allocator), :mod:`.reserve` (one reserve from scratch),
-:mod:`.incremental` (the same reserve replayed against a recorded one: :mod:`.recording`,
-:mod:`.replay`, :mod:`.replay_alloc`, :mod:`.bound`; or run again on the graph kept from an earlier
-one: :mod:`.template`, whose allocation walk jumps whole periods of equal layers: :mod:`.jumps`),
-:mod:`.simulate` (from a placement to the reserves, and the estimate) and :mod:`.buffers` (the
-planner's entry point).  This module re-exports what the rest of the planner uses.
+:mod:`.incremental` (the same reserve replayed against a recorded one: :mod:`.recording` with
+:mod:`.rec_alloc`, :mod:`.replay`, :mod:`.replay_alloc`, :mod:`.bound`; or run again on the graph
+kept from an earlier one: :mod:`.template`, whose allocation walk jumps whole periods of equal
+layers: :mod:`.jumps`), :mod:`.simulate` (from a placement to the reserves, and the estimate) and
+:mod:`.buffers` (the planner's entry point).  This module re-exports what the rest of the planner uses.
 
 llama.cpp sizes each backend's compute buffer by building the worst-case graph (``sched_reserve``:
 a prompt ubatch of ``min(n_ctx, n_ubatch)`` tokens over the full KV cache, then the one-token-per-

@@ -67,8 +67,9 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
+from offload_planner.core.compute.rec_alloc import Refuse
 from offload_planner.core.compute.rec_jumps import jumping_walker
-from offload_planner.core.compute.recording import Reference, Refuse
+from offload_planner.core.compute.recording import Reference
 from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
 from offload_planner.core.compute.sched_layers import cached_refs

@@ -31,7 +31,7 @@ from offload_planner.core.compute.allocator import DynAllocator, layer_suffix
 from offload_planner.core.compute.ggml import T
 from offload_planner.core.compute.stats import stats
 
-#: ``(kind, tensor, parent, size, new size, label)``: see ``recording.RecAlloc``
+#: ``(kind, tensor, parent, size, new size, label)``: see ``rec_alloc.RecAlloc``
 Event = tuple[int, T, T, int, int, str]
 #: periods (in layers) looked for (a Q4_K_M file gives every third layer's ffn_down more bits)
 _PERIODS = (1, 2, 3, 4)

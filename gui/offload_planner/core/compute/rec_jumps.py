@@ -1,4 +1,4 @@
-"""The reference's recording walk (:class:`.recording.RecAlloc`) jumping whole periods of equal layers,
+"""The reference's recording walk (:class:`.rec_alloc.RecAlloc`) jumping whole periods of equal layers,
 as a from-scratch walk over a kept graph does (:mod:`.jumps`), with everything the recording keeps of
 the jumped layers written from the period walked before them.
 
@@ -34,7 +34,7 @@ from offload_planner.core.compute.allocator import peak_label
 from offload_planner.core.compute.ggml import OUTPUT, T
 from offload_planner.core.compute.jumps import JumpingAllocator, LayerCodes, Restart
 from offload_planner.core.compute.periods import Jumped
-from offload_planner.core.compute.recording import Checkpoint, Live, RecAlloc, Refuse, Walker
+from offload_planner.core.compute.rec_alloc import Checkpoint, Live, RecAlloc, Refuse, Walker
 from offload_planner.core.compute.scheduler import Backend, Split
 from offload_planner.core.compute.stats import stats
 

@@ -1,6 +1,7 @@
 """The reference run of the incremental reserve: one full simulation of a reserve graph, recorded
 with everything a replay compares against (devices, pass 1-4 assignments, pass 5 state before every
-node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`.
+node, sched positions, allocator checkpoints and per-backend events).  See :mod:`.incremental`; the
+allocator's recording walk and its checkpoints are :mod:`.rec_alloc`.
 
 On a kept graph whose layers are coded (:mod:`.template`), passes 1-4 take equal layers' results from
 the first (:mod:`.sched_layers`) and the allocator's walk jumps whole periods of equal layers, writing
@@ -9,11 +10,9 @@ written, and every checkpoint's maxima to come, are made when a replay first ask
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from offload_planner.core.compute.allocator import DynAllocator, GraphAllocator, layer_suffix, peak_label
+from offload_planner.core.compute.allocator import GraphAllocator, layer_suffix
 from offload_planner.core.compute.bound import any_placement_bound, copy_sizes, graph_bound, located_copies
 from offload_planner.core.compute.ggml import (
     CPU,
@@ -25,7 +24,8 @@ from offload_planner.core.compute.ggml import (
     view_tensor,
 )
 from offload_planner.core.compute.graph import Builder, Shape
-from offload_planner.core.compute.periods import Event, Jumped, find_periods
+from offload_planner.core.compute.periods import find_periods
+from offload_planner.core.compute.rec_alloc import RecAlloc, Refuse, Rest, Walker
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.sched_layers import LayerRefs, LayerScheduler
 from offload_planner.core.compute.scheduler import Backend, Scheduler, Split
@@ -38,179 +38,7 @@ _CK_STRIDE = 8
 TAIL_STRIDE = 4
 
 
-class Refuse(Exception):
-    """The replay cannot prove itself equal to the full run: run it in full."""
-
-
 # --- the reference run ---------------------------------------------------------------------------------
-
-
-class RecDyn(DynAllocator):
-    def __init__(self, alignment: int, events: list[tuple[int, int, str]], rec: RecAlloc) -> None:
-        super().__init__(alignment)
-        self.events = events
-        self.rec = rec
-        self.shared: list[list[int]] | None = None  # the checkpoints' copy of ``blocks`` while unchanged
-
-    def alloc(self, size: int) -> int:
-        self.shared = None
-        before = self.max_size
-        off = super().alloc(size)
-        if self.max_size != before:
-            self.rec.grown = True  # (only then may the peaks move)
-        self.events.append((self.rec.pos, off + self.align(size), self.rec.where))  # where: on_alloc's
-        return off
-
-    def free(self, offset: int, size: int) -> None:
-        self.shared = None
-        super().free(offset, size)
-
-
-class RecAlloc(GraphAllocator):
-    """``GraphAllocator.run`` that also keeps a checkpoint at every split start."""
-
-    def __init__(self, backends: list[Backend]) -> None:
-        super().__init__(backends)
-        self.pos = -1
-        self.grown = True  # a maximum moved since the last checkpoint: its max_size and peaks are new
-        self.events: list[list[tuple[int, int, str]]] = [[] for _ in backends]
-        self.recs = [RecDyn(b.alignment, self.events[i], self) for i, b in enumerate(backends)]
-        self.allocs = list(self.recs)
-        self.objs: dict[int, T] = {}
-        self.cand: set[int] = set()  # allocated, maybe live (counts only fall after the counting pass)
-        # per backend, every allocator event in walk order (position of the node in tail_pos):
-        # (0 alloc, t, t, size, 0, peak label) | (1 in place, t, parent, psize, nsize, "")
-        # | (2 free, t, t, size, 0, "")
-        self.tail: list[list[Event]] = [[] for _ in backends]
-        self.tail_pos: list[list[int]] = [[] for _ in backends]
-        self.cks: dict[int, Checkpoint] = {}
-        self.jumped: Jumped | None = None  # the stretches a jumping walk wrote from an earlier period
-        # one list per distinct state (DeepSeek-V3: ~100 among ~5,000 backends' states at ~1,000
-        # checkpoints): fewer objects for the cycle collector to walk; the replay only reads them
-        self.states: dict[tuple[tuple[int, ...], ...], list[list[int]]] = {}
-        self.max_sizes: list[int] = []  # the maxima and peak labels of the last checkpoint
-        self.peak_list: list[str] = []
-
-    # a tensor the walk allocates (a new block or its parent's, ``frees_tail`` on) becomes a candidate
-    # for the checkpoints' live tensors here, where ``allocate`` makes it owned
-
-    def on_alloc(self, t: T, bid: int, size: int) -> None:
-        self.tail_pos[bid].append(self.pos)
-        # the peak label the walk gives this allocation (the counting pass's: none), also its event's
-        cur = self.cur
-        where = self.where = "" if cur is None else peak_label(cur, self.layer)
-        self.tail[bid].append((0, t, t, size, 0, where))
-        i = id(t)
-        if i not in self.cand:
-            self.objs[i] = t
-            self.cand.add(i)
-
-    def on_inplace(self, t: T, p: T, bid: int, psize: int, nsize: int) -> None:
-        self.tail_pos[bid].append(self.pos)
-        self.tail[bid].append((1, t, p, psize, nsize, ""))
-        i = id(t)
-        if i not in self.cand:
-            self.objs[i] = t
-            self.cand.add(i)
-
-    def on_free(self, t: T, bid: int, size: int) -> None:
-        self.tail_pos[bid].append(self.pos)
-        self.tail[bid].append((2, t, t, size, 0, ""))
-
-    def run_rec(self, nodes: list[T], node_ids: list[int], leafs: list[T], leaf_ids: list[int],
-                checkpoints: set[int]) -> tuple[list[int], dict[int, Checkpoint]]:
-        if self.count(nodes, node_ids, leafs, leaf_ids):
-            raise Refuse("inputs allocated by the counting pass")
-        cks = self.cks
-        snap = self.snap
-        for pos, (n, bid) in enumerate(zip(nodes, node_ids, strict=True)):
-            if pos in checkpoints:
-                cks[pos] = snap()
-            self.pos = pos
-            self.step(n, bid)
-        return [a.max_size for a in self.allocs], cks
-
-    def snap(self) -> Checkpoint:
-        """The checkpoint of the walk's state here (before the next node)."""
-        own, objs, cand = self.own, self.objs, self.cand
-        live = {}
-        dead = []
-        for i in cand:
-            t = objs[i]
-            if i in own and (t.n_children or t.n_views):
-                assert t.alloc is not None
-                live[t] = (t.alloc, t.n_children, t.n_views)
-            else:
-                dead.append(i)
-        if dead:
-            cand.difference_update(dead)
-        for a in self.recs:
-            if a.shared is None:
-                a.shared = _shared(self.states, a.blocks)
-        if self.grown:  # else the lists of the checkpoint before (the replay only reads them)
-            self.grown = False
-            self.max_sizes, self.peak_list = [a.max_size for a in self.recs], list(self.peaks)
-        blocks = [a.shared for a in self.recs if a.shared is not None]
-        return Checkpoint(blocks, self.max_sizes, self.peak_list, self.layer, live)
-
-
-def _shared(states: dict[tuple[tuple[int, ...], ...], list[list[int]]], blocks: list[list[int]]
-            ) -> list[list[int]]:
-    """A copy of an allocator's free blocks, the same list for equal states."""
-    key = tuple(map(tuple, blocks))
-    got = states.get(key)
-    if got is None:
-        got = states[key] = [list(b) for b in blocks]
-    return got
-
-
-#: the live tensors of a checkpoint: (backend, offset), child and view counts to come
-Live = dict[T, tuple[tuple[int, int], int, int]]
-#: makes a reference's recording walk from its backends, graph nodes, splits and layer tags
-Walker = Callable[[list[Backend], list[T], list[Split], dict[T, str]], RecAlloc]
-
-
-@dataclass
-class Checkpoint:
-    blocks: list[list[list[int]]]
-    max_size: list[int]
-    peaks: list[str]
-    layer: str
-    _live: Live | None  # the live tensors (None: not made yet, see ``_make``)
-    #: makes them the first time they are asked for (a checkpoint written from another, :mod:`.rec_jumps`:
-    #: a replay asks for a few dozen of a reference's thousand)
-    _make: Callable[[], Live] | None = None
-    #: the reference's maxima from each allocation on, and this checkpoint's position (see ``suffix``)
-    rest: tuple[Rest, int] | None = None
-    _suffix: list[tuple[int, str]] | None = None
-    _live_on: list[tuple[tuple[T, ...], tuple[int, ...]]] | None = None
-
-    @property
-    def suffix(self) -> list[tuple[int, str]] | None:
-        """Per backend, the largest end of an allocation at or after this checkpoint and the label of the
-        first allocation reaching it ((-1, "") for none); made when first asked for."""
-        if self._suffix is None and self.rest is not None:
-            self._suffix = self.rest[0].at(self.rest[1])
-        return self._suffix
-
-    @property
-    def live(self) -> Live:
-        """The tensors the graph allocator owns here with a child or view to come: their (backend,
-        offset), remaining child and view counts."""
-        if self._live is None:
-            assert self._make is not None
-            self._live, self._make = self._make(), None
-        return self._live
-
-    def live_on(self, b: int, n_backends: int, first: dict[T, int]) -> tuple[tuple[T, ...], tuple[int, ...]]:
-        """The live tensors on backend ``b`` and their offsets, the latest created first (where two
-        states differ: long-lived inputs rarely move)."""
-        if self._live_on is None:
-            on: list[list[tuple[T, int]]] = [[] for _ in range(n_backends)]
-            for t, ((tb, off), _, _) in sorted(self.live.items(), key=lambda e: -first.get(e[0], -1)):
-                on[tb].append((t, off))
-            self._live_on = [(tuple(t for t, _ in e), tuple(off for _, off in e)) for e in on]
-        return self._live_on[b]
 
 
 #: `` (layer N)`` and N of a node name with a layer suffix (None: without), by name: the references of a
@@ -245,28 +73,6 @@ class LastOn:
             bids = self.real_bids
             got = self.memo[key] = next((i for i in reversed(self.consumers.get(t, ())) if bids[i] == b), -1)
         return default if got == -1 else got
-
-
-class Rest:
-    """Per backend, from each of a walk's allocations (``RecAlloc.events``: position, end, label) on, the
-    largest end and the label of the first allocation reaching it."""
-
-    def __init__(self, events: list[list[tuple[int, int, str]]]) -> None:
-        self.pos = [[e[0] for e in evs] for evs in events]
-        self.best: list[list[tuple[int, str]]] = []
-        for evs in events:
-            best: tuple[int, str] = (-1, "")
-            out = [best] * (len(evs) + 1)
-            for k in range(len(evs) - 1, -1, -1):
-                e = evs[k]
-                if e[1] >= best[0]:
-                    best = (e[1], e[2])
-                out[k] = best
-            self.best.append(out)
-
-    def at(self, p: int) -> list[tuple[int, str]]:
-        """Per backend, the largest end at or after position ``p`` and its first label."""
-        return [best[bisect.bisect_left(pos, p)] for pos, best in zip(self.pos, self.best, strict=True)]
 
 
 class Reference:
@@ -524,9 +330,27 @@ class Reference:
                     self.wcopies[sp.backend] += nbytes(inp)
         self.reserve = Reserve(self.sh.n_tokens, self.sizes, self.peaks, self.copies, self.wcopies,
                                len(self.g.nodes), len(self.splits))
+        self._split_sums: list[tuple[list[int], list[int]]] | None = None
+        self.input_bytes: dict[T, int] = {}  # ``nbytes`` of split inputs a replay's splits copy
         self._bound: list[int] | None = None
         self._any_bound: list[int] | None = None
         self._located: dict[bool, list[int]] = {}
+
+    def copies_before(self, k: int) -> tuple[list[int], list[int]]:
+        """Per backend, the bytes the splits before split ``k`` copy (all, and weights only): prefix
+        sums made when a replay first asks (a replay takes the reference's splits it re-splits off)."""
+        if self._split_sums is None:
+            n = len(self.backends)
+            c, w = [0] * n, [0] * n
+            sums = [(list(c), list(w))]
+            for sp in self.splits:
+                for inp in sp.inputs:
+                    c[sp.backend] += nbytes(inp)
+                    if inp.weights:
+                        w[sp.backend] += nbytes(inp)
+                sums.append((list(c), list(w)))
+            self._split_sums = sums
+        return self._split_sums[k]
 
     def size(self, t: T, b: int) -> int:
         """``GraphAllocator.size``, cached for the reference's tensors and the copies kept with it."""

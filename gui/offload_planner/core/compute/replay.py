@@ -4,7 +4,7 @@ they change (passes 1-4) and the splits (pass 5), and the sched window they make
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.compute.bound import Bound, owned
@@ -15,7 +15,8 @@ from offload_planner.core.compute.ggml import (
     nbytes,
 )
 from offload_planner.core.compute.graph import WeightWhere
-from offload_planner.core.compute.recording import Reference, Refuse
+from offload_planner.core.compute.rec_alloc import Refuse
+from offload_planner.core.compute.recording import Reference
 from offload_planner.core.compute.replay_alloc import replay_alloc
 from offload_planner.core.compute.reserve import Reserve
 from offload_planner.core.compute.scheduler import Split
@@ -299,10 +300,7 @@ class _Replay:
                 break
             nb = bid.get(n, n.bid)
             src = orig_src[i]
-            need_new = nb == cur and bool(split.inputs) and any(
-                s is not None and s.weights and bid.get(s, s.bid) != cur and not supported(s, cur)
-                for s in src)
-            if nb != cur or need_new:
+            if nb != cur or (split.inputs and _weight_elsewhere(src, cur, bid, supported)):
                 split.i_end = i
                 split = Split(nb, i)
                 self.new_splits.append(split)
@@ -350,7 +348,7 @@ class _Replay:
         affected one in a split whose copies changed); when the first split keeps the reference's
         inputs, it starts at the first affected node (the copies and nodes before it are the
         reference's)."""
-        ref, kk, B = self.ref, self.kk, self.B
+        ref, kk, bid, made = self.ref, self.kk, self.bid, self.made
         wnodes: list[T] = []
         wids: list[int] = []
         runs: list[tuple[int, int, int]] = []
@@ -368,8 +366,9 @@ class _Replay:
             else:
                 for inp in sp.inputs:
                     wnodes.append(ref.dep(inp))
-                    wids.append(B(inp))
-                    wnodes.append(ref.copy(inp, sp.backend))
+                    wids.append(bid.get(inp, inp.bid))  # (``B`` inlined)
+                    cp = made.get((inp, sp.backend))
+                    wnodes.append(ref.copy(inp, sp.backend) if cp is None else cp)
                     wids.append(sp.backend)
             hi = min(sp.i_end, self.x)
             mid = max(lo, min(hi, fa))
@@ -379,9 +378,9 @@ class _Replay:
                 wnodes += ref.sched_nodes[r:r + mid - lo]
                 wids += ref.sched_ids[r:r + mid - lo]
                 lo = mid
-            for gi in range(lo, hi):
-                wnodes.append(self.nodes[gi])
-                wids.append(B(self.nodes[gi]))
+            for n in self.nodes[lo:hi]:
+                wnodes.append(n)
+                wids.append(bid.get(n, n.bid))  # (``B`` inlined)
         return wa, wnodes, wids, runs
 
     def run(self, below: list[int] | None = None) -> Reserve | None:
@@ -403,15 +402,28 @@ class _Replay:
             stats["left_out"] += 1
             return None
         sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, runs, self.newsrc, self.newdev)
-        copies, wcopies = list(ref.copies), list(ref.wcopies)
-        for sign, group in ((-1, ref.splits[len(self.kept):self.km + 1]), (1, self.new_splits)):
-            for sp in group:
-                for inp in sp.inputs:
-                    copies[sp.backend] += sign * nbytes(inp)
-                    if inp.weights:
-                        wcopies[sp.backend] += sign * nbytes(inp)
+        copies, wcopies = self._copies()
         splits = self.kept + self.new_splits + self.tail_splits
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
+
+    def _copies(self) -> tuple[list[int], list[int]]:
+        """Per backend, the bytes the new graph's splits copy (all, and weights only): the reference's
+        with its splits ``kept`` to ``km`` replaced by the new ones."""
+        ref = self.ref
+        c0, w0 = ref.copies_before(len(self.kept))
+        c1, w1 = ref.copies_before(self.km + 1)
+        copies = [a - b + x for a, b, x in zip(ref.copies, c1, c0, strict=True)]
+        wcopies = [a - b + x for a, b, x in zip(ref.wcopies, w1, w0, strict=True)]
+        known = ref.input_bytes
+        for sp in self.new_splits:
+            for inp in sp.inputs:
+                nb = known.get(inp)
+                if nb is None:
+                    nb = known[inp] = nbytes(inp)
+                copies[sp.backend] += nb
+                if inp.weights:
+                    wcopies[sp.backend] += nb
+        return copies, wcopies
 
     def _below_any(self, below: list[int], affected: set[int]) -> bool:
         """Before pass 5: :meth:`early_bound` is at most ``below`` on every backend."""
@@ -470,8 +482,11 @@ class _Replay:
                runs: list[tuple[int, int, int]]) -> bool:
         """The allocator's bound on the new graph is at most ``below`` on every backend: the
         reference's bound plus the window's tensors outside its runs of the reference's nodes (the
-        rest of the new graph is the reference's)."""
+        rest of the new graph is the reference's).  Not where the reference's bound alone is above
+        ``below`` on some backend (the window adds sizes, never takes any off): no window is summed."""
         ref, newdev, newsrc = self.ref, self.newdev, self.newsrc
+        if any(r > x for r, x in zip(ref.alloc_bound(), below, strict=True)):
+            return False
 
         def allocated(t: T) -> bool:
             return t.view_src is None and newdev.get(t, t.dev) is None
@@ -486,6 +501,16 @@ class _Replay:
             bound.add_nodes(wnodes[j:js], wids[j:js], srcs, allocated)
             j = js + n
         return all(r + w <= x for r, w, x in zip(ref.alloc_bound(), bound.sizes, below, strict=True))
+
+
+def _weight_elsewhere(src: Sequence[T | None], cur: int, bid: dict[T, int],
+                      supported: Callable[[T, int], bool]) -> bool:
+    """A weight among ``src`` that is neither on backend ``cur`` nor usable from there (pass 5 starts a
+    new split for its node)."""
+    for s in src:
+        if s is not None and s.weights and bid.get(s, s.bid) != cur and not supported(s, cur):
+            return True
+    return False
 
 
 def _first_at(cs: list[tuple[int, tuple[T, int]]], start: int) -> int:

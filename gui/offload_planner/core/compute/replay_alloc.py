@@ -16,7 +16,8 @@ from offload_planner.core.compute.ggml import (
     same_layout,
 )
 from offload_planner.core.compute.periods import Event, PeriodWalk, apply_span
-from offload_planner.core.compute.recording import Checkpoint, Reference, Refuse
+from offload_planner.core.compute.rec_alloc import Checkpoint, Refuse
+from offload_planner.core.compute.recording import Reference
 from offload_planner.core.compute.stats import stats
 
 #: the shortest stretch of unchanged nodes whose allocator events are taken from the reference
@@ -285,16 +286,25 @@ class _AllocReplay:
     def _count(self, d: dict[T, int], new: list[T], old: list[T]) -> None:
         """Uses by ``new`` minus uses by ``old``, of the tensors the allocator handles (one in a
         buffer, or a view of one, is never allocated or freed: its count decides nothing)."""
-        newsrc = self.newsrc
+        newsrc, facts, ref, get = self.newsrc, self.ref.walk_facts, self.ref, d.get
         for n in new:
             ss = newsrc.get(n)
-            for s in n.src if ss is None else ss:
-                if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
-                    d[s] = d.get(s, 0) + 1
+            if ss is None:  # (the walk's facts hold the sources counted: ``rels``)
+                f = facts.get(n)
+                if f is None:
+                    f = facts[n] = _walk_facts(ref, n, n.src)
+                for s in f[3]:
+                    d[s] = get(s, 0) + 1
+                continue
+            for x in ss:
+                if x is not None and (x.dev if x.view_src is None else x.view_src.dev) is None:
+                    d[x] = get(x, 0) + 1
         for n in old:
-            for s in n.src:
-                if s is not None and (s.dev if s.view_src is None else s.view_src.dev) is None:
-                    d[s] = d.get(s, 0) - 1
+            f = facts.get(n)
+            if f is None:
+                f = facts[n] = _walk_facts(ref, n, n.src)
+            for s in f[3]:
+                d[s] = get(s, 0) - 1
 
     def _restore(self) -> None:
         """The allocator state of the reference's checkpoint at the start, with the new counts."""
@@ -357,17 +367,10 @@ class _AllocReplay:
         b, off = self.own.pop(t)
         self.allocs[b].free(off, self.ref.size(t, b))
 
-    def release(self, p: T) -> None:
-        """One use of ``p`` done: free it (or its view source) when nothing reads it any more."""
-        nc, nv = self.nc, self.nv
-        c = nc.get(p)
-        if c is None:  # (``r_new`` inlined: most releases are a tensor's first after the start)
-            u = self.ref.uses.get(p)
-            c = (0 if u is None else len(u) - bisect.bisect_left(u, self.base)) + self.d_base.get(p, 0)
-        c -= 1
-        nc[p] = c
-        if c:
-            return
+    def dead(self, p: T) -> None:
+        """``p``'s last use is done (its count is zero now): free it (or its view source) unless views
+        of it are still read."""
+        nv = self.nv
         v = nv.get(p)
         if v is None:
             v = nv[p] = self.v_new(p) if p in self.ref.view_nodes else 0
@@ -385,8 +388,9 @@ class _AllocReplay:
     def run(self) -> tuple[list[int], list[str]]:
         ref, wa, wnodes, wids = self.ref, self.wa, self.wnodes, self.wids
         rnodes, rids, cks = ref.sched_nodes, ref.sched_ids, ref.cks
-        place, release, newsrc, nc = self._place, self.release, self.newsrc, self.nc
+        place, dead, newsrc, nc = self._place, self.dead, self.newsrc, self.nc
         facts, facts_new, uses = ref.walk_facts, ref.walk_facts_new, ref.uses
+        allocs, sizes, size = self.allocs, ref.size_cache, ref.size
         delta = len(wnodes) - (self.ref_end - wa)
         stretches = self._stretches()
         q, end, w_end = wa, len(rnodes) + delta, wa + len(wnodes)
@@ -404,7 +408,7 @@ class _AllocReplay:
                 qr = q - delta
                 ckq = cks.get(qr)
                 if ckq is not None and _same_live(ckq, own, self.NC, self.NV):
-                    return _tails(ref, qr, self.allocs, own, self.peaks)
+                    return _tails(ref, qr, allocs, own, self.peaks)
                 n, b = rnodes[qr], rids[qr]
             else:
                 n, b = wnodes[q - wa], wids[q - wa]
@@ -426,23 +430,31 @@ class _AllocReplay:
             if tag:
                 self.where = tag
             # (allocate and release inlined where they return at once: most sources are allocated or
-            # have a buffer, most releases leave uses to come)
+            # have a buffer, most releases leave uses to come; ``_place`` inlined for a node that
+            # cannot take over a source in place)
             for x in cands:
                 if x not in own:
                     place(x, b)
             if mine and n not in own:
-                place(n, b)
+                if n.op in INPLACE_OPS:
+                    place(n, b)
+                else:
+                    al = allocs[b]
+                    before = al.max_size
+                    sz = sizes.get((n, b))
+                    own[n] = (b, al.alloc(size(n, b) if sz is None else sz))
+                    if al.max_size > before:
+                        self.peaks[b] = peak_label(n, self.where)
             for x in rels:
                 c = nc.get(x)
                 if c is None:  # (its first release since the start or a stretch: ``r_new``)
                     u = uses.get(x)
-                    c = nc[x] = ((0 if u is None else len(u) - bisect.bisect_left(u, self.base))
-                                 + self.d_base.get(x, 0))
-                if c > 1:
-                    nc[x] = c - 1
-                else:
-                    release(x)
-        return [a.max_size for a in self.allocs], self.peaks
+                    c = ((0 if u is None else len(u) - bisect.bisect_left(u, self.base))
+                         + self.d_base.get(x, 0))
+                nc[x] = c - 1
+                if c == 1:
+                    dead(x)
+        return [a.max_size for a in allocs], self.peaks
 
     # --- a stretch of the window the reference walked the same way ------------------------------
 
