@@ -395,3 +395,18 @@ def test_a_hugging_face_blob_link_names_the_download_link(tmp_path: Path) -> Non
         srv.server_close()
     assert err.rstrip().endswith("; a Hugging Face /blob/ link is the file's web page: give the download "
                                  f"link, {base}/org/m-GGUF/resolve/main/m-Q4_K_M.gguf"), err
+
+
+def test_a_backend_flooding_its_version_is_refused_at_once(tmp_path: Path) -> None:
+    """`--backend PROGRAM` runs PROGRAM --version: one printing without end (yes) was read into memory
+    for the whole 30 s timeout (gigabytes), then named by the guard's own command line (newcomer4)."""
+    import time
+
+    flood = tmp_path / "llama-server"
+    flood.write_text("#!/bin/sh\nexec yes llama-server\n")
+    flood.chmod(0o755)
+    t0 = time.monotonic()
+    err = refused(run("plan", QWEN, "--no-detect", "--backend", str(flood)))
+    assert time.monotonic() - t0 < 20
+    assert err == (f"offload-planner: error: --backend '{flood}': cannot run it: printed more than 4 MiB for "
+                   "--version (not a llama-server?)\n"), err

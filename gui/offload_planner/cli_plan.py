@@ -77,8 +77,11 @@ def _dialect(backend: str) -> Dialect:
     def run(flag: str) -> str:
         try:
             return child_guard.output_of([exe, flag], timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise PlannerError(f"--backend {backend!r}: cannot run it: {e}") from None
+        except subprocess.TimeoutExpired as e:  # its text was the guard's own command line
+            raise PlannerError(f"--backend {backend!r}: no answer to {flag} within {e.timeout:g} s (a "
+                               "llama-server answers at once): give llama-server or a dialect") from None
+        except OSError as e:
+            raise PlannerError(f"--backend {backend!r}: cannot run it: {e.strerror or e}") from None
 
     return detect_dialect(run("--version"), run("--help"))
 

@@ -323,7 +323,8 @@ def read_header(src: ByteSource) -> Header:
 def _what_it_is(name: str, head: bytes) -> str:
     """What a file that is not a GGUF is, where its start says ("" when it does not): a Hugging Face
     ``/blob/`` link is the file's web page (the browser's address of a model, the link to give is
-    ``/resolve/``); a file starting with text is a web page or an error message saved as the model."""
+    ``/resolve/``); a file of text starting with ``<`` or ``{`` is a web page or a JSON error saved as
+    the model (other text, a README given as the model, keeps the plain message)."""
     import os
     from urllib.parse import urlsplit
 
@@ -333,8 +334,10 @@ def _what_it_is(name: str, head: bytes) -> str:
         if parts.hostname in hosts and "/blob/" in parts.path:
             fixed = parts._replace(path=parts.path.replace("/blob/", "/resolve/", 1)).geturl()
             return f"; a Hugging Face /blob/ link is the file's web page: give the download link, {fixed}"
-    text = head[:80].decode("utf-8", errors="replace")
-    if len(head) < 16 or not all(ch.isprintable() or ch in "\t\r\n" for ch in text):
+    text = head[:80].decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    if len(head) < 16 or not text.startswith(("<", "{")):  # HTML or a JSON error; other text as before
+        return ""
+    if not all(ch.isprintable() or ch in "\t\r\n" for ch in text):
         return ""
     start = " ".join(text.split())[:60]
     return f"; it starts with text ({start!r}...): a web page or an error message, not a model"
