@@ -410,3 +410,16 @@ def test_a_backend_flooding_its_version_is_refused_at_once(tmp_path: Path) -> No
     assert time.monotonic() - t0 < 20
     assert err == (f"offload-planner: error: --backend '{flood}': cannot run it: printed more than 4 MiB for "
                    "--version (not a llama-server?)\n"), err
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_cards_size_beyond_its_memory_is_refused(command: str) -> None:
+    """`CUDA0=rtx3090,100TiB` planned a 100 TiB RTX 3090 (the size after a card is for cards sold in
+    several sizes, or to give less); a size up to the card's is still taken (newcomer4)."""
+    err = refused(run(command, QWEN, "--no-detect", "--device", "CUDA0=rtx3090,100TiB", "--", "-c", "4096"))
+    assert err == ("offload-planner: error: --device 'CUDA0=rtx3090,100TiB': 100TiB is more than the NVIDIA "
+                   "GeForce RTX 3090's 24 GiB: give at most that (free= for the part unused now)\n"), err
+    ok = run("plan", QWEN, "--no-detect", "--json", "--device", "CUDA0=rtx3090,20GiB", "--", "-c", "4096")
+    assert ok.returncode == 0, ok.stderr
+    gpu = next(d for d in json.loads(ok.stdout)["devices"] if d["name"] == "CUDA0")
+    assert gpu["capacity_bytes"] == 20 * 1024**3, gpu
