@@ -237,8 +237,9 @@ def parse_device_decl(text: str) -> Device:
             hardware.append(("card", first.key))
             parts = parts[1:]
             if parts and "=" not in parts[0]:  # CUDA0=rtx3090,20GiB / Metal0=m2ultra,192GiB
-                total: int | None = parse_size(parts[0])
-                if first.vram_gib is not None and total > first.vram_gib * 1024**3:  # rtx3090,100TiB
+                given = parse_size(parts[0])
+                total: int | None = given
+                if first.vram_gib is not None and given > first.vram_gib * 1024**3:  # rtx3090,100TiB
                     raise ValueError(f"{parts[0]} is more than the {first.name}'s {first.vram_gib:g} GiB: "
                                      "give at most that (free= for the part unused now)")
                 parts = parts[1:]
