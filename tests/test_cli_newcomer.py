@@ -423,3 +423,14 @@ def test_a_cards_size_beyond_its_memory_is_refused(command: str) -> None:
     assert ok.returncode == 0, ok.stderr
     gpu = next(d for d in json.loads(ok.stdout)["devices"] if d["name"] == "CUDA0")
     assert gpu["capacity_bytes"] == 20 * 1024**3, gpu
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_more_rpc_servers_than_llama_cpp_takes_are_refused(command: str) -> None:
+    """Twenty --rpc servers were planned as RPC0..RPC19 (llama.cpp reads 16 split values for its
+    devices, past its array beyond 16, and its -ts takes at most 15), where 16 --device GPUs are
+    refused; now the same bound counts the --rpc servers (newcomer4)."""
+    many = ",".join(f"127.0.0.1:{5000 + i}" for i in range(15))
+    err = refused(run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--", "--rpc", many))
+    assert err == ("offload-planner: error: 16 devices (15 --rpc servers, 1 GPU(s)); at most 15: llama.cpp's "
+                   "-ts takes fewer values than its 16 devices (llama_max_devices)\n"), err

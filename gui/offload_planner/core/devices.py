@@ -422,4 +422,10 @@ def build_device_set(
                                 # declared keys win; the driver's figures (nvml_*) stay for the rest
                                 hardware=d.hardware + tuple(kv for kv in g.hardware
                                                             if kv[0] not in dict(d.hardware)))
+    if len(gpus) > MAX_GPUS and rpc_endpoints:  # --device alone is refused by parse_device_decls
+        # llama.cpp copies llama_max_devices() split values for n_devices() devices: past 16 it reads
+        # beyond its array, and its -ts takes at most 15 values (20 --rpc servers were planned)
+        raise PlannerError(f"{len(gpus)} devices ({len(rpc_endpoints)} --rpc servers, "
+                           f"{len(gpus) - len(rpc_endpoints)} GPU(s)); at most {MAX_GPUS}: llama.cpp's -ts "
+                           f"takes fewer values than its {MAX_DEVICES} devices (llama_max_devices)")
     return DeviceSet(cpu_out, tuple(gpus))
