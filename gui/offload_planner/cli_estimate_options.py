@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.speed.acceptance import Acceptance
 
 DEFAULT_UB, DEFAULT_B = 512, 2048  # llama.cpp's -ub and -b defaults
 
@@ -37,7 +38,9 @@ def add_estimate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-accept", type=_accept, default=None, metavar="P",
                    help="with a draft model (-md) or MTP (--spec-type draft-mtp): the share of drafted "
                    "tokens the model accepts, each given all earlier ones were (default 0.806, from a "
-                   "public measurement of GLM MTP in llama.cpp; the estimate's assumptions name it)")
+                   "public measurement of GLM MTP in llama.cpp; the estimate's assumptions name it); "
+                   "or what llama-server printed for your run: ratio=R (its 'draft acceptance', "
+                   "accepted / generated) or len=L (its 'mean len', tokens a step)")
 
 
 #: The longest --prompt taken: 16M tokens, beyond any model's context; the estimate walks the prompt
@@ -79,11 +82,19 @@ def _depth(text: str) -> int:
     return value
 
 
-def _accept(text: str) -> float:
+def _accept(text: str) -> float | Acceptance:
+    """``P`` (0 to 1), ``ratio=R`` (0 to 1) or ``len=L`` (at least 1; at most the draft length + 1,
+    checked when the draft length is known: a larger one counts as every token accepted)."""
+    kind, sep, number = text.rpartition("=")
+    kind = kind if not sep or kind else "?"  # '=0.5' names no form
     try:
-        v = float(text)
+        v = float(number) if len(number) < 40 else -1.0
     except ValueError:
         v = -1.0
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"--spec-accept {text!r}: expected a share from 0 to 1, e.g. 0.7")
-    return v
+    if kind == "len" and 1.0 <= v < 1e6:
+        return Acceptance("len", v)
+    if kind in ("", "ratio") and 0.0 <= v <= 1.0:
+        return Acceptance("ratio", v) if kind else v
+    raise argparse.ArgumentTypeError(
+        f"--spec-accept {text[:40]!r}: expected a share from 0 to 1 (e.g. 0.7), ratio=R as llama-server "
+        "prints 'draft acceptance' (0 to 1), or len=L as it prints 'mean len' (1 or more)")

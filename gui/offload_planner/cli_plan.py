@@ -17,6 +17,7 @@ from offload_planner.cli_estimate_options import (
 )
 from offload_planner.core.dialects import Dialect, all_dialects
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.speed.acceptance import Acceptance
 
 if TYPE_CHECKING:
     from offload_planner.core.cmdline import ArgError
@@ -185,7 +186,9 @@ def _plan(args: argparse.Namespace) -> int:
         speed = None
         notes.append(f"speed estimate unavailable: {type(e).__name__}: {e}")
     if args.spec_accept is not None and speed is not None and speed.spec is None:
-        notes.append(f"--spec-accept {args.spec_accept:g} unused: the command has no draft model (-md) "
+        given = args.spec_accept
+        given = given.text() if isinstance(given, Acceptance) else f"--spec-accept {given:g}"
+        notes.append(f"{given} unused: the command has no draft model (-md) "
                      "or MTP (--spec-type draft-mtp on a model with NextN layers)")
     if speed is not None and args.depth + args.prompt > speed.n_ctx:
         notes.append(f"--depth {args.depth} + --prompt {args.prompt} tokens exceed the context of "

@@ -248,3 +248,42 @@ def test_passes_on_a_gpu_pay_its_layers_as_a_plain_token_does(small_models: dict
     assert est.spec.verify_ms >= 1e3 / base.tg_tps
     assert est.spec.draft_ms >= DEFAULT.gpu_layer_us.value * 1e-3
     assert base.tg_tps < est.tg_tps <= 4 * base.tg_tps
+
+
+@pytest.mark.parametrize(("given", "n", "tokens"), [
+    # llama-server's slot log with full-length drafts: mean len = 1 + accepted / steps, and the
+    # draft acceptance accepted / drafted = (mean len - 1) / n
+    ("len=2.98", 3, 2.98),
+    ("ratio=0.6", 3, 1 + 3 * 0.6),
+    ("ratio=0.72055", 5, 1 + 5 * 0.72055),  # issue 5877's "draft acceptance" at --draft 5
+    ("len=9", 3, 4.0),  # more than 3 drafts can give: all kept
+])
+def test_acceptance_as_llama_server_prints_it(small_models: dict[str, Path],
+                                              capsys: pytest.CaptureFixture[str],
+                                              given: str, n: int, tokens: float) -> None:
+    """``--spec-accept len=L`` / ``ratio=R`` take the figures llama-server prints for a run and give
+    that run's tokens a step; the assumption says which form was declared."""
+    from offload_planner.cli import main
+
+    model = str(small_models["glm4moe"])
+    argv = ["plan", model, "--no-detect", "--device", "CPU=64GiB,bw=100GB/s", "--json",
+            "--spec-accept", given, "--", "-c", "2048", "--spec-type", "draft-mtp",
+            "--spec-draft-n-max", str(n)]
+    assert main(argv) == 0
+    spec = json.loads(capsys.readouterr().out)["speed"]["speculative"]
+    assert spec["n_draft"] == n
+    assert spec["tokens_per_step"] == pytest.approx(tokens, abs=0.005)
+    a = spec["accept"]
+    assert 1 + sum(a**i for i in range(1, n + 1)) == pytest.approx(tokens, abs=1e-6)
+    assert spec["accept_note"].startswith(f"--spec-accept {given}: llama-server's")
+
+
+@pytest.mark.parametrize("bad", ["ratio=1.5", "len=0.5", "len=nan", "ratio=inf", "size=2", "len=", "=0.5"])
+def test_acceptance_forms_refused_naming_the_flag(small_models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str], bad: str) -> None:
+    from offload_planner.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["plan", str(small_models["glm4moe"]), "--no-detect", "--spec-accept", bad, "--", "-c", "2048"])
+    err = capsys.readouterr().err
+    assert f"--spec-accept {bad!r}" in err and "mean len" in err

@@ -32,6 +32,7 @@ from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.acceptance import AcceptArg
 from offload_planner.core.speed.cpu_isa import CpuInfo, parse_proc_cpuinfo, parse_sysctl
 from offload_planner.core.speed.declared import MAX_RATE_GBS, parse_hardware_keys
 from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defaults_for, for_host
@@ -502,7 +503,7 @@ def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = T
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,
                placement: Placement | None = None, probe_rpc: bool = False,
-               accept: float | None = None, depth: int = 0) -> SpeedEstimate:
+               accept: AcceptArg = None, depth: int = 0) -> SpeedEstimate:
     """The speed estimate of ``plan`` on this machine's figures (the RAM probe, cached, run now when
     ``probe`` and not cached; efficiencies measured here with the plan's dialect, else the defaults)
     and the devices' declared figures; threads from ``-t`` of ``parsed`` or of the plan's flags; tg

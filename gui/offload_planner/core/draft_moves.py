@@ -31,7 +31,7 @@ def draft_moves_for(plan: Plan, names: list[str], device: str | None) -> dict[st
     """The draft tensors among ``names`` that ``device`` would move (None: none; a rule the user
     wrote is edited in the command)."""
     placed = draft_placement(plan)
-    if placed is None or device is None:
+    if placed is None or device is None or not plan.dialect.moves_draft_tensors:
         return {}
     d = plan.spec.draft if plan.spec is not None else None
     if d is None or d.devices.by_name(device) is None:

@@ -103,6 +103,8 @@ def _differing(model: Model, base: Mapping[str, str | None],
                target: Mapping[str, str | None]) -> list[tuple[str, Tensor]]:
     """(wanted device, tensor) of every tensor, in the model's order, whose target device differs from
     the base or whose tied output copy's does (a copy moves with its tensor: -ot matches both)."""
+    if base == target:  # every tensor and copy where wanted (one comparison of the maps, not a scan)
+        return []
     out = []
     tget, bget = target.get, base.get
     for t in model.tensors:

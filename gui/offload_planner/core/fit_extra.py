@@ -58,8 +58,7 @@ def _draft_measure(spec: SpecSettings, cparams: ContextParams, device_memory: Dr
     assert d is not None
 
     def measure(n_ctx: int) -> ExtraMeasured:
-        cp = replace(cparams, n_ctx=d.n_ctx or n_ctx, type_k=d.type_k, type_v=d.type_v,
-                     n_outputs_max=min(cparams.n_batch, cparams.n_seq_max))
+        cp = cparams.dialect.draft_context_params(cparams, n_ctx, d)
         m = device_memory(d.model, d.devices, d.placement_options, cp)
         names = place(d.model, d.devices, replace(d.placement_options, use_mmap=False)).model_devices
         return ExtraMeasured(dict(zip(names, m.used, strict=True)), dict(zip(names, m.model, strict=True)),

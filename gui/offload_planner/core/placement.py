@@ -327,6 +327,16 @@ class _PlaceOne:
             if item is None:
                 item = self.memo[key] = Placed.make(t, None, None, _NEXTN_RULE)
             return item
+        dev, buft, rule = self.target(t, i)
+        key = (k, dev, buft, rule)
+        item = self.memo.get(key)
+        if item is None:
+            item = self.memo[key] = Placed.make(t, dev, buft, rule)
+        return item
+
+    def target(self, t: Tensor, i: int | None) -> tuple[str, str, str]:
+        """Device, buffer type and rule of tensor ``t`` (not a skipped NextN one) whose first matching
+        override is ``i``."""
         if i is None:
             dev, rule = self.home.by_layer.get(t.layer) or self.home(t)  # its layer's answer looked up here
             buft = dev if dev != CPU else self.cpu_buft(t)
@@ -339,11 +349,7 @@ class _PlaceOne:
                 buft = CPU_MAPPED if self.opts.use_mmap else CPU
             else:
                 buft = self.cpu_buft(t)
-        key = (k, dev, buft, rule)
-        item = self.memo.get(key)
-        if item is None:
-            item = self.memo[key] = Placed.make(t, dev, buft, rule)
-        return item
+        return dev, buft, rule
 
     def by_layer(self, tensors: list[Tensor], firsts: list[int | None], hits: dict[int, int]) -> list[Placed]:
         """Every tensor's item, a layer's run of tensors at once where the same run had the same home
@@ -368,10 +374,28 @@ class _PlaceOne:
             key = (k0, ctx, self.home(tensors[k0]), tuple(map(to_of.get, fs)))
             got = runs_memo.get(key)
             if got is None:
-                got = runs_memo[key] = [self(k, tensors[k], i)
-                                        for k, i in zip(range(k0, k1), fs, strict=True)]
+                got = runs_memo[key] = self._run_items(tensors, k0, fs)
             items.extend(got)
         return items
+
+    def _run_items(self, tensors: list[Tensor], k0: int, fs: list[int | None]) -> list[Placed]:
+        """The items of a layer's run of tensors from ``k0`` (their first overrides ``fs``): what
+        :meth:`__call__` gives each, its target worked out once per override (a run is one layer, no
+        NextN tensor, and the CPU buffer type is the same for every tensor here: :meth:`by_layer`)."""
+        memo, make, get = self.memo, Placed.make, self.memo.get
+        targets: dict[int | None, tuple[str, str, str]] = {}
+        for k, i in enumerate(fs, k0):
+            if i not in targets:
+                targets[i] = self.target(tensors[k], i)
+        out: list[Placed] = []
+        for k, i in enumerate(fs, k0):
+            dev, buft, rule = targets[i]
+            key = (k, dev, buft, rule)
+            item = get(key)
+            if item is None:
+                item = memo[key] = make(tensors[k], dev, buft, rule)
+            out.append(item)
+        return out
 
 
 #: per item memo (:func:`_item_memo`, held so its id stays unique): the items of its model's runs of a
@@ -395,12 +419,13 @@ def _layer_runs(tensors: list[Tensor]) -> list[tuple[int, int]]:
     if got is not None and got[0] is tensors:
         return got[1]
     runs: list[tuple[int, int]] = []
-    k = 0
-    while k < len(tensors):
-        il = tensors[k].layer
+    k, n, nextn = 0, len(tensors), Role.NEXTN  # looked up once, not per tensor
+    while k < n:
+        t = tensors[k]
+        il = t.layer
         e = k + 1
-        if il is not None and tensors[k].role is not Role.NEXTN:
-            while e < len(tensors) and tensors[e].layer == il and tensors[e].role is not Role.NEXTN:
+        if il is not None and t.role is not nextn:
+            while e < n and (u := tensors[e]).layer == il and u.role is not nextn:
                 e += 1
         runs.append((k, e))
         k = e

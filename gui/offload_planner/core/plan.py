@@ -222,6 +222,7 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
     spec = load_spec(devices, args, dialect, placement_options)
+    extra = Dialect(dialect).draft_kept_args(extra, spec.draft)
     return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args))
 
 

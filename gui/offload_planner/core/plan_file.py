@@ -36,7 +36,7 @@ from offload_planner.core.json_at import At, JsonFieldError, parse_json
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import REPACK_TYPES, Override, PlacementOptions
-from offload_planner.core.plan import REGENERATED_FLAGS, Plan
+from offload_planner.core.plan import REGENERATED_FLAGS, Plan, plan_command
 from offload_planner.core.speculative import spec_from_argv
 
 FORMAT = "offload-planner-plan"
@@ -141,8 +141,10 @@ class PlanFile:
         )
         from offload_planner.core.engine import placement_options
 
-        plan.spec, spec_notes = spec_from_argv(self.devices, plan.extra_args, self.dialect,
-                                               placement_options)
+        argv = plan.extra_args
+        if self.dialect.draft_inherits_main_args and any(a in ("-md", "--model-draft") for a in argv):
+            argv = plan_command(plan)  # ik loads the draft with the main command line (-ot, -ctk, -c, ...)
+        plan.spec, spec_notes = spec_from_argv(self.devices, argv, self.dialect, placement_options)
         return plan, notes + spec_notes
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from offload_planner.core.buffer import Buffer
+from offload_planner.core.cmdline.model import ParsedArgs
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
@@ -60,6 +61,8 @@ class DraftSettings:
     type_k: str = "f16"
     type_v: str = "f16"
     n_ctx: int | None = None  # 2025 builds' -cd; None: the main context's cells
+    #: the draft's own settings where the dialect reads its context from them (ik's ``-draft "ARGS"``)
+    settings: Any = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class SpecSettings:
     n_max: int = DEFAULT_N_MAX  # --spec-draft-n-max: tokens drafted a step
     #: the draft model drafts (the dialect's rule: :attr:`Dialect.draft_needs_spec_type`); False: loaded only
     draft_speculates: bool = True
+    #: what the projection leaves out or approximates of the speculative stages (:meth:`Dialect.spec_notes`)
+    notes: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -127,14 +132,15 @@ def _mtp_head_at(location: str, mtime_ns: int, size: int) -> bool:
 
 def uses_mtp(args: Any, dialect: Dialect | None = None) -> bool:
     """``draft-mtp`` among the types (:func:`spec_types`): the models load their NextN layers."""
-    return "draft-mtp" in spec_types(args, dialect)
+    mtp = "draft-mtp" if dialect is None else Dialect(dialect).mtp_spec_type
+    return mtp is not None and mtp in spec_types(args, dialect)
 
 
 def draft_len(args: Any, dialect: Dialect | None = None) -> int:
     """``common_speculative_n_max`` over the draft types (:func:`spec_types`; 0 without one)."""
     d = _draft_args(args)
     if d is None or not DRAFT_TYPES.intersection(spec_types(args, dialect)):
-        return 0
+        return 0  # ik_llama.cpp's type names are not these: its main context reserves no draft outputs
     return max(0, DEFAULT_N_MAX if d.n_max is None else d.n_max)
 
 
@@ -160,22 +166,25 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     d = _draft_args(args)
     if d is None:
         return SpecSettings()
-    type_k, type_v = d.cache_type_k or "f16", d.cache_type_v or "f16"
+    dialect = Dialect(dialect)
+    ddev = draft_devices(devices, d.devices)
+    inner = getattr(args, "args", args)
+    dargs = dialect.draft_server_args(inner, d, bool(d.devices) and len(ddev.gpus) == 1)
+    type_k, type_v = dialect.draft_cache_types(dargs, d)
     draft = None
     if draft_model is not None and d.model:
-        inner = getattr(args, "args", args)
-        ddev = draft_devices(devices, d.devices)
-        split = "layer" if d.devices and len(ddev.gpus) == 1 else inner.split_mode
-        dargs = replace(inner, n_gpu_layers=d.n_gpu_layers, overrides=list(d.overrides), split_mode=split)
-        popts = placement_options(draft_model, ddev, dargs, Dialect(dialect))
-        draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, d.ctx_size or None)
-    n_max = DEFAULT_N_MAX if d.n_max is None else max(0, d.n_max)
+        # as parsed arguments: the dialect's effective -ot list (ik's --n-cpu-moe, from the draft's layers)
+        popts = placement_options(draft_model, ddev, ParsedArgs(dialect, args=dargs), dialect)
+        draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, dialect.draft_n_ctx(inner, dargs, d),
+                              dargs if d.params else None)
     types = spec_types(args, dialect)
-    drafts = (draft is None or not Dialect(dialect).draft_needs_spec_type
-              or bool(DRAFT_TYPES.intersection(types)))  # draft-mtp: the draft's MTP head drafts
-    if not drafts and not Dialect(dialect).loads_idle_draft:  # dropped before it is loaded
+    drafts = (draft is None or not dialect.draft_needs_spec_type
+              or bool(dialect.draft_model_types.intersection(types)))  # draft-mtp: its MTP head drafts
+    if not drafts and not dialect.loads_idle_draft:  # dropped before it is loaded
         draft, drafts = None, True
-    return SpecSettings(draft, "draft-mtp" in types, type_k, type_v, n_max, drafts)
+    mtp = dialect.mtp_spec_type is not None and dialect.mtp_spec_type in types
+    return SpecSettings(draft, mtp, type_k, type_v, dialect.draft_n_max(d), drafts,
+                        tuple(dialect.spec_notes(types, d.model)))
 
 
 def draft_mtp_context(spec: SpecSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
@@ -194,8 +203,7 @@ def draft_mtp_context(spec: SpecSettings, main: ContextParams, ctx: ResolvedCont
 
 def draft_context(spec: DraftSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
     """The draft model's weights, KV, output and compute buffers, as its own projection."""
-    cparams = replace(main, n_ctx=spec.n_ctx or ctx.n_ctx, type_k=spec.type_k, type_v=spec.type_v,
-                      n_outputs_max=min(main.n_batch, main.n_seq_max))
+    cparams = main.dialect.draft_context_params(main, ctx.n_ctx, spec)
     name = spec.model.path.rsplit("/", 1)[-1]
     return ExtraContext(DRAFT, f"draft model {name}",
                         draft_buffers(spec.model, spec.devices, spec.placement_options, cparams))
@@ -323,7 +331,10 @@ def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
 
 
 def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
-    """What llama-server refuses at load about speculative decoding on this model (its log lines)."""
+    """What llama-server refuses at load about speculative decoding on this model (its log lines), and
+    what the projection leaves out of it (:attr:`SpecSettings.notes`)."""
+    if spec is not None and spec.notes:
+        return [*spec.notes, *spec_refusals(model, replace(spec, notes=()))]
     if spec is not None and spec.mtp and spec.draft is None and not model.summary.n_nextn:
         return ["llama-server exits at load: llama_init_from_model: context type MTP requested but model "
                 "doesn't contain MTP layers; failed to create MTP context (--spec-type draft-mtp needs "

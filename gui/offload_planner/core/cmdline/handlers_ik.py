@@ -219,7 +219,7 @@ def h_port(ctx: Ctx) -> None:
 IK_INT_FLAGS = frozenset({
     "--gpu-layers", "--n-cpu-moe", "--main-gpu", "--ctx-size", "--batch-size", "--ubatch-size",
     "--parallel", "--fit-margin", "--mla-use", "--attention-max-batch", "--max-gpu",
-    "--worst-graph-tokens", "--verbosity", "--port",
+    "--worst-graph-tokens", "--verbosity", "--port", "--gpu-layers-draft", "--ctx-size-draft",
 })
 
 IK_HANDLERS: dict[str, Handler] = {

@@ -91,6 +91,9 @@ class DraftArgs:
     n_max: int | None = None  # --spec-draft-n-max (2025: --draft-max)
     ctx_size: int | None = None  # 2025 builds' -cd
     types: list[str] = field(default_factory=list)  # --spec-type, appended in order
+    #: ik_llama.cpp: each --spec-type stage's (type, n_max, n_min) overrides (-1: not given)
+    stages: list[tuple[str, int, int]] = field(default_factory=list)
+    params: str | None = None  # ik_llama.cpp's -draft/--draft-params: the draft's own command line
 
 
 @dataclass

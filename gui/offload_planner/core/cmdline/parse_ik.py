@@ -15,7 +15,8 @@ from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.flags_ik import IK_ENV, IK_KV_TYPES, IK_UNCHECKED_VALUE
 from offload_planner.core.cmdline.flagspec import FlagSpec, normalize_spelling
 from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS, IK_INT_FLAGS
-from offload_planner.core.cmdline.model import ArgError, FlagUse, ParsedArgs, Stage
+from offload_planner.core.cmdline.handlers_ik_spec import IK_SPEC_HANDLERS, chain_errors
+from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs, Stage
 from offload_planner.core.cmdline.parse_mainline import looks_like_flag, number_tail_notes
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
 
@@ -38,6 +39,8 @@ _LEGACY_SPEC = frozenset(
 )
 
 
+_CACHE_TYPE_KEYS = frozenset(
+    {"--cache-type-k", "--cache-type-v", "--cache-type-k-draft", "--cache-type-v-draft"})
 _BOOL_ENV_FIELDS = {"--k-cache-hadamard": "k_cache_hadamard", "--v-cache-hadamard": "v_cache_hadamard"}
 
 
@@ -113,7 +116,7 @@ class IkParser:
 
     def _dispatch(self, spec: FlagSpec, use: FlagUse, arg: str | None = None) -> None:
         self.parsed.flags.append(use)
-        handler = IK_HANDLERS.get(spec.key)
+        handler = IK_HANDLERS.get(spec.key) or IK_SPEC_HANDLERS.get(spec.key)
         value = use.values[0] if use.values else None
         try:
             if handler is not None:
@@ -132,7 +135,7 @@ class IkParser:
         if handler is None and use.env is None:
             self.parsed.passthrough.extend((use.spelling, *use.values))
         if (
-            spec.key in ("--cache-type-k", "--cache-type-v")
+            spec.key in _CACHE_TYPE_KEYS
             and use.values
             and use.values[0] not in IK_KV_TYPES
         ):
@@ -157,6 +160,33 @@ class IkParser:
         mode = self.mmap.load_mode()
         if mode is not None:
             self.parsed.args.load_mode = mode
+        if not self.parsed.errors:  # ik stops at the first refusal: the chain is checked after the line
+            for what in chain_errors(self.parsed.args.draft):
+                message = f"error: invalid speculative stage configuration: {what}"
+                use = next((f for f in reversed(self.parsed.flags) if f.key == "--spec-type"), None)
+                self.parsed.errors.append(ArgError(use.spelling if use else "--spec-type",
+                                                   use.values[0] if use else None, message))
+        self._single_slot()
+
+    def _single_slot(self) -> None:
+        """``common_speculative_prepare_startup`` (common/speculative.cpp 2078-2094) drops an ``mtp``
+        stage when ``-np`` > 1; any stage left makes ``load_model`` fail (examples/server/
+        server-context.cpp 220-225)."""
+        args = self.parsed.args
+        n_parallel = args.n_parallel or 1
+        if n_parallel <= 1 or not args.draft.types:
+            return
+        if "mtp" in args.draft.types:
+            self.parsed.warnings.append(ArgWarning(
+                "--spec-type", "mtp", "MTP is not supported with parallel slots yet, removing the MTP stage "
+                f"to avoid cross-slot corruption. n_parallel={n_parallel}"))
+            args.draft.types = [t for t in args.draft.types if t != "mtp"]
+            args.draft.stages = [s for s in args.draft.stages if s[0] != "mtp"]
+        if any(t != "mtp" for t in args.draft.types):
+            self.parsed.errors.append(ArgError(
+                "--parallel", str(n_parallel),
+                "Speculative decoding is currently limited to a single server slot (-np 1).", Stage.LOAD,
+                "ik_llama.cpp's server refuses a speculative stage with more than one slot"))
 
 
 def parse_ik(argv: Sequence[str], env: Mapping[str, str], parsed: ParsedArgs) -> ParsedArgs:

@@ -185,6 +185,12 @@ def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[A
     type_v = args.cache_type_v or "f16"
     if type_v not in _UNQUANTIZED and args.flash_attn == "off":
         errors.append(_load("-ctv", type_v, "V cache quantization requires flash_attn"))
+    draft_v = args.draft.cache_type_v
+    loads_draft = args.draft.model and set(args.draft.types) & parsed.dialect.draft_model_types
+    if loads_draft and draft_v and draft_v not in _UNQUANTIZED and args.flash_attn == "off":
+        # common_model_params_to_llama(params_dft) throws (common/common.cpp 4303-4305) while the
+        # server loads the draft (common/speculative.cpp 1989)
+        errors.append(_load("-ctvd", draft_v, "Quantized V cache cannot be used without flash attention"))
     return errors
 
 

@@ -19,12 +19,13 @@ if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
-    from offload_planner.core.cmdline.model import ArgError, ParsedArgs, TensorOverride
+    from offload_planner.core.cmdline.model import ArgError, DraftArgs, ParsedArgs, ServerArgs, TensorOverride
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.ggml_types import GGMLType
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
     from offload_planner.core.placement import Override, Placement, PlacementOptions
+    from offload_planner.core.speculative import DraftSettings
 
 _REGISTRY: dict[str, Dialect] = {}
 
@@ -117,6 +118,16 @@ class Dialect(str, metaclass=_DialectType):
     #: no ``--spec-type`` and a ``-md`` file with an MTP head: the speculative type is ``draft-mtp``
     #: (:func:`core.speculative.spec_types`)
     infers_draft_mtp: bool = False
+    #: the ``--spec-type`` names that draft with the ``-md`` model (as the parser stores them)
+    draft_model_types: frozenset[str] = frozenset(
+        {"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
+    #: the ``--spec-type`` name of the MTP context the planner projects (None: not modelled)
+    mtp_spec_type: str | None = "draft-mtp"
+    #: the draft model is loaded with a copy of the main command line (ik_llama.cpp): a saved plan's
+    #: draft is read again from its whole command, not from its kept arguments alone
+    draft_inherits_main_args: bool = False
+    #: a draft tensor can be moved on its own (an ``-otd`` rule: :mod:`core.draft_moves`)
+    moves_draft_tensors: bool = True
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)
     projects_mmproj: bool = False
     #: logits reserved for every token of the ubatch (llama-context.cpp before n_outputs_max)
@@ -283,6 +294,48 @@ class Dialect(str, metaclass=_DialectType):
         from offload_planner.core.ggml_types import KV_CACHE_TYPES
 
         return KV_CACHE_TYPES
+
+    # --- speculative decoding (core.speculative) ---
+    def spec_notes(self, types: Sequence[str], draft_model: str | None) -> list[str]:
+        """What the projection leaves out of these speculative stages (none: every type is modelled)."""
+        return []
+
+    def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
+        """The kept arguments (``Plan.extra_args``) such that the exported command, which pins ``-c``,
+        gives the draft the context it was projected with (mainline: as given)."""
+        return kept
+
+    def draft_n_max(self, draft: DraftArgs) -> int:
+        """Tokens drafted a step (``--spec-draft-n-max``, default 3: ``common_params_speculative_draft``)."""
+        return 3 if draft.n_max is None else max(0, draft.n_max)
+
+    def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
+        """The settings the draft model is loaded with (common/speculative.cpp
+        ``common_base_params_to_speculative``): the main command line with its own ``-ngld`` and ``-otd``
+        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``."""
+        from dataclasses import replace
+
+        split = "layer" if pinned_to_one_gpu else args.split_mode
+        return replace(args, n_gpu_layers=draft.n_gpu_layers, overrides=list(draft.overrides),
+                       split_mode=split)
+
+    def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
+        """The draft cache's K and V types: ``-ctkd``/``-ctvd``, default f16 (also the MTP context's)."""
+        return draft.cache_type_k or "f16", draft.cache_type_v or "f16"
+
+    def draft_n_ctx(self, args: ServerArgs, draft_args: ServerArgs, draft: DraftArgs) -> int | None:
+        """The draft context's requested size: None for the main context's cells
+        (``llama_n_ctx(ctx_tgt)``), else ``-cd`` as 2025 builds read it (0: the draft's trained length)."""
+        return draft.ctx_size or None
+
+    def draft_context_params(self, main: ContextParams, main_cells: int,
+                             draft: DraftSettings) -> ContextParams:
+        """The draft context: the main context's parameters, its own size and cache types, and the
+        pinned server's ``n_outputs_max = min(n_batch, n_seq_max)``."""
+        from dataclasses import replace
+
+        return replace(main, n_ctx=main_cells if draft.n_ctx is None else draft.n_ctx, type_k=draft.type_k,
+                       type_v=draft.type_v, n_outputs_max=min(main.n_batch, main.n_seq_max))
 
 
 def register(dialect: Dialect, attribute: str | None = None) -> Dialect:

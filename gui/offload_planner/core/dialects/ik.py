@@ -15,12 +15,13 @@ if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
-    from offload_planner.core.cmdline.model import ArgError, ParsedArgs, TensorOverride
+    from offload_planner.core.cmdline.model import ArgError, DraftArgs, ParsedArgs, ServerArgs, TensorOverride
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.ggml_types import GGMLType
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
     from offload_planner.core.placement import Override, Placement, PlacementOptions
+    from offload_planner.core.speculative import DraftSettings
 
 IK_COMPUTE_NOTE = ("estimate for ik_llama.cpp: mainline's graph simulated; ik builds its own (fused MoE "
                    "and up/gate ops, its MLA paths), measured on CPU it needs less; ")
@@ -58,10 +59,19 @@ class IkLlamaCpp(Dialect):
     #: called by the server, examples/server/server-context.cpp 218), which drafts only with a stage
     #: chain (289, 349).  So since PR 1949 (8a3802517, 2026-06-12); from PR 1908 (007d6400, 2026-06-04)
     #: it was loaded and not drafted with; from PR 645 (2025-08-16) to then ``-md`` alone drafted;
-    #: before PR 645 (the 2025 ik dialects) llama-server had no speculative decoding.  (ik's parser
-    #: here does not read ``-md``/``--spec-type``: no draft is projected for ik at all.)
+    #: before PR 645 (the 2025 ik dialects) llama-server had no speculative decoding.
     draft_needs_spec_type = True
     loads_idle_draft = False
+    #: ``needs_dft_model`` (common.cpp 242-246): ``draft``, ``dflash``, ``dspark`` (and ``mtp`` with ``-md``:
+    #: an MTP companion file, whose context is not modelled, see :attr:`mtp_spec_type`)
+    draft_model_types = frozenset({"draft", "dflash", "dspark"})
+    draft_inherits_main_args = True
+    #: no ``-otd``: the draft takes the main ``-ot`` list, and ``-draft "-ot ..."`` entries land after its
+    #: terminator (common.cpp 771-773), which the loader never reads past
+    moves_draft_tensors = False
+    #: ik's ``mtp`` stage (an MTP context on the main model, or on a ``-md`` companion) is not projected:
+    #: ik builds it its own way (``cparams.mtp``, src/llama.cpp), not checked against ik's library here
+    mtp_spec_type = None
 
     # --- flags ---
     def flag_table(self) -> FlagTable:
@@ -204,6 +214,107 @@ class IkLlamaCpp(Dialect):
 
     def kv_cache_types(self) -> tuple[str, ...]:
         return (*super().kv_cache_types(), *IK_EXTRA_KV_CACHE_TYPES)
+
+    # --- speculative decoding: common_speculative_load_draft_model (common/speculative.cpp 1939-1999) ---
+    def spec_notes(self, types: Sequence[str], draft_model: str | None) -> list[str]:
+        out = []
+        if "mtp" in types:
+            on = f"the -md companion {draft_model}" if draft_model else "the main model's NextN layers"
+            out.append(f"--spec-type mtp: ik_llama.cpp's MTP context (on {on}) is not projected: its KV, "
+                       "output and compute buffers are missing from these figures"
+                       + (", and so are the companion's weights" if draft_model else
+                          ", and ik gives the main context's cache the NextN layers too"))
+        for kind in ("dflash", "dspark"):
+            if kind in types and draft_model:
+                out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
+                           "it to cross_ctx + the draft's block size and shares the target's token embedding "
+                           "and output (not modelled)")
+        return out
+
+    def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
+        """A draft with its own context (``-cd``, or its trained length, both only without a main ``-c``)
+        gets it as ``-draft "-c N"``: the exported command pins the main ``-c``, which the draft would
+        take instead (common/speculative.cpp 1978-1985); appended to a ``-draft`` already given (its
+        last ``-c`` wins)."""
+        if draft is None or draft.n_ctx is None:
+            return kept
+        text = f"-c {draft.n_ctx or draft.model.summary.n_ctx_train}"
+        out = list(kept)
+        at = next((i for i in range(len(out) - 1, -1, -1) if out[i] in ("-draft", "--draft-params")), None)
+        if at is None or at + 1 >= len(out):
+            return [*out, "-draft", text]
+        out[at + 1] = f"{out[at + 1]} {text}"
+        return out
+
+    def draft_n_max(self, draft: DraftArgs) -> int:
+        """The ``draft`` stage's ``n_max`` (``--spec-type draft:n_max=N``), else 16 (common.h 223)."""
+        from offload_planner.core.cmdline.handlers_ik_spec import stage_n_max
+
+        kind = next((t for t in draft.types if t in self.draft_model_types), "draft")
+        return stage_n_max(draft, kind)
+
+    def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
+        """``params_dft = params_base`` (1946): the main command line, ``-ot`` and ``--n-cpu-moe`` and
+        ``-sm`` included, with ``-devd`` (the devices, :func:`speculative.draft_devices`), ``-ngld`` (-1
+        or absent: the library default, every layer with a GPU), one sequence (1985), then the
+        ``-draft "ARGS"`` command line parsed onto it (1955-1963)."""
+        import copy
+
+        out = copy.deepcopy(args)
+        out.n_gpu_layers = draft.n_gpu_layers if draft.n_gpu_layers not in (None, -1) else None
+        out.cache_type_k = draft.cache_type_k or args.cache_type_k
+        out.cache_type_v = draft.cache_type_v or args.cache_type_v
+        if draft.params:
+            out = _parsed_onto(out, draft.params, self)
+        out.n_parallel = 1
+        return out
+
+    def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
+        """``-ctkd``/``-ctvd``, else the main ``-ctk``/``-ctv`` (1952-1953; ``args``: the draft's)."""
+        return args.cache_type_k or "f16", args.cache_type_v or "f16"
+
+    def draft_n_ctx(self, args: ServerArgs, draft_args: ServerArgs, draft: DraftArgs) -> int | None:
+        """None (the main ``-c`` as given: :meth:`draft_context_params` follows the plan's) when the main
+        ``-c`` is not 0 and no ``-draft "-c N"`` changed it, else that ``-c``, else ``-cd``, else 0: the
+        draft's trained length (1978-1985: ``params_dft`` starts as a copy of the main parameters, so
+        ``-cd`` counts only without ``-c``; the main context's padded cells are never used)."""
+        if draft_args.ctx_size and draft_args.ctx_size == args.ctx_size:
+            return None
+        return (draft_args.ctx_size or 0) or (draft.ctx_size or 0)
+
+    def draft_context_params(self, main: ContextParams, main_cells: int,
+                             draft: DraftSettings) -> ContextParams:
+        """The main context's parameters (``common_context_params_to_llama(params_dft)``) with the draft's
+        size, cache types and one sequence."""
+        from dataclasses import replace
+
+        n_ctx = main.n_ctx if draft.n_ctx is None else draft.n_ctx  # the main -c as requested, not padded
+        p = replace(main, n_ctx=n_ctx, type_k=draft.type_k, type_v=draft.type_v, n_seq_max=1,
+                    n_outputs_max=None if main.n_outputs_max is None else 1)
+        own = draft.settings  # -draft "ARGS": its -b/-ub/-fa
+        if own is None:
+            return p
+        fa = own.flash_attn != "off" if own.flash_attn is not None else p.flash_attn
+        return replace(p, n_batch=own.batch_size or p.n_batch, n_ubatch=own.ubatch_size or p.n_ubatch,
+                       flash_attn=fa)
+
+
+def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
+    """``-draft "ARGS"``: ``gpt_params_parse("llama-server " + ARGS)`` onto the draft's parameters."""
+    import shlex
+
+    from offload_planner.core.cmdline.model import ParsedArgs
+    from offload_planner.core.cmdline.parse_ik import parse_ik
+
+    try:
+        argv = shlex.split(text)
+    except ValueError:
+        argv = text.split()
+    kept = len(args.overrides)
+    out = parse_ik(argv, {}, ParsedArgs(dialect, args=args)).args
+    if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
+        out.overrides = out.overrides[:kept]
+    return out
 
 
 def _buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: bool = True) -> None:

@@ -45,6 +45,8 @@ class Ik2025(IkLlamaCpp):
     host_overrides_turn_mmap_off = False  # from PR 1510 (2026-03-26)
     f32_kq_mask = True
     mla_fa_steps_expanded = False  # from b85a2a50d (2026-01-31)
+    #: llama-server had no speculative decoding before PR 645 (2025-08-16): ``-md`` never drafts
+    draft_model_types: frozenset[str] = frozenset()
     detect_rank = 90  # never recognised from a server's output: picked by name
     help_markers: tuple[str, ...] = ()
     version_markers: tuple[str, ...] = ()

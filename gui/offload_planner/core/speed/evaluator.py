@@ -17,6 +17,7 @@ from offload_planner.core.memory import Projection, resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.speed.acceptance import AcceptArg
 from offload_planner.core.speed.candidate import Candidate, host_left, room
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.estimate import estimate
@@ -64,7 +65,7 @@ class Evaluator:
 
     def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
-                 moves: dict[str, str], accept: float | None = None) -> None:
+                 moves: dict[str, str], accept: AcceptArg = None) -> None:
         self.model, self.devices, self.base_args = model, devices, list(base_args)
         self.accept = accept  # speculative decoding's acceptance (None: the default)
         self.dialect = Dialect(dialect)

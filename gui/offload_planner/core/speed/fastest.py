@@ -55,6 +55,7 @@ from offload_planner.core.memory import alloc_size, pad
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.acceptance import AcceptArg
 from offload_planner.core.speed.baselines import Baselines
 from offload_planner.core.speed.candidate import Candidate, FastestResult, room, why_nothing_fits
 from offload_planner.core.speed.efficiency import Efficiencies, defaults_for
@@ -167,7 +168,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
                  ubatches: Sequence[int] | None = None, allow_kv_quant: bool = False,
-                 accept: float | None = None, concurrent: bool = False,
+                 accept: AcceptArg = None, concurrent: bool = False,
                  allow_nkvo: bool = False) -> FastestResult:
     """The fastest plan for ``goal`` that fits every GPU, and the baselines' candidates (their
     memory predicted unless they were projected in full: ``Candidate.verified``).
@@ -240,7 +241,7 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
 
 def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                       eff: Efficiencies | None = None, allow_kv_quant: bool = False,
-                      accept: float | None = None, allow_nkvo: bool = False) -> FastestResult:
+                      accept: AcceptArg = None, allow_nkvo: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
     types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``."""

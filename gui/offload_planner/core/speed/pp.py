@@ -178,7 +178,7 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
                 attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
                 gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf,
-                flash_attn: bool = True) -> _PPParts:
+                flash_attn: bool = True, rates: dict[str, tuple[float, float]] | None = None) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
     KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
     ``attn_layers``: layers by device and sliding window, whose queries attend at most the
@@ -187,8 +187,10 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
     flash-attention kernels skip the causal mask's masked cells and tiles); without it, ``KQ =
     mul_mat(k, q)`` and ``KQV`` run over every cell of the cache's view, the mask applied after them
     (llama-graph.cpp ``build_attn_mha``: ``ggml_soft_max_ext(kq, kq_mask, ...)``);
-    ``gpu``: the op-offload GPU)."""
+    ``gpu``: the op-offload GPU; ``rates``: each device's effective GB/s and FLOP/s, kept across a
+    prompt's micro-batches)."""
     s = plan.model.summary
+    rates = {} if rates is None else rates
     weights_flops, weights_reads, transfer = weighed(u)
     flops: dict[str, float] = defaultdict(float, weights_flops)
     reads: dict[str, float] = defaultdict(float, weights_reads)
@@ -207,8 +209,10 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
     reads_s: dict[str, float] = {}
     for name in dict.fromkeys([*flops, *reads]):  # first-seen order: ties name the same device every run
         d = hw[name]
-        bw = _effective_bandwidth(d, eff)
-        tf = compute_tflops(d, eff) * 1e12
+        rate = rates.get(name)
+        if rate is None:
+            rate = rates[name] = (_effective_bandwidth(d, eff), compute_tflops(d, eff) * 1e12)
+        bw, tf = rate
         # a GPU overlaps its reads with its compute (warps in flight); a CPU's threads both stream the
         # weights and multiply them (ggml-cpu has no copy engine): their times add
         if d.kind is DeviceKind.CPU:
@@ -245,10 +249,11 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     splits = _pp_splits(plan, hw, eff, pairs)
     weighed = _weighed(plan, hw, work, offload_to)
     start = depth
+    rates: dict[str, tuple[float, float]] = {}  # a device's figures: the same for every micro-batch
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
         mb = _microbatch(plan, hw, eff, weighed, attn_layers, u, start, splits, offload_to[0], kv_cell or {},
-                         swa_cells, plan.context.flash_attn)
+                         swa_cells, plan.context.flash_attn, rates)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         for k, v in mb.attn_s.items():

@@ -28,6 +28,7 @@ from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
+from offload_planner.core.speed.acceptance import Acceptance, AcceptArg
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.estimate import tg_tps
 from offload_planner.core.speed.hardware import Figure, Hardware, Source
@@ -52,9 +53,17 @@ ACCEPT_SOURCE = ("GLM-5.2 MTP in llama.cpp, greedy, --spec-draft-n-max 3: \"0.83
                  "of that mean length; used for draft models too (declare yours: --spec-accept)")
 
 
-def accept_figure(value: float | None) -> Figure:
+def accept_figure(value: AcceptArg, n: int = 1) -> Figure:
+    """The acceptance per drafted token as a figure, with its source; ``n`` drafts a step resolve an
+    :class:`Acceptance` in llama-server's printed form."""
     if value is None:
         return Figure(DEFAULT_ACCEPT, "per drafted token", Source.DEFAULT, ACCEPT_SOURCE)
+    if isinstance(value, Acceptance):
+        what = "draft acceptance (accepted / drafted)" if value.kind == "ratio" else "mean len"
+        note = f"{value.text()}: llama-server's {what} at {n} drafted tokens a step"
+        if value.kind == "len" and value.value > n + 1:
+            note += f" (more than the {n + 1} tokens a step of {n} drafts can give: every draft counted kept)"
+        return Figure(value.per_token(n), "per drafted token", Source.DECLARED, note)
     return Figure(value, "per drafted token", Source.DECLARED, "--spec-accept")
 
 
@@ -285,7 +294,7 @@ def step_reads(plan: Plan) -> StepReads | None:
 
 
 def with_speculation(est: SpeedEstimate, plan: Plan, hw: Hardware, eff: Efficiencies, *,
-                     placement: Placement | None = None, accept: float | None = None) -> SpeedEstimate:
+                     placement: Placement | None = None, accept: AcceptArg = None) -> SpeedEstimate:
     """``est`` with tg as the plan's draft model or MTP makes it (``est.spec`` says how, and keeps
     the figures without it); unchanged when the plan has neither."""
     placement = placement or plan.placement()
@@ -309,15 +318,15 @@ def with_speculation(est: SpeedEstimate, plan: Plan, hw: Hardware, eff: Efficien
 
 def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, *, depth: int,
                 target_kv: dict[str, int], plain: tuple[float, float],
-                accept: float | None = None) -> SpecEstimate | None:
+                accept: AcceptArg = None) -> SpecEstimate | None:
     """tg with the plan's draft model or MTP (None without one) at depth 0 and at ``depth`` tokens
     (``target_kv``: the target's KV read per token there); ``plain``: tg without speculation at
     depth 0 and at the full context."""
     draft = _draft_side(plan, placement, depth)
     if draft is None or draft.n_max < 1:
         return None
-    acc = accept_figure(accept)
     n = draft.n_max
+    acc = accept_figure(accept, n)
     b = n + 1
     e_tokens = tokens_per_step(acc.value, n)
     target = model_reads(plan.model, placement)
@@ -350,7 +359,7 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
 
 
 def tg_tps_as_shown(plan: Plan, hw: Hardware, eff: Efficiencies, *, placement: Placement | None = None,
-                    accept: float | None = None) -> float:
+                    accept: AcceptArg = None) -> float:
     """tg at depth 0 as the estimate shows it (:func:`with_speculation` over ``estimate``: with the
     plan's draft model or MTP), without the rest of the estimate (no prompt processing): for
     previews of a move."""

@@ -147,22 +147,35 @@ def _graph_keys(model: Model) -> _GraphKeys:
     sinks: dict[str, int] = {}
     pinned: list[tuple[int, int]] = []
     layers: set[int] = set()
+    kinds: dict[tuple[str, Role], tuple[int, int, int]] = {}  # (base, role) -> _kind_of's answer
+    output, n_layer = Role.OUTPUT, s.n_layer
     for t in model.tensors:
-        role, il = t.role, t.layer
-        if il is None or role is Role.OUTPUT:
+        il = t.layer
+        if il is None:
             continue
-        base = _base(t.name)
-        if role is Role.ATTENTION and base in _NOT_STEPS:
-            sinks[t.name] = il * stride + 2 * order[_KV] + 2  # after the store
-        elif (k := _layer_key(base, role, order)) is not None:
-            keys[t.name] = il * stride + 2 * k + 1
-            if role is Role.ATTENTION:
-                layers.add(il)
-            elif role.is_norm and k != _POST_FFW:  # gemma's post_ffw_norm is built with il = -1
-                pinned.append((il, il * stride + 2 * k))
-            if base in ("attn_q_norm", "attn_k_norm") and il < s.n_layer:
-                rows[t.name] = s.per_layer(s.n_head if base == "attn_q_norm" else s.n_head_kv, il)
-    rope = any(t.name == "rope_freqs.weight" for t in model.tensors)
+        role = t.role
+        if role is output:
+            continue
+        name = t.name
+        parts = name.split(".", 3)
+        base = parts[2] if len(parts) == 4 and parts[0] == "blk" else name  # _base
+        kind = kinds.get((base, role))
+        if kind is None:
+            kind = kinds[(base, role)] = _kind_of(base, role, order)
+        what, k, heads = kind
+        if what == _NONE:
+            continue
+        if what == _SINK:
+            sinks[name] = il * stride + k  # after the store
+            continue
+        keys[name] = il * stride + 2 * k + 1
+        if what == _ATTN:
+            layers.add(il)
+        elif what == _PINNED:  # gemma's post_ffw_norm is built with il = -1: not pinned
+            pinned.append((il, il * stride + 2 * k))
+        if heads and il < n_layer:
+            rows[name] = s.per_layer(s.n_head if heads == _Q_HEADS else s.n_head_kv, il)
+    rope = model.get("rope_freqs.weight") is not None
     ropes = tuple((il, il * stride + 2 * order[r] + 1) for il in sorted(layers) if rope
                   for r in (_ROPE_Q, _ROPE_K) if r in order)
     pinned += [(il, il * stride + 2 * order[_KV] + 1) for il in sorted(layers)]
@@ -175,6 +188,27 @@ def _graph_keys(model: Model) -> _GraphKeys:
     _KEYS.insert(0, (model, known))
     del _KEYS[4:]
     return known
+
+
+_NONE, _SINK, _ATTN, _PINNED, _KEY = range(5)
+_Q_HEADS, _KV_HEADS = 1, 2  # a per-head Q or K norm (its rows: the layer's query or KV heads)
+
+
+def _kind_of(base: str, role: Role, order: dict[str, int]) -> tuple[int, int, int]:
+    """What :func:`_graph_keys` does with a layer tensor of this base name and role (the same in every
+    layer: worked out once a model): ``(_SINK, offset after the KV store, 0)``, ``(_NONE, 0, 0)`` (not
+    a step of its own), or ``(kind, step, heads)`` (:func:`_layer_key`) of an attention matrix
+    (``_ATTN``), a norm whose ``RMS_NORM`` is pinned to its layer (``_PINNED``) or another step
+    (``_KEY``), ``heads`` :data:`_Q_HEADS` / :data:`_KV_HEADS` for a per-head Q / K norm, else 0."""
+    if role is Role.ATTENTION and base in _NOT_STEPS:
+        return _SINK, 2 * order[_KV] + 2, 0
+    k = _layer_key(base, role, order)
+    if k is None:
+        return _NONE, 0, 0
+    heads = _Q_HEADS if base == "attn_q_norm" else _KV_HEADS if base == "attn_k_norm" else 0
+    if role is Role.ATTENTION:
+        return _ATTN, k, heads
+    return (_PINNED if role.is_norm and k != _POST_FFW else _KEY), k, heads
 
 
 #: :func:`_graph_keys` of the last models
