@@ -23,6 +23,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(text_report(model, layers=not args.no_layers))
+        from offload_planner.core.loadable import load_error
+
+        refused = load_error(model)  # the reader shows it; plan, fit and the window refuse it
+        if refused is not None:
+            print(f"note: {refused.detail}; plan, fit and the window refuse it")
     return 0
 
 
