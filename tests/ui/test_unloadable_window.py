@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from pytestqt.qtbot import QtBot
-from tests.test_cli_unloadable import rewrite
+from tests.support.gguf_rewrite import rewrite
 from tests.ui.window_helpers import make_window, open_and_wait
 
 from offload_planner.ui.main_window import SystemInfo
