@@ -744,21 +744,10 @@ def test_catalogue_random_moves_replayed_equal_full(catalogue: dict[str, Model],
     C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
     rng = random.Random(zlib.crc32(name.encode()))
     n_layer = model.summary.n_layer
-    by_layer: dict[int, list[str]] = {}
-    for t in model.tensors:
-        if t.layer is not None and t.layer < n_layer:
-            by_layer.setdefault(t.layer, []).append(t.name)
-    experts = {t.name for t in model.tensors if t.role.is_routed_expert}
     before = CI.stats["replays"]
     n_moves = 12 if n_layer <= 8 else 6
     for _ in range(n_moves):
-        moves: dict[str, str] = {}
-        for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
-            names = by_layer[il]
-            kind = rng.random()
-            picked = ([n for n in names if n in experts] if kind < 0.4 and experts & set(names)
-                      else names if kind < 0.7 else [rng.choice(names)])
-            moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+        moves = _random_moves(model, rng, whole_layer_below=0.7)
         placement = plan.with_moves(moves).placement()
         fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
         full = C.simulate(model, devices, placement, ctx, params)
@@ -960,11 +949,6 @@ def test_replay_starts_hold_the_plain_walks_state(catalogue: dict[str, Model], n
     plan = Plan(model, devices, opts, params)
     for _ in range(2):
         C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
-    experts = {t.name for t in model.tensors if t.role.is_routed_expert}
-    by_layer: dict[int, list[str]] = {}
-    for t in model.tensors:
-        if t.layer is not None and t.layer < model.summary.n_layer:
-            by_layer.setdefault(t.layer, []).append(t.name)
     rng = random.Random(zlib.crc32(name.encode()) + 2)
     init = RA._AllocReplay.__init__
     starts: list[tuple[RA._AllocReplay, tuple[object, ...]]] = []
@@ -977,13 +961,7 @@ def test_replay_starts_hold_the_plain_walks_state(catalogue: dict[str, Model], n
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(RA._AllocReplay, "__init__", kept)
         for _ in range(10):
-            moves: dict[str, str] = {}
-            for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
-                names = by_layer[il]
-                kind = rng.random()
-                picked = ([n for n in names if n in experts] if kind < 0.4 and experts & set(names)
-                          else names if kind < 0.75 else [rng.choice(names)])
-                moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+            moves = _random_moves(model, rng, whole_layer_below=0.75)
             placement = plan.with_moves(moves).placement()
             starts.clear()
             fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
@@ -995,6 +973,24 @@ def test_replay_starts_hold_the_plain_walks_state(catalogue: dict[str, Model], n
                 checked += 1
     assert checked >= 5
 
+
+
+def _random_moves(model: Model, rng: random.Random, *, whole_layer_below: float) -> dict[str, str]:
+    """Moves of one or two random trunk layers to CPU, CUDA0 or CUDA1: a layer's routed experts
+    (draw below 0.4, where it has them), the whole layer (below ``whole_layer_below``) or one tensor."""
+    by_layer: dict[int, list[str]] = {}
+    for t in model.tensors:
+        if t.layer is not None and t.layer < model.summary.n_layer:
+            by_layer.setdefault(t.layer, []).append(t.name)
+    experts = {t.name for t in model.tensors if t.role.is_routed_expert}
+    moves: dict[str, str] = {}
+    for il in rng.sample(sorted(by_layer), min(len(by_layer), rng.choice((1, 1, 2)))):
+        names = by_layer[il]
+        kind = rng.random()
+        picked = ([n for n in names if n in experts] if kind < 0.4 and experts & set(names)
+                  else names if kind < whole_layer_below else [rng.choice(names)])
+        moves.update(dict.fromkeys(picked, rng.choice(("CPU", "CUDA0", "CUDA1"))))
+    return moves
 
 def _counted_state(a: RA._AllocReplay | GraphAllocator, backends: Iterable[int]) -> tuple[object, ...]:
     """``_state`` with each live tensor's uses and views to come (an allocator replay's from the
