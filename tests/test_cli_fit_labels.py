@@ -112,3 +112,21 @@ def test_nothing_fits_this_machines_ram_says_how_to_plan_for_another() -> None:
                    "--", "-c", "32768")
     assert declared.returncode == 1 and "nothing fits these devices: CPU (RAM)" in declared.stdout
     assert "the RAM is this machine's" not in declared.stdout
+
+
+def test_the_ram_note_comes_when_a_gpu_is_over_as_well() -> None:
+    """The note came only when the RAM was the first device over: a laptop planning DeepSeek-V3 for a
+    small GPU read "nothing fits these devices: CUDA0 over by ...; CPU (RAM) over by 355 GiB (... >
+    23.5 GiB)" and no word that the RAM was this machine's (newcomer4)."""
+    import psutil
+
+    ram = psutil.virtual_memory().total
+    if ram > 380 * 1024**3:
+        pytest.skip("this machine's RAM holds the experts")
+    r = run("fit", "--no-detect", DEMO, "--device", "CUDA0=2GiB", "--", "-c", "32768")
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith("nothing fits these devices: CUDA0 over by"))
+    assert "; CPU (RAM) over by" in lines[i], lines[i]
+    assert lines[i + 1] == (f"note: the RAM is this machine's ({ram / 1024**3:.1f} GiB); to plan for another "
+                            "machine declare its RAM, e.g. --device CPU=512GiB")

@@ -176,6 +176,20 @@ def test_launch_with_a_wrong_server_path_names_the_option(tmp_path: Path) -> Non
     assert "give the executable or the folder holding it" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_a_server_that_is_not_executable_says_so(tmp_path: Path, folder: bool) -> None:
+    """A llama-server copied without its x bit (unzipped, or built on a mounted drive) was "no
+    llama-server executable there (looked for PATH)": the file is there, so the path looked wrong
+    (newcomer4)."""
+    exe = tmp_path / "llama-server"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o644)
+    given = tmp_path if folder else exe
+    err = refused(run("launch", QWEN, "--no-detect", "--server", str(given), "--", "-c", "512"))
+    assert err == (f"offload-planner: error: --server '{given}': {exe} is a file but not executable: make it "
+                   f"one (chmod +x {exe}) or give the llama-server executable\n"), err
+
+
 def test_the_programs_help_gives_first_steps() -> None:
     """`offload-planner --help` listed five commands and no way to start: it now says what running
     it bare does and gives a first `plan` and `fit` line."""
@@ -227,3 +241,196 @@ def test_a_model_path_still_opens_the_window(tmp_path: Path) -> None:
     shot = tmp_path / "w.png"
     r = run(QWEN, "--screenshot", str(shot), "--size", "1024x640")
     assert r.returncode == 0 and shot.is_file(), r.stderr
+
+
+# --- a card without its device, a card's number without its name (newcomer4) ----------------------
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+@pytest.mark.parametrize(("decl", "said"), [
+    ("rtx3090", "a card is declared on a device name: --device CUDA0=rtx3090"),
+    ("RTX-4090", "a card is declared on a device name: --device CUDA0=rtx4090"),
+    ("rx7900xtx", "--device ROCm0=rx7900xtx"),
+    ("CUDA0=3090", "size '3090' has no unit: write e.g. 3090GiB"),
+    ("CUDA1=6000", "for the card: CUDA1=rtxa6000 or CUDA1=rtxpro6000"),
+])
+def test_a_card_written_as_a_newcomer_writes_it_is_named(command: str, decl: str, said: str) -> None:
+    """`--device rtx3090` (the help's CARD without the NAME= before it) was only "expected NAME=SIZE,
+    e.g. CUDA0=24GiB", and `CUDA0=3090` only suggested 3090GiB: each now names the declaration meant."""
+    err = refused(run(command, QWEN, "--no-detect", "--device", decl, "--", "-c", "4096"))
+    assert f"--device {decl!r}" in err and said in err, err
+    if decl == "CUDA0=3090":
+        assert err.rstrip().endswith("for the card: CUDA0=rtx3090"), err
+
+
+def test_a_bare_size_matching_no_card_keeps_its_message() -> None:
+    err = refused(run("plan", QWEN, "--no-detect", "--device", "CUDA0=24", "--", "-c", "4096"))
+    assert err.rstrip().endswith("size '24' has no unit: write e.g. 24GiB (accepted: 24GiB, 24G (both 24 x "
+                                 "1024^3 bytes), 24GB (24 x 1000^3), 8000MiB, 1TiB or 4096B)"), err
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["plan", QWEN, "--goal", "tg"], "(--goal is an option of `offload-planner fit`, not of plan)"),
+    (["plan", QWEN, "--allow-kv-quant", "-ngl", "99"],
+     "(--allow-kv-quant is an option of `offload-planner fit`, not of plan; llama-server arguments go after "
+     "`--`: offload-planner plan MODEL [options] -- -ngl 99)"),
+    (["inspect", QWEN, "--device", "CUDA0=24GiB"],
+     "(--device is an option of `offload-planner gui, plan, launch and fit`, not of inspect)"),
+    (["fit", QWEN, "--screenshot=x.png"], "(--screenshot is an option of `offload-planner gui`, not of fit)"),
+])
+def test_another_commands_option_is_named_as_its(args: list[str], said: str) -> None:
+    """`plan MODEL --goal tg` (fit's option) was told "llama-server arguments go after `--`: ... --
+    --goal tg", which llama-server refuses in turn; inspect's --device had no hint at all (newcomer4)."""
+    err = refused(run(*args))
+    assert err.rstrip().endswith(said), err
+    assert [x for x in err.splitlines() if "error:" in x] == [err.splitlines()[-1]], err  # one error line
+
+
+@pytest.mark.parametrize("command", ["inspect", "plan", "fit"])
+def test_a_download_folder_named_instead_of_its_file_names_the_file(command: str, tmp_path: Path) -> None:
+    """A newcomer passes the folder a model was downloaded into: "is a directory, not a GGUF file"
+    alone; now the message names the file to give, a split model's first part before its others and
+    before a projector (newcomer4)."""
+    folder = tmp_path / "DeepSeek-V3-Q4_K_M"
+    folder.mkdir()
+    for name in ("mmproj-F16.gguf", "DeepSeek-V3-Q4_K_M-00002-of-00002.gguf",
+                 "DeepSeek-V3-Q4_K_M-00001-of-00002.gguf", "README.md"):
+        (folder / name).write_bytes(b"")
+    err = refused(run(command, str(folder), *([] if command == "inspect" else ["--no-detect"])))
+    first = folder / "DeepSeek-V3-Q4_K_M-00001-of-00002.gguf"
+    assert err == (f"offload-planner: error: {folder}: is a directory, not a GGUF file: name one of its "
+                   f".gguf files, e.g. {first} (3 .gguf files)\n"), err
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_model_flag_naming_another_file_is_said(command: str, tmp_path: Path) -> None:
+    """`plan A.gguf -- -m B.gguf -ngl 99` (a command pasted for another model) planned A and dropped
+    the -m without a word; now a note names both. -m naming MODEL itself, by another spelling of its
+    path, gives none (newcomer4)."""
+    devices = ["--device", "CUDA0=24GiB"]
+    r = run(command, QWEN, "--no-detect", *devices, "--", "-m", str(tmp_path / "B.gguf"), "-c", "4096")
+    assert r.returncode == 0, r.stderr
+    other = tmp_path / "B.gguf"
+    assert (f"note: -m {other} is not the model planned: the plan and its command are of {QWEN} (the MODEL "
+            "argument); to plan the other, give it as MODEL") in r.stdout.splitlines()
+    same = str(Path(QWEN).parent / ".." / Path(QWEN).parent.name / Path(QWEN).name)
+    r = run(command, QWEN, "--no-detect", *devices, "--", "-m", same, "-c", "4096")
+    assert r.returncode == 0 and "is not the model planned" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "gui"])
+@pytest.mark.parametrize(("name", "said"), [
+    ("CUDA01", "'CUDA01': llama.cpp names it CUDA1 (no leading zero)"),
+    ("CUDA", "'CUDA' needs its index, as llama.cpp names devices: CUDA0, CUDA1, ..."),
+    ("CUDA16", "'CUDA16': llama.cpp numbers at most 16 devices (llama_max_devices): CUDA0 ... CUDA15"),
+    ("Vulkan" + "9" * 30, "llama.cpp numbers at most 16 devices"),
+])
+def test_a_gpu_name_llama_cpp_never_has_is_refused(command: str, name: str, said: str) -> None:
+    """`--device CUDA01=24GiB` planned a GPU named CUDA01 (its -ot rules named a buffer type llama-server
+    refuses), `CUDA=24GiB` one named CUDA, `CUDA16` a 17th device (newcomer4)."""
+    head = [command] + ([] if command == "gui" else [QWEN, "--no-detect"])
+    err = refused(run(*head, "--device", f"{name}=24GiB"))
+    assert err.startswith(f"offload-planner: error: --device '{name}=24GiB': ") and said in err, err
+    assert err.count("\n") == 1
+
+
+def test_a_plan_file_gpu_named_cuda01_is_refused(tmp_path: Path) -> None:
+    model = open_model(QWEN)
+    gpus = (parse_device_decl("CUDA0=24GiB"),)
+    plan = plan_from_args(model, DeviceSet(parse_device_decl("CPU=64GiB"), gpus),
+                          argparse.Namespace(ctx_size=4096))
+    data: dict[str, Any] = plan_json(PlanFile.of(plan))
+    data["devices"]["gpus"][0]["name"] = "CUDA01"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    err = refused(run("launch", str(path), "--no-detect"))
+    assert err == (f"offload-planner: error: {path}: bad field $.devices.gpus[0].name: 'CUDA01': llama.cpp "
+                   "names it CUDA1 (no leading zero)\n"), err
+
+
+# --- a web page or an error saved as the model (newcomer4) -----------------------------------------
+
+
+def test_a_web_page_saved_as_the_model_says_so(tmp_path: Path) -> None:
+    """`curl -o model.gguf` of a gated repository saves its login page: "not a GGUF file (magic
+    b'<!DO', expected b'GGUF')" alone; now the message quotes the start of the text. A binary
+    file of another format keeps its message byte for byte."""
+    page = tmp_path / "model.gguf"
+    page.write_text("<!DOCTYPE html>\n<html><body>Access to model org/m is restricted.</body></html>")
+    err = refused(run("plan", str(page), "--no-detect"))
+    assert err == (f"offload-planner: error: {page} at byte 0: not a GGUF file (magic b'<!DO', expected "
+                   "b'GGUF'); it starts with text ('<!DOCTYPE html> <html><body>Access to model org/m is "
+                   "restric'...): a web page or an error message, not a model\n"), err
+    ggml = tmp_path / "old.bin"
+    ggml.write_bytes(b"GGML" + bytes(60))
+    err = refused(run("inspect", str(ggml)))
+    assert err == (f"offload-planner: error: {ggml} at byte 0: not a GGUF file (magic b'GGML', expected "
+                   "b'GGUF')\n")
+
+
+def test_a_hugging_face_blob_link_names_the_download_link(tmp_path: Path) -> None:
+    """The browser's address of a file on Hugging Face (.../blob/main/x.gguf) is its web page; the
+    link that downloads it is .../resolve/main/x.gguf. A local server stands in for the hub
+    ($HF_ENDPOINT), serving a page at the blob address."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    blob = tmp_path / "org" / "m-GGUF" / "blob" / "main"
+    blob.mkdir(parents=True)
+    (blob / "m-Q4_K_M.gguf").write_text("<!DOCTYPE html><html><head><title>m-Q4_K_M.gguf</title></head>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        url = f"{base}/org/m-GGUF/blob/main/m-Q4_K_M.gguf"
+        err = refused(run("inspect", url, env={"HF_ENDPOINT": base}))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert err.rstrip().endswith("; a Hugging Face /blob/ link is the file's web page: give the download "
+                                 f"link, {base}/org/m-GGUF/resolve/main/m-Q4_K_M.gguf"), err
+
+
+def test_a_backend_flooding_its_version_is_refused_at_once(tmp_path: Path) -> None:
+    """`--backend PROGRAM` runs PROGRAM --version: one printing without end (yes) was read into memory
+    for the whole 30 s timeout (gigabytes), then named by the guard's own command line (newcomer4)."""
+    import time
+
+    flood = tmp_path / "llama-server"
+    flood.write_text("#!/bin/sh\nexec yes llama-server\n")
+    flood.chmod(0o755)
+    t0 = time.monotonic()
+    err = refused(run("plan", QWEN, "--no-detect", "--backend", str(flood)))
+    assert time.monotonic() - t0 < 20
+    assert err == (f"offload-planner: error: --backend '{flood}': cannot run it: printed more than 4 MiB for "
+                   "--version (not a llama-server?)\n"), err
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_cards_size_beyond_its_memory_is_refused(command: str) -> None:
+    """`CUDA0=rtx3090,100TiB` planned a 100 TiB RTX 3090 (the size after a card is for cards sold in
+    several sizes, or to give less); a size up to the card's is still taken (newcomer4)."""
+    err = refused(run(command, QWEN, "--no-detect", "--device", "CUDA0=rtx3090,100TiB", "--", "-c", "4096"))
+    assert err == ("offload-planner: error: --device 'CUDA0=rtx3090,100TiB': 100TiB is more than the NVIDIA "
+                   "GeForce RTX 3090's 24 GiB: give at most that (free= for the part unused now)\n"), err
+    ok = run("plan", QWEN, "--no-detect", "--json", "--device", "CUDA0=rtx3090,20GiB", "--", "-c", "4096")
+    assert ok.returncode == 0, ok.stderr
+    gpu = next(d for d in json.loads(ok.stdout)["devices"] if d["name"] == "CUDA0")
+    assert gpu["capacity_bytes"] == 20 * 1024**3, gpu
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_more_rpc_servers_than_llama_cpp_takes_are_refused(command: str) -> None:
+    """Twenty --rpc servers were planned as RPC0..RPC19 (llama.cpp reads 16 split values for its
+    devices, past its array beyond 16, and its -ts takes at most 15), where 16 --device GPUs are
+    refused; now the same bound counts the --rpc servers (newcomer4)."""
+    many = ",".join(f"127.0.0.1:{5000 + i}" for i in range(15))
+    err = refused(run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--", "--rpc", many))
+    assert err == ("offload-planner: error: 16 devices (15 --rpc servers, 1 GPU(s)); at most 15: llama.cpp's "
+                   "-ts takes fewer values than its 16 devices (llama_max_devices)\n"), err

@@ -23,6 +23,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(text_report(model, layers=not args.no_layers))
+        from offload_planner.core.loadable import load_error
+
+        refused = load_error(model)  # the reader shows it; plan, fit and the window refuse it
+        if refused is not None:
+            print(f"note: {refused.detail}; plan, fit and the window refuse it")
     return 0
 
 
@@ -171,14 +176,50 @@ def _parse(parser: argparse.ArgumentParser, ours: list[str]) -> argparse.Namespa
     if not extra:
         return args
     listed = " ".join(extra)
-    meant, rest = _meant_options(own, extra)
+    elsewhere, extra_left = _other_commands_options(own, extra)
+    meant, rest = _meant_options(own, extra_left)
     hints = [f"did you mean {meant}? `{own.prog} --help` lists the options"] if meant else []
+    hints += elsewhere
     if rest and hasattr(args, "server_args"):
         hints.append(f"llama-server arguments go after `--`: offload-planner {command} MODEL [options] -- "
                      + " ".join(rest))
     if hints:
         own.error(f"unrecognized arguments: {listed} ({'; '.join(hints)})")
     own.error(f"unrecognized arguments: {listed} (`{own.prog} --help` lists the options)")
+
+
+def _other_commands_options(own: argparse.ArgumentParser, extra: list[str]) -> tuple[list[str], list[str]]:
+    """Unknown options in ``extra`` that another command takes (``plan --goal tg``: fit's; it was told
+    to go after ``--`` as a llama-server flag): a hint for each, and ``extra`` without them and their
+    values. Builds every command's parser (an error path: the run parsed with its own only)."""
+    full = build_parser()
+    sub = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction))
+    commands: dict[str, argparse.ArgumentParser] = sub.choices
+    mine = {o for a in own._actions for o in a.option_strings}
+    owner: dict[str, tuple[list[str], bool]] = {}  # option -> (the commands taking it, takes a value)
+    for name, parser in commands.items():
+        for a in parser._actions:
+            for o in a.option_strings:
+                if o.startswith("--") and o not in mine:
+                    owner.setdefault(o, ([], a.nargs != 0))[0].append(name)
+    hints: list[str] = []
+    left: list[str] = []
+    skip = False
+    for token in extra:
+        flag, eq, _ = token.partition("=")
+        if skip and not token.startswith("-"):
+            skip = False
+            continue
+        skip = False
+        if flag in owner:
+            names, valued = owner[flag]
+            which = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+            hints.append(f"{flag} is an option of `offload-planner {which}`, not of "
+                         f"{own.prog.split()[-1]}")
+            skip = valued and not eq
+            continue
+        left.append(token)
+    return hints, left
 
 
 def _meant_options(own: argparse.ArgumentParser, extra: list[str]) -> tuple[str, list[str]]:

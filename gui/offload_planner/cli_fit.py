@@ -88,7 +88,11 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
     if unknown:
         raise PlannerError("fit needs every GPU's size: declare them with --device, e.g. CUDA0=rtx3090"
                            f" ({', '.join(unknown)} unknown)")
-    refusals = check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
+    from offload_planner.core.loadable import context_error
+
+    refusals: list[object] = [*check_semantics(parsed, devices.names, is_mla=model.summary.is_mla,
+                                               dialect=dialect), *dialect.model_errors(model)]
+    refusals += [e for e in [context_error(model, parsed.args.ctx_size)] if e]
     if refusals:  # as plan refuses them: the candidates keep these flags (-ts nan,1 broke the -nkvo search)
         raise PlannerError("; ".join(str(e) for e in refusals))
     return devices, detection
@@ -98,6 +102,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import devices_hardware, efficiencies_for, threads_of
     from offload_planner.core.cmdline import format_command, parse_server_args
     from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.loadable import require_loadable
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
     from offload_planner.core.speculative import draft_warning, spec_refusals
@@ -114,7 +119,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     if parsed.errors:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
     check_microbatches(args.prompt, parsed.args)
-    model = open_model(args.model)
+    model = require_loadable(open_model(args.model))
     devices, detection = _fit_devices(args, parsed, model, dialect)
     eff = efficiencies_for(args.backend)
     hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True)
@@ -124,6 +129,11 @@ def _run_fit(args: argparse.Namespace) -> int:
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+    from offload_planner.cli_server_args import model_flag_note
+
+    other_model = model_flag_note(parsed, model)
+    if other_model:
+        result.notes.insert(0, other_model)
     refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
     if refused:  # every candidate keeps the user's --spec-type: none would start
         raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
@@ -161,7 +171,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     print_candidates(args, rows, best_label, result.notes)
     if best is None:
         print("nothing fits these devices" + (f": {result.why}" if result.why else ""))
-        if result.why.startswith("CPU (RAM)") and not any(d.partition("=")[0] == "CPU" for d in args.device):
+        # the RAM over beside a GPU ("CUDA0 over by 15.1 MiB (...); CPU (RAM) over by 87.4 GiB") too
+        if "CPU (RAM) over" in result.why and not any(d.partition("=")[0] == "CPU" for d in args.device):
             print(ram_hint(devices.cpu.capacity))
         return 1
     print()

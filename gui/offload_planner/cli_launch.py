@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -198,7 +200,11 @@ class _Session:
         a = self.args
         found = launch.find_server_executable(a.server)
         if not found.path:  # an error as every refused option is, with what to give instead
-            if a.server:
+            plain = [t for t in found.tried if os.path.isfile(t)]
+            if a.server and plain:  # the file is there: "no executable there" read as a wrong path
+                self.say(f"error: --server {a.server!r}: {plain[0]} is a file but not executable: make it "
+                         f"one (chmod +x {shlex.quote(plain[0])}) or give the llama-server executable")
+            elif a.server:
                 self.say(f"error: --server {a.server!r}: no llama-server executable there (looked for "
                          f"{', '.join(found.tried)}); give the executable or the folder holding it, e.g. "
                          "--server ~/llama.cpp/build/bin")
@@ -248,13 +254,12 @@ class _Session:
     ) -> list[str]:
         """Parse the arguments as the server will read them (with the environment it gets) and
         build the devices; returns the arguments to pass on (a leading program name dropped)."""
-        import os
-
         from offload_planner.backend.launch import child_environment
         from offload_planner.backend.system import cpu_device, detect_gpus
         from offload_planner.cli_server_args import read_server_argv
         from offload_planner.core.devices import build_device_set, parse_device_decls
         from offload_planner.core.gguf_reader import open_model
+        from offload_planner.core.loadable import require_loadable
 
         a = self.args
         read = read_server_argv(server_args, dialect, child_environment(os.environ, env))
@@ -264,7 +269,7 @@ class _Session:
         for e in self.parsed.errors:
             self.say(f"note: llama-server will probably refuse this: {e.message}")
         try:
-            self.model = open_model(a.model)
+            self.model = require_loadable(open_model(a.model))
         except (PlannerError, OSError) as e:
             self.say(f"cannot read {a.model} ({e}); launching anyway, without a projection")
             self.model = None

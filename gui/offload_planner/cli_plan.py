@@ -78,8 +78,11 @@ def _dialect(backend: str) -> Dialect:
     def run(flag: str) -> str:
         try:
             return child_guard.output_of([exe, flag], timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise PlannerError(f"--backend {backend!r}: cannot run it: {e}") from None
+        except subprocess.TimeoutExpired as e:  # its text was the guard's own command line
+            raise PlannerError(f"--backend {backend!r}: no answer to {flag} within {e.timeout:g} s (a "
+                               "llama-server answers at once): give llama-server or a dialect") from None
+        except OSError as e:
+            raise PlannerError(f"--backend {backend!r}: cannot run it: {e.strerror or e}") from None
 
     return detect_dialect(run("--version"), run("--help"))
 
@@ -90,9 +93,10 @@ EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
 def _open_model(path: str) -> Model:
     """The GGUF at ``path``; a plan file saved by the window is named as one, with how to open it."""
     from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.loadable import require_loadable
 
     try:
-        return open_model(path)
+        model = open_model(path)
     except PlannerError:
         if _is_json(path):
             raise PlannerError(
@@ -100,6 +104,7 @@ def _open_model(path: str) -> Model:
                 f"`offload-planner {path}`, or plan its model with `offload-planner plan MODEL.gguf -- ...`"
             ) from None
         raise
+    return require_loadable(model)  # a model llama.cpp refuses is refused here, by name
 
 
 def _is_json(path: str) -> bool:
@@ -138,7 +143,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from offload_planner.cli_server_args import print_errors, read_server_argv
+    from offload_planner.cli_server_args import model_flag_note, print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
     from offload_planner.core.device_figures import over_capacity
     from offload_planner.core.plan_report import plan_json, plan_text
@@ -151,6 +156,9 @@ def _plan(args: argparse.Namespace) -> int:
     errors: list[ArgError | str] = [*parsed.errors]
     errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
     errors += dialect.model_errors(model)
+    from offload_planner.core.loadable import context_error
+
+    errors += [e for e in [context_error(model, parsed.args.ctx_size)] if e]
     if errors:
         return print_errors(errors)
     check_microbatches(args.prompt, parsed.args)
@@ -162,6 +170,9 @@ def _plan(args: argparse.Namespace) -> int:
     projection, plan, fit = analysis.projection, analysis.plan, analysis.fit
     assert projection is not None and fit is not None  # analyse_command raises instead
     notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
+    other_model = model_flag_note(parsed, model)
+    if other_model:
+        notes.insert(0, other_model)
     over = [n for n in over_capacity(projection) if n == devices.cpu.name or not fit.fixes_gpus]
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from offload_planner.core.cmdline import ArgError, ParsedArgs, parse_server_args, semantic_notes
 from offload_planner.core.dialects import Dialect
+from offload_planner.core.model import Model
 
 ENV_PREFIX = "LLAMA_ARG_"
 #: The program name given to the parser (llama-server's argv[0] is never an argument).
@@ -101,3 +102,22 @@ def print_errors(errors: Sequence[ArgError | str]) -> int:
     for line in error_lines(errors):
         print(f"offload-planner: error: {line}", file=sys.stderr)
     return 2
+
+
+def model_flag_note(parsed: ParsedArgs, model: Model) -> str | None:
+    """A ``-m`` after ``--`` (or ``LLAMA_ARG_MODEL``) naming another file than the model planned: the
+    plan and its command are of MODEL, the -m was dropped without a word (a pasted command for another
+    model read as a plan for it). None when it names MODEL or one of its shards, or is not given."""
+    named = parsed.args.model
+    if not named:
+        return None
+    shards = [s.path for s in model.shards] or [model.path]
+    for path in shards:
+        try:
+            if os.path.samefile(named, path):
+                return None
+        except (OSError, ValueError):
+            if named == path:
+                return None
+    return (f"-m {named} is not the model planned: the plan and its command are of {model.path} (the "
+            "MODEL argument); to plan the other, give it as MODEL")

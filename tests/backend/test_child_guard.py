@@ -183,3 +183,22 @@ def test_run_captures_both_streams_like_subprocess_run(tmp_path: Path) -> None:
     assert (r.returncode, r.stdout, r.stderr) == (3, "out\n\ufffd", "err\n")
     with pytest.raises(subprocess.TimeoutExpired):
         child_guard.run([*SLEEPER], timeout=0.5)
+
+
+def test_output_of_a_flooding_program_is_cut_and_refused(tmp_path: Path) -> None:
+    """A program answering --version with endless output (``yes``) was read whole into memory until
+    the timeout; now it is killed past OUTPUT_LIMIT characters with one OSError saying so (newcomer4).
+    Output under the limit is returned whole."""
+    import errno
+
+    flood = tmp_path / "flood"
+    flood.write_text("#!/bin/sh\nexec yes llama-server-flood\n")
+    flood.chmod(0o755)
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as ei:
+        child_guard.output_of([str(flood), "--version"], timeout=30, limit=1 << 20)
+    assert time.monotonic() - t0 < 10
+    assert ei.value.errno == errno.EFBIG and "printed more than 1 MiB for --version" in str(ei.value)
+    out = child_guard.output_of([sys.executable, "-c", "print('x' * 900_000 + 'end')"], timeout=30,
+                                limit=1 << 20)
+    assert out == "x" * 900_000 + "end\n"

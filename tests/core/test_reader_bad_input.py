@@ -728,6 +728,20 @@ def test_split_model_with_a_missing_shard_names_it(tmp_path: Path) -> None:
         assert paths[1].name in str(err)
 
 
+def test_a_shard_that_is_a_dangling_or_looping_link_says_so(tmp_path: Path) -> None:
+    """``ls`` lists a Hugging Face cache's snapshot links whose blob is missing, and a link that loops:
+    "missing part 2 of 3" alone read as a lie; the message now says what the file is (newcomer4)."""
+    paths = _shards(tmp_path, skip=(1,))
+    blob = tmp_path / "blobs" / "0123abcd"
+    paths[1].symlink_to(blob)
+    err = _expect(paths[0], "missing part 2 of 3", name=paths[1])
+    assert str(err).endswith(f"a symbolic link to {blob}, which does not exist (an interrupted download?)")
+    paths[1].unlink()
+    paths[1].symlink_to(paths[1].name)
+    err = _expect(paths[0], "missing part 2 of 3", name=paths[1])
+    assert str(err).endswith(f"a symbolic link that loops ({paths[1]} -> {paths[1].name})"), str(err)
+
+
 def test_split_model_with_several_missing_shards(tmp_path: Path) -> None:
     paths = _shards(tmp_path, 4, skip=(0, 2))
     _expect(paths[1], "1 more parts missing", name=paths[0])

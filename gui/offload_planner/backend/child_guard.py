@@ -19,6 +19,7 @@ the process has a PID; :func:`popen`, :func:`run` and :func:`output_of` do both 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -104,15 +105,48 @@ def run(args: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = 
     return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
 
 
-def output_of(args: Sequence[str], timeout: float) -> str:
+#: The most output :func:`output_of` keeps (llama-server's --help is about 40 KB)
+OUTPUT_LIMIT = 4 << 20
+
+
+def output_of(args: Sequence[str], timeout: float, limit: int = OUTPUT_LIMIT) -> str:
     """Run ``args`` to completion and return stdout and stderr (merged, decoded with replacement).
-    Raises OSError when it cannot start and :class:`subprocess.TimeoutExpired` after ``timeout``
-    seconds, when the child and its group are killed."""
+    Raises OSError when it cannot start or prints more than ``limit`` characters (a program flooding
+    its output was read whole into memory until the timeout: 100 MB took 8 s, an endless one filled
+    the memory), and :class:`subprocess.TimeoutExpired` after ``timeout`` seconds; in both the child
+    and its group are killed."""
     if _resolve(args[0]) is None:
         raise FileNotFoundError(2, "not found or not executable", args[0])
     proc, cmd = _start(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, errors="replace")
-    return _communicate(proc, cmd, timeout)[0]
+    read: list[str] = []
+    size = [0]
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        while size[0] <= limit:
+            chunk = proc.stdout.read(1 << 16)
+            if not chunk:
+                return
+            read.append(chunk)
+            size[0] += len(chunk)
+
+    reader = threading.Thread(target=pump, name="offload-planner output", daemon=True)
+    with proc:
+        reader.start()
+        reader.join(timeout)
+        if reader.is_alive() or size[0] > limit:
+            if cmd.own_group:
+                kill_group(proc.pid)
+            proc.kill()
+            proc.wait()
+            reader.join(5)
+            if size[0] > limit:
+                raise OSError(errno.EFBIG, f"printed more than {limit >> 20} MiB for {' '.join(args[1:])} "
+                                           "(not a llama-server?)")
+            raise subprocess.TimeoutExpired([cmd.program, *cmd.arguments], timeout)
+        proc.wait()
+    return "".join(read)
 
 
 def _communicate(proc: subprocess.Popen[str], cmd: GuardedCommand, timeout: float) -> tuple[str, str]:

@@ -141,6 +141,13 @@ def unknown_device_warnings(plan: Plan) -> list[str]:
     return out
 
 
+def _context_errors(plan: Plan) -> list[str]:
+    from offload_planner.core.loadable import context_error
+
+    err = context_error(plan.model, plan.context.n_ctx)
+    return [err] if err else []
+
+
 def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
                 capacity_hint: CapacityHint | None = None) -> list[str]:
     """Every warning about a plan, in one order: what the backend refuses or changes, devices the
@@ -148,7 +155,7 @@ def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
     (:func:`~offload_planner.core.diagnostics.plan_warnings`)."""
     unused = draft_warning(plan.model, plan.spec)
     refusals = (spec_refusals(plan.model, plan.spec) + ([unused] if unused else [])
-                + plan.dialect.model_errors(plan.model)
+                + plan.dialect.model_errors(plan.model) + _context_errors(plan)
                 + plan.dialect.warnings(plan.model, plan.placement_options, plan.devices))
     core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
                          capacity_hint=capacity_hint)

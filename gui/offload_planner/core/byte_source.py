@@ -49,7 +49,25 @@ def _check_regular(path: str, mode: int) -> None:
     if stat.S_ISREG(mode):
         return
     what = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
-    raise GGUFError(path, f"is {what}, not a GGUF file")
+    raise GGUFError(path, f"is {what}, not a GGUF file" + (_ggufs_in(path) if stat.S_ISDIR(mode) else ""))
+
+
+def _ggufs_in(folder: str, at_most: int = 200) -> str:
+    """The model files a folder holds (a download folder named instead of its file): ": name one of
+    its .gguf files, e.g. FOLDER/x-00001-of-00003.gguf (3 files)", the first part of a split model
+    first; "" when there is none or the folder cannot be listed. At most ``at_most`` entries are
+    looked at (a huge folder is not walked)."""
+    try:
+        with os.scandir(folder) as it:
+            names = [e.name for _, e in zip(range(at_most), it, strict=False)
+                     if e.name.lower().endswith(".gguf") and e.is_file()]
+    except OSError:
+        return ""
+    if not names:
+        return ""
+    names.sort(key=lambda n: ("-00001-of-" not in n, "mmproj" in n.lower(), n))
+    more = f" ({len(names)} .gguf files)" if len(names) > 1 else ""
+    return f": name one of its .gguf files, e.g. {os.path.join(folder, names[0])}{more}"
 
 
 class FileSource:

@@ -78,6 +78,27 @@ def kind_of(name: str) -> DeviceKind:
     return next(k for k in DeviceKind if k.value.lower() == prefix)
 
 
+def declared_name_problem(name: str) -> str:
+    """Why llama.cpp has no device of this (well-formed) name, "" when it may: a GPU is named with its
+    index as llama.cpp writes it (``CUDA%d``: ``CUDA1``, never ``CUDA01`` nor ``CUDA``), below its
+    ``llama_max_devices()`` (16). A declared CUDA01 planned, and its -ot rules named a buffer type
+    llama-server refuses."""
+    m = _NAME_RE.match(name.strip())
+    if m is None or m.group(1).upper() == "CPU":
+        return ""
+    prefix, digits = m.group(1), m.group(2)
+    kind = next(k for k in DeviceKind if k.value.lower() == prefix.lower())
+    if not digits:
+        return (f"{name.strip()!r} needs its index, as llama.cpp names devices: {kind.value}0, "
+                f"{kind.value}1, ...")
+    if len(digits) > 1 and digits.startswith("0"):
+        return f"{name.strip()!r}: llama.cpp names it {kind.value}{int(digits)} (no leading zero)"
+    if int(digits) >= MAX_DEVICES:
+        return (f"{name.strip()!r}: llama.cpp numbers at most {MAX_DEVICES} devices (llama_max_devices): "
+                f"{kind.value}0 ... {kind.value}{MAX_DEVICES - 1}")
+    return ""
+
+
 @dataclass(frozen=True)
 class Device:
     """One llama.cpp device. ``total``/``free`` are bytes; None when unknown."""
@@ -198,6 +219,11 @@ def parse_device_decl(text: str) -> Device:
     name, sep, rest = text.partition("=")
     name = name.strip()
     if not sep or not rest:
+        named = card(text) if not sep else None
+        if named is not None:  # --device rtx3090: the card without the device it is
+            raise PlannerError(f"--device {text!r}: a card is declared on a device name: --device "
+                               f"{named.kind}0={named.key} (NAME=SIZE or NAME=CARD; {named.kind}1=... for a "
+                               "second GPU)")
         raise PlannerError(f"--device {text!r}: expected NAME=SIZE, e.g. CUDA0=24GiB")
     try:
         kind = kind_of(name)
@@ -211,7 +237,11 @@ def parse_device_decl(text: str) -> Device:
             hardware.append(("card", first.key))
             parts = parts[1:]
             if parts and "=" not in parts[0]:  # CUDA0=rtx3090,20GiB / Metal0=m2ultra,192GiB
-                total: int | None = parse_size(parts[0])
+                given = parse_size(parts[0])
+                total: int | None = given
+                if first.vram_gib is not None and given > first.vram_gib * 1024**3:  # rtx3090,100TiB
+                    raise ValueError(f"{parts[0]} is more than the {first.name}'s {first.vram_gib:g} GiB: "
+                                     "give at most that (free= for the part unused now)")
                 parts = parts[1:]
             elif first.vram_gib is None:
                 raise ValueError(f"{first.name} comes in several memory sizes: give it after the name, "
@@ -219,7 +249,7 @@ def parse_device_decl(text: str) -> Device:
             else:
                 total = int(first.vram_gib * 1024**3)
         else:
-            total = _size_or_card(parts[0])
+            total = _size_or_card(parts[0], name)
             parts = parts[1:]
         free: int | None = None
         margin: int | None = None
@@ -331,17 +361,33 @@ def parse_device_decls(texts: Sequence[str]) -> list[Device]:
         raise PlannerError(f"--device: {len(offload)} GPUs declared ({offload[0]} ... {offload[-1]}); "
                            f"at most {MAX_GPUS}: llama.cpp's -ts takes fewer values than its "
                            f"{MAX_DEVICES} devices (llama_max_devices)")
+    for d, text in zip(out, texts, strict=True):  # after the count: 17 GPUs are refused as such
+        problem = declared_name_problem(d.name)
+        if problem:
+            raise PlannerError(f"--device {text!r}: {problem}")
     return out
 
 
-def _size_or_card(text: str) -> int:
+def _size_or_card(text: str, name: str) -> int:
     try:
         return parse_size(text)
-    except ValueError:
+    except ValueError as e:
         if not any(ch.isdigit() for ch in text.lstrip("+-")[:1]):  # -24GiB: a size, not a card
             raise ValueError(f"{text!r} is neither a size (24GiB) nor a known card "
                              f"({', '.join(card_keys())})") from None
+        cards = _cards_numbered(text)
+        if cards:  # CUDA0=3090 meant the RTX 3090, not 3090 GiB
+            raise ValueError(f"{e}; for the card: {' or '.join(f'{name}={c}' for c in cards)}") from None
         raise
+
+
+def _cards_numbered(text: str) -> list[str]:
+    """Catalogue cards a bare model number stands for (``3090``: ``rtx3090``; ``6000``: ``rtxa6000``,
+    ``rtxpro6000``): letters, then exactly that number."""
+    num = text.strip()
+    if not num.isdigit():
+        return []
+    return [k for k in card_keys() if re.fullmatch(r"[a-z]+" + num, k)]
 
 
 def build_device_set(
@@ -376,4 +422,10 @@ def build_device_set(
                                 # declared keys win; the driver's figures (nvml_*) stay for the rest
                                 hardware=d.hardware + tuple(kv for kv in g.hardware
                                                             if kv[0] not in dict(d.hardware)))
+    if len(gpus) > MAX_GPUS and rpc_endpoints:  # --device alone is refused by parse_device_decls
+        # llama.cpp copies llama_max_devices() split values for n_devices() devices: past 16 it reads
+        # beyond its array, and its -ts takes at most 15 values (20 --rpc servers were planned)
+        raise PlannerError(f"{len(gpus)} devices ({len(rpc_endpoints)} --rpc servers, "
+                           f"{len(gpus) - len(rpc_endpoints)} GPU(s)); at most {MAX_GPUS}: llama.cpp's -ts "
+                           f"takes fewer values than its {MAX_DEVICES} devices (llama_max_devices)")
     return DeviceSet(cpu_out, tuple(gpus))

@@ -320,10 +320,34 @@ def read_header(src: ByteSource) -> Header:
         ) from None
 
 
+def _what_it_is(name: str, head: bytes) -> str:
+    """What a file that is not a GGUF is, where its start says ("" when it does not): a Hugging Face
+    ``/blob/`` link is the file's web page (the browser's address of a model, the link to give is
+    ``/resolve/``); a file of text starting with ``<`` or ``{`` is a web page or a JSON error saved as
+    the model (other text, a README given as the model, keeps the plain message)."""
+    import os
+    from urllib.parse import urlsplit
+
+    if is_url(name):
+        parts = urlsplit(name)
+        hosts = {"huggingface.co", "hf.co", urlsplit(os.environ.get("HF_ENDPOINT", "").strip()).hostname}
+        if parts.hostname in hosts and "/blob/" in parts.path:
+            fixed = parts._replace(path=parts.path.replace("/blob/", "/resolve/", 1)).geturl()
+            return f"; a Hugging Face /blob/ link is the file's web page: give the download link, {fixed}"
+    text = head[:80].decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    if len(head) < 16 or not text.startswith(("<", "{")):  # HTML or a JSON error; other text as before
+        return ""
+    if not all(ch.isprintable() or ch in "\t\r\n" for ch in text):
+        return ""
+    start = " ".join(text.split())[:60]
+    return f"; it starts with text ({start!r}...): a web page or an error message, not a model"
+
+
 def _read_header(cur: _Cursor) -> Header:
     magic = cur.raw(4)
     if magic != GGUF_MAGIC:
-        raise cur.fail(f"not a GGUF file (magic {magic!r}, expected b'GGUF')", 0)
+        raise cur.fail(f"not a GGUF file (magic {magic!r}, expected b'GGUF')"
+                       + _what_it_is(cur.src.name, bytes(cur.buf[:min(cur.have, 200)])), 0)
     version = cur.take(_U32)
     if version not in (2, 3):
         if version & 0xFFFF == 0 and version >> 16:

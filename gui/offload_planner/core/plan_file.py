@@ -30,7 +30,7 @@ from offload_planner import __version__
 from offload_planner.core.arg_safety import strip_secrets
 from offload_planner.core.cmdline import Dialect, check_pattern, check_semantics, parse_server_args
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet, declared_name_problem
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.json_at import At, JsonFieldError, parse_json
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
@@ -469,6 +469,8 @@ def _device(at: At, *, cpu: bool) -> Device:
     m = _DEVICE_NAME.fullmatch(name)
     if m is None or (m[1] == "CPU") != (m[2] == ""):
         raise name_at.fail(f"{name!r} is not a device name (CPU, CUDA0, ROCm0, Vulkan0, RPC0, ...)")
+    if declared_name_problem(name):  # CUDA01: no device of llama.cpp's, as --device refuses it
+        raise name_at.fail(declared_name_problem(name))
     kind = DeviceKind(at.key("kind").choice([k.value for k in DeviceKind]))
     if kind.value != m[1]:
         raise at.key("kind").fail(f"{kind.value} does not match the device name {name}")

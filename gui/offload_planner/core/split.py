@@ -3,6 +3,7 @@ writes them: any shard finds its siblings, and the set is checked for completene
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from typing import TYPE_CHECKING
@@ -61,10 +62,27 @@ def shard_locations(location: str, first: Header) -> list[str]:
             raise GGUFError(
                 missing[0],
                 f"missing part {out.index(missing[0]) + 1} of {count} of split model "
-                f"(opened {os.path.basename(location)})"
+                f"(opened {os.path.basename(location)})" + _dangling(missing[0])
                 + (f"; {len(missing) - 1} more parts missing" if len(missing) > 1 else ""),
             )
     return out
+
+
+def _dangling(path: str) -> str:
+    """Why a part that ``ls`` lists is missing: a symbolic link (a Hugging Face cache's snapshot links
+    to its blobs) whose target does not exist or that loops; "" for a part that is not there."""
+    if not os.path.islink(path):
+        return ""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return ": a symbolic link that cannot be read"
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f": a symbolic link that loops ({path} -> {target})"
+    return f": a symbolic link to {target}, which does not exist (an interrupted download?)"
 
 
 def check_shards(headers: list[Header]) -> None:

@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from offload_planner.core.devices import Device, DeviceKind, kind_of
+from offload_planner.core.devices import Device, DeviceKind, declared_name_problem, kind_of
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.plan_edits import next_gpu_name
 from offload_planner.core.speed.catalogue import CARDS, Card, card
@@ -299,6 +299,9 @@ class AddGpuDialog(QDialog):
             return None
         if kind is DeviceKind.CPU or kind is DeviceKind.RPC:
             self.error.setText("a virtual GPU needs a GPU name such as CUDA1, ROCm0 or Vulkan0")
+            return None
+        if declared_name_problem(name):  # CUDA01, CUDA: a device llama.cpp never has
+            self.error.setText(declared_name_problem(name))
             return None
         if self._doc.plan.devices.by_name(name) is not None:
             self.error.setText(f"{name} is already there")

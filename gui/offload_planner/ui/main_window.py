@@ -492,8 +492,10 @@ class MainWindow(QMainWindow):
         gpus = [replace(g, margin=s.margin_of(g.name), margin_given=True)
                 for g in self.system.detection.gpus]
         for d in [*s.virtual_gpus(), *self.system.declared]:
-            if d.kind.value == "CPU":
-                cpu = replace(cpu, total=d.total, free=d.free,
+            if d.kind.value == "CPU":  # its speed keys too (ram=, bw=, threads=): they were dropped, and
+                # the window estimated on this machine's RAM probe what plan estimated on the declared RAM
+                cpu = replace(cpu, total=d.total, free=d.free, hardware=d.hardware,
+                              bandwidth_gbs=d.bandwidth_gbs,
                               margin=d.margin if d.margin_given else cpu.margin)
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]

@@ -211,6 +211,13 @@ class PresetsMenu(QMenu):
         from PySide6.QtCore import Qt
         from PySide6.QtWidgets import QApplication
 
+        from offload_planner.core.loadable import context_error
+
+        # a trained context of 0 and no -c: the search's estimates divided by 0 (ZeroDivisionError before)
+        if context_error(self._doc.plan.model, self._doc.plan.context.n_ctx):
+            self.message.emit("The fastest plan could not be searched: the model's trained context is 0 (see "
+                              "Problems): set Context, e.g. 4096")
+            return False
         QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
         try:
             result = fastest_plan(self._doc.plan, allow_kv_quant=self.allow_kv_quant,

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QLabel, QWidget
 
 from offload_planner.backend.speed_store import plan_speed
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.loadable import context_error
 from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.report import speed_lines
 from offload_planner.core.speed.result import SpeedEstimate
@@ -76,6 +77,12 @@ class SpeedLabel(QLabel):
         if self._doc.plan.context.n_batch == 0:  # a pasted -b 0 ("float division by zero" before)
             self.setText("no speed estimate: -b 0 leaves llama.cpp batches of 0 tokens, no prompt is "
                          "processed (set Batch -b)")
+            self.setToolTip("")
+            return
+        # a trained context of 0 and no -c: micro-batches of 0 tokens ("float division by zero" before)
+        if context_error(self._doc.plan.model, self._doc.plan.context.n_ctx):
+            self.setText("no speed estimate: the model's trained context is 0 (see Problems): set Context, "
+                         "e.g. 4096")
             self.setToolTip("")
             return
         try:

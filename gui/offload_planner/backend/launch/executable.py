@@ -142,8 +142,11 @@ def probe_dialect(path: str, timeout: float = 30.0) -> tuple[Dialect, str]:
     def run(flag: str) -> str:
         try:
             return child_guard.output_of([path, flag], timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise PlannerError(f"cannot run {path} {flag}: {e}") from None
+        except subprocess.TimeoutExpired as e:  # its text was the guard's own command line
+            raise PlannerError(f"{path} gave no answer to {flag} within {e.timeout:g} s (a llama-server "
+                               "answers at once)") from None
+        except OSError as e:
+            raise PlannerError(f"cannot run {path} {flag}: {e.strerror or e}") from None
 
     version = run("--version")
     dialect = remember_dialect(path, version, run("--help"))
