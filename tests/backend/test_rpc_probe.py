@@ -17,6 +17,13 @@ from offload_planner.core.devices import DeviceSet, build_device_set, parse_devi
 from offload_planner.core.speed.hardware import Source, hardware_for
 
 
+@pytest.fixture(autouse=True)
+def _own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store of this test's own: the session's may remember a failed probe of a silent server on the
+    port a server here is given again (a failure is kept 10 minutes per HOST:PORT)."""
+    monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path / "cfg"))
+
+
 def test_probe_measures_a_running_rpc_server_and_caches_it(llama_bin_dir: Path, tmp_path: Path) -> None:
     with rpc_servers(llama_bin_dir, 1, tmp_path) as [endpoint]:
         p = probe_link(endpoint)

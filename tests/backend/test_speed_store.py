@@ -60,7 +60,8 @@ def test_a_plans_estimate_reads_the_store_once(cfg: Path, monkeypatch: pytest.Mo
 
     speed_store.record_efficiencies("llama.cpp", {"probe_bandwidth": 0.42})
     data = json.loads((cfg / "speed.json").read_text())
-    data["machines"][speed_store.machine_key()]["ram_gbs"] = 50.0
+    data["machines"][speed_store.machine_key()].update(  # a quiet figure of this hour: not measured again
+        ram_gbs=50.0, ram_measured_at=time.strftime("%Y-%m-%d %H:%M"), ram_busy=False)
     (cfg / "speed.json").write_text(json.dumps(data))
     reads: list[Path] = []
     real = speed_store._read
