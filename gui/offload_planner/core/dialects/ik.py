@@ -44,6 +44,7 @@ class IkLlamaCpp(Dialect):
     fast_cpu_kernels = True
     rpc_bufts_by_endpoint = True
     generic_arg_errors = True
+    drops_bad_rpc_endpoints = True
     rpc_before_ot = False
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
