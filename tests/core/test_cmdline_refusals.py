@@ -46,6 +46,7 @@ CAPTURED_PARSE: list[tuple[list[str], dict[str, str], str]] = [
     (["-ncmoe", "-1"], {}, 'error while handling argument "-ncmoe": invalid value'),
     (["-ts", "1,x"], {}, 'error while handling argument "-ts": stof'),
     (["-fitt", "x"], {}, 'error while handling argument "-fitt": stoull'),
+    (["--spec-draft-p-min", "abc"], {}, 'error while handling argument "--spec-draft-p-min": stof'),
     (
         [],
         {"LLAMA_ARG_CTX_SIZE": "abc"},

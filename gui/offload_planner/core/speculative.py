@@ -78,6 +78,11 @@ class SpecSettings:
     draft_speculates: bool = True
     #: what the projection leaves out or approximates of the speculative stages (:meth:`Dialect.spec_notes`)
     notes: tuple[str, ...] = ()
+    #: a draft stops early below this probability (:meth:`Dialect.draft_stop`; 0: never), where the
+    #: figure comes from, and whether the command gave it
+    p_min: float = 0.0
+    p_min_from: str = ""
+    p_min_given: bool = False
 
     @property
     def active(self) -> bool:
@@ -183,8 +188,9 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     if not drafts and not dialect.loads_idle_draft:  # dropped before it is loaded
         draft, drafts = None, True
     mtp = dialect.mtp_spec_type is not None and dialect.mtp_spec_type in types
+    p_min, p_from, p_given = dialect.draft_stop(d)
     return SpecSettings(draft, mtp, type_k, type_v, dialect.draft_n_max(d), drafts,
-                        tuple(dialect.spec_notes(types, d.model)))
+                        tuple(dialect.spec_notes(types, d.model)), p_min, p_from, p_given)
 
 
 def draft_mtp_context(spec: SpecSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:

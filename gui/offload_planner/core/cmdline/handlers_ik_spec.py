@@ -35,8 +35,8 @@ IK_SPEC_TYPES = ("none", "draft", "dflash", "dspark", "mtp", "eagle3", "ngram_si
 #: stages that need the ``-md`` model (``needs_dft_model``, common.cpp 242-246; ``mtp`` only with ``-md``)
 IK_DRAFT_MODEL_TYPES = frozenset({"draft", "dflash", "dspark"})
 _SELF_SPEC = frozenset({"ngram_simple", "ngram_map_k", "ngram_map_k4v", "ngram_mod", "ngram_cache", "suffix"})
-#: ``common_params_speculative::n_max`` / ``n_min`` (common/common.h 223-224)
-IK_DEFAULT_N_MAX, IK_DEFAULT_N_MIN = 16, 0
+#: ``common_params_speculative::n_max`` / ``n_min`` / ``p_min`` (common/common.h 223-224, 230)
+IK_DEFAULT_N_MAX, IK_DEFAULT_N_MIN, IK_DEFAULT_P_MIN = 16, 0, 0.75
 
 _INT_KEYS = {"n_max": 0, "n_min": 0, "mtp_heads": 0, "heads": 0, "cross_ctx": 1, "dflash_cross_ctx": 1,
              "ngram_size_n": 1, "ngram_size_m": 1, "ngram_min_hits": 1, "suffix_min_match_len": 1,
@@ -111,8 +111,10 @@ def _apply_kv(stage: dict[str, int | float | str], key_raw: str, value: str) -> 
             raise HandlerError(f"speculative stage {word} must be {rule}")
         stage[{"heads": "mtp_heads", "cross_ctx": "dflash_cross_ctx"}.get(key, key)] = n
     elif key == "p_min":
-        if stof(value) < 0:
+        p = stof(value)
+        if p < 0:
             raise HandlerError("speculative stage p_min must be >= 0")
+        stage["p_min"] = p
     elif key == "suffix_corpus":
         if not value:
             raise HandlerError("speculative stage suffix_corpus must not be empty")
@@ -138,6 +140,8 @@ def h_spec_type(ctx: Ctx) -> None:
         d = ctx.args.draft
         d.types.append(kind)
         d.stages.append((kind, int(stage.get("n_max", -1)), int(stage.get("n_min", -1))))
+        if "p_min" in stage:
+            d.stage_p_min[kind] = float(stage["p_min"])
 
 
 def stage_n_max(d: DraftArgs, kind: str) -> int:

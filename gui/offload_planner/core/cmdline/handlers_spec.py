@@ -8,6 +8,7 @@ draft context); the pinned build refuses ``--draft``/``--draft-min`` with ``arg_
 
 from __future__ import annotations
 
+from offload_planner.core.cmdline.cnum import stof
 from offload_planner.core.cmdline.context import Ctx, HandlerError
 from offload_planner.core.cmdline.handlers_mainline import Handler, int_value, string_split
 from offload_planner.core.cmdline.handlers_mainline import _cache_type as cache_type
@@ -84,6 +85,10 @@ def h_draft_n_max(ctx: Ctx) -> None:
     ctx.args.draft.n_max = n
 
 
+def h_draft_p_min(ctx: Ctx) -> None:
+    ctx.args.draft.p_min = stof(ctx.value)
+
+
 def h_spec_type(ctx: Ctx) -> None:
     for name in string_split(ctx.value):
         if name not in SPEC_TYPES:
@@ -118,6 +123,7 @@ SPEC_HANDLERS: dict[str, Handler] = {
     "--spec-draft-type-k": h_draft_type_k,
     "--spec-draft-type-v": h_draft_type_v,
     "--spec-draft-n-max": h_draft_n_max,
+    "--spec-draft-p-min": h_draft_p_min,
     "--spec-type": h_spec_type,
     "--draft": h_draft_removed,
     "--draft-min": h_draft_removed,

@@ -89,10 +89,13 @@ class DraftArgs:
     cache_type_k: str | None = None
     cache_type_v: str | None = None
     n_max: int | None = None  # --spec-draft-n-max (2025: --draft-max)
+    p_min: float | None = None  # --spec-draft-p-min: a draft stops below this probability
     ctx_size: int | None = None  # 2025 builds' -cd
     types: list[str] = field(default_factory=list)  # --spec-type, appended in order
     #: ik_llama.cpp: each --spec-type stage's (type, n_max, n_min) overrides (-1: not given)
     stages: list[tuple[str, int, int]] = field(default_factory=list)
+    #: ik_llama.cpp: a --spec-type stage's ``p_min=P`` by stage type
+    stage_p_min: dict[str, float] = field(default_factory=dict)
     params: str | None = None  # ik_llama.cpp's -draft/--draft-params: the draft's own command line
 
 

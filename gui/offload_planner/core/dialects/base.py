@@ -312,6 +312,13 @@ class Dialect(str, metaclass=_DialectType):
         """Tokens drafted a step (``--spec-draft-n-max``, default 3: ``common_params_speculative_draft``)."""
         return 3 if draft.n_max is None else max(0, draft.n_max)
 
+    def draft_stop(self, draft: DraftArgs) -> tuple[float, str, bool]:
+        """(p_min, where it comes from, given): a draft stops early when the draft's probability falls
+        below p_min (``--spec-draft-p-min``, default 0: never; common/speculative.cpp
+        ``cur_p->data[0].p < params.p_min``)."""
+        p = draft.p_min or 0.0
+        return p, (f"--spec-draft-p-min {p:g}" if draft.p_min is not None else ""), draft.p_min is not None
+
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """The settings the draft model is loaded with (common/speculative.cpp
         ``common_base_params_to_speculative``): the main command line with its own ``-ngld`` and ``-otd``

@@ -254,6 +254,20 @@ class IkLlamaCpp(Dialect):
         kind = next((t for t in draft.types if t in self.draft_model_types), "draft")
         return stage_n_max(draft, kind)
 
+    def draft_stop(self, draft: DraftArgs) -> tuple[float, str, bool]:
+        """The ``draft`` stage's ``p_min`` (``--spec-type draft:p_min=P``), else 0.75 (common.h 230):
+        ``common_speculative_get_runtime_params``; a draft stops below it (speculative.cpp 602)."""
+        from offload_planner.core.cmdline.handlers_ik_spec import IK_DEFAULT_N_MAX, IK_DEFAULT_P_MIN
+
+        kind = next((t for t in draft.types if t in self.draft_model_types), "draft")
+        given = draft.stage_p_min.get(kind)
+        if given is not None:
+            return given, f"--spec-type {kind}:p_min={given:g}", True
+        n_given = any(k == kind and n >= 0 for k, n, _ in draft.stages)
+        what = (f"ik_llama.cpp's default p_min {IK_DEFAULT_P_MIN:g}" if n_given else
+                f"ik_llama.cpp's defaults n_max {IK_DEFAULT_N_MAX} and p_min {IK_DEFAULT_P_MIN:g}")
+        return IK_DEFAULT_P_MIN, what + " (common/common.h)", False
+
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """``params_dft = params_base`` (1946): the main command line, ``-ot`` and ``--n-cpu-moe`` and
         ``-sm`` included, with ``-devd`` (the devices, :func:`speculative.draft_devices`), ``-ngld`` (-1

@@ -311,9 +311,22 @@ def with_speculation(est: SpeedEstimate, plan: Plan, hw: Hardware, eff: Efficien
         deep = speculation(plan, placement, hw, eff, depth=est.depth, target_kv=kv,
                            plain=(est.tg_tps, est.tg_tps_at_ctx), accept=accept)
         at_depth = deep.tg_tps_at_ctx if deep is not None else at_depth
-    notes = [Assumption(f"{spec.kind}: acceptance", spec.accept)]
+    notes = [Assumption(f"{spec.kind}: acceptance", spec.accept), *_draft_length(spec, plan)]
     return replace(est, tg_tps=spec.tg_tps, tg_tps_at_ctx=spec.tg_tps_at_ctx, tg_tps_at_depth=at_depth,
                    spec=spec, assumptions=[*est.assumptions, *notes])
+
+
+def _draft_length(spec: SpecEstimate, plan: Plan) -> list[Assumption]:
+    """With a ``p_min`` above 0 the server stops a draft early when the draft's probability falls below
+    it: that is not modelled, the draft counted at its maximum length, said so."""
+    s = plan.spec
+    if s is None or s.p_min <= 0:
+        return []
+    note = (f"{s.p_min_from}: the server stops a draft early when the draft's probability falls below "
+            f"{s.p_min:g} (not modelled): the draft length counted as the maximum; the estimate is then "
+            "an upper bound on draft cost")
+    source = Source.DECLARED if s.p_min_given else Source.DEFAULT
+    return [Assumption(f"{spec.kind}: draft length", Figure(spec.n_draft, "tokens a step", source, note))]
 
 
 def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, *, depth: int,
