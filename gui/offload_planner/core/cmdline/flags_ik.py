@@ -165,3 +165,33 @@ def _spec(names: str, kind: ValueKind) -> FlagSpec:
 
 
 IK_FLAGS: tuple[FlagSpec, ...] = tuple(_spec(names, kind) for names, kind in _IK)
+
+#: Speculative-decoding spellings ik_llama.cpp's parser did not have before PR 645 (2025-08-15: speculative
+#: decoding ported to llama-server) and the stages after it: read at 639aee23c (2025-05-25) and
+#: 305fe4b16 (2025-06-27), whose ``gpt_params_find_arg`` knew only ``-td``, ``-tbd``, ``--draft N``,
+#: ``-ps/--p-split``, ``-md/--model-draft`` and ``-ngld/--gpu-layers-draft`` of them (the speculative
+#: example's; that server never read them): "error: unknown argument" there.
+IK_2025_ABSENT_SPEC = frozenset({
+    "--spec-type", "--spec-stage", "--spec-ngram-size-n", "--spec-ngram-size-m", "--spec-ngram-min-hits",
+    "--spec-autotune", "--spec-ckpt-mode", "--recurrent-ckpt-mode", "--spec-replace", "--suffix-pattern-len",
+    "--suffix-max-depth", "--suffix-corpus", "--draft-max", "--draft-n", "--draft-min", "--draft-n-min",
+    "--draft-p-min", "-cd", "--ctx-size-draft", "-ctkd", "--cache-type-k-draft", "-ctvd",
+    "--cache-type-v-draft", "-devd", "--device-draft", "-draft", "--draft-params", "--n-gpu-layers-draft",
+    "-mtp", "--multi-token-prediction", "-no-mtp", "--no-multi-token-prediction", "-mtprot",
+    "--mtp-requantize-output-tensor",
+})
+
+
+def _without(flags: tuple[FlagSpec, ...], absent: frozenset[str]) -> tuple[FlagSpec, ...]:
+    out = []
+    for spec in flags:
+        names = tuple(n for n in spec.names if n not in absent)
+        if names:
+            out.append(spec if names == spec.names else FlagSpec(names=names, kind=spec.kind, env=spec.env))
+    return tuple(out)
+
+
+#: ik_llama.cpp's flags as builds before July 2025 take them (:mod:`dialects.ik_2025`): the current
+#: table less :data:`IK_2025_ABSENT_SPEC` (other flags new since are still accepted: the table is
+#: approximate there)
+IK_2025_FLAGS: tuple[FlagSpec, ...] = _without(IK_FLAGS, IK_2025_ABSENT_SPEC)

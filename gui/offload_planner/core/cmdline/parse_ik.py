@@ -108,7 +108,7 @@ class IkParser:
             self._invalid(use, arg, explanation=explanation)
             self.parsed.passthrough.extend(argv[i:])
             return len(argv)
-        if spec.key in _LEGACY_SPEC:
+        if spec.key in _LEGACY_SPEC and self.parsed.dialect.spec_stages:
             message = f"legacy speculative option '{arg}' is disabled"
             self.parsed.errors.append(ArgError(raw, values[0] if values else None, message))
         self._dispatch(spec, use, arg)

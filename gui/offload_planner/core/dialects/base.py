@@ -121,6 +121,9 @@ class Dialect(str, metaclass=_DialectType):
     #: no ``--spec-type`` and a ``-md`` file with an MTP head: the speculative type is ``draft-mtp``
     #: (:func:`core.speculative.spec_types`)
     infers_draft_mtp: bool = False
+    #: ik_llama.cpp from PR 645 (2025-08-15): speculative stages, its legacy ``--draft N`` etc. refused;
+    #: False: earlier ik builds, whose ``--draft N`` set the speculative example's draft length
+    spec_stages: bool = True
     #: the ``--spec-type`` names that draft with the ``-md`` model (as the parser stores them)
     draft_model_types: frozenset[str] = frozenset(
         {"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})

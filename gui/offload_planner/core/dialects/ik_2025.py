@@ -27,6 +27,7 @@ in the May-2025 logs replayed here, nothing is offloaded either way: :mod:`core.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.dialects.base import register
@@ -34,6 +35,7 @@ from offload_planner.core.dialects.ik import IkLlamaCpp
 
 if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
+    from offload_planner.core.cmdline.flagspec import FlagTable
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import ContextParams
     from offload_planner.core.model import Model
@@ -47,9 +49,23 @@ class Ik2025(IkLlamaCpp):
     mla_fa_steps_expanded = False  # from b85a2a50d (2026-01-31)
     #: llama-server had no speculative decoding before PR 645 (2025-08-16): ``-md`` never drafts
     draft_model_types: frozenset[str] = frozenset()
+    spec_stages = False
     detect_rank = 90  # never recognised from a server's output: picked by name
     help_markers: tuple[str, ...] = ()
     version_markers: tuple[str, ...] = ()
+
+    def flag_table(self) -> FlagTable:
+        """The current ik table without the speculative flags these builds did not have."""
+        from offload_planner.core.cmdline.flags_ik import IK_2025_FLAGS
+        from offload_planner.core.cmdline.flagspec import FlagTable
+
+        return FlagTable(IK_2025_FLAGS)
+
+    def moved_flags(self) -> Mapping[str, str]:
+        from offload_planner.core.cmdline.flags_ik import IK_2025_ABSENT_SPEC
+
+        why = "nothing: ik_llama.cpp's server had no speculative decoding before PR 645 (August 2025)"
+        return {**super().moved_flags(), **dict.fromkeys(sorted(IK_2025_ABSENT_SPEC), why)}
 
     def default_ngl(self, ngl: Any, has_gpu: bool) -> Any:
         return 0 if ngl is None else ngl
