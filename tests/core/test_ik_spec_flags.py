@@ -235,3 +235,16 @@ def test_ik_offers_no_draft_tensor_moves(small_models: dict[str, Path]) -> None:
         plan = plan_from_args(model, _gpu(), parse_server_args(line, dialect=dialect), dialect)
         assert plan.spec is not None and plan.spec.draft is not None, dialect
         assert len(draft_moves_for(plan, name, "CPU")) == moves, dialect
+
+
+def test_ik_mtp_context_holds_no_weights(small_models: dict[str, Path]) -> None:
+    """ik's MTP context runs on the main model's weights: its buffers are a cache, outputs and compute,
+    never a second copy of the MLA tensors ik computes at load (deepseek2's ``attn_k_b``/``attn_v_b``
+    are the main model's, counted once)."""
+    from offload_planner.core.extra_context import MTP
+
+    parsed = parse_server_args(["-c", "1100", "--spec-type", "mtp"], dialect=IK)
+    projection = analyse_command(open_model(small_models["deepseek2-mtp"]), _gpu(), parsed, IK).projection
+    assert projection is not None
+    kinds = sorted({b.kind for b in projection.buffers() if b.owner == MTP})
+    assert kinds == ["kv", "output"], kinds  # ik 55d3c05 has no MTP graph for deepseek2: no compute

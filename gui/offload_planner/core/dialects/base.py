@@ -265,6 +265,11 @@ class Dialect(str, metaclass=_DialectType):
         in the main context)."""
         return None
 
+    def mtp_cache_types(self, main: ContextParams, type_k: str, type_v: str) -> tuple[str, str]:
+        """The MTP context's cache types, given the draft's (``-ctkd``/``-ctvd``, :meth:`draft_cache_types`):
+        mainline's MTP context takes those."""
+        return type_k, type_v
+
     def mtp_buffers(self, model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
                     ctx: ResolvedContext, type_k: str, type_v: str) -> list[Buffer] | None:
         """The MTP context's KV, output and compute buffers as this build creates it; None: mainline's

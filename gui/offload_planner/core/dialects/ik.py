@@ -167,20 +167,12 @@ class IkLlamaCpp(Dialect):
                       bufs: list[Buffer]) -> list[Buffer]:
         """ik's buffer types; plain CPU buffers (KV, output, weights without mmap) carry ik's extra;
         the MLA tensors computed at load get a buffer each."""
-        from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
-        from offload_planner.core.compute_ik import loads_nextn
-        from offload_planner.core.placement import CPU
+        return _ik_buffers(model, devices, placement, p, bufs) + computed_buffers(model, placement, p)
 
-        _buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
-        embd = 4 * model.summary.n_embd * p.n_seq_max if loads_nextn(model, placement) else 0
-        for b in bufs:
-            if b.kind == "output" and embd:  # cparams.mtp: embeddings beside the logits (llama.cpp 3625-3630)
-                b.bytes += embd
-                b.why += f" + embeddings ({model.summary.n_embd} x 4 B each: the MTP stage's hidden state)"
-            if b.name == CPU and b.kind in ("model", "kv", "output"):
-                b.bytes += IK_CPU_BUFFER_EXTRA
-        _buffer_names(bufs, devices, mapped=True)
-        return bufs + computed_buffers(model, placement, p)
+    def mtp_cache_types(self, main: ContextParams, type_k: str, type_v: str) -> tuple[str, str]:
+        """The main -ctk/-ctv: ik's MTP context is a copy of the main parameters (common/speculative.cpp
+        ``common_speculative_prepare_mtp_runtime``), -ctkd/-ctvd are the draft model's only."""
+        return main.type_k, main.type_v
 
     def main_kv_layers(self, model: Model, placement: Placement) -> range | None:
         """A model loaded with its NextN layers (``model.mtp``) gets them in every context's cache
@@ -202,7 +194,7 @@ class IkLlamaCpp(Dialect):
         s = model.summary
         bufs = kv_buffers(model, placement, ctx, main, devices, cached=range(s.n_layer_trunk, s.n_layer))
         bufs.append(output_buffer(model, placement, main, devices))
-        bufs = self.extra_buffers(model, devices, placement, main, bufs)
+        bufs = _ik_buffers(model, devices, placement, main, bufs)
         return bufs + (ik_mtp_compute_buffers(model, devices, placement, ctx, main) or [])
 
     def compute_buffers(self, model: Model, devices: DeviceSet, placement: Placement,
@@ -342,6 +334,26 @@ def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
     if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
         out.overrides = out.overrides[:kept]
     return out
+
+
+def _ik_buffers(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
+                bufs: list[Buffer]) -> list[Buffer]:
+    """ik's buffer types; plain CPU buffers (KV, output, weights without mmap) carry ik's extra; a
+    model loaded with its NextN layers (``cparams.mtp``) has embeddings beside the logits."""
+    from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
+    from offload_planner.core.compute_ik import loads_nextn
+    from offload_planner.core.placement import CPU
+
+    _buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
+    embd = 4 * model.summary.n_embd * p.n_seq_max if loads_nextn(model, placement) else 0
+    for b in bufs:
+        if b.kind == "output" and embd:  # llama.cpp 3625-3630 (ik 55d3c05): logits and embeddings
+            b.bytes += embd
+            b.why += f" + embeddings ({model.summary.n_embd} x 4 B each: the MTP stage's hidden state)"
+        if b.name == CPU and b.kind in ("model", "kv", "output"):
+            b.bytes += IK_CPU_BUFFER_EXTRA
+    _buffer_names(bufs, devices, mapped=True)
+    return bufs
 
 
 def _buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: bool = True) -> None:
