@@ -975,6 +975,15 @@ def ik_mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placemen
     graph = IK_MTP_GRAPHS.get(model.arch)
     if graph is None:
         return None
+    key = (model, devices, ctx, p, *placement_key(placement))
+    return _IK_MTP_MEMO.get(key, lambda: _ik_mtp_buffers(model, devices, placement, ctx, p, graph))
+
+
+_IK_MTP_MEMO: BufferMemo[list[Buffer]] = BufferMemo()
+
+
+def _ik_mtp_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                    p: ContextParams, graph: Callable[[IkBuilder], None]) -> list[Buffer]:
     r = simulate_ik(model, devices, placement, ctx, p, graph)
     what = (f"{IK_SIMULATED} ({model.arch} MTP, NextN layer {model.summary.n_layer_trunk}, flash attention "
             f"{'on' if p.flash_attn else 'off'}): peak of the {r.n_tokens}-token warmup graph over "
