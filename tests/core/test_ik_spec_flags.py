@@ -248,3 +248,7 @@ def test_ik_mtp_context_holds_no_weights(small_models: dict[str, Path]) -> None:
     assert projection is not None
     kinds = sorted({b.kind for b in projection.buffers() if b.owner == MTP})
     assert kinds == ["kv", "output"], kinds  # ik 55d3c05 has no MTP graph for deepseek2: no compute
+    warned = analyse_command(open_model(small_models["deepseek2-mtp"]), _gpu(), parsed, IK).warnings
+    assert any("MTP graph for deepseek2 is not simulated" in w for w in warned), warned
+    glm = analyse_command(open_model(small_models["glm4moe"]), _gpu(), parsed, IK).warnings
+    assert not any("MTP graph" in w for w in glm), glm

@@ -222,9 +222,18 @@ class IkLlamaCpp(Dialect):
         return model_errors(model)
 
     def warnings(self, model: Model, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+        from offload_planner.core.compute_ik import IK_MTP_GRAPHS
         from offload_planner.core.ik import split_mode_warnings
 
-        return split_mode_warnings(model, popts.split_mode, len(devices.gpus))
+        out = split_mode_warnings(model, popts.split_mode, len(devices.gpus))
+        if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
+            out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
+                       "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
+                       "buffer is missing from these figures"
+                       + ("; at 8337e4cd ik builds the deepseek2 MTP tail for GLM_DSA files only and aborts "
+                          "otherwise (src/graphs/build_deepseek2.cpp 1305-1307)" if model.arch == "deepseek2"
+                          else ""))
+        return out
 
     # --- command emission ---
     def mla_flags(self, model: Model, p: ContextParams) -> list[str]:
