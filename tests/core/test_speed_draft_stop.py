@@ -121,3 +121,22 @@ def test_plan_prints_and_carries_it(small_models: dict[str, Path]) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     got = [a for a in json.loads(r.stdout)["speed"]["assumptions"] if a["what"].endswith("draft length")]
     assert [(a["value"], a["source"]) for a in got] == [(3, "declared")]
+
+
+def test_ik_mtp_stage_settings_are_read(small_models: dict[str, Path]) -> None:
+    """ik's ``mtp`` stage takes its own ``n_max=``/``p_min=`` (common_speculative_get_runtime_params);
+    they were read from a ``draft`` stage the command did not have (16 drafted, p_min 0.75)."""
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+
+    def est(stage: str) -> SpeedEstimate:
+        parsed = parse_server_args(["-c", "1024", "--spec-type", stage], dialect=IK)
+        assert not parsed.errors, parsed.errors
+        return _estimate(plan_from_args(open_model(small_models["glm4moe"]), devices, parsed, dialect=IK))
+
+    short = est("mtp:n_max=2")
+    assert short.spec is not None and short.spec.kind.startswith("MTP") and short.spec.n_draft == 2
+    assert _length(short)[0].figure.note.startswith("ik_llama.cpp's default p_min 0.75 (common/common.h)")
+    never = est("mtp:p_min=0")
+    assert never.spec is not None and never.spec.n_draft == 16 and _length(never) == []
+    default = est("mtp")
+    assert _length(default)[0].figure.note.startswith("ik_llama.cpp's defaults n_max 16 and p_min 0.75")

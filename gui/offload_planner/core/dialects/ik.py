@@ -275,19 +275,26 @@ class IkLlamaCpp(Dialect):
         out[at + 1] = f"{out[at + 1]} {text}"
         return out
 
+    def _drafting_stage(self, draft: DraftArgs) -> str:
+        """The stage that drafts with a model: a draft-model stage, else the ``mtp`` stage (a chain
+        holds at most one of them: :func:`chain_errors`), else ``draft``; its overrides apply
+        (``common_speculative_get_runtime_params``)."""
+        return next((t for t in draft.types if t in self.draft_model_types or t == self.mtp_spec_type),
+                    "draft")
+
     def draft_n_max(self, draft: DraftArgs) -> int:
-        """The ``draft`` stage's ``n_max`` (``--spec-type draft:n_max=N``), else 16 (common.h 223)."""
+        """The drafting stage's ``n_max`` (``--spec-type draft:n_max=N``, ``mtp:n_max=N``), else 16
+        (common.h 223)."""
         from offload_planner.core.cmdline.handlers_ik_spec import stage_n_max
 
-        kind = next((t for t in draft.types if t in self.draft_model_types), "draft")
-        return stage_n_max(draft, kind)
+        return stage_n_max(draft, self._drafting_stage(draft))
 
     def draft_stop(self, draft: DraftArgs) -> tuple[float, str, bool]:
-        """The ``draft`` stage's ``p_min`` (``--spec-type draft:p_min=P``), else 0.75 (common.h 230):
+        """The drafting stage's ``p_min`` (``--spec-type draft:p_min=P``), else 0.75 (common.h 230):
         ``common_speculative_get_runtime_params``; a draft stops below it (speculative.cpp 602)."""
         from offload_planner.core.cmdline.handlers_ik_spec import IK_DEFAULT_N_MAX, IK_DEFAULT_P_MIN
 
-        kind = next((t for t in draft.types if t in self.draft_model_types), "draft")
+        kind = self._drafting_stage(draft)
         given = draft.stage_p_min.get(kind)
         if given is not None:
             return given, f"--spec-type {kind}:p_min={given:g}", True
