@@ -64,7 +64,7 @@ def test_hover_says_what_moving_the_cell_would_change(
     assert after["CUDA0"] - before["CUDA0"] == dict(to_cpu.others)["CUDA0"]
     QToolTip.hideText()
     tip = _hover_tip(qtbot, window, row, col)
-    assert "moved by you" in tip and "CUDA0" in tip
+    assert "◆ moved from llama.cpp's default placement, by you or a preset" in tip and "CUDA0" in tip
 
 
 

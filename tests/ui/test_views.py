@@ -31,7 +31,8 @@ def test_cell_tooltip_names_tensors_types_shapes_and_rules(
     model = window.map_view.model()
     down = model.index(grid.row_of_layer(7) or 0, grid.column_index("exps_down") or 0)
     tip = str(model.data(down, Qt.ItemDataRole.ToolTipRole))
-    assert "blk.7.ffn_down_exps.weight" in tip and "moved in the planner" in tip and "moved by you" in tip
+    assert "blk.7.ffn_down_exps.weight" in tip and "moved in the planner" in tip
+    assert "◆ moved from llama.cpp's default placement, by you or a preset" in tip
     t = window.doc.plan.model.tensor("blk.7.ffn_down_exps.weight")
     assert t.type.name in tip and " x ".join(map(str, t.shape)) in tip
     attn = model.index(grid.row_of_layer(7) or 0, grid.column_index("attn") or 0)

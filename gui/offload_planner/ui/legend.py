@@ -3,9 +3,9 @@ and the tints of a draft model's and a projector's rows when the map has them.""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPaintEvent, QPalette, QPen, QPolygonF, QResizeEvent
-from PySide6.QtWidgets import QSizePolicy, QWidget
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QHelpEvent, QPainter, QPaintEvent, QPalette, QPen, QPolygonF, QResizeEvent
+from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import (
@@ -15,10 +15,12 @@ from offload_planner.ui.palette import (
     hatch_brush,
     section_tint,
 )
-from offload_planner.ui.tensor_map_model import row_section
+from offload_planner.ui.tensor_map_model import MOVED_MEANING, row_section
 
 #: The legend's words for the map's extra sections (tensor_map_model.row_section).
 SECTION_LABELS = {"draft": "draft model rows (-md)", "mmproj": "projector rows (--mmproj)"}
+#: The hover text of the entries whose label is a single word.
+ENTRY_TOOLTIPS = {"moved": MOVED_MEANING.capitalize()}
 
 
 class LegendBar(QWidget):
@@ -70,8 +72,26 @@ class LegendBar(QWidget):
         names = self._doc.device_names()
         grid = self._doc.grid
         sections = dict.fromkeys(row_section(r) for r in grid.rows) if grid is not None else {}
-        return ([("device", n) for n in names] + [("moved", "moved by you"), ("fixed", "not movable")]
+        return ([("device", n) for n in names] + [("moved", "moved"), ("fixed", "not movable")]
                 + [(f"section:{k}", SECTION_LABELS[k]) for k in sections if k in SECTION_LABELS])
+
+    def tooltip_at(self, pos: QPointF) -> str:
+        """What the entry under ``pos`` means, where its label alone does not say it ("" elsewhere)."""
+        for kind, _label, r in self.layout_entries(self.width()):
+            if r.contains(pos):
+                return ENTRY_TOOLTIPS.get(kind, "")
+        return ""
+
+    def event(self, e: QEvent) -> bool:
+        if e.type() == QEvent.Type.ToolTip and isinstance(e, QHelpEvent):
+            tip = self.tooltip_at(QPointF(e.pos()))
+            if tip:
+                QToolTip.showText(e.globalPos(), tip, self)
+            else:
+                QToolTip.hideText()
+                e.ignore()
+            return True
+        return super().event(e)
 
     def paintEvent(self, event: QPaintEvent) -> None:
         p = QPainter(self)

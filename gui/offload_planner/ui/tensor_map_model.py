@@ -26,6 +26,10 @@ FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # bytes / the column's largest cel
 SECTION_ROLE = Qt.ItemDataRole.UserRole + 3  # "" (the main model), DRAFT or MMPROJ
 SECTION_START_ROLE = Qt.ItemDataRole.UserRole + 4  # the first row of a draft / projector section
 
+#: What the moved mark means: a tensor the plan puts elsewhere than llama.cpp's default placement, moved
+#: by hand or by a preset (Presets ▸ Fastest plan moves tensors too)
+MOVED_MEANING = "moved from llama.cpp's default placement, by you or a preset"
+
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -124,7 +128,7 @@ def cell_tooltip(grid: TensorGrid, row: int, col: int) -> str:
     head = f"<b>{html.escape(owner + where)} · {html.escape(c.label)}</b> — {fmt_bytes(cell.nbytes)}"
     lines = [head]
     if cell.moved:
-        lines.append("◆ moved by you")
+        lines.append(f"◆ {MOVED_MEANING}")
     if not cell.movable and cell.items:
         lines.append(f"<i>not movable: {html.escape(cell.not_movable_reason)}</i>")
     rows = []
