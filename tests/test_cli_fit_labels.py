@@ -34,7 +34,7 @@ def _table_and_legend(out: str) -> tuple[list[str], dict[str, str]]:
             break
         rows.append(x)
     after = lines[start + 1 + len(rows):lines.index("")]
-    legend = dict(x.split(": ", 1) for x in after if not x.startswith(("~:", "note:")))
+    legend = dict(x.split(": ", 1) for x in after if not x.startswith(("~:", "note:", "balanced:")))
     return rows, legend
 
 

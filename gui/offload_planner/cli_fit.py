@@ -210,12 +210,40 @@ def print_candidates(args: argparse.Namespace, rows: list[dict[str, object]], be
         fits = ("" if r["verified"] else "~") + ("yes" if r["fits"] else "no")
         print(f"{mark}{r['label']:{width}} {fits:5} {tg:>{w}} {pp:>{w}}"
               + (f"   over: {', '.join(r['over'])}" if r["over"] else ""))  # type: ignore[arg-type]
+    if args.goal == "balanced":
+        print(balanced_line(rows, best_label, args.prompt))
     if not all(r["verified"] for r in rows):
         print("~: memory predicted (compute buffers of the plans projected in full), not projected")
     for line in label_legend([str(r["label"]) for r in rows]):
         print(line)
     for n in notes:
         print(f"note: {n}")
+
+
+def balanced_line(rows: list[dict[str, object]], best_label: str | None, prompt: int) -> str:
+    """What the balanced goal ranks by (a request's seconds: the prompt at pp, the answer at tg), with
+    the starred row's seconds and, where another row that fits generates faster, that row's: the star
+    can sit on a row whose tg is lower than a baseline's, a prompt's seconds saved outweighing it."""
+    from offload_planner.core.speed.ranking import BALANCED_ANSWER
+
+    line = (f"balanced: ranked by a request's seconds, the {prompt}-token prompt at pp t/s plus a "
+            f"{BALANCED_ANSWER}-token answer at tg t/s (the fewest wins)")
+    star = next((r for r in rows if r["label"] == best_label), None)
+    if star is None:
+        return line
+    fitting = [r for r in rows if r["fits"]]
+    fastest_tg = max(fitting, key=lambda r: float(r["tg_tps"]), default=star)  # type: ignore[arg-type]
+    line += f": * {_request_seconds(star)}"
+    if float(fastest_tg["tg_tps"]) > float(star["tg_tps"]):  # type: ignore[arg-type]
+        line += f"; the highest tg, \"{fastest_tg['label']}\", {_request_seconds(fastest_tg)}"
+    return line
+
+
+def _request_seconds(row: dict[str, object]) -> str:
+    """A request's seconds from the row's balanced score (requests per second), four figures."""
+    s = 1.0 / float(row["score"])  # type: ignore[arg-type]
+    text = f"{s:.4g}"
+    return f"{s:.0f} s" if "e" in text else f"{text} s"
 
 
 #: What the words of the search's candidate labels (core.speed.fills) mean, in the order they appear
