@@ -140,3 +140,18 @@ def test_ik_mtp_stage_settings_are_read(small_models: dict[str, Path]) -> None:
     assert never.spec is not None and never.spec.n_draft == 16 and _length(never) == []
     default = est("mtp")
     assert _length(default)[0].figure.note.startswith("ik_llama.cpp's defaults n_max 16 and p_min 0.75")
+
+
+@pytest.mark.parametrize("dialect", [Dialect.LLAMA_CPP_2025, Dialect("llama.cpp-2025-early")])
+def test_2025_mainline_builds_draft_16_with_p_min_075(small_models: dict[str, Path],
+                                                      dialect: Dialect) -> None:
+    """2025 builds draft with ``-md`` alone, at their ``common_params_speculative`` defaults: n_max 16 and
+    p_min 0.75 (common/common.h of those builds); the estimate drafted 3, the pinned build's default."""
+    est = _estimate(_plan(small_models, [], dialect))
+    assert est.spec is not None and est.spec.n_draft == 16
+    (a,) = _length(est)
+    assert (a.figure.value, a.figure.source) == (16, Source.DEFAULT)
+    assert a.figure.note.startswith("the 2025 builds' defaults n_max 16 and p_min 0.75 (common/common.h): "
+                                    "the server stops a draft early")
+    given = _estimate(_plan(small_models, ["--draft-max", "4", "--draft-p-min", "0"], dialect))
+    assert given.spec is not None and given.spec.n_draft == 4 and _length(given) == []

@@ -16,8 +16,13 @@ from offload_planner.core.dialects.mainline import Mainline
 
 if TYPE_CHECKING:
     from offload_planner.core.cmdline.flagspec import FlagTable
+    from offload_planner.core.cmdline.model import DraftArgs
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.placement import PlacementOptions
+
+
+#: ``common_params_speculative`` of the 2025 builds (common/common.h): ``n_max = 16``, ``p_min = 0.75f``
+DEFAULT_2025_N_MAX, DEFAULT_2025_P_MIN = 16, 0.75
 
 
 class Mainline2025(Mainline):
@@ -48,6 +53,20 @@ class Mainline2025(Mainline):
             "--n-cpu-ffn": "-ot 'blk\\.N\\.ffn_(up|down|gate)\\.=CPU'",
             "-no-fa": "-fa off",
         }
+
+    def draft_n_max(self, draft: DraftArgs) -> int:
+        """``--draft-max N`` (``--draft``, ``--draft-n``), else 16: these builds'
+        ``common_params_speculative::n_max`` (common/common.h; the pinned build's is 3)."""
+        return DEFAULT_2025_N_MAX if draft.n_max is None else max(0, draft.n_max)
+
+    def draft_stop(self, draft: DraftArgs) -> tuple[float, str, bool]:
+        """``--draft-p-min P``, else 0.75: these builds' ``common_params_speculative::p_min`` (the
+        pinned build's is 0: drafts run full length by default)."""
+        if draft.p_min is not None:
+            return draft.p_min, f"--draft-p-min {draft.p_min:g}", True
+        what = ("the 2025 builds' default p_min" if draft.n_max is not None else
+                f"the 2025 builds' defaults n_max {DEFAULT_2025_N_MAX} and p_min")
+        return DEFAULT_2025_P_MIN, f"{what} {DEFAULT_2025_P_MIN:g} (common/common.h)", False
 
     def exps_regex(self) -> str:
         from offload_planner.core.cmdline.moe import MAINLINE_2025_EXPS_REGEX
