@@ -8,6 +8,11 @@ the device's default buffer type (common/arg.cpp:252-262, ``ggml_backend_dev_buf
 device): ``MTL0`` on Apple silicon (shared buffers, ggml-metal-device.m:1270). No Metal machine
 runs these tests, so the names are pinned here; the planner wrote ``Metal0``, which that server
 refuses, and refused the real ``MTL0``.
+
+Builds before llama.cpp PR 18919 (January 2026) and ik_llama.cpp have one Metal device named ``Metal``,
+its buffer type ``Metal`` (ggml-metal.cpp ``ggml_backend_metal_device_get_name`` / ``..._shared_get_name``
+before ggml sync e1fda9de; ik: ggml/src/ggml-backend.cpp:497 ``ggml_backend_register("Metal", ...)``,
+ggml-metal.m ``ggml_backend_metal_buffer_type_get_name``): their commands read and write ``Metal``.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(SMALL_MODELS["qwen3moe"], tmp_path_factory.mktemp("metal") / "qwen3moe.gguf")[0]
 
 
-def _plan(model: Path, *args: str, device: str = METAL) -> subprocess.CompletedProcess[str]:
+def _plan(model: Path, *args: str, device: str = METAL,
+          backend: str = "llama.cpp") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "gui"), "QT_QPA_PLATFORM": "offscreen"}
     return subprocess.run(
-        [sys.executable, "-m", "offload_planner", "plan", str(model), "--no-detect", "--backend", "llama.cpp",
+        [sys.executable, "-m", "offload_planner", "plan", str(model), "--no-detect", "--backend", backend,
          "--device", device, "--json", "--", *args],
         capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL,
     )
@@ -84,3 +90,19 @@ def test_a_device_declared_with_the_old_name_is_the_pinned_builds_mtl0(model: Pa
     plan = _json(_plan(model, "-dev", "MTL0", device="Metal0=m3max,64GiB"))
     assert plan["devices"][0]["name"] == "MTL0"
     assert "-dev MTL0" in shlex.join(plan["command"])
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp-2025", "ik_llama.cpp"])
+def test_builds_before_mtl_read_and_write_metal(model: Path, backend: str) -> None:
+    # no -ot ...=CPU in the command: ik's from PR 1510 turn mmap off, so its command does not read back
+    args = ["-ngl", "1", "-ot", r"blk\.0\.=Metal", "-dev", "Metal"]
+    first = _json(_plan(model, *args, backend=backend))
+    assert first["devices"][0]["name"] == "MTL0"  # the planner's name (the window's, the plan file's)
+    line = shlex.join(first["command"])
+    assert "_exps=Metal" in line and "=CPU" not in line and "-dev Metal" in line and "MTL0" not in line, line
+    again = _json(_plan(model, *_server_args(first["command"]), backend=backend))
+    assert again["tensors"] == first["tensors"] and again["command"] == first["command"]
+    r = _plan(model, "-ot", "exps=MTL0", backend=backend)
+    assert r.returncode != 0 and "available buffer types: CPU, Metal" in r.stderr, r.stderr
+    r = _plan(model, "-dev", "MTL0", backend=backend)
+    assert r.returncode != 0 and "invalid device: MTL0" in r.stderr, r.stderr

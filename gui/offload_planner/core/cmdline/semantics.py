@@ -251,6 +251,7 @@ def check_semantics(
     """
     if isinstance(parsed, ServerArgs):
         parsed = ParsedArgs(dialect=Dialect(dialect or Dialect.LLAMA_CPP), args=parsed)
+    device_names = [parsed.dialect.server_device_name(n) for n in device_names]  # MTL0: Metal in ik
     known = _known(parsed, device_names)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _check_devices(parsed, known, "--spec-draft-device")
