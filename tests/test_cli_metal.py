@@ -80,16 +80,20 @@ def test_a_command_naming_mtl0_plans_and_reads_back_the_same(model: Path, args: 
 def test_the_old_name_is_refused_in_a_command_as_the_pinned_server_refuses_it(model: Path) -> None:
     r = _plan(model, "-ot", "exps=Metal0")
     assert r.returncode != 0
-    assert "unknown buffer type" in r.stderr and "MTL0" in r.stderr, r.stderr
+    assert "unknown buffer type" in r.stderr, r.stderr
+    assert "this build names its Metal device MTL0" in r.stderr, r.stderr
     r = _plan(model, "-dev", "Metal0")
     assert r.returncode != 0
-    assert "invalid device: Metal0" in r.stderr and "MTL0" in r.stderr, r.stderr
+    assert "invalid device: Metal0" in r.stderr and "Metal device MTL0" in r.stderr, r.stderr
 
 
 def test_a_device_declared_with_the_old_name_is_the_pinned_builds_mtl0(model: Path) -> None:
     plan = _json(_plan(model, "-dev", "MTL0", device="Metal0=m3max,64GiB"))
     assert plan["devices"][0]["name"] == "MTL0"
     assert "-dev MTL0" in shlex.join(plan["command"])
+    assert any(n.startswith("--device Metal0: read as MTL0") for n in plan["notes"]), plan["notes"]
+    ik = _json(_plan(model, device="Metal0=m3max,64GiB", backend="ik_llama.cpp"))
+    assert any("--device Metal0" in n and n.endswith("name it Metal") for n in ik["notes"]), ik["notes"]
 
 
 @pytest.mark.parametrize("backend", ["llama.cpp-2025", "ik_llama.cpp"])
@@ -106,3 +110,4 @@ def test_builds_before_mtl_read_and_write_metal(model: Path, backend: str) -> No
     assert r.returncode != 0 and "available buffer types: CPU, Metal" in r.stderr, r.stderr
     r = _plan(model, "-dev", "MTL0", backend=backend)
     assert r.returncode != 0 and "invalid device: MTL0" in r.stderr, r.stderr
+    assert "this build names its Metal device Metal" in r.stderr, r.stderr

@@ -103,6 +103,12 @@ _ORDER: dict[DeviceKind, int] = {
 }
 
 
+def legacy_names(texts: Sequence[str]) -> list[str]:
+    """The ``--device`` names given as ``Metal<i>`` (read as ``MTL<i>``: :data:`LEGACY_METAL`)."""
+    names = [t.partition("=")[0].strip() for t in texts]
+    return [n for n in names if re.fullmatch(LEGACY_METAL + r"\d+", n, re.IGNORECASE)]
+
+
 def kind_of(name: str) -> DeviceKind:
     m = _NAME_RE.match(name)
     if m is None:
