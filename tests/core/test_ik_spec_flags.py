@@ -138,21 +138,28 @@ def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:
 
 def test_ik_draft_inherits_n_cpu_moe_and_mtp_is_noted(small_models: dict[str, Path]) -> None:
     """The main --n-cpu-moe reaches ik's draft (``params_dft.ncmoe``), expanded over the draft's own
-    expert layers; mainline's draft takes only -cmoed/-ncmoed.  ik's mtp stage is not projected and
-    says so; with -np 2 ik drops it (and so does the parser)."""
+    expert layers; mainline's draft takes only -cmoed/-ncmoed.  ik's mtp stage is projected; it is not
+    and says so only on a ``-md`` companion; with -np 2 ik drops it (and so does the parser)."""
     moe = str(small_models["qwen3moe"])
     line = ["-c", "1000", "--n-cpu-moe", "1", "-md", moe, "--spec-type", "draft"]
     parsed = parse_server_args(line, dialect=IK)
     spec = spec_settings(_gpu(), parsed, IK, placement_options, open_model(moe))
     assert spec.draft is not None
     assert [o.source for o in spec.draft.placement_options.overrides] == ["--n-cpu-moe"]
+    # ik's mtp stage on the main model is projected (tests/integration/test_ik_mtp.py): no note; on a
+    # -md companion it is not, and says so; with -np 2 ik drops it (and so does the parser)
     mtp = parse_server_args(["-c", "1000", "--spec-type", "mtp"], dialect=IK)
-    noted = spec_settings(_gpu(), mtp, IK, placement_options)
-    assert not noted.active and any("MTP context" in n and "not projected" in n for n in noted.notes)
-    warned = analyse_command(open_model(small_models["glm4moe"]), _gpu(), mtp, IK).warnings
-    assert any("ik_llama.cpp's MTP context" in w for w in warned), warned
+    projected = spec_settings(_gpu(), mtp, IK, placement_options)
+    assert projected.active and projected.mtp and projected.notes == ()
+    analysis = analyse_command(open_model(small_models["glm4moe"]), _gpu(), mtp, IK)
+    assert not any("ik_llama.cpp's MTP context" in w for w in analysis.warnings), analysis.warnings
+    assert analysis.projection is not None and [e.key for e in analysis.projection.extras] == ["mtp"]
+    companion = parse_server_args(["-c", "1000", "--spec-type", "mtp", "-md", moe], dialect=IK)
+    noted = spec_settings(_gpu(), companion, IK, placement_options, open_model(moe))
+    assert any("MTP context on the -md companion" in n and "not projected" in n for n in noted.notes)
     slots = parse_server_args(["-c", "1000", "--spec-type", "mtp", "-np", "2"], dialect=IK)
-    assert spec_settings(_gpu(), slots, IK, placement_options).notes == ()
+    dropped = spec_settings(_gpu(), slots, IK, placement_options)
+    assert dropped.notes == () and not dropped.mtp
 
 
 def test_ik_draft_follows_the_plans_context(small_models: dict[str, Path]) -> None:
@@ -228,3 +235,20 @@ def test_ik_offers_no_draft_tensor_moves(small_models: dict[str, Path]) -> None:
         plan = plan_from_args(model, _gpu(), parse_server_args(line, dialect=dialect), dialect)
         assert plan.spec is not None and plan.spec.draft is not None, dialect
         assert len(draft_moves_for(plan, name, "CPU")) == moves, dialect
+
+
+def test_ik_mtp_context_holds_no_weights(small_models: dict[str, Path]) -> None:
+    """ik's MTP context runs on the main model's weights: its buffers are a cache, outputs and compute,
+    never a second copy of the MLA tensors ik computes at load (deepseek2's ``attn_k_b``/``attn_v_b``
+    are the main model's, counted once)."""
+    from offload_planner.core.extra_context import MTP
+
+    parsed = parse_server_args(["-c", "1100", "--spec-type", "mtp"], dialect=IK)
+    projection = analyse_command(open_model(small_models["deepseek2-mtp"]), _gpu(), parsed, IK).projection
+    assert projection is not None
+    kinds = sorted({b.kind for b in projection.buffers() if b.owner == MTP})
+    assert kinds == ["kv", "output"], kinds  # ik 55d3c05 has no MTP graph for deepseek2: no compute
+    warned = analyse_command(open_model(small_models["deepseek2-mtp"]), _gpu(), parsed, IK).warnings
+    assert any("MTP graph for deepseek2 is not simulated" in w for w in warned), warned
+    glm = analyse_command(open_model(small_models["glm4moe"]), _gpu(), parsed, IK).warnings
+    assert not any("MTP graph" in w for w in glm), glm

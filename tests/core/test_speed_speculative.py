@@ -287,3 +287,36 @@ def test_acceptance_forms_refused_naming_the_flag(small_models: dict[str, Path],
         main(["plan", str(small_models["glm4moe"]), "--no-detect", "--spec-accept", bad, "--", "-c", "2048"])
     err = capsys.readouterr().err
     assert f"--spec-accept {bad!r}" in err and "mean len" in err
+
+
+def test_ik_mtp_draft_passes_read_the_main_cache_types(small_models: dict[str, Path]) -> None:
+    """ik's MTP context is a copy of the main context's parameters (common/speculative.cpp
+    ``common_speculative_prepare_mtp_runtime``): its NextN cache has the main -ctk/-ctv, which its
+    draft passes read, whatever -ctkd/-ctvd say; mainline's MTP context takes the draft's."""
+    from dataclasses import replace
+
+    from offload_planner.core.dialects import IK, LLAMA_CPP
+    from offload_planner.core.memory import resolve_context
+    from offload_planner.core.placement import place
+    from offload_planner.core.speed.reads import kv_read_at
+    from offload_planner.core.speed.speculation import _draft_side
+
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+    model = open_model(small_models["glm4moe"])
+    s = model.summary
+    depth = 1500
+    reads = {}
+    for dialect, spec_type in ((IK, "mtp"), (LLAMA_CPP, "draft-mtp")):
+        argv = ["-c", "2048", "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0", "-ctkd", "f16", "-ctvd", "f16",
+                "--spec-type", spec_type]
+        plan = plan_from_args(model, devices, parse_server_args(argv, dialect=dialect), dialect)
+        placement = place(model, devices, plan.placement_options)
+        side = _draft_side(plan, placement, depth)
+        assert side is not None, dialect
+        reads[dialect.value] = side.kv_depth
+        types = ("q8_0", "q8_0") if dialect is IK else ("f16", "f16")
+        params = replace(plan.context, type_k=types[0], type_v=types[1])
+        ctx = resolve_context(params, s.n_ctx_train, s.n_swa)
+        assert side.kv_depth == kv_read_at(model, placement, params, ctx, devices, depth,
+                                           cached=range(s.n_layer_trunk, s.n_layer)), dialect
+    assert reads[IK.value]["CPU"] < reads[LLAMA_CPP.value]["CPU"]  # q8_0 rows against f16

@@ -12,7 +12,7 @@ ik's server passes it, then creates one context per setting and keeps what ik lo
 * refusals: the text ik printed before it failed (``V cache quantization requires flash_attn``,
   or the abort of an incompatible DeepSeek file).
 
-    python ik_context.py OUT.json MODEL MLA SETTINGS_JSON
+    python ik_context.py OUT.json MODEL MLA SETTINGS_JSON MODEL_PARAMS_JSON
 """
 
 from __future__ import annotations
@@ -73,14 +73,15 @@ class ModelReport:
 
 
 def measure(model: Path, mla: int, settings: Sequence[Mapping[str, Any]],
-            timeout: float = 600) -> ModelReport:
-    """Load ``model`` with ik's libllama (``mla`` as the model parameter, mmap on, CPU only) and
+            timeout: float = 600, model_params: Mapping[str, Any] | None = None) -> ModelReport:
+    """Load ``model`` with ik's libllama (``mla`` as the model parameter, mmap on, CPU only, and
+    ``model_params``: further ``llama_model_params`` field values, e.g. ``{"mtp": True}``) and
     create a context for each ``settings`` dict of ``llama_context_params`` field values."""
     with tempfile.TemporaryDirectory(prefix="ik-ctx-") as tmp:
         out = Path(tmp) / "out.json"
         r = child_guard.run(
             [sys.executable, str(Path(__file__).resolve()), str(out), str(model), str(mla),
-             json.dumps(list(settings))],
+             json.dumps(list(settings)), json.dumps(dict(model_params or {}))],
             timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "2"},
         )
         if not out.exists():  # the library aborted: keep what it printed
@@ -97,7 +98,8 @@ def _lines(raw: list[tuple[int, str]]) -> list[str]:
     return "".join(text for _, text in raw).splitlines()
 
 
-def _child(out: str, path: str, mla: int, settings: list[dict[str, Any]]) -> int:
+def _child(out: str, path: str, mla: int, settings: list[dict[str, Any]],
+           model_params: dict[str, Any]) -> int:
     from ik_tools import open_ik_with_log  # run as a script: this directory is on sys.path
 
     C, raw, _callback = open_ik_with_log()
@@ -107,6 +109,8 @@ def _child(out: str, path: str, mla: int, settings: list[dict[str, Any]]) -> int
     mp.n_gpu_layers = 0
     mp.use_mmap = True
     mp.mla = mla
+    for k, v in model_params.items():
+        setattr(mp, k, v)
     model = C.llama_model_load_from_file(path.encode(), mp)
     sys.stdout.flush()
     result: dict[str, Any] = {"path": path, "loaded": bool(model), "model_size": 0,
@@ -130,7 +134,8 @@ def _child(out: str, path: str, mla: int, settings: list[dict[str, Any]]) -> int
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5:
+    if len(sys.argv) != 6:
         print(__doc__, file=sys.stderr)
         sys.exit(2)
-    sys.exit(_child(sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])))
+    sys.exit(_child(sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]),
+                    json.loads(sys.argv[5])))

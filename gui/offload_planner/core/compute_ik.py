@@ -23,7 +23,7 @@ CUDA buffer rules are not verified here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from offload_planner.core import ik
@@ -152,6 +152,9 @@ class IkShape:
     attn_max_batch: int = 0
     mask_f32: bool = False  # ik before October 2025: an f32 mask input, cast to f16 for flash attention
     mla_fa_steps_expanded: bool = True  # ik from 2026-01-31: each -mla 2/3 FA head group's output expanded
+    #: ``cparams.mtp`` (the server's main context beside an MTP stage): the last layer keeps every row
+    #: (``build_glm4_moe``: ``inp_out_ids`` only ``if (n_tokens > 1 && !lctx.cparams.mtp)``)
+    mtp: bool = False
 
 
 class IkBuilder(WeightAccess):
@@ -671,7 +674,7 @@ def _glm4moe(b: IkBuilder) -> None:
     inp = b.inp_embd()
     b.build_inp_pos()
     b.build_kq_mask()
-    out_ids = b.build_out_ids() if b.n_tokens > 1 else None
+    out_ids = b.build_out_ids() if b.n_tokens > 1 and not sh.mtp else None
     for il in range(sh.n_layer):
         last = out_ids if il == sh.n_layer - 1 else None
         cur = b.std_attention(il, inp, last)
@@ -680,6 +683,33 @@ def _glm4moe(b: IkBuilder) -> None:
         else:
             inp = b.std_moe(il, cur, norm="post_attention_norm.weight")
     b.head(inp)
+
+
+def _glm4moe_mtp(b: IkBuilder) -> None:
+    """``build_glm4_moe`` with ``cparams.mtp_op_type`` set (the MTP context reserves it as
+    ``MTP_OP_WARMUP``): ``build_mtp_tail`` on the NextN layer (ik 55d3c05 src/llama-build-context.cpp
+    8018-8034, 8158-8257): the main model's hidden states (a 2-D input), the mask and the output ids,
+    the token rows of ``nextn.embed_tokens`` (else ``token_embd``), both normed, concatenated and
+    projected by ``nextn.eh_proj``; attention over the context's own cache of the NextN layer with the
+    residual, the MoE (+ shared expert) with its residual, ``shared_head_norm``, then the output rows
+    and ``shared_head_head`` (else ``output``)."""
+    sh = b.sh
+    il = sh.n_layer  # the NextN layer follows the trunk
+    b.build_inp_pos()
+    hidden = input_tensor(F32, [sh.n_embd, b.n_tokens], "result_embd_pooled")
+    b.build_kq_mask()
+    out_ids = b.build_out_ids()
+    tokens = input_tensor(I32, [b.n_tokens], "inp_tokens")
+    tok = get_rows(b.lw(il, "nextn.embed_tokens.weight") or b.req("token_embd.weight"), tokens)
+    tok_norm = b.norm(tok, b.lw(il, "nextn.enorm.weight"))
+    hidden_norm = b.norm(hidden, b.lw(il, "nextn.hnorm.weight"))
+    cur = mul_mat(b.req(f"blk.{il}.nextn.eh_proj.weight"), concat(tok_norm, hidden_norm, 0))
+    cur = b.std_attention(il, cur, None)
+    cur = b.std_moe(il, cur, norm="post_attention_norm.weight")
+    cur = get_rows(b.norm(cur, b.lw(il, "nextn.shared_head_norm.weight")), out_ids)
+    cur = mul_mat(b.lw(il, "nextn.shared_head_head.weight") or b.req("output.weight"), cur)
+    cur.flags |= OUTPUT
+    b.expand(cur)
 
 
 def _gpt_oss(b: IkBuilder) -> None:
@@ -729,6 +759,18 @@ IK_GRAPHS: dict[str, Callable[[IkBuilder], None]] = {
     "llama": _llama,
     "qwen3moe": _llama,
 }
+
+
+#: ik's MTP graphs (``cparams.mtp_op_type`` set): ik 55d3c05, the ik-llama-cpp-python 0.1.5 build, has
+#: GLM-4.x MoE only (src/llama.cpp 5503: ``cparams.mtp`` is turned off for any other architecture)
+IK_MTP_GRAPHS: dict[str, Callable[[IkBuilder], None]] = {"glm4moe": _glm4moe_mtp}
+
+
+def loads_nextn(model: Model, placement: Placement) -> bool:
+    """The model is loaded with its NextN layers (``llama_model_params.mtp``: an MTP stage)."""
+    return model.summary.n_nextn > 0 and any(
+        it.device is not None for it in placement.items if it.tensor.layer is not None
+        and it.tensor.layer >= model.summary.n_layer_trunk)
 
 
 # --- the allocator -------------------------------------------------------------------------------------
@@ -864,11 +906,12 @@ def _ik_backends(devices: DeviceSet, placement: Placement, repack: bool,
 
 
 def simulate_ik(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
-                p: ContextParams) -> IkReserve:
-    """ik's one reserve: the prompt graph of ``min(n_ctx, n_batch, n_ubatch)`` tokens over the whole cache."""
-    arch_fn = IK_GRAPHS[model.arch]
+                p: ContextParams, graph: Callable[[IkBuilder], None] | None = None) -> IkReserve:
+    """ik's one reserve: the prompt graph of ``min(n_ctx, n_batch, n_ubatch)`` tokens over the whole
+    cache (``graph``: another of the architecture's graphs, the MTP context's)."""
+    arch_fn = graph or IK_GRAPHS[model.arch]
     backends = _ik_backends(devices, placement, p.repack, p.dialect.cuda_multiplies_r4)
-    sh = ik_shape(model, ctx, p, cpu_only=len(backends) == 1)
+    sh = replace(ik_shape(model, ctx, p, cpu_only=len(backends) == 1), mtp=loads_nextn(model, placement))
 
     def kv_dev(il: int) -> str:
         return placement.layer_device(il) if p.offload_kqv else CPU
@@ -920,5 +963,39 @@ def _ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, 
         else:
             why = (what + f"; {r.n_splits} splits: with GPUs the graph is ik's but its scheduler and "
                    "CUDA buffer rules are not verified (estimate)")
+        out.append(Buffer(be.name, be.buft, "compute", size, why))
+    return out
+
+
+def ik_mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                           p: ContextParams) -> list[Buffer] | None:
+    """The compute buffers of ik's MTP context (its graph reserved as ``MTP_OP_WARMUP``, the op the
+    server creates it with: common/speculative.cpp ``cparams_dft.mtp_op_type``), or None where ik has
+    no MTP graph for the architecture here (:data:`IK_MTP_GRAPHS`)."""
+    graph = IK_MTP_GRAPHS.get(model.arch)
+    if graph is None:
+        return None
+    key = (model, devices, ctx, p, *placement_key(placement))
+    return _IK_MTP_MEMO.get(key, lambda: _ik_mtp_buffers(model, devices, placement, ctx, p, graph))
+
+
+_IK_MTP_MEMO: BufferMemo[list[Buffer]] = BufferMemo()
+
+
+def _ik_mtp_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,
+                    p: ContextParams, graph: Callable[[IkBuilder], None]) -> list[Buffer]:
+    r = simulate_ik(model, devices, placement, ctx, p, graph)
+    what = (f"{IK_SIMULATED} ({model.arch} MTP, NextN layer {model.summary.n_layer_trunk}, flash attention "
+            f"{'on' if p.flash_attn else 'off'}): peak of the {r.n_tokens}-token warmup graph over "
+            f"{ctx.n_ctx} cells, {r.n_nodes} nodes")
+    out = []
+    for be, size in zip(r.backends, r.sizes, strict=True):
+        if size <= 1:
+            continue
+        if len(r.backends) == 1:
+            why = what + "; equal to ik's CPU build on the verified configurations"
+            size += IK_CPU_BUFFER_EXTRA if be.buft == CPU else 0
+        else:
+            why = what + f"; {r.n_splits} splits: with GPUs the scheduler and CUDA rules are not verified"
         out.append(Buffer(be.name, be.buft, "compute", size, why))
     return out

@@ -418,7 +418,7 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     s = model.summary
     ctx = resolve_context(p, s.n_ctx_train, s.n_swa)
     bufs = weight_buffers(model, placement, devices)
-    bufs += kv_buffers(model, placement, ctx, p, devices)
+    bufs += kv_buffers(model, placement, ctx, p, devices, p.dialect.main_kv_layers(model, placement))
     bufs.append(output_buffer(model, placement, p, devices))
     bufs = p.dialect.extra_buffers(model, devices, placement, p, bufs)
     if compute is None:  # the dialect's own simulator, else mainline's graph

@@ -226,15 +226,19 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
     from offload_planner.core.compute.mtp import MTP_GRAPHS, mtp_compute_buffers
 
     s = model.summary
-    cparams = replace(main, n_ctx=ctx.n_ctx, type_k=spec.type_k, type_v=spec.type_v,
-                      n_outputs_max=min(main.n_batch, main.n_seq_max))
-    mctx = resolve_context(cparams, s.n_ctx_train, s.n_swa)
     nextn = range(s.n_layer_trunk, s.n_layer)
-    bufs = kv_buffers(model, placement, mctx, cparams, devices, cached=nextn)
-    bufs.append(output_buffer(model, placement, cparams, devices))
-    bufs += mtp_compute_buffers(model, devices, placement, mctx, cparams)
+    own = main.dialect.mtp_buffers(model, devices, placement, main, ctx, spec.type_k, spec.type_v)
+    if own is None:
+        cparams = replace(main, n_ctx=ctx.n_ctx, type_k=spec.type_k, type_v=spec.type_v,
+                          n_outputs_max=min(main.n_batch, main.n_seq_max))
+        mctx = resolve_context(cparams, s.n_ctx_train, s.n_swa)
+        bufs = kv_buffers(model, placement, mctx, cparams, devices, cached=nextn)
+        bufs.append(output_buffer(model, placement, cparams, devices))
+        bufs += mtp_compute_buffers(model, devices, placement, mctx, cparams)
+    else:
+        bufs = own
     label = f"MTP context ({len(nextn)} NextN layer{'s' if len(nextn) != 1 else ''})"
-    if model.arch not in MTP_GRAPHS:
+    if (model.arch not in MTP_GRAPHS) if own is None else not any(b.kind == "compute" for b in bufs):
         label += f"; compute not projected (no MTP graph for {model.arch})"
     return ExtraContext(MTP, label, tagged(MTP, bufs), shares_model=True)
 

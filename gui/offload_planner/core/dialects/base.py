@@ -286,6 +286,22 @@ class Dialect(str, metaclass=_DialectType):
         """The weight/KV/output buffers as this build allocates them (mainline: unchanged)."""
         return bufs
 
+    def main_kv_layers(self, model: Model, placement: Placement) -> range | None:
+        """The layers the main context caches; None: the trunk (mainline never caches the NextN layers
+        in the main context)."""
+        return None
+
+    def mtp_cache_types(self, main: ContextParams, type_k: str, type_v: str) -> tuple[str, str]:
+        """The MTP context's cache types, given the draft's (``-ctkd``/``-ctvd``, :meth:`draft_cache_types`):
+        mainline's MTP context takes those."""
+        return type_k, type_v
+
+    def mtp_buffers(self, model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
+                    ctx: ResolvedContext, type_k: str, type_v: str) -> list[Buffer] | None:
+        """The MTP context's KV, output and compute buffers as this build creates it; None: mainline's
+        (:func:`offload_planner.core.speculative.mtp_context`)."""
+        return None
+
     def compute_buffers(self, model: Model, devices: DeviceSet, placement: Placement,
                         ctx: ResolvedContext, p: ContextParams) -> list[Buffer] | None:
         """The compute buffers of the graph reservation from this build's own simulator; None:

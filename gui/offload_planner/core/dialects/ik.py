@@ -75,9 +75,10 @@ class IkLlamaCpp(Dialect):
     #: no ``-otd``: the draft takes the main ``-ot`` list, and ``-draft "-ot ..."`` entries land after its
     #: terminator (common.cpp 771-773), which the loader never reads past
     moves_draft_tensors = False
-    #: ik's ``mtp`` stage (an MTP context on the main model, or on a ``-md`` companion) is not projected:
-    #: ik builds it its own way (``cparams.mtp``, src/llama.cpp), not checked against ik's library here
-    mtp_spec_type = None
+    #: ik's ``mtp`` stage: the main model loaded with its NextN layers (``mparams.mtp``, common.cpp 4287)
+    #: and an MTP context on it (:meth:`mtp_buffers`); on a ``-md`` companion it is not projected
+    #: (:meth:`spec_notes`)
+    mtp_spec_type = "mtp"
 
     # --- flags ---
     def flag_table(self) -> FlagTable:
@@ -172,15 +173,35 @@ class IkLlamaCpp(Dialect):
                       bufs: list[Buffer]) -> list[Buffer]:
         """ik's buffer types; plain CPU buffers (KV, output, weights without mmap) carry ik's extra;
         the MLA tensors computed at load get a buffer each."""
-        from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
-        from offload_planner.core.placement import CPU
+        return _ik_buffers(model, devices, placement, p, bufs) + computed_buffers(model, placement, p)
 
-        _buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
-        for b in bufs:
-            if b.name == CPU and b.kind in ("model", "kv", "output"):
-                b.bytes += IK_CPU_BUFFER_EXTRA
-        _buffer_names(bufs, devices, mapped=True)
-        return bufs + computed_buffers(model, placement, p)
+    def mtp_cache_types(self, main: ContextParams, type_k: str, type_v: str) -> tuple[str, str]:
+        """The main -ctk/-ctv: ik's MTP context is a copy of the main parameters (common/speculative.cpp
+        ``common_speculative_prepare_mtp_runtime``), -ctkd/-ctvd are the draft model's only."""
+        return main.type_k, main.type_v
+
+    def main_kv_layers(self, model: Model, placement: Placement) -> range | None:
+        """A model loaded with its NextN layers (``model.mtp``) gets them in every context's cache
+        (ik 55d3c05 src/llama.cpp 737-738 ``n_layer = model.mtp ? hparams.n_layer : ...``)."""
+        from offload_planner.core.compute_ik import loads_nextn
+
+        return range(model.summary.n_layer) if loads_nextn(model, placement) else None
+
+    def mtp_buffers(self, model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
+                    ctx: ResolvedContext, type_k: str, type_v: str) -> list[Buffer] | None:
+        """ik's MTP context (common/speculative.cpp ``common_speculative_prepare_mtp_runtime``): the
+        main context's parameters (its -c, -b, -ub, -fa, -ctk/-ctv: not -ctkd) with ``mtp``,
+        ``MTP_OP_WARMUP`` and embeddings on; its cache holds the NextN layers only (src/llama.cpp
+        853-856: the layers before them are skipped with an MTP op), its outputs logits and
+        embeddings (3625-3630), its graph ik's MTP graph (:func:`compute_ik.ik_mtp_compute_buffers`)."""
+        from offload_planner.core.compute_ik import ik_mtp_compute_buffers
+        from offload_planner.core.memory import kv_buffers, output_buffer
+
+        s = model.summary
+        bufs = kv_buffers(model, placement, ctx, main, devices, cached=range(s.n_layer_trunk, s.n_layer))
+        bufs.append(output_buffer(model, placement, main, devices))
+        bufs = _ik_buffers(model, devices, placement, main, bufs)
+        return bufs + (ik_mtp_compute_buffers(model, devices, placement, ctx, main) or [])
 
     def compute_buffers(self, model: Model, devices: DeviceSet, placement: Placement,
                         ctx: ResolvedContext, p: ContextParams) -> list[Buffer] | None:
@@ -207,9 +228,18 @@ class IkLlamaCpp(Dialect):
         return model_errors(model)
 
     def warnings(self, model: Model, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+        from offload_planner.core.compute_ik import IK_MTP_GRAPHS
         from offload_planner.core.ik import split_mode_warnings
 
-        return split_mode_warnings(model, popts.split_mode, len(devices.gpus))
+        out = split_mode_warnings(model, popts.split_mode, len(devices.gpus))
+        if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
+            out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
+                       "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
+                       "buffer is missing from these figures"
+                       + ("; at 8337e4cd ik builds the deepseek2 MTP tail for GLM_DSA files only and aborts "
+                          "otherwise (src/graphs/build_deepseek2.cpp 1305-1307)" if model.arch == "deepseek2"
+                          else ""))
+        return out
 
     # --- command emission ---
     def mla_flags(self, model: Model, p: ContextParams) -> list[str]:
@@ -224,12 +254,10 @@ class IkLlamaCpp(Dialect):
     # --- speculative decoding: common_speculative_load_draft_model (common/speculative.cpp 1939-1999) ---
     def spec_notes(self, types: Sequence[str], draft_model: str | None) -> list[str]:
         out = []
-        if "mtp" in types:
-            on = f"the -md companion {draft_model}" if draft_model else "the main model's NextN layers"
-            out.append(f"--spec-type mtp: ik_llama.cpp's MTP context (on {on}) is not projected: its KV, "
-                       "output and compute buffers are missing from these figures"
-                       + (", and so are the companion's weights" if draft_model else
-                          ", and ik gives the main context's cache the NextN layers too"))
+        if "mtp" in types and draft_model:
+            out.append(f"--spec-type mtp: ik_llama.cpp's MTP context on the -md companion {draft_model} "
+                       "is not projected: its KV, output and compute buffers are missing from these "
+                       "figures, and so are the companion's weights")
         for kind in ("dflash", "dspark"):
             if kind in types and draft_model:
                 out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
@@ -321,6 +349,26 @@ def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
     if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
         out.overrides = out.overrides[:kept]
     return out
+
+
+def _ik_buffers(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
+                bufs: list[Buffer]) -> list[Buffer]:
+    """ik's buffer types; plain CPU buffers (KV, output, weights without mmap) carry ik's extra; a
+    model loaded with its NextN layers (``cparams.mtp``) has embeddings beside the logits."""
+    from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA
+    from offload_planner.core.compute_ik import loads_nextn
+    from offload_planner.core.placement import CPU
+
+    _buffer_names(bufs, devices, mapped=False, kv=p.offload_kqv)
+    embd = 4 * model.summary.n_embd * p.n_seq_max if loads_nextn(model, placement) else 0
+    for b in bufs:
+        if b.kind == "output" and embd:  # llama.cpp 3625-3630 (ik 55d3c05): logits and embeddings
+            b.bytes += embd
+            b.why += f" + embeddings ({model.summary.n_embd} x 4 B each: the MTP stage's hidden state)"
+        if b.name == CPU and b.kind in ("model", "kv", "output"):
+            b.bytes += IK_CPU_BUFFER_EXTRA
+    _buffer_names(bufs, devices, mapped=True)
+    return bufs
 
 
 def _buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: bool = True) -> None:

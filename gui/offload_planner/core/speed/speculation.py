@@ -247,7 +247,8 @@ def _mtp_side(plan: Plan, model: Model, placement: Placement, devices: DeviceSet
     spec = plan.spec
     assert spec is not None
     s = model.summary
-    params = replace(plan.context, type_k=spec.type_k, type_v=spec.type_v)
+    type_k, type_v = plan.context.dialect.mtp_cache_types(plan.context, spec.type_k, spec.type_v)
+    params = replace(plan.context, type_k=type_k, type_v=type_v)
     mctx = resolve_context(params, s.n_ctx_train, s.n_swa)
     nextn = range(s.n_layer_trunk, s.n_layer)
     kv = kv_read_at(model, placement, params, mctx, devices, depth, cached=nextn)
