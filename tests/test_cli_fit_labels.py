@@ -93,21 +93,29 @@ def test_a_layout_made_again_is_told_apart_from_the_first(glm_air: str) -> None:
     assert starred[1:].startswith(out["best"] + " ") and f"{best['tg_tps']:.2f}" in starred
 
 
-def test_nothing_fits_this_machines_ram_says_how_to_plan_for_another() -> None:
-    """DeepSeek-V3 and one RTX 3090 on a machine with less RAM than its experts: "nothing fits these
-    devices: CPU (RAM) over by 335.3 GiB (358.9 GiB projected > 23.5 GiB)", and no word that the RAM
-    was this machine's and can be declared.  With the RAM declared, no such note."""
+
+def _nothing_fits(gpu: str, starts: str) -> tuple[list[str], int]:
+    """``fit`` of DeepSeek-V3 on ``gpu`` with this machine's RAM (skipped where it holds the experts):
+    the output's lines and the index of the line ``starts``, followed by the note that the RAM is
+    this machine's and how to declare another's."""
     import psutil
 
     ram = psutil.virtual_memory().total
     if ram > 380 * 1024**3:
         pytest.skip("this machine's RAM holds the experts")
-    r = run("fit", "--no-detect", DEMO, "--device", "CUDA0=rtx3090", "--", "-c", "32768")
+    r = run("fit", "--no-detect", DEMO, "--device", gpu, "--", "-c", "32768")
     assert r.returncode == 1, r.stderr
     lines = r.stdout.splitlines()
-    i = next(i for i, x in enumerate(lines) if x.startswith("nothing fits these devices: CPU (RAM) over by"))
+    i = next(i for i, x in enumerate(lines) if x.startswith(starts))
     assert lines[i + 1] == (f"note: the RAM is this machine's ({ram / 1024**3:.1f} GiB); to plan for another "
                             "machine declare its RAM, e.g. --device CPU=512GiB")
+    return lines, i
+
+def test_nothing_fits_this_machines_ram_says_how_to_plan_for_another() -> None:
+    """DeepSeek-V3 and one RTX 3090 on a machine with less RAM than its experts: "nothing fits these
+    devices: CPU (RAM) over by 335.3 GiB (358.9 GiB projected > 23.5 GiB)", and no word that the RAM
+    was this machine's and can be declared.  With the RAM declared, no such note."""
+    _nothing_fits("CUDA0=rtx3090", "nothing fits these devices: CPU (RAM) over by")
     declared = run("fit", "--no-detect", DEMO, "--device", "CUDA0=rtx3090", "--device", "CPU=64GiB",
                    "--", "-c", "32768")
     assert declared.returncode == 1 and "nothing fits these devices: CPU (RAM)" in declared.stdout
@@ -118,15 +126,5 @@ def test_the_ram_note_comes_when_a_gpu_is_over_as_well() -> None:
     """The note came only when the RAM was the first device over: a laptop planning DeepSeek-V3 for a
     small GPU read "nothing fits these devices: CUDA0 over by ...; CPU (RAM) over by 355 GiB (... >
     23.5 GiB)" and no word that the RAM was this machine's (newcomer4)."""
-    import psutil
-
-    ram = psutil.virtual_memory().total
-    if ram > 380 * 1024**3:
-        pytest.skip("this machine's RAM holds the experts")
-    r = run("fit", "--no-detect", DEMO, "--device", "CUDA0=2GiB", "--", "-c", "32768")
-    assert r.returncode == 1, r.stderr
-    lines = r.stdout.splitlines()
-    i = next(i for i, x in enumerate(lines) if x.startswith("nothing fits these devices: CUDA0 over by"))
+    lines, i = _nothing_fits("CUDA0=2GiB", "nothing fits these devices: CUDA0 over by")
     assert "; CPU (RAM) over by" in lines[i], lines[i]
-    assert lines[i + 1] == (f"note: the RAM is this machine's ({ram / 1024**3:.1f} GiB); to plan for another "
-                            "machine declare its RAM, e.g. --device CPU=512GiB")

@@ -19,7 +19,7 @@ def add_device_option(p: argparse.ArgumentParser, what: str = "declare a device"
     """``--device``, the same words in every command that takes it."""
     p.add_argument("--device", action="append", default=[], metavar=DEVICE_METAVAR,
                    help=f"{what} (repeatable), e.g. CUDA0=24GiB, CUDA0=rtx3090 or CPU=256GiB. NAME: "
-                   "CPU, CUDA0, ROCm0, Vulkan0, Metal0, RPC0, ... SIZE needs its unit: 24GiB = 24G, "
+                   "CPU, CUDA0, ROCm0, Vulkan0, MTL0, RPC0, ... SIZE needs its unit: 24GiB = 24G, "
                    "24GB, 8000MiB, 1TiB, 4096B. CARD: a GPU of the catalogue (rtx3090, rtx4090, "
                    "a100-80gb, ...; a wrong name lists them all), which sets the size and speeds. "
                    "Keys: free=SIZE (unused now, at most the size), margin=SIZE (kept free), "

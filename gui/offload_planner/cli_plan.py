@@ -128,6 +128,15 @@ def _devices(args: argparse.Namespace, rpc: list[str]) -> tuple[DeviceSet, str]:
     return devices, detection.message if detection is not None else ""
 
 
+def _legacy_name_notes(declared: list[str], dialect: Dialect) -> list[str]:
+    """``--device Metal0=...``: the planner's old name, kept working; say what it is now."""
+    from offload_planner.core.devices import canonical_device_name, legacy_names
+
+    return [f"--device {n}: read as {(c := canonical_device_name(n))}, as the pinned llama.cpp names its "
+            f"Metal device (MTL<i>); this build's commands name it {dialect.server_device_name(c)}"
+            for n in legacy_names(declared)]
+
+
 def run_plan(args: argparse.Namespace) -> int:
     """Errors first and alone (stderr, exit 2); then the plan, with every silent change as a note;
     exit 3 when a device is over capacity and llama.cpp's --fit will not make it fit.
@@ -170,6 +179,7 @@ def _plan(args: argparse.Namespace) -> int:
     projection, plan, fit = analysis.projection, analysis.plan, analysis.fit
     assert projection is not None and fit is not None  # analyse_command raises instead
     notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
+    notes += _legacy_name_notes(args.device, dialect)
     other_model = model_flag_note(parsed, model)
     if other_model:
         notes.insert(0, other_model)

@@ -58,3 +58,20 @@ def test_failures_are_collected() -> None:
     ]
     rep = parse_log(lines)
     assert len(rep.errors) == 2 and "out of memory" in rep.errors[0]
+
+
+def test_the_pinned_builds_metal_buffers_count_on_their_device() -> None:
+    """The pinned build logs mmap'd Metal weights as ``MTL0_Mapped`` (ggml/src/ggml-metal/ggml-metal.cpp:462,
+    llama-model.cpp:1856) and a GPU without unified memory's as ``MTL0_Private`` (ggml-metal.cpp:384): both
+    are device MTL0's, not devices of their own (lines as a public M1 Max log of such a build prints them)."""
+    rep = parse_log([
+        "load_tensors:   CPU_Mapped model buffer size =   304.28 MiB",
+        "load_tensors:  MTL0_Mapped model buffer size =  2375.91 MiB",
+        "llama_kv_cache:       MTL0 KV buffer size =   288.00 MiB",
+        "sched_reserve:       MTL0 compute buffer size =   301.75 MiB",
+        "load_tensors: MTL1_Private model buffer size =    10.00 MiB",
+    ])
+    got = {d: dict(v) for d, v in rep.by_device().items()}
+    assert got == {"CPU": {"model": 304.28}, "MTL0": {"model": 2375.91, "kv": 288.0, "compute": 301.75},
+                   "MTL1": {"model": 10.0}}
+    assert device_of_buffer("MTL0_Mapped") == "MTL0" and device_of_buffer("MTL0") == "MTL0"

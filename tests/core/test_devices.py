@@ -7,7 +7,15 @@ import math
 import pytest
 
 from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stof, stoi
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet, build_device_set, parse_device_decl
+from offload_planner.core.devices import (
+    Device,
+    DeviceKind,
+    DeviceSet,
+    build_device_set,
+    declared_name_problem,
+    parse_device_decl,
+    parse_device_decls,
+)
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.placement import unit_devices
 
@@ -60,3 +68,24 @@ def test_a_split_llama_cpp_cannot_use_still_projects(split: tuple[float, ...]) -
     gpus = [Device("CUDA0", DeviceKind.CUDA, 24 << 30), Device("CUDA1", DeviceKind.CUDA, 8 << 30)]
     units = unit_devices(4, 5, gpus, split, output_first=True)
     assert units == unit_devices(4, 5, gpus, (0.0, 0.0), output_first=True)
+
+
+def test_metal_devices_are_named_as_the_pinned_build_names_them() -> None:
+    """The pinned build's Metal device and its default buffer type are ``MTL<i>``
+    (ggml/src/ggml-metal/ggml-metal-device.m:1301: ``"%s%d", "MTL", device``; ggml-metal.cpp:15
+    ``GGML_METAL_NAME "MTL"``): the planner named it Metal0, which that llama-server refuses in -ot and
+    -dev. ``Metal0`` is still read (old commands' --device values, plan files) as MTL0."""
+    for text in ("MTL0=64GiB", "Metal0=64GiB", "mtl0=64GiB", "metal0=64GiB"):
+        d = parse_device_decl(text)
+        assert (d.name, d.kind, d.buffer_type) == ("MTL0", DeviceKind.METAL, "MTL0"), text
+    assert parse_device_decl("MTL1=m2ultra,192GiB").name == "MTL1"
+    assert "MTL0, MTL1" in declared_name_problem("MTL")
+    assert "MTL1 (no leading zero)" in declared_name_problem("Metal01")
+    with pytest.raises(PlannerError, match="already declared"):
+        parse_device_decls(["Metal0=64GiB", "MTL0=64GiB"])
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30), (parse_device_decl("MTL0=64GiB"),))
+    assert devices.by_name("Metal0") is devices.gpus[0]
+    assert devices.resolve_buffer_type("MTL0") == "MTL0"
+    assert devices.resolve_buffer_type("Metal0") is None  # the pinned server refuses -ot ...=Metal0
+    with pytest.raises(PlannerError, match="MTL0=m3max"):
+        parse_device_decl("m3max")  # a catalogue Apple card without its device: the hint names MTL0

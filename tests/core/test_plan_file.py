@@ -367,3 +367,23 @@ def test_a_path_with_a_nul_is_a_plan_file_error(tmp_path: Path, qwen3moe_path: P
         load_plan(str(tmp_path / "a\0b.plan.json"))
     with pytest.raises(PlanFileError, match="cannot write"):
         save_plan(str(tmp_path / "a\0b.plan.json"), PlanFile.of(_plan(qwen3moe_path)))
+
+
+def test_a_plan_file_naming_metal0_loads_as_mtl0(tmp_path: Path, qwen3moe_path: Path) -> None:
+    """Plan files written before the planner named Metal devices as the pinned build does (``MTL0``:
+    ggml/src/ggml-metal/ggml-metal-device.m:1301) call it Metal0 in the device list, the -ot rules and
+    the moves: it loads as MTL0, so its command names a device that build has."""
+    plan = _plan(qwen3moe_path)
+    metal = parse_device_decl("MTL0=m3max,64GiB")
+    popts = replace(plan.placement_options, overrides=(Override(r"blk\.1\.", "MTL0", "-ot"),))
+    plan = replace(plan, devices=DeviceSet(plan.devices.cpu, (metal,)), placement_options=popts,
+                   moves={"blk.2.ffn_up_exps.weight": "MTL0"})
+    old = json.dumps(plan_json(PlanFile.of(plan))).replace('"MTL0"', '"Metal0"')
+    assert '"MTL0"' not in old and old.count('"Metal0"') == 3
+    target = tmp_path / "old.plan.json"
+    target.write_text(old)
+    loaded = load_plan(target)
+    assert loaded.devices.names == ["MTL0", "CPU"]
+    assert loaded.devices.gpus[0].kind is DeviceKind.METAL
+    assert [o.buft for o in loaded.placement_options.overrides] == ["MTL0"]
+    assert loaded.moves == {"blk.2.ffn_up_exps.weight": "MTL0"}

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from tests.support.ik_cases import cpu_only, require_ik
 from tests.support.ik_context import ModelReport, measure
-from tests.support.server_buffers import mib
+from tests.support.server_buffers import mib, mib_rows
 
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import check_semantics, parse_server_args
@@ -54,15 +54,15 @@ def ik_mtp(small_models: dict[str, Path]) -> ModelReport:
     return measure(small_models["glm4moe"], 0, settings, model_params={"mtp": True})
 
 
-def _ours(small_models: dict[str, Path], args: str) -> tuple[dict[tuple[str, str], float], list[str]]:
+def _ours(small_models: dict[str, Path], args: str) -> tuple[dict[str, float], list[str]]:
     parsed = parse_server_args(shlex.split(args), dialect=IK)
     devices = cpu_only()
     errors = [str(e) for e in parsed.errors + check_semantics(parsed, devices.names)]
     analysis = analyse_command(open_model(small_models["glm4moe"]), devices, parsed, IK)
     assert analysis.projection is not None
-    out: dict[tuple[str, str], float] = {}
+    out: dict[str, float] = {}
     for b in analysis.projection.buffers():
-        key = ("mtp" if b.owner == MTP else "main" if not b.owner else b.owner, b.kind)
+        key = f"{'mtp' if b.owner == MTP else 'main' if not b.owner else b.owner}/{b.kind}"
         out[key] = out.get(key, 0.0) + mib(b.bytes)
     return out, errors
 
@@ -78,15 +78,12 @@ def test_mtp_contexts_equal_ik(small_models: dict[str, Path], ik_mtp: ModelRepor
         ours, errors = _ours(small_models, args)
         if errors:
             bad.append(f"{args}: ik accepts it, the planner refuses: {errors}")
-        theirs = {("main", "model"): ik_mtp.weights_mib.get("CPU")}
+        theirs = {"main/model": ik_mtp.weights_mib.get("CPU")}
         for owner, ctx in (("main", main), ("mtp", mtp)):
-            theirs |= {(owner, "kv"): ctx.kv_mib.get("CPU"), (owner, "output"): ctx.output_mib.get("CPU"),
-                       (owner, "compute"): ctx.compute_mib.get("CPU")}
-        for key, value in theirs.items():
-            mine = ours.get(key, 0.0)
-            shown = value if value is not None else float("nan")
-            table.append(f"{args:44} {'/'.join(key):14} {mine:8.2f} {shown:8.2f}")
-            if value is None or abs(mine - value) > 0.0051:
-                bad.append(f"{args}: {'/'.join(key)} {mine:.2f} MiB, ik {value} MiB")
+            theirs |= {f"{owner}/kv": ctx.kv_mib.get("CPU"), f"{owner}/output": ctx.output_mib.get("CPU"),
+                       f"{owner}/compute": ctx.compute_mib.get("CPU")}
+        rows, wrong = mib_rows(args, ours, theirs, 44)
+        table += rows
+        bad += wrong
     print("\n".join(table))
     assert not bad, "\n".join(bad)

@@ -3,7 +3,7 @@ declare, one server run up to ``listening`` and the per-device, per-kind compari
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.support.procs import free_port, running_process
@@ -52,3 +52,17 @@ def buffer_rows(projection: Projection, actual: dict[str, dict[str, float]]) -> 
             if abs(proj - act) > tolerance:
                 mismatches.append(rows[-1])
     return rows, mismatches
+
+
+def mib_rows(label: str, ours: Mapping[str, float], theirs: Mapping[str, float | None],
+             width: int) -> tuple[list[str], list[str]]:
+    """A table row per buffer (``label``, buffer, ours, theirs: MiB) and a line for each that differs
+    by more than llama.cpp's printed 0.01 MiB or that the other side did not report."""
+    rows, bad = [], []
+    for key, value in theirs.items():
+        mine = ours.get(key, 0.0)
+        shown = value if value is not None else float("nan")
+        rows.append(f"{label:{width}} {key:14} {mine:8.2f} {shown:8.2f}")
+        if value is None or abs(mine - value) > 0.0051:
+            bad.append(f"{label}: {key} {mine:.2f} MiB, theirs {value} MiB")
+    return rows, bad

@@ -36,6 +36,10 @@ _LISTEN_RE = re.compile(
 )
 _IK_HOST_RE = re.compile(r'hostname="(?P<host>[^"]+)"')
 _RPC_NAME_RE = re.compile(r"^RPC\d*\[(?P<endpoint>[^\]]+)\]$")
+#: the pinned build's other Metal buffer types, on their device MTL<i>: mmap'd weights (``MTL0_Mapped``,
+#: ggml-metal.cpp:462, what the weights land in with mmap: llama-model.cpp:1856 ``buffer_from_host_ptr``)
+#: and the private type of a GPU without unified memory (``MTL0_Private``, ggml-metal.cpp:384)
+_METAL_BUFFER_RE = re.compile(r"^(?P<device>MTL\d+)_(?:Mapped|Private)$")
 _DEVICE_RE = re.compile(
     r"using device (?P<name>\S+) \((?P<desc>[^)]*)\)(?: \([^)]*\))? - (?P<free>\d+) MiB free"
 )
@@ -153,7 +157,8 @@ def device_of_buffer(name: str, resolve: dict[str, str] | None = None) -> str:
     m = _RPC_NAME_RE.match(name)
     if m:
         return (resolve or {}).get(m["endpoint"], name)
-    return name
+    m = _METAL_BUFFER_RE.match(name)
+    return m["device"] if m else name
 
 
 _ERROR_MARKERS = (

@@ -953,6 +953,13 @@ def _ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, 
     mode = f", -mla {p.mla}" if ik.uses_mla(model) else ""
     what = (f"{IK_SIMULATED} ({model.arch}{mode}, flash attention {'on' if p.flash_attn else 'off'}): "
             f"peak of the {r.n_tokens}-token prompt graph over {ctx.n_ctx} cells, {r.n_nodes} nodes")
+    return _sized_buffers(r, what, "the graph is ik's but its scheduler and CUDA buffer rules are not "
+                          "verified (estimate)")
+
+
+def _sized_buffers(r: IkReserve, what: str, unverified: str) -> list[Buffer]:
+    """A simulation's compute buffer per backend that holds one (ik's CPU build adds its fixed extra);
+    ``what`` says how it was computed, ``unverified`` what is not verified with several backends."""
     out = []
     for be, size in zip(r.backends, r.sizes, strict=True):
         if size <= 1:
@@ -961,8 +968,7 @@ def _ik_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, 
             why = what + "; equal to ik's CPU build on the verified configurations"
             size += IK_CPU_BUFFER_EXTRA if be.buft == CPU else 0
         else:
-            why = (what + f"; {r.n_splits} splits: with GPUs the graph is ik's but its scheduler and "
-                   "CUDA buffer rules are not verified (estimate)")
+            why = what + f"; {r.n_splits} splits: with GPUs {unverified}"
         out.append(Buffer(be.name, be.buft, "compute", size, why))
     return out
 
@@ -988,14 +994,4 @@ def _ik_mtp_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx:
     what = (f"{IK_SIMULATED} ({model.arch} MTP, NextN layer {model.summary.n_layer_trunk}, flash attention "
             f"{'on' if p.flash_attn else 'off'}): peak of the {r.n_tokens}-token warmup graph over "
             f"{ctx.n_ctx} cells, {r.n_nodes} nodes")
-    out = []
-    for be, size in zip(r.backends, r.sizes, strict=True):
-        if size <= 1:
-            continue
-        if len(r.backends) == 1:
-            why = what + "; equal to ik's CPU build on the verified configurations"
-            size += IK_CPU_BUFFER_EXTRA if be.buft == CPU else 0
-        else:
-            why = what + f"; {r.n_splits} splits: with GPUs the scheduler and CUDA rules are not verified"
-        out.append(Buffer(be.name, be.buft, "compute", size, why))
-    return out
+    return _sized_buffers(r, what, "the scheduler and CUDA rules are not verified")

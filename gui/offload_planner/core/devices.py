@@ -54,7 +54,40 @@ HOST_BUFFER_NAMES: dict[DeviceKind, str] = {
     DeviceKind.VULKAN: "Vulkan_Host",
 }
 
-_NAME_RE = re.compile(r"^(CPU|CUDA|ROCm|Vulkan|Metal|SYCL|RPC)([0-9]*)$", re.IGNORECASE)
+#: The name prefix of each kind's devices where it is not the kind's own name: the pinned build names
+#: its Metal devices ``MTL<i>`` (ggml/src/ggml-metal/ggml-metal-device.m:1301,
+#: ``snprintf(dev->props.name, ..., "%s%d", "MTL", device)``; llama.cpp PR 18919 of January 2026,
+#: "metal : support virtual devices"), and so its buffer types (ggml-metal.cpp: ``GGML_METAL_NAME "MTL"``).
+#: How other builds name them is the dialect's (:attr:`Dialect.metal_device`).
+DEVICE_PREFIX: dict[DeviceKind, str] = {DeviceKind.METAL: "MTL"}
+
+#: ``Metal0``: the planner's name for MTL0 before it followed the pinned build; still read (old plan
+#: files, commands and --device values), written MTL0
+LEGACY_METAL = "Metal"
+
+_NAME_RE = re.compile(r"^(CPU|CUDA|ROCm|Vulkan|MTL|Metal|SYCL|RPC)([0-9]*)$", re.IGNORECASE)
+
+
+def prefix_of(kind: DeviceKind) -> str:
+    """How the planner (and the pinned build) names a device of this kind: ``CUDA``, ``MTL``, ..."""
+    return DEVICE_PREFIX.get(kind, kind.value)
+
+
+def _kind_of_prefix(prefix: str) -> DeviceKind:
+    low = prefix.lower()
+    if low in ("mtl", LEGACY_METAL.lower()):
+        return DeviceKind.METAL
+    return next(k for k in DeviceKind if k.value.lower() == low)
+
+
+def canonical_device_name(name: str) -> str:
+    """The planner's spelling of a device name: ``cuda0`` is CUDA0, ``Metal0`` / ``mtl0`` are MTL0; a
+    name that is no device's is returned as given."""
+    m = _NAME_RE.match(name.strip())
+    if m is None:
+        return name
+    kind = _kind_of_prefix(m.group(1))
+    return "CPU" if kind is DeviceKind.CPU else prefix_of(kind) + m.group(2)
 
 #: Rank of each kind in llama.cpp's device list: RPC servers first (llama.cpp moves them to the
 #: front), then backends in the order ggml_backend_registry registers them; CUDA and ROCm are
@@ -70,12 +103,17 @@ _ORDER: dict[DeviceKind, int] = {
 }
 
 
+def legacy_names(texts: Sequence[str]) -> list[str]:
+    """The ``--device`` names given as ``Metal<i>`` (read as ``MTL<i>``: :data:`LEGACY_METAL`)."""
+    names = [t.partition("=")[0].strip() for t in texts]
+    return [n for n in names if re.fullmatch(LEGACY_METAL + r"\d+", n, re.IGNORECASE)]
+
+
 def kind_of(name: str) -> DeviceKind:
     m = _NAME_RE.match(name)
     if m is None:
-        raise PlannerError(f"unknown device name {name!r} (use CPU, CUDA0, ROCm0, Vulkan0, RPC0, ...)")
-    prefix = m.group(1).lower()
-    return next(k for k in DeviceKind if k.value.lower() == prefix)
+        raise PlannerError(f"unknown device name {name!r} (use CPU, CUDA0, ROCm0, Vulkan0, MTL0, RPC0, ...)")
+    return _kind_of_prefix(m.group(1))
 
 
 def declared_name_problem(name: str) -> str:
@@ -86,16 +124,16 @@ def declared_name_problem(name: str) -> str:
     m = _NAME_RE.match(name.strip())
     if m is None or m.group(1).upper() == "CPU":
         return ""
-    prefix, digits = m.group(1), m.group(2)
-    kind = next(k for k in DeviceKind if k.value.lower() == prefix.lower())
+    digits = m.group(2)
+    prefix = prefix_of(_kind_of_prefix(m.group(1)))
     if not digits:
-        return (f"{name.strip()!r} needs its index, as llama.cpp names devices: {kind.value}0, "
-                f"{kind.value}1, ...")
+        return (f"{name.strip()!r} needs its index, as llama.cpp names devices: {prefix}0, "
+                f"{prefix}1, ...")
     if len(digits) > 1 and digits.startswith("0"):
-        return f"{name.strip()!r}: llama.cpp names it {kind.value}{int(digits)} (no leading zero)"
+        return f"{name.strip()!r}: llama.cpp names it {prefix}{int(digits)} (no leading zero)"
     if int(digits) >= MAX_DEVICES:
         return (f"{name.strip()!r}: llama.cpp numbers at most {MAX_DEVICES} devices (llama_max_devices): "
-                f"{kind.value}0 ... {kind.value}{MAX_DEVICES - 1}")
+                f"{prefix}0 ... {prefix}{MAX_DEVICES - 1}")
     return ""
 
 
@@ -182,6 +220,8 @@ class DeviceSet:
         yield self.cpu
 
     def by_name(self, name: str) -> Device | None:
+        """The device of that name, whatever its case; ``Metal0`` (the planner's name before MTL0) is MTL0."""
+        name = canonical_device_name(name)
         for d in (*self.gpus, self.cpu):
             if d.name.lower() == name.lower():
                 return d
@@ -221,8 +261,9 @@ def parse_device_decl(text: str) -> Device:
     if not sep or not rest:
         named = card(text) if not sep else None
         if named is not None:  # --device rtx3090: the card without the device it is
+            prefix = prefix_of(DeviceKind(named.kind))
             raise PlannerError(f"--device {text!r}: a card is declared on a device name: --device "
-                               f"{named.kind}0={named.key} (NAME=SIZE or NAME=CARD; {named.kind}1=... for a "
+                               f"{prefix}0={named.key} (NAME=SIZE or NAME=CARD; {prefix}1=... for a "
                                "second GPU)")
         raise PlannerError(f"--device {text!r}: expected NAME=SIZE, e.g. CUDA0=24GiB")
     try:
@@ -236,7 +277,7 @@ def parse_device_decl(text: str) -> Device:
         if first is not None:
             hardware.append(("card", first.key))
             parts = parts[1:]
-            if parts and "=" not in parts[0]:  # CUDA0=rtx3090,20GiB / Metal0=m2ultra,192GiB
+            if parts and "=" not in parts[0]:  # CUDA0=rtx3090,20GiB / MTL0=m2ultra,192GiB
                 given = parse_size(parts[0])
                 total: int | None = given
                 if first.vram_gib is not None and given > first.vram_gib * 1024**3:  # rtx3090,100TiB
@@ -269,7 +310,7 @@ def parse_device_decl(text: str) -> Device:
         _check_room(total, free, margin or 0)
     except (ValueError, IndexError) as e:
         raise PlannerError(f"--device {text!r}: {e}") from None
-    canonical = kind.value + name[len(kind.value):] if kind is not DeviceKind.CPU else "CPU"
+    canonical = canonical_device_name(name)
     return Device(canonical, kind, total, free, source="declared", bandwidth_gbs=decl.bw,
                   margin=margin or 0, margin_given=margin is not None, hardware=tuple(hardware))
 

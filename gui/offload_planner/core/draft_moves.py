@@ -46,7 +46,7 @@ def with_draft_moves(plan: Plan, moves: dict[str, str]) -> Plan:
     if plan.spec is None or plan.spec.draft is None or not moves:
         return plan
     d = plan.spec.draft
-    bufts = plan.devices.buffer_types()
+    bufts = {n: plan.dialect.server_device_name(b) for n, b in plan.devices.buffer_types().items()}
     new = tuple(Override(f"^{re.escape(n[len(DRAFT_PREFIX):])}$", dev, "-otd") for n, dev in moves.items())
     text = ",".join(f"{o.pattern}={bufts.get(o.buft, o.buft)}" for o in new)
     args = list(plan.extra_args)

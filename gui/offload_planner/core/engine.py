@@ -81,8 +81,9 @@ def _places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
 
 def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dialect) -> PlacementOptions:
     dialect = Dialect(dialect)
-    overrides = tuple(
-        Override(o.pattern, o.buft, getattr(o, "source", "-ot")) for o in _override_list(model, args)
+    overrides = tuple(  # the build's buffer type names as the planner's (Metal in ik: MTL0)
+        Override(o.pattern, dialect.planner_device_name(o.buft), getattr(o, "source", "-ot"))
+        for o in _override_list(model, args)
     )
     args = server_settings(args)
     n_layer = model.summary.n_layer

@@ -275,7 +275,7 @@ def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: Placement
     from offload_planner.core.export import candidate_overrides, fit_overrides
 
     m = plan.model
-    buft = plan.devices.buffer_types()
+    buft = {n: plan.dialect.server_device_name(b) for n, b in plan.devices.buffer_types().items()}
     placed: dict[tuple[Override, ...], dict[str, str]] = {}
 
     def devices_with(ovs: tuple[Override, ...]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet, prefix_of
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams
 from offload_planner.core.placement import CPU, PlacementOptions
@@ -94,6 +94,8 @@ def with_device_changed(plan: Plan, name: str, **changes: Any) -> Plan:
 
 
 def next_gpu_name(devices: DeviceSet, prefix: str = "CUDA") -> str:
+    """The first unused name of a backend (``prefix``: a kind, ``Metal``, or a name prefix, ``MTL``)."""
+    prefix = prefix_of(DeviceKind(prefix)) if prefix in set(DeviceKind) else prefix
     used = {g.name.lower() for g in devices.gpus}
     i = 0
     while f"{prefix}{i}".lower() in used:

@@ -30,7 +30,14 @@ from offload_planner import __version__
 from offload_planner.core.arg_safety import strip_secrets
 from offload_planner.core.cmdline import Dialect, check_pattern, check_semantics, parse_server_args
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet, declared_name_problem
+from offload_planner.core.devices import (
+    Device,
+    DeviceKind,
+    DeviceSet,
+    canonical_device_name,
+    declared_name_problem,
+    kind_of,
+)
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.json_at import At, JsonFieldError, parse_json
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
@@ -459,7 +466,8 @@ def _devices(at: At) -> DeviceSet:
     return DeviceSet(cpu, tuple(gpus))
 
 
-_DEVICE_NAME = re.compile(r"(CPU|CUDA|ROCm|Vulkan|Metal|SYCL|RPC)(\d{0,3})")
+#: ``Metal0``: a plan file written before the planner named Metal devices as the pinned build does (MTL0)
+_DEVICE_NAME = re.compile(r"(CPU|CUDA|ROCm|Vulkan|MTL|Metal|SYCL|RPC)(\d{0,3})")
 _ENDPOINT = re.compile(r"[A-Za-z0-9._\-\[\]:]{1,253}:\d{1,5}")
 
 
@@ -468,11 +476,12 @@ def _device(at: At, *, cpu: bool) -> Device:
     name = name_at.text(max_len=16)
     m = _DEVICE_NAME.fullmatch(name)
     if m is None or (m[1] == "CPU") != (m[2] == ""):
-        raise name_at.fail(f"{name!r} is not a device name (CPU, CUDA0, ROCm0, Vulkan0, RPC0, ...)")
+        raise name_at.fail(f"{name!r} is not a device name (CPU, CUDA0, ROCm0, Vulkan0, MTL0, RPC0, ...)")
+    name = canonical_device_name(name)  # an old file's Metal0 is MTL0
     if declared_name_problem(name):  # CUDA01: no device of llama.cpp's, as --device refuses it
         raise name_at.fail(declared_name_problem(name))
     kind = DeviceKind(at.key("kind").choice([k.value for k in DeviceKind]))
-    if kind.value != m[1]:
+    if kind is not kind_of(name):
         raise at.key("kind").fail(f"{kind.value} does not match the device name {name}")
     if cpu != (kind is DeviceKind.CPU):
         raise name_at.fail("the CPU entry must be CPU" if cpu else "CPU cannot be a GPU entry")
@@ -571,7 +580,10 @@ def _override(at: At, devices: DeviceSet) -> Override:
     buft_at = at.key("buft")
     buft = buft_at.text(max_len=300)
     if devices.resolve_buffer_type(buft) is None:
-        raise buft_at.fail(f"{buft[:80]!r} is not a device of this plan ({', '.join(devices.names)})")
+        named = devices.by_name(buft)  # an old file's Metal0: the plan's MTL0
+        if named is None or named.buffer_type != named.name:
+            raise buft_at.fail(f"{buft[:80]!r} is not a device of this plan ({', '.join(devices.names)})")
+        buft = named.buffer_type
     return Override(pattern, buft, at.key("source", "-ot").text(max_len=64))
 
 

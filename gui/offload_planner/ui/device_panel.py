@@ -25,7 +25,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from offload_planner.core.devices import Device, DeviceKind, declared_name_problem, kind_of
+from offload_planner.core.devices import (
+    Device,
+    DeviceKind,
+    canonical_device_name,
+    declared_name_problem,
+    kind_of,
+)
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.plan_edits import next_gpu_name
 from offload_planner.core.speed.catalogue import CARDS, Card, card
@@ -306,7 +312,7 @@ class AddGpuDialog(QDialog):
         if self._doc.plan.devices.by_name(name) is not None:
             self.error.setText(f"{name} is already there")
             return None
-        canonical = kind.value + name[len(kind.value) :]
+        canonical = canonical_device_name(name)  # cuda1: CUDA1; Metal0 / mtl0: MTL0, as llama.cpp names it
         size = int(self.size_spin.value() * GiB)
         if int(self.margin_spin.value() * GiB) >= size:  # as --device ...,margin= and the list refuse it
             self.error.setText("the margin leaves nothing of the memory: make it smaller than the memory")

@@ -11,6 +11,7 @@ exist once ``--rpc`` has been read, so on the command line ``--rpc`` must come f
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -101,7 +102,7 @@ def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
                     _override_error(parsed, ov, "--rpc must come before the -ot that names its device")
                 )
             continue
-        hint = f"; {_RPC_HINT}" if ov.buft.startswith("RPC") else ""
+        hint = f"; {_RPC_HINT}" if ov.buft.startswith("RPC") else _metal_hint(parsed, ov.buft, known)
         errors.append(_override_error(parsed, ov, f"available buffer types: {listing}{hint}"))
     return errors
 
@@ -124,11 +125,20 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
             message = f'error while handling environment variable "{use.env}": invalid device: {name}'
         else:
             message = f'error while handling argument "{flag}": invalid device: {name}'
-        hint = "; --rpc must come first" if name in known.rpc_devices else ""
+        hint = "; --rpc must come first" if name in known.rpc_devices else _metal_hint(parsed, name, known)
         errors.append(
             ArgError(flag, name, message, Stage.PARSE, f"known devices: {sorted(known.devices)}{hint}")
         )
     return errors
+
+
+def _metal_hint(parsed: ParsedArgs, name: str, known: _Known) -> str:
+    """A Metal device named as another build names it (``Metal0`` for the pinned build's ``MTL0``,
+    ``MTL0`` for a 2025 build's ``Metal``): what this build calls it."""
+    if not re.fullmatch(r"(?i)(metal|mtl)\d*", name):
+        return ""
+    metal = sorted(n for n in known.devices if parsed.dialect.planner_device_name(n).startswith("MTL"))
+    return f"; this build names its Metal device {' or '.join(metal)}" if metal else ""
 
 
 def _after_rpc(use: FlagUse | None, known: _Known) -> bool:
@@ -251,6 +261,7 @@ def check_semantics(
     """
     if isinstance(parsed, ServerArgs):
         parsed = ParsedArgs(dialect=Dialect(dialect or Dialect.LLAMA_CPP), args=parsed)
+    device_names = [parsed.dialect.server_device_name(n) for n in device_names]  # MTL0: Metal in ik
     known = _known(parsed, device_names)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _check_devices(parsed, known, "--spec-draft-device")

@@ -12,6 +12,7 @@ imported by the dialect module's methods.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -104,6 +105,15 @@ class Dialect(str, metaclass=_DialectType):
     #: ``--cpu-moe``/``--n-cpu-moe N`` expand to mainline's ``-ot`` entries at their position
     mainline_moe_rules: bool = True
 
+    # --- device names ---
+    #: The name this build gives Metal device ``{i}`` in ``-dev`` and as the ``-ot`` buffer type (the
+    #: device's default buffer type: shared on Apple silicon).  The planner's own names are the pinned
+    #: build's, ``MTL<i>`` (ggml/src/ggml-metal/ggml-metal-device.m:1301, ``"%s%d", "MTL", device``;
+    #: ggml-metal.cpp:307 the buffer type ``GGML_METAL_NAME + std::to_string(i)``), from llama.cpp
+    #: PR 18919 ("metal : support virtual devices", January 2026); earlier builds have one device,
+    #: ``Metal`` (:mod:`mainline_2025`, :mod:`ik`)
+    metal_device: str = "MTL{i}"
+
     # --- server defaults and context ---
     #: ``-np`` unset means 4 slots sharing one unified KV cache
     auto_parallel: bool = False
@@ -184,6 +194,22 @@ class Dialect(str, metaclass=_DialectType):
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return dialect_named, (self.value,)
+
+    # --- device names ---
+    def server_device_name(self, name: str) -> str:
+        """A device (or its ``-ot`` buffer type) as this build spells it: the planner's ``MTL0`` is
+        :attr:`metal_device`; every other name is the same in all builds."""
+        m = re.fullmatch(r"MTL(\d+)", name)
+        return self.metal_device.format(i=int(m[1])) if m else name
+
+    def planner_device_name(self, name: str) -> str:
+        """The planner's name of a device (or ``-ot`` buffer type) this build spells ``name``: the
+        inverse of :meth:`server_device_name` (``Metal`` in a 2025 build is MTL0)."""
+        head, sep, tail = self.metal_device.partition("{i}")
+        if not sep:
+            return "MTL0" if name == head else name
+        m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name)
+        return f"MTL{m[1]}" if m else name
 
     # --- flags ---
     def flag_table(self) -> FlagTable:

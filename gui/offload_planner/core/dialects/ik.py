@@ -30,6 +30,12 @@ IK_EXTRA_KV_CACHE_TYPES = ("q6_0", "q8_KV")
 
 
 class IkLlamaCpp(Dialect):
+    #: ik's old backend API: one Metal backend registered as ``Metal`` (ggml/src/ggml-backend.cpp:497),
+    #: its buffer type ``Metal`` (ggml-metal.m ``ggml_backend_metal_buffer_type_get_name``), which is also
+    #: the device's ``-dev`` name (src/llama.cpp ``llama_load_model_from_file``: devices are the offload
+    #: buffer types' names); a mmap'd Metal buffer is logged ``Metal`` too
+    #: (``ggml_backend_metal_buffer_get_name``)
+    metal_device = "Metal"
     has_cpu_repack = False
     mainline_moe_rules = False
     split_modes = ("none", "layer", "attn", "graph")

@@ -26,6 +26,11 @@ DEFAULT_2025_N_MAX, DEFAULT_2025_P_MIN = 16, 0.75
 
 
 class Mainline2025(Mainline):
+    #: one Metal device, ``Metal``, and its buffer types ``Metal`` / ``Metal_Private`` / ``Metal_Mapped``
+    #: (ggml-metal.cpp before ggml sync e1fda9de of llama.cpp PR 18919: ``ggml_backend_metal_device_get_name``
+    #: and ``ggml_backend_metal_buffer_type_shared_get_name`` return "Metal"; ggml-metal.m before PR 15995
+    #: of September 2025 the same)
+    metal_device = "Metal"
     reserves_ubatch_outputs = True
     legacy_graph_inputs = True
     bare_flash_attn = True

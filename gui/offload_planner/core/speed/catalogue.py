@@ -120,7 +120,7 @@ CARDS: tuple[Card, ...] = (
          "AMD Radeon RX 7900 XTX specifications (peak half precision 122.8 TFLOPS)", "ROCm"),
     Card("mi300x", "AMD Instinct MI300X", 192, 5300, (5, 16), 1307.4,
          "AMD Instinct MI300X data sheet", "ROCm"),
-    # Apple (unified memory: the size depends on the machine, give it: Metal0=m2ultra,192GiB)
+    # Apple (unified memory: the size depends on the machine, give it: MTL0=m2ultra,192GiB; kind Metal)
     Card("m1max", "Apple M1 Max", None, 400, None, None, "Apple M1 Max: up to 400GB/s memory bandwidth "
          "(Apple newsroom, Introducing M1 Pro and M1 Max)", "Metal"),
     Card("m1ultra", "Apple M1 Ultra", None, 800, None, None, "Apple M1 Ultra: 800GB/s memory bandwidth "
