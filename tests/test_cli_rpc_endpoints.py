@@ -58,10 +58,15 @@ def test_the_environment_variable_is_named_with_its_value() -> None:
     refused(r, 2, "LLAMA_ARG_RPC=host: no port", "Failed to parse endpoint: host")
 
 
-def test_ik_llama_cpp_is_refused_with_its_own_reason() -> None:
+@pytest.mark.parametrize(("entry", "reason"), [
+    ("host", "ik_llama.cpp gets no RPC device from it"),  # add_rpc_devices: no device from it
+    ("127.0.0.1:abc", "ik_llama.cpp stops: stoi"),  # its parse_endpoint: std::stoi unchecked
+    ("127.0.0.1:99999", "ik_llama.cpp would connect to port 34463"),  # the same htons
+])
+def test_ik_llama_cpp_is_refused_with_its_own_reason(entry: str, reason: str) -> None:
     r = run("plan", QWEN, "--no-detect", "--backend", "ik_llama.cpp", "--device", "CPU=64GiB,bw=50GB/s",
-            "--", "--rpc", "host")
-    refused(r, 2, "--rpc host: no port", "ik_llama.cpp gets no RPC device from it")
+            "--", "--rpc", entry)
+    refused(r, 2, f"--rpc {entry}: ", reason)
 
 
 def test_usable_entries_still_plan_their_devices() -> None:
