@@ -158,17 +158,6 @@ def rpc_endpoint_problem(endpoint: str) -> tuple[str, str]:
     return "", ""
 
 
-def _ik_rpc_reaction(problem: str, mainline: str) -> str:
-    """ik_llama.cpp's ggml-rpc (``ggml/src/ggml-rpc.cpp`` 452-460): ``std::stoi`` of the port unchecked
-    (a non-number throws "stoi" out of the argument parser), the same ``htons``; an entry it cannot
-    parse or reach gives no device (``add_rpc_devices``)."""
-    if problem.startswith("port '"):
-        return "ik_llama.cpp stops: stoi"
-    if mainline.startswith("llama-server would connect"):
-        return mainline.replace("llama-server", "ik_llama.cpp", 1)
-    return "ik_llama.cpp gets no RPC device from it"
-
-
 def h_rpc(ctx: Ctx) -> None:
     servers = string_split(ctx.value)
     for ep in servers:
@@ -176,8 +165,7 @@ def h_rpc(ctx: Ctx) -> None:
         if problem:  # the server stops at the first such entry
             flag = ctx.use.env or ctx.use.spelling
             where = f"{flag}={ctx.value}" if ctx.use.env else f"{flag} {ep or repr(ep)}"
-            if ctx.dialect.drops_bad_rpc_endpoints:
-                server = _ik_rpc_reaction(problem, server)
+            server = ctx.dialect.rpc_entry_reaction(problem, server)
             ctx.parsed.errors.append(ArgError(flag, ep, f"{where}: {problem}", explanation=server))
             return
     ctx.args.rpc_servers = [*(ctx.args.rpc_servers or []), *servers]

@@ -67,9 +67,6 @@ class Dialect(str, metaclass=_DialectType):
     has_mla_settings: bool = False
     #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
     rpc_bufts_by_endpoint: bool = False
-    #: an ``--rpc`` entry its RPC backend cannot parse or reach gives no device (ik's ``add_rpc_devices``:
-    #: ``ggml_backend_rpc_get_device_count`` is 0) instead of aborting the server as mainline does
-    drops_bad_rpc_endpoints: bool = False
     #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
     generic_arg_errors: bool = False
     #: an -ot naming an RPC device must come after --rpc
@@ -173,6 +170,11 @@ class Dialect(str, metaclass=_DialectType):
     help_markers: tuple[str, ...] = ()
     #: regexes of its ``--version`` output
     version_markers: tuple[str, ...] = ()
+
+    def rpc_entry_reaction(self, problem: str, mainline: str) -> str:
+        """What the server does with an ``--rpc`` entry it cannot use (``problem``: what is wrong with
+        it; ``mainline``: what the pinned llama-server does, which this family does too)."""
+        return mainline
 
     def __new__(cls, name: str, label: str = "") -> Dialect:
         if cls is Dialect:

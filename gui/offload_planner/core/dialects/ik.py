@@ -50,7 +50,6 @@ class IkLlamaCpp(Dialect):
     fast_cpu_kernels = True
     rpc_bufts_by_endpoint = True
     generic_arg_errors = True
-    drops_bad_rpc_endpoints = True
     rpc_before_ot = False
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
@@ -82,6 +81,17 @@ class IkLlamaCpp(Dialect):
     mtp_spec_type = "mtp"
 
     # --- flags ---
+
+    def rpc_entry_reaction(self, problem: str, mainline: str) -> str:
+        """ik's ggml-rpc (``ggml/src/ggml-rpc.cpp`` 452-460): ``std::stoi`` of the port unchecked (a
+        non-number throws "stoi" out of the argument parser), the same ``htons``; an entry it cannot
+        parse or reach gives no device (``add_rpc_devices``: ``ggml_backend_rpc_get_device_count`` is
+        0) instead of aborting the server as mainline does."""
+        if problem.startswith("port '"):
+            return "ik_llama.cpp stops: stoi"
+        if mainline.startswith("llama-server would connect"):
+            return mainline.replace("llama-server", "ik_llama.cpp", 1)
+        return "ik_llama.cpp gets no RPC device from it"
     def flag_table(self) -> FlagTable:
         from offload_planner.core.cmdline.flags_ik import IK_FLAGS
         from offload_planner.core.cmdline.flagspec import FlagTable
