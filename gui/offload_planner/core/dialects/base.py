@@ -70,6 +70,9 @@ class Dialect(str, metaclass=_DialectType):
     #: an ``--rpc`` entry its RPC backend cannot parse or reach gives no device (ik's ``add_rpc_devices``:
     #: ``ggml_backend_rpc_get_device_count`` is 0) instead of aborting the server as mainline does
     drops_bad_rpc_endpoints: bool = False
+    #: ``-dev``/``-devd``/``-mmdev`` match device names ignoring case (``ggml_backend_dev_by_name``
+    #: compares with ``striequals``), so ``cuda0`` is ``CUDA0``; else the name must match exactly
+    device_names_ignore_case: bool = False
     #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
     generic_arg_errors: bool = False
     #: an -ot naming an RPC device must come after --rpc
