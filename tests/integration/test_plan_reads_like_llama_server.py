@@ -87,3 +87,31 @@ def test_c_32k_is_read_as_32_by_the_server_and_by_plan(
     d = json.loads(r.stdout)
     assert d["context"]["n_ctx"] == int(served.group(1)) == 256  # 32 cells, padded to 256
     assert any(n.startswith("-c 32k: llama-server reads 32 and ignores 'k'") for n in d["notes"])
+
+
+def test_a_device_name_in_lower_case_is_the_device(
+    llama_server: Path, rpc: list[str], small_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """``-dev rpc1``: the pinned build matches device names ignoring case (``striequals`` in
+    ``ggml_backend_dev_by_name``), so the model goes to RPC1; `plan` reads it as ``-dev RPC1``."""
+    model = small_models["qwen3moe"]
+    cmd = [str(llama_server), "-m", str(model), "--rpc", ",".join(rpc), "-dev", "rpc1", "-ngl", "99",
+           "-c", "512", "-fit", "off", "-lv", "4", "--host", "127.0.0.1", "--port", str(free_port())]
+    with running_process(cmd, log_path=tmp_path / "srv.log", ready=r"listening on http://",
+                         timeout=120) as proc:
+        out = proc.output()
+    buffers = [ln for ln in out.splitlines() if "model buffer size" in ln and "RPC" in ln]
+    assert len(buffers) == 1 and rpc[1] in buffers[0], buffers  # every layer on the second server
+
+    def plan(dev: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "offload_planner", "plan", str(model), "--no-detect", "--json", "--",
+             "--rpc", ",".join(rpc), "-dev", dev, "-ngl", "99", "-c", "512"],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+        )
+
+    lower, upper = plan("rpc1"), plan("RPC1")
+    assert lower.returncode == 0, lower.stderr
+    assert lower.stdout == upper.stdout
+    command = json.loads(lower.stdout)["command"]
+    assert command[command.index("-dev") + 1] == "RPC1"  # the device's own name

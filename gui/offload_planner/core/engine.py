@@ -70,7 +70,7 @@ def _override_list(model: Model, args: Any) -> list[Any]:
     return list(_get(args, "overrides", []))
 
 
-def _places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
+def places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
     """Some weight's first matching override names the CPU (``has_buft_overrides`` in ik's loader)."""
     if not any(o.buft.upper() == "CPU" for o in overrides):
         return False
@@ -98,7 +98,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
         use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args)
-        and not (dialect.host_overrides_turn_mmap_off and _places_on_host(model, overrides)),
+        and not (dialect.host_overrides_turn_mmap_off and places_on_host(model, overrides)),
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,

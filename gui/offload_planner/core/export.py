@@ -99,6 +99,13 @@ def candidate_overrides(model: Model, base: Mapping[str, str | None],
     return out
 
 
+def exact_overrides(model: Model, base: Mapping[str, str | None],
+                    target: Mapping[str, str | None]) -> list[Override]:
+    """One exact pattern per tensor whose device differs from the base: no group, so no rule
+    sends a tensor to the CPU unless the target itself puts it there."""
+    return [Override(_exact(t), dev, "export") for dev, t in _differing(model, base, target)]
+
+
 def _differing(model: Model, base: Mapping[str, str | None],
                target: Mapping[str, str | None]) -> list[tuple[str, Tensor]]:
     """(wanted device, tensor) of every tensor, in the model's order, whose target device differs from

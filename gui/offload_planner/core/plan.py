@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -251,10 +251,11 @@ def plan_command(plan: Plan) -> list[str]:
         argv += ["-sm", opts.split_mode]
         if opts.split_mode == "none":
             argv += ["-mg", str(opts.main_gpu)]
-    argv += _shortest_overrides(plan, target, base_opts)
+    ot, host = _shortest_overrides(plan, target, base_opts)
+    argv += ot
     argv += _context_flags(ctx, plan.dialect)
     argv += plan.dialect.mla_flags(m, ctx)
-    if not opts.use_mmap:
+    if not opts.use_mmap or host:  # ik turns mmap off for it anyway: the command says so
         argv += list(plan.dialect.no_mmap_flags)
     if opts.no_host:
         argv += ["--no-host"]
@@ -265,9 +266,12 @@ def plan_command(plan: Plan) -> list[str]:
     return argv + plan.extra_args
 
 
-def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: PlacementOptions) -> list[str]:
+def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: PlacementOptions
+                        ) -> tuple[list[str], bool]:
     """The shortest way to place every tensor on its ``target`` device from ``base_opts``: -ot
-    patterns after one of the MoE shorthands (:func:`_moe_shorthands`; the first of equal length).
+    patterns after one of the MoE shorthands (:func:`_moe_shorthands`; the first of equal length),
+    and whether they turn mmap off where mmap was on (ik from PR 1510: a weight overridden to the
+    CPU; then exact patterns are used instead of grouped ones when they avoid it).
 
     A shorthand's patterns only grow when checked (:func:`~offload_planner.core.export.fit_overrides`
     adds exact ones), so the unchecked ones bound its length from below: shorthands are checked
@@ -296,7 +300,7 @@ def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: Placement
         start = devices_with(tuple(fixed))
         cands = candidate_overrides(m, start, target)
         todo.append((length(argv_of(cands, flags)), i, flags, fixed, start, cands))
-    best: tuple[int, int, list[str]] | None = None
+    best: tuple[int, int, list[str], tuple[Override, ...]] | None = None
     for bound, i, flags, fixed, start, cands in sorted(todo, key=lambda c: c[:2]):
         if best is not None and (bound, i) > best[:2]:
             break  # neither shorter nor earlier than the best
@@ -304,10 +308,34 @@ def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: Placement
         def place_with(ovs: list[Override], fixed: list[Override] = fixed) -> Mapping[str, str | None]:
             return devices_with((*ovs, *fixed))
 
-        cand = argv_of(fit_overrides(m, start, target, place_with, cands), flags)
+        ovs = fit_overrides(m, start, target, place_with, cands)
+        cand = argv_of(ovs, flags)
         if best is None or (length(cand), i) < best[:2]:
-            best = (length(cand), i, cand)
-    return best[2] if best is not None else []
+            best = (length(cand), i, cand, (*ovs, *fixed))
+    if best is None:
+        return [], False
+    return _keeping_mmap(plan, best[2], best[3], target, base_opts, devices_with)
+
+
+def _keeping_mmap(plan: Plan, argv: list[str], chosen: tuple[Override, ...], target: dict[str, str],
+                  base_opts: PlacementOptions, devices_with: Callable[[tuple[Override, ...]], dict[str, str]]
+                  ) -> tuple[list[str], bool]:
+    """``argv`` (made of the rules ``chosen``) and whether they send a weight to the CPU while the
+    plan maps the model: ik then turns mmap off (``use_mmap_buffer &= !has_buft_overrides``), so
+    exact patterns (a CPU rule only for what the target itself moves there) replace grouped ones
+    when they avoid it; else the command must say --no-mmap to mean what ik does."""
+    from offload_planner.core.engine import places_on_host
+    from offload_planner.core.export import exact_overrides, fit_overrides
+
+    m = plan.model
+    if not (plan.dialect.host_overrides_turn_mmap_off and base_opts.use_mmap and places_on_host(m, chosen)):
+        return argv, False
+    start = devices_with(())
+    ovs = fit_overrides(m, start, target, lambda o: devices_with(tuple(o)), exact_overrides(m, start, target))
+    if places_on_host(m, tuple(ovs)):
+        return argv, True
+    buft = {n: plan.dialect.server_device_name(b) for n, b in plan.devices.buffer_types().items()}
+    return ["-ot", ",".join(f"{o.pattern}={buft.get(o.buft, o.buft)}" for o in ovs)], False
 
 
 def _moe_shorthands(model: Model, target: dict[str, str], dialect: Dialect

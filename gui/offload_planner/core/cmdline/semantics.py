@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from offload_planner.core.cmdline.model import (
     ArgError,
@@ -130,6 +130,29 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
             ArgError(flag, name, message, Stage.PARSE, f"known devices: {sorted(known.devices)}{hint}")
         )
     return errors
+
+
+_DEVICE_KEYS = ("--device", "--spec-draft-device", "--mmproj-device")
+
+
+def _canonical_devices(parsed: ParsedArgs, known: _Known) -> None:
+    """A build that matches ``-dev`` names ignoring case resolves ``cuda0`` to its ``CUDA0``: the
+    parsed names and the flags kept for the command take the device's own spelling (in place)."""
+    if not parsed.dialect.device_names_ignore_case:
+        return
+    names = {n.lower(): n for n in sorted(known.devices | known.rpc_devices)}
+
+    def fix(value: str) -> str:
+        return value if value == "none" else ",".join(names.get(v.lower(), v) for v in value.split(","))
+
+    args = parsed.args
+    if args.devices:
+        args.devices = [fix(n) for n in args.devices]
+    if args.draft.devices:
+        args.draft.devices = [fix(n) for n in args.draft.devices]
+    parsed.flags[:] = [
+        replace(f, values=tuple(map(fix, f.values))) if f.key in _DEVICE_KEYS else f for f in parsed.flags
+    ]
 
 
 def _metal_hint(parsed: ParsedArgs, name: str, known: _Known) -> str:
@@ -251,6 +274,9 @@ def check_semantics(
     """Refusals that need the device list (``CUDA0``, ``Vulkan0``, ``RPC0``...; RPC devices from
     ``--rpc`` are added automatically) or the model (``is_mla``: the model uses MLA attention).
 
+    A build that matches ``-dev`` names ignoring case (``Dialect.device_names_ignore_case``) gets
+    them rewritten, in ``parsed``, to the device's own spelling first.
+
     Takes a :class:`ParsedArgs` (best: it knows flag spellings and argv order, needed for the
     ``--rpc``-before-``-ot`` check) or a bare :class:`ServerArgs` with ``dialect``.
     Covers: ``-ot`` buffer types and ``-dev`` names (refused while parsing), quantized V with
@@ -263,6 +289,7 @@ def check_semantics(
         parsed = ParsedArgs(dialect=Dialect(dialect or Dialect.LLAMA_CPP), args=parsed)
     device_names = [parsed.dialect.server_device_name(n) for n in device_names]  # MTL0: Metal in ik
     known = _known(parsed, device_names)
+    _canonical_devices(parsed, known)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _check_devices(parsed, known, "--spec-draft-device")
     errors += _tensor_split_errors(parsed, device_names)

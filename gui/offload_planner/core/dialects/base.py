@@ -67,6 +67,9 @@ class Dialect(str, metaclass=_DialectType):
     has_mla_settings: bool = False
     #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
     rpc_bufts_by_endpoint: bool = False
+    #: ``-dev``/``-devd``/``-mmdev`` match device names ignoring case (``ggml_backend_dev_by_name``
+    #: compares with ``striequals``), so ``cuda0`` is ``CUDA0``; else the name must match exactly
+    device_names_ignore_case: bool = False
     #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
     generic_arg_errors: bool = False
     #: an -ot naming an RPC device must come after --rpc

@@ -44,6 +44,8 @@ class Mainline(Dialect):
 
 class PinnedMainline(Mainline):
     output_first = True
+    #: ggml/src/ggml-backend-reg.cpp:348 (``striequals``), through common/arg.cpp:1122 ``parse_device_list``
+    device_names_ignore_case = True
     ngl_keywords = True
     logs_buffers_at_verbosity_4 = True
     refuses_cuda_row_split = True
