@@ -154,4 +154,18 @@ def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
     """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
     notes, and the dialect's notes on how it places these weights."""
     _, notes = context_params(model, args, dialect)
-    return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices)]
+    selection = _device_selection(getattr(args, "args", args), devices)  # a ParsedArgs or bare ServerArgs
+    return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
+
+
+def _device_selection(args: Any, devices: DeviceSet) -> list[str]:
+    """``-dev`` naming fewer GPUs than the plan has: llama-server puts layers on those only (and
+    ``-ts`` counts them alone); the plan does not model the selection yet and spreads the layers over
+    every GPU, so it says so rather than look right."""
+    names = [n for n in (getattr(args, "devices", None) or []) if n != "none"]
+    left = [g.name for g in devices.gpus if g.name.lower() not in {n.lower() for n in names}]
+    if not names or not left:
+        return []
+    return [f"-dev {','.join(names)}: llama-server offloads to {', '.join(names)} only; this plan does not "
+            f"model the selection yet and also places layers on {', '.join(left)}: declare only the "
+            "selected GPUs (--device) for their memory"]
