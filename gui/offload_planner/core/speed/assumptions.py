@@ -33,7 +33,7 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
     out.append(Assumption("graph split latency", eff.split_latency_us))
     if any(hw[n].kind is DeviceKind.RPC for n in used):
         out.append(Assumption("RPC split latency", eff.rpc_latency_us))
-    for n in used:
+    for n in (n for n in plan.devices.names if n in used):  # the devices' order, not a set's (hash seed)
         lat = hw[n].latency_us
         if lat is not None:
             out.append(Assumption(f"{n} RPC round trip per split", lat))
