@@ -146,7 +146,7 @@ def draft_len(args: Any, dialect: Dialect | None = None) -> int:
     d = _draft_args(args)
     if d is None or not DRAFT_TYPES.intersection(spec_types(args, dialect)):
         return 0  # ik_llama.cpp's type names are not these: its main context reserves no draft outputs
-    return max(0, DEFAULT_N_MAX if d.n_max is None else d.n_max)
+    return Dialect(dialect or Dialect.LLAMA_CPP).draft_n_max(d)
 
 
 def draft_devices(devices: DeviceSet, names: list[str] | None) -> DeviceSet:
