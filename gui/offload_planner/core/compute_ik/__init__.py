@@ -22,8 +22,8 @@ the planner's model and placement to the graph's inputs), :mod:`.reserve` (the o
 :mod:`.buffers` (the planner's entry points).  This module re-exports what the rest of the planner uses.
 
 Verified against ik's libllama (the ik-llama-cpp-python wheel, CPU backend) to the 0.01 MiB it prints,
-node counts included: ``tests/integration/test_ik_compute.py``.  With GPUs the graph shapes are ik's but its scheduler and
-CUDA buffer rules are not verified here.
+node counts included: ``tests/integration/test_ik_compute.py``.  With GPUs the graph shapes are ik's but
+its scheduler and CUDA buffer rules are not verified here.
 """
 
 from __future__ import annotations
