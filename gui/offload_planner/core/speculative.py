@@ -261,22 +261,20 @@ def open_draft(location: str) -> Model:
     """The ``-md`` file opened, the same :class:`Model` again while the file's modification time and
     size are unchanged (a search parses its command line once per candidate; opening reads the
     vocabulary's strings); URLs and unreadable paths are opened every time (errors name them)."""
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
 
     try:
         st = os.stat(location)
     except (OSError, ValueError):
-        return require_loadable(open_model(location))
+        return open_loadable(location)
     return _open_draft(location, st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=2)
 def _open_draft(location: str, mtime_ns: int, size: int) -> Model:
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
 
-    return require_loadable(open_model(location))  # llama.cpp loads the draft as it loads the model
+    return open_loadable(location)  # llama.cpp loads the draft as it loads the model
 
 
 def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: Dialect,
