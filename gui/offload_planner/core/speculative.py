@@ -46,9 +46,7 @@ from offload_planner.core.memory import (
 )
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placement, PlacementOptions, place
-
-DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
-DEFAULT_N_MAX = 3  # common_params_speculative_draft::n_max
+from offload_planner.core.spec_defaults import DEFAULT_DRAFT_N_MAX, DRAFT_TYPES
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class SpecSettings:
     mtp: bool = False
     type_k: str = "f16"  # -ctkd/-ctvd also type the MTP context's cache
     type_v: str = "f16"
-    n_max: int = DEFAULT_N_MAX  # --spec-draft-n-max: tokens drafted a step
+    n_max: int = DEFAULT_DRAFT_N_MAX  # --spec-draft-n-max: tokens drafted a step
     #: the draft model drafts (the dialect's rule: :attr:`Dialect.draft_needs_spec_type`); False: loaded only
     draft_speculates: bool = True
     #: what the projection leaves out or approximates of the speculative stages (:meth:`Dialect.spec_notes`)
