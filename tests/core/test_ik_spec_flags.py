@@ -118,6 +118,35 @@ def test_ik_draft_takes_the_main_command_line(small_models: dict[str, Path]) -> 
     assert _spec(small_models, "-md DRAFT --spec-type draft").draft.n_ctx == 0  # type: ignore[union-attr]
 
 
+def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> None:
+    """ik's draft offloads to ``-devd``, else the main ``-dev`` (common/speculative.cpp 1950:
+    ``params_dft.devices = params.devices.empty() ? params_base.devices : params.devices``); a
+    ``dflash``/``dspark`` stage's draft without ``-ngld`` takes the main ``-ngl`` (1981-1983), a plain
+    draft's takes the library default (every layer).  Mainline's draft ignores the main ``-dev``."""
+    def gpus(line: str, dialect: Dialect = IK) -> list[str]:
+        d = _spec(small_models, line, dialect).draft
+        assert d is not None
+        return [g.name for g in d.devices.gpus]
+
+    def ngl(line: str) -> int:
+        d = _spec(small_models, line).draft
+        assert d is not None
+        return d.placement_options.n_gpu_layers
+
+    assert gpus("-dev CUDA1 -md DRAFT --spec-type draft") == ["CUDA1"]
+    assert gpus("-dev CUDA1 -devd CUDA0 -md DRAFT --spec-type draft") == ["CUDA0"]
+    assert gpus("-dev none -md DRAFT --spec-type draft") == []
+    assert gpus("-md DRAFT --spec-type draft") == ["CUDA0", "CUDA1"]
+    assert gpus("-dev CUDA1 -md DRAFT --spec-draft-n-max 2", LLAMA_CPP) == ["CUDA0", "CUDA1"]
+    n_layer = open_model(str(small_models["llama-draft"])).summary.n_layer
+    for kind in ("dflash", "dspark"):
+        assert ngl(f"-ngl 1 -md DRAFT --spec-type {kind}") == 1
+        assert ngl(f"-ngl 1 -ngld 2 -md DRAFT --spec-type {kind}") == 2
+        assert ngl(f"-ngl 1 -ngld -1 -md DRAFT --spec-type {kind}") == 1
+        assert ngl(f"-md DRAFT --spec-type {kind}") > n_layer
+    assert ngl("-ngl 1 -md DRAFT --spec-type draft") > n_layer
+
+
 def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:
     """The draft's weights, KV (its own cells), one sequence's logits and its compute, as draft buffers;
     before ik's build of August 2025 (the 2025 dialect) the server had no drafting: nothing."""
