@@ -145,6 +145,11 @@ def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> No
         assert ngl(f"-ngl 1 -ngld -1 -md DRAFT --spec-type {kind}") == 1
         assert ngl(f"-md DRAFT --spec-type {kind}") > n_layer
     assert ngl("-ngl 1 -md DRAFT --spec-type draft") > n_layer
+    # the rest of a dflash draft is not a plain draft's and the plan says what it leaves out
+    notes = _spec(small_models, "-md DRAFT --spec-type dflash").notes
+    assert any("plain draft's, which it is not" in n and "cross_ctx (512 unless given)" in n
+               and "cross-attention cache per draft layer" in n for n in notes), notes
+    assert not any("cross" in n for n in _spec(small_models, "-md DRAFT --spec-type draft").notes)
 
 
 def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:

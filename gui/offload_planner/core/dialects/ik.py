@@ -272,11 +272,22 @@ class IkLlamaCpp(Dialect):
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP context on the -md companion {draft_model} "
                        "is not projected: its KV, output and compute buffers are missing from these "
                        "figures, and so are the companion's weights")
+        # Not a plain draft (ik 8337e4cd): common/speculative.cpp 1311-1340 shares the target's IO tensors
+        # with a dflash-arch draft (src/llama-spec-features-dflash.cpp 227 ff.: token_embd/output taken
+        # from the target when the file has none, cloned into the draft's buffer types when they live
+        # elsewhere) and sets the draft context's n_ctx to max(cross_ctx) (--spec-type dflash:cross_ctx=N,
+        # default 512: common/common.h 227) + the file's dflash.block_size; at its first draft
+        # src/llama-dflash.cpp 60-159 allocates a K and a V cross cache per layer (n_embd_head x
+        # pad(cross_ctx + max(block_size, n_ubatch)) x n_head_kv, f16 with -fa else f32, one buffer each
+        # on the layer's buffer type) and 487-521 a second scheduler for the cache update graph.  Only
+        # the -ngl the draft takes (1981-1983) is modelled (draft_server_args).
         for kind in ("dflash", "dspark"):
             if kind in types and draft_model:
-                out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
-                           "it to cross_ctx + the draft's block size and shares the target's token embedding "
-                           "and output (not modelled)")
+                out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's, which it "
+                           "is not: ik sizes it to cross_ctx (512 unless given) + the draft's block size, "
+                           "shares or clones the target's token embedding and output, and at the first draft "
+                           "allocates a K and a V cross-attention cache per draft layer and a scheduler for "
+                           "their update graph (not modelled)")
         return out
 
     def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
