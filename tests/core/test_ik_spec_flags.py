@@ -145,6 +145,14 @@ def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> No
         assert ngl(f"-ngl 1 -ngld -1 -md DRAFT --spec-type {kind}") == 1
         assert ngl(f"-md DRAFT --spec-type {kind}") > n_layer
     assert ngl("-ngl 1 -md DRAFT --spec-type draft") > n_layer
+    # -draft "ARGS" is parsed onto the draft's parameters after -devd/-ngld (1957-1966), before the
+    # dflash -ngl rule: its -dev and a negative -ngl count as the draft's own
+    draft = str(small_models["llama-draft"])
+    for own, want in (("-dev CUDA1 -ngl 2", (["CUDA1"], 2)), ("-ngl -1", (["CUDA0", "CUDA1"], 1))):
+        argv = ["-ngl", "1", "-md", draft, "--spec-type", "dflash", "-draft", own]
+        parsed = parse_server_args(argv, dialect=IK)
+        d = spec_settings(_gpu(), parsed, IK, placement_options, open_model(draft)).draft
+        assert d is not None and ([g.name for g in d.devices.gpus], d.placement_options.n_gpu_layers) == want
     # the rest of a dflash draft is not a plain draft's and the plan says what it leaves out
     notes = _spec(small_models, "-md DRAFT --spec-type dflash").notes
     assert any("plain draft's, which it is not" in n and "cross_ctx (512 unless given)" in n
