@@ -40,7 +40,15 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.fit_extra import ExtraMeasure, ExtraMeasured, extra_measure
 from offload_planner.core.memory import Buffer, ContextParams, project, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU, CPU_REPACK, Override, PlacementOptions, place, resolve_ngl
+from offload_planner.core.placement import (
+    CPU,
+    CPU_REPACK,
+    Override,
+    PlacementOptions,
+    place,
+    resolve_ngl,
+    selected_gpus,
+)
 from offload_planner.core.units import MiB
 
 UINT32_MAX = 0xFFFFFFFF
@@ -259,7 +267,9 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         margin_list = [margins] * max(nd, 1)
     else:
         margin_list = [*margins, *[DEFAULT_MARGIN] * max(0, max(nd, len(gpu_names), 1) - len(margins))]
-        if nd:
+        if nd and popts.selected is not None:  # -dev: the i-th -fitt value is the i-th selected device's
+            margin_list = margin_list[:nd]
+        elif nd:
             # -fitt values are per device of the backend list; the model's devices are a prefix of
             # it except with -sm none (one device: the main GPU)
             margin_list = [margin_list[gpu_names.index(d)] for d in devs]
@@ -699,7 +709,8 @@ def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOpti
     these devices, taking each GPU's known free memory (else its total) as what it finds free;
     None when the fit is off, there is no GPU, or a GPU's memory is unknown (an RPC server not
     declared with ``--device``): what the fit does depends on it."""
-    if not devices.gpus or any(g.capacity is None for g in devices.gpus):
+    gpus = selected_gpus(devices, popts)  # -dev: the fit sees the model's devices only
+    if not gpus or any(g.capacity is None for g in gpus):
         return None
     return fit_for_args(model, devices, args, popts, cparams,
                         free_bytes=[g.capacity or 0 for g in devices.gpus])

@@ -61,6 +61,9 @@ class PlacementOptions:
     cpu_profile: str = "x86-avx2"
     load_mtp: bool = False
     plain_cpu_overrides: bool = False  # -ot ...=CPU takes the plain CPU buffer type (Dialect)
+    #: the GPUs ``-dev`` selects, in its order (None: every GPU; ``()``: ``-dev none``): llama.cpp's
+    #: ``model->devices``, the only ones that take layers, ``-ts`` shares and the host buffer type
+    selected: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -
 
 def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_output: bool = False) -> str:
     """First buffer type of llama.cpp's CPU list that takes this weight."""
-    hosts = [g.host_buffer_name for g in devices.gpus if g.host_buffer_name]
+    hosts = [g.host_buffer_name for g in selected_gpus(devices, opts) if g.host_buffer_name]
     host = None if opts.no_host or not hosts else hosts[0]
     if host is not None:
         return CPU_MAPPED if opts.use_mmap else host
@@ -238,9 +241,18 @@ def _item_memo(tensors: list[Tensor]) -> dict[_ItemKey, Placed]:
     return e[1]
 
 
+def selected_gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
+    """The GPUs of llama.cpp's ``model->devices`` before ``-sm none`` keeps one: the ``-dev`` selection
+    in its order, or every GPU; the CPU list's host buffer type is the first of them that has one
+    (``make_cpu_buft_list``)."""
+    if opts.selected is None:
+        return list(devices.gpus)
+    return [g for g in map(devices.by_name, opts.selected) if g is not None]
+
+
 def _gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
-    """The GPUs that take layers (-sm none: the main GPU only)."""
-    gpus = list(devices.gpus)
+    """The GPUs that take layers (-dev: the selected ones; -sm none: the main GPU of those only)."""
+    gpus = selected_gpus(devices, opts)
     if opts.split_mode == "none" and gpus:
         gpus = [gpus[opts.main_gpu]] if 0 <= opts.main_gpu < len(gpus) else []
     return gpus
@@ -461,7 +473,7 @@ class _CpuBuft:
     """:func:`_cpu_buft` with the device set's host buffer worked out once."""
 
     def __init__(self, devices: DeviceSet, opts: PlacementOptions) -> None:
-        hosts = [g.host_buffer_name for g in devices.gpus if g.host_buffer_name]
+        hosts = [g.host_buffer_name for g in selected_gpus(devices, opts) if g.host_buffer_name]
         self.host = None if opts.no_host or not hosts else hosts[0]
         self.devices, self.opts = devices, opts
 

@@ -43,6 +43,7 @@ from offload_planner.core.placement import (
     device_buft,
     place,
     placed_devices,
+    selected_gpus,
 )
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
@@ -191,7 +192,7 @@ REGENERATED_FLAGS = frozenset({
     "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
     "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--no-kv-offload",
     "--swa-full", "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit",
-    "--mla-use", "--attention-max-batch",
+    "--mla-use", "--attention-max-batch", "--device",
 })
 
 
@@ -235,12 +236,14 @@ def plan_command(plan: Plan) -> list[str]:
     otherwise vary at run time (-c, -ngl, -ts, --fit)."""
     m, opts, ctx = plan.model, plan.placement_options, plan.context
     target = plan.placement().tensor_devices()
-    gpus = [g.name for g in plan.devices.gpus]
+    gpus = [g.name for g in selected_gpus(plan.devices, opts)]
     base_opts = replace(opts, overrides=())
     argv: list[str] = ["-m", m.path]
     rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
-    if rpc:
+    if rpc:  # every server: -dev names its devices (RPC<i>, numbered over all of them)
         argv += ["--rpc", ",".join(rpc)]
+    if opts.selected is not None:
+        argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in opts.selected) or "none"]
     argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers

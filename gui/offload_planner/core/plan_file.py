@@ -171,6 +171,10 @@ def plan_json(pf: PlanFile) -> dict[str, Any]:
     popts = dataclasses.asdict(pf.placement_options)
     popts["overrides"] = [dataclasses.asdict(o) for o in pf.placement_options.overrides]
     popts["tensor_split"] = list(pf.placement_options.tensor_split)
+    if pf.placement_options.selected is None:  # no -dev: written as before the selection was kept
+        del popts["selected"]
+    else:
+        popts["selected"] = list(pf.placement_options.selected)
     extra, _removed = strip_secrets(pf.extra_args, pf.dialect)
     return {
         "format": FORMAT,
@@ -568,7 +572,18 @@ def _placement_options(at: At, devices: DeviceSet, dialect: Dialect) -> Placemen
         cpu_profile=at.key("cpu_profile", "x86-avx2").choice(sorted(REPACK_TYPES)),
         load_mtp=at.key("load_mtp", False).boolean(),
         plain_cpu_overrides=at.key("plain_cpu_overrides", dialect.plain_cpu_overrides).boolean(),
+        selected=_selected(at.key("selected", None), devices),
     )
+
+
+def _selected(at: At, devices: DeviceSet) -> tuple[str, ...] | None:
+    """The GPUs a ``-dev`` selected (absent or null: none given), each a GPU of the plan, once."""
+    if at.value is None:
+        return None
+    names = tuple(_device_name(e, devices) for e in at.elements(max_len=MAX_DEVICES))
+    if "CPU" in names or len(set(names)) != len(names):
+        raise at.fail("the selected devices are GPUs of the plan, each once")
+    return names
 
 
 def _override(at: At, devices: DeviceSet) -> Override:

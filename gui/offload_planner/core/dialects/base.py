@@ -216,6 +216,21 @@ class Dialect(str, metaclass=_DialectType):
         m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name)
         return f"MTL{m[1]}" if m else name
 
+    def selected_gpus(self, names: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...] | None:
+        """The model's devices a ``-dev`` list selects, in its order, as the planner names them
+        (pinned mainline: ``llama_prepare_model_devices`` takes ``params.devices`` as given; ik:
+        ``model->devices`` from the names in order). None: no ``-dev`` (every GPU, the build's own
+        order); ``()`` for ``-dev none``. Names are matched as this build matches them
+        (:attr:`device_names_ignore_case`); a name no GPU has is left out (the parser refuses it)."""
+        if not names:
+            return None
+        if list(names) == ["none"]:
+            return ()
+        fold = str.lower if self.device_names_ignore_case else str
+        own = {fold(self.server_device_name(g)): g for g in gpus}
+        got = (own.get(fold(n)) for n in names)
+        return tuple(dict.fromkeys(g for g in got if g is not None))
+
     # --- flags ---
     def flag_table(self) -> FlagTable:
         raise NotImplementedError
