@@ -173,3 +173,15 @@ def test_a_plan_file_keeps_the_selection(ds3: Model) -> None:
     assert back.placement_options == sel.plan.placement_options
     plain = _analyse(ds3, TWO, "-ngl 99 -c 4096 -fit off")
     assert "selected" not in plan_json(PlanFile.of(plain.plan))["placement_options"]
+
+
+def test_a_plan_file_with_dev_in_its_extra_args_keeps_the_selection(ds3: Model) -> None:
+    """Files saved before the plan wrote -dev itself kept it in extra_args, verbatim: such a file loads
+    with the selection in its placement options and -dev out of extra_args (the command has it once)."""
+    plain = _analyse(ds3, TWO, "-ngl 99 -c 4096 -fit off")
+    data = json.loads(json.dumps(plan_json(PlanFile.of(plain.plan))))
+    for given in (["-dev", "cuda1", "--port", "8081"], ["--port", "8081", "--device", "CUDA1"]):
+        data["extra_args"] = given
+        back = plan_from_json(data)
+        assert back.placement_options.selected == ("CUDA1",)
+        assert back.extra_args == ["--port", "8081"]
