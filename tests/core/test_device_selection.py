@@ -185,3 +185,16 @@ def test_a_plan_file_with_dev_in_its_extra_args_keeps_the_selection(ds3: Model) 
         back = plan_from_json(data)
         assert back.placement_options.selected == ("CUDA1",)
         assert back.extra_args == ["--port", "8081"]
+
+
+@pytest.mark.parametrize("dialect", [LLAMA_CPP, IK], ids=str)
+def test_the_draft_takes_the_main_selection_unless_devd_names_its_own(dialect) -> None:  # type: ignore[no-untyped-def]
+    """``common_base_params_to_speculative`` (pinned: "default to global devices value"; ik's
+    common/speculative.cpp: ``params.devices.empty() ? params_base.devices : params.devices``): the
+    draft model loads on ``-devd``'s devices, else on the main ``-dev``'s (checked on the real server in
+    tests/integration/test_speculative_vs_llama.py)."""
+    for extra, want in (([], ["CUDA1"]), (["-devd", "CUDA0"], ["CUDA0"])):
+        p = parse_server_args(["-dev", "CUDA1", "-md", "draft.gguf", *extra], dialect=dialect)
+        assert not p.errors, p.errors
+        d = dialect.draft_server_args(p.args, p.args.draft, bool(extra))
+        assert d.devices == want

@@ -387,12 +387,13 @@ class Dialect(str, metaclass=_DialectType):
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """The settings the draft model is loaded with (common/speculative.cpp
         ``common_base_params_to_speculative``): the main command line with its own ``-ngld`` and ``-otd``
-        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``."""
+        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``;
+        its devices are ``-devd``'s, else the main ``-dev``'s ("default to global devices value")."""
         from dataclasses import replace
 
         split = "layer" if pinned_to_one_gpu else args.split_mode
         return replace(args, n_gpu_layers=draft.n_gpu_layers, overrides=list(draft.overrides),
-                       split_mode=split)
+                       split_mode=split, devices=draft.devices or args.devices)
 
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """The draft cache's K and V types: ``-ctkd``/``-ctvd``, default f16 (also the MTP context's)."""

@@ -330,6 +330,7 @@ class IkLlamaCpp(Dialect):
         out.n_gpu_layers = draft.n_gpu_layers if draft.n_gpu_layers not in (None, -1) else None
         out.cache_type_k = draft.cache_type_k or args.cache_type_k
         out.cache_type_v = draft.cache_type_v or args.cache_type_v
+        out.devices = draft.devices or args.devices  # common/speculative.cpp 1950
         if draft.params:
             out = _parsed_onto(out, draft.params, self)
         out.n_parallel = 1
