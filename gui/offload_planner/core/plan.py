@@ -144,8 +144,13 @@ class Plan:
         return add_to_projection(proj, self.mmproj_buffers()[0])
 
     def mmproj(self) -> MmprojSetup | None:
-        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's."""
-        return argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's; its
+        device without ``-mmdev`` is the first of ``-dev``'s (common/arg.cpp), which the plan keeps."""
+        setup = argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+        selected = self.placement_options.selected
+        if setup is None or selected is None:
+            return setup
+        return replace(setup, devices=selected or ("none",))
 
     def mmproj_buffers(self) -> tuple[list[Buffer], list[str]]:
         """The projector's buffers (none without one, or where the dialect's are not projected) and
