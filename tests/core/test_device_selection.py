@@ -198,3 +198,20 @@ def test_the_draft_takes_the_main_selection_unless_devd_names_its_own(dialect) -
         assert not p.errors, p.errors
         d = dialect.draft_server_args(p.args, p.args.draft, bool(extra))
         assert d.devices == want
+
+
+def test_a_selected_gpu_removed_from_the_plan_is_left_out(ds3: Model) -> None:
+    """The window can remove a GPU a -dev selected: the plan then has no GPU to offload to (as the
+    projection shows), and its command and file say -dev none rather than name a GPU it lacks."""
+    from dataclasses import replace
+
+    from offload_planner.core.plan import plan_command
+    from offload_planner.core.plan_edits import without_device
+
+    sel = _analyse(ds3, TWO, "-dev CUDA1 -ngl 99 -c 4096 -fit off")
+    plan, _, _ = without_device(sel.plan, "CUDA1")
+    assert plan.projection().device("CUDA0").total() == 0
+    cmd = plan_command(plan)
+    assert cmd[cmd.index("-dev") + 1] == "none"
+    back = plan_from_json(json.loads(json.dumps(plan_json(PlanFile.of(plan)))))
+    assert back.placement_options == replace(plan.placement_options, selected=())

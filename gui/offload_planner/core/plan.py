@@ -248,7 +248,7 @@ def plan_command(plan: Plan) -> list[str]:
     if rpc:  # every server: -dev names its devices (RPC<i>, numbered over all of them)
         argv += ["--rpc", ",".join(rpc)]
     if opts.selected is not None:
-        argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in opts.selected) or "none"]
+        argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in gpus) or "none"]  # those it has
     argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers

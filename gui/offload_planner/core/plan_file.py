@@ -180,7 +180,7 @@ def plan_json(pf: PlanFile) -> dict[str, Any]:
     if pf.placement_options.selected is None:  # no -dev: written as before the selection was kept
         del popts["selected"]
     else:
-        popts["selected"] = list(pf.placement_options.selected)
+        popts["selected"] = [n for n in pf.placement_options.selected if pf.devices.by_name(n)]  # GPUs it has
     extra, _removed = strip_secrets(pf.extra_args, pf.dialect)
     return {
         "format": FORMAT,
