@@ -215,3 +215,19 @@ def test_a_selected_gpu_removed_from_the_plan_is_left_out(ds3: Model) -> None:
     assert cmd[cmd.index("-dev") + 1] == "none"
     back = plan_from_json(json.loads(json.dumps(plan_json(PlanFile.of(plan)))))
     assert back.placement_options == replace(plan.placement_options, selected=())
+
+
+def test_rpc_servers_are_written_in_their_numbers_order(ds3: Model) -> None:
+    """A launch reads the device set back from the server's log in the order it lists them, which with
+    ``-dev RPC1`` is RPC1 first (``devices_from_log``); ``--rpc`` must still list RPC0's server first,
+    or the exported ``-dev RPC1`` names the other server."""
+    from offload_planner.core.devices import Device, DeviceKind
+    from offload_planner.core.plan import plan_command
+
+    rpc0 = Device("RPC0", DeviceKind.RPC, 24 * 1024**3, 24 * 1024**3, source="rpc", endpoint="10.0.0.1:50052")
+    rpc1 = Device("RPC1", DeviceKind.RPC, 24 * 1024**3, 24 * 1024**3, source="rpc", endpoint="10.0.0.2:50052")
+    logged = DeviceSet(CPU, (rpc1, rpc0), reported_order=True)
+    a = _analyse(ds3, logged, "--rpc 10.0.0.1:50052,10.0.0.2:50052 -dev RPC1 -ngl 99 -c 4096 -fit off")
+    cmd = plan_command(a.plan)
+    assert cmd[cmd.index("--rpc") + 1] == "10.0.0.1:50052,10.0.0.2:50052"
+    assert cmd[cmd.index("-dev") + 1] == "RPC1"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from offload_planner.core.devices import DeviceSet
+from offload_planner.core.devices import DeviceSet, llama_order
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
 from offload_planner.core.item_changes import note_changed
@@ -244,8 +244,10 @@ def plan_command(plan: Plan) -> list[str]:
     gpus = [g.name for g in selected_gpus(plan.devices, opts)]
     base_opts = replace(opts, overrides=())
     argv: list[str] = ["-m", m.path]
-    rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
-    if rpc:  # every server: -dev names its devices (RPC<i>, numbered over all of them)
+    # every server, by its devices' numbers: -dev names them RPC<i> in --rpc order (a device set in the
+    # order a -dev run logged them, devices_from_log, may list RPC1 first)
+    rpc = [g.endpoint for g in sorted(plan.devices.gpus, key=llama_order) if g.endpoint]
+    if rpc:
         argv += ["--rpc", ",".join(rpc)]
     if opts.selected is not None:
         argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in gpus) or "none"]  # those it has
