@@ -267,12 +267,9 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         margin_list = [margins] * max(nd, 1)
     else:
         margin_list = [*margins, *[DEFAULT_MARGIN] * max(0, max(nd, len(gpu_names), 1) - len(margins))]
-        if nd and popts.selected is not None:  # -dev: the i-th -fitt value is the i-th selected device's
+        if nd:  # common/fit.cpp: margins[id] = margins_s[id], id the model device's index (-dev's
+            # order; -sm none: the main GPU is device 0 and takes -fitt's first value)
             margin_list = margin_list[:nd]
-        elif nd:
-            # -fitt values are per device of the backend list; the model's devices are a prefix of
-            # it except with -sm none (one device: the main GPU)
-            margin_list = [margin_list[gpu_names.index(d)] for d in devs]
     hp_ngl = s.n_layer_trunk + (s.n_nextn if popts.load_mtp else 0)
     hp_nct = s.n_ctx_train
     hp_nex = s.n_expert
