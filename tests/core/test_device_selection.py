@@ -231,3 +231,17 @@ def test_rpc_servers_are_written_in_their_numbers_order(ds3: Model) -> None:
     cmd = plan_command(a.plan)
     assert cmd[cmd.index("--rpc") + 1] == "10.0.0.1:50052,10.0.0.2:50052"
     assert cmd[cmd.index("-dev") + 1] == "RPC1"
+
+
+def test_ik_graph_split_counts_the_selected_gpus() -> None:
+    """ik's ``-sm graph`` needs two model devices: with ``-dev CUDA1`` it has one, which ik refuses
+    ("less than 2 devices", check_semantics), so the plan does not also describe a graph split."""
+    from offload_planner.core.cmdline import check_semantics
+
+    qwen = open_model(str(RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf"))
+    for extra, split_said in (([], True), (["-dev", "CUDA1"], False)):
+        p = parse_server_args(["-sm", "graph", "-ngl", "99", "-c", "4096", *extra], dialect=IK)
+        refused = [e for e in check_semantics(p, TWO.names) if "less than 2 devices" in e.message]
+        assert bool(refused) is not split_said
+        said = [w for w in analyse_command(qwen, TWO, p, IK).warnings if w.startswith("-sm graph")]
+        assert bool(said) is split_said

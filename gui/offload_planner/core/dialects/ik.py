@@ -241,8 +241,9 @@ class IkLlamaCpp(Dialect):
     def warnings(self, model: Model, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
         from offload_planner.core.compute_ik import IK_MTP_GRAPHS
         from offload_planner.core.ik import split_mode_warnings
+        from offload_planner.core.placement import selected_gpus
 
-        out = split_mode_warnings(model, popts.split_mode, len(devices.gpus))
+        out = split_mode_warnings(model, popts.split_mode, len(selected_gpus(devices, popts)))  # -dev's GPUs
         if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
                        "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
