@@ -245,3 +245,13 @@ def test_ik_graph_split_counts_the_selected_gpus() -> None:
         assert bool(refused) is not split_said
         said = [w for w in analyse_command(qwen, TWO, p, IK).warnings if w.startswith("-sm graph")]
         assert bool(said) is split_said
+
+
+def test_the_2025_cpu_rule_note_follows_the_selections_host_buffer(ds3: Model) -> None:
+    """2025 builds: the note on ``-ot ...=CPU`` taking a GPU's host buffer type is about the model's
+    first device with one: with ``-dev none`` there is none, and the CPU rule takes the plain CPU type."""
+    from offload_planner.core.dialects import LLAMA_CPP_2025
+
+    for dev, said in (("CUDA1", True), ("none", False)):
+        a = _analyse(ds3, TWO, f"-dev {dev} -ngl 99 -c 4096 -ot exps=CPU", LLAMA_CPP_2025)
+        assert any(n.startswith("two rules for -ot ...=CPU") for n in a.command_notes) is said, dev
