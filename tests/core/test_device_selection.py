@@ -255,3 +255,20 @@ def test_the_2025_cpu_rule_note_follows_the_selections_host_buffer(ds3: Model) -
     for dev, said in (("CUDA1", True), ("none", False)):
         a = _analyse(ds3, TWO, f"-dev {dev} -ngl 99 -c 4096 -ot exps=CPU", LLAMA_CPP_2025)
         assert any(n.startswith("two rules for -ot ...=CPU") for n in a.command_notes) is said, dev
+
+
+def test_fit_asks_only_for_the_selected_gpus_memory(ds3: Model) -> None:
+    """--fit measures the model's devices: a GPU -dev leaves out may have no known size (an RPC server
+    not declared), and the fit still runs; the note asking for sizes names only selected GPUs."""
+    from offload_planner.core.analysis import fit_report
+    from offload_planner.core.devices import Device, DeviceKind
+    from offload_planner.core.plan import plan_from_args
+
+    rpc = Device("RPC0", DeviceKind.RPC, source="rpc", endpoint="10.0.0.1:50052")  # size unknown
+    devices = DeviceSet(CPU, (rpc, parse_device_decl("CUDA0=24GiB")))
+    for dev, runs in (("CUDA0", True), ("RPC0", False)):
+        parsed = parse_server_args(["--rpc", "10.0.0.1:50052", "-dev", dev, "-c", "16384"])
+        report = fit_report(plan_from_args(ds3, devices, parsed), parsed)
+        assert (report.summary is not None) is runs, dev
+        asked = [n for n in report.notes if "declare" in n]
+        assert (asked == []) is runs and all("CUDA0" not in n for n in asked), report.notes

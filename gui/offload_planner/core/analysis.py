@@ -27,7 +27,7 @@ from offload_planner.core.errors import PlannerError
 from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU
+from offload_planner.core.placement import CPU, selected_gpus
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_report import mmap_notes
 from offload_planner.core.speculative import draft_warning, spec_refusals
@@ -71,7 +71,7 @@ def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
 
     model, devices = plan.model, plan.devices
     fitted = server_fit(model, devices, parsed, plan.placement_options, plan.context)
-    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    unknown = [g.name for g in selected_gpus(devices, plan.placement_options) if g.capacity is None]
     if fitted is None:
         if unknown and parsed.args.fit is not False:
             return FitReport(notes=[
