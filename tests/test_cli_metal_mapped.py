@@ -36,6 +36,7 @@ from offload_planner.core.synth.catalog import Q4_K_M, _bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
+GIB = 1 << 30
 COPY = " (output copy)"  # the tied embedding's output copy in the plan's tensor map
 
 #: Qwen3-4B (its config.json: 36 layers, 2560 wide, 32 query / 8 KV heads of 128, FFN 9728, 151936 tokens,
@@ -48,15 +49,19 @@ QWEN3_4B = ModelSpec(
     quant=replace(Q4_K_M, embd=Q.Q6_K))
 
 
-def _plan(model: Path, *args: str, backend: str = "llama.cpp") -> dict[str, Any]:
+def _run(model: Path, *args: str, backend: str = "llama.cpp", fmt: tuple[str, ...] = ("--json",)) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "gui"), "QT_QPA_PLATFORM": "offscreen"}
     r = subprocess.run(
         [sys.executable, "-m", "offload_planner", "plan", str(model), "--no-detect", "--backend", backend,
-         "--device", "MTL0=m1max,32GiB", "--json", "--", "-c", "2048", *args],
+         "--device", "MTL0=m1max,32GiB", *fmt, "--", "-c", "2048", *args],
         capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
     )
     assert r.returncode == 0, r.stderr
-    return dict(json.loads(r.stdout))
+    return r.stdout
+
+
+def _plan(model: Path, *args: str, backend: str = "llama.cpp") -> dict[str, Any]:
+    return dict(json.loads(_run(model, *args, backend=backend)))
 
 
 def _model_buffers(plan: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
@@ -136,6 +141,25 @@ def test_partial_offload_maps_the_span_of_the_gpus_tensors(tied_moe: Path) -> No
     assert got["MTL0"] == [("MTL0_Mapped", _span(ext, gpu))]
     assert got["CPU"] == [("CPU_Mapped", _span(ext, cpu))]
     assert _span(ext, gpu) > 2 * _padded(ext, gpu)  # the span, not the tensors' sum: this tells them apart
+
+
+def test_the_plan_says_when_metals_span_holds_other_devices_tensors(qwen3_4b: Path) -> None:
+    """Qwen3-4B with -ngl 10: MTL0 holds layers 27-35, the output norm and the tied output copy, whose bytes
+    are token_embd's at the start of the data; its MTL0_Mapped span is the whole 2.32 GiB of tensor data,
+    counted whole (Metal maps it), and the plan says how much of it is MTL0's own."""
+    ext = _extents(qwen3_4b)
+    layers = [n for n in ext if re.match(r"blk\.(2[7-9]|3[0-5])\.", n)]
+    gpu = [*layers, "output_norm.weight", "token_embd.weight"]
+    plan = _plan(qwen3_4b, "-ngl", "10", "-nr")
+    assert _on(plan, "MTL0") == sorted(gpu)
+    assert _model_buffers(plan)["MTL0"] == [("MTL0_Mapped", _span(ext, gpu))]
+    own = sum(ext[n][1] - ext[n][0] for n in gpu)
+    span = f"{_span(ext, gpu) / GIB:.2f}"
+    assert (span, f"{own / GIB:.2f}") == ("2.32", "0.82")
+    text = _run(qwen3_4b, "-ngl", "10", "-nr", fmt=())
+    assert (f"MTL0 weights count the {span} GiB file span llama.cpp maps for them with mmap (MTL0_Mapped), "
+            f"of which {own / GIB:.2f} GiB are its tensors: the span includes other devices' tensors") in text
+    assert "MTL0 weights count" not in _run(qwen3_4b, "-nr", fmt=())  # every layer: no other device's tensor
 
 
 def test_cpu_overrides_stay_mapped_and_inside_metals_span(tied_moe: Path) -> None:

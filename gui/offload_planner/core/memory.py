@@ -332,11 +332,11 @@ def _span_buffer(sk: _SpanKey, lo: int, hi: int, read: int) -> Buffer:
         return Buffer(CPU, name, "model", hi - lo,
                       f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp "
                       f"reports it; {read / MiB:.2f} MiB of it are tensors read from it "
-                      "(page cache, not private RAM)", resident=read)
+                      "(page cache, not private RAM)", resident=read, tensor_bytes=read)
     return Buffer(device, name, "model", hi - lo,
                   f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp reports it, "
                   f"all of it in the GPU's working set (the backend wraps the mapped file); "
-                  f"{read / MiB:.2f} MiB of it are this device's tensors")
+                  f"{read / MiB:.2f} MiB of it are this device's tensors", tensor_bytes=read)
 
 
 def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
