@@ -31,6 +31,12 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
+from offload_planner.backend.launch.compare import compare
+from offload_planner.backend.log_parser import parse_log
+from offload_planner.core.analysis import analyse_command
+from offload_planner.core.cmdline import Dialect, parse_server_args
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.synth import SMALL_MODELS, ModelSpec, write_model
 from offload_planner.core.synth.catalog import Q4_K_M, _bpe
 
@@ -126,6 +132,25 @@ def test_qwen3_4b_on_an_m1_max_as_its_public_log_reads(qwen3_4b: Path) -> None:
     assert got["CPU"] == [("CPU_Mapped", _span(ext, ["token_embd.weight"]))]
     assert f"{got['MTL0'][0][1] / MIB:.2f}" == "2375.91"  # the log's figures, verbatim
     assert f"{got['CPU'][0][1] / MIB:.2f}" == "304.28"
+
+
+def test_the_launch_comparison_matches_the_public_logs_lines(qwen3_4b: Path) -> None:
+    """The launch window's projected-against-actual rows, fed that log's buffer lines verbatim: the weights
+    (and the KV cache) of each device side by side under the names the log uses. Its compute line (301.75
+    MiB, a llama-cli run whose settings the log does not show) is left out."""
+    log = ["load_tensors:   CPU_Mapped model buffer size =   304.28 MiB",
+           "load_tensors:  MTL0_Mapped model buffer size =  2375.91 MiB",
+           "llama_kv_cache:       MTL0 KV buffer size =   288.00 MiB"]
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30),
+                        (Device("MTL0", DeviceKind.METAL, 32 << 30, 32 << 30),))
+    parsed = parse_server_args(["-c", "2048"], dialect=Dialect.LLAMA_CPP)
+    projection = analyse_command(open_model(qwen3_4b), devices, parsed.args).projection
+    rows = compare(projection, parse_log(log)).rows
+    got = {(r.device, r.kind, r.buffer): (round(r.projected_mib or 0, 2), r.actual_mib) for r in rows
+           if r.actual_mib is not None}
+    assert got == {
+        ("MTL0", "model", "MTL0_Mapped"): (2375.91, 2375.91), ("MTL0", "kv", "MTL0"): (288.0, 288.0),
+        ("CPU", "model", "CPU_Mapped"): (304.28, 304.28)}
 
 
 def test_partial_offload_maps_the_span_of_the_gpus_tensors(tied_moe: Path) -> None:
