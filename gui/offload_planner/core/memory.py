@@ -20,7 +20,7 @@ from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
 from offload_planner.core.buffer import Buffer
-from offload_planner.core.devices import MAPPED_SUFFIX, Device, DeviceSet, is_mapped_buffer
+from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
 from offload_planner.core.extra_context import ExtraContext
@@ -220,18 +220,28 @@ class _WeightRef:
         self._dev: dict[str, Device] = {}
         self.padded: dict[tuple[str, str], int] = {}  # insertion order: order of first use
         self.index: dict[tuple[str, str], list[int]] = {}
-        by_shard: dict[_SpanKey, list[tuple[int, int, int]]] = defaultdict(list)  # (offset, end, index)
-        self.read: dict[_SpanKey, int] = defaultdict(int)
+        # per mapped buffer: per shard (offset, end, index) of its items, and the bytes read
+        by_shard: dict[str, tuple[defaultdict[int, list[tuple[int, int, int]]], defaultdict[int, int]]] = {}
         padded, index = self.padded, self.index
+        #: the buffers wrapping mapped weights (is_mapped_buffer) and their devices: ~1,000 items are tested
+        mapped = self.mapped = {n: d.name for d in devices if (n := d.mapped_buffer_name) is not None}
+        cur: str | None = None
+        lists: defaultdict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        read: defaultdict[int, int] = defaultdict(int)
         rules: dict[str, tuple[int, int]] = {}  # device -> (row padding, alignment)
         for i, p in enumerate(self.items):
             if p.device is None or p.buft is None:
                 continue
             t = p.tensor
-            if p.buft.endswith(MAPPED_SUFFIX):  # is_mapped_buffer, inlined (~1,000 items)
-                sk = (p.buft, t.shard, p.device)
-                by_shard[sk].append((t.offset, t.offset + t.nbytes, i))
-                self.read[sk] += t.nbytes
+            if p.buft in mapped:  # CPU_Mapped, MTL0_Mapped
+                if p.buft is not cur:  # the same buffer as the item before, mostly
+                    cur = p.buft
+                    per = by_shard.get(cur)
+                    if per is None:
+                        per = by_shard[cur] = (defaultdict(list), defaultdict(int))
+                    lists, read = per
+                lists[t.shard].append((t.offset, t.offset + t.nbytes, i))
+                read[t.shard] += t.nbytes
                 continue
             k = (p.device, p.buft)
             rule = rules.get(p.device)
@@ -247,8 +257,11 @@ class _WeightRef:
                 index[k] = [i]
             else:
                 ix.append(i)
-        self.by_lo = {s: sorted(v) for s, v in by_shard.items()}
-        self.by_hi = {s: sorted(v, key=lambda e: e[1], reverse=True) for s, v in by_shard.items()}
+        spans = {(b, s, mapped[b]): v for b, per in by_shard.items() for s, v in per[0].items()}
+        self.read: dict[_SpanKey, int] = {(b, s, mapped[b]): n for b, per in by_shard.items()
+                                          for s, n in per[1].items()}
+        self.by_lo = {k: sorted(v) for k, v in spans.items()}
+        self.by_hi = {k: sorted(v, key=lambda e: e[1], reverse=True) for k, v in spans.items()}
 
     def _device(self, name: str) -> Device:
         d = self._dev.get(name)
@@ -275,7 +288,7 @@ class _WeightRef:
             for p, sign in ((self.items[i], -1), (items[i], 1)):
                 if p.device is None or p.buft is None:
                     continue
-                if is_mapped_buffer(p.buft):
+                if p.buft in self.mapped:
                     t = p.tensor
                     sk = (p.buft, t.shard, p.device)
                     read[sk] = read.get(sk, 0) + sign * t.nbytes
