@@ -79,6 +79,15 @@ def places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
                for t in model.tensors)
 
 
+def mmap_requested(args: Any, dialect: Dialect) -> bool:
+    """The load mode maps the model (no ``--no-mmap``/``-lm none``/``--mlock``/``dio``) and no flag turns
+    mmap off for the whole model (ik's ``-rtr``); ik may still turn it off for a weight on the host
+    (:func:`places_on_host`)."""
+    args = server_settings(args)
+    mapped = _get(args, "load_mode", "auto") not in ("none", "mlock", "dio")
+    return mapped and not Dialect(dialect).turns_mmap_off(args)
+
+
 def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dialect) -> PlacementOptions:
     dialect = Dialect(dialect)
     overrides = tuple(  # the build's buffer type names as the planner's (Metal in ik: MTL0)
@@ -90,14 +99,13 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
     has_gpu = bool(devices.gpus)
     ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu)
     overrides = dialect.kept_overrides(ngl, overrides)
-    load_mode = _get(args, "load_mode", "auto")
     return PlacementOptions(
         n_gpu_layers=resolve_ngl(ngl, n_layer, has_gpu=has_gpu),
         tensor_split=tuple(_get(args, "tensor_split", ())),
         split_mode=_get(args, "split_mode", "layer"),
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
-        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args)
+        use_mmap=mmap_requested(args, dialect)
         and not (dialect.host_overrides_turn_mmap_off and places_on_host(model, overrides)),
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,

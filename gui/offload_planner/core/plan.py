@@ -83,16 +83,50 @@ class Plan:
     #: the LLAMA_ARG_* variables that set flags the plan keeps (not exported: the environment sets
     #: them at launch too); read with ``extra_args``, which win, as llama-server reads them
     env: dict[str, str] = field(default_factory=dict)
+    #: the load mode maps the model but the build turned mmap off for what the plan places on the host
+    #: (ik from PR 1510: a weight sent to the CPU by an -ot rule); an edit that takes the cause away
+    #: maps it again (``placement_options.use_mmap`` is the mmap the server uses)
+    mmap_off_by_overrides: bool = False
 
     def __post_init__(self) -> None:
         """What placement takes from the dialect follows it (the output layer first; no CPU_REPACK
-        buffers where the build has none)."""
+        buffers where the build has none; mmap off where its rule turns it off)."""
         d, po = self.dialect, self.placement_options
         repack = po.use_extra_bufts and d.has_cpu_repack
         if (po.output_first, po.use_extra_bufts, po.plain_cpu_overrides) != (
                 d.output_first, repack, d.plain_cpu_overrides):
             self.placement_options = replace(po, output_first=d.output_first, use_extra_bufts=repack,
                                              plain_cpu_overrides=d.plain_cpu_overrides)
+        self._follow_the_mmap_rule()
+
+    def _follow_the_mmap_rule(self) -> None:
+        """``use_mmap`` as the server will have it after the edits: mapped when the load mode asks for it,
+        unless the dialect turns mmap off for a weight on the host (``host_overrides_turn_mmap_off``) and
+        the plan has one there by a rule: the command's ``-ot ...=CPU``, or a move to the CPU of a
+        weight the command places elsewhere (the exported command sends it there by ``-ot NAME=CPU``,
+        adding ``--no-mmap``: :func:`plan_command`)."""
+        po = self.placement_options
+        wanted = po.use_mmap or self.mmap_off_by_overrides
+        off = wanted and self.dialect.host_overrides_turn_mmap_off and self._weights_ruled_to_host()
+        if (po.use_mmap, self.mmap_off_by_overrides) != (wanted and not off, off):
+            self.placement_options = replace(po, use_mmap=wanted and not off)
+            self.mmap_off_by_overrides = off
+
+    def _weights_ruled_to_host(self) -> bool:
+        """A weight placed on the CPU by a rule: the command's (as ik reads them) or the export's (a move
+        to the CPU of a weight that the command's settings without its rules place on a GPU)."""
+        from offload_planner.core.engine import places_on_host
+
+        po = self.placement_options
+        if places_on_host(self.model, po.overrides):
+            return True
+        to_cpu = [name for name, dev in self.moves.items() if dev == CPU]
+        if not to_cpu:
+            return False
+        start = replace(po, overrides=())
+        items = _cached_place(self.model, self.devices, start).items
+        index = _item_index(self.model, self.devices, start)
+        return any(items[i].device not in (CPU, None) for name in to_cpu for i in index.get(name, ()))
 
     @property
     def dialect(self) -> Dialect:
@@ -216,14 +250,15 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
                    passthrough: list[str] | None = None) -> Plan:
     """A plan whose base is what llama-server would do with these arguments (a ParsedArgs, whose
     other flags are kept for the exported command, or bare ServerArgs)."""
-    from offload_planner.core.engine import context_params, placement_options
+    from offload_planner.core.engine import context_params, mmap_requested, placement_options
 
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
     spec = load_spec(devices, args, dialect, placement_options)
     extra = Dialect(dialect).draft_kept_args(extra, spec.draft)
-    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args))
+    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args),
+                mmap_off_by_overrides=mmap_requested(args, dialect) and not popts.use_mmap)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:

@@ -51,7 +51,12 @@ def with_option(plan: Plan, key: str, value: Any) -> Plan:
             # as core.engine.context_params derives it for llama-server
             ctx = replace(ctx, n_outputs_max=min(ctx.n_batch, ctx.n_seq_max))
         return replace(plan, context=ctx)
-    return replace(plan, placement_options=replace(plan.placement_options, **{name: value}))
+    popts = replace(plan.placement_options, **{name: value})
+    if name == "use_mmap":  # the user's choice; the dialect's rule may still turn it off (Plan)
+        if value == plan.placement_options.use_mmap:  # (undoing a tick ik overruled restores the plan)
+            return plan
+        return replace(plan, placement_options=popts, mmap_off_by_overrides=False)
+    return replace(plan, placement_options=popts)
 
 
 def with_dialect(plan: Plan, dialect: Dialect) -> Plan:

@@ -30,6 +30,7 @@ from offload_planner import __version__
 from offload_planner.core.arg_safety import strip_secrets
 from offload_planner.core.cmdline import Dialect, check_pattern, check_semantics, parse_server_args
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
+from offload_planner.core.cmdline.rpc_endpoint import rpc_endpoint_problem
 from offload_planner.core.devices import (
     Device,
     DeviceKind,
@@ -468,7 +469,12 @@ def _devices(at: At) -> DeviceSet:
 
 #: ``Metal0``: a plan file written before the planner named Metal devices as the pinned build does (MTL0)
 _DEVICE_NAME = re.compile(r"(CPU|CUDA|ROCm|Vulkan|MTL|Metal|SYCL|RPC)(\d{0,3})")
-_ENDPOINT = re.compile(r"[A-Za-z0-9._\-\[\]:]{1,253}:\d{1,5}")
+
+
+def _usable_endpoint(endpoint: str) -> bool:
+    """An ``--rpc`` entry llama-server can use (as the parser reads it: ``127.0.0.1:50052x`` is port
+    50052), printable and without the ``,`` that would split it in two."""
+    return endpoint.isprintable() and "," not in endpoint and not rpc_endpoint_problem(endpoint)[0]
 
 
 def _device(at: At, *, cpu: bool) -> Device:
@@ -486,11 +492,7 @@ def _device(at: At, *, cpu: bool) -> Device:
     if cpu != (kind is DeviceKind.CPU):
         raise name_at.fail("the CPU entry must be CPU" if cpu else "CPU cannot be a GPU entry")
     endpoint = at.key("endpoint", "").text(max_len=260)
-    if endpoint and (
-        kind is not DeviceKind.RPC
-        or not _ENDPOINT.fullmatch(endpoint)
-        or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536
-    ):
+    if endpoint and (kind is not DeviceKind.RPC or not _usable_endpoint(endpoint)):
         raise at.key("endpoint").fail(f"{endpoint[:80]!r} is not the HOST:PORT of an RPC server")
     total = at.key("total", None).opt_integer(0, MAX_BYTES)
     free = at.key("free", None).opt_integer(0, MAX_BYTES)

@@ -5,9 +5,10 @@ name) and carries everything that differs between llama-server builds, so the re
 asks it instead of testing names.  The defaults here are mainline llama.cpp's; each dialect module
 overrides what its build does differently and registers one instance.
 
-This module imports nothing of the planner at module level: the memory model and the command-line
-parser receive dialect objects, and the heavy parts of a dialect (ik's compute simulator) are
-imported by the dialect module's methods.
+This module imports nothing of the planner at module level but the constants of
+:mod:`~offload_planner.core.spec_defaults` (a module that imports nothing): the memory model and the
+command-line parser receive dialect objects, and the heavy parts of a dialect (ik's compute simulator)
+are imported by the dialect module's methods.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from offload_planner.core.spec_defaults import DEFAULT_DRAFT_N_MAX
 
 if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
@@ -359,8 +362,9 @@ class Dialect(str, metaclass=_DialectType):
         return kept
 
     def draft_n_max(self, draft: DraftArgs) -> int:
-        """Tokens drafted a step (``--spec-draft-n-max``, default 3: ``common_params_speculative_draft``)."""
-        return 3 if draft.n_max is None else max(0, draft.n_max)
+        """Tokens drafted a step (``--spec-draft-n-max``, default ``common_params_speculative_draft::n_max``:
+        :data:`~offload_planner.core.spec_defaults.DEFAULT_DRAFT_N_MAX`)."""
+        return DEFAULT_DRAFT_N_MAX if draft.n_max is None else max(0, draft.n_max)
 
     def draft_stop(self, draft: DraftArgs) -> tuple[float, str, bool]:
         """(p_min, where it comes from, given): a draft stops early when the draft's probability falls
