@@ -5,7 +5,8 @@ llama.cpp build: the input layer on the CPU; ``-ngl`` counts units 0..L (L = blo
 included; unit L is the output layer) from the top; units split over GPUs by cumulative
 ``-ts`` fractions; ``-ot`` patterns tried in order with ECMAScript ``regex_search`` (first match
 wins); CPU-side weights take the first buffer type of the CPU list that supports their op
-(device host buffer, CPU_REPACK, CPU), and with mmap a host-buffer pick becomes ``CPU_Mapped``.
+(device host buffer, CPU_REPACK, CPU), and with mmap a host-buffer pick becomes ``CPU_Mapped``;
+with mmap a Metal GPU's weights are ``MTL<i>_Mapped`` (its backend wraps the mapped file: :func:`gpu_buft`).
 """
 
 from __future__ import annotations
@@ -210,13 +211,23 @@ def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_outpu
     return CPU_MAPPED if opts.use_mmap else CPU
 
 
+def gpu_buft(dev: str, devices: DeviceSet, opts: PlacementOptions) -> str:
+    """Buffer type of a GPU's weights: the device's own, or with mmap the buffer its backend wraps the
+    mapped file in where it can (``buffer_from_host_ptr``: Metal's ``MTL0_Mapped``, sized by the file span
+    like ``CPU_Mapped``: :data:`~offload_planner.core.devices.MAPS_HOST_MEMORY`)."""
+    if not opts.use_mmap:
+        return dev
+    d = next((g for g in devices.gpus if g.name == dev), None)
+    return (d.mapped_buffer_name if d is not None else None) or dev
+
+
 def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions, *,
                 as_output: bool = False, cpu_override: bool = False) -> str:
-    """Buffer type a weight gets on ``dev``: the device's own, or the CPU list's pick; ``cpu_override``:
-    an ``-ot ...=CPU`` entry, which builds with ``plain_cpu_overrides`` give the plain CPU buffer type
-    (mapped with mmap)."""
+    """Buffer type a weight gets on ``dev``: the device's own (:func:`gpu_buft`), or the CPU list's pick;
+    ``cpu_override``: an ``-ot ...=CPU`` entry, which builds with ``plain_cpu_overrides`` give the plain
+    CPU buffer type (mapped with mmap)."""
     if dev != CPU:
-        return dev
+        return gpu_buft(dev, devices, opts)
     if cpu_override and opts.plain_cpu_overrides:
         return CPU_MAPPED if opts.use_mmap else CPU
     return _cpu_buft(t, devices, opts, as_output=as_output)
@@ -321,6 +332,7 @@ class _PlaceOne:
                  home: _HomeOf) -> None:
         self.devices, self.opts, self.memo, self.home = devices, opts, memo, home
         self.cpu_buft = _CpuBuft(devices, opts)
+        self.gpu_buft = {g.name: gpu_buft(g.name, devices, opts) for g in devices.gpus}
         self.by_rule: dict[int, tuple[str | None, bool, str]] = {}  # override -> (device, names CPU, rule)
         self.skip_nextn = not opts.load_mtp
 
@@ -351,12 +363,12 @@ class _PlaceOne:
         override is ``i``."""
         if i is None:
             dev, rule = self.home.by_layer.get(t.layer) or self.home(t)  # its layer's answer looked up here
-            buft = dev if dev != CPU else self.cpu_buft(t)
+            buft = self.gpu_buft.get(dev, dev) if dev != CPU else self.cpu_buft(t)
         else:
             to = self.rule_of(i)
             dev, rule = to[0] or self.home(t)[0], to[2]
             if dev != CPU:
-                buft = dev
+                buft = self.gpu_buft.get(dev, dev)
             elif to[1] and self.opts.plain_cpu_overrides:  # device_buft(..., cpu_override=True)
                 buft = CPU_MAPPED if self.opts.use_mmap else CPU
             else:

@@ -409,14 +409,17 @@ def _buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: b
     """ik_llama.cpp's buffer types (src/llama.cpp): the KV of layers left on the CPU and the output
     buffer take ``llama_default_buffer_type_cpu(true)``, the GPU host buffer (``CUDA_Host``) in a GPU
     build even with -ngl 0 (mainline: plain CPU; ``kv`` False for -nkvo, whose cache stays CPU); with
-    ``mapped`` the mmap'd weights are renamed to ik's plain ``CPU`` buffer
-    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type)."""
-    from offload_planner.core.placement import CPU, CPU_MAPPED
+    ``mapped`` the mmap'd weights are renamed to their device's plain buffer, as ik names them: ``CPU``
+    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type) and Metal's (src/llama.cpp
+    4758-4770 at 8337e4cd: ``ggml_backend_metal_buffer_from_ptr`` of the same file span, a buffer of the
+    one Metal buffer type, logged ``Metal``: ggml-metal.m 4164, 4423)."""
+    from offload_planner.core.devices import is_mapped_buffer
+    from offload_planner.core.placement import CPU
 
     host = next((g.host_buffer_name for g in devices.gpus if g.host_buffer_name), None)
     for b in bufs:
-        if mapped and b.name == CPU_MAPPED:
-            b.name = CPU
+        if mapped and is_mapped_buffer(b.name):
+            b.name = b.device
         elif not mapped and host and b.name == CPU and (b.kind == "output" or (kv and b.kind == "kv")):
             b.name = host
 
