@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from offload_planner.core.devices import DeviceSet
+from offload_planner.core.devices import DeviceSet, llama_order
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
 from offload_planner.core.item_changes import note_changed
@@ -43,6 +43,7 @@ from offload_planner.core.placement import (
     device_buft,
     place,
     placed_devices,
+    selected_gpus,
 )
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
@@ -177,8 +178,13 @@ class Plan:
         return add_to_projection(proj, self.mmproj_buffers()[0])
 
     def mmproj(self) -> MmprojSetup | None:
-        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's."""
-        return argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's; its
+        device without ``-mmdev`` is the first of ``-dev``'s (common/arg.cpp), which the plan keeps."""
+        setup = argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+        selected = self.placement_options.selected
+        if setup is None or selected is None:
+            return setup
+        return replace(setup, devices=selected or ("none",))
 
     def mmproj_buffers(self) -> tuple[list[Buffer], list[str]]:
         """The projector's buffers (none without one, or where the dialect's are not projected) and
@@ -225,7 +231,7 @@ REGENERATED_FLAGS = frozenset({
     "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
     "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--no-kv-offload",
     "--swa-full", "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit",
-    "--mla-use", "--attention-max-batch",
+    "--mla-use", "--attention-max-batch", "--device",
 })
 
 
@@ -270,12 +276,16 @@ def plan_command(plan: Plan) -> list[str]:
     otherwise vary at run time (-c, -ngl, -ts, --fit)."""
     m, opts, ctx = plan.model, plan.placement_options, plan.context
     target = plan.placement().tensor_devices()
-    gpus = [g.name for g in plan.devices.gpus]
+    gpus = [g.name for g in selected_gpus(plan.devices, opts)]
     base_opts = replace(opts, overrides=())
     argv: list[str] = ["-m", m.path]
-    rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
+    # every server, by its devices' numbers: -dev names them RPC<i> in --rpc order (a device set in the
+    # order a -dev run logged them, devices_from_log, may list RPC1 first)
+    rpc = [g.endpoint for g in sorted(plan.devices.gpus, key=llama_order) if g.endpoint]
     if rpc:
         argv += ["--rpc", ",".join(rpc)]
+    if opts.selected is not None:
+        argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in gpus) or "none"]  # those it has
     argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers

@@ -219,6 +219,21 @@ class Dialect(str, metaclass=_DialectType):
         m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name)
         return f"MTL{m[1]}" if m else name
 
+    def selected_gpus(self, names: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...] | None:
+        """The model's devices a ``-dev`` list selects, in its order, as the planner names them
+        (pinned mainline: ``llama_prepare_model_devices`` takes ``params.devices`` as given; ik:
+        ``model->devices`` from the names in order). None: no ``-dev`` (every GPU, the build's own
+        order); ``()`` for ``-dev none``. Names are matched as this build matches them
+        (:attr:`device_names_ignore_case`); a name no GPU has is left out (the parser refuses it)."""
+        if not names:
+            return None
+        if list(names) == ["none"]:
+            return ()
+        fold = str.lower if self.device_names_ignore_case else str
+        own = {fold(self.server_device_name(g)): g for g in gpus}
+        got = (own.get(fold(n)) for n in names)
+        return tuple(dict.fromkeys(g for g in got if g is not None))
+
     # --- flags ---
     def flag_table(self) -> FlagTable:
         raise NotImplementedError
@@ -376,12 +391,13 @@ class Dialect(str, metaclass=_DialectType):
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """The settings the draft model is loaded with (common/speculative.cpp
         ``common_base_params_to_speculative``): the main command line with its own ``-ngld`` and ``-otd``
-        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``."""
+        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``;
+        its devices are ``-devd``'s, else the main ``-dev``'s ("default to global devices value")."""
         from dataclasses import replace
 
         split = "layer" if pinned_to_one_gpu else args.split_mode
         return replace(args, n_gpu_layers=draft.n_gpu_layers, overrides=list(draft.overrides),
-                       split_mode=split)
+                       split_mode=split, devices=draft.devices or args.devices)
 
     def draft_device_names(self, args: ServerArgs, draft: DraftArgs) -> list[str] | None:
         """The devices the draft model offloads to (``args``: :meth:`draft_server_args`'): ``-devd``,
