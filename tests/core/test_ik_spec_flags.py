@@ -20,7 +20,7 @@ from offload_planner.core.engine import placement_options
 from offload_planner.core.extra_context import DRAFT
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Placement, place
+from offload_planner.core.placement import Placement, place, selected_gpus
 from offload_planner.core.speculative import SpecSettings, spec_settings
 
 GiB = 1024**3
@@ -122,11 +122,11 @@ def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> No
     """ik's draft offloads to ``-devd``, else the main ``-dev`` (common/speculative.cpp 1950:
     ``params_dft.devices = params.devices.empty() ? params_base.devices : params.devices``); a
     ``dflash``/``dspark`` stage's draft without ``-ngld`` takes the main ``-ngl`` (1981-1983), a plain
-    draft's takes the library default (every layer).  Mainline's draft ignores the main ``-dev``."""
+    draft's takes the library default (every layer)."""
     def gpus(line: str, dialect: Dialect = IK) -> list[str]:
         d = _spec(small_models, line, dialect).draft
         assert d is not None
-        return [g.name for g in d.devices.gpus]
+        return [g.name for g in selected_gpus(d.devices, d.placement_options)]
 
     def ngl(line: str) -> int:
         d = _spec(small_models, line).draft
@@ -137,7 +137,6 @@ def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> No
     assert gpus("-dev CUDA1 -devd CUDA0 -md DRAFT --spec-type draft") == ["CUDA0"]
     assert gpus("-dev none -md DRAFT --spec-type draft") == []
     assert gpus("-md DRAFT --spec-type draft") == ["CUDA0", "CUDA1"]
-    assert gpus("-dev CUDA1 -md DRAFT --spec-draft-n-max 2", LLAMA_CPP) == ["CUDA0", "CUDA1"]
     n_layer = open_model(str(small_models["llama-draft"])).summary.n_layer
     for kind in ("dflash", "dspark"):
         assert ngl(f"-ngl 1 -md DRAFT --spec-type {kind}") == 1
@@ -152,7 +151,9 @@ def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> No
         argv = ["-ngl", "1", "-md", draft, "--spec-type", "dflash", "-draft", own]
         parsed = parse_server_args(argv, dialect=IK)
         d = spec_settings(_gpu(), parsed, IK, placement_options, open_model(draft)).draft
-        assert d is not None and ([g.name for g in d.devices.gpus], d.placement_options.n_gpu_layers) == want
+        assert d is not None
+        assert ([g.name for g in selected_gpus(d.devices, d.placement_options)],
+                d.placement_options.n_gpu_layers) == want
     # the rest of a dflash draft is not a plain draft's and the plan says what it leaves out
     notes = _spec(small_models, "-md DRAFT --spec-type dflash").notes
     assert any("plain draft's, which it is not" in n and "cross_ctx (512 unless given)" in n

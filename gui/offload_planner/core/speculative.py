@@ -173,7 +173,6 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     ddev = draft_devices(devices, d.devices)
     inner = getattr(args, "args", args)
     dargs = dialect.draft_server_args(inner, d, bool(d.devices) and len(ddev.gpus) == 1)
-    ddev = draft_devices(devices, dialect.draft_device_names(dargs, d))
     type_k, type_v = dialect.draft_cache_types(dargs, d)
     draft = None
     if draft_model is not None and d.model:

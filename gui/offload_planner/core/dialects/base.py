@@ -399,11 +399,6 @@ class Dialect(str, metaclass=_DialectType):
         return replace(args, n_gpu_layers=draft.n_gpu_layers, overrides=list(draft.overrides),
                        split_mode=split, devices=draft.devices or args.devices)
 
-    def draft_device_names(self, args: ServerArgs, draft: DraftArgs) -> list[str] | None:
-        """The devices the draft model offloads to (``args``: :meth:`draft_server_args`'): ``-devd``,
-        absent: every device (``params_dft.devices = params_base.speculative.devices``)."""
-        return draft.devices
-
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """The draft cache's K and V types: ``-ctkd``/``-ctvd``, default f16 (also the MTP context's)."""
         return draft.cache_type_k or "f16", draft.cache_type_v or "f16"

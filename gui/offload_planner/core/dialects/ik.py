@@ -336,14 +336,13 @@ class IkLlamaCpp(Dialect):
 
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """``params_dft = params_base`` (1946): the main command line, ``-ot`` and ``--n-cpu-moe`` and
-        ``-sm`` included, with ``-devd`` else the main ``-dev`` (1950: :meth:`draft_device_names`),
-        ``-ngld`` (1952; -1 or absent: the library default, every layer with a GPU), one sequence
-        (1985), then the ``-draft "ARGS"`` command line parsed onto it (1955-1963); a ``dflash``/
-        ``dspark`` stage's draft with a negative ``-ngl`` takes the main ``-ngl`` (1981-1983)."""
+        ``-sm`` included, with ``-devd`` else the main ``-dev`` (1950), ``-ngld`` (1952; -1 or absent:
+        the library default, every layer with a GPU), one sequence (1985), then the ``-draft "ARGS"``
+        command line parsed onto it (1957-1966: its ``-dev`` and ``-ngl`` win); a ``dflash``/``dspark``
+        stage's draft with a negative ``-ngl`` then takes the main ``-ngl`` (1981-1983)."""
         import copy
 
         out = copy.deepcopy(args)
-        out.devices = draft.devices or args.devices
         out.n_gpu_layers = draft.n_gpu_layers if draft.n_gpu_layers not in (None, -1) else None
         out.cache_type_k = draft.cache_type_k or args.cache_type_k
         out.cache_type_v = draft.cache_type_v or args.cache_type_v
@@ -354,15 +353,6 @@ class IkLlamaCpp(Dialect):
             out.n_gpu_layers = args.n_gpu_layers
         out.n_parallel = 1
         return out
-
-    def draft_device_names(self, args: ServerArgs, draft: DraftArgs) -> list[str] | None:
-        """``params_dft.devices = params.devices.empty() ? params_base.devices : params.devices``
-        (common/speculative.cpp 1950), then a ``-dev`` in ``-draft "ARGS"``: ``args``' devices.  ik's
-        loader (src/llama.cpp 7788-7833) offloads to the listed buffer types that exist, to none when
-        none does (``-devd none``: the CPU only, ``n_gpu_layers = 0``), as
-        :func:`speculative.draft_devices` reads the list (which also matches names in another case:
-        ik's ``buffer_names`` lookup does not)."""
-        return args.devices
 
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """``-ctkd``/``-ctvd``, else the main ``-ctk``/``-ctv`` (1952-1953; ``args``: the draft's)."""
