@@ -21,7 +21,7 @@ from offload_planner.core.extra_context import DRAFT
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placement, place, selected_gpus
-from offload_planner.core.speculative import SpecSettings, spec_settings
+from offload_planner.core.speculative import SpecSettings, spec_refusals, spec_settings
 
 GiB = 1024**3
 
@@ -159,6 +159,33 @@ def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> No
     assert any("plain draft's, which it is not" in n and "cross_ctx (512 unless given)" in n
                and "cross-attention cache per draft layer" in n for n in notes), notes
     assert not any("cross" in n for n in _spec(small_models, "-md DRAFT --spec-type draft").notes)
+
+
+def test_ik_refuses_a_graph_split_draft_on_one_device(small_models: dict[str, Path]) -> None:
+    """The draft inherits ``-sm graph`` (``params_dft = params_base``) and ik's loader throws for a graph
+    or attn split over fewer than two devices of an architecture it splits that way (src/llama.cpp
+    4369-4372): a draft on one GPU (``-devd``, or the main ``-dev``) stops the server; on both GPUs, with
+    ``-draft "-sm layer"`` or not loaded (no draft stage) it is not refused; mainline has no graph split."""
+    draft = str(small_models["llama-draft"])
+
+    def refused(line: str, *own: str) -> list[str]:
+        parsed = parse_server_args([*line.replace("DRAFT", draft).split(), *own], dialect=IK)
+        spec = spec_settings(_gpu(), parsed, IK, placement_options, open_model(draft))
+        return [r for r in spec_refusals(open_model(draft), spec) if "split mode 'graph'" in r]
+
+    for line in ("-sm graph -devd CUDA0 -md DRAFT --spec-type draft",
+                 "-sm attn -dev CUDA1 -md DRAFT --spec-type draft",
+                 "-sm graph -devd none -md DRAFT --spec-type dflash"):
+        [msg] = refused(line)
+        assert msg.startswith("ik_llama.cpp stops loading the draft model llama-draft.gguf") and "-sm " in msg
+    assert not refused("-sm graph -md DRAFT --spec-type draft")
+    assert not refused("-sm graph -devd CUDA0 -md DRAFT --spec-type draft", "-draft", "-sm layer")
+    assert not refused("-sm graph -devd CUDA0 -md DRAFT")  # no stage: ik does not load it
+    assert not refused("-sm layer -devd CUDA0 -md DRAFT --spec-type draft")
+    model = open_model(small_models["llama"])
+    parsed = parse_server_args(f"-sm graph -devd CUDA0 -md {draft} --spec-type draft".split(), dialect=IK)
+    warned = analyse_command(model, _gpu(), parsed, IK).warnings
+    assert any("stops loading the draft model" in w for w in warned), warned
 
 
 def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:

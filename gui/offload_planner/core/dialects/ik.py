@@ -354,6 +354,28 @@ class IkLlamaCpp(Dialect):
         out.n_parallel = 1
         return out
 
+    def draft_refusals(self, draft: DraftSettings) -> list[str]:
+        """``-sm graph``/``attn`` on fewer than two model devices: ik's loader throws (src/llama.cpp
+        4369-4372) for an architecture it splits that way (4225-4241: others change to ``layer``).  The
+        draft inherits ``-sm`` (``params_dft = params_base``, common/speculative.cpp 1946; ``-draft
+        "-sm ..."`` may change it) and loads on ``-devd``'s devices, else ``-dev``'s (1950), so a draft
+        pinned to one GPU fails to load and the server stops (``common_speculative_finalize_startup``
+        returns false, 2121-2123)."""
+        from offload_planner.core.ik import GRAPH_SPLIT_ARCHS
+        from offload_planner.core.placement import selected_gpus
+
+        popts = draft.placement_options
+        if popts.split_mode not in ("graph", "attn") or draft.model.arch not in GRAPH_SPLIT_ARCHS:
+            return []
+        n = len(selected_gpus(draft.devices, popts))
+        if n >= 2:
+            return []
+        name = draft.model.path.rsplit("/", 1)[-1]
+        return [f"ik_llama.cpp stops loading the draft model {name}: \"It is not possible to use split mode "
+                f"'graph' with less than 2 devices\" (it inherits -sm {popts.split_mode} and loads on "
+                f"{n} GPU{'' if n == 1 else 's'}: -devd, else -dev); give the draft -draft \"-sm layer\" "
+                "or a second device"]
+
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """``-ctkd``/``-ctvd``, else the main ``-ctk``/``-ctv`` (1952-1953; ``args``: the draft's)."""
         return args.cache_type_k or "f16", args.cache_type_v or "f16"
