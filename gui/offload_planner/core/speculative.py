@@ -357,6 +357,13 @@ def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
     return []
 
 
+def spec_stops(model: Model, spec: SpecSettings | None) -> list[str]:
+    """What of :func:`spec_refusals` stops llama-server at load (not what the projection leaves out)."""
+    if spec is None:
+        return []
+    return [*spec.refusals, *spec_refusals(model, replace(spec, refusals=(), notes=()))]
+
+
 def extra_contexts(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,
                    ctx: ResolvedContext, spec: SpecSettings | None) -> list[ExtraContext]:
     """The contexts speculative decoding adds, in the order the server creates them."""
