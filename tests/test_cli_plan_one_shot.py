@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import threading
 from pathlib import Path
 
@@ -62,6 +63,27 @@ def test_plan_fit_off_keeps_nothing(small_models: dict[str, Path], name: str) ->
     assert _plan(small_models[name], "-fit", "off") == 0
     assert _kept() == 0
     assert {k: stats[k] for k in PATHS} == before  # the from-scratch reserve: no incremental path
+
+
+def test_a_declared_cpu_size_is_not_read_from_the_system(small_models: dict[str, Path],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device CPU=SIZE`` replaces the RAM total the system reports: a one-shot plan no longer reads
+    /proc/meminfo for it (a read the output never showed); without it the total is read, and the CPU
+    row's capacity is that total."""
+    from offload_planner.backend import system
+
+    reads: list[str] = []
+    real = system._mem_total
+    monkeypatch.setattr(system, "_mem_total", lambda *a: reads.append("meminfo") or real(*a))
+    argv = ["plan", str(small_models["qwen3moe"]), "--no-detect", "--json", "--device", "CUDA0=24GiB"]
+    for cpu, read in ((["--device", "CPU=64GiB"], []), ([], ["meminfo"])):
+        reads.clear()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main([*argv, *cpu, "--", "-ngl", "999", "-fit", "off"]) == 0
+        assert reads == read
+        row = next(d for d in json.loads(out.getvalue())["devices"] if d["name"] == "CPU")
+        assert row["capacity_bytes"] == (64 * GIB if cpu else system.cpu_device().total), row
 
 
 def test_plan_with_fit_keeps_the_graph_its_dry_runs_re_place(small_models: dict[str, Path]) -> None:

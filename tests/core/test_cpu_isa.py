@@ -153,6 +153,19 @@ def test_read_cpuinfo_keeps_the_first_processor(tmp_path: Path) -> None:
     assert speed_store.read_cpuinfo(tmp_path / "missing") == ""
 
 
+def test_read_cpuinfo_reads_line_ends_as_a_text_file_does(tmp_path: Path) -> None:
+    """Read as bytes (no text stream: a one-shot plan's cost), the block is what a text file gave:
+    a byte-order mark dropped, \\r\\n and \\r line ends as \\n (the blank line after the first processor
+    found), an undecodable byte replaced."""
+    f = tmp_path / "cpuinfo"
+    f.write_bytes(b"\xef\xbb\xbf" + COMET_LAKE.replace("\n", "\r\n").encode() + b"\xff")
+    assert speed_store.read_cpuinfo(f) == COMET_LAKE.split("\n\n", 1)[0]
+    f.write_bytes(b"model name\t: A\rflags\t: avx2 fma\r\rprocessor\t: 1\xff\n")
+    with open(f, encoding="utf-8-sig", errors="replace") as text:
+        as_text = text.read().split("\n\n", 1)[0]
+    assert speed_store.read_cpuinfo(f) == as_text == "model name\t: A\nflags\t: avx2 fma"
+
+
 @pytest.mark.parametrize(("text", "isa", "ghz"), [(INTEL_MAC, Isa.AVX2, 2.3), (APPLE_SILICON, None, None)])
 def test_sysctl(text: str, isa: Isa | None, ghz: float | None) -> None:
     got = parse_sysctl(text)

@@ -95,9 +95,28 @@ def _load() -> dict[str, Any]:
     return _once("data", _read)
 
 
-def _read() -> dict[str, Any]:
+def read_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """A small file's bytes, its first ``limit`` bytes when given (a system file that comes in pieces is
+    read until its end), without a buffered or text stream: a ``plan`` reads this machine's figures from
+    a few such files, where setting a stream up cost more than the read itself."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
-        data = json.loads(_path().read_text(encoding="utf-8"))
+        chunks: list[bytes] = []
+        left = -1 if limit is None else limit
+        while left:
+            chunk = os.read(fd, 1 << 16 if left < 0 else left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left = -1 if left < 0 else left - len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read() -> dict[str, Any]:
+    try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
+        data = json.loads(read_bytes(_path()).decode("utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
@@ -425,8 +444,7 @@ def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
     siblings = set()
     for i in itertools.count():
         try:
-            with open(os.path.join(sys_cpu, f"cpu{i}", "topology", "thread_siblings"), "rb") as f:
-                siblings.add(f.read().strip())
+            siblings.add(read_bytes(os.path.join(sys_cpu, f"cpu{i}", "topology", "thread_siblings")).strip())
         except OSError:
             break
     if siblings:
@@ -473,12 +491,14 @@ def cpu_elsewhere(devices: DeviceSet) -> bool:
 
 def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> str:
     """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line; a byte-order mark
-    before it dropped): '' when it cannot be read."""
+    before it dropped; of its first ``limit`` bytes, read as a text file reads them: line ends as
+    ``\\n``): '' when it cannot be read."""
     try:
-        with open(proc, encoding="utf-8-sig", errors="replace") as f:
-            text = f.read(limit)
+        text = read_bytes(proc, limit).decode("utf-8-sig", errors="replace")
     except OSError:
         return ""
+    if "\r" in text:  # what a text stream's universal newlines make of them
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text.split("\n\n", 1)[0]
 
 
