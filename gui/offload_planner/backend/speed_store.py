@@ -95,20 +95,26 @@ def _load() -> dict[str, Any]:
     return _once("data", _read)
 
 
-def read_bytes(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
+               enough: Callable[[bytes], bool] | None = None) -> bytes:
     """A small file's bytes, its first ``limit`` bytes when given (a system file that comes in pieces is
     read until its end), without a buffered or text stream: a ``plan`` reads this machine's figures from
-    a few such files, where setting a stream up cost more than the read itself."""
+    a few such files, where setting a stream up cost more than the read itself.  ``enough``: read in
+    pages and stop at the first whose bytes so far it accepts (a kernel file made as it is read, as
+    /proc/cpuinfo is a processor at a time, is then made no further than needed)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
         chunks: list[bytes] = []
         left = -1 if limit is None else limit
+        piece = 1 << 16 if enough is None else 1 << 12
         while left:
-            chunk = os.read(fd, 1 << 16 if left < 0 else left)
+            chunk = os.read(fd, piece if left < 0 else min(left, piece))
             if not chunk:
                 break
             chunks.append(chunk)
             left = -1 if left < 0 else left - len(chunk)
+            if enough is not None and enough(b"".join(chunks)):
+                break
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -489,12 +495,18 @@ def cpu_elsewhere(devices: DeviceSet) -> bool:
     return bool(devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
 
 
+def _blank_line(data: bytes) -> bool:
+    """``data`` holds an empty line: two line ends in a row, each ``\\n``, ``\\r\\n`` or ``\\r``."""
+    return b"\n\n" in data or b"\r\r" in data or b"\n\r" in data
+
+
 def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> str:
     """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line; a byte-order mark
     before it dropped; of its first ``limit`` bytes, read as a text file reads them: line ends as
-    ``\\n``): '' when it cannot be read."""
+    ``\\n``), read no further than the page holding that blank line (a machine of many processors
+    makes a few KiB of it, not all): '' when it cannot be read."""
     try:
-        text = read_bytes(proc, limit).decode("utf-8-sig", errors="replace")
+        text = read_bytes(proc, limit, enough=_blank_line).decode("utf-8-sig", errors="replace")
     except OSError:
         return ""
     if "\r" in text:  # what a text stream's universal newlines make of them
