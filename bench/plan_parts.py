@@ -3,12 +3,13 @@ model: ``bench/plan_speed.py``'s ``-fit off`` plan and reference (it imports the
 timed with ``time.process_time`` around the functions ``cli_plan`` calls (the wrappers add about a
 microsecond to each), best of ``--runs`` per column, milliseconds:
 
-* ``open``: the plan opening the file (``open_model`` and the loadable check);
+* ``ref open`` / ``own open``: the reference opening the file (the cycle collector on) and the plan
+  (``open_model`` and the loadable check; ``plan`` keeps the collector off throughout);
 * ``ref sim`` / ``own sim``: the reference's plain simulation (both reserves walked) and the plan's
   own (the one-shot path: the one-token reserve's walk left out where a bound proves it decides no
   size, ``core/compute/bound.py``);
-* ``budget``: ``ref sim - own sim``, what the plan may spend besides opening and simulating and stay
-  within the reference (the target: ``beyond <= budget``);
+* ``budget``: the reference less the plan's opening and own simulation: what the plan may spend
+  besides them and stay within the reference (the target: ``beyond <= budget``);
 * ``beyond``: the plan less its opening and its own simulation, in parts: ``args`` (the command's
   options, llama-server's arguments and their checks), ``devices`` (declared, detected and the RAM
   total), ``analysis`` (the plan, its placement, the weight/KV/output buffers, warnings, notes and the
@@ -48,8 +49,8 @@ TIMED = (("offload_planner.cli", "_quick_parse"), ("offload_planner.cli_server_a
          ("offload_planner.core.speed.report", "speed_lines"),
          ("offload_planner.core.cmdline", "format_command"))
 
-COLUMNS = ("ref sim", "own sim", "budget", "beyond", "args", "devices", "analysis", "machine", "estimate",
-           "text", "other")
+COLUMNS = ("ref open", "own open", "ref sim", "own sim", "budget", "beyond", "args", "devices", "analysis",
+           "machine", "estimate", "text", "other")
 
 
 @contextmanager
@@ -78,19 +79,20 @@ def timed(acc: dict[str, float]) -> Iterator[None]:
 
 def parts(path: Path) -> dict[str, float]:
     """One run: the reference's simulation and the plan's parts, ms."""
-    ref_sim = ps.reference_parts(path)[1]
+    ref_open, ref_sim = ps.reference_parts(path)
     acc: dict[str, float] = defaultdict(float)
     with timed(acc):
         total = ps.plan_ms(path, ["-fit", "off"])
     ms = {k: v * 1000 for k, v in acc.items()}
     sim, opened = ms["simulate"], ms["_open_model"]
-    got = {"ref sim": ref_sim, "own sim": sim, "beyond": total - opened - sim,
+    got = {"ref open": ref_open, "own open": opened, "ref sim": ref_sim, "own sim": sim,
+           "beyond": total - opened - sim,
            "args": ms["_quick_parse"] + ms["read_server_argv"] + ms["check_semantics"],
            "devices": ms["_devices"], "analysis": ms["analyse_command"] - sim,
            "machine": ms["machine_hardware"] + ms["efficiencies_for"],
            "text": ms["plan_text"] + ms["speed_lines"] + ms["format_command"]}
     got["estimate"] = ms["plan_speed"] - got["machine"]
-    got["budget"] = got["ref sim"] - sim
+    got["budget"] = ref_open + ref_sim - opened - sim
     got["other"] = got["beyond"] - sum(got[k] for k in ("args", "devices", "analysis", "machine", "estimate",
                                                         "text"))
     return got
@@ -103,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     specs = all_models()
     names = args.only or list(SMALL_MODELS)
-    print(f"{'model':<16}" + "".join(f"{c:>9}" for c in COLUMNS) + "   (ms, best of each)")
+    print(f"{'model':<14}" + "".join(f"{c:>9}" for c in COLUMNS) + "   (ms, best of each)")
     with tempfile.TemporaryDirectory() as tmp:
         warm = write_model(SMALL_MODELS["qwen3moe"], Path(tmp) / "warm.gguf")[0]
         ps.plan_ms(warm, ["-fit", "off"])  # imports and first-use costs, not the model's
@@ -111,9 +113,9 @@ def main() -> None:
             path = write_model(specs[name], Path(tmp) / f"{name}.header.gguf", header_only=True)[0]
             runs = [parts(path) for _ in range(args.runs)]
             best = {c: min(r[c] for r in runs) for c in COLUMNS if c not in ("budget", "other")}
-            best["budget"] = best["ref sim"] - best["own sim"]
-            best["other"] = best["beyond"] - sum(best[k] for k in COLUMNS[4:-1])
-            print(f"{name:<16}" + "".join(f"{best[c]:9.2f}" for c in COLUMNS), flush=True)
+            best["budget"] = best["ref open"] + best["ref sim"] - best["own open"] - best["own sim"]
+            best["other"] = best["beyond"] - sum(best[k] for k in COLUMNS[6:-1])
+            print(f"{name:<14}" + "".join(f"{best[c]:9.2f}" for c in COLUMNS), flush=True)
 
 
 if __name__ == "__main__":
