@@ -2,7 +2,7 @@
 
 The probe copies a buffer a few hundred MiB large with one thread per core (numpy releases the GIL
 while copying) for about a second and counts the bytes read and written.  The result is cached in
-``speed.json`` under the config directory (:func:`calibration.config_dir`), keyed by machine, with
+``speed.json`` under the config directory (:func:`config_folder.config_dir`), keyed by machine, with
 the efficiencies ``launch --bench`` measures per machine and backend (:func:`record_efficiencies`).
 The CPU's instruction set and model name (:func:`this_cpu`) are read from the operating system once
 a process.
@@ -16,7 +16,6 @@ import itertools
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from offload_planner.backend.calibration import config_dir
+from offload_planner.backend.config_folder import config_dir
 from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
@@ -506,9 +505,10 @@ def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> st
     ``\\n``), read no further than the page holding that blank line (a machine of many processors
     makes a few KiB of it, not all): '' when it cannot be read."""
     try:
-        text = read_bytes(proc, limit, enough=_blank_line).decode("utf-8-sig", errors="replace")
+        text = read_bytes(proc, limit, enough=_blank_line).decode("utf-8", errors="replace")
     except OSError:
         return ""
+    text = text.removeprefix("\ufeff")  # what "utf-8-sig" drops, without importing that codec
     if "\r" in text:  # what a text stream's universal newlines make of them
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text.split("\n\n", 1)[0]
@@ -524,6 +524,8 @@ def this_cpu() -> CpuInfo:
         if text:
             return parse_proc_cpuinfo(text)
     elif sys.platform == "darwin":
+        import subprocess  # here: every `plan` imports this module, and only a Mac runs a program
+
         try:
             out = subprocess.run(["sysctl", "machdep.cpu"], capture_output=True, text=True, timeout=5,
                                  check=False).stdout
