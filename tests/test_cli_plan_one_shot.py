@@ -86,10 +86,11 @@ def test_a_declared_cpu_size_is_not_read_from_the_system(small_models: dict[str,
         assert row["capacity_bytes"] == (64 * GIB if cpu else system.cpu_device().total), row
 
 
-#: what a one-shot ``plan -fit off`` does not need, and a new process paid to import (~8 ms in all): the
-#: calibration store (for the config folder's name), hashlib (its fingerprints), subprocess (a Mac's
-#: sysctl), traceback (the window's error text), the fit's modules, the utf-8-sig codec (cpuinfo's BOM)
-NOT_IMPORTED = {"offload_planner.backend.calibration", "hashlib", "subprocess", "traceback",
+#: what a one-shot ``plan -fit off`` does not need, and a new process paid to import (~10 ms in all):
+#: the calibration store (for the config folder's name), hashlib (its fingerprints), subprocess (a Mac's
+#: sysctl), traceback (the window's error text), platform (this machine's name: os.uname has it), the
+#: fit's modules, the utf-8-sig codec (cpuinfo's BOM)
+NOT_IMPORTED = {"offload_planner.backend.calibration", "hashlib", "subprocess", "traceback", "platform",
                 "offload_planner.core.fit", "offload_planner.core.fit_extra", "encodings.utf_8_sig"}
 
 FRESH_PLAN = """

@@ -57,6 +57,22 @@ def test_a_store_larger_than_one_read_is_read_whole(cfg: Path) -> None:
     assert got is not None and got.value == 42.5
 
 
+def test_the_machine_key_is_platforms_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key the RAM figure is stored under is made of ``platform.node()`` and ``platform.machine()``
+    (read from ``os.uname`` without importing platform): a figure cached before stays found, also for
+    a name ``uname`` reports as 'unknown' (platform reads it as '')."""
+    import platform
+
+    assert speed_store.node_and_machine() == (platform.node(), platform.machine())
+    assert speed_store.machine_key() == f"{platform.node()}|{platform.machine()}|{os.cpu_count()}"
+    if not hasattr(os, "uname"):
+        return
+    fake = os.uname_result(("Linux", "unknown", "6.1", "#1", "unknown"))
+    monkeypatch.setattr(os, "uname", lambda: fake)
+    monkeypatch.setattr(platform, "_uname_cache", None)
+    assert speed_store.node_and_machine() == (platform.node(), platform.machine()) == ("", "")
+
+
 def test_unreadable_store_falls_back_to_defaults(cfg: Path) -> None:
     cfg.mkdir(parents=True)
     (cfg / "speed.json").write_text("{not json")
