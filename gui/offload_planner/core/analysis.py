@@ -21,7 +21,7 @@ from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
-from offload_planner.core.engine import command_notes
+from offload_planner.core.engine import command_notes, device_selection
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
@@ -194,7 +194,15 @@ def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
     warnings = warnings_of(plan, projection, rules, capacity_hint)
     argv = plan_command(plan) if command else []
     return Analysis(plan, projection, argv, warnings, rules, seconds=time.perf_counter() - t0,
-                    notes=mmap_notes(projection), command_notes=list(notes))
+                    notes=[*mmap_notes(projection), *_window_selection(plan, notes)],
+                    command_notes=list(notes))
+
+
+def _window_selection(plan: Plan, command_notes: Sequence[str]) -> list[str]:
+    """The ``-dev`` note among the window's notes (the window shows no command notes; ``plan``
+    prints it with them, so it is not said twice there)."""
+    said = device_selection(plan.placement_options, plan.devices)
+    return [n for n in said if n not in command_notes]
 
 
 def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP, *,
