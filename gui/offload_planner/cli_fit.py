@@ -78,7 +78,7 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 
     declared = parse_device_decls(args.device)
     detection = detect_gpus() if not args.no_detect else None
-    devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
+    devices = build_device_set(cpu=cpu_device(declared), detected=detection.gpus if detection else [],
                                rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
     unknown = [g.name for g in devices.gpus if g.capacity is None]
     if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all

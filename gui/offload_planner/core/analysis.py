@@ -12,7 +12,6 @@ never raises: a failure is ``Analysis.error``).
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -65,8 +64,8 @@ class FitReport:
 
 def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
     """The pinned llama-server's --fit on ``plan`` (read from ``parsed``); nothing for other builds."""
-    if not plan.dialect.fits_by_default:
-        return FitReport()
+    if not plan.dialect.fits_by_default or getattr(getattr(parsed, "args", parsed), "fit", None) is False:
+        return FitReport()  # -fit off: no fit to run (nor its modules to import: a one-shot plan's)
     from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
 
     model, devices = plan.model, plan.devices
@@ -226,6 +225,8 @@ def analyse(plan: Plan, capacity_hint: CapacityHint | None = None) -> Analysis:
     except PlannerError as e:  # bad input the core names (an -ot rule it cannot evaluate): as is
         return Analysis(plan, None, error=str(e), seconds=time.perf_counter() - t0)
     except Exception as e:  # a core bug must not take the window down: show it
+        import traceback  # here: a one-shot `plan` imports this module and never needs it
+
         last = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
         return Analysis(
