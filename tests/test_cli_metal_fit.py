@@ -145,3 +145,36 @@ def test_plan_says_the_fitted_command_is_over_on_mtl0(ext: dict[str, tuple[int, 
     # -lm none: the server loads as the fit measured; no such note, and the fit's word stands
     r = _cli("plan", str(QWEN), "--no-detect", *MTL0, "--", "-c", "8192", "-lm", "none")
     assert r.returncode == 0 and "still over with mmap" not in r.stdout, r.stdout
+
+
+FITTED_OT = (r"blk\.(2[7-9]|3[0-9]|4[0-7])\.ffn_(up|gate|down|gate_up)_exps=CPU,"
+             r"^blk\.27\.ffn_gate_inp\.weight$=CPU")
+
+
+def test_a_macs_plan_says_which_bytes_it_counts_twice(ext: dict[str, tuple[int, int]]) -> None:
+    """Unified memory: the CPU's mapped tensors (the experts of layers 27-47 and blk.27's router, -nr: no
+    repacked copy) lie inside MTL0's span (blk.0 to output.weight), so both rows count them: one copy of
+    the file's pages in the Mac's RAM. The CPU's note no longer says the span's other tensors are never
+    read into RAM (MTL0's are: Metal maps them); the unified note gives the bytes counted twice and what
+    both devices take together (MTL0's total, the CPU's with its mapped tensors, less the shared)."""
+    args = ("plan", str(QWEN), "--no-detect", *MTL0)
+    server = ("--", "-c", "8192", "-ngl", "999", "-ot", FITTED_OT, "-fa", "on", "-fit", "off", "-nr")
+    plan = json.loads(_cli(*args, "--json", *server).stdout)
+    cpu = sorted({n for n, d in plan["tensors"].items() if d == "CPU"})
+    gpu = sorted({n.removesuffix(" (output copy)") for n, d in plan["tensors"].items() if d == "MTL0"})
+    lo, hi = min(ext[n][0] for n in gpu), max(ext[n][1] for n in gpu)
+    shared = sum(ext[n][1] - ext[n][0] for n in cpu if ext[n][0] >= lo and ext[n][1] <= hi)
+    assert shared == sum(ext[n][1] - ext[n][0] for n in cpu if n != "token_embd.weight")  # token_embd: before
+    dev = {d["name"]: d for d in plan["devices"]}
+    cpu_span = next(b["bytes"] for b in dev["CPU"]["buffers"] if b["name"] == "CPU_Mapped")
+    cpu_counted = dev["CPU"]["total_bytes"] - cpu_span + sum(ext[n][1] - ext[n][0] for n in cpu)
+    held = dev["MTL0"]["total_bytes"] + cpu_counted - shared
+    text = _cli(*args, *server).stdout
+    assert (f"unified memory: {shared / GIB:.2f} GiB of the CPU's mapped tensors lie inside the mapped "
+            "span of MTL0 and are counted on both rows") in text
+    assert f"so the devices together take {held / GIB:.2f} GiB of the CPU's 32.00 GiB" in text
+    assert "never read into RAM" not in text
+    assert ("the span includes other devices' tensors, which the CPU does not read: MTL0's count in its "
+            "mapped span (Metal maps them into the GPU's working set)") in text
+    # without mmap nothing is mapped: no such note
+    assert "mapped tensors lie inside" not in _cli(*args, *server, "-lm", "none").stdout

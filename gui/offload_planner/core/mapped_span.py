@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core.device_figures import DeviceFigures
+from offload_planner.core.devices import is_mapped_buffer
 from offload_planner.core.memory import DeviceMemory, Projection
+from offload_planner.core.placement import CPU
 from offload_planner.core.units import GiB
 
 if TYPE_CHECKING:
@@ -96,3 +98,49 @@ def fit_row_note(projection: Projection, over: list[str], no_mmap: str) -> str:
             "Metal GPU holds only its tensors, but its command loads with mmap and maps "
             f"{'; '.join(parts)} (the CPU's tensors between them count too); with {no_mmap} it holds what "
             "the fit measured")
+
+
+def shared_bytes(projection: Projection) -> dict[str, int]:
+    """Per GPU that maps the file (Metal with mmap): the bytes of the CPU's mapped tensors (``CPU_Mapped``,
+    read into the page cache) lying inside that GPU's mapped span of the same file, which the plan counts
+    on both devices. On Apple silicon they are the same pages of one memory."""
+    spans: dict[tuple[str, int], tuple[int, int]] = {}  # (GPU, shard) -> its span's first byte and end
+    cpu: dict[tuple[int, str], tuple[int, int]] = {}  # (shard, tensor) -> its bytes in the file
+    for p in projection.placement.items:
+        if p.device is None or p.buft is None or not is_mapped_buffer(p.buft):
+            continue
+        t = p.tensor
+        lo, hi = t.offset, t.offset + t.nbytes
+        if p.device == CPU:
+            cpu[(t.shard, t.name)] = (lo, hi)
+        else:
+            was = spans.get((p.device, t.shard), (lo, hi))
+            spans[(p.device, t.shard)] = (min(was[0], lo), max(was[1], hi))
+    out: dict[str, int] = {}
+    for (gpu, shard), (lo, hi) in spans.items():
+        n = sum(e - o for (sh, _), (o, e) in cpu.items() if sh == shard and o >= lo and e <= hi)
+        if n:
+            out[gpu] = out.get(gpu, 0) + n
+    return out
+
+
+def unified_note(projection: Projection) -> str:
+    """The note on a Mac's plan where the CPU's mapped tensors lie inside a Metal GPU's mapped span: which
+    bytes the table counts twice, and what the devices take of the one memory they share ("" elsewhere)."""
+    shared = shared_bytes(projection)
+    if not shared:
+        return ""
+    twice = sum(shared.values())
+    figs = [DeviceFigures.of(dm) for dm in projection.devices]
+    held = sum(f.used for f in figs) - twice
+    cpu = next(f for f, dm in zip(figs, projection.devices, strict=True) if dm.device.name == CPU)
+    where = ", ".join(f"{g} ({b / GiB:.2f} GiB)" if len(shared) > 1 else g for g, b in shared.items())
+    ram = ""
+    if cpu.capacity is not None:
+        ram = (f" of the CPU's {cpu.capacity / GiB:.2f} GiB" if held <= cpu.capacity else
+               f", more than the CPU's {cpu.capacity / GiB:.2f} GiB")
+    return (f"unified memory: {twice / GiB:.2f} GiB of the CPU's mapped tensors lie inside the mapped "
+            f"span of {where} and are counted on both rows, one copy in RAM (the file's pages, which Metal "
+            "maps into the GPU's working set); a Metal GPU's capacity is its share of the same RAM "
+            "(recommendedMaxWorkingSetSize, what llama.cpp reports as its memory), so the devices "
+            f"together take {held / GiB:.2f} GiB{ram}")
