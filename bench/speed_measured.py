@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
@@ -64,7 +65,6 @@ from offload_planner.core.speed.hardware import (
     Source,
     hardware_for,
 )
-from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.synth import write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random
@@ -150,8 +150,9 @@ RPC_SERVER_THREADS = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardw
 def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
                     args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None, *,
                     count_cores: bool = False, isa: bool = True,
-                    thread_gbs: float | None = None) -> SpeedEstimate:
-    """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
+                    thread_gbs: float | None = None) -> Est:
+    """The planner's uncalibrated estimate for the same command line (tg at the measured tokens'
+    depth: their attention over the prompt's cells is part of their time); the RPC servers run on this
     machine, so each is declared with the host's measured bandwidth and the CPU's compute; with
     ``links`` (the probe's) the link is not declared and the server's threads are; with
     ``count_cores`` the threads of llama-server and the rpc-servers are counted against this
@@ -174,7 +175,22 @@ def estimate_config(model: Path, server_args: list[str], endpoints: list[str], r
                       cores=thread_use(devices, args.threads) if count_cores else None, cpu=cpu,
                       thread_bw=local_thread_bandwidth(devices, one))
     eff = for_host(DEFAULT, *core_speed(cpu)) if cpu is not None else DEFAULT
-    return estimate(plan, hw, prompt=args.prompt, eff=eff)
+    est = estimate(plan, hw, prompt=args.prompt, eff=eff, depth=measured_depth(args))
+    return Est(est.pp_tps, est.tg_tps_at_depth or est.tg_tps, est.tg_tps)
+
+
+class Est(NamedTuple):
+    """An estimate as the bench compares it: pp of the prompt from an empty cache, tg at the depth
+    the measured tokens had (:func:`measured_depth`), and tg at depth 0 beside it."""
+
+    pp_tps: float
+    tg_tps: float
+    tg_tps_depth0: float
+
+
+def measured_depth(args: argparse.Namespace) -> int:
+    """The average context of the generated tokens the server times: the prompt, then half of them."""
+    return int(args.prompt + args.gen // 2)
 
 
 def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
@@ -254,6 +270,7 @@ def main() -> int:
                          "pp_est_default_thread": round(old.pp_tps, 3),
                          "tg_est_default_thread": round(old.tg_tps, 3),
                          "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
+                         "tg_est_depth0": round(est.tg_tps_depth0, 3), "tg_depth": measured_depth(args),
                          "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
                          "pp_est_threads": round(cont.pp_tps, 3), "tg_est_threads": round(cont.tg_tps, 3),
                          "pp_est_avx2": round(avx2.pp_tps, 3), "tg_est_avx2": round(avx2.tg_tps, 3),

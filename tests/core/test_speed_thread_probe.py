@@ -148,3 +148,4 @@ def test_the_single_thread_pass_marks_a_busy_probe(cfg: Path, monkeypatch: pytes
     monkeypatch.setattr(speed_store, "_one_thread_copy", lambda *a, **k: (5.0, 0.2))
     probe = speed_store.measure_ram(0.2, 16 * 1024 * 1024)
     assert probe.thread_gbs == 5.0 and probe.cpu_share == 0.2
+
