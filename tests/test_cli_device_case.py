@@ -53,19 +53,22 @@ def test_ik_refuses_a_device_name_in_another_case(model: Path) -> None:
     assert _plan(model, "-dev", "CUDA1", "-ngl", "99", backend="ik_llama.cpp").returncode == 0
 
 
-def test_a_selection_the_plan_does_not_model_is_said(model: Path) -> None:
-    """``-dev`` naming fewer GPUs than the plan has: llama-server offloads to those only (checked on the
-    real server in tests/integration/test_plan_reads_like_llama_server.py: ``-dev rpc1`` puts every
-    layer on RPC1), while the plan spreads the layers over every GPU. Until the selection is modelled
-    the plan says so, naming the GPUs it also uses; naming every GPU (any order) or none says nothing."""
+def test_a_selection_of_fewer_gpus_is_modelled_and_said(model: Path) -> None:
+    """``-dev`` naming fewer GPUs than the plan has: llama-server uses those only (checked on the real
+    server in tests/integration/test_plan_vs_llama.py), and so does the plan: the GPUs left out hold
+    nothing, and a note names them; naming every GPU (any order) says nothing, ``-dev none`` names all."""
     import json
 
     r = _plan(model, "-ngl", "99", "-dev", "cuda1")
     assert r.returncode == 0, r.stderr
-    notes = json.loads(r.stdout)["notes"]
-    said = [n for n in notes if n.startswith("-dev CUDA1: llama-server offloads to CUDA1 only")]
-    assert said and "also places layers on CUDA0" in said[0], notes
-    for every in (["-dev", "CUDA1,CUDA0"], ["-dev", "none"], []):
+    d = json.loads(r.stdout)
+    assert "-dev CUDA1: llama-server uses CUDA1 only; CUDA0 holds nothing of the model" in d["notes"]
+    totals = {x["name"]: x["total_bytes"] for x in d["devices"]}
+    assert totals["CUDA0"] == 0 < totals["CUDA1"], totals
+    r = _plan(model, "-ngl", "99", "-dev", "none")
+    none = "-dev none: llama-server uses no GPU; CUDA0, CUDA1 hold nothing of the model"
+    assert none in json.loads(r.stdout)["notes"]
+    for every in (["-dev", "CUDA1,CUDA0"], []):
         r = _plan(model, "-ngl", "99", *every)
         assert r.returncode == 0, r.stderr
-        assert not [n for n in json.loads(r.stdout)["notes"] if "does not model the selection" in n]
+        assert not [n for n in json.loads(r.stdout)["notes"] if n.startswith("-dev")]

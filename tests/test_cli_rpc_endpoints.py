@@ -10,6 +10,7 @@ ggml-rpc-server itself refuses ``-p 99999``.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,47 @@ def test_the_real_server_takes_a_port_modulo_65536(llama_bin_dir: Path, tmp_path
     planner = run("plan", QWEN, "--no-detect", "--", "--rpc", wrapped)
     refused(planner, 2, f"--rpc {wrapped}: port {port + 65536} is outside 1-65535",
             f"would connect to port {port};")
+
+
+# --- the rest of an entry as llama-server reads it (leftovers6) ------------------------------------------
+# ggml-rpc splits an entry at its first ':' and reads the port with std::stoi: what follows the number is
+# ignored and blanks before it skipped, so the real server takes these and connects to port P; the planner
+# took them too but its RPC probe read them its own way (the last ':', digits only) and measured nothing.
+
+
+def _usable(port: int) -> list[str]:
+    return [f"127.0.0.1:{port}x", f"127.0.0.1:{port}:7", f"127.0.0.1: {port}"]
+
+
+def test_entries_the_real_server_takes_are_planned_and_probed(llama_bin_dir: Path, tmp_path: Path) -> None:
+    with rpc_servers(llama_bin_dir, 1, tmp_path) as [endpoint]:
+        port = int(endpoint.rsplit(":", 1)[1])
+        for entry in _usable(port):
+            server = _list_devices(llama_bin_dir, entry)
+            assert server.returncode == 0 and f"RPC0: {entry} (" in server.stdout, server.stderr[-2000:]
+            r = run("plan", QWEN, "--no-detect", "--device", "RPC0=32GiB,bw=20GB/s", "--device", "CPU=64GiB",
+                    "--json", "--", "--rpc", entry, "-c", "4096", "-ngl", "999")
+            assert r.returncode == 0, (entry, r.stderr[-2000:])
+            got = {a["what"]: a for a in json.loads(r.stdout)["speed"]["assumptions"]}
+            assert got["RPC0 host link"]["source"] == "measured", (entry, got["RPC0 host link"])
+
+
+def test_an_ignored_port_tail_is_said() -> None:
+    r = run("plan", QWEN, "--no-detect", "--device", "CPU=64GiB,bw=50GB/s", "--device", "RPC0=8GiB",
+            "--", "--rpc", "127.0.0.1:50052x", "-c", "4096")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert ("--rpc 127.0.0.1:50052x: llama-server reads port 50052 of 127.0.0.1 and ignores 'x'"
+            in r.stdout + r.stderr)
+    assert "llama-server -m" in r.stdout and "--rpc 127.0.0.1:50052x" in r.stdout  # passed on as written
+
+
+def test_a_blank_before_an_entry_is_refused_where_the_real_server_stops(llama_bin_dir: Path,
+                                                                         tmp_path: Path) -> None:
+    """``--rpc a:P, a:P`` (a blank after the comma): the real server cannot connect to `` a:P``."""
+    with rpc_servers(llama_bin_dir, 1, tmp_path) as [endpoint]:
+        value = f"{endpoint}, {endpoint}"
+        server = _list_devices(llama_bin_dir, value)
+        planner = run("plan", QWEN, "--no-detect", "--", "--rpc", value)
+    assert server.returncode != 0 and f"Failed to connect to  {endpoint}" in server.stdout + server.stderr
+    refused(planner, 2, f"--rpc ' {endpoint}': host ' 127.0.0.1' has a blank",
+            f"llama-server stops: Failed to connect to  {endpoint}")

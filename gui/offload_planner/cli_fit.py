@@ -101,8 +101,7 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import devices_hardware, efficiencies_for, threads_of
     from offload_planner.core.cmdline import format_command, parse_server_args
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
     from offload_planner.core.speculative import draft_warning, spec_refusals
@@ -119,7 +118,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     if parsed.errors:
         raise PlannerError("; ".join(str(e) for e in parsed.errors))
     check_microbatches(args.prompt, parsed.args)
-    model = require_loadable(open_model(args.model))
+    model = open_loadable(args.model)
     devices, detection = _fit_devices(args, parsed, model, dialect)
     eff = efficiencies_for(args.backend)
     hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True)

@@ -258,8 +258,7 @@ class _Session:
         from offload_planner.backend.system import cpu_device, detect_gpus
         from offload_planner.cli_server_args import read_server_argv
         from offload_planner.core.devices import build_device_set, parse_device_decls
-        from offload_planner.core.gguf_reader import open_model
-        from offload_planner.core.loadable import require_loadable
+        from offload_planner.core.loadable import open_loadable
 
         a = self.args
         read = read_server_argv(server_args, dialect, child_environment(os.environ, env))
@@ -269,7 +268,7 @@ class _Session:
         for e in self.parsed.errors:
             self.say(f"note: llama-server will probably refuse this: {e.message}")
         try:
-            self.model = require_loadable(open_model(a.model))
+            self.model = open_loadable(a.model)
         except (PlannerError, OSError) as e:
             self.say(f"cannot read {a.model} ({e}); launching anyway, without a projection")
             self.model = None

@@ -92,11 +92,10 @@ EXIT_OK, EXIT_OVER = 0, 3  # refused: 2 (cli_server_args.print_errors)
 
 def _open_model(path: str) -> Model:
     """The GGUF at ``path``; a plan file saved by the window is named as one, with how to open it."""
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
 
     try:
-        model = open_model(path)
+        return open_loadable(path)  # a model llama.cpp refuses is refused here, by name
     except PlannerError:
         if _is_json(path):
             raise PlannerError(
@@ -104,7 +103,6 @@ def _open_model(path: str) -> Model:
                 f"`offload-planner {path}`, or plan its model with `offload-planner plan MODEL.gguf -- ...`"
             ) from None
         raise
-    return require_loadable(model)  # a model llama.cpp refuses is refused here, by name
 
 
 def _is_json(path: str) -> bool:

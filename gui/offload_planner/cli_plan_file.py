@@ -25,8 +25,7 @@ def plan_file_command(args: argparse.Namespace, after: list[str]) -> tuple[str, 
     """(model path, server arguments, dialect) of the plan file ``args.model``; ``after`` (the
     arguments after ``--``) are appended. PlannerError for a bad file or a model that is not a
     local regular file."""
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_file import load_plan, require_regular_file
 
@@ -36,7 +35,7 @@ def plan_file_command(args: argparse.Namespace, after: list[str]) -> tuple[str, 
             f"{args.model}: the plan's model is a URL ({pf.model_path}); llama-server needs a local file"
         )
     require_regular_file(pf.model_path, f"{args.model}: the plan's model")
-    plan, _notes = pf.to_plan(require_loadable(open_model(pf.model_path)))
+    plan, _notes = pf.to_plan(open_loadable(pf.model_path))
     return pf.model_path, [*plan_command(plan), *after], plan.dialect
 
 

@@ -75,3 +75,19 @@ def test_the_pinned_builds_metal_buffers_count_on_their_device() -> None:
     assert got == {"CPU": {"model": 304.28}, "MTL0": {"model": 2375.91, "kv": 288.0, "compute": 301.75},
                    "MTL1": {"model": 10.0}}
     assert device_of_buffer("MTL0_Mapped") == "MTL0" and device_of_buffer("MTL0") == "MTL0"
+
+
+def test_the_2025_builds_metal_mapped_buffer_counts_on_their_metal_device() -> None:
+    """A 2025 build's one Metal device is ``Metal``, its mmap'd weights ``Metal_Mapped``: lines of the
+    llama.cpp CI's M4 run of build 4799 (llama-embedding, bge-small, -ngl 99), verbatim from
+    https://github.com/ggml-org/ci/blob/f585f5e53be641a116792152eb13fe6ccaf581ce/llama.cpp/73/3c2d6191e3bee836af72ede2dad46852816566/ggml-100-mac-m4/README.md"""
+    rep = parse_log([
+        "0.00.046.333 I load_tensors: Metal_Mapped model buffer size =    40.73 MiB",
+        "0.00.046.335 I load_tensors:   CPU_Mapped model buffer size =    23.11 MiB",
+        "0.00.065.436 I init:      Metal KV buffer size =     9.00 MiB",
+        "0.00.066.643 I init:      Metal compute buffer size =    16.00 MiB",
+        "0.00.066.644 I init:        CPU compute buffer size =     2.51 MiB",
+    ])
+    got = {d: dict(v) for d, v in rep.by_device().items()}
+    assert got == {"Metal": {"model": 40.73, "kv": 9.0, "compute": 16.0},
+                   "CPU": {"model": 23.11, "compute": 2.51}}

@@ -142,3 +142,9 @@ def test_a_second_model_and_a_secret_are_named() -> None:
     got = review_args(["-m", "/a.gguf", "-t", "4", "-m", "/b.gguf", "--api-key", "k"])
     assert [(c.flag, c.what) for c in got] == [("-m", "runs"), ("--api-key", "secret")]
     assert "/b.gguf" in got[0].text and "k" not in got[1].text.split()
+
+
+def test_an_rpc_entry_is_judged_by_the_host_llama_server_connects_to() -> None:
+    """ggml-rpc's host is the text before the first ':': ``127.0.0.1:50052:7`` stays on this machine."""
+    assert review_args(["--rpc", "127.0.0.1:50052:7,localhost:50053x"]) == []
+    assert [c.flag for c in review_args(["--rpc", "10.0.0.5:50052:7"])] == ["--rpc"]

@@ -27,7 +27,7 @@ from offload_planner.core.compute import replay_alloc as RA
 from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.graph import Shape
 from offload_planner.core.compute.recording import Reference
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet, prefix_of
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, ResolvedContext, resolve_context
 from offload_planner.core.model import Model
@@ -50,7 +50,8 @@ GIB = 1 << 30
 
 
 def _devices(kind: str, n: int) -> DeviceSet:
-    gpus = tuple(Device(f"{kind}{i}", DeviceKind(kind), 24 * GIB, 24 * GIB) for i in range(n))
+    k = DeviceKind(kind)
+    gpus = tuple(Device(f"{prefix_of(k)}{i}", k, 24 * GIB, 24 * GIB) for i in range(n))
     return DeviceSet(Device("CPU", DeviceKind.CPU, 512 * GIB, 480 * GIB), gpus)
 
 
@@ -136,6 +137,8 @@ SMALL_CASES = [
     ("qwen3moe", "CUDA", 2, {}), ("qwen3moe", "RPC", 2, {"fa": False}), ("deepseek2", "CUDA", 2, {}),
     ("deepseek2", "RPC", 1, {"ub": 16}), ("glm4moe", "CUDA", 2, {}), ("gpt-oss", "CUDA", 2, {"ub": 64}),
     ("gemma3", "RPC", 2, {}), ("llama", "CUDA", 1, {"fa": False}), ("qwen3moe", "CUDA", 1, {"nkvo": True}),
+    # Metal: mmap'd weights in MTL<i>_Mapped spans, corrected per device and shard like CPU_Mapped
+    ("qwen3moe", "Metal", 2, {}), ("llama", "Metal", 1, {}),
 ]
 
 

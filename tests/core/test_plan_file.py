@@ -188,6 +188,8 @@ BAD_FIELDS = [
     ("devices.gpus.1.bandwidth_gbs", "fast", "$.devices.gpus[1].bandwidth_gbs", "expected a number"),
     ("devices.gpus.0.endpoint", "127.0.0.1:99999", "$.devices.gpus[0].endpoint", "HOST:PORT"),
     ("devices.gpus.0.endpoint", "a,b:1", "$.devices.gpus[0].endpoint", "HOST:PORT"),
+    ("devices.gpus.0.endpoint", " 127.0.0.1:50052", "$.devices.gpus[0].endpoint", "HOST:PORT"),
+    ("devices.gpus.0.endpoint", "127.0.0.1:x50052", "$.devices.gpus[0].endpoint", "HOST:PORT"),
     ("devices.gpus.0.name", "CUDA0", "$.devices.gpus[0].kind", "RPC does not match the device name CUDA0"),
     ("devices.gpus.0", {"name": "CUDA0", "kind": "CUDA"}, "$.devices.gpus[1].name", "CUDA0 appears twice"),
     ("placement_options.n_gpu_layers", -1, "$.placement_options.n_gpu_layers", "out of range"),
@@ -228,6 +230,17 @@ def test_a_bad_field_is_named_with_its_json_path(
         load_plan(p)
     msg = str(ei.value)
     assert str(p) in msg and path in msg and why in msg, msg
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:50052x", "127.0.0.1:50052:7", "127.0.0.1: 50052"])
+def test_an_endpoint_llama_server_takes_loads(tmp_path: Path, qwen3moe_path: Path, endpoint: str) -> None:
+    """Entries the pinned llama-server reads as port 50052 of 127.0.0.1 (std::stoi after the first ':',
+    tests/test_cli_rpc_endpoints.py runs them): a plan with such an RPC device opens again; the file
+    refused them (its own HOST:PORT pattern), so a plan saved with one could not be reopened."""
+    p = tmp_path / "rpc.plan.json"
+    p.write_text(json.dumps(_set(_valid(qwen3moe_path), "devices.gpus.0.endpoint", endpoint)))
+    plan, _ = load_plan(p).to_plan(open_model(qwen3moe_path))
+    assert plan.devices.gpus[0].endpoint == endpoint
 
 
 def test_the_valid_file_of_these_cases_loads(tmp_path: Path, qwen3moe_path: Path) -> None:

@@ -35,6 +35,11 @@ def test_physical_cores_as_llama_cpp_counts_them(tmp_path: Path) -> None:
     assert physical_cores() >= 1  # this machine's
 
 
+def test_a_local_server_is_told_by_the_host_llama_server_connects_to() -> None:
+    """ggml-rpc takes the host before the *first* ':' (``127.0.0.1:50052:7`` is port 50052 of 127.0.0.1)."""
+    assert is_local("127.0.0.1:50052:7") and is_local("localhost:50052x") and not is_local("10.0.0.5:1:2")
+
+
 def test_thread_use_counts_local_rpc_servers_only() -> None:
     assert is_local("127.0.0.1:50052") and is_local("localhost:1") and not is_local("10.0.0.5:50052")
     three = (("threads", "3"),)

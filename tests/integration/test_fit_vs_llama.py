@@ -76,6 +76,11 @@ CASES: list[tuple[str, int, tuple[int, ...], str, str]] = [
     ("Llama-3.1-70B-Q4_K_M", 2, (16000, 16000), "", "full size dense, 2 devices"),
     ("Qwen3-30B-A3B-Q4_K_M", 2, (6000, 6000), "", "full size MoE, 2 devices"),
     ("DeepSeek-V3-Q4_K_M", 2, (24000, 24000), "", "full size DeepSeek-V3, 2 devices"),
+    # -dev: the fit's devices are the model's, in -dev's order (-fitt's i-th value is the i-th's)
+    ("qwen3moe", 2, (15,), "-dev RPC1", "-dev: one of two devices"),
+    ("qwen3moe", 2, (7, 25), "-dev RPC1,RPC0 -fitc 512", "-dev order: RPC1 first, tight"),
+    ("llama", 2, (10, 5), "-dev RPC1,RPC0", "-dev order, dense: layers"),
+    ("llama", 2, (5, 10), "-sm none -mg 1", "-sm none: the main GPU takes -fitt's first"),
 ]
 
 _FREE_LINE = re.compile(r"projected to use \d+ MiB of device memory vs\. (\d+) MiB of free device memory")
@@ -87,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-fitc", type=int, default=None)
     p.add_argument("-ngl", type=int, default=None)
     p.add_argument("-ts", default="")
+    p.add_argument("-dev", default=None)
+    p.add_argument("-sm", default="layer")
+    p.add_argument("-mg", type=int, default=0)
     return p
 
 
@@ -97,12 +105,12 @@ def _ours(model: Model, devices: DeviceSet, usable: tuple[int, ...], args: str) 
     ngl = NGL_DEFAULT if a.ngl is None else a.ngl
     split = tuple(float(x) for x in a.ts.split(",")) if a.ts else ()
     popts = PlacementOptions(n_gpu_layers=resolve_ngl(ngl, model.summary.n_layer, has_gpu=True),
-                             tensor_split=split)
+                             tensor_split=split, selected=_selected(args), split_mode=a.sm, main_gpu=a.mg)
     cparams = ContextParams(n_ctx=a.c or 0, n_seq_max=1, kv_unified=False, flash_attn=True,
                             n_outputs_max=2048)
     margins = [(RPC_FREE // MiB - u) * MiB for u in usable]  # -fitt is in whole MiB
-    return fit_params(model, devices, popts, cparams, free_bytes=[RPC_FREE] * len(usable), margins=margins,
-                      n_gpu_layers=ngl, user_tensor_split=split, n_ctx_min=n_ctx_min)
+    return fit_params(model, devices, popts, cparams, free_bytes=[RPC_FREE] * len(devices.gpus),
+                      margins=margins, n_gpu_layers=ngl, user_tensor_split=split, n_ctx_min=n_ctx_min)
 
 
 def _parse_printed(line: str, devices: DeviceSet) -> tuple[int, int, tuple[float, ...], tuple[Override, ...]]:
@@ -121,10 +129,16 @@ def _parse_printed(line: str, devices: DeviceSet) -> tuple[int, int, tuple[float
     return c, ngl, ts, tuple(ot)
 
 
+def _selected(args: str) -> tuple[str, ...] | None:
+    """The GPUs ``-dev`` selects in ``args`` (None: no -dev)."""
+    dev = _parser().parse_known_args(shlex.split(args))[0].dev
+    return tuple(dev.split(",")) if dev else None
+
+
 def _placement(model: Model, devices: DeviceSet, ngl: int, ts: tuple[float, ...],
-               ot: tuple[Override, ...]) -> dict[str, str]:
+               ot: tuple[Override, ...], selected: tuple[str, ...] | None = None) -> dict[str, str]:
     opts = PlacementOptions(n_gpu_layers=resolve_ngl(ngl, model.summary.n_layer, has_gpu=True),
-                            tensor_split=ts, overrides=ot)
+                            tensor_split=ts, overrides=ot, selected=selected)
     return place(model, devices, opts).tensor_devices()
 
 
@@ -185,7 +199,8 @@ def test_fit_matches_llama_fit_params(name: str, n_rpc: int, usable: tuple[int, 
     # llama.cpp logs from a worker thread: a run that gives up and exits at once can lose its last
     # lines, so the free-memory check is made when the line made it to the log
     if m is not None:
-        assert int(m.group(1)) == n_rpc * RPC_FREE // MiB, "the RPC servers report other free memory"
+        n_model = len(ours.devices)  # the model's devices (-dev, -sm none: fewer than the servers)
+        assert int(m.group(1)) == n_model * RPC_FREE // MiB, "the RPC servers report other free memory"
     else:
         assert code != 0, out[-2000:]
 
@@ -200,7 +215,8 @@ def test_fit_matches_llama_fit_params(name: str, n_rpc: int, usable: tuple[int, 
         ours_t = _parse_printed(shlex.join(ours.cli_args({d.name: d.buffer_type for d in devices})), devices)
         theirs_s = _summary(*theirs)
         ok = (ours.status == SUCCESS and ours_t[:3] == theirs[:3]
-              and _placement(model, devices, *ours_t[1:]) == _placement(model, devices, *theirs[1:]))
+              and _placement(model, devices, *ours_t[1:], _selected(args))
+              == _placement(model, devices, *theirs[1:], _selected(args)))
     ours_s = "failed" if ours.status == FAILURE else _summary(*_parse_printed(
         shlex.join(ours.cli_args({d.name: d.buffer_type for d in devices})), devices))
     table.append(f"{'ok' if ok else 'XX'} {label:62.62} {what:40.40} ours: {ours_s:28} llama: {theirs_s:28} "

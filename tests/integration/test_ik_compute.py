@@ -203,9 +203,9 @@ def test_real_shapes_get_iks_graph(tmp_path: Path) -> None:
 def test_other_architectures_keep_the_labelled_mainline_estimate(small_models: dict[str, Path],
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Where compute_ik has no verified graph (``supported`` is false): mainline's graph, flagged."""
-    from offload_planner.core import compute_ik
+    from offload_planner.core.compute_ik import buffers
 
-    monkeypatch.setattr(compute_ik, "supported", lambda model, p: False)
+    monkeypatch.setattr(buffers, "supported", lambda model, p: False)
     projection, _errors = _plan(small_models["qwen3moe"], "-c 1100")
     bufs = [b for b in projection.buffers() if b.kind == "compute"]
     assert bufs and all(b.why.startswith("estimate for ik_llama.cpp") for b in bufs)

@@ -149,10 +149,8 @@ def test_mmproj_buffers_equal_llama_server(
     assert clip.compute_mib == projected_compute
 
     # the whole plan per device and kind; the log parser files clip's lines as kind mmproj (its
-    # logged weights are the unpadded sum, equal to the padded buffer for these shapes)
-    # not with -dev, which the engine leaves to the device set its caller builds
-    if "-dev" in args:
-        return
+    # logged weights are the unpadded sum, equal to the padded buffer for these shapes); with -dev the
+    # model's layers on the selected device only, the projector on its first
     report = parse_log(log.splitlines())
     actual = report.by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
     mismatches = []

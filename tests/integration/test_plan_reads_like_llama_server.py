@@ -115,3 +115,23 @@ def test_a_device_name_in_lower_case_is_the_device(
     assert lower.stdout == upper.stdout
     command = json.loads(lower.stdout)["command"]
     assert command[command.index("-dev") + 1] == "RPC1"  # the device's own name
+
+
+def test_an_ot_on_a_device_dev_leaves_out_aborts_the_server_and_is_warned(
+    llama_server: Path, rpc: list[str], small_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """``-dev RPC0`` with an -ot naming RPC1's buffer type: the server loads those weights into RPC1 and
+    then aborts while reserving the compute buffers (no backend of the scheduler can use that buffer);
+    `plan` projects the load and warns that the server aborts."""
+    model = small_models["qwen3moe"]
+    args = ["--rpc", ",".join(rpc), "-dev", "RPC0", "-ngl", "99", "-c", "512",
+            "-ot", rf"blk\.1\.=RPC0[{rpc[1]}]"]
+    code, out = run_to_completion([str(llama_server), "-m", str(model), *args, "-fit", "off", "--host",
+                                   "127.0.0.1", "--port", str(free_port())], log_path=tmp_path / "srv.log")
+    assert code != 0 and "pre-allocated tensor (blk.1." in out and f"in a buffer (RPC0[{rpc[1]}])" in out
+    r = subprocess.run([sys.executable, "-m", "offload_planner", "plan", str(model), "--no-detect", "--json",
+                        "--", *args], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    assert r.returncode == 0, r.stderr
+    warned = [w for w in json.loads(r.stdout)["warnings"] if w.startswith("RPC1 holds")]
+    assert warned and "-dev RPC0 leaves RPC1 out" in warned[0] and "aborts" in warned[0]

@@ -57,6 +57,13 @@ CASES: list[tuple[str, str]] = [
     ("llama", "-ngl 999 -ts 1,1 -c 2048 -fa off"),
     ("llama", "-ngl 999 -ts 1,1 -c 2048 --no-host -nr"),
     ("qwen3moe", "-ngl 999 -ts 1,1 -c 4096 -np 1"),
+    # -dev: the model's devices are the selected ones, in -dev's order (-ts and -mg count them)
+    ("qwen3moe", "-ngl 999 -dev RPC1 -c 4096"),
+    ("qwen3moe", "-ngl 999 -dev RPC1,RPC0 -ts 3,1 -c 4096"),
+    ("qwen3moe", "-ngl 3 -dev RPC1 -c 4096 -ot exps=CPU"),
+    ("deepseek2", "-ngl 999 -dev RPC1 -ts 2 -c 2048"),
+    ("llama", "-ngl 999 -dev RPC1,RPC0 -sm none -mg 0 -c 2048"),
+    ("llama", "-ngl 999 -dev none -c 2048"),
 ]
 
 
@@ -86,4 +93,23 @@ def test_projection_equals_llama_server(
 
     rows, mismatches = buffer_rows(result.projection, actual)
     print(f"\n{model_name} {args}\n" + "\n".join(rows))
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_an_exported_command_with_dev_loads_as_projected(
+    small_models: dict[str, Path], llama_server: Path, rpc: list[str], tmp_path: Path,
+) -> None:
+    """The command a plan with a -dev selection exports (``--rpc`` for every server, ``-dev`` in its
+    order, ``-ts`` over the selected devices only) loads on the real server as the plan projects it."""
+    model = open_model(small_models["qwen3moe"])
+    args = shlex.split("-ngl 999 -dev RPC1,RPC0 -ts 3,1 -c 4096")
+    parsed = parse_server_args(["--rpc", ",".join(rpc), *args])
+    result = analyse_command(model, rpc_devices(rpc), parsed, command=True)
+    command = result.command
+    assert command[command.index("--rpc") + 1] == ",".join(rpc)
+    assert command[command.index("-dev") + 1] == "RPC1,RPC0"
+    output = server_output(llama_server, command, tmp_path / "server.log", timeout=120)
+    actual = parse_log(output.splitlines()).by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
+    rows, mismatches = buffer_rows(result.projection, actual)
+    print("\n" + " ".join(command) + "\n" + "\n".join(rows))
     assert not mismatches, "\n".join(mismatches)

@@ -47,6 +47,11 @@ CASES: list[tuple[str, int, str]] = [
     # runs an MTP context on the draft model (MTPHEAD is deepseek2-mtp's path)
     *(("deepseek2", n, f"-ngl 999 -c 2048 -md MTPHEAD -fa {fa}") for n, fa in ((1, "on"), (2, "off"))),
     ("deepseek2-mtp", 2, "-ngl 999 -c 2048 -md MTPHEAD --spec-type draft-mtp -devd RPC1 -np 2"),
+    # -dev: the draft takes the main model's devices unless -devd names its own
+    # (common_base_params_to_speculative: "default to global devices value"); MTP runs on the main's
+    ("llama", 2, f"{DRAFT_ARGS} -dev RPC1"),
+    ("llama", 2, f"{DRAFT_ARGS} -dev RPC1 -devd RPC0"),
+    ("glm4moe", 2, f"{MTP_ARGS} -dev RPC1"),
 ]
 
 

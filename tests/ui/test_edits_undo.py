@@ -9,6 +9,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan, plan_from_args
@@ -143,3 +144,53 @@ def test_switching_a_deepseek_plan_to_ik_adds_what_ik_allocates(tmp_path: Path) 
     assert cmd[cmd.index("-mla") + 1] == "1"
     back = with_dialect(ik, "llama.cpp")
     assert back.context.dialect == "llama.cpp" and back.context.mla == 0
+
+
+def _ik_doc(qtbot: QtBot, qwen3moe_path: Path, argv: list[str]) -> PlanDocument:
+    from offload_planner.core.cmdline import parse_server_args
+
+    ik = Dialect("ik_llama.cpp")
+    cpu = Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB)
+    devices = DeviceSet(cpu, (parse_device_decl("CUDA0=24GiB"),))
+    d = PlanDocument()
+    d.reset(plan_from_args(open_model(qwen3moe_path), devices, parse_server_args(argv, dialect=ik).args, ik))
+    qtbot.waitUntil(lambda: d.analysis_current)
+    return d
+
+
+def _host_weights(doc: PlanDocument, qtbot: QtBot) -> set[str]:
+    """The buffer types of the CPU's weights in the window's projection."""
+    qtbot.waitUntil(lambda: doc.analysis_current)
+    analysis = doc.analysis
+    assert analysis is not None and analysis.projection is not None
+    return {b.name for b in analysis.projection.device("CPU").buffers if b.kind == "model"}
+
+
+def test_ik_mmap_follows_a_move_to_the_cpu_and_its_undo(qtbot: QtBot, qwen3moe_path: Path) -> None:
+    """ik turns mmap off for a weight sent to the CPU by a rule (the export's -ot NAME=CPU): the
+    window's projection copies it into the pinned host buffer, as the exported command does (leftovers6)."""
+    doc = _ik_doc(qtbot, qwen3moe_path, ["-c", "4096", "-ngl", "99"])
+    try:
+        before = doc.plan
+        assert "CUDA_Host" not in _host_weights(doc, qtbot)
+        assert doc.move(["blk.1.ffn_down_exps.weight"], CPU)
+        assert not doc.plan.placement_options.use_mmap and "CUDA_Host" in _host_weights(doc, qtbot)
+        _undo_redo(doc, before, doc.plan)
+        doc.undo_stack.undo()
+        assert doc.plan.placement_options.use_mmap and "CUDA_Host" not in _host_weights(doc, qtbot)
+    finally:
+        doc.shutdown()
+
+
+def test_ticking_mmap_that_ik_turns_off_undoes_exactly(qtbot: QtBot, qwen3moe_path: Path) -> None:
+    doc = _ik_doc(qtbot, qwen3moe_path, ["-c", "4096", "-ngl", "99", "-np", "1", "-ot", "exps=CPU"])
+    try:
+        before = doc.plan
+        doc.set_option("placement.use_mmap", True, "mmap")
+        assert not doc.plan.placement_options.use_mmap and "CUDA_Host" in _host_weights(doc, qtbot)
+        doc.undo_stack.undo()
+        assert doc.plan == before
+        doc.set_dialect(Dialect("llama.cpp"), "llama.cpp")  # mainline maps a model with -ot exps=CPU
+        assert doc.plan.placement_options.use_mmap and "CUDA_Host" not in _host_weights(doc, qtbot)
+    finally:
+        doc.shutdown()

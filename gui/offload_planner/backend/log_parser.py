@@ -38,8 +38,9 @@ _IK_HOST_RE = re.compile(r'hostname="(?P<host>[^"]+)"')
 _RPC_NAME_RE = re.compile(r"^RPC\d*\[(?P<endpoint>[^\]]+)\]$")
 #: the pinned build's other Metal buffer types, on their device MTL<i>: mmap'd weights (``MTL0_Mapped``,
 #: ggml-metal.cpp:462, what the weights land in with mmap: llama-model.cpp:1856 ``buffer_from_host_ptr``)
-#: and the private type of a GPU without unified memory (``MTL0_Private``, ggml-metal.cpp:384)
-_METAL_BUFFER_RE = re.compile(r"^(?P<device>MTL\d+)_(?:Mapped|Private)$")
+#: and the private type of a GPU without unified memory (``MTL0_Private``, ggml-metal.cpp:384); the 2025
+#: builds' one Metal device ``Metal`` has them as ``Metal_Mapped`` / ``Metal_Private``
+_METAL_BUFFER_RE = re.compile(r"^(?P<device>MTL\d+|Metal)_(?:Mapped|Private)$")
 _DEVICE_RE = re.compile(
     r"using device (?P<name>\S+) \((?P<desc>[^)]*)\)(?: \([^)]*\))? - (?P<free>\d+) MiB free"
 )

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from offload_planner.core.cmdline.rpc_endpoint import read_rpc_endpoint
+
 PROTO_MAJOR = 7
 CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (transport.h): zeros ask for no transport upgrade
 CMD_ALLOC_BUFFER, CMD_BUFFER_GET_BASE, CMD_FREE_BUFFER = 0, 3, 4
@@ -67,11 +69,11 @@ PROBE_DEADLINE = 10.0
 
 class _Conn:
     def __init__(self, endpoint: str, timeout: float) -> None:
-        host, sep, port = endpoint.rpartition(":")
-        if not sep or not port.isdigit():
+        ep = read_rpc_endpoint(endpoint)  # where llama-server connects: port modulo 65536 (htons)
+        if ep is None or not ep.host:
             raise RpcProbeError(f"{endpoint}: expected HOST:PORT")
         try:
-            self.sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+            self.sock = socket.create_connection((ep.host, ep.port % 65536), timeout=timeout)
         except OSError as e:
             raise RpcProbeError(f"{endpoint}: cannot connect ({e})") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

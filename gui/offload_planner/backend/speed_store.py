@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from offload_planner.backend.calibration import config_dir
+from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
@@ -501,7 +502,7 @@ def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
 
 def is_local(endpoint: str) -> bool:
     """An rpc-server on this machine: a loopback address or this machine's name."""
-    host = endpoint.rsplit(":", 1)[0].lower()
+    host = rpc_host(endpoint).lower()
     return host in LOOPBACK or host in {platform.node().lower(), "[::]"}
 
 

@@ -27,6 +27,7 @@ from offload_planner.core.errors import PlannerError
 from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
 from offload_planner.core.model import Model
+from offload_planner.core.placement import CPU, selected_gpus
 from offload_planner.core.plan import Plan, plan_command, plan_from_args
 from offload_planner.core.plan_report import mmap_notes
 from offload_planner.core.speculative import draft_warning, spec_refusals
@@ -70,7 +71,7 @@ def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
 
     model, devices = plan.model, plan.devices
     fitted = server_fit(model, devices, parsed, plan.placement_options, plan.context)
-    unknown = [g.name for g in devices.gpus if g.capacity is None]
+    unknown = [g.name for g in selected_gpus(devices, plan.placement_options) if g.capacity is None]
     if fitted is None:
         if unknown and parsed.args.fit is not False:
             return FitReport(notes=[
@@ -105,8 +106,9 @@ def _fit_extra_shortfalls(plan: Plan, fitted: FitResult) -> list[ExtraShortfall]
 def fit_simulates(dialect: Dialect, devices: DeviceSet, parsed: ParsedArgs) -> bool:
     """:func:`fit_report` runs the fit's dry runs (simulations of the command's graphs): the build fits
     by default, -fit is not off, and every GPU's memory is known (:func:`~offload_planner.core.fit.
-    server_fit`)."""
-    gpus = devices.gpus
+    server_fit`): the GPUs the command's -dev selects (every GPU without one)."""
+    chosen = dialect.selected_gpus(parsed.args.devices, [g.name for g in devices.gpus])
+    gpus = [g for g in devices.gpus if chosen is None or g.name in chosen]
     return (dialect.fits_by_default and parsed.args.fit is not False and bool(gpus)
             and all(g.capacity is not None for g in gpus))
 
@@ -141,6 +143,26 @@ def unknown_device_warnings(plan: Plan) -> list[str]:
     return out
 
 
+def unselected_device_warnings(plan: Plan, projection: Projection) -> list[str]:
+    """Weights an -ot rule or a move puts on a GPU that ``-dev`` leaves out: llama-server loads them
+    into that device's buffer, then no backend of the scheduler can use the buffer and it aborts
+    while reserving the compute buffers (seen on the real server with ``-dev RPC0`` and an -ot naming
+    RPC1: ``pre-allocated tensor (blk.1.attn_q.weight) in a buffer (RPC0[...]) that cannot run the
+    operation``)."""
+    selected = plan.placement_options.selected
+    if selected is None:
+        return []
+    held: dict[str, list[str]] = {}
+    for p in projection.placement.items:
+        if p.device is not None and p.device not in selected and p.device != CPU:
+            held.setdefault(p.device, []).append(p.name)
+    chosen = ",".join(selected) or "none"
+    return [f"{dev} holds {len(names)} weight(s) ({names[0]}, ...) by an -ot rule or a move, but "
+            f"-dev {chosen} leaves {dev} out: llama-server loads them there and aborts while reserving the "
+            f"compute buffers (\"pre-allocated tensor ... in a buffer ... that cannot run the operation\"); "
+            f"name {dev} in -dev or place those weights elsewhere" for dev, names in held.items()]
+
+
 def _context_errors(plan: Plan) -> list[str]:
     from offload_planner.core.loadable import context_error
 
@@ -159,7 +181,7 @@ def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
                 + plan.dialect.warnings(plan.model, plan.placement_options, plan.devices))
     core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
                          capacity_hint=capacity_hint)
-    return refusals + unknown_device_warnings(plan) + core
+    return refusals + unselected_device_warnings(plan, projection) + unknown_device_warnings(plan) + core
 
 
 def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,

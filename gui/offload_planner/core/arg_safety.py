@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from offload_planner.core.cmdline import Dialect, flag_table, parse_server_args
 from offload_planner.core.cmdline.flagspec import normalize_spelling
+from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 
 #: Flags whose value is a secret (arg.cpp: ``-hft/--hf-token`` "Hugging Face access token",
 #: ``--api-key`` "API key to use for authentication"). ``--api-key-file`` and ``--ssl-key-file``
@@ -125,11 +126,6 @@ def _hosts(value: str) -> list[str]:
     return [h.strip() for h in value.split(",") if h.strip()]
 
 
-def _rpc_host(endpoint: str) -> str:
-    host, _, _ = endpoint.strip().rpartition(":")
-    return host or endpoint
-
-
 def review_args(
     args: Sequence[str], dialect: Dialect = Dialect.LLAMA_CPP, env: Mapping[str, str] | None = None
 ) -> list[Concern]:
@@ -152,7 +148,7 @@ def review_args(
                     )
         elif f.key == "--rpc":
             for ep in _hosts(value):
-                if not is_loopback(_rpc_host(ep)):
+                if not is_loopback(rpc_host(ep)):
                     out.append(Concern(name, "network", f"sends the model's tensors to the RPC server {ep}"))
         elif f.key == "--model":
             models += 1

@@ -15,6 +15,7 @@ class Buffer:
     why: str
     resident: int | None = None  # mmap buffers: bytes actually read (the rest of the span is gaps)
     owner: str = ""  # "" for the main model; else the key of the extra model/context (core.extra_context)
+    tensor_bytes: int | None = None  # mmap buffers: bytes of the device's own tensors in the span
 
     def copy(self) -> Buffer:
         """A shallow copy: ``dataclasses.replace(self)`` in a fraction of its time (memos hand their

@@ -54,6 +54,24 @@ HOST_BUFFER_NAMES: dict[DeviceKind, str] = {
     DeviceKind.VULKAN: "Vulkan_Host",
 }
 
+#: Kinds whose backend wraps mmap'd weights in a buffer over the mapped file (``caps.buffer_from_host_ptr``
+#: of ``ggml_backend_dev_get_props``, which ``load_tensors`` asks for the default buffer type of each
+#: weight context: src/llama-model.cpp:1848-1870): the CPU (ggml/src/ggml-cpu/ggml-cpu.cpp:398, buffer
+#: ``CPU_Mapped``) and Metal (ggml/src/ggml-metal/ggml-metal.cpp:704, buffer type ``MTL<i>_Mapped`` at
+#: line 462). CUDA/ROCm (ggml-cuda.cu:5229), Vulkan (ggml-vulkan.cpp:15312), SYCL (ggml-sycl.cpp:6426)
+#: and RPC (ggml-rpc.cpp:2196) report false: their weights are copied into buffers of their own.
+MAPS_HOST_MEMORY: frozenset[DeviceKind] = frozenset({DeviceKind.CPU, DeviceKind.METAL})
+
+#: What llama.cpp appends to a device's name for the buffer wrapping its mmap'd weights (``CPU_Mapped``,
+#: ``MTL0_Mapped``)
+MAPPED_SUFFIX = "_Mapped"
+
+
+def is_mapped_buffer(name: str) -> bool:
+    """A buffer (type) name of mmap'd weights: its size is the file span of its tensors."""
+    return name.endswith(MAPPED_SUFFIX)
+
+
 #: The name prefix of each kind's devices where it is not the kind's own name: the pinned build names
 #: its Metal devices ``MTL<i>`` (ggml/src/ggml-metal/ggml-metal-device.m:1301,
 #: ``snprintf(dev->props.name, ..., "%s%d", "MTL", device)``; llama.cpp PR 18919 of January 2026,
@@ -171,6 +189,12 @@ class Device:
     @property
     def host_buffer_name(self) -> str | None:
         return HOST_BUFFER_NAMES.get(self.kind)
+
+    @property
+    def mapped_buffer_name(self) -> str | None:
+        """The buffer llama.cpp wraps this device's mmap'd weights in (:data:`MAPS_HOST_MEMORY`):
+        ``CPU_Mapped``, ``MTL0_Mapped``; None for a device whose weights are copied."""
+        return self.name + MAPPED_SUFFIX if self.kind in MAPS_HOST_MEMORY else None
 
     @property
     def buffer_type(self) -> str:

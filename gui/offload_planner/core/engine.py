@@ -79,6 +79,15 @@ def places_on_host(model: Model, overrides: tuple[Override, ...]) -> bool:
                for t in model.tensors)
 
 
+def mmap_requested(args: Any, dialect: Dialect) -> bool:
+    """The load mode maps the model (no ``--no-mmap``/``-lm none``/``--mlock``/``dio``) and no flag turns
+    mmap off for the whole model (ik's ``-rtr``); ik may still turn it off for a weight on the host
+    (:func:`places_on_host`)."""
+    args = server_settings(args)
+    mapped = _get(args, "load_mode", "auto") not in ("none", "mlock", "dio")
+    return mapped and not Dialect(dialect).turns_mmap_off(args)
+
+
 def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dialect) -> PlacementOptions:
     dialect = Dialect(dialect)
     overrides = tuple(  # the build's buffer type names as the planner's (Metal in ik: MTL0)
@@ -88,22 +97,23 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
     args = server_settings(args)
     n_layer = model.summary.n_layer
     has_gpu = bool(devices.gpus)
-    ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu)
+    selected = dialect.selected_gpus(_get(args, "devices"), [g.name for g in devices.gpus])
+    ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu and selected != ())
     overrides = dialect.kept_overrides(ngl, overrides)
-    load_mode = _get(args, "load_mode", "auto")
     return PlacementOptions(
         n_gpu_layers=resolve_ngl(ngl, n_layer, has_gpu=has_gpu),
         tensor_split=tuple(_get(args, "tensor_split", ())),
         split_mode=_get(args, "split_mode", "layer"),
         main_gpu=_get(args, "main_gpu", 0),
         overrides=overrides,
-        use_mmap=load_mode not in ("none", "mlock", "dio") and not dialect.turns_mmap_off(args)
+        use_mmap=mmap_requested(args, dialect)
         and not (dialect.host_overrides_turn_mmap_off and places_on_host(model, overrides)),
         no_host=bool(_get(args, "no_host", False)),
         use_extra_bufts=not _get(args, "no_repack", False) and dialect.has_cpu_repack,
         output_first=dialect.output_first,
         plain_cpu_overrides=dialect.plain_cpu_overrides,
         load_mtp=uses_mtp(args, dialect),  # draft-mtp (given, or from -md) loads the NextN layers (load_mtp)
+        selected=selected,
     )
 
 
@@ -154,18 +164,19 @@ def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
     """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
     notes, and the dialect's notes on how it places these weights."""
     _, notes = context_params(model, args, dialect)
-    selection = _device_selection(getattr(args, "args", args), devices)  # a ParsedArgs or bare ServerArgs
+    selection = device_selection(popts, devices)
     return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
 
 
-def _device_selection(args: Any, devices: DeviceSet) -> list[str]:
-    """``-dev`` naming fewer GPUs than the plan has: llama-server puts layers on those only (and
-    ``-ts`` counts them alone); the plan does not model the selection yet and spreads the layers over
-    every GPU, so it says so rather than look right."""
-    names = [n for n in (getattr(args, "devices", None) or []) if n != "none"]
-    left = [g.name for g in devices.gpus if g.name.lower() not in {n.lower() for n in names}]
-    if not names or not left:
+def device_selection(popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+    """``-dev`` leaving GPUs out: llama-server's model devices are the selected ones only (layers,
+    ``-ts`` shares, KV and compute buffers), so the others hold nothing of the model."""
+    if popts.selected is None:
         return []
-    return [f"-dev {','.join(names)}: llama-server offloads to {', '.join(names)} only; this plan does not "
-            f"model the selection yet and also places layers on {', '.join(left)}: declare only the "
-            "selected GPUs (--device) for their memory"]
+    left = [g.name for g in devices.gpus if g.name not in popts.selected]
+    if not left:
+        return []
+    chosen = ",".join(popts.selected) or "none"
+    uses = f"{', '.join(popts.selected)} only" if popts.selected else "no GPU"
+    return [f"-dev {chosen}: llama-server uses {uses}; {', '.join(left)} "
+            f"{'holds' if len(left) == 1 else 'hold'} nothing of the model"]

@@ -40,7 +40,15 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.fit_extra import ExtraMeasure, ExtraMeasured, extra_measure
 from offload_planner.core.memory import Buffer, ContextParams, project, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import CPU, CPU_REPACK, Override, PlacementOptions, place, resolve_ngl
+from offload_planner.core.placement import (
+    CPU,
+    CPU_REPACK,
+    Override,
+    PlacementOptions,
+    place,
+    resolve_ngl,
+    selected_gpus,
+)
 from offload_planner.core.units import MiB
 
 UINT32_MAX = 0xFFFFFFFF
@@ -259,10 +267,9 @@ def fit_params(model: Model, devices: DeviceSet, popts: PlacementOptions, cparam
         margin_list = [margins] * max(nd, 1)
     else:
         margin_list = [*margins, *[DEFAULT_MARGIN] * max(0, max(nd, len(gpu_names), 1) - len(margins))]
-        if nd:
-            # -fitt values are per device of the backend list; the model's devices are a prefix of
-            # it except with -sm none (one device: the main GPU)
-            margin_list = [margin_list[gpu_names.index(d)] for d in devs]
+        if nd:  # common/fit.cpp: margins[id] = margins_s[id], id the model device's index (-dev's
+            # order; -sm none: the main GPU is device 0 and takes -fitt's first value)
+            margin_list = margin_list[:nd]
     hp_ngl = s.n_layer_trunk + (s.n_nextn if popts.load_mtp else 0)
     hp_nct = s.n_ctx_train
     hp_nex = s.n_expert
@@ -699,7 +706,8 @@ def server_fit(model: Model, devices: DeviceSet, args: Any, popts: PlacementOpti
     these devices, taking each GPU's known free memory (else its total) as what it finds free;
     None when the fit is off, there is no GPU, or a GPU's memory is unknown (an RPC server not
     declared with ``--device``): what the fit does depends on it."""
-    if not devices.gpus or any(g.capacity is None for g in devices.gpus):
+    gpus = selected_gpus(devices, popts)  # -dev: the fit sees the model's devices only
+    if not gpus or any(g.capacity is None for g in gpus):
         return None
     return fit_for_args(model, devices, args, popts, cparams,
                         free_bytes=[g.capacity or 0 for g in devices.gpus])

@@ -18,7 +18,11 @@ tokens), ``fit`` died with a ZeroDivisionError, one without ``block_count`` with
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from offload_planner.core.errors import GGUFError
+from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
 
 #: keys ``load_hparams`` reads without a default (for every architecture but a CLIP projector)
@@ -70,6 +74,13 @@ def require_loadable(model: Model) -> Model:
     if err is not None:
         raise err
     return model
+
+
+def open_loadable(location: str | Path, *, progress: Callable[[int, int], None] | None = None) -> Model:
+    """The model at ``location`` (a path or URL, any shard) opened the way llama.cpp loads it: read by
+    :func:`~offload_planner.core.gguf_reader.open_model` (``progress`` as there), then refused with the
+    :class:`GGUFError` of :func:`load_error` where llama.cpp would refuse it."""
+    return require_loadable(open_model(location, progress=progress))
 
 
 def context_error(model: Model, n_ctx: int | None) -> str | None:

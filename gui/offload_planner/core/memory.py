@@ -1,8 +1,9 @@
 """Per-device, per-buffer memory as llama.cpp allocates it: weights, KV cache, output, compute.
 
 Weights: one buffer per buffer type, sized Σ pad(alloc_size(t), alignment) (``ggml_backend_buft_
-alloc_buffer_n_plan``); with mmap, CPU weights are a ``CPU_Mapped`` buffer whose reported size is
-the file span from the first to the last byte of its tensors, per shard (``get_mapping_range``).
+alloc_buffer_n_plan``); with mmap, CPU weights are a ``CPU_Mapped`` buffer (a Metal GPU's ``MTL0_Mapped``)
+whose reported size is the file span from the first to the last byte of its tensors, per shard
+(``get_mapping_range``).
 KV: per layer on the layer's device (CPU with -nkvo), ``[n_embd_k_gqa, cells, n_stream]`` K and
 V tensors (no V for MLA; V padded to the widest layer without flash attention); SWA layers hold
 ``pad(min(cells, n_swa·(unified ? n_seq : 1) + n_ubatch), 256)`` cells unless --swa-full.
@@ -26,7 +27,7 @@ from offload_planner.core.extra_context import ExtraContext
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.model import Model, Tensor
-from offload_planner.core.placement import CPU, CPU_MAPPED, Placed, Placement
+from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.units import MiB
 
 #: llama-server's -b and -ub when the command line leaves them unset (common/common.h).
@@ -210,7 +211,8 @@ weight_stats = {"delta": 0, "full": 0}
 class _WeightRef:
     """The weight buffers of one placement, kept so that a placement differing in a few items is
     computed from them: per (device, buffer type) the padded total, the count and the item indices
-    in order; per shard the ``CPU_Mapped`` items by offset and by end, and the bytes read."""
+    in order; per mapped buffer (``CPU_Mapped``, Metal's ``MTL0_Mapped``) and shard the items by offset and
+    by end, and the bytes read."""
 
     def __init__(self, items: list[Placed], devices: DeviceSet) -> None:
         self.items = kept_copy(items)
@@ -218,17 +220,28 @@ class _WeightRef:
         self._dev: dict[str, Device] = {}
         self.padded: dict[tuple[str, str], int] = {}  # insertion order: order of first use
         self.index: dict[tuple[str, str], list[int]] = {}
-        by_shard: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # (offset, end, index)
-        self.read: dict[int, int] = defaultdict(int)
+        # per mapped buffer: per shard (offset, end, index) of its items, and the bytes read
+        by_shard: dict[str, tuple[defaultdict[int, list[tuple[int, int, int]]], defaultdict[int, int]]] = {}
         padded, index = self.padded, self.index
+        #: the buffers wrapping mapped weights (is_mapped_buffer) and their devices: ~1,000 items are tested
+        mapped = self.mapped = {n: d.name for d in devices if (n := d.mapped_buffer_name) is not None}
+        cur: str | None = None
+        lists: defaultdict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        read: defaultdict[int, int] = defaultdict(int)
         rules: dict[str, tuple[int, int]] = {}  # device -> (row padding, alignment)
         for i, p in enumerate(self.items):
             if p.device is None or p.buft is None:
                 continue
             t = p.tensor
-            if p.buft == CPU_MAPPED:
-                by_shard[t.shard].append((t.offset, t.offset + t.nbytes, i))
-                self.read[t.shard] += t.nbytes
+            if p.buft in mapped:  # CPU_Mapped, MTL0_Mapped
+                if p.buft is not cur:  # the same buffer as the item before, mostly
+                    cur = p.buft
+                    per = by_shard.get(cur)
+                    if per is None:
+                        per = by_shard[cur] = (defaultdict(list), defaultdict(int))
+                    lists, read = per
+                lists[t.shard].append((t.offset, t.offset + t.nbytes, i))
+                read[t.shard] += t.nbytes
                 continue
             k = (p.device, p.buft)
             rule = rules.get(p.device)
@@ -244,8 +257,11 @@ class _WeightRef:
                 index[k] = [i]
             else:
                 ix.append(i)
-        self.by_lo = {s: sorted(v) for s, v in by_shard.items()}
-        self.by_hi = {s: sorted(v, key=lambda e: e[1], reverse=True) for s, v in by_shard.items()}
+        spans = {(b, s, mapped[b]): v for b, per in by_shard.items() for s, v in per[0].items()}
+        self.read: dict[_SpanKey, int] = {(b, s, mapped[b]): n for b, per in by_shard.items()
+                                          for s, n in per[1].items()}
+        self.by_lo = {k: sorted(v) for k, v in spans.items()}
+        self.by_hi = {k: sorted(v, key=lambda e: e[1], reverse=True) for k, v in spans.items()}
 
     def _device(self, name: str) -> Device:
         d = self._dev.get(name)
@@ -265,19 +281,20 @@ class _WeightRef:
         gone: set[int] = set()  # changed indices (their reference items no longer count)
         new_first: dict[tuple[str, str], int] = {}
         read = dict(self.read)
-        add_lo: dict[int, int] = {}
-        add_hi: dict[int, int] = {}
+        add_lo: dict[_SpanKey, int] = {}
+        add_hi: dict[_SpanKey, int] = {}
         for i in changed:
             gone.add(i)
             for p, sign in ((self.items[i], -1), (items[i], 1)):
                 if p.device is None or p.buft is None:
                     continue
-                if p.buft == CPU_MAPPED:
+                if p.buft in self.mapped:
                     t = p.tensor
-                    read[t.shard] = read.get(t.shard, 0) + sign * t.nbytes
+                    sk = (p.buft, t.shard, p.device)
+                    read[sk] = read.get(sk, 0) + sign * t.nbytes
                     if sign > 0:
-                        add_lo[t.shard] = min(add_lo.get(t.shard, t.offset), t.offset)
-                        add_hi[t.shard] = max(add_hi.get(t.shard, 0), t.offset + t.nbytes)
+                        add_lo[sk] = min(add_lo.get(sk, t.offset), t.offset)
+                        add_hi[sk] = max(add_hi.get(sk, 0), t.offset + t.nbytes)
                     continue
                 k = (p.device, p.buft)
                 padded[k] = padded.get(k, 0) + sign * self._size(p)
@@ -300,19 +317,39 @@ class _WeightRef:
             d, b = k
             align = self._device(d).alignment
             out.append(Buffer(d, b, "model", padded[k], f"{counts[k]} tensors, each padded to {align} B"))
-        for shard in sorted(set(self.by_lo) | set(add_lo)):
-            lo = next((e[0] for e in self.by_lo.get(shard, ()) if e[2] not in gone), None)
-            hi = next((e[1] for e in self.by_hi.get(shard, ()) if e[2] not in gone), None)
-            if shard in add_lo:
-                lo = add_lo[shard] if lo is None else min(lo, add_lo[shard])
-                hi = add_hi[shard] if hi is None else max(hi, add_hi[shard])
-            if lo is None or hi is None:
-                continue
-            out.append(Buffer(CPU, CPU_MAPPED, "model", hi - lo,
-                              f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp "
-                              f"reports it; {read[shard] / MiB:.2f} MiB of it are tensors read from it "
-                              "(page cache, not private RAM)", resident=read[shard]))
+        for sk in sorted(set(self.by_lo) | set(add_lo)):  # llama.cpp's order: by buffer type name, then file
+            lo = next((e[0] for e in self.by_lo.get(sk, ()) if e[2] not in gone), None)
+            hi = next((e[1] for e in self.by_hi.get(sk, ()) if e[2] not in gone), None)
+            if sk in add_lo:
+                lo = add_lo[sk] if lo is None else min(lo, add_lo[sk])
+                hi = add_hi[sk] if hi is None else max(hi, add_hi[sk])
+            if lo is not None and hi is not None:
+                out.append(_span_buffer(sk, lo, hi, read[sk]))
         return out
+
+
+#: a mapped buffer of the weights: (its name, the shard, its device)
+_SpanKey = tuple[str, int, str]
+
+
+def _span_buffer(sk: _SpanKey, lo: int, hi: int, read: int) -> Buffer:
+    """The buffer llama.cpp wraps a shard's mapped bytes ``lo..hi`` in (``get_mapping_range``: from the
+    first to the last byte of the buffer type's tensors in that file; the size logged is ``hi - lo``,
+    unaligned: ggml-metal.cpp:750 ``ggml_backend_buffer_init(..., size)``, Metal page-aligns only the
+    MTLBuffer it makes). The CPU's counts the bytes read (page cache); a Metal device's counts the whole
+    span, which Metal maps into the GPU's working set: llama.cpp issue 24510 (``-ngl 2`` of a 30 GB file
+    whose output.weight lies at its start: ``MTL0_Mapped model buffer size = 30973 MiB``, over
+    recommendedMaxWorkingSetSize, out of memory at decode)."""
+    name, shard, device = sk
+    if device == CPU:
+        return Buffer(CPU, name, "model", hi - lo,
+                      f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp "
+                      f"reports it; {read / MiB:.2f} MiB of it are tensors read from it "
+                      "(page cache, not private RAM)", resident=read, tensor_bytes=read)
+    return Buffer(device, name, "model", hi - lo,
+                  f"mmap span of shard {shard + 1}: bytes {lo}..{hi} of the file, as llama.cpp reports it, "
+                  f"all of it in the GPU's working set (the backend wraps the mapped file); "
+                  f"{read / MiB:.2f} MiB of it are this device's tensors", tensor_bytes=read)
 
 
 def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,

@@ -5,7 +5,8 @@ llama.cpp build: the input layer on the CPU; ``-ngl`` counts units 0..L (L = blo
 included; unit L is the output layer) from the top; units split over GPUs by cumulative
 ``-ts`` fractions; ``-ot`` patterns tried in order with ECMAScript ``regex_search`` (first match
 wins); CPU-side weights take the first buffer type of the CPU list that supports their op
-(device host buffer, CPU_REPACK, CPU), and with mmap a host-buffer pick becomes ``CPU_Mapped``.
+(device host buffer, CPU_REPACK, CPU), and with mmap a host-buffer pick becomes ``CPU_Mapped``;
+with mmap a Metal GPU's weights are ``MTL<i>_Mapped`` (its backend wraps the mapped file: :func:`gpu_buft`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class PlacementOptions:
     cpu_profile: str = "x86-avx2"
     load_mtp: bool = False
     plain_cpu_overrides: bool = False  # -ot ...=CPU takes the plain CPU buffer type (Dialect)
+    #: the GPUs ``-dev`` selects, in its order (None: every GPU; ``()``: ``-dev none``): llama.cpp's
+    #: ``model->devices``, the only ones that take layers, ``-ts`` shares and the host buffer type
+    selected: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,7 @@ def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -
 
 def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_output: bool = False) -> str:
     """First buffer type of llama.cpp's CPU list that takes this weight."""
-    hosts = [g.host_buffer_name for g in devices.gpus if g.host_buffer_name]
+    hosts = [g.host_buffer_name for g in selected_gpus(devices, opts) if g.host_buffer_name]
     host = None if opts.no_host or not hosts else hosts[0]
     if host is not None:
         return CPU_MAPPED if opts.use_mmap else host
@@ -207,13 +211,23 @@ def _cpu_buft(t: Tensor, devices: DeviceSet, opts: PlacementOptions, *, as_outpu
     return CPU_MAPPED if opts.use_mmap else CPU
 
 
+def gpu_buft(dev: str, devices: DeviceSet, opts: PlacementOptions) -> str:
+    """Buffer type of a GPU's weights: the device's own, or with mmap the buffer its backend wraps the
+    mapped file in where it can (``buffer_from_host_ptr``: Metal's ``MTL0_Mapped``, sized by the file span
+    like ``CPU_Mapped``: :data:`~offload_planner.core.devices.MAPS_HOST_MEMORY`)."""
+    if not opts.use_mmap:
+        return dev
+    d = next((g for g in devices.gpus if g.name == dev), None)
+    return (d.mapped_buffer_name if d is not None else None) or dev
+
+
 def device_buft(dev: str, t: Tensor, devices: DeviceSet, opts: PlacementOptions, *,
                 as_output: bool = False, cpu_override: bool = False) -> str:
-    """Buffer type a weight gets on ``dev``: the device's own, or the CPU list's pick; ``cpu_override``:
-    an ``-ot ...=CPU`` entry, which builds with ``plain_cpu_overrides`` give the plain CPU buffer type
-    (mapped with mmap)."""
+    """Buffer type a weight gets on ``dev``: the device's own (:func:`gpu_buft`), or the CPU list's pick;
+    ``cpu_override``: an ``-ot ...=CPU`` entry, which builds with ``plain_cpu_overrides`` give the plain
+    CPU buffer type (mapped with mmap)."""
     if dev != CPU:
-        return dev
+        return gpu_buft(dev, devices, opts)
     if cpu_override and opts.plain_cpu_overrides:
         return CPU_MAPPED if opts.use_mmap else CPU
     return _cpu_buft(t, devices, opts, as_output=as_output)
@@ -238,9 +252,18 @@ def _item_memo(tensors: list[Tensor]) -> dict[_ItemKey, Placed]:
     return e[1]
 
 
+def selected_gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
+    """The GPUs of llama.cpp's ``model->devices`` before ``-sm none`` keeps one: the ``-dev`` selection
+    in its order, or every GPU; the CPU list's host buffer type is the first of them that has one
+    (``make_cpu_buft_list``)."""
+    if opts.selected is None:
+        return list(devices.gpus)
+    return [g for g in map(devices.by_name, opts.selected) if g is not None]
+
+
 def _gpus(devices: DeviceSet, opts: PlacementOptions) -> list[Device]:
-    """The GPUs that take layers (-sm none: the main GPU only)."""
-    gpus = list(devices.gpus)
+    """The GPUs that take layers (-dev: the selected ones; -sm none: the main GPU of those only)."""
+    gpus = selected_gpus(devices, opts)
     if opts.split_mode == "none" and gpus:
         gpus = [gpus[opts.main_gpu]] if 0 <= opts.main_gpu < len(gpus) else []
     return gpus
@@ -309,6 +332,7 @@ class _PlaceOne:
                  home: _HomeOf) -> None:
         self.devices, self.opts, self.memo, self.home = devices, opts, memo, home
         self.cpu_buft = _CpuBuft(devices, opts)
+        self.gpu_buft = {g.name: gpu_buft(g.name, devices, opts) for g in devices.gpus}
         self.by_rule: dict[int, tuple[str | None, bool, str]] = {}  # override -> (device, names CPU, rule)
         self.skip_nextn = not opts.load_mtp
 
@@ -339,12 +363,12 @@ class _PlaceOne:
         override is ``i``."""
         if i is None:
             dev, rule = self.home.by_layer.get(t.layer) or self.home(t)  # its layer's answer looked up here
-            buft = dev if dev != CPU else self.cpu_buft(t)
+            buft = self.gpu_buft.get(dev, dev) if dev != CPU else self.cpu_buft(t)
         else:
             to = self.rule_of(i)
             dev, rule = to[0] or self.home(t)[0], to[2]
             if dev != CPU:
-                buft = dev
+                buft = self.gpu_buft.get(dev, dev)
             elif to[1] and self.opts.plain_cpu_overrides:  # device_buft(..., cpu_override=True)
                 buft = CPU_MAPPED if self.opts.use_mmap else CPU
             else:
@@ -461,7 +485,7 @@ class _CpuBuft:
     """:func:`_cpu_buft` with the device set's host buffer worked out once."""
 
     def __init__(self, devices: DeviceSet, opts: PlacementOptions) -> None:
-        hosts = [g.host_buffer_name for g in devices.gpus if g.host_buffer_name]
+        hosts = [g.host_buffer_name for g in selected_gpus(devices, opts) if g.host_buffer_name]
         self.host = None if opts.no_host or not hosts else hosts[0]
         self.devices, self.opts = devices, opts
 

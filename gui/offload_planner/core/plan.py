@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from offload_planner.core.devices import DeviceSet
+from offload_planner.core.devices import DeviceSet, llama_order
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
 from offload_planner.core.item_changes import note_changed
@@ -43,6 +43,7 @@ from offload_planner.core.placement import (
     device_buft,
     place,
     placed_devices,
+    selected_gpus,
 )
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.speculative import SpecSettings, extra_contexts, load_spec
@@ -83,16 +84,50 @@ class Plan:
     #: the LLAMA_ARG_* variables that set flags the plan keeps (not exported: the environment sets
     #: them at launch too); read with ``extra_args``, which win, as llama-server reads them
     env: dict[str, str] = field(default_factory=dict)
+    #: the load mode maps the model but the build turned mmap off for what the plan places on the host
+    #: (ik from PR 1510: a weight sent to the CPU by an -ot rule); an edit that takes the cause away
+    #: maps it again (``placement_options.use_mmap`` is the mmap the server uses)
+    mmap_off_by_overrides: bool = False
 
     def __post_init__(self) -> None:
         """What placement takes from the dialect follows it (the output layer first; no CPU_REPACK
-        buffers where the build has none)."""
+        buffers where the build has none; mmap off where its rule turns it off)."""
         d, po = self.dialect, self.placement_options
         repack = po.use_extra_bufts and d.has_cpu_repack
         if (po.output_first, po.use_extra_bufts, po.plain_cpu_overrides) != (
                 d.output_first, repack, d.plain_cpu_overrides):
             self.placement_options = replace(po, output_first=d.output_first, use_extra_bufts=repack,
                                              plain_cpu_overrides=d.plain_cpu_overrides)
+        self._follow_the_mmap_rule()
+
+    def _follow_the_mmap_rule(self) -> None:
+        """``use_mmap`` as the server will have it after the edits: mapped when the load mode asks for it,
+        unless the dialect turns mmap off for a weight on the host (``host_overrides_turn_mmap_off``) and
+        the plan has one there by a rule: the command's ``-ot ...=CPU``, or a move to the CPU of a
+        weight the command places elsewhere (the exported command sends it there by ``-ot NAME=CPU``,
+        adding ``--no-mmap``: :func:`plan_command`)."""
+        po = self.placement_options
+        wanted = po.use_mmap or self.mmap_off_by_overrides
+        off = wanted and self.dialect.host_overrides_turn_mmap_off and self._weights_ruled_to_host()
+        if (po.use_mmap, self.mmap_off_by_overrides) != (wanted and not off, off):
+            self.placement_options = replace(po, use_mmap=wanted and not off)
+            self.mmap_off_by_overrides = off
+
+    def _weights_ruled_to_host(self) -> bool:
+        """A weight placed on the CPU by a rule: the command's (as ik reads them) or the export's (a move
+        to the CPU of a weight that the command's settings without its rules place on a GPU)."""
+        from offload_planner.core.engine import places_on_host
+
+        po = self.placement_options
+        if places_on_host(self.model, po.overrides):
+            return True
+        to_cpu = [name for name, dev in self.moves.items() if dev == CPU]
+        if not to_cpu:
+            return False
+        start = replace(po, overrides=())
+        items = _cached_place(self.model, self.devices, start).items
+        index = _item_index(self.model, self.devices, start)
+        return any(items[i].device not in (CPU, None) for name in to_cpu for i in index.get(name, ()))
 
     @property
     def dialect(self) -> Dialect:
@@ -143,8 +178,13 @@ class Plan:
         return add_to_projection(proj, self.mmproj_buffers()[0])
 
     def mmproj(self) -> MmprojSetup | None:
-        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's."""
-        return argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+        """The ``--mmproj`` projector the server loads: from the kept flags, over the environment's; its
+        device without ``-mmdev`` is the first of ``-dev``'s (common/arg.cpp), which the plan keeps."""
+        setup = argv_mmproj_setup(tuple(self.extra_args), tuple(self.env.items()))
+        selected = self.placement_options.selected
+        if setup is None or selected is None:
+            return setup
+        return replace(setup, devices=selected or ("none",))
 
     def mmproj_buffers(self) -> tuple[list[Buffer], list[str]]:
         """The projector's buffers (none without one, or where the dialect's are not projected) and
@@ -191,7 +231,7 @@ REGENERATED_FLAGS = frozenset({
     "--override-tensor", "--cpu-moe", "--n-cpu-moe", "--batch-size", "--ubatch-size", "--parallel",
     "--kv-unified", "--flash-attn", "--cache-type-k", "--cache-type-v", "--kv-offload", "--no-kv-offload",
     "--swa-full", "--load-mode", "--mmap", "--no-mmap", "--mlock", "--no-host", "--repack", "--fit",
-    "--mla-use", "--attention-max-batch",
+    "--mla-use", "--attention-max-batch", "--device",
 })
 
 
@@ -216,14 +256,15 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
                    passthrough: list[str] | None = None) -> Plan:
     """A plan whose base is what llama-server would do with these arguments (a ParsedArgs, whose
     other flags are kept for the exported command, or bare ServerArgs)."""
-    from offload_planner.core.engine import context_params, placement_options
+    from offload_planner.core.engine import context_params, mmap_requested, placement_options
 
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
     extra = list(passthrough) if passthrough is not None else kept_args(args)
     spec = load_spec(devices, args, dialect, placement_options)
     extra = Dialect(dialect).draft_kept_args(extra, spec.draft)
-    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args))
+    return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args),
+                mmap_off_by_overrides=mmap_requested(args, dialect) and not popts.use_mmap)
 
 
 def _units_per_gpu(placement: Placement, gpus: list[str]) -> list[int]:
@@ -235,12 +276,16 @@ def plan_command(plan: Plan) -> list[str]:
     otherwise vary at run time (-c, -ngl, -ts, --fit)."""
     m, opts, ctx = plan.model, plan.placement_options, plan.context
     target = plan.placement().tensor_devices()
-    gpus = [g.name for g in plan.devices.gpus]
+    gpus = [g.name for g in selected_gpus(plan.devices, opts)]
     base_opts = replace(opts, overrides=())
     argv: list[str] = ["-m", m.path]
-    rpc = [g.endpoint for g in plan.devices.gpus if g.endpoint]
+    # every server, by its devices' numbers: -dev names them RPC<i> in --rpc order (a device set in the
+    # order a -dev run logged them, devices_from_log, may list RPC1 first)
+    rpc = [g.endpoint for g in sorted(plan.devices.gpus, key=llama_order) if g.endpoint]
     if rpc:
         argv += ["--rpc", ",".join(rpc)]
+    if opts.selected is not None:
+        argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in gpus) or "none"]  # those it has
     argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers

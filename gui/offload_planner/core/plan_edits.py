@@ -51,17 +51,24 @@ def with_option(plan: Plan, key: str, value: Any) -> Plan:
             # as core.engine.context_params derives it for llama-server
             ctx = replace(ctx, n_outputs_max=min(ctx.n_batch, ctx.n_seq_max))
         return replace(plan, context=ctx)
-    return replace(plan, placement_options=replace(plan.placement_options, **{name: value}))
+    popts = replace(plan.placement_options, **{name: value})
+    if name == "use_mmap":  # the user's choice; the dialect's rule may still turn it off (Plan)
+        if value == plan.placement_options.use_mmap:  # (undoing a tick ik overruled restores the plan)
+            return plan
+        return replace(plan, placement_options=popts, mmap_off_by_overrides=False)
+    return replace(plan, placement_options=popts)
 
 
 def with_dialect(plan: Plan, dialect: Dialect) -> Plan:
     """Pinned mainline offloads the output layer first; older builds and ik only with ngl > n_layer
     (core.engine.placement_options). The context takes the dialect's sizing rules, and ik its default
-    MLA mode and -amb and no CPU_REPACK buffers."""
+    MLA mode and -amb and no CPU_REPACK buffers.  A build with one KV stream has no unified-KV setting
+    (ik refuses ``-kvu``; its parser leaves the flag off, and so does the switch)."""
     dialect = Dialect(dialect)
     popts = replace(plan.placement_options, use_extra_bufts=dialect.has_cpu_repack)  # Plan derives the rest
     ctx = replace(plan.context, dialect=dialect, mla=dialect.mla(plan.model, None), amb=dialect.amb(None),
-                  repack=plan.context.repack and dialect.has_mla_settings)  # -rtr: ik only
+                  repack=plan.context.repack and dialect.has_mla_settings,  # -rtr: ik only
+                  kv_unified=plan.context.kv_unified and not dialect.single_kv_stream)
     return replace(plan, placement_options=popts, context=ctx)
 
 

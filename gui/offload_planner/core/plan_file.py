@@ -28,8 +28,15 @@ from typing import Any
 
 from offload_planner import __version__
 from offload_planner.core.arg_safety import strip_secrets
-from offload_planner.core.cmdline import Dialect, check_pattern, check_semantics, parse_server_args
+from offload_planner.core.cmdline import (
+    Dialect,
+    ParsedArgs,
+    check_pattern,
+    check_semantics,
+    parse_server_args,
+)
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX, MAX_DEVICES
+from offload_planner.core.cmdline.rpc_endpoint import rpc_endpoint_problem
 from offload_planner.core.devices import (
     Device,
     DeviceKind,
@@ -171,6 +178,10 @@ def plan_json(pf: PlanFile) -> dict[str, Any]:
     popts = dataclasses.asdict(pf.placement_options)
     popts["overrides"] = [dataclasses.asdict(o) for o in pf.placement_options.overrides]
     popts["tensor_split"] = list(pf.placement_options.tensor_split)
+    if pf.placement_options.selected is None:  # no -dev: written as before the selection was kept
+        del popts["selected"]
+    else:
+        popts["selected"] = [n for n in pf.placement_options.selected if pf.devices.by_name(n)]  # GPUs it has
     extra, _removed = strip_secrets(pf.extra_args, pf.dialect)
     return {
         "format": FORMAT,
@@ -385,17 +396,20 @@ def _plan_file(root: At) -> PlanFile:
         if not name or len(name) > 512 or "\0" in name:
             raise dev.fail("not a tensor name")
         moves[name] = _device_name(dev, devices)
-    extra = _extra_args(root.key("extra_args", []), dialect, devices)
+    extra, selected = _extra_args(root.key("extra_args", []), dialect, devices)
+    if selected is not None and popts.selected is None:  # a file from before the plan kept -dev itself
+        popts = dataclasses.replace(popts, selected=selected)
     backend = {k: v.text() for k, v in root.key("backend", {}).items(max_len=64)}
     return PlanFile(model_path, fp, devices, popts, ctx, dialect, moves, extra, backend)
 
 
-def _extra_args(at: At, dialect: Dialect, devices: DeviceSet) -> list[str]:
+def _extra_args(at: At, dialect: Dialect, devices: DeviceSet) -> tuple[list[str], tuple[str, ...] | None]:
     """The flags the plan keeps verbatim, checked as ``plan`` checks its command line (llama-server's
     refusals that need no model: an unknown flag, ``-t abc``, ``-ot`` naming no device of the plan):
     a hand-edited entry went into the command unchecked. A flag the plan sets itself (``-ts``, ``-c``,
     ``-ot``, ...: core.plan.REGENERATED_FLAGS) is refused too: it would override the plan's own
-    while the estimate assumed the plan's."""
+    while the estimate assumed the plan's. ``-dev`` is taken out and returned as the GPUs it selects:
+    files saved before the plan wrote it itself (placement_options.selected) kept it here."""
     entries = at.elements(max_len=MAX_ARGS)
     extra = [a.text(max_len=65536) for a in entries]
     if extra and not extra[0].startswith("-"):
@@ -407,10 +421,21 @@ def _extra_args(at: At, dialect: Dialect, devices: DeviceSet) -> list[str]:
         i = next((i for i, a in enumerate(extra) if a == e.flag or a.startswith(f"{e.flag}=")), None)
         raise (at if i is None else entries[i]).fail(f"llama-server would refuse it: {e}")
     for f in parsed.flags:
-        if f.index >= 0 and f.key in REGENERATED_FLAGS:
+        if f.index >= 0 and f.key in REGENERATED_FLAGS and f.key != "--device":
             raise entries[f.index].fail(f"{f.spelling} is set by the plan itself (its devices, placement or "
                                         "context): extra_args keep only the flags the plan does not set")
-    return extra
+    return _without_device(extra, parsed, dialect, devices)
+
+
+def _without_device(extra: list[str], parsed: ParsedArgs, dialect: Dialect, devices: DeviceSet
+                    ) -> tuple[list[str], tuple[str, ...] | None]:
+    """``extra`` without its ``-dev`` (``-dev X`` or ``-dev=X``), and the GPUs that selects."""
+    uses = [f for f in parsed.flags if f.key == "--device" and f.index >= 0]
+    if not uses:
+        return extra, None
+    drop = {f.index for f in uses} | {f.index + 1 for f in uses if extra[f.index] == f.spelling and f.values}
+    selected = dialect.selected_gpus(parsed.args.devices, [g.name for g in devices.gpus])
+    return [a for i, a in enumerate(extra) if i not in drop], selected
 
 
 def _short(text: str) -> str:
@@ -468,7 +493,12 @@ def _devices(at: At) -> DeviceSet:
 
 #: ``Metal0``: a plan file written before the planner named Metal devices as the pinned build does (MTL0)
 _DEVICE_NAME = re.compile(r"(CPU|CUDA|ROCm|Vulkan|MTL|Metal|SYCL|RPC)(\d{0,3})")
-_ENDPOINT = re.compile(r"[A-Za-z0-9._\-\[\]:]{1,253}:\d{1,5}")
+
+
+def _usable_endpoint(endpoint: str) -> bool:
+    """An ``--rpc`` entry llama-server can use (as the parser reads it: ``127.0.0.1:50052x`` is port
+    50052), printable and without the ``,`` that would split it in two."""
+    return endpoint.isprintable() and "," not in endpoint and not rpc_endpoint_problem(endpoint)[0]
 
 
 def _device(at: At, *, cpu: bool) -> Device:
@@ -486,11 +516,7 @@ def _device(at: At, *, cpu: bool) -> Device:
     if cpu != (kind is DeviceKind.CPU):
         raise name_at.fail("the CPU entry must be CPU" if cpu else "CPU cannot be a GPU entry")
     endpoint = at.key("endpoint", "").text(max_len=260)
-    if endpoint and (
-        kind is not DeviceKind.RPC
-        or not _ENDPOINT.fullmatch(endpoint)
-        or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536
-    ):
+    if endpoint and (kind is not DeviceKind.RPC or not _usable_endpoint(endpoint)):
         raise at.key("endpoint").fail(f"{endpoint[:80]!r} is not the HOST:PORT of an RPC server")
     total = at.key("total", None).opt_integer(0, MAX_BYTES)
     free = at.key("free", None).opt_integer(0, MAX_BYTES)
@@ -568,7 +594,18 @@ def _placement_options(at: At, devices: DeviceSet, dialect: Dialect) -> Placemen
         cpu_profile=at.key("cpu_profile", "x86-avx2").choice(sorted(REPACK_TYPES)),
         load_mtp=at.key("load_mtp", False).boolean(),
         plain_cpu_overrides=at.key("plain_cpu_overrides", dialect.plain_cpu_overrides).boolean(),
+        selected=_selected(at.key("selected", None), devices),
     )
+
+
+def _selected(at: At, devices: DeviceSet) -> tuple[str, ...] | None:
+    """The GPUs a ``-dev`` selected (absent or null: none given), each a GPU of the plan, once."""
+    if at.value is None:
+        return None
+    names = tuple(_device_name(e, devices) for e in at.elements(max_len=MAX_DEVICES))
+    if "CPU" in names or len(set(names)) != len(names):
+        raise at.fail("the selected devices are GPUs of the plan, each once")
+    return names
 
 
 def _override(at: At, devices: DeviceSet) -> Override:

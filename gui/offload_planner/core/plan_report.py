@@ -92,7 +92,24 @@ def mmap_notes(projection: Projection) -> list[str]:
                 f"file (mmap), not the {span / GiB:.2f} GiB file span llama.cpp logs for the mapping: the "
                 "span includes other devices' tensors, which are never read into RAM"
             )
+        if note := _gpu_span_note(dm):
+            out.append(note)
     return out
+
+
+def _gpu_span_note(dm: DeviceMemory) -> str:
+    """A GPU whose backend maps the model file (Metal's ``MTL0_Mapped``) counts the whole span, which holds
+    other devices' tensors where its own are not contiguous in the file (a partial offload of a model
+    whose output or tied embedding lies at the file's start): said where the gaps are over 1% (and 1 MiB)."""
+    spans = [b for b in dm.buffers if b.resident is None and b.tensor_bytes is not None]
+    span = sum(b.bytes for b in spans)
+    own = sum(b.tensor_bytes or 0 for b in spans)
+    if not spans or span - own <= max(span // 100, MiB):
+        return ""
+    return (f"{dm.device.name} weights count the {span / GiB:.2f} GiB file span llama.cpp maps for them with "
+            f"mmap ({spans[0].name}), of which {own / GiB:.2f} GiB are its tensors: the span includes other "
+            "devices' tensors lying between them, mapped into the GPU's working set too; without mmap only "
+            "its tensors are copied")
 
 
 def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequence[str],

@@ -11,7 +11,7 @@ from dataclasses import replace
 from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.fit import FitResult, fit_params
 from offload_planner.core.memory import Projection, alloc_size, pad
-from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.placement import CPU, Placement, selected_gpus
 from offload_planner.core.plan import Plan
 
 Moves = dict[str, str | None]
@@ -127,7 +127,7 @@ def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
     """What the pinned llama-server's ``--fit`` would run if the plan left -ngl, -ts, -ot (and an
     unset context) to it: the fitted plan (the user's moves dropped: the fit starts from the
     command) and llama.cpp's result. Each GPU's free memory is its known free (else total)."""
-    unknown = [g.name for g in plan.devices.gpus if g.capacity is None]
+    unknown = [g.name for g in selected_gpus(plan.devices, plan.placement_options) if g.capacity is None]
     if unknown:
         raise ValueError(f"the memory of {', '.join(unknown)} is unknown: give it a size first")
     popts = replace(plan.placement_options, overrides=(), tensor_split=())

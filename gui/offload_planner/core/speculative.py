@@ -46,9 +46,7 @@ from offload_planner.core.memory import (
 )
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placement, PlacementOptions, place
-
-DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
-DEFAULT_N_MAX = 3  # common_params_speculative_draft::n_max
+from offload_planner.core.spec_defaults import DEFAULT_DRAFT_N_MAX, DRAFT_TYPES
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,7 @@ class SpecSettings:
     mtp: bool = False
     type_k: str = "f16"  # -ctkd/-ctvd also type the MTP context's cache
     type_v: str = "f16"
-    n_max: int = DEFAULT_N_MAX  # --spec-draft-n-max: tokens drafted a step
+    n_max: int = DEFAULT_DRAFT_N_MAX  # --spec-draft-n-max: tokens drafted a step
     #: the draft model drafts (the dialect's rule: :attr:`Dialect.draft_needs_spec_type`); False: loaded only
     draft_speculates: bool = True
     #: what the projection leaves out or approximates of the speculative stages (:meth:`Dialect.spec_notes`)
@@ -261,22 +259,20 @@ def open_draft(location: str) -> Model:
     """The ``-md`` file opened, the same :class:`Model` again while the file's modification time and
     size are unchanged (a search parses its command line once per candidate; opening reads the
     vocabulary's strings); URLs and unreadable paths are opened every time (errors name them)."""
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
 
     try:
         st = os.stat(location)
     except (OSError, ValueError):
-        return require_loadable(open_model(location))
+        return open_loadable(location)
     return _open_draft(location, st.st_mtime_ns, st.st_size)
 
 
 @functools.lru_cache(maxsize=2)
 def _open_draft(location: str, mtime_ns: int, size: int) -> Model:
-    from offload_planner.core.gguf_reader import open_model
-    from offload_planner.core.loadable import require_loadable
+    from offload_planner.core.loadable import open_loadable
 
-    return require_loadable(open_model(location))  # llama.cpp loads the draft as it loads the model
+    return open_loadable(location)  # llama.cpp loads the draft as it loads the model
 
 
 def spec_from_argv(devices: DeviceSet, argv: list[str], dialect: Dialect,

@@ -37,14 +37,13 @@ class _LoadTask(QRunnable):
         self._signals = signals
 
     def run(self) -> None:
-        from offload_planner.core.gguf_reader import open_model
-        from offload_planner.core.loadable import require_loadable
+        from offload_planner.core.loadable import open_loadable
 
         g = self._generation
         try:
-            model = open_model(self._location, progress=lambda d, t: self._signals.progress.emit(g, d, t))
+            # a model llama.cpp refuses to load: said when opened, not planned
+            model = open_loadable(self._location, progress=lambda d, t: self._signals.progress.emit(g, d, t))
             _ = model.summary  # computed here, not lazily on the GUI or projection thread
-            require_loadable(model)  # a model llama.cpp refuses to load: said when opened, not planned
         except PlannerError as e:
             self._signals.failed.emit(g, str(e))
             return

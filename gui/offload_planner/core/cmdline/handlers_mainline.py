@@ -9,10 +9,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi, stoull
+from offload_planner.core.cmdline.cnum import stof, stoi, stoull
 from offload_planner.core.cmdline.context import Ctx, HandlerError
-from offload_planner.core.cmdline.model import GPU_LAYERS_ALL, GPU_LAYERS_AUTO, ArgError, TensorOverride
+from offload_planner.core.cmdline.model import (
+    GPU_LAYERS_ALL,
+    GPU_LAYERS_AUTO,
+    ArgError,
+    ArgWarning,
+    TensorOverride,
+)
 from offload_planner.core.cmdline.moe import cpu_moe_overrides, n_cpu_ffn_overrides, n_cpu_moe_overrides
+from offload_planner.core.cmdline.rpc_endpoint import read_rpc_endpoint, rpc_endpoint_problem
 
 Handler = Callable[[Ctx], None]
 
@@ -134,41 +141,37 @@ def h_device(ctx: Ctx) -> None:
     ctx.args.devices = ["none"] if names == ["none"] else names
 
 
-def rpc_endpoint_problem(endpoint: str) -> tuple[str, str]:
-    """(what is wrong, what the pinned llama-server does) for one ``--rpc`` entry; ``("", "")`` when
-    its text is a usable HOST:PORT. ggml-rpc's ``parse_endpoint`` splits at the first ``:`` and reads
-    the rest with ``std::stoi`` (else it aborts: ``Failed to parse endpoint``); ``socket_t::connect``
-    resolves the host and connects to ``htons(port)``, the port modulo 65536 (``:99999`` is port
-    34463), and ggml-rpc-server listens on ports 1-65535 only."""
-    host, sep, tail = endpoint.partition(":")
-    parse_failed = f"llama-server stops: Failed to parse endpoint: {endpoint}"
-    if not endpoint:
-        return "an empty entry; expected HOST:PORT", parse_failed
-    if not sep:
-        return "no port; expected HOST:PORT", parse_failed
-    try:
-        port = stoi(tail)
-    except CNumberError as exc:
-        return f"port '{tail}': {exc.reason}", parse_failed
-    if not host:
-        return "no host before ':'; expected HOST:PORT", "llama-server stops: Cannot resolve host ''"
-    if not 1 <= port <= 65535:
-        return (f"port {port} is outside 1-65535",
-                f"llama-server would connect to port {port % 65536}; ggml-rpc-server listens on 1-65535 only")
-    return "", ""
-
-
 def h_rpc(ctx: Ctx) -> None:
     servers = string_split(ctx.value)
     for ep in servers:
         problem, server = rpc_endpoint_problem(ep)
         if problem:  # the server stops at the first such entry
             flag = ctx.use.env or ctx.use.spelling
-            where = f"{flag}={ctx.value}" if ctx.use.env else f"{flag} {ep or repr(ep)}"
+            where = f"{flag}={ctx.value}" if ctx.use.env else f"{flag} {_entry_text(ep)}"
             server = ctx.dialect.rpc_entry_reaction(problem, server)
             ctx.parsed.errors.append(ArgError(flag, ep, f"{where}: {problem}", explanation=server))
             return
+    for ep in servers:
+        _note_ignored_port_tail(ctx, ep)
     ctx.args.rpc_servers = [*(ctx.args.rpc_servers or []), *servers]
+
+
+def _entry_text(entry: str) -> str:
+    """An ``--rpc`` entry as a message names it: quoted when empty or with blanks at its ends."""
+    return entry if entry and entry == entry.strip() else repr(entry)
+
+
+def _note_ignored_port_tail(ctx: Ctx, entry: str) -> None:
+    """``--rpc 127.0.0.1:50052x``: std::stoi reads port 50052 and ignores ``x``; llama-server says
+    nothing and connects to 50052, we say so (as for ``-c 32k``)."""
+    ep = read_rpc_endpoint(entry)
+    if ep is None or not ep.ignored:
+        return
+    flag = ctx.use.env or ctx.use.spelling
+    where = f"{flag}={ctx.value}" if ctx.use.env else f"{flag} {_entry_text(entry)}"
+    message = (f"{where}: llama-server reads port {ep.port} of {ep.host} and ignores {ep.ignored!r} "
+               "(std::stoi stops at the first character that is not part of a number)")
+    ctx.parsed.warnings.append(ArgWarning(flag, entry, message))
 
 
 # --------------------------------------------------------------------------- context / KV

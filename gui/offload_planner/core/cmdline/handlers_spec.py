@@ -20,9 +20,6 @@ SPEC_TYPES = (
     "none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
     "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
 )
-#: Types whose draft length is ``--spec-draft-n-max`` (``common_speculative_n_max``).
-DRAFT_TYPES = frozenset({"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
-DEFAULT_DRAFT_N_MAX = 3  # common_params_speculative_draft::n_max
 
 
 def h_draft_model(ctx: Ctx) -> None:

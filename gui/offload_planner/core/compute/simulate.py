@@ -37,13 +37,15 @@ if TYPE_CHECKING:
 
 
 def model_gpus(devices: DeviceSet, placement: Placement) -> list[Device]:
-    """llama.cpp's device list for the model: every GPU, or only the main GPU with ``-sm none``.
+    """llama.cpp's device list for the model, in its order: every GPU, the ones ``-dev`` selects (in
+    its order), or only the main GPU with ``-sm none``.
 
     ``Placement`` may name them (``model_devices``); otherwise all of ``devices.gpus`` are used."""
     names = getattr(placement, "model_devices", None)
     if names is None:
         return list(devices.gpus)
-    return [g for g in devices.gpus if g.name in names]
+    by_name = {g.name: g for g in devices.gpus}
+    return [by_name[n] for n in names if n in by_name]
 
 
 def backends_for(devices: DeviceSet, placement: Placement) -> list[Backend]:

@@ -5,9 +5,10 @@ name) and carries everything that differs between llama-server builds, so the re
 asks it instead of testing names.  The defaults here are mainline llama.cpp's; each dialect module
 overrides what its build does differently and registers one instance.
 
-This module imports nothing of the planner at module level: the memory model and the command-line
-parser receive dialect objects, and the heavy parts of a dialect (ik's compute simulator) are
-imported by the dialect module's methods.
+This module imports nothing of the planner at module level but the constants of
+:mod:`~offload_planner.core.spec_defaults` (a module that imports nothing): the memory model and the
+command-line parser receive dialect objects, and the heavy parts of a dialect (ik's compute simulator)
+are imported by the dialect module's methods.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from offload_planner.core.spec_defaults import DEFAULT_DRAFT_N_MAX
 
 if TYPE_CHECKING:
     from offload_planner.core.buffer import Buffer
@@ -216,6 +219,21 @@ class Dialect(str, metaclass=_DialectType):
         m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name)
         return f"MTL{m[1]}" if m else name
 
+    def selected_gpus(self, names: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...] | None:
+        """The model's devices a ``-dev`` list selects, in its order, as the planner names them
+        (pinned mainline: ``llama_prepare_model_devices`` takes ``params.devices`` as given; ik:
+        ``model->devices`` from the names in order). None: no ``-dev`` (every GPU, the build's own
+        order); ``()`` for ``-dev none``. Names are matched as this build matches them
+        (:attr:`device_names_ignore_case`); a name no GPU has is left out (the parser refuses it)."""
+        if not names:
+            return None
+        if list(names) == ["none"]:
+            return ()
+        fold = str.lower if self.device_names_ignore_case else str
+        own = {fold(self.server_device_name(g)): g for g in gpus}
+        got = (own.get(fold(n)) for n in names)
+        return tuple(dict.fromkeys(g for g in got if g is not None))
+
     # --- flags ---
     def flag_table(self) -> FlagTable:
         raise NotImplementedError
@@ -359,8 +377,9 @@ class Dialect(str, metaclass=_DialectType):
         return kept
 
     def draft_n_max(self, draft: DraftArgs) -> int:
-        """Tokens drafted a step (``--spec-draft-n-max``, default 3: ``common_params_speculative_draft``)."""
-        return 3 if draft.n_max is None else max(0, draft.n_max)
+        """Tokens drafted a step (``--spec-draft-n-max``, default ``common_params_speculative_draft::n_max``:
+        :data:`~offload_planner.core.spec_defaults.DEFAULT_DRAFT_N_MAX`)."""
+        return DEFAULT_DRAFT_N_MAX if draft.n_max is None else max(0, draft.n_max)
 
     def draft_stop(self, draft: DraftArgs) -> tuple[float, str, bool]:
         """(p_min, where it comes from, given): a draft stops early when the draft's probability falls
@@ -372,12 +391,13 @@ class Dialect(str, metaclass=_DialectType):
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """The settings the draft model is loaded with (common/speculative.cpp
         ``common_base_params_to_speculative``): the main command line with its own ``-ngld`` and ``-otd``
-        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``."""
+        (the main ``-ot`` does not apply); a draft pinned to one device by ``-devd`` uses ``-sm layer``;
+        its devices are ``-devd``'s, else the main ``-dev``'s ("default to global devices value")."""
         from dataclasses import replace
 
         split = "layer" if pinned_to_one_gpu else args.split_mode
         return replace(args, n_gpu_layers=draft.n_gpu_layers, overrides=list(draft.overrides),
-                       split_mode=split)
+                       split_mode=split, devices=draft.devices or args.devices)
 
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """The draft cache's K and V types: ``-ctkd``/``-ctvd``, default f16 (also the MTP context's)."""

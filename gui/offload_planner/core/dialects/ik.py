@@ -241,8 +241,9 @@ class IkLlamaCpp(Dialect):
     def warnings(self, model: Model, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
         from offload_planner.core.compute_ik import IK_MTP_GRAPHS
         from offload_planner.core.ik import split_mode_warnings
+        from offload_planner.core.placement import selected_gpus
 
-        out = split_mode_warnings(model, popts.split_mode, len(devices.gpus))
+        out = split_mode_warnings(model, popts.split_mode, len(selected_gpus(devices, popts)))  # -dev's GPUs
         if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
                        "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
@@ -330,6 +331,7 @@ class IkLlamaCpp(Dialect):
         out.n_gpu_layers = draft.n_gpu_layers if draft.n_gpu_layers not in (None, -1) else None
         out.cache_type_k = draft.cache_type_k or args.cache_type_k
         out.cache_type_v = draft.cache_type_v or args.cache_type_v
+        out.devices = draft.devices or args.devices  # common/speculative.cpp 1950
         if draft.params:
             out = _parsed_onto(out, draft.params, self)
         out.n_parallel = 1
@@ -407,14 +409,17 @@ def _buffer_names(bufs: list[Buffer], devices: DeviceSet, *, mapped: bool, kv: b
     """ik_llama.cpp's buffer types (src/llama.cpp): the KV of layers left on the CPU and the output
     buffer take ``llama_default_buffer_type_cpu(true)``, the GPU host buffer (``CUDA_Host``) in a GPU
     build even with -ngl 0 (mainline: plain CPU; ``kv`` False for -nkvo, whose cache stays CPU); with
-    ``mapped`` the mmap'd weights are renamed to ik's plain ``CPU`` buffer
-    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type)."""
-    from offload_planner.core.placement import CPU, CPU_MAPPED
+    ``mapped`` the mmap'd weights are renamed to their device's plain buffer, as ik names them: ``CPU``
+    (``ggml_backend_cpu_buffer_from_ptr``: ik has no ``CPU_Mapped`` type) and Metal's (src/llama.cpp
+    4758-4770 at 8337e4cd: ``ggml_backend_metal_buffer_from_ptr`` of the same file span, a buffer of the
+    one Metal buffer type, logged ``Metal``: ggml-metal.m 4164, 4423)."""
+    from offload_planner.core.devices import is_mapped_buffer
+    from offload_planner.core.placement import CPU
 
     host = next((g.host_buffer_name for g in devices.gpus if g.host_buffer_name), None)
     for b in bufs:
-        if mapped and b.name == CPU_MAPPED:
-            b.name = CPU
+        if mapped and is_mapped_buffer(b.name):
+            b.name = b.device
         elif not mapped and host and b.name == CPU and (b.kind == "output" or (kv and b.kind == "kv")):
             b.name = host
 

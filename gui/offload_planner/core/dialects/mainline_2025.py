@@ -79,8 +79,10 @@ class Mainline2025(Mainline):
         return MAINLINE_2025_EXPS_REGEX
 
     def notes(self, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+        from offload_planner.core.placement import selected_gpus
+
         cpu_rule = any(o.buft.upper() == "CPU" for o in popts.overrides)
-        if not (cpu_rule and any(g.host_buffer_name for g in devices.gpus)):
+        if not (cpu_rule and any(g.host_buffer_name for g in selected_gpus(devices, popts))):  # -dev's
             return []
         return ["two rules for -ot ...=CPU in 2025 builds: from b6050 (PR 14990, August 2025) the "
                 "weights take the CPU list's first buffer type (the GPU's host buffer, "

@@ -66,12 +66,12 @@ class Baselines(Evaluator):
         """Predicted over, by less than a prediction of the compute buffers may be wrong."""
         if c.verified or not c.over:
             return False
-        left = room(c.projection, self.devices)
+        left = room(c.projection, self.offload)
         return all(-left[g] < NEAR_MISS for g in c.over)
 
     def _n_cpu_moe_guess(self, top: Candidate) -> int:
         """The smallest N whose expert layers N.. fit each layer's GPU by the bytes alone."""
-        left = room(top.projection, self.devices)
+        left = room(top.projection, self.offload)
         per_layer: dict[int, tuple[str, int]] = {}
         placement = top.plan.placement()
         for p in placement.items:
@@ -96,7 +96,7 @@ class Baselines(Evaluator):
     @property
     def fits_by_default(self) -> bool:
         """llama-server runs its ``--fit`` on this command (the dialect's default, a GPU to fit)."""
-        return self.dialect.fits_by_default and bool(self.devices.gpus)
+        return self.dialect.fits_by_default and bool(self.offload_gpus)
 
     def llama_fit_result(self) -> FitResult | None:
         """What llama-server's own ``--fit`` makes of the command, its port's search (its dry runs),

@@ -15,7 +15,7 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Placement
+from offload_planner.core.placement import Placement, selected_gpus
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.acceptance import AcceptArg
 from offload_planner.core.speed.candidate import Candidate, host_left, room
@@ -87,12 +87,26 @@ class Evaluator:
         self.fit_result: FitResult | None = None  # llama.cpp's --fit on the command (fit_plan)
         self._layers: dict[tuple[object, ...], list[LayerCost]] = {}  # layout.layer_costs per variant
 
+    @functools.cached_property
+    def offload_gpus(self) -> list[str]:
+        """The GPUs the search may fill, in llama.cpp's order: those the command's ``-dev`` selects
+        (in its order), else every GPU; llama-server aborts on weights in an unselected GPU's buffer."""
+        return [g.name for g in selected_gpus(self.devices, self.plan([]).placement_options)]
+
+    @functools.cached_property
+    def offload(self) -> DeviceSet:
+        """The CPU and :attr:`offload_gpus`: the devices whose room the search weighs."""
+        names = self.offload_gpus
+        if len(names) == len(self.devices.gpus):
+            return self.devices
+        return replace(self.devices, gpus=tuple(g for g in self.devices.gpus if g.name in names))
+
     def plan(self, extra: Sequence[str]) -> Plan:
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
         return p.with_moves(self.moves) if self.moves else p
 
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
-        over = [n for n, left in room(proj, self.devices).items() if left < 0]
+        over = [n for n, left in room(proj, self.offload).items() if left < 0]
         speed = functools.cache(lambda: self.speed(plan, proj))
         host = host_left(proj, self.devices)
         c = Candidate(label, plan, proj, speed, over, verified, max(0, -host) if host is not None else 0)

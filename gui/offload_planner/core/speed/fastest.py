@@ -146,7 +146,7 @@ class _Search(Fills, Baselines):
         """``over`` (projected in full, over on some GPUs) with routed experts the search moved to
         each such GPU sent back to the CPU, highest layers first, until the bytes sent back cover
         what the projection puts over the limit; None when the search moved nothing there."""
-        left = room(over.projection, self.devices)
+        left = room(over.projection, self.offload)
         moves = dict(over.plan.moves)
         changed = False
         for g in over.over:

@@ -54,8 +54,8 @@ class Fills(Evaluator):
     def gpu_order(self, own: str) -> list[str]:
         """The GPUs for a layer whose device is ``own``: that one (no extra graph split), then the
         others by their memory bandwidth."""
-        gpus = sorted(self.devices.gpus, key=lambda g: -self.hw[g.name].bandwidth.value)
-        return [own] * (own != CPU) + [g.name for g in gpus if g.name != own]
+        gpus = sorted(self.offload_gpus, key=lambda g: -self.hw[g].bandwidth.value)
+        return [own] * (own != CPU) + [g for g in gpus if g != own]
 
     def fill(self, start: Candidate) -> list[Candidate]:
         """Whole expert layers onto the GPUs, then the same with single expert tensors added where
@@ -77,8 +77,8 @@ class Fills(Evaluator):
         layers = self._layers.get(key)
         if layers is None:
             layers = self._layers[key] = layer_costs(plan, start.projection, free)
-        margins = {g.name: margin_of(g) for g in self.devices.gpus}
-        budget = budgets(plan, start.projection, layers, self.devices, margins)
+        margins = {g.name: margin_of(g) for g in self.offload.gpus}
+        budget = budgets(plan, start.projection, layers, self.offload, margins)
         sp = speeds(plan, self.hw, self.eff)
         out: list[Candidate] = []
         slack = max(PART_SLACK_MIN, PART_SLACK_PER_UB * plan.context.n_ubatch)
@@ -101,7 +101,7 @@ class Fills(Evaluator):
         is over from its budget and the layout is made again (three tries).  ``slack``: packed with
         parts (:func:`best_layout`), and a GPU that takes parts must keep ``slack`` bytes free by the
         prediction (its compute buffers are another split's: the prediction may be short)."""
-        gpus = [g.name for g in self.devices.gpus]
+        gpus = self.offload_gpus
         how = "own -ts" if len(gpus) > 1 else "small layers first"
         how += (", parts" if slack is not None else "") + tag
         label = f"fastest ({_describe(variant(plan))}, {how})"
@@ -113,7 +113,7 @@ class Fills(Evaluator):
             p = replace(plan, placement_options=replace(plan.placement_options, tensor_split=ts))
             moves = lay.moves(layers, gpus)
             c = self.candidate(label, p.with_moves(moves))
-            left = room(c.projection, self.devices)
+            left = room(c.projection, self.offload)
             keep = {g: (slack or 0) if any(moves[x] == g for x in lay.parts) else 0 for g in gpus}
             short = [g for g in gpus if g in left and left[g] < keep[g]]
             if not short:
@@ -128,7 +128,7 @@ class Fills(Evaluator):
     def fill_layers(self, start: Candidate) -> tuple[Candidate, dict[str, str]]:
         plan = start.plan
         placement = start.projection.placement
-        left = room(start.projection, self.devices)
+        left = room(start.projection, self.offload)
         assigned: dict[str, list[int]] = {}
         layers = self.expert_layers(plan)
         moves: dict[str, str] = {}
@@ -165,7 +165,7 @@ class Fills(Evaluator):
     def fill_tensors(self, cand: Candidate, plan: Plan, moves: dict[str, str]) -> Candidate | None:
         """Single expert tensors (largest first) into the room each GPU has left, on their layer's
         own GPU where it has room (no extra graph split); None when none fits."""
-        left = room(cand.projection, self.devices)
+        left = room(cand.projection, self.offload)
         placement = cand.plan.placement()
         rest = sorted(((n, il) for il, names in self.expert_layers(plan).items() for n in names
                        if n not in moves), key=lambda p: -self.model.tensor(p[0]).nbytes)
@@ -201,7 +201,7 @@ class Fills(Evaluator):
         estimate of each layer's cost leaves slack for compute buffers that may not be needed)."""
         for _ in range(len(layers)):
             rest = [il for il in sorted(layers) if layers[il][0] not in moves]
-            left = room(cand.projection, self.devices)
+            left = room(cand.projection, self.offload)
             if not rest or not left:
                 return cand, moves
             g = max(left, key=lambda n: left[n])

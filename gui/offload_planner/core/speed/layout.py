@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.memory import Projection, alloc_size, kv_buffers, pad
-from offload_planner.core.placement import CPU
+from offload_planner.core.placement import CPU, selected_gpus
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.efficiency import Efficiencies
@@ -95,7 +95,7 @@ def may_split(plan: Plan) -> bool:
     """The search may choose the layer split: every unit on a GPU (-ngl all), -sm layer and no -ts of
     the user's (their split is a pin)."""
     po = plan.placement_options
-    if po.split_mode != "layer" or any(po.tensor_split) or not plan.devices.gpus:
+    if po.split_mode != "layer" or any(po.tensor_split) or not selected_gpus(plan.devices, po):
         return False
     units = plan.base_placement().unit_devices
     return CPU not in units and len(units) == plan.model.summary.n_layer + 1
@@ -148,7 +148,7 @@ def weighted(layers: Sequence[LayerCost], reads: StepReads) -> list[LayerCost]:
 
 def speeds(plan: Plan, hw: Hardware, eff: Efficiencies) -> Speeds:
     """The estimate's figures (:mod:`estimate`) the layout weighs: effective bandwidths and splits."""
-    gpus = [g.name for g in plan.devices.gpus]
+    gpus = [g.name for g in selected_gpus(plan.devices, plan.placement_options)]  # -dev: its GPUs
     spb = [1.0 / (_bandwidth(hw[g], eff)[0] * 1e9) for g in gpus]
     detour = [_split_seconds(plan, hw, eff, [(g, CPU), (CPU, g)]) for g in gpus]
     boundary = _split_seconds(plan, hw, eff, [(gpus[0], gpus[-1])]) if len(gpus) > 1 else 0.0
@@ -157,15 +157,17 @@ def speeds(plan: Plan, hw: Hardware, eff: Efficiencies) -> Speeds:
 
 def budgets(plan: Plan, proj: Projection, layers: Sequence[LayerCost], devices: DeviceSet,
             margins: dict[str, int]) -> list[int]:
-    """Per GPU (llama.cpp's order): capacity minus margin minus what does not follow a layer."""
+    """Per GPU the plan fills (llama.cpp's order: -dev's GPUs in its order): capacity minus margin minus
+    what does not follow a layer."""
     placement = proj.placement
-    follows = dict.fromkeys((g.name for g in devices.gpus), 0)
+    gpus = [g for g in selected_gpus(plan.devices, plan.placement_options) if devices.by_name(g.name)]
+    follows = dict.fromkeys((g.name for g in gpus), 0)
     for lc in layers:
         d = placement.layer_device(lc.index)
         if d in follows:
             follows[d] += lc.base
     out = []
-    for g in devices.gpus:
+    for g in gpus:
         fixed = proj.device(g.name).resident() - follows[g.name]
         out.append((g.capacity or 0) - margins[g.name] - fixed)
     return out

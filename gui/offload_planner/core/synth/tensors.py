@@ -242,6 +242,7 @@ LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
 
 LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "llama": _llama_layer,
+    "qwen3": _llama_layer,  # dense Qwen3: llama's layer with the q/k norms (``qk_norm``)
     "qwen3moe": _qwen3moe_layer,
     "deepseek2": _deepseek2_layer,
     "glm4moe": _glm4moe_layer,
