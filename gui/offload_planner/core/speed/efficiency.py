@@ -81,7 +81,10 @@ _MAINLINE_CPU_ATTN = Figure(0.032, "x peak", Source.DEFAULT,
 #: clocks.  These two posts are not in tests/data (its schema takes llama.cpp / ik_llama.cpp threads).
 #: Mainline's GEMVs and vec_dots are AVX2 code on every x86 CPU (arch/x86/repack.cpp
 #: ``ggml_gemv_q4_K_8x8_q8_K``, arch/x86/quants.c), so ik's AVX-512 figure does not carry over, and no
-#: public mainline sweep of an AVX-512 CPU at a few threads was found: the figure stays.
+#: public mainline sweep of an AVX-512 CPU at a few threads was found: the figure stays as the default.
+#: Where the RAM probe ran (this machine's CPU and its loopback rpc-servers) one thread's measured copy
+#: x ``probe_bandwidth`` replaces it (core.speed.rates.thread_bandwidth).  The MoE model's excess above
+#: was its attention at the bench's depth, which the estimate at depth 0 did not price (``cpu_attention``).
 _THREAD_BW = _d(10.0, "GB/s per thread")
 #: Op offload's copy of a host weight that is not in a pinned (``<GPU>_Host``) buffer, against the
 #: pinned rate: with mmap (the default) llama.cpp keeps CPU weights in the mapping, pageable
