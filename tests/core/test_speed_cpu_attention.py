@@ -41,3 +41,21 @@ def test_a_cpu_tokens_attention_at_depth_runs_at_mainlines_measured_rate(small_m
     added = 1.0 / est.tg_tps_at_depth - 1.0 / est.tg_tps
     assert added == pytest.approx(max(compute, reads), rel=1e-6)
     assert (compute > reads) is (dialect == "llama.cpp")
+
+
+def test_a_measurement_at_a_depth_calibrates_the_bandwidth_net_of_the_attention(
+        small_models: dict[str, Path]) -> None:
+    """``launch --bench`` times tokens generated after its prompt: compared with the estimate at their
+    depth, a measurement that matches it leaves the CPU's bandwidth as it is (against tg at depth 0,
+    the attention's time was read as slower reads: probe_bandwidth 0.9 -> lower)."""
+    from offload_planner.core.speed.calibrate import calibrate
+    from offload_planner.core.speed.hardware import Figure, Source
+
+    model = open_model(small_models["llama"])
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB), ())
+    plan = plan_from_args(model, devices, parse_server_args(["-c", "4096", "-t", "8"]))
+    hw = hardware_for(devices, threads=8, probe=Figure(40.0, "GB/s", Source.MEASURED, "pinned"))
+    est = estimate(plan, hw, eff=DEFAULT, depth=3000)
+    assert est.tg_tps_at_depth is not None and est.tg_tps_at_depth < 0.9 * est.tg_tps
+    cal = calibrate(est, hw, DEFAULT, tg_tps=est.tg_tps_at_depth)
+    assert cal.values == {"probe_bandwidth": pytest.approx(0.9, rel=1e-3)}

@@ -78,12 +78,15 @@ def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: floa
 
 def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,
               pp_tps: float | None = None) -> Calibration:
-    """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates."""
+    """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates; tg
+    measured after ``est.depth`` tokens of context when the estimate has one (its tg there)."""
     cal = Calibration()
     if tg_tps and est.tg_tps > 0 and est.devices:
         d = max(est.devices, key=lambda x: x.tg_ms_per_token)
+        # measured at a depth (est.depth): the token's attention and KV reads there are other parts
+        tg_est = est.tg_tps_at_depth if est.depth and est.tg_tps_at_depth else est.tg_tps
         _rescale(cal, _own(hw[d.name], eff), _bandwidth_name(hw[d.name], eff), d.tg_ms_per_token / 1e3,
-                 1.0 / est.tg_tps, 1.0 / tg_tps, f"tg (bottleneck {d.name})")
+                 1.0 / tg_est, 1.0 / tg_tps, f"tg (bottleneck {d.name})")
     if pp_tps and est.pp_tps > 0 and est.devices:
         d = max(est.devices, key=lambda x: x.pp_ms)
         total_est = est.prompt / est.pp_tps
