@@ -31,7 +31,10 @@ text) is a few ms whatever the model: a few per cent of a big model's simulation
 whole simulation of a small one.  Times are CPU time of this process (``time.process_time``), best
 of ``--runs``, the three measures interleaved.
 
-    python bench/plan_speed.py [--only NAME ...] [--runs 3] [--imports]
+``--processes``: the same as new processes, the way a user runs the command (imports included; the
+reference as a script importing only the library it calls).
+
+    python bench/plan_speed.py [--only NAME ...] [--runs 3] [--imports] [--processes]
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import resource
 import subprocess
 import sys
 import tempfile
@@ -104,6 +108,11 @@ def plan_ms(path: Path, extra: list[str]) -> float:
 
 def reference_ms(path: Path) -> float:
     """Open the file, then one plain simulation of the plan's placement."""
+    return sum(reference_parts(path))
+
+
+def reference_parts(path: Path) -> tuple[float, float]:
+    """:func:`reference_ms` in its two parts: opening the file and the simulation, ms."""
     fresh_caches()
     t0 = time.process_time()
     model = open_model(path)
@@ -119,7 +128,7 @@ def reference_ms(path: Path) -> float:
     ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
     t0 = time.process_time()
     compute.simulate(model, devices, placement, ctx, plan.context)
-    return (t_open + time.process_time() - t0) * 1000
+    return t_open * 1000, (time.process_time() - t0) * 1000
 
 
 def main() -> None:
@@ -127,6 +136,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", metavar="NAME")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--imports", action="store_true", help="also what a new `plan` process pays first")
+    ap.add_argument("--processes", action="store_true",
+                    help="also a new `plan` process against the reference's own process (imports included)")
     args = ap.parse_args()
     specs = all_models()
     names = args.only or list(specs)
@@ -148,6 +159,8 @@ def main() -> None:
         print(f"worst -fit off plan / (open + sim): {worst[0]:.2f} ({worst[1]}; target <= 1: {verdict})")
         if args.imports:
             print(imports_line(warm, args.runs))
+        if args.processes:
+            print(processes_line(warm, max(args.runs, 5)))
 
 
 FRESH = """
@@ -172,6 +185,49 @@ def imports_line(path: Path, runs: int) -> str:
     start, cli, first = (min(g[i] for g in got) for i in range(3))
     return (f"a new process (small qwen3moe): interpreter start {start:.0f} ms, import the CLI {cli:.0f} ms, "
             f"the first plan's imports and first use {first:.0f} ms (best of {runs})")
+
+
+#: the reference (:func:`reference_parts`) as a script of its own, importing only the library's modules
+#: it calls (not the CLI): what a program that opens a model and simulates it plainly pays in a new process
+LIBRARY = """
+import sys
+from types import SimpleNamespace
+from offload_planner.core import compute
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.memory import resolve_context
+from offload_planner.core.plan import plan_from_args
+model = open_model(sys.argv[1])
+gib = 1 << 30
+devices = DeviceSet(Device("CPU", DeviceKind.CPU, 512 * gib, 512 * gib),
+                    tuple(Device(f"CUDA{i}", DeviceKind.CUDA, 24 * gib, 24 * gib) for i in range(2)))
+moe = any(t.role.is_routed_expert for t in model.tensors)
+ot = [SimpleNamespace(pattern="exps", buft="CPU", source="-ot")] if moe else []
+args = SimpleNamespace(ctx_size=32768, n_gpu_layers=999, tensor_split=[1, 1], overrides=ot)
+plan = plan_from_args(model, devices, args)
+ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
+compute.simulate(model, devices, plan.placement(), ctx, plan.context)
+"""
+
+
+def _child_cpu_ms(cmd: list[str]) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(cmd, capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000
+
+
+def processes_line(path: Path, runs: int) -> str:
+    """The command as a user runs it: a new ``plan -fit off`` process against a new process of the
+    reference (:data:`LIBRARY`: the interpreter, the library's imports, opening, placing and one plain
+    simulation), CPU ms of each, best of ``runs``, interleaved."""
+    plan = [sys.executable, "-m", "offload_planner", "plan", str(path), *DEVICES, "--", *server_args(path),
+            "-fit", "off"]
+    library = [sys.executable, "-c", LIBRARY, str(path)]
+    got = [(_child_cpu_ms(plan), _child_cpu_ms(library)) for _ in range(runs)]
+    p, r = (min(g[i] for g in got) for i in range(2))
+    return (f"new processes (small qwen3moe): plan -fit off {p:.0f} ms, the reference as a script of its own "
+            f"{r:.0f} ms: {p / r:.2f} (best of {runs})")
 
 
 def _row(cells: tuple[str, ...]) -> str:

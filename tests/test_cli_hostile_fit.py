@@ -294,3 +294,20 @@ def test_a_negative_context_size_is_refused_not_walked(command: str, flag: str, 
     never ended (the command-line fuzz test found `-c -1`)."""
     r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--", flag, value)
     refused(r, named, "4294967")
+
+
+def test_fit_with_ik_dflash_says_what_it_leaves_out_and_refuses_what_stops_ik(
+        small_models: dict[str, Path]) -> None:
+    """`fit --backend ik_llama.cpp -- -md D --spec-type dflash` was refused with the plan's note on what
+    the projection leaves out of a dflash draft, under the prefix '--spec-type draft-mtp on': fit took
+    every speculative note for a refusal (found by ikspec2). The note is printed with the fitted plan; a
+    draft ik stops loading (-sm graph on one -devd GPU) is refused, naming the model, not draft-mtp."""
+    draft = str(small_models["llama-draft"])
+    base = ("fit", str(small_models["llama"]), "--no-detect", "--backend", "ik_llama.cpp",
+            "--device", "CUDA0=24GiB", "--device", "CUDA1=24GiB", "--")
+    ok = run(*base, "-md", draft, "--spec-type", "dflash")
+    assert ok.returncode == 0, ok.stderr
+    assert "--spec-type dflash: the draft context is projected as a plain draft's" in ok.stdout
+    r = run(*base, "-sm", "graph", "-devd", "CUDA0", "-md", draft, "--spec-type", "draft")
+    refused(r, f"{small_models['llama']}: ik_llama.cpp stops loading the draft model llama-draft.gguf")
+    assert "draft-mtp" not in r.stderr

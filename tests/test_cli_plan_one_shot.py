@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import threading
 from pathlib import Path
 
@@ -62,6 +63,69 @@ def test_plan_fit_off_keeps_nothing(small_models: dict[str, Path], name: str) ->
     assert _plan(small_models[name], "-fit", "off") == 0
     assert _kept() == 0
     assert {k: stats[k] for k in PATHS} == before  # the from-scratch reserve: no incremental path
+
+
+def test_a_declared_cpu_size_is_not_read_from_the_system(small_models: dict[str, Path],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--device CPU=SIZE`` replaces the RAM total the system reports: a one-shot plan no longer reads
+    /proc/meminfo for it (a read the output never showed); without it the total is read, and the CPU
+    row's capacity is that total."""
+    from offload_planner.backend import system
+
+    reads: list[str] = []
+    real = system._mem_total
+    monkeypatch.setattr(system, "_mem_total", lambda *a: reads.append("meminfo") or real(*a))
+    argv = ["plan", str(small_models["qwen3moe"]), "--no-detect", "--json", "--device", "CUDA0=24GiB"]
+    for cpu, read in ((["--device", "CPU=64GiB"], []), ([], ["meminfo"])):
+        reads.clear()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main([*argv, *cpu, "--", "-ngl", "999", "-fit", "off"]) == 0
+        assert reads == read
+        row = next(d for d in json.loads(out.getvalue())["devices"] if d["name"] == "CPU")
+        assert row["capacity_bytes"] == (64 * GIB if cpu else system.cpu_device().total), row
+
+
+#: what a one-shot ``plan -fit off`` does not need, and a new process paid to import (~10 ms in all):
+#: the calibration store (for the config folder's name), hashlib (its fingerprints), subprocess (a Mac's
+#: sysctl), traceback (the window's error text), platform (this machine's name: os.uname has it), the
+#: fit's modules, the utf-8-sig codec (cpuinfo's BOM)
+NOT_IMPORTED = {"offload_planner.backend.calibration", "hashlib", "subprocess", "traceback", "platform",
+                "offload_planner.core.fit", "offload_planner.core.fit_extra", "encodings.utf_8_sig"}
+
+FRESH_PLAN = """
+import contextlib, io, json, sys
+before = set(sys.modules)
+from offload_planner.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    code = main(sys.argv[1:])
+print(json.dumps([code, len(out.getvalue()), sorted(set(sys.modules) - before)]))
+"""
+
+
+def test_a_new_plan_process_imports_only_what_it_uses(small_models: dict[str, Path], tmp_path: Path) -> None:
+    """A one-shot plan in a new process (the command as run) pays its imports first: none of
+    :data:`NOT_IMPORTED` is among them with -fit off (each was imported by a module the plan needs for
+    something else); the pinned build's --fit imports the fit's modules, which it runs."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from offload_planner.backend import speed_store
+
+    entry = {"ram_gbs": 40.0, "ram_measured_at": time.strftime("%Y-%m-%d %H:%M"), "ram_busy": False}
+    (tmp_path / "speed.json").write_text(json.dumps({"machines": {speed_store.machine_key(): entry}}))
+    env = {**os.environ, "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path)}
+    argv = ["plan", str(small_models["qwen3moe"]), "--no-detect", "--device", "CUDA0=24GiB", "--device",
+            "CPU=64GiB", "--", "-ngl", "999", "-ot", "exps=CPU", "-c", "4096"]
+    fit_modules = {"offload_planner.core.fit", "offload_planner.core.fit_extra"}
+    for fit, expect in ((["-fit", "off"], set()), ([], fit_modules)):
+        out = subprocess.run([sys.executable, "-c", FRESH_PLAN, *argv, *fit], capture_output=True, text=True,
+                             env=env, check=True, timeout=120)
+        code, printed, imported = json.loads(out.stdout)
+        assert code == 0 and printed > 0
+        assert NOT_IMPORTED & set(imported) == expect, (fit, sorted(NOT_IMPORTED & set(imported)))
 
 
 def test_plan_with_fit_keeps_the_graph_its_dry_runs_re_place(small_models: dict[str, Path]) -> None:

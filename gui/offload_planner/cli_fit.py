@@ -78,7 +78,7 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 
     declared = parse_device_decls(args.device)
     detection = detect_gpus() if not args.no_detect else None
-    devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
+    devices = build_device_set(cpu=cpu_device(declared), detected=detection.gpus if detection else [],
                                rpc_endpoints=list(parsed.args.rpc_servers or []), declared=declared)
     unknown = [g.name for g in devices.gpus if g.capacity is None]
     if not devices.gpus:  # "every GPU's size" read oddly with no GPU at all
@@ -104,7 +104,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.core.loadable import open_loadable
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
-    from offload_planner.core.speculative import draft_warning, spec_refusals
+    from offload_planner.core.speculative import draft_warning, spec_refusals, spec_stops
     from offload_planner.core.speed.candidate import over_by
     from offload_planner.core.speed.estimate import estimate
     from offload_planner.core.speed.fastest import fastest_plan
@@ -133,9 +133,11 @@ def _run_fit(args: argparse.Namespace) -> int:
     other_model = model_flag_note(parsed, model)
     if other_model:
         result.notes.insert(0, other_model)
-    refused = spec_refusals(model, result.candidates[0].plan.spec) if result.candidates else []
-    if refused:  # every candidate keeps the user's --spec-type: none would start
-        raise PlannerError(f"--spec-type draft-mtp on {args.model}: {refused[0]}")
+    spec = result.candidates[0].plan.spec if result.candidates else None
+    refused = spec_stops(model, spec)
+    if refused and spec is not None:  # every candidate keeps the user's --spec-type: none would start
+        raise PlannerError(f"{'--spec-type draft-mtp on ' if spec.mtp else ''}{args.model}: {refused[0]}")
+    result.notes += [n for n in spec_refusals(model, spec) if n not in refused]  # what is left out
     unused = draft_warning(model, result.candidates[0].plan.spec) if result.candidates else None
     if unused:  # every candidate keeps the user's -md: none uses it, all load it
         result.notes.append(unused)

@@ -121,7 +121,7 @@ def _devices(args: argparse.Namespace, rpc: list[str]) -> tuple[DeviceSet, str]:
 
     declared = parse_device_decls(args.device)
     detection = detect_gpus() if not args.no_detect else None
-    devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
+    devices = build_device_set(cpu=cpu_device(declared), detected=detection.gpus if detection else [],
                                rpc_endpoints=rpc, declared=declared)
     return devices, detection.message if detection is not None else ""
 

@@ -44,6 +44,35 @@ def test_recorded_efficiencies_are_calibrated_per_backend(cfg: Path) -> None:
         speed_store.record_efficiencies("llama.cpp", {"nonsense": 1.0})
 
 
+def test_a_store_larger_than_one_read_is_read_whole(cfg: Path) -> None:
+    """The store is read as bytes, in pieces (no text stream): one larger than a piece (64 KiB of
+    other machines' figures) is read to its end, and this machine's figure found after them."""
+    cfg.mkdir(parents=True)
+    others = {f"host{i}|x86_64|8": {"ram_gbs": 10.0 + i % 7} for i in range(3000)}
+    mine = {"ram_gbs": 42.5, "ram_measured_at": time.strftime("%Y-%m-%d %H:%M"), "ram_busy": False}
+    (cfg / "speed.json").write_text(json.dumps({"machines": {**others, speed_store.machine_key(): mine}},
+                                               indent=1), encoding="utf-8")
+    assert (cfg / "speed.json").stat().st_size > 1 << 17
+    got = speed_store.host_bandwidth(measure=False)
+    assert got is not None and got.value == 42.5
+
+
+def test_the_machine_key_is_platforms_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key the RAM figure is stored under is made of ``platform.node()`` and ``platform.machine()``
+    (read from ``os.uname`` without importing platform): a figure cached before stays found, also for
+    a name ``uname`` reports as 'unknown' (platform reads it as '')."""
+    import platform
+
+    assert speed_store.node_and_machine() == (platform.node(), platform.machine())
+    assert speed_store.machine_key() == f"{platform.node()}|{platform.machine()}|{os.cpu_count()}"
+    if not hasattr(os, "uname"):
+        return
+    fake = os.uname_result(("Linux", "unknown", "6.1", "#1", "unknown"))
+    monkeypatch.setattr(os, "uname", lambda: fake)
+    monkeypatch.setattr(platform, "_uname_cache", None)
+    assert speed_store.node_and_machine() == (platform.node(), platform.machine()) == ("", "")
+
+
 def test_unreadable_store_falls_back_to_defaults(cfg: Path) -> None:
     cfg.mkdir(parents=True)
     (cfg / "speed.json").write_text("{not json")

@@ -153,6 +153,44 @@ def test_read_cpuinfo_keeps_the_first_processor(tmp_path: Path) -> None:
     assert speed_store.read_cpuinfo(tmp_path / "missing") == ""
 
 
+def test_read_cpuinfo_reads_line_ends_as_a_text_file_does(tmp_path: Path) -> None:
+    """Read as bytes (no text stream: a one-shot plan's cost), the block is what a text file gave:
+    a byte-order mark dropped, \\r\\n and \\r line ends as \\n (the blank line after the first processor
+    found), an undecodable byte replaced."""
+    f = tmp_path / "cpuinfo"
+    f.write_bytes(b"\xef\xbb\xbf" + COMET_LAKE.replace("\n", "\r\n").encode() + b"\xff")
+    assert speed_store.read_cpuinfo(f) == COMET_LAKE.split("\n\n", 1)[0]
+    f.write_bytes(b"model name\t: A\rflags\t: avx2 fma\r\rprocessor\t: 1\xff\n")
+    with open(f, encoding="utf-8-sig", errors="replace") as text:
+        as_text = text.read().split("\n\n", 1)[0]
+    assert speed_store.read_cpuinfo(f) == as_text == "model name\t: A\nflags\t: avx2 fma"
+    for ends in ("\n\r\n", "\r\n\r", "\r\r\n", "\r\n\n"):  # every pair of line ends is a blank line
+        f.write_bytes(("model name\t: A" + ends + "processor\t: 1\n").encode())
+        assert speed_store.read_cpuinfo(f) == "model name\t: A", ends
+
+
+def test_read_cpuinfo_reads_up_to_the_first_blank_line(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine of many processors lists them all (about 1.5 KiB each, made by the kernel as it is
+    read): only the first is wanted, and the read stops at the page holding the blank line after it
+    instead of reading 64 KiB of them."""
+    f = tmp_path / "cpuinfo"
+    other = "processor\t: 9\nflags\t: " + "avx512f " * 180 + "\n\n"
+    f.write_text(COMET_LAKE.split("\n\n", 1)[0] + "\n\n" + other * 40, encoding="utf-8")
+    assert f.stat().st_size > 1 << 15
+    got: list[int] = []
+    real = speed_store.os.read
+
+    def counted(fd: int, n: int) -> bytes:
+        data = real(fd, n)
+        got.append(len(data))
+        return data
+
+    monkeypatch.setattr(speed_store.os, "read", counted)
+    assert parse_proc_cpuinfo(speed_store.read_cpuinfo(f)).isa is Isa.AVX2
+    assert 0 < sum(got) <= 4096, got
+
+
 @pytest.mark.parametrize(("text", "isa", "ghz"), [(INTEL_MAC, Isa.AVX2, 2.3), (APPLE_SILICON, None, None)])
 def test_sysctl(text: str, isa: Isa | None, ghz: float | None) -> None:
     got = parse_sysctl(text)

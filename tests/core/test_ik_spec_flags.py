@@ -20,8 +20,8 @@ from offload_planner.core.engine import placement_options
 from offload_planner.core.extra_context import DRAFT
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Placement, place
-from offload_planner.core.speculative import SpecSettings, spec_settings
+from offload_planner.core.placement import Placement, place, selected_gpus
+from offload_planner.core.speculative import SpecSettings, spec_refusals, spec_settings
 
 GiB = 1024**3
 
@@ -116,6 +116,76 @@ def test_ik_draft_takes_the_main_command_line(small_models: dict[str, Path]) -> 
     assert [g.name for g in own.draft.devices.gpus] == ["CUDA1"]
     assert own.draft.placement_options.n_gpu_layers == 1
     assert _spec(small_models, "-md DRAFT --spec-type draft").draft.n_ctx == 0  # type: ignore[union-attr]
+
+
+def test_ik_draft_devices_and_dflash_layers(small_models: dict[str, Path]) -> None:
+    """ik's draft offloads to ``-devd``, else the main ``-dev`` (common/speculative.cpp 1950:
+    ``params_dft.devices = params.devices.empty() ? params_base.devices : params.devices``); a
+    ``dflash``/``dspark`` stage's draft without ``-ngld`` takes the main ``-ngl`` (1981-1983), a plain
+    draft's takes the library default (every layer)."""
+    def gpus(line: str, dialect: Dialect = IK) -> list[str]:
+        d = _spec(small_models, line, dialect).draft
+        assert d is not None
+        return [g.name for g in selected_gpus(d.devices, d.placement_options)]
+
+    def ngl(line: str) -> int:
+        d = _spec(small_models, line).draft
+        assert d is not None
+        return d.placement_options.n_gpu_layers
+
+    assert gpus("-dev CUDA1 -md DRAFT --spec-type draft") == ["CUDA1"]
+    assert gpus("-dev CUDA1 -devd CUDA0 -md DRAFT --spec-type draft") == ["CUDA0"]
+    assert gpus("-dev none -md DRAFT --spec-type draft") == []
+    assert gpus("-md DRAFT --spec-type draft") == ["CUDA0", "CUDA1"]
+    n_layer = open_model(str(small_models["llama-draft"])).summary.n_layer
+    for kind in ("dflash", "dspark"):
+        assert ngl(f"-ngl 1 -md DRAFT --spec-type {kind}") == 1
+        assert ngl(f"-ngl 1 -ngld 2 -md DRAFT --spec-type {kind}") == 2
+        assert ngl(f"-ngl 1 -ngld -1 -md DRAFT --spec-type {kind}") == 1
+        assert ngl(f"-md DRAFT --spec-type {kind}") > n_layer
+    assert ngl("-ngl 1 -md DRAFT --spec-type draft") > n_layer
+    # -draft "ARGS" is parsed onto the draft's parameters after -devd/-ngld (1957-1966), before the
+    # dflash -ngl rule: its -dev and a negative -ngl count as the draft's own
+    draft = str(small_models["llama-draft"])
+    for own, want in (("-dev CUDA1 -ngl 2", (["CUDA1"], 2)), ("-ngl -1", (["CUDA0", "CUDA1"], 1))):
+        argv = ["-ngl", "1", "-md", draft, "--spec-type", "dflash", "-draft", own]
+        parsed = parse_server_args(argv, dialect=IK)
+        d = spec_settings(_gpu(), parsed, IK, placement_options, open_model(draft)).draft
+        assert d is not None
+        assert ([g.name for g in selected_gpus(d.devices, d.placement_options)],
+                d.placement_options.n_gpu_layers) == want
+    # the rest of a dflash draft is not a plain draft's and the plan says what it leaves out
+    notes = _spec(small_models, "-md DRAFT --spec-type dflash").notes
+    assert any("plain draft's, which it is not" in n and "cross_ctx (512 unless given)" in n
+               and "cross-attention cache per draft layer" in n for n in notes), notes
+    assert not any("cross" in n for n in _spec(small_models, "-md DRAFT --spec-type draft").notes)
+
+
+def test_ik_refuses_a_graph_split_draft_on_one_device(small_models: dict[str, Path]) -> None:
+    """The draft inherits ``-sm graph`` (``params_dft = params_base``) and ik's loader throws for a graph
+    or attn split over fewer than two devices of an architecture it splits that way (src/llama.cpp
+    4369-4372): a draft on one GPU (``-devd``, or the main ``-dev``) stops the server; on both GPUs, with
+    ``-draft "-sm layer"`` or not loaded (no draft stage) it is not refused; mainline has no graph split."""
+    draft = str(small_models["llama-draft"])
+
+    def refused(line: str, *own: str) -> list[str]:
+        parsed = parse_server_args([*line.replace("DRAFT", draft).split(), *own], dialect=IK)
+        spec = spec_settings(_gpu(), parsed, IK, placement_options, open_model(draft))
+        return [r for r in spec_refusals(open_model(draft), spec) if "split mode 'graph'" in r]
+
+    for line in ("-sm graph -devd CUDA0 -md DRAFT --spec-type draft",
+                 "-sm attn -dev CUDA1 -md DRAFT --spec-type draft",
+                 "-sm graph -devd none -md DRAFT --spec-type dflash"):
+        [msg] = refused(line)
+        assert msg.startswith("ik_llama.cpp stops loading the draft model llama-draft.gguf") and "-sm " in msg
+    assert not refused("-sm graph -md DRAFT --spec-type draft")
+    assert not refused("-sm graph -devd CUDA0 -md DRAFT --spec-type draft", "-draft", "-sm layer")
+    assert not refused("-sm graph -devd CUDA0 -md DRAFT")  # no stage: ik does not load it
+    assert not refused("-sm layer -devd CUDA0 -md DRAFT --spec-type draft")
+    model = open_model(small_models["llama"])
+    parsed = parse_server_args(f"-sm graph -devd CUDA0 -md {draft} --spec-type draft".split(), dialect=IK)
+    warned = analyse_command(model, _gpu(), parsed, IK).warnings
+    assert any("stops loading the draft model" in w for w in warned), warned
 
 
 def test_ik_projects_the_draft_context(small_models: dict[str, Path]) -> None:

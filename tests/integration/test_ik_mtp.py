@@ -87,3 +87,35 @@ def test_mtp_contexts_equal_ik(small_models: dict[str, Path], ik_mtp: ModelRepor
         bad += wrong
     print("\n".join(table))
     assert not bad, "\n".join(bad)
+
+
+def test_ik_fit_measures_the_mtp_context_ik_allocates(small_models: dict[str, Path],
+                                                      ik_mtp: ModelReport) -> None:
+    """The fit's dry run of ik's MTP context (``fit_extra.extra_measure`` with ``--spec-type mtp``, at
+    the context ik creates) is what ik's library allocates for it: its KV, output and compute buffers
+    (the CPU build: all on the host), to the three printed 0.01 MiB figures' rounding."""
+    from offload_planner.core.engine import placement_options
+    from offload_planner.core.fit import device_memory
+    from offload_planner.core.fit_extra import extra_measure
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.speculative import load_spec
+
+    assert ik_mtp.loaded, ik_mtp.stdout[-2000:]
+    model = open_model(small_models["glm4moe"])
+    devices = cpu_only()
+    bad: list[str] = []
+    contexts = iter(ik_mtp.contexts)
+    for args, settings in CASES:
+        _main, mtp = next(contexts), next(contexts)
+        parsed = parse_server_args(shlex.split(args), dialect=IK)
+        plan = plan_from_args(model, devices, parsed, IK)
+        spec = load_spec(devices, parsed, IK, placement_options)
+        measure = extra_measure(model, devices, plan.placement_options, plan.context, spec, device_memory)
+        assert measure is not None
+        got = measure(settings["n_ctx"])
+        theirs = sum(v["CPU"] for v in (mtp.kv_mib, mtp.output_mib, mtp.compute_mib))
+        print(f"{args:44} measured {got.host / 2**20:8.3f} MiB, ik {theirs:8.2f} MiB")
+        if got.used or abs(got.host / 2**20 - theirs) > 0.016:
+            bad.append(f"{args}: the fit measures {got.used} + {got.host / 2**20:.3f} MiB host, "
+                       f"ik {theirs} MiB")
+    assert not bad, "\n".join(bad)

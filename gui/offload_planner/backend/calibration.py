@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from offload_planner.backend.config_folder import config_dir
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams, Projection
@@ -44,20 +43,10 @@ VERSION = 1
 MAX_ENTRIES = 500
 
 
-def config_dir() -> Path:
-    env = os.environ.get("OFFLOAD_PLANNER_CONFIG_DIR")
-    if env:
-        return Path(env)
-    if sys.platform == "win32":
-        return Path(os.environ.get("APPDATA", Path.home() / "AppData" / "Roaming")) / "offload-planner"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "offload-planner"
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".config") / "offload-planner"
-
-
 def model_fingerprint(model: Model) -> str:
     """The same for every copy of one model (any path, any shard split of the same tensors)."""
+    import hashlib  # here: `plan` reads the config folder from this module and hashes nothing
+
     h = hashlib.sha256(model.arch.encode())
     for t in model.tensors:
         h.update(f"\n{t.name}:{t.type.name}:{'x'.join(map(str, t.shape))}".encode())
@@ -86,6 +75,8 @@ def options_key(placement: PlacementOptions, context: ContextParams, devices: De
         "devices": [(d.name, str(d.kind)) for d in devices],
         "dialect": str(dialect),
     }
+    import hashlib
+
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -3,7 +3,7 @@
 The probe copies a buffer a few hundred MiB large with one thread per core (numpy releases the GIL
 while copying) for about a second and counts the bytes read and written, then one thread alone for
 half a second (what one of llama.cpp's compute threads can read: :func:`thread_bandwidth`).  The
-result is cached in ``speed.json`` under the config directory (:func:`calibration.config_dir`), keyed
+result is cached in ``speed.json`` under the config directory (:func:`config_folder.config_dir`), keyed
 by machine, with the efficiencies ``launch --bench`` measures per machine and backend
 (:func:`record_efficiencies`).
 The CPU's instruction set and model name (:func:`this_cpu`) are read from the operating system once
@@ -17,8 +17,6 @@ import functools
 import itertools
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from offload_planner.backend.calibration import config_dir
+from offload_planner.backend.config_folder import config_dir
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
@@ -85,8 +83,20 @@ def _once(name: str, make: Callable[[], _T]) -> _T:
     return got
 
 
+def node_and_machine() -> tuple[str, str]:
+    """``platform.node()`` and ``platform.machine()``, without importing :mod:`platform` (1 ms of every
+    new ``plan`` process) where ``os.uname`` answers: there ``platform.uname`` takes them from it as
+    they are, 'unknown' read as ''."""
+    if not hasattr(os, "uname"):  # Windows
+        import platform
+
+        return platform.node(), platform.machine()
+    u = os.uname()
+    return ("" if u.nodename == "unknown" else u.nodename), ("" if u.machine == "unknown" else u.machine)
+
+
 def machine_key() -> str:
-    return _once("key", lambda: f"{platform.node()}|{platform.machine()}|{os.cpu_count()}")
+    return _once("key", lambda: "{}|{}|{}".format(*node_and_machine(), os.cpu_count()))
 
 
 def _path() -> Path:
@@ -98,9 +108,34 @@ def _load() -> dict[str, Any]:
     return _once("data", _read)
 
 
-def _read() -> dict[str, Any]:
+def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
+               enough: Callable[[bytes], bool] | None = None) -> bytes:
+    """A small file's bytes, its first ``limit`` bytes when given (a system file that comes in pieces is
+    read until its end), without a buffered or text stream: a ``plan`` reads this machine's figures from
+    a few such files, where setting a stream up cost more than the read itself.  ``enough``: read in
+    pages and stop at the first whose bytes so far it accepts (a kernel file made as it is read, as
+    /proc/cpuinfo is a processor at a time, is then made no further than needed)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
-        data = json.loads(_path().read_text(encoding="utf-8"))
+        chunks: list[bytes] = []
+        left = -1 if limit is None else limit
+        piece = 1 << 16 if enough is None else 1 << 12
+        while left:
+            chunk = os.read(fd, piece if left < 0 else min(left, piece))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left = -1 if left < 0 else left - len(chunk)
+            if enough is not None and enough(b"".join(chunks)):
+                break
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read() -> dict[str, Any]:
+    try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
+        data = json.loads(read_bytes(_path()).decode("utf-8"))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
@@ -490,8 +525,7 @@ def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
     siblings = set()
     for i in itertools.count():
         try:
-            with open(os.path.join(sys_cpu, f"cpu{i}", "topology", "thread_siblings"), "rb") as f:
-                siblings.add(f.read().strip())
+            siblings.add(read_bytes(os.path.join(sys_cpu, f"cpu{i}", "topology", "thread_siblings")).strip())
         except OSError:
             break
     if siblings:
@@ -503,7 +537,7 @@ def physical_cores(sys_cpu: Path = Path("/sys/devices/system/cpu")) -> int:
 def is_local(endpoint: str) -> bool:
     """An rpc-server on this machine: a loopback address or this machine's name."""
     host = rpc_host(endpoint).lower()
-    return host in LOOPBACK or host in {platform.node().lower(), "[::]"}
+    return host in LOOPBACK or host in {node_and_machine()[0].lower(), "[::]"}
 
 
 def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = None) -> Threads | None:
@@ -536,14 +570,23 @@ def cpu_elsewhere(devices: DeviceSet) -> bool:
     return bool(devices.cpu.bandwidth_gbs) or bool(keys & {"bw", "bandwidth", "ram"})
 
 
+def _blank_line(data: bytes) -> bool:
+    """``data`` holds an empty line: two line ends in a row, each ``\\n``, ``\\r\\n`` or ``\\r``."""
+    return b"\n\n" in data or b"\r\r" in data or b"\n\r" in data
+
+
 def read_cpuinfo(proc: Path = Path("/proc/cpuinfo"), limit: int = 1 << 16) -> str:
     """The first processor's block of ``/proc/cpuinfo`` (up to the first blank line; a byte-order mark
-    before it dropped): '' when it cannot be read."""
+    before it dropped; of its first ``limit`` bytes, read as a text file reads them: line ends as
+    ``\\n``), read no further than the page holding that blank line (a machine of many processors
+    makes a few KiB of it, not all): '' when it cannot be read."""
     try:
-        with open(proc, encoding="utf-8-sig", errors="replace") as f:
-            text = f.read(limit)
+        text = read_bytes(proc, limit, enough=_blank_line).decode("utf-8", errors="replace")
     except OSError:
         return ""
+    text = text.removeprefix("\ufeff")  # what "utf-8-sig" drops, without importing that codec
+    if "\r" in text:  # what a text stream's universal newlines make of them
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text.split("\n\n", 1)[0]
 
 
@@ -557,6 +600,8 @@ def this_cpu() -> CpuInfo:
         if text:
             return parse_proc_cpuinfo(text)
     elif sys.platform == "darwin":
+        import subprocess  # here: every `plan` imports this module, and only a Mac runs a program
+
         try:
             out = subprocess.run(["sysctl", "machdep.cpu"], capture_output=True, text=True, timeout=5,
                                  check=False).stdout
@@ -564,6 +609,8 @@ def this_cpu() -> CpuInfo:
             out = ""
         if out:
             return parse_sysctl(out)
+    import platform
+
     return CpuInfo(platform.processor(), None, None, f"not read on {platform.system() or sys.platform}")
 
 

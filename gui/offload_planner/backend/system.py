@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,10 +24,13 @@ class Detection:
     message: str = ""  # why no GPU was detected, for the user
 
 
-def cpu_device() -> Device:
+def cpu_device(declared: Sequence[Device] = ()) -> Device:
     """System RAM with its total as capacity: what is available changes from one second to the
-    next (page cache, other programs), so a plan checked against it would too."""
-    total = _mem_total()
+    next (page cache, other programs), so a plan checked against it would too.  Where ``declared``
+    (``--device`` values) gives the CPU a size, the total is not read: that size replaces it
+    (:func:`~offload_planner.core.devices.build_device_set`), and a one-shot ``plan`` pays the read."""
+    total = next((d.total for d in declared if d.kind is DeviceKind.CPU and d.total is not None), None)
+    total = _mem_total() if total is None else total
     if total is None:
         import psutil
 

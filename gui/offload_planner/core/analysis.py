@@ -12,7 +12,6 @@ never raises: a failure is ``Analysis.error``).
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.diagnostics import RuleReport, plan_warnings, rule_reports
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
-from offload_planner.core.engine import command_notes
+from offload_planner.core.engine import command_notes, device_selection
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.extra_context import attach
 from offload_planner.core.memory import Projection, project
@@ -65,8 +64,8 @@ class FitReport:
 
 def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
     """The pinned llama-server's --fit on ``plan`` (read from ``parsed``); nothing for other builds."""
-    if not plan.dialect.fits_by_default:
-        return FitReport()
+    if not plan.dialect.fits_by_default or getattr(getattr(parsed, "args", parsed), "fit", None) is False:
+        return FitReport()  # -fit off: no fit to run (nor its modules to import: a one-shot plan's)
     from offload_planner.core.fit import fit_note, fit_summary, fitted_command, server_fit
 
     model, devices = plan.model, plan.devices
@@ -195,7 +194,15 @@ def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
     warnings = warnings_of(plan, projection, rules, capacity_hint)
     argv = plan_command(plan) if command else []
     return Analysis(plan, projection, argv, warnings, rules, seconds=time.perf_counter() - t0,
-                    notes=mmap_notes(projection), command_notes=list(notes))
+                    notes=[*mmap_notes(projection), *_window_selection(plan, notes)],
+                    command_notes=list(notes))
+
+
+def _window_selection(plan: Plan, command_notes: Sequence[str]) -> list[str]:
+    """The ``-dev`` note among the window's notes (the window shows no command notes; ``plan``
+    prints it with them, so it is not said twice there)."""
+    said = device_selection(plan.placement_options, plan.devices)
+    return [n for n in said if n not in command_notes]
 
 
 def analyse_command(model: Model, devices: DeviceSet, args: Any, dialect: Dialect = LLAMA_CPP, *,
@@ -218,6 +225,8 @@ def analyse(plan: Plan, capacity_hint: CapacityHint | None = None) -> Analysis:
     except PlannerError as e:  # bad input the core names (an -ot rule it cannot evaluate): as is
         return Analysis(plan, None, error=str(e), seconds=time.perf_counter() - t0)
     except Exception as e:  # a core bug must not take the window down: show it
+        import traceback  # here: a one-shot `plan` imports this module and never needs it
+
         last = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno}"
         return Analysis(

@@ -69,17 +69,27 @@ def _draft_measure(spec: SpecSettings, cparams: ContextParams, device_memory: Dr
 
 def _mtp_measure(model: Model, devices: DeviceSet, popts: PlacementOptions, spec: SpecSettings,
                  cparams: ContextParams) -> ExtraMeasure:
+    """The MTP context on the main model at each context size: the build's own where its dialect has
+    one (``Dialect.mtp_buffers``: ik's KV of the NextN layers in the main cache types, output and
+    embeddings, its MTP graph's compute, as the plan projects it), else mainline's dry run (KV of the
+    NextN layers in the draft cache types and the MTP graph's ``no_alloc`` reserve)."""
     from offload_planner.core.compute.mtp import mtp_compute_buffers
 
     placement = place(model, devices, replace(popts, use_mmap=False))
     s = model.summary
 
     def measure(n_ctx: int) -> ExtraMeasured:
-        cp = replace(cparams, n_ctx=n_ctx, type_k=spec.type_k, type_v=spec.type_v,
-                     n_outputs_max=min(cparams.n_batch, cparams.n_seq_max))
-        ctx = resolve_context(cp, s.n_ctx_train, s.n_swa)
-        bufs = kv_buffers(model, placement, ctx, cp, devices, cached=range(s.n_layer_trunk, s.n_layer))
-        bufs += mtp_compute_buffers(model, devices, placement, ctx, cp, no_alloc=True)
+        main = replace(cparams, n_ctx=n_ctx)
+        mctx = resolve_context(main, s.n_ctx_train, s.n_swa)
+        own = cparams.dialect.mtp_buffers(model, devices, placement, main, mctx, spec.type_k, spec.type_v)
+        if own is not None:  # the build's own MTP context (ik's: its KV, output and graph), as projected
+            bufs = own
+        else:
+            cp = replace(cparams, n_ctx=n_ctx, type_k=spec.type_k, type_v=spec.type_v,
+                         n_outputs_max=min(cparams.n_batch, cparams.n_seq_max))
+            ctx = resolve_context(cp, s.n_ctx_train, s.n_swa)
+            bufs = kv_buffers(model, placement, ctx, cp, devices, cached=range(s.n_layer_trunk, s.n_layer))
+            bufs += mtp_compute_buffers(model, devices, placement, ctx, cp, no_alloc=True)
         used: dict[str, int] = {}
         host = 0
         for b in bufs:

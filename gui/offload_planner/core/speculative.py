@@ -81,6 +81,8 @@ class SpecSettings:
     p_min: float = 0.0
     p_min_from: str = ""
     p_min_given: bool = False
+    #: why the server cannot load the draft model as placed (:meth:`Dialect.draft_refusals`)
+    refusals: tuple[str, ...] = ()
 
     @property
     def active(self) -> bool:
@@ -188,7 +190,8 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     mtp = dialect.mtp_spec_type is not None and dialect.mtp_spec_type in types
     p_min, p_from, p_given = dialect.draft_stop(d)
     return SpecSettings(draft, mtp, type_k, type_v, dialect.draft_n_max(d), drafts,
-                        tuple(dialect.spec_notes(types, d.model)), p_min, p_from, p_given)
+                        tuple(dialect.spec_notes(types, d.model)), p_min, p_from, p_given,
+                        tuple(dialect.draft_refusals(draft)) if draft is not None else ())
 
 
 def draft_mtp_context(spec: SpecSettings, main: ContextParams, ctx: ResolvedContext) -> ExtraContext:
@@ -339,6 +342,8 @@ def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
 def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
     """What llama-server refuses at load about speculative decoding on this model (its log lines), and
     what the projection leaves out of it (:attr:`SpecSettings.notes`)."""
+    if spec is not None and spec.refusals:
+        return [*spec.refusals, *spec_refusals(model, replace(spec, refusals=()))]
     if spec is not None and spec.notes:
         return [*spec.notes, *spec_refusals(model, replace(spec, notes=()))]
     if spec is not None and spec.mtp and spec.draft is None and not model.summary.n_nextn:
@@ -350,6 +355,13 @@ def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
                 "llama_init_from_model: context type MTP requested but model doesn't contain MTP layers; "
                 "failed to create MTP context (the draft model has no NextN layers)"]
     return []
+
+
+def spec_stops(model: Model, spec: SpecSettings | None) -> list[str]:
+    """What of :func:`spec_refusals` stops llama-server at load (not what the projection leaves out)."""
+    if spec is None:
+        return []
+    return [*spec.refusals, *spec_refusals(model, replace(spec, refusals=(), notes=()))]
 
 
 def extra_contexts(model: Model, devices: DeviceSet, placement: Placement, main: ContextParams,

@@ -399,6 +399,10 @@ class Dialect(str, metaclass=_DialectType):
         return replace(args, n_gpu_layers=draft.n_gpu_layers, overrides=list(draft.overrides),
                        split_mode=split, devices=draft.devices or args.devices)
 
+    def draft_refusals(self, draft: DraftSettings) -> list[str]:
+        """Why the server cannot load the draft model as it is placed (none: it loads)."""
+        return []
+
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """The draft cache's K and V types: ``-ctkd``/``-ctvd``, default f16 (also the MTP context's)."""
         return draft.cache_type_k or "f16", draft.cache_type_v or "f16"

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 IK_COMPUTE_NOTE = ("estimate for ik_llama.cpp: mainline's graph simulated; ik builds its own (fused MoE "
                    "and up/gate ops, its MLA paths), measured on CPU it needs less; ")
+#: the stages whose draft takes the main ``-ngl`` when its own is negative (common/speculative.cpp
+#: 1981-1983, ``has_dflash_family_stage``)
+_DFLASH_FAMILY = frozenset({"dflash", "dspark"})
 #: ik_llama.cpp's cache types (``kv_cache_type_from_str``): mainline's and q6_0, q8_KV.
 IK_EXTRA_KV_CACHE_TYPES = ("q6_0", "q8_KV")
 
@@ -270,11 +273,22 @@ class IkLlamaCpp(Dialect):
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP context on the -md companion {draft_model} "
                        "is not projected: its KV, output and compute buffers are missing from these "
                        "figures, and so are the companion's weights")
+        # Not a plain draft (ik 8337e4cd): common/speculative.cpp 1311-1340 shares the target's IO tensors
+        # with a dflash-arch draft (src/llama-spec-features-dflash.cpp 227 ff.: token_embd/output taken
+        # from the target when the file has none, cloned into the draft's buffer types when they live
+        # elsewhere) and sets the draft context's n_ctx to max(cross_ctx) (--spec-type dflash:cross_ctx=N,
+        # default 512: common/common.h 227) + the file's dflash.block_size; at its first draft
+        # src/llama-dflash.cpp 60-159 allocates a K and a V cross cache per layer (n_embd_head x
+        # pad(cross_ctx + max(block_size, n_ubatch)) x n_head_kv, f16 with -fa else f32, one buffer each
+        # on the layer's buffer type) and 487-521 a second scheduler for the cache update graph.  Only
+        # the -ngl the draft takes (1981-1983) is modelled (draft_server_args).
         for kind in ("dflash", "dspark"):
             if kind in types and draft_model:
-                out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's; ik sizes "
-                           "it to cross_ctx + the draft's block size and shares the target's token embedding "
-                           "and output (not modelled)")
+                out.append(f"--spec-type {kind}: the draft context is projected as a plain draft's, which it "
+                           "is not: ik sizes it to cross_ctx (512 unless given) + the draft's block size, "
+                           "shares or clones the target's token embedding and output, and at the first draft "
+                           "allocates a K and a V cross-attention cache per draft layer and a scheduler for "
+                           "their update graph (not modelled)")
         return out
 
     def draft_kept_args(self, kept: list[str], draft: DraftSettings | None) -> list[str]:
@@ -322,9 +336,10 @@ class IkLlamaCpp(Dialect):
 
     def draft_server_args(self, args: ServerArgs, draft: DraftArgs, pinned_to_one_gpu: bool) -> ServerArgs:
         """``params_dft = params_base`` (1946): the main command line, ``-ot`` and ``--n-cpu-moe`` and
-        ``-sm`` included, with ``-devd`` (the devices, :func:`speculative.draft_devices`), ``-ngld`` (-1
-        or absent: the library default, every layer with a GPU), one sequence (1985), then the
-        ``-draft "ARGS"`` command line parsed onto it (1955-1963)."""
+        ``-sm`` included, with ``-devd`` else the main ``-dev`` (1950), ``-ngld`` (1952; -1 or absent:
+        the library default, every layer with a GPU), one sequence (1985), then the ``-draft "ARGS"``
+        command line parsed onto it (1957-1966: its ``-dev`` and ``-ngl`` win); a ``dflash``/``dspark``
+        stage's draft with a negative ``-ngl`` then takes the main ``-ngl`` (1981-1983)."""
         import copy
 
         out = copy.deepcopy(args)
@@ -334,8 +349,32 @@ class IkLlamaCpp(Dialect):
         out.devices = draft.devices or args.devices  # common/speculative.cpp 1950
         if draft.params:
             out = _parsed_onto(out, draft.params, self)
+        if _DFLASH_FAMILY.intersection(draft.types) and (out.n_gpu_layers is None or out.n_gpu_layers < 0):
+            out.n_gpu_layers = args.n_gpu_layers
         out.n_parallel = 1
         return out
+
+    def draft_refusals(self, draft: DraftSettings) -> list[str]:
+        """``-sm graph``/``attn`` on fewer than two model devices: ik's loader throws (src/llama.cpp
+        4369-4372) for an architecture it splits that way (4225-4241: others change to ``layer``).  The
+        draft inherits ``-sm`` (``params_dft = params_base``, common/speculative.cpp 1946; ``-draft
+        "-sm ..."`` may change it) and loads on ``-devd``'s devices, else ``-dev``'s (1950), so a draft
+        pinned to one GPU fails to load and the server stops (``common_speculative_finalize_startup``
+        returns false, 2121-2123)."""
+        from offload_planner.core.ik import GRAPH_SPLIT_ARCHS
+        from offload_planner.core.placement import selected_gpus
+
+        popts = draft.placement_options
+        if popts.split_mode not in ("graph", "attn") or draft.model.arch not in GRAPH_SPLIT_ARCHS:
+            return []
+        n = len(selected_gpus(draft.devices, popts))
+        if n >= 2:
+            return []
+        name = draft.model.path.rsplit("/", 1)[-1]
+        return [f"ik_llama.cpp stops loading the draft model {name}: \"It is not possible to use split mode "
+                f"'graph' with less than 2 devices\" (it inherits -sm {popts.split_mode} and loads on "
+                f"{n} GPU{'' if n == 1 else 's'}: -devd, else -dev); give the draft -draft \"-sm layer\" "
+                "or a second device"]
 
     def draft_cache_types(self, args: ServerArgs, draft: DraftArgs) -> tuple[str, str]:
         """``-ctkd``/``-ctvd``, else the main ``-ctk``/``-ctv`` (1952-1953; ``args``: the draft's)."""

@@ -1,0 +1,32 @@
+"""The window says what a ``-dev`` selection leaves out (devsel modelled the selection; the note that
+explains why a declared GPU holds nothing was printed by ``plan`` only: the window shows no command
+notes, so a GPU sat empty in the map with nothing in Problems to say why)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytestqt.qtbot import QtBot
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
+
+from offload_planner.core.devices import parse_device_decl
+from offload_planner.ui.main_window import SystemInfo
+from offload_planner.ui.settings import Settings
+
+RES = Path(__file__).resolve().parents[2] / "resources"
+
+
+def test_problems_say_which_gpu_the_selection_leaves_empty(qtbot: QtBot, tmp_path: Path) -> None:
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]))
+    open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ngl 99 -dev CUDA1")
+    wait_projected(qtbot, win)
+    notes = [text for kind, text in win.problems.problems() if kind == "note"]
+    said = [n for n in notes if n.startswith("-dev CUDA1:")]
+    assert said == ["-dev CUDA1: llama-server uses CUDA1 only; CUDA0 holds nothing of the model"], notes
+    cuda0 = next(d for d in win.doc.analysis.projection.devices if d.device.name == "CUDA0")
+    assert sum(b.bytes for b in cuda0.buffers) == 0
+    assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ngl 99")
+    wait_projected(qtbot, win)
+    assert not [t for _, t in win.problems.problems() if t.startswith("-dev")]
