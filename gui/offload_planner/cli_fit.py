@@ -90,8 +90,9 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
                            f" ({', '.join(unknown)} unknown)")
     from offload_planner.core.loadable import context_error
 
-    refusals: list[object] = [*check_semantics(parsed, devices.names, is_mla=model.summary.is_mla,
-                                               dialect=dialect), *dialect.model_errors(model)]
+    semantics = check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect,
+                                arch=model.arch)
+    refusals: list[object] = [*semantics, *dialect.model_errors(model)]
     refusals += [e for e in [context_error(model, parsed.args.ctx_size)] if e]
     if refusals:  # as plan refuses them: the candidates keep these flags (-ts nan,1 broke the -nkvo search)
         raise PlannerError("; ".join(str(e) for e in refusals))

@@ -161,7 +161,8 @@ def _plan(args: argparse.Namespace) -> int:
     model = _open_model(args.model)
     devices, detected = _devices(args, list(parsed.args.rpc_servers or []))
     errors: list[ArgError | str] = [*parsed.errors]
-    errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect)
+    errors += check_semantics(parsed, devices.names, is_mla=model.summary.is_mla, dialect=dialect,
+                              arch=model.arch)
     errors += dialect.model_errors(model)
     from offload_planner.core.loadable import context_error
 

@@ -65,7 +65,8 @@ def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
         devices = DeviceSet(
             devices.cpu, rpc_devs + tuple(g for g in devices.gpus if g.kind is not DeviceKind.RPC)
         )
-    errors = [*parsed.errors, *check_semantics(parsed, devices.names, is_mla=plan.model.summary.is_mla)]
+    errors = [*parsed.errors, *check_semantics(parsed, devices.names, is_mla=plan.model.summary.is_mla,
+                                                             arch=plan.model.arch)]
     notes = [f"pasted command: llama-server would refuse it: {e}" for e in errors]
     notes += [f"pasted command: {w}" for w in parsed.warnings]
     if args.model and Path(args.model).name != Path(plan.model.path).name:

@@ -134,16 +134,34 @@ def kv_row_bytes(model: Model, il: int, mla: int, flash_attn: bool, type_k: GGML
     return k, 0, f"MLA c^KV only (-mla {mla}{', flash attention' if flash_attn else ''})"
 
 
-#: ``is_model_split_supported`` in ik's src/llama.cpp: architectures -sm graph/attn splits.
-GRAPH_SPLIT_ARCHS = frozenset({"llama", "qwen3moe", "glm4moe", "mistral3", "cohere2", "mimo2", "qwen3",
-                               "qwen3vl", "hunyuan-moe", "gpt-oss", "ernie4_5-moe"})
+#: ``is_model_split_supported`` in ik's src/llama.cpp (3895-3927 at 8337e4cd, 2026-08-15, GGUF names
+#: from src/llama-arch.cpp): the architectures ``-sm graph``/``attn`` splits in builds of July 2026
+#: (the list grew from December 2025: command-r 2026-03-23, deepseek2 / glm-dsa / mistral4 2026-05-19,
+#: mellum and laguna 2026-06, cohere2_moe and minimax-m3 2026-06-10/14; muse-glimmer 2026-08-12 is
+#: the August builds', :mod:`dialects.ik_amb256`).  The planner's list before had the December 2025 ones.
+GRAPH_SPLIT_ARCHS = frozenset({
+    "llama", "qwen3moe", "glm4moe", "mistral3", "command-r", "cohere2", "cohere2_moe", "mimo2", "qwen3",
+    "qwen3vl", "hunyuan-moe", "gpt-oss", "ernie4_5-moe", "minimax-m2", "minimax-m3", "seed_oss", "step35",
+    "laguna", "qwen35", "qwen35moe", "gemma4", "gemma4_mtp", "gemma4-assistant", "deepseek2", "glm-dsa",
+    "mistral4", "mellum"})
 
 
-def split_mode_warnings(model: Model, split_mode: str, n_gpus: int) -> list[str]:
+def splits_by_graph(model: Model, archs: frozenset[str]) -> bool:
+    """ik splits this model with ``-sm graph``/``attn`` (src/llama.cpp 4225-4241: a Gemma 4 with
+    per-layer embeddings, ``n_embd_per_layer > 0``, and architectures outside ``archs`` change to
+    ``layer``)."""
+    if model.arch not in archs:
+        return False
+    per_layer = model.metadata.get(f"{model.arch}.embedding_length_per_layer_input", 0)
+    return not (model.arch == "gemma4" and isinstance(per_layer, int) and per_layer > 0)
+
+
+def split_mode_warnings(model: Model, split_mode: str, n_gpus: int,
+                        archs: frozenset[str] = GRAPH_SPLIT_ARCHS) -> list[str]:
     """What ik does with ``-sm graph``/``-sm attn``, which the planner projects as a layer split."""
     if split_mode not in ("graph", "attn") or n_gpus < 2:
         return []
-    if model.arch not in GRAPH_SPLIT_ARCHS:
+    if not splits_by_graph(model, archs):
         return [f"-sm {split_mode}: ik_llama.cpp does not split {model.arch} that way and changes the "
                 "split mode to 'layer' (it says so at load); projected as a layer split, as ik runs it"]
     return [f"-sm {split_mode}: ik_llama.cpp spreads each layer's tensors over the GPUs (tensor "

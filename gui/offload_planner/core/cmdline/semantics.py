@@ -205,14 +205,17 @@ def mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Sequ
     return errors
 
 
-def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:
+def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str], *,
+                      splits: bool = True) -> list[ArgError]:
+    """``splits``: the model's architecture is one ik splits by graph (else ik changes ``-sm graph``/
+    ``attn`` to ``layer`` and loads: src/llama.cpp 4225-4241 at 8337e4cd).  The model's devices are
+    the GPUs (``-dev``'s, else every one), never the CPU: with fewer than two ik throws (4369-4372)."""
     args = parsed.args
     errors: list[ArgError] = []
-    gpus = [d for d in (args.devices or device_names) if d != "none"]
-    if args.split_mode == "graph" and len(gpus) < 2:
-        errors.append(
-            _load("-sm", "graph", "It is not possible to use split mode 'graph' with less than 2 devices")
-        )
+    gpus = [d for d in (args.devices or device_names) if d not in ("none", "CPU")]
+    if args.split_mode in ("graph", "attn") and splits and len(gpus) < 2:
+        errors.append(_load("-sm", args.split_mode,
+                            "It is not possible to use split mode 'graph' with less than 2 devices"))
     if args.fit and (args.n_cpu_moe is not None or any(o.source == "-ot" for o in args.overrides)):
         errors.append(_load("--fit", None, "Manual tensor overrides cannot be used with --fit"))
     type_v = args.cache_type_v or "f16"
@@ -270,6 +273,7 @@ def check_semantics(
     *,
     is_mla: bool = False,
     dialect: Dialect | None = None,
+    arch: str | None = None,
 ) -> list[ArgError]:
     """Refusals that need the device list (``CUDA0``, ``Vulkan0``, ``RPC0``...; RPC devices from
     ``--rpc`` are added automatically) or the model (``is_mla``: the model uses MLA attention).
@@ -281,7 +285,8 @@ def check_semantics(
     ``--rpc``-before-``-ot`` check) or a bare :class:`ServerArgs` with ``dialect``.
     Covers: ``-ot`` buffer types and ``-dev`` names (refused while parsing), quantized V with
     ``-fa off``, MLA with ``-ctk != -ctv``, ``-sm row`` on CUDA (pinned build), ``-sm tensor`` with
-    ``-fa off``, ``-mg`` out of range with ``-sm none``; ik: ``-sm graph`` on one device, ``--fit``
+    ``-fa off``, ``-mg`` out of range with ``-sm none``; ik: ``-sm graph`` on one device (``arch``: the
+    model's architecture; one ik splits that way, or unknown), ``--fit``
     with manual overrides.  Wording is the binary's (pinned build: verified for the buffer type,
     quantized V and ``-dev`` errors; the others are format strings from the sources).
     """
@@ -293,7 +298,7 @@ def check_semantics(
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _check_devices(parsed, known, "--spec-draft-device")
     errors += _tensor_split_errors(parsed, device_names)
-    return errors + parsed.dialect.context_errors(parsed, is_mla, device_names)
+    return errors + parsed.dialect.context_errors(parsed, is_mla, device_names, arch)
 
 
 def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:

@@ -255,8 +255,10 @@ class Dialect(str, metaclass=_DialectType):
         """Which grouped arguments this build reads from ``LLAMA_ARG_*`` variables."""
         raise NotImplementedError
 
-    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
-        """Refusals when the server builds its context (``-sm``, cache types, ``-mg`` ...)."""
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str],
+                       arch: str | None = None) -> list[ArgError]:
+        """Refusals when the server builds its context (``-sm``, cache types, ``-mg`` ...); ``arch``: the
+        model's architecture when known."""
         raise NotImplementedError
 
     def exps_regex(self) -> str:

@@ -45,6 +45,13 @@ class IkLlamaCpp(Dialect):
     single_kv_stream = True
     has_mla_settings = True
     detect_rank = 10
+
+    @property
+    def graph_split_archs(self) -> frozenset[str]:
+        """The architectures ``-sm graph``/``attn`` splits (``is_model_split_supported``)."""
+        from offload_planner.core.ik import GRAPH_SPLIT_ARCHS
+
+        return GRAPH_SPLIT_ARCHS
     help_markers: tuple[str, ...] = (
         r"--mla-use", r"--attention-max-batch", r"--smart-expert-reduction", r"--run-time-repack",
         r"--merge-up-gate-experts", r"--k-cache-hadamard", r"--graph-reduce-type", r"-no-fmoe")
@@ -138,10 +145,11 @@ class IkLlamaCpp(Dialect):
 
         return split_ik(groups)
 
-    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str],
+                       arch: str | None = None) -> list[ArgError]:
         from offload_planner.core.cmdline.semantics import ik_context_errors
 
-        return ik_context_errors(parsed, device_names)
+        return ik_context_errors(parsed, device_names, splits=arch is None or arch in self.graph_split_archs)
 
     def exps_regex(self) -> str:
         from offload_planner.core.cmdline.moe import IK_EXPS_BLOCK
@@ -246,7 +254,8 @@ class IkLlamaCpp(Dialect):
         from offload_planner.core.ik import split_mode_warnings
         from offload_planner.core.placement import selected_gpus
 
-        out = split_mode_warnings(model, popts.split_mode, len(selected_gpus(devices, popts)))  # -dev's GPUs
+        out = split_mode_warnings(model, popts.split_mode, len(selected_gpus(devices, popts)),  # -dev's GPUs
+                                  self.graph_split_archs)
         if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
                        "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
@@ -361,11 +370,12 @@ class IkLlamaCpp(Dialect):
         "-sm ..."`` may change it) and loads on ``-devd``'s devices, else ``-dev``'s (1950), so a draft
         pinned to one GPU fails to load and the server stops (``common_speculative_finalize_startup``
         returns false, 2121-2123)."""
-        from offload_planner.core.ik import GRAPH_SPLIT_ARCHS
+        from offload_planner.core.ik import splits_by_graph
         from offload_planner.core.placement import selected_gpus
 
         popts = draft.placement_options
-        if popts.split_mode not in ("graph", "attn") or draft.model.arch not in GRAPH_SPLIT_ARCHS:
+        splits = splits_by_graph(draft.model, self.graph_split_archs)
+        if popts.split_mode not in ("graph", "attn") or not splits:
             return []
         n = len(selected_gpus(draft.devices, popts))
         if n >= 2:

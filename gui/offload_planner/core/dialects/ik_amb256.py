@@ -17,6 +17,11 @@ class IkAmb256(IkLlamaCpp):
     help_markers = (r"--attention-max-batch\s+max batch size for attention computations \(default: 256\)",)
     version_markers: tuple[str, ...] = ()
 
+    @property
+    def graph_split_archs(self) -> frozenset[str]:
+        """August 2026 builds split muse-glimmer too (src/llama.cpp 3926 at 8337e4cd, 2026-08-12)."""
+        return super().graph_split_archs | {"muse-glimmer"}
+
 
 IK_AMB256 = register(IkAmb256("ik_llama.cpp-2026-08", "ik_llama.cpp (from August 2026: -amb 256)"),
                      "IK_AMB256")

@@ -31,7 +31,8 @@ class Mainline(Dialect):
 
         return split_mainline(groups, self)
 
-    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str]) -> list[ArgError]:
+    def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str],
+                       arch: str | None = None) -> list[ArgError]:
         from offload_planner.core.cmdline.semantics import mainline_context_errors
 
         return mainline_context_errors(parsed, is_mla, device_names)
