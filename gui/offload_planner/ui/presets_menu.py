@@ -240,6 +240,7 @@ class PresetsMenu(QMenu):
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         if was.offload_kqv and not c.offload_kqv:
             kv += ", KV cache in RAM (-nkvo)"
+        kv += _unmapped_text(self._doc.plan, best)
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
         ts = best.placement_options.tensor_split
         split = ""  # a layer split of its own (fit's "own -ts"): the map's layers change GPU with it
@@ -270,6 +271,19 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def _unmapped_text(before: Plan, after: Plan) -> str:
+    """", loaded without mmap (-lm none): ..." where the search turned mmap off because a GPU maps the file
+    (Metal: its mapped span held the CPU's tensors); "" otherwise (every plan without such a GPU)."""
+    from offload_planner.core.mapped_span import mapping_gpus, unmapped_flags
+
+    gpus = mapping_gpus(before)
+    flags = unmapped_flags(after)
+    if not gpus or not flags:
+        return ""
+    return (f", loaded without mmap ({flags}): {', '.join(gpus)} then holds only its tensors, not the file "
+            "span of them with the CPU's between")
 
 
 def _held_by_rules(plan: Plan) -> str:
