@@ -39,3 +39,26 @@ def test_fastest_on_a_12_gib_mac_loads_without_mmap_and_says_why(qtbot: QtBot, s
         assert "-lm none" in win.command_pane.text.toPlainText()
     finally:
         win.close()
+
+
+def test_fill_says_when_the_mapped_span_keeps_mtl0_over(qtbot: QtBot, settings: Settings) -> None:
+    """The Fill preset moves expert layers by their sizes; on MTL0 with mmap the span of its attention
+    tensors (blk.0 to output.weight, the CPU's experts between) keeps it over whatever it moves: the message
+    says so, with the span and MTL0's own bytes as the plan counts them, and the way out."""
+    from offload_planner.core.units import GiB
+
+    win = make_window(qtbot, settings, system_info("MTL0=m2max,12GiB", cpu_gib=32))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        win.presets_menu.fill("MTL0", from_first=True)
+        wait_projected(qtbot, win, 120_000)
+        mapped = [b for b in win.doc.plan.projection().device("MTL0").buffers if b.name == "MTL0_Mapped"]
+        span, own = sum(b.bytes for b in mapped), sum(b.tensor_bytes or 0 for b in mapped)
+        assert f"{span / GiB:.2f}" == "17.11"  # blk.0's first byte to output.weight's end
+        assert (f"; MTL0 is still over: with mmap it maps the 17.11 GiB file span of its {own / GiB:.2f} GiB "
+                "of tensors, the CPU's between them included; without mmap (-lm none) it holds only its "
+                "tensors (Fastest plan tries both)") in messages[-1], messages
+    finally:
+        win.close()

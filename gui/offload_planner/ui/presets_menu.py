@@ -170,9 +170,10 @@ class PresetsMenu(QMenu):
                 }
             )
             self.message.emit(
-                f"{device} holds the routed experts of {len(got)} layers"
-                if got
-                else f"Moved {len(moves)} tensors off {device}: no expert layer fits"
+                (f"{device} holds the routed experts of {len(got)} layers"
+                 if got
+                 else f"Moved {len(moves)} tensors off {device}: no expert layer fits")
+                + _span_over_text(self._doc.plan, device)
             )
         else:
             self.message.emit(f"{device} already holds as many expert layers as fit")
@@ -271,6 +272,24 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def _span_over_text(plan: Plan, device: str) -> str:
+    """"; MTL0 is still over: ..." where ``device`` maps the file (Metal with mmap) and its mapped span,
+    which holds the CPU's tensors lying between its own, keeps it over; "" otherwise (no projection
+    made for a GPU that does not map the file)."""
+    from offload_planner.core.mapped_span import mapping_gpus, spans_over
+    from offload_planner.core.units import GiB
+
+    if device not in mapping_gpus(plan):
+        return ""
+    over = [o for o in spans_over(plan.projection()) if o.device == device]
+    if not over:
+        return ""
+    o = over[0]
+    return (f"; {device} is still over: with mmap it maps the {o.span / GiB:.2f} GiB file span of its "
+            f"{o.own / GiB:.2f} GiB of tensors, the CPU's between them included; without mmap "
+            f"({' '.join(plan.dialect.no_mmap_flags)}) it holds only its tensors (Fastest plan tries both)")
 
 
 def _unmapped_text(before: Plan, after: Plan) -> str:
