@@ -178,3 +178,17 @@ def test_a_macs_plan_says_which_bytes_it_counts_twice(ext: dict[str, tuple[int, 
             "mapped span (Metal maps them into the GPU's working set)") in text
     # without mmap nothing is mapped: no such note
     assert "mapped tensors lie inside" not in _cli(*args, *server, "-lm", "none").stdout
+
+
+def test_a_mac_whose_ram_cannot_hold_the_model_fits_nothing(ext: dict[str, tuple[int, int]]) -> None:
+    """On a Mac MTL0's memory is a share of the RAM (Metal's recommendedMaxWorkingSetSize): whatever the
+    placement, MTL0 and the CPU together hold every tensor once (with -lm none each a copy; with mmap the
+    CPU's mapped tensors inside MTL0's span are the same pages, counted once). Qwen3-30B's 17.28 GiB of
+    tensors do not fit 16 GiB of RAM: before, the search counted the CPU's 8 GiB alone and took a plan."""
+    assert f"{sum(e - o for o, e in ext.values()) / GIB:.2f}" == "17.28"
+    r = _cli("fit", str(QWEN), "--no-detect", "--device", "MTL0=m2max,12GiB",
+             "--device", "CPU=16GiB,bw=100GB/s", "--", "-c", "8192")
+    assert r.returncode == 1, r.stdout
+    m = re.search(r"nothing fits these devices: CPU \(RAM\) over by [\d.]+ GiB \(([\d.]+) GiB projected, the "
+                  r"Metal GPU's share of the same memory included > 16\.0 GiB\)", r.stdout + r.stderr)
+    assert m and float(m[1]) > 17.28, r.stdout + r.stderr
