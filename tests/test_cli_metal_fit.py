@@ -192,3 +192,20 @@ def test_a_mac_whose_ram_cannot_hold_the_model_fits_nothing(ext: dict[str, tuple
     m = re.search(r"nothing fits these devices: CPU \(RAM\) over by [\d.]+ GiB \(([\d.]+) GiB projected, the "
                   r"Metal GPU's share of the same memory included > 16\.0 GiB\)", r.stdout + r.stderr)
     assert m and float(m[1]) > 17.28, r.stdout + r.stderr
+
+
+def test_a_macs_plan_over_its_ram_exits_over() -> None:
+    """Without mmap MTL0 holds copies of its tensors (10.91 GiB, under its 12 GiB) and the CPU its own
+    (7.36 GiB, under 16 GiB): each row fits, but on a Mac both are the same 16 GiB of RAM. The plan says
+    what they take together, by how much that is over, and exits 3 (before: 0, every row fit)."""
+    args = ("plan", str(QWEN), "--no-detect", "--device", "MTL0=m2max,12GiB",
+            "--device", "CPU=16GiB,bw=100GB/s")
+    server = ("--", "-c", "8192", "-lm", "none", "-fit", "off", "-ot", FITTED_OT.split(",")[0])
+    plan = json.loads(_cli(*args, "--json", *server).stdout)
+    held = sum(d["total_bytes"] for d in plan["devices"])  # no mmap: every buffer's bytes are taken
+    assert all(d["total_bytes"] <= d["capacity_bytes"] for d in plan["devices"]) and held > 16 * GIB
+    r = _cli(*args, *server)
+    assert r.returncode == 3, r.stdout
+    assert (f"so the devices together take {held / GIB:.2f} GiB, more than the CPU's 16.00 GiB by "
+            f"{(held - 16 * GIB) / GIB:.2f} GiB") in r.stdout
+    assert "note: over capacity: CPU (exit status 3)" in r.stdout

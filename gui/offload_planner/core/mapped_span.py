@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core.device_figures import DeviceFigures
-from offload_planner.core.devices import is_mapped_buffer
+from offload_planner.core.devices import DeviceKind, is_mapped_buffer
 from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.placement import CPU
 from offload_planner.core.units import GiB
@@ -124,23 +124,45 @@ def shared_bytes(projection: Projection) -> dict[str, int]:
     return out
 
 
+def unified_held(projection: Projection) -> tuple[int, int] | None:
+    """On a Mac (a Metal GPU in the plan): the bytes the CPU and the Metal GPUs take of their one memory
+    (each as the table counts it), the CPU's mapped tensors inside a GPU's mapped span
+    counted once, and those shared bytes; None without a Metal GPU."""
+    devs = [dm for dm in projection.devices if dm.device.kind is DeviceKind.METAL or dm.device.name == CPU]
+    if len(devs) < 2:
+        return None
+    twice = sum(shared_bytes(projection).values())
+    figs = [DeviceFigures.of(dm) for dm in devs]
+    return sum(f.used for f in figs) - twice, twice
+
+
+def unified_over(projection: Projection) -> int:
+    """Bytes a Mac's CPU and Metal GPUs together take beyond the CPU's capacity (the RAM): 0 within it,
+    with the RAM unknown, or without a Metal GPU."""
+    held = unified_held(projection)
+    cap = projection.device(CPU).device.capacity
+    return max(0, held[0] - cap) if held is not None and cap is not None else 0
+
+
 def unified_note(projection: Projection) -> str:
-    """The note on a Mac's plan where the CPU's mapped tensors lie inside a Metal GPU's mapped span: which
-    bytes the table counts twice, and what the devices take of the one memory they share ("" elsewhere)."""
-    shared = shared_bytes(projection)
-    if not shared:
+    """The note on a Mac's plan where the CPU's mapped tensors lie inside a Metal GPU's mapped span (which
+    bytes the table counts twice) or the devices together take more than the RAM: what the devices take
+    of the one memory they share ("" elsewhere)."""
+    held = unified_held(projection)
+    over = unified_over(projection)
+    if held is None or not (held[1] or over):
         return ""
-    twice = sum(shared.values())
-    figs = [DeviceFigures.of(dm) for dm in projection.devices]
-    held = sum(f.used for f in figs) - twice
-    cpu = next(f for f, dm in zip(figs, projection.devices, strict=True) if dm.device.name == CPU)
+    total, twice = held
+    shared = shared_bytes(projection)
+    cap = projection.device(CPU).device.capacity
     where = ", ".join(f"{g} ({b / GiB:.2f} GiB)" if len(shared) > 1 else g for g, b in shared.items())
     ram = ""
-    if cpu.capacity is not None:
-        ram = (f" of the CPU's {cpu.capacity / GiB:.2f} GiB" if held <= cpu.capacity else
-               f", more than the CPU's {cpu.capacity / GiB:.2f} GiB")
-    return (f"unified memory: {twice / GiB:.2f} GiB of the CPU's mapped tensors lie inside the mapped "
-            f"span of {where} and are counted on both rows, one copy in RAM (the file's pages, which Metal "
-            "maps into the GPU's working set); a Metal GPU's capacity is its share of the same RAM "
+    if cap is not None:
+        ram = (f" of the CPU's {cap / GiB:.2f} GiB" if not over else
+               f", more than the CPU's {cap / GiB:.2f} GiB by {over / GiB:.2f} GiB")
+    head = (f"{twice / GiB:.2f} GiB of the CPU's mapped tensors lie inside the mapped span of {where} and "
+            "are counted on both rows, one copy in RAM (the file's pages, which Metal maps into the GPU's "
+            "working set); " if twice else "")
+    return (f"unified memory: {head}a Metal GPU's capacity is its share of the same RAM "
             "(recommendedMaxWorkingSetSize, what llama.cpp reports as its memory), so the devices "
-            f"together take {held / GiB:.2f} GiB{ram}")
+            f"together take {total / GiB:.2f} GiB{ram}")

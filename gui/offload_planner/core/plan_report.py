@@ -102,7 +102,7 @@ def mmap_notes(projection: Projection) -> list[str]:
             )
         if note := _gpu_span_note(dm):
             out.append(note)
-    if gpu_maps and (note := unified_note(projection)):
+    if note := unified_note(projection):  # "" without a Metal GPU
         out.append(note)
     return out
 
