@@ -174,8 +174,10 @@ class _Search(Fills, Baselines):
         layers from the top (``-ngl N``, mmap kept) that fit, predicted. The output layer and the last
         N layers lie together at the file's end in the usual order, so the GPU's mapped span holds
         (nearly) only its tensors; the estimate ranks it against the fills without mmap. None when
-        even one layer is over."""
+        even one layer is over, or every layer fits (the fills' start then holds them all)."""
         lo, hi = 0, self.model.summary.n_layer + 1  # -ngl counts the output layer too
+        if self.cheap("-ngl all (mmap)", self.plan(["-ngl", str(hi)])).fits:
+            return None
         found: Candidate | None = None
         while lo < hi:  # the largest N that fits (more layers on the GPU never take room back)
             mid = (lo + hi + 1) // 2
