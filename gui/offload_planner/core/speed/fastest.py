@@ -225,7 +225,8 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                      "them, larger -ub are tried; llama.cpp --fit chooses -ngl and the layer split")
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
     starts: dict[Variant, Plan] = {}
-    loads = [[], *unmapped_choice(s.plan(["--cpu-moe"] * moe), notes)]  # ik's --cpu-moe unmaps already
+    maps = any(g.mapped_buffer_name for g in devices.gpus)  # Metal: else no plan more to make
+    loads = [[], *unmapped_choice(s.plan(["--cpu-moe"] * moe) if maps else user, notes)]  # ik: unmapped
     for (kv, on), lm in itertools.product(
             itertools.product(kv_choices(user, allow_kv_quant), kvo_choices(user, allow_nkvo)), loads):
         for ub in ubs:
