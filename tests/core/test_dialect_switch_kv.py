@@ -9,10 +9,10 @@ plan projects, buffer by buffer."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.support.projected import buffer_counts
 
 from offload_planner.core.analysis import analyse, analyse_command
 from offload_planner.core.cmdline import parse_server_args
@@ -35,13 +35,6 @@ def model() -> Model:
     return open_model(QWEN)
 
 
-def _buffers(projection: object) -> Counter[tuple[str, str, str]]:
-    out: Counter[tuple[str, str, str]] = Counter()
-    for dm in projection.devices:  # type: ignore[attr-defined]
-        for b in dm.buffers:
-            out[(dm.device.name, b.name, b.kind)] += b.bytes
-    return out
-
 
 @pytest.mark.parametrize("args", [["-c", "4096", "-ngl", "99"],  # the server's -np 4 -kvu
                                   ["-c", "4096", "-ngl", "99", "-np", "2", "-kvu"]])
@@ -55,7 +48,7 @@ def test_switching_to_ik_exports_a_command_ik_reads(model: Model, args: list[str
     parsed = parse_server_args(shown.command, dialect=IK)
     assert not parsed.errors, parsed.errors
     exported = analyse_command(model, DEVICES, parsed.args, IK).projection
-    assert _buffers(shown.projection) == _buffers(exported)
+    assert buffer_counts(shown.projection) == buffer_counts(exported)
 
 
 def test_switching_back_exports_the_slots_ik_had(model: Model) -> None:

@@ -44,7 +44,7 @@ def test_one_gpu_is_refused_for_a_model_ik_splits() -> None:
 
 def test_deepseek_is_split_by_graph_and_old_architectures_change_to_layer() -> None:
     ds = open_model(RES / "DeepSeek-V3-Q4_K_M.header.gguf")
-    parsed = parse_server_args("-sm graph -ngl 99 -c 4096 -ot exps=CPU".split(), dialect=IK)
+    parsed = parse_server_args(["-sm", "graph", "-ngl", "99", "-c", "4096", "-ot", "exps=CPU"], dialect=IK)
     warned = [w for w in analyse_command(ds, TWO, parsed, IK).warnings if w.startswith("-sm graph")]
     assert warned and "spreads each layer's tensors over the GPUs" in warned[0], warned
     assert IK.graph_split_archs < Dialect("ik_llama.cpp-2026-08").graph_split_archs  # + muse-glimmer

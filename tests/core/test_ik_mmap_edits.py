@@ -12,10 +12,10 @@ equals the projection of the command the window exports for it, buffer by buffer
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.support.projected import buffer_counts
 
 from offload_planner.core import presets
 from offload_planner.core.analysis import analyse, analyse_command
@@ -45,13 +45,6 @@ def _plan(model: Model, args: list[str], dialect: Dialect) -> Plan:
     return plan_from_args(model, DEVICES, parse_server_args(args, dialect=dialect).args, dialect)
 
 
-def _buffers(projection: object) -> Counter[tuple[str, str, str]]:
-    out: Counter[tuple[str, str, str]] = Counter()
-    for dm in projection.devices:  # type: ignore[attr-defined]
-        for b in dm.buffers:
-            out[(dm.device.name, b.name, b.kind)] += b.bytes
-    return out
-
 
 def _projected_as_exported(model: Model, plan: Plan) -> list[str]:
     """The edited plan's exported command, after checking that its projection is the plan's."""
@@ -60,7 +53,7 @@ def _projected_as_exported(model: Model, plan: Plan) -> list[str]:
     parsed = parse_server_args(shown.command, dialect=plan.dialect)
     assert not parsed.errors, parsed.errors
     exported = analyse_command(model, DEVICES, parsed.args, plan.dialect).projection
-    assert _buffers(shown.projection) == _buffers(exported), shown.command
+    assert buffer_counts(shown.projection) == buffer_counts(exported), shown.command
     return shown.command
 
 
@@ -103,7 +96,7 @@ def test_switching_back_from_ik_maps_the_model_again(model: Model) -> None:
     back = with_dialect(_plan(model, OT, IK), MAINLINE)
     command = _projected_as_exported(model, back)
     assert back.placement_options.use_mmap and "-lm" not in command and "--no-mmap" not in command
-    assert _buffers(back.projection()) == _buffers(_plan(model, OT, MAINLINE).projection())
+    assert buffer_counts(back.projection()) == buffer_counts(_plan(model, OT, MAINLINE).projection())
 
 
 def test_no_mmap_asked_for_stays_off(model: Model) -> None:
