@@ -3,7 +3,8 @@
 For every model in ``BENCH_MODELS`` (over 2 GB each, random weights written into the file and read
 into RAM with ``-lm none`` (no mmap), so token generation is bound by memory bandwidth, as on a real box):
 
-- the host's RAM bandwidth, measured in this run by the planner's own probe (the reference);
+- the host's RAM bandwidth, measured in this run by the planner's own probe (the reference), and one
+  thread's copy (its single-thread pass: the CPU's and the rpc-servers' threads' share of it);
 - one configuration after another: the CPU alone (``-ngl 0``), two ``ggml-rpc-server`` devices on
   loopback holding every layer (``--rpc A,B -ngl 999``) and, for MoE models, the routed experts on
   the CPU with the rest on one RPC device (``-ot exps=CPU``);
@@ -37,12 +38,19 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from offload_planner.backend import child_guard
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.rpc_probe import probe_link
 from offload_planner.backend.server_bench import MeasuredSpeed, measure
-from offload_planner.backend.speed_store import core_speed, measure_ram_bandwidth, this_cpu, thread_use
+from offload_planner.backend.speed_store import (
+    core_speed,
+    local_thread_bandwidth,
+    measure_ram,
+    this_cpu,
+    thread_use,
+)
 from offload_planner.backend.system import cpu_device
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import build_device_set, parse_device_decl
@@ -57,7 +65,6 @@ from offload_planner.core.speed.hardware import (
     Source,
     hardware_for,
 )
-from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.synth import write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random
@@ -142,12 +149,16 @@ RPC_SERVER_THREADS = max(1, (os.cpu_count() or 2) // 2)  # rpc-server.cpp: hardw
 
 def estimate_config(model: Path, server_args: list[str], endpoints: list[str], ram_gbs: float,
                     args: argparse.Namespace, links: dict[str, MeasuredLink] | None = None, *,
-                    count_cores: bool = False, isa: bool = True) -> SpeedEstimate:
-    """The planner's uncalibrated estimate for the same command line; the RPC servers run on this
+                    count_cores: bool = False, isa: bool = True,
+                    thread_gbs: float | None = None) -> Est:
+    """The planner's uncalibrated estimate for the same command line (tg at the measured tokens'
+    depth: their attention over the prompt's cells is part of their time); the RPC servers run on this
     machine, so each is declared with the host's measured bandwidth and the CPU's compute; with
     ``links`` (the probe's) the link is not declared and the server's threads are; with
     ``count_cores`` the threads of llama-server and the rpc-servers are counted against this
-    machine's cores; without ``isa`` every core has the AVX2 figure (this CPU's instruction set not read)."""
+    machine's cores; without ``isa`` every core has the AVX2 figure (this CPU's instruction set not read);
+    ``thread_gbs``: the probe's single-thread copy, which sets the threads' share of the bandwidth of the
+    CPU and the rpc-servers (None: the default per-thread figure)."""
     parsed = parse_server_args(server_args, dialect="llama.cpp")
     cores = os.cpu_count() or 1
     cpu = this_cpu() if isa else None  # the rpc-servers compute on this CPU as well
@@ -158,10 +169,28 @@ def estimate_config(model: Path, server_args: list[str], endpoints: list[str], r
     devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=endpoints, declared=declared)
     plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
     probe = Figure(ram_gbs, "GB/s", Source.MEASURED, "RAM probe in this run")
+    one = (None if thread_gbs is None
+           else Figure(thread_gbs, "GB/s", Source.MEASURED, "one thread's copy in this run"))
     hw = hardware_for(devices, threads=args.threads, probe=probe, links=links,
-                      cores=thread_use(devices, args.threads) if count_cores else None, cpu=cpu)
+                      cores=thread_use(devices, args.threads) if count_cores else None, cpu=cpu,
+                      thread_bw=local_thread_bandwidth(devices, one))
     eff = for_host(DEFAULT, *core_speed(cpu)) if cpu is not None else DEFAULT
-    return estimate(plan, hw, prompt=args.prompt, eff=eff)
+    est = estimate(plan, hw, prompt=args.prompt, eff=eff, depth=measured_depth(args))
+    return Est(est.pp_tps, est.tg_tps_at_depth or est.tg_tps, est.tg_tps)
+
+
+class Est(NamedTuple):
+    """An estimate as the bench compares it: pp of the prompt from an empty cache, tg at the depth
+    the measured tokens had (:func:`measured_depth`), and tg at depth 0 beside it."""
+
+    pp_tps: float
+    tg_tps: float
+    tg_tps_depth0: float
+
+
+def measured_depth(args: argparse.Namespace) -> int:
+    """The average context of the generated tokens the server times: the prompt, then half of them."""
+    return int(args.prompt + args.gen // 2)
 
 
 def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
@@ -224,15 +253,24 @@ def main() -> int:
         for cfg in CONFIGS:
             if cfg.name not in args.configs.split(",") or (cfg.moe_only and not spec.n_expert):
                 continue
-            ram = measure_ram_bandwidth()  # the reference, measured next to each run
+            probe = measure_ram()  # the reference, measured next to each run
+            ram, one = probe.gbs, probe.thread_gbs
             server_args, endpoints, got, links = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
-            est = estimate_config(model, server_args, endpoints, ram, args)
-            after = estimate_config(model, server_args, endpoints, ram, args, links) if endpoints else est
-            cont = estimate_config(model, server_args, endpoints, ram, args, links or None, count_cores=True)
-            avx2 = estimate_config(model, server_args, endpoints, ram, args, links or None, isa=False)
+            est = estimate_config(model, server_args, endpoints, ram, args, thread_gbs=one)
+            after = (estimate_config(model, server_args, endpoints, ram, args, links, thread_gbs=one)
+                     if endpoints else est)
+            cont = estimate_config(model, server_args, endpoints, ram, args, links or None, count_cores=True,
+                                   thread_gbs=one)
+            avx2 = estimate_config(model, server_args, endpoints, ram, args, links or None, isa=False,
+                                   thread_gbs=one)
+            old = estimate_config(model, server_args, endpoints, ram, args, links or None)
             load = os.getloadavg()[0]
             rows.append({"model": name, "config": cfg.name, "args": server_args, "ram_gbs": round(ram, 2),
+                         "ram_thread_gbs": round(one or 0.0, 2), "ram_busy_share": round(probe.cpu_share, 2),
+                         "pp_est_default_thread": round(old.pp_tps, 3),
+                         "tg_est_default_thread": round(old.tg_tps, 3),
                          "pp_est": round(est.pp_tps, 3), "tg_est": round(est.tg_tps, 3),
+                         "tg_est_depth0": round(est.tg_tps_depth0, 3), "tg_depth": measured_depth(args),
                          "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
                          "pp_est_threads": round(cont.pp_tps, 3), "tg_est_threads": round(cont.tg_tps, 3),
                          "pp_est_avx2": round(avx2.pp_tps, 3), "tg_est_avx2": round(avx2.tg_tps, 3),
@@ -248,6 +286,8 @@ def main() -> int:
                        f"{cont.tg_tps:.2f} ({cont.tg_tps / got.tg_tps:.2f})")
             probed += (f"  AVX2 figure: pp {avx2.pp_tps:.2f} ({avx2.pp_tps / got.pp_tps:.2f}) tg "
                        f"{avx2.tg_tps:.2f} ({avx2.tg_tps / got.tg_tps:.2f})")
+            probed += (f"  one thread {one or 0:.1f} GB/s; with the default 10 GB/s a thread: tg "
+                       f"{old.tg_tps:.2f} ({old.tg_tps / got.tg_tps:.2f})")
             print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "
                   f"{est.pp_tps / got.pp_tps:6.2f} {got.tg_tps:8.2f} {est.tg_tps:8.2f} "
                   f"{est.tg_tps / got.tg_tps:6.2f}  {load:.1f}{probed}", flush=True)

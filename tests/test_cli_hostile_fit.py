@@ -129,7 +129,9 @@ def test_damaged_stored_efficiencies_fall_back_to_the_defaults(tmp_path: Path, e
     """A list where the efficiencies' table belongs was an AttributeError traceback; NaN went into
     the estimate. Both now leave the defaults, as an unreadable file does."""
     # a quiet figure of this hour: kept, not measured again (a re-probe reads differently each run)
-    ram = f'"ram_gbs": 40.0, "ram_measured_at": "{time.strftime("%Y-%m-%d %H:%M")}", "ram_busy": false'
+    now = time.strftime("%Y-%m-%d %H:%M")
+    ram = (f'"ram_gbs": 40.0, "ram_measured_at": "{now}", "ram_busy": false, "ram_thread_gbs": 20.0, '
+           f'"ram_thread_measured_at": "{now}", "ram_thread_busy": false')
     r = _plan_json_with_store(tmp_path, f'{{{ram}, "efficiencies": {eff}, "efficiencies_at": 3}}')
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     clean = _plan_json_with_store(tmp_path, f'{{{ram}}}')

@@ -107,6 +107,12 @@ def pinned_ram(*, measure: bool = True) -> Figure:
     return Figure(40.0, "GB/s", Source.MEASURED, "RAM probe pinned by tests/test_cli_plan_golden.py")
 
 
+def no_thread_figure(*, measure: bool = True) -> None:
+    """Nor the single-thread copy (a probe as well): not known, the default per-thread figure, as the
+    expected files were written with."""
+    return None
+
+
 def pinned_cores() -> int:
     """llama.cpp's default ``-t`` is this machine's physical cores: one count for the expected files
     on every machine."""
@@ -134,6 +140,7 @@ def test_plan_output_is_byte_identical(case: str, mode: str, monkeypatch: pytest
     monkeypatch.chdir(ROOT)  # the model paths are printed as given: relative to the checkout
     monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path))  # no user settings
     monkeypatch.setattr(speed_store, "host_bandwidth", pinned_ram)
+    monkeypatch.setattr(speed_store, "thread_bandwidth", no_thread_figure)
     monkeypatch.setattr(speed_store, "physical_cores", pinned_cores)
     monkeypatch.setattr(speed_store, "machine_cpu", pinned_cpu)
     _, got = run_plan(case, mode)
@@ -149,6 +156,7 @@ if __name__ == "__main__":  # writes the expected files (only from the code befo
 
     os.chdir(ROOT)
     speed_store.host_bandwidth = pinned_ram
+    speed_store.thread_bandwidth = no_thread_figure
     speed_store.physical_cores = pinned_cores  # type: ignore[assignment]
     speed_store.machine_cpu = pinned_cpu  # type: ignore[assignment]
     DATA.mkdir(parents=True, exist_ok=True)

@@ -114,7 +114,9 @@ def test_a_new_plan_process_imports_only_what_it_uses(small_models: dict[str, Pa
 
     from offload_planner.backend import speed_store
 
-    entry = {"ram_gbs": 40.0, "ram_measured_at": time.strftime("%Y-%m-%d %H:%M"), "ram_busy": False}
+    now = time.strftime("%Y-%m-%d %H:%M")
+    entry = {"ram_gbs": 40.0, "ram_measured_at": now, "ram_busy": False,  # the probe's figures, cached
+             "ram_thread_gbs": 20.0, "ram_thread_measured_at": now, "ram_thread_busy": False}
     (tmp_path / "speed.json").write_text(json.dumps({"machines": {speed_store.machine_key(): entry}}))
     env = {**os.environ, "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path)}
     argv = ["plan", str(small_models["qwen3moe"]), "--no-detect", "--device", "CUDA0=24GiB", "--device",

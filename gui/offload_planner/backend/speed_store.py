@@ -1,9 +1,11 @@
 """This machine's speed figures: the RAM bandwidth probe and measured efficiencies, cached.
 
 The probe copies a buffer a few hundred MiB large with one thread per core (numpy releases the GIL
-while copying) for about a second and counts the bytes read and written.  The result is cached in
-``speed.json`` under the config directory (:func:`config_folder.config_dir`), keyed by machine, with
-the efficiencies ``launch --bench`` measures per machine and backend (:func:`record_efficiencies`).
+while copying) for about a second and counts the bytes read and written, then one thread alone for
+half a second (what one of llama.cpp's compute threads can read: :func:`thread_bandwidth`).  The
+result is cached in ``speed.json`` under the config directory (:func:`config_folder.config_dir`), keyed
+by machine, with the efficiencies ``launch --bench`` measures per machine and backend
+(:func:`record_efficiencies`).
 The CPU's instruction set and model name (:func:`this_cpu`) are read from the operating system once
 a process.
 """
@@ -188,10 +190,13 @@ def _keep(data: dict[str, Any]) -> str:
 @dataclass(frozen=True)
 class RamProbe:
     """A RAM probe's figure and the share of its wall time its threads ran on a core: under 1 when
-    other work took the cores (one busy process per core: about 0.5 on a 2-core machine; quiet 0.98)."""
+    other work took the cores (one busy process per core: about 0.5 on a 2-core machine; quiet 0.98),
+    and the single-thread pass's figure."""
 
     gbs: float
     cpu_share: float
+    #: GB/s of the same copy by one thread alone (None: not measured)
+    thread_gbs: float | None = None
 
 
 #: A probe whose threads ran less than this share of their wall time counts as taken while busy,
@@ -229,7 +234,26 @@ def measure_ram(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BYTES) -> Ra
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    return RamProbe(sum(copied) / wall / 1e9, (time.process_time() - cpu0) / (wall * n_threads))
+    share = (time.process_time() - cpu0) / (wall * n_threads)
+    one, one_share = _one_thread_copy(src[0], dst[0], seconds / 2)
+    return RamProbe(sum(copied) / wall / 1e9, min(share, one_share), one)
+
+
+def _one_thread_copy(src: Any, dst: Any, seconds: float) -> tuple[float, float]:
+    """GB/s (read + written) of one thread copying ``src`` to ``dst`` for ``seconds`` (at least once),
+    and the share of the wall time it ran on a core."""
+    import numpy as np
+
+    copied = 0
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    while True:
+        np.copyto(dst, src)
+        copied += 2 * src.nbytes
+        if time.perf_counter() - start >= seconds:
+            break
+    wall = time.perf_counter() - start
+    return copied / wall / 1e9, (time.process_time() - cpu0) / wall
 
 
 def measure_ram_bandwidth(seconds: float = PROBE_SECONDS, nbytes: int = PROBE_BYTES) -> float:
@@ -282,13 +306,53 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
         busy = machine_busy() or probe.cpu_share < BUSY_CPU_SHARE
         bw = max(new, bw or 0.0)
         when = time.strftime("%Y-%m-%d %H:%M")
-        entry = {**entry, "ram_gbs": bw, "ram_measured_at": when, "ram_busy": busy}
+        entry = {**entry, "ram_gbs": bw, "ram_measured_at": when, "ram_busy": busy,
+                 **_thread_entry(entry, probe.thread_gbs, busy, when)}
         data.setdefault("machines", {})[machine_key()] = entry
         when += _keep(data)
     if bw is None:
         return None
     note = f"RAM probe on this machine ({when}{', while it was busy' if busy else ''}, {_path()})"
     return Figure(float(bw), "GB/s", Source.MEASURED, note)
+
+
+def _thread_entry(entry: dict[str, Any], gbs: float | None, busy: bool, when: str) -> dict[str, Any]:
+    """The single-thread figure to keep in ``entry``: ``gbs`` measured now (busy or not, at ``when``)
+    or the one kept, the larger (as :func:`host_bandwidth` keeps its figure); nothing when not measured."""
+    if gbs is None:
+        return {}
+    kept = _number(entry.get("ram_thread_gbs"), 0.01, MAX_RATE_GBS) or 0.0
+    return {"ram_thread_gbs": max(round(gbs, 1), kept), "ram_thread_measured_at": when,
+            "ram_thread_busy": busy}
+
+
+def thread_bandwidth(*, measure: bool = True) -> Figure | None:
+    """GB/s of one thread's copy on this machine (the RAM probe's single-thread pass): what one of
+    llama.cpp's compute threads reads at most (core.speed.rates.thread_bandwidth).  Cached; else
+    measured now (half a second, one thread) when ``measure``; one measured while the machine was busy
+    is measured again an hour later, the larger kept."""
+    data = _load()
+    entry = data.get("machines", {}).get(machine_key(), {})
+    gbs = _number(entry.get("ram_thread_gbs"), 0.01, MAX_RATE_GBS)
+    when = str(entry.get("ram_thread_measured_at", ""))
+    busy = entry.get("ram_thread_busy") is not False
+    if measure and (gbs is None or (busy and _stale(when, BUSY_REPROBE_S))):
+        import numpy as np
+
+        src = np.ones(max(1 << 20, PROBE_BYTES // max(1, os.cpu_count() or 1)), dtype=np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)  # fault the pages in
+        new, share = _one_thread_copy(src, dst, PROBE_SECONDS / 2)
+        busy = machine_busy() or share < BUSY_CPU_SHARE
+        when = time.strftime("%Y-%m-%d %H:%M")
+        entry = {**entry, **_thread_entry(entry, new, busy, when)}
+        gbs = entry["ram_thread_gbs"]
+        data.setdefault("machines", {})[machine_key()] = entry
+        when += _keep(data)
+    if gbs is None:
+        return None
+    note = f"one thread's copy on this machine ({when}{', while it was busy' if busy else ''}, {_path()})"
+    return Figure(gbs, "GB/s", Source.MEASURED, note)
 
 
 #: A probe that failed after waiting (an rpc-server that does not answer, a host that drops the
@@ -568,10 +632,23 @@ def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = T
     """The figures of these devices on this machine: declared, catalogue, the cached RAM probe (run
     now when ``probe`` and not cached, unless the CPU is another machine: :func:`cpu_elsewhere`), the
     cached RPC links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers,
-    which serve one client at a time), this CPU's instruction set."""
-    measured = None if cpu_elsewhere(devices) else host_bandwidth(measure=probe)
+    which serve one client at a time), this CPU's instruction set, one thread's copy rate (cached, run
+    now as the RAM probe is) for the CPU and the rpc-servers on this machine."""
+    elsewhere = cpu_elsewhere(devices)
+    measured = None if elsewhere else host_bandwidth(measure=probe)
+    one = None if elsewhere else thread_bandwidth(measure=probe)
     return hardware_for(devices, threads=threads, probe=measured, links=rpc_links(devices, measure=probe_rpc),
-                        cores=thread_use(devices, threads), cpu=machine_cpu(devices))
+                        cores=thread_use(devices, threads), cpu=machine_cpu(devices),
+                        thread_bw=local_thread_bandwidth(devices, one))
+
+
+def local_thread_bandwidth(devices: DeviceSet, one: Figure | None) -> dict[str, Figure]:
+    """``one`` (this machine's single-thread copy, :func:`thread_bandwidth`) for the devices whose
+    threads run here: the CPU and the rpc-servers on this machine (:func:`is_local`)."""
+    if one is None:
+        return {}
+    local = [g.name for g in devices.gpus if g.kind is DeviceKind.RPC and g.endpoint and is_local(g.endpoint)]
+    return dict.fromkeys([devices.cpu.name, *local], one)
 
 
 def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, probe: bool = True,

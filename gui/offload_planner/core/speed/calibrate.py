@@ -11,11 +11,12 @@ that do not dominate keep their efficiencies.  A part whose time the measurement
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.hardware import DeviceSpeed, Hardware, Source
+from offload_planner.core.speed.rates import thread_bandwidth
 from offload_planner.core.speed.result import SpeedEstimate
 
 #: A measurement that moves an efficiency by more than this factor either way is not what the
@@ -36,9 +37,15 @@ def _bandwidth_name(dev: DeviceSpeed, eff: Efficiencies) -> str | None:
     if dev.kind is not DeviceKind.CPU:
         return "gpu_bandwidth"
     e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
-    if dev.threads and dev.threads * eff.cpu_thread_bandwidth.value < dev.bandwidth.value * e.value:
+    if dev.threads and dev.threads * thread_bandwidth(dev, eff).value < dev.bandwidth.value * e.value:
         return "cpu_thread_bandwidth"
     return "probe_bandwidth" if dev.bandwidth.source is Source.MEASURED else "cpu_bandwidth"
+
+
+def _own(dev: DeviceSpeed, eff: Efficiencies) -> Efficiencies:
+    """``eff`` with the per-thread bandwidth ``dev``'s estimate used (its machine's measured one, when
+    not calibrated: rates.thread_bandwidth), the figure a measurement rescales."""
+    return replace(eff, cpu_thread_bandwidth=thread_bandwidth(dev, eff))
 
 
 def _compute_name(dev: DeviceSpeed) -> str | None:
@@ -71,12 +78,15 @@ def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: floa
 
 def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,
               pp_tps: float | None = None) -> Calibration:
-    """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates."""
+    """Efficiencies (of ``eff``, the ones ``est`` was made with) that match the measured rates; tg
+    measured after ``est.depth`` tokens of context when the estimate has one (its tg there)."""
     cal = Calibration()
     if tg_tps and est.tg_tps > 0 and est.devices:
         d = max(est.devices, key=lambda x: x.tg_ms_per_token)
-        _rescale(cal, eff, _bandwidth_name(hw[d.name], eff), d.tg_ms_per_token / 1e3, 1.0 / est.tg_tps,
-                 1.0 / tg_tps, f"tg (bottleneck {d.name})")
+        # measured at a depth (est.depth): the token's attention and KV reads there are other parts
+        tg_est = est.tg_tps_at_depth if est.depth and est.tg_tps_at_depth else est.tg_tps
+        _rescale(cal, _own(hw[d.name], eff), _bandwidth_name(hw[d.name], eff), d.tg_ms_per_token / 1e3,
+                 1.0 / tg_est, 1.0 / tg_tps, f"tg (bottleneck {d.name})")
     if pp_tps and est.pp_tps > 0 and est.devices:
         d = max(est.devices, key=lambda x: x.pp_ms)
         total_est = est.prompt / est.pp_tps
@@ -90,7 +100,7 @@ def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: fl
             reads = d.pp_reads_ms / 1e3
             bw_name = _bandwidth_name(hw[d.name], eff)
             if bw_name is not None and bw_name in cal.values:
-                reads *= getattr(eff, bw_name).value / cal.values[bw_name]
+                reads *= getattr(_own(hw[d.name], eff), bw_name).value / cal.values[bw_name]
             _rescale(cal, eff, _compute_name(hw[d.name]), (d.pp_ms - d.pp_reads_ms) / 1e3,
                      total_est - d.pp_reads_ms / 1e3 + reads, total_meas, f"pp (bottleneck {d.name})")
     return cal

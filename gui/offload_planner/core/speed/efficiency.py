@@ -34,8 +34,30 @@ _LINK = _d(0.8)  # PCIe / network payload against the line rate
 #: (https://github.com/ikawrakow/ik_llama.cpp/pull/612, llama-sweep-bench): 9.35 ms for 78 GFLOPs
 #: and 6.1 ms for 69 GFLOPs a token, 0.65 and 0.88 x 128 x 0.1 TFLOPS; the lower one, since it also
 #: covers the KV reads.
+#: ik_llama.cpp's figure (its own CPU flash attention): :data:`_FAST_CPU`.
 _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
                    "one token's attention on the CPU: ik_llama.cpp PR 612 (Kimi-K2, EPYC 9965, 128 threads)")
+#: Mainline llama.cpp's: one generated token's attention on the CPU runs far below the peak, about
+#: 50 ns a KV cell a head on one thread (the online softmax's exp, f16 conversions and a vec_dot and
+#: a mad of 128 a cell, ggml-cpu ops.cpp ``ggml_compute_forward_flash_attn_ext_f16_one_chunk``).
+#: From the one public mainline CPU sweep (https://github.com/ikawrakow/ik_llama.cpp/pull/518, build
+#: 5635 (3069e3169), LLaMA-3.1-8B IQ3_S on a Ryzen-7950X, 16 threads: its cores):
+#: "|   512 |    128 |      0 |   18.261 |    28.04 |    7.933 |    16.14 |" ... "|   512 |    128 |
+#: 512 |   18.708 |    27.37 |    8.335 |    15.36 |", "1024 | ... |    8.547 |", "1536 | ... |    8.739 |",
+#: "|   512 |    128 |   2048 |   19.670 |    26.03 |    8.912 |    14.36 |" (N_KV, T_TG s for 128 tokens):
+#: the least-squares slope, 3.60 µs a token per KV cell, for 2 x 32 heads x (128 + 128) x 32 layers =
+#: 0.524 MFLOPs a cell (core.speed.tg.attention_flops_at), is 145.5 GFLOPS, 0.032 of the 16 cores' peak
+#: at its 4.5 GHz base clock with AVX-512 VNNI (16 x 0.1 x 1.95 x 4.5 / 3.125 = 4.49 TFLOPS); the KV
+#: reads (f16, 8 KV heads: 131 kB a cell) are in that time, and at the record's bandwidth take less.
+#: Checked on this project's 2-vCPU Zen 4 EPYC with the pinned build (11434): perf's on-CPU time of
+#: ``ggml_compute_forward_flash_attn_ext``, ``ggml_vec_dot_f16`` and ``expf`` between a request of 256 + 2
+#: tokens and one of 256 + 34 was 8.57 ms a token for 89 MFLOPs (bench-qwen3moe-2g, 32 heads x 128, 20
+#: layers, -t 1): 0.053 of one thread's peak at the default clock, the same order (a newer build's kernel).
+#: Attention on the CPU at the depth of a bench's prompt (256 cells) is then a quarter of that MoE
+#: model's token on this machine, which the estimate at depth 0 did not have.
+_MAINLINE_CPU_ATTN = Figure(0.032, "x peak", Source.DEFAULT,
+                            "one token's attention on the CPU, mainline: ik_llama.cpp PR 518's mainline "
+                            "sweep (LLaMA-3.1-8B, Ryzen-7950X, N_KV 0-2048: 145.5 GFLOPS)")
 #: One thread's share of the RAM bandwidth when -t limits it: a round figure that matched the earlier
 #: 2-core AVX2 machine.  On the 2-vCPU AVX-512 EPYC it caps bench-llama-2g's tg on the CPU and on two
 #: loopback rpc-servers (1 thread each) at 0.55-0.59x of the measured; a single-thread copy there reads
@@ -59,7 +81,10 @@ _CPU_ATTN = Figure(0.65, "x peak", Source.DEFAULT,
 #: clocks.  These two posts are not in tests/data (its schema takes llama.cpp / ik_llama.cpp threads).
 #: Mainline's GEMVs and vec_dots are AVX2 code on every x86 CPU (arch/x86/repack.cpp
 #: ``ggml_gemv_q4_K_8x8_q8_K``, arch/x86/quants.c), so ik's AVX-512 figure does not carry over, and no
-#: public mainline sweep of an AVX-512 CPU at a few threads was found: the figure stays.
+#: public mainline sweep of an AVX-512 CPU at a few threads was found: the figure stays as the default.
+#: Where the RAM probe ran (this machine's CPU and its loopback rpc-servers) one thread's measured copy
+#: x ``probe_bandwidth`` replaces it (core.speed.rates.thread_bandwidth).  The MoE model's excess above
+#: was its attention at the bench's depth, which the estimate at depth 0 did not price (``cpu_attention``).
 _THREAD_BW = _d(10.0, "GB/s per thread")
 #: Op offload's copy of a host weight that is not in a pinned (``<GPU>_Host``) buffer, against the
 #: pinned rate: with mmap (the default) llama.cpp keeps CPU weights in the mapping, pageable
@@ -123,7 +148,7 @@ class Efficiencies:
     cpu_thread_bandwidth: Figure = _THREAD_BW
     split_latency_us: Figure = _SPLIT_US
     rpc_latency_us: Figure = _RPC_US
-    cpu_attention: Figure = _CPU_ATTN
+    cpu_attention: Figure = _MAINLINE_CPU_ATTN
     host_attention_us: Figure = _HOST_ATTN_US
     pageable_copy: Figure = _PAGEABLE_COPY
     gpu_layer_us: Figure = _GPU_LAYER_US
@@ -166,7 +191,7 @@ IK_CPU_COMPUTE = Figure(2.0 / IK_FIT_GAIN, "x peak", Source.DEFAULT,
                         "ik_llama.cpp's CPU kernels, from public measurements (ik_llama.cpp PRs 518, 683, "
                         "259, 612, issue 1752; their CPUs at base clock, AVX-512 VNNI: 2.0 x the AVX2 "
                         f"figure / {IK_FIT_GAIN:g})")
-_FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE)
+_FAST_CPU = replace(DEFAULT, cpu_compute=IK_CPU_COMPUTE, cpu_attention=_CPU_ATTN)
 
 
 #: Mainline llama.cpp's CPU matrix multiplication of the lattice i-quants (IQ1_S ... IQ3_S): no

@@ -103,6 +103,10 @@ class DeviceSpeed:
     #: CPU: its compute against an AVX2 core's (core.speed.cpu_isa.GAINS), 1 when not known or
     #: ``tflops=`` is declared; the kernels with no path beyond AVX2 do not get it (efficiency.cpu_cost)
     isa_gain: float = 1.0
+    #: GB/s one thread's copy reads on the machine its threads run on (the RAM probe's single-thread
+    #: pass: this machine's CPU and the rpc-servers on it), None when not measured: its threads' share
+    #: of the bandwidth (core.speed.rates.thread_bandwidth)
+    thread_bandwidth: Figure | None = None
 
 
 @dataclass(frozen=True)
@@ -304,17 +308,22 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
                  overrides: Mapping[str, DeviceSpeed] | None = None,
                  links: Mapping[str, MeasuredLink | str] | None = None, cores: Threads | None = None,
-                 cpu: CpuInfo | None = None) -> Hardware:
+                 cpu: CpuInfo | None = None, thread_bw: Mapping[str, Figure] | None = None) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
     ``links``: measured links of RPC devices by endpoint (or why the probe failed); ``cores``: the
     threads on this machine, which slow its devices down by ``cores / threads`` when more threads than
     cores compute;
-    ``cpu``: this machine's CPU as the operating system describes it, its instruction set and clock)."""
+    ``cpu``: this machine's CPU as the operating system describes it, its instruction set and clock;
+    ``thread_bw``: one thread's measured copy rate of the devices, by name, whose threads run on the
+    probed machine)."""
     links = links or {}
     out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe,
                                        default_threads=cores.server if cores is not None else None,
                                        smt_capped=cores is None, cpu=cpu)
+    for name, fig in (thread_bw or {}).items():
+        if name in out:
+            out[name] = replace(out[name], thread_bandwidth=fig)
     out.update(overrides or {})
     if cores is not None and cores.oversubscribed:
         out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}

@@ -63,13 +63,30 @@ def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies, notes: list[Assumption]
     if notes is not None:
         notes += [Assumption(f"{dev.name} memory bandwidth", dev.bandwidth),
                   Assumption(f"{dev.name} bandwidth efficiency", e)]
-    per = eff.cpu_thread_bandwidth
+    per = thread_bandwidth(dev, eff)
     if (rpc or dev.kind is DeviceKind.CPU) and dev.threads and dev.threads * per.value < bw:
         bw = dev.threads * per.value
         if notes is not None:
             by = f"its server's {dev.threads} threads" if rpc else f"-t {dev.threads}"
             notes.append(Assumption(f"{dev.name} limited by {by}", per))
     return bw
+
+
+def thread_bandwidth(dev: DeviceSpeed, eff: Efficiencies) -> Figure:
+    """GB/s one of ``dev``'s compute threads reads: ``cpu_thread_bandwidth`` when calibrated (or given),
+    else the single-thread copy measured on the machine its threads run on (``dev.thread_bandwidth``)
+    at the probe's efficiency (``probe_bandwidth``, as the threads together reach of theirs), else the
+    default.  On a 2-vCPU AVX-512 EPYC (Zen 4) whose one-thread copy reads 21-26 GB/s, llama.cpp's
+    token kernels ran 19.7-21.5 GB/s on one thread (perf's on-CPU time of ``ggml_gemv_q4_K_8x8_q8_K``
+    and ``ggml_vec_dot_q6_K_q8_K`` over their bytes, bench-llama-2g and bench-qwen3moe-2g at -t 1)."""
+    per = eff.cpu_thread_bandwidth
+    one = dev.thread_bandwidth
+    if per.source is not Source.DEFAULT or one is None:
+        return per
+    e = eff.probe_bandwidth
+    return Figure(round(one.value * e.value, 2), per.unit, one.source,
+                  f"one thread's copy, {one.value:g} GB/s, x {e.value:g} ({e.source}: of the probe's copy); "
+                  f"{one.note}")
 
 
 def _link(a: DeviceSpeed, b: DeviceSpeed, eff: Efficiencies) -> tuple[float, float]:
