@@ -53,6 +53,9 @@ micro-batches leave out the output matrix and the last layer's FFN, which llama.
 for the output rows alone (``inp_out_ids``: one token a prompt; core.speed.pp.output_rows_only): pp
 figures 1-4% higher (DeepSeek-V3 all on GPU 85.5 -> 87.3 t/s, --cpu-moe 13.7 -> 14.0 t/s), with
 their pp_ms / pp_transfer_ms and one pp bottleneck share (77% -> 78%); 33 files.
+Session 10: a GPU over capacity while the build's --fit gave up on the command (``n_gpu_layers already
+set by user to 999, abort``, common/fit.cpp 464) gets a note saying so under "over capacity": the
+``ds_all_on_gpu`` text, --explain and --json files gain that one line (the JSON's notes one entry).
 """
 
 from __future__ import annotations

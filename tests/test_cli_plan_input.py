@@ -191,3 +191,20 @@ def test_an_all_zero_split_is_the_default_split_and_said() -> None:
 def test_digits_llama_cpp_does_not_read_are_refused(value: str) -> None:
     err = refused(run("plan", QWEN, *GPUS, "--", "-c", value))
     assert f"-c {value}: expected an integer in ASCII digits 0-9" in err
+
+
+def test_over_capacity_says_when_fit_leaves_the_command_alone() -> None:
+    """The pinned build's --fit is on by default, but gives up when the user set what it adapts: with
+    -ngl 99, 'n_gpu_layers already set by user to 99, abort' (common/fit.cpp 464), and the server runs
+    out of memory at load. The plan said 'over capacity' without why --fit did not help."""
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=12GiB", "--device", "CPU=512GiB",
+            "--", "-c", "16384", "-ngl", "99")
+    assert r.returncode == 3, r.stderr
+    assert ("note: --fit is on but leaves this command as it is (llama.cpp: \"n_gpu_layers already set by "
+            "user to 99, abort\"), so CUDA0 stays over") in r.stdout
+    fits = run("plan", QWEN, "--no-detect", "--device", "CUDA0=12GiB", "--device", "CPU=512GiB",
+               "--", "-c", "16384")  # no -ngl: --fit moves experts to the CPU and says so
+    assert "leaves this command as it is" not in fits.stdout and "--fit is on" in fits.stdout
+    off = run("plan", QWEN, "--no-detect", "--device", "CUDA0=12GiB", "--device", "CPU=512GiB",
+              "--", "-c", "16384", "-ngl", "99", "-fit", "off")
+    assert off.returncode == 3 and "--fit is on" not in off.stdout

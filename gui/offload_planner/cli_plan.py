@@ -127,6 +127,18 @@ def _devices(args: argparse.Namespace, rpc: list[str]) -> tuple[DeviceSet, str]:
     return devices, detection.message if detection is not None else ""
 
 
+def _fit_gave_up(summary: dict[str, object] | None, over: list[str], devices: DeviceSet) -> list[str]:
+    """A GPU over capacity while the build's --fit, on by default, left the command as written: it
+    gives up when the user set what it would adapt (``n_gpu_layers already set by user to 99,
+    abort``), so the server runs out of memory at load. Said with llama.cpp's own words."""
+    gpus = [n for n in over if n != devices.cpu.name]
+    if not gpus or not summary or summary.get("changed") or not summary.get("message"):
+        return []
+    return [f"--fit is on but leaves this command as it is (llama.cpp: \"{summary['message']}\"), so "
+            f"{', '.join(gpus)} stays over: drop what it names, or run offload-planner fit for a plan "
+            "that fits"]
+
+
 def _legacy_name_notes(declared: list[str], dialect: Dialect) -> list[str]:
     """``--device Metal0=...``: the planner's old name, kept working; say what it is now."""
     from offload_planner.core.devices import canonical_device_name, legacy_names
@@ -195,6 +207,7 @@ def _plan(args: argparse.Namespace) -> int:
     over += [devices.cpu.name] if devices.cpu.name not in over and _mac_ram_over(projection) else []
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
+        notes += _fit_gave_up(fit.summary, over, devices)
     from offload_planner.backend.speed_store import plan_speed
     from offload_planner.core.speed.report import speed_json, speed_lines
 
