@@ -155,7 +155,7 @@ def test_the_fastest_plan_fills_the_selected_gpus_only() -> None:
 def test_names_are_matched_as_the_dialect_matches_them() -> None:
     """The pinned build matches -dev names ignoring case (``striequals``); ik_llama.cpp looks the name
     up as written (a name it does not know is left out: ``backend not available``)."""
-    gpus = ["CUDA0", "CUDA1"]
+    gpus = [parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]  # the GPUs, not names
     assert LLAMA_CPP.selected_gpus(["cuda1", "CUDA0"], gpus) == ("CUDA1", "CUDA0")
     assert IK.selected_gpus(["CUDA1"], gpus) == ("CUDA1",)
     assert IK.selected_gpus(["cuda1", "CUDA0"], gpus) == ("CUDA0",)

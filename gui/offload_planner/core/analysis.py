@@ -123,7 +123,7 @@ def fit_simulates(dialect: Dialect, devices: DeviceSet, parsed: ParsedArgs) -> b
     """:func:`fit_report` runs the fit's dry runs (simulations of the command's graphs): the build fits
     by default, -fit is not off, and every GPU's memory is known (:func:`~offload_planner.core.fit.
     server_fit`): the GPUs the command's -dev selects (every GPU without one)."""
-    chosen = dialect.selected_gpus(parsed.args.devices, [g.name for g in devices.gpus])
+    chosen = dialect.selected_gpus(parsed.args.devices, devices.gpus)
     gpus = [g for g in devices.gpus if chosen is None or g.name in chosen]
     return (dialect.fits_by_default and parsed.args.fit is not False and bool(gpus)
             and all(g.capacity is not None for g in gpus))
@@ -218,7 +218,7 @@ def analysis_of(plan: Plan, *, notes: Sequence[str] = (), command: bool = True,
 def _window_selection(plan: Plan, command_notes: Sequence[str]) -> list[str]:
     """The ``-dev`` note among the window's notes (the window shows no command notes; ``plan``
     prints it with them, so it is not said twice there)."""
-    said = device_selection(plan.placement_options, plan.devices)
+    said = device_selection(plan.placement_options, plan.devices, plan.dialect)
     return [n for n in said if n not in command_notes]
 
 

@@ -97,7 +97,7 @@ def placement_options(model: Model, devices: DeviceSet, args: Any, dialect: Dial
     args = server_settings(args)
     n_layer = model.summary.n_layer
     has_gpu = bool(devices.gpus)
-    selected = dialect.selected_gpus(_get(args, "devices"), [g.name for g in devices.gpus])
+    selected = dialect.selected_gpus(_get(args, "devices"), devices.gpus)
     ngl = dialect.default_ngl(_get(args, "n_gpu_layers"), has_gpu and selected != ())
     overrides = dialect.kept_overrides(ngl, overrides)
     return PlacementOptions(
@@ -164,19 +164,21 @@ def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
     """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
     notes, and the dialect's notes on how it places these weights."""
     _, notes = context_params(model, args, dialect)
-    selection = device_selection(popts, devices)
+    selection = device_selection(popts, devices, Dialect(dialect))
     return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
 
 
-def device_selection(popts: PlacementOptions, devices: DeviceSet) -> list[str]:
+def device_selection(popts: PlacementOptions, devices: DeviceSet, dialect: Dialect) -> list[str]:
     """``-dev`` leaving GPUs out: llama-server's model devices are the selected ones only (layers,
-    ``-ts`` shares, KV and compute buffers), so the others hold nothing of the model."""
+    ``-ts`` shares, KV and compute buffers), so the others hold nothing of the model.  The ``-dev``
+    quoted as this build spells it (ik: an RPC device by its buffer type), the devices as the plan
+    names them."""
     if popts.selected is None:
         return []
     left = [g.name for g in devices.gpus if g.name not in popts.selected]
     if not left:
         return []
-    chosen = ",".join(popts.selected) or "none"
+    chosen = ",".join(dialect.dev_name(d) for n in popts.selected if (d := devices.by_name(n))) or "none"
     uses = f"{', '.join(popts.selected)} only" if popts.selected else "no GPU"
     return [f"-dev {chosen}: llama-server uses {uses}; {', '.join(left)} "
             f"{'holds' if len(left) == 1 else 'hold'} nothing of the model"]

@@ -285,7 +285,8 @@ def plan_command(plan: Plan) -> list[str]:
     if rpc:
         argv += ["--rpc", ",".join(rpc)]
     if opts.selected is not None:
-        argv += ["-dev", ",".join(plan.dialect.server_device_name(g) for g in gpus) or "none"]  # those it has
+        chosen = [d for g in gpus if (d := plan.devices.by_name(g)) is not None]
+        argv += ["-dev", ",".join(plan.dialect.dev_name(d) for d in chosen) or "none"]  # those it has
     argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
     n_layer = m.summary.n_layer
     ngl = opts.n_gpu_layers

@@ -434,7 +434,7 @@ def _without_device(extra: list[str], parsed: ParsedArgs, dialect: Dialect, devi
     if not uses:
         return extra, None
     drop = {f.index for f in uses} | {f.index + 1 for f in uses if extra[f.index] == f.spelling and f.values}
-    selected = dialect.selected_gpus(parsed.args.devices, [g.name for g in devices.gpus])
+    selected = dialect.selected_gpus(parsed.args.devices, devices.gpus)
     return [a for i, a in enumerate(extra) if i not in drop], selected
 
 

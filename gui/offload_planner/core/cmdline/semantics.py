@@ -62,6 +62,8 @@ def _known(parsed: ParsedArgs, device_names: Sequence[str]) -> _Known:
     local = {d for d in device_names if not d.startswith("RPC")}
     rpc_bufts |= {d for d in device_names if d.startswith("RPC") and "[" in d}
     rpc_devs |= {d for d in device_names if d.startswith("RPC") and "[" not in d}
+    if parsed.dialect.rpc_dev_by_buffer_type:
+        rpc_devs = set(rpc_bufts)
     if parsed.dialect.rpc_bufts_by_endpoint:
         rpc_bufts |= {f"RPC[{ep}]" for ep in rpc}
     first_rpc = next((u.index for u in parsed.flags if u.key == "--rpc" and u.env is None), -1)
@@ -127,7 +129,8 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
             message = f'error while handling argument "{flag}": invalid device: {name}'
         hint = "; --rpc must come first" if name in known.rpc_devices else _metal_hint(parsed, name, known)
         errors.append(
-            ArgError(flag, name, message, Stage.PARSE, f"known devices: {sorted(known.devices)}{hint}")
+            ArgError(flag, name, message, Stage.PARSE,
+                     f"known devices: {sorted(known.devices | known.rpc_devices)}{hint}")
         )
     return errors
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
     from offload_planner.core.cmdline.model import ArgError, DraftArgs, ParsedArgs, ServerArgs, TensorOverride
-    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.devices import Device, DeviceSet
     from offload_planner.core.ggml_types import GGMLType
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
@@ -70,6 +70,9 @@ class Dialect(str, metaclass=_DialectType):
     has_mla_settings: bool = False
     #: -ot may name RPC buffers as ``RPC[host:port]`` (ik's help shows it; not verified on a build)
     rpc_bufts_by_endpoint: bool = False
+    #: ``-dev`` names an RPC device by its buffer type, ``RPC<d>[host:port]`` (:meth:`dev_name`), not
+    #: ``RPC<i>`` numbered over the servers
+    rpc_dev_by_buffer_type: bool = False
     #: ``-dev``/``-devd``/``-mmdev`` match device names ignoring case (``ggml_backend_dev_by_name``
     #: compares with ``striequals``), so ``cuda0`` is ``CUDA0``; else the name must match exactly
     device_names_ignore_case: bool = False
@@ -230,7 +233,12 @@ class Dialect(str, metaclass=_DialectType):
         dev = self.planner_device_name(head) if sep else head
         return f"{dev}_{tail}" if dev != head else name
 
-    def selected_gpus(self, names: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...] | None:
+    def dev_name(self, device: Device) -> str:
+        """The name ``-dev`` takes for ``device`` in this build (pinned: ``RPC<i>`` numbered over the
+        servers, ``MTL<i>``; :meth:`server_device_name`)."""
+        return self.server_device_name(device.name)
+
+    def selected_gpus(self, names: Sequence[str] | None, gpus: Sequence[Device]) -> tuple[str, ...] | None:
         """The model's devices a ``-dev`` list selects, in its order, as the planner names them
         (pinned mainline: ``llama_prepare_model_devices`` takes ``params.devices`` as given; ik:
         ``model->devices`` from the names in order). None: no ``-dev`` (every GPU, the build's own
@@ -241,7 +249,7 @@ class Dialect(str, metaclass=_DialectType):
         if list(names) == ["none"]:
             return ()
         fold = str.lower if self.device_names_ignore_case else str
-        own = {fold(self.server_device_name(g)): g for g in gpus}
+        own = {fold(self.dev_name(g)): g.name for g in gpus}
         got = (own.get(fold(n)) for n in names)
         return tuple(dict.fromkeys(g for g in got if g is not None))
 

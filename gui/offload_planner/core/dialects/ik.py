@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from offload_planner.core.cmdline.envform import ArgGroup, EnvSplit
     from offload_planner.core.cmdline.flagspec import FlagTable
     from offload_planner.core.cmdline.model import ArgError, DraftArgs, ParsedArgs, ServerArgs, TensorOverride
-    from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.devices import Device, DeviceSet
     from offload_planner.core.ggml_types import GGMLType
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
@@ -46,6 +46,17 @@ class IkLlamaCpp(Dialect):
     has_mla_settings = True
     detect_rank = 10
 
+    def dev_name(self, device: Device) -> str:
+        """ik names an RPC device in ``-dev`` by its buffer type, ``RPC<d>[host:port]`` (``d``: the
+        device's number on its server; src/llama.cpp ``create_rpc_name`` and 7790-7823 at 8337e4cd:
+        ``-dev`` names are looked up among the buffer types' names, from PR 1024 of 2025-11-30); a
+        mainline ``RPC1`` is "backend not available" there and skipped."""
+        from offload_planner.core.devices import DeviceKind
+
+        if device.kind is DeviceKind.RPC and device.endpoint:
+            return device.buffer_type
+        return super().dev_name(device)
+
     @property
     def graph_split_archs(self) -> frozenset[str]:
         """The architectures ``-sm graph``/``attn`` splits (``is_model_split_supported``)."""
@@ -59,6 +70,7 @@ class IkLlamaCpp(Dialect):
     copies_whole_experts = True
     fast_cpu_kernels = True
     rpc_bufts_by_endpoint = True
+    rpc_dev_by_buffer_type = True
     generic_arg_errors = True
     rpc_before_ot = False
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
