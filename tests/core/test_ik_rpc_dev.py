@@ -69,3 +69,18 @@ def test_a_switch_to_ik_writes_the_selection_as_ik_reads_it(model: Model) -> Non
     assert analyse(plan).command[analyse(plan).command.index("-dev") + 1] == "RPC1"  # mainline: unchanged
     command = analyse(with_dialect(plan, IK)).command
     assert command[command.index("-dev") + 1] == "RPC0[127.0.0.1:50053]"
+
+
+def test_devd_is_matched_as_the_build_matches_dev() -> None:
+    """The draft's ``-devd`` names: ik's spelling and exact case (``-dev``'s lookup), the pinned build's
+    numbers ignoring case; ``none`` keeps the draft on the CPU."""
+    from offload_planner.core.speculative import draft_devices
+
+    def names(wanted: list[str], dialect: Dialect) -> list[str]:
+        return [g.name for g in draft_devices(DEVICES, wanted, dialect).gpus]
+
+    assert names(["RPC0[127.0.0.1:50053]"], IK) == ["RPC1"]
+    assert names(["RPC0[127.0.0.1:50053]", "RPC0[127.0.0.1:50052]"], IK) == ["RPC1", "RPC0"]
+    assert names(["rpc0[127.0.0.1:50053]"], IK) == []  # ik: as written
+    assert names(["rpc1", "RPC0"], MAINLINE) == ["RPC1", "RPC0"]
+    assert names(["none"], IK) == [] and draft_devices(DEVICES, None, IK) is DEVICES

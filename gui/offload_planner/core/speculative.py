@@ -34,7 +34,7 @@ from typing import Any
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.cmdline.model import ParsedArgs
 from offload_planner.core.devices import DeviceSet
-from offload_planner.core.dialects import Dialect
+from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
 from offload_planner.core.memory import (
     ContextParams,
@@ -149,14 +149,14 @@ def draft_len(args: Any, dialect: Dialect | None = None) -> int:
     return Dialect(dialect or Dialect.LLAMA_CPP).draft_n_max(d)
 
 
-def draft_devices(devices: DeviceSet, names: list[str] | None) -> DeviceSet:
-    """``-devd``: the listed offload devices (``none``: the CPU only); absent: all of them."""
+def draft_devices(devices: DeviceSet, names: list[str] | None, dialect: Dialect = LLAMA_CPP) -> DeviceSet:
+    """``-devd``: the listed offload devices (``none``: the CPU only); absent: all of them.  Names are
+    matched as the build matches ``-dev``'s (:meth:`Dialect.selected_gpus`: the pinned build ignores
+    case; ik looks them up as written, an RPC device by its buffer type)."""
     if not names:
         return devices
-    if names == ["none"]:
-        return DeviceSet(devices.cpu, ())
-    want = [n.lower() for n in names]
-    gpus = tuple(g for n in want for g in devices.gpus if g.name.lower() == n)
+    chosen = Dialect(dialect).selected_gpus(names, devices.gpus) or ()
+    gpus = tuple(g for n in chosen if (g := devices.by_name(n)) is not None)
     return DeviceSet(devices.cpu, gpus, reported_order=True)
 
 
@@ -172,7 +172,7 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     if d is None:
         return SpecSettings()
     dialect = Dialect(dialect)
-    ddev = draft_devices(devices, d.devices)
+    ddev = draft_devices(devices, d.devices, dialect)
     inner = getattr(args, "args", args)
     dargs = dialect.draft_server_args(inner, d, bool(d.devices) and len(ddev.gpus) == 1)
     type_k, type_v = dialect.draft_cache_types(dargs, d)
