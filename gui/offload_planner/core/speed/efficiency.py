@@ -265,6 +265,12 @@ TILED_MIN_ROWS = 8
 #:   1.411": one rate whatever the type, as its VNNI ``mul_mat_id`` table, q5_K 2.970 ... iq3_xxs 3.185 TF.)
 #: - AMX: kept at the VNNI figure (a build for such a CPU has VNNI; the AMX buffer's types are not
 #:   modelled).
+#:
+#: Against it, one public run on a CPU the excerpt does not name (4 threads, a build of the PR's branch,
+#: "build: 9e31ebf (1)"): a Q6_K MoE, "bailingmoe3 7.9B.A1.3B Q6_K", pp512 "52.47 ± 0.03" with
+#: GGML_CPU_TILED_MM=1 and "55.46 ± 0.05" with it off, "Looks like it doesn't help" (the same PR,
+#: 2026-09-11).  This machine's bench-qwen3moe-2g (Q6_K expert down-projections) stays under its
+#: measured pp with the figures above (README, "Measured speed"), so they are kept for experts too.
 TILED_GAINS: dict[Isa, float] = {
     Isa.AVX2: 1.12,
     Isa.AVX512: 1.12,
