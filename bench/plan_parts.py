@@ -7,7 +7,9 @@ microsecond to each), best of ``--runs`` per column, milliseconds:
   (``open_model`` and the loadable check; ``plan`` keeps the collector off throughout);
 * ``ref sim`` / ``own sim``: the reference's plain simulation (both reserves walked) and the plan's
   own (the one-shot path: the one-token reserve's walk left out where a bound proves it decides no
-  size, ``core/compute/bound.py``);
+  size, ``core/compute/bound.py``); ``own tg``: of the latter, the one-token reserve (its graph built
+  and scheduled, the bound, and the walk where the bound does not prove it: ``reserve_below``), what
+  a proof without the graph would save;
 * ``budget``: the reference less the plan's opening and own simulation: what the plan may spend
   besides them and stay within the reference (the target: ``beyond <= budget``);
 * ``beyond``: the plan less its opening and its own simulation, in parts: ``args`` (the command's
@@ -42,6 +44,7 @@ TIMED = (("offload_planner.cli", "_quick_parse"), ("offload_planner.cli_server_a
          ("offload_planner.core.cmdline", "check_semantics"), ("offload_planner.cli_plan", "_open_model"),
          ("offload_planner.cli_plan", "_devices"), ("offload_planner.core.analysis", "analyse_command"),
          ("offload_planner.core.compute.buffers", "simulate"),
+         ("offload_planner.core.compute.simulate", "reserve_below"),
          ("offload_planner.backend.speed_store", "plan_speed"),
          ("offload_planner.backend.speed_store", "machine_hardware"),
          ("offload_planner.backend.speed_store", "efficiencies_for"),
@@ -49,8 +52,10 @@ TIMED = (("offload_planner.cli", "_quick_parse"), ("offload_planner.cli_server_a
          ("offload_planner.core.speed.report", "speed_lines"),
          ("offload_planner.core.cmdline", "format_command"))
 
-COLUMNS = ("ref open", "own open", "ref sim", "own sim", "budget", "beyond", "args", "devices", "analysis",
-           "machine", "estimate", "text", "other")
+COLUMNS = ("ref open", "own open", "ref sim", "own sim", "own tg", "budget", "beyond", "args", "devices",
+           "analysis", "machine", "estimate", "text", "other")
+#: the parts of ``beyond`` but ``other``
+PARTS = ("args", "devices", "analysis", "machine", "estimate", "text")
 
 
 @contextmanager
@@ -86,6 +91,7 @@ def parts(path: Path) -> dict[str, float]:
     ms = {k: v * 1000 for k, v in acc.items()}
     sim, opened = ms["simulate"], ms["_open_model"]
     got = {"ref open": ref_open, "own open": opened, "ref sim": ref_sim, "own sim": sim,
+           "own tg": ms.get("reserve_below", 0.0),
            "beyond": total - opened - sim,
            "args": ms["_quick_parse"] + ms["read_server_argv"] + ms["check_semantics"],
            "devices": ms["_devices"], "analysis": ms["analyse_command"] - sim,
@@ -93,8 +99,7 @@ def parts(path: Path) -> dict[str, float]:
            "text": ms["plan_text"] + ms["speed_lines"] + ms["format_command"]}
     got["estimate"] = ms["plan_speed"] - got["machine"]
     got["budget"] = ref_open + ref_sim - opened - sim
-    got["other"] = got["beyond"] - sum(got[k] for k in ("args", "devices", "analysis", "machine", "estimate",
-                                                        "text"))
+    got["other"] = got["beyond"] - sum(got[k] for k in PARTS)
     return got
 
 
@@ -114,7 +119,7 @@ def main() -> None:
             runs = [parts(path) for _ in range(args.runs)]
             best = {c: min(r[c] for r in runs) for c in COLUMNS if c not in ("budget", "other")}
             best["budget"] = best["ref open"] + best["ref sim"] - best["own open"] - best["own sim"]
-            best["other"] = best["beyond"] - sum(best[k] for k in COLUMNS[6:-1])
+            best["other"] = best["beyond"] - sum(best[k] for k in PARTS)
             print(f"{name:<14}" + "".join(f"{best[c]:9.2f}" for c in COLUMNS), flush=True)
 
 

@@ -31,7 +31,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 
-from offload_planner.backend.launch.compare import compare
+from offload_planner.backend.launch.compare import compare, devices_from_log
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import Dialect, parse_server_args
@@ -241,3 +241,45 @@ def test_other_builds_map_metal_weights_too(tmp_path: Path, backend: str, name: 
     assert _on(plan, "MTL0") == sorted(gpu)
     assert _model_buffers(plan)["MTL0"] == [(name, _span(ext, gpu))]
     assert _span(ext, gpu) == _padded(ext, gpu) + _padded(ext, ["token_embd.weight"])
+
+
+@pytest.mark.parametrize(("backend", "lines", "weights"), [
+    ("llama.cpp-2025", ["load_tensors: Metal_Mapped model buffer size = {gpu} MiB",
+                        "load_tensors:   CPU_Mapped model buffer size = {cpu} MiB",
+                        "init:      Metal KV buffer size = {kv} MiB"], "MTL0_Mapped"),
+    ("ik_llama.cpp", ["llm_load_tensors:      Metal buffer size = {gpu} MiB",
+                      "llm_load_tensors:        CPU buffer size = {cpu} MiB",
+                      "llama_kv_cache_init:      Metal KV buffer size = {kv} MiB"], "MTL0"),
+])
+def test_the_launch_comparison_reads_each_builds_metal_names(qwen3_4b: Path, backend: str, lines: list[str],
+                                                              weights: str) -> None:
+    """A 2025 build names its Metal device ``Metal`` and its mapped weights ``Metal_Mapped`` (the llama.cpp
+    CI's M4 logs, e.g. build 4799 in https://github.com/ggml-org/ci/blob/f585f5e53be641a116792152eb13fe6ccaf581ce/llama.cpp/73/3c2d6191e3bee836af72ede2dad46852816566/ggml-100-mac-m4/README.md:
+    ``load_tensors: Metal_Mapped model buffer size =    40.73 MiB``, ``init:      Metal KV buffer size``,
+    ``llama_model_load_from_file_impl: using device Metal (Apple M4) - 10922 MiB free``); ik logs its
+    mapped weights as a ``Metal`` buffer. The planner names them MTL0 / MTL0_Mapped: the comparison now
+    reads a log in its build's names (the dialect's), so every row has both figures; before, the log's
+    Metal rows stood beside MTL0 rows with nothing logged. Figures of these lines worked out here: the
+    spans from gguf-py offsets, the KV cache 36 layers x K and V x 8 heads x 128 x 2048 cells x 2 B."""
+    ext = _extents(qwen3_4b)
+    kv = 36 * 2 * 8 * 128 * 2048 * 2
+    figures = {"gpu": f"{_span(ext, list(ext)) / MIB:.2f}", "kv": f"{kv / MIB:.2f}",
+               "cpu": f"{_span(ext, ['token_embd.weight']) / MIB:.2f}"}
+    dialect = Dialect(backend)
+    log = [ln.format(**figures) for ln in lines]
+    log.append("llama_model_load_from_file_impl: using device Metal (Apple M4) - 10922 MiB free")
+    report = parse_log(log)
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30),
+                        (Device("MTL0", DeviceKind.METAL, 32 << 30, 32 << 30),))
+    devices = devices_from_log(devices, report, dialect)
+    assert [(g.name, g.free) for g in devices.gpus] == [("MTL0", 10922 * MIB)]  # no device "Metal" added
+    parsed = parse_server_args(["-c", "2048"], dialect=dialect)
+    projection = analyse_command(open_model(qwen3_4b), devices, parsed.args, dialect).projection
+    assert projection is not None
+    rows = compare(projection, report, dialect=dialect).rows
+    got = {(r.device, r.kind, r.buffer): (round(r.projected_mib or 0, 2), r.actual_mib) for r in rows
+           if r.actual_mib is not None or r.kind in ("model", "kv")}
+    cpu = "CPU_Mapped" if backend != "ik_llama.cpp" else "CPU"
+    assert got == {("MTL0", "model", weights): (float(figures["gpu"]), float(figures["gpu"])),
+                   ("MTL0", "kv", "MTL0"): (float(figures["kv"]), float(figures["kv"])),
+                   ("CPU", "model", cpu): (float(figures["cpu"]), float(figures["cpu"]))}

@@ -130,6 +130,34 @@ def test_a_new_plan_process_imports_only_what_it_uses(small_models: dict[str, Pa
         assert NOT_IMPORTED & set(imported) == expect, (fit, sorted(NOT_IMPORTED & set(imported)))
 
 
+def test_a_new_plan_process_reads_a_busy_figures_age_without_strptime(small_models: dict[str, Path],
+                                                                      tmp_path: Path) -> None:
+    """A RAM figure cached while the machine was busy is checked for age at every plan (measured again
+    after an hour): its time is read without importing _strptime (with calendar and datetime, ~3 ms of
+    a new process); a recent one is kept, not measured again."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from offload_planner.backend import speed_store
+
+    now = time.strftime("%Y-%m-%d %H:%M")
+    entry = {"ram_gbs": 40.0, "ram_measured_at": now, "ram_busy": True,
+             "ram_thread_gbs": 20.0, "ram_thread_measured_at": now, "ram_thread_busy": True}
+    store = tmp_path / "speed.json"
+    store.write_text(json.dumps({"machines": {speed_store.machine_key(): entry}}))
+    before = store.read_bytes()
+    env = {**os.environ, "OFFLOAD_PLANNER_CONFIG_DIR": str(tmp_path)}
+    argv = ["plan", str(small_models["qwen3moe"]), "--no-detect", "--device", "CUDA0=24GiB", "--device",
+            "CPU=64GiB", "--", "-ngl", "999", "-c", "4096", "-fit", "off"]
+    out = subprocess.run([sys.executable, "-c", FRESH_PLAN, *argv], capture_output=True, text=True, env=env,
+                         check=True, timeout=120)
+    code, printed, imported = json.loads(out.stdout)
+    assert code == 0 and printed > 0
+    assert "_strptime" not in imported
+    assert store.read_bytes() == before  # recent: kept as it was
+
 def test_plan_with_fit_keeps_the_graph_its_dry_runs_re_place(small_models: dict[str, Path]) -> None:
     _forget()
     before = stats["graph_reuses"]

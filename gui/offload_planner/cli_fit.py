@@ -258,6 +258,8 @@ LABEL_TERMS = (
               "better, then single expert tensors of other layers in the room left"),
     ("speculative", "the split chosen for a step of speculative decoding (experts weighed by what "
                     "the verify batch and the draft read), not for one token"),
+    ("mmap", "the command's load, with mmap: the GPU maps the file span of its tensors (Metal), "
+             "here the top layers (-ngl), which lie together at the file's end"),
     ("split layers", "single expert tensors added from layers whose other experts stay on the CPU, "
                      "in the room each GPU has left (two more graph splits for each such layer)"),
 )

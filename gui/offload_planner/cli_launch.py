@@ -286,7 +286,7 @@ class _Session:
 
         if self.model is None or self.parsed is None or self.devices is None:
             return None
-        devices = launch.devices_from_log(self.devices, self.server.report)
+        devices = launch.devices_from_log(self.devices, self.server.report, self.dialect)
         self.plan = plan_from_args(self.model, devices, self.parsed.args, self.dialect)
         self.devices = devices
         if self.dialect.fits_by_default:
@@ -330,7 +330,7 @@ class _Session:
         if projection is None:
             verdict = EXIT_MISMATCH
         else:
-            cmp = launch.compare(projection, self.server.report)
+            cmp = launch.compare(projection, self.server.report, dialect=self.dialect)
             self._write(self.out, "\nprojected against actual\n" + cmp.text() + "\n")
             if not cmp.has_actual:
                 self.say("the server logged no buffer sizes (it needs -lv 4): nothing to compare")

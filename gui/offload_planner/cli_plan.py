@@ -22,6 +22,7 @@ from offload_planner.core.speed.acceptance import Acceptance
 if TYPE_CHECKING:
     from offload_planner.core.cmdline import ArgError
     from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.memory import Projection
     from offload_planner.core.model import Model
 
 
@@ -161,6 +162,14 @@ def run_plan(args: argparse.Namespace) -> int:
         return _plan(args)
 
 
+def _mac_ram_over(projection: Projection) -> bool:
+    """A Mac's CPU and Metal GPUs together take more than its RAM (the unified-memory note says by how
+    much); False without a Metal GPU."""
+    from offload_planner.core.mapped_span import unified_over
+
+    return unified_over(projection) > 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     from offload_planner.cli_server_args import model_flag_note, print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
@@ -195,6 +204,7 @@ def _plan(args: argparse.Namespace) -> int:
     if other_model:
         notes.insert(0, other_model)
     over = [n for n in over_capacity(projection) if n == devices.cpu.name or not fit.fixes_gpus]
+    over += [devices.cpu.name] if devices.cpu.name not in over and _mac_ram_over(projection) else []
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
         notes += _fit_gave_up(fit.summary, over, devices)

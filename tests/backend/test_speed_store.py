@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -258,3 +259,26 @@ def test_a_probe_whose_threads_lacked_their_cores_is_marked_busy(cfg: Path,
     assert got is not None and "while it was busy" in got.note
     stored = json.loads((cfg / "speed.json").read_text())["machines"][speed_store.machine_key()]
     assert stored["ram_busy"] is True
+
+
+def test_a_stored_time_is_read_as_strptime_reads_it() -> None:
+    """stamp_seconds gives what mktime(strptime(...)) gives, and raises where it raises: the store's own
+    times (leap days, month ends, out-of-range fields) and other texts (left to strptime)."""
+    from offload_planner.backend.speed_store import stamp_seconds
+
+    texts = ["2026-11-28 15:00", "2024-02-29 23:59", "2025-02-29 12:00", "2000-02-29 00:00",
+             "1900-02-29 00:00", "2100-02-28 08:30", "2026-04-31 10:00", "2026-12-31 23:59",
+             "2026-13-01 00:00", "2026-00-10 00:00", "2026-01-00 00:00", "2026-01-01 24:00",
+             "2026-01-01 23:60", "0000-01-01 00:00", "0001-01-01 00:00", "1970-01-01 00:00",
+             "2026-06-15 02:30", "2026-1-5 3:07", " 2026-01-01 00:00", "2026-01-01  00:00",
+             "2026-01-01 00:00 ", "٢٠٢٦-01-01 00:00", "2026-01-01", "", "garbage", "9999-12-31 23:59"]
+
+    def outcome(f: Callable[[], float]) -> object:
+        try:
+            return f()
+        except (ValueError, OverflowError) as e:
+            return type(e)
+
+    for text in texts:
+        want = outcome(lambda t=text: time.mktime(time.strptime(t, "%Y-%m-%d %H:%M")))
+        assert outcome(lambda t=text: stamp_seconds(t)) == want, text

@@ -112,3 +112,56 @@ def test_matches_like_regex_search(pattern: str, name: str, matches: bool) -> No
 )
 def test_warnings_for_python_pcre_readings(pattern: str, fragment: str) -> None:
     assert any(fragment in w for w in check_pattern(pattern).warnings)
+
+
+def _generated_patterns() -> list[str]:
+    """Every pattern llama.cpp writes itself for --cpu-moe, --n-cpu-moe and --n-cpu-ffn (mainline, its
+    2025 builds, ik's generated block rule), for every layer a model may have."""
+    from offload_planner.core.cmdline.moe import (
+        IK_EXPS_BLOCK,
+        MAINLINE_2025_EXPS_REGEX,
+        MAINLINE_DENSE_REGEX,
+        MAINLINE_EXPS_REGEX,
+        block_regex,
+    )
+    from offload_planner.core.metadata import LLAMA_MAX_LAYERS
+
+    tails = (MAINLINE_EXPS_REGEX, MAINLINE_2025_EXPS_REGEX, MAINLINE_DENSE_REGEX)
+    out = list(tails)
+    for il in range(LLAMA_MAX_LAYERS):
+        out += [block_regex(il, t) for t in tails] + [IK_EXPS_BLOCK.format(il)]
+    return out
+
+
+def test_generated_patterns_checked_as_the_parser_checks_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's own --cpu-moe / --n-cpu-moe / --n-cpu-ffn patterns are checked without the parser,
+    and the checks are the parser's, field by field; near misses still go to the parser."""
+    from offload_planner.core.cmdline import ecma_regex
+
+    patterns = _generated_patterns()
+    parsed = {p: ecma_regex._parsed(p) for p in patterns}
+    near = [r"blk\.1234\.ffn_(up|down|gate)_exps", r"blk\.007\.ffn_(up|down|gate)_exps",
+            r"blk\.٣\.ffn_(up|down|gate)_exps", r"blk\.1\.ffn_(up|down|gate)_exps$",
+            r"\.ffn_(up|down|gate)_exps\.", r"Blk\.1\.ffn_(up|down|gate)\."]
+    near_parsed = {p: ecma_regex._parsed(p) for p in near}
+
+    class NoParser:
+        def __init__(self, pattern: str) -> None:
+            raise AssertionError(f"parsed {pattern!r}")
+
+    ecma_regex._check_cached.cache_clear()
+    monkeypatch.setattr(ecma_regex, "_Parser", NoParser)
+    for p in patterns:
+        assert check_pattern(p) == parsed[p], p
+        assert compile_pattern(p).pattern == parsed[p].python
+    monkeypatch.undo()
+    ecma_regex._check_cached.cache_clear()
+    for p, want in near_parsed.items():
+        if p != r"blk\.007\.ffn_(up|down|gate)_exps":  # its own translation too, by either path
+            with pytest.raises(AssertionError, match="parsed"):
+                monkeypatch.setattr(ecma_regex, "_Parser", NoParser)
+                ecma_regex._check_cached.cache_clear()
+                check_pattern(p)
+            monkeypatch.undo()
+        ecma_regex._check_cached.cache_clear()
+        assert check_pattern(p) == want, p

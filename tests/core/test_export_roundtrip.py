@@ -96,3 +96,32 @@ def test_export_prefers_the_moe_shorthands_when_they_say_the_same(
     assert argv[i:i + len(expected)] == expected
     again = plan_from_args(m, DEVICES["cuda"], parse_server_args(argv))
     assert again.placement().tensor_devices() == plan.placement().tensor_devices()
+
+
+
+@pytest.mark.parametrize(("name", "server"), [
+    ("qwen3moe", ["-ngl", "999"]), ("qwen3moe", ["-ngl", "999", "--cpu-moe"]),
+    ("qwen3moe", ["-ngl", "5", "--n-cpu-moe", "2"]), ("qwen3moe", ["-ngl", "5", "-ot", "exps=CPU"]),
+    ("gemma3", ["-ngl", "999"]), ("deepseek2", ["-ngl", "3", "-ts", "1,2"])])
+def test_command_reuses_the_plans_own_placement(models: dict[str, Model], name: str, server: list[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reproducing command does not place the model again for the rules the plan already has (its
+    placement's devices are what those rules place), and says what it said placing them: the same
+    command as for the plan with a move that changes nothing (whose rules it places again)."""
+    from offload_planner.core import plan as plan_mod
+
+    plan = plan_from_args(models[name], DEVICES["cuda"], parse_server_args([*server, "-c", "4096"]).args)
+    real = plan_mod.placed_devices
+    seen: list[tuple[object, ...]] = []
+
+    def counting(model: Model, devices: DeviceSet, opts: PlacementOptions) -> dict[str, str]:
+        seen.append(opts.overrides)
+        return real(model, devices, opts)
+
+    monkeypatch.setattr(plan_mod, "placed_devices", counting)
+    argv = plan_command(plan)
+    assert plan.placement_options.overrides not in seen, seen
+    name0 = next(t.name for t in models[name].tensors if t.layer == 0)  # (no tied output copy)
+    unmoved = plan.with_moves({name0: plan.placement().tensor_devices()[name0]})
+    assert unmoved.moves and unmoved.placement().tensor_devices() == plan.placement().tensor_devices()
+    assert plan_command(unmoved) == argv

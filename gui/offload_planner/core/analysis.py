@@ -83,7 +83,10 @@ def fit_report(plan: Plan, parsed: ParsedArgs) -> FitReport:
     note = fit_note(fitted, fcmd)
     short = _fit_extra_shortfalls(plan, fitted)
     notes = ([note] if note else []) + [sf.message() for sf in short]
-    fixes = fitted.changed and fitted.status == "success" and all(sf.over <= sf.margin for sf in short)
+    spans = _fit_span_note(plan, fitted)
+    notes += [spans] if spans else []
+    fixes = (fitted.changed and fitted.status == "success" and all(sf.over <= sf.margin for sf in short)
+             and not spans)
     return FitReport(fit_summary(fitted, devices, fcmd), notes, fixes)
 
 
@@ -100,6 +103,20 @@ def _fit_extra_shortfalls(plan: Plan, fitted: FitResult) -> list[ExtraShortfall]
                               has_gpu=bool(plan.devices.gpus))
     proj = replace(plan, placement_options=popts, context=ctx, moves={}).projection()
     return extra_shortfalls(fitted, proj, {g.name: g.capacity or 0 for g in plan.devices.gpus})
+
+
+def _fit_span_note(plan: Plan, fitted: FitResult) -> str:
+    """Where the fitted server maps the model file on a GPU (Metal with mmap), the fit's dry runs did not
+    (common/fit.cpp:58): the fitted command projected with mmap, and a note where that GPU is then over
+    because its mapped span holds the CPU's tensors ("" elsewhere: no projection for other GPUs)."""
+    from offload_planner.core.mapped_span import fit_span_note, mapping_gpus, spans_over
+
+    if not fitted.changed or not mapping_gpus(plan):
+        return ""
+    popts, ctx = fitted.apply(plan.placement_options, plan.context, plan.model.summary.n_layer,
+                              has_gpu=bool(plan.devices.gpus))
+    over = spans_over(replace(plan, placement_options=popts, context=ctx, moves={}).projection())
+    return fit_span_note(over, " ".join(plan.dialect.no_mmap_flags)) if over else ""
 
 
 def fit_simulates(dialect: Dialect, devices: DeviceSet, parsed: ParsedArgs) -> bool:

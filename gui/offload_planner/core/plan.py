@@ -326,6 +326,8 @@ def _shortest_overrides(plan: Plan, target: dict[str, str], base_opts: Placement
     m = plan.model
     buft = {n: plan.dialect.server_device_name(b) for n, b in plan.devices.buffer_types().items()}
     placed: dict[tuple[Override, ...], dict[str, str]] = {}
+    if not plan.moves:  # the plan's own rules place what it places (placed_devices is place's devices)
+        placed[tuple(plan.placement_options.overrides)] = target
 
     def devices_with(ovs: tuple[Override, ...]) -> dict[str, str]:
         if ovs not in placed:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from offload_planner.core.device_figures import DeviceFigures
+from offload_planner.core.mapped_span import mapped_span, unified_note
 from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.units import GiB, MiB
 
@@ -82,18 +83,27 @@ def mmap_notes(projection: Projection) -> list[str]:
     """Per device whose weights are mmap'd with gaps: the bytes read (what the plan counts, in the
     table and the window's bars) against the file span llama.cpp logs for the mapping."""
     out = []
+    gpu_maps = [dm.device.name for dm in projection.devices if mapped_span(dm)[0]]  # Metal with mmap
     for dm in projection.devices:
         mapped = [b for b in dm.buffers if b.resident is not None and b.resident != b.bytes]
         if mapped:
             span = sum(b.bytes for b in mapped)
             read = sum(b.resident or 0 for b in mapped)
+            others = "other devices' tensors, which are never read into RAM"
+            if gpu_maps:  # on a Mac they are not: Metal maps them
+                owners = " and ".join(f"{g}'s" for g in gpu_maps)
+                spans = "its mapped span" if len(gpu_maps) == 1 else "their mapped spans"
+                others = (f"other devices' tensors, which the CPU does not read: {owners} count in {spans} "
+                          "(Metal maps them into the GPU's working set)")
             out.append(
                 f"{dm.device.name} weights count the {read / GiB:.2f} GiB of tensors read from the model "
                 f"file (mmap), not the {span / GiB:.2f} GiB file span llama.cpp logs for the mapping: the "
-                "span includes other devices' tensors, which are never read into RAM"
+                f"span includes {others}"
             )
         if note := _gpu_span_note(dm):
             out.append(note)
+    if note := unified_note(projection):  # "" without a Metal GPU
+        out.append(note)
     return out
 
 

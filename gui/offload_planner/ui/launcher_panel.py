@@ -635,7 +635,7 @@ class LauncherPanel(QWidget):
         from offload_planner.backend.log_parser import LoadReport
 
         report = server.report if server is not None else LoadReport()
-        cmp = launch.compare(projection, report)
+        cmp = launch.compare(projection, report, dialect=plan.dialect if plan is not None else None)
         self.comparison = cmp if server is not None else None
         rows: list[tuple[list[str], bool | None]] = []
         extras = extra_shares(projection)

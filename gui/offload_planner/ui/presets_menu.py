@@ -170,9 +170,10 @@ class PresetsMenu(QMenu):
                 }
             )
             self.message.emit(
-                f"{device} holds the routed experts of {len(got)} layers"
-                if got
-                else f"Moved {len(moves)} tensors off {device}: no expert layer fits"
+                (f"{device} holds the routed experts of {len(got)} layers"
+                 if got
+                 else f"Moved {len(moves)} tensors off {device}: no expert layer fits")
+                + _span_over_text(self._doc.plan, device)
             )
         else:
             self.message.emit(f"{device} already holds as many expert layers as fit")
@@ -240,6 +241,7 @@ class PresetsMenu(QMenu):
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         if was.offload_kqv and not c.offload_kqv:
             kv += ", KV cache in RAM (-nkvo)"
+        kv += _unmapped_text(self._doc.plan, best)
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
         ts = best.placement_options.tensor_split
         split = ""  # a layer split of its own (fit's "own -ts"): the map's layers change GPU with it
@@ -270,6 +272,37 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def _span_over_text(plan: Plan, device: str) -> str:
+    """"; MTL0 is still over: ..." where ``device`` maps the file (Metal with mmap) and its mapped span,
+    which holds the CPU's tensors lying between its own, keeps it over; "" otherwise (no projection
+    made for a GPU that does not map the file)."""
+    from offload_planner.core.mapped_span import mapping_gpus, spans_over
+    from offload_planner.core.units import GiB
+
+    if device not in mapping_gpus(plan):
+        return ""
+    over = [o for o in spans_over(plan.projection()) if o.device == device]
+    if not over:
+        return ""
+    o = over[0]
+    return (f"; {device} is still over: with mmap it maps the {o.span / GiB:.2f} GiB file span of its "
+            f"{o.own / GiB:.2f} GiB of tensors, the CPU's between them included; without mmap "
+            f"({' '.join(plan.dialect.no_mmap_flags)}) it holds only its tensors (Fastest plan tries both)")
+
+
+def _unmapped_text(before: Plan, after: Plan) -> str:
+    """", loaded without mmap (-lm none): ..." where the search turned mmap off because a GPU maps the file
+    (Metal: its mapped span held the CPU's tensors); "" otherwise (every plan without such a GPU)."""
+    from offload_planner.core.mapped_span import mapping_gpus, unmapped_flags
+
+    gpus = mapping_gpus(before)
+    flags = unmapped_flags(after)
+    if not gpus or not flags:
+        return ""
+    return (f", loaded without mmap ({flags}): {', '.join(gpus)} then holds only its tensors, not the file "
+            "span of them with the CPU's between")
 
 
 def _held_by_rules(plan: Plan) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from offload_planner.backend.log_parser import LoadReport, device_of_buffer
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, kind_of
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import Projection
 from offload_planner.core.units import MiB
@@ -107,9 +108,11 @@ def _signed(x: float | None) -> str:
 
 
 def compare(projection: Projection, report: LoadReport,
-            resolve: Mapping[str, str] | None = None) -> Comparison:
+            resolve: Mapping[str, str] | None = None, dialect: Dialect | None = None) -> Comparison:
     """Projected buffers (bytes) against logged ones (MiB), per device, kind and buffer name.
-    ``resolve`` maps RPC endpoints to device names; by default the log's ``using device`` lines."""
+    ``resolve`` maps RPC endpoints to device names; by default the log's ``using device`` lines.
+    ``dialect``: the build that wrote the log, whose names are read as the planner's (a 2025 build's
+    ``Metal_Mapped`` is MTL0_Mapped: :meth:`Dialect.planner_buffer_name`); None: names as logged."""
     resolve = dict(resolve) if resolve is not None else report.rpc_endpoints()
     proj: dict[tuple[str, str, str], float] = defaultdict(float)
     act: dict[tuple[str, str, str], float] = defaultdict(float)
@@ -117,8 +120,9 @@ def compare(projection: Projection, report: LoadReport,
         for b in dm.buffers:
             proj[(dm.device.name, b.kind, b.name)] += b.bytes / MiB
     for bl in report.buffers:
-        dev = device_of_buffer(bl.buffer, resolve)
-        name = dev if bl.buffer.startswith("RPC") else bl.buffer
+        buffer = dialect.planner_buffer_name(bl.buffer) if dialect is not None else bl.buffer
+        dev = device_of_buffer(buffer, resolve)
+        name = dev if buffer.startswith("RPC") else buffer
         act[(dev, bl.kind, name)] += bl.mib
     order = {d.device.name: i for i, d in enumerate(projection.devices)}
     kind_order = {k: i for i, k in enumerate((*KINDS, "rs"))}
@@ -135,15 +139,18 @@ def compare(projection: Projection, report: LoadReport,
     return Comparison(rows, totals)
 
 
-def devices_from_log(devices: DeviceSet, report: LoadReport) -> DeviceSet:
+def devices_from_log(devices: DeviceSet, report: LoadReport, dialect: Dialect | None = None) -> DeviceSet:
     """The device set with the free memory llama-server reported at load (``using device X (...) -
     N MiB free``): the default -ts split follows it.  Logged devices missing from the set are added
-    in the log's order (llama.cpp's order)."""
+    in the log's order (llama.cpp's order).  ``dialect``: the build that wrote the log (its ``Metal`` is
+    the planner's MTL0)."""
     if not report.devices:
         return devices
+    logged = [replace(d, name=dialect.planner_device_name(d.name)) if dialect is not None else d
+              for d in report.devices]
     gpus = list(devices.gpus)
-    logged_names = [d.name for d in report.devices]
-    for ld in report.devices:
+    logged_names = [d.name for d in logged]
+    for ld in logged:
         free = ld.free_mib * MiB
         idx = next((i for i, g in enumerate(gpus) if g.name.lower() == ld.name.lower()), None)
         if idx is None:

@@ -642,11 +642,44 @@ def check_pattern(pattern: str) -> PatternCheck:
     return PatternCheck(c.pattern, c.error, list(c.warnings), c.python, c.limit, c.required, c.may_backtrack)
 
 
+#: The patterns llama.cpp writes itself for ``--cpu-moe``, ``--n-cpu-moe`` and ``--n-cpu-ffn``
+#: (``common/common.h``'s ``LLM_FFN_EXPS_REGEX``, the 2025 builds' and ``LLM_FFN_DENSE_REGEX``; ik's
+#: generated block rule), each after an optional ``blk\\.<layer>`` (``llm_ffn_block_regex``), by the
+#: literal every match contains: escaped dots, literals and groups of plain alternatives, each its own
+#: Python translation, far below the state limit, no repeat.  :func:`_check_cached` gives their checks
+#: without the parser (one ran for each ``--cpu-moe`` check of a plan's command, and a plan's
+#: ``--n-cpu-moe N`` parsed N); the same checks as the parser's (a test compares every one).
+_FIXED_TAILS = {
+    r"\.ffn_(up|down|gate|gate_up)_(ch|)exps": ".ffn_",
+    r"\.ffn_(up|down|gate)_exps": ".ffn_",
+    r"\.ffn_(up|down|gate)\.": ".ffn_",
+    r"\.ffn_(up|down|gate|gate_up)_exps\.(weight|scale)": ".ffn_",
+}
+_FIXED_BLOCK = re.compile(r"blk\\\.([0-9]{1,3})", re.ASCII)  # a layer below LLAMA_MAX_LAYERS (512)
+
+
+def _fixed_check(pattern: str) -> PatternCheck | None:
+    """The check of one of :data:`_FIXED_TAILS` (after ``blk\\.<layer>`` or alone), else None."""
+    block = _FIXED_BLOCK.match(pattern)
+    required = _FIXED_TAILS.get(pattern[block.end():] if block else pattern)
+    if required is None:
+        return None
+    if block:
+        required = f"blk.{block.group(1)}{required}"
+    return PatternCheck(pattern, python=pattern, required=required)
+
+
 @lru_cache(maxsize=32768)
 def _check_cached(pattern: str) -> PatternCheck:
     if len(pattern) + 7 <= _STATE_LIMIT and _PLAIN.fullmatch(pattern):
         text = pattern.replace("\\.", ".")
         return PatternCheck(pattern, python=re.escape(text), required=text)
+    fixed = _fixed_check(pattern)
+    return fixed if fixed is not None else _parsed(pattern)
+
+
+def _parsed(pattern: str) -> PatternCheck:
+    """The check the parser gives."""
     parser = _Parser(pattern)
     result = PatternCheck(pattern)
     try:

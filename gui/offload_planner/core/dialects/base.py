@@ -229,6 +229,17 @@ class Dialect(str, metaclass=_DialectType):
         m = re.fullmatch(re.escape(head) + r"(\d+)" + re.escape(tail), name)
         return f"MTL{m[1]}" if m else name
 
+    def planner_buffer_name(self, name: str) -> str:
+        """A device or buffer (type) name this build logs, as the planner names it: a 2025 build's
+        ``Metal_Mapped`` is MTL0_Mapped and its ``Metal`` MTL0 (ik's mapped Metal weights are logged
+        ``Metal`` too); every other name as logged."""
+        dev = self.planner_device_name(name)
+        if dev != name:
+            return dev
+        head, sep, tail = name.rpartition("_")
+        dev = self.planner_device_name(head) if sep else head
+        return f"{dev}_{tail}" if dev != head else name
+
     def selected_gpus(self, names: Sequence[str] | None, gpus: Sequence[str]) -> tuple[str, ...] | None:
         """The model's devices a ``-dev`` list selects, in its order, as the planner names them
         (pinned mainline: ``llama_prepare_model_devices`` takes ``params.devices`` as given; ik:

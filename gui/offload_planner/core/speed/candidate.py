@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.result import SpeedEstimate
@@ -69,13 +69,28 @@ def room(projection: Projection, devices: DeviceSet) -> dict[str, int]:
     return out
 
 
+def host_used(projection: Projection, devices: DeviceSet) -> int:
+    """Bytes the projection takes of the host's RAM: the CPU's (mmap'd weights by the bytes read, as on
+    the memory bars), and on a Mac the Metal GPUs' too, which share that memory (Apple silicon's unified
+    memory: Metal's capacity is recommendedMaxWorkingSetSize, a share of the RAM), the CPU's mapped
+    tensors inside a GPU's mapped span counted once (:func:`~offload_planner.core.mapped_span.
+    shared_bytes`). Without a Metal GPU: the CPU's alone."""
+    used = projection.device(devices.cpu.name).resident()
+    metal = [g.name for g in devices.gpus if g.kind is DeviceKind.METAL]
+    if metal:
+        from offload_planner.core.mapped_span import shared_bytes
+
+        used += sum(projection.device(g).resident() for g in metal) - sum(shared_bytes(projection).values())
+    return used
+
+
 def host_left(projection: Projection, devices: DeviceSet) -> int | None:
     """Bytes the host (the CPU's RAM: declared, else this machine's) can still take after its margin
-    (None: capacity unknown); mmap'd weights count the bytes read, as on the memory bars."""
+    (None: capacity unknown): :func:`host_used`."""
     cpu = devices.cpu
     if cpu.capacity is None:
         return None
-    return cpu.capacity - margin_of(cpu) - projection.device(cpu.name).resident()
+    return cpu.capacity - margin_of(cpu) - host_used(projection, devices)
 
 
 def over_by(c: Candidate, devices: DeviceSet) -> list[tuple[str, int]]:
@@ -98,9 +113,11 @@ def why_nothing_fits(candidates: Sequence[Candidate], devices: DeviceSet) -> str
         dev = devices.by_name(name)
         assert dev is not None
         margin = margin_of(dev)
-        used = c.projection.device(name).resident()
+        used = c.projection.device(name).resident() if dev.is_gpu else host_used(c.projection, devices)
+        shared = any(g.kind is DeviceKind.METAL for g in devices.gpus) and not dev.is_gpu
         parts.append(f"{name}{' (RAM)' if not dev.is_gpu else ''} over by {fmt_bytes(b, precision=1)} "
                      f"({fmt_bytes(used, precision=1)} projected"
+                     + (", the Metal GPU's share of the same memory included" if shared else "")
                      + (f" + {fmt_bytes(margin, precision=1)} margin" if margin else "")
                      + f" > {fmt_bytes(dev.capacity or 0, precision=1)})")
     return (f"{'; '.join(parts)} in the closest plan, {c.label}"

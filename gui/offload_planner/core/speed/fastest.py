@@ -51,6 +51,7 @@ from typing import Any
 
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects.base import Dialect
+from offload_planner.core.mapped_span import fit_row_note, mapping_gpus
 from offload_planner.core.memory import alloc_size, pad
 from offload_planner.core.model import Model
 from offload_planner.core.placement import CPU
@@ -71,6 +72,7 @@ from offload_planner.core.speed.variants import (
     _ubatches,
     kv_choices,
     kvo_choices,
+    unmapped_choice,
     variant,
     with_kv,
 )
@@ -90,7 +92,7 @@ class _Search(Fills, Baselines):
         first = next(iter(starts))
         exact = []
         for on in dict.fromkeys(v[3] for v in starts):  # the KV cache where it is, and with -nkvo
-            f = next(v for v in starts if v[3] == on and v[1:3] == first[1:3])
+            f = next(v for v in starts if v[3] == on and v[1:3] == first[1:3] and v[4] == first[4])
             exact += [f, max((v for v in starts if v[1:] == f[1:]), key=lambda v: v[0])]
         for var in dict.fromkeys(exact):
             self.full(f"{label}, {_describe(var)}", starts[var])
@@ -101,6 +103,9 @@ class _Search(Fills, Baselines):
             if start.over:  # the GPUs (the host gains room as experts leave it)
                 how = ("even with every routed expert on the CPU" if self.model.summary.n_expert
                        else "with the command's layers on the GPUs")
+                spans = [g for g in mapping_gpus(plan) if g in start.over]
+                how += (f" with mmap ({', '.join(spans)}: the mapped file span holds the CPU's tensors too)"
+                        if spans else "")
                 notes.append(f"{_describe(var)}: does not fit {how} "
                              f"({', '.join(start.over)} over"
                              + ("" if start.verified else ", predicted") + ")")
@@ -164,6 +169,26 @@ class _Search(Fills, Baselines):
         return self.cheap(over.label, replace(over.plan, moves=moves)) if changed else None
 
 
+    def top_layers(self) -> Candidate | None:
+        """Where a GPU maps the file (Metal with mmap) and the command's layers do not fit: the most
+        layers from the top (``-ngl N``, mmap kept) that fit, predicted. The output layer and the last
+        N layers lie together at the file's end in the usual order, so the GPU's mapped span holds
+        (nearly) only its tensors; the estimate ranks it against the fills without mmap. None when
+        even one layer is over, or every layer fits (the fills' start then holds them all)."""
+        lo, hi = 0, self.model.summary.n_layer + 1  # -ngl counts the output layer too
+        if self.cheap("-ngl all (mmap)", self.plan(["-ngl", str(hi)])).fits:
+            return None
+        found: Candidate | None = None
+        while lo < hi:  # the largest N that fits (more layers on the GPU never take room back)
+            mid = (lo + hi + 1) // 2
+            c = self.cheap(f"-ngl {mid} (mmap)", self.plan(["-ngl", str(mid)]))
+            if c.fits:
+                lo, found = mid, c
+            else:
+                hi = mid - 1
+        return found
+
+
 def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw: Hardware, *,
                  dialect: Dialect = Dialect.LLAMA_CPP, goal: str = "balanced", prompt: int = DEFAULT_PROMPT,
                  eff: Efficiencies | None = None, moves: dict[str, str] | None = None,
@@ -200,11 +225,14 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
                      "them, larger -ub are tried; llama.cpp --fit chooses -ngl and the layer split")
     ubs = list(ubatches) if ubatches is not None else _ubatches(user.context.n_ubatch, goal)
     starts: dict[Variant, Plan] = {}
-    for kv, on in itertools.product(kv_choices(user, allow_kv_quant), kvo_choices(user, allow_nkvo)):
+    maps = any(g.mapped_buffer_name for g in devices.gpus)  # Metal: else no plan more to make
+    loads = [[], *unmapped_choice(s.plan(["--cpu-moe"] * moe) if maps else user, notes)]  # ik: unmapped
+    for (kv, on), lm in itertools.product(
+            itertools.product(kv_choices(user, allow_kv_quant), kvo_choices(user, allow_nkvo)), loads):
         for ub in ubs:
             ub_args = (["-ub", str(ub), "-b", str(max(ub, user.context.n_batch))]
                        if ub != user.context.n_ubatch else [])
-            p = with_kv(s.plan(["--cpu-moe"] * moe + ub_args), kv, on)
+            p = with_kv(s.plan([*lm, *["--cpu-moe"] * moe, *ub_args]), kv, on)
             starts[variant(p)] = p
     # llama.cpp's --fit beside the search, in a forked child where a second core can take it (its
     # dry runs and the search share nothing); else first, and the starts take over the graphs its
@@ -223,8 +251,12 @@ def fastest_plan(model: Model, devices: DeviceSet, base_args: Sequence[str], hw:
     if fit_plan is not None:
         fit, fit_notes = s.llama_fit_candidate(fit_plan)
         notes += fit_notes
+        span_note = fit_row_note(fit.projection, fit.over, " ".join(dialect.no_mmap_flags))
+        notes += [span_note] if span_note else []
     baselines = [c for c in (cpu_moe, ncm, fit) if c is not None]
     ours += s.seeded(baselines, goal)
+    if len(loads) > 1 and (top := s.top_layers()) is not None:  # Metal with mmap: a contiguous span
+        ours.append(top)
     best = s.choose(ours, baselines, goal)
     # the --n-cpu-moe baseline is settled by full projections only where it could beat the answer
     rivals = [c for c in (ncm, near) if c is not None and not c.verified]
@@ -253,10 +285,14 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
-    for kv, on in itertools.product(kv_choices(plan, allow_kv_quant), kvo_choices(plan, allow_nkvo)):
+    freed = plan.with_moves({n: CPU for names in s.expert_layers_any(plan).values() for n in names})
+    loads = [plan] + [replace(plan, placement_options=replace(plan.placement_options, use_mmap=False))
+                      for _ in unmapped_choice(freed, notes)]
+    for (kv, on), base in itertools.product(
+            itertools.product(kv_choices(plan, allow_kv_quant), kvo_choices(plan, allow_nkvo)), loads):
         for ub in _ubatches(ub0, goal):
-            p = with_kv(plan if ub == ub0 else replace(plan, context=replace(
-                plan.context, n_ubatch=ub, n_batch=max(ub, plan.context.n_batch))), kv, on)
+            p = with_kv(base if ub == ub0 else replace(base, context=replace(
+                base.context, n_ubatch=ub, n_batch=max(ub, base.context.n_batch))), kv, on)
             start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")

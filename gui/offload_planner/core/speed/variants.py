@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from offload_planner.core.mapped_span import mapping_gpus, unmapped_flags
 from offload_planner.core.plan import Plan
 
 PP_UBATCHES = (2048, 4096)  # -ub tried beyond the command's for the pp and balanced goals
@@ -14,18 +15,20 @@ KV_QUANT = "q8_0"  # the KV cache type the search may pick where the user allows
 QUANT_BLOCK = 32  # q8_0's block: flash attention needs head sizes that are multiples of it
 
 
-Variant = tuple[int, str, str, bool]  # -ub, K and V cache types, the KV cache on the layers' devices
+#: -ub, K and V cache types, the KV cache on the layers' devices, and the flags that load without mmap
+#: where a GPU would otherwise map the file (Metal: :func:`unmapped_flags`; else "")
+Variant = tuple[int, str, str, bool, str]
 
 
 def variant(plan: Plan) -> Variant:
     c = plan.context
-    return c.n_ubatch, c.type_k, c.type_v, c.offload_kqv
+    return c.n_ubatch, c.type_k, c.type_v, c.offload_kqv, unmapped_flags(plan)
 
 
 def _describe(var: Variant) -> str:
-    ub, k, v, on = var
+    ub, k, v, on, unmapped = var
     kv = (f", -ctk {k}" if k != "f16" else "") + (f" -ctv {v}" if v != "f16" else "")
-    return f"-ub {ub}{kv}" + ("" if on else ", -nkvo")
+    return f"-ub {ub}{kv}" + ("" if on else ", -nkvo") + (f", {unmapped}" if unmapped else "")
 
 
 def kvo_choices(plan: Plan, allow: bool) -> list[bool]:
@@ -62,3 +65,20 @@ def with_kv(plan: Plan, kv: tuple[str, str], offload: bool | None = None) -> Pla
 
 def _ubatches(user_ub: int, goal: str) -> list[int]:
     return [user_ub] + [u for u in PP_UBATCHES if u > user_ub and goal != "tg"]
+
+
+def unmapped_choice(plan: Plan, notes: list[str]) -> list[list[str]]:
+    """Beside the command's load, loading without mmap where a GPU maps the file (Metal): its mapped
+    buffer spans the file from its first tensor to its last, so the experts the search leaves on the CPU
+    between a GPU's layers count on that GPU too (``--cpu-moe`` keeps the span); without mmap it holds
+    its tensors only (the CPU's are read into a buffer of their own). The estimate ranks both; a note
+    says why the candidates with the flags are there. [] without such a GPU."""
+    gpus = mapping_gpus(plan)
+    if not gpus:
+        return []
+    flags = list(plan.dialect.no_mmap_flags)
+    notes.append(f"{', '.join(gpus)} map{'s' if len(gpus) == 1 else ''} the model file with mmap: "
+                 "the weights count the file span from the first to the last of the GPU's tensors, the "
+                 "CPU's tensors between them included (moving experts to the CPU does not shrink it); "
+                 f"candidates with {' '.join(flags)} copy only the GPU's tensors")
+    return [flags]

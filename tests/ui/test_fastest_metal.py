@@ -1,0 +1,64 @@
+"""The window's Fastest plan on a Mac whose MTL0 cannot hold the file span mmap maps for it.
+
+With mmap Metal maps the file span from the first to the last of MTL0's tensors (MTL0_Mapped): with every
+routed expert on the CPU, Qwen3-30B-A3B's span still runs from blk.0 to output.weight, 17.11 GiB, so on a
+12 GiB MTL0 the search found nothing. It now also tries the command without mmap (-lm none), where MTL0
+holds only its tensors, and says so when it takes that."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytestqt.qtbot import QtBot
+from tests.ui.conftest import system_info
+from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
+
+from offload_planner.core.device_figures import DeviceFigures
+from offload_planner.ui.settings import Settings
+
+QWEN = Path(__file__).resolve().parents[2] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf"
+
+
+def test_fastest_on_a_12_gib_mac_loads_without_mmap_and_says_why(qtbot: QtBot, settings: Settings) -> None:
+    win = make_window(qtbot, settings, system_info("MTL0=m2max,12GiB", cpu_gib=32))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        assert win.doc.plan.placement_options.use_mmap
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        assert win.presets_menu.fastest(), messages
+        wait_projected(qtbot, win, 120_000)
+        assert ", loaded without mmap (-lm none): MTL0 then holds only its tensors" in messages[-1], messages
+        plan = win.doc.plan
+        assert not plan.placement_options.use_mmap
+        a = win.doc.analysis
+        assert a is not None and a.projection is not None
+        mtl0 = a.projection.device("MTL0")
+        assert [b.name for b in mtl0.buffers if b.kind == "model"] == ["MTL0"]  # a copy, not the span
+        assert DeviceFigures.of(mtl0).over == 0
+        assert "-lm none" in win.command_pane.text.toPlainText()
+    finally:
+        win.close()
+
+
+def test_fill_says_when_the_mapped_span_keeps_mtl0_over(qtbot: QtBot, settings: Settings) -> None:
+    """The Fill preset moves expert layers by their sizes; on MTL0 with mmap the span of its attention
+    tensors (blk.0 to output.weight, the CPU's experts between) keeps it over whatever it moves: the message
+    says so, with the span and MTL0's own bytes as the plan counts them, and the way out."""
+    from offload_planner.core.units import GiB
+
+    win = make_window(qtbot, settings, system_info("MTL0=m2max,12GiB", cpu_gib=32))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        win.presets_menu.fill("MTL0", from_first=True)
+        wait_projected(qtbot, win, 120_000)
+        mapped = [b for b in win.doc.plan.projection().device("MTL0").buffers if b.name == "MTL0_Mapped"]
+        span, own = sum(b.bytes for b in mapped), sum(b.tensor_bytes or 0 for b in mapped)
+        assert f"{span / GiB:.2f}" == "17.11"  # blk.0's first byte to output.weight's end
+        assert (f"; MTL0 is still over: with mmap it maps the 17.11 GiB file span of its {own / GiB:.2f} GiB "
+                "of tensors, the CPU's between them included; without mmap (-lm none) it holds only its "
+                "tensors (Fastest plan tries both)") in messages[-1], messages
+    finally:
+        win.close()
