@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from offload_planner.backend import speed_store
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
@@ -272,15 +273,19 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     return out
 
 
-def _cpu_only(model: Model, cpu: CpuInfo | None) -> SpeedEstimate:
+def _cpu_only(model: Model, cpu: CpuInfo | None, dialect: str = "llama.cpp-2025",
+              extra: tuple[str, ...] = ()) -> SpeedEstimate:
+    """A CPU-only estimate; by default with the 2025 builds' kernels (before the pinned build's tiled
+    matmul: test_cpu_tiled.py)."""
     ds = DeviceSet(parse_device_decl("CPU=512GiB,bw=60GB/s,cores=16"), ())
-    plan = plan_from_args(model, ds, parse_server_args(["-c", "4096", "-t", "16"], dialect="llama.cpp"),
-                          "llama.cpp")
+    d = Dialect(dialect)
+    plan = plan_from_args(model, ds, parse_server_args(["-c", "4096", "-t", "16", *extra], dialect=d), d)
     return estimate(plan, hardware_for(ds, threads=16, cpu=cpu), prompt=512)
 
 
 def test_estimate_moves_as_the_instruction_set_says(models: dict[str, Model]) -> None:
-    """Q4_K prompt processing on the CPU: a dense model's faster on an AVX-512 VNNI CPU (its repacked
+    """(The 2025 builds' CPU kernels, before the pinned build's tiled matmul.) Q4_K prompt processing on
+    the CPU: a dense model's faster on an AVX-512 VNNI CPU (its repacked
     GEMM; compute-bound, the reads of each micro-batch added), a MoE model's less so (its routed
     experts go through mul_mat_id's AVX2 GEMV per token: efficiency.cpu_pp_cost), token generation
     the same (bytes over bandwidth); the lattice i-quants, whose vec_dot is AVX2 code on every x86

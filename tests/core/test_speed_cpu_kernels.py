@@ -23,6 +23,7 @@ from offload_planner.core.speed.efficiency import (
     GPU_ROWS_EXPONENT,
     GPU_ROWS_MAX_GAIN,
     IQUANT_CPU_COMPUTE,
+    TILED_GAINS,
     defaults_for,
     gpu_rows_factor,
 )
@@ -177,21 +178,37 @@ def _pp_gain(tmp_path: Path, arch: str, t: Q, dialect: str = "llama.cpp",
 
 
 def test_the_instruction_set_speeds_up_mainlines_gemms_only(tmp_path: Path) -> None:
-    """Mainline's CPU backend multiplies a dense Q4_K matrix through its repacked GEMM (AVX-512 path:
+    """(The 2025 builds, before the pinned build's tiled matmul: the next test.) Mainline's CPU backend
+    multiplies a dense Q4_K matrix through its repacked GEMM (AVX-512 path:
     the instruction set's gain), a Q6_K one row by row through its AVX2 vec_dot, and routed experts of
     any type through mul_mat_id (one AVX2 GEMV per routed token, never the GEMM): a uniform Q4_K MoE
     gains less than the dense model, a Q6_K one little (its attention alone), nor Q4_K with
     ``--no-repack`` (no CPU_REPACK buffer: vec_dot; Q8_0 keeps tinyBLAS); ik_llama.cpp's kernels keep
     the gain."""
     gain = GAINS[Isa.AVX512_VNNI].value
-    assert _pp_gain(tmp_path, "llama", Q.Q4_K) == pytest.approx(gain, rel=1e-3)
+    old = "llama.cpp-2025"
+    assert _pp_gain(tmp_path, "llama", Q.Q4_K, old) == pytest.approx(gain, rel=1e-3)
     # --no-repack: no CPU_REPACK buffer, Q4_K has no tinyBLAS path: vec_dot; Q8_0 keeps tinyBLAS
-    assert _pp_gain(tmp_path, "llama", Q.Q4_K, args=("--no-repack",)) < 1.2
-    assert _pp_gain(tmp_path, "llama", Q.Q8_0, args=("--no-repack",)) == pytest.approx(gain, rel=1e-3)
-    assert _pp_gain(tmp_path, "llama", Q.Q6_K) < 1.2  # the attention's share (it keeps the gain)
-    moe = _pp_gain(tmp_path, "qwen3moe", Q.Q4_K)
+    assert _pp_gain(tmp_path, "llama", Q.Q4_K, old, args=("--no-repack",)) < 1.2
+    assert _pp_gain(tmp_path, "llama", Q.Q8_0, old, args=("--no-repack",)) == pytest.approx(gain, rel=1e-3)
+    assert _pp_gain(tmp_path, "llama", Q.Q6_K, old) < 1.2  # the attention's share (it keeps the gain)
+    moe = _pp_gain(tmp_path, "qwen3moe", Q.Q4_K, old)
     assert 1.05 < moe < 0.9 * gain
     assert _pp_gain(tmp_path, "qwen3moe", Q.Q4_K, "ik_llama.cpp") == pytest.approx(gain, rel=1e-3)
+
+
+def test_the_pinned_builds_tiled_kernel_takes_the_vnni_gain(tmp_path: Path) -> None:
+    """The pinned build multiplies Q6_K, and Q4_K with --no-repack, through its tiled kernel (ggml-cpu/
+    tiled/, llama.cpp PR 27851): with VNNI 3.61 x the AVX2 figure, on AVX2 1.12 x (efficiency.TILED_GAINS),
+    so an AVX-512 VNNI CPU gains their ratio (the reads all but free; the attention keeps the ISA's
+    gain); the repacked Q4_K GEMM and tinyBLAS's Q8_0 as in the 2025 builds; a Q6_K MoE's routed experts
+    (a 512-token prompt: 32 rows an expert of 128, 8 used) go through it too."""
+    gain, tiled = GAINS[Isa.AVX512_VNNI].value, TILED_GAINS[Isa.AVX512_VNNI] / TILED_GAINS[Isa.AVX2]
+    assert _pp_gain(tmp_path, "llama", Q.Q4_K) == pytest.approx(gain, rel=1e-3)
+    assert _pp_gain(tmp_path, "llama", Q.Q8_0, args=("--no-repack",)) == pytest.approx(gain, rel=1e-3)
+    assert gain < _pp_gain(tmp_path, "llama", Q.Q4_K, args=("--no-repack",)) <= tiled
+    assert gain < _pp_gain(tmp_path, "llama", Q.Q6_K) <= tiled
+    assert gain < _pp_gain(tmp_path, "qwen3moe", Q.Q6_K) <= tiled
 
 
 def test_the_gemm_types_are_ggml_names() -> None:

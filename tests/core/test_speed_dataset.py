@@ -35,6 +35,7 @@ TOP_KEYS = {
     "quote": str,
     "backend": str,
     "build": (str, type(None)),
+    "cpu_tiled_matmul": bool,
     "model": dict,
     "command": (str, type(None)),
     "settings": dict,

@@ -305,6 +305,8 @@ def _row(rec: dict[str, Any], model: Model, ds: DeviceSet) -> Row:
     dialect = rec["backend"]
     parsed = parse_server_args(argv, dialect=dialect)
     plan = plan_from_args(model, ds, parsed, dialect)
+    if not rec["cpu_tiled_matmul"]:  # a build before the pinned one's tiled CPU matmul (the record says)
+        plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_tiled_cpu()))
     meas = rec["measured"]
     depth = meas.get("depth") or 0
     if depth:  # tg at the measured depth: the estimate's full-context figure at -c depth

@@ -190,6 +190,8 @@ def _tgs(rec: dict[str, Any], model: Model, ds: DeviceSet, draft_path: Path | No
     sp, depth = rec["speculative"], rec["measured"]["depth"] or 0
     argv = [*pub._argv(rec), *_draft_argv(sp, draft_path)]
     plan = plan_from_args(model, ds, parse_server_args(argv, dialect=rec["backend"]), rec["backend"])
+    if not rec["cpu_tiled_matmul"]:  # a build before the tiled CPU matmul, as test_speed_public
+        plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_tiled_cpu()))
     if depth:  # tg at the measured depth: the full-context figure at -c depth, as test_speed_public
         plan = replace(plan, context=replace(plan.context, n_ctx=max(256, depth)))
     hw = hardware_for(ds, threads=rec["settings"].get("threads"))

@@ -169,6 +169,11 @@ class Dialect(str, metaclass=_DialectType):
     copies_whole_experts: bool = False
     #: CPU matrix kernels faster than mainline's (the speed estimate's default CPU efficiency)
     fast_cpu_kernels: bool = False
+    #: ggml-cpu's tiled matmul (``ggml-cpu/tiled/``, llama.cpp PR 27851, opened 2026-08-28): on x86 with
+    #: AVX2 or better, a K-quant or i-quant weight outside a repack buffer is multiplied by a batch of 8
+    #: or more rows (``mul_mat``; ``mul_mat_id``: rows routed to the expert) through 256x256 int8 tiles,
+    #: where builds without it run ``vec_dot`` row by row (core.speed.efficiency.TILED_TYPES)
+    cpu_tiled_matmul: bool = False
     #: how an exported command turns mmap off
     no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
 
@@ -207,6 +212,11 @@ class Dialect(str, metaclass=_DialectType):
         return dialect_named, (self.value,)
 
     # --- device names ---
+    def before_tiled_cpu(self) -> Dialect:
+        """This dialect's rules with the CPU kernels of builds before the tiled matmul
+        (``cpu_tiled_matmul`` off): a measurement of an older build read with this dialect's parser."""
+        return self
+
     def server_device_name(self, name: str) -> str:
         """A device (or its ``-ot`` buffer type) as this build spells it: the planner's ``MTL0`` is
         :attr:`metal_device`; every other name is the same in all builds."""

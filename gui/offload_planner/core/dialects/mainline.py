@@ -66,6 +66,13 @@ class PinnedMainline(Mainline):
     detect_rank = 20
     help_markers = (r"--load-mode", r"--lazy-mode", r"-lm,\s")
     version_markers = (r"(?m)^version:\s*\d+\.\d+\.\d+",)
+    #: ggml/src/ggml-cpu/tiled/tiled.cpp ``ggml_compute_forward_mul_mat_tiled`` /
+    #: ``ggml_compute_forward_mul_mat_id_tiled``, called first by ggml-cpu.c's ``mul_mat`` and per
+    #: expert by ``mul_mat_id``
+    cpu_tiled_matmul = True
+
+    def before_tiled_cpu(self) -> Dialect:
+        return _PRE_TILED
 
     def flag_table(self) -> FlagTable:
         from offload_planner.core.cmdline.flagspec import FlagTable
@@ -95,3 +102,18 @@ class PinnedMainline(Mainline):
 
 
 LLAMA_CPP = register(PinnedMainline("llama.cpp", "llama.cpp (pinned build 11434)"), "LLAMA_CPP")
+
+
+class _PinnedBeforeTiled(PinnedMainline):
+    """The pinned build's rules with the CPU kernels of the builds before its tiled matmul (llama.cpp PR
+    27851): not registered, so never chosen by name nor detected; the public development set reads its
+    older mainline records with it (tests/core/test_speed_public.py)."""
+
+    cpu_tiled_matmul = False
+
+    def before_tiled_cpu(self) -> Dialect:
+        return self
+
+
+_PRE_TILED = _PinnedBeforeTiled("llama.cpp",
+                                "llama.cpp (pinned build's rules, CPU kernels before the tiled matmul)")

@@ -26,6 +26,11 @@ x86, and which of these instruction sets it uses:
   token for a repacked type (``repack.cpp`` ``forward_mul_mat_id``), ``ggml_vec_dot_*`` per row
   otherwise (``ggml-cpu.c`` ``ggml_compute_forward_mul_mat_id_one_chunk``): AVX2 code, so a prompt's
   experts do not scale with the instruction set either (``efficiency.cpu_pp_cost``).
+- Before both of the last two, in the pinned build (not in the 2025 builds nor ik_llama.cpp): the
+  tiled matmul (``tiled/tiled.cpp``, llama.cpp PR 27851) takes ``Q2_K`` ... ``Q6_K``, ``IQ4_XS`` and
+  the lattice i-quants outside a repack buffer, for ``mul_mat`` and per expert for ``mul_mat_id``, by
+  8 rows or more: a 16x16 microkernel with ``vpdpbusd`` under AVX512-VNNI (+VL, DQ), else AVX2 code
+  (``efficiency.TILED_GAINS``; ``Dialect.cpu_tiled_matmul``).
 - AMX (``amx/amx.cpp``, only in a build with ``GGML_AMX_INT8``: the ``sapphirerapids`` variant of
   ``GGML_CPU_ALL_VARIANTS``, or a native build on such a CPU): ``Q4_0``, ``Q4_1``, ``Q8_0``, ``Q4_K``,
   ``Q5_K``, ``Q6_K``, ``IQ4_XS`` (``qtype_has_amx_kernels``).

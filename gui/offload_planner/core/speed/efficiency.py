@@ -235,8 +235,63 @@ CPU_GEMM_TYPES = CPU_TINYBLAS_TYPES | CPU_REPACK_GEMM_TYPES
 REPACK_BUFT = "CPU_REPACK"
 
 
+#: The pinned build's tiled matmul (ggml-cpu/tiled/tiled.cpp, llama.cpp PR 27851 "ggml-cpu: tiled mul_mat for
+#: k-quants", opened 2026-08-28; not in the 2025 builds nor in ik_llama.cpp): ``ggml_tiled_supported``
+#: takes these weight types (ggml names) when the weight is not in a repack buffer (``src0->extra ==
+#: NULL``: a ``CPU_REPACK`` weight keeps its repacked GEMM) and the build is x86 with AVX, AVX2 or
+#: AVX512-VNNI (elsewhere it returns false); ``ggml_tiled_min_batch``: 8 or more rows, the batch's tokens
+#: for ``mul_mat`` (called first in ggml-cpu.c ``ggml_compute_forward_mul_mat``), the rows routed to the
+#: expert for ``mul_mat_id`` (decided per expert in ``ggml_compute_forward_mul_mat_id``).  So a prompt's
+#: Q6_K/Q5_K/Q3_K weights, its non-repacked Q4_K/Q2_K, IQ4_XS and the lattice i-quants, and its routed
+#: experts of those types, leave ``vec_dot``; a generated token (1 row) does not.
+TILED_TYPES = frozenset({"q6_K", "q5_K", "q4_K", "q3_K", "q2_K", "iq4_xs", "iq2_xxs", "iq2_xs", "iq2_s",
+                         "iq3_xxs", "iq3_s", "iq1_s", "iq1_m"})
+TILED_MIN_ROWS = 8
+#: The tiled kernel's throughput against the AVX2 figure (the default CPU compute of an AVX2 core), per
+#: instruction set, from its throughput against the repacked Q4_K GEMM measured on one CPU (the GEMM is
+#: what ``GAINS`` describes: cost 1 at the tier's gain):
+#:
+#: - AVX512-VNNI (``tiled-kernel.cpp``: its 16x16 microkernel with ``vpdpbusd`` under AVX512VNNI+VL+DQ):
+#:   1.85 x the repacked GEMM, this project's machine (2-vCPU AMD EPYC, Zen 4, AVX-512 VNNI/BF16, pinned
+#:   build 11434, perf's on-CPU time over the products' FLOPs at -t 1): Q6_K through the tiled kernel
+#:   265 GFLOPS a thread, the repacked Q4_K GEMM (``ggml_gemm_q4_K_8x8_q8_K``) 143; 265 / 143 = 1.85.
+#:   The PR's author: "For tall src1 (prefills), this results in 3-7x performance gain (2x compared to
+#:   repack) on my x86 machine using the optimized microkernel" (VNNI,
+#:   https://github.com/ggml-org/llama.cpp/pull/27851).  x 1.95 (``GAINS``) = 3.61 x the AVX2 figure.
+#: - AVX2 (and AVX-512 without VNNI, which takes the same AVX2 microkernel): "AVX2 numbers are a smaller
+#:   (up to 2x) improvement over stock", 8192x8192 GEMMs on 8 threads, "q4_K  1.031  1.273  1.427" (std,
+#:   repack, tiled TF; the same PR, 2026-08-28): 1.427 / 1.273 = 1.12 x the repacked GEMM, i.e. 1.12 x
+#:   the AVX2 figure.  (Its other types ran 1.32-1.43 TF tiled, "q3_K 0.702 n/a 1.318", "q5_K 0.676 n/a
+#:   1.411": one rate whatever the type, as its VNNI ``mul_mat_id`` table, q5_K 2.970 ... iq3_xxs 3.185 TF.)
+#: - AMX: kept at the VNNI figure (a build for such a CPU has VNNI; the AMX buffer's types are not
+#:   modelled).
+#:
+#: Against it, one public run on a CPU the excerpt does not name (4 threads, a build of the PR's branch,
+#: "build: 9e31ebf (1)"): a Q6_K MoE, "bailingmoe3 7.9B.A1.3B Q6_K", pp512 "52.47 ± 0.03" with
+#: GGML_CPU_TILED_MM=1 and "55.46 ± 0.05" with it off, "Looks like it doesn't help" (the same PR,
+#: 2026-09-11).  This machine's bench-qwen3moe-2g (Q6_K expert down-projections) stays under its
+#: measured pp with the figures above (README, "Measured speed"), so they are kept for experts too.
+TILED_GAINS: dict[Isa, float] = {
+    Isa.AVX2: 1.12,
+    Isa.AVX512: 1.12,
+    Isa.AVX512_VNNI: round(1.85 * GAINS[Isa.AVX512_VNNI].value, 2),
+    Isa.AMX: round(1.85 * GAINS[Isa.AVX512_VNNI].value, 2),
+}
+
+
+def tiled_cost(type_name: str, dialect: Dialect, isa: Isa | None, isa_gain: float,
+               repacked: bool) -> float | None:
+    """Compute cost of one weight through the tiled matmul against the default's (1: the default
+    efficiency at the CPU's instruction-set figure), or None when that kernel does not take it: a
+    dialect without it, a CPU whose instruction set is not known (or not x86), a type it lacks, a weight
+    in a repack buffer.  The batch's rows (:data:`TILED_MIN_ROWS`) are the caller's."""
+    if not dialect.cpu_tiled_matmul or isa is None or repacked or type_name not in TILED_TYPES:
+        return None
+    return isa_gain / TILED_GAINS[isa]
+
+
 def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed: bool = False,
-                repacked: bool = True) -> float:
+                repacked: bool = True, isa: Isa | None = None, rows: float = float(TILED_MIN_ROWS)) -> float:
     """Compute cost of one weight of ``type_name`` in a prompt's micro-batch on the CPU against the
     default's (1: the default efficiency at the CPU's instruction-set figure applies).  Mainline
     llama.cpp takes the instruction set's gain only where a GEMM multiplies (:data:`CPU_TINYBLAS_TYPES`,
@@ -247,8 +302,14 @@ def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed:
     expert's rows; the x86 GEMVs, arch/x86/repack.cpp ``ggml_gemv_q4_K_8x8_q8_K`` and the others, are
     AVX2 code) and ``vec_dot`` per row pair otherwise (ggml-cpu.c
     ``ggml_compute_forward_mul_mat_id_one_chunk``).  The lattice i-quants keep :func:`cpu_cost`;
-    ik_llama.cpp's kernels (``fast_cpu_kernels``) have their own figure."""
-    d = Dialect(dialect)
+    ik_llama.cpp's kernels (``fast_cpu_kernels``) have their own figure.  A dialect with the tiled
+    matmul (``cpu_tiled_matmul``) multiplies :data:`TILED_TYPES` outside a repack buffer, by ``rows``
+    (the batch's, or those routed to an expert) of :data:`TILED_MIN_ROWS` or more, at
+    :func:`tiled_cost` (``isa``: the CPU's tier, None when not known)."""
+    d = dialect if isinstance(dialect, Dialect) else Dialect(dialect)  # an unregistered variant stays
+    tiled = tiled_cost(type_name, d, isa, isa_gain, repacked) if rows >= TILED_MIN_ROWS else None
+    if tiled is not None:
+        return tiled
     if d.fast_cpu_kernels or type_name in SLOW_CPU_TYPES:
         return cpu_cost(type_name, d, isa_gain)
     gemm = type_name in CPU_TINYBLAS_TYPES or (repacked and type_name in CPU_REPACK_GEMM_TYPES)

@@ -103,6 +103,9 @@ class DeviceSpeed:
     #: CPU: its compute against an AVX2 core's (core.speed.cpu_isa.GAINS), 1 when not known or
     #: ``tflops=`` is declared; the kernels with no path beyond AVX2 do not get it (efficiency.cpu_cost)
     isa_gain: float = 1.0
+    #: CPU: its instruction-set tier when known (declared ``isa=`` or read), None when not known, below
+    #: AVX2 or ``tflops=`` is declared: which of llama.cpp's x86 kernel paths run (efficiency.cpu_pp_cost)
+    isa: Isa | None = None
     #: GB/s one thread's copy reads on the machine its threads run on (the RAM probe's single-thread
     #: pass: this machine's CPU and the rpc-servers on it), None when not measured: its threads' share
     #: of the bandwidth (core.speed.rates.thread_bandwidth)
@@ -241,16 +244,17 @@ def gpu_speed(dev: Device, link: MeasuredLink | str | None = None) -> DeviceSpee
                        unified=c is not None and c.pcie is None, latency_us=latency)
 
 
-def _isa(decl: Declared, cpu: CpuInfo | None) -> tuple[float, str]:
-    """(gain over an AVX2 core, what the compute note says of it): the declared ``isa=``, else the one
-    ``cpu`` (this machine's, read by backend.speed_store.this_cpu) says, else none (the AVX2 figure)."""
+def _isa(decl: Declared, cpu: CpuInfo | None) -> tuple[float, str, Isa | None]:
+    """(gain over an AVX2 core, what the compute note says of it, the tier): the declared ``isa=``, else
+    the one ``cpu`` (this machine's, read by backend.speed_store.this_cpu) says, else none (the AVX2
+    figure)."""
     if decl.isa is not None:
-        return GAINS[decl.isa].value, _isa_note(decl.isa, "isa=")
+        return GAINS[decl.isa].value, _isa_note(decl.isa, "isa="), decl.isa
     if cpu is None:
-        return 1.0, ""
+        return 1.0, "", None
     if cpu.isa is None:
-        return 1.0, f"; {cpu.describe()}: the AVX2 figure"
-    return GAINS[cpu.isa].value, _isa_note(cpu.isa, f"{cpu.model or 'the CPU'} per {cpu.source}")
+        return 1.0, f"; {cpu.describe()}: the AVX2 figure", None
+    return GAINS[cpu.isa].value, _isa_note(cpu.isa, f"{cpu.model or 'the CPU'} per {cpu.source}"), cpu.isa
 
 
 def _isa_note(isa: Isa, where: str) -> str:
@@ -281,6 +285,7 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
     else:
         bw = Figure(DEFAULT_HOST_BW, "GB/s", Source.DEFAULT, "no RAM probe or CPU bw=/ram= given")
     n = decl.threads or threads
+    isa: Isa | None = None
     if decl.tflops is not None:
         tf = Figure(decl.tflops, "TFLOPS", Source.DECLARED, "CPU tflops=")
     else:
@@ -290,7 +295,7 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
                else " (threads not given: -t)")
         if n and decl.cores and n > decl.cores and smt_capped:
             tn, why = decl.cores, f" (-t {n} on {decl.cores} physical cores: the rest add no compute)"
-        gain, isa_note = _isa(decl, cpu)
+        gain, isa_note, isa = _isa(decl, cpu)
         per, src, clock = DEFAULT_CPU_TFLOPS_PER_THREAD * gain, Source.DEFAULT, ""
         ghz = decl.ghz if decl.ghz is not None else cpu.ghz if cpu is not None else None
         if ghz is not None:
@@ -302,7 +307,7 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
                     f"{tn} threads x {per:.4g} TFLOPS{clock}{why}{isa_note}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
     return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n,
-                       isa_gain=1.0 if decl.tflops is not None else gain)
+                       isa_gain=1.0 if decl.tflops is not None else gain, isa=isa)
 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,

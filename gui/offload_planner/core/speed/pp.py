@@ -23,8 +23,10 @@ from offload_planner.core.memory import resolve_context
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
+from offload_planner.core.speed.cpu_isa import Isa
 from offload_planner.core.speed.efficiency import (
     REPACK_BUFT,
+    TILED_MIN_ROWS,
     Efficiencies,
     cpu_pp_cost,
     defaults_for,
@@ -37,7 +39,13 @@ from offload_planner.core.speed.nkvo import (
     kv_copy_seconds,
     nkvo_attention_on_gpu,
 )
-from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops, cpu_isa_gain
+from offload_planner.core.speed.rates import (
+    _effective_bandwidth,
+    _is_gpu,
+    compute_tflops,
+    cpu_isa,
+    cpu_isa_gain,
+)
 from offload_planner.core.speed.reads import _running, expert_fraction
 from offload_planner.core.speed.splits import _pp_splits, token_split_pairs
 
@@ -55,15 +63,19 @@ class _Work:
     el: list[float] = field(default_factory=lambda: [0.0] * 4)
     nbytes: list[float] = field(default_factory=lambda: [0.0] * 4)
     cpu_el: list[float] = field(default_factory=lambda: [0.0] * 4)  # el x the type's CPU cost (cpu_cost)
+    #: el x the type's CPU cost when a matrix multiplies fewer rows than the tiled matmul takes
+    #: (efficiency.TILED_MIN_ROWS: the kernels of builds before it)
+    cpu_el_few: list[float] = field(default_factory=lambda: [0.0] * 4)
     #: bytes as op offload's copy costs them: a host weight outside a pinned buffer counts
     #: 1 / ``Efficiencies.pageable_copy`` (:func:`copy_weight`)
     copy_nb: list[float] = field(default_factory=lambda: [0.0] * 4)
 
-    def parts(self) -> Iterator[tuple[float, float, bool, bool, float, float]]:
+    def parts(self) -> Iterator[tuple[float, float, bool, bool, float, float, float]]:
         """(elements, bytes, routed expert, may be offloaded, elements weighted by their CPU cost, bytes
-        weighted by their copy cost)."""
+        weighted by their copy cost, elements weighted by their CPU cost below the tiled matmul's rows)."""
         for i in range(4):
-            yield self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i], self.copy_nb[i]
+            yield (self.el[i], self.nbytes[i], bool(i & 1), not i & 2, self.cpu_el[i], self.copy_nb[i],
+                   self.cpu_el_few[i])
 
 
 def refused_by_gpu(plan: Plan, placement: Placement) -> frozenset[str]:
@@ -103,13 +115,14 @@ def output_rows_only(p: Placed, last_layer: int) -> bool:
 
 
 def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = frozenset(),
-          eff: Efficiencies | None = None, isa_gain: float = 1.0, last_layer: int = -1) -> dict[str, _Work]:
+          eff: Efficiencies | None = None, isa_gain: float = 1.0, last_layer: int = -1,
+          isa: Isa | None = None) -> dict[str, _Work]:
     """What each device's weights cost a prompt's micro-batch (``last_layer``: the index of the model's
     last layer in a forward pass, whose FFN a prompt runs for its output token alone, as the output
     matrix: :func:`output_rows_only`; that one token's reads and FLOPs are left out, a generated
-    token's worth of a few weights a prompt)."""
+    token's worth of a few weights a prompt; ``isa``: the CPU's tier, for the tiled matmul)."""
     out: dict[str, _Work] = defaultdict(_Work)
-    costs: dict[tuple[str, str | None, bool], tuple[float, float]] = {}  # (type, buft, routed) -> costs
+    costs: dict[tuple[str, str | None, bool], tuple[float, float, float]] = {}  # (type, buft, routed) ->
     eff = eff or defaults_for(dialect)
     embd, experts = Role.TOKEN_EMBD, ROUTED_EXPERT_ROLES  # looked up once, not per tensor
     for p in _running(placement):
@@ -125,12 +138,15 @@ def _work(placement: Placement, dialect: Dialect, refused: frozenset[str] = froz
         key = (t.type.name, p.buft, bool(i & 1))
         cost = costs.get(key)
         if cost is None:
-            cost = costs[key] = (cpu_pp_cost(key[0], dialect, isa_gain, key[2], p.buft == REPACK_BUFT),
-                                 copy_weight(p.buft, eff))
+            repacked = p.buft == REPACK_BUFT
+            cost = costs[key] = (cpu_pp_cost(key[0], dialect, isa_gain, key[2], repacked, isa),
+                                 copy_weight(p.buft, eff),
+                                 cpu_pp_cost(key[0], dialect, isa_gain, key[2], repacked, isa, rows=1.0))
         w.el[i] += n
         w.nbytes[i] += nb
         w.cpu_el[i] += n * cost[0]
         w.copy_nb[i] += nb * cost[1]
+        w.cpu_el_few[i] += n * cost[2]
     return out
 
 
@@ -190,7 +206,7 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
     gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
-        for el, nb, is_exp, may, cpu_el, copy_nb in w.parts():
+        for el, nb, is_exp, may, cpu_el, copy_nb, cpu_el_few in w.parts():
             if not el:
                 continue
             where = dev
@@ -199,9 +215,11 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
                 # mainline copies only the experts the batch routes to (ggml_backend_sched_compute_splits)
                 transfer += copy_nb * (hit if is_exp and not whole else 1.0)
                 where = gpu
-            work_flops = 2.0 * u * (cpu_el if where == CPU else el) * (frac if is_exp else 1.0)
+            rows = u * frac / hit if is_exp else u  # an expert hit multiplies the tokens routed to it
+            on_cpu = cpu_el if rows >= TILED_MIN_ROWS else cpu_el_few
+            work_flops = 2.0 * u * (on_cpu if where == CPU else el) * (frac if is_exp else 1.0)
             if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
-                work_flops /= gpu_rows_factor(u * frac / hit if is_exp else u)
+                work_flops /= gpu_rows_factor(rows)
             flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
     return flops, reads, transfer
@@ -268,7 +286,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     pairs = token_split_pairs(plan, placement) if pairs is None else pairs
     s = plan.model.summary
     work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw),
-                 s.n_layer - s.n_nextn - 1)
+                 s.n_layer - s.n_nextn - 1, cpu_isa(hw))
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)
     for il in range(s.n_layer - s.n_nextn):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.placement import CPU
+from offload_planner.core.speed.cpu_isa import Isa
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.hardware import DeviceSpeed, Figure, Hardware, Source
 from offload_planner.core.speed.result import Assumption
@@ -41,6 +42,12 @@ def _is_gpu(dev: DeviceSpeed) -> bool:
 def cpu_isa_gain(hw: Hardware) -> float:
     """The host CPU's instruction-set gain (``DeviceSpeed.isa_gain``; 1 without a CPU figure)."""
     return hw.devices[CPU].isa_gain if CPU in hw.devices else 1.0
+
+
+def cpu_isa(hw: Hardware) -> Isa | None:
+    """The host CPU's instruction-set tier (``DeviceSpeed.isa``; None without a CPU figure or when not
+    known)."""
+    return hw.devices[CPU].isa if CPU in hw.devices else None
 
 
 def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
