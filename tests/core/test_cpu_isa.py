@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as Q
+from tests.support.quant_mixes import uniform_mix
 
 from offload_planner.backend import speed_store
 from offload_planner.core.cmdline import parse_server_args
@@ -27,7 +28,7 @@ from offload_planner.core.speed.hardware import (
     host_speed,
 )
 from offload_planner.core.speed.result import SpeedEstimate
-from offload_planner.core.synth import BIG_MODELS, QuantMix, write_model
+from offload_planner.core.synth import BIG_MODELS, write_model
 
 # An AVX2 desktop (Comet Lake: no AVX-512), as /proc/cpuinfo prints its first processor
 COMET_LAKE = """processor\t: 0
@@ -251,10 +252,6 @@ def test_isa_key_refused_where_it_means_nothing() -> None:
         parse_device_decl("CUDA0=24GiB,isa=avx2")
 
 
-def _uniform(t: Q) -> QuantMix:
-    return QuantMix(name=f"uniform-{t.name}", ftype=15, embd=t, output=t, attn=t, attn_v=t, ffn=t, ffn_down=t,
-                    shexp=t, shexp_down=t, exps=t, exps_down=t, nextn=t)
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
@@ -262,12 +259,12 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     root = tmp_path_factory.mktemp("isa")
     base = BIG_MODELS["Qwen3-30B-A3B-Q4_K_M"]
     for t in (Q.Q4_K, Q.IQ3_S):
-        spec = base.__class__(**{**base.__dict__, "name": f"qwen-{t.name}", "quant": _uniform(t)})
+        spec = base.__class__(**{**base.__dict__, "name": f"qwen-{t.name}", "quant": uniform_mix(t, 15)})
         [path] = write_model(spec, root / f"{t.name}.gguf", header_only=True)
         out[t.name] = open_model(str(path))
     dense = BIG_MODELS["Llama-3.1-70B-Q4_K_M"]  # 8 of its layers: a dense model's matrices
     spec = dense.__class__(**{**dense.__dict__, "name": "llama-Q4_K", "n_layer": 8,
-                              "quant": _uniform(Q.Q4_K)})
+                              "quant": uniform_mix(Q.Q4_K, 15)})
     [path] = write_model(spec, root / "dense-Q4_K.gguf", header_only=True)
     out["dense-Q4_K"] = open_model(str(path))
     return out

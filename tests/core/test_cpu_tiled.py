@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from gguf import GGMLQuantizationType as Q
+from tests.support.quant_mixes import uniform_mix
 
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import DeviceSet, parse_device_decl
@@ -19,7 +20,7 @@ from offload_planner.core.speed.efficiency import TILED_GAINS, TILED_MIN_ROWS, c
 from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import hardware_for
 from offload_planner.core.speed.result import SpeedEstimate
-from offload_planner.core.synth import BIG_MODELS, QuantMix, write_model
+from offload_planner.core.synth import BIG_MODELS, write_model
 
 VNNI = GAINS[Isa.AVX512_VNNI].value
 ZEN4 = CpuInfo("AMD EPYC 9654 96-Core Processor", Isa.AVX512_VNNI, None, "/proc/cpuinfo")
@@ -55,10 +56,6 @@ def test_tiled_cost_follows_the_source() -> None:
     assert Dialect("llama.cpp") is LLAMA_CPP  # the variant is not registered
 
 
-def _uniform(t: Q) -> QuantMix:
-    return QuantMix(name=f"uniform-{t.name}", ftype=18, embd=t, output=t, attn=t, attn_v=t, ffn=t, ffn_down=t,
-                    shexp=t, shexp_down=t, exps=t, exps_down=t, nextn=t)
-
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
@@ -68,10 +65,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     moe = BIG_MODELS["Qwen3-30B-A3B-Q4_K_M"]
     for t in (Q.Q6_K, Q.Q4_K):
         spec = dense.__class__(**{**dense.__dict__, "name": f"llama-{t.name}", "n_layer": 8,
-                                  "quant": _uniform(t)})
+                                  "quant": uniform_mix(t, 18)})
         [path] = write_model(spec, root / f"dense-{t.name}.gguf", header_only=True)
         out[f"dense-{t.name}"] = open_model(str(path))
-    spec = moe.__class__(**{**moe.__dict__, "name": "qwen-Q6_K", "quant": _uniform(Q.Q6_K)})
+    spec = moe.__class__(**{**moe.__dict__, "name": "qwen-Q6_K", "quant": uniform_mix(Q.Q6_K, 18)})
     [path] = write_model(spec, root / "moe-Q6_K.gguf", header_only=True)
     out["moe-Q6_K"] = open_model(str(path))
     return out
