@@ -276,7 +276,8 @@ def plan_command(plan: Plan) -> list[str]:
     otherwise vary at run time (-c, -ngl, -ts, --fit)."""
     m, opts, ctx = plan.model, plan.placement_options, plan.context
     target = plan.placement().tensor_devices()
-    gpus = [g.name for g in selected_gpus(plan.devices, opts)]
+    chosen = selected_gpus(plan.devices, opts)
+    gpus = [g.name for g in chosen]
     base_opts = replace(opts, overrides=())
     argv: list[str] = ["-m", m.path]
     # every server, by its devices' numbers: -dev names them RPC<i> in --rpc order (a device set in the
@@ -285,7 +286,6 @@ def plan_command(plan: Plan) -> list[str]:
     if rpc:
         argv += ["--rpc", ",".join(rpc)]
     if opts.selected is not None:
-        chosen = [d for g in gpus if (d := plan.devices.by_name(g)) is not None]
         argv += ["-dev", ",".join(plan.dialect.dev_name(d) for d in chosen) or "none"]  # those it has
     argv += ["-c", str(ctx.n_ctx or m.summary.n_ctx_train)]
     n_layer = m.summary.n_layer
