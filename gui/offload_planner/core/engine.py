@@ -134,7 +134,8 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
     fa = _get(args, "flash_attn", "auto")
     ctv = _get(args, "cache_type_v", "f16")
     flash = fa != "off"  # auto is on in every dialect (ik has no auto: its -fa means on)
-    n_batch = _size(args, "batch_size", DEFAULT_N_BATCH)
+    # "n_batch is less than GGML_KQ_MASK_PAD - increasing to N" (-b 0 elsewhere: cmdline.semantics)
+    n_batch = max(_size(args, "batch_size", DEFAULT_N_BATCH), dialect.batch_floor)
     n_draft = draft_len(args, dialect)
     return ContextParams(
         n_ctx=n_ctx,

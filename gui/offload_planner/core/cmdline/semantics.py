@@ -266,6 +266,26 @@ def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> lis
     return []
 
 
+def _zero_batch_errors(parsed: ParsedArgs) -> list[ArgError]:
+    """``-b 0``: with ``-ub 0`` every build refuses the context (``llama_init_from_model``); alone, a
+    build that raises a small batch to its KQ mask padding (:attr:`Dialect.batch_floor`: ik, 2025
+    mainline) runs it, and the pinned build makes ``n_ubatch = min(n_batch, -ub)`` 0 and aborts while it
+    creates the context (seen on the real server, ``tests/integration/test_batch_zero.py``)."""
+    args = parsed.args
+    if args.batch_size != 0:
+        return []
+    use = next((u for u in reversed(parsed.flags) if u.key == "--batch-size"), None)
+    flag = (use.env or use.spelling) if use else "-b"
+    if args.ubatch_size == 0:
+        return [ArgError(flag, "0", "llama_init_from_model: n_batch and n_ubatch cannot both be zero",
+                         Stage.LOAD, f"{flag} 0 with -ub 0: llama-server exits without a context")]
+    if parsed.dialect.batch_floor:
+        return []
+    return [ArgError(flag, "0", "GGML_ASSERT(n_outputs >= 1) failed", Stage.LOAD,
+                     f"{flag} 0: n_batch and n_ubatch = min(n_batch, -ub) are 0 tokens and llama-server "
+                     "aborts while it creates the context; give -b 1 or more")]
+
+
 def _load(flag: str, value: str | None, message: str) -> ArgError:
     return ArgError(flag, value, message, Stage.LOAD)
 
@@ -300,7 +320,7 @@ def check_semantics(
     _canonical_devices(parsed, known)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _check_devices(parsed, known, "--spec-draft-device")
-    errors += _tensor_split_errors(parsed, device_names)
+    errors += _tensor_split_errors(parsed, device_names) + _zero_batch_errors(parsed)
     return errors + parsed.dialect.context_errors(parsed, is_mla, device_names, arch)
 
 

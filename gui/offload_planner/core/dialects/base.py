@@ -96,6 +96,10 @@ class Dialect(str, metaclass=_DialectType):
     #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
     #: of October 2025; later ik builds it in f16, padded to 16)
     f32_kq_mask: bool = False
+    #: ``llama_context`` raises an ``n_batch`` below ``GGML_KQ_MASK_PAD`` to it ("n_batch is less than
+    #: GGML_KQ_MASK_PAD - increasing to N"): 2025 mainline 64, ik 16 (32 before July 2025); 0: no
+    #: raise (the pinned build: ``-b 0`` makes ``n_ubatch`` 0 and the server aborts)
+    batch_floor: int = 0
     #: ik's -mla 2/3 flash-attention prompt path adds each head group's output to the graph as it is made
     #: (``ggml_build_forward_expand(gf, cur)`` in the loop, commit b85a2a50d of 2026-01-31 "Reduce compute
     #: buffer size for mla=3"); before, the outputs and their concatenation came at the layer's end

@@ -45,6 +45,7 @@ class IkLlamaCpp(Dialect):
     single_kv_stream = True
     has_mla_settings = True
     detect_rank = 10
+    batch_floor = 16  # GGML_KQ_MASK_PAD (src/llama.cpp llama_init_from_model)
 
     def dev_name(self, device: Device) -> str:
         """ik names an RPC device in ``-dev`` by its buffer type, ``RPC<d>[host:port]`` (``d``: the

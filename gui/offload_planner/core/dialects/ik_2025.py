@@ -46,6 +46,7 @@ class Ik2025(IkLlamaCpp):
     plain_cpu_overrides = True
     host_overrides_turn_mmap_off = False  # from PR 1510 (2026-03-26)
     f32_kq_mask = True
+    batch_floor = 32  # GGML_KQ_MASK_PAD before July 2025
     mla_fa_steps_expanded = False  # from b85a2a50d (2026-01-31)
     #: llama-server had no speculative decoding before PR 645 (2025-08-16): ``-md`` never drafts
     draft_model_types: frozenset[str] = frozenset()

@@ -35,6 +35,7 @@ class Mainline2025(Mainline):
     legacy_graph_inputs = True
     bare_flash_attn = True
     detect_rank = 30
+    batch_floor = 64  # GGML_KQ_MASK_PAD (src/llama-context.cpp of 2025)
     # a common_arg style help (2025 mainline), or --no-mmap / --mlock without the pinned -lm
     help_markers: tuple[str, ...] = (
         r"----- common params -----", r"\(env: LLAMA_ARG_", r"--no-mmap", r"--mlock")

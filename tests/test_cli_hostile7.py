@@ -1,0 +1,60 @@
+"""Hostile input against the newer surface (-dev/-devd, the speculative flags, -b/-ub, plan files,
+speed.json): one clear line naming the flag, file or key, an exit code, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support.refusals import refused
+
+import offload_planner
+
+PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
+TWO_GPUS = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=24GiB"]
+
+
+def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
+    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_b_0_is_refused_by_the_pinned_build_not_walked(command: str, small_models: dict[str, Path]) -> None:
+    """``-b 0``: the speed estimate walked the prompt in micro-batches of 0 tokens and never ended. The
+    pinned server aborts on it (tests/integration/test_batch_zero.py); the planner says so."""
+    r = run(command, str(small_models["llama"]), *TWO_GPUS, "--", "-b", "0")
+    refused(r, 2, "-b 0: n_batch and n_ubatch", "GGML_ASSERT(n_outputs >= 1)")
+
+
+@pytest.mark.parametrize("backend", ["llama.cpp", "ik_llama.cpp", "llama.cpp-2025"])
+def test_b_0_with_ub_0_is_refused_by_every_build(backend: str, small_models: dict[str, Path]) -> None:
+    r = run("plan", str(small_models["llama"]), "--no-detect", "--backend", backend, "--",
+            "-b", "0", "-ub", "0")
+    refused(r, 2, "-b 0 with -ub 0", "cannot both be zero")
+
+
+@pytest.mark.parametrize(("backend", "floor"), [("ik_llama.cpp", 16), ("ik_llama.cpp-2025", 32),
+                                                ("llama.cpp-2025", 64)])
+def test_b_0_runs_where_the_build_raises_the_batch(backend: str, floor: int,
+                                                   small_models: dict[str, Path]) -> None:
+    """ik and the 2025 mainline builds raise an n_batch below their KQ mask padding to it ("n_batch is
+    less than GGML_KQ_MASK_PAD - increasing to N"): -b 0 is planned with that batch, in a moment."""
+    r = run("plan", str(small_models["llama"]), "--no-detect", "--backend", backend, "--json", "--",
+            "-c", "1100", "-b", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    ctx = json.loads(r.stdout)["context"]
+    assert (ctx["n_batch"], ctx["n_ubatch"]) == (floor, floor)
+
+
+def test_llama_arg_batch_0_names_the_variable(small_models: dict[str, Path]) -> None:
+    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT, "LLAMA_ARG_BATCH": "0"}
+    r = subprocess.run([sys.executable, "-m", "offload_planner", "plan", str(small_models["llama"]),
+                        "--no-detect"], capture_output=True, text=True, timeout=30, env=env)
+    refused(r, 2, "LLAMA_ARG_BATCH 0:", "GGML_ASSERT(n_outputs >= 1)")
