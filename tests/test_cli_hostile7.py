@@ -58,3 +58,20 @@ def test_llama_arg_batch_0_names_the_variable(small_models: dict[str, Path]) -> 
     r = subprocess.run([sys.executable, "-m", "offload_planner", "plan", str(small_models["llama"]),
                         "--no-detect"], capture_output=True, text=True, timeout=30, env=env)
     refused(r, 2, "LLAMA_ARG_BATCH 0:", "GGML_ASSERT(n_outputs >= 1)")
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["-ts", ""], 'error while handling argument "-ts": stof'),
+    (["-fitt", ""], 'error while handling argument "-fitt": stoull'),
+    (["--backend-ik", "-ts", ""], "stof (-ts : expected a number)"),
+])
+def test_an_empty_list_value_is_one_empty_item(args: list[str], named: str,
+                                               small_models: dict[str, Path]) -> None:
+    """``-ts ""`` and ``-fitt ""`` were read as no list at all; the server's regex split yields the
+    whole (empty) text as one item, and std::stof / std::stoull refuse it (seen on the real server:
+    'error while handling argument "-ts": stof'). A trailing separator (``-ts 1,``) still adds none."""
+    ours = ["--backend", "ik_llama.cpp"] if args[0] == "--backend-ik" else []
+    r = run("plan", str(small_models["llama"]), *TWO_GPUS, *ours, "--", *args[1 if ours else 0:])
+    refused(r, 2, named)
+    ok = run("plan", str(small_models["llama"]), *TWO_GPUS, "--", "-ts", "1,", "-c", "512")
+    assert ok.returncode == 0, ok.stderr[-2000:]

@@ -20,6 +20,7 @@ from offload_planner.core.cmdline.handlers_mainline import (
     h_main_gpu,
     h_model,
     h_rpc,
+    split_list,
     string_split,
 )
 from offload_planner.core.cmdline.model import TensorOverride
@@ -75,9 +76,7 @@ def h_split_mode(ctx: Ctx) -> None:
 
 
 def h_tensor_split(ctx: Ctx) -> None:
-    parts = re.split(r"[,/]+", ctx.value)
-    if parts and parts[-1] == "":
-        parts.pop()
+    parts = split_list(ctx.value)  # the same regex split as mainline's (common/common.cpp)
     if len(parts) >= MAX_DEVICES:
         raise _invalid()
     ctx.args.tensor_split = [stof(p) for p in parts]

@@ -47,9 +47,11 @@ def int_value(text: str) -> int:
 
 
 def split_list(text: str) -> list[str]:
-    """``std::sregex_token_iterator`` over ``[,/]+`` with -1: pieces between separators."""
+    """``std::sregex_token_iterator`` over ``[,/]+`` with -1: pieces between separators; an empty
+    piece after the last separator is dropped, but a text without a separator is one piece even when
+    empty (libstdc++ yields the whole range as the suffix: ``-ts ""`` fails in std::stof)."""
     parts = re.split(r"[,/]+", text)
-    if parts and parts[-1] == "":
+    if len(parts) > 1 and parts[-1] == "":
         parts.pop()
     return parts
 
