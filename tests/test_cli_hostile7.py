@@ -75,3 +75,28 @@ def test_an_empty_list_value_is_one_empty_item(args: list[str], named: str,
     refused(r, 2, named)
     ok = run("plan", str(small_models["llama"]), *TWO_GPUS, "--", "-ts", "1,", "-c", "512")
     assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["-dev", "CPU"], '"-dev": invalid device: CPU'),
+    (["-dev", "cuda0,cpu"], '"-dev": invalid device: CPU'),
+    (["-md", "DRAFT", "-devd", "CPU"], '"-devd": invalid device: CPU'),
+    (["-mmdev", "foo"], '"-mmdev": invalid device: foo'),
+    (["-mmdev", "CPU"], '"-mmdev": invalid device: CPU'),
+    (["-mmdev", "CUDA0,CUDA1"], '"-mmdev": only one device may be specified for mmproj'),
+])
+def test_device_names_the_pinned_server_refuses(args: list[str], named: str,
+                                                small_models: dict[str, Path]) -> None:
+    """The pinned build's parse_device_list refuses a CPU-type device and -mmdev takes one device, with
+    or without a projector (seen on the real server for CPU and foo). ``-dev CPU`` was planned as
+    ``-dev none`` and -mmdev was not read at all (the projector silently went to the CPU)."""
+    args = [str(small_models["llama-draft"]) if a == "DRAFT" else a for a in args]
+    line = refused(run("plan", str(small_models["llama"]), *TWO_GPUS, "--", *args), 2, named)
+    if "invalid device" in line:
+        assert "known devices: ['CUDA0', 'CUDA1']" in line
+
+
+def test_an_empty_device_list_item_is_one_error(small_models: dict[str, Path]) -> None:
+    """``-dev ,``: two empty names gave the same line twice; the server stops at the first."""
+    r = run("plan", str(small_models["llama"]), *TWO_GPUS, "--", "-dev", ",")
+    refused(r, 2, '"-dev": invalid device: ')

@@ -110,29 +110,47 @@ def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
 
 
 def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> list[ArgError]:
-    """``-dev`` names (``key="--spec-draft-device"``: the draft model's ``-devd``)."""
-    devices = parsed.args.devices if key == "--device" else parsed.args.draft.devices
+    """``-dev`` names (``key="--spec-draft-device"``: the draft model's ``-devd``; ``"--mmproj-device"``:
+    ``-mmdev``, which the server reads with the same ``parse_device_list`` whether or not a projector
+    is given, and takes one device only)."""
+    use = next((u for u in reversed(parsed.flags) if u.key == key), None)
+    if key == "--mmproj-device":
+        devices = use.values[0].split(",") if use is not None and use.values else []  # string_split
+    else:
+        devices = (parsed.args.devices if key == "--device" else parsed.args.draft.devices) or []
     if not devices or devices == ["none"]:
         return []
-    use = next((u for u in reversed(parsed.flags) if u.key == key), None)
-    errors: list[ArgError] = []
+    flag = use.env or use.spelling if use else "-dev"
     for name in devices:
         ok = name in known.devices or (name in known.rpc_devices and _after_rpc(use, known))
-        if ok:
+        # mainline's parse_device_list refuses a CPU-type device ("invalid device: CPU")
+        if ok and not (name == "CPU" and not parsed.dialect.generic_arg_errors):
             continue
-        flag = use.env or use.spelling if use else "-dev"
-        if parsed.dialect.generic_arg_errors:
-            message = f"invalid device: {name}"
-        elif use is not None and use.env is not None:
-            message = f'error while handling environment variable "{use.env}": invalid device: {name}'
-        else:
-            message = f'error while handling argument "{flag}": invalid device: {name}'
         hint = "; --rpc must come first" if name in known.rpc_devices else _metal_hint(parsed, name, known)
-        errors.append(
-            ArgError(flag, name, message, Stage.PARSE,
-                     f"known devices: {sorted(known.devices | known.rpc_devices)}{hint}")
-        )
-    return errors
+        return [_device_error(parsed, use, flag, f"invalid device: {name}", name,
+                              f"known devices: {_device_listing(parsed, known)}{hint}")]
+    if key == "--mmproj-device" and len(devices) > 1:
+        return [_device_error(parsed, use, flag, "only one device may be specified for mmproj", use.values[0]
+                              if use is not None and use.values else None, "-mmdev takes one device")]
+    return []
+
+
+def _device_error(parsed: ParsedArgs, use: FlagUse | None, flag: str, what: str, value: str | None,
+                  explanation: str) -> ArgError:
+    """The first name the server cannot use: it throws there (one error, not one per name)."""
+    if parsed.dialect.generic_arg_errors:
+        message = what
+    elif use is not None and use.env is not None:
+        message = f'error while handling environment variable "{use.env}": {what}'
+    else:
+        message = f'error while handling argument "{flag}": {what}'
+    return ArgError(flag, value, message, Stage.PARSE, explanation)
+
+
+def _device_listing(parsed: ParsedArgs, known: _Known) -> list[str]:
+    """The names ``-dev`` takes (mainline: not the CPU)."""
+    names = known.devices | known.rpc_devices
+    return sorted(names if parsed.dialect.generic_arg_errors else names - {"CPU"})
 
 
 _DEVICE_KEYS = ("--device", "--spec-draft-device", "--mmproj-device")
@@ -320,6 +338,7 @@ def check_semantics(
     _canonical_devices(parsed, known)
     errors = _check_overrides(parsed, known) + _check_devices(parsed, known)
     errors += _check_devices(parsed, known, "--spec-draft-device")
+    errors += _check_devices(parsed, known, "--mmproj-device")
     errors += _tensor_split_errors(parsed, device_names) + _zero_batch_errors(parsed)
     return errors + parsed.dialect.context_errors(parsed, is_mla, device_names, arch)
 
