@@ -107,8 +107,10 @@ def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
     if store and cal.values:
         try:
             cpu = hw.devices.get(plan.devices.cpu.name)
-            record_efficiencies(plan.dialect, cal.values, cpu_gain=cpu.isa_gain if cpu else 1.0)
+            note = record_efficiencies(plan.dialect, cal.values, cpu_gain=cpu.isa_gain if cpu else 1.0)
             check.stored = True
+            if note:
+                check.notes.append(note)
         except PlannerError as e:  # the measurement is still reported, only not kept
             check.notes.append(f"calibration not kept: {e}")
     return check

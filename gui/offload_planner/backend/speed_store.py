@@ -159,11 +159,33 @@ def _mapping(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _save(data: dict[str, Any]) -> None:
+def _damage(path: Path) -> str | None:
+    """Why the store at ``path`` cannot be read (None: it reads, is empty or is not there): what
+    :func:`_read` took for an empty store, though it may hold a user's calibrations."""
+    try:
+        raw = read_bytes(path)
+    except OSError:
+        return None
+    if not raw.strip():
+        return None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except ValueError as e:
+        return f"not JSON: {e}"
+    if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
+        return "not a speed store (no 'machines' object)"
+    return None
+
+
+def _save(data: dict[str, Any]) -> str:
     """Write the store atomically; a folder that cannot take it (not a folder, read-only, full) is
-    a :class:`PlannerError` naming the file, and leaves no temporary file behind."""
+    a :class:`PlannerError` naming the file, and leaves no temporary file behind. A store there that
+    could not be read is not written over: it is renamed ``speed.json.damaged`` first, and the
+    returned note says so ('' when there was none)."""
     path = _path()
-    tmp = ""
+    tmp, note = "", ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".speed-", suffix=".json")
@@ -171,21 +193,28 @@ def _save(data: dict[str, Any]) -> None:
             json.dump(data, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+        damage = _damage(path)
+        if damage is not None:
+            aside = path.with_name(path.name + ".damaged")
+            os.replace(path, aside)
+            note = f"{path} could not be read ({_printable(damage, 120)}): kept as {aside}, a new one started"
         os.replace(tmp, path)
     except OSError as e:
         if tmp:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise PlannerError(f"{path}: cannot write the speed store: {e.strerror or e}") from None
+    return note
 
 
 def _keep(data: dict[str, Any]) -> str:
-    """Save a measurement to reuse next time: '' when kept, else why not (the figure is still used)."""
+    """Save a measurement to reuse next time: '' when kept, else why not (the figure is still used),
+    or where the damaged store it replaced went."""
     try:
-        _save(data)
+        note = _save(data)
     except PlannerError as e:
         return f"; not kept: {e}"
-    return ""
+    return f"; {note}" if note else ""
 
 
 @dataclass(frozen=True)
@@ -464,8 +493,9 @@ def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, Measured
     return out
 
 
-def record_efficiencies(backend: str, values: dict[str, float], *, cpu_gain: float = 1.0) -> None:
+def record_efficiencies(backend: str, values: dict[str, float], *, cpu_gain: float = 1.0) -> str:
     """Keep efficiencies measured on this machine with ``backend`` (names of :class:`Efficiencies`);
+    returns :func:`_save`'s note (a damaged store set aside);
     ``cpu_gain``: the instruction-set gain the CPU's compute carried in the estimate the measurement
     calibrated (``DeviceSpeed.isa_gain``), kept beside a ``cpu_compute`` (:func:`efficiencies_for`)."""
     calibrated(values, "check")  # refuse unknown names before writing
@@ -478,7 +508,7 @@ def record_efficiencies(backend: str, values: dict[str, float], *, cpu_gain: flo
     entry.setdefault("efficiencies_at", {})[backend] = time.strftime("%Y-%m-%d %H:%M")
     if "cpu_compute" in values:
         entry.setdefault("cpu_compute_gain", {})[backend] = float(cpu_gain)
-    _save(data)
+    return _save(data)
 
 
 def _cpu_basis(entry: dict[str, Any], backend: str, values: dict[str, Any]) -> dict[str, Any]:
