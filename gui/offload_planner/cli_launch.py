@@ -349,7 +349,7 @@ class _Session:
                 cal = store.record_launch(plan.model, plan.placement_options, plan.context, plan.devices,
                                           self.dialect, projection, self.server.report)
                 if cal is not None:
-                    self.say(f"calibration saved to {store.path}")
+                    self.say(f"calibration saved to {store.path}" + (f"; {store.note}" if store.note else ""))
         self.code = verdict
         if self.args.bench:
             self._start_bench(url)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import tempfile
 import time
@@ -140,21 +141,48 @@ class Calibration:
                    int(d.get("runs", 1)))
 
 
+#: runs of one plan counted at most (a hand-edited count beyond it is taken as none)
+MAX_RUNS = 1 << 30
+
+
+def _stored_number(entry: object, key: str, high: float) -> float:
+    """``entry[key]`` when the entry is an object and the value a finite number from 0 to ``high``,
+    else 0 (another program's or a hand edit's value: never a crash while a launch is recorded)."""
+    value = entry.get(key) if isinstance(entry, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+        return 0
+    return value if math.isfinite(value) else 0
+
+
 class CalibrationStore:
     """The JSON file of calibrations; every :meth:`record` rewrites it atomically."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path if path is not None else config_dir() / FILE_NAME
+        #: what the last write did beside saving ('' or: the unreadable file it set aside)
+        self.note = ""
 
     def _read(self) -> dict[str, dict[str, Any]]:
+        entries = self._load()[0]
+        return entries if entries is not None else {}
+
+    def _load(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The entries (None: no file), or why the file there cannot be read (it is then not one to
+        write over without keeping it: another version's store, a hand edit gone wrong)."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
+            raw = self.path.read_bytes()
+        except OSError:
+            return None, None
+        if not raw.strip():
+            return None, None
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except ValueError as e:  # UnicodeDecodeError too
+            return None, f"not JSON: {e}"
         if not isinstance(data, dict) or data.get("version") != VERSION:
-            return {}
+            return None, f"not a version {VERSION} calibration store"
         entries = data.get("entries")
-        return entries if isinstance(entries, dict) else {}
+        return (entries, None) if isinstance(entries, dict) else (None, "its 'entries' is not an object")
 
     def _write(self, entries: dict[str, dict[str, Any]]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +192,12 @@ class CalibrationStore:
                 json.dump({"version": VERSION, "entries": entries}, f, indent=1, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
+            self.note = ""
+            damage = self._load()[1]
+            if damage is not None:
+                aside = self.path.with_name(self.path.name + ".damaged")
+                os.replace(self.path, aside)
+                self.note = f"{self.path} could not be read ({damage[:120]}): kept as {aside}"
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -187,11 +221,11 @@ class CalibrationStore:
                projected: Mapping[str, int]) -> Calibration:
         entries = self._read()
         k = self.key(fingerprint, options)
-        runs = int(entries.get(k, {}).get("runs", 0)) + 1
-        cal = Calibration(fingerprint, options, dict(measured), dict(projected), time.time(), runs)
+        runs = _stored_number(entries.get(k), "runs", MAX_RUNS) + 1  # a hand-edited entry counts as none
+        cal = Calibration(fingerprint, options, dict(measured), dict(projected), time.time(), int(runs))
         entries[k] = cal.to_json()
         if len(entries) > MAX_ENTRIES:  # drop the oldest
-            keep = sorted(entries, key=lambda e: float(entries[e].get("when", 0)))[-MAX_ENTRIES:]
+            keep = sorted(entries, key=lambda e: _stored_number(entries[e], "when", math.inf))[-MAX_ENTRIES:]
             entries = {e: entries[e] for e in keep}
         self._write(entries)
         return cal

@@ -511,6 +511,8 @@ class LauncherPanel(QWidget):
                 )
             except OSError as e:
                 self._on_notice(f"could not save the calibration: {e}")
+            if self.calibration.note:
+                self._on_notice(self.calibration.note)
 
     def _on_finished(self, outcome: LaunchOutcome) -> None:
         self.sampler.stop()
