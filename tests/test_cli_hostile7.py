@@ -100,3 +100,16 @@ def test_an_empty_device_list_item_is_one_error(small_models: dict[str, Path]) -
     """``-dev ,``: two empty names gave the same line twice; the server stops at the first."""
     r = run("plan", str(small_models["llama"]), *TWO_GPUS, "--", "-dev", ",")
     refused(r, 2, '"-dev": invalid device: ')
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--spec-draft-p-split", "abc"], 'error while handling argument "--spec-draft-p-split": stof'),
+    (["--draft-p-split", ""], 'error while handling argument "--draft-p-split": stof'),
+    (["--temp", "abc"], 'error while handling argument "--temp": stof'),
+    (["--seed", "abc"], 'error while handling argument "--seed": stoul'),
+])
+def test_kept_flags_read_as_numbers_are_refused_when_they_are_none(args: list[str], named: str,
+                                                                   small_models: dict[str, Path]) -> None:
+    """Kept verbatim, these were never read: exit 0 for a command the server refuses at once
+    (tests/integration/test_float_flags_vs_server.py runs it for each such flag)."""
+    refused(run("plan", str(small_models["llama"]), "--no-detect", "--", *args), 2, named)

@@ -61,6 +61,15 @@ def stoull(text: str) -> int:
     return (2**64 - magnitude) % 2**64 if digits.startswith("-") else magnitude
 
 
+def stoul(text: str) -> int:
+    """``std::stoul``: ``std::stoull``'s reading where ``unsigned long`` has 64 bits (LP64, where
+    llama-server runs), with its own name in the error."""
+    try:
+        return stoull(text)
+    except CNumberError as e:
+        raise CNumberError("stoul", e.reason) from None
+
+
 def _float_prefix(s: str) -> tuple[str, str] | None:
     """(kind, text) of the number ``strtof`` reads at the start of ``s``: special, hex or dec."""
     special = _SPECIAL_FLOAT.match(s)

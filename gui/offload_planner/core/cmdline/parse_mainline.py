@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stoi
+from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stof, stoi, stoul
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
 from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, split_list, truthy
@@ -152,6 +152,10 @@ class MainlineParser:
                 handler(ctx)
             elif spec.kind is ValueKind.INT:
                 stoi(use.values[0])
+            elif spec.key in STOF_FLAGS:
+                stof(use.values[0])
+            elif spec.key in STOUL_FLAGS:
+                stoul(use.values[0])
         except (HandlerError, CNumberError) as exc:
             if use.env is not None:
                 raise
@@ -176,6 +180,19 @@ class MainlineParser:
         if mode is not None:
             self.parsed.args.load_mode = mode
 
+
+#: Flags the planner keeps verbatim whose value llama-server reads with ``std::stof`` / ``std::stoul``
+#: (common/arg.cpp of the pinned build): a value that is no number is refused there ('error while
+#: handling argument "--temp": stof'), so here too; a number with a tail (``1.5x``) loads.
+STOF_FLAGS = frozenset({
+    "--temp", "--top-p", "--min-p", "--top-nsigma", "--xtc-probability", "--xtc-threshold", "--typical",
+    "--repeat-penalty", "--presence-penalty", "--frequency-penalty", "--dry-multiplier", "--dry-base",
+    "--adaptive-target", "--adaptive-decay", "--dynatemp-range", "--dynatemp-exp", "--mirostat-lr",
+    "--mirostat-ent", "--rope-scale", "--rope-freq-base", "--rope-freq-scale", "--yarn-ext-factor",
+    "--yarn-attn-factor", "--yarn-beta-slow", "--yarn-beta-fast", "--video-fps",
+    "--slot-prompt-similarity", "--spec-draft-p-split",
+})
+STOUL_FLAGS = frozenset({"--cpu-strict", "--poll", "--seed"})
 
 #: Flags read with std::stof / std::stoull item by item (split on ``,`` and ``/``), and flags whose
 #: value is a word or a number (``-ngl auto``).
