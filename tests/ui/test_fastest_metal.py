@@ -62,3 +62,50 @@ def test_fill_says_when_the_mapped_span_keeps_mtl0_over(qtbot: QtBot, settings: 
                 "tensors (Fastest plan tries both)") in messages[-1], messages
     finally:
         win.close()
+
+
+def test_the_windows_fastest_plan_is_the_clis_top_layers_on_a_mac(qtbot: QtBot, tmp_path: Path) -> None:
+    """A dense 70B (header-only, 39.6 GiB) on a Mac whose MTL0 takes 36 GiB: with every layer on MTL0 it
+    is over with mmap and without (-lm none), and a dense model has no experts to leave on the CPU; the
+    most layers from the top that fit (-ngl N with mmap: the last layers and the output lie together at
+    the file's end, so MTL0's mapped span is only its tensors) is `fit`'s answer.  The window's Fastest
+    plan lacked that candidate (its search from an open plan could make no -ngl variant) and said nothing
+    fits; it now runs the same candidate and answers with `fit`'s command for the window's own command."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from offload_planner.core.devices import parse_device_decl
+    from offload_planner.core.synth import BIG_MODELS, write_model
+    from offload_planner.ui.main_window import SystemInfo
+
+    devices = ["MTL0=m2max,36GiB", "CPU=64GiB,bw=100GB/s"]
+    model = write_model(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], tmp_path / "llama70.gguf", header_only=True)[0]
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl(d) for d in devices]))
+    try:
+        open_and_wait(qtbot, win, model)
+        command = win.command_pane.argv()
+        assert command[1:3] == ["-m", str(model)] and "-ngl" in command, command
+        root = Path(__file__).resolve().parents[2]
+        r = subprocess.run([sys.executable, "-m", "offload_planner", "fit", str(model), "--json",
+                            "--no-detect", *(f"--device={d}" for d in devices), "--", *command[3:]],
+                           capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(root / "gui")}, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+        fit = json.loads(r.stdout)
+        assert re.fullmatch(r"-ngl \d+ \(mmap\)", fit["best"]), fit["best"]
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        assert win.presets_menu.fastest(), messages
+        wait_projected(qtbot, win, 120_000)
+        n = fit["best"].split()[1]
+        assert f", -ngl {n} with mmap: the top {n} layers (the output counted as one) on MTL0" in messages[-1]
+        assert win.command_pane.argv()[1:] == fit["plan"]["command"], (win.command_pane.argv(), fit["plan"])
+        a = win.doc.analysis
+        assert a is not None and a.projection is not None
+        assert DeviceFigures.of(a.projection.device("MTL0")).over == 0
+    finally:
+        win.close()

@@ -241,7 +241,7 @@ class PresetsMenu(QMenu):
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         if was.offload_kqv and not c.offload_kqv:
             kv += ", KV cache in RAM (-nkvo)"
-        kv += _unmapped_text(self._doc.plan, best)
+        kv += _unmapped_text(self._doc.plan, best) + _top_layers_text(self._doc.plan, best)
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
         ts = best.placement_options.tensor_split
         split = ""  # a layer split of its own (fit's "own -ts"): the map's layers change GPU with it
@@ -303,6 +303,20 @@ def _unmapped_text(before: Plan, after: Plan) -> str:
         return ""
     return (f", loaded without mmap ({flags}): {', '.join(gpus)} then holds only its tensors, not the file "
             "span of them with the CPU's between")
+
+
+def _top_layers_text(before: Plan, after: Plan) -> str:
+    """", -ngl 68 with mmap: ..." where the search took the top layers because a GPU maps the file (Metal:
+    the last layers and the output lie together at the file's end, so the mapped span holds only the
+    GPU's tensors); "" otherwise."""
+    from offload_planner.core.mapped_span import mapping_gpus
+
+    gpus = mapping_gpus(after)
+    n = after.placement_options.n_gpu_layers
+    if not gpus or n == before.placement_options.n_gpu_layers:
+        return ""
+    return (f", -ngl {n} with mmap: the top {n} layers (the output counted as one) on {', '.join(gpus)}, "
+            "whose mapped file span then holds only its tensors")
 
 
 def _held_by_rules(plan: Plan) -> str:

@@ -276,12 +276,15 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
                       accept: AcceptArg = None, allow_nkvo: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
-    types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``."""
+    types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``; where a GPU maps
+    the file (Metal with mmap) the unmapped candidates and the top layers (:meth:`_Search.top_layers`,
+    ``-ngl N`` as the window's layers option) as in :func:`fastest_plan`.  The search's own view of
+    the plan is the plan itself (``base``): its ``-dev`` selection decides the GPUs it fills."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
     s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt,
-                dict(plan.moves), accept)
+                dict(plan.moves), accept, base=plan)
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
@@ -296,6 +299,8 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
             start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")
+    if len(loads) > 1 and (top := s.top_layers()) is not None:  # Metal with mmap: as fastest_plan
+        ours.append(top)
     best = s.choose(ours, [], goal)
     why = "" if best is not None else why_nothing_fits(ours or list(s.starts.values()), plan.devices)
     return FastestResult(best, ours, goal, s.projections, notes, s.evaluations, why=why)
