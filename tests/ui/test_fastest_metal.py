@@ -41,25 +41,48 @@ def test_fastest_on_a_12_gib_mac_loads_without_mmap_and_says_why(qtbot: QtBot, s
         win.close()
 
 
-def test_fill_says_when_the_mapped_span_keeps_mtl0_over(qtbot: QtBot, settings: Settings) -> None:
-    """The Fill preset moves expert layers by their sizes; on MTL0 with mmap the span of its attention
-    tensors (blk.0 to output.weight, the CPU's experts between) keeps it over whatever it moves: the message
-    says so, with the span and MTL0's own bytes as the plan counts them, and the way out."""
+def test_fill_moves_nothing_when_the_mapped_span_keeps_mtl0_over(qtbot: QtBot, settings: Settings) -> None:
+    """On MTL0 with mmap the span of its attention tensors (blk.0 to output.weight, the experts between)
+    keeps it over whatever Fill moves. Fill sent every expert to the CPU and left a plan still over (and
+    slower); it now moves nothing, and says why: the span, and the way out."""
     from offload_planner.core.units import GiB
 
     win = make_window(qtbot, settings, system_info("MTL0=m2max,12GiB", cpu_gib=32))
     try:
         open_and_wait(qtbot, win, QWEN)
+        before = win.doc.plan
         messages: list[str] = []
         win.presets_menu.message.connect(messages.append)
-        win.presets_menu.fill("MTL0", from_first=True)
+        assert not win.presets_menu.fill("MTL0", from_first=True)
+        assert win.doc.plan is before and win.doc.undo_stack.count() == 0
+        mapped = [b for b in before.projection().device("MTL0").buffers if b.name == "MTL0_Mapped"]
+        assert f"{sum(b.bytes for b in mapped) / GiB:.2f}" == "17.11"  # blk.0's first byte to output's end
+        assert messages[-1] == (
+            "Fill moved nothing: MTL0 stays over whatever routed experts it moves: with mmap it maps the "
+            "17.11 GiB file span from its first tensor to its last, and experts inside the span of its other "
+            "tensors free nothing when moved off; without mmap (-lm none) it holds only its tensors (Fastest "
+            "plan tries both)"), messages
+    finally:
+        win.close()
+
+
+def test_fill_takes_the_experts_the_span_holds_anyway(qtbot: QtBot, settings: Settings) -> None:
+    """--cpu-moe on a 20 GiB MTL0 with mmap: MTL0 maps blk.0 to output.weight, every expert inside. Fill
+    took 5 layers' experts by their sizes (the room besides the span); they cost nothing there, and it now
+    takes all 48 with MTL0's bytes not growing, and the plan fits."""
+    win = make_window(qtbot, settings, system_info("MTL0=m2max,20GiB", cpu_gib=32))
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 8192 -ngl 999 --cpu-moe")
         wait_projected(qtbot, win, 120_000)
-        mapped = [b for b in win.doc.plan.projection().device("MTL0").buffers if b.name == "MTL0_Mapped"]
-        span, own = sum(b.bytes for b in mapped), sum(b.tensor_bytes or 0 for b in mapped)
-        assert f"{span / GiB:.2f}" == "17.11"  # blk.0's first byte to output.weight's end
-        assert (f"; MTL0 is still over: with mmap it maps the 17.11 GiB file span of its {own / GiB:.2f} GiB "
-                "of tensors, the CPU's between them included; without mmap (-lm none) it holds only its "
-                "tensors (Fastest plan tries both)") in messages[-1], messages
+        used = DeviceFigures.of(win.doc.plan.projection().device("MTL0")).used
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        assert win.presets_menu.fill("MTL0", from_first=True)
+        wait_projected(qtbot, win, 120_000)
+        assert messages[-1] == "MTL0 holds the routed experts of 48 layers", messages
+        after = DeviceFigures.of(win.doc.plan.projection().device("MTL0"))
+        assert after.over == 0 and after.used <= used
     finally:
         win.close()
 

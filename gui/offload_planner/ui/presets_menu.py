@@ -176,7 +176,8 @@ class PresetsMenu(QMenu):
                 + _span_over_text(self._doc.plan, device)
             )
         else:
-            self.message.emit(f"{device} already holds as many expert layers as fit")
+            self.message.emit(_fill_refused_text(proj, device, self._doc.plan)
+                              or f"{device} already holds as many expert layers as fit")
         return ok
 
     def llama_fit(self) -> bool:
@@ -289,6 +290,24 @@ def _span_over_text(plan: Plan, device: str) -> str:
     o = over[0]
     return (f"; {device} is still over: with mmap it maps the {o.span / GiB:.2f} GiB file span of its "
             f"{o.own / GiB:.2f} GiB of tensors, the CPU's between them included; without mmap "
+            f"({' '.join(plan.dialect.no_mmap_flags)}) it holds only its tensors (Fastest plan tries both)")
+
+
+def _fill_refused_text(projection: Projection, device: str, plan: Plan) -> str:
+    """Why Fill moved nothing where ``device`` maps the file (Metal with mmap) and is over: whatever routed
+    experts it moves, the span of its other tensors keeps it over (core.presets.fill_with_experts makes
+    no plan that is over there); "" otherwise."""
+    from offload_planner.core.device_figures import DeviceFigures
+    from offload_planner.core.mapped_span import mapped_span, mapping_gpus
+    from offload_planner.core.units import GiB
+
+    dm = projection.device(device)
+    if device not in mapping_gpus(plan) or not DeviceFigures.of(dm).over:
+        return ""
+    span, _ = mapped_span(dm)
+    return (f"Fill moved nothing: {device} stays over whatever routed experts it moves: with mmap it maps "
+            f"the {span / GiB:.2f} GiB file span from its first tensor to its last, and experts inside the "
+            f"span of its other tensors free nothing when moved off; without mmap "
             f"({' '.join(plan.dialect.no_mmap_flags)}) it holds only its tensors (Fastest plan tries both)")
 
 
