@@ -61,3 +61,25 @@ def test_the_window_fills_the_gpus_dev_selects(qwen: Model) -> None:
     win, cli, _, _ = _both(qwen, _devices("CUDA0=12GiB", "CUDA1=12GiB"), ["-c", "8192", "-dev", "CUDA1"])
     assert win == cli and win[win.index("-dev") + 1] == "CUDA1"
     assert "CUDA0" not in " ".join(win)
+
+
+def test_top_layers_over_by_a_full_projection_are_asked_again(tmp_path: Path) -> None:
+    """A dense 70B on a 24 GiB MTL0 with mmap: the most top layers predicted to fit (-ngl 44, its compute
+    buffer predicted from the plan with every layer on MTL0) are over once projected in full (with fewer
+    layers on MTL0 its compute buffer holds the CPU weights op offload copies); the search then had no
+    other candidate and said nothing fits. It now asks again with the buffers just simulated: the answer,
+    in the window and in fit, is the largest N that fits by a full projection (N + 1 is over)."""
+    from offload_planner.core.speed.candidate import room
+    from offload_planner.core.synth import BIG_MODELS, write_model
+
+    path = write_model(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], tmp_path / "llama70.gguf", header_only=True)[0]
+    model = open_model(path)
+    ds = _devices("MTL0=m2max,24GiB", ram=64)
+    win, cli, _, labels = _both(model, ds, ["-c", "8192"])
+    assert win == cli
+    n = int(cli[cli.index("-ngl") + 1])
+    assert f"-ngl {n + 1} (mmap)" in labels  # the one predicted to fit, over by its full projection
+    for k, over in ((n, False), (n + 1, True)):  # MTL0's room less the search's margin (1 GiB default)
+        plan = plan_from_args(model, ds, parse_server_args(["-c", "8192", "-ngl", str(k)], dialect=MAINLINE),
+                              MAINLINE)
+        assert (room(plan.projection(), ds)["MTL0"] < 0) is over, k
