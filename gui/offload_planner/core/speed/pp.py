@@ -31,6 +31,7 @@ from offload_planner.core.speed.efficiency import (
     cpu_pp_cost,
     defaults_for,
     gpu_rows_factor,
+    gpu_rows_max_gain,
 )
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.nkvo import (
@@ -204,6 +205,7 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
     dense_off = gpu is not None and threshold is not None and u >= threshold
     whole = plan.dialect.copies_whole_experts
     gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
+    max_gain = {n: gpu_rows_max_gain(plan.dialect, hw[n].kind) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
         for el, nb, is_exp, may, cpu_el, copy_nb, cpu_el_few in w.parts():
@@ -219,7 +221,7 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
             on_cpu = cpu_el if rows >= TILED_MIN_ROWS else cpu_el_few
             work_flops = 2.0 * u * (on_cpu if where == CPU else el) * (frac if is_exp else 1.0)
             if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
-                work_flops /= gpu_rows_factor(rows)
+                work_flops /= gpu_rows_factor(rows, max_gain[where])
             flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
     return flops, reads, transfer
