@@ -341,6 +341,15 @@ GPU_ROWS_MIN = 16
 GPU_ROWS_MAX_GAIN = 2.0
 
 
+#: Not modelled (tried in session 11): mainline's ``mul_mat_id`` picks the MMQ tile width from the whole
+#: batch on NVIDIA (mmq.cu ``int64_t ncols_opt = ne12;``, the per-expert mean only on RDNA3/4) and runs
+#: each expert's tokens in tiles of that width (mmq.cuh ``mul_mat_q``: ``col_diff`` from
+#: ``expert_bounds``; ``mul_mat_q_process_tile`` loads and multiplies all J columns), so an expert with n
+#: tokens costs ``ceil(n / J)`` full tiles.  Taking the smaller of that fill and the rows factor below
+#: moved ll16991 (gpt-oss-20b, pp128 at -ub 2048, RTX PRO 6000: 16 tokens an expert) from 1.94x to 0.88x
+#: and matched the GB10's Qwen3-30B runs being no slower at 1024 than at 512 tokens (dgx-spark.md: T_PP
+#: 0.393 s and 0.387 s), but put its gpt-oss-120b at 512 tokens (16 an expert: "|   512 |     32 |    1
+#: |    544 |    0.445 |  1151.80 |") at 0.49x, from 1.12x: the full-tile cost is not what that run shows.
 def gpu_rows_max_gain(dialect: Dialect, kind: DeviceKind) -> float:
     """The most a GPU's matrix efficiency gains from rows above :data:`GPU_ROWS_REF`.
 
