@@ -15,7 +15,7 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Placement, selected_gpus
+from offload_planner.core.placement import Placement, resolve_ngl, selected_gpus
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.acceptance import AcceptArg
 from offload_planner.core.speed.candidate import Candidate, host_left, room
@@ -120,8 +120,6 @@ class Evaluator:
             return base
         if len(extra) != 2 or extra[0] != "-ngl":
             raise ValueError(f"an open plan's search makes no {' '.join(extra)} variant")
-        from offload_planner.core.placement import resolve_ngl
-
         po = base.placement_options
         ngl = resolve_ngl(int(extra[1]), self.model.summary.n_layer, has_gpu=bool(self.devices.gpus))
         popts = replace(po, n_gpu_layers=ngl, overrides=self.dialect.kept_overrides(ngl, po.overrides))
