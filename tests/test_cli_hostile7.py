@@ -113,3 +113,23 @@ def test_kept_flags_read_as_numbers_are_refused_when_they_are_none(args: list[st
     """Kept verbatim, these were never read: exit 0 for a command the server refuses at once
     (tests/integration/test_float_flags_vs_server.py runs it for each such flag)."""
     refused(run("plan", str(small_models["llama"]), "--no-detect", "--", *args), 2, named)
+
+
+@pytest.mark.parametrize(("model", "accept", "spec"), [
+    ("llama", [], ["-md", "DRAFT", "--spec-type", "draft-simple", "--spec-draft-n-max", "2147483647"]),
+    ("llama", ["--spec-accept", "len=3"],
+     ["-md", "DRAFT", "--spec-type", "draft-simple", "--spec-draft-n-max", "2147483647"]),
+    ("llama", ["--spec-accept", "ratio=0.7"],
+     ["-md", "DRAFT", "--spec-type", "draft-simple", "--spec-draft-n-max", "2147483647"]),
+    ("deepseek2-mtp", [], ["--spec-type", "draft-mtp", "--spec-draft-n-max", "2147483647"]),
+    ("llama", ["--backend", "ik_llama.cpp"], ["-md", "DRAFT", "--spec-type", "draft:n_max=2147483647"]),
+])
+def test_the_largest_draft_length_is_estimated_at_once(model: str, accept: list[str], spec: list[str],
+                                                       small_models: dict[str, Path]) -> None:
+    """The expected tokens a step (1 + a + ... + a^n) and the acceptance a llama-server figure
+    implies were summed term by term: --spec-draft-n-max 2147483647 ran for minutes."""
+    spec = [str(small_models["llama-draft"]) if a == "DRAFT" else a for a in spec]
+    r = run("plan", str(small_models[model]), "--no-detect", *accept, "--", *spec, "-c", "2048", timeout=20)
+    assert r.returncode == 0, r.stderr[-2000:]
+    line = next(x for x in r.stdout.splitlines() if x.startswith("speed estimate"))
+    assert " t/s at depth 0" in line and "without speculative decoding" in line, line

@@ -6,6 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: draft lengths up to this are summed term by term (the figures as always, to the last digit)
+SUMMED_DRAFTS = 4096
+
+
+def powers_sum(a: float, n: int) -> float:
+    """``1 + a + ... + a^n``; a draft length beyond any real one (``--spec-draft-n-max 2147483647``
+    was summed term by term, for minutes) takes the geometric series' closed form."""
+    if n <= SUMMED_DRAFTS:
+        return sum(a**i for i in range(n + 1))
+    return float(n + 1) if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+
 
 @dataclass(frozen=True)
 class Acceptance:
@@ -26,7 +37,8 @@ class Acceptance:
         lo, hi = 0.0, 1.0
         for _ in range(60):
             mid = (lo + hi) / 2
-            if sum(mid**i for i in range(1, n + 1)) < want:
+            drafted = sum(mid**i for i in range(1, n + 1)) if n <= SUMMED_DRAFTS else powers_sum(mid, n) - 1.0
+            if drafted < want:
                 lo = mid
             else:
                 hi = mid

@@ -28,7 +28,7 @@ from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
-from offload_planner.core.speed.acceptance import Acceptance, AcceptArg
+from offload_planner.core.speed.acceptance import Acceptance, AcceptArg, powers_sum
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.estimate import tg_tps
 from offload_planner.core.speed.hardware import Figure, Hardware, Source
@@ -70,7 +70,7 @@ def accept_figure(value: AcceptArg, n: int = 1) -> Figure:
 def tokens_per_step(accept: float, n_draft: int) -> float:
     """Expected tokens a step: the target's own token and each drafted one kept while all before it
     were accepted."""
-    return sum(accept ** i for i in range(n_draft + 1))
+    return powers_sum(accept, n_draft)
 
 
 @dataclass(frozen=True)
