@@ -133,3 +133,17 @@ def test_the_largest_draft_length_is_estimated_at_once(model: str, accept: list[
     assert r.returncode == 0, r.stderr[-2000:]
     line = next(x for x in r.stdout.splitlines() if x.startswith("speed estimate"))
     assert " t/s at depth 0" in line and "without speculative decoding" in line, line
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_more_sequences_than_llama_cpp_takes_are_refused(command: str, small_models: dict[str, Path]) -> None:
+    """-np 100000 was planned (0 cells a sequence; fit took a plan) though llama.cpp refuses more than
+    LLAMA_MAX_SEQ = 256 sequences when it creates the context, and a plan of it could not be saved
+    (the plan file takes 1..256); ik has no such limit."""
+    r = run(command, str(small_models["qwen3moe"]), *TWO_GPUS, "--", "-np", "100000")
+    refused(r, 2, "-np 100000: llama.cpp takes at most 256 sequences", "n_seq_max must be <= 256")
+    ok = run("plan", str(small_models["qwen3moe"]), *TWO_GPUS, "--", "-np", "256", "-c", "65536")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    ik = run("plan", str(small_models["qwen3moe"]), *TWO_GPUS, "--backend", "ik_llama.cpp", "--",
+             "-np", "300")
+    assert ik.returncode == 0, ik.stderr[-2000:]

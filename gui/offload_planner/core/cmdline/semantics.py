@@ -257,6 +257,14 @@ def mainline_context_errors(parsed: ParsedArgs, is_mla: bool, device_names: Sequ
                 "-ctv", type_v, "llama_init_from_model: quantized V cache requires flash_attn to be enabled"
             )
         )
+    max_seq = parsed.dialect.max_seq
+    if max_seq and args.n_parallel is not None and args.n_parallel > max_seq:
+        use = next((u for u in reversed(parsed.flags) if u.key == "--parallel"), None)
+        flag = (use.env or use.spelling) if use else "-np"
+        errors.append(ArgError(flag, str(args.n_parallel), "llama_init_from_model: failed to initialize the "
+                               f"context: n_seq_max must be <= {max_seq}", Stage.LOAD,
+                               f"{flag} {args.n_parallel}: llama.cpp takes at most {max_seq} sequences "
+                               "(LLAMA_MAX_SEQ); llama-server exits"))
     cuda = [d for d in device_names if d.startswith("CUDA")]
     if args.split_mode == "row" and cuda and parsed.dialect.refuses_cuda_row_split:
         msg = f"llama_model_load: error loading model: device {cuda[0]} does not support split buffers"

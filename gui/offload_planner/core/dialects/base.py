@@ -104,6 +104,9 @@ class Dialect(str, metaclass=_DialectType):
     #: GGML_KQ_MASK_PAD - increasing to N"): 2025 mainline 64, ik 16 (32 before July 2025); 0: no
     #: raise (the pinned build: ``-b 0`` makes ``n_ubatch`` 0 and the server aborts)
     batch_floor: int = 0
+    #: ``LLAMA_MAX_SEQ``: a context of more sequences (``-np``) is refused ("n_seq_max must be <= 256",
+    #: src/llama-context.cpp of the pinned build); 0: not checked (ik: one KV stream, no such limit)
+    max_seq: int = 0
     #: ik's -mla 2/3 flash-attention prompt path adds each head group's output to the graph as it is made
     #: (``ggml_build_forward_expand(gf, cur)`` in the loop, commit b85a2a50d of 2026-01-31 "Reduce compute
     #: buffer size for mla=3"); before, the outputs and their concatenation came at the layer's end

@@ -51,6 +51,7 @@ class PinnedMainline(Mainline):
     logs_buffers_at_verbosity_4 = True
     refuses_cuda_row_split = True
     auto_parallel = True
+    max_seq = 256
     fits_by_default = True
     projects_mmproj = True
     spec_flags_2026 = True
