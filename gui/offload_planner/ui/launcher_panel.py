@@ -21,7 +21,7 @@ import shlex
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, QUrl, Signal
-from PySide6.QtGui import QBrush, QColor, QDesktopServices
+from PySide6.QtGui import QBrush, QColor, QDesktopServices, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -55,6 +55,7 @@ from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import MiB
 from offload_planner.ui.log_view import LogView
+from offload_planner.ui.palette import css_color, readable
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
@@ -75,6 +76,8 @@ IDLE_HINT = (
     "Launch starts llama-server with the Command tab's command, then compares what it allocates "
     "with the projection in the table below"
 )
+FAILURE_COLOR = QColor(183, 28, 28)  # a launch problem in the list (made readable on a dark palette)
+NOTE_COLOR = QColor("#8a5a00")  # the notes about what the table will not match
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
 
@@ -211,12 +214,10 @@ class LauncherPanel(QWidget):
         self.notes.hide()  # shown with the first notice: empty, it still took a line of the tab
         self.stale_note = QLabel(STALE_NOTE)
         self.stale_note.setWordWrap(True)
-        self.stale_note.setStyleSheet("color: #8a5a00")
         self.stale_note.setAccessibleName("Plan edited since the launch")
         self.stale_note.hide()
         self.virtual_note = QLabel()  # before a launch: declared GPUs the server will not see
         self.virtual_note.setWordWrap(True)
-        self.virtual_note.setStyleSheet("color: #8a5a00")
         self.virtual_note.hide()
 
         self.table = QTableWidget(0, len(COLUMNS))
@@ -308,6 +309,7 @@ class LauncherPanel(QWidget):
             f"will not see {names}, so what the plan puts there goes elsewhere and its figures will not "
             "match the projection" if virtual else ""
         )
+        self.virtual_note.setStyleSheet(self._note_css())
         self.virtual_note.setVisible(bool(virtual))
 
     @property
@@ -316,7 +318,17 @@ class LauncherPanel(QWidget):
         return self._table_plan is not None and self._table_plan is not self._plan
 
     def _update_stale_note(self) -> None:
+        self.stale_note.setStyleSheet(self._note_css())
         self.stale_note.setVisible(self.table_is_stale)
+
+    def _note_css(self) -> str:
+        """The amber of the notes, readable on the palette the panel has now (a dark one too)."""
+        return css_color(readable(NOTE_COLOR, self.palette().color(QPalette.ColorRole.Window)))
+
+    def _on_base(self, color: QColor) -> QColor:
+        pal = self.failures.palette()
+        on_base = readable(color, pal.color(QPalette.ColorRole.Base))
+        return readable(on_base, pal.color(QPalette.ColorRole.AlternateBase))
 
     def _calibrated_compute(self) -> dict[str, int]:
         """Compute bytes per device corrected by an earlier launch of the same plan (empty if none)."""
@@ -451,6 +463,8 @@ class LauncherPanel(QWidget):
     def _on_state(self, value: str) -> None:
         state = ServerState(value)
         color = STATE_COLORS.get(state)
+        if color:
+            color = readable(QColor(color), self.palette().color(QPalette.ColorRole.Window)).name()
         self.state_label.setText(f"<b style='color:{color}'>{value}</b>" if color else f"<b>{value}</b>")
         # no empty progress bar (it read as a text field) when nothing loads: the hint before a first
         # launch, the outcome ("stopped", "exit code 1") after one
@@ -593,7 +607,7 @@ class LauncherPanel(QWidget):
             if e.lines:
                 item.setToolTip("\n".join(e.lines))
             if e.kind in ("oom", "crash", "missing-model", "bad-flag", "unknown-buft", "start"):
-                item.setForeground(QBrush(QColor(183, 28, 28)))
+                item.setForeground(QBrush(self._on_base(FAILURE_COLOR)))
             self.failures.addItem(item)
         self.failures.setVisible(bool(exps))
         if exps:  # as tall as its lines, so that the rows under it stay in view

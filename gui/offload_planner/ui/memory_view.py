@@ -39,9 +39,11 @@ from offload_planner.ui.palette import (
     hatch_brush,
     kind_brush,
     kind_overlay,
+    readable,
 )
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
+FITS_COLOR = QColor("#007A3D")  # the verdict when every device fits
 STALE_ACTUAL_COLOR = QColor("#8A8A8A")  # an actual marker from before the last edit, drawn hollow
 STALE_NOTE = "before your last edit"
 OVER_PATTERN = QBrush(QColor(255, 255, 255, 150), Qt.BrushStyle.DiagCrossPattern)
@@ -375,11 +377,20 @@ class MemoryView(QWidget):
             text = f"✖ {len(over)} devices over capacity" if len(over) > 1 else "✖ over capacity"
         return fm.elidedText(text, Qt.TextElideMode.ElideRight, self.width() - 16)
 
+    def _readable(self, color: QColor) -> QColor:
+        """``color`` as text on the pane's background (a dark palette lightens it)."""
+        return readable(color, self.palette().color(QPalette.ColorRole.Base))
+
+    def verdict_color(self, figures: list[DeviceFigures] | None = None) -> QColor:
+        """Red over capacity, green when everything fits, as text on the pane's background."""
+        figures = [bar_figures(dm) for dm in self._rows()] if figures is None else figures
+        return self._readable(OVER_COLOR if any(f.over for f in figures) else FITS_COLOR)
+
     def _paint_verdict(self, p: QPainter, r: QRectF, figures: list[DeviceFigures]) -> None:
         bold = QFont(self.font())
         bold.setBold(True)
         p.setFont(bold)
-        p.setPen(OVER_COLOR if any(f.over for f in figures) else QColor("#007A3D"))
+        p.setPen(self.verdict_color(figures))
         p.drawText(r, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self.verdict())
         p.setFont(self.font())
         if not self._doc.analysis_current:
@@ -423,7 +434,7 @@ class MemoryView(QWidget):
                 left_mid,
                 fm.elidedText(f.description, Qt.TextElideMode.ElideRight, int(desc_w)),
             )
-        p.setPen(OVER_COLOR if f.over else text)
+        p.setPen(self._readable(OVER_COLOR) if f.over else text)
         p.drawText(QRectF(r.right() - right_w, r.top(), right_w, lh), right_mid, right)
         # line 2: the bar, capacity at (1 - overflow share) of the width
         bar = self._bar_rect(r)
@@ -465,7 +476,7 @@ class MemoryView(QWidget):
         line3 = self._breakdown_line(r, f)
         if f.over:
             p.setFont(bold)
-            p.setPen(OVER_COLOR)
+            p.setPen(self._readable(OVER_COLOR))
         else:
             p.setPen(text)
         p.drawText(line3.status_rect, right_mid, line3.status)

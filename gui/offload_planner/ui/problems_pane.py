@@ -5,12 +5,15 @@ notes from loading or pasting."""
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QStyle, QWidget
 
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.palette import readable
 
 UPDATING = "updating… (the problems below are from before the last edit)"
+ERROR_COLOR = QColor("#B00000")
+STALE_COLOR = QColor("#8A8A8A")
 
 
 class ProblemsPane(QListWidget):
@@ -51,12 +54,15 @@ class ProblemsPane(QListWidget):
         current = self._doc.analysis_current or not self._doc.has_plan
         if not current:
             self.addItem(QListWidgetItem(UPDATING))
+        pal = self.palette()
+        base, alternate = pal.color(QPalette.ColorRole.Base), pal.color(QPalette.ColorRole.AlternateBase)
+        error_color = readable(readable(ERROR_COLOR, base), alternate)  # a dark palette too
         for sev, text in probs:
             item = QListWidgetItem(icons[sev], text)
             item.setToolTip(f"{sev}: {text}")
             if not current:
-                item.setForeground(QColor("#8A8A8A"))
+                item.setForeground(STALE_COLOR)
             elif sev == "error":
-                item.setForeground(QColor("#B00000"))
+                item.setForeground(error_color)
             self.addItem(item)
         self.countChanged.emit(sum(1 for s, _ in probs if s != "note"))
