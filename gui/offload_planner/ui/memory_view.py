@@ -27,7 +27,9 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
+from offload_planner.core.devices import DeviceKind
 from offload_planner.core.extra_context import DRAFT, MTP
+from offload_planner.core.mapped_span import unified_over
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
@@ -65,8 +67,9 @@ BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
 
-def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool) -> str:
-    """Under the legend while a device is over capacity: what to do about it ("" when all fit)."""
+def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: str = "") -> str:
+    """Under the legend while a device is over capacity: what to do about it ("" when all fit).
+    ``shared_ram``: the devices of a Mac's one memory (``CPU + MTL0``) when together over it."""
     parts = []
     names = ", ".join(gpus_over)
     if gpus_over and moe:
@@ -78,6 +81,9 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool) -> str:
     if cpu_over:
         parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
                      "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
+    elif shared_ram:
+        parts.append(f"{shared_ram} share one RAM and together take more than it (Problems has the "
+                     "figures): a smaller context or KV cache type (Options) or a smaller model.")
     return "What next: " + " ".join(parts) if parts else ""
 
 #: The legend's last word on the breakdown lines' bare figures.
@@ -363,10 +369,26 @@ class MemoryView(QWidget):
             p.fillRect(r.adjusted(1, 1, -1, -1), self.palette().color(QPalette.ColorRole.Base))
         p.fillRect(QRectF(r.right() - 1.5, r.top() - 3, 1.5, r.height() + 3), color)
 
+    def unified_over(self) -> int:
+        """Bytes a Mac's CPU and Metal GPUs together take beyond its RAM (core.mapped_span.unified_over:
+        ``plan`` exits 3 and names the CPU over capacity); 0 elsewhere.  Each bar can fit on its own."""
+        a = self._doc.analysis
+        return unified_over(a.projection) if a is not None and a.projection is not None else 0
+
+    def _ram_sharers(self) -> str:
+        """``CPU + MTL0``: the devices of one unified memory."""
+        rows = sorted(self._rows(), key=lambda dm: dm.device.is_gpu)  # the CPU first
+        kinds = (DeviceKind.CPU, DeviceKind.METAL)
+        return " + ".join(dm.device.name for dm in rows if dm.device.kind in kinds)
+
     def verdict(self) -> str:
         """The line above the bars as drawn at the view's width: the devices over capacity by name,
-        or by number when their names do not fit (each bar says "over" in red)."""
+        or by number when their names do not fit (each bar says "over" in red); a Mac's devices that
+        together take more than its RAM as "RAM (CPU + MTL0)" (the window said "fits on every device"
+        where ``plan`` exits 3)."""
         over = [dm.device.name for dm in self._rows() if bar_figures(dm).over]
+        if self.unified_over():
+            over.append(f"RAM ({self._ram_sharers()})")
         if not over:
             return "✔ fits on every device"
         bold = QFont(self.font())
@@ -384,7 +406,8 @@ class MemoryView(QWidget):
     def verdict_color(self, figures: list[DeviceFigures] | None = None) -> QColor:
         """Red over capacity, green when everything fits, as text on the pane's background."""
         figures = [bar_figures(dm) for dm in self._rows()] if figures is None else figures
-        return self._readable(OVER_COLOR if any(f.over for f in figures) else FITS_COLOR)
+        over = any(f.over for f in figures) or self.unified_over() > 0
+        return self._readable(OVER_COLOR if over else FITS_COLOR)
 
     def _paint_verdict(self, p: QPainter, r: QRectF, figures: list[DeviceFigures]) -> None:
         bold = QFont(self.font())
@@ -630,7 +653,9 @@ class MemoryView(QWidget):
         """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
         over = [dm.device for dm in self._rows() if bar_figures(dm).over]
         moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
-        return next_step_text([d.name for d in over if d.is_gpu], any(not d.is_gpu for d in over), moe)
+        shared = self._ram_sharers() if self.unified_over() else ""
+        gpus = [d.name for d in over if d.is_gpu]
+        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared)
 
     def next_step_rect(self) -> QRectF | None:
         """Where :meth:`next_step` is drawn (None when it is not)."""

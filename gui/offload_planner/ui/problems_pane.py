@@ -8,11 +8,13 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QStyle, QWidget
 
+from offload_planner.core.mapped_span import unified_over
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import readable
 
 UPDATING = "updating… (the problems below are from before the last edit)"
 ERROR_COLOR = QColor("#B00000")
+UNIFIED = "unified memory:"  # core.mapped_span.unified_note
 STALE_COLOR = QColor("#8A8A8A")
 
 
@@ -40,8 +42,11 @@ class ProblemsPane(QListWidget):
             out += [("error" if " over capacity" in w else "warning", w) for w in a.warnings]
         out += [("note", n) for n in self._doc.notes]
         if a is not None:
-            out += [("note", n) for n in a.notes]
-        return out
+            # a Mac's devices together over its RAM: plan names the CPU over capacity (exit 3)
+            ram_over = a.projection is not None and unified_over(a.projection) > 0
+            out += [("error" if ram_over and n.startswith(UNIFIED) else "note", n) for n in a.notes]
+        order = ("error", "warning", "note")
+        return sorted(out, key=lambda p: order.index(p[0]))  # errors first, each kind in its order
 
     def refresh(self) -> None:
         self.clear()
