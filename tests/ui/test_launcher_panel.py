@@ -247,3 +247,20 @@ def test_table_notes_a_plan_edited_since_the_launch(qtbot: QtBot, tmp_path: Path
     panel.set_plan(edited, edited.projection())  # stopped: the table shows the edited projection
     assert not panel.stale_note.isVisibleTo(panel)
     assert next(r for r in _cells(panel) if r[:2] == ["CPU", "total"])[4] == "-"
+
+
+def test_the_launch_notes_name_the_verbose_log_box(qtbot: QtBot, tmp_path: Path, qwen_path: Path) -> None:
+    """'added -lv 4: ... (turn off "verbose log" to launch the command exactly as written)': the box
+    it means is called that (it read "Log buffer sizes", so the note named nothing on screen)."""
+    import re
+
+    from offload_planner.backend import launch
+
+    panel = _panel(qtbot, tmp_path / "llama-server", tmp_path)
+    panel.set_plan(_plan(qwen_path, "-c 2048"))
+    cfg = panel.launch_config()
+    assert cfg.verbose_log
+    cmd = launch.build_command("llama-server", cfg.server_args, verbose_log=cfg.verbose_log)
+    quoted = [m for n in cmd.notes for m in re.findall(r'"([^"]+)"', n)]
+    assert quoted == ["verbose log"], cmd.notes
+    assert panel.verbose_box.text().lower().startswith("verbose log")
