@@ -50,3 +50,29 @@ def test_a_refused_paste_keeps_the_dialog_and_its_text(qtbot: QtBot, settings: S
         assert argv[argv.index("-ub") + 1] == "1024" and argv[argv.index("-c") + 1] == "8192"
     finally:
         win.close()
+
+
+def test_a_pasted_command_llama_server_refuses_is_an_error(qtbot: QtBot, settings: Settings) -> None:
+    """plan refuses such a command (exit 2); the window plans what it can read of it, and said so
+    as one of "1 notes in Problems", listed with an information icon.  Now the status line and the
+    Problems tab say it is an error, and a note is counted as one."""
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB"))
+    messages: list[str] = []
+    win.command_pane.message.connect(messages.append)
+    try:
+        open_and_wait(qtbot, win, QWEN)
+        assert win.command_pane.paste_text("llama-server -c 8192 -ngl 99 --cpu-moe -foo")
+        wait_projected(qtbot, win)
+        assert messages[-1] == ("Plan rebuilt from the pasted command, which llama-server would refuse: "
+                                "see Problems (1 error)")
+        problems = win.problems.problems()
+        refused = [(sev, text) for sev, text in problems if "would refuse it" in text]
+        assert refused == [("error", "pasted command: llama-server would refuse it: error: invalid argument: "
+                                     "-foo (not a flag of llama.cpp (pinned build 11434))")]
+        assert problems[0] == refused[0] and win.tabs.tabText(1) == "Problems (1)"
+        assert win.command_pane.paste_text("llama-server -c 8k -ngl 99 --cpu-moe")
+        wait_projected(qtbot, win)
+        assert messages[-1] == "Plan rebuilt from the pasted command (1 note in Problems)"
+        assert all(sev == "note" for sev, text in win.problems.problems() if text.startswith("pasted"))
+    finally:
+        win.close()

@@ -8,6 +8,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QStyle, QWidget
 
+from offload_planner.core.command_text import REFUSED
 from offload_planner.core.mapped_span import unified_over
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import readable
@@ -40,7 +41,8 @@ class ProblemsPane(QListWidget):
             out.append(("error", a.error))
         if a is not None:
             out += [("error" if " over capacity" in w else "warning", w) for w in a.warnings]
-        out += [("note", n) for n in self._doc.notes]
+        # a pasted command llama-server would refuse: planned anyway, but it would not start
+        out += [("error" if n.startswith(REFUSED) else "note", n) for n in self._doc.notes]
         if a is not None:
             # a Mac's devices together over its RAM: plan names the CPU over capacity (exit 3)
             ram_over = a.projection is not None and unified_over(a.projection) > 0
