@@ -14,6 +14,7 @@ from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
 from offload_planner.ui.command_pane import PasteCommandDialog
+from offload_planner.ui.main_window import MainWindow
 from offload_planner.ui.settings import Settings
 
 QWEN = Path(__file__).resolve().parents[2] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf"
@@ -76,3 +77,15 @@ def test_a_pasted_command_llama_server_refuses_is_an_error(qtbot: QtBot, setting
         assert all(sev == "note" for sev, text in win.problems.problems() if text.startswith("pasted"))
     finally:
         win.close()
+
+
+def test_docker_env_has_no_empty_command_line(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    """Format docker env on a command whose every argument is a LLAMA_ARG_* variable (the demo's
+    on one declared GPU; README step 6 shows such a list) ended with "# command (arguments after the
+    image's llama-server entrypoint): " and nothing after it."""
+    open_and_wait(qtbot, window, demo_path)
+    pane = window.command_pane
+    pane.set_format_style("docker-env")
+    assert pane.text.toPlainText().splitlines() == [
+        f"LLAMA_ARG_MODEL={window.doc.plan.model.path}", "LLAMA_ARG_CTX_SIZE=32768",
+        "LLAMA_ARG_N_GPU_LAYERS=999", "LLAMA_ARG_FLASH_ATTN=on", "LLAMA_ARG_FIT=off"]
