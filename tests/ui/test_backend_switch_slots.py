@@ -60,3 +60,23 @@ def test_slots_the_user_set_survive_the_switch(qtbot: QtBot, window: MainWindow,
         _switch(qtbot, window, dialect)
         command = window.doc.analysis.command if window.doc.analysis else []
         assert command[command.index("-np") + 1] == "2", (dialect, command)
+
+
+def test_ik_has_no_unified_kv_box_to_tick(qtbot: QtBot, window: MainWindow, qwen3moe_path: Path) -> None:
+    """ik_llama.cpp keeps one KV stream and refuses -kvu: the "unified KV" box was there to tick, and
+    the command then carried -kvu (ik: "error: unknown argument: -kvu")."""
+    from PySide6.QtCore import Qt
+
+    open_and_wait(qtbot, window, qwen3moe_path)
+    box = window.options_panel.unified
+    assert box.isEnabled()
+    _switch(qtbot, window, "ik_llama.cpp")
+    assert not box.isEnabled() and not box.isChecked()
+    assert "ik_llama.cpp" in box.toolTip()
+    qtbot.mouseClick(box, Qt.MouseButton.LeftButton)
+    wait_projected(qtbot, window)
+    command = window.doc.analysis.command if window.doc.analysis else []
+    assert "-kvu" not in command
+    assert not parse_server_args(command[2:], dialect=Dialect("ik_llama.cpp")).errors
+    _switch(qtbot, window, "llama.cpp")
+    assert box.isEnabled() and box.isChecked()  # the pinned server's default: 4 slots, one cache
