@@ -56,6 +56,11 @@ their pp_ms / pp_transfer_ms and one pp bottleneck share (77% -> 78%); 33 files.
 Session 10: a GPU over capacity while the build's --fit gave up on the command (``n_gpu_layers already
 set by user to 999, abort``, common/fit.cpp 464) gets a note saying so under "over capacity": the
 ``ds_all_on_gpu`` text, --explain and --json files gain that one line (the JSON's notes one entry).
+Session 11 (issue 11, the speed estimate only; every memory line and every tg figure unchanged): a CUDA
+GPU's matrix efficiency in mainline gains nothing past 512 tokens a matrix (its MMQ tiles are at most
+128 wide: core.speed.efficiency.gpu_rows_max_gain), so ``ds_usage_example`` (-ub 2048) pp 43.6 -> 42.4
+t/s, its GPUs' pp_ms and the pp bottleneck's share (65% -> 63%) in its three files; no other case runs
+more than 512 tokens a matrix on a GPU.
 """
 
 from __future__ import annotations

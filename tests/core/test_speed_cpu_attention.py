@@ -10,11 +10,13 @@ import pytest
 
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.efficiency import DEFAULT, defaults_for
 from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import hardware_for
+from offload_planner.core.speed.pp import pp_time
 
 GiB = 1024**3
 
@@ -59,3 +61,31 @@ def test_a_measurement_at_a_depth_calibrates_the_bandwidth_net_of_the_attention(
     assert est.tg_tps_at_depth is not None and est.tg_tps_at_depth < 0.9 * est.tg_tps
     cal = calibrate(est, hw, DEFAULT, tg_tps=est.tg_tps_at_depth)
     assert cal.values == {"probe_bandwidth": pytest.approx(0.9, rel=1e-3)}
+
+
+@pytest.mark.parametrize(("dialect", "ctk", "ctv", "per_query"), [
+    ("llama.cpp", "q8_0", "q8_0", True),  # a quantized cache: the one-query kernel
+    ("llama.cpp", "q8_0", "f16", True),  # K and V of different types: the same
+    ("llama.cpp", "f32", "f32", False),  # ggml-cpu's tiled flash attention, as over F16
+    ("ik_llama.cpp", "q8_0", "q8_0", False),  # ik_llama.cpp's own CPU kernels
+])
+def test_a_prompts_cpu_flash_attention_over_a_quantized_cache_runs_one_query_at_a_time(
+        small_models: dict[str, Path], dialect: str, ctk: str, ctv: str, per_query: bool) -> None:
+    """Mainline's CPU flash attention takes its tiled kernel only for an F16/F32 cache whose K and V share
+    a type (ops.cpp ``kv_is_f32_or_f16``, ``k->type == v->type``); otherwise a prompt's batch runs a
+    generated token's kernel, one query at a time: its attention costs ``cpu_compute / cpu_attention``
+    (0.5 / 0.032) of the F16 cache's (pp.cpu_attention_cost)."""
+    model = open_model(small_models["llama"])
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB, hardware=(("bw", "40"),)), ())
+
+    def attn_s(k: str, v: str) -> float:
+        argv = ["-c", "4096", "-t", "2", "-fa", "on", "-ctk", k, "-ctv", v]
+        args = parse_server_args(argv, dialect=dialect)
+        plan = plan_from_args(model, devices, args, dialect)
+        assert plan.context.flash_attn
+        return pp_time(plan, plan.placement(), hardware_for(devices, threads=2), defaults_for(plan.dialect),
+                       2048, 512).attn_s["CPU"]
+
+    eff = defaults_for(Dialect(dialect))
+    expected = eff.cpu_compute.value / eff.cpu_attention.value if per_query else 1.0
+    assert attn_s(ctk, ctv) / attn_s("f16", "f16") == pytest.approx(expected, rel=1e-9)

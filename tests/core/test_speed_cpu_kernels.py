@@ -12,7 +12,8 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import DeviceSet, parse_device_decl
+from offload_planner.core.devices import DeviceKind, DeviceSet, parse_device_decl
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.gguf_reader import open_model
@@ -26,6 +27,7 @@ from offload_planner.core.speed.efficiency import (
     TILED_GAINS,
     defaults_for,
     gpu_rows_factor,
+    gpu_rows_max_gain,
 )
 from offload_planner.core.speed.estimate import estimate, ubatch_sweep
 from offload_planner.core.speed.hardware import (
@@ -95,18 +97,40 @@ def test_gpu_rows_factor_bounds() -> None:
     assert gpu_rows_factor(10**6) == GPU_ROWS_MAX_GAIN
 
 
-def test_dense_gpu_prompt_gains_with_ubatch_until_the_cap(tmp_path: Path) -> None:
-    """A dense model on one GPU, compute-bound: -ub 512 -> 2048 gains up to 4 ** exponent in the
-    weights' compute; past the capped efficiency (4096 rows and more) a larger -ub gains nothing."""
-    devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"),
-                        (parse_device_decl("CUDA0=80GiB,bw=2000GB/s,tflops=1"),))
+def _dense_ubatch_sweep(tmp_path: Path, gpu: str, dialect: str) -> dict[int, float]:
+    """pp of a dense model on one GPU, compute-bound, by -ub (``gpu``: its declaration)."""
+    devices = DeviceSet(parse_device_decl("CPU=64GiB,bw=100GB/s"), (parse_device_decl(gpu),))
     spec = replace(SMALL_MODELS["llama"], quant=_uniform(Q.Q4_K), n_embd=2048, n_head=16, n_head_kv=4,
                    n_ff=8192)  # wide enough that the weights, not attention, take the compute
-    [path] = write_model(spec, tmp_path / "dense.gguf", header_only=True)
-    plan = plan_from_args(open_model(str(path)), devices, parse_server_args(["-ngl", "99", "-c", "16384"]))
-    sweep = dict(ubatch_sweep(plan, hardware_for(devices), [512, 2048, 4096, 8192], prompt=8192))
+    path = tmp_path / "dense.gguf"
+    if not path.exists():
+        write_model(spec, path, header_only=True)
+    plan = plan_from_args(open_model(str(path)), devices,
+                          parse_server_args(["-ngl", "99", "-c", "16384"], dialect=dialect), dialect)
+    return dict(ubatch_sweep(plan, hardware_for(devices), [512, 2048, 4096, 8192], prompt=8192))
+
+
+@pytest.mark.parametrize(("gpu", "dialect"), [("CUDA0=80GiB,bw=2000GB/s,tflops=1", "ik_llama.cpp"),
+                                              ("ROCm0=80GiB,bw=2000GB/s,tflops=1", "llama.cpp")])
+def test_dense_gpu_prompt_gains_with_ubatch_until_the_cap(tmp_path: Path, gpu: str, dialect: str) -> None:
+    """A dense model on one GPU, compute-bound: -ub 512 -> 2048 gains up to 4 ** exponent in the
+    weights' compute; past the capped efficiency (4096 rows and more) a larger -ub gains nothing
+    (ik_llama.cpp on CUDA, where the gain was measured, and mainline on a GPU other than CUDA)."""
+    sweep = _dense_ubatch_sweep(tmp_path, gpu, dialect)
     assert 1.2 < sweep[2048] / sweep[512] <= 4**GPU_ROWS_EXPONENT + 1e-9
     assert sweep[8192] / sweep[4096] == pytest.approx(1.0, abs=0.05)
+
+
+def test_mainline_cuda_prompt_gains_nothing_past_512_rows(tmp_path: Path) -> None:
+    """Mainline's CUDA MMQ multiplies in tiles of at most 128 tokens (efficiency.gpu_rows_max_gain): the
+    same dense model on a CUDA GPU is as fast at -ub 2048 and 8192 as at 512 (attention aside), where
+    ik_llama.cpp's estimate gains."""
+    sweep = _dense_ubatch_sweep(tmp_path, "CUDA0=80GiB,bw=2000GB/s,tflops=1", "llama.cpp")
+    assert sweep[2048] / sweep[512] == pytest.approx(1.0, abs=0.02)
+    assert sweep[8192] / sweep[512] == pytest.approx(1.0, abs=0.02)
+    assert gpu_rows_max_gain(Dialect("llama.cpp"), DeviceKind.CUDA) == 1.0
+    assert gpu_rows_max_gain(Dialect("ik_llama.cpp"), DeviceKind.CUDA) == GPU_ROWS_MAX_GAIN
+    assert gpu_rows_max_gain(Dialect("llama.cpp"), DeviceKind.ROCM) == GPU_ROWS_MAX_GAIN
 
 
 def test_sliding_window_layers_attend_their_window_at_depth(tmp_path: Path) -> None:

@@ -169,6 +169,10 @@ class Dialect(str, metaclass=_DialectType):
     copies_whole_experts: bool = False
     #: CPU matrix kernels faster than mainline's (the speed estimate's default CPU efficiency)
     fast_cpu_kernels: bool = False
+    #: a CUDA GPU's quantized matrix products run faster per FLOP with more tokens than 512 a matrix
+    #: (core.speed.efficiency.gpu_rows_max_gain): ik_llama.cpp's measurements; mainline's MMQ tiles are at
+    #: most 128 tokens wide, so past them a matrix only has more tiles
+    cuda_gains_past_512_rows: bool = False
     #: ggml-cpu's tiled matmul (``ggml-cpu/tiled/``, llama.cpp PR 27851, opened 2026-08-28): on x86 with
     #: AVX2 or better, a K-quant or i-quant weight outside a repack buffer is multiplied by a batch of 8
     #: or more rows (``mul_mat``; ``mul_mat_id``: rows routed to the expert) through 256x256 int8 tiles,

@@ -69,6 +69,9 @@ class IkLlamaCpp(Dialect):
     version_markers: tuple[str, ...] = (r"(?i)ik_llama",)
     copies_whole_experts = True
     fast_cpu_kernels = True
+    #: ik_llama.cpp issues 263 and 1051: -ub 4096 and 2048 ran faster per FLOP than -ub 512
+    #: (core.speed.efficiency.GPU_ROWS_MAX_GAIN)
+    cuda_gains_past_512_rows = True
     rpc_bufts_by_endpoint = True
     rpc_dev_by_buffer_type = True
     generic_arg_errors = True

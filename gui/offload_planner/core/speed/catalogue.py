@@ -89,32 +89,32 @@ CARDS: tuple[Card, ...] = (
     _nv("h200", "NVIDIA H200 SXM", 141, 4800, (5, 16), 989.5,
         "NVIDIA H200 Tensor Core GPU datasheet (FP16 tensor 1979 TFLOPS sparse)"),
     # NVIDIA GB10 (DGX Spark): CPU and GPU share 128 GB of LPDDR5x (no PCIe copy to the GPU).  NVIDIA
-    # lists no FP16 figure; 125 is its FP4 figure / 8 (below).  Measured sustained throughput:
-    # - 16-bit GEMMs at about half of that: "The equivalent BF16 performance settles around 60 TFLOPS"
+    # lists no FP16 figure; its FP4 figure / 8 (the Blackwell ratio of the RTX 5090's own figures) is a
+    # nominal 125 TFLOPS, which the GB10 does not sustain.  Measured:
+    # - 8-bit and 4-bit tensor GEMMs at 71-75% of nominal: "FP8 | Peak (large GEMM) | 188" TFLOPS (of 250)
+    #   and "356 TFLOPS on dense NVFP4 = ~71% utilization of the 500 TFLOPS dense FP4 peak" (CUTLASS 4.4
+    #   kernels for sm_121, https://forums.developer.nvidia.com/t/sm121-cutlass-kernel-optimization-results-
+    #   nvfp4-356-tflops-moe-grouped-gemm-on-dgx-spark/359960);
+    # - 16-bit GEMMs at about half of nominal: "The equivalent BF16 performance settles around 60 TFLOPS"
     #   (https://www.banandre.com/blog/2025-10/dgx-spark-underperformance-claims-vs-reality-in-ai-hardware,
     #   John Carmack's and Awni Hannun's tests of October 2025), Carmack's unit "only drawing approximately
     #   100 watts ... roughly half of Nvidia's quoted performance figures" (digitaltechexplorer.com,
     #   /john-carmack-alleges-nvidia-dgx-sparks-thermal-issues-halve-ai-performance-threatening-laptop-apu-
-    #   prospects);
-    # - 8-bit and 4-bit tensor GEMMs at 71-75% of nominal: "FP8 | Peak (large GEMM) | 188" TFLOPS (of 250)
-    #   and "356 TFLOPS on dense NVFP4 = ~71% utilization of the 500 TFLOPS dense FP4 peak" (CUTLASS 4.4
-    #   kernels for sm_121, https://forums.developer.nvidia.com/t/sm121-cutlass-kernel-optimization-results-
-    #   nvfp4-356-tflops-moe-grouped-gemm-on-dgx-spark/359960).
-    # llama.cpp's prompt path multiplies quantized weights with 8-bit MMA (MMQ), not 16-bit GEMMs, and its
-    # own GB10 runs (benches/dgx-spark/dgx-spark.md, build 7941, llama-batched-bench, one sequence) fit the
-    # nominal figure at the estimate's reference micro-batch of 512 rows: Qwen2.5-Coder-7B Q8_0 "PP 512"
-    # 2420.12 t/s (estimate at -ub 512: 3068, 1.27x; at half the figure 0.63x), gpt-oss-120b 1151.80
-    # (1598, 1.39x).  What runs fast is the rows gain at -ub 2048 (core.speed.efficiency.gpu_rows_factor,
-    # from 82-128-SM cards): the dense 7B is no faster in 2048-row micro-batches (PP 4096: 2237.25 t/s,
-    # estimate 4585, 2.05x) while the MoE models gain more than it (gpt-oss-120b 2412.65, estimate 2450,
-    # 1.02x).  So the figure stays nominal (half of it would put the -ub 2048 MoE records at 0.5-0.6x) and
-    # the Spark records' pp error (1.30-2.10x) is left to the rows model (accuracy3's report).
-    Card("gb10", "NVIDIA GB10", 119.2, 273, None, 125,
+    #   prospects).
+    # llama.cpp's prompt path multiplies quantized weights with 8-bit integer MMA (MMQ,
+    # ggml-cuda/mmq.cu: every quantized type on Turing and later), so the figure is the measured 8-bit
+    # GEMM rate in FP16 units: 188 / 2 = 94 (the nominal 8-bit rate being twice the FP16 one).  The other
+    # cards keep their nominal figures (whether they sustain them is not checked).  With it and a CUDA
+    # GPU's matrix efficiency flat past 512 tokens in mainline (core.speed.efficiency.gpu_rows_max_gain),
+    # llama.cpp's own GB10 runs (benches/dgx-spark/dgx-spark.md, build 7941) are estimated within
+    # the spread of the other cards (tests/core/test_speed_public.py prints them).
+    Card("gb10", "NVIDIA GB10", 119.2, 273, None, 94,
          "NVIDIA DGX Spark: 128 GB LPDDR5x unified memory, 273 GB/s (NVIDIA DGX Spark product page and "
          "hardware guide, as quoted at https://ai-infrastructure.net/dgx-spark/); no FP16 tensor figure "
-         "listed: 1 PFLOP FP4 with sparsity ('or about 31 teraFLOPS of single precision compute', NVIDIA at "
-         "Hot Chips 2025, as reported at https://afnnews.qaasid.com/145463), dense FP16 = FP4 sparse / 8, "
-         "the Blackwell ratio of the GeForce RTX 5090's own figures (3,352 AI TOPS, 419 TFLOPS dense FP16)"),
+         "listed (1 PFLOP FP4 with sparsity, NVIDIA at Hot Chips 2025, as reported at "
+         "https://afnnews.qaasid.com/145463: a nominal 125 dense FP16); 94 = the measured 8-bit GEMM rate, "
+         "'FP8 | Peak (large GEMM) | 188' TFLOPS (https://forums.developer.nvidia.com/t/sm121-cutlass-kernel-"
+         "optimization-results-nvfp4-356-tflops-moe-grouped-gemm-on-dgx-spark/359960), / 2"),
     # AMD
     Card("rx7900xtx", "AMD Radeon RX 7900 XTX", 24, 960, (4, 16), 122.8,
          "AMD Radeon RX 7900 XTX specifications (peak half precision 122.8 TFLOPS)", "ROCm"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from offload_planner.core.devices import DeviceKind
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.speed.cpu_isa import GAINS, Isa
 from offload_planner.core.speed.hardware import Figure, Source
@@ -331,16 +332,49 @@ def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed:
 #: the longer prompt included) the measured 1.50x.  On the public development set
 #: (tests/core/test_speed_public.py) the pp median error went from 1.40x to 1.24x on the odd records
 #: and from 1.74x to 1.49x on the even ones (0.5, the odd records' best, gave 1.14x and 1.56x).
+#:
+#: The gain above 512 rows came from ik_llama.cpp's runs (those two records); mainline llama.cpp's CUDA
+#: backend has none (:func:`gpu_rows_max_gain`).
 GPU_ROWS_REF = 512
 GPU_ROWS_EXPONENT = 0.35
 GPU_ROWS_MIN = 16
 GPU_ROWS_MAX_GAIN = 2.0
 
 
-def gpu_rows_factor(rows: float) -> float:
-    """The GPU compute efficiency of a matrix multiplied by ``rows`` tokens against the default's."""
+#: Not modelled (tried in session 11): mainline's ``mul_mat_id`` picks the MMQ tile width from the whole
+#: batch on NVIDIA (mmq.cu ``int64_t ncols_opt = ne12;``, the per-expert mean only on RDNA3/4) and runs
+#: each expert's tokens in tiles of that width (mmq.cuh ``mul_mat_q``: ``col_diff`` from
+#: ``expert_bounds``; ``mul_mat_q_process_tile`` loads and multiplies all J columns), so an expert with n
+#: tokens costs ``ceil(n / J)`` full tiles.  Taking the smaller of that fill and the rows factor below
+#: moved ll16991 (gpt-oss-20b, pp128 at -ub 2048, RTX PRO 6000: 16 tokens an expert) from 1.94x to 0.88x
+#: and matched the GB10's Qwen3-30B runs being no slower at 1024 than at 512 tokens (dgx-spark.md: T_PP
+#: 0.393 s and 0.387 s), but put its gpt-oss-120b at 512 tokens (16 an expert: "|   512 |     32 |    1
+#: |    544 |    0.445 |  1151.80 |") at 0.49x, from 1.12x: the full-tile cost is not what that run shows.
+def gpu_rows_max_gain(dialect: Dialect, kind: DeviceKind) -> float:
+    """The most a GPU's matrix efficiency gains from rows above :data:`GPU_ROWS_REF`.
+
+    None on a CUDA GPU in mainline llama.cpp: it multiplies every quantized weight type with MMQ on
+    Turing and later (ggml-cuda/mmq.cu ``ggml_cuda_should_use_mmq``: ``if (turing_mma_available(cc))
+    return true;``) in output tiles of at most 128 tokens (mmq.cuh ``mul_mat_q_switch_J``: ``for (int J =
+    8; J <= 128 && ...``; I = 128 weight rows, mmq-config-ampere.cuh / -blackwell.cuh) spread over the
+    SMs by stream-k (``launch_mul_mat_q``), so a matrix multiplied by more than 512 tokens has more
+    tiles of the same shape, not better ones.  Measured so on llama.cpp's own DGX Spark (GB10) runs
+    (benches/dgx-spark/dgx-spark.md, build 11fb327bf (7941), llama-batched-bench -ub 2048, one
+    sequence): the dense Qwen2.5-Coder-7B Q8_0 "|   512 |     32 |    1 |    544 |    0.212 |  2420.12 |"
+    against "|  4096 |     32 |    1 |   4128 |    1.831 |  2237.25 |" (2048-token micro-batches, slower
+    by their attention alone), where the power law promised 1.62x.  The gain stays where it was
+    measured: ik_llama.cpp (``Dialect.cuda_gains_past_512_rows``), and the other backends (ROCm may take
+    hipBLAS for large batches, mmq.cu; Metal and Vulkan not checked)."""
+    if kind is DeviceKind.CUDA and not dialect.cuda_gains_past_512_rows:
+        return 1.0
+    return GPU_ROWS_MAX_GAIN
+
+
+def gpu_rows_factor(rows: float, max_gain: float = GPU_ROWS_MAX_GAIN) -> float:
+    """The GPU compute efficiency of a matrix multiplied by ``rows`` tokens against the default's (at
+    most ``max_gain``: :func:`gpu_rows_max_gain`)."""
     r = max(float(GPU_ROWS_MIN), rows)
-    return float(min(GPU_ROWS_MAX_GAIN, (r / GPU_ROWS_REF) ** GPU_ROWS_EXPONENT))
+    return float(min(max_gain, (r / GPU_ROWS_REF) ** GPU_ROWS_EXPONENT))
 
 
 def for_host(eff: Efficiencies, core_speed: float, what: str) -> Efficiencies:

@@ -31,6 +31,7 @@ from offload_planner.core.speed.efficiency import (
     cpu_pp_cost,
     defaults_for,
     gpu_rows_factor,
+    gpu_rows_max_gain,
 )
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.nkvo import (
@@ -204,6 +205,7 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
     dense_off = gpu is not None and threshold is not None and u >= threshold
     whole = plan.dialect.copies_whole_experts
     gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
+    max_gain = {n: gpu_rows_max_gain(plan.dialect, hw[n].kind) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
         for el, nb, is_exp, may, cpu_el, copy_nb, cpu_el_few in w.parts():
@@ -219,10 +221,37 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
             on_cpu = cpu_el if rows >= TILED_MIN_ROWS else cpu_el_few
             work_flops = 2.0 * u * (on_cpu if where == CPU else el) * (frac if is_exp else 1.0)
             if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
-                work_flops /= gpu_rows_factor(rows)
+                work_flops /= gpu_rows_factor(rows, max_gain[where])
             flops[where] += work_flops
             reads[where] += nb * (hit if is_exp else 1.0)
     return flops, reads, transfer
+
+
+#: The cache types ggml-cpu's tiled flash attention takes (ops.cpp
+#: ``ggml_compute_forward_flash_attn_ext_f16``: ``kv_is_f32_or_f16 = (k->type == GGML_TYPE_F32 ||
+#: k->type == GGML_TYPE_F16)``, and ``k->type == v->type``)
+TILED_FA_KV_TYPES = frozenset({"f16", "f32"})
+
+
+def cpu_attention_cost(plan: Plan, eff: Efficiencies) -> float:
+    """Cost of a prompt's attention FLOP on the CPU against a matrix product's (1).
+
+    With flash attention over a quantized cache (or K and V of different types) mainline's CPU runs
+    the kernel a generated token runs, one query row at a time, for a prompt's batch too: the pinned
+    build takes its tiled kernel only for an F32/F16 cache whose K and V share a type (ops.cpp
+    ``use_tiled = !use_ref && (q->type == GGML_TYPE_F32 && kv_is_f32_or_f16 && k->type == v->type &&
+    neq1 >= Q_TILE_SZ)``, else ``ggml_compute_forward_flash_attn_ext_f16_one_chunk``, which turns each
+    quantized V row to float per query and cell).  That kernel's rate is a generated token's
+    (``cpu_attention``, from a public mainline sweep; an F16 cache's, so an upper bound for a quantized
+    one).  Partial offload with flash attention and a quantized cache was reported far slower in prompt
+    processing than with an F16 cache (https://github.com/ggml-org/llama.cpp/pull/8542: "Gemma 2 with
+    Flash Attention and quantized KV Cache slows partial offloading down a pompt processing lot. FA
+    without quantized KV cache is fine though.").  ik_llama.cpp's own CPU kernels are not this one."""
+    ctx = plan.context
+    tiled = ctx.type_k == ctx.type_v and ctx.type_k in TILED_FA_KV_TYPES
+    if not ctx.flash_attn or tiled or plan.dialect.fast_cpu_kernels:
+        return 1.0
+    return max(1.0, eff.cpu_compute.value / eff.cpu_attention.value)
 
 
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
@@ -250,8 +279,11 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
     seen = start + (u / 2 if flash_attn else u)  # a query attends the mean of start + u / 2 cells
     for (dev, swa), n in attn_layers.items():
         attn[dev] += per_cell * (min(seen, swa_cells) if swa else seen) * n
-    for dev, f in attn.items():
-        flops[dev] += f
+    per_query = cpu_attention_cost(plan, eff)
+    for dev in attn:
+        if hw[dev].kind is DeviceKind.CPU:
+            attn[dev] *= per_query
+        flops[dev] += attn[dev]
     for dev, per_cell in kv_cell.items():
         reads[dev] += per_cell * (start + u)
     device_s: dict[str, float] = {}
