@@ -80,3 +80,18 @@ def test_ik_has_no_unified_kv_box_to_tick(qtbot: QtBot, window: MainWindow, qwen
     assert not parse_server_args(command[2:], dialect=Dialect("ik_llama.cpp")).errors
     _switch(qtbot, window, "llama.cpp")
     assert box.isEnabled() and box.isChecked()  # the pinned server's default: 4 slots, one cache
+
+
+@pytest.mark.parametrize("dialect", ["llama.cpp", "llama.cpp-2025", "ik_llama.cpp"])
+def test_the_mmap_box_names_the_builds_own_flag(
+    qtbot: QtBot, window: MainWindow, qwen3moe_path: Path, dialect: str
+) -> None:
+    """It said "off: -lm none (--no-mmap)" for every build: the pinned build refuses --no-mmap, and
+    ik and the 2025 builds have no -lm."""
+    open_and_wait(qtbot, window, qwen3moe_path)
+    if dialect != "llama.cpp":
+        _switch(qtbot, window, dialect)
+    tip = window.options_panel.mmap.toolTip()
+    flags = tip.removeprefix("off: ").split(":", 1)[0].split()
+    assert flags == list(Dialect(dialect).no_mmap_flags), tip
+    assert not parse_server_args(flags, dialect=Dialect(dialect)).errors

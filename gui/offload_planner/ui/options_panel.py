@@ -31,6 +31,12 @@ BATCHES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 UNIFIED_TIP = "-kvu: the slots share one KV cache"
+
+
+def mmap_tip(no_mmap: tuple[str, ...]) -> str:
+    """The mmap box's tooltip in the build's own spelling: it said "-lm none (--no-mmap)" for every
+    build, where the pinned build refuses --no-mmap and ik and the 2025 builds have no -lm."""
+    return f"off: {' '.join(no_mmap)}: CPU weights in a CPU buffer instead of the file map"
 UNIFIED_SINGLE_TIP = "-kvu: not in ik_llama.cpp, which keeps one KV stream (its server refuses the flag)"
 
 
@@ -146,7 +152,7 @@ class OptionsPanel(QWidget):
         self.slots.setToolTip("-np: parallel slots: how many requests llama-server serves at once; they "
                               "share the context (-c) between them")
         self.unified.setToolTip(UNIFIED_TIP)
-        self.mmap.setToolTip("off: -lm none (--no-mmap): CPU weights in a CPU buffer instead of the file map")
+        self.mmap.setToolTip(mmap_tip(("-lm", "none")))  # the pinned build's until a plan says its build
         self.kv_offload.setToolTip("off: -nkvo: the KV cache stays in system RAM")
 
         form.addRow("Context", self.ctx)
@@ -265,6 +271,7 @@ class OptionsPanel(QWidget):
         single = plan.dialect.single_kv_stream
         self.unified.setEnabled(not single)
         self.unified.setToolTip(UNIFIED_SINGLE_TIP if single else UNIFIED_TIP)
+        self.mmap.setToolTip(mmap_tip(plan.dialect.no_mmap_flags))
         del blockers
 
     @staticmethod
