@@ -77,3 +77,18 @@ def test_the_light_palette_keeps_its_colours(qtbot: QtBot, window: MainWindow, d
     assert window.memory_view.verdict_color() == OVER_COLOR
     assert not window.launcher.launch()
     assert window.launcher.failures.item(0).foreground().color() == FAILURE_COLOR
+
+
+def test_the_margin_hatch_shows_on_a_dark_palette(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    """The margin's hatch in the bars and the legend was dark grey (60, 60, 60) whatever the background:
+    on a dark palette (contrast 1.6 on #1E1E1E) it did not show."""
+    from offload_planner.ui.memory_view import MARGIN_DARK
+
+    _dark(window)
+    open_and_wait(qtbot, window, demo_path)
+    view = window.memory_view
+    assert contrast(view.margin_color(), view.palette().color(QPalette.ColorRole.Base)) >= 3
+    light = QPalette(window.palette())
+    light.setColor(QPalette.ColorRole.Base, QColor("#FFFFFF"))
+    window.setPalette(light)
+    assert view.margin_color() == MARGIN_DARK  # the light palette's hatch as before

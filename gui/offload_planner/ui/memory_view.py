@@ -37,6 +37,7 @@ from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import (
     ACTUAL_COLOR,
     OVER_COLOR,
+    contrast,
     device_color,
     hatch_brush,
     kind_brush,
@@ -46,6 +47,8 @@ from offload_planner.ui.palette import (
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
 FITS_COLOR = QColor("#007A3D")  # the verdict when every device fits
+MARGIN_DARK = QColor(60, 60, 60, 170)  # the margin's hatch on a light background
+MARGIN_LIGHT = QColor(200, 200, 200, 170)  # ... on a dark one
 STALE_ACTUAL_COLOR = QColor("#8A8A8A")  # an actual marker from before the last edit, drawn hollow
 STALE_NOTE = "before your last edit"
 OVER_PATTERN = QBrush(QColor(255, 255, 255, 150), Qt.BrushStyle.DiagCrossPattern)
@@ -403,6 +406,12 @@ class MemoryView(QWidget):
         """``color`` as text on the pane's background (a dark palette lightens it)."""
         return readable(color, self.palette().color(QPalette.ColorRole.Base))
 
+    def margin_color(self) -> QColor:
+        """The margin's hatch: dark grey on a light background, light grey on a dark one (where the dark
+        grey hatch did not show, in the bars nor in the legend)."""
+        base = self.palette().color(QPalette.ColorRole.Base)
+        return MARGIN_DARK if contrast(MARGIN_DARK, base) >= 3 else MARGIN_LIGHT
+
     def verdict_color(self, figures: list[DeviceFigures] | None = None) -> QColor:
         """Red over capacity, green when everything fits, as text on the pane's background."""
         figures = [bar_figures(dm) for dm in self._rows()] if figures is None else figures
@@ -480,7 +489,7 @@ class MemoryView(QWidget):
             x += w
         if f.capacity and f.margin:
             m = QRectF(bar.left() + cap_w - f.margin * px, bar.top(), f.margin * px, bar.height())
-            p.fillRect(m, hatch_brush(QColor(60, 60, 60, 170)))
+            p.fillRect(m, hatch_brush(self.margin_color()))
         if f.capacity and f.used > f.capacity:
             room = bar.width() - cap_w
             over = QRectF(bar.left() + cap_w, bar.top(), min((f.used - f.capacity) * px, room), bar.height())
@@ -625,7 +634,7 @@ class MemoryView(QWidget):
             x, y, w = rect.left(), rect.top(), rect.width()
             box = QRectF(x, y + 2, sw, sw)
             if kind == "margin":
-                p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
+                p.fillRect(box, hatch_brush(self.margin_color()))
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
                 p.fillRect(box, OVER_PATTERN)
