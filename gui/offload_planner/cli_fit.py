@@ -101,7 +101,7 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 
 def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import devices_hardware, efficiencies_for, threads_of
-    from offload_planner.core.cmdline import format_command, parse_server_args
+    from offload_planner.core.cmdline import format_command, parse_server_args, skipped_devices
     from offload_planner.core.loadable import open_loadable
     from offload_planner.core.plan import plan_command
     from offload_planner.core.plan_report import plan_json, plan_text
@@ -129,6 +129,7 @@ def _run_fit(args: argparse.Namespace) -> int:
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+    result.notes[:0] = [str(w) for w in skipped_devices(parsed, devices.names)]  # ik: -dev names it skips
     from offload_planner.cli_server_args import model_flag_note
 
     other_model = model_flag_note(parsed, model)

@@ -56,9 +56,17 @@ def test_ik_selects_an_rpc_device_by_its_buffer_type(model: Model) -> None:
 
 
 def test_ik_has_no_mainline_rpc_numbers(model: Model) -> None:
+    """ik skips ``RPC1`` ("RPC1 backend not available.") and, with nothing left, loads on the CPU; the
+    note names ik's spelling of the devices it has."""
+    from offload_planner.core.cmdline import skipped_devices
+
     parsed = parse_server_args([*BASE, "-dev", "RPC1"], dialect=IK)
-    [error] = check_semantics(parsed, DEVICES.names, dialect=IK, arch=model.arch)
-    assert error.value == "RPC1" and "RPC0[127.0.0.1:50053]" in error.explanation
+    assert not check_semantics(parsed, DEVICES.names, dialect=IK, arch=model.arch)
+    [warning] = skipped_devices(parsed, DEVICES.names)
+    assert warning.message.startswith('-dev RPC1: ik_llama.cpp logs "RPC1 backend not available."')
+    assert "RPC0[127.0.0.1:50053]" in warning.explanation
+    shown = analyse_command(model, DEVICES, parsed, IK)
+    assert shown.projection is not None and _used(shown.projection) == set()
 
 
 def test_a_switch_to_ik_writes_the_selection_as_ik_reads_it(model: Model) -> None:

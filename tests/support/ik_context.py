@@ -110,7 +110,7 @@ def _child(out: str, path: str, mla: int, settings: list[dict[str, Any]],
     mp.use_mmap = True
     mp.mla = mla
     for k, v in model_params.items():
-        setattr(mp, k, v)
+        setattr(mp, k, v.encode() if isinstance(v, str) else v)  # a char * (devices)
     model = C.llama_model_load_from_file(path.encode(), mp)
     sys.stdout.flush()
     result: dict[str, Any] = {"path": path, "loaded": bool(model), "model_size": 0,

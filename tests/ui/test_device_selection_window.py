@@ -30,3 +30,20 @@ def test_problems_say_which_gpu_the_selection_leaves_empty(qtbot: QtBot, tmp_pat
     assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ngl 99")
     wait_projected(qtbot, win)
     assert not [t for _, t in win.problems.problems() if t.startswith("-dev")]
+
+
+def test_problems_say_which_dev_name_ik_skips(qtbot: QtBot, tmp_path: Path) -> None:
+    """ik skips a ``-dev`` name it has no device of ("cuda0 backend not available.", src/llama.cpp
+    7821-7828 at 8337e4cd) where the pinned build refuses it: a pasted ik command is read, and Problems
+    say what ik logs and skips (tests/core/test_ik_unknown_dev.py)."""
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]))
+    open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    win.doc.set_dialect("ik_llama.cpp", "ik_llama.cpp")
+    assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ngl 99 -dev CUDA1,cuda0")
+    wait_projected(qtbot, win)
+    notes = [text for kind, text in win.problems.problems() if kind == "note"]
+    said = 'pasted command: -dev CUDA1,cuda0: ik_llama.cpp logs "cuda0 backend not available." and skips it'
+    assert [n for n in notes if n.startswith(said)], notes
+    assert not [n for n in notes if "refuse" in n], notes
+    assert win.doc.plan.placement_options.selected == ("CUDA1",)

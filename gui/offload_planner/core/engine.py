@@ -162,10 +162,21 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
 def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
                   popts: PlacementOptions, projector_notes: Sequence[str] = ()) -> list[str]:
     """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
-    notes, and the dialect's notes on how it places these weights."""
+    notes, the dialect's notes on how it places these weights, and the ``-dev`` names it skips and
+    what it selects."""
     _, notes = context_params(model, args, dialect)
-    selection = device_selection(popts, devices, Dialect(dialect))
+    selection = [*skipped_device_notes(devices, args), *device_selection(popts, devices, Dialect(dialect))]
     return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
+
+
+def skipped_device_notes(devices: DeviceSet, args: Any) -> list[str]:
+    """``-dev``/``-devd`` names a build skips when it loads (ik: "NAME backend not available."), from a
+    ParsedArgs (a bare ServerArgs: none; :func:`~offload_planner.core.cmdline.semantics.skipped_devices`)."""
+    if not hasattr(args, "passthrough"):
+        return []
+    from offload_planner.core.cmdline import skipped_devices
+
+    return [str(w) for w in skipped_devices(args, devices.names)]
 
 
 def device_selection(popts: PlacementOptions, devices: DeviceSet, dialect: Dialect) -> list[str]:

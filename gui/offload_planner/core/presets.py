@@ -6,11 +6,15 @@ The window turns each result into one undoable MoveTensors step.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 from offload_planner.core.device_figures import DeviceFigures
+from offload_planner.core.devices import Device
 from offload_planner.core.fit import FitResult, fit_params
+from offload_planner.core.mapped_span import mapped_span, mapping_gpus, unified_over
 from offload_planner.core.memory import Projection, alloc_size, pad
+from offload_planner.core.model import Tensor
 from offload_planner.core.placement import CPU, Placement, selected_gpus
 from offload_planner.core.plan import Plan
 
@@ -67,15 +71,49 @@ def fill_with_experts(
     are. The result is then projected, and while the device is still over (its compute buffer grows
     when experts leave it: op offload copies host expert weights through it), the last kept layer
     goes to ``spill`` too.
+
+    A GPU that maps the file (Metal with mmap: ``MTL0_Mapped``) holds the file span from the first to
+    the last of its tensors, so a layer costs what it adds to that span, not its size: experts inside
+    the span of its other tensors cost nothing and are always taken, and moving them off frees nothing
+    (:func:`_by_span`). There, when even the layers it keeps leave the device over (its other tensors'
+    span alone is over), nothing is moved: the plan it would make is over too.
     """
     dev = plan.devices.by_name(device)
     if dev is None or dev.capacity is None:
         return {}
-    by_layer: dict[int, list[tuple[str, str]]] = defaultdict(list)
-    on_dev: dict[int, bool] = {}
-    elsewhere: set[int] = set()
-    cost: dict[int, int] = defaultdict(int)
-    held = 0
+    ex = _expert_layers(plan, placement, dev, spill)
+    order = [il for il in sorted(ex.by_layer, reverse=not from_first)
+             if not (il in ex.elsewhere and il not in ex.on_dev)]
+    mapping = device in mapping_gpus(plan)
+    if mapping:
+        kept, target = _by_span(placement, projection, dev, ex, order, spill)
+    else:
+        kept, target = _by_size(projection, dev, ex, order, spill)
+    moves: Moves = {n: t for il, t in target.items() for n, current in ex.by_layer[il] if current != t}
+    while kept and DeviceFigures.of(plan.with_moves(moves).projection().device(device)).over:
+        for name, current in ex.by_layer[kept.pop()]:
+            if current == spill:
+                moves.pop(name, None)
+            else:
+                moves[name] = spill
+    if mapping and _over_after(plan, moves, device, projection):
+        return {}
+    return moves
+
+
+@dataclass
+class _ExpertLayers:
+    """The movable routed experts per layer, with where each is, and each layer's size on the device."""
+
+    by_layer: dict[int, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))
+    cost: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    held: int = 0  # bytes of them on the device
+    on_dev: set[int] = field(default_factory=set)  # layers with experts on the device
+    elsewhere: set[int] = field(default_factory=set)  # layers with experts on another GPU
+
+
+def _expert_layers(plan: Plan, placement: Placement, dev: Device, spill: str) -> _ExpertLayers:
+    ex = _ExpertLayers()
     for p in placement.items:
         t = p.tensor
         if not t.role.is_routed_expert or t.layer is None or p.copy or p.device is None:
@@ -83,39 +121,96 @@ def fill_with_experts(
         if not _movable(plan, t.name):
             continue
         size = pad(alloc_size(t, dev), dev.alignment)
-        by_layer[t.layer].append((t.name, p.device))
-        cost[t.layer] += size
-        if p.device == device:
-            held += size
-            on_dev[t.layer] = True
+        ex.by_layer[t.layer].append((t.name, p.device))
+        ex.cost[t.layer] += size
+        if p.device == dev.name:
+            ex.held += size
+            ex.on_dev.add(t.layer)
         elif p.device != spill:
-            elsewhere.add(t.layer)
-    used_without_experts = projection.device(device).total() - held
-    room = dev.capacity - dev.margin - used_without_experts
-    order = sorted(by_layer, reverse=not from_first)
-    moves: Moves = {}
+            ex.elsewhere.add(t.layer)
+    return ex
+
+
+def _by_size(projection: Projection, dev: Device, ex: _ExpertLayers, order: list[int], spill: str
+             ) -> tuple[list[int], dict[int, str]]:
+    """Layers in ``order`` while their sizes fit the room left besides the device's experts; after the
+    first that does not, none (the kept layers, and each layer's target)."""
+    room = dev.capacity or 0
+    room -= dev.margin + projection.device(dev.name).total() - ex.held
     kept: list[int] = []
+    target: dict[int, str] = {}
     full = False
     for il in order:
-        if il in elsewhere and not on_dev.get(il):
-            continue
-        fits = not full and cost[il] <= room
+        fits = not full and ex.cost[il] <= room
         if fits:
-            room -= cost[il]
+            room -= ex.cost[il]
             kept.append(il)
         else:
             full = True
-        target = device if fits else spill
-        for name, current in by_layer[il]:
-            if current != target:
-                moves[name] = target
-    while kept and DeviceFigures.of(plan.with_moves(moves).projection().device(device)).over:
-        for name, current in by_layer[kept.pop()]:
-            if current == spill:
-                moves.pop(name, None)
-            else:
-                moves[name] = spill
-    return moves
+        target[il] = dev.name if fits else spill
+    return kept, target
+
+
+_Extents = dict[int, tuple[int, int]]  # per file (shard): the first byte and the end of a mapped span
+
+
+def _by_span(placement: Placement, projection: Projection, dev: Device, ex: _ExpertLayers, order: list[int],
+             spill: str) -> tuple[list[int], dict[int, str]]:
+    """:func:`_by_size` where the device maps the file: a layer costs the bytes it adds to the span of the
+    device's tensors (its other tensors' span, then the layers kept). Layers inside that span cost
+    nothing: kept whatever came before them, and first in the kept list, so that the check after
+    the projection sends the costly ones back first."""
+    movable = {n for names in ex.by_layer.values() for n, _ in names}
+    fixed = _extents(p.tensor for p in placement.items if p.device == dev.name
+                     and p.buft == dev.mapped_buffer_name and p.tensor.name not in movable)
+    tensors = {t.name: t for p in placement.items if (t := p.tensor).name in movable}
+    layer = {il: _extents(tensors[n] for n, _ in ex.by_layer[il]) for il in order}
+    dm = projection.device(dev.name)
+    span_now, _ = mapped_span(dm)
+    room = (dev.capacity or 0) - dev.margin - (DeviceFigures.of(dm).used - span_now) - _span(fixed)
+    kept = [il for il in order if _span(_merged(fixed, layer[il])) == _span(fixed)]
+    target = dict.fromkeys(kept, dev.name)
+    cur, full = fixed, False
+    for il in order:
+        if il in target:
+            continue
+        new = _merged(cur, layer[il])
+        cost = _span(new) - _span(cur)
+        fits = cost == 0 or (not full and cost <= room)
+        if fits:
+            room, cur = room - cost, new
+            kept.append(il)
+        else:
+            full = True
+        target[il] = dev.name if fits else spill
+    return kept, target
+
+
+def _extents(tensors: Iterable[Tensor]) -> _Extents:
+    out: _Extents = {}
+    for t in tensors:
+        lo, hi = out.get(t.shard, (t.offset, t.offset + t.nbytes))
+        out[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
+    return out
+
+
+def _merged(a: _Extents, b: _Extents) -> _Extents:
+    out = dict(a)
+    for shard, (lo, hi) in b.items():
+        was = out.get(shard, (lo, hi))
+        out[shard] = (min(was[0], lo), max(was[1], hi))
+    return out
+
+
+def _span(e: _Extents) -> int:
+    return sum(hi - lo for lo, hi in e.values())
+
+
+def _over_after(plan: Plan, moves: Moves, device: str, before: Projection) -> bool:
+    """The plan with ``moves`` is over on ``device``, or a Mac's CPU and Metal GPUs take more of its
+    one memory than before (:func:`~offload_planner.core.mapped_span.unified_over`)."""
+    after = plan.with_moves(moves).projection()
+    return bool(DeviceFigures.of(after.device(device)).over) or unified_over(after) > unified_over(before)
 
 
 def back_to_default(plan: Plan, names: list[str] | None = None) -> Moves:

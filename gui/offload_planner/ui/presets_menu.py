@@ -184,7 +184,8 @@ class PresetsMenu(QMenu):
                 + _span_over_text(self._doc.plan, device)
             )
         else:
-            self.message.emit(f"{device} already holds as many expert layers as fit")
+            self.message.emit(_fill_refused_text(proj, device, self._doc.plan)
+                              or f"{device} already holds as many expert layers as fit")
         return ok
 
     def llama_fit(self) -> bool:
@@ -249,7 +250,7 @@ class PresetsMenu(QMenu):
         kv = f", KV cache {c.type_k}/{c.type_v}" if (c.type_k, c.type_v) != (was.type_k, was.type_v) else ""
         if was.offload_kqv and not c.offload_kqv:
             kv += ", KV cache in RAM (-nkvo)"
-        kv += _unmapped_text(self._doc.plan, best)
+        kv += _unmapped_text(self._doc.plan, best) + _top_layers_text(self._doc.plan, best)
         batch = f"-b {c.n_batch} " if c.n_batch != was.n_batch else ""
         ts = best.placement_options.tensor_split
         split = ""  # a layer split of its own (fit's "own -ts"): the map's layers change GPU with it
@@ -315,6 +316,24 @@ def _span_over_text(plan: Plan, device: str) -> str:
             f"({' '.join(plan.dialect.no_mmap_flags)}) it holds only its tensors (Fastest plan tries both)")
 
 
+def _fill_refused_text(projection: Projection, device: str, plan: Plan) -> str:
+    """Why Fill moved nothing where ``device`` maps the file (Metal with mmap) and is over: whatever routed
+    experts it moves, the span of its other tensors keeps it over (core.presets.fill_with_experts makes
+    no plan that is over there); "" otherwise."""
+    from offload_planner.core.device_figures import DeviceFigures
+    from offload_planner.core.mapped_span import mapped_span, mapping_gpus
+    from offload_planner.core.units import GiB
+
+    dm = projection.device(device)
+    if device not in mapping_gpus(plan) or not DeviceFigures.of(dm).over:
+        return ""
+    span, _ = mapped_span(dm)
+    return (f"Fill moved nothing: {device} stays over whatever routed experts it moves: with mmap it maps "
+            f"the {span / GiB:.2f} GiB file span from its first tensor to its last, and experts inside the "
+            f"span of its other tensors free nothing when moved off; without mmap "
+            f"({' '.join(plan.dialect.no_mmap_flags)}) it holds only its tensors (Fastest plan tries both)")
+
+
 def _unmapped_text(before: Plan, after: Plan) -> str:
     """", loaded without mmap (-lm none): ..." where the search turned mmap off because a GPU maps the file
     (Metal: its mapped span held the CPU's tensors); "" otherwise (every plan without such a GPU)."""
@@ -326,6 +345,20 @@ def _unmapped_text(before: Plan, after: Plan) -> str:
         return ""
     return (f", loaded without mmap ({flags}): {', '.join(gpus)} then holds only its tensors, not the file "
             "span of them with the CPU's between")
+
+
+def _top_layers_text(before: Plan, after: Plan) -> str:
+    """", -ngl 68 with mmap: ..." where the search took the top layers because a GPU maps the file (Metal:
+    the last layers and the output lie together at the file's end, so the mapped span holds only the
+    GPU's tensors); "" otherwise."""
+    from offload_planner.core.mapped_span import mapping_gpus
+
+    gpus = mapping_gpus(after)
+    n = after.placement_options.n_gpu_layers
+    if not gpus or n == before.placement_options.n_gpu_layers:
+        return ""
+    return (f", -ngl {n} with mmap: the top {n} layers (the output counted as one) on {', '.join(gpus)}, "
+            "whose mapped file span then holds only its tensors")
 
 
 def _held_by_rules(plan: Plan) -> str:

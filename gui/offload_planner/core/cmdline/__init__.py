@@ -7,6 +7,7 @@ Public API::
     ParsedArgs(.args: ServerArgs, .passthrough, .errors, .warnings, .flags)
     check_semantics(parsed, device_names, *, is_mla=False) -> list[ArgError]
     semantic_notes(parsed) -> list[ArgWarning]
+    skipped_devices(parsed, device_names) -> list[ArgWarning]
     effective_overrides(parsed, moe_layers=None) -> list[TensorOverride]
     format_command(argv, style, *, dialect, multiline, name) -> str
     args_to_env(args, dialect) -> EnvSplit
@@ -43,6 +44,7 @@ from offload_planner.core.cmdline.semantics import (
     rpc_buffer_type_names,
     rpc_device_names,
     semantic_notes,
+    skipped_devices,
 )
 from offload_planner.core.cmdline.tables import flag_table
 
@@ -76,4 +78,5 @@ __all__ = [
     "rpc_buffer_type_names",
     "rpc_device_names",
     "semantic_notes",
+    "skipped_devices",
 ]

@@ -109,16 +109,45 @@ def _check_overrides(parsed: ParsedArgs, known: _Known) -> list[ArgError]:
     return errors
 
 
-def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> list[ArgError]:
-    """``-dev`` names (``key="--spec-draft-device"``: the draft model's ``-devd``)."""
+def _device_use(parsed: ParsedArgs, key: str) -> tuple[list[str], FlagUse | None]:
+    """The names ``-dev`` (``key="--spec-draft-device"``: the draft model's ``-devd``) gives ([] for
+    none or ``none``) and the flag that gave them."""
     devices = parsed.args.devices if key == "--device" else parsed.args.draft.devices
     if not devices or devices == ["none"]:
+        return [], None
+    keys = (key,) if key == "--device" else _DRAFT_DEVICE_KEYS
+    return list(devices), next((u for u in reversed(parsed.flags) if u.key in keys), None)
+
+
+#: the draft model's ``-devd`` as the pinned build and ik name it
+_DRAFT_DEVICE_KEYS = ("--spec-draft-device", "--device-draft")
+
+
+def _has_device(parsed: ParsedArgs, known: _Known, name: str, use: FlagUse | None) -> bool:
+    """The build has a device of that ``-dev`` name.  An RPC device only exists once ``--rpc`` has been
+    read where the names are looked up while parsing (the pinned build); a build that looks them up at
+    load (one that skips an unknown name, ik) takes them in any order, among its offload devices only
+    (ik: the GPUs' buffer types, src/llama.cpp 7795-7801; the CPU only in a build without a GPU)."""
+    if not parsed.dialect.skips_unknown_devices:
+        return name in known.devices or (name in known.rpc_devices and _after_rpc(use, known))
+    return name in _load_time_names(known)
+
+
+def _load_time_names(known: _Known) -> frozenset[str]:
+    """ik's offload devices: the CPU only in a build without a GPU (which lists it as its one device)."""
+    offload = known.devices - {"CPU"} if len(known.devices) > 1 else known.devices
+    return offload | known.rpc_devices
+
+
+def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> list[ArgError]:
+    """``-dev`` names (``key="--spec-draft-device"``: the draft model's ``-devd``) the build refuses
+    while parsing (the pinned build; ik skips them at load: :func:`skipped_devices`)."""
+    if parsed.dialect.skips_unknown_devices:
         return []
-    use = next((u for u in reversed(parsed.flags) if u.key == key), None)
+    devices, use = _device_use(parsed, key)
     errors: list[ArgError] = []
     for name in devices:
-        ok = name in known.devices or (name in known.rpc_devices and _after_rpc(use, known))
-        if ok:
+        if _has_device(parsed, known, name, use):
             continue
         flag = use.env or use.spelling if use else "-dev"
         if parsed.dialect.generic_arg_errors:
@@ -133,6 +162,28 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
                      f"known devices: {sorted(known.devices | known.rpc_devices)}{hint}")
         )
     return errors
+
+
+def skipped_devices(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgWarning]:
+    """``-dev``/``-devd`` names a build has no device of and skips at load instead of refusing them
+    (ik_llama.cpp: :meth:`Dialect.skipped_devices_note`), one warning per flag in the build's words;
+    [] for a build that refuses them (:func:`check_semantics` does)."""
+    if not parsed.dialect.skips_unknown_devices:
+        return []
+    known = _known(parsed, [parsed.dialect.server_device_name(n) for n in device_names])
+    out: list[ArgWarning] = []
+    for key in ("--device", "--spec-draft-device"):
+        devices, use = _device_use(parsed, key)
+        skipped = [n for n in devices if not _has_device(parsed, known, n, use)]
+        if skipped:
+            note = parsed.dialect.skipped_devices_note(skipped, any_left=len(skipped) < len(devices),
+                                                       draft=key != "--device")
+            flag = (use.env or use.spelling) if use else "-dev"
+            value = ",".join(devices)
+            hint = next((h for n in skipped if (h := _metal_hint(parsed, n, known))), "")
+            out.append(ArgWarning(flag, value, f"{flag} {value}: {note}",
+                                  f"its devices: {', '.join(sorted(_load_time_names(known)))}{hint}"))
+    return out
 
 
 _DEVICE_KEYS = ("--device", "--spec-draft-device", "--mmproj-device")

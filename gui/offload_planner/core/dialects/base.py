@@ -76,6 +76,10 @@ class Dialect(str, metaclass=_DialectType):
     #: ``-dev``/``-devd``/``-mmdev`` match device names ignoring case (``ggml_backend_dev_by_name``
     #: compares with ``striequals``), so ``cuda0`` is ``CUDA0``; else the name must match exactly
     device_names_ignore_case: bool = False
+    #: a ``-dev``/``-devd`` name the build has no device of is skipped when the model loads
+    #: (:meth:`skipped_devices_note`), not refused while parsing as the pinned build's
+    #: ``parse_device_list`` does ("invalid device: NAME", common/arg.cpp 1133-1135)
+    skips_unknown_devices: bool = False
     #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
     generic_arg_errors: bool = False
     #: an -ot naming an RPC device must come after --rpc
@@ -257,7 +261,8 @@ class Dialect(str, metaclass=_DialectType):
         (pinned mainline: ``llama_prepare_model_devices`` takes ``params.devices`` as given; ik:
         ``model->devices`` from the names in order). None: no ``-dev`` (every GPU, the build's own
         order); ``()`` for ``-dev none``. Names are matched as this build matches them
-        (:attr:`device_names_ignore_case`); a name no GPU has is left out (the parser refuses it)."""
+        (:attr:`device_names_ignore_case`); a name no GPU has is left out (the pinned build's parser
+        refuses it; ik skips it: :attr:`skips_unknown_devices`)."""
         if not names:
             return None
         if list(names) == ["none"]:
@@ -266,6 +271,12 @@ class Dialect(str, metaclass=_DialectType):
         own = {fold(self.dev_name(g)): g.name for g in gpus}
         got = (own.get(fold(n)) for n in names)
         return tuple(dict.fromkeys(g for g in got if g is not None))
+
+    def skipped_devices_note(self, skipped: Sequence[str], *, any_left: bool, draft: bool) -> str:
+        """What the build says and does of ``-dev`` (``draft``: ``-devd``) names it has no device of
+        (``skipped``, in the order given) when it skips them (:attr:`skips_unknown_devices`);
+        ``any_left``: some other name of the list selects a device."""
+        raise NotImplementedError(f"{self} refuses an unknown -dev name while parsing")
 
     # --- flags ---
     def flag_table(self) -> FlagTable:

@@ -57,6 +57,25 @@ class IkLlamaCpp(Dialect):
             return device.buffer_type
         return super().dev_name(device)
 
+    #: ``-dev``/``-devd`` names are not checked while parsing (common/common.cpp 573-578
+    #: ``parse_device_list`` refuses only a blank or a ``-``) but looked up when the model loads
+    #: (:meth:`skipped_devices_note`)
+    skips_unknown_devices = True
+
+    def skipped_devices_note(self, skipped: Sequence[str], *, any_left: bool, draft: bool) -> str:
+        """ik looks each ``-dev`` name up among its devices' buffer-type names, exactly as written, and
+        logs and skips one it has not (src/llama.cpp 7821-7828 at 8337e4cd, ``LLAMA_LOG_ERROR("%s backend
+        not available.\n")``); with none left it loads the model on the CPU (7831-7833: ``n_gpu_layers =
+        0``, "CPU: using device CPU").  ``-devd`` names go through the same loader for the draft
+        (common/speculative.cpp 1950: ``params_dft.devices``)."""
+        logged = ", ".join(f'"{n} backend not available."' for n in skipped)
+        it = "it" if len(skipped) == 1 else "them"
+        what = "the draft model" if draft else "the model"
+        left = "" if any_left else (f"; no device is left, so {what} loads on the CPU only "
+                                    "(n_gpu_layers = 0: \"CPU: using device CPU\")")
+        return (f"ik_llama.cpp logs {logged} and skips {it} (it looks -dev names up exactly as written "
+                f"among its devices when it loads {what}){left}")
+
     @property
     def graph_split_archs(self) -> frozenset[str]:
         """The architectures ``-sm graph``/``attn`` splits (``is_model_split_supported``)."""

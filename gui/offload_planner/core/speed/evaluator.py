@@ -15,7 +15,7 @@ from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.memory import Projection, resolve_context
 from offload_planner.core.model import Model
-from offload_planner.core.placement import Placement, selected_gpus
+from offload_planner.core.placement import Placement, resolve_ngl, selected_gpus
 from offload_planner.core.plan import Plan, plan_from_args
 from offload_planner.core.speed.acceptance import AcceptArg
 from offload_planner.core.speed.candidate import Candidate, host_left, room
@@ -65,8 +65,10 @@ class Evaluator:
 
     def __init__(self, model: Model, devices: DeviceSet, base_args: Sequence[str], dialect: Dialect,
                  parse: Callable[[list[str]], Any], hw: Hardware, eff: Efficiencies, prompt: int,
-                 moves: dict[str, str], accept: AcceptArg = None) -> None:
+                 moves: dict[str, str], accept: AcceptArg = None, base: Plan | None = None) -> None:
         self.model, self.devices, self.base_args = model, devices, list(base_args)
+        #: the window's search starts from its open plan, not a command line (:meth:`plan`)
+        self.base = base
         self.accept = accept  # speculative decoding's acceptance (None: the default)
         self.dialect = Dialect(dialect)
         self.parse, self.hw, self.eff, self.prompt, self.moves = parse, hw, eff, prompt, moves
@@ -102,8 +104,26 @@ class Evaluator:
         return replace(self.devices, gpus=tuple(g for g in self.devices.gpus if g.name in names))
 
     def plan(self, extra: Sequence[str]) -> Plan:
+        """The command with ``extra`` flags after it, the user's moves on top; from an open plan
+        (:attr:`base`, the window's), that plan with the same change made as the window's edit."""
+        if self.base is not None:
+            return self._edited(self.base, extra)
         p = plan_from_args(self.model, self.devices, self.parse([*self.base_args, *extra]), self.dialect)
         return p.with_moves(self.moves) if self.moves else p
+
+    def _edited(self, base: Plan, extra: Sequence[str]) -> Plan:
+        """``base`` changed as ``extra`` changes a command: ``-ngl N`` (the top-layers candidates) as the
+        window's layers option (``-ngl`` as the command reads it: the dialect's rule on the overrides
+        kept, :meth:`Dialect.kept_overrides`); nothing else is asked of an open plan (its starts and
+        fills are made by moves; the baselines need a command line)."""
+        if not extra:
+            return base
+        if len(extra) != 2 or extra[0] != "-ngl":
+            raise ValueError(f"an open plan's search makes no {' '.join(extra)} variant")
+        po = base.placement_options
+        ngl = resolve_ngl(int(extra[1]), self.model.summary.n_layer, has_gpu=bool(self.devices.gpus))
+        popts = replace(po, n_gpu_layers=ngl, overrides=self.dialect.kept_overrides(ngl, po.overrides))
+        return replace(base, placement_options=popts)
 
     def _make(self, label: str, plan: Plan, proj: Projection, verified: bool) -> Candidate:
         over = [n for n, left in room(proj, self.offload).items() if left < 0]

@@ -44,6 +44,7 @@ the KV cache's choices), :mod:`.evaluator` (memory projected in full or predicte
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import replace
@@ -83,6 +84,11 @@ MAX_VERIFY = 8  # full projections of candidates predicted to fit before the bes
 class _Search(Fills, Baselines):
     """The search: our fills and the baselines, evaluated as :class:`Evaluator` does, the best that
     fits chosen by a full projection."""
+
+    @functools.cached_property
+    def tops(self) -> set[tuple[object, ...]]:
+        """The plans :meth:`top_layers` answered with (by :func:`_key`)."""
+        return set()
 
     def ours(self, starts: dict[Variant, Plan], notes: list[str], label: str) -> list[Candidate]:
         """Per variant (``-ub`` and KV cache types; the user's first), the fill from every free routed
@@ -143,6 +149,8 @@ class _Search(Fills, Baselines):
                 again = self.fill(st if st.verified else self.cheap(st.label, st.plan, fresh=True))
             fixed = self.take_back(v) if is_ours else None
             again += [fixed] if fixed is not None else []
+            top = self.top_layers(fresh=True) if _key(c.plan) in self.tops else None  # fewer layers
+            again += [top] if top is not None else []
             ours.extend(x for x in again if all(_key(x.plan) != _key(y.plan) for y in ours))
         done = [c for c in ours + baselines if c.verified and c.fits]
         return max(done, key=lambda x: score(x.estimate, goal)) if done else None
@@ -169,23 +177,27 @@ class _Search(Fills, Baselines):
         return self.cheap(over.label, replace(over.plan, moves=moves)) if changed else None
 
 
-    def top_layers(self) -> Candidate | None:
+    def top_layers(self, fresh: bool = False) -> Candidate | None:
         """Where a GPU maps the file (Metal with mmap) and the command's layers do not fit: the most
         layers from the top (``-ngl N``, mmap kept) that fit, predicted. The output layer and the last
         N layers lie together at the file's end in the usual order, so the GPU's mapped span holds
         (nearly) only its tensors; the estimate ranks it against the fills without mmap. None when
-        even one layer is over, or every layer fits (the fills' start then holds them all)."""
+        even one layer is over, or every layer fits (the fills' start then holds them all).
+        ``fresh``: predicted again with the compute buffers simulated since (:meth:`choose` asks
+        again when the one it found is over by a full projection)."""
         lo, hi = 0, self.model.summary.n_layer + 1  # -ngl counts the output layer too
-        if self.cheap("-ngl all (mmap)", self.plan(["-ngl", str(hi)])).fits:
+        if self.cheap("-ngl all (mmap)", self.plan(["-ngl", str(hi)]), fresh=fresh).fits:
             return None
         found: Candidate | None = None
         while lo < hi:  # the largest N that fits (more layers on the GPU never take room back)
             mid = (lo + hi + 1) // 2
-            c = self.cheap(f"-ngl {mid} (mmap)", self.plan(["-ngl", str(mid)]))
+            c = self.cheap(f"-ngl {mid} (mmap)", self.plan(["-ngl", str(mid)]), fresh=fresh)
             if c.fits:
                 lo, found = mid, c
             else:
                 hi = mid - 1
+        if found is not None:
+            self.tops.add(_key(found.plan))
         return found
 
 
@@ -276,12 +288,15 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
                       accept: AcceptArg = None, allow_nkvo: bool = False) -> FastestResult:
     """The window's "Fastest plan": the same search from an open plan (its -ot rules and its moves
     are kept), without the baselines; ``-ub`` may grow for the pp and balanced goals, the KV cache
-    types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``."""
+    types change only with ``allow_kv_quant``, its device only with ``allow_nkvo``; where a GPU maps
+    the file (Metal with mmap) the unmapped candidates and the top layers (:meth:`_Search.top_layers`,
+    ``-ngl N`` as the window's layers option) as in :func:`fastest_plan`.  The search's own view of
+    the plan is the plan itself (``base``): its ``-dev`` selection decides the GPUs it fills."""
     if goal not in GOALS:
         raise ValueError(f"goal {goal!r}: expected one of {', '.join(GOALS)}")
     eff = eff or defaults_for(plan.dialect)
     s = _Search(plan.model, plan.devices, [], plan.dialect, lambda argv: None, hw, eff, prompt,
-                dict(plan.moves), accept)
+                dict(plan.moves), accept, base=plan)
     notes: list[str] = []
     ub0 = plan.context.n_ubatch
     starts: dict[Variant, Plan] = {}
@@ -296,6 +311,8 @@ def fastest_from_plan(plan: Plan, hw: Hardware, *, goal: str = "balanced", promp
             start = p.with_moves({n: CPU for names in s.expert_layers_any(p).values() for n in names})
             starts[variant(start)] = start
     ours = s.ours(starts, notes, "experts on the CPU")
+    if len(loads) > 1 and (top := s.top_layers()) is not None:  # Metal with mmap: as fastest_plan
+        ours.append(top)
     best = s.choose(ours, [], goal)
     why = "" if best is not None else why_nothing_fits(ours or list(s.starts.values()), plan.devices)
     return FastestResult(best, ours, goal, s.projections, notes, s.evaluations, why=why)
