@@ -80,7 +80,7 @@ def test_fill_takes_the_experts_the_span_holds_anyway(qtbot: QtBot, settings: Se
         win.presets_menu.message.connect(messages.append)
         assert win.presets_menu.fill("MTL0", from_first=True)
         wait_projected(qtbot, win, 120_000)
-        assert messages[-1] == "MTL0 holds the routed experts of 48 layers", messages
+        assert messages[-1] == "MTL0 holds the routed experts of 48 layers (0-47)", messages
         after = DeviceFigures.of(win.doc.plan.projection().device("MTL0"))
         assert after.over == 0 and after.used <= used
     finally:

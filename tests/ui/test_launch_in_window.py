@@ -100,3 +100,36 @@ def test_an_edit_after_a_launch_marks_its_figures_stale_until_the_next(
     assert view.actuals and not view.actuals_stale and not launcher.stale_note.isVisible()
     with qtbot.waitSignal(launcher.server.finished, timeout=20_000):
         launcher.stop()
+
+
+def test_no_llama_server_says_what_to_do_and_offers_to_choose_one(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, qwen3moe_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer without llama-server presses Launch: the problem says what to do next and a
+    Choose llama-server… button appears beside the state, in view (the Server field is below the
+    table, out of sight at 1280x800); the error is said once."""
+    from offload_planner.ui.launcher_panel import SERVER_HINT
+
+    open_and_wait(qtbot, window, qwen3moe_path)
+    window.tabs.setCurrentIndex(window.tabs.count() - 1)  # Launch
+    panel, scroll = window.launcher, window.launch_scroll
+    missing = tmp_path / "no-such-dir" / "llama-server"
+    panel.set_executable(str(missing))
+    qtbot.waitExposed(window)
+    assert panel.server_edit.mapTo(panel, QPoint(0, 0)).y() > scroll.viewport().height()  # out of sight
+    assert not panel.choose_button.isVisible()
+    qtbot.mouseClick(panel.launch_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.failures.count() > 0, timeout=10_000)
+    text = panel.failures.item(0).text()
+    assert text.startswith(f"llama-server did not start: llama-server not found; looked in: {missing}")
+    assert SERVER_HINT in text
+    assert str(missing) not in panel.notes.text()  # said once, not again under the problem
+    button = panel.choose_button
+    assert button.isVisible()
+    top = button.mapTo(scroll.viewport(), QPoint(0, 0)).y()
+    assert top >= 0 and top + button.height() <= scroll.viewport().height()
+    exe = tmp_path / "bin" / "llama-server"
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(exe), "")))
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert panel.server_edit.text() == str(exe) and window.settings.get(keys.BACKEND_PATH) == str(exe)
+    assert not button.isVisible()

@@ -247,3 +247,38 @@ def test_table_notes_a_plan_edited_since_the_launch(qtbot: QtBot, tmp_path: Path
     panel.set_plan(edited, edited.projection())  # stopped: the table shows the edited projection
     assert not panel.stale_note.isVisibleTo(panel)
     assert next(r for r in _cells(panel) if r[:2] == ["CPU", "total"])[4] == "-"
+
+
+def test_the_launch_notes_name_the_verbose_log_box(qtbot: QtBot, tmp_path: Path, qwen_path: Path) -> None:
+    """'added -lv 4: ... (turn off "verbose log" to launch the command exactly as written)': the box
+    it means is called that (it read "Log buffer sizes", so the note named nothing on screen)."""
+    import re
+
+    from offload_planner.backend import launch
+
+    panel = _panel(qtbot, tmp_path / "llama-server", tmp_path)
+    panel.set_plan(_plan(qwen_path, "-c 2048"))
+    cfg = panel.launch_config()
+    assert cfg.verbose_log
+    cmd = launch.build_command("llama-server", cfg.server_args, verbose_log=cfg.verbose_log)
+    quoted = [m for n in cmd.notes for m in re.findall(r'"([^"]+)"', n)]
+    assert quoted == ["verbose log"], cmd.notes
+    assert panel.verbose_box.text().lower().startswith("verbose log")
+
+
+def test_a_silent_exit_says_where_to_look(qtbot: QtBot, tmp_path: Path, qwen_path: Path) -> None:
+    """A llama-server that exits with an error code and prints nothing left "llama-server exited with
+    code 3" alone: no error to quote, no next step (newcomer7)."""
+    from offload_planner.ui.launcher_panel import SILENT_EXIT
+
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\nimport sys\n"
+                   "if sys.argv[1:] == ['--version']:\n    print('version: 0.6.0-dev (build 0, commit x)')\n"
+                   "    sys.exit(0)\nsys.exit(3)\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    panel = _panel(qtbot, exe, tmp_path)
+    panel.set_plan(_plan(qwen_path, "-c 2048"))
+    with qtbot.waitSignal(panel.server.finished, timeout=20_000):
+        panel.launch()
+    assert panel.server.state is ServerState.FAILED
+    assert panel.failures.item(0).text() == f"llama-server exited with code 3\n  {SILENT_EXIT}"

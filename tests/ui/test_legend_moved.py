@@ -49,3 +49,20 @@ def test_cells_the_fastest_plan_moved_are_not_said_moved_by_you(
         assert "moved" in labels and not any("by you" in label for label in labels)
     finally:
         win.close()
+
+
+def test_not_movable_says_which_tensors_and_why(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
+    """The hatch's entry "not movable" had no tooltip: a GLM-4.5-style model's NextN block is hatched
+    and a newcomer could not tell why (newcomer7)."""
+    from offload_planner.core.synth import SMALL_MODELS, write_model
+
+    path = write_model(SMALL_MODELS["glm4moe"], tmp_path / "glm4moe.gguf")[0]
+    open_and_wait(qtbot, window, path)
+    tip = _legend_tip(qtbot, window, "fixed")
+    assert tip.startswith("Hatched: tensors this command does not let you move") and "NextN/MTP" in tip
+    grid = window.doc.grid
+    assert grid is not None
+    fixed = next(k for k, cell in grid.cells.items() if cell.items and not cell.movable)
+    model = window.map_view.model()
+    cell_tip = str(model.data(model.index(*fixed), Qt.ItemDataRole.ToolTipRole))
+    assert "not movable: NextN/MTP block: not loaded without MTP" in cell_tip

@@ -87,3 +87,27 @@ def test_the_kv_cache_is_spelled_one_way(qtbot: QtBot, window: MainWindow, demo_
     options = [a.text() for a in menu.actions() if a.isCheckable()]
     assert len(options) == 2 and all("the KV cache" in t for t in options), options
     assert not [t for t in texts if "K/V" in t]
+
+
+def test_a_dense_model_has_no_expert_presets_to_click(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """On a dense model "All routed experts → CPU" and "Fill CUDA0 with routed experts ..." were on and
+    did nothing, saying "Routed experts are already there" (newcomer7). They are off now, saying why."""
+    from offload_planner.core.synth import SMALL_MODELS, write_model
+
+    open_and_wait(qtbot, window, write_model(SMALL_MODELS["llama"], tmp_path / "llama.gguf")[0])
+    menu = window.presets_menu
+    menu.popup(window.mapToGlobal(QPoint(200, 100)))
+    qtbot.waitUntil(menu.isVisible)
+    try:
+        texts = ["All routed experts → CPU", "Fill CUDA0 with routed experts from layer 0",
+                 "Fill CUDA0 with routed experts from the last layer"]
+        actions = {a.text(): a for a in menu.actions()}
+        for text in texts:
+            assert not actions[text].isEnabled(), text
+            tip = _hover_tip(qtbot, window, text)
+            assert tip.startswith("No routed experts to move: this model is dense"), tip
+        assert actions["Move layers…"].isEnabled()
+    finally:
+        menu.hide()

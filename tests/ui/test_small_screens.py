@@ -61,3 +61,25 @@ def test_1280x720_keeps_the_map_and_scrolls_the_left_column(
     lines = window.memory_view._breakdown_lines()
     assert lines and all(line.form < len(BREAKDOWN_FORMS) for line in lines)
     assert window.tabs.height() >= 150  # the command stays readable
+
+
+def test_every_memory_row_uses_the_same_labels(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
+    """At 1024x700 with two GPUs over capacity the GPU rows had room for "weights 180.9 KV 1.1 compute
+    0.7" and the CPU row, with its output buffer too, only for "W 0.5 C 0.3 O 2 MiB": one pane, two
+    spellings.  Every row now takes the shortest form any row needs (the legend names the letters)."""
+    win = MainWindow(settings, system_info("CUDA0=rtx3090", "CUDA1=rtx4090", cpu_gib=256))
+    win.confirm_close = False
+    qtbot.addWidget(win)
+    win.resize(1024, 700)
+    win.show()
+    qtbot.waitExposed(win)
+    open_and_wait(qtbot, win, demo_path)  # -ngl 999 -ts 31,31: both GPUs over, "+159.6 GiB over"
+    qtbot.wait(50)
+    view = win.memory_view
+    lines = view._breakdown_lines()
+    assert len(lines) == 3
+    assert len({line.form for line in lines}) == 1, [line.text for line in lines]
+    assert all(line.form < len(BREAKDOWN_FORMS) for line in lines)  # none elided
+    assert [line.text.split()[0] for line in lines] == ["W", "W", "W"]
+    assert view.abbreviated() and ("weights (W)", "model") in view.legend_items()
+    win.close()

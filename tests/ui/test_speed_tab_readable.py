@@ -13,7 +13,9 @@ from pytestqt.qtbot import QtBot
 from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait, wait_projected
 
+from offload_planner.core.devices import parse_device_decl
 from offload_planner.core.placement import CPU
+from offload_planner.core.speed.tps import tps_fixed
 from offload_planner.ui.settings import Settings
 from offload_planner.ui.speed_view import IF_IT_FIT
 
@@ -74,5 +76,35 @@ def test_ubatch_axis_reads_at_the_default_window_size(qtbot: QtBot, settings: Se
             text = label.document().toPlainText()
             box = label.sceneBoundingRect().adjusted(0, 4, 0, -4)  # less the text item's margins
             assert box.top() >= 0 and box.bottom() <= view_h, (side, text, box, view_h)
+    finally:
+        win.close()
+
+
+def test_a_cpu_only_plan_plots_no_gpu_axis(qtbot: QtBot, settings: Settings, qwen3moe_path: Path) -> None:
+    """No GPU: the plot had a right axis of zeros ranged -400 ... 400 with a cut "GPU GiB (x0.001)"
+    title and a dashed line along 0, and the line said "0.00 GiB of GPU compute buffers"."""
+    win = make_window(qtbot, settings, system_info())
+    try:
+        open_and_wait(qtbot, win, qwen3moe_path)
+        plot = win.ubatch_plot
+        win.tabs.setCurrentWidget(plot)
+        plot.button.click()
+        qtbot.waitUntil(lambda: bool(plot.points), timeout=120_000)
+        assert not plot.plot.getAxis("right").isVisible()
+        assert len(plot.buf_curve.xData if plot.buf_curve.xData is not None else []) == 0
+        best = max((p for p in plot.points if p.fits), key=lambda p: p.pp_tps)
+        assert plot.status.text() == (f"fastest prompt processing that fits at -ub {best.n_ubatch}: "
+                                      f"{tps_fixed(best.pp_tps, 0)} t/s (no GPU compute buffers: nothing "
+                                      "of the plan on a GPU)")
+        # a GPU again: its axis and curve come back
+        win.doc.add_device(parse_device_decl("CUDA0=24GiB"))
+        wait_projected(qtbot, win)
+        plot.button.click()
+        def replotted() -> bool:
+            return plot.button.isEnabled() and bool(plot.points) and "GiB of GPU" in plot.status.text()
+
+        qtbot.waitUntil(replotted, timeout=120_000)
+        assert plot.plot.getAxis("right").isVisible()
+        assert len(plot.buf_curve.xData) == len(plot.points)
     finally:
         win.close()

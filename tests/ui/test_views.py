@@ -110,7 +110,25 @@ def test_fill_message_counts_expert_layers_already_on_the_gpu(
     on_gpu = {p.tensor.layer for p in window.doc.placement.items
               if p.tensor.role.is_routed_expert and p.device == "CUDA0"}
     assert on_gpu, "some expert layers fit"
-    assert messages[-1] == f"CUDA0 holds the routed experts of {len(on_gpu)} layers"
+    assert on_gpu == {3}  # one 24 GiB GPU: layer 3's experts fit beside the rest (README Guide, step 2)
+    assert messages[-1] == "CUDA0 holds the routed experts of layer 3"  # was "of 1 layers"
+
+
+def test_fill_message_names_the_layers(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
+    """Two 24 GiB GPUs, as in the README's step 4: the message names the layers each fill gave."""
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB", "CUDA1=24GiB"))
+    open_and_wait(qtbot, win, demo_path)
+    menu = win.presets_menu
+    menu.routed_experts_to(CPU)
+    wait_projected(qtbot, win)
+    messages: list[str] = []
+    menu.message.connect(messages.append)
+    assert menu.fill("CUDA0", from_first=True)
+    wait_projected(qtbot, win)
+    assert menu.fill("CUDA1", from_first=False)
+    assert messages == ["CUDA0 holds the routed experts of 2 layers (3-4)",
+                        "CUDA1 holds the routed experts of 2 layers (59-60)"]
+    win.close()
 
 
 def test_llama_fit_preset_is_one_undo_step(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:

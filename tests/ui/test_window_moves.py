@@ -305,3 +305,20 @@ def test_the_drag_tooltip_counts_what_moves(qtbot: QtBot, window: MainWindow, qw
     assert view.drag_tip.startswith("Move 1 tensor (")
     QTest.keyClick(view, Qt.Key.Key_Escape)
     assert doc.undo_stack.count() == 1
+
+
+def test_a_key_move_says_what_moved(qtbot: QtBot, window: MainWindow, demo_path: Path) -> None:
+    """Keyboard only: 0 moved the selection with no word in the status bar (only the map's colours
+    changed); it now says what moved, as the Undo entry names it, and how to take it back."""
+    open_and_wait(qtbot, window, demo_path)
+    view = window.map_view
+    (r0, c0), (_, c1) = _expert_positions(window, 30, 30)
+    view.select_cells([(r0, c) for c in range(c0, c1 + 1)])
+    view.setFocus()
+    QTest.keyClick(view, Qt.Key.Key_0)
+    undo = window.doc.undo_stack.undoText()
+    assert undo.startswith("Move 3 tensors (") and undo.endswith(") to CPU"), undo
+    assert window.statusBar().currentMessage() == f"{undo} (Edit ▸ Undo takes it back)"
+    QTest.keyClick(view, Qt.Key.Key_Delete)
+    assert window.statusBar().currentMessage().startswith("Move 3 tensors (")
+    assert "to the command's placement (Edit ▸ Undo takes it back)" in window.statusBar().currentMessage()

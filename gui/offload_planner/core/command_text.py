@@ -51,6 +51,10 @@ def read_command(text: str, dialect: Dialect) -> ParsedArgs:
     return parse_server_args(split_command_text(text), dialect=Dialect(dialect))
 
 
+#: How a pasted command's refusal starts among its notes (the window lists those as errors).
+REFUSED = "pasted command: llama-server would refuse it: "
+
+
 def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
     """A plan for the open model and devices built from a pasted llama-server command line, and
     notes for the user (llama-server's refusals, warnings, a different -m)."""
@@ -68,7 +72,7 @@ def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
         )
     errors = [*parsed.errors, *check_semantics(parsed, devices.names, is_mla=plan.model.summary.is_mla,
                                                              arch=plan.model.arch)]
-    notes = [f"pasted command: llama-server would refuse it: {e}" for e in errors]
+    notes = [f"{REFUSED}{e}" for e in errors]
     notes += [f"pasted command: {w}" for w in parsed.warnings]
     notes += [f"pasted command: {w}" for w in skipped_devices(parsed, devices.names)]
     if args.model and Path(args.model).name != Path(plan.model.path).name:

@@ -9,6 +9,7 @@ included: the fitted command can be over on that GPU although the fit says it fi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,35 @@ from offload_planner.core.placement import CPU
 from offload_planner.core.units import GiB
 
 if TYPE_CHECKING:
+    from offload_planner.core.model import Tensor
     from offload_planner.core.plan import Plan
+
+
+#: per file (shard): the first byte and the end of the span some tensors occupy
+Extents = dict[int, tuple[int, int]]
+
+
+def extents(tensors: Iterable[Tensor]) -> Extents:
+    """The file span of ``tensors`` per shard, from the first byte of the first to the end of the last."""
+    out: Extents = {}
+    for t in tensors:
+        lo, hi = out.get(t.shard, (t.offset, t.offset + t.nbytes))
+        out[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
+    return out
+
+
+def merged_extents(a: Extents, b: Extents) -> Extents:
+    """The spans holding both ``a``'s and ``b``'s tensors."""
+    out = dict(a)
+    for shard, (lo, hi) in b.items():
+        was = out.get(shard, (lo, hi))
+        out[shard] = (min(was[0], lo), max(was[1], hi))
+    return out
+
+
+def span_bytes(e: Extents) -> int:
+    """The bytes the spans take, over every shard."""
+    return sum(hi - lo for lo, hi in e.values())
 
 
 def mapping_gpus(plan: Plan) -> list[str]:
@@ -104,18 +133,17 @@ def shared_bytes(projection: Projection) -> dict[str, int]:
     """Per GPU that maps the file (Metal with mmap): the bytes of the CPU's mapped tensors (``CPU_Mapped``,
     read into the page cache) lying inside that GPU's mapped span of the same file, which the plan counts
     on both devices. On Apple silicon they are the same pages of one memory."""
-    spans: dict[tuple[str, int], tuple[int, int]] = {}  # (GPU, shard) -> its span's first byte and end
+    on_gpu: dict[str, list[Tensor]] = {}
     cpu: dict[tuple[int, str], tuple[int, int]] = {}  # (shard, tensor) -> its bytes in the file
     for p in projection.placement.items:
         if p.device is None or p.buft is None or not is_mapped_buffer(p.buft):
             continue
         t = p.tensor
-        lo, hi = t.offset, t.offset + t.nbytes
         if p.device == CPU:
-            cpu[(t.shard, t.name)] = (lo, hi)
+            cpu[(t.shard, t.name)] = (t.offset, t.offset + t.nbytes)
         else:
-            was = spans.get((p.device, t.shard), (lo, hi))
-            spans[(p.device, t.shard)] = (min(was[0], lo), max(was[1], hi))
+            on_gpu.setdefault(p.device, []).append(t)
+    spans = {(gpu, shard): span for gpu, ts in on_gpu.items() for shard, span in extents(ts).items()}
     out: dict[str, int] = {}
     for (gpu, shard), (lo, hi) in spans.items():
         n = sum(e - o for (sh, _), (o, e) in cpu.items() if sh == shard and o >= lo and e <= hi)

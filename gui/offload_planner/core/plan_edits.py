@@ -63,13 +63,34 @@ def with_dialect(plan: Plan, dialect: Dialect) -> Plan:
     """Pinned mainline offloads the output layer first; older builds and ik only with ngl > n_layer
     (core.engine.placement_options). The context takes the dialect's sizing rules, and ik its default
     MLA mode and -amb and no CPU_REPACK buffers.  A build with one KV stream has no unified-KV setting
-    (ik refuses ``-kvu``; its parser leaves the flag off, and so does the switch)."""
+    (ik refuses ``-kvu``; its parser leaves the flag off, and so does the switch).  Slots at the old
+    build's server default (no ``-np``) take the new build's (:func:`_default_slots`)."""
     dialect = Dialect(dialect)
     popts = replace(plan.placement_options, use_extra_bufts=dialect.has_cpu_repack)  # Plan derives the rest
-    ctx = replace(plan.context, dialect=dialect, mla=dialect.mla(plan.model, None), amb=dialect.amb(None),
-                  repack=plan.context.repack and dialect.has_mla_settings,  # -rtr: ik only
-                  kv_unified=plan.context.kv_unified and not dialect.single_kv_stream)
+    n_draft = plan.spec.n_max if plan.spec is not None else 0
+    ctx = replace(_default_slots(plan.context, Dialect(plan.context.dialect), dialect, n_draft),
+                  dialect=dialect, mla=dialect.mla(plan.model, None), amb=dialect.amb(None),
+                  repack=plan.context.repack and dialect.has_mla_settings)  # -rtr: ik only
+    ctx = replace(ctx, kv_unified=ctx.kv_unified and not dialect.single_kv_stream)
     return replace(plan, placement_options=popts, context=ctx)
+
+
+def _default_slots(ctx: ContextParams, old: Dialect, new: Dialect, n_draft: int) -> ContextParams:
+    """The pinned server's ``-np`` auto is four slots sharing one unified KV cache; the other builds'
+    default is one slot.  A plan at the old build's default is one whose command gave no ``-np`` (as
+    core.plan's command leaves it out), so the new build's default applies, as ``plan --backend NEW``
+    reads that command: kept, the switch to ik exported ``-np 4``, four slots of a quarter of the
+    context each where ik's server has one of all of it.  The output rows reserved follow the slots
+    and the build (core.engine.context_params: the 2025 builds reserve a row per ubatch token)."""
+    def default(d: Dialect) -> tuple[int, bool]:
+        return (4, True) if d.auto_parallel else (1, False)
+
+    n_seq, unified = ctx.n_seq_max, ctx.kv_unified
+    if (n_seq, unified) == default(old):
+        n_seq, unified = default(new)
+    per_seq = ctx.n_outputs_max // ctx.n_seq_max if ctx.n_outputs_max is not None else 1 + n_draft
+    outputs = None if new.reserves_ubatch_outputs else min(ctx.n_batch, n_seq * max(1, per_seq))
+    return replace(ctx, n_seq_max=n_seq, kv_unified=unified, n_outputs_max=outputs)
 
 
 def with_device(plan: Plan, device: Device, index: int | None = None) -> Plan:

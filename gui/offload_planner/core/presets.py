@@ -6,15 +6,20 @@ The window turns each result into one undoable MoveTensors step.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from offload_planner.core.device_figures import DeviceFigures
 from offload_planner.core.devices import Device
 from offload_planner.core.fit import FitResult, fit_params
-from offload_planner.core.mapped_span import mapped_span, mapping_gpus, unified_over
+from offload_planner.core.mapped_span import (
+    extents,
+    mapped_span,
+    mapping_gpus,
+    merged_extents,
+    span_bytes,
+    unified_over,
+)
 from offload_planner.core.memory import Projection, alloc_size, pad
-from offload_planner.core.model import Tensor
 from offload_planner.core.placement import CPU, Placement, selected_gpus
 from offload_planner.core.plan import Plan
 
@@ -151,9 +156,6 @@ def _by_size(projection: Projection, dev: Device, ex: _ExpertLayers, order: list
     return kept, target
 
 
-_Extents = dict[int, tuple[int, int]]  # per file (shard): the first byte and the end of a mapped span
-
-
 def _by_span(placement: Placement, projection: Projection, dev: Device, ex: _ExpertLayers, order: list[int],
              spill: str) -> tuple[list[int], dict[int, str]]:
     """:func:`_by_size` where the device maps the file: a layer costs the bytes it adds to the span of the
@@ -161,21 +163,21 @@ def _by_span(placement: Placement, projection: Projection, dev: Device, ex: _Exp
     nothing: kept whatever came before them, and first in the kept list, so that the check after
     the projection sends the costly ones back first."""
     movable = {n for names in ex.by_layer.values() for n, _ in names}
-    fixed = _extents(p.tensor for p in placement.items if p.device == dev.name
+    fixed = extents(p.tensor for p in placement.items if p.device == dev.name
                      and p.buft == dev.mapped_buffer_name and p.tensor.name not in movable)
     tensors = {t.name: t for p in placement.items if (t := p.tensor).name in movable}
-    layer = {il: _extents(tensors[n] for n, _ in ex.by_layer[il]) for il in order}
+    layer = {il: extents(tensors[n] for n, _ in ex.by_layer[il]) for il in order}
     dm = projection.device(dev.name)
     span_now, _ = mapped_span(dm)
-    room = (dev.capacity or 0) - dev.margin - (DeviceFigures.of(dm).used - span_now) - _span(fixed)
-    kept = [il for il in order if _span(_merged(fixed, layer[il])) == _span(fixed)]
+    room = (dev.capacity or 0) - dev.margin - (DeviceFigures.of(dm).used - span_now) - span_bytes(fixed)
+    kept = [il for il in order if span_bytes(merged_extents(fixed, layer[il])) == span_bytes(fixed)]
     target = dict.fromkeys(kept, dev.name)
     cur, full = fixed, False
     for il in order:
         if il in target:
             continue
-        new = _merged(cur, layer[il])
-        cost = _span(new) - _span(cur)
+        new = merged_extents(cur, layer[il])
+        cost = span_bytes(new) - span_bytes(cur)
         fits = cost == 0 or (not full and cost <= room)
         if fits:
             room, cur = room - cost, new
@@ -184,26 +186,6 @@ def _by_span(placement: Placement, projection: Projection, dev: Device, ex: _Exp
             full = True
         target[il] = dev.name if fits else spill
     return kept, target
-
-
-def _extents(tensors: Iterable[Tensor]) -> _Extents:
-    out: _Extents = {}
-    for t in tensors:
-        lo, hi = out.get(t.shard, (t.offset, t.offset + t.nbytes))
-        out[t.shard] = (min(lo, t.offset), max(hi, t.offset + t.nbytes))
-    return out
-
-
-def _merged(a: _Extents, b: _Extents) -> _Extents:
-    out = dict(a)
-    for shard, (lo, hi) in b.items():
-        was = out.get(shard, (lo, hi))
-        out[shard] = (min(was[0], lo), max(was[1], hi))
-    return out
-
-
-def _span(e: _Extents) -> int:
-    return sum(hi - lo for lo, hi in e.values())
 
 
 def _over_after(plan: Plan, moves: Moves, device: str, before: Projection) -> bool:

@@ -51,6 +51,17 @@ RULE_HEADER_TIPS = (
 )
 
 
+def pasted_message(notes: Sequence[str]) -> str:
+    """The status line after a paste: a command llama-server would refuse said first (it was one
+    of "N notes in Problems"), notes counted in the singular too ("1 notes")."""
+    refused = sum(n.startswith(command_text.REFUSED) for n in notes)
+    if refused:
+        return ("Plan rebuilt from the pasted command, which llama-server would refuse: see Problems "
+                f"({refused} error{'s' if refused > 1 else ''})")
+    return "Plan rebuilt from the pasted command" + (
+        f" ({len(notes)} note{'s' if len(notes) > 1 else ''} in Problems)" if notes else "")
+
+
 def changed_spans(text: str, old: Sequence[str], new: Sequence[str]) -> list[tuple[int, int]]:
     """Character spans in ``text`` (the formatted ``new``) of the arguments not in ``old``."""
     sm = difflib.SequenceMatcher(a=list(old), b=list(new), autojunk=False)
@@ -299,7 +310,5 @@ class CommandPane(QWidget):
             return False
         self._doc.replace_plan(plan, "Paste command")
         self._doc.set_notes(notes)
-        self.message.emit(
-            "Plan rebuilt from the pasted command" + (f" ({len(notes)} notes in Problems)" if notes else "")
-        )
+        self.message.emit(pasted_message(notes))
         return True

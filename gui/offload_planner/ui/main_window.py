@@ -111,6 +111,16 @@ def demo_notice(devices: DeviceSet) -> str:
             "for this machine.")
 
 
+def no_gpu_notice(why: str, devices: DeviceSet) -> str:
+    """The Devices notice on a machine where no GPU was detected: why, and what the plan is for, the
+    GPUs declared (--device, + Virtual GPU…) or the CPU alone.  It said only "No GPU detected: no
+    NVIDIA driver found." beside a list of declared GPUs the plan put layers on."""
+    gpus = [g.name for g in devices.gpus]
+    if gpus:
+        return f"No GPU detected ({why}): planning for the declared {', '.join(gpus)}."
+    return f"No GPU detected ({why}): planning for the CPU alone."
+
+
 @dataclass
 class SystemInfo:
     """The machine as the window starts with it: CPU RAM, GPU detection, devices from the command line."""
@@ -158,6 +168,7 @@ class MainWindow(QMainWindow):
         self.allow_remote_plans = False  # fetch a plan file's URL model without asking (--allow-remote)
         self.on_demo_hardware = False  # the plan's devices are DEMO_HARDWARE, not this machine's
         self._gpu_notice = ""
+        self._no_gpu_why = ""  # why no GPU was detected ("" when one was)
         self._load_t0 = 0.0
         self.doc = PlanDocument(self)
         self.loader = ModelLoader(self)
@@ -172,7 +183,8 @@ class MainWindow(QMainWindow):
         if system.detection.message and not system.detection.gpus:
             why = system.detection.message.split(";", 1)[0]
             msg = f"No GPU detected: {why}. Add a virtual GPU to plan for one."
-            self._gpu_notice = f"No GPU detected: {why.split(' (', 1)[0]}."  # + Virtual GPU… is under it
+            self._no_gpu_why = why.split(" (", 1)[0]
+            self._gpu_notice = no_gpu_notice(self._no_gpu_why, self.initial_devices())
             self.devices_panel.notice.setToolTip(msg)
             self.devices_panel.show_notice(self._gpu_notice)
             self.log(msg)
@@ -646,10 +658,16 @@ class MainWindow(QMainWindow):
         self.devices_panel.show_notice(DEMO_NOTICE if on else self._gpu_notice)
 
     def _update_demo_notice(self) -> None:
-        if self.on_demo_hardware and self.doc.has_plan:
+        if not self.doc.has_plan:
+            return
+        if self.on_demo_hardware:
             text = demo_notice(self.doc.plan.devices)
-            if text != self.devices_panel.notice.text():
-                self.devices_panel.show_notice(text)
+        elif self._no_gpu_why:  # the declared GPUs change with + Virtual GPU… and Remove
+            text = self._gpu_notice = no_gpu_notice(self._no_gpu_why, self.doc.plan.devices)
+        else:
+            return
+        if text != self.devices_panel.notice.text():
+            self.devices_panel.show_notice(text)
 
     def _fill_recent(self) -> None:
         self.recent_menu.clear()

@@ -27,7 +27,9 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
+from offload_planner.core.devices import DeviceKind
 from offload_planner.core.extra_context import DRAFT, MTP
+from offload_planner.core.mapped_span import unified_over
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
@@ -35,13 +37,18 @@ from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.palette import (
     ACTUAL_COLOR,
     OVER_COLOR,
+    contrast,
     device_color,
     hatch_brush,
     kind_brush,
     kind_overlay,
+    readable,
 )
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
+FITS_COLOR = QColor("#007A3D")  # the verdict when every device fits
+MARGIN_DARK = QColor(60, 60, 60, 170)  # the margin's hatch on a light background
+MARGIN_LIGHT = QColor(200, 200, 200, 170)  # ... on a dark one
 STALE_ACTUAL_COLOR = QColor("#8A8A8A")  # an actual marker from before the last edit, drawn hollow
 STALE_NOTE = "before your last edit"
 OVER_PATTERN = QBrush(QColor(255, 255, 255, 150), Qt.BrushStyle.DiagCrossPattern)
@@ -63,8 +70,9 @@ BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
 
-def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool) -> str:
-    """Under the legend while a device is over capacity: what to do about it ("" when all fit)."""
+def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: str = "") -> str:
+    """Under the legend while a device is over capacity: what to do about it ("" when all fit).
+    ``shared_ram``: the devices of a Mac's one memory (``CPU + MTL0``) when together over it."""
     parts = []
     names = ", ".join(gpus_over)
     if gpus_over and moe:
@@ -76,6 +84,9 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool) -> str:
     if cpu_over:
         parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
                      "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
+    elif shared_ram:
+        parts.append(f"{shared_ram} share one RAM and together take more than it (Problems has the "
+                     "figures): a smaller context or KV cache type (Options) or a smaller model.")
     return "What next: " + " ".join(parts) if parts else ""
 
 #: The legend's last word on the breakdown lines' bare figures.
@@ -118,12 +129,12 @@ def breakdown_forms(f: DeviceFigures) -> list[str]:
     ]
 
 
-def fit_breakdown(f: DeviceFigures, fm: QFontMetrics, width: int) -> tuple[str, int]:
-    """The longest form of the breakdown line that fits ``width`` pixels and its index in
-    :data:`BREAKDOWN_FORMS`; if none fits, the shortest elided (index: the number of forms)."""
+def fit_breakdown(f: DeviceFigures, fm: QFontMetrics, width: int, first: int = 0) -> tuple[str, int]:
+    """The longest form of the breakdown line from ``first`` on that fits ``width`` pixels and its index
+    in :data:`BREAKDOWN_FORMS`; if none fits, the shortest elided (index: the number of forms)."""
     forms = breakdown_forms(f)
     for i, text in enumerate(forms):
-        if fm.horizontalAdvance(text) <= width:
+        if i >= first and fm.horizontalAdvance(text) <= width:
             return text, i
     return fm.elidedText(forms[-1], Qt.TextElideMode.ElideRight, width), len(forms)
 
@@ -361,10 +372,26 @@ class MemoryView(QWidget):
             p.fillRect(r.adjusted(1, 1, -1, -1), self.palette().color(QPalette.ColorRole.Base))
         p.fillRect(QRectF(r.right() - 1.5, r.top() - 3, 1.5, r.height() + 3), color)
 
+    def unified_over(self) -> int:
+        """Bytes a Mac's CPU and Metal GPUs together take beyond its RAM (core.mapped_span.unified_over:
+        ``plan`` exits 3 and names the CPU over capacity); 0 elsewhere.  Each bar can fit on its own."""
+        a = self._doc.analysis
+        return unified_over(a.projection) if a is not None and a.projection is not None else 0
+
+    def _ram_sharers(self) -> str:
+        """``CPU + MTL0``: the devices of one unified memory."""
+        rows = sorted(self._rows(), key=lambda dm: dm.device.is_gpu)  # the CPU first
+        kinds = (DeviceKind.CPU, DeviceKind.METAL)
+        return " + ".join(dm.device.name for dm in rows if dm.device.kind in kinds)
+
     def verdict(self) -> str:
         """The line above the bars as drawn at the view's width: the devices over capacity by name,
-        or by number when their names do not fit (each bar says "over" in red)."""
+        or by number when their names do not fit (each bar says "over" in red); a Mac's devices that
+        together take more than its RAM as "RAM (CPU + MTL0)" (the window said "fits on every device"
+        where ``plan`` exits 3)."""
         over = [dm.device.name for dm in self._rows() if bar_figures(dm).over]
+        if self.unified_over():
+            over.append(f"RAM ({self._ram_sharers()})")
         if not over:
             return "✔ fits on every device"
         bold = QFont(self.font())
@@ -375,11 +402,27 @@ class MemoryView(QWidget):
             text = f"✖ {len(over)} devices over capacity" if len(over) > 1 else "✖ over capacity"
         return fm.elidedText(text, Qt.TextElideMode.ElideRight, self.width() - 16)
 
+    def _readable(self, color: QColor) -> QColor:
+        """``color`` as text on the pane's background (a dark palette lightens it)."""
+        return readable(color, self.palette().color(QPalette.ColorRole.Base))
+
+    def margin_color(self) -> QColor:
+        """The margin's hatch: dark grey on a light background, light grey on a dark one (where the dark
+        grey hatch did not show, in the bars nor in the legend)."""
+        base = self.palette().color(QPalette.ColorRole.Base)
+        return MARGIN_DARK if contrast(MARGIN_DARK, base) >= 3 else MARGIN_LIGHT
+
+    def verdict_color(self, figures: list[DeviceFigures] | None = None) -> QColor:
+        """Red over capacity, green when everything fits, as text on the pane's background."""
+        figures = [bar_figures(dm) for dm in self._rows()] if figures is None else figures
+        over = any(f.over for f in figures) or self.unified_over() > 0
+        return self._readable(OVER_COLOR if over else FITS_COLOR)
+
     def _paint_verdict(self, p: QPainter, r: QRectF, figures: list[DeviceFigures]) -> None:
         bold = QFont(self.font())
         bold.setBold(True)
         p.setFont(bold)
-        p.setPen(OVER_COLOR if any(f.over for f in figures) else QColor("#007A3D"))
+        p.setPen(self.verdict_color(figures))
         p.drawText(r, Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self.verdict())
         p.setFont(self.font())
         if not self._doc.analysis_current:
@@ -423,7 +466,7 @@ class MemoryView(QWidget):
                 left_mid,
                 fm.elidedText(f.description, Qt.TextElideMode.ElideRight, int(desc_w)),
             )
-        p.setPen(OVER_COLOR if f.over else text)
+        p.setPen(self._readable(OVER_COLOR) if f.over else text)
         p.drawText(QRectF(r.right() - right_w, r.top(), right_w, lh), right_mid, right)
         # line 2: the bar, capacity at (1 - overflow share) of the width
         bar = self._bar_rect(r)
@@ -446,7 +489,7 @@ class MemoryView(QWidget):
             x += w
         if f.capacity and f.margin:
             m = QRectF(bar.left() + cap_w - f.margin * px, bar.top(), f.margin * px, bar.height())
-            p.fillRect(m, hatch_brush(QColor(60, 60, 60, 170)))
+            p.fillRect(m, hatch_brush(self.margin_color()))
         if f.capacity and f.used > f.capacity:
             room = bar.width() - cap_w
             over = QRectF(bar.left() + cap_w, bar.top(), min((f.used - f.capacity) * px, room), bar.height())
@@ -462,10 +505,10 @@ class MemoryView(QWidget):
                 QPointF(bar.left() + cap_w, bar.top() - 2), QPointF(bar.left() + cap_w, bar.bottom() + 2)
             )
         # line 3: breakdown ... left / over
-        line3 = self._breakdown_line(r, f)
+        line3 = self._breakdown_line(r, f, self._common_form())
         if f.over:
             p.setFont(bold)
-            p.setPen(OVER_COLOR)
+            p.setPen(self._readable(OVER_COLOR))
         else:
             p.setPen(text)
         p.drawText(line3.status_rect, right_mid, line3.status)
@@ -475,9 +518,9 @@ class MemoryView(QWidget):
 
     # --- the breakdown line ----------------------------------------------------------------------
 
-    def _breakdown_line(self, r: QRectF, f: DeviceFigures) -> _BreakdownLine:
+    def _breakdown_line(self, r: QRectF, f: DeviceFigures, first: int = 0) -> _BreakdownLine:
         """What line 3 of a row in ``r`` shows: the status (left / over, bold when over) at the right,
-        the breakdown in the longest form that fits the rest."""
+        the breakdown in the longest form from ``first`` on that fits the rest."""
         y3 = self._bar_rect(r).bottom() + self._actual_height() + 3
         lh = self._line()
         status, status_fm = self._status(f)
@@ -486,7 +529,7 @@ class MemoryView(QWidget):
             avail, status_y = max(0, int(r.width())), y3 + lh
         else:
             avail, status_y = max(0, int(r.width() - status_w - 8)), y3
-        text, form = fit_breakdown(f, self.fontMetrics(), avail)
+        text, form = fit_breakdown(f, self.fontMetrics(), avail, first)
         status_rect = QRectF(r.right() - status_w, status_y, status_w, lh)
         return _BreakdownLine(status, status_rect, text, QRectF(r.left(), y3, avail, lh), form)
 
@@ -498,9 +541,17 @@ class MemoryView(QWidget):
             return f"+{gib_unit(f.over)} over", QFontMetrics(bold)
         return ("" if f.left is None else f"{gib_unit(f.left)} left"), self.fontMetrics()
 
-    def _breakdown_lines(self) -> list[_BreakdownLine]:
+    def _common_form(self) -> int:
+        """The form every row's breakdown takes: the shortest any row needs, so the labels read alike
+        (at 1024x700 the GPUs' rows said "weights 180.9 KV 1.1 compute 0.7" and the CPU's, with its
+        output too, "W 0.5 C 0.3 O 2 MiB")."""
         rows = self._rows()
-        return [self._breakdown_line(self._row_rect(i), bar_figures(dm)) for i, dm in enumerate(rows)]
+        forms = [self._breakdown_line(self._row_rect(i), bar_figures(dm)).form for i, dm in enumerate(rows)]
+        return min(max(forms, default=0), len(BREAKDOWN_FORMS) - 1)
+
+    def _breakdown_lines(self) -> list[_BreakdownLine]:
+        rows, first = self._rows(), self._common_form()
+        return [self._breakdown_line(self._row_rect(i), bar_figures(dm), first) for i, dm in enumerate(rows)]
 
     def breakdown(self, i: int) -> tuple[str, QRectF] | None:
         """The breakdown text row ``i`` draws and the rect it is drawn in (None: no such row)."""
@@ -583,7 +634,7 @@ class MemoryView(QWidget):
             x, y, w = rect.left(), rect.top(), rect.width()
             box = QRectF(x, y + 2, sw, sw)
             if kind == "margin":
-                p.fillRect(box, hatch_brush(QColor(60, 60, 60, 170)))
+                p.fillRect(box, hatch_brush(self.margin_color()))
             elif kind == "over":
                 p.fillRect(box, OVER_COLOR)
                 p.fillRect(box, OVER_PATTERN)
@@ -619,7 +670,9 @@ class MemoryView(QWidget):
         """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
         over = [dm.device for dm in self._rows() if bar_figures(dm).over]
         moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
-        return next_step_text([d.name for d in over if d.is_gpu], any(not d.is_gpu for d in over), moe)
+        shared = self._ram_sharers() if self.unified_over() else ""
+        gpus = [d.name for d in over if d.is_gpu]
+        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared)
 
     def next_step_rect(self) -> QRectF | None:
         """Where :meth:`next_step` is drawn (None when it is not)."""

@@ -30,6 +30,16 @@ CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 BATCHES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
+UNIFIED_TIP = "-kvu: the slots share one KV cache"
+
+
+def mmap_tip(no_mmap: tuple[str, ...]) -> str:
+    """The mmap box's tooltip in the build's own spelling: it said "-lm none (--no-mmap)" for every
+    build, where the pinned build refuses --no-mmap and ik and the 2025 builds have no -lm."""
+    return f"off: {' '.join(no_mmap)}: CPU weights in a CPU buffer instead of the file map"
+UNIFIED_SINGLE_TIP = "-kvu: not in ik_llama.cpp, which keeps one KV stream (its server refuses the flag)"
+
+
 class _NglSpinBox(QSpinBox):
     """-ngl: 0..L+1, the maximum shown as "all"."""
 
@@ -141,8 +151,8 @@ class OptionsPanel(QWidget):
                                "q8_0 takes about half the memory, with flash attention on)")
         self.slots.setToolTip("-np: parallel slots: how many requests llama-server serves at once; they "
                               "share the context (-c) between them")
-        self.unified.setToolTip("-kvu: the slots share one KV cache")
-        self.mmap.setToolTip("off: -lm none (--no-mmap): CPU weights in a CPU buffer instead of the file map")
+        self.unified.setToolTip(UNIFIED_TIP)
+        self.mmap.setToolTip(mmap_tip(("-lm", "none")))  # the pinned build's until a plan says its build
         self.kv_offload.setToolTip("off: -nkvo: the KV cache stays in system RAM")
 
         form.addRow("Context", self.ctx)
@@ -257,6 +267,11 @@ class OptionsPanel(QWidget):
         self.kv_offload.setChecked(bool(option_value(plan, "context.offload_kqv")))
         self.mla.setCurrentIndex(max(0, self.mla.findData(int(option_value(plan, "context.mla")))))
         self._form.setRowVisible(self.mla, plan.dialect.takes_mla(plan.model))
+        # ik has one KV stream and refuses -kvu: ticked there, the box exported a command ik refuses
+        single = plan.dialect.single_kv_stream
+        self.unified.setEnabled(not single)
+        self.unified.setToolTip(UNIFIED_SINGLE_TIP if single else UNIFIED_TIP)
+        self.mmap.setToolTip(mmap_tip(plan.dialect.no_mmap_flags))
         del blockers
 
     @staticmethod

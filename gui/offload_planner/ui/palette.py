@@ -46,6 +46,46 @@ def text_color_on(bg: QColor) -> QColor:
     return QColor("#000000") if lum > 0.5 else QColor("#FFFFFF")
 
 
+def _luminance(c: QColor) -> float:
+    """WCAG relative luminance."""
+    def lin(v: float) -> float:
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * lin(c.redF()) + 0.7152 * lin(c.greenF()) + 0.0722 * lin(c.blueF())
+
+
+def contrast(a: QColor, b: QColor) -> float:
+    """WCAG contrast ratio of two colours (1 to 21)."""
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+#: WCAG AA for normal text
+READABLE = 4.5
+
+
+def readable(color: QColor, background: QColor) -> QColor:
+    """``color`` as it is where it reads on ``background`` (contrast :data:`READABLE`), else mixed
+    towards white on a dark background (black on a light one) until it does: the window's red and
+    amber texts were chosen for a light palette, and on a dark one (#B00000 on #1E1E1E: 2.3) they
+    hardly read."""
+    if contrast(color, background) >= READABLE:
+        return color
+    end = 1.0 if _luminance(background) < 0.18 else 0.0
+    out = QColor(color)
+    for step in range(1, 11):
+        t = step / 10
+        out = QColor.fromRgbF(*(c + (end - c) * t for c in (color.redF(), color.greenF(), color.blueF())))
+        if contrast(out, background) >= READABLE:
+            break
+    return out
+
+
+def css_color(color: QColor) -> str:
+    """A style sheet's ``color:`` for ``color``."""
+    return f"color: {color.name()}"
+
+
 def kind_brush(base: QColor, kind: str) -> QBrush:
     """Buffer kinds on one device: weights solid, KV dense dots, compute diagonal, output cross."""
     if kind == "model":

@@ -28,6 +28,12 @@ if TYPE_CHECKING:  # the search is imported when first used
     from offload_planner.core.speed.candidate import FastestResult
 
 
+#: Why the routed-expert presets are off on a dense model, and what to use instead.
+DENSE = ("this model is dense: set GPU layers (-ngl) under Options and watch the memory bars and the speed "
+         "line")
+DENSE_TIP = f"No routed experts to move: {DENSE}, or move whole layers (Move layers…)"
+
+
 class MoveLayersDialog(QDialog):
     def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -77,16 +83,20 @@ class PresetsMenu(QMenu):
         if not doc.has_plan:
             self.addAction("(no model)").setEnabled(False)
             return
-        self.addAction("All routed experts → CPU", lambda: self.routed_experts_to(CPU))
+        experts = [self.addAction("All routed experts → CPU", lambda: self.routed_experts_to(CPU))]
         for g in doc.plan.devices.gpus:
-            self.addAction(
+            experts.append(self.addAction(
                 f"Fill {g.name} with routed experts from layer 0",
                 self._filler(g.name, from_first=True),
-            )
-            self.addAction(
+            ))
+            experts.append(self.addAction(
                 f"Fill {g.name} with routed experts from the last layer",
                 self._filler(g.name, from_first=False),
-            )
+            ))
+        if not doc.plan.model.summary.n_expert:  # a dense model: they did nothing, saying "already there"
+            for a in experts:
+                a.setEnabled(False)
+                a.setToolTip(DENSE_TIP)
         self.addAction("Move layers…", self.move_layers_dialog)
         # shown whatever the model and devices (off, saying why): an entry that was not there at all
         # left its user looking for it
@@ -98,9 +108,7 @@ class PresetsMenu(QMenu):
                             "in Devices)")
         elif not doc.plan.model.summary.n_expert:
             fast.setEnabled(False)
-            fast.setToolTip("Fastest plan places the routed experts of a Mixture-of-Experts model; this "
-                            "model is dense: set GPU layers (-ngl) under Options and watch the memory bars "
-                            "and the speed line")
+            fast.setToolTip(f"Fastest plan places the routed experts of a Mixture-of-Experts model; {DENSE}")
         else:
             kv = self.addAction("Fastest plan may quantize the KV cache (q8_0)")
             kv.setCheckable(True)
@@ -170,7 +178,7 @@ class PresetsMenu(QMenu):
                 }
             )
             self.message.emit(
-                (f"{device} holds the routed experts of {len(got)} layers"
+                (f"{device} holds the routed experts of {_layers_text(got)}"
                  if got
                  else f"Moved {len(moves)} tensors off {device}: no expert layer fits")
                 + _span_over_text(self._doc.plan, device)
@@ -273,6 +281,21 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
+
+
+def _layers_text(layers: list[int]) -> str:
+    """``layer 3``, ``2 layers (3-4)``, ``5 layers (3-4, 10, 59-60)``: which layers, not only how many
+    (the Fill message said "1 layers")."""
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    runs: list[list[int]] = []
+    for il in sorted(layers):
+        if runs and il == runs[-1][1] + 1:
+            runs[-1][1] = il
+        else:
+            runs.append([il, il])
+    spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return f"{len(layers)} layers ({spans})"
 
 
 def _span_over_text(plan: Plan, device: str) -> str:

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QLabel, QWidget
 from offload_planner.backend.speed_store import plan_speed
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.loadable import context_error
+from offload_planner.core.mapped_span import unified_over
 from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.report import speed_lines
 from offload_planner.core.speed.result import SpeedEstimate
@@ -107,4 +108,8 @@ def over_capacity(doc: PlanDocument) -> list[str]:
     a = doc.analysis
     if a is None or a.projection is None or not doc.analysis_current:
         return []
-    return [dm.device.name for dm in a.projection.devices if bar_figures(dm).over]
+    over = [dm.device.name for dm in a.projection.devices if bar_figures(dm).over]
+    cpu = a.plan.devices.cpu.name
+    if cpu not in over and unified_over(a.projection):  # a Mac's one RAM, as plan counts it (exit 3)
+        over.append(cpu)
+    return over

@@ -207,6 +207,8 @@ class TensorMapView(QTableView):
         moved = self._doc.move(names, device)
         if not moved:
             self.message.emit(f"The selection is already on {device or 'its default device'}")
+        else:  # a key (0-9, Del) moved it with no other sign than the map's colours
+            self.message.emit(f"{self._doc.undo_stack.undoText()} (Edit ▸ Undo takes it back)")
         return moved
 
     def _mover(self, device: str | None) -> Callable[[], None]:

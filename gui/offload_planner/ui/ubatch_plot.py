@@ -180,7 +180,12 @@ class UbatchPlot(QWidget):
         # points whose plan does not fit at that -ub are drawn hollow
         self.pp_curve.setData([p.n_ubatch for p in points], [p.pp_tps for p in points],
                               symbolBrush=[pg.mkBrush(PP_COLOR if p.fits else None) for p in points])
-        self.buf_curve.setData(xs, [p.gpu_compute_bytes / GiB for p in points])
+        # no GPU compute buffer at any -ub (a CPU-only plan): no right axis of zeros, which pyqtgraph
+        # ranged -400 ... 400 with a cut "GPU GiB (x0.001)" title
+        gpu = any(p.gpu_compute_bytes for p in points)
+        self.plot.showAxis("right", gpu)
+        self.buffers.setVisible(gpu)
+        self.buf_curve.setData(xs if gpu else [], [p.gpu_compute_bytes / GiB for p in points] if gpu else [])
         self._status = ub_status(points)
         self.status.setText(self._status)
         self._plan_changed()  # an edit while the sweep ran: these curves are of the plan before it
@@ -195,6 +200,9 @@ def ub_status(points: list[UbPoint]) -> str:
     """The Speed tab's line: the fastest ``-ub`` that fits every device, and a faster one that would
     not fit (its compute buffer); "if it fit:" before the fastest of all when none fits."""
     best_fit, faster = fastest_fitting(points)
+    if best_fit is not None and not any(p.gpu_compute_bytes for p in points):  # a CPU-only plan
+        return (f"fastest prompt processing that fits at -ub {best_fit.n_ubatch}: "
+                f"{tps_fixed(best_fit.pp_tps, 0)} t/s (no GPU compute buffers: nothing of the plan on a GPU)")
     if best_fit is None:
         best = max(points, key=lambda p: p.pp_tps)
         return (f"{IF_IT_FIT}fastest prompt processing at -ub {best.n_ubatch}: "

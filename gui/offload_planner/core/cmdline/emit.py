@@ -82,8 +82,9 @@ def _docker_env(argv: Sequence[str], dialect: Dialect) -> str:
     split = args_to_env(args, dialect)
     lines = [f"{k}={v}" for k, v in split.env.items()]
     lines.extend(f"# note: {n}" for n in split.notes)
-    command = " ".join(quote_posix(t) for t in split.rest)
-    lines.append(f"# command (arguments after the image's llama-server entrypoint): {command}")
+    if split.rest:  # an empty "# command ...: " line read as if something were missing
+        command = " ".join(quote_posix(t) for t in split.rest)
+        lines.append(f"# command (arguments after the image's llama-server entrypoint): {command}")
     return "\n".join(lines) + "\n"
 
 
