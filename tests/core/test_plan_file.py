@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
+from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.placement import Override
 from offload_planner.core.plan import Plan, plan_from_args
+from offload_planner.core.plan_edits import with_dialect
 from offload_planner.core.plan_file import (
     MAX_FILE_BYTES,
     VERSION,
@@ -400,3 +402,21 @@ def test_a_plan_file_naming_metal0_loads_as_mtl0(tmp_path: Path, qwen3moe_path: 
     assert loaded.devices.gpus[0].kind is DeviceKind.METAL
     assert [o.buft for o in loaded.placement_options.overrides] == ["MTL0"]
     assert loaded.moves == {"blk.2.ffn_up_exps.weight": "MTL0"}
+
+
+def test_slots_past_llama_max_seq_reopen_where_the_build_takes_them(
+    tmp_path: Path, qwen3moe_path: Path
+) -> None:
+    """-np 300: ik_llama.cpp has no LLAMA_MAX_SEQ (its context takes any n_seq_max), so its plan saves and
+    opens again; the pinned build refuses more than 256 ("n_seq_max must be <= 256"), and so does its
+    plan file.  The file capped every dialect at 256, so an ik plan with -np 300 could not be reopened."""
+    plan = with_dialect(_plan(qwen3moe_path), Dialect.IK)
+    plan = replace(plan, context=replace(plan.context, n_seq_max=300))
+    target = tmp_path / "ik.plan.json"
+    save_plan(target, PlanFile.of(plan, {}))
+    again, _ = load_plan(target).to_plan(plan.model)
+    assert again.context.n_seq_max == 300 and again.dialect == Dialect.IK
+    pinned = tmp_path / "pinned.plan.json"
+    pinned.write_text(json.dumps(_set(_valid(qwen3moe_path), "context.n_seq_max", 300)))
+    with pytest.raises(PlanFileError, match=r"\$\.context\.n_seq_max.*out of range"):
+        load_plan(pinned)

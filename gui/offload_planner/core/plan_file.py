@@ -63,7 +63,6 @@ MAX_BYTES = 1 << 60
 MAX_TENSORS = 1 << 20
 MAX_ARGS = 4096
 MAX_OVERRIDES = 10_000
-MAX_SEQ = 256  # LLAMA_MAX_SEQ
 #: A temp file of a save: ``.NAME.tmp-PID-RANDOM``; one whose process is gone is removed.
 _TMP_RE = r"\.{name}\.tmp-(\d+)-[0-9a-f]+"
 _STALE_AFTER_S = 3600.0  # where process ids cannot be checked
@@ -634,7 +633,7 @@ def _context(at: At) -> ContextParams:
         n_ctx=at.key("n_ctx").integer(0, INT_MAX),
         n_batch=at.key("n_batch", DEFAULT_N_BATCH).integer(1, INT_MAX),
         n_ubatch=at.key("n_ubatch", DEFAULT_N_UBATCH).integer(1, INT_MAX),
-        n_seq_max=at.key("n_seq_max", 1).integer(1, MAX_SEQ),
+        n_seq_max=at.key("n_seq_max", 1).integer(1, dialect.max_seq or INT_MAX),  # ik: no LLAMA_MAX_SEQ
         kv_unified=at.key("kv_unified", False).boolean(),
         flash_attn=at.key("flash_attn", True).boolean(),
         type_k=_cache_type(at.key("type_k", "f16"), dialect),
