@@ -301,7 +301,9 @@ def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str], *,
         # common_model_params_to_llama(params_dft) throws (common/common.cpp 4303-4305) while the
         # server loads the draft (common/speculative.cpp 1989)
         errors.append(_load("-ctvd", draft_v, "Quantized V cache cannot be used without flash attention"))
-    return errors
+    from offload_planner.core.cmdline.ik_draft_params import draft_params_errors
+
+    return errors + draft_params_errors(parsed)
 
 
 def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:

@@ -1,0 +1,58 @@
+"""ik_llama.cpp's ``-draft "ARGS"``: the inner command line is parsed onto the draft's parameters when
+the draft loads (common/speculative.cpp 1957-1966 at 8337e4cd); what ik refuses there is refused, in
+ik's words, naming ``-draft``; what it runs is planned, never hung on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support.refusals import refused
+
+import offload_planner
+
+PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
+IK = ["--no-detect", "--device", "CUDA0=24GiB", "--backend", "ik_llama.cpp"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+
+
+def draft(small_models: dict[str, Path], *spec: str) -> list[str]:
+    return ["plan", str(small_models["llama"]), *IK, "--", "-md", str(small_models["llama-draft"]), *spec]
+
+
+@pytest.mark.parametrize(("inner", "named"), [
+    ("-b 0 -ub 0", "n_batch and n_ubatch cannot both be zero"),
+    ("-c -5", "-c -5: a negative size"),
+    ("-ub abc", "stoi (-ub abc: expected an integer"),
+    ("--bogus", "unknown argument: --bogus"),
+    ("-ub", "invalid parameter for argument: -ub"),
+])
+@pytest.mark.parametrize("flag", ["-draft", "--draft-params"])
+def test_what_ik_refuses_inside_draft_is_refused(inner: str, named: str, flag: str,
+                                                 small_models: dict[str, Path]) -> None:
+    """Each was planned as if the draft loaded (gpt_params_parse throws, or the draft's context cannot
+    be made, and the server stops)."""
+    r = run(*draft(small_models, "--spec-type", "draft", flag, inner))
+    refused(r, 2, named, f'inside {flag} "{inner}"')
+
+
+def test_b_0_inside_draft_runs_at_iks_floor(small_models: dict[str, Path]) -> None:
+    """ik raises the draft's batch of 0 to GGML_KQ_MASK_PAD (src/llama.cpp 8169-8171): planned."""
+    r = run(*draft(small_models, "--spec-type", "draft", "-draft", "-b 0"))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("spec", [[], ["--spec-type", "ngram_simple"]])
+def test_draft_params_without_a_loaded_draft_are_not_read(spec: list[str],
+                                                         small_models: dict[str, Path]) -> None:
+    """No stage that needs the draft model: ik never loads it nor parses -draft (speculative.cpp 2110)."""
+    r = run(*draft(small_models, *spec, "-draft", "--bogus"))
+    assert r.returncode == 0, r.stderr[-2000:]
