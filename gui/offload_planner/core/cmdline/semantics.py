@@ -398,10 +398,34 @@ def check_semantics(
     return errors + parsed.dialect.context_errors(parsed, is_mla, device_names, arch)
 
 
+def ignored_draft_devices(parsed: ParsedArgs) -> list[ArgWarning]:
+    """``-devd`` with no draft model loaded: the devices are checked while parsing and then never read.
+    The pinned build reads them only with a draft model (``has_dft()``: ``-md`` or ``-hfd``, common/
+    common.h 391-393; ``common_base_params_to_speculative``, common/speculative.cpp 2537-2541: an MTP
+    context lives on the main model); ik only while it loads the draft (``has_dft()`` and a stage that
+    ``needs_dft_model()``, common/speculative.cpp 1942-1950 and 2110-2122 at 8337e4cd)."""
+    args = parsed.args
+    use = next((u for u in reversed(parsed.flags) if u.key in _DRAFT_DEVICE_KEYS), None)
+    if use is None or any(u.key == "--spec-draft-hf" for u in parsed.flags):
+        return []
+    dialect = parsed.dialect
+    stages = set(args.draft.types)
+    loads = bool(args.draft.model) and (dialect.loads_idle_draft or bool(stages & dialect.draft_model_types)
+                                        or dialect.mtp_spec_type in stages)
+    if loads:
+        return []
+    flag = use.env or use.spelling
+    value = use.values[0] if use.values else ""
+    why = ("the command has no draft model (-md)" if not args.draft.model else
+           "no --spec-type stage loads the draft model")
+    return [ArgWarning(flag, value, f"{flag} {value} is ignored: {why}, and llama-server reads the draft's "
+                       "devices only when it loads one")]
+
+
 def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     """Values llama.cpp adjusts silently (no message): shown so an exported command is not misread."""
     args = parsed.args
-    notes: list[ArgWarning] = []
+    notes: list[ArgWarning] = ignored_draft_devices(parsed)
     batch = args.batch_size if args.batch_size is not None else 2048
     if args.ubatch_size is not None and args.ubatch_size > batch:
         notes.append(
