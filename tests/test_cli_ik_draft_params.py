@@ -4,6 +4,7 @@ ik's words, naming ``-draft``; what it runs is planned, never hung on."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,10 +45,21 @@ def test_what_ik_refuses_inside_draft_is_refused(inner: str, named: str, flag: s
     refused(r, 2, named, f'inside {flag} "{inner}"')
 
 
-def test_b_0_inside_draft_runs_at_iks_floor(small_models: dict[str, Path]) -> None:
-    """ik raises the draft's batch of 0 to GGML_KQ_MASK_PAD (src/llama.cpp 8169-8171): planned."""
-    r = run(*draft(small_models, "--spec-type", "draft", "-draft", "-b 0"))
+def draft_compute(small_models: dict[str, Path], inner: str) -> dict[str, int]:
+    r = run("plan", str(small_models["llama"]), *IK, "--json", "--", "-md", str(small_models["llama-draft"]),
+            "--spec-type", "draft", "-draft", inner)
     assert r.returncode == 0, r.stderr[-2000:]
+    (extra,) = json.loads(r.stdout)["extras"]
+    return {dev: figures["compute"] for dev, figures in extra["devices"].items()}
+
+
+@pytest.mark.parametrize(("inner", "same_as"), [("-b 0", "-b 16 -ub 16"), ("-ub 0", "-b 2048 -ub 2048")])
+def test_a_zero_size_inside_draft_is_planned_as_ik_runs_it(inner: str, same_as: str,
+                                                           small_models: dict[str, Path]) -> None:
+    """ik raises the draft's batch of 0 to GGML_KQ_MASK_PAD, 16 (src/llama.cpp 8169-8171), and a
+    micro-batch of 0 is n_batch (8174): the draft's compute buffers were those of the main -b/-ub (0 read
+    as not given: 2048 and 512)."""
+    assert draft_compute(small_models, inner) == draft_compute(small_models, same_as)
 
 
 @pytest.mark.parametrize("spec", [[], ["--spec-type", "ngram_simple"]])
