@@ -26,5 +26,10 @@ def test_slots_range_follows_the_dialect(qtbot: QtBot, window: MainWindow, demo_
     assert slots.value() == 300
     window.doc.set_dialect("llama.cpp", "llama.cpp")
     assert slots.maximum() == 256
+    wait_projected(qtbot, window)  # the plan keeps its 300 (the box shows 256): Problems say the build exits
+    errors = [t for kind, t in window.problems.problems() if kind == "warning" and "n_seq_max" in t]
+    assert errors == ["llama-server exits: llama_init_from_model: failed to initialize the context: "
+                      "n_seq_max must be <= 256 (-np 300: this build takes at most 256 sequences, "
+                      "LLAMA_MAX_SEQ)"], window.problems.problems()
     window.doc.undo_stack.undo()  # back to ik: the plan's 300 is shown again
     assert (slots.maximum(), slots.value()) == (INT_MAX, 300)
