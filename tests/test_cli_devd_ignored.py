@@ -46,3 +46,11 @@ def test_devd_with_a_loaded_draft_is_not_noted(backend: str, spec: list[str],
                                                small_models: dict[str, Path]) -> None:
     draft = str(small_models["llama-draft"])
     assert plan(backend, str(small_models["llama"]), "-devd", "CUDA1", "-md", draft, *spec) == []
+
+
+def test_ik_draft_params_without_md_load_a_draft(small_models: dict[str, Path]) -> None:
+    """ik's has_dft() is -md or -draft "ARGS" (common/common.h 265-267): -draft "-m FILE" names the draft
+    model, which loads on -devd's devices; -devd is not ignored there."""
+    draft = str(small_models["llama-draft"])
+    assert plan("ik_llama.cpp", str(small_models["llama"]), "-devd", "CUDA1", "--spec-type", "draft",
+                "-draft", f"-m {draft}") == []

@@ -410,8 +410,10 @@ def ignored_draft_devices(parsed: ParsedArgs) -> list[ArgWarning]:
         return []
     dialect = parsed.dialect
     stages = set(args.draft.types)
-    loads = bool(args.draft.model) and (dialect.loads_idle_draft or bool(stages & dialect.draft_model_types)
-                                        or dialect.mtp_spec_type in stages)
+    # ik's has_dft(): -md or -draft "ARGS" (whose own -m may name the draft: common/common.h 265-267)
+    has_dft = bool(args.draft.model or args.draft.params)
+    loads = has_dft and (dialect.loads_idle_draft or bool(stages & dialect.draft_model_types)
+                         or dialect.mtp_spec_type in stages)
     if loads:
         return []
     flag = use.env or use.spelling
