@@ -68,3 +68,26 @@ def test_draft_params_without_a_loaded_draft_are_not_read(spec: list[str],
     """No stage that needs the draft model: ik never loads it nor parses -draft (speculative.cpp 2110)."""
     r = run(*draft(small_models, *spec, "-draft", "--bogus"))
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_draft_stage_with_draft_params_and_no_model_is_refused(small_models: dict[str, Path]) -> None:
+    """has_dft() is -md or -draft (common/common.h 265-267): the draft loads from -md's path, "" here,
+    unless the inner command line gives -m (speculative.cpp 1952, 1990-1993): the server stops."""
+    r = run("plan", str(small_models["llama"]), *IK, "--", "--spec-type", "draft", "-draft", "-b 64")
+    refused(r, 2, "failed to load draft model ''", 'no -md, and -draft "-b 64" has no -m')
+
+
+@pytest.mark.parametrize("md", [False, True])
+def test_an_inner_m_is_the_draft_ik_loads_and_is_said_not_projected(md: bool,
+                                                                     small_models: dict[str, Path]) -> None:
+    other = str(small_models["llama"])  # not the -md file
+    given = ["-md", str(small_models["llama-draft"])] if md else []
+    r = run("plan", str(small_models["llama"]), *IK, "--", *given, "--spec-type", "draft",
+            "--draft-params", f"-m {other}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    projected = f"projects the -md file {small_models['llama-draft']}" if md else "projects no draft model"
+    assert (f'note: --draft-params "-m {other}": ik loads {other} as the draft model (the -m inside '
+            f"--draft-params wins over -md); the plan {projected}") in r.stdout, r.stdout
+    same = run("plan", str(small_models["llama"]), *IK, "--", "-md", str(small_models["llama-draft"]),
+               "--spec-type", "draft", "-draft", f"-m {small_models['llama-draft']}")
+    assert same.returncode == 0 and "ik loads" not in same.stdout

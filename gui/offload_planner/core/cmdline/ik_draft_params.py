@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import shlex
 
-from offload_planner.core.cmdline.model import ArgError, ParsedArgs, ServerArgs, Stage
+from offload_planner.core.cmdline.model import ArgError, ArgWarning, ParsedArgs, ServerArgs, Stage
 
 #: the draft's sizes that ``llama_context_params`` holds as uint32_t, with the flag that sets each
 _SIZES = (("ctx_size", "-c"), ("batch_size", "-b"), ("ubatch_size", "-ub"))
@@ -36,9 +36,7 @@ def draft_params_errors(parsed: ParsedArgs) -> list[ArgError]:
     command's own refusals)."""
     if not loads_draft_params(parsed):
         return []
-    text = parsed.args.draft.params or ""
-    use = next((u for u in reversed(parsed.flags) if u.key == "--draft-params"), None)
-    flag = (use.env or use.spelling) if use else "-draft"
+    text, flag = parsed.args.draft.params or "", _flag(parsed)
     where = (f"inside {flag} \"{text}\", which ik_llama.cpp parses onto the draft's parameters when it loads "
              "the draft model: the server stops")
     inner = parse_draft_params(parsed, text)
@@ -46,7 +44,40 @@ def draft_params_errors(parsed: ParsedArgs) -> list[ArgError]:
         e = inner.errors[0]  # gpt_params_parse stops at the first
         return [ArgError(flag, text, e.message, Stage.LOAD,
                          f"{e.explanation}; {where}" if e.explanation else where)]
+    if not parsed.args.draft.model and _inner_model(inner) is None:
+        # params_dft.model = the -md path, "" here (speculative.cpp 1952), and ARGS names none: 1990-1993
+        return [ArgError(flag, text, "common_speculative_load_draft_model: failed to load draft model ''",
+                         Stage.LOAD, f"no -md, and {flag} \"{text}\" has no -m: ik loads the draft model "
+                         "from -md or the -m inside -draft, here an empty path, and the server stops")]
     return _value_errors(parsed.args, inner.args, flag, text, where)
+
+
+def draft_params_notes(parsed: ParsedArgs) -> list[ArgWarning]:
+    """``-draft "-m FILE"``: FILE is the draft model ik loads (it overrides ``-md``: the copy takes
+    ``-md`` first, speculative.cpp 1952, then ARGS), which the plan does not project (it projects the
+    ``-md`` file, or no draft)."""
+    if not loads_draft_params(parsed):
+        return []
+    text, flag = parsed.args.draft.params or "", _flag(parsed)
+    inner = parse_draft_params(parsed, text)
+    model = _inner_model(inner)
+    if inner.errors or model is None or model == parsed.args.draft.model:
+        return []
+    md = parsed.args.draft.model
+    projected = f"projects the -md file {md}" if md else "projects no draft model"
+    return [ArgWarning(flag, text, f"{flag} \"{text}\": ik loads {model} as the draft model (the -m "
+                       f"inside {flag} wins over -md); the plan {projected}, so the draft's memory and speed "
+                       "are not those of this file")]
+
+
+def _flag(parsed: ParsedArgs) -> str:
+    use = next((u for u in reversed(parsed.flags) if u.key == "--draft-params"), None)
+    return (use.env or use.spelling) if use else "-draft"
+
+
+def _inner_model(inner: ParsedArgs) -> str | None:
+    use = next((u for u in reversed(inner.flags) if u.key == "--model"), None)
+    return use.values[0] if use is not None and use.values else None
 
 
 def parse_draft_params(parsed: ParsedArgs, text: str) -> ParsedArgs:

@@ -427,7 +427,9 @@ def ignored_draft_devices(parsed: ParsedArgs) -> list[ArgWarning]:
 def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     """Values llama.cpp adjusts silently (no message): shown so an exported command is not misread."""
     args = parsed.args
-    notes: list[ArgWarning] = ignored_draft_devices(parsed)
+    from offload_planner.core.cmdline.ik_draft_params import draft_params_notes
+
+    notes: list[ArgWarning] = ignored_draft_devices(parsed) + draft_params_notes(parsed)
     batch = args.batch_size if args.batch_size is not None else 2048
     if args.ubatch_size is not None and args.ubatch_size > batch:
         notes.append(
