@@ -47,3 +47,32 @@ def test_problems_say_which_dev_name_ik_skips(qtbot: QtBot, tmp_path: Path) -> N
     assert [n for n in notes if n.startswith(said)], notes
     assert not [n for n in notes if "refuse" in n], notes
     assert win.doc.plan.placement_options.selected == ("CUDA1",)
+
+
+def test_problems_say_devd_without_a_draft_is_ignored(qtbot: QtBot, tmp_path: Path) -> None:
+    """``-devd`` with no ``-md``: llama-server checks the names and never reads them (the draft's devices
+    are taken only when a draft loads); a pasted command says so once, and not with a draft model."""
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]))
+    open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ngl 99 -devd CUDA1")
+    wait_projected(qtbot, win)
+    notes = [text for kind, text in win.problems.problems() if kind == "note" and "-devd" in text]
+    assert notes == ["pasted command: -devd CUDA1 is ignored: the command has no draft model (-md), and "
+                     "llama-server reads the draft's devices only when it loads one"], notes
+
+
+def test_problems_say_an_ik_draft_params_model_is_not_projected(qtbot: QtBot, tmp_path: Path) -> None:
+    """ik's ``-draft "-m FILE"`` loads FILE as the draft model; the plan projects none: a pasted command
+    says so."""
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]))
+    open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    win.doc.set_dialect("ik_llama.cpp", "ik_llama.cpp")
+    assert win.command_pane.apply_command_text(
+        "llama-server -m x.gguf -c 4096 -ngl 99 --spec-type draft -draft '-m d.gguf'")
+    wait_projected(qtbot, win)
+    notes = [text for kind, text in win.problems.problems() if kind == "note" and "d.gguf" in text]
+    assert notes == ['pasted command: -draft "-m d.gguf": ik loads d.gguf as the draft model (the -m '
+                     "inside -draft wins over -md); the plan projects no draft model, so the draft's memory "
+                     "and speed are not those of this file"], notes

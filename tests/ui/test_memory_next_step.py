@@ -90,3 +90,36 @@ def test_a_short_pane_cuts_the_next_step_at_a_word_and_hover_gives_it_whole(
     QApplication.sendEvent(view, QHelpEvent(QEvent.Type.ToolTip, pos, view.mapToGlobal(pos)))
     qtbot.waitUntil(QToolTip.isVisible)
     assert QToolTip.text() == whole
+
+
+def test_next_step_on_a_mac_where_nothing_fits_suggests_no_preset(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """DeepSeek-V3 (379 GiB with its context) on a 64 GiB Mac: what leaves MTL0 lands in the same RAM,
+    so no placement fits; the hint suggested Fastest plan. It now says what helps instead."""
+    win = make_window(qtbot, settings, system_info("MTL0=m2max,64GiB", cpu_gib=64))
+    try:
+        open_and_wait(qtbot, win, demo_path)
+        text = win.memory_view.next_step()
+        assert text.startswith("What next: no placement fits: CPU + MTL0 share one RAM and together take "
+                               "more than it, by 315.4 GiB wherever the tensors go"), text
+        assert "Fastest plan or moving layers cannot help" in text and "Presets ▸" not in text
+        assert "smaller quant" in text and "smaller context" in text and "more memory" in text
+        _drawn_inside(qtbot, win)
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 4096 -ngl 0")  # all on the CPU
+        wait_projected(qtbot, win)
+        assert win.memory_view.next_step().startswith("What next: no placement fits: CPU + MTL0 share")
+    finally:
+        win.close()
+
+
+def test_next_step_on_a_mac_whose_ram_takes_the_experts_keeps_fastest(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """A 192 GiB MTL0 in 512 GiB of RAM: the experts fit beside it, Fastest plan is the way out."""
+    win = make_window(qtbot, settings, system_info("MTL0=m2max,192GiB", cpu_gib=512))
+    try:
+        open_and_wait(qtbot, win, demo_path)
+        assert win.memory_view.next_step().startswith("What next: Presets ▸ Fastest plan puts on MTL0 ")
+    finally:
+        win.close()

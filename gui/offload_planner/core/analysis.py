@@ -183,7 +183,13 @@ def _context_errors(plan: Plan) -> list[str]:
     from offload_planner.core.loadable import context_error
 
     err = context_error(plan.model, plan.context.n_ctx)
-    return [err] if err else []
+    max_seq, n_seq = plan.dialect.max_seq, plan.context.n_seq_max
+    # a plan made for ik (no limit) then switched to a build with LLAMA_MAX_SEQ (cmdline.semantics says it
+    # of a command line)
+    over = (f"llama-server exits: llama_init_from_model: failed to initialize the context: n_seq_max must be "
+            f"<= {max_seq} (-np {n_seq}: this build takes at most {max_seq} sequences, LLAMA_MAX_SEQ)"
+            if max_seq and n_seq > max_seq else "")
+    return [e for e in (err, over) if e]
 
 
 def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],

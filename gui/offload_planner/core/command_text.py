@@ -14,9 +14,11 @@ from offload_planner.core.cmdline import (
     Style,
     check_semantics,
     format_command,
+    ignored_draft_devices,
     parse_server_args,
     skipped_devices,
 )
+from offload_planner.core.cmdline.ik_draft_params import draft_params_notes
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.plan import Plan, plan_from_args
 
@@ -75,6 +77,7 @@ def plan_from_command(plan: Plan, text: str) -> tuple[Plan, list[str]]:
     notes = [f"{REFUSED}{e}" for e in errors]
     notes += [f"pasted command: {w}" for w in parsed.warnings]
     notes += [f"pasted command: {w}" for w in skipped_devices(parsed, devices.names)]
+    notes += [f"pasted command: {w}" for w in ignored_draft_devices(parsed) + draft_params_notes(parsed)]
     if args.model and Path(args.model).name != Path(plan.model.path).name:
         notes.append(
             f"pasted command: -m {args.model} is not the open model; the plan uses {plan.model.path}"

@@ -70,9 +70,17 @@ BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
 
-def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: str = "") -> str:
+def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: str = "",
+                   nothing_fits: int = 0) -> str:
     """Under the legend while a device is over capacity: what to do about it ("" when all fit).
-    ``shared_ram``: the devices of a Mac's one memory (``CPU + MTL0``) when together over it."""
+    ``shared_ram``: the devices of a Mac's one memory (``CPU + MTL0``) when together over it;
+    ``nothing_fits``: by how many bytes, when they are all the devices there are: no placement fits
+    (what moves off a Metal GPU lands in the same RAM), so no placement preset is suggested."""
+    if nothing_fits and shared_ram:
+        return (f"What next: no placement fits: {shared_ram} share one RAM and together take more than it, "
+                f"by {nothing_fits / GiB:.1f} GiB wherever the tensors go (Problems has the figures), so "
+                "Fastest plan or moving layers cannot help. What helps: a smaller quant of the model, a "
+                "smaller context or KV cache type (Options), or a Mac with more memory.")
     parts = []
     names = ", ".join(gpus_over)
     if gpus_over and moe:
@@ -670,9 +678,12 @@ class MemoryView(QWidget):
         """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
         over = [dm.device for dm in self._rows() if bar_figures(dm).over]
         moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
-        shared = self._ram_sharers() if self.unified_over() else ""
+        short = self.unified_over()
+        shared = self._ram_sharers() if short else ""
         gpus = [d.name for d in over if d.is_gpu]
-        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared)
+        # only Metal GPUs: everything the placement moves stays in the one RAM (another GPU could take some)
+        metal_only = all(dm.device.kind is DeviceKind.METAL for dm in self._rows() if dm.device.is_gpu)
+        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared, short if metal_only else 0)
 
     def next_step_rect(self) -> QRectF | None:
         """Where :meth:`next_step` is drawn (None when it is not)."""

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from offload_planner.core.cmdline.handlers_mainline import INT_MAX
 from offload_planner.core.plan_edits import option_value
 from offload_planner.ui.document import PlanDocument
 
@@ -261,6 +262,8 @@ class OptionsPanel(QWidget):
         self.flash.setChecked(bool(option_value(plan, "context.flash_attn")))
         self.type_k.setCurrentText(str(option_value(plan, "context.type_k")))
         self.type_v.setCurrentText(str(option_value(plan, "context.type_v")))
+        # the build's LLAMA_MAX_SEQ (pinned: 256); ik checks none: what a plan file takes (core.plan_file)
+        self.slots.setMaximum(plan.dialect.max_seq or INT_MAX)
         self.slots.setValue(int(option_value(plan, "context.n_seq_max")))
         self.unified.setChecked(bool(option_value(plan, "context.kv_unified")))
         self.mmap.setChecked(bool(option_value(plan, "placement.use_mmap")))

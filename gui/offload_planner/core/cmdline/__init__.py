@@ -7,6 +7,7 @@ Public API::
     ParsedArgs(.args: ServerArgs, .passthrough, .errors, .warnings, .flags)
     check_semantics(parsed, device_names, *, is_mla=False) -> list[ArgError]
     semantic_notes(parsed) -> list[ArgWarning]
+    ignored_draft_devices(parsed) -> list[ArgWarning]
     skipped_devices(parsed, device_names) -> list[ArgWarning]
     effective_overrides(parsed, moe_layers=None) -> list[TensorOverride]
     format_command(argv, style, *, dialect, multiline, name) -> str
@@ -41,6 +42,7 @@ from offload_planner.core.cmdline.model import (
 from offload_planner.core.cmdline.parse import effective_overrides, parse_server_args
 from offload_planner.core.cmdline.semantics import (
     check_semantics,
+    ignored_draft_devices,
     rpc_buffer_type_names,
     rpc_device_names,
     semantic_notes,
@@ -74,6 +76,7 @@ __all__ = [
     "effective_overrides",
     "flag_table",
     "format_command",
+    "ignored_draft_devices",
     "parse_server_args",
     "rpc_buffer_type_names",
     "rpc_device_names",

@@ -301,7 +301,9 @@ def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str], *,
         # common_model_params_to_llama(params_dft) throws (common/common.cpp 4303-4305) while the
         # server loads the draft (common/speculative.cpp 1989)
         errors.append(_load("-ctvd", draft_v, "Quantized V cache cannot be used without flash attention"))
-    return errors
+    from offload_planner.core.cmdline.ik_draft_params import draft_params_errors
+
+    return errors + draft_params_errors(parsed)
 
 
 def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:
@@ -396,10 +398,38 @@ def check_semantics(
     return errors + parsed.dialect.context_errors(parsed, is_mla, device_names, arch)
 
 
+def ignored_draft_devices(parsed: ParsedArgs) -> list[ArgWarning]:
+    """``-devd`` with no draft model loaded: the devices are checked while parsing and then never read.
+    The pinned build reads them only with a draft model (``has_dft()``: ``-md`` or ``-hfd``, common/
+    common.h 391-393; ``common_base_params_to_speculative``, common/speculative.cpp 2537-2541: an MTP
+    context lives on the main model); ik only while it loads the draft (``has_dft()`` and a stage that
+    ``needs_dft_model()``, common/speculative.cpp 1942-1950 and 2110-2122 at 8337e4cd)."""
+    args = parsed.args
+    use = next((u for u in reversed(parsed.flags) if u.key in _DRAFT_DEVICE_KEYS), None)
+    if use is None or any(u.key == "--spec-draft-hf" for u in parsed.flags):
+        return []
+    dialect = parsed.dialect
+    stages = set(args.draft.types)
+    # ik's has_dft(): -md or -draft "ARGS" (whose own -m may name the draft: common/common.h 265-267)
+    has_dft = bool(args.draft.model or args.draft.params)
+    loads = has_dft and (dialect.loads_idle_draft or bool(stages & dialect.draft_model_types)
+                         or dialect.mtp_spec_type in stages)
+    if loads:
+        return []
+    flag = use.env or use.spelling
+    value = use.values[0] if use.values else ""
+    why = ("the command has no draft model (-md)" if not args.draft.model else
+           "no --spec-type stage loads the draft model")
+    return [ArgWarning(flag, value, f"{flag} {value} is ignored: {why}, and llama-server reads the draft's "
+                       "devices only when it loads one")]
+
+
 def semantic_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     """Values llama.cpp adjusts silently (no message): shown so an exported command is not misread."""
     args = parsed.args
-    notes: list[ArgWarning] = []
+    from offload_planner.core.cmdline.ik_draft_params import draft_params_notes
+
+    notes: list[ArgWarning] = ignored_draft_devices(parsed) + draft_params_notes(parsed)
     batch = args.batch_size if args.batch_size is not None else 2048
     if args.ubatch_size is not None and args.ubatch_size > batch:
         notes.append(

@@ -447,8 +447,11 @@ class IkLlamaCpp(Dialect):
         if own is None:
             return p
         fa = own.flash_attn != "off" if own.flash_attn is not None else p.flash_attn
-        return replace(p, n_batch=own.batch_size or p.n_batch, n_ubatch=own.ubatch_size or p.n_ubatch,
-                       flash_attn=fa)
+        # as the main context's (engine.context_params): -b 0 raised to the KQ mask padding (src/llama.cpp
+        # 8169-8171), -ub 0 resolved to n_batch (8174); negative sizes are refused (ik_draft_params)
+        n_batch = p.n_batch if own.batch_size is None else max(own.batch_size, self.batch_floor)
+        n_ubatch = p.n_ubatch if own.ubatch_size is None else own.ubatch_size
+        return replace(p, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=fa)
 
 
 def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:

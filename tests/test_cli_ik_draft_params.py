@@ -1,0 +1,93 @@
+"""ik_llama.cpp's ``-draft "ARGS"``: the inner command line is parsed onto the draft's parameters when
+the draft loads (common/speculative.cpp 1957-1966 at 8337e4cd); what ik refuses there is refused, in
+ik's words, naming ``-draft``; what it runs is planned, never hung on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.support.refusals import refused
+
+import offload_planner
+
+PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
+IK = ["--no-detect", "--device", "CUDA0=24GiB", "--backend", "ik_llama.cpp"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+
+
+def draft(small_models: dict[str, Path], *spec: str) -> list[str]:
+    return ["plan", str(small_models["llama"]), *IK, "--", "-md", str(small_models["llama-draft"]), *spec]
+
+
+@pytest.mark.parametrize(("inner", "named"), [
+    ("-b 0 -ub 0", "n_batch and n_ubatch cannot both be zero"),
+    ("-c -5", "-c -5: a negative size"),
+    ("-ub abc", "stoi (-ub abc: expected an integer"),
+    ("--bogus", "unknown argument: --bogus"),
+    ("-ub", "invalid parameter for argument: -ub"),
+])
+@pytest.mark.parametrize("flag", ["-draft", "--draft-params"])
+def test_what_ik_refuses_inside_draft_is_refused(inner: str, named: str, flag: str,
+                                                 small_models: dict[str, Path]) -> None:
+    """Each was planned as if the draft loaded (gpt_params_parse throws, or the draft's context cannot
+    be made, and the server stops)."""
+    r = run(*draft(small_models, "--spec-type", "draft", flag, inner))
+    refused(r, 2, named, f'inside {flag} "{inner}"')
+
+
+def draft_compute(small_models: dict[str, Path], inner: str) -> dict[str, int]:
+    r = run("plan", str(small_models["llama"]), *IK, "--json", "--", "-md", str(small_models["llama-draft"]),
+            "--spec-type", "draft", "-draft", inner)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (extra,) = json.loads(r.stdout)["extras"]
+    return {dev: figures["compute"] for dev, figures in extra["devices"].items()}
+
+
+@pytest.mark.parametrize(("inner", "same_as"), [("-b 0", "-b 16 -ub 16"), ("-ub 0", "-b 2048 -ub 2048")])
+def test_a_zero_size_inside_draft_is_planned_as_ik_runs_it(inner: str, same_as: str,
+                                                           small_models: dict[str, Path]) -> None:
+    """ik raises the draft's batch of 0 to GGML_KQ_MASK_PAD, 16 (src/llama.cpp 8169-8171), and a
+    micro-batch of 0 is n_batch (8174): the draft's compute buffers were those of the main -b/-ub (0 read
+    as not given: 2048 and 512)."""
+    assert draft_compute(small_models, inner) == draft_compute(small_models, same_as)
+
+
+@pytest.mark.parametrize("spec", [[], ["--spec-type", "ngram_simple"]])
+def test_draft_params_without_a_loaded_draft_are_not_read(spec: list[str],
+                                                         small_models: dict[str, Path]) -> None:
+    """No stage that needs the draft model: ik never loads it nor parses -draft (speculative.cpp 2110)."""
+    r = run(*draft(small_models, *spec, "-draft", "--bogus"))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_draft_stage_with_draft_params_and_no_model_is_refused(small_models: dict[str, Path]) -> None:
+    """has_dft() is -md or -draft (common/common.h 265-267): the draft loads from -md's path, "" here,
+    unless the inner command line gives -m (speculative.cpp 1952, 1990-1993): the server stops."""
+    r = run("plan", str(small_models["llama"]), *IK, "--", "--spec-type", "draft", "-draft", "-b 64")
+    refused(r, 2, "failed to load draft model ''", 'no -md, and -draft "-b 64" has no -m')
+
+
+@pytest.mark.parametrize("md", [False, True])
+def test_an_inner_m_is_the_draft_ik_loads_and_is_said_not_projected(md: bool,
+                                                                     small_models: dict[str, Path]) -> None:
+    other = str(small_models["llama"])  # not the -md file
+    given = ["-md", str(small_models["llama-draft"])] if md else []
+    r = run("plan", str(small_models["llama"]), *IK, "--", *given, "--spec-type", "draft",
+            "--draft-params", f"-m {other}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    projected = f"projects the -md file {small_models['llama-draft']}" if md else "projects no draft model"
+    assert (f'note: --draft-params "-m {other}": ik loads {other} as the draft model (the -m inside '
+            f"--draft-params wins over -md); the plan {projected}") in r.stdout, r.stdout
+    same = run("plan", str(small_models["llama"]), *IK, "--", "-md", str(small_models["llama-draft"]),
+               "--spec-type", "draft", "-draft", f"-m {small_models['llama-draft']}")
+    assert same.returncode == 0 and "ik loads" not in same.stdout
