@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support.cli import run_cli
 
-import offload_planner
 from offload_planner.backend.server_bench import BenchError, measure
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
-PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
 
 # A stand-in llama-server: says its version, listens, and answers /completion as HOSTILE_MODE says
 # (the rates of a good answer are its tokens over its time, as llama-server computes them).
@@ -67,11 +66,7 @@ def server(tmp_path: Path) -> Path:
     return exe
 
 
-def run(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
-    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT, **env})
+run = run_cli
 
 
 def clean_exit(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.support.cli import run_cli
 from tests.support.refusals import refused
 
-import offload_planner
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
@@ -23,15 +20,10 @@ from offload_planner.core.synth import SMALL_MODELS, write_model
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
 DEEPSEEK = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
-PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
 TWO_GPUS = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=12GiB"]
 
 
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
-    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+run = run_cli
 
 
 @pytest.mark.parametrize(("ts", "named"), [("nan,1", "a NaN or infinite proportion"),

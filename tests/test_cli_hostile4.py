@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.cli import run_cli
 from tests.support.refusals import refused
 
-import offload_planner
 from offload_planner.backend import speed_store
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
@@ -31,16 +29,12 @@ from offload_planner.core.speed.hardware import host_speed
 from offload_planner.core.synth import SMALL_MODELS, write_model
 
 QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
-PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
 
 
 def run(*args: str, timeout: float = 60, config: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
-    if config is not None:
-        env["OFFLOAD_PLANNER_CONFIG_DIR"] = str(config)
-    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+    """``config``: the config folder the child uses."""
+    env = {} if config is None else {"OFFLOAD_PLANNER_CONFIG_DIR": str(config)}
+    return run_cli(*args, timeout=timeout, **env)
 
 
 def test_a_failed_rpc_probe_is_said_with_its_endpoint_and_reason(tmp_path: Path) -> None:

@@ -10,19 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.support.cli import PACKAGE_ROOT, run_cli
 from tests.support.refusals import refused
 
-import offload_planner
-
-PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
 TWO_GPUS = ["--no-detect", "--device", "CUDA0=24GiB", "--device", "CUDA1=24GiB"]
 
 
 def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
-    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL,
-                          env={**os.environ, "PYTHONPATH": PACKAGE_ROOT})
+    return run_cli(*args, timeout=timeout)
 
 
 @pytest.mark.parametrize("command", ["plan", "fit"])

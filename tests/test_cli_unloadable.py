@@ -15,25 +15,14 @@ one key dropped or changed, or one tensor renamed. The window's side: tests/ui/t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.support.cli import run_cli
 from tests.support.gguf_rewrite import rewrite
 from tests.support.refusals import refused
 
-import offload_planner
-
-PACKAGE_ROOT = str(Path(offload_planner.__file__).resolve().parents[1])
-
-
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """The CLI in a child with a timeout: a hang fails the test instead of the suite."""
-    env = {**os.environ, "PYTHONPATH": PACKAGE_ROOT}
-    return subprocess.run([sys.executable, "-m", "offload_planner", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+run = run_cli
 
 
 CASES = {
