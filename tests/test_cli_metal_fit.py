@@ -17,14 +17,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gguf import GGUFReader
+from tests.support.gguf_extents import Extents, gguf_py_extents
+from tests.support.gguf_extents import padded as _padded
+from tests.support.gguf_extents import span as _span
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf"
@@ -41,23 +42,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def ext(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, int]]:
-    """Each tensor's first byte and end in the file, read by gguf-py from a sparse copy of the header as
-    long as the model (gguf-py maps every tensor's data)."""
-    full = tmp_path_factory.mktemp("q30") / "q30-sparse.gguf"
-    shutil.copyfile(QWEN, full)
-    with open(full, "r+b") as f:
-        f.truncate(32 << 30)
-    reader = GGUFReader(full)
-    return {t.name: (int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in reader.tensors}
-
-
-def _span(ext: dict[str, tuple[int, int]], names: list[str]) -> int:
-    return max(ext[n][1] for n in names) - min(ext[n][0] for n in names)
-
-
-def _padded(ext: dict[str, tuple[int, int]], names: list[str], align: int = 32) -> int:
-    return sum(-(-(ext[n][1] - ext[n][0]) // align) * align for n in names)
+def ext(tmp_path_factory: pytest.TempPathFactory) -> Extents:
+    """Each tensor's first byte and end in the file, as gguf-py reads them."""
+    return gguf_py_extents(Path(QWEN), tmp_path_factory.mktemp("q30"), 32 << 30)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -29,7 +28,9 @@ from typing import Any
 
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader
+from tests.support.gguf_extents import Extents, gguf_py_extents
+from tests.support.gguf_extents import padded as _padded
+from tests.support.gguf_extents import span as _span
 
 from offload_planner.backend.launch.compare import compare, devices_from_log
 from offload_planner.backend.log_parser import parse_log
@@ -75,29 +76,8 @@ def _model_buffers(plan: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
             for d in plan["devices"]}
 
 
-def _extents(path: Path) -> dict[str, tuple[int, int]]:
-    """Each tensor's first byte and end in the file, as gguf-py reads them. A header-only file is read
-    from a sparse copy of it as long as the model (gguf-py maps every tensor's data)."""
-    try:
-        reader = GGUFReader(path)
-    except ValueError:
-        full = path.with_name(path.stem + "-sparse.gguf")
-        shutil.copyfile(path, full)
-        with open(full, "r+b") as f:
-            f.truncate(8 << 30)
-        reader = GGUFReader(full)
-    return {t.name: (int(t.data_offset), int(t.data_offset) + int(t.n_bytes)) for t in reader.tensors}
-
-
-def _span(ext: dict[str, tuple[int, int]], names: list[str]) -> int:
-    """``get_mapping_range``: from the first byte of these tensors to the last."""
-    assert names
-    return max(ext[n][1] for n in names) - min(ext[n][0] for n in names)
-
-
-def _padded(ext: dict[str, tuple[int, int]], names: list[str], align: int = 32) -> int:
-    """A plain buffer's size: the tensors' sizes, each padded to the buffer type's alignment."""
-    return sum(-(-(ext[n][1] - ext[n][0]) // align) * align for n in names)
+def _extents(path: Path) -> Extents:
+    return gguf_py_extents(path, path.parent, 8 << 30)
 
 
 def _on(plan: dict[str, Any], device: str) -> list[str]:
