@@ -36,6 +36,7 @@ TOP_KEYS = {
     "backend": str,
     "build": (str, type(None)),
     "cpu_tiled_matmul": bool,
+    "cpu_llamafile_sgemm": bool,
     "model": dict,
     "command": (str, type(None)),
     "settings": dict,
