@@ -37,6 +37,7 @@ TOP_KEYS = {
     "build": (str, type(None)),
     "cpu_tiled_matmul": bool,
     "cpu_llamafile_sgemm": bool,
+    "cpu_threads_forced": (int, type(None)),
     "model": dict,
     "command": (str, type(None)),
     "settings": dict,

@@ -301,7 +301,8 @@ def evaluate(records: list[dict[str, Any]], root: Path) -> tuple[list[Row], list
 
 def _row(rec: dict[str, Any], model: Model, ds: DeviceSet) -> Row:
     argv = _argv(rec)
-    threads = rec["settings"].get("threads")
+    # the build's own thread count where its source forces one (the record says), else -t
+    threads = rec["cpu_threads_forced"] or rec["settings"].get("threads")
     dialect = rec["backend"]
     parsed = parse_server_args(argv, dialect=dialect)
     plan = plan_from_args(model, ds, parsed, dialect)
@@ -432,3 +433,19 @@ def test_pre_sgemm_record_prompt(tmp_path: Path) -> None:
     assert spec is not None and ds is not None
     _, _, e_pp, _ = _row(rec, _model(spec, {}, tmp_path), ds)
     assert e_pp is not None and abs(e_pp) < math.log(2)
+
+
+def test_nkvo_record_of_a_single_thread_build(tmp_path: Path) -> None:
+    """ll4812's -nkvo prompt (LLaMA-7B Q4_0 on an RTX 3090 Ti, -ngl 99, pp 512 at 237.84 t/s,
+    https://github.com/ggml-org/llama.cpp/pull/4812) is estimated within 1.5x once its CPU attention runs
+    on the one thread its build gave a fully offloaded CUDA graph (``cpu_threads_forced``: llama.cpp PR
+    2915 "CUDA: use only 1 thread if fully offloaded" until PR 5226); with the default threads it was
+    4.14x too fast.  Its tg at depth 0 (the attention over at most 128 cells) stays within 1.25x."""
+    [rec] = [r for r in _records() if r["id"] == "ll4812-llama7b-q4_0-3090ti-nkvo"]
+    assert rec["cpu_threads_forced"] == 1 and rec["settings"]["threads"] is None
+    spec, _ = _spec(rec["model"])
+    ds, _ = _devices(rec)
+    assert spec is not None and ds is not None
+    _, e_tg, e_pp, _ = _row(rec, _model(spec, {}, tmp_path), ds)
+    assert e_pp is not None and abs(e_pp) < math.log(1.5)
+    assert e_tg is not None and abs(e_tg) < math.log(1.25)
