@@ -25,6 +25,7 @@ from offload_planner.core.cmdline.handlers_mainline import (
 )
 from offload_planner.core.cmdline.model import TensorOverride
 from offload_planner.core.cmdline.moe import IK_CPU_MOE_COUNT
+from offload_planner.core.kv_override import parse_item
 
 
 def _invalid(stderr: str = "", explanation: str = "") -> HandlerError:
@@ -140,6 +141,18 @@ def h_ser(ctx: Ctx) -> None:
     if len(pairs) != 1:
         raise _invalid()
     ctx.args.ser = (pairs[0][0], float(pairs[0][1]))
+
+
+def c_override_kv(ctx: Ctx) -> None:
+    """``-okv``/``--override-kv``: one ``KEY=TYPE:VALUE`` (common.cpp); an item it refuses prints two lines
+    and sets ``invalid_param``; the flag stays in the command as given."""
+    override, printed = parse_item(ctx.value)
+    if override is None:
+        raise _invalid(stderr=f"{printed}\nerror: Invalid type for KV override: {ctx.value}")
+
+
+#: flags whose value is checked as ik checks it, but kept verbatim (no ServerArgs field)
+IK_CHECKS: dict[str, Handler] = {"--override-kv": c_override_kv}
 
 
 def h_cache_type(field: str) -> Handler:

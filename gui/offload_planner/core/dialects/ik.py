@@ -100,6 +100,7 @@ class IkLlamaCpp(Dialect):
     pads_transposed_v = False
     mla_k_only_cache = False
     host_overrides_turn_mmap_off = True
+    kv_override_csv = False  # common.cpp: one string_parse_kv_override a flag
     #: ``-amb`` when the command has none (``gpt_params::attn_max_batch``; 256 from PR 2312, August 2026)
     default_amb: int = 0
     #: ``-md`` alone neither drafts nor loads (ikawrakow/ik_llama.cpp 8337e4cd, 2026-08-15): ``-md``
