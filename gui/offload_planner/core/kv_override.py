@@ -189,7 +189,7 @@ _BASE: weakref.WeakKeyDictionary[Model, Model] = weakref.WeakKeyDictionary()
 
 def file_model(model: Model) -> Model:
     """The model as its file holds it (``model`` itself unless :func:`loaded` made it)."""
-    return _BASE.get(model, model)
+    return _BASE.get(model, model) if _BASE else model
 
 
 def loaded(model: Model, overrides: Sequence[KvOverride]) -> Model:
