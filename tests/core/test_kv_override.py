@@ -161,3 +161,14 @@ def test_plans_of_one_command_share_the_loaded_model(dsv3) -> None:  # type: ign
     assert b.model is a.plan.model
     c = replace(a.plan, extra_args=[])
     assert c.model is dsv3
+
+
+def test_ik_ser_is_said_to_do_nothing_in_current_builds() -> None:
+    """ik_llama.cpp since PR 840 (2025-10-19) selects experts with ggml_top_k, its ggml_top_k_thresh
+    call commented out (src/llama-build-context.cpp llm_build_moe_ffn): -ser reaches no op. The 2025
+    builds applied it (PR 239), which the estimate does not model: said so there."""
+    now = parse_server_args(["-ser", "6,1"], dialect=IK)
+    assert now.ok and any("-ser 6,1 does nothing" in w.message for w in now.warnings)
+    old = parse_server_args(["-ser", "6,1"], dialect=Dialect("ik_llama.cpp-2025"))
+    assert old.ok and any("does not model it" in w.message for w in old.warnings)
+    assert not any("does nothing" in w.message for w in old.warnings)

@@ -141,6 +141,16 @@ def h_ser(ctx: Ctx) -> None:
     if len(pairs) != 1:
         raise _invalid()
     ctx.args.ser = (pairs[0][0], float(pairs[0][1]))
+    flag = f"{ctx.use.spelling} {ctx.value}"
+    if not getattr(ctx.dialect, "applies_ser", True):
+        ctx.warn(f"{flag} does nothing in ik_llama.cpp builds since PR 840 (October 2025): the expert "
+                 "selection no longer reads it (ggml_top_k; its ggml_top_k_thresh call is commented out), "
+                 "so every token runs the model's experts, as the plan and the speed estimate count them",
+                 ctx.value)
+    else:
+        ctx.warn(f"{flag}: this build drops the experts whose router weight is under the threshold x the "
+                 "top one's, down to the minimum, token by token; the speed estimate does not model it (it "
+                 "counts every expert a token may run)", ctx.value)
 
 
 def c_override_kv(ctx: Ctx) -> None:
