@@ -65,3 +65,19 @@ def test_a_measurement_faster_than_the_other_parts_allow_is_refused() -> None:
     cal = calibrate(est, hw, DEFAULT, tg_tps=est.tg_tps * 1000, pp_tps=None)
     assert cal.values == {}
     assert cal.notes
+
+
+@pytest.mark.parametrize("factor", [0.4, 0.8, 1.5])
+def test_calibration_with_tb_reproduces_the_measurement(factor: float) -> None:
+    """``-t 1 -tb 16``: a token's reads are bound by one thread's bandwidth, a prompt's micro-batches
+    (``-tb``'s 16 threads) by the RAM's: tg calibrates the per-thread figure, which the prompt's reads
+    do not use, and the re-estimate reproduces both measured rates."""
+    plan = _plan(["-ngl", "0", "-c", "4096", "-t", "1", "-tb", "16"], [])
+    hw = hardware_for(plan.devices, threads=1, threads_batch=16)
+    est = estimate(plan, hw, prompt=512, eff=DEFAULT)
+    tg, pp = est.tg_tps * factor, est.pp_tps * factor
+    cal = calibrate(est, hw, DEFAULT, tg_tps=tg, pp_tps=pp)
+    assert set(cal.values) == {"cpu_thread_bandwidth", "cpu_compute"}, cal.notes
+    again = estimate(plan, hw, prompt=512, eff=calibrated(cal.values, "test"))
+    assert again.tg_tps == pytest.approx(tg, rel=2e-3)
+    assert again.pp_tps == pytest.approx(pp, rel=2e-2)
