@@ -188,3 +188,21 @@ def test_fit_keeps_and_estimates_with_t_and_tb(small_models: dict[str, Path],
     assert both["speed"]["tg_tps"] == four["speed"]["tg_tps"]
     command = both["plan"]["command"]
     assert command[command.index("-t") + 1] == "4" and command[command.index("-tb") + 1] == "16"
+
+
+def test_the_window_reads_t_and_tb_from_the_plans_flags(small_models: dict[str, Path]) -> None:
+    """The window estimates from the plan's kept flags (``speed_store.machine_hardware`` without a
+    parsed command): ``-tb``/``--threads-batch`` there too, and the last of a repeated flag, as
+    llama-server keeps it."""
+    from offload_planner.backend.speed_store import machine_hardware, threads_batch_in, threads_in
+
+    declared = (("ram", "2xDDR5-4800"), ("cores", "16"))
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB, hardware=declared), ())
+    args = ["-c", "1024", "-t", "2", "-t", "4", "--threads-batch", "16"]
+    plan = plan_from_args(open_model(small_models["llama"]), devices, parse_server_args(args))
+    hw = machine_hardware(plan, probe=False)
+    assert hw["CPU"].threads == 4 and hw.batch is not None and hw.batch["CPU"].threads == 16
+    assert hw.for_tokens(1) is hw and hw.for_tokens(2) is hw.batch
+    assert (threads_in(args), threads_batch_in(args)) == (4, 16)
+    assert threads_batch_in(["-tb", "0"]) == 0 and threads_batch_in(["-tb", "8x"]) == 8
+    assert threads_batch_in(["-t", "8"]) is None

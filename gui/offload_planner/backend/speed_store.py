@@ -550,18 +550,21 @@ def efficiencies_for(backend: str) -> Efficiencies:
 
 
 def threads_in(argv: list[str]) -> int | None:
-    """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags)."""
-    for flag, value in itertools.pairwise(argv):
-        if flag in ("-t", "--threads"):
-            return int(value) if value.isdigit() and int(value) > 0 else None
-    return None
+    """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags): the last one given, as
+    :func:`threads_of` reads it; None for 0 or below (llama.cpp's default) or not given."""
+    return _last_in(argv, ("-t", "--threads")) or None
 
 
 def threads_batch_in(argv: list[str]) -> int | None:
-    """``-tb N`` / ``--threads-batch N`` among verbatim arguments (a plan's kept flags): N, 0 for 0 or
-    below (llama.cpp's ``hardware_concurrency()``), None when not given or not a number."""
-    for flag, value in reversed(list(itertools.pairwise(argv))):  # the last one given wins
-        if flag in ("-tb", "--threads-batch"):
+    """``-tb N`` / ``--threads-batch N`` among verbatim arguments (a plan's kept flags), as
+    :func:`threads_batch_of` reads it: N, 0 for 0 or below, None when not given."""
+    return _last_in(argv, ("-tb", "--threads-batch"))
+
+
+def _last_in(argv: list[str], names: tuple[str, ...]) -> int | None:
+    """The last of flags ``names``'s values in ``argv`` as a thread count (:func:`_count`)."""
+    for flag, value in reversed(list(itertools.pairwise(argv))):  # llama-server keeps the last one given
+        if flag in names:
             return _count(value)
     return None
 
