@@ -63,7 +63,9 @@ def batch_assumptions(name: str, hw: Hardware, eff: Efficiencies) -> list[Assump
                               Figure(d.threads, "threads", Source.DECLARED, note)))
         out.append(Assumption(f"{name} compute in a batch ({d.threads_flag} {d.threads})", d.tflops))
     single = _bandwidth(hw[name], eff)[1]
-    out += [Assumption(f"{a.what} in a batch", a.figure) for a in _bandwidth(d, eff)[1] if a not in single]
+    tb = next((x.threads for x in b.devices.values() if x.kind is DeviceKind.CPU), None)
+    out += [Assumption(a.what if "-tb" in a.what else f"{a.what} (in a batch: -tb {tb})", a.figure)
+            for a in _bandwidth(d, eff)[1] if a not in single]
     return out
 
 
