@@ -172,7 +172,8 @@ def test_over_capacity_warning_on_a_mac_where_nothing_fits_names_no_preset(demo_
     (warning,) = [w for w in analyse(plan).warnings if w.startswith("MTL0 is over capacity")]
     assert "Fill MTL0 with routed experts" not in warning, warning
     assert ": no placement fits: CPU + MTL0 share one RAM and together take more than it, by " in warning
-    assert "so Presets ▸ Fill, Fastest plan or moving layers cannot help. What helps: a smaller quant" in warning
+    assert ("so Presets ▸ Fill, Fastest plan or moving layers cannot help. What helps: a smaller quant"
+            in warning)
     roomy = mac(512, 192)  # 512 GiB of RAM take the experts: Fill is the way out again
     (warning,) = [w for w in analyse(roomy).warnings if w.startswith("MTL0 is over capacity")]
     assert warning.endswith(": Presets ▸ Fill MTL0 with routed experts keeps as many expert layers there "

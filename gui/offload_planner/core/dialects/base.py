@@ -277,7 +277,7 @@ class Dialect(str, metaclass=_DialectType):
         fold = str.lower if self.device_names_ignore_case else str
         own = {fold(self.dev_name(g)): g.name for g in gpus}
         got = (own.get(fold(n)) for n in names)
-        return tuple(dict.fromkeys(g for g in got if g is not None))
+        return tuple(g for g in got if g is not None)
 
     def skipped_devices_note(self, skipped: Sequence[str], *, any_left: bool, draft: bool) -> str:
         """What the build says and does of ``-dev`` (``draft``: ``-devd``) names it has no device of
