@@ -456,17 +456,10 @@ class IkLlamaCpp(Dialect):
 
 def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
     """``-draft "ARGS"``: ``gpt_params_parse("llama-server " + ARGS)`` onto the draft's parameters."""
-    import shlex
+    from offload_planner.core.cmdline.ik_draft_params import parse_onto
 
-    from offload_planner.core.cmdline.model import ParsedArgs
-    from offload_planner.core.cmdline.parse_ik import parse_ik
-
-    try:
-        argv = shlex.split(text)
-    except ValueError:
-        argv = text.split()
     kept = len(args.overrides)
-    out = parse_ik(argv, {}, ParsedArgs(dialect, args=args)).args
+    out = parse_onto(args, dialect, text).args
     if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
         out.overrides = out.overrides[:kept]
     return out
