@@ -78,25 +78,36 @@ def test_a_draft_stage_with_draft_params_and_no_model_is_refused(small_models: d
 
 
 @pytest.mark.parametrize("md", [False, True])
-def test_an_inner_m_is_the_draft_ik_loads_and_is_said_not_projected(md: bool,
-                                                                     small_models: dict[str, Path]) -> None:
+def test_an_inner_m_is_the_draft_ik_loads_and_the_plan_projects(md: bool,
+                                                                 small_models: dict[str, Path]) -> None:
+    """ik loads the -m inside -draft over -md (speculative.cpp 1952-1966); the plan projected the -md file
+    (or no draft) and said so; it now projects that file, as -md with the same settings would."""
     other = str(small_models["llama"])  # not the -md file
     given = ["-md", str(small_models["llama-draft"])] if md else []
     r = run("plan", str(small_models["llama"]), *IK, "--", *given, "--spec-type", "draft",
             "--draft-params", f"-m {other}")
     assert r.returncode == 0, r.stderr[-2000:]
-    projected = f"projects the -md file {small_models['llama-draft']}" if md else "projects no draft model"
+    instead = f", not the -md file {small_models['llama-draft']}" if md else ""
     assert (f'note: --draft-params "-m {other}": ik loads {other} as the draft model (the -m inside '
-            f"--draft-params wins over -md); the plan {projected}") in r.stdout, r.stdout
+            f"--draft-params wins over -md); the plan projects it{instead}") in r.stdout, r.stdout
+    assert "+ draft model llama.gguf:" in r.stdout, r.stdout
     same = run("plan", str(small_models["llama"]), *IK, "--", "-md", str(small_models["llama-draft"]),
                "--spec-type", "draft", "-draft", f"-m {small_models['llama-draft']}")
     assert same.returncode == 0 and "ik loads" not in same.stdout
 
 
-def _draft_devices(small_models: dict[str, Path], env: dict[str, str], *spec: str
-                   ) -> dict[str, dict[str, int]]:
-    r = run("plan", str(small_models["llama"]), *IK, "--json", "--", "-md", str(small_models["llama-draft"]),
-            "-c", "4096", "--spec-type", "draft", *spec, env=env)
+def test_an_inner_m_projects_as_md_would(small_models: dict[str, Path]) -> None:
+    """``-draft "-m FILE -ngl 0"`` without -md: the draft's buffers of ``-md FILE -ngld 0``."""
+    d = str(small_models["llama-draft"])
+    inner = _draft_json(small_models, "--spec-type", "draft", "-draft", f"-m {d} -ngl 0")
+    md = _draft_json(small_models, "-md", d, "-ngld", "0", "--spec-type", "draft", "-draft", "-ngl 0")
+    assert inner == md and inner["CUDA0"]["model"] == 0 and inner["CPU"]["model"] > 0, inner
+
+
+def _draft_json(small_models: dict[str, Path], *spec: str, env: dict[str, str] | None = None
+                ) -> dict[str, dict[str, int]]:
+    """The draft's buffers by device and kind (``plan --json``'s extras), the main -c 4096."""
+    r = run("plan", str(small_models["llama"]), *IK, "--json", "--", "-c", "4096", *spec, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     (extra,) = json.loads(r.stdout)["extras"]
     return {dev: figures for dev, figures in extra["devices"].items()}
@@ -109,14 +120,15 @@ def test_the_environment_is_applied_again_to_the_draft_params(small_models: dict
     ARGS win over both. Without -draft the environment is not read again. The planner parsed ARGS
     with no environment (the draft stayed on CUDA0)."""
     env = {"LLAMA_ARG_N_GPU_LAYERS": "0"}
-    on_gpu = _draft_devices(small_models, env, "-ngld", "99")
+    md = ("-md", str(small_models["llama-draft"]), "--spec-type", "draft", "-ngld", "99")
+    on_gpu = _draft_json(small_models, *md, env=env)
     assert on_gpu["CUDA0"]["model"] > 0  # no -draft: -ngld 99 holds
-    on_cpu = _draft_devices(small_models, env, "-ngld", "99", "-draft", "-b 64")
+    on_cpu = _draft_json(small_models, *md, "-draft", "-b 64", env=env)
     assert on_cpu["CUDA0"]["model"] == 0 and on_cpu["CUDA0"]["kv"] == 0, on_cpu
-    back = _draft_devices(small_models, env, "-ngld", "99", "-draft", "-b 64 -ngl 99")
+    back = _draft_json(small_models, *md, "-draft", "-b 64 -ngl 99", env=env)
     assert back["CUDA0"]["model"] == on_gpu["CUDA0"]["model"]
     # LLAMA_ARG_CTX_SIZE: the main -c 4096 wins for the main model, the variable for the draft
-    short = _draft_devices(small_models, {"LLAMA_ARG_CTX_SIZE": "1024"}, "-ngld", "99", "-draft", "-b 64")
+    short = _draft_json(small_models, *md, "-draft", "-b 64", env={"LLAMA_ARG_CTX_SIZE": "1024"})
     assert short["CUDA0"]["kv"] * 4 == on_gpu["CUDA0"]["kv"], (short, on_gpu)
 
 

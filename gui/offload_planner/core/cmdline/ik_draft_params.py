@@ -56,8 +56,8 @@ def draft_params_errors(parsed: ParsedArgs) -> list[ArgError]:
 
 def draft_params_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     """``-draft "-m FILE"``: FILE is the draft model ik loads (it overrides ``-md``: the copy takes
-    ``-md`` first, speculative.cpp 1952, then ARGS), which the plan does not project (it projects the
-    ``-md`` file, or no draft)."""
+    ``-md`` first, speculative.cpp 1952, then ARGS), and the one the plan projects
+    (:func:`loaded_draft_model`)."""
     if not loads_draft_params(parsed):
         return []
     text, flag = parsed.args.draft.params or "", _flag(parsed)
@@ -67,12 +67,23 @@ def draft_params_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     if inner.errors or use is None or model == parsed.args.draft.model:
         return []
     md = parsed.args.draft.model
-    projected = f"projects the -md file {md}" if md else "projects no draft model"
     wins = (f"the -m inside {flag} wins over -md" if use.env is None else
             f"{use.env}, which ik applies again when it parses {flag} (common/common.cpp 829-830), wins "
             "over -md")
+    instead = f", not the -md file {md}" if md else ""
     return [ArgWarning(flag, text, f"{flag} \"{text}\": ik loads {model} as the draft model ({wins}); the "
-                       f"plan {projected}, so the draft's memory and speed are not those of this file")]
+                       f"plan projects it{instead}")]
+
+
+def loaded_draft_model(parsed: ParsedArgs) -> str | None:
+    """The file ik loads as the draft model: the ``-m`` inside ``-draft "ARGS"`` (or ``LLAMA_ARG_MODEL``
+    applied again there), else ``-md`` (speculative.cpp 1952-1966, 1988); ``-md`` where ARGS are not
+    parsed (:func:`loads_draft_params`) or refused."""
+    md = parsed.args.draft.model
+    if not loads_draft_params(parsed):
+        return md
+    inner = parse_draft_params(parsed, parsed.args.draft.params or "")
+    return (None if inner.errors else _inner_model(inner)) or md
 
 
 def _flag(parsed: ParsedArgs) -> str:
