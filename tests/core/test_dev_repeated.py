@@ -89,3 +89,26 @@ def test_pinned_build_keeps_every_mention_and_turns_pipeline_parallelism_on(mode
     # -ts gives each mention a share; both land on CUDA0 (nothing on CUDA1)
     _, split, _ = _compute(model, ["-dev", "CUDA0,CUDA0", "-ts", "3,1"])
     assert split == twice
+
+
+def test_pinned_build_draft_devices_named_twice(small_models: dict[str, Path]) -> None:
+    """``-devd CUDA0,CUDA0``: the draft's model devices as ``-dev``'s (common_speculative_init_result loads it
+    with them): the same weights and KV on CUDA0, its compute with pipeline parallelism (the real server:
+    20.55 / 13.07 MiB against 7.01 / 4.02, tests/integration/test_dev_repeated_vs_llama.py); the GPU counted
+    once (a first cut counted the draft's weights and KV twice)."""
+    model = open_model(small_models["llama"])
+    cpu = Device("CPU", DeviceKind.CPU, 64 * GiB, 64 * GiB)
+    devices = DeviceSet(cpu, (parse_device_decl("CUDA0=24GiB"),))
+
+    def draft(devd: str) -> dict[str, dict[str, int]]:
+        argv = ["-md", str(small_models["llama-draft"]), "-devd", devd, "-c", "2048", "-fit", "off"]
+        a = analyse_command(model, devices, parse_server_args(argv), MAINLINE)
+        assert a.projection is not None
+        (extra,) = a.projection.extras
+        return {d: {k: sum(b.bytes for b in extra.buffers if b.device == d and b.kind == k)
+                    for k in ("model", "kv", "compute")} for d in ("CUDA0", "CPU")}
+
+    once, twice = draft("CUDA0"), draft("CUDA0,CUDA0")
+    for dev in ("CUDA0", "CPU"):
+        assert (twice[dev]["model"], twice[dev]["kv"]) == (once[dev]["model"], once[dev]["kv"]), (once, twice)
+        assert twice[dev]["compute"] > 2 * once[dev]["compute"], (once, twice)

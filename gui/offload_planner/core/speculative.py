@@ -156,7 +156,8 @@ def draft_devices(devices: DeviceSet, names: list[str] | None, dialect: Dialect 
     if not names:
         return devices
     chosen = Dialect(dialect).selected_gpus(names, devices.gpus) or ()
-    gpus = tuple(g for n in chosen if (g := devices.by_name(n)) is not None)
+    # a device named twice is one device (its second mention is the draft's -devd list: the placement)
+    gpus = tuple(g for n in dict.fromkeys(chosen) if (g := devices.by_name(n)) is not None)
     return DeviceSet(devices.cpu, gpus, reported_order=True)
 
 
