@@ -86,6 +86,10 @@ def test_pinned_build_keeps_every_mention_and_turns_pipeline_parallelism_on(mode
     [note] = [n for n in notes if "2 times" in n]
     assert note.startswith("-dev CUDA0,CUDA0: llama.cpp takes CUDA0 2 times as the model's devices")
     assert "pipeline parallelism" in note
+    # the fit's own reading of the list (each mention measures the whole device) is not modelled: said
+    assert note.endswith("--fit measures CUDA0 once per mention, each seeing everything on it, which the "
+                         "planner's fit does not model: with --fit on, what it changes is not projected "
+                         "exactly")
     # -ts gives each mention a share; both land on CUDA0 (nothing on CUDA1)
     _, split, _ = _compute(model, ["-dev", "CUDA0,CUDA0", "-ts", "3,1"])
     assert split == twice
