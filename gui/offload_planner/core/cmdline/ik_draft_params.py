@@ -37,7 +37,7 @@ def draft_params_errors(parsed: ParsedArgs) -> list[ArgError]:
     command's own refusals)."""
     if not loads_draft_params(parsed):
         return []
-    text, flag = parsed.args.draft.params or "", _flag(parsed)
+    text, flag = parsed.args.draft.params or "", draft_params_flag(parsed)
     where = (f"inside {flag} \"{text}\", which ik_llama.cpp parses onto the draft's parameters when it loads "
              "the draft model: the server stops")
     inner = parse_draft_params(parsed, text)
@@ -60,7 +60,7 @@ def draft_params_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     (:func:`loaded_draft_model`)."""
     if not loads_draft_params(parsed):
         return []
-    text, flag = parsed.args.draft.params or "", _flag(parsed)
+    text, flag = parsed.args.draft.params or "", draft_params_flag(parsed)
     inner = parse_draft_params(parsed, text)
     use = _inner_model_use(inner)
     model = use.values[0] if use is not None else None
@@ -86,7 +86,8 @@ def loaded_draft_model(parsed: ParsedArgs) -> str | None:
     return (None if inner.errors else _inner_model(inner)) or md
 
 
-def _flag(parsed: ParsedArgs) -> str:
+def draft_params_flag(parsed: ParsedArgs) -> str:
+    """``-draft`` or ``--draft-params`` as given."""
     use = next((u for u in reversed(parsed.flags) if u.key == "--draft-params"), None)
     return (use.env or use.spelling) if use else "-draft"
 
