@@ -196,6 +196,8 @@ def device_selection(popts: PlacementOptions, devices: DeviceSet, dialect: Diale
     uses = f"{', '.join(once)} only" if popts.selected else "no GPU"
     out = [f"-dev {chosen}: llama-server uses {uses}; {', '.join(left)} "
            f"{'holds' if len(left) == 1 else 'hold'} nothing of the model"] if left else []
+    if dialect.refuses_repeated_devices:  # ik: its own warning (Dialect.warnings)
+        return out
     return out + [repeated_device_note(chosen, n, popts.selected.count(n), dialect.fits_by_default)
                   for n in once if popts.selected.count(n) > 1]
 

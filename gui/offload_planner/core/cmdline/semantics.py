@@ -166,30 +166,22 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
 
 
 def _repeated_device(parsed: ParsedArgs, known: _Known, key: str) -> list[ArgError]:
-    """A ``-dev``/``-devd`` list naming one of ik_llama.cpp's GPU (or RPC) devices twice, refused: ik adds
-    it to ``model->devices`` once per mention (src/llama.cpp 7822-7826 at 8337e4cd), the context's
-    device names likewise (8076-8081), and the backends, reordered by those names, then hold the same
-    backend object twice (8458-8467, ``ggml_backend_by_name`` returns the one it has), which
-    ``~llama_context`` frees once per entry (858-869: ``ggml_backend_free``, a double free); the layer
-    split counts the device's free memory once per entry as well (4331-4365).  The CPU of a build
-    without a GPU, its one offload device, is not a backend the context reorders: ``-dev CPU,CPU``
-    loads as ``-dev CPU`` (ik's CPU library, same buffers)."""
-    if key == "--mmproj-device":
+    """A ``-dev``/``-devd`` list naming one of ik_llama.cpp's GPU (or RPC) devices twice, refused
+    (:func:`~offload_planner.core.ik.repeated_device_refusal`).  The CPU of a build without a GPU, its
+    one offload device, is not a backend the context reorders: ``-dev CPU,CPU`` loads as ``-dev CPU``
+    (ik's CPU library, same buffers)."""
+    from offload_planner.core.ik import repeated_device_refusal, repeated_gpu
+
+    if key == "--mmproj-device" or not parsed.dialect.refuses_repeated_devices:
         return []
     devices, use = _device_use(parsed, key)
-    offload = _load_time_names(known) - {"CPU"}
-    twice = next((n for i, n in enumerate(devices) if n in offload and n in devices[:i]), None)
+    twice = repeated_gpu(devices, _load_time_names(known) - {"CPU"})
     if twice is None:
         return []
     flag = use.env or use.spelling if use else "-dev"
     value = ",".join(devices)
-    message = (f"{flag} {value} names {twice} twice: ik_llama.cpp adds it to the model's devices once per "
-               f"mention and its context then holds the same {twice} backend twice, which it frees twice "
-               "when the server frees the context (src/llama.cpp: model->devices 7822-7826, the backends "
-               "reordered by name 8458-8467, ~llama_context 867-869): a double free, undefined behaviour, "
-               "not planned; its layer split also counts the device's free memory once per mention")
-    return [ArgError(flag, value, message, Stage.LOAD, f"name each device once: {flag} "
-                     + ",".join(dict.fromkeys(devices)))]
+    return [ArgError(flag, value, repeated_device_refusal(flag, value, twice), Stage.LOAD,
+                     f"name each device once: {flag} " + ",".join(dict.fromkeys(devices)))]
 
 
 def _device_error(parsed: ParsedArgs, use: FlagUse | None, flag: str, what: str, value: str,

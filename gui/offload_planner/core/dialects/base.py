@@ -80,6 +80,9 @@ class Dialect(str, metaclass=_DialectType):
     #: (:meth:`skipped_devices_note`), not refused while parsing as the pinned build's
     #: ``parse_device_list`` does ("invalid device: NAME", common/arg.cpp 1133-1135)
     skips_unknown_devices: bool = False
+    #: a GPU named twice in ``-dev``/``-devd`` is refused (ik_llama.cpp would free its backend twice:
+    #: :func:`~offload_planner.core.ik.repeated_device_refusal`); else it is two model devices
+    refuses_repeated_devices: bool = False
     #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
     generic_arg_errors: bool = False
     #: an -ot naming an RPC device must come after --rpc
