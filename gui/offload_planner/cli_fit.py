@@ -128,7 +128,10 @@ def _run_fit(args: argparse.Namespace) -> int:
                           accept=args.spec_accept, allow_nkvo=args.allow_nkvo,
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
-        result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+        from offload_planner.cli_estimate_options import detection_note
+
+        note = detection_note(detection.message, devices)
+        result.notes.insert(0, f"{note} (GPU speed figures: declared or from the catalogue)")
     result.notes[:0] = [str(w) for w in skipped_devices(parsed, devices.names)]  # ik: -dev names it skips
     from offload_planner.cli_server_args import model_flag_note
 
