@@ -224,7 +224,7 @@ class _Session:
         )
         server = ServerProcess()
         self.server = server
-        server.notice.connect(lambda text: self.say(text))
+        server.notice.connect(lambda text: self.say(_cli_words(text)))
         if not a.quiet:
             server.linesReceived.connect(self._print_lines)
         server.ready.connect(self._on_ready)
@@ -452,6 +452,15 @@ class _Session:
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _cli_words(notice: str) -> str:
+    """A launch note in the command's words: 'added -lv 4: ... (turn off "verbose log" to launch the
+    command exactly as written)' named the window's box, which a terminal has not; here it is
+    --no-verbose-log."""
+    from offload_planner.backend.launch.command import VERBOSE_OFF
+
+    return notice.replace(VERBOSE_OFF, "give --no-verbose-log")
 
 
 def _stop_signals() -> list[signal.Signals]:

@@ -1,0 +1,26 @@
+"""`offload-planner launch` speaks the command's words: its -lv 4 note said 'turn off "verbose log" to
+launch the command exactly as written', the Launch tab's box, which a terminal has not (the flag is
+--no-verbose-log)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.support.cli import run_cli
+
+from offload_planner.core.synth import SMALL_MODELS, write_model
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(SMALL_MODELS["qwen3moe"], tmp_path_factory.mktemp("launch_words") / "qwen3moe.gguf")[0]
+
+
+def test_the_lv4_note_names_the_flag(llama_server: Path, small_model: Path) -> None:
+    r = run_cli("launch", str(small_model), "--no-detect", "--server", str(llama_server), "--verify",
+                "--quiet", "--", "-c", "256", "-fit", "off", timeout=120)
+    note = [ln for ln in r.stderr.splitlines() if "added -lv 4" in ln]
+    assert note == ["offload-planner: added -lv 4: this llama-server logs its buffer sizes only at "
+                    "verbosity 4 (give --no-verbose-log to launch the command exactly as written)"], r.stderr
+    assert r.returncode == 0, r.stderr
