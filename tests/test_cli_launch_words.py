@@ -24,3 +24,17 @@ def test_the_lv4_note_names_the_flag(llama_server: Path, small_model: Path) -> N
     assert note == ["offload-planner: added -lv 4: this llama-server logs its buffer sizes only at "
                     "verbosity 4 (give --no-verbose-log to launch the command exactly as written)"], r.stderr
     assert r.returncode == 0, r.stderr
+
+
+def test_a_header_only_model_is_named_as_the_reason(llama_server: Path) -> None:
+    """The README's demo file given to launch: the last line was llama-server's "data is not within the
+    file bounds, model is corrupted or incomplete", read as a damaged download."""
+    demo = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
+    r = run_cli("launch", demo, "--no-detect", "--server", str(llama_server), "--quiet", "--", "-ngl", "0",
+                timeout=120)
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.splitlines()
+    assert "not within the file bounds" in lines[-2], r.stderr
+    assert lines[-1] == (f"offload-planner: {demo} is header-only (the tensors' shapes, not their data): "
+                         "llama-server needs the complete GGUF; launch that (plan, fit and inspect read this "
+                         "one)")

@@ -279,6 +279,18 @@ class _Session:
                                         declared=declared)
         return read.args
 
+    def _header_only_hint(self) -> str:
+        """Why a header-only file (the bundled demo, or a download of the header) did not load, and what
+        to launch instead: llama-server's own "data is not within the file bounds, model is corrupted or
+        incomplete" read as a damaged download ("" for a complete file, or one the arguments' -m
+        replaces)."""
+        if self.model is None or self.parsed is None or self.parsed.args.model is not None:
+            return ""
+        if not self.model.header_only:
+            return ""
+        return (f"{self.args.model} is header-only (the tensors' shapes, not their data): "
+                "llama-server needs the complete GGUF; launch that (plan, fit and inspect read this one)")
+
     def _projection(self) -> Projection | None:
         from offload_planner.backend import launch
         from offload_planner.core.analysis import command_projection
@@ -425,6 +437,9 @@ class _Session:
                 self.say(f"llama-server ended before it listened (exit code {outcome.exit_code})")
             for e in exps:
                 self.say(e.text())
+            hint = self._header_only_hint()
+            if hint and not self.interrupted:
+                self.say(hint)
         elif outcome.state.value == "Failed" and not outcome.stopped:
             for e in outcome.explain(None):
                 self.say(e.text())
