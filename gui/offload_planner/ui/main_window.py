@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.new_plan import demo_devices, demo_plan, model_summary, new_plan
@@ -115,9 +115,14 @@ def no_gpu_notice(why: str, devices: DeviceSet) -> str:
     """The Devices notice on a machine where no GPU was detected: why, and what the plan is for, the
     GPUs declared (--device, + Virtual GPU…) or the CPU alone.  It said only "No GPU detected: no
     NVIDIA driver found." beside a list of declared GPUs the plan put layers on."""
-    gpus = [g.name for g in devices.gpus]
+    gpus = [g.name for g in devices.gpus if g.kind is not DeviceKind.RPC]
+    rpc = [g.name for g in devices.gpus if g.kind is DeviceKind.RPC]  # from --rpc, not declared
+    servers = f"the --rpc servers {', '.join(rpc)}" if rpc else ""
     if gpus:
-        return f"No GPU detected ({why}): planning for the declared {', '.join(gpus)}."
+        return (f"No GPU detected ({why}): planning for the declared {', '.join(gpus)}"
+                + (f" and {servers}." if servers else "."))
+    if servers:
+        return f"No GPU detected ({why}): planning for {servers}."
     return f"No GPU detected ({why}): planning for the CPU alone."
 
 
