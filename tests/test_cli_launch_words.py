@@ -38,3 +38,23 @@ def test_a_header_only_model_is_named_as_the_reason(llama_server: Path) -> None:
     assert lines[-1] == (f"offload-planner: {demo} is header-only (the tensors' shapes, not their data): "
                          "llama-server needs the complete GGUF; launch that (plan, fit and inspect read this "
                          "one)")
+
+
+def test_bench_on_an_rpc_device_says_where_its_speeds_come_from(
+    llama_bin_dir: Path, small_model: Path, tmp_path: Path
+) -> None:
+    """launch --bench with the layers on an rpc-server: "a remote (RPC) device dominates; its figures are
+    declared, not calibrated" to a user who had declared nothing (the estimate used the defaults, 500
+    GB/s and 50 TFLOPS, and was 87x too fast on pp here)."""
+    from tests.support.rpc import rpc_servers
+
+    with rpc_servers(llama_bin_dir, 1, tmp_path) as (endpoint,):
+        server = str(llama_bin_dir / "llama-server")
+        r = run_cli("launch", str(small_model), "--no-detect", "--server", server, "--quiet", "--bench",
+                    "--no-store", "--bench-prompt", "64", "--bench-gen", "8", "--", "--rpc", endpoint,
+                    "-ngl", "999", "-c", "512", "-np", "1", "-fit", "off", timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    notes = [ln.strip() for ln in r.stdout.splitlines() if "remote (RPC)" in ln]
+    assert notes == [f"calibration: {part} (bottleneck RPC0): a remote (RPC) device dominates, and its "
+                     "speeds are not calibrated: give them on its --device (bw=, tflops=); the estimate's "
+                     "assumptions name any default" for part in ("tg", "pp")], r.stdout
