@@ -97,6 +97,9 @@ class Dialect(str, metaclass=_DialectType):
     #: ``-ot ...=CPU`` takes the plain CPU buffer type, not the GPU's host buffer (mainline before b6050,
     #: ik_llama.cpp before PR 1508 of March 2026): with a GPU the token embedding alone is ``CUDA_Host``
     plain_cpu_overrides: bool = False
+    #: ``--override-kv`` splits its value at commas (``parse_csv_row``: mainline from PR 18056 of December
+    #: 2025); older mainline builds and ik_llama.cpp read one ``KEY=TYPE:VALUE`` a flag
+    kv_override_csv: bool = True
     #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
     #: of October 2025; later ik builds it in f16, padded to 16)
     f32_kq_mask: bool = False
