@@ -32,7 +32,10 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "experts onto the GPUs layer by layer as far as each device's memory allows (minus its "
         "margin, 1 GiB by default), try larger -ub for prompt processing, and print the command, "
         "its memory table and its speed estimate beside the baselines.",
-        epilog="example: offload-planner fit model.gguf --device CUDA0=rtx3090 --device CPU=128GiB "
+        epilog="exit status: 0 a plan that fits was found (its command is the last line); 1 nothing fits "
+        "the devices (the closest plan's excess is said); 2 a refused command, file or option (the "
+        "message alone, on stderr). "
+        "example: offload-planner fit model.gguf --device CUDA0=rtx3090 --device CPU=128GiB "
         "--goal balanced -- -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
