@@ -58,3 +58,17 @@ def test_bench_on_an_rpc_device_says_where_its_speeds_come_from(
     assert notes == [f"calibration: {part} (bottleneck RPC0): a remote (RPC) device dominates, and its "
                      "speeds are not calibrated: give them on its --device (bw=, tflops=); the estimate's "
                      "assumptions name any default" for part in ("tg", "pp")], r.stdout
+
+
+def test_a_context_too_small_for_the_bench_says_so(llama_server: Path, small_model: Path) -> None:
+    """launch --bench on -c 512: llama-server refuses the 512-token prompt, and the check said only
+    "no answer to the benchmark request (HTTP Error 400: Bad Request)"; the window's Bench likewise."""
+    r = run_cli("launch", str(small_model), "--no-detect", "--server", str(llama_server), "--quiet",
+                "--bench", "--no-store", "--", "-c", "512", "-np", "1", "-fit", "off", timeout=120)
+    assert r.returncode == 3, r.stderr[-2000:]
+    last = r.stderr.splitlines()[-1]
+    assert last.endswith("/completion: llama-server refused the benchmark request (HTTP 400: request (512 "
+                         "tokens) exceeds the available context size (512 tokens), try increasing it); its "
+                         "512-token prompt and 64 generated tokens need a context of 576 tokens a slot: "
+                         "raise -c (it is shared by the -np slots)"), last
+    assert last.startswith("offload-planner: speed check failed: http://127.0.0.1:"), last
