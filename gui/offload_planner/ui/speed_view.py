@@ -40,13 +40,28 @@ def window_line(est: SpeedEstimate, over: list[str]) -> str:
     text += f" · pp {_rate(est.pp_tps)} t/s"
     if shares:
         # a no-break space: the wrapped line broke "CUDA1 / <1%" apart at 1024 px
-        text += " (time per token: " + " · ".join(f"{d.name}\u00a0{_share(d.share)}" for d in shares) + ")"
+        text += " (time per token: " + " · ".join(f"{d.name}\u00a0{_share(d.share)}" for d in shares)
+        splits = _splits_share(est)
+        if splits >= SPLITS_SHOWN:  # the rest of the token: the shares above summed to 2% on an rpc-server
+            text += f"; graph splits\u00a0{_share(splits)}"
+        text += ")"
     if est.host_kv_layers:  # -nkvo: the host-KV attention where it is the bottleneck, at depth 0 or at -c
         slow = next((b for b in (est.bottleneck, est.bottleneck_at_ctx) if b.startswith(HOST_KV_PART)), "")
         if slow:
             at = "" if slow == est.bottleneck else f" at {est.n_ctx} tokens"
             text += f" · bottleneck{at}: {slow}"
     return IF_IT_FIT + text if over else text
+
+
+#: The share of a token's time the graph splits' latency takes from which the line names it (the
+#: devices' shares alone summed to 2% for a small model on an rpc-server, 98% its round trips).
+SPLITS_SHOWN = 0.10
+
+
+def _splits_share(est: SpeedEstimate) -> float:
+    """The share of a plain token's time (the devices' shares are of it) its graph splits take."""
+    plain = est.spec.tg_tps_plain if est.spec is not None else est.tg_tps
+    return est.split_ms * plain / 1e3 if plain > 0 else 0.0
 
 
 def _share(share: float) -> str:
