@@ -29,6 +29,15 @@ TERMS = ("<b>tg</b>: token generation, how fast the answer is written; <b>pp</b>
          "device's share of the time one generated token takes.")
 
 
+#: Under an uncalibrated estimate's assumptions: how to make it this machine's, or another machine's (it
+#: said "uncalibrated" on every efficiency with no word of what to do about it).
+UNCALIBRATED = ("<b>uncalibrated</b>: the efficiencies are round defaults. The Launch tab's Bench (once "
+                "llama-server listens) measures this machine's and later estimates use them; for another "
+                "machine, declare its figures: <code>offload-planner gui --device "
+                "CPU=512GiB,ram=12xDDR5-4800</code> (GPUs: <code>--device CUDA0=rtx3090</code> or "
+                "<code>bw=</code>, <code>tflops=</code>).")
+
+
 def window_line(est: SpeedEstimate, over: list[str]) -> str:
     """``est. tg 9.8 t/s · pp 210 t/s (time per token: CPU 61% · CUDA0 39%)``: every device a token
     takes time on, by its share, largest first ("<1%": a GPU with a few layers was left out, as if it
@@ -112,7 +121,7 @@ class SpeedLabel(QLabel):
         note = (f"<b>{', '.join(over)} cannot hold this plan</b>: llama-server would not load it; the "
                 "estimate is for the placement as drawn.<br>") if over else ""
         self.setToolTip(note + TERMS + "<pre>" + "\n".join(speed_lines(est)).replace("&", "&amp;")
-                        .replace("<", "&lt;") + "</pre>")
+                        .replace("<", "&lt;") + "</pre>" + ("" if est.calibrated else UNCALIBRATED))
 
     def _over(self) -> list[str]:
         return over_capacity(self._doc)
