@@ -192,6 +192,11 @@ class Dialect(str, metaclass=_DialectType):
     #: or more rows (``mul_mat``; ``mul_mat_id``: rows routed to the expert) through 256x256 int8 tiles,
     #: where builds without it run ``vec_dot`` row by row (core.speed.efficiency.TILED_TYPES)
     cpu_tiled_matmul: bool = False
+    #: ggml-cpu multiplies a batch through a GEMM for some weight types (llamafile's tinyBLAS,
+    #: ``llamafile/sgemm.cpp``, llama.cpp PR 6414, merged 2024-04-16 as 8cc91dc; later the repacked
+    #: GEMMs): builds before it ran every CPU matrix product through ``vec_dot`` row by row
+    #: (core.speed.efficiency.PRE_SGEMM_COSTS)
+    cpu_gemm: bool = True
     #: how an exported command turns mmap off
     no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
 
@@ -233,6 +238,12 @@ class Dialect(str, metaclass=_DialectType):
     def before_tiled_cpu(self) -> Dialect:
         """This dialect's rules with the CPU kernels of builds before the tiled matmul
         (``cpu_tiled_matmul`` off): a measurement of an older build read with this dialect's parser."""
+        return self
+
+    def before_cpu_gemm(self) -> Dialect:
+        """This dialect's rules with the CPU kernels of builds before llamafile's sgemm (``cpu_gemm``
+        off, and so no tiled matmul either): a measurement of a build before 2024-04-16 read with this
+        dialect's parser."""
         return self
 
     def server_device_name(self, name: str) -> str:
