@@ -34,3 +34,24 @@ def test_the_tooltip_says_what_uncalibrated_means_until_calibrated(
         assert "(calibrated)" in tip and UNCALIBRATED not in tip and tip.endswith("</pre>")
     finally:
         win.close()
+
+
+def test_help_names_bench_and_what_fastest_ranks_by(
+    qtbot: QtBot, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Help → Keys and mouse named Fastest plan and the Speed tab, but not what Fastest plan is fastest
+    at (a request, fit's --goal balanced) nor the Launch tab's Bench, the one way to make the estimate
+    this machine's."""
+    shown: list[str] = []
+    monkeypatch.setattr("offload_planner.ui.main_window.QMessageBox.information",
+                        lambda _parent, _title, text: shown.append(text))
+    win = make_window(qtbot, settings, system_info())
+    try:
+        help_menu = next(a.menu() for a in win.menuBar().actions() if a.text() == "&Help")
+        next(a for a in help_menu.actions() if a.text() == "Keys and mouse").trigger()
+        assert len(shown) == 1
+        assert "Fastest plan: the fastest placement that fits, for a request of a 4096-token prompt and a " \
+               "512-token answer" in shown[0]
+        assert "its Bench measures the speed and calibrates the estimate for this machine" in shown[0]
+    finally:
+        win.close()

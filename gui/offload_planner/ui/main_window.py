@@ -90,7 +90,10 @@ HELP_TEXT = (
     "tokens/s (the speed line under Memory follows every edit).\n"
     "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
     "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
-    "Presets → Fastest plan: the fastest placement that fits; the Speed tab: -ub against memory.\n"
+    "Presets → Fastest plan: the fastest placement that fits, for a request of a 4096-token prompt and "
+    "a 512-token answer; the Speed tab: -ub against memory.\n"
+    "Launch tab: run llama-server on the plan and compare what it allocates; its Bench measures the "
+    "speed and calibrates the estimate for this machine.\n"
     "Every edit can be undone (Ctrl+Z)."
 )
 
