@@ -167,6 +167,11 @@ def _run_fit(args: argparse.Namespace) -> int:
                             depth=args.depth)
         best_est = with_speculation(best_est, best.plan, hw, eff, placement=best.projection.placement,
                                     accept=args.spec_accept)
+    if best is not None:  # the window's Fastest plan says the same
+        from offload_planner.core.presets import held_by_rules_text
+
+        held = held_by_rules_text(best.plan)
+        result.notes += [held] if held else []
     if args.json:
         out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
                                   "best": best_label}

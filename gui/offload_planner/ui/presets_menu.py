@@ -368,12 +368,8 @@ def _held_by_rules(plan: Plan) -> str:
     """What the search left alone because the command's own ``-ot`` rules place it ("" if nothing):
     the search keeps every rule of the user's, so ``-ot exps=CPU`` keeps the experts on the CPU
     however much room the GPUs have."""
-    held = [p for p in plan.placement().items if p.tensor.role.is_routed_expert and p.rule.startswith("-ot ")]
-    if not held:
-        return ""
-    on = sorted({p.device or "CPU" for p in held})
-    return (f"; {len(held)} routed-expert tensors stay on {', '.join(on)} by the command's -ot rules "
-            "(the search keeps your rules: remove one to let it place those experts)")
+    text = presets.held_by_rules_text(plan)
+    return f"; {text}" if text else ""
 
 
 def _speed_change(before: Plan, after: Plan, over: list[str] | None = None) -> str:
