@@ -27,3 +27,13 @@ def test_fit_says_its_exit_statuses_and_keeps_them() -> None:
     assert found.returncode == 0 and found.stdout.splitlines()[-1].startswith("llama-server -m ")
     refused = run_cli("fit", DEEPSEEK, *gpu, "--", "-ngl", "abc")
     assert refused.returncode == 2 and refused.stdout == "" and refused.stderr.count("\n") == 1
+
+
+def test_plan_and_fit_usage_say_where_llama_server_arguments_go() -> None:
+    """argparse's usage line stopped at `model`: `fit --help` never showed the `--` that the README's
+    usage lines and every example carry, nor what follows it."""
+    for command in ("plan", "fit"):
+        r = run_cli(command, "--help")
+        usage = r.stdout.split("\n\n")[0]
+        assert usage.startswith(f"usage: offload-planner {command} [-h]"), usage
+        assert usage.endswith(" model -- <llama-server arguments>"), usage

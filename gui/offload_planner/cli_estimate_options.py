@@ -32,6 +32,16 @@ def add_device_option(p: argparse.ArgumentParser, what: str = "declare a device"
                    "rpc-server's)")
 
 
+def usage_with_server_args(p: argparse.ArgumentParser) -> None:
+    """The usage line with what goes after ``--``: argparse's own stopped at ``model``, so `fit --help`
+    never showed where llama-server's arguments go (the README's usage lines end in
+    ``-- <llama-server arguments>``).  Call after every argument is added."""
+    if not isinstance(p, argparse.ArgumentParser):  # cli_fastparse's recorder: it prints no usage
+        return
+    usage = p.format_usage().removeprefix("usage: ").rstrip("\n").replace("%", "%%")
+    p.usage = f"{usage} -- <llama-server arguments>"
+
+
 def detection_note(message: str, devices: DeviceSet) -> str:
     """The GPU detection's message as a note: "no NVIDIA driver found (...); declare GPUs with --device
     CUDA0=24GiB" told a user who had declared them to do so; with declared GPUs it names them instead,

@@ -59,6 +59,9 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_estimate_options(p)
     p.set_defaults(func=run_fit, server_args=[])
+    from offload_planner.cli_estimate_options import usage_with_server_args
+
+    usage_with_server_args(p)
 
 
 def run_fit(args: argparse.Namespace) -> int:

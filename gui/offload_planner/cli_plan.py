@@ -62,6 +62,9 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="prompt length of the prompt-processing estimate (default 4096)")
     add_estimate_options(p)
     p.set_defaults(func=run_plan, server_args=[])
+    from offload_planner.cli_estimate_options import usage_with_server_args
+
+    usage_with_server_args(p)
 
 
 def _dialect(backend: str) -> Dialect:
