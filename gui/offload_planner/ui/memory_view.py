@@ -397,7 +397,10 @@ class MemoryView(QWidget):
         if self.unified_over():
             over.append(f"RAM ({self._ram_sharers()})")
         if not over:
-            return "✔ fits on every device"
+            # an --rpc server's size is not known until declared: its bar says "capacity unknown", and
+            # "fits on every device" claimed what no figure showed
+            unknown = any(dm.device.capacity is None for dm in self._rows())
+            return "✔ fits the devices of known size" if unknown else "✔ fits on every device"
         bold = QFont(self.font())
         bold.setBold(True)
         fm = QFontMetrics(bold)
