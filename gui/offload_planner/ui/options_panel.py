@@ -95,6 +95,8 @@ def _combo_value(c: QComboBox) -> int | None:
         return None
 
 
+BATCH, UB = "context.n_batch", "context.n_ubatch"
+
 #: Why the window takes no -b 0 (llama.cpp makes it n_batch = n_ubatch = 0: no prompt can be processed).
 NO_BATCH = ("-b 0 is not taken: llama.cpp would make its batch and micro-batch 0 tokens and process no "
             "prompt; Batch -b takes 1 or more")
@@ -215,13 +217,32 @@ class OptionsPanel(QWidget):
             if v == 0 and key == "context.n_batch":  # -c 0 (trained) and -ub 0 (= -b) mean something
                 self.message.emit(NO_BATCH)
                 v = None
-            if v is not None:
+            if v is not None and key in (UB, BATCH) and self._doc.has_plan:
+                self._set_batches(key, v)
+            elif v is not None:
                 self._set(key, v, label)
             else:
                 self.sync()
 
         c.activated.connect(lambda _i: commit())
         _line_edit(c).editingFinished.connect(commit)
+
+    def _set_batches(self, key: str, value: int) -> None:
+        """-b or -ub, the other one following where llama.cpp would cut -ub to -b (n_ubatch = min(n_batch,
+        n_ubatch)): -ub 4096 under -b 2048 showed 4096 here and ran 2048 (the Speed tab's "fastest at -ub
+        4096" is at -b 4096 too, as Fastest plan sets both). Both in one undo step, and said."""
+        plan = self._doc.plan
+        flag = "-ub" if key == UB else "-b"
+        if key == UB and value > int(option_value(plan, BATCH)):
+            other, text = BATCH, f"Batch -b raised to {value} with it"
+        elif key == BATCH and value < int(option_value(plan, UB)):
+            other, text = UB, f"µbatch -ub lowered to {value} with it"
+        else:
+            self._set(key, value, flag)
+            return
+        self._doc.set_options({key: value, other: value}, f"Set {flag} to {value} ({text.split()[1]} too)")
+        self.message.emit(f"{text}: llama.cpp computes at most -b tokens at once (a -ub above -b is cut "
+                          "to -b)")
 
     def _set(self, key: str, value: object, label: str) -> None:
         if self._doc.has_plan:
