@@ -22,7 +22,9 @@ from PySide6.QtWidgets import (
 )
 
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX
-from offload_planner.core.plan_edits import option_value
+from offload_planner.core.kv_override import file_model, overridable_experts
+from offload_planner.core.plan import Plan
+from offload_planner.core.plan_edits import EXPERTS_USED, option_value
 from offload_planner.ui.document import PlanDocument
 
 MLA_MODES = ((0, "0: standard cache"), (1, "1: c^KV + kv^T"), (2, "2: c^KV"), (3, "3: c^KV (ik default)"))
@@ -129,6 +131,9 @@ class OptionsPanel(QWidget):
         self.unified = QCheckBox("unified KV")
         self.mmap = QCheckBox("mmap the model")
         self.kv_offload = QCheckBox("KV cache on the layer's GPU")
+        self.experts = QSpinBox()
+        self.experts.setKeyboardTracking(False)
+        self.experts.setAccessibleName("Experts a token")
         self.mla = QComboBox()
         for mode, text in MLA_MODES:
             self.mla.addItem(text, mode)
@@ -172,11 +177,13 @@ class OptionsPanel(QWidget):
         self.type_v.setAccessibleName("V cache type")
         form.addRow("KV cache K", kv)
         form.addRow("Slots -np", self.slots)
+        form.addRow("Experts/token", self.experts)
         form.addRow("MLA -mla", self.mla)
         self._form = form
         self._label_tips(((self.ctx, self.ctx), (self.batch, self.batch), (self.ubatch, self.ubatch),
                           (self.ngl, self.ngl), (kv, self.type_k), (self.slots, self.slots),
                           (self.mla, self.mla)))
+        self._experts_label = self._form.labelForField(self.experts)
         v_label.setToolTip(self.type_v.toolTip())
         checks = QGridLayout()
         checks.setContentsMargins(0, 0, 0, 0)
@@ -198,6 +205,7 @@ class OptionsPanel(QWidget):
         self.mmap.toggled.connect(lambda v: self._set("placement.use_mmap", v, "mmap"))
         self.kv_offload.toggled.connect(lambda v: self._set("context.offload_kqv", v, "KV offload"))
         self.mla.activated.connect(lambda i: self._set("context.mla", int(self.mla.itemData(i)), "-mla"))
+        self.experts.valueChanged.connect(lambda v: self._set(EXPERTS_USED, v, "experts a token"))
 
         doc.planChanged.connect(self.sync)
         doc.modelChanged.connect(self.sync)
@@ -263,6 +271,7 @@ class OptionsPanel(QWidget):
             self.mmap,
             self.kv_offload,
             self.mla,
+            self.experts,
         ]
         has = self._doc.has_plan
         for w in widgets:
@@ -291,12 +300,33 @@ class OptionsPanel(QWidget):
         self.kv_offload.setChecked(bool(option_value(plan, "context.offload_kqv")))
         self.mla.setCurrentIndex(max(0, self.mla.findData(int(option_value(plan, "context.mla")))))
         self._form.setRowVisible(self.mla, plan.dialect.takes_mla(plan.model))
+        self._sync_experts(plan)
         # ik has one KV stream and refuses -kvu: ticked there, the box exported a command ik refuses
         single = plan.dialect.single_kv_stream
         self.unified.setEnabled(not single)
         self.unified.setToolTip(UNIFIED_SINGLE_TIP if single else UNIFIED_TIP)
         self.mmap.setToolTip(mmap_tip(plan.dialect.no_mmap_flags))
         del blockers
+
+    def _sync_experts(self, plan: Plan) -> None:
+        """The experts each token runs, for a MoE model whose file holds the count as one number (the
+        only form ``--override-kv`` replaces: core.kv_override); 1 to all of them."""
+        model = file_model(plan.model)
+        s = model.summary
+        shown = s.n_expert > 0 and overridable_experts(model)
+        self._form.setRowVisible(self.experts, shown)
+        if not shown:
+            return
+        self.experts.setRange(1, s.n_expert)
+        self.experts.setValue(plan.model.summary.n_expert_used)
+        self.experts.setSuffix(f" of {s.n_expert}")
+        tip = (f"--override-kv {model.arch}.expert_used_count=int:N: the routed experts each token runs "
+               f"(the file: {s.n_expert_used}). Fewer read less per token (faster generation, less "
+               "compute memory) and change the model's answers; llama.cpp applies it when it loads the "
+               "model")
+        self.experts.setToolTip(tip)
+        if self._experts_label is not None:
+            self._experts_label.setToolTip(tip)
 
     @staticmethod
     def _show_int(c: QComboBox, value: int) -> None:
