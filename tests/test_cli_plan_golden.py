@@ -61,6 +61,11 @@ GPU's matrix efficiency in mainline gains nothing past 512 tokens a matrix (its 
 128 wide: core.speed.efficiency.gpu_rows_max_gain), so ``ds_usage_example`` (-ub 2048) pp 43.6 -> 42.4
 t/s, its GPUs' pp_ms and the pp bottleneck's share (65% -> 63%) in its three files; no other case runs
 more than 512 tokens a matrix on a GPU.
+Session 12 (the speed estimate only; every memory line and every existing speed figure unchanged):
+with more than one server slot (these commands take the pinned server's -np auto, 4) the speed block
+gains one line, ``all 4 slots generating: ...`` (core.speed.slots: one batch of a token per busy
+slot a step), and the JSON's ``speed`` one ``slots`` object; all 33 files gained exactly that
+(regenerated with ``python tests/test_cli_plan_golden.py --write``, the diff only added lines).
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from offload_planner.core.speed.hardware import (
     hardware_for,
 )
 from offload_planner.core.speed.result import SpeedEstimate
+from offload_planner.core.speed.slots import with_slots
 from offload_planner.core.speed.speculation import with_speculation
 
 FILE_NAME = "speed.json"
@@ -759,4 +760,5 @@ def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, 
         eff = efficiencies_for(plan.dialect)
     placement = placement or plan.placement()
     est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement, depth=depth)
-    return with_speculation(est, plan, hw, eff, placement=placement, accept=accept)
+    est = with_speculation(est, plan, hw, eff, placement=placement, accept=accept)
+    return with_slots(est, plan, hw, eff, placement=placement)

@@ -29,6 +29,36 @@ def _spec_lines(est: SpeedEstimate) -> list[str]:
             f"{sp.verify_ms:.2f} ms; one draft pass: {sp.draft_ms:.2f} ms)"]
 
 
+def slots_text(est: SpeedEstimate) -> str:
+    """``all 4 slots generating: 7.90 t/s each, 31.6 t/s in total at depth 0; ...`` ("" with one slot)."""
+    sl = est.slots
+    if sl is None:
+        return ""
+    return (f"all {sl.n_slots} slots generating: {_tps(sl.tg_tps_each)} t/s each, "
+            f"{_tps(sl.tg_tps_total)} t/s in total at depth 0; {_tps(sl.tg_tps_each_at_ctx)} t/s each, "
+            f"{_tps(sl.tg_tps_total_at_ctx)} t/s in total at {sl.depth_at_ctx} tokens each "
+            f"(the {sl.cells}-token cache shared)"
+            + (" (without drafting)" if sl.drafting else ""))
+
+
+def _slots_lines(est: SpeedEstimate) -> list[str]:
+    text = slots_text(est)
+    return [f"  {text}"] if text else []
+
+
+def _slots_json(est: SpeedEstimate) -> dict[str, Any]:
+    """With ``-np N`` > 1: every slot generating at once (one batch of N tokens a step)."""
+    sl = est.slots
+    if sl is None:
+        return {}
+    return {"slots": {"n": sl.n_slots, "depth_at_ctx": sl.depth_at_ctx, "cells": sl.cells,
+                      "tg_tps_each": tps_json(sl.tg_tps_each), "tg_tps_total": tps_json(sl.tg_tps_total),
+                      "tg_tps_each_at_ctx": tps_json(sl.tg_tps_each_at_ctx),
+                      "tg_tps_total_at_ctx": tps_json(sl.tg_tps_total_at_ctx),
+                      "experts_read": None if sl.experts_read is None else round(sl.experts_read, 4),
+                      "drafting": sl.drafting}}
+
+
 def _depth_lines(est: SpeedEstimate) -> list[str]:
     if not est.depth or est.pp_tps_at_depth is None or est.tg_tps_at_depth is None:
         return []
@@ -47,6 +77,7 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
         + (", op offload: host weights copied to the GPU per micro-batch" if est.op_offload else "") + ")",
         *_spec_lines(est),
         *_depth_lines(est),
+        *_slots_lines(est),
         "  device   read/token   ms/token  share   KV at full context",
     ]
     for d in est.devices:
@@ -95,6 +126,7 @@ def speed_json(est: SpeedEstimate) -> dict[str, Any]:
         "assumptions": [a.as_json() for a in est.assumptions],
         **_spec_json(est),
         **_depth_json(est),
+        **_slots_json(est),
         **({"warnings": list(est.warnings)} if est.warnings else {}),
         **({"host_kv_layers": est.host_kv_layers, "host_kv_ms": round(est.host_kv_ms, 4),
             "bottleneck_at_ctx": est.bottleneck_at_ctx} if est.host_kv_layers else {}),

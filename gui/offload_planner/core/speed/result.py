@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from offload_planner.core.speed.hardware import Figure
 
 if TYPE_CHECKING:
+    from offload_planner.core.speed.slots import SlotsEstimate
     from offload_planner.core.speed.speculation import SpecEstimate
 
 
@@ -63,6 +64,7 @@ class SpeedEstimate:
     host_kv_layers: int = 0  # -nkvo: GPU layers whose KV cache and attention ops are on the CPU
     host_kv_ms: float = 0.0  # their round trips a token (in n_splits, not in split_ms)
     bottleneck_at_ctx: str = ""  # of tg_tps_at_ctx
+    slots: SlotsEstimate | None = None  # -np N > 1: every slot generating at once (core.speed.slots)
 
     def device(self, name: str) -> DeviceTime:
         return next(d for d in self.devices if d.name == name)
