@@ -2,15 +2,16 @@
 
 llama-server decodes one batch a step with the sampled token of every generating slot (the pinned
 build's ``tools/server/server-context.cpp``: ``update_slots`` collects the slots in
-``SLOT_STATE_GENERATING`` that can batch together, 3179-3194, and adds each one's token to the one
-batch, ``handle_last_sampled_token`` 3307-3309; the batch holds ``max(n_batch, n_parallel)`` tokens,
+``SLOT_STATE_GENERATING`` that can batch together, 3183-3194, and adds each one's token to the one
+batch, ``handle_last_sampled_token`` 3310-3312; the batch holds ``max(n_batch, n_parallel)`` tokens,
 1476-1481, decoded in chunks of ``n_batch``, 3072-3080).  So a step is one pass of ``N`` tokens
 (:func:`speculation.pass_seconds`): the weights read once, the routed experts any of the ``N`` tokens
 routes to (``1 - (1 - k/E)^N`` of them), each slot's KV at its own depth, the compute of ``N`` tokens
 with ``-tb``'s threads (``llama_context::decode`` -> ``graph_compute(gf, ubatch.n_tokens > 1)``,
 src/llama-context.cpp 1463 and 2612).  Graph splits are the one-token graph's: op offload copies host
-weights only from 32 tokens an op (ggml-cuda.cu 5928, ``GGML_OP_OFFLOAD_MIN_BATCH``), so fewer than 32
-busy slots do not trigger it (more are not modelled: counted as without it).
+weights only from 32 tokens an op (the scheduler asks the GPU backend, ggml-backend.cpp 1110-1112;
+ggml-cuda.cu 5757 and 5928, ``GGML_OP_OFFLOAD_MIN_BATCH``), so fewer than 32 busy slots do not
+trigger it (more are not modelled: counted as without it).
 
 The full context: the slots share the cache (unified: one stream of ``-c`` cells any slot may fill,
 ``n_ctx_seq = n_ctx``, llama-context.cpp 294-295; else ``-c / N`` cells each, 297-298), so with every
@@ -18,8 +19,10 @@ slot busy and the cache full each slot is ``n_ctx / N`` cells deep.
 
 The figures are those of one request (the estimate's plain tg at depth 0) scaled by one one-token pass
 over one ``N``-token pass, both priced the same way, so the single figure and these agree at ``N``
-= 1.  The pinned build drafts for every busy slot (server-context.cpp 3198-3257); the all-slots figure
-is without drafting (not modelled), said so.  Attention FLOPs at depth (MLA) are left out here.
+= 1.  At depth each slot adds what one token's attention there costs over one at depth 0, as the
+single request's tg prices it (its KV read or, where slower, its FLOPs), computed one slot after
+another.  The pinned build drafts for every busy slot (server-context.cpp 3183-3257: ``drafting``,
+``common_speculative_draft``); the all-slots figure is without drafting (not modelled), said so.
 """
 
 from __future__ import annotations
