@@ -436,8 +436,9 @@ def _remembered_failure(got: object) -> str | None:
 
 
 def _probe_rpc(endpoint: str, data: dict[str, Any], entry: dict[str, Any],
-               links: dict[str, Any]) -> dict[str, Any] | str:
-    """Probe now and keep the figures, or why it failed (kept when the failure took a while)."""
+               links: dict[str, Any], *, keep_failure: bool = True) -> dict[str, Any] | str:
+    """Probe now and keep the figures, or why it failed (kept when the failure took a while and
+    ``keep_failure``)."""
     from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
 
     def store(got: dict[str, Any]) -> str:
@@ -448,12 +449,13 @@ def _probe_rpc(endpoint: str, data: dict[str, Any], entry: dict[str, Any],
     try:
         p = probe_link(endpoint)
     except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
-        if time.monotonic() - start >= RPC_FAILURE_SLOW_S:
+        if keep_failure and time.monotonic() - start >= RPC_FAILURE_SLOW_S:
             store({"failed": str(e), "at": time.strftime("%Y-%m-%d %H:%M")})
         return str(e)
     at = time.strftime("%Y-%m-%d %H:%M")
     got: dict[str, Any] = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1),
-                           "graph_us": round(p.graph_us, 1), "at": at, "server": p.server_version}
+                           "graph_us": round(p.graph_us, 1), "at": at, "server": p.server_version,
+                           "mem_total": p.mem_total, "devices": p.n_devices}
     got["at"] = at + store(got)  # said in the note, not stored
     return got
 
@@ -467,8 +469,9 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
     entry = data.get("machines", {}).get(machine_key(), {})
     links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
     got = links.get(endpoint)
-    if not (isinstance(got, dict) and _number(got.get("gbs"), 1e-6, MAX_RATE_GBS) is not None
-            and _number(got.get("rtt_us"), 0.0, 1e9) is not None):
+    valid = (isinstance(got, dict) and _number(got.get("gbs"), 1e-6, MAX_RATE_GBS) is not None
+             and _number(got.get("rtt_us"), 0.0, 1e9) is not None)
+    if not valid:
         if not measure:
             return None
         remembered = _remembered_failure(got)
@@ -477,9 +480,17 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
         got = _probe_rpc(endpoint, data, entry, links)
         if isinstance(got, str):
             return got
+    elif measure and isinstance(got, dict) and "mem_total" not in got and is_local(endpoint):
+        # kept before the probe asked the server's memory (cpu_backend_evidence): asked now, the figures
+        # kept when the server does not answer
+        again = _probe_rpc(endpoint, data, entry, links, keep_failure=False)
+        got = got if isinstance(again, str) else again
+    assert isinstance(got, dict)
+    total, n_dev = _number(got.get("mem_total"), 1.0, 2.0**64), _number(got.get("devices"), 1.0, 2.0**32)
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
                         f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
-                        _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
+                        _number(got.get("graph_us"), 0.0, 1e9) or 0.0,  # kept before it was measured: 0
+                        None if total is None else int(total), None if n_dev is None else int(n_dev))
 
 
 def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink | str]:
@@ -656,6 +667,37 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
     return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local))
 
 
+def ram_total() -> int | None:
+    """This machine's RAM in bytes as ggml's CPU backend reports its memory: ``sysconf(_SC_PHYS_PAGES)
+    x sysconf(_SC_PAGE_SIZE)`` (ggml/src/ggml-cpu/ggml-cpu.cpp ``ggml_backend_cpu_device_get_memory``,
+    which reports it as free too); None where there is no ``sysconf`` (Windows: ggml asks
+    ``GlobalMemoryStatusEx``, not read here)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def cpu_backend_evidence(devices: DeviceSet, links: dict[str, MeasuredLink | str]) -> dict[str, str]:
+    """The RPC devices whose rpc-server computes with ggml's CPU backend on this machine, by name, with
+    why that is known: its endpoint is this machine's (:func:`is_local`), it serves one device
+    (rpc-server.cpp ``get_devices``: the CPU only when no accelerator is found and no ``-d`` is given)
+    and that device's total memory, as the probe asked it (GET_DEVICE_MEMORY: ``ggml_backend_dev_memory``
+    of the server's backend), is this machine's RAM to the byte as ggml's CPU backend computes it
+    (:func:`ram_total`); a GPU reports its own memory.  None when this machine's RAM is not known."""
+    ram = ram_total()
+    out: dict[str, str] = {}
+    for g in devices.gpus:
+        link = links.get(g.endpoint) if g.endpoint else None
+        if (ram is None or g.kind is not DeviceKind.RPC or not isinstance(link, MeasuredLink)
+                or not is_local(g.endpoint) or link.n_devices != 1 or link.mem_total != ram):
+            continue
+        out[g.name] = (f"{g.name}: this machine's CPU backend (its memory {ram / 2**30:.1f} GiB = this "
+                       f"machine's RAM, {g.endpoint} on this machine)")
+    return out
+
+
 def cpu_elsewhere(devices: DeviceSet) -> bool:
     """The CPU is declared by its memory's speed (``bw=``/``ram=``): another machine than this one, so
     neither this machine's RAM probe nor its instruction set describes it."""
@@ -732,9 +774,13 @@ def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = T
     elsewhere = cpu_elsewhere(devices)
     measured = None if elsewhere else host_bandwidth(measure=probe)
     one = None if elsewhere else thread_bandwidth(measure=probe)
-    return hardware_for(devices, threads=threads, probe=measured, links=rpc_links(devices, measure=probe_rpc),
+    links = rpc_links(devices, measure=probe_rpc)
+    # the CPU declared by its memory's speed is another machine's: its rpc-servers are not known here
+    cpu_rpc = {} if elsewhere else cpu_backend_evidence(devices, links)
+    return hardware_for(devices, threads=threads, probe=measured, links=links,
                         cores=thread_use(devices, threads), cpu=machine_cpu(devices),
-                        thread_bw=local_thread_bandwidth(devices, one), threads_batch=threads_batch)
+                        thread_bw=local_thread_bandwidth(devices, one), threads_batch=threads_batch,
+                        cpu_rpc=cpu_rpc)
 
 
 def local_thread_bandwidth(devices: DeviceSet, one: Figure | None) -> dict[str, Figure]:
