@@ -11,7 +11,9 @@ machine's ``/proc/cpuinfo``: core.speed.cpu_isa) and clock (``ghz=``).  An RPC d
 device's figures plus ``link=10Gb/s``, else the link measured against its running rpc-server
 (:class:`MeasuredLink`: throughput and the round trip each graph split waits for); ``threads=`` on
 an RPC device whose server computes on a CPU limits its bandwidth as ``-t`` limits the host's
-(``ggml-rpc-server`` uses half the remote's cores).
+(``ggml-rpc-server`` uses half the remote's cores).  An rpc-server on this machine computing with
+ggml's CPU backend (backend.speed_store.cpu_backend_evidence) gets this machine's CPU figures
+(:func:`local_cpu_rpc`).
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
 """
 
