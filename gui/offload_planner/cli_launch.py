@@ -277,7 +277,22 @@ class _Session:
         self.devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                         rpc_endpoints=list(self.parsed.args.rpc_servers or []),
                                         declared=declared)
+        if a.bench:
+            self._probe_local_rpc()
         return read.args
+
+    def _probe_local_rpc(self) -> None:
+        """Before llama-server holds them (an rpc-server serves one client at a time): the links of the
+        rpc-servers on this machine, probed and cached as ``plan`` does, so that the bench's estimate
+        knows which compute with this machine's CPU backend (backend.speed_store.cpu_backend_evidence);
+        a probe waits at most its deadline, a failure is said in the estimate as ``plan`` says it."""
+        from offload_planner.backend.speed_store import is_local, rpc_link
+        from offload_planner.core.devices import DeviceKind
+
+        assert self.devices is not None
+        for g in self.devices.gpus:
+            if g.kind is DeviceKind.RPC and g.endpoint and is_local(g.endpoint):
+                rpc_link(g.endpoint)
 
     def _header_only_hint(self) -> str:
         """Why a header-only file (the bundled demo, or a download of the header) did not load, and what

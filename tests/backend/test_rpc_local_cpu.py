@@ -163,3 +163,24 @@ def test_plan_says_where_the_rpc_figures_come_from(llama_bin_dir: Path, tmp_path
     assert (eff["value"], eff["note"]) == (cpu_eff["value"], cpu_eff["note"])
     n = max(1, (os.cpu_count() or 2) // 2)
     assert got["RPC0 compute"]["value"] == pytest.approx(got["CPU compute"]["value"] / 2 * n, rel=1e-3)
+
+
+def test_launch_bench_probes_a_local_rpc_server_before_llama_server_holds_it(
+        llama_bin_dir: Path, tmp_path: Path) -> None:
+    """A first `launch --bench` on a local rpc-server (nothing cached: the user who read pp 87x too fast):
+    the server is probed before llama-server connects, so the bench's estimate has the evidence; the
+    link and the memory it reported are kept."""
+    from tests.support.cli import run_cli
+
+    from offload_planner.core.synth import SMALL_MODELS, write_model
+
+    model = write_model(SMALL_MODELS["qwen3moe"], tmp_path / "qwen3moe.gguf")[0]
+    cfg = Path(os.environ["OFFLOAD_PLANNER_CONFIG_DIR"]) / "speed.json"
+    with rpc_servers(llama_bin_dir, 1, tmp_path) as (endpoint,):
+        r = run_cli("launch", str(model), "--no-detect", "--server", str(llama_bin_dir / "llama-server"),
+                    "--quiet", "--bench", "--no-store", "--bench-prompt", "64", "--bench-gen", "8", "--",
+                    "--rpc", endpoint, "-ngl", "999", "-c", "512", "-np", "1", "-fit", "off", timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert any(ln.strip().startswith("pp ") and "estimated" in ln for ln in r.stdout.splitlines()), r.stdout
+    kept = json.loads(cfg.read_text())["machines"][machine_key()]["rpc_links"][endpoint]
+    assert kept["mem_total"] == ram_total() and kept["devices"] == 1
