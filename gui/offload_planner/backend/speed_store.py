@@ -137,7 +137,7 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
 def _read() -> dict[str, Any]:
     try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
         data = json.loads(read_bytes(_path()).decode("utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
         return {}
@@ -174,6 +174,8 @@ def _damage(path: Path) -> str | None:
         return "not UTF-8 text"
     except ValueError as e:
         return f"not JSON: {e}"
+    except RecursionError:
+        return "not JSON: nested too deeply"
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
         return "not a speed store (no 'machines' object)"
     return None
