@@ -29,3 +29,38 @@ def test_a_deeply_nested_speed_store_counts_as_none_and_is_set_aside(cfg: Path) 
     assert "could not be read (not JSON: nested too deeply)" in note and "speed.json.damaged" in note
     assert (cfg / "speed.json.damaged").read_bytes() == DEEP
     assert json.loads((cfg / "speed.json").read_text())["machines"]
+
+
+def _calibration_file(entry: dict[str, object]) -> bytes:
+    good = {"fingerprint": "f", "options": "o", "measured": {"CUDA0": 1 << 30},
+            "projected": {"CUDA0": 1 << 29}, "when": 1.7e9, "runs": 2}
+    return json.dumps({"version": 1, "entries": {"f/o": {**good, **entry}}}).encode()
+
+
+@pytest.mark.parametrize("raw", [
+    DEEP,
+    _calibration_file({"measured": {"CUDA0": float("inf")}}),  # json writes and reads it as Infinity
+    _calibration_file({"measured": {"CUDA0": 1e308}}),
+    _calibration_file({"measured": {"CUDA0": 10**400}}),
+    _calibration_file({"projected": {"CUDA0": -5}}),
+    _calibration_file({"measured": {"CUDA0": "1"}}),
+    _calibration_file({"when": float("nan")}),
+    _calibration_file({"runs": 1e300}),
+], ids=["deep", "inf", "1e308", "10**400", "negative", "string", "nan_time", "1e300_runs"])
+def test_a_hostile_calibration_is_none_and_a_launch_still_records(tmp_path: Path, raw: bytes) -> None:
+    from offload_planner.backend.calibration import CalibrationStore
+
+    store = CalibrationStore(tmp_path / "calibration.json")
+    store.path.write_bytes(raw)
+    assert store.lookup("f", "o") is None
+    cal = store.record("f", "o", {"CUDA0": 1 << 30}, {"CUDA0": 1 << 29})
+    assert store.lookup("f", "o") == cal
+
+
+def test_a_calibration_as_written_reads_back(tmp_path: Path) -> None:
+    from offload_planner.backend.calibration import CalibrationStore
+
+    store = CalibrationStore(tmp_path / "calibration.json")
+    store.path.write_bytes(_calibration_file({}))
+    cal = store.lookup("f", "o")
+    assert cal is not None and cal.measured == {"CUDA0": 1 << 30} and cal.runs == 2
