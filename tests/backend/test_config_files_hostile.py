@@ -64,3 +64,20 @@ def test_a_calibration_as_written_reads_back(tmp_path: Path) -> None:
     store.path.write_bytes(_calibration_file({}))
     cal = store.lookup("f", "o")
     assert cal is not None and cal.measured == {"CUDA0": 1 << 30} and cal.runs == 2
+
+
+def test_stored_times_are_printed_without_escape_sequences_and_cut(cfg: Path) -> None:
+    evil = "\x1b[2J\x1b]0;owned\x07" + "9" * 100_000
+    entry = {"ram_gbs": 30.0, "ram_busy": False, "ram_measured_at": evil,
+             "ram_thread_gbs": 20.0, "ram_thread_busy": False, "ram_thread_measured_at": evil,
+             "efficiencies": {"llama.cpp": {"gpu_bandwidth": 0.5}}, "efficiencies_at": {"llama.cpp": evil},
+             "rpc_links": {"127.0.0.1:50052": {"gbs": 1.0, "rtt_us": 50.0, "at": evil}}}
+    (cfg / "speed.json").write_text(json.dumps({"machines": {speed_store.machine_key(): entry}}))
+    ram, one = speed_store.host_bandwidth(measure=False), speed_store.thread_bandwidth(measure=False)
+    link = speed_store.rpc_link("127.0.0.1:50052", measure=False)
+    notes = [ram.note if ram else "", one.note if one else "",
+             speed_store.efficiencies_for("llama.cpp").gpu_bandwidth.note,
+             link.note if link is not None and not isinstance(link, str) else ""]
+    for note in notes:
+        assert "[2J" in note and "9" * 20 in note, note[:200]  # the stored text is shown, printable
+        assert "\x1b" not in note and "\x07" not in note and len(note) < 400, note[:200]

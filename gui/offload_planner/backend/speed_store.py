@@ -353,7 +353,7 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = _number(entry.get("ram_gbs"), 0.01, MAX_RATE_GBS)  # a damaged figure is measured again
-    when = entry.get("ram_measured_at", "")
+    when = _stamp(entry.get("ram_measured_at", ""))
     busy = entry.get("ram_busy") is True
     quiet = entry.get("ram_busy") is False  # neither: kept before the mark existed, measured again once
     if measure and (bw is None or (not quiet and _stale(when, BUSY_REPROBE_S))):
@@ -390,7 +390,7 @@ def thread_bandwidth(*, measure: bool = True) -> Figure | None:
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     gbs = _number(entry.get("ram_thread_gbs"), 0.01, MAX_RATE_GBS)
-    when = str(entry.get("ram_thread_measured_at", ""))
+    when = _stamp(entry.get("ram_thread_measured_at", ""))
     busy = entry.get("ram_thread_busy") is not False
     if measure and (gbs is None or (busy and _stale(when, BUSY_REPROBE_S))):
         import numpy as np
@@ -424,12 +424,18 @@ def _printable(text: str, limit: int = 300) -> str:
     return "".join(c for c in text if c.isprintable())[:limit]
 
 
+def _stamp(value: object) -> str:
+    """A stored time as printed: :func:`_printable`, at most 40 characters (the store writes 16; a hand
+    edit's or another program's text is not printed whole, nor its escape sequences)."""
+    return _printable(str(value), 40)
+
+
 def _remembered_failure(got: object) -> str | None:
     """Why the last probe failed, when it failed within :data:`RPC_FAILURE_KEEP_S` (said so, with when
     and when it is probed again); None when there is no such failure or it has expired."""
     if not isinstance(got, dict) or not isinstance(got.get("failed"), str):
         return None
-    at = str(got.get("at", ""))
+    at = _stamp(got.get("at", ""))
     if _stale(at, RPC_FAILURE_KEEP_S):
         return None
     return (f"{_printable(got['failed'])} (a failed probe remembered from {at}, {_path()}; probed again "
@@ -478,6 +484,8 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
         got = _probe_rpc(endpoint, data, entry, links)
         if isinstance(got, str):
             return got
+    else:
+        got = {**got, "at": _stamp(got.get("at", ""))}
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
                         f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
                         _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
@@ -542,7 +550,7 @@ def efficiencies_for(backend: str) -> Efficiencies:
         return base
     if any(_number(v, 1e-6, 1e6) is None for v in values.values()):  # NaN, a string, a bool: damaged
         return base
-    when = _mapping(entry.get("efficiencies_at")).get(backend, "")
+    when = _stamp(_mapping(entry.get("efficiencies_at")).get(backend, ""))
     try:
         note = f"measured on this machine with {backend} ({when})"
         return calibrated(_cpu_basis(entry, backend, values), note, base)
