@@ -1,0 +1,52 @@
+"""A program given as llama-server that misbehaves (closes its output and never exits, leaves children
+behind, ignores SIGTERM): the planner reports it in one line within its time limit and leaves no
+process of it running."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tests.support.procs import still_running
+
+from offload_planner.backend import child_guard
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX scripts stand in for llama-server")
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    exe = tmp_path / name
+    exe.write_text(f"#!{sys.executable}\n{body}")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_a_program_that_closes_its_output_and_stays_is_timed_out(tmp_path: Path) -> None:
+    """Its --version closed stdout/stderr and slept: the reader saw the end of its output and the
+    planner waited for its exit without a limit (launch hung for ever)."""
+    pid = tmp_path / "pid"
+    exe = script(tmp_path, "closer", f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\n"
+                                     "os.close(1); os.close(2)\ntime.sleep(120)\n")
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        child_guard.output_of([str(exe), "--version"], timeout=2)
+    assert time.monotonic() - t0 < 6
+    assert still_running([int(pid.read_text())], within=2.0) == []
+
+
+def test_a_child_left_behind_without_the_output_is_ended(tmp_path: Path) -> None:
+    """A --version that answers and exits, leaving a child that let go of its output: the answer is
+    read, and the child (in the program's process group) is ended with it."""
+    pid = tmp_path / "pid"
+    child = f"import os, time; open({str(pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    exe = script(tmp_path, "leaver",
+                 "import subprocess, sys, time\n"
+                 f"subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.DEVNULL,"
+                 " stderr=subprocess.DEVNULL)\n"
+                 f"while not __import__('os').path.exists({str(pid)!r}): time.sleep(0.01)\n"
+                 "print('version: 1 (abc)')\n")
+    assert child_guard.output_of([str(exe), "--version"], timeout=20) == "version: 1 (abc)\n"
+    assert still_running([int(pid.read_text())], within=2.0) == []
