@@ -50,3 +50,15 @@ def test_a_child_left_behind_without_the_output_is_ended(tmp_path: Path) -> None
                  "print('version: 1 (abc)')\n")
     assert child_guard.output_of([str(exe), "--version"], timeout=20) == "version: 1 (abc)\n"
     assert still_running([int(pid.read_text())], within=2.0) == []
+
+
+def test_a_listening_address_that_is_no_url_fails_the_bench_in_one_line() -> None:
+    """The URL comes from the server's log ('listening on http://[[[:9'): urllib's ValueError escaped
+    the check's thread as a traceback and the check 'ended without a result'."""
+    from offload_planner.backend.server_bench import BenchError, measure
+
+    t0 = time.monotonic()
+    with pytest.raises(BenchError, match=r"http://\[\[\[:9/completion: not an address .*Invalid IPv6 URL"):
+        measure("http://[[[:9", n_vocab=1000, timeout=5)
+    assert time.monotonic() - t0 < 1
+
