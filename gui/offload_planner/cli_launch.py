@@ -426,11 +426,23 @@ class _Session:
             for e in exps:
                 self.say(e.text())
         elif outcome.state.value == "Failed" and not outcome.stopped:
+            self._say_bench_cut()
             for e in outcome.explain(None):
                 self.say(e.text())
             if self.code == EXIT_OK:
                 self.code = EXIT_FAILED
+        elif not outcome.stopped:  # it ended on its own after it listened: said, not left to guess
+            self._say_bench_cut()
+            self.say(f"llama-server exited on its own after it listened (exit code {outcome.exit_code})")
         self.app.quit()
+
+    def _say_bench_cut(self) -> None:
+        """The server ended while ``--bench`` measured: say so (the check's result never comes)."""
+        poll = getattr(self, "bench_poll", None)
+        if poll is not None and poll.isActive():
+            poll.stop()
+            self.say("speed check failed: llama-server ended before it answered: nothing measured")
+            self.code = EXIT_FAILED
 
     def _args(self) -> list[str]:
         return list(self.server.config.server_args)

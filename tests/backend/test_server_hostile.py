@@ -62,3 +62,29 @@ def test_a_listening_address_that_is_no_url_fails_the_bench_in_one_line() -> Non
         measure("http://[[[:9", n_vocab=1000, timeout=5)
     assert time.monotonic() - t0 < 1
 
+
+QWEN = str(Path(__file__).resolve().parents[2] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+#: says it listens, then exits 0 on its own
+LISTENS_THEN_EXITS = ("import sys\nif '--version' in sys.argv or '--help' in sys.argv:\n"
+                      "    print('version: 1 (abc)'); sys.exit(0)\n"
+                      "print('main: server is listening on http://127.0.0.1:1', flush=True)\n")
+
+
+@pytest.mark.parametrize(("extra", "code", "said"), [
+    ([], 1, []),  # 1: no buffer sizes to compare, as before
+    (["--bench", "--no-store"], 3,
+     ["speed check failed: llama-server ended before it answered: nothing measured"]),
+])
+def test_a_server_that_exits_on_its_own_after_listening_is_said(tmp_path: Path, extra: list[str], code: int,
+                                                               said: list[str]) -> None:
+    """It ended and launch exited without a word (with --bench after 'measuring speed', status 1)."""
+    from tests.support.cli import run_cli
+
+    exe = script(tmp_path, "llama-server", LISTENS_THEN_EXITS)
+    t0 = time.monotonic()
+    r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--quiet", "--no-verbose-log", *extra,
+                "--", "-c", "512", timeout=60)
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    for line in [*said, "llama-server exited on its own after it listened (exit code 0)"]:
+        assert line in r.stderr, r.stderr[-2000:]
+    assert r.returncode == code, r.stderr[-2000:]
