@@ -411,6 +411,8 @@ class _Session:
     def _on_finished(self, outcome: Any) -> None:
         from offload_planner.backend.launch import PlanContext
 
+        if outcome.killed:  # its exit code is SIGKILL's, not its own: say what happened
+            self.say(f"llama-server ignored SIGTERM for {self.args.stop_timeout:g} s: killed (SIGKILL)")
         if not outcome.reached_running:
             self.code = self.signal_code if self.interrupted else EXIT_FAILED
             context = None
@@ -421,7 +423,7 @@ class _Session:
                     projection = None
                 context = PlanContext(self.model, self.devices, self._args(), self.dialect, projection)
             exps = outcome.explain(context)
-            if not exps and not self.interrupted:
+            if not exps and not self.interrupted and not outcome.stopped:
                 self.say(f"llama-server ended before it listened (exit code {outcome.exit_code})")
             for e in exps:
                 self.say(e.text())

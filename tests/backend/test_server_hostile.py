@@ -88,3 +88,36 @@ def test_a_server_that_exits_on_its_own_after_listening_is_said(tmp_path: Path, 
     for line in [*said, "llama-server exited on its own after it listened (exit code 0)"]:
         assert line in r.stderr, r.stderr[-2000:]
     assert r.returncode == code, r.stderr[-2000:]
+
+
+#: never listens, ignores SIGTERM, and starts two children that ignore it too, one in a session of its
+#: own (outside the server's process group)
+STUBBORN = ("import os, signal, subprocess, sys, time\n"
+            "if '--version' in sys.argv or '--help' in sys.argv:\n"
+            "    print('version: 1 (abc)'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "kid = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'\n"
+            "a = subprocess.Popen([sys.executable, '-c', kid])\n"
+            "b = subprocess.Popen([sys.executable, '-c', kid], start_new_session=True)\n"
+            "open(os.environ['HOSTILE_PIDS'], 'w').write(f'{os.getpid()} {a.pid} {b.pid}')\n"
+            "sys.stdout.buffer.write(b'\\xff\\xfe \\x1b[31m' + b'A' * 200000 + b'\\n'); sys.stdout.flush()\n"
+            "time.sleep(120)\n")
+
+
+def test_a_server_that_ignores_sigterm_is_killed_with_its_children_and_said(tmp_path: Path) -> None:
+    """After --timeout it was SIGKILLed as it should be, but launch said 'llama-server ended before it
+    listened (exit code 9)': 9 was SIGKILL's number, not an exit code of the server."""
+    from tests.support.cli import run_cli
+
+    exe = script(tmp_path, "llama-server", STUBBORN)
+    pids = tmp_path / "pids"
+    t0 = time.monotonic()
+    r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--timeout", "2", "--stop-timeout", "1",
+                "--", "-c", "512", timeout=60, HOSTILE_PIDS=str(pids))
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 3
+    assert "llama-server did not listen within 2 s; stopping it" in r.stderr
+    assert "llama-server ignored SIGTERM for 1 s: killed (SIGKILL)" in r.stderr
+    assert "exit code 9" not in r.stderr, r.stderr[-2000:]
+    assert "\\xff\\xfe \\x1b[31mAAAA" in r.stdout and len(max(r.stdout.splitlines(), key=len)) < 5000
+    assert still_running([int(p) for p in pids.read_text().split()], within=3.0) == []
