@@ -130,6 +130,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
         result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
     result.notes[:0] = [str(w) for w in skipped_devices(parsed, devices.names)]  # ik: -dev names it skips
+    result.notes[:0] = _override_notes(model, parsed, dialect)  # --override-kv: what the plans follow
     from offload_planner.cli_server_args import model_flag_note
 
     other_model = model_flag_note(parsed, model)
@@ -185,6 +186,18 @@ def _run_fit(args: argparse.Namespace) -> int:
     print()
     print(format_command(["llama-server", *command], "bash"))
     return 0
+
+
+def _override_notes(model: Model, parsed: ParsedArgs, dialect: Dialect) -> list[str]:
+    """What the command's ``--override-kv`` items do to every candidate (they all keep them); an item
+    llama.cpp aborts on refuses the fit, as it would refuse every command."""
+    from offload_planner.core.kv_override import command_overrides, notes, refusal
+
+    ovs = command_overrides(parsed, dialect.kv_override_csv)
+    said = refusal(model, ovs) if ovs else ""
+    if said:
+        raise PlannerError(f"llama-server aborts while loading {model.path}: {said}")
+    return notes(model, ovs)
 
 
 def ram_hint(capacity: int | None) -> str:

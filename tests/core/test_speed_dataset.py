@@ -36,6 +36,8 @@ TOP_KEYS = {
     "backend": str,
     "build": (str, type(None)),
     "cpu_tiled_matmul": bool,
+    "cpu_llamafile_sgemm": bool,
+    "cpu_threads_forced": (int, type(None)),
     "model": dict,
     "command": (str, type(None)),
     "settings": dict,

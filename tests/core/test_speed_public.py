@@ -301,12 +301,15 @@ def evaluate(records: list[dict[str, Any]], root: Path) -> tuple[list[Row], list
 
 def _row(rec: dict[str, Any], model: Model, ds: DeviceSet) -> Row:
     argv = _argv(rec)
-    threads = rec["settings"].get("threads")
+    # the build's own thread count where its source forces one (the record says), else -t
+    threads = rec["cpu_threads_forced"] or rec["settings"].get("threads")
     dialect = rec["backend"]
     parsed = parse_server_args(argv, dialect=dialect)
     plan = plan_from_args(model, ds, parsed, dialect)
     if not rec["cpu_tiled_matmul"]:  # a build before the pinned one's tiled CPU matmul (the record says)
         plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_tiled_cpu()))
+    if not rec["cpu_llamafile_sgemm"]:  # a build before llamafile's sgemm (PR 6414; the record says)
+        plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_cpu_gemm()))
     meas = rec["measured"]
     depth = meas.get("depth") or 0
     if depth:  # tg at the measured depth: the estimate's full-context figure at -c depth
@@ -391,3 +394,58 @@ def test_gb10_dense_prompt_against_llama_cpp_benches(tmp_path: Path) -> None:
     for prompt, measured in GB10_DENSE_PP.items():
         ratio = estimate(plan, hardware_for(ds), prompt=prompt).pp_tps / measured
         assert 1 / 1.2 < ratio < 1.2, (prompt, ratio)
+
+
+#: The record of a build before llamafile's sgemm (llama.cpp PR 6414, merged 2024-04-16), ll2237 of the
+#: set: a dense LLaMA-7B F16 on 56 threads of a Xeon 8336C, July 2023 ("llama_print_timings: prompt eval
+#: time =  6294.68 ms /   271 tokens (   23.23 ms per token,    43.05 tokens per second)",
+#: https://github.com/ggml-org/llama.cpp/issues/2237).
+PRE_SGEMM_RECORD = "ll2237-llama7b-f16-xeon8336c-cpu"
+
+
+@pytest.mark.parametrize("cpu", ["CPU=64GiB,bw=100GB/s,cores=16,isa=avx2",
+                                 "CPU=64GiB,bw=100GB/s,cores=16,isa=avx512_vnni"])
+def test_f16_prompt_before_llamafile_sgemm(tmp_path: Path, cpu: str) -> None:
+    """A build before llamafile's sgemm multiplies an F16 prompt on the CPU at half the GEMM's rate, as the
+    PR says its GEMMs sped F16 up ("f16 / f32, which process prompts 2x faster",
+    https://github.com/ggml-org/llama.cpp/pull/6414), on an AVX2 and an AVX-512 CPU alike: the prompt
+    takes 1.6-2x as long (its attention and reads unchanged), a generated token the same time (one row:
+    vec_dot before and after)."""
+    spec = replace(_llama("llama 6.74B", 32, 4096, 32, 32, 11008, 32000), quant=_uniform(Q.F16))
+    model = _model(spec, {}, tmp_path)
+    ds = DeviceSet(parse_device_decl(cpu), ())
+    plan = plan_from_args(model, ds, parse_server_args(["-c", "4096", "-np", "1", "-t", "16"]))
+    plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_tiled_cpu()))
+    old = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_cpu_gemm()))
+    new_est = estimate(plan, hardware_for(ds), prompt=512)
+    old_est = estimate(old, hardware_for(ds), prompt=512)
+    assert 1.6 < new_est.pp_tps / old_est.pp_tps <= 2.0
+    assert old_est.tg_tps == new_est.tg_tps
+
+
+def test_pre_sgemm_record_prompt(tmp_path: Path) -> None:
+    """ll2237's prompt is estimated within 2x of its measured 43.05 t/s once read with the kernels of its
+    build (it was 3.47x with tinyBLAS and the CPU's AVX-512 gain, which that build did not have)."""
+    [rec] = [r for r in _records() if r["id"] == PRE_SGEMM_RECORD]
+    assert rec["cpu_llamafile_sgemm"] is False
+    spec, _ = _spec(rec["model"])
+    ds, _ = _devices(rec)
+    assert spec is not None and ds is not None
+    _, _, e_pp, _ = _row(rec, _model(spec, {}, tmp_path), ds)
+    assert e_pp is not None and abs(e_pp) < math.log(2)
+
+
+def test_nkvo_record_of_a_single_thread_build(tmp_path: Path) -> None:
+    """ll4812's -nkvo prompt (LLaMA-7B Q4_0 on an RTX 3090 Ti, -ngl 99, pp 512 at 237.84 t/s,
+    https://github.com/ggml-org/llama.cpp/pull/4812) is estimated within 1.5x once its CPU attention runs
+    on the one thread its build gave a fully offloaded CUDA graph (``cpu_threads_forced``: llama.cpp PR
+    2915 "CUDA: use only 1 thread if fully offloaded" until PR 5226); with the default threads it was
+    4.14x too fast.  Its tg at depth 0 (the attention over at most 128 cells) stays within 1.25x."""
+    [rec] = [r for r in _records() if r["id"] == "ll4812-llama7b-q4_0-3090ti-nkvo"]
+    assert rec["cpu_threads_forced"] == 1 and rec["settings"]["threads"] is None
+    spec, _ = _spec(rec["model"])
+    ds, _ = _devices(rec)
+    assert spec is not None and ds is not None
+    _, e_tg, e_pp, _ = _row(rec, _model(spec, {}, tmp_path), ds)
+    assert e_pp is not None and abs(e_pp) < math.log(1.5)
+    assert e_tg is not None and abs(e_tg) < math.log(1.25)

@@ -192,9 +192,11 @@ def _tgs(rec: dict[str, Any], model: Model, ds: DeviceSet, draft_path: Path | No
     plan = plan_from_args(model, ds, parse_server_args(argv, dialect=rec["backend"]), rec["backend"])
     if not rec["cpu_tiled_matmul"]:  # a build before the tiled CPU matmul, as test_speed_public
         plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_tiled_cpu()))
+    if not rec["cpu_llamafile_sgemm"]:  # a build before llamafile's sgemm, as test_speed_public
+        plan = replace(plan, context=replace(plan.context, dialect=plan.dialect.before_cpu_gemm()))
     if depth:  # tg at the measured depth: the full-context figure at -c depth, as test_speed_public
         plan = replace(plan, context=replace(plan.context, n_ctx=max(256, depth)))
-    hw = hardware_for(ds, threads=rec["settings"].get("threads"))
+    hw = hardware_for(ds, threads=rec["cpu_threads_forced"] or rec["settings"].get("threads"))
     eff = defaults_for(plan.dialect)
     est = estimate(plan, hw, eff=eff)
     spec = with_speculation(est, plan, hw, eff, accept=_accept(sp))

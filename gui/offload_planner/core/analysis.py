@@ -192,6 +192,15 @@ def _context_errors(plan: Plan) -> list[str]:
     return [e for e in (err, over) if e]
 
 
+def _override_refusal(plan: Plan) -> list[str]:
+    """An ``--override-kv`` the model cannot load with (the projection keeps the file's values)."""
+    from offload_planner.core.kv_override import overrides_in, refusal
+
+    ovs = overrides_in(plan.extra_args, plan.dialect.kv_override_csv)
+    said = refusal(plan.model, ovs) if ovs else ""
+    return [f"llama-server aborts while loading the model: {said}"] if said else []
+
+
 def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
                 capacity_hint: CapacityHint | None = None) -> list[str]:
     """Every warning about a plan, in one order: what the backend refuses or changes, devices the
@@ -199,7 +208,7 @@ def warnings_of(plan: Plan, projection: Projection, rules: Sequence[RuleReport],
     (:func:`~offload_planner.core.diagnostics.plan_warnings`)."""
     unused = draft_warning(plan.model, plan.spec)
     refusals = (spec_refusals(plan.model, plan.spec) + ([unused] if unused else [])
-                + plan.dialect.model_errors(plan.model) + _context_errors(plan)
+                + plan.dialect.model_errors(plan.model) + _context_errors(plan) + _override_refusal(plan)
                 + plan.dialect.warnings(plan.model, plan.placement_options, plan.devices))
     core = plan_warnings(projection, plan.placement_options.overrides, reports=rules,
                          capacity_hint=capacity_hint)

@@ -165,9 +165,12 @@ def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
     """What the server's defaults decide for this command line (-np auto, -c 0), the projector's
     notes, the dialect's notes on how it places these weights, and the ``-dev`` names it skips and
     what it selects."""
-    _, notes = context_params(model, args, dialect)
+    from offload_planner.core.kv_override import command_overrides, loaded, notes
+
+    ovs = command_overrides(args, Dialect(dialect).kv_override_csv)
+    _, said = context_params(loaded(model, ovs), args, dialect)  # -c 0: the trained context loaded
     selection = [*skipped_device_notes(devices, args), *device_selection(popts, devices, Dialect(dialect))]
-    return [*notes, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
+    return [*notes(model, ovs), *said, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
 
 
 def skipped_device_notes(devices: DeviceSet, args: Any) -> list[str]:

@@ -18,6 +18,7 @@ from offload_planner.core.devices import DeviceSet, llama_order
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import attach
 from offload_planner.core.item_changes import note_changed
+from offload_planner.core.kv_override import file_model, loaded, overrides_in
 from offload_planner.core.memory import (
     DEFAULT_N_BATCH,
     DEFAULT_N_UBATCH,
@@ -99,6 +100,14 @@ class Plan:
             self.placement_options = replace(po, output_first=d.output_first, use_extra_bufts=repack,
                                              plain_cpu_overrides=d.plain_cpu_overrides)
         self._follow_the_mmap_rule()
+        self._load_with_overrides()
+
+    def _load_with_overrides(self) -> None:
+        """The model as llama.cpp loads it: the file's, with the kept ``--override-kv`` items it models
+        (:func:`~offload_planner.core.kv_override.loaded`; the file's again once they are gone)."""
+        ovs = overrides_in(self.extra_args, self.dialect.kv_override_csv)
+        if ovs or file_model(self.model) is not self.model:
+            self.model = loaded(self.model, ovs)
 
     def _follow_the_mmap_rule(self) -> None:
         """``use_mmap`` as the server will have it after the edits: mapped when the load mode asks for it,
@@ -258,9 +267,10 @@ def plan_from_args(model: Model, devices: DeviceSet, args: Any, dialect: Dialect
     other flags are kept for the exported command, or bare ServerArgs)."""
     from offload_planner.core.engine import context_params, mmap_requested, placement_options
 
+    extra = list(passthrough) if passthrough is not None else kept_args(args)
+    model = loaded(model, overrides_in(extra, Dialect(dialect).kv_override_csv))
     popts = placement_options(model, devices, args, dialect)
     cparams, _ = context_params(model, args, dialect)
-    extra = list(passthrough) if passthrough is not None else kept_args(args)
     spec = load_spec(devices, args, dialect, placement_options)
     extra = Dialect(dialect).draft_kept_args(extra, spec.draft)
     return Plan(model, devices, popts, cparams, extra_args=extra, spec=spec, env=kept_env(args),

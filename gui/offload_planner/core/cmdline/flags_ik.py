@@ -62,7 +62,7 @@ _IK: tuple[tuple[str, ValueKind], ...] = (
     ("-ser --smart-expert-reduction", _V), ("-co --color", _N), ("--mlock", _N),
     ("-ngl --gpu-layers --n-gpu-layers", _V), ("-ngld --gpu-layers-draft --n-gpu-layers-draft", _V),
     ("-mg --main-gpu", _V), ("--max-gpu", _V), ("-sm --split-mode", _V), ("-ts --tensor-split", _V),
-    ("--rpc", _V), ("--override-kv", _V), ("-ot --override-tensor", _V), ("-gfm --gpu-fit-margin", _V),
+    ("--rpc", _V), ("-okv --override-kv", _V), ("-ot --override-tensor", _V), ("-gfm --gpu-fit-margin", _V),
     ("-cuda --cuda-params", _V), ("-mtp --multi-token-prediction", _N),
     ("-no-mtp --no-multi-token-prediction", _N), ("-draft --draft-params", _V),
     ("-cmoe --cpu-moe", _N), ("-ncmoe --n-cpu-moe", _V), ("--fit", _N), ("--defer-experts", _N),

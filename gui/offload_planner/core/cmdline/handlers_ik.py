@@ -25,6 +25,7 @@ from offload_planner.core.cmdline.handlers_mainline import (
 )
 from offload_planner.core.cmdline.model import TensorOverride
 from offload_planner.core.cmdline.moe import IK_CPU_MOE_COUNT
+from offload_planner.core.kv_override import parse_item
 
 
 def _invalid(stderr: str = "", explanation: str = "") -> HandlerError:
@@ -140,6 +141,28 @@ def h_ser(ctx: Ctx) -> None:
     if len(pairs) != 1:
         raise _invalid()
     ctx.args.ser = (pairs[0][0], float(pairs[0][1]))
+    flag = f"{ctx.use.spelling} {ctx.value}"
+    if not getattr(ctx.dialect, "applies_ser", True):
+        ctx.warn(f"{flag} does nothing in ik_llama.cpp builds since PR 840 (October 2025): the expert "
+                 "selection no longer reads it (ggml_top_k; its ggml_top_k_thresh call is commented out), "
+                 "so every token runs the model's experts, as the plan and the speed estimate count them",
+                 ctx.value)
+    else:
+        ctx.warn(f"{flag}: this build drops the experts whose router weight is under the threshold x the "
+                 "top one's, down to the minimum, token by token; the speed estimate does not model it (it "
+                 "counts every expert a token may run)", ctx.value)
+
+
+def c_override_kv(ctx: Ctx) -> None:
+    """``-okv``/``--override-kv``: one ``KEY=TYPE:VALUE`` (common.cpp); an item it refuses prints two lines
+    and sets ``invalid_param``; the flag stays in the command as given."""
+    override, printed = parse_item(ctx.value)
+    if override is None:
+        raise _invalid(stderr=f"{printed}\nerror: Invalid type for KV override: {ctx.value}")
+
+
+#: flags whose value is checked as ik checks it, but kept verbatim (no ServerArgs field)
+IK_CHECKS: dict[str, Handler] = {"--override-kv": c_override_kv}
 
 
 def h_cache_type(field: str) -> Handler:

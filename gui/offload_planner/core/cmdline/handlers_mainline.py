@@ -20,6 +20,7 @@ from offload_planner.core.cmdline.model import (
 )
 from offload_planner.core.cmdline.moe import cpu_moe_overrides, n_cpu_ffn_overrides, n_cpu_moe_overrides
 from offload_planner.core.cmdline.rpc_endpoint import read_rpc_endpoint, rpc_endpoint_problem
+from offload_planner.core.kv_override import items_of, parse_item
 
 Handler = Callable[[Ctx], None]
 
@@ -303,6 +304,19 @@ def h_host(ctx: Ctx) -> None:
 
 def h_port(ctx: Ctx) -> None:
     ctx.args.port = int_value(ctx.value)
+
+
+def c_override_kv(ctx: Ctx) -> None:
+    """``--override-kv``: an item ``string_parse_kv_override`` refuses fails the flag (the line it prints
+    is the explanation); the flag stays in the command as given (:mod:`core.kv_override` reads it)."""
+    for item in items_of(ctx.value, ctx.dialect.kv_override_csv):
+        override, printed = parse_item(item)
+        if override is None:
+            raise HandlerError(f"error: Invalid type for KV override: {item}", explanation=printed)
+
+
+#: flags whose value is checked as the handler checks it, but kept verbatim (no ServerArgs field)
+MAINLINE_CHECKS: dict[str, Handler] = {"--override-kv": c_override_kv}
 
 
 MAINLINE_HANDLERS: dict[str, Handler] = {

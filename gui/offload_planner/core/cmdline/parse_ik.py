@@ -14,7 +14,7 @@ from offload_planner.core.cmdline.cnum import CNumberError, stof, stoi
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.flags_ik import IK_ENV, IK_KV_TYPES, IK_UNCHECKED_VALUE
 from offload_planner.core.cmdline.flagspec import FlagSpec, normalize_spelling
-from offload_planner.core.cmdline.handlers_ik import IK_HANDLERS, IK_INT_FLAGS
+from offload_planner.core.cmdline.handlers_ik import IK_CHECKS, IK_HANDLERS, IK_INT_FLAGS
 from offload_planner.core.cmdline.handlers_ik_spec import IK_SPEC_HANDLERS, chain_errors
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs, Stage
 from offload_planner.core.cmdline.parse_mainline import looks_like_flag, number_tail_notes
@@ -121,6 +121,8 @@ class IkParser:
         try:
             if handler is not None:
                 handler(Ctx(self.parsed, use, self.mmap))
+            elif spec.key in IK_CHECKS:
+                IK_CHECKS[spec.key](Ctx(self.parsed, use, self.mmap))
         except CNumberError as exc:  # ik prints the uncaught exception's what(): "stoi"
             flag = use.env or use.spelling
             explanation = exc.about(flag, value or "")

@@ -12,7 +12,13 @@ from collections.abc import Mapping, Sequence
 from offload_planner.core.cmdline.cnum import CNumberError, ignored_tail, stof, stoi, stoul
 from offload_planner.core.cmdline.context import Ctx, HandlerError, MmapFlags
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
-from offload_planner.core.cmdline.handlers_mainline import MAINLINE_HANDLERS, falsey, split_list, truthy
+from offload_planner.core.cmdline.handlers_mainline import (
+    MAINLINE_CHECKS,
+    MAINLINE_HANDLERS,
+    falsey,
+    split_list,
+    truthy,
+)
 from offload_planner.core.cmdline.handlers_spec import SPEC_HANDLERS
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
@@ -150,6 +156,8 @@ class MainlineParser:
         try:
             if handler is not None:
                 handler(ctx)
+            elif spec.key in MAINLINE_CHECKS:
+                MAINLINE_CHECKS[spec.key](ctx)
             elif spec.kind is ValueKind.INT:
                 stoi(use.values[0])
             elif spec.key in STOF_FLAGS:

@@ -97,6 +97,9 @@ class Dialect(str, metaclass=_DialectType):
     #: ``-ot ...=CPU`` takes the plain CPU buffer type, not the GPU's host buffer (mainline before b6050,
     #: ik_llama.cpp before PR 1508 of March 2026): with a GPU the token embedding alone is ``CUDA_Host``
     plain_cpu_overrides: bool = False
+    #: ``--override-kv`` splits its value at commas (``parse_csv_row``: mainline from PR 18056 of December
+    #: 2025); older mainline builds and ik_llama.cpp read one ``KEY=TYPE:VALUE`` a flag
+    kv_override_csv: bool = True
     #: ik's KQ mask is an f32 input cast to f16 for flash attention, rows padded to 32 (ik before PR 825
     #: of October 2025; later ik builds it in f16, padded to 16)
     f32_kq_mask: bool = False
@@ -189,6 +192,11 @@ class Dialect(str, metaclass=_DialectType):
     #: or more rows (``mul_mat``; ``mul_mat_id``: rows routed to the expert) through 256x256 int8 tiles,
     #: where builds without it run ``vec_dot`` row by row (core.speed.efficiency.TILED_TYPES)
     cpu_tiled_matmul: bool = False
+    #: ggml-cpu multiplies a batch through a GEMM for some weight types (llamafile's tinyBLAS,
+    #: ``llamafile/sgemm.cpp``, llama.cpp PR 6414, merged 2024-04-16 as 8cc91dc; later the repacked
+    #: GEMMs): builds before it ran every CPU matrix product through ``vec_dot`` row by row
+    #: (core.speed.efficiency.PRE_SGEMM_COSTS)
+    cpu_gemm: bool = True
     #: how an exported command turns mmap off
     no_mmap_flags: tuple[str, ...] = ("--no-mmap",)
 
@@ -230,6 +238,12 @@ class Dialect(str, metaclass=_DialectType):
     def before_tiled_cpu(self) -> Dialect:
         """This dialect's rules with the CPU kernels of builds before the tiled matmul
         (``cpu_tiled_matmul`` off): a measurement of an older build read with this dialect's parser."""
+        return self
+
+    def before_cpu_gemm(self) -> Dialect:
+        """This dialect's rules with the CPU kernels of builds before llamafile's sgemm (``cpu_gemm``
+        off, and so no tiled matmul either): a measurement of a build before 2024-04-16 read with this
+        dialect's parser."""
         return self
 
     def server_device_name(self, name: str) -> str:

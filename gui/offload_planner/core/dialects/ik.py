@@ -100,6 +100,11 @@ class IkLlamaCpp(Dialect):
     pads_transposed_v = False
     mla_k_only_cache = False
     host_overrides_turn_mmap_off = True
+    kv_override_csv = False  # common.cpp: one string_parse_kv_override a flag
+    #: ``-ser`` drops experts: from PR 840 (2025-10-19, "Various fused ops around expert selection")
+    #: ``llm_build_moe_ffn`` calls ``ggml_top_k`` and its ``ggml_top_k_thresh`` call is commented out
+    #: (src/llama-build-context.cpp), so ``min_experts``/``thresh_experts`` reach no op
+    applies_ser = False
     #: ``-amb`` when the command has none (``gpt_params::attn_max_batch``; 256 from PR 2312, August 2026)
     default_amb: int = 0
     #: ``-md`` alone neither drafts nor loads (ikawrakow/ik_llama.cpp 8337e4cd, 2026-08-15): ``-md``

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 class Ik2025(IkLlamaCpp):
     plain_cpu_overrides = True
     host_overrides_turn_mmap_off = False  # from PR 1510 (2026-03-26)
+    applies_ser = True  # -ser (PR 239) selects experts with ggml_top_k_thresh until PR 840
     f32_kq_mask = True
     batch_floor = 32  # GGML_KQ_MASK_PAD before July 2025
     mla_fa_steps_expanded = False  # from b85a2a50d (2026-01-31)

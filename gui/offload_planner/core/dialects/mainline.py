@@ -75,6 +75,9 @@ class PinnedMainline(Mainline):
     def before_tiled_cpu(self) -> Dialect:
         return _PRE_TILED
 
+    def before_cpu_gemm(self) -> Dialect:
+        return _PRE_GEMM
+
     def flag_table(self) -> FlagTable:
         from offload_planner.core.cmdline.flagspec import FlagTable
         from offload_planner.core.cmdline.mainline_flags import MAINLINE_FLAGS
@@ -115,6 +118,24 @@ class _PinnedBeforeTiled(PinnedMainline):
     def before_tiled_cpu(self) -> Dialect:
         return self
 
+    def before_cpu_gemm(self) -> Dialect:
+        return _PRE_GEMM
+
 
 _PRE_TILED = _PinnedBeforeTiled("llama.cpp",
                                 "llama.cpp (pinned build's rules, CPU kernels before the tiled matmul)")
+
+
+class _PinnedBeforeGemm(_PinnedBeforeTiled):
+    """The pinned build's rules with the CPU kernels of the builds before llamafile's sgemm (llama.cpp
+    PR 6414, merged 2024-04-16): every CPU matrix product through ``vec_dot``; not registered, read by
+    the public development set for its records of those builds (tests/core/test_speed_public.py)."""
+
+    cpu_gemm = False
+
+    def before_cpu_gemm(self) -> Dialect:
+        return self
+
+
+_PRE_GEMM = _PinnedBeforeGemm("llama.cpp",
+                              "llama.cpp (pinned build's rules, CPU kernels before llamafile's sgemm)")

@@ -26,6 +26,8 @@ DEFAULT_2025_N_MAX, DEFAULT_2025_P_MIN = 16, 0.75
 
 
 class Mainline2025(Mainline):
+    #: one ``KEY=TYPE:VALUE`` an ``--override-kv`` (the comma split came with PR 18056, December 2025)
+    kv_override_csv = False
     #: one Metal device, ``Metal``, and its buffer types ``Metal`` / ``Metal_Private`` / ``Metal_Mapped``
     #: (ggml-metal.cpp before ggml sync e1fda9de of llama.cpp PR 18919: ``ggml_backend_metal_device_get_name``
     #: and ``ggml_backend_metal_buffer_type_shared_get_name`` return "Metal"; ggml-metal.m before PR 15995

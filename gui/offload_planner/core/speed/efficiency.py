@@ -234,6 +234,13 @@ CPU_TINYBLAS_TYPES = frozenset({"f32", "bf16", "f16", "q8_0", "q4_0", "q5_0", "i
 CPU_REPACK_GEMM_TYPES = frozenset({"q4_0", "q4_K", "iq4_nl", "mxfp4", "q2_K"})
 CPU_GEMM_TYPES = CPU_TINYBLAS_TYPES | CPU_REPACK_GEMM_TYPES
 REPACK_BUFT = "CPU_REPACK"
+#: A batch's cost of the tinyBLAS types in builds before llamafile's sgemm (``Dialect.cpu_gemm`` off:
+#: llama.cpp before PR 6414, merged 2024-04-16), against the GEMM's (1), where ``vec_dot`` multiplied
+#: them row by row: the PR's own figures (https://github.com/ggml-org/llama.cpp/pull/6414, jart,
+#: 2024-04-01): "For starters, Q4_0 and Q8_0 weights should go ~40% faster on CPU. The biggest benefits
+#: are with data types like f16 / f32, which process prompts 2x faster".  The types it does not name
+#: (and the types tinyBLAS never took) cost the AVX2 figure of ``vec_dot``, as in later builds.
+PRE_SGEMM_COSTS: dict[str, float] = {"f32": 2.0, "f16": 2.0, "q8_0": 1.4, "q4_0": 1.4}
 
 
 #: The pinned build's tiled matmul (ggml-cpu/tiled/tiled.cpp, llama.cpp PR 27851 "ggml-cpu: tiled mul_mat for
@@ -306,13 +313,18 @@ def cpu_pp_cost(type_name: str, dialect: Dialect, isa_gain: float = 1.0, routed:
     ik_llama.cpp's kernels (``fast_cpu_kernels``) have their own figure.  A dialect with the tiled
     matmul (``cpu_tiled_matmul``) multiplies :data:`TILED_TYPES` outside a repack buffer, by ``rows``
     (the batch's, or those routed to an expert) of :data:`TILED_MIN_ROWS` or more, at
-    :func:`tiled_cost` (``isa``: the CPU's tier, None when not known)."""
+    :func:`tiled_cost` (``isa``: the CPU's tier, None when not known).  A dialect without the CPU GEMMs
+    (``cpu_gemm`` off: builds before llamafile's sgemm) multiplies every weight through ``vec_dot``: the
+    tinyBLAS types at :data:`PRE_SGEMM_COSTS` (the PR's own speed-ups) or the AVX2 figure, whichever
+    costs more, the rest at the AVX2 figure as in later builds."""
     d = dialect if isinstance(dialect, Dialect) else Dialect(dialect)  # an unregistered variant stays
     tiled = tiled_cost(type_name, d, isa, isa_gain, repacked) if rows >= TILED_MIN_ROWS else None
     if tiled is not None:
         return tiled
     if d.fast_cpu_kernels or type_name in SLOW_CPU_TYPES:
         return cpu_cost(type_name, d, isa_gain)
+    if not d.cpu_gemm:  # every product through vec_dot (no tinyBLAS, no repack buffer yet)
+        return isa_gain if routed else max(isa_gain, PRE_SGEMM_COSTS.get(type_name, isa_gain))
     gemm = type_name in CPU_TINYBLAS_TYPES or (repacked and type_name in CPU_REPACK_GEMM_TYPES)
     return isa_gain if routed or not gemm else 1.0
 
