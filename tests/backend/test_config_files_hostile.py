@@ -5,6 +5,8 @@ kept, are set aside and named."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,33 @@ def test_stored_times_are_printed_without_escape_sequences_and_cut(cfg: Path) ->
     for note in notes:
         assert "[2J" in note and "9" * 20 in note, note[:200]  # the stored text is shown, printable
         assert "\x1b" not in note and "\x07" not in note and len(note) < 400, note[:200]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs and /dev/zero")
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "too_large"])
+def test_a_store_that_is_no_small_file_is_not_read_and_is_set_aside(cfg: Path, kind: str) -> None:
+    """A FIFO named speed.json blocked every plan for ever (open waits for a writer); a link to
+    /dev/zero was read until the memory ran out; a 17 MiB file was read whole. Now each counts as no
+    figure, and a measurement kept sets it aside as damaged, saying why."""
+    from offload_planner.backend.calibration import CalibrationStore
+
+    for name in ("speed.json", "calibration.json"):
+        path = cfg / name
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "dev_zero":
+            path.symlink_to("/dev/zero")
+        else:
+            path.write_bytes(b" " * (17 << 20))
+    t0 = time.perf_counter()
+    assert speed_store.host_bandwidth(measure=False) is None
+    assert CalibrationStore(cfg / "calibration.json").lookup("f", "o") is None
+    assert time.perf_counter() - t0 < 1
+    why = "larger than 16 MiB" if kind == "too_large" else "not a regular file"
+    note = speed_store.record_efficiencies("llama.cpp", {"cpu_bandwidth": 0.42})
+    assert f"could not be read ({why})" in note
+    store = CalibrationStore(cfg / "calibration.json")
+    store.record("f", "o", {"CUDA0": 1}, {"CUDA0": 1})
+    assert f"could not be read ({why})" in store.note
+    for name in ("speed.json", "calibration.json"):
+        assert (cfg / name).is_file() and os.path.lexists(cfg / f"{name}.damaged")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from offload_planner.backend.config_folder import config_dir
+from offload_planner.backend.config_folder import config_dir, read_config_file
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams, Projection
@@ -187,9 +187,11 @@ class CalibrationStore:
         """The entries (None: no file), or why the file there cannot be read (it is then not one to
         write over without keeping it: another version's store, a hand edit gone wrong)."""
         try:
-            raw = self.path.read_bytes()
+            raw, problem = read_config_file(self.path)
         except OSError:
             return None, None
+        if problem is not None:
+            return None, problem
         if not raw.strip():
             return None, None
         try:

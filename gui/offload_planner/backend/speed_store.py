@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from offload_planner.backend.config_folder import config_dir
+from offload_planner.backend.config_folder import config_dir, read_config_file
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
@@ -136,7 +136,10 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
 
 def _read() -> dict[str, Any]:
     try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
-        data = json.loads(read_bytes(_path()).decode("utf-8"))
+        raw, problem = read_config_file(_path())
+        if problem is not None:
+            return {}
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
@@ -163,9 +166,11 @@ def _damage(path: Path) -> str | None:
     """Why the store at ``path`` cannot be read (None: it reads, is empty or is not there): what
     :func:`_read` took for an empty store, though it may hold a user's calibrations."""
     try:
-        raw = read_bytes(path)
+        raw, problem = read_config_file(path)
     except OSError:
         return None
+    if problem is not None:
+        return problem
     if not raw.strip():
         return None
     try:
