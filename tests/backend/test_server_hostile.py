@@ -4,12 +4,17 @@ process of it running."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from pytestqt.qtbot import QtBot
 from tests.support.procs import still_running
 
 from offload_planner.backend import child_guard
@@ -121,3 +126,32 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_children_and_said(tmp_
     assert "exit code 9" not in r.stderr, r.stderr[-2000:]
     assert "\\xff\\xfe \\x1b[31mAAAA" in r.stdout and len(max(r.stdout.splitlines(), key=len)) < 5000
     assert still_running([int(p) for p in pids.read_text().split()], within=3.0) == []
+
+
+#: answers --version with 64 MiB, a MiB every 10 ms, then waits
+FLOOD = ("import sys, time\n"
+         "if '--version' in sys.argv:\n"
+         "    for _ in range(64):\n"
+         "        sys.stdout.write('y' * (1 << 20)); sys.stdout.flush(); time.sleep(0.01)\n"
+         "time.sleep(120)\n")
+
+
+def test_the_windows_probe_of_a_flooding_program_stops_at_the_limit(qtbot: QtBot, tmp_path: Path) -> None:
+    """The Launch tab's --version probe (a QProcess) kept all a program printed until its 30 s
+    timeout (``yes``: gigabytes), then started the program as llama-server anyway; now the launch
+    fails at child_guard.OUTPUT_LIMIT bytes, saying so."""
+    from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
+
+    exe = script(tmp_path, "llama-server", FLOOD)
+    sp = ServerProcess()
+    notices: list[str] = []
+    outcomes: list[LaunchOutcome] = []
+    sp.notice.connect(notices.append)
+    sp.finished.connect(outcomes.append)
+    t0 = time.monotonic()
+    sp.start(LaunchConfig(executable=str(exe), dialect=None, host=None, health_check=False))
+    qtbot.waitUntil(lambda: bool(outcomes), timeout=20_000)
+    assert time.monotonic() - t0 < 10
+    assert outcomes[0].state is ServerState.FAILED and outcomes[0].pid is None  # never started
+    assert any(f"cannot run {exe}: printed more than 4 MiB for --version" in n for n in notices), notices
+    sp.shutdown(2.0)
