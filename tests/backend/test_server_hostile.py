@@ -155,3 +155,27 @@ def test_the_windows_probe_of_a_flooding_program_stops_at_the_limit(qtbot: QtBot
     assert outcomes[0].state is ServerState.FAILED and outcomes[0].pid is None  # never started
     assert any(f"cannot run {exe}: printed more than 4 MiB for --version" in n for n in notices), notices
     sp.shutdown(2.0)
+
+
+@pytest.mark.parametrize(("kind", "line"), [
+    ("buffers", "load_tensors: CUDA{n} model buffer size = {i}.00 MiB"),
+    ("breakdown", "common_memory_breakdown_print: |   - Host{i}  |  1 = 2 + (3 = 4 + 5 + 6) + 7 |"),
+    ("info", "print_info: key{i} = {i}"),
+    ("oom", "ggml_backend_cuda_buffer_type_alloc_buffer: allocating {i}.00 MiB on device 0: "
+            "cudaMalloc failed: out of memory"),
+    ("devices", "llama_model_load_from_file_impl: using device CUDA{i} (NVIDIA X) (0000:01:00.0) - "
+                "1000 MiB free"),
+])
+def test_a_log_that_repeats_one_kind_of_line_keeps_a_bounded_report(kind: str, line: str) -> None:
+    """A server printing buffer, device, print_info or allocation-failure lines in a loop grew the
+    report without end, and distinct memory breakdown rows cost a copy of the table each: 20,000 took
+    5 s (quadratic). Each kind now keeps at most what a real load logs many times over."""
+    from offload_planner.backend.log_parser import LogAccumulator
+
+    acc = LogAccumulator()
+    t0 = time.perf_counter()
+    for i in range(30_000):
+        acc.feed(line.format(i=i, n=i % 8))
+    assert time.perf_counter() - t0 < 3
+    got = getattr(acc.report, kind)
+    assert 0 < len(got) <= 10_000  # a real load: dozens
