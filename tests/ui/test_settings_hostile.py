@@ -4,6 +4,8 @@ left out."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -53,3 +55,36 @@ def test_a_virtual_gpu_that_does_not_read_is_left_out(tmp_path: Path, entry: str
 def test_a_stored_margin_that_does_not_read_is_the_default_margin(tmp_path: Path, margin: str) -> None:
     s = settings_with(tmp_path, "devices", f'margins="{{\\"CPU\\": {margin}, \\"CUDA0\\": 5}}"')
     assert (s.margin_of("CPU"), s.margin_of("CUDA0")) == (keys.DEFAULT_MARGIN.default, 5)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX FIFOs")
+def test_a_settings_file_given_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """QSettings read the FIFO for ever: the window never opened (and --screenshot never ended)."""
+    from tests.support.cli import run_cli
+
+    fifo = tmp_path / "settings.ini"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    r = run_cli("gui", "--settings", str(fifo), "--screenshot", str(tmp_path / "x.png"), timeout=60)
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 2 and f"error: --settings '{fifo}': not a regular file (a FIFO)" in r.stderr
+
+
+@pytest.mark.skipif(sys.platform in ("win32", "darwin") or not hasattr(os, "mkfifo"),
+                    reason="the user's settings are an ini file in the XDG config folder here")
+def test_the_users_settings_file_as_a_fifo_is_said_and_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from offload_planner.ui import app
+
+    assert app._user_settings_path() == Settings().q.fileName()  # where QSettings reads, not opened
+    fifo = tmp_path / f"{keys.APPLICATION}.conf"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(app, "_user_settings_path", lambda: str(fifo))
+    settings, tmp = app._settings_for(None, None)
+    try:
+        assert tmp is not None and settings.q.fileName().startswith(tmp.name)
+        assert settings.get(keys.DEFAULT_CONTEXT) == keys.DEFAULT_CONTEXT.default
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    assert f"the settings file {fifo} is not a regular file (a FIFO)" in capsys.readouterr().err

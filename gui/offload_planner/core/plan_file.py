@@ -296,11 +296,12 @@ def require_regular_file(path: str | Path, what: str) -> os.stat_result:
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         raise PlanFileError(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise PlanFileError(f"{what} {path} is not a regular file ({_file_kind(st.st_mode)})")
+        raise PlanFileError(f"{what} {path} is not a regular file ({file_kind(st.st_mode)})")
     return st
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path that is no regular file is (its ``st_mode``), in words: 'a FIFO', 'a folder', ..."""
     for test, name in (
         (stat.S_ISFIFO, "a FIFO"),
         (stat.S_ISDIR, "a folder"),
@@ -325,7 +326,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise PlanFileError(f"cannot read {path}: not a regular file ({_file_kind(st.st_mode)})")
+            raise PlanFileError(f"cannot read {path}: not a regular file ({file_kind(st.st_mode)})")
         if st.st_size > MAX_FILE_BYTES:
             raise PlanFileError(f"{path}: {st.st_size:,} bytes; a plan file is at most {MAX_FILE_BYTES:,}")
         chunks: list[bytes] = []
