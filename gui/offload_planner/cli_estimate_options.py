@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.acceptance import Acceptance
+
+if TYPE_CHECKING:
+    from offload_planner.core.devices import DeviceSet
 
 DEFAULT_UB, DEFAULT_B = 512, 2048  # llama.cpp's -ub and -b defaults
 
@@ -27,6 +30,26 @@ def add_device_option(p: argparse.ArgumentParser, what: str = "declare a device"
                    "(physical cores), ghz=3.0 (base clock), isa=avx512_vnni (instruction set: avx2, "
                    "avx512, avx512_vnni, amx; default: this machine's); RPC: link=10Gb/s, threads=N (its "
                    "rpc-server's)")
+
+
+def usage_with_server_args(p: argparse.ArgumentParser) -> None:
+    """The usage line with what goes after ``--``: argparse's own stopped at ``model``, so `fit --help`
+    never showed where llama-server's arguments go (the README's usage lines end in
+    ``-- <llama-server arguments>``).  Call after every argument is added."""
+    if not isinstance(p, argparse.ArgumentParser):  # cli_fastparse's recorder: it prints no usage
+        return
+    usage = p.format_usage().removeprefix("usage: ").rstrip("\n").replace("%", "%%")
+    p.usage = f"{usage} -- <llama-server arguments>"
+
+
+def detection_note(message: str, devices: DeviceSet) -> str:
+    """The GPU detection's message as a note: "no NVIDIA driver found (...); declare GPUs with --device
+    CUDA0=24GiB" told a user who had declared them to do so; with declared GPUs it names them instead,
+    as the window's Devices pane does ("planning for the declared CUDA0")."""
+    declared = [g.name for g in devices.gpus if g.source == "declared"]
+    if not message or not declared or "; declare GPUs" not in message:
+        return message
+    return f"{message.split('; declare GPUs')[0]}: planning for the declared {', '.join(declared)}"
 
 
 def add_estimate_options(p: argparse.ArgumentParser) -> None:

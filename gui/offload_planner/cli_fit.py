@@ -32,7 +32,10 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "experts onto the GPUs layer by layer as far as each device's memory allows (minus its "
         "margin, 1 GiB by default), try larger -ub for prompt processing, and print the command, "
         "its memory table and its speed estimate beside the baselines.",
-        epilog="example: offload-planner fit model.gguf --device CUDA0=rtx3090 --device CPU=128GiB "
+        epilog="exit status: 0 a plan that fits was found (its command is the last line); 1 nothing fits "
+        "the devices (the closest plan's excess is said); 2 a refused command, file or option (the "
+        "message alone, on stderr). "
+        "example: offload-planner fit model.gguf --device CUDA0=rtx3090 --device CPU=128GiB "
         "--goal balanced -- -c 32768",
     )
     p.add_argument("model", help="GGUF path or URL (any shard of a split model)")
@@ -56,6 +59,9 @@ def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_estimate_options(p)
     p.set_defaults(func=run_fit, server_args=[])
+    from offload_planner.cli_estimate_options import usage_with_server_args
+
+    usage_with_server_args(p)
 
 
 def run_fit(args: argparse.Namespace) -> int:
@@ -128,7 +134,10 @@ def _run_fit(args: argparse.Namespace) -> int:
                           accept=args.spec_accept, allow_nkvo=args.allow_nkvo,
                           concurrent=True)  # llama.cpp's --fit on a second core beside the search
     if detection is not None and detection.message:  # e.g. no driver: the catalogue's figures are used
-        result.notes.insert(0, f"{detection.message} (GPU speed figures: declared or from the catalogue)")
+        from offload_planner.cli_estimate_options import detection_note
+
+        note = detection_note(detection.message, devices)
+        result.notes.insert(0, f"{note} (GPU speed figures: declared or from the catalogue)")
     result.notes[:0] = [str(w) for w in skipped_devices(parsed, devices.names)]  # ik: -dev names it skips
     result.notes[:0] = _override_notes(model, parsed, dialect)  # --override-kv: what the plans follow
     from offload_planner.cli_server_args import model_flag_note
@@ -161,6 +170,11 @@ def _run_fit(args: argparse.Namespace) -> int:
                             depth=args.depth)
         best_est = with_speculation(best_est, best.plan, hw, eff, placement=best.projection.placement,
                                     accept=args.spec_accept)
+    if best is not None:  # the window's Fastest plan says the same
+        from offload_planner.core.presets import held_by_rules_text
+
+        held = held_by_rules_text(best.plan)
+        result.notes += [held] if held else []
     if args.json:
         out: dict[str, object] = {"goal": args.goal, "candidates": rows, "notes": result.notes,
                                   "best": best_label}

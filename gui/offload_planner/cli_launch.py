@@ -224,7 +224,7 @@ class _Session:
         )
         server = ServerProcess()
         self.server = server
-        server.notice.connect(lambda text: self.say(text))
+        server.notice.connect(lambda text: self.say(_cli_words(text)))
         if not a.quiet:
             server.linesReceived.connect(self._print_lines)
         server.ready.connect(self._on_ready)
@@ -278,6 +278,18 @@ class _Session:
                                         rpc_endpoints=list(self.parsed.args.rpc_servers or []),
                                         declared=declared)
         return read.args
+
+    def _header_only_hint(self) -> str:
+        """Why a header-only file (the bundled demo, or a download of the header) did not load, and what
+        to launch instead: llama-server's own "data is not within the file bounds, model is corrupted or
+        incomplete" read as a damaged download ("" for a complete file, or one the arguments' -m
+        replaces)."""
+        if self.model is None or self.parsed is None or self.parsed.args.model is not None:
+            return ""
+        if not self.model.header_only:
+            return ""
+        return (f"{self.args.model} is header-only (the tensors' shapes, not their data): "
+                "llama-server needs the complete GGUF; launch that (plan, fit and inspect read this one)")
 
     def _projection(self) -> Projection | None:
         from offload_planner.backend import launch
@@ -427,6 +439,9 @@ class _Session:
                 self.say(f"llama-server ended before it listened (exit code {outcome.exit_code})")
             for e in exps:
                 self.say(e.text())
+            hint = self._header_only_hint()
+            if hint and not self.interrupted:
+                self.say(hint)
         elif outcome.state.value == "Failed" and not outcome.stopped:
             self._say_bench_cut()
             for e in outcome.explain(None):
@@ -466,6 +481,15 @@ class _Session:
 
 
 _Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+def _cli_words(notice: str) -> str:
+    """A launch note in the command's words: 'added -lv 4: ... (turn off "verbose log" to launch the
+    command exactly as written)' named the window's box, which a terminal has not; here it is
+    --no-verbose-log."""
+    from offload_planner.backend.launch.command import VERBOSE_OFF
+
+    return notice.replace(VERBOSE_OFF, "give --no-verbose-log")
 
 
 def _stop_signals() -> list[signal.Signals]:

@@ -62,6 +62,9 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="prompt length of the prompt-processing estimate (default 4096)")
     add_estimate_options(p)
     p.set_defaults(func=run_plan, server_args=[])
+    from offload_planner.cli_estimate_options import usage_with_server_args
+
+    usage_with_server_args(p)
 
 
 def _dialect(backend: str) -> Dialect:
@@ -124,7 +127,9 @@ def _devices(args: argparse.Namespace, rpc: list[str]) -> tuple[DeviceSet, str]:
     detection = detect_gpus() if not args.no_detect else None
     devices = build_device_set(cpu=cpu_device(declared), detected=detection.gpus if detection else [],
                                rpc_endpoints=rpc, declared=declared)
-    return devices, detection.message if detection is not None else ""
+    from offload_planner.cli_estimate_options import detection_note
+
+    return devices, detection_note(detection.message, devices) if detection is not None else ""
 
 
 def _fit_gave_up(summary: dict[str, object] | None, over: list[str], devices: DeviceSet) -> list[str]:

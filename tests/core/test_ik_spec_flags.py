@@ -81,6 +81,27 @@ def test_ik_refuses_a_quantized_draft_v_cache_without_flash_attention() -> None:
     assert check_semantics(idle, ["CPU"]) == []
 
 
+@pytest.mark.parametrize(("argv", "env", "flag"), [
+    (["-ctv", "q8_0", "-fa", "on", "-draft", "-fa off"], {}, "-draft"),  # inherited -ctv, ARGS' -fa off
+    (["-fa", "on", "--draft-params", "-ctv q8_0 -fa off"], {}, "--draft-params"),
+    (["-fa", "on", "-draft", "-fa off"], {"LLAMA_ARG_CACHE_TYPE_V": "q8_0"}, "-draft"),
+    (["-ctv", "q8_0", "-draft", "-c 512"], {"LLAMA_ARG_FLASH_ATTN": "0"}, None),  # the main's refusal
+    (["-ctvd", "q8_0", "-fa", "off", "-draft", "-fa on"], {}, None),  # ARGS turn it back on: loads
+    (["-ctvd", "q8_0", "-fa", "off"], {}, "-ctvd"),
+])
+def test_ik_checks_the_draft_v_cache_as_the_draft_params_leave_it(argv: list[str], env: dict[str, str],
+                                                                    flag: str | None) -> None:
+    """params_dft's V type and -fa are -ctvd (else -ctv) and the main -fa, then the environment and ARGS
+    (common/speculative.cpp 1946-1966); common_model_params_to_llama throws for a quantized V cache
+    without flash attention (common/common.cpp 4303-4305). The planner read -ctvd and the main -fa only:
+    it refused the fifth line, which loads, and planned the first three, which stop."""
+    parsed = parse_server_args(["-m", "x", "-md", "d", "--spec-type", "draft", *argv], dialect=IK, env=env)
+    assert not parsed.errors, parsed.errors
+    draft = [e for e in check_semantics(parsed, ["CPU"])
+             if e.message == "Quantized V cache cannot be used without flash attention"]
+    assert [e.flag for e in draft] == ([flag] if flag else []), draft
+
+
 def test_ik_accepts_a_draft_chain_and_drops_mtp_with_slots() -> None:
     assert _errors("-md d --spec-type ngram-mod --spec-type draft:n_max=4") == []
     assert _errors("--spec-ckpt-mode per-step") == []  # common.cpp 1587 (--recurrent-ckpt-mode's new name)

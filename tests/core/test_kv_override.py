@@ -17,7 +17,7 @@ from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.dialects import IK, LLAMA_CPP, Dialect
 from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.kv_override import atof, atol, csv_items, parse_item
+from offload_planner.core.kv_override import atof, atol, csv_items, overrides_in, parse_item
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import hardware_for
@@ -172,3 +172,19 @@ def test_ik_ser_is_said_to_do_nothing_in_current_builds() -> None:
     old = parse_server_args(["-ser", "6,1"], dialect=Dialect("ik_llama.cpp-2025"))
     assert old.ok and any("does not model it" in w.message for w in old.warnings)
     assert not any("does nothing" in w.message for w in old.warnings)
+
+
+def test_with_override_replaces_one_key_and_keeps_the_rest() -> None:
+    from offload_planner.core.kv_override import with_override
+
+    key = "qwen3moe.expert_used_count"
+    args = ["-t", "8", "--override-kv", f'{key}=int:2,"a=str:x,y"', "--jinja",
+            "--override-kv", f"{key}=int:6"]
+    out = with_override(args, key, f"{key}=int:4", csv=True)
+    assert out == ["-t", "8", "--override-kv", '"a=str:x,y"', "--jinja", "--override-kv", f"{key}=int:4"]
+    # read back as llama-server reads it: the other item intact, one override of the key
+    assert parse_server_args(out).ok
+    assert [o.item for o in overrides_in(out, True)] == ["a=str:x,y", f"{key}=int:4"]
+    assert with_override(out, key, None, csv=True) == ["-t", "8", "--override-kv", '"a=str:x,y"', "--jinja"]
+    ik = with_override(["-okv", f"{key}=int:2", "-okv", "b=int:1"], key, None, csv=False)
+    assert ik == ["-okv", "b=int:1"]

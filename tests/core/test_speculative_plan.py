@@ -100,3 +100,22 @@ def test_plan_prints_the_extra_context(model: str, args: list[str], label: str,
     (extra,) = out["extras"]
     owned = [b for d in out["devices"] for b in d["buffers"] if b.get("owner") == extra["key"]]
     assert sum(b["bytes"] for b in owned) == sum(sum(k.values()) for k in extra["devices"].values())
+
+
+def test_saved_ik_plan_keeps_a_draft_params_model(small_models: dict[str, Path], tmp_path: Path) -> None:
+    """ik's ``-draft "-m FILE"`` (no -md) is the draft the plan projects; a saved plan reopens it with the
+    main command line ik copies for the draft (its -c), not from the kept flags alone (the draft then
+    took its trained context: 24.6 MiB on CUDA0 and CPU together where the plan had 19.1)."""
+    from offload_planner.core.dialects import Dialect
+
+    ik = Dialect("ik_llama.cpp")
+    argv = ["-c", "2048", "--spec-type", "draft", "-draft", f"-m {small_models['llama-draft']} -ngl 0"]
+    parsed = parse_server_args(argv, dialect=ik)
+    plan = plan_from_args(open_model(small_models["llama"]), _devices(), parsed, ik)
+    assert [e.key for e in plan.projection().extras] == [DRAFT]
+    path = tmp_path / "p.plan.json"
+    save_plan(path, PlanFile.of(plan))
+    again, notes = load_plan(path).to_plan(plan.model)
+    assert notes == [] and plan_command(again) == plan_command(plan)
+    for dm in plan.projection().devices:
+        assert again.projection().device(dm.device.name).total() == dm.total(), dm.device.name

@@ -38,3 +38,24 @@ def test_ik_skips_a_name_it_has_no_device_of_and_says_so(small_models: dict[str,
     [warning] = skipped_devices(parsed, devices.names)
     quoted = re.findall(r'"([^"]*backend not available\.)"', warning.message)
     assert quoted == logged, warning
+
+
+def test_ik_cpu_build_takes_its_cpu_twice_as_once(small_models: dict[str, Path]) -> None:
+    """``-dev CPU,CPU`` on ik's CPU build: both mentions enter ``model->devices`` (the log names the
+    device twice) but the context reorders no GPU backend (src/llama.cpp 8458-8467), so the buffers are
+    ``-dev CPU``'s and the planner takes it (a GPU named twice is refused:
+    tests/core/test_dev_repeated.py)."""
+    require_ik()
+    reports = {devs: measure(small_models["llama"], 0, [{"n_ctx": 512}],
+                             model_params={"devices": devs, "n_gpu_layers": 99})
+               for devs in ("CPU", "CPU,CPU")}
+    for devs, report in reports.items():
+        assert report.loaded and report.contexts[0].created, report.stdout[-2000:]
+        using = [ln for ln in report.load_lines if ln.startswith("CPU: using device CPU")]
+        assert len(using) == devs.count("CPU"), report.load_lines
+    once, twice = reports["CPU"], reports["CPU,CPU"]
+    assert once.weights_mib == twice.weights_mib
+    first, second = once.contexts[0], twice.contexts[0]
+    assert (first.kv_mib, first.compute_mib) == (second.kv_mib, second.compute_mib)
+    parsed = parse_server_args(["-dev", "CPU,CPU", "-ngl", "99"], dialect=IK)
+    assert not parsed.errors and not check_semantics(parsed, cpu_only().names, dialect=IK)

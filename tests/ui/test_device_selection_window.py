@@ -62,17 +62,47 @@ def test_problems_say_devd_without_a_draft_is_ignored(qtbot: QtBot, tmp_path: Pa
                      "llama-server reads the draft's devices only when it loads one"], notes
 
 
-def test_problems_say_an_ik_draft_params_model_is_not_projected(qtbot: QtBot, tmp_path: Path) -> None:
-    """ik's ``-draft "-m FILE"`` loads FILE as the draft model; the plan projects none: a pasted command
-    says so."""
+def test_problems_say_an_ik_draft_params_model_is_the_draft_projected(
+    qtbot: QtBot, tmp_path: Path, small_models: dict[str, Path]
+) -> None:
+    """ik's ``-draft "-m FILE"`` loads FILE as the draft model; the plan projects it (it projected none,
+    and said so): a pasted command says where the draft comes from."""
     win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
                       SystemInfo.probe([parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]))
     open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
     win.doc.set_dialect("ik_llama.cpp", "ik_llama.cpp")
+    d = small_models["llama-draft"]
     assert win.command_pane.apply_command_text(
-        "llama-server -m x.gguf -c 4096 -ngl 99 --spec-type draft -draft '-m d.gguf'")
+        f"llama-server -m x.gguf -c 4096 -ngl 99 --spec-type draft -draft '-m {d}'")
     wait_projected(qtbot, win)
-    notes = [text for kind, text in win.problems.problems() if kind == "note" and "d.gguf" in text]
-    assert notes == ['pasted command: -draft "-m d.gguf": ik loads d.gguf as the draft model (the -m '
-                     "inside -draft wins over -md); the plan projects no draft model, so the draft's memory "
-                     "and speed are not those of this file"], notes
+    notes = [text for kind, text in win.problems.problems() if kind == "note" and "ik loads" in text]
+    assert notes == [f'pasted command: -draft "-m {d}": ik loads {d} as the draft model (the -m inside '
+                     "-draft wins over -md); the plan projects it"], notes
+    spec = win.doc.plan.spec
+    assert spec is not None and spec.draft is not None and spec.draft.model.path == str(d)
+
+
+def test_a_gpu_named_twice_is_two_devices_then_refused_after_switching_to_ik(qtbot: QtBot,
+                                                                              tmp_path: Path) -> None:
+    """The pinned build takes ``-dev CUDA0,CUDA0`` as two model devices (a note says what that does);
+    switched to ik_llama.cpp, which would free the one backend twice, the plan says it is not planned
+    (the note of the pinned build's behaviour went with it; it stayed before)."""
+    win = make_window(qtbot, Settings.at(str(tmp_path / "s.ini")),
+                      SystemInfo.probe([parse_device_decl("CUDA0=24GiB"), parse_device_decl("CUDA1=24GiB")]))
+    open_and_wait(qtbot, win, RES / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+    assert win.command_pane.apply_command_text(
+        "llama-server -m x.gguf -c 4096 -ngl 99 -dev CUDA0,CUDA0 -fit off")
+    wait_projected(qtbot, win)
+
+    def said() -> list[tuple[str, str]]:
+        return [(kind, text) for kind, text in win.problems.problems()
+                if "CUDA0 2 times" in text or "twice" in text]
+
+    [(kind, text)] = said()
+    assert kind == "note" and text.startswith("-dev CUDA0,CUDA0: llama.cpp takes CUDA0 2 times"), text
+    win.doc.set_dialect("ik_llama.cpp", "ik_llama.cpp")
+    wait_projected(qtbot, win)
+    [(kind, text)] = said()
+    assert kind != "note", (kind, text)
+    assert text.startswith("-dev CUDA0,CUDA0 names CUDA0 twice: ik_llama.cpp"), text
+    assert "double free" in text

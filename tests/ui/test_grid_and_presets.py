@@ -152,3 +152,29 @@ def test_llama_fit_preset_runs_what_the_default_fit_would(demo_path: Path) -> No
     assert attn == {"CUDA0"}
     again, _ = presets.llama_fit(fitted)
     assert again.placement().tensor_devices() == fitted.placement().tensor_devices(), "a fixed point"
+
+
+def test_over_capacity_warning_on_a_mac_where_nothing_fits_names_no_preset(demo_path: Path) -> None:
+    """DeepSeek-V3 (379 GiB with its context) on a 64 GiB Mac: what Fill would send to the CPU lands
+    in the same RAM, so Fill moves nothing; the MTL0 line suggested it anyway. It now says what helps,
+    in the Memory pane's words (ui.nothing_fits); with more RAM the line names Fill again."""
+    from offload_planner.ui.projector import window_analysis as analyse
+
+    model = open_model(demo_path)
+
+    def mac(gib: int, gpu_gib: int) -> Plan:
+        cpu = Device("CPU", DeviceKind.CPU, gib * GiB, gib * GiB)
+        devices = DeviceSet(cpu, (parse_device_decl(f"MTL0=m2max,{gpu_gib}GiB"),))
+        return plan_from_args(model, devices, argparse.Namespace(ctx_size=8192))
+
+    plan = mac(64, 64)
+    assert presets.fill_with_experts(plan, plan.placement(), plan.projection(), "MTL0") == {}
+    (warning,) = [w for w in analyse(plan).warnings if w.startswith("MTL0 is over capacity")]
+    assert "Fill MTL0 with routed experts" not in warning, warning
+    assert ": no placement fits: CPU + MTL0 share one RAM and together take more than it, by " in warning
+    assert ("so Presets ▸ Fill, Fastest plan or moving layers cannot help. What helps: a smaller quant"
+            in warning)
+    roomy = mac(512, 192)  # 512 GiB of RAM take the experts: Fill is the way out again
+    (warning,) = [w for w in analyse(roomy).warnings if w.startswith("MTL0 is over capacity")]
+    assert warning.endswith(": Presets ▸ Fill MTL0 with routed experts keeps as many expert layers there "
+                            "as fit and sends the rest to the CPU"), warning

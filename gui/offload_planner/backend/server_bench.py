@@ -89,6 +89,8 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback server we started
             payload = _read_all(resp, url, deadline)
+    except urllib.error.HTTPError as e:
+        raise BenchError(_refusal(url, e, body)) from None
     except (urllib.error.URLError, TimeoutError, OSError) as e:
         raise BenchError(f"{url}: no answer to the benchmark request ({e})") from None
     except ValueError as e:  # the address the server's log gave is none (http.client.InvalidURL too)
@@ -100,6 +102,27 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     if not isinstance(out, dict):
         raise BenchError(f"{url}: the answer is not a JSON object")
     return out
+
+
+def _refusal(url: str, e: urllib.error.HTTPError, body: dict[str, Any]) -> str:
+    """A request llama-server answered with an error status, in its own words and with what to do:
+    "HTTP Error 400: Bad Request" alone left a context too small for the bench's request (-c 512:
+    "request (512 tokens) exceeds the available context size") without a word of why."""
+    from offload_planner.backend.log_lines import printable
+
+    said = ""
+    try:
+        err = json.loads(e.read(1 << 16)).get("error", {})
+        said = printable(str(err.get("message", "")))[:300] if isinstance(err, dict) else ""
+        kind = err.get("type", "") if isinstance(err, dict) else ""
+    except (OSError, ValueError, AttributeError, RecursionError):
+        kind = ""
+    text = f"{url}: llama-server refused the benchmark request (HTTP {e.code}{': ' + said if said else ''})"
+    if kind == "exceed_context_size_error":
+        need = len(body.get("prompt", [])) + int(body.get("n_predict", 0))
+        text += (f"; its {len(body.get('prompt', []))}-token prompt and {body.get('n_predict')} generated "
+                 f"tokens need a context of {need} tokens a slot: raise -c (it is shared by the -np slots)")
+    return text
 
 
 def _timings(url: str, answer: dict[str, Any]) -> MeasuredSpeed:

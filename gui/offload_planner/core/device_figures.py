@@ -54,8 +54,9 @@ class DeviceFigures:
         return cls(d.name, d.description, kinds, sum(n for _, n in kinds), d.capacity, d.margin, unread)
 
 
-#: Window text appended to a device's over-capacity warning (the preset that fixes it), or "".
-CapacityHint = Callable[[DeviceMemory], str]
+#: Window text appended to a device's over-capacity warning (the preset that fixes it, or what helps
+#: where none does), or "": given the device and the whole projection.
+CapacityHint = Callable[[DeviceMemory, Projection], str]
 
 
 def capacity_warnings(projection: Projection, hint: CapacityHint | None = None) -> list[str]:
@@ -69,7 +70,7 @@ def capacity_warnings(projection: Projection, hint: CapacityHint | None = None) 
             margin = f" + {fmt_bytes(f.margin)} margin" if f.margin else ""
             out.append(
                 f"{f.name} is over capacity by {fmt_bytes(f.over)} ({fmt_bytes(f.used)} projected{margin} "
-                f"> {fmt_bytes(f.capacity)}){hint(dm) if hint is not None else ''}"
+                f"> {fmt_bytes(f.capacity)}){hint(dm, projection) if hint is not None else ''}"
             )
     return out
 

@@ -191,9 +191,27 @@ def device_selection(popts: PlacementOptions, devices: DeviceSet, dialect: Diale
     if popts.selected is None:
         return []
     left = [g.name for g in devices.gpus if g.name not in popts.selected]
-    if not left:
-        return []
     chosen = ",".join(dialect.dev_name(d) for n in popts.selected if (d := devices.by_name(n))) or "none"
-    uses = f"{', '.join(popts.selected)} only" if popts.selected else "no GPU"
-    return [f"-dev {chosen}: llama-server uses {uses}; {', '.join(left)} "
-            f"{'holds' if len(left) == 1 else 'hold'} nothing of the model"]
+    once = list(dict.fromkeys(popts.selected))
+    uses = f"{', '.join(once)} only" if popts.selected else "no GPU"
+    out = [f"-dev {chosen}: llama-server uses {uses}; {', '.join(left)} "
+           f"{'holds' if len(left) == 1 else 'hold'} nothing of the model"] if left else []
+    if dialect.refuses_repeated_devices:  # ik: its own warning (Dialect.warnings)
+        return out
+    return out + [repeated_device_note(chosen, n, popts.selected.count(n), dialect.fits_by_default)
+                  for n in once if popts.selected.count(n) > 1]
+
+
+def repeated_device_note(chosen: str, name: str, times: int, fits: bool = False) -> str:
+    """A device ``-dev`` names more than once (the pinned build; ik's is refused: cmdline.semantics):
+    llama.cpp keeps every mention in the model's devices and starts a backend for each; ``fits``: the
+    build's ``--fit`` (whose dry runs measure the device once per mention, each seeing all of its
+    buffers: llama-fit-params with ``-dev RPC0,RPC0`` kept 5 layers where the planner's fit keeps 3)."""
+    fit = (f"; --fit measures {name} once per mention, each seeing everything on it, which the planner's "
+           "fit does not model: with --fit on, what it changes is not projected exactly" if fits else "")
+    return (f"-dev {chosen}: llama.cpp takes {name} {times} times as the model's devices "
+            "(llama_prepare_model_devices keeps every mention, src/llama.cpp 180-183) and starts a backend "
+            "for each (llama-context.cpp 336-342): -ts gives each mention a share, every share lands on "
+            f"{name}; with every layer and the KV cache offloaded and no -ot, more than one model "
+            "device turns pipeline parallelism on (llama-context.cpp 432-459: the compute buffers hold 4 "
+            f"copies of the graph inputs){fit}")

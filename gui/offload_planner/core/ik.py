@@ -22,6 +22,7 @@ Read from ik's source (``src/llama.cpp``: ``llm_prepare_mla``, ``llama_kv_cache_
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 from offload_planner.core.ggml_types import GGMLType, type_by_name
@@ -166,3 +167,24 @@ def split_mode_warnings(model: Model, split_mode: str, n_gpus: int,
                 "split mode to 'layer' (it says so at load); projected as a layer split, as ik runs it"]
     return [f"-sm {split_mode}: ik_llama.cpp spreads each layer's tensors over the GPUs (tensor "
             "parallel); not modelled here: the per-GPU figures are those of -sm layer with the same -ts"]
+
+
+def repeated_gpu(names: Sequence[str], offload: Container[str] | None = None) -> str | None:
+    """The first name a ``-dev`` list gives twice (among ``offload``, the build's offload devices, when
+    given), or None."""
+    return next((n for i, n in enumerate(names) if n in names[:i] and (offload is None or n in offload)),
+                None)
+
+
+def repeated_device_refusal(flag: str, value: str, name: str) -> str:
+    """Why the plan refuses a ``-dev``/``-devd`` list naming an ik GPU twice: ik adds it to
+    ``model->devices`` once per mention (src/llama.cpp 7822-7826 at 8337e4cd), the context's device names
+    likewise (8076-8081), the backends reordered by those names then hold the same backend object twice
+    (8458-8467: ``ggml_backend_by_name`` returns the one it has) and ``~llama_context`` frees each entry
+    (858-869: ``ggml_backend_free``, a double free); the layer split counts the device's free memory once
+    per entry as well (4331-4365)."""
+    return (f"{flag} {value} names {name} twice: ik_llama.cpp adds it to the model's devices once per "
+            f"mention and its context then holds the same {name} backend twice, which it frees twice when "
+            "the server frees the context (src/llama.cpp: model->devices 7822-7826, the backends reordered "
+            "by name 8458-8467, ~llama_context 867-869): a double free, undefined behaviour, not planned; "
+            "its layer split also counts the device's free memory once per mention")

@@ -149,10 +149,17 @@ def text_report(model: Model, *, layers: bool = True) -> str:
 def _layer_table(model: Model) -> list[str]:
     unit, scale = _unit(model)
     heads = [name for name, _ in LAYER_COLUMNS]
-    lines = ["  layer   " + " ".join(f"{h:>9}" for h in heads) + f"     total  ({unit})"]
-    for t in model.tensors:
-        if t.layer is None:
-            lines.append(f"  {t.role.label:<18} {t.name} {t.type.name} {_cell(t.nbytes, scale)}")
+    # the tensors outside the layers in a table of their own: printed under the layer table's header,
+    # their name, type and size ran across its columns
+    outside = [t for t in model.tensors if t.layer is None]
+    lines: list[str] = []
+    if outside:
+        w = max(len(t.name) for t in outside)
+        lines.append(f"  {'outside the layers':<18} {'tensor':<{w}} {'type':<6} {'size':>9}  ({unit})")
+        lines += [f"  {t.role.label:<18} {t.name:<{w}} {t.type.name:<6} {_cell(t.nbytes, scale)}"
+                  for t in outside]
+        lines.append("")
+    lines.append("  layer   " + " ".join(f"{h:>9}" for h in heads) + f"     total  ({unit})")
     rows = _per_layer(model)
     for k in sorted(k for k in rows if k is not None):
         row = rows[k]

@@ -61,6 +61,9 @@ class KvOverride:
         return self.item
 
 
+_KEYLESS = KvOverride("", "str", "", "")  # an item llama-server refuses: no key of its own
+
+
 def csv_items(text: str) -> list[str]:
     """``parse_csv_row`` (pinned ``common/arg.cpp``): commas split, a field starting with ``"`` is quoted
     (``""`` inside is one quote); a quote elsewhere is literal."""
@@ -156,6 +159,29 @@ def command_overrides(parsed: object, csv: bool) -> tuple[KvOverride, ...]:
     return tuple(out)
 
 
+def csv_field(item: str) -> str:
+    """An item as ``parse_csv_row`` reads it back: quoted when it holds a comma or a quote."""
+    return '"' + item.replace('"', '""') + '"' if ("," in item or '"' in item) else item
+
+
+def with_override(args: Sequence[str], key: str, item: str | None, csv: bool) -> list[str]:
+    """``args`` (a plan's kept flags) with every override of ``key`` taken out of its ``--override-kv``
+    flags (a flag left empty goes) and, unless ``item`` is None, ``--override-kv ITEM`` at the end."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if flag in FLAGS and i + 1 < len(args):
+            kept = [it for it in items_of(args[i + 1], csv) if (parse_item(it)[0] or _KEYLESS).key != key]
+            if kept:
+                out += [flag, ",".join(csv_field(it) for it in kept) if csv else kept[0]]
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    return out + (["--override-kv", item] if item is not None else [])
+
+
 def first_per_key(overrides: Sequence[KvOverride]) -> dict[str, KvOverride]:
     """The override the loader uses for each key: the first (``std::map::insert`` keeps it)."""
     out: dict[str, KvOverride] = {}
@@ -209,6 +235,12 @@ def loaded(model: Model, overrides: Sequence[KvOverride]) -> Model:
         known[key] = base if load_error(derived) is not None else derived
         _BASE[derived] = base
     return known[key]
+
+
+def overridable_experts(model: Model) -> bool:
+    """The file holds ``<arch>.expert_used_count`` as one number: the form an override replaces."""
+    held = file_model(model).metadata.get(f"{model.arch}.expert_used_count")
+    return isinstance(held, int) and not isinstance(held, bool)
 
 
 def refusal(model: Model, overrides: Sequence[KvOverride]) -> str:

@@ -172,6 +172,22 @@ def unified_over(projection: Projection) -> int:
     return max(0, held[0] - cap) if held is not None and cap is not None else 0
 
 
+def ram_sharers(projection: Projection) -> str:
+    """``CPU + MTL0``: the devices of a Mac's one memory, the CPU first."""
+    rows = sorted(projection.devices, key=lambda dm: dm.device.is_gpu)
+    kinds = (DeviceKind.CPU, DeviceKind.METAL)
+    return " + ".join(dm.device.name for dm in rows if dm.device.kind in kinds)
+
+
+def no_placement_fits(projection: Projection) -> int:
+    """Bytes a Mac's CPU and Metal GPUs together take beyond its RAM (:func:`unified_over`) when those
+    GPUs are the only ones: what moves off a Metal GPU lands in the same RAM, so no placement fits
+    (Fill, the Fastest plan and moving layers cannot help); 0 when another GPU could take some."""
+    if any(dm.device.is_gpu and dm.device.kind is not DeviceKind.METAL for dm in projection.devices):
+        return 0
+    return unified_over(projection)
+
+
 def unified_note(projection: Projection) -> str:
     """The note on a Mac's plan where the CPU's mapped tensors lie inside a Metal GPU's mapped span (which
     bytes the table counts twice) or the devices together take more than the RAM: what the devices take

@@ -1,7 +1,7 @@
 """Pure plan transformations behind the undo commands: each returns a new Plan, never mutates.
 
 Qt-free. Option keys are ``"context.<ContextParams field>"`` or ``"placement.<PlacementOptions
-field>"``.
+field>"``, or :data:`EXPERTS_USED` (the experts a token runs: an ``--override-kv`` the plan keeps).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from offload_planner.core.plan import Plan
 
 CONTEXT = "context"
 PLACEMENT = "placement"
+#: the experts each token runs: ``--override-kv <arch>.expert_used_count=int:N`` (core.kv_override)
+EXPERTS_USED = "model.expert_used_count"
 
 
 def normalized_moves(
@@ -39,11 +41,15 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def option_value(plan: Plan, key: str) -> Any:
+    if key == EXPERTS_USED:
+        return plan.model.summary.n_expert_used
     section, name = _split(key)
     return getattr(plan.context if section == CONTEXT else plan.placement_options, name)
 
 
 def with_option(plan: Plan, key: str, value: Any) -> Plan:
+    if key == EXPERTS_USED:
+        return with_experts_used(plan, int(value))
     section, name = _split(key)
     if section == CONTEXT:
         ctx = replace(plan.context, **{name: value})
@@ -57,6 +63,17 @@ def with_option(plan: Plan, key: str, value: Any) -> Plan:
             return plan
         return replace(plan, placement_options=popts, mmap_off_by_overrides=False)
     return replace(plan, placement_options=popts)
+
+
+def with_experts_used(plan: Plan, n: int) -> Plan:
+    """The plan with ``n`` experts a token (its ``--override-kv`` of ``<arch>.expert_used_count``
+    replaced; none where ``n`` is the file's own count)."""
+    from offload_planner.core.kv_override import file_model, with_override
+
+    model = file_model(plan.model)
+    key = f"{model.arch}.expert_used_count"
+    item = None if n == model.summary.n_expert_used else f"{key}=int:{n}"
+    return replace(plan, extra_args=with_override(plan.extra_args, key, item, plan.dialect.kv_override_csv))
 
 
 def with_dialect(plan: Plan, dialect: Dialect) -> Plan:

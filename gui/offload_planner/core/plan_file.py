@@ -155,10 +155,15 @@ class PlanFile:
         from offload_planner.core.engine import placement_options
 
         argv = plan.extra_args
-        if self.dialect.draft_inherits_main_args and any(a in ("-md", "--model-draft") for a in argv):
+        if self.dialect.draft_inherits_main_args and any(a in _DRAFT_LOADING for a in argv):
             argv = plan_command(plan)  # ik loads the draft with the main command line (-ot, -ctk, -c, ...)
         plan.spec, spec_notes = spec_from_argv(self.devices, argv, self.dialect, placement_options)
         return plan, notes + spec_notes
+
+
+#: ik's flags that name a draft model to load: -md, or -draft "ARGS" whose -m may
+#: (core.speculative.draft_location)
+_DRAFT_LOADING = ("-md", "--model-draft", "-draft", "--draft-params")
 
 
 # --- writing -----------------------------------------------------------------------------------

@@ -217,3 +217,22 @@ def llama_fit(plan: Plan) -> tuple[Plan, FitResult]:
     f_popts, f_ctx = result.apply(popts, plan.context, plan.model.summary.n_layer,
                                   has_gpu=bool(plan.devices.gpus))
     return replace(plan, placement_options=f_popts, context=f_ctx, moves={}), result
+
+
+def held_by_rules(plan: Plan) -> tuple[int, list[str]]:
+    """The routed-expert tensors the command's own ``-ot`` rules place, and the devices they put them on
+    (0, [] where none): a search that keeps the user's rules (the window's Fastest plan, ``fit``) leaves
+    them there, so ``-ot exps=CPU`` keeps every expert on the CPU however much room the GPUs have."""
+    held = [p for p in plan.placement().items if p.tensor.role.is_routed_expert and p.rule.startswith("-ot ")]
+    return len(held), sorted({p.device or CPU for p in held})
+
+
+def held_by_rules_text(plan: Plan) -> str:
+    """"48 routed-expert tensors stay on CPU by the command's -ot rules (the search keeps your rules:
+    remove one to let it place those experts)"; "" where the rules hold none."""
+    n, on = held_by_rules(plan)
+    if not n:
+        return ""
+    return (f"{n} routed-expert tensors stay on {', '.join(on)} by the command's -ot rules (the search keeps "
+            "your rules: remove one to let it place those experts)")
+

@@ -156,7 +156,8 @@ def draft_devices(devices: DeviceSet, names: list[str] | None, dialect: Dialect 
     if not names:
         return devices
     chosen = Dialect(dialect).selected_gpus(names, devices.gpus) or ()
-    gpus = tuple(g for n in chosen if (g := devices.by_name(n)) is not None)
+    # a device named twice is one device (its second mention is the draft's -devd list: the placement)
+    gpus = tuple(g for n in dict.fromkeys(chosen) if (g := devices.by_name(n)) is not None)
     return DeviceSet(devices.cpu, gpus, reported_order=True)
 
 
@@ -177,7 +178,7 @@ def spec_settings(devices: DeviceSet, args: Any, dialect: Dialect, placement_opt
     dargs = dialect.draft_server_args(inner, d, bool(d.devices) and len(ddev.gpus) == 1)
     type_k, type_v = dialect.draft_cache_types(dargs, d)
     draft = None
-    if draft_model is not None and d.model:
+    if draft_model is not None:  # -md, or ik's -draft "-m FILE" (load_spec)
         # as parsed arguments: the dialect's effective -ot list (ik's --n-cpu-moe, from the draft's layers)
         popts = placement_options(draft_model, ddev, ParsedArgs(dialect, args=dargs), dialect)
         draft = DraftSettings(draft_model, ddev, popts, type_k, type_v, dialect.draft_n_ctx(inner, dargs, d),
@@ -253,9 +254,20 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
 def load_spec(devices: DeviceSet, args: Any, dialect: Dialect,
               placement_options: PlacementOf) -> SpecSettings:
     """:func:`spec_settings` with the ``-md`` file opened (a :class:`GGUFError` names a bad one)."""
-    d = _draft_args(args)
-    draft = open_draft(d.model) if d is not None and d.model else None
+    location = draft_location(args, dialect)
+    draft = open_draft(location) if location else None
     return spec_settings(devices, args, dialect, placement_options, draft)
+
+
+def draft_location(args: Any, dialect: Dialect) -> str | None:
+    """The draft model file the server loads: ``-md``, or ik's ``-draft "-m FILE"`` over it
+    (:func:`~offload_planner.core.cmdline.ik_draft_params.loaded_draft_model`)."""
+    from offload_planner.core.cmdline.ik_draft_params import loaded_draft_model
+
+    d = _draft_args(args)
+    if d is None or not d.params:
+        return d.model if d is not None else None
+    return loaded_draft_model(ParsedArgs(Dialect(dialect), args=getattr(args, "args", args)))
 
 
 def open_draft(location: str) -> Model:

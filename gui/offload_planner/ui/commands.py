@@ -75,6 +75,28 @@ class SetOption(QUndoCommand):
         self._holder.set_plan(plan_edits.with_option(self._holder.plan, self.key, self._old))
 
 
+class SetOptions(QUndoCommand):
+    """Change several options in one step (``-ub`` with the ``-b`` that must follow it)."""
+
+    def __init__(self, holder: PlanHolder, values: Mapping[str, Any], text: str) -> None:
+        super().__init__(text)
+        self._holder = holder
+        self._new = dict(values)
+        self._old = {k: plan_edits.option_value(holder.plan, k) for k in values}
+
+    def _apply(self, values: Mapping[str, Any]) -> None:
+        plan = self._holder.plan
+        for key, value in values.items():
+            plan = plan_edits.with_option(plan, key, value)
+        self._holder.set_plan(plan)
+
+    def redo(self) -> None:
+        self._apply(self._new)
+
+    def undo(self) -> None:
+        self._apply(self._old)
+
+
 class SetDialect(QUndoCommand):
     """Switch the backend.  The dialect also resets what it decides (ik's -mla default, CPU_REPACK):
     undo puts the plan before the switch back (the commands after it are undone first)."""

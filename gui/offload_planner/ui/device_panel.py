@@ -122,6 +122,9 @@ class DeviceListModel(QAbstractTableModel):
             parts = [f"<b>{d.name}</b> {d.description}", f"source: {d.source}"]
             if d.total is not None:
                 parts.append(f"total {fmt_bytes(d.total)}")
+            elif d.capacity is None:  # an --rpc server: its memory is not asked of it
+                parts.append("size unknown (?): double-click Size to type it (on the command line: "
+                             f"--device {d.name}=SIZE), and the bars say whether the plan fits it")
             if d.free is not None:
                 parts.append(f"free {fmt_bytes(d.free)}")
             parts.append(f"margin {fmt_bytes(d.margin)}")

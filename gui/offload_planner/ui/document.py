@@ -231,6 +231,11 @@ class PlanDocument(QObject):
         if self.has_plan and plan_edits.option_value(self.plan, key) != value:
             self.push(commands.SetOption(self, key, value, label))
 
+    def set_options(self, values: dict[str, object], text: str) -> None:
+        """Several options in one undo step (``text`` names it)."""
+        if self.has_plan and any(plan_edits.option_value(self.plan, k) != v for k, v in values.items()):
+            self.push(commands.SetOptions(self, values, text))
+
     def set_dialect(self, dialect: Dialect, label: str) -> None:
         if self.has_plan and self.plan.dialect != dialect:
             self.push(commands.SetDialect(self, dialect, label))

@@ -52,6 +52,7 @@ from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.kv_override import file_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import MiB
@@ -296,7 +297,8 @@ class LauncherPanel(QWidget):
         A launch in progress keeps the plan it was started with; explanations of an earlier launch of
         another model are cleared."""
         previous, self._plan = self._plan, plan
-        if self._run is None and (plan is None or previous is None or previous.model is not plan.model):
+        if self._run is None and (plan is None or previous is None
+                                  or file_model(previous.model) is not file_model(plan.model)):
             self._show_explanations([])
             self.notes.clear()
             self.notes.hide()

@@ -37,7 +37,7 @@ from PySide6.QtWidgets import (
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.new_plan import demo_devices, demo_plan, model_summary, new_plan
@@ -90,7 +90,10 @@ HELP_TEXT = (
     "tokens/s (the speed line under Memory follows every edit).\n"
     "Drag the selection onto a device in Devices or a bar in Memory to move it.\n"
     "Keys: 0 = CPU, 1-9 = the n-th GPU, Del = back to the command's placement.\n"
-    "Presets → Fastest plan: the fastest placement that fits; the Speed tab: -ub against memory.\n"
+    "Presets → Fastest plan: the fastest placement that fits, for a request of a 4096-token prompt and "
+    "a 512-token answer; the Speed tab: -ub against memory.\n"
+    "Launch tab: run llama-server on the plan and compare what it allocates; its Bench measures the "
+    "speed and calibrates the estimate for this machine.\n"
     "Every edit can be undone (Ctrl+Z)."
 )
 
@@ -115,9 +118,14 @@ def no_gpu_notice(why: str, devices: DeviceSet) -> str:
     """The Devices notice on a machine where no GPU was detected: why, and what the plan is for, the
     GPUs declared (--device, + Virtual GPU…) or the CPU alone.  It said only "No GPU detected: no
     NVIDIA driver found." beside a list of declared GPUs the plan put layers on."""
-    gpus = [g.name for g in devices.gpus]
+    gpus = [g.name for g in devices.gpus if g.kind is not DeviceKind.RPC]
+    rpc = [g.name for g in devices.gpus if g.kind is DeviceKind.RPC]  # from --rpc, not declared
+    servers = f"the --rpc servers {', '.join(rpc)}" if rpc else ""
     if gpus:
-        return f"No GPU detected ({why}): planning for the declared {', '.join(gpus)}."
+        return (f"No GPU detected ({why}): planning for the declared {', '.join(gpus)}"
+                + (f" and {servers}." if servers else "."))
+    if servers:
+        return f"No GPU detected ({why}): planning for {servers}."
     return f"No GPU detected ({why}): planning for the CPU alone."
 
 

@@ -27,13 +27,13 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from offload_planner.core.device_figures import BUFFER_KINDS, DeviceFigures, counted
-from offload_planner.core.devices import DeviceKind
 from offload_planner.core.extra_context import DRAFT, MTP
-from offload_planner.core.mapped_span import unified_over
+from offload_planner.core.mapped_span import no_placement_fits, ram_sharers, unified_over
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
+from offload_planner.ui.nothing_fits import nothing_fits_text
 from offload_planner.ui.palette import (
     ACTUAL_COLOR,
     OVER_COLOR,
@@ -77,10 +77,7 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: 
     ``nothing_fits``: by how many bytes, when they are all the devices there are: no placement fits
     (what moves off a Metal GPU lands in the same RAM), so no placement preset is suggested."""
     if nothing_fits and shared_ram:
-        return (f"What next: no placement fits: {shared_ram} share one RAM and together take more than it, "
-                f"by {nothing_fits / GiB:.1f} GiB wherever the tensors go (Problems has the figures), so "
-                "Fastest plan or moving layers cannot help. What helps: a smaller quant of the model, a "
-                "smaller context or KV cache type (Options), or a Mac with more memory.")
+        return "What next: " + nothing_fits_text(shared_ram, nothing_fits)
     parts = []
     names = ", ".join(gpus_over)
     if gpus_over and moe:
@@ -388,9 +385,8 @@ class MemoryView(QWidget):
 
     def _ram_sharers(self) -> str:
         """``CPU + MTL0``: the devices of one unified memory."""
-        rows = sorted(self._rows(), key=lambda dm: dm.device.is_gpu)  # the CPU first
-        kinds = (DeviceKind.CPU, DeviceKind.METAL)
-        return " + ".join(dm.device.name for dm in rows if dm.device.kind in kinds)
+        a = self._doc.analysis
+        return ram_sharers(a.projection) if a is not None and a.projection is not None else ""
 
     def verdict(self) -> str:
         """The line above the bars as drawn at the view's width: the devices over capacity by name,
@@ -401,7 +397,10 @@ class MemoryView(QWidget):
         if self.unified_over():
             over.append(f"RAM ({self._ram_sharers()})")
         if not over:
-            return "✔ fits on every device"
+            # an --rpc server's size is not known until declared: its bar says "capacity unknown", and
+            # "fits on every device" claimed what no figure showed
+            unknown = any(dm.device.capacity is None for dm in self._rows())
+            return "✔ fits the devices of known size" if unknown else "✔ fits on every device"
         bold = QFont(self.font())
         bold.setBold(True)
         fm = QFontMetrics(bold)
@@ -678,12 +677,12 @@ class MemoryView(QWidget):
         """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
         over = [dm.device for dm in self._rows() if bar_figures(dm).over]
         moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
+        a = self._doc.analysis
         short = self.unified_over()
         shared = self._ram_sharers() if short else ""
         gpus = [d.name for d in over if d.is_gpu]
-        # only Metal GPUs: everything the placement moves stays in the one RAM (another GPU could take some)
-        metal_only = all(dm.device.kind is DeviceKind.METAL for dm in self._rows() if dm.device.is_gpu)
-        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared, short if metal_only else 0)
+        nothing = no_placement_fits(a.projection) if a is not None and a.projection is not None else 0
+        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared, nothing)
 
     def next_step_rect(self) -> QRectF | None:
         """Where :meth:`next_step` is drawn (None when it is not)."""

@@ -22,7 +22,9 @@ from PySide6.QtWidgets import (
 )
 
 from offload_planner.core.cmdline.handlers_mainline import INT_MAX
-from offload_planner.core.plan_edits import option_value
+from offload_planner.core.kv_override import file_model, overridable_experts
+from offload_planner.core.plan import Plan
+from offload_planner.core.plan_edits import EXPERTS_USED, option_value
 from offload_planner.ui.document import PlanDocument
 
 MLA_MODES = ((0, "0: standard cache"), (1, "1: c^KV + kv^T"), (2, "2: c^KV"), (3, "3: c^KV (ik default)"))
@@ -95,6 +97,8 @@ def _combo_value(c: QComboBox) -> int | None:
         return None
 
 
+BATCH, UB = "context.n_batch", "context.n_ubatch"
+
 #: Why the window takes no -b 0 (llama.cpp makes it n_batch = n_ubatch = 0: no prompt can be processed).
 NO_BATCH = ("-b 0 is not taken: llama.cpp would make its batch and micro-batch 0 tokens and process no "
             "prompt; Batch -b takes 1 or more")
@@ -127,6 +131,9 @@ class OptionsPanel(QWidget):
         self.unified = QCheckBox("unified KV")
         self.mmap = QCheckBox("mmap the model")
         self.kv_offload = QCheckBox("KV cache on the layer's GPU")
+        self.experts = QSpinBox()
+        self.experts.setKeyboardTracking(False)
+        self.experts.setAccessibleName("Experts a token")
         self.mla = QComboBox()
         for mode, text in MLA_MODES:
             self.mla.addItem(text, mode)
@@ -170,11 +177,13 @@ class OptionsPanel(QWidget):
         self.type_v.setAccessibleName("V cache type")
         form.addRow("KV cache K", kv)
         form.addRow("Slots -np", self.slots)
+        form.addRow("Experts/token", self.experts)
         form.addRow("MLA -mla", self.mla)
         self._form = form
         self._label_tips(((self.ctx, self.ctx), (self.batch, self.batch), (self.ubatch, self.ubatch),
                           (self.ngl, self.ngl), (kv, self.type_k), (self.slots, self.slots),
                           (self.mla, self.mla)))
+        self._experts_label = self._form.labelForField(self.experts)
         v_label.setToolTip(self.type_v.toolTip())
         checks = QGridLayout()
         checks.setContentsMargins(0, 0, 0, 0)
@@ -196,6 +205,7 @@ class OptionsPanel(QWidget):
         self.mmap.toggled.connect(lambda v: self._set("placement.use_mmap", v, "mmap"))
         self.kv_offload.toggled.connect(lambda v: self._set("context.offload_kqv", v, "KV offload"))
         self.mla.activated.connect(lambda i: self._set("context.mla", int(self.mla.itemData(i)), "-mla"))
+        self.experts.valueChanged.connect(lambda v: self._set(EXPERTS_USED, v, "experts a token"))
 
         doc.planChanged.connect(self.sync)
         doc.modelChanged.connect(self.sync)
@@ -215,13 +225,32 @@ class OptionsPanel(QWidget):
             if v == 0 and key == "context.n_batch":  # -c 0 (trained) and -ub 0 (= -b) mean something
                 self.message.emit(NO_BATCH)
                 v = None
-            if v is not None:
+            if v is not None and key in (UB, BATCH) and self._doc.has_plan:
+                self._set_batches(key, v)
+            elif v is not None:
                 self._set(key, v, label)
             else:
                 self.sync()
 
         c.activated.connect(lambda _i: commit())
         _line_edit(c).editingFinished.connect(commit)
+
+    def _set_batches(self, key: str, value: int) -> None:
+        """-b or -ub, the other one following where llama.cpp would cut -ub to -b (n_ubatch = min(n_batch,
+        n_ubatch)): -ub 4096 under -b 2048 showed 4096 here and ran 2048 (the Speed tab's "fastest at -ub
+        4096" is at -b 4096 too, as Fastest plan sets both). Both in one undo step, and said."""
+        plan = self._doc.plan
+        flag = "-ub" if key == UB else "-b"
+        if key == UB and value > int(option_value(plan, BATCH)):
+            other, text = BATCH, f"Batch -b raised to {value} with it"
+        elif key == BATCH and value < int(option_value(plan, UB)):
+            other, text = UB, f"µbatch -ub lowered to {value} with it"
+        else:
+            self._set(key, value, flag)
+            return
+        self._doc.set_options({key: value, other: value}, f"Set {flag} to {value} ({text.split()[1]} too)")
+        self.message.emit(f"{text}: llama.cpp computes at most -b tokens at once (a -ub above -b is cut "
+                          "to -b)")
 
     def _set(self, key: str, value: object, label: str) -> None:
         if self._doc.has_plan:
@@ -242,6 +271,7 @@ class OptionsPanel(QWidget):
             self.mmap,
             self.kv_offload,
             self.mla,
+            self.experts,
         ]
         has = self._doc.has_plan
         for w in widgets:
@@ -270,12 +300,33 @@ class OptionsPanel(QWidget):
         self.kv_offload.setChecked(bool(option_value(plan, "context.offload_kqv")))
         self.mla.setCurrentIndex(max(0, self.mla.findData(int(option_value(plan, "context.mla")))))
         self._form.setRowVisible(self.mla, plan.dialect.takes_mla(plan.model))
+        self._sync_experts(plan)
         # ik has one KV stream and refuses -kvu: ticked there, the box exported a command ik refuses
         single = plan.dialect.single_kv_stream
         self.unified.setEnabled(not single)
         self.unified.setToolTip(UNIFIED_SINGLE_TIP if single else UNIFIED_TIP)
         self.mmap.setToolTip(mmap_tip(plan.dialect.no_mmap_flags))
         del blockers
+
+    def _sync_experts(self, plan: Plan) -> None:
+        """The experts each token runs, for a MoE model whose file holds the count as one number (the
+        only form ``--override-kv`` replaces: core.kv_override); 1 to all of them."""
+        model = file_model(plan.model)
+        s = model.summary
+        shown = s.n_expert > 0 and overridable_experts(model)
+        self._form.setRowVisible(self.experts, shown)
+        if not shown:
+            return
+        self.experts.setRange(1, s.n_expert)
+        self.experts.setValue(plan.model.summary.n_expert_used)
+        self.experts.setSuffix(f" of {s.n_expert}")
+        tip = (f"--override-kv {model.arch}.expert_used_count=int:N: the routed experts each token runs "
+               f"(the file: {s.n_expert_used}). Fewer read less per token (faster generation, less "
+               "compute memory) and change the model's answers; llama.cpp applies it when it loads the "
+               "model")
+        self.experts.setToolTip(tip)
+        if self._experts_label is not None:
+            self._experts_label.setToolTip(tip)
 
     @staticmethod
     def _show_int(c: QComboBox, value: int) -> None:

@@ -26,6 +26,7 @@ from offload_planner.ui.speed_view import over_capacity
 
 if TYPE_CHECKING:  # the search is imported when first used
     from offload_planner.core.speed.candidate import FastestResult
+    from offload_planner.core.speed.result import SpeedEstimate
 
 
 #: Why the routed-expert presets are off on a dense model, and what to use instead.
@@ -61,8 +62,10 @@ class MoveLayersDialog(QDialog):
 
 
 FASTEST_TIP = ("Routed experts onto the GPUs layer by layer as far as each GPU's memory minus its margin "
-               "allows, -ub raised where prompt processing gains; keeps your -ot rules and moves (speed "
-               "estimate: see under the memory bars). One undo step")
+               "allows, -ub raised where prompt processing gains; keeps your -ot rules and moves. Fastest "
+               "for a request: a 4096-token prompt and a 512-token answer (fit's --goal balanced), so tg "
+               "may drop a little where pp gains much (speed estimate: see under the memory bars). One "
+               "undo step")
 
 
 class PresetsMenu(QMenu):
@@ -365,12 +368,8 @@ def _held_by_rules(plan: Plan) -> str:
     """What the search left alone because the command's own ``-ot`` rules place it ("" if nothing):
     the search keeps every rule of the user's, so ``-ot exps=CPU`` keeps the experts on the CPU
     however much room the GPUs have."""
-    held = [p for p in plan.placement().items if p.tensor.role.is_routed_expert and p.rule.startswith("-ot ")]
-    if not held:
-        return ""
-    on = sorted({p.device or "CPU" for p in held})
-    return (f"; {len(held)} routed-expert tensors stay on {', '.join(on)} by the command's -ot rules "
-            "(the search keeps your rules: remove one to let it place those experts)")
+    text = presets.held_by_rules_text(plan)
+    return f"; {text}" if text else ""
 
 
 def _speed_change(before: Plan, after: Plan, over: list[str] | None = None) -> str:
@@ -389,7 +388,24 @@ def _speed_change(before: Plan, after: Plan, over: list[str] | None = None) -> s
         return (f"est. tg {rate_text(b.tg_tps)} t/s, pp {rate_text(b.pp_tps)} t/s (the plan before did "
                 f"not fit {', '.join(over)}: no speed to compare with); ")
     return (f"est. tg {rate_text(a.tg_tps)} → {rate_text(b.tg_tps)} t/s ({change_text(a.tg_tps, b.tg_tps)}), "
-            f"pp {rate_text(a.pp_tps)} → {rate_text(b.pp_tps)} t/s ({change_text(a.pp_tps, b.pp_tps)}); ")
+            f"pp {rate_text(a.pp_tps)} → {rate_text(b.pp_tps)} t/s ({change_text(a.pp_tps, b.pp_tps)})"
+            f"{_request_change(a, b)}; ")
+
+
+def _request_change(a: SpeedEstimate, b: SpeedEstimate) -> str:
+    """", ranked by a request (a 4096-token prompt and a 512-token answer): 299 → 173 s" where tg or pp
+    got slower ("" where both gained): the search ranks by a request's seconds (fit's --goal balanced),
+    and "tg 3.10 → 3.09 t/s (−0.5%)" alone read as a Fastest plan that made the answer slower."""
+    from offload_planner.core.speed.ranking import BALANCED_ANSWER
+
+    if b.tg_tps >= a.tg_tps and b.pp_tps >= a.pp_tps:
+        return ""
+
+    def seconds(e: SpeedEstimate) -> str:
+        return f"{e.prompt / e.pp_tps + BALANCED_ANSWER / e.tg_tps:.4g}"
+
+    return (f", ranked by a request (a {b.prompt}-token prompt and a {BALANCED_ANSWER}-token answer): "
+            f"{seconds(a)} → {seconds(b)} s")
 
 
 def _moved_count(plan: Plan) -> int:

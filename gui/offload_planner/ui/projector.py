@@ -8,15 +8,25 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 from offload_planner.core.analysis import Analysis, analyse
 from offload_planner.core.compute import record_at_first_sight
 from offload_planner.core.device_figures import CapacityHint
-from offload_planner.core.memory import DeviceMemory
+from offload_planner.core.mapped_span import no_placement_fits, ram_sharers
+from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.plan import Plan
+from offload_planner.ui.nothing_fits import nothing_fits_text
 
 
 def fill_preset_hint(plan: Plan) -> CapacityHint:
-    """For a GPU holding a MoE model's routed experts: the preset that fixes its over-capacity."""
+    """For a GPU holding a MoE model's routed experts: the preset that fixes its over-capacity. On a Mac
+    where no placement fits (:func:`~offload_planner.core.mapped_span.no_placement_fits`; Fill would
+    move nothing), for any GPU over: what helps instead, as the Memory pane's "What next" says it."""
 
-    def hint(dm: DeviceMemory) -> str:
-        if not (plan.model.summary.is_moe and dm.device.is_gpu):
+    def hint(dm: DeviceMemory, projection: Projection) -> str:
+        if not dm.device.is_gpu:
+            return ""
+        short = no_placement_fits(projection)
+        if short:
+            return ": " + nothing_fits_text(ram_sharers(projection), short, figures="",
+                                            cannot="Presets ▸ Fill, Fastest plan or moving layers")
+        if not plan.model.summary.is_moe:
             return ""
         return (f": Presets ▸ Fill {dm.device.name} with routed experts keeps as many expert layers "
                 "there as fit and sends the rest to the CPU")

@@ -29,6 +29,15 @@ TERMS = ("<b>tg</b>: token generation, how fast the answer is written; <b>pp</b>
          "device's share of the time one generated token takes.")
 
 
+#: Under an uncalibrated estimate's assumptions: how to make it this machine's, or another machine's (it
+#: said "uncalibrated" on every efficiency with no word of what to do about it).
+UNCALIBRATED = ("<b>uncalibrated</b>: the efficiencies are round defaults. The Launch tab's Bench (once "
+                "llama-server listens) measures this machine's and later estimates use them; for another "
+                "machine, declare its figures: <code>offload-planner gui --device "
+                "CPU=512GiB,ram=12xDDR5-4800</code> (GPUs: <code>--device CUDA0=rtx3090</code> or "
+                "<code>bw=</code>, <code>tflops=</code>).")
+
+
 def window_line(est: SpeedEstimate, over: list[str]) -> str:
     """``est. tg 9.8 t/s · pp 210 t/s (time per token: CPU 61% · CUDA0 39%)``: every device a token
     takes time on, by its share, largest first ("<1%": a GPU with a few layers was left out, as if it
@@ -40,13 +49,28 @@ def window_line(est: SpeedEstimate, over: list[str]) -> str:
     text += f" · pp {_rate(est.pp_tps)} t/s"
     if shares:
         # a no-break space: the wrapped line broke "CUDA1 / <1%" apart at 1024 px
-        text += " (time per token: " + " · ".join(f"{d.name}\u00a0{_share(d.share)}" for d in shares) + ")"
+        text += " (time per token: " + " · ".join(f"{d.name}\u00a0{_share(d.share)}" for d in shares)
+        splits = _splits_share(est)
+        if splits >= SPLITS_SHOWN:  # the rest of the token: the shares above summed to 2% on an rpc-server
+            text += f"; graph splits\u00a0{_share(splits)}"
+        text += ")"
     if est.host_kv_layers:  # -nkvo: the host-KV attention where it is the bottleneck, at depth 0 or at -c
         slow = next((b for b in (est.bottleneck, est.bottleneck_at_ctx) if b.startswith(HOST_KV_PART)), "")
         if slow:
             at = "" if slow == est.bottleneck else f" at {est.n_ctx} tokens"
             text += f" · bottleneck{at}: {slow}"
     return IF_IT_FIT + text if over else text
+
+
+#: The share of a token's time the graph splits' latency takes from which the line names it (the
+#: devices' shares alone summed to 2% for a small model on an rpc-server, 98% its round trips).
+SPLITS_SHOWN = 0.10
+
+
+def _splits_share(est: SpeedEstimate) -> float:
+    """The share of a plain token's time (the devices' shares are of it) its graph splits take."""
+    plain = est.spec.tg_tps_plain if est.spec is not None else est.tg_tps
+    return est.split_ms * plain / 1e3 if plain > 0 else 0.0
 
 
 def _share(share: float) -> str:
@@ -97,7 +121,7 @@ class SpeedLabel(QLabel):
         note = (f"<b>{', '.join(over)} cannot hold this plan</b>: llama-server would not load it; the "
                 "estimate is for the placement as drawn.<br>") if over else ""
         self.setToolTip(note + TERMS + "<pre>" + "\n".join(speed_lines(est)).replace("&", "&amp;")
-                        .replace("<", "&lt;") + "</pre>")
+                        .replace("<", "&lt;") + "</pre>" + ("" if est.calibrated else UNCALIBRATED))
 
     def _over(self) -> list[str]:
         return over_capacity(self._doc)

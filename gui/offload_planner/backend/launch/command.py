@@ -42,6 +42,9 @@ class LaunchCommand:
         return [self.program, *self.arguments]
 
 
+#: How the -lv 4 note says to turn it off: the Launch tab's box (launch's words: --no-verbose-log).
+VERBOSE_OFF = 'turn off "verbose log"'
+
 def _connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
 
@@ -81,7 +84,7 @@ def build_command(
         if verbosity is None and verbose_log:
             prefix += ["-lv", "4"]
             notes.append("added -lv 4: this llama-server logs its buffer sizes only at verbosity 4 "
-                         "(turn off \"verbose log\" to launch the command exactly as written)")
+                         f"({VERBOSE_OFF} to launch the command exactly as written)")
         elif verbosity is not None and verbosity < 4:
             notes.append(f"-lv {verbosity}: this llama-server will not log buffer sizes, so there is "
                          "nothing to compare with the projection")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 import shlex
 
-from offload_planner.core.cmdline.model import ArgError, ArgWarning, ParsedArgs, ServerArgs, Stage
+from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs, ServerArgs, Stage
+from offload_planner.core.dialects.base import Dialect
 
 #: the draft's sizes that ``llama_context_params`` holds as uint32_t, with the flag that sets each
 _SIZES = (("ctx_size", "-c"), ("batch_size", "-b"), ("ubatch_size", "-ub"))
@@ -36,12 +37,13 @@ def draft_params_errors(parsed: ParsedArgs) -> list[ArgError]:
     command's own refusals)."""
     if not loads_draft_params(parsed):
         return []
-    text, flag = parsed.args.draft.params or "", _flag(parsed)
+    text, flag = parsed.args.draft.params or "", draft_params_flag(parsed)
     where = (f"inside {flag} \"{text}\", which ik_llama.cpp parses onto the draft's parameters when it loads "
              "the draft model: the server stops")
     inner = parse_draft_params(parsed, text)
-    if inner.errors:
-        e = inner.errors[0]  # gpt_params_parse stops at the first
+    own = [e for e in inner.errors if e.flag not in parsed.args.draft.env]  # the main parse's already
+    if own:
+        e = own[0]  # gpt_params_parse stops at the first
         return [ArgError(flag, text, e.message, Stage.LOAD,
                          f"{e.explanation}; {where}" if e.explanation else where)]
     if not parsed.args.draft.model and _inner_model(inner) is None:
@@ -54,41 +56,72 @@ def draft_params_errors(parsed: ParsedArgs) -> list[ArgError]:
 
 def draft_params_notes(parsed: ParsedArgs) -> list[ArgWarning]:
     """``-draft "-m FILE"``: FILE is the draft model ik loads (it overrides ``-md``: the copy takes
-    ``-md`` first, speculative.cpp 1952, then ARGS), which the plan does not project (it projects the
-    ``-md`` file, or no draft)."""
+    ``-md`` first, speculative.cpp 1952, then ARGS), and the one the plan projects
+    (:func:`loaded_draft_model`)."""
     if not loads_draft_params(parsed):
         return []
-    text, flag = parsed.args.draft.params or "", _flag(parsed)
+    text, flag = parsed.args.draft.params or "", draft_params_flag(parsed)
     inner = parse_draft_params(parsed, text)
-    model = _inner_model(inner)
-    if inner.errors or model is None or model == parsed.args.draft.model:
+    use = _inner_model_use(inner)
+    model = use.values[0] if use is not None else None
+    if inner.errors or use is None or model == parsed.args.draft.model:
         return []
     md = parsed.args.draft.model
-    projected = f"projects the -md file {md}" if md else "projects no draft model"
-    return [ArgWarning(flag, text, f"{flag} \"{text}\": ik loads {model} as the draft model (the -m "
-                       f"inside {flag} wins over -md); the plan {projected}, so the draft's memory and speed "
-                       "are not those of this file")]
+    wins = (f"the -m inside {flag} wins over -md" if use.env is None else
+            f"{use.env}, which ik applies again when it parses {flag} (common/common.cpp 829-830), wins "
+            "over -md")
+    instead = f", not the -md file {md}" if md else ""
+    return [ArgWarning(flag, text, f"{flag} \"{text}\": ik loads {model} as the draft model ({wins}); the "
+                       f"plan projects it{instead}")]
 
 
-def _flag(parsed: ParsedArgs) -> str:
+def loaded_draft_model(parsed: ParsedArgs) -> str | None:
+    """The file ik loads as the draft model: the ``-m`` inside ``-draft "ARGS"`` (or ``LLAMA_ARG_MODEL``
+    applied again there), else ``-md`` (speculative.cpp 1952-1966, 1988); ``-md`` where ARGS are not
+    parsed (:func:`loads_draft_params`) or refused."""
+    md = parsed.args.draft.model
+    if not loads_draft_params(parsed):
+        return md
+    inner = parse_draft_params(parsed, parsed.args.draft.params or "")
+    return (None if inner.errors else _inner_model(inner)) or md
+
+
+def draft_params_flag(parsed: ParsedArgs) -> str:
+    """``-draft`` or ``--draft-params`` as given."""
     use = next((u for u in reversed(parsed.flags) if u.key == "--draft-params"), None)
     return (use.env or use.spelling) if use else "-draft"
 
 
-def _inner_model(inner: ParsedArgs) -> str | None:
+def _inner_model_use(inner: ParsedArgs) -> FlagUse | None:
+    """The ``-m`` (or ``LLAMA_ARG_MODEL``) that sets the draft's model in the ``-draft`` parse."""
     use = next((u for u in reversed(inner.flags) if u.key == "--model"), None)
-    return use.values[0] if use is not None and use.values else None
+    return use if use is not None and use.values else None
+
+
+def _inner_model(inner: ParsedArgs) -> str | None:
+    use = _inner_model_use(inner)
+    return use.values[0] if use is not None else None
 
 
 def parse_draft_params(parsed: ParsedArgs, text: str) -> ParsedArgs:
     """``gpt_params_parse("llama-server " + ARGS)`` onto a copy of the main parameters."""
+    return parse_onto(copy.deepcopy(parsed.args), parsed.dialect, text)
+
+
+def parse_onto(args: ServerArgs, dialect: Dialect, text: str) -> ParsedArgs:
+    """``gpt_params_parse("llama-server " + ARGS)`` onto ``args`` (changed in place): as it parses the
+    main command line, the environment's ``LLAMA_ARG_*`` variables first (``gpt_params_parse_from_env``,
+    common/common.cpp 829-830; the main command's, kept in ``args.draft.env``), then ARGS: so
+    ``LLAMA_ARG_N_GPU_LAYERS`` replaces ``-ngld``, ``LLAMA_ARG_CACHE_TYPE_K`` ``-ctkd`` and
+    ``LLAMA_ARG_MODEL`` ``-md`` (speculative.cpp 1950-1954 set those before the parse) unless ARGS sets
+    them again."""
     from offload_planner.core.cmdline.parse_ik import parse_ik
 
     try:
         argv = shlex.split(text)
     except ValueError:
         argv = text.split()
-    return parse_ik(argv, {}, ParsedArgs(parsed.dialect, args=copy.deepcopy(parsed.args)))
+    return parse_ik(argv, dict(args.draft.env), ParsedArgs(dialect, args=args))
 
 
 def _value_errors(main: ServerArgs, draft: ServerArgs, flag: str, text: str, where: str) -> list[ArgError]:

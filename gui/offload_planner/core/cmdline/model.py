@@ -97,6 +97,9 @@ class DraftArgs:
     #: ik_llama.cpp: a --spec-type stage's ``p_min=P`` by stage type
     stage_p_min: dict[str, float] = field(default_factory=dict)
     params: str | None = None  # ik_llama.cpp's -draft/--draft-params: the draft's own command line
+    #: ik_llama.cpp: the ``LLAMA_ARG_*`` variables it read (``IK_ENV``), which it applies again to the
+    #: draft's parameters before ``-draft "ARGS"`` (``gpt_params_parse``, common/common.cpp 829-830)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -194,6 +194,7 @@ class IkParser:
 def parse_ik(argv: Sequence[str], env: Mapping[str, str], parsed: ParsedArgs) -> ParsedArgs:
     parser = IkParser(parsed)
     parser.apply_env(env)
+    parsed.args.draft.env = {var: env[var] for var in IK_ENV if var in env}  # read again for -draft
     parser.apply_argv(argv)
     parser.finish()
     return parsed

@@ -149,7 +149,7 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
     ``-mmdev``, one device only) the build refuses while parsing (the pinned build, at the first name
     it cannot use; ik skips them at load: :func:`skipped_devices`)."""
     if parsed.dialect.skips_unknown_devices:
-        return []
+        return _repeated_device(parsed, known, key)
     devices, use = _device_use(parsed, key)
     flag = use.env or use.spelling if use else "-dev"
     for name in devices:
@@ -163,6 +163,25 @@ def _check_devices(parsed: ParsedArgs, known: _Known, key: str = "--device") -> 
         return [_device_error(parsed, use, flag, "only one device may be specified for mmproj",
                               ",".join(devices), "-mmdev takes one device")]
     return []
+
+
+def _repeated_device(parsed: ParsedArgs, known: _Known, key: str) -> list[ArgError]:
+    """A ``-dev``/``-devd`` list naming one of ik_llama.cpp's GPU (or RPC) devices twice, refused
+    (:func:`~offload_planner.core.ik.repeated_device_refusal`).  The CPU of a build without a GPU, its
+    one offload device, is not a backend the context reorders: ``-dev CPU,CPU`` loads as ``-dev CPU``
+    (ik's CPU library, same buffers)."""
+    from offload_planner.core.ik import repeated_device_refusal, repeated_gpu
+
+    if key == "--mmproj-device" or not parsed.dialect.refuses_repeated_devices:
+        return []
+    devices, use = _device_use(parsed, key)
+    twice = repeated_gpu(devices, _load_time_names(known) - {"CPU"})
+    if twice is None:
+        return []
+    flag = use.env or use.spelling if use else "-dev"
+    value = ",".join(devices)
+    return [ArgError(flag, value, repeated_device_refusal(flag, value, twice), Stage.LOAD,
+                     f"name each device once: {flag} " + ",".join(dict.fromkeys(devices)))]
 
 
 def _device_error(parsed: ParsedArgs, use: FlagUse | None, flag: str, what: str, value: str,
@@ -295,15 +314,37 @@ def ik_context_errors(parsed: ParsedArgs, device_names: Sequence[str], *,
     type_v = args.cache_type_v or "f16"
     if type_v not in _UNQUANTIZED and args.flash_attn == "off":
         errors.append(_load("-ctv", type_v, "V cache quantization requires flash_attn"))
-    draft_v = args.draft.cache_type_v
-    loads_draft = args.draft.model and set(args.draft.types) & parsed.dialect.draft_model_types
-    if loads_draft and draft_v and draft_v not in _UNQUANTIZED and args.flash_attn == "off":
-        # common_model_params_to_llama(params_dft) throws (common/common.cpp 4303-4305) while the
-        # server loads the draft (common/speculative.cpp 1989)
-        errors.append(_load("-ctvd", draft_v, "Quantized V cache cannot be used without flash attention"))
     from offload_planner.core.cmdline.ik_draft_params import draft_params_errors
 
-    return errors + draft_params_errors(parsed)
+    params = draft_params_errors(parsed)
+    return errors + (params or _ik_draft_v_cache(parsed))
+
+
+def _ik_draft_v_cache(parsed: ParsedArgs) -> list[ArgError]:
+    """ik's ``common_model_params_to_llama(params_dft)`` throws for a quantized V cache without flash
+    attention (common/common.cpp 4303-4305) while the server loads the draft (common/speculative.cpp
+    1989): the draft's V type is ``-ctvd``, else the main ``-ctv`` (1953), and its ``-fa`` the main one,
+    each then set again by the environment and ``-draft "ARGS"`` (1957-1966: ``draft_server_args``).
+    The main context's own refusal of the same pair is the main command's."""
+    from offload_planner.core.cmdline.ik_draft_params import draft_params_flag, loaded_draft_model
+
+    args = parsed.args
+    if not (loaded_draft_model(parsed) and set(args.draft.types) & parsed.dialect.draft_model_types):
+        return []
+    dargs = parsed.dialect.draft_server_args(args, args.draft, False)
+    draft_v = dargs.cache_type_v or "f16"
+    if draft_v in _UNQUANTIZED or dargs.flash_attn != "off":
+        return []
+    message = "Quantized V cache cannot be used without flash attention"
+    if args.draft.cache_type_v == draft_v and args.flash_attn == "off":
+        return [_load("-ctvd", draft_v, message)]
+    if (args.cache_type_v or "f16") == draft_v and args.flash_attn == "off":
+        return []  # refused for the main context already ("V cache quantization requires flash_attn")
+    flag = draft_params_flag(parsed)  # the V type or -fa off came from the environment or ARGS
+    return [ArgError(flag, args.draft.params, message, Stage.LOAD,
+                     f"the draft's V cache {draft_v} with -fa off, as {flag} \"{args.draft.params}\" leaves "
+                     "them (-ctvd, else -ctv, then the LLAMA_ARG_* variables and ARGS): ik_llama.cpp stops "
+                     "while it loads the draft model")]
 
 
 def _tensor_split_errors(parsed: ParsedArgs, device_names: Sequence[str]) -> list[ArgError]:

@@ -80,6 +80,9 @@ class Dialect(str, metaclass=_DialectType):
     #: (:meth:`skipped_devices_note`), not refused while parsing as the pinned build's
     #: ``parse_device_list`` does ("invalid device: NAME", common/arg.cpp 1133-1135)
     skips_unknown_devices: bool = False
+    #: a GPU named twice in ``-dev``/``-devd`` is refused (ik_llama.cpp would free its backend twice:
+    #: :func:`~offload_planner.core.ik.repeated_device_refusal`); else it is two model devices
+    refuses_repeated_devices: bool = False
     #: a refused value is reported as "invalid parameter for argument" (no buffer type / device named)
     generic_arg_errors: bool = False
     #: an -ot naming an RPC device must come after --rpc
@@ -291,7 +294,7 @@ class Dialect(str, metaclass=_DialectType):
         fold = str.lower if self.device_names_ignore_case else str
         own = {fold(self.dev_name(g)): g.name for g in gpus}
         got = (own.get(fold(n)) for n in names)
-        return tuple(dict.fromkeys(g for g in got if g is not None))
+        return tuple(g for g in got if g is not None)
 
     def skipped_devices_note(self, skipped: Sequence[str], *, any_left: bool, draft: bool) -> str:
         """What the build says and does of ``-dev`` (``draft``: ``-devd``) names it has no device of

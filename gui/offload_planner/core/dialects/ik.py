@@ -62,6 +62,7 @@ class IkLlamaCpp(Dialect):
     #: ``parse_device_list`` refuses only a blank or a ``-``) but looked up when the model loads
     #: (:meth:`skipped_devices_note`)
     skips_unknown_devices = True
+    refuses_repeated_devices = True
 
     def skipped_devices_note(self, skipped: Sequence[str], *, any_left: bool, draft: bool) -> str:
         """ik looks each ``-dev`` name up among its devices' buffer-type names, exactly as written, and
@@ -291,11 +292,14 @@ class IkLlamaCpp(Dialect):
 
     def warnings(self, model: Model, popts: PlacementOptions, devices: DeviceSet) -> list[str]:
         from offload_planner.core.compute_ik import IK_MTP_GRAPHS
-        from offload_planner.core.ik import split_mode_warnings
+        from offload_planner.core.ik import repeated_device_refusal, repeated_gpu, split_mode_warnings
         from offload_planner.core.placement import selected_gpus
 
         out = split_mode_warnings(model, popts.split_mode, len(selected_gpus(devices, popts)),  # -dev's GPUs
                                   self.graph_split_archs)
+        twice = repeated_gpu(popts.selected or ())
+        if twice is not None:  # a plan switched to ik (a command line naming it twice is refused)
+            out.append(repeated_device_refusal("-dev", ",".join(popts.selected or ()), twice))
         if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
                        "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
@@ -461,17 +465,10 @@ class IkLlamaCpp(Dialect):
 
 def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
     """``-draft "ARGS"``: ``gpt_params_parse("llama-server " + ARGS)`` onto the draft's parameters."""
-    import shlex
+    from offload_planner.core.cmdline.ik_draft_params import parse_onto
 
-    from offload_planner.core.cmdline.model import ParsedArgs
-    from offload_planner.core.cmdline.parse_ik import parse_ik
-
-    try:
-        argv = shlex.split(text)
-    except ValueError:
-        argv = text.split()
     kept = len(args.overrides)
-    out = parse_ik(argv, {}, ParsedArgs(dialect, args=args)).args
+    out = parse_onto(args, dialect, text).args
     if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
         out.overrides = out.overrides[:kept]
     return out

@@ -58,7 +58,9 @@ def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: floa
              total_measured_s: float, what: str) -> None:
     """Scale efficiency ``name`` so that the part's time makes the total match the measurement."""
     if name is None:
-        cal.notes.append(f"{what}: a remote (RPC) device dominates; its figures are declared, not calibrated")
+        # it said "its figures are declared" to a user who had declared none (the defaults were used)
+        cal.notes.append(f"{what}: a remote (RPC) device dominates, and its speeds are not calibrated: give "
+                         "them on its --device (bw=, tflops=); the estimate's assumptions name any default")
         return
     others = total_est_s - part_s
     part_measured = total_measured_s - others
