@@ -30,3 +30,10 @@ def test_draft_mtp_with_a_draft_of_an_mtp_architecture_but_no_nextn_layers() -> 
     fit = run_cli("fit", QWEN, *args)
     no_traceback(fit, 2)
     assert "(the draft model has no NextN layers)" in fit.stderr and not fit.stdout
+
+
+def test_a_negative_stop_timeout_is_refused_naming_the_zero_it_takes() -> None:
+    """It said 'expected seconds above 0' though --stop-timeout 0 (SIGKILL at once) is taken."""
+    r = run_cli("launch", QWEN, "--stop-timeout", "-1", "--", "-c", "512")
+    no_traceback(r, 2)
+    assert "argument --stop-timeout: '-1': expected seconds from 0 (SIGKILL at once) to 2147483" in r.stderr

@@ -125,12 +125,19 @@ def _seconds(text: str) -> float:
 
 
 def _stop_seconds(text: str) -> float:
-    """``--stop-timeout``: as :func:`_seconds`, and 0 (SIGKILL at once)."""
+    """``--stop-timeout``: as :func:`_seconds`, and 0 (SIGKILL at once), which its message names (it
+    said 'expected seconds above 0' of the 0 it takes)."""
     try:
         zero = float(text) == 0
     except ValueError:
         zero = False
-    return 0.0 if zero else _seconds(text)
+    if zero:
+        return 0.0
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds from 0 (SIGKILL at once) to "
+                                         f"{MAX_SECONDS}") from None
 
 
 def _port(text: str) -> int:
