@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from tests.support.cli import run_cli
 
 RES = Path(__file__).resolve().parents[1] / "resources"
@@ -37,3 +38,29 @@ def test_a_negative_stop_timeout_is_refused_naming_the_zero_it_takes() -> None:
     r = run_cli("launch", QWEN, "--stop-timeout", "-1", "--", "-c", "512")
     no_traceback(r, 2)
     assert "argument --stop-timeout: '-1': expected seconds from 0 (SIGKILL at once) to 2147483" in r.stderr
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("tflops", "1_0"),  # float() read it as 10
+    ("tflops", "７０"), ("ghz", "３.５"), ("bw", "٩٠٠GB/s"), ("ram", "８xDDR5-4800"), ("pcie", "４x16"),
+])
+def test_a_speed_figure_in_other_digits_is_refused_as_threads_is(key: str, value: str) -> None:
+    """threads= and cores= refused fullwidth or Arabic-Indic digits, bw=, tflops=, ghz=, ram= and pcie=
+    took them (and tflops=1_0 as 10): one syntax, ASCII digits, for every key."""
+    from offload_planner.core.speed.declared import parse_hardware_keys
+
+    with pytest.raises(ValueError, match="not a"):
+        parse_hardware_keys([(key, value)])
+
+
+@pytest.mark.parametrize(("key", "value", "field", "want"), [
+    ("tflops", "71.5TFLOPS", "tflops", 71.5), ("tflops", "1e-3", "tflops", 1e-3),
+    ("tflops", ".5", "tflops", 0.5),
+    ("ghz", "2250MHz", "ghz", 2.25), ("ghz", "3.", "ghz", 3.0), ("bw", "936GB/s", "bw", 936.0),
+    ("ram", "12xDDR5-4800", "ram", 460.8), ("pcie", "gen4x8", "pcie", (4, 8)),
+])
+def test_the_usual_spellings_are_still_taken(key: str, value: str, field: str, want: object) -> None:
+    from offload_planner.core.speed.declared import parse_hardware_keys
+
+    got = getattr(parse_hardware_keys([(key, value)]), field)
+    assert got == pytest.approx(want) if isinstance(want, float) else got == want
