@@ -3,6 +3,7 @@ message or a plan with the server's own warning, never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from pathlib import Path
 
@@ -64,3 +65,20 @@ def test_the_usual_spellings_are_still_taken(key: str, value: str, field: str, w
 
     got = getattr(parse_hardware_keys([(key, value)]), field)
     assert got == pytest.approx(want) if isinstance(want, float) else got == want
+
+
+@pytest.mark.parametrize("value", ["len=2_5", "1_0e-1", "０.５", "ratio=０.５", "len=１.5"])
+def test_a_spec_accept_in_other_digits_is_refused(value: str) -> None:
+    """float() read 'len=2_5' as a mean length of 25 (every token accepted) and '1_0e-1' as 1."""
+    from offload_planner.cli_estimate_options import _accept
+
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a share from 0 to 1"):
+        _accept(value)
+
+
+@pytest.mark.parametrize(("value", "want"), [("0.7", 0.7), ("1", 1.0), (".5", 0.5), ("1e-1", 0.1)])
+def test_a_spec_accept_share_is_still_taken(value: str, want: float) -> None:
+    from offload_planner.cli_estimate_options import _accept
+
+    assert _accept(value) == pytest.approx(want)
+    assert _accept("len=2.98").value == 2.98 and _accept("ratio=0.72").value == 0.72  # type: ignore[union-attr]
