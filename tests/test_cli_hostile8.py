@@ -82,3 +82,35 @@ def test_a_spec_accept_share_is_still_taken(value: str, want: float) -> None:
 
     assert _accept(value) == pytest.approx(want)
     assert _accept("len=2.98").value == 2.98 and _accept("ratio=0.72").value == 0.72  # type: ignore[union-attr]
+
+
+def test_a_draft_model_url_is_refused_without_a_request(tmp_path: Path) -> None:
+    """llama-server opens -md as a file name (a URL fails to load), but the planner downloaded its
+    header: a plan file whose kept flags held '-md http://...' made `launch FILE` (before asking) and the
+    window fetch it unasked, where a plan's own model URL is fetched only with --allow-remote. Now -md
+    URL is refused in one line and nothing is requested."""
+    import argparse as ap
+    import json
+
+    from tests.support.http_range_server import RangeServer
+
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.loadable import open_loadable
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.plan_file import PlanFile, plan_json
+
+    (tmp_path / "files").mkdir()
+    with RangeServer(tmp_path / "files") as srv:
+        url = srv.url("draft.gguf")
+        plan = plan_from_args(open_loadable(QWEN), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30)),
+                              ap.Namespace(ctx_size=2048))
+        data = plan_json(PlanFile.of(plan))
+        data["extra_args"] = ["-md", url, "--spec-type", "draft-simple"]
+        path = tmp_path / "remote-draft.plan.json"
+        path.write_text(json.dumps(data))
+        launched = run_cli("launch", str(path), "--server", "/nonexistent/llama-server")
+        planned = run_cli("plan", QWEN, "--no-detect", "--", "-md", url, "--spec-type", "draft-simple")
+        assert srv.log == [], [r.path for r in srv.log]
+    no_traceback(planned, 2)
+    assert f"error: -md {url}: llama-server opens -md as a local file, not a URL" in planned.stderr
+    no_traceback(launched, 2)
