@@ -114,3 +114,33 @@ def test_a_draft_model_url_is_refused_without_a_request(tmp_path: Path) -> None:
     no_traceback(planned, 2)
     assert f"error: -md {url}: llama-server opens -md as a local file, not a URL" in planned.stderr
     no_traceback(launched, 2)
+
+
+def test_a_plan_files_projector_url_is_fetched_only_when_allowed(tmp_path: Path) -> None:
+    """A plan file whose kept flags held '-mmu URL' made the window download the projector's header
+    unasked (its model's URL needs --allow-remote, or a yes in the window). Now `gui FILE` refuses it
+    without --allow-remote, naming the URL, and sends nothing."""
+    import argparse as ap
+    import json
+
+    from tests.support.http_range_server import RangeServer
+
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.loadable import open_loadable
+    from offload_planner.core.plan import plan_from_args
+    from offload_planner.core.plan_file import PlanFile, load_plan, plan_json
+
+    (tmp_path / "files").mkdir()
+    with RangeServer(tmp_path / "files") as srv:
+        url = srv.url("mmproj.gguf")
+        plan = plan_from_args(open_loadable(QWEN), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30)),
+                              ap.Namespace(ctx_size=2048))
+        data = plan_json(PlanFile.of(plan))
+        data["extra_args"] = ["-mmu", url]
+        path = tmp_path / "remote-mmproj.plan.json"
+        path.write_text(json.dumps(data))
+        r = run_cli("gui", str(path), "--screenshot", str(tmp_path / "x.png"), QT_QPA_PLATFORM="offscreen")
+        assert srv.log == [], [q.path for q in srv.log]
+    assert load_plan(path).projector_url == url
+    no_traceback(r, 2)
+    assert f"the plan reads its projector from {url}; pass --allow-remote" in r.stderr

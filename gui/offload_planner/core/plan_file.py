@@ -134,6 +134,15 @@ class PlanFile:
     def model_is_url(self) -> bool:
         return is_url(self.model_path)
 
+    @property
+    def projector_url(self) -> str | None:
+        """The URL of a projector among the kept flags (``-mmu``, or ``-mm`` given a URL), which
+        opening the plan reads (None: none, or a local file)."""
+        from offload_planner.core.mmproj.attach import argv_mmproj_setup
+
+        setup = argv_mmproj_setup(tuple(self.extra_args))
+        return setup.location if setup is not None and is_url(setup.location) else None
+
     def model_changes(self, model: Model) -> list[str]:
         """How the model on disk differs from the one the plan was made for (empty: same)."""
         return self.fingerprint.differences(fingerprint(model))
