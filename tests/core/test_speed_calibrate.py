@@ -27,15 +27,8 @@ def _plan(args: list[str], decls: list[str], rpc: list[str] | None = None):  # t
 
 @pytest.mark.parametrize("factor", [0.4, 0.8, 1.5])
 def test_cpu_only_calibration_reproduces_the_measurement(factor: float) -> None:
-    plan = _plan(["-ngl", "0", "-c", "4096"], [])
-    hw = hardware_for(plan.devices, threads=16)
-    est = estimate(plan, hw, prompt=512, eff=DEFAULT)
-    tg, pp = est.tg_tps * factor, est.pp_tps * factor
-    cal = calibrate(est, hw, DEFAULT, tg_tps=tg, pp_tps=pp)
-    assert set(cal.values) == {"cpu_bandwidth", "cpu_compute"}, cal.notes
-    again = estimate(plan, hw, prompt=512, eff=calibrated(cal.values, "test"))
-    assert again.tg_tps == pytest.approx(tg, rel=2e-3)
-    assert again.pp_tps == pytest.approx(pp, rel=2e-2)  # pp: compute + reads per CPU micro-batch
+    again = _round_trip(["-ngl", "0", "-c", "4096"], {"threads": 16}, factor,
+                        {"cpu_bandwidth", "cpu_compute"})
     assert again.calibrated
     assert any(a.figure.source is Source.CALIBRATED for a in again.assumptions)
 
@@ -65,3 +58,27 @@ def test_a_measurement_faster_than_the_other_parts_allow_is_refused() -> None:
     cal = calibrate(est, hw, DEFAULT, tg_tps=est.tg_tps * 1000, pp_tps=None)
     assert cal.values == {}
     assert cal.notes
+
+
+@pytest.mark.parametrize("factor", [0.4, 0.8, 1.5])
+def test_calibration_with_tb_reproduces_the_measurement(factor: float) -> None:
+    """``-t 1 -tb 16``: a token's reads are bound by one thread's bandwidth, a prompt's micro-batches
+    (``-tb``'s 16 threads) by the RAM's: tg calibrates the per-thread figure, which the prompt's reads
+    do not use, and the re-estimate reproduces both measured rates."""
+    _round_trip(["-ngl", "0", "-c", "4096", "-t", "1", "-tb", "16"], {"threads": 1, "threads_batch": 16},
+                factor, {"cpu_thread_bandwidth", "cpu_compute"})
+
+
+def _round_trip(args: list[str], threads: dict[str, int], factor: float, figures: set[str]):  # type: ignore[no-untyped-def]
+    """Calibrate the CPU-only plan of ``args`` on ``factor`` x its own estimate (both rates): the
+    ``figures`` it calibrates, and the re-estimate, which reproduces both measured rates."""
+    plan = _plan(args, [])
+    hw = hardware_for(plan.devices, **threads)  # type: ignore[arg-type]
+    est = estimate(plan, hw, prompt=512, eff=DEFAULT)
+    tg, pp = est.tg_tps * factor, est.pp_tps * factor
+    cal = calibrate(est, hw, DEFAULT, tg_tps=tg, pp_tps=pp)
+    assert set(cal.values) == figures, cal.notes
+    again = estimate(plan, hw, prompt=512, eff=calibrated(cal.values, "test"))
+    assert again.tg_tps == pytest.approx(tg, rel=2e-3)
+    assert again.pp_tps == pytest.approx(pp, rel=2e-2)  # pp: compute + reads per CPU micro-batch
+    return again

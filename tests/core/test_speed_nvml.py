@@ -87,6 +87,8 @@ def test_without_a_driver_the_catalogue_is_used_and_the_output_says_so() -> None
                        capture_output=True, text=True, timeout=300, env=env, check=False)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert any(det.message in n and "catalogue" in n for n in d["notes"])
+    # the driver's words, then the declared GPU planned for (not "declare GPUs with --device": it is)
+    said = det.message.split(";")[0]
+    assert any(said in n and "planning for the declared CUDA0" in n and "catalogue" in n for n in d["notes"])
     bw = next(a for a in d["speed"]["assumptions"] if a["what"] == "CUDA0 memory bandwidth")
     assert (bw["source"], bw["value"]) == ("catalogue", 936)

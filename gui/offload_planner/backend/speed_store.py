@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from offload_planner.backend.config_folder import config_dir, read_config_file
+from offload_planner.core.cmdline.cnum import stoi
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 from offload_planner.core.devices import DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
@@ -564,23 +565,60 @@ def efficiencies_for(backend: str) -> Efficiencies:
 
 
 def threads_in(argv: list[str]) -> int | None:
-    """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags)."""
-    for flag, value in itertools.pairwise(argv):
-        if flag in ("-t", "--threads"):
-            return int(value) if value.isdigit() and int(value) > 0 else None
+    """``-t N`` / ``--threads N`` among verbatim arguments (a plan's kept flags): the last one given, as
+    :func:`threads_of` reads it; None for 0 or below (llama.cpp's default) or not given."""
+    return _last_in(argv, ("-t", "--threads")) or None
+
+
+def threads_batch_in(argv: list[str]) -> int | None:
+    """``-tb N`` / ``--threads-batch N`` among verbatim arguments (a plan's kept flags), as
+    :func:`threads_batch_of` reads it: N, 0 for 0 or below, None when not given."""
+    return _last_in(argv, ("-tb", "--threads-batch"))
+
+
+def _last_in(argv: list[str], names: tuple[str, ...]) -> int | None:
+    """The last of flags ``names``'s values in ``argv`` as a thread count (:func:`_count`)."""
+    for flag, value in reversed(list(itertools.pairwise(argv))):  # llama-server keeps the last one given
+        if flag in names:
+            return _count(value)
     return None
 
 
 def threads_of(parsed: Any) -> int | None:
-    """``-t N`` of a parsed command line (the CPU threads llama-server computes with)."""
-    for f in getattr(parsed, "flags", []):
-        if f.key == "--threads" and f.values:
-            try:
-                n = int(f.values[0])
-            except ValueError:
-                return None
-            return n if n > 0 else None
+    """``-t N`` of a parsed command line (the CPU threads llama-server computes a token with): the last
+    one given (the command line's after ``LLAMA_ARG_THREADS``, which llama-server reads first), read
+    as ``std::stoi`` reads it; None for 0 or below (llama.cpp's default) or not given."""
+    n = _last_count(parsed, "--threads")
+    return n if n else None
+
+
+def threads_batch_of(parsed: Any) -> int | None:
+    """``-tb N`` / ``--threads-batch N`` of a parsed command line (the CPU threads of a batch of more
+    than one token: a prompt's micro-batches, the speculative verify batch): N, the last one given
+    (common/arg.cpp:1529-1538 sets ``cpuparams_batch.n_threads``; ik common/common.cpp:1147
+    ``n_threads_batch``); 0 for 0 or below (both builds: ``std::thread::hardware_concurrency()``);
+    None when not given: the batch then computes with ``-t``'s threads (core.speed.hardware
+    ``_batch_threads``).  No environment variable sets it: neither build gives ``-tb`` one
+    (``LLAMA_ARG_THREADS_BATCH`` is not read; the parser keeps no flag for it)."""
+    return _last_count(parsed, "--threads-batch")
+
+
+def _last_count(parsed: Any, key: str) -> int | None:
+    """The last value of flag ``key`` as a thread count (:func:`_count`), None when not given."""
+    for f in reversed(list(getattr(parsed, "flags", []))):
+        if f.key == key and f.values:
+            return _count(f.values[0])
     return None
+
+
+def _count(value: str) -> int | None:
+    """A thread count as llama-server reads it (``std::stoi``: ``16x`` is 16): 0 for 0 or below
+    (its ``hardware_concurrency()``), None when not a number (a refused command)."""
+    try:
+        n = stoi(value)
+    except ValueError:
+        return None
+    return max(n, 0)
 
 
 #: Hosts of an rpc-server on this machine.
@@ -694,22 +732,24 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
     """The figures of the plan's devices on this machine (:func:`devices_hardware`), threads from
     ``-t`` of ``parsed`` or of the plan's kept flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
-    return devices_hardware(plan.devices, threads, probe=probe, probe_rpc=probe_rpc)
+    batch = threads_batch_of(parsed) if parsed is not None else threads_batch_in(plan.extra_args)
+    return devices_hardware(plan.devices, threads, probe=probe, probe_rpc=probe_rpc, threads_batch=batch)
 
 
 def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = True,
-                     probe_rpc: bool = False) -> Hardware:
+                     probe_rpc: bool = False, threads_batch: int | None = None) -> Hardware:
     """The figures of these devices on this machine: declared, catalogue, the cached RAM probe (run
     now when ``probe`` and not cached, unless the CPU is another machine: :func:`cpu_elsewhere`), the
     cached RPC links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers,
     which serve one client at a time), this CPU's instruction set, one thread's copy rate (cached, run
-    now as the RAM probe is) for the CPU and the rpc-servers on this machine."""
+    now as the RAM probe is) for the CPU and the rpc-servers on this machine; ``threads_batch``: ``-tb``
+    (:func:`threads_batch_of`), a batch's figures where they differ (``Hardware.batch``)."""
     elsewhere = cpu_elsewhere(devices)
     measured = None if elsewhere else host_bandwidth(measure=probe)
     one = None if elsewhere else thread_bandwidth(measure=probe)
     return hardware_for(devices, threads=threads, probe=measured, links=rpc_links(devices, measure=probe_rpc),
                         cores=thread_use(devices, threads), cpu=machine_cpu(devices),
-                        thread_bw=local_thread_bandwidth(devices, one))
+                        thread_bw=local_thread_bandwidth(devices, one), threads_batch=threads_batch)
 
 
 def local_thread_bandwidth(devices: DeviceSet, one: Figure | None) -> dict[str, Figure]:

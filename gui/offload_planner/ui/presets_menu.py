@@ -427,6 +427,7 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
         local_thread_bandwidth,
         machine_cpu,
         thread_bandwidth,
+        threads_batch_in,
         threads_in,
     )
     from offload_planner.core.speed.fastest import fastest_from_plan
@@ -434,7 +435,8 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
 
     one = None if machine_cpu(plan.devices) is None else thread_bandwidth(measure=False)
     hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False),
-                      cpu=machine_cpu(plan.devices), thread_bw=local_thread_bandwidth(plan.devices, one))
+                      cpu=machine_cpu(plan.devices), thread_bw=local_thread_bandwidth(plan.devices, one),
+                      threads_batch=threads_batch_in(plan.extra_args))  # -tb: the prompt's threads
     result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
                                allow_kv_quant=allow_kv_quant, allow_nkvo=allow_nkvo)
     return result

@@ -7,7 +7,7 @@ from offload_planner.core.devices import DeviceKind
 from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies
-from offload_planner.core.speed.hardware import Figure, Hardware, Source
+from offload_planner.core.speed.hardware import Figure, Hardware, Source, Threads
 from offload_planner.core.speed.rates import _bandwidth, _is_gpu
 from offload_planner.core.speed.reads import _running
 from offload_planner.core.speed.result import Assumption
@@ -25,6 +25,7 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
         out.append(Assumption(f"{name} compute", d.tflops))
         out.append(Assumption(f"{name} compute efficiency",
                               eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute))
+        out += batch_assumptions(name, hw, eff)
         if d.kind is not DeviceKind.CPU:
             out.append(Assumption(f"{name} host link", d.link))
     if any(_is_gpu(hw[n]) for n in used):
@@ -43,14 +44,46 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
     return out
 
 
+def batch_assumptions(name: str, hw: Hardware, eff: Efficiencies) -> list[Assumption]:
+    """What a batch of more than one token (a prompt's micro-batches, the speculative verify batch)
+    computes with on device ``name`` where ``-tb`` makes it differ from one token's figures
+    (:attr:`Hardware.batch`): the CPU's threads and compute, and the bandwidth notes that differ
+    (``-tb``'s limit on the reads, the share of oversubscribed cores)."""
+    b = hw.batch
+    if b is None or name not in b.devices or b[name] == hw[name]:
+        return []
+    d = b[name]
+    out: list[Assumption] = []
+    if d.kind is DeviceKind.CPU and d.threads:
+        one = hw[name].threads or (hw.threads.server if hw.threads is not None else None)
+        note = ("llama.cpp computes a batch of more than one token (a prompt's micro-batches, a speculative "
+                f"verify batch) with -tb, a single token with -t{f' {one}' if one else ''} "
+                "(src/llama-context.cpp graph_compute)")
+        out.append(Assumption(f"{name} threads in a batch (pp: {d.threads_flag} {d.threads})",
+                              Figure(d.threads, "threads", Source.DECLARED, note)))
+        out.append(Assumption(f"{name} compute in a batch ({d.threads_flag} {d.threads})", d.tflops))
+    single = _bandwidth(hw[name], eff)[1]
+    tb = next((x.threads for x in b.devices.values() if x.kind is DeviceKind.CPU), None)
+    out += [Assumption(a.what if "-tb" in a.what else f"{a.what} (in a batch: -tb {tb})", a.figure)
+            for a in _bandwidth(d, eff)[1] if a not in single]
+    return out
+
+
 def thread_warnings(hw: Hardware) -> list[str]:
-    """More compute threads than physical cores on this machine: said, with the slowdown assumed."""
-    t = hw.threads
+    """More compute threads than physical cores on this machine: said, with the slowdown assumed (for
+    one token's ``-t`` and, where ``-tb`` differs, a batch's)."""
+    out = _thread_warning(hw.threads, "")
+    if hw.batch is not None:
+        out += _thread_warning(hw.batch.threads, " in a batch of more than one token (pp)")
+    return out
+
+
+def _thread_warning(t: Threads | None, when: str) -> list[str]:
     if t is None or not t.oversubscribed:
         return []
     free = t.cores - sum(t.rpc.values())
-    fix = (f"-t {free} (the cores left beside the rpc-servers)" if t.rpc and free >= 1
-           else f"-t {t.cores}" if not t.rpc else "fewer rpc-server threads (rpc-server -t)")
-    return [f"{t.describe()}: oversubscribed; the estimate gives each thread {t.share:.2f} of a core, "
+    fix = (f"{t.flag} {free} (the cores left beside the rpc-servers)" if t.rpc and free >= 1
+           else f"{t.flag} {t.cores}" if not t.rpc else "fewer rpc-server threads (rpc-server -t)")
+    return [f"{t.describe()}: oversubscribed{when}; the estimate gives each thread {t.share:.2f} of a core, "
             f"{', '.join(t.local)} {1 / t.share:.2f}x slower (llama.cpp's threads wait for each other at "
             f"every op: a busy machine is slower still); consider {fix}"]

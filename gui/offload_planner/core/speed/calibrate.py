@@ -98,11 +98,13 @@ def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: fl
                      "pp (op-offload copies)")
         else:
             # a CPU's reads add to its compute (pp._microbatch): only the compute scales, and
-            # the reads take the bandwidth the tg measurement just calibrated
+            # the reads take the bandwidth the tg measurement just calibrated; a prompt's
+            # micro-batches run with -tb's threads (Hardware.for_tokens)
+            dev = hw.for_tokens(min(est.n_ubatch, est.prompt))[d.name]
             reads = d.pp_reads_ms / 1e3
-            bw_name = _bandwidth_name(hw[d.name], eff)
+            bw_name = _bandwidth_name(dev, eff)
             if bw_name is not None and bw_name in cal.values:
-                reads *= getattr(_own(hw[d.name], eff), bw_name).value / cal.values[bw_name]
-            _rescale(cal, eff, _compute_name(hw[d.name]), (d.pp_ms - d.pp_reads_ms) / 1e3,
+                reads *= getattr(_own(dev, eff), bw_name).value / cal.values[bw_name]
+            _rescale(cal, eff, _compute_name(dev), (d.pp_ms - d.pp_reads_ms) / 1e3,
                      total_est - d.pp_reads_ms / 1e3 + reads, total_meas, f"pp (bottleneck {d.name})")
     return cal

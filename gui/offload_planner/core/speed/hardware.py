@@ -110,6 +110,8 @@ class DeviceSpeed:
     #: pass: this machine's CPU and the rpc-servers on it), None when not measured: its threads' share
     #: of the bandwidth (core.speed.rates.thread_bandwidth)
     thread_bandwidth: Figure | None = None
+    #: the flag ``threads`` comes from: ``-t`` (one token), ``-tb`` (a batch: :attr:`Hardware.batch`)
+    threads_flag: str = "-t"
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Threads:
     server_given: bool
     rpc: Mapping[str, int] = field(default_factory=dict)  # endpoint -> threads
     local: tuple[str, ...] = ()
+    flag: str = "-t"  # llama-server's flag ``server`` comes from: -t, or -tb for a batch (Hardware.batch)
 
     @property
     def total(self) -> int:
@@ -139,7 +142,8 @@ class Threads:
         return min(1.0, self.cores / self.total) if self.total else 1.0
 
     def describe(self) -> str:
-        parts = [f"{self.server} llama-server (-t{'' if self.server_given else ', default: the cores'})"]
+        default = "" if self.server_given else ", default: the cores"
+        parts = [f"{self.server} llama-server ({self.flag}{default})"]
         parts += [f"{n} rpc-server {ep}" for ep, n in self.rpc.items()]
         return (f"{self.total} compute threads ({' + '.join(parts)}) on {self.cores} physical "
                 f"core{'s' if self.cores != 1 else ''}")
@@ -157,11 +161,27 @@ class MeasuredLink:
 
 @dataclass(frozen=True)
 class Hardware:
+    """The devices' figures for one token (tg), and in :attr:`batch` for a batch of more than one.
+
+    llama.cpp computes a micro-batch of more than one token with ``n_threads_batch`` (``-tb``) and a
+    single token with ``n_threads`` (``-t``): pinned build src/llama-context.cpp:2612 ``int n_threads =
+    batched ? cparams.n_threads_batch : cparams.n_threads;``, ``batched`` being ``ubatch.n_tokens > 1``
+    (:1463); ik_llama.cpp src/llama.cpp:6344 ``n_tokens == 1 ? cparams.n_threads :
+    cparams.n_threads_batch``.  Without ``-tb`` the two are one (common/common.cpp:1699
+    ``n_threads_batch == -1 ? n_threads``; ik common/common.cpp:4341), and :attr:`batch` is None."""
+
     devices: dict[str, DeviceSpeed] = field(default_factory=dict)
     threads: Threads | None = None  # on the machine llama-server runs on (None: not known)
+    #: the figures of a batch of more than one token (a prompt's micro-batches, the speculative verify
+    #: batch) where ``-tb`` makes them differ; None: the same as these
+    batch: Hardware | None = None
 
     def __getitem__(self, name: str) -> DeviceSpeed:
         return self.devices[name]
+
+    def for_tokens(self, n: float) -> Hardware:
+        """The figures a pass of ``n`` tokens runs with: :attr:`batch` for more than one token."""
+        return self.batch if self.batch is not None and n > 1 else self
 
 
 # --- figures of each device -------------------------------------------------------------------------
@@ -264,7 +284,7 @@ def _isa_note(isa: Isa, where: str) -> str:
 
 def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None = None,
                default_threads: int | None = None, smt_capped: bool = True,
-               cpu: CpuInfo | None = None) -> DeviceSpeed:
+               cpu: CpuInfo | None = None, flag: str = "-t") -> DeviceSpeed:
     """The host's figures: declared bw=/ram=, else the probe's measurement, else a default.  Threads:
     ``-t`` (``threads``) or the declared ``threads=``, else llama.cpp's default, the physical cores
     (``common_cpu_get_num_math``): the declared ``cores=``, else ``default_threads`` (this machine's).
@@ -272,7 +292,8 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
     algebra", the same function) unless ``smt_capped`` is off (``Threads`` shares the cores instead).
     A core's compute: the AVX2 figure times its instruction set's gain (declared ``isa=``, else
     ``cpu``'s), at the declared ``ghz=``, else the clock ``cpu``'s model name states; ``tflops=``
-    declared replaces all of it."""
+    declared replaces all of it.  ``flag``: where ``threads`` came from, as the notes name it (``-tb``
+    for a batch's figures: :attr:`Hardware.batch`)."""
     decl = parse_hardware_keys(dev.hardware)
     if decl.bw is not None or dev.bandwidth_gbs:
         bw = Figure(decl.bw or dev.bandwidth_gbs or 0.0, "GB/s", Source.DECLARED, "CPU bw=")
@@ -291,10 +312,10 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
     else:
         cores = decl.cores or default_threads
         tn = n or cores or DEFAULT_THREADS
-        why = ("" if n else f" (-t not given: llama.cpp's default, the {cores} physical cores)" if cores
-               else " (threads not given: -t)")
+        why = ("" if n else f" ({flag} not given: llama.cpp's default, the {cores} physical cores)" if cores
+               else f" (threads not given: {flag})")
         if n and decl.cores and n > decl.cores and smt_capped:
-            tn, why = decl.cores, f" (-t {n} on {decl.cores} physical cores: the rest add no compute)"
+            tn, why = decl.cores, f" ({flag} {n} on {decl.cores} physical cores: the rest add no compute)"
         gain, isa_note, isa = _isa(decl, cpu)
         per, src, clock = DEFAULT_CPU_TFLOPS_PER_THREAD * gain, Source.DEFAULT, ""
         ghz = decl.ghz if decl.ghz is not None else cpu.ghz if cpu is not None else None
@@ -307,25 +328,44 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
                     f"{tn} threads x {per:.4g} TFLOPS{clock}{why}{isa_note}")
     link = Figure(bw.value, "GB/s", bw.source, "host memory")
     return DeviceSpeed(dev.name, DeviceKind.CPU, bw, tf, link, threads=n,
-                       isa_gain=1.0 if decl.tflops is not None else gain, isa=isa)
+                       isa_gain=1.0 if decl.tflops is not None else gain, isa=isa, threads_flag=flag)
 
 
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
                  overrides: Mapping[str, DeviceSpeed] | None = None,
                  links: Mapping[str, MeasuredLink | str] | None = None, cores: Threads | None = None,
-                 cpu: CpuInfo | None = None, thread_bw: Mapping[str, Figure] | None = None) -> Hardware:
+                 cpu: CpuInfo | None = None, thread_bw: Mapping[str, Figure] | None = None,
+                 threads_batch: int | None = None) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
     ``links``: measured links of RPC devices by endpoint (or why the probe failed); ``cores``: the
     threads on this machine, which slow its devices down by ``cores / threads`` when more threads than
     cores compute;
     ``cpu``: this machine's CPU as the operating system describes it, its instruction set and clock;
     ``thread_bw``: one thread's measured copy rate of the devices, by name, whose threads run on the
-    probed machine)."""
+    probed machine; ``threads_batch``: ``-tb`` (0: ``-tb`` 0 or below), the threads of a batch of more
+    than one token, whose figures are :attr:`Hardware.batch` where they differ from ``-t``'s)."""
     links = links or {}
-    out = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
-    out[devices.cpu.name] = host_speed(devices.cpu, threads=threads, probe=probe,
-                                       default_threads=cores.server if cores is not None else None,
-                                       smt_capped=cores is None, cpu=cpu)
+    gpus = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
+    host = host_speed(devices.cpu, threads=threads, probe=probe,
+                      default_threads=cores.server if cores is not None else None,
+                      smt_capped=cores is None, cpu=cpu)
+    one = _assembled(gpus, host, thread_bw, overrides, cores)
+    tb = _batch_threads(threads_batch, devices.cpu, host, cores)
+    if tb is None:
+        return one
+    # -tb stands alone: a declared threads= is the CPU's -t (host_speed), not its batch's
+    own = replace(devices.cpu, hardware=tuple(kv for kv in devices.cpu.hardware if kv[0] != "threads"))
+    batch_host = host_speed(own, threads=tb, probe=probe, smt_capped=cores is None, cpu=cpu, flag="-tb")
+    batch_cores = replace(cores, server=tb, server_given=True, flag="-tb") if cores is not None else None
+    return replace(one, batch=_assembled(gpus, batch_host, thread_bw, overrides, batch_cores))
+
+
+def _assembled(gpus: Mapping[str, DeviceSpeed], host: DeviceSpeed, thread_bw: Mapping[str, Figure] | None,
+               overrides: Mapping[str, DeviceSpeed] | None, cores: Threads | None) -> Hardware:
+    """The devices' figures with the host's ``host``: each one thread's copy rate, the overrides, and
+    the share of a core each thread of the devices computing here gets when ``cores`` are
+    oversubscribed."""
+    out = {**gpus, host.name: host}
     for name, fig in (thread_bw or {}).items():
         if name in out:
             out[name] = replace(out[name], thread_bandwidth=fig)
@@ -333,3 +373,21 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     if cores is not None and cores.oversubscribed:
         out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}
     return Hardware(out, cores)
+
+
+def _batch_threads(given: int | None, dev: Device, host: DeviceSpeed, cores: Threads | None) -> int | None:
+    """The threads of a batch of more than one token where they differ from one token's (``host``'s),
+    else None.  ``-tb N`` (common/arg.cpp:1529-1538; ik common/common.cpp:1147) is N; 0 or below is
+    ``std::thread::hardware_concurrency()``, taken as the cores as ``-t`` 0 is (the physical cores:
+    ``cores``, else the declared ``cores=``); not given, the batch takes ``-t``'s threads
+    (postprocess_cpu_params(cpuparams_batch, &cpuparams), common/arg.cpp:887 and common/common.cpp:296;
+    ik: ``n_threads_batch == -1 ? n_threads``, common/common.cpp:4341).  Neither build reads an
+    environment variable for it (no ``set_env`` on ``-tb``; ik's ``gpt_params_parse_from_env`` reads
+    ``LLAMA_ARG_THREADS`` only, common/common.cpp:804)."""
+    if given is None:
+        return None
+    decl = parse_hardware_keys(dev.hardware)
+    known = cores.cores if cores is not None else decl.cores
+    one = host.threads or (cores.server if cores is not None else decl.cores) or DEFAULT_THREADS
+    tb = given if given > 0 else known or DEFAULT_THREADS
+    return None if tb == one else tb

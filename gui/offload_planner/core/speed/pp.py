@@ -314,7 +314,9 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
             kv_cell: dict[str, float] | None = None) -> _PPParts:
     """Seconds to process ``prompt`` tokens in micro-batches of ``n_ubatch`` after ``depth`` tokens
     already in the cache (attention over them; ``kv_cell``: KV bytes per cell per device, read by
-    each micro-batch's attention, None: not counted)."""
+    each micro-batch's attention, None: not counted).  A micro-batch of more than one token computes
+    with ``hw``'s batch figures (``-tb``: :meth:`Hardware.for_tokens`; src/llama-context.cpp:1463
+    ``graph_compute(..., ubatch.n_tokens > 1)``), one of a single token with ``-t``'s."""
     pairs = token_split_pairs(plan, placement) if pairs is None else pairs
     s = plan.model.summary
     work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw),
@@ -332,11 +334,12 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     splits = _pp_splits(plan, hw, eff, pairs)
     weighed = _weighed(plan, hw, work, offload_to)
     start = depth
-    rates: dict[str, tuple[float, float]] = {}  # a device's figures: the same for every micro-batch
+    # a device's figures: the same for every micro-batch of more than one token (-tb), and of one (-t)
+    rates: dict[bool, dict[str, tuple[float, float]]] = {True: {}, False: {}}
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
-        mb = _microbatch(plan, hw, eff, weighed, attn_layers, u, start, splits, offload_to[0], kv_cell or {},
-                         swa_cells, plan.context.flash_attn, rates)
+        mb = _microbatch(plan, hw.for_tokens(u), eff, weighed, attn_layers, u, start, splits, offload_to[0],
+                         kv_cell or {}, swa_cells, plan.context.flash_attn, rates[u > 1])
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         for k, v in mb.attn_s.items():

@@ -74,7 +74,7 @@ def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies, notes: list[Assumption]
     if (rpc or dev.kind is DeviceKind.CPU) and dev.threads and dev.threads * per.value < bw:
         bw = dev.threads * per.value
         if notes is not None:
-            by = f"its server's {dev.threads} threads" if rpc else f"-t {dev.threads}"
+            by = f"its server's {dev.threads} threads" if rpc else f"{dev.threads_flag} {dev.threads}"
             notes.append(Assumption(f"{dev.name} limited by {by}", per))
     return bw
 

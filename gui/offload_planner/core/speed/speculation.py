@@ -158,7 +158,12 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
     device the larger of its reads over its effective bandwidth and its FLOPs over its effective
     compute, summed (devices run one after another), plus the graph splits' ``split_s``, plus on a
     GPU ``gpu_layer_us`` for each of the pass's ``layers`` there, whatever ``b`` (as plain tg counts
-    them: a pass launches a layer's kernels once)."""
+    them: a pass launches a layer's kernels once).  A batch of more than one token computes with
+    ``-tb``'s threads (:meth:`Hardware.for_tokens`): the target's verify batch and the draft's pass
+    over it (the draft's context takes the main ``cpuparams_batch`` unless ``-tbd``,
+    common/arg.cpp:890 and common/speculative.cpp:2553-2555; ik loads the draft with the main
+    command line), a one-token draft pass with ``-t``'s."""
+    hw = hw.for_tokens(b)
     hit = 1.0 - (1.0 - frac) ** b if frac < 1.0 else 1.0
     total = split_s
     layers = layers or {}
