@@ -112,7 +112,7 @@ def test_a_draft_model_url_is_refused_without_a_request(tmp_path: Path) -> None:
         planned = run_cli("plan", QWEN, "--no-detect", "--", "-md", url, "--spec-type", "draft-simple")
         assert srv.log == [], [r.path for r in srv.log]
     no_traceback(planned, 2)
-    assert f"error: -md {url}: llama-server opens -md as a local file, not a URL" in planned.stderr
+    assert f"error: draft model {url}: llama-server opens a draft model (-md" in planned.stderr
     no_traceback(launched, 2)
 
 

@@ -280,8 +280,9 @@ def open_draft(location: str) -> Model:
     from offload_planner.core.loadable import open_loadable
 
     if is_url(location):  # llama-server opens it as a file name; a plan file's -md fetched it unasked
-        raise PlannerError(f"-md {location[:200]}: llama-server opens -md as a local file, not a URL (it "
-                           "fails to load it): download the draft model and give its path")
+        raise PlannerError(f"draft model {location[:200]}: llama-server opens a draft model (-md, ik's "
+                           "-draft \"-m FILE\") as a local file, not a URL (it fails to load it): download "
+                           "it and give its path")
     try:
         st = os.stat(location)
     except (OSError, ValueError):
