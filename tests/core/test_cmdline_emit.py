@@ -202,7 +202,16 @@ def test_llama_swap_entry() -> None:
 def _comparable(args: ServerArgs) -> dict[str, object]:
     d = dataclasses.asdict(args)
     d["overrides"] = [(o["pattern"], o["buft"], o["source"]) for o in d["overrides"]]
+    d["draft"].pop("env")  # the variables the parse read (ik gives them to -draft's ARGS): the form's input
     return d
+
+
+def test_ik_with_draft_params_keeps_every_flag_on_argv() -> None:
+    """ik's -draft "ARGS" is parsed after the LLAMA_ARG_* variables are applied again to the draft's copy
+    of the main settings: -ngl moved to LLAMA_ARG_N_GPU_LAYERS would replace the draft's -ngld."""
+    argv = ["llama-server", "-m", "x", "-ngl", "99", "-md", "d", "-ngld", "0", "-draft", "-b 64"]
+    env, rest = _docker_round_trip(argv, Dialect.IK)
+    assert env == {} and rest == argv[1:]
 
 
 def _docker_round_trip(argv: list[str], dialect: Dialect) -> tuple[dict[str, str], list[str]]:

@@ -184,7 +184,7 @@ def test_only_the_header_is_downloaded(files: Path, server: RangeServer) -> None
         assert src.request_count == 3  # 1 MiB, then up to 2 MiB, then up to 4 MiB
         assert src.bytes_fetched <= 2 * header.data_offset
         assert src.bytes_fetched < size / 8
-    assert server.bytes_sent() == src.bytes_fetched
+    assert server.bytes_sent(at_least=src.bytes_fetched) == src.bytes_fetched
     asked = [r for r in server.ranges_asked() if r is not None]
     assert len(asked) == 3 and asked[0] == (0, BLOCK_SIZE - 1)
     for (_, end), (start, _) in itertools.pairwise(asked):

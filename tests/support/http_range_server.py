@@ -295,8 +295,13 @@ class RangeServer:
         with self.config.lock:
             self.config.log.clear()
 
-    def bytes_sent(self) -> int:
-        return sum(r.bytes_sent for r in self.log)
+    def bytes_sent(self, at_least: int = 0, wait: float = 2.0) -> int:
+        """The body bytes written so far; with ``at_least``, waited for up to ``wait`` seconds: the
+        handler counts a chunk after its write returns, which can be after the client has read it."""
+        end = time.monotonic() + wait
+        while (n := sum(r.bytes_sent for r in self.log)) < at_least and time.monotonic() < end:
+            time.sleep(0.005)
+        return n
 
     def ranges_asked(self) -> list[tuple[int, int] | None]:
         return [r.range for r in self.log if r.status in (200, 206)]

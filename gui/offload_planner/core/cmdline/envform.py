@@ -160,6 +160,13 @@ _IK_ENV_FORMS: dict[str, Callable[[ArgGroup], tuple[str, str]]] = {
 
 def split_ik(groups: list[ArgGroup]) -> EnvSplit:
     out = EnvSplit()
+    if any(g.spec is not None and g.spec.key == "--draft-params" for g in groups):
+        # ik's -draft parse applies the LLAMA_ARG_* variables again (common/speculative.cpp, then
+        # gpt_params_parse_from_env): a flag moved there would also set the draft's (-ngl over -ngld)
+        out.rest = [t for g in groups for t in g.tokens]
+        out.notes.append("every flag stays on the command line: ik applies the LLAMA_ARG_* variables "
+                         "again to -draft's arguments, so the environment would change the draft's settings")
+        return out
     forms = [(_IK_ENV_FORMS.get(g.spec.key) if g.spec is not None else None) for g in groups]
     env_counts = Counter(form(g)[0] for g, form in zip(groups, forms, strict=True) if form is not None)
     for g, form in zip(groups, forms, strict=True):
