@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from offload_planner.backend.config_folder import config_dir
+from offload_planner.backend.config_folder import config_dir, read_config_file
 from offload_planner.core.cmdline.cnum import stoi
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 from offload_planner.core.devices import DeviceKind, DeviceSet
@@ -137,8 +137,11 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
 
 def _read() -> dict[str, Any]:
     try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
-        data = json.loads(read_bytes(_path()).decode("utf-8"))
-    except (OSError, ValueError):
+        raw, problem = read_config_file(_path())
+        if problem is not None:
+            return {}
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
         return {}
@@ -164,9 +167,11 @@ def _damage(path: Path) -> str | None:
     """Why the store at ``path`` cannot be read (None: it reads, is empty or is not there): what
     :func:`_read` took for an empty store, though it may hold a user's calibrations."""
     try:
-        raw = read_bytes(path)
+        raw, problem = read_config_file(path)
     except OSError:
         return None
+    if problem is not None:
+        return problem
     if not raw.strip():
         return None
     try:
@@ -175,6 +180,8 @@ def _damage(path: Path) -> str | None:
         return "not UTF-8 text"
     except ValueError as e:
         return f"not JSON: {e}"
+    except RecursionError:
+        return "not JSON: nested too deeply"
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
         return "not a speed store (no 'machines' object)"
     return None
@@ -352,7 +359,7 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = _number(entry.get("ram_gbs"), 0.01, MAX_RATE_GBS)  # a damaged figure is measured again
-    when = entry.get("ram_measured_at", "")
+    when = _stamp(entry.get("ram_measured_at", ""))
     busy = entry.get("ram_busy") is True
     quiet = entry.get("ram_busy") is False  # neither: kept before the mark existed, measured again once
     if measure and (bw is None or (not quiet and _stale(when, BUSY_REPROBE_S))):
@@ -389,7 +396,7 @@ def thread_bandwidth(*, measure: bool = True) -> Figure | None:
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     gbs = _number(entry.get("ram_thread_gbs"), 0.01, MAX_RATE_GBS)
-    when = str(entry.get("ram_thread_measured_at", ""))
+    when = _stamp(entry.get("ram_thread_measured_at", ""))
     busy = entry.get("ram_thread_busy") is not False
     if measure and (gbs is None or (busy and _stale(when, BUSY_REPROBE_S))):
         import numpy as np
@@ -423,12 +430,18 @@ def _printable(text: str, limit: int = 300) -> str:
     return "".join(c for c in text if c.isprintable())[:limit]
 
 
+def _stamp(value: object) -> str:
+    """A stored time as printed: :func:`_printable`, at most 40 characters (the store writes 16; a hand
+    edit's or another program's text is not printed whole, nor its escape sequences)."""
+    return _printable(str(value), 40)
+
+
 def _remembered_failure(got: object) -> str | None:
     """Why the last probe failed, when it failed within :data:`RPC_FAILURE_KEEP_S` (said so, with when
     and when it is probed again); None when there is no such failure or it has expired."""
     if not isinstance(got, dict) or not isinstance(got.get("failed"), str):
         return None
-    at = str(got.get("at", ""))
+    at = _stamp(got.get("at", ""))
     if _stale(at, RPC_FAILURE_KEEP_S):
         return None
     return (f"{_printable(got['failed'])} (a failed probe remembered from {at}, {_path()}; probed again "
@@ -484,7 +497,9 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
         # kept before the probe asked the server's memory (cpu_backend_evidence): asked now, the figures
         # kept when the server does not answer
         again = _probe_rpc(endpoint, data, entry, links, keep_failure=False)
-        got = got if isinstance(again, str) else again
+        got = {**got, "at": _stamp(got.get("at", ""))} if isinstance(again, str) else again
+    elif isinstance(got, dict):  # valid: cached
+        got = {**got, "at": _stamp(got.get("at", ""))}
     assert isinstance(got, dict)
     total, n_dev = _number(got.get("mem_total"), 1.0, 2.0**64), _number(got.get("devices"), 1.0, 2.0**32)
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
@@ -552,7 +567,7 @@ def efficiencies_for(backend: str) -> Efficiencies:
         return base
     if any(_number(v, 1e-6, 1e6) is None for v in values.values()):  # NaN, a string, a bool: damaged
         return base
-    when = _mapping(entry.get("efficiencies_at")).get(backend, "")
+    when = _stamp(_mapping(entry.get("efficiencies_at")).get(backend, ""))
     try:
         note = f"measured on this machine with {backend} ({when})"
         return calibrated(_cpu_basis(entry, backend, values), note, base)
