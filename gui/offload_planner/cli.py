@@ -43,6 +43,9 @@ def check_plan_file(path: str, *, allow_remote: bool) -> None:
                                "to fetch a URL named in a file")
     else:
         require_regular_file(pf.model_path, f"{path}: the plan's model")
+    if pf.projector_url is not None and not allow_remote:  # the window read it unasked
+        raise PlannerError(f"{path}: the plan reads its projector from {pf.projector_url[:200]}; pass "
+                           "--allow-remote to fetch a URL named in a file")
 
 
 def _cmd_gui(args: argparse.Namespace) -> int:

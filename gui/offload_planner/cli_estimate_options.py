@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING, Any
 
 from offload_planner.core.errors import PlannerError
@@ -105,15 +106,17 @@ def _depth(text: str) -> int:
     return value
 
 
+#: a number as --spec-accept takes it: ASCII digits, a decimal point, an exponent
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?", re.ASCII)
+
+
 def _accept(text: str) -> float | Acceptance:
     """``P`` (0 to 1), ``ratio=R`` (0 to 1) or ``len=L`` (at least 1; at most the draft length + 1,
     checked when the draft length is known: a larger one counts as every token accepted)."""
     kind, sep, number = text.rpartition("=")
     kind = kind if not sep or kind else "?"  # '=0.5' names no form
-    try:
-        v = float(number) if len(number) < 40 else -1.0
-    except ValueError:
-        v = -1.0
+    # ASCII digits only: float() also took '2_5' as 25 and other scripts' digits, which --prompt refuses
+    v = float(number) if len(number) < 40 and _DECIMAL.fullmatch(number) else -1.0
     if kind == "len" and 1.0 <= v < 1e6:
         return Acceptance("len", v)
     if kind in ("", "ratio") and 0.0 <= v <= 1.0:

@@ -125,12 +125,19 @@ def _seconds(text: str) -> float:
 
 
 def _stop_seconds(text: str) -> float:
-    """``--stop-timeout``: as :func:`_seconds`, and 0 (SIGKILL at once)."""
+    """``--stop-timeout``: as :func:`_seconds`, and 0 (SIGKILL at once), which its message names (it
+    said 'expected seconds above 0' of the 0 it takes)."""
     try:
         zero = float(text) == 0
     except ValueError:
         zero = False
-    return 0.0 if zero else _seconds(text)
+    if zero:
+        return 0.0
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds from 0 (SIGKILL at once) to "
+                                         f"{MAX_SECONDS}") from None
 
 
 def _port(text: str) -> int:
@@ -277,7 +284,22 @@ class _Session:
         self.devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],
                                         rpc_endpoints=list(self.parsed.args.rpc_servers or []),
                                         declared=declared)
+        if a.bench:
+            self._probe_local_rpc()
         return read.args
+
+    def _probe_local_rpc(self) -> None:
+        """Before llama-server holds them (an rpc-server serves one client at a time): the links of the
+        rpc-servers on this machine, probed and cached as ``plan`` does, so that the bench's estimate
+        knows which compute with this machine's CPU backend (backend.speed_store.cpu_backend_evidence);
+        a probe waits at most its deadline, a failure is said in the estimate as ``plan`` says it."""
+        from offload_planner.backend.speed_store import is_local, rpc_link
+        from offload_planner.core.devices import DeviceKind
+
+        assert self.devices is not None
+        for g in self.devices.gpus:
+            if g.kind is DeviceKind.RPC and g.endpoint and is_local(g.endpoint):
+                rpc_link(g.endpoint)
 
     def _header_only_hint(self) -> str:
         """Why a header-only file (the bundled demo, or a download of the header) did not load, and what
@@ -423,6 +445,8 @@ class _Session:
     def _on_finished(self, outcome: Any) -> None:
         from offload_planner.backend.launch import PlanContext
 
+        if outcome.killed:  # its exit code is SIGKILL's, not its own: say what happened
+            self.say(f"llama-server ignored SIGTERM for {self.args.stop_timeout:g} s: killed (SIGKILL)")
         if not outcome.reached_running:
             self.code = self.signal_code if self.interrupted else EXIT_FAILED
             context = None
@@ -433,7 +457,7 @@ class _Session:
                     projection = None
                 context = PlanContext(self.model, self.devices, self._args(), self.dialect, projection)
             exps = outcome.explain(context)
-            if not exps and not self.interrupted:
+            if not exps and not self.interrupted and not outcome.stopped:
                 self.say(f"llama-server ended before it listened (exit code {outcome.exit_code})")
             for e in exps:
                 self.say(e.text())
@@ -441,11 +465,23 @@ class _Session:
             if hint and not self.interrupted:
                 self.say(hint)
         elif outcome.state.value == "Failed" and not outcome.stopped:
+            self._say_bench_cut()
             for e in outcome.explain(None):
                 self.say(e.text())
             if self.code == EXIT_OK:
                 self.code = EXIT_FAILED
+        elif not outcome.stopped:  # it ended on its own after it listened: said, not left to guess
+            self._say_bench_cut()
+            self.say(f"llama-server exited on its own after it listened (exit code {outcome.exit_code})")
         self.app.quit()
+
+    def _say_bench_cut(self) -> None:
+        """The server ended while ``--bench`` measured: say so (the check's result never comes)."""
+        poll = getattr(self, "bench_poll", None)
+        if poll is not None and poll.isActive():
+            poll.stop()
+            self.say("speed check failed: llama-server ended before it answered: nothing measured")
+            self.code = EXIT_FAILED
 
     def _args(self) -> list[str]:
         return list(self.server.config.server_args)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from offload_planner.backend.config_folder import config_dir
+from offload_planner.backend.config_folder import config_dir, read_config_file
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import ContextParams, Projection
@@ -135,10 +135,27 @@ class Calibration:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Calibration:
-        measured = {str(k): int(v) for k, v in d["measured"].items()}
-        projected = {str(k): int(v) for k, v in d["projected"].items()}
-        return cls(str(d["fingerprint"]), str(d["options"]), measured, projected, float(d["when"]),
-                   int(d.get("runs", 1)))
+        """An entry as :meth:`to_json` writes it; ValueError for any other (a hand edit's Infinity,
+        1e308 bytes, a string where a count goes)."""
+        measured = {str(k): _bytes(v) for k, v in d["measured"].items()}
+        projected = {str(k): _bytes(v) for k, v in d["projected"].items()}
+        when, runs = d["when"], d.get("runs", 1)
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+            raise ValueError(f"'when' is {str(when)[:40]!r}, not a time")
+        if isinstance(runs, bool) or not isinstance(runs, int) or not 1 <= runs <= MAX_RUNS:
+            raise ValueError(f"'runs' is {str(runs)[:40]!r}, not a count of runs")
+        return cls(str(d["fingerprint"]), str(d["options"]), measured, projected, float(when), runs)
+
+
+#: the largest buffer a calibration stores (1 PiB: beyond any device's memory)
+MAX_BUFFER_BYTES = 1 << 50
+
+
+def _bytes(value: object) -> int:
+    """A stored buffer size: a whole number of bytes from 0 to :data:`MAX_BUFFER_BYTES`, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BUFFER_BYTES:
+        raise ValueError(f"{str(value)[:40]!r} is not a buffer size in bytes")
+    return value
 
 
 #: runs of one plan counted at most (a hand-edited count beyond it is taken as none)
@@ -170,15 +187,19 @@ class CalibrationStore:
         """The entries (None: no file), or why the file there cannot be read (it is then not one to
         write over without keeping it: another version's store, a hand edit gone wrong)."""
         try:
-            raw = self.path.read_bytes()
+            raw, problem = read_config_file(self.path)
         except OSError:
             return None, None
+        if problem is not None:
+            return None, problem
         if not raw.strip():
             return None, None
         try:
             data = json.loads(raw.decode("utf-8"))
         except ValueError as e:  # UnicodeDecodeError too
             return None, f"not JSON: {e}"
+        except RecursionError:  # nested deeper than json's stack
+            return None, "not JSON: nested too deeply"
         if not isinstance(data, dict) or data.get("version") != VERSION:
             return None, f"not a version {VERSION} calibration store"
         entries = data.get("entries")

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,21 +133,31 @@ def output_of(args: Sequence[str], timeout: float, limit: int = OUTPUT_LIMIT) ->
             size[0] += len(chunk)
 
     reader = threading.Thread(target=pump, name="offload-planner output", daemon=True)
+    deadline = time.monotonic() + timeout
     with proc:
         reader.start()
         reader.join(timeout)
-        if reader.is_alive() or size[0] > limit:
-            if cmd.own_group:
-                kill_group(proc.pid)
-            proc.kill()
+        exited = not reader.is_alive() and size[0] <= limit and _waited(proc, deadline - time.monotonic())
+        if cmd.own_group:  # what it left running (a child holding its output, one it let go of)
+            kill_group(proc.pid)
+        if not exited:  # still printing, or it closed its output and did not exit (it was waited for
+            proc.kill()  # without a limit: a --version that closed its output hung launch for ever)
             proc.wait()
             reader.join(5)
             if size[0] > limit:
                 raise OSError(errno.EFBIG, f"printed more than {limit >> 20} MiB for {' '.join(args[1:])} "
                                            "(not a llama-server?)")
             raise subprocess.TimeoutExpired([cmd.program, *cmd.arguments], timeout)
-        proc.wait()
     return "".join(read)
+
+
+def _waited(proc: subprocess.Popen[Any], seconds: float) -> bool:
+    """``proc`` exited within ``seconds`` (reaped)."""
+    try:
+        proc.wait(max(0.0, seconds))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _communicate(proc: subprocess.Popen[str], cmd: GuardedCommand, timeout: float) -> tuple[str, str]:

@@ -57,6 +57,12 @@ _KIND = {"model ": "model", "KV ": "kv", "RS ": "rs", "compute ": "compute", " o
 
 #: At most this many error lines are kept (a server in a loop must not grow memory).
 MAX_ERRORS = 200
+#: At most this many buffer, device, allocation-failure and print_info lines are kept (a load logs
+#: dozens; a server printing them in a loop grew the report by 200 bytes a line for as long as it ran)
+MAX_RECORDS = 10_000
+#: At most this many rows of the memory breakdown (one per device and the host); a repeated row was
+#: moved with a copy of the table, so 20,000 distinct rows took 5 s and 100,000 two minutes
+MAX_BREAKDOWN_ROWS = 256
 
 
 @dataclass(frozen=True)
@@ -290,7 +296,8 @@ class LogAccumulator:
         m = _BUFFER_RE.search(line)
         if m:
             kind = "mmproj" if m["func"] == "reserve_compute_meta" else _KIND.get(m["kind"], "model")
-            rep.buffers.append(BufferLine(m["name"], kind, float(m["mib"]), self.line_no))
+            if len(rep.buffers) < MAX_RECORDS:
+                rep.buffers.append(BufferLine(m["name"], kind, float(m["mib"]), self.line_no))
             return load_stage(line)
         if self._clip(line):
             return None
@@ -300,7 +307,8 @@ class LogAccumulator:
             return load_stage(line)
         m = _INFO_RE.search(line)
         if m:
-            rep.info.setdefault(m["key"].strip(), m["value"].strip())
+            if len(rep.info) < MAX_RECORDS:
+                rep.info.setdefault(m["key"].strip(), m["value"].strip())
             return None
         m = _LISTEN_RE.search(line)
         if m and rep.listening_url is None:
@@ -313,7 +321,8 @@ class LogAccumulator:
             return Stage(1.0, "listening")
         m = _DEVICE_RE.search(line)
         if m:
-            rep.devices.append(LoggedDevice(m["name"], m["desc"], int(m["free"])))
+            if len(rep.devices) < MAX_RECORDS:
+                rep.devices.append(LoggedDevice(m["name"], m["desc"], int(m["free"])))
             return load_stage(line)
         if "memory_breakdown_print" in line:
             self._breakdown(line)
@@ -337,7 +346,8 @@ class LogAccumulator:
             return True
         m = _CLIP_MODEL_RE.search(line)
         if m:
-            self.report.buffers.append(BufferLine(self._clip_buft, "mmproj", float(m["mib"]), self.line_no))
+            if len(bufs := self.report.buffers) < MAX_RECORDS:
+                bufs.append(BufferLine(self._clip_buft, "mmproj", float(m["mib"]), self.line_no))
             return True
         return False
 
@@ -357,10 +367,14 @@ class LogAccumulator:
             row = BreakdownRow(name, None, None, nums[0], nums[1], nums[2], nums[3], None)
         else:
             return
-        self.report.breakdown = [r for r in self.report.breakdown if r.name != name] + [row]
+        rows = self.report.breakdown
+        if len(rows) < MAX_BREAKDOWN_ROWS or any(r.name == name for r in rows):
+            self.report.breakdown = [r for r in rows if r.name != name] + [row]
 
     def _oom(self, line: str) -> None:
         rep = self.report
+        if len(rep.oom) >= MAX_RECORDS:
+            return
         if _CUDA_RUNTIME_OOM.search(line):
             self._runtime_oom = True
             rep.oom.append(OomEvent(None, None, None, line, runtime=True))

@@ -27,6 +27,7 @@ PROTO_MAJOR = 7
 CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (transport.h): zeros ask for no transport upgrade
 CMD_ALLOC_BUFFER, CMD_BUFFER_GET_BASE, CMD_FREE_BUFFER = 0, 3, 4
 CMD_SET_TENSOR, CMD_GET_TENSOR, CMD_GRAPH_COMPUTE, CMD_HELLO, CMD_DEVICE_COUNT = 6, 8, 10, 14, 15
+CMD_GET_DEVICE_MEMORY = 11  # rpc_msg_get_device_memory_req {uint32 device} -> {uint64 free, uint64 total}
 GGML_TYPE_F32 = 0
 GGML_OP_ADD = 2  # ggml.h: GGML_OP_NONE, GGML_OP_DUP, GGML_OP_ADD
 PROBE_BYTES = 4 * 1024 * 1024
@@ -49,6 +50,8 @@ class LinkProbe:
     gbs: float  # payload GB/s (10^9 bytes), a tensor written and read back
     server_version: str
     graph_us: float = 0.0  # median of the server's own work on one small graph split (0: not measured)
+    mem_total: int | None = None  # bytes device 0 reports as its total memory (None: not asked)
+    n_devices: int | None = None  # the devices the server serves (DEVICE_COUNT)
 
 
 def _rpc_tensor(buffer: int, data: int, n_floats: int, *, tensor_id: int = 1, op: int = 0,
@@ -202,11 +205,13 @@ def _graph_us(c: _Conn, rounds: int, nodes: int = GRAPH_NODES, n: int = GRAPH_FL
 
 def probe_link(endpoint: str, *, rounds: int = ROUNDS, nbytes: int = PROBE_BYTES,
                timeout: float = 2.0) -> LinkProbe:
-    """Latency and throughput of the link to the ggml-rpc-server at ``endpoint`` (HOST:PORT), and the
-    server's own work on one graph split."""
+    """Latency and throughput of the link to the ggml-rpc-server at ``endpoint`` (HOST:PORT), the
+    server's own work on one graph split, its device count and device 0's total memory."""
     c = _Conn(endpoint, timeout)
     try:
         version = _hello(c)
+        (n_devices,) = struct.unpack("<I", c.call(CMD_DEVICE_COUNT, b"", 4))
+        _free, total = struct.unpack("<QQ", c.call(CMD_GET_DEVICE_MEMORY, struct.pack("<I", 0), 16))
         rtt = _median_us(lambda: c.call(CMD_DEVICE_COUNT, b"", 4), rounds)
         seconds = _transfer_seconds(c, nbytes)
         graph = _graph_us(c, rounds)
@@ -216,4 +221,4 @@ def probe_link(endpoint: str, *, rounds: int = ROUNDS, nbytes: int = PROBE_BYTES
         raise RpcProbeError(f"{endpoint}: {e}") from None
     finally:
         c.close()
-    return LinkProbe(endpoint, rtt, 2 * nbytes / seconds / 1e9, version, graph)
+    return LinkProbe(endpoint, rtt, 2 * nbytes / seconds / 1e9, version, graph, total, n_devices)

@@ -134,6 +134,8 @@ class ServerProcess(QObject):
         self._proc: QProcess | None = None
         self._probe: QProcess | None = None
         self._probe_out: list[str] = []
+        self._probe_bytes: list[bytes] = []  # what the running probe printed so far
+        self._probe_flooded = False  # it printed more than child_guard.OUTPUT_LIMIT
         self._probe_timer = QTimer(self)
         self._probe_timer.setSingleShot(True)
         self._probe_timer.timeout.connect(self._probe_timed_out)
@@ -273,6 +275,8 @@ class ServerProcess(QObject):
         assert self.executable is not None
         p = QProcess(self)
         p.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
+        self._probe_bytes, self._probe_flooded = [], False
+        p.readyReadStandardOutput.connect(lambda flag=flag: self._probe_read(flag))
         p.finished.connect(lambda code, status, flag=flag: self._probe_done(flag))
         p.errorOccurred.connect(lambda err, flag=flag: self._probe_error(flag, err))
         self._probe = p
@@ -287,12 +291,33 @@ class ServerProcess(QObject):
             self._abort_probe()
             self._fail_to_start(f"cannot run {self.executable}: {msg}")
 
+    def _probe_read(self, flag: str) -> bool:
+        """Take what the probe printed so far; False past :data:`child_guard.OUTPUT_LIMIT` bytes (the
+        launch then fails, said so, once this signal has returned): QProcess kept a flooding program's
+        output (``yes``) until the probe's timeout, gigabytes of it."""
+        p = self._probe
+        if p is None or self._probe_flooded:
+            return False
+        self._probe_bytes.append(bytes(p.readAllStandardOutput().data()))
+        if sum(map(len, self._probe_bytes)) <= child_guard.OUTPUT_LIMIT:
+            return True
+        self._probe_bytes, self._probe_flooded = [], True
+        QTimer.singleShot(0, self, lambda: self._probe_over_limit(flag))
+        return False
+
+    def _probe_over_limit(self, flag: str) -> None:
+        if self._probe is None:
+            return
+        self._abort_probe()
+        self._fail_to_start(f"cannot run {self.executable}: printed more than "
+                            f"{child_guard.OUTPUT_LIMIT >> 20} MiB for {flag} (not a llama-server?)")
+
     def _probe_done(self, flag: str) -> None:
         p = self._probe
-        if p is None:
+        if p is None or not self._probe_read(flag):
             return
         self._probe_timer.stop()
-        self._probe_out.append(bytes(p.readAll().data()).decode("utf-8", "replace"))
+        self._probe_out.append(b"".join(self._probe_bytes).decode("utf-8", "replace"))
         p.deleteLater()
         self._probe = None
         if flag == "--version":

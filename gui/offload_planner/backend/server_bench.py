@@ -84,15 +84,17 @@ def _read_all(resp: Any, url: str, deadline: float) -> bytes:
 
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     data = json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     deadline = time.monotonic() + timeout
     try:
+        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback server we started
             payload = _read_all(resp, url, deadline)
     except urllib.error.HTTPError as e:
         raise BenchError(_refusal(url, e, body)) from None
     except (urllib.error.URLError, TimeoutError, OSError) as e:
         raise BenchError(f"{url}: no answer to the benchmark request ({e})") from None
+    except ValueError as e:  # the address the server's log gave is none (http.client.InvalidURL too)
+        raise BenchError(f"{url}: not an address to send the benchmark request to ({e})") from None
     try:
         out = json.loads(payload)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from offload_planner.backend.config_folder import config_dir
+from offload_planner.backend.config_folder import config_dir, read_config_file
 from offload_planner.core.cmdline.cnum import stoi
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
 from offload_planner.core.devices import DeviceKind, DeviceSet
@@ -138,8 +138,11 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
 
 def _read() -> dict[str, Any]:
     try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
-        data = json.loads(read_bytes(_path()).decode("utf-8"))
-    except (OSError, ValueError):
+        raw, problem = read_config_file(_path())
+        if problem is not None:
+            return {}
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
         return {}
@@ -165,9 +168,11 @@ def _damage(path: Path) -> str | None:
     """Why the store at ``path`` cannot be read (None: it reads, is empty or is not there): what
     :func:`_read` took for an empty store, though it may hold a user's calibrations."""
     try:
-        raw = read_bytes(path)
+        raw, problem = read_config_file(path)
     except OSError:
         return None
+    if problem is not None:
+        return problem
     if not raw.strip():
         return None
     try:
@@ -176,6 +181,8 @@ def _damage(path: Path) -> str | None:
         return "not UTF-8 text"
     except ValueError as e:
         return f"not JSON: {e}"
+    except RecursionError:
+        return "not JSON: nested too deeply"
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
         return "not a speed store (no 'machines' object)"
     return None
@@ -353,7 +360,7 @@ def host_bandwidth(*, measure: bool = True) -> Figure | None:
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     bw = _number(entry.get("ram_gbs"), 0.01, MAX_RATE_GBS)  # a damaged figure is measured again
-    when = entry.get("ram_measured_at", "")
+    when = _stamp(entry.get("ram_measured_at", ""))
     busy = entry.get("ram_busy") is True
     quiet = entry.get("ram_busy") is False  # neither: kept before the mark existed, measured again once
     if measure and (bw is None or (not quiet and _stale(when, BUSY_REPROBE_S))):
@@ -390,7 +397,7 @@ def thread_bandwidth(*, measure: bool = True) -> Figure | None:
     data = _load()
     entry = data.get("machines", {}).get(machine_key(), {})
     gbs = _number(entry.get("ram_thread_gbs"), 0.01, MAX_RATE_GBS)
-    when = str(entry.get("ram_thread_measured_at", ""))
+    when = _stamp(entry.get("ram_thread_measured_at", ""))
     busy = entry.get("ram_thread_busy") is not False
     if measure and (gbs is None or (busy and _stale(when, BUSY_REPROBE_S))):
         import numpy as np
@@ -424,12 +431,18 @@ def _printable(text: str, limit: int = 300) -> str:
     return "".join(c for c in text if c.isprintable())[:limit]
 
 
+def _stamp(value: object) -> str:
+    """A stored time as printed: :func:`_printable`, at most 40 characters (the store writes 16; a hand
+    edit's or another program's text is not printed whole, nor its escape sequences)."""
+    return _printable(str(value), 40)
+
+
 def _remembered_failure(got: object) -> str | None:
     """Why the last probe failed, when it failed within :data:`RPC_FAILURE_KEEP_S` (said so, with when
     and when it is probed again); None when there is no such failure or it has expired."""
     if not isinstance(got, dict) or not isinstance(got.get("failed"), str):
         return None
-    at = str(got.get("at", ""))
+    at = _stamp(got.get("at", ""))
     if _stale(at, RPC_FAILURE_KEEP_S):
         return None
     return (f"{_printable(got['failed'])} (a failed probe remembered from {at}, {_path()}; probed again "
@@ -437,8 +450,9 @@ def _remembered_failure(got: object) -> str | None:
 
 
 def _probe_rpc(endpoint: str, data: dict[str, Any], entry: dict[str, Any],
-               links: dict[str, Any]) -> dict[str, Any] | str:
-    """Probe now and keep the figures, or why it failed (kept when the failure took a while)."""
+               links: dict[str, Any], *, keep_failure: bool = True) -> dict[str, Any] | str:
+    """Probe now and keep the figures, or why it failed (kept when the failure took a while and
+    ``keep_failure``)."""
     from offload_planner.backend.rpc_probe import RpcProbeError, probe_link
 
     def store(got: dict[str, Any]) -> str:
@@ -449,12 +463,13 @@ def _probe_rpc(endpoint: str, data: dict[str, Any], entry: dict[str, Any],
     try:
         p = probe_link(endpoint)
     except RpcProbeError as e:  # said in the estimate's assumptions: a silent default hid it
-        if time.monotonic() - start >= RPC_FAILURE_SLOW_S:
+        if keep_failure and time.monotonic() - start >= RPC_FAILURE_SLOW_S:
             store({"failed": str(e), "at": time.strftime("%Y-%m-%d %H:%M")})
         return str(e)
     at = time.strftime("%Y-%m-%d %H:%M")
     got: dict[str, Any] = {"gbs": round(p.gbs, 4), "rtt_us": round(p.rtt_us, 1),
-                           "graph_us": round(p.graph_us, 1), "at": at, "server": p.server_version}
+                           "graph_us": round(p.graph_us, 1), "at": at, "server": p.server_version,
+                           "mem_total": p.mem_total, "devices": p.n_devices}
     got["at"] = at + store(got)  # said in the note, not stored
     return got
 
@@ -468,8 +483,9 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
     entry = data.get("machines", {}).get(machine_key(), {})
     links = entry.get("rpc_links") if isinstance(entry.get("rpc_links"), dict) else {}
     got = links.get(endpoint)
-    if not (isinstance(got, dict) and _number(got.get("gbs"), 1e-6, MAX_RATE_GBS) is not None
-            and _number(got.get("rtt_us"), 0.0, 1e9) is not None):
+    valid = (isinstance(got, dict) and _number(got.get("gbs"), 1e-6, MAX_RATE_GBS) is not None
+             and _number(got.get("rtt_us"), 0.0, 1e9) is not None)
+    if not valid:
         if not measure:
             return None
         remembered = _remembered_failure(got)
@@ -478,9 +494,19 @@ def rpc_link(endpoint: str, *, measure: bool = True) -> MeasuredLink | str | Non
         got = _probe_rpc(endpoint, data, entry, links)
         if isinstance(got, str):
             return got
+    elif measure and isinstance(got, dict) and "mem_total" not in got and is_local(endpoint):
+        # kept before the probe asked the server's memory (cpu_backend_evidence): asked now, the figures
+        # kept when the server does not answer
+        again = _probe_rpc(endpoint, data, entry, links, keep_failure=False)
+        got = {**got, "at": _stamp(got.get("at", ""))} if isinstance(again, str) else again
+    elif isinstance(got, dict):  # valid: cached
+        got = {**got, "at": _stamp(got.get("at", ""))}
+    assert isinstance(got, dict)
+    total, n_dev = _number(got.get("mem_total"), 1.0, 2.0**64), _number(got.get("devices"), 1.0, 2.0**32)
     return MeasuredLink(float(got["gbs"]), float(got["rtt_us"]),
                         f"probed {endpoint} through the RPC protocol ({got.get('at', '')}, {_path()})",
-                        _number(got.get("graph_us"), 0.0, 1e9) or 0.0)  # kept before it was measured: 0
+                        _number(got.get("graph_us"), 0.0, 1e9) or 0.0,  # kept before it was measured: 0
+                        None if total is None else int(total), None if n_dev is None else int(n_dev))
 
 
 def rpc_links(devices: DeviceSet, *, measure: bool = True) -> dict[str, MeasuredLink | str]:
@@ -542,7 +568,7 @@ def efficiencies_for(backend: str) -> Efficiencies:
         return base
     if any(_number(v, 1e-6, 1e6) is None for v in values.values()):  # NaN, a string, a bool: damaged
         return base
-    when = _mapping(entry.get("efficiencies_at")).get(backend, "")
+    when = _stamp(_mapping(entry.get("efficiencies_at")).get(backend, ""))
     try:
         note = f"measured on this machine with {backend} ({when})"
         return calibrated(_cpu_basis(entry, backend, values), note, base)
@@ -657,6 +683,37 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
     return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local))
 
 
+def ram_total() -> int | None:
+    """This machine's RAM in bytes as ggml's CPU backend reports its memory: ``sysconf(_SC_PHYS_PAGES)
+    x sysconf(_SC_PAGE_SIZE)`` (ggml/src/ggml-cpu/ggml-cpu.cpp ``ggml_backend_cpu_device_get_memory``,
+    which reports it as free too); None where there is no ``sysconf`` (Windows: ggml asks
+    ``GlobalMemoryStatusEx``, not read here)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def cpu_backend_evidence(devices: DeviceSet, links: dict[str, MeasuredLink | str]) -> dict[str, str]:
+    """The RPC devices whose rpc-server computes with ggml's CPU backend on this machine, by name, with
+    why that is known: its endpoint is this machine's (:func:`is_local`), it serves one device
+    (rpc-server.cpp ``get_devices``: the CPU only when no accelerator is found and no ``-d`` is given)
+    and that device's total memory, as the probe asked it (GET_DEVICE_MEMORY: ``ggml_backend_dev_memory``
+    of the server's backend), is this machine's RAM to the byte as ggml's CPU backend computes it
+    (:func:`ram_total`); a GPU reports its own memory.  None when this machine's RAM is not known."""
+    ram = ram_total()
+    out: dict[str, str] = {}
+    for g in devices.gpus:
+        link = links.get(g.endpoint) if g.endpoint else None
+        if (ram is None or g.kind is not DeviceKind.RPC or not isinstance(link, MeasuredLink)
+                or not is_local(g.endpoint) or link.n_devices != 1 or link.mem_total != ram):
+            continue
+        out[g.name] = (f"{g.name}: this machine's CPU backend (its memory {ram / 2**30:.1f} GiB = this "
+                       f"machine's RAM, {g.endpoint} on this machine)")
+    return out
+
+
 def cpu_elsewhere(devices: DeviceSet) -> bool:
     """The CPU is declared by its memory's speed (``bw=``/``ram=``): another machine than this one, so
     neither this machine's RAM probe nor its instruction set describes it."""
@@ -733,9 +790,13 @@ def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = T
     elsewhere = cpu_elsewhere(devices)
     measured = None if elsewhere else host_bandwidth(measure=probe)
     one = None if elsewhere else thread_bandwidth(measure=probe)
-    return hardware_for(devices, threads=threads, probe=measured, links=rpc_links(devices, measure=probe_rpc),
+    links = rpc_links(devices, measure=probe_rpc)
+    # the CPU declared by its memory's speed is another machine's: its rpc-servers are not known here
+    cpu_rpc = {} if elsewhere else cpu_backend_evidence(devices, links)
+    return hardware_for(devices, threads=threads, probe=measured, links=links,
                         cores=thread_use(devices, threads), cpu=machine_cpu(devices),
-                        thread_bw=local_thread_bandwidth(devices, one), threads_batch=threads_batch)
+                        thread_bw=local_thread_bandwidth(devices, one), threads_batch=threads_batch,
+                        cpu_rpc=cpu_rpc)
 
 
 def local_thread_bandwidth(devices: DeviceSet, one: Figure | None) -> dict[str, Figure]:

@@ -134,6 +134,15 @@ class PlanFile:
     def model_is_url(self) -> bool:
         return is_url(self.model_path)
 
+    @property
+    def projector_url(self) -> str | None:
+        """The URL of a projector among the kept flags (``-mmu``, or ``-mm`` given a URL), which
+        opening the plan reads (None: none, or a local file)."""
+        from offload_planner.core.mmproj.attach import argv_mmproj_setup
+
+        setup = argv_mmproj_setup(tuple(self.extra_args))
+        return setup.location if setup is not None and is_url(setup.location) else None
+
     def model_changes(self, model: Model) -> list[str]:
         """How the model on disk differs from the one the plan was made for (empty: same)."""
         return self.fingerprint.differences(fingerprint(model))
@@ -301,11 +310,12 @@ def require_regular_file(path: str | Path, what: str) -> os.stat_result:
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         raise PlanFileError(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise PlanFileError(f"{what} {path} is not a regular file ({_file_kind(st.st_mode)})")
+        raise PlanFileError(f"{what} {path} is not a regular file ({file_kind(st.st_mode)})")
     return st
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a path that is no regular file is (its ``st_mode``), in words: 'a FIFO', 'a folder', ..."""
     for test, name in (
         (stat.S_ISFIFO, "a FIFO"),
         (stat.S_ISDIR, "a folder"),
@@ -330,7 +340,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise PlanFileError(f"cannot read {path}: not a regular file ({_file_kind(st.st_mode)})")
+            raise PlanFileError(f"cannot read {path}: not a regular file ({file_kind(st.st_mode)})")
         if st.st_size > MAX_FILE_BYTES:
             raise PlanFileError(f"{path}: {st.st_size:,} bytes; a plan file is at most {MAX_FILE_BYTES:,}")
         chunks: list[bytes] = []

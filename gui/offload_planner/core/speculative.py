@@ -273,9 +273,16 @@ def draft_location(args: Any, dialect: Dialect) -> str | None:
 def open_draft(location: str) -> Model:
     """The ``-md`` file opened, the same :class:`Model` again while the file's modification time and
     size are unchanged (a search parses its command line once per candidate; opening reads the
-    vocabulary's strings); URLs and unreadable paths are opened every time (errors name them)."""
+    vocabulary's strings); unreadable paths are opened every time (errors name them); a URL is
+    refused without a request (llama-server does not download -md)."""
+    from offload_planner.core.byte_source import is_url
+    from offload_planner.core.errors import PlannerError
     from offload_planner.core.loadable import open_loadable
 
+    if is_url(location):  # llama-server opens it as a file name; a plan file's -md fetched it unasked
+        raise PlannerError(f"draft model {location[:200]}: llama-server opens a draft model (-md, ik's "
+                           "-draft \"-m FILE\") as a local file, not a URL (it fails to load it): download "
+                           "it and give its path")
     try:
         st = os.stat(location)
     except (OSError, ValueError):

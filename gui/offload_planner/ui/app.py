@@ -45,11 +45,49 @@ def _settings_for(settings_file: str | None, screenshot: str | None
     from offload_planner.ui.settings import Settings
 
     if settings_file:
+        _settings_problem(settings_file, given=True)
         return Settings.at(settings_file), None
-    if screenshot:
+    if screenshot or _settings_problem(_user_settings_path(), given=False):
         tmp = tempfile.TemporaryDirectory(prefix="offload-planner-")
         return Settings.at(str(Path(tmp.name) / "settings.ini")), tmp
     return Settings(), None
+
+
+def _user_settings_path() -> str:
+    """Where QSettings keeps the user's settings on Linux and the BSDs (an ini file in the XDG config
+    folder), worked out without opening it ('' elsewhere: the registry, a macOS plist)."""
+    if sys.platform == "win32" or sys.platform == "darwin":
+        return ""
+    from PySide6.QtCore import QStandardPaths
+
+    from offload_planner.ui.settings import APPLICATION, ORGANIZATION
+
+    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericConfigLocation)
+    return os.path.join(base, ORGANIZATION, f"{APPLICATION}.conf") if base else ""
+
+
+def _settings_problem(path: str, *, given: bool) -> bool:
+    """A settings file there that is no regular file (QSettings read a FIFO there for ever, before the
+    window opened): ``--settings`` is refused (PlannerError); the user's own is said and this session's
+    settings are kept apart (True)."""
+    import stat
+
+    from offload_planner.core.errors import PlannerError
+    from offload_planner.core.plan_file import file_kind
+
+    try:
+        st = os.stat(path) if path else None
+    except (OSError, ValueError):  # not there yet: QSettings creates it
+        return False
+    if st is None:
+        return False
+    if stat.S_ISREG(st.st_mode):
+        return False
+    if given:
+        raise PlannerError(f"--settings {path!r}: not a regular file ({file_kind(st.st_mode)})")
+    print(f"offload-planner: warning: the settings file {path} is not a regular file "
+          f"({file_kind(st.st_mode)}): not read, and this session's settings are not kept", file=sys.stderr)
+    return True
 
 
 def run_gui(

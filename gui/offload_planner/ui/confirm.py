@@ -38,13 +38,14 @@ def ask(
     return box
 
 
-def ask_fetch(parent: QWidget, plan_path: str, url: str, on_yes: Callable[[], None]) -> QMessageBox:
+def ask_fetch(parent: QWidget, plan_path: str, url: str, on_yes: Callable[[], None],
+              what: str = "its model") -> QMessageBox:
     return ask(
         parent,
         FETCH_TITLE,
-        f"The plan file {plan_path} reads its model from the network:\n{url}",
-        "Only the model's header is downloaded. HF_TOKEN, if set, is sent only over https to "
-        "huggingface.co or $HF_ENDPOINT. Open it only if you trust the file.",
+        f"The plan file {plan_path} reads {what} from the network:\n{url}",
+        f"Only the {'model' if what == 'its model' else 'file'}'s header is downloaded. HF_TOKEN, if set, is "
+        "sent only over https to huggingface.co or $HF_ENDPOINT. Open it only if you trust the file.",
         "Fetch",
         on_yes,
     )

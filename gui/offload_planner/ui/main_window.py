@@ -588,10 +588,11 @@ class MainWindow(QMainWindow):
         def load() -> None:
             self.loader.load(pf.model_path, ("plan", (pf, str(Path(path).resolve()))))
 
-        if pf.model_is_url and not self.allow_remote_plans:
+        url = pf.model_path if pf.model_is_url else pf.projector_url  # a projector's was read unasked
+        if url is not None and not self.allow_remote_plans:
             from offload_planner.ui.confirm import ask_fetch
 
-            ask_fetch(self, path, pf.model_path, load)
+            ask_fetch(self, path, url, load, "its model" if pf.model_is_url else "its projector (-mmu)")
             return
         load()
 

@@ -12,12 +12,13 @@ from typing import Any
 
 from PySide6.QtCore import QByteArray, QSettings
 
+from offload_planner.core.cmdline.handlers_mainline import INT_MAX
 from offload_planner.core.devices import Device, DeviceKind, kind_of
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.speed.catalogue import card
 from offload_planner.core.speed.declared import parse_hardware_keys
-from offload_planner.core.units import GiB
+from offload_planner.core.units import MAX_SIZE, GiB
 
 ORGANIZATION = "offload-planner"
 APPLICATION = "Offload Planner"
@@ -29,17 +30,22 @@ class Key:
     name: str
     default: Any
     doc: str
+    #: an integer setting's range (outside it, the default: a hand-edited or another version's value)
+    limits: tuple[int, int] | None = None
 
 
 RECENT_FILES = Key("files/recent", [], "recently opened models and plans, newest first")
 VIRTUAL_GPUS = Key("devices/virtual", [], "virtual GPUs: [{name, total, margin, hardware}]")
 MARGINS = Key("devices/margins", {}, "per-device safety margin in bytes, by device name")
-DEFAULT_MARGIN = Key("devices/default_margin", 1 * GiB, "margin of devices without their own")
-CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: the machine's total RAM)")
+DEFAULT_MARGIN = Key("devices/default_margin", 1 * GiB, "margin of devices without their own",
+                     (0, MAX_SIZE - 1))
+CPU_SIZE = Key("devices/cpu_size", 0, "declared system RAM in bytes (0: the machine's total RAM)",
+               (0, MAX_SIZE - 1))
 BACKEND_PATH = Key("backend/path", "", "the llama-server executable (for the launcher)")
 DIALECT = Key("backend/dialect", Dialect.LLAMA_CPP.value, " | ".join(d.value for d in Dialect))
 COMMAND_STYLE = Key("command/style", "bash", "format of the command pane")
-DEFAULT_CONTEXT = Key("plan/default_context", 32768, "-c of a new plan (capped at the trained length)")
+DEFAULT_CONTEXT = Key("plan/default_context", 32768, "-c of a new plan (capped at the trained length)",
+                      (0, INT_MAX))
 SPLIT_ATTENTION = Key("view/split_attention", False, "the tensor map shows one column per attention tensor")
 GEOMETRY = Key("window/geometry", None, "QMainWindow.saveGeometry()")
 STATE = Key("window/state", None, "QMainWindow.saveState()")
@@ -79,9 +85,12 @@ class Settings:
             return key.default
         try:
             value = json.loads(str(raw))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
             return key.default
-        if key.default is not None and not isinstance(value, type(key.default)):
+        if key.default is not None and (not isinstance(value, type(key.default))
+                                        or isinstance(value, bool) is not isinstance(key.default, bool)):
+            return key.default
+        if key.limits is not None and not key.limits[0] <= value <= key.limits[1]:
             return key.default
         return value
 
@@ -119,7 +128,8 @@ class Settings:
             try:
                 name = str(d["name"])
                 kind = kind_of(name)
-                total = int(d["total"])
+                total = _size(d["total"], 1)
+                margin = _size(d.get("margin", self.get(DEFAULT_MARGIN)), 0)
                 hardware = tuple((str(k), str(v)) for k, v in d.get("hardware", []))
                 parse_hardware_keys(hardware)  # a card or figure this version does not know: dropped
             except (KeyError, TypeError, ValueError, PlannerError):
@@ -134,7 +144,7 @@ class Settings:
                     None,
                     description=virtual_description(total, hardware),
                     source="declared",
-                    margin=int(d.get("margin", self.get(DEFAULT_MARGIN))),
+                    margin=margin,
                     margin_given=True,  # the window's margin (its default included): 0 keeps nothing free
                     hardware=hardware,
                 )
@@ -167,7 +177,18 @@ class Settings:
 
     def margin_of(self, name: str) -> int:
         m = self.get(MARGINS).get(name)
-        return int(m) if isinstance(m, int) else int(self.get(DEFAULT_MARGIN))
+        try:
+            return _size(m, 0)
+        except ValueError:
+            return int(self.get(DEFAULT_MARGIN))
+
+
+def _size(value: object, low: int) -> int:
+    """A stored number of bytes from ``low`` up to :data:`MAX_SIZE` (a whole number, not true/false);
+    ValueError for anything else (1e999 read as infinity, a negative size, a string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < MAX_SIZE:
+        raise ValueError(f"not a size: {str(value)[:40]}")
+    return value
 
 
 def card_label(key: str) -> str:

@@ -98,9 +98,10 @@ def mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, 
                         p: ContextParams, *, no_alloc: bool = False) -> list[Buffer]:
     """One compute buffer per backend the MTP graph uses (the larger of its prompt and one-token
     reserves; ``no_alloc``: the dry run's prompt reserve, as ``--fit`` measures it); none for an
-    architecture without an MTP graph here (:data:`MTP_GRAPHS`)."""
+    architecture without an MTP graph here (:data:`MTP_GRAPHS`) or a file without NextN layers (a
+    ``-md`` draft without them: the server stops, ``speculative.spec_refusals``)."""
     arch_fn = MTP_GRAPHS.get(model.arch)
-    if arch_fn is None:
+    if arch_fn is None or not model.summary.n_nextn:
         return []
     backends = backends_for(devices, placement)
     n_copies = N_COPIES_PIPELINE if pipeline_parallel(devices, placement, p) else 1

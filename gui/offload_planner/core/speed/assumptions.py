@@ -8,7 +8,7 @@ from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.speed.efficiency import Efficiencies
 from offload_planner.core.speed.hardware import Figure, Hardware, Source, Threads
-from offload_planner.core.speed.rates import _bandwidth, _is_gpu
+from offload_planner.core.speed.rates import _bandwidth, _is_gpu, computes_on_cpu
 from offload_planner.core.speed.reads import _running
 from offload_planner.core.speed.result import Assumption
 
@@ -24,7 +24,7 @@ def _assumptions(plan: Plan, placement: Placement, hw: Hardware, eff: Efficienci
         out += _bandwidth(d, eff)[1]
         out.append(Assumption(f"{name} compute", d.tflops))
         out.append(Assumption(f"{name} compute efficiency",
-                              eff.cpu_compute if d.kind is DeviceKind.CPU else eff.gpu_compute))
+                              eff.cpu_compute if computes_on_cpu(d) else eff.gpu_compute))
         out += batch_assumptions(name, hw, eff)
         if d.kind is not DeviceKind.CPU:
             out.append(Assumption(f"{name} host link", d.link))

@@ -35,7 +35,17 @@ MIN_RATE_GBS = 1e-9
 MIN_TFLOPS = 1e-12
 MIN_GHZ = 1e-6
 
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z/]*)\s*$", re.ASCII)
+#: A number as tflops= and ghz= take it: ASCII digits, a decimal point, an exponent (float() also took
+#: '1_0' as 10 and other scripts' digits, where threads= and cores= refused them)
+_NUMBER_RE = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:e[-+]?[0-9]+)?|\.[0-9]+(?:e[-+]?[0-9]+)?", re.ASCII)
+
+
+def _number(text: str) -> float:
+    """:data:`_NUMBER_RE` as a float; ValueError for anything else."""
+    if _NUMBER_RE.fullmatch(text) is None:
+        raise ValueError(text)
+    return float(text)
 _RATE_UNITS = {"": 1.0, "gb/s": 1.0, "tb/s": 1000.0, "mb/s": 0.001, "gib/s": 1.073741824}
 
 
@@ -63,7 +73,7 @@ def parse_rate(text: str, *, bits: bool = False) -> float:
 
 def parse_pcie(text: str) -> tuple[int, int]:
     """``4x16`` (generation 4, 16 lanes), ``gen4x8``."""
-    m = re.fullmatch(r"\s*(?:gen)?(\d)\s*x\s*(\d+)\s*", text.lower())
+    m = re.fullmatch(r"\s*(?:gen)?(\d)\s*x\s*(\d+)\s*", text.lower(), re.ASCII)
     if m is None or int(m.group(1)) not in PCIE_LANE_GBS or int(m.group(2)) not in (1, 2, 4, 8, 16):
         raise ValueError(f"not a PCIe link: {text!r} (use GENxLANES, e.g. 4x16 or 3x8)")
     return int(m.group(1)), int(m.group(2))
@@ -71,7 +81,7 @@ def parse_pcie(text: str) -> tuple[int, int]:
 
 def parse_ram(text: str) -> float:
     """``12xDDR5-4800`` -> channels x MT/s x 8 bytes in GB/s (460.8)."""
-    m = re.fullmatch(r"\s*(\d+)\s*x\s*(?:L?P?DDR\d[XA-Z]*)[-_ ]?(\d+)\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*(\d+)\s*x\s*(?:L?P?DDR\d[XA-Z]*)[-_ ]?(\d+)\s*", text, re.IGNORECASE | re.ASCII)
     if m is None or int(m.group(1)) == 0 or int(m.group(2)) == 0:
         raise ValueError(f"not a RAM configuration: {text!r} (use CHANNELSxDDRn-MTs, e.g. 12xDDR5-4800)")
     gbs = int(m.group(1)) * int(m.group(2)) * 8 / 1000
@@ -82,7 +92,7 @@ def parse_ram(text: str) -> float:
 
 def parse_tflops(text: str) -> float:
     try:
-        v = float(text.strip().lower().removesuffix("tflops"))
+        v = _number(text.strip().lower().removesuffix("tflops"))
     except ValueError:
         raise ValueError(f"not a TFLOPS figure: {text!r} (use e.g. tflops=71)") from None
     if not MIN_TFLOPS <= v <= MAX_TFLOPS:  # also refuses nan and inf, which float() takes
@@ -95,7 +105,7 @@ def parse_ghz(text: str) -> float:
     t = text.strip().lower()
     scale = 0.001 if t.endswith("mhz") else 1.0
     try:
-        v = float(t.removesuffix("mhz").removesuffix("ghz")) * scale
+        v = _number(t.removesuffix("mhz").removesuffix("ghz")) * scale
     except ValueError:
         raise ValueError(f"not a clock: {text!r} (use e.g. ghz=2.4)") from None
     if not MIN_GHZ <= v <= MAX_GHZ:  # also refuses nan and inf

@@ -11,7 +11,9 @@ machine's ``/proc/cpuinfo``: core.speed.cpu_isa) and clock (``ghz=``).  An RPC d
 device's figures plus ``link=10Gb/s``, else the link measured against its running rpc-server
 (:class:`MeasuredLink`: throughput and the round trip each graph split waits for); ``threads=`` on
 an RPC device whose server computes on a CPU limits its bandwidth as ``-t`` limits the host's
-(``ggml-rpc-server`` uses half the remote's cores).
+(``ggml-rpc-server`` uses half the remote's cores).  An rpc-server on this machine computing with
+ggml's CPU backend (backend.speed_store.cpu_backend_evidence) gets this machine's CPU figures
+(:func:`local_cpu_rpc`).
 Every figure says whether it is measured, declared, catalogue, calibrated or default.
 """
 
@@ -112,6 +114,9 @@ class DeviceSpeed:
     thread_bandwidth: Figure | None = None
     #: the flag ``threads`` comes from: ``-t`` (one token), ``-tb`` (a batch: :attr:`Hardware.batch`)
     threads_flag: str = "-t"
+    #: an RPC device whose server computes with ggml's CPU backend on this machine (:func:`local_cpu_rpc`):
+    #: its kernels are the CPU's (core.speed.rates.computes_on_cpu)
+    cpu_backend: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,8 @@ class MeasuredLink:
     rtt_us: float
     note: str
     graph_us: float = 0.0  # the server's own work on one small graph split (0: not measured)
+    mem_total: int | None = None  # bytes the server's device 0 reports as its memory (None: not asked)
+    n_devices: int | None = None  # the devices the server serves (None: not asked)
 
 
 @dataclass(frozen=True)
@@ -331,11 +338,34 @@ def host_speed(dev: Device, *, threads: int | None = None, probe: Figure | None 
                        isa_gain=1.0 if decl.tflops is not None else gain, isa=isa, threads_flag=flag)
 
 
+def local_cpu_rpc(base: DeviceSpeed, dev: Device, evidence: str, threads: int, *, probe: Figure | None,
+                  cpu: CpuInfo | None) -> DeviceSpeed:
+    """An RPC device whose rpc-server computes with ggml's CPU backend on this machine (``evidence``:
+    why that is known, backend.speed_store.cpu_backend_evidence): this machine's CPU figures for its
+    server's ``threads`` (its ``-t``: declared ``threads=``, else rpc-server.cpp's default
+    ``hardware_concurrency() / 2``).  Its memory is the RAM the host CPU reads (the RAM probe's figure:
+    the devices of a token run one after another, so each reads it alone), its compute ``threads`` x
+    this machine's core (instruction set and clock, as :func:`host_speed`); declared ``bw=`` and
+    ``tflops=`` still win (``base``: its figures as :func:`gpu_speed` gave them)."""
+    decl = parse_hardware_keys(dev.hardware)
+    bw = base.bandwidth
+    if decl.bw is None and not dev.bandwidth_gbs:
+        bw = (Figure(probe.value, probe.unit, probe.source, f"{evidence}: {probe.note}") if probe is not None
+              else Figure(DEFAULT_HOST_BW, "GB/s", Source.DEFAULT, f"{evidence}: no RAM probe"))
+    as_cpu = host_speed(Device(dev.name, DeviceKind.CPU), threads=threads, cpu=cpu, smt_capped=False,
+                        flag="rpc-server -t")
+    tf, gain, isa = base.tflops, 1.0, None
+    if decl.tflops is None:
+        tf = replace(as_cpu.tflops, note=f"{evidence}: {as_cpu.tflops.note}")
+        gain, isa = as_cpu.isa_gain, as_cpu.isa
+    return replace(base, bandwidth=bw, tflops=tf, threads=threads, isa_gain=gain, isa=isa, cpu_backend=True)
+
+
 def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figure | None = None,
                  overrides: Mapping[str, DeviceSpeed] | None = None,
                  links: Mapping[str, MeasuredLink | str] | None = None, cores: Threads | None = None,
                  cpu: CpuInfo | None = None, thread_bw: Mapping[str, Figure] | None = None,
-                 threads_batch: int | None = None) -> Hardware:
+                 threads_batch: int | None = None, cpu_rpc: Mapping[str, str] | None = None) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
     ``links``: measured links of RPC devices by endpoint (or why the probe failed); ``cores``: the
     threads on this machine, which slow its devices down by ``cores / threads`` when more threads than
@@ -343,9 +373,15 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     ``cpu``: this machine's CPU as the operating system describes it, its instruction set and clock;
     ``thread_bw``: one thread's measured copy rate of the devices, by name, whose threads run on the
     probed machine; ``threads_batch``: ``-tb`` (0: ``-tb`` 0 or below), the threads of a batch of more
-    than one token, whose figures are :attr:`Hardware.batch` where they differ from ``-t``'s)."""
+    than one token, whose figures are :attr:`Hardware.batch` where they differ from ``-t``'s);
+    ``cpu_rpc``: the RPC devices, by name, whose server is this machine's CPU backend, with the evidence
+    (:func:`local_cpu_rpc`)."""
     links = links or {}
     gpus = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
+    for g in devices.gpus:
+        if cpu_rpc and g.name in cpu_rpc:
+            n = (cores.rpc.get(g.endpoint) if cores is not None else None) or gpus[g.name].threads or 1
+            gpus[g.name] = local_cpu_rpc(gpus[g.name], g, cpu_rpc[g.name], n, probe=probe, cpu=cpu)
     host = host_speed(devices.cpu, threads=threads, probe=probe,
                       default_threads=cores.server if cores is not None else None,
                       smt_capped=cores is None, cpu=cpu)

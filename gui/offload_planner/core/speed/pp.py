@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
-from offload_planner.core.devices import DeviceKind
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.placement import CPU, Placed, Placement
@@ -44,6 +43,7 @@ from offload_planner.core.speed.rates import (
     _effective_bandwidth,
     _is_gpu,
     compute_tflops,
+    computes_on_cpu,
     cpu_isa,
     cpu_isa_gain,
 )
@@ -205,6 +205,7 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
     dense_off = gpu is not None and threshold is not None and u >= threshold
     whole = plan.dialect.copies_whole_experts
     gpu_like = {n: _is_gpu(hw[n]) for n in hw.devices}
+    on_cpu_kernels = {n: n == CPU or computes_on_cpu(hw[n]) for n in hw.devices}
     max_gain = {n: gpu_rows_max_gain(plan.dialect, hw[n].kind) for n in hw.devices}
     exp_off = dense_off and (not whole or u * s.n_expert_used >= (threshold or 0) * s.n_expert)
     for dev, w in work.items():
@@ -219,7 +220,8 @@ def _weights_work(plan: Plan, hw: Hardware, work: dict[str, _Work], offload_to: 
                 where = gpu
             rows = u * frac / hit if is_exp else u  # an expert hit multiplies the tokens routed to it
             on_cpu = cpu_el if rows >= TILED_MIN_ROWS else cpu_el_few
-            work_flops = 2.0 * u * (on_cpu if where == CPU else el) * (frac if is_exp else 1.0)
+            kernels = on_cpu if on_cpu_kernels.get(where, where == CPU) else el
+            work_flops = 2.0 * u * kernels * (frac if is_exp else 1.0)
             if gpu_like[where]:  # rows a matrix multiplies: the tokens routed to an expert it hits
                 work_flops /= gpu_rows_factor(rows, max_gain[where])
             flops[where] += work_flops
@@ -281,7 +283,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
         attn[dev] += per_cell * (min(seen, swa_cells) if swa else seen) * n
     per_query = cpu_attention_cost(plan, eff)
     for dev in attn:
-        if hw[dev].kind is DeviceKind.CPU:
+        if computes_on_cpu(hw[dev]):
             attn[dev] *= per_query
         flops[dev] += attn[dev]
     for dev, per_cell in kv_cell.items():
@@ -297,7 +299,7 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
         bw, tf = rate
         # a GPU overlaps its reads with its compute (warps in flight); a CPU's threads both stream the
         # weights and multiply them (ggml-cpu has no copy engine): their times add
-        if d.kind is DeviceKind.CPU:
+        if computes_on_cpu(d):
             reads_s[name] = reads[name] / (bw * 1e9)
             device_s[name] = flops[name] / tf + reads_s[name]
         else:

@@ -39,6 +39,12 @@ def _is_gpu(dev: DeviceSpeed) -> bool:
     return dev.kind not in (DeviceKind.CPU, DeviceKind.RPC)
 
 
+def computes_on_cpu(dev: DeviceSpeed) -> bool:
+    """The CPU, or an RPC device whose server computes with this machine's CPU backend
+    (``DeviceSpeed.cpu_backend``): ggml-cpu's kernels, its threads both reading and multiplying."""
+    return dev.kind is DeviceKind.CPU or dev.cpu_backend
+
+
 def cpu_isa_gain(hw: Hardware) -> float:
     """The host CPU's instruction-set gain (``DeviceSpeed.isa_gain``; 1 without a CPU figure)."""
     return hw.devices[CPU].isa_gain if CPU in hw.devices else 1.0
@@ -52,7 +58,7 @@ def cpu_isa(hw: Hardware) -> Isa | None:
 
 def compute_tflops(dev: DeviceSpeed, eff: Efficiencies) -> float:
     """Effective TFLOPS of a device: peak x efficiency x its share of oversubscribed cores."""
-    e = eff.cpu_compute if dev.kind is DeviceKind.CPU else eff.gpu_compute
+    e = eff.cpu_compute if computes_on_cpu(dev) else eff.gpu_compute
     return dev.tflops.value * e.value * dev.share
 
 
@@ -60,9 +66,9 @@ def _peak_bandwidth(dev: DeviceSpeed, eff: Efficiencies, notes: list[Assumption]
     """GB/s of a device's memory at its efficiency, limited by its threads (an RPC server's, the
     CPU's ``-t``), before any share of oversubscribed cores; what it rests on added to ``notes``."""
     rpc = dev.kind is DeviceKind.RPC and bool(dev.threads)  # the server computes on its CPU with -t threads
-    if rpc:
+    if rpc and not dev.cpu_backend:
         e = eff.cpu_bandwidth
-    elif dev.kind is DeviceKind.CPU:
+    elif computes_on_cpu(dev):
         e = eff.probe_bandwidth if dev.bandwidth.source is Source.MEASURED else eff.cpu_bandwidth
     else:
         e = eff.gpu_bandwidth

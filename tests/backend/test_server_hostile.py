@@ -1,0 +1,181 @@
+"""A program given as llama-server that misbehaves (closes its output and never exits, leaves children
+behind, ignores SIGTERM): the planner reports it in one line within its time limit and leaves no
+process of it running."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from pytestqt.qtbot import QtBot
+from tests.support.procs import still_running
+
+from offload_planner.backend import child_guard
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX scripts stand in for llama-server")
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    exe = tmp_path / name
+    exe.write_text(f"#!{sys.executable}\n{body}")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_a_program_that_closes_its_output_and_stays_is_timed_out(tmp_path: Path) -> None:
+    """Its --version closed stdout/stderr and slept: the reader saw the end of its output and the
+    planner waited for its exit without a limit (launch hung for ever)."""
+    pid = tmp_path / "pid"
+    exe = script(tmp_path, "closer", f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\n"
+                                     "os.close(1); os.close(2)\ntime.sleep(120)\n")
+    t0 = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        child_guard.output_of([str(exe), "--version"], timeout=2)
+    assert time.monotonic() - t0 < 6
+    assert still_running([int(pid.read_text())], within=2.0) == []
+
+
+def test_a_child_left_behind_without_the_output_is_ended(tmp_path: Path) -> None:
+    """A --version that answers and exits, leaving a child that let go of its output: the answer is
+    read, and the child (in the program's process group) is ended with it."""
+    pid = tmp_path / "pid"
+    child = f"import os, time; open({str(pid)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    exe = script(tmp_path, "leaver",
+                 "import subprocess, sys, time\n"
+                 f"subprocess.Popen([sys.executable, '-c', {child!r}], stdout=subprocess.DEVNULL,"
+                 " stderr=subprocess.DEVNULL)\n"
+                 f"while not __import__('os').path.exists({str(pid)!r}): time.sleep(0.01)\n"
+                 "print('version: 1 (abc)')\n")
+    assert child_guard.output_of([str(exe), "--version"], timeout=20) == "version: 1 (abc)\n"
+    assert still_running([int(pid.read_text())], within=2.0) == []
+
+
+def test_a_listening_address_that_is_no_url_fails_the_bench_in_one_line() -> None:
+    """The URL comes from the server's log ('listening on http://[[[:9'): urllib's ValueError escaped
+    the check's thread as a traceback and the check 'ended without a result'."""
+    from offload_planner.backend.server_bench import BenchError, measure
+
+    t0 = time.monotonic()
+    with pytest.raises(BenchError, match=r"http://\[\[\[:9/completion: not an address .*Invalid IPv6 URL"):
+        measure("http://[[[:9", n_vocab=1000, timeout=5)
+    assert time.monotonic() - t0 < 1
+
+
+QWEN = str(Path(__file__).resolve().parents[2] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+#: says it listens, then exits 0 on its own
+LISTENS_THEN_EXITS = ("import sys\nif '--version' in sys.argv or '--help' in sys.argv:\n"
+                      "    print('version: 1 (abc)'); sys.exit(0)\n"
+                      "print('main: server is listening on http://127.0.0.1:1', flush=True)\n")
+
+
+@pytest.mark.parametrize(("extra", "code", "said"), [
+    ([], 1, []),  # 1: no buffer sizes to compare, as before
+    (["--bench", "--no-store"], 3,
+     ["speed check failed: llama-server ended before it answered: nothing measured"]),
+])
+def test_a_server_that_exits_on_its_own_after_listening_is_said(tmp_path: Path, extra: list[str], code: int,
+                                                               said: list[str]) -> None:
+    """It ended and launch exited without a word (with --bench after 'measuring speed', status 1)."""
+    from tests.support.cli import run_cli
+
+    exe = script(tmp_path, "llama-server", LISTENS_THEN_EXITS)
+    t0 = time.monotonic()
+    r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--quiet", "--no-verbose-log", *extra,
+                "--", "-c", "512", timeout=60)
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    for line in [*said, "llama-server exited on its own after it listened (exit code 0)"]:
+        assert line in r.stderr, r.stderr[-2000:]
+    assert r.returncode == code, r.stderr[-2000:]
+
+
+#: never listens, ignores SIGTERM, and starts two children that ignore it too, one in a session of its
+#: own (outside the server's process group)
+STUBBORN = ("import os, signal, subprocess, sys, time\n"
+            "if '--version' in sys.argv or '--help' in sys.argv:\n"
+            "    print('version: 1 (abc)'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "kid = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'\n"
+            "a = subprocess.Popen([sys.executable, '-c', kid])\n"
+            "b = subprocess.Popen([sys.executable, '-c', kid], start_new_session=True)\n"
+            "open(os.environ['HOSTILE_PIDS'], 'w').write(f'{os.getpid()} {a.pid} {b.pid}')\n"
+            "sys.stdout.buffer.write(b'\\xff\\xfe \\x1b[31m' + b'A' * 200000 + b'\\n'); sys.stdout.flush()\n"
+            "time.sleep(120)\n")
+
+
+def test_a_server_that_ignores_sigterm_is_killed_with_its_children_and_said(tmp_path: Path) -> None:
+    """After --timeout it was SIGKILLed as it should be, but launch said 'llama-server ended before it
+    listened (exit code 9)': 9 was SIGKILL's number, not an exit code of the server."""
+    from tests.support.cli import run_cli
+
+    exe = script(tmp_path, "llama-server", STUBBORN)
+    pids = tmp_path / "pids"
+    t0 = time.monotonic()
+    r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--timeout", "2", "--stop-timeout", "1",
+                "--", "-c", "512", timeout=60, HOSTILE_PIDS=str(pids))
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 3
+    assert "llama-server did not listen within 2 s; stopping it" in r.stderr
+    assert "llama-server ignored SIGTERM for 1 s: killed (SIGKILL)" in r.stderr
+    assert "exit code 9" not in r.stderr, r.stderr[-2000:]
+    assert "\\xff\\xfe \\x1b[31mAAAA" in r.stdout and len(max(r.stdout.splitlines(), key=len)) < 5000
+    assert still_running([int(p) for p in pids.read_text().split()], within=3.0) == []
+
+
+#: answers --version with 64 MiB, a MiB every 10 ms, then waits
+FLOOD = ("import sys, time\n"
+         "if '--version' in sys.argv:\n"
+         "    for _ in range(64):\n"
+         "        sys.stdout.write('y' * (1 << 20)); sys.stdout.flush(); time.sleep(0.01)\n"
+         "time.sleep(120)\n")
+
+
+def test_the_windows_probe_of_a_flooding_program_stops_at_the_limit(qtbot: QtBot, tmp_path: Path) -> None:
+    """The Launch tab's --version probe (a QProcess) kept all a program printed until its 30 s
+    timeout (``yes``: gigabytes), then started the program as llama-server anyway; now the launch
+    fails at child_guard.OUTPUT_LIMIT bytes, saying so."""
+    from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
+
+    exe = script(tmp_path, "llama-server", FLOOD)
+    sp = ServerProcess()
+    notices: list[str] = []
+    outcomes: list[LaunchOutcome] = []
+    sp.notice.connect(notices.append)
+    sp.finished.connect(outcomes.append)
+    t0 = time.monotonic()
+    sp.start(LaunchConfig(executable=str(exe), dialect=None, host=None, health_check=False))
+    qtbot.waitUntil(lambda: bool(outcomes), timeout=20_000)
+    assert time.monotonic() - t0 < 10
+    assert outcomes[0].state is ServerState.FAILED and outcomes[0].pid is None  # never started
+    assert any(f"cannot run {exe}: printed more than 4 MiB for --version" in n for n in notices), notices
+    sp.shutdown(2.0)
+
+
+@pytest.mark.parametrize(("kind", "line"), [
+    ("buffers", "load_tensors: CUDA{n} model buffer size = {i}.00 MiB"),
+    ("breakdown", "common_memory_breakdown_print: |   - Host{i}  |  1 = 2 + (3 = 4 + 5 + 6) + 7 |"),
+    ("info", "print_info: key{i} = {i}"),
+    ("oom", "ggml_backend_cuda_buffer_type_alloc_buffer: allocating {i}.00 MiB on device 0: "
+            "cudaMalloc failed: out of memory"),
+    ("devices", "llama_model_load_from_file_impl: using device CUDA{i} (NVIDIA X) (0000:01:00.0) - "
+                "1000 MiB free"),
+])
+def test_a_log_that_repeats_one_kind_of_line_keeps_a_bounded_report(kind: str, line: str) -> None:
+    """A server printing buffer, device, print_info or allocation-failure lines in a loop grew the
+    report without end, and distinct memory breakdown rows cost a copy of the table each: 20,000 took
+    5 s (quadratic). Each kind now keeps at most what a real load logs many times over."""
+    from offload_planner.backend.log_parser import LogAccumulator
+
+    acc = LogAccumulator()
+    t0 = time.perf_counter()
+    for i in range(30_000):
+        acc.feed(line.format(i=i, n=i % 8))
+    assert time.perf_counter() - t0 < 3
+    got = getattr(acc.report, kind)
+    assert 0 < len(got) <= 10_000  # a real load: dozens
