@@ -128,13 +128,14 @@ class Threads:
     ``endpoints``: each local RPC device's endpoint (a key of ``rpc``).
 
     The devices of one token take turns: the scheduler runs the graph's splits one after another, each
-    split's inputs being the previous one's outputs (pinned build ggml/src/ggml-backend.cpp:1812-1853:
-    an input from another backend is copied after ``ggml_backend_synchronize`` of that backend), and an
-    idle thread does not hold its core long: llama-server's main thread waits for an RPC split on a
-    future (ggml-rpc.cpp:527-533), an rpc-server's on its socket (ggml-rpc.cpp:2048-2055), and ggml's
-    CPU workers (OpenMP here, ggml-cpu.c:3419-3437; the threadpool's own poll, :3208-3239, otherwise)
-    spin a short while and then sleep.  So each device's threads are weighed against the cores alone:
-    llama-server's ``-t`` (``-tb``) for the CPU, an rpc-server's own ``-t`` for its device."""
+    split's inputs being the previous one's outputs (pinned build ggml/src/ggml-backend.cpp:1812-1955:
+    an input from another backend is copied after ``ggml_backend_synchronize`` of that backend, :1942,
+    neither the CPU nor RPC backend having ``cpy_tensor_async``), and an idle thread does not hold its
+    core long: llama-server's main thread waits for an RPC split on a future (ggml-rpc.cpp:527-533),
+    an rpc-server's on its socket (ggml-rpc.cpp:2048-2055), and ggml's CPU workers (OpenMP in the
+    pinned wheel, ggml-cpu.c:3419-3437, libgomp's GOMP_SPINCOUNT; the threadpool's own poll otherwise,
+    :3208-3239) spin a short while and then sleep.  So each device's threads are weighed against the
+    cores alone: llama-server's ``-t`` (``-tb``) for the CPU, an rpc-server's own ``-t`` for its device."""
 
     cores: int
     server: int
