@@ -153,10 +153,16 @@ def test_an_unwritable_config_folder_keeps_the_plan(tmp_path: Path, where: str) 
         r = subprocess.run([sys.executable, "-m", "offload_planner", *command], capture_output=True,
                            text=True, timeout=30, env=env)
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-        assert f"not kept: {config / 'speed.json'}: cannot write the speed store" in r.stdout
+        store = config / "speed.json"
+        if where == "file":
+            assert f"not kept: {store}: cannot write the speed store" in r.stdout
+        elif command[0] == "plan":  # a folder is no store: set aside (read_config_file), a new one kept
+            assert f"{store} could not be read (not a regular file): kept as {store}.damaged" in r.stdout
         _strict_json(r.stdout)
     left = sorted(p.name for p in tmp_path.rglob("*"))  # no temporary file behind
-    assert left == (["cfg"] if where == "file" else ["cfg", "speed.json"])
+    assert left == (["cfg"] if where == "file" else ["cfg", "speed.json", "speed.json.damaged"])
+    if where != "file":
+        assert (config / "speed.json").is_file() and (config / "speed.json.damaged").is_dir()
 
 
 DEEPSEEK = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")

@@ -1,7 +1,8 @@
-"""More compute threads than physical cores: llama-server's ``-t`` plus the threads of the
-rpc-servers on the same machine.  The estimate gives each thread ``cores / threads`` of a core on the
-devices computing here (the CPU, loopback RPC devices) and warns; expected figures are computed here
-from the GGUF's bytes and the declared bandwidth."""
+"""More compute threads than physical cores: llama-server's ``-t`` and the threads of the
+rpc-servers on the same machine.  The devices take turns (one split after another), so each device's
+own threads are weighed against the cores: when they outnumber them the estimate gives each thread
+``cores / threads`` of a core on that device and warns; expected figures are computed here from the
+GGUF's bytes and the declared bandwidth."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from offload_planner.backend.speed_store import is_local, physical_cores, thread_use
 from offload_planner.core.cmdline import parse_server_args
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import Device, DeviceKind, DeviceSet, build_device_set, parse_device_decl
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.efficiency import DEFAULT
@@ -48,7 +49,12 @@ def test_thread_use_counts_local_rpc_servers_only() -> None:
     t = thread_use(DeviceSet(_cpu(), gpus), 2, cores=4)
     assert t is not None
     assert dict(t.rpc) == {"127.0.0.1:50052": 3} and t.local == ("CPU", "RPC0")
-    assert (t.total, t.oversubscribed, t.share) == (5, True, 0.8)
+    # 2 + 3 threads on 4 cores, but the CPU's 2 and the rpc-server's 3 compute in turn: neither crowds
+    assert (t.total, t.oversubscribed, t.share) == (5, False, 1.0)
+    assert (t.threads_of("CPU"), t.threads_of("RPC0"), t.threads_of("RPC1")) == (2, 3, 0)
+    crowded = thread_use(DeviceSet(_cpu(), gpus), 2, cores=2)
+    assert crowded is not None and crowded.crowded == ("RPC0",)
+    assert crowded.share_of("RPC0") == pytest.approx(2 / 3) and crowded.share_of("CPU") == 1.0
     default = thread_use(DeviceSet(_cpu(), ()), None, cores=4)  # llama-server's default -t: the cores
     assert default is not None
     assert (default.total, default.oversubscribed, default.server_given) == (4, False, False)
@@ -104,3 +110,46 @@ def test_plan_warns_when_t_exceeds_the_cores(small_models: dict[str, Path],
     assert main([*cores16, "--json", "--", "-c", "1024", "-t", "32"]) == 0
     assert "32 compute threads (32 llama-server (-t)) on 16 physical cores" in json.loads(
         capsys.readouterr().out)["speed"]["warnings"][0]
+
+
+def _local_rpc_plan(small_models: dict[str, Path], t: int, rpc_threads: int):  # type: ignore[no-untyped-def]
+    devices = build_device_set(cpu=parse_device_decl("CPU=64GiB,bw=100GB/s"), detected=[],
+                               rpc_endpoints=["127.0.0.1:50052"],
+                               declared=[parse_device_decl(f"RPC0=16GiB,bw=50GB/s,tflops=1,threads={rpc_threads}")])
+    model = open_model(small_models["llama"])
+    return plan_from_args(model, devices, parse_server_args(["-c", "1024", "-t", str(t), "-ngl", "999"]))
+
+
+def _at(plan, t: int, cores: int):  # type: ignore[no-untyped-def]
+    return hardware_for(plan.devices, threads=t, cores=thread_use(plan.devices, t, cores=cores))
+
+
+def test_devices_taking_turns_do_not_share_the_cores(small_models: dict[str, Path]) -> None:
+    """llama-server -t 2 beside a local rpc-server of 1 thread on 2 cores: 3 threads, but the CPU's and
+    the rpc-server's compute one after the other, so the estimate is the one on plenty of cores (on
+    this 2-core machine -t 1 and -t 2 measured the same, where the old rule gave -t 2 0.67 of a core)."""
+    plan = _local_rpc_plan(small_models, 2, 1)
+    two, plenty = _at(plan, 2, 2), _at(plan, 2, 64)
+    assert two.threads is not None and two.threads.total == 3
+    assert two.devices == plenty.devices
+    est, ref = estimate(plan, two, eff=DEFAULT), estimate(plan, plenty, eff=DEFAULT)
+    assert (est.tg_tps, est.pp_tps) == (ref.tg_tps, ref.pp_tps)
+    assert not est.warnings
+
+
+def test_a_device_s_own_threads_beyond_the_cores_still_crowd(small_models: dict[str, Path]) -> None:
+    """llama-server's -t above the cores slows the CPU only; an rpc-server's -t above them its device only."""
+    server = _local_rpc_plan(small_models, 3, 1)
+    hw, plenty = _at(server, 3, 2), _at(server, 3, 64)
+    assert hw["RPC0"] == plenty["RPC0"] and hw["CPU"].share < plenty["CPU"].share == 1.0
+    warned = estimate(server, hw, eff=DEFAULT).warnings
+    assert len(warned) == 1 and "3 llama-server threads (-t) on 2 physical cores" in warned[0]
+    assert "consider -t 2" in warned[0] and "RPC0" not in warned[0]
+
+    rpc = _local_rpc_plan(small_models, 1, 3)
+    hw, plenty = _at(rpc, 1, 2), _at(rpc, 1, 64)
+    assert hw["CPU"] == plenty["CPU"] and hw["RPC0"].share < plenty["RPC0"].share == 1.0
+    est, ref = estimate(rpc, hw, eff=DEFAULT), estimate(rpc, plenty, eff=DEFAULT)
+    assert est.tg_tps < ref.tg_tps
+    assert len(est.warnings) == 1 and "3 threads of rpc-server 127.0.0.1:50052" in est.warnings[0]
+    assert "rpc-server -t 2" in est.warnings[0]

@@ -36,7 +36,7 @@ def test_fewer_experts_a_token_from_options(qtbot: QtBot, settings: Settings, de
         open_and_wait(qtbot, win, demo_path)
         wait_projected(qtbot, win)
         box = win.options_panel.experts
-        assert box.isVisible() and box.value() == 8 and box.maximum() == 256 and box.text() == "8 of 256"
+        assert box.isVisible() and box.value() == 8 and box.maximum() == 256 and box.text() == "8/256"
         qtbot.waitUntil(lambda: "est. tg" in win.speed_label.text(), timeout=30_000)
         tg8 = _tg(win)
         assert "--override-kv" not in win.command_pane.argv()
@@ -64,6 +64,6 @@ def test_a_dense_model_has_no_experts_row(qtbot: QtBot, settings: Settings,
         open_and_wait(qtbot, win, small_models["llama"])
         assert not win.options_panel.experts.isVisible()
         open_and_wait(qtbot, win, small_models["qwen3moe"])
-        assert win.options_panel.experts.isVisible() and win.options_panel.experts.text() == "2 of 8"
+        assert win.options_panel.experts.isVisible() and win.options_panel.experts.text() == "2/8"
     finally:
         win.close()

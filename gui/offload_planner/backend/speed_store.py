@@ -663,7 +663,8 @@ def is_local(endpoint: str) -> bool:
 def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = None) -> Threads | None:
     """The compute threads on the host llama-server runs on: its ``-t`` (else the CPU's declared
     ``threads=``; default: the physical cores) and each local rpc-server's (declared ``threads=``,
-    else the server's default: half the logical CPUs).  The cores: ``cores``, else the CPU's declared
+    else the server's default: half the logical CPUs), each weighed against the cores alone (the
+    devices take turns: :class:`Threads`).  The cores: ``cores``, else the CPU's declared
     ``cores=``, else this machine's, unless the CPU's bandwidth is declared (another machine whose
     cores are not known: None)."""
     decl = parse_hardware_keys(devices.cpu.hardware)
@@ -674,13 +675,15 @@ def thread_use(devices: DeviceSet, threads: int | None, *, cores: int | None = N
     threads = threads or decl.threads
     rpc: dict[str, int] = {}
     local = [devices.cpu.name]
+    endpoints: dict[str, str] = {}
     for g in devices.gpus:
         if g.kind is DeviceKind.RPC and g.endpoint and is_local(g.endpoint):
             local.append(g.name)
+            endpoints[g.name] = g.endpoint
             declared = dict(g.hardware).get("threads", "")
             rpc[g.endpoint] = (int(declared) if declared.isdigit() and int(declared) > 0  # else the server's:
                                else max(1, (os.cpu_count() or 2) // 2))  # hardware_concurrency() / 2
-    return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local))
+    return Threads(n_cores, threads or n_cores, threads is not None, rpc, tuple(local), endpoints=endpoints)
 
 
 def ram_total() -> int | None:

@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from offload_planner.core.errors import GGUFError
 from offload_planner.core.model import Model
 
 FLAGS = ("--override-kv", "-okv")  # -okv: ik_llama.cpp only (its parser knows no other spelling)
@@ -142,21 +143,19 @@ def items_of(value: str, csv: bool) -> list[str]:
 def overrides_in(args: Sequence[str], csv: bool) -> tuple[KvOverride, ...]:
     """Every override the arguments carry (a flag and its value, as kept for the command), in order;
     an item llama-server refuses is left out (the parser reports it)."""
-    out: list[KvOverride] = []
-    for flag, value in itertools.pairwise(args):
-        if flag in FLAGS:
-            out += [o for o in (parse_item(i)[0] for i in items_of(value, csv)) if o is not None]
-    return tuple(out)
+    return tuple(o for flag, value in itertools.pairwise(args) if flag in FLAGS for o in _read(value, csv))
+
+
+def _read(value: str, csv: bool) -> list[KvOverride]:
+    """The overrides of one flag's value that llama-server reads (those it refuses left out)."""
+    return [o for o in (parse_item(i)[0] for i in items_of(value, csv)) if o is not None]
 
 
 def command_overrides(parsed: object, csv: bool) -> tuple[KvOverride, ...]:
     """The overrides a parsed command line carries (its ``--override-kv`` flags, in order; a bare
     ServerArgs has none)."""
-    out: list[KvOverride] = []
-    for use in getattr(parsed, "flags", []):
-        if use.key == FLAGS[0] and use.values:
-            out += [o for o in (parse_item(i)[0] for i in items_of(use.values[0], csv)) if o is not None]
-    return tuple(out)
+    uses = getattr(parsed, "flags", [])
+    return tuple(o for use in uses if use.key == FLAGS[0] and use.values for o in _read(use.values[0], csv))
 
 
 def csv_field(item: str) -> str:
@@ -222,8 +221,6 @@ def loaded(model: Model, overrides: Sequence[KvOverride]) -> Model:
     """The model llama.cpp loads with these overrides: the file's, with the modelled keys replaced (one
     object per model and values, so the plans of one command share it).  The file's model where nothing
     modelled changes or where the result could not load (:func:`refusal` says why)."""
-    from offload_planner.core.loadable import load_error
-
     base = file_model(model)
     values = _modelled(base, overrides)
     if not values:
@@ -231,10 +228,18 @@ def loaded(model: Model, overrides: Sequence[KvOverride]) -> Model:
     key = tuple(sorted(values.items()))
     known = _DERIVED.setdefault(base, {})
     if key not in known:
-        derived = replace(base, metadata={**base.metadata, **values})
-        known[key] = base if load_error(derived) is not None else derived
+        derived, err = _derived(base, values)
+        known[key] = base if err is not None else derived
         _BASE[derived] = base
     return known[key]
+
+
+def _derived(base: Model, values: dict[str, int]) -> tuple[Model, GGUFError | None]:
+    """The file's model with ``values`` in its metadata, and why llama.cpp refuses it (None: it loads)."""
+    from offload_planner.core.loadable import load_error
+
+    derived = replace(base, metadata={**base.metadata, **values})
+    return derived, load_error(derived)
 
 
 def overridable_experts(model: Model) -> bool:
@@ -246,13 +251,11 @@ def overridable_experts(model: Model) -> bool:
 def refusal(model: Model, overrides: Sequence[KvOverride]) -> str:
     """Why llama.cpp refuses the model with these overrides ("" when it loads): its load-time asserts
     (``core.loadable``) on the overridden values."""
-    from offload_planner.core.loadable import load_error
-
     base = file_model(model)
     values = _modelled(base, overrides)
     if not values:
         return ""
-    err = load_error(replace(base, metadata={**base.metadata, **values}))
+    err = _derived(base, values)[1]
     if err is None:
         return ""
     given = ", ".join(first_per_key(overrides)[k].item for k in values)

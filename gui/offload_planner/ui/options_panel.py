@@ -176,14 +176,20 @@ class OptionsPanel(QWidget):
         self.type_k.setAccessibleName("K cache type")
         self.type_v.setAccessibleName("V cache type")
         form.addRow("KV cache K", kv)
-        form.addRow("Slots -np", self.slots)
-        form.addRow("Experts/token", self.experts)
+        slots = QHBoxLayout()  # the experts beside the slots: a row more made the left column scroll
+        for box in (self.slots, self.experts):  # their hints (room for "256", "256/256") widened the column
+            box.setMinimumWidth(48)
+        slots.addWidget(self.slots, 1)
+        self._experts_label = QLabel("Experts")
+        self._experts_label.setBuddy(self.experts)
+        slots.addWidget(self._experts_label)
+        slots.addWidget(self.experts, 1)
+        form.addRow("Slots -np", slots)
         form.addRow("MLA -mla", self.mla)
         self._form = form
         self._label_tips(((self.ctx, self.ctx), (self.batch, self.batch), (self.ubatch, self.ubatch),
-                          (self.ngl, self.ngl), (kv, self.type_k), (self.slots, self.slots),
+                          (self.ngl, self.ngl), (kv, self.type_k), (slots, self.slots),
                           (self.mla, self.mla)))
-        self._experts_label = self._form.labelForField(self.experts)
         v_label.setToolTip(self.type_v.toolTip())
         checks = QGridLayout()
         checks.setContentsMargins(0, 0, 0, 0)
@@ -314,19 +320,19 @@ class OptionsPanel(QWidget):
         model = file_model(plan.model)
         s = model.summary
         shown = s.n_expert > 0 and overridable_experts(model)
-        self._form.setRowVisible(self.experts, shown)
+        self.experts.setVisible(shown)
+        self._experts_label.setVisible(shown)
         if not shown:
             return
         self.experts.setRange(1, s.n_expert)
         self.experts.setValue(plan.model.summary.n_expert_used)
-        self.experts.setSuffix(f" of {s.n_expert}")
+        self.experts.setSuffix(f"/{s.n_expert}")
         tip = (f"--override-kv {model.arch}.expert_used_count=int:N: the routed experts each token runs "
                f"(the file: {s.n_expert_used}). Fewer read less per token (faster generation, less "
                "compute memory) and change the model's answers; llama.cpp applies it when it loads the "
                "model")
         self.experts.setToolTip(tip)
-        if self._experts_label is not None:
-            self._experts_label.setToolTip(tip)
+        self._experts_label.setToolTip(tip)
 
     @staticmethod
     def _show_int(c: QComboBox, value: int) -> None:

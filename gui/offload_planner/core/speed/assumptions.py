@@ -81,9 +81,22 @@ def thread_warnings(hw: Hardware) -> list[str]:
 def _thread_warning(t: Threads | None, when: str) -> list[str]:
     if t is None or not t.oversubscribed:
         return []
-    free = t.cores - sum(t.rpc.values())
-    fix = (f"{t.flag} {free} (the cores left beside the rpc-servers)" if t.rpc and free >= 1
-           else f"{t.flag} {t.cores}" if not t.rpc else "fewer rpc-server threads (rpc-server -t)")
+    if t.rpc:
+        return [_crowded_device(t, d, when) for d in t.crowded]
     return [f"{t.describe()}: oversubscribed{when}; the estimate gives each thread {t.share:.2f} of a core, "
             f"{', '.join(t.local)} {1 / t.share:.2f}x slower (llama.cpp's threads wait for each other at "
-            f"every op: a busy machine is slower still); consider {fix}"]
+            f"every op: a busy machine is slower still); consider {t.flag} {t.cores}"]
+
+
+def _crowded_device(t: Threads, device: str, when: str) -> str:
+    """The warning of one device whose own threads outnumber the cores, beside local rpc-servers: the
+    devices take turns (:class:`Threads`), so the others' threads are not counted against it."""
+    n, share = t.threads_of(device), t.share_of(device)
+    server = device == t.local[0]
+    who = (f"{n} llama-server threads ({t.flag})" if server
+           else f"{n} threads of rpc-server {t.endpoints[device]}")
+    fix = f"{t.flag} {t.cores}" if server else f"rpc-server -t {t.cores}"
+    return (f"{who} on {t.cores} physical core{'s' if t.cores != 1 else ''}: oversubscribed{when}; the "
+            f"estimate gives each thread {share:.2f} of a core, {device} {1 / share:.2f}x slower "
+            f"(llama.cpp's threads wait for each other at every op: a busy machine is slower still; the "
+            f"devices take turns, so the other devices' threads do not count); consider {fix}")

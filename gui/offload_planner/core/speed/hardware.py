@@ -124,7 +124,18 @@ class Threads:
     """The compute threads on the machine llama-server runs on, against its physical cores:
     llama-server's ``-t`` (default: the physical cores, ``common_cpu_get_num_math``) and the threads
     of every rpc-server on it (``-t``, default ``hardware_concurrency() / 2``: rpc-server.cpp).
-    ``local``: the devices whose work runs on these cores (the CPU, RPC devices served from here)."""
+    ``local``: the devices whose work runs on these cores (the CPU, RPC devices served from here);
+    ``endpoints``: each local RPC device's endpoint (a key of ``rpc``).
+
+    The devices of one token take turns: the scheduler runs the graph's splits one after another, each
+    split's inputs being the previous one's outputs (pinned build ggml/src/ggml-backend.cpp:1812-1955:
+    an input from another backend is copied after ``ggml_backend_synchronize`` of that backend, :1942,
+    neither the CPU nor RPC backend having ``cpy_tensor_async``), and an idle thread does not hold its
+    core long: llama-server's main thread waits for an RPC split on a future (ggml-rpc.cpp:527-533),
+    an rpc-server's on its socket (ggml-rpc.cpp:2048-2055), and ggml's CPU workers (OpenMP in the
+    pinned wheel, ggml-cpu.c:3419-3437, libgomp's GOMP_SPINCOUNT; the threadpool's own poll otherwise,
+    :3208-3239) spin a short while and then sleep.  So each device's threads are weighed against the
+    cores alone: llama-server's ``-t`` (``-tb``) for the CPU, an rpc-server's own ``-t`` for its device."""
 
     cores: int
     server: int
@@ -132,19 +143,38 @@ class Threads:
     rpc: Mapping[str, int] = field(default_factory=dict)  # endpoint -> threads
     local: tuple[str, ...] = ()
     flag: str = "-t"  # llama-server's flag ``server`` comes from: -t, or -tb for a batch (Hardware.batch)
+    endpoints: Mapping[str, str] = field(default_factory=dict)  # local RPC device -> its endpoint
 
     @property
     def total(self) -> int:
         return self.server + sum(self.rpc.values())
 
+    def threads_of(self, device: str) -> int:
+        """The threads computing ``device``'s splits: llama-server's for the CPU (the first of
+        ``local``), the rpc-server's for a local RPC device (0 when not known)."""
+        if self.local and device == self.local[0]:
+            return self.server
+        return self.rpc.get(self.endpoints.get(device, ""), 0)
+
+    def share_of(self, device: str) -> float:
+        """Of a core each thread of ``device`` gets while it computes: ``cores / its threads``, 1 when
+        they fit (the other devices' threads wait meanwhile)."""
+        n = self.threads_of(device)
+        return min(1.0, self.cores / n) if n else 1.0
+
+    @property
+    def crowded(self) -> tuple[str, ...]:
+        """The local devices whose own threads outnumber the cores."""
+        return tuple(d for d in self.local if self.threads_of(d) > self.cores)
+
     @property
     def oversubscribed(self) -> bool:
-        return self.total > self.cores
+        return bool(self.crowded)
 
     @property
     def share(self) -> float:
-        """Of a core each thread gets, all of them busy: ``cores / threads`` (1 when they fit)."""
-        return min(1.0, self.cores / self.total) if self.total else 1.0
+        """Of a core each thread gets on the most crowded device (1 when every device's fit)."""
+        return min((self.share_of(d) for d in self.local), default=1.0)
 
     def describe(self) -> str:
         default = "" if self.server_given else ", default: the cores"
@@ -399,15 +429,15 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
 def _assembled(gpus: Mapping[str, DeviceSpeed], host: DeviceSpeed, thread_bw: Mapping[str, Figure] | None,
                overrides: Mapping[str, DeviceSpeed] | None, cores: Threads | None) -> Hardware:
     """The devices' figures with the host's ``host``: each one thread's copy rate, the overrides, and
-    the share of a core each thread of the devices computing here gets when ``cores`` are
-    oversubscribed."""
+    the share of a core each thread of a device computing here gets when its own threads outnumber
+    the ``cores``."""
     out = {**gpus, host.name: host}
     for name, fig in (thread_bw or {}).items():
         if name in out:
             out[name] = replace(out[name], thread_bandwidth=fig)
     out.update(overrides or {})
     if cores is not None and cores.oversubscribed:
-        out = {k: replace(v, share=cores.share) if k in cores.local else v for k, v in out.items()}
+        out = {k: replace(v, share=cores.share_of(k)) if k in cores.local else v for k, v in out.items()}
     return Hardware(out, cores)
 
 
