@@ -84,30 +84,36 @@ def test_a_spec_accept_share_is_still_taken(value: str, want: float) -> None:
     assert _accept("len=2.98").value == 2.98 and _accept("ratio=0.72").value == 0.72  # type: ignore[union-attr]
 
 
-def test_a_draft_model_url_is_refused_without_a_request(tmp_path: Path) -> None:
-    """llama-server opens -md as a file name (a URL fails to load), but the planner downloaded its
-    header: a plan file whose kept flags held '-md http://...' made `launch FILE` (before asking) and the
-    window fetch it unasked, where a plan's own model URL is fetched only with --allow-remote. Now -md
-    URL is refused in one line and nothing is requested."""
+def _plan_file_with(path: Path, extra_args: list[str]) -> Path:
+    """A plan file of Qwen3-30B on a CPU whose kept flags are ``extra_args``, written at ``path``."""
     import argparse as ap
     import json
-
-    from tests.support.http_range_server import RangeServer
 
     from offload_planner.core.devices import Device, DeviceKind, DeviceSet
     from offload_planner.core.loadable import open_loadable
     from offload_planner.core.plan import plan_from_args
     from offload_planner.core.plan_file import PlanFile, plan_json
 
+    plan = plan_from_args(open_loadable(QWEN), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30)),
+                          ap.Namespace(ctx_size=2048))
+    data = plan_json(PlanFile.of(plan))
+    data["extra_args"] = extra_args
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_draft_model_url_is_refused_without_a_request(tmp_path: Path) -> None:
+    """llama-server opens -md as a file name (a URL fails to load), but the planner downloaded its
+    header: a plan file whose kept flags held '-md http://...' made `launch FILE` (before asking) and the
+    window fetch it unasked, where a plan's own model URL is fetched only with --allow-remote. Now -md
+    URL is refused in one line and nothing is requested."""
+    from tests.support.http_range_server import RangeServer
+
     (tmp_path / "files").mkdir()
     with RangeServer(tmp_path / "files") as srv:
         url = srv.url("draft.gguf")
-        plan = plan_from_args(open_loadable(QWEN), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30)),
-                              ap.Namespace(ctx_size=2048))
-        data = plan_json(PlanFile.of(plan))
-        data["extra_args"] = ["-md", url, "--spec-type", "draft-simple"]
-        path = tmp_path / "remote-draft.plan.json"
-        path.write_text(json.dumps(data))
+        path = _plan_file_with(tmp_path / "remote-draft.plan.json",
+                               ["-md", url, "--spec-type", "draft-simple"])
         launched = run_cli("launch", str(path), "--server", "/nonexistent/llama-server")
         planned = run_cli("plan", QWEN, "--no-detect", "--", "-md", url, "--spec-type", "draft-simple")
         assert srv.log == [], [r.path for r in srv.log]
@@ -120,25 +126,14 @@ def test_a_plan_files_projector_url_is_fetched_only_when_allowed(tmp_path: Path)
     """A plan file whose kept flags held '-mmu URL' made the window download the projector's header
     unasked (its model's URL needs --allow-remote, or a yes in the window). Now `gui FILE` refuses it
     without --allow-remote, naming the URL, and sends nothing."""
-    import argparse as ap
-    import json
-
     from tests.support.http_range_server import RangeServer
 
-    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
-    from offload_planner.core.loadable import open_loadable
-    from offload_planner.core.plan import plan_from_args
-    from offload_planner.core.plan_file import PlanFile, load_plan, plan_json
+    from offload_planner.core.plan_file import load_plan
 
     (tmp_path / "files").mkdir()
     with RangeServer(tmp_path / "files") as srv:
         url = srv.url("mmproj.gguf")
-        plan = plan_from_args(open_loadable(QWEN), DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30)),
-                              ap.Namespace(ctx_size=2048))
-        data = plan_json(PlanFile.of(plan))
-        data["extra_args"] = ["-mmu", url]
-        path = tmp_path / "remote-mmproj.plan.json"
-        path.write_text(json.dumps(data))
+        path = _plan_file_with(tmp_path / "remote-mmproj.plan.json", ["-mmu", url])
         r = run_cli("gui", str(path), "--screenshot", str(tmp_path / "x.png"), QT_QPA_PLATFORM="offscreen")
         assert srv.log == [], [q.path for q in srv.log]
     assert load_plan(path).projector_url == url
