@@ -421,22 +421,11 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
     the devices' declared figures and this machine's cached RAM probe: its ``best`` with its full
     projection, None when nothing fits (``why`` says which device, by how much).
     ``allow_kv_quant``: the KV cache may become q8_0; ``allow_nkvo``: it may go to RAM (-nkvo)."""
-    from offload_planner.backend.speed_store import (
-        efficiencies_for,
-        host_bandwidth,
-        local_thread_bandwidth,
-        machine_cpu,
-        thread_bandwidth,
-        threads_batch_in,
-        threads_in,
-    )
+    from offload_planner.backend.speed_store import efficiencies_for, machine_hardware
     from offload_planner.core.speed.fastest import fastest_from_plan
-    from offload_planner.core.speed.hardware import hardware_for
 
-    one = None if machine_cpu(plan.devices) is None else thread_bandwidth(measure=False)
-    hw = hardware_for(plan.devices, threads=threads_in(plan.extra_args), probe=host_bandwidth(measure=False),
-                      cpu=machine_cpu(plan.devices), thread_bw=local_thread_bandwidth(plan.devices, one),
-                      threads_batch=threads_batch_in(plan.extra_args))  # -tb: the prompt's threads
+    # the figures the window's own estimate uses (-t, -tb, the cores, cached RPC links, local CPU backends)
+    hw = machine_hardware(plan, probe=False)
     result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
                                allow_kv_quant=allow_kv_quant, allow_nkvo=allow_nkvo)
     return result
