@@ -137,15 +137,7 @@ def read_bytes(path: str | os.PathLike[str], limit: int | None = None, *,
 
 
 def _read() -> dict[str, Any]:
-    try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
-        raw, problem = read_config_file(_path())
-        if problem is not None:
-            return {}
-        data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
-        return {}
-    if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
-        return {}
+    data = _parsed(_path())[0]
     entry = data.get("machines", {}).get(machine_key())
     if entry is not None and not isinstance(entry, dict):
         del data["machines"][machine_key()]
@@ -167,25 +159,32 @@ def _mapping(value: object) -> dict[str, Any]:
 def _damage(path: Path) -> str | None:
     """Why the store at ``path`` cannot be read (None: it reads, is empty or is not there): what
     :func:`_read` took for an empty store, though it may hold a user's calibrations."""
+    return _parsed(path)[1]
+
+
+def _parsed(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The store at ``path`` and why it cannot be read: ``{}`` and None when it is empty or not there,
+    ``{}`` and the reason when it is no speed store (not a regular file, not UTF-8 text, not JSON or
+    nested deeper than json's stack, no 'machines' object)."""
     try:
         raw, problem = read_config_file(path)
     except OSError:
-        return None
+        return {}, None
     if problem is not None:
-        return problem
+        return {}, problem
     if not raw.strip():
-        return None
-    try:
+        return {}, None
+    try:  # the text read_text gives: UTF-8 (JSON has no raw newline in a string to translate)
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        return "not UTF-8 text"
+        return {}, "not UTF-8 text"
     except ValueError as e:
-        return f"not JSON: {e}"
+        return {}, f"not JSON: {e}"
     except RecursionError:
-        return "not JSON: nested too deeply"
+        return {}, "not JSON: nested too deeply"
     if not isinstance(data, dict) or not isinstance(data.get("machines", {}), dict):
-        return "not a speed store (no 'machines' object)"
-    return None
+        return {}, "not a speed store (no 'machines' object)"
+    return data, None
 
 
 def _save(data: dict[str, Any]) -> str:
