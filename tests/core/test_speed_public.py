@@ -461,3 +461,16 @@ def test_nkvo_record_of_a_single_thread_build(tmp_path: Path) -> None:
     _, e_tg, e_pp, _ = _row(rec, _model(spec, {}, tmp_path), ds)
     assert e_pp is not None and abs(e_pp) < math.log(1.5)
     assert e_tg is not None and abs(e_tg) < math.log(1.25)
+
+
+def test_partial_offload_prompt_attention_on_the_offload_gpu(tmp_path: Path) -> None:
+    """ll11397's 18020-token prompt (WizardLM-2-8x22B, 33 of 57 layers on three GPUs, -fa, q8_0 cache,
+    100.03 t/s, https://github.com/ggml-org/llama.cpp/pull/11397) is estimated within 1.5x once the CPU
+    layers' attention of an op-offloaded micro-batch runs on the GPU (core.speed.pp.HostAttention); priced
+    on the CPU's one-query-row flash-attention kernel of a quantized cache it was 23x too slow."""
+    [rec] = [r for r in _records() if r["id"] == "ll11397-wizardlm2-8x22b-q4km-2x3090-1660s-ngl33"]
+    spec, _ = _spec(rec["model"])
+    ds, _ = _devices(rec)
+    assert spec is not None and ds is not None
+    _, _, e_pp, _ = _row(rec, _model(spec, {}, tmp_path), ds)
+    assert e_pp is not None and abs(e_pp) < math.log(1.5)
