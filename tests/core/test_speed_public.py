@@ -11,9 +11,11 @@ The test prints each record's error (estimated / measured, tg and pp), the media
 over all records and over the odd and even ones (1-based file position: a change to the estimator is
 decided on the odd half and checked on the even one).
 
-It asserts only loose sanity bounds a broken estimator would fail (factor errors of 3x on the
-median, not values tuned to pass): the median |ln(estimate / measured)| of tg below ln 3 and of pp
-below ln 5 (prompt processing depends on kernels the model does not know), and enough records.
+It asserts only loose sanity bounds a broken estimator would fail (factor errors of 2x on the
+median, not values tuned to pass): the median |ln(estimate / measured)| of tg and of pp below ln 2
+(they were ln 3 and ln 5 when the medians were 1.2-1.3x; at 1.14x and 1.17x over 36 and 39 records
+the bound keeps a wide margin), and enough records (30: 39 are estimated; a shape or device lost
+from the harness fails it).
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ from offload_planner.core.synth import BIG_MODELS, ModelSpec, QuantMix, write_mo
 from offload_planner.core.synth.catalog import MXFP4_MOE
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "speed" / "public_measurements.json"
-TG_BOUND = math.log(3)
-PP_BOUND = math.log(5)
-MIN_RECORDS = 12
+TG_BOUND = math.log(2)
+PP_BOUND = math.log(2)
+MIN_RECORDS = 30
 
 #: Memory of CPU platforms by name (vendor platform specifications: channels x the highest
 #: officially supported MT/s, one socket).  Posts that state a measured bandwidth use that instead.
