@@ -85,3 +85,15 @@ def test_the_cache_views_cost_the_link(llama3b: Model) -> None:
     q8 = estimate(_plan(llama3b, "q8_0"), hw, prompt=PROMPT)
     f16 = estimate(_plan(llama3b, "f16"), hw, prompt=PROMPT)
     assert f16.pp_transfer_ms > q8.pp_transfer_ms
+
+
+def test_a_cache_type_cuda_flash_attention_refuses_keeps_the_cpu(llama3b: Model) -> None:
+    """CUDA's flash attention takes F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 caches (fattn.cu
+    ``ggml_cuda_fattn_kv_type_supported``); with an IQ4_NL cache the op is unsupported on the GPU and the
+    CPU layers' prompt attention stays on the CPU, as without op offload."""
+    hw = hardware_for(DEVICES)
+    iq4 = estimate(_plan(llama3b, "iq4_nl"), hw, prompt=PROMPT)
+    q4 = estimate(_plan(llama3b, "q4_0"), hw, prompt=PROMPT)
+    iq4_cpu = estimate(_plan(llama3b, "iq4_nl", "--no-op-offload"), hw, prompt=PROMPT)
+    assert iq4.pp_tps < 0.5 * q4.pp_tps
+    assert iq4.pp_tps > iq4_cpu.pp_tps  # the weights' matrices still go to the GPU

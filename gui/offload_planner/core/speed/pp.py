@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
+from offload_planner.core.compute.scheduler import CUDA_LIKE
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.placement import CPU, Placed, Placement
@@ -268,11 +269,29 @@ class HostAttention:
     ``ggml_backend_cpu_buffer_type()`` unless the layer is offloaded).  Below the offload batch the layer's
     ops stay on the CPU (a generated token's too).  -nkvo without flash attention pins the attention output
     to the CPU (``build_attn_mha``), and ik_llama.cpp's scheduler and graph callback have the same pass and
-    pins.  ``layers``: such layers by sliding window; ``kv_share``: their share of the CPU's KV bytes."""
+    pins.  With flash attention the GPU must take the cache's type: CUDA's (and ROCm's, the same
+    fattn.cu) ``ggml_cuda_fattn_kv_type_supported`` takes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0;
+    another type leaves the op unsupported there, and the scheduler keeps it on the CPU (pass 2 sets a
+    backend only ``if supported``).  Other GPU backends' support is not checked: their CPU layers keep
+    the CPU's attention.  ``layers``: such layers by sliding window; ``kv_share``: their share of the
+    CPU's KV bytes."""
 
     layers: dict[bool, int]
     kv_share: float
     threshold: int
+
+
+#: The cache types CUDA's flash attention takes (ggml-cuda/fattn.cu ``ggml_cuda_fattn_kv_type_supported``)
+CUDA_FA_KV_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"})
+
+
+def _gpu_takes_attention(plan: Plan, gpu: str) -> bool:
+    """Whether the op-offload GPU supports the attention op of this plan (:class:`HostAttention`)."""
+    dev = plan.devices.by_name(gpu)
+    if dev is None or dev.kind not in CUDA_LIKE:
+        return False
+    ctx = plan.context
+    return not ctx.flash_attn or (ctx.type_k in CUDA_FA_KV_TYPES and ctx.type_v in CUDA_FA_KV_TYPES)
 
 
 def host_attention(plan: Plan, placement: Placement, refused: frozenset[str],
@@ -281,7 +300,7 @@ def host_attention(plan: Plan, placement: Placement, refused: frozenset[str],
     without an op-offload GPU.  A layer whose attention weights the GPU refuses (ik's row-interleaved
     types, :func:`refused_by_gpu`) keeps its attention on the CPU."""
     gpu, threshold = offload_to
-    if gpu is None or threshold is None:
+    if gpu is None or threshold is None or not _gpu_takes_attention(plan, gpu):
         return None
     if not plan.context.offload_kqv and not nkvo_attention_on_gpu(plan):
         return None
