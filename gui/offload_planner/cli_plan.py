@@ -175,6 +175,17 @@ def _mac_ram_over(projection: Projection) -> bool:
     return unified_over(projection) > 0
 
 
+def _if_it_fit(lines: list[str], over: list[str]) -> list[str]:
+    """The speed block of a plan with a device over capacity: its first line says the figures are for
+    the plan as if it fit, as the window's speed line does ("if it fit: est. tg ..."). It read
+    "speed estimate (uncalibrated): tg 16.2 t/s" for DeepSeek-V3 354 GiB over one 24 GiB GPU, a plan
+    llama-server does not load, the OVER mark and the warning far from the figure."""
+    if not over or not lines:
+        return lines
+    head, colon, tail = lines[0].partition(": ")
+    return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
+
+
 def _plan(args: argparse.Namespace) -> int:
     from offload_planner.cli_server_args import model_flag_note, print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
@@ -242,5 +253,6 @@ def _plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        print("\n".join([table, *(speed_lines(speed) if speed is not None else [])]) + sep + rest)
+        lines = _if_it_fit(speed_lines(speed), over) if speed is not None else []
+        print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK
