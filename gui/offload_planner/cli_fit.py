@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from offload_planner.core.cmdline.model import ParsedArgs
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.model import Model
+    from offload_planner.core.speed.hardware import Hardware
 
 
 def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -142,7 +143,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         from offload_planner.cli_estimate_options import detection_note
 
         note = detection_note(detection.message, devices)
-        result.notes.insert(0, f"{note} (GPU speed figures: declared or from the catalogue)")
+        result.notes.insert(0, f"{note} ({_gpu_figures_said(devices, hw)})")
     result.notes[:0] = [str(w) for w in skipped_devices(parsed, devices.names)]  # ik: -dev names it skips
     result.notes[:0] = _override_notes(model, parsed, dialect)  # --override-kv: what the plans follow
     from offload_planner.cli_server_args import model_flag_note
@@ -201,7 +202,9 @@ def _run_fit(args: argparse.Namespace) -> int:
     print()
     table = plan_text(best.projection, warnings=[], errors=[], command="")
     print(table.split("\ncontext: ")[0])
-    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
+    # every figure the estimate rests on, as plan prints them: the table's tg and pp came without a word
+    # on the RAM probe or the default GPU they were computed with
+    print("\n".join(speed_lines(best_est or best.estimate)))
     print()
     print(format_command(["llama-server", *command], "bash"))
     return 0
@@ -217,6 +220,19 @@ def _override_notes(model: Model, parsed: ParsedArgs, dialect: Dialect) -> list[
     if said:
         raise PlannerError(f"llama-server aborts while loading {model.path}: {said}")
     return notes(model, ovs)
+
+
+def _gpu_figures_said(devices: DeviceSet, hw: Hardware) -> str:
+    """Where the GPUs' speed figures come from without a driver: a GPU declared by its size alone
+    (CUDA0=24GiB) gets default figures, which "declared or from the catalogue" did not say."""
+    from offload_planner.core.speed.hardware import Source
+
+    plain = [g.name for g in devices.gpus if g.name in hw.devices
+             and hw[g.name].bandwidth.source is Source.DEFAULT]
+    if not plain:
+        return "GPU speed figures: declared or from the catalogue"
+    return (f"{', '.join(plain)}: default speed figures, no card given: name it, e.g. {plain[0]}=rtx3090, "
+            "or give bw= and tflops=")
 
 
 def ram_hint(capacity: int | None) -> str:
