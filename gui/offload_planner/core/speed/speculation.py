@@ -196,7 +196,10 @@ def pass_layers(placement: Placement, *, nextn: bool = False, share: float = 1.0
     return {k: len(v) * share for k, v in seen.items()}
 
 
-def _splits(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_embd: int, b: float) -> float:
+def batch_split_seconds(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_embd: int,
+                        b: float) -> float:
+    """The graph splits of a pass of ``b`` tokens: each of ``pairs`` (from, to device) costs its
+    link's latency plus ``b`` rows of ``n_embd`` F32 activations over its bandwidth."""
     out = 0.0
     for a, c in pairs:
         gb, lat = _link(hw[a], hw[c], eff)
@@ -360,12 +363,12 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         host_s = host_kv_seconds(host_kv, hw, eff, b)
         if copies:
             host_s += kv_copy_seconds(target_kv_, hw, eff)
-        splits = _splits(hw, eff, tpairs, n_embd, b) + host_s
+        splits = batch_split_seconds(hw, eff, tpairs, n_embd, b) + host_s
         verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers)
         one = pass_seconds(draft.reads, hw, eff, draft.frac, 1, draft_kv,
-                           _splits(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers)
+                           batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers)
         catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, b, draft_kv,
-                                _splits(hw, eff, draft.pairs, draft.n_embd, b), draft.layers)
+                                batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, b), draft.layers)
         return verify, one, verify + n * one + catch_up
 
     verify0, one0, step0 = step({}, {})
