@@ -460,3 +460,18 @@ def test_a_plan_that_fits_gives_its_speed_plainly() -> None:
             "--", "-ngl", "999", "--cpu-moe", "-c", "4096")
     assert r.returncode == 0, r.stderr
     assert "\nspeed estimate (uncalibrated): tg " in r.stdout and "if it fit" not in r.stdout
+
+
+def test_a_prompt_past_the_context_names_only_what_was_given() -> None:
+    """`plan MODEL -- -c 32k` (read as 32 cells) noted "--depth 0 + --prompt 4096 tokens exceed the
+    context of 256 cells a sequence" to a user who had given neither --depth nor --prompt."""
+    r = run("plan", QWEN, "--no-detect", "--", "-c", "32k", "-ngl", "0")
+    said = [ln for ln in r.stdout.splitlines() if "exceed" in ln]
+    assert said == ["note: the speed estimate's 4096-token prompt (--prompt) exceeds the context of 256 "
+                    "cells a sequence: llama-server would refuse such a request (the estimate is computed "
+                    "anyway; --prompt N sets another)"], r.stdout
+    r = run("plan", QWEN, "--no-detect", "--depth", "3000", "--prompt", "2000", "--",
+            "-c", "4096", "-np", "1")
+    assert [ln for ln in r.stdout.splitlines() if "exceed" in ln] == [
+        "note: --depth 3000 + --prompt 2000 tokens exceed the context of 4096 cells a sequence: llama-server "
+        "would refuse such a request (the estimate is computed anyway)"]
