@@ -242,7 +242,8 @@ class PresetsMenu(QMenu):
             QApplication.restoreOverrideCursor()
         found = result.best
         if found is None:
-            self.message.emit("Nothing fits these devices" + (f": {result.why}" if result.why else ""))
+            self.message.emit("Nothing fits these devices" + (f": {result.why}" if result.why else "")
+                              + _ram_hint(self._doc.plan, result.why))
             return False
         best = found.plan
         held = _held_by_rules(best)
@@ -362,6 +363,17 @@ def _top_layers_text(before: Plan, after: Plan) -> str:
         return ""
     return (f", -ngl {n} with mmap: the top {n} layers (the output counted as one) on {', '.join(gpus)}, "
             "whose mapped file span then holds only its tensors")
+
+
+def _ram_hint(plan: Plan, why: str) -> str:
+    """Where the RAM is over and it is this machine's (not declared, nor typed in the Size column):
+    `gui --device CUDA0=rtx3090` on the demo was told "Nothing fits these devices: CPU (RAM) over by
+    337.1 GiB (... > 23.5 GiB)" and not that the RAM can be set, as `fit` says (cli_fit.ram_hint)."""
+    cpu = plan.devices.cpu
+    if "CPU (RAM) over" not in why or cpu.source == "declared" or cpu.total is None:
+        return ""
+    return (f". The RAM is this machine's ({cpu.total / 1024**3:.1f} GiB): to plan for another machine, type "
+            "its size in the CPU row's Size column (or start with --device CPU=512GiB,ram=8xDDR5-4800)")
 
 
 def _held_by_rules(plan: Plan) -> str:
