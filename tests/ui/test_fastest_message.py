@@ -85,6 +85,17 @@ def test_nothing_fits_this_machines_ram_says_how_to_set_another(
         assert "this machine's" not in messages[-1]
     finally:
         win.close()
+    declared = make_window(qtbot, settings, system_info("CUDA0=rtx3090", "CPU=32GiB", cpu_gib=24))
+    try:  # `gui --device CPU=32GiB`: another machine's RAM, declared
+        open_and_wait(qtbot, declared, demo_path)
+        said: list[str] = []
+        declared.presets_menu.message.connect(said.append)
+        assert not declared.presets_menu.fastest()
+        assert said[-1].startswith("Nothing fits these devices: CPU (RAM) over by ")
+        assert "> 32.0 GiB" in said[-1]
+        assert "this machine's" not in said[-1]
+    finally:
+        declared.close()
 
 
 def test_fastest_says_nothing_of_overflow_when_all_fits(

@@ -272,6 +272,8 @@ class MainWindow(QMainWindow):
         # the whole of a message the window's width cuts, while it is shown
         self.statusBar().messageChanged.connect(self._status_tooltip)
         self.presets_menu = PresetsMenu(doc, self)
+        if not any(d.kind is DeviceKind.CPU for d in self.system.declared):  # the RAM is this machine's
+            self.presets_menu.machine_ram = self.system.cpu.total
 
     def _build_actions(self) -> None:
         self.act_open = QAction("Open…", self)
