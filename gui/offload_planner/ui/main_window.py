@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import DECLARED_RAM, Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
 from offload_planner.core.new_plan import DEMO_HARDWARE, demo_devices, demo_plan, model_summary, new_plan
@@ -529,7 +529,7 @@ class MainWindow(QMainWindow):
         cpu = replace(self.system.cpu, margin=s.margin_of(self.system.cpu.name))
         size = int(s.get(keys.CPU_SIZE))
         if size:
-            cpu = replace(cpu, total=size, free=None)
+            cpu = replace(cpu, total=size, free=None, description=DECLARED_RAM)
         # the window's margins are set (its settings' default included): 0 there is no margin
         gpus = [replace(g, margin=s.margin_of(g.name), margin_given=True)
                 for g in self.system.detection.gpus]
@@ -537,7 +537,7 @@ class MainWindow(QMainWindow):
             if d.kind.value == "CPU":  # its speed keys too (ram=, bw=, threads=): they were dropped, and
                 # the window estimated on this machine's RAM probe what plan estimated on the declared RAM
                 cpu = replace(cpu, total=d.total, free=d.free, hardware=d.hardware,
-                              bandwidth_gbs=d.bandwidth_gbs,
+                              bandwidth_gbs=d.bandwidth_gbs, description=DECLARED_RAM,
                               margin=d.margin if d.margin_given else cpu.margin)
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
