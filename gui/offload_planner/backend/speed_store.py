@@ -43,6 +43,8 @@ from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defa
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_GHZ,
+    NO_DRAFT_THREADS,
+    DraftThreads,
     Figure,
     Hardware,
     MeasuredLink,
@@ -590,24 +592,48 @@ def threads_batch_in(argv: list[str]) -> int | None:
 #: ``-td`` and ``-tbd`` under every name the mainline builds give them
 DRAFT_THREADS = ("--spec-draft-threads", "-td", "--threads-draft")
 DRAFT_THREADS_BATCH = ("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft")
+#: ik_llama.cpp's flags that carry the draft model's own command line
+IK_DRAFT_PARAMS = ("-draft", "--draft-params")
 
 
-def draft_threads_in(argv: list[str], dialect: Dialect) -> tuple[int | None, int | None]:
-    """``-td`` and ``-tbd`` among verbatim arguments (a plan's kept flags), as
+def draft_threads_in(argv: list[str], dialect: Dialect) -> DraftThreads:
+    """A draft model's threads among verbatim arguments (a plan's kept flags), as
     :func:`draft_threads_of` reads them."""
-    if not dialect.applies_draft_threads:
-        return None, None
-    return _last_in(argv, DRAFT_THREADS), _last_in(argv, DRAFT_THREADS_BATCH)
+    if dialect.applies_draft_threads:
+        return DraftThreads(_last_in(argv, DRAFT_THREADS), _last_in(argv, DRAFT_THREADS_BATCH))
+    if not any(a in IK_DRAFT_PARAMS for a in argv):
+        return NO_DRAFT_THREADS
+    from offload_planner.core.cmdline import parse_server_args
+
+    return draft_threads_of(parse_server_args(argv, dialect=dialect), dialect)
 
 
-def draft_threads_of(parsed: Any, dialect: Dialect) -> tuple[int | None, int | None]:
-    """``-td N`` and ``-tbd N`` of a parsed command line (a ``-md`` draft model's threads for one
-    token and for a batch, core.speed.hardware ``_draft``): each N, the last one given, 0 for 0 or
-    below, None when not given; both None where the dialect's server does not apply them
-    (``Dialect.applies_draft_threads``).  No environment variable sets either (no ``set_env``)."""
-    if not dialect.applies_draft_threads:
-        return None, None
-    return _last_count(parsed, DRAFT_THREADS[0]), _last_count(parsed, DRAFT_THREADS_BATCH[0])
+def draft_threads_of(parsed: Any, dialect: Dialect) -> DraftThreads:
+    """A ``-md`` draft model's threads for one token and for a batch (core.speed.hardware ``_draft``),
+    each the last given, 0 for 0 or below, None when not given.  Mainline: ``-td N`` and ``-tbd N``
+    (no environment variable sets either: no ``set_env``).  ik_llama.cpp reads neither for the server
+    (``Dialect.applies_draft_threads``): it parses ``-draft "ARGS"`` onto a copy of the main parameters
+    (common/speculative.cpp 1946-1966), so the draft computes with ARGS's ``-t`` and ``-tb``, else the
+    main command's (and the environment's ``LLAMA_ARG_THREADS``, read again before ARGS); with no
+    ``-tb`` anywhere a batch takes the draft's own ``-t`` (``n_threads_batch == -1 ? n_threads``,
+    common/common.cpp:4341)."""
+    if dialect.applies_draft_threads:
+        return DraftThreads(_last_count(parsed, DRAFT_THREADS[0]),
+                            _last_count(parsed, DRAFT_THREADS_BATCH[0]))
+    from offload_planner.core.cmdline.ik_draft_params import (
+        draft_params_flag,
+        loads_draft_params,
+        parse_draft_params,
+    )
+
+    args = getattr(parsed, "args", None)
+    if args is None or not loads_draft_params(parsed):
+        return NO_DRAFT_THREADS
+    inner = parse_draft_params(parsed, args.draft.params or "")
+    one, own_batch = _last_count(inner, "--threads"), _last_count(inner, "--threads-batch")
+    batch = own_batch if own_batch is not None or threads_batch_of(parsed) is not None else one
+    flag = draft_params_flag(parsed)
+    return DraftThreads(one, batch, f"{flag}'s -t", f"{flag}'s -t{'b' if own_batch is not None else ''}")
 
 
 def _last_in(argv: list[str], names: tuple[str, ...]) -> int | None:
@@ -809,7 +835,7 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
 
 def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = True,
                      probe_rpc: bool = False, threads_batch: int | None = None,
-                     draft_threads: tuple[int | None, int | None] = (None, None)) -> Hardware:
+                     draft_threads: DraftThreads = NO_DRAFT_THREADS) -> Hardware:
     """The figures of these devices on this machine: declared, catalogue, the cached RAM probe (run
     now when ``probe`` and not cached, unless the CPU is another machine: :func:`cpu_elsewhere`), the
     cached RPC links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers,

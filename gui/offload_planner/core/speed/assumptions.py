@@ -75,10 +75,11 @@ def draft_assumptions(hw: Hardware) -> list[Assumption]:
     d = hw.draft
     if d is None:
         return []
-    note = ("the draft model's context takes -td, else -t, and for a batch -tbd, else the target's batch "
-            "threads (common/arg.cpp:889-890, common/speculative.cpp:2553-2555)")
+    note = ("a -md draft model's context computes with its own threads: llama.cpp's -td, else -t, and for a "
+            "batch -tbd, else the target's batch threads; ik_llama.cpp's -t and -tb inside -draft, else the "
+            "main command's")
     out: list[Assumption] = []
-    for h, when in ((d, "a token"), (d.for_tokens(2), "a batch")):
+    for h, when in ((d, "a token"), *([(d.batch, "a batch")] if d.batch is not None else [])):
         cpu = next((x for x in h.devices.values() if x.kind is DeviceKind.CPU), None)
         if cpu is not None and cpu.threads:
             what = f"draft model: {cpu.name} threads in {when} ({cpu.threads_flag} {cpu.threads})"

@@ -197,6 +197,21 @@ class MeasuredLink:
 
 
 @dataclass(frozen=True)
+class DraftThreads:
+    """A ``-md`` draft model's threads as its command gives them (None: not given; 0: 0 or below),
+    for one token and for a batch, with the flags the notes name them by (mainline's ``-td``/``-tbd``;
+    ik_llama.cpp's ``-draft's -t``/``-draft's -tb``)."""
+
+    one: int | None = None
+    batch: int | None = None
+    one_flag: str = "-td"
+    batch_flag: str = "-tbd"
+
+
+NO_DRAFT_THREADS = DraftThreads()
+
+
+@dataclass(frozen=True)
 class Hardware:
     """The devices' figures for one token (tg), and in :attr:`batch` for a batch of more than one.
 
@@ -403,7 +418,7 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
                  links: Mapping[str, MeasuredLink | str] | None = None, cores: Threads | None = None,
                  cpu: CpuInfo | None = None, thread_bw: Mapping[str, Figure] | None = None,
                  threads_batch: int | None = None, cpu_rpc: Mapping[str, str] | None = None,
-                 draft_threads: tuple[int | None, int | None] = (None, None)) -> Hardware:
+                 draft_threads: DraftThreads = NO_DRAFT_THREADS) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
     ``links``: measured links of RPC devices by endpoint (or why the probe failed); ``cores``: the
     threads on this machine, which slow its devices down by ``cores / threads`` when more threads than
@@ -413,8 +428,8 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     probed machine; ``threads_batch``: ``-tb`` (0: ``-tb`` 0 or below), the threads of a batch of more
     than one token, whose figures are :attr:`Hardware.batch` where they differ from ``-t``'s);
     ``cpu_rpc``: the RPC devices, by name, whose server is this machine's CPU backend, with the evidence
-    (:func:`local_cpu_rpc`); ``draft_threads``: ``-td`` and ``-tbd`` as given (None: not given; 0:
-    0 or below), a draft model's figures where they differ (:attr:`Hardware.draft`, :func:`_draft`)."""
+    (:func:`local_cpu_rpc`); ``draft_threads``: a draft model's threads as given, its figures where they
+    differ (:attr:`Hardware.draft`, :func:`_draft`)."""
     links = links or {}
     gpus = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     for g in devices.gpus:
@@ -438,7 +453,7 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     return _draft(out, draft_threads, devices.cpu, cores, with_threads)
 
 
-def _draft(hw: Hardware, given: tuple[int | None, int | None], dev: Device, cores: Threads | None,
+def _draft(hw: Hardware, given: DraftThreads, dev: Device, cores: Threads | None,
            with_threads: Callable[[int, str], Hardware]) -> Hardware:
     """``hw`` with :attr:`Hardware.draft` where ``-td``/``-tbd`` (``given``) make a draft model's
     threads differ from the target's.  The pinned build (common/arg.cpp:889-890) takes a draft's
@@ -450,8 +465,9 @@ def _draft(hw: Hardware, given: tuple[int | None, int | None], dev: Device, core
     the same (tools/server/server.cpp ``params_dft.cpuparams.n_threads =
     params_base.speculative.cpuparams.n_threads``).  ik_llama.cpp builds the draft's context from
     the target's command line (common/speculative.cpp:1946 ``params_dft = params_base``) and reads
-    neither flag there: its dialect passes none."""
-    td, tbd = given
+    either flag: the draft's threads are its ``-draft "ARGS"``'s ``-t``/``-tb`` there (the batch's,
+    not given anywhere, the draft's ``-t``: backend.speed_store ``draft_threads_of``)."""
+    td, tbd = given.one, given.batch
     if td is None and tbd is None:
         return hw
     decl = parse_hardware_keys(dev.hardware)
@@ -463,10 +479,10 @@ def _draft(hw: Hardware, given: tuple[int | None, int | None], dev: Device, core
     d_batch = batch_n if tbd is None else tbd or known
     if d_one == one_n and d_batch == batch_n:
         return hw
-    draft_one = replace(hw, batch=None) if d_one == one_n else with_threads(d_one, "-td")
+    draft_one = replace(hw, batch=None) if d_one == one_n else with_threads(d_one, given.one_flag)
     if d_batch == d_one:
         return replace(hw, draft=draft_one)
-    draft_batch = hw.for_tokens(2) if tbd is None else with_threads(d_batch, "-tbd")
+    draft_batch = hw.for_tokens(2) if tbd is None else with_threads(d_batch, given.batch_flag)
     return replace(hw, draft=replace(draft_one, batch=replace(draft_batch, batch=None)))
 
 
