@@ -51,18 +51,30 @@ def window_analysis(plan: Plan) -> Analysis:
     return analyse(plan, capacity_hint=fill_preset_hint(plan))
 
 
+def failure_text(plan: Plan, e: Exception) -> str:
+    """What a projection that raised says: the model's file and the error (a bug: the plan stays)."""
+    return f"{plan.model.path}: cannot project the plan: {type(e).__name__}: {e}"
+
+
 class _Worker(QObject):
-    done = Signal(object, int)
+    done = Signal(object, int)  # an Analysis, or the text of the error that stopped it
 
     @Slot(object, int)
     def run(self, plan: Plan, generation: int) -> None:
-        self.done.emit(window_analysis(plan), generation)
+        try:
+            result: Analysis | str = window_analysis(plan)
+        except Exception as e:  # a bug: said, and the projector stays usable (it waited for ever)
+            result = failure_text(plan, e)
+        self.done.emit(result, generation)
 
 
 class Projector(QObject):
-    """``request(plan)`` as often as you like; ``ready(analysis)`` fires for the newest plan."""
+    """``request(plan)`` as often as you like; ``ready(analysis)`` fires for the newest plan, or
+    ``failed(text)`` when its projection raised (a bug: the window says it and keeps the plan; the next
+    edit is projected again)."""
 
     ready = Signal(object)
+    failed = Signal(str)
     _start = Signal(object, int)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -106,10 +118,13 @@ class Projector(QObject):
         self._start.emit(plan, self._generation)
 
     @Slot(object, int)
-    def _on_done(self, analysis: Analysis, generation: int) -> None:
+    def _on_done(self, analysis: Analysis | str, generation: int) -> None:
         self._busy = False
         if generation == self._generation:
-            self.ready.emit(analysis)
+            if isinstance(analysis, str):
+                self.failed.emit(analysis)
+            else:
+                self.ready.emit(analysis)
         elif self._pending is not None:
             self._dispatch()
 
