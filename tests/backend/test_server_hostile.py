@@ -97,10 +97,11 @@ def test_a_server_that_exits_on_its_own_after_listening_is_said(tmp_path: Path, 
 
 #: never listens, ignores SIGTERM, and starts two children that ignore it too, one in a session of its
 #: own (outside the server's process group)
-STUBBORN = ("import os, signal, subprocess, sys, time\n"
+#: (SIGTERM is ignored first thing: a loaded machine's SIGTERM after --timeout 2 s could come before it)
+STUBBORN = ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "import os, subprocess, sys, time\n"
             "if '--version' in sys.argv or '--help' in sys.argv:\n"
             "    print('version: 1 (abc)'); sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "kid = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'\n"
             "a = subprocess.Popen([sys.executable, '-c', kid])\n"
             "b = subprocess.Popen([sys.executable, '-c', kid], start_new_session=True)\n"
@@ -126,6 +127,47 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_children_and_said(tmp_
     assert "exit code 9" not in r.stderr, r.stderr[-2000:]
     assert "\\xff\\xfe \\x1b[31mAAAA" in r.stdout and len(max(r.stdout.splitlines(), key=len)) < 5000
     assert still_running([int(p) for p in pids.read_text().split()], within=3.0) == []
+
+
+#: never listens; on SIGTERM (which it outlives) starts forking children in sessions of their own, one
+#: every millisecond or so, each living 50 ms, and any that finds its parent gone writes its PID down
+FORKER = ("import signal; asked = []; signal.signal(signal.SIGTERM, lambda *_: asked.append(1))\n"
+          "import os, sys, time\n"
+          "if '--version' in sys.argv or '--help' in sys.argv:\n"
+          "    print('version: 1 (abc)'); sys.exit(0)\n"
+          "me, out = os.getpid(), os.environ['HOSTILE_ESCAPED']\n"
+          "while not asked: time.sleep(0.01)\n"
+          "while True:\n"
+          "    if os.fork() == 0:\n"
+          "        os.setsid()\n"
+          "        for _ in range(50):\n"
+          "            if os.getppid() != me:\n"
+          "                open(out, 'a').write(f'{os.getpid()}\\n'); os._exit(0)\n"
+          "            time.sleep(0.001)\n"
+          "        os._exit(0)\n"
+          "    while True:\n"
+          "        try:\n"
+          "            if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
+          "        except ChildProcessError: break\n"
+          "    time.sleep(0.001)\n")
+
+
+def test_a_server_forking_while_it_is_killed_leaves_no_child(tmp_path: Path) -> None:
+    """Its children were listed, then it was SIGKILLed: one forked in between (in a session of its own,
+    outside the server's process group) was never seen and outlived launch. Now the server and its
+    children are stopped (SIGSTOP) before they are listed, so none is born between the list and the
+    SIGKILL, nor notices its parent's death before its own."""
+    from tests.support.cli import run_cli
+
+    exe = script(tmp_path, "llama-server", FORKER)
+    escaped = tmp_path / "escaped"
+    t0 = time.monotonic()
+    r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--timeout", "1", "--stop-timeout",
+                "0.5", "--quiet", "--", "-c", "512", timeout=60, HOSTILE_ESCAPED=str(escaped))
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "llama-server ignored SIGTERM for 0.5 s: killed (SIGKILL)" in r.stderr, r.stderr[-2000:]
+    time.sleep(0.5)  # an unseen child notices its parent's death within 1 ms
+    assert not escaped.exists(), escaped.read_text()
 
 
 #: answers --version with 64 MiB, a MiB every 10 ms, then waits

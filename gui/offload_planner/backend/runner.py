@@ -479,9 +479,15 @@ class ServerProcess(QObject):
         self._finish(ServerState.FAILED, None, False)
 
     def _kill_now(self) -> None:
+        """SIGKILL the server and every child it has: the tree is stopped first
+        (:func:`child_guard.freeze_tree`), so that no child is forked after the list was taken."""
         proc = self._proc
-        self._remember_children()
-        if proc is not None and proc.state() != QProcess.ProcessState.NotRunning:
+        running = proc is not None and proc.state() != QProcess.ProcessState.NotRunning
+        if running and self._pid is not None:
+            self._children.update(child_guard.freeze_tree(self._pid))
+        else:
+            self._remember_children()
+        if proc is not None and running:
             self._killed = True
             proc.kill()
         self._kill_children()
