@@ -1,13 +1,18 @@
-"""Hostile input against the terminal: a downloaded model's metadata or a file's name holding escape
-sequences (set the window title, clear the screen, ring the bell) is printed with its control
-characters escaped, as the CPU's model name already was."""
+"""Hostile input: a downloaded model's metadata or a file's name holding escape sequences (set the
+window title, clear the screen, ring the bell) is printed with its control characters escaped, as the
+CPU's model name already was; a projector (--mmproj) whose hyper-parameters clip.cpp refuses is
+refused naming the key."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tests.support.cli import run_cli
 from tests.support.gguf_rewrite import rewrite
+
+from offload_planner.core.synth import SMALL_MODELS, write_model
+from offload_planner.core.synth.mmproj import SMALL_MMPROJ, write_mmproj
 
 #: sets the terminal's title, clears the screen, rings the bell
 EVIL = "\x1b]0;pwned\x07\x1b[2J\x9b31m evil"
@@ -38,3 +43,44 @@ def test_an_error_naming_a_file_escapes_its_name(tmp_path: Path) -> None:
         _clean(r.stderr)
         assert r.stderr.startswith(f"offload-planner: error: {tmp_path}/{ESCAPED}.gguf"), r.stderr
         assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The small Gemma 3 text model and its vision projector."""
+    root = tmp_path_factory.mktemp("hostile9_mmproj")
+    text = write_model(SMALL_MODELS["gemma3"], root / "gemma3.gguf")[0]
+    return text, write_mmproj(SMALL_MMPROJ["gemma3"], root / "mmproj.gguf")
+
+
+@pytest.mark.parametrize(("key", "value", "said"), [
+    ("clip.vision.patch_size", 0, "patch_size (0) must be positive and less than 65536"),
+    ("clip.vision.projector.scale_factor", 0, "n_merge (0) must be greater than 0 and less than 65536"),
+    ("clip.vision.image_size", 4_000_000_000, "image_size (-294967296) cannot be negative"),
+    ("clip.vision.image_size", 8193, "image_size (8193) is too large (max 8192)"),
+    ("clip.vision.embedding_length", 0, "n_embd (0) must be greater than 0"),
+    ("clip.vision.attention.head_count", 0, None),
+])
+def test_a_projector_clip_refuses_is_refused_naming_the_key(tmp_path: Path, gemma3: tuple[Path, Path],
+                                                            key: str, value: int, said: str | None) -> None:
+    """A patch size, merge or head count of 0 was a ZeroDivisionError traceback; an image size of 4e9 a
+    projection of 300 million TiB; a width of 0 a plan of a projector llama-server refuses to load.
+    Now the values clip.cpp's sanity check refuses are refused in its words, naming file and key."""
+    text, mmproj = gemma3
+    bad = rewrite(mmproj, tmp_path / "bad-mmproj.gguf", u32=(key, value))
+    for command in ("plan", "fit"):
+        r = run_cli(command, str(text), "--device", "CUDA0=24GiB", "--", "-c", "4096", "-mm", str(bad))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        line = r.stderr.strip()
+        assert line.startswith(f"offload-planner: error: {bad}: mmproj: {key} = {value}: "), line
+        assert len(line.splitlines()) == 1, line
+        if said is not None:
+            assert f"llama.cpp's clip loader refuses it ({said}) and llama-server exits" in line, line
+
+
+def test_the_largest_image_clip_takes_is_still_planned(tmp_path: Path, gemma3: tuple[Path, Path]) -> None:
+    text, mmproj = gemma3
+    wide = rewrite(mmproj, tmp_path / "a.gguf", u32=("clip.vision.image_size", 8192))
+    big = rewrite(wide, tmp_path / "b.gguf", u32=("clip.vision.patch_size", 1))
+    r = run_cli("plan", str(text), "--device", "CUDA0=24GiB", "--json", "--", "-c", "4096", "-mm", str(big))
+    assert r.returncode == 0, r.stderr[-2000:]
