@@ -84,3 +84,24 @@ def test_the_largest_image_clip_takes_is_still_planned(tmp_path: Path, gemma3: t
     big = rewrite(wide, tmp_path / "b.gguf", u32=("clip.vision.patch_size", 1))
     r = run_cli("plan", str(text), "--device", "CUDA0=24GiB", "--json", "--", "-c", "4096", "-mm", str(big))
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_huge_model_name_is_cut_in_the_summary(tmp_path: Path, small_models: dict[str, Path]) -> None:
+    """A 5 MB general.name took the window 9 s to show (the model line elided it on every layout) and
+    inspect printed all of it; the summary keeps 200 characters."""
+    model = rewrite(small_models["qwen3moe"], tmp_path / "long.gguf", text=("general.name", "n" * 5_000_000))
+    r = run_cli("inspect", str(model))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[0] == "n" * 199 + "…"
+
+
+def test_a_huge_architecture_name_is_refused_in_one_short_line(tmp_path: Path,
+                                                               small_models: dict[str, Path]) -> None:
+    """A 2 MB general.architecture went into every key looked up and into the missing key's message:
+    a 2 MB error line, 17 s before the window said it. llama.cpp knows no such architecture."""
+    model = rewrite(small_models["qwen3moe"], tmp_path / "arch.gguf",
+                    text=("general.architecture", "a" * 2_000_000))
+    for command in ("inspect", "plan"):
+        r = run_cli(command, str(model))
+        assert r.returncode == 2 and len(r.stderr) < 400, r.stderr[:2000]
+        assert "key 'general.architecture': 2,000,000 characters ('aaaa" in r.stderr, r.stderr[:2000]
