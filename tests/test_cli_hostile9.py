@@ -105,3 +105,15 @@ def test_a_huge_architecture_name_is_refused_in_one_short_line(tmp_path: Path,
         r = run_cli(command, str(model))
         assert r.returncode == 2 and len(r.stderr) < 400, r.stderr[:2000]
         assert "key 'general.architecture': 2,000,000 characters ('aaaa" in r.stderr, r.stderr[:2000]
+
+
+def test_a_drafts_huge_tokenizer_name_is_cut_in_the_warning(tmp_path: Path,
+                                                           small_models: dict[str, Path]) -> None:
+    """A draft whose tokenizer.ggml.model was 2 MB gave a 2 MB warning line (the tokenizers differ)."""
+    draft = rewrite(small_models["qwen3moe"], tmp_path / "draft.gguf",
+                    text=("tokenizer.ggml.model", "t" * 2_000_000))
+    r = run_cli("plan", str(small_models["qwen3moe"]), "--device", "CUDA0=24GiB", "--", "-c", "4096", "-md",
+                str(draft), "--spec-type", "draft-simple")
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [ln for ln in (r.stdout + r.stderr).splitlines() if "the tokenizers differ" in ln]
+    assert len(said) == 1 and len(said[0]) < 600 and "t" * 79 + "…" in said[0], [s[:300] for s in said]

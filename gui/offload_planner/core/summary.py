@@ -38,10 +38,11 @@ FILE_TYPES: dict[int, str] = {
 MAX_NAME_CHARS = 200
 
 
-def short_name(value: object) -> str:
-    """``general.name`` as a summary shows it: at most :data:`MAX_NAME_CHARS` characters."""
+def short_name(value: object, limit: int = MAX_NAME_CHARS) -> str:
+    """A file's string (``general.name``, a tokenizer's name) as a summary or a message shows it: at
+    most ``limit`` characters."""
     text = str(value)
-    return text if len(text) <= MAX_NAME_CHARS else text[:MAX_NAME_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 #: The longest ``general.architecture`` taken (llama.cpp's names have at most 20 characters): a 2 MB
