@@ -117,3 +117,13 @@ def test_a_drafts_huge_tokenizer_name_is_cut_in_the_warning(tmp_path: Path,
     assert r.returncode == 0, r.stderr[-2000:]
     said = [ln for ln in (r.stdout + r.stderr).splitlines() if "the tokenizers differ" in ln]
     assert len(said) == 1 and len(said[0]) < 600 and "t" * 79 + "…" in said[0], [s[:300] for s in said]
+
+
+def test_a_huge_projector_type_is_refused_in_one_short_line(tmp_path: Path,
+                                                            gemma3: tuple[Path, Path]) -> None:
+    """A 2 MB clip.projector_type went whole into the note naming a type without a compute graph."""
+    text, mmproj = gemma3
+    bad = rewrite(mmproj, tmp_path / "bad-mmproj.gguf", text=("clip.projector_type", "p" * 2_000_000))
+    r = run_cli("plan", str(text), "--device", "CUDA0=24GiB", "--", "-c", "4096", "-mm", str(bad))
+    assert r.returncode == 2 and len(r.stdout + r.stderr) < 600, (r.stdout + r.stderr)[:2000]
+    assert f"{bad}: mmproj: clip.projector_type is 2,000,000 characters ('pppp" in r.stderr, r.stderr

@@ -122,6 +122,10 @@ _SANE_MERGE = (1, 65535, "n_merge ({v}) must be greater than 0 and less than 655
                "n_merge ({v}) must be greater than 0 and less than 65536")
 
 
+#: The longest ``clip.projector_type`` taken (clip.cpp's names have at most 20 characters)
+_MAX_TYPE_CHARS = 128
+
+
 def _int32(v: int) -> int:
     """A uint32 key as clip.cpp's ``int`` fields hold it."""
     v &= 0xFFFFFFFF
@@ -157,6 +161,9 @@ def read_projector(location: str | Path) -> Projector:
     if not isinstance(proj_type, str) or not (vision or audio):
         raise GGUFError(path, "not a multimodal projector (no clip.projector_type / clip.has_vision_encoder"
                               " / clip.has_audio_encoder)")
+    if len(proj_type) > _MAX_TYPE_CHARS:  # went whole into the note that names an unknown type
+        raise GGUFError(path, f"mmproj: clip.projector_type is {len(proj_type):,} characters "
+                              f"({proj_type[:40]!r}...): no projector type of llama.cpp's is named so")
     if proj_type == "qwen2.5o" and vision:  # clip.cpp: the vision half of Qwen2.5-Omni
         proj_type = "qwen2.5vl_merger"
     tensors = []
