@@ -11,6 +11,7 @@ from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.mapped_span import no_placement_fits, ram_sharers
 from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.plan import Plan
+from offload_planner.core.remote import Cancel, cancel_scope
 from offload_planner.ui.nothing_fits import nothing_fits_text
 
 
@@ -59,10 +60,15 @@ def failure_text(plan: Plan, e: Exception) -> str:
 class _Worker(QObject):
     done = Signal(object, int)  # an Analysis, or the text of the error that stopped it
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancel = Cancel()  # cuts a projector URL's reads (-mmu) when the window closes
+
     @Slot(object, int)
     def run(self, plan: Plan, generation: int) -> None:
         try:
-            result: Analysis | str = window_analysis(plan)
+            with cancel_scope(self.cancel):
+                result: Analysis | str = window_analysis(plan)
         except Exception as e:  # a bug: said, and the projector stays usable (it waited for ever)
             result = failure_text(plan, e)
         self.done.emit(result, generation)
@@ -133,5 +139,6 @@ class Projector(QObject):
             self._held = False
             _hold(False)
         self._pending = None
-        self._thread.quit()
+        self._worker.cancel.cancel()  # a silent server held the close 10 s, then Qt aborted ("QThread:
+        self._thread.quit()  # Destroyed while thread ... is still running")
         self._thread.wait(10_000)
