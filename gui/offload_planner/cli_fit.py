@@ -252,8 +252,8 @@ def ram_hint(capacity: int | None) -> str:
     """Where nothing fits the RAM of this machine: a newcomer planning a server from a laptop was told
     "CPU (RAM) over by 335.3 GiB (... > 23.5 GiB)" and not that the RAM can be declared."""
     size = "" if capacity is None else f" ({capacity / 1024**3:.1f} GiB)"
-    return (f"note: the RAM is this machine's{size}; to plan for another machine declare its RAM, "
-            "e.g. --device CPU=512GiB")
+    return (f"note: the RAM is this machine's{size}; to plan for another machine declare its RAM and its "
+            "speed, e.g. --device CPU=512GiB,ram=8xDDR5-4800 (channels x MT/s; else this machine's speed)")
 
 
 def print_candidates(args: argparse.Namespace, rows: list[dict[str, object]], best_label: str | None,
