@@ -221,3 +221,71 @@ def test_a_log_that_repeats_one_kind_of_line_keeps_a_bounded_report(kind: str, l
     assert time.perf_counter() - t0 < 3
     got = getattr(acc.report, kind)
     assert 0 < len(got) <= 10_000  # a real load: dozens
+
+
+#: never says it listens; answers /health (port from --port) with MODE: 'flood' streams 300 MB of body
+#: per request, 'drip' sends the headers then a byte a second; counts the requests in HOSTILE_COUNT
+HEALTH_SERVER = ("import os, socket, sys, threading, time\n"
+                 "if '--version' in sys.argv or '--help' in sys.argv:\n"
+                 "    print('version: 1 (abc)'); sys.exit(0)\n"
+                 "port, mode = int(sys.argv[sys.argv.index('--port') + 1]), os.environ['HOSTILE_MODE']\n"
+                 "srv = socket.create_server(('127.0.0.1', port))\n"
+                 "def serve(c):\n"
+                 "    try:\n"
+                 "        c.recv(65536)\n"
+                 "        open(os.environ['HOSTILE_COUNT'], 'a').write('.')\n"
+                 "        c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n')\n"
+                 "        for _ in range(300 if mode == 'flood' else 60):\n"
+                 "            c.sendall(b'x' * (1 << 20) if mode == 'flood' else b'x')\n"
+                 "            if mode == 'drip': time.sleep(1)\n"
+                 "    except OSError: pass\n"
+                 "def accept():\n"
+                 "    while True:\n"
+                 "        threading.Thread(target=serve, args=(srv.accept()[0],), daemon=True).start()\n"
+                 "threading.Thread(target=accept, daemon=True).start()\n"
+                 "print('loading', flush=True)\n"
+                 "time.sleep(60)\n")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _health_run(qtbot: QtBot, tmp_path: Path, mode: str, seconds: float) -> tuple[int, int]:
+    """(growth of this process's resident memory in bytes, /health requests made) over ``seconds``."""
+    import psutil
+
+    from offload_planner.backend.runner import LaunchConfig, ServerProcess
+
+    exe = script(tmp_path, "llama-server", HEALTH_SERVER)
+    count = tmp_path / "count"
+    os.environ.update(HOSTILE_MODE=mode, HOSTILE_COUNT=str(count))
+    sp = ServerProcess()
+    try:
+        sp.start(LaunchConfig(executable=str(exe), dialect=None, port=_free_port(), stop_timeout=1))
+        before = psutil.Process().memory_info().rss
+        qtbot.wait(int(seconds * 1000))
+        grown = psutil.Process().memory_info().rss - before
+    finally:
+        sp.shutdown(2.0)
+        del os.environ["HOSTILE_MODE"], os.environ["HOSTILE_COUNT"]
+    return grown, len(count.read_text()) if count.exists() else 0
+
+
+def test_a_health_answer_without_end_is_not_kept(qtbot: QtBot, tmp_path: Path) -> None:
+    """Qt kept all of /health's body: a server streaming one grew the planner by 1 GB/s (5 GB in 10 s
+    of `launch`); the reply keeps 64 KiB and waits, then times out."""
+    grown, asked = _health_run(qtbot, tmp_path, "flood", 4.0)
+    assert asked >= 1
+    assert grown < 50 << 20, grown  # the old code: 197 MB in these 4 s
+
+
+def test_a_dripping_health_answer_is_given_up_and_asked_again(qtbot: QtBot, tmp_path: Path) -> None:
+    """A byte a second never hit the transfer timeout, and no /health was asked while it lasted (60 s
+    here); each request now ends after 5 s."""
+    _grown, asked = _health_run(qtbot, tmp_path, "drip", 8.0)
+    assert asked >= 2, asked

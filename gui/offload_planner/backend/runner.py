@@ -127,6 +127,12 @@ class ServerProcess(QObject):
 
     LOADING_POLL_MS = 500
     RUNNING_POLL_MS = 2000
+    #: /health's answer is {"status":"ok"}: Qt kept all of a body, and a server streaming one without
+    #: end grew the planner by 1 GB/s; past this much the reply waits (then times out) unread
+    HEALTH_BODY_LIMIT = 64 << 10
+    #: the longest one /health request may take in all (a drip of a byte a second never hit the
+    #: transfer timeout, and no /health was asked again while it lasted)
+    HEALTH_DEADLINE_MS = 5000
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -527,8 +533,10 @@ class ServerProcess(QObject):
             self._nam = QNetworkAccessManager(self)
         req = QNetworkRequest(QUrl(self.command.health_url))
         req.setTransferTimeout(1500)
-        self._reply = self._nam.get(req)
-        self._reply.finished.connect(self._health_done)
+        reply = self._reply = self._nam.get(req)
+        reply.setReadBufferSize(self.HEALTH_BODY_LIMIT)
+        reply.finished.connect(self._health_done)
+        QTimer.singleShot(self.HEALTH_DEADLINE_MS, reply, reply.abort)  # gone with the reply once done
 
     def _health_done(self) -> None:
         reply, self._reply = self._reply, None
