@@ -256,7 +256,8 @@ def _free_port() -> int:
 
 
 def _health_run(qtbot: QtBot, tmp_path: Path, mode: str, seconds: float) -> tuple[int, int]:
-    """(growth of this process's resident memory in bytes, /health requests made) over ``seconds``."""
+    """(growth of this process's resident memory in bytes, /health requests made) over ``seconds``
+    from the first request."""
     import psutil
 
     from offload_planner.backend.runner import LaunchConfig, ServerProcess
@@ -267,25 +268,25 @@ def _health_run(qtbot: QtBot, tmp_path: Path, mode: str, seconds: float) -> tupl
     sp = ServerProcess()
     try:
         sp.start(LaunchConfig(executable=str(exe), dialect=None, port=_free_port(), stop_timeout=1))
+        qtbot.waitUntil(count.exists, timeout=30_000)  # a loaded machine starts the stand-in slowly
         before = psutil.Process().memory_info().rss
         qtbot.wait(int(seconds * 1000))
         grown = psutil.Process().memory_info().rss - before
     finally:
         sp.shutdown(2.0)
         del os.environ["HOSTILE_MODE"], os.environ["HOSTILE_COUNT"]
-    return grown, len(count.read_text()) if count.exists() else 0
+    return grown, len(count.read_text())
 
 
 def test_a_health_answer_without_end_is_not_kept(qtbot: QtBot, tmp_path: Path) -> None:
     """Qt kept all of /health's body: a server streaming one grew the planner by 1 GB/s (5 GB in 10 s
     of `launch`); the reply keeps 64 KiB and waits, then times out."""
-    grown, asked = _health_run(qtbot, tmp_path, "flood", 4.0)
-    assert asked >= 1
+    grown, _asked = _health_run(qtbot, tmp_path, "flood", 4.0)
     assert grown < 50 << 20, grown  # the old code: 197 MB in these 4 s
 
 
 def test_a_dripping_health_answer_is_given_up_and_asked_again(qtbot: QtBot, tmp_path: Path) -> None:
     """A byte a second never hit the transfer timeout, and no /health was asked while it lasted (60 s
     here); each request now ends after 5 s."""
-    _grown, asked = _health_run(qtbot, tmp_path, "drip", 8.0)
+    _grown, asked = _health_run(qtbot, tmp_path, "drip", 7.5)
     assert asked >= 2, asked
