@@ -5,6 +5,10 @@ refused naming the key."""
 
 from __future__ import annotations
 
+import http.server
+import socketserver
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -127,3 +131,39 @@ def test_a_huge_projector_type_is_refused_in_one_short_line(tmp_path: Path,
     r = run_cli("plan", str(text), "--device", "CUDA0=24GiB", "--", "-c", "4096", "-mm", str(bad))
     assert r.returncode == 2 and len(r.stdout + r.stderr) < 600, (r.stdout + r.stderr)[:2000]
     assert f"{bad}: mmproj: clip.projector_type is 2,000,000 characters ('pppp" in r.stderr, r.stderr
+
+
+class _Hostile(http.server.BaseHTTPRequestHandler):
+    """/loop redirects to itself; /reason answers 500 with a 60 KB reason phrase."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/loop"):
+            self.send_response(302)
+            self.send_header("Location", "/loop.gguf")
+        else:
+            self.send_response(500, "\x1b[2J" + "r" * 60_000)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile_http() -> Iterator[str]:
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Hostile)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.mark.parametrize(("path", "said"), [
+    ("/loop.gguf", "redirected in a loop or more than 10 times (the last: HTTP 302)"),
+    ("/reason.gguf", "HTTP 500 \\x1b[2J" + "r" * 195 + "…"),
+])
+def test_a_hostile_http_answer_is_one_short_line(hostile_http: str, path: str, said: str) -> None:
+    """A redirect loop was urllib's three lines; a 60 KB reason phrase a 60 KB error line."""
+    r = run_cli("inspect", hostile_http + path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr == f"offload-planner: error: {hostile_http}{path}: {said}\n", r.stderr[:2000]

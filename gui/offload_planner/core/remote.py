@@ -393,7 +393,10 @@ class HttpRangeSource:
             return f"access denied (HTTP {code}): gated model: set HF_TOKEN"
         if code == 404:
             return "not found (HTTP 404)"
-        return f"HTTP {code} {reason}".rstrip()
+        if 300 <= code < 400:  # urllib's words were three lines
+            return f"redirected in a loop or more than 10 times (the last: HTTP {code})"
+        said = " ".join(str(reason).split())  # the server's reason phrase: up to 64 KB, any characters
+        return f"HTTP {code} {said if len(said) <= 200 else said[:199] + '…'}".rstrip()
 
     def _network_error_message(self, e: BaseException, timeout: float | None = None) -> str:
         reason: object = e.reason if isinstance(e, urllib.error.URLError) else e
