@@ -167,3 +167,12 @@ def test_a_hostile_http_answer_is_one_short_line(hostile_http: str, path: str, s
     r = run_cli("inspect", hostile_http + path)
     assert r.returncode == 2, r.stderr[-2000:]
     assert r.stderr == f"offload-planner: error: {hostile_http}{path}: {said}\n", r.stderr[:2000]
+
+
+def test_a_token_with_a_line_break_is_refused_without_quoting_it() -> None:
+    """http.client refused the header and its message, printed as the error, quoted the token."""
+    r = run_cli("inspect", "https://huggingface.co/org/repo/resolve/main/m.gguf",
+                HF_TOKEN="hf_secret123\nhf_second")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "hf_secret123" not in r.stderr and "hf_second" not in r.stderr, r.stderr
+    assert "HF_TOKEN holds a space, a line break or another character a token has not" in r.stderr, r.stderr

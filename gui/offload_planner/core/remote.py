@@ -302,6 +302,9 @@ class HttpRangeSource:
         out = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         token = os.environ.get("HF_TOKEN", "").strip()
         if token and _is_token_origin(self._url):
+            if not all("!" <= c <= "~" for c in token):  # http.client's refusal quoted the token
+                raise GGUFError(self._url, "HF_TOKEN holds a space, a line break or another character a "
+                                           "token has not (two tokens pasted?): set it to the token alone")
             out["Authorization"] = f"Bearer {token}"
         out.update(extra or {})
         return out
