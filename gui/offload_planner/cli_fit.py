@@ -136,7 +136,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     check_microbatches(args.prompt, parsed.args)
     model = open_loadable(args.model)
     devices, detection = _fit_devices(args, parsed, model, dialect)
-    eff = efficiencies_for(args.backend)
+    eff = efficiencies_for(args.backend, devices)
     hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True, threads_batch=threads_batch_of(parsed),
                           draft_threads=draft_threads_of(parsed, dialect))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,

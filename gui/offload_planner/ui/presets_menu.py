@@ -443,6 +443,6 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
 
     # the figures the window's own estimate uses (-t, -tb, the cores, cached RPC links, local CPU backends)
     hw = machine_hardware(plan, probe=False)
-    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
+    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect, plan.devices),
                                allow_kv_quant=allow_kv_quant, allow_nkvo=allow_nkvo)
     return result
