@@ -111,3 +111,16 @@ def test_a_model_whose_plan_cannot_be_placed_keeps_the_open_plans_edits(
     wait_projected(qtbot, window, timeout=20_000)
     window.doc.undo_stack.undo()
     assert window.doc.plan.moves == {}
+
+
+def test_an_error_that_repeats_opens_one_dialog(qtbot: QtBot, window: MainWindow,
+                                                qwen3moe_path: Path) -> None:
+    """A paint or timer slot that raises raises again at once: one dialog, not one per repeat."""
+    open_and_wait(qtbot, window, qwen3moe_path)
+    shown: list[str] = []
+    window.errorShown.connect(shown.append)
+    for _ in range(5):
+        window.internalError.emit("RuntimeError: boom from a bug")
+    window.internalError.emit("KeyError: 'other'")
+    assert shown == [f"{qwen3moe_path}: internal error: RuntimeError: boom from a bug",
+                     f"{qwen3moe_path}: internal error: KeyError: 'other'"]

@@ -198,6 +198,7 @@ class MainWindow(QMainWindow):
         self._gpu_tip = ""  # the notice's tooltip off the demo: why no GPU was detected ("" when one was)
         self._no_gpu_why = ""  # why no GPU was detected ("" when one was)
         self._load_t0 = 0.0
+        self._internal_errors: set[str] = set()  # said once each (_on_internal_error)
         self.doc = PlanDocument(self)
         self.loader = ModelLoader(self)
         self.setMinimumSize(*MIN_SIZE)
@@ -655,6 +656,9 @@ class MainWindow(QMainWindow):
             text = f"{self.doc.file_path or self.doc.plan.model.path}: internal error: {text}"
         else:
             text = f"internal error: {text}"
+        if text in self._internal_errors:  # one dialog per error: a paint that raises repeats it
+            return
+        self._internal_errors.add(text)
         self.log(f"error: {text}")
         self._error("Internal error", text)
 
