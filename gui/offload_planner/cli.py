@@ -28,7 +28,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         json.dump(model_json(model), sys.stdout, indent=None if args.compact else 1)
         sys.stdout.write("\n")
     else:
-        print(text_report(model, layers=not args.no_layers))
+        from offload_planner.backend.log_lines import printable
+
+        # the file's strings (general.name, ...) as text: an escape sequence in a downloaded model's
+        # metadata retitled or cleared the terminal
+        print(printable(text_report(model, layers=not args.no_layers), keep_newlines=True))
         from offload_planner.core.loadable import load_error
 
         refused = load_error(model)  # the reader shows it; plan, fit and the window refuse it
@@ -362,8 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return _run_printing(args, freeze=argv is None and args.command in FREEZING)
-    except PlannerError as e:
-        print(f"offload-planner: error: {e}", file=sys.stderr)
+    except PlannerError as e:  # it may quote a file's name or bytes: control characters escaped
+        from offload_planner.backend.log_lines import printable
+
+        print(f"offload-planner: error: {printable(str(e), keep_newlines=True)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

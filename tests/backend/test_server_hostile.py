@@ -97,10 +97,11 @@ def test_a_server_that_exits_on_its_own_after_listening_is_said(tmp_path: Path, 
 
 #: never listens, ignores SIGTERM, and starts two children that ignore it too, one in a session of its
 #: own (outside the server's process group)
-STUBBORN = ("import os, signal, subprocess, sys, time\n"
+#: (SIGTERM is ignored first thing: a loaded machine's SIGTERM after --timeout 2 s could come before it)
+STUBBORN = ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "import os, subprocess, sys, time\n"
             "if '--version' in sys.argv or '--help' in sys.argv:\n"
             "    print('version: 1 (abc)'); sys.exit(0)\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "kid = 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'\n"
             "a = subprocess.Popen([sys.executable, '-c', kid])\n"
             "b = subprocess.Popen([sys.executable, '-c', kid], start_new_session=True)\n"
@@ -126,6 +127,47 @@ def test_a_server_that_ignores_sigterm_is_killed_with_its_children_and_said(tmp_
     assert "exit code 9" not in r.stderr, r.stderr[-2000:]
     assert "\\xff\\xfe \\x1b[31mAAAA" in r.stdout and len(max(r.stdout.splitlines(), key=len)) < 5000
     assert still_running([int(p) for p in pids.read_text().split()], within=3.0) == []
+
+
+#: never listens; on SIGTERM (which it outlives) starts forking children in sessions of their own, one
+#: every millisecond or so, each living 50 ms, and any that finds its parent gone writes its PID down
+FORKER = ("import signal; asked = []; signal.signal(signal.SIGTERM, lambda *_: asked.append(1))\n"
+          "import os, sys, time\n"
+          "if '--version' in sys.argv or '--help' in sys.argv:\n"
+          "    print('version: 1 (abc)'); sys.exit(0)\n"
+          "me, out = os.getpid(), os.environ['HOSTILE_ESCAPED']\n"
+          "while not asked: time.sleep(0.01)\n"
+          "while True:\n"
+          "    if os.fork() == 0:\n"
+          "        os.setsid()\n"
+          "        for _ in range(50):\n"
+          "            if os.getppid() != me:\n"
+          "                open(out, 'a').write(f'{os.getpid()}\\n'); os._exit(0)\n"
+          "            time.sleep(0.001)\n"
+          "        os._exit(0)\n"
+          "    while True:\n"
+          "        try:\n"
+          "            if os.waitpid(-1, os.WNOHANG)[0] == 0: break\n"
+          "        except ChildProcessError: break\n"
+          "    time.sleep(0.001)\n")
+
+
+def test_a_server_forking_while_it_is_killed_leaves_no_child(tmp_path: Path) -> None:
+    """Its children were listed, then it was SIGKILLed: one forked in between (in a session of its own,
+    outside the server's process group) was never seen and outlived launch. Now the server and its
+    children are stopped (SIGSTOP) before they are listed, so none is born between the list and the
+    SIGKILL, nor notices its parent's death before its own."""
+    from tests.support.cli import run_cli
+
+    exe = script(tmp_path, "llama-server", FORKER)
+    escaped = tmp_path / "escaped"
+    t0 = time.monotonic()
+    r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--timeout", "1", "--stop-timeout",
+                "0.5", "--quiet", "--", "-c", "512", timeout=60, HOSTILE_ESCAPED=str(escaped))
+    assert time.monotonic() - t0 < 30 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "llama-server ignored SIGTERM for 0.5 s: killed (SIGKILL)" in r.stderr, r.stderr[-2000:]
+    time.sleep(0.5)  # an unseen child notices its parent's death within 1 ms
+    assert not escaped.exists(), escaped.read_text()
 
 
 #: answers --version with 64 MiB, a MiB every 10 ms, then waits
@@ -179,3 +221,72 @@ def test_a_log_that_repeats_one_kind_of_line_keeps_a_bounded_report(kind: str, l
     assert time.perf_counter() - t0 < 3
     got = getattr(acc.report, kind)
     assert 0 < len(got) <= 10_000  # a real load: dozens
+
+
+#: never says it listens; answers /health (port from --port) with MODE: 'flood' streams 300 MB of body
+#: per request, 'drip' sends the headers then a byte a second; counts the requests in HOSTILE_COUNT
+HEALTH_SERVER = ("import os, socket, sys, threading, time\n"
+                 "if '--version' in sys.argv or '--help' in sys.argv:\n"
+                 "    print('version: 1 (abc)'); sys.exit(0)\n"
+                 "port, mode = int(sys.argv[sys.argv.index('--port') + 1]), os.environ['HOSTILE_MODE']\n"
+                 "srv = socket.create_server(('127.0.0.1', port))\n"
+                 "def serve(c):\n"
+                 "    try:\n"
+                 "        c.recv(65536)\n"
+                 "        open(os.environ['HOSTILE_COUNT'], 'a').write('.')\n"
+                 "        c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n')\n"
+                 "        for _ in range(300 if mode == 'flood' else 60):\n"
+                 "            c.sendall(b'x' * (1 << 20) if mode == 'flood' else b'x')\n"
+                 "            if mode == 'drip': time.sleep(1)\n"
+                 "    except OSError: pass\n"
+                 "def accept():\n"
+                 "    while True:\n"
+                 "        threading.Thread(target=serve, args=(srv.accept()[0],), daemon=True).start()\n"
+                 "threading.Thread(target=accept, daemon=True).start()\n"
+                 "print('loading', flush=True)\n"
+                 "time.sleep(60)\n")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _health_run(qtbot: QtBot, tmp_path: Path, mode: str, seconds: float) -> tuple[int, int]:
+    """(growth of this process's resident memory in bytes, /health requests made) over ``seconds``
+    from the first request."""
+    import psutil
+
+    from offload_planner.backend.runner import LaunchConfig, ServerProcess
+
+    exe = script(tmp_path, "llama-server", HEALTH_SERVER)
+    count = tmp_path / "count"
+    os.environ.update(HOSTILE_MODE=mode, HOSTILE_COUNT=str(count))
+    sp = ServerProcess()
+    try:
+        sp.start(LaunchConfig(executable=str(exe), dialect=None, port=_free_port(), stop_timeout=1))
+        qtbot.waitUntil(count.exists, timeout=30_000)  # a loaded machine starts the stand-in slowly
+        before = psutil.Process().memory_info().rss
+        qtbot.wait(int(seconds * 1000))
+        grown = psutil.Process().memory_info().rss - before
+    finally:
+        sp.shutdown(2.0)
+        del os.environ["HOSTILE_MODE"], os.environ["HOSTILE_COUNT"]
+    return grown, len(count.read_text())
+
+
+def test_a_health_answer_without_end_is_not_kept(qtbot: QtBot, tmp_path: Path) -> None:
+    """Qt kept all of /health's body: a server streaming one grew the planner by 1 GB/s (5 GB in 10 s
+    of `launch`); the reply keeps 64 KiB and waits, then times out."""
+    grown, _asked = _health_run(qtbot, tmp_path, "flood", 4.0)
+    assert grown < 50 << 20, grown  # the old code: 197 MB in these 4 s
+
+
+def test_a_dripping_health_answer_is_given_up_and_asked_again(qtbot: QtBot, tmp_path: Path) -> None:
+    """A byte a second never hit the transfer timeout, and no /health was asked while it lasted (60 s
+    here); each request now ends after 5 s."""
+    _grown, asked = _health_run(qtbot, tmp_path, "drip", 7.5)
+    assert asked >= 2, asked

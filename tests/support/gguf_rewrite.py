@@ -9,13 +9,15 @@ import gguf
 
 
 def rewrite(src: Path, dst: Path, *, drop: str = "", u32: tuple[str, int] | None = None,
-            rename: tuple[str, str] | None = None) -> Path:
+            rename: tuple[str, str] | None = None, text: tuple[str, str] | None = None) -> Path:
     """``src`` written again by gguf-py's GGUFWriter, without the key ``drop``, with the uint32 key
-    ``u32`` set (appended after the others), or a tensor renamed; tensor data copied as is."""
+    ``u32`` or the string key ``text`` set (appended after the others), or a tensor renamed; tensor
+    data copied as is."""
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
     for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", drop) or (u32 and name == u32[0]):
+        if name.startswith("GGUF.") or name in ("general.architecture", drop) or (u32 and name == u32[0]) \
+                or (text and name == text[0]):
             continue
         if f.types[0] == gguf.GGUFValueType.ARRAY:
             w.add_array(name, f.contents())
@@ -23,6 +25,8 @@ def rewrite(src: Path, dst: Path, *, drop: str = "", u32: tuple[str, int] | None
             w.add_key_value(name, f.contents(), f.types[0])
     if u32 is not None:
         w.add_uint32(*u32)
+    if text is not None:
+        w.add_string(*text)
     names = dict([rename]) if rename else {}
     for t in r.tensors:
         w.add_tensor(names.get(t.name, t.name), t.data, raw_dtype=t.tensor_type)

@@ -84,6 +84,65 @@ def kill_group(pid: int | None) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+#: How long :func:`freeze_tree` waits for the processes it stopped to be stopped
+FREEZE_WAIT = 0.5
+
+
+def freeze_tree(pid: int, wait: float = FREEZE_WAIT) -> dict[int, float]:
+    """Stop (SIGSTOP) ``pid`` and every process below it, listing them again until no new one appears,
+    and return the descendants (PID -> start time) for a SIGKILL each. A list taken while they run
+    misses a child forked between the list and the kill (in a session of its own it outlives the group
+    kill too); stopped processes fork nothing. Windows: the list only (no SIGSTOP)."""
+    import psutil
+
+    seen: dict[int, float] = {}
+    try:
+        root = psutil.Process(pid)
+    except psutil.Error:
+        return seen
+    sig = getattr(signal, "SIGSTOP", None)
+    frozen: set[int] = set()
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            tree = [root]
+        for p in tree[1:]:
+            with contextlib.suppress(psutil.Error):
+                seen.setdefault(p.pid, p.create_time())
+        new = [p for p in tree if p.pid not in frozen]
+        if sig is None or not new:
+            return seen
+        for p in new:
+            frozen.add(p.pid)
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        _wait_stopped(new, deadline)
+        if time.monotonic() >= deadline:
+            return seen
+
+
+def _wait_stopped(procs: Sequence[Any], deadline: float) -> None:
+    """Until each of ``procs`` is stopped or gone (a fork under way completes first), or ``deadline``."""
+    import psutil
+
+    done = (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD,
+            getattr(psutil, "STATUS_TRACING_STOP", ""))
+    waiting = list(procs)
+    while waiting and time.monotonic() < deadline:
+        still = []
+        for p in waiting:
+            try:
+                if p.status() not in done:
+                    still.append(p)
+            except psutil.Error:
+                pass
+        waiting = still
+        if waiting:
+            time.sleep(0.001)
+
+
 def _start(args: Sequence[str], **kwargs: Any) -> tuple[subprocess.Popen[Any], GuardedCommand]:
     cmd = guard(args[0], args[1:], kwargs.get("env"))
     proc = subprocess.Popen([cmd.program, *cmd.arguments], **kwargs)

@@ -127,6 +127,12 @@ class ServerProcess(QObject):
 
     LOADING_POLL_MS = 500
     RUNNING_POLL_MS = 2000
+    #: /health's answer is {"status":"ok"}: Qt kept all of a body, and a server streaming one without
+    #: end grew the planner by 1 GB/s; past this much the reply waits (then times out) unread
+    HEALTH_BODY_LIMIT = 64 << 10
+    #: the longest one /health request may take in all (a drip of a byte a second never hit the
+    #: transfer timeout, and no /health was asked again while it lasted)
+    HEALTH_DEADLINE_MS = 5000
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -479,9 +485,15 @@ class ServerProcess(QObject):
         self._finish(ServerState.FAILED, None, False)
 
     def _kill_now(self) -> None:
+        """SIGKILL the server and every child it has: the tree is stopped first
+        (:func:`child_guard.freeze_tree`), so that no child is forked after the list was taken."""
         proc = self._proc
-        self._remember_children()
-        if proc is not None and proc.state() != QProcess.ProcessState.NotRunning:
+        running = proc is not None and proc.state() != QProcess.ProcessState.NotRunning
+        if running and self._pid is not None:
+            self._children.update(child_guard.freeze_tree(self._pid))
+        else:
+            self._remember_children()
+        if proc is not None and running:
             self._killed = True
             proc.kill()
         self._kill_children()
@@ -521,8 +533,10 @@ class ServerProcess(QObject):
             self._nam = QNetworkAccessManager(self)
         req = QNetworkRequest(QUrl(self.command.health_url))
         req.setTransferTimeout(1500)
-        self._reply = self._nam.get(req)
-        self._reply.finished.connect(self._health_done)
+        reply = self._reply = self._nam.get(req)
+        reply.setReadBufferSize(self.HEALTH_BODY_LIMIT)
+        reply.finished.connect(self._health_done)
+        QTimer.singleShot(self.HEALTH_DEADLINE_MS, reply, reply.abort)  # gone with the reply once done
 
     def _health_done(self) -> None:
         reply, self._reply = self._reply, None

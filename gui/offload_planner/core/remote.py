@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, cast
 from urllib.parse import urlsplit
 
@@ -83,11 +83,13 @@ class _Watchdog:
     def __init__(self) -> None:
         self.until = 0.0  # time.monotonic() at which the current request gives up
         self.fired = False
+        self.sock: socket.socket | None = None  # the last connection's (its body is read on it too)
         self._timers: list[threading.Timer] = []
 
     def arm(self, sock: socket.socket | None) -> None:
         if sock is None:
             return
+        self.sock = sock
         timer = threading.Timer(max(0.0, self.until - time.monotonic()), self._fire, (sock,))
         timer.daemon = True
         self._timers.append(timer)
@@ -174,6 +176,46 @@ class _RedirectKeepingRange(urllib.request.HTTPRedirectHandler):
         return new
 
 
+class Cancel:
+    """A handle to end a task's network reads at once (the window's loader, when its load is replaced
+    or the window closes): the sources opened inside :func:`cancel_scope` of it raise GGUFError
+    ("cancelled") and their connections are cut, where a silent server held the task, a thread of the
+    loader's pool and the window's close, up to the 60 s deadline."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._sources: list[HttpRangeSource] = []
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            sources = list(self._sources)
+        for src in sources:
+            src.abort()
+
+    def _add(self, src: HttpRangeSource) -> None:
+        with self._lock:
+            self._sources.append(src)
+            cancelled = self.cancelled
+        if cancelled:
+            src.abort()
+
+
+_SCOPE = threading.local()
+
+
+@contextlib.contextmanager
+def cancel_scope(cancel: Cancel) -> Iterator[None]:
+    """Sources this thread opens within it are ended by ``cancel.cancel()`` (from any thread)."""
+    previous = getattr(_SCOPE, "cancel", None)
+    _SCOPE.cancel = cancel
+    try:
+        yield
+    finally:
+        _SCOPE.cancel = previous
+
+
 class HttpRangeSource:
     """A :class:`~offload_planner.core.byte_source.ByteSource` over HTTP Range requests.
 
@@ -210,6 +252,9 @@ class HttpRangeSource:
         self._stream_pos = 0
         self.request_count = 0
         self.bytes_fetched = 0
+        self._cancel: Cancel | None = getattr(_SCOPE, "cancel", None)
+        if self._cancel is not None:
+            self._cancel._add(self)
         self._size = self._probe()
 
     # ByteSource -------------------------------------------------------------------------------
@@ -257,6 +302,9 @@ class HttpRangeSource:
         out = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
         token = os.environ.get("HF_TOKEN", "").strip()
         if token and _is_token_origin(self._url):
+            if not all("!" <= c <= "~" for c in token):  # http.client's refusal quoted the token
+                raise GGUFError(self._url, "HF_TOKEN holds a space, a line break or another character a "
+                                           "token has not (two tokens pasted?): set it to the token alone")
             out["Authorization"] = f"Bearer {token}"
         out.update(extra or {})
         return out
@@ -265,9 +313,21 @@ class HttpRangeSource:
         return any(k.lower() == "authorization" for k in self._headers)
 
     def _fail(self, message: str) -> GGUFError:
+        if self._cancel is not None and self._cancel.cancelled:  # the cut connection's error is no news
+            message = "cancelled"
         return GGUFError(self._url, message)
 
+    def abort(self) -> None:
+        """Cut the connection now (from any thread): the read under way ends, the next raises."""
+        self._watchdog.fired = True
+        sock = self._watchdog.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def _remaining(self) -> float:
+        if self._cancel is not None and self._cancel.cancelled:
+            raise self._fail("cancelled")
         left = self._deadline - self._spent
         if left <= 0:
             raise self._fail(f"gave up after {self._deadline:g} s on the network: the server is too slow "
@@ -336,7 +396,10 @@ class HttpRangeSource:
             return f"access denied (HTTP {code}): gated model: set HF_TOKEN"
         if code == 404:
             return "not found (HTTP 404)"
-        return f"HTTP {code} {reason}".rstrip()
+        if 300 <= code < 400:  # urllib's words were three lines
+            return f"redirected in a loop or more than 10 times (the last: HTTP {code})"
+        said = " ".join(str(reason).split())  # the server's reason phrase: up to 64 KB, any characters
+        return f"HTTP {code} {said if len(said) <= 200 else said[:199] + '…'}".rstrip()
 
     def _network_error_message(self, e: BaseException, timeout: float | None = None) -> str:
         reason: object = e.reason if isinstance(e, urllib.error.URLError) else e

@@ -47,6 +47,7 @@ from offload_planner.core.memory import (
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placement, PlacementOptions, place
 from offload_planner.core.spec_defaults import DEFAULT_DRAFT_N_MAX, DRAFT_TYPES
+from offload_planner.core.summary import short_name
 
 
 @dataclass(frozen=True)
@@ -327,8 +328,9 @@ def draft_mismatch(model: Model, spec: SpecSettings | None) -> str | None:
         return None
     a, b = model.metadata, draft.metadata
     kind_a, kind_b = a.get("tokenizer.ggml.model"), b.get("tokenizer.ggml.model")
-    if kind_a is not None and kind_b is not None and kind_a != kind_b:
-        return f"the tokenizers differ ({kind_a} in the model, {kind_b} in the draft)"
+    if kind_a is not None and kind_b is not None and kind_a != kind_b:  # a file's 2 MB name: cut
+        return (f"the tokenizers differ ({short_name(kind_a, 80)} in the model, {short_name(kind_b, 80)} "
+                "in the draft)")
     na, nb = model.summary.n_vocab, draft.summary.n_vocab
     if na and nb and abs(na - nb) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
         return (f"the vocabularies differ by {abs(na - nb)} tokens ({na} and {nb}; at most "

@@ -33,6 +33,24 @@ FILE_TYPES: dict[int, str] = {
     38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
 }
 
+#: The most of ``general.name`` a summary keeps: a file's 5 MB name took the window 9 s to show
+#: (the model line elided it on every layout) and filled a terminal through inspect
+MAX_NAME_CHARS = 200
+
+
+def short_name(value: object, limit: int = MAX_NAME_CHARS) -> str:
+    """A file's string (``general.name``, a tokenizer's name) as a summary or a message shows it: at
+    most ``limit`` characters."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+#: The longest ``general.architecture`` taken (llama.cpp's names have at most 20 characters): a 2 MB
+#: one went into every key the planner looks up and into the message that names a missing one (a
+#: 2 MB error line; 17 s before the window said it)
+MAX_ARCH_CHARS = 128
+
+
 @dataclass(frozen=True)
 class ModelSummary:
     arch: str
@@ -121,6 +139,10 @@ def summarize(model: Model) -> ModelSummary:
     md = model.metadata
     m = model.meta
     arch = model.arch
+    if len(arch) > MAX_ARCH_CHARS:
+        raise m.fail("general.architecture", f"{len(arch):,} characters ({arch[:40]!r}...): no llama.cpp "
+                                             "architecture is named so (it refuses the file: unknown model "
+                                             "architecture)")
     a = f"{arch}."
     n_layer = m.count(a + "block_count", hi=LLAMA_MAX_LAYERS,
                       what=f"blocks: llama.cpp loads at most {LLAMA_MAX_LAYERS} (LLAMA_MAX_LAYERS)")
@@ -143,7 +165,7 @@ def summarize(model: Model) -> ModelSummary:
         role_bytes[t.role.value] += t.nbytes
     return ModelSummary(
         arch=arch,
-        name=str(md.get("general.name", "")),
+        name=short_name(md.get("general.name", "")),
         n_layer=n_layer,
         n_nextn=n_nextn,
         n_ctx_train=m.count(a + "context_length"),

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from offload_planner.ui.main_window import MainWindow
     from offload_planner.ui.settings import Settings
 
 SCREENSHOT_TIMEOUT_MS = 120_000
@@ -36,6 +38,33 @@ def _quiet_offscreen_warnings() -> None:
             print(message, file=sys.stderr)
 
     qInstallMessageHandler(handler)
+
+
+def _catch_slot_errors(win: MainWindow, *, quiet: bool) -> Callable[[], None]:
+    """Until the returned function is called, an exception no slot caught (PySide hands it to
+    sys.excepthook and goes on) is said by the window (:attr:`MainWindow.internalError`: a dialog naming
+    the plan's file; the plan and its edits stay), where it was a traceback on a terminal nobody
+    watches, and a --screenshot run waited for its 120 s timeout. The traceback still goes to stderr,
+    unless ``quiet`` (a screenshot run prints the one line)."""
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if not issubclass(kind, Exception):  # KeyboardInterrupt, SystemExit: as before
+            previous(kind, value, tb)
+            return
+        if not quiet:
+            previous(kind, value, tb)
+        try:
+            win.internalError.emit(f"{kind.__name__}: {value}")  # queued to the window's thread
+        except RuntimeError:  # the window is gone
+            previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+    def restore() -> None:
+        sys.excepthook = previous
+
+    return restore
 
 
 def _settings_for(settings_file: str | None, screenshot: str | None
@@ -177,9 +206,13 @@ def run_gui(
         win.loader.failed.connect(lambda msg, _ctx: fail(msg))
         win.errorShown.connect(fail)
         QTimer.singleShot(SCREENSHOT_TIMEOUT_MS, lambda: fail("timed out waiting for the projection"))
+    restore_hook = _catch_slot_errors(win, quiet=bool(screenshot))
     win.show()
     win.open_path(model or demo_model())
-    code = app.exec()
+    try:
+        code = app.exec()
+    finally:
+        restore_hook()
     if tmp is not None:
         tmp.cleanup()
     return status["code"] or code

@@ -47,6 +47,7 @@ class PlanDocument(QObject):
     modelChanged = Signal()
     planChanged = Signal()
     analysisChanged = Signal()
+    analysisFailed = Signal(str)  # the projection raised (a bug): its text; the plan stays as it is
     notesChanged = Signal()
     layoutChanged = Signal()  # the map's columns changed (split attention): the grid is rebuilt
 
@@ -64,6 +65,7 @@ class PlanDocument(QObject):
         self._split_attention = False
         self._projector = Projector(self)
         self._projector.ready.connect(self._on_analysis)
+        self._projector.failed.connect(self.analysisFailed)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -106,16 +108,26 @@ class PlanDocument(QObject):
         return not self._projector.idle
 
     def reset(self, plan: Plan, *, file_path: str | None = None, notes: Sequence[str] = ()) -> None:
-        """A new document: new model or plan file; the undo history starts empty."""
-        self.undo_stack.clear()
+        """A new document: new model or plan file; the undo history starts empty. If placing the new
+        plan raises (a bug), the open plan, its edits and their history are kept as they were."""
+        kept = (self._plan, self._base, self._placement, self._grid, self._layout, self._analysis,
+                self.file_path, self.notes)
         self.file_path = file_path
         self.notes = list(notes)
-        self._layout = (
-            layout(plan.model, split_attention=self._split_attention)
-            if self._plan is None or self._plan.model is not plan.model else self._layout
-        )
-        self._analysis = None
-        self._update(plan)
+        try:
+            self._layout = (
+                layout(plan.model, split_attention=self._split_attention)
+                if self._plan is None or self._plan.model is not plan.model else self._layout
+            )
+            self._analysis = None
+            self._update(plan)
+        except Exception:
+            (self._plan, self._base, self._placement, self._grid, self._layout, self._analysis,
+             self.file_path, self.notes) = kept
+            if self._plan is not None:
+                self._projector.request(self._plan)
+            raise
+        self.undo_stack.clear()
         self.undo_stack.setClean()
         self.modelChanged.emit()
         self.planChanged.emit()

@@ -9,6 +9,7 @@ from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 from offload_planner.bundled import demo_model_path
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
+from offload_planner.core.remote import Cancel, cancel_scope
 
 
 def demo_model() -> Path:
@@ -30,19 +31,23 @@ class _Signals(QObject):
 
 
 class _LoadTask(QRunnable):
-    def __init__(self, location: str, generation: int, signals: _Signals) -> None:
+    def __init__(self, location: str, generation: int, signals: _Signals, cancel: Cancel) -> None:
         super().__init__()
         self._location = location
         self._generation = generation
         self._signals = signals
+        self._cancel = cancel
 
     def run(self) -> None:
         from offload_planner.core.loadable import open_loadable
 
         g = self._generation
         try:
-            # a model llama.cpp refuses to load: said when opened, not planned
-            model = open_loadable(self._location, progress=lambda d, t: self._signals.progress.emit(g, d, t))
+            # a model llama.cpp refuses to load: said when opened, not planned; a URL's reads end when
+            # the load is replaced or the window closes
+            with cancel_scope(self._cancel):
+                model = open_loadable(self._location,
+                                      progress=lambda d, t: self._signals.progress.emit(g, d, t))
             _ = model.summary  # computed here, not lazily on the GUI or projection thread
         except PlannerError as e:
             self._signals.failed.emit(g, str(e))
@@ -75,18 +80,23 @@ class ModelLoader(QObject):
         self._generation = 0
         self._context: object = None
         self._busy = False
+        self._cancel = Cancel()  # the newest load's
 
     @property
     def busy(self) -> bool:
         return self._busy
 
     def load(self, location: str | Path, context: object = None) -> None:
+        """Open ``location`` off the GUI thread; a load still under way is replaced (its network reads
+        cut: two silent servers held both of the pool's threads, and the next file waited a minute)."""
         self._generation += 1
         self._context = context
         self._busy = True
+        self._cancel.cancel()
+        self._cancel = Cancel()
         loc = normalize_location(location)
         self.started.emit(loc)
-        self._pool.start(_LoadTask(loc, self._generation, self._signals))
+        self._pool.start(_LoadTask(loc, self._generation, self._signals, self._cancel))
 
     def _on_progress(self, g: int, done: int, total: int) -> None:
         if g == self._generation:
@@ -103,5 +113,8 @@ class ModelLoader(QObject):
             self.failed.emit(message, self._context)
 
     def shutdown(self) -> None:
+        """Drop the load under way, cutting its network reads (a silent server held the window's close
+        for 30 s), and wait for the pool."""
         self._generation += 1
+        self._cancel.cancel()
         self._pool.waitForDone(30_000)

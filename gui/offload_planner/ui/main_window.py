@@ -184,6 +184,7 @@ def extras_summary(plan: Plan) -> list[str]:
 
 class MainWindow(QMainWindow):
     errorShown = Signal(str)  # an error dialog opened with this text
+    internalError = Signal(str)  # an exception no slot caught (app.run_gui's hook, from any thread)
 
     def __init__(self, settings: Settings, system: SystemInfo, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -197,6 +198,7 @@ class MainWindow(QMainWindow):
         self._gpu_tip = ""  # the notice's tooltip off the demo: why no GPU was detected ("" when one was)
         self._no_gpu_why = ""  # why no GPU was detected ("" when one was)
         self._load_t0 = 0.0
+        self._internal_errors: set[str] = set()  # said once each (_on_internal_error)
         self.doc = PlanDocument(self)
         self.loader = ModelLoader(self)
         self.setMinimumSize(*MIN_SIZE)
@@ -472,6 +474,8 @@ class MainWindow(QMainWindow):
         self.loader.progress.connect(self._on_load_progress)
         self.loader.loaded.connect(self._on_loaded)
         self.loader.failed.connect(self._on_load_failed)
+        doc.analysisFailed.connect(self._on_analysis_failed)
+        self.internalError.connect(self._on_internal_error)
         panes = (self.map_view, self.command_pane, self.presets_menu, self.devices_panel, self.options_panel)
         for w in panes:
             w.message.connect(self.report)
@@ -634,6 +638,31 @@ class MainWindow(QMainWindow):
         self._error("Cannot open the model", message)
 
     def _on_loaded(self, model: Model, context: object) -> None:
+        """The model read: its plan (a new one, or the plan file's) replaces the open one. If making
+        it raises (a bug), it is said as a model that cannot be opened, and the open plan is kept."""
+        try:
+            self._open_loaded(model, context)
+        except Exception as e:
+            self._on_load_failed(f"{model.path}: {type(e).__name__}: {e}", context)
+
+    def _on_analysis_failed(self, text: str) -> None:
+        self.log(f"error: {text}")
+        self._error("Cannot project the plan", text)
+
+    def _on_internal_error(self, text: str) -> None:
+        """An exception that no slot caught: said in a dialog naming the open plan's file (or model);
+        the window and its plan, unsaved edits included, stay."""
+        if self.doc.has_plan:
+            text = f"{self.doc.file_path or self.doc.plan.model.path}: internal error: {text}"
+        else:
+            text = f"internal error: {text}"
+        if text in self._internal_errors:  # one dialog per error: a paint that raises repeats it
+            return
+        self._internal_errors.add(text)
+        self.log(f"error: {text}")
+        self._error("Internal error", text)
+
+    def _open_loaded(self, model: Model, context: object) -> None:
         self.progress.hide()
         kind, extra = context if isinstance(context, tuple) else ("model", None)
         self.log(

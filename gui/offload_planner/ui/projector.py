@@ -11,6 +11,7 @@ from offload_planner.core.device_figures import CapacityHint
 from offload_planner.core.mapped_span import no_placement_fits, ram_sharers
 from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.plan import Plan
+from offload_planner.core.remote import Cancel, cancel_scope
 from offload_planner.ui.nothing_fits import nothing_fits_text
 
 
@@ -51,18 +52,35 @@ def window_analysis(plan: Plan) -> Analysis:
     return analyse(plan, capacity_hint=fill_preset_hint(plan))
 
 
+def failure_text(plan: Plan, e: Exception) -> str:
+    """What a projection that raised says: the model's file and the error (a bug: the plan stays)."""
+    return f"{plan.model.path}: cannot project the plan: {type(e).__name__}: {e}"
+
+
 class _Worker(QObject):
-    done = Signal(object, int)
+    done = Signal(object, int)  # an Analysis, or the text of the error that stopped it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancel = Cancel()  # cuts a projector URL's reads (-mmu) when the window closes
 
     @Slot(object, int)
     def run(self, plan: Plan, generation: int) -> None:
-        self.done.emit(window_analysis(plan), generation)
+        try:
+            with cancel_scope(self.cancel):
+                result: Analysis | str = window_analysis(plan)
+        except Exception as e:  # a bug: said, and the projector stays usable (it waited for ever)
+            result = failure_text(plan, e)
+        self.done.emit(result, generation)
 
 
 class Projector(QObject):
-    """``request(plan)`` as often as you like; ``ready(analysis)`` fires for the newest plan."""
+    """``request(plan)`` as often as you like; ``ready(analysis)`` fires for the newest plan, or
+    ``failed(text)`` when its projection raised (a bug: the window says it and keeps the plan; the next
+    edit is projected again)."""
 
     ready = Signal(object)
+    failed = Signal(str)
     _start = Signal(object, int)
 
     def __init__(self, parent: QObject | None = None) -> None:
@@ -106,10 +124,13 @@ class Projector(QObject):
         self._start.emit(plan, self._generation)
 
     @Slot(object, int)
-    def _on_done(self, analysis: Analysis, generation: int) -> None:
+    def _on_done(self, analysis: Analysis | str, generation: int) -> None:
         self._busy = False
         if generation == self._generation:
-            self.ready.emit(analysis)
+            if isinstance(analysis, str):
+                self.failed.emit(analysis)
+            else:
+                self.ready.emit(analysis)
         elif self._pending is not None:
             self._dispatch()
 
@@ -118,5 +139,6 @@ class Projector(QObject):
             self._held = False
             _hold(False)
         self._pending = None
-        self._thread.quit()
+        self._worker.cancel.cancel()  # a silent server held the close 10 s, then Qt aborted ("QThread:
+        self._thread.quit()  # Destroyed while thread ... is still running")
         self._thread.wait(10_000)

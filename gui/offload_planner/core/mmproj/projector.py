@@ -107,6 +107,49 @@ def _int(md: dict[str, object], key: str, path: str, default: int | None = None)
     return v
 
 
+#: The pinned clip.cpp's sanity check of a vision projector's hyper-parameters (clip_model_loader,
+#: ``tools/mtmd/clip.cpp`` 2041-2065: it throws and llama-server exits), each read as an int32:
+#: key -> (lowest, highest, its words below the lowest, its words above the highest)
+_SANE: dict[str, tuple[int, int, str, str]] = {
+    "clip.vision.image_size": (0, 8192, "image_size ({v}) cannot be negative",
+                               "image_size ({v}) is too large (max 8192)"),
+    "clip.vision.patch_size": (1, 65535, "patch_size ({v}) must be positive and less than 65536",
+                               "patch_size ({v}) must be positive and less than 65536"),
+    "clip.vision.embedding_length": (1, 2**31 - 1, "n_embd ({v}) must be greater than 0",
+                                     "n_embd ({v}) must be greater than 0"),
+}
+_SANE_MERGE = (1, 65535, "n_merge ({v}) must be greater than 0 and less than 65536",
+               "n_merge ({v}) must be greater than 0 and less than 65536")
+
+
+#: The longest ``clip.projector_type`` taken (clip.cpp's names have at most 20 characters)
+_MAX_TYPE_CHARS = 128
+
+
+def _int32(v: int) -> int:
+    """A uint32 key as clip.cpp's ``int`` fields hold it."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _check_vision(md: dict[str, object], proj: Projector, merge_key: str) -> None:
+    """Refuse what clip.cpp refuses (:data:`_SANE`), naming the key, and a graph the planner would
+    build with no attention heads (it divides the width by their count)."""
+    checks: list[tuple[str, object, tuple[int, int, str, str]]] = [(k, md.get(k), r)
+                                                                   for k, r in _SANE.items()]
+    if proj.proj_type in GRAPH_TYPES:  # the merge key read is the one clip.cpp reads for these types
+        checks.append((merge_key, proj.n_merge, _SANE_MERGE))
+    for key, raw, (low, high, below, above) in checks:
+        if not isinstance(raw, int) or isinstance(raw, bool) or low <= _int32(raw) <= high:
+            continue
+        said = (below if _int32(raw) < low else above).format(v=_int32(raw))
+        raise GGUFError(proj.path, f"mmproj: {key} = {raw}: llama.cpp's clip loader refuses it ({said}) "
+                                   "and llama-server exits")
+    if proj.proj_type in GRAPH_TYPES and proj.n_head <= 0:
+        raise GGUFError(proj.path, f"mmproj: clip.vision.attention.head_count = {proj.n_head}: a vision "
+                                   "encoder without attention heads (its head size would be its width / 0)")
+
+
 def read_projector(location: str | Path) -> Projector:
     """Read a projector's header (vision, audio or both); a file that is neither is a
     :class:`GGUFError`.  Audio encoders are counted by their weights only (``audio`` set)."""
@@ -118,6 +161,9 @@ def read_projector(location: str | Path) -> Projector:
     if not isinstance(proj_type, str) or not (vision or audio):
         raise GGUFError(path, "not a multimodal projector (no clip.projector_type / clip.has_vision_encoder"
                               " / clip.has_audio_encoder)")
+    if len(proj_type) > _MAX_TYPE_CHARS:  # went whole into the note that names an unknown type
+        raise GGUFError(path, f"mmproj: clip.projector_type is {len(proj_type):,} characters "
+                              f"({proj_type[:40]!r}...): no projector type of llama.cpp's is named so")
     if proj_type == "qwen2.5o" and vision:  # clip.cpp: the vision half of Qwen2.5-Omni
         proj_type = "qwen2.5vl_merger"
     tensors = []
@@ -128,7 +174,8 @@ def read_projector(location: str | Path) -> Projector:
         tensors.append(ProjectorTensor(r.name, r.shape, t))
     eps = md.get(f"clip.{prefix}.attention.layer_norm_epsilon", 1e-6)
     ffn_op = "gelu" if md.get("clip.use_gelu") else "silu" if md.get("clip.use_silu") else "gelu_quick"
-    return Projector(
+    merge_key = _MERGE_KEY.get(proj_type, "clip.vision.projector.scale_factor")
+    proj = Projector(
         path=path,
         proj_type=proj_type if vision else f"audio:{proj_type}",
         n_embd=_int(md, f"clip.{prefix}.embedding_length", path),
@@ -138,11 +185,13 @@ def read_projector(location: str | Path) -> Projector:
         eps=float(eps) if isinstance(eps, (int, float)) else 1e-6,
         image_size=_int(md, "clip.vision.image_size", path) if vision else 0,
         patch_size=_int(md, "clip.vision.patch_size", path) if vision else 1,
-        n_merge=_int(md, _MERGE_KEY.get(proj_type, "clip.vision.projector.scale_factor"), path,
-                     _DEFAULT_MERGE.get(proj_type, 1)),
+        n_merge=_int(md, merge_key, path, _DEFAULT_MERGE.get(proj_type, 1)),
         ffn_op=ffn_op,
         tensors=tuple(tensors),
         projection_dim=_int(md, f"clip.{prefix}.projection_dim", path, 0),
         n_wa_pattern=_int(md, "clip.vision.n_wa_pattern", path, 0),
         audio=audio,
     )
+    if vision:
+        _check_vision(md, proj, merge_key)
+    return proj
