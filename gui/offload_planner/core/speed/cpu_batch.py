@@ -1,0 +1,123 @@
+"""What the weights' products of a pass of ``b`` tokens (a few: all slots generating, a speculative
+verify batch, a draft's pass over it) cost on ggml's CPU backend, beyond reading the weights.
+
+The pinned build's CPU kernels (build 11434, ``ggml/src/ggml-cpu``) read each weight once a pass,
+whatever ``b``, and compute every token's product, so the CPU's part of a pass is the larger of its
+reads over its bandwidth and the sum of its products (devices' reads and products overlap as a
+plain token's do); what differs with ``b`` is the kernel each product goes through:
+
+- One column at a time, a one-token kernel per token (``ggml_vec_dot_*`` in
+  ``ggml_compute_forward_mul_mat_one_chunk``: 16 weight rows at a time, ``blck_0``, each multiplied
+  by every one of the chunk's up to 16 columns, ``blck_1``, while they sit in the cache; the repacked
+  types' ``gemv`` for the columns left over from the GEMM's groups of 4, ``repack.cpp``
+  ``forward_mul_mat_one_chunk``: ``if (nrows > 3) gemm(... nrows - (nrows % 4) ...)``, then ``gemv``
+  per remaining column over the same chunk of rows; a routed expert's rows, one ``gemv`` or
+  ``vec_dot`` per token routed to it).  The first column pays the reads; every further one costs what
+  the kernel takes over the bytes from the cache: the rate a thread multiplies a plain token's weights
+  at (:func:`rates.thread_bandwidth`, measured from these very kernels' on-CPU time), times the threads.
+  So a batch of ``b`` costs ``b`` times that kernel time, and where a plain token is bound by this
+  rate rather than the RAM (few threads), extra tokens are nearly as dear as the first.
+- A GEMM over the columns (llamafile's tinyBLAS for :data:`efficiency.CPU_TINYBLAS_TYPES` from 2
+  columns, ``llamafile_sgemm``: ``if (n < 2) return false``; the repacked GEMM for the groups of 4;
+  the tiled matmul for :data:`efficiency.TILED_TYPES` outside a repack buffer from
+  :data:`efficiency.TILED_MIN_ROWS` columns, ``ggml_tiled_min_batch``): FLOPs at the prompt's compute
+  (:func:`efficiency.cpu_pp_cost`), as a prompt's micro-batch prices them.
+
+ik_llama.cpp's own kernels (``fast_cpu_kernels``) are not read here: a batch of more than one token
+costs its FLOPs at its prompt compute, as before.  A GPU's pass is not priced here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from offload_planner.core.dialects import Dialect
+from offload_planner.core.speed.cpu_isa import Isa
+from offload_planner.core.speed.efficiency import (
+    CPU_REPACK_GEMM_TYPES,
+    CPU_TINYBLAS_TYPES,
+    TILED_MIN_ROWS,
+    Efficiencies,
+    cpu_cost,
+    cpu_pp_cost,
+    tiled_cost,
+)
+from offload_planner.core.speed.hardware import DeviceSpeed
+from offload_planner.core.speed.rates import compute_tflops, thread_bandwidth
+
+#: the repacked GEMM multiplies the columns in groups of this many (repack.cpp ``forward_mul_mat_one_chunk``)
+REPACK_GEMM_GROUP = 4
+#: llamafile's tinyBLAS takes a product from this many columns (sgemm.cpp ``llamafile_sgemm``, x86)
+TINYBLAS_MIN_COLUMNS = 2
+
+#: (ggml type name, in a CPU_REPACK buffer, a routed expert) -> [bytes, matrix elements]
+Key = tuple[str, bool, bool]
+
+
+@dataclass
+class CpuWeights:
+    """A pass's weight matrices on one device, by the kernel that multiplies them."""
+
+    parts: dict[Key, list[float]] = field(default_factory=dict)
+
+    def add(self, key: Key, nbytes: float, elements: float) -> None:
+        got = self.parts.setdefault(key, [0.0, 0.0])
+        got[0] += nbytes
+        got[1] += elements
+
+
+def gemm_columns(type_name: str, dialect: Dialect, repacked: bool, isa: Isa | None, b: float,
+                 routed: bool = False, rows: float = 0.0) -> float:
+    """How many of a weight's ``b`` columns go through a GEMM, the rest one at a time: a dense
+    weight's by its kernel; a routed expert's (``mul_mat_id``) only through the tiled matmul, by the
+    ``rows`` routed to an expert it hits."""
+    if not dialect.cpu_gemm:
+        return 0.0  # builds before llamafile's sgemm: vec_dot row by row
+    tiled = tiled_cost(type_name, dialect, isa, 1.0, repacked) is not None
+    if routed or (tiled and b >= TILED_MIN_ROWS):
+        return b if tiled and (rows if routed else b) >= TILED_MIN_ROWS else 0.0
+    if repacked and type_name in CPU_REPACK_GEMM_TYPES:
+        return b - b % REPACK_GEMM_GROUP
+    if type_name in CPU_TINYBLAS_TYPES and b >= TINYBLAS_MIN_COLUMNS:
+        return b
+    return 0.0
+
+
+def one_column_seconds(dev: DeviceSpeed, eff: Efficiencies) -> float:
+    """Seconds a byte of weights takes through a one-token kernel on ``dev``'s threads (0 when its
+    threads are not known: then no thread rate bounds a plain token either)."""
+    if not dev.threads:
+        return 0.0
+    gbs = dev.threads * thread_bandwidth(dev, eff).value * dev.share
+    return 1.0 / (gbs * 1e9) if gbs > 0 else 0.0
+
+
+def products_seconds(w: CpuWeights, dev: DeviceSpeed, eff: Efficiencies, dialect: Dialect, b: float,
+                     frac: float, hit: float) -> float:
+    """Seconds the products of a pass of ``b`` tokens take on ``dev``'s CPU threads (its reads
+    aside): each weight's columns through a GEMM at its FLOPs, the others one at a time at the
+    one-token kernel's rate; a routed expert multiplies the ``b x frac / hit`` tokens routed to it when
+    hit, ``b x frac`` tokens' worth of all of them.  ``frac``: ``n_expert_used / n_expert``; ``hit``: the
+    share of the experts at least one token routes to."""
+    per_byte = one_column_seconds(dev, eff)
+    tflops = compute_tflops(dev, eff) * 1e12
+    fast = dialect.fast_cpu_kernels
+    total = 0.0
+    for (type_name, repacked, routed), (nbytes, elements) in w.parts.items():
+        cols = b * frac if routed else b
+        rows = b * frac / hit if routed and hit > 0 else b
+        if fast:
+            gemm = cols if b > 1 else 0.0
+        else:
+            gemm = gemm_columns(type_name, dialect, repacked, dev.isa, cols, routed, rows)
+        if gemm:
+            cost = cpu_pp_cost(type_name, dialect, dev.isa_gain, routed, repacked, dev.isa, rows=rows)
+            total += 2.0 * elements * gemm * cost / tflops
+        one = cols - gemm
+        if one > 0:
+            slow = cpu_cost(type_name, dialect, dev.isa_gain)
+            t = nbytes * one * per_byte
+            if slow > 1.0:  # the lattice i-quants' vec_dot: their FLOPs, as a plain token's (tg.token_extras)
+                t = max(t, 2.0 * elements * one * slow / tflops)
+            total += t
+    return total
