@@ -52,8 +52,29 @@ def _post(url: str, body: dict[str, Any], out: list[dict[str, Any] | None], i: i
         out[i] = json.loads(r.read())["timings"]
 
 
-def all_at_once(url: str, n: int, rnd: int, gen: int, n_vocab: int) -> float:
-    """Total generation rate of ``n`` requests sent at once (each its own 8-token prompt)."""
+def server_pid(pid: int) -> int:
+    """The llama-server process: ``pid`` itself, or its child when ``pid`` is a wrapper."""
+    for _ in range(20):
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        if comm.startswith("llama-server"):
+            return pid
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if not kids:
+            break
+        pid = int(kids[0])
+    raise RuntimeError("llama-server's process not found")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, every thread) ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def all_at_once(url: str, n: int, rnd: int, gen: int, n_vocab: int, pid: int) -> tuple[float, float]:
+    """Total generation rate of ``n`` requests sent at once (each its own 8-token prompt), and the
+    tokens generated per second of the server's CPU time (with ``-t 1``: its one compute thread's work,
+    whatever share of a core other jobs leave it; the prompts' 8 tokens each counted in)."""
     out: list[dict[str, Any] | None] = [None] * n
     threads = []
     for i in range(n):
@@ -61,11 +82,13 @@ def all_at_once(url: str, n: int, rnd: int, gen: int, n_vocab: int) -> float:
         body = {"prompt": prompt, "n_predict": gen, "ignore_eos": True, "cache_prompt": False,
                 "temperature": 0.0}
         threads.append(threading.Thread(target=_post, args=(url, body, out, i)))
+    c0 = cpu_seconds(pid)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(float(t["predicted_per_second"]) for t in out if t is not None)
+    cpu = cpu_seconds(pid) - c0
+    return sum(float(t["predicted_per_second"]) for t in out if t is not None), n * gen / cpu
 
 
 def estimated(model: Path, argv: list[str], ns: list[int], ram: float, one: float | None,
@@ -102,6 +125,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/offload-bench"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="ratios of tokens per CPU second of the server (-t 1 on a busy machine)")
     a = ap.parse_args()
     a.workdir.mkdir(parents=True, exist_ok=True)
     found = find_server_executable(None)
@@ -122,15 +147,18 @@ def main() -> int:
                   "-np", str(max(ns))], a.workdir / "slots-server.log") as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, a.timeout)
-        all_at_once(url, 1, -1, 8, n_vocab)  # warm-up
+        pid = server_pid(proc.pid)
+        all_at_once(url, 1, -1, 8, n_vocab, pid)  # warm-up
         for rnd in range(a.rounds):
-            got = {}
+            got, wall, cpu = {}, {}, {}
             for n in ns if rnd % 2 == 0 else ns[::-1]:
-                got[n] = all_at_once(url, n, rnd, a.gen, n_vocab)
+                wall[n], cpu[n] = all_at_once(url, n, rnd, a.gen, n_vocab, pid)
+                got[n] = cpu[n] if a.cpu_time else wall[n]
                 rows[n].append(got[n])
             for n in ns:
                 ratios[n].append(got[n] / got[1])
-            line = "  ".join(f"np {n} {got[n]:.2f} t/s ({got[n] / got[1]:.2f}x)" for n in ns)
+            line = "  ".join(f"np {n} {got[n]:.2f} {'t/cpu-s' if a.cpu_time else 't/s'} "
+                             f"({got[n] / got[1]:.2f}x; wall {wall[n] / wall[1]:.2f}x)" for n in ns)
             print(f"round {rnd}: {line}  load {os.getloadavg()[0]:.1f}", flush=True)
             if a.json:
                 with a.json.open("a") as f:
@@ -138,9 +166,10 @@ def main() -> int:
                                         "model": a.model, "threads": a.threads, "round": rnd,
                                         "ram_gbs": round(probe.gbs, 2),
                                         "thread_gbs": round(probe.thread_gbs or 0.0, 2),
-                                        "total_tps": {str(n): round(got[n], 3) for n in ns},
+                                        "total_tps": {str(n): round(wall[n], 3) for n in ns},
+                                        "tokens_per_cpu_s": {str(n): round(cpu[n], 3) for n in ns},
                                         "load": round(os.getloadavg()[0], 2)}) + "\n")
-    one = statistics.median(rows[1])
+    one = statistics.median(rows[1])  # with --cpu-time: the one thread's rate, as if alone on a core
     est = estimated(model, argv, ns, probe.gbs, probe.thread_gbs, a.threads, None)
     cal = estimated(model, argv, ns, probe.gbs, probe.thread_gbs, a.threads, one)
     print(f"{'N':>3s} {'measured total/one':>22s} {'estimated':>10s} {'est/meas':>8s} {'calibrated':>10s} "

@@ -29,6 +29,7 @@ costs its FLOPs at its prompt compute, as before.  A GPU's pass is not priced he
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from offload_planner.core.dialects import Dialect
@@ -45,10 +46,21 @@ from offload_planner.core.speed.efficiency import (
 from offload_planner.core.speed.hardware import DeviceSpeed
 from offload_planner.core.speed.rates import compute_tflops, thread_bandwidth
 
-#: the repacked GEMM multiplies the columns in groups of this many (repack.cpp ``forward_mul_mat_one_chunk``)
+#: the repacked GEMM multiplies the columns in groups of this many (repack.cpp ``forward_mul_mat_one_chunk``:
+#: ``gemm`` over ``nrows - (nrows % 4)``, ``gemv`` for the rest) ...
 REPACK_GEMM_GROUP = 4
+#: ... and with AVX-512 (BW+DQ) its main loop takes 16 columns at a time, the groups of 4 left over in a
+#: second, narrower loop (arch/x86/repack.cpp ``ggml_gemm_q4_K_8x8_q8_K``: ``int anr = nr - nr % 16``,
+#: ``for (; y < anr / 4; y += 4)`` under ``__AVX512BW__ && __AVX512DQ__``, then ``for (; y < nr / 4; y++)``):
+#: only the 16-column groups run at the prompt's rate there (the 4-column loop is the main one on AVX2).
+#: The tiled matmul computes whole 16x16 microtiles (tiled.cpp ``tiled_run_microtile``, ``TILED_MICRO``),
+#: so 8 to 15 columns cost 16.
+GEMM_TILE = 16
 #: llamafile's tinyBLAS takes a product from this many columns (sgemm.cpp ``llamafile_sgemm``, x86)
 TINYBLAS_MIN_COLUMNS = 2
+
+#: the instruction sets whose repacked GEMM runs 16 columns at a time (AVX-512 BW+DQ)
+WIDE_GEMM_ISAS = frozenset({Isa.AVX512, Isa.AVX512_VNNI, Isa.AMX})
 
 #: (ggml type name, in a CPU_REPACK buffer, a routed expert) -> [bytes, matrix elements]
 Key = tuple[str, bool, bool]
@@ -67,20 +79,24 @@ class CpuWeights:
 
 
 def gemm_columns(type_name: str, dialect: Dialect, repacked: bool, isa: Isa | None, b: float,
-                 routed: bool = False, rows: float = 0.0) -> float:
-    """How many of a weight's ``b`` columns go through a GEMM, the rest one at a time: a dense
-    weight's by its kernel; a routed expert's (``mul_mat_id``) only through the tiled matmul, by the
-    ``rows`` routed to an expert it hits."""
+                 routed: bool = False, rows: float = 0.0) -> tuple[float, float]:
+    """How many of a weight's ``b`` columns go through a GEMM at the prompt's rate (the rest one at a
+    time, at the one-token kernel's), and how many columns' work that GEMM does (the tiled matmul's
+    whole microtiles).  A dense weight's by its kernel; a routed expert's (``mul_mat_id``) only through
+    the tiled matmul, by the ``rows`` routed to an expert it hits."""
     if not dialect.cpu_gemm:
-        return 0.0  # builds before llamafile's sgemm: vec_dot row by row
+        return 0.0, 0.0  # builds before llamafile's sgemm: vec_dot row by row
     tiled = tiled_cost(type_name, dialect, isa, 1.0, repacked) is not None
     if routed or (tiled and b >= TILED_MIN_ROWS):
-        return b if tiled and (rows if routed else b) >= TILED_MIN_ROWS else 0.0
+        if not (tiled and (rows if routed else b) >= TILED_MIN_ROWS):
+            return 0.0, 0.0
+        return b, b if routed else GEMM_TILE * math.ceil(b / GEMM_TILE)
     if repacked and type_name in CPU_REPACK_GEMM_TYPES:
-        return b - b % REPACK_GEMM_GROUP
+        group = GEMM_TILE if isa in WIDE_GEMM_ISAS else REPACK_GEMM_GROUP
+        return b - b % group, b - b % group
     if type_name in CPU_TINYBLAS_TYPES and b >= TINYBLAS_MIN_COLUMNS:
-        return b
-    return 0.0
+        return b, b
+    return 0.0, 0.0
 
 
 def one_column_seconds(dev: DeviceSpeed, eff: Efficiencies) -> float:
@@ -107,12 +123,12 @@ def products_seconds(w: CpuWeights, dev: DeviceSpeed, eff: Efficiencies, dialect
         cols = b * frac if routed else b
         rows = b * frac / hit if routed and hit > 0 else b
         if fast:
-            gemm = cols if b > 1 else 0.0
+            gemm = work = cols if b > 1 else 0.0
         else:
-            gemm = gemm_columns(type_name, dialect, repacked, dev.isa, cols, routed, rows)
+            gemm, work = gemm_columns(type_name, dialect, repacked, dev.isa, cols, routed, rows)
         if gemm:
             cost = cpu_pp_cost(type_name, dialect, dev.isa_gain, routed, repacked, dev.isa, rows=rows)
-            total += 2.0 * elements * gemm * cost / tflops
+            total += 2.0 * elements * work * cost / tflops
         one = cols - gemm
         if one > 0:
             slow = cpu_cost(type_name, dialect, dev.isa_gain)
