@@ -7,8 +7,9 @@ stops a draft early); the draft processes that same batch (``common_speculative_
 and MTP's hidden states), then decodes one token at a time ``n`` times.  A batch reads each
 weight once (routed experts: those at least one of its tokens routes to, ``1 - (1 - k/n_expert)^b``)
 and the KV cache once, and computes ``2 x active params`` FLOPs per token: its time on a device is
-the larger of the reads over the effective bandwidth and the FLOPs over the effective compute, plus
-every graph split.
+the larger of the reads over the effective bandwidth and the products (a GPU's: the FLOPs over its
+effective compute; a CPU's: each weight through the kernel ggml-cpu multiplies that many columns
+with, :mod:`cpu_batch`), plus every graph split.
 
 Tokens a step: with a per-token acceptance ``a`` (a draft token is kept when it and every earlier one
 in the draft is accepted) ``1 + a + a^2 + ... + a^n``.  The default ``a`` is a public measurement
