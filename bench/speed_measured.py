@@ -15,7 +15,12 @@ into RAM with ``-lm none`` (no mmap), so token generation is bound by memory ban
   configurations twice: "before" with the defaults (declared link, 150 µs per split, the RPC
   device's bandwidth as declared) and "after" with the link probed through the RPC protocol
   (``backend.rpc_probe``, before llama-server starts) and the rpc-server's threads (its default, half
-  the cores: ``tools/rpc/rpc-server.cpp``) capping the device's bandwidth.
+  the cores: ``tools/rpc/rpc-server.cpp``) capping the device's bandwidth;
+- and "planned": what ``offload-planner plan`` says for the same command with nothing declared (the
+  RPC endpoints only, ``backend.speed_store.plan_speed`` as the CLI calls it: this machine's cached
+  RAM probe, the RPC links and devices probed before llama-server starts, the local rpc-servers taken
+  as this CPU's backend, the threads counted against the cores), in a config folder of its own
+  (``OFFLOAD_PLANNER_CONFIG_DIR``: the user's is never touched).
 
 Nothing here is a timed test: the ratios are printed for the note and the README.
 
@@ -33,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -48,6 +54,7 @@ from offload_planner.backend.speed_store import (
     core_speed,
     local_thread_bandwidth,
     measure_ram,
+    plan_speed,
     this_cpu,
     thread_use,
 )
@@ -214,13 +221,25 @@ def run_config(server: Path, model: Path, cfg: Config, args: argparse.Namespace,
                        "-np", "1", *cfg.args]
         if endpoints:
             server_args += ["--rpc", ",".join(endpoints)]
+        planned = planned_estimate(model, server_args, endpoints, args)  # (its RPC probe before the server)
         proc = stack.enter_context(process(
             [str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), *server_args],
             args.workdir / "server.log"))
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, args.timeout)
         got = measure(url, n_vocab=n_vocab, prompt_tokens=args.prompt, gen_tokens=args.gen)
-        return server_args, endpoints, got, links
+        return server_args, endpoints, got, links, planned
+
+
+def planned_estimate(model: Path, server_args: list[str], endpoints: list[str],
+                     args: argparse.Namespace) -> Est:
+    """What ``offload-planner plan MODEL -- ARGS`` estimates with nothing declared: the devices as the
+    CLI builds them (no GPU detected here, the RPC endpoints), ``plan_speed`` with the RPC probe."""
+    parsed = parse_server_args(server_args, dialect="llama.cpp")
+    devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=endpoints, declared=[])
+    plan = plan_from_args(open_model(model), devices, parsed, "llama.cpp")
+    est = plan_speed(plan, parsed, prompt=args.prompt, probe_rpc=True, depth=measured_depth(args))
+    return Est(est.pp_tps, est.tg_tps_at_depth or est.tg_tps, est.tg_tps)
 
 
 def main() -> int:
@@ -239,6 +258,8 @@ def main() -> int:
                     help="configurations to run (default: all)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
+    # the planned estimate's probes are cached in a config folder of this run's (never the user's)
+    os.environ["OFFLOAD_PLANNER_CONFIG_DIR"] = tempfile.mkdtemp(prefix="offload-bench-config-")
     found = find_server_executable(args.server)
     if found.path is None:
         print(found.message, file=sys.stderr)
@@ -255,7 +276,8 @@ def main() -> int:
                 continue
             probe = measure_ram()  # the reference, measured next to each run
             ram, one = probe.gbs, probe.thread_gbs
-            server_args, endpoints, got, links = run_config(server, model, cfg, args, spec.tokenizer.n_vocab)
+            server_args, endpoints, got, links, planned = run_config(server, model, cfg, args,
+                                                                     spec.tokenizer.n_vocab)
             est = estimate_config(model, server_args, endpoints, ram, args, thread_gbs=one)
             after = (estimate_config(model, server_args, endpoints, ram, args, links, thread_gbs=one)
                      if endpoints else est)
@@ -274,6 +296,8 @@ def main() -> int:
                          "pp_est_probed": round(after.pp_tps, 3), "tg_est_probed": round(after.tg_tps, 3),
                          "pp_est_threads": round(cont.pp_tps, 3), "tg_est_threads": round(cont.tg_tps, 3),
                          "pp_est_avx2": round(avx2.pp_tps, 3), "tg_est_avx2": round(avx2.tg_tps, 3),
+                         "pp_est_planned": round(planned.pp_tps, 3),
+                         "tg_est_planned": round(planned.tg_tps, 3),
                          "rpc_links": {e: {"gbs": round(v.gbs, 4), "rtt_us": round(v.rtt_us, 1),
                                            "graph_us": round(v.graph_us, 1)}
                                        for e, v in links.items()},
@@ -286,6 +310,9 @@ def main() -> int:
                        f"{cont.tg_tps:.2f} ({cont.tg_tps / got.tg_tps:.2f})")
             probed += (f"  AVX2 figure: pp {avx2.pp_tps:.2f} ({avx2.pp_tps / got.pp_tps:.2f}) tg "
                        f"{avx2.tg_tps:.2f} ({avx2.tg_tps / got.tg_tps:.2f})")
+            probed += (f"  planned (nothing declared): pp {planned.pp_tps:.2f} "
+                       f"({planned.pp_tps / got.pp_tps:.2f}) "
+                       f"tg {planned.tg_tps:.2f} ({planned.tg_tps / got.tg_tps:.2f})")
             probed += (f"  one thread {one or 0:.1f} GB/s; with the default 10 GB/s a thread: tg "
                        f"{old.tg_tps:.2f} ({old.tg_tps / got.tg_tps:.2f})")
             print(f"{name:20s} {cfg.name:16s} {ram:8.1f} {got.pp_tps:8.2f} {est.pp_tps:8.2f} "

@@ -108,6 +108,7 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import (
         devices_hardware,
+        draft_threads_of,
         efficiencies_for,
         threads_batch_of,
         threads_of,
@@ -133,7 +134,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     model = open_loadable(args.model)
     devices, detection = _fit_devices(args, parsed, model, dialect)
     eff = efficiencies_for(args.backend)
-    hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True, threads_batch=threads_batch_of(parsed))
+    hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True, threads_batch=threads_batch_of(parsed),
+                          draft_threads=draft_threads_of(parsed, dialect))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
                           accept=args.spec_accept, allow_nkvo=args.allow_nkvo,

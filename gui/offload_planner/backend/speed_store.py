@@ -43,6 +43,8 @@ from offload_planner.core.speed.efficiency import Efficiencies, calibrated, defa
 from offload_planner.core.speed.estimate import DEFAULT_PROMPT, estimate
 from offload_planner.core.speed.hardware import (
     DEFAULT_CPU_GHZ,
+    NO_DRAFT_THREADS,
+    DraftThreads,
     Figure,
     Hardware,
     MeasuredLink,
@@ -587,6 +589,53 @@ def threads_batch_in(argv: list[str]) -> int | None:
     return _last_in(argv, ("-tb", "--threads-batch"))
 
 
+#: ``-td`` and ``-tbd`` under every name the mainline builds give them
+DRAFT_THREADS = ("--spec-draft-threads", "-td", "--threads-draft")
+DRAFT_THREADS_BATCH = ("--spec-draft-threads-batch", "-tbd", "--threads-batch-draft")
+#: ik_llama.cpp's flags that carry the draft model's own command line
+IK_DRAFT_PARAMS = ("-draft", "--draft-params")
+
+
+def draft_threads_in(argv: list[str], dialect: Dialect) -> DraftThreads:
+    """A draft model's threads among verbatim arguments (a plan's kept flags), as
+    :func:`draft_threads_of` reads them."""
+    if dialect.applies_draft_threads:
+        return DraftThreads(_last_in(argv, DRAFT_THREADS), _last_in(argv, DRAFT_THREADS_BATCH))
+    if not any(a in IK_DRAFT_PARAMS for a in argv):
+        return NO_DRAFT_THREADS
+    from offload_planner.core.cmdline import parse_server_args
+
+    return draft_threads_of(parse_server_args(argv, dialect=dialect), dialect)
+
+
+def draft_threads_of(parsed: Any, dialect: Dialect) -> DraftThreads:
+    """A ``-md`` draft model's threads for one token and for a batch (core.speed.hardware ``_draft``),
+    each the last given, 0 for 0 or below, None when not given.  Mainline: ``-td N`` and ``-tbd N``
+    (no environment variable sets either: no ``set_env``).  ik_llama.cpp reads neither for the server
+    (``Dialect.applies_draft_threads``): it parses ``-draft "ARGS"`` onto a copy of the main parameters
+    (common/speculative.cpp 1946-1966), so the draft computes with ARGS's ``-t`` and ``-tb``, else the
+    main command's (and the environment's ``LLAMA_ARG_THREADS``, read again before ARGS); with no
+    ``-tb`` anywhere a batch takes the draft's own ``-t`` (``n_threads_batch == -1 ? n_threads``,
+    common/common.cpp:4341)."""
+    if dialect.applies_draft_threads:
+        return DraftThreads(_last_count(parsed, DRAFT_THREADS[0]),
+                            _last_count(parsed, DRAFT_THREADS_BATCH[0]))
+    from offload_planner.core.cmdline.ik_draft_params import (
+        draft_params_flag,
+        loads_draft_params,
+        parse_draft_params,
+    )
+
+    args = getattr(parsed, "args", None)
+    if args is None or not loads_draft_params(parsed):
+        return NO_DRAFT_THREADS
+    inner = parse_draft_params(parsed, args.draft.params or "")
+    one, own_batch = _last_count(inner, "--threads"), _last_count(inner, "--threads-batch")
+    batch = own_batch if own_batch is not None or threads_batch_of(parsed) is not None else one
+    flag = draft_params_flag(parsed)
+    return DraftThreads(one, batch, f"{flag}'s -t", f"{flag}'s -t{'b' if own_batch is not None else ''}")
+
+
 def _last_in(argv: list[str], names: tuple[str, ...]) -> int | None:
     """The last of flags ``names``'s values in ``argv`` as a thread count (:func:`_count`)."""
     for flag, value in reversed(list(itertools.pairwise(argv))):  # llama-server keeps the last one given
@@ -778,17 +827,22 @@ def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
     ``-t`` of ``parsed`` or of the plan's kept flags."""
     threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
     batch = threads_batch_of(parsed) if parsed is not None else threads_batch_in(plan.extra_args)
-    return devices_hardware(plan.devices, threads, probe=probe, probe_rpc=probe_rpc, threads_batch=batch)
+    draft = (draft_threads_of(parsed, plan.dialect) if parsed is not None
+             else draft_threads_in(plan.extra_args, plan.dialect))
+    return devices_hardware(plan.devices, threads, probe=probe, probe_rpc=probe_rpc, threads_batch=batch,
+                            draft_threads=draft)
 
 
 def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = True,
-                     probe_rpc: bool = False, threads_batch: int | None = None) -> Hardware:
+                     probe_rpc: bool = False, threads_batch: int | None = None,
+                     draft_threads: DraftThreads = NO_DRAFT_THREADS) -> Hardware:
     """The figures of these devices on this machine: declared, catalogue, the cached RAM probe (run
     now when ``probe`` and not cached, unless the CPU is another machine: :func:`cpu_elsewhere`), the
     cached RPC links (probed now with ``probe_rpc``: not while a llama-server holds the rpc-servers,
     which serve one client at a time), this CPU's instruction set, one thread's copy rate (cached, run
     now as the RAM probe is) for the CPU and the rpc-servers on this machine; ``threads_batch``: ``-tb``
-    (:func:`threads_batch_of`), a batch's figures where they differ (``Hardware.batch``)."""
+    (:func:`threads_batch_of`), a batch's figures where they differ (``Hardware.batch``);
+    ``draft_threads``: ``-td``/``-tbd`` (:func:`draft_threads_of`), a draft model's (``Hardware.draft``)."""
     elsewhere = cpu_elsewhere(devices)
     measured = None if elsewhere else host_bandwidth(measure=probe)
     one = None if elsewhere else thread_bandwidth(measure=probe)
@@ -798,7 +852,7 @@ def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = T
     return hardware_for(devices, threads=threads, probe=measured, links=links,
                         cores=thread_use(devices, threads), cpu=machine_cpu(devices),
                         thread_bw=local_thread_bandwidth(devices, one), threads_batch=threads_batch,
-                        cpu_rpc=cpu_rpc)
+                        cpu_rpc=cpu_rpc, draft_threads=draft_threads)
 
 
 def local_thread_bandwidth(devices: DeviceSet, one: Figure | None) -> dict[str, Figure]:

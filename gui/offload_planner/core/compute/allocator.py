@@ -140,7 +140,14 @@ class GraphAllocator:
 
     def __init__(self, backends: list[Backend]) -> None:
         self.backends = backends
-        self.allocs = [DynAllocator(b.alignment) for b in backends]
+        # backends of one buffer type share its allocator (a device named twice: ``-dev RPC0,RPC0``):
+        # ggml_gallocr_new_n "reuse the same allocator", ggml-alloc.c 515-521
+        by_buft: dict[str, DynAllocator] = {}
+        self.allocs = []
+        for b in backends:
+            if b.buft not in by_buft:
+                by_buft[b.buft] = DynAllocator(b.alignment)
+            self.allocs.append(by_buft[b.buft])
         self.own: set[int] = set()
         self.peaks = [""] * len(backends)
         self.where = ""  # the peak label before the walk (the leafs and inputs of the counting pass)
@@ -271,7 +278,26 @@ class GraphAllocator:
         self.count(nodes, node_ids, leafs, leaf_ids)
         for n, bid in zip(nodes, node_ids, strict=True):
             self.step(n, bid)
-        return [a.max_size for a in self.allocs]
+        return buffer_sizes(self.allocs)
+
+
+def buffer_sizes(allocs: list[DynAllocator]) -> list[int]:
+    """Each backend's buffer size: an allocator's size the first time it appears, 0 where a backend
+    shares an earlier one's (``ggml_gallocr_get_buffer_size``, ggml-alloc.c 1102-1113: "only return
+    the buffer size the first time it appears to avoid double counting")."""
+    seen: set[int] = set()
+    out = []
+    for a in allocs:
+        out.append(0 if id(a) in seen else a.max_size)
+        seen.add(id(a))
+    return out
+
+
+def shares_allocators(backends: list[Backend]) -> bool:
+    """Two backends of one buffer type (a device named twice), whose allocator they share: the
+    incremental replay and the layer jumps keep one allocator a backend, so such a graph is walked
+    plainly."""
+    return len({b.buft for b in backends}) < len(backends)
 
 
 def layer_suffix(name: str) -> str | None:

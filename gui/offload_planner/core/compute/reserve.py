@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from offload_planner.core.compute.allocator import GraphAllocator
+from offload_planner.core.compute.allocator import GraphAllocator, shares_allocators
 from offload_planner.core.compute.bound import lifetime_bound, unproven
 from offload_planner.core.compute.ggml import Graph, T, nbytes
 from offload_planner.core.compute.graph import Builder, Shape
@@ -78,7 +78,7 @@ def reserve_graph(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, *
 def _allocated(g: Graph, sh: Shape, backends: list[Backend], n_copies: int, sched: Scheduler,
                kept: tuple[LayerCodes, dict[int, int]] | None) -> Reserve:
     """The scheduled graph allocated: its reserve."""
-    galloc = (GraphAllocator(backends) if kept is None
+    galloc = (GraphAllocator(backends) if kept is None or shares_allocators(backends)
               else JumpingAllocator(backends, kept[0], g.nodes, kept[1], sched.splits))
     sizes = galloc.run(sched.nodes, sched.node_ids, sched.leafs, sched.leaf_ids)
     copies = [0] * len(backends)

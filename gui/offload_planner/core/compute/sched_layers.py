@@ -192,14 +192,14 @@ class LayerScheduler(Scheduler):
         get = ids.get
         for t in leafs:
             if id(t) in forced:
-                t.bid = ids[forced[id(t)]]
+                t.bid = self.forced_ids[forced[id(t)]]
             elif t.view_src is None and t.dev is not None:
                 t.bid = get(t.dev, cpu)
             else:
                 t.bid = self.backend_of(t)
 
     def _pass1(self, nodes: list[T], forced: dict[int, str]) -> list[int]:
-        refs, ids = self.refs, self.ids
+        refs, ids = self.refs, self.forced_ids
         starts = [a for a, _ in refs.bounds]
         on_layer: list[list[tuple[int, str]]] = [[] for _ in starts]
         if forced:

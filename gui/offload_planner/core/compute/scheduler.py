@@ -97,8 +97,17 @@ def _batch_size(t: T) -> int:
 class Scheduler:
     def __init__(self, backends: list[Backend], n_copies: int, op_offload: bool = True) -> None:
         self.backends = backends
-        self.ids = {b.name: i for i, b in enumerate(backends)}
+        self.ids: dict[str, int] = {}
+        for i, b in enumerate(backends):  # a device named twice: its first backend (the highest
+            self.ids.setdefault(b.name, i)  # priority, ggml_backend_sched_backend_from_buffer)
+        #: the backend a forced tensor (``ggml_backend_sched_set_tensor_backend``) lands on: a device
+        #: named twice, its last (llama-context.cpp graph_get_cb loops over every backend of the
+        #: layer's device without a break)
+        self.forced_ids = {b.name: i for i, b in enumerate(backends)}
         self.cpu = len(backends) - 1
+        self.shared = len(self.ids) < len(backends)
+        if self.shared:
+            self.supports = self._supports_shared  # type: ignore[method-assign]
         self.n_copies = n_copies
         self.op_offload = op_offload
         self.splits: list[Split] = []
@@ -123,6 +132,20 @@ class Scheduler:
             return self.ids.get(loc, self.cpu) == b
         bid = t.bid if t.bid != -1 or t.view_src is None else t.view_src.bid
         return bid == b
+
+    def _supports_shared(self, t: T, b: int) -> bool:
+        """:meth:`supports` where two backends have one buffer type (a device named twice): a tensor in
+        (or bound to) either is in both's memory (``ggml_backend_sched_buffer_supported`` asks the
+        backend whether it supports the buffer's type, ggml-backend.cpp)."""
+        vs = t.view_src
+        loc = t.dev if vs is None else vs.dev
+        if loc is not None:
+            at = self.ids.get(loc, self.cpu)
+        else:
+            at = t.bid if t.bid != -1 or vs is None else vs.bid
+            if at == -1:
+                return False
+        return self.backends[at].buft == self.backends[b].buft
 
     def backend_of(self, t: T) -> int:
         bid = self.from_buffer(t)
@@ -149,7 +172,7 @@ class Scheduler:
         llama-fit-params and --fit) resets the scheduler first, dropping set_tensor_backend calls."""
         forced = g.forced if keep_forced else {}
         for t in g.leafs + g.nodes:
-            t.bid = self.ids[forced[id(t)]] if id(t) in forced else -1
+            t.bid = self.forced_ids[forced[id(t)]] if id(t) in forced else -1
         for t in g.leafs + g.nodes:
             if t.bid == -1:
                 t.bid = self.backend_of(t)
@@ -170,8 +193,13 @@ class Scheduler:
                     n.bid = cur
 
     def pass3(self, nodes: list[T]) -> None:
+        shared = self.shared
         for n in nodes:
-            if n.op in VIEW_OPS or n.bid != -1:
+            if n.op in VIEW_OPS:
+                continue
+            if n.bid != -1:
+                if shared:
+                    self._upgrade(n)
                 continue
             best = -1
             for b in range(len(self.backends)):
@@ -180,6 +208,16 @@ class Scheduler:
                           and self.supports(s, b))
                 if cnt > best:
                     best, n.bid = cnt, b
+
+    def _upgrade(self, n: T) -> None:
+        """Pass 3's upgrade of an assigned node to a higher-priority backend of the same buffer type
+        whose memory holds every source (ggml-backend.cpp 1382-1400): only two backends of one device
+        (a device named twice) share a buffer type here."""
+        cur = self.backends[n.bid].buft
+        for b in range(n.bid):
+            if self.backends[b].buft == cur and all(s is None or self.supports(s, b) for s in n.src):
+                n.bid = b
+                return
 
     def pass4(self, nodes: list[T]) -> None:
         for n in nodes:

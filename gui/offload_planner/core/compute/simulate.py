@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from offload_planner.core.compute.allocator import shares_allocators
 from offload_planner.core.compute.archs import ARCH_GRAPHS
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
@@ -267,7 +268,7 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
         return placement.layer_device(il) if p.offload_kqv else CPU
 
     shapes = reserve_shapes(model, ctx, p, full_offload(placement))
-    if incremental and n_copies == 1:
+    if incremental and n_copies == 1 and not shares_allocators(backends):
         where_memo: list[WeightWhere] = []
 
         def where() -> WeightWhere:  # only when a reference is recorded or the items do not line up

@@ -165,6 +165,8 @@ class Dialect(str, metaclass=_DialectType):
     #: the draft model is loaded with a copy of the main command line (ik_llama.cpp): a saved plan's
     #: draft is read again from its whole command, not from its kept arguments alone
     draft_inherits_main_args: bool = False
+    #: ``-td``/``-tbd`` set a ``-md`` draft model's threads (core.speed.hardware ``_draft``)
+    applies_draft_threads: bool = True
     #: a draft tensor can be moved on its own (an ``-otd`` rule: :mod:`core.draft_moves`)
     moves_draft_tensors: bool = True
     #: the ``--mmproj`` projector's buffers are projected (clip.cpp of this build is modelled)

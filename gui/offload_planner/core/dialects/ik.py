@@ -123,6 +123,9 @@ class IkLlamaCpp(Dialect):
     #: an MTP companion file, whose context is not modelled, see :attr:`mtp_spec_type`)
     draft_model_types = frozenset({"draft", "dflash", "dspark"})
     draft_inherits_main_args = True
+    # ik's server builds the draft's context from the target's command line (common/speculative.cpp:1946
+    # ``params_dft = params_base``); -td/-tbd set ``speculative.n_threads*``, read by llama-imatrix alone
+    applies_draft_threads = False
     #: no ``-otd``: the draft takes the main ``-ot`` list, and ``-draft "-ot ..."`` entries land after its
     #: terminator (common.cpp 771-773), which the loader never reads past
     moves_draft_tensors = False

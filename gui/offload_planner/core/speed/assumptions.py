@@ -69,6 +69,25 @@ def batch_assumptions(name: str, hw: Hardware, eff: Efficiencies) -> list[Assump
     return out
 
 
+def draft_assumptions(hw: Hardware) -> list[Assumption]:
+    """The CPU threads a ``-md`` draft model computes with where ``-td``/``-tbd`` make them differ
+    from the target's (:attr:`Hardware.draft`): over one token and over a batch (its catch-up)."""
+    d = hw.draft
+    if d is None:
+        return []
+    note = ("a -md draft model's context computes with its own threads: llama.cpp's -td, else -t, and for a "
+            "batch -tbd, else the target's batch threads; ik_llama.cpp's -t and -tb inside -draft, else the "
+            "main command's")
+    out: list[Assumption] = []
+    for h, when in ((d, "a token"), *([(d.batch, "a batch")] if d.batch is not None else [])):
+        cpu = next((x for x in h.devices.values() if x.kind is DeviceKind.CPU), None)
+        if cpu is not None and cpu.threads:
+            what = f"draft model: {cpu.name} threads in {when} ({cpu.threads_flag} {cpu.threads})"
+            out.append(Assumption(what, Figure(cpu.threads, "threads", Source.DECLARED, note)))
+            out.append(Assumption(f"draft model: {cpu.name} compute in {when}", cpu.tflops))
+    return out
+
+
 def thread_warnings(hw: Hardware) -> list[str]:
     """More compute threads than physical cores on this machine: said, with the slowdown assumed (for
     one token's ``-t`` and, where ``-tb`` differs, a batch's)."""

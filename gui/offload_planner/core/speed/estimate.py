@@ -23,7 +23,7 @@ from offload_planner.core.speed.rates import cpu_isa_gain
 from offload_planner.core.speed.reads import kv_bytes_at, weight_bytes_per_token
 from offload_planner.core.speed.result import Assumption, DeviceTime, SpeedEstimate
 from offload_planner.core.speed.splits import _split_seconds, token_split_pairs
-from offload_planner.core.speed.tg import _tg_times, attention_flops_at, token_extras
+from offload_planner.core.speed.tg import attention_flops_at, tg_times, token_extras
 
 DEFAULT_PROMPT = 4096
 
@@ -41,9 +41,9 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
     ap = attention_plan(plan)  # -nkvo with flash attention: the KV read on the GPU after its copy
     kv1 = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, ctx.n_ctx_seq)
     extras = token_extras(plan, placement, cpu_isa_gain(hw))
-    t0 = _tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
+    t0 = tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
     attn1 = attention_flops_at(ap, placement, ctx, ctx.n_ctx_seq)
-    t1 = _tg_times(plan, placement, hw, eff, weights, kv1, attn1, extras)
+    t1 = tg_times(plan, placement, hw, eff, weights, kv1, attn1, extras)
     pairs = token_split_pairs(plan, placement)
     split_s = _split_seconds(plan, hw, eff, pairs)
     host_kv = host_kv_layers(plan, placement)
@@ -61,7 +61,7 @@ def estimate(plan: Plan, hw: Hardware, *, prompt: int = DEFAULT_PROMPT, eff: Eff
         ppd_total = sum(ppd.device_s.values()) + ppd.transfer_s + ppd.split_s
         kvd = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
         attn_d = attention_flops_at(ap, placement, ctx, depth)
-        tgd = _tg_times(plan, placement, hw, eff, weights, kvd, attn_d, extras)
+        tgd = tg_times(plan, placement, hw, eff, weights, kvd, attn_d, extras)
         tgd_total = (sum(tgd.values()) + split_s + host_kv_s
                      + (kv_copy_seconds(kvd, hw, eff) if ap is not plan else 0.0))
         pp_d = prompt / ppd_total if ppd_total else math.inf
@@ -100,7 +100,7 @@ def tg_tps(plan: Plan, hw: Hardware, *, eff: Efficiencies | None = None,
     """Token generation at depth 0 alone (no prompt processing): for previews of a move."""
     eff = eff or defaults_for(plan.dialect)
     placement = placement or plan.placement()
-    times = _tg_times(plan, placement, hw, eff, weight_bytes_per_token(plan.model, placement), {})
+    times = tg_times(plan, placement, hw, eff, weight_bytes_per_token(plan.model, placement), {})
     total = (sum(times.values()) + _split_seconds(plan, hw, eff, token_split_pairs(plan, placement))
              + host_kv_seconds(host_kv_layers(plan, placement), hw, eff))
     return 1.0 / total if total else math.inf

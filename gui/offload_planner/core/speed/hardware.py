@@ -19,7 +19,7 @@ Every figure says whether it is measured, declared, catalogue, calibrated or def
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -197,6 +197,21 @@ class MeasuredLink:
 
 
 @dataclass(frozen=True)
+class DraftThreads:
+    """A ``-md`` draft model's threads as its command gives them (None: not given; 0: 0 or below),
+    for one token and for a batch, with the flags the notes name them by (mainline's ``-td``/``-tbd``;
+    ik_llama.cpp's ``-draft's -t``/``-draft's -tb``)."""
+
+    one: int | None = None
+    batch: int | None = None
+    one_flag: str = "-td"
+    batch_flag: str = "-tbd"
+
+
+NO_DRAFT_THREADS = DraftThreads()
+
+
+@dataclass(frozen=True)
 class Hardware:
     """The devices' figures for one token (tg), and in :attr:`batch` for a batch of more than one.
 
@@ -212,6 +227,9 @@ class Hardware:
     #: the figures of a batch of more than one token (a prompt's micro-batches, the speculative verify
     #: batch) where ``-tb`` makes them differ; None: the same as these
     batch: Hardware | None = None
+    #: the figures of a ``-md`` draft model's passes where ``-td``/``-tbd`` make them differ (their own
+    #: :attr:`batch` for its batch); None: the same as these
+    draft: Hardware | None = None
 
     def __getitem__(self, name: str) -> DeviceSpeed:
         return self.devices[name]
@@ -219,6 +237,10 @@ class Hardware:
     def for_tokens(self, n: float) -> Hardware:
         """The figures a pass of ``n`` tokens runs with: :attr:`batch` for more than one token."""
         return self.batch if self.batch is not None and n > 1 else self
+
+    def for_draft(self) -> Hardware:
+        """The figures a draft model's passes run with: :attr:`draft`, else these."""
+        return self.draft if self.draft is not None else self
 
 
 # --- figures of each device -------------------------------------------------------------------------
@@ -395,7 +417,8 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
                  overrides: Mapping[str, DeviceSpeed] | None = None,
                  links: Mapping[str, MeasuredLink | str] | None = None, cores: Threads | None = None,
                  cpu: CpuInfo | None = None, thread_bw: Mapping[str, Figure] | None = None,
-                 threads_batch: int | None = None, cpu_rpc: Mapping[str, str] | None = None) -> Hardware:
+                 threads_batch: int | None = None, cpu_rpc: Mapping[str, str] | None = None,
+                 draft_threads: DraftThreads = NO_DRAFT_THREADS) -> Hardware:
     """Figures of every device of the set (``overrides`` replace whole devices, e.g. calibrated;
     ``links``: measured links of RPC devices by endpoint (or why the probe failed); ``cores``: the
     threads on this machine, which slow its devices down by ``cores / threads`` when more threads than
@@ -405,7 +428,8 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
     probed machine; ``threads_batch``: ``-tb`` (0: ``-tb`` 0 or below), the threads of a batch of more
     than one token, whose figures are :attr:`Hardware.batch` where they differ from ``-t``'s);
     ``cpu_rpc``: the RPC devices, by name, whose server is this machine's CPU backend, with the evidence
-    (:func:`local_cpu_rpc`)."""
+    (:func:`local_cpu_rpc`); ``draft_threads``: a draft model's threads as given, its figures where they
+    differ (:attr:`Hardware.draft`, :func:`_draft`)."""
     links = links or {}
     gpus = {g.name: gpu_speed(g, links.get(g.endpoint) if g.endpoint else None) for g in devices.gpus}
     for g in devices.gpus:
@@ -416,14 +440,50 @@ def hardware_for(devices: DeviceSet, *, threads: int | None = None, probe: Figur
                       default_threads=cores.server if cores is not None else None,
                       smt_capped=cores is None, cpu=cpu)
     one = _assembled(gpus, host, thread_bw, overrides, cores)
+
+    def with_threads(n: int, flag: str) -> Hardware:
+        # -tb, -td, -tbd stand alone: a declared threads= is the CPU's -t (host_speed), not theirs
+        own = replace(devices.cpu, hardware=tuple(kv for kv in devices.cpu.hardware if kv[0] != "threads"))
+        h = host_speed(own, threads=n, probe=probe, smt_capped=cores is None, cpu=cpu, flag=flag)
+        c = replace(cores, server=n, server_given=True, flag=flag) if cores is not None else None
+        return _assembled(gpus, h, thread_bw, overrides, c)
+
     tb = _batch_threads(threads_batch, devices.cpu, host, cores)
-    if tb is None:
-        return one
-    # -tb stands alone: a declared threads= is the CPU's -t (host_speed), not its batch's
-    own = replace(devices.cpu, hardware=tuple(kv for kv in devices.cpu.hardware if kv[0] != "threads"))
-    batch_host = host_speed(own, threads=tb, probe=probe, smt_capped=cores is None, cpu=cpu, flag="-tb")
-    batch_cores = replace(cores, server=tb, server_given=True, flag="-tb") if cores is not None else None
-    return replace(one, batch=_assembled(gpus, batch_host, thread_bw, overrides, batch_cores))
+    out = one if tb is None else replace(one, batch=with_threads(tb, "-tb"))
+    return _draft(out, draft_threads, devices.cpu, cores, with_threads)
+
+
+def _draft(hw: Hardware, given: DraftThreads, dev: Device, cores: Threads | None,
+           with_threads: Callable[[int, str], Hardware]) -> Hardware:
+    """``hw`` with :attr:`Hardware.draft` where ``-td``/``-tbd`` (``given``) make a draft model's
+    threads differ from the target's.  The pinned build (common/arg.cpp:889-890) takes a draft's
+    ``cpuparams`` from ``-td``, else the target's ``-t``, and its ``cpuparams_batch`` from ``-tbd``,
+    else the target's batch threads (``-tb``, else ``-t``: not ``-td``'s, whatever ``-tbd``'s help
+    says), and gives them to the draft model's context (common/speculative.cpp:2553-2555, inside
+    ``if (has_draft)``: an MTP head on the target model keeps the target's); 0 or below is
+    ``std::thread::hardware_concurrency()``, taken as the cores as ``-tb`` 0 is.  The 2025 builds
+    the same (tools/server/server.cpp ``params_dft.cpuparams.n_threads =
+    params_base.speculative.cpuparams.n_threads``).  ik_llama.cpp builds the draft's context from
+    the target's command line (common/speculative.cpp:1946 ``params_dft = params_base``) and reads
+    either flag: the draft's threads are its ``-draft "ARGS"``'s ``-t``/``-tb`` there (the batch's,
+    not given anywhere, the draft's ``-t``: backend.speed_store ``draft_threads_of``)."""
+    td, tbd = given.one, given.batch
+    if td is None and tbd is None:
+        return hw
+    decl = parse_hardware_keys(dev.hardware)
+    known = (cores.cores if cores is not None else decl.cores) or DEFAULT_THREADS
+    cpu = dev.name
+    one_n = hw[cpu].threads or known
+    batch_n = hw.for_tokens(2)[cpu].threads or known
+    d_one = one_n if td is None else td or known
+    d_batch = batch_n if tbd is None else tbd or known
+    if d_one == one_n and d_batch == batch_n:
+        return hw
+    draft_one = replace(hw, batch=None) if d_one == one_n else with_threads(d_one, given.one_flag)
+    if d_batch == d_one:
+        return replace(hw, draft=draft_one)
+    draft_batch = hw.for_tokens(2) if tbd is None else with_threads(d_batch, given.batch_flag)
+    return replace(hw, draft=replace(draft_one, batch=replace(draft_batch, batch=None)))
 
 
 def _assembled(gpus: Mapping[str, DeviceSpeed], host: DeviceSpeed, thread_bw: Mapping[str, Figure] | None,

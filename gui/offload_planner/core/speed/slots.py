@@ -41,9 +41,9 @@ from offload_planner.core.speed.nkvo import attention_plan, host_kv_layers, host
 from offload_planner.core.speed.rates import cpu_isa_gain
 from offload_planner.core.speed.reads import expert_fraction, kv_bytes_at, weight_bytes_per_token
 from offload_planner.core.speed.result import SpeedEstimate
-from offload_planner.core.speed.speculation import _splits, model_reads, pass_layers, pass_seconds
+from offload_planner.core.speed.speculation import batch_split_seconds, model_reads, pass_layers, pass_seconds
 from offload_planner.core.speed.splits import token_split_pairs
-from offload_planner.core.speed.tg import _tg_times, attention_flops_at, token_extras
+from offload_planner.core.speed.tg import attention_flops_at, tg_times, token_extras
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def slots_estimate(plan: Plan, placement: Placement, hw: Hardware, eff: Efficien
     n_embd = s.n_embd
 
     def step(b: int, kv: dict[str, int]) -> float:
-        split_s = _splits(hw, eff, pairs, n_embd, b) + host_kv_seconds(host_kv, hw, eff, b)
+        split_s = batch_split_seconds(hw, eff, pairs, n_embd, b) + host_kv_seconds(host_kv, hw, eff, b)
         return pass_seconds(reads, hw, eff, frac, b, kv, split_s, layers, plan.dialect)
 
     one = step(1, {})
@@ -94,16 +94,16 @@ def slots_estimate(plan: Plan, placement: Placement, hw: Hardware, eff: Efficien
 def _attention_seconds(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies,
                        depth: int) -> float:
     """What one slot's token costs at ``depth`` over one at depth 0, as the single request's tg prices
-    it (:func:`tg._tg_times`: its KV read, or where slower its attention FLOPs; -nkvo's copies)."""
+    it (:func:`tg.tg_times`: its KV read, or where slower its attention FLOPs; -nkvo's copies)."""
     ap = attention_plan(plan)
     s = plan.model.summary
     ctx = resolve_context(plan.context, s.n_ctx_train, s.n_swa)
     weights = weight_bytes_per_token(plan.model, placement)
     extras = token_extras(plan, placement, cpu_isa_gain(hw))
-    t0 = _tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
+    t0 = tg_times(plan, placement, hw, eff, weights, {}, extras=extras)
     kv = kv_bytes_at(plan.model, placement, ap.context, ctx, ap, depth)
     attn = attention_flops_at(ap, placement, ctx, depth)
-    td = _tg_times(plan, placement, hw, eff, weights, kv, attn, extras)
+    td = tg_times(plan, placement, hw, eff, weights, kv, attn, extras)
     copy = kv_copy_seconds(kv, hw, eff) if ap is not plan else 0.0
     return max(sum(td.values()) - sum(t0.values()) + copy, 0.0)
 

@@ -31,6 +31,7 @@ from offload_planner.core.placement import Placed, Placement, place
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.acceptance import Acceptance, AcceptArg, powers_sum
+from offload_planner.core.speed.assumptions import draft_assumptions
 from offload_planner.core.speed.cpu_batch import CpuWeights, products_seconds
 from offload_planner.core.speed.efficiency import REPACK_BUFT, Efficiencies
 from offload_planner.core.speed.estimate import tg_tps
@@ -179,7 +180,8 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
     of more than one token computes with ``-tb``'s threads (:meth:`Hardware.for_tokens`): the target's
     verify batch and the draft's pass over it (the draft's context takes the main ``cpuparams_batch``
     unless ``-tbd``, common/arg.cpp:890 and common/speculative.cpp:2553-2555; ik loads the draft with
-    the main command line), a one-token draft pass with ``-t``'s."""
+    the main command line), a one-token draft pass with ``-t``'s; a ``-md`` model's passes with
+    ``-td``'s and ``-tbd``'s where given (the caller passes :meth:`Hardware.for_draft`)."""
     hw = hw.for_tokens(b)
     hit = 1.0 - (1.0 - frac) ** b if frac < 1.0 else 1.0
     total = split_s
@@ -216,7 +218,10 @@ def pass_layers(placement: Placement, *, nextn: bool = False, share: float = 1.0
     return {k: len(v) * share for k, v in seen.items()}
 
 
-def _splits(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_embd: int, b: float) -> float:
+def batch_split_seconds(hw: Hardware, eff: Efficiencies, pairs: list[tuple[str, str]], n_embd: int,
+                        b: float) -> float:
+    """The graph splits of a pass of ``b`` tokens: each of ``pairs`` (from, to device) costs its
+    link's latency plus ``b`` rows of ``n_embd`` F32 activations over its bandwidth."""
     out = 0.0
     for a, c in pairs:
         gb, lat = _link(hw[a], hw[c], eff)
@@ -236,6 +241,7 @@ class _Draft:
     kv_depth: dict[str, int]  # at the full context
     n_max: int
     layers: dict[str, float]  # layers one pass runs, by device (:func:`pass_layers`)
+    own_context: bool = False  # a -md model's own context: -td/-tbd's threads (Hardware.for_draft)
 
 
 def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
@@ -252,14 +258,14 @@ def _draft_side(plan: Plan, placement: Placement, depth: int) -> _Draft | None:
         dp = place(dm.model, dm.devices, dm.placement_options)
         name = dm.model.path.rsplit("/", 1)[-1]
         if spec.mtp:  # draft-mtp on the draft model: its MTP head on the target's hidden state
-            return _mtp_side(plan, dm.model, dp, dm.devices, placement.output_device, depth,
-                             f"draft model {name}, ")
+            return replace(_mtp_side(plan, dm.model, dp, dm.devices, placement.output_device, depth,
+                                     f"draft model {name}, "), own_context=True)
         params = replace(plan.context, type_k=dm.type_k, type_v=dm.type_v)
         dctx = resolve_context(params, dm.model.summary.n_ctx_train, dm.model.summary.n_swa)
         kv = kv_read_at(dm.model, dp, params, dctx, dm.devices, depth)
         return _Draft(f"draft model {name}", model_reads(dm.model, dp), expert_fraction(dm.model),
                       split_pairs(dm.model, dp, one_token_offload(dm.devices, dp, plan.context.op_offload)),
-                      dm.model.summary.n_embd, kv, spec.n_max, pass_layers(dp))
+                      dm.model.summary.n_embd, kv, spec.n_max, pass_layers(dp), own_context=True)
     if not (spec.mtp and s.n_nextn):
         return None
     return _mtp_side(plan, plan.model, placement, plan.devices, placement.output_device, depth)
@@ -338,6 +344,8 @@ def with_speculation(est: SpeedEstimate, plan: Plan, hw: Hardware, eff: Efficien
                            plain=(est.tg_tps, est.tg_tps_at_ctx), accept=accept)
         at_depth = deep.tg_tps_at_ctx if deep is not None else at_depth
     notes = [Assumption(f"{spec.kind}: acceptance", spec.accept), *_draft_length(spec, plan)]
+    if plan.spec is not None and plan.spec.draft is not None:  # -md's own context: -td/-tbd
+        notes += draft_assumptions(hw)
     return replace(est, tg_tps=spec.tg_tps, tg_tps_at_ctx=spec.tg_tps_at_ctx, tg_tps_at_depth=at_depth,
                    spec=spec, assumptions=[*est.assumptions, *notes])
 
@@ -376,17 +384,19 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
     host_kv = host_kv_layers(plan, placement)  # -nkvo: the target's layers round-trip to the CPU
     dialect = plan.dialect
     copies = nkvo_attention_on_gpu(plan)  # ... and with flash attention copy the cache's views back
+    dhw = hw.for_draft() if draft.own_context else hw
 
     def step(target_kv_: dict[str, int], draft_kv: dict[str, int]) -> tuple[float, float, float]:
         host_s = host_kv_seconds(host_kv, hw, eff, b)
         if copies:
             host_s += kv_copy_seconds(target_kv_, hw, eff)
-        splits = _splits(hw, eff, tpairs, n_embd, b) + host_s
+        splits = batch_split_seconds(hw, eff, tpairs, n_embd, b) + host_s
         verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers, dialect)
-        one = pass_seconds(draft.reads, hw, eff, draft.frac, 1, draft_kv,
-                           _splits(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers, dialect)
-        catch_up = pass_seconds(draft.reads, hw, eff, draft.frac, b, draft_kv,
-                                _splits(hw, eff, draft.pairs, draft.n_embd, b), draft.layers, dialect)
+        one = pass_seconds(draft.reads, dhw, eff, draft.frac, 1, draft_kv,
+                           batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers, dialect)
+        catch_up = pass_seconds(draft.reads, dhw, eff, draft.frac, b, draft_kv,
+                                batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, b), draft.layers,
+                                dialect)
         return verify, one, verify + n * one + catch_up
 
     verify0, one0, step0 = step({}, {})

@@ -62,7 +62,7 @@ def token_extras(plan: Plan, placement: Placement, isa_gain: float = 1.0) -> Tok
     return TokenExtras(flops, {k: len(v) for k, v in seen.items()}, pageable)
 
 
-def _tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
+def tg_times(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, weights: dict[str, int],
               kv: dict[str, int], attn: dict[str, float] | None = None,
               extras: TokenExtras | None = None) -> dict[str, float]:
     """Seconds per token per device: its weights over its effective bandwidth (the CPU's: or, where
