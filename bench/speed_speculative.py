@@ -9,7 +9,11 @@ batch) sets them; the estimate is given the same rate with ``--spec-accept``.  P
 measured and estimated, and the speed-up over the plain run measured and estimated (the ratio of
 ratios is what the step model, not the machine's bandwidth, decides).
 
-    python bench/speed_speculative.py [--threads N] [--gen 64] [--accepts 0,0.5,0.8,1]
+With ``--cpu-time`` (meant for ``--threads 1`` on a machine other jobs keep busy) tg is the tokens of
+one more request per second of the server's CPU time: its one compute thread's work, whatever share of
+a core it got (``bench/speed_slots.py``).
+
+    python bench/speed_speculative.py [--threads N] [--gen 64] [--accepts 0,0.5,0.8,1] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random
 from speed_measured import free_port, process, wait_http
+from speed_slots import all_at_once, server_pid
 
 #: GLM-4.5 layout (leading dense layer, shared expert, 16 experts / 4 used) at bench size, with the
 #: NextN block llama-server runs as the MTP draft.
@@ -78,6 +83,8 @@ def run(server: Path, model: Path, args: list[str], ns: argparse.Namespace) -> t
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, ns.timeout)
         got = measure(url, n_vocab=SPEC.tokenizer.n_vocab, prompt_tokens=ns.prompt, gen_tokens=ns.gen)
+        if ns.cpu_time:  # one more request (warm now): its tokens per second of the server's CPU time
+            return all_at_once(url, 1, 0, ns.gen, SPEC.tokenizer.n_vocab, server_pid(proc.pid))[1], got.pp_tps
     return got.tg_tps, got.pp_tps
 
 
@@ -107,6 +114,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/offload-bench"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="tg as tokens per second of the server's CPU time (-t 1 on a busy machine)")
     ns = ap.parse_args()
     ns.workdir.mkdir(parents=True, exist_ok=True)
     found = find_server_executable(None)
