@@ -106,13 +106,14 @@ def gemm_columns(type_name: str, dialect: Dialect, repacked: bool, isa: Isa | No
     return 0.0, 0.0
 
 
-def one_column_seconds(dev: DeviceSpeed, eff: Efficiencies) -> float:
-    """Seconds a byte of weights takes through a one-token kernel on ``dev``'s threads (0 when its
-    threads are not known: then no thread rate bounds a plain token either)."""
+def one_column_seconds(dev: DeviceSpeed, eff: Efficiencies) -> float | None:
+    """Seconds a byte of weights takes through a one-token kernel on ``dev``'s threads (None when its
+    threads are not known: then no thread rate bounds a plain token either, and such a column costs
+    its FLOPs at the device's compute, as every column did before this was read from ggml-cpu)."""
     if not dev.threads:
-        return 0.0
+        return None
     gbs = dev.threads * thread_bandwidth(dev, eff).value * dev.share
-    return 1.0 / (gbs * 1e9) if gbs > 0 else 0.0
+    return 1.0 / (gbs * 1e9) if gbs > 0 else None
 
 
 def products_seconds(w: CpuWeights, dev: DeviceSpeed, eff: Efficiencies, dialect: Dialect, b: float,
@@ -139,7 +140,7 @@ def products_seconds(w: CpuWeights, dev: DeviceSpeed, eff: Efficiencies, dialect
         one = cols - gemm
         if one > 0:
             slow = cpu_cost(type_name, dialect, dev.isa_gain)
-            t = nbytes * one * per_byte
+            t = nbytes * one * per_byte if per_byte is not None else 2.0 * elements * one / tflops
             if slow > 1.0:  # the lattice i-quants' vec_dot: their FLOPs, as a plain token's (tg.token_extras)
                 t = max(t, 2.0 * elements * one * slow / tflops)
             total += t
