@@ -66,10 +66,11 @@ def _records() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def bench_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """bench/speed_slots.py's model, its header and tensor list (the estimate reads no weight)."""
-    path = tmp_path_factory.mktemp("bench") / "bench-llama-2g.gguf"
-    return write_model(BENCH_MODELS["bench-llama-2g"], path, header_only=True)[0]
+def bench_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """bench/speed_slots.py's models, their headers and tensor lists (the estimate reads no weight)."""
+    root = tmp_path_factory.mktemp("bench")
+    names = {run.get("model", "bench-llama-2g") for run in _records()}
+    return {n: write_model(BENCH_MODELS[n], root / f"{n}.gguf", header_only=True)[0] for n in names}
 
 
 def _estimated_ratios(model: Path, run: dict[str, Any]) -> dict[int, float]:
@@ -91,8 +92,9 @@ def _estimated_ratios(model: Path, run: dict[str, Any]) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("run", _records(), ids=lambda r: str(r["id"]))
-def test_all_slots_ratio_follows_the_measured_llama_server(bench_llama: Path, run: dict[str, Any]) -> None:
-    est = _estimated_ratios(bench_llama, run)
+def test_all_slots_ratio_follows_the_measured_llama_server(bench_models: dict[str, Path],
+                                                           run: dict[str, Any]) -> None:
+    est = _estimated_ratios(bench_models[run.get("model", "bench-llama-2g")], run)
     for n, meas in run["ratio"].items():
         off = est[int(n)] / meas["median"]
         assert abs(math.log(off)) <= math.log(run["tolerance"]), (n, est[int(n)], meas)
