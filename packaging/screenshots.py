@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEVICES = ("CUDA0=24GiB", "CUDA1=24GiB", "CPU=512GiB")
+DEVICES = ("CUDA0=24GiB", "CUDA1=24GiB", "CPU=512GiB,ram=8xDDR5-4800")  # the Guide's devices
 SIZE = (1280, 800)
 
 

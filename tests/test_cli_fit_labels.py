@@ -108,7 +108,8 @@ def _nothing_fits(gpu: str, starts: str) -> tuple[list[str], int]:
     lines = r.stdout.splitlines()
     i = next(i for i, x in enumerate(lines) if x.startswith(starts))
     assert lines[i + 1] == (f"note: the RAM is this machine's ({ram / 1024**3:.1f} GiB); to plan for another "
-                            "machine declare its RAM, e.g. --device CPU=512GiB")
+                            "machine declare its RAM and its speed, e.g. --device CPU=512GiB,ram=8xDDR5-4800 "
+                            "(channels x MT/s; else this machine's speed)")
     return lines, i
 
 def test_nothing_fits_this_machines_ram_says_how_to_plan_for_another() -> None:

@@ -34,6 +34,9 @@ def test_a_header_only_model_is_named_as_the_reason(llama_server: Path) -> None:
                 timeout=120)
     assert r.returncode == 3, r.stderr
     lines = r.stderr.splitlines()
+    # said before llama-server starts, then again with its refusal
+    assert lines[0] == (f"offload-planner: note: {demo} is header-only (the tensors' shapes, not their "
+                        "data): llama-server will refuse it; launching as asked"), r.stderr
     assert "not within the file bounds" in lines[-2], r.stderr
     assert lines[-1] == (f"offload-planner: {demo} is header-only (the tensors' shapes, not their data): "
                          "llama-server needs the complete GGUF; launch that (plan, fit and inspect read this "

@@ -434,3 +434,44 @@ def test_more_rpc_servers_than_llama_cpp_takes_are_refused(command: str) -> None
     err = refused(run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--", "--rpc", many))
     assert err == ("offload-planner: error: 16 devices (15 --rpc servers, 1 GPU(s)); at most 15: llama.cpp's "
                    "-ts takes fewer values than its 16 devices (llama_max_devices)\n"), err
+
+
+# --- the speed line of a plan that does not fit ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("devices", "server", "over"), [
+    (("CUDA0=12GiB", "CPU=512GiB"), ("-ngl", "999"), "CUDA0"),
+    (("CPU=4GiB",), ("-ngl", "0"), "CPU"),
+])
+def test_a_plan_over_capacity_gives_its_speed_as_if_it_fit(devices: tuple[str, ...],
+                                                           server: tuple[str, ...], over: str) -> None:
+    """`plan` printed "speed estimate (uncalibrated): tg 16.2 t/s" for DeepSeek-V3 all on one 24 GiB
+    GPU, 354 GiB over: a newcomer read a speed for a plan llama-server does not load, the OVER mark
+    and the warning lines away. The line says "if it fit", as the window's speed line does."""
+    decls = [a for d in devices for a in ("--device", d)]
+    r = run("plan", QWEN, "--no-detect", *decls, "--", *server, "-c", "4096")
+    assert r.returncode == 3, r.stderr
+    speed = next(ln for ln in r.stdout.splitlines() if ln.startswith("speed estimate"))
+    assert speed.startswith(f"speed estimate (uncalibrated) if it fit ({over} over capacity): tg ")
+
+
+def test_a_plan_that_fits_gives_its_speed_plainly() -> None:
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB",
+            "--", "-ngl", "999", "--cpu-moe", "-c", "4096")
+    assert r.returncode == 0, r.stderr
+    assert "\nspeed estimate (uncalibrated): tg " in r.stdout and "if it fit" not in r.stdout
+
+
+def test_a_prompt_past_the_context_names_only_what_was_given() -> None:
+    """`plan MODEL -- -c 32k` (read as 32 cells) noted "--depth 0 + --prompt 4096 tokens exceed the
+    context of 256 cells a sequence" to a user who had given neither --depth nor --prompt."""
+    r = run("plan", QWEN, "--no-detect", "--", "-c", "32k", "-ngl", "0")
+    said = [ln for ln in r.stdout.splitlines() if "exceed" in ln]
+    assert said == ["note: the speed estimate's 4096-token prompt (--prompt) exceeds the context of 256 "
+                    "cells a sequence: llama-server would refuse such a request (the estimate is computed "
+                    "anyway; --prompt N sets another)"], r.stdout
+    r = run("plan", QWEN, "--no-detect", "--depth", "3000", "--prompt", "2000", "--",
+            "-c", "4096", "-np", "1")
+    assert [ln for ln in r.stdout.splitlines() if "exceed" in ln] == [
+        "note: --depth 3000 + --prompt 2000 tokens exceed the context of 4096 cells a sequence: llama-server "
+        "would refuse such a request (the estimate is computed anyway)"]

@@ -66,6 +66,11 @@ with more than one server slot (these commands take the pinned server's -np auto
 gains one line, ``all 4 slots generating: ...`` (core.speed.slots: one batch of a token per busy
 slot a step), and the JSON's ``speed`` one ``slots`` object; all 33 files gained exactly that
 (regenerated with ``python tests/test_cli_plan_golden.py --write``, the diff only added lines).
+Session 13 (newcomer9): the speed block of a plan with a device over capacity (exit status 3) says its
+figures are for the plan as if it fit, as the window's speed line does: ``speed estimate (uncalibrated)
+if it fit (CUDA0 over capacity): tg 16.2 ...``; only that line of ``ds_all_on_gpu`` text and
+--explain changed (the JSON's ``speed`` object did not; ``ds_fit_four_gpus``, whose GPUs the build's
+--fit makes fit, exits 0 and is unchanged).
 """
 
 from __future__ import annotations

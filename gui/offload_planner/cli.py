@@ -17,6 +17,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from offload_planner.core.gguf_reader import open_model
     from offload_planner.core.inspect_report import model_json, text_report
 
+    if args.compact and not args.json:  # else it was silently ignored
+        raise PlannerError("inspect: --compact shapes the --json output (no indentation): add --json, or "
+                           "--no-layers for a shorter text report")
+    if args.no_layers and args.json:
+        raise PlannerError("inspect: --no-layers shortens the text report; the --json output always holds "
+                           "the layers (--compact prints it on one line)")
     model = open_model(args.model or demo_model_path())
     if args.json:
         json.dump(model_json(model), sys.stdout, indent=None if args.compact else 1)

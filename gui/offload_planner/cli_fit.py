@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from offload_planner.backend.system import Detection
     from offload_planner.core.cmdline.model import ParsedArgs
     from offload_planner.core.devices import DeviceSet
+    from offload_planner.core.memory import Projection
     from offload_planner.core.model import Model
+    from offload_planner.core.speed.hardware import Hardware
+    from offload_planner.core.speed.result import SpeedEstimate
 
 
 def add_fit_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,16 +116,16 @@ def _run_fit(args: argparse.Namespace) -> int:
         threads_batch_of,
         threads_of,
     )
-    from offload_planner.core.cmdline import format_command, parse_server_args, skipped_devices
+    from offload_planner.core.cmdline import parse_server_args, skipped_devices
     from offload_planner.core.loadable import open_loadable
     from offload_planner.core.plan import plan_command
-    from offload_planner.core.plan_report import plan_json, plan_text
+    from offload_planner.core.plan_report import plan_json
     from offload_planner.core.speculative import draft_warning, spec_refusals, spec_stops
     from offload_planner.core.speed.candidate import over_by
     from offload_planner.core.speed.estimate import estimate
     from offload_planner.core.speed.fastest import fastest_plan
     from offload_planner.core.speed.ranking import score
-    from offload_planner.core.speed.report import speed_json, speed_lines
+    from offload_planner.core.speed.report import speed_json
     from offload_planner.core.speed.speculation import with_speculation
     from offload_planner.core.speed.tps import tps_json
 
@@ -133,7 +136,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     check_microbatches(args.prompt, parsed.args)
     model = open_loadable(args.model)
     devices, detection = _fit_devices(args, parsed, model, dialect)
-    eff = efficiencies_for(args.backend)
+    eff = efficiencies_for(args.backend, devices)
     hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True, threads_batch=threads_batch_of(parsed),
                           draft_threads=draft_threads_of(parsed, dialect))
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
@@ -144,7 +147,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         from offload_planner.cli_estimate_options import detection_note
 
         note = detection_note(detection.message, devices)
-        result.notes.insert(0, f"{note} (GPU speed figures: declared or from the catalogue)")
+        result.notes.insert(0, f"{note} ({_gpu_figures_said(devices, hw)})")
     result.notes[:0] = [str(w) for w in skipped_devices(parsed, devices.names)]  # ik: -dev names it skips
     result.notes[:0] = _override_notes(model, parsed, dialect)  # --override-kv: what the plans follow
     from offload_planner.cli_server_args import model_flag_note
@@ -200,13 +203,24 @@ def _run_fit(args: argparse.Namespace) -> int:
         if "CPU (RAM) over" in result.why and not any(d.partition("=")[0] == "CPU" for d in args.device):
             print(ram_hint(devices.cpu.capacity))
         return 1
+    _print_answer(best.projection, best_est or best.estimate, command)
+    return 0
+
+
+def _print_answer(projection: Projection, est: SpeedEstimate, command: list[str]) -> None:
+    """The chosen plan: its memory table, its speed estimate with every figure it rests on (as plan
+    prints them: the table's tg and pp came without a word on the RAM probe or the default GPU they
+    were computed with), and its command."""
+    from offload_planner.core.cmdline import format_command
+    from offload_planner.core.plan_report import plan_text
+    from offload_planner.core.speed.report import speed_lines
+
     print()
-    table = plan_text(best.projection, warnings=[], errors=[], command="")
+    table = plan_text(projection, warnings=[], errors=[], command="")
     print(table.split("\ncontext: ")[0])
-    print("\n".join(speed_lines(best_est or best.estimate, assumptions=False)))
+    print("\n".join(speed_lines(est)))
     print()
     print(format_command(["llama-server", *command], "bash"))
-    return 0
 
 
 def _override_notes(model: Model, parsed: ParsedArgs, dialect: Dialect) -> list[str]:
@@ -221,12 +235,25 @@ def _override_notes(model: Model, parsed: ParsedArgs, dialect: Dialect) -> list[
     return notes(model, ovs)
 
 
+def _gpu_figures_said(devices: DeviceSet, hw: Hardware) -> str:
+    """Where the GPUs' speed figures come from without a driver: a GPU declared by its size alone
+    (CUDA0=24GiB) gets default figures, which "declared or from the catalogue" did not say."""
+    from offload_planner.core.speed.hardware import Source
+
+    plain = [g.name for g in devices.gpus if g.name in hw.devices
+             and hw[g.name].bandwidth.source is Source.DEFAULT]
+    if not plain:
+        return "GPU speed figures: declared or from the catalogue"
+    return (f"{', '.join(plain)}: default speed figures, no card given: name it, e.g. {plain[0]}=rtx3090, "
+            "or give bw= and tflops=")
+
+
 def ram_hint(capacity: int | None) -> str:
     """Where nothing fits the RAM of this machine: a newcomer planning a server from a laptop was told
     "CPU (RAM) over by 335.3 GiB (... > 23.5 GiB)" and not that the RAM can be declared."""
     size = "" if capacity is None else f" ({capacity / 1024**3:.1f} GiB)"
-    return (f"note: the RAM is this machine's{size}; to plan for another machine declare its RAM, "
-            "e.g. --device CPU=512GiB")
+    return (f"note: the RAM is this machine's{size}; to plan for another machine declare its RAM and its "
+            "speed, e.g. --device CPU=512GiB,ram=8xDDR5-4800 (channels x MT/s; else this machine's speed)")
 
 
 def print_candidates(args: argparse.Namespace, rows: list[dict[str, object]], best_label: str | None,

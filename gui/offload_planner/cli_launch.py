@@ -279,6 +279,9 @@ class _Session:
         except (PlannerError, OSError) as e:
             self.say(f"cannot read {a.model} ({e}); launching anyway, without a projection")
             self.model = None
+        if self._header_only_hint():  # said before the server starts (it will refuse the file)
+            self.say(f"note: {a.model} is header-only (the tensors' shapes, not their data): llama-server "
+                     "will refuse it; launching as asked")
         declared = parse_device_decls(a.device)
         detection = detect_gpus() if not a.no_detect else None
         self.devices = build_device_set(cpu=cpu_device(), detected=detection.gpus if detection else [],

@@ -175,6 +175,27 @@ def _mac_ram_over(projection: Projection) -> bool:
     return unified_over(projection) > 0
 
 
+def _prompt_past_context(depth: int, prompt: int, n_ctx: int) -> str:
+    """The estimate's request is longer than a sequence's context. Without --depth it named "--depth 0 +
+    --prompt 4096 tokens" to a user who had given neither (-c 32k read as 32, the default prompt)."""
+    tail = (f"the context of {n_ctx} cells a sequence: llama-server would refuse such a request (the "
+            "estimate is computed anyway")
+    if depth:
+        return f"--depth {depth} + --prompt {prompt} tokens exceed {tail})"
+    return f"the speed estimate's {prompt}-token prompt (--prompt) exceeds {tail}; --prompt N sets another)"
+
+
+def _if_it_fit(lines: list[str], over: list[str]) -> list[str]:
+    """The speed block of a plan with a device over capacity: its first line says the figures are for
+    the plan as if it fit, as the window's speed line does ("if it fit: est. tg ..."). It read
+    "speed estimate (uncalibrated): tg 16.2 t/s" for DeepSeek-V3 354 GiB over one 24 GiB GPU, a plan
+    llama-server does not load, the OVER mark and the warning far from the figure."""
+    if not over or not lines:
+        return lines
+    head, colon, tail = lines[0].partition(": ")
+    return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
+
+
 def _plan(args: argparse.Namespace) -> int:
     from offload_planner.cli_server_args import model_flag_note, print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
@@ -228,9 +249,7 @@ def _plan(args: argparse.Namespace) -> int:
         notes.append(f"{given} unused: the command has no draft model (-md) "
                      "or MTP (--spec-type draft-mtp on a model with NextN layers)")
     if speed is not None and args.depth + args.prompt > speed.n_ctx:
-        notes.append(f"--depth {args.depth} + --prompt {args.prompt} tokens exceed the context of "
-                     f"{speed.n_ctx} cells a sequence: llama-server would refuse such a request "
-                     "(the estimate is computed anyway)")
+        notes.append(_prompt_past_context(args.depth, args.prompt, speed.n_ctx))
     if args.json:
         out = plan_json(projection, warnings=analysis.warnings, errors=[], command=analysis.command,
                         notes=notes, fit=fit.summary)
@@ -242,5 +261,6 @@ def _plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        print("\n".join([table, *(speed_lines(speed) if speed is not None else [])]) + sep + rest)
+        lines = _if_it_fit(speed_lines(speed), over) if speed is not None else []
+        print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK

@@ -168,11 +168,13 @@ def test_the_verify_batch_takes_tb_and_a_draft_pass_t(small_models: dict[str, Pa
 def test_fit_keeps_and_estimates_with_t_and_tb(small_models: dict[str, Path],
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Every candidate keeps the user's ``-t``/``-tb`` and is estimated with them: each candidate's pp
-    is ``-t 16``'s, its tg ``-t 4``'s (the candidates computing on the CPU differ between the two)."""
+    is ``-t 16``'s, its tg ``-t 4``'s (the candidates computing on the CPU differ between the two).
+    ``--no-op-offload`` keeps the prompt's work of the CPU's layers on the CPU: with op offload a
+    micro-batch takes their matrices and their attention to the GPU (core.speed.pp.HostAttention)."""
     def fit(*threads: str) -> dict[str, Any]:
         argv = ["fit", str(small_models["glm4moe"]), "--no-detect",
                 "--device", "CUDA0=40MiB,bw=500GB/s,margin=0B", "--device", CPU16, "--goal", "pp", "--json",
-                "--", "-c", "1024", *threads]
+                "--", "-c", "1024", "--no-op-offload", *threads]
         assert main(argv) == 0
         out: dict[str, Any] = json.loads(capsys.readouterr().out)
         return out

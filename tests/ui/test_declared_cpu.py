@@ -43,3 +43,38 @@ def test_the_windows_declared_cpu_keeps_its_speed_keys(qtbot: QtBot, tmp_path: P
         {k: a.get(k) for k in ("note", "value")} for a in speed["assumptions"]], speed["assumptions"]
     line = win.speed_label.text()
     assert line.startswith(f"est. tg {rate_text(speed['tg_tps'])} t/s"), (line, speed["tg_tps"])
+
+
+def test_a_declared_ram_is_not_called_system_ram(qtbot: QtBot, tmp_path: Path) -> None:
+    """`gui --device CPU=512GiB,...` on a 23.5 GiB machine: the Memory pane named the CPU row "system
+    RAM" beside 512 GiB, read as this machine's memory. A size declared with --device or typed in the
+    Size column is "declared RAM" (undone: "system RAM" again); `plan` builds its devices the same way."""
+    from offload_planner.core.device_figures import DeviceFigures
+    from offload_planner.core.devices import build_device_set
+
+    declared = make_window(qtbot, Settings.at(str(tmp_path / "d.ini")),
+                           SystemInfo.probe([parse_device_decl(d) for d in DEVICES]))
+    try:
+        open_and_wait(qtbot, declared, QWEN)
+        cpu = declared.doc.plan.devices.cpu
+        assert (cpu.description, cpu.total) == ("declared RAM", 512 * 1024**3)
+        projection = declared.doc.analysis.projection  # type: ignore[union-attr]
+        assert projection is not None
+        row = next(DeviceFigures.of(dm) for dm in projection.devices if dm.device.name == "CPU")
+        assert row.description == "declared RAM"  # the Memory pane's label
+    finally:
+        declared.close()
+    plain = make_window(qtbot, Settings.at(str(tmp_path / "p.ini")), SystemInfo.probe([]))
+    try:
+        open_and_wait(qtbot, plain, QWEN)
+        assert plain.doc.plan.devices.cpu.description == "system RAM"
+        plain.doc.set_device_size("CPU", 64 * 1024**3)
+        assert plain.doc.plan.devices.cpu.description == "declared RAM"
+        plain.doc.undo_stack.undo()
+        assert plain.doc.plan.devices.cpu.description == "system RAM"
+    finally:
+        plain.close()
+    system = SystemInfo.probe([]).cpu
+    built = build_device_set(cpu=system, detected=[], rpc_endpoints=[],
+                             declared=[parse_device_decl("CPU=512GiB")])
+    assert built.cpu.description == "declared RAM"

@@ -61,6 +61,43 @@ def test_fastest_refuses_a_plan_over_ram_and_says_by_how_much(
         win.close()
 
 
+def test_nothing_fits_this_machines_ram_says_how_to_set_another(
+    qtbot: QtBot, settings: Settings, demo_path: Path
+) -> None:
+    """`gui --device CUDA0=rtx3090` on the demo (the RAM then this machine's): Fastest plan said only
+    "Nothing fits these devices: CPU (RAM) over by ...", where `fit` adds that the RAM is this
+    machine's and how to declare another's. The window says it too, naming its Size column; once the
+    size is typed there (declared) the message is the search's alone."""
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", cpu_gib=24))
+    try:
+        open_and_wait(qtbot, win, demo_path)
+        messages: list[str] = []
+        win.presets_menu.message.connect(messages.append)
+        assert not win.presets_menu.fastest()
+        assert messages[-1].startswith("Nothing fits these devices: CPU (RAM) over by ")
+        assert messages[-1].endswith(
+            ". The RAM is this machine's (24.0 GiB): to plan for another machine, type its size in the CPU "
+            "row's Size column (or start with --device CPU=512GiB,ram=8xDDR5-4800)")
+        win.doc.set_device_size("CPU", 32 * 1024**3)
+        wait_projected(qtbot, win)
+        assert not win.presets_menu.fastest()
+        assert messages[-1].startswith("Nothing fits these devices: CPU (RAM) over by ")
+        assert "this machine's" not in messages[-1]
+    finally:
+        win.close()
+    declared = make_window(qtbot, settings, system_info("CUDA0=rtx3090", "CPU=32GiB", cpu_gib=24))
+    try:  # `gui --device CPU=32GiB`: another machine's RAM, declared
+        open_and_wait(qtbot, declared, demo_path)
+        said: list[str] = []
+        declared.presets_menu.message.connect(said.append)
+        assert not declared.presets_menu.fastest()
+        assert said[-1].startswith("Nothing fits these devices: CPU (RAM) over by ")
+        assert "> 32.0 GiB" in said[-1]
+        assert "this machine's" not in said[-1]
+    finally:
+        declared.close()
+
+
 def test_fastest_says_nothing_of_overflow_when_all_fits(
     qtbot: QtBot, settings: Settings, demo_path: Path
 ) -> None:

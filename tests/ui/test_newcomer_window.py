@@ -250,6 +250,24 @@ def test_launch_on_the_demo_explains_where_it_can_be_seen_and_a_new_model_clears
     assert not launcher.failures.isVisible() and launcher.explanations == []
 
 
+def test_the_launch_tab_says_a_header_only_model_cannot_be_launched_before_launch(
+    qtbot: QtBot, window: MainWindow, demo_path: Path, small_models: dict[str, Path]
+) -> None:
+    """The Launch tab on the demo warned only that CUDA0 is declared; that the file cannot be launched
+    at all came after pressing Launch. Its note says so instead (nothing launches, so where CUDA0's
+    tensors would go is moot); a complete model gets the declared-GPU warning back."""
+    header_only = ("⚠ This model file is header-only (its tensors' shapes, not their data): llama-server "
+                   "cannot load it; open the complete GGUF to launch it")
+    open_and_wait(qtbot, window, demo_path)
+    _launch_tab(window)
+    note = window.launcher.virtual_note
+    assert note.isVisible() and note.text() == header_only
+    open_and_wait(qtbot, window, small_models["qwen3moe"])
+    assert note.isVisible() and note.text() == (
+        "⚠ CUDA0 is declared, not on this machine: llama-server will not see CUDA0, so what the plan puts "
+        "there goes elsewhere and its figures will not match the projection")
+
+
 def _cpu_only_log(win: MainWindow) -> list[str]:
     """What llama-server logs on a machine without the plan's GPU: every buffer on the CPU."""
     from tests.ui.test_launcher_panel import _buffer_lines

@@ -42,3 +42,22 @@ def test_no_gpu_at_all_and_the_demo(qtbot: QtBot, settings: Settings, demo_path:
     open_and_wait(qtbot, win, demo_path)  # the demo plans for its own declared hardware, and says so
     assert win.devices_panel.notice.text() == DEMO_NOTICE
     win.close()
+
+
+def test_the_demo_notice_says_what_its_speeds_rest_on(qtbot: QtBot, settings: Settings, demo_path: Path,
+                                                      qwen3moe_path: Path) -> None:
+    """On the demo the notice's tooltip was this machine's "No GPU detected: ..." alone: nothing said
+    that the demo's GPU, declared by its size, is priced at default figures, nor how to plan for other
+    devices. It says both, and this machine's detection after them; off the demo it is that alone."""
+    win = make_window(qtbot, settings, system_info())
+    notice = win.devices_panel.notice
+    no_gpu = notice.toolTip()
+    assert no_gpu.startswith("No GPU detected: no NVIDIA driver found")
+    open_and_wait(qtbot, win, demo_path)
+    tip = notice.toolTip()
+    assert "<code>--device CUDA0=24GiB --device CPU=512GiB,ram=8xDDR5-4800</code>" in tip
+    assert "default figures (500 GB/s, 50 TFLOPS)" in tip and "+ Virtual GPU…" in tip
+    assert tip.endswith(f"<p>This machine: {no_gpu}</p>")
+    open_and_wait(qtbot, win, qwen3moe_path)
+    assert notice.toolTip() == no_gpu
+    win.close()

@@ -559,9 +559,13 @@ def core_speed(cpu: CpuInfo) -> tuple[float, str]:
     return cpu.gain * clock, f"{cpu.isa.value if cpu.isa else 'the AVX2 figure'}{at}, {cpu.source}"
 
 
-def efficiencies_for(backend: str) -> Efficiencies:
+def efficiencies_for(backend: str, devices: DeviceSet | None = None) -> Efficiencies:
     """The defaults (the host's work per RPC split scaled to this machine's cores, :func:`core_speed`),
-    with what was measured on this machine with ``backend`` marked calibrated."""
+    with what was measured on this machine with ``backend`` marked calibrated; for ``devices`` whose CPU
+    is another machine (:func:`cpu_elsewhere`: its RAM's speed declared) the defaults alone, as its
+    hardware figures take none of this machine's (a bench here fitted this CPU, its cores and links)."""
+    if devices is not None and cpu_elsewhere(devices):
+        return defaults_for(Dialect(backend))
     entry = _load().get("machines", {}).get(machine_key(), {})
     values = _mapping(entry.get("efficiencies")).get(backend)
     base = for_host(defaults_for(Dialect(backend)), *core_speed(this_cpu()))
@@ -874,7 +878,7 @@ def plan_speed(plan: Plan, parsed: Any = None, *, prompt: int = DEFAULT_PROMPT, 
     ``depth`` tokens of context as well when given."""
     with one_reading():
         hw = machine_hardware(plan, parsed, probe=probe, probe_rpc=probe_rpc)
-        eff = efficiencies_for(plan.dialect)
+        eff = efficiencies_for(plan.dialect, plan.devices)
     placement = placement or plan.placement()
     est = estimate(plan, hw, prompt=prompt, eff=eff, placement=placement, depth=depth)
     est = with_speculation(est, plan, hw, eff, placement=placement, accept=accept)

@@ -407,6 +407,9 @@ def _check_room(total: int | None, free: int | None, margin: int) -> None:
 #: llama.cpp refuses a ``-ts`` of ``llama_max_devices()`` values or more (common/arg.cpp, ``--tensor-split``:
 #: ``split_arg.size() >= llama_max_devices()``), so 16 GPUs made a command llama-server exits on.
 MAX_GPUS = MAX_DEVICES - 1
+#: How the CPU is described once its size is declared (--device CPU=..., the window's Size column):
+#: "system RAM" beside 512 GiB on a 23.5 GiB machine read as this machine's memory.
+DECLARED_RAM = "declared RAM"
 
 
 def parse_device_decls(texts: Sequence[str]) -> list[Device]:
@@ -474,7 +477,8 @@ def build_device_set(
     for d in declared:
         if d.kind is DeviceKind.CPU:
             cpu_out = replace(cpu, total=d.total, free=d.free, margin=d.margin, hardware=d.hardware,
-                              bandwidth_gbs=d.bandwidth_gbs, margin_given=d.margin_given)
+                              bandwidth_gbs=d.bandwidth_gbs, margin_given=d.margin_given,
+                              description=DECLARED_RAM)
             continue
         idx = next((i for i, g in enumerate(gpus) if g.name.lower() == d.name.lower()), None)
         if idx is None:

@@ -16,7 +16,7 @@ from PySide6.QtGui import QUndoCommand, QUndoStack
 from offload_planner.backend import qt_compat
 from offload_planner.core import plan_edits
 from offload_planner.core.analysis import Analysis, quick_analysis
-from offload_planner.core.devices import Device
+from offload_planner.core.devices import DECLARED_RAM, Device
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.draft_moves import (
     DRAFT_PREFIX,
@@ -263,7 +263,7 @@ class PlanDocument(QObject):
             self.push(
                 commands.SetDevice(
                     self, dev.name, f"{dev.name} size {fmt_bytes(total)}", total=total, free=None,
-                    source="declared",
+                    source="declared", **({} if dev.is_gpu else {"description": DECLARED_RAM}),
                 )
             )
 

@@ -321,13 +321,17 @@ class LauncherPanel(QWidget):
     def _update_virtual_note(self) -> None:
         virtual = self.virtual_devices()
         names = ", ".join(virtual)
-        self.virtual_note.setText(
-            f"⚠ {names} {'is' if len(virtual) == 1 else 'are'} declared, not on this machine: llama-server "
-            f"will not see {names}, so what the plan puts there goes elsewhere and its figures will not "
-            "match the projection" if virtual else ""
-        )
+        lines = [f"⚠ {names} {'is' if len(virtual) == 1 else 'are'} declared, not on this machine: "
+                 f"llama-server will not see {names}, so what the plan puts there goes elsewhere and its "
+                 "figures will not match the projection"] if virtual else []
+        if self._plan is not None and self._plan.model.header_only:  # the demo: said before Launch is pressed
+            # in place of the declared-GPU line: nothing launches, and one line keeps two of the table's
+            # rows in view at 1280x800
+            lines = ["⚠ This model file is header-only (its tensors' shapes, not their data): "
+                     "llama-server cannot load it; open the complete GGUF to launch it"]
+        self.virtual_note.setText("\n".join(lines))
         self.virtual_note.setStyleSheet(self._note_css())
-        self.virtual_note.setVisible(bool(virtual))
+        self.virtual_note.setVisible(bool(lines))
 
     @property
     def table_is_stale(self) -> bool:

@@ -3,6 +3,7 @@ centre, MEMORY on the right, Command / Problems / Log / Telemetry tabs at the bo
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,10 +38,10 @@ from PySide6.QtWidgets import (
 from offload_planner.backend.calibration import CalibrationStore
 from offload_planner.backend.system import Detection
 from offload_planner.core.cmdline.dialect import Dialect
-from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+from offload_planner.core.devices import DECLARED_RAM, Device, DeviceKind, DeviceSet
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.model import Model
-from offload_planner.core.new_plan import demo_devices, demo_plan, model_summary, new_plan
+from offload_planner.core.new_plan import DEMO_HARDWARE, demo_devices, demo_plan, model_summary, new_plan
 from offload_planner.core.plan import Plan
 from offload_planner.core.plan_file import (
     SUFFIX,
@@ -96,6 +97,23 @@ HELP_TEXT = (
     "speed and calibrates the estimate for this machine.\n"
     "Every edit can be undone (Ctrl+Z)."
 )
+
+
+def demo_tip(no_gpu: str) -> str:
+    """The demo notice's tooltip: what the demo hardware is, where the speed line's figures come from,
+    how to plan for other devices, and (``no_gpu``) what this machine has.  The notice's tooltip was
+    this machine's "No GPU detected: ..." alone (none where a GPU was detected): nothing said that the
+    demo's GPU, named by its size only, is priced at default figures."""
+    from offload_planner.core.speed.hardware import DEFAULT_GPU_BW, DEFAULT_GPU_TFLOPS
+
+    flags = " ".join(f"--device {d}" for d in DEMO_HARDWARE)
+    return (f"<p>The demo opens on declared hardware, not this machine's: <code>{flags}</code>. The GPU "
+            "names no card, so the speed line under Memory prices it at default figures "
+            f"({DEFAULT_GPU_BW:g} GB/s, {DEFAULT_GPU_TFLOPS:g} TFLOPS); the RAM's speed is the declared "
+            "one. Plan for other devices with + Virtual GPU… and the Size column, or start with "
+            "<code>offload-planner gui --device CUDA0=rtx3090 --device CPU=128GiB</code>; your own model "
+            "opens on this machine's devices.</p>"
+            + (f"<p>This machine: {html.escape(no_gpu)}</p>" if no_gpu else ""))
 
 
 def demo_notice(devices: DeviceSet) -> str:
@@ -176,6 +194,7 @@ class MainWindow(QMainWindow):
         self.allow_remote_plans = False  # fetch a plan file's URL model without asking (--allow-remote)
         self.on_demo_hardware = False  # the plan's devices are DEMO_HARDWARE, not this machine's
         self._gpu_notice = ""
+        self._gpu_tip = ""  # the notice's tooltip off the demo: why no GPU was detected ("" when one was)
         self._no_gpu_why = ""  # why no GPU was detected ("" when one was)
         self._load_t0 = 0.0
         self.doc = PlanDocument(self)
@@ -193,6 +212,7 @@ class MainWindow(QMainWindow):
             msg = f"No GPU detected: {why}. Add a virtual GPU to plan for one."
             self._no_gpu_why = why.split(" (", 1)[0]
             self._gpu_notice = no_gpu_notice(self._no_gpu_why, self.initial_devices())
+            self._gpu_tip = msg
             self.devices_panel.notice.setToolTip(msg)
             self.devices_panel.show_notice(self._gpu_notice)
             self.log(msg)
@@ -252,6 +272,8 @@ class MainWindow(QMainWindow):
         # the whole of a message the window's width cuts, while it is shown
         self.statusBar().messageChanged.connect(self._status_tooltip)
         self.presets_menu = PresetsMenu(doc, self)
+        if not any(d.kind is DeviceKind.CPU for d in self.system.declared):  # the RAM is this machine's
+            self.presets_menu.machine_ram = self.system.cpu.total
 
     def _build_actions(self) -> None:
         self.act_open = QAction("Open…", self)
@@ -507,7 +529,7 @@ class MainWindow(QMainWindow):
         cpu = replace(self.system.cpu, margin=s.margin_of(self.system.cpu.name))
         size = int(s.get(keys.CPU_SIZE))
         if size:
-            cpu = replace(cpu, total=size, free=None)
+            cpu = replace(cpu, total=size, free=None, description=DECLARED_RAM)
         # the window's margins are set (its settings' default included): 0 there is no margin
         gpus = [replace(g, margin=s.margin_of(g.name), margin_given=True)
                 for g in self.system.detection.gpus]
@@ -515,7 +537,7 @@ class MainWindow(QMainWindow):
             if d.kind.value == "CPU":  # its speed keys too (ram=, bw=, threads=): they were dropped, and
                 # the window estimated on this machine's RAM probe what plan estimated on the declared RAM
                 cpu = replace(cpu, total=d.total, free=d.free, hardware=d.hardware,
-                              bandwidth_gbs=d.bandwidth_gbs,
+                              bandwidth_gbs=d.bandwidth_gbs, description=DECLARED_RAM,
                               margin=d.margin if d.margin_given else cpu.margin)
                 continue
             gpus = [g for g in gpus if g.name.lower() != d.name.lower()]
@@ -664,6 +686,7 @@ class MainWindow(QMainWindow):
 
     def _set_demo_hardware(self, on: bool) -> None:
         self.on_demo_hardware = on
+        self.devices_panel.notice.setToolTip(demo_tip(self._gpu_tip) if on else self._gpu_tip)
         self.devices_panel.show_notice(DEMO_NOTICE if on else self._gpu_notice)
 
     def _update_demo_notice(self) -> None:

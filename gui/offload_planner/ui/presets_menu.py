@@ -76,6 +76,8 @@ class PresetsMenu(QMenu):
         self._doc = doc
         self.allow_kv_quant = False  # the Fastest plan may make an f16 KV cache q8_0
         self.allow_nkvo = False  # the Fastest plan may keep the KV cache in RAM (-nkvo)
+        #: this machine's RAM when the window plans on it (None: the CPU was declared with --device)
+        self.machine_ram: int | None = None
         self.setToolTipsVisible(True)  # a QMenu hides its actions' tooltips unless told
         self.aboutToShow.connect(self._build)
         self._build()
@@ -242,7 +244,8 @@ class PresetsMenu(QMenu):
             QApplication.restoreOverrideCursor()
         found = result.best
         if found is None:
-            self.message.emit("Nothing fits these devices" + (f": {result.why}" if result.why else ""))
+            self.message.emit("Nothing fits these devices" + (f": {result.why}" if result.why else "")
+                              + _ram_hint(self._doc.plan, result.why, self.machine_ram))
             return False
         best = found.plan
         held = _held_by_rules(best)
@@ -364,6 +367,20 @@ def _top_layers_text(before: Plan, after: Plan) -> str:
             "whose mapped file span then holds only its tensors")
 
 
+def _ram_hint(plan: Plan, why: str, machine_ram: int | None) -> str:
+    """Where the RAM is over and it is this machine's (``machine_ram``: not declared with --device, nor
+    typed in the Size column): `gui --device CUDA0=rtx3090` on the demo was told "Nothing fits these
+    devices: CPU (RAM) over by 337.1 GiB (... > 23.5 GiB)" and not that the RAM can be set, as `fit`
+    says (cli_fit.ram_hint)."""
+    cpu = plan.devices.cpu
+    if "CPU (RAM) over" not in why or cpu.source == "declared" or cpu.total is None:
+        return ""
+    if machine_ram is None or cpu.total != machine_ram:
+        return ""
+    return (f". The RAM is this machine's ({cpu.total / 1024**3:.1f} GiB): to plan for another machine, type "
+            "its size in the CPU row's Size column (or start with --device CPU=512GiB,ram=8xDDR5-4800)")
+
+
 def _held_by_rules(plan: Plan) -> str:
     """What the search left alone because the command's own ``-ot`` rules place it ("" if nothing):
     the search keeps every rule of the user's, so ``-ot exps=CPU`` keeps the experts on the CPU
@@ -426,6 +443,6 @@ def fastest_plan(plan: Plan, goal: str = "balanced", *, allow_kv_quant: bool = F
 
     # the figures the window's own estimate uses (-t, -tb, the cores, cached RPC links, local CPU backends)
     hw = machine_hardware(plan, probe=False)
-    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect),
+    result = fastest_from_plan(plan, hw, goal=goal, eff=efficiencies_for(plan.dialect, plan.devices),
                                allow_kv_quant=allow_kv_quant, allow_nkvo=allow_nkvo)
     return result

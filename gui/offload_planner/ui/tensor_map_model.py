@@ -163,7 +163,7 @@ def move_tg(plan: Plan, names: Sequence[str]) -> dict[str, tuple[float, float]]:
     if not names:
         return {}
     hw = machine_hardware(plan, probe=False)
-    return move_preview.move_tg(plan, names, hw, efficiencies_for(plan.dialect))
+    return move_preview.move_tg(plan, names, hw, efficiencies_for(plan.dialect, plan.devices))
 
 
 def _spec_note(plan: Plan) -> str:

@@ -157,7 +157,8 @@ class UbatchPlot(QWidget):
         def run() -> None:
             try:
                 hw = machine_hardware(plan, probe=False)
-                points, error = ubatch_tradeoff(plan, hw, eff=efficiencies_for(plan.dialect)), ""
+                eff = efficiencies_for(plan.dialect, plan.devices)
+                points, error = ubatch_tradeoff(plan, hw, eff=eff), ""
             except Exception as e:  # the plot is a view: a core error becomes a message
                 points, error = None, f"{type(e).__name__}: {e}"
             with contextlib.suppress(RuntimeError):  # the window closed while the sweep ran

@@ -31,6 +31,10 @@ def _nv(key: str, name: str, vram: float, bw: float, pcie: tuple[int, int], tf: 
 
 
 CARDS: tuple[Card, ...] = (
+    # GeForce GTX 16 (Turing without tensor cores)
+    _nv("gtx1660super", "NVIDIA GeForce GTX 1660 SUPER", 6, 336, (3, 16), None,
+        "guru3d GTX 1660 SUPER review, GPU specifications (TU116, 14 Gbps GDDR6 on a 192-bit bus: 336 GB/s); "
+        "TechPowerUp GTX 1660 review (TU116: PCI-Express 3.0 x16, no tensor cores: no tensor TFLOPS)"),
     # GeForce RTX 20 (Turing)
     _nv("rtx2080ti", "NVIDIA GeForce RTX 2080 Ti", 11, 616, (3, 16), 107.6,
         "NVIDIA Turing GPU architecture whitepaper (GeForce RTX 2080 Ti, reference clocks)"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from offload_planner.core.compute import OP_OFFLOAD_MIN_BATCH, model_gpus
+from offload_planner.core.compute.scheduler import CUDA_LIKE
 from offload_planner.core.ik_repack import interleaved_off_gpu, repacked_off_gpu
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.placement import CPU, Placed, Placement
@@ -256,10 +257,74 @@ def cpu_attention_cost(plan: Plan, eff: Efficiencies) -> float:
     return max(1.0, eff.cpu_compute.value / eff.cpu_attention.value)
 
 
+@dataclass(frozen=True)
+class HostAttention:
+    """The CPU layers whose attention an op-offloaded micro-batch runs on the op-offload GPU: their output
+    projection ``wo`` (a host weight) goes to that GPU in the scheduler's pass 1 (``1.off``: the batch is at
+    least the offload batch), the attention op has no weight of its own and is left unassigned there
+    (flash attention skips the weights rule, the non-flash ``KQ`` multiplies the cache's views, not weights),
+    and "expand gpu up" from ``wo`` gives it the GPU (ggml-backend.cpp ``ggml_backend_sched_split_graph``,
+    pass 2; the K/V stores stay on the CPU, ``1.vsrc``).  The host cache's K/V views become split inputs,
+    copied every micro-batch from the plain CPU buffer the cache of a CPU layer takes (llama-kv-cache.cpp:
+    ``ggml_backend_cpu_buffer_type()`` unless the layer is offloaded).  Below the offload batch the layer's
+    ops stay on the CPU (a generated token's too).  -nkvo without flash attention pins the attention output
+    to the CPU (``build_attn_mha``), and ik_llama.cpp's scheduler and graph callback have the same pass and
+    pins.  With flash attention the GPU must take the cache's type: CUDA's (and ROCm's, the same
+    fattn.cu) ``ggml_cuda_fattn_kv_type_supported`` takes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0;
+    another type leaves the op unsupported there, and the scheduler keeps it on the CPU (pass 2 sets a
+    backend only ``if supported``).  Other GPU backends' support is not checked: their CPU layers keep
+    the CPU's attention.  ``layers``: such layers by sliding window; ``kv_share``: their share of the
+    CPU's KV bytes."""
+
+    layers: dict[bool, int]
+    kv_share: float
+    threshold: int
+
+
+#: The cache types CUDA's flash attention takes (ggml-cuda/fattn.cu ``ggml_cuda_fattn_kv_type_supported``)
+CUDA_FA_KV_TYPES = frozenset({"f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0"})
+
+
+def _gpu_takes_attention(plan: Plan, gpu: str) -> bool:
+    """Whether the op-offload GPU supports the attention op of this plan (:class:`HostAttention`)."""
+    dev = plan.devices.by_name(gpu)
+    if dev is None or dev.kind not in CUDA_LIKE:
+        return False
+    ctx = plan.context
+    return not ctx.flash_attn or (ctx.type_k in CUDA_FA_KV_TYPES and ctx.type_v in CUDA_FA_KV_TYPES)
+
+
+def host_attention(plan: Plan, placement: Placement, refused: frozenset[str],
+                   offload_to: tuple[str | None, int | None]) -> HostAttention | None:
+    """The CPU layers whose prompt attention follows op offload to the GPU (:class:`HostAttention`), None
+    without an op-offload GPU.  A layer whose attention weights the GPU refuses (ik's row-interleaved
+    types, :func:`refused_by_gpu`) keeps its attention on the CPU."""
+    gpu, threshold = offload_to
+    if gpu is None or threshold is None or not _gpu_takes_attention(plan, gpu):
+        return None
+    if not plan.context.offload_kqv and not nkvo_attention_on_gpu(plan):
+        return None
+    s = plan.model.summary
+    trunk = s.n_layer - s.n_nextn
+    kept = {it.tensor.layer for it in placement.items
+            if it.tensor.name in refused and it.tensor.role is Role.ATTENTION}
+    layers: dict[bool, int] = defaultdict(int)
+    on_cpu = 0
+    for il in range(trunk):
+        if placement.layer_device(il) != CPU:
+            continue
+        on_cpu += 1
+        if il not in kept:
+            layers[s.swa_layers[il]] += 1
+    moved = sum(layers.values())
+    return HostAttention(dict(layers), moved / on_cpu, threshold) if moved else None
+
+
 def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[int], _Weighed],
                 attn_layers: dict[tuple[str, bool], int], u: int, start: int, splits: Callable[[int], float],
                 gpu: str | None, kv_cell: dict[str, float], swa_cells: float = math.inf,
-                flash_attn: bool = True, rates: dict[str, tuple[float, float]] | None = None) -> _PPParts:
+                flash_attn: bool = True, rates: dict[str, tuple[float, float]] | None = None,
+                host_attn: HostAttention | None = None) -> _PPParts:
     """Seconds of one micro-batch of ``u`` tokens after ``start`` tokens in the cache (``kv_cell``:
     KV bytes per cell per device; the micro-batch's attention reads its ``start + u`` cells;
     ``attn_layers``: layers by device and sliding window, whose queries attend at most the
@@ -269,7 +334,8 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
     mul_mat(k, q)`` and ``KQV`` run over every cell of the cache's view, the mask applied after them
     (llama-graph.cpp ``build_attn_mha``: ``ggml_soft_max_ext(kq, kq_mask, ...)``);
     ``gpu``: the op-offload GPU; ``rates``: each device's effective GB/s and FLOP/s, kept across a
-    prompt's micro-batches)."""
+    prompt's micro-batches; ``host_attn``: the CPU layers whose attention an offloaded micro-batch runs on
+    ``gpu``, their K/V views copied to it, :class:`HostAttention`)."""
     s = plan.model.summary
     rates = {} if rates is None else rates
     weights_flops, weights_reads, transfer = weighed(u)
@@ -279,6 +345,13 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
     per_cell = 2.0 * heads * (s.head_dim_k + s.head_dim_v) * u  # the micro-batch against one cell
     attn: dict[str, float] = defaultdict(float)
     seen = start + (u / 2 if flash_attn else u)  # a query attends the mean of start + u / 2 cells
+    moved_kv = 0.0
+    if host_attn is not None and gpu is not None and u >= host_attn.threshold:
+        attn_layers = dict(attn_layers)
+        for swa, n in host_attn.layers.items():
+            attn_layers[(CPU, swa)] -= n
+            attn_layers[(gpu, swa)] = attn_layers.get((gpu, swa), 0) + n
+        moved_kv = kv_cell.get(CPU, 0.0) * host_attn.kv_share * (start + u)
     for (dev, swa), n in attn_layers.items():
         attn[dev] += per_cell * (min(seen, swa_cells) if swa else seen) * n
     per_query = cpu_attention_cost(plan, eff)
@@ -288,6 +361,11 @@ def _microbatch(plan: Plan, hw: Hardware, eff: Efficiencies, weighed: Callable[[
         flops[dev] += attn[dev]
     for dev, per_cell in kv_cell.items():
         reads[dev] += per_cell * (start + u)
+    if moved_kv:  # the host cache's views read by the GPU's attention, copied from pageable memory
+        assert gpu is not None
+        reads[CPU] -= moved_kv
+        reads[gpu] += moved_kv
+        transfer += moved_kv / eff.pageable_copy.value
     device_s: dict[str, float] = {}
     attn_s: dict[str, float] = {}
     reads_s: dict[str, float] = {}
@@ -321,14 +399,16 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     ``graph_compute(..., ubatch.n_tokens > 1)``), one of a single token with ``-t``'s."""
     pairs = token_split_pairs(plan, placement) if pairs is None else pairs
     s = plan.model.summary
-    work = _work(placement, plan.dialect, refused_by_gpu(plan, placement), eff, cpu_isa_gain(hw),
-                 s.n_layer - s.n_nextn - 1, cpu_isa(hw))
+    refused = refused_by_gpu(plan, placement)
+    work = _work(placement, plan.dialect, refused, eff, cpu_isa_gain(hw), s.n_layer - s.n_nextn - 1,
+                 cpu_isa(hw))
     attn_layers: dict[tuple[str, bool], int] = defaultdict(int)
     on_gpu = nkvo_attention_on_gpu(plan)
     for il in range(s.n_layer - s.n_nextn):
         kv_dev = placement.layer_device(il) if plan.context.offload_kqv or on_gpu else CPU
         attn_layers[(kv_dev, s.swa_layers[il])] += 1
     offload_to = _offload_gpu(plan, placement)
+    host_attn = host_attention(plan, placement, refused, offload_to)
     # a sliding-window layer's cache: a ring of swa_cells (n_swa x sequences + -ub, padded)
     swa_cells = resolve_context(plan.context, s.n_ctx_train, s.n_swa).swa_cells if s.has_swa else math.inf
     host_kv = host_kv_layers(plan, placement)
@@ -341,7 +421,7 @@ def pp_time(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencies, p
     while start < depth + prompt:
         u = min(n_ubatch, depth + prompt - start)
         mb = _microbatch(plan, hw.for_tokens(u), eff, weighed, attn_layers, u, start, splits, offload_to[0],
-                         kv_cell or {}, swa_cells, plan.context.flash_attn, rates[u > 1])
+                         kv_cell or {}, swa_cells, plan.context.flash_attn, rates[u > 1], host_attn)
         for k, v in mb.device_s.items():
             total.device_s[k] += v
         for k, v in mb.attn_s.items():

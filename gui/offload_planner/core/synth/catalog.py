@@ -393,6 +393,76 @@ BIG_MODELS: dict[str, ModelSpec] = {
         tokenizer=_bpe(128256, "llama-bpe", 280147, n_special=256),
         quant=Q4_K_M_70B,
     ),
+    # meta-llama/Llama-3.2-3B config.json: hidden_size 3072, 28 layers, 24 heads / 8 KV heads,
+    # intermediate_size 8192, vocab 128256, tie_word_embeddings true, rope_theta 500000 with llama3
+    # rope scaling (rope_freqs), rms_norm_eps 1e-5, max_position_embeddings 131072; llama.cpp names its
+    # 28-layer llama "3B" (src/models/llama.cpp: "case 28: type = LLM_TYPE_3B; break; // Llama 3.2 3B")
+    "Llama-3.2-3B-Q4_K_M": ModelSpec(
+        name="Llama 3.2 3B",
+        arch="llama",
+        n_layer=28,
+        n_embd=3072,
+        n_head=24,
+        n_head_kv=8,
+        n_rot=128,
+        n_ff=8192,
+        n_ctx_train=131072,
+        rope_freq_base=500000.0,
+        rope_freqs=True,
+        rms_eps=1e-5,
+        tied_embeddings=True,
+        tokenizer=_bpe(128256, "llama-bpe", 280147, n_special=256),
+        quant=Q4_K_M,
+    ),
+    # mistral-community/Mixtral-8x22B-v0.1 config.json (WizardLM-2-8x22B is a fine-tune of it): hidden_size
+    # 6144, 56 layers, 48 heads / 8 KV heads, 8 local experts / 2 per token of intermediate_size 16384,
+    # vocab 32000, rope_theta 1e6, rms_norm_eps 1e-5, max_position_embeddings 65536, untied.  llama.cpp
+    # converts Mixtral to arch llama, the experts sized by feed_forward_length (src/models/llama.cpp:
+    # ffn_gate_exps {n_embd, n_ff, n_expert})
+    "Mixtral-8x22B-Q4_K_M": ModelSpec(
+        name="Mixtral 8x22B",
+        arch="llama",
+        n_layer=56,
+        n_embd=6144,
+        n_head=48,
+        n_head_kv=8,
+        n_rot=128,
+        n_ff=16384,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=16384,
+        n_ctx_train=65536,
+        rope_freq_base=1000000.0,
+        rms_eps=1e-5,
+        tokenizer=TokenizerSpec(TokenizerKind.SPM, 32000, n_special=3),
+        quant=Q4_K_M,
+    ),
+    # deepseek-ai/DeepSeek-V2-Lite config.json: hidden_size 2048, 27 layers (first_k_dense_replace 1),
+    # 16 heads, intermediate_size 10944, 64 routed experts / 6 per token / 2 shared of
+    # moe_intermediate_size 1408, q_lora_rank null, kv_lora_rank 512, qk_nope 128 + qk_rope 64, v_head 128,
+    # vocab 102400, softmax gating, routed_scaling_factor 1.0; GGUF keys as llama.cpp issue 7652 prints them
+    # ("deepseek2.expert_feed_forward_length u32 = 1408", "expert_count u32 = 64", "expert_shared_count
+    # u32 = 2", "expert_weights_scale f32 = 1.000000", "rope.scaling.factor f32 = 40.000000",
+    # "yarn_log_multiplier f32 = 0.070700").  MLA written as the current convert does (the V3 entry's
+    # layout: split attn_k_b/attn_v_b, one 576-wide KV head).  The merges and control-token counts are not
+    # from a source (they size only the header)
+    "DeepSeek-V2-Lite-Q4_K_M": replace(
+        _DEEPSEEK_V3,
+        name="DeepSeek V2 Lite",
+        n_layer=27,
+        n_embd=2048,
+        n_head=16,
+        n_ff=10944,
+        n_expert=64,
+        n_expert_used=6,
+        n_expert_shared=2,
+        n_ff_exp=1408,
+        n_layer_dense_lead=1,
+        q_lora_rank=0,
+        rope_scaling=RopeScaling("yarn", 40.0, 4096, 0.0707),
+        tokenizer=_bpe(102400, "deepseek-llm", 99757, n_special=15),
+        extra_kv={"expert_weights_scale": 1.0, "expert_gating_func": 1},
+    ),
 }
 
 # Complete models for speed measurements (bench/speed_measured.py): large enough (over 2 GB) that
