@@ -24,7 +24,7 @@ from offload_planner.core.dialects import LLAMA_CPP, LLAMA_CPP_2025
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
 from offload_planner.core.speed.calibrate import calibrate
-from offload_planner.core.speed.cpu_batch import gemm_columns
+from offload_planner.core.speed.cpu_batch import gemm_columns, narrow_columns
 from offload_planner.core.speed.cpu_isa import CpuInfo, Isa
 from offload_planner.core.speed.efficiency import DEFAULT, calibrated, for_host
 from offload_planner.core.speed.estimate import estimate
@@ -48,6 +48,10 @@ def test_columns_through_a_gemm_follow_ggml_cpu() -> None:
     assert cols("q4_K", True, vnni, [1, 3, 4, 8, 15, 16, 20]) == [
         (0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (16, 16), (16, 16)]
     assert cols("q4_K", True, avx2, [3, 4, 7, 8]) == [(0, 0), (4, 4), (4, 4), (8, 8)]
+    # ... those left over in groups of 4 go through its narrower loop, the rest through gemv
+    narrow = [narrow_columns("q4_K", LLAMA_CPP, True, vnni, b) for b in (3, 4, 7, 8, 16, 21)]
+    assert narrow == [0, 4, 4, 8, 0, 4]
+    assert narrow_columns("q4_K", LLAMA_CPP, True, avx2, 8) == 0  # AVX2: the 4-column loop is the GEMM
     # Q6_K in a plain buffer: vec_dot per column until the tiled matmul takes 8 rows (in whole 16x16
     # microtiles); not in the 2025 builds, nor where the instruction set is not known
     assert cols("q6_K", False, vnni, [1, 7, 8, 16, 17]) == [(0, 0), (0, 0), (8, 16), (16, 16), (17, 32)]

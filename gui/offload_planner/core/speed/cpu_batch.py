@@ -26,9 +26,11 @@ plain token's do); what differs with ``b`` is the kernel each product goes throu
 
 Measured on this project's 2-vCPU AVX-512 EPYC with the real llama-server (``bench/speed_slots.py``,
 bench-llama-2g, Q4_K_M: its Q4_K repacked, its Q6_K through vec_dot below 8 columns and tiled from 8;
-tests/data/speed/cpu_batch_measured.json): N requests at once over one request generated 1.02x at
-N = 2, 1.24x at 4 and 1.03x at 8 tokens per CPU second; pricing the groups of 4 at the prompt's rate
-said 1.35x and 1.75x at 4 and 8, this 1.00x and 1.13x (calibrated to the run's one request).
+tests/data/speed/cpu_batch_measured.json): N requests at once over one request generated 1.02-1.07x
+at N = 2, 1.19-1.24x at 4, 1.03-1.05x at 8 and 1.76x at 16 tokens per CPU second; this prices them
+(calibrated to the run's one request) at 1.00x, 1.11x, 0.94-0.95x and 1.43x.  Two figures of that
+machine's kernels (perf, :data:`NARROW_GEMM_GAIN`, :data:`TILED_UNPACK_COLUMNS`) price the repacked
+GEMM's 4-column loop and the tiled matmul's unpacking of every weight once a pass.
 
 ik_llama.cpp's own kernels (``fast_cpu_kernels``) are not read here: a batch of more than one token
 costs its FLOPs at its prompt compute, as before.  A GPU's pass is not priced here.
@@ -65,6 +67,23 @@ REPACK_GEMM_GROUP = 4
 GEMM_TILE = 16
 #: llamafile's tinyBLAS takes a product from this many columns (sgemm.cpp ``llamafile_sgemm``, x86)
 TINYBLAS_MIN_COLUMNS = 2
+
+#: The repacked GEMM's 4-column loop (the AVX-512 GEMM's columns outside its 16-column groups) against
+#: the one-token ``gemv``, per column: perf's on-CPU time on this project's machine (2-vCPU AMD EPYC,
+#: Zen 4, pinned build, bench-llama-2g at -t 1 in llama-server): ``ggml_gemv_q4_K_8x8_q8_K`` 79.6 ms a
+#: token for 48 tokens one at a time, ``ggml_gemm_q4_K_8x8_q8_K`` 69 ms a column for 4 requests at once
+#: (192 columns, less their 32-token prompt): 1.15.  One CPU's figure (the AVX-512 tier's): on AVX2
+#: the 4-column loop is the GEMM's main one, priced at the prompt's rate.
+NARROW_GEMM_GAIN = 1.15
+
+#: The tiled matmul unpacks and repacks each weight into its tile format once a pass, whatever the
+#: columns (tiled.cpp ``tiled_unpack_src0`` and ``tiled_repack_src0`` in the narrow path's loop over
+#: 16-row weight groups): priced as this many one-token columns of the weight.  perf's on-CPU time on
+#: this project's machine (as :data:`NARROW_GEMM_GAIN`), 8 requests at once (48 passes of 8 tokens
+#: through the tiled Q6_K): ``tiled_unpack_src0`` + ``tiled_repack_src0`` 22.1% of 45.16 s, about 208 ms a
+#: pass, where ``ggml_vec_dot_q6_K_q8_K`` took 21.6 ms a token one at a time: 9.6 columns' worth.  A
+#: prompt's micro-batch of hundreds of tokens spreads it thin (not counted there).
+TILED_UNPACK_COLUMNS = 9.6
 
 #: the instruction sets whose repacked GEMM runs 16 columns at a time (AVX-512 BW+DQ)
 WIDE_GEMM_ISAS = frozenset({Isa.AVX512, Isa.AVX512_VNNI, Isa.AMX})
@@ -106,6 +125,19 @@ def gemm_columns(type_name: str, dialect: Dialect, repacked: bool, isa: Isa | No
     return 0.0, 0.0
 
 
+def narrow_columns(type_name: str, dialect: Dialect, repacked: bool, isa: Isa | None, b: float,
+                   routed: bool = False) -> float:
+    """How many of the columns :func:`gemm_columns` leaves to one-column kernels go through the
+    repacked AVX-512 GEMM's narrower 4-column loop instead (priced at the one-token kernel's rate times
+    :data:`NARROW_GEMM_GAIN`)."""
+    if routed or not dialect.cpu_gemm or not repacked or type_name not in CPU_REPACK_GEMM_TYPES:
+        return 0.0
+    if isa not in WIDE_GEMM_ISAS:
+        return 0.0
+    left = b % GEMM_TILE
+    return left - left % REPACK_GEMM_GROUP
+
+
 def one_column_seconds(dev: DeviceSpeed, eff: Efficiencies) -> float | None:
     """Seconds a byte of weights takes through a one-token kernel on ``dev``'s threads (None when its
     threads are not known: then no thread rate bounds a plain token either, and such a column costs
@@ -137,9 +169,14 @@ def products_seconds(w: CpuWeights, dev: DeviceSpeed, eff: Efficiencies, dialect
         if gemm:
             cost = cpu_pp_cost(type_name, dialect, dev.isa_gain, routed, repacked, dev.isa, rows=rows)
             total += 2.0 * elements * work * cost / tflops
+            if not fast and per_byte is not None and tiled_cost(type_name, dialect, dev.isa, 1.0,
+                                                               repacked) is not None:
+                total += nbytes * (hit if routed else 1.0) * TILED_UNPACK_COLUMNS * per_byte
         one = cols - gemm
         if one > 0:
             slow = cpu_cost(type_name, dialect, dev.isa_gain)
+            narrow = 0.0 if fast else narrow_columns(type_name, dialect, repacked, dev.isa, cols, routed)
+            one -= narrow * (1.0 - 1.0 / NARROW_GEMM_GAIN)
             t = nbytes * one * per_byte if per_byte is not None else 2.0 * elements * one / tflops
             if slow > 1.0:  # the lattice i-quants' vec_dot: their FLOPs, as a plain token's (tg.token_extras)
                 t = max(t, 2.0 * elements * one * slow / tflops)
