@@ -9,7 +9,11 @@ batch) sets them; the estimate is given the same rate with ``--spec-accept``.  P
 measured and estimated, and the speed-up over the plain run measured and estimated (the ratio of
 ratios is what the step model, not the machine's bandwidth, decides).
 
-    python bench/speed_speculative.py [--threads N] [--gen 64] [--accepts 0,0.5,0.8,1]
+With ``--cpu-time`` (meant for ``--threads 1`` on a machine other jobs keep busy) tg is the tokens of
+one more request per second of the server's CPU time: its one compute thread's work, whatever share of
+a core it got (``bench/speed_slots.py``).
+
+    python bench/speed_speculative.py [--threads N] [--gen 64] [--accepts 0,0.5,0.8,1] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -25,13 +29,19 @@ from pathlib import Path
 
 from offload_planner.backend.launch import find_server_executable
 from offload_planner.backend.server_bench import measure
-from offload_planner.backend.speed_store import measure_ram_bandwidth, thread_use
+from offload_planner.backend.speed_store import (
+    core_speed,
+    local_thread_bandwidth,
+    measure_ram,
+    this_cpu,
+    thread_use,
+)
 from offload_planner.backend.system import cpu_device
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import build_device_set
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import plan_from_args
-from offload_planner.core.speed.efficiency import DEFAULT
+from offload_planner.core.speed.efficiency import DEFAULT, for_host
 from offload_planner.core.speed.estimate import estimate
 from offload_planner.core.speed.hardware import Figure, Source, hardware_for
 from offload_planner.core.speed.speculation import with_speculation
@@ -39,6 +49,7 @@ from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.synth.catalog import BENCH_MODELS
 from offload_planner.core.synth.random_fill import fill_random
 from speed_measured import free_port, process, wait_http
+from speed_slots import all_at_once, server_pid
 
 #: GLM-4.5 layout (leading dense layer, shared expert, 16 experts / 4 used) at bench size, with the
 #: NextN block llama-server runs as the MTP draft.
@@ -72,16 +83,25 @@ def run(server: Path, model: Path, args: list[str], ns: argparse.Namespace) -> t
         url = f"http://127.0.0.1:{port}"
         wait_http(url, proc, ns.timeout)
         got = measure(url, n_vocab=SPEC.tokenizer.n_vocab, prompt_tokens=ns.prompt, gen_tokens=ns.gen)
+        if ns.cpu_time:  # one more request (warm now): its tokens per second of the server's CPU time
+            return all_at_once(url, 1, 0, ns.gen, SPEC.tokenizer.n_vocab, server_pid(proc.pid))[1], got.pp_tps
     return got.tg_tps, got.pp_tps
 
 
-def estimated(model: Path, args: list[str], ram: float, threads: int, accept: float | None) -> float:
+def estimated(model: Path, args: list[str], ram: float, threads: int, accept: float | None,
+              one: float | None = None) -> float:
+    """The estimate's tg with this machine's figures: the RAM probe and its one-thread copy (``one``)
+    measured in this run, this CPU's instruction set (as ``speed_measured.py`` estimates)."""
+    cpu = this_cpu()
     devices = build_device_set(cpu=cpu_device(), detected=[], rpc_endpoints=[], declared=[])
     plan = plan_from_args(open_model(model), devices, parse_server_args(args), "llama.cpp")
     probe = Figure(ram, "GB/s", Source.MEASURED, "RAM probe in this run")
-    hw = hardware_for(devices, threads=threads, probe=probe, cores=thread_use(devices, threads))
-    est = estimate(plan, hw, eff=DEFAULT)
-    return with_speculation(est, plan, hw, DEFAULT, accept=accept).tg_tps
+    one_f = None if one is None else Figure(one, "GB/s", Source.MEASURED, "one thread's copy in this run")
+    hw = hardware_for(devices, threads=threads, probe=probe, cores=thread_use(devices, threads), cpu=cpu,
+                      thread_bw=local_thread_bandwidth(devices, one_f))
+    eff = for_host(DEFAULT, *core_speed(cpu))
+    est = estimate(plan, hw, eff=eff)
+    return with_speculation(est, plan, hw, eff, accept=accept).tg_tps
 
 
 def main() -> int:
@@ -94,6 +114,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/offload-bench"))
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="tg as tokens per second of the server's CPU time (-t 1 on a busy machine)")
     ns = ap.parse_args()
     ns.workdir.mkdir(parents=True, exist_ok=True)
     found = find_server_executable(None)
@@ -103,11 +125,13 @@ def main() -> int:
     server = Path(found.path)
     model = model_file(ns.workdir)
     base = ["-c", "1024", "-t", str(ns.threads), "-lm", "none", "-fit", "off", "-np", "1", "-ngl", "0"]
-    ram = measure_ram_bandwidth()
+    probe = measure_ram()
+    ram, one = probe.gbs, probe.thread_gbs
     plain_meas, _ = run(server, model, base, ns)
-    plain_est = estimated(model, base, ram, ns.threads, None)
+    plain_est = estimated(model, base, ram, ns.threads, None, one)
     rows = [{"accept": None, "tg_meas": plain_meas, "tg_est": plain_est, "load": os.getloadavg()[0]}]
-    print(f"# RAM probe {ram:.1f} GB/s; -t {ns.threads}; load {os.getloadavg()[0]:.1f}")
+    print(f"# RAM probe {ram:.1f} GB/s, one thread {one or 0:.1f} GB/s; -t {ns.threads}; "
+          f"load {os.getloadavg()[0]:.1f}")
     print(f"{'run':22s} {'tg meas':>8s} {'tg est':>8s} {'est/meas':>8s} {'speed-up meas':>13s} "
           f"{'speed-up est':>12s} {'est/meas':>8s}  load")
     print(f"{'no speculation':22s} {plain_meas:8.2f} {plain_est:8.2f} {plain_est / plain_meas:8.2f}")
@@ -115,11 +139,12 @@ def main() -> int:
         args = [*base, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(ns.n_max),
                 "--spec-synth-rates", rates(a, ns.n_max)]
         with contextlib.suppress(Exception):
-            ram = measure_ram_bandwidth()
+            probe = measure_ram()
+            ram, one = probe.gbs, probe.thread_gbs
         meas, _ = run(server, model, args, ns)
-        est = estimated(model, args, ram, ns.threads, a)
+        est = estimated(model, args, ram, ns.threads, a, one)
         # the estimated speed-up from one RAM figure: the step model alone, not the probe's drift
-        up_m, up_e = meas / plain_meas, est / estimated(model, base, ram, ns.threads, None)
+        up_m, up_e = meas / plain_meas, est / estimated(model, base, ram, ns.threads, None, one)
         load = os.getloadavg()[0]
         rows.append({"accept": a, "tg_meas": meas, "tg_est": est, "load": load})
         print(f"{'MTP n ' + str(ns.n_max) + ', accept ' + f'{a:g}':22s} {meas:8.2f} {est:8.2f} "

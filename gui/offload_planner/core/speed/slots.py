@@ -6,10 +6,12 @@ build's ``tools/server/server-context.cpp``: ``update_slots`` collects the slots
 batch, ``handle_last_sampled_token`` 3310-3312; the batch holds ``max(n_batch, n_parallel)`` tokens,
 1476-1481, decoded in chunks of ``n_batch``, 3072-3080).  So a step is one pass of ``N`` tokens
 (:func:`speculation.pass_seconds`): the weights read once, the routed experts any of the ``N`` tokens
-routes to (``1 - (1 - k/E)^N`` of them), each slot's KV at its own depth, the compute of ``N`` tokens
+routes to (``1 - (1 - k/E)^N`` of them), each slot's KV at its own depth, the products of ``N`` tokens
 with ``-tb``'s threads (``llama_context::decode`` -> ``graph_compute(gf, ubatch.n_tokens > 1)``,
-src/llama-context.cpp 1463 and 2612).  Graph splits are the one-token graph's: op offload copies host
-weights only from 32 tokens an op (the scheduler asks the GPU backend, ggml-backend.cpp 1110-1112;
+src/llama-context.cpp 1463 and 2612); on a CPU through the kernels ggml-cpu takes for ``N`` columns
+(:mod:`cpu_batch`: below 16 mostly one-token kernels, so a CPU gains little from a few busy slots).
+Graph splits are the one-token graph's: op offload copies host weights only from 32 tokens an op (the
+scheduler asks the GPU backend, ggml-backend.cpp 1110-1112;
 ggml-cuda.cu 5757 and 5928, ``GGML_OP_OFFLOAD_MIN_BATCH``), so fewer than 32 busy slots do not
 trigger it (more are not modelled: counted as without it).
 
@@ -76,7 +78,7 @@ def slots_estimate(plan: Plan, placement: Placement, hw: Hardware, eff: Efficien
 
     def step(b: int, kv: dict[str, int]) -> float:
         split_s = batch_split_seconds(hw, eff, pairs, n_embd, b) + host_kv_seconds(host_kv, hw, eff, b)
-        return pass_seconds(reads, hw, eff, frac, b, kv, split_s, layers)
+        return pass_seconds(reads, hw, eff, frac, b, kv, split_s, layers, plan.dialect)
 
     one = step(1, {})
     each0 = plain_tps * one / step(n, {})

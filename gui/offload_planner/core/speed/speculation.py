@@ -7,8 +7,9 @@ stops a draft early); the draft processes that same batch (``common_speculative_
 and MTP's hidden states), then decodes one token at a time ``n`` times.  A batch reads each
 weight once (routed experts: those at least one of its tokens routes to, ``1 - (1 - k/n_expert)^b``)
 and the KV cache once, and computes ``2 x active params`` FLOPs per token: its time on a device is
-the larger of the reads over the effective bandwidth and the FLOPs over the effective compute, plus
-every graph split.
+the larger of the reads over the effective bandwidth and the products (a GPU's: the FLOPs over its
+effective compute; a CPU's: each weight through the kernel ggml-cpu multiplies that many columns
+with, :mod:`cpu_batch`), plus every graph split.
 
 Tokens a step: with a per-token acceptance ``a`` (a draft token is kept when it and every earlier one
 in the draft is accepted) ``1 + a + a^2 + ... + a^n``.  The default ``a`` is a public measurement
@@ -20,9 +21,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from offload_planner.core.devices import DeviceSet
+from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
@@ -30,7 +32,8 @@ from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.acceptance import Acceptance, AcceptArg, powers_sum
 from offload_planner.core.speed.assumptions import draft_assumptions
-from offload_planner.core.speed.efficiency import Efficiencies
+from offload_planner.core.speed.cpu_batch import CpuWeights, products_seconds
+from offload_planner.core.speed.efficiency import REPACK_BUFT, Efficiencies
 from offload_planner.core.speed.estimate import tg_tps
 from offload_planner.core.speed.hardware import Figure, Hardware, Source
 from offload_planner.core.speed.nkvo import (
@@ -39,7 +42,13 @@ from offload_planner.core.speed.nkvo import (
     kv_copy_seconds,
     nkvo_attention_on_gpu,
 )
-from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, _link, compute_tflops
+from offload_planner.core.speed.rates import (
+    _effective_bandwidth,
+    _is_gpu,
+    _link,
+    compute_tflops,
+    computes_on_cpu,
+)
 from offload_planner.core.speed.reads import expert_fraction, kv_bytes_at, kv_read_at
 from offload_planner.core.speed.result import Assumption, SpeedEstimate
 from offload_planner.core.speed.splits import one_token_offload, split_pairs, token_split_pairs
@@ -92,13 +101,15 @@ class SpecEstimate:
 @dataclass
 class _Reads:
     """What one pass reads and computes on one device: weights read in full, routed experts, one row
-    per token (embedding lookups), and the matrix elements of each kind."""
+    per token (embedding lookups), the matrix elements of each kind, and the matrices by the CPU
+    kernel that multiplies them (:mod:`cpu_batch`)."""
 
     full_b: float = 0.0
     exp_b: float = 0.0
     row_b: float = 0.0
     full_el: float = 0.0
     exp_el: float = 0.0
+    cpu: CpuWeights = field(default_factory=CpuWeights)
 
 
 def _add(reads: dict[str, _Reads], device: str, p: Placed, *, row: bool, expert: bool,
@@ -111,10 +122,12 @@ def _add(reads: dict[str, _Reads], device: str, p: Placed, *, row: bool, expert:
     elif expert:
         r.exp_b += scale * t.nbytes
         r.exp_el += scale * t.n_elements
+        r.cpu.add((t.type.name, p.buft == REPACK_BUFT, True), scale * t.nbytes, scale * t.n_elements)
     else:
         r.full_b += scale * t.nbytes
         if len(t.shape) >= 2:
             r.full_el += scale * t.n_elements
+            r.cpu.add((t.type.name, p.buft == REPACK_BUFT, False), scale * t.nbytes, scale * t.n_elements)
 
 
 def model_reads(model: Model, placement: Placement) -> dict[str, _Reads]:
@@ -154,17 +167,21 @@ def mtp_reads(model: Model, placement: Placement) -> dict[str, _Reads]:
 
 
 def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac: float, b: float,
-                 kv: dict[str, int], split_s: float, layers: dict[str, float] | None = None) -> float:
+                 kv: dict[str, int], split_s: float, layers: dict[str, float] | None = None,
+                 dialect: Dialect = LLAMA_CPP) -> float:
     """One pass of ``b`` tokens (a batch: weights once, experts any token routes to, KV once): per
-    device the larger of its reads over its effective bandwidth and its FLOPs over its effective
-    compute, summed (devices run one after another), plus the graph splits' ``split_s``, plus on a
-    GPU ``gpu_layer_us`` for each of the pass's ``layers`` there, whatever ``b`` (as plain tg counts
-    them: a pass launches a layer's kernels once).  A batch of more than one token computes with
-    ``-tb``'s threads (:meth:`Hardware.for_tokens`): the target's verify batch and the draft's pass
-    over it (the draft's context takes the main ``cpuparams_batch`` unless ``-tbd``,
-    common/arg.cpp:890 and common/speculative.cpp:2553-2555; ik loads the draft with the main
-    command line), a one-token draft pass with ``-t``'s; a ``-md`` model's passes with ``-td``'s and
-    ``-tbd``'s where given (the caller passes :meth:`Hardware.for_draft`)."""
+    device the larger of its reads over its effective bandwidth and its products, summed (devices run
+    one after another), plus the graph splits' ``split_s``, plus on a GPU ``gpu_layer_us`` for each of
+    the pass's ``layers`` there, whatever ``b`` (as plain tg counts them: a pass launches a layer's
+    kernels once).  A GPU's (and an RPC device's whose backend is not known) products: ``b`` tokens'
+    FLOPs over its effective compute; a CPU's: each weight through the kernel ``dialect``'s CPU backend
+    multiplies ``b`` columns with (:func:`cpu_batch.products_seconds`: one-token kernels at the rate a
+    plain token's run, GEMMs at the prompt's compute), so one token costs what plain tg says.  A batch
+    of more than one token computes with ``-tb``'s threads (:meth:`Hardware.for_tokens`): the target's
+    verify batch and the draft's pass over it (the draft's context takes the main ``cpuparams_batch``
+    unless ``-tbd``, common/arg.cpp:890 and common/speculative.cpp:2553-2555; ik loads the draft with
+    the main command line), a one-token draft pass with ``-t``'s; a ``-md`` model's passes with
+    ``-td``'s and ``-tbd``'s where given (the caller passes :meth:`Hardware.for_draft`)."""
     hw = hw.for_tokens(b)
     hit = 1.0 - (1.0 - frac) ** b if frac < 1.0 else 1.0
     total = split_s
@@ -175,8 +192,11 @@ def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac
         d = hw[name]
         bw = _effective_bandwidth(d, eff)
         nbytes = r.full_b + r.exp_b * hit + r.row_b * b + kv.get(name, 0)
-        flops = 2.0 * b * (r.full_el + r.exp_el * frac)
-        total += max(nbytes / (bw * 1e9), flops / (compute_tflops(d, eff) * 1e12))
+        if computes_on_cpu(d):
+            work = products_seconds(r.cpu, d, eff, dialect, b, frac, hit)
+        else:
+            work = 2.0 * b * (r.full_el + r.exp_el * frac) / (compute_tflops(d, eff) * 1e12)
+        total += max(nbytes / (bw * 1e9), work)
         if _is_gpu(d):
             total += layers.get(name, 0.0) * per_layer
     return total
@@ -362,6 +382,7 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
     n_embd = plan.model.summary.n_embd
     target_layers = pass_layers(placement)
     host_kv = host_kv_layers(plan, placement)  # -nkvo: the target's layers round-trip to the CPU
+    dialect = plan.dialect
     copies = nkvo_attention_on_gpu(plan)  # ... and with flash attention copy the cache's views back
     dhw = hw.for_draft() if draft.own_context else hw
 
@@ -370,11 +391,12 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         if copies:
             host_s += kv_copy_seconds(target_kv_, hw, eff)
         splits = batch_split_seconds(hw, eff, tpairs, n_embd, b) + host_s
-        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers)
+        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers, dialect)
         one = pass_seconds(draft.reads, dhw, eff, draft.frac, 1, draft_kv,
-                           batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers)
+                           batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers, dialect)
         catch_up = pass_seconds(draft.reads, dhw, eff, draft.frac, b, draft_kv,
-                                batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, b), draft.layers)
+                                batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, b), draft.layers,
+                                dialect)
         return verify, one, verify + n * one + catch_up
 
     verify0, one0, step0 = step({}, {})
