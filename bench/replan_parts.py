@@ -17,7 +17,10 @@ microseconds:
   ``us/window node``: the walk's time per window node, against ``us/node``: a from-scratch
   simulation's time per scheduled node (both graphs; build, schedule and allocate).
 
-    python bench/replan_parts.py [--only NAME ...] [--runs 200]
+``--layers``: a row per layer's move instead (named ``MODEL LAYER``; a layer without tensors to move
+has none, as in ``replan_speed.py``), to see which layers' moves cost what.
+
+    python bench/replan_parts.py [--only NAME ...] [--runs 200] [--layers]
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ def cold(p: Plan) -> None:
     p.projection()
 
 
-def model_parts(name: str, path: Path, runs: int) -> str:
+def model_parts(name: str, path: Path, runs: int, every: bool) -> list[str]:
+    """The row of the model's worst cold move, or (``every``) one row per layer's move."""
     model = open_model(path)
     compute.record_at_first_sight()
     plan, moe = rs.base_plan(model)
@@ -115,8 +119,17 @@ def model_parts(name: str, path: Path, runs: int) -> str:
     scratch = p10_ms(lambda: compute.simulate(model, rs.DEVICES, placement, ctx, plan.context), 20)
     plan.projection()  # records the references
     n_sched = sum(len(r.sched_nodes) for key, refs in ci._REFS.items() if key[0] is model for r in refs)
-    moves = [plan.with_moves(mv) for mv in rs.layer_moves(model, plan, moe)]
+    layer_of = {t.name: t.layer for t in model.tensors}
+    layers = [(layer_of[next(iter(mv))], plan.with_moves(mv)) for mv in rs.layer_moves(model, plan, moe)]
+    moves = [p for _, p in layers]
+    if every:
+        return [move_parts(f"{name} {il}", p, runs, scratch, n_sched) for il, p in layers]
     worst = max(moves, key=lambda p: p10_ms(lambda: cold(p), 20))
+    return [move_parts(name, worst, runs, scratch, n_sched)]
+
+
+def move_parts(name: str, worst: Plan, runs: int, scratch: float, n_sched: int) -> str:
+    """One move's row: its parts, cold, in microseconds."""
     worst.projection()
     outside = p10_ms(worst.projection, runs) * 1000  # (the compute buffers from the memo)
     ACC.clear()
@@ -137,6 +150,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="+", metavar="NAME")
     ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--layers", action="store_true",
+                    help="a row per layer's move (the moves in layer order), not only the worst cold one")
     args = ap.parse_args()
     instrument()
     specs = all_models()
@@ -146,7 +161,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only or list(specs):
             path = write_model(specs[name], Path(tmp) / f"{name}.header.gguf", header_only=True)[0]
-            print(model_parts(name, path, args.runs), flush=True)
+            for row in model_parts(name, path, args.runs, args.layers):
+                print(row, flush=True)
 
 
 if __name__ == "__main__":
