@@ -475,3 +475,16 @@ def test_a_prompt_past_the_context_names_only_what_was_given() -> None:
     assert [ln for ln in r.stdout.splitlines() if "exceed" in ln] == [
         "note: --depth 3000 + --prompt 2000 tokens exceed the context of 4096 cells a sequence: llama-server "
         "would refuse such a request (the estimate is computed anyway)"]
+
+
+def test_explain_says_what_a_graph_split_is() -> None:
+    """`plan` printed "graph splits: 97 per token, 1.99 ms" and nothing said what one is; `--explain`
+    says it on that line, and the plain output keeps its line as it was."""
+    args = ("plan", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB")
+    server = ("--", "-ngl", "999", "--cpu-moe", "-c", "4096")
+    said = [ln for ln in run(*args, "--explain", *server).stdout.splitlines() if "graph splits:" in ln]
+    assert len(said) == 1 and said[0].endswith(
+        " ms (a graph split: where a token's pass hands over from one device to the next; each costs a "
+        "copy of the activations across and a latency)"), said
+    plain = [ln for ln in run(*args, *server).stdout.splitlines() if "graph splits:" in ln]
+    assert len(plain) == 1 and plain[0].endswith(" ms"), plain

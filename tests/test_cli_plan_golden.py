@@ -71,6 +71,9 @@ figures are for the plan as if it fit, as the window's speed line does: ``speed 
 if it fit (CUDA0 over capacity): tg 16.2 ...``; only that line of ``ds_all_on_gpu`` text and
 --explain changed (the JSON's ``speed`` object did not; ``ds_fit_four_gpus``, whose GPUs the build's
 --fit makes fit, exits 0 and is unchanged).
+Session 14 (newcomer10): under ``--explain`` the speed block's ``graph splits:`` line says what a graph
+split is (core.speed.report.SPLIT_MEANING); only that line of the 11 --explain files changed (the text
+and JSON files not at all).
 """
 
 from __future__ import annotations

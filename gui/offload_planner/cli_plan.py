@@ -261,6 +261,6 @@ def _plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        lines = _if_it_fit(speed_lines(speed), over) if speed is not None else []
+        lines = _if_it_fit(speed_lines(speed, explain=args.explain), over) if speed is not None else []
         print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK

@@ -15,7 +15,7 @@ from offload_planner.core.errors import PlannerError
 from offload_planner.core.loadable import context_error
 from offload_planner.core.mapped_span import unified_over
 from offload_planner.core.speed.bottleneck import HOST_KV_PART
-from offload_planner.core.speed.report import speed_lines
+from offload_planner.core.speed.report import SPLIT_MEANING, speed_lines
 from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.memory_view import bar_figures
@@ -26,7 +26,7 @@ IF_IT_FIT = "if it fit: "
 #: The tooltip's first line: the line's abbreviations in words.
 TERMS = ("<b>tg</b>: token generation, how fast the answer is written; <b>pp</b>: prompt processing, "
          "how fast a prompt is read; <b>t/s</b>: tokens per second; <b>time per token</b>: each "
-         "device's share of the time one generated token takes.")
+         "device's share of the time one generated token takes; <b>graph split</b>: " + SPLIT_MEANING + ".")
 
 
 #: Under an uncalibrated estimate's assumptions: how to make it this machine's, or another machine's (it
