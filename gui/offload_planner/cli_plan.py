@@ -234,7 +234,7 @@ def _plan(args: argparse.Namespace) -> int:
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
         notes += _fit_gave_up(fit.summary, over, devices)
-    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.backend.speed_store import plan_speed, probe_speed_note
     from offload_planner.core.speed.report import speed_json, speed_lines
 
     try:
@@ -250,6 +250,8 @@ def _plan(args: argparse.Namespace) -> int:
                      "or MTP (--spec-type draft-mtp on a model with NextN layers)")
     if speed is not None and args.depth + args.prompt > speed.n_ctx:
         notes.append(_prompt_past_context(args.depth, args.prompt, speed.n_ctx))
+    if speed is not None:
+        notes += [n for n in [probe_speed_note(devices)] if n]
     if args.json:
         out = plan_json(projection, warnings=analysis.warnings, errors=[], command=analysis.command,
                         notes=notes, fit=fit.summary)
