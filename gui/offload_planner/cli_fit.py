@@ -325,7 +325,8 @@ LABEL_TERMS = (
     ("mmap", "the command's load, with mmap: the GPU maps the file span of its tensors (Metal), "
              "here the top layers (-ngl), which lie together at the file's end"),
     ("split layers", "single expert tensors added from layers whose other experts stay on the CPU, "
-                     "in the room each GPU has left (two more graph splits for each such layer)"),
+                     "in the room each GPU has left (two more graph splits, hand-overs between devices in a "
+                     "token's pass, for each such layer)"),
 )
 
 
