@@ -7,10 +7,12 @@ probe of this machine (never measured from the GUI thread) and the efficiencies 
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QWidget
 
-from offload_planner.backend.speed_store import plan_speed
+from offload_planner.backend.speed_store import plan_speed, probe_speed_note
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.loadable import context_error
 from offload_planner.core.mapped_span import unified_over
@@ -120,6 +122,8 @@ class SpeedLabel(QLabel):
         self.setText(window_line(est, over))
         note = (f"<b>{', '.join(over)} cannot hold this plan</b>: llama-server would not load it; the "
                 "estimate is for the placement as drawn.<br>") if over else ""
+        probe = probe_speed_note(self._doc.plan.devices)  # another machine's RAM at this one's speed
+        note += f"<b>RAM speed</b>: {html.escape(probe, quote=False)}.<br>" if probe else ""
         self.setToolTip(note + TERMS + "<pre>" + "\n".join(speed_lines(est)).replace("&", "&amp;")
                         .replace("<", "&lt;") + "</pre>" + ("" if est.calibrated else UNCALIBRATED))
 
