@@ -511,3 +511,9 @@ def test_a_cpu_declared_larger_than_this_ram_says_its_speed_is_this_machines(com
     assert notes("CPU=4096GiB,ram=8xDDR5-4800") == []
     assert notes("CPU=4096GiB,bw=300GB/s") == []
     assert notes("CPU=1GiB") == []
+
+
+def test_plan_help_says_explain_tells_what_a_graph_split_is() -> None:
+    r = run("plan", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "say what the speed block's graph splits are" in " ".join(r.stdout.split()), r.stdout

@@ -57,7 +57,9 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    + ", ".join(dialect_names()) + f" (default: {Dialect.LLAMA_CPP}, the pinned build)")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
+    p.add_argument("--explain", action="store_true",
+                   help="list every buffer with how it was computed, and say what the speed block's graph "
+                   "splits are")
     p.add_argument("--prompt", type=prompt_len, default=4096, metavar="N",
                    help="prompt length of the prompt-processing estimate (default 4096)")
     add_estimate_options(p)
