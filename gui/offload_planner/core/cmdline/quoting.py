@@ -7,6 +7,14 @@ import re
 _POSIX_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _PS_SAFE = re.compile(r"[A-Za-z0-9_.:/\\=+-]+")
 _CMD_META = "&|<>()^"
+#: Characters a terminal or an editor would act on or hide rather than show: C0 controls but tab,
+#: DEL, C1 controls (``\x9b`` is a terminal's CSI), the line and paragraph separators, the
+#: bidirectional embeddings/overrides/isolates, the byte-order mark and surrogates (an undecodable
+#: byte of a path, kept by ``surrogateescape``).
+CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+#: PowerShell ends a single-quoted string at any of these (and reads any of them doubled as one).
+_PS_SINGLE_QUOTES = "'\u2018\u2019\u201a\u201b"
+_ANSI_C = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
 
 
 def quote_posix(arg: str) -> str:
@@ -16,15 +24,44 @@ def quote_posix(arg: str) -> str:
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
+def _ansi_c_char(ch: str) -> str:
+    known = _ANSI_C.get(ch)
+    if known is not None:
+        return known
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte of the original path: that byte again
+        return f"\\x{code - 0xDC00:02x}"
+    if CONTROL.fullmatch(ch):  # its UTF-8 bytes (exact whatever the locale; two hex digits each)
+        return "".join(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+    return ch
+
+
+def quote_bash(arg: str) -> str:
+    """bash: :func:`quote_posix`, except that an argument with a character :data:`CONTROL` matches
+    is written ``$'...'`` with that character escaped (``\\n``, ``\\x1b``): bash gives back the
+    same bytes, and printing the command shows the escape rather than acting on it.  An argument
+    cannot hold NUL (execve ends it there); callers refuse that first."""
+    if not CONTROL.search(arg):
+        return quote_posix(arg)
+    return "$'" + "".join(_ansi_c_char(ch) for ch in arg) + "'"
+
+
+def visible(arg: str, limit: int = 60) -> str:
+    """``arg`` for a message: quoted, each :data:`CONTROL` character escaped, cut at ``limit``."""
+    shown = "".join(_ansi_c_char(ch) if CONTROL.fullmatch(ch) else ch for ch in arg[:limit])
+    return "'" + shown + ("…" if len(arg) > limit else "") + "'"
+
+
 def quote_powershell(arg: str) -> str:
-    """PowerShell: single quotes (no expansion inside), ``'`` doubled.
+    """PowerShell: single quotes (no expansion inside), ``'`` doubled, and so are the typographic
+    single quotes ``‘ ’ ‚ ‛`` (PowerShell ends a single-quoted string at any of them too).
 
     A bare word must not start with ``-`` followed by something PowerShell could read as a number
     or an operator, nor contain ``,;(){}$@#`'"`` or spaces; everything else is quoted.
     """
     if arg and _PS_SAFE.fullmatch(arg) and not arg.startswith(("--%", "@")):
         return arg
-    return "'" + arg.replace("'", "''") + "'"
+    return "'" + "".join(ch * 2 if ch in _PS_SINGLE_QUOTES else ch for ch in arg) + "'"
 
 
 def msvcrt_quote(arg: str, force: bool = False) -> str:
