@@ -100,6 +100,12 @@ def test_powershell_doubles_typographic_single_quotes() -> None:
     assert format_command(["s", "-m", "\u2018\u201a\u201b"], "powershell") == doubled
 
 
+def test_powershell_quotes_a_dash_word_it_would_split() -> None:
+    """PowerShell passes a bare -a.b to a program as -a and .b (PowerShell issue #6291)."""
+    argv = ["s", "-m", "-model.gguf", "--alias", "-v:diag", "-c", "-1", "-ts", "3,1"]
+    assert format_command(argv, "powershell") == "s -m '-model.gguf' --alias '-v:diag' -c -1 -ts '3,1'"
+
+
 def test_powershell_refuses_what_windows_cannot_start() -> None:
     with pytest.raises(ExportRefused, match=r"PowerShell: the program's command line would be"):
         format_command(["s", "-m", "x" * 40000], "powershell")

@@ -12,6 +12,9 @@ _CMD_META = "&|<>()^"
 #: bidirectional embeddings/overrides/isolates, the byte-order mark and surrogates (an undecodable
 #: byte of a path, kept by ``surrogateescape``).
 CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
+#: A bare word PowerShell breaks in two when it passes it to a program: ``-a.b`` as ``-a`` ``.b``
+#: (PowerShell issue #6291, open), ``-v:x`` after ``--`` as ``-v:`` ``x`` (#17399).
+_PS_SPLITS = re.compile(r"-[^.:]*[.:]")
 #: PowerShell ends a single-quoted string at any of these (and reads any of them doubled as one).
 _PS_SINGLE_QUOTES = "'\u2018\u2019\u201a\u201b"
 _ANSI_C = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
@@ -54,12 +57,14 @@ def visible(arg: str, limit: int = 60) -> str:
 
 def quote_powershell(arg: str) -> str:
     """PowerShell: single quotes (no expansion inside), ``'`` doubled, and so are the typographic
-    single quotes ``‘ ’ ‚ ‛`` (PowerShell ends a single-quoted string at any of them too).
+    single quotes ``‘ ’ ‚ ‛`` (PowerShell ends a single-quoted string at any of them too).  What
+    reaches the program is exact in PowerShell 7.3 and later (Windows PowerShell 5.1 drops an empty
+    argument and the ``"`` inside one: no single quoting serves both).
 
     A bare word must not start with ``-`` followed by something PowerShell could read as a number
     or an operator, nor contain ``,;(){}$@#`'"`` or spaces; everything else is quoted.
     """
-    if arg and _PS_SAFE.fullmatch(arg) and not arg.startswith(("--%", "@")):
+    if arg and _PS_SAFE.fullmatch(arg) and not arg.startswith(("--%", "@")) and not _PS_SPLITS.match(arg):
         return arg
     return "'" + "".join(ch * 2 if ch in _PS_SINGLE_QUOTES else ch for ch in arg) + "'"
 
