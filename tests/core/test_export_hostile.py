@@ -138,6 +138,15 @@ def test_llama_swap_round_trip_with_hostile_printable_values() -> None:
     assert got == [a.encode() for a in ["--port", "9999", *plain]]
 
 
+@pytest.mark.parametrize("name", ["\U0001f642 model", "modèle \"x\" \\ y", "Qwen3-30B-A3B"])
+def test_llama_swap_model_name_reads_back(name: str) -> None:
+    """The entry's name is a YAML double-quoted key: a character outside the BMP was written as a
+    JSON surrogate pair, which YAML reads as two lone surrogates (Go's yaml refuses it)."""
+    yaml = pytest.importorskip("yaml")
+    text = format_command(["llama-server", "-m", "m.gguf"], "llama-swap", name=name)
+    assert list(yaml.safe_load(text)["models"]) == [name]
+
+
 def _read_env_file(text: str) -> tuple[dict[str, str], list[str]]:
     """docker's --env-file rules (docker/cli opts/file.go): one VAR=value a line, '#' lines skipped,
     the value taken as it is (no quotes, no escapes), a trailing CR dropped, UTF-8 only."""

@@ -174,7 +174,7 @@ def _llama_swap(argv: Sequence[str], dialect: Dialect, name: str | None) -> str:
     if why is not None:
         raise ExportRefused(
             f"cannot write the command for llama-swap: the model name {visible(key_text)}: {why}")
-    key = json.dumps(key_text)
+    key = json.dumps(key_text, ensure_ascii=False)  # YAML reads "\ud83d\ude42" as two lone surrogates
     body = "\n".join(f"      {line}" for line in lines)
     return f"models:\n  {key}:\n    cmd: |\n{body}\n"
 
