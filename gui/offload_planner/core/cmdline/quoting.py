@@ -92,8 +92,10 @@ def quote_cmd(arg: str) -> str:
     """cmd.exe: MSVC-runtime quoting (double quotes around anything with cmd metacharacters), then
     ``^`` before each metacharacter that cmd itself sees outside double quotes (after a ``\\"``).
 
-    ``%NAME%`` is still expanded by cmd when such a variable exists; nothing can prevent that
-    inside double quotes on an interactive command line.
+    ``%NAME%`` is expanded by cmd even inside double quotes and nothing on an interactive command
+    line prevents it: ``format_command`` refuses a line with two ``%`` (and control characters,
+    which cmd cannot carry).  ``!NAME!`` is left as it is: cmd expands it only with delayed
+    expansion on (``cmd /v:on``), which an interactive cmd does not have by default.
     """
     force = not arg or any(c in arg for c in _CMD_META)
     quoted = msvcrt_quote(arg, force)
