@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -62,6 +63,19 @@ def test_bash_round_trip_generated(values: list[str]) -> None:
 
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize("program", ["A=b", "x+=1", "time", "if", "llama-server"])
+def test_bash_runs_the_program_whatever_its_name(program: str, tmp_path: Path) -> None:
+    """A program named like an assignment or a reserved word is quoted: bash runs it."""
+    exe = tmp_path / program
+    exe.write_text("#!/bin/sh\nfor a; do printf '%s\\0' \"$a\"; done\n")
+    exe.chmod(0o755)
+    text = format_command([program, "-m", "x y", "-c", "1"], "bash")
+    out = subprocess.run(["bash", "-c", text], capture_output=True, timeout=20, check=True,
+                         env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert out.stdout.split(b"\0")[:-1] == [b"-m", b"x y", b"-c", b"1"]
+
+
 def test_sh_gives_back_printable_hostile_arguments() -> None:
     """Without control characters the bash form is plain POSIX quoting: sh (dash here) reads it."""
     plain = [h for h in HOSTILE if h.isprintable() and "\udcff" not in h]

@@ -18,6 +18,7 @@ from offload_planner.core.cmdline.quoting import (
     CONTROL,
     msvcrt_quote,
     quote_bash,
+    quote_bash_command,
     quote_cmd,
     quote_posix,
     quote_powershell,
@@ -103,10 +104,11 @@ def _swap_cannot(arg: str) -> str | None:
     return _no_argv_can(arg)
 
 
-def _lines(argv: Sequence[str], dialect: Dialect, quote: Callable[[str], str]) -> list[str]:
+def _lines(argv: Sequence[str], dialect: Dialect, quote: Callable[[str], str],
+           quote_program: Callable[[str], str] | None = None) -> list[str]:
     """The program, then one line per flag with its values, each token quoted."""
     program, args = split_program(argv)
-    out = [quote(program)] if program is not None else []
+    out = [(quote_program or quote)(program)] if program is not None else []
     out.extend(" ".join(quote(t) for t in g.tokens) for g in group_args(args, dialect))
     return out
 
@@ -212,7 +214,7 @@ def format_command(
     kind = Style(style)
     if kind is Style.BASH:
         _refuse_if(argv, "bash", _no_argv_can)
-        return _join(_lines(argv, dialect, quote_bash), multiline, " \\")
+        return _join(_lines(argv, dialect, quote_bash, quote_bash_command), multiline, " \\")
     if kind is Style.POWERSHELL:
         return _powershell(argv, dialect, multiline)
     if kind is Style.CMD:

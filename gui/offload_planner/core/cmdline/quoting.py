@@ -49,6 +49,21 @@ def quote_bash(arg: str) -> str:
     return "$'" + "".join(_ansi_c_char(ch) for ch in arg) + "'"
 
 
+#: Bare words bash would not run as a command's name: its reserved words, and assignments.
+_BASH_RESERVED = frozenset({"case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function",
+                            "if", "in", "select", "then", "time", "until", "while"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\+?=")
+
+
+def quote_bash_command(arg: str) -> str:
+    """:func:`quote_bash` for the command's first word: a reserved word (``time``) or an assignment
+    (``A=b``) is quoted too, so bash runs it as the program."""
+    quoted = quote_bash(arg)
+    if quoted == arg and (arg in _BASH_RESERVED or _ASSIGNMENT.match(arg)):
+        return "'" + arg + "'"
+    return quoted
+
+
 def visible(arg: str, limit: int = 60) -> str:
     """``arg`` for a message: quoted, each :data:`CONTROL` character escaped, cut at ``limit``."""
     shown = "".join(_ansi_c_char(ch) if CONTROL.fullmatch(ch) else ch for ch in arg[:limit])
