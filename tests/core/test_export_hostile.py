@@ -219,3 +219,4 @@ def test_pasting_the_bash_export_back_gives_the_same_arguments(multiline: bool) 
     assert split_command_text(format_command(argv, "bash", multiline=multiline)) == argv
     pasted = "x $'\\x41\\101\\u00e9\\E\\'q' \"$'no'\" '$'\\''lit'"
     assert split_command_text(pasted) == ["x", "AAé\x1b'q", "$'no'", "$'lit"]
+

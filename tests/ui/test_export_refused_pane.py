@@ -13,6 +13,7 @@ from tests.ui.conftest import system_info
 from tests.ui.window_helpers import make_window, open_and_wait
 
 from offload_planner.core.command_text import split_command_text
+from offload_planner.ui.launcher_panel import launched_text
 from offload_planner.ui.settings import Settings
 
 QWEN = Path(__file__).resolve().parents[2] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf"
@@ -42,3 +43,11 @@ def test_the_pane_refuses_what_the_format_cannot_carry(
             assert QGuiApplication.clipboard().text() == "before" and messages[-1] == shown
     finally:
         win.close()
+
+
+def test_the_launched_command_field_shows_control_characters_escaped() -> None:
+    """The launcher's "Command" field (shlex.join) kept a newline or an escape sequence raw."""
+    text = launched_text(["llama-server", "-m", "/m/a\nb\x1b[2J.gguf", "-c", "512"])
+    assert text == "llama-server -m $'/m/a\\nb\\x1b[2J.gguf' -c 512"
+    refused = launched_text(["llama-server", "-m", "a\0b"])
+    assert refused.startswith("cannot write the command for bash: argument 2")
