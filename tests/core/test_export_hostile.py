@@ -220,3 +220,10 @@ def test_pasting_the_bash_export_back_gives_the_same_arguments(multiline: bool) 
     pasted = "x $'\\x41\\101\\u00e9\\E\\'q' \"$'no'\" '$'\\''lit'"
     assert split_command_text(pasted) == ["x", "AAé\x1b'q", "$'no'", "$'lit"]
 
+
+
+def test_bash_ansi_c_strings_hold_no_quote_or_bang() -> None:
+    """A history expansion that does not know $'...' ends it at \\' and expands a later !."""
+    text = format_command(["f", "it's\n!ls!"], "bash")
+    assert text == "f $'it\\x27s\\n\\x21ls\\x21'"
+    assert _run("bash", text) == [b"it's\n!ls!"]

@@ -17,7 +17,9 @@ CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ufe
 _PS_SPLITS = re.compile(r"-[^.:]*[.:]")
 #: PowerShell ends a single-quoted string at any of these (and reads any of them doubled as one).
 _PS_SINGLE_QUOTES = "'\u2018\u2019\u201a\u201b"
-_ANSI_C = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
+#: Inside ``$'...'``: ``'`` and ``!`` as hex escapes, so an interactive shell's history expansion
+#: that does not know ``$'...'`` (it ends the quote at ``\'``) finds no ``!`` to expand.
+_ANSI_C = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\x27", "!": "\\x21"}
 
 
 def quote_posix(arg: str) -> str:
