@@ -227,3 +227,36 @@ def test_bash_ansi_c_strings_hold_no_quote_or_bang() -> None:
     text = format_command(["f", "it's\n!ls!"], "bash")
     assert text == "f $'it\\x27s\\n\\x21ls\\x21'"
     assert _run("bash", text) == [b"it's\n!ls!"]
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=10)
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no sh")
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_TEXT, max_size=4))
+def test_llama_swap_generated_is_exact_or_refused(values: list[str]) -> None:
+    yaml = pytest.importorskip("yaml")
+    argv = ["f", "--port", "1", "--api-key", *values]
+    try:
+        text = format_command(argv, "llama-swap", name="n")
+    except ExportRefused as e:
+        assert "llama-swap: argument " in str(e)
+        return
+    cmd = yaml.safe_load(text)["models"]["n"]["cmd"]
+    assert _run("sh", cmd.replace("\n", " ").replace("${PORT}", "9")) == [
+        a.encode() for a in ["--port", "9", "--api-key", *values]]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@settings(max_examples=40, deadline=None)
+@given(_TEXT, _TEXT)
+def test_docker_env_generated_is_exact(model: str, key: str) -> None:
+    argv = ["llama-server", "-m", model, "--api-key", key, "-c", "8"]
+    env, rest = _read_env_file(format_command(argv, "docker-env"))
+    assert env.get("LLAMA_ARG_MODEL", model) == model and env["LLAMA_ARG_CTX_SIZE"] == "8"
+    expected_rest = [] if "LLAMA_ARG_MODEL" in env else ["-m", model]
+    expected_rest += [] if "LLAMA_API_KEY" in env else ["--api-key", key]
+    assert rest == expected_rest
+    if "LLAMA_API_KEY" in env:
+        assert env["LLAMA_API_KEY"] == key
