@@ -129,3 +129,14 @@ def test_the_ram_note_comes_when_a_gpu_is_over_as_well() -> None:
     23.5 GiB)" and no word that the RAM was this machine's (newcomer4)."""
     lines, i = _nothing_fits("CUDA0=2GiB", "nothing fits these devices: CUDA0 over by")
     assert "; CPU (RAM) over by" in lines[i], lines[i]
+
+
+def test_the_split_layers_legend_says_what_a_graph_split_is() -> None:
+    """fit's legend read "(two more graph splits for each such layer)", a term a llama.cpp user does not
+    read in its log; it says what one is, as plan --explain does."""
+    from offload_planner.cli_fit import label_legend
+
+    assert label_legend(["fastest (-ub 512, split layers)"]) == [
+        "split layers: single expert tensors added from layers whose other experts stay on the CPU, in the "
+        "room each GPU has left (two more graph splits, hand-overs between devices in a token's pass, for "
+        "each such layer)"]

@@ -475,3 +475,45 @@ def test_a_prompt_past_the_context_names_only_what_was_given() -> None:
     assert [ln for ln in r.stdout.splitlines() if "exceed" in ln] == [
         "note: --depth 3000 + --prompt 2000 tokens exceed the context of 4096 cells a sequence: llama-server "
         "would refuse such a request (the estimate is computed anyway)"]
+
+
+def test_explain_says_what_a_graph_split_is() -> None:
+    """`plan` printed "graph splits: 97 per token, 1.99 ms" and nothing said what one is; `--explain`
+    says it on that line, and the plain output keeps its line as it was."""
+    args = ("plan", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB")
+    server = ("--", "-ngl", "999", "--cpu-moe", "-c", "4096")
+    said = [ln for ln in run(*args, "--explain", *server).stdout.splitlines() if "graph splits:" in ln]
+    assert len(said) == 1 and said[0].endswith(
+        " ms (a graph split: where a token's pass hands over from one device to the next; each costs a "
+        "copy of the activations across and a latency)"), said
+    plain = [ln for ln in run(*args, *server).stdout.splitlines() if "graph splits:" in ln]
+    assert len(plain) == 1 and plain[0].endswith(" ms"), plain
+
+
+@pytest.mark.parametrize("command", ["plan", "fit"])
+def test_a_cpu_declared_larger_than_this_ram_says_its_speed_is_this_machines(command: str) -> None:
+    """`--device CPU=4096GiB` (another machine) kept this machine's RAM probe as that machine's RAM
+    speed: the assumption line named the probe, and a newcomer planning a server from a laptop read the
+    laptop's speed as the server's. A note says so and how to give the other's; with ram= (or a size
+    this machine has: RAM kept free here) there is none."""
+    def notes(cpu: str) -> list[str]:
+        r = run(command, QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", cpu,
+                "--", "-ngl", "999", "--cpu-moe", "-c", "4096")
+        assert r.returncode in (0, 3), r.stderr
+        return [ln for ln in r.stdout.splitlines() if "RAM speed" in ln]
+
+    said = notes("CPU=4096GiB")
+    assert len(said) == 1 and said[0].startswith("note: --device CPU=4096GiB is more RAM than this "
+                                                 "machine's "), said
+    assert said[0].endswith(" GiB, but the speed estimate still takes this machine's RAM speed (its probe, "
+                            "in the assumptions); for another machine give its speed too: --device "
+                            "CPU=4096GiB,ram=8xDDR5-4800 (channels x MT/s) or bw=300GB/s"), said
+    assert notes("CPU=4096GiB,ram=8xDDR5-4800") == []
+    assert notes("CPU=4096GiB,bw=300GB/s") == []
+    assert notes("CPU=1GiB") == []
+
+
+def test_plan_help_says_explain_tells_what_a_graph_split_is() -> None:
+    r = run("plan", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "say what the speed block's graph splits are" in " ".join(r.stdout.split()), r.stdout

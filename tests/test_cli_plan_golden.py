@@ -71,6 +71,14 @@ figures are for the plan as if it fit, as the window's speed line does: ``speed 
 if it fit (CUDA0 over capacity): tg 16.2 ...``; only that line of ``ds_all_on_gpu`` text and
 --explain changed (the JSON's ``speed`` object did not; ``ds_fit_four_gpus``, whose GPUs the build's
 --fit makes fit, exits 0 and is unchanged).
+Session 14 (newcomer10): under ``--explain`` the speed block's ``graph splits:`` line says what a graph
+split is (core.speed.report.SPLIT_MEANING); only that line of the 11 --explain files changed (the text
+and JSON files not at all).
+Then (newcomer10) a CPU declared larger than this machine's RAM without its RAM speed (ram=/bw=) is
+priced at this machine's RAM probe, and a note now says so and how to give the other machine's
+(backend.speed_store.probe_speed_note). Every case here declares ``CPU=512GiB`` alone for the demo, so
+all 33 files gained that one note (the JSON's ``notes`` one entry); nothing else changed. This
+machine's RAM is pinned to 64 GiB (``pinned_system_ram``), as the note names it.
 """
 
 from __future__ import annotations
@@ -137,6 +145,12 @@ def pinned_cores() -> int:
     return 8
 
 
+def pinned_system_ram() -> int:
+    """This machine's RAM (a declared CPU larger than it is noted): one size for the expected files on
+    every machine."""
+    return 64 << 30
+
+
 def pinned_cpu(devices: object) -> None:
     """The CPU's instruction set is this machine's (``/proc/cpuinfo``): none for the expected files on
     every machine (the AVX2 figure, as before the instruction set was read)."""
@@ -161,6 +175,7 @@ def test_plan_output_is_byte_identical(case: str, mode: str, monkeypatch: pytest
     monkeypatch.setattr(speed_store, "thread_bandwidth", no_thread_figure)
     monkeypatch.setattr(speed_store, "physical_cores", pinned_cores)
     monkeypatch.setattr(speed_store, "machine_cpu", pinned_cpu)
+    monkeypatch.setattr(speed_store, "system_ram", pinned_system_ram)
     _, got = run_plan(case, mode)
     want = (DATA / f"{case}.{mode}.txt").read_text(encoding="utf-8")
     assert got == want
@@ -177,6 +192,7 @@ if __name__ == "__main__":  # writes the expected files (only from the code befo
     speed_store.thread_bandwidth = no_thread_figure
     speed_store.physical_cores = pinned_cores  # type: ignore[assignment]
     speed_store.machine_cpu = pinned_cpu  # type: ignore[assignment]
+    speed_store.system_ram = pinned_system_ram
     DATA.mkdir(parents=True, exist_ok=True)
     for c in CASES:
         for m in MODES:

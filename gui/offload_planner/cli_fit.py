@@ -113,6 +113,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         devices_hardware,
         draft_threads_of,
         efficiencies_for,
+        probe_speed_note,
         threads_batch_of,
         threads_of,
     )
@@ -163,6 +164,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     unused = draft_warning(model, result.candidates[0].plan.spec) if result.candidates else None
     if unused:  # every candidate keeps the user's -md: none uses it, all load it
         result.notes.append(unused)
+    result.notes += [n for n in [probe_speed_note(devices)] if n]  # another machine at this one's RAM speed
     best = result.best
     # a layout made again after a full projection found it over keeps its label: rows told apart
     labels = distinct_labels([c.label for c in result.candidates])
@@ -323,7 +325,8 @@ LABEL_TERMS = (
     ("mmap", "the command's load, with mmap: the GPU maps the file span of its tensors (Metal), "
              "here the top layers (-ngl), which lie together at the file's end"),
     ("split layers", "single expert tensors added from layers whose other experts stay on the CPU, "
-                     "in the room each GPU has left (two more graph splits for each such layer)"),
+                     "in the room each GPU has left (two more graph splits, hand-overs between devices in a "
+                     "token's pass, for each such layer)"),
 )
 
 

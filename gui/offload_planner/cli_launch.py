@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from offload_planner.backend.log_lines import printable
+from offload_planner.core.cmdline.quoting import quote_bash
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -209,8 +209,8 @@ class _Session:
         if not found.path:  # an error as every refused option is, with what to give instead
             plain = [t for t in found.tried if os.path.isfile(t)]
             if a.server and plain:  # the file is there: "no executable there" read as a wrong path
-                self.say(f"error: --server {a.server!r}: {plain[0]} is a file but not executable: make it "
-                         f"one (chmod +x {shlex.quote(plain[0])}) or give the llama-server executable")
+                self.say(f"error: --server {a.server!r}: {printable(plain[0])} is a file but not executable: "
+                         f"make it one (chmod +x {quote_bash(plain[0])}) or give the llama-server executable")
             elif a.server:
                 self.say(f"error: --server {a.server!r}: no llama-server executable there (looked for "
                          f"{', '.join(found.tried)}); give the executable or the folder holding it, e.g. "

@@ -57,7 +57,9 @@ def add_plan_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    + ", ".join(dialect_names()) + f" (default: {Dialect.LLAMA_CPP}, the pinned build)")
     p.add_argument("--no-detect", action="store_true", help="do not look for NVIDIA GPUs")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--explain", action="store_true", help="list every buffer with how it was computed")
+    p.add_argument("--explain", action="store_true",
+                   help="list every buffer with how it was computed, and say what the speed block's graph "
+                   "splits are")
     p.add_argument("--prompt", type=prompt_len, default=4096, metavar="N",
                    help="prompt length of the prompt-processing estimate (default 4096)")
     add_estimate_options(p)
@@ -234,7 +236,7 @@ def _plan(args: argparse.Namespace) -> int:
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
         notes += _fit_gave_up(fit.summary, over, devices)
-    from offload_planner.backend.speed_store import plan_speed
+    from offload_planner.backend.speed_store import plan_speed, probe_speed_note
     from offload_planner.core.speed.report import speed_json, speed_lines
 
     try:
@@ -250,6 +252,8 @@ def _plan(args: argparse.Namespace) -> int:
                      "or MTP (--spec-type draft-mtp on a model with NextN layers)")
     if speed is not None and args.depth + args.prompt > speed.n_ctx:
         notes.append(_prompt_past_context(args.depth, args.prompt, speed.n_ctx))
+    if speed is not None:
+        notes += [n for n in [probe_speed_note(devices)] if n]
     if args.json:
         out = plan_json(projection, warnings=analysis.warnings, errors=[], command=analysis.command,
                         notes=notes, fit=fit.summary)
@@ -261,6 +265,6 @@ def _plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        lines = _if_it_fit(speed_lines(speed), over) if speed is not None else []
+        lines = _if_it_fit(speed_lines(speed, explain=args.explain), over) if speed is not None else []
         print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK

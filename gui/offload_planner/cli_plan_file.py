@@ -43,6 +43,7 @@ def plan_file_launch(args: argparse.Namespace, after: list[str], err: TextIO) ->
     """Print the plan file's whole command and what to look at; (model, server arguments) once
     the user agrees or ``--yes`` was given, None when the launch is refused."""
     from offload_planner.backend import launch
+    from offload_planner.backend.log_lines import printable
     from offload_planner.core.arg_safety import masked, review_args
     from offload_planner.core.cmdline import format_command
 
@@ -60,12 +61,12 @@ def plan_file_launch(args: argparse.Namespace, after: list[str], err: TextIO) ->
     )
     env = {k: v for k, v in launch.parse_env_assignments(args.env).items() if v is not None}
     concerns = review_args(cmd.server_args, dialect, env=env)
-    err.write(
-        f"offload-planner: the plan file {args.model} launches:\n  "
+    err.write(  # a hostile file name or value must not act on the terminal: its controls escaped
+        f"offload-planner: the plan file {printable(str(args.model))} launches:\n  "
         f"{format_command(masked(cmd.argv), 'bash')}\n"
     )
     for c in concerns:
-        err.write(f"offload-planner: look at {c.line()}\n")
+        err.write(f"offload-planner: look at {printable(c.line())}\n")
     err.flush()
     if args.yes:
         return model, server_args

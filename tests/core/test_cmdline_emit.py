@@ -165,7 +165,13 @@ def _cmd_then_argv(text: str) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("argv", ARGVS)
+def _cmd_cases() -> list[list[str]]:
+    """ARGVS with one '%' where they have '%PATH%': real cmd.exe replaces %PATH% inside double
+    quotes too, so that argv is refused (tests/core/test_export_hostile.py), not carried."""
+    return [[a.replace("%PATH%", "50%") for a in argv] for argv in ARGVS]
+
+
+@pytest.mark.parametrize("argv", _cmd_cases())
 @pytest.mark.parametrize("multiline", [False, True])
 def test_cmd_round_trip(argv: list[str], multiline: bool) -> None:
     assert _cmd_then_argv(format_command(argv, "cmd", multiline=multiline)) == argv

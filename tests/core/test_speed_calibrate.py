@@ -82,3 +82,26 @@ def _round_trip(args: list[str], threads: dict[str, int], factor: float, figures
     assert again.tg_tps == pytest.approx(tg, rel=2e-3)
     assert again.pp_tps == pytest.approx(pp, rel=2e-2)  # pp: compute + reads per CPU micro-batch
     return again
+
+
+def test_the_notes_name_each_efficiency_as_plan_assumptions_do() -> None:
+    """`launch --bench` printed "calibration: tg (bottleneck CPU): cpu_thread_bandwidth 10 -> 6.75 GB/s
+    per thread" (the field's name); each note names it in words, as plan's assumptions do ("CPU compute
+    efficiency"), and the values keep the field names (the stored keys, the JSON)."""
+    plan = _plan(["-ngl", "0", "-c", "4096", "-t", "1", "-tb", "16"], [])
+    hw = hardware_for(plan.devices, threads=1, threads_batch=16)
+    est = estimate(plan, hw, prompt=512, eff=DEFAULT)
+    cal = calibrate(est, hw, DEFAULT, tg_tps=est.tg_tps * 0.5, pp_tps=est.pp_tps * 0.5)
+    assert set(cal.values) == {"cpu_thread_bandwidth", "cpu_compute"}
+    assert cal.notes == [
+        "tg (bottleneck CPU): CPU bandwidth a thread (the -t limit) 10 -> "
+        f"{cal.values['cpu_thread_bandwidth']:.3g} GB/s per thread",
+        f"pp (bottleneck CPU): CPU compute efficiency 0.5 -> {cal.values['cpu_compute']:.3g} x peak",
+    ], cal.notes
+    gpu = _plan(["-ngl", "999", "-c", "4096"], ["CUDA0=24GiB,bw=100GB/s"])
+    hw = hardware_for(gpu.devices, threads=16)
+    est = estimate(gpu, hw, prompt=512, eff=DEFAULT)
+    far = calibrate(est, hw, DEFAULT, tg_tps=est.tg_tps / 100, pp_tps=None)
+    assert len(far.notes) == 1, far.notes
+    assert far.notes[0].startswith("tg (bottleneck CUDA0): GPU bandwidth efficiency would go from 0.75 to ")
+    assert far.notes[0].endswith(" x peak, more than 25x; not stored"), far.notes

@@ -24,6 +24,7 @@ from gguf.quants import dequantize
 from tests.support.procs import free_port, running_process
 
 from offload_planner.backend.server_bench import measure
+from offload_planner.core.speed.calibrate import LABELS
 from offload_planner.core.synth import SMALL_MODELS, write_model
 from offload_planner.core.synth.random_fill import fill_random
 
@@ -136,7 +137,8 @@ def test_launch_bench_no_store_says_so_and_gives_units(random_llama: Path, llama
                                                        tmp_path: Path) -> None:
     """`launch --bench --no-store` printed "calibration: tg (bottleneck CPU): cpu_thread_bandwidth
     10 -> 6.75": no unit, and nothing said it was not kept, which read as done.  Each change names its
-    unit, and a line says it was not stored; the config folder holds no efficiencies."""
+    efficiency in words, as plan's assumptions do (not the field's name), and its unit, and a line says
+    it was not stored; the config folder holds no efficiencies."""
     import re
 
     cfg = tmp_path / "cfg"
@@ -144,9 +146,11 @@ def test_launch_bench_no_store_says_so_and_gives_units(random_llama: Path, llama
                           "--bench-prompt", "64", "--bench-gen", "8", "--quiet", "--",
                           "-c", "512", "-ngl", "0", "-t", "1", "-fit", "off", cfg=cfg)
     assert code == 0, err[-2000:]
-    changes = re.findall(r"^  calibration: .*?: (\w+) \S+ -> \S+(.*)$", out, re.M)
+    changes = re.findall(r"^  calibration: [^:]*: (.+?) \S+ -> \S+(.*)$", out, re.M)
     assert changes, out
     assert all(unit.strip() in ("x peak", "GB/s per thread") for _, unit in changes), changes
+    # each efficiency in words (it printed the field's name, cpu_thread_bandwidth), as plan's assumptions
+    assert all(name in LABELS.values() for name, _ in changes), changes
     assert "  not stored (--no-store): later estimates keep their figures" in out.splitlines()
     assert "stored: later estimates" not in out.replace("not stored", "")
     stored = json.loads((cfg / "speed.json").read_text()) if (cfg / "speed.json").exists() else {}

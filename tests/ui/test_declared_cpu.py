@@ -78,3 +78,21 @@ def test_a_declared_ram_is_not_called_system_ram(qtbot: QtBot, tmp_path: Path) -
     built = build_device_set(cpu=system, detected=[], rpc_endpoints=[],
                              declared=[parse_device_decl("CPU=512GiB")])
     assert built.cpu.description == "declared RAM"
+
+
+def test_a_declared_cpu_without_its_speed_is_said_in_the_speed_tooltip(qtbot: QtBot, tmp_path: Path) -> None:
+    """`gui --device CPU=4096GiB` (another machine, its RAM speed not given) estimated on this
+    machine's RAM probe with only the assumption line naming it; the speed tooltip says so first, as
+    plan's note does, and says nothing of it with ram=."""
+    def tip(decls: list[str], name: str) -> str:
+        win = make_window(qtbot, Settings.at(str(tmp_path / name)),
+                          SystemInfo.probe([parse_device_decl(d) for d in decls]))
+        open_and_wait(qtbot, win, QWEN)
+        qtbot.waitUntil(lambda: win.speed_label.text().startswith("est. tg"), timeout=30_000)
+        return win.speed_label.toolTip()
+
+    said = tip(["CUDA0=rtx3090", "CPU=4096GiB"], "a.ini")
+    assert said.startswith("<b>RAM speed</b>: --device CPU=4096GiB is more RAM than this machine's "), said
+    assert ("give its speed too: --device CPU=4096GiB,ram=8xDDR5-4800 (channels x MT/s) or "
+            "bw=300GB/s.<br>") in said
+    assert "RAM speed</b>" not in tip(["CUDA0=rtx3090", "CPU=4096GiB,ram=8xDDR5-4800"], "b.ini")

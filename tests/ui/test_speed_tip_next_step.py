@@ -18,8 +18,12 @@ from offload_planner.ui.speed_view import UNCALIBRATED
 
 
 def test_the_tooltip_says_what_uncalibrated_means_until_calibrated(
-    qtbot: QtBot, settings: Settings, demo_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, settings: Settings, demo_path: Path, small_models: dict[str, Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """This machine's Bench calibrates this machine's estimates: a model on its own CPU says calibrated
+    then; the demo, whose CPU is declared as another machine's (``ram=``), takes none of it and keeps
+    saying what uncalibrated means."""
     monkeypatch.setenv("OFFLOAD_PLANNER_CONFIG_DIR", str(tmp_path / "cfg"))
     win = make_window(qtbot, settings, system_info())
     try:
@@ -28,8 +32,13 @@ def test_the_tooltip_says_what_uncalibrated_means_until_calibrated(
         tip = win.speed_label.toolTip()
         assert "(uncalibrated)" in tip and tip.endswith("</pre>" + UNCALIBRATED)
         assert "Launch tab's Bench" in UNCALIBRATED and "--device CPU=512GiB,ram=12xDDR5-4800" in UNCALIBRATED
-        record_efficiencies("llama.cpp", {"cpu_bandwidth": 0.6, "gpu_compute": 0.3})  # what Bench stores
+        record_efficiencies("llama.cpp", {"probe_bandwidth": 0.6, "cpu_bandwidth": 0.6,
+                                          "cpu_compute": 0.3, "gpu_compute": 0.3})  # what Bench stores
         win.speed_label.refresh()
+        tip = win.speed_label.toolTip()
+        assert "(uncalibrated)" in tip and tip.endswith("</pre>" + UNCALIBRATED)  # another machine's CPU
+        open_and_wait(qtbot, win, small_models["llama"])  # this machine's CPU
+        qtbot.waitUntil(lambda: "est. tg" in win.speed_label.text())
         tip = win.speed_label.toolTip()
         assert "(calibrated)" in tip and UNCALIBRATED not in tip and tip.endswith("</pre>")
     finally:

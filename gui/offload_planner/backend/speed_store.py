@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from offload_planner.backend.config_folder import config_dir, read_config_file
 from offload_planner.core.cmdline.cnum import stoi
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
-from offload_planner.core.devices import DeviceKind, DeviceSet
+from offload_planner.core.devices import DECLARED_RAM, DeviceKind, DeviceSet
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.placement import Placement
@@ -55,6 +55,7 @@ from offload_planner.core.speed.hardware import (
 from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.core.speed.slots import with_slots
 from offload_planner.core.speed.speculation import with_speculation
+from offload_planner.core.units import fmt_bytes
 
 FILE_NAME = "speed.json"
 PROBE_BYTES = 256 * 1024 * 1024
@@ -352,6 +353,37 @@ def _stale(when: object, seconds: float) -> bool:
     """A time stored as ``%Y-%m-%d %H:%M`` more than ``seconds`` ago, unreadable, or in the future (a
     clock set back, a hand-edited file: else never stale until then)."""
     return _older_than(when, seconds) or not _older_than(when, -60)
+
+
+def system_ram() -> int:
+    """This machine's RAM in bytes (:func:`~offload_planner.backend.system.ram_total`)."""
+    from offload_planner.backend.system import ram_total
+
+    return ram_total()
+
+
+def probe_speed_note(devices: DeviceSet) -> str:
+    """A CPU declared larger than this machine's RAM (``--device CPU=512GiB``: another machine) whose RAM
+    speed is not given (no ``ram=``/``bw=``) is priced at this machine's RAM probe: said in words, with
+    how to give the other machine's. Its assumption line named the probe, and a newcomer planning a
+    server from a laptop read the laptop's speed as the server's. "" otherwise (a size at or below
+    this machine's RAM keeps some free here, where this machine's speed is the right one)."""
+    cpu = devices.cpu
+    if cpu.description != DECLARED_RAM or cpu_elsewhere(devices) or cpu.total is None:
+        return ""
+    here = system_ram()
+    if cpu.total <= here:
+        return ""
+    size = _size_text(cpu.total)
+    return (f"--device {cpu.name}={size} is more RAM than this machine's {fmt_bytes(here, precision=1)}, but "
+            "the speed estimate still takes this machine's RAM speed (its probe, in the assumptions); for "
+            f"another machine give its speed too: --device {cpu.name}={size},ram=8xDDR5-4800 (channels x "
+            "MT/s) or bw=300GB/s")
+
+
+def _size_text(n: int) -> str:
+    """A size as --device takes it: ``512GiB`` (``1.5GiB`` where it is not whole)."""
+    return f"{n >> 30}GiB" if n % (1 << 30) == 0 else f"{n / (1 << 30):.1f}GiB"
 
 
 def host_bandwidth(*, measure: bool = True) -> Figure | None:

@@ -30,12 +30,18 @@ def cpu_device(declared: Sequence[Device] = ()) -> Device:
     (``--device`` values) gives the CPU a size, the total is not read: that size replaces it
     (:func:`~offload_planner.core.devices.build_device_set`), and a one-shot ``plan`` pays the read."""
     total = next((d.total for d in declared if d.kind is DeviceKind.CPU and d.total is not None), None)
-    total = _mem_total() if total is None else total
+    total = ram_total() if total is None else total
+    return Device("CPU", DeviceKind.CPU, total, None, description="system RAM", source="psutil")
+
+
+def ram_total() -> int:
+    """This machine's RAM in bytes: ``MemTotal`` on Linux, psutil's total elsewhere."""
+    total = _mem_total()
     if total is None:
         import psutil
 
-        total = psutil.virtual_memory().total
-    return Device("CPU", DeviceKind.CPU, total, None, description="system RAM", source="psutil")
+        total = int(psutil.virtual_memory().total)
+    return total
 
 
 def _mem_total(meminfo: str = "/proc/meminfo") -> int | None:

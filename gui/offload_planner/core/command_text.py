@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,13 +37,57 @@ def render(argv: Sequence[str], style: str, dialect: Dialect, *, multiline: bool
     return format_command(list(argv), style, dialect=Dialect(dialect), multiline=multiline)
 
 
+_ANSI_C_SIMPLE = {"n": b"\n", "t": b"\t", "r": b"\r", "a": b"\a", "b": b"\b", "f": b"\f", "v": b"\v",
+                  "e": b"\x1b", "E": b"\x1b", "\\": b"\\", "'": b"'", '"': b'"', "?": b"?"}
+_ANSI_C_ESCAPE = re.compile(r"\\(x[0-9A-Fa-f]{1,2}|[0-7]{1,3}|u[0-9A-Fa-f]{1,4}|U[0-9A-Fa-f]{1,8}|.)", re.S)
+
+
+def _ansi_c_bytes(body: str) -> str:
+    """The text of bash's ``$'body'``: its escapes decoded (bytes that are no UTF-8 kept as
+    ``surrogateescape`` characters, as Python keeps them in a path)."""
+    out = bytearray()
+    pos = 0
+    for m in _ANSI_C_ESCAPE.finditer(body):
+        out += body[pos:m.start()].encode("utf-8", "surrogateescape")
+        esc = m.group(1)
+        if esc[0] == "x":
+            out.append(int(esc[1:], 16))
+        elif esc[0] in "01234567":
+            out.append(int(esc, 8) & 0xFF)
+        elif esc[0] in "uU" and len(esc) > 1:
+            out += chr(min(int(esc[1:], 16), 0x10FFFF)).encode("utf-8", "surrogatepass")
+        else:
+            out += _ANSI_C_SIMPLE.get(esc, ("\\" + esc).encode("utf-8", "surrogateescape"))
+        pos = m.end()
+    out += body[pos:].encode("utf-8", "surrogateescape")
+    return out.decode("utf-8", "surrogateescape")
+
+
+_SHELL_PIECE = re.compile(r"\$'((?:[^'\\]|\\.)*)'|'[^']*'|\"(?:[^\"\\]|\\.)*\"|\\.|[^$'\"\\]+|.", re.S)
+
+
+def _ansi_c_as_single_quotes(text: str) -> str:
+    """``text`` with each bash ``$'...'`` (how the bash export writes a control character) turned
+    into the same characters in plain single quotes, which ``shlex`` reads."""
+    if "$'" not in text:
+        return text
+    out = []
+    for m in _SHELL_PIECE.finditer(text):
+        if m.group(1) is None:
+            out.append(m.group())
+        else:
+            out.append("'" + _ansi_c_bytes(m.group(1)).replace("'", "'\"'\"'") + "'")
+    return "".join(out)
+
+
 def split_command_text(text: str) -> list[str]:
     """A pasted command as an argument list; line continuations of bash (\\), PowerShell (`) and
-    cmd (^) are joined. The program name stays (the parser recognises it)."""
+    cmd (^) are joined, and bash's ``$'...'`` strings read. The program name stays (the parser
+    recognises it)."""
     for cont in ("\\\r\n", "\\\n", "`\r\n", "`\n", "^\r\n", "^\n"):
         text = text.replace(cont, " ")
     try:
-        return shlex.split(text, comments=False, posix=True)
+        return shlex.split(_ansi_c_as_single_quotes(text), comments=False, posix=True)
     except ValueError as e:
         raise ValueError(f"cannot split the command: {e}") from None
 

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from offload_planner.core import command_text
+from offload_planner.core.cmdline.emit import ExportRefused
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
@@ -209,12 +210,20 @@ class CommandPane(QWidget):
         return [self.program, *a.command] if a is not None and a.projection is not None else []
 
     def command_text(self) -> str:
+        """The command in the chosen format; raises ``ExportRefused`` (its message names the
+        argument) when the format cannot carry one of the arguments exactly."""
         argv = self.argv()
         if not argv:
             return ""
         return command_text.render(
             argv, self.format_style, self._doc.plan.dialect, multiline=self.multiline.isChecked()
         )
+
+    def _shown_text(self) -> str:
+        try:
+            return self.command_text()
+        except ExportRefused as e:  # shown in place of the command; Copy copies nothing
+            return str(e)
 
     def refresh(self, highlight: bool = True) -> None:
         a = self._doc.analysis
@@ -224,7 +233,7 @@ class CommandPane(QWidget):
             self.status.setText("")
             return
         argv = self.argv()
-        text = self.command_text()
+        text = self._shown_text()
         if text != self.text.toPlainText():
             self.text.setPlainText(text)
             if highlight and self._shown and argv != self._shown:
@@ -276,7 +285,11 @@ class CommandPane(QWidget):
         self._clear_timer.start(HIGHLIGHT_MS)
 
     def copy(self) -> None:
-        text = self.command_text()
+        try:
+            text = self.command_text()
+        except ExportRefused as e:
+            self.message.emit(str(e))
+            return
         if text:
             QGuiApplication.clipboard().setText(text)
             self.message.emit("Command copied")

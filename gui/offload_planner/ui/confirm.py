@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from offload_planner.backend.log_lines import printable
 from offload_planner.core.arg_safety import Concern, masked
 from offload_planner.core.cmdline import format_command
 
@@ -55,7 +56,7 @@ def launch_text(argv: Sequence[str], concerns: Sequence[Concern]) -> str:
     """The whole command (secret values hidden) and the arguments to look at."""
     text = format_command(masked(argv), "bash")
     if concerns:
-        text += "\n\nLook at these arguments:\n" + "\n".join(f"• {c.line()}" for c in concerns)
+        text += "\n\nLook at these arguments:\n" + "\n".join(f"• {printable(c.line())}" for c in concerns)
     else:
         text += "\n\nNo argument exposes the server, writes files or reaches other machines."
     return text

@@ -50,6 +50,8 @@ from offload_planner.backend.launch import Comparison, Explanation, PlanContext
 from offload_planner.backend.runner import LaunchConfig, LaunchOutcome, ServerProcess, ServerState
 from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
+from offload_planner.core.cmdline import format_command
+from offload_planner.core.cmdline.emit import ExportRefused
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.kv_override import file_model
@@ -90,6 +92,15 @@ SILENT_EXIT = ("it printed no error to quote: the Log tab has all it printed, an
                "(Command, under Launch options) can be run in a terminal to see more")
 BAD = QColor(255, 205, 210)
 OFF = QColor(255, 236, 179)
+
+
+def launched_text(argv: Sequence[str]) -> str:
+    """The launched command as bash would read it, on one line: a control character in a path
+    shows as ``$'...\\n...'`` (``shlex.join`` kept it raw)."""
+    try:
+        return format_command(list(argv), "bash")
+    except ExportRefused as e:
+        return str(e)
 
 
 class LauncherPanel(QWidget):
@@ -502,7 +513,7 @@ class LauncherPanel(QWidget):
             key = "CUDA_VISIBLE_DEVICES"
             self.sampler.start(self.server.pid, env[key] if key in env else os.environ.get(key))
             if self.server.command is not None:
-                self.command_edit.setText(shlex.join(self.server.command.argv))
+                self.command_edit.setText(launched_text(self.server.command.argv))
             self._set_telemetry_projection()
         self._update_buttons()
         self.stateChanged.emit(value)

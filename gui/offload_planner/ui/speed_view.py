@@ -7,15 +7,17 @@ probe of this machine (never measured from the GUI thread) and the efficiencies 
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QLabel, QWidget
 
-from offload_planner.backend.speed_store import plan_speed
+from offload_planner.backend.speed_store import plan_speed, probe_speed_note
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.loadable import context_error
 from offload_planner.core.mapped_span import unified_over
 from offload_planner.core.speed.bottleneck import HOST_KV_PART
-from offload_planner.core.speed.report import speed_lines
+from offload_planner.core.speed.report import SPLIT_MEANING, speed_lines
 from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.memory_view import bar_figures
@@ -26,7 +28,7 @@ IF_IT_FIT = "if it fit: "
 #: The tooltip's first line: the line's abbreviations in words.
 TERMS = ("<b>tg</b>: token generation, how fast the answer is written; <b>pp</b>: prompt processing, "
          "how fast a prompt is read; <b>t/s</b>: tokens per second; <b>time per token</b>: each "
-         "device's share of the time one generated token takes.")
+         "device's share of the time one generated token takes; <b>graph split</b>: " + SPLIT_MEANING + ".")
 
 
 #: Under an uncalibrated estimate's assumptions: how to make it this machine's, or another machine's (it
@@ -120,6 +122,8 @@ class SpeedLabel(QLabel):
         self.setText(window_line(est, over))
         note = (f"<b>{', '.join(over)} cannot hold this plan</b>: llama-server would not load it; the "
                 "estimate is for the placement as drawn.<br>") if over else ""
+        probe = probe_speed_note(self._doc.plan.devices)  # another machine's RAM at this one's speed
+        note += f"<b>RAM speed</b>: {html.escape(probe, quote=False)}.<br>" if probe else ""
         self.setToolTip(note + TERMS + "<pre>" + "\n".join(speed_lines(est)).replace("&", "&amp;")
                         .replace("<", "&lt;") + "</pre>" + ("" if est.calibrated else UNCALIBRATED))
 

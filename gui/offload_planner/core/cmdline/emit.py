@@ -7,14 +7,25 @@ an argument list.  ``format_command`` output is for people to paste.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import PurePath, PureWindowsPath
 
 from offload_planner.core.cmdline.envform import ArgGroup, args_to_env, group_args
 from offload_planner.core.cmdline.parse import split_program
-from offload_planner.core.cmdline.quoting import quote_cmd, quote_posix, quote_powershell
+from offload_planner.core.cmdline.quoting import (
+    CONTROL,
+    msvcrt_quote,
+    quote_bash,
+    quote_bash_command,
+    quote_cmd,
+    quote_posix,
+    quote_powershell,
+    visible,
+)
 from offload_planner.core.dialects.base import Dialect
+from offload_planner.core.errors import PlannerError
 
 PORT_MACRO = "${PORT}"
 
@@ -27,10 +38,77 @@ class Style(StrEnum):
     DOCKER_ENV = "docker-env"
 
 
-def _lines(argv: Sequence[str], dialect: Dialect, quote: Callable[[str], str]) -> list[str]:
+class ExportRefused(PlannerError, ValueError):
+    """An argument the chosen format cannot carry exactly: the message names the argument, the
+    format and why (the export is refused rather than written wrong)."""
+
+
+#: Longest line cmd.exe accepts; longest command line CreateProcess accepts (PowerShell's limit).
+CMD_LINE_MAX = 8191
+#: docker --env-file reads its lines with a bufio.Scanner: a line of 64 KiB or more is an error.
+ENV_FILE_LINE_MAX = 64 * 1024
+WINDOWS_COMMAND_MAX = 32767
+#: What llama-swap replaces in a model's ``cmd`` before splitting it (its macros and ``${env.X}``).
+_SWAP_MACRO = re.compile(r"\$\{(?:env\.[A-Za-z_][A-Za-z0-9_]*|[A-Za-z0-9_-]+)\}")
+_C0_BUT_TAB = re.compile("[\x00-\x08\x0a-\x1f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_STRAY_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+
+
+def _what(argv: Sequence[str], i: int) -> str:
+    prev = f", the value of {visible(argv[i - 1])}" if i > 0 and argv[i - 1].startswith("-") else ""
+    return f"argument {i} {visible(argv[i])}{prev}" if i > 0 else f"the program {visible(argv[0])}"
+
+
+def _refuse_if(argv: Sequence[str], fmt: str, found: Callable[[str], str | None]) -> None:
+    """Raise :class:`ExportRefused` at the first argument ``found`` says ``fmt`` cannot carry."""
+    for i, arg in enumerate(argv):
+        why = found(arg)
+        if why is not None:
+            raise ExportRefused(f"cannot write the command for {fmt}: {_what(argv, i)}: {why}")
+
+
+def _no_argv_can(arg: str) -> str | None:
+    if "\0" in arg:
+        return "no command line can carry a NUL character (the program would see the argument end there)"
+    if _STRAY_SURROGATE.search(arg):
+        return "it holds a lone surrogate, which is no character a command line can carry"
+    return None
+
+
+def _windows_cannot(arg: str) -> str | None:
+    if _SURROGATE.search(arg):
+        return "it holds a byte that is not UTF-8, which a Windows command line cannot carry"
+    return _no_argv_can(arg)
+
+
+def _cmd_cannot(arg: str) -> str | None:
+    m = _C0_BUT_TAB.search(arg)
+    if m is None or m.group() == "\0":
+        return _windows_cannot(arg)
+    return (f"cmd.exe cannot carry the control character {visible(m.group())} in an argument "
+            "(a line break ends the command, a carriage return is dropped); use PowerShell")
+
+
+def _swap_cannot(arg: str) -> str | None:
+    if "\0" in arg:
+        return _no_argv_can(arg)
+    m = CONTROL.search(arg)
+    if m is not None:
+        return (f"llama-swap's YAML cmd block cannot carry the control character {visible(m.group())}"
+                " (a line break would end the argument's line, and YAML forbids the others)")
+    m = _SWAP_MACRO.search(arg)
+    if m is not None:
+        return (f"llama-swap replaces {m.group()} in a cmd with its macro or environment variable, "
+                "and has no way to write it literally")
+    return _no_argv_can(arg)
+
+
+def _lines(argv: Sequence[str], dialect: Dialect, quote: Callable[[str], str],
+           quote_program: Callable[[str], str] | None = None) -> list[str]:
     """The program, then one line per flag with its values, each token quoted."""
     program, args = split_program(argv)
-    out = [quote(program)] if program is not None else []
+    out = [(quote_program or quote)(program)] if program is not None else []
     out.extend(" ".join(quote(t) for t in g.tokens) for g in group_args(args, dialect))
     return out
 
@@ -40,6 +118,12 @@ def _join(lines: list[str], multiline: bool, continuation: str) -> str:
 
 
 def _powershell(argv: Sequence[str], dialect: Dialect, multiline: bool) -> str:
+    _refuse_if(argv, "PowerShell", _windows_cannot)
+    length = len(" ".join(msvcrt_quote(a) for a in argv))
+    if length > WINDOWS_COMMAND_MAX:
+        raise ExportRefused(f"cannot write the command for PowerShell: the program's command line "
+                            f"would be {length:,} characters, and Windows starts none longer "
+                            f"than {WINDOWS_COMMAND_MAX:,}")
     lines = _lines(argv, dialect, quote_powershell)
     program, _ = split_program(argv)
     if program is not None and lines and lines[0].startswith("'"):
@@ -59,7 +143,22 @@ def _model_name(groups: list[ArgGroup]) -> str:
     return "model"
 
 
+def _cmd(argv: Sequence[str], dialect: Dialect, multiline: bool) -> str:
+    _refuse_if(argv, "cmd.exe", _cmd_cannot)
+    one_line = _join(_lines(argv, dialect, quote_cmd), False, "")
+    if one_line.count("%") > 1:
+        i = next(i for i, a in enumerate(argv) if "%" in a)
+        raise ExportRefused(f"cannot write the command for cmd.exe: {_what(argv, i)}: cmd.exe replaces "
+                            "%NAME% with a variable's value even inside double quotes, and a command "
+                            "line has no way to write it literally; use PowerShell")
+    if len(one_line) > CMD_LINE_MAX:
+        raise ExportRefused(f"cannot write the command for cmd.exe: it is {len(one_line):,} characters, "
+                            f"and cmd.exe reads no line longer than {CMD_LINE_MAX:,}; use PowerShell")
+    return _join(_lines(argv, dialect, quote_cmd), multiline, " ^")
+
+
 def _llama_swap(argv: Sequence[str], dialect: Dialect, name: str | None) -> str:
+    _refuse_if(argv, "llama-swap", _swap_cannot)
     program, args = split_program(argv)
     groups = group_args(args, dialect)
     lines = [quote_posix(program or "llama-server")]
@@ -72,18 +171,29 @@ def _llama_swap(argv: Sequence[str], dialect: Dialect, name: str | None) -> str:
             lines.append(" ".join(quote_posix(t) for t in g.tokens))
     if not has_port:
         lines.insert(1, f"--port {PORT_MACRO}")
-    key = json.dumps(name or _model_name(groups))
+    key_text = name or _model_name(groups)
+    why = _swap_cannot(key_text)
+    if why is not None:
+        raise ExportRefused(
+            f"cannot write the command for llama-swap: the model name {visible(key_text)}: {why}")
+    key = json.dumps(key_text, ensure_ascii=False)  # YAML reads "\ud83d\ude42" as two lone surrogates
     body = "\n".join(f"      {line}" for line in lines)
     return f"models:\n  {key}:\n    cmd: |\n{body}\n"
 
 
 def _docker_env(argv: Sequence[str], dialect: Dialect) -> str:
+    _refuse_if(argv, "docker env", _no_argv_can)
     _program, args = split_program(argv)
     split = args_to_env(args, dialect)
     lines = [f"{k}={v}" for k, v in split.env.items()]
+    for line in lines:
+        if len(line.encode()) >= ENV_FILE_LINE_MAX:
+            raise ExportRefused(f"cannot write the docker env file: {line.partition('=')[0]} would be a "
+                                f"{len(line.encode()):,}-byte line, and docker --env-file reads lines "
+                                f"shorter than {ENV_FILE_LINE_MAX:,} bytes")
     lines.extend(f"# note: {n}" for n in split.notes)
     if split.rest:  # an empty "# command ...: " line read as if something were missing
-        command = " ".join(quote_posix(t) for t in split.rest)
+        command = " ".join(quote_bash(t) for t in split.rest)
         lines.append(f"# command (arguments after the image's llama-server entrypoint): {command}")
     return "\n".join(lines) + "\n"
 
@@ -103,11 +213,12 @@ def format_command(
     """
     kind = Style(style)
     if kind is Style.BASH:
-        return _join(_lines(argv, dialect, quote_posix), multiline, " \\")
+        _refuse_if(argv, "bash", _no_argv_can)
+        return _join(_lines(argv, dialect, quote_bash, quote_bash_command), multiline, " \\")
     if kind is Style.POWERSHELL:
         return _powershell(argv, dialect, multiline)
     if kind is Style.CMD:
-        return _join(_lines(argv, dialect, quote_cmd), multiline, " ^")
+        return _cmd(argv, dialect, multiline)
     if kind is Style.LLAMA_SWAP:
         return _llama_swap(argv, dialect, name)
     return _docker_env(argv, dialect)

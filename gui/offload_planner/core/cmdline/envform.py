@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from offload_planner.core.cmdline.flagspec import FlagSpec, ValueKind, normalize_spelling
+from offload_planner.core.cmdline.quoting import CONTROL
 from offload_planner.core.cmdline.tables import flag_table
 from offload_planner.core.dialects.base import Dialect
 
@@ -60,8 +61,14 @@ def group_args(args: Sequence[str], dialect: Dialect) -> list[ArgGroup]:
     return groups
 
 
+#: A value longer than this stays on argv: docker --env-file reads lines shorter than 64 KiB.
+ENV_VALUE_MAX = 32 * 1024
+
+
 def _one_line(values: Sequence[str]) -> bool:
-    return all("\n" not in v and "\r" not in v and "\0" not in v and v == v.strip() for v in values)
+    """Values an env file carries exactly and shows plainly: one line of printable UTF-8 (no control
+    character, no undecodable byte), no surrounding white space, not too long."""
+    return all(v == v.strip() and not CONTROL.search(v) and len(v) <= ENV_VALUE_MAX for v in values)
 
 
 def _mainline_env(group: ArgGroup) -> tuple[str, str] | None:

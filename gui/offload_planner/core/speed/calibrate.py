@@ -24,6 +24,26 @@ from offload_planner.core.speed.result import SpeedEstimate
 MAX_FACTOR = 25.0
 
 
+#: The efficiencies a calibration changes, as its notes name them (``launch --bench``, the Launch tab's
+#: Bench): the notes read "tg (bottleneck CPU): cpu_thread_bandwidth 10 -> 6.75 GB/s per thread",
+#: field names a llama.cpp user cannot read. These are the words of plan's assumptions ("CPU compute
+#: efficiency", "link efficiency"); the stored and JSON keys stay the field names.
+LABELS = {
+    "gpu_bandwidth": "GPU bandwidth efficiency",
+    "cpu_bandwidth": "CPU bandwidth efficiency (of its declared RAM speed)",
+    "probe_bandwidth": "CPU bandwidth efficiency (of this machine's RAM probe)",
+    "cpu_thread_bandwidth": "CPU bandwidth a thread (the -t limit)",
+    "gpu_compute": "GPU compute efficiency",
+    "cpu_compute": "CPU compute efficiency",
+    "link": "link efficiency",
+}
+
+
+def label(name: str) -> str:
+    """What a user reads for efficiency ``name`` (:data:`LABELS`; another field's name in words)."""
+    return LABELS.get(name, name.replace("_", " "))
+
+
 @dataclass
 class Calibration:
     values: dict[str, float] = field(default_factory=dict)  # Efficiencies field name -> new value
@@ -66,16 +86,16 @@ def _rescale(cal: Calibration, eff: Efficiencies, name: str | None, part_s: floa
     part_measured = total_measured_s - others
     if part_s <= 0 or part_measured <= 0.05 * part_s:
         cal.notes.append(f"{what}: the other parts alone take {others:.3g} s of the measured "
-                         f"{total_measured_s:.3g} s; {name} left as it is")
+                         f"{total_measured_s:.3g} s; {label(name)} left as it is")
         return
     old, unit = getattr(eff, name).value, getattr(eff, name).unit  # "x peak", "GB/s per thread"
     new = old * part_s / part_measured
     if not 1 / MAX_FACTOR <= new / old <= MAX_FACTOR:
-        cal.notes.append(f"{what}: {name} would go from {old:.3g} to {new:.3g} {unit}, more than "
+        cal.notes.append(f"{what}: {label(name)} would go from {old:.3g} to {new:.3g} {unit}, more than "
                          f"{MAX_FACTOR:g}x; not stored")
         return
     cal.values[name] = round(new, 4)
-    cal.notes.append(f"{what}: {name} {old:.3g} -> {new:.3g} {unit}")
+    cal.notes.append(f"{what}: {label(name)} {old:.3g} -> {new:.3g} {unit}")
 
 
 def calibrate(est: SpeedEstimate, hw: Hardware, eff: Efficiencies, *, tg_tps: float | None = None,

@@ -67,8 +67,15 @@ def _depth_lines(est: SpeedEstimate) -> list[str]:
             f"{_tps(est.tg_tps_at_depth)} t/s"]
 
 
-def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
-    """Text lines under the memory table."""
+#: What a graph split is, said once after its line under ``plan --explain`` (and in the window's
+#: tooltip): "118 graph splits per token" meant nothing to a llama.cpp user who had never read the
+#: scheduler's log line.
+SPLIT_MEANING = ("where a token's pass hands over from one device to the next; each costs a copy of the "
+                 "activations across and a latency")
+
+
+def speed_lines(est: SpeedEstimate, *, assumptions: bool = True, explain: bool = False) -> list[str]:
+    """Text lines under the memory table; ``explain``: what a graph split is, after its line."""
     cal = "calibrated" if est.calibrated else "uncalibrated"
     lines = [
         f"speed estimate ({cal}): tg {_tps(est.tg_tps)} t/s at depth 0, {_tps(est.tg_tps_at_ctx)} t/s at "
@@ -87,7 +94,8 @@ def speed_lines(est: SpeedEstimate, *, assumptions: bool = True) -> list[str]:
                      f"{100 * d.share:5.0f}%   {fmt_bytes(d.kv_bytes_at_ctx)}")
     if est.n_splits:
         host = f", {2 * est.host_kv_layers} of them -nkvo's" if est.host_kv_layers else ""
-        lines.append(f"  graph splits: {est.n_splits} per token{host}, {est.split_ms:.2f} ms")
+        lines.append(f"  graph splits: {est.n_splits} per token{host}, {est.split_ms:.2f} ms"
+                     + (f" (a graph split: {SPLIT_MEANING})" if explain else ""))
     if est.host_kv_layers:
         lines.append(f"  -nkvo: {est.host_kv_layers} GPU layers run their attention on the CPU over the host "
                      f"KV cache: {est.host_kv_ms:.2f} ms a token in round trips, the KV read from RAM at "

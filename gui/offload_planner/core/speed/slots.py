@@ -78,7 +78,7 @@ def slots_estimate(plan: Plan, placement: Placement, hw: Hardware, eff: Efficien
 
     def step(b: int, kv: dict[str, int]) -> float:
         split_s = batch_split_seconds(hw, eff, pairs, n_embd, b) + host_kv_seconds(host_kv, hw, eff, b)
-        return pass_seconds(reads, hw, eff, frac, b, kv, split_s, layers, plan.dialect)
+        return pass_seconds(reads, hw, eff, frac, b, kv, split_s, layers, dialect=plan.dialect)
 
     one = step(1, {})
     each0 = plain_tps * one / step(n, {})

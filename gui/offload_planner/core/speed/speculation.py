@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from offload_planner.core.devices import DeviceSet
-from offload_planner.core.dialects import LLAMA_CPP, Dialect
+from offload_planner.core.dialects import Dialect
 from offload_planner.core.memory import resolve_context
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement, place
@@ -167,8 +167,8 @@ def mtp_reads(model: Model, placement: Placement) -> dict[str, _Reads]:
 
 
 def pass_seconds(reads: dict[str, _Reads], hw: Hardware, eff: Efficiencies, frac: float, b: float,
-                 kv: dict[str, int], split_s: float, layers: dict[str, float] | None = None,
-                 dialect: Dialect = LLAMA_CPP) -> float:
+                 kv: dict[str, int], split_s: float, layers: dict[str, float] | None = None, *,
+                 dialect: Dialect) -> float:
     """One pass of ``b`` tokens (a batch: weights once, experts any token routes to, KV once): per
     device the larger of its reads over its effective bandwidth and its products, summed (devices run
     one after another), plus the graph splits' ``split_s``, plus on a GPU ``gpu_layer_us`` for each of
@@ -391,12 +391,13 @@ def speculation(plan: Plan, placement: Placement, hw: Hardware, eff: Efficiencie
         if copies:
             host_s += kv_copy_seconds(target_kv_, hw, eff)
         splits = batch_split_seconds(hw, eff, tpairs, n_embd, b) + host_s
-        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers, dialect)
+        verify = pass_seconds(target, hw, eff, frac, b, target_kv_, splits, target_layers, dialect=dialect)
         one = pass_seconds(draft.reads, dhw, eff, draft.frac, 1, draft_kv,
-                           batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers, dialect)
+                           batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, 1), draft.layers,
+                           dialect=dialect)
         catch_up = pass_seconds(draft.reads, dhw, eff, draft.frac, b, draft_kv,
                                 batch_split_seconds(hw, eff, draft.pairs, draft.n_embd, b), draft.layers,
-                                dialect)
+                                dialect=dialect)
         return verify, one, verify + n * one + catch_up
 
     verify0, one0, step0 = step({}, {})
