@@ -630,30 +630,48 @@ def test_one_token_reserve_left_out_before_pass_5(models: dict[str, Model], name
     assert CI.stats["left_out_early"] - before == left_out
 
 
-def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]) -> None:
-    """After passes 1-4, on random moves of a few tensors between the CPU and two GPUs (prompt and
-    one-token graphs): ``_Replay.new_copies`` holds every split-input copy that pass 5 then adds and
-    the reference did not, and ``_Replay.early_bound`` is at least the bound (:mod:`.bound`) of the
-    graph scheduled from scratch for the new placement on every backend; some moves add copies."""
-    from offload_planner.core.compute.allocator import GraphAllocator
-    from offload_planner.core.compute.bound import graph_bound
-    from offload_planner.core.compute.graph import Builder
-    from offload_planner.core.compute.replay import _Replay, diff_items
-    from offload_planner.core.compute.scheduler import Scheduler
-    from offload_planner.core.compute.simulate import backends_for, graph_builder, weight_factory
-
-    model = models["qwen3moe"]
+def _two_gpu_refs(model: Model, *, ub: int) -> tuple[DeviceSet, ContextParams, Plan, list[Reference]]:
+    """Two CUDA GPUs holding every layer, the token embedding on the CPU (an override: no pipeline
+    parallelism, which is not replayed), ``-ub ub -np 1``: the devices, the context, the plan and the
+    two references (prompt and one token) its first sight records."""
     devices = _devices("CUDA", 2)
-    params = _params(ub=512, np_=1)
+    params = _params(ub=ub, np_=1)
     ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
-    # (an override: no pipeline parallelism, which is not replayed)
     opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
                             overrides=(Override("token_embd", "CPU"),))
     plan = Plan(model, devices, opts, params)
     refs = _first_sight_refs(model, devices, plan, ctx, params)
     assert len(refs) == 2
+    return devices, params, plan, refs
+
+
+def _scratch_bound(model: Model, devices: DeviceSet, placement: Placement, sh: Shape) -> list[int]:
+    """The allocator bound (:mod:`.bound`) of the graph of shape ``sh`` scheduled from scratch for
+    ``placement``, per backend."""
+    from offload_planner.core.compute.bound import graph_bound
+    from offload_planner.core.compute.graph import Builder
+    from offload_planner.core.compute.scheduler import Scheduler
+    from offload_planner.core.compute.simulate import backends_for, graph_builder, weight_factory
+
     arch = graph_builder(model)
     assert arch is not None
+    b = Builder(sh, weight_factory(model, placement), placement.layer_device, placement.layer_device)
+    arch(b)
+    backends = backends_for(devices, placement)
+    sched = Scheduler(backends, 1, True)
+    sched.split_graph(b.g, keep_forced=True)
+    return graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
+
+
+def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]) -> None:
+    """After passes 1-4, on random moves of a few tensors between the CPU and two GPUs (prompt and
+    one-token graphs): ``_Replay.new_copies`` holds every split-input copy that pass 5 then adds and
+    the reference did not, and ``_Replay.early_bound`` is at least the bound (:mod:`.bound`) of the
+    graph scheduled from scratch for the new placement on every backend; some moves add copies."""
+    from offload_planner.core.compute.replay import _Replay, diff_items
+
+    model = models["qwen3moe"]
+    devices, params, plan, refs = _two_gpu_refs(model, ub=512)
     rng = random.Random(5)
     layer_tensors = [t.name for t in model.tensors if t.layer is not None]
     names = [d.name for d in (devices.cpu, *devices.gpus)]
@@ -661,7 +679,6 @@ def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]
     for _ in range(40):
         placement = plan.with_moves({rng.choice(layer_tensors): rng.choice(names)
                                      for _ in range(rng.randint(1, 3))}).placement()
-        backends = backends_for(devices, placement)
         for ref in refs:
             mv = diff_items(ref, placement.items, list(placement.unit_devices), params.offload_kqv)
             assert mv is not None
@@ -677,12 +694,7 @@ def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]
             made = {key for key in rp.made if key not in ref.copy_of}
             assert made <= expected
             with_new += bool(made)
-            b = Builder(ref.sh, weight_factory(model, placement), placement.layer_device,
-                        placement.layer_device)
-            arch(b)
-            sched = Scheduler(backends, 1, True)
-            sched.split_graph(b.g, keep_forced=True)
-            full = graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
+            full = _scratch_bound(model, devices, placement, ref.sh)
             assert all(e >= f for e, f in zip(early, full, strict=True)), (early, full)
     assert with_new > 5
 
@@ -694,24 +706,11 @@ def test_layer_bound_holds_every_move_of_one_layer(models: dict[str, Model], nam
     layer plus the reference's allocator bound is at least ``_Replay.early_bound`` after passes 1-4 and
     at least the bound of the graph scheduled from scratch for the new placement on every backend
     (prompt and one-token graphs); moves of two layers are not decided by it."""
-    from offload_planner.core.compute.bound import graph_bound
-    from offload_planner.core.compute.graph import Builder
     from offload_planner.core.compute.layer_bound import _affected, _bounds, _copied, below_for_layer_move
     from offload_planner.core.compute.replay import _Replay, diff_items
-    from offload_planner.core.compute.scheduler import Scheduler
-    from offload_planner.core.compute.simulate import backends_for, graph_builder, weight_factory
 
     model = models[name]
-    devices = _devices("CUDA", 2)
-    params = _params(ub=2048, np_=1)
-    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
-    opts = PlacementOptions(n_gpu_layers=model.summary.n_layer + 1,
-                            overrides=(Override("token_embd", "CPU"),))
-    plan = Plan(model, devices, opts, params)
-    refs = _first_sight_refs(model, devices, plan, ctx, params)
-    assert len(refs) == 2
-    arch = graph_builder(model)
-    assert arch is not None
+    devices, params, plan, refs = _two_gpu_refs(model, ub=2048)
     rng = random.Random(7)
     names = [d.name for d in (devices.cpu, *devices.gpus)]
     checked = 0
@@ -720,7 +719,6 @@ def test_layer_bound_holds_every_move_of_one_layer(models: dict[str, Model], nam
         ts = [t.name for t in model.tensors if t.layer == il]
         picked = ts if k % 3 == 0 else rng.sample(ts, rng.randint(1, min(3, len(ts))))
         placement = plan.with_moves(dict.fromkeys(picked, rng.choice(names))).placement()
-        backends = backends_for(devices, placement)
         for ref in refs:
             mv = diff_items(ref, placement.items, list(placement.unit_devices), params.offload_kqv)
             assert mv is not None
@@ -741,12 +739,7 @@ def test_layer_bound_holds_every_move_of_one_layer(models: dict[str, Model], nam
             copied = {s for gi in superset if ref.cur_before[gi] != -2 for s in _copied(ref, gi)}
             assert {s for s, _ in rp.new_copies(affected)} <= copied
             assert all(x >= e for x, e in zip(bound, early, strict=True)), (il, bound, early)
-            g = Builder(ref.sh, weight_factory(model, placement), placement.layer_device,
-                        placement.layer_device)
-            arch(g)
-            sched = Scheduler(backends, 1, True)
-            sched.split_graph(g.g, keep_forced=True)
-            full = graph_bound(GraphAllocator(backends), sched.nodes, sched.node_ids, sched.leafs)
+            full = _scratch_bound(model, devices, placement, ref.sh)
             assert all(x >= f for x, f in zip(bound, full, strict=True)), (il, bound, full)
             checked += 1
     assert checked >= 30
