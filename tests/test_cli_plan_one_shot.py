@@ -67,16 +67,18 @@ def test_plan_fit_off_keeps_nothing(small_models: dict[str, Path], name: str) ->
 
 def test_a_declared_cpu_size_is_not_read_from_the_system(small_models: dict[str, Path],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--device CPU=SIZE`` replaces the RAM total the system reports: a one-shot plan no longer reads
-    /proc/meminfo for it (a read the output never showed); without it the total is read, and the CPU
-    row's capacity is that total."""
+    """``--device CPU=SIZE,ram=...`` (another machine) replaces the RAM total the system reports: a
+    one-shot plan does not read /proc/meminfo for it (a read the output never showed); without it the
+    total is read, and the CPU row's capacity is that total.  A bare ``CPU=SIZE`` reads it once, for
+    the note that compares the size with this machine's RAM (``speed_store.probe_speed_note``)."""
     from offload_planner.backend import system
 
     reads: list[str] = []
     real = system._mem_total
     monkeypatch.setattr(system, "_mem_total", lambda *a: reads.append("meminfo") or real(*a))
     argv = ["plan", str(small_models["qwen3moe"]), "--no-detect", "--json", "--device", "CUDA0=24GiB"]
-    for cpu, read in ((["--device", "CPU=64GiB"], []), ([], ["meminfo"])):
+    for cpu, read in ((["--device", "CPU=64GiB,ram=2xDDR5-4800"], []), ([], ["meminfo"]),
+                      (["--device", "CPU=64GiB"], ["meminfo"])):
         reads.clear()
         out = io.StringIO()
         with contextlib.redirect_stdout(out):

@@ -383,6 +383,8 @@ def _read_header(cur: _Cursor) -> Header:
         name = cur.string("tensor name")
         if len(name.encode("utf-8")) >= GGML_MAX_NAME:
             raise cur.fail(f"tensor name {name[:40]!r}... is too long (llama.cpp: < 64 bytes)", at)
+        # ggml keeps a C string (gguf.cpp: ggml_set_name(&info.t, name.c_str())): the name ends at a NUL
+        name = name.split("\0", 1)[0]
         if name in seen:
             raise cur.fail(f"duplicate tensor name {name!r}", at)
         seen.add(name)
