@@ -699,56 +699,6 @@ def test_early_bound_holds_the_new_graph_and_its_copies(models: dict[str, Model]
     assert with_new > 5
 
 
-@pytest.mark.parametrize("name", ["qwen3moe", "llama", "gemma3", "gpt-oss"])
-def test_layer_bound_holds_every_move_of_one_layer(models: dict[str, Model], name: str) -> None:
-    """:mod:`.layer_bound`: on random moves of some tensors of one layer (weights, or the whole layer
-    with its KV cache) to the CPU or either GPU, ``-ub 2048`` (op offload on), the bound kept for that
-    layer plus the reference's allocator bound is at least ``_Replay.early_bound`` after passes 1-4 and
-    at least the bound of the graph scheduled from scratch for the new placement on every backend
-    (prompt and one-token graphs); moves of two layers are not decided by it."""
-    from offload_planner.core.compute.layer_bound import _affected, _bounds, _copied, below_for_layer_move
-    from offload_planner.core.compute.replay import _Replay, diff_items
-
-    model = models[name]
-    devices, params, plan, refs = _two_gpu_refs(model, ub=2048)
-    rng = random.Random(7)
-    names = [d.name for d in (devices.cpu, *devices.gpus)]
-    checked = 0
-    for k in range(30):
-        il = rng.randrange(model.summary.n_layer)
-        ts = [t.name for t in model.tensors if t.layer == il]
-        picked = ts if k % 3 == 0 else rng.sample(ts, rng.randint(1, min(3, len(ts))))
-        placement = plan.with_moves(dict.fromkeys(picked, rng.choice(names))).placement()
-        for ref in refs:
-            mv = diff_items(ref, placement.items, list(placement.unit_devices), params.offload_kqv)
-            assert mv is not None
-            if not mv.dev and not mv.forced:
-                continue
-            lb = _bounds(ref)
-            extra = lb.of(ref, il)
-            assert extra is not None
-            bound = [x + y for x, y in zip(ref.alloc_bound(), extra, strict=True)]
-            rp = _Replay(ref, mv)
-            rp.assign()
-            affected = rp.affected()
-            early = rp.early_bound(affected) if affected else ref.alloc_bound()
-            # what the bound rests on: the nodes a move may affect, the sources it may copy
-            superset = _affected(ref, [t for t, x in lb.layer_of.items() if x == il],
-                                 [n for n, x in lb.forced_layer.items() if x == il])
-            assert affected <= superset
-            copied = {s for gi in superset if ref.cur_before[gi] != -2 for s in _copied(ref, gi)}
-            assert {s for s, _ in rp.new_copies(affected)} <= copied
-            assert all(x >= e for x, e in zip(bound, early, strict=True)), (il, bound, early)
-            full = _scratch_bound(model, devices, placement, ref.sh)
-            assert all(x >= f for x, f in zip(bound, full, strict=True)), (il, bound, full)
-            checked += 1
-    assert checked >= 30
-    two = plan.with_moves({"blk.0.attn_q.weight": "CPU", "blk.1.attn_q.weight": "CPU"}).placement()
-    mv = diff_items(refs[0], two.items, list(two.unit_devices), params.offload_kqv)
-    assert mv is not None and mv.dev
-    assert not below_for_layer_move(refs[0], mv.dev, mv.forced, [1 << 60] * len(refs[0].backends))
-
-
 @pytest.mark.parametrize("name", ["DeepSeek-V3", "gpt-oss-120b-MXFP4"])
 def test_checkpoints_hold_the_state_a_plain_walk_has_there(big_headers: dict[str, Model], name: str) -> None:
     """Every checkpoint of a recorded reference (the recording keeps the free blocks, maxima and peak

@@ -67,11 +67,10 @@ from offload_planner.core.compute.ggml import (
     T,
 )
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
-from offload_planner.core.compute.layer_bound import below_for_layer_move
 from offload_planner.core.compute.rec_alloc import Refuse
 from offload_planner.core.compute.rec_jumps import jumping_walker
 from offload_planner.core.compute.recording import Reference
-from offload_planner.core.compute.replay import Far, Move, diff, diff_items, replay
+from offload_planner.core.compute.replay import Far, diff, diff_items, replay
 from offload_planner.core.compute.reserve import Reserve, reserve_graph
 from offload_planner.core.compute.sched_layers import cached_refs
 from offload_planner.core.compute.scheduler import Backend
@@ -163,19 +162,15 @@ def _keep(key: tuple[object, ...], ref: Reference) -> None:
 
 
 
-def _below_whatever_moves(ref: Reference, below: list[int], mv: Move) -> bool:
+def _below_whatever_moves(ref: Reference, below: list[int]) -> bool:
     """The reference's graph reserves at most ``below`` on every backend under any placement that
-    builds it (``Reference.below_any_placement``), or under any move of the tensors of the one layer
-    ``mv`` moves (:mod:`.layer_bound`): a caller keeping the larger reserve per backend may leave it out
-    before passes 1-4 (counted as left out early)."""
-    if ref.below_any_placement(below):
-        stats["left_out_any"] += 1
-    elif below_for_layer_move(ref, mv.dev, mv.forced, below):
-        stats["left_out_layer"] += 1
-    else:
+    builds it (``Reference.below_any_placement``): a caller keeping the larger reserve per backend may leave
+    it out before passes 1-4 (counted as left out early)."""
+    if not ref.below_any_placement(below):
         return False
     stats["left_out"] += 1
     stats["left_out_early"] += 1
+    stats["left_out_any"] += 1
     return True
 
 
@@ -204,7 +199,7 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
                 stats["item_diffs"] += 1
             else:
                 mv = diff(ref, where(), unit_devices, offload_kqv)
-            if below is not None and (mv.dev or mv.forced) and _below_whatever_moves(ref, below, mv):
+            if below is not None and (mv.dev or mv.forced) and _below_whatever_moves(ref, below):
                 return None
             r = replay(ref, mv, below)
             if r is not None:

@@ -15,8 +15,7 @@
 #: left_out: one-token reserves a replay left out (a bound put them below the prompt reserve everywhere);
 #: left_out_early: of which those a bound put there after passes 1-4 (``_Replay.early_bound``) or
 #: before them; left_out_any: of which those the bound of any placement put there
-#: (``Reference.below_any_placement``); left_out_layer: of which those the bound of any move of the one
-#: layer moved put there (.layer_bound); patched_back: replay starts not moved back, the one backend whose
+#: (``Reference.below_any_placement``); patched_back: replay starts not moved back, the one backend whose
 #: allocator a count before the window changes patched from the reference's events instead;
 #: graph_copies: kept graphs copied from one a recorded reference took (.template), not built;
 #: walk_jumps: periods of equal layers a from-scratch walk over a kept graph jumped (.jumps);
@@ -29,6 +28,5 @@ stats = {"replays": 0, "full": 0, "refused": 0, "replay_errors": 0, "item_diffs"
          "moved_back": 0, "patched_back": 0,
          "tails": 0, "plain": 0, "skips": 0, "diff_shortcuts": 0,
          "tail_hits": 0, "period_jumps": 0, "period_misses": 0, "graph_reuses": 0,
-         "far": 0, "left_out": 0, "left_out_early": 0, "left_out_any": 0, "left_out_layer": 0,
-         "walk_jumps": 0, "walk_restarts": 0,
+         "far": 0, "left_out": 0, "left_out_early": 0, "left_out_any": 0, "walk_jumps": 0, "walk_restarts": 0,
          "graph_copies": 0, "sched_layers": 0, "rec_jumps": 0, "rec_restarts": 0}
