@@ -110,12 +110,9 @@ def _fit_devices(args: argparse.Namespace, parsed: ParsedArgs, model: Model,
 
 def _run_fit(args: argparse.Namespace) -> int:
     from offload_planner.backend.speed_store import (
-        devices_hardware,
-        draft_threads_of,
         efficiencies_for,
+        parsed_hardware,
         probe_speed_note,
-        threads_batch_of,
-        threads_of,
     )
     from offload_planner.core.cmdline import parse_server_args, skipped_devices
     from offload_planner.core.loadable import open_loadable
@@ -138,8 +135,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     model = open_loadable(args.model)
     devices, detection = _fit_devices(args, parsed, model, dialect)
     eff = efficiencies_for(args.backend, devices)
-    hw = devices_hardware(devices, threads_of(parsed), probe_rpc=True, threads_batch=threads_batch_of(parsed),
-                          draft_threads=draft_threads_of(parsed, dialect))
+    hw = parsed_hardware(devices, parsed, dialect, probe_rpc=True)
     result = fastest_plan(model, devices, list(args.server_args), hw, dialect=dialect, goal=args.goal,
                           prompt=args.prompt, eff=eff, allow_kv_quant=args.allow_kv_quant,
                           accept=args.spec_accept, allow_nkvo=args.allow_nkvo,

@@ -860,13 +860,22 @@ def machine_cpu(devices: DeviceSet) -> CpuInfo | None:
 def machine_hardware(plan: Plan, parsed: Any = None, *, probe: bool = True,
                      probe_rpc: bool = False) -> Hardware:
     """The figures of the plan's devices on this machine (:func:`devices_hardware`), threads from
-    ``-t`` of ``parsed`` or of the plan's kept flags."""
-    threads = threads_of(parsed) if parsed is not None else threads_in(plan.extra_args)
-    batch = threads_batch_of(parsed) if parsed is not None else threads_batch_in(plan.extra_args)
-    draft = (draft_threads_of(parsed, plan.dialect) if parsed is not None
-             else draft_threads_in(plan.extra_args, plan.dialect))
-    return devices_hardware(plan.devices, threads, probe=probe, probe_rpc=probe_rpc, threads_batch=batch,
-                            draft_threads=draft)
+    ``-t`` of ``parsed`` (:func:`parsed_hardware`) or of the plan's kept flags."""
+    if parsed is not None:
+        return parsed_hardware(plan.devices, parsed, plan.dialect, probe=probe, probe_rpc=probe_rpc)
+    argv = plan.extra_args
+    return devices_hardware(plan.devices, threads_in(argv), probe=probe, probe_rpc=probe_rpc,
+                            threads_batch=threads_batch_in(argv),
+                            draft_threads=draft_threads_in(argv, plan.dialect))
+
+
+def parsed_hardware(devices: DeviceSet, parsed: Any, dialect: Dialect, *, probe: bool = True,
+                    probe_rpc: bool = False) -> Hardware:
+    """The figures of ``devices`` on this machine (:func:`devices_hardware`) with the threads a parsed
+    command line gives: ``-t``, ``-tb`` and the draft model's (:func:`draft_threads_of`)."""
+    return devices_hardware(devices, threads_of(parsed), probe=probe, probe_rpc=probe_rpc,
+                            threads_batch=threads_batch_of(parsed),
+                            draft_threads=draft_threads_of(parsed, dialect))
 
 
 def devices_hardware(devices: DeviceSet, threads: int | None, *, probe: bool = True,
