@@ -282,7 +282,14 @@ def _hybrid_layer(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef
     if spec.n_expert == 0:
         return out + _dense_ffn(spec, il)
     f = spec.n_ff_shexp
-    return [*out, *_routed_experts(spec, il), _blk(il, "ffn_gate_inp_shexp", (e,), "small"), _blk(il, "ffn_gate_shexp", (e, f), "shexp"), _blk(il, "ffn_down_shexp", (f, e), "shexp_down"), _blk(il, "ffn_up_shexp", (e, f), "shexp")]
+    return [
+        *out,
+        *_routed_experts(spec, il),
+        _blk(il, "ffn_gate_inp_shexp", (e,), "small"),
+        _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
+        _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
+        _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+    ]
 
 
 def _qwen3next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
