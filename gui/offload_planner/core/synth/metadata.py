@@ -52,6 +52,16 @@ def _hparams(spec: ModelSpec) -> dict[str, KvValue]:
         kv["expert_feed_forward_length"] = spec.n_ff_exp
     if spec.n_expert_shared:
         kv["expert_shared_count"] = spec.n_expert_shared
+    if spec.n_ff_shexp:
+        kv["expert_shared_feed_forward_length"] = spec.n_ff_shexp
+    if spec.ssm_d_state:
+        kv["ssm.conv_kernel"] = spec.ssm_d_conv
+        kv["ssm.state_size"] = spec.ssm_d_state
+        kv["ssm.group_count"] = spec.ssm_n_group
+        kv["ssm.time_step_rank"] = spec.ssm_dt_rank
+        kv["ssm.inner_size"] = spec.ssm_d_inner
+    if spec.write_attention_interval:
+        kv["full_attention_interval"] = spec.full_attention_interval
     if spec.n_layer_dense_lead:
         kv["leading_dense_block_count"] = spec.n_layer_dense_lead
     if spec.q_lora_rank:
