@@ -243,14 +243,14 @@ def _beta_gate(b: Builder, dn: DeltaNet, rs: _Rs, cur: T, il: int) -> tuple[T, T
         per = n_vh // n_kh
         r = reshape(mul_mat(b.req(f"blk.{il}.ssm_ba.weight"), cur), 2 * per, n_kh, nst, ns)
         nb = r.nb[1:4]
-        beta = _unary(cont(view(r, [per, n_kh, nst, ns], nb, 0)))
+        beta = reshape(_unary(cont(view(r, [per, n_kh, nst, ns], nb, 0))), 1, n_vh, nst, ns)
         alpha = cont(view(r, [per, n_kh, nst, ns], nb, _row(per)), n_vh, nst, ns)
     else:
         beta = _unary(reshape(mul_mat(b.req(f"blk.{il}.ssm_beta.weight"), cur), 1, n_vh, nst, ns))
         alpha = reshape(mul_mat(b.req(f"blk.{il}.ssm_alpha.weight"), cur), n_vh, nst, ns)
     alpha = _unary(dup_op(alpha, "ADD", alpha, b.req(f"blk.{il}.ssm_dt.bias")))
     gate = dup_op(alpha, "MUL", alpha, b.req(f"blk.{il}.ssm_a"))
-    return reshape(beta, 1, n_vh, nst, ns), reshape(gate, 1, n_vh, nst, ns)
+    return beta, reshape(gate, 1, n_vh, nst, ns)
 
 
 def _build_rs(b: Builder, rs: _Rs, s: T, state_size: int) -> T:
