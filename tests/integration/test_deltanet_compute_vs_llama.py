@@ -1,0 +1,104 @@
+"""The gated-delta-net hybrids' compute buffers (:mod:`offload_planner.core.compute.archs_deltanet`)
+against the real llama-server on local ggml-rpc-server devices.
+
+The small synth models of qwen3next (fused ``ssm_ba``, key heads repeated up to the value heads),
+qwen35moe (split ``ssm_beta``/``ssm_alpha``, IMRoPE positions) and qwen35 (dense): 8 layers, every
+fourth one full attention.  Each command line is projected as the planner projects it (its plan's
+compute buffers) and must equal, per device, the compute buffer the server prints to its 0.01 MiB;
+the graph's node and split counts must equal the ones ``sched_reserve`` logs.  Measured: every case
+equal (before the port these archs took the estimate: e.g. qwen3next all on RPC0 at -c 4096,
+estimated against the server's 7.51 / 6.02 MiB)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import mib, rpc_devices, server_output
+from tests.support.spec_log import split_log
+
+from offload_planner.core.analysis import analyse_command
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.compute import simulate
+from offload_planner.core.gguf_reader import open_model
+from offload_planner.core.memory import resolve_context
+
+pytestmark = pytest.mark.integration
+
+# (model, number of RPC devices, llama-server arguments)
+CASES: list[tuple[str, int, str]] = [
+    ("qwen3next", 1, "-c 4096 -ngl 999"),
+    ("qwen3next", 2, "-c 4096 -ngl 999"),  # split by layer, pipeline parallelism
+    ("qwen3next", 2, "-c 4096 -ngl 5"),  # three layers and the output on the CPU
+    ("qwen3next", 1, "-c 4096 -ngl 4"),
+    ("qwen3next", 1, "-c 4096 -ngl 999 -ot exps=CPU"),
+    ("qwen3next", 1, "-c 4096 -ngl 999 -fa off"),
+    ("qwen3next", 1, "-c 4096 -b 2048 -ub 2048 -ngl 999"),
+    ("qwen3next", 2, "-c 4096 -b 1024 -ub 1024 -ngl 999 -fa off"),
+    ("qwen3next", 1, "-c 4096 -ngl 999 -nkvo"),  # recurrent states on the host
+    ("qwen3next", 1, "-c 4096 -ngl 999 -np 2"),
+    ("qwen3next", 1, "-c 4096 -ngl 999 -ub 16"),  # norms forced onto their layer's device
+    ("qwen35moe", 1, "-c 4096 -ngl 999"),
+    ("qwen35moe", 2, "-c 4096 -ngl 999"),
+    ("qwen35moe", 2, "-c 4096 -ngl 5"),
+    ("qwen35moe", 1, "-c 4096 -ngl 4"),
+    ("qwen35moe", 1, "-c 4096 -ngl 999 -ot exps=CPU"),
+    ("qwen35moe", 1, "-c 4096 -ngl 999 -fa off"),
+    ("qwen35moe", 1, "-c 4096 -b 2048 -ub 2048 -ngl 999"),
+    ("qwen35moe", 2, "-c 4096 -b 1024 -ub 1024 -ngl 999 -fa off"),
+    ("qwen35moe", 1, "-c 4096 -ngl 999 -nkvo"),
+    ("qwen35moe", 1, "-c 4096 -ngl 999 -np 3"),
+    ("qwen35moe", 1, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
+    ("qwen35", 2, "-c 4096 -ngl 999"),
+    ("qwen35", 1, "-c 4096 -ngl 4 -fa off"),
+]
+
+_GRAPH = re.compile(r"sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: "
+                    r"nodes = ([\d /]+), splits = ([\d /]+),")
+
+
+@pytest.fixture(scope="module")
+def endpoints(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    with rpc_servers(llama_bin_dir, 2, tmp_path_factory.mktemp("rpc")) as eps:
+        yield eps
+
+
+def _counts(text: str) -> list[int]:
+    """``"736"`` or ``"736 / 740"`` (pp / tg): both reserves' counts."""
+    parts = [int(x) for x in text.split("/")]
+    return parts * 2 if len(parts) == 1 else parts
+
+
+@pytest.mark.parametrize(("name", "n_rpc", "args"), CASES, ids=[f"{m}-rpc{n}-{a}" for m, n, a in CASES])
+def test_compute_buffers_equal_the_servers(name: str, n_rpc: int, args: str, endpoints: list[str],
+                                           small_models: dict[str, Path], llama_server: Path,
+                                           tmp_path: Path) -> None:
+    path = small_models[name]
+    model = open_model(path)
+    eps = endpoints[:n_rpc]
+    devices = rpc_devices(eps)
+    argv = ["--rpc", ",".join(eps), "-m", str(path), "-fit", "off", *shlex.split(args)]
+    analysis = analyse_command(model, devices, parse_server_args(argv))
+    assert analysis.projection is not None and analysis.plan is not None
+    output = server_output(llama_server, argv, tmp_path / "server.log", timeout=180)
+    assert "listening on http://" in output, output[-3000:]
+    actual, _ = split_log(output.splitlines(), {ep: f"RPC{i}" for i, ep in enumerate(eps)})
+    rows = []
+    for dm in analysis.projection.devices:
+        compute = [b for b in dm.buffers if b.kind == "compute" and b.owner == ""]
+        assert not any(b.why.startswith("estimate") for b in compute), [b.why for b in compute]
+        ours, theirs = mib(sum(b.bytes for b in compute)), actual.get(dm.device.name, {}).get("compute", 0.0)
+        rows.append((dm.device.name, ours, theirs))
+    assert all(abs(ours - theirs) <= 0.011 for _, ours, theirs in rows), rows
+    plan = analysis.plan
+    ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
+    sim = simulate(model, devices, plan.placement(), ctx, plan.context)
+    assert sim is not None
+    m = _GRAPH.search(output)
+    assert m is not None, output[-3000:]
+    assert [r.n_nodes for r in sim.reserves] == _counts(m.group(1))
+    assert [r.n_splits for r in sim.reserves] == _counts(m.group(2))
