@@ -40,6 +40,10 @@ CASES: list[tuple[str, str]] = [
     ("qwen35moe", "-ngl 999 -ts 3,1 -c 4096 -np 2 -ot exps=CPU"),
     ("qwen35moe", "-ngl 999 -ts 1,1 -c 2048 -fa off"),
     ("qwen35", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    # draft-mtp: the main context keeps --spec-draft-n-max (default 3) rollback snapshots per sequence
+    # (n_rs_seq), the MTP context a plain KV cache of the NextN layer (layer 8)
+    ("qwen35moe-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 --spec-type draft-mtp"),
+    ("qwen35moe-mtp", "-ngl 7 -ts 1,2 -c 4096 --spec-type draft-mtp --spec-draft-n-max 5"),
 ]
 
 
