@@ -106,6 +106,16 @@ def recurrent_layers(model: Model) -> tuple[bool, ...]:
     return h.recurrent(model) if h is not None else (False,) * model.summary.n_layer
 
 
+def layer_cache_note(model: Model, il: int) -> str:
+    """What a layer of a hybrid model keeps per sequence, for the per-layer map ("" for another model)."""
+    if hybrid_arch(model) is None or il >= len(recurrent_layers(model)):
+        return ""
+    if recurrent_layers(model)[il]:
+        return ("recurrent layer: no KV cache; its state (conv R + delta-net S, f32, one cell per "
+                "sequence) is in its device's recurrent state buffer (RS)")
+    return "attention layer: its KV cache is on its device (the recurrent layers have none)"
+
+
 def kv_layers(model: Model, layers: Iterable[int]) -> list[int]:
     """The layers of ``layers`` the KV cache holds: the attention layers of a hybrid model
     (``filter_attn``), every one of another."""
