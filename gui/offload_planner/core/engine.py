@@ -19,7 +19,7 @@ from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.rule_match import rule_set
-from offload_planner.core.speculative import draft_len, uses_mtp
+from offload_planner.core.speculative import draft_len, rs_snapshots, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
 __all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "command_notes", "context_params",
@@ -157,6 +157,7 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         mla=dialect.mla(model, _get(args, "mla")),
         amb=dialect.amb(_get(args, "amb")),
         repack=bool(_get(args, "rtr", False)),
+        n_rs_seq=rs_snapshots(args, dialect),
     ), notes
 
 

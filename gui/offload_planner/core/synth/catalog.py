@@ -288,6 +288,11 @@ SMALL_MODELS["qwen35moe"] = replace(
     tokenizer=_bpe(1024, "qwen35", 1000),
     extra_kv={"rope.dimension_sections": (3, 3, 2, 0)},
 )
+# Qwen3.5 MoE with its MTP block (block_count 9, nextn_predict_layers 1: a full-attention layer with the
+# NextN projections, no embed_tokens/shared_head_head of its own): --spec-type draft-mtp
+SMALL_MODELS["qwen35moe-mtp"] = replace(
+    SMALL_MODELS["qwen35moe"], name="synth-qwen35moe-mtp", n_layer=9, n_nextn=1, nextn_embed_head=False
+)
 # Qwen3.5 dense: the same layers with a dense FFN
 SMALL_MODELS["qwen35"] = replace(
     SMALL_MODELS["qwen35moe"],

@@ -279,8 +279,9 @@ def _hybrid_layer(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef
         out += _gated_delta_net(spec, il, fused_ba=fused_ba)
     else:
         out += _gated_attention(spec, il)
+    nextn = _nextn(spec, il) if il >= spec.n_layer_trunk else []  # the MTP block: attention + FFN + NextN
     if spec.n_expert == 0:
-        return out + _dense_ffn(spec, il)
+        return out + _dense_ffn(spec, il) + nextn
     f = spec.n_ff_shexp
     return [
         *out,
@@ -289,6 +290,7 @@ def _hybrid_layer(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef
         _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
         _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
         _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+        *nextn,
     ]
 
 
