@@ -5,7 +5,9 @@ The small synth models of qwen3next (fused ``ssm_ba``, key heads repeated up to 
 qwen35moe (split ``ssm_beta``/``ssm_alpha``, IMRoPE positions) and qwen35 (dense): 8 layers, every
 fourth one full attention.  Each command line is projected as the planner projects it (its plan's
 compute buffers) and must equal, per device, the compute buffer the server prints to its 0.01 MiB;
-the graph's node and split counts must equal the ones ``sched_reserve`` logs.  Measured: every case
+the graph's node and split counts must equal the ones ``sched_reserve`` logs.  With ``--spec-type
+draft-mtp`` on qwen35moe the main context keeps rollback snapshots (``n_rs_seq``): only the main
+context's buffers are compared (the MTP context's graph is not simulated here).  Measured: every case
 equal (before the port these archs took the estimate: e.g. qwen3next all on RPC0 at -c 4096,
 estimated against the server's 7.51 / 6.02 MiB)."""
 
@@ -53,6 +55,12 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen35moe", 1, "-c 4096 -ngl 999 -nkvo"),
     ("qwen35moe", 1, "-c 4096 -ngl 999 -np 3"),
     ("qwen35moe", 1, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
+    # draft-mtp: the main context keeps --spec-draft-n-max (3, or 5) rollback snapshots per sequence
+    ("qwen35moe-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp"),
+    ("qwen35moe-mtp", 2, "-c 4096 -ngl 999 -np 2 --spec-type draft-mtp"),
+    ("qwen35moe-mtp", 2, "-c 4096 -ngl 7 --spec-type draft-mtp --spec-draft-n-max 5"),
+    ("qwen35moe-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp -nkvo -fa off"),
+    ("qwen35moe-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp -ub 2"),  # fewer tokens than slots
     ("qwen35", 2, "-c 4096 -ngl 999"),
     ("qwen35", 1, "-c 4096 -ngl 4 -fa off"),
 ]

@@ -10,8 +10,9 @@ state gathered the same way and run through ``ggml_gated_delta_net`` (the pinned
 ``fused_gdn_ar`` and ``fused_gdn_ch`` and never probes them, so both reserves use the fused op; the
 chunked and autoregressive ggml paths are not built), its new state copied back, the output
 RMS-normed and gated by ``silu(z)``.  The reserve's memory context is the full one: ``n_rs`` =
-``max(1, n_seq_max)`` rows, head 0, ``rs_z`` 0, and without rollback snapshots (``n_rs_seq`` 0: set
-only by MTP / EAGLE3 / DFlash speculative drafts, which the planner does not pass here).
+``max(1, n_seq_max)`` cells, head 0, ``rs_z`` 0; with rollback snapshots (``n_rs_seq`` > 0: a
+draft-mtp / eagle3 / dflash / dspark draft on qwen35 / qwen35moe) the cache holds ``n_rs_seq + 1``
+slots of rows, the conv state is copied back once per slot and the fused op writes that many states.
 
 The final norm runs over every token (``t_h_nextn``, kept) before the output rows are selected
 (``embeddings_nextn_masked`` is false in a server context).
@@ -51,9 +52,10 @@ class _Rs:
     """``llm_graph_input_rs`` of a reserve and the ubatch's split: sequences and tokens per sequence."""
 
     s_copy: T
-    n_rs: int
+    n_rs: int  # cells (``mem_size``): one per sequence
     n_seqs: int
     n_seq_tokens: int
+    n_snap: int  # ``n_rs_seq + 1``: the state slots a ubatch writes (the current one, then snapshots)
 
 
 def _unary(a: T) -> T:
@@ -72,7 +74,8 @@ def delta_net_graph(b: Builder) -> None:
         raise ValueError("the delta-net graph is modelled on the pinned build (fused gated delta net)")
     inp = b.inp_embd()
     n_rs = max(1, sh.n_seqs)
-    rs = _Rs(input_tensor(I32, [n_rs], "rs_s_copy"), n_rs, sh.n_seqs, b.n_tokens // sh.n_seqs)
+    rs = _Rs(input_tensor(I32, [n_rs], "rs_s_copy"), n_rs, sh.n_seqs, b.n_tokens // sh.n_seqs,
+             dn.n_rs_seq + 1)
     b.build_inp_attn()
     n_pos = 4 if sh.arch in MROPE_ARCHS else 1
     b.inp_pos = input_tensor(I32, [b.n_tokens * n_pos], "inp_pos")
@@ -172,8 +175,8 @@ def _linear_attn(b: Builder, dn: DeltaNet, rs: _Rs, cur: T, il: int) -> T:
     qkv_mixed, z = _qkvz(b, dn, rs, cur, il)
     beta, gate = _beta_gate(b, dn, rs, cur, il)
     dev = b.kv_dev(il)
-    r_cache = _state_cache(f"cache_r_l{il}", dn.n_embd_r, rs.n_rs, dev)
-    s_cache = _state_cache(f"cache_s_l{il}", dn.n_embd_s, rs.n_rs, dev)
+    r_cache = _state_cache(f"cache_r_l{il}", dn.n_embd_r, rs.n_rs * rs.n_snap, dev)
+    s_cache = _state_cache(f"cache_s_l{il}", dn.n_embd_s, rs.n_rs * rs.n_snap, dev)
     kernel = b.req(f"blk.{il}.ssm_conv1d.weight")
     conv_input = _conv_state(b, dn, rs, r_cache, qkv_mixed, kernel.ne[0])
     state = reshape(_build_rs(b, rs, s_cache, dn.n_embd_s), hv, hv, n_vh, ns)
@@ -193,10 +196,10 @@ def _linear_attn(b: Builder, dn: DeltaNet, rs: _Rs, cur: T, il: int) -> T:
     return reshape(cur, b.sh.n_embd, nst * ns)
 
 
-def _state_cache(name: str, width: int, n_rs: int, dev: str) -> T:
+def _state_cache(name: str, width: int, n_rows: int, dev: str) -> T:
     """``cache_r_l*`` / ``cache_s_l*``: f32 rows of the recurrent memory on the layer's device (the
-    CPU with -nkvo)."""
-    t = T(F32, [width, n_rs], name=name)
+    CPU with -nkvo): a row per cell and snapshot slot."""
+    t = T(F32, [width, n_rows], name=name)
     t.dev = dev
     return t
 
@@ -269,26 +272,37 @@ def _build_rs(b: Builder, rs: _Rs, s: T, state_size: int) -> T:
 
 def _conv_state(b: Builder, dn: DeltaNet, rs: _Rs, r_cache: T, qkv_mixed: T, d_conv: int) -> T:
     """``build_conv_state``: the conv state rows then the ubatch's (transposed), and the last
-    ``d_conv - 1`` columns copied back to the cache."""
+    ``d_conv - 1`` columns copied back to the cache (with rollback snapshots: the columns ending at
+    each of the last ``n_snap`` tokens, into slot ``n_snap - t``)."""
     ns, channels = rs.n_seqs, dn.conv_channels
     states = reshape(_build_rs(b, rs, r_cache, dn.n_embd_r), d_conv - 1, channels, ns)
     conv_input = concat(states, transpose(qkv_mixed), 0)
-    last = view(conv_input, [d_conv - 1, channels, ns], [conv_input.nb[1], conv_input.nb[2]],
-                _row(rs.n_seq_tokens))
-    update = view(r_cache, [(d_conv - 1) * channels, ns], [r_cache.nb[1]], 0)
-    b.g.expand(cpy(last, update))
+    row_count = (d_conv - 1) * channels
+    k = rs.n_snap
+    for t in range(1, k + 1):
+        s_idx = max(0, rs.n_seq_tokens - k + t)  # (k == 1: the ubatch's last d_conv - 1 columns)
+        last = view(conv_input, [d_conv - 1, channels, ns], [conv_input.nb[1], conv_input.nb[2]],
+                    _row(s_idx))
+        update = view(r_cache, [row_count, ns], [r_cache.nb[1]], (k - t) * rs.n_rs * _row(row_count))
+        b.g.expand(cpy(last, update))
     return conv_input
 
 
 def _recurrent_attn(b: Builder, dn: DeltaNet, rs: _Rs, s_cache: T, q: T, k: T, v: T, gate: T, beta: T,
                     state: T) -> T:
-    """``build_recurrent_attn`` without snapshots: the fused op, its output view, the new state copied
-    back to the cache."""
-    ns, nst = rs.n_seqs, rs.n_seq_tokens
+    """``build_recurrent_attn``: the fused op, its output view, the new state (with rollback snapshots:
+    the last ``min(n_seq_tokens, n_snap)`` states, one slot each) copied back to the cache."""
+    ns, nst, n_snap = rs.n_seqs, rs.n_seq_tokens, rs.n_snap
     s_v, h_v = v.ne[0], v.ne[1]
-    res = gated_delta_net(q, k, v, gate, beta, state)
+    res = gated_delta_net(q, k, v, gate, beta, state, n_snap)
     out = view(res, [s_v, h_v, nst, ns], [_row(s_v), _row(s_v * h_v), _row(s_v * h_v * nst)], 0)
-    new_state = view(res, [s_v, s_v, h_v, ns], [_row(s_v), _row(s_v * s_v), _row(s_v * s_v * h_v)],
-                     _row(s_v * h_v * nst * ns))
-    b.g.expand(cpy(new_state, view(s_cache, [dn.n_embd_s, ns], [s_cache.nb[1]], 0)))
+    if n_snap == 1:
+        src = view(res, [s_v, s_v, h_v, ns], [_row(s_v), _row(s_v * s_v), _row(s_v * s_v * h_v)],
+                   _row(s_v * h_v * nst * ns))
+        b.g.expand(cpy(src, view(s_cache, [dn.n_embd_s, ns], [s_cache.nb[1]], 0)))
+        return out
+    d, n_written = s_v * s_v * h_v, min(nst, n_snap)
+    src = view(res, [d, ns, n_written], [_row(d), _row(d * ns)], _row(s_v * h_v * nst * ns))
+    dst = view(s_cache, [d, ns, n_written], [s_cache.nb[1], rs.n_rs * _row(dn.n_embd_s)], 0)
+    b.g.expand(cpy(src, dst))
     return out

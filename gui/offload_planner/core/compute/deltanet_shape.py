@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from offload_planner.core.recurrent_state import hybrid_arch, recurrent_layers
+
 if TYPE_CHECKING:
+    from offload_planner.core.memory import ContextParams
     from offload_planner.core.model import Model
 
 #: The hybrid architectures whose trunk mixes gated-delta-net (recurrent) and gated full-attention
@@ -26,6 +29,7 @@ class DeltaNet:
     n_group: int  # ssm.group_count: key heads
     dt_rank: int  # ssm.time_step_rank: value heads
     recurrent: tuple[bool, ...]  # per trunk layer
+    n_rs_seq: int  # rollback snapshots per sequence (speculative drafts that roll the state back)
 
     @property
     def conv_channels(self) -> int:
@@ -42,27 +46,15 @@ class DeltaNet:
         return self.d_state * self.d_inner
 
 
-def recurrent_layers(model: Model, n_trunk: int) -> tuple[bool, ...]:
-    """``is_recr_impl`` as ``load_arch_hparams`` fills it: ``attention.recurrent_layers`` (one value or
-    one per layer), else every layer but each ``full_attention_interval``-th (default 4)."""
-    n_all = model.summary.n_layer
-    key = f"{model.arch}.attention.recurrent_layers"
-    if key in model.metadata:
-        v = model.meta.per_layer(key, 0, n_all)
-        flags = [bool(x) for x in v] if isinstance(v, list) else [bool(v)] * n_all
-        return tuple(flags[:n_trunk])
-    interval = model.arch_int("full_attention_interval", 4)
-    if interval == 0:
-        raise ValueError(f"{model.arch}.full_attention_interval is 0")
-    return tuple((il + 1) % interval != 0 for il in range(n_trunk))
-
-
-def delta_net_shape(model: Model) -> DeltaNet | None:
-    """The delta net of a hybrid model (None for other architectures)."""
-    if model.arch not in DELTA_NET_ARCHS:
+def delta_net_shape(model: Model, p: ContextParams) -> DeltaNet | None:
+    """The delta net of a hybrid model (None for other architectures); ``n_rs_seq`` where the
+    architecture keeps rollback snapshots (``llm_arch_supports_rs_rollback``), else 0."""
+    h = hybrid_arch(model)
+    if model.arch not in DELTA_NET_ARCHS or h is None:
         return None
     n_trunk = model.summary.n_layer_trunk
     return DeltaNet(
         d_conv=model.arch_int("ssm.conv_kernel", 0), d_inner=model.arch_int("ssm.inner_size", 0),
         d_state=model.arch_int("ssm.state_size", 0), n_group=model.arch_int("ssm.group_count", 0),
-        dt_rank=model.arch_int("ssm.time_step_rank", 0), recurrent=recurrent_layers(model, n_trunk))
+        dt_rank=model.arch_int("ssm.time_step_rank", 0), recurrent=recurrent_layers(model)[:n_trunk],
+        n_rs_seq=p.n_rs_seq if h.rollback else 0)

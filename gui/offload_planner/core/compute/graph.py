@@ -165,7 +165,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
         legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
-        delta=delta_net_shape(model),
+        delta=delta_net_shape(model, p),
     )
 
 
