@@ -6,8 +6,9 @@ qwen35moe (split ``ssm_beta``/``ssm_alpha``, IMRoPE positions) and qwen35 (dense
 fourth one full attention.  Each command line is projected as the planner projects it (its plan's
 compute buffers) and must equal, per device, the compute buffer the server prints to its 0.01 MiB;
 the graph's node and split counts must equal the ones ``sched_reserve`` logs.  With ``--spec-type
-draft-mtp`` on qwen35moe the main context keeps rollback snapshots (``n_rs_seq``): only the main
-context's buffers are compared (the MTP context's graph is not simulated here).  Measured: every case
+draft-mtp`` on qwen35moe the main context keeps rollback snapshots (``n_rs_seq``), and the MTP
+context's compute buffers (its NextN block's graph, :mod:`offload_planner.core.compute.mtp`) are
+compared the same way.  Measured: every case
 equal (before the port these archs took the estimate: e.g. qwen3next all on RPC0 at -c 4096,
 estimated against the server's 7.51 / 6.02 MiB)."""
 
@@ -26,6 +27,7 @@ from tests.support.spec_log import split_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.compute import simulate
+from offload_planner.core.extra_context import MTP
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
 
@@ -94,14 +96,15 @@ def test_compute_buffers_equal_the_servers(name: str, n_rpc: int, args: str, end
     assert analysis.projection is not None and analysis.plan is not None
     output = server_output(llama_server, argv, tmp_path / "server.log", timeout=180)
     assert "listening on http://" in output, output[-3000:]
-    actual, _ = split_log(output.splitlines(), {ep: f"RPC{i}" for i, ep in enumerate(eps)})
+    main, extra = split_log(output.splitlines(), {ep: f"RPC{i}" for i, ep in enumerate(eps)})
     rows = []
-    for dm in analysis.projection.devices:
-        compute = [b for b in dm.buffers if b.kind == "compute" and b.owner == ""]
-        assert not any(b.why.startswith("estimate") for b in compute), [b.why for b in compute]
-        ours, theirs = mib(sum(b.bytes for b in compute)), actual.get(dm.device.name, {}).get("compute", 0.0)
-        rows.append((dm.device.name, ours, theirs))
-    assert all(abs(ours - theirs) <= 0.011 for _, ours, theirs in rows), rows
+    for owner, actual in (("", main), (MTP, extra)):
+        for dm in analysis.projection.devices:
+            compute = [b for b in dm.buffers if b.kind == "compute" and b.owner == owner]
+            assert not any(b.why.startswith("estimate") for b in compute), [b.why for b in compute]
+            ours = mib(sum(b.bytes for b in compute))
+            rows.append((owner, dm.device.name, ours, actual.get(dm.device.name, {}).get("compute", 0.0)))
+    assert all(abs(ours - theirs) <= 0.011 for _, _, ours, theirs in rows), rows
     plan = analysis.plan
     ctx = resolve_context(plan.context, model.summary.n_ctx_train, model.summary.n_swa)
     sim = simulate(model, devices, plan.placement(), ctx, plan.context)

@@ -84,11 +84,14 @@ def delta_net_graph(b: Builder) -> None:
         inp_sa = inp
         cur = b.norm(inp, b.lw(il, "attn_norm.weight"), il)
         b.g.expand(cur)
-        cur = _linear_attn(b, dn, rs, cur, il) if dn.recurrent[il] else _gated_attn(b, cur, il)
+        if dn.recurrent[il]:
+            cur = _linear_attn(b, dn, rs, cur, il)
+        else:  # Qwen3-Next's trunk reshapes Q and its gate to 4-D first
+            cur = gated_attention(b, cur, il, views_4d=sh.arch == "qwen3next")
         cur = dup_op(cur, "ADD", cur, inp_sa)
         ffn_residual = cur
         cur = b.norm(cur, b.lw(il, "post_attention_norm.weight"), il)
-        cur = _ffn(b, cur, il)
+        cur = hybrid_ffn(b, cur, il)
         inp = b.cb(dup_op(cur, "ADD", cur, ffn_residual), "l_out", il)
     _head(b, inp)
 
@@ -108,7 +111,7 @@ def _head(b: Builder, cur: T) -> None:
 # --- the FFN --------------------------------------------------------------------------------------
 
 
-def _ffn(b: Builder, cur: T, il: int) -> T:
+def hybrid_ffn(b: Builder, cur: T, il: int) -> T:
     """Dense (qwen35), or routed experts plus the sigmoid-gated shared expert."""
     if b.lw(il, "ffn_gate_inp.weight") is None:
         return b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
@@ -139,13 +142,14 @@ def _qkv_flat(b: Builder, il: int, cur: T, n_q: int, n_k: int, n_v: int) -> tupl
             cont(view(qkv, [n_v, n_tok], [nb1], _row(n_q + n_k))))
 
 
-def _gated_attn(b: Builder, cur: T, il: int) -> T:
-    """``build_layer_attn``: Q and its gate from one projection, Q/K norms, rope, attention, the
-    sigmoid gate, the output projection."""
+def gated_attention(b: Builder, cur: T, il: int, *, views_4d: bool) -> T:
+    """``build_layer_attn`` (and the MTP block's attention): Q and its gate from one projection, Q/K
+    norms, rope, attention, the sigmoid gate, the output projection.  ``views_4d``: Q and the gate
+    are views of the projection reshaped to 4-D (Qwen3-Next's trunk), else 3-D views of it."""
     sh, n_tok = b.sh, b.n_tokens
     hd, nh, nkv = sh.head_k, sh.n_head[il], sh.n_head_kv[il]
     q_full, k, v = _qkv_flat(b, il, cur, hd * 2 * nh, hd * nkv, sh.head_v * nkv)
-    if sh.arch == "qwen3next":  # reshaped to 4-D first, then 4-D views
+    if views_4d:
         q_full = reshape(q_full, hd * 2, nh, n_tok, 1)
         nb = q_full.nb[1:4]
         q = view(q_full, [hd, nh, n_tok, 1], nb, 0)
