@@ -16,6 +16,16 @@ slots of rows, the conv state is copied back once per slot and the fused op writ
 
 The final norm runs over every token (``t_h_nextn``, kept) before the output rows are selected
 (``embeddings_nextn_masked`` is false in a server context).
+
+Measured (``tests/integration/test_deltanet_compute_vs_llama.py``, ``test_compute_vs_llama.py``,
+``test_fit_vs_llama.py``): the synth models on llama-server with RPC devices, every compute buffer and
+the node and split counts equal; the full-size Qwen3-Next-80B-A3B and Qwen3.5-397B-A17B headers equal
+``llama-fit-params``' dry runs.  Not modelled (the scheduler has no ``supports_op``): a backend that
+cannot run one of these ops sends it to the CPU in llama.cpp; CUDA runs ``SSM_CONV`` only with conv
+channels a multiple of 128 and Metal ``GATED_DELTA_NET`` only with a value head size a multiple of 32,
+which every published model meets (Qwen3-Next: 8192 channels, heads of 128).  Files with the experts'
+gate and up fused (``ffn_gate_up_exps``, convert's opt-in ``--fuse-gate-up-exps``) are not built
+(the estimate, saying so).
 """
 
 from __future__ import annotations
