@@ -1,11 +1,12 @@
 """Hybrid (attention + recurrent) models' memory against the real llama-server.
 
-The pinned build gives qwen3next / qwen35 / qwen35moe / nemotron_h_moe a ``llama_memory_hybrid``: a
-KV cache of the attention layers only and a recurrent state (``RS buffer size``) per buffer type of the
-recurrent layers' devices.  Each case runs the real server (-lv 4) with two local ggml-rpc-servers
-(RPC0, RPC1) on the project's small hybrid models and compares, per device, the weights, KV, RS and output buffers with the
-projection to llama.cpp's printed precision (0.01 MiB).  The compute buffers of these architectures are
-the estimate (the gated delta net's graph is not simulated): printed, not compared.
+The pinned build gives qwen3next / qwen35 / qwen35moe / nemotron_h_moe a ``llama_memory_hybrid``:
+a KV cache of the attention layers only and a recurrent state (``RS buffer size``) per buffer type
+of the recurrent layers' devices.  Each case runs the real server (-lv 4) with two local
+ggml-rpc-servers (RPC0, RPC1) on the project's small hybrid models and compares, per device, the
+weights, KV, RS and output buffers with the projection to llama.cpp's printed precision (0.01 MiB).
+The compute buffers of these architectures are the estimate (their recurrent layers' graph is not
+simulated): printed, not compared.
 """
 
 from __future__ import annotations
