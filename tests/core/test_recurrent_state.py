@@ -32,7 +32,7 @@ CPU_ONLY = DeviceSet(Device("CPU", DeviceKind.CPU, 512 << 30, 512 << 30), ())
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Model]:
     root = tmp_path_factory.mktemp("hybrid")
-    names = ("Qwen3-Next-80B-A3B-Q4_K_M", "Qwen3.5-397B-A17B-Q4_K_M")
+    names = ("Qwen3-Next-80B-A3B-Q4_K_M", "Qwen3.5-397B-A17B-Q4_K_M", "Nemotron-3-Nano-30B-A3B-Q4_K_M")
     out = {n: open_model(write_model(BIG_MODELS[n], root / f"{n}.gguf", header_only=True)[0]) for n in names}
     out["llama"] = open_model(write_model(SMALL_MODELS["llama"], root / "llama.gguf", header_only=True)[0])
     return out
@@ -73,6 +73,20 @@ def test_qwen35_397b_kv_of_15_attention_layers_and_its_recurrent_state(models: d
     assert _bytes(p, "rs") == 45 * 1 * (36864 + 1048576) * 4 == 195_379_200
 
 
+def test_nemotron_3_nano_kv_of_6_attention_blocks_and_23_mamba_states(models: dict[str, Model]) -> None:
+    """Nemotron-H (src/models/nemotron-h.cpp 12-16, create_memory): a block is recurrent iff its
+    head_count_kv and feed_forward_length are 0 (the 23 'M' of its pattern); the KV cache holds the blocks
+    that are neither recurrent nor FFN (the 6 '*'), the 23 MoE blocks ('E') hold nothing."""
+    model = models["Nemotron-3-Nano-30B-A3B-Q4_K_M"]
+    assert [il for il, r in enumerate(recurrent_layers(model)) if r] == [
+        i for i, c in enumerate("MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME") if c == "M"]
+    p = _project(model, "-ngl 0 -c 65536 -np 1")
+    # KV: 6 x (K + V) x 2 KV heads x 128 x 2 B x 65536 cells = 6 x 64 MiB
+    assert _bytes(p, "kv") == 6 * 2 * (2 * 128 * 2 * 65536) == 384 * MiB
+    # RS: d_inner 4096, 8 groups, state 128, conv 4: R 3 * (4096 + 2*8*128) = 18432, S 128 * 4096 = 524288
+    assert _bytes(p, "rs") == 23 * 1 * (18432 + 524288) * 4 == 49_930_240
+
+
 def test_cache_types_touch_the_kv_only(models: dict[str, Model]) -> None:
     """-ctk/-ctv q8_0: a KV row of 512 elements is 16 blocks of 34 B; the R and S stay f32."""
     p = _project(models["Qwen3-Next-80B-A3B-Q4_K_M"], "-ngl 0 -c 32768 -np 2 -ctk q8_0 -ctv q8_0")
@@ -94,3 +108,36 @@ def test_written_layer_flags_decide_over_the_interval(tmp_path: Path) -> None:
     spec = replace(spec, full_attention_interval=0)  # the tensors: written below for these flags
     model = open_model(write_model(spec, tmp_path / "m.gguf", header_only=True)[0])
     assert recurrent_layers(model) == flags
+
+
+def test_ik_keeps_the_state_in_its_kv_buffer(models: dict[str, Model]) -> None:
+    """ik_llama.cpp (src/llama.cpp llama_kv_cache_init): one stream of -c cells for the 12 attention
+    layers' K and V, and per delta-net layer a ``cache_s_l`` tensor of n_embd_v_s() = 3 * (2*128*16 +
+    4096) + (4096/32)^2 * 32 = 548864 f32 by min(max(1, -np), kv_size) = 2 slots, in the same buffer;
+    its CPU buffer type allocates 32 B more (ggml_backend_cpu_buffer_type_alloc_buffer)."""
+    from offload_planner.core.dialects import IK
+
+    parsed = parse_server_args(shlex.split("-ngl 0 -c 32768 -np 2"), dialect=IK)
+    p = analyse_command(models["Qwen3-Next-80B-A3B-Q4_K_M"], CPU_ONLY, parsed, IK).projection
+    assert _bytes(p, "rs") == 0
+    kv = 12 * 2 * (2 * 256 * 2 * 32768) + 36 * 548864 * 4 * 2
+    assert _bytes(p, "kv") == kv + 32
+
+
+def test_an_unmodelled_hybrid_architecture_is_said_to_be_unmodelled(models: dict[str, Model]) -> None:
+    """kimi-linear is hybrid in the pinned build (llm_arch_is_hybrid) but not modelled here: the plan
+    says so instead of showing a silent KV figure for every layer."""
+    from dataclasses import replace
+
+    from offload_planner.core.dialects import LLAMA_CPP
+    from offload_planner.core.recurrent_state import memory_notes
+
+    base = models["llama"]
+    md = {("kimi-linear." + k.removeprefix("llama.")) if k.startswith("llama.") else k: v
+          for k, v in base.metadata.items()}
+    md["general.architecture"] = "kimi-linear"
+    renamed = replace(base, metadata=md, key_offsets={})
+    [note] = memory_notes(renamed, LLAMA_CPP)
+    assert "kimi-linear" in note and "not modelled" in note
+    assert memory_notes(base, LLAMA_CPP) == []
+    assert memory_notes(models["Qwen3-Next-80B-A3B-Q4_K_M"], LLAMA_CPP) == []  # modelled

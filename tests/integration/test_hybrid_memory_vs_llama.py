@@ -1,11 +1,12 @@
 """Hybrid (attention + recurrent) models' memory against the real llama-server.
 
-The pinned build gives qwen3next / qwen35moe a ``llama_memory_hybrid``: a KV cache of the attention
-layers only and a recurrent state (``RS buffer size``) per buffer type of the recurrent layers'
-devices.  Each case runs the real server (-lv 4) with two local ggml-rpc-servers (RPC0, RPC1) on the
-project's small hybrid models and compares, per device, the weights, KV, RS and output buffers with the
-projection to llama.cpp's printed precision (0.01 MiB).  The compute buffers of these architectures are
-the estimate (the gated delta net's graph is not simulated): printed, not compared.
+The pinned build gives qwen3next / qwen35 / qwen35moe / nemotron_h_moe a ``llama_memory_hybrid``:
+a KV cache of the attention layers only and a recurrent state (``RS buffer size``) per buffer type
+of the recurrent layers' devices.  Each case runs the real server (-lv 4) with two local
+ggml-rpc-servers (RPC0, RPC1) on the project's small hybrid models and compares, per device, the
+weights, KV, RS and output buffers with the projection to llama.cpp's printed precision (0.01 MiB).
+The compute buffers of these architectures are the estimate (their recurrent layers' graph is not
+simulated): printed, not compared.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ CASES: list[tuple[str, str]] = [
     # (n_rs_seq), the MTP context a plain KV cache of the NextN layer (layer 8)
     ("qwen35moe-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 --spec-type draft-mtp"),
     ("qwen35moe-mtp", "-ngl 7 -ts 1,2 -c 4096 --spec-type draft-mtp --spec-draft-n-max 5"),
+    # Nemotron-H MoE "MEM*EME*": Mamba2 layers 0, 2, 5 (RS), attention 3 and 7 (KV), MoE 1, 4, 6 (neither)
+    ("nemotron_h_moe", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    ("nemotron_h_moe", "-ngl 5 -ts 2,1 -c 4096 -np 3 -kvu"),
+    ("nemotron_h_moe", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
 ]
 
 

@@ -17,6 +17,7 @@ from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.recurrent_state import memory_notes
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.rule_match import rule_set
 from offload_planner.core.speculative import draft_len, rs_snapshots, uses_mtp
@@ -171,7 +172,8 @@ def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
     ovs = command_overrides(args, Dialect(dialect).kv_override_csv)
     _, said = context_params(loaded(model, ovs), args, dialect)  # -c 0: the trained context loaded
     selection = [*skipped_device_notes(devices, args), *device_selection(popts, devices, Dialect(dialect))]
-    return [*notes(model, ovs), *said, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
+    return [*notes(model, ovs), *said, *memory_notes(model, Dialect(dialect)), *projector_notes,
+            *Dialect(dialect).notes(popts, devices), *selection]
 
 
 def skipped_device_notes(devices: DeviceSet, args: Any) -> list[str]:

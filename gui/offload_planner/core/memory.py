@@ -29,7 +29,7 @@ from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.recurrent_state import KIND as RS_KIND
-from offload_planner.core.recurrent_state import kv_layers, rs_buffers
+from offload_planner.core.recurrent_state import kv_layers, with_recurrent_state
 from offload_planner.core.units import MiB
 
 #: llama-server's -b and -ub when the command line leaves them unset (common/common.h).
@@ -416,7 +416,7 @@ def _kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Con
     per_dev: dict[str, int] = defaultdict(int)
     layers: dict[str, int] = defaultdict(int)
     by_name: dict[str, Device] = {}
-    for il in kv_layers(model, range(n_trunk) if cached is None else cached):  # a hybrid's attention layers
+    for il in kv_layers(model, range(n_trunk) if cached is None else cached, d):  # a hybrid: its attention
         dev_name = placement.layer_device(il) if p.offload_kqv else CPU
         cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
         dev = by_name.get(dev_name)
@@ -463,8 +463,8 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     s = model.summary
     ctx = resolve_context(p, s.n_ctx_train, s.n_swa)
     bufs = weight_buffers(model, placement, devices)
-    bufs += kv_buffers(model, placement, ctx, p, devices, p.dialect.main_kv_layers(model, placement))
-    bufs += rs_buffers(model, placement, p, devices)
+    kv = kv_buffers(model, placement, ctx, p, devices, p.dialect.main_kv_layers(model, placement))
+    bufs += with_recurrent_state(model, placement, p, ctx, devices, kv)
     bufs.append(output_buffer(model, placement, p, devices))
     bufs = p.dialect.extra_buffers(model, devices, placement, p, bufs)
     if compute is None:  # the dialect's own simulator, else mainline's graph

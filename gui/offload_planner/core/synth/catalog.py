@@ -305,6 +305,36 @@ SMALL_MODELS["qwen35"] = replace(
     n_ff_shexp=0,
 )
 
+# Nemotron-H MoE: Mamba2 (M), attention (*) and MoE (E) blocks as its hybrid_override_pattern orders them
+# (8 here: 3 Mamba2, 2 attention, 3 MoE); the Mamba2 mixer: 8 heads of 64 (ssm.inner_size 512), 2 groups,
+# state 32; MoE: up/down experts (relu^2, no gate) with sigmoid routing and an up/down shared expert
+SMALL_MODELS["nemotron_h_moe"] = ModelSpec(
+    name="synth-nemotron_h_moe",
+    arch="nemotron_h_moe",
+    n_layer=8,
+    layer_pattern="MEM*EME*",
+    n_embd=256,
+    n_head=4,
+    n_head_kv=2,
+    head_dim_k=64,
+    head_dim_v=64,
+    n_ctx_train=4096,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=128,
+    n_ff_shexp=256,
+    ssm_d_conv=4,
+    ssm_d_state=32,
+    ssm_n_group=2,
+    ssm_dt_rank=8,
+    ssm_inner=512,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+    extra_kv={"attention.layer_norm_epsilon": 1e-5, "expert_weights_norm": True,
+              "expert_weights_scale": 2.5, "expert_shared_count": 1},
+)
+
 # DeepSeek-V3 layout: the trunk plus one NextN/MTP block (block_count = trunk + 1), which llama-server
 # loads with --spec-type draft-mtp; without the block's own embed_tokens/shared_head_head (optional in
 # llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe
@@ -594,6 +624,45 @@ BIG_MODELS: dict[str, ModelSpec] = {
         tokenizer=_bpe(248320, "qwen35", 247587, n_special=733),
         quant=Q4_K_M,
         extra_kv={"rope.dimension_sections": (11, 11, 10, 0)},
+    ),
+    # NVIDIA Nemotron 3 Nano 30B-A3B: config.json of nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16
+    # (https://huggingface.co/nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16/blob/main/config.json, as public code
+    # quotes it): hidden_size 2688, 52 layers of hybrid_override_pattern
+    # "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 32 heads / 2 KV heads of 128, 128 routed
+    # experts / 6 per token of 1856 and a shared expert of 3712, mamba 64 heads x 64 (inner 4096), 8 groups,
+    # state 128, conv 4, vocab 131072, max_position_embeddings 262144, untied; its GGUF keys as llama.cpp
+    # issue 20570 prints them (https://github.com/ggml-org/llama.cpp/issues/20570: feed_forward_length
+    # arr[52] = [0, 1856, 0, 1856, 0, 0, 1856, ...], head_count_kv arr[52] = [0, 0, 0, 0, 0, 2, ...],
+    # layer_norm(_rms)_epsilon 1e-5, expert_group_count 1, rope.dimension_count 84, ssm.time_step_rank
+    # 64) and lmstudio-bug-tracker issue 1365 (expert_weights_norm true).  The merges and control-token
+    # counts are not from a source (they size only the header)
+    "Nemotron-3-Nano-30B-A3B-Q4_K_M": ModelSpec(
+        name="Nemotron 3 Nano 30B A3B",
+        arch="nemotron_h_moe",
+        n_layer=52,
+        layer_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        n_embd=2688,
+        n_head=32,
+        n_head_kv=2,
+        head_dim_k=128,
+        head_dim_v=128,
+        n_rot=84,
+        n_expert=128,
+        n_expert_used=6,
+        n_ff_exp=1856,
+        n_ff_shexp=3712,
+        n_ctx_train=262144,
+        ssm_d_conv=4,
+        ssm_d_state=128,
+        ssm_n_group=8,
+        ssm_dt_rank=64,
+        ssm_inner=4096,
+        rms_eps=1e-5,
+        tokenizer=_bpe(131072, "default", 269443, n_special=1000),
+        quant=Q4_K_M,
+        extra_kv={"attention.layer_norm_epsilon": 1e-5, "expert_group_count": 1,
+                  "expert_group_used_count": 1, "expert_shared_count": 1, "expert_weights_norm": True,
+                  "expert_weights_scale": 2.5},
     ),
 }
 

@@ -127,6 +127,10 @@ class ModelSpec:
     ssm_n_group: int = 0  # ssm.group_count: key heads
     ssm_dt_rank: int = 0  # ssm.time_step_rank: value heads
     n_ff_shexp: int = 0  # expert_shared_feed_forward_length (0: key omitted)
+    ssm_inner: int = 0  # ssm.inner_size when it is not value heads x state (Mamba2: heads x head_dim)
+    # Nemotron-H: one character per trunk layer, as its config's hybrid_override_pattern: M Mamba2,
+    # * attention, E MoE, - dense MLP; head_count_kv and feed_forward_length are written per layer from it
+    layer_pattern: str = ""
     # misc
     rope_freq_base: float = 10000.0
     rope_scaling: RopeScaling | None = None
@@ -176,8 +180,8 @@ class ModelSpec:
 
     @property
     def ssm_d_inner(self) -> int:
-        """ssm.inner_size as the Qwen converts write it: value heads x head dimension."""
-        return self.ssm_dt_rank * self.ssm_d_state
+        """ssm.inner_size: ``ssm_inner``, else as the Qwen converts write it: value heads x head dimension."""
+        return self.ssm_inner or self.ssm_dt_rank * self.ssm_d_state
 
     def is_moe_layer(self, il: int) -> bool:
         return self.n_expert > 0 and il >= self.n_layer_dense_lead

@@ -294,6 +294,49 @@ def _hybrid_layer(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef
     ]
 
 
+def _nemotron_h_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Nemotron-H (src/models/nemotron-h.cpp load_arch_tensors): every block one mixer, by
+    ``layer_pattern``: Mamba2 (``ssm_a``/``ssm_d`` without suffix), attention, MoE (up/down experts, no
+    gate, exp_probs_b, an up/down shared expert) or a dense up/down MLP."""
+    e, kind = spec.n_embd, spec.layer_pattern[il]
+    out = [_norm(il, "attn_norm", e)]
+    if kind == "M":
+        d_inner, ng, ds, nh = spec.ssm_d_inner, spec.ssm_n_group, spec.ssm_d_state, spec.ssm_dt_rank
+        conv = d_inner + 2 * ng * ds
+        return [
+            *out,
+            _blk(il, "ssm_in", (e, 2 * d_inner + 2 * ng * ds + nh), "attn"),
+            _blk(il, "ssm_conv1d", (spec.ssm_d_conv, conv), "small"),
+            _bias(il, "ssm_conv1d", (conv,)),
+            _bias(il, "ssm_dt", (nh,)),
+            TensorDef(f"blk.{il}.ssm_a", (1, nh), "small", il),
+            TensorDef(f"blk.{il}.ssm_d", (1, nh), "small", il),
+            _blk(il, "ssm_norm", (d_inner // ng, ng), "small"),
+            _blk(il, "ssm_out", (d_inner, e), "attn"),
+        ]
+    if kind == "*":
+        hk, n_q = spec.key_length, spec.head_count(il) * spec.key_length
+        return [
+            *out,
+            _blk(il, "attn_q", (e, n_q), "attn"),
+            _blk(il, "attn_k", (e, spec.head_count_kv(il) * hk), "attn"),
+            _blk(il, "attn_v", (e, spec.head_count_kv(il) * spec.value_length), "attn_v"),
+            _blk(il, "attn_output", (n_q, e), "attn"),
+        ]
+    if kind == "E":
+        f, x, fs = spec.n_ff_exp, spec.n_expert, spec.n_ff_shexp
+        return [
+            *out,
+            _blk(il, "ffn_gate_inp", (e, x), "router"),
+            _bias(il, "exp_probs_b", (x,)),
+            _blk(il, "ffn_down_exps", (f, e, x), "exps_down"),
+            _blk(il, "ffn_up_exps", (e, f, x), "exps"),
+            _blk(il, "ffn_down_shexp", (fs, e), "shexp_down"),
+            _blk(il, "ffn_up_shexp", (e, fs), "shexp"),
+        ]
+    return [*out, _blk(il, "ffn_down", (spec.n_ff, e), "ffn_down"), _blk(il, "ffn_up", (e, spec.n_ff), "ffn")]
+
+
 def _qwen3next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return _hybrid_layer(spec, il, fused_ba=True)
 
@@ -316,6 +359,8 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "qwen3next": _qwen3next_layer,
     "qwen35": _qwen35_layer,
     "qwen35moe": _qwen35_layer,
+    "nemotron_h": _nemotron_h_layer,
+    "nemotron_h_moe": _nemotron_h_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
