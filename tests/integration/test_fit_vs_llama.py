@@ -92,6 +92,7 @@ CASES: list[tuple[str, int, tuple[int, ...], str, str]] = [
     ("qwen35moe", 2, (8,) * 2, "", "hybrid MoE, 2 devices"),
     ("qwen35", 2, (8,) * 2, "-fitc 512", "hybrid dense, 2 devices"),
     ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (20000, 20000), "", "full size Qwen3-Next, 2 devices"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (24000, 24000), "", "full size Qwen3-Next: context shrunk"),
 ]
 
 _FREE_LINE = re.compile(r"projected to use \d+ MiB of device memory vs\. (\d+) MiB of free device memory")
