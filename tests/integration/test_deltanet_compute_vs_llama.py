@@ -6,17 +6,18 @@ qwen35moe (split ``ssm_beta``/``ssm_alpha``, IMRoPE positions) and qwen35 (dense
 fourth one full attention.  Each command line is projected as the planner projects it (its plan's
 compute buffers) and must equal, per device, the compute buffer the server prints to its 0.01 MiB;
 the graph's node and split counts must equal the ones ``sched_reserve`` logs.  With ``--spec-type
-draft-mtp`` on qwen35moe the main context keeps rollback snapshots (``n_rs_seq``), and the MTP
-context's compute buffers (its NextN block's graph, :mod:`offload_planner.core.compute.mtp`) are
-compared the same way.  Measured: every case
-equal (before the port these archs took the estimate: e.g. qwen3next all on RPC0 at -c 4096,
-estimated against the server's 7.51 / 6.02 MiB)."""
+draft-mtp`` (the synth models with an MTP block after the trunk) the Qwen3.5 main context keeps
+rollback snapshots (``n_rs_seq``), and the MTP context's compute buffers (its NextN block's graph,
+:mod:`offload_planner.core.compute.mtp`) are compared the same way.  Measured: every case equal
+(before the port these archs took the estimate: qwen3next all on RPC0 at -c 4096 -np 4 -kvu
+estimates 8.52 / 6.00 MiB where the server reserves 7.51 / 6.02)."""
 
 from __future__ import annotations
 
 import re
 import shlex
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from offload_planner.core.compute import simulate
 from offload_planner.core.extra_context import MTP
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import resolve_context
+from offload_planner.core.synth import SMALL_MODELS, write_model
 
 pytestmark = pytest.mark.integration
 
@@ -63,12 +65,31 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen35moe-mtp", 2, "-c 4096 -ngl 7 --spec-type draft-mtp --spec-draft-n-max 5"),
     ("qwen35moe-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp -nkvo -fa off"),
     ("qwen35moe-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp -ub 2"),  # fewer tokens than slots
+    # the catalogue's Qwen3-Next and dense Qwen3.5 with an MTP block the same way (``_MTP_OF``)
+    ("qwen3next-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp"),
+    ("qwen3next-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp -nkvo -fa off"),
+    ("qwen35-mtp", 2, "-c 4096 -ngl 999 -np 2 --spec-type draft-mtp"),
     ("qwen35", 2, "-c 4096 -ngl 999"),
     ("qwen35", 1, "-c 4096 -ngl 4 -fa off"),
 ]
 
 _GRAPH = re.compile(r"sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: "
                     r"nodes = ([\d /]+), splits = ([\d /]+),")
+
+
+#: small models this module writes from the catalogue's: an MTP block after the trunk, as qwen35moe-mtp
+_MTP_OF = {"qwen3next-mtp": "qwen3next", "qwen35-mtp": "qwen35"}
+
+
+@pytest.fixture(scope="module")
+def models(small_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mtp_models")
+    out = dict(small_models)
+    for name, base in _MTP_OF.items():
+        spec = replace(SMALL_MODELS[base], name=f"synth-{name}", n_layer=SMALL_MODELS[base].n_layer + 1,
+                       n_nextn=1, nextn_embed_head=False)
+        out[name] = write_model(spec, root / f"{name}.gguf")[0]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -85,9 +106,9 @@ def _counts(text: str) -> list[int]:
 
 @pytest.mark.parametrize(("name", "n_rpc", "args"), CASES, ids=[f"{m}-rpc{n}-{a}" for m, n, a in CASES])
 def test_compute_buffers_equal_the_servers(name: str, n_rpc: int, args: str, endpoints: list[str],
-                                           small_models: dict[str, Path], llama_server: Path,
+                                           models: dict[str, Path], llama_server: Path,
                                            tmp_path: Path) -> None:
-    path = small_models[name]
+    path = models[name]
     model = open_model(path)
     eps = endpoints[:n_rpc]
     devices = rpc_devices(eps)

@@ -10,8 +10,7 @@ MoE (+ shared expert) block over the MTP context's own KV of the NextN layer; ``
 Qwen3-Next and Qwen3.5 (``qwen3next.cpp``, ``qwen35.cpp``, ``qwen35moe.cpp``, ``graph_mtp``): the same
 input, the trunk's gated attention over the MTP context's own KV, its FFN (routed experts and the
 gated shared expert, or dense), the rows selected before the residual (Qwen3-Next) or after the
-final norm (Qwen3.5).  Measured on qwen35moe (the synth qwen35moe-mtp against llama-server); the
-Qwen3-Next and dense Qwen3.5 heads are ported from the source, not measured (no synth file has them).
+final norm (Qwen3.5).  Measured on the three (synth models with an MTP block, against llama-server).
 """
 
 from __future__ import annotations
