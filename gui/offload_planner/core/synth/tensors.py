@@ -337,6 +337,38 @@ def _nemotron_h_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return [*out, _blk(il, "ffn_down", (spec.n_ff, e), "ffn_down"), _blk(il, "ffn_up", (e, spec.n_ff), "ffn")]
 
 
+def _kimi_linear_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Kimi-Linear (src/models/kimi-linear.cpp load_arch_tensors): a KDA layer where ``head_count_kv`` is
+    0 (q/k/v short convolutions, f/g low-rank gates, beta, ``ssm_a`` without suffix), MLA elsewhere
+    (no q compression, split k_b/v_b); a leading dense FFN, then routed experts with a shared expert."""
+    e, h = spec.n_embd, spec.head_count(il)
+    if spec.head_count_kv(il) == 0:
+        hd, dc = int(spec.extra_kv["kda.head_dim"]), int(spec.extra_kv["ssm.conv_kernel"])  # type: ignore[arg-type]
+        out = [
+            _norm(il, "attn_norm", e),
+            *(_blk(il, f"ssm_conv1d_{x}", (dc, 1, hd * h), "small") for x in "qkv"),
+            _blk(il, "attn_q", (e, hd * h), "attn"),
+            _blk(il, "attn_k", (e, hd * h), "attn"),
+            _blk(il, "attn_v", (e, hd * h), "attn_v"),
+            _blk(il, "ssm_f_a", (e, hd), "attn"),
+            _blk(il, "ssm_f_b", (hd, hd * h), "attn"),
+            _blk(il, "ssm_beta", (e, h), "attn"),
+            TensorDef(f"blk.{il}.ssm_a", (1, h), "small", il),
+            _bias(il, "ssm_dt", (hd * h,)),
+            _blk(il, "ssm_g_a", (e, hd), "attn"),
+            _blk(il, "ssm_g_b", (hd, hd * h), "attn"),
+            _norm(il, "ssm_norm", hd),
+            _blk(il, "attn_output", (hd * h, e), "attn"),
+        ]
+    else:
+        out = _mla_attention(spec, il)
+    out.append(_norm(il, "ffn_norm", e))
+    if not spec.is_moe_layer(il):
+        return out + _dense_ffn(spec, il)
+    gate_inp, *exps = _routed_experts(spec, il)
+    return [*out, gate_inp, *exps, *_shared_expert(spec, il), _bias(il, "exp_probs_b", (spec.n_expert,))]
+
+
 def _qwen3next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return _hybrid_layer(spec, il, fused_ba=True)
 
@@ -361,6 +393,7 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "qwen35moe": _qwen35_layer,
     "nemotron_h": _nemotron_h_layer,
     "nemotron_h_moe": _nemotron_h_layer,
+    "kimi-linear": _kimi_linear_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
