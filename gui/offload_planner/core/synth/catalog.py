@@ -365,6 +365,16 @@ SMALL_MODELS["kimi-linear"] = ModelSpec(
               "expert_weights_scale": 2.5, "expert_weights_norm": True},
 )
 
+# Kimi-K3: kimi-linear's layer split (KDA where head_count_kv is 0) with its full-rank KDA gate, situ
+# activations and no cross-layer residual attention (attn_res.block_size 0)
+SMALL_MODELS["kimi-k3"] = replace(
+    SMALL_MODELS["kimi-linear"],
+    name="synth-kimi-k3",
+    arch="kimi-k3",
+    extra_kv={**SMALL_MODELS["kimi-linear"].extra_kv, "attn_res.block_size": 0,
+              "activation.situ_beta": 1.0, "activation.situ_linear_beta": 0.0},
+)
+
 # DeepSeek-V3 layout: the trunk plus one NextN/MTP block (block_count = trunk + 1), which llama-server
 # loads with --spec-type draft-mtp; without the block's own embed_tokens/shared_head_head (optional in
 # llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe

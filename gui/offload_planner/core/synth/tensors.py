@@ -369,6 +369,37 @@ def _kimi_linear_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return [*out, gate_inp, *exps, *_shared_expert(spec, il), _bias(il, "exp_probs_b", (spec.n_expert,))]
 
 
+def _kimi_k3_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Kimi-K3 (src/models/kimi-k3.cpp load_arch_tensors): kimi-linear's KDA/MLA split with a full-rank
+    KDA gate (``ssm_g``), a 1-D ``ssm_a``; no cross-layer residual scores (``attn_res.block_size`` 0)
+    and experts at ``n_embd`` (no latent)."""
+    e, h = spec.n_embd, spec.head_count(il)
+    out = [_norm(il, "attn_norm", e), _norm(il, "ffn_norm", e)]
+    if spec.head_count_kv(il) == 0:
+        hd, dc = int(spec.extra_kv["kda.head_dim"]), int(spec.extra_kv["ssm.conv_kernel"])  # type: ignore[arg-type]
+        d = hd * h
+        out += [
+            *(_blk(il, f"ssm_conv1d_{x}", (dc, 1, d), "small") for x in "qkv"),
+            _blk(il, "attn_q", (e, d), "attn"),
+            _blk(il, "attn_k", (e, d), "attn"),
+            _blk(il, "attn_v", (e, d), "attn_v"),
+            _blk(il, "ssm_f_a", (e, hd), "attn"),
+            _blk(il, "ssm_f_b", (hd, d), "attn"),
+            _blk(il, "ssm_beta", (e, h), "attn"),
+            TensorDef(f"blk.{il}.ssm_a", (h,), "small", il),
+            _bias(il, "ssm_dt", (d,)),
+            _blk(il, "ssm_g", (e, d), "attn"),
+            _norm(il, "ssm_norm", hd),
+            _blk(il, "attn_output", (d, e), "attn"),
+        ]
+    else:
+        out += _mla_attention(spec, il)[1:]  # its attn_norm is above
+    if not spec.is_moe_layer(il):
+        return out + _dense_ffn(spec, il)
+    gate_inp, *exps = _routed_experts(spec, il)
+    return [*out, gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps, *_shared_expert(spec, il)]
+
+
 def _qwen3next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return _hybrid_layer(spec, il, fused_ba=True)
 
@@ -394,6 +425,7 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "nemotron_h": _nemotron_h_layer,
     "nemotron_h_moe": _nemotron_h_layer,
     "kimi-linear": _kimi_linear_layer,
+    "kimi-k3": _kimi_k3_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
