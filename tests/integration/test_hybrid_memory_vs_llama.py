@@ -56,6 +56,9 @@ CASES: list[tuple[str, str]] = [
     ("kimi-linear", "-ngl 999 -ts 1,1 -c 2048 -fa off"),
     ("kimi-k3", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
     ("kimi-k3", "-ngl 5 -ts 3,1 -c 4096 -np 4 -kvu"),
+    # Granite hybrid: Mamba2 layers 0-2 and 4-6, attention 3 and 7
+    ("granitehybrid", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    ("granitehybrid", "-ngl 4 -ts 1,2 -c 4096 -np 3 -ot exps=CPU"),
 ]
 
 

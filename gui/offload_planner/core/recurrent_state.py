@@ -120,8 +120,8 @@ def _nemotron_h_attention(model: Model) -> tuple[bool, ...]:
 
 
 def _kv_head_less_layers(model: Model) -> tuple[bool, ...]:
-    """Kimi-Linear, Kimi-K3: a trunk layer is recurrent (KDA) iff its ``head_count_kv`` is 0
-    (src/models/kimi-linear.cpp 17-19, kimi-k3.cpp 30-33)."""
+    """Kimi-Linear, Kimi-K3, Granite hybrid: a trunk layer is recurrent (KDA, Mamba2) iff its
+    ``head_count_kv`` is 0 (src/models/kimi-linear.cpp 17-19, kimi-k3.cpp 30-33, granite-hybrid.cpp 22-25)."""
     s = model.summary
     return tuple(il < s.n_layer_trunk and s.head_kv(il) == 0 for il in range(s.n_layer))
 
@@ -150,6 +150,8 @@ HYBRID_ARCHS: dict[str, HybridArch] = {
     "kimi-linear": HybridArch(_kv_head_less_layers, _kda_dims, rollback=False),
     # src/models/kimi-k3.cpp 30-33: kimi-linear's KDA/MLA split and KDA state
     "kimi-k3": HybridArch(_kv_head_less_layers, _kda_dims, rollback=True),
+    # src/models/granite-hybrid.cpp 22-25: Mamba2 where head_count_kv is 0; default filters
+    "granitehybrid": HybridArch(_kv_head_less_layers, _mamba_dims, rollback=False),
 }
 
 

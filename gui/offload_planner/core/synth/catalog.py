@@ -375,6 +375,33 @@ SMALL_MODELS["kimi-k3"] = replace(
               "activation.situ_beta": 1.0, "activation.situ_linear_beta": 0.0},
 )
 
+# Granite hybrid (Granite 4.0-H): a Mamba2 mixer where head_count_kv is 0 (6 of 8 layers), attention in
+# layers 3 and 7, every layer an MoE FFN of feed_forward_length with a shared expert
+SMALL_MODELS["granitehybrid"] = ModelSpec(
+    name="synth-granitehybrid",
+    arch="granitehybrid",
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=(0, 0, 0, 2, 0, 0, 0, 2),
+    head_dim_k=64,
+    head_dim_v=64,
+    n_ff=128,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=128,
+    n_ff_shexp=256,
+    n_ctx_train=4096,
+    ssm_d_conv=4,
+    ssm_d_state=32,
+    ssm_n_group=1,
+    ssm_dt_rank=8,
+    ssm_inner=512,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+)
+
 # DeepSeek-V3 layout: the trunk plus one NextN/MTP block (block_count = trunk + 1), which llama-server
 # loads with --spec-type draft-mtp; without the block's own embed_tokens/shared_head_head (optional in
 # llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe
