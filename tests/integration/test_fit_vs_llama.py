@@ -86,6 +86,13 @@ CASES: list[tuple[str, int, tuple[int, ...], str, str]] = [
     ("qwen3moe", 2, (7, 25), "-dev RPC1,RPC0 -fitc 512", "-dev order: RPC1 first, tight"),
     ("llama", 2, (10, 5), "-dev RPC1,RPC0", "-dev order, dense: layers"),
     ("llama", 2, (5, 10), "-sm none -mg 1", "-sm none: the main GPU takes -fitt's first"),
+    # gated-delta-net hybrids: the dry run's compute from their graph, the recurrent state with the KV
+    ("qwen3next", 1, (15,), "", "hybrid MoE"),
+    ("qwen35moe", 1, (10,), "-fitc 512", "hybrid MoE, tight"),
+    ("qwen35moe", 2, (8,) * 2, "", "hybrid MoE, 2 devices"),
+    ("qwen35", 2, (8,) * 2, "-fitc 512", "hybrid dense, 2 devices"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (20000, 20000), "", "full size Qwen3-Next, 2 devices"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (24000, 24000), "", "full size Qwen3-Next: context shrunk"),
 ]
 
 _FREE_LINE = re.compile(r"projected to use \d+ MiB of device memory vs\. (\d+) MiB of free device memory")
