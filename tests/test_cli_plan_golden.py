@@ -79,6 +79,12 @@ priced at this machine's RAM probe, and a note now says so and how to give the o
 (backend.speed_store.probe_speed_note). Every case here declares ``CPU=512GiB`` alone for the demo, so
 all 33 files gained that one note (the JSON's ``notes`` one entry); nothing else changed. This
 machine's RAM is pinned to 64 GiB (``pinned_system_ram``), as the note names it.
+Session 15 (newcomer11): a plan that fits says under its bottlenecks what would make it faster
+(core.speed.advice: always-active weights on the CPU; a GPU's room beyond its margin for routed
+experts while the RAM binds a token; a larger -ub while op offload binds a prompt longer than one
+micro-batch) and that ``fit`` searches it: the 14 text and --explain files of the seven fitting cases
+with experts on the CPU gained a ``to make it faster:`` block of 2-4 lines before ``assumptions:``;
+nothing else changed (the JSON files and the over-capacity and all-on-GPU cases not at all).
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import Projection
     from offload_planner.core.model import Model
+    from offload_planner.core.plan import Plan
+    from offload_planner.core.speed.result import SpeedEstimate
 
 
 
@@ -198,6 +200,16 @@ def _if_it_fit(lines: list[str], over: list[str]) -> list[str]:
     return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
 
 
+def _with_faster(lines: list[str], plan: Plan, projection: Projection, speed: SpeedEstimate) -> list[str]:
+    """The speed block with what would make the plan faster before its assumptions
+    (core.speed.advice): the bottleneck lines named the slow part and no change to make."""
+    from offload_planner.core.speed.advice import faster_hints, faster_lines
+
+    hints = faster_lines(faster_hints(plan, projection, speed))
+    at = lines.index("  assumptions:") if "  assumptions:" in lines else len(lines)
+    return [*lines[:at], *hints, *lines[at:]]
+
+
 def _plan(args: argparse.Namespace) -> int:
     from offload_planner.cli_server_args import model_flag_note, print_errors, read_server_argv
     from offload_planner.core.cmdline import check_semantics, format_command
@@ -266,5 +278,7 @@ def _plan(args: argparse.Namespace) -> int:
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
         lines = _if_it_fit(speed_lines(speed, explain=args.explain), over) if speed is not None else []
+        if speed is not None and not over:
+            lines = _with_faster(lines, plan, projection, speed)
         print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK

@@ -1,0 +1,102 @@
+"""What would make a plan faster, read off its speed estimate and its projection (no new speed model):
+the figures behind the hints that ``plan`` prints under its bottlenecks and the window's Memory pane
+shows while everything fits.
+
+A newcomer read "tg bottleneck: CPU memory bandwidth (66% of the time per token)" and "pp bottleneck:
+op offload copies over the host link (84% of the prompt time)" and had no word of what to change: that
+the GPU's free memory takes routed experts off the RAM, that a larger ``-ub`` copies the CPU's experts
+fewer times a prompt, that the always-active weights belong on a GPU before any routed expert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offload_planner.core.devices import DeviceKind
+from offload_planner.core.memory import Projection
+from offload_planner.core.plan import Plan
+from offload_planner.core.roles import Role
+from offload_planner.core.speed.result import SpeedEstimate
+
+#: GPUs whose memory is not the host's RAM and that llama-server computes on in this process.
+_OWN_MEMORY = frozenset({DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.SYCL, DeviceKind.VULKAN})
+#: Always-active bytes on the CPU from which they are worth a hint (norms and small biases are not).
+MIN_ALWAYS_ACTIVE = 64 * 1024**2
+#: The pp bottleneck's name for op offload (core.speed.bottleneck).
+OP_OFFLOAD = "op offload copies over the host link"
+
+
+@dataclass(frozen=True)
+class FasterHints:
+    """What the estimate and the projection say would help; empty fields: nothing to say there."""
+
+    cpu: str  # the CPU device's name
+    tg_share: float  # of a token's time, the CPU's RAM reads (when they are the tg bottleneck; else 0)
+    room: tuple[tuple[str, int], ...]  # GPUs with room (margin kept) for a routed-expert tensor on the CPU
+    always_active_cpu: int  # bytes of always-active weights on the CPU of a MoE model with a GPU
+    pp_share: float  # of a prompt's time, the op-offload copies (when they are the pp bottleneck; else 0)
+    n_ubatch: int
+
+    def __bool__(self) -> bool:
+        return bool(self.room or self.always_active_cpu or self.pp_share)
+
+
+def _share(bottleneck: str) -> float:
+    """``"... (66% of the time per token)"`` -> 0.66."""
+    head, _, tail = bottleneck.rpartition(" (")
+    pct = tail.split("%", 1)[0]
+    return int(pct) / 100 if head and pct.isdigit() else 0.0
+
+
+def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate) -> FasterHints:
+    """The hints of ``plan`` whose projection and estimate these are; a GPU's room is what ``fit`` and
+    the window's Fastest plan may fill (capacity less its margin, 1 GiB unless given, less what it holds)."""
+    from offload_planner.core.speed.candidate import room as room_of
+
+    cpu = plan.devices.cpu.name
+    moe = bool(plan.model.summary.n_expert)
+    gpus = [d for d in plan.devices.gpus if d.kind in _OWN_MEMORY]
+    on_cpu = [p for p in plan.placement().items if p.device == cpu and p.tensor.role is not Role.NEXTN]
+    experts = [p.tensor.nbytes for p in on_cpu if p.tensor.role.is_routed_expert]
+    tg_cpu = est.bottleneck.startswith(f"{cpu} memory bandwidth")
+    room: tuple[tuple[str, int], ...] = ()
+    if tg_cpu and experts:
+        left = room_of(projection, plan.devices)
+        room = tuple((d.name, left[d.name]) for d in gpus if left.get(d.name, 0) >= min(experts))
+    always = 0
+    if moe and gpus:
+        always = sum(p.tensor.nbytes for p in on_cpu if not p.tensor.role.is_routed_expert
+                     and (p.tensor.role is not Role.TOKEN_EMBD or p.copy))
+    # one micro-batch already holds the whole prompt: a larger one copies nothing less
+    pp = est.op_offload and est.pp_bottleneck.startswith(OP_OFFLOAD) and est.n_ubatch < est.prompt
+    return FasterHints(cpu=cpu, tg_share=_share(est.bottleneck) if tg_cpu else 0.0, room=room,
+                       always_active_cpu=always if always >= MIN_ALWAYS_ACTIVE else 0,
+                       pp_share=_share(est.pp_bottleneck) if pp else 0.0, n_ubatch=est.n_ubatch)
+
+
+def faster_lines(h: FasterHints) -> list[str]:
+    """``plan``'s text under the bottlenecks: what would help, each with the change to make, and the
+    command that searches it (``fit``); [] when there is nothing to say."""
+    from offload_planner.core.units import fmt_bytes
+
+    if not h:
+        return []
+    out = ["  to make it faster:"]
+    if h.always_active_cpu:
+        out.append(f"    tg: {fmt_bytes(h.always_active_cpu)} of always-active weights (attention, shared "
+                   "experts, dense FFN, output: every token reads all of them) are on the CPU: they gain "
+                   "more on a GPU than routed experts do (-ngl 999, with --cpu-moe or -ot exps=CPU keeping "
+                   "the routed experts on the CPU)")
+    if h.room:
+        gpus = " and ".join(f"{n}'s {fmt_bytes(b)}" for n, b in h.room)
+        their = "its margin" if len(h.room) == 1 else "their margins"
+        out.append(f"    tg: the {h.cpu}'s RAM reads take {h.tg_share:.0%} of a token, and {gpus} free "
+                   f"beyond {their} (1 GiB unless given) can take routed experts: there they are read at "
+                   f"the GPU's bandwidth instead (-ot 'blk\\.N\\.ffn_.*_exps={h.room[0][0]}' for a layer N, "
+                   "ahead of --cpu-moe or your exps=CPU rule)")
+    if h.pp_share:
+        out.append(f"    pp: op offload takes {h.pp_share:.0%} of a prompt: the {h.cpu}'s weights are copied "
+                   f"to the GPU once per micro-batch (-ub {h.n_ubatch}); a larger -ub (with -b at least "
+                   "as large) copies them fewer times a prompt, for a larger GPU compute buffer")
+    out.append("    `offload-planner fit` with the same options and arguments searches these for you")
+    return out

@@ -1,0 +1,66 @@
+"""`plan` says what would make a plan faster under its bottlenecks (core.speed.advice). A newcomer read
+"tg bottleneck: CPU memory bandwidth (66% ...)" and "pp bottleneck: op offload copies over the host link
+(84% ...)" on the Guide's first plan and had no word of what to change; the answers were in the same
+figures: the GPU's free memory takes routed experts off the RAM, a larger -ub copies the CPU's experts
+fewer times a prompt, the always-active weights go to a GPU before any routed expert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.test_cli_plan_input import run
+
+DEMO = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
+DEVICES = ("--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB,ram=8xDDR5-4800")
+FIT = "    `offload-planner fit` with the same options and arguments searches these for you"
+
+
+def _plan(*server: str) -> tuple[int, list[str]]:
+    r = run("plan", DEMO, *DEVICES, "--", "-c", "32768", *server)
+    assert "Traceback" not in r.stderr
+    return r.returncode, r.stdout.splitlines()
+
+
+def _hints(lines: list[str]) -> list[str]:
+    """The lines between "to make it faster:" and the assumptions ([] when there is none)."""
+    if "  to make it faster:" not in lines:
+        return []
+    at = lines.index("  to make it faster:")
+    return lines[at + 1:lines.index("  assumptions:")]
+
+
+def test_the_guides_first_plan_says_where_its_speed_is_and_what_searches_it() -> None:
+    code, lines = _plan("-ngl", "999", "--cpu-moe")
+    assert code == 0
+    at = lines.index("  to make it faster:")
+    assert lines[at - 1].startswith("  pp bottleneck: op offload copies")  # right under the bottlenecks
+    tg, pp, fit = _hints(lines)
+    assert tg.startswith("    tg: the CPU's RAM reads take 66% of a token, and CUDA0's 8.46 GiB free beyond "
+                         "its margin (1 GiB unless given) can take routed experts")
+    assert "-ot 'blk\\.N\\.ffn_.*_exps=CUDA0' for a layer N, ahead of --cpu-moe" in tg
+    assert pp.startswith("    pp: op offload takes 84% of a prompt") and "(-ub 512); a larger -ub" in pp
+    assert fit == FIT
+
+
+def test_fits_answer_leaves_nothing_to_say() -> None:
+    """The command `fit` prints for these devices (the README's Fastest plan): experts of layer 3 on
+    the GPU, -ub 4096 = the prompt: no room for another expert tensor, no fewer copies to gain."""
+    code, lines = _plan("-ngl", "999", "-ot", r"blk\.3\.ffn_(up|gate|down|gate_up)_exps=CUDA0", "--cpu-moe",
+                        "-b", "4096", "-ub", "4096")
+    assert code == 0 and "  pp bottleneck: CUDA0 compute (50% of the prompt time)" in lines
+    assert "  to make it faster:" not in lines
+
+
+def test_always_active_weights_on_the_cpu_are_named_first() -> None:
+    """-ngl 30: the attention and shared experts of 32 layers are read from RAM by every token."""
+    _, lines = _plan("-ngl", "30", "--cpu-moe")
+    first = _hints(lines)[0]
+    assert first.startswith("    tg: 4.80 GiB of always-active weights (attention, shared experts, dense "
+                            "FFN, output: every token reads all of them) are on the CPU")
+    assert "(-ngl 999, with --cpu-moe or -ot exps=CPU keeping the routed experts on the CPU)" in first
+
+
+def test_a_plan_over_capacity_gets_the_over_capacity_advice_instead() -> None:
+    code, lines = _plan("-ngl", "999")
+    assert code == 3 and "  to make it faster:" not in lines
+    assert any("run offload-planner fit for a plan that fits" in line for line in lines)
