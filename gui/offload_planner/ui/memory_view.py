@@ -31,6 +31,7 @@ from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.mapped_span import no_placement_fits, ram_sharers, unified_over
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.advice import FasterHints
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.nothing_fits import nothing_fits_text
@@ -93,6 +94,26 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: 
         parts.append(f"{shared_ram} share one RAM and together take more than it (Problems has the "
                      "figures): a smaller context or KV cache type (Options) or a smaller model.")
     return "What next: " + " ".join(parts) if parts else ""
+
+def faster_text(h: FasterHints) -> str:
+    """Under the legend while everything fits: what would make the plan faster, in the window's own
+    controls (:mod:`core.speed.advice`; "" when nothing would). The pane said nothing while the plan fit,
+    its speed line naming the CPU's 66% of a token and no way to lower it."""
+    if not h:
+        return ""
+    parts = []  # the action first: a short pane shows the first lines only (the tooltip has it all)
+    if h.always_active_cpu:
+        parts.append(f"{gib_unit(h.always_active_cpu)} of always-active weights (attention, shared experts: "
+                     "every token reads them) are on the CPU, where routed experts cost less (GPU layers: "
+                     "all, then Presets ▸ All routed experts → CPU)")
+    if h.room:
+        gpus = " and ".join(f"{n}'s {gib_unit(b)} left" for n, b in h.room)
+        parts.append(f"{gpus} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)")
+    if h.pp_share:
+        parts.append(f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s experts to the GPU fewer "
+                     f"times ({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
+    return "Faster, with Presets ▸ Fastest plan: " + "; ".join(parts) + "."
+
 
 #: The legend's last word on the breakdown lines' bare figures.
 UNIT_NOTE = "figures without a unit: GiB"
@@ -207,6 +228,7 @@ class MemoryView(QWidget):
         self._actuals_plan: Plan | None = None  # the plan that launch ran
         self._next_step_rect: QRectF | None = None
         self._next_step_shown = ""
+        self._faster = ""  # what would make the plan faster (SpeedLabel's estimate)
         self._legend_hidden: list[str] = []  # the legend's labels a short pane left out
         self._legend_drawn: list[QRectF] = []
         self.setMouseTracking(True)
@@ -673,8 +695,18 @@ class MemoryView(QWidget):
 
     # --- what next -----------------------------------------------------------------------------
 
+    def set_faster(self, text: str) -> None:
+        """What would make the plan faster (:func:`faster_text`), shown while nothing is over capacity."""
+        if text != self._faster:
+            self._faster = text
+            self.update()
+
     def next_step(self) -> str:
-        """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
+        """Under the legend while a device is over capacity: where the way out is; while all fit, what
+        would make the plan faster (:meth:`set_faster`; "" when nothing would)."""
+        return self._over_step() or self._faster
+
+    def _over_step(self) -> str:
         over = [dm.device for dm in self._rows() if bar_figures(dm).over]
         moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
         a = self._doc.analysis

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.memory import Projection
+from offload_planner.core.placement import Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.result import SpeedEstimate
@@ -48,15 +49,18 @@ def _share(bottleneck: str) -> float:
     return int(pct) / 100 if head and pct.isdigit() else 0.0
 
 
-def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate) -> FasterHints:
-    """The hints of ``plan`` whose projection and estimate these are; a GPU's room is what ``fit`` and
-    the window's Fastest plan may fill (capacity less its margin, 1 GiB unless given, less what it holds)."""
+def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate,
+                 placement: Placement | None = None) -> FasterHints:
+    """The hints of ``plan`` whose projection and estimate these are (``placement``: the plan's, when
+    the caller has it); a GPU's room is what ``fit`` and the window's Fastest plan may fill (capacity
+    less its margin, 1 GiB unless given, less what it holds)."""
     from offload_planner.core.speed.candidate import room as room_of
 
     cpu = plan.devices.cpu.name
     moe = bool(plan.model.summary.n_expert)
     gpus = [d for d in plan.devices.gpus if d.kind in _OWN_MEMORY]
-    on_cpu = [p for p in plan.placement().items if p.device == cpu and p.tensor.role is not Role.NEXTN]
+    items = (placement or plan.placement()).items
+    on_cpu = [p for p in items if p.device == cpu and p.tensor.role is not Role.NEXTN]
     experts = [p.tensor.nbytes for p in on_cpu if p.tensor.role.is_routed_expert]
     tg_cpu = est.bottleneck.startswith(f"{cpu} memory bandwidth")
     room: tuple[tuple[str, int], ...] = ()
