@@ -94,3 +94,20 @@ def test_always_active_weights_on_the_cpu_come_first(
                                "→ CPU); CUDA0's ")
     finally:
         win.close()
+
+
+def test_the_line_stays_while_an_edit_is_projected(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
+    """The speed line refreshes on the edit, before its projection: the Faster line was emptied then and
+    came back with the projection, a flicker at every edit."""
+    win = _demo_window(qtbot, settings, (1280, 800))
+    try:
+        open_and_wait(qtbot, win, demo_path)
+        assert _faster(qtbot, win) == DEMO_HINT
+        said: list[str] = []
+        win.speed_label.fasterChanged.connect(said.append)
+        win.doc.set_option("context.n_ctx", 16384, "Context")
+        wait_projected(qtbot, win)
+        qtbot.waitUntil(lambda: len(said) >= 2)  # on the edit, then with its projection
+        assert "" not in said and said[-1].startswith("Faster, with Presets ▸ Fastest plan: CUDA0's ")
+    finally:
+        win.close()

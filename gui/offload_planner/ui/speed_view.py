@@ -87,7 +87,7 @@ class SpeedLabel(QLabel):
     def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._doc = doc
-        self.faster = ""  # what would make the plan faster (fasterChanged)
+        self.faster: str | None = ""  # what would make the plan faster (fasterChanged)
         self.setAccessibleName("Speed estimate")
         self.setWordWrap(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -98,13 +98,19 @@ class SpeedLabel(QLabel):
         self._timer.timeout.connect(self.refresh)
         doc.planChanged.connect(self._timer.start)
         doc.modelChanged.connect(self._timer.start)
+        doc.modelChanged.connect(self._forget_faster)  # another model's line is not kept for this one
         doc.analysisChanged.connect(self._timer.start)  # whether the plan fits comes with its projection
         self.refresh()
 
     def refresh(self) -> None:
-        self.faster = ""
+        last, self.faster = self.faster, ""
         self._refresh()
+        if self.faster is None:  # the projection is on its way: keep the line until it comes (no flicker)
+            self.faster = last
         self.fasterChanged.emit(self.faster)
+
+    def _forget_faster(self) -> None:
+        self.faster = ""
 
     def _refresh(self) -> None:
         if not self._doc.has_plan:
@@ -141,12 +147,12 @@ class SpeedLabel(QLabel):
     def _over(self) -> list[str]:
         return over_capacity(self._doc)
 
-    def _faster(self, est: SpeedEstimate) -> str:
-        """What would make the plan faster, while its projection is current (else "": the next refresh
+    def _faster(self, est: SpeedEstimate) -> str | None:
+        """What would make the plan faster; None while its projection is not current (the next refresh
         comes with it)."""
         a = self._doc.analysis
         if a is None or a.projection is None or not self._doc.analysis_current:
-            return ""
+            return None
         return faster_text(faster_hints(self._doc.plan, a.projection, est, self._doc.placement))
 
 
