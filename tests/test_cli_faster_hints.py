@@ -64,3 +64,53 @@ def test_a_plan_over_capacity_gets_the_over_capacity_advice_instead() -> None:
     code, lines = _plan("-ngl", "999")
     assert code == 3 and "  to make it faster:" not in lines
     assert any("run offload-planner fit for a plan that fits" in line for line in lines)
+
+
+QWEN = str(Path(__file__).resolve().parents[1] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf")
+
+
+def test_ram_over_beside_a_gpu_with_room_names_the_command_that_moves_the_experts() -> None:
+    """Qwen3-30B with --cpu-moe on a 16 GiB CPU and a 24 GiB GPU: the notes said "over capacity: CPU"
+    and the warning its 573 MiB, nothing of the 19 GiB the GPU had free for the experts."""
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=16GiB", "--",
+            "--cpu-moe", "-c", "32768")
+    assert r.returncode == 3
+    assert ("note: CPU is over while CUDA0's 18.99 GiB free beyond its margin (1 GiB unless given) can take "
+            "routed experts from it: `offload-planner fit` with the same options and arguments moves them "
+            "there (by hand: -ot 'blk\\.N\\.ffn_.*_exps=CUDA0' for a layer N, ahead of --cpu-moe or your "
+            "exps=CPU rule)\n") in r.stdout
+    fit = run("fit", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=16GiB", "--",
+              "--cpu-moe", "-c", "32768")
+    assert fit.returncode == 0  # what the note sends the reader to finds a plan that fits
+
+
+def test_ram_over_with_no_gpu_room_gets_no_such_note() -> None:
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=4GiB", "--device", "CPU=16GiB", "--",
+            "--cpu-moe", "-c", "32768")
+    assert r.returncode == 3 and "can take routed experts from it" not in r.stdout
+
+
+def test_experts_held_by_an_ot_rule_say_that_fit_keeps_the_rule() -> None:
+    """-ot exps=CPU: fit keeps the user's rules, so "fit searches these for you" alone sent the reader to
+    a search that leaves every expert on the CPU (fit's own note says so only after it has run)."""
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=16GiB", "--",
+            "-ot", "exps=CPU", "-c", "32768")
+    assert r.returncode == 3
+    assert (": `offload-planner fit` with the same options and arguments moves them there, but keeps your "
+            "-ot rules, which hold 144 routed-expert tensors on the CPU: drop the rule that sends them there "
+            "(fit adds --cpu-moe itself) to let it place them (by hand: ") in r.stdout
+    fit = run("fit", QWEN, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=16GiB", "--",
+              "-c", "32768")
+    assert fit.returncode == 0  # the rule dropped, as said: fit places them
+    _, lines = _plan("-ngl", "999", "-ot", "exps=CPU")
+    assert _hints(lines)[-1] == (FIT + ", but keeps your -ot rules, which hold 174 routed-expert tensors "
+                                 "on the CPU: drop the rule that sends them there (fit adds --cpu-moe "
+                                 "itself) "
+                                 "to let it place them")
+
+
+def test_ram_over_by_more_than_the_gpus_room_gets_no_such_note() -> None:
+    """The demo's 367 GiB of experts in 64 GiB of RAM: CUDA0's 8.46 GiB cannot take the excess."""
+    r = run("plan", DEMO, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=64GiB", "--",
+            "--cpu-moe", "-c", "32768")
+    assert r.returncode == 3 and "can take routed experts from it" not in r.stdout

@@ -84,7 +84,9 @@ Session 15 (newcomer11): a plan that fits says under its bottlenecks what would 
 experts while the RAM binds a token; a larger -ub while op offload binds a prompt longer than one
 micro-batch) and that ``fit`` searches it: the 14 text and --explain files of the seven fitting cases
 with experts on the CPU gained a ``to make it faster:`` block of 2-4 lines before ``assumptions:``;
-nothing else changed (the JSON files and the over-capacity and all-on-GPU cases not at all).
+nothing else changed (the JSON files and the over-capacity and all-on-GPU cases not at all). Then
+the block's last line says that fit keeps the -ot rules that hold routed experts on the CPU, and how
+many (``ds_two_gpus_filled`` and ``ds_usage_example``: that one line of their text and --explain files).
 """
 
 from __future__ import annotations

@@ -148,6 +148,28 @@ def _fit_gave_up(summary: dict[str, object] | None, over: list[str], devices: De
             "that fits"]
 
 
+def _room_for_the_cpus_experts(over: list[str], plan: Plan, projection: Projection) -> list[str]:
+    """RAM over capacity while GPUs have room for the routed experts it holds: said with the command
+    that moves them (the note named the CPU over and nothing else, 36 GiB free on two GPUs beside it)."""
+    from offload_planner.core.device_figures import DeviceFigures
+    from offload_planner.core.speed.advice import expert_room, held_on_cpu, held_text
+    from offload_planner.core.units import fmt_bytes
+
+    cpu = plan.devices.cpu.name
+    room = expert_room(plan, projection) if cpu in over else ()
+    short = DeviceFigures.of(projection.device(cpu)).over
+    if not room or sum(b for _, b in room) < short:  # the GPUs cannot take the excess: nothing to point at
+        return []
+    gpus = " and ".join(f"{n}'s {fmt_bytes(b)}" for n, b in room)
+    their = "its margin" if len(room) == 1 else "their margins"
+    held = held_on_cpu(plan)
+    return [f"{cpu} is over while {gpus} free beyond {their} (1 GiB unless given) can take routed experts "
+            "from it: `offload-planner fit` with the same options and arguments moves them there"
+            + (held_text(held) if held else "") + " (by hand: "
+            f"-ot 'blk\\.N\\.ffn_.*_exps={room[0][0]}' for a layer N, ahead of --cpu-moe or your exps=CPU "
+            "rule)"]
+
+
 def _legacy_name_notes(declared: list[str], dialect: Dialect) -> list[str]:
     """``--device Metal0=...``: the planner's old name, kept working; say what it is now."""
     from offload_planner.core.devices import canonical_device_name, legacy_names
@@ -248,6 +270,7 @@ def _plan(args: argparse.Namespace) -> int:
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
         notes += _fit_gave_up(fit.summary, over, devices)
+        notes += _room_for_the_cpus_experts(over, plan, projection)
     from offload_planner.backend.speed_store import plan_speed, probe_speed_note
     from offload_planner.core.speed.report import speed_json, speed_lines
 

@@ -88,10 +88,13 @@ def test_always_active_weights_on_the_cpu_come_first(
         win.options_panel.ngl.setValue(30)  # Options ▸ GPU layers
         wait_projected(qtbot, win)
         text = _faster(qtbot, win)
-        assert text.startswith("Faster, with Presets ▸ Fastest plan: 4.8 GiB of always-active weights "
-                               "(attention, shared experts: every token reads them) are on the CPU, where "
-                               "routed experts cost less (GPU layers: all, then Presets ▸ All routed experts "
-                               "→ CPU); CUDA0's ")
+        assert text.startswith("Faster: 4.8 GiB of always-active weights (attention, shared experts: "
+                               "every token reads them) are on the CPU, where routed experts cost less (GPU "
+                               "layers: all, then Presets ▸ All routed experts → CPU); CUDA0's ")
+        # Fastest plan keeps -ngl and the moves: the room's action is the Fill preset
+        assert ("can take routed experts, now read from RAM (85% of a token) — Presets ▸ Fill CUDA0 with "
+                "routed experts (Fastest plan keeps the moves and -ot rules that hold them on the CPU); "
+                ) in text
     finally:
         win.close()
 
@@ -109,5 +112,36 @@ def test_the_line_stays_while_an_edit_is_projected(qtbot: QtBot, settings: Setti
         wait_projected(qtbot, win)
         qtbot.waitUntil(lambda: len(said) >= 2)  # on the edit, then with its projection
         assert "" not in said and said[-1].startswith("Faster, with Presets ▸ Fastest plan: CUDA0's ")
+    finally:
+        win.close()
+
+
+def test_ram_over_beside_gpu_room_points_at_the_room(qtbot: QtBot, settings: Settings) -> None:
+    """All routed experts → CPU on a 16 GiB CPU beside a 24 GiB GPU: "What next" said "more GPU memory
+    takes some (+ Virtual GPU… plans with one)" with 19 GiB of the GPU free."""
+    qwen = Path(__file__).resolve().parents[2] / "resources" / "Qwen3-30B-A3B-Q4_K_M.header.gguf"
+    win = make_window(qtbot, settings, system_info("CUDA0=24GiB", cpu_gib=16))
+    try:
+        open_and_wait(qtbot, win, qwen)
+        assert win.presets_menu.routed_experts_to(CPU)
+        wait_projected(qtbot, win)
+        win.memory_view.repaint()
+        assert win.memory_view.next_step() == (
+            "What next: The CPU's share is more than its RAM, and CUDA0's 19.0 GiB left can take routed "
+            "experts from it: Presets ▸ Fill CUDA0 with routed experts (Fastest plan keeps the moves and -ot "
+            "rules that hold them on the CPU).")
+        assert win.presets_menu.fill("CUDA0", from_first=True)
+        wait_projected(qtbot, win)
+        assert win.memory_view.verdict() == "✔ fits on every device"  # what it pointed at works
+        # the same RAM over from a pasted --cpu-moe: no moves hold the experts, Fastest plan moves them
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 32768 --cpu-moe")
+        wait_projected(qtbot, win)
+        assert not win.doc.plan.moves
+        assert win.memory_view.next_step() == (
+            "What next: The CPU's share is more than its RAM, and CUDA0's 19.0 GiB left can take routed "
+            "experts from it: Presets ▸ Fastest plan moves them there.")
+        assert win.presets_menu.fastest()
+        wait_projected(qtbot, win)
+        assert win.memory_view.verdict() == "✔ fits on every device"
     finally:
         win.close()

@@ -31,7 +31,7 @@ from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.mapped_span import no_placement_fits, ram_sharers, unified_over
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
-from offload_planner.core.speed.advice import FasterHints
+from offload_planner.core.speed.advice import FasterHints, expert_room, held_on_cpu
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.nothing_fits import nothing_fits_text
@@ -72,11 +72,13 @@ _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
 
 def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: str = "",
-                   nothing_fits: int = 0) -> str:
+                   nothing_fits: int = 0, room: tuple[tuple[str, int], ...] = (), held: int = 0) -> str:
     """Under the legend while a device is over capacity: what to do about it ("" when all fit).
     ``shared_ram``: the devices of a Mac's one memory (``CPU + MTL0``) when together over it;
     ``nothing_fits``: by how many bytes, when they are all the devices there are: no placement fits
-    (what moves off a Metal GPU lands in the same RAM), so no placement preset is suggested."""
+    (what moves off a Metal GPU lands in the same RAM), so no placement preset is suggested; ``room``: the
+    GPUs with room for a routed expert the CPU holds (core.speed.advice.expert_room), bytes left; ``held``:
+    of the CPU's experts, those the moves or -ot rules put there (advice.held_on_cpu)."""
     if nothing_fits and shared_ram:
         return "What next: " + nothing_fits_text(shared_ram, nothing_fits)
     parts = []
@@ -87,7 +89,12 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: 
     elif gpus_over:
         parts.append(f"Fewer GPU layers or a smaller context (Options), or Presets ▸ Move layers… to "
                      f"the CPU, free {names}.")
-    if cpu_over:
+    if cpu_over and room and not gpus_over:  # it said "more GPU memory takes some" beside 35 GiB left
+        left = " and ".join(f"{n}'s {gib_unit(b)} left" for n, b in room)
+        how = fill_action(room[0][0]) if held else "Presets ▸ Fastest plan moves them there"
+        parts.append(f"The CPU's share is more than its RAM, and {left} can take routed experts from it: "
+                     f"{how}.")
+    elif cpu_over:
         parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
                      "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
     elif shared_ram:
@@ -101,18 +108,30 @@ def faster_text(h: FasterHints) -> str:
     its speed line naming the CPU's 66% of a token and no way to lower it."""
     if not h:
         return ""
-    parts = []  # the action first: a short pane shows the first lines only (the tooltip has it all)
+    # the action first: a short pane shows the first lines only (the tooltip has it all); Fastest plan
+    # keeps -ngl (always-active weights stay where the command puts them), the moves and the -ot rules
+    fastest = not h.held and not h.always_active_cpu
+    parts = []
     if h.always_active_cpu:
         parts.append(f"{gib_unit(h.always_active_cpu)} of always-active weights (attention, shared experts: "
                      "every token reads them) are on the CPU, where routed experts cost less (GPU layers: "
                      "all, then Presets ▸ All routed experts → CPU)")
     if h.room:
         gpus = " and ".join(f"{n}'s {gib_unit(b)} left" for n, b in h.room)
-        parts.append(f"{gpus} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)")
+        how = fill_action(h.room[0][0]) if h.held else "" if fastest else "Presets ▸ Fastest plan"
+        parts.append(f"{gpus} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
+                     + (f" — {how}" if how else ""))
     if h.pp_share:
         parts.append(f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s experts to the GPU fewer "
                      f"times ({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
-    return "Faster, with Presets ▸ Fastest plan: " + "; ".join(parts) + "."
+    return ("Faster, with Presets ▸ Fastest plan: " if fastest else "Faster: ") + "; ".join(parts) + "."
+
+
+def fill_action(gpu: str) -> str:
+    """Where moves or -ot rules hold the CPU's experts: the preset that moves them anyway (Fastest plan
+    keeps both, so it answered "Nothing fits" to a RAM over beside a GPU with 19 GiB left)."""
+    return (f"Presets ▸ Fill {gpu} with routed experts (Fastest plan keeps the moves and -ot rules that "
+            "hold them on the CPU)")
 
 
 #: The legend's last word on the breakdown lines' bare figures.
@@ -714,7 +733,14 @@ class MemoryView(QWidget):
         shared = self._ram_sharers() if short else ""
         gpus = [d.name for d in over if d.is_gpu]
         nothing = no_placement_fits(a.projection) if a is not None and a.projection is not None else 0
-        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared, nothing)
+        cpu_over = any(not d.is_gpu for d in over)
+        current = a is not None and a.projection is not None and self._doc.analysis_current
+        room = expert_room(self._doc.plan, a.projection, self._doc.placement) if (
+            cpu_over and moe and current and a is not None and a.projection is not None) else ()
+        short = sum(bar_figures(dm).over for dm in self._rows() if not dm.device.is_gpu)
+        room = room if sum(b for _, b in room) >= short else ()  # else more GPU memory is what helps
+        held = held_on_cpu(self._doc.plan, self._doc.placement) if room else 0
+        return next_step_text(gpus, cpu_over, moe, shared, nothing, room, held)
 
     def next_step_rect(self) -> QRectF | None:
         """Where :meth:`next_step` is drawn (None when it is not)."""

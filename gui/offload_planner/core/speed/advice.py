@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from offload_planner.core.devices import DeviceKind
 from offload_planner.core.memory import Projection
-from offload_planner.core.placement import Placement
+from offload_planner.core.placement import Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import Role
 from offload_planner.core.speed.result import SpeedEstimate
@@ -37,6 +37,7 @@ class FasterHints:
     always_active_cpu: int  # bytes of always-active weights on the CPU of a MoE model with a GPU
     pp_share: float  # of a prompt's time, the op-offload copies (when they are the pp bottleneck; else 0)
     n_ubatch: int
+    held: int = 0  # routed-expert tensors on the CPU by the command's -ot rules or the window's moves
 
     def __bool__(self) -> bool:
         return bool(self.room or self.always_active_cpu or self.pp_share)
@@ -49,24 +50,48 @@ def _share(bottleneck: str) -> float:
     return int(pct) / 100 if head and pct.isdigit() else 0.0
 
 
+def _on_cpu(plan: Plan, placement: Placement) -> list[Placed]:
+    cpu = plan.devices.cpu.name
+    return [p for p in placement.items if p.device == cpu and p.tensor.role is not Role.NEXTN]
+
+
+def expert_room(plan: Plan, projection: Projection,
+                placement: Placement | None = None) -> tuple[tuple[str, int], ...]:
+    """The GPUs (with memory of their own) with room for a routed-expert tensor the CPU holds: (name,
+    bytes of room), the room as ``fit`` and the window's Fastest plan count it (capacity less the
+    margin, 1 GiB unless given, less what the projection puts there); () with no expert on the CPU."""
+    from offload_planner.core.speed.candidate import room as room_of
+
+    experts = [p.tensor.nbytes for p in _on_cpu(plan, placement or plan.placement())
+               if p.tensor.role.is_routed_expert]
+    if not experts:
+        return ()
+    left = room_of(projection, plan.devices)
+    return tuple((d.name, left[d.name]) for d in plan.devices.gpus
+                 if d.kind in _OWN_MEMORY and left.get(d.name, 0) >= min(experts))
+
+
+def held_on_cpu(plan: Plan, placement: Placement | None = None) -> int:
+    """Routed-expert tensors on the CPU by the command's own ``-ot`` rules (``presets.held_by_rules``'
+    test) or by the window's moves: the search (``fit``, Fastest plan) keeps both, so it leaves them
+    there however much room the GPUs have (``-ot exps=CPU``, or Presets ▸ All routed experts → CPU)."""
+    cpu = plan.devices.cpu.name
+    return sum(1 for p in _on_cpu(plan, placement or plan.placement()) if p.tensor.role.is_routed_expert
+               and (p.rule.startswith("-ot ") or plan.moves.get(p.tensor.name) == cpu))
+
+
 def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate,
                  placement: Placement | None = None) -> FasterHints:
     """The hints of ``plan`` whose projection and estimate these are (``placement``: the plan's, when
     the caller has it); a GPU's room is what ``fit`` and the window's Fastest plan may fill (capacity
     less its margin, 1 GiB unless given, less what it holds)."""
-    from offload_planner.core.speed.candidate import room as room_of
-
     cpu = plan.devices.cpu.name
     moe = bool(plan.model.summary.n_expert)
     gpus = [d for d in plan.devices.gpus if d.kind in _OWN_MEMORY]
-    items = (placement or plan.placement()).items
-    on_cpu = [p for p in items if p.device == cpu and p.tensor.role is not Role.NEXTN]
-    experts = [p.tensor.nbytes for p in on_cpu if p.tensor.role.is_routed_expert]
+    placement = placement or plan.placement()
+    on_cpu = _on_cpu(plan, placement)
     tg_cpu = est.bottleneck.startswith(f"{cpu} memory bandwidth")
-    room: tuple[tuple[str, int], ...] = ()
-    if tg_cpu and experts:
-        left = room_of(projection, plan.devices)
-        room = tuple((d.name, left[d.name]) for d in gpus if left.get(d.name, 0) >= min(experts))
+    room = expert_room(plan, projection, placement) if tg_cpu else ()
     always = 0
     if moe and gpus:
         always = sum(p.tensor.nbytes for p in on_cpu if not p.tensor.role.is_routed_expert
@@ -75,7 +100,8 @@ def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate,
     pp = est.op_offload and est.pp_bottleneck.startswith(OP_OFFLOAD) and est.n_ubatch < est.prompt
     return FasterHints(cpu=cpu, tg_share=_share(est.bottleneck) if tg_cpu else 0.0, room=room,
                        always_active_cpu=always if always >= MIN_ALWAYS_ACTIVE else 0,
-                       pp_share=_share(est.pp_bottleneck) if pp else 0.0, n_ubatch=est.n_ubatch)
+                       pp_share=_share(est.pp_bottleneck) if pp else 0.0, n_ubatch=est.n_ubatch,
+                       held=held_on_cpu(plan, placement) if room else 0)
 
 
 def faster_lines(h: FasterHints) -> list[str]:
@@ -102,5 +128,12 @@ def faster_lines(h: FasterHints) -> list[str]:
         out.append(f"    pp: op offload takes {h.pp_share:.0%} of a prompt: the {h.cpu}'s weights are copied "
                    f"to the GPU once per micro-batch (-ub {h.n_ubatch}); a larger -ub (with -b at least "
                    "as large) copies them fewer times a prompt, for a larger GPU compute buffer")
-    out.append("    `offload-planner fit` with the same options and arguments searches these for you")
+    out.append("    `offload-planner fit` with the same options and arguments searches these for you"
+               + (held_text(h.held) if h.held else ""))
     return out
+
+
+def held_text(n: int) -> str:
+    """After the pointer to ``fit`` where the command's rules hold routed experts on the CPU."""
+    return (f", but keeps your -ot rules, which hold {n} routed-expert tensors on the CPU: drop the rule "
+            "that sends them there (fit adds --cpu-moe itself) to let it place them")
