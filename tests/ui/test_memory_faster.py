@@ -93,8 +93,8 @@ def test_always_active_weights_on_the_cpu_come_first(
                                "layers: all, then Presets ▸ All routed experts → CPU); CUDA0's ")
         # Fastest plan keeps -ngl and the moves: the room's action is the Fill preset
         assert ("can take routed experts, now read from RAM (85% of a token) — Presets ▸ Fill CUDA0 with "
-                "routed experts (Fastest plan keeps the moves and -ot rules that hold them on the CPU); "
-                ) in text
+                "routed experts (whole layers) or drag expert tensors onto it (Fastest plan keeps the moves "
+                "and -ot rules that hold them on the CPU); ") in text
     finally:
         win.close()
 
@@ -128,8 +128,8 @@ def test_ram_over_beside_gpu_room_points_at_the_room(qtbot: QtBot, settings: Set
         win.memory_view.repaint()
         assert win.memory_view.next_step() == (
             "What next: The CPU's share is more than its RAM, and CUDA0's 19.0 GiB left can take routed "
-            "experts from it: Presets ▸ Fill CUDA0 with routed experts (Fastest plan keeps the moves and -ot "
-            "rules that hold them on the CPU).")
+            "experts from it: Presets ▸ Fill CUDA0 with routed experts (whole layers) or drag expert tensors "
+            "onto it (Fastest plan keeps the moves and -ot rules that hold them on the CPU).")
         assert win.presets_menu.fill("CUDA0", from_first=True)
         wait_projected(qtbot, win)
         assert win.memory_view.verdict() == "✔ fits on every device"  # what it pointed at works

@@ -129,9 +129,10 @@ def faster_text(h: FasterHints) -> str:
 
 def fill_action(gpu: str) -> str:
     """Where moves or -ot rules hold the CPU's experts: the preset that moves them anyway (Fastest plan
-    keeps both, so it answered "Nothing fits" to a RAM over beside a GPU with 19 GiB left)."""
-    return (f"Presets ▸ Fill {gpu} with routed experts (Fastest plan keeps the moves and -ot rules that "
-            "hold them on the CPU)")
+    keeps both, so it answered "Nothing fits" to a RAM over beside a GPU with 19 GiB left); Fill takes
+    whole layers, a room smaller than one takes single tensors dragged there."""
+    return (f"Presets ▸ Fill {gpu} with routed experts (whole layers) or drag expert tensors onto it "
+            "(Fastest plan keeps the moves and -ot rules that hold them on the CPU)")
 
 
 #: The legend's last word on the breakdown lines' bare figures.
