@@ -114,3 +114,13 @@ def test_ram_over_by_more_than_the_gpus_room_gets_no_such_note() -> None:
     r = run("plan", DEMO, "--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=64GiB", "--",
             "--cpu-moe", "-c", "32768")
     assert r.returncode == 3 and "can take routed experts from it" not in r.stdout
+
+
+def test_fit_says_which_gpu_holds_which_layers_experts() -> None:
+    """fit's answer said where the experts go only as the command's -ot regex."""
+    r = run("fit", DEMO, "--no-detect", "--device", "CUDA0=rtx3090", "--device", "CPU=512GiB,ram=8xDDR5-4800",
+            "--", "-c", "32768")
+    lines = r.stdout.splitlines()
+    at = lines.index("routed experts by device: CUDA0 layer 3, CPU the other 57 layers")
+    assert lines[at + 1].startswith("speed estimate (uncalibrated): ")  # between the table and the speed
+    assert "blk\\.3\\.ffn_(up|gate|down|gate_up)_exps=CUDA0" in lines[-1]

@@ -137,3 +137,45 @@ def held_text(n: int) -> str:
     """After the pointer to ``fit`` where the command's rules hold routed experts on the CPU."""
     return (f", but keeps your -ot rules, which hold {n} routed-expert tensors on the CPU: drop the rule "
             "that sends them there (fit adds --cpu-moe itself) to let it place them")
+
+
+def layer_spans(layers: list[int]) -> str:
+    """``0-1, 11, 59-60``."""
+    runs: list[list[int]] = []
+    for il in sorted(layers):
+        if runs and il == runs[-1][1] + 1:
+            runs[-1][1] = il
+        else:
+            runs.append([il, il])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _layers(layers: list[int]) -> str:
+    return f"layer {layers[0]}" if len(layers) == 1 else f"{len(layers)} layers ({layer_spans(layers)})"
+
+
+def experts_text(plan: Plan, placement: Placement) -> str:
+    """Which GPU holds which layers' routed experts, in words (the command says it as an -ot regex a
+    newcomer cannot read): ``routed experts by device: CUDA0 layer 3, CUDA1 2 layers (59-60) + 3
+    tensors of 2 layers (57-58), CPU the other 55 layers`` ("" without routed experts on a GPU)."""
+    cpu = plan.devices.cpu.name
+    by_layer: dict[int, list[str]] = {}
+    for p in placement.items:
+        t = p.tensor
+        if t.role.is_routed_expert and t.layer is not None and p.device is not None and not p.copy:
+            by_layer.setdefault(t.layer, []).append(p.device)
+    parts = []
+    for g in plan.devices.gpus:
+        whole = [il for il, devs in by_layer.items() if set(devs) == {g.name}]
+        some = {il: devs.count(g.name) for il, devs in by_layer.items()
+                if g.name in devs and il not in whole}
+        if not whole and not some:
+            continue
+        n = sum(some.values())
+        singles = f"{n} tensor{'s' if n > 1 else ''} of {_layers(list(some))}" if some else ""
+        parts.append(f"{g.name} " + " + ".join(x for x in (_layers(whole) if whole else "", singles) if x))
+    if not parts:
+        return ""
+    rest = sum(1 for devs in by_layer.values() if set(devs) == {cpu})
+    tail = f", {cpu} the other {rest} layers" if rest else ""
+    return "routed experts by device: " + ", ".join(parts) + tail
