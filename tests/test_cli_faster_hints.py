@@ -124,3 +124,16 @@ def test_fit_says_which_gpu_holds_which_layers_experts() -> None:
     at = lines.index("routed experts by device: CUDA0 layer 3, CPU the other 57 layers")
     assert lines[at + 1].startswith("speed estimate (uncalibrated): ")  # between the table and the speed
     assert "blk\\.3\\.ffn_(up|gate|down|gate_up)_exps=CUDA0" in lines[-1]
+
+
+def test_a_command_that_fit_changes_says_its_speed_is_of_the_command_as_written() -> None:
+    """Qwen3-30B as written on a 12 GiB card: the build's --fit runs -c 4096 with experts on the CPU
+    (exit 0), while the speed line read "tg 110 t/s" for the command as written, which does not load."""
+    r = run("plan", QWEN, "--no-detect", "--device", "CUDA0=12GiB", "--device", "CPU=64GiB")
+    assert r.returncode == 0
+    speed = next(line for line in r.stdout.splitlines() if line.startswith("speed estimate"))
+    assert speed.startswith("speed estimate (uncalibrated) of the command as written (CUDA0 over capacity: "
+                            "llama-server's --fit runs the command in the note instead: plan that one for "
+                            "its speed): tg ")
+    assert "note: --fit is on (this build's default) and changes this command" in r.stdout
+    assert "  to make it faster:" not in r.stdout  # hints for a command that does not run as written

@@ -87,6 +87,10 @@ with experts on the CPU gained a ``to make it faster:`` block of 2-4 lines befor
 nothing else changed (the JSON files and the over-capacity and all-on-GPU cases not at all). Then
 the block's last line says that fit keeps the -ot rules that hold routed experts on the CPU, and how
 many (``ds_two_gpus_filled`` and ``ds_usage_example``: that one line of their text and --explain files).
+Then the speed block of a command whose GPUs the build's --fit makes fit by changing it says its figures
+are of the command as written (``speed estimate (uncalibrated) of the command as written (CUDA0 over
+capacity: llama-server's --fit runs the command in the note instead: plan that one for its speed): ...``):
+that one line of the ``ds_fit_four_gpus`` and ``qwen_fit_one_gpu`` text and --explain files.
 """
 
 from __future__ import annotations

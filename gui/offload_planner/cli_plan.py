@@ -211,15 +211,22 @@ def _prompt_past_context(depth: int, prompt: int, n_ctx: int) -> str:
     return f"the speed estimate's {prompt}-token prompt (--prompt) exceeds {tail}; --prompt N sets another)"
 
 
-def _if_it_fit(lines: list[str], over: list[str]) -> list[str]:
+def _if_it_fit(lines: list[str], over: list[str], fitted: list[str] | None = None) -> list[str]:
     """The speed block of a plan with a device over capacity: its first line says the figures are for
     the plan as if it fit, as the window's speed line does ("if it fit: est. tg ..."). It read
     "speed estimate (uncalibrated): tg 16.2 t/s" for DeepSeek-V3 354 GiB over one 24 GiB GPU, a plan
-    llama-server does not load, the OVER mark and the warning far from the figure."""
-    if not over or not lines:
+    llama-server does not load, the OVER mark and the warning far from the figure. ``fitted``: GPUs over
+    capacity that the build's --fit makes fit by changing the command: the figures are of the command as
+    written, not of the one the server runs (Qwen3-30B on a 12 GiB card read "tg 110 t/s" for a command
+    whose --fit runs -c 4096 with 19 layers' experts on the CPU)."""
+    if not (over or fitted) or not lines:
         return lines
     head, colon, tail = lines[0].partition(": ")
-    return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
+    if over:
+        return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
+    gpus = ", ".join(fitted or [])
+    return [f"{head} of the command as written ({gpus} over capacity: llama-server's --fit runs the command "
+            f"in the note instead: plan that one for its speed){colon}{tail}", *lines[1:]]
 
 
 def _with_faster(lines: list[str], plan: Plan, projection: Projection, speed: SpeedEstimate) -> list[str]:
@@ -300,8 +307,10 @@ def _plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        lines = _if_it_fit(speed_lines(speed, explain=args.explain), over) if speed is not None else []
-        if speed is not None and not over:
+        fitted = [n for n in over_capacity(projection) if n not in over]  # the build's --fit fixes them
+        lines = speed_lines(speed, explain=args.explain) if speed is not None else []
+        lines = _if_it_fit(lines, over, fitted)
+        if speed is not None and not over and not fitted:
             lines = _with_faster(lines, plan, projection, speed)
         print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK
