@@ -12,7 +12,8 @@ from tests.test_cli_plan_input import run
 
 DEMO = str(Path(__file__).resolve().parents[1] / "resources" / "DeepSeek-V3-Q4_K_M.header.gguf")
 DEVICES = ("--no-detect", "--device", "CUDA0=24GiB", "--device", "CPU=512GiB,ram=8xDDR5-4800")
-FIT = "    `offload-planner fit` with the same options and arguments searches these for you"
+FIT = ("    `offload-planner fit` with the same options and arguments searches where the routed experts go "
+       "and the -ub for you")
 
 
 def _plan(*server: str) -> tuple[int, list[str]]:
@@ -34,12 +35,18 @@ def test_the_guides_first_plan_says_where_its_speed_is_and_what_searches_it() ->
     assert code == 0
     at = lines.index("  to make it faster:")
     assert lines[at - 1].startswith("  pp bottleneck: op offload copies")  # right under the bottlenecks
-    tg, pp, fit = _hints(lines)
+    tg, pp, pin, fit = _hints(lines)
     assert tg.startswith("    tg: the CPU's RAM reads take 66% of a token, and CUDA0's 8.46 GiB free beyond "
                          "its margin (1 GiB unless given) can take routed experts")
     assert "-ot 'blk\\.N\\.ffn_.*_exps=CUDA0' for a layer N, ahead of --cpu-moe" in tg
     assert pp.startswith("    pp: op offload takes 84% of a prompt") and "(-ub 512); a larger -ub" in pp
+    assert pin == ("    pp: those copies read the mmap'd model file (pageable memory), at half the rate of "
+                   "pinned memory (an assumption, below): -lm none loads the CPU's weights into pinned RAM "
+                   "instead (the same bytes, read at load)")
     assert fit == FIT
+    _, pinned = _plan("-ngl", "999", "--cpu-moe", "-lm", "none")  # what the pin line says, done
+    assert not any(h.startswith("    pp: those copies") for h in _hints(pinned))
+    assert "pp 24.1 t/s for a 4096-token prompt" in "\n".join(pinned)  # 14.0 with mmap
 
 
 def test_fits_answer_leaves_nothing_to_say() -> None:
@@ -58,6 +65,8 @@ def test_always_active_weights_on_the_cpu_are_named_first() -> None:
     assert first.startswith("    tg: 4.80 GiB of always-active weights (attention, shared experts, dense "
                             "FFN, output: every token reads all of them) are on the CPU")
     assert "(-ngl 999, with --cpu-moe or -ot exps=CPU keeping the routed experts on the CPU)" in first
+    # fit keeps -ngl: its line says what it searches (it said "searches these" under this hint too)
+    assert _hints(lines)[-1] == FIT
 
 
 def test_a_plan_over_capacity_gets_the_over_capacity_advice_instead() -> None:

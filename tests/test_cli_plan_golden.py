@@ -91,6 +91,10 @@ Then the speed block of a command whose GPUs the build's --fit makes fit by chan
 are of the command as written (``speed estimate (uncalibrated) of the command as written (CUDA0 over
 capacity: llama-server's --fit runs the command in the note instead: plan that one for its speed): ...``):
 that one line of the ``ds_fit_four_gpus`` and ``qwen_fit_one_gpu`` text and --explain files.
+Then the faster block says that op offload's copies read the mmap'd file at half the pinned rate (the
+estimate's own assumption) and that ``-lm none`` pins them (one line more in the 12 files of the six
+mainline cases whose prompt op offload binds; ``ds_ik`` is pinned already), and its ``fit`` line says what
+fit searches (``searches where the routed experts go and the -ub for you``; it keeps -ngl and mmap).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ from offload_planner.ui.settings import Settings
 
 DEMO_HINT = ("Faster, with Presets ▸ Fastest plan: CUDA0's 8.5 GiB left can take routed experts, now read "
              "from RAM (66% of a token); a larger µbatch -ub (now 512) copies the CPU's experts to the GPU "
-             "fewer times (84% of a prompt; the Speed tab plots it).")
+             "fewer times (84% of a prompt; the Speed tab plots it). Also: the CPU's experts are copied to "
+             "the GPU from the mmap'd file, at half the rate of pinned memory: unchecking “mmap the model” "
+             "(Options) pins them.")
 
 
 def _demo_window(qtbot: QtBot, settings: Settings, size: tuple[int, int]) -> MainWindow:
@@ -59,6 +61,20 @@ def test_the_demo_says_what_makes_it_faster_and_fastest_plan_answers_it(
         win.close()
 
 
+def test_unchecking_mmap_does_what_the_line_says(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
+    win = _demo_window(qtbot, settings, (1280, 800))
+    try:
+        open_and_wait(qtbot, win, demo_path)
+        assert _faster(qtbot, win) == DEMO_HINT and "pp 14.0 t/s" in win.speed_label.text()
+        win.options_panel.mmap.click()  # “mmap the model” off: -lm none
+        wait_projected(qtbot, win)
+        text = _faster(qtbot, win)
+        assert text.startswith(DEMO_HINT.split(" fewer times (")[0]) and " Also: " not in text
+        assert "pp 24.1 t/s" in win.speed_label.text()  # the copies at the pinned rate
+    finally:
+        win.close()
+
+
 def test_a_small_window_leads_with_the_action(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:
     """At 1024x640 two lines show: the preset that does it comes first; hovering gives it whole."""
     win = _demo_window(qtbot, settings, (1024, 640))
@@ -88,9 +104,11 @@ def test_always_active_weights_on_the_cpu_come_first(
         win.options_panel.ngl.setValue(30)  # Options ▸ GPU layers
         wait_projected(qtbot, win)
         text = _faster(qtbot, win)
-        assert text.startswith("Faster: 4.8 GiB of always-active weights (attention, shared experts: "
-                               "every token reads them) are on the CPU, where routed experts cost less (GPU "
-                               "layers: all, then Presets ▸ All routed experts → CPU); CUDA0's ")
+        assert text.startswith("Faster, with Presets ▸ Fastest plan: a larger µbatch -ub (now 512) ")
+        # what Fastest plan does not do comes after "Also:", the always-active weights first
+        assert (". Also: 4.8 GiB of always-active weights (attention, shared experts: every token reads "
+                "them) are on the CPU, where routed experts cost less (GPU layers: all, then Presets ▸ All "
+                "routed experts → CPU); CUDA0's ") in text
         # Fastest plan keeps -ngl and the moves: the room's action is the Fill preset
         assert ("can take routed experts, now read from RAM (85% of a token) — Presets ▸ Fill CUDA0 with "
                 "routed experts (whole layers) or drag expert tensors onto it (Fastest plan keeps the moves "

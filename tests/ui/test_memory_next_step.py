@@ -46,7 +46,8 @@ def test_next_step_for_gpus_over_then_nothing_once_it_fits(
     _experts_to_cpu(qtbot, window)  # 367 GiB of experts in 512 GiB of RAM: fits
     qtbot.wait(20)  # the speed line's coalesced refresh: what would make it faster (test_memory_faster)
     view.repaint()
-    assert "What next" not in view.next_step() and view.next_step().startswith("Faster: CUDA0's 8.5 GiB left")
+    assert "What next" not in view.next_step() and view.next_step().startswith("Faster, with Presets ▸ ")
+    assert ". Also: CUDA0's 8.5 GiB left can take routed experts" in view.next_step()  # the moves hold them
 
 
 def test_next_step_when_ram_is_too_small(qtbot: QtBot, settings: Settings, demo_path: Path) -> None:

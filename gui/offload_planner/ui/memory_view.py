@@ -105,26 +105,33 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: 
 def faster_text(h: FasterHints) -> str:
     """Under the legend while everything fits: what would make the plan faster, in the window's own
     controls (:mod:`core.speed.advice`; "" when nothing would). The pane said nothing while the plan fit,
-    its speed line naming the CPU's 66% of a token and no way to lower it."""
+    its speed line naming the CPU's 66% of a token and no way to lower it.
+
+    What Presets ▸ Fastest plan does comes first, after its name (a short pane shows the first lines
+    only; the tooltip has it all), then "Also:" what it does not: it keeps -ngl (always-active weights
+    stay where the command puts them), mmap, the moves and the -ot rules."""
     if not h:
         return ""
-    # the action first: a short pane shows the first lines only (the tooltip has it all); Fastest plan
-    # keeps -ngl (always-active weights stay where the command puts them), the moves and the -ot rules
-    fastest = not h.held and not h.always_active_cpu
-    parts = []
-    if h.always_active_cpu:
-        parts.append(f"{gib_unit(h.always_active_cpu)} of always-active weights (attention, shared experts: "
-                     "every token reads them) are on the CPU, where routed experts cost less (GPU layers: "
-                     "all, then Presets ▸ All routed experts → CPU)")
+    fastest: list[str] = []
+    other: list[str] = []
     if h.room:
         gpus = " and ".join(f"{n}'s {gib_unit(b)} left" for n, b in h.room)
-        how = fill_action(h.room[0][0]) if h.held else "" if fastest else "Presets ▸ Fastest plan"
-        parts.append(f"{gpus} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
-                     + (f" — {how}" if how else ""))
+        room = f"{gpus} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
+        (other if h.held else fastest).append(room + (f" — {fill_action(h.room[0][0])}" if h.held else ""))
     if h.pp_share:
-        parts.append(f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s experts to the GPU fewer "
-                     f"times ({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
-    return ("Faster, with Presets ▸ Fastest plan: " if fastest else "Faster: ") + "; ".join(parts) + "."
+        fastest.append(f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s experts to the GPU "
+                       f"fewer times ({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
+    if h.always_active_cpu:
+        other.insert(0, f"{gib_unit(h.always_active_cpu)} of always-active weights (attention, shared "
+                        "experts: every token reads them) are on the CPU, where routed experts cost less "
+                        "(GPU layers: all, then Presets ▸ All routed experts → CPU)")
+    if h.pin:
+        other.append(f"the {h.cpu}'s experts are copied to the GPU from the mmap'd file, at half the rate of "
+                     "pinned memory: unchecking “mmap the model” (Options) pins them")
+    text = f"Faster, with Presets ▸ Fastest plan: {'; '.join(fastest)}." if fastest else ""
+    if other:
+        text += (" Also: " if text else "Faster: ") + "; ".join(other) + "."
+    return text
 
 
 def fill_action(gpu: str) -> str:

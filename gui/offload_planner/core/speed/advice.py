@@ -25,6 +25,8 @@ _OWN_MEMORY = frozenset({DeviceKind.CUDA, DeviceKind.ROCM, DeviceKind.SYCL, Devi
 MIN_ALWAYS_ACTIVE = 64 * 1024**2
 #: The pp bottleneck's name for op offload (core.speed.bottleneck).
 OP_OFFLOAD = "op offload copies over the host link"
+#: The estimate's assumption that op offload copies mmap'd host weights (core.speed.estimate).
+PAGEABLE = "op offload copies from pageable host weights"
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,10 @@ class FasterHints:
     pp_share: float  # of a prompt's time, the op-offload copies (when they are the pp bottleneck; else 0)
     n_ubatch: int
     held: int = 0  # routed-expert tensors on the CPU by the command's -ot rules or the window's moves
+    pin: str = ""  # op offload binds a prompt and copies mmap'd (pageable) weights: the flags that pin them
 
     def __bool__(self) -> bool:
-        return bool(self.room or self.always_active_cpu or self.pp_share)
+        return bool(self.room or self.always_active_cpu or self.pp_share or self.pin)
 
 
 def _share(bottleneck: str) -> float:
@@ -96,12 +99,16 @@ def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate,
     if moe and gpus:
         always = sum(p.tensor.nbytes for p in on_cpu if not p.tensor.role.is_routed_expert
                      and (p.tensor.role is not Role.TOKEN_EMBD or p.copy))
+    copies = est.op_offload and est.pp_bottleneck.startswith(OP_OFFLOAD)
     # one micro-batch already holds the whole prompt: a larger one copies nothing less
-    pp = est.op_offload and est.pp_bottleneck.startswith(OP_OFFLOAD) and est.n_ubatch < est.prompt
+    pp = copies and est.n_ubatch < est.prompt
+    # the estimate's own assumption: copies from the mmap'd (pageable) weights run at half the pinned rate
+    pageable = copies and any(a.what.startswith(PAGEABLE) for a in est.assumptions)
     return FasterHints(cpu=cpu, tg_share=_share(est.bottleneck) if tg_cpu else 0.0, room=room,
                        always_active_cpu=always if always >= MIN_ALWAYS_ACTIVE else 0,
                        pp_share=_share(est.pp_bottleneck) if pp else 0.0, n_ubatch=est.n_ubatch,
-                       held=held_on_cpu(plan, placement) if room else 0)
+                       held=held_on_cpu(plan, placement) if room else 0,
+                       pin=" ".join(plan.dialect.no_mmap_flags) if pageable else "")
 
 
 def faster_lines(h: FasterHints) -> list[str]:
@@ -128,8 +135,13 @@ def faster_lines(h: FasterHints) -> list[str]:
         out.append(f"    pp: op offload takes {h.pp_share:.0%} of a prompt: the {h.cpu}'s weights are copied "
                    f"to the GPU once per micro-batch (-ub {h.n_ubatch}); a larger -ub (with -b at least "
                    "as large) copies them fewer times a prompt, for a larger GPU compute buffer")
-    out.append("    `offload-planner fit` with the same options and arguments searches these for you"
-               + (held_text(h.held) if h.held else ""))
+    if h.pin:
+        out.append(f"    pp: those copies read the mmap'd model file (pageable memory), at half the rate of "
+                   f"pinned memory (an assumption, below): {h.pin} loads the {h.cpu}'s weights into pinned "
+                   "RAM instead (the same bytes, read at load)")
+    if h.room or h.pp_share:  # what fit searches: where the routed experts go, and -ub (not -ngl, not mmap)
+        out.append("    `offload-planner fit` with the same options and arguments searches where the routed "
+                   "experts go and the -ub for you" + (held_text(h.held) if h.held else ""))
     return out
 
 
