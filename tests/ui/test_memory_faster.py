@@ -148,6 +148,12 @@ def test_ram_over_beside_gpu_room_points_at_the_room(qtbot: QtBot, settings: Set
             "What next: The CPU's share is more than its RAM, and CUDA0's 19.0 GiB left can take routed "
             "experts from it: Presets ▸ Fill CUDA0 with routed experts (whole layers) or drag expert tensors "
             "onto it (Fastest plan keeps the moves and -ot rules that hold them on the CPU).")
+        # the Problems tab's line says it too: a short pane draws no What next (1024x640, three devices)
+        severity, line = win.problems.problems()[0]
+        assert severity == "error" and line.startswith("CPU is over capacity by ")
+        assert line.endswith("): CUDA0's 19.0 GiB left can take routed experts from it: Presets ▸ Fill "
+                             "CUDA0 with routed experts (whole layers) or drag expert tensors onto it "
+                             "(Fastest plan keeps the moves and -ot rules that hold them on the CPU)")
         assert win.presets_menu.fill("CUDA0", from_first=True)
         wait_projected(qtbot, win)
         assert win.memory_view.verdict() == "✔ fits on every device"  # what it pointed at works
@@ -158,6 +164,9 @@ def test_ram_over_beside_gpu_room_points_at_the_room(qtbot: QtBot, settings: Set
         assert win.memory_view.next_step() == (
             "What next: The CPU's share is more than its RAM, and CUDA0's 19.0 GiB left can take routed "
             "experts from it: Presets ▸ Fastest plan moves them there.")
+        assert win.problems.problems()[0][1].endswith(
+            "): CUDA0's 19.0 GiB left can take routed experts from it: Presets ▸ Fastest plan moves them "
+            "there")
         assert win.presets_menu.fastest()
         wait_projected(qtbot, win)
         assert win.memory_view.verdict() == "✔ fits on every device"

@@ -45,6 +45,7 @@ from offload_planner.ui.palette import (
     kind_overlay,
     readable,
 )
+from offload_planner.ui.room_hint import fill_action, gpus_left, ram_over_action
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
 FITS_COLOR = QColor("#007A3D")  # the verdict when every device fits
@@ -90,10 +91,7 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: 
         parts.append(f"Fewer GPU layers or a smaller context (Options), or Presets ▸ Move layers… to "
                      f"the CPU, free {names}.")
     if cpu_over and room and not gpus_over:  # it said "more GPU memory takes some" beside 35 GiB left
-        left = " and ".join(f"{n}'s {gib_unit(b)} left" for n, b in room)
-        how = fill_action(room[0][0]) if held else "Presets ▸ Fastest plan moves them there"
-        parts.append(f"The CPU's share is more than its RAM, and {left} can take routed experts from it: "
-                     f"{how}.")
+        parts.append(f"The CPU's share is more than its RAM, and {ram_over_action(room, held)}.")
     elif cpu_over:
         parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
                      "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
@@ -115,8 +113,7 @@ def faster_text(h: FasterHints) -> str:
     fastest: list[str] = []
     other: list[str] = []
     if h.room:
-        gpus = " and ".join(f"{n}'s {gib_unit(b)} left" for n, b in h.room)
-        room = f"{gpus} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
+        room = f"{gpus_left(h.room)} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
         (other if h.held else fastest).append(room + (f" — {fill_action(h.room[0][0])}" if h.held else ""))
     if h.pp_share:
         fastest.append(f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s experts to the GPU "
@@ -132,14 +129,6 @@ def faster_text(h: FasterHints) -> str:
     if other:
         text += (" Also: " if text else "Faster: ") + "; ".join(other) + "."
     return text
-
-
-def fill_action(gpu: str) -> str:
-    """Where moves or -ot rules hold the CPU's experts: the preset that moves them anyway (Fastest plan
-    keeps both, so it answered "Nothing fits" to a RAM over beside a GPU with 19 GiB left); Fill takes
-    whole layers, a room smaller than one takes single tensors dragged there."""
-    return (f"Presets ▸ Fill {gpu} with routed experts (whole layers) or drag expert tensors onto it "
-            "(Fastest plan keeps the moves and -ot rules that hold them on the CPU)")
 
 
 #: The legend's last word on the breakdown lines' bare figures.
