@@ -146,3 +146,18 @@ def test_a_command_that_fit_changes_says_its_speed_is_of_the_command_as_written(
                             "its speed): tg ")
     assert "note: --fit is on (this build's default) and changes this command" in r.stdout
     assert "  to make it faster:" not in r.stdout  # hints for a command that does not run as written
+
+
+def test_a_dense_model_is_told_of_its_weights_and_what_fit_searches_there(tmp_path: Path) -> None:
+    """Llama-3.1-70B with -ngl 40 on a 24 GiB card: op offload copies its CPU layers' weights, and fit
+    keeps a dense model's layers (its note says so), so the hints speak of weights and of -ub only."""
+    from offload_planner.core.synth import BIG_MODELS, write_model
+
+    [llama] = write_model(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], tmp_path / "llama.gguf", header_only=True)
+    r = run("plan", str(llama), "--no-detect", "--device", "CUDA0=rtx3090", "--device", "CPU=128GiB", "--",
+            "-ngl", "40", "-c", "8192")
+    hints = _hints(r.stdout.splitlines())
+    assert hints[0].startswith("    pp: op offload takes ") and "the CPU's weights are copied" in hints[0]
+    assert hints[-1] == ("    `offload-planner fit` with the same options and arguments searches the -ub (a "
+                         "dense model's layers stay where -ngl puts them) for you")
+    assert not any("routed experts" in h or "always-active" in h for h in hints)

@@ -172,3 +172,22 @@ def test_ram_over_beside_gpu_room_points_at_the_room(qtbot: QtBot, settings: Set
         assert win.memory_view.verdict() == "✔ fits on every device"
     finally:
         win.close()
+
+
+def test_a_dense_model_is_not_sent_to_fastest_plan(qtbot: QtBot, settings: Settings, tmp_path: Path) -> None:
+    """Fastest plan places routed experts (it is greyed out for a dense model): the line spoke of it, and
+    of the CPU's "experts", to a Llama-3.1-70B with 40 layers on a 24 GiB card."""
+    from offload_planner.core.synth import BIG_MODELS, write_model
+
+    [llama] = write_model(BIG_MODELS["Llama-3.1-70B-Q4_K_M"], tmp_path / "llama.gguf", header_only=True)
+    win = make_window(qtbot, settings, system_info("CUDA0=rtx3090", cpu_gib=128))
+    try:
+        open_and_wait(qtbot, win, llama)
+        assert win.command_pane.apply_command_text("llama-server -m x.gguf -c 8192 -ngl 40")
+        wait_projected(qtbot, win)
+        text = _faster(qtbot, win)
+        assert text.startswith("Faster: a larger µbatch -ub (now 512) copies the CPU's weights to the GPU "
+                               "fewer times ("), text
+        assert "Fastest plan" not in text and "experts" not in text
+    finally:
+        win.close()

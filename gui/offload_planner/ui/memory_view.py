@@ -112,19 +112,21 @@ def faster_text(h: FasterHints) -> str:
         return ""
     fastest: list[str] = []
     other: list[str] = []
+    copied = "experts" if h.moe else "weights"  # what op offload copies
     if h.room:
         room = f"{gpus_left(h.room)} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
         (other if h.held else fastest).append(room + (f" — {fill_action(h.room[0][0])}" if h.held else ""))
-    if h.pp_share:
-        fastest.append(f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s experts to the GPU "
-                       f"fewer times ({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
+    if h.pp_share:  # Fastest plan places routed experts: a dense model's -ub is the Options' alone
+        (fastest if h.moe else other).append(
+            f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s {copied} to the GPU fewer times "
+            f"({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
     if h.always_active_cpu:
         other.insert(0, f"{gib_unit(h.always_active_cpu)} of always-active weights (attention, shared "
                         "experts: every token reads them) are on the CPU, where routed experts cost less "
                         "(GPU layers: all, then Presets ▸ All routed experts → CPU)")
     if h.pin:
-        other.append(f"the {h.cpu}'s experts are copied to the GPU from the mmap'd file, at half the rate of "
-                     "pinned memory: unchecking “mmap the model” (Options) pins them")
+        other.append(f"the {h.cpu}'s {copied} are copied to the GPU from the mmap'd file, at half the rate "
+                     "of pinned memory: unchecking “mmap the model” (Options) pins them")
     text = f"Faster, with Presets ▸ Fastest plan: {'; '.join(fastest)}." if fastest else ""
     if other:
         text += (" Also: " if text else "Faster: ") + "; ".join(other) + "."

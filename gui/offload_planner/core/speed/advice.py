@@ -41,6 +41,7 @@ class FasterHints:
     n_ubatch: int
     held: int = 0  # routed-expert tensors on the CPU by the command's -ot rules or the window's moves
     pin: str = ""  # op offload binds a prompt and copies mmap'd (pageable) weights: the flags that pin them
+    moe: bool = True  # what op offload copies: routed experts (a MoE model's host weights), else weights
 
     def __bool__(self) -> bool:
         return bool(self.room or self.always_active_cpu or self.pp_share or self.pin)
@@ -108,7 +109,7 @@ def faster_hints(plan: Plan, projection: Projection, est: SpeedEstimate,
                        always_active_cpu=always if always >= MIN_ALWAYS_ACTIVE else 0,
                        pp_share=_share(est.pp_bottleneck) if pp else 0.0, n_ubatch=est.n_ubatch,
                        held=held_on_cpu(plan, placement) if room else 0,
-                       pin=" ".join(plan.dialect.no_mmap_flags) if pageable else "")
+                       pin=" ".join(plan.dialect.no_mmap_flags) if pageable else "", moe=moe)
 
 
 def faster_lines(h: FasterHints) -> list[str]:
@@ -140,8 +141,10 @@ def faster_lines(h: FasterHints) -> list[str]:
                    f"pinned memory (an assumption, below): {h.pin} loads the {h.cpu}'s weights into pinned "
                    "RAM instead (the same bytes, read at load)")
     if h.room or h.pp_share:  # what fit searches: where the routed experts go, and -ub (not -ngl, not mmap)
-        out.append("    `offload-planner fit` with the same options and arguments searches where the routed "
-                   "experts go and the -ub for you" + (held_text(h.held) if h.held else ""))
+        what = ("where the routed experts go and the -ub" if h.moe
+                else "the -ub (a dense model's layers stay where -ngl puts them)")
+        out.append(f"    `offload-planner fit` with the same options and arguments searches {what} for you"
+                   + (held_text(h.held) if h.held else ""))
     return out
 
 
