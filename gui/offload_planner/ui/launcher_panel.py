@@ -52,6 +52,7 @@ from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
 from offload_planner.core.cmdline import format_command
 from offload_planner.core.cmdline.emit import ExportRefused
+from offload_planner.core.cmdline.secrets import masked
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.kv_override import file_model
@@ -96,9 +97,9 @@ OFF = QColor(255, 236, 179)
 
 def launched_text(argv: Sequence[str]) -> str:
     """The launched command as bash would read it, on one line: a control character in a path
-    shows as ``$'...\\n...'`` (``shlex.join`` kept it raw)."""
+    shows as ``$'...\\n...'`` (``shlex.join`` kept it raw); a secret (``--api-key``) as ``***``."""
     try:
-        return format_command(list(argv), "bash")
+        return format_command(masked(argv), "bash")
     except ExportRefused as e:
         return str(e)
 

@@ -24,6 +24,7 @@ from offload_planner.core.cmdline.quoting import (
     quote_powershell,
     visible,
 )
+from offload_planner.core.cmdline.secrets import masked
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -56,8 +57,10 @@ _STRAY_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 
 
 def _what(argv: Sequence[str], i: int) -> str:
-    prev = f", the value of {visible(argv[i - 1])}" if i > 0 and argv[i - 1].startswith("-") else ""
-    return f"argument {i} {visible(argv[i])}{prev}" if i > 0 else f"the program {visible(argv[0])}"
+    """Argument ``i`` for a message (a secret's value as ``***``: messages are shown and logged)."""
+    shown = masked(argv)
+    prev = f", the value of {visible(shown[i - 1])}" if i > 0 and argv[i - 1].startswith("-") else ""
+    return f"argument {i} {visible(shown[i])}{prev}" if i > 0 else f"the program {visible(argv[0])}"
 
 
 def _refuse_if(argv: Sequence[str], fmt: str, found: Callable[[str], str | None]) -> None:
