@@ -28,10 +28,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from offload_planner.backend.log_lines import printable
 from offload_planner.core.cmdline.quoting import quote_bash
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.printable import printable
 
 if TYPE_CHECKING:
     from offload_planner.core.cmdline import ParsedArgs

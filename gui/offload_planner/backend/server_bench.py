@@ -108,7 +108,7 @@ def _refusal(url: str, e: urllib.error.HTTPError, body: dict[str, Any]) -> str:
     """A request llama-server answered with an error status, in its own words and with what to do:
     "HTTP Error 400: Bad Request" alone left a context too small for the bench's request (-c 512:
     "request (512 tokens) exceeds the available context size") without a word of why."""
-    from offload_planner.backend.log_lines import printable
+    from offload_planner.core.printable import printable
 
     said = ""
     try:

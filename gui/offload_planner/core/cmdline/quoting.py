@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import re
 
+from offload_planner.core.printable import CONTROL, printable
+
 _POSIX_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _PS_SAFE = re.compile(r"[A-Za-z0-9_.:/\\=+-]+")
 _CMD_META = "&|<>()^"
-#: Characters a terminal or an editor would act on or hide rather than show: C0 controls but tab,
-#: DEL, C1 controls (``\x9b`` is a terminal's CSI), the line and paragraph separators, the
-#: bidirectional embeddings/overrides/isolates, the byte-order mark and surrogates (an undecodable
-#: byte of a path, kept by ``surrogateescape``).
-CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 #: A bare word PowerShell breaks in two when it passes it to a program: ``-a.b`` as ``-a`` ``.b``
 #: (PowerShell issue #6291, open), ``-v:x`` after ``--`` as ``-v:`` ``x`` (#17399).
 _PS_SPLITS = re.compile(r"-[^.:]*[.:]")
@@ -36,7 +33,7 @@ def _ansi_c_char(ch: str) -> str:
     code = ord(ch)
     if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte of the original path: that byte again
         return f"\\x{code - 0xDC00:02x}"
-    if CONTROL.fullmatch(ch):  # its UTF-8 bytes (exact whatever the locale; two hex digits each)
+    if CONTROL.fullmatch(ch):  # one core.printable escapes: its UTF-8 bytes (exact in any locale)
         return "".join(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
     return ch
 
@@ -67,9 +64,9 @@ def quote_bash_command(arg: str) -> str:
 
 
 def visible(arg: str, limit: int = 60) -> str:
-    """``arg`` for a message: quoted, each :data:`CONTROL` character escaped, cut at ``limit``."""
-    shown = "".join(_ansi_c_char(ch) if CONTROL.fullmatch(ch) else ch for ch in arg[:limit])
-    return "'" + shown + ("…" if len(arg) > limit else "") + "'"
+    """``arg`` for a message: quoted, each :data:`CONTROL` character escaped (core's one escaper,
+    :func:`~offload_planner.core.printable.printable`), cut at ``limit``."""
+    return "'" + printable(arg[:limit]) + ("…" if len(arg) > limit else "") + "'"
 
 
 def quote_powershell(arg: str) -> str:
