@@ -143,6 +143,102 @@ def _wait_stopped(procs: Sequence[Any], deadline: float) -> None:
             time.sleep(0.001)
 
 
+#: prctl option: orphans below this process are reparented to it rather than to init (Linux 3.4+)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Linux: make this process the child subreaper of what it starts, so that a grandchild whose parent
+    exits (a child llama-server started with ``setsid``, outside the group :func:`kill_group` ends)
+    becomes this process's child, which :func:`end_adopted` can find; False elsewhere (Windows's job
+    object already holds such grandchildren; macOS has no subreaper: they escape)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def children_now() -> frozenset[int]:
+    """This process's children now (to pass to :func:`end_adopted` as those to leave alone)."""
+    import psutil
+
+    try:
+        return frozenset(c.pid for c in psutil.Process().children())
+    except psutil.Error:
+        return frozenset()
+
+
+def end_adopted(keep: frozenset[int], wait: float = FREEZE_WAIT) -> list[int]:
+    """Stop (SIGSTOP), SIGKILL and reap every child of this process not in ``keep`` and everything below
+    it: after :func:`become_subreaper`, the orphans a finished server left.  Returns their PIDs."""
+    if not sys.platform.startswith("linux"):
+        return []
+    import psutil
+
+    me = psutil.Process()
+    frozen: dict[int, Any] = {}
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            tops = [c for c in me.children() if c.pid not in keep]
+            tree = [p for c in tops for p in (c, *_below(c))]
+        except psutil.Error:
+            tree = []
+        new = [p for p in tree if p.pid not in frozen]
+        if not new or time.monotonic() >= deadline:
+            break
+        for p in new:
+            frozen[p.pid] = p
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGSTOP)
+        _wait_stopped(new, deadline)
+    for p in frozen.values():
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    _reap(set(frozen), time.monotonic() + 2.0)
+    return sorted(frozen)
+
+
+def _below(proc: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _reap(pids: set[int], deadline: float) -> None:
+    """Wait for each of ``pids`` that is (or becomes, as its killed parent is reaped) this process's child."""
+    if not sys.platform.startswith("linux"):
+        return
+    while pids and time.monotonic() < deadline:
+        for pid in list(pids):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    pids.discard(pid)
+            except ChildProcessError:  # not (yet) ours: gone, or its killed parent not reaped yet
+                if not _exists(pid):
+                    pids.discard(pid)
+        if pids:
+            time.sleep(0.005)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _start(args: Sequence[str], **kwargs: Any) -> tuple[subprocess.Popen[Any], GuardedCommand]:
     cmd = guard(args[0], args[1:], kwargs.get("env"))
     proc = subprocess.Popen([cmd.program, *cmd.arguments], **kwargs)
