@@ -73,7 +73,8 @@ def quote_powershell(arg: str) -> str:
     """PowerShell: single quotes (no expansion inside), ``'`` doubled, and so are the typographic
     single quotes ``‘ ’ ‚ ‛`` (PowerShell ends a single-quoted string at any of them too).  What
     reaches the program is exact in PowerShell 7.3 and later (Windows PowerShell 5.1 drops an empty
-    argument and the ``"`` inside one: no single quoting serves both).
+    argument and the ``"`` inside one: no single quoting serves both; ``emit`` writes a command with
+    such an argument in the legacy form every version reads alike).
 
     A bare word must not start with ``-`` followed by something PowerShell could read as a number
     or an operator, nor contain ``,;(){}$@#`'"`` or spaces; everything else is quoted.
@@ -109,7 +110,8 @@ def quote_cmd(arg: str) -> str:
     ``%NAME%`` is expanded by cmd even inside double quotes and nothing on an interactive command
     line prevents it: ``format_command`` refuses a line with two ``%`` (and control characters,
     which cmd cannot carry).  ``!NAME!`` is left as it is: cmd expands it only with delayed
-    expansion on (``cmd /v:on``), which an interactive cmd does not have by default.
+    expansion on (``cmd /v:on``), which an interactive cmd does not have by default; ``emit`` puts a
+    ``REM`` line before such a command naming the argument.
     """
     force = not arg or any(c in arg for c in _CMD_META)
     quoted = msvcrt_quote(arg, force)
