@@ -431,11 +431,13 @@ class _Session:
         result: list[Any] = []
 
         def work() -> None:
+            from offload_planner.backend.server_bench import api_key_of
             from offload_planner.backend.speed_check import run_speed_check
 
             try:
                 result.append(run_speed_check(url, plan, self.parsed, prompt_tokens=self.args.bench_prompt,
-                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store))
+                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store,
+                                              api_key=api_key_of(self.parsed)))
             except PlannerError as e:
                 result.append(e)
 

@@ -612,8 +612,12 @@ class LauncherPanel(QWidget):
 
     def run_bench(self) -> bool:
         """Measure the running server's speed (off the GUI thread) against the plan it runs."""
+        from offload_planner.backend.server_bench import api_key_of
+
         plan = self._run[0] if self._run else None
-        if not self._url or plan is None or not self.bench.start(self._url, plan):
+        command = self.server.command
+        key = api_key_of(command.parsed) if command is not None else None
+        if not self._url or plan is None or not self.bench.start(self._url, plan, api_key=key):
             return False
         self.bench_button.setEnabled(False)
         self.speed_label.setText("Measuring speed: 512-token prompt, 64 generated tokens…")
