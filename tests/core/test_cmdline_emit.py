@@ -248,7 +248,9 @@ def test_cmd_says_which_argument_delayed_expansion_would_change() -> None:
 
 def test_cmd_escapes_metacharacters_cmd_sees() -> None:
     assert format_command(["s", "-ot", "a|b=CPU"], "cmd") == 's -ot "a|b=CPU"'
-    assert format_command(["s", "--api-key", 'a"b&c'], "cmd") == 's --api-key "a\\"b^&c"'
+    # the escaped quote leaves cmd outside quotes: & is escaped, and the closing quote is ^" so that cmd
+    # is outside quotes for the next argument too (tests/core/test_export_cmd_quotes.py)
+    assert format_command(["s", "--api-key", 'a"b&c'], "cmd") == 's --api-key "a\\"b^&c^"'
 
 
 def test_llama_swap_entry() -> None:

@@ -117,9 +117,17 @@ def quote_cmd(arg: str) -> str:
     quoted = msvcrt_quote(arg, force)
     out: list[str] = []
     in_quotes = False
-    for ch in quoted:
+    last = len(quoted) - 1
+    for i, ch in enumerate(quoted):
         if ch == '"':
-            in_quotes = not in_quotes
+            if i == last and i > 0 and not in_quotes:
+                # cmd tracks quotes over the whole line: with an odd number of them (an escaped \" in
+                # the argument) this closing quote would leave cmd inside quotes for the arguments after
+                # it, where its next opening quote takes it out (``&`` there ran a command); ^" passes
+                # the quote without changing cmd's state
+                out.append("^")
+            else:
+                in_quotes = not in_quotes
         elif not in_quotes and ch in _CMD_META:
             out.append("^")
         out.append(ch)
