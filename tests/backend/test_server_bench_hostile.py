@@ -126,10 +126,20 @@ def test_the_key_comes_from_the_command(tmp_path: Path) -> None:
         return api_key_of(parse_server_args(list(args), dialect=Dialect.LLAMA_CPP))
 
     keys = tmp_path / "keys"
-    keys.write_text("\n  k-from-file  \nother\n")
+    keys.write_text("\n# a comment, as arg.cpp skips it\nk-from-file\nother\n")
     assert key("--api-key", "k1,k2") == "k1" and key("-c", "512") is None
+    assert key("--api-key", ',"k,3",k4') == "k,3"  # arg.cpp's parse_csv_row: empty fields skipped, quotes
     assert key("--api-key-file", str(keys)) == "k-from-file"
     assert key("--api-key-file", str(tmp_path / "none")) is None
+
+
+def test_the_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-server reads --api-key from LLAMA_API_KEY (arg.cpp), which the launched server inherits."""
+    from offload_planner.backend.server_bench import api_key_of
+    from offload_planner.core.cmdline import Dialect, parse_server_args
+
+    parsed = parse_server_args(["-c", "512"], dialect=Dialect.LLAMA_CPP, env={"LLAMA_API_KEY": "env-k"})
+    assert api_key_of(parsed) == "env-k"
 
 
 #: A stand-in llama-server for `launch --bench`: it answers /completion only with the --api-key it was

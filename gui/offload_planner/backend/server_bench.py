@@ -11,6 +11,7 @@ graphs.  Pure Python (urllib); no Qt.
 from __future__ import annotations
 
 import contextlib
+import csv
 import http.client
 import json
 import math
@@ -218,12 +219,14 @@ KEY_FILE_BYTES = 64 << 10
 
 
 def api_key_of(parsed: Any) -> str | None:
-    """The key a request to the server launched with ``parsed`` (a ``ParsedArgs``) must carry: the first
-    of ``--api-key``'s comma-separated keys, else the first line of ``--api-key-file`` (None: no key)."""
+    """The key a request to the server launched with ``parsed`` (a ``ParsedArgs``, the environment's
+    ``LLAMA_API_KEY`` included) must carry, read as arg.cpp reads it: the first non-empty field of
+    ``--api-key``'s comma-separated list (CSV quotes allowed), else the first line of ``--api-key-file``
+    that is not empty and does not start with ``#`` (None: no key)."""
     flags = list(getattr(parsed, "flags", None) or [])
     for f in flags:
         if f.key == "--api-key" and f.values:
-            first = f.values[0].split(",")[0].strip()
+            first = next((k for k in next(csv.reader([f.values[0]]), []) if k), None)
             if first:
                 return first
     for f in flags:
@@ -233,7 +236,7 @@ def api_key_of(parsed: Any) -> str | None:
                     text = fh.read(KEY_FILE_BYTES).decode("utf-8", "replace")
             except OSError:
                 return None
-            return next((ln.strip() for ln in text.splitlines() if ln.strip()), None)
+            return next((ln for ln in text.split("\n") if ln and not ln.startswith("#")), None)
     return None
 
 
