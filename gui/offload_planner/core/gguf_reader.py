@@ -371,6 +371,9 @@ def _read_header(cur: _Cursor) -> Header:
             raise cur.fail(f"duplicate metadata key {key!r}", at)
         metadata[key] = _value(cur, vtype, key)
         key_offsets[key] = at
+        if key == "general.alignment" and vtype != UINT32:  # gguf.cpp refuses the file
+            raise cur.fail(f"general.alignment is a {_TYPE_NAMES.get(vtype, vtype)}; llama.cpp reads only a "
+                           "uint32 there and refuses the file", at)
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
