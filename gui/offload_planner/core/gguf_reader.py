@@ -449,7 +449,25 @@ def _resolve_tensors(
             )
         prev = t
         end = max(end, t.offset + t.nbytes - header.data_offset)
+    _check_contiguous(header, out)
     return out, end
+
+
+def _check_contiguous(header: Header, tensors: list[Tensor]) -> None:
+    """gguf.cpp (every build since 2023) refuses a file whose tensors' data are not laid out one after
+    the other in the order of their infos, each padded to the alignment: "tensor '...' has offset X,
+    expected Y" (a gap, or infos in another order than the data)."""
+    expected = 0
+    for raw, t in zip(header.tensors, tensors, strict=True):
+        if raw.offset != expected:
+            raise GGUFError(
+                header.path,
+                f"tensor {raw.name!r} has data offset {raw.offset}, where llama.cpp expects {expected} (each "
+                f"tensor's data right after the one before it, padded to {header.alignment} bytes): "
+                "llama.cpp refuses the file",
+                raw.info_offset,
+            )
+        expected += -(-t.nbytes // header.alignment) * header.alignment
 
 
 def _shard(header: Header, data_end: int) -> Shard:
