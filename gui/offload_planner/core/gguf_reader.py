@@ -269,18 +269,18 @@ def _walk_strings(buf: bytes | mmap.mmap, pos: int, k: int, have: int) -> int:
     return pos if pos <= have else -1
 
 
-def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> object:
+def _value(cur: _Cursor, vtype: int, key: str) -> object:
     st = _SCALAR.get(vtype)
     if st is not None:
         return cur.take(st)
     if vtype == STRING:
         return cur.string(f"value of {key!r}")
     if vtype == ARRAY:
-        return _array(cur, key, depth)
+        return _array(cur, key)
     raise cur.fail(f"key {key!r}: unknown value type {vtype}", cur.pos - 4)
 
 
-def _array(cur: _Cursor, key: str, depth: int) -> object:
+def _array(cur: _Cursor, key: str) -> object:
     start = cur.pos
     etype = cur.take(_U32)
     count = cur.take(_U64)
@@ -293,10 +293,8 @@ def _array(cur: _Cursor, key: str, depth: int) -> object:
         if count <= EAGER_ARRAY_LIMIT:
             return LazyArray(STRING, count, first, cur.buf).values()
         return LazyArray(STRING, count, first, *cur.keep(first))
-    if etype == ARRAY:
-        if depth > 2 or count > remaining // 12:
-            raise cur.fail(f"key {key!r}: nested array of {count} arrays is not valid", start)
-        return [_array(cur, key, depth + 1) for _ in range(count)]
+    if etype == ARRAY:  # gguf.cpp: "key '...' has invalid GGUF type 9", the file refused
+        raise cur.fail(f"key {key!r}: a nested array (an array of arrays), which llama.cpp refuses", start)
     st = _SCALAR.get(etype)
     if st is None:
         raise cur.fail(f"key {key!r}: unknown array element type {etype}", start)
@@ -366,6 +364,8 @@ def _read_header(cur: _Cursor) -> Header:
     for _ in range(n_kv):
         at = cur.pos
         key = cur.string("metadata key")
+        if not key:  # gguf.cpp: "key N is empty", the file refused
+            raise cur.fail("a metadata key is empty, which llama.cpp refuses", at)
         vtype = cur.take(_U32)
         if key in metadata:
             raise cur.fail(f"duplicate metadata key {key!r}", at)
