@@ -247,7 +247,7 @@ class _Session:
         previous = _handle_signals(self._on_signal)
         from offload_planner.backend import child_guard
 
-        keep = child_guard.children_now() if child_guard.become_subreaper() else None
+        child_guard.become_subreaper()  # the runner ends what the server leaves in a session of its own
         try:
             server.start(cfg)
             if server.state.active:
@@ -257,21 +257,7 @@ class _Session:
             ticker.stop()
             deadline.stop()
             server.shutdown()
-            if keep is not None:
-                self._end_adopted(keep)
         return self.code
-
-    def _end_adopted(self, keep: frozenset[int]) -> None:
-        """End what the server left running outside its process group (a child in a session of its own
-        outlived the group's SIGKILL): as this process's subreaper, it became our child."""
-        from offload_planner.backend import child_guard
-
-        ended = child_guard.end_adopted(keep)
-        if ended:
-            n, one = len(ended), len(ended) == 1
-            what = ("process", "its", "it") if one else ("processes", "their", "them")
-            self.say(f"llama-server left {n} {what[0]} running outside its process group (in a session of "
-                     f"{what[1]} own); ended {what[2]}")
 
     def _prepare_projection(
         self, server_args: list[str], dialect: Dialect, env: dict[str, str | None]

@@ -147,20 +147,31 @@ def _wait_stopped(procs: Sequence[Any], deadline: float) -> None:
 PR_SET_CHILD_SUBREAPER = 36
 
 
+#: PIDs of the children the planner started (POSIX: recorded by :func:`adopt`)
+_spawned: set[int] = set()
+_subreaper = [False]
+
+
 def become_subreaper() -> bool:
     """Linux: make this process the child subreaper of what it starts, so that a grandchild whose parent
     exits (a child llama-server started with ``setsid``, outside the group :func:`kill_group` ends)
     becomes this process's child, which :func:`end_adopted` can find; False elsewhere (Windows's job
-    object already holds such grandchildren; macOS has no subreaper: they escape)."""
+    object already holds such grandchildren; macOS has no subreaper: they escape). ``launch`` and the
+    window call it once at start; the runner then ends such orphans when its server has finished."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
 
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        _subreaper[0] = bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
+    return _subreaper[0]
+
+
+def is_subreaper() -> bool:
+    return _subreaper[0]
 
 
 def children_now() -> frozenset[int]:
@@ -173,9 +184,10 @@ def children_now() -> frozenset[int]:
         return frozenset()
 
 
-def end_adopted(keep: frozenset[int], wait: float = FREEZE_WAIT) -> list[int]:
-    """Stop (SIGSTOP), SIGKILL and reap every child of this process not in ``keep`` and everything below
-    it: after :func:`become_subreaper`, the orphans a finished server left.  Returns their PIDs."""
+def end_adopted(keep: frozenset[int] = frozenset(), wait: float = FREEZE_WAIT) -> list[int]:
+    """Stop (SIGSTOP), SIGKILL and reap every child of this process that it did not start (:func:`adopt`)
+    and that is not in ``keep``, and everything below it: after :func:`become_subreaper`, the orphans a
+    finished server left.  Returns their PIDs."""
     if not sys.platform.startswith("linux"):
         return []
     import psutil
@@ -183,9 +195,10 @@ def end_adopted(keep: frozenset[int], wait: float = FREEZE_WAIT) -> list[int]:
     me = psutil.Process()
     frozen: dict[int, Any] = {}
     deadline = time.monotonic() + wait
+    _spawned.intersection_update(c.pid for c in _children(me))  # the others ended (their PIDs may return)
     while True:
         try:
-            tops = [c for c in me.children() if c.pid not in keep]
+            tops = [c for c in me.children() if c.pid not in keep and c.pid not in _spawned]
             tree = [p for c in tops for p in (c, *_below(c))]
         except psutil.Error:
             tree = []
@@ -202,6 +215,15 @@ def end_adopted(keep: frozenset[int], wait: float = FREEZE_WAIT) -> list[int]:
             p.send_signal(signal.SIGKILL)
     _reap(set(frozen), time.monotonic() + 2.0)
     return sorted(frozen)
+
+
+def _children(proc: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(proc.children())
+    except psutil.Error:
+        return []
 
 
 def _below(proc: Any) -> list[Any]:
@@ -398,4 +420,7 @@ if sys.platform == "win32":
 else:
 
     def adopt(pid: int | None) -> None:
-        """Nothing to do here: the child tied itself to the planner (:mod:`exec_guard`)."""
+        """Remember ``pid`` as started by the planner (:func:`end_adopted` leaves it alone); the child
+        tied itself to the planner (:mod:`exec_guard`)."""
+        if pid:
+            _spawned.add(pid)
