@@ -37,7 +37,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
         refused = load_error(model)  # the reader shows it; plan, fit and the window refuse it
         if refused is not None:
-            print(f"note: {refused.detail}; plan, fit and the window refuse it")
+            print(printable(f"note: {refused.detail}; plan, fit and the window refuse it"))
     return 0
 
 
