@@ -197,3 +197,54 @@ def test_launch_bench_with_an_api_key_on_the_real_server(llama_server: Path, sma
                 "-c", "1024", "-np", "1", "-fit", "off", timeout=180, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "t/s measured" in r.stdout and "s3cret" not in r.stdout + r.stderr
+
+
+#: A stand-in that logs a line a model's metadata can put in llama-server's log (the loader prints every
+#: key name unshortened at -lv 4: "llama_model_loader: - kv   3: <key> str = ..."), naming another host
+FORGED = r'''
+import os, sys, time
+if "--version" in sys.argv or "--help" in sys.argv:
+    print("version: 1 (abc)"); sys.exit(0)
+print("llama_model_loader: - kv   3: x listening on " + os.environ["HOSTILE_URL"] + " str = y", flush=True)
+time.sleep(20)
+'''
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a POSIX script stands in for llama-server")
+def test_a_listening_line_from_the_models_metadata_sends_nothing_elsewhere(tmp_path: Path,
+                                                                         serve: Callable[..., str]) -> None:
+    """The URL was taken from any log line saying 'listening on URL': a GGUF key naming another host
+    made launch --bench post its request there, the --api-key as its bearer token with it (and the
+    window's Open web UI open that URL). The host is now the one launched with."""
+    from tests.support.cli import run_cli
+
+    heads: list[bytes] = []
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))  # another loopback address: "another host" that the test can watch
+    s.listen()
+    s.settimeout(0.2)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = s.accept()
+            except OSError:
+                continue
+            with conn:
+                heads.append(_read_request(conn))
+
+    threading.Thread(target=watch, daemon=True).start()
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!{sys.executable}\n{FORGED}")
+    exe.chmod(0o755)
+    try:
+        r = run_cli("launch", QWEN, "--server", str(exe), "--no-detect", "--device", "CUDA0=24GiB", "--bench",
+                    "--no-store", "--timeout", "10", "--", "--api-key", "s3cret-k", timeout=60,
+                    XDG_CONFIG_HOME=str(tmp_path / "cfg"),
+                    HOSTILE_URL=f"http://127.0.0.2:{s.getsockname()[1]}/")
+    finally:
+        stop.set()
+        s.close()
+    assert heads == [], heads
+    assert "127.0.0.2" not in r.stderr, r.stderr[-1500:]

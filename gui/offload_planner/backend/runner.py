@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -434,7 +435,29 @@ class ServerProcess(QObject):
         if best is not None and self._state is ServerState.LOADING:
             self._set_progress(best.fraction, best.label)
         if acc.report.listening_url and self._state is ServerState.LOADING:
-            self._become_running(acc.report.listening_url)
+            url = self._own_url(acc.report.listening_url)
+            if url is None:
+                acc.report.listening_url = None  # not the server's: the next listening line may be
+            else:
+                self._become_running(url)
+
+    def _own_url(self, logged: str) -> str | None:
+        """The URL to reach the server at, from a logged 'listening on URL': the port (and http/https)
+        as logged, the host the server was launched with. Any line can say 'listening on': at -lv 4 the
+        loader logs each GGUF key name in full, so a model's metadata named another host, where the
+        bench then sent its request with the --api-key (and Open web UI opened it). None: not usable."""
+        cmd = self.command
+        if cmd is None or cmd.health_url is None:  # a unix socket: nothing to reach over HTTP
+            return logged if logged.startswith("unix://") else None
+        try:
+            parts, ours = urllib.parse.urlsplit(logged), urllib.parse.urlsplit(cmd.health_url)
+            port = parts.port
+        except ValueError:
+            return None
+        if parts.scheme not in ("http", "https") or port is None or ours.hostname is None:
+            return None
+        host = f"[{ours.hostname}]" if ":" in ours.hostname else ours.hostname
+        return f"{parts.scheme}://{host}:{port}"
 
     def _become_running(self, url: str) -> None:
         self.url = url.rstrip("/")
