@@ -141,7 +141,7 @@ def _post(url: str, body: dict[str, Any], timeout: float, api_key: str | None = 
                      headers=headers)
         resp = conn.getresponse()
         if resp.status >= 400:
-            raise BenchError(_refusal(url, resp.status, resp.read(1 << 16), body))
+            raise BenchError(_refusal(url, resp.status, resp.read(1 << 16), body, bool(api_key)))
         payload = _read_all(resp, url, deadline, cut)
     except (http.client.HTTPException, OSError, ValueError) as e:
         if cut.is_set():
@@ -162,7 +162,7 @@ def _post(url: str, body: dict[str, Any], timeout: float, api_key: str | None = 
     return out
 
 
-def _refusal(url: str, code: int, raw: bytes, body: dict[str, Any]) -> str:
+def _refusal(url: str, code: int, raw: bytes, body: dict[str, Any], sent_key: bool = False) -> str:
     """A request llama-server answered with an error status, in its own words and with what to do:
     "HTTP Error 400: Bad Request" alone left a context too small for the bench's request (-c 512:
     "request (512 tokens) exceeds the available context size") without a word of why."""
@@ -179,7 +179,8 @@ def _refusal(url: str, code: int, raw: bytes, body: dict[str, Any]) -> str:
         text += (f"; its {len(body.get('prompt', []))}-token prompt and {body.get('n_predict')} generated "
                  f"tokens need a context of {need} tokens a slot: raise -c (it is shared by the -np slots)")
     elif kind == "authentication_error" and code == 401:
-        text += "; the command's --api-key (or --api-key-file) was not accepted"
+        text += ("; the command's --api-key (or --api-key-file) was not accepted" if sent_key else
+                 "; it wants an API key, and neither the command nor LLAMA_API_KEY gives one")
     return text
 
 

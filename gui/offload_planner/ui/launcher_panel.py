@@ -613,10 +613,14 @@ class LauncherPanel(QWidget):
     def run_bench(self) -> bool:
         """Measure the running server's speed (off the GUI thread) against the plan it runs."""
         from offload_planner.backend.server_bench import api_key_of
+        from offload_planner.core.cmdline import parse_server_args
 
         plan = self._run[0] if self._run else None
         command = self.server.command
-        key = api_key_of(command.parsed) if command is not None else None
+        key = None
+        if command is not None:  # the server's --api-key, or its LLAMA_API_KEY (the Environment field's)
+            env = launch.child_environment(os.environ, self.server.config.env)
+            key = api_key_of(parse_server_args(list(command.server_args), dialect=command.dialect, env=env))
         if not self._url or plan is None or not self.bench.start(self._url, plan, api_key=key):
             return False
         self.bench_button.setEnabled(False)
