@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from offload_planner.core.compute.archs_deltanet import delta_net_graph
 from offload_planner.core.compute.ggml import (
     OUTPUT,
     T,
@@ -237,6 +238,9 @@ ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "gpt-oss": _gpt_oss,
     "gemma3": _gemma3,
     "gptneox": _gptneox,
+    "qwen3next": delta_net_graph,
+    "qwen35": delta_net_graph,
+    "qwen35moe": delta_net_graph,
 }
 
 

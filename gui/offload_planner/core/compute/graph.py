@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from offload_planner.core.compute.deltanet_shape import DeltaNet, delta_net_shape
 from offload_planner.core.compute.ggml import (
     CPU,
     F16,
@@ -93,6 +94,8 @@ class Shape:
     # builds before set_rows (llama.cpp-2025-early): K/V copied with ggml_cpy into views of the cache, no
     # K/V index inputs
     kv_cpy_views: bool = False
+    # the gated-delta-net hybrids (qwen3next, qwen35, qwen35moe): the delta net and its recurrent layers
+    delta: DeltaNet | None = None
 
     def __hash__(self) -> int:
         """The dataclass's hash of every field, kept with the shape (~35 fields: every projection
@@ -126,13 +129,18 @@ def per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
 
 
 #: Architectures whose graph normalizes the selected experts' weights regardless of the metadata.
-NORM_W_ALWAYS = frozenset({"llama", "qwen3moe"})
+NORM_W_ALWAYS = frozenset({"llama", "qwen3moe", "qwen3next", "qwen35moe"})
+#: Architectures whose graph fixes the gating (softmax) and reads no expert-weight scale
+#: (``build_moe_ffn(..., hparams.expert_weights_scale, SOFTMAX)`` with the scale never loaded).
+SOFTMAX_UNSCALED = frozenset({"qwen3next", "qwen35moe"})
 
 
 def gating_func(model: Model) -> int:
     """``expert_gating_func``: 1 softmax, 2 sigmoid, 3 softmax over the selected (gpt-oss)."""
     if model.arch == "gpt-oss":
         return 3
+    if model.arch in SOFTMAX_UNSCALED:
+        return 1
     return model.arch_int("expert_gating_func", 1)
 
 
@@ -149,7 +157,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         n_dense_lead=s.n_layer_dense_lead, expert_groups=model.arch_int("expert_group_count", 0),
         group_used=model.arch_int("expert_group_used_count", 0), gating=gating_func(model),
         norm_w=model.arch in NORM_W_ALWAYS or bool(model.metadata.get(f"{model.arch}.expert_weights_norm")),
-        w_scale=_md_float(model, "expert_weights_scale", 0.0),
+        w_scale=0.0 if model.arch in SOFTMAX_UNSCALED else _md_float(model, "expert_weights_scale", 0.0),
         head_k_mla=s.key_length_mla, head_v_mla=s.value_length_mla, kv_lora_rank=s.kv_lora_rank,
         softcap_final=_md_float(model, "final_logit_softcapping", 0.0),
         n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=ctx.n_ctx_seq,
@@ -157,6 +165,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
         legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
+        delta=delta_net_shape(model, p),
     )
 
 
