@@ -28,7 +28,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         json.dump(model_json(model), sys.stdout, indent=None if args.compact else 1)
         sys.stdout.write("\n")
     else:
-        from offload_planner.backend.log_lines import printable
+        from offload_planner.core.printable import printable
 
         # the file's strings (general.name, ...) as text: an escape sequence in a downloaded model's
         # metadata retitled or cleared the terminal
@@ -37,7 +37,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
         refused = load_error(model)  # the reader shows it; plan, fit and the window refuse it
         if refused is not None:
-            print(f"note: {refused.detail}; plan, fit and the window refuse it")
+            print(printable(f"note: {refused.detail}; plan, fit and the window refuse it"))
     return 0
 
 
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_printing(args, freeze=argv is None and args.command in FREEZING)
     except PlannerError as e:  # it may quote a file's name or bytes: control characters escaped
-        from offload_planner.backend.log_lines import printable
+        from offload_planner.core.printable import printable
 
         print(f"offload-planner: error: {printable(str(e), keep_newlines=True)}", file=sys.stderr)
         return 2

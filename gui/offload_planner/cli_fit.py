@@ -225,6 +225,11 @@ def _print_answer(plan: Plan, projection: Projection, est: SpeedEstimate, comman
     print("\n".join(speed_lines(est)))
     print()
     print(format_command(["llama-server", *command], "bash"))
+    from offload_planner.core.cmdline.secrets import secret_note
+
+    note = secret_note(command)
+    if note:
+        print(f"note: {note}")
 
 
 def _override_notes(model: Model, parsed: ParsedArgs, dialect: Dialect) -> list[str]:

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from offload_planner.backend.log_lines import printable
 from offload_planner.core.cmdline.quoting import quote_bash
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.printable import printable
 
 if TYPE_CHECKING:
     from offload_planner.core.cmdline import ParsedArgs
@@ -249,6 +249,9 @@ class _Session:
         ticker.start(200)
         ticker.timeout.connect(lambda: None)
         previous = _handle_signals(self._on_signal)
+        from offload_planner.backend import child_guard
+
+        child_guard.become_subreaper()  # the runner ends what the server leaves in a session of its own
         try:
             server.start(cfg)
             if server.state.active:
@@ -418,11 +421,13 @@ class _Session:
         result: list[Any] = []
 
         def work() -> None:
+            from offload_planner.backend.server_bench import api_key_of
             from offload_planner.backend.speed_check import run_speed_check
 
             try:
                 result.append(run_speed_check(url, plan, self.parsed, prompt_tokens=self.args.bench_prompt,
-                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store))
+                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store,
+                                              api_key=api_key_of(self.parsed)))
             except PlannerError as e:
                 result.append(e)
 

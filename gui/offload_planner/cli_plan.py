@@ -269,6 +269,9 @@ def _plan(args: argparse.Namespace) -> int:
     assert projection is not None and fit is not None  # analyse_command raises instead
     notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
     notes += _legacy_name_notes(args.device, dialect)
+    from offload_planner.core.cmdline.secrets import secret_note
+
+    notes += [n for n in [secret_note(analysis.command)] if n]
     other_model = model_flag_note(parsed, model)
     if other_model:
         notes.insert(0, other_model)
