@@ -305,6 +305,25 @@ SMALL_MODELS["qwen35"] = replace(
     n_ff_shexp=0,
 )
 
+# Qwen3.8-Flash-Next's architecture (qwen4exp, src/models/qwen4exp.cpp): Qwen3.5 MoE's layers (attention 3 and
+# 7) with two residual streams (hyper-connections, low rank 16) and no layer norms, and the QSA indexer on
+# the attention layers (2 heads of 32, top-k 64, keys pooled by 4: compress ratio 4 on layers 3 and 7), so
+# llama_memory_hybrid_idx adds an indexer cache of 32 x 2 (key | pooled) per attention layer; no PLE
+SMALL_MODELS["qwen4exp"] = replace(
+    SMALL_MODELS["qwen35moe"],
+    name="synth-qwen4exp",
+    arch="qwen4exp",
+    extra_kv={
+        "rope.dimension_sections": (3, 3, 2, 0),
+        "hyper_connection.count": 2,
+        "hyper_connection.low_rank": 16,
+        "attention.indexer.head_count": 2,
+        "attention.indexer.key_length": 32,
+        "attention.indexer.top_k": 64,
+        "attention.compress_ratios": (0, 0, 0, 4, 0, 0, 0, 4),
+    },
+)
+
 # Nemotron-H MoE: Mamba2 (M), attention (*) and MoE (E) blocks as its hybrid_override_pattern orders them
 # (8 here: 3 Mamba2, 2 attention, 3 MoE); the Mamba2 mixer: 8 heads of 64 (ssm.inner_size 512), 2 groups,
 # state 32; MoE: up/down experts (relu^2, no gate) with sigmoid routing and an up/down shared expert

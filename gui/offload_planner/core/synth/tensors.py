@@ -431,7 +431,72 @@ def _qwen35_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return _hybrid_layer(spec, il, fused_ba=False)
 
 
+def _kv_int(spec: ModelSpec, key: str) -> int:
+    v = spec.extra_kv[key]
+    assert isinstance(v, int), key
+    return v
+
+
+def _qwen4exp_hc(spec: ModelSpec) -> tuple[int, int, int]:
+    """(hc, hc * n_embd, low rank): ``hyper_connection.count`` and ``hyper_connection.low_rank``."""
+    hc, lr = _kv_int(spec, "hyper_connection.count"), _kv_int(spec, "hyper_connection.low_rank")
+    return hc, hc * spec.n_embd, lr
+
+
+def _qwen4exp_mixer(il: int, which: str, spec: ModelSpec) -> list[TensorDef]:
+    """One hyper-connection module (``hc_attn_*`` before the token mixer, ``hc_ffn_*`` before the MoE)."""
+    hc, hc_dim, lr = _qwen4exp_hc(spec)
+    return [
+        _blk(il, f"hc_{which}_norm", (spec.n_embd, hc), "small"),
+        _blk(il, f"hc_{which}_down", (hc_dim, lr), "small"),
+        _blk(il, f"hc_{which}_up", (lr, hc_dim), "small"),
+        _blk(il, f"hc_{which}_inject", (hc_dim, hc), "small"),
+    ]
+
+
+def _qwen4exp_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """qwen4exp (src/models/qwen4exp.cpp load_arch_tensors): two hyper-connection modules and no layer
+    norms; Qwen3.5's gated delta net on the recurrent layers, gated attention plus the QSA indexer's
+    q/k projections and norms on the others; routed experts and a gated shared expert (no PLE here)."""
+    e = spec.n_embd
+    out = [*_qwen4exp_mixer(il, "attn", spec), *_qwen4exp_mixer(il, "ffn", spec)]
+    if spec.is_recurrent(il):
+        out += _gated_delta_net(spec, il, fused_ba=False)
+    else:
+        n_idx = _kv_int(spec, "attention.indexer.head_count")
+        d_idx = _kv_int(spec, "attention.indexer.key_length")
+        out += [
+            *_gated_attention(spec, il),
+            _blk(il, "indexer.q_proj", (e, n_idx * d_idx), "attn"),
+            _blk(il, "indexer.k_proj", (e, d_idx), "attn"),
+            _norm(il, "indexer.q_norm", d_idx),
+            _norm(il, "indexer.k_norm", d_idx),
+        ]
+    f = spec.n_ff_shexp
+    return [
+        *out,
+        *_routed_experts(spec, il),
+        _blk(il, "ffn_gate_inp_shexp", (e,), "small"),
+        _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
+        _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
+        _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+    ]
+
+
+def _qwen4exp_head(spec: ModelSpec) -> list[TensorDef]:
+    """No ``output_norm``: the final hyper-connection mixer ``output_hc_*`` carries it."""
+    hc, hc_dim, lr = _qwen4exp_hc(spec)
+    return [
+        TensorDef("output_hc_norm.weight", (spec.n_embd, hc), "small"),
+        TensorDef("output_hc_down.weight", (hc_dim, lr), "small"),
+        TensorDef("output_hc_up.weight", (lr, hc_dim), "small"),
+    ]
+
+
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
+
+#: the output norm tensors of architectures without ``output_norm.weight``
+HEAD_NORMS: dict[str, Callable[[ModelSpec], list[TensorDef]]] = {"qwen4exp": _qwen4exp_head}
 
 LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "llama": _llama_layer,
@@ -450,6 +515,7 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "kimi-linear": _kimi_linear_layer,
     "kimi-k3": _kimi_k3_layer,
     "granitehybrid": _granite_hybrid_layer,
+    "qwen4exp": _qwen4exp_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
@@ -470,7 +536,8 @@ def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
     out: list[TensorDef] = []
     if spec.rope_freqs:
         out.append(TensorDef("rope_freqs.weight", (spec.rope_dim // 2,), "small"))
-    head = [TensorDef("output_norm.weight", (e,), "small")]
+    norm = HEAD_NORMS.get(spec.arch)
+    head = norm(spec) if norm is not None else [TensorDef("output_norm.weight", (e,), "small")]
     if spec.arch in LAYERNORM_ARCHS:
         head.append(TensorDef("output_norm.bias", (e,), "small"))
     if not spec.tied_embeddings:
