@@ -78,8 +78,9 @@ def test_qwen4exp_ple_layer_keeps_its_own_conv_row(tmp_path: Path) -> None:
 def _glm5_next(root: Path, **extra: object) -> Model:
     """kimi-k3's KDA/MLA layers (head_count_kv 0 on the KDA layers 0-2, 4-6) under glm5-next's name, with
     a k-pool indexer of 64-wide keys."""
-    base = _open("kimi-k3", root, **{"attention.indexer.key_length": 64, "attention.indexer.kpool": 4,
-                                    "attention.indexer.head_count": 2, "attention.indexer.top_k": 64, **extra})
+    idx = {"attention.indexer.key_length": 64, "attention.indexer.kpool": 4,
+           "attention.indexer.head_count": 2, "attention.indexer.top_k": 64}
+    base = _open("kimi-k3", root, **idx, **extra)
     md = {("glm5-next." + k.removeprefix("kimi-k3.")) if k.startswith("kimi-k3.") else k: v
           for k, v in base.metadata.items()}
     md["general.architecture"] = "glm5-next"
