@@ -181,6 +181,8 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = BIG_MODELS["Mixtral-8x22B-Q4_K_M"]
     elif arch == "deepseek2" and 15 <= params <= 16.5:  # DeepSeek-V2-Lite
         spec = BIG_MODELS["DeepSeek-V2-Lite-Q4_K_M"]
+    elif arch == "qwen3next" and 79 <= params <= 81:  # Qwen3-Next-80B-A3B (and Qwen3-Coder-Next: its shape)
+        spec = BIG_MODELS["Qwen3-Next-80B-A3B-Q4_K_M"]
     else:
         return None, f"no synth shape for {arch} {params}B"
     if m.get("n_layer") and spec.arch != "llama" and m["n_layer"] != spec.n_layer - spec.n_nextn:
