@@ -324,6 +324,56 @@ SMALL_MODELS["qwen4exp"] = replace(
     },
 )
 
+# GLM-5.3-Flash's architecture (glm5-next, src/models/glm5-next.cpp): kimi-linear's KDA layers where
+# head_count_kv is 0 (0-2, 4-6; KDA heads of 32), nope-only MLA on 3 and 7 (one 128-wide latent head, the
+# K-only cache: key_length 128, rope.dimension_count 0) with a k-pool DSA indexer (2 heads of 32, pools of
+# 4: llama_memory_hybrid_idx keeps 32 x 3 per cell), 4 mHC streams, a leading dense FFN then experts
+SMALL_MODELS["glm5-next"] = ModelSpec(
+    name="synth-glm5-next",
+    arch="glm5-next",
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=(0, 0, 0, 1, 0, 0, 0, 1),
+    head_dim_k=128,
+    head_dim_v=128,
+    n_ff=512,
+    n_expert=8,
+    n_expert_used=2,
+    n_expert_shared=1,
+    n_ff_exp=128,
+    n_layer_dense_lead=1,
+    q_lora_rank=64,
+    kv_lora_rank=128,
+    key_length_mla=64,
+    value_length_mla=32,
+    n_ctx_train=4096,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+    extra_kv={
+        "rope.dimension_count": 0,
+        "kda.head_dim": 32,
+        "ssm.conv_kernel": 4,
+        "attention.indexer.head_count": 2,
+        "attention.indexer.key_length": 32,
+        "attention.indexer.top_k": 64,
+        "attention.indexer.kpool": 4,
+        "hyper_connection.count": 4,
+        "hyper_connection.sinkhorn_iterations": 20,
+        "hyper_connection.epsilon": 1e-6,
+        "expert_gating_func": 2,
+    },
+)
+
+# ... with a shared indexer on layer 7 (attention.indexer.types 0: it reuses layer 3's selection and caches
+# no indexer keys of its own)
+SMALL_MODELS["glm5-next-shared"] = replace(
+    SMALL_MODELS["glm5-next"],
+    name="synth-glm5-next-shared",
+    extra_kv={**SMALL_MODELS["glm5-next"].extra_kv, "attention.indexer.types": (1, 1, 1, 1, 1, 1, 1, 0)},
+)
+
 # Nemotron-H MoE: Mamba2 (M), attention (*) and MoE (E) blocks as its hybrid_override_pattern orders them
 # (8 here: 3 Mamba2, 2 attention, 3 MoE); the Mamba2 mixer: 8 heads of 64 (ssm.inner_size 512), 2 groups,
 # state 32; MoE: up/down experts (relu^2, no gate) with sigmoid routing and an up/down shared expert

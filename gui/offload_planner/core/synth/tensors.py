@@ -493,6 +493,83 @@ def _qwen4exp_head(spec: ModelSpec) -> list[TensorDef]:
     ]
 
 
+def _glm5_next_kda(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """glm5-next's KDA layer (head_count_kv 0): q/k/v short convolutions, f/g low-rank gates, a 1-D
+    ``ssm_a`` and a ``d_inner`` dt bias."""
+    e, h = spec.n_embd, spec.head_count(il)
+    hd, dc = _kv_int(spec, "kda.head_dim"), _kv_int(spec, "ssm.conv_kernel")
+    d = hd * h
+    return [
+        *(_blk(il, f"ssm_conv1d_{x}", (dc, 1, d), "small") for x in "qkv"),
+        _blk(il, "attn_q", (e, d), "attn"),
+        _blk(il, "attn_k", (e, d), "attn"),
+        _blk(il, "attn_v", (e, d), "attn_v"),
+        _blk(il, "ssm_f_a", (e, hd), "attn"),
+        _blk(il, "ssm_f_b", (hd, d), "attn"),
+        _blk(il, "ssm_beta", (e, h), "attn"),
+        TensorDef(f"blk.{il}.ssm_a", (h,), "small", il),
+        _bias(il, "ssm_dt", (d,)),
+        _blk(il, "ssm_g_a", (e, hd), "attn"),
+        _blk(il, "ssm_g_b", (hd, d), "attn"),
+        _norm(il, "ssm_norm", hd),
+        _blk(il, "attn_output", (d, e), "attn"),
+    ]
+
+
+def _glm5_next_dsa(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """glm5-next's DSA layer: nope-only MLA (rope.dimension_count 0: ``attn_kv_a_mqa`` is ``kv_lora`` wide)
+    and, where the layer has a full indexer (``attention.indexer.types``), the k-pool indexer."""
+    e, h = spec.n_embd, spec.head_count(il)
+    k_mla, v_mla = spec.key_length_mla, spec.value_length_mla
+    q_lora, kv_lora = spec.q_lora_rank, spec.kv_lora_rank
+    out = [
+        _norm(il, "attn_q_a_norm", q_lora),
+        _norm(il, "attn_kv_a_norm", kv_lora),
+        _blk(il, "attn_q_a", (e, q_lora), "attn"),
+        _blk(il, "attn_q_b", (q_lora, h * k_mla), "attn"),
+        _blk(il, "attn_kv_a_mqa", (e, kv_lora), "attn"),
+        _blk(il, "attn_k_b", (k_mla, kv_lora, h), "attn"),
+        _blk(il, "attn_v_b", (kv_lora, v_mla, h), "attn"),
+        _blk(il, "attn_output", (h * v_mla, e), "attn"),
+    ]
+    types = spec.extra_kv.get("attention.indexer.types")
+    if isinstance(types, tuple) and il < spec.n_layer_trunk and not types[il]:
+        return out
+    n_idx = _kv_int(spec, "attention.indexer.head_count")
+    d_idx = _kv_int(spec, "attention.indexer.key_length")
+    return [
+        *out,
+        _norm(il, "indexer.k_norm", d_idx),
+        _bias(il, "indexer.k_norm", (d_idx,)),
+        _blk(il, "indexer.proj", (e, n_idx), "small"),
+        _blk(il, "indexer.attn_k", (e, d_idx), "attn"),
+        _blk(il, "indexer.attn_q_b", (q_lora, n_idx * d_idx), "attn"),
+        _blk(il, "indexer_compressor_gate", (e, d_idx), "attn"),
+        _blk(il, "indexer_compressor_ape", (d_idx, _kv_int(spec, "attention.indexer.kpool")), "small"),
+    ]
+
+
+def _glm5_next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """glm5-next (src/models/glm5-next.cpp load_arch_tensors): attention and FFN norms, the mHC mixers
+    (``hc_*_fn`` of ``(2 + hc) * hc`` outputs, base, 3 scales), KDA or DSA, then a leading dense FFN or
+    routed experts with ``exp_probs_b`` and a shared expert (no NextN block here)."""
+    e = spec.n_embd
+    hc = _kv_int(spec, "hyper_connection.count")
+    mix = (2 + hc) * hc
+    out = [_norm(il, "attn_norm", e), _norm(il, "ffn_norm", e)]
+    for which in ("attn", "ffn"):
+        out += [
+            _blk(il, f"hc_{which}_fn", (hc * e, mix), "small"),
+            _blk(il, f"hc_{which}_base", (mix,), "small"),
+            _blk(il, f"hc_{which}_scale", (3,), "small"),
+        ]
+    out += _glm5_next_kda(spec, il) if spec.head_count_kv(il) == 0 else _glm5_next_dsa(spec, il)
+    if not spec.is_moe_layer(il):
+        return out + _dense_ffn(spec, il)
+    gate_inp, *exps = _routed_experts(spec, il)
+    return [*out, gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps, *_shared_expert(spec, il)]
+
+
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
 
 #: the output norm tensors of architectures without ``output_norm.weight``
@@ -516,6 +593,7 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "kimi-k3": _kimi_k3_layer,
     "granitehybrid": _granite_hybrid_layer,
     "qwen4exp": _qwen4exp_layer,
+    "glm5-next": _glm5_next_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
