@@ -67,6 +67,10 @@ CASES: list[tuple[str, str]] = [
     ("qwen4exp", "-ngl 6 -ts 2,1 -c 4096 -np 2 -ctk q8_0 -ctv q8_0"),  # 0-1 CPU, 2-7 RPC0/RPC1
     ("qwen4exp", "-ngl 999 -ts 1,3 -c 4096 -np 3 -kvu"),
     ("qwen4exp", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    # draft-mtp: the MTP context's llama_memory_hybrid_idx holds the NextN layer (8) alone: its KV and
+    # indexer keys, no recurrent state; the main context keeps the rollback snapshots
+    ("qwen4exp-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0 --spec-type draft-mtp"),
+    ("qwen4exp-mtp", "-ngl 7 -ts 1,2 -c 4096 --spec-type draft-mtp --spec-draft-n-max 5"),
     # glm5-next: KDA layers 0-2, 4-6 (RS), nope MLA on 3 and 7 (a K-only 128-wide cache) with an indexer
     # cache of 32 x 3 (key | gate | pooled) per cell; -shared: layer 7 shares layer 3's indexer (no keys)
     # (an MLA model: -ctk and -ctv must agree)

@@ -112,9 +112,25 @@ def indexer_layers(model: Model, recurrent: Sequence[bool]) -> list[int]:
 
 def indexer_buffers(model: Model, placement: Placement, p: ContextParams, ctx: ResolvedContext,
                     devices: DeviceSet, recurrent: Sequence[bool]) -> list[Buffer]:
-    """The indexer cache's ``KV buffer`` per buffer type: each layer's K tensor padded to the device's
-    alignment (one buffer a buffer type, ``ggml_backend_alloc_ctx_tensors_from_buft``)."""
-    layers = indexer_layers(model, recurrent)
+    """The main context's indexer cache (the trunk layers ``filter_idx`` keeps)."""
+    return _buffers(model, placement, p, ctx, devices, indexer_layers(model, recurrent))
+
+
+def mtp_indexer_buffers(model: Model, placement: Placement, p: ContextParams, ctx: ResolvedContext,
+                        devices: DeviceSet) -> list[Buffer]:
+    """The MTP context's indexer cache: its ``llama_memory_hybrid_idx`` keeps the NextN block alone
+    (``filter_attn`` and ``filter_idx`` ``il >= n_layer()``, no recurrent layer; src/llama-model.cpp
+    2476-2483 and 2720-2726), so the NextN layers' indexer keys; none for other architectures."""
+    if model.arch not in INDEXER_ARCHS or head_size(model) == 0:
+        return []
+    s = model.summary
+    return _buffers(model, placement, p, ctx, devices, list(range(s.n_layer_trunk, s.n_layer)))
+
+
+def _buffers(model: Model, placement: Placement, p: ContextParams, ctx: ResolvedContext,
+             devices: DeviceSet, layers: list[int]) -> list[Buffer]:
+    """The indexer cache's ``KV buffer`` per buffer type for ``layers``: each layer's K tensor padded to
+    the device's alignment (one buffer a buffer type, ``ggml_backend_alloc_ctx_tensors_from_buft``)."""
     if not layers:
         return []
     width = row_width(model)

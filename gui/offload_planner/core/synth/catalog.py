@@ -324,6 +324,18 @@ SMALL_MODELS["qwen4exp"] = replace(
     },
 )
 
+# ... with its MTP block (block_count 9, nextn_predict_layers 1: a QSA layer, compress ratio 4 too, with
+# the NextN projections and its own hyper-connection head): --spec-type draft-mtp; 4 experts (8 would
+# take the file past a few MB)
+SMALL_MODELS["qwen4exp-mtp"] = replace(
+    SMALL_MODELS["qwen4exp"],
+    name="synth-qwen4exp-mtp",
+    n_layer=9,
+    n_nextn=1,
+    n_expert=4,
+    extra_kv={**SMALL_MODELS["qwen4exp"].extra_kv, "attention.compress_ratios": (0, 0, 0, 4, 0, 0, 0, 4, 4)},
+)
+
 # GLM-5.3-Flash's architecture (glm5-next, src/models/glm5-next.cpp): kimi-linear's KDA layers where
 # head_count_kv is 0 (0-2, 4-6; KDA heads of 32), nope-only MLA on 3 and 7 (one 128-wide latent head, the
 # K-only cache: key_length 128, rope.dimension_count 0) with a k-pool DSA indexer (2 heads of 32, pools of

@@ -473,13 +473,24 @@ def _qwen4exp_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
             _norm(il, "indexer.k_norm", d_idx),
         ]
     f = spec.n_ff_shexp
-    return [
-        *out,
+    out += [
         *_routed_experts(spec, il),
         _blk(il, "ffn_gate_inp_shexp", (e,), "small"),
         _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
         _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
         _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+    ]
+    if il < spec.n_layer_trunk:
+        return out
+    hc, hc_dim, lr = _qwen4exp_hc(spec)  # the MTP block: a QSA layer with its NextN projections
+    return [
+        *out,
+        _blk(il, "nextn.eh_proj", (2 * e, e), "nextn"),
+        _norm(il, "nextn.enorm", e),
+        _blk(il, "nextn.hnorm", (e, hc), "small"),
+        _blk(il, "nextn.hc_head_norm", (e, hc), "small"),
+        _blk(il, "nextn.hc_head_down", (hc_dim, lr), "small"),
+        _blk(il, "nextn.hc_head_up", (lr, hc_dim), "small"),
     ]
 
 
