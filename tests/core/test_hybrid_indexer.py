@@ -111,3 +111,13 @@ def test_no_unmodelled_note_for_the_idx_hybrids(arch: str, tmp_path: Path) -> No
 
     m = _open("qwen4exp", tmp_path) if arch == "qwen4exp" else _glm5_next(tmp_path)
     assert memory_notes(m, LLAMA_CPP) == []
+
+
+def test_the_layer_map_names_the_indexer_keys_of_the_attention_layers(tmp_path: Path) -> None:
+    from offload_planner.core.recurrent_state import layer_cache_note
+
+    m = _open("qwen4exp", tmp_path)
+    assert "indexer keys" in layer_cache_note(m, 3) and "indexer keys" in layer_cache_note(m, 7)
+    assert layer_cache_note(m, 2).startswith("recurrent layer")
+    shared = _glm5_next(tmp_path, **{"attention.indexer.types": (1, 1, 1, 1, 1, 1, 1, 0)})
+    assert "indexer keys" in layer_cache_note(shared, 3) and "indexer keys" not in layer_cache_note(shared, 7)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.devices import Device, DeviceSet
-from offload_planner.core.hybrid_indexer import indexer_buffers
+from offload_planner.core.hybrid_indexer import indexer_buffers, indexer_layers
 from offload_planner.core.placement import CPU, Placement
 
 if TYPE_CHECKING:
@@ -223,6 +223,9 @@ def layer_cache_note(model: Model, il: int) -> str:
     h = hybrid_arch(model)
     if h is not None and h.attention is not None and not _attention_layers(model)[il]:
         return "feed-forward block: neither a KV cache nor a recurrent state"
+    if il in indexer_layers(model, recurrent_layers(model)):
+        return ("attention layer: its KV cache and its indexer keys (a second KV buffer) are on its device "
+                "(the recurrent layers have neither)")
     return "attention layer: its KV cache is on its device (the recurrent layers have none)"
 
 
