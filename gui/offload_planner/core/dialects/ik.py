@@ -100,6 +100,7 @@ class IkLlamaCpp(Dialect):
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
     mla_k_only_cache = False
+    dsa_indexer_cache = False  # see core.dsa: ik's own DSA cache is not modelled
     host_overrides_turn_mmap_off = True
     kv_override_csv = False  # common.cpp: one string_parse_kv_override a flag
     #: ``-ser`` drops experts: from PR 840 (2025-10-19, "Various fused ops around expert selection")

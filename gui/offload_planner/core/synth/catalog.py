@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from offload_planner.core.synth.spec import (
     FTYPE_MXFP4_MOE,
     FTYPE_Q4_K_M,
+    FTYPE_Q8_0,
     ModelSpec,
     QuantMix,
     RopeScaling,
@@ -252,6 +253,27 @@ SMALL_MODELS: dict[str, ModelSpec] = {
 SMALL_MODELS["deepseek2-mtp"] = replace(
     SMALL_MODELS["deepseek2"], name="synth-deepseek2-mtp", n_layer=4, n_nextn=1, nextn_embed_head=False
 )
+# DeepSeek Sparse Attention (src/models/deepseek32.cpp, glm-dsa.cpp): deepseek2's MLA plus a lightning
+# indexer per layer (its own MQA key cache: llama_kv_cache_dsa) and one NextN/MTP block, as the V3.2 and
+# GLM-5 converters write them (conversion/deepseek.py DeepseekV32Model, conversion/glm.py GlmMoeDsaModel)
+_DSA_SMALL_KV = {
+    "attention.indexer.head_count": 4,
+    "attention.indexer.key_length": 64,
+    "attention.indexer.top_k": 128,
+}
+SMALL_MODELS["deepseek32"] = replace(
+    SMALL_MODELS["deepseek2"], name="synth-deepseek32", arch="deepseek32", n_layer=5, n_nextn=1,
+    nextn_embed_head=False, quant=Q4_K_M,  # smaller than deepseek2's mix: under the 8 MB of a small model
+    extra_kv={**SMALL_MODELS["deepseek2"].extra_kv, **_DSA_SMALL_KV},
+)
+# GLM-5.2 style: ``attention.indexer.types`` marks the layers with their own indexer (the others reuse
+# the last full layer's top-k), so the indexer cache holds only those layers
+SMALL_MODELS["glm-dsa"] = replace(
+    SMALL_MODELS["deepseek32"], name="synth-glm-dsa", arch="glm-dsa", rms_eps=1e-5,
+    rope_freq_base=1000000.0, tokenizer=_bpe(1024, "glm4", 1500),
+    extra_kv={"expert_weights_scale": 2.5, "expert_weights_norm": True, "expert_gating_func": 2,
+              **_DSA_SMALL_KV, "attention.indexer.types": (True, False, True, False)},
+)
 # A speculative-decoding draft for "llama": the same vocabulary, fewer layers (llama-server -md)
 SMALL_MODELS["llama-draft"] = replace(SMALL_MODELS["llama"], name="synth-llama-draft", n_layer=2)
 
@@ -464,6 +486,23 @@ BIG_MODELS: dict[str, ModelSpec] = {
         extra_kv={"expert_weights_scale": 1.0, "expert_gating_func": 1},
     ),
 }
+
+# DeepSeek-V3.2 (arch deepseek32) as convert_hf_to_gguf --outtype q8_0 writes it: DeepSeek-V3's shapes
+# (its config, above; V3.2 keeps them: https://huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/
+# inference/config_671B_v3.2.json, mirrored at github.com/awesome-mini-project/DeepSeek-V3.2-Exp: dim 7168,
+# 61 layers, 3 dense, 128 heads, q/kv lora 1536/512, 256 experts / 8 used / 1 shared, vocab 129280) plus
+# the indexer (index_n_heads 64, index_head_dim 128, index_topk 2048, same file) and the NextN block the
+# converter appends (DeepseekV32Model: block_count = 61 + num_nextn_predict_layers) with its own
+# embed_tokens / shared_head_head.  Checked against llama-bench's line for DeepSeek-V3.2-Q8_0.gguf in
+# https://github.com/ggml-org/llama.cpp/pull/23346 ("deepseek32 685B.A37B Q8_0 | 678.56 GiB | 685.36 B"):
+# this spec has 685,355,329,792 parameters and 678.557 GiB of tensors (indexer.proj F32, as converted).
+# The tokenizer is V3's (the V3.2 merge count is not published in a source at hand; header bytes only).
+_Q8_0 = replace(MXFP4_MOE, name="Q8_0", ftype=FTYPE_Q8_0, exps=Q.Q8_0, exps_down=Q.Q8_0)
+BIG_MODELS["DeepSeek-V3.2-Q8_0"] = replace(
+    _DEEPSEEK_V3, name="DeepSeek V3.2", arch="deepseek32", n_layer=62, n_nextn=1, quant=_Q8_0,
+    extra_kv={**_DEEPSEEK_V3.extra_kv, "attention.indexer.head_count": 64,
+              "attention.indexer.key_length": 128, "attention.indexer.top_k": 2048},
+)
 
 # Complete models for speed measurements (bench/speed_measured.py): large enough (over 2 GB) that
 # token generation on this machine's CPU is bound by memory bandwidth, small enough to write and
