@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 from tests.support.rpc import rpc_servers
-from tests.support.server_buffers import buffer_rows, mib, rpc_devices, server_output
+from tests.support.server_buffers import KINDS, buffer_rows, mib, rpc_devices, server_output
+from tests.support.spec_log import split_log
 
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.extra_context import MTP
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 
@@ -89,3 +91,40 @@ def test_dsa_caches_equal_llama_server(model_name: str, args: str, small_models:
     assert ours == theirs
     compute_ok = [r for r in mismatches if " compute " in r]
     assert [r for r in mismatches if r not in compute_ok] == []
+
+
+MTP_CASES: list[tuple[str, str]] = [
+    ("deepseek32", "-ngl 999 -ts 1,1 -c 2048 --spec-type draft-mtp -np 2"),
+    ("glm-dsa", "-ngl 4 -ts 1,1 -c 2048 --spec-type draft-mtp -ctk q8_0 -ctv q8_0"),
+]
+
+
+@pytest.mark.parametrize(("model_name", "args"), MTP_CASES, ids=[f"{m}:{a}" for m, a in MTP_CASES])
+def test_dsa_mtp_context_equals_llama_server(model_name: str, args: str, small_models: dict[str, Path],
+                                             llama_server: Path, rpc: list[str], tmp_path: Path) -> None:
+    """``--spec-type draft-mtp``: the MTP context's plain cache of the NextN layer (no indexer), its
+    output and its compute (the NextN block's dense MLA graph) to the printed MiB; the main context's
+    weights, KV (both caches) and output too."""
+    argv = ["--rpc", ",".join(rpc), *shlex.split(args)]
+    parsed = parse_server_args(argv)
+    assert not parsed.errors, parsed.errors
+    projection = analyse_command(open_model(small_models[model_name]), rpc_devices(rpc), parsed).projection
+    assert projection is not None and [e.key for e in projection.extras] == [MTP]
+    output = server_output(llama_server, ["-m", str(small_models[model_name]), "-fit", "off", *argv],
+                           tmp_path / "server.log", timeout=180)
+    main, extra = split_log(output.splitlines(), {ep: f"RPC{i}" for i, ep in enumerate(rpc)})
+    assert extra, "the server created no MTP context"
+    rows, bad = [], []
+    for dm in projection.devices:
+        for kind in KINDS:
+            for owner, actual in (("", main), (MTP, extra)):
+                if kind == "compute" and not owner:
+                    continue  # the main graph (indexer, top-k) is an estimate: test above prints it
+                proj = mib(sum(b.bytes for b in dm.buffers if b.kind == kind and b.owner == owner))
+                act = round(actual.get(dm.device.name, {}).get(kind, 0.0), 2)
+                label = f"{dm.device.name:5} {owner or 'main':5} {kind:8}"
+                rows.append(f"{label} projected {proj:9.2f}  actual {act:9.2f}")
+                if abs(proj - act) > 0.011:
+                    bad.append(rows[-1])
+    print(f"\n{model_name} {args}\n" + "\n".join(rows))
+    assert not bad, "\n".join(bad)

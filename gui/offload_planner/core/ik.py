@@ -55,8 +55,18 @@ def head_dims(model: Model) -> tuple[int, int]:
     return s.head_dim_k, s.head_dim_v
 
 
+#: architectures the pinned llama.cpp loads and ik_llama.cpp (8337e4cd, 2026-08-15) does not know:
+#: ``llm_arch_from_string`` finds no name in src/llama-arch.cpp and ``llm_load_arch`` throws
+IK_UNKNOWN_ARCHS = frozenset({"deepseek32"})
+
+
 def model_errors(model: Model) -> list[str]:
-    """ik's ``llm_load_hparams`` abort for mainline MLA files it cannot convert back."""
+    """ik's refusals: an architecture it does not have; ``llm_load_hparams``' abort for mainline MLA
+    files it cannot convert back."""
+    if model.arch in IK_UNKNOWN_ARCHS:
+        return [f"{model.path}: ik_llama.cpp cannot load it: \"unknown model architecture: "
+                f"'{model.arch}'\" (no {model.arch} in its src/llama-arch.cpp at 8337e4cd; DeepSeek V3.2's "
+                "sparse attention runs on mainline llama.cpp)"]
     s = model.summary
     if model.arch != "deepseek2" or s.head_kv(0) != 1:
         return []

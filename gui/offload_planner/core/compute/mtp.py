@@ -91,7 +91,12 @@ def _glm4moe_mtp(b: Builder) -> None:
     _mtp_head(b, il, dup_op(cur, "ADD", cur, ffn_inp))
 
 
-MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {"glm4moe": _glm4moe_mtp, "deepseek2": _deepseek2_mtp}
+#: deepseek32 / glm-dsa: their ``graph_mtp`` is dense MLA without the indexer (deepseek32.cpp, glm-dsa.cpp),
+#: node for node deepseek2's (held to the real server's MTP compute buffers: test_dsa_vs_llama)
+MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {
+    "glm4moe": _glm4moe_mtp, "deepseek2": _deepseek2_mtp,
+    "deepseek32": _deepseek2_mtp, "glm-dsa": _deepseek2_mtp,
+}
 
 
 def mtp_compute_buffers(model: Model, devices: DeviceSet, placement: Placement, ctx: ResolvedContext,

@@ -304,6 +304,11 @@ class IkLlamaCpp(Dialect):
         twice = repeated_gpu(popts.selected or ())
         if twice is not None:  # a plan switched to ik (a command line naming it twice is refused)
             out.append(repeated_device_refusal("-dev", ",".join(popts.selected or ()), twice))
+        if model.arch == "glm-dsa":
+            out.append("glm-dsa on ik_llama.cpp: its MLA cache and its indexer key cache (cache_kr_l, one "
+                       "[indexer_head_size, kv_size] tensor of -ictk's type per full-indexer layer, "
+                       "src/llama.cpp 1432-1436 at 8337e4cd) are not modelled: the KV figures are those of "
+                       "a plain cache and miss the indexer's")
         if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
                        "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
