@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.ggml_types import type_by_name
-from offload_planner.core.placement import CPU
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
     from offload_planner.core.placement import Placement
+
+#: the host device's name (``placement.CPU``; not imported: the GGUF reader imports this module)
+CPU = "CPU"
 
 #: GLM-5.2's indexer layout when its file has no ``attention.indexer.types`` (src/models/glm-dsa.cpp
 #: ``GLM_5_2_DEFAULT_INDEXER_TYPES``): layers 0 and 1, then every fourth from 2 up to 74; the rest none.
@@ -125,3 +127,13 @@ def indexer_kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext,
     why = (f"lightning indexer keys (llama_kv_cache_dsa): {ctx.n_ctx_seq} cells x {ctx.n_stream} streams "
            f"x {indexer_head_size(model)} ({p.type_k}), one key head, no V")
     return [Buffer(d, d, "kv", n, f"{count[d]} layers; {why}") for d, n in per_dev.items()]
+
+
+def dsa_shape(model: Model) -> tuple[int, tuple[bool, ...]]:
+    """The graph shape's DSA fields (``compute.graph.Shape``): the indexer's top-k and, per trunk layer,
+    whether it runs its own indexer; ``(0, ())`` for other architectures."""
+    if not is_dsa(model.arch):
+        return 0, ()
+    full = set(indexer_layers(model))
+    return (model.arch_int("attention.indexer.top_k", 0),
+            tuple(il in full for il in range(model.summary.n_layer_trunk)))
