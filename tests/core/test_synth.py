@@ -55,6 +55,9 @@ PUBLISHED_TENSOR_COUNTS = {
     "GLM-4.5-Air-Q4_K_M": 803,  # 46 layers + NextN block with embed_tokens/shared_head_head
     "gpt-oss-120b-MXFP4": 687,
     "Llama-3.1-70B-Q4_K_M": 724,  # incl. rope_freqs.weight
+    # 48 layers (36 delta-net + 12 attention, attn_qkv + attn_gate): ik_llama.cpp PR 1251's log of a
+    # 48-layer Qwen3-Next file, "843 tensors" (lmstudio's older file with the fused ssm_in: 807 = 843 - 36)
+    "Qwen3-Next-80B-A3B-Q4_K_M": 843,
 }
 
 

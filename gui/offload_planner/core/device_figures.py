@@ -17,6 +17,7 @@ from offload_planner.core.units import fmt_bytes
 BUFFER_KINDS: tuple[tuple[str, str], ...] = (
     ("model", "weights"),
     ("kv", "KV cache"),
+    ("rs", "recurrent state"),  # a hybrid model's (core.recurrent_state); absent elsewhere
     ("compute", "compute"),
     ("output", "output"),
     ("mmproj", "projector"),  # --mmproj: the multimodal projector's weights and compute

@@ -17,9 +17,10 @@ from offload_planner.core.errors import PlannerError
 from offload_planner.core.memory import DEFAULT_N_BATCH, DEFAULT_N_UBATCH, ContextParams
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Override, PlacementOptions, resolve_ngl
+from offload_planner.core.recurrent_state import memory_notes
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES
 from offload_planner.core.rule_match import rule_set
-from offload_planner.core.speculative import draft_len, uses_mtp
+from offload_planner.core.speculative import draft_len, rs_snapshots, uses_mtp
 
 IK_LLAMA_CPP = IK  # the dialect objects under their old names here
 __all__ = ["IK_LLAMA_CPP", "LLAMA_CPP", "LLAMA_CPP_2025", "command_notes", "context_params",
@@ -157,6 +158,7 @@ def context_params(model: Model, args: Any, dialect: Dialect) -> tuple[ContextPa
         mla=dialect.mla(model, _get(args, "mla")),
         amb=dialect.amb(_get(args, "amb")),
         repack=bool(_get(args, "rtr", False)),
+        n_rs_seq=rs_snapshots(args, dialect),
     ), notes
 
 
@@ -170,7 +172,8 @@ def command_notes(model: Model, devices: DeviceSet, args: Any, dialect: Dialect,
     ovs = command_overrides(args, Dialect(dialect).kv_override_csv)
     _, said = context_params(loaded(model, ovs), args, dialect)  # -c 0: the trained context loaded
     selection = [*skipped_device_notes(devices, args), *device_selection(popts, devices, Dialect(dialect))]
-    return [*notes(model, ovs), *said, *projector_notes, *Dialect(dialect).notes(popts, devices), *selection]
+    return [*notes(model, ovs), *said, *memory_notes(model, Dialect(dialect)), *projector_notes,
+            *Dialect(dialect).notes(popts, devices), *selection]
 
 
 def skipped_device_notes(devices: DeviceSet, args: Any) -> list[str]:

@@ -29,6 +29,8 @@ from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.item_changes import changed_items, kept_copy
 from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, Placed, Placement
+from offload_planner.core.recurrent_state import KIND as RS_KIND
+from offload_planner.core.recurrent_state import kv_layers, with_recurrent_state
 from offload_planner.core.units import MiB
 
 #: llama-server's -b and -ub when the command line leaves them unset (common/common.h).
@@ -60,6 +62,7 @@ class ContextParams:
     mla: int = 0  # ik_llama.cpp's -mla mode (deepseek2 models only; see core.ik)
     amb: int = 0  # ik_llama.cpp's -amb: MiB cap on the attention scratch (0: no cap)
     repack: bool = False  # ik_llama.cpp's -rtr: host weights repacked at load (core.ik_repack)
+    n_rs_seq: int = 0  # recurrent-state rollback snapshots per sequence (core.recurrent_state)
 
     def __post_init__(self) -> None:
         if type(self.dialect) is str:  # a name (a caller without the object): the registered one
@@ -122,6 +125,11 @@ class DeviceMemory:
     @property
     def kv(self) -> int:
         return self.total("kv")
+
+    @property
+    def rs(self) -> int:
+        """The recurrent state of a hybrid model (core.recurrent_state)."""
+        return self.total(RS_KIND)
 
     @property
     def compute(self) -> int:
@@ -411,7 +419,7 @@ def _kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Con
     per_dev: dict[str, int] = defaultdict(int)
     layers: dict[str, int] = defaultdict(int)
     by_name: dict[str, Device] = {}
-    for il in range(n_trunk) if cached is None else cached:
+    for il in kv_layers(model, range(n_trunk) if cached is None else cached, d):  # a hybrid: its attention
         dev_name = placement.layer_device(il) if p.offload_kqv else CPU
         cells = ctx.swa_cells if s.swa_layers[il] else ctx.n_ctx_seq
         dev = by_name.get(dev_name)
@@ -458,7 +466,8 @@ def project(model: Model, devices: DeviceSet, placement: Placement, p: ContextPa
     s = model.summary
     ctx = resolve_context(p, s.n_ctx_train, s.n_swa)
     bufs = weight_buffers(model, placement, devices)
-    bufs += kv_buffers(model, placement, ctx, p, devices, p.dialect.main_kv_layers(model, placement))
+    kv = kv_buffers(model, placement, ctx, p, devices, p.dialect.main_kv_layers(model, placement))
+    bufs += with_recurrent_state(model, placement, p, ctx, devices, kv)
     bufs.append(output_buffer(model, placement, p, devices))
     bufs = p.dialect.extra_buffers(model, devices, placement, p, bufs)
     if compute is None:  # the dialect's own simulator, else mainline's graph

@@ -22,6 +22,7 @@ def device_json(dm: DeviceMemory) -> dict[str, Any]:
         "name": dm.device.name,
         "weights_bytes": dm.weights,
         "kv_bytes": dm.kv,
+        **({"rs_bytes": dm.rs} if dm.rs else {}),  # a hybrid model's recurrent state
         "compute_bytes": dm.compute,
         "output_bytes": dm.output,
         **({"mmproj_bytes": dm.total(MMPROJ)} if dm.total(MMPROJ) else {}),
@@ -132,6 +133,8 @@ def plan_text(projection: Projection, *, warnings: Sequence[str], errors: Sequen
             f"{dm.device.name:7}  {_g(dm.resident('model'))}{_g(dm.kv)}{_g(dm.compute)}{_g(dm.output)}"
             f"{_g(dm.resident())}{_g(cap)}{_g(left)}" + ("  OVER" if left is not None and left < 0 else "")
         )
+        if rs := dm.rs:  # a hybrid model's recurrent state, counted in the row's total
+            lines.append(f"{'+RS':7}  {_g(None)}{_g(rs)}{_g(None)}{_g(None)}{_g(rs)}")
         if mm := [b for b in dm.buffers if b.kind == MMPROJ]:
             w = sum(b.bytes for b in mm if b.why.startswith("projector weights"))
             c = sum(b.bytes for b in mm) - w

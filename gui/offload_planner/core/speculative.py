@@ -150,6 +150,16 @@ def draft_len(args: Any, dialect: Dialect | None = None) -> int:
     return Dialect(dialect or Dialect.LLAMA_CPP).draft_n_max(d)
 
 
+def rs_snapshots(args: Any, dialect: Dialect | None = None) -> int:
+    """``n_rs_seq``: the draft length when a type rolls the recurrent state back
+    (:attr:`Dialect.rs_rollback_types`), else 0."""
+    d = _draft_args(args)
+    dialect = Dialect(dialect or Dialect.LLAMA_CPP)
+    if d is None or not dialect.rs_rollback_types.intersection(spec_types(args, dialect)):
+        return 0
+    return dialect.draft_n_max(d)
+
+
 def draft_devices(devices: DeviceSet, names: list[str] | None, dialect: Dialect = LLAMA_CPP) -> DeviceSet:
     """``-devd``: the listed offload devices (``none``: the CPU only); absent: all of them.  Names are
     matched as the build matches ``-dev``'s (:meth:`Dialect.selected_gpus`: the pinned build ignores

@@ -63,9 +63,9 @@ BAR_KINDS: tuple[tuple[str, str], ...] = BUFFER_KINDS + EXTRA_KINDS
 #: longest form to the shortest: the view draws the first that fits.
 BREAKDOWN_FORMS: tuple[tuple[tuple[str, ...], str], ...] = (
     (tuple(label for _, label in BAR_KINDS), "  "),
-    (("weights", "KV", "compute", "output", "mmproj", "draft", "MTP"), "  "),
-    (("W", "KV", "C", "O", "P", "D", "MTP"), "  "),
-    (("W", "KV", "C", "O", "P", "D", "MTP"), " "),
+    (("weights", "KV", "RS", "compute", "output", "mmproj", "draft", "MTP"), "  "),
+    (("W", "KV", "RS", "C", "O", "P", "D", "MTP"), "  "),
+    (("W", "KV", "RS", "C", "O", "P", "D", "MTP"), " "),
 )
 _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
@@ -128,8 +128,9 @@ def figures_text(f: DeviceFigures) -> str:
 
 def breakdown_forms(f: DeviceFigures) -> list[str]:
     """The breakdown line (the non-empty kinds with their GiB) in its forms, longest first."""
+    keys = [k for k, _ in BAR_KINDS]  # a form's labels by kind (a figure may list fewer kinds)
     return [
-        gap.join(f"{label} {gib(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=False) if n)
+        gap.join(f"{dict(zip(keys, labels, strict=True))[k]} {gib(n)}" for k, n in f.by_kind if n)
         for labels, gap in BREAKDOWN_FORMS
     ]
 
@@ -146,8 +147,8 @@ def fit_breakdown(f: DeviceFigures, fm: QFontMetrics, width: int, first: int = 0
 
 def full_breakdown(f: DeviceFigures) -> str:
     """The breakdown with whole labels and units, for the tooltip."""
-    labels = (label for _, label in BAR_KINDS)
-    return ", ".join(f"{label} {gib_unit(n)}" for (_k, n), label in zip(f.by_kind, labels, strict=False) if n)
+    labels = dict(BAR_KINDS)
+    return ", ".join(f"{labels[k]} {gib_unit(n)}" for k, n in f.by_kind if n)
 
 
 def actual_line(dm: DeviceMemory, actual: int, stale: bool) -> str:
@@ -577,9 +578,10 @@ class MemoryView(QWidget):
                      for (kind, label), s in zip(BAR_KINDS, short, strict=True)]
         else:
             items = [(label, kind) for kind, label in BAR_KINDS]
-        # the projector, the draft model and the MTP context are named only when some bar has them
+        # a hybrid model's recurrent state, the projector, the draft model and the MTP context are
+        # named only when some bar has them
         shown = {k for dm in self._rows() for k, n in bar_figures(dm).by_kind if n}
-        optional = {"mmproj"} | {k for k, _ in EXTRA_KINDS}
+        optional = {"rs", "mmproj"} | {k for k, _ in EXTRA_KINDS}
         items = [(label, kind) for label, kind in items if kind not in optional or kind in shown]
         items += [("margin", "margin"), ("over", "over")]
         figures = [n for dm in self._rows() for _k, n in bar_figures(dm).by_kind if n]

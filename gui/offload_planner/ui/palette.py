@@ -92,6 +92,8 @@ def kind_brush(base: QColor, kind: str) -> QBrush:
         return QBrush(base)
     if kind == "kv":
         return QBrush(base.lighter(135))
+    if kind == "rs":  # a hybrid model's recurrent state, next to its KV cache
+        return QBrush(base.lighter(150))
     if kind == "compute":
         return QBrush(base.lighter(165))
     if kind == "mmproj":

@@ -15,6 +15,7 @@ from offload_planner.core.draft_moves import DRAFT_PREFIX, is_draft_name
 from offload_planner.core.extra_context import DRAFT, MMPROJ
 from offload_planner.core.move_preview import move_deltas
 from offload_planner.core.plan import Plan
+from offload_planner.core.recurrent_state import layer_cache_note
 from offload_planner.core.tensor_grid import EMPTY, Cell, Row, TensorGrid
 from offload_planner.core.units import fmt_bytes
 from offload_planner.ui.document import PlanDocument
@@ -94,7 +95,9 @@ def row_tooltip(grid: TensorGrid, section: int, plan: Plan | None,
     where = f"{html.escape(row_place(row))}: {html.escape(', '.join(d or 'not loaded' for d in devs))}"
     kind = row_section(row)
     if not kind:
-        tip = f"{where}<br>Click: select the whole layer"
+        cache = layer_cache_note(plan.model, row.layer) if plan is not None and row.layer is not None else ""
+        tip = f"{where}<br>{html.escape(cache)}<br>" if cache else f"{where}<br>"
+        tip += "Click: select the whole layer"
         if plan is None:
             return tip
         movable = [n for c in range(len(grid.columns)) for n in grid.cell(section, c).movable_names]

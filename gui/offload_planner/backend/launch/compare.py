@@ -20,7 +20,7 @@ from offload_planner.core.units import MiB
 EXACT_MIB = 0.011  # llama.cpp prints 2 decimals: equal to its precision (plus rounding)
 COMPUTE_REL = 0.05
 COMPUTE_ABS_MIB = 2.0
-KINDS = ("model", "kv", "output", "compute", "mmproj")
+KINDS = ("model", "kv", "rs", "output", "compute", "mmproj")
 
 
 def within_tolerance(kind: str, projected_mib: float, actual_mib: float) -> bool:
@@ -125,7 +125,7 @@ def compare(projection: Projection, report: LoadReport,
         name = dev if buffer.startswith("RPC") else buffer
         act[(dev, bl.kind, name)] += bl.mib
     order = {d.device.name: i for i, d in enumerate(projection.devices)}
-    kind_order = {k: i for i, k in enumerate((*KINDS, "rs"))}
+    kind_order = {k: i for i, k in enumerate(KINDS)}
     keys = sorted(set(proj) | set(act),
                   key=lambda k: (order.get(k[0], 99), k[0], kind_order.get(k[1], 9), k[2]))
     rows = [CompareRow(d, k, n, proj.get((d, k, n)), act.get((d, k, n))) for d, k, n in keys]

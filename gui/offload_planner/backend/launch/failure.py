@@ -141,8 +141,8 @@ def _bad_flag(flag: str, line: str, context: PlanContext | None) -> Explanation:
 
 # --- out of memory ---------------------------------------------------------------------------------
 
-_KIND_LABEL = {"model": "weights", "kv": "KV cache", "compute": "compute buffer", "output": "output buffer",
-               None: "a buffer"}
+_KIND_LABEL = {"model": "weights", "kv": "KV cache", "rs": "recurrent state", "compute": "compute buffer",
+               "output": "output buffer", None: "a buffer"}
 
 
 def explain_oom(ev: OomEvent, device: str | None, report: LoadReport,

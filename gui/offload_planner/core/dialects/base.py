@@ -160,6 +160,12 @@ class Dialect(str, metaclass=_DialectType):
     #: the ``--spec-type`` names that draft with the ``-md`` model (as the parser stores them)
     draft_model_types: frozenset[str] = frozenset(
         {"draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark"})
+    #: a hybrid model's recurrent state lives in the KV cache's buffers (ik_llama.cpp's ``cache_s_l``),
+    #: not in RS buffers of its own (core.recurrent_state)
+    recurrent_state_in_kv: bool = False
+    #: the ``--spec-type`` names whose draft rolls a recurrent state back: the main context keeps
+    #: ``--spec-draft-n-max`` snapshots of it per sequence (core.recurrent_state ``n_rs_seq``)
+    rs_rollback_types: frozenset[str] = frozenset()
     #: the ``--spec-type`` name of the MTP context the planner projects (None: not modelled)
     mtp_spec_type: str | None = "draft-mtp"
     #: the draft model is loaded with a copy of the main command line (ik_llama.cpp): a saved plan's

@@ -43,6 +43,7 @@ class IkLlamaCpp(Dialect):
     mainline_moe_rules = False
     split_modes = ("none", "layer", "attn", "graph")
     single_kv_stream = True
+    recurrent_state_in_kv = True  # cache_s_l in the layer's KV context (src/llama.cpp llama_kv_cache_init)
     has_mla_settings = True
     detect_rank = 10
     batch_floor = 16  # GGML_KQ_MASK_PAD (src/llama.cpp llama_init_from_model)

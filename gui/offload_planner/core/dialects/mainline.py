@@ -62,6 +62,8 @@ class PinnedMainline(Mainline):
     #: without the draft it loaded
     draft_needs_spec_type = True
     infers_draft_mtp = True
+    #: common/common.h ``need_n_rs_seq``: ``draft.n_max`` snapshots with these types
+    rs_rollback_types = frozenset({"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"})
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
     detect_rank = 20

@@ -247,6 +247,95 @@ SMALL_MODELS: dict[str, ModelSpec] = {
     ),
 }
 
+# Hybrid Qwen models (llama.cpp's llm_arch_is_hybrid): 3 gated-delta-net (recurrent) layers to 1 full
+# attention layer, so 8 layers give 2 attention layers (3 and 7) to split across devices.  The delta net:
+# 2 key heads and 4 value heads of 32 dims (ssm.inner_size 128), conv kernel 4
+_HYBRID_SMALL = dict(
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=2,
+    head_dim_k=64,
+    head_dim_v=64,
+    n_rot=16,
+    n_ctx_train=4096,
+    rope_freq_base=10000000.0,
+    full_attention_interval=4,
+    ssm_d_conv=4,
+    ssm_d_state=32,
+    ssm_n_group=2,
+    ssm_dt_rank=4,
+)
+# Qwen3-Next: MoE with a shared expert, fused ssm_ba, no full_attention_interval key (default 4)
+SMALL_MODELS["qwen3next"] = ModelSpec(
+    name="synth-qwen3next",
+    arch="qwen3next",
+    n_ff=512,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=128,
+    n_ff_shexp=128,
+    tokenizer=_bpe(1024, "qwen2", 1000),
+    quant=Q4_K_M,
+    **_HYBRID_SMALL,  # type: ignore[arg-type]
+)
+# Qwen3.5 MoE: split ssm_beta/ssm_alpha, the interval key, M-RoPE sections
+SMALL_MODELS["qwen35moe"] = replace(
+    SMALL_MODELS["qwen3next"],
+    name="synth-qwen35moe",
+    arch="qwen35moe",
+    n_ff=0,
+    write_attention_interval=True,
+    tokenizer=_bpe(1024, "qwen35", 1000),
+    extra_kv={"rope.dimension_sections": (3, 3, 2, 0)},
+)
+# Qwen3.5 MoE with its MTP block (block_count 9, nextn_predict_layers 1: a full-attention layer with the
+# NextN projections, no embed_tokens/shared_head_head of its own): --spec-type draft-mtp
+SMALL_MODELS["qwen35moe-mtp"] = replace(
+    SMALL_MODELS["qwen35moe"], name="synth-qwen35moe-mtp", n_layer=9, n_nextn=1, nextn_embed_head=False
+)
+# Qwen3.5 dense: the same layers with a dense FFN
+SMALL_MODELS["qwen35"] = replace(
+    SMALL_MODELS["qwen35moe"],
+    name="synth-qwen35",
+    arch="qwen35",
+    n_ff=512,
+    n_expert=0,
+    n_expert_used=0,
+    n_ff_exp=0,
+    n_ff_shexp=0,
+)
+
+# Nemotron-H MoE: Mamba2 (M), attention (*) and MoE (E) blocks as its hybrid_override_pattern orders them
+# (8 here: 3 Mamba2, 2 attention, 3 MoE); the Mamba2 mixer: 8 heads of 64 (ssm.inner_size 512), 2 groups,
+# state 32; MoE: up/down experts (relu^2, no gate) with sigmoid routing and an up/down shared expert
+SMALL_MODELS["nemotron_h_moe"] = ModelSpec(
+    name="synth-nemotron_h_moe",
+    arch="nemotron_h_moe",
+    n_layer=8,
+    layer_pattern="MEM*EME*",
+    n_embd=256,
+    n_head=4,
+    n_head_kv=2,
+    head_dim_k=64,
+    head_dim_v=64,
+    n_ctx_train=4096,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=128,
+    n_ff_shexp=256,
+    ssm_d_conv=4,
+    ssm_d_state=32,
+    ssm_n_group=2,
+    ssm_dt_rank=8,
+    ssm_inner=512,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+    extra_kv={"attention.layer_norm_epsilon": 1e-5, "expert_weights_norm": True,
+              "expert_weights_scale": 2.5, "expert_shared_count": 1},
+)
+
 # DeepSeek-V3 layout: the trunk plus one NextN/MTP block (block_count = trunk + 1), which llama-server
 # loads with --spec-type draft-mtp; without the block's own embed_tokens/shared_head_head (optional in
 # llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe
@@ -484,6 +573,118 @@ BIG_MODELS: dict[str, ModelSpec] = {
         rope_scaling=RopeScaling("yarn", 40.0, 4096, 0.0707),
         tokenizer=_bpe(102400, "deepseek-llm", 99757, n_special=15),
         extra_kv={"expert_weights_scale": 1.0, "expert_gating_func": 1},
+    ),
+    # Qwen3-Next-80B-A3B, from its GGUF's keys as llama.cpp issue 17578 prints them
+    # (https://github.com/ggml-org/llama.cpp/issues/17578: embedding_length 2048, feed_forward_length 5120,
+    # head_count 16, head_count_kv 2, rope.freq_base 10000000, layer_norm_rms_epsilon 1e-6,
+    # expert_used_count 10, key_length/value_length 256, expert_count 512, expert_feed_forward_length 512,
+    # expert_shared_feed_forward_length 512, ssm.conv_kernel 4) and issue 19345
+    # (https://github.com/ggml-org/llama.cpp/issues/19345: ssm.state_size 128, group_count 16,
+    # time_step_rank 32, inner_size 4096, rope.dimension_count 64); print_info in PR 16095
+    # (https://github.com/ggml-org/llama.cpp/pull/16095): n_layer 48, n_ctx_train 262144; config.json
+    # (Qwen/Qwen3-Next-80B-A3B-Instruct): full_attention_interval 4 (no key in the GGUF: llama.cpp's
+    # default 4).  843 tensors as current converts write them (attn_qkv + attn_gate; ik_llama.cpp PR 1251's
+    # log of a 48-layer Qwen3-Next file: "843 tensors").  The vocabulary is Qwen3's (151936, as the
+    # Qwen3 entries here; its merges and control-token counts size only the header)
+    "Qwen3-Next-80B-A3B-Q4_K_M": ModelSpec(
+        name="Qwen3 Next 80B A3B",
+        arch="qwen3next",
+        n_layer=48,
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=2,
+        head_dim_k=256,
+        head_dim_v=256,
+        n_rot=64,
+        n_ff=5120,
+        n_expert=512,
+        n_expert_used=10,
+        n_ff_exp=512,
+        n_ff_shexp=512,
+        n_ctx_train=262144,
+        rope_freq_base=10000000.0,
+        full_attention_interval=4,
+        ssm_d_conv=4,
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=32,
+        tokenizer=_bpe(151936, "qwen2", 151387, n_special=293),
+        quant=Q4_K_M,
+    ),
+    # Qwen3.5-397B-A17B text_config (config.json as ai-dynamo/aiconfigurator keeps it:
+    # https://github.com/ai-dynamo/aiconfigurator/blob/87fe4b0c7ef0004cbd45263de0be8aa89be5ebad/src/aiconfigurator/model_configs/Qwen--Qwen3.5-397B-A17B_config.json):
+    # hidden_size 4096, 60 layers (full_attention every 4th), 32 heads / 2 KV heads of head_dim 256,
+    # 512 experts / 10 per token of moe_intermediate_size 1024, shared expert 1024, linear attention 16
+    # key heads / 64 value heads of 128 dims, conv kernel 4, vocab 248320, max_position_embeddings 262144,
+    # rms_norm_eps 1e-6, untied; its GGUF keys as llama.cpp PR 22616 prints them
+    # (https://github.com/ggml-org/llama.cpp/pull/22616: ssm.time_step_rank 64, inner_size 8192,
+    # full_attention_interval 4, rope.dimension_count 64) and the Qwen3.5 GGUFs' rope.dimension_sections
+    # [11, 11, 10, 0], rope.freq_base 10000000 (ik_llama.cpp issue 1432).  Written without its MTP block
+    # (block_count 60).  The merges and control-token counts are not from a source (they size only the header)
+    "Qwen3.5-397B-A17B-Q4_K_M": ModelSpec(
+        name="Qwen3.5 397B A17B",
+        arch="qwen35moe",
+        n_layer=60,
+        n_embd=4096,
+        n_head=32,
+        n_head_kv=2,
+        head_dim_k=256,
+        head_dim_v=256,
+        n_rot=64,
+        n_expert=512,
+        n_expert_used=10,
+        n_ff_exp=1024,
+        n_ff_shexp=1024,
+        n_ctx_train=262144,
+        rope_freq_base=10000000.0,
+        full_attention_interval=4,
+        write_attention_interval=True,
+        ssm_d_conv=4,
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=64,
+        tokenizer=_bpe(248320, "qwen35", 247587, n_special=733),
+        quant=Q4_K_M,
+        extra_kv={"rope.dimension_sections": (11, 11, 10, 0)},
+    ),
+    # NVIDIA Nemotron 3 Nano 30B-A3B: config.json of nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16
+    # (https://huggingface.co/nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16/blob/main/config.json, as public code
+    # quotes it): hidden_size 2688, 52 layers of hybrid_override_pattern
+    # "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", 32 heads / 2 KV heads of 128, 128 routed
+    # experts / 6 per token of 1856 and a shared expert of 3712, mamba 64 heads x 64 (inner 4096), 8 groups,
+    # state 128, conv 4, vocab 131072, max_position_embeddings 262144, untied; its GGUF keys as llama.cpp
+    # issue 20570 prints them (https://github.com/ggml-org/llama.cpp/issues/20570: feed_forward_length
+    # arr[52] = [0, 1856, 0, 1856, 0, 0, 1856, ...], head_count_kv arr[52] = [0, 0, 0, 0, 0, 2, ...],
+    # layer_norm(_rms)_epsilon 1e-5, expert_group_count 1, rope.dimension_count 84, ssm.time_step_rank
+    # 64) and lmstudio-bug-tracker issue 1365 (expert_weights_norm true).  The merges and control-token
+    # counts are not from a source (they size only the header)
+    "Nemotron-3-Nano-30B-A3B-Q4_K_M": ModelSpec(
+        name="Nemotron 3 Nano 30B A3B",
+        arch="nemotron_h_moe",
+        n_layer=52,
+        layer_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        n_embd=2688,
+        n_head=32,
+        n_head_kv=2,
+        head_dim_k=128,
+        head_dim_v=128,
+        n_rot=84,
+        n_expert=128,
+        n_expert_used=6,
+        n_ff_exp=1856,
+        n_ff_shexp=3712,
+        n_ctx_train=262144,
+        ssm_d_conv=4,
+        ssm_d_state=128,
+        ssm_n_group=8,
+        ssm_dt_rank=64,
+        ssm_inner=4096,
+        rms_eps=1e-5,
+        tokenizer=_bpe(131072, "default", 269443, n_special=1000),
+        quant=Q4_K_M,
+        extra_kv={"attention.layer_norm_epsilon": 1e-5, "expert_group_count": 1,
+                  "expert_group_used_count": 1, "expert_shared_count": 1, "expert_weights_norm": True,
+                  "expert_weights_scale": 2.5},
     ),
 }
 

@@ -34,7 +34,12 @@ def _hparams(spec: ModelSpec) -> dict[str, KvValue]:
     if spec.n_ff:
         kv["feed_forward_length"] = spec.n_ff
     kv["attention.head_count"] = spec.n_head
-    if spec.n_head_kv is not None:
+    if spec.layer_pattern:  # Nemotron-H: per layer, 0 where the layer has no attention / no FFN
+        kv["attention.head_count_kv"] = tuple(spec.head_count_kv(il) if c == "*" else 0
+                                              for il, c in enumerate(spec.layer_pattern))
+        kv["feed_forward_length"] = tuple({"E": spec.n_ff_exp, "-": spec.n_ff}.get(c, 0)
+                                          for c in spec.layer_pattern)
+    elif spec.n_head_kv is not None:
         kv["attention.head_count_kv"] = spec.n_head_kv
     kv["rope.freq_base"] = spec.rope_freq_base
     eps_key = "layer_norm_epsilon" if spec.arch in LAYERNORM_ARCHS else "layer_norm_rms_epsilon"
@@ -52,6 +57,16 @@ def _hparams(spec: ModelSpec) -> dict[str, KvValue]:
         kv["expert_feed_forward_length"] = spec.n_ff_exp
     if spec.n_expert_shared:
         kv["expert_shared_count"] = spec.n_expert_shared
+    if spec.n_ff_shexp:
+        kv["expert_shared_feed_forward_length"] = spec.n_ff_shexp
+    if spec.ssm_d_state:
+        kv["ssm.conv_kernel"] = spec.ssm_d_conv
+        kv["ssm.state_size"] = spec.ssm_d_state
+        kv["ssm.group_count"] = spec.ssm_n_group
+        kv["ssm.time_step_rank"] = spec.ssm_dt_rank
+        kv["ssm.inner_size"] = spec.ssm_d_inner
+    if spec.write_attention_interval:
+        kv["full_attention_interval"] = spec.full_attention_interval
     if spec.n_layer_dense_lead:
         kv["leading_dense_block_count"] = spec.n_layer_dense_lead
     if spec.q_lora_rank:

@@ -118,6 +118,19 @@ class ModelSpec:
     # NextN / multi-token-prediction blocks at the end of the trunk
     n_nextn: int = 0
     nextn_embed_head: bool = True  # NextN blocks carry embed_tokens + shared_head_head
+    # hybrid attention + gated delta net (Qwen3-Next, Qwen3.5): every ``full_attention_interval``-th
+    # trunk layer attends, the others are recurrent (llama.cpp ``is_recr_impl``, src/models/qwen3next.cpp)
+    full_attention_interval: int = 0  # 0: no recurrent layers
+    write_attention_interval: bool = False  # the ``full_attention_interval`` key (Qwen3.5 converts write it)
+    ssm_d_conv: int = 0  # ssm.conv_kernel
+    ssm_d_state: int = 0  # ssm.state_size: the head dimension of the delta net's keys and values
+    ssm_n_group: int = 0  # ssm.group_count: key heads
+    ssm_dt_rank: int = 0  # ssm.time_step_rank: value heads
+    n_ff_shexp: int = 0  # expert_shared_feed_forward_length (0: key omitted)
+    ssm_inner: int = 0  # ssm.inner_size when it is not value heads x state (Mamba2: heads x head_dim)
+    # Nemotron-H: one character per trunk layer, as its config's hybrid_override_pattern: M Mamba2,
+    # * attention, E MoE, - dense MLP; head_count_kv and feed_forward_length are written per layer from it
+    layer_pattern: str = ""
     # misc
     rope_freq_base: float = 10000.0
     rope_scaling: RopeScaling | None = None
@@ -159,6 +172,16 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.key_length_mla > 0
+
+    def is_recurrent(self, il: int) -> bool:
+        """llama.cpp's default recurrent layers: ``(il + 1) % full_attention_interval != 0`` in the trunk."""
+        return (self.full_attention_interval > 0 and il < self.n_layer_trunk
+                and (il + 1) % self.full_attention_interval != 0)
+
+    @property
+    def ssm_d_inner(self) -> int:
+        """ssm.inner_size: ``ssm_inner``, else as the Qwen converts write it: value heads x head dimension."""
+        return self.ssm_inner or self.ssm_dt_rank * self.ssm_d_state
 
     def is_moe_layer(self, il: int) -> bool:
         return self.n_expert > 0 and il >= self.n_layer_dense_lead

@@ -288,6 +288,113 @@ def _dsa_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return out
 
 
+def _gated_attention(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Qwen3-Next / Qwen3.5 full attention: Q doubled by its output gate, q/k norms (``create_tensor_qkv``
+    with ``n_embd_head_k * n_head * 2``)."""
+    e, hk = spec.n_embd, spec.key_length
+    n_q = spec.head_count(il) * hk
+    return [
+        _blk(il, "attn_q", (e, n_q * 2), "attn"),
+        _blk(il, "attn_k", (e, spec.head_count_kv(il) * hk), "attn"),
+        _blk(il, "attn_v", (e, spec.head_count_kv(il) * spec.value_length), "attn_v"),
+        _blk(il, "attn_output", (n_q, e), "attn"),
+        _norm(il, "attn_q_norm", hk),
+        _norm(il, "attn_k_norm", hk),
+    ]
+
+
+def _gated_delta_net(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef]:
+    """A linear-attention (gated delta net) layer's tensors: qwen3next fuses beta and alpha
+    (``ssm_ba``), Qwen3.5 keeps them apart (``ssm_beta``, ``ssm_alpha``); ``ssm_a`` has no suffix."""
+    e, state = spec.n_embd, spec.ssm_d_state
+    key_dim, value_dim, heads_v = state * spec.ssm_n_group, state * spec.ssm_dt_rank, spec.ssm_dt_rank
+    out = [
+        _blk(il, "attn_qkv", (e, key_dim * 2 + value_dim), "attn_v"),
+        _blk(il, "attn_gate", (e, value_dim), "attn"),
+        _blk(il, "ssm_conv1d", (spec.ssm_d_conv, key_dim * 2 + value_dim), "small"),  # never quantized
+        _bias(il, "ssm_dt", (heads_v,)),
+        TensorDef(f"blk.{il}.ssm_a", (heads_v,), "small", il),
+    ]
+    if fused_ba:
+        out.append(_blk(il, "ssm_ba", (e, heads_v * 2), "attn"))
+    else:
+        out += [_blk(il, "ssm_beta", (e, heads_v), "attn"), _blk(il, "ssm_alpha", (e, heads_v), "attn")]
+    return [*out, _norm(il, "ssm_norm", state), _blk(il, "ssm_out", (value_dim, e), "attn")]
+
+
+def _hybrid_layer(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef]:
+    e = spec.n_embd
+    out = [_norm(il, "attn_norm", e), _norm(il, "post_attention_norm", e)]
+    if spec.is_recurrent(il):
+        out += _gated_delta_net(spec, il, fused_ba=fused_ba)
+    else:
+        out += _gated_attention(spec, il)
+    nextn = _nextn(spec, il) if il >= spec.n_layer_trunk else []  # the MTP block: attention + FFN + NextN
+    if spec.n_expert == 0:
+        return out + _dense_ffn(spec, il) + nextn
+    f = spec.n_ff_shexp
+    return [
+        *out,
+        *_routed_experts(spec, il),
+        _blk(il, "ffn_gate_inp_shexp", (e,), "small"),
+        _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
+        _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
+        _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+        *nextn,
+    ]
+
+
+def _nemotron_h_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Nemotron-H (src/models/nemotron-h.cpp load_arch_tensors): every block one mixer, by
+    ``layer_pattern``: Mamba2 (``ssm_a``/``ssm_d`` without suffix), attention, MoE (up/down experts, no
+    gate, exp_probs_b, an up/down shared expert) or a dense up/down MLP."""
+    e, kind = spec.n_embd, spec.layer_pattern[il]
+    out = [_norm(il, "attn_norm", e)]
+    if kind == "M":
+        d_inner, ng, ds, nh = spec.ssm_d_inner, spec.ssm_n_group, spec.ssm_d_state, spec.ssm_dt_rank
+        conv = d_inner + 2 * ng * ds
+        return [
+            *out,
+            _blk(il, "ssm_in", (e, 2 * d_inner + 2 * ng * ds + nh), "attn"),
+            _blk(il, "ssm_conv1d", (spec.ssm_d_conv, conv), "small"),
+            _bias(il, "ssm_conv1d", (conv,)),
+            _bias(il, "ssm_dt", (nh,)),
+            TensorDef(f"blk.{il}.ssm_a", (1, nh), "small", il),
+            TensorDef(f"blk.{il}.ssm_d", (1, nh), "small", il),
+            _blk(il, "ssm_norm", (d_inner // ng, ng), "small"),
+            _blk(il, "ssm_out", (d_inner, e), "attn"),
+        ]
+    if kind == "*":
+        hk, n_q = spec.key_length, spec.head_count(il) * spec.key_length
+        return [
+            *out,
+            _blk(il, "attn_q", (e, n_q), "attn"),
+            _blk(il, "attn_k", (e, spec.head_count_kv(il) * hk), "attn"),
+            _blk(il, "attn_v", (e, spec.head_count_kv(il) * spec.value_length), "attn_v"),
+            _blk(il, "attn_output", (n_q, e), "attn"),
+        ]
+    if kind == "E":
+        f, x, fs = spec.n_ff_exp, spec.n_expert, spec.n_ff_shexp
+        return [
+            *out,
+            _blk(il, "ffn_gate_inp", (e, x), "router"),
+            _bias(il, "exp_probs_b", (x,)),
+            _blk(il, "ffn_down_exps", (f, e, x), "exps_down"),
+            _blk(il, "ffn_up_exps", (e, f, x), "exps"),
+            _blk(il, "ffn_down_shexp", (fs, e), "shexp_down"),
+            _blk(il, "ffn_up_shexp", (e, fs), "shexp"),
+        ]
+    return [*out, _blk(il, "ffn_down", (spec.n_ff, e), "ffn_down"), _blk(il, "ffn_up", (e, spec.n_ff), "ffn")]
+
+
+def _qwen3next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    return _hybrid_layer(spec, il, fused_ba=True)
+
+
+def _qwen35_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    return _hybrid_layer(spec, il, fused_ba=False)
+
+
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
 
 LAYER_BUILDERS: dict[str, LayerBuilder] = {
@@ -301,6 +408,11 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "gptneox": _gptneox_layer,
     "deepseek32": _dsa_layer,
     "glm-dsa": _dsa_layer,
+    "qwen3next": _qwen3next_layer,
+    "qwen35": _qwen35_layer,
+    "qwen35moe": _qwen35_layer,
+    "nemotron_h": _nemotron_h_layer,
+    "nemotron_h_moe": _nemotron_h_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon

@@ -1,0 +1,87 @@
+"""Hybrid (attention + recurrent) models' memory against the real llama-server.
+
+The pinned build gives qwen3next / qwen35 / qwen35moe / nemotron_h_moe a ``llama_memory_hybrid``:
+a KV cache of the attention layers only and a recurrent state (``RS buffer size``) per buffer type
+of the recurrent layers' devices.  Each case runs the real server (-lv 4) with two local
+ggml-rpc-servers (RPC0, RPC1) on the project's small hybrid models and compares, per device, the
+weights, KV, RS and output buffers with the projection to llama.cpp's printed precision (0.01 MiB).
+The compute buffers of these architectures are the estimate (their recurrent layers' graph is not
+simulated): printed, not compared.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from tests.support.rpc import rpc_servers
+from tests.support.server_buffers import mib, rpc_devices, server_output
+
+from offload_planner.backend.log_parser import parse_log
+from offload_planner.core.analysis import analyse_command
+from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.gguf_reader import open_model
+
+pytestmark = pytest.mark.integration
+
+EXACT = ("model", "kv", "rs", "output")
+
+# 8 layers: 0-2 and 4-6 recurrent, 3 and 7 attention (full_attention_interval 4)
+CASES: list[tuple[str, str]] = [
+    ("qwen3next", "-ngl 999 -ts 1,1 -c 4096"),
+    ("qwen3next", "-ngl 5 -ts 1,1 -c 4096"),  # layers 0-3 on the CPU, 4-7 over RPC0/RPC1
+    ("qwen3next", "-ngl 999 -ts 1,3 -c 4096 -np 2"),
+    ("qwen3next", "-ngl 999 -ts 1,1 -c 4096 -np 3 -kvu"),
+    ("qwen3next", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    ("qwen3next", "-ngl 999 -ts 1,1 -c 2048 -ctk q8_0 -ctv q8_0"),
+    ("qwen35moe", "-ngl 999 -ts 1,1 -c 4096"),
+    ("qwen35moe", "-ngl 6 -ts 1,1 -c 4096 -np 2"),
+    ("qwen35moe", "-ngl 999 -ts 3,1 -c 4096 -np 2 -ot exps=CPU"),
+    ("qwen35moe", "-ngl 999 -ts 1,1 -c 2048 -fa off"),
+    ("qwen35", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    # draft-mtp: the main context keeps --spec-draft-n-max (default 3) rollback snapshots per sequence
+    # (n_rs_seq), the MTP context a plain KV cache of the NextN layer (layer 8)
+    ("qwen35moe-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 --spec-type draft-mtp"),
+    ("qwen35moe-mtp", "-ngl 7 -ts 1,2 -c 4096 --spec-type draft-mtp --spec-draft-n-max 5"),
+    # Nemotron-H MoE "MEM*EME*": Mamba2 layers 0, 2, 5 (RS), attention 3 and 7 (KV), MoE 1, 4, 6 (neither)
+    ("nemotron_h_moe", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    ("nemotron_h_moe", "-ngl 5 -ts 2,1 -c 4096 -np 3 -kvu"),
+    ("nemotron_h_moe", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+]
+
+
+@pytest.fixture(scope="module")
+def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    with rpc_servers(llama_bin_dir, 2, tmp_path_factory.mktemp("rpc")) as eps:
+        yield eps
+
+
+@pytest.mark.parametrize(("model_name", "args"), CASES, ids=[f"{m}:{a}" for m, a in CASES])
+def test_hybrid_projection_equals_llama_server(
+    model_name: str, args: str, small_models: dict[str, Path], llama_server: Path,
+    rpc: list[str], tmp_path: Path,
+) -> None:
+    argv = [re.sub(r"=RPC(\d)$", lambda m: f"=RPC0[{rpc[int(m.group(1))]}]", tok)
+            for tok in ["--rpc", ",".join(rpc), *shlex.split(args)]]
+    model = open_model(small_models[model_name])
+    parsed = parse_server_args(argv)
+    assert not parsed.errors, parsed.errors
+    projection = analyse_command(model, rpc_devices(rpc), parsed).projection
+
+    output = server_output(llama_server, ["-m", str(small_models[model_name]), "-fit", "off", *argv],
+                           tmp_path / "server.log", timeout=120)
+    assert "RS buffer size" in output  # the server made a hybrid memory
+    actual = parse_log(output.splitlines()).by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
+
+    rows, bad = [], []
+    for dm in projection.devices:
+        for kind in (*EXACT, "compute"):
+            ours, theirs = mib(dm.total(kind)), actual.get(dm.device.name, {}).get(kind, 0.0)
+            rows.append(f"{dm.device.name:5} {kind:8} projected {ours:9.2f}  actual {theirs:9.2f}"
+                        + ("" if kind in EXACT else "  (estimate, not compared)"))
+            if kind in EXACT and abs(ours - theirs) > 0.011:
+                bad.append(rows[-1])
+    print(f"\n{model_name} {args}\n" + "\n".join(rows))
+    assert not bad, "\n".join(bad)
