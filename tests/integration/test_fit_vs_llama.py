@@ -72,6 +72,7 @@ CASES: list[tuple[str, int, tuple[int, ...], str, str]] = [
     ("deepseek32", 1, (20,), "-fitc 512", "DSA: context reduction + experts"),
     ("glm-dsa", 2, (12,) * 2, "-fitc 512", "DSA (shared indexers), 2 devices"),
     ("DeepSeek-V3.2-Q8_0", 2, (48000, 48000), "", "full size DeepSeek-V3.2, 2 devices"),
+    ("GLM-5.1-Q8_0", 2, (40000, 40000), "", "full size GLM-5.1, 2 devices"),
     ("glm4moe", 2, (10,) * 2, "", "MoE: dense-only layers"),
     ("gpt-oss", 2, (5,) * 2, "-fitc 512", "SWA MoE, 2 devices"),
     ("glm4moe", 1, (12,), "-c 2048", "user context kept; up+gate overflow"),

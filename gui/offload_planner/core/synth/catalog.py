@@ -705,6 +705,55 @@ BIG_MODELS["DeepSeek-V3.2-Q8_0"] = replace(
               "attention.indexer.key_length": 128, "attention.indexer.top_k": 2048},
 )
 
+# GLM-5.1 (arch glm-dsa) as convert_hf_to_gguf --outtype q8_0 writes it. From the GGUF's metadata dump in
+# https://github.com/ikawrakow/ik_llama.cpp/issues/1616: block_count 79 (78 + 1 NextN), context 202752,
+# embedding 6144, feed_forward 12288, 64 heads, head_count_kv 1, rope base 1e6 over 64 dims, rms eps 1e-5,
+# value_length_mla 256, 256 experts of 2048 / 1 shared, weights scale 2.5 (normed), indexer 32 heads x 128,
+# top-k 2048 (under 1M trained context: every layer has a full indexer, glm-dsa.cpp); the rest from the
+# GLM-5 config as https://github.com/jd-opensource/xllm (xllm/models/llm/glm5.h) quotes it, which agrees
+# with the dump on every figure both give: q_lora_rank 2048, kv_lora_rank 512, qk_nope 192 + rope 64
+# (key_length_mla 256), 3 dense layers, 8 experts used.  Vocabulary 154880 tokens / 321649 merges: the
+# GLM-5.2 dump of https://github.com/ikawrakow/ik_llama.cpp/issues/2032 (the same tokenizer); the
+# control-token count (n_special) is not published there: GLM-4.5-Air's is used (header bytes only).
+# The layout (indexer on every block, NextN block without embed_tokens / shared_head_head) gives 1809
+# tensors: the count of that GLM-5.2 BF16 file.
+BIG_MODELS["GLM-5.1-Q8_0"] = ModelSpec(
+    name="GLM 5.1",
+    arch="glm-dsa",
+    n_layer=79,
+    n_nextn=1,
+    nextn_embed_head=False,
+    n_embd=6144,
+    n_head=64,
+    n_head_kv=1,
+    head_dim_k=512 + 64,
+    head_dim_v=512,
+    n_rot=64,
+    n_ff=12288,
+    n_expert=256,
+    n_expert_used=8,
+    n_expert_shared=1,
+    n_ff_exp=2048,
+    n_layer_dense_lead=3,
+    q_lora_rank=2048,
+    kv_lora_rank=512,
+    key_length_mla=256,
+    value_length_mla=256,
+    n_ctx_train=202752,
+    rope_freq_base=1000000.0,
+    rms_eps=1e-5,
+    tokenizer=_bpe(154880, "glm4", 321649, n_special=223),
+    quant=_Q8_0,
+    extra_kv={
+        "expert_weights_scale": 2.5,
+        "expert_weights_norm": True,
+        "expert_gating_func": 2,
+        "attention.indexer.head_count": 32,
+        "attention.indexer.key_length": 128,
+        "attention.indexer.top_k": 2048,
+    },
+)
+
 # Complete models for speed measurements (bench/speed_measured.py): large enough (over 2 GB) that
 # token generation on this machine's CPU is bound by memory bandwidth, small enough to write and
 # load in seconds.  Written complete and filled with random weights (core/synth/random_fill.py).
