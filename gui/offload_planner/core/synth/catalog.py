@@ -799,21 +799,11 @@ BENCH_MODELS: dict[str, ModelSpec] = {
 DEMO_MODELS: tuple[str, ...] = ("DeepSeek-V3-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M")
 
 
-#: Architectures whose graph the incremental engine (core.compute.incremental) does not replay: the DSA
-#: graph (core.compute.dsa) has a zero-filled leaf per layer (the top-k unmasking's zeros) that the graph
-#: allocator places at the graph's start on the backend scheduler pass 4 gives it, its consumer's, which
-#: moves with the layer; the recording refuses such a graph ("unassigned leaf"), so each plan of them is
-#: simulated in full (about 0.35 s for DeepSeek-V3.2 at -c 32768 on one GPU).  The replay tests and the
-#: replan benches walk :func:`all_models`, which leaves them out; :func:`every_model` has them.
-NOT_REPLAYED_ARCHS = frozenset({"deepseek32", "glm-dsa"})
-
-
 def every_model() -> dict[str, ModelSpec]:
     """Every small and big model of the catalogue."""
     return {**SMALL_MODELS, **BIG_MODELS}
 
 
 def all_models() -> dict[str, ModelSpec]:
-    """The catalogue the incremental engine replays: :func:`every_model` but the architectures of
-    :data:`NOT_REPLAYED_ARCHS`."""
-    return {n: s for n, s in every_model().items() if s.arch not in NOT_REPLAYED_ARCHS}
+    """Every small and big model of the catalogue (:func:`every_model`)."""
+    return every_model()
