@@ -17,12 +17,12 @@ import offload_planner.core.compute as C
 import offload_planner.core.compute.incremental as CI
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.plan import Plan
-from offload_planner.core.synth import every_model, write_model
+from offload_planner.core.synth import all_models, write_model
 
 
 @pytest.mark.parametrize("name", ["deepseek32", "glm-dsa", "DeepSeek-V3.2-Q8_0"])
 def test_a_moved_layer_split_is_replayed_from_the_start(name: str, tmp_path: Path) -> None:
-    [path] = write_model(every_model()[name], tmp_path / f"{name}.gguf", header_only=True)
+    [path] = write_model(all_models()[name], tmp_path / f"{name}.gguf", header_only=True)
     model = open_model(path)
     devices, params, ctx, opts = _bench_setting(model)
     base = Plan(model, devices, replace(opts, tensor_split=(1.0, 1.0)), params).placement()

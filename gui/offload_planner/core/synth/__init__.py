@@ -4,7 +4,7 @@ Used by the tests (llama.cpp must load every small model and agree with our read
 generate the demo models shipped in ``resources/`` (``python -m offload_planner.core.synth``).
 """
 
-from offload_planner.core.synth.catalog import BIG_MODELS, DEMO_MODELS, SMALL_MODELS, all_models, every_model
+from offload_planner.core.synth.catalog import BIG_MODELS, DEMO_MODELS, SMALL_MODELS, all_models
 from offload_planner.core.synth.spec import (
     ModelSpec,
     QuantMix,
@@ -27,7 +27,6 @@ __all__ = [
     "TokenizerSpec",
     "all_models",
     "count_tensors",
-    "every_model",
     "tensor_defs",
     "total_tensor_bytes",
     "write_model",

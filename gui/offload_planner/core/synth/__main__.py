@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from offload_planner.core.synth.catalog import BIG_MODELS, every_model
+from offload_planner.core.synth.catalog import BIG_MODELS, all_models
 from offload_planner.core.synth.writer import write_model
 
 
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    models = every_model()
+    models = all_models()
     if args.list:
         for name in models:
             print(name)

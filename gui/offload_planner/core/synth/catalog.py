@@ -799,11 +799,5 @@ BENCH_MODELS: dict[str, ModelSpec] = {
 DEMO_MODELS: tuple[str, ...] = ("DeepSeek-V3-Q4_K_M", "Qwen3-30B-A3B-Q4_K_M")
 
 
-def every_model() -> dict[str, ModelSpec]:
-    """Every small and big model of the catalogue."""
-    return {**SMALL_MODELS, **BIG_MODELS}
-
-
 def all_models() -> dict[str, ModelSpec]:
-    """Every small and big model of the catalogue (:func:`every_model`)."""
-    return every_model()
+    return {**SMALL_MODELS, **BIG_MODELS}
