@@ -139,6 +139,9 @@ SMALL_CASES = [
     ("gemma3", "RPC", 2, {}), ("llama", "CUDA", 1, {"fa": False}), ("qwen3moe", "CUDA", 1, {"nkvo": True}),
     # Metal: mmap'd weights in MTL<i>_Mapped spans, corrected per device and shard like CPU_Mapped
     ("qwen3moe", "Metal", 2, {}), ("llama", "Metal", 1, {}),
+    # gated-delta-net hybrids: recurrent-state caches beside the KV cache, layers in periods of 4
+    ("qwen3next", "CUDA", 2, {}), ("qwen35moe", "RPC", 2, {"fa": False}),
+    ("qwen35", "CUDA", 1, {"nkvo": True}),
 ]
 
 
@@ -152,6 +155,28 @@ def test_small_models_random_moves(models: dict[str, Model], name: str, kind: st
                                   seed=zlib.crc32(name.encode()), n=25,
                                   ngls=[n_units, n_units - 1, max(1, n_units // 2), 0])
     assert replays > 0  # the fast path was taken, not only its fallback
+
+
+def test_replay_drops_the_reference_copies_its_first_split_no_longer_makes(models: dict[str, Model]) -> None:
+    """A move that cuts a reference split before the node that needed its only input: Qwen3-Next with
+    -nkvo gathers a delta-net layer's state on the host and copies it to the GPU at the start of the
+    split that ends at ``GATED_DELTA_NET``; ``ssm_dt`` on the host cuts that split at the decay gate,
+    and the state's copy moves to the split after the cut.  The replay's window then starts with the
+    reference's nodes (no copies left to make there), and its use counts must still drop the
+    reference's copy of the state (counted twice, the host kept the layer's state rows alive: 172288
+    bytes against 106752 for the one-token graph)."""
+    model = models["qwen3next"]
+    devices, params = _devices("RPC", 2), _params(nkvo=True)
+    ctx = resolve_context(params, model.summary.n_ctx_train, model.summary.n_swa)
+    plan = Plan(model, devices, PlacementOptions(n_gpu_layers=model.summary.n_layer + 1), params)
+    for _ in range(2):  # the second records the reference
+        C.simulate(model, devices, plan.placement(), ctx, params, incremental=True)
+    placement = plan.with_moves({"blk.5.ssm_dt.bias": "CPU"}).placement()
+    before = CI.stats["replays"]
+    fast = C.simulate(model, devices, placement, ctx, params, incremental=True)
+    full = C.simulate(model, devices, placement, ctx, params)
+    assert CI.stats["replays"] - before == 2
+    assert _fields(fast) == _fields(full)
 
 
 def test_small_model_with_expert_override(models: dict[str, Model]) -> None:
@@ -486,7 +511,8 @@ def test_big_header_several_layers_moved_with_period_jumps(big_headers: dict[str
 
 TEMPLATE_CASES = [("qwen3moe", "CUDA", 2, {}), ("deepseek2", "CUDA", 2, {"ub": 16}),
                   ("glm4moe", "RPC", 2, {}), ("gpt-oss", "CUDA", 1, {"fa": False}),
-                  ("gemma3", "CUDA", 2, {"nkvo": True}), ("llama", "RPC", 1, {})]
+                  ("gemma3", "CUDA", 2, {"nkvo": True}), ("llama", "RPC", 1, {}),
+                  ("qwen3next", "RPC", 2, {}), ("qwen35moe", "CUDA", 2, {"ub": 16})]
 
 
 @pytest.mark.parametrize(("name", "kind", "n_gpu", "ctx"), TEMPLATE_CASES,

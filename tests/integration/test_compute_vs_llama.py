@@ -89,6 +89,11 @@ FIT_CASES: list[tuple[str, int, str]] = [
     ("gpt-oss-120b-MXFP4", 2, "-ngl 99 -c 32768 -ub 1024"),
     ("GLM-4.5-Air-Q4_K_M", 2, "-ngl 99 -c 16384"),
     ("GLM-4.5-Air-Q4_K_M", 1, "-ngl 30 -c 16384"),
+    # gated-delta-net hybrids at full size (48 and 60 layers, every fourth full attention)
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 0, "-c 16384"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, "-ngl 99 -c 32768 -ub 2048"),
+    ("Qwen3.5-397B-A17B-Q4_K_M", 1, "-ngl 99 -c 16384 -ot exps=CPU"),
+    ("Qwen3.5-397B-A17B-Q4_K_M", 2, "-ngl 40 -c 65536 -fa off"),
 ]
 
 _SCHED = re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s+([\d.]+) MiB")

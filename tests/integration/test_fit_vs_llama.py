@@ -81,11 +81,23 @@ CASES: list[tuple[str, int, tuple[int, ...], str, str]] = [
     ("Llama-3.1-70B-Q4_K_M", 2, (16000, 16000), "", "full size dense, 2 devices"),
     ("Qwen3-30B-A3B-Q4_K_M", 2, (6000, 6000), "", "full size MoE, 2 devices"),
     ("DeepSeek-V3-Q4_K_M", 2, (24000, 24000), "", "full size DeepSeek-V3, 2 devices"),
+    # hybrid: KV of the 12 attention layers only, the recurrent state of the 36 others on their devices
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (30000, 30000), "-c 65536", "hybrid, user context, 2 devices"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (22000, 22000), "-c 65536", "hybrid: experts overflow to CPU"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (16000, 20000), "-c 131072", "hybrid: more overflow, uneven"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 1, (23500,), "-c 262144", "hybrid: one device, full context"),
     # -dev: the fit's devices are the model's, in -dev's order (-fitt's i-th value is the i-th's)
     ("qwen3moe", 2, (15,), "-dev RPC1", "-dev: one of two devices"),
     ("qwen3moe", 2, (7, 25), "-dev RPC1,RPC0 -fitc 512", "-dev order: RPC1 first, tight"),
     ("llama", 2, (10, 5), "-dev RPC1,RPC0", "-dev order, dense: layers"),
     ("llama", 2, (5, 10), "-sm none -mg 1", "-sm none: the main GPU takes -fitt's first"),
+    # gated-delta-net hybrids: the dry run's compute from their graph, the recurrent state with the KV
+    ("qwen3next", 1, (15,), "", "hybrid MoE"),
+    ("qwen35moe", 1, (10,), "-fitc 512", "hybrid MoE, tight"),
+    ("qwen35moe", 2, (8,) * 2, "", "hybrid MoE, 2 devices"),
+    ("qwen35", 2, (8,) * 2, "-fitc 512", "hybrid dense, 2 devices"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (20000, 20000), "", "full size Qwen3-Next, 2 devices"),
+    ("Qwen3-Next-80B-A3B-Q4_K_M", 2, (24000, 24000), "", "full size Qwen3-Next: context shrunk"),
 ]
 
 _FREE_LINE = re.compile(r"projected to use \d+ MiB of device memory vs\. (\d+) MiB of free device memory")

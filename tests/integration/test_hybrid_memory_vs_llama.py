@@ -1,6 +1,6 @@
 """Hybrid (attention + recurrent) models' memory against the real llama-server.
 
-The pinned build gives qwen3next / qwen35 / qwen35moe / nemotron_h_moe a ``llama_memory_hybrid``:
+The pinned build gives qwen3next / qwen35(moe) / nemotron_h_moe / kimi-linear / kimi-k3 a hybrid memory:
 a KV cache of the attention layers only and a recurrent state (``RS buffer size``) per buffer type
 of the recurrent layers' devices.  Each case runs the real server (-lv 4) with two local
 ggml-rpc-servers (RPC0, RPC1) on the project's small hybrid models and compares, per device, the
@@ -49,6 +49,16 @@ CASES: list[tuple[str, str]] = [
     ("nemotron_h_moe", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
     ("nemotron_h_moe", "-ngl 5 -ts 2,1 -c 4096 -np 3 -kvu"),
     ("nemotron_h_moe", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    # Kimi-Linear: KDA layers 0-2 and 4-6 (RS: q/k/v conv states and a 32x32 state per head), MLA layers
+    # 3 and 7 (a K-only 160-wide cache)
+    ("kimi-linear", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    ("kimi-linear", "-ngl 6 -ts 1,3 -c 4096 -np 4 -ctk q8_0 -ctv q8_0"),
+    ("kimi-linear", "-ngl 999 -ts 1,1 -c 2048 -fa off"),
+    ("kimi-k3", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    ("kimi-k3", "-ngl 5 -ts 3,1 -c 4096 -np 4 -kvu"),
+    # Granite hybrid: Mamba2 layers 0-2 and 4-6, attention 3 and 7
+    ("granitehybrid", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
+    ("granitehybrid", "-ngl 4 -ts 1,2 -c 4096 -np 3 -ot exps=CPU"),
 ]
 
 

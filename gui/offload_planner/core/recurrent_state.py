@@ -119,6 +119,23 @@ def _nemotron_h_attention(model: Model) -> tuple[bool, ...]:
     return tuple(not r and s.per_layer(s.n_ff, il) == 0 for il, r in enumerate(_nemotron_h_layers(model)))
 
 
+def _kv_head_less_layers(model: Model) -> tuple[bool, ...]:
+    """Kimi-Linear, Kimi-K3, Granite hybrid: a trunk layer is recurrent (KDA, Mamba2) iff its
+    ``head_count_kv`` is 0 (src/models/kimi-linear.cpp 17-19, kimi-k3.cpp 30-33, granite-hybrid.cpp 22-25)."""
+    s = model.summary
+    return tuple(il < s.n_layer_trunk and s.head_kv(il) == 0 for il in range(s.n_layer))
+
+
+def _kda_dims(model: Model) -> StateDims:
+    """Kimi's KDA state (``n_embd_head_kda != 0``): the q, k and v convolutions' last ``d_conv - 1``
+    inputs, ``3 * (d_conv - 1) * n_head * head_dim`` (``d_conv`` 0: 3), and ``head_dim^2 * n_head``."""
+    hd = model.arch_int("kda.head_dim", 0)
+    d_conv = model.arch_int("ssm.conv_kernel", 0)
+    s = model.summary
+    n_head = s.per_layer(s.n_head, 0)
+    return StateDims(3 * (d_conv - 1 if d_conv > 0 else 3) * n_head * hd, hd * hd * n_head)
+
+
 _NEMOTRON_H = HybridArch(_nemotron_h_layers, _mamba_dims, rollback=True, attention=_nemotron_h_attention)
 
 _QWEN_HYBRID = HybridArch(_interval_layers, _mamba_dims, rollback=True, ik_recurrent=_ik_interval)
@@ -130,6 +147,11 @@ HYBRID_ARCHS: dict[str, HybridArch] = {
     "qwen35moe": _QWEN_HYBRID,
     "nemotron_h": _NEMOTRON_H,
     "nemotron_h_moe": _NEMOTRON_H,
+    "kimi-linear": HybridArch(_kv_head_less_layers, _kda_dims, rollback=False),
+    # src/models/kimi-k3.cpp 30-33: kimi-linear's KDA/MLA split and KDA state
+    "kimi-k3": HybridArch(_kv_head_less_layers, _kda_dims, rollback=True),
+    # src/models/granite-hybrid.cpp 22-25: Mamba2 where head_count_kv is 0; default filters
+    "granitehybrid": HybridArch(_kv_head_less_layers, _mamba_dims, rollback=False),
 }
 
 

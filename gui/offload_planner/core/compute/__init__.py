@@ -32,7 +32,8 @@ copies between backends is largest.  So this module does the same thing on shape
   best-fit free blocks with merging, per-buffer-type alignment.
 
 Supported architectures: llama, qwen2, qwen3, qwen3moe, deepseek2 (MLA), glm4moe, gpt-oss, gemma3,
-gptneox.
+gptneox, and the gated-delta-net hybrids qwen3next, qwen35, qwen35moe (:mod:`.archs_deltanet`: the
+recurrent-state gathers and copies, ``ssm_conv``, the fused ``GATED_DELTA_NET`` of the pinned build).
 Others (and files whose tensors do not fit their architecture's graph) get :func:`term_estimate`:
 a KQ mask (+ KQ scores without flash attention) and the largest layer's activations per device,
 the logits on the output device; flagged as an estimate in ``why``.

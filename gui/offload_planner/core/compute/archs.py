@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from offload_planner.core.compute.archs_deltanet import delta_net_graph
 from offload_planner.core.compute.blocks import dense_lead_or_shared_moe
 from offload_planner.core.compute.dsa import dsa_graph
 from offload_planner.core.compute.ggml import (
@@ -231,6 +232,9 @@ ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "gptneox": _gptneox,
     "deepseek32": dsa_graph,
     "glm-dsa": dsa_graph,
+    "qwen3next": delta_net_graph,
+    "qwen35": delta_net_graph,
+    "qwen35moe": delta_net_graph,
 }
 
 

@@ -26,6 +26,9 @@ INPLACE_OPS = frozenset({
     "CLAMP", "SOFT_MAX", "SOFT_MAX_BACK",
 })
 LAYER_SUFFIX = re.compile(r"-(\d+)$")
+#: Names of the per-layer memory tensors that carry their layer's device (``kv_dev``), each followed
+#: by the layer number: the KV cache and the recurrent states (conv ``r``, delta-net ``s``).
+CACHE_PREFIXES = ("cache_k_l", "cache_v_l", "cache_r_l", "cache_s_l")
 
 
 # --- mini ggml: tensors ------------------------------------------------------------------------
@@ -208,6 +211,31 @@ def flash_attn_ext(q: T, k: T, v: T, mask: T | None, sinks: T | None) -> T:
 
 def soft_max_ext(a: T, mask: T | None, sinks: T | None) -> T:
     return dup_op(a, "SOFT_MAX", a, mask, sinks)
+
+
+def cpy(src: T, dst: T) -> T:
+    """``ggml_cpy(src, dst)``: a view of ``dst`` (the copy writes into it: no allocation)."""
+    return view_tensor(dst, "CPY", src, dst)
+
+
+def repeat_4d(a: T, *ne: int) -> T:
+    """``ggml_repeat_4d``: a new tensor of ``a``'s type and shape ``ne``."""
+    return new(a.type, ne, "REPEAT", a)
+
+
+def ssm_conv(sx: T, c: T) -> T:
+    """``ggml_ssm_conv``: sx ``[d_conv - 1 + n_t, d_inner, n_s]``, kernel c ``[d_conv, d_inner]`` ->
+    f32 ``[d_inner, n_t, n_s]``."""
+    return new(F32, [c.ne[1], sx.ne[0] - c.ne[0] + 1, sx.ne[2]], "SSM_CONV", sx, c)
+
+
+def gated_delta_net(q: T, k: T, v: T, g: T, beta: T, state: T, n_snap: int = 1) -> T:
+    """``ggml_gated_delta_net``: f32 ``[S_v * H, n_tokens * n_seqs + n_snap * S_v * n_seqs]`` (the
+    output rows, then ``n_snap`` copies of the final state), H and S_v from v ``[S_v, H, n_tokens,
+    n_seqs]``."""
+    s_v, h, n_tok, n_seqs = v.ne
+    return new(F32, [s_v * h, n_tok * n_seqs + n_snap * s_v * n_seqs], "GATED_DELTA_NET",
+               q, k, v, g, beta, state)
 
 
 def input_tensor(type_: GGMLType, ne: Sequence[int], name: str) -> T:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
+from offload_planner.core.compute.deltanet_shape import DeltaNet, delta_net_shape
 from offload_planner.core.compute.ggml import (
     CPU,
     F16,
@@ -98,6 +99,8 @@ class Shape:
     # run their own indexer (the others reuse the previous full layer's top-k)
     indexer_top_k: int = 0
     indexer_full: tuple[bool, ...] = ()
+    # the gated-delta-net hybrids (qwen3next, qwen35, qwen35moe): the delta net and its recurrent layers
+    delta: DeltaNet | None = None
 
     def __hash__(self) -> int:
         """The dataclass's hash of every field, kept with the shape (~35 fields: every projection
@@ -131,13 +134,18 @@ def per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
 
 
 #: Architectures whose graph normalizes the selected experts' weights regardless of the metadata.
-NORM_W_ALWAYS = frozenset({"llama", "qwen3moe"})
+NORM_W_ALWAYS = frozenset({"llama", "qwen3moe", "qwen3next", "qwen35moe"})
+#: Architectures whose graph fixes the gating (softmax) and reads no expert-weight scale
+#: (``build_moe_ffn(..., hparams.expert_weights_scale, SOFTMAX)`` with the scale never loaded).
+SOFTMAX_UNSCALED = frozenset({"qwen3next", "qwen35moe"})
 
 
 def gating_func(model: Model) -> int:
     """``expert_gating_func``: 1 softmax, 2 sigmoid, 3 softmax over the selected (gpt-oss)."""
     if model.arch == "gpt-oss":
         return 3
+    if model.arch in SOFTMAX_UNSCALED:
+        return 1
     return model.arch_int("expert_gating_func", 1)
 
 
@@ -155,7 +163,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         n_dense_lead=s.n_layer_dense_lead, expert_groups=model.arch_int("expert_group_count", 0),
         group_used=model.arch_int("expert_group_used_count", 0), gating=gating_func(model),
         norm_w=model.arch in NORM_W_ALWAYS or bool(model.metadata.get(f"{model.arch}.expert_weights_norm")),
-        w_scale=_md_float(model, "expert_weights_scale", 0.0),
+        w_scale=0.0 if model.arch in SOFTMAX_UNSCALED else _md_float(model, "expert_weights_scale", 0.0),
         head_k_mla=s.key_length_mla, head_v_mla=s.value_length_mla, kv_lora_rank=s.kv_lora_rank,
         softcap_final=_md_float(model, "final_logit_softcapping", 0.0),
         n_tokens=n_tokens, n_seqs=n_seqs, n_outputs=n_outputs, n_kv=ctx.n_ctx_seq,
@@ -164,6 +172,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         offload_kqv=p.offload_kqv, full_offload=full_offload,
         legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
         indexer_top_k=top_k, indexer_full=full,
+        delta=delta_net_shape(model, p),
     )
 
 

@@ -6,6 +6,11 @@ token rows of ``nextn.embed_tokens`` (else ``token_embd``) and the main model's 
 (``mtp_h_input``), each RMS-normed, concatenated and projected by ``nextn.eh_proj``; one attention +
 MoE (+ shared expert) block over the MTP context's own KV of the NextN layer; ``shared_head_norm``
 (kept: ``t_h_nextn``), the output rows and ``shared_head_head``.
+
+Qwen3-Next and Qwen3.5 (``qwen3next.cpp``, ``qwen35.cpp``, ``qwen35moe.cpp``, ``graph_mtp``): the same
+input, the trunk's gated attention over the MTP context's own KV, its FFN (routed experts and the
+gated shared expert, or dense), the rows selected before the residual (Qwen3-Next) or after the
+final norm (Qwen3.5).  Measured on the three (synth models with an MTP block, against llama-server).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.archs import dense_lead_or_shared_moe, glm4moe_attention, mla_attention
+from offload_planner.core.compute.archs_deltanet import gated_attention, hybrid_ffn
+from offload_planner.core.compute.deltanet_shape import MROPE_ARCHS
 from offload_planner.core.compute.ggml import (
     F32,
     I32,
@@ -91,10 +98,38 @@ def _glm4moe_mtp(b: Builder) -> None:
     _mtp_head(b, il, dup_op(cur, "ADD", cur, ffn_inp))
 
 
+def _delta_net_mtp(b: Builder) -> None:
+    """Qwen3-Next / Qwen3.5 (``llama_model_qwen3next::graph_mtp``, ``qwen35``, ``qwen35moe``): the gated
+    attention (3-D views of Q and its gate), the FFN of the trunk (routed experts plus the sigmoid-gated
+    shared expert, or dense); Qwen3-Next selects the output rows before the residual and its head
+    takes them as they are, Qwen3.5 normalizes every token (``t_h_nextn``) and selects them after."""
+    sh = b.sh
+    il = sh.n_layer  # the NextN block follows the trunk
+    cur = _mtp_input(b, il)
+    if sh.arch in MROPE_ARCHS:  # IMRoPE: 4 positions per token
+        b.inp_pos = input_tensor(I32, [b.n_tokens * 4], "inp_pos")
+    inp_sa = cur
+    cur = gated_attention(b, b.norm(cur, b.lw(il, "attn_norm.weight"), il), il, views_4d=False)
+    late_rows = sh.arch != "qwen3next"
+    if not late_rows:
+        cur, inp_sa = b.out_rows(cur, inp_sa)
+    cur = dup_op(cur, "ADD", cur, inp_sa)
+    ffn_residual = cur
+    cur = hybrid_ffn(b, b.norm(cur, b.lw(il, "post_attention_norm.weight"), il), il)
+    cur = dup_op(cur, "ADD", cur, ffn_residual)
+    cur = b.norm(cur, b.lw(il, "nextn.shared_head_norm.weight") or b.w("output_norm.weight"), -1)
+    cur.flags |= OUTPUT  # t_h_nextn
+    if late_rows:
+        (cur,) = b.out_rows(cur)
+    cur = mul_mat(b.lw(il, "nextn.shared_head_head.weight") or b.req("output.weight"), cur)
+    cur.flags |= OUTPUT
+    b.g.expand(cur)
+
 #: deepseek32 / glm-dsa: their ``graph_mtp`` is dense MLA without the indexer (deepseek32.cpp, glm-dsa.cpp),
 #: node for node deepseek2's (held to the real server's MTP compute buffers: test_dsa_vs_llama)
 MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "glm4moe": _glm4moe_mtp, "deepseek2": _deepseek2_mtp,
+    "qwen3next": _delta_net_mtp, "qwen35": _delta_net_mtp, "qwen35moe": _delta_net_mtp,
     "deepseek32": _deepseek2_mtp, "glm-dsa": _deepseek2_mtp,
 }
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from offload_planner.core.compute.allocator import GraphAllocator, layer_suffix
 from offload_planner.core.compute.bound import any_placement_bound, copy_sizes, graph_bound, located_copies
 from offload_planner.core.compute.ggml import (
+    CACHE_PREFIXES,
     CPU,
     INPUT,
     VIEW_OPS,
@@ -118,7 +119,7 @@ class Reference:
                 self.dev_of.append((t, 2, int(t.name.rsplit("-", 1)[1])))
             elif t.weights:
                 self.dev_of.append((t, 0, t.name))
-            elif t.dev is not None and t.name.startswith(("cache_k_l", "cache_v_l")):
+            elif t.dev is not None and t.name.startswith(CACHE_PREFIXES):
                 self.dev_of.append((t, 1, int(t.name[9:])))
             elif t.dev is not None:
                 raise Refuse(f"unknown device-carrying tensor {t.name}")

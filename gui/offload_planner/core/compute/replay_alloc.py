@@ -250,7 +250,7 @@ class _AllocReplay:
         for js, rs, n in self.runs:
             if js + n <= j:
                 continue
-            if js > j:
+            if js > j or rs > r:  # (a run at the window's start may follow reference copies it drops)
                 self._count(d, wnodes[j:js], rnodes[r:rs])
             j, r = js + n, rs + n
         self._count(d, wnodes[j:], rnodes[r:self.ref_end])

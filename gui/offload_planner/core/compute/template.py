@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
-from offload_planner.core.compute.ggml import CPU, Graph, T
+from offload_planner.core.compute.ggml import CACHE_PREFIXES, CPU, Graph, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere
 from offload_planner.core.compute.jumps import LayerCodes, cached_codes, has_codes
 from offload_planner.core.compute.stats import stats
@@ -51,7 +51,7 @@ class GraphTemplate:
                 self.per_layer.append((t, int(t.name.rsplit("-", 1)[1])))
             elif t.weights:
                 self.weights.append(t)
-            elif t.dev is not None and t.name.startswith(("cache_k_l", "cache_v_l")):
+            elif t.dev is not None and t.name.startswith(CACHE_PREFIXES):
                 self.kv.append((t, int(t.name[9:])))
             elif t.dev is not None:
                 raise Unsupported(f"device-carrying tensor {t.name}")

@@ -336,6 +336,73 @@ SMALL_MODELS["nemotron_h_moe"] = ModelSpec(
               "expert_weights_scale": 2.5, "expert_shared_count": 1},
 )
 
+# Kimi-Linear: KDA (recurrent: head_count_kv 0) and MLA layers 3:1, MLA without q compression and with
+# split k_b/v_b (its cache: one 160-wide K row, kv_lora_rank 128 + 32 rope dims), a leading dense layer,
+# then 8 experts / 2 used with a shared expert and sigmoid gating; KDA heads of 32 dims, conv kernel 4
+SMALL_MODELS["kimi-linear"] = ModelSpec(
+    name="synth-kimi-linear",
+    arch="kimi-linear",
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=(0, 0, 0, 1, 0, 0, 0, 1),
+    head_dim_k=128 + 32,
+    head_dim_v=128,
+    n_rot=32,
+    n_ff=512,
+    n_expert=8,
+    n_expert_used=2,
+    n_expert_shared=1,
+    n_ff_exp=128,
+    n_layer_dense_lead=1,
+    kv_lora_rank=128,
+    key_length_mla=64,
+    value_length_mla=32,
+    n_ctx_train=4096,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+    extra_kv={"ssm.conv_kernel": 4, "kda.head_dim": 32, "expert_gating_func": 2,
+              "expert_weights_scale": 2.5, "expert_weights_norm": True},
+)
+
+# Kimi-K3: kimi-linear's layer split (KDA where head_count_kv is 0) with its full-rank KDA gate, situ
+# activations and no cross-layer residual attention (attn_res.block_size 0)
+SMALL_MODELS["kimi-k3"] = replace(
+    SMALL_MODELS["kimi-linear"],
+    name="synth-kimi-k3",
+    arch="kimi-k3",
+    extra_kv={**SMALL_MODELS["kimi-linear"].extra_kv, "attn_res.block_size": 0,
+              "activation.situ_beta": 1.0, "activation.situ_linear_beta": 0.0},
+)
+
+# Granite hybrid (Granite 4.0-H): a Mamba2 mixer where head_count_kv is 0 (6 of 8 layers), attention in
+# layers 3 and 7, every layer an MoE FFN of feed_forward_length with a shared expert
+SMALL_MODELS["granitehybrid"] = ModelSpec(
+    name="synth-granitehybrid",
+    arch="granitehybrid",
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=(0, 0, 0, 2, 0, 0, 0, 2),
+    head_dim_k=64,
+    head_dim_v=64,
+    n_ff=128,
+    n_expert=8,
+    n_expert_used=2,
+    n_ff_exp=128,
+    n_ff_shexp=256,
+    n_ctx_train=4096,
+    ssm_d_conv=4,
+    ssm_d_state=32,
+    ssm_n_group=1,
+    ssm_dt_rank=8,
+    ssm_inner=512,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+)
+
 # DeepSeek-V3 layout: the trunk plus one NextN/MTP block (block_count = trunk + 1), which llama-server
 # loads with --spec-type draft-mtp; without the block's own embed_tokens/shared_head_head (optional in
 # llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe

@@ -344,6 +344,41 @@ def _hybrid_layer(spec: ModelSpec, il: int, *, fused_ba: bool) -> list[TensorDef
     ]
 
 
+def _mamba2_mixer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """A Mamba2 mixer (Nemotron-H, Granite hybrid): ``ssm_a``/``ssm_d`` without suffix, grouped norm."""
+    e, d_inner, ng, ds = spec.n_embd, spec.ssm_d_inner, spec.ssm_n_group, spec.ssm_d_state
+    nh = spec.ssm_dt_rank
+    conv = d_inner + 2 * ng * ds
+    return [
+        _blk(il, "ssm_in", (e, 2 * d_inner + 2 * ng * ds + nh), "attn"),
+        _blk(il, "ssm_conv1d", (spec.ssm_d_conv, conv), "small"),
+        _bias(il, "ssm_conv1d", (conv,)),
+        _bias(il, "ssm_dt", (nh,)),
+        TensorDef(f"blk.{il}.ssm_a", (1, nh), "small", il),
+        TensorDef(f"blk.{il}.ssm_d", (1, nh), "small", il),
+        _blk(il, "ssm_norm", (d_inner // ng, ng), "small"),
+        _blk(il, "ssm_out", (d_inner, e), "attn"),
+    ]
+
+
+def _granite_hybrid_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Granite hybrid (src/models/granite-hybrid.cpp): a Mamba2 mixer where ``head_count_kv`` is 0, else
+    attention; then an FFN norm and MoE experts sized by ``feed_forward_length`` with a shared expert."""
+    e = spec.n_embd
+    mixer = _mamba2_mixer(spec, il) if spec.head_count_kv(il) == 0 else [
+        _blk(il, "attn_q", (e, spec.head_count(il) * spec.key_length), "attn"),
+        _blk(il, "attn_k", (e, spec.head_count_kv(il) * spec.key_length), "attn"),
+        _blk(il, "attn_v", (e, spec.head_count_kv(il) * spec.value_length), "attn_v"),
+        _blk(il, "attn_output", (spec.head_count(il) * spec.key_length, e), "attn"),
+    ]
+    f = spec.n_ff_shexp
+    return [
+        _norm(il, "attn_norm", e), *mixer, _norm(il, "ffn_norm", e), *_routed_experts(spec, il),
+        _blk(il, "ffn_gate_shexp", (e, f), "shexp"), _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+        _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
+    ]
+
+
 def _nemotron_h_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     """Nemotron-H (src/models/nemotron-h.cpp load_arch_tensors): every block one mixer, by
     ``layer_pattern``: Mamba2 (``ssm_a``/``ssm_d`` without suffix), attention, MoE (up/down experts, no
@@ -351,19 +386,7 @@ def _nemotron_h_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     e, kind = spec.n_embd, spec.layer_pattern[il]
     out = [_norm(il, "attn_norm", e)]
     if kind == "M":
-        d_inner, ng, ds, nh = spec.ssm_d_inner, spec.ssm_n_group, spec.ssm_d_state, spec.ssm_dt_rank
-        conv = d_inner + 2 * ng * ds
-        return [
-            *out,
-            _blk(il, "ssm_in", (e, 2 * d_inner + 2 * ng * ds + nh), "attn"),
-            _blk(il, "ssm_conv1d", (spec.ssm_d_conv, conv), "small"),
-            _bias(il, "ssm_conv1d", (conv,)),
-            _bias(il, "ssm_dt", (nh,)),
-            TensorDef(f"blk.{il}.ssm_a", (1, nh), "small", il),
-            TensorDef(f"blk.{il}.ssm_d", (1, nh), "small", il),
-            _blk(il, "ssm_norm", (d_inner // ng, ng), "small"),
-            _blk(il, "ssm_out", (d_inner, e), "attn"),
-        ]
+        return out + _mamba2_mixer(spec, il)
     if kind == "*":
         hk, n_q = spec.key_length, spec.head_count(il) * spec.key_length
         return [
@@ -385,6 +408,69 @@ def _nemotron_h_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
             _blk(il, "ffn_up_shexp", (e, fs), "shexp"),
         ]
     return [*out, _blk(il, "ffn_down", (spec.n_ff, e), "ffn_down"), _blk(il, "ffn_up", (e, spec.n_ff), "ffn")]
+
+
+def _kimi_linear_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Kimi-Linear (src/models/kimi-linear.cpp load_arch_tensors): a KDA layer where ``head_count_kv`` is
+    0 (q/k/v short convolutions, f/g low-rank gates, beta, ``ssm_a`` without suffix), MLA elsewhere
+    (no q compression, split k_b/v_b); a leading dense FFN, then routed experts with a shared expert."""
+    e, h = spec.n_embd, spec.head_count(il)
+    if spec.head_count_kv(il) == 0:
+        hd, dc = int(spec.extra_kv["kda.head_dim"]), int(spec.extra_kv["ssm.conv_kernel"])  # type: ignore[arg-type]
+        out = [
+            _norm(il, "attn_norm", e),
+            *(_blk(il, f"ssm_conv1d_{x}", (dc, 1, hd * h), "small") for x in "qkv"),
+            _blk(il, "attn_q", (e, hd * h), "attn"),
+            _blk(il, "attn_k", (e, hd * h), "attn"),
+            _blk(il, "attn_v", (e, hd * h), "attn_v"),
+            _blk(il, "ssm_f_a", (e, hd), "attn"),
+            _blk(il, "ssm_f_b", (hd, hd * h), "attn"),
+            _blk(il, "ssm_beta", (e, h), "attn"),
+            TensorDef(f"blk.{il}.ssm_a", (1, h), "small", il),
+            _bias(il, "ssm_dt", (hd * h,)),
+            _blk(il, "ssm_g_a", (e, hd), "attn"),
+            _blk(il, "ssm_g_b", (hd, hd * h), "attn"),
+            _norm(il, "ssm_norm", hd),
+            _blk(il, "attn_output", (hd * h, e), "attn"),
+        ]
+    else:
+        out = _mla_attention(spec, il)
+    out.append(_norm(il, "ffn_norm", e))
+    if not spec.is_moe_layer(il):
+        return out + _dense_ffn(spec, il)
+    gate_inp, *exps = _routed_experts(spec, il)
+    return [*out, gate_inp, *exps, *_shared_expert(spec, il), _bias(il, "exp_probs_b", (spec.n_expert,))]
+
+
+def _kimi_k3_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """Kimi-K3 (src/models/kimi-k3.cpp load_arch_tensors): kimi-linear's KDA/MLA split with a full-rank
+    KDA gate (``ssm_g``), a 1-D ``ssm_a``; no cross-layer residual scores (``attn_res.block_size`` 0)
+    and experts at ``n_embd`` (no latent)."""
+    e, h = spec.n_embd, spec.head_count(il)
+    out = [_norm(il, "attn_norm", e), _norm(il, "ffn_norm", e)]
+    if spec.head_count_kv(il) == 0:
+        hd, dc = int(spec.extra_kv["kda.head_dim"]), int(spec.extra_kv["ssm.conv_kernel"])  # type: ignore[arg-type]
+        d = hd * h
+        out += [
+            *(_blk(il, f"ssm_conv1d_{x}", (dc, 1, d), "small") for x in "qkv"),
+            _blk(il, "attn_q", (e, d), "attn"),
+            _blk(il, "attn_k", (e, d), "attn"),
+            _blk(il, "attn_v", (e, d), "attn_v"),
+            _blk(il, "ssm_f_a", (e, hd), "attn"),
+            _blk(il, "ssm_f_b", (hd, d), "attn"),
+            _blk(il, "ssm_beta", (e, h), "attn"),
+            TensorDef(f"blk.{il}.ssm_a", (h,), "small", il),
+            _bias(il, "ssm_dt", (d,)),
+            _blk(il, "ssm_g", (e, d), "attn"),
+            _norm(il, "ssm_norm", hd),
+            _blk(il, "attn_output", (d, e), "attn"),
+        ]
+    else:
+        out += _mla_attention(spec, il)[1:]  # its attn_norm is above
+    if not spec.is_moe_layer(il):
+        return out + _dense_ffn(spec, il)
+    gate_inp, *exps = _routed_experts(spec, il)
+    return [*out, gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps, *_shared_expert(spec, il)]
 
 
 def _qwen3next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
@@ -413,6 +499,9 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "qwen35moe": _qwen35_layer,
     "nemotron_h": _nemotron_h_layer,
     "nemotron_h_moe": _nemotron_h_layer,
+    "kimi-linear": _kimi_linear_layer,
+    "kimi-k3": _kimi_k3_layer,
+    "granitehybrid": _granite_hybrid_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
