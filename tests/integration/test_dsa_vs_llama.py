@@ -28,6 +28,8 @@ pytestmark = pytest.mark.integration
 
 CASES: list[tuple[str, str]] = [
     ("deepseek32", "-ngl 3 -ts 1,1 -c 2048 -np 2 -ctk q8_0 -ctv q8_0"),
+    ("deepseek32", "-ngl 4 -ts 1,3 -c 2048 -np 2 -ctk q8_0 -ctv q8_0"),  # trunk layers on CPU, RPC0, RPC1
+    ("glm-dsa", "-ngl 5 -ts 2,3 -c 3072 -np 3 -fa off"),  # trunk layers on CPU, RPC0, RPC1
     ("deepseek32", "-ngl 999 -ts 1,1 -c 3000 -np 3 -kvu"),
     ("deepseek32", "-ngl 999 -ts 2,1 -c 2048 -nkvo -fa off"),
     ("glm-dsa", "-ngl 3 -ts 1,1 -c 2048 -np 2 -ctk q8_0 -ctv q8_0"),
