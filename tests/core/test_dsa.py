@@ -14,7 +14,7 @@ from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import ContextParams, project
 from offload_planner.core.placement import PlacementOptions, place
 from offload_planner.core.roles import Role
-from offload_planner.core.synth import SMALL_MODELS, write_model
+from offload_planner.core.synth import SMALL_MODELS, all_models, write_model
 
 CPU_ONLY = DeviceSet(Device("CPU", DeviceKind.CPU), ())
 
@@ -73,4 +73,14 @@ def test_the_nextn_block_s_expert_bias_is_loaded_without_mtp(small_models: dict[
 def test_ik_llama_cpp_cannot_load_deepseek32(small_models: dict[str, Path]) -> None:
     [err] = IK.model_errors(open_model(small_models["deepseek32"]))
     assert "unknown model architecture: 'deepseek32'" in err
-    assert IK.model_errors(open_model(small_models["glm-dsa"])) == []
+
+
+def test_ik_llama_cpp_aborts_on_a_glm_dsa_file_it_cannot_map_back(small_models: dict[str, Path],
+                                                                   tmp_path: Path) -> None:
+    """ik's GLM_DSA hparams abort a mainline MLA file unless n_head % 4 == 0, key_length 576,
+    value_length 512 and n_rot 64 (src/llama-hparams.cpp 1946-1953 at 8337e4cd): the small glm-dsa has
+    key_length 288; GLM-5.1's real shape passes."""
+    [err] = IK.model_errors(open_model(small_models["glm-dsa"]))
+    assert "Detected incompatible DeepSeek model" in err and "288" in err
+    [path] = write_model(all_models()["GLM-5.1-Q8_0"], tmp_path / "glm51.gguf", header_only=True)
+    assert IK.model_errors(open_model(path)) == []

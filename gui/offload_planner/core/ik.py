@@ -68,7 +68,8 @@ def model_errors(model: Model) -> list[str]:
                 f"'{model.arch}'\" (no {model.arch} in its src/llama-arch.cpp at 8337e4cd; DeepSeek V3.2's "
                 "sparse attention runs on mainline llama.cpp)"]
     s = model.summary
-    if model.arch != "deepseek2" or s.head_kv(0) != 1:
+    # the same check for glm-dsa (ik's llm_load_hparams, its GLM_DSA case: src/llama-hparams.cpp 1946-1953)
+    if model.arch not in ("deepseek2", "glm-dsa") or s.head_kv(0) != 1:
         return []
     n_gqa = s.per_layer(s.n_head, 0)
     if n_gqa % 4 == 0 and s.head_dim_k == 576 and s.head_dim_v == 512 and n_rot(model) == 64:
