@@ -5,8 +5,8 @@ a KV cache of the attention layers only and a recurrent state (``RS buffer size`
 of the recurrent layers' devices.  Each case runs the real server (-lv 4) with two local
 ggml-rpc-servers (RPC0, RPC1) on the project's small hybrid models and compares, per device, the
 weights, KV, RS and output buffers with the projection to llama.cpp's printed precision (0.01 MiB).
-The compute buffers of these architectures are the estimate (their recurrent layers' graph is not
-simulated): printed, not compared.
+The compute buffers are compared the same way where the graph is simulated (qwen3next, qwen35,
+qwen35moe: core/compute/archs_deltanet.py; not with a draft-mtp context), printed where they are not.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tests.support.server_buffers import mib, rpc_devices, server_output
 from offload_planner.backend.log_parser import parse_log
 from offload_planner.core.analysis import analyse_command
 from offload_planner.core.cmdline import parse_server_args
+from offload_planner.core.compute.archs import ARCH_GRAPHS
 from offload_planner.core.gguf_reader import open_model
 
 pytestmark = pytest.mark.integration
@@ -85,13 +86,17 @@ def test_hybrid_projection_equals_llama_server(
     assert "RS buffer size" in output  # the server made a hybrid memory
     actual = parse_log(output.splitlines()).by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
 
+    # a simulated graph: compute too, but the MTP context's compute on RPC devices is not yet exact
+    # (qwen35moe-mtp: RPC1 28.16 MiB projected, 43.21 logged; on the CPU alone both contexts are)
+    simulated = model.arch in ARCH_GRAPHS and "--spec-type" not in args
+    exact = (*EXACT, "compute") if simulated else EXACT
     rows, bad = [], []
     for dm in projection.devices:
         for kind in (*EXACT, "compute"):
             ours, theirs = mib(dm.total(kind)), actual.get(dm.device.name, {}).get(kind, 0.0)
             rows.append(f"{dm.device.name:5} {kind:8} projected {ours:9.2f}  actual {theirs:9.2f}"
-                        + ("" if kind in EXACT else "  (estimate, not compared)"))
-            if kind in EXACT and abs(ours - theirs) > 0.011:
+                        + ("" if kind in exact else "  (estimate, not compared)"))
+            if kind in exact and abs(ours - theirs) > 0.011:
                 bad.append(rows[-1])
     print(f"\n{model_name} {args}\n" + "\n".join(rows))
     assert not bad, "\n".join(bad)

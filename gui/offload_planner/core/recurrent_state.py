@@ -18,7 +18,7 @@ The per-architecture differences are one :class:`HybridArch` each in :data:`HYBR
 
 from __future__ import annotations
 
-import functools
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -180,11 +180,12 @@ def hybrid_arch(model: Model) -> HybridArch | None:
     return HYBRID_ARCHS.get(model.arch)
 
 
-@functools.lru_cache(maxsize=16)
 def recurrent_layers(model: Model) -> tuple[bool, ...]:
     """Per layer, whether it is recurrent (all False for a model that is not a modelled hybrid)."""
     h = hybrid_arch(model)
-    return h.recurrent(model) if h is not None else (False,) * model.summary.n_layer
+    if h is None:
+        return (False,) * model.summary.n_layer
+    return _memo(model, "recurrent", h.recurrent)
 
 
 def layer_cache_note(model: Model, il: int) -> str:
@@ -211,11 +212,22 @@ def kv_layers(model: Model, layers: Iterable[int], dialect: Dialect) -> list[int
     return list(layers) if recr is None else [il for il in layers if not recr[il]]
 
 
-@functools.lru_cache(maxsize=16)
 def _attention_layers(model: Model) -> tuple[bool, ...]:
     h = hybrid_arch(model)
     assert h is not None and h.attention is not None
-    return h.attention(model)
+    return _memo(model, "attention", h.attention)
+
+
+#: per model (kept while the model lives), the layer flags worked out once
+_FLAGS: weakref.WeakKeyDictionary[Model, dict[str, tuple[bool, ...]]] = weakref.WeakKeyDictionary()
+
+
+def _memo(model: Model, key: str, fn: Callable[[Model], tuple[bool, ...]]) -> tuple[bool, ...]:
+    per = _FLAGS.setdefault(model, {})
+    flags = per.get(key)
+    if flags is None:
+        flags = per[key] = fn(model)
+    return flags
 
 
 def _flags(model: Model, dialect: Dialect) -> tuple[bool, ...] | None:
@@ -227,11 +239,10 @@ def _flags(model: Model, dialect: Dialect) -> tuple[bool, ...] | None:
     return recurrent_layers(model)
 
 
-@functools.lru_cache(maxsize=16)
 def _ik_layers(model: Model) -> tuple[bool, ...]:
     h = hybrid_arch(model)
     assert h is not None and h.ik_recurrent is not None
-    return h.ik_recurrent(model)
+    return _memo(model, "ik", h.ik_recurrent)
 
 
 def with_recurrent_state(model: Model, placement: Placement, p: ContextParams, ctx: ResolvedContext,
