@@ -84,3 +84,35 @@ def test_ik_llama_cpp_aborts_on_a_glm_dsa_file_it_cannot_map_back(small_models: 
     assert "Detected incompatible DeepSeek model" in err and "288" in err
     [path] = write_model(all_models()["GLM-5.1-Q8_0"], tmp_path / "glm51.gguf", header_only=True)
     assert IK.model_errors(open_model(path)) == []
+
+
+def test_ik_caches_glm_5_1_as_mla_plus_its_own_indexer_layers(tmp_path: Path) -> None:
+    """ik_llama.cpp on GLM-5.1 (8337e4cd source, by hand): -mla 3 with flash attention caches c^KV only,
+    (512 + 64) f16 a cell for each of the 78 trunk layers; the indexer keys (cache_kr_l) 128 f16 a cell
+    on ik's full-indexer layers 0, 1, 2, 6, ..., 74 (21 of them, whatever the file says), one stream of
+    the 8192 cells, all in CUDA0's KV buffer.  llm_prepare_mla computes attn_kv_b for every block of a
+    file with split attn_k_b / attn_v_b (-mla 3): those buffers exist too."""
+    from offload_planner.core.analysis import analyse_command
+    from offload_planner.core.cmdline import parse_server_args
+    from offload_planner.core.units import GiB
+
+    [path] = write_model(all_models()["GLM-5.1-Q8_0"], tmp_path / "glm51.gguf", header_only=True)
+    model = open_model(path)
+    devices = DeviceSet(Device("CPU", DeviceKind.CPU, 1024 * GiB, 1024 * GiB),
+                        (Device("CUDA0", DeviceKind.CUDA, 1024 * GiB, 1024 * GiB),))
+    args = parse_server_args(["-c", "8192", "-ngl", "99", "-fa", "on"], dialect=IK)
+    proj = analyse_command(model, devices, args, IK).projection
+    assert proj is not None
+    kv = [b for b in proj.buffers() if b.kind == "kv"]
+    assert [(b.device, b.bytes) for b in kv] == [("CUDA0", 8192 * (78 * 1152 + 21 * 256))]
+    assert "DSA indexer" in kv[0].why
+    assert any(b.kind == "model" and "attn_kv_b" in b.why for b in proj.buffers())
+
+
+def test_ik_builds_of_2025_cannot_load_glm_dsa(tmp_path: Path) -> None:
+    """glm-dsa came to ik_llama.cpp with GLM-5 support (PR 1268, 2026-02-15): the 2025 dialects refuse it."""
+    from offload_planner.core.dialects.ik_2025 import IK_2025
+
+    [path] = write_model(all_models()["GLM-5.1-Q8_0"], tmp_path / "glm51.gguf", header_only=True)
+    [err] = IK_2025.model_errors(open_model(path))
+    assert "unknown model architecture: 'glm-dsa'" in err

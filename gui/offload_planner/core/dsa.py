@@ -137,3 +137,33 @@ def dsa_shape(model: Model) -> tuple[int, tuple[bool, ...]]:
     full = set(indexer_layers(model))
     return (model.arch_int("attention.indexer.top_k", 0),
             tuple(il in full for il in range(model.summary.n_layer_trunk)))
+
+
+#: ik_llama.cpp's full-indexer layers of a glm-dsa model: fixed, whatever the file says
+#: (``indexer_is_full[il] = (il <= 1) || (il % 4 == 2)``, src/llama-hparams.cpp 1917-1919 at 8337e4cd)
+def _ik_full(il: int) -> bool:
+    return il <= 1 or il % 4 == 2
+
+
+#: the indexer cache's type in ik (``--indexer-cache-type-k``, -ictk; the planner does not read the flag)
+IK_INDEXER_TYPE = "f16"
+
+
+def ik_indexer_kv(model: Model, placement: Placement, kv_size: int, offload_kqv: bool,
+                  devices: DeviceSet) -> dict[str, int]:
+    """ik_llama.cpp's DSA indexer key cache (``cache_kr_l``, src/llama.cpp 1344-1349 and 1432-1436 at
+    8337e4cd): for a glm-dsa model, one ``[indexer_head_size, kv_size]`` tensor of -ictk's type (f16)
+    per trunk layer that has ``indexer.attn_k`` and a full indexer by ik's own rule, in the layer's KV
+    buffer (the CPU's with -nkvo); bytes per device, each tensor padded to its alignment (the caller adds
+    them to the device's KV buffer: ik allocates one buffer a buffer type)."""
+    if model.arch != "glm-dsa" or not indexer_head_size(model):
+        return {}
+    row = type_by_name(IK_INDEXER_TYPE).row_bytes(indexer_head_size(model))
+    out: dict[str, int] = defaultdict(int)
+    for il in range(model.summary.n_layer_trunk):
+        if not _ik_full(il) or model.get(f"blk.{il}.indexer.attn_k.weight") is None:
+            continue
+        name = placement.layer_device(il) if offload_kqv else CPU
+        dev = devices.by_name(name) or devices.cpu
+        out[name] += -(-(row * kv_size) // dev.alignment) * dev.alignment
+    return dict(out)

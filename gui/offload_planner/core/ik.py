@@ -33,9 +33,15 @@ IK_DEFAULT_MLA = 3  # gpt_params::mla_attn
 _R8_FIRST, _R8_LAST = 202, 399  # GGML_TYPE_Q4_0_R8 .. GGML_TYPE_Q8_K_R8 in ik's enum
 
 
+#: the architectures ik applies its MLA modes to (``llama_model::is_mla_model``, src/llama-model.h 593-595
+#: at 8337e4cd, which also has mistral4 and bailingmoe3: not modelled here)
+IK_MLA_ARCHS = frozenset({"deepseek2", "glm-dsa"})
+
+
 def uses_mla(model: Model) -> bool:
-    """ik applies its MLA modes to deepseek2 models (DeepSeek V2/V3/R1, Kimi K2, GLM-4.7-Flash...)."""
-    return model.arch == "deepseek2" and model.summary.kv_lora_rank > 0
+    """ik applies its MLA modes to deepseek2 models (DeepSeek V2/V3/R1, Kimi K2, GLM-4.7-Flash...) and
+    glm-dsa (GLM-5)."""
+    return model.arch in IK_MLA_ARCHS and model.summary.kv_lora_rank > 0
 
 
 def mla_mode(model: Model, requested: int | None) -> int:
