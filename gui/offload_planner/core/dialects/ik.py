@@ -491,6 +491,8 @@ def _with_indexer_cache(model: Model, devices: DeviceSet, placement: Placement, 
     from offload_planner.core.dsa import IK_INDEXER_TYPE, ik_indexer_kv
     from offload_planner.core.memory import resolve_context
 
+    if not p.mla:  # allocated in the MLA branch of llama_kv_cache_init only (src/llama.cpp 1420-1436)
+        return bufs
     s = model.summary
     per_dev = ik_indexer_kv(model, placement, resolve_context(p, s.n_ctx_train, s.n_swa).n_ctx,
                             p.offload_kqv, devices)
