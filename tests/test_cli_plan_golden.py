@@ -79,6 +79,22 @@ priced at this machine's RAM probe, and a note now says so and how to give the o
 (backend.speed_store.probe_speed_note). Every case here declares ``CPU=512GiB`` alone for the demo, so
 all 33 files gained that one note (the JSON's ``notes`` one entry); nothing else changed. This
 machine's RAM is pinned to 64 GiB (``pinned_system_ram``), as the note names it.
+Session 15 (newcomer11): a plan that fits says under its bottlenecks what would make it faster
+(core.speed.advice: always-active weights on the CPU; a GPU's room beyond its margin for routed
+experts while the RAM binds a token; a larger -ub while op offload binds a prompt longer than one
+micro-batch) and that ``fit`` searches it: the 14 text and --explain files of the seven fitting cases
+with experts on the CPU gained a ``to make it faster:`` block of 2-4 lines before ``assumptions:``;
+nothing else changed (the JSON files and the over-capacity and all-on-GPU cases not at all). Then
+the block's last line says that fit keeps the -ot rules that hold routed experts on the CPU, and how
+many (``ds_two_gpus_filled`` and ``ds_usage_example``: that one line of their text and --explain files).
+Then the speed block of a command whose GPUs the build's --fit makes fit by changing it says its figures
+are of the command as written (``speed estimate (uncalibrated) of the command as written (CUDA0 over
+capacity: llama-server's --fit runs the command in the note instead: plan that one for its speed): ...``):
+that one line of the ``ds_fit_four_gpus`` and ``qwen_fit_one_gpu`` text and --explain files.
+Then the faster block says that op offload's copies read the mmap'd file at half the pinned rate (the
+estimate's own assumption) and that ``-lm none`` pins them (one line more in the 12 files of the six
+mainline cases whose prompt op offload binds; ``ds_ik`` is pinned already), and its ``fit`` line says what
+fit searches (``searches where the routed experts go and the -ub for you``; it keeps -ngl and mmap).
 """
 
 from __future__ import annotations

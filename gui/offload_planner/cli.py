@@ -28,7 +28,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         json.dump(model_json(model), sys.stdout, indent=None if args.compact else 1)
         sys.stdout.write("\n")
     else:
-        from offload_planner.backend.log_lines import printable
+        from offload_planner.core.printable import printable
 
         # the file's strings (general.name, ...) as text: an escape sequence in a downloaded model's
         # metadata retitled or cleared the terminal
@@ -37,7 +37,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
         refused = load_error(model)  # the reader shows it; plan, fit and the window refuse it
         if refused is not None:
-            print(f"note: {refused.detail}; plan, fit and the window refuse it")
+            print(printable(f"note: {refused.detail}; plan, fit and the window refuse it"))
     return 0
 
 
@@ -320,9 +320,22 @@ def _run_printing(args: argparse.Namespace, *, freeze: bool) -> int:
         sys.stdout = real
 
 
+#: Words a newcomer types as a command for what is an option of one ("explain" went to the window as a
+#: model name: "no display", or "cannot open explain"): the command line that does it.
+OPTION_WORDS = {
+    "explain": "`offload-planner plan MODEL --explain -- ARGS` lists every buffer with how it was computed",
+    "export": "`offload-planner plan MODEL -- ARGS` ends with the llama-server command (the window's Command "
+              "tab writes it for bash, PowerShell, cmd.exe, llama-swap or docker env)",
+    "bench": "`offload-planner launch MODEL --bench -- ARGS` measures prompt and generation speed",
+    "verify": "`offload-planner launch MODEL --verify -- ARGS` checks the projection against llama-server",
+    "run": "`offload-planner launch MODEL -- ARGS` runs llama-server",
+}
+
+
 def _mistyped_command(first: str) -> str:
-    """The command ``first`` looks like a typo of ("plna" -> "plan"), "" when it may be a model to
-    open in the window (a path, a URL, a file that exists, or nothing like a command)."""
+    """The command ``first`` looks like a typo of ("plna" -> "plan"), or an option word's command line
+    (:data:`OPTION_WORDS`); "" when it may be a model to open in the window (a path, a URL, a file that
+    exists, or nothing like a command)."""
     if first in COMMANDS or first.startswith("-") or any(c in first for c in "/\\.:"):
         return ""  # before any import: `plan` and `fit` pay nothing for this
     import difflib
@@ -330,8 +343,10 @@ def _mistyped_command(first: str) -> str:
 
     if os.path.exists(first):
         return ""
+    if first.lower() in OPTION_WORDS:
+        return OPTION_WORDS[first.lower()]
     near = difflib.get_close_matches(first, list(COMMANDS), n=1, cutoff=0.6)
-    return near[0] if near else ""
+    return f"did you mean {near[0]}?" if near else ""
 
 
 def _quick_parse(ours: list[str]) -> argparse.Namespace | None:
@@ -351,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours, server_args = split_server_args(list(sys.argv[1:] if argv is None else argv))
     meant = _mistyped_command(ours[0]) if ours else ""
     if meant:  # it went to the window as a model name: "unrecognized arguments: model.gguf"
-        print(f"offload-planner: error: unknown command {ours[0]!r}: did you mean {meant}? (commands: "
+        print(f"offload-planner: error: unknown command {ours[0]!r}: {meant} (commands: "
               f"{', '.join(COMMANDS)}; `offload-planner MODEL` opens the window)", file=sys.stderr)
         return 2
     quick = _quick_parse(ours)  # plan, fit and launch: their arguments (with `func` and `server_args`)
@@ -367,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_printing(args, freeze=argv is None and args.command in FREEZING)
     except PlannerError as e:  # it may quote a file's name or bytes: control characters escaped
-        from offload_planner.backend.log_lines import printable
+        from offload_planner.core.printable import printable
 
         print(f"offload-planner: error: {printable(str(e), keep_newlines=True)}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import Projection
     from offload_planner.core.model import Model
+    from offload_planner.core.plan import Plan
     from offload_planner.core.speed.hardware import Hardware
     from offload_planner.core.speed.result import SpeedEstimate
 
@@ -201,24 +202,34 @@ def _run_fit(args: argparse.Namespace) -> int:
         if "CPU (RAM) over" in result.why and not any(d.partition("=")[0] == "CPU" for d in args.device):
             print(ram_hint(devices.cpu.capacity))
         return 1
-    _print_answer(best.projection, best_est or best.estimate, command)
+    _print_answer(best.plan, best.projection, best_est or best.estimate, command)
     return 0
 
 
-def _print_answer(projection: Projection, est: SpeedEstimate, command: list[str]) -> None:
+def _print_answer(plan: Plan, projection: Projection, est: SpeedEstimate, command: list[str]) -> None:
     """The chosen plan: its memory table, its speed estimate with every figure it rests on (as plan
     prints them: the table's tg and pp came without a word on the RAM probe or the default GPU they
-    were computed with), and its command."""
+    were computed with), which GPU holds which layers' routed experts (the command says it as an -ot
+    regex), and its command."""
     from offload_planner.core.cmdline import format_command
     from offload_planner.core.plan_report import plan_text
+    from offload_planner.core.speed.advice import experts_text
     from offload_planner.core.speed.report import speed_lines
 
     print()
     table = plan_text(projection, warnings=[], errors=[], command="")
     print(table.split("\ncontext: ")[0])
+    layout = experts_text(plan, projection.placement)
+    if layout:
+        print(layout)
     print("\n".join(speed_lines(est)))
     print()
     print(format_command(["llama-server", *command], "bash"))
+    from offload_planner.core.cmdline.secrets import secret_note
+
+    note = secret_note(command)
+    if note:
+        print(f"note: {note}")
 
 
 def _override_notes(model: Model, parsed: ParsedArgs, dialect: Dialect) -> list[str]:

@@ -28,10 +28,10 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from offload_planner.backend.log_lines import printable
 from offload_planner.core.cmdline.quoting import quote_bash
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.printable import printable
 
 if TYPE_CHECKING:
     from offload_planner.core.cmdline import ParsedArgs
@@ -90,9 +90,11 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wrapper", default="", metavar="COMMAND",
                    help="program and arguments to run the server under, e.g. 'numactl --interleave=all' "
                    "(split like a shell would, but no shell runs)")
-    p.add_argument("--timeout", type=_seconds, default=600.0, help="seconds to wait for the server to listen")
-    p.add_argument("--stop-timeout", type=_stop_seconds, default=10.0,
-                   help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--timeout", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="seconds to wait for the server to listen (default 600: a big model loads for "
+                   "minutes)")
+    p.add_argument("--stop-timeout", type=_stop_seconds, default=10.0, metavar="SECONDS",
+                   help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--quiet", action="store_true", help="do not stream the server log")
     p.add_argument("--save-calibration", action="store_true",
                    help="remember the measured compute buffers for this model and options")
@@ -100,8 +102,10 @@ def _add_options(p: argparse.ArgumentParser) -> None:
                    help="once it listens, measure prompt and generation speed through the server's HTTP API, "
                    "print them against the planner's estimate, store the efficiencies they imply for this "
                    "machine and backend (later estimates say 'calibrated'), then stop the server")
-    p.add_argument("--bench-prompt", type=_tokens, default=512, metavar="N", help="prompt tokens for --bench")
-    p.add_argument("--bench-gen", type=_tokens, default=64, metavar="N", help="generated tokens for --bench")
+    p.add_argument("--bench-prompt", type=_tokens, default=512, metavar="N",
+                   help="prompt tokens for --bench (default 512)")
+    p.add_argument("--bench-gen", type=_tokens, default=64, metavar="N",
+                   help="generated tokens for --bench (default 64)")
     p.add_argument("--no-store", action="store_true", help="with --bench: do not store the calibration")
 
 
@@ -245,6 +249,9 @@ class _Session:
         ticker.start(200)
         ticker.timeout.connect(lambda: None)
         previous = _handle_signals(self._on_signal)
+        from offload_planner.backend import child_guard
+
+        child_guard.become_subreaper()  # the runner ends what the server leaves in a session of its own
         try:
             server.start(cfg)
             if server.state.active:
@@ -414,11 +421,13 @@ class _Session:
         result: list[Any] = []
 
         def work() -> None:
+            from offload_planner.backend.server_bench import api_key_of
             from offload_planner.backend.speed_check import run_speed_check
 
             try:
                 result.append(run_speed_check(url, plan, self.parsed, prompt_tokens=self.args.bench_prompt,
-                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store))
+                                              gen_tokens=self.args.bench_gen, store=not self.args.no_store,
+                                              api_key=api_key_of(self.parsed)))
             except PlannerError as e:
                 result.append(e)
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import Projection
     from offload_planner.core.model import Model
+    from offload_planner.core.plan import Plan
+    from offload_planner.core.speed.result import SpeedEstimate
 
 
 
@@ -146,6 +148,28 @@ def _fit_gave_up(summary: dict[str, object] | None, over: list[str], devices: De
             "that fits"]
 
 
+def _room_for_the_cpus_experts(over: list[str], plan: Plan, projection: Projection) -> list[str]:
+    """RAM over capacity while GPUs have room for the routed experts it holds: said with the command
+    that moves them (the note named the CPU over and nothing else, 36 GiB free on two GPUs beside it)."""
+    from offload_planner.core.device_figures import DeviceFigures
+    from offload_planner.core.speed.advice import expert_room, held_on_cpu, held_text
+    from offload_planner.core.units import fmt_bytes
+
+    cpu = plan.devices.cpu.name
+    room = expert_room(plan, projection) if cpu in over else ()
+    short = DeviceFigures.of(projection.device(cpu)).over
+    if not room or sum(b for _, b in room) < short:  # the GPUs cannot take the excess: nothing to point at
+        return []
+    gpus = " and ".join(f"{n}'s {fmt_bytes(b)}" for n, b in room)
+    their = "its margin" if len(room) == 1 else "their margins"
+    held = held_on_cpu(plan)
+    return [f"{cpu} is over while {gpus} free beyond {their} (1 GiB unless given) can take routed experts "
+            "from it: `offload-planner fit` with the same options and arguments moves them there"
+            + (held_text(held) if held else "") + " (by hand: "
+            f"-ot 'blk\\.N\\.ffn_.*_exps={room[0][0]}' for a layer N, ahead of --cpu-moe or your exps=CPU "
+            "rule)"]
+
+
 def _legacy_name_notes(declared: list[str], dialect: Dialect) -> list[str]:
     """``--device Metal0=...``: the planner's old name, kept working; say what it is now."""
     from offload_planner.core.devices import canonical_device_name, legacy_names
@@ -187,15 +211,32 @@ def _prompt_past_context(depth: int, prompt: int, n_ctx: int) -> str:
     return f"the speed estimate's {prompt}-token prompt (--prompt) exceeds {tail}; --prompt N sets another)"
 
 
-def _if_it_fit(lines: list[str], over: list[str]) -> list[str]:
+def _if_it_fit(lines: list[str], over: list[str], fitted: list[str] | None = None) -> list[str]:
     """The speed block of a plan with a device over capacity: its first line says the figures are for
     the plan as if it fit, as the window's speed line does ("if it fit: est. tg ..."). It read
     "speed estimate (uncalibrated): tg 16.2 t/s" for DeepSeek-V3 354 GiB over one 24 GiB GPU, a plan
-    llama-server does not load, the OVER mark and the warning far from the figure."""
-    if not over or not lines:
+    llama-server does not load, the OVER mark and the warning far from the figure. ``fitted``: GPUs over
+    capacity that the build's --fit makes fit by changing the command: the figures are of the command as
+    written, not of the one the server runs (Qwen3-30B on a 12 GiB card read "tg 110 t/s" for a command
+    whose --fit runs -c 4096 with 19 layers' experts on the CPU)."""
+    if not (over or fitted) or not lines:
         return lines
     head, colon, tail = lines[0].partition(": ")
-    return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
+    if over:
+        return [f"{head} if it fit ({', '.join(over)} over capacity){colon}{tail}", *lines[1:]]
+    gpus = ", ".join(fitted or [])
+    return [f"{head} of the command as written ({gpus} over capacity: llama-server's --fit runs the command "
+            f"in the note instead: plan that one for its speed){colon}{tail}", *lines[1:]]
+
+
+def _with_faster(lines: list[str], plan: Plan, projection: Projection, speed: SpeedEstimate) -> list[str]:
+    """The speed block with what would make the plan faster before its assumptions
+    (core.speed.advice): the bottleneck lines named the slow part and no change to make."""
+    from offload_planner.core.speed.advice import faster_hints, faster_lines
+
+    hints = faster_lines(faster_hints(plan, projection, speed))
+    at = lines.index("  assumptions:") if "  assumptions:" in lines else len(lines)
+    return [*lines[:at], *hints, *lines[at:]]
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -228,6 +269,9 @@ def _plan(args: argparse.Namespace) -> int:
     assert projection is not None and fit is not None  # analyse_command raises instead
     notes = [*server.notes, *analysis.command_notes, *([detected] if detected else []), *fit.notes]
     notes += _legacy_name_notes(args.device, dialect)
+    from offload_planner.core.cmdline.secrets import secret_note
+
+    notes += [n for n in [secret_note(analysis.command)] if n]
     other_model = model_flag_note(parsed, model)
     if other_model:
         notes.insert(0, other_model)
@@ -236,6 +280,7 @@ def _plan(args: argparse.Namespace) -> int:
     if over:
         notes.append(f"over capacity: {', '.join(over)} (exit status {EXIT_OVER})")
         notes += _fit_gave_up(fit.summary, over, devices)
+        notes += _room_for_the_cpus_experts(over, plan, projection)
     from offload_planner.backend.speed_store import plan_speed, probe_speed_note
     from offload_planner.core.speed.report import speed_json, speed_lines
 
@@ -265,6 +310,10 @@ def _plan(args: argparse.Namespace) -> int:
                          command=format_command(["llama-server", *analysis.command], "bash"), notes=notes,
                          explain=args.explain)
         table, sep, rest = text.partition("\ncontext: ")
-        lines = _if_it_fit(speed_lines(speed, explain=args.explain), over) if speed is not None else []
+        fitted = [n for n in over_capacity(projection) if n not in over]  # the build's --fit fixes them
+        lines = speed_lines(speed, explain=args.explain) if speed is not None else []
+        lines = _if_it_fit(lines, over, fitted)
+        if speed is not None and not over and not fitted:
+            lines = _with_faster(lines, plan, projection, speed)
         print("\n".join([table, *lines]) + sep + rest)
     return EXIT_OVER if over else EXIT_OK

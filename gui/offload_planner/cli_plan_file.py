@@ -43,9 +43,9 @@ def plan_file_launch(args: argparse.Namespace, after: list[str], err: TextIO) ->
     """Print the plan file's whole command and what to look at; (model, server arguments) once
     the user agrees or ``--yes`` was given, None when the launch is refused."""
     from offload_planner.backend import launch
-    from offload_planner.backend.log_lines import printable
     from offload_planner.core.arg_safety import masked, review_args
     from offload_planner.core.cmdline import format_command
+    from offload_planner.core.printable import printable
 
     model, server_args, dialect = plan_file_command(args, after)
     port = args.port if args.port is not None else None

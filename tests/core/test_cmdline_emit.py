@@ -76,9 +76,15 @@ def test_bash_quotes_only_where_needed() -> None:
     assert multi == "llama-server \\\n  -m x.gguf \\\n  -fa on \\\n  --jinja"
 
 
+LEGACY_BLOCK = "& { $PSNativeCommandArgumentPassing = 'Legacy'; "
+
+
 def _powershell_split(text: str) -> list[str]:
     """PowerShell's reading of what we emit: bare words and '...' strings ('' is a quote)."""
     text = text.replace(" `\n", " ")
+    if text.startswith(LEGACY_BLOCK):
+        assert text.endswith(" }")
+        text = text.removeprefix(LEGACY_BLOCK).removesuffix(" }")
     if text.startswith("& "):
         text = text[2:]
     out: list[str] = []
@@ -110,17 +116,66 @@ def _powershell_split(text: str) -> list[str]:
     return out
 
 
+def _need_quotes(arg: str) -> bool:
+    """PowerShell's ``NeedQuotes`` (NativeCommandParameterBinder.cs, Windows PowerShell 5.1 to 7.2, and
+    7.3+ with $PSNativeCommandArgumentPassing = 'Legacy'): whitespace outside its count of quotes,
+    where a quote right after a backslash is not counted."""
+    count, after_backslash = 0, False
+    for ch in arg:
+        if ch == '"' and not after_backslash:
+            count += 1
+        elif ch.isspace() and count % 2 == 0:
+            return True
+        after_backslash = ch == "\\"
+    return False
+
+
+def _legacy_line(tokens: list[str], *, double_trailing_backslashes: bool) -> str:
+    """The command line the legacy passing builds: an empty argument dropped, one that needs quotes
+    wrapped in ``"`` (PowerShell 6.0-7.2 double its trailing backslashes first; 5.1 does not)."""
+    out = []
+    for t in tokens:
+        if not t:
+            continue
+        if _need_quotes(t):
+            tail = len(t) - len(t.rstrip("\\"))
+            t = '"' + t + ("\\" * tail if double_trailing_backslashes else "") + '"'
+        out.append(t)
+    return " ".join(out)
+
+
+def _program_receives(text: str, version: str) -> list[str]:
+    """The arguments llama-server.exe gets from the PowerShell command ``text`` (after the program)."""
+    tokens = _powershell_split(text)[1:]
+    if version == "7.3" and not text.startswith(LEGACY_BLOCK):
+        return tokens  # Standard passing: each argument exact
+    return _argv_w(_legacy_line(tokens, double_trailing_backslashes=version == "7.2"))
+
+
 @pytest.mark.parametrize("argv", ARGVS)
 @pytest.mark.parametrize("multiline", [False, True])
 def test_powershell_round_trip(argv: list[str], multiline: bool) -> None:
     text = format_command(argv, "powershell", multiline=multiline)
-    assert _powershell_split(text) == argv
+    for version in ("5.1", "7.2", "7.3"):
+        assert _program_receives(text, version) == argv[1:], version
     if " " in argv[0]:
-        assert text.startswith("& '")
+        assert (LEGACY_BLOCK + "& '" if text.startswith(LEGACY_BLOCK) else "& '") in text
+
+
+def test_powershell_uses_the_legacy_block_only_for_arguments_51_would_change() -> None:
+    plain = format_command(["llama-server", "-m", "C:\\my models\\m.gguf", "-ot", "exps=CPU"], "powershell")
+    assert plain == "llama-server -m 'C:\\my models\\m.gguf' -ot exps=CPU"
+    for arg in ("", 'a"b', "C:\\my models\\"):
+        text = format_command(["llama-server", "-m", "m.gguf", "--alias", arg], "powershell")
+        assert text.startswith(LEGACY_BLOCK) and text.endswith(" }"), text
 
 
 def _cmd_then_argv(text: str) -> list[str]:
-    """cmd.exe (^ escapes outside double quotes) then CommandLineToArgvW's rules."""
+    """cmd.exe (a leading REM line is a command of its own that does nothing; ^ escapes outside double
+    quotes) then CommandLineToArgvW's rules."""
+    if text.startswith("REM "):
+        rem, _, text = text.partition("\n")
+        assert not any(c in rem for c in "%!^&|<>\""), rem
     text = text.replace(" ^\n", " ")
     line, in_q, i = [], False, 0
     while i < len(text):
@@ -132,7 +187,11 @@ def _cmd_then_argv(text: str) -> list[str]:
             c = text[i]
         line.append(c)
         i += 1
-    s = "".join(line)
+    return _argv_w("".join(line))
+
+
+def _argv_w(s: str) -> list[str]:
+    """CommandLineToArgvW's rules (for the arguments after the program)."""
     args: list[str] = []
     i, cur, in_q, started = 0, [], False, False
     while i <= len(s):
@@ -177,9 +236,21 @@ def test_cmd_round_trip(argv: list[str], multiline: bool) -> None:
     assert _cmd_then_argv(format_command(argv, "cmd", multiline=multiline)) == argv
 
 
+def test_cmd_says_which_argument_delayed_expansion_would_change() -> None:
+    """``!`` is literal in cmd.exe as it starts, but with delayed expansion on (cmd /v:on, setlocal
+    EnableDelayedExpansion) ``!NAME!`` is replaced and a lone ``!`` dropped even inside double quotes."""
+    text = format_command(["s", "-m", "m.gguf", "-ot", "blk\\.(?!0\\.).*=CPU"], "cmd", multiline=True)
+    rem, _, command = text.partition("\n")
+    assert rem.startswith("REM for cmd.exe with delayed expansion off, its default") and "argument 4" in rem
+    assert command == 's ^\n  -m m.gguf ^\n  -ot "blk\\.(?!0\\.).*=CPU"'
+    assert not format_command(["s", "-m", "m.gguf"], "cmd").startswith("REM")
+
+
 def test_cmd_escapes_metacharacters_cmd_sees() -> None:
     assert format_command(["s", "-ot", "a|b=CPU"], "cmd") == 's -ot "a|b=CPU"'
-    assert format_command(["s", "--api-key", 'a"b&c'], "cmd") == 's --api-key "a\\"b^&c"'
+    # the escaped quote leaves cmd outside quotes: & is escaped, and the closing quote is ^" so that cmd
+    # is outside quotes for the next argument too (tests/core/test_export_cmd_quotes.py)
+    assert format_command(["s", "--api-key", 'a"b&c'], "cmd") == 's --api-key "a\\"b^&c^"'
 
 
 def test_llama_swap_entry() -> None:

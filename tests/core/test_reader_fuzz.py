@@ -1,6 +1,6 @@
 """Fuzzing the header reader: mutated real headers give a Model or a GGUFError, nothing else.
 
-The base files are written by GGUFWriter (every value type, nested and lazy arrays, several tensor
+The base files are written by GGUFWriter (every value type, lazy arrays, several tensor
 types).  Mutations: byte flips, truncations, inserted and deleted bytes, and length/count fields
 overwritten with huge or off-by-one values.  Each example must finish quickly (deadline).
 """
@@ -50,7 +50,6 @@ def _write_base(path: Path, *, n_tokens: int) -> Path:
     w.add_float64("t.f64", 1e-300)
     w.add_bool("t.bool", True)
     w.add_string("t.str", "héllo")
-    w.add_array("t.nested", [[1, 2], [3]])
     w.add_array("t.strs", ["a", "bc", ""])
     w.add_token_list([f"t{i}" for i in range(n_tokens)])
     w.add_token_scores([0.5] * 4200)  # > 4096: a lazy float array

@@ -143,6 +143,124 @@ def _wait_stopped(procs: Sequence[Any], deadline: float) -> None:
             time.sleep(0.001)
 
 
+#: prctl option: orphans below this process are reparented to it rather than to init (Linux 3.4+)
+PR_SET_CHILD_SUBREAPER = 36
+
+
+#: PIDs of the children the planner started (POSIX: recorded by :func:`adopt`)
+_spawned: set[int] = set()
+_subreaper = [False]
+
+
+def become_subreaper() -> bool:
+    """Linux: make this process the child subreaper of what it starts, so that a grandchild whose parent
+    exits (a child llama-server started with ``setsid``, outside the group :func:`kill_group` ends)
+    becomes this process's child, which :func:`end_adopted` can find; False elsewhere (Windows's job
+    object already holds such grandchildren; macOS has no subreaper: they escape). ``launch`` and the
+    window call it once at start; the runner then ends such orphans when its server has finished."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _subreaper[0] = bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+    return _subreaper[0]
+
+
+def is_subreaper() -> bool:
+    return _subreaper[0]
+
+
+def children_now() -> frozenset[int]:
+    """This process's children now (to pass to :func:`end_adopted` as those to leave alone)."""
+    import psutil
+
+    try:
+        return frozenset(c.pid for c in psutil.Process().children())
+    except psutil.Error:
+        return frozenset()
+
+
+def end_adopted(keep: frozenset[int] = frozenset(), wait: float = FREEZE_WAIT) -> list[int]:
+    """Stop (SIGSTOP), SIGKILL and reap every child of this process that it did not start (:func:`adopt`)
+    and that is not in ``keep``, and everything below it: after :func:`become_subreaper`, the orphans a
+    finished server left.  Returns their PIDs."""
+    if not sys.platform.startswith("linux"):
+        return []
+    import psutil
+
+    me = psutil.Process()
+    frozen: dict[int, Any] = {}
+    deadline = time.monotonic() + wait
+    _spawned.intersection_update(c.pid for c in _children(me))  # the others ended (their PIDs may return)
+    while True:
+        try:
+            tops = [c for c in me.children() if c.pid not in keep and c.pid not in _spawned]
+            tree = [p for c in tops for p in (c, *_below(c))]
+        except psutil.Error:
+            tree = []
+        new = [p for p in tree if p.pid not in frozen]
+        if not new or time.monotonic() >= deadline:
+            break
+        for p in new:
+            frozen[p.pid] = p
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGSTOP)
+        _wait_stopped(new, deadline)
+    for p in frozen.values():
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGKILL)
+    _reap(set(frozen), time.monotonic() + 2.0)
+    return sorted(frozen)
+
+
+def _children(proc: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(proc.children())
+    except psutil.Error:
+        return []
+
+
+def _below(proc: Any) -> list[Any]:
+    import psutil
+
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _reap(pids: set[int], deadline: float) -> None:
+    """Wait for each of ``pids`` that is (or becomes, as its killed parent is reaped) this process's child."""
+    if not sys.platform.startswith("linux"):
+        return
+    while pids and time.monotonic() < deadline:
+        for pid in list(pids):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    pids.discard(pid)
+            except ChildProcessError:  # not (yet) ours: gone, or its killed parent not reaped yet
+                if not _exists(pid):
+                    pids.discard(pid)
+        if pids:
+            time.sleep(0.005)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _start(args: Sequence[str], **kwargs: Any) -> tuple[subprocess.Popen[Any], GuardedCommand]:
     cmd = guard(args[0], args[1:], kwargs.get("env"))
     proc = subprocess.Popen([cmd.program, *cmd.arguments], **kwargs)
@@ -302,4 +420,7 @@ if sys.platform == "win32":
 else:
 
     def adopt(pid: int | None) -> None:
-        """Nothing to do here: the child tied itself to the planner (:mod:`exec_guard`)."""
+        """Remember ``pid`` as started by the planner (:func:`end_adopted` leaves it alone); the child
+        tied itself to the planner (:mod:`exec_guard`)."""
+        if pid:
+            _spawned.add(pid)

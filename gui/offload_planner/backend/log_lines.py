@@ -10,76 +10,26 @@ counted, and when its newline arrives one more line says how many characters wer
 reads only the unfinished line is kept, never more than :data:`MAX_LINE_CHARS` of it, so a backend
 printing gigabytes without a newline costs constant memory and time linear in what it printed.
 
-:func:`printable` escapes C0 controls but tab, DEL, C1 controls (``\\x9b`` is a terminal's CSI), the
-Unicode line and paragraph separators, the bidirectional overrides and lone surrogates;
-:func:`safe_line` does that and the cut for a line from anywhere else (the log view uses it on
-everything it is given).
+:func:`printable` (core's one escaper, :mod:`offload_planner.core.printable`) escapes C0 controls but
+tab, DEL, C1 controls (``\\x9b`` is a terminal's CSI), the Unicode line and paragraph separators, the
+bidirectional overrides, the byte-order mark and lone surrogates; :func:`safe_line` does that and
+the cut for a line from anywhere else (the log view uses it on everything it is given).
 """
 
 from __future__ import annotations
 
 import codecs
-import re
 from collections.abc import Sequence
+
+from offload_planner.core.printable import is_plain as _plain
+from offload_planner.core.printable import printable
 
 MAX_LINE_CHARS = 4096
 CUT_MARK = " …[line cut]"
 #: The longest line :class:`LineSplitter` and :func:`safe_line` return.
 LINE_LIMIT = MAX_LINE_CHARS + len(CUT_MARK)
-
-#: What gets escaped: C0 controls but tab, DEL and C1 controls, line and paragraph separators,
-#: bidirectional embeddings/overrides/isolates, surrogates (undecodable bytes, from surrogateescape).
-_ESCAPED_RANGES = ((0x00, 0x08), (0x0A, 0x1F), (0x7F, 0x9F), (0x2028, 0x202E), (0x2066, 0x2069),
-                   (0xD800, 0xDFFF))
-_NEWLINE = 0x0A
-_PLAIN_ASCII = bytes([9, *range(32, 127)])  # tab and the printable ASCII characters
-_PLAIN_ASCII_LINES = _PLAIN_ASCII + b"\n"
-
-
-def _escape(code: int) -> str:
-    if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte
-        return f"\\x{code - 0xDC00:02x}"
-    return {0x0A: "\\n", 0x0D: "\\r"}.get(code) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-
-
-def _ranges(keep_newlines: bool) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in _ESCAPED_RANGES:
-        if keep_newlines and lo <= _NEWLINE <= hi:
-            out += [r for r in ((lo, _NEWLINE - 1), (_NEWLINE + 1, hi)) if r[0] <= r[1]]
-        else:
-            out.append((lo, hi))
-    return out
-
-
-def _codes(keep_newlines: bool) -> list[int]:
-    return [c for lo, hi in _ranges(keep_newlines) for c in range(lo, hi + 1)]
-
-
-def _class(keep_newlines: bool) -> re.Pattern[str]:
-    return re.compile("[" + "".join(f"{re.escape(chr(lo))}-{re.escape(chr(hi))}"
-                                     for lo, hi in _ranges(keep_newlines)) + "]")
-
-
-_CONTROL_RE = _class(False)
-_CONTROL_BUT_NEWLINE_RE = _class(True)
-_ESCAPES = {c: _escape(c) for c in _codes(False)}  # str.translate tables
-_ESCAPES_BUT_NEWLINE = {c: _escape(c) for c in _codes(True)}
-
-
-def _plain(text: str, keep_newlines: bool = False) -> bool:
-    """No character :func:`printable` would escape (ASCII, the usual case, is checked in C)."""
-    if text.isascii():
-        return not text.encode("ascii").translate(None, _PLAIN_ASCII_LINES if keep_newlines else _PLAIN_ASCII)
-    return not (_CONTROL_BUT_NEWLINE_RE if keep_newlines else _CONTROL_RE).search(text)
-
-
-def printable(text: str, *, keep_newlines: bool = False) -> str:
-    """``text`` with every control character but tab (and newlines, if asked) written as an escape:
-    ``\\x1b``, ``\\r``, ``\\u202e``; an undecodable byte kept by ``surrogateescape`` as ``\\xff``."""
-    if _plain(text, keep_newlines):
-        return text
-    return text.translate(_ESCAPES_BUT_NEWLINE if keep_newlines else _ESCAPES)
+__all__ = ["CUT_MARK", "LINE_LIMIT", "MAX_LINE_CHARS", "LineSplitter", "dropped_note", "printable",
+           "safe_line", "safe_lines"]
 
 
 def safe_line(text: str) -> str:

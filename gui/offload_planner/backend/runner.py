@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -178,6 +179,7 @@ class ServerProcess(QObject):
         self._t0 = time.monotonic()
         self._load_seconds: float | None = None
         self._pid: int | None = None
+        self._keep: frozenset[int] | None = None  # set when the server starts (a subreaper only)
         self._guarded: child_guard.GuardedCommand | None = None
         self.url = None
         self.progress = 0.0
@@ -388,6 +390,8 @@ class ServerProcess(QObject):
         self._t0 = time.monotonic()
         self._guarded = child_guard.guard(cmd.program, cmd.arguments,
                                           launch.child_environment(os.environ, cfg.env))
+        # the children there before this server: what it leaves behind is only what comes after
+        self._keep = child_guard.children_now() if child_guard.is_subreaper() else None
         proc.start(self._guarded.program, list(self._guarded.arguments))
 
     def _on_started(self) -> None:
@@ -431,7 +435,29 @@ class ServerProcess(QObject):
         if best is not None and self._state is ServerState.LOADING:
             self._set_progress(best.fraction, best.label)
         if acc.report.listening_url and self._state is ServerState.LOADING:
-            self._become_running(acc.report.listening_url)
+            url = self._own_url(acc.report.listening_url)
+            if url is None:
+                acc.report.listening_url = None  # not the server's: the next listening line may be
+            else:
+                self._become_running(url)
+
+    def _own_url(self, logged: str) -> str | None:
+        """The URL to reach the server at, from a logged 'listening on URL': the port (and http/https)
+        as logged, the host the server was launched with. Any line can say 'listening on': at -lv 4 the
+        loader logs each GGUF key name in full, so a model's metadata named another host, where the
+        bench then sent its request with the --api-key (and Open web UI opened it). None: not usable."""
+        cmd = self.command
+        if cmd is None or cmd.health_url is None:  # a unix socket: nothing to reach over HTTP
+            return logged if logged.startswith("unix://") else None
+        try:
+            parts, ours = urllib.parse.urlsplit(logged), urllib.parse.urlsplit(cmd.health_url)
+            port = parts.port
+        except ValueError:
+            return None
+        if parts.scheme not in ("http", "https") or port is None or ours.hostname is None:
+            return None
+        host = f"[{ours.hostname}]" if ":" in ours.hostname else ours.hostname
+        return f"{parts.scheme}://{host}:{port}"
 
     def _become_running(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -465,6 +491,7 @@ class ServerProcess(QObject):
         self._kill_children()
         if self._guarded is not None and self._guarded.own_group:
             child_guard.kill_group(self._pid)  # whatever the server started and left behind
+        self._end_adopted()
         proc, self._proc = self._proc, None
         self.outcome = LaunchOutcome(
             state=final, command=self.command, exit_code=code, crashed=crashed, stopped=self._stopping,
@@ -476,6 +503,20 @@ class ServerProcess(QObject):
         self.finished.emit(self.outcome)
         if proc is not None:
             proc.deleteLater()
+
+    def _end_adopted(self) -> None:
+        """After :func:`child_guard.become_subreaper` (Linux): a process the server started in a session
+        of its own outlives the group's SIGKILL, and once the server has exited it is our child: end it
+        (and say so). Children that were there before this server started are left alone."""
+        keep, self._keep = self._keep, None
+        if keep is None:
+            return
+        ended = child_guard.end_adopted(keep | ({self._pid} if self._pid else set()))
+        if ended:
+            n = len(ended)
+            what = ("process", "its", "it") if n == 1 else ("processes", "their", "them")
+            self.notice.emit(f"llama-server left {n} {what[0]} running outside its process group (in a "
+                             f"session of {what[1]} own); ended {what[2]}")
 
     def _fail_to_start(self, message: str) -> None:
         self._start_error = message

@@ -10,15 +10,20 @@ graphs.  Pure Python (urllib); no Qt.
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import http.client
 import json
 import math
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
 from offload_planner.core.errors import PlannerError
+from offload_planner.core.printable import printable
 
 DEFAULT_PROMPT_TOKENS = 512
 DEFAULT_GEN_TOKENS = 64
@@ -62,7 +67,7 @@ def prompt_ids(n: int, n_vocab: int) -> list[int]:
 MAX_ANSWER_BYTES = 16 << 20
 
 
-def _read_all(resp: Any, url: str, deadline: float) -> bytes:
+def _read_all(resp: Any, url: str, deadline: float, cut: threading.Event) -> bytes:
     """The answer's body by pieces, at most :data:`MAX_ANSWER_BYTES`, by ``deadline`` (or one socket
     timeout after it): the socket's timeout is per read, so a server sending a byte a second kept the
     check waiting for days."""
@@ -70,7 +75,7 @@ def _read_all(resp: Any, url: str, deadline: float) -> bytes:
     size = 0
     while size <= MAX_ANSWER_BYTES:
         left = deadline - time.monotonic()
-        if left <= 0:
+        if left <= 0 or cut.is_set():
             raise BenchError(f"{url}: the answer did not arrive in time (still coming after {size:,} bytes)")
         piece = resp.read1(1 << 16)
         if not piece:
@@ -79,22 +84,75 @@ def _read_all(resp: Any, url: str, deadline: float) -> bytes:
         size += len(piece)
     if size > MAX_ANSWER_BYTES:
         raise BenchError(f"{url}: the answer is more than {MAX_ANSWER_BYTES:,} bytes (not llama-server's)")
+    if cut.is_set():
+        raise BenchError(f"{url}: the answer did not arrive in time (still coming after {size:,} bytes)")
+    if resp.length:  # the connection closed before the Content-Length it announced
+        raise BenchError(f"{url}: no answer to the benchmark request (the connection closed after {size:,} "
+                         f"bytes, {resp.length:,} short of the answer's length)")
     return b"".join(chunks)
 
 
-def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _address(url: str) -> urllib.parse.SplitResult:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # a ValueError for a port that is no number
+    except ValueError as e:  # the address the server's log gave is none
+        raise BenchError(f"{url}: not an address to send the benchmark request to ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchError(f"{url}: not an address to send the benchmark request to (no http:// host)")
+    return parts
+
+
+def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
+    """No proxy and no redirect: the server is the one we started (the https default context checks
+    its certificate, as urllib did)."""
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.hostname or "", parts.port, timeout=timeout)
+
+
+def _cutter(conn: http.client.HTTPConnection, seconds: float, cut: threading.Event) -> threading.Timer:
+    """Shut the connection down after ``seconds``: http.client reads the status line and headers with
+    only the socket's per-read timeout, so a server trickling them in held the check for ever."""
+    def fire() -> None:
+        cut.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    timer = threading.Timer(max(0.0, seconds), fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _post(url: str, body: dict[str, Any], timeout: float, api_key: str | None = None) -> dict[str, Any]:
     data = json.dumps(body).encode()
     deadline = time.monotonic() + timeout
+    parts = _address(url)
+    headers = {"Content-Type": "application/json"}
+    if api_key:  # llama-server started with --api-key answers 401 to a request without it
+        headers["Authorization"] = f"Bearer {api_key}"
+    cut = threading.Event()
+    conn = _connection(parts, timeout)
+    timer = _cutter(conn, timeout, cut)
     try:
-        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # the loopback server we started
-            payload = _read_all(resp, url, deadline)
-    except urllib.error.HTTPError as e:
-        raise BenchError(_refusal(url, e, body)) from None
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        raise BenchError(f"{url}: no answer to the benchmark request ({e})") from None
-    except ValueError as e:  # the address the server's log gave is none (http.client.InvalidURL too)
-        raise BenchError(f"{url}: not an address to send the benchmark request to ({e})") from None
+        conn.request("POST", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), body=data,
+                     headers=headers)
+        resp = conn.getresponse()
+        if resp.status >= 400:
+            raise BenchError(_refusal(url, resp.status, resp.read(1 << 16), body, bool(api_key)))
+        payload = _read_all(resp, url, deadline, cut)
+    except (http.client.HTTPException, OSError, ValueError) as e:
+        if cut.is_set():
+            raise BenchError(f"{url}: the answer did not arrive in time ({timeout:g} s)") from None
+        if isinstance(e, http.client.HTTPException) and not isinstance(e, ConnectionError):
+            raise BenchError(f"{url}: not an HTTP answer ({type(e).__name__}: "
+                             f"{printable(str(e))[:200]})") from None
+        raise BenchError(f"{url}: no answer to the benchmark request ({printable(str(e))[:300]})") from None
+    finally:
+        timer.cancel()
+        conn.close()
     try:
         out = json.loads(payload)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply
@@ -104,24 +162,25 @@ def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
     return out
 
 
-def _refusal(url: str, e: urllib.error.HTTPError, body: dict[str, Any]) -> str:
+def _refusal(url: str, code: int, raw: bytes, body: dict[str, Any], sent_key: bool = False) -> str:
     """A request llama-server answered with an error status, in its own words and with what to do:
     "HTTP Error 400: Bad Request" alone left a context too small for the bench's request (-c 512:
     "request (512 tokens) exceeds the available context size") without a word of why."""
-    from offload_planner.backend.log_lines import printable
-
     said = ""
     try:
-        err = json.loads(e.read(1 << 16)).get("error", {})
+        err = json.loads(raw).get("error", {})
         said = printable(str(err.get("message", "")))[:300] if isinstance(err, dict) else ""
         kind = err.get("type", "") if isinstance(err, dict) else ""
     except (OSError, ValueError, AttributeError, RecursionError):
         kind = ""
-    text = f"{url}: llama-server refused the benchmark request (HTTP {e.code}{': ' + said if said else ''})"
+    text = f"{url}: llama-server refused the benchmark request (HTTP {code}{': ' + said if said else ''})"
     if kind == "exceed_context_size_error":
         need = len(body.get("prompt", [])) + int(body.get("n_predict", 0))
         text += (f"; its {len(body.get('prompt', []))}-token prompt and {body.get('n_predict')} generated "
                  f"tokens need a context of {need} tokens a slot: raise -c (it is shared by the -np slots)")
+    elif kind == "authentication_error" and code == 401:
+        text += ("; the command's --api-key (or --api-key-file) was not accepted" if sent_key else
+                 "; it wants an API key, and neither the command nor LLAMA_API_KEY gives one")
     return text
 
 
@@ -156,6 +215,32 @@ def _timings(url: str, answer: dict[str, Any]) -> MeasuredSpeed:
     return got
 
 
+#: The most of an --api-key-file read for its first key
+KEY_FILE_BYTES = 64 << 10
+
+
+def api_key_of(parsed: Any) -> str | None:
+    """The key a request to the server launched with ``parsed`` (a ``ParsedArgs``, the environment's
+    ``LLAMA_API_KEY`` included) must carry, read as arg.cpp reads it: the first non-empty field of
+    ``--api-key``'s comma-separated list (CSV quotes allowed), else the first line of ``--api-key-file``
+    that is not empty and does not start with ``#`` (None: no key)."""
+    flags = list(getattr(parsed, "flags", None) or [])
+    for f in flags:
+        if f.key == "--api-key" and f.values:
+            first = next((k for k in next(csv.reader([f.values[0]]), []) if k), None)
+            if first:
+                return first
+    for f in flags:
+        if f.key == "--api-key-file" and f.values:
+            try:
+                with open(f.values[0], "rb") as fh:
+                    text = fh.read(KEY_FILE_BYTES).decode("utf-8", "replace")
+            except OSError:
+                return None
+            return next((ln for ln in text.split("\n") if ln and not ln.startswith("#")), None)
+    return None
+
+
 def request_body(prompt: list[int], n_predict: int) -> dict[str, Any]:
     return {
         "prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
@@ -165,12 +250,13 @@ def request_body(prompt: list[int], n_predict: int) -> dict[str, Any]:
 
 def measure(base_url: str, *, n_vocab: int, prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
             gen_tokens: int = DEFAULT_GEN_TOKENS, warmup: bool = True,
-            timeout: float = 600.0) -> MeasuredSpeed:
-    """Send the fixed benchmark request to ``base_url`` (``http://127.0.0.1:PORT``)."""
+            timeout: float = 600.0, api_key: str | None = None) -> MeasuredSpeed:
+    """Send the fixed benchmark request to ``base_url`` (``http://127.0.0.1:PORT``); ``api_key``: the
+    server's ``--api-key`` (sent as a bearer token)."""
     url = base_url.rstrip("/") + "/completion"
     if warmup:
-        _post(url, request_body(prompt_ids(min(32, prompt_tokens), n_vocab), 4), timeout)
-    answer = _post(url, request_body(prompt_ids(prompt_tokens, n_vocab), gen_tokens), timeout)
+        _post(url, request_body(prompt_ids(min(32, prompt_tokens), n_vocab), 4), timeout, api_key)
+    answer = _post(url, request_body(prompt_ids(prompt_tokens, n_vocab), gen_tokens), timeout, api_key)
     got = _timings(url, answer)
     if got.prompt_tokens > 2 * prompt_tokens + 16 or got.gen_tokens > 2 * gen_tokens + 16:
         # the estimate walks the reported prompt micro-batch by micro-batch: 10^15 tokens hung it

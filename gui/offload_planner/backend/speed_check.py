@@ -85,10 +85,11 @@ def compared_tg(e: SpeedEstimate) -> float:
 
 def run_speed_check(base_url: str, plan: Any, parsed: Any = None, *,
                     prompt_tokens: int = DEFAULT_PROMPT_TOKENS, gen_tokens: int = DEFAULT_GEN_TOKENS,
-                    store: bool = True) -> SpeedCheck:
-    """Measure the server at ``base_url`` running ``plan`` and compare with its estimate."""
+                    store: bool = True, api_key: str | None = None) -> SpeedCheck:
+    """Measure the server at ``base_url`` running ``plan`` and compare with its estimate; ``api_key``: the
+    server's ``--api-key`` (:func:`~offload_planner.backend.server_bench.api_key_of`)."""
     got = measure(base_url, n_vocab=plan.model.summary.n_vocab, prompt_tokens=prompt_tokens,
-                  gen_tokens=gen_tokens)
+                  gen_tokens=gen_tokens, api_key=api_key)
     hw = machine_hardware(plan, parsed)
     eff = efficiencies_for(plan.dialect)
     # the generated tokens the server times follow the prompt: tg at their average depth (their

@@ -17,12 +17,7 @@ from dataclasses import dataclass
 from offload_planner.core.cmdline import Dialect, flag_table, parse_server_args
 from offload_planner.core.cmdline.flagspec import normalize_spelling
 from offload_planner.core.cmdline.rpc_endpoint import rpc_host
-
-#: Flags whose value is a secret (arg.cpp: ``-hft/--hf-token`` "Hugging Face access token",
-#: ``--api-key`` "API key to use for authentication"). ``--api-key-file`` and ``--ssl-key-file``
-#: take paths, which are not secrets themselves, and are kept.
-SECRET_FLAGS = frozenset({"--hf-token", "--api-key"})
-_SECRET_SPELLINGS = frozenset({"-hft", "--hf-token", "--api-key"})
+from offload_planner.core.cmdline.secrets import SECRET_FLAGS, is_secret, masked
 
 #: Flags whose value is a path the server writes to (arg.cpp): its log, the prompts it logs, slot
 #: KV caches saved on a client's request, the n-gram cache updated by generation.
@@ -89,14 +84,6 @@ def _dialect(dialect: Dialect) -> Dialect:
         return Dialect.LLAMA_CPP
 
 
-def _is_secret(arg: str) -> tuple[bool, bool]:
-    """(names a secret flag, with its value attached as ``--flag=VALUE``)."""
-    spelling, eq, _ = normalize_spelling(arg).partition("=")
-    if spelling in _SECRET_SPELLINGS:
-        return True, bool(eq)
-    return False, False
-
-
 def strip_secrets(
     args: Sequence[str], dialect: Dialect = Dialect.LLAMA_CPP
 ) -> tuple[list[str], list[str]]:
@@ -110,7 +97,7 @@ def strip_secrets(
     i = 0
     while i < len(args):
         arg = args[i]
-        secret, attached = _is_secret(arg)
+        secret, attached = is_secret(arg)
         if secret:
             removed.append(arg.split("=", 1)[0])
             i += 1 if attached else 2
@@ -166,19 +153,4 @@ def review_args(
     return out
 
 
-def masked(args: Sequence[str]) -> list[str]:
-    """``args`` with secret values replaced by ``***`` (for display)."""
-    out: list[str] = []
-    hide = False
-    for arg in args:
-        if hide:
-            out.append("***")
-            hide = False
-            continue
-        secret, attached = _is_secret(arg)
-        if secret and attached:
-            out.append(arg.split("=", 1)[0] + "=***")
-        else:
-            out.append(arg)
-            hide = secret
-    return out
+__all__ = ["SECRET_FLAGS", "Concern", "is_loopback", "masked", "review_args", "strip_secrets"]

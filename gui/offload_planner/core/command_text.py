@@ -19,7 +19,9 @@ from offload_planner.core.cmdline import (
     parse_server_args,
     skipped_devices,
 )
+from offload_planner.core.cmdline.emit import PS_LEGACY
 from offload_planner.core.cmdline.ik_draft_params import draft_params_notes
+from offload_planner.core.cmdline.shell_read import legacy_line, msvcrt_split, powershell_words
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.plan import Plan, plan_from_args
 
@@ -80,13 +82,52 @@ def _ansi_c_as_single_quotes(text: str) -> str:
     return "".join(out)
 
 
+#: A whole line that is a comment: cmd's ``REM`` (and ``::``), PowerShell's and bash's ``#`` (the cmd
+#: export writes a ``REM`` line before a command with a ``!``).
+_COMMENT_LINE = re.compile(r"^[ \t]*(?:(?:REM|@REM)(?:[ \t].*)?|::.*|#.*)(?:\r?\n|$)", re.I | re.M)
+#: How the PowerShell export opens a command that needs the legacy argument passing.
+_PS_LEGACY_OPEN = "& { " + PS_LEGACY + "; "
+
+
+def _cmd_unescaped(text: str) -> str:
+    """The line cmd.exe hands the program: each ``^`` outside double quotes escapes the next character."""
+    out: list[str] = []
+    in_quotes = False
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            in_quotes = not in_quotes
+        elif ch == "^" and not in_quotes and i + 1 < len(text):
+            i += 1
+            ch = text[i]
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def split_command_text(text: str) -> list[str]:
-    """A pasted command as an argument list; line continuations of bash (\\), PowerShell (`) and
-    cmd (^) are joined, and bash's ``$'...'`` strings read. The program name stays (the parser
-    recognises it)."""
+    """A pasted command as an argument list; whole-line comments dropped, line continuations of bash
+    (\\), PowerShell (`) and cmd (^) joined, and bash's ``$'...'`` strings read. What the PowerShell
+    export writes (``& 'program'``, the legacy block, `` ` `` continuations) is read as PowerShell
+    (``'it''s'``: ``it's``), a command with a ``REM`` line or ``^`` continuations as cmd.exe; any other
+    as bash. The program name stays (the parser recognises it)."""
+    rem = re.search(r"^[ \t]*(?:@?REM\b|::)", text, re.I | re.M) is not None
+    text = _COMMENT_LINE.sub("", text)
+    cmd = rem or bool(re.search(r"\^\r?\n", text))
+    powershell = bool(re.search(r"`\r?\n", text))
     for cont in ("\\\r\n", "\\\n", "`\r\n", "`\n", "^\r\n", "^\n"):
         text = text.replace(cont, " ")
+    text = text.strip()
+    if cmd:  # cmd.exe's: ^ escapes outside double quotes, then the program's CommandLineToArgvW
+        return msvcrt_split(_cmd_unescaped(text))
+    legacy = text.startswith(_PS_LEGACY_OPEN) and text.endswith("}")
+    if legacy:
+        text = text[len(_PS_LEGACY_OPEN):-1].strip()
     try:
+        if legacy or powershell or text.startswith("& "):
+            words = powershell_words(text.removeprefix("& "))
+            return words[:1] + msvcrt_split(legacy_line(words[1:])) if legacy else words
         return shlex.split(_ansi_c_as_single_quotes(text), comments=False, posix=True)
     except ValueError as e:
         raise ValueError(f"cannot split the command: {e}") from None

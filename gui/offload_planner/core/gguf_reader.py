@@ -270,18 +270,18 @@ def _walk_strings(buf: bytes | mmap.mmap, pos: int, k: int, have: int) -> int:
     return pos if pos <= have else -1
 
 
-def _value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> object:
+def _value(cur: _Cursor, vtype: int, key: str) -> object:
     st = _SCALAR.get(vtype)
     if st is not None:
         return cur.take(st)
     if vtype == STRING:
         return cur.string(f"value of {key!r}")
     if vtype == ARRAY:
-        return _array(cur, key, depth)
+        return _array(cur, key)
     raise cur.fail(f"key {key!r}: unknown value type {vtype}", cur.pos - 4)
 
 
-def _array(cur: _Cursor, key: str, depth: int) -> object:
+def _array(cur: _Cursor, key: str) -> object:
     start = cur.pos
     etype = cur.take(_U32)
     count = cur.take(_U64)
@@ -294,10 +294,8 @@ def _array(cur: _Cursor, key: str, depth: int) -> object:
         if count <= EAGER_ARRAY_LIMIT:
             return LazyArray(STRING, count, first, cur.buf).values()
         return LazyArray(STRING, count, first, *cur.keep(first))
-    if etype == ARRAY:
-        if depth > 2 or count > remaining // 12:
-            raise cur.fail(f"key {key!r}: nested array of {count} arrays is not valid", start)
-        return [_array(cur, key, depth + 1) for _ in range(count)]
+    if etype == ARRAY:  # gguf.cpp: "key '...' has invalid GGUF type 9", the file refused
+        raise cur.fail(f"key {key!r}: a nested array (an array of arrays), which llama.cpp refuses", start)
     st = _SCALAR.get(etype)
     if st is None:
         raise cur.fail(f"key {key!r}: unknown array element type {etype}", start)
@@ -367,11 +365,16 @@ def _read_header(cur: _Cursor) -> Header:
     for _ in range(n_kv):
         at = cur.pos
         key = cur.string("metadata key")
+        if not key:  # gguf.cpp: "key N is empty", the file refused
+            raise cur.fail("a metadata key is empty, which llama.cpp refuses", at)
         vtype = cur.take(_U32)
         if key in metadata:
             raise cur.fail(f"duplicate metadata key {key!r}", at)
         metadata[key] = _value(cur, vtype, key)
         key_offsets[key] = at
+        if key == "general.alignment" and vtype != UINT32:  # gguf.cpp refuses the file
+            raise cur.fail(f"general.alignment is a {_TYPE_NAMES.get(vtype, vtype)}; llama.cpp reads only a "
+                           "uint32 there and refuses the file", at)
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -450,7 +453,25 @@ def _resolve_tensors(
             )
         prev = t
         end = max(end, t.offset + t.nbytes - header.data_offset)
+    _check_contiguous(header, out)
     return out, end
+
+
+def _check_contiguous(header: Header, tensors: list[Tensor]) -> None:
+    """gguf.cpp (every build since 2023) refuses a file whose tensors' data are not laid out one after
+    the other in the order of their infos, each padded to the alignment: "tensor '...' has offset X,
+    expected Y" (a gap, or infos in another order than the data)."""
+    expected = 0
+    for raw, t in zip(header.tensors, tensors, strict=True):
+        if raw.offset != expected:
+            raise GGUFError(
+                header.path,
+                f"tensor {raw.name!r} has data offset {raw.offset}, where llama.cpp expects {expected} (each "
+                f"tensor's data right after the one before it, padded to {header.alignment} bytes): "
+                "llama.cpp refuses the file",
+                raw.info_offset,
+            )
+        expected += -(-t.nbytes // header.alignment) * header.alignment
 
 
 def _shard(header: Header, data_end: int) -> Shard:

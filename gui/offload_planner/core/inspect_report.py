@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from offload_planner.core.model import Model, Tensor
+from offload_planner.core.printable import printable
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.units import fmt_bytes
 
@@ -102,10 +103,12 @@ def _cell(n: int, scale: int) -> str:
 def text_report(model: Model, *, layers: bool = True) -> str:
     s = model.summary
     lines: list[str] = []
-    title = s.name or model.path
+    # the file's strings (and the path) escaped one by one: the report keeps its own line breaks, so a
+    # line break in general.name printed a line of the file's making
+    title = printable(s.name or str(model.path))
     lines.append(f"{title}")
     lines.append(
-        f"  arch {s.arch}, {s.n_layer} layers"
+        f"  arch {printable(s.arch)}, {s.n_layer} layers"
         + (f" ({s.n_nextn} NextN/MTP)" if s.n_nextn else "")
         + f", file type {s.file_type}, {fmt_bytes(model.total_bytes)} of weights"
         + (", HEADER ONLY (no tensor data)" if model.header_only else "")
@@ -154,10 +157,11 @@ def _layer_table(model: Model) -> list[str]:
     outside = [t for t in model.tensors if t.layer is None]
     lines: list[str] = []
     if outside:
-        w = max(len(t.name) for t in outside)
+        names = [printable(t.name) for t in outside]
+        w = max(map(len, names))
         lines.append(f"  {'outside the layers':<18} {'tensor':<{w}} {'type':<6} {'size':>9}  ({unit})")
-        lines += [f"  {t.role.label:<18} {t.name:<{w}} {t.type.name:<6} {_cell(t.nbytes, scale)}"
-                  for t in outside]
+        lines += [f"  {t.role.label:<18} {name:<{w}} {t.type.name:<6} {_cell(t.nbytes, scale)}"
+                  for t, name in zip(outside, names, strict=True)]
         lines.append("")
     lines.append("  layer   " + " ".join(f"{h:>9}" for h in heads) + f"     total  ({unit})")
     rows = _per_layer(model)

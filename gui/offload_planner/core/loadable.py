@@ -24,6 +24,7 @@ from pathlib import Path
 from offload_planner.core.errors import GGUFError
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.model import Model
+from offload_planner.core.printable import printable
 
 #: keys ``load_hparams`` reads without a default (for every architecture but a CLIP projector)
 REQUIRED_KEYS = ("context_length", "embedding_length", "block_count")
@@ -32,21 +33,21 @@ REQUIRED_KEYS = ("context_length", "embedding_length", "block_count")
 def load_error(model: Model) -> GGUFError | None:
     """Why llama.cpp refuses to load ``model`` (the first reason, naming the file and the key or
     tensor), None when none of the checks above fails."""
-    arch = model.arch
-    if arch == "clip":
+    arch = printable(model.arch)  # the file's string, quoted in messages: no line break of its own
+    if model.arch == "clip":
         return None
     where = model.shards[0].path if model.shards else model.path
     offsets = model.key_offsets
-    for key in (f"{arch}.{k}" for k in REQUIRED_KEYS):
-        if key not in model.metadata:
-            return GGUFError(where, f"key not found in model: {key} (llama.cpp refuses to load a model "
+    for k in REQUIRED_KEYS:
+        if f"{model.arch}.{k}" not in model.metadata:
+            return GGUFError(where, f"key not found in model: {arch}.{k} (llama.cpp refuses to load a model "
                                     "without it)")
     s = model.summary
-    key = f"{arch}.block_count"
+    key = f"{model.arch}.block_count"
     if s.n_layer == 0:
         return GGUFError(where, f"key {key!r}: 0 blocks: llama.cpp asserts at least one "
                                 "(GGML_ASSERT n_layer_all > 0) and aborts", offsets.get(key))
-    used = f"{arch}.expert_used_count"
+    used = f"{model.arch}.expert_used_count"
     if s.n_expert_used > s.n_expert:
         return GGUFError(where, f"key {used!r}: {s.n_expert_used} experts used of {s.n_expert} "
                                 f"({arch}.expert_count): llama.cpp asserts n_expert_used <= n_expert and "
@@ -54,7 +55,7 @@ def load_error(model: Model) -> GGUFError | None:
     if s.n_expert and not s.n_expert_used:
         return GGUFError(where, f"key {used!r}: no expert used of {s.n_expert}: llama.cpp asserts at least "
                                 "one (GGML_ASSERT n_expert_used_max > 0) and aborts",
-                         offsets.get(used, offsets.get(f"{arch}.expert_count")))
+                         offsets.get(used, offsets.get(f"{model.arch}.expert_count")))
     return _tensor_past_the_blocks(model, s.n_layer)
 
 
@@ -63,9 +64,9 @@ def _tensor_past_the_blocks(model: Model, n_layer: int) -> GGUFError | None:
     if far is None:
         return None
     shard = model.shards[far.shard].path if far.shard < len(model.shards) else model.path
-    return GGUFError(shard, f"tensor {far.name!r} is in block {far.layer}, but {model.arch}.block_count "
-                            f"is {n_layer}: llama.cpp does not load it and refuses the model (wrong "
-                            "number of tensors)")
+    return GGUFError(shard, f"tensor {far.name!r} is in block {far.layer}, but "
+                            f"{printable(model.arch)}.block_count is {n_layer}: llama.cpp does not load it "
+                            "and refuses the model (wrong number of tensors)")
 
 
 def require_loadable(model: Model) -> Model:
@@ -90,6 +91,7 @@ def context_error(model: Model, n_ctx: int | None) -> str | None:
     if n_ctx or model.summary.n_ctx_train:
         return None
     given = "no -c" if n_ctx is None else f"-c {n_ctx}"
-    return (f"{given}: the model's trained context ({model.arch}.context_length in {model.path}) is 0 and "
+    return (f"{given}: the model's trained context ({printable(model.arch)}.context_length in "
+            f"{printable(str(model.path))}) is 0 and "
             "llama.cpp refuses a context of 0 ('n_ctx and model->hparams.n_ctx_train cannot both be zero'); "
             "give a context size, e.g. -c 4096")

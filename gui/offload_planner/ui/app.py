@@ -160,6 +160,10 @@ def run_gui(
     qt_compat.apply()
     if screenshot:
         _quiet_offscreen_warnings()
+    else:  # a launched server's orphans in a session of their own become ours, ended when it finishes
+        from offload_planner.backend import child_guard
+
+        child_guard.become_subreaper()
     declared = parse_device_decls(devices)
     QGuiApplication.setHighDpiScaleFactorRoundingPolicy(Qt.HighDpiScaleFactorRoundingPolicy.PassThrough)
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "offload-planner"])

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QWidget
 
-from offload_planner.backend.log_lines import printable
 from offload_planner.core.arg_safety import Concern, masked
 from offload_planner.core.cmdline import format_command
+from offload_planner.core.printable import printable
 
 FETCH_TITLE = "Fetch the model from the network?"
 LAUNCH_TITLE = "Launch the command of a plan file?"

@@ -52,6 +52,7 @@ from offload_planner.backend.speed_check import SpeedCheck
 from offload_planner.backend.telemetry import TelemetrySampler
 from offload_planner.core.cmdline import format_command
 from offload_planner.core.cmdline.emit import ExportRefused
+from offload_planner.core.cmdline.secrets import masked
 from offload_planner.core.dialects import Dialect
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.kv_override import file_model
@@ -96,9 +97,9 @@ OFF = QColor(255, 236, 179)
 
 def launched_text(argv: Sequence[str]) -> str:
     """The launched command as bash would read it, on one line: a control character in a path
-    shows as ``$'...\\n...'`` (``shlex.join`` kept it raw)."""
+    shows as ``$'...\\n...'`` (``shlex.join`` kept it raw); a secret (``--api-key``) as ``***``."""
     try:
-        return format_command(list(argv), "bash")
+        return format_command(masked(argv), "bash")
     except ExportRefused as e:
         return str(e)
 
@@ -611,8 +612,16 @@ class LauncherPanel(QWidget):
 
     def run_bench(self) -> bool:
         """Measure the running server's speed (off the GUI thread) against the plan it runs."""
+        from offload_planner.backend.server_bench import api_key_of
+        from offload_planner.core.cmdline import parse_server_args
+
         plan = self._run[0] if self._run else None
-        if not self._url or plan is None or not self.bench.start(self._url, plan):
+        command = self.server.command
+        key = None
+        if command is not None:  # the server's --api-key, or its LLAMA_API_KEY (the Environment field's)
+            env = launch.child_environment(os.environ, self.server.config.env)
+            key = api_key_of(parse_server_args(list(command.server_args), dialect=command.dialect, env=env))
+        if not self._url or plan is None or not self.bench.start(self._url, plan, api_key=key):
             return False
         self.bench_button.setEnabled(False)
         self.speed_label.setText("Measuring speed: 512-token prompt, 64 generated tokens…")

@@ -233,6 +233,7 @@ class MainWindow(QMainWindow):
         self.legend = LegendBar(doc)
         self.memory_view = MemoryView(doc)
         self.speed_label = SpeedLabel(doc)
+        self.speed_label.fasterChanged.connect(self.memory_view.set_faster)
         self.command_pane = CommandPane(doc)
         self.command_pane.set_format_style(str(self.settings.get(keys.COMMAND_STYLE)))
         self.command_pane.before_replace = lambda: self.confirm_replace("Pasting a command replaces it.")

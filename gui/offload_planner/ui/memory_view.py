@@ -31,6 +31,7 @@ from offload_planner.core.extra_context import DRAFT, MTP
 from offload_planner.core.mapped_span import no_placement_fits, ram_sharers, unified_over
 from offload_planner.core.memory import DeviceMemory
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.advice import FasterHints, expert_room, held_on_cpu
 from offload_planner.core.units import GiB, MiB, fmt_bytes
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.nothing_fits import nothing_fits_text
@@ -44,6 +45,7 @@ from offload_planner.ui.palette import (
     kind_overlay,
     readable,
 )
+from offload_planner.ui.room_hint import fill_action, gpus_left, ram_over_action
 
 _OVERFLOW_SHARE = 0.16  # of the bar width, kept for overflow past capacity
 FITS_COLOR = QColor("#007A3D")  # the verdict when every device fits
@@ -71,11 +73,13 @@ _FIRST_SHORT_FORM = 2  # the first form with one-letter labels
 
 
 def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: str = "",
-                   nothing_fits: int = 0) -> str:
+                   nothing_fits: int = 0, room: tuple[tuple[str, int], ...] = (), held: int = 0) -> str:
     """Under the legend while a device is over capacity: what to do about it ("" when all fit).
     ``shared_ram``: the devices of a Mac's one memory (``CPU + MTL0``) when together over it;
     ``nothing_fits``: by how many bytes, when they are all the devices there are: no placement fits
-    (what moves off a Metal GPU lands in the same RAM), so no placement preset is suggested."""
+    (what moves off a Metal GPU lands in the same RAM), so no placement preset is suggested; ``room``: the
+    GPUs with room for a routed expert the CPU holds (core.speed.advice.expert_room), bytes left; ``held``:
+    of the CPU's experts, those the moves or -ot rules put there (advice.held_on_cpu)."""
     if nothing_fits and shared_ram:
         return "What next: " + nothing_fits_text(shared_ram, nothing_fits)
     parts = []
@@ -86,13 +90,48 @@ def next_step_text(gpus_over: list[str], cpu_over: bool, moe: bool, shared_ram: 
     elif gpus_over:
         parts.append(f"Fewer GPU layers or a smaller context (Options), or Presets ▸ Move layers… to "
                      f"the CPU, free {names}.")
-    if cpu_over:
+    if cpu_over and room and not gpus_over:  # it said "more GPU memory takes some" beside 35 GiB left
+        parts.append(f"The CPU's share is more than its RAM, and {ram_over_action(room, held)}.")
+    elif cpu_over:
         parts.append("The CPU's share is more than its RAM: more GPU memory takes some (+ Virtual GPU… "
                      "plans with one); with mmap on, llama.cpp reads the rest from disk, far slower.")
     elif shared_ram:
         parts.append(f"{shared_ram} share one RAM and together take more than it (Problems has the "
                      "figures): a smaller context or KV cache type (Options) or a smaller model.")
     return "What next: " + " ".join(parts) if parts else ""
+
+def faster_text(h: FasterHints) -> str:
+    """Under the legend while everything fits: what would make the plan faster, in the window's own
+    controls (:mod:`core.speed.advice`; "" when nothing would). The pane said nothing while the plan fit,
+    its speed line naming the CPU's 66% of a token and no way to lower it.
+
+    What Presets ▸ Fastest plan does comes first, after its name (a short pane shows the first lines
+    only; the tooltip has it all), then "Also:" what it does not: it keeps -ngl (always-active weights
+    stay where the command puts them), mmap, the moves and the -ot rules."""
+    if not h:
+        return ""
+    fastest: list[str] = []
+    other: list[str] = []
+    copied = "experts" if h.moe else "weights"  # what op offload copies
+    if h.room:
+        room = f"{gpus_left(h.room)} can take routed experts, now read from RAM ({h.tg_share:.0%} of a token)"
+        (other if h.held else fastest).append(room + (f" — {fill_action(h.room[0][0])}" if h.held else ""))
+    if h.pp_share:  # Fastest plan places routed experts: a dense model's -ub is the Options' alone
+        (fastest if h.moe else other).append(
+            f"a larger µbatch -ub (now {h.n_ubatch}) copies the {h.cpu}'s {copied} to the GPU fewer times "
+            f"({h.pp_share:.0%} of a prompt; the Speed tab plots it)")
+    if h.always_active_cpu:
+        other.insert(0, f"{gib_unit(h.always_active_cpu)} of always-active weights (attention, shared "
+                        "experts: every token reads them) are on the CPU, where routed experts cost less "
+                        "(GPU layers: all, then Presets ▸ All routed experts → CPU)")
+    if h.pin:
+        other.append(f"the {h.cpu}'s {copied} are copied to the GPU from the mmap'd file, at half the rate "
+                     "of pinned memory: unchecking “mmap the model” (Options) pins them")
+    text = f"Faster, with Presets ▸ Fastest plan: {'; '.join(fastest)}." if fastest else ""
+    if other:
+        text += (" Also: " if text else "Faster: ") + "; ".join(other) + "."
+    return text
+
 
 #: The legend's last word on the breakdown lines' bare figures.
 UNIT_NOTE = "figures without a unit: GiB"
@@ -208,6 +247,7 @@ class MemoryView(QWidget):
         self._actuals_plan: Plan | None = None  # the plan that launch ran
         self._next_step_rect: QRectF | None = None
         self._next_step_shown = ""
+        self._faster = ""  # what would make the plan faster (SpeedLabel's estimate)
         self._legend_hidden: list[str] = []  # the legend's labels a short pane left out
         self._legend_drawn: list[QRectF] = []
         self.setMouseTracking(True)
@@ -675,8 +715,18 @@ class MemoryView(QWidget):
 
     # --- what next -----------------------------------------------------------------------------
 
+    def set_faster(self, text: str) -> None:
+        """What would make the plan faster (:func:`faster_text`), shown while nothing is over capacity."""
+        if text != self._faster:
+            self._faster = text
+            self.update()
+
     def next_step(self) -> str:
-        """Under the legend while a device is over capacity: where the way out is ("" when all fit)."""
+        """Under the legend while a device is over capacity: where the way out is; while all fit, what
+        would make the plan faster (:meth:`set_faster`; "" when nothing would)."""
+        return self._over_step() or self._faster
+
+    def _over_step(self) -> str:
         over = [dm.device for dm in self._rows() if bar_figures(dm).over]
         moe = self._doc.has_plan and bool(self._doc.plan.model.summary.n_expert)
         a = self._doc.analysis
@@ -684,7 +734,14 @@ class MemoryView(QWidget):
         shared = self._ram_sharers() if short else ""
         gpus = [d.name for d in over if d.is_gpu]
         nothing = no_placement_fits(a.projection) if a is not None and a.projection is not None else 0
-        return next_step_text(gpus, any(not d.is_gpu for d in over), moe, shared, nothing)
+        cpu_over = any(not d.is_gpu for d in over)
+        current = a is not None and a.projection is not None and self._doc.analysis_current
+        room = expert_room(self._doc.plan, a.projection, self._doc.placement) if (
+            cpu_over and moe and current and a is not None and a.projection is not None) else ()
+        short = sum(bar_figures(dm).over for dm in self._rows() if not dm.device.is_gpu)
+        room = room if sum(b for _, b in room) >= short else ()  # else more GPU memory is what helps
+        held = held_on_cpu(self._doc.plan, self._doc.placement) if room else 0
+        return next_step_text(gpus, cpu_over, moe, shared, nothing, room, held)
 
     def next_step_rect(self) -> QRectF | None:
         """Where :meth:`next_step` is drawn (None when it is not)."""

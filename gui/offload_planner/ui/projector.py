@@ -7,12 +7,14 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from offload_planner.core.analysis import Analysis, analyse
 from offload_planner.core.compute import record_at_first_sight
-from offload_planner.core.device_figures import CapacityHint
+from offload_planner.core.device_figures import CapacityHint, DeviceFigures
 from offload_planner.core.mapped_span import no_placement_fits, ram_sharers
 from offload_planner.core.memory import DeviceMemory, Projection
 from offload_planner.core.plan import Plan
 from offload_planner.core.remote import Cancel, cancel_scope
+from offload_planner.core.speed.advice import expert_room, held_on_cpu
 from offload_planner.ui.nothing_fits import nothing_fits_text
+from offload_planner.ui.room_hint import ram_over_action
 
 
 def fill_preset_hint(plan: Plan) -> CapacityHint:
@@ -22,7 +24,7 @@ def fill_preset_hint(plan: Plan) -> CapacityHint:
 
     def hint(dm: DeviceMemory, projection: Projection) -> str:
         if not dm.device.is_gpu:
-            return ""
+            return _ram_over_hint(plan, dm, projection)
         short = no_placement_fits(projection)
         if short:
             return ": " + nothing_fits_text(ram_sharers(projection), short, figures="",
@@ -33,6 +35,18 @@ def fill_preset_hint(plan: Plan) -> CapacityHint:
                 "there as fit and sends the rest to the CPU")
 
     return hint
+
+
+def _ram_over_hint(plan: Plan, dm: DeviceMemory, projection: Projection) -> str:
+    """The RAM over while GPUs have room for the routed experts it holds: the Memory pane's "What next"
+    says it, but a short pane (1024x640 with three devices) draws none, and the Problems line said only
+    "CPU is over capacity by 1.25 GiB" beside 35 GiB free on two GPUs."""
+    if not plan.model.summary.is_moe:
+        return ""
+    room = expert_room(plan, projection)
+    if not room or sum(b for _, b in room) < DeviceFigures.of(dm).over:
+        return ""
+    return f": {ram_over_action(room, held_on_cpu(plan))}"
 
 
 #: Projectors alive (windows open): while any is, a topology's reference is recorded at its first

@@ -16,17 +16,18 @@ class _Signals(QObject):
 
 
 class _BenchTask(QRunnable):
-    def __init__(self, url: str, plan: Any, signals: _Signals) -> None:
+    def __init__(self, url: str, plan: Any, signals: _Signals, api_key: str | None = None) -> None:
         super().__init__()
         self._url = url
         self._plan = plan
         self._signals = signals
+        self._api_key = api_key
 
     def run(self) -> None:
         from offload_planner.backend.speed_check import run_speed_check
 
         try:
-            self._signals.done.emit(run_speed_check(self._url, self._plan))
+            self._signals.done.emit(run_speed_check(self._url, self._plan, api_key=self._api_key))
         except (PlannerError, OSError) as e:
             self._signals.failed.emit(str(e))
         except Exception as e:  # any failure must come back: else Bench stayed off, "Measuring…" for good
@@ -49,12 +50,13 @@ class SpeedBench(QObject):
         self._signals.failed.connect(self._finish_failed)
         self.busy = False
 
-    def start(self, url: str, plan: Any) -> bool:
+    def start(self, url: str, plan: Any, api_key: str | None = None) -> bool:
+        """``api_key``: the running server's ``--api-key`` (its requests need it)."""
         if self.busy:
             return False
         self.busy = True
         self.started.emit()
-        self._pool.start(_BenchTask(url, plan, self._signals))
+        self._pool.start(_BenchTask(url, plan, self._signals, api_key))
         return True
 
     def _finish_ok(self, check: object) -> None:

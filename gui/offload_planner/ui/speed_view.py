@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QWidget
 
 from offload_planner.backend.speed_store import plan_speed, probe_speed_note
 from offload_planner.core.errors import PlannerError
 from offload_planner.core.loadable import context_error
 from offload_planner.core.mapped_span import unified_over
+from offload_planner.core.speed.advice import faster_hints
 from offload_planner.core.speed.bottleneck import HOST_KV_PART
 from offload_planner.core.speed.report import SPLIT_MEANING, speed_lines
 from offload_planner.core.speed.result import SpeedEstimate
 from offload_planner.ui.document import PlanDocument
-from offload_planner.ui.memory_view import bar_figures
+from offload_planner.ui.memory_view import bar_figures, faster_text
 from offload_planner.ui.rates import rate_text as _rate
 
 #: Before the estimate of a plan some device cannot hold: llama-server would not load it.
@@ -80,9 +81,13 @@ def _share(share: float) -> str:
 
 
 class SpeedLabel(QLabel):
+    #: what would make the plan faster, in the window's words (memory_view.faster_text; "" for nothing)
+    fasterChanged = Signal(str)
+
     def __init__(self, doc: PlanDocument, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._doc = doc
+        self.faster: str | None = ""  # what would make the plan faster (fasterChanged)
         self.setAccessibleName("Speed estimate")
         self.setWordWrap(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -93,10 +98,21 @@ class SpeedLabel(QLabel):
         self._timer.timeout.connect(self.refresh)
         doc.planChanged.connect(self._timer.start)
         doc.modelChanged.connect(self._timer.start)
+        doc.modelChanged.connect(self._forget_faster)  # another model's line is not kept for this one
         doc.analysisChanged.connect(self._timer.start)  # whether the plan fits comes with its projection
         self.refresh()
 
     def refresh(self) -> None:
+        last, self.faster = self.faster, ""
+        self._refresh()
+        if self.faster is None:  # the projection is on its way: keep the line until it comes (no flicker)
+            self.faster = last
+        self.fasterChanged.emit(self.faster)
+
+    def _forget_faster(self) -> None:
+        self.faster = ""
+
+    def _refresh(self) -> None:
         if not self._doc.has_plan:
             self.setText("")
             self.setToolTip("")
@@ -120,6 +136,7 @@ class SpeedLabel(QLabel):
             return
         over = self._over()
         self.setText(window_line(est, over))
+        self.faster = "" if over else self._faster(est)
         note = (f"<b>{', '.join(over)} cannot hold this plan</b>: llama-server would not load it; the "
                 "estimate is for the placement as drawn.<br>") if over else ""
         probe = probe_speed_note(self._doc.plan.devices)  # another machine's RAM at this one's speed
@@ -129,6 +146,14 @@ class SpeedLabel(QLabel):
 
     def _over(self) -> list[str]:
         return over_capacity(self._doc)
+
+    def _faster(self, est: SpeedEstimate) -> str | None:
+        """What would make the plan faster; None while its projection is not current (the next refresh
+        comes with it)."""
+        a = self._doc.analysis
+        if a is None or a.projection is None or not self._doc.analysis_current:
+            return None
+        return faster_text(faster_hints(self._doc.plan, a.projection, est, self._doc.placement))
 
 
 def over_capacity(doc: PlanDocument) -> list[str]:

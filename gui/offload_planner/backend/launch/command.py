@@ -46,7 +46,11 @@ class LaunchCommand:
 VERBOSE_OFF = 'turn off "verbose log"'
 
 def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+    """The host of the URL to reach a server listening on ``host``: loopback for the wildcard addresses,
+    an IPv6 address in brackets (``--host ::1``: ``http://[::1]:8080``, as llama-server logs it)."""
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def build_command(

@@ -24,6 +24,7 @@ from offload_planner.core.cmdline.quoting import (
     quote_powershell,
     visible,
 )
+from offload_planner.core.cmdline.secrets import masked
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.errors import PlannerError
 
@@ -56,8 +57,10 @@ _STRAY_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 
 
 def _what(argv: Sequence[str], i: int) -> str:
-    prev = f", the value of {visible(argv[i - 1])}" if i > 0 and argv[i - 1].startswith("-") else ""
-    return f"argument {i} {visible(argv[i])}{prev}" if i > 0 else f"the program {visible(argv[0])}"
+    """Argument ``i`` for a message (a secret's value as ``***``: messages are shown and logged)."""
+    shown = masked(argv)
+    prev = f", the value of {visible(shown[i - 1])}" if i > 0 and argv[i - 1].startswith("-") else ""
+    return f"argument {i} {visible(shown[i])}{prev}" if i > 0 else f"the program {visible(argv[0])}"
 
 
 def _refuse_if(argv: Sequence[str], fmt: str, found: Callable[[str], str | None]) -> None:
@@ -124,11 +127,37 @@ def _powershell(argv: Sequence[str], dialect: Dialect, multiline: bool) -> str:
         raise ExportRefused(f"cannot write the command for PowerShell: the program's command line "
                             f"would be {length:,} characters, and Windows starts none longer "
                             f"than {WINDOWS_COMMAND_MAX:,}")
-    lines = _lines(argv, dialect, quote_powershell)
-    program, _ = split_program(argv)
+    program, args = split_program(argv)
+    legacy = any(map(_ps_legacy_fragile, args))
+    lines = _lines(argv, dialect, _ps_legacy_quote if legacy else quote_powershell, quote_powershell)
     if program is not None and lines and lines[0].startswith("'"):
         lines[0] = "& " + lines[0]  # a quoted program needs the call operator
+    if legacy and lines:
+        lines[0] = f"& {{ {PS_LEGACY}; {lines[0]}"
+        lines[-1] += " }"
     return _join(lines, multiline, " `")
+
+
+#: Set in a script block of its own (the setting ends with it): PowerShell 7.3 and later then pass
+#: arguments to a program as Windows PowerShell 5.1 and PowerShell 7.0-7.2 always do, so that one
+#: form of the command gives the program the same arguments in every version. In 5.1 the variable
+#: means nothing and setting it does nothing.
+PS_LEGACY = "$PSNativeCommandArgumentPassing = 'Legacy'"
+
+
+def _ps_legacy_fragile(arg: str) -> bool:
+    """An argument Windows PowerShell 5.1 (and 7.0-7.2) would not pass as written: it drops an empty
+    one, passes a ``"`` raw (the program reads it as a quote), and quotes one with a space as
+    ``"arg"`` without escaping a trailing backslash (``"C:\\my models\\"``: the ``\\"`` is a quote)."""
+    return arg == "" or '"' in arg or (arg.endswith("\\") and any(c.isspace() for c in arg))
+
+
+def _ps_legacy_quote(arg: str) -> str:
+    """``arg`` for the legacy passing (PowerShell's ``NeedQuotes``, ``NativeCommandParameterBinder.cs``):
+    a fragile one as the exact Windows command-line form, double quotes and all (``"a\\"b"``), which
+    PowerShell passes as it is (every ``"`` in it but the first follows a backslash or ends it, so
+    PowerShell adds no quotes of its own); any other as PowerShell 7.3 would pass it."""
+    return quote_powershell(msvcrt_quote(arg, force=True) if _ps_legacy_fragile(arg) else arg)
 
 
 def _model_name(groups: list[ArgGroup]) -> str:
@@ -154,7 +183,21 @@ def _cmd(argv: Sequence[str], dialect: Dialect, multiline: bool) -> str:
     if len(one_line) > CMD_LINE_MAX:
         raise ExportRefused(f"cannot write the command for cmd.exe: it is {len(one_line):,} characters, "
                             f"and cmd.exe reads no line longer than {CMD_LINE_MAX:,}; use PowerShell")
-    return _join(_lines(argv, dialect, quote_cmd), multiline, " ^")
+    note = _delayed_expansion_note(argv)
+    return note + _join(_lines(argv, dialect, quote_cmd), multiline, " ^")
+
+
+def _delayed_expansion_note(argv: Sequence[str]) -> str:
+    """A ``REM`` line before a command with a ``!`` in an argument (a path, a ``(?!...)`` regex): exact
+    in cmd.exe as it starts (delayed expansion off), but with delayed expansion on cmd replaces
+    ``!NAME!``, drops a lone ``!`` and eats ``^`` on such a line, even inside double quotes, and no
+    quoting serves both. The note has no ``%``, ``!`` or ``^`` of its own."""
+    i = next((i for i, a in enumerate(argv) if "!" in a), None)
+    if i is None:
+        return ""
+    what = f"argument {i}" if i > 0 else "the program"
+    return (f"REM for cmd.exe with delayed expansion off, its default: with it on (cmd /v:on, setlocal "
+            f"EnableDelayedExpansion) cmd changes {what}, which holds an exclamation mark\n")
 
 
 def _llama_swap(argv: Sequence[str], dialect: Dialect, name: str | None) -> str:

@@ -18,6 +18,7 @@ from offload_planner.core.cmdline.handlers_ik import IK_CHECKS, IK_HANDLERS, IK_
 from offload_planner.core.cmdline.handlers_ik_spec import IK_SPEC_HANDLERS, chain_errors
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs, Stage
 from offload_planner.core.cmdline.parse_mainline import looks_like_flag, number_tail_notes
+from offload_planner.core.cmdline.secrets import masked
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
 
 # Handlers that throw for legacy speculative flags (ik rejects them with its own message).
@@ -93,8 +94,9 @@ class IkParser:
         found = self.table.lookup(arg)
         if found is None:
             explanation = unknown_flag_hint(self.parsed.dialect, arg)
+            shown, flag = masked([arg, raw])  # --api-key=VALUE: refused, and not quoted with its value
             self.parsed.errors.append(
-                ArgError(raw, None, f"error: unknown argument: {arg}", explanation=explanation)
+                ArgError(flag, None, f"error: unknown argument: {shown}", explanation=explanation)
             )
             take = 2 if i + 1 < len(argv) and not looks_like_flag(argv[i + 1]) else 1
             self.parsed.passthrough.extend(argv[i : i + take])

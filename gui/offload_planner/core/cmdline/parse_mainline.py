@@ -21,6 +21,7 @@ from offload_planner.core.cmdline.handlers_mainline import (
 )
 from offload_planner.core.cmdline.handlers_spec import SPEC_HANDLERS
 from offload_planner.core.cmdline.model import ArgError, ArgWarning, FlagUse, ParsedArgs
+from offload_planner.core.cmdline.secrets import masked
 from offload_planner.core.cmdline.tables import flag_table, unknown_flag_hint
 from offload_planner.core.dialects.base import Dialect
 
@@ -142,8 +143,9 @@ class MainlineParser:
 
     def _unknown(self, argv: Sequence[str], i: int, arg: str) -> int:
         explanation = unknown_flag_hint(self.dialect, arg)
+        shown, raw = masked([arg, argv[i]])  # --api-key=VALUE: refused, and not quoted with its value
         self.parsed.errors.append(
-            ArgError(argv[i], None, f"error: invalid argument: {arg}", explanation=explanation)
+            ArgError(raw, None, f"error: invalid argument: {shown}", explanation=explanation)
         )
         take = 2 if i + 1 < len(argv) and not looks_like_flag(argv[i + 1]) else 1
         self.parsed.passthrough.extend(argv[i : i + take])

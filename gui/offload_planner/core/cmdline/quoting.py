@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import re
 
+from offload_planner.core.printable import CONTROL, printable
+
 _POSIX_SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 _PS_SAFE = re.compile(r"[A-Za-z0-9_.:/\\=+-]+")
 _CMD_META = "&|<>()^"
-#: Characters a terminal or an editor would act on or hide rather than show: C0 controls but tab,
-#: DEL, C1 controls (``\x9b`` is a terminal's CSI), the line and paragraph separators, the
-#: bidirectional embeddings/overrides/isolates, the byte-order mark and surrogates (an undecodable
-#: byte of a path, kept by ``surrogateescape``).
-CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 #: A bare word PowerShell breaks in two when it passes it to a program: ``-a.b`` as ``-a`` ``.b``
 #: (PowerShell issue #6291, open), ``-v:x`` after ``--`` as ``-v:`` ``x`` (#17399).
 _PS_SPLITS = re.compile(r"-[^.:]*[.:]")
@@ -36,7 +33,7 @@ def _ansi_c_char(ch: str) -> str:
     code = ord(ch)
     if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte of the original path: that byte again
         return f"\\x{code - 0xDC00:02x}"
-    if CONTROL.fullmatch(ch):  # its UTF-8 bytes (exact whatever the locale; two hex digits each)
+    if CONTROL.fullmatch(ch):  # one core.printable escapes: its UTF-8 bytes (exact in any locale)
         return "".join(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
     return ch
 
@@ -67,16 +64,17 @@ def quote_bash_command(arg: str) -> str:
 
 
 def visible(arg: str, limit: int = 60) -> str:
-    """``arg`` for a message: quoted, each :data:`CONTROL` character escaped, cut at ``limit``."""
-    shown = "".join(_ansi_c_char(ch) if CONTROL.fullmatch(ch) else ch for ch in arg[:limit])
-    return "'" + shown + ("…" if len(arg) > limit else "") + "'"
+    """``arg`` for a message: quoted, each :data:`CONTROL` character escaped (core's one escaper,
+    :func:`~offload_planner.core.printable.printable`), cut at ``limit``."""
+    return "'" + printable(arg[:limit]) + ("…" if len(arg) > limit else "") + "'"
 
 
 def quote_powershell(arg: str) -> str:
     """PowerShell: single quotes (no expansion inside), ``'`` doubled, and so are the typographic
     single quotes ``‘ ’ ‚ ‛`` (PowerShell ends a single-quoted string at any of them too).  What
     reaches the program is exact in PowerShell 7.3 and later (Windows PowerShell 5.1 drops an empty
-    argument and the ``"`` inside one: no single quoting serves both).
+    argument and the ``"`` inside one: no single quoting serves both; ``emit`` writes a command with
+    such an argument in the legacy form every version reads alike).
 
     A bare word must not start with ``-`` followed by something PowerShell could read as a number
     or an operator, nor contain ``,;(){}$@#`'"`` or spaces; everything else is quoted.
@@ -112,15 +110,24 @@ def quote_cmd(arg: str) -> str:
     ``%NAME%`` is expanded by cmd even inside double quotes and nothing on an interactive command
     line prevents it: ``format_command`` refuses a line with two ``%`` (and control characters,
     which cmd cannot carry).  ``!NAME!`` is left as it is: cmd expands it only with delayed
-    expansion on (``cmd /v:on``), which an interactive cmd does not have by default.
+    expansion on (``cmd /v:on``), which an interactive cmd does not have by default; ``emit`` puts a
+    ``REM`` line before such a command naming the argument.
     """
     force = not arg or any(c in arg for c in _CMD_META)
     quoted = msvcrt_quote(arg, force)
     out: list[str] = []
     in_quotes = False
-    for ch in quoted:
+    last = len(quoted) - 1
+    for i, ch in enumerate(quoted):
         if ch == '"':
-            in_quotes = not in_quotes
+            if i == last and i > 0 and not in_quotes:
+                # cmd tracks quotes over the whole line: with an odd number of them (an escaped \" in
+                # the argument) this closing quote would leave cmd inside quotes for the arguments after
+                # it, where its next opening quote takes it out (``&`` there ran a command); ^" passes
+                # the quote without changing cmd's state
+                out.append("^")
+            else:
+                in_quotes = not in_quotes
         elif not in_quotes and ch in _CMD_META:
             out.append("^")
         out.append(ch)

@@ -860,6 +860,34 @@ BENCH_MODELS: dict[str, ModelSpec] = {
         tokenizer=_bpe(32000, "qwen2", 30000),
         quant=Q4_K_M,
     ),
+    # Qwen3-Next-style hybrid with Qwen3-Next-80B's gated-delta-net heads (16 key / 32 value heads of
+    # 128: a 2 MiB f32 state per recurrent layer and sequence, which every token reads and writes) and
+    # full attention every 4th layer; 40 experts / 8 used
+    "bench-qwen3next-2g": ModelSpec(
+        name="bench-qwen3next-2g",
+        arch="qwen3next",
+        n_layer=24,
+        n_embd=2048,
+        n_head=16,
+        n_head_kv=2,
+        head_dim_k=256,
+        head_dim_v=256,
+        n_rot=64,
+        n_ff=5120,
+        n_expert=40,
+        n_expert_used=8,
+        n_ff_exp=512,
+        n_ff_shexp=512,
+        n_ctx_train=8192,
+        rope_freq_base=10000000.0,
+        full_attention_interval=4,
+        ssm_d_conv=4,
+        ssm_d_state=128,
+        ssm_n_group=16,
+        ssm_dt_rank=32,
+        tokenizer=_bpe(32000, "qwen2", 30000),
+        quant=Q4_K_M,
+    ),
 }
 
 # The header-only demo models shipped in resources/.
