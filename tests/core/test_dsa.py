@@ -107,7 +107,7 @@ def test_ik_caches_glm_5_1_as_mla_plus_its_own_indexer_layers(tmp_path: Path) ->
     assert [(b.device, b.bytes) for b in kv] == [("CUDA0", 8192 * (78 * 1152 + 21 * 256))]
     assert "DSA indexer" in kv[0].why
     assert any(b.kind == "model" and "attn_kv_b" in b.why for b in proj.buffers())
-    # -mla 0: ik's standard cache (K and V 64 x 256 f16 a cell), no indexer keys (only the MLA branch has them)
+    # -mla 0: ik's standard cache (K and V 64 x 256 f16 a cell), no indexer keys (the MLA branch has them)
     args = parse_server_args(["-c", "8192", "-ngl", "99", "-fa", "on", "-mla", "0"], dialect=IK)
     proj = analyse_command(model, devices, args, IK).projection
     assert proj is not None
