@@ -67,6 +67,9 @@ CASES: list[tuple[str, str]] = [
     ("qwen4exp", "-ngl 6 -ts 2,1 -c 4096 -np 2 -ctk q8_0 -ctv q8_0"),  # 0-1 CPU, 2-7 RPC0/RPC1
     ("qwen4exp", "-ngl 999 -ts 1,3 -c 4096 -np 3 -kvu"),
     ("qwen4exp", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    # PLE on layer 1: its own conv-history row (cache_ple_r_l) in the RS buffer of the layer's device
+    ("qwen4exp-ple", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0"),
+    ("qwen4exp-ple", "-ngl 7 -ts 1,1 -c 4096 -np 3"),  # layers 0-1 on the CPU
     # draft-mtp: the MTP context's llama_memory_hybrid_idx holds the NextN layer (8) alone: its KV and
     # indexer keys, no recurrent state; the main context keeps the rollback snapshots
     ("qwen4exp-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0 --spec-type draft-mtp"),

@@ -337,6 +337,26 @@ SMALL_MODELS["qwen4exp-mtp"] = replace(
     extra_kv={**SMALL_MODELS["qwen4exp"].extra_kv, "attention.compress_ratios": (0, 0, 0, 4, 0, 0, 0, 4, 4)},
 )
 
+# ... with PLE n-gram embeddings on layer 1 (a linear layer): 3-grams, 2 heads a gram (4 heads of 64 rows
+# in a 256-row table: 4 x 64 = n_embd, as the key projection wants), conv kernel 4, so layer 1 keeps a
+# third recurrent row cache_ple_r_l of (4 - 1) x 3 x 2 x 256 = 4608 f32 per cell
+SMALL_MODELS["qwen4exp-ple"] = replace(
+    SMALL_MODELS["qwen4exp"],
+    name="synth-qwen4exp-ple",
+    extra_kv={
+        **SMALL_MODELS["qwen4exp"].extra_kv,
+        "ple.layers": (1,),
+        "ple.ngram_size": 3,
+        "ple.heads_per_ngram": 2,
+        "ple.conv_kernel": 4,
+        "ple.eos_token_id": 1017,
+        "embedding_length_per_layer_input": 64,
+        "ple.layer_multipliers": (1000003, 999983, 998244353),
+        "ple.head_offsets": (0, 64, 128, 192),
+        "ple.head_vocab_sizes": (64, 64, 64, 64),
+    },
+)
+
 # GLM-5.3-Flash's architecture (glm5-next, src/models/glm5-next.cpp): kimi-linear's KDA layers where
 # head_count_kv is 0 (0-2, 4-6; KDA heads of 32), nope-only MLA on 3 and 7 (one 128-wide latent head, the
 # K-only cache: key_length 128, rope.dimension_count 0) with a k-pool DSA indexer (2 heads of 32, pools of

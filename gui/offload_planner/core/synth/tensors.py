@@ -504,6 +504,32 @@ def _qwen4exp_mixer(il: int, which: str, spec: ModelSpec) -> list[TensorDef]:
     ]
 
 
+def _qwen4exp_ple(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """The PLE module of a (linear) layer ``ple.layers`` names: key/value projections, three norms and the
+    dilated depthwise convolution over the hc streams."""
+    e = spec.n_embd
+    hc, hc_dim, _ = _qwen4exp_hc(spec)
+    return [
+        _blk(il, "ple_key", (e, hc_dim), "attn"),
+        _blk(il, "ple_value", (e, e), "attn"),
+        _blk(il, "ple_norm_key", (e, hc), "small"),
+        _blk(il, "ple_norm_query", (e, hc), "small"),
+        _blk(il, "ple_norm_conv", (e, hc), "small"),
+        _blk(il, "ple_conv1d", (_kv_int(spec, "ple.conv_kernel"), hc_dim), "small"),
+    ]
+
+
+def _qwen4exp_table(spec: ModelSpec) -> list[TensorDef]:
+    """``per_layer_token_embd``: ``embedding_length_per_layer_input`` wide, as many rows as the PLE heads'
+    ranges reach (``max(offset + vocab size)``; the converter may pad it)."""
+    offsets, sizes = spec.extra_kv.get("ple.head_offsets"), spec.extra_kv.get("ple.head_vocab_sizes")
+    if not isinstance(offsets, tuple) or not isinstance(sizes, tuple):
+        return []
+    rows = max(int(o) + int(n) for o, n in zip(offsets, sizes, strict=True))
+    width = _kv_int(spec, "embedding_length_per_layer_input")
+    return [TensorDef("per_layer_token_embd.weight", (width, rows), "small")]
+
+
 def _qwen4exp_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     """qwen4exp (src/models/qwen4exp.cpp load_arch_tensors): two hyper-connection modules and no layer
     norms; Qwen3.5's gated delta net on the recurrent layers, gated attention plus the QSA indexer's
@@ -512,6 +538,9 @@ def _qwen4exp_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     out = [*_qwen4exp_mixer(il, "attn", spec), *_qwen4exp_mixer(il, "ffn", spec)]
     if spec.is_recurrent(il):
         out += _gated_delta_net(spec, il, fused_ba=False)
+        ple = spec.extra_kv.get("ple.layers")
+        if isinstance(ple, tuple) and il in ple:
+            out += _qwen4exp_ple(spec, il)
     else:
         n_idx = _kv_int(spec, "attention.indexer.head_count")
         d_idx = _kv_int(spec, "attention.indexer.key_length")
@@ -545,9 +574,11 @@ def _qwen4exp_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
 
 
 def _qwen4exp_head(spec: ModelSpec) -> list[TensorDef]:
-    """No ``output_norm``: the final hyper-connection mixer ``output_hc_*`` carries it."""
+    """No ``output_norm``: the final hyper-connection mixer ``output_hc_*`` carries it (and the PLE table,
+    with PLE)."""
     hc, hc_dim, lr = _qwen4exp_hc(spec)
     return [
+        *_qwen4exp_table(spec),
         TensorDef("output_hc_norm.weight", (spec.n_embd, hc), "small"),
         TensorDef("output_hc_down.weight", (hc_dim, lr), "small"),
         TensorDef("output_hc_up.weight", (lr, hc_dim), "small"),
