@@ -160,3 +160,36 @@ def test_mtp_without_nextn_layers_is_refused_as_the_server_logs(small_models: di
     for quoted in ("context type MTP requested but model doesn't contain MTP layers",
                    "failed to create MTP context"):
         assert quoted in warning and quoted in log
+
+
+def test_mtp_on_glm5_next_is_refused_as_the_server_logs(tmp_path: Path, llama_server: Path) -> None:
+    """The pinned build loads glm5-next's NextN block but throws building its MTP graph
+    (src/models/glm5-next.cpp 188-191): llama-server exits at load; the plan warns with its log lines
+    (checked against the binary on a synth glm5-next with one NextN block)."""
+    from dataclasses import replace
+
+    from offload_planner.core.analysis import analyse_command
+    from offload_planner.core.devices import Device, DeviceKind, DeviceSet
+    from offload_planner.core.gguf_reader import open_model
+    from offload_planner.core.synth import all_models, write_model
+
+    base = all_models()["glm5-next"]
+    assert isinstance(base.n_head_kv, tuple)
+    spec = replace(base, name="synth-glm5-next-mtp", n_layer=9, n_nextn=1, n_head_kv=(*base.n_head_kv, 1),
+                   nextn_embed_head=False)
+    (path,) = write_model(spec, tmp_path / "glm5-next-mtp.gguf")
+    model = open_model(path)
+    assert model.summary.n_nextn == 1
+    args = ["--spec-type", "draft-mtp", "-c", "512"]
+    result = analyse_command(model, DeviceSet(Device("CPU", DeviceKind.CPU)), parse_server_args(args))
+    (warning,) = [w for w in result.warnings if "MTP" in w]
+    argv = [str(llama_server), "-m", str(path), *args, "--port", "0", "--no-warmup", "-fit", "off"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    log = out.stdout + out.stderr
+    assert out.returncode != 0
+    for quoted in ("failed to initialize the context: GLM5-Next NextN graph not implemented yet",
+                   "failed to create MTP context"):
+        assert quoted in log and quoted in warning
+    # without speculative decoding the same file loads and plans without the warning
+    plain = analyse_command(model, DeviceSet(Device("CPU", DeviceKind.CPU)), parse_server_args(["-c", "512"]))
+    assert not [w for w in plain.warnings if "MTP" in w]

@@ -372,6 +372,11 @@ def draft_warning(model: Model, spec: SpecSettings | None) -> str | None:
             f"speculation ({why}); it still loads it; the speed estimate is without speculative decoding")
 
 
+#: architectures whose NextN layers the pinned build loads but whose MTP graph throws, with its message
+#: (src/models/glm5-next.cpp 188-191: ``build_arch_graph`` of ``LLM_GRAPH_TYPE_DECODER_MTP``)
+NO_MTP_GRAPH = {"glm5-next": "GLM5-Next NextN graph not implemented yet"}
+
+
 def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
     """What llama-server refuses at load about speculative decoding on this model (its log lines), and
     what the projection leaves out of it (:attr:`SpecSettings.notes`)."""
@@ -383,6 +388,10 @@ def spec_refusals(model: Model, spec: SpecSettings | None) -> list[str]:
         return ["llama-server exits at load: llama_init_from_model: context type MTP requested but model "
                 "doesn't contain MTP layers; failed to create MTP context (--spec-type draft-mtp needs "
                 "NextN layers, nextn_predict_layers = 0 in this file)"]
+    if spec is not None and spec.mtp and spec.draft is None and model.arch in NO_MTP_GRAPH:
+        return [f"llama-server exits at load: llama_init_from_model: failed to initialize the context: "
+                f"{NO_MTP_GRAPH[model.arch]}; failed to create MTP context (the pinned build has no MTP "
+                f"graph for {model.arch}: drop --spec-type draft-mtp)"]
     if spec is not None and spec.mtp and spec.draft is not None and not spec.draft.model.summary.n_nextn:
         return [f"llama-server exits at load: -md {spec.draft.model.path} with --spec-type draft-mtp: "
                 "llama_init_from_model: context type MTP requested but model doesn't contain MTP layers; "

@@ -644,22 +644,24 @@ def _glm5_next_dsa(spec: ModelSpec, il: int) -> list[TensorDef]:
 def _glm5_next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     """glm5-next (src/models/glm5-next.cpp load_arch_tensors): attention and FFN norms, the mHC mixers
     (``hc_*_fn`` of ``(2 + hc) * hc`` outputs, base, 3 scales), KDA or DSA, then a leading dense FFN or
-    routed experts with ``exp_probs_b`` and a shared expert (no NextN block here)."""
+    routed experts with ``exp_probs_b`` and a shared expert; a layer past the trunk adds the NextN tensors."""
     e = spec.n_embd
     hc = _kv_int(spec, "hyper_connection.count")
     mix = (2 + hc) * hc
     out = [_norm(il, "attn_norm", e), _norm(il, "ffn_norm", e)]
-    for which in ("attn", "ffn"):
+    for which in ("attn", "ffn") if il < spec.n_layer_trunk else ():  # (no mixers in an MTP block)
         out += [
             _blk(il, f"hc_{which}_fn", (hc * e, mix), "small"),
             _blk(il, f"hc_{which}_base", (mix,), "small"),
             _blk(il, f"hc_{which}_scale", (3,), "small"),
         ]
     out += _glm5_next_kda(spec, il) if spec.head_count_kv(il) == 0 else _glm5_next_dsa(spec, il)
+    nextn = _nextn(spec, il) if il >= spec.n_layer_trunk else []  # (an MTP block: the NextN tensors too)
     if not spec.is_moe_layer(il):
-        return out + _dense_ffn(spec, il)
+        return out + _dense_ffn(spec, il) + nextn
     gate_inp, *exps = _routed_experts(spec, il)
-    return [*out, gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps, *_shared_expert(spec, il)]
+    probs_b = _bias(il, "exp_probs_b", (spec.n_expert,))
+    return [*out, gate_inp, probs_b, *exps, *_shared_expert(spec, il), *nextn]
 
 
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
