@@ -142,6 +142,8 @@ SMALL_CASES = [
     # gated-delta-net hybrids: recurrent-state caches beside the KV cache, layers in periods of 4
     ("qwen3next", "CUDA", 2, {}), ("qwen35moe", "RPC", 2, {"fa": False}),
     ("qwen35", "CUDA", 1, {"nkvo": True}),
+    # qwen4exp: hyper-connection streams, the QSA indexer cache and its k-pool inputs
+    ("qwen4exp", "RPC", 2, {}), ("qwen4exp", "CUDA", 1, {"fa": False}),
 ]
 
 
@@ -512,7 +514,8 @@ def test_big_header_several_layers_moved_with_period_jumps(big_headers: dict[str
 TEMPLATE_CASES = [("qwen3moe", "CUDA", 2, {}), ("deepseek2", "CUDA", 2, {"ub": 16}),
                   ("glm4moe", "RPC", 2, {}), ("gpt-oss", "CUDA", 1, {"fa": False}),
                   ("gemma3", "CUDA", 2, {"nkvo": True}), ("llama", "RPC", 1, {}),
-                  ("qwen3next", "RPC", 2, {}), ("qwen35moe", "CUDA", 2, {"ub": 16})]
+                  ("qwen3next", "RPC", 2, {}), ("qwen35moe", "CUDA", 2, {"ub": 16}),
+                  ("qwen4exp", "CUDA", 2, {})]
 
 
 @pytest.mark.parametrize(("name", "kind", "n_gpu", "ctx"), TEMPLATE_CASES,
@@ -770,7 +773,9 @@ def _catalogue_names() -> list[str]:
     from offload_planner.core.compute.archs import ARCH_GRAPHS
     from offload_planner.core.synth import all_models
 
-    return [n for n, spec in all_models().items() if spec.arch in ARCH_GRAPHS]
+    # qwen4exp files with PLE n-gram embeddings are left to the estimate (compute.archs_qwen4exp)
+    return [n for n, spec in all_models().items()
+            if spec.arch in ARCH_GRAPHS and not (spec.arch == "qwen4exp" and "ple.layers" in spec.extra_kv)]
 
 
 @pytest.mark.parametrize("name", _catalogue_names())

@@ -71,6 +71,19 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen35-mtp", 2, "-c 4096 -ngl 999 -np 2 --spec-type draft-mtp"),
     ("qwen35", 2, "-c 4096 -ngl 999"),
     ("qwen35", 1, "-c 4096 -ngl 4 -fa off"),
+    # qwen4exp (archs_qwen4exp): hyper-connections, QSA k-pool indexer over llama_memory_hybrid_idx
+    ("qwen4exp", 1, "-c 4096 -ngl 999"),
+    ("qwen4exp", 2, "-c 4096 -ngl 999"),
+    ("qwen4exp", 2, "-c 4096 -ngl 5"),
+    ("qwen4exp", 1, "-c 4096 -ngl 999 -ot exps=CPU"),
+    ("qwen4exp", 1, "-c 4096 -ngl 999 -fa off"),
+    ("qwen4exp", 1, "-c 4096 -b 2048 -ub 2048 -ngl 999"),
+    ("qwen4exp", 1, "-c 4096 -ngl 999 -ub 16"),
+    ("qwen4exp", 2, "-c 4096 -ngl 999 -np 2 -kvu"),
+    ("qwen4exp", 1, "-c 4096 -ngl 999 -np 2"),
+    ("qwen4exp", 1, "-c 4096 -ngl 999 -nkvo"),
+    ("qwen4exp", 1, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
+    ("qwen4exp-mtp", 1, "-c 4096 -ngl 999"),  # the NextN block loaded, unused
 ]
 
 _GRAPH = re.compile(r"sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: "

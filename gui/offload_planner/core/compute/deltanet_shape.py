@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 #: The hybrid architectures whose trunk mixes gated-delta-net (recurrent) and gated full-attention
 #: layers (``src/models/qwen3next.cpp``, ``qwen35.cpp``, ``qwen35moe.cpp``).
-DELTA_NET_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+DELTA_NET_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp"})
 #: Those whose attention rope is IMRoPE: ``inp_pos`` holds 4 positions per token (``n_pos_per_embd``).
 MROPE_ARCHS = frozenset({"qwen35", "qwen35moe"})
 

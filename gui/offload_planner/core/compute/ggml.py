@@ -238,6 +238,22 @@ def gated_delta_net(q: T, k: T, v: T, g: T, beta: T, state: T, n_snap: int = 1) 
                q, k, v, g, beta, state)
 
 
+def dsv4_hc_pre_gated(x: T, gate: T) -> T:
+    """``ggml_dsv4_hc_pre_gated``: ``x`` and its gate ``[n_embd, hc, n_tokens]`` to ``[n_embd, n_tokens]``."""
+    return new(F32, [x.ne[0], x.ne[2]], "DSV4_HC_PRE", x, gate)
+
+
+def dsv4_hc_post(x: T, residual: T, post: T) -> T:
+    """``ggml_dsv4_hc_post(x, residual, post, nullptr)``: ``[n_embd, hc, n_tokens]``."""
+    return new(F32, [x.ne[0], residual.ne[1], x.ne[1]], "DSV4_HC_POST", x, residual, post, None)
+
+
+def cast(a: T, type_: GGMLType) -> T:
+    """``ggml_cast``: a new tensor of ``a``'s shape (its self-reference as second source left out, as
+    the f16 mask cast of :mod:`.graph`)."""
+    return new(type_, a.ne, "CPY", a)
+
+
 def input_tensor(type_: GGMLType, ne: Sequence[int], name: str) -> T:
     t = T(type_, ne, name=name)
     t.flags |= INPUT

@@ -39,6 +39,7 @@ from offload_planner.core.compute.ggml import (
     view,
     view_tensor,
 )
+from offload_planner.core.compute.qsa_shape import Qsa, qsa_shape
 from offload_planner.core.dsa import dsa_shape
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 
@@ -101,6 +102,8 @@ class Shape:
     indexer_full: tuple[bool, ...] = ()
     # the gated-delta-net hybrids (qwen3next, qwen35, qwen35moe): the delta net and its recurrent layers
     delta: DeltaNet | None = None
+    # qwen4exp: the hyper-connection streams and the QSA k-pool sizes (.qsa_shape)
+    qsa: Qsa | None = None
 
     def __hash__(self) -> int:
         """The dataclass's hash of every field, kept with the shape (~35 fields: every projection
@@ -134,7 +137,7 @@ def per_layer(v: int | list[int], n: int) -> tuple[int, ...]:
 
 
 #: Architectures whose graph normalizes the selected experts' weights regardless of the metadata.
-NORM_W_ALWAYS = frozenset({"llama", "qwen3moe", "qwen3next", "qwen35moe"})
+NORM_W_ALWAYS = frozenset({"llama", "qwen3moe", "qwen3next", "qwen35moe", "qwen4exp"})
 #: Architectures whose graph fixes the gating (softmax) and reads no expert-weight scale
 #: (``build_moe_ffn(..., hparams.expert_weights_scale, SOFTMAX)`` with the scale never loaded).
 SOFTMAX_UNSCALED = frozenset({"qwen3next", "qwen35moe"})
@@ -172,7 +175,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         offload_kqv=p.offload_kqv, full_offload=full_offload,
         legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
         indexer_top_k=top_k, indexer_full=full,
-        delta=delta_net_shape(model, p),
+        delta=delta_net_shape(model, p), qsa=qsa_shape(model, ctx, p),
     )
 
 
