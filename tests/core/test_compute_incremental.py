@@ -143,7 +143,7 @@ SMALL_CASES = [
     ("qwen3next", "CUDA", 2, {}), ("qwen35moe", "RPC", 2, {"fa": False}),
     ("qwen35", "CUDA", 1, {"nkvo": True}),
     # qwen4exp: hyper-connection streams, the QSA indexer cache and its k-pool inputs
-    ("qwen4exp", "RPC", 2, {}), ("qwen4exp", "CUDA", 1, {"fa": False}),
+    ("qwen4exp", "RPC", 2, {}), ("qwen4exp", "CUDA", 1, {"fa": False}), ("qwen4exp-ple", "CUDA", 2, {}),
 ]
 
 
@@ -515,7 +515,7 @@ TEMPLATE_CASES = [("qwen3moe", "CUDA", 2, {}), ("deepseek2", "CUDA", 2, {"ub": 1
                   ("glm4moe", "RPC", 2, {}), ("gpt-oss", "CUDA", 1, {"fa": False}),
                   ("gemma3", "CUDA", 2, {"nkvo": True}), ("llama", "RPC", 1, {}),
                   ("qwen3next", "RPC", 2, {}), ("qwen35moe", "CUDA", 2, {"ub": 16}),
-                  ("qwen4exp", "CUDA", 2, {})]
+                  ("qwen4exp", "CUDA", 2, {}), ("qwen4exp-ple", "RPC", 2, {"ub": 16})]
 
 
 @pytest.mark.parametrize(("name", "kind", "n_gpu", "ctx"), TEMPLATE_CASES,
@@ -773,9 +773,7 @@ def _catalogue_names() -> list[str]:
     from offload_planner.core.compute.archs import ARCH_GRAPHS
     from offload_planner.core.synth import all_models
 
-    # qwen4exp files with PLE n-gram embeddings are left to the estimate (compute.archs_qwen4exp)
-    return [n for n, spec in all_models().items()
-            if spec.arch in ARCH_GRAPHS and not (spec.arch == "qwen4exp" and "ple.layers" in spec.extra_kv)]
+    return [n for n, spec in all_models().items() if spec.arch in ARCH_GRAPHS]
 
 
 @pytest.mark.parametrize("name", _catalogue_names())

@@ -84,6 +84,11 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen4exp", 1, "-c 4096 -ngl 999 -nkvo"),
     ("qwen4exp", 1, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
     ("qwen4exp-mtp", 1, "-c 4096 -ngl 999"),  # the NextN block loaded, unused
+    # PLE n-gram embeddings on layer 1: the hashed rows, the gate, the dilated conv over cache_ple_r_l
+    ("qwen4exp-ple", 1, "-c 4096 -ngl 999"),
+    ("qwen4exp-ple", 2, "-c 4096 -ngl 999 -np 2 -kvu"),
+    ("qwen4exp-ple", 2, "-c 4096 -ngl 2"),  # layer 1 (PLE) on the CPU
+    ("qwen4exp-ple", 1, "-c 4096 -b 2048 -ub 2048 -ngl 999 -ot exps=CPU"),
 ]
 
 _GRAPH = re.compile(r"sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: "

@@ -11,12 +11,20 @@ attention layers with a compress ratio run QSA (``build_qsa_sel``): raw indexer 
 indexer cache of ``llama_memory_hybrid_idx``, the pools re-pooled (every one at reserve:
 :mod:`.qsa_shape`), scattered and gathered, scored by ``ggml_lightning_indexer``, the top pools plus
 the tail turned into an f16 selection mask ``[1, n_kv + n_sel, n_tokens]`` added to the KQ mask.
+PLE layers (``ple.layers``) first add the n-gram embedding to the residual (``build_inp_ple``,
+``build_ple``): hashed rows of ``per_layer_token_embd``, a gate from the grouped-normed key and
+residual, and a causal conv dilated by the n-gram size over the layer's own recurrent row
+(``cache_ple_r_l``, here ``cache_p_l``).
+
+Measured (``tests/integration/test_deltanet_compute_vs_llama.py``, ``test_hybrid_memory_vs_llama.py``):
+the synth qwen4exp, qwen4exp-mtp (trunk) and qwen4exp-ple on llama-server with RPC devices, every
+compute buffer and the node and split counts equal.  Not built: the MTP context's graph
+(``graph_mtp``: no MTP compute buffer is projected for it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from offload_planner.core.compute.archs_deltanet import (
     _beta_gate,
@@ -61,9 +69,6 @@ from offload_planner.core.compute.ggml import (
 from offload_planner.core.compute.graph import Builder
 from offload_planner.core.compute.qsa_shape import Qsa
 from offload_planner.core.ggml_types import GGMLType
-
-if TYPE_CHECKING:
-    from offload_planner.core.model import Model
 
 
 def _row(n: int) -> int:
@@ -115,17 +120,17 @@ def _stream_rows(b: Builder, res_hc: T) -> T:
 # --- the gated delta net --------------------------------------------------------------------------
 
 
-def _conv_state_at(b: Builder, dn: DeltaNet, rs: _Rs, r_cache: T, x: T, cols: int) -> T:
+def _conv_state_at(b: Builder, rs: _Rs, cache: T, x: T, cols: int, channels: int) -> T:
     """``build_conv_state_at``: the gathered rows then the ubatch's, the last ``cols`` columns copied
     back (contiguous) once per rollback slot."""
-    ns, channels = rs.n_seqs, dn.conv_channels
-    state = reshape(_build_rs(b, rs, r_cache, dn.n_embd_r), cols, channels, ns)
+    ns = rs.n_seqs
+    state = reshape(_build_rs(b, rs, cache, cols * channels), cols, channels, ns)
     conv_input = concat(state, transpose(x), 0)
     row = _row(cols * channels)
     for slot in range(rs.n_snap):
         s_idx = max(0, conv_input.ne[0] - cols - slot)
         tail = view(conv_input, [cols, channels, ns], [conv_input.nb[1], conv_input.nb[2]], _row(s_idx))
-        dst = view(r_cache, [cols * channels, ns], [r_cache.nb[1]], slot * rs.n_rs * row)
+        dst = view(cache, [cols * channels, ns], [cache.nb[1]], slot * rs.n_rs * row)
         b.g.expand(cpy(cont(tail), dst))
     return conv_input
 
@@ -141,7 +146,7 @@ def _linear_attn(b: Builder, dn: DeltaNet, rs: _Rs, cur: T, il: int) -> T:
     r_cache = _state_cache(f"cache_r_l{il}", dn.n_embd_r, rs.n_rs * rs.n_snap, dev)
     s_cache = _state_cache(f"cache_s_l{il}", dn.n_embd_s, rs.n_rs * rs.n_snap, dev)
     kernel = b.req(f"blk.{il}.ssm_conv1d.weight")
-    conv_input = _conv_state_at(b, dn, rs, r_cache, qkv_mixed, kernel.ne[0] - 1)
+    conv_input = _conv_state_at(b, rs, r_cache, qkv_mixed, kernel.ne[0] - 1, dn.conv_channels)
     state = reshape(_build_rs(b, rs, s_cache, dn.n_embd_s), hv, hv, n_vh, ns)
     conv = _unary(ssm_conv(conv_input, kernel))
     nb1 = _row(2 * hk * n_kh + hv * n_vh)
@@ -154,6 +159,70 @@ def _linear_attn(b: Builder, dn: DeltaNet, rs: _Rs, cur: T, il: int) -> T:
     cur = dup_op(normed, "MUL", normed, _unary(z))
     cur = mul_mat(b.req(f"blk.{il}.ssm_out.weight"), reshape(cur, hv * n_vh, nst, ns))
     return reshape(cur, b.sh.n_embd, nst * ns)
+
+
+# --- PLE n-gram embeddings -------------------------------------------------------------------------
+
+
+def _inp_ple(b: Builder, q: Qsa) -> T:
+    """``build_inp_ple``: the hashed rows of ``per_layer_token_embd``, ``[head_dim * n_heads, n_tokens]``."""
+    rows = input_tensor(I32, [q.ple_n_heads * b.n_tokens], "ple_rows")
+    emb = get_rows(b.req("per_layer_token_embd.weight"), rows)
+    return reshape(emb, q.ple_head_dim * q.ple_n_heads, b.n_tokens)
+
+
+def _grouped_norm(b: Builder, x: T, w: T) -> T:
+    """RMS norm over one stream, scaled by the ``[n_embd, hc]`` weight."""
+    t = reshape(x, b.sh.n_embd, w.ne[1], b.n_tokens)
+    t = dup_op(t, "RMS_NORM", t)
+    return dup_op(t, "MUL", t, w)
+
+
+def _ple_gate(b: Builder, key: T, query: T) -> T:
+    """The per-stream dot product's signed square root, sigmoid: ``[1, hc, n_tokens]``."""
+    kq = dup_op(key, "MUL", key, query)
+    s = _scale(new(kq.type, [1, kq.ne[1], kq.ne[2], kq.ne[3]], "SUM_ROWS", kq))
+    mag = _unary(s)  # ggml_abs
+    mag = dup_op(mag, "CLAMP", mag)
+    mag = dup_op(mag, "SQRT", mag)
+    sgn = _unary(s)
+    return _unary(dup_op(sgn, "MUL", sgn, mag))
+
+
+def _ple_conv(b: Builder, q: Qsa, rs: _Rs, normalized: T, il: int) -> T:
+    """The depthwise causal conv dilated by the n-gram size over the history and the ubatch."""
+    hc_dim, ns, nst = normalized.ne[0], rs.n_seqs, rs.n_seq_tokens
+    hist = (q.ple_kernel - 1) * q.ple_ngram
+    cache = _state_cache(f"cache_p_l{il}", hist * hc_dim, rs.n_rs * rs.n_snap, b.kv_dev(il))
+    padded = _conv_state_at(b, rs, cache, reshape(normalized, hc_dim, nst, ns), hist, hc_dim)
+    w = b.req(f"blk.{il}.ple_conv1d.weight")
+    conv: T | None = None
+    for k in range(q.ple_kernel):
+        start = hist - (q.ple_kernel - 1 - k) * q.ple_ngram
+        shifted = cont(transpose(view(padded, [nst, hc_dim, ns], [padded.nb[1], padded.nb[2]], _row(start))))
+        wk = reshape(cont(view(w, [1, hc_dim], [w.nb[1]], k * w.nb[0])), hc_dim)
+        if wk.type is not F32:
+            wk = cast(wk, F32)
+        term = dup_op(shifted, "MUL", shifted, wk)
+        conv = term if conv is None else dup_op(conv, "ADD", conv, term)
+    assert conv is not None
+    return reshape(cont(_unary(conv)), b.sh.n_embd, q.hc, b.n_tokens)
+
+
+def _ple(b: Builder, q: Qsa, rs: _Rs, emb: T, hidden: T, il: int) -> T:
+    """``build_ple``: the gated n-gram value and its conv added to every stream of the residual."""
+    n_embd, hc, n_tok = b.sh.n_embd, q.hc, b.n_tokens
+    key = mul_mat(b.req(f"blk.{il}.ple_key.weight"), emb)
+    value = mul_mat(b.req(f"blk.{il}.ple_value.weight"), emb)
+    key = _grouped_norm(b, key, b.req(f"blk.{il}.ple_norm_key.weight"))
+    query = _grouped_norm(b, hidden, b.req(f"blk.{il}.ple_norm_query.weight"))
+    gate = _ple_gate(b, key, query)
+    v3 = repeat_4d(reshape(value, n_embd, 1, n_tok), n_embd, hc, n_tok, 1)
+    gated = dup_op(v3, "MUL", v3, gate)
+    normalized = _grouped_norm(b, reshape(gated, hc * n_embd, n_tok), b.req(f"blk.{il}.ple_norm_conv.weight"))
+    conv = _ple_conv(b, q, rs, reshape(normalized, hc * n_embd, n_tok), il)
+    both = dup_op(gated, "ADD", gated, conv)
+    return dup_op(hidden, "ADD", hidden, both)
 
 
 # --- QSA --------------------------------------------------------------------------------------------
@@ -333,9 +402,14 @@ def qwen4exp_graph(b: Builder) -> None:
         raise ValueError("the qwen4exp graph is modelled on the pinned build")
     inp = b.inp_embd()
     rs, kp = _inputs(b, dn, q)
+    ple_emb = _inp_ple(b, q) if q.ple_layers else None
+    if ple_emb is not None:
+        b.g.expand(ple_emb)
     res_hc = repeat_4d(reshape(inp, sh.n_embd, 1, b.n_tokens), sh.n_embd, q.hc, b.n_tokens, 1)
     b.g.expand(res_hc)
     for il in range(sh.n_layer):
+        if ple_emb is not None and il in q.ple_layers:
+            res_hc = _ple(b, q, rs, ple_emb, res_hc, il)
         cur, inject = _hc_mix(b, res_hc, f"blk.{il}.hc_attn_", il, inject=True)
         b.g.expand(cur)
         cur = _linear_attn(b, dn, rs, cur, il) if dn.recurrent[il] else _attn_layer(b, q, kp, cur, il)
@@ -354,9 +428,3 @@ def qwen4exp_graph(b: Builder) -> None:
     cur = b.cb(mul_mat(b.req("output.weight"), cur), "result_output", -1)
     cur.flags |= OUTPUT
     b.g.expand(cur)
-
-
-def qwen4exp_has_graph(model: Model) -> bool:
-    """The graph is not built for files with PLE n-gram embeddings (``ple.layers``: ``build_inp_ple`` /
-    ``build_ple`` are not modelled; the estimate, saying so)."""
-    return not model.metadata.get("qwen4exp.ple.layers")

@@ -27,8 +27,9 @@ INPLACE_OPS = frozenset({
 })
 LAYER_SUFFIX = re.compile(r"-(\d+)$")
 #: Names of the per-layer memory tensors that carry their layer's device (``kv_dev``), each followed
-#: by the layer number: the KV cache and the recurrent states (conv ``r``, delta-net ``s``).
-CACHE_PREFIXES = ("cache_k_l", "cache_v_l", "cache_r_l", "cache_s_l")
+#: by the layer number: the KV cache and the recurrent states (conv ``r``, delta-net ``s``, qwen4exp's
+#: PLE conv history ``p``: llama.cpp's ``cache_ple_r_l``).  Every prefix is 9 characters long.
+CACHE_PREFIXES = ("cache_k_l", "cache_v_l", "cache_r_l", "cache_s_l", "cache_p_l")
 
 
 # --- mini ggml: tensors ------------------------------------------------------------------------

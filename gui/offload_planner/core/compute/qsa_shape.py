@@ -31,6 +31,11 @@ class Qsa:
     ratios: tuple[int, ...]  # attention.compress_ratios per trunk layer
     n_pool: int  # get_n_kpool(): kpool_pad(n_pool_real)
     n_new: int  # get_n_kpool_new(): n_pool_real (at least 1)
+    ple_layers: tuple[int, ...] = ()  # ple.layers: the layers adding the PLE n-gram embedding
+    ple_n_heads: int = 0  # (ple.ngram_size - 1) * ple.heads_per_ngram
+    ple_head_dim: int = 0  # embedding_length_per_layer_input
+    ple_kernel: int = 0  # ple.conv_kernel
+    ple_ngram: int = 0  # ple.ngram_size: the conv's dilation
 
     @property
     def n_top_pool(self) -> int:
@@ -56,7 +61,13 @@ def qsa_shape(model: Model, ctx: ResolvedContext, p: ContextParams) -> Qsa | Non
     ratios = tuple(int(x) for x in raw)[:n_trunk] if isinstance(raw, (list, tuple)) else (0,) * n_trunk
     kpool = INDEXER_ARCHS["qwen4exp"].kpool(model) if head_size(model) else 0
     n_pool_real = ctx.n_ctx_seq // kpool * p.n_seq_max if kpool else 0
+    ple = model.metadata.get("qwen4exp.ple.layers")
+    ple_layers = tuple(int(x) for x in ple) if isinstance(ple, (list, tuple)) else ()
+    ngram = model.arch_int("ple.ngram_size", 0) if ple_layers else 0
     return Qsa(hc=model.arch_int("hyper_connection.count", 1), idx_dim=head_size(model),
                n_idx_head=model.arch_int("attention.indexer.head_count", 0),
                top_k=model.arch_int("attention.indexer.top_k", 0), kpool=kpool, ratios=ratios,
-               n_pool=kpool_pad(n_pool_real), n_new=max(n_pool_real, 1))
+               n_pool=kpool_pad(n_pool_real), n_new=max(n_pool_real, 1), ple_layers=ple_layers,
+               ple_n_heads=(ngram - 1) * model.arch_int("ple.heads_per_ngram", 0) if ple_layers else 0,
+               ple_head_dim=model.arch_int("embedding_length_per_layer_input", 0) if ple_layers else 0,
+               ple_kernel=model.arch_int("ple.conv_kernel", 0) if ple_layers else 0, ple_ngram=ngram)

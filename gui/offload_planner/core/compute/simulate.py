@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.compute.allocator import shares_allocators
 from offload_planner.core.compute.archs import ARCH_GRAPHS
-from offload_planner.core.compute.archs_qwen4exp import qwen4exp_has_graph
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
 from offload_planner.core.compute.incremental import incremental_reserve
@@ -168,8 +167,6 @@ def graph_builder(model: Model) -> Callable[[Builder], None] | None:
     """The graph of the model's architecture, if this module has it (legacy non-MLA DeepSeek files
     build another attention graph and are left to the estimate)."""
     if model.arch == "deepseek2" and not model.summary.is_mla:
-        return None
-    if model.arch == "qwen4exp" and not qwen4exp_has_graph(model):
         return None
     return ARCH_GRAPHS.get(model.arch)
 
