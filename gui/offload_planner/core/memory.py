@@ -20,6 +20,8 @@ from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
 from offload_planner.core.buffer import Buffer
+from offload_planner.core.compressed_kv import compressed_arch
+from offload_planner.core.compressed_kv import kv_buffers as compressed_kv_buffers
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
@@ -385,6 +387,9 @@ _KV_LOCK = threading.Lock()
 
 def _kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
                 devices: DeviceSet, cached: range | None) -> list[Buffer]:
+    compressed = compressed_arch(model, p)
+    if compressed is not None and cached is None:  # DeepSeek V4: its own cache (core.compressed_kv)
+        return compressed_kv_buffers(model, compressed, placement, ctx, p, devices)
     s = model.summary
     tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
     v_trans = not p.flash_attn

@@ -156,11 +156,12 @@ HYBRID_ARCHS: dict[str, HybridArch] = {
 
 
 #: ``llm_arch_is_hybrid`` and ``llm_arch_is_recurrent`` of the pinned build (src/llama-arch.cpp
-#: 1110-1148) by GGUF name: their memory is a recurrent state beside (or instead of) a KV cache
+#: 1110-1148) by GGUF name: their memory is a recurrent state beside (or instead of) a KV cache;
+#: deepseek4's (a compressed KV cache and compressor states) is core.compressed_kv's
 STATEFUL_ARCHS = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
     "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
-    "deepseek4", "minimax-01", "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7",
+    "minimax-01", "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7",
 })
 
 
