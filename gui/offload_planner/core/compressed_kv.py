@@ -39,6 +39,7 @@ from offload_planner.core.placement import CPU, Placement
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import Device, DeviceSet
+    from offload_planner.core.dialects.base import Dialect
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
 
@@ -64,11 +65,23 @@ COMPRESSED_KV_ARCHS: dict[str, CompressedKvArch] = {
 }
 
 
+PINNED = "llama.cpp"  # the dialect whose llama_kv_cache_dsv4 this module follows
+
+
 def compressed_arch(model: Model, p: ContextParams) -> CompressedKvArch | None:
-    """The layout when the pinned mainline build runs ``model`` (ik_llama.cpp: not modelled)."""
-    if p.dialect.value != "llama.cpp":
+    """The layout when the pinned mainline build runs ``model`` (another build: not modelled)."""
+    if p.dialect.value != PINNED:
         return None
     return COMPRESSED_KV_ARCHS.get(model.arch)
+
+
+def memory_notes(model: Model, dialect: Dialect) -> list[str]:
+    """What the plan must say when another build runs a compressed-KV model (no silent wrong figure)."""
+    if model.arch in COMPRESSED_KV_ARCHS and dialect.value != PINNED:
+        return [f"{model.arch}: the compressed KV cache this build gives it is not modelled (the KV shown is "
+                "a plain cache of every layer; the pinned llama.cpp's compressed caches and compressor "
+                "states are modelled)"]
+    return []
 
 
 def _pad(x: int, n: int) -> int:

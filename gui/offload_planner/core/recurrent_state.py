@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
+from offload_planner.core.compressed_kv import COMPRESSED_KV_ARCHS
+from offload_planner.core.compressed_kv import memory_notes as compressed_kv_notes
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.placement import CPU, Placement
 
@@ -168,6 +170,8 @@ STATEFUL_ARCHS = frozenset({
 def memory_notes(model: Model, dialect: Dialect) -> list[str]:
     """What the plan must say when a model's recurrent memory is not modelled (no silent wrong figure)."""
     h = hybrid_arch(model)
+    if model.arch in COMPRESSED_KV_ARCHS:
+        return compressed_kv_notes(model, dialect)
     if h is None and model.arch in STATEFUL_ARCHS:
         return [f"{model.arch} keeps a recurrent state beside its KV cache (llama.cpp's RS buffers) and "
                 "caches the KV of its attention layers only: this architecture's memory is not modelled "
