@@ -70,7 +70,7 @@ def test_other_builds_say_not_modelled(flash: Model) -> None:
 
 def test_log_parser_reads_compressor_states_as_rs(tmp_path: Path) -> None:
     lines = [
-        "0.00.064.333 I llama_dsv4_comp_state: RPC0[127.0.0.1:34521] DSV4 csa state buffer size =     0.06 MiB",
+        "0.00.064.333 I llama_dsv4_comp_state: RPC0[127.0.0.1:34521] DSV4 csa state buffer size =  0.06 MiB",
         "0.00.065.686 I llama_dsv4_comp_state:        CPU DSV4 hca state buffer size =     1.00 MiB",
         "0.00.057.568 I llama_kv_cache:        CPU KV buffer size =     2.25 MiB",
     ]

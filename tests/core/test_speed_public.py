@@ -179,6 +179,8 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = BIG_MODELS["Llama-3.2-3B-Q4_K_M"]
     elif arch == "llama" and 135 <= params <= 145:  # Mixtral 8x22B (WizardLM-2-8x22B): arch llama in GGUF
         spec = BIG_MODELS["Mixtral-8x22B-Q4_K_M"]
+    elif arch == "deepseek32" and 680 <= params <= 690:  # DeepSeek-V3.2 (its 685.36 B: the catalogue's)
+        spec = BIG_MODELS["DeepSeek-V3.2-Q8_0"]
     elif arch == "deepseek2" and 15 <= params <= 16.5:  # DeepSeek-V2-Lite
         spec = BIG_MODELS["DeepSeek-V2-Lite-Q4_K_M"]
     else:

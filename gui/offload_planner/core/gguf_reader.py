@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offload_planner.core.byte_source import ByteSource, FileSource, is_url
+from offload_planner.core.dsa import nextn_tensor_loaded
 from offload_planner.core.errors import GGUFError
 from offload_planner.core.ggml_types import Flavor, detect_flavor, resolve_type
 from offload_planner.core.model import Model, Shard, Tensor
-from offload_planner.core.roles import classify
+from offload_planner.core.roles import Role, classify
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -415,6 +416,7 @@ def _resolve_tensors(
 ) -> tuple[list[Tensor], int]:
     """Typed tensors of one shard and the end of their data relative to the data section."""
     out: list[Tensor] = []
+    arch = str(header.metadata.get("general.architecture", ""))
     for raw in header.tensors:
         gtype = resolve_type(raw.type_id, flavor)
         if gtype is None:
@@ -433,6 +435,8 @@ def _resolve_tensors(
             )
         nbytes = gtype.nbytes(raw.shape)
         layer, role = classify(raw.name, n_layer_trunk)
+        if role is Role.NEXTN and layer is not None and nextn_tensor_loaded(arch, raw.name, layer):
+            layer, role = classify(raw.name)  # loaded without MTP too (core.dsa)
         out.append(
             Tensor(raw.name, raw.shape, gtype, nbytes, shard_index,
                    header.data_offset + raw.offset, layer, role)

@@ -33,9 +33,15 @@ IK_DEFAULT_MLA = 3  # gpt_params::mla_attn
 _R8_FIRST, _R8_LAST = 202, 399  # GGML_TYPE_Q4_0_R8 .. GGML_TYPE_Q8_K_R8 in ik's enum
 
 
+#: the architectures ik applies its MLA modes to (``llama_model::is_mla_model``, src/llama-model.h 593-595
+#: at 8337e4cd, which also has mistral4 and bailingmoe3: not modelled here)
+IK_MLA_ARCHS = frozenset({"deepseek2", "glm-dsa"})
+
+
 def uses_mla(model: Model) -> bool:
-    """ik applies its MLA modes to deepseek2 models (DeepSeek V2/V3/R1, Kimi K2, GLM-4.7-Flash...)."""
-    return model.arch == "deepseek2" and model.summary.kv_lora_rank > 0
+    """ik applies its MLA modes to deepseek2 models (DeepSeek V2/V3/R1, Kimi K2, GLM-4.7-Flash...) and
+    glm-dsa (GLM-5)."""
+    return model.arch in IK_MLA_ARCHS and model.summary.kv_lora_rank > 0
 
 
 def mla_mode(model: Model, requested: int | None) -> int:
@@ -55,10 +61,21 @@ def head_dims(model: Model) -> tuple[int, int]:
     return s.head_dim_k, s.head_dim_v
 
 
+#: architectures the pinned llama.cpp loads and ik_llama.cpp (8337e4cd, 2026-08-15) does not know:
+#: ``llm_arch_from_string`` finds no name in src/llama-arch.cpp and ``llm_load_arch`` throws
+IK_UNKNOWN_ARCHS = frozenset({"deepseek32"})
+
+
 def model_errors(model: Model) -> list[str]:
-    """ik's ``llm_load_hparams`` abort for mainline MLA files it cannot convert back."""
+    """ik's refusals: an architecture it does not have; ``llm_load_hparams``' abort for mainline MLA
+    files it cannot convert back."""
+    if model.arch in IK_UNKNOWN_ARCHS:
+        return [f"{model.path}: ik_llama.cpp cannot load it: \"unknown model architecture: "
+                f"'{model.arch}'\" (no {model.arch} in its src/llama-arch.cpp at 8337e4cd; DeepSeek V3.2's "
+                "sparse attention runs on mainline llama.cpp)"]
     s = model.summary
-    if model.arch != "deepseek2" or s.head_kv(0) != 1:
+    # the same check for glm-dsa (ik's llm_load_hparams, its GLM_DSA case: src/llama-hparams.cpp 1946-1953)
+    if model.arch not in ("deepseek2", "glm-dsa") or s.head_kv(0) != 1:
         return []
     n_gqa = s.per_layer(s.n_head, 0)
     if n_gqa % 4 == 0 and s.head_dim_k == 576 and s.head_dim_v == 512 and n_rot(model) == 64:

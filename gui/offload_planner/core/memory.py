@@ -25,6 +25,7 @@ from offload_planner.core.compressed_kv import kv_buffers as compressed_kv_buffe
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
+from offload_planner.core.dsa import indexer_kv_buffers
 from offload_planner.core.extra_context import ExtraContext
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 from offload_planner.core.item_changes import changed_items, kept_copy
@@ -373,6 +374,8 @@ def kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: Cont
         bufs = _KV_MEMO.get(key)
         if bufs is None:
             bufs = _KV_MEMO[key] = _kv_buffers(model, placement, ctx, p, devices, cached)
+            if p.dialect.dsa_indexer_cache:  # DeepSeek V3.2 / GLM-5: the indexer's key cache (core.dsa)
+                bufs += indexer_kv_buffers(model, placement, ctx, p, devices, cached)
             if len(_KV_MEMO) > _KV_MEMO_SIZE:
                 _KV_MEMO.popitem(last=False)
         else:

@@ -21,6 +21,7 @@ from offload_planner.core import presets
 from offload_planner.core.memory import Projection
 from offload_planner.core.placement import CPU
 from offload_planner.core.plan import Plan
+from offload_planner.core.speed.advice import layers_text
 from offload_planner.ui.document import PlanDocument
 from offload_planner.ui.speed_view import over_capacity
 
@@ -183,7 +184,7 @@ class PresetsMenu(QMenu):
                 }
             )
             self.message.emit(
-                (f"{device} holds the routed experts of {_layers_text(got)}"
+                (f"{device} holds the routed experts of {layers_text(got)}"
                  if got
                  else f"Moved {len(moves)} tensors off {device}: no expert layer fits")
                 + _span_over_text(self._doc.plan, device)
@@ -287,21 +288,6 @@ class PresetsMenu(QMenu):
 
     def clear_moves(self) -> bool:
         return self._doc.apply_preset(presets.back_to_default(self._doc.plan), "Clear all moves")
-
-
-def _layers_text(layers: list[int]) -> str:
-    """``layer 3``, ``2 layers (3-4)``, ``5 layers (3-4, 10, 59-60)``: which layers, not only how many
-    (the Fill message said "1 layers")."""
-    if len(layers) == 1:
-        return f"layer {layers[0]}"
-    runs: list[list[int]] = []
-    for il in sorted(layers):
-        if runs and il == runs[-1][1] + 1:
-            runs[-1][1] = il
-        else:
-            runs.append([il, il])
-    spans = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-    return f"{len(layers)} layers ({spans})"
 
 
 def _span_over_text(plan: Plan, device: str) -> str:

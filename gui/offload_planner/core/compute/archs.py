@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 
 from offload_planner.core.compute.archs_deltanet import delta_net_graph
+from offload_planner.core.compute.blocks import dense_lead_or_shared_moe
+from offload_planner.core.compute.dsa import dsa_graph
 from offload_planner.core.compute.ggml import (
     OUTPUT,
     T,
@@ -85,18 +87,6 @@ def glm4moe_attention(b: Builder, il: int, inp: T) -> T:
         k = b.norm(k, kn, il)
     q, k = b.rope(q), b.rope(k)
     return b.attn(il, b.lw(il, "attn_output.weight"), None, q, k, v)
-
-
-def dense_lead_or_shared_moe(b: Builder, il: int, cur: T) -> T:
-    """The FFN of DeepSeek-V3 / GLM-4.x layers: dense for the leading layers, else the routed
-    experts (with the expert-bias router) plus the shared expert."""
-    if il < b.sh.n_dense_lead:
-        return b.ffn(cur, b.req(f"blk.{il}.ffn_up.weight"), b.lw(il, "ffn_gate.weight"),
-                     b.req(f"blk.{il}.ffn_down.weight"))
-    routed = b.moe(cur, il, probs_b=b.lw(il, "exp_probs_b.bias"))
-    shared = b.ffn(cur, b.req(f"blk.{il}.ffn_up_shexp.weight"), b.lw(il, "ffn_gate_shexp.weight"),
-                   b.req(f"blk.{il}.ffn_down_shexp.weight"))
-    return dup_op(routed, "ADD", routed, shared)
 
 
 def mla_attention(b: Builder, il: int, cur: T) -> T:
@@ -228,6 +218,8 @@ def _gptneox(b: Builder) -> None:
     b.head(inp)
 
 
+__all__ = ["ARCH_GRAPHS", "dense_lead_or_shared_moe", "glm4moe_attention", "mla_attention"]
+
 ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "llama": lambda b: _llama_like(b, qk_norm=False),
     "qwen2": lambda b: _llama_like(b, qk_norm=False),
@@ -238,6 +230,8 @@ ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "gpt-oss": _gpt_oss,
     "gemma3": _gemma3,
     "gptneox": _gptneox,
+    "deepseek32": dsa_graph,
+    "glm-dsa": dsa_graph,
     "qwen3next": delta_net_graph,
     "qwen35": delta_net_graph,
     "qwen35moe": delta_net_graph,

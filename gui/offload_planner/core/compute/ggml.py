@@ -185,6 +185,16 @@ def argsort_top_k(a: T, k: int) -> T:
     return view(s, [k, s.ne[1], s.ne[2], s.ne[3]], s.nb[1:4], 0)
 
 
+def top_k(a: T, k: int) -> T:
+    """``ggml_top_k`` (GGML_OP_TOP_K): the indices of the k largest of each row, i32."""
+    return new(I32, [k, a.ne[1], a.ne[2], a.ne[3]], "TOP_K", a)
+
+
+def lightning_indexer(q: T, k: T, weights: T, mask: T) -> T:
+    """``ggml_lightning_indexer``: DSA's fused indexer scores, f32 ``[n_kv, n_tokens, 1, n_stream]``."""
+    return new(F32, [k.ne[2], q.ne[2], 1, q.ne[3]], "LIGHTNING_INDEXER", q, k, weights, mask)
+
+
 def sum_rows(a: T) -> T:
     return new(a.type, [1, a.ne[1], a.ne[2], a.ne[3]], "SUM_ROWS", a)
 

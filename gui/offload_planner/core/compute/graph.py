@@ -39,6 +39,7 @@ from offload_planner.core.compute.ggml import (
     view,
     view_tensor,
 )
+from offload_planner.core.dsa import dsa_shape
 from offload_planner.core.ggml_types import GGMLType, type_by_name
 
 if TYPE_CHECKING:
@@ -94,6 +95,10 @@ class Shape:
     # builds before set_rows (llama.cpp-2025-early): K/V copied with ggml_cpy into views of the cache, no
     # K/V index inputs
     kv_cpy_views: bool = False
+    # DeepSeek Sparse Attention (deepseek32, glm-dsa; core.dsa): the indexer's top-k and which trunk layers
+    # run their own indexer (the others reuse the previous full layer's top-k)
+    indexer_top_k: int = 0
+    indexer_full: tuple[bool, ...] = ()
     # the gated-delta-net hybrids (qwen3next, qwen35, qwen35moe): the delta net and its recurrent layers
     delta: DeltaNet | None = None
 
@@ -148,6 +153,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
                n_outputs: int, full_offload: bool) -> Shape:
     s = model.summary
     n_trunk = s.n_layer_trunk
+    top_k, full = dsa_shape(model)
     return Shape(
         arch=model.arch, n_layer=n_trunk, n_embd=s.n_embd,
         n_head=per_layer(s.n_head, s.n_layer), n_head_kv=per_layer(s.n_head_kv, s.n_layer),
@@ -165,6 +171,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         flash_attn=p.flash_attn, type_k=type_by_name(p.type_k), type_v=type_by_name(p.type_v),
         offload_kqv=p.offload_kqv, full_offload=full_offload,
         legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
+        indexer_top_k=top_k, indexer_full=full,
         delta=delta_net_shape(model, p),
     )
 

@@ -193,6 +193,8 @@ def incremental_reserve(key: tuple[object, ...], sh: Shape, arch_fn: Callable[[B
     backend (a caller that keeps the larger of two reserves per backend)."""
     ref = _nearest(key, unit_devices)
     if ref is not None:
+        if ref.free_leafs:  # the bounds take the leafs where the reference has them: no leaving out
+            below = None
         try:
             mv = diff_items(ref, items, unit_devices, offload_kqv)
             if mv is not None:

@@ -125,10 +125,12 @@ def _delta_net_mtp(b: Builder) -> None:
     cur.flags |= OUTPUT
     b.g.expand(cur)
 
-
+#: deepseek32 / glm-dsa: their ``graph_mtp`` is dense MLA without the indexer (deepseek32.cpp, glm-dsa.cpp),
+#: node for node deepseek2's (held to the real server's MTP compute buffers: test_dsa_vs_llama)
 MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "glm4moe": _glm4moe_mtp, "deepseek2": _deepseek2_mtp,
     "qwen3next": _delta_net_mtp, "qwen35": _delta_net_mtp, "qwen35moe": _delta_net_mtp,
+    "deepseek32": _deepseek2_mtp, "glm-dsa": _deepseek2_mtp,
 }
 
 

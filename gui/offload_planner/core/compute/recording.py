@@ -168,6 +168,8 @@ class Reference:
             self.sched.pass4(nodes)
         else:
             LayerScheduler(self.backends, 1, self.op_offload, layers).pass4_layers(nodes)
+        if any(t.bid != nodes[i].bid for t, i in self.free_leafs):
+            raise Refuse("free leaf")
         for i, n in enumerate(nodes):
             if n.op in VIEW_OPS:
                 assert n.view_src is not None
@@ -187,8 +189,7 @@ class Reference:
             if t.bid == -1:
                 t.bid = sched.backend_of(t)
         self.p1 = [n.bid for n in nodes]
-        if any(t.bid == -1 for t in leafs):
-            raise Refuse("unassigned leaf")
+        self._free_leafs(g)
         sched.expand(nodes)
         p2 = [n.bid for n in nodes]
         sched.pass3(nodes)
@@ -196,13 +197,33 @@ class Reference:
             raise Refuse("pass 3 assigns")
         return p2
 
+    def _free_leafs(self, g: Graph) -> None:
+        """The leafs pass 1 leaves without a backend (refused unless each is a tensor the graph allocator
+        owns, read by one real node: DSA's zeros, :mod:`.dsa`): pass 4 gives each its reader's backend,
+        which a replay follows (``free_leafs``: (leaf, its reader's node index))."""
+        self.free_leafs: list[tuple[T, int]] = []
+        unassigned = [t for t in g.leafs if t.bid == -1]
+        if not unassigned:
+            return
+        index = {id(t): k for k, t in enumerate(unassigned)}
+        readers: list[list[int]] = [[] for _ in unassigned]
+        for i, n in enumerate(g.nodes):
+            for src in n.src:
+                k = None if src is None else index.get(id(src))
+                if k is not None:
+                    readers[k].append(i)
+        for t, rd in zip(unassigned, readers, strict=True):
+            if t.flags & INPUT or t.weights or t.dev is not None or t.view_src is not None or len(rd) != 1 \
+                    or g.nodes[rd[0]].op in VIEW_OPS:
+                raise Refuse("unassigned leaf")
+            self.free_leafs.append((t, rd[0]))
+
     def _layer_passes_1_2(self, g: Graph, forced: dict[int, str], layers: LayerRefs) -> list[int]:
         """:meth:`_passes_1_2` a layer at a time (:mod:`.sched_layers`: equal layers' results taken from
         the first)."""
         p1, p2, unassigned = LayerScheduler(self.backends, 1, self.op_offload, layers).passes_1_2(g, forced)
         self.p1 = p1
-        if any(t.bid == -1 for t in g.leafs):
-            raise Refuse("unassigned leaf")
+        self._free_leafs(g)
         if unassigned:  # pass 3 gives every real node pass 2 left unassigned a backend
             raise Refuse("pass 3 assigns")
         for n, b in zip(g.nodes, p2, strict=True):

@@ -7,6 +7,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from offload_planner.core.compute.allocator import GraphAllocator
 from offload_planner.core.compute.bound import Bound, owned
 from offload_planner.core.compute.ggml import (
     CPU,
@@ -386,6 +387,7 @@ class _Replay:
     def run(self, below: list[int] | None = None) -> Reserve | None:
         ref = self.ref
         self.assign()
+        moved = self._free_leafs()
         affected = self.affected()
         if not affected:
             return replay_alloc_same(ref, self.bid, self.newdev)
@@ -401,10 +403,44 @@ class _Replay:
         if below is not None and self._below(below, wnodes, wids, runs):
             stats["left_out"] += 1
             return None
-        sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, runs, self.newsrc, self.newdev)
+        if moved:
+            sizes, peaks = self._alloc_from_start(wa, wnodes, wids)
+        else:
+            sizes, peaks = replay_alloc(ref, wa, self.ref_end, wnodes, wids, runs, self.newsrc, self.newdev)
         copies, wcopies = self._copies()
         splits = self.kept + self.new_splits + self.tail_splits
         return Reserve(ref.sh.n_tokens, sizes, peaks, copies, wcopies, len(self.nodes), len(splits))
+
+    def _free_leafs(self) -> bool:
+        """Pass 4 on the reference's free leafs (:meth:`Reference._free_leafs`): each takes its reader's
+        new backend; True when one moves."""
+        moved = False
+        for t, i in self.ref.free_leafs:
+            b = self.B(self.nodes[i])
+            if b != t.bid:
+                self.bid[t] = b
+                moved = True
+        return moved
+
+    def _alloc_from_start(self, wa: int, wnodes: list[T], wids: list[int]) -> tuple[list[int], list[str]]:
+        """A free leaf moved: the graph allocator places the leafs before any node, so its walk is redone
+        from the start over the new sched graph (the reference's nodes around the window, the window's
+        with their new sources), the scheduler's passes kept."""
+        ref = self.ref
+        nodes = ref.sched_nodes[:wa] + wnodes + ref.sched_nodes[self.ref_end:]
+        ids = ref.sched_ids[:wa] + wids + ref.sched_ids[self.ref_end:]
+        leafs = ref.sched.leafs
+        saved = {n: n.src for n in self.newsrc}
+        try:
+            for n, src in self.newsrc.items():
+                n.src = list(src)
+            galloc = GraphAllocator(ref.backends)
+            sizes = galloc.run(nodes, ids, leafs, [self.B(t) for t in leafs])
+        finally:
+            for n, src in saved.items():
+                n.src = src
+        stats["from_start"] += 1
+        return sizes, galloc.peaks
 
     def _copies(self) -> tuple[list[int], list[int]]:
         """Per backend, the bytes the new graph's splits copy (all, and weights only): the reference's

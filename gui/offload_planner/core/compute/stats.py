@@ -23,10 +23,11 @@
 #: none); sched_layers: layers whose scheduler pass on a kept graph was taken from an earlier equal layer
 #: (.sched_layers); rec_jumps: periods of equal layers a reference's recording walk jumped (.rec_jumps);
 #: rec_restarts: such recordings that found a jump inexact and recorded again without jumps (the tests
-#: require none)
+#: require none); from_start: replays whose free leaf (DSA's zeros, .dsa) moved to another backend: the
+#: allocator walked again from the graph's start over the replayed schedule
 stats = {"replays": 0, "full": 0, "refused": 0, "replay_errors": 0, "item_diffs": 0, "late_start": 0,
          "moved_back": 0, "patched_back": 0,
          "tails": 0, "plain": 0, "skips": 0, "diff_shortcuts": 0,
          "tail_hits": 0, "period_jumps": 0, "period_misses": 0, "graph_reuses": 0,
          "far": 0, "left_out": 0, "left_out_early": 0, "left_out_any": 0, "walk_jumps": 0, "walk_restarts": 0,
-         "graph_copies": 0, "sched_layers": 0, "rec_jumps": 0, "rec_restarts": 0}
+         "graph_copies": 0, "sched_layers": 0, "rec_jumps": 0, "rec_restarts": 0, "from_start": 0}

@@ -12,6 +12,7 @@ from offload_planner.core.compute.graph import gating_func
 from offload_planner.core.compute.simulate import weight_factory
 from offload_planner.core.compute_ik.builder import IkShape
 from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.roles import Role
 
 if TYPE_CHECKING:
     from offload_planner.core.memory import ContextParams, ResolvedContext
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
 
 def loads_nextn(model: Model, placement: Placement) -> bool:
     """The model is loaded with its NextN layers (``llama_model_params.mtp``: an MTP stage)."""
+    # the role, not the layer index: deepseek32 / glm-dsa files keep a NextN block's tensor loaded (core.dsa)
+    nextn = Role.NEXTN
     return model.summary.n_nextn > 0 and any(
-        it.device is not None for it in placement.items if it.tensor.layer is not None
-        and it.tensor.layer >= model.summary.n_layer_trunk)
+        it.device is not None for it in placement.items if it.tensor.role is nextn)
 
 
 def supported(model: Model, p: ContextParams) -> bool:

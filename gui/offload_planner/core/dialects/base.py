@@ -187,6 +187,9 @@ class Dialect(str, metaclass=_DialectType):
     pads_transposed_v: bool = True
     #: an MLA model's cache holds K only (mainline's MLA cache)
     mla_k_only_cache: bool = True
+    #: a DSA model (deepseek32, glm-dsa) caches its lightning indexer's keys beside the MLA cache
+    #: (``llama_kv_cache_dsa``, :mod:`core.dsa`)
+    dsa_indexer_cache: bool = True
     #: the server logs its buffer sizes only at -lv 4 (the launcher adds it to compare them)
     logs_buffers_at_verbosity_4: bool = False
     #: offloading a CPU expert matmul copies the whole expert tensor, and only for batches that

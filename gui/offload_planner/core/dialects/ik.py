@@ -101,6 +101,7 @@ class IkLlamaCpp(Dialect):
     bad_split_message = "ik_llama.cpp fails while loading the model (a layer's device index is out of range)"
     pads_transposed_v = False
     mla_k_only_cache = False
+    dsa_indexer_cache = False  # ik's own indexer cache: core.dsa.ik_indexer_kv (extra_buffers)
     host_overrides_turn_mmap_off = True
     kv_override_csv = False  # common.cpp: one string_parse_kv_override a flag
     #: ``-ser`` drops experts: from PR 840 (2025-10-19, "Various fused ops around expert selection")
@@ -240,6 +241,7 @@ class IkLlamaCpp(Dialect):
                       bufs: list[Buffer]) -> list[Buffer]:
         """ik's buffer types; plain CPU buffers (KV, output, weights without mmap) carry ik's extra;
         the MLA tensors computed at load get a buffer each."""
+        bufs = _with_indexer_cache(model, devices, placement, p, bufs)
         return _ik_buffers(model, devices, placement, p, bufs) + computed_buffers(model, placement, p)
 
     def mtp_cache_types(self, main: ContextParams, type_k: str, type_v: str) -> tuple[str, str]:
@@ -304,6 +306,11 @@ class IkLlamaCpp(Dialect):
         twice = repeated_gpu(popts.selected or ())
         if twice is not None:  # a plan switched to ik (a command line naming it twice is refused)
             out.append(repeated_device_refusal("-dev", ",".join(popts.selected or ()), twice))
+        if model.arch == "glm-dsa":
+            out.append("glm-dsa on ik_llama.cpp: its MLA cache and indexer key cache are projected from ik's "
+                       "source (8337e4cd), not measured (no ik server here); the indexer cache is taken f16 "
+                       "(-ictk is not read), -sm graph's per-device cache replicas are not modelled, and the "
+                       "compute buffers are mainline's DSA graph (ik runs dense MLA unless --dsa)")
         if popts.load_mtp and model.summary.n_nextn and model.arch not in IK_MTP_GRAPHS:
             out.append(f"--spec-type mtp: ik_llama.cpp's MTP graph for {model.arch} is not simulated "
                        "(checked against ik's library for GLM-4.x MoE only): the MTP context's compute "
@@ -476,6 +483,26 @@ def _parsed_onto(args: ServerArgs, text: str, dialect: Dialect) -> ServerArgs:
     if kept:  # appended after the main list's terminator (common.cpp 771-773): the loader never reads them
         out.overrides = out.overrides[:kept]
     return out
+
+
+def _with_indexer_cache(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,
+                        bufs: list[Buffer]) -> list[Buffer]:
+    """glm-dsa: the indexer key cache ik allocates beside the MLA cache, in each device's KV buffer."""
+    from offload_planner.core.dsa import IK_INDEXER_TYPE, ik_indexer_kv
+    from offload_planner.core.memory import resolve_context
+
+    if not p.mla:  # allocated in the MLA branch of llama_kv_cache_init only (src/llama.cpp 1420-1436)
+        return bufs
+    s = model.summary
+    per_dev = ik_indexer_kv(model, placement, resolve_context(p, s.n_ctx_train, s.n_swa).n_ctx,
+                            p.offload_kqv, devices)
+    for b in bufs:
+        n = per_dev.pop(b.device, 0) if b.kind == "kv" and not b.owner else 0
+        if n:
+            b.bytes += n
+            b.why += (f"; + the DSA indexer's keys ({n / 2**20:.2f} MiB, {IK_INDEXER_TYPE}: -ictk is not "
+                      "read; ik's full-indexer layers 0, 1 and every 4th from 2)")
+    return bufs
 
 
 def _ik_buffers(model: Model, devices: DeviceSet, placement: Placement, p: ContextParams,

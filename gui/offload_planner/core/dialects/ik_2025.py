@@ -56,6 +56,14 @@ class Ik2025(IkLlamaCpp):
     help_markers: tuple[str, ...] = ()
     version_markers: tuple[str, ...] = ()
 
+    def model_errors(self, model: Model) -> list[str]:
+        """The current ik's, and the architectures these builds did not have yet: glm-dsa came with
+        GLM-5 support (ik_llama.cpp PR 1268, 2026-02-15)."""
+        if model.arch == "glm-dsa":
+            return [f"{model.path}: ik_llama.cpp builds of 2025 cannot load it: \"unknown model "
+                    f"architecture: '{model.arch}'\" (glm-dsa came with ik_llama.cpp PR 1268, 2026-02-15)"]
+        return super().model_errors(model)
+
     def flag_table(self) -> FlagTable:
         """The current ik table without the speculative flags these builds did not have."""
         from offload_planner.core.cmdline.flags_ik import IK_2025_FLAGS

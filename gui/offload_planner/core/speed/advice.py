@@ -165,7 +165,8 @@ def layer_spans(layers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def _layers(layers: list[int]) -> str:
+def layers_text(layers: list[int]) -> str:
+    """``layer 3``, ``2 layers (3-4)``, ``5 layers (3-4, 10, 59-60)``: which layers, not only how many."""
     return f"layer {layers[0]}" if len(layers) == 1 else f"{len(layers)} layers ({layer_spans(layers)})"
 
 
@@ -187,8 +188,9 @@ def experts_text(plan: Plan, placement: Placement) -> str:
         if not whole and not some:
             continue
         n = sum(some.values())
-        singles = f"{n} tensor{'s' if n > 1 else ''} of {_layers(list(some))}" if some else ""
-        parts.append(f"{g.name} " + " + ".join(x for x in (_layers(whole) if whole else "", singles) if x))
+        singles = f"{n} tensor{'s' if n > 1 else ''} of {layers_text(list(some))}" if some else ""
+        said = (layers_text(whole) if whole else "", singles)
+        parts.append(f"{g.name} " + " + ".join(x for x in said if x))
     if not parts:
         return ""
     rest = sum(1 for devs in by_layer.values() if set(devs) == {cpu})

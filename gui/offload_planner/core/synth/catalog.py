@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from offload_planner.core.synth.spec import (
     FTYPE_MXFP4_MOE,
     FTYPE_Q4_K_M,
+    FTYPE_Q8_0,
     KvValue,
     ModelSpec,
     QuantMix,
@@ -408,6 +409,27 @@ SMALL_MODELS["granitehybrid"] = ModelSpec(
 # llama.cpp: the MTP graph then reads token_embd and output), so both paths are tested with glm4moe
 SMALL_MODELS["deepseek2-mtp"] = replace(
     SMALL_MODELS["deepseek2"], name="synth-deepseek2-mtp", n_layer=4, n_nextn=1, nextn_embed_head=False
+)
+# DeepSeek Sparse Attention (src/models/deepseek32.cpp, glm-dsa.cpp): deepseek2's MLA plus a lightning
+# indexer per layer (its own MQA key cache: llama_kv_cache_dsa) and one NextN/MTP block, as the V3.2 and
+# GLM-5 converters write them (conversion/deepseek.py DeepseekV32Model, conversion/glm.py GlmMoeDsaModel)
+_DSA_SMALL_KV = {
+    "attention.indexer.head_count": 4,
+    "attention.indexer.key_length": 64,
+    "attention.indexer.top_k": 128,
+}
+SMALL_MODELS["deepseek32"] = replace(
+    SMALL_MODELS["deepseek2"], name="synth-deepseek32", arch="deepseek32", n_layer=5, n_nextn=1,
+    nextn_embed_head=False, quant=Q4_K_M,  # smaller than deepseek2's mix: under the 8 MB of a small model
+    extra_kv={**SMALL_MODELS["deepseek2"].extra_kv, **_DSA_SMALL_KV},
+)
+# GLM-5.2 style: ``attention.indexer.types`` marks the layers with their own indexer (the others reuse
+# the last full layer's top-k), so the indexer cache holds only those layers
+SMALL_MODELS["glm-dsa"] = replace(
+    SMALL_MODELS["deepseek32"], name="synth-glm-dsa", arch="glm-dsa", rms_eps=1e-5,
+    rope_freq_base=1000000.0, tokenizer=_bpe(1024, "glm4", 1500),
+    extra_kv={"expert_weights_scale": 2.5, "expert_weights_norm": True, "expert_gating_func": 2,
+              **_DSA_SMALL_KV, "attention.indexer.types": (True, False, True, False)},
 )
 # A speculative-decoding draft for "llama": the same vocabulary, fewer layers (llama-server -md)
 SMALL_MODELS["llama-draft"] = replace(SMALL_MODELS["llama"], name="synth-llama-draft", n_layer=2)
@@ -822,6 +844,72 @@ BIG_MODELS: dict[str, ModelSpec] = {
                   "expert_weights_scale": 2.5},
     ),
 }
+
+# DeepSeek-V3.2 (arch deepseek32) as convert_hf_to_gguf --outtype q8_0 writes it: DeepSeek-V3's shapes
+# (its config, above; V3.2 keeps them: https://huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/
+# inference/config_671B_v3.2.json, mirrored at github.com/awesome-mini-project/DeepSeek-V3.2-Exp: dim 7168,
+# 61 layers, 3 dense, 128 heads, q/kv lora 1536/512, 256 experts / 8 used / 1 shared, vocab 129280) plus
+# the indexer (index_n_heads 64, index_head_dim 128, index_topk 2048, same file) and the NextN block the
+# converter appends (DeepseekV32Model: block_count = 61 + num_nextn_predict_layers) with its own
+# embed_tokens / shared_head_head.  Checked against llama-bench's line for DeepSeek-V3.2-Q8_0.gguf in
+# https://github.com/ggml-org/llama.cpp/pull/23346 ("deepseek32 685B.A37B Q8_0 | 678.56 GiB | 685.36 B"):
+# this spec has 685,355,329,792 parameters and 678.557 GiB of tensors (indexer.proj F32, as converted).
+# The tokenizer is V3's (the V3.2 merge count is not published in a source at hand; header bytes only).
+_Q8_0 = replace(MXFP4_MOE, name="Q8_0", ftype=FTYPE_Q8_0, exps=Q.Q8_0, exps_down=Q.Q8_0)
+BIG_MODELS["DeepSeek-V3.2-Q8_0"] = replace(
+    _DEEPSEEK_V3, name="DeepSeek V3.2", arch="deepseek32", n_layer=62, n_nextn=1, quant=_Q8_0,
+    extra_kv={**_DEEPSEEK_V3.extra_kv, "attention.indexer.head_count": 64,
+              "attention.indexer.key_length": 128, "attention.indexer.top_k": 2048},
+)
+
+# GLM-5.1 (arch glm-dsa) as convert_hf_to_gguf --outtype q8_0 writes it. From the GGUF's metadata dump in
+# https://github.com/ikawrakow/ik_llama.cpp/issues/1616: block_count 79 (78 + 1 NextN), context 202752,
+# embedding 6144, feed_forward 12288, 64 heads, head_count_kv 1, rope base 1e6 over 64 dims, rms eps 1e-5,
+# value_length_mla 256, 256 experts of 2048 / 1 shared, weights scale 2.5 (normed), indexer 32 heads x 128,
+# top-k 2048 (under 1M trained context: every layer has a full indexer, glm-dsa.cpp); the rest from the
+# GLM-5 config as https://github.com/jd-opensource/xllm (xllm/models/llm/glm5.h) quotes it, which agrees
+# with the dump on every figure both give: q_lora_rank 2048, kv_lora_rank 512, qk_nope 192 + rope 64
+# (key_length_mla 256), 3 dense layers, 8 experts used.  Vocabulary 154880 tokens / 321649 merges: the
+# GLM-5.2 dump of https://github.com/ikawrakow/ik_llama.cpp/issues/2032 (the same tokenizer); the
+# control-token count (n_special) is not published there: GLM-4.5-Air's is used (header bytes only).
+# The layout (indexer on every block, NextN block without embed_tokens / shared_head_head) gives 1809
+# tensors: the count of that GLM-5.2 BF16 file.
+BIG_MODELS["GLM-5.1-Q8_0"] = ModelSpec(
+    name="GLM 5.1",
+    arch="glm-dsa",
+    n_layer=79,
+    n_nextn=1,
+    nextn_embed_head=False,
+    n_embd=6144,
+    n_head=64,
+    n_head_kv=1,
+    head_dim_k=512 + 64,
+    head_dim_v=512,
+    n_rot=64,
+    n_ff=12288,
+    n_expert=256,
+    n_expert_used=8,
+    n_expert_shared=1,
+    n_ff_exp=2048,
+    n_layer_dense_lead=3,
+    q_lora_rank=2048,
+    kv_lora_rank=512,
+    key_length_mla=256,
+    value_length_mla=256,
+    n_ctx_train=202752,
+    rope_freq_base=1000000.0,
+    rms_eps=1e-5,
+    tokenizer=_bpe(154880, "glm4", 321649, n_special=223),
+    quant=_Q8_0,
+    extra_kv={
+        "expert_weights_scale": 2.5,
+        "expert_weights_norm": True,
+        "expert_gating_func": 2,
+        "attention.indexer.head_count": 32,
+        "attention.indexer.key_length": 128,
+        "attention.indexer.top_k": 2048,
+    },
+)
 
 # Complete models for speed measurements (bench/speed_measured.py): large enough (over 2 GB) that
 # token generation on this machine's CPU is bound by memory bandwidth, small enough to write and

@@ -238,6 +238,56 @@ def _gptneox_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     ]
 
 
+# --- DeepSeek Sparse Attention (deepseek32, glm-dsa) ----------------------------------------
+
+
+def indexer_hparams(spec: ModelSpec) -> tuple[int, int]:
+    """The lightning indexer's (head_count, key_length): ``attention.indexer.*`` of ``extra_kv``."""
+    kv = spec.extra_kv
+    n_head, size = kv["attention.indexer.head_count"], kv["attention.indexer.key_length"]
+    assert isinstance(n_head, int) and isinstance(size, int)
+    return n_head, size
+
+
+def indexer_full(spec: ModelSpec, il: int) -> bool:
+    """Whether trunk layer ``il`` has its own indexer: ``attention.indexer.types`` when written (glm-dsa's
+    GLM-5.2 files), else every layer (``load_arch_hparams`` of deepseek32.cpp / glm-dsa.cpp)."""
+    types = spec.extra_kv.get("attention.indexer.types")
+    return not isinstance(types, tuple) or il >= len(types) or bool(types[il])
+
+
+def _indexer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """The DSA lightning indexer's tensors (``load_arch_tensors`` of src/models/deepseek32.cpp)."""
+    e, q_lora = spec.n_embd, spec.q_lora_rank
+    n_head, size = indexer_hparams(spec)
+    return [
+        _norm(il, "indexer.k_norm", size),
+        _bias(il, "indexer.k_norm", (size,)),
+        # F32 as convert_hf_to_gguf writes it ("DSA indexer weights should be F32", conversion/base.py):
+        # typed like the never-quantized router
+        _blk(il, "indexer.proj", (e, n_head), "router"),
+        _blk(il, "indexer.attn_k", (e, size), "attn"),
+        _blk(il, "indexer.attn_q_b", (q_lora, n_head * size), "attn"),
+    ]
+
+
+def _dsa_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """deepseek32 / glm-dsa: deepseek2's MLA layer plus the indexer (glm-dsa: optional, written on the
+    layers with a full indexer and on the NextN blocks, as deepseek32 needs it on every block)."""
+    out = [*_mla_attention(spec, il), _norm(il, "ffn_norm", spec.n_embd)]
+    if spec.arch == "deepseek32" or il >= spec.n_layer_trunk or indexer_full(spec, il):
+        out += _indexer(spec, il)
+    if spec.is_moe_layer(il):
+        gate_inp, *exps = _routed_experts(spec, il)
+        out += [gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps]
+        out += _shared_expert(spec, il)
+    else:
+        out += _dense_ffn(spec, il)
+    if il >= spec.n_layer_trunk:
+        out += _nextn(spec, il)
+    return out
+
+
 def _gated_attention(spec: ModelSpec, il: int) -> list[TensorDef]:
     """Qwen3-Next / Qwen3.5 full attention: Q doubled by its output gate, q/k norms (``create_tensor_qkv``
     with ``n_embd_head_k * n_head * 2``)."""
@@ -518,6 +568,8 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "gpt-oss": _gpt_oss_layer,
     "gemma3": _gemma3_layer,
     "gptneox": _gptneox_layer,
+    "deepseek32": _dsa_layer,
+    "glm-dsa": _dsa_layer,
     "qwen3next": _qwen3next_layer,
     "qwen35": _qwen35_layer,
     "qwen35moe": _qwen35_layer,
