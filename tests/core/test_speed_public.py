@@ -183,6 +183,8 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = BIG_MODELS["DeepSeek-V3.2-Q8_0"]
     elif arch == "deepseek2" and 15 <= params <= 16.5:  # DeepSeek-V2-Lite
         spec = BIG_MODELS["DeepSeek-V2-Lite-Q4_K_M"]
+    elif arch == "deepseek4" and 280 <= params <= 290:  # DeepSeek V4 Flash (284 B)
+        spec = BIG_MODELS["DeepSeek-V4-Flash-Q4_K_M"]
     else:
         return None, f"no synth shape for {arch} {params}B"
     if m.get("n_layer") and spec.arch != "llama" and m["n_layer"] != spec.n_layer - spec.n_nextn:
