@@ -28,14 +28,19 @@ pytestmark = pytest.mark.integration
 
 EXACT = ("model", "kv", "rs", "output")
 
-CASES: list[str] = [
-    "-ngl 999 -ts 1,1 -c 4096",
-    "-ngl 5 -ts 1,1 -c 4096 -np 2",  # blocks 0-2 on the CPU, 3-7 over RPC0/RPC1
-    "-ngl 6 -ts 1,3 -c 8192 -np 2 -ctk q8_0 -ctv q8_0",
-    "-ngl 999 -ts 1,1 -c 4096 -fa off",
-    "-ngl 999 -ts 2,1 -c 6000 -np 3 -kvu",  # -kvu: the DSV4 caches stay per sequence
-    "-ngl 999 -ts 1,1 -c 2048 -nkvo",
-    "-ngl 999 -ts 1,1 -c 4096 -ub 128 --swa-full",
+CASES: list[tuple[str, str]] = [
+    ("deepseek4", "-ngl 999 -ts 1,1 -c 4096"),
+    ("deepseek4", "-ngl 5 -ts 1,1 -c 4096 -np 2"),  # blocks 0-2 on the CPU, 3-7 over RPC0/RPC1
+    ("deepseek4", "-ngl 6 -ts 1,3 -c 8192 -np 2 -ctk q8_0 -ctv q8_0"),
+    ("deepseek4", "-ngl 999 -ts 1,1 -c 4096 -fa off"),
+    ("deepseek4", "-ngl 999 -ts 2,1 -c 6000 -np 3 -kvu"),  # -kvu: the DSV4 caches stay per sequence
+    ("deepseek4", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    ("deepseek4", "-ngl 999 -ts 1,1 -c 4096 -ub 128 --swa-full"),
+    # draft-mtp: the main context's raw cache holds the NextN block (block 4) too and its compressor states
+    # keep --spec-draft-n-max (default 3) rollback planes per sequence; the MTP context a plain ISWA cache
+    # (K and V) of the NextN block
+    ("deepseek4-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 --spec-type draft-mtp"),
+    ("deepseek4-mtp", "-ngl 3 -ts 1,2 -c 4096 --spec-type draft-mtp --spec-draft-n-max 5"),
 ]
 
 
@@ -45,12 +50,13 @@ def rpc(llama_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type:
         yield eps
 
 
-@pytest.mark.parametrize("args", CASES)
+@pytest.mark.parametrize(("model_name", "args"), CASES, ids=[f"{m}:{a}" for m, a in CASES])
 def test_dsv4_projection_equals_llama_server(
-    args: str, small_models: dict[str, Path], llama_server: Path, rpc: list[str], tmp_path: Path,
+    model_name: str, args: str, small_models: dict[str, Path], llama_server: Path, rpc: list[str],
+    tmp_path: Path,
 ) -> None:
     argv = ["--rpc", ",".join(rpc), *shlex.split(args)]
-    path = small_models["deepseek4"]
+    path = small_models[model_name]
     model = open_model(path)
     parsed = parse_server_args(argv)
     assert not parsed.errors, parsed.errors
@@ -69,5 +75,5 @@ def test_dsv4_projection_equals_llama_server(
                         + ("" if kind in EXACT else "  (estimate, not compared)"))
             if kind in EXACT and abs(ours - theirs) > 0.011:
                 bad.append(rows[-1])
-    print(f"\ndeepseek4 {args}\n" + "\n".join(rows))
+    print(f"\n{model_name} {args}\n" + "\n".join(rows))
     assert not bad, "\n".join(bad)

@@ -487,6 +487,12 @@ SMALL_MODELS["deepseek4"] = ModelSpec(
     extra_kv=_dsv4_kv((0, 0, 4, 128, 4, 128, 4, 128), 8, o_groups=2, o_rank=256, idx_heads=2,
                       idx_dim=64, hash_layers=0),
 )
+# ... with its MTP block (block_count 5, nextn_predict_layers 1: blocks 0-3 the trunk, 4 the NextN block
+# with its own ratio 0, as V4-Flash's last compress_ratios entry): --spec-type draft-mtp
+SMALL_MODELS["deepseek4-mtp"] = replace(
+    SMALL_MODELS["deepseek4"], name="synth-deepseek4-mtp", n_layer=5, n_nextn=1, nextn_embed_head=False,
+    extra_kv=_dsv4_kv((0, 4, 128, 4, 0), 5, o_groups=2, o_rank=256, idx_heads=2, idx_dim=64, hash_layers=0),
+)
 
 # --- real shapes, header-only ----------------------------------------------------------------
 
