@@ -37,6 +37,10 @@ def _projection(model: Model, args: str) -> Projection:
 
 
 def test_flash_kv_and_states_by_hand(flash: Model) -> None:
+    """The pinned llama-server, run once by hand on the complete (sparse) file of these shapes with the
+    same arguments and --no-repack, printed the KV lines 32.25 + 168.00 + 5.00 + 42.00 MiB (= 259,260,416 B)
+    and the state lines 1.31 + 10.00 + 0.33 MiB ("csa ratio = 4, state = 8 x 1024, streams = 1, rs_seq = 0,
+    layers = 21"; hca 128 x 512, 20 layers; lid 8 x 256, 21 layers)."""
     cpu = _projection(flash, "-c 32768 -np 1").devices[0]
     # 43 blocks; compress_ratios 0, 0, then 4/128 alternating: 21 CSA (2, 4, ..., 42), 20 HCA (3, ..., 41).
     # K only, f16, 1 KV head of 512; the indexer 1 head of 128; one stream.
