@@ -17,7 +17,7 @@ from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.gguf_reader import open_model
 from offload_planner.core.memory import Projection
 from offload_planner.core.model import Model
-from offload_planner.core.recurrent_state import memory_notes
+from offload_planner.core.recurrent_state import layer_cache_note, memory_notes
 from offload_planner.core.synth import BIG_MODELS, write_model
 
 CPU_ONLY = DeviceSet(Device("CPU", DeviceKind.CPU), ())
@@ -81,3 +81,12 @@ def test_log_parser_reads_compressor_states_as_rs(tmp_path: Path) -> None:
     got = parse_log(lines).by_device({"127.0.0.1:34521": "RPC0"})
     assert got["RPC0"]["rs"] == 0.06
     assert got["CPU"]["rs"] == 1.00 and got["CPU"]["kv"] == 2.25
+
+
+def test_layer_notes_follow_the_ratios(flash: Model) -> None:
+    # compress_ratios 0, 0, 4, 128, ...: blocks 0-1 window only, 2 CSA, 3 HCA, 42 CSA
+    assert layer_cache_note(flash, 0).startswith("window-only block: its last 128 tokens")
+    csa, hca = layer_cache_note(flash, 2), layer_cache_note(flash, 3)
+    assert csa.startswith("CSA block") and "lightning indexer" in csa
+    assert hca.startswith("HCA block: ") and "per 128 tokens" in hca
+    assert layer_cache_note(flash, 42).startswith("CSA block")

@@ -84,6 +84,22 @@ def memory_notes(model: Model, dialect: Dialect) -> list[str]:
     return []
 
 
+def layer_note(model: Model, il: int) -> str:
+    """What a block of a compressed-KV model keeps per sequence, for the per-layer map."""
+    arch = COMPRESSED_KV_ARCHS.get(model.arch)
+    if arch is None or il >= model.summary.n_layer:
+        return ""
+    ratio = layer_ratios(model, arch)[il]
+    window = f"its last {model.summary.n_swa} tokens' keys (the raw window cache)"
+    if ratio == arch.csa_ratio:
+        return (f"CSA block: {window}, one compressed key per {ratio} tokens and the lightning indexer's "
+                "key per compressed row (K only), and its compressor states (f32, rs)")
+    if ratio == arch.hca_ratio:
+        return (f"HCA block: {window}, one compressed key per {ratio} tokens (K only) and its compressor "
+                "state (f32, rs)")
+    return f"window-only block: {window} (K only)"
+
+
 def _pad(x: int, n: int) -> int:
     return -(-x // n) * n
 

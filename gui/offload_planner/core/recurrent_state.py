@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compressed_kv import COMPRESSED_KV_ARCHS
+from offload_planner.core.compressed_kv import layer_note as compressed_layer_note
 from offload_planner.core.compressed_kv import memory_notes as compressed_kv_notes
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.placement import CPU, Placement
@@ -195,6 +196,8 @@ def recurrent_layers(model: Model) -> tuple[bool, ...]:
 
 def layer_cache_note(model: Model, il: int) -> str:
     """What a layer of a hybrid model keeps per sequence, for the per-layer map ("" for another model)."""
+    if model.arch in COMPRESSED_KV_ARCHS:
+        return compressed_layer_note(model, il)
     if hybrid_arch(model) is None or il >= len(recurrent_layers(model)):
         return ""
     if recurrent_layers(model)[il]:
