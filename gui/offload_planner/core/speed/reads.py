@@ -8,11 +8,13 @@ from collections import defaultdict
 from dataclasses import replace
 
 from offload_planner.core.devices import DeviceKind, DeviceSet
+from offload_planner.core.dsa import indexer_kv_buffers
 from offload_planner.core.memory import ContextParams, ResolvedContext, kv_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.placement import Placed, Placement
 from offload_planner.core.plan import Plan
 from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
+from offload_planner.core.speed.sparse_attention import top_k
 
 
 def expert_fraction(model: Model) -> float:
@@ -79,6 +81,14 @@ def kv_bytes_at(model: Model, placement: Placement, params: ContextParams, ctx: 
 SKIPS_MASKED_CELLS = frozenset({DeviceKind.CPU, DeviceKind.METAL, DeviceKind.RPC})
 
 
+def skipping_devices(devices: DeviceSet, params: ContextParams) -> frozenset[str]:
+    """The devices whose one-token attention skips the cells its mask holds at ``-inf`` (flash
+    attention only: without it ``soft_max`` follows the whole KQ product)."""
+    if not params.flash_attn:
+        return frozenset()
+    return frozenset(d.name for d in devices if d.kind in SKIPS_MASKED_CELLS)
+
+
 def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: ResolvedContext,
                devices: DeviceSet, depth: int, cached: range | None = None) -> dict[str, int]:
     """KV bytes one token of one sequence reads at ``depth`` cells, per device: the engine's KV
@@ -87,21 +97,41 @@ def kv_read_at(model: Model, placement: Placement, params: ContextParams, ctx: R
     padded to 256; ``--swa-full``: the context) is a ring whose masked cells are overwritten only
     when reused, so once it wraps the attention spans all of it (``llama_kv_cache::get_n_kv``);
     with flash attention on a backend that skips masked cells (:data:`SKIPS_MASKED_CELLS`) it reads
-    ``min(depth, n_swa)``."""
+    ``min(depth, n_swa)``.  DeepSeek Sparse Attention on such a backend reads its MLA cache at
+    ``min(depth, top_k)`` cells, its indexer's keys at ``depth`` (:mod:`.sparse_attention`)."""
     if depth <= 0:
         return {}
     s = model.summary
 
-    def read(swa_cells: int) -> dict[str, int]:
-        sub = replace(ctx, n_ctx=depth, n_ctx_seq=depth, n_stream=1, swa_cells=swa_cells)
+    def read(swa_cells: int, cells: int = depth) -> dict[str, int]:
+        sub = replace(ctx, n_ctx=cells, n_ctx_seq=cells, n_stream=1, swa_cells=swa_cells)
         out: dict[str, int] = defaultdict(int)
         for b in kv_buffers(model, placement, sub, params, devices, cached=cached):
             out[b.device] += b.bytes
         return dict(out)
 
+    k = top_k(model, params)
+    if k and depth > k and (skips := skipping_devices(devices, params)):
+        return _sparse_read(read(depth), read(k, k), model, placement, ctx, params, devices, cached, depth, k,
+                            skips)
     ring = read(min(depth, ctx.swa_cells))
     if not (s.has_swa and s.n_swa and params.flash_attn and ctx.swa_cells > s.n_swa):
         return ring
     window = read(min(depth, s.n_swa))
-    skips = {d.name for d in devices if d.kind in SKIPS_MASKED_CELLS}
-    return {name: window[name] if name in skips else n for name, n in ring.items()}
+    skipping = skipping_devices(devices, params)
+    return {name: window[name] if name in skipping else n for name, n in ring.items()}
+
+
+def _sparse_read(dense: dict[str, int], at_k: dict[str, int], model: Model, placement: Placement,
+                 ctx: ResolvedContext, params: ContextParams, devices: DeviceSet, cached: range | None,
+                 depth: int, k: int, skips: frozenset[str]) -> dict[str, int]:
+    """``dense`` (every cache at ``depth`` cells), where a device skips masked cells: its caches at
+    ``k`` cells (``at_k``) with the indexer's keys at ``depth`` instead of ``k``."""
+
+    def indexer(cells: int) -> dict[str, int]:
+        sub = replace(ctx, n_ctx=cells, n_ctx_seq=cells, n_stream=1)
+        return {b.device: b.bytes for b in indexer_kv_buffers(model, placement, sub, params, devices, cached)}
+
+    idx_depth, idx_k = indexer(depth), indexer(k)
+    return {name: (at_k.get(name, 0) - idx_k.get(name, 0) + idx_depth.get(name, 0)) if name in skips else n
+            for name, n in dense.items()}

@@ -18,7 +18,8 @@ from offload_planner.core.roles import ROUTED_EXPERT_ROLES, Role
 from offload_planner.core.speed.efficiency import Efficiencies, cpu_cost
 from offload_planner.core.speed.hardware import Hardware
 from offload_planner.core.speed.rates import _effective_bandwidth, _is_gpu, compute_tflops, cpu_isa_gain
-from offload_planner.core.speed.reads import _running, expert_fraction
+from offload_planner.core.speed.reads import _running, expert_fraction, skipping_devices
+from offload_planner.core.speed.sparse_attention import indexer_flops, top_k
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,12 @@ def attention_flops_at(plan: Plan, placement: Placement, ctx: ResolvedContext,
         return {}
     s = plan.model.summary
     out: dict[str, float] = defaultdict(float)
+    k = top_k(plan.model, plan.context)
+    sparse = skipping_devices(plan.devices, plan.context) if k else frozenset()
+    indexer = indexer_flops(plan.model, depth) if k else {}
     for il in range(s.n_layer - s.n_nextn):
         dev = placement.layer_device(il) if plan.context.offload_kqv else CPU
-        cells = min(depth, ctx.swa_cells) if s.swa_layers[il] else depth
-        out[dev] += 2.0 * s.per_layer(s.n_head, il) * (s.head_dim_k + s.head_dim_v) * cells
+        cells = min(depth, ctx.swa_cells) if s.swa_layers[il] else min(depth, k) if dev in sparse else depth
+        attn = 2.0 * s.per_layer(s.n_head, il) * (s.head_dim_k + s.head_dim_v) * cells
+        out[dev] += attn + indexer.get(il, 0.0)
     return dict(out)
