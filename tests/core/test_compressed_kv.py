@@ -15,7 +15,7 @@ from offload_planner.core.cmdline import parse_server_args
 from offload_planner.core.devices import Device, DeviceKind, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.gguf_reader import open_model
-from offload_planner.core.memory import Projection
+from offload_planner.core.memory import Projection, kv_buffers
 from offload_planner.core.model import Model
 from offload_planner.core.recurrent_state import layer_cache_note, memory_notes
 from offload_planner.core.synth import BIG_MODELS, write_model
@@ -90,3 +90,18 @@ def test_layer_notes_follow_the_ratios(flash: Model) -> None:
     assert csa.startswith("CSA block") and "lightning indexer" in csa
     assert hca.startswith("HCA block: ") and "per 128 tokens" in hca
     assert layer_cache_note(flash, 42).startswith("CSA block")
+
+
+def test_per_block_figures_of_the_speed_model(flash: Model) -> None:
+    """The speed model asks the KV of one block at a time (speed/layout.py, speed/reads.py): a CSA block
+    keeps its window, compressed and indexer keys and its two states, not a plain K+V cache of the context."""
+    parsed = parse_server_args(shlex.split("-c 32768 -np 1"))
+    a = analyse_command(flash, CPU_ONLY, parsed)
+    assert a.projection is not None
+    pr, p = a.projection, a.plan.context
+    block2 = kv_buffers(flash, pr.placement, pr.context, p, CPU_ONLY, cached=range(2, 3))
+    assert sum(b.bytes for b in block2 if b.kind == "kv") == 512 * 2 * (768 + 8192) + 128 * 2 * 8192
+    assert sum(b.bytes for b in block2 if b.kind == "rs") == 2 * 4 * 8 * (2 * 512 + 2 * 128)
+    every = [kv_buffers(flash, pr.placement, pr.context, p, CPU_ONLY, cached=range(il, il + 1))
+             for il in range(43)]
+    assert sum(b.bytes for bufs in every for b in bufs) == 259_260_416 + 12_206_080

@@ -147,9 +147,10 @@ def _caches(model: Model, arch: CompressedKvArch, ctx: ResolvedContext, p: Conte
 
 
 def kv_buffers(model: Model, arch: CompressedKvArch, placement: Placement, ctx: ResolvedContext,
-               p: ContextParams, devices: DeviceSet) -> list[Buffer]:
+               p: ContextParams, devices: DeviceSet, only: range | None = None) -> list[Buffer]:
     """The caches' ``KV buffer size`` (one buffer per device, summed over the four caches) and the
-    compressor states' buffers (kind ``rs``)."""
+    compressor states' buffers (kind ``rs``); ``only``: those of these blocks alone (the speed model's
+    per-layer figures), None: all."""
     s = model.summary
     tk = type_by_name(p.type_k)
     n_stream = max(1, p.n_seq_max)
@@ -164,6 +165,8 @@ def kv_buffers(model: Model, arch: CompressedKvArch, placement: Placement, ctx: 
     for c in _caches(model, arch, ctx, p):
         per: dict[str, int] = defaultdict(int)
         for il in c.layers:
+            if only is not None and il not in only:
+                continue
             name, dev = dev_of(il)
             width = s.head_dim_k * s.head_kv(il) if c.width < 0 else c.width
             kv[name] += _pad(tk.row_bytes(width) * c.cells * n_stream, dev.alignment)
@@ -172,11 +175,11 @@ def kv_buffers(model: Model, arch: CompressedKvArch, placement: Placement, ctx: 
             why[name].append(f"{c.name} {n} layers x {c.cells} cells")
     out = [Buffer(d, d, "kv", kv[d], f"DeepSeek V4 compressed KV, K {p.type_k} only, {n_stream} streams: "
                   + "; ".join(why[d])) for d in kv]
-    return out + _state_buffers(model, arch, p, dev_of)
+    return out + _state_buffers(model, arch, p, dev_of, only)
 
 
 def _state_buffers(model: Model, arch: CompressedKvArch, p: ContextParams,
-                   where: Callable[[int], tuple[str, Device]]) -> list[Buffer]:
+                   where: Callable[[int], tuple[str, Device]], only: range | None) -> list[Buffer]:
     ratios = layer_ratios(model, arch)
     head_k = model.summary.head_dim_k
     idx_k = model.arch_int(arch.indexer_key, 0)
@@ -189,7 +192,7 @@ def _state_buffers(model: Model, arch: CompressedKvArch, p: ContextParams,
     per: dict[str, int] = defaultdict(int)
     for _name, ratio, width, rows in states:
         for il in range(_n_trunk(model)):
-            if ratios[il] != ratio:
+            if ratios[il] != ratio or (only is not None and il not in only):
                 continue
             name, dev = where(il)
             per[name] += 2 * _pad(width * rows * planes * F32_BYTES, dev.alignment)
