@@ -77,3 +77,22 @@ def test_dsv4_projection_equals_llama_server(
                 bad.append(rows[-1])
     print(f"\n{model_name} {args}\n" + "\n".join(rows))
     assert not bad, "\n".join(bad)
+
+
+def test_different_k_and_v_types_refused_like_llama_server(
+    small_models: dict[str, Path], llama_server: Path, tmp_path: Path,
+) -> None:
+    """deepseek4's caches are K only: llama_init_from_model refuses -ctk without the same -ctv, and the
+    planner says so with the server's words."""
+    from tests.support.procs import ProcessFailed
+
+    from offload_planner.core.cmdline.semantics import check_semantics
+
+    argv = ["-c", "2048", "-ctk", "q8_0"]
+    with pytest.raises(ProcessFailed) as failed:
+        server_output(llama_server, ["-m", str(small_models["deepseek4"]), "-fit", "off", *argv],
+                      tmp_path / "server.log", timeout=120)
+    said = "model does not support different K (q8_0) and V (f16) cache types"
+    assert said in str(failed.value)
+    errors = check_semantics(parse_server_args(argv), (), arch="deepseek4")
+    assert any(said in e.message for e in errors), errors
