@@ -125,7 +125,7 @@ def test_ik_keeps_the_state_in_its_kv_buffer(models: dict[str, Model]) -> None:
 
 
 def test_an_unmodelled_hybrid_architecture_is_said_to_be_unmodelled(models: dict[str, Model]) -> None:
-    """glm5-next is hybrid in the pinned build (llm_arch_is_hybrid) but not modelled here: the plan
+    """bailingmoe3 is hybrid in the pinned build (llm_arch_is_hybrid) but not modelled here: the plan
     says so instead of showing a silent KV figure for every layer."""
     from dataclasses import replace
 
@@ -133,11 +133,11 @@ def test_an_unmodelled_hybrid_architecture_is_said_to_be_unmodelled(models: dict
     from offload_planner.core.recurrent_state import memory_notes
 
     base = models["llama"]
-    md = {("glm5-next." + k.removeprefix("llama.")) if k.startswith("llama.") else k: v
+    md = {("bailingmoe3." + k.removeprefix("llama.")) if k.startswith("llama.") else k: v
           for k, v in base.metadata.items()}
-    md["general.architecture"] = "glm5-next"
+    md["general.architecture"] = "bailingmoe3"
     renamed = replace(base, metadata=md, key_offsets={})
     [note] = memory_notes(renamed, LLAMA_CPP)
-    assert "glm5-next" in note and "not modelled" in note
+    assert "bailingmoe3" in note and "not modelled" in note
     assert memory_notes(base, LLAMA_CPP) == []
     assert memory_notes(models["Qwen3-Next-80B-A3B-Q4_K_M"], LLAMA_CPP) == []  # modelled

@@ -185,6 +185,13 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = BIG_MODELS["DeepSeek-V2-Lite-Q4_K_M"]
     elif arch == "deepseek4" and 280 <= params <= 290:  # DeepSeek V4 Flash (284 B)
         spec = BIG_MODELS["DeepSeek-V4-Flash-Q4_K_M"]
+    elif arch == "qwen3next" and 79 <= params <= 81:  # Qwen3-Next-80B-A3B (and Qwen3-Coder-Next: its shape)
+        spec = BIG_MODELS["Qwen3-Next-80B-A3B-Q4_K_M"]
+    elif arch == "qwen4exp":  # Qwen3.8-Flash-Next: its config.json seen in part only (ollama's copy,
+        # https://ollama.com/library/qwen3.8-flash-next:125b-mlx/blobs/889658f2508e: hidden 2560, hc 4 / low
+        # rank 320, head_dim 256, indexer 4 x 128, compress 4), not its delta-net heads, expert sizes,
+        # vocabulary or PLE table: no header shape without invented figures
+        return None, "no published header shape of Qwen3.8-Flash-Next (delta-net, expert and PLE sizes)"
     else:
         return None, f"no synth shape for {arch} {params}B"
     if m.get("n_layer") and spec.arch != "llama" and m["n_layer"] != spec.n_layer - spec.n_nextn:

@@ -60,6 +60,28 @@ CASES: list[tuple[str, str]] = [
     # Granite hybrid: Mamba2 layers 0-2 and 4-6, attention 3 and 7
     ("granitehybrid", "-ngl 999 -ts 1,1 -c 4096 -np 2"),
     ("granitehybrid", "-ngl 4 -ts 1,2 -c 4096 -np 3 -ot exps=CPU"),
+    # qwen4exp (llama_memory_hybrid_idx): qwen35moe's layers; the attention layers 3 and 7 also keep an
+    # indexer cache (a second KV buffer on their device) of 32 x 2 keys per cell in -ctk's type
+    ("qwen4exp", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0"),
+    ("qwen4exp", "-ngl 4 -ts 1,1 -c 4096 -np 2 -ctk q8_0"),  # layers 0-3 on the CPU, 4-7 over RPC0/RPC1
+    ("qwen4exp", "-ngl 6 -ts 2,1 -c 4096 -np 2 -ctk q8_0 -ctv q8_0"),  # 0-1 CPU, 2-7 RPC0/RPC1
+    ("qwen4exp", "-ngl 999 -ts 1,3 -c 4096 -np 3 -kvu"),
+    ("qwen4exp", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    # PLE on layer 1: its own conv-history row (cache_ple_r_l) in the RS buffer of the layer's device
+    ("qwen4exp-ple", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0"),
+    ("qwen4exp-ple", "-ngl 7 -ts 1,1 -c 4096 -np 3"),  # layers 0-1 on the CPU
+    # draft-mtp: the MTP context's llama_memory_hybrid_idx holds the NextN layer (8) alone: its KV and
+    # indexer keys, no recurrent state; the main context keeps the rollback snapshots
+    ("qwen4exp-mtp", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0 --spec-type draft-mtp"),
+    ("qwen4exp-mtp", "-ngl 7 -ts 1,2 -c 4096 --spec-type draft-mtp --spec-draft-n-max 5"),
+    # glm5-next: KDA layers 0-2, 4-6 (RS), nope MLA on 3 and 7 (a K-only 128-wide cache) with an indexer
+    # cache of 32 x 3 (key | gate | pooled) per cell; -shared: layer 7 shares layer 3's indexer (no keys)
+    # (an MLA model: -ctk and -ctv must agree)
+    ("glm5-next", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0 -ctv q8_0"),
+    ("glm5-next", "-ngl 4 -ts 1,1 -c 4096 -np 2 -ctk q8_0 -ctv q8_0"),  # layers 0-3 CPU, 4-7 RPC0/RPC1
+    ("glm5-next", "-ngl 999 -ts 1,3 -c 4096 -np 3 -kvu"),
+    ("glm5-next", "-ngl 999 -ts 1,1 -c 2048 -nkvo"),
+    ("glm5-next-shared", "-ngl 999 -ts 1,1 -c 4096 -np 2 -ctk q8_0 -ctv q8_0"),
 ]
 
 
@@ -84,6 +106,8 @@ def test_hybrid_projection_equals_llama_server(
     output = server_output(llama_server, ["-m", str(small_models[model_name]), "-fit", "off", *argv],
                            tmp_path / "server.log", timeout=120)
     assert "RS buffer size" in output  # the server made a hybrid memory
+    if model.arch in ("qwen4exp", "glm5-next"):  # ... a llama_memory_hybrid_idx, with its indexer cache
+        assert "creating indexer KV cache" in output
     actual = parse_log(output.splitlines()).by_device({ep: f"RPC{i}" for i, ep in enumerate(rpc)})
 
     # a simulated graph: compute too, but the MTP context's compute on RPC devices is not yet exact

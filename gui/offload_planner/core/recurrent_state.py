@@ -29,6 +29,7 @@ from offload_planner.core.compressed_kv import COMPRESSED_KV_ARCHS
 from offload_planner.core.compressed_kv import layer_note as compressed_layer_note
 from offload_planner.core.compressed_kv import memory_notes as compressed_kv_notes
 from offload_planner.core.devices import Device, DeviceSet
+from offload_planner.core.hybrid_indexer import indexer_buffers, indexer_layers
 from offload_planner.core.placement import CPU, Placement
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class HybridArch:
     ik_recurrent: Callable[[Model], tuple[bool, ...]] | None = None
     #: the layers the KV cache holds (``filter_attn``); None: the layers that are not recurrent
     attention: Callable[[Model], tuple[bool, ...]] | None = None
+    #: elements of a third f32 row tensor of layer ``il`` (qwen4exp's PLE conv history), 0: none
+    extra_row: Callable[[Model, int], int] | None = None
 
 
 def _interval_layers(model: Model) -> tuple[bool, ...]:
@@ -139,6 +142,22 @@ def _kda_dims(model: Model) -> StateDims:
     return StateDims(3 * (d_conv - 1 if d_conv > 0 else 3) * n_head * hd, hd * hd * n_head)
 
 
+def _qwen4exp_ple_row(model: Model, il: int) -> int:
+    """qwen4exp's PLE layer keeps its conv history in its own row ``cache_ple_r_l``:
+    ``ple_conv_state() = (ple.conv_kernel - 1) * ple.ngram_size * hyper_connection.count * n_embd``
+    elements (src/llama-hparams.cpp ``ple_conv_state``, src/llama-memory-recurrent.cpp 109-114), on the
+    one layer ``ple.layers`` names; 0 without PLE keys (``ple_n_heads = 0``)."""
+    layers = model.metadata.get(f"{model.arch}.ple.layers")
+    if not isinstance(layers, Sequence) or isinstance(layers, str) or il not in [int(x) for x in layers]:
+        return 0
+    n_heads = (model.arch_int("ple.ngram_size", 0) - 1) * model.arch_int("ple.heads_per_ngram", 0)
+    kernel = model.arch_int("ple.conv_kernel", 0)
+    if n_heads <= 0 or kernel == 0:
+        return 0
+    return ((kernel - 1) * model.arch_int("ple.ngram_size", 0) * model.arch_int("hyper_connection.count", 0)
+            * model.summary.n_embd)
+
+
 _NEMOTRON_H = HybridArch(_nemotron_h_layers, _mamba_dims, rollback=True, attention=_nemotron_h_attention)
 
 _QWEN_HYBRID = HybridArch(_interval_layers, _mamba_dims, rollback=True, ik_recurrent=_ik_interval)
@@ -155,6 +174,12 @@ HYBRID_ARCHS: dict[str, HybridArch] = {
     "kimi-k3": HybridArch(_kv_head_less_layers, _kda_dims, rollback=True),
     # src/models/granite-hybrid.cpp 22-25: Mamba2 where head_count_kv is 0; default filters
     "granitehybrid": HybridArch(_kv_head_less_layers, _mamba_dims, rollback=False),
+    # src/models/qwen4exp.cpp 149-163: Qwen3.5's layer rule and gated delta net (n_embd_r, n_embd_s), a PLE
+    # row on its PLE layer; llama_memory_hybrid_idx's indexer cache: core.hybrid_indexer
+    "qwen4exp": HybridArch(_interval_layers, _mamba_dims, rollback=True, extra_row=_qwen4exp_ple_row),
+    # src/models/glm5-next.cpp 21-23: KDA where head_count_kv is 0 (Kimi's KDA state), the DSA layers an
+    # MLA cache and the indexer cache (core.hybrid_indexer)
+    "glm5-next": HybridArch(_kv_head_less_layers, _kda_dims, rollback=True),
 }
 
 
@@ -206,6 +231,9 @@ def layer_cache_note(model: Model, il: int) -> str:
     h = hybrid_arch(model)
     if h is not None and h.attention is not None and not _attention_layers(model)[il]:
         return "feed-forward block: neither a KV cache nor a recurrent state"
+    if il in indexer_layers(model, recurrent_layers(model)):
+        return ("attention layer: its KV cache and its indexer keys (a second KV buffer) are on its device "
+                "(the recurrent layers have neither)")
     return "attention layer: its KV cache is on its device (the recurrent layers have none)"
 
 
@@ -261,7 +289,8 @@ def with_recurrent_state(model: Model, placement: Placement, p: ContextParams, c
         return kv
     if p.dialect.recurrent_state_in_kv:
         return _state_in_kv(model, placement, p, ctx, devices, kv)
-    return kv + rs_buffers(model, placement, p, devices)
+    idx = indexer_buffers(model, placement, p, ctx, devices, recurrent_layers(model))
+    return kv + idx + rs_buffers(model, placement, p, devices)
 
 
 def _state_in_kv(model: Model, placement: Placement, p: ContextParams, ctx: ResolvedContext,
@@ -325,6 +354,9 @@ def rs_buffers(model: Model, placement: Placement, p: ContextParams, devices: De
         dev = devs.get(name) or devs.setdefault(name, devices.by_name(name) or devices.cpu)
         a = dev.alignment
         per[name] += _pad(dims.r * F32_BYTES * rows, a) + _pad(dims.s * F32_BYTES * rows, a)
+        extra = h.extra_row(model, il) if h.extra_row is not None else 0
+        if extra:
+            per[name] += _pad(extra * F32_BYTES * rows, a)
         layers[name] += 1
     cells = max(1, p.n_seq_max)
     snap = f" x (1 + {rows // cells - 1} rollback snapshots)" if rows > cells else ""

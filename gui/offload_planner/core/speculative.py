@@ -36,6 +36,7 @@ from offload_planner.core.cmdline.model import ParsedArgs
 from offload_planner.core.devices import DeviceSet
 from offload_planner.core.dialects import LLAMA_CPP, Dialect
 from offload_planner.core.extra_context import DRAFT, MTP, ExtraContext, tagged
+from offload_planner.core.hybrid_indexer import mtp_indexer_buffers
 from offload_planner.core.memory import (
     ContextParams,
     ResolvedContext,
@@ -252,6 +253,7 @@ def mtp_context(model: Model, devices: DeviceSet, placement: Placement, main: Co
                           n_outputs_max=min(main.n_batch, main.n_seq_max))
         mctx = resolve_context(cparams, s.n_ctx_train, s.n_swa)
         bufs = kv_buffers(model, placement, mctx, cparams, devices, cached=nextn)
+        bufs += mtp_indexer_buffers(model, placement, cparams, mctx, devices)  # qwen4exp's (hybrid_idx)
         bufs.append(output_buffer(model, placement, cparams, devices))
         bufs += mtp_compute_buffers(model, devices, placement, mctx, cparams)
     else:

@@ -307,6 +307,107 @@ SMALL_MODELS["qwen35"] = replace(
     n_ff_shexp=0,
 )
 
+# Qwen3.8-Flash-Next's architecture (qwen4exp, src/models/qwen4exp.cpp): Qwen3.5 MoE's layers (attention 3 and
+# 7) with two residual streams (hyper-connections, low rank 16) and no layer norms, and the QSA indexer on
+# the attention layers (2 heads of 32, top-k 64, keys pooled by 4: compress ratio 4 on layers 3 and 7), so
+# llama_memory_hybrid_idx adds an indexer cache of 32 x 2 (key | pooled) per attention layer; no PLE
+SMALL_MODELS["qwen4exp"] = replace(
+    SMALL_MODELS["qwen35moe"],
+    name="synth-qwen4exp",
+    arch="qwen4exp",
+    extra_kv={
+        "rope.dimension_sections": (3, 3, 2, 0),
+        "hyper_connection.count": 2,
+        "hyper_connection.low_rank": 16,
+        "attention.indexer.head_count": 2,
+        "attention.indexer.key_length": 32,
+        "attention.indexer.top_k": 64,
+        "attention.compress_ratios": (0, 0, 0, 4, 0, 0, 0, 4),
+    },
+)
+
+# ... with its MTP block (block_count 9, nextn_predict_layers 1: a QSA layer, compress ratio 4 too, with
+# the NextN projections and its own hyper-connection head): --spec-type draft-mtp; 4 experts (8 would
+# take the file past a few MB)
+SMALL_MODELS["qwen4exp-mtp"] = replace(
+    SMALL_MODELS["qwen4exp"],
+    name="synth-qwen4exp-mtp",
+    n_layer=9,
+    n_nextn=1,
+    n_expert=4,
+    extra_kv={**SMALL_MODELS["qwen4exp"].extra_kv, "attention.compress_ratios": (0, 0, 0, 4, 0, 0, 0, 4, 4)},
+)
+
+# ... with PLE n-gram embeddings on layer 1 (a linear layer): 3-grams, 2 heads a gram (4 heads of 64 rows
+# in a 256-row table: 4 x 64 = n_embd, as the key projection wants), conv kernel 4, so layer 1 keeps a
+# third recurrent row cache_ple_r_l of (4 - 1) x 3 x 2 x 256 = 4608 f32 per cell
+SMALL_MODELS["qwen4exp-ple"] = replace(
+    SMALL_MODELS["qwen4exp"],
+    name="synth-qwen4exp-ple",
+    extra_kv={
+        **SMALL_MODELS["qwen4exp"].extra_kv,
+        "ple.layers": (1,),
+        "ple.ngram_size": 3,
+        "ple.heads_per_ngram": 2,
+        "ple.conv_kernel": 4,
+        "ple.eos_token_id": 1017,
+        "embedding_length_per_layer_input": 64,
+        "ple.layer_multipliers": (1000003, 999983, 998244353),
+        "ple.head_offsets": (0, 64, 128, 192),
+        "ple.head_vocab_sizes": (64, 64, 64, 64),
+    },
+)
+
+# GLM-5.3-Flash's architecture (glm5-next, src/models/glm5-next.cpp): kimi-linear's KDA layers where
+# head_count_kv is 0 (0-2, 4-6; KDA heads of 32), nope-only MLA on 3 and 7 (one 128-wide latent head, the
+# K-only cache: key_length 128, rope.dimension_count 0) with a k-pool DSA indexer (2 heads of 32, pools of
+# 4: llama_memory_hybrid_idx keeps 32 x 3 per cell), 4 mHC streams, a leading dense FFN then experts
+SMALL_MODELS["glm5-next"] = ModelSpec(
+    name="synth-glm5-next",
+    arch="glm5-next",
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=(0, 0, 0, 1, 0, 0, 0, 1),
+    head_dim_k=128,
+    head_dim_v=128,
+    n_ff=512,
+    n_expert=8,
+    n_expert_used=2,
+    n_expert_shared=1,
+    n_ff_exp=128,
+    n_layer_dense_lead=1,
+    q_lora_rank=64,
+    kv_lora_rank=128,
+    key_length_mla=64,
+    value_length_mla=32,
+    n_ctx_train=4096,
+    rms_eps=1e-5,
+    tokenizer=_bpe(1024, "default", 1000),
+    quant=Q4_K_M,
+    extra_kv={
+        "rope.dimension_count": 0,
+        "kda.head_dim": 32,
+        "ssm.conv_kernel": 4,
+        "attention.indexer.head_count": 2,
+        "attention.indexer.key_length": 32,
+        "attention.indexer.top_k": 64,
+        "attention.indexer.kpool": 4,
+        "hyper_connection.count": 4,
+        "hyper_connection.sinkhorn_iterations": 20,
+        "hyper_connection.epsilon": 1e-6,
+        "expert_gating_func": 2,
+    },
+)
+
+# ... with a shared indexer on layer 7 (attention.indexer.types 0: it reuses layer 3's selection and caches
+# no indexer keys of its own)
+SMALL_MODELS["glm5-next-shared"] = replace(
+    SMALL_MODELS["glm5-next"],
+    name="synth-glm5-next-shared",
+    extra_kv={**SMALL_MODELS["glm5-next"].extra_kv, "attention.indexer.types": (1, 1, 1, 1, 1, 1, 1, 0)},
+)
+
 # Nemotron-H MoE: Mamba2 (M), attention (*) and MoE (E) blocks as its hybrid_override_pattern orders them
 # (8 here: 3 Mamba2, 2 attention, 3 MoE); the Mamba2 mixer: 8 heads of 64 (ssm.inner_size 512), 2 groups,
 # state 32; MoE: up/down experts (relu^2, no gate) with sigmoid routing and an up/down shared expert

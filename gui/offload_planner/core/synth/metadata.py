@@ -10,10 +10,16 @@ from offload_planner.core.synth.spec import KvValue, ModelSpec, TokenizerKind
 from offload_planner.core.synth.tensors import LAYERNORM_ARCHS
 from offload_planner.core.synth.vocab import Vocab
 
+#: array keys convert_hf_to_gguf writes as uint64 (qwen4exp's PLE hash constants: the loader reads them
+#: into uint64 arrays and refuses another element type)
+UINT64_ARRAYS = frozenset({"ple.layer_multipliers", "ple.head_offsets", "ple.head_vocab_sizes"})
+
 
 def _put(writer: Any, key: str, value: KvValue) -> None:
     """Scalars: bool -> bool, int -> uint32, float -> float32, str -> string; tuples -> arrays."""
-    if isinstance(value, bool):
+    if isinstance(value, tuple) and key.split(".", 1)[-1] in UINT64_ARRAYS:
+        writer.add_key_value(key, list(value), GGUFValueType.ARRAY, GGUFValueType.UINT64)
+    elif isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, int):
         writer.add_uint32(key, value)

@@ -481,10 +481,6 @@ def _qwen35_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return _hybrid_layer(spec, il, fused_ba=False)
 
 
-def _dsv4_int(spec: ModelSpec, key: str) -> int:
-    return int(spec.extra_kv[key])  # type: ignore[arg-type]
-
-
 def _deepseek4_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     """DeepSeek V4 (src/models/deepseek4.cpp load_arch_tensors): low-rank q, one shared K/V head
     (``attn_kv``), a grouped low-rank output, hyper-connection mixers around attention and FFN; a block
@@ -492,9 +488,9 @@ def _deepseek4_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     lightning indexer's projections and compressor); routed experts with a shared expert, hash-routed
     (``ffn_gate_tid2eid``, I32) in the first ``hash_layer_count`` blocks, else a probability bias."""
     e, h, hd = spec.n_embd, spec.head_count(il), spec.key_length
-    q_rank, hc = spec.q_lora_rank, _dsv4_int(spec, "hyper_connection.count")
-    groups = _dsv4_int(spec, "attention.output_group_count")
-    o_rank = _dsv4_int(spec, "attention.output_lora_rank")
+    q_rank, hc = spec.q_lora_rank, _kv_int(spec, "hyper_connection.count")
+    groups = _kv_int(spec, "attention.output_group_count")
+    o_rank = _kv_int(spec, "attention.output_lora_rank")
     mix = (2 + hc) * hc
     ratio = int(spec.extra_kv["attention.compress_ratios"][il])  # type: ignore[index]
     out = [
@@ -521,8 +517,8 @@ def _deepseek4_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
             _norm(il, "attn_compressor_norm", hd),
         ]
     if ratio == 4:
-        n_ih = _dsv4_int(spec, "attention.indexer.head_count")
-        ihd = _dsv4_int(spec, "attention.indexer.key_length")
+        n_ih = _kv_int(spec, "attention.indexer.head_count")
+        ihd = _kv_int(spec, "attention.indexer.key_length")
         out += [
             _blk(il, "indexer.proj", (e, n_ih), "attn"),
             _blk(il, "indexer.attn_q_b", (q_rank, n_ih * ihd), "attn"),
@@ -533,7 +529,7 @@ def _deepseek4_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
         ]
     gate_inp, *exps = _routed_experts(spec, il)
     out.append(gate_inp)
-    if il < _dsv4_int(spec, "hash_layer_count"):
+    if il < _kv_int(spec, "hash_layer_count"):
         out.append(_blk(il, "ffn_gate_tid2eid", (spec.n_expert_used, spec.tokenizer.n_vocab), "ids"))
     else:
         out.append(_bias(il, "exp_probs_b", (spec.n_expert,)))
@@ -546,10 +542,191 @@ def _deepseek4_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
 def _deepseek4_globals(spec: ModelSpec) -> list[TensorDef]:
     """The hyper-connection head: ``output_hc_fn`` {hc * n_embd, hc}, ``output_hc_base`` {hc},
     ``output_hc_scale`` {1}."""
-    hc = _dsv4_int(spec, "hyper_connection.count")
+    hc = _kv_int(spec, "hyper_connection.count")
     return [TensorDef("output_hc_fn.weight", (hc * spec.n_embd, hc), "small"),
             TensorDef("output_hc_base.weight", (hc,), "small"),
             TensorDef("output_hc_scale.weight", (1,), "small")]
+
+
+def _kv_int(spec: ModelSpec, key: str) -> int:
+    v = spec.extra_kv[key]
+    assert isinstance(v, int), key
+    return v
+
+
+def _qwen4exp_hc(spec: ModelSpec) -> tuple[int, int, int]:
+    """(hc, hc * n_embd, low rank): ``hyper_connection.count`` and ``hyper_connection.low_rank``."""
+    hc, lr = _kv_int(spec, "hyper_connection.count"), _kv_int(spec, "hyper_connection.low_rank")
+    return hc, hc * spec.n_embd, lr
+
+
+def _qwen4exp_mixer(il: int, which: str, spec: ModelSpec) -> list[TensorDef]:
+    """One hyper-connection module (``hc_attn_*`` before the token mixer, ``hc_ffn_*`` before the MoE)."""
+    hc, hc_dim, lr = _qwen4exp_hc(spec)
+    return [
+        _blk(il, f"hc_{which}_norm", (spec.n_embd, hc), "small"),
+        _blk(il, f"hc_{which}_down", (hc_dim, lr), "small"),
+        _blk(il, f"hc_{which}_up", (lr, hc_dim), "small"),
+        _blk(il, f"hc_{which}_inject", (hc_dim, hc), "small"),
+    ]
+
+
+def _qwen4exp_ple(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """The PLE module of a (linear) layer ``ple.layers`` names: key/value projections, three norms and the
+    dilated depthwise convolution over the hc streams."""
+    e = spec.n_embd
+    hc, hc_dim, _ = _qwen4exp_hc(spec)
+    return [
+        _blk(il, "ple_key", (e, hc_dim), "attn"),
+        _blk(il, "ple_value", (e, e), "attn"),
+        _blk(il, "ple_norm_key", (e, hc), "small"),
+        _blk(il, "ple_norm_query", (e, hc), "small"),
+        _blk(il, "ple_norm_conv", (e, hc), "small"),
+        _blk(il, "ple_conv1d", (_kv_int(spec, "ple.conv_kernel"), hc_dim), "small"),
+    ]
+
+
+def _qwen4exp_table(spec: ModelSpec) -> list[TensorDef]:
+    """``per_layer_token_embd``: ``embedding_length_per_layer_input`` wide, as many rows as the PLE heads'
+    ranges reach (``max(offset + vocab size)``; the converter may pad it)."""
+    offsets, sizes = spec.extra_kv.get("ple.head_offsets"), spec.extra_kv.get("ple.head_vocab_sizes")
+    if not isinstance(offsets, tuple) or not isinstance(sizes, tuple):
+        return []
+    rows = max(int(o) + int(n) for o, n in zip(offsets, sizes, strict=True))
+    width = _kv_int(spec, "embedding_length_per_layer_input")
+    return [TensorDef("per_layer_token_embd.weight", (width, rows), "small")]
+
+
+def _qwen4exp_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """qwen4exp (src/models/qwen4exp.cpp load_arch_tensors): two hyper-connection modules and no layer
+    norms; Qwen3.5's gated delta net on the recurrent layers, gated attention plus the QSA indexer's
+    q/k projections and norms on the others; routed experts and a gated shared expert (no PLE here)."""
+    e = spec.n_embd
+    out = [*_qwen4exp_mixer(il, "attn", spec), *_qwen4exp_mixer(il, "ffn", spec)]
+    if spec.is_recurrent(il):
+        out += _gated_delta_net(spec, il, fused_ba=False)
+        ple = spec.extra_kv.get("ple.layers")
+        if isinstance(ple, tuple) and il in ple:
+            out += _qwen4exp_ple(spec, il)
+    else:
+        n_idx = _kv_int(spec, "attention.indexer.head_count")
+        d_idx = _kv_int(spec, "attention.indexer.key_length")
+        out += [
+            *_gated_attention(spec, il),
+            _blk(il, "indexer.q_proj", (e, n_idx * d_idx), "attn"),
+            _blk(il, "indexer.k_proj", (e, d_idx), "attn"),
+            _norm(il, "indexer.q_norm", d_idx),
+            _norm(il, "indexer.k_norm", d_idx),
+        ]
+    f = spec.n_ff_shexp
+    out += [
+        *_routed_experts(spec, il),
+        _blk(il, "ffn_gate_inp_shexp", (e,), "small"),
+        _blk(il, "ffn_gate_shexp", (e, f), "shexp"),
+        _blk(il, "ffn_down_shexp", (f, e), "shexp_down"),
+        _blk(il, "ffn_up_shexp", (e, f), "shexp"),
+    ]
+    if il < spec.n_layer_trunk:
+        return out
+    hc, hc_dim, lr = _qwen4exp_hc(spec)  # the MTP block: a QSA layer with its NextN projections
+    return [
+        *out,
+        _blk(il, "nextn.eh_proj", (2 * e, e), "nextn"),
+        _norm(il, "nextn.enorm", e),
+        _blk(il, "nextn.hnorm", (e, hc), "small"),
+        _blk(il, "nextn.hc_head_norm", (e, hc), "small"),
+        _blk(il, "nextn.hc_head_down", (hc_dim, lr), "small"),
+        _blk(il, "nextn.hc_head_up", (lr, hc_dim), "small"),
+    ]
+
+
+def _qwen4exp_head(spec: ModelSpec) -> list[TensorDef]:
+    """No ``output_norm``: the final hyper-connection mixer ``output_hc_*`` carries it (and the PLE table,
+    with PLE)."""
+    hc, hc_dim, lr = _qwen4exp_hc(spec)
+    return [
+        *_qwen4exp_table(spec),
+        TensorDef("output_hc_norm.weight", (spec.n_embd, hc), "small"),
+        TensorDef("output_hc_down.weight", (hc_dim, lr), "small"),
+        TensorDef("output_hc_up.weight", (lr, hc_dim), "small"),
+    ]
+
+
+def _glm5_next_kda(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """glm5-next's KDA layer (head_count_kv 0): q/k/v short convolutions, f/g low-rank gates, a 1-D
+    ``ssm_a`` and a ``d_inner`` dt bias."""
+    e, h = spec.n_embd, spec.head_count(il)
+    hd, dc = _kv_int(spec, "kda.head_dim"), _kv_int(spec, "ssm.conv_kernel")
+    d = hd * h
+    return [
+        *(_blk(il, f"ssm_conv1d_{x}", (dc, 1, d), "small") for x in "qkv"),
+        _blk(il, "attn_q", (e, d), "attn"),
+        _blk(il, "attn_k", (e, d), "attn"),
+        _blk(il, "attn_v", (e, d), "attn_v"),
+        _blk(il, "ssm_f_a", (e, hd), "attn"),
+        _blk(il, "ssm_f_b", (hd, d), "attn"),
+        _blk(il, "ssm_beta", (e, h), "attn"),
+        TensorDef(f"blk.{il}.ssm_a", (h,), "small", il),
+        _bias(il, "ssm_dt", (d,)),
+        _blk(il, "ssm_g_a", (e, hd), "attn"),
+        _blk(il, "ssm_g_b", (hd, d), "attn"),
+        _norm(il, "ssm_norm", hd),
+        _blk(il, "attn_output", (d, e), "attn"),
+    ]
+
+
+def _glm5_next_dsa(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """glm5-next's DSA layer: nope-only MLA (rope.dimension_count 0: ``attn_kv_a_mqa`` is ``kv_lora`` wide)
+    and, where the layer has a full indexer (``attention.indexer.types``), the k-pool indexer."""
+    e, h = spec.n_embd, spec.head_count(il)
+    k_mla, v_mla = spec.key_length_mla, spec.value_length_mla
+    q_lora, kv_lora = spec.q_lora_rank, spec.kv_lora_rank
+    out = [
+        _norm(il, "attn_q_a_norm", q_lora),
+        _norm(il, "attn_kv_a_norm", kv_lora),
+        _blk(il, "attn_q_a", (e, q_lora), "attn"),
+        _blk(il, "attn_q_b", (q_lora, h * k_mla), "attn"),
+        _blk(il, "attn_kv_a_mqa", (e, kv_lora), "attn"),
+        _blk(il, "attn_k_b", (k_mla, kv_lora, h), "attn"),
+        _blk(il, "attn_v_b", (kv_lora, v_mla, h), "attn"),
+        _blk(il, "attn_output", (h * v_mla, e), "attn"),
+    ]
+    types = spec.extra_kv.get("attention.indexer.types")
+    if isinstance(types, tuple) and il < spec.n_layer_trunk and not types[il]:
+        return out
+    n_idx = _kv_int(spec, "attention.indexer.head_count")
+    d_idx = _kv_int(spec, "attention.indexer.key_length")
+    return [
+        *out,
+        _norm(il, "indexer.k_norm", d_idx),
+        _bias(il, "indexer.k_norm", (d_idx,)),
+        _blk(il, "indexer.proj", (e, n_idx), "small"),
+        _blk(il, "indexer.attn_k", (e, d_idx), "attn"),
+        _blk(il, "indexer.attn_q_b", (q_lora, n_idx * d_idx), "attn"),
+        _blk(il, "indexer_compressor_gate", (e, d_idx), "attn"),
+        _blk(il, "indexer_compressor_ape", (d_idx, _kv_int(spec, "attention.indexer.kpool")), "small"),
+    ]
+
+
+def _glm5_next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """glm5-next (src/models/glm5-next.cpp load_arch_tensors): attention and FFN norms, the mHC mixers
+    (``hc_*_fn`` of ``(2 + hc) * hc`` outputs, base, 3 scales), KDA or DSA, then a leading dense FFN or
+    routed experts with ``exp_probs_b`` and a shared expert (no NextN block here)."""
+    e = spec.n_embd
+    hc = _kv_int(spec, "hyper_connection.count")
+    mix = (2 + hc) * hc
+    out = [_norm(il, "attn_norm", e), _norm(il, "ffn_norm", e)]
+    for which in ("attn", "ffn"):
+        out += [
+            _blk(il, f"hc_{which}_fn", (hc * e, mix), "small"),
+            _blk(il, f"hc_{which}_base", (mix,), "small"),
+            _blk(il, f"hc_{which}_scale", (3,), "small"),
+        ]
+    out += _glm5_next_kda(spec, il) if spec.head_count_kv(il) == 0 else _glm5_next_dsa(spec, il)
+    if not spec.is_moe_layer(il):
+        return out + _dense_ffn(spec, il)
+    gate_inp, *exps = _routed_experts(spec, il)
+    return [*out, gate_inp, _bias(il, "exp_probs_b", (spec.n_expert,)), *exps, *_shared_expert(spec, il)]
 
 
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
@@ -558,6 +735,8 @@ LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
 GLOBAL_BUILDERS: dict[str, Callable[[ModelSpec], list[TensorDef]]] = {
     "deepseek4": _deepseek4_globals,
 }
+#: the output norm tensors of architectures without ``output_norm.weight``
+HEAD_NORMS: dict[str, Callable[[ModelSpec], list[TensorDef]]] = {"qwen4exp": _qwen4exp_head}
 
 LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "llama": _llama_layer,
@@ -579,6 +758,8 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "kimi-k3": _kimi_k3_layer,
     "granitehybrid": _granite_hybrid_layer,
     "deepseek4": _deepseek4_layer,
+    "qwen4exp": _qwen4exp_layer,
+    "glm5-next": _glm5_next_layer,
 }
 
 #: Architectures whose norms are LayerNorm with a bias (``output_norm.bias`` too) and whose epsilon
@@ -599,7 +780,8 @@ def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
     out: list[TensorDef] = []
     if spec.rope_freqs:
         out.append(TensorDef("rope_freqs.weight", (spec.rope_dim // 2,), "small"))
-    head = [TensorDef("output_norm.weight", (e,), "small")]
+    norm = HEAD_NORMS.get(spec.arch)
+    head = norm(spec) if norm is not None else [TensorDef("output_norm.weight", (e,), "small")]
     if spec.arch in LAYERNORM_ARCHS:
         head.append(TensorDef("output_norm.bias", (e,), "small"))
     if not spec.tied_embeddings:
