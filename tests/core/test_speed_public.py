@@ -183,6 +183,8 @@ def _spec(m: dict[str, Any]) -> tuple[ModelSpec | None, str]:
         spec = BIG_MODELS["DeepSeek-V3.2-Q8_0"]
     elif arch == "deepseek2" and 15 <= params <= 16.5:  # DeepSeek-V2-Lite
         spec = BIG_MODELS["DeepSeek-V2-Lite-Q4_K_M"]
+    elif arch == "deepseek4" and 280 <= params <= 290:  # DeepSeek V4 Flash (284 B)
+        spec = BIG_MODELS["DeepSeek-V4-Flash-Q4_K_M"]
     elif arch == "qwen3next" and 79 <= params <= 81:  # Qwen3-Next-80B-A3B (and Qwen3-Coder-Next: its shape)
         spec = BIG_MODELS["Qwen3-Next-80B-A3B-Q4_K_M"]
     elif arch == "qwen4exp":  # Qwen3.8-Flash-Next: its config.json seen in part only (ollama's copy,

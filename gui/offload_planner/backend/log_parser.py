@@ -22,7 +22,7 @@ from offload_planner.core.units import MiB
 
 _PREFIX = r"^(?:\d+\.\d+\.\d+\.\d+ [IWEDT] )?"
 _BUFFER_RE = re.compile(
-    _PREFIX + r"(?P<func>\w+):\s+(?P<name>\S+)\s+(?P<kind>model |KV |RS |compute | output |)"
+    _PREFIX + r"(?P<func>\w+):\s+(?P<name>\S+)\s+(?P<kind>model |KV |RS |DSV4 \w+ state |compute | output |)"
     r"buffer size =\s*(?P<mib>[\d.]+) MiB"
 )
 _INFO_RE = re.compile(_PREFIX + r"(?:print_info|llm_load_print_meta): (?P<key>[\w ]+?)\s*= (?P<value>.*)$")
@@ -54,6 +54,9 @@ _BREAKDOWN_RE = re.compile(r"(?:common|llama)_memory_breakdown_print: \|\s*(?P<b
 HOST_BUFFERS = {"CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host", "ROCm_Host", "SYCL_Host", "Vulkan_Host"}
 
 _KIND = {"model ": "model", "KV ": "kv", "RS ": "rs", "compute ": "compute", " output ": "output"}
+#: DeepSeek V4's compressor states (``llama_dsv4_comp_state``: ``<buft> DSV4 csa state buffer size``),
+#: per-sequence rows the planner counts as recurrent state (core.compressed_kv)
+_STATE_RE = re.compile(r"^DSV4 \w+ state $")
 
 #: At most this many error lines are kept (a server in a loop must not grow memory).
 MAX_ERRORS = 200
@@ -296,6 +299,8 @@ class LogAccumulator:
         m = _BUFFER_RE.search(line)
         if m:
             kind = "mmproj" if m["func"] == "reserve_compute_meta" else _KIND.get(m["kind"], "model")
+            if _STATE_RE.match(m["kind"]):
+                kind = "rs"
             if len(rep.buffers) < MAX_RECORDS:
                 rep.buffers.append(BufferLine(m["name"], kind, float(m["mib"]), self.line_no))
             return load_stage(line)

@@ -20,6 +20,8 @@ from typing import Protocol
 
 from offload_planner.core.buffer import IK_CPU_BUFFER_EXTRA as IK_CPU_BUFFER_EXTRA  # kept importable here
 from offload_planner.core.buffer import Buffer
+from offload_planner.core.compressed_kv import compressed_arch
+from offload_planner.core.compressed_kv import kv_buffers as compressed_kv_buffers
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.dialects.base import Dialect
 from offload_planner.core.dialects.mainline import LLAMA_CPP
@@ -388,6 +390,11 @@ _KV_LOCK = threading.Lock()
 
 def _kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext, p: ContextParams,
                 devices: DeviceSet, cached: range | None) -> list[Buffer]:
+    compressed = compressed_arch(model, p)
+    # DeepSeek V4: its own cache (core.compressed_kv) of the trunk, or of some trunk blocks (the speed
+    # model's per-layer figures); an MTP context's NextN blocks keep a plain cache (create_memory)
+    if compressed is not None and (cached is None or max(cached, default=0) < model.summary.n_layer_trunk):
+        return compressed_kv_buffers(model, compressed, placement, ctx, p, devices, cached)
     s = model.summary
     tk, tv = type_by_name(p.type_k), type_by_name(p.type_v)
     v_trans = not p.flash_attn

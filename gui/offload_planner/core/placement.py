@@ -187,6 +187,11 @@ def _is_weight_matrix(t: Tensor) -> bool:
     return t.name.endswith(".weight") and len(t.shape) >= 2 and t.role not in _NORMS
 
 
+#: weights the loader creates 3-D from their 2-D file shape: DeepSeek V4's grouped output projection
+#: ``wo_a`` {n_head * head / o_groups, o_lora_rank, o_groups} (src/models/deepseek4.cpp, dflash.cpp)
+RESHAPED_3D = (".attn_output_a.weight",)
+
+
 def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -> bool:
     """Would CPU_REPACK take this weight (MUL_MAT on 2-D, MUL_MAT_ID on 3-D experts)?"""
     if not opts.use_extra_bufts or t.type.name not in REPACK_TYPES.get(opts.cpu_profile, frozenset()):
@@ -195,6 +200,8 @@ def _repackable(t: Tensor, opts: PlacementOptions, *, as_output: bool = False) -
         return False  # GET_ROWS
     if not _is_weight_matrix(t):
         return False
+    if t.name.endswith(RESHAPED_3D):
+        return False  # created 3-D from a 2-D file tensor (TENSOR_ALLOW_RESHAPE): a 3-D MUL_MAT, not repacked
     dims = len([d for d in t.shape])
     want = 3 if t.role in ROUTED_EXPERT_ROLES or "_exps." in t.name else 2  # NextN blocks' experts too
     return dims == want and t.shape[1] % 8 == 0

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
+from offload_planner.core.compressed_kv import COMPRESSED_KV_ARCHS
+from offload_planner.core.compressed_kv import layer_note as compressed_layer_note
+from offload_planner.core.compressed_kv import memory_notes as compressed_kv_notes
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.hybrid_indexer import indexer_buffers, indexer_layers
 from offload_planner.core.placement import CPU, Placement
@@ -181,17 +184,20 @@ HYBRID_ARCHS: dict[str, HybridArch] = {
 
 
 #: ``llm_arch_is_hybrid`` and ``llm_arch_is_recurrent`` of the pinned build (src/llama-arch.cpp
-#: 1110-1148) by GGUF name: their memory is a recurrent state beside (or instead of) a KV cache
+#: 1110-1148) by GGUF name: their memory is a recurrent state beside (or instead of) a KV cache;
+#: deepseek4's (a compressed KV cache and compressor states) is core.compressed_kv's
 STATEFUL_ARCHS = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
     "qwen3next", "kimi-linear", "bailingmoe3", "kimi-k3", "glm5-next", "qwen35", "qwen35moe", "qwen4exp",
-    "deepseek4", "minimax-01", "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7",
+    "minimax-01", "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7",
 })
 
 
 def memory_notes(model: Model, dialect: Dialect) -> list[str]:
     """What the plan must say when a model's recurrent memory is not modelled (no silent wrong figure)."""
     h = hybrid_arch(model)
+    if model.arch in COMPRESSED_KV_ARCHS:
+        return compressed_kv_notes(model, dialect)
     if h is None and model.arch in STATEFUL_ARCHS:
         return [f"{model.arch} keeps a recurrent state beside its KV cache (llama.cpp's RS buffers) and "
                 "caches the KV of its attention layers only: this architecture's memory is not modelled "
@@ -215,6 +221,8 @@ def recurrent_layers(model: Model) -> tuple[bool, ...]:
 
 def layer_cache_note(model: Model, il: int) -> str:
     """What a layer of a hybrid model keeps per sequence, for the per-layer map ("" for another model)."""
+    if model.arch in COMPRESSED_KV_ARCHS:
+        return compressed_layer_note(model, il)
     if hybrid_arch(model) is None or il >= len(recurrent_layers(model)):
         return ""
     if recurrent_layers(model)[il]:

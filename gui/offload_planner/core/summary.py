@@ -111,6 +111,11 @@ def _first(v: PerLayer) -> int:
     return v if isinstance(v, int) else max(v, default=0)
 
 
+#: architectures whose ``load_arch_hparams`` marks the NextN blocks SWA as well (deepseek4: ``is_swa_impl[il]
+#: = true`` for ``il >= n_layer()``, src/models/deepseek4.cpp 72-74)
+SWA_NEXTN_ARCHS = frozenset({"deepseek4"})
+
+
 def swa_layers(meta: Meta, arch: str, n_layer: int, n_trunk: int) -> tuple[bool, ...]:
     """Which layers use sliding-window attention, as ``llama_hparams::set_swa_pattern`` decides."""
     if meta.count(f"{arch}.attention.sliding_window") <= 0:
@@ -127,7 +132,7 @@ def swa_layers(meta: Meta, arch: str, n_layer: int, n_trunk: int) -> tuple[bool,
     out = []
     for il in range(n_layer):
         if il >= n_trunk:
-            out.append(False)
+            out.append(arch in SWA_NEXTN_ARCHS)
         elif dense_first:
             out.append(n_pattern == 0 or il % n_pattern != 0)
         else:

@@ -34,8 +34,10 @@ class Mainline(Dialect):
     def context_errors(self, parsed: ParsedArgs, is_mla: bool, device_names: Sequence[str],
                        arch: str | None = None) -> list[ArgError]:
         from offload_planner.core.cmdline.semantics import mainline_context_errors
+        from offload_planner.core.compressed_kv import COMPRESSED_KV_ARCHS
 
-        return mainline_context_errors(parsed, is_mla, device_names)
+        # llama_init_from_model refuses different K and V types for MLA and deepseek4 (K-only caches)
+        return mainline_context_errors(parsed, is_mla or arch in COMPRESSED_KV_ARCHS, device_names)
 
     def exps_regex(self) -> str:
         from offload_planner.core.cmdline.moe import MAINLINE_EXPS_REGEX

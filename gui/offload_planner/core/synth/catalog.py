@@ -16,6 +16,7 @@ from offload_planner.core.synth.spec import (
     FTYPE_MXFP4_MOE,
     FTYPE_Q4_K_M,
     FTYPE_Q8_0,
+    KvValue,
     ModelSpec,
     QuantMix,
     RopeScaling,
@@ -534,6 +535,66 @@ SMALL_MODELS["glm-dsa"] = replace(
 # A speculative-decoding draft for "llama": the same vocabulary, fewer layers (llama-server -md)
 SMALL_MODELS["llama-draft"] = replace(SMALL_MODELS["llama"], name="synth-llama-draft", n_layer=2)
 
+
+def _dsv4_kv(ratios: tuple[int, ...], n_layer: int, *, o_groups: int, o_rank: int, idx_heads: int,
+             idx_dim: int, hash_layers: int) -> dict[str, KvValue]:
+    """DeepSeek V4's own keys as convert_hf_to_gguf (conversion/deepseek.py set_gguf_parameters) writes
+    them; the rest (routed scale 1.5, swiglu limit 10, top-k 512, compress rope 160000, 4 hyper-connections
+    of 20 Sinkhorn iterations, eps 1e-6, sqrtsoftplus gating 4) are V4-Flash's config.json values."""
+    return {
+        "expert_weights_scale": 1.5,
+        "expert_weights_norm": True,
+        "expert_gating_func": 4,  # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS
+        "swiglu_clamp_exp": (10.0,) * n_layer,
+        "swiglu_clamp_shexp": (10.0,) * n_layer,
+        "attention.indexer.head_count": idx_heads,
+        "attention.indexer.key_length": idx_dim,
+        "attention.indexer.top_k": 512,
+        "attention.output_group_count": o_groups,
+        "attention.output_lora_rank": o_rank,
+        "attention.compress_ratios": ratios,
+        "attention.compress_rope_freq_base": 160000.0,
+        "hyper_connection.count": 4,
+        "hyper_connection.sinkhorn_iterations": 20,
+        "hyper_connection.epsilon": 1e-6,
+        "hash_layer_count": hash_layers,
+    }
+
+
+# DeepSeek V4 (deepseek4): 8 blocks, V4-Flash's pattern of ratios shortened (window-only 0-1, then CSA (4)
+# and HCA (128) alternating), one 128-wide K/V head, 4 query heads in 2 output groups, a 2x64 lightning
+# indexer; no hash-routed block (its I32 tid2eid table would need real expert ids to run)
+SMALL_MODELS["deepseek4"] = ModelSpec(
+    name="synth-deepseek4",
+    arch="deepseek4",
+    n_layer=8,
+    n_embd=256,
+    n_head=4,
+    n_head_kv=1,
+    head_dim_k=128,
+    head_dim_v=128,
+    n_rot=64,
+    n_expert=4,
+    n_expert_used=2,
+    n_expert_shared=1,
+    n_ff_exp=128,
+    q_lora_rank=256,
+    sliding_window=128,
+    n_ctx_train=8192,
+    rope_freq_base=10000.0,
+    rms_eps=1e-6,
+    tokenizer=_bpe(1024, "joyai-llm", 1000),
+    quant=Q4_K_M,
+    extra_kv=_dsv4_kv((0, 0, 4, 128, 4, 128, 4, 128), 8, o_groups=2, o_rank=256, idx_heads=2,
+                      idx_dim=64, hash_layers=0),
+)
+# ... with its MTP block (block_count 5, nextn_predict_layers 1: blocks 0-3 the trunk, 4 the NextN block
+# with its own ratio 0, as V4-Flash's last compress_ratios entry): --spec-type draft-mtp
+SMALL_MODELS["deepseek4-mtp"] = replace(
+    SMALL_MODELS["deepseek4"], name="synth-deepseek4-mtp", n_layer=5, n_nextn=1, nextn_embed_head=False,
+    extra_kv=_dsv4_kv((0, 4, 128, 4, 0), 5, o_groups=2, o_rank=256, idx_heads=2, idx_dim=64, hash_layers=0),
+)
+
 # --- real shapes, header-only ----------------------------------------------------------------
 
 _DEEPSEEK_V3 = ModelSpec(
@@ -596,7 +657,42 @@ def _qwen3moe(name: str, n_layer: int, n_embd: int, n_head: int, n_ff: int, n_ff
     )
 
 
+# DeepSeek V4 Flash (284B): https://huggingface.co/deepseek-ai/DeepSeek-V4-Flash/blob/main/config.json
+# (hidden 4096, 43 layers, 64 heads of 512 with 1 KV head, rope 64, q_lora 1024, o_groups 8 x o_lora 1024,
+# 256 experts of 2048 (6 used) + 1 shared, 3 hash layers, window 128, indexer 64 x 128, compress_ratios
+# below: 43 blocks + the MTP block's 0, which the converter writes too; yarn 16 over 65536, vocab 129280,
+# context 1048576).  The MTP block's tensors are not written.  tokenizer.ggml.pre "joyai-llm" as the
+# published GGUFs carry it (github.com/antirez/llama.cpp-deepseek-v4-flash issue 11's log); the merges and
+# special-token counts only size the header and are V3's (same 129280 vocabulary), not read from a V4 file.
+_DSV4_FLASH_RATIOS = (0, 0, *((4, 128) * 20), 4, 0)
+_DEEPSEEK_V4_FLASH = ModelSpec(
+    name="DeepSeek V4 Flash",
+    arch="deepseek4",
+    n_layer=43,
+    n_embd=4096,
+    n_head=64,
+    n_head_kv=1,
+    head_dim_k=512,
+    head_dim_v=512,
+    n_rot=64,
+    n_expert=256,
+    n_expert_used=6,
+    n_expert_shared=1,
+    n_ff_exp=2048,
+    q_lora_rank=1024,
+    sliding_window=128,
+    n_ctx_train=1048576,
+    rope_freq_base=10000.0,
+    rope_scaling=RopeScaling("yarn", 16.0, 65536),
+    rms_eps=1e-6,
+    tokenizer=_bpe(129280, "joyai-llm", 127741, n_special=818),
+    quant=Q4_K_M,
+    extra_kv=_dsv4_kv(_DSV4_FLASH_RATIOS, 43, o_groups=8, o_rank=1024, idx_heads=64, idx_dim=128,
+                      hash_layers=3),
+)
+
 BIG_MODELS: dict[str, ModelSpec] = {
+    "DeepSeek-V4-Flash-Q4_K_M": _DEEPSEEK_V4_FLASH,
     # 61 layers (3 dense), 256 experts / 8 used / 1 shared, MLA with split k_b/v_b: 1086 tensors
     "DeepSeek-V3-Q4_K_M": _DEEPSEEK_V3,
     "Qwen3-235B-A22B-Q4_K_M": _qwen3moe("Qwen3 235B A22B", 94, 4096, 64, 12288, 1536),

@@ -75,6 +75,7 @@ class QuantMix:
     more_bits: QType | None = None
     router: QType = Q.F32  # ffn_gate_inp is never quantized
     small: QType = Q.F32  # 1-D tensors: norms, biases, sinks, exp_probs_b, rope_freqs
+    ids: QType = Q.I32  # index tables (DeepSeek V4's hash routing ffn_gate_tid2eid)
 
 
 @dataclass(frozen=True)

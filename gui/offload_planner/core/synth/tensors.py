@@ -481,6 +481,73 @@ def _qwen35_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
     return _hybrid_layer(spec, il, fused_ba=False)
 
 
+def _deepseek4_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
+    """DeepSeek V4 (src/models/deepseek4.cpp load_arch_tensors): low-rank q, one shared K/V head
+    (``attn_kv``), a grouped low-rank output, hyper-connection mixers around attention and FFN; a block
+    whose ``compress_ratios`` entry is 4 or 128 adds a compressor (ratio 4: twice as wide, plus the
+    lightning indexer's projections and compressor); routed experts with a shared expert, hash-routed
+    (``ffn_gate_tid2eid``, I32) in the first ``hash_layer_count`` blocks, else a probability bias."""
+    e, h, hd = spec.n_embd, spec.head_count(il), spec.key_length
+    q_rank, hc = spec.q_lora_rank, _kv_int(spec, "hyper_connection.count")
+    groups = _kv_int(spec, "attention.output_group_count")
+    o_rank = _kv_int(spec, "attention.output_lora_rank")
+    mix = (2 + hc) * hc
+    ratio = int(spec.extra_kv["attention.compress_ratios"][il])  # type: ignore[index]
+    out = [
+        _norm(il, "attn_norm", e),
+        _blk(il, "attn_sinks", (h,), "small"),
+        _blk(il, "attn_q_a", (e, q_rank), "attn"),
+        _norm(il, "attn_q_a_norm", q_rank),
+        _blk(il, "attn_q_b", (q_rank, h * hd), "attn"),
+        _blk(il, "attn_kv", (e, hd), "attn"),
+        _norm(il, "attn_kv_a_norm", hd),
+        _blk(il, "attn_output_a", (h * hd // groups, o_rank * groups), "attn"),  # file shape (2-D)
+        _blk(il, "attn_output_b", (groups * o_rank, e), "attn"),
+    ]
+    for part in ("attn", "ffn"):
+        out += [_blk(il, f"hc_{part}_fn", (hc * e, mix), "small"),
+                _blk(il, f"hc_{part}_base", (mix,), "small"),
+                _blk(il, f"hc_{part}_scale", (3,), "small")]
+    if ratio:
+        coff = 2 if ratio == 4 else 1
+        out += [
+            _blk(il, "attn_compressor_kv", (e, coff * hd), "attn"),
+            _blk(il, "attn_compressor_gate", (e, coff * hd), "attn"),
+            _blk(il, "attn_compressor_ape", (coff * hd, ratio), "small"),
+            _norm(il, "attn_compressor_norm", hd),
+        ]
+    if ratio == 4:
+        n_ih = _kv_int(spec, "attention.indexer.head_count")
+        ihd = _kv_int(spec, "attention.indexer.key_length")
+        out += [
+            _blk(il, "indexer.proj", (e, n_ih), "attn"),
+            _blk(il, "indexer.attn_q_b", (q_rank, n_ih * ihd), "attn"),
+            _blk(il, "indexer_compressor_kv", (e, 2 * ihd), "attn"),
+            _blk(il, "indexer_compressor_gate", (e, 2 * ihd), "attn"),
+            _blk(il, "indexer_compressor_ape", (2 * ihd, ratio), "small"),
+            _norm(il, "indexer_compressor_norm", ihd),
+        ]
+    gate_inp, *exps = _routed_experts(spec, il)
+    out.append(gate_inp)
+    if il < _kv_int(spec, "hash_layer_count"):
+        out.append(_blk(il, "ffn_gate_tid2eid", (spec.n_expert_used, spec.tokenizer.n_vocab), "ids"))
+    else:
+        out.append(_bias(il, "exp_probs_b", (spec.n_expert,)))
+    out += [_norm(il, "ffn_norm", e), *exps, *_shared_expert(spec, il)]
+    if il >= spec.n_layer_trunk:
+        out += _nextn(spec, il)
+    return out
+
+
+def _deepseek4_globals(spec: ModelSpec) -> list[TensorDef]:
+    """The hyper-connection head: ``output_hc_fn`` {hc * n_embd, hc}, ``output_hc_base`` {hc},
+    ``output_hc_scale`` {1}."""
+    hc = _kv_int(spec, "hyper_connection.count")
+    return [TensorDef("output_hc_fn.weight", (hc * spec.n_embd, hc), "small"),
+            TensorDef("output_hc_base.weight", (hc,), "small"),
+            TensorDef("output_hc_scale.weight", (1,), "small")]
+
+
 def _kv_int(spec: ModelSpec, key: str) -> int:
     v = spec.extra_kv[key]
     assert isinstance(v, int), key
@@ -666,6 +733,10 @@ def _glm5_next_layer(spec: ModelSpec, il: int) -> list[TensorDef]:
 
 LayerBuilder = Callable[[ModelSpec, int], list[TensorDef]]
 
+#: Architectures with tensors of their own outside the blocks (after the output matrix).
+GLOBAL_BUILDERS: dict[str, Callable[[ModelSpec], list[TensorDef]]] = {
+    "deepseek4": _deepseek4_globals,
+}
 #: the output norm tensors of architectures without ``output_norm.weight``
 HEAD_NORMS: dict[str, Callable[[ModelSpec], list[TensorDef]]] = {"qwen4exp": _qwen4exp_head}
 
@@ -688,6 +759,7 @@ LAYER_BUILDERS: dict[str, LayerBuilder] = {
     "kimi-linear": _kimi_linear_layer,
     "kimi-k3": _kimi_k3_layer,
     "granitehybrid": _granite_hybrid_layer,
+    "deepseek4": _deepseek4_layer,
     "qwen4exp": _qwen4exp_layer,
     "glm5-next": _glm5_next_layer,
 }
@@ -716,6 +788,8 @@ def tensor_defs(spec: ModelSpec) -> list[TensorDef]:
         head.append(TensorDef("output_norm.bias", (e,), "small"))
     if not spec.tied_embeddings:
         head.append(TensorDef("output.weight", (e, v), "output"))
+    if spec.arch in GLOBAL_BUILDERS:
+        head += GLOBAL_BUILDERS[spec.arch](spec)
     if spec.output_first:
         out += head
     out.append(TensorDef("token_embd.weight", (e, v), "embd"))
