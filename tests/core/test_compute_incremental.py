@@ -773,7 +773,9 @@ def _catalogue_names() -> list[str]:
     from offload_planner.core.compute.archs import ARCH_GRAPHS
     from offload_planner.core.synth import all_models
 
-    return [n for n, spec in all_models().items() if spec.arch in ARCH_GRAPHS]
+    # glm5-next: simulated only where its fused mHC ops resolve as enabled (archs_glm5_next.glm5_simulated),
+    # so a random move to the CPU leaves it to the estimate: nothing to replay
+    return [n for n, spec in all_models().items() if spec.arch in ARCH_GRAPHS and spec.arch != "glm5-next"]
 
 
 @pytest.mark.parametrize("name", _catalogue_names())

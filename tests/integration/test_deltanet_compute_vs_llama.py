@@ -89,6 +89,18 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen4exp-ple", 2, "-c 4096 -ngl 999 -np 2 -kvu"),
     ("qwen4exp-ple", 2, "-c 4096 -ngl 2"),  # layer 1 (PLE) on the CPU
     ("qwen4exp-ple", 1, "-c 4096 -b 2048 -ub 2048 -ngl 999 -ot exps=CPU"),
+    # glm5-next (archs_glm5_next): KDA layers, mHC streams, nope MLA with the k-pool DSA indexer
+    ("glm5-next", 1, "-c 4096 -ngl 999"),
+    ("glm5-next", 2, "-c 4096 -ngl 999 -np 2 -kvu"),
+    ("glm5-next", 1, "-c 4096 -ngl 999 -ot exps=CPU"),
+    ("glm5-next", 1, "-c 4096 -ngl 999 -fa off"),
+    ("glm5-next", 1, "-c 4096 -b 2048 -ub 2048 -ngl 999"),
+    ("glm5-next", 1, "-c 4096 -ngl 999 -ub 32"),
+    ("glm5-next", 1, "-c 4096 -ngl 999 -nkvo"),
+    ("glm5-next", 1, "-c 4096 -ngl 999 -np 2"),
+    ("glm5-next", 1, "-c 4096 -ngl 0"),
+    ("glm5-next", 2, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
+    ("glm5-next-shared", 2, "-c 4096 -ngl 999"),  # layer 7 reuses layer 3's selection
 ]
 
 _GRAPH = re.compile(r"sched_reserve: graph(?: \(pp bs=\d+, tg bs=\d+\))?: "
@@ -152,3 +164,28 @@ def test_compute_buffers_equal_the_servers(name: str, n_rpc: int, args: str, end
     assert m is not None, output[-3000:]
     assert [r.n_nodes for r in sim.reserves] == _counts(m.group(1))
     assert [r.n_splits for r in sim.reserves] == _counts(m.group(2))
+
+
+@pytest.mark.parametrize(("n_rpc", "args", "fused"), [
+    (2, "-c 4096 -ngl 5", False),  # layers 0-3 on the CPU, then RPC0: the layer-3 combine lands on RPC0
+    (1, "-c 4096 -ngl 8", False),  # layer 0 on the CPU
+    (2, "-c 4096 -ngl 999", True),
+    (1, "-c 4096 -ngl 999 -ot exps=CPU", True),
+])
+def test_glm5_next_simulated_where_the_fused_mhc_post_is_enabled(
+        n_rpc: int, args: str, fused: bool, endpoints: list[str], models: dict[str, Path],
+        llama_server: Path, tmp_path: Path) -> None:
+    """glm5-next's graph is built with the fused mHC ops: llama.cpp's fused-op resolution disables the
+    fused post when a CPU layer precedes a GPU one (the unfused combine, not built), and the plan then
+    takes the estimate (``glm5_simulated``)."""
+    from offload_planner.core.compute.archs_glm5_next import glm5_simulated
+
+    path = models["glm5-next"]
+    eps = endpoints[:n_rpc]
+    argv = ["--rpc", ",".join(eps), "-m", str(path), "-fit", "off", *shlex.split(args)]
+    analysis = analyse_command(open_model(path), rpc_devices(eps), parse_server_args(argv))
+    assert analysis.plan is not None
+    output = server_output(llama_server, argv, tmp_path / "server.log", timeout=180)
+    assert "listening on http://" in output, output[-3000:]
+    assert ("fused DeepSeek V4 HC post enabled" in output) is fused
+    assert glm5_simulated(analysis.plan.placement()) is fused

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 
 from offload_planner.core.compute.archs_deltanet import delta_net_graph
+from offload_planner.core.compute.archs_glm5_next import glm5_next_graph
 from offload_planner.core.compute.archs_qwen4exp import qwen4exp_graph
 from offload_planner.core.compute.blocks import dense_lead_or_shared_moe
 from offload_planner.core.compute.dsa import dsa_graph
@@ -237,6 +238,7 @@ ARCH_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "qwen35": delta_net_graph,
     "qwen35moe": delta_net_graph,
     "qwen4exp": qwen4exp_graph,
+    "glm5-next": glm5_next_graph,
 }
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -244,9 +245,20 @@ def dsv4_hc_pre_gated(x: T, gate: T) -> T:
     return new(F32, [x.ne[0], x.ne[2]], "DSV4_HC_PRE", x, gate)
 
 
-def dsv4_hc_post(x: T, residual: T, post: T) -> T:
-    """``ggml_dsv4_hc_post(x, residual, post, nullptr)``: ``[n_embd, hc, n_tokens]``."""
-    return new(F32, [x.ne[0], residual.ne[1], x.ne[1]], "DSV4_HC_POST", x, residual, post, None)
+def dsv4_hc_post(x: T, residual: T, post: T, comb: T | None = None) -> T:
+    """``ggml_dsv4_hc_post``: ``[n_embd, hc, n_tokens]``."""
+    return new(F32, [x.ne[0], residual.ne[1], x.ne[1]], "DSV4_HC_POST", x, residual, post, comb)
+
+
+def dsv4_hc_pre(x: T, weights: T) -> T:
+    """``ggml_dsv4_hc_pre`` (ungated): ``x [n_embd, hc, n_tokens]`` weighted by ``[hc, n_tokens]``."""
+    return new(F32, [x.ne[0], x.ne[2]], "DSV4_HC_PRE", x, weights)
+
+
+def dsv4_hc_comb(mixes: T, scale: T, base: T) -> T:
+    """``ggml_dsv4_hc_comb``: the Sinkhorn-normalised ``[hc, hc, n_tokens]`` mixing matrices."""
+    hc = math.isqrt(mixes.ne[0] + 1) - 1  # mixes: (2 + hc) * hc rows
+    return new(F32, [hc, hc, mixes.ne[1]], "DSV4_HC_COMB", mixes, scale, base)
 
 
 def cast(a: T, type_: GGMLType) -> T:

@@ -39,6 +39,7 @@ from offload_planner.core.compute.ggml import (
     view,
     view_tensor,
 )
+from offload_planner.core.compute.glm5_shape import Glm5, glm5_shape
 from offload_planner.core.compute.qsa_shape import Qsa, qsa_shape
 from offload_planner.core.dsa import dsa_shape
 from offload_planner.core.ggml_types import GGMLType, type_by_name
@@ -104,6 +105,8 @@ class Shape:
     delta: DeltaNet | None = None
     # qwen4exp: the hyper-connection streams and the QSA k-pool sizes (.qsa_shape)
     qsa: Qsa | None = None
+    # glm5-next: its KDA layers, mHC streams and k-pool DSA indexer (.glm5_shape)
+    glm5: Glm5 | None = None
 
     def __hash__(self) -> int:
         """The dataclass's hash of every field, kept with the shape (~35 fields: every projection
@@ -176,6 +179,7 @@ def make_shape(model: Model, ctx: ResolvedContext, p: ContextParams, n_tokens: i
         legacy_inputs=p.dialect.legacy_graph_inputs, kv_cpy_views=p.dialect.copies_kv_into_views,
         indexer_top_k=top_k, indexer_full=full,
         delta=delta_net_shape(model, p), qsa=qsa_shape(model, ctx, p),
+        glm5=glm5_shape(model, ctx, p),
     )
 
 

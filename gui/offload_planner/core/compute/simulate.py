@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from offload_planner.core.compute.allocator import shares_allocators
 from offload_planner.core.compute.archs import ARCH_GRAPHS
+from offload_planner.core.compute.archs_glm5_next import GLM5_GATHER_UBATCH, glm5_simulated
 from offload_planner.core.compute.ggml import CPU, T
 from offload_planner.core.compute.graph import Builder, Shape, WeightWhere, make_shape, per_layer
 from offload_planner.core.compute.incremental import incremental_reserve
@@ -258,8 +259,9 @@ def _simulate(model: Model, devices: DeviceSet, placement: Placement, ctx: Resol
     and the graph built for another placement is re-placed (:mod:`.template`; under
     ``SIMULATION_LOCK``)."""
     arch_fn = graph_builder(model)
-    if arch_fn is None:
-        return None
+    if arch_fn is None or (model.arch == "glm5-next" and (
+            ctx.n_ubatch <= GLM5_GATHER_UBATCH or not glm5_simulated(placement))):
+        return None  # glm5-next's gathered-latents selection and unfused mHC combine are not built
     backends = backends_for(devices, placement)
     n_copies = N_COPIES_PIPELINE if pipeline_parallel(devices, placement, p) else 1
     op_offload = bool(getattr(p, "op_offload", True))
