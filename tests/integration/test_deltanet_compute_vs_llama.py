@@ -84,6 +84,12 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen4exp", 1, "-c 4096 -ngl 999 -nkvo"),
     ("qwen4exp", 1, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
     ("qwen4exp-mtp", 1, "-c 4096 -ngl 999"),  # the NextN block loaded, unused
+    # the fused hyper-connection ops stay enabled with a CPU layer before GPU ones and with a layer's
+    # mixer or projections on the host (unlike glm5-next's mHC post, below)
+    ("qwen4exp", 2, "-c 4096 -ngl 8"),
+    ("qwen4exp", 1, "-c 4096 -ngl 1"),
+    ("qwen4exp", 2, "-c 4096 -ngl 999 -ot blk.2.hc_ffn=CPU"),
+    ("qwen4exp", 2, "-c 4096 -ngl 999 -ot blk.5.hc_attn=CPU,blk.6.ffn=CPU"),
     # PLE n-gram embeddings on layer 1: the hashed rows, the gate, the dilated conv over cache_ple_r_l
     ("qwen4exp-ple", 1, "-c 4096 -ngl 999"),
     ("qwen4exp-ple", 2, "-c 4096 -ngl 999 -np 2 -kvu"),
