@@ -390,15 +390,21 @@ def open_arch(data: bytes, spans: dict[str, tuple[int, int, int]]) -> str:
 
 
 def _plan_outcome(model: Model) -> str:
-    """What `inspect` and `plan` do with a model: only our own errors may escape."""
+    """What `inspect` and `plan` do with a model: only our own errors may escape.  Like `plan` (and
+    the window's loader: ``loadable.open_loadable``), a model llama.cpp refuses to load is refused
+    before it is planned (a mutated expert_used_count of 4294967294 otherwise built graphs of that
+    many experts until memory ran out)."""
     from offload_planner.core.analysis import analyse_command
     from offload_planner.core.cmdline import parse_server_args
     from offload_planner.core.devices import Device, DeviceKind, DeviceSet
     from offload_planner.core.errors import PlannerError
     from offload_planner.core.inspect_report import model_json, text_report
+    from offload_planner.core.loadable import load_error
 
     text_report(model)
     model_json(model)
+    if load_error(model) is not None:
+        return "plan: refused at load"
     devices = DeviceSet(Device("CPU", DeviceKind.CPU, 64 << 30, 64 << 30),
                         (Device("CUDA0", DeviceKind.CUDA, 24 << 30, 24 << 30),))
     try:

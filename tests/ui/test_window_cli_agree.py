@@ -22,6 +22,7 @@ from offload_planner.core.units import GiB
 from offload_planner.ui.main_window import MainWindow
 
 GUI = str(Path(__file__).resolve().parents[2] / "gui")
+ROOM_HINT = " left can take routed experts from it: "
 HINT = " with routed experts keeps as many expert layers there as fit and sends the rest to the CPU"
 
 
@@ -37,8 +38,13 @@ def _cli_plan(model: Path, command: list[str], devices: list[str]) -> tuple[int,
 
 
 def _without_hint(warning: str) -> str:
+    """The warning without what only the window adds: the fill preset's hint on a GPU over capacity,
+    and (``ui.room_hint``) the GPUs' room for the routed experts of a CPU over capacity."""
     head, sep, _ = warning.partition(": Presets ▸ Fill ")
-    return head if sep and warning.endswith(HINT) else warning
+    if sep and warning.endswith(HINT):
+        return head
+    head, sep, _ = warning.partition(ROOM_HINT)
+    return head.rpartition(": ")[0] if sep else warning
 
 
 def _window_over(a: Analysis) -> list[str]:

@@ -20,13 +20,13 @@ indexer: what the callers' ``cached`` range already asks of :func:`memory.kv_buf
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.key_cache import per_device
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from offload_planner.core.model import Model
     from offload_planner.core.placement import Placement
 
-#: the host device's name (``placement.CPU``; not imported: the GGUF reader imports this module)
-CPU = "CPU"
 
 #: GLM-5.2's indexer layout when its file has no ``attention.indexer.types`` (src/models/glm-dsa.cpp
 #: ``GLM_5_2_DEFAULT_INDEXER_TYPES``): layers 0 and 1, then every fourth from 2 up to 74; the rest none.
@@ -115,15 +113,8 @@ def indexer_kv_buffers(model: Model, placement: Placement, ctx: ResolvedContext,
     if cached is not None:
         wanted = set(cached)
         layers = [il for il in layers if il in wanted]
-    tk = type_by_name(p.type_k)
-    row = tk.row_bytes(indexer_head_size(model))
-    per_dev: dict[str, int] = defaultdict(int)
-    count: dict[str, int] = defaultdict(int)
-    for il in layers:
-        name = placement.layer_device(il) if p.offload_kqv else CPU
-        dev = devices.by_name(name) or devices.cpu
-        per_dev[name] += -(-(row * ctx.n_ctx_seq * ctx.n_stream) // dev.alignment) * dev.alignment
-        count[name] += 1
+    row = type_by_name(p.type_k).row_bytes(indexer_head_size(model))
+    per_dev, count = per_device(placement, p.offload_kqv, devices, layers, row * ctx.n_ctx_seq * ctx.n_stream)
     why = (f"lightning indexer keys (llama_kv_cache_dsa): {ctx.n_ctx_seq} cells x {ctx.n_stream} streams "
            f"x {indexer_head_size(model)} ({p.type_k}), one key head, no V")
     return [Buffer(d, d, "kv", n, f"{count[d]} layers; {why}") for d, n in per_dev.items()]
@@ -159,11 +150,6 @@ def ik_indexer_kv(model: Model, placement: Placement, kv_size: int, offload_kqv:
     if model.arch != "glm-dsa" or not indexer_head_size(model):
         return {}
     row = type_by_name(IK_INDEXER_TYPE).row_bytes(indexer_head_size(model))
-    out: dict[str, int] = defaultdict(int)
-    for il in range(model.summary.n_layer_trunk):
-        if not _ik_full(il) or model.get(f"blk.{il}.indexer.attn_k.weight") is None:
-            continue
-        name = placement.layer_device(il) if offload_kqv else CPU
-        dev = devices.by_name(name) or devices.cpu
-        out[name] += -(-(row * kv_size) // dev.alignment) * dev.alignment
-    return dict(out)
+    layers = [il for il in range(model.summary.n_layer_trunk)
+              if _ik_full(il) and model.get(f"blk.{il}.indexer.attn_k.weight") is not None]
+    return dict(per_device(placement, offload_kqv, devices, layers, row * kv_size)[0])

@@ -27,21 +27,19 @@ device after the attention cache's and the RS lines).  ``memory_breakdown`` adds
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.ggml_types import type_by_name
+from offload_planner.core.key_cache import per_device
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.memory import ContextParams, ResolvedContext
     from offload_planner.core.model import Model
     from offload_planner.core.placement import Placement
-
-CPU = "CPU"
 
 
 def _arr(model: Model, key: str) -> list[int] | None:
@@ -135,13 +133,7 @@ def _buffers(model: Model, placement: Placement, p: ContextParams, ctx: Resolved
         return []
     width = row_width(model)
     row = type_by_name(p.type_k).row_bytes(width)
-    per: dict[str, int] = defaultdict(int)
-    count: dict[str, int] = defaultdict(int)
-    for il in layers:
-        name = placement.layer_device(il) if p.offload_kqv else CPU
-        dev = devices.by_name(name) or devices.cpu
-        per[name] += -(-(row * ctx.n_ctx_seq * ctx.n_stream) // dev.alignment) * dev.alignment
-        count[name] += 1
+    per, count = per_device(placement, p.offload_kqv, devices, layers, row * ctx.n_ctx_seq * ctx.n_stream)
     why = (f"indexer keys (llama_memory_hybrid_idx): {ctx.n_ctx_seq} cells x {ctx.n_stream} streams x "
            f"{width} ({p.type_k}), one key head, no V")
     return [Buffer(d, d, "kv", per[d], f"{count[d]} layers; {why}") for d in sorted(per)]
