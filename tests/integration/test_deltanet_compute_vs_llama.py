@@ -84,6 +84,11 @@ CASES: list[tuple[str, int, str]] = [
     ("qwen4exp", 1, "-c 4096 -ngl 999 -nkvo"),
     ("qwen4exp", 1, "-c 4096 -ngl 999 -ctk q8_0 -ctv q8_0"),
     ("qwen4exp-mtp", 1, "-c 4096 -ngl 999"),  # the NextN block loaded, unused
+    # draft-mtp: the MTP context's graph (graph_mtp: its QSA NextN block through the hyper-connections)
+    ("qwen4exp-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp"),
+    ("qwen4exp-mtp", 2, "-c 4096 -ngl 999 -np 2 --spec-type draft-mtp"),
+    ("qwen4exp-mtp", 2, "-c 4096 -ngl 7 --spec-type draft-mtp --spec-draft-n-max 5"),
+    ("qwen4exp-mtp", 1, "-c 4096 -ngl 999 --spec-type draft-mtp -fa off -ub 2048 -b 2048"),
     # the fused hyper-connection ops stay enabled with a CPU layer before GPU ones and with a layer's
     # mixer or projections on the host (unlike glm5-next's mHC post, below)
     ("qwen4exp", 2, "-c 4096 -ngl 8"),

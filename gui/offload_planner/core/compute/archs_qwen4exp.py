@@ -428,3 +428,45 @@ def qwen4exp_graph(b: Builder) -> None:
     cur = b.cb(mul_mat(b.req("output.weight"), cur), "result_output", -1)
     cur.flags |= OUTPUT
     b.g.expand(cur)
+
+
+def qwen4exp_mtp_graph(b: Builder) -> None:
+    """``llama_model_qwen4exp::graph_mtp``: the token embedding and the main model's hc-wide hidden state
+    normed, projected to the streams, the NextN block (its attention with QSA, its FFN, both through
+    the hyper-connections), every token's residual kept (``t_h_nextn``), the output rows mixed by the
+    block's own head mixer (fused: ``il`` >= 0) and projected."""
+    sh, q = b.sh, b.sh.qsa
+    assert q is not None
+    il, n_tok, n_embd = sh.n_layer, b.n_tokens, sh.n_embd  # the NextN block follows the trunk
+    tokens = input_tensor(I32, [n_tok], "inp_tokens")
+    h = input_tensor(F32, [n_embd * q.hc, n_tok], "mtp_h_input")
+    tok = get_rows(b.req("token_embd.weight"), tokens)
+    s_copy = input_tensor(I32, [max(1, sh.n_seqs)], "rs_s_copy")
+    b.g.expand(s_copy)
+    b.build_inp_attn()
+    kp = _inp_kpool(b, q) if q.kpool > 0 else None
+    b.inp_pos = input_tensor(I32, [n_tok * 4], "inp_pos")
+    b.build_out_ids()
+    assert b.out_ids is not None
+    h_norm = b.norm(reshape(h, n_embd, q.hc, n_tok), b.lw(il, "nextn.hnorm.weight"), il)
+    e_norm = b.norm(tok, b.lw(il, "nextn.enorm.weight"), il)
+    e_norm = repeat_4d(reshape(e_norm, n_embd, 1, n_tok), n_embd, q.hc, n_tok, 1)
+    res_hc = mul_mat(b.req(f"blk.{il}.nextn.eh_proj.weight"), concat(e_norm, h_norm, 0))
+    cur, inject = _hc_mix(b, res_hc, f"blk.{il}.hc_attn_", il, inject=True)
+    cur = _attn_layer(b, q, kp, cur, il)
+    assert inject is not None
+    res_hc = _hc_combine(res_hc, cur, inject)
+    cur, inject = _hc_mix(b, res_hc, f"blk.{il}.hc_ffn_", il, inject=True)
+    assert inject is not None
+    res_hc = _hc_combine(res_hc, hybrid_ffn(b, cur, il), inject)
+    flat = reshape(res_hc, n_embd * q.hc, n_tok)
+    flat_out = get_rows(flat, b.out_ids)
+    flat.flags |= OUTPUT  # t_h_nextn: every token (embeddings_nextn_masked is false)
+    b.g.expand(flat)
+    cur, _ = _hc_mix(b, reshape(flat_out, n_embd, q.hc, flat_out.ne[1]), f"blk.{il}.nextn.hc_head_", il,
+                     inject=False)
+    b.cb(cur, "result_norm", -1)
+    cur.flags |= OUTPUT
+    cur = b.cb(mul_mat(b.req("output.weight"), cur), "result_output", -1)
+    cur.flags |= OUTPUT
+    b.g.expand(cur)

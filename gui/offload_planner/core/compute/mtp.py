@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.compute.archs import dense_lead_or_shared_moe, glm4moe_attention, mla_attention
 from offload_planner.core.compute.archs_deltanet import gated_attention, hybrid_ffn
+from offload_planner.core.compute.archs_qwen4exp import qwen4exp_mtp_graph
 from offload_planner.core.compute.deltanet_shape import MROPE_ARCHS
 from offload_planner.core.compute.ggml import (
     F32,
@@ -130,7 +131,7 @@ def _delta_net_mtp(b: Builder) -> None:
 MTP_GRAPHS: dict[str, Callable[[Builder], None]] = {
     "glm4moe": _glm4moe_mtp, "deepseek2": _deepseek2_mtp,
     "qwen3next": _delta_net_mtp, "qwen35": _delta_net_mtp, "qwen35moe": _delta_net_mtp,
-    "deepseek32": _deepseek2_mtp, "glm-dsa": _deepseek2_mtp,
+    "deepseek32": _deepseek2_mtp, "glm-dsa": _deepseek2_mtp, "qwen4exp": qwen4exp_mtp_graph,
 }
 
 

@@ -28,7 +28,7 @@ class Qsa:
     n_idx_head: int  # attention.indexer.head_count
     top_k: int  # attention.indexer.top_k
     kpool: int  # the non-zero compress ratio (0: no k-pool, dense attention)
-    ratios: tuple[int, ...]  # attention.compress_ratios per trunk layer
+    ratios: tuple[int, ...]  # attention.compress_ratios per layer (the NextN block's too)
     n_pool: int  # get_n_kpool(): kpool_pad(n_pool_real)
     n_new: int  # get_n_kpool_new(): n_pool_real (at least 1)
     ple_layers: tuple[int, ...] = ()  # ple.layers: the layers adding the PLE n-gram embedding
@@ -56,9 +56,9 @@ def qsa_shape(model: Model, ctx: ResolvedContext, p: ContextParams) -> Qsa | Non
     """qwen4exp's hyper-connections and k-pool sizes (None for other architectures)."""
     if model.arch != "qwen4exp":
         return None
-    n_trunk = model.summary.n_layer_trunk
     raw = model.metadata.get("qwen4exp.attention.compress_ratios")
-    ratios = tuple(int(x) for x in raw)[:n_trunk] if isinstance(raw, (list, tuple)) else (0,) * n_trunk
+    n_all = model.summary.n_layer
+    ratios = tuple(int(x) for x in raw)[:n_all] if isinstance(raw, (list, tuple)) else (0,) * n_all
     kpool = INDEXER_ARCHS["qwen4exp"].kpool(model) if head_size(model) else 0
     n_pool_real = ctx.n_ctx_seq // kpool * p.n_seq_max if kpool else 0
     ple = model.metadata.get("qwen4exp.ple.layers")
