@@ -65,19 +65,17 @@ COMPRESSED_KV_ARCHS: dict[str, CompressedKvArch] = {
 }
 
 
-PINNED = "llama.cpp"  # the dialect whose llama_kv_cache_dsv4 this module follows
-
-
 def compressed_arch(model: Model, p: ContextParams) -> CompressedKvArch | None:
-    """The layout when the pinned mainline build runs ``model`` (another build: not modelled)."""
-    if p.dialect.value != PINNED:
+    """The layout when the pinned mainline build runs ``model`` (another build: not modelled,
+    ``Dialect.compressed_kv_cache``)."""
+    if not p.dialect.compressed_kv_cache:
         return None
     return COMPRESSED_KV_ARCHS.get(model.arch)
 
 
 def memory_notes(model: Model, dialect: Dialect) -> list[str]:
     """What the plan must say when another build runs a compressed-KV model (no silent wrong figure)."""
-    if model.arch in COMPRESSED_KV_ARCHS and dialect.value != PINNED:
+    if model.arch in COMPRESSED_KV_ARCHS and not dialect.compressed_kv_cache:
         return [f"{model.arch}: the compressed KV cache this build gives it is not modelled (the KV shown is "
                 "a plain cache of every layer; the pinned llama.cpp's compressed caches and compressor "
                 "states are modelled)"]

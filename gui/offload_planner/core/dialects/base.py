@@ -190,6 +190,9 @@ class Dialect(str, metaclass=_DialectType):
     #: a DSA model (deepseek32, glm-dsa) caches its lightning indexer's keys beside the MLA cache
     #: (``llama_kv_cache_dsa``, :mod:`core.dsa`)
     dsa_indexer_cache: bool = True
+    #: DeepSeek V4's compressed caches and compressor states as ``llama_kv_cache_dsv4`` allocates them
+    #: (core.compressed_kv); off: that layout is not modelled for the build, which a plan note says
+    compressed_kv_cache: bool = False
     #: the server logs its buffer sizes only at -lv 4 (the launcher adds it to compare them)
     logs_buffers_at_verbosity_4: bool = False
     #: offloading a CPU expert matmul copies the whole expert tensor, and only for batches that

@@ -66,6 +66,7 @@ class PinnedMainline(Mainline):
     infers_draft_mtp = True
     #: common/common.h ``need_n_rs_seq``: ``draft.n_max`` snapshots with these types
     rs_rollback_types = frozenset({"draft-mtp", "draft-eagle3", "draft-dflash", "draft-dspark"})
+    compressed_kv_cache = True  # llama_kv_cache_dsv4 (core.compressed_kv)
     split_modes = ("none", "layer", "row", "tensor")
     no_mmap_flags = ("-lm", "none")
     detect_rank = 20
