@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from offload_planner.core.buffer import Buffer
 from offload_planner.core.ggml_types import type_by_name
 from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.units import pad
 
 if TYPE_CHECKING:
     from offload_planner.core.devices import Device, DeviceSet
@@ -98,10 +99,6 @@ def layer_note(model: Model, il: int) -> str:
     return f"window-only block: {window} (K only)"
 
 
-def _pad(x: int, n: int) -> int:
-    return -(-x // n) * n
-
-
 def layer_ratios(model: Model, arch: CompressedKvArch) -> tuple[int, ...]:
     raw = model.metadata.get(f"{model.arch}.{arch.ratios_key}")
     n = model.summary.n_layer
@@ -131,11 +128,11 @@ def _caches(model: Model, arch: CompressedKvArch, ctx: ResolvedContext, p: Conte
     ratios = layer_ratios(model, arch)
     head_k = s.head_dim_k
     idx_k = model.arch_int(arch.indexer_key, 0)
-    swa_cells = kv_size if p.swa_full else _pad(min(kv_size, s.n_swa + ctx.n_ubatch), 256)
+    swa_cells = kv_size if p.swa_full else pad(min(kv_size, s.n_swa + ctx.n_ubatch), 256)
     csa = tuple(il for il in range(s.n_layer) if ratios[il] == arch.csa_ratio)
     hca = tuple(il for il in range(s.n_layer) if ratios[il] == arch.hca_ratio)
-    csa_cells = _pad(max(1, -(-kv_size // arch.csa_ratio)), 256)
-    hca_cells = _pad(max(1, -(-kv_size // arch.hca_ratio)), 256)
+    csa_cells = pad(max(1, -(-kv_size // arch.csa_ratio)), 256)
+    hca_cells = pad(max(1, -(-kv_size // arch.hca_ratio)), 256)
     return [
         _Cache("raw window", tuple(range(s.n_layer)), -1, swa_cells),  # width per layer (head_kv)
         _Cache(f"CSA 1/{arch.csa_ratio}", csa, head_k, csa_cells),
@@ -167,7 +164,7 @@ def kv_buffers(model: Model, arch: CompressedKvArch, placement: Placement, ctx: 
                 continue
             name, dev = dev_of(il)
             width = s.head_dim_k * s.head_kv(il) if c.width < 0 else c.width
-            kv[name] += _pad(tk.row_bytes(width) * c.cells * n_stream, dev.alignment)
+            kv[name] += pad(tk.row_bytes(width) * c.cells * n_stream, dev.alignment)
             per[name] += 1
         for name, n in per.items():
             why[name].append(f"{c.name} {n} layers x {c.cells} cells")
@@ -193,6 +190,6 @@ def _state_buffers(model: Model, arch: CompressedKvArch, p: ContextParams,
             if ratios[il] != ratio or (only is not None and il not in only):
                 continue
             name, dev = where(il)
-            per[name] += 2 * _pad(width * rows * planes * F32_BYTES, dev.alignment)
+            per[name] += 2 * pad(width * rows * planes * F32_BYTES, dev.alignment)
     return [Buffer(d, d, STATE_KIND, n, f"DeepSeek V4 compressor states (CSA, HCA, indexer): f32 kv + score, "
                    f"{planes} planes") for d, n in per.items()]

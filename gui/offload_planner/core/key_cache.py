@@ -9,6 +9,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from offload_planner.core.units import pad
+
 if TYPE_CHECKING:
     from offload_planner.core.devices import DeviceSet
     from offload_planner.core.placement import Placement
@@ -25,6 +27,6 @@ def per_device(placement: Placement, offload_kqv: bool, devices: DeviceSet, laye
     for il in layers:
         name = placement.layer_device(il) if offload_kqv else CPU
         dev = devices.by_name(name) or devices.cpu
-        size[name] += -(-nbytes // dev.alignment) * dev.alignment
+        size[name] += pad(nbytes, dev.alignment)
         count[name] += 1
     return size, count

@@ -33,15 +33,11 @@ from offload_planner.core.model import Model, Tensor
 from offload_planner.core.placement import CPU, Placed, Placement
 from offload_planner.core.recurrent_state import KIND as RS_KIND
 from offload_planner.core.recurrent_state import kv_layers, with_recurrent_state
-from offload_planner.core.units import MiB
+from offload_planner.core.units import MiB, pad
 
 #: llama-server's -b and -ub when the command line leaves them unset (common/common.h).
 DEFAULT_N_BATCH = 2048
 DEFAULT_N_UBATCH = 512
-
-
-def pad(x: int, n: int) -> int:
-    return -(-x // n) * n
 
 
 @dataclass(frozen=True)

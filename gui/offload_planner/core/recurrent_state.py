@@ -31,6 +31,7 @@ from offload_planner.core.compressed_kv import memory_notes as compressed_kv_not
 from offload_planner.core.devices import Device, DeviceSet
 from offload_planner.core.hybrid_indexer import indexer_buffers, indexer_layers
 from offload_planner.core.placement import CPU, Placement
+from offload_planner.core.units import pad
 
 if TYPE_CHECKING:
     from offload_planner.core.dialects.base import Dialect
@@ -322,7 +323,7 @@ def _state_in_kv(model: Model, placement: Placement, p: ContextParams, ctx: Reso
         if b is None:
             b = Buffer(name, name, "kv", 0, "no attention layer")
             out.append(b)
-        b.bytes += n * _pad(row * slots, dev.alignment)
+        b.bytes += n * pad(row * slots, dev.alignment)
         b.why += f"; with the recurrent state of {n} layers ({row // F32_BYTES} f32 x {slots} slots each)"
     return out
 
@@ -353,10 +354,10 @@ def rs_buffers(model: Model, placement: Placement, p: ContextParams, devices: De
         name = placement.layer_device(il) if p.offload_kqv else CPU
         dev = devs.get(name) or devs.setdefault(name, devices.by_name(name) or devices.cpu)
         a = dev.alignment
-        per[name] += _pad(dims.r * F32_BYTES * rows, a) + _pad(dims.s * F32_BYTES * rows, a)
+        per[name] += pad(dims.r * F32_BYTES * rows, a) + pad(dims.s * F32_BYTES * rows, a)
         extra = h.extra_row(model, il) if h.extra_row is not None else 0
         if extra:
-            per[name] += _pad(extra * F32_BYTES * rows, a)
+            per[name] += pad(extra * F32_BYTES * rows, a)
         layers[name] += 1
     cells = max(1, p.n_seq_max)
     snap = f" x (1 + {rows // cells - 1} rollback snapshots)" if rows > cells else ""
@@ -364,7 +365,3 @@ def rs_buffers(model: Model, placement: Placement, p: ContextParams, devices: De
                    f"recurrent state: {layers[name]} layers x {cells} cells{snap}, "
                    f"R {dims.r} + S {dims.s} f32 per cell")
             for name in sorted(per)]
-
-
-def _pad(x: int, n: int) -> int:
-    return -(-x // n) * n

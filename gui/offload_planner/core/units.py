@@ -19,6 +19,11 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
+def pad(x: int, n: int) -> int:
+    """``x`` rounded up to a multiple of ``n`` (GGML_PAD: an alignment, a cell count)."""
+    return -(-x // n) * n
+
+
 #: The largest size taken (1 EiB), beyond any device; also keeps the size an int64.
 MAX_SIZE = 1 << 60
 
